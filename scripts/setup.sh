@@ -1,0 +1,59 @@
+#!/usr/bin/env bash
+# setup.sh - install what ckptio needs on a fresh Debian machine and build it.
+#
+#   scripts/setup.sh            system packages + release build in build/
+#   scripts/setup.sh --python   also a Python venv (.venv) with the test and
+#                               benchmark packages (torch CPU, safetensors, numpy, pytest)
+#
+# Safe to run again: installed packages are skipped, pip reuses its cache.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+want_python=0
+for arg in "$@"; do
+    case "$arg" in
+    --python) want_python=1 ;;
+    *) echo "setup.sh: unknown option $arg" >&2; exit 2 ;;
+    esac
+done
+
+SUDO=""
+if [ "$(id -u)" != 0 ]; then SUDO="sudo"; fi
+
+debian_packages=(build-essential cmake pkg-config liburing-dev libjansson-dev libzstd-dev libxxhash-dev
+                 clang libclang-rt-dev python3 python3-venv python3-dev)
+missing=()
+for p in "${debian_packages[@]}"; do
+    dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+# python3 may come from elsewhere (pyenv); only ask apt for it if none is on PATH.
+if command -v python3 >/dev/null; then
+    missing=("${missing[@]/python3}")
+    python3 -c 'import venv, sysconfig, os; assert os.path.exists(sysconfig.get_paths()["include"] + "/Python.h")' 2>/dev/null &&
+        missing=("${missing[@]/python3-venv}") && missing=("${missing[@]/python3-dev}")
+fi
+missing=($(printf '%s\n' "${missing[@]}" | grep -v '^$' || true))
+if [ ${#missing[@]} -gt 0 ]; then
+    echo "== installing Debian packages: ${missing[*]}"
+    $SUDO apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq "${missing[@]}" >/dev/null
+fi
+
+echo "== building (build/)"
+cmake -S . -B build -DCMAKE_BUILD_TYPE=Release >/dev/null
+cmake --build build -j"$(nproc)" >/dev/null
+
+if [ "$want_python" = 1 ]; then
+    # --system-site-packages: reuse a torch that is already installed (it is
+    # large); otherwise pip installs it from its cache into the venv.
+    if [ ! -x .venv/bin/python ]; then
+        echo "== creating .venv"
+        python3 -m venv --system-site-packages .venv
+    fi
+    echo "== installing Python packages (python/requirements-test.txt)"
+    .venv/bin/python -m pip install -q --disable-pip-version-check -r python/requirements-test.txt
+    if [ -f python/setup.py ] || [ -f pyproject.toml ]; then
+        echo "== installing the ckptio Python package"
+        CKPTIO_BUILD_DIR="$PWD/build" .venv/bin/python -m pip install -q --disable-pip-version-check --no-build-isolation -e . >/dev/null
+    fi
+fi

@@ -1,0 +1,52 @@
+#!/usr/bin/env bash
+# test.sh - set everything up and run every test ckptio has (CPU only).
+#
+#  1. build with -Werror and run the C tests (ctest)
+#  2. build with AddressSanitizer + UndefinedBehaviorSanitizer, run them again
+#  3. the Python tests (interop with safetensors, numpy, torch)
+#  4. each libFuzzer harness for a short fixed time on its committed corpus
+set -euo pipefail
+cd "$(dirname "$0")/.."
+scripts/setup.sh --python
+jobs=$(nproc)
+failed=0
+
+echo "== C tests (release build)"
+(cd build && ctest --output-on-failure -j"$jobs") || failed=1
+
+echo "== C tests under ASan + UBSan"
+cmake -S . -B build-asan -DCMAKE_BUILD_TYPE=Debug -DCKPTIO_SANITIZE=ON -DCMAKE_C_COMPILER=clang >/dev/null
+cmake --build build-asan -j"$jobs" >/dev/null
+(cd build-asan && ASAN_OPTIONS=detect_leaks=1:abort_on_error=0 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
+    ctest --output-on-failure -j"$jobs") || failed=1
+
+if [ -d tests/python ]; then
+    echo "== Python tests"
+    PATH="$PWD/build:$PATH" CKPTIO_BUILD_DIR="$PWD/build" .venv/bin/python -m pytest -q tests/python || failed=1
+fi
+
+if ls fuzz/fuzz_*.c >/dev/null 2>&1; then
+    echo "== fuzzers (${CKPTIO_FUZZ_SECONDS:-30} s each)"
+    cmake -S . -B build-fuzz -DCMAKE_BUILD_TYPE=Debug -DCKPTIO_FUZZ=ON -DCKPTIO_TESTS=OFF -DCMAKE_C_COMPILER=clang >/dev/null
+    cmake --build build-fuzz -j"$jobs" >/dev/null
+    for src in fuzz/fuzz_*.c; do
+        name=$(basename "$src" .c)
+        corpus="fuzz/corpus/${name#fuzz_}"
+        work=$(mktemp -d)
+        [ -d "$corpus" ] && cp -r "$corpus"/. "$work"/ 2>/dev/null || true
+        echo "-- $name"
+        if ! build-fuzz/"$name" -max_total_time="${CKPTIO_FUZZ_SECONDS:-30}" -print_final_stats=0 \
+                -timeout=10 -rss_limit_mb=2048 "$work" 2>"$work.log"; then
+            tail -40 "$work.log"; failed=1
+        else
+            grep -E "^Done|#[0-9]+.*DONE" "$work.log" | tail -1 || true
+        fi
+        rm -rf "$work" "$work.log"
+    done
+fi
+
+if [ "$failed" != 0 ]; then
+    echo "TESTS FAILED"
+    exit 1
+fi
+echo "ALL TESTS PASSED"

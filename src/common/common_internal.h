@@ -1,0 +1,116 @@
+/*
+ * common_internal.h - what every part of libckptio may use: error reporting,
+ * allocation, small helpers. src/common depends on nothing else in ckptio.
+ */
+#ifndef CKPTIO_COMMON_INTERNAL_H
+#define CKPTIO_COMMON_INTERNAL_H
+
+#include "ckptio.h"
+
+#include <stdarg.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+/* ---- errors ------------------------------------------------------------ */
+
+/* Optional context of a failure; every field may be left zero/NULL. */
+typedef struct ckptio__err_ctx {
+    const char *operation;  /* "open", "pread", "parse", ... */
+    const char *path;       /* file involved */
+    int64_t file_offset;    /* -1 when not about a position; 0 is a real offset */
+    const char *subject;    /* tensor name, field, record */
+    int sys_errno;          /* appended as ": strerror(errno)" */
+    int cuda_result;        /* CUresult, appended by the GPU layer's own text */
+} ckptio__err_ctx;
+
+/* Records a failure in the thread-local ckptio_error_info and returns
+ * `status` so callers can `return ckptio__fail(...)`. The message is built as
+ * "PATH: OPERATION at offset OFF: SUBJECT: <fmt...>: strerror" leaving out
+ * what is absent. */
+ckptio_status ckptio__fail(ckptio_status status, const char *src_file, int src_line,
+                           const ckptio__err_ctx *ctx, const char *fmt, ...)
+    __attribute__((format(printf, 5, 6)));
+
+ckptio_status ckptio__vfail(ckptio_status status, const char *src_file, int src_line,
+                            const ckptio__err_ctx *ctx, const char *fmt, va_list ap);
+
+/* Plain failure with a formatted message. */
+#define CKPTIO_FAIL(status, ...) ckptio__fail((status), __FILE__, __LINE__, NULL, __VA_ARGS__)
+
+/* Failure with context: CKPTIO_FAIL_CTX(status, &(ckptio__err_ctx){...}, fmt, ...). */
+#define CKPTIO_FAIL_CTX(status, ctx, ...) ckptio__fail((status), __FILE__, __LINE__, (ctx), __VA_ARGS__)
+
+/* A failed system call: the status is derived from errno (ENOSPC -> E_NOSPC,
+ * ENOENT -> E_NOT_FOUND, ...). */
+#define CKPTIO_FAIL_SYS(err_, op_, path_, offset_, ...)                                   \
+    ckptio__fail(ckptio__status_from_errno(err_), __FILE__, __LINE__,                       \
+                 &(ckptio__err_ctx){.operation = (op_), .path = (path_),                    \
+                                    .file_offset = (int64_t)(offset_), .sys_errno = (err_)},  \
+                 __VA_ARGS__)
+
+/* Return `status` with a message if `cond` holds. */
+#define CKPTIO_RETURN_IF(cond, status, ...)            \
+    do {                                               \
+        if (cond) return CKPTIO_FAIL((status), __VA_ARGS__); \
+    } while (0)
+
+/* Propagate a failure (its error record is already set). */
+#define CKPTIO_FORWARD(expr)                    \
+    do {                                        \
+        ckptio_status ckptio_fwd_ = (expr);     \
+        if (ckptio_fwd_ != CKPTIO_OK) return ckptio_fwd_; \
+    } while (0)
+
+ckptio_status ckptio__status_from_errno(int err);
+
+/* Saves and restores the calling thread's error record, for cleanup paths
+ * that may fail themselves but must not overwrite the first error. */
+typedef struct ckptio__error_saved ckptio__error_saved;
+ckptio__error_saved *ckptio__error_save(void);
+void ckptio__error_restore(ckptio__error_saved *saved);
+
+/* ---- memory ------------------------------------------------------------ */
+
+/* All library allocations go through these, so tests can inject failures. */
+void *ckptio__malloc(size_t size);
+void *ckptio__calloc(size_t count, size_t size);
+void *ckptio__realloc(void *ptr, size_t size);
+void ckptio__free(void *ptr);
+char *ckptio__strdup(const char *s);
+/* Aligned allocation (alignment a power of two >= sizeof(void*)); free with ckptio__free. */
+void *ckptio__aligned_alloc(size_t alignment, size_t size);
+
+/* Test hook: fail the n-th allocation from now (0 = never). */
+void ckptio__alloc_fail_after(uint64_t n);
+
+/* ---- arithmetic -------------------------------------------------------- */
+
+static inline bool ckptio__add_overflows(uint64_t a, uint64_t b, uint64_t *out) {
+    return __builtin_add_overflow(a, b, out);
+}
+static inline bool ckptio__mul_overflows(uint64_t a, uint64_t b, uint64_t *out) {
+    return __builtin_mul_overflow(a, b, out);
+}
+static inline uint64_t ckptio__align_down(uint64_t v, uint64_t a) { return v - v % a; }
+static inline uint64_t ckptio__align_up(uint64_t v, uint64_t a) { return (v + a - 1) / a * a; }
+
+/* Monotonic seconds. */
+double ckptio__now(void);
+
+/* ---- dtype ------------------------------------------------------------- */
+
+/* Rank used by the safetensors reference writer's order (higher first). */
+int ckptio__dtype_safetensors_rank(ckptio_dtype dtype);
+
+/* Bytes taken by `numel` elements of `dtype`, with overflow and bit-divisibility
+ * checks. Returns false on overflow or when numel*bits is not a multiple of 8. */
+bool ckptio__dtype_nbytes(ckptio_dtype dtype, uint64_t numel, uint64_t *out);
+
+/* ---- environment ------------------------------------------------------- */
+
+/* Parses "123", "64K", "8M", "8MiB", "1G", "2GB" into bytes (binary units).
+ * Returns false if malformed. */
+bool ckptio__parse_size(const char *text, uint64_t *out);
+
+#endif /* CKPTIO_COMMON_INTERNAL_H */

@@ -1,0 +1,115 @@
+/*
+ * helpers.c - implementation of the t_ test helpers.
+ */
+#include "helpers.h"
+
+#include <dirent.h>
+#include <errno.h>
+#include <ftw.h>
+#include <stdarg.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+void t_fail_at(const char *file, int line, const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    fprintf(stderr, "FAIL %s:%d: ", file, line);
+    vfprintf(stderr, fmt, ap);
+    fprintf(stderr, "\n");
+    va_end(ap);
+    exit(T_EXIT_FAIL);
+}
+
+void t_skip(const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    fprintf(stderr, "SKIP: ");
+    vfprintf(stderr, fmt, ap);
+    fprintf(stderr, "\n");
+    va_end(ap);
+    exit(T_EXIT_SKIP);
+}
+
+void t_message_has(const char *file, int line, const char *needle) {
+    const char *msg = ckptio_last_error_message();
+    if (!strstr(msg, needle)) t_fail_at(file, line, "error message \"%s\" lacks \"%s\"", msg, needle);
+}
+
+static char tmpdir_buf[512];
+
+static int remove_entry(const char *path, const struct stat *sb, int flag, struct FTW *ftw) {
+    (void)sb, (void)flag, (void)ftw;
+    return remove(path);
+}
+
+static void remove_tmpdir(void) {
+    if (tmpdir_buf[0] && !getenv("CKPTIO_TEST_KEEP")) nftw(tmpdir_buf, remove_entry, 16, FTW_DEPTH | FTW_PHYS);
+}
+
+const char *t_tmpdir(void) {
+    if (!tmpdir_buf[0]) {
+        const char *base = getenv("CKPTIO_TEST_TMPDIR");
+        if (!base) base = getenv("TMPDIR");
+        /* /var/tmp is usually disk-backed (O_DIRECT works), /tmp may be tmpfs. */
+        if (!base) base = access("/var/tmp", W_OK) == 0 ? "/var/tmp" : "/tmp";
+        snprintf(tmpdir_buf, sizeof tmpdir_buf, "%s/ckptio-test-XXXXXX", base);
+        if (!mkdtemp(tmpdir_buf)) t_fail_at(__FILE__, __LINE__, "mkdtemp %s: %s", tmpdir_buf, strerror(errno));
+        atexit(remove_tmpdir);
+    }
+    return tmpdir_buf;
+}
+
+const char *t_path(const char *name) {
+    static char bufs[8][1024];
+    static int next;
+    char *b = bufs[next++ % 8];
+    snprintf(b, sizeof bufs[0], "%s/%s", t_tmpdir(), name);
+    return b;
+}
+
+void t_fill_random(void *buf, size_t len, uint64_t seed) {
+    uint64_t x = seed * 0x9E3779B97F4A7C15ull + 0x2545F4914F6CDD1Dull;
+    unsigned char *p = buf;
+    for (size_t i = 0; i < len; i++) {
+        if (i % 8 == 0) {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+        }
+        p[i] = (unsigned char)(x >> (8 * (i % 8)));
+    }
+}
+
+void *t_read_file(const char *path, size_t *len) {
+    FILE *f = fopen(path, "rb");
+    if (!f) t_fail_at(__FILE__, __LINE__, "open %s: %s", path, strerror(errno));
+    fseek(f, 0, SEEK_END);
+    long n = ftell(f);
+    fseek(f, 0, SEEK_SET);
+    void *data = malloc(n > 0 ? (size_t)n : 1);
+    if (n > 0 && fread(data, 1, (size_t)n, f) != (size_t)n) t_fail_at(__FILE__, __LINE__, "read %s", path);
+    fclose(f);
+    *len = (size_t)n;
+    return data;
+}
+
+void t_write_file(const char *path, const void *data, size_t len) {
+    FILE *f = fopen(path, "wb");
+    if (!f) t_fail_at(__FILE__, __LINE__, "create %s: %s", path, strerror(errno));
+    if (len && fwrite(data, 1, len, f) != len) t_fail_at(__FILE__, __LINE__, "write %s", path);
+    fclose(f);
+}
+
+bool t_file_exists(const char *path) { return access(path, F_OK) == 0; }
+
+int t_count_entries(const char *dir, const char *needle) {
+    DIR *d = opendir(dir);
+    if (!d) return -1;
+    int n = 0;
+    struct dirent *e;
+    while ((e = readdir(d)))
+        if (strcmp(e->d_name, ".") && strcmp(e->d_name, "..") && strstr(e->d_name, needle)) n++;
+    closedir(d);
+    return n;
+}
