@@ -1,0 +1,22 @@
+/*
+ * gpu_internal.h - what the GPU layer offers the engine.
+ *
+ * The engine hands every extent whose memory is on a GPU to
+ * ckptio__gpu_execute(); everything CUDA stays behind this header.
+ */
+#ifndef CKPTIO_GPU_INTERNAL_H
+#define CKPTIO_GPU_INTERNAL_H
+
+#include "common_internal.h"
+
+/* Moves the given extents (all with mem_kind CKPTIO_MEM_CUDA) between their
+ * files and GPU memory, in direction `dir`, blocking until done. Called by
+ * ckptio_engine_execute() on the caller's thread. */
+ckptio_status ckptio__gpu_execute(ckptio_engine *engine, ckptio_direction dir, const ckptio_extent *extents,
+                                  size_t count);
+
+/* Resolves what kind of memory `ptr` is: CKPTIO_MEM_CUDA, CKPTIO_MEM_PINNED
+ * or CKPTIO_MEM_HOST (also when no CUDA driver is present). */
+ckptio_mem_kind ckptio__gpu_classify(const void *ptr);
+
+#endif /* CKPTIO_GPU_INTERNAL_H */
