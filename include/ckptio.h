@@ -241,12 +241,16 @@ CKPTIO_API ckptio_status ckptio_engine_create(ckptio_engine **out);
 
 /*! ckptio_engine_destroy() : releases threads and staging memory.
  * @return CKPTIO_E_BUSY (and destroys nothing) while a call on another thread
- * is still using the engine. Accepts NULL. */
+ * is still using the engine, or while files opened with it are still open
+ * (close them first). Accepts NULL. */
 CKPTIO_API ckptio_status ckptio_engine_destroy(ckptio_engine *engine);
 
 /*! ckptio_engine_set() / ckptio_engine_get() : change or read one setting.
- * Values outside ckptio_option_bounds() give CKPTIO_E_RANGE. Changing a
- * setting takes effect at the next transfer. */
+ * Values outside ckptio_option_bounds() give CKPTIO_E_RANGE, as does a
+ * CKPTIO_OPT_CHUNK_BYTES that is not a multiple of 4096; the setting is then
+ * unchanged. Changing a setting takes effect at the next transfer. An
+ * environment variable with a malformed or out-of-range value makes
+ * ckptio_engine_create() fail with an error naming the variable. */
 CKPTIO_API ckptio_status ckptio_engine_set(ckptio_engine *engine, ckptio_option option, int64_t value);
 CKPTIO_API ckptio_status ckptio_engine_get(const ckptio_engine *engine, ckptio_option option, int64_t *value);
 
@@ -263,8 +267,11 @@ CKPTIO_API const char *ckptio_backend_name(ckptio_backend backend);
 CKPTIO_API ckptio_status ckptio_engine_backend(ckptio_engine *engine, ckptio_backend *out);
 
 /* Progress: called from the thread that started the transfer (never from a
- * worker), at most every few milliseconds, with cumulative bytes. Returning
- * non-zero cancels the transfer (it then fails with CKPTIO_E_CANCELED). */
+ * worker) with cumulative bytes of the current plan: once before any I/O
+ * (done = 0), then at most every 10 ms, and once after the last byte
+ * (done = total; its return value is ignored). Returning non-zero cancels
+ * the transfer: workers stop issuing requests, in-flight ones finish, and
+ * the call fails with CKPTIO_E_CANCELED. */
 typedef int (*ckptio_progress_fn)(uint64_t bytes_done, uint64_t bytes_total, void *user);
 
 /*! ckptio_engine_set_progress() : installs (or with fn == NULL removes) a
@@ -307,9 +314,13 @@ enum ckptio_open_flags {
      * over NAME and fsyncs the directory. Closing without commit removes the
      * temporary and leaves any existing NAME untouched. */
     CKPTIO_OPEN_WRITE = 1u << 1,
-    /* With WRITE: write NAME in place (no temporary, no rename). */
+    /* With WRITE: write NAME in place (no temporary, no rename). An existing
+     * file keeps its content and size (trim with ckptio_file_truncate);
+     * commit fsyncs it (and the directory if NAME was created). */
     CKPTIO_OPEN_IN_PLACE = 1u << 2,
-    /* With WRITE: fail with CKPTIO_E_EXISTS if NAME exists. */
+    /* With WRITE: fail with CKPTIO_E_EXISTS if NAME exists (a dangling
+     * symlink counts), at open and again atomically at commit
+     * (renameat2(RENAME_NOREPLACE), or link() where that is missing). */
     CKPTIO_OPEN_EXCLUSIVE = 1u << 3
 };
 
@@ -322,7 +333,11 @@ CKPTIO_API ckptio_status ckptio_file_open(ckptio_engine *engine, const char *pat
 
 /*! ckptio_file_commit() : for an atomic write file: flush, fsync (when
  * CKPTIO_OPT_SYNC), rename over the final name, fsync the directory. The
- * file stays open for reading statistics but accepts no more writes. */
+ * file stays open for reading statistics but accepts no more writes. A
+ * failed commit cannot be retried (CKPTIO_E_INVAL): after a failed fsync the
+ * kernel may have dropped the data; close and write again. If only the final
+ * directory fsync fails, the file is already in place under its name and
+ * the error says so. */
 CKPTIO_API ckptio_status ckptio_file_commit(ckptio_file *file);
 
 /*! ckptio_file_close() : closes; an uncommitted atomic write is discarded
@@ -337,7 +352,8 @@ CKPTIO_API ckptio_status ckptio_file_size(ckptio_file *file, uint64_t *out);
 CKPTIO_API const char *ckptio_file_path(const ckptio_file *file);
 
 /*! ckptio_file_is_direct() : *out = 1 if O_DIRECT is in use for this file,
- * 0 if the file system refused it (or it was turned off). */
+ * 0 if the file system refused it (or CKPTIO_OPT_DIRECT is OFF). Note that
+ * tmpfs accepts O_DIRECT since Linux 6.6. */
 CKPTIO_API ckptio_status ckptio_file_is_direct(ckptio_file *file, int *out);
 
 /*! ckptio_file_truncate() : sets the size of a write file (for preallocating
@@ -437,8 +453,11 @@ typedef struct ckptio_safetensors ckptio_safetensors;
 /*! ckptio_safetensors_open() :
  * Opens and validates a safetensors file: header size cap (100,000,000),
  * UTF-8 JSON, dtypes, shapes, offsets contiguous from 0 and in bounds, no
- * overflow, no trailing bytes. Errors name the tensor and rule broken.
- * The engine is used for later reads and must outlive the handle. */
+ * overflow, no trailing bytes (docs/SAFETENSORS.md lists every rule).
+ * Errors name the file, the tensor and the rule broken: CKPTIO_E_FORMAT,
+ * or CKPTIO_E_TRUNCATED when the file ends before its header or data.
+ * The engine is used for later reads and must outlive the handle, which
+ * keeps the file open until ckptio_safetensors_close(). */
 CKPTIO_API ckptio_status ckptio_safetensors_open(ckptio_engine *engine, const char *path,
                                                  ckptio_safetensors **out);
 
@@ -474,6 +493,11 @@ CKPTIO_API ckptio_status ckptio_safetensors_metadata(const ckptio_safetensors *s
 /*! ckptio_safetensors_data_offset() : where the data section starts (8 + N). */
 CKPTIO_API ckptio_status ckptio_safetensors_data_offset(const ckptio_safetensors *st, uint64_t *out);
 
+/*! ckptio_safetensors_data_size() : bytes in the data section (the end of
+ * the last tensor; the file is data_offset + data_size bytes). This is the
+ * capacity ckptio_safetensors_read_all() needs. */
+CKPTIO_API ckptio_status ckptio_safetensors_data_size(const ckptio_safetensors *st, uint64_t *out);
+
 /*! ckptio_safetensors_read() :
  * Reads the chosen tensors into caller memory (host or GPU), all in one plan.
  * A target with capacity < nbytes is CKPTIO_E_RANGE naming the tensor. */
@@ -495,11 +519,17 @@ enum ckptio_safetensors_save_flags {
 };
 
 /*! ckptio_safetensors_save() :
- * Writes tensors (host or GPU memory) to `path` atomically: reference
- * tensor order (dtype descending, then name), compact JSON with
- * __metadata__ first, data section 4 KiB-aligned unless flags say otherwise.
- * Names must be unique, non-empty and not "__metadata__". On failure no file
- * exists under `path` and an older file there is untouched. */
+ * Writes tensors (host or GPU memory, per mem_kind) to `path` atomically:
+ * reference tensor order (dtype descending, then name), compact JSON with
+ * __metadata__ first (pairs in the caller's order, left out when
+ * metadata_count is 0), data section 4 KiB-aligned unless flags say
+ * otherwise. With CKPTIO_SAFETENSORS_ALIGN_8 the file is byte-identical to
+ * what the safetensors package writes for the same tensors (and the same
+ * metadata order). Names must be unique, non-empty, valid UTF-8 and not
+ * "__metadata__"; nbytes must match shape x dtype (CKPTIO_E_INVAL naming
+ * the tensor); C32/C128 have no safetensors name (CKPTIO_E_UNSUPPORTED).
+ * On failure no file exists under `path` and an older file there is
+ * untouched. */
 CKPTIO_API ckptio_status ckptio_safetensors_save(ckptio_engine *engine, const char *path,
                                                  const ckptio_tensor_source *tensors, size_t count,
                                                  const ckptio_kv *metadata, size_t metadata_count,
@@ -508,13 +538,443 @@ CKPTIO_API ckptio_status ckptio_safetensors_save(ckptio_engine *engine, const ch
 /* ------------------------------------------------------------------------ */
 /* GPU: CUDA access and the GDS file API                                    */
 /* ------------------------------------------------------------------------ */
-/* (section owned by src/gpu; declarations are added here) */
+/* (section owned by src/gpu; declarations are added here)
+ *
+ * The CUDA driver is loaded at run time (dlopen "libcuda.so.1"); building and
+ * running ckptio need no CUDA toolkit. Without a driver, the functions below
+ * fail with CKPTIO_E_NO_CUDA (message says why) and host transfers keep
+ * working. GPU work uses the primary context of the device owning the
+ * memory (the one PyTorch uses) and leaves the caller's current context as
+ * it was. Streams are passed as `void *` holding a CUstream (for PyTorch:
+ * torch.cuda.current_stream().cuda_stream); NULL means the legacy default
+ * stream. docs/GPU.md describes paths, settings and stream semantics. */
+
+/* Which mechanism moved the bytes of a GPU transfer. */
+typedef enum ckptio_io_path {
+    CKPTIO_IO_PATH_NONE = 0,          /* nothing moved yet */
+    CKPTIO_IO_PATH_CUFILE_DIRECT = 1, /* cuFile with GPUDirect Storage (nvidia-fs) */
+    CKPTIO_IO_PATH_CUFILE_COMPAT = 2, /* cuFile in its POSIX compatibility mode */
+    CKPTIO_IO_PATH_PIPELINE = 3,      /* ckptio's pinned-staging pipeline */
+    CKPTIO_IO_PATH_HOST = 4           /* host memory: plain file I/O, no GPU */
+} ckptio_io_path;
+
+/*! ckptio_io_path_name() : "none", "cufile_direct", "cufile_compat",
+ * "pipeline" or "host" (static), NULL if invalid. */
+CKPTIO_API const char *ckptio_io_path_name(ckptio_io_path path);
+
+/*! ckptio_cuda_available() :
+ * Loads the driver if needed. @return CKPTIO_OK with *device_count (may be
+ * NULL), or CKPTIO_E_NO_CUDA with a message naming what is missing. */
+CKPTIO_API ckptio_status ckptio_cuda_available(int *device_count);
+
+/*! ckptio_mem_classify() :
+ * *out = CKPTIO_MEM_CUDA (device or managed memory), CKPTIO_MEM_PINNED
+ * (page-locked host memory known to CUDA) or CKPTIO_MEM_HOST (pageable
+ * memory, and every pointer when no driver is present). *device (may be
+ * NULL) receives the owning device ordinal, or -1. Never fails for a
+ * non-NULL out. */
+CKPTIO_API ckptio_status ckptio_mem_classify(const void *ptr, ckptio_mem_kind *out, int *device);
+
+/*! ckptio_gpu_mem_info() : free and total memory of a device (cuMemGetInfo). */
+CKPTIO_API ckptio_status ckptio_gpu_mem_info(int device, uint64_t *free_bytes, uint64_t *total_bytes);
+
+/*! ckptio_gpu_check_free() :
+ * For loaders that allocate: @return CKPTIO_OK if `device` has at least
+ * `needed` bytes free, else CKPTIO_E_DEVICE_OOM with a message giving the
+ * bytes needed and free (and `what`, e.g. a file name, when not NULL). */
+CKPTIO_API ckptio_status ckptio_gpu_check_free(int device, uint64_t needed, const char *what);
+
+/*! ckptio_engine_gpu_path() : the path the engine's last GPU transfer took
+ * (CKPTIO_IO_PATH_NONE before any). */
+CKPTIO_API ckptio_status ckptio_engine_gpu_path(ckptio_engine *engine, ckptio_io_path *out);
+
+/* ---- GDS file API (like cuFile and torch.cuda.gds.GdsFile) ----------------
+ * A file opened for transfers between it and device or host buffers at
+ * explicit offsets. With CKPTIO_OPT_GPU_PATH (env CKPTIO_GPU_PATH) AUTO,
+ * cuFile is used where it runs in GPUDirect mode (nvidia-fs present and the
+ * handle registers); otherwise, with no user action, ckptio's pipeline.
+ * CUFILE forces cuFile (a refusal is an error, message says why), PIPELINE
+ * forces the pipeline. ckptio_gds_file_path() tells which path ran.
+ * A handle is used by one thread at a time; async requests on one file
+ * run in submission order on a background thread. */
+
+typedef struct ckptio_gds_file ckptio_gds_file;
+typedef struct ckptio_gds_request ckptio_gds_request;
+
+/*! ckptio_gds_open() :
+ * Opens `path` with the POSIX open flags `oflags` (O_RDONLY, O_WRONLY or
+ * O_RDWR, optionally O_CREAT, O_EXCL, O_TRUNC), O_DIRECT added where the
+ * file system accepts it (writes go to the file in place, not atomically),
+ * and registers the handle (ckptio_gds_register_handle). `mode` is used
+ * with O_CREAT. The engine must outlive the file. */
+CKPTIO_API ckptio_status ckptio_gds_open(ckptio_engine *engine, const char *path, int oflags, unsigned mode,
+                                         ckptio_gds_file **out);
+
+/*! ckptio_gds_close() : deregisters and closes; waits for the file's async
+ * requests first. Accepts NULL. */
+CKPTIO_API ckptio_status ckptio_gds_close(ckptio_gds_file *file);
+
+/*! ckptio_gds_register_handle() / ckptio_gds_deregister_handle() :
+ * cuFileHandleRegister / Deregister (GdsFile.register_handle). Registering
+ * decides the path for device buffers: in AUTO a cuFile refusal is not an
+ * error (the pipeline is used; ckptio_gds_file_refusal() says why); with
+ * CKPTIO_GPU_PATH_CUFILE it is. Deregistering makes device transfers use
+ * the pipeline until the next registration. Both are idempotent. */
+CKPTIO_API ckptio_status ckptio_gds_register_handle(ckptio_gds_file *file);
+CKPTIO_API ckptio_status ckptio_gds_deregister_handle(ckptio_gds_file *file);
+
+/*! ckptio_gds_file_refusal() : why cuFile is not used for this file ("" if
+ * it is, or was not tried). Owned by the file. */
+CKPTIO_API const char *ckptio_gds_file_refusal(const ckptio_gds_file *file);
+
+/*! ckptio_gds_buf_register() / ckptio_gds_buf_deregister() :
+ * cuFileBufRegister / Deregister for a device buffer reused across calls
+ * (a no-op returning CKPTIO_OK when cuFile is not in use: the pipeline
+ * needs no registration). */
+CKPTIO_API ckptio_status ckptio_gds_buf_register(ckptio_gds_file *file, const void *base, uint64_t length);
+CKPTIO_API ckptio_status ckptio_gds_buf_deregister(ckptio_gds_file *file, const void *base);
+
+/*! ckptio_gds_read() :
+ * Reads `size` bytes at `file_offset` into buf + buf_offset (device,
+ * pinned or pageable memory; any alignment), blocking until the bytes are
+ * in place. Like cuFileRead, a read reaching end of file is short:
+ * *bytes_read (may be NULL) receives the count. */
+CKPTIO_API ckptio_status ckptio_gds_read(ckptio_gds_file *file, void *buf, uint64_t size, uint64_t file_offset,
+                                         uint64_t buf_offset, uint64_t *bytes_read);
+
+/*! ckptio_gds_write() : writes `size` bytes from buf + buf_offset at
+ * `file_offset`, blocking until they are in the file (not fsynced: see
+ * ckptio_gds_sync). *bytes_written may be NULL. */
+CKPTIO_API ckptio_status ckptio_gds_write(ckptio_gds_file *file, const void *buf, uint64_t size,
+                                          uint64_t file_offset, uint64_t buf_offset, uint64_t *bytes_written);
+
+/*! ckptio_gds_sync() : fsync of the file's data (durability of writes). */
+CKPTIO_API ckptio_status ckptio_gds_sync(ckptio_gds_file *file);
+
+/*! ckptio_gds_read_async() / ckptio_gds_write_async() :
+ * Stream-ordered variants (like cuFileReadAsync): the transfer starts after
+ * the work queued on `stream` before this call, and work queued on
+ * `stream` after this call sees its result: kernels launched later on the
+ * stream read the loaded bytes; kernels launched earlier have finished
+ * writing the bytes a write saves. The call returns at once with a request
+ * (*out); ckptio_gds_request_wait() gives its outcome. buf must stay valid
+ * until then. Where the driver cannot make a stream wait for the host
+ * (no cuStreamWaitValue32), the call synchronises `stream` and runs the
+ * transfer before returning (same ordering, no overlap; see docs/GPU.md). */
+CKPTIO_API ckptio_status ckptio_gds_read_async(ckptio_gds_file *file, void *buf, uint64_t size,
+                                               uint64_t file_offset, uint64_t buf_offset, void *stream,
+                                               ckptio_gds_request **out);
+CKPTIO_API ckptio_status ckptio_gds_write_async(ckptio_gds_file *file, const void *buf, uint64_t size,
+                                                uint64_t file_offset, uint64_t buf_offset, void *stream,
+                                                ckptio_gds_request **out);
+
+/*! ckptio_gds_request_wait() : blocks the host until the request finished;
+ * @return its status (the error record describes a failure) and the bytes
+ * moved in *bytes (may be NULL). May be called again (same answer). */
+CKPTIO_API ckptio_status ckptio_gds_request_wait(ckptio_gds_request *request, uint64_t *bytes);
+
+/*! ckptio_gds_request_destroy() : waits (like _wait) and frees. Accepts NULL. */
+CKPTIO_API ckptio_status ckptio_gds_request_destroy(ckptio_gds_request *request);
+
+/*! ckptio_gds_file_path() : the path the file's last transfer took. */
+CKPTIO_API ckptio_status ckptio_gds_file_path(const ckptio_gds_file *file, ckptio_io_path *out);
 /* END GPU SECTION */
 
 /* ------------------------------------------------------------------------ */
 /* torch.save zip checkpoints                                               */
 /* ------------------------------------------------------------------------ */
 /* (section owned by src/format/torch_*; declarations are added here) */
+
+/* torch.save files (zip + pickle, FORMATS.md 1-2), read and written without
+ * Python. Readers accept what torch 2.x writes (any storage alignment,
+ * zip64, optional records missing); the pickle runs in a restricted
+ * unpickler with an allowlist of globals at least as strict as
+ * torch.load(weights_only=True). Writers produce files torch.load reads with
+ * weights_only=True: storages 4 KiB-aligned by default, real CRC-32s for
+ * host memory. Legacy (pre-1.6, non-zip) files and TorchScript archives are
+ * refused with CKPTIO_E_UNSUPPORTED. docs/TORCH_FORMAT.md has the details. */
+
+/* ---- values: the pickled object tree -------------------------------------- */
+
+/* A node of the object tree in data.pkl. Nodes are owned by the ckptio_torch
+ * (reader) or ckptio_torch_writer (writer) that made them and live as long
+ * as it does. A node may be reachable along several paths (the pickle memo
+ * shares objects), never in a cycle. */
+typedef struct ckptio_value ckptio_value;
+
+typedef enum ckptio_value_kind {
+    CKPTIO_VALUE_NONE = 0,
+    CKPTIO_VALUE_BOOL,
+    CKPTIO_VALUE_INT,     /* fits int64 */
+    CKPTIO_VALUE_BIGINT,  /* larger: little-endian two's complement bytes */
+    CKPTIO_VALUE_FLOAT,
+    CKPTIO_VALUE_STR,     /* UTF-8 */
+    CKPTIO_VALUE_BYTES,
+    CKPTIO_VALUE_LIST,
+    CKPTIO_VALUE_TUPLE,   /* also torch.Size */
+    CKPTIO_VALUE_DICT,    /* dict or collections.OrderedDict (ckptio_value_dict_ordered) */
+    CKPTIO_VALUE_SET,
+    CKPTIO_VALUE_TENSOR,  /* a tensor (or nn.Parameter); see ckptio_value_tensor */
+    CKPTIO_VALUE_DTYPE,   /* a torch.dtype, e.g. torch.float32 */
+    CKPTIO_VALUE_DEVICE   /* a torch.device; its text ("cuda:0") via ckptio_value_str */
+} ckptio_value_kind;
+
+/*! ckptio_value_kind_of() : @return the node's kind (NONE for NULL). */
+CKPTIO_API ckptio_value_kind ckptio_value_kind_of(const ckptio_value *value);
+
+/*! ckptio_value_bool() / _int() / _float() : scalar contents. Each fails
+ * with CKPTIO_E_INVAL for a node of another kind; _int() gives
+ * CKPTIO_E_RANGE for a BIGINT. */
+CKPTIO_API ckptio_status ckptio_value_bool(const ckptio_value *value, int *out);
+CKPTIO_API ckptio_status ckptio_value_int(const ckptio_value *value, int64_t *out);
+CKPTIO_API ckptio_status ckptio_value_float(const ckptio_value *value, double *out);
+
+/*! ckptio_value_bytes() : the bytes of a STR (UTF-8, NUL-terminated too),
+ * BYTES, BIGINT (little-endian two's complement, as pickle's LONG1) or
+ * DEVICE ("cuda:0") node; for a DTYPE node, its torch name ("float32"). */
+CKPTIO_API ckptio_status ckptio_value_bytes(const ckptio_value *value, const char **data, size_t *len);
+
+/*! ckptio_value_len() : items of a LIST, TUPLE, SET or DICT (pairs). */
+CKPTIO_API ckptio_status ckptio_value_len(const ckptio_value *value, size_t *out);
+
+/*! ckptio_value_item() : item `index` of a LIST, TUPLE or SET. */
+CKPTIO_API ckptio_status ckptio_value_item(const ckptio_value *value, size_t index, const ckptio_value **out);
+
+/*! ckptio_value_dict_item() : pair `index` of a DICT, in insertion order. */
+CKPTIO_API ckptio_status ckptio_value_dict_item(const ckptio_value *value, size_t index, const ckptio_value **key,
+                                                const ckptio_value **item);
+
+/*! ckptio_value_dict_ordered() : *out = 1 for a collections.OrderedDict. */
+CKPTIO_API ckptio_status ckptio_value_dict_ordered(const ckptio_value *value, int *out);
+
+/*! ckptio_value_dict_attrs() : attributes pickled with a dict (BUILD state:
+ * a DICT such as {'_metadata': ...} of a module state_dict), or *out = NULL. */
+CKPTIO_API ckptio_status ckptio_value_dict_attrs(const ckptio_value *value, const ckptio_value **out);
+
+/*! ckptio_value_dtype() : the dtype of a DTYPE or TENSOR node. */
+CKPTIO_API ckptio_status ckptio_value_dtype(const ckptio_value *value, ckptio_dtype *out);
+
+/*! ckptio_value_tensor() : for a TENSOR node of a reader, the index of its
+ * (first) entry in ckptio_torch_tensor(). */
+CKPTIO_API ckptio_status ckptio_value_tensor(const ckptio_value *value, size_t *index);
+
+/* ---- reading ---------------------------------------------------------------- */
+
+typedef struct ckptio_torch ckptio_torch;
+
+/* A tensor in a torch.save file: a view (offset, shape, stride in elements)
+ * of one storage. Views and tensors sharing a storage name the same
+ * storage index. */
+typedef struct ckptio_torch_tensor_info {
+    const char *name;         /* dotted path in the object tree ("layer.0.weight");
+                               * dict keys as text, list/tuple positions as numbers */
+    ckptio_dtype dtype;
+    uint32_t ndim;
+    const int64_t *shape;     /* ndim entries */
+    const int64_t *stride;    /* ndim entries, in elements */
+    uint64_t storage_offset;  /* in elements */
+    size_t storage;           /* index for ckptio_torch_storage() */
+    int requires_grad;
+    int is_parameter;         /* saved as torch.nn.Parameter */
+    int is_contiguous;        /* C-contiguous: its bytes are one range of the file */
+    uint64_t file_offset;     /* file offset of element [0,...,0] */
+    uint64_t nbytes;          /* numel x element size */
+    const ckptio_value *value;/* its node in the object tree */
+} ckptio_torch_tensor_info;
+
+/* A storage: one data/<key> record of raw bytes. */
+typedef struct ckptio_torch_storage_info {
+    const char *key;          /* "0", "1", ... */
+    const char *location;     /* device it was saved from: "cpu", "cuda:0", ... */
+    ckptio_dtype dtype;       /* storage class element type (U8 for UntypedStorage) */
+    uint64_t nbytes;
+    uint64_t file_offset;     /* first byte of the record's data */
+    uint32_t crc32;           /* from the central directory (0: not computed by the writer) */
+} ckptio_torch_storage_info;
+
+/*! ckptio_torch_open() :
+ * Opens a torch.save file: parses the zip directory and runs data.pkl
+ * through the restricted unpickler. Globals outside the allowlist fail with
+ * CKPTIO_E_DISALLOWED naming the global. The engine is used for later reads
+ * and must outlive the handle. */
+CKPTIO_API ckptio_status ckptio_torch_open(ckptio_engine *engine, const char *path, ckptio_torch **out);
+
+/*! ckptio_torch_parse() :
+ * The same from a whole file held in memory (bytes, len). The handle lists
+ * tensors and values; ckptio_torch_read() on it copies from that memory,
+ * which must outlive the handle. */
+CKPTIO_API ckptio_status ckptio_torch_parse(const void *bytes, size_t len, ckptio_torch **out);
+
+/*! ckptio_torch_close() : accepts NULL. */
+CKPTIO_API ckptio_status ckptio_torch_close(ckptio_torch *t);
+
+/*! ckptio_torch_root() : the unpickled object (usually a DICT). */
+CKPTIO_API ckptio_status ckptio_torch_root(const ckptio_torch *t, const ckptio_value **out);
+
+/*! ckptio_torch_count() : number of tensors, one per path in the tree (a
+ * tensor object reachable along two paths is listed twice). */
+CKPTIO_API ckptio_status ckptio_torch_count(const ckptio_torch *t, size_t *out);
+
+/*! ckptio_torch_tensor() : tensor `index`, in pickle order. Pointers live as
+ * long as the handle. */
+CKPTIO_API ckptio_status ckptio_torch_tensor(const ckptio_torch *t, size_t index, ckptio_torch_tensor_info *out);
+
+/*! ckptio_torch_find() : index of the tensor named `name`, or CKPTIO_E_NOT_FOUND. */
+CKPTIO_API ckptio_status ckptio_torch_find(const ckptio_torch *t, const char *name, size_t *index);
+
+/*! ckptio_torch_storage_count() / ckptio_torch_storage() : the storages. */
+CKPTIO_API ckptio_status ckptio_torch_storage_count(const ckptio_torch *t, size_t *out);
+CKPTIO_API ckptio_status ckptio_torch_storage(const ckptio_torch *t, size_t index, ckptio_torch_storage_info *out);
+
+/*! ckptio_torch_alignment() : the .storage_alignment record (64 when absent). */
+CKPTIO_API ckptio_status ckptio_torch_alignment(const ckptio_torch *t, uint64_t *out);
+
+/*! ckptio_torch_read_storages() :
+ * Reads whole storages into caller memory (host or GPU), all in one engine
+ * plan. targets[i].index is a storage index; capacity must be at least the
+ * storage's nbytes (else CKPTIO_E_RANGE naming the storage). */
+CKPTIO_API ckptio_status ckptio_torch_read_storages(ckptio_torch *t, const ckptio_tensor_target *targets,
+                                                    size_t count);
+
+/*! ckptio_torch_read() :
+ * Reads tensors (targets[i].index is a tensor index) into caller memory, in
+ * C order. Contiguous tensors go straight from the file (one engine plan);
+ * a non-contiguous view is gathered from its storage through host memory
+ * and needs a host target (CKPTIO_E_UNSUPPORTED for a GPU target). */
+CKPTIO_API ckptio_status ckptio_torch_read(ckptio_torch *t, const ckptio_tensor_target *targets, size_t count);
+
+/* What ckptio_torch_verify() found. */
+typedef struct ckptio_torch_verify_report {
+    size_t records;           /* zip records checked */
+    size_t crc_checked;       /* records whose CRC-32 matched */
+    size_t crc_absent;        /* records saved without a CRC (crc32 0, torch compute_crc32=False) */
+    uint64_t bytes;           /* data bytes read */
+} ckptio_torch_verify_report;
+
+/*! ckptio_torch_verify() :
+ * Reads every record and checks its CRC-32 against the central directory,
+ * and the structure (records referenced by the pickle exist, views lie
+ * inside their storages; checked at open). A mismatch is CKPTIO_E_CHECKSUM
+ * naming the record. report may be NULL. */
+CKPTIO_API ckptio_status ckptio_torch_verify(ckptio_torch *t, ckptio_torch_verify_report *report);
+
+/* ---- writing ---------------------------------------------------------------- */
+
+/* A writer holds the object tree to save, its storages (where their bytes
+ * live) and, once computed, the file layout. The layout is reused by every
+ * later save while the structure stays the same: between saves only rebind
+ * storage memory (ckptio_torch_writer_bind). Any structural change (new
+ * values, items, storages, root, other options) is tracked, and the next save
+ * recomputes the layout, so a stale layout is never written. */
+typedef struct ckptio_torch_writer ckptio_torch_writer;
+
+enum ckptio_torch_save_flags {
+    /* Write CRC-32 0 instead of computing it (torch's compute_crc32=False). */
+    CKPTIO_TORCH_SAVE_NO_CRC = 1u << 0,
+    /* Write the records in place instead of a temporary + rename. */
+    CKPTIO_TORCH_SAVE_IN_PLACE = 1u << 1
+};
+
+typedef struct ckptio_torch_save_options {
+    uint32_t storage_alignment;  /* 1..65536; 0 = 4096 (torch's own default is 64) */
+    const char *record_prefix;   /* NULL = like torch.save: the file name without its last
+                                  * extension ("m.pt" -> "m"), "archive" if that is empty */
+    unsigned flags;              /* ckptio_torch_save_flags */
+} ckptio_torch_save_options;
+
+/* A tensor to add: a view of a storage of the writer. */
+typedef struct ckptio_torch_tensor_spec {
+    size_t storage;              /* from ckptio_torch_writer_storage() */
+    ckptio_dtype dtype;          /* must equal the storage's unless the storage is untyped (U8) */
+    uint32_t ndim;
+    const int64_t *shape;
+    const int64_t *stride;       /* NULL = C-contiguous; in elements, non-negative */
+    uint64_t storage_offset;     /* in elements */
+    int requires_grad;
+    int is_parameter;            /* save as torch.nn.Parameter */
+} ckptio_torch_tensor_spec;
+
+/*! ckptio_torch_writer_create() / _destroy() : an empty writer (root None). */
+CKPTIO_API ckptio_status ckptio_torch_writer_create(ckptio_torch_writer **out);
+CKPTIO_API ckptio_status ckptio_torch_writer_destroy(ckptio_torch_writer *w);
+
+/*! ckptio_torch_writer_storage() :
+ * Declares a storage of `nbytes` bytes holding elements of `dtype`, saved
+ * with location `location` (NULL = "cpu"), with its memory at `data` (may be
+ * NULL until ckptio_torch_writer_bind). Tensors of dtypes that torch saves
+ * through UntypedStorage (float8, uint16/32/64, complex32, ...) use a U8
+ * storage or one of their own dtype. *id receives the storage's id. */
+CKPTIO_API ckptio_status ckptio_torch_writer_storage(ckptio_torch_writer *w, ckptio_dtype dtype, uint64_t nbytes,
+                                                     const char *location, const void *data,
+                                                     ckptio_mem_kind mem_kind, size_t *id);
+
+/*! ckptio_torch_writer_bind() : points storage `id` at new memory (same size)
+ * for the next save, keeping the layout. */
+CKPTIO_API ckptio_status ckptio_torch_writer_bind(ckptio_torch_writer *w, size_t id, const void *data,
+                                                  ckptio_mem_kind mem_kind);
+
+/*! ckptio_torch_writer_tensor() : a tensor node; the view must lie inside
+ * its storage (CKPTIO_E_RANGE otherwise). */
+CKPTIO_API ckptio_status ckptio_torch_writer_tensor(ckptio_torch_writer *w, const ckptio_torch_tensor_spec *spec,
+                                                    ckptio_value **out);
+
+/*! Scalar nodes. Strings are copied; str must be UTF-8. */
+CKPTIO_API ckptio_status ckptio_torch_writer_none(ckptio_torch_writer *w, ckptio_value **out);
+CKPTIO_API ckptio_status ckptio_torch_writer_bool(ckptio_torch_writer *w, int v, ckptio_value **out);
+CKPTIO_API ckptio_status ckptio_torch_writer_int(ckptio_torch_writer *w, int64_t v, ckptio_value **out);
+CKPTIO_API ckptio_status ckptio_torch_writer_bigint(ckptio_torch_writer *w, const void *le_twos_complement,
+                                                    size_t len, ckptio_value **out);
+CKPTIO_API ckptio_status ckptio_torch_writer_float(ckptio_torch_writer *w, double v, ckptio_value **out);
+CKPTIO_API ckptio_status ckptio_torch_writer_str(ckptio_torch_writer *w, const char *s, size_t len,
+                                                 ckptio_value **out);
+CKPTIO_API ckptio_status ckptio_torch_writer_bytes(ckptio_torch_writer *w, const void *data, size_t len,
+                                                   ckptio_value **out);
+CKPTIO_API ckptio_status ckptio_torch_writer_dtype(ckptio_torch_writer *w, ckptio_dtype dtype, ckptio_value **out);
+
+/*! ckptio_torch_writer_container() : an empty LIST, TUPLE, SET or DICT
+ * (ordered != 0: collections.OrderedDict, as module state_dicts are). */
+CKPTIO_API ckptio_status ckptio_torch_writer_container(ckptio_torch_writer *w, ckptio_value_kind kind, int ordered,
+                                                       ckptio_value **out);
+
+/*! ckptio_torch_writer_append() : adds item to a LIST, TUPLE or SET. */
+CKPTIO_API ckptio_status ckptio_torch_writer_append(ckptio_torch_writer *w, ckptio_value *seq, ckptio_value *item);
+
+/*! ckptio_torch_writer_set_item() : adds key -> item to a DICT (keys are not
+ * checked for duplicates: the last one wins in Python). */
+CKPTIO_API ckptio_status ckptio_torch_writer_set_item(ckptio_torch_writer *w, ckptio_value *dict,
+                                                      ckptio_value *key, ckptio_value *item);
+
+/*! ckptio_torch_writer_set_root() : the object torch.load will return. */
+CKPTIO_API ckptio_status ckptio_torch_writer_set_root(ckptio_torch_writer *w, ckptio_value *root);
+
+/*! ckptio_torch_writer_layout() :
+ * Computes (or reuses) the layout for `options` (NULL = defaults): the
+ * pickle, record order and offsets. *file_size may be NULL. */
+CKPTIO_API ckptio_status ckptio_torch_writer_layout(ckptio_torch_writer *w, const ckptio_torch_save_options *options,
+                                                    uint64_t *file_size);
+
+/*! ckptio_torch_writer_storage_offset() : after a layout, the file offset of
+ * storage `id`'s bytes and its record key ("0", "1", ..., owned by the
+ * writer); CKPTIO_E_NOT_FOUND for a storage no tensor uses (not saved). */
+CKPTIO_API ckptio_status ckptio_torch_writer_storage_offset(const ckptio_torch_writer *w, size_t id,
+                                                            uint64_t *offset, const char **key);
+
+/*! ckptio_torch_save() :
+ * Writes the writer's tree to `path` (atomically unless IN_PLACE): the
+ * storages' bytes go straight from their memory (host or GPU) through the
+ * engine. CRC-32s are computed for host storages (in parallel on the
+ * engine's workers); storages in GPU memory get CRC 0, which torch.load
+ * accepts. On failure no file exists under `path` and an older one is kept. */
+CKPTIO_API ckptio_status ckptio_torch_save(ckptio_engine *engine, const char *path, ckptio_torch_writer *w,
+                                           const ckptio_torch_save_options *options);
+
+/*! ckptio_torch_save_tensors() :
+ * Convenience: saves a flat OrderedDict name -> tensor (each tensor its own
+ * storage, C-contiguous), like torch.save(dict_of_tensors). */
+CKPTIO_API ckptio_status ckptio_torch_save_tensors(ckptio_engine *engine, const char *path,
+                                                   const ckptio_tensor_source *tensors, size_t count,
+                                                   const ckptio_torch_save_options *options);
+
 /* END TORCH SECTION */
 
 #ifdef __cplusplus

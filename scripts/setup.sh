@@ -20,7 +20,7 @@ done
 SUDO=""
 if [ "$(id -u)" != 0 ]; then SUDO="sudo"; fi
 
-debian_packages=(build-essential cmake pkg-config liburing-dev libjansson-dev libzstd-dev libxxhash-dev
+debian_packages=(build-essential cmake pkg-config liburing-dev libjansson-dev libzstd-dev libxxhash-dev zlib1g-dev
                  clang libclang-rt-dev python3 python3-venv python3-dev)
 missing=()
 for p in "${debian_packages[@]}"; do

@@ -44,7 +44,24 @@ void ckptio__engine_staging(ckptio_engine *engine, int64_t reserved_delta, int64
 void *ckptio__engine_gpu_state(ckptio_engine *engine);
 void ckptio__engine_set_gpu_state(ckptio_engine *engine, void *state, void (*destroy)(void *state));
 
-/* Progress reporting from the thread that runs a transfer. */
+/* Progress reporting from the thread that runs a transfer. Calls the
+ * user's callback at most every few milliseconds (always when done ==
+ * total). Inside ckptio_engine_execute(), `done` and `total` are taken as
+ * the GPU part of the plan and reported on the whole plan's scale. Returns
+ * CKPTIO_E_CANCELED (error record set) when the callback asks to stop. */
 ckptio_status ckptio__engine_progress(ckptio_engine *engine, uint64_t done, uint64_t total);
+
+/* Like ckptio__engine_parallel(), but while the workers run, the calling
+ * thread reports progress from *done (which the workers advance with
+ * atomic adds) against `total`. If the callback cancels, *cancel is set to 1
+ * (workers should poll it and stop early) and, after every worker returned,
+ * the call returns CKPTIO_E_CANCELED. */
+ckptio_status ckptio__engine_parallel_progress(ckptio_engine *engine, unsigned nworkers, ckptio__worker_fn fn,
+                                               void *arg, _Atomic uint64_t *done, uint64_t total,
+                                               _Atomic int *cancel);
+
+/* Open-file bookkeeping (src/io): ckptio_engine_destroy() refuses with
+ * CKPTIO_E_BUSY while files opened with the engine are still open. */
+void ckptio__engine_file_ref(ckptio_engine *engine, int delta);
 
 #endif /* CKPTIO_ENGINE_INTERNAL_H */

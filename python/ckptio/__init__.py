@@ -1,0 +1,56 @@
+"""ckptio: move tensor checkpoints between GPU/host memory and storage at disk speed.
+
+A thin Python layer over libckptio (a C library): the formats (safetensors,
+...), the I/O engine (io_uring / pread, O_DIRECT, parallel workers) and the
+GPU path all run in C with the GIL released; this package only adapts torch
+tensors and numpy arrays.
+
+    import ckptio
+    ckptio.save(model.state_dict(), "model.safetensors")
+    sd = ckptio.load("model.safetensors", device="cuda")
+    with ckptio.open("model.safetensors") as f:
+        w = f.get_tensor("layer.0.weight", device="cuda:0")
+
+Errors are :class:`CkptioError` (an ``OSError``) carrying the library's
+message, which names the file, the offset and what was wrong.
+"""
+
+from ._errors import (  # noqa: F401  (must come first: the extension imports it)
+    CkptioError,
+    CkptioFileExistsError,
+    CkptioFileNotFoundError,
+    CkptioPermissionError,
+)
+from . import _ckptio
+from ._ckptio import Engine, default_engine
+from ._api import CheckpointFile, StorageInfo, TensorInfo, load, open, save, save_torch
+from ._gds import GdsFile, gds_deregister_buffer, gds_register_buffer
+
+__version__: str = _ckptio.version()
+
+
+def option_names() -> list:
+    """Names of the engine settings, for ``Engine(**settings)`` and ``Engine.set``."""
+    return _ckptio.option_names()
+
+
+__all__ = [
+    "__version__",
+    "save",
+    "load",
+    "open",
+    "CheckpointFile",
+    "TensorInfo",
+    "StorageInfo",
+    "save_torch",
+    "GdsFile",
+    "gds_register_buffer",
+    "gds_deregister_buffer",
+    "Engine",
+    "default_engine",
+    "option_names",
+    "CkptioError",
+    "CkptioFileNotFoundError",
+    "CkptioPermissionError",
+    "CkptioFileExistsError",
+]

@@ -1,0 +1,492 @@
+"""save / load / open: state dicts to and from checkpoint files.
+
+The formats themselves (parsing, validation, layout, CRCs, I/O) live in
+libckptio; this module maps between Python objects (state dicts, torch
+tensors, numpy arrays) and the extension's address lists.
+"""
+
+from __future__ import annotations
+
+import collections
+import os
+from typing import Any, Dict, Iterable, Iterator, List, Mapping, NamedTuple, Optional, Tuple, Union
+
+from . import _adapt, _ckptio
+from ._errors import make_error
+
+PathLike = Union[str, "os.PathLike[str]"]
+
+_E_FORMAT = _ckptio.E_FORMAT
+_E_UNSUPPORTED = _ckptio.E_UNSUPPORTED
+
+
+def _fail(status: int, path: str, message: str):
+    return make_error(status, _ckptio.status_name(status), 0, 0, None, path, -1, None, f"{path}: {message}")
+
+
+class TensorInfo(NamedTuple):
+    """Where one tensor lives in a checkpoint file.
+
+    ``dtype`` is the safetensors spelling ("BF16"); ``shape`` is in the
+    file's terms; ``offset`` is the absolute file offset of its first byte
+    (element [0, ..., 0]) and ``nbytes`` its byte count. ``contiguous`` is
+    False for a torch.save view whose bytes are not one range of the file.
+    """
+
+    name: str
+    dtype: str
+    shape: Tuple[int, ...]
+    offset: int
+    nbytes: int
+    contiguous: bool = True
+
+
+class StorageInfo(NamedTuple):
+    """One storage (``data/<key>`` record) of a torch.save file: its bytes
+    are ``nbytes`` at ``offset``; ``location`` is the device it was saved from."""
+
+    key: str
+    location: str
+    dtype: str
+    nbytes: int
+    offset: int
+    crc32: int
+
+
+def _framework(framework: str) -> str:
+    if framework in ("pt", "torch"):
+        return "pt"
+    if framework in ("np", "numpy"):
+        return "numpy"
+    raise ValueError(f"framework must be 'pt' or 'numpy', not {framework!r}")
+
+
+def _detect(path: str) -> str:
+    kind = _ckptio.sniff(path)
+    if kind in ("safetensors", "torch"):
+        return kind
+    if kind == "torch_legacy":
+        raise _fail(_E_UNSUPPORTED, path, "legacy (pre-1.6, non-zip) torch.save files are not supported; "
+                    "re-save with torch.save(..., _use_new_zipfile_serialization=True)")
+    if kind == "directory":
+        raise _fail(_E_UNSUPPORTED, path, "is a directory, not a checkpoint file")
+    raise _fail(_E_FORMAT, path, "not a safetensors or torch.save zip file (unrecognised first bytes)")
+
+
+class _Entry(NamedTuple):
+    index: int
+    code: int
+    shape: Tuple[int, ...]
+    offset: int
+    nbytes: int
+    contiguous: bool
+
+
+class CheckpointFile:
+    """An open checkpoint for lazy, selective loading (like ``safetensors.safe_open``).
+
+    Created by :func:`ckptio.open`; works for safetensors and torch.save
+    files. Use it as a context manager, or call :meth:`close`.
+    """
+
+    def __init__(self, path: PathLike, framework: str = "pt", device: Any = "cpu", *, engine=None):
+        self._path = os.fspath(path)
+        self._framework = _framework(framework)
+        self._device = _adapt.parse_device(device)
+        if self._framework == "numpy" and self._device.kind != "cpu":
+            raise ValueError(f"framework='numpy' loads to the cpu only, not {self._device}")
+        self.format = _detect(self._path)
+        self._index: Dict[str, _Entry] = {}
+        self._order: List[str] = []
+        if self.format == "safetensors":
+            self._reader = _ckptio.SafetensorsReader(self._path, engine)
+            for i, (name, code, shape, offset, nbytes) in enumerate(self._reader.tensors):
+                self._index[name] = _Entry(i, code, tuple(shape), offset, nbytes, True)
+                self._order.append(name)
+            self._metadata = self._reader.metadata
+        else:
+            self._reader = _ckptio.TorchReader(self._path, engine)
+            self._tensor_rows = self._reader.tensors
+            by_offset = []
+            for i, row in enumerate(self._tensor_rows):
+                name, code, shape, _, _, _, _, _, contiguous, offset, nbytes = row
+                if name not in self._index:
+                    self._index[name] = _Entry(i, code, tuple(shape), offset, nbytes, contiguous)
+                    by_offset.append((offset, i, name))
+            self._order = [name for _, _, name in sorted(by_offset)]
+            self._metadata = {}
+
+    # -- description ----------------------------------------------------------------
+    @property
+    def path(self) -> str:
+        return self._path
+
+    def keys(self) -> List[str]:
+        """Tensor names, sorted (torch files: dotted paths such as "layer.0.weight")."""
+        return sorted(self._index)
+
+    def offset_keys(self) -> List[str]:
+        """Tensor names in file order (by data offset)."""
+        return list(self._order)
+
+    def metadata(self) -> Dict[str, str]:
+        """The safetensors ``__metadata__`` dict ({} when absent and for torch files)."""
+        return dict(self._metadata)
+
+    def info(self, name: str) -> TensorInfo:
+        """Dtype, shape, absolute file offset and byte count of one tensor."""
+        e = self._entry(name)
+        return TensorInfo(name, _adapt.dtype_name(e.code), e.shape, e.offset, e.nbytes, e.contiguous)
+
+    def storages(self) -> List[StorageInfo]:
+        """torch.save files: every storage record with its file offset (what
+        GdsFile.load_storage / save_storage need); [] for safetensors."""
+        if self.format != "torch":
+            return []
+        return [StorageInfo(key, loc, _adapt.dtype_name(code), nbytes, offset, crc)
+                for key, loc, code, nbytes, offset, crc in self._reader.storages]
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._index
+
+    def __len__(self) -> int:
+        return len(self._index)
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.keys())
+
+    def _entry(self, name: str) -> _Entry:
+        try:
+            return self._index[name]
+        except KeyError:
+            raise KeyError(f"{self._path}: no tensor named {name!r}") from None
+
+    # -- reading ----------------------------------------------------------------------
+    def get_tensor(self, name: str, device: Any = None, *, out: Any = None):
+        """Reads one tensor (a new tensor on `device`, or into `out`)."""
+        return self.get_tensors([name], device, out={name: out} if out is not None else None)[name]
+
+    def get_tensors(self, names: Optional[Iterable[str]] = None, device: Any = None, *,
+                    out: Optional[Mapping[str, Any]] = None) -> Dict[str, Any]:
+        """Reads several tensors in one pass (one engine plan; GIL released).
+
+        `names` defaults to every tensor (or the keys of `out`); `out` maps
+        names to existing tensors/arrays to fill in place (dtype and shape
+        must match the file). Returns {name: tensor} in the order asked.
+        """
+        if names is None:
+            names = list(out.keys()) if out is not None else self.keys()
+        else:
+            names = list(names)
+        dev = self._device if device is None else _adapt.parse_device(device)
+        if self._framework == "numpy" and dev.kind != "cpu":
+            raise ValueError(f"framework='numpy' loads to the cpu only, not {dev}")
+        if dev.kind == "cuda":
+            dev = _adapt.resolve_cuda(dev)
+        st = self.format == "safetensors"
+        result: Dict[str, Any] = {}
+        moves: Dict[str, Any] = {}
+        targets = []
+        cuda_devices = set()
+        for name in names:
+            e = self._entry(name)
+            what = f"tensor '{name}'"
+            if out is not None and out.get(name) is not None:
+                t = _adapt.existing_target(out[name], e.code, e.shape, what, self._path, safetensors=st)
+                if not e.contiguous and t.mem_kind == _adapt.MEM_CUDA:
+                    raise ValueError(f"{self._path}: {what} is a non-contiguous view in the file; "
+                                     "read it into a cpu tensor")
+            elif not e.contiguous and dev.kind == "cuda":
+                # ckptio gathers strided views through host memory only.
+                t = _adapt.new_target(e.code, e.shape, _adapt.Device("cpu", None), self._framework, what,
+                                      safetensors=st)
+                moves[name] = dev
+            else:
+                t = _adapt.new_target(e.code, e.shape, dev, self._framework, what, safetensors=st)
+            if t.mem_kind == _adapt.MEM_CUDA:
+                cuda_devices.add(t.value.device.index)
+            result[name] = t.value
+            targets.append((e.index, t.address, t.capacity, t.mem_kind))
+        _adapt.sync_current_stream(cuda_devices)
+        self._reader.read(targets)
+        for name, d in moves.items():
+            result[name] = result[name].to(str(d))
+        return result
+
+    def load_object(self, device: Any = None) -> Any:
+        """torch.save files: the whole saved object (as ``torch.load`` returns
+        it, with every tensor on `device`): dicts, OrderedDicts, lists,
+        scalars, nn.Parameters; views keep sharing their storages."""
+        if self.format != "torch":
+            raise ValueError(f"{self._path}: load_object() is for torch.save files; this is {self.format}")
+        if self._framework != "pt":
+            raise ValueError("load_object() builds torch objects; use framework='pt'")
+        dev = self._device if device is None else _adapt.parse_device(device)
+        if dev.kind == "cuda":
+            dev = _adapt.resolve_cuda(dev)
+        torch = _adapt.torch_module()
+        tdev = str(dev)
+        rows = self._reader.storages
+        storages = []
+        targets = []
+        for i, (key, _, _, nbytes, _, _) in enumerate(rows):
+            s = torch.UntypedStorage(nbytes, device=tdev)
+            storages.append(s)
+            if nbytes:
+                kind = _adapt.MEM_CUDA if dev.kind == "cuda" else _adapt.MEM_HOST
+                targets.append((i, s.data_ptr(), nbytes, kind))
+        if dev.kind == "cuda":
+            _adapt.sync_current_stream({dev.index})
+        self._reader.read_storages(targets)
+        made: Dict[int, Any] = {}
+        tensor_rows = self._tensor_rows
+
+        def make_tensor(index: int):
+            t = made.get(index)
+            if t is None:
+                name, code, shape, stride, soff, sidx, rg, is_param, _, _, _ = tensor_rows[index]
+                t = torch.empty((0,), dtype=_adapt.torch_dtype(code, f"tensor '{name}'"), device=tdev)
+                t.set_(storages[sidx], soff, shape, stride)
+                if is_param:
+                    t = torch.nn.Parameter(t, requires_grad=bool(rg))
+                elif rg:
+                    t.requires_grad_(True)
+                made[index] = t
+            return t
+
+        def make_dict(ordered: bool):
+            return collections.OrderedDict() if ordered else {}
+
+        def make_dtype(name: str):
+            return getattr(torch, name)
+
+        def set_attrs(obj, attrs):
+            for k, v in attrs.items():
+                setattr(obj, k, v)
+
+        return self._reader.tree(make_tensor, make_dict, make_dtype, torch.device, set_attrs)
+
+    def verify(self) -> Dict[str, int]:
+        """torch.save files: reads every record and checks its CRC-32 (raises
+        CkptioError E_CHECKSUM naming the record on a mismatch)."""
+        if self.format != "torch":
+            raise ValueError(f"{self._path}: verify() is for torch.save files; this is {self.format}")
+        return self._reader.verify()
+
+    def close(self) -> None:
+        self._reader.close()
+
+    @property
+    def closed(self) -> bool:
+        return self._reader.closed
+
+    def __enter__(self) -> "CheckpointFile":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        state = "closed" if self.closed else f"{len(self)} tensors"
+        return f"<ckptio.CheckpointFile {self._path!r} ({self.format}, {state})>"
+
+
+def open(path: PathLike, framework: str = "pt", device: Any = "cpu", *, engine=None) -> CheckpointFile:
+    """Opens a checkpoint for lazy access: ``keys()``, ``metadata()``,
+    ``info(name)``, ``get_tensor(name, device=...)``. The format is detected
+    from the file's first bytes."""
+    return CheckpointFile(path, framework, device, engine=engine)
+
+
+def load(path: PathLike, device: Any = "cpu", keys: Optional[Iterable[str]] = None, *, framework: str = "pt",
+         out: Optional[Mapping[str, Any]] = None, engine=None) -> Any:
+    """Loads a checkpoint; the format is detected from the file's first bytes.
+
+    Args:
+        path: a safetensors or torch.save (zip) file.
+        device: "cpu", "cuda", "cuda:N", an int N or a torch.device; tensors
+            are allocated there and the bytes go straight in.
+        keys: names to load (default: all). A missing name is a KeyError.
+        framework: "pt" (torch tensors) or "numpy" (arrays, cpu only).
+        out: names -> existing tensors/arrays to fill in place.
+        engine: a ckptio.Engine (default: the shared default engine).
+
+    Returns, for safetensors files and whenever `keys`, `out` or
+    framework="numpy" is given: a flat dict name -> tensor. For a torch.save
+    file otherwise: the saved object itself, as ``torch.load(path,
+    map_location=device, weights_only=True)`` returns it.
+    """
+    with CheckpointFile(path, framework, device, engine=engine) as f:
+        if f.format == "torch" and keys is None and out is None and f._framework == "pt":
+            return f.load_object()
+        return f.get_tensors(keys, out=out)
+
+
+# ---- saving ------------------------------------------------------------------------------
+
+
+class TensorRef(tuple):
+    """A tensor in the tree handed to _ckptio.torch_save: (storage id, dtype
+    code, shape, stride, storage_offset, requires_grad, is_parameter)."""
+
+    __slots__ = ()
+
+
+class DtypeRef(str):
+    """A torch.dtype in the tree handed to _ckptio.torch_save (its torch name)."""
+
+    __slots__ = ()
+
+
+def _torch_tree(obj: Any, path: str):
+    """Replaces tensors and dtypes by TensorRef/DtypeRef; returns (tree,
+    storages, CUDA devices, objects to keep alive)."""
+    torch = _adapt.torch_module()
+    storages: List[Tuple[int, int, str, int, int]] = []
+    storage_ids: Dict[Tuple[str, int], Tuple[int, int]] = {}
+    memo: Dict[int, Any] = {}
+    keep: List[Any] = []
+    cuda = set()
+
+    def tensor_ref(t, where: str) -> TensorRef:
+        what = f"tensor '{where}'"
+        if t.layout != torch.strided:
+            raise TypeError(f"{path}: {what}: {t.layout} tensors cannot be saved; convert with .to_dense()")
+        if t.device.type not in ("cpu", "cuda"):
+            raise ValueError(f"{path}: {what}: tensors on {t.device} cannot be saved (cpu or cuda only)")
+        is_param = isinstance(t, torch.nn.Parameter)
+        requires_grad = bool(t.requires_grad)
+        if t.is_conj() or t.is_neg():
+            t = t.resolve_conj().resolve_neg()
+        keep.append(t)
+        code = _adapt.code_of_torch_dtype(t.dtype, what)
+        s = t.untyped_storage()
+        nbytes = s.nbytes()
+        location = "cpu" if t.device.type == "cpu" else f"cuda:{t.device.index}"
+        key = (location, s.data_ptr()) if nbytes else None
+        if key is not None and key in storage_ids:
+            sid, scode = storage_ids[key]
+            if scode != code:
+                raise RuntimeError(f"{path}: {what} views the same storage as another tensor with a different "
+                                   f"dtype ({_adapt.dtype_name(code)} vs {_adapt.dtype_name(scode)}); "
+                                   "torch.save refuses this too")
+        else:
+            sid = len(storages)
+            if t.device.type == "cuda":
+                kind = _adapt.MEM_CUDA
+                cuda.add(t.device.index)
+            else:
+                kind = _adapt.MEM_PINNED if t.is_pinned() else _adapt.MEM_HOST
+            storages.append((code, nbytes, location, s.data_ptr() if nbytes else 0, kind))
+            if key is not None:
+                storage_ids[key] = (sid, code)
+        return TensorRef((sid, code, tuple(t.shape), tuple(t.stride()), t.storage_offset(), requires_grad,
+                          is_param))
+
+    def conv(o: Any, where: str) -> Any:
+        if o is None or isinstance(o, (bool, int, float, str, bytes)):
+            return o
+        hit = memo.get(id(o))
+        if hit is not None:
+            return hit
+        if isinstance(o, torch.Tensor):
+            r = tensor_ref(o, where)
+        elif isinstance(o, torch.dtype):
+            r = DtypeRef(str(o).split(".")[-1])
+        elif isinstance(o, dict):
+            r = collections.OrderedDict() if isinstance(o, collections.OrderedDict) else {}
+            for k, v in o.items():
+                r[conv(k, where)] = conv(v, f"{where}.{k}" if where else str(k))
+        elif isinstance(o, list):
+            r = [conv(v, f"{where}.{i}" if where else str(i)) for i, v in enumerate(o)]
+        elif isinstance(o, tuple):
+            r = tuple(conv(v, f"{where}.{i}" if where else str(i)) for i, v in enumerate(o))
+        elif isinstance(o, (set, frozenset)):
+            r = {conv(v, where) for v in o}
+        elif isinstance(o, bytearray):
+            r = bytes(o)
+        else:
+            raise TypeError(f"{path}: cannot save {type(o).__module__}.{type(o).__qualname__} at "
+                            f"'{where or '<root>'}' in a torch checkpoint (ckptio writes tensors, dtypes, "
+                            "containers, str, bytes, int, float, bool and None)")
+        memo[id(o)] = r
+        keep.append(o)
+        return r
+
+    return conv(obj, ""), storages, cuda, keep
+
+
+def _save_torch(obj: Any, spath: str, alignment: int, crc: bool, engine) -> List[Optional[Tuple[int, str]]]:
+    tree, storages, cuda, keep = _torch_tree(obj, spath)
+    _adapt.sync_current_stream(cuda)
+    offsets = _ckptio.torch_save(spath, tree, storages, TensorRef, DtypeRef, collections.OrderedDict,
+                                 alignment, None, crc, engine)
+    del keep  # the tensors' memory had to stay alive until here
+    return offsets
+
+
+def save(state_dict: Any, path: PathLike, format: str = "safetensors", metadata: Optional[Mapping[str, str]] = None,
+         *, align: Optional[int] = None, crc: bool = True, engine=None) -> None:
+    """Saves a state dict atomically (temporary file, fsync, rename).
+
+    Args:
+        state_dict: name -> torch.Tensor (cpu or cuda) or numpy.ndarray
+            (safetensors). For format="torch", any tree of dicts,
+            OrderedDicts, lists, tuples, tensors, nn.Parameters, dtypes and
+            scalars (what ``torch.load(weights_only=True)`` accepts).
+        path: the destination; an existing file is replaced only on success.
+        format: "safetensors" (default) or "torch" (torch.save zip, readable
+            by ``torch.load``).
+        metadata: safetensors only: str -> str pairs for ``__metadata__``.
+        align: safetensors: 4096 (default) starts the data section on a 4 KiB
+            boundary (header padded with spaces, a valid safetensors file), 8
+            gives the reference writer's exact layout. torch: the storage
+            alignment, 1..65536 (default 4096; torch.save's own is 64).
+        crc: torch only: compute CRC-32s of host storages (default True).
+        engine: a ckptio.Engine (default: the shared default engine).
+
+    safetensors: nested dicts are flattened with "." ({"a": {"b": t}} ->
+    "a.b"); non-contiguous tensors are written through a contiguous copy;
+    tensors whose memory overlaps are refused (the format cannot express
+    sharing; use format="torch", which keeps views and shared storages).
+    """
+    fmt = str(format).lower()
+    spath = os.fspath(path)
+    if fmt in ("torch", "pt", "pytorch"):
+        if metadata:
+            raise ValueError(f"{spath}: metadata is a safetensors feature; torch.save files have none")
+        alignment = 0 if align is None else int(align)
+        _save_torch(state_dict, spath, alignment, crc, engine)
+        return
+    if fmt != "safetensors":
+        raise ValueError(f"format must be 'safetensors' or 'torch', not {format!r}")
+    flat = _adapt.flatten(state_dict)
+    overlaps = _adapt.find_overlaps(flat)
+    if overlaps:
+        groups = "; ".join("{" + ", ".join(sorted(g)) + "}" for g in overlaps)
+        raise ValueError(f"{spath}: tensors share memory and safetensors cannot express sharing: {groups}. "
+                         "Clone them, save only one, or use format='torch'.")
+    if metadata is not None:
+        metadata = dict(metadata)
+        for k, v in metadata.items():
+            if not isinstance(k, str) or not isinstance(v, str):
+                raise TypeError(f"{spath}: metadata must map str to str; got {k!r}: {type(v).__name__}")
+    sources = [_adapt.tensor_source(name, value, safetensors=True) for name, value in flat.items()]
+    _adapt.sync_current_stream({s.cuda_index for s in sources if s.mem_kind == _adapt.MEM_CUDA})
+    _ckptio.safetensors_save(
+        spath,
+        [(s.name, s.code, s.shape, s.address, s.nbytes, s.mem_kind) for s in sources],
+        metadata,
+        4096 if align is None else align,
+        engine,
+    )
+    del sources  # the memory had to stay alive until here
+
+
+def save_torch(obj: Any, path: PathLike, *, align: Optional[int] = None, crc: bool = True,
+               engine=None) -> List[Optional[Tuple[int, str]]]:
+    """Like ``save(obj, path, format="torch")``, returning where each
+    distinct storage's bytes went: a list (in first-use order) of
+    (file offset, record key), None for storages no tensor saved."""
+    spath = os.fspath(path)
+    return _save_torch(obj, spath, 0 if align is None else int(align), crc, engine)

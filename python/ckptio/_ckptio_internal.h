@@ -1,0 +1,106 @@
+/*
+ * _ckptio_internal.h - what the files of the ckptio._ckptio extension share.
+ *
+ * The extension is built against CPython's stable ABI (Py_LIMITED_API
+ * 3.8, an abi3 module), so one binary imports on every CPython >= 3.8. That
+ * rules out the buffer protocol (limited API only from 3.11): Python code
+ * hands memory over as integer addresses (tensor.data_ptr(),
+ * ndarray.ctypes.data) and keeps the owning objects alive for the call.
+ *
+ * Every call that does I/O drops the GIL (Py_BEGIN_ALLOW_THREADS) and
+ * serialises on the locks of the handles it uses instead, because a ckptio
+ * handle is used by one thread at a time. Locks are only ever taken with the
+ * GIL released and released before taking the GIL back, so the GIL and
+ * these locks cannot deadlock. Order: reader/file lock, then engine lock.
+ */
+#ifndef CKPTIO_PY_INTERNAL_H
+#define CKPTIO_PY_INTERNAL_H
+
+#ifndef Py_LIMITED_API
+#define Py_LIMITED_API 0x03080000
+#endif
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+
+#include "ckptio.h"
+
+#include <stdint.h>
+
+/* ---- errors (_ckptio_module.c) ------------------------------------------ */
+
+/* Raises the ckptio exception for a failed C call: reads the calling
+ * thread's ckptio_last_error() (call right after the failure, on the same
+ * thread) and builds the exception through ckptio._errors.make_error().
+ * @return NULL, so callers can `return ckpy_raise(st);`. */
+PyObject *ckpy_raise(ckptio_status status);
+
+/* Raises a ckptio exception for a failure found by the extension itself
+ * (argument checks, a failed open(2) while sniffing). `sys_errno` 0 = none,
+ * `path` may be NULL, `offset` -1 = none. @return NULL. */
+PyObject *ckpy_raise_custom(ckptio_status status, int sys_errno, const char *operation, const char *path,
+                            int64_t offset, const char *fmt, ...);
+
+/* Status for an errno (ENOENT -> E_NOT_FOUND, EACCES -> E_PERMISSION, ...). */
+ckptio_status ckpy_status_from_errno(int err);
+
+/* ---- engines (_ckptio_engine.c) ------------------------------------------ */
+
+typedef struct ckpy_engine {
+    PyObject_HEAD
+    ckptio_engine *engine;
+    PyThread_type_lock lock;
+} ckpy_engine;
+
+extern PyTypeObject *ckpy_engine_type;
+
+/* Resolves an `engine=` argument: None gives the module's default engine
+ * (created on first use). @return a new reference, or NULL with an error. */
+ckpy_engine *ckpy_engine_resolve(PyObject *arg);
+
+int ckpy_engine_add_to_module(PyObject *module);
+
+/* Frees the default engine (module teardown). */
+void ckpy_engine_module_free(void);
+
+/* ---- safetensors (_ckptio_safetensors.c) --------------------------------- */
+
+int ckpy_safetensors_add_to_module(PyObject *module);
+PyObject *ckpy_safetensors_save(PyObject *self, PyObject *args, PyObject *kwargs);
+
+/* ---- files and extents (_ckptio_file.c) ---------------------------------- */
+
+int ckpy_file_add_to_module(PyObject *module);
+
+/* ---- GDS file API and CUDA queries (_ckptio_gds.c) ------------------------ */
+
+int ckpy_gds_add_to_module(PyObject *module);
+
+/* ---- torch.save checkpoints (_ckptio_torch.c, _ckptio_torch_save.c) ------- */
+
+int ckpy_torch_add_to_module(PyObject *module);
+PyObject *ckpy_torch_save(PyObject *self, PyObject *args, PyObject *kwargs);
+
+/* ---- helpers (_ckptio_module.c) ------------------------------------------- */
+
+/* Converts a str or os.PathLike to a new bytes object (filesystem encoding);
+ * NULL with an error otherwise. */
+PyObject *ckpy_path_bytes(PyObject *path);
+
+/* Parses a Python int as an unsigned 64-bit value, or -1 with an error
+ * naming `what`. */
+int ckpy_u64(PyObject *obj, const char *what, uint64_t *out);
+
+/* Parses a memory kind (an int 0..3: host, pinned, cuda, auto). */
+int ckpy_mem_kind(PyObject *obj, ckptio_mem_kind *out);
+
+/* Parses a dtype given as a name ("F32", "float32", "torch.float32"). */
+int ckpy_dtype(PyObject *obj, ckptio_dtype *out);
+
+/* Heap-type deallocation tail: frees the object and drops the type's
+ * reference (required for PyType_FromSpec types). */
+void ckpy_free_object(PyObject *self);
+
+/* Acquires `lock`; must be called with the GIL released. */
+void ckpy_lock_nogil(PyThread_type_lock lock);
+
+#endif /* CKPTIO_PY_INTERNAL_H */

@@ -1,0 +1,508 @@
+/*
+ * _ckptio_safetensors.c - safetensors through the C API:
+ * SafetensorsReader (ckptio_safetensors_open/_read/_close) and
+ * safetensors_save (ckptio_safetensors_save).
+ *
+ * The reader copies the header's description (names, dtypes, shapes,
+ * offsets, __metadata__) into Python objects once at open, so later queries
+ * need neither the GIL-free path nor the handle's lock; only reads and close
+ * touch the C handle.
+ */
+#include "_ckptio_internal.h"
+
+#include <string.h>
+
+typedef struct ckpy_st_reader {
+    PyObject_HEAD
+    ckptio_safetensors *st;  /* NULL once closed */
+    ckpy_engine *engine;     /* strong reference; the handle reads through it */
+    PyThread_type_lock lock; /* one C call on the handle at a time */
+    PyObject *path;          /* str */
+    PyObject *tensors;       /* list of (name, dtype code, shape, file_offset, nbytes), index order */
+    PyObject *metadata;      /* dict str -> str, file order */
+    unsigned long long data_offset;
+} ckpy_st_reader;
+
+static PyTypeObject *reader_type = NULL;
+
+/* ---- opening -------------------------------------------------------------- */
+
+static PyObject *shape_tuple(const int64_t *shape, uint32_t ndim) {
+    PyObject *t = PyTuple_New((Py_ssize_t)ndim);
+    if (!t) return NULL;
+    for (uint32_t d = 0; d < ndim; d++) {
+        PyObject *v = PyLong_FromLongLong((long long)shape[d]);
+        if (!v) {
+            Py_DECREF(t);
+            return NULL;
+        }
+        PyTuple_SetItem(t, (Py_ssize_t)d, v);
+    }
+    return t;
+}
+
+/* Copies tensor descriptions and metadata out of the handle. */
+static int describe(ckpy_st_reader *self) {
+    size_t count = 0, mcount = 0;
+    uint64_t data_offset = 0;
+    ckptio_status st = ckptio_safetensors_count(self->st, &count);
+    if (st == CKPTIO_OK) st = ckptio_safetensors_metadata_count(self->st, &mcount);
+    if (st == CKPTIO_OK) st = ckptio_safetensors_data_offset(self->st, &data_offset);
+    if (st != CKPTIO_OK) {
+        ckpy_raise(st);
+        return -1;
+    }
+    self->data_offset = (unsigned long long)data_offset;
+    self->tensors = PyList_New((Py_ssize_t)count);
+    self->metadata = PyDict_New();
+    if (!self->tensors || !self->metadata) return -1;
+    for (size_t i = 0; i < count; i++) {
+        ckptio_tensor_info info;
+        st = ckptio_safetensors_tensor(self->st, i, &info);
+        if (st != CKPTIO_OK) {
+            ckpy_raise(st);
+            return -1;
+        }
+        PyObject *shape = shape_tuple(info.shape, info.ndim);
+        if (!shape) return -1;
+        PyObject *row = Py_BuildValue("(s#iNKK)", info.name, (Py_ssize_t)strlen(info.name), (int)info.dtype, shape,
+                                      (unsigned long long)info.file_offset, (unsigned long long)info.nbytes);
+        if (!row) return -1;
+        PyList_SetItem(self->tensors, (Py_ssize_t)i, row);
+    }
+    for (size_t i = 0; i < mcount; i++) {
+        ckptio_kv kv;
+        st = ckptio_safetensors_metadata(self->st, i, &kv);
+        if (st != CKPTIO_OK) {
+            ckpy_raise(st);
+            return -1;
+        }
+        PyObject *k = PyUnicode_FromString(kv.key);
+        PyObject *v = k ? PyUnicode_FromString(kv.value) : NULL;
+        int rc = v ? PyDict_SetItem(self->metadata, k, v) : -1;
+        Py_XDECREF(k);
+        Py_XDECREF(v);
+        if (rc < 0) return -1;
+    }
+    return 0;
+}
+
+static PyObject *reader_new(PyTypeObject *type, PyObject *args, PyObject *kwargs) {
+    static char *kwlist[] = {"path", "engine", NULL};
+    PyObject *path_arg, *engine_arg = Py_None;
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "O|O:SafetensorsReader", kwlist, &path_arg, &engine_arg))
+        return NULL;
+    allocfunc alloc = (allocfunc)PyType_GetSlot(type, Py_tp_alloc);
+    ckpy_st_reader *self = (ckpy_st_reader *)alloc(type, 0);
+    if (!self) return NULL;
+    self->st = NULL;
+    self->engine = NULL;
+    self->path = NULL;
+    self->tensors = NULL;
+    self->metadata = NULL;
+    self->lock = PyThread_allocate_lock();
+    if (!self->lock) {
+        Py_DECREF(self);
+        return PyErr_NoMemory();
+    }
+    PyObject *pb = ckpy_path_bytes(path_arg);
+    if (!pb) goto fail;
+    self->path = PyUnicode_DecodeFSDefault(PyBytes_AsString(pb));
+    self->engine = ckpy_engine_resolve(engine_arg);
+    if (!self->path || !self->engine) {
+        Py_DECREF(pb);
+        goto fail;
+    }
+    const char *cpath = PyBytes_AsString(pb);
+    ckptio_status st;
+    ckptio_safetensors *handle = NULL;
+    ckptio_engine *engine = self->engine->engine;
+    PyThread_type_lock elock = self->engine->lock;
+    Py_BEGIN_ALLOW_THREADS
+    ckpy_lock_nogil(elock);
+    st = ckptio_safetensors_open(engine, cpath, &handle);
+    PyThread_release_lock(elock);
+    Py_END_ALLOW_THREADS
+    Py_DECREF(pb);
+    if (st != CKPTIO_OK) {
+        ckpy_raise(st);
+        goto fail;
+    }
+    self->st = handle;
+    if (describe(self) < 0) goto fail;
+    return (PyObject *)self;
+fail:
+    Py_DECREF(self);
+    return NULL;
+}
+
+static void reader_dealloc(PyObject *obj) {
+    ckpy_st_reader *self = (ckpy_st_reader *)obj;
+    /* Reads hold a reference to the reader, so none is in flight here. */
+    if (self->st) ckptio_safetensors_close(self->st);
+    self->st = NULL;
+    Py_CLEAR(self->engine);
+    Py_CLEAR(self->path);
+    Py_CLEAR(self->tensors);
+    Py_CLEAR(self->metadata);
+    if (self->lock) PyThread_free_lock(self->lock);
+    ckpy_free_object(obj);
+}
+
+/* ---- reading ------------------------------------------------------------- */
+
+static PyObject *closed_error(ckpy_st_reader *self) {
+    PyErr_Format(PyExc_ValueError, "I/O operation on a closed safetensors reader (%U)", self->path);
+    return NULL;
+}
+
+/* Runs `fn` on the handle with the GIL released and both locks held. */
+typedef ckptio_status (*reader_op)(ckptio_safetensors *st, void *arg);
+
+static PyObject *run_locked(ckpy_st_reader *self, reader_op fn, void *arg) {
+    ckptio_status st = CKPTIO_OK;
+    int was_closed = 0;
+    Py_BEGIN_ALLOW_THREADS
+    ckpy_lock_nogil(self->lock);
+    if (!self->st) {
+        was_closed = 1;
+    } else {
+        ckpy_lock_nogil(self->engine->lock);
+        st = fn(self->st, arg);
+        PyThread_release_lock(self->engine->lock);
+    }
+    PyThread_release_lock(self->lock);
+    Py_END_ALLOW_THREADS
+    if (was_closed) return closed_error(self);
+    if (st != CKPTIO_OK) return ckpy_raise(st);
+    Py_RETURN_NONE;
+}
+
+typedef struct read_args {
+    const ckptio_tensor_target *targets;
+    size_t count;
+} read_args;
+
+static ckptio_status do_read(ckptio_safetensors *st, void *arg) {
+    const read_args *a = arg;
+    return ckptio_safetensors_read(st, a->targets, a->count);
+}
+
+static PyObject *reader_read(PyObject *obj, PyObject *seq) {
+    ckpy_st_reader *self = (ckpy_st_reader *)obj;
+    if (!PySequence_Check(seq)) {
+        PyErr_SetString(PyExc_TypeError, "read() takes a sequence of (index, address, capacity, mem_kind)");
+        return NULL;
+    }
+    Py_ssize_t n = PySequence_Size(seq);
+    if (n < 0) return NULL;
+    ckptio_tensor_target *targets = PyMem_Calloc(n ? (size_t)n : 1, sizeof *targets);
+    if (!targets) return PyErr_NoMemory();
+    PyObject *result = NULL;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *item = PySequence_GetItem(seq, i);
+        if (!item) goto out;
+        PyObject *index_o, *addr_o, *cap_o, *kind_o;
+        uint64_t index, addr, cap;
+        int ok = PyArg_ParseTuple(item, "OOOO:read target", &index_o, &addr_o, &cap_o, &kind_o) &&
+                 ckpy_u64(index_o, "target index", &index) == 0 && ckpy_u64(addr_o, "target address", &addr) == 0 &&
+                 ckpy_u64(cap_o, "target capacity", &cap) == 0 && ckpy_mem_kind(kind_o, &targets[i].mem_kind) == 0;
+        Py_DECREF(item);
+        if (!ok) goto out;
+        targets[i].index = (size_t)index;
+        targets[i].data = (void *)(uintptr_t)addr;
+        targets[i].capacity = cap;
+    }
+    read_args a = {targets, (size_t)n};
+    result = run_locked(self, do_read, &a);
+out:
+    PyMem_Free(targets);
+    return result;
+}
+
+typedef struct read_all_args {
+    void *data;
+    uint64_t capacity;
+    ckptio_mem_kind kind;
+} read_all_args;
+
+static ckptio_status do_read_all(ckptio_safetensors *st, void *arg) {
+    const read_all_args *a = arg;
+    return ckptio_safetensors_read_all(st, a->data, a->capacity, a->kind);
+}
+
+static PyObject *reader_read_all(PyObject *obj, PyObject *args) {
+    ckpy_st_reader *self = (ckpy_st_reader *)obj;
+    PyObject *addr_o, *cap_o, *kind_o;
+    uint64_t addr, cap;
+    read_all_args a;
+    if (!PyArg_ParseTuple(args, "OOO:read_all", &addr_o, &cap_o, &kind_o)) return NULL;
+    if (ckpy_u64(addr_o, "address", &addr) < 0 || ckpy_u64(cap_o, "capacity", &cap) < 0 ||
+        ckpy_mem_kind(kind_o, &a.kind) < 0)
+        return NULL;
+    a.data = (void *)(uintptr_t)addr;
+    a.capacity = cap;
+    return run_locked(self, do_read_all, &a);
+}
+
+static PyObject *reader_close(PyObject *obj, PyObject *unused) {
+    ckpy_st_reader *self = (ckpy_st_reader *)obj;
+    ckptio_status st = CKPTIO_OK;
+    Py_BEGIN_ALLOW_THREADS
+    ckpy_lock_nogil(self->lock); /* waits for a read on another thread */
+    if (self->st) st = ckptio_safetensors_close(self->st);
+    self->st = NULL;
+    PyThread_release_lock(self->lock);
+    Py_END_ALLOW_THREADS
+    if (st != CKPTIO_OK) return ckpy_raise(st);
+    Py_RETURN_NONE;
+}
+
+static PyObject *reader_enter(PyObject *obj, PyObject *unused) {
+    Py_INCREF(obj);
+    return obj;
+}
+
+static PyObject *reader_exit(PyObject *obj, PyObject *args) {
+    PyObject *r = reader_close(obj, NULL);
+    if (!r) return NULL;
+    Py_DECREF(r);
+    Py_RETURN_FALSE;
+}
+
+static PyObject *get_path(PyObject *obj, void *c) {
+    PyObject *v = ((ckpy_st_reader *)obj)->path;
+    Py_INCREF(v);
+    return v;
+}
+
+static PyObject *get_tensors(PyObject *obj, void *c) {
+    /* A copy, so callers cannot change the reader's view of the file. */
+    return PyList_GetSlice(((ckpy_st_reader *)obj)->tensors, 0, PY_SSIZE_T_MAX);
+}
+
+static PyObject *get_metadata(PyObject *obj, void *c) {
+    return PyDict_Copy(((ckpy_st_reader *)obj)->metadata);
+}
+
+static PyObject *get_data_offset(PyObject *obj, void *c) {
+    return PyLong_FromUnsignedLongLong(((ckpy_st_reader *)obj)->data_offset);
+}
+
+static PyObject *get_closed(PyObject *obj, void *c) {
+    return PyBool_FromLong(((ckpy_st_reader *)obj)->st == NULL);
+}
+
+static PyGetSetDef reader_getset[] = {
+    {"path", get_path, NULL, "The path given at open.", NULL},
+    {"tensors", get_tensors, NULL,
+     "List of (name, dtype code, shape, file_offset, nbytes), in file order (index = position).", NULL},
+    {"metadata", get_metadata, NULL, "The __metadata__ pairs as a dict (file order).", NULL},
+    {"data_offset", get_data_offset, NULL, "Where the data section starts (8 + header length).", NULL},
+    {"closed", get_closed, NULL, "True after close().", NULL},
+    {NULL, NULL, NULL, NULL, NULL},
+};
+
+static PyMethodDef reader_methods[] = {
+    {"read", reader_read, METH_O,
+     "read(targets): reads tensors into memory; targets is a sequence of\n"
+     "(index, address, capacity, mem_kind). One plan, GIL released."},
+    {"read_all", reader_read_all, METH_VARARGS,
+     "read_all(address, capacity, mem_kind): reads the whole data section into one buffer."},
+    {"close", reader_close, METH_NOARGS, "close(): releases the file (waits for a read in flight)."},
+    {"__enter__", reader_enter, METH_NOARGS, NULL},
+    {"__exit__", reader_exit, METH_VARARGS, NULL},
+    {NULL, NULL, 0, NULL},
+};
+
+static PyType_Slot reader_slots[] = {
+    {Py_tp_new, reader_new},
+    {Py_tp_dealloc, reader_dealloc},
+    {Py_tp_methods, reader_methods},
+    {Py_tp_getset, reader_getset},
+    {Py_tp_doc, "SafetensorsReader(path, engine=None): an open, validated safetensors file."},
+    {0, NULL},
+};
+
+static PyType_Spec reader_spec = {
+    "ckptio._ckptio.SafetensorsReader",
+    sizeof(ckpy_st_reader),
+    0,
+    Py_TPFLAGS_DEFAULT,
+    reader_slots,
+};
+
+/* ---- saving -------------------------------------------------------------- */
+
+/* Everything a save needs to keep alive until the C call returns. */
+typedef struct save_state {
+    ckptio_tensor_source *sources;
+    int64_t **shapes;
+    ckptio_kv *kvs;
+    size_t count, kv_count;
+    PyObject *keep; /* list of bytes objects backing the C strings */
+} save_state;
+
+static const char *keep_utf8(save_state *s, PyObject *str, const char *what) {
+    if (!PyUnicode_Check(str)) {
+        PyErr_Format(PyExc_TypeError, "%s must be a str, not %R", what, (PyObject *)Py_TYPE(str));
+        return NULL;
+    }
+    PyObject *b = PyUnicode_AsUTF8String(str);
+    if (!b) return NULL;
+    int rc = PyList_Append(s->keep, b);
+    Py_DECREF(b);
+    if (rc < 0) return NULL;
+    const char *c = PyBytes_AsString(b);
+    if (c && strlen(c) != (size_t)PyBytes_Size(b)) {
+        PyErr_Format(PyExc_ValueError, "%s must not contain NUL characters", what);
+        return NULL;
+    }
+    return c;
+}
+
+static int parse_source(save_state *s, PyObject *item, size_t i) {
+    PyObject *name_o, *dtype_o, *shape_o, *addr_o, *nbytes_o, *kind_o;
+    if (!PyArg_ParseTuple(item, "OOOOOO:tensor", &name_o, &dtype_o, &shape_o, &addr_o, &nbytes_o, &kind_o))
+        return -1;
+    ckptio_tensor_source *src = &s->sources[i];
+    uint64_t addr, nbytes;
+    src->name = keep_utf8(s, name_o, "tensor name");
+    if (!src->name || ckpy_dtype(dtype_o, &src->dtype) < 0 || ckpy_u64(addr_o, "tensor address", &addr) < 0 ||
+        ckpy_u64(nbytes_o, "tensor nbytes", &nbytes) < 0 || ckpy_mem_kind(kind_o, &src->mem_kind) < 0)
+        return -1;
+    if (!PySequence_Check(shape_o)) {
+        PyErr_Format(PyExc_TypeError, "shape of tensor '%s' must be a sequence of ints", src->name);
+        return -1;
+    }
+    Py_ssize_t ndim = PySequence_Size(shape_o);
+    if (ndim < 0) return -1;
+    s->shapes[i] = PyMem_Calloc(ndim ? (size_t)ndim : 1, sizeof(int64_t));
+    if (!s->shapes[i]) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    for (Py_ssize_t d = 0; d < ndim; d++) {
+        PyObject *v = PySequence_GetItem(shape_o, d);
+        if (!v) return -1;
+        long long dim = PyLong_AsLongLong(v);
+        Py_DECREF(v);
+        if (dim == -1 && PyErr_Occurred()) return -1;
+        if (dim < 0) {
+            PyErr_Format(PyExc_ValueError, "tensor '%s': dimension %zd is negative (%lld)", src->name, d, dim);
+            return -1;
+        }
+        s->shapes[i][d] = (int64_t)dim;
+    }
+    src->ndim = (uint32_t)ndim;
+    src->shape = s->shapes[i];
+    src->data = (const void *)(uintptr_t)addr;
+    src->nbytes = nbytes;
+    return 0;
+}
+
+static int parse_metadata(save_state *s, PyObject *metadata) {
+    if (metadata == Py_None) return 0;
+    if (!PyDict_Check(metadata)) {
+        PyErr_SetString(PyExc_TypeError, "metadata must be a dict of str to str, or None");
+        return -1;
+    }
+    Py_ssize_t n = PyDict_Size(metadata);
+    s->kvs = PyMem_Calloc(n ? (size_t)n : 1, sizeof *s->kvs);
+    if (!s->kvs) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    PyObject *key, *value;
+    Py_ssize_t pos = 0;
+    while (PyDict_Next(metadata, &pos, &key, &value)) {
+        ckptio_kv *kv = &s->kvs[s->kv_count];
+        kv->key = keep_utf8(s, key, "metadata key");
+        if (!kv->key) return -1;
+        kv->value = keep_utf8(s, value, "metadata value");
+        if (!kv->value) return -1;
+        s->kv_count++;
+    }
+    return 0;
+}
+
+PyObject *ckpy_safetensors_save(PyObject *module, PyObject *args, PyObject *kwargs) {
+    static char *kwlist[] = {"path", "tensors", "metadata", "align", "engine", NULL};
+    PyObject *path_arg, *seq, *metadata = Py_None, *engine_arg = Py_None;
+    int align = 4096;
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OO|OiO:safetensors_save", kwlist, &path_arg, &seq, &metadata,
+                                     &align, &engine_arg))
+        return NULL;
+    unsigned flags;
+    if (align == 4096) flags = CKPTIO_SAFETENSORS_ALIGN_4K;
+    else if (align == 8) flags = CKPTIO_SAFETENSORS_ALIGN_8;
+    else {
+        PyErr_Format(PyExc_ValueError, "align must be 4096 (data section 4 KiB-aligned) or 8 (reference layout), not %d",
+                     align);
+        return NULL;
+    }
+    if (!PySequence_Check(seq)) {
+        PyErr_SetString(PyExc_TypeError, "tensors must be a sequence of (name, dtype, shape, address, nbytes, mem_kind)");
+        return NULL;
+    }
+    Py_ssize_t n = PySequence_Size(seq);
+    if (n < 0) return NULL;
+    PyObject *result = NULL, *pb = NULL;
+    ckpy_engine *engine = NULL;
+    save_state s;
+    memset(&s, 0, sizeof s);
+    s.count = (size_t)n;
+    s.keep = PyList_New(0);
+    s.sources = PyMem_Calloc(n ? (size_t)n : 1, sizeof *s.sources);
+    s.shapes = PyMem_Calloc(n ? (size_t)n : 1, sizeof *s.shapes);
+    if (!s.keep || !s.sources || !s.shapes) {
+        PyErr_NoMemory();
+        goto out;
+    }
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *item = PySequence_GetItem(seq, i);
+        if (!item) goto out;
+        int rc = parse_source(&s, item, (size_t)i);
+        Py_DECREF(item);
+        if (rc < 0) goto out;
+    }
+    if (parse_metadata(&s, metadata) < 0) goto out;
+    pb = ckpy_path_bytes(path_arg);
+    if (!pb) goto out;
+    engine = ckpy_engine_resolve(engine_arg);
+    if (!engine) goto out;
+    const char *cpath = PyBytes_AsString(pb);
+    ckptio_status st;
+    Py_BEGIN_ALLOW_THREADS
+    ckpy_lock_nogil(engine->lock);
+    st = ckptio_safetensors_save(engine->engine, cpath, s.sources, s.count, s.kv_count ? s.kvs : NULL, s.kv_count,
+                                 flags);
+    PyThread_release_lock(engine->lock);
+    Py_END_ALLOW_THREADS
+    if (st != CKPTIO_OK) {
+        ckpy_raise(st);
+        goto out;
+    }
+    result = Py_None;
+    Py_INCREF(result);
+out:
+    if (s.shapes)
+        for (size_t i = 0; i < s.count; i++) PyMem_Free(s.shapes[i]);
+    PyMem_Free(s.shapes);
+    PyMem_Free(s.sources);
+    PyMem_Free(s.kvs);
+    Py_XDECREF(s.keep);
+    Py_XDECREF(pb);
+    Py_XDECREF(engine);
+    return result;
+}
+
+int ckpy_safetensors_add_to_module(PyObject *module) {
+    reader_type = (PyTypeObject *)PyType_FromSpec(&reader_spec);
+    if (!reader_type) return -1;
+    if (PyModule_AddObject(module, "SafetensorsReader", (PyObject *)reader_type) < 0) {
+        Py_DECREF(reader_type);
+        return -1;
+    }
+    return 0;
+}

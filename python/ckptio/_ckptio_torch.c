@@ -1,0 +1,534 @@
+/*
+ * _ckptio_torch.c - ckptio._ckptio.TorchReader: torch.save zip checkpoints
+ * read through the C API (ckptio_torch_open/_read/_read_storages).
+ *
+ * The pickled object tree is rebuilt by tree(): containers and scalars
+ * become Python objects here; tensors, dtypes, devices and OrderedDicts are
+ * made by callbacks from the Python layer (which knows torch). A node
+ * reachable along several paths becomes one Python object, as in pickle.
+ */
+#include "_ckptio_internal.h"
+
+#include <string.h>
+
+#define TREE_MAX_DEPTH 900
+
+typedef struct ckpy_torch_reader {
+    PyObject_HEAD
+    ckptio_torch *t;         /* NULL once closed */
+    ckpy_engine *engine;
+    PyThread_type_lock lock;
+    PyObject *path;          /* str */
+    PyObject *tensors;       /* list of tuples, see get_tensors */
+    PyObject *storages;      /* list of tuples, see get_storages */
+    unsigned long long alignment;
+} ckpy_torch_reader;
+
+static PyTypeObject *reader_type = NULL;
+
+static PyObject *int64_tuple(const int64_t *v, uint32_t n) {
+    PyObject *t = PyTuple_New((Py_ssize_t)n);
+    if (!t) return NULL;
+    for (uint32_t i = 0; i < n; i++) {
+        PyObject *x = PyLong_FromLongLong((long long)v[i]);
+        if (!x) {
+            Py_DECREF(t);
+            return NULL;
+        }
+        PyTuple_SetItem(t, (Py_ssize_t)i, x);
+    }
+    return t;
+}
+
+static int describe(ckpy_torch_reader *self) {
+    size_t count = 0, scount = 0;
+    uint64_t alignment = 0;
+    ckptio_status st = ckptio_torch_count(self->t, &count);
+    if (st == CKPTIO_OK) st = ckptio_torch_storage_count(self->t, &scount);
+    if (st == CKPTIO_OK) st = ckptio_torch_alignment(self->t, &alignment);
+    if (st != CKPTIO_OK) {
+        ckpy_raise(st);
+        return -1;
+    }
+    self->alignment = (unsigned long long)alignment;
+    self->tensors = PyList_New((Py_ssize_t)count);
+    self->storages = PyList_New((Py_ssize_t)scount);
+    if (!self->tensors || !self->storages) return -1;
+    for (size_t i = 0; i < count; i++) {
+        ckptio_torch_tensor_info ti;
+        st = ckptio_torch_tensor(self->t, i, &ti);
+        if (st != CKPTIO_OK) {
+            ckpy_raise(st);
+            return -1;
+        }
+        PyObject *shape = int64_tuple(ti.shape, ti.ndim);
+        PyObject *stride = shape ? int64_tuple(ti.stride, ti.ndim) : NULL;
+        if (!stride) {
+            Py_XDECREF(shape);
+            return -1;
+        }
+        PyObject *row = Py_BuildValue("(siNNKnOOOKK)", ti.name, (int)ti.dtype, shape, stride,
+                                      (unsigned long long)ti.storage_offset, (Py_ssize_t)ti.storage,
+                                      ti.requires_grad ? Py_True : Py_False, ti.is_parameter ? Py_True : Py_False,
+                                      ti.is_contiguous ? Py_True : Py_False, (unsigned long long)ti.file_offset,
+                                      (unsigned long long)ti.nbytes);
+        if (!row) return -1;
+        PyList_SetItem(self->tensors, (Py_ssize_t)i, row);
+    }
+    for (size_t i = 0; i < scount; i++) {
+        ckptio_torch_storage_info si;
+        st = ckptio_torch_storage(self->t, i, &si);
+        if (st != CKPTIO_OK) {
+            ckpy_raise(st);
+            return -1;
+        }
+        PyObject *row = Py_BuildValue("(ssiKKk)", si.key, si.location ? si.location : "cpu", (int)si.dtype,
+                                      (unsigned long long)si.nbytes, (unsigned long long)si.file_offset,
+                                      (unsigned long)si.crc32);
+        if (!row) return -1;
+        PyList_SetItem(self->storages, (Py_ssize_t)i, row);
+    }
+    return 0;
+}
+
+static PyObject *reader_new(PyTypeObject *type, PyObject *args, PyObject *kwargs) {
+    static char *kwlist[] = {"path", "engine", NULL};
+    PyObject *path_arg, *engine_arg = Py_None;
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "O|O:TorchReader", kwlist, &path_arg, &engine_arg)) return NULL;
+    allocfunc alloc = (allocfunc)PyType_GetSlot(type, Py_tp_alloc);
+    ckpy_torch_reader *self = (ckpy_torch_reader *)alloc(type, 0);
+    if (!self) return NULL;
+    self->t = NULL;
+    self->engine = NULL;
+    self->path = NULL;
+    self->tensors = NULL;
+    self->storages = NULL;
+    self->lock = PyThread_allocate_lock();
+    if (!self->lock) {
+        Py_DECREF(self);
+        return PyErr_NoMemory();
+    }
+    PyObject *pb = ckpy_path_bytes(path_arg);
+    if (!pb) goto fail;
+    self->path = PyUnicode_DecodeFSDefault(PyBytes_AsString(pb));
+    self->engine = ckpy_engine_resolve(engine_arg);
+    if (!self->path || !self->engine) {
+        Py_DECREF(pb);
+        goto fail;
+    }
+    const char *cpath = PyBytes_AsString(pb);
+    ckptio_status st;
+    ckptio_torch *handle = NULL;
+    ckptio_engine *engine = self->engine->engine;
+    PyThread_type_lock elock = self->engine->lock;
+    Py_BEGIN_ALLOW_THREADS
+    ckpy_lock_nogil(elock);
+    st = ckptio_torch_open(engine, cpath, &handle);
+    PyThread_release_lock(elock);
+    Py_END_ALLOW_THREADS
+    Py_DECREF(pb);
+    if (st != CKPTIO_OK) {
+        ckpy_raise(st);
+        goto fail;
+    }
+    self->t = handle;
+    if (describe(self) < 0) goto fail;
+    return (PyObject *)self;
+fail:
+    Py_DECREF(self);
+    return NULL;
+}
+
+static void reader_dealloc(PyObject *obj) {
+    ckpy_torch_reader *self = (ckpy_torch_reader *)obj;
+    if (self->t) ckptio_torch_close(self->t);
+    self->t = NULL;
+    Py_CLEAR(self->engine);
+    Py_CLEAR(self->path);
+    Py_CLEAR(self->tensors);
+    Py_CLEAR(self->storages);
+    if (self->lock) PyThread_free_lock(self->lock);
+    ckpy_free_object(obj);
+}
+
+static PyObject *closed_error(ckpy_torch_reader *self) {
+    PyErr_Format(PyExc_ValueError, "I/O operation on a closed torch checkpoint reader (%U)", self->path);
+    return NULL;
+}
+
+/* ---- the object tree ------------------------------------------------------------ */
+
+typedef struct tree_ctx {
+    const ckptio_torch *t;
+    PyObject *memo;        /* dict: node address -> Python object */
+    PyObject *make_tensor; /* (tensor index) -> tensor */
+    PyObject *make_dict;   /* (ordered: bool) -> empty dict / OrderedDict */
+    PyObject *make_dtype;  /* (torch name) -> torch.dtype */
+    PyObject *make_device; /* (text) -> torch.device */
+    PyObject *set_attrs;   /* (obj, attrs dict) -> None */
+} tree_ctx;
+
+static PyObject *convert(tree_ctx *c, const ckptio_value *v, int depth);
+
+static PyObject *value_error(ckptio_status st) {
+    return ckpy_raise(st);
+}
+
+static PyObject *convert_bytes_like(const ckptio_value *v, ckptio_value_kind kind) {
+    const char *data = NULL;
+    size_t len = 0;
+    ckptio_status st = ckptio_value_bytes(v, &data, &len);
+    if (st != CKPTIO_OK) return value_error(st);
+    if (kind == CKPTIO_VALUE_BYTES) return PyBytes_FromStringAndSize(data, (Py_ssize_t)len);
+    if (kind == CKPTIO_VALUE_BIGINT) {
+        /* int.from_bytes(data, "little", signed=True) */
+        PyObject *b = PyBytes_FromStringAndSize(data, (Py_ssize_t)len);
+        PyObject *fn = b ? PyObject_GetAttrString((PyObject *)&PyLong_Type, "from_bytes") : NULL;
+        PyObject *a = fn ? Py_BuildValue("(Os)", b, "little") : NULL;
+        PyObject *kw = a ? Py_BuildValue("{sO}", "signed", Py_True) : NULL;
+        PyObject *r = kw ? PyObject_Call(fn, a, kw) : NULL;
+        Py_XDECREF(b);
+        Py_XDECREF(fn);
+        Py_XDECREF(a);
+        Py_XDECREF(kw);
+        return r;
+    }
+    return PyUnicode_DecodeUTF8(data, (Py_ssize_t)len, "strict");
+}
+
+static PyObject *convert_container(tree_ctx *c, const ckptio_value *v, ckptio_value_kind kind, int depth) {
+    size_t n = 0;
+    ckptio_status st = ckptio_value_len(v, &n);
+    if (st != CKPTIO_OK) return value_error(st);
+    if (kind == CKPTIO_VALUE_DICT) {
+        int ordered = 0;
+        const ckptio_value *attrs = NULL;
+        st = ckptio_value_dict_ordered(v, &ordered);
+        if (st == CKPTIO_OK) st = ckptio_value_dict_attrs(v, &attrs);
+        if (st != CKPTIO_OK) return value_error(st);
+        PyObject *d = PyObject_CallFunction(c->make_dict, "O", ordered ? Py_True : Py_False);
+        if (!d) return NULL;
+        for (size_t i = 0; i < n; i++) {
+            const ckptio_value *k = NULL, *item = NULL;
+            st = ckptio_value_dict_item(v, i, &k, &item);
+            if (st != CKPTIO_OK) {
+                Py_DECREF(d);
+                return value_error(st);
+            }
+            PyObject *pk = convert(c, k, depth + 1);
+            PyObject *pv = pk ? convert(c, item, depth + 1) : NULL;
+            int rc = pv ? PyObject_SetItem(d, pk, pv) : -1;
+            Py_XDECREF(pk);
+            Py_XDECREF(pv);
+            if (rc < 0) {
+                Py_DECREF(d);
+                return NULL;
+            }
+        }
+        if (attrs) {
+            PyObject *pa = convert(c, attrs, depth + 1);
+            PyObject *r = pa ? PyObject_CallFunction(c->set_attrs, "OO", d, pa) : NULL;
+            Py_XDECREF(pa);
+            if (!r) {
+                Py_DECREF(d);
+                return NULL;
+            }
+            Py_DECREF(r);
+        }
+        return d;
+    }
+    PyObject *list = PyList_New((Py_ssize_t)n);
+    if (!list) return NULL;
+    for (size_t i = 0; i < n; i++) {
+        const ckptio_value *item = NULL;
+        st = ckptio_value_item(v, i, &item);
+        PyObject *pi = st == CKPTIO_OK ? convert(c, item, depth + 1) : value_error(st);
+        if (!pi) {
+            Py_DECREF(list);
+            return NULL;
+        }
+        PyList_SetItem(list, (Py_ssize_t)i, pi);
+    }
+    if (kind == CKPTIO_VALUE_LIST) return list;
+    PyObject *r = kind == CKPTIO_VALUE_TUPLE ? PyList_AsTuple(list) : PySet_New(list);
+    Py_DECREF(list);
+    return r;
+}
+
+static PyObject *convert_uncached(tree_ctx *c, const ckptio_value *v, int depth) {
+    ckptio_value_kind kind = ckptio_value_kind_of(v);
+    ckptio_status st;
+    switch (kind) {
+    case CKPTIO_VALUE_NONE: Py_RETURN_NONE;
+    case CKPTIO_VALUE_BOOL: {
+        int b = 0;
+        st = ckptio_value_bool(v, &b);
+        if (st != CKPTIO_OK) return value_error(st);
+        return PyBool_FromLong(b);
+    }
+    case CKPTIO_VALUE_INT: {
+        int64_t i = 0;
+        st = ckptio_value_int(v, &i);
+        if (st != CKPTIO_OK) return value_error(st);
+        return PyLong_FromLongLong((long long)i);
+    }
+    case CKPTIO_VALUE_FLOAT: {
+        double d = 0;
+        st = ckptio_value_float(v, &d);
+        if (st != CKPTIO_OK) return value_error(st);
+        return PyFloat_FromDouble(d);
+    }
+    case CKPTIO_VALUE_BIGINT:
+    case CKPTIO_VALUE_STR:
+    case CKPTIO_VALUE_BYTES: return convert_bytes_like(v, kind);
+    case CKPTIO_VALUE_LIST:
+    case CKPTIO_VALUE_TUPLE:
+    case CKPTIO_VALUE_SET:
+    case CKPTIO_VALUE_DICT: return convert_container(c, v, kind, depth);
+    case CKPTIO_VALUE_TENSOR: {
+        size_t index = 0;
+        st = ckptio_value_tensor(v, &index);
+        if (st != CKPTIO_OK) return value_error(st);
+        return PyObject_CallFunction(c->make_tensor, "n", (Py_ssize_t)index);
+    }
+    case CKPTIO_VALUE_DTYPE:
+    case CKPTIO_VALUE_DEVICE: {
+        PyObject *text = convert_bytes_like(v, CKPTIO_VALUE_STR);
+        if (!text) return NULL;
+        PyObject *r = PyObject_CallFunction(kind == CKPTIO_VALUE_DTYPE ? c->make_dtype : c->make_device, "O", text);
+        Py_DECREF(text);
+        return r;
+    }
+    }
+    PyErr_Format(PyExc_RuntimeError, "ckptio: unknown value kind %d in the object tree", (int)kind);
+    return NULL;
+}
+
+static PyObject *convert(tree_ctx *c, const ckptio_value *v, int depth) {
+    if (depth > TREE_MAX_DEPTH) {
+        PyErr_Format(PyExc_RecursionError, "checkpoint object tree nests deeper than %d levels", TREE_MAX_DEPTH);
+        return NULL;
+    }
+    PyObject *key = PyLong_FromVoidPtr((void *)v);
+    if (!key) return NULL;
+    PyObject *hit = PyDict_GetItem(c->memo, key); /* borrowed */
+    if (hit) {
+        Py_DECREF(key);
+        Py_INCREF(hit);
+        return hit;
+    }
+    PyObject *r = convert_uncached(c, v, depth);
+    if (r && PyDict_SetItem(c->memo, key, r) < 0) Py_CLEAR(r);
+    Py_DECREF(key);
+    return r;
+}
+
+static PyObject *reader_tree(PyObject *obj, PyObject *args, PyObject *kwargs) {
+    ckpy_torch_reader *self = (ckpy_torch_reader *)obj;
+    static char *kwlist[] = {"make_tensor", "make_dict", "make_dtype", "make_device", "set_attrs", NULL};
+    tree_ctx c;
+    memset(&c, 0, sizeof c);
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OOOOO:tree", kwlist, &c.make_tensor, &c.make_dict, &c.make_dtype,
+                                     &c.make_device, &c.set_attrs))
+        return NULL;
+    if (!self->t) return closed_error(self);
+    const ckptio_value *root = NULL;
+    ckptio_status st = ckptio_torch_root(self->t, &root);
+    if (st != CKPTIO_OK) return ckpy_raise(st);
+    c.t = self->t;
+    c.memo = PyDict_New();
+    if (!c.memo) return NULL;
+    /* The callbacks run Python code but never close this reader: the GIL is
+     * held throughout and close() needs it to start. */
+    PyObject *r = convert(&c, root, 0);
+    Py_DECREF(c.memo);
+    return r;
+}
+
+/* ---- reading ----------------------------------------------------------------- */
+
+typedef struct read_args {
+    const ckptio_tensor_target *targets;
+    size_t count;
+    int storages;
+} read_args;
+
+static PyObject *read_common(ckpy_torch_reader *self, PyObject *seq, int storages) {
+    if (!PySequence_Check(seq)) {
+        PyErr_SetString(PyExc_TypeError, "targets must be a sequence of (index, address, capacity, mem_kind)");
+        return NULL;
+    }
+    Py_ssize_t n = PySequence_Size(seq);
+    if (n < 0) return NULL;
+    ckptio_tensor_target *targets = PyMem_Calloc(n ? (size_t)n : 1, sizeof *targets);
+    if (!targets) return PyErr_NoMemory();
+    PyObject *result = NULL;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *item = PySequence_GetItem(seq, i);
+        if (!item) goto out;
+        PyObject *index_o, *addr_o, *cap_o, *kind_o;
+        uint64_t index, addr, cap;
+        int ok = PyArg_ParseTuple(item, "OOOO:read target", &index_o, &addr_o, &cap_o, &kind_o) &&
+                 ckpy_u64(index_o, "target index", &index) == 0 && ckpy_u64(addr_o, "target address", &addr) == 0 &&
+                 ckpy_u64(cap_o, "target capacity", &cap) == 0 && ckpy_mem_kind(kind_o, &targets[i].mem_kind) == 0;
+        Py_DECREF(item);
+        if (!ok) goto out;
+        targets[i].index = (size_t)index;
+        targets[i].data = (void *)(uintptr_t)addr;
+        targets[i].capacity = cap;
+    }
+    ckptio_status st = CKPTIO_OK;
+    int was_closed = 0;
+    Py_BEGIN_ALLOW_THREADS
+    ckpy_lock_nogil(self->lock);
+    if (!self->t) {
+        was_closed = 1;
+    } else {
+        ckpy_lock_nogil(self->engine->lock);
+        st = storages ? ckptio_torch_read_storages(self->t, targets, (size_t)n)
+                      : ckptio_torch_read(self->t, targets, (size_t)n);
+        PyThread_release_lock(self->engine->lock);
+    }
+    PyThread_release_lock(self->lock);
+    Py_END_ALLOW_THREADS
+    if (was_closed) closed_error(self);
+    else if (st != CKPTIO_OK) ckpy_raise(st);
+    else {
+        result = Py_None;
+        Py_INCREF(result);
+    }
+out:
+    PyMem_Free(targets);
+    return result;
+}
+
+static PyObject *reader_read(PyObject *obj, PyObject *seq) {
+    return read_common((ckpy_torch_reader *)obj, seq, 0);
+}
+
+static PyObject *reader_read_storages(PyObject *obj, PyObject *seq) {
+    return read_common((ckpy_torch_reader *)obj, seq, 1);
+}
+
+static PyObject *reader_verify(PyObject *obj, PyObject *unused) {
+    ckpy_torch_reader *self = (ckpy_torch_reader *)obj;
+    ckptio_torch_verify_report rep;
+    memset(&rep, 0, sizeof rep);
+    ckptio_status st = CKPTIO_OK;
+    int was_closed = 0;
+    Py_BEGIN_ALLOW_THREADS
+    ckpy_lock_nogil(self->lock);
+    if (!self->t) {
+        was_closed = 1;
+    } else {
+        ckpy_lock_nogil(self->engine->lock);
+        st = ckptio_torch_verify(self->t, &rep);
+        PyThread_release_lock(self->engine->lock);
+    }
+    PyThread_release_lock(self->lock);
+    Py_END_ALLOW_THREADS
+    if (was_closed) return closed_error(self);
+    if (st != CKPTIO_OK) return ckpy_raise(st);
+    return Py_BuildValue("{snsnsnsK}", "records", (Py_ssize_t)rep.records, "crc_checked", (Py_ssize_t)rep.crc_checked,
+                         "crc_absent", (Py_ssize_t)rep.crc_absent, "bytes", (unsigned long long)rep.bytes);
+}
+
+static PyObject *reader_close(PyObject *obj, PyObject *unused) {
+    ckpy_torch_reader *self = (ckpy_torch_reader *)obj;
+    ckptio_status st = CKPTIO_OK;
+    Py_BEGIN_ALLOW_THREADS
+    ckpy_lock_nogil(self->lock);
+    if (self->t) st = ckptio_torch_close(self->t);
+    self->t = NULL;
+    PyThread_release_lock(self->lock);
+    Py_END_ALLOW_THREADS
+    if (st != CKPTIO_OK) return ckpy_raise(st);
+    Py_RETURN_NONE;
+}
+
+static PyObject *reader_enter(PyObject *obj, PyObject *unused) {
+    Py_INCREF(obj);
+    return obj;
+}
+
+static PyObject *reader_exit(PyObject *obj, PyObject *args) {
+    PyObject *r = reader_close(obj, NULL);
+    if (!r) return NULL;
+    Py_DECREF(r);
+    Py_RETURN_FALSE;
+}
+
+static PyObject *get_path(PyObject *obj, void *c) {
+    PyObject *v = ((ckpy_torch_reader *)obj)->path;
+    Py_INCREF(v);
+    return v;
+}
+
+static PyObject *get_tensors(PyObject *obj, void *c) {
+    return PyList_GetSlice(((ckpy_torch_reader *)obj)->tensors, 0, PY_SSIZE_T_MAX);
+}
+
+static PyObject *get_storages(PyObject *obj, void *c) {
+    return PyList_GetSlice(((ckpy_torch_reader *)obj)->storages, 0, PY_SSIZE_T_MAX);
+}
+
+static PyObject *get_alignment(PyObject *obj, void *c) {
+    return PyLong_FromUnsignedLongLong(((ckpy_torch_reader *)obj)->alignment);
+}
+
+static PyObject *get_closed(PyObject *obj, void *c) {
+    return PyBool_FromLong(((ckpy_torch_reader *)obj)->t == NULL);
+}
+
+static PyGetSetDef reader_getset[] = {
+    {"path", get_path, NULL, "The path given at open.", NULL},
+    {"tensors", get_tensors, NULL,
+     "List of (name, dtype code, shape, stride, storage_offset, storage index, requires_grad,\n"
+     "is_parameter, is_contiguous, file_offset, nbytes), in pickle order.",
+     NULL},
+    {"storages", get_storages, NULL, "List of (key, location, dtype code, nbytes, file_offset, crc32).", NULL},
+    {"alignment", get_alignment, NULL, "The file's storage alignment (.storage_alignment record).", NULL},
+    {"closed", get_closed, NULL, "True after close().", NULL},
+    {NULL, NULL, NULL, NULL, NULL},
+};
+
+static PyMethodDef reader_methods[] = {
+    {"tree", (PyCFunction)(void (*)(void))reader_tree, METH_VARARGS | METH_KEYWORDS,
+     "tree(make_tensor, make_dict, make_dtype, make_device, set_attrs) -> object: the unpickled object."},
+    {"read", reader_read, METH_O,
+     "read(targets): tensors (C order) into memory; targets: (tensor index, address, capacity, mem_kind)."},
+    {"read_storages", reader_read_storages, METH_O,
+     "read_storages(targets): whole storages into memory; targets: (storage index, address, capacity, mem_kind)."},
+    {"verify", reader_verify, METH_NOARGS, "verify() -> dict: checks every record's CRC-32."},
+    {"close", reader_close, METH_NOARGS, "close(): releases the file."},
+    {"__enter__", reader_enter, METH_NOARGS, NULL},
+    {"__exit__", reader_exit, METH_VARARGS, NULL},
+    {NULL, NULL, 0, NULL},
+};
+
+static PyType_Slot reader_slots[] = {
+    {Py_tp_new, reader_new},
+    {Py_tp_dealloc, reader_dealloc},
+    {Py_tp_methods, reader_methods},
+    {Py_tp_getset, reader_getset},
+    {Py_tp_doc, "TorchReader(path, engine=None): an open torch.save zip checkpoint."},
+    {0, NULL},
+};
+
+static PyType_Spec reader_spec = {
+    "ckptio._ckptio.TorchReader",
+    sizeof(ckpy_torch_reader),
+    0,
+    Py_TPFLAGS_DEFAULT,
+    reader_slots,
+};
+
+int ckpy_torch_add_to_module(PyObject *module) {
+    reader_type = (PyTypeObject *)PyType_FromSpec(&reader_spec);
+    if (!reader_type) return -1;
+    if (PyModule_AddObject(module, "TorchReader", (PyObject *)reader_type) < 0) {
+        Py_DECREF(reader_type);
+        return -1;
+    }
+    return 0;
+}

@@ -1,0 +1,176 @@
+/*
+ * safetensors_file.c - safetensors files through the engine: open (read
+ * and validate the header), read tensors, read the whole data section, and
+ * save atomically.
+ *
+ * The format code (src/format/safetensors_*.c) decides what the bytes are;
+ * this file only moves them. Tensor data always travels as one plan so that
+ * the engine can spread it over its workers and overlap GPU copies.
+ */
+#include "engine_internal.h"
+#include "safetensors_internal.h"
+
+#include <string.h>
+
+#define ST_FAIL CKPTIO__ST_FAIL
+
+ckptio_status ckptio_safetensors_open(ckptio_engine *engine, const char *path, ckptio_safetensors **out) {
+    if (!out) return CKPTIO_FAIL(CKPTIO_E_INVAL, "ckptio_safetensors_open: out must not be NULL");
+    *out = NULL;
+    if (!engine || !path) return CKPTIO_FAIL(CKPTIO_E_INVAL, "ckptio_safetensors_open: engine and path are required");
+
+    ckptio_status status = CKPTIO_OK;
+    char *header = NULL;
+    ckptio_safetensors *st = ckptio__calloc(1, sizeof *st);
+    if (!st || !(st->path = ckptio__strdup(path))) {
+        status = CKPTIO_FAIL(CKPTIO_E_NOMEM, "out of memory opening %s", path);
+        goto out;
+    }
+    st->engine = engine;
+    if ((status = ckptio_file_open(engine, path, CKPTIO_OPEN_READ, &st->file)) != CKPTIO_OK) goto out;
+    if ((status = ckptio_file_size(st->file, &st->file_size)) != CKPTIO_OK) goto out;
+
+    /* The 8-byte length first; the header allocation is then bounded by
+     * both the 100 MB cap and the real file size. */
+    unsigned char prefix[CKPTIO__ST_PREFIX] = {0};
+    if (st->file_size >= CKPTIO__ST_PREFIX &&
+        (status = ckptio__file_io(st->file, CKPTIO_READ, prefix, sizeof prefix, 0)) != CKPTIO_OK)
+        goto out;
+    if ((status = ckptio__st_check_prefix(prefix, st->file_size, path, &st->header_len)) != CKPTIO_OK) goto out;
+    st->data_offset = CKPTIO__ST_PREFIX + st->header_len;
+    header = ckptio__malloc((size_t)st->header_len + 1);
+    if (!header) {
+        status = CKPTIO_FAIL_CTX(CKPTIO_E_NOMEM, &((ckptio__err_ctx){.path = path, .file_offset = -1}),
+                                 "out of memory for the %llu-byte header", (unsigned long long)st->header_len);
+        goto out;
+    }
+    if ((status = ckptio__file_io(st->file, CKPTIO_READ, header, st->header_len, CKPTIO__ST_PREFIX)) != CKPTIO_OK)
+        goto out;
+    header[st->header_len] = '\0';
+    status = ckptio__st_index(st, header);
+
+out:
+    ckptio__free(header);
+    if (status != CKPTIO_OK) {
+        if (st) {
+            ckptio__error_saved *saved = ckptio__error_save();
+            ckptio_file_close(st->file);
+            ckptio__error_restore(saved);
+            ckptio__st_destroy(st);
+        }
+        return status;
+    }
+    *out = st;
+    return CKPTIO_OK;
+}
+
+ckptio_status ckptio_safetensors_close(ckptio_safetensors *st) {
+    if (!st) return CKPTIO_OK;
+    ckptio_status status = ckptio_file_close(st->file);
+    ckptio__st_destroy(st);
+    return status;
+}
+
+static ckptio_status need_file(const ckptio_safetensors *st, const char *fn) {
+    if (!st) return CKPTIO_FAIL(CKPTIO_E_INVAL, "%s: the handle is NULL", fn);
+    if (!st->file)
+        return CKPTIO_FAIL(CKPTIO_E_INVAL, "%s: the handle was made by ckptio_safetensors_parse and has no file", fn);
+    return CKPTIO_OK;
+}
+
+/* Builds one plan from `extents` (zero-length ones skipped), runs it and
+ * destroys it. */
+static ckptio_status run_plan(ckptio_engine *engine, ckptio_direction dir, const ckptio_extent *extents,
+                              size_t count) {
+    ckptio_plan *plan = NULL;
+    ckptio_status status = ckptio_plan_create(dir, &plan);
+    for (size_t i = 0; status == CKPTIO_OK && i < count; i++)
+        if (extents[i].length) status = ckptio_plan_add(plan, &extents[i]);
+    if (status == CKPTIO_OK) status = ckptio_engine_execute(engine, plan);
+    ckptio_plan_destroy(plan);
+    return status;
+}
+
+ckptio_status ckptio_safetensors_read(ckptio_safetensors *st, const ckptio_tensor_target *targets, size_t count) {
+    CKPTIO_FORWARD(need_file(st, "ckptio_safetensors_read"));
+    if (count && !targets) return CKPTIO_FAIL(CKPTIO_E_INVAL, "ckptio_safetensors_read: targets is NULL but count is %zu", count);
+    /* Check every target before moving a byte. */
+    for (size_t i = 0; i < count; i++) {
+        const ckptio_tensor_target *t = &targets[i];
+        if (t->index >= st->count)
+            return ST_FAIL(CKPTIO_E_RANGE, st->path, -1, NULL, NULL,
+                           "target %zu asks for tensor index %zu but the file has %zu tensors", i, t->index, st->count);
+        const ckptio_tensor_info *info = &st->tensors[t->index];
+        if (t->capacity < info->nbytes)
+            return ST_FAIL(CKPTIO_E_RANGE, st->path, -1, "tensor", info->name,
+                           "target %zu has room for %llu bytes but the tensor is %llu bytes", i,
+                           (unsigned long long)t->capacity, (unsigned long long)info->nbytes);
+        if (!t->data && info->nbytes)
+            return ST_FAIL(CKPTIO_E_INVAL, st->path, -1, "tensor", info->name, "target %zu has a NULL data pointer", i);
+    }
+    ckptio_extent *extents = ckptio__calloc(count, sizeof *extents);
+    if (!extents) return CKPTIO_FAIL(CKPTIO_E_NOMEM, "out of memory planning %zu tensor reads", count);
+    for (size_t i = 0; i < count; i++) {
+        const ckptio_tensor_info *info = &st->tensors[targets[i].index];
+        extents[i] = (ckptio_extent){.file = st->file, .file_offset = info->file_offset, .length = info->nbytes,
+                                     .memory = targets[i].data, .mem_kind = targets[i].mem_kind};
+    }
+    ckptio_status status = run_plan(st->engine, CKPTIO_READ, extents, count);
+    ckptio__free(extents);
+    return status;
+}
+
+ckptio_status ckptio_safetensors_read_all(ckptio_safetensors *st, void *data, uint64_t capacity,
+                                          ckptio_mem_kind mem_kind) {
+    CKPTIO_FORWARD(need_file(st, "ckptio_safetensors_read_all"));
+    if (capacity < st->data_size)
+        return ST_FAIL(CKPTIO_E_RANGE, st->path, -1, NULL, NULL,
+                       "the buffer has room for %llu bytes but the data section is %llu bytes",
+                       (unsigned long long)capacity, (unsigned long long)st->data_size);
+    if (!data && st->data_size)
+        return ST_FAIL(CKPTIO_E_INVAL, st->path, -1, NULL, NULL, "ckptio_safetensors_read_all: data is NULL");
+    const ckptio_extent extent = {.file = st->file, .file_offset = st->data_offset, .length = st->data_size,
+                                  .memory = data, .mem_kind = mem_kind};
+    return run_plan(st->engine, CKPTIO_READ, &extent, 1);
+}
+
+ckptio_status ckptio_safetensors_save(ckptio_engine *engine, const char *path, const ckptio_tensor_source *tensors,
+                                      size_t count, const ckptio_kv *metadata, size_t metadata_count, unsigned flags) {
+    if (!engine || !path) return CKPTIO_FAIL(CKPTIO_E_INVAL, "ckptio_safetensors_save: engine and path are required");
+    ckptio__st_layout layout;
+    ckptio_file *file = NULL;
+    ckptio_extent *extents = NULL;
+    ckptio_status status = ckptio__st_layout_build(tensors, count, metadata, metadata_count, flags, path, &layout);
+    if (status != CKPTIO_OK) goto out;
+
+    extents = ckptio__calloc(count + 1, sizeof *extents);
+    if (!extents) {
+        status = CKPTIO_FAIL(CKPTIO_E_NOMEM, "out of memory planning %zu tensor writes", count);
+        goto out;
+    }
+    if ((status = ckptio_file_open(engine, path, CKPTIO_OPEN_WRITE, &file)) != CKPTIO_OK) goto out;
+    /* The final size up front, as the reference writer does: the file
+     * system can allocate it in one go. */
+    if ((status = ckptio_file_truncate(file, layout.header_size + layout.data_size)) != CKPTIO_OK) goto out;
+    extents[0] = (ckptio_extent){.file = file, .file_offset = 0, .length = layout.header_size,
+                                 .memory = layout.header, .mem_kind = CKPTIO_MEM_HOST};
+    for (size_t i = 0; i < count; i++)
+        extents[i + 1] = (ckptio_extent){.file = file, .file_offset = layout.header_size + layout.offsets[i],
+                                         .length = tensors[i].nbytes, .memory = (void *)tensors[i].data,
+                                         .mem_kind = tensors[i].mem_kind};
+    if ((status = run_plan(engine, CKPTIO_WRITE, extents, count + 1)) != CKPTIO_OK) goto out;
+    status = ckptio_file_commit(file);
+
+out:
+    if (file) {
+        /* Without a commit, close removes the temporary: nothing appears
+         * under `path` and an older file there stays as it was. */
+        ckptio__error_saved *saved = status != CKPTIO_OK ? ckptio__error_save() : NULL;
+        const ckptio_status close_status = ckptio_file_close(file);
+        if (saved) ckptio__error_restore(saved);
+        else if (status == CKPTIO_OK) status = close_status;
+    }
+    ckptio__free(extents);
+    ckptio__st_layout_cleanup(&layout);
+    return status;
+}

@@ -1,0 +1,342 @@
+/*
+ * torch_file.c - reading torch.save files through the engine: open (zip
+ * directory, local headers, small records, data.pkl), reading storages and
+ * tensors into host or GPU memory, and verification of every record's
+ * CRC-32. src/format/torch_read.c interprets the bytes read here.
+ */
+#include "engine_internal.h"
+#include "torch_internal.h"
+
+#include <string.h>
+#include <zlib.h>
+
+#define OPEN_FAIL(t, status, offset, ...)                                                                    \
+    CKPTIO_FAIL_CTX((status), &((ckptio__err_ctx){.operation = "open torch file", .path = (t)->path,        \
+                                                  .file_offset = (int64_t)(offset)}),                       \
+                    __VA_ARGS__)
+
+static ckptio_status torch_pread(ckptio_torch *t, void *buf, uint64_t len, uint64_t offset) {
+    if (offset > t->file_size || len > t->file_size - offset)
+        return CKPTIO_FAIL_CTX(CKPTIO_E_TRUNCATED,
+                               &((ckptio__err_ctx){.operation = "read", .path = t->path, .file_offset = (int64_t)offset}),
+                               "%llu bytes requested past the end of the file (%llu bytes)", (unsigned long long)len,
+                               (unsigned long long)t->file_size);
+    if (t->memory) {
+        memcpy(buf, t->memory + offset, len);
+        return CKPTIO_OK;
+    }
+    return ckptio__file_io(t->file, CKPTIO_READ, buf, len, offset);
+}
+
+/* Reads a small text record into text (NUL-terminated); NULL when absent. */
+static ckptio_status read_small(ckptio_torch *t, ptrdiff_t id, char *text, const char **out) {
+    *out = NULL;
+    if (id < 0) return CKPTIO_OK;
+    const ckptio__zip_entry *e = &t->entries[id];
+    if (e->size > CKPTIO__TORCH_MAX_SMALL_RECORD)
+        return CKPTIO_FAIL_CTX(CKPTIO_E_FORMAT,
+                               &((ckptio__err_ctx){.operation = "open torch file", .path = t->path,
+                                                   .file_offset = (int64_t)e->data_offset, .subject = e->name}),
+                               "record of %llu bytes where a short text is expected", (unsigned long long)e->size);
+    CKPTIO_FORWARD(torch_pread(t, text, e->size, e->data_offset));
+    text[e->size] = '\0';
+    *out = text;
+    return CKPTIO_OK;
+}
+
+static ckptio_status load(ckptio_torch *t) {
+    ckptio_status st = CKPTIO_OK;
+    uint8_t *tail = NULL, *cd = NULL, *pickle = NULL;
+    uint8_t magic[4] = {0};
+    if (t->file_size < 4) return OPEN_FAIL(t, CKPTIO_E_TRUNCATED, 0, "file of %llu bytes is too short for a torch.save archive",
+                                           (unsigned long long)t->file_size);
+    CKPTIO_FORWARD(torch_pread(t, magic, 4, 0));
+    if (memcmp(magic, "PK\x03\x04", 4) != 0) {
+        if (magic[0] == 0x80 && magic[1] >= 2 && magic[1] <= 5)
+            return OPEN_FAIL(t, CKPTIO_E_UNSUPPORTED, 0,
+                             "legacy torch.save format (a bare pickle, written with "
+                             "_use_new_zipfile_serialization=False or torch < 1.6) is not supported; "
+                             "load and re-save it with a current torch");
+        return OPEN_FAIL(t, CKPTIO_E_FORMAT, 0, "not a torch.save file: starts with %02x %02x %02x %02x, not a zip header",
+                         magic[0], magic[1], magic[2], magic[3]);
+    }
+    /* End records. */
+    const uint64_t want = CKPTIO_ZIP_MAX_TAIL + CKPTIO_ZIP64_LOCATOR_SIZE + CKPTIO_ZIP64_EOCD_SIZE;
+    const size_t tail_len = (size_t)(t->file_size < want ? t->file_size : want);
+    ckptio__zip_directory dir;
+    if (!(tail = ckptio__malloc(tail_len))) {
+        st = CKPTIO_FAIL(CKPTIO_E_NOMEM, "no memory for the zip tail");
+        goto out;
+    }
+    if ((st = torch_pread(t, tail, tail_len, t->file_size - tail_len))) goto out;
+    uint64_t need_offset = 0;
+    st = ckptio__zip_find_directory(tail, tail_len, t->file_size, t->path, &dir, &need_offset);
+    if (st == CKPTIO_E_TRUNCATED && need_offset) {
+        uint8_t rec[CKPTIO_ZIP64_EOCD_SIZE];
+        if ((st = torch_pread(t, rec, sizeof rec, need_offset))) goto out;
+        st = ckptio__zip_parse_zip64_eocd(rec, need_offset, t->file_size, t->path, &dir);
+    }
+    if (st) goto out;
+    /* Central directory: its size is bounded by the file size (checked). */
+    if (!(cd = ckptio__malloc(dir.cd_size ? dir.cd_size : 1))) {
+        st = OPEN_FAIL(t, CKPTIO_E_NOMEM, dir.cd_offset, "no memory for a central directory of %llu bytes",
+                       (unsigned long long)dir.cd_size);
+        goto out;
+    }
+    if ((st = torch_pread(t, cd, dir.cd_size, dir.cd_offset))) goto out;
+    if ((st = ckptio__zip_parse_central(cd, &dir, t->file_size, t->path, &t->entries))) goto out;
+    t->nentries = (size_t)dir.count;
+    ptrdiff_t ids[CKPTIO__TREC_COUNT_];
+    if ((st = ckptio__torch_check_archive(t, ids))) goto out;
+    /* Local headers give each record's data offset (their extras differ
+     * from the central directory's: the alignment padding). */
+    uint8_t hdr[CKPTIO_ZIP_LOCAL_HEADER_SIZE + 0xFFFF];
+    for (size_t i = 0; i < t->nentries; i++) {
+        ckptio__zip_entry *e = &t->entries[i];
+        const size_t hlen = CKPTIO_ZIP_LOCAL_HEADER_SIZE + e->name_len;
+        if ((st = torch_pread(t, hdr, hlen, e->header_offset))) goto out;
+        if ((st = ckptio__zip_parse_local_header(e, hdr, hlen, t->file_size, t->path))) goto out;
+    }
+    char version[CKPTIO__TORCH_MAX_SMALL_RECORD + 1], alignment[CKPTIO__TORCH_MAX_SMALL_RECORD + 1],
+        byteorder[CKPTIO__TORCH_MAX_SMALL_RECORD + 1];
+    const char *v = NULL, *a = NULL, *b = NULL;
+    if ((st = read_small(t, ids[CKPTIO__TREC_VERSION], version, &v)) ||
+        (st = read_small(t, ids[CKPTIO__TREC_ALIGNMENT], alignment, &a)) ||
+        (st = read_small(t, ids[CKPTIO__TREC_BYTEORDER], byteorder, &b)))
+        goto out;
+    const ckptio__zip_entry *pk = &t->entries[ids[CKPTIO__TREC_PICKLE]];
+    if (pk->size > CKPTIO__TORCH_MAX_PICKLE) {
+        st = CKPTIO_FAIL_CTX(CKPTIO_E_RANGE,
+                             &((ckptio__err_ctx){.operation = "open torch file", .path = t->path,
+                                                 .file_offset = (int64_t)pk->data_offset, .subject = pk->name}),
+                             "pickle of %llu bytes exceeds the %llu-byte limit", (unsigned long long)pk->size,
+                             (unsigned long long)CKPTIO__TORCH_MAX_PICKLE);
+        goto out;
+    }
+    if (!(pickle = ckptio__malloc(pk->size ? pk->size : 1))) {
+        st = CKPTIO_FAIL(CKPTIO_E_NOMEM, "%s: no memory for a %llu-byte pickle", t->path, (unsigned long long)pk->size);
+        goto out;
+    }
+    if ((st = torch_pread(t, pickle, pk->size, pk->data_offset))) goto out;
+    st = ckptio__torch_build(t, pickle, (size_t)pk->size, pk->data_offset, v, a, b);
+out:
+    ckptio__free(tail);
+    ckptio__free(cd);
+    ckptio__free(pickle);
+    return st;
+}
+
+static void torch_destroy(ckptio_torch *t) {
+    if (!t) return;
+    ckptio__torch_free_tables(t);
+    ckptio__free(t);
+}
+
+ckptio_status ckptio_torch_open(ckptio_engine *engine, const char *path, ckptio_torch **out) {
+    if (!out) return CKPTIO_FAIL(CKPTIO_E_INVAL, "ckptio_torch_open: out must not be NULL");
+    *out = NULL;
+    if (!engine || !path) return CKPTIO_FAIL(CKPTIO_E_INVAL, "ckptio_torch_open: engine and path are required");
+    ckptio_status st = CKPTIO_OK;
+    ckptio_torch *t = ckptio__calloc(1, sizeof *t);
+    if (!t || !(t->path = ckptio__strdup(path))) {
+        ckptio__free(t);
+        return CKPTIO_FAIL(CKPTIO_E_NOMEM, "no memory to open %s", path);
+    }
+    t->engine = engine;
+    if ((st = ckptio_file_open(engine, path, CKPTIO_OPEN_READ, &t->file)) ||
+        (st = ckptio_file_size(t->file, &t->file_size)) || (st = load(t))) {
+        ckptio__error_saved *saved = ckptio__error_save();
+        ckptio_file_close(t->file);
+        ckptio__error_restore(saved);
+        torch_destroy(t);
+        return st;
+    }
+    *out = t;
+    return CKPTIO_OK;
+}
+
+ckptio_status ckptio_torch_parse(const void *bytes, size_t len, ckptio_torch **out) {
+    if (!out) return CKPTIO_FAIL(CKPTIO_E_INVAL, "ckptio_torch_parse: out must not be NULL");
+    *out = NULL;
+    if (!bytes && len) return CKPTIO_FAIL(CKPTIO_E_INVAL, "ckptio_torch_parse: bytes must not be NULL");
+    ckptio_torch *t = ckptio__calloc(1, sizeof *t);
+    if (!t || !(t->path = ckptio__strdup("<memory>"))) {
+        ckptio__free(t);
+        return CKPTIO_FAIL(CKPTIO_E_NOMEM, "no memory to parse a torch file");
+    }
+    t->memory = bytes ? bytes : (const uint8_t *)"";
+    t->file_size = len;
+    ckptio_status st = load(t);
+    if (st) {
+        torch_destroy(t);
+        return st;
+    }
+    *out = t;
+    return CKPTIO_OK;
+}
+
+ckptio_status ckptio_torch_close(ckptio_torch *t) {
+    if (!t) return CKPTIO_OK;
+    ckptio_status st = ckptio_file_close(t->file);
+    torch_destroy(t);
+    return st;
+}
+
+/* ---- reading data --------------------------------------------------------------------- */
+
+static ckptio_status run_extents(ckptio_torch *t, const ckptio_extent *ex, size_t n) {
+    if (t->memory) {
+        for (size_t i = 0; i < n; i++) {
+            if (ex[i].mem_kind == CKPTIO_MEM_CUDA)
+                return CKPTIO_FAIL(CKPTIO_E_UNSUPPORTED, "a handle from ckptio_torch_parse reads into host memory only");
+            CKPTIO_FORWARD(torch_pread(t, ex[i].memory, ex[i].length, ex[i].file_offset));
+        }
+        return CKPTIO_OK;
+    }
+    ckptio_plan *plan = NULL;
+    ckptio_status st = ckptio_plan_create(CKPTIO_READ, &plan);
+    for (size_t i = 0; st == CKPTIO_OK && i < n; i++) st = ckptio_plan_add(plan, &ex[i]);
+    if (st == CKPTIO_OK) st = ckptio_engine_execute(t->engine, plan);
+    ckptio_plan_destroy(plan);
+    return st;
+}
+
+ckptio_status ckptio_torch_read_storages(ckptio_torch *t, const ckptio_tensor_target *targets, size_t count) {
+    if (!t || (count && !targets)) return CKPTIO_FAIL(CKPTIO_E_INVAL, "handle and targets must not be NULL");
+    ckptio_extent *ex = ckptio__calloc(count ? count : 1, sizeof *ex);
+    if (!ex) return CKPTIO_FAIL(CKPTIO_E_NOMEM, "no memory for %zu extents", count);
+    ckptio_status st = CKPTIO_OK;
+    for (size_t i = 0; i < count; i++) {
+        const ckptio_tensor_target *tg = &targets[i];
+        if (tg->index >= t->nstorages) {
+            st = CKPTIO_FAIL(CKPTIO_E_RANGE, "target %zu: storage index %zu out of range (%zu storages)", i, tg->index,
+                             t->nstorages);
+            goto out;
+        }
+        const ckptio__torch_storage *s = &t->storages[tg->index];
+        if (tg->capacity < s->nbytes || (!tg->data && s->nbytes)) {
+            st = CKPTIO_FAIL_CTX(CKPTIO_E_RANGE, &((ckptio__err_ctx){.path = t->path, .subject = s->ref->key, .file_offset = -1}),
+                                 "storage needs %llu bytes, target %zu has %llu", (unsigned long long)s->nbytes, i,
+                                 (unsigned long long)tg->capacity);
+            goto out;
+        }
+        ex[i] = (ckptio_extent){.file = t->file, .file_offset = t->entries[s->entry].data_offset, .length = s->nbytes,
+                                .memory = tg->data, .mem_kind = tg->mem_kind};
+    }
+    st = run_extents(t, ex, count);
+out:
+    ckptio__free(ex);
+    return st;
+}
+
+/* Copies a strided view out of `src` (which holds storage elements from
+ * element `base` on) into dst in C order. */
+static void gather(uint8_t *dst, const uint8_t *src, uint64_t base, const ckptio_torch_tensor_info *info,
+                   uint64_t esize) {
+    int64_t idx[64] = {0};
+    const uint32_t nd = info->ndim;
+    uint64_t numel = 1;
+    for (uint32_t d = 0; d < nd; d++) numel *= (uint64_t)info->shape[d];
+    for (uint64_t n = 0; n < numel; n++) {
+        uint64_t off = info->storage_offset;
+        for (uint32_t d = 0; d < nd; d++) off += (uint64_t)idx[d] * (uint64_t)info->stride[d];
+        memcpy(dst + n * esize, src + (off - base) * esize, esize);
+        for (uint32_t d = nd; d-- > 0;) {
+            if (++idx[d] < info->shape[d]) break;
+            idx[d] = 0;
+        }
+    }
+}
+
+ckptio_status ckptio_torch_read(ckptio_torch *t, const ckptio_tensor_target *targets, size_t count) {
+    if (!t || (count && !targets)) return CKPTIO_FAIL(CKPTIO_E_INVAL, "handle and targets must not be NULL");
+    ckptio_extent *ex = ckptio__calloc(count ? count : 1, sizeof *ex);
+    if (!ex) return CKPTIO_FAIL(CKPTIO_E_NOMEM, "no memory for %zu extents", count);
+    ckptio_status st = CKPTIO_OK;
+    size_t n = 0;
+    uint8_t *scratch = NULL;
+    for (size_t i = 0; i < count; i++) {
+        const ckptio_tensor_target *tg = &targets[i];
+        ckptio_torch_tensor_info info;
+        if ((st = ckptio_torch_tensor(t, tg->index, &info))) goto out;
+        if (tg->capacity < info.nbytes || (!tg->data && info.nbytes)) {
+            st = CKPTIO_FAIL_CTX(CKPTIO_E_RANGE, &((ckptio__err_ctx){.path = t->path, .subject = info.name, .file_offset = -1}),
+                                 "tensor needs %llu bytes, target %zu has %llu", (unsigned long long)info.nbytes, i,
+                                 (unsigned long long)tg->capacity);
+            goto out;
+        }
+        if (info.is_contiguous)
+            ex[n++] = (ckptio_extent){.file = t->file, .file_offset = info.file_offset, .length = info.nbytes,
+                                      .memory = tg->data, .mem_kind = tg->mem_kind};
+    }
+    if ((st = run_extents(t, ex, n))) goto out;
+    /* Strided views: read the span of storage they touch, then gather. */
+    for (size_t i = 0; i < count; i++) {
+        const ckptio_tensor_target *tg = &targets[i];
+        ckptio_torch_tensor_info info;
+        if ((st = ckptio_torch_tensor(t, tg->index, &info))) goto out;
+        if (info.is_contiguous || info.nbytes == 0) continue;
+        if (tg->mem_kind != CKPTIO_MEM_HOST && tg->mem_kind != CKPTIO_MEM_PINNED) {
+            st = CKPTIO_FAIL_CTX(CKPTIO_E_UNSUPPORTED, &((ckptio__err_ctx){.path = t->path, .subject = info.name, .file_offset = -1}),
+                                 "non-contiguous view needs a host target (read its storage to the GPU instead)");
+            goto out;
+        }
+        const uint64_t esize = ckptio__torch_element_size(info.dtype);
+        uint64_t last = info.storage_offset;
+        for (uint32_t d = 0; d < info.ndim; d++) last += (uint64_t)(info.shape[d] - 1) * (uint64_t)info.stride[d];
+        const uint64_t span = (last - info.storage_offset + 1) * esize; /* bounded by the storage (checked at open) */
+        if (!(scratch = ckptio__malloc(span))) {
+            st = CKPTIO_FAIL(CKPTIO_E_NOMEM, "no memory to gather tensor %s (%llu bytes)", info.name, (unsigned long long)span);
+            goto out;
+        }
+        ckptio_extent one = {.file = t->file, .file_offset = info.file_offset, .length = span, .memory = scratch,
+                             .mem_kind = CKPTIO_MEM_HOST};
+        if ((st = run_extents(t, &one, 1))) goto out;
+        gather(tg->data, scratch, info.storage_offset, &info, esize);
+        ckptio__free(scratch);
+        scratch = NULL;
+    }
+out:
+    ckptio__free(scratch);
+    ckptio__free(ex);
+    return st;
+}
+
+/* ---- verify ---------------------------------------------------------------------------- */
+
+ckptio_status ckptio_torch_verify(ckptio_torch *t, ckptio_torch_verify_report *report) {
+    if (!t) return CKPTIO_FAIL(CKPTIO_E_INVAL, "handle must not be NULL");
+    ckptio_torch_verify_report r = {0};
+    const size_t chunk = 8u << 20;
+    uint8_t *buf = ckptio__malloc(chunk);
+    if (!buf) return CKPTIO_FAIL(CKPTIO_E_NOMEM, "no memory for verification");
+    ckptio_status st = CKPTIO_OK;
+    for (size_t i = 0; i < t->nentries; i++) {
+        const ckptio__zip_entry *e = &t->entries[i];
+        uLong crc = crc32(0L, Z_NULL, 0);
+        for (uint64_t done = 0; done < e->size;) {
+            uint64_t n = e->size - done < chunk ? e->size - done : chunk;
+            if ((st = torch_pread(t, buf, n, e->data_offset + done))) goto out;
+            crc = crc32(crc, buf, (uInt)n);
+            done += n;
+        }
+        r.records++;
+        r.bytes += e->size;
+        if ((uint32_t)crc == e->crc32) {
+            r.crc_checked++;
+        } else if (e->crc32 == 0) {
+            r.crc_absent++;
+        } else {
+            st = CKPTIO_FAIL_CTX(CKPTIO_E_CHECKSUM,
+                                 &((ckptio__err_ctx){.operation = "verify", .path = t->path,
+                                                     .file_offset = (int64_t)e->data_offset, .subject = e->name}),
+                                 "CRC-32 of the %llu data bytes is %08lx, the central directory says %08x",
+                                 (unsigned long long)e->size, (unsigned long)crc, e->crc32);
+            goto out;
+        }
+    }
+out:
+    ckptio__free(buf);
+    if (report) *report = r;
+    return st;
+}

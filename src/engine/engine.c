@@ -1,0 +1,385 @@
+/*
+ * engine.c - ckptio_engine: settings (defaults, environment, bounds),
+ * lifetime, statistics, progress, and the hooks the GPU layer uses.
+ *
+ * Defaults were measured (docs/ENGINE.md has the numbers): 8 MiB requests,
+ * 16 requests in flight per io_uring worker, min(cores, 16) threads but at
+ * least 2, 256 MiB of bounce staging in all (16 MiB per thread at 16).
+ */
+#include "engine_private.h"
+
+#include <errno.h>
+#include <limits.h>
+#include <sched.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+
+#define KIB (1ll << 10)
+#define MIB (1ll << 20)
+#define GIB (1ll << 30)
+
+/* Progress callbacks come at most this often (plus first and last). */
+#define CKPTIO_PROGRESS_INTERVAL 0.010
+
+typedef enum option_kind { KIND_INT, KIND_SIZE, KIND_ENUM, KIND_BOOL } option_kind;
+
+typedef struct option_def {
+    const char *name;
+    const char *env;
+    option_kind kind;
+    int64_t min, max;
+    const char *const *names; /* KIND_ENUM: value i is names[i] */
+} option_def;
+
+static const char *const backend_names[] = {"auto", "pread", "io_uring", NULL};
+static const char *const direct_names[] = {"auto", "off", "on", NULL};
+static const char *const gpu_path_names[] = {"auto", "cufile", "pipeline", NULL};
+
+static const option_def options[CKPTIO_OPT_COUNT_] = {
+    [CKPTIO_OPT_BACKEND] = {"backend", "CKPTIO_BACKEND", KIND_ENUM, 0, 2, backend_names},
+    [CKPTIO_OPT_THREADS] = {"threads", "CKPTIO_THREADS", KIND_INT, 0, 256, NULL},
+    [CKPTIO_OPT_CHUNK_BYTES] = {"chunk_bytes", "CKPTIO_CHUNK_BYTES", KIND_SIZE, 4 * KIB, 1 * GIB, NULL},
+    [CKPTIO_OPT_QUEUE_DEPTH] = {"queue_depth", "CKPTIO_QUEUE_DEPTH", KIND_INT, 1, 1024, NULL},
+    [CKPTIO_OPT_STAGING_BYTES] = {"staging_bytes", "CKPTIO_STAGING_BYTES", KIND_SIZE, 1 * MIB, 1024 * GIB, NULL},
+    [CKPTIO_OPT_DIRECT] = {"direct", "CKPTIO_DIRECT", KIND_ENUM, 0, 2, direct_names},
+    [CKPTIO_OPT_DIRECT_MIN_BYTES] = {"direct_min_bytes", "CKPTIO_DIRECT_MIN_BYTES", KIND_SIZE, 0, 1024 * GIB, NULL},
+    [CKPTIO_OPT_SYNC] = {"sync", "CKPTIO_SYNC", KIND_BOOL, 0, 1, NULL},
+    [CKPTIO_OPT_GPU_PATH] = {"gpu_path", "CKPTIO_GPU_PATH", KIND_ENUM, 0, 2, gpu_path_names},
+};
+
+/* Threads: one per core up to 16, at least 2. Measured on the 16-core GPU
+ * host (docs/ENGINE.md): page-cache reads scale with threads (5.2, 9.6,
+ * 17.6, 23.9 GB/s at 2, 4, 8, 16), while disk-bound transfers are flat from
+ * 1 to 16 threads, so more threads cost nothing there; 2 keeps one request
+ * queued behind the running one on small machines. */
+static int64_t default_threads(void) {
+    cpu_set_t set;
+    long n = 0;
+    if (sched_getaffinity(0, sizeof set, &set) == 0) n = CPU_COUNT(&set);
+    if (n <= 0) n = 2;
+    return n < 2 ? 2 : n > 16 ? 16 : n;
+}
+
+static void set_defaults(ckptio_engine *e) {
+    e->settings[CKPTIO_OPT_BACKEND] = CKPTIO_BACKEND_AUTO;
+    e->settings[CKPTIO_OPT_THREADS] = default_threads();
+    e->settings[CKPTIO_OPT_CHUNK_BYTES] = 8 * MIB;
+    e->settings[CKPTIO_OPT_QUEUE_DEPTH] = 16;
+    e->settings[CKPTIO_OPT_STAGING_BYTES] = 256 * MIB;
+    e->settings[CKPTIO_OPT_DIRECT] = CKPTIO_DIRECT_AUTO;
+    e->settings[CKPTIO_OPT_DIRECT_MIN_BYTES] = 1 * MIB;
+    e->settings[CKPTIO_OPT_SYNC] = 1;
+    e->settings[CKPTIO_OPT_GPU_PATH] = CKPTIO_GPU_PATH_AUTO;
+}
+
+const char *ckptio_option_name(ckptio_option option) {
+    if ((unsigned)option >= CKPTIO_OPT_COUNT_) return NULL;
+    return options[option].name;
+}
+
+const char *ckptio_backend_name(ckptio_backend backend) {
+    if ((unsigned)backend > CKPTIO_BACKEND_IO_URING) return "unknown";
+    return backend_names[backend];
+}
+
+ckptio_status ckptio_option_bounds(ckptio_option option, int64_t *min, int64_t *max) {
+    CKPTIO_RETURN_IF((unsigned)option >= CKPTIO_OPT_COUNT_, CKPTIO_E_INVAL, "unknown engine option %d", (int)option);
+    if (min) *min = options[option].min;
+    if (max) *max = options[option].max;
+    return CKPTIO_OK;
+}
+
+/* Resolves AUTO and checks a forced backend; stores the result. */
+static ckptio_status resolve_backend(ckptio_engine *e, int64_t value) {
+    const char *why = "";
+    const int err = ckptio__io_uring_probe(&why);
+    if (value == CKPTIO_BACKEND_IO_URING && err)
+        return CKPTIO_FAIL_CTX(CKPTIO_E_UNSUPPORTED,
+                               &((ckptio__err_ctx){.operation = "io_uring_queue_init", .file_offset = -1,
+                                                   .sys_errno = err}),
+                               "the io_uring backend was requested but cannot run: %s", why);
+    e->backend = value == CKPTIO_BACKEND_PREAD || err ? CKPTIO_BACKEND_PREAD : CKPTIO_BACKEND_IO_URING;
+    return CKPTIO_OK;
+}
+
+ckptio_status ckptio_engine_set(ckptio_engine *e, ckptio_option option, int64_t value) {
+    CKPTIO_RETURN_IF(!e, CKPTIO_E_INVAL, "ckptio_engine_set: engine is NULL");
+    CKPTIO_RETURN_IF((unsigned)option >= CKPTIO_OPT_COUNT_, CKPTIO_E_INVAL, "unknown engine option %d", (int)option);
+    const option_def *d = &options[option];
+    if (value < d->min || value > d->max)
+        return CKPTIO_FAIL(CKPTIO_E_RANGE, "engine option %s: %lld is outside [%lld, %lld]", d->name, (long long)value,
+                           (long long)d->min, (long long)d->max);
+    if (option == CKPTIO_OPT_CHUNK_BYTES && value % CKPTIO_DIRECT_ALIGN != 0)
+        return CKPTIO_FAIL(CKPTIO_E_RANGE, "engine option %s: %lld is not a multiple of %u", d->name, (long long)value,
+                           CKPTIO_DIRECT_ALIGN);
+    if (option == CKPTIO_OPT_BACKEND) CKPTIO_FORWARD(resolve_backend(e, value));
+    e->settings[option] = value;
+    return CKPTIO_OK;
+}
+
+ckptio_status ckptio_engine_get(const ckptio_engine *e, ckptio_option option, int64_t *value) {
+    CKPTIO_RETURN_IF(!e || !value, CKPTIO_E_INVAL, "ckptio_engine_get: engine and value are required");
+    CKPTIO_RETURN_IF((unsigned)option >= CKPTIO_OPT_COUNT_, CKPTIO_E_INVAL, "unknown engine option %d", (int)option);
+    *value = e->settings[option];
+    return CKPTIO_OK;
+}
+
+int64_t ckptio__engine_setting(const ckptio_engine *e, ckptio_option option) { return e->settings[option]; }
+
+/* Parses one environment value for `d`. */
+static bool parse_env(const option_def *d, const char *text, int64_t *out) {
+    switch (d->kind) {
+    case KIND_ENUM:
+        for (int64_t i = 0; d->names[i]; i++)
+            if (strcasecmp(text, d->names[i]) == 0) return *out = i, true;
+        return false;
+    case KIND_BOOL:
+        if (!strcasecmp(text, "1") || !strcasecmp(text, "on") || !strcasecmp(text, "true") || !strcasecmp(text, "yes"))
+            return *out = 1, true;
+        if (!strcasecmp(text, "0") || !strcasecmp(text, "off") || !strcasecmp(text, "false") || !strcasecmp(text, "no"))
+            return *out = 0, true;
+        return false;
+    case KIND_SIZE: {
+        uint64_t v;
+        if (!ckptio__parse_size(text, &v) || v > (uint64_t)INT64_MAX) return false;
+        return *out = (int64_t)v, true;
+    }
+    case KIND_INT: {
+        char *end = NULL;
+        errno = 0;
+        long long v = strtoll(text, &end, 10);
+        if (errno || end == text || *end) return false;
+        return *out = v, true;
+    }
+    }
+    return false;
+}
+
+static ckptio_status apply_env(ckptio_engine *e) {
+    for (int i = 0; i < CKPTIO_OPT_COUNT_; i++) {
+        const option_def *d = &options[i];
+        const char *text = getenv(d->env);
+        if (!text || !*text) continue;
+        int64_t v;
+        if (!parse_env(d, text, &v)) {
+            const char *expect = d->kind == KIND_ENUM   ? "one of the names in ckptio.h"
+                                 : d->kind == KIND_BOOL ? "0/1, on/off, true/false or yes/no"
+                                 : d->kind == KIND_SIZE ? "a byte count such as 4096, 64K or 8M"
+                                                        : "an integer";
+            if (d->kind == KIND_ENUM)
+                return CKPTIO_FAIL_CTX(CKPTIO_E_INVAL, &((ckptio__err_ctx){.subject = d->env, .file_offset = -1}),
+                                       "\"%s\" is not one of %s|%s|%s", text, d->names[0], d->names[1], d->names[2]);
+            return CKPTIO_FAIL_CTX(CKPTIO_E_INVAL, &((ckptio__err_ctx){.subject = d->env, .file_offset = -1}),
+                                   "\"%s\" is not %s", text, expect);
+        }
+        ckptio_status st = ckptio_engine_set(e, (ckptio_option)i, v);
+        if (st != CKPTIO_OK)
+            return CKPTIO_FAIL_CTX(st, &((ckptio__err_ctx){.subject = d->env, .file_offset = -1}), "%s",
+                                   ckptio_last_error_message());
+    }
+    return CKPTIO_OK;
+}
+
+ckptio_status ckptio_engine_create(ckptio_engine **out) {
+    CKPTIO_RETURN_IF(!out, CKPTIO_E_INVAL, "ckptio_engine_create: out is NULL");
+    *out = NULL;
+    ckptio_engine *e = ckptio__calloc(1, sizeof *e);
+    if (!e) return CKPTIO_FAIL(CKPTIO_E_NOMEM, "out of memory creating an engine");
+    pthread_mutex_init(&e->lock, NULL);
+    set_defaults(e);
+    ckptio_status st = resolve_backend(e, CKPTIO_BACKEND_AUTO);
+    if (st == CKPTIO_OK) st = apply_env(e);
+    if (st != CKPTIO_OK) {
+        pthread_mutex_destroy(&e->lock);
+        ckptio__free(e);
+        return st;
+    }
+    *out = e;
+    return CKPTIO_OK;
+}
+
+void ckptio__engine_slot_release(ckptio_engine *e, ckptio__worker_slot *s) {
+    if (s->queue) s->backend->queue_destroy(s->queue);
+    s->queue = NULL;
+    s->bounce_registered = false;
+    if (s->bounce) {
+        ckptio__free(s->bounce);
+        ckptio__engine_staging(e, -(int64_t)s->bounce_size, 0);
+    }
+    s->bounce = NULL;
+    s->bounce_size = 0;
+}
+
+ckptio_status ckptio__engine_reserve_slots(ckptio_engine *e, unsigned n) {
+    if (n <= e->nslots) return CKPTIO_OK;
+    ckptio__worker_slot *s = ckptio__realloc(e->slots, n * sizeof *s);
+    if (!s) return CKPTIO_FAIL(CKPTIO_E_NOMEM, "out of memory for %u worker slots", n);
+    memset(s + e->nslots, 0, (n - e->nslots) * sizeof *s);
+    e->slots = s;
+    e->nslots = n;
+    return CKPTIO_OK;
+}
+
+ckptio_status ckptio_engine_destroy(ckptio_engine *e) {
+    if (!e) return CKPTIO_OK;
+    const int busy = atomic_load(&e->busy);
+    if (busy) return CKPTIO_FAIL(CKPTIO_E_BUSY, "the engine is still executing a transfer on another thread");
+    const int files = atomic_load(&e->open_files);
+    if (files)
+        return CKPTIO_FAIL(CKPTIO_E_BUSY, "%d file(s) opened with this engine are still open; close them first",
+                           files);
+    ckptio__pool_destroy(e->pool);
+    for (unsigned i = 0; i < e->nslots; i++) ckptio__engine_slot_release(e, &e->slots[i]);
+    ckptio__free(e->slots);
+    if (e->gpu_state && e->gpu_state_destroy) e->gpu_state_destroy(e->gpu_state);
+    pthread_mutex_destroy(&e->lock);
+    ckptio__free(e);
+    return CKPTIO_OK;
+}
+
+ckptio_status ckptio_engine_backend(ckptio_engine *e, ckptio_backend *out) {
+    CKPTIO_RETURN_IF(!e || !out, CKPTIO_E_INVAL, "ckptio_engine_backend: engine and out are required");
+    *out = e->backend;
+    return CKPTIO_OK;
+}
+
+ckptio_status ckptio_engine_set_progress(ckptio_engine *e, ckptio_progress_fn fn, void *user) {
+    CKPTIO_RETURN_IF(!e, CKPTIO_E_INVAL, "ckptio_engine_set_progress: engine is NULL");
+    e->progress = fn;
+    e->progress_user = user;
+    return CKPTIO_OK;
+}
+
+/* ---- statistics -------------------------------------------------------- */
+
+ckptio_status ckptio_engine_stats(const ckptio_engine *e, ckptio_stats *out) {
+    CKPTIO_RETURN_IF(!e || !out, CKPTIO_E_INVAL, "ckptio_engine_stats: engine and out are required");
+    pthread_mutex_t *lock = (pthread_mutex_t *)&e->lock; /* logically const */
+    pthread_mutex_lock(lock);
+    *out = e->stats;
+    pthread_mutex_unlock(lock);
+    return CKPTIO_OK;
+}
+
+void ckptio__engine_stats_add(ckptio_engine *e, const ckptio_stats *d) {
+    if (!e || !d) return;
+    pthread_mutex_lock(&e->lock);
+    ckptio_stats *s = &e->stats;
+    s->bytes_read += d->bytes_read;
+    s->bytes_written += d->bytes_written;
+    s->bytes_direct += d->bytes_direct;
+    s->bytes_buffered += d->bytes_buffered;
+    s->bytes_bounced += d->bytes_bounced;
+    s->bytes_h2d += d->bytes_h2d;
+    s->bytes_d2h += d->bytes_d2h;
+    s->bytes_cufile += d->bytes_cufile;
+    s->io_requests += d->io_requests;
+    s->retries += d->retries;
+    s->seconds_io += d->seconds_io;
+    s->seconds_fsync += d->seconds_fsync;
+    s->seconds_copy += d->seconds_copy;
+    pthread_mutex_unlock(&e->lock);
+}
+
+void ckptio__engine_staging(ckptio_engine *e, int64_t reserved_delta, int64_t in_use_delta) {
+    if (!e) return;
+    pthread_mutex_lock(&e->lock);
+    ckptio_stats *s = &e->stats;
+    s->staging_reserved = (uint64_t)((int64_t)s->staging_reserved + reserved_delta);
+    s->staging_in_use = (uint64_t)((int64_t)s->staging_in_use + in_use_delta);
+    if (s->staging_in_use > s->staging_peak) s->staging_peak = s->staging_in_use;
+    pthread_mutex_unlock(&e->lock);
+}
+
+void ckptio__engine_file_ref(ckptio_engine *e, int delta) {
+    if (e) atomic_fetch_add(&e->open_files, delta);
+}
+
+/* ---- GPU hooks --------------------------------------------------------- */
+
+void *ckptio__engine_gpu_state(ckptio_engine *e) { return e->gpu_state; }
+
+void ckptio__engine_set_gpu_state(ckptio_engine *e, void *state, void (*destroy)(void *state)) {
+    e->gpu_state = state;
+    e->gpu_state_destroy = destroy;
+}
+
+/* ---- progress and parallel work ----------------------------------------- */
+
+ckptio_status ckptio__engine_report(ckptio_engine *e, uint64_t done, uint64_t total, bool force) {
+    if (!e->progress) return CKPTIO_OK;
+    const double now = ckptio__now();
+    if (!force && now - e->progress_last < CKPTIO_PROGRESS_INTERVAL) return CKPTIO_OK;
+    e->progress_last = now;
+    if (e->progress(done, total, e->progress_user) != 0)
+        return CKPTIO_FAIL(CKPTIO_E_CANCELED, "the progress callback canceled the transfer after %llu of %llu bytes",
+                           (unsigned long long)done, (unsigned long long)total);
+    return CKPTIO_OK;
+}
+
+ckptio_status ckptio__engine_progress(ckptio_engine *e, uint64_t done, uint64_t total) {
+    if (!e) return CKPTIO_OK;
+    if (e->progress_rebase) return ckptio__engine_report(e, e->progress_base + done, e->progress_plan_total, false);
+    return ckptio__engine_report(e, done, total, done == total);
+}
+
+ckptio_status ckptio__engine_pool(ckptio_engine *e, ckptio__pool **out) {
+    ckptio_status st = CKPTIO_OK;
+    pthread_mutex_lock(&e->lock);
+    if (!e->pool) st = ckptio__pool_create(&e->pool);
+    *out = e->pool;
+    pthread_mutex_unlock(&e->lock);
+    return st;
+}
+
+ckptio_status ckptio__engine_parallel(ckptio_engine *e, unsigned nworkers, ckptio__worker_fn fn, void *arg) {
+    CKPTIO_RETURN_IF(!e || !fn, CKPTIO_E_INVAL, "ckptio__engine_parallel: engine and fn are required");
+    if (nworkers <= 1) {
+        fn(arg, 0);
+        return CKPTIO_OK;
+    }
+    ckptio__pool *pool;
+    CKPTIO_FORWARD(ckptio__engine_pool(e, &pool));
+    return ckptio__pool_run(pool, nworkers, fn, arg, NULL, NULL, 0);
+}
+
+typedef struct progress_tick {
+    ckptio_engine *engine;
+    _Atomic uint64_t *done;
+    uint64_t total;
+    _Atomic int *cancel;
+    bool canceled;
+    ckptio__error_saved *record; /* error record of the cancel */
+} progress_tick;
+
+static void parallel_tick(void *arg) {
+    progress_tick *t = arg;
+    if (t->canceled || (t->cancel && atomic_load(t->cancel))) return;
+    if (ckptio__engine_progress(t->engine, atomic_load(t->done), t->total) == CKPTIO_E_CANCELED) {
+        t->canceled = true;
+        t->record = ckptio__error_save();
+        if (t->cancel) atomic_store(t->cancel, 1);
+    }
+}
+
+ckptio_status ckptio__engine_parallel_progress(ckptio_engine *e, unsigned nworkers, ckptio__worker_fn fn, void *arg,
+                                               _Atomic uint64_t *done, uint64_t total, _Atomic int *cancel) {
+    CKPTIO_RETURN_IF(!e || !fn || !done, CKPTIO_E_INVAL,
+                     "ckptio__engine_parallel_progress: engine, fn and done are required");
+    if (nworkers == 0) {
+        fn(arg, 0);
+        return CKPTIO_OK;
+    }
+    progress_tick t = {.engine = e, .done = done, .total = total, .cancel = cancel};
+    ckptio__pool *pool;
+    CKPTIO_FORWARD(ckptio__engine_pool(e, &pool));
+    ckptio_status st = ckptio__pool_run(pool, nworkers, fn, arg, parallel_tick, &t, 5);
+    if (st != CKPTIO_OK) return st; /* nothing ran, no tick happened */
+    if (t.canceled) {
+        if (t.record) ckptio__error_restore(t.record);
+        else CKPTIO_FAIL(CKPTIO_E_CANCELED, "the progress callback canceled the transfer");
+        return CKPTIO_E_CANCELED;
+    }
+    return CKPTIO_OK;
+}

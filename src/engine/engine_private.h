@@ -1,0 +1,95 @@
+/*
+ * engine_private.h - the engine's own structures, shared by the files of
+ * src/engine only (engine.c: settings and lifetime; pool.c: threads;
+ * plan.c: plans and their validation; exec.c: running a plan).
+ */
+#ifndef CKPTIO_ENGINE_PRIVATE_H
+#define CKPTIO_ENGINE_PRIVATE_H
+
+#include "engine_internal.h"
+#include "io_internal.h"
+
+#include <pthread.h>
+#include <stdatomic.h>
+
+/* ---- thread pool (pool.c) ---------------------------------------------- */
+
+typedef struct ckptio__pool ckptio__pool;
+
+/* Called on the waiting thread about every `tick_ms` while a job runs. */
+typedef void (*ckptio__pool_tick_fn)(void *arg);
+
+/* An empty pool (threads are added by ckptio__pool_run as needed). */
+ckptio_status ckptio__pool_create(ckptio__pool **out);
+
+/* Runs fn(arg, 0..n-1) on n pool threads at once (the pool grows so that
+ * every worker of the job gets its own thread: workers may wait on each
+ * other) and waits for all of them, calling tick (if not NULL) about every
+ * tick_ms on the waiting thread. Thread-safe. */
+ckptio_status ckptio__pool_run(ckptio__pool *pool, unsigned n, ckptio__worker_fn fn, void *arg,
+                               ckptio__pool_tick_fn tick, void *tick_arg, unsigned tick_ms);
+
+/* Stops and joins every thread. Accepts NULL. No job may be running. */
+void ckptio__pool_destroy(ckptio__pool *pool);
+
+/* ---- per-worker resources, kept between transfers ---------------------- */
+
+typedef struct ckptio__worker_slot {
+    const ckptio__backend_ops *backend; /* backend of `queue` */
+    ckptio__io_queue *queue;
+    unsigned depth;                     /* depth `queue` was created with */
+    unsigned char *bounce;              /* CKPTIO_DIRECT_ALIGN-aligned, or NULL */
+    size_t bounce_size;
+    bool bounce_registered;             /* fixed buffer 0 of `queue` */
+} ckptio__worker_slot;
+
+/* ---- plans (plan.c) ---------------------------------------------------- */
+
+struct ckptio_plan {
+    ckptio_direction dir;
+    ckptio_extent *ext;
+    size_t count, cap;
+    uint64_t total;
+};
+
+/* Checks every extent of `plan` for use by `engine` (files, ranges,
+ * overlaps, end of file for reads). Errors name the extent indices. */
+ckptio_status ckptio__plan_validate(ckptio_engine *engine, const ckptio_plan *plan);
+
+/* ---- the engine -------------------------------------------------------- */
+
+struct ckptio_engine {
+    int64_t settings[CKPTIO_OPT_COUNT_];
+    ckptio_backend backend;             /* resolved: PREAD or IO_URING */
+    pthread_mutex_t lock;               /* stats, staging, pool creation */
+    ckptio_stats stats;
+    ckptio_progress_fn progress;
+    void *progress_user;
+    double progress_last;               /* time of the last callback */
+    /* While execute() runs its GPU part, GPU progress is rebased on the
+     * whole plan: reported = base + done, out of plan_total. */
+    bool progress_rebase;
+    uint64_t progress_base, progress_plan_total;
+    _Atomic int busy;                   /* calls using the engine now */
+    _Atomic int open_files;
+    ckptio__pool *pool;
+    ckptio__worker_slot *slots;
+    unsigned nslots;
+    void *gpu_state;
+    void (*gpu_state_destroy)(void *state);
+};
+
+/* The user's progress callback, rate-limited unless `force`. Returns
+ * CKPTIO_E_CANCELED (error record set) when the callback says stop. */
+ckptio_status ckptio__engine_report(ckptio_engine *engine, uint64_t done, uint64_t total, bool force);
+
+/* The engine's pool, created on first use (thread-safe). */
+ckptio_status ckptio__engine_pool(ckptio_engine *engine, ckptio__pool **out);
+
+/* Makes sure engine->slots has at least n entries. */
+ckptio_status ckptio__engine_reserve_slots(ckptio_engine *engine, unsigned n);
+
+/* Releases a slot's queue and bounce buffer (updating staging stats). */
+void ckptio__engine_slot_release(ckptio_engine *engine, ckptio__worker_slot *slot);
+
+#endif /* CKPTIO_ENGINE_PRIVATE_H */

@@ -1,0 +1,510 @@
+/*
+ * exec.c - ckptio_engine_execute(): plan -> tasks -> workers -> backend.
+ *
+ * 1. The plan is validated, and extents in GPU memory are set aside for
+ *    ckptio__gpu_execute().
+ * 2. Host extents are cut into tasks at multiples of CKPTIO_OPT_CHUNK_BYTES
+ *    in file offset space (so every task after an extent's first starts
+ *    aligned). Tasks are numbered; a worker claims the next number with one
+ *    atomic add and finds its extent by binary search over prefix counts, so
+ *    10,000 small extents cost no allocation per task and a 100 GiB extent
+ *    does not need a task table.
+ * 3. A worker turns its task into operations for the backend, keeping up to
+ *    queue-depth operations in flight (1 for pread):
+ *      - buffered descriptor: one operation for the whole task;
+ *      - O_DIRECT (file accepts it, extent >= CKPTIO_OPT_DIRECT_MIN_BYTES or
+ *        mode ON): full 4 KiB blocks go O_DIRECT, straight from/to the
+ *        caller's memory when that is aligned, else through the worker's
+ *        bounce buffer; a partial block at the head or tail is read O_DIRECT
+ *        as a whole block into a bounce slot, and written through the page
+ *        cache (docs/ENGINE.md explains why).
+ * 4. The first error wins: it is recorded with its message, a stop flag makes
+ *    every worker stop submitting, in-flight operations are drained, and the
+ *    record is moved to the calling thread.
+ * The calling thread waits and reports progress (or, with 0 threads, does the
+ * work itself and reports between operations).
+ */
+#include "engine_private.h"
+#include "gpu_internal.h"
+
+#include <stdio.h>
+#include <string.h>
+
+#define ALIGN CKPTIO_DIRECT_ALIGN
+#define TICK_MS 5
+
+typedef struct exec {
+    ckptio_engine *engine;
+    const ckptio_plan *plan;
+    ckptio_direction dir;
+    size_t *host;             /* plan indices of host extents with bytes */
+    size_t nhost;
+    uint64_t *first_task;     /* nhost + 1 prefix counts of tasks */
+    uint64_t ntasks;
+    uint64_t host_bytes;
+    uint64_t chunk;
+    uint64_t direct_min;
+    int64_t direct_mode;
+    const ckptio__backend_ops *backend;
+    bool backend_forced;      /* io_uring was asked for explicitly */
+    unsigned depth;           /* operations in flight per io_uring worker */
+    size_t bounce_size;       /* bounce bytes per worker */
+    bool inline_caller;       /* the calling thread is the only worker */
+    _Atomic uint64_t next_task;
+    _Atomic uint64_t bytes_done;
+    _Atomic int stop;
+    pthread_mutex_t lock;     /* status and record */
+    ckptio_status status;
+    ckptio__error_saved *record;
+} exec;
+
+typedef struct xop {
+    ckptio__io_op io;         /* first member: the backend hands it back */
+    size_t extent;
+    unsigned char *user;      /* read through a bounce slot: destination */
+    uint64_t user_len;        /* bytes of the extent this operation covers */
+    uint64_t skip;            /* where those bytes start in the bounce slot */
+    int slot;                 /* bounce slot, or -1 */
+} xop;
+
+typedef struct cursor {
+    bool active;
+    size_t extent;
+    const ckptio_extent *x;
+    uint64_t pos, end;        /* file range left of the current task */
+    int dfd;                  /* O_DIRECT descriptor for it, or -1 */
+} cursor;
+
+typedef struct worker {
+    exec *x;
+    unsigned index;
+    ckptio__worker_slot *slot;
+    const ckptio__backend_ops *be;
+    unsigned depth;
+    xop *ops;
+    unsigned *free_ops, nfree_ops;
+    unsigned *free_slots, nfree_slots, nslots;
+    size_t slot_size;
+    bool exhausted;           /* no task left to claim */
+    cursor c;
+    ckptio_stats st;
+} worker;
+
+/* First error wins; the others only make the workers stop sooner. */
+static void record_error(exec *x, ckptio_status st) {
+    pthread_mutex_lock(&x->lock);
+    if (x->status == CKPTIO_OK) {
+        x->status = st;
+        x->record = ckptio__error_save();
+    }
+    pthread_mutex_unlock(&x->lock);
+    atomic_store(&x->stop, 1);
+}
+
+static void exec_tick(void *arg) {
+    exec *x = arg;
+    if (atomic_load(&x->stop)) return;
+    if (ckptio__engine_report(x->engine, atomic_load(&x->bytes_done), x->plan->total, false) == CKPTIO_E_CANCELED)
+        record_error(x, CKPTIO_E_CANCELED);
+}
+
+/* ---- per-worker setup ---------------------------------------------------- */
+
+static ckptio_status worker_setup(worker *w) {
+    exec *x = w->x;
+    ckptio__worker_slot *s = w->slot;
+    const ckptio__backend_ops *be = x->backend;
+    unsigned depth = be == &ckptio__backend_pread ? 1 : x->depth;
+    if (s->queue && (s->backend != be || s->depth != depth)) {
+        s->backend->queue_destroy(s->queue);
+        s->queue = NULL;
+        s->bounce_registered = false;
+    }
+    if (!s->queue) {
+        int err = be->queue_create(depth, &s->queue);
+        if (err && be == &ckptio__backend_io_uring && !x->backend_forced) {
+            /* AUTO: a ring can fail where the probe passed (memlock,
+             * ring limits); this worker falls back to pread. */
+            be = &ckptio__backend_pread;
+            depth = 1;
+            err = be->queue_create(depth, &s->queue);
+        }
+        if (err)
+            return CKPTIO_FAIL_SYS(err, be == &ckptio__backend_io_uring ? "io_uring_queue_init" : "queue", "", -1,
+                                   "creating the %s queue of worker %u (depth %u)", be->name, w->index, depth);
+        s->backend = be;
+        s->depth = depth;
+    }
+    w->be = s->backend;
+    w->depth = s->depth;
+    w->ops = ckptio__malloc(w->depth * sizeof *w->ops);
+    w->free_ops = ckptio__malloc(w->depth * sizeof *w->free_ops);
+    w->free_slots = ckptio__malloc(w->depth * sizeof *w->free_slots);
+    if (!w->ops || !w->free_ops || !w->free_slots)
+        return CKPTIO_FAIL(CKPTIO_E_NOMEM, "out of memory for worker %u's %u operations", w->index, w->depth);
+    for (unsigned i = 0; i < w->depth; i++) w->free_ops[i] = w->depth - 1 - i;
+    w->nfree_ops = w->depth;
+    return CKPTIO_OK;
+}
+
+/* Allocates (or resizes) the worker's bounce buffer on first need and
+ * splits it into up to `depth` slots. */
+static ckptio_status bounce_setup(worker *w) {
+    exec *x = w->x;
+    ckptio__worker_slot *s = w->slot;
+    if (s->bounce && s->bounce_size != x->bounce_size) {
+        if (s->bounce_registered && s->backend->register_buffer) s->backend->register_buffer(s->queue, NULL, 0);
+        s->bounce_registered = false;
+        ckptio__free(s->bounce);
+        ckptio__engine_staging(x->engine, -(int64_t)s->bounce_size, 0);
+        s->bounce = NULL;
+        s->bounce_size = 0;
+    }
+    if (!s->bounce) {
+        s->bounce = ckptio__aligned_alloc(ALIGN, x->bounce_size);
+        if (!s->bounce)
+            return CKPTIO_FAIL(CKPTIO_E_NOMEM, "out of memory for worker %u's %zu-byte bounce buffer", w->index,
+                               x->bounce_size);
+        s->bounce_size = x->bounce_size;
+        ckptio__engine_staging(x->engine, (int64_t)s->bounce_size, 0);
+    }
+    if (!s->bounce_registered && s->backend->register_buffer)
+        s->bounce_registered = s->backend->register_buffer(s->queue, s->bounce, s->bounce_size) == 0;
+    size_t slot = ckptio__align_down(s->bounce_size / w->depth, ALIGN);
+    if (slot < ALIGN) slot = ALIGN;
+    w->slot_size = slot;
+    w->nslots = (unsigned)(s->bounce_size / slot);
+    if (w->nslots > w->depth) w->nslots = w->depth;
+    for (unsigned i = 0; i < w->nslots; i++) w->free_slots[i] = w->nslots - 1 - i;
+    w->nfree_slots = w->nslots;
+    return CKPTIO_OK;
+}
+
+/* A bounce slot index, -1 when all are busy, -2 on failure (recorded). */
+static int take_slot(worker *w) {
+    if (!w->nslots) {
+        ckptio_status st = bounce_setup(w);
+        if (st != CKPTIO_OK) {
+            record_error(w->x, st);
+            return -2;
+        }
+    }
+    if (!w->nfree_slots) return -1;
+    ckptio__engine_staging(w->x->engine, 0, (int64_t)w->slot_size);
+    return (int)w->free_slots[--w->nfree_slots];
+}
+
+static void give_slot(worker *w, int slot) {
+    w->free_slots[w->nfree_slots++] = (unsigned)slot;
+    ckptio__engine_staging(w->x->engine, 0, -(int64_t)w->slot_size);
+}
+
+/* ---- tasks and operations ------------------------------------------------ */
+
+static bool claim(worker *w) {
+    exec *x = w->x;
+    const uint64_t t = atomic_fetch_add(&x->next_task, 1);
+    if (t >= x->ntasks) return false;
+    size_t lo = 0, hi = x->nhost; /* first_task[lo] <= t < first_task[hi] */
+    while (hi - lo > 1) {
+        const size_t mid = lo + (hi - lo) / 2;
+        if (x->first_task[mid] <= t) lo = mid;
+        else hi = mid;
+    }
+    const size_t idx = x->host[lo];
+    const ckptio_extent *e = &x->plan->ext[idx];
+    const uint64_t k = t - x->first_task[lo];
+    const uint64_t base = ckptio__align_down(e->file_offset, x->chunk);
+    const uint64_t stop = base + (k + 1) * x->chunk;
+    const uint64_t ext_end = e->file_offset + e->length;
+    cursor *c = &w->c;
+    c->active = true;
+    c->extent = idx;
+    c->x = e;
+    c->pos = k ? base + k * x->chunk : e->file_offset;
+    c->end = stop < ext_end ? stop : ext_end;
+    c->dfd = ckptio__file_direct_fd(e->file);
+    if (c->dfd >= 0 && x->direct_mode != CKPTIO_DIRECT_ON && e->length < x->direct_min) c->dfd = -1;
+    /* A chunk the page cache already holds is copied from memory, not
+     * fetched from the disk again with O_DIRECT (warm loads). */
+    if (c->dfd >= 0 && x->dir == CKPTIO_READ && x->direct_mode == CKPTIO_DIRECT_AUTO &&
+        ckptio__range_cached(e->file->fd, c->pos, c->end - c->pos))
+        c->dfd = -1;
+    return true;
+}
+
+/* Fills `op` with the next operation of the worker's work.
+ * Returns 1 (ready), 0 (no work left), -1 (needs a bounce slot, none free)
+ * or -2 (failed, recorded). */
+static int next_op(worker *w, xop *op) {
+    exec *x = w->x;
+    cursor *c = &w->c;
+    if (!c->active) {
+        if (w->exhausted) return 0;
+        if (!claim(w)) {
+            w->exhausted = true;
+            return 0;
+        }
+    }
+    const ckptio_extent *e = c->x;
+    unsigned char *mem = (unsigned char *)e->memory + (c->pos - e->file_offset);
+    const int fd = e->file->fd;
+    const uint64_t pos = c->pos, end = c->end;
+    uint64_t take;
+    *op = (xop){.io = {.fd = fd, .buffered_fd = fd, .dir = x->dir, .buf_index = -1}, .extent = c->extent, .slot = -1};
+    ckptio__io_op *io = &op->io;
+    if (c->dfd < 0) {
+        take = end - pos;
+        io->buf = mem;
+        io->offset = pos;
+        io->len = io->need = take;
+    } else if (pos % ALIGN != 0 || end - pos < ALIGN) {
+        const uint64_t blk = ckptio__align_down(pos, ALIGN);
+        const uint64_t pend = end < blk + ALIGN ? end : blk + ALIGN;
+        take = pend - pos;
+        if (x->dir == CKPTIO_WRITE) {
+            /* Partial block: through the page cache, which merges it with
+             * whatever else shares the block; no read-modify-write race. */
+            io->buf = mem;
+            io->offset = pos;
+            io->len = io->need = take;
+        } else {
+            const int s = take_slot(w);
+            if (s < 0) return s;
+            op->slot = s;
+            op->user = mem;
+            op->skip = pos - blk;
+            io->fd = c->dfd;
+            io->direct = true;
+            io->buf = w->slot->bounce + (size_t)s * w->slot_size;
+            io->buf_index = w->slot->bounce_registered ? 0 : -1;
+            io->offset = blk;
+            io->len = ALIGN;          /* may run past end of file: fine */
+            io->need = pend - blk;
+        }
+    } else {
+        const uint64_t a1 = ckptio__align_down(end, ALIGN);
+        io->fd = c->dfd;
+        io->direct = true;
+        io->offset = pos;
+        if ((uintptr_t)mem % ALIGN == 0) {
+            take = a1 - pos;
+            io->buf = mem;
+        } else {
+            const int s = take_slot(w);
+            if (s < 0) return s;
+            take = a1 - pos < w->slot_size ? a1 - pos : w->slot_size;
+            op->slot = s;
+            io->buf = w->slot->bounce + (size_t)s * w->slot_size;
+            io->buf_index = w->slot->bounce_registered ? 0 : -1;
+            if (x->dir == CKPTIO_WRITE) memcpy(io->buf, mem, take);
+            else op->user = mem;
+        }
+        io->len = io->need = take;
+    }
+    op->user_len = take;
+    c->pos = pos + take;
+    if (c->pos == c->end) c->active = false;
+    return 1;
+}
+
+static void finish(worker *w, xop *op) {
+    exec *x = w->x;
+    ckptio__io_op *io = &op->io;
+    w->st.io_requests += io->requests;
+    w->st.retries += io->retries;
+    if (io->err || io->done < io->need) {
+        char what[160];
+        snprintf(what, sizeof what, "extent %zu (%s, %s)", op->extent, w->be->name,
+                 op->slot >= 0 ? "O_DIRECT through a bounce buffer" : io->direct ? "O_DIRECT" : "buffered");
+        if (!io->err) io->eof = true;
+        record_error(x, ckptio__file_op_status(x->plan->ext[op->extent].file, io, what));
+    } else {
+        if (op->user) memcpy(op->user, io->buf + op->skip, op->user_len);
+        if (x->dir == CKPTIO_READ) w->st.bytes_read += op->user_len;
+        else w->st.bytes_written += op->user_len;
+        if (io->direct) w->st.bytes_direct += op->user_len;
+        else w->st.bytes_buffered += op->user_len;
+        if (op->slot >= 0) w->st.bytes_bounced += op->user_len;
+        atomic_fetch_add(&x->bytes_done, op->user_len);
+    }
+    if (op->slot >= 0) give_slot(w, op->slot);
+    w->free_ops[w->nfree_ops++] = (unsigned)(op - w->ops);
+}
+
+static void worker_main(void *arg, unsigned index) {
+    exec *x = arg;
+    worker w = {.x = x, .index = index, .slot = &x->engine->slots[index]};
+    ckptio_status st = worker_setup(&w);
+    if (st != CKPTIO_OK) {
+        record_error(x, st);
+        goto out;
+    }
+    unsigned inflight = 0;
+    for (;;) {
+        while (inflight < w.depth && !atomic_load_explicit(&x->stop, memory_order_relaxed)) {
+            xop *op = &w.ops[w.free_ops[--w.nfree_ops]];
+            const int r = next_op(&w, op);
+            if (r != 1) {
+                w.nfree_ops++;
+                break;
+            }
+            w.be->submit(w.slot->queue, &op->io);
+            inflight++;
+        }
+        if (inflight == 0) break;
+        ckptio__io_op *io = w.be->wait(w.slot->queue);
+        if (!io) {
+            record_error(x, CKPTIO_FAIL(CKPTIO_E_INTERNAL, "the %s queue of worker %u failed with %u requests in flight",
+                                        w.be->name, index, inflight));
+            /* Unusable: drop it so the next transfer builds a new one. */
+            w.be->queue_destroy(w.slot->queue);
+            w.slot->queue = NULL;
+            w.slot->bounce_registered = false;
+            break;
+        }
+        inflight--;
+        finish(&w, (xop *)io);
+        if (x->inline_caller) exec_tick(x);
+    }
+out:
+    ckptio__engine_stats_add(x->engine, &w.st);
+    ckptio__free(w.ops);
+    ckptio__free(w.free_ops);
+    ckptio__free(w.free_slots);
+}
+
+/* ---- execute --------------------------------------------------------------- */
+
+static ckptio_status run_host(exec *x) {
+    ckptio_engine *e = x->engine;
+    const ckptio_plan *p = x->plan;
+    x->chunk = (uint64_t)ckptio__engine_setting(e, CKPTIO_OPT_CHUNK_BYTES);
+    x->direct_mode = ckptio__engine_setting(e, CKPTIO_OPT_DIRECT);
+    x->direct_min = (uint64_t)ckptio__engine_setting(e, CKPTIO_OPT_DIRECT_MIN_BYTES);
+    x->depth = (unsigned)ckptio__engine_setting(e, CKPTIO_OPT_QUEUE_DEPTH);
+    x->backend = e->backend == CKPTIO_BACKEND_IO_URING ? &ckptio__backend_io_uring : &ckptio__backend_pread;
+    x->backend_forced = ckptio__engine_setting(e, CKPTIO_OPT_BACKEND) == CKPTIO_BACKEND_IO_URING;
+    const unsigned threads = (unsigned)ckptio__engine_setting(e, CKPTIO_OPT_THREADS);
+
+    /* O_DIRECT descriptors are opened here, on the caller's thread, so that
+     * a refusal in mode ON is reported before any byte moves. */
+    if (x->direct_mode != CKPTIO_DIRECT_OFF) {
+        const ckptio_file *prev = NULL;
+        for (size_t i = 0; i < x->nhost; i++) {
+            ckptio_file *f = p->ext[x->host[i]].file;
+            if (f != prev) CKPTIO_FORWARD(ckptio__file_prepare_direct(f));
+            prev = f;
+        }
+    }
+    x->first_task = ckptio__malloc((x->nhost + 1) * sizeof *x->first_task);
+    if (!x->first_task) return CKPTIO_FAIL(CKPTIO_E_NOMEM, "out of memory planning %zu extents", x->nhost);
+    uint64_t n = 0;
+    for (size_t i = 0; i < x->nhost; i++) {
+        const ckptio_extent *ex = &p->ext[x->host[i]];
+        x->first_task[i] = n;
+        n += (ckptio__align_down(ex->file_offset + ex->length - 1, x->chunk) -
+              ckptio__align_down(ex->file_offset, x->chunk)) / x->chunk + 1;
+    }
+    x->first_task[x->nhost] = n;
+    x->ntasks = n;
+
+    const unsigned nworkers = threads == 0 ? 1 : (uint64_t)threads < n ? threads : (unsigned)n;
+    const unsigned depth = x->backend == &ckptio__backend_pread ? 1 : x->depth;
+    /* Staging bound: every worker of a full-width transfer together holds
+     * at most CKPTIO_OPT_STAGING_BYTES; more than chunk x depth per worker
+     * could never be used. */
+    uint64_t per = (uint64_t)ckptio__engine_setting(e, CKPTIO_OPT_STAGING_BYTES) / (threads ? threads : 1);
+    if (per > x->chunk * depth) per = x->chunk * depth;
+    per = ckptio__align_down(per, ALIGN);
+    x->bounce_size = per < ALIGN ? ALIGN : (size_t)per;
+    CKPTIO_FORWARD(ckptio__engine_reserve_slots(e, nworkers));
+
+    if (threads == 0) {
+        x->inline_caller = true;
+        worker_main(x, 0);
+    } else {
+        ckptio__pool *pool;
+        CKPTIO_FORWARD(ckptio__engine_pool(e, &pool));
+        CKPTIO_FORWARD(ckptio__pool_run(pool, nworkers, worker_main, x, exec_tick, x, TICK_MS));
+    }
+    if (x->status != CKPTIO_OK) {
+        if (x->record) {
+            ckptio__error_restore(x->record);
+            x->record = NULL;
+        } else {
+            CKPTIO_FAIL(x->status, "a transfer worker failed (its error details were lost: out of memory)");
+        }
+    }
+    return x->status;
+}
+
+ckptio_status ckptio_engine_execute(ckptio_engine *e, const ckptio_plan *p) {
+    CKPTIO_RETURN_IF(!e || !p, CKPTIO_E_INVAL, "ckptio_engine_execute: engine and plan are required");
+    if (atomic_fetch_add(&e->busy, 1) != 0) {
+        atomic_fetch_sub(&e->busy, 1);
+        return CKPTIO_FAIL(CKPTIO_E_BUSY, "the engine is already executing a plan on another thread");
+    }
+    const double t0 = ckptio__now();
+    exec x = {.engine = e, .plan = p, .dir = p->dir};
+    pthread_mutex_init(&x.lock, NULL);
+    ckptio_extent *gpu = NULL;
+    size_t ngpu = 0;
+    ckptio_status st = ckptio__plan_validate(e, p);
+    if (st != CKPTIO_OK) goto out;
+
+    x.host = ckptio__malloc((p->count ? p->count : 1) * sizeof *x.host);
+    if (!x.host) {
+        st = CKPTIO_FAIL(CKPTIO_E_NOMEM, "out of memory planning %zu extents", p->count);
+        goto out;
+    }
+    for (size_t i = 0; i < p->count; i++) {
+        const ckptio_extent *ex = &p->ext[i];
+        if (!ex->length) continue;
+        ckptio_mem_kind kind = ex->mem_kind;
+        if (kind == CKPTIO_MEM_AUTO) kind = ckptio__gpu_classify(ex->memory);
+        if (kind != CKPTIO_MEM_CUDA) {
+            x.host[x.nhost++] = i;
+            x.host_bytes += ex->length;
+            continue;
+        }
+        if (!gpu) {
+            gpu = ckptio__malloc(p->count * sizeof *gpu);
+            if (!gpu) {
+                st = CKPTIO_FAIL(CKPTIO_E_NOMEM, "out of memory planning %zu extents", p->count);
+                goto out;
+            }
+        }
+        gpu[ngpu] = *ex;
+        gpu[ngpu++].mem_kind = CKPTIO_MEM_CUDA;
+    }
+
+    st = ckptio__engine_report(e, 0, p->total, true);
+    if (st != CKPTIO_OK) goto out;
+    if (x.nhost) {
+        st = run_host(&x);
+        if (st != CKPTIO_OK) goto out;
+    }
+    if (ngpu) {
+        e->progress_rebase = true;
+        e->progress_base = x.host_bytes;
+        e->progress_plan_total = p->total;
+        st = ckptio__gpu_execute(e, p->dir, gpu, ngpu);
+        e->progress_rebase = false;
+        if (st != CKPTIO_OK) goto out;
+    }
+    /* The last call only informs: the bytes have all moved, so its
+     * return value cannot cancel anything. */
+    (void)ckptio__engine_report(e, p->total, p->total, true);
+out:
+    {
+        ckptio_stats d = {.seconds_io = ckptio__now() - t0};
+        ckptio__engine_stats_add(e, &d);
+    }
+    pthread_mutex_destroy(&x.lock);
+    ckptio__free(x.first_task);
+    ckptio__free(x.host);
+    ckptio__free(gpu);
+    atomic_fetch_sub(&e->busy, 1);
+    return st;
+}

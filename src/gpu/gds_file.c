@@ -1,0 +1,248 @@
+/*
+ * gds_file.c - the GDS file API: a file for reads and writes between it and
+ * device or host buffers at explicit offsets (cuFile's and
+ * torch.cuda.gds.GdsFile's model). Device buffers go through cuFile when the
+ * handle registered in GPUDirect mode (or cuFile was forced), otherwise
+ * through the staging pipeline; host buffers through the engine.
+ */
+#include "cuda_shim.h"
+#include "engine_internal.h"
+#include "gds_internal.h"
+#include "gpu_pipeline.h"
+#include "io_internal.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+ckptio_status ckptio_gds_open(ckptio_engine *engine, const char *path, int oflags, unsigned mode,
+                              ckptio_gds_file **out) {
+    CKPTIO_RETURN_IF(!engine || !path || !out, CKPTIO_E_INVAL, "ckptio_gds_open: engine, path and out are required");
+    *out = NULL;
+    const int acc = oflags & O_ACCMODE;
+    unsigned flags = CKPTIO_OPEN_READ;
+    if (acc == O_RDONLY) {
+        CKPTIO_RETURN_IF(oflags & (O_TRUNC | O_CREAT | O_EXCL), CKPTIO_E_INVAL,
+                         "%s: ckptio_gds_open: O_CREAT, O_EXCL and O_TRUNC need O_WRONLY or O_RDWR", path);
+    } else if (acc == O_WRONLY || acc == O_RDWR) {
+        flags |= CKPTIO_OPEN_WRITE | CKPTIO_OPEN_IN_PLACE;
+        if (oflags & O_EXCL) {
+            CKPTIO_RETURN_IF(!(oflags & O_CREAT), CKPTIO_E_INVAL, "%s: ckptio_gds_open: O_EXCL needs O_CREAT", path);
+            flags |= CKPTIO_OPEN_EXCLUSIVE;
+        }
+        struct stat sb;
+        if (!(oflags & O_CREAT) && stat(path, &sb) != 0)
+            return CKPTIO_FAIL_SYS(errno, "open", path, -1, "opening for writing without O_CREAT");
+    } else {
+        return CKPTIO_FAIL(CKPTIO_E_INVAL, "%s: ckptio_gds_open: invalid access mode in flags 0x%x", path, oflags);
+    }
+    ckptio_status st = CKPTIO_OK;
+    ckptio_gds_file *f = ckptio__calloc(1, sizeof *f);
+    if (!f) return CKPTIO_FAIL(CKPTIO_E_NOMEM, "%s: out of memory opening a GDS file", path);
+    f->engine = engine;
+    atomic_init(&f->last_path, CKPTIO_IO_PATH_NONE);
+    pthread_mutex_init(&f->lock, NULL);
+    pthread_cond_init(&f->cond, NULL);
+    if ((st = ckptio_file_open(engine, path, flags, &f->file)) != CKPTIO_OK) goto fail;
+    if (f->file->created && mode && fchmod(f->file->fd, (mode_t)(mode & 07777)) < 0) {
+        st = CKPTIO_FAIL_SYS(errno, "fchmod", path, -1, "applying mode %o to the new file", mode);
+        goto fail;
+    }
+    if ((oflags & O_TRUNC) && (st = ckptio_file_truncate(f->file, 0)) != CKPTIO_OK) goto fail;
+    if ((st = ckptio_gds_register_handle(f)) != CKPTIO_OK) goto fail;
+    *out = f;
+    return CKPTIO_OK;
+fail:
+    ckptio_file_close(f->file);
+    pthread_cond_destroy(&f->cond);
+    pthread_mutex_destroy(&f->lock);
+    ckptio__free(f);
+    return st;
+}
+
+ckptio_status ckptio_gds_close(ckptio_gds_file *f) {
+    if (!f) return CKPTIO_OK;
+    ckptio__gds_async_shutdown(f);
+    ckptio_gds_deregister_handle(f);
+    ckptio_status st = ckptio_file_close(f->file);
+    pthread_cond_destroy(&f->cond);
+    pthread_mutex_destroy(&f->lock);
+    ckptio__free(f);
+    return st;
+}
+
+ckptio_status ckptio_gds_register_handle(ckptio_gds_file *f) {
+    CKPTIO_RETURN_IF(!f, CKPTIO_E_INVAL, "ckptio_gds_register_handle: file is NULL");
+    if (f->registered) return CKPTIO_OK;
+    const char *path = f->file->path;
+    const int64_t mode = ckptio__engine_setting(f->engine, CKPTIO_OPT_GPU_PATH);
+    const ckptio__gpu_ops *ops = ckptio__gpu_ops_try();
+    const bool real = ops == ckptio__gpu_cuda_ops();
+    f->refusal[0] = '\0';
+    if (mode == CKPTIO_GPU_PATH_PIPELINE) {
+        snprintf(f->refusal, sizeof f->refusal, "CKPTIO_OPT_GPU_PATH is pipeline");
+        return CKPTIO_OK;
+    }
+    if (!real) {
+        snprintf(f->refusal, sizeof f->refusal, "%s",
+                 ops ? "cuFile cannot run on the simulated device" : "no CUDA driver");
+        if (mode == CKPTIO_GPU_PATH_AUTO) return CKPTIO_OK;
+        if (!ops) return ckptio__gpu_ops_get(&ops); /* CKPTIO_E_NO_CUDA with its reason */
+        return CKPTIO_FAIL_CTX(CKPTIO_E_UNSUPPORTED,
+                               &((ckptio__err_ctx){.operation = "cuFileHandleRegister", .path = path, .file_offset = -1}),
+                               "%s", f->refusal);
+    }
+    if (mode == CKPTIO_GPU_PATH_AUTO && !ckptio__cufile_direct_mode()) {
+        snprintf(f->refusal, sizeof f->refusal,
+                 "the nvidia-fs kernel driver is not loaded: cuFile could only run in its compatibility mode, "
+                 "which is slower than ckptio's pipeline");
+        return CKPTIO_OK;
+    }
+    CKPTIO_FORWARD(ckptio__file_prepare_direct(f->file));
+    const int fd = ckptio__file_direct_fd(f->file);
+    if (fd < 0)
+        snprintf(f->refusal, sizeof f->refusal,
+                 "cuFile needs an O_DIRECT descriptor and this file has none (O_DIRECT refused or "
+                 "CKPTIO_OPT_DIRECT is off)");
+    else if (ckptio__cufile_handle_register(fd, &f->handle, f->refusal, sizeof f->refusal))
+        f->registered = true;
+    if (f->registered || mode == CKPTIO_GPU_PATH_AUTO) return CKPTIO_OK;
+    return CKPTIO_FAIL_CTX(CKPTIO_E_UNSUPPORTED,
+                           &((ckptio__err_ctx){.operation = "cuFileHandleRegister", .path = path, .file_offset = -1}),
+                           "%s (CKPTIO_GPU_PATH=cufile forces cuFile; use auto or pipeline)", f->refusal);
+}
+
+ckptio_status ckptio_gds_deregister_handle(ckptio_gds_file *f) {
+    CKPTIO_RETURN_IF(!f, CKPTIO_E_INVAL, "ckptio_gds_deregister_handle: file is NULL");
+    if (!f->registered) return CKPTIO_OK;
+    ckptio__cufile_handle_deregister(f->handle);
+    f->handle = NULL;
+    f->registered = false;
+    snprintf(f->refusal, sizeof f->refusal, "the cuFile handle was deregistered");
+    return CKPTIO_OK;
+}
+
+const char *ckptio_gds_file_refusal(const ckptio_gds_file *f) { return f ? f->refusal : ""; }
+
+ckptio_status ckptio_gds_buf_register(ckptio_gds_file *f, const void *base, uint64_t length) {
+    CKPTIO_RETURN_IF(!f || !base, CKPTIO_E_INVAL, "ckptio_gds_buf_register: file and base are required");
+    if (!f->registered) return CKPTIO_OK;
+    char why[600];
+    if (!ckptio__cufile_buf_register(base, (size_t)length, why, sizeof why))
+        return CKPTIO_FAIL_CTX(CKPTIO_E_CUDA,
+                               &((ckptio__err_ctx){.operation = "cuFileBufRegister", .path = f->file->path,
+                                                   .file_offset = -1}),
+                               "%s", why);
+    return CKPTIO_OK;
+}
+
+ckptio_status ckptio_gds_buf_deregister(ckptio_gds_file *f, const void *base) {
+    CKPTIO_RETURN_IF(!f || !base, CKPTIO_E_INVAL, "ckptio_gds_buf_deregister: file and base are required");
+    if (f->registered) ckptio__cufile_buf_deregister(base);
+    return CKPTIO_OK;
+}
+
+ckptio_status ckptio_gds_file_path(const ckptio_gds_file *f, ckptio_io_path *out) {
+    CKPTIO_RETURN_IF(!f || !out, CKPTIO_E_INVAL, "ckptio_gds_file_path: file and out are required");
+    *out = (ckptio_io_path)atomic_load(&((ckptio_gds_file *)f)->last_path);
+    return CKPTIO_OK;
+}
+
+static ckptio_status host_transfer(ckptio_gds_file *f, ckptio_direction dir, void *ptr, uint64_t size,
+                                   uint64_t offset, ckptio_mem_kind kind) {
+    ckptio_plan *plan = NULL;
+    CKPTIO_FORWARD(ckptio_plan_create(dir, &plan));
+    const ckptio_extent e = {.file = f->file, .file_offset = offset, .length = size, .memory = ptr, .mem_kind = kind};
+    ckptio_status st = ckptio_plan_add(plan, &e);
+    if (st == CKPTIO_OK) st = ckptio_engine_execute(f->engine, plan);
+    ckptio_plan_destroy(plan);
+    return st;
+}
+
+ckptio_status ckptio__gds_transfer(ckptio_gds_file *f, ckptio_direction dir, void *buf, uint64_t size,
+                                   uint64_t file_offset, uint64_t buf_offset, uint64_t *bytes) {
+    *bytes = 0;
+    const char *path = f->file->path;
+    uint64_t end;
+    if (!size) return CKPTIO_OK;
+    CKPTIO_RETURN_IF(!buf, CKPTIO_E_INVAL, "%s: GDS %s of %llu bytes with a NULL buffer", path,
+                     dir == CKPTIO_READ ? "read" : "write", (unsigned long long)size);
+    if (ckptio__add_overflows(file_offset, size, &end) || end > (uint64_t)INT64_MAX ||
+        ckptio__add_overflows((uintptr_t)buf, buf_offset, &end) || ckptio__add_overflows(end, size, &end))
+        return CKPTIO_FAIL_CTX(CKPTIO_E_RANGE, &((ckptio__err_ctx){.path = path, .file_offset = -1}),
+                               "file offset %llu, buffer offset %llu and size %llu overflow",
+                               (unsigned long long)file_offset, (unsigned long long)buf_offset,
+                               (unsigned long long)size);
+    if (dir == CKPTIO_READ) {
+        /* Like cuFileRead: a read reaching end of file is short, not an error. */
+        uint64_t fsize = 0;
+        CKPTIO_FORWARD(ckptio_file_size(f->file, &fsize));
+        if (file_offset >= fsize) return CKPTIO_OK;
+        if (size > fsize - file_offset) size = fsize - file_offset;
+    }
+    unsigned char *ptr = (unsigned char *)buf + buf_offset;
+    const ckptio__gpu_ops *ops = ckptio__gpu_ops_try();
+    int device = -1;
+    const ckptio_mem_kind kind = ops ? ops->classify(ptr, &device) : CKPTIO_MEM_HOST;
+    ckptio_status st;
+    if (kind != CKPTIO_MEM_CUDA) {
+        st = host_transfer(f, dir, ptr, size, file_offset, kind);
+        if (st == CKPTIO_OK) atomic_store(&f->last_path, CKPTIO_IO_PATH_HOST);
+    } else if (f->registered) {
+        uint64_t done = 0;
+        ckptio__nvtx_push(dir == CKPTIO_READ ? "ckptio: cuFileRead" : "ckptio: cuFileWrite");
+        st = ckptio__cufile_transfer(f->handle, dir, buf, size, file_offset, buf_offset, path, &done);
+        ckptio__nvtx_pop();
+        ckptio__engine_stats_add(f->engine, &(ckptio_stats){.bytes_cufile = done});
+        if (st == CKPTIO_OK)
+            atomic_store(&f->last_path, ckptio__cufile_direct_mode() ? CKPTIO_IO_PATH_CUFILE_DIRECT
+                                                                     : CKPTIO_IO_PATH_CUFILE_COMPAT);
+        size = done;
+    } else {
+        const ckptio_extent e = {.file = f->file, .file_offset = file_offset, .length = size, .memory = ptr,
+                                 .mem_kind = CKPTIO_MEM_CUDA};
+        st = ckptio__gpu_pipeline_run(f->engine, ops, device, dir, &e, 1, false);
+        if (st == CKPTIO_OK) {
+            atomic_store(&f->last_path, CKPTIO_IO_PATH_PIPELINE);
+            ckptio__gpu_state *gs = ckptio__engine_gpu_state(f->engine);
+            if (gs) gs->last_path = CKPTIO_IO_PATH_PIPELINE;
+        }
+    }
+    if (st == CKPTIO_OK) *bytes = size;
+    return st;
+}
+
+ckptio_status ckptio_gds_read(ckptio_gds_file *f, void *buf, uint64_t size, uint64_t file_offset, uint64_t buf_offset,
+                              uint64_t *bytes_read) {
+    CKPTIO_RETURN_IF(!f, CKPTIO_E_INVAL, "ckptio_gds_read: file is NULL");
+    uint64_t n = 0;
+    ckptio_status st = ckptio__gds_transfer(f, CKPTIO_READ, buf, size, file_offset, buf_offset, &n);
+    if (bytes_read) *bytes_read = n;
+    return st;
+}
+
+ckptio_status ckptio_gds_write(ckptio_gds_file *f, const void *buf, uint64_t size, uint64_t file_offset,
+                               uint64_t buf_offset, uint64_t *bytes_written) {
+    CKPTIO_RETURN_IF(!f, CKPTIO_E_INVAL, "ckptio_gds_write: file is NULL");
+    CKPTIO_RETURN_IF(!f->file->writable, CKPTIO_E_PERMISSION, "%s: GDS write on a file opened O_RDONLY",
+                     f->file->path);
+    uint64_t n = 0;
+    ckptio_status st =
+        ckptio__gds_transfer(f, CKPTIO_WRITE, (void *)(uintptr_t)buf, size, file_offset, buf_offset, &n);
+    if (bytes_written) *bytes_written = n;
+    return st;
+}
+
+ckptio_status ckptio_gds_sync(ckptio_gds_file *f) {
+    CKPTIO_RETURN_IF(!f, CKPTIO_E_INVAL, "ckptio_gds_sync: file is NULL");
+    const double t0 = ckptio__now();
+    int ret;
+    do ret = fdatasync(f->file->fd);
+    while (ret < 0 && errno == EINTR);
+    if (ret < 0) return CKPTIO_FAIL_SYS(errno, "fsync", f->file->path, -1, "making GDS writes durable");
+    ckptio__engine_stats_add(f->engine, &(ckptio_stats){.seconds_fsync = ckptio__now() - t0});
+    return CKPTIO_OK;
+}

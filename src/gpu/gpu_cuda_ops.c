@@ -1,0 +1,250 @@
+/*
+ * gpu_cuda_ops.c - the device operations table on the real CUDA driver.
+ *
+ * Contexts: ckptio works inside PyTorch's (or any runtime-API user's)
+ * process, so it uses the primary context of the device that owns a
+ * pointer, retained once and kept for the life of the process (as the
+ * runtime API does), pushed around each use and popped afterwards so the
+ * caller's current context is left as it was.
+ */
+#include "cuda_shim.h"
+#include "gpu_ops.h"
+
+#include <pthread.h>
+#include <stdatomic.h>
+
+#define MAX_DEVICES 64
+
+static pthread_mutex_t ctx_lock = PTHREAD_MUTEX_INITIALIZER;
+static CUcontext primary[MAX_DEVICES];
+
+static ckptio_status need_api(const ckptio__cuda_api **out) { return ckptio__cuda_load(out); }
+
+static ckptio_mem_kind cuda_classify(const void *ptr, int *device) {
+    *device = -1;
+    const ckptio__cuda_api *cu = ckptio__cuda_try();
+    if (!cu || !ptr) return CKPTIO_MEM_HOST;
+    unsigned memtype = 0;
+    /* Unregistered (pageable) host memory makes the driver answer
+     * CUDA_ERROR_INVALID_VALUE: that is the HOST answer, not an error. */
+    if (cu->cuPointerGetAttribute(&memtype, CU_POINTER_ATTRIBUTE_MEMORY_TYPE, (CUdeviceptr)(uintptr_t)ptr) !=
+        CUDA_SUCCESS)
+        return CKPTIO_MEM_HOST;
+    if (memtype == CU_MEMORYTYPE_HOST) return CKPTIO_MEM_PINNED;
+    if (memtype != CU_MEMORYTYPE_DEVICE && memtype != CU_MEMORYTYPE_UNIFIED) return CKPTIO_MEM_HOST;
+    int ordinal = -1;
+    if (cu->cuPointerGetAttribute(&ordinal, CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL, (CUdeviceptr)(uintptr_t)ptr) !=
+        CUDA_SUCCESS)
+        ordinal = 0;
+    *device = ordinal;
+    return CKPTIO_MEM_CUDA;
+}
+
+static ckptio_status cuda_mem_range(const void *ptr, uintptr_t *base, uint64_t *size) {
+    const ckptio__cuda_api *cu;
+    CKPTIO_FORWARD(need_api(&cu));
+    CUdeviceptr b = 0;
+    size_t s = 0;
+    CUresult r = cu->cuMemGetAddressRange(&b, &s, (CUdeviceptr)(uintptr_t)ptr);
+    if (r != CUDA_SUCCESS)
+        return CKPTIO_CUDA_FAIL(r, "cuMemGetAddressRange(%p): not a valid device address", ptr);
+    *base = (uintptr_t)b;
+    *size = s;
+    return CKPTIO_OK;
+}
+
+static ckptio_status primary_ctx(const ckptio__cuda_api *cu, int device, CUcontext *out) {
+    if (device < 0 || device >= MAX_DEVICES) return CKPTIO_FAIL(CKPTIO_E_INVAL, "CUDA device ordinal %d out of range", device);
+    pthread_mutex_lock(&ctx_lock);
+    ckptio_status st = CKPTIO_OK;
+    if (!primary[device]) {
+        CUdevice dev;
+        CUresult r = cu->cuDeviceGet(&dev, device);
+        if (r == CUDA_SUCCESS) r = cu->cuDevicePrimaryCtxRetain(&primary[device], dev);
+        if (r != CUDA_SUCCESS) st = CKPTIO_CUDA_FAIL(r, "retaining the primary context of CUDA device %d", device);
+    }
+    *out = primary[device];
+    pthread_mutex_unlock(&ctx_lock);
+    return st;
+}
+
+static ckptio_status cuda_ctx_enter(int device) {
+    const ckptio__cuda_api *cu;
+    CKPTIO_FORWARD(need_api(&cu));
+    CUcontext ctx = NULL;
+    CKPTIO_FORWARD(primary_ctx(cu, device, &ctx));
+    CUresult r = cu->cuCtxPushCurrent(ctx);
+    if (r != CUDA_SUCCESS) return CKPTIO_CUDA_FAIL(r, "cuCtxPushCurrent(device %d)", device);
+    return CKPTIO_OK;
+}
+
+static void cuda_ctx_leave(int device) {
+    (void)device;
+    const ckptio__cuda_api *cu = ckptio__cuda_try();
+    CUcontext ignored = NULL;
+    if (cu) cu->cuCtxPopCurrent(&ignored);
+}
+
+static ckptio_status cuda_mem_info(int device, uint64_t *free_bytes, uint64_t *total_bytes) {
+    const ckptio__cuda_api *cu;
+    CKPTIO_FORWARD(need_api(&cu));
+    CKPTIO_FORWARD(cuda_ctx_enter(device));
+    size_t f = 0, t = 0;
+    CUresult r = cu->cuMemGetInfo(&f, &t);
+    cuda_ctx_leave(device);
+    if (r != CUDA_SUCCESS) return CKPTIO_CUDA_FAIL(r, "cuMemGetInfo(device %d)", device);
+    *free_bytes = f;
+    *total_bytes = t;
+    return CKPTIO_OK;
+}
+
+static ckptio_status cuda_pinned_alloc(size_t bytes, void **out) {
+    const ckptio__cuda_api *cu;
+    CKPTIO_FORWARD(need_api(&cu));
+    CUresult r = cu->cuMemHostAlloc(out, bytes, CU_MEMHOSTALLOC_PORTABLE | CU_MEMHOSTALLOC_DEVICEMAP);
+    if (r != CUDA_SUCCESS) {
+        *out = NULL;
+        /* Pinned host memory exhausted is a host-side shortage. */
+        if (r == CUDA_ERROR_OUT_OF_MEMORY)
+            return CKPTIO_FAIL_CTX(CKPTIO_E_NOMEM, &((ckptio__err_ctx){.file_offset = -1, .cuda_result = r}),
+                                   "cuMemHostAlloc(%zu bytes) of pinned staging memory failed: %s", bytes,
+                                   ckptio__cuda_error_name(r));
+        return CKPTIO_CUDA_FAIL(r, "cuMemHostAlloc(%zu bytes) of pinned staging memory", bytes);
+    }
+    return CKPTIO_OK;
+}
+
+static void cuda_pinned_free(void *ptr) {
+    const ckptio__cuda_api *cu = ckptio__cuda_try();
+    if (cu && ptr) cu->cuMemFreeHost(ptr);
+}
+
+static ckptio_status cuda_stream_create(void **out) {
+    const ckptio__cuda_api *cu;
+    CKPTIO_FORWARD(need_api(&cu));
+    CUstream s = NULL;
+    /* Non-blocking: our copies must not serialise with the legacy default
+     * stream a caller may be using. */
+    CUresult r = cu->cuStreamCreate(&s, CU_STREAM_NON_BLOCKING);
+    if (r != CUDA_SUCCESS) return CKPTIO_CUDA_FAIL(r, "cuStreamCreate");
+    *out = s;
+    return CKPTIO_OK;
+}
+
+static void cuda_stream_destroy(void *stream) {
+    const ckptio__cuda_api *cu = ckptio__cuda_try();
+    if (cu && stream) cu->cuStreamDestroy((CUstream)stream);
+}
+
+static ckptio_status cuda_stream_sync(void *stream) {
+    const ckptio__cuda_api *cu;
+    CKPTIO_FORWARD(need_api(&cu));
+    CUresult r = cu->cuStreamSynchronize((CUstream)stream);
+    if (r != CUDA_SUCCESS) return CKPTIO_CUDA_FAIL(r, "cuStreamSynchronize");
+    return CKPTIO_OK;
+}
+
+static ckptio_status cuda_event_create(void **out) {
+    const ckptio__cuda_api *cu;
+    CKPTIO_FORWARD(need_api(&cu));
+    CUevent e = NULL;
+    /* Blocking sync: waiting workers sleep instead of spinning a core each. */
+    CUresult r = cu->cuEventCreate(&e, CU_EVENT_DISABLE_TIMING | CU_EVENT_BLOCKING_SYNC);
+    if (r != CUDA_SUCCESS) return CKPTIO_CUDA_FAIL(r, "cuEventCreate");
+    *out = e;
+    return CKPTIO_OK;
+}
+
+static void cuda_event_destroy(void *event) {
+    const ckptio__cuda_api *cu = ckptio__cuda_try();
+    if (cu && event) cu->cuEventDestroy((CUevent)event);
+}
+
+static ckptio_status cuda_event_record(void *event, void *stream) {
+    const ckptio__cuda_api *cu;
+    CKPTIO_FORWARD(need_api(&cu));
+    CUresult r = cu->cuEventRecord((CUevent)event, (CUstream)stream);
+    if (r != CUDA_SUCCESS) return CKPTIO_CUDA_FAIL(r, "cuEventRecord");
+    return CKPTIO_OK;
+}
+
+static ckptio_status cuda_event_sync(void *event) {
+    const ckptio__cuda_api *cu;
+    CKPTIO_FORWARD(need_api(&cu));
+    CUresult r = cu->cuEventSynchronize((CUevent)event);
+    if (r != CUDA_SUCCESS) return CKPTIO_CUDA_FAIL(r, "waiting for a GPU copy (cuEventSynchronize)");
+    return CKPTIO_OK;
+}
+
+static ckptio_status cuda_h2d(void *dst, const void *src, size_t bytes, void *stream) {
+    const ckptio__cuda_api *cu;
+    CKPTIO_FORWARD(need_api(&cu));
+    CUresult r = cu->cuMemcpyHtoDAsync((CUdeviceptr)(uintptr_t)dst, src, bytes, (CUstream)stream);
+    if (r != CUDA_SUCCESS) return CKPTIO_CUDA_FAIL(r, "cuMemcpyHtoDAsync(%p, %zu bytes)", dst, bytes);
+    return CKPTIO_OK;
+}
+
+static ckptio_status cuda_d2h(void *dst, const void *src, size_t bytes, void *stream) {
+    const ckptio__cuda_api *cu;
+    CKPTIO_FORWARD(need_api(&cu));
+    CUresult r = cu->cuMemcpyDtoHAsync(dst, (CUdeviceptr)(uintptr_t)src, bytes, (CUstream)stream);
+    if (r != CUDA_SUCCESS) return CKPTIO_CUDA_FAIL(r, "cuMemcpyDtoHAsync(%p, %zu bytes)", src, bytes);
+    return CKPTIO_OK;
+}
+
+static ckptio_status cuda_wait_word(void *stream, volatile uint32_t *word, uint32_t value) {
+    const ckptio__cuda_api *cu;
+    CKPTIO_FORWARD(need_api(&cu));
+    if (!cu->cuStreamWaitValue32)
+        return CKPTIO_FAIL(CKPTIO_E_UNSUPPORTED, "the CUDA driver lacks cuStreamWaitValue32_v2");
+    CUdeviceptr dptr = 0;
+    CUresult r = cu->cuMemHostGetDevicePointer(&dptr, (void *)(uintptr_t)word, 0);
+    if (r == CUDA_SUCCESS) r = cu->cuStreamWaitValue32((CUstream)stream, dptr, value, CU_STREAM_WAIT_VALUE_GEQ);
+    if (r != CUDA_SUCCESS) return CKPTIO_CUDA_FAIL(r, "cuStreamWaitValue32 on the caller's stream");
+    return CKPTIO_OK;
+}
+
+static const ckptio__gpu_ops cuda_ops = {
+    .name = "cuda",
+    .classify = cuda_classify,
+    .mem_range = cuda_mem_range,
+    .mem_info = cuda_mem_info,
+    .ctx_enter = cuda_ctx_enter,
+    .ctx_leave = cuda_ctx_leave,
+    .pinned_alloc = cuda_pinned_alloc,
+    .pinned_free = cuda_pinned_free,
+    .stream_create = cuda_stream_create,
+    .stream_destroy = cuda_stream_destroy,
+    .stream_sync = cuda_stream_sync,
+    .event_create = cuda_event_create,
+    .event_destroy = cuda_event_destroy,
+    .event_record = cuda_event_record,
+    .event_sync = cuda_event_sync,
+    .h2d_async = cuda_h2d,
+    .d2h_async = cuda_d2h,
+    .stream_wait_word = cuda_wait_word,
+};
+
+const ckptio__gpu_ops *ckptio__gpu_cuda_ops(void) { return &cuda_ops; }
+
+static _Atomic(const ckptio__gpu_ops *) installed_ops;
+
+void ckptio__gpu_set_ops(const ckptio__gpu_ops *ops) { atomic_store(&installed_ops, ops); }
+
+ckptio_status ckptio__gpu_ops_get(const ckptio__gpu_ops **out) {
+    const ckptio__gpu_ops *ops = atomic_load(&installed_ops);
+    if (ops) {
+        *out = ops;
+        return CKPTIO_OK;
+    }
+    const ckptio__cuda_api *cu;
+    ckptio_status st = ckptio__cuda_load(&cu);
+    *out = st == CKPTIO_OK ? &cuda_ops : NULL;
+    return st;
+}
+
+const ckptio__gpu_ops *ckptio__gpu_ops_try(void) {
+    const ckptio__gpu_ops *ops = atomic_load(&installed_ops);
+    if (ops) return ops;
+    return ckptio__cuda_try() ? &cuda_ops : NULL;
+}

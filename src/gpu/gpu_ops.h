@@ -1,0 +1,75 @@
+/*
+ * gpu_ops.h - the device operations the GPU layer is built on.
+ *
+ * The staging pipeline and the GDS file API never call the CUDA driver
+ * directly: they go through this table. The real implementation
+ * (gpu_cuda_ops.c) forwards to the driver shim; the simulated one
+ * (gpu_sim.c) uses host memory and one thread per stream, so that the
+ * pipeline's scheduling, ordering and error paths are tested on machines
+ * without a GPU. Streams and events are opaque handles (CUstream/CUevent
+ * for the real device).
+ *
+ * Every function that returns a status has set the thread's error record on
+ * failure (CKPTIO_E_CUDA / CKPTIO_E_DEVICE_OOM with the driver's error name).
+ * Functions taking a device run on the calling thread with that device's
+ * context made current by ctx_enter() (the real device needs it).
+ */
+#ifndef CKPTIO_GPU_OPS_H
+#define CKPTIO_GPU_OPS_H
+
+#include "common_internal.h"
+
+typedef struct ckptio__gpu_ops {
+    const char *name; /* "cuda" or "sim" */
+    /* What kind of memory ptr is and, for device memory, its device
+     * ordinal (-1 otherwise). Never fails: unknown pointers are HOST. */
+    ckptio_mem_kind (*classify)(const void *ptr, int *device);
+    /* Base and size of the device allocation holding ptr. */
+    ckptio_status (*mem_range)(const void *ptr, uintptr_t *base, uint64_t *size);
+    ckptio_status (*mem_info)(int device, uint64_t *free_bytes, uint64_t *total_bytes);
+    /* Makes the primary context of `device` current on this thread (pushed)
+     * and pops it again. */
+    ckptio_status (*ctx_enter)(int device);
+    void (*ctx_leave)(int device);
+    /* Page-locked host memory, usable from every context and mapped for
+     * the device (stream_wait_word needs that). */
+    ckptio_status (*pinned_alloc)(size_t bytes, void **out);
+    void (*pinned_free)(void *ptr);
+    ckptio_status (*stream_create)(void **out);
+    void (*stream_destroy)(void *stream);
+    ckptio_status (*stream_sync)(void *stream);
+    ckptio_status (*event_create)(void **out);
+    void (*event_destroy)(void *event);
+    ckptio_status (*event_record)(void *event, void *stream);
+    /* Blocks until the work captured by the last record completed; an
+     * asynchronous failure of that work is reported here. */
+    ckptio_status (*event_sync)(void *event);
+    ckptio_status (*h2d_async)(void *dst_device, const void *src_host, size_t bytes, void *stream);
+    ckptio_status (*d2h_async)(void *dst_host, const void *src_device, size_t bytes, void *stream);
+    /* Makes `stream` wait until *word >= value (word in pinned memory from
+     * pinned_alloc, written by a host thread). CKPTIO_E_UNSUPPORTED when
+     * the driver cannot (callers then fall back to synchronising). */
+    ckptio_status (*stream_wait_word)(void *stream, volatile uint32_t *word, uint32_t value);
+} ckptio__gpu_ops;
+
+/* The real driver's operations (they fail with CKPTIO_E_NO_CUDA when the
+ * driver is missing; use ckptio__gpu_ops_get() to find out up front). */
+const ckptio__gpu_ops *ckptio__gpu_cuda_ops(void);
+
+/* The simulated device (see gpu_sim.h). */
+const ckptio__gpu_ops *ckptio__gpu_sim_ops(void);
+
+/* The operations GPU transfers use: the simulator if one was installed with
+ * ckptio__gpu_set_ops(), else the real driver. Fails with CKPTIO_E_NO_CUDA
+ * (and a message naming what is missing) when there is no driver. */
+ckptio_status ckptio__gpu_ops_get(const ckptio__gpu_ops **out);
+
+/* Like ckptio__gpu_ops_get() but quiet: NULL (no error recorded) without
+ * a driver. */
+const ckptio__gpu_ops *ckptio__gpu_ops_try(void);
+
+/* Test hook: route all GPU work of this process through `ops` (NULL restores
+ * the real driver). Not thread-safe with transfers in flight. */
+void ckptio__gpu_set_ops(const ckptio__gpu_ops *ops);
+
+#endif /* CKPTIO_GPU_OPS_H */

@@ -1,0 +1,425 @@
+/*
+ * gpu_pipeline.c - moving extents between files and GPU memory through
+ * pinned staging slots (the scheme is described in gpu_pipeline.h).
+ *
+ * Alignment: a window's bytes sit in its slot at the same position modulo
+ * 4 KiB as in the file (slot + (x - align_down(window start))), so the bulk
+ * of every window is an O_DIRECT transfer whatever the tensors' offsets:
+ * reads fetch the aligned superset of the window (a tail past end of file is
+ * read buffered), writes send an unaligned head and tail buffered and the
+ * aligned middle direct. Device addresses need no alignment at all.
+ */
+#include "cuda_shim.h"
+#include "engine_internal.h"
+#include "gpu_pipeline.h"
+#include "io_internal.h"
+
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define ALIGN ((uint64_t)CKPTIO_DIRECT_ALIGN)
+#define READ_GAP_MAX (64u << 10) /* read across holes up to this size */
+
+typedef struct run {
+    ckptio_file *file;
+    uint64_t start, end, file_size;
+    size_t first, count; /* positions in the sorted order */
+} run;
+
+typedef struct window {
+    size_t run, first; /* first: first sorted position that may intersect */
+    uint64_t start, end;
+} window;
+
+typedef struct pipe {
+    ckptio_engine *engine;
+    ckptio__gpu_state *st;
+    const ckptio__gpu_ops *ops;
+    int device;
+    ckptio_direction dir;
+    const ckptio_extent *ext;
+    size_t *order;
+    run *runs;
+    size_t nruns;
+    window *wins;
+    size_t nwin;
+    _Atomic size_t next;
+    atomic_bool failed;
+    pthread_mutex_t lock; /* guards status, err, the sums below */
+    ckptio_status status;
+    ckptio__error_saved *err;
+    uint64_t bytes_copied;
+    double seconds_copy;
+} pipe;
+
+/* ---- errors: workers record the first one for the caller's thread ----------- */
+
+static void set_error(pipe *p, ckptio_status status) {
+    pthread_mutex_lock(&p->lock);
+    if (p->status == CKPTIO_OK) {
+        p->status = status;
+        p->err = ckptio__error_save();
+    }
+    pthread_mutex_unlock(&p->lock);
+    atomic_store(&p->failed, true);
+}
+
+/* Re-raises the current error with the extent/window it concerns. */
+static ckptio_status annotate(ckptio_status status, const ckptio_file *file, uint64_t offset, const char *operation,
+                              const char *subject) {
+    const ckptio_error_info *ei = ckptio_last_error();
+    return ckptio__fail(status, __FILE__, __LINE__,
+                        &((ckptio__err_ctx){.operation = operation, .path = ckptio_file_path(file),
+                                            .file_offset = (int64_t)offset, .subject = subject,
+                                            .cuda_result = ei->cuda_result}),
+                        "%s", ei->message);
+}
+
+/* ---- planning: sorted extents -> runs -> windows ----------------------------- */
+
+static int cmp_extents(const void *a, const void *b, void *arg) {
+    const ckptio_extent *ext = arg;
+    const ckptio_extent *x = &ext[*(const size_t *)a], *y = &ext[*(const size_t *)b];
+    if (x->file != y->file) return (uintptr_t)x->file < (uintptr_t)y->file ? -1 : 1;
+    if (x->file_offset != y->file_offset) return x->file_offset < y->file_offset ? -1 : 1;
+    return *(const size_t *)a < *(const size_t *)b ? -1 : 1;
+}
+
+static uint64_t window_end(uint64_t pos, uint64_t end, uint64_t slot) {
+    uint64_t limit = ckptio__align_down(pos, ALIGN) + slot;
+    return limit < end ? limit : end;
+}
+
+static ckptio_status plan(pipe *p, size_t count, uint64_t slot) {
+    size_t n = 0;
+    for (size_t i = 0; i < count; i++)
+        if (p->ext[i].length) p->order[n++] = i;
+    qsort_r(p->order, n, sizeof *p->order, cmp_extents, (void *)p->ext);
+    const uint64_t gap = READ_GAP_MAX < slot / 2 ? READ_GAP_MAX : slot / 2;
+    for (size_t k = 0; k < n; k++) {
+        const ckptio_extent *e = &p->ext[p->order[k]];
+        uint64_t end;
+        if (ckptio__add_overflows(e->file_offset, e->length, &end))
+            return CKPTIO_FAIL_CTX(CKPTIO_E_RANGE,
+                                   &((ckptio__err_ctx){.path = ckptio_file_path(e->file), .file_offset = -1}),
+                                   "extent %zu: file offset %llu + length %llu overflows", p->order[k],
+                                   (unsigned long long)e->file_offset, (unsigned long long)e->length);
+        run *r = p->nruns ? &p->runs[p->nruns - 1] : NULL;
+        bool join = r && r->file == e->file &&
+                    (p->dir == CKPTIO_READ ? e->file_offset >= r->end && e->file_offset - r->end <= gap
+                                           : e->file_offset == r->end);
+        if (join) {
+            r->end = end;
+            r->count++;
+        } else {
+            p->runs[p->nruns++] = (run){.file = e->file, .start = e->file_offset, .end = end, .first = k, .count = 1};
+        }
+    }
+    /* Count, then fill, the windows. */
+    size_t nwin = 0;
+    for (size_t r = 0; r < p->nruns; r++)
+        for (uint64_t pos = p->runs[r].start; pos < p->runs[r].end; pos = window_end(pos, p->runs[r].end, slot)) nwin++;
+    p->wins = ckptio__calloc(nwin ? nwin : 1, sizeof *p->wins);
+    if (!p->wins) return CKPTIO_FAIL(CKPTIO_E_NOMEM, "out of memory planning %zu GPU staging windows", nwin);
+    for (size_t r = 0; r < p->nruns; r++) {
+        const run *rn = &p->runs[r];
+        size_t k = rn->first;
+        for (uint64_t pos = rn->start; pos < rn->end;) {
+            const uint64_t wend = window_end(pos, rn->end, slot);
+            while (p->ext[p->order[k]].file_offset + p->ext[p->order[k]].length <= pos) k++;
+            p->wins[p->nwin++] = (window){.run = r, .first = k, .start = pos, .end = wend};
+            pos = wend;
+        }
+    }
+    return CKPTIO_OK;
+}
+
+/* ---- file side --------------------------------------------------------------- */
+
+static ckptio_status read_window(const run *rn, const window *w, unsigned char *slot) {
+    const uint64_t a = ckptio__align_down(w->start, ALIGN);
+    const uint64_t ea = ckptio__align_up(w->end, ALIGN);
+    if (ea <= rn->file_size) return ckptio__file_io(rn->file, CKPTIO_READ, slot, ea - a, a);
+    /* The window ends in the file's last, partial block: the aligned part
+     * direct, the rest buffered (a range past EOF fails as truncated). */
+    const uint64_t ed = ckptio__align_down(w->end, ALIGN);
+    if (ed > a) CKPTIO_FORWARD(ckptio__file_io(rn->file, CKPTIO_READ, slot, ed - a, a));
+    const uint64_t from = ed > a ? ed : a;
+    return ckptio__file_io(rn->file, CKPTIO_READ, slot + (from - a), w->end - from, from);
+}
+
+static ckptio_status write_window(const run *rn, const window *w, unsigned char *slot) {
+    const uint64_t a = ckptio__align_down(w->start, ALIGN);
+    const uint64_t head_end = ckptio__align_up(w->start, ALIGN);
+    const uint64_t tail_start = ckptio__align_down(w->end, ALIGN);
+    if (head_end >= tail_start) /* no whole block inside: one buffered write */
+        return ckptio__file_io(rn->file, CKPTIO_WRITE, slot + (w->start - a), w->end - w->start, w->start);
+    if (head_end > w->start)
+        CKPTIO_FORWARD(ckptio__file_io(rn->file, CKPTIO_WRITE, slot + (w->start - a), head_end - w->start, w->start));
+    CKPTIO_FORWARD(ckptio__file_io(rn->file, CKPTIO_WRITE, slot + (head_end - a), tail_start - head_end, head_end));
+    if (w->end > tail_start)
+        CKPTIO_FORWARD(ckptio__file_io(rn->file, CKPTIO_WRITE, slot + (tail_start - a), w->end - tail_start, tail_start));
+    return CKPTIO_OK;
+}
+
+/* ---- device side ------------------------------------------------------------- */
+
+/* Queues the copies between window `w` and its slot. Returns how many bytes
+ * were queued in *queued even on failure (the caller must still wait). */
+static ckptio_status queue_copies(pipe *p, const window *w, unsigned char *slot, void *stream, uint64_t *queued) {
+    const run *rn = &p->runs[w->run];
+    const uint64_t a = ckptio__align_down(w->start, ALIGN);
+    *queued = 0;
+    for (size_t k = w->first; k < rn->first + rn->count; k++) {
+        const size_t idx = p->order[k];
+        const ckptio_extent *e = &p->ext[idx];
+        if (e->file_offset >= w->end) break;
+        const uint64_t lo = e->file_offset > w->start ? e->file_offset : w->start;
+        const uint64_t eend = e->file_offset + e->length;
+        const uint64_t hi = eend < w->end ? eend : w->end;
+        if (hi <= lo) continue;
+        unsigned char *dev = (unsigned char *)e->memory + (lo - e->file_offset);
+        ckptio_status st = p->dir == CKPTIO_READ ? p->ops->h2d_async(dev, slot + (lo - a), hi - lo, stream)
+                                                 : p->ops->d2h_async(slot + (lo - a), dev, hi - lo, stream);
+        if (st != CKPTIO_OK) {
+            char subject[64];
+            snprintf(subject, sizeof subject, "extent %zu", idx);
+            return annotate(st, e->file, lo, p->dir == CKPTIO_READ ? "copy to GPU" : "copy from GPU", subject);
+        }
+        *queued += hi - lo;
+    }
+    return CKPTIO_OK;
+}
+
+/* Waits for slot s's copies; accounts the time and frees its staging. */
+static ckptio_status wait_slot(pipe *p, ckptio__gpu_worker_res *r, unsigned s, const window *w, uint64_t in_use) {
+    const double t0 = ckptio__now();
+    ckptio_status st = p->ops->event_sync(r->event[s]);
+    const double dt = ckptio__now() - t0;
+    pthread_mutex_lock(&p->lock);
+    p->seconds_copy += dt;
+    pthread_mutex_unlock(&p->lock);
+    ckptio__engine_staging(p->engine, 0, -(int64_t)in_use);
+    if (st != CKPTIO_OK)
+        return annotate(st, p->runs[w->run].file, w->start,
+                        p->dir == CKPTIO_READ ? "copy to GPU" : "copy from GPU", "staging window");
+    return CKPTIO_OK;
+}
+
+static void add_copied(pipe *p, uint64_t bytes) {
+    pthread_mutex_lock(&p->lock);
+    p->bytes_copied += bytes;
+    pthread_mutex_unlock(&p->lock);
+}
+
+static void worker_read(pipe *p, ckptio__gpu_worker_res *r) {
+    bool pending[CKPTIO_GPU_NSLOTS] = {0};
+    const window *pw[CKPTIO_GPU_NSLOTS] = {0};
+    uint64_t used[CKPTIO_GPU_NSLOTS] = {0};
+    unsigned s = 0;
+    while (!atomic_load(&p->failed)) {
+        const size_t wi = atomic_fetch_add(&p->next, 1);
+        if (wi >= p->nwin) break;
+        const window *w = &p->wins[wi];
+        ckptio_status st;
+        if (pending[s]) {
+            pending[s] = false;
+            if ((st = wait_slot(p, r, s, pw[s], used[s])) != CKPTIO_OK) {
+                set_error(p, st);
+                break;
+            }
+        }
+        unsigned char *slot = r->mem[s];
+        used[s] = ckptio__align_up(w->end, ALIGN) - ckptio__align_down(w->start, ALIGN);
+        ckptio__engine_staging(p->engine, 0, (int64_t)used[s]);
+        if ((st = read_window(&p->runs[w->run], w, slot)) != CKPTIO_OK) {
+            ckptio__engine_staging(p->engine, 0, -(int64_t)used[s]);
+            set_error(p, st);
+            break;
+        }
+        uint64_t queued = 0;
+        st = queue_copies(p, w, slot, r->stream, &queued);
+        ckptio_status rec = p->ops->event_record(r->event[s], r->stream);
+        if (rec == CKPTIO_OK) {
+            pending[s] = true;
+            pw[s] = w;
+            add_copied(p, queued);
+        } else {
+            /* Without an event we cannot know when the slot is free: drain. */
+            ckptio__engine_staging(p->engine, 0, -(int64_t)used[s]);
+            p->ops->stream_sync(r->stream);
+            if (st == CKPTIO_OK) st = rec;
+        }
+        if (st != CKPTIO_OK) {
+            set_error(p, st);
+            break;
+        }
+        s = (s + 1) % CKPTIO_GPU_NSLOTS;
+    }
+    for (unsigned i = 0; i < CKPTIO_GPU_NSLOTS; i++) {
+        if (!pending[i]) continue;
+        ckptio_status st = wait_slot(p, r, i, pw[i], used[i]);
+        if (st != CKPTIO_OK) set_error(p, st);
+    }
+}
+
+static void worker_write(pipe *p, ckptio__gpu_worker_res *r) {
+    const window *pw[CKPTIO_GPU_NSLOTS] = {0};
+    uint64_t used[CKPTIO_GPU_NSLOTS] = {0};
+    unsigned head = 0, count = 0;
+    bool exhausted = false;
+    for (;;) {
+        /* Keep up to NSLOTS device-to-host copies queued ahead of the writes. */
+        while (count < CKPTIO_GPU_NSLOTS && !exhausted && !atomic_load(&p->failed)) {
+            const size_t wi = atomic_fetch_add(&p->next, 1);
+            if (wi >= p->nwin) {
+                exhausted = true;
+                break;
+            }
+            const window *w = &p->wins[wi];
+            const unsigned s = (head + count) % CKPTIO_GPU_NSLOTS;
+            used[s] = ckptio__align_up(w->end, ALIGN) - ckptio__align_down(w->start, ALIGN);
+            ckptio__engine_staging(p->engine, 0, (int64_t)used[s]);
+            uint64_t queued = 0;
+            ckptio_status st = queue_copies(p, w, r->mem[s], r->stream, &queued);
+            ckptio_status rec = p->ops->event_record(r->event[s], r->stream);
+            if (rec != CKPTIO_OK) {
+                ckptio__engine_staging(p->engine, 0, -(int64_t)used[s]);
+                p->ops->stream_sync(r->stream);
+                set_error(p, st != CKPTIO_OK ? st : rec);
+                break;
+            }
+            pw[s] = w;
+            count++;
+            add_copied(p, queued);
+            if (st != CKPTIO_OK) {
+                set_error(p, st);
+                break;
+            }
+        }
+        if (count == 0) break;
+        const unsigned s = head;
+        ckptio_status st = wait_slot(p, r, s, pw[s], used[s]);
+        if (st == CKPTIO_OK && !atomic_load(&p->failed)) st = write_window(&p->runs[pw[s]->run], pw[s], r->mem[s]);
+        if (st != CKPTIO_OK) set_error(p, st);
+        head = (head + 1) % CKPTIO_GPU_NSLOTS;
+        count--;
+    }
+}
+
+static void worker_main(void *arg, unsigned w) {
+    pipe *p = arg;
+    ckptio_status st = p->ops->ctx_enter(p->device);
+    if (st != CKPTIO_OK) {
+        set_error(p, st);
+        return;
+    }
+    ckptio__nvtx_push(p->dir == CKPTIO_READ ? "ckptio: file -> GPU worker" : "ckptio: GPU -> file worker");
+    st = ckptio__gpu_worker_ready(p->st, w, p->device);
+    if (st != CKPTIO_OK) set_error(p, st);
+    else if (p->dir == CKPTIO_READ) worker_read(p, &p->st->workers[w]);
+    else worker_write(p, &p->st->workers[w]);
+    ckptio__nvtx_pop();
+    p->ops->ctx_leave(p->device);
+}
+
+/* ---- entry ------------------------------------------------------------------- */
+
+static ckptio_status check_device_range(const ckptio__gpu_ops *ops, const ckptio_extent *e, size_t idx) {
+    uintptr_t base = 0;
+    uint64_t size = 0;
+    char subject[64];
+    snprintf(subject, sizeof subject, "extent %zu", idx);
+    ckptio_status st = ops->mem_range(e->memory, &base, &size);
+    if (st != CKPTIO_OK) return annotate(st, e->file, e->file_offset, "check device buffer", subject);
+    if ((uintptr_t)e->memory - base > size || e->length > size - ((uintptr_t)e->memory - base))
+        return CKPTIO_FAIL_CTX(CKPTIO_E_RANGE,
+                               &((ckptio__err_ctx){.operation = "check device buffer",
+                                                   .path = ckptio_file_path(e->file),
+                                                   .file_offset = (int64_t)e->file_offset, .subject = subject}),
+                               "device buffer %p + %llu bytes runs past the end of its allocation (%llu bytes at "
+                               "0x%llx)", e->memory, (unsigned long long)e->length, (unsigned long long)size,
+                               (unsigned long long)base);
+    return CKPTIO_OK;
+}
+
+/* Slot size from the settings only (not from the transfer), so that the
+ * pinned slots are reused call after call. */
+static void geometry(ckptio_engine *engine, bool inline_only, unsigned *nworkers, uint64_t *slot) {
+    int64_t threads = ckptio__engine_setting(engine, CKPTIO_OPT_THREADS);
+    unsigned n = inline_only || threads < 1 ? 1 : (unsigned)(threads > CKPTIO_GPU_MAX_WORKERS ? CKPTIO_GPU_MAX_WORKERS : threads);
+    const uint64_t staging = (uint64_t)ckptio__engine_setting(engine, CKPTIO_OPT_STAGING_BYTES);
+    uint64_t chunk = (uint64_t)ckptio__engine_setting(engine, CKPTIO_OPT_CHUNK_BYTES);
+    chunk = chunk < ALIGN ? ALIGN : ckptio__align_down(chunk, ALIGN);
+    uint64_t s;
+    for (;;) {
+        s = ckptio__align_down(staging / ((uint64_t)n * CKPTIO_GPU_NSLOTS), ALIGN);
+        if (s > chunk) s = chunk;
+        if (s >= CKPTIO_GPU_MIN_SLOT || s >= chunk || n == 1) break;
+        n--;
+    }
+    if (s < ALIGN) s = ALIGN; /* the floor: 4 slots of 4 KiB */
+    *nworkers = n;
+    *slot = s;
+}
+
+ckptio_status ckptio__gpu_pipeline_run(ckptio_engine *engine, const ckptio__gpu_ops *ops, int device,
+                                       ckptio_direction dir, const ckptio_extent *extents, size_t count,
+                                       bool inline_only) {
+    ckptio_status st = CKPTIO_OK;
+    pipe p = {.engine = engine, .ops = ops, .device = device, .dir = dir, .ext = extents, .status = CKPTIO_OK};
+    pthread_mutex_init(&p.lock, NULL);
+    bool locked = false;
+    for (size_t i = 0; i < count; i++) {
+        if (!extents[i].length) continue;
+        if ((st = check_device_range(ops, &extents[i], i)) != CKPTIO_OK) goto out;
+    }
+    unsigned nworkers;
+    uint64_t slot;
+    geometry(engine, inline_only, &nworkers, &slot);
+    p.order = ckptio__calloc(count ? count : 1, sizeof *p.order);
+    p.runs = ckptio__calloc(count ? count : 1, sizeof *p.runs);
+    if (!p.order || !p.runs) {
+        st = CKPTIO_FAIL(CKPTIO_E_NOMEM, "out of memory planning %zu GPU extents", count);
+        goto out;
+    }
+    if ((st = plan(&p, count, slot)) != CKPTIO_OK) goto out;
+    if (p.nwin == 0) goto out;
+    for (size_t r = 0; r < p.nruns; r++) {
+        if (r == 0 || p.runs[r].file != p.runs[r - 1].file) {
+            /* Descriptors are opened on the caller's thread, never by workers. */
+            if ((st = ckptio__file_prepare_direct(p.runs[r].file)) != CKPTIO_OK) goto out;
+            if ((st = ckptio_file_size(p.runs[r].file, &p.runs[r].file_size)) != CKPTIO_OK) goto out;
+        } else {
+            p.runs[r].file_size = p.runs[r - 1].file_size;
+        }
+    }
+    if (nworkers > p.nwin) nworkers = (unsigned)p.nwin;
+    if ((st = ckptio__gpu_state_get(engine, ops, &p.st)) != CKPTIO_OK) goto out;
+    pthread_mutex_lock(&p.st->lock);
+    locked = true;
+    ckptio__gpu_state_set_slot_bytes(p.st, (size_t)slot);
+    ckptio__nvtx_push(dir == CKPTIO_READ ? "ckptio: file -> GPU" : "ckptio: GPU -> file");
+    if (inline_only || nworkers <= 1) worker_main(&p, 0);
+    else st = ckptio__engine_parallel(engine, nworkers, worker_main, &p);
+    ckptio__nvtx_pop();
+    if (p.status != CKPTIO_OK) {
+        /* A worker's error is the first one: it beats a pool-level status. */
+        ckptio__error_restore(p.err);
+        p.err = NULL;
+        st = p.status;
+    }
+    ckptio_stats delta = {.seconds_copy = p.seconds_copy};
+    if (dir == CKPTIO_READ) delta.bytes_h2d = p.bytes_copied;
+    else delta.bytes_d2h = p.bytes_copied;
+    ckptio__engine_stats_add(engine, &delta);
+out:
+    if (locked) pthread_mutex_unlock(&p.st->lock);
+    pthread_mutex_destroy(&p.lock);
+    ckptio__free(p.wins);
+    ckptio__free(p.runs);
+    ckptio__free(p.order);
+    return st;
+}

@@ -1,0 +1,66 @@
+/*
+ * gpu_pipeline.h - ckptio's own path between files and GPU memory: pinned
+ * staging slots, one stream per worker, storage I/O overlapped with copies.
+ *
+ * Reads, per worker:   wait slot's event -> read file window into the slot
+ *                      (ckptio__file_io, O_DIRECT when aligned) -> queue the
+ *                      host-to-device copies -> record the slot's event ->
+ *                      next slot. The read of window k+1 overlaps the copy of
+ *                      window k; a slot is refilled only after its event.
+ * Writes, per worker:  queue device-to-host copies for up to NSLOTS windows
+ *                      ahead, then wait the oldest slot's event, write it,
+ *                      refill that slot: copies overlap the writes.
+ * Windows are claimed dynamically from one shared counter, so workers stay
+ * busy until the end. Extents adjacent in a file share windows, so many
+ * small tensors still make large requests.
+ */
+#ifndef CKPTIO_GPU_PIPELINE_H
+#define CKPTIO_GPU_PIPELINE_H
+
+#include "gpu_ops.h"
+
+#include <pthread.h>
+
+#define CKPTIO_GPU_NSLOTS 4              /* staging slots per worker */
+#define CKPTIO_GPU_MIN_SLOT (256u << 10) /* below this, use fewer workers instead */
+#define CKPTIO_GPU_MAX_WORKERS 64
+
+/* One worker's GPU resources, kept across calls. */
+typedef struct ckptio__gpu_worker_res {
+    int device;                          /* device of stream and events, -1 none */
+    void *stream;
+    void *mem[CKPTIO_GPU_NSLOTS];        /* pinned slots, slot_bytes each */
+    void *event[CKPTIO_GPU_NSLOTS];
+} ckptio__gpu_worker_res;
+
+/* Per-engine GPU state (ckptio__engine_gpu_state): the reused staging. */
+typedef struct ckptio__gpu_state {
+    ckptio_engine *engine;
+    const ckptio__gpu_ops *ops;          /* ops the resources were made with */
+    pthread_mutex_t lock;                /* one pipeline run at a time per engine */
+    size_t slot_bytes;                   /* geometry of the pinned slots */
+    uint64_t reserved;                   /* pinned bytes allocated */
+    ckptio__gpu_worker_res workers[CKPTIO_GPU_MAX_WORKERS];
+    int last_path;                       /* ckptio_io_path of the last GPU transfer */
+} ckptio__gpu_state;
+
+/* The engine's GPU state, created on first use. */
+ckptio_status ckptio__gpu_state_get(ckptio_engine *engine, const ckptio__gpu_ops *ops, ckptio__gpu_state **out);
+
+/* Sets the geometry for a run (frees slots of another size; st->lock held). */
+void ckptio__gpu_state_set_slot_bytes(ckptio__gpu_state *st, size_t slot_bytes);
+
+/* Gives worker w its stream and events on `device` and its pinned slots
+ * (created on first need, reused afterwards). Called on the worker's thread
+ * with the device's context current. */
+ckptio_status ckptio__gpu_worker_ready(ckptio__gpu_state *st, unsigned w, int device);
+
+/* Runs the extents (all device memory of `device`) through the pipeline,
+ * blocking until done. `inline_only` runs one worker on the calling thread
+ * (no pool), for callers that are themselves background threads.
+ * Errors name the extent, file and offset. */
+ckptio_status ckptio__gpu_pipeline_run(ckptio_engine *engine, const ckptio__gpu_ops *ops, int device,
+                                       ckptio_direction dir, const ckptio_extent *extents, size_t count,
+                                       bool inline_only);
+
+#endif /* CKPTIO_GPU_PIPELINE_H */

@@ -1,0 +1,476 @@
+/*
+ * file.c - ckptio_file: open, atomic commit, close, and the blocking
+ * ckptio__file_io() used outside the engine's worker pool.
+ *
+ * Atomic write protocol (CKPTIO_OPEN_WRITE without IN_PLACE):
+ *   1. create ".NAME.ckptio-tmp-XXXXXX" in NAME's directory with
+ *      O_CREAT|O_EXCL|O_NOFOLLOW (never follows or reuses anything);
+ *   2. the engine writes the data there;
+ *   3. commit: fsync(temp) -> rename(temp, NAME) -> fsync(directory).
+ * A crash before 3's rename leaves NAME as it was (plus a temporary);
+ * after the directory fsync the new NAME is durable. Close without commit
+ * unlinks the temporary. See docs/ENGINE.md.
+ */
+#include "io_internal.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <string.h>
+#include <sys/random.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+#define CKPTIO_TMP_TRIES 100
+
+static int faulted_open(const char *path, int flags, mode_t mode) {
+    int err = 0;
+    if (ckptio__io_fault(CKPTIO__IO_OPEN, &err, NULL)) {
+        errno = err;
+        return -1;
+    }
+    return open(path, flags, mode);
+}
+
+static int faulted_fsync(int fd) {
+    int err = 0;
+    if (ckptio__io_fault(CKPTIO__IO_FSYNC, &err, NULL)) {
+        errno = err;
+        return -1;
+    }
+    int ret;
+    do ret = fsync(fd);
+    while (ret < 0 && errno == EINTR);
+    return ret;
+}
+
+const char *ckptio__file_tmp_note(const ckptio_file *file, char *buf, size_t cap) {
+    if (!file->tmp_path || cap == 0) return "";
+    const char *base = strrchr(file->tmp_path, '/');
+    snprintf(buf, cap, " (temporary %s)", base ? base + 1 : file->tmp_path);
+    return buf;
+}
+
+/* "dir/name" -> "dir" ("/" for "/name", "." for "name"). */
+static char *dir_of(const char *path) {
+    const char *slash = strrchr(path, '/');
+    if (!slash) return ckptio__strdup(".");
+    size_t n = slash == path ? 1 : (size_t)(slash - path);
+    char *dir = ckptio__malloc(n + 1);
+    if (!dir) return NULL;
+    memcpy(dir, path, n);
+    dir[n] = '\0';
+    return dir;
+}
+
+/* Six random name characters; getrandom() where it works, else a
+ * time/pid/counter mix (uniqueness is enforced by O_EXCL anyway). */
+static void random_suffix(char *out) {
+    static const char alphabet[] = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789";
+    static _Atomic uint64_t counter;
+    unsigned char bytes[6];
+    if (getrandom(bytes, sizeof bytes, GRND_NONBLOCK) != (ssize_t)sizeof bytes) {
+        uint64_t x = (uint64_t)time(NULL) ^ ((uint64_t)getpid() << 32) ^ (atomic_fetch_add(&counter, 1) * 0x9E3779B97F4A7C15ull);
+        for (int i = 0; i < 6; i++) {
+            x ^= x << 13, x ^= x >> 7, x ^= x << 17;
+            bytes[i] = (unsigned char)x;
+        }
+    }
+    for (int i = 0; i < 6; i++) out[i] = alphabet[bytes[i] % (sizeof alphabet - 1)];
+    out[6] = '\0';
+}
+
+static ckptio_status create_temporary(ckptio_file *f) {
+    const char *slash = strrchr(f->path, '/');
+    const char *base = slash ? slash + 1 : f->path;
+    if (!*base)
+        return CKPTIO_FAIL_CTX(CKPTIO_E_INVAL, &((ckptio__err_ctx){.operation = "open", .path = f->path, .file_offset = -1}),
+                               "the path names a directory, not a file");
+    const size_t cap = strlen(f->dir_path) + strlen(base) + 32;
+    f->tmp_path = ckptio__malloc(cap);
+    if (!f->tmp_path) return CKPTIO_FAIL(CKPTIO_E_NOMEM, "%s: out of memory for the temporary name", f->path);
+    for (int attempt = 0; attempt < CKPTIO_TMP_TRIES; attempt++) {
+        char suffix[7];
+        random_suffix(suffix);
+        snprintf(f->tmp_path, cap, "%s/.%s.ckptio-tmp-%s", f->dir_path, base, suffix);
+        /* O_EXCL|O_CREAT refuses an existing entry, a symlink included;
+         * O_NOFOLLOW says so explicitly. Mode 0666 & ~umask, like any
+         * newly created file (mkstemp's 0600 would surprise readers). */
+        f->fd = faulted_open(f->tmp_path, O_RDWR | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0666);
+        if (f->fd >= 0) return CKPTIO_OK;
+        if (errno != EEXIST) {
+            int err = errno;
+            ckptio_status st = CKPTIO_FAIL_SYS(err, "create", f->path, -1, "creating the temporary %s", f->tmp_path);
+            ckptio__free(f->tmp_path);
+            f->tmp_path = NULL;
+            return st;
+        }
+    }
+    ckptio__free(f->tmp_path);
+    f->tmp_path = NULL;
+    return CKPTIO_FAIL_CTX(CKPTIO_E_EXISTS, &((ckptio__err_ctx){.operation = "create", .path = f->path, .file_offset = -1}),
+                           "no free temporary name after %d attempts", CKPTIO_TMP_TRIES);
+}
+
+static ckptio_status check_regular(ckptio_file *f) {
+    struct stat st;
+    if (fstat(f->fd, &st) < 0) return CKPTIO_FAIL_SYS(errno, "fstat", f->path, -1, "checking the file type");
+    if (!S_ISREG(st.st_mode))
+        return CKPTIO_FAIL_CTX(CKPTIO_E_INVAL, &((ckptio__err_ctx){.operation = "open", .path = f->path, .file_offset = -1}),
+                               "not a regular file");
+    return CKPTIO_OK;
+}
+
+static ckptio_status open_in_place(ckptio_file *f) {
+    const bool exclusive = f->flags & CKPTIO_OPEN_EXCLUSIVE;
+    /* Try to create first so that commit knows whether the directory
+     * entry is new (and must be made durable with a directory fsync). */
+    f->fd = faulted_open(f->path, O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0666);
+    if (f->fd >= 0) {
+        f->created = true;
+        return CKPTIO_OK;
+    }
+    if (errno == EEXIST && exclusive)
+        return CKPTIO_FAIL_CTX(CKPTIO_E_EXISTS, &((ckptio__err_ctx){.operation = "open", .path = f->path, .file_offset = -1}),
+                               "the file already exists and CKPTIO_OPEN_EXCLUSIVE was given");
+    if (errno != EEXIST) return CKPTIO_FAIL_SYS(errno, "open", f->path, -1, "creating the file for writing");
+    f->fd = faulted_open(f->path, O_RDWR | O_CLOEXEC, 0);
+    if (f->fd < 0) return CKPTIO_FAIL_SYS(errno, "open", f->path, -1, "opening for writing in place");
+    return check_regular(f);
+}
+
+ckptio_status ckptio_file_open(ckptio_engine *engine, const char *path, unsigned flags, ckptio_file **out) {
+    const unsigned known = CKPTIO_OPEN_READ | CKPTIO_OPEN_WRITE | CKPTIO_OPEN_IN_PLACE | CKPTIO_OPEN_EXCLUSIVE;
+    CKPTIO_RETURN_IF(!engine || !path || !out, CKPTIO_E_INVAL, "ckptio_file_open: engine, path and out are required");
+    *out = NULL;
+    CKPTIO_RETURN_IF(!*path, CKPTIO_E_INVAL, "ckptio_file_open: empty path");
+    CKPTIO_RETURN_IF(flags & ~known, CKPTIO_E_INVAL, "%s: unknown open flags 0x%x", path, flags & ~known);
+    CKPTIO_RETURN_IF(!(flags & (CKPTIO_OPEN_READ | CKPTIO_OPEN_WRITE)), CKPTIO_E_INVAL,
+                     "%s: open flags need CKPTIO_OPEN_READ or CKPTIO_OPEN_WRITE", path);
+    CKPTIO_RETURN_IF((flags & (CKPTIO_OPEN_IN_PLACE | CKPTIO_OPEN_EXCLUSIVE)) && !(flags & CKPTIO_OPEN_WRITE),
+                     CKPTIO_E_INVAL, "%s: CKPTIO_OPEN_IN_PLACE and CKPTIO_OPEN_EXCLUSIVE need CKPTIO_OPEN_WRITE", path);
+
+    ckptio_status st = CKPTIO_OK;
+    ckptio_file *f = ckptio__calloc(1, sizeof *f);
+    if (!f) return CKPTIO_FAIL(CKPTIO_E_NOMEM, "%s: out of memory opening the file", path);
+    f->engine = engine;
+    f->flags = flags;
+    f->fd = -1;
+    f->direct_fd = -1;
+    f->writable = flags & CKPTIO_OPEN_WRITE;
+    atomic_init(&f->direct_state, 0);
+    pthread_mutex_init(&f->lock, NULL);
+    f->path = ckptio__strdup(path);
+    f->dir_path = dir_of(path);
+    if (!f->path || !f->dir_path) {
+        st = CKPTIO_FAIL(CKPTIO_E_NOMEM, "%s: out of memory opening the file", path);
+        goto out;
+    }
+
+    if (!f->writable) {
+        f->fd = faulted_open(path, O_RDONLY | O_CLOEXEC, 0);
+        if (f->fd < 0) {
+            st = CKPTIO_FAIL_SYS(errno, "open", path, -1, "opening for reading");
+            goto out;
+        }
+        st = check_regular(f);
+    } else if (flags & CKPTIO_OPEN_IN_PLACE) {
+        st = open_in_place(f);
+    } else {
+        struct stat sb;
+        /* Early, friendly refusal; commit re-checks atomically. lstat: a
+         * dangling symlink under NAME counts as existing too. */
+        if ((flags & CKPTIO_OPEN_EXCLUSIVE) && lstat(path, &sb) == 0) {
+            st = CKPTIO_FAIL_CTX(CKPTIO_E_EXISTS,
+                                 &((ckptio__err_ctx){.operation = "open", .path = path, .file_offset = -1}),
+                                 "the file already exists and CKPTIO_OPEN_EXCLUSIVE was given");
+            goto out;
+        }
+        st = create_temporary(f);
+    }
+    if (st != CKPTIO_OK) goto out;
+    st = ckptio__file_prepare_direct(f);
+    if (st != CKPTIO_OK) goto out;
+    ckptio__engine_file_ref(engine, +1);
+    *out = f;
+    return CKPTIO_OK;
+out:
+    if (f->direct_fd >= 0) close(f->direct_fd);
+    if (f->fd >= 0) close(f->fd);
+    if (f->tmp_path) unlink(f->tmp_path);
+    pthread_mutex_destroy(&f->lock);
+    ckptio__free(f->tmp_path);
+    ckptio__free(f->dir_path);
+    ckptio__free(f->path);
+    ckptio__free(f);
+    return st;
+}
+
+ckptio_status ckptio__file_prepare_direct(ckptio_file *f) {
+    const int64_t mode = ckptio__engine_setting(f->engine, CKPTIO_OPT_DIRECT);
+    if (mode == CKPTIO_DIRECT_OFF) return CKPTIO_OK;
+    if (atomic_load_explicit(&f->direct_state, memory_order_acquire) == 0) {
+        pthread_mutex_lock(&f->lock);
+        if (atomic_load(&f->direct_state) == 0) {
+            int err = 0;
+            int dfd = -1;
+            if (!ckptio__io_fault(CKPTIO__IO_OPEN_DIRECT, &err, NULL)) {
+                /* Reopen the same inode through /proc: the name may have
+                 * been replaced since open (and a temporary has no other
+                 * stable name). Without /proc, reopen by name and check
+                 * that it is still the same file. */
+                const int acc = f->writable ? O_RDWR : O_RDONLY;
+                char proc[64];
+                snprintf(proc, sizeof proc, "/proc/self/fd/%d", f->fd);
+                dfd = open(proc, acc | O_DIRECT | O_CLOEXEC);
+                if (dfd < 0 && errno == ENOENT) {
+                    struct stat a, b;
+                    dfd = open(f->tmp_path ? f->tmp_path : f->path, acc | O_DIRECT | O_CLOEXEC | O_NOFOLLOW);
+                    if (dfd >= 0 && (fstat(dfd, &a) < 0 || fstat(f->fd, &b) < 0 || a.st_ino != b.st_ino ||
+                                     a.st_dev != b.st_dev)) {
+                        close(dfd);
+                        dfd = -1;
+                        errno = ESTALE;
+                    }
+                }
+                if (dfd < 0) err = errno;
+            }
+            if (dfd >= 0) {
+                f->direct_fd = dfd;
+                atomic_store_explicit(&f->direct_state, 1, memory_order_release);
+            } else {
+                /* EINVAL is the usual "this file system has no O_DIRECT"
+                 * (tmpfs); any other reason also just means buffered I/O. */
+                f->direct_errno = err;
+                atomic_store_explicit(&f->direct_state, -1, memory_order_release);
+            }
+        }
+        pthread_mutex_unlock(&f->lock);
+    }
+    if (mode == CKPTIO_DIRECT_ON && atomic_load(&f->direct_state) < 0)
+        return CKPTIO_FAIL_CTX(CKPTIO_E_UNSUPPORTED,
+                               &((ckptio__err_ctx){.operation = "open", .path = f->path, .file_offset = -1,
+                                                   .sys_errno = f->direct_errno}),
+                               "O_DIRECT was refused and CKPTIO_OPT_DIRECT is ON");
+    return CKPTIO_OK;
+}
+
+int ckptio__file_direct_fd(const ckptio_file *f) {
+    if (ckptio__engine_setting(f->engine, CKPTIO_OPT_DIRECT) == CKPTIO_DIRECT_OFF) return -1;
+    return atomic_load_explicit(&f->direct_state, memory_order_acquire) == 1 ? f->direct_fd : -1;
+}
+
+ckptio_engine *ckptio__file_engine(const ckptio_file *file) { return file ? file->engine : NULL; }
+
+ckptio_status ckptio__file_op_status(const ckptio_file *f, const ckptio__io_op *op, const char *what) {
+    char note[300];
+    ckptio__file_tmp_note(f, note, sizeof note);
+    const char *opname = op->dir == CKPTIO_READ ? "read" : "write";
+    const uint64_t at = op->offset + op->done;
+    if (op->err)
+        return CKPTIO_FAIL_SYS(op->err, opname, f->path, at, "%s%s", what, f->tmp_path ? note : "");
+    if (op->eof) {
+        struct stat sb;
+        long long size = fstat(f->fd, &sb) == 0 ? (long long)sb.st_size : -1;
+        return CKPTIO_FAIL_CTX(CKPTIO_E_TRUNCATED,
+                               &((ckptio__err_ctx){.operation = opname, .path = f->path, .file_offset = (int64_t)at}),
+                               "%s: unexpected end of file (the file has %lld bytes, %llu more were needed)", what,
+                               size, (unsigned long long)(op->need - op->done));
+    }
+    return CKPTIO_OK;
+}
+
+static ckptio_status check_writable(const ckptio_file *f, const char *what, const char *subject) {
+    const ckptio__err_ctx ctx = {.operation = what, .path = f->path, .file_offset = -1, .subject = subject};
+    if (!f->writable) return CKPTIO_FAIL_CTX(CKPTIO_E_INVAL, &ctx, "the file was not opened with CKPTIO_OPEN_WRITE");
+    if (f->closed_for_write)
+        return CKPTIO_FAIL_CTX(CKPTIO_E_INVAL, &ctx,
+                               f->committed ? "the file was already committed" : "a commit of this file failed");
+    return CKPTIO_OK;
+}
+
+ckptio_status ckptio__file_check_transfer(const ckptio_file *f, ckptio_direction dir, const char *subject) {
+    if (dir == CKPTIO_WRITE) return check_writable(f, "write", subject);
+    if (!(f->flags & CKPTIO_OPEN_READ) && !f->writable)
+        return CKPTIO_FAIL_CTX(CKPTIO_E_INVAL,
+                               &((ckptio__err_ctx){.operation = "read", .path = f->path, .file_offset = -1,
+                                                   .subject = subject}),
+                               "the file was not opened for reading");
+    return CKPTIO_OK;
+}
+
+ckptio_status ckptio__file_io(ckptio_file *file, ckptio_direction dir, void *buf, uint64_t len, uint64_t offset) {
+    CKPTIO_RETURN_IF(!file || (!buf && len), CKPTIO_E_INVAL, "ckptio__file_io: file and buffer are required");
+    CKPTIO_FORWARD(ckptio__file_check_transfer(file, dir, NULL));
+    uint64_t end;
+    if (ckptio__add_overflows(offset, len, &end) || end > (uint64_t)INT64_MAX)
+        return CKPTIO_FAIL_CTX(CKPTIO_E_RANGE, &((ckptio__err_ctx){.path = file->path, .file_offset = -1}),
+                               "range at offset %llu of %llu bytes is beyond the largest file offset",
+                               (unsigned long long)offset, (unsigned long long)len);
+    if (len == 0) return CKPTIO_OK;
+    CKPTIO_FORWARD(ckptio__file_prepare_direct(file));
+    const int dfd = ckptio__file_direct_fd(file);
+    bool direct = dfd >= 0 && (uintptr_t)buf % CKPTIO_DIRECT_ALIGN == 0 && offset % CKPTIO_DIRECT_ALIGN == 0 &&
+                  len % CKPTIO_DIRECT_ALIGN == 0;
+    /* Warm data: copy from the page cache rather than re-read the disk. */
+    if (direct && dir == CKPTIO_READ &&
+        ckptio__engine_setting(file->engine, CKPTIO_OPT_DIRECT) == CKPTIO_DIRECT_AUTO &&
+        ckptio__range_cached(file->fd, offset, len))
+        direct = false;
+    ckptio__io_op op = {.fd = direct ? dfd : file->fd, .buffered_fd = file->fd, .direct = direct, .dir = dir,
+                        .buf = buf, .len = len, .need = len, .offset = offset, .buf_index = -1};
+    const double t0 = ckptio__now();
+    ckptio__io_sync(&op);
+    ckptio_stats delta = {0};
+    const uint64_t moved = op.done < len ? op.done : len;
+    if (dir == CKPTIO_READ) delta.bytes_read = moved;
+    else delta.bytes_written = moved;
+    if (direct) delta.bytes_direct = moved;
+    else delta.bytes_buffered = moved;
+    delta.io_requests = op.requests;
+    delta.retries = op.retries;
+    delta.seconds_io = ckptio__now() - t0;
+    ckptio__engine_stats_add(file->engine, &delta);
+    return ckptio__file_op_status(file, &op, dir == CKPTIO_READ ? "reading" : "writing");
+}
+
+/* rename(tmp, path) that refuses to replace an existing path. */
+static int rename_noreplace(const char *tmp, const char *path) {
+    if (renameat2(AT_FDCWD, tmp, AT_FDCWD, path, RENAME_NOREPLACE) == 0) return 0;
+    if (errno != EINVAL && errno != ENOSYS && errno != ENOTSUP) return -1;
+    /* File systems without RENAME_NOREPLACE: link() fails with EEXIST
+     * just as atomically. */
+    if (link(tmp, path) == 0) {
+        unlink(tmp);
+        return 0;
+    }
+    if (errno != EPERM && errno != ENOTSUP && errno != ENOSYS) return -1;
+    /* No hard links either (e.g. some FUSE/network file systems): check,
+     * then rename. Only here is there a window for a racing creator. */
+    struct stat sb;
+    if (lstat(path, &sb) == 0) {
+        errno = EEXIST;
+        return -1;
+    }
+    return rename(tmp, path);
+}
+
+ckptio_status ckptio_file_commit(ckptio_file *f) {
+    CKPTIO_RETURN_IF(!f, CKPTIO_E_INVAL, "ckptio_file_commit: file is NULL");
+    CKPTIO_FORWARD(check_writable(f, "commit", NULL));
+    /* Whatever happens now, no more writes: a failed fsync must not be
+     * retried as if it had succeeded (the kernel may have dropped the
+     * dirty pages and cleared the error). */
+    f->closed_for_write = true;
+    const bool sync = ckptio__engine_setting(f->engine, CKPTIO_OPT_SYNC) != 0;
+    ckptio_stats delta = {0};
+    if (sync) {
+        const double t0 = ckptio__now();
+        int ret = faulted_fsync(f->fd);
+        delta.seconds_fsync += ckptio__now() - t0;
+        if (ret < 0) {
+            int err = errno;
+            ckptio__engine_stats_add(f->engine, &delta);
+            char note[300];
+            return CKPTIO_FAIL_SYS(err, "fsync", f->path, -1, "flushing the data to storage%s",
+                                   ckptio__file_tmp_note(f, note, sizeof note));
+        }
+    }
+    if (f->tmp_path) {
+        int err = 0;
+        int ret;
+        if (ckptio__io_fault(CKPTIO__IO_RENAME, &err, NULL)) {
+            errno = err;
+            ret = -1;
+        } else {
+            ret = (f->flags & CKPTIO_OPEN_EXCLUSIVE) ? rename_noreplace(f->tmp_path, f->path)
+                                                     : rename(f->tmp_path, f->path);
+        }
+        if (ret < 0) {
+            err = errno;
+            ckptio__engine_stats_add(f->engine, &delta);
+            char note[300];
+            if (err == EEXIST)
+                return CKPTIO_FAIL_CTX(CKPTIO_E_EXISTS,
+                                       &((ckptio__err_ctx){.operation = "rename", .path = f->path, .file_offset = -1}),
+                                       "the file appeared while it was being written and CKPTIO_OPEN_EXCLUSIVE was "
+                                       "given%s",
+                                       ckptio__file_tmp_note(f, note, sizeof note));
+            return CKPTIO_FAIL_SYS(err, "rename", f->path, -1, "renaming the finished temporary over it%s",
+                                   ckptio__file_tmp_note(f, note, sizeof note));
+        }
+        ckptio__free(f->tmp_path);
+        f->tmp_path = NULL; /* the data now lives under f->path: close keeps it */
+    }
+    f->committed = true;
+    ckptio_status st = CKPTIO_OK;
+    if (sync && (f->created || !(f->flags & CKPTIO_OPEN_IN_PLACE))) {
+        /* The new directory entry is durable only once the directory is. */
+        const double t0 = ckptio__now();
+        int dfd = faulted_open(f->dir_path, O_RDONLY | O_DIRECTORY | O_CLOEXEC, 0);
+        if (dfd < 0) {
+            st = CKPTIO_FAIL_SYS(errno, "open", f->dir_path, -1, "opening the directory to fsync it after renaming %s",
+                                 f->path);
+        } else {
+            if (faulted_fsync(dfd) < 0)
+                st = CKPTIO_FAIL_SYS(errno, "fsync", f->dir_path, -1,
+                                     "flushing the directory after renaming %s (the file is in place but its name may "
+                                     "not survive a power loss)",
+                                     f->path);
+            close(dfd);
+        }
+        delta.seconds_fsync += ckptio__now() - t0;
+    }
+    ckptio__engine_stats_add(f->engine, &delta);
+    return st;
+}
+
+ckptio_status ckptio_file_close(ckptio_file *f) {
+    if (!f) return CKPTIO_OK;
+    ckptio_status st = CKPTIO_OK;
+    if (f->tmp_path && unlink(f->tmp_path) < 0 && errno != ENOENT)
+        st = CKPTIO_FAIL_SYS(errno, "unlink", f->path, -1, "removing the uncommitted temporary %s", f->tmp_path);
+    if (f->direct_fd >= 0) close(f->direct_fd);
+    /* close() can report a deferred write error (NFS); keep the first. */
+    if (f->fd >= 0 && close(f->fd) < 0 && st == CKPTIO_OK && errno != EINTR)
+        st = CKPTIO_FAIL_SYS(errno, "close", f->path, -1, "closing the file");
+    ckptio__engine_file_ref(f->engine, -1);
+    pthread_mutex_destroy(&f->lock);
+    ckptio__free(f->tmp_path);
+    ckptio__free(f->dir_path);
+    ckptio__free(f->path);
+    ckptio__free(f);
+    return st;
+}
+
+ckptio_status ckptio_file_size(ckptio_file *f, uint64_t *out) {
+    CKPTIO_RETURN_IF(!f || !out, CKPTIO_E_INVAL, "ckptio_file_size: file and out are required");
+    struct stat sb;
+    if (fstat(f->fd, &sb) < 0) return CKPTIO_FAIL_SYS(errno, "fstat", f->path, -1, "reading the file size");
+    *out = (uint64_t)sb.st_size;
+    return CKPTIO_OK;
+}
+
+const char *ckptio_file_path(const ckptio_file *f) { return f ? f->path : NULL; }
+
+ckptio_status ckptio_file_is_direct(ckptio_file *f, int *out) {
+    CKPTIO_RETURN_IF(!f || !out, CKPTIO_E_INVAL, "ckptio_file_is_direct: file and out are required");
+    *out = 0;
+    CKPTIO_FORWARD(ckptio__file_prepare_direct(f));
+    *out = ckptio__file_direct_fd(f) >= 0;
+    return CKPTIO_OK;
+}
+
+ckptio_status ckptio_file_truncate(ckptio_file *f, uint64_t size) {
+    CKPTIO_RETURN_IF(!f, CKPTIO_E_INVAL, "ckptio_file_truncate: file is NULL");
+    CKPTIO_FORWARD(check_writable(f, "truncate", NULL));
+    if (size > (uint64_t)INT64_MAX)
+        return CKPTIO_FAIL_CTX(CKPTIO_E_RANGE, &((ckptio__err_ctx){.operation = "truncate", .path = f->path, .file_offset = -1}),
+                               "size %llu is beyond the largest file size", (unsigned long long)size);
+    int ret;
+    do ret = ftruncate(f->fd, (off_t)size);
+    while (ret < 0 && errno == EINTR);
+    if (ret < 0) return CKPTIO_FAIL_SYS(errno, "truncate", f->path, (int64_t)size, "setting the file size");
+    return CKPTIO_OK;
+}

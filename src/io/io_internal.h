@@ -1,0 +1,168 @@
+/*
+ * io_internal.h - files and the I/O backends (src/io).
+ *
+ * A ckptio_file holds up to two descriptors for one open file: a buffered one
+ * (always) and an O_DIRECT one (opened on first need, where the file system
+ * accepts it). The backends move bytes for one "operation" (ckptio__io_op):
+ * one contiguous range, one descriptor, one buffer. They retry EINTR and
+ * resume short transfers themselves and report the outcome on the operation;
+ * turning an outcome into an error message is the engine's job, because only
+ * it knows the extent.
+ */
+#ifndef CKPTIO_IO_INTERNAL_H
+#define CKPTIO_IO_INTERNAL_H
+
+#include "common_internal.h"
+#include "engine_internal.h"
+
+#include <pthread.h>
+#include <stdatomic.h>
+
+/* ---- files ------------------------------------------------------------- */
+
+struct ckptio_file {
+    ckptio_engine *engine;
+    char *path;             /* final name, as given */
+    char *tmp_path;         /* temporary name of an atomic write, or NULL */
+    char *dir_path;         /* directory of `path` (for its fsync), or NULL */
+    unsigned flags;         /* ckptio_open_flags */
+    int fd;                 /* buffered descriptor */
+    int direct_fd;          /* O_DIRECT descriptor, or -1 */
+    /* 0: O_DIRECT not tried yet; 1: open; -1: refused by the file system.
+     * Guarded by `lock`; read with acquire ordering by workers. */
+    _Atomic int direct_state;
+    int direct_errno;       /* why O_DIRECT was refused */
+    bool writable;          /* opened with CKPTIO_OPEN_WRITE */
+    bool created;           /* IN_PLACE write that created the file */
+    bool committed;         /* ckptio_file_commit() succeeded */
+    bool closed_for_write;  /* commit done or failed half-way: no more writes */
+    pthread_mutex_t lock;
+};
+
+/* Opens the O_DIRECT descriptor if the engine's direct mode asks for it and
+ * it was not tried yet. Returns CKPTIO_OK also when the file system refuses
+ * O_DIRECT in AUTO mode (the file then stays buffered); in ON mode a refusal
+ * is CKPTIO_E_UNSUPPORTED naming the file. Call from the caller's thread. */
+ckptio_status ckptio__file_prepare_direct(ckptio_file *file);
+
+/* The O_DIRECT descriptor for transfers now, or -1 (not open, refused, or
+ * the engine's direct mode is OFF). */
+int ckptio__file_direct_fd(const ckptio_file *file);
+
+/* Checks that `file` accepts transfers in direction `dir` (writes need an
+ * uncommitted write file). `subject` (may be NULL) goes into the error,
+ * e.g. "extent 3". */
+ckptio_status ckptio__file_check_transfer(const ckptio_file *file, ckptio_direction dir, const char *subject);
+
+/* For error messages: " (temporary NAME)" for an atomic write, else "". */
+const char *ckptio__file_tmp_note(const ckptio_file *file, char *buf, size_t cap);
+
+/* True when at least half of the pages of [offset, offset + len) of `fd`
+ * are in the page cache (cachestat(2), else mincore(2)); false when unknown.
+ * Reads in DIRECT=AUTO mode then go through the page cache instead of
+ * O_DIRECT, which would fetch cached data from the disk again. */
+bool ckptio__range_cached(int fd, uint64_t offset, uint64_t len);
+
+/* ---- operations -------------------------------------------------------- */
+
+/* One contiguous transfer handed to a backend. The backend moves bytes until
+ * at least `need` of the `len` requested are done (a read that reaches end of
+ * file earlier stops with eof set), retrying EINTR/EAGAIN and resuming short
+ * transfers. `need` < `len` only for reads of a whole aligned block of which
+ * only the first `need` bytes matter (O_DIRECT tail blocks). */
+typedef struct ckptio__io_op {
+    int fd;                 /* descriptor to use */
+    int buffered_fd;        /* used instead of fd for a remainder that a short
+                               O_DIRECT transfer left unaligned */
+    bool direct;            /* fd is an O_DIRECT descriptor */
+    ckptio_direction dir;
+    unsigned char *buf;
+    uint64_t len;           /* bytes requested */
+    uint64_t need;          /* bytes that must be moved (<= len) */
+    uint64_t offset;        /* file offset of buf[0] */
+    int buf_index;          /* io_uring registered buffer index, or -1 */
+    /* outcome, filled by the backend */
+    uint64_t done;          /* bytes moved */
+    int err;                /* errno of the failure, 0 if none */
+    bool eof;               /* a read returned 0 before `need` bytes */
+    uint32_t requests;      /* system calls / submissions issued */
+    uint32_t retries;       /* EINTR, EAGAIN and short transfers resumed */
+} ckptio__io_op;
+
+/* Turns a finished operation into a status: CKPTIO_OK, the errno's status
+ * or CKPTIO_E_TRUNCATED, with a message naming the file, the operation, the
+ * offset where it stopped and `what` (e.g. "extent 3 (io_uring, O_DIRECT)"). */
+ckptio_status ckptio__file_op_status(const ckptio_file *file, const ckptio__io_op *op, const char *what);
+
+/* ---- backends ---------------------------------------------------------- */
+
+/* A per-worker queue of operations. At most `depth` operations are in flight
+ * (submitted and not yet returned by wait). */
+typedef struct ckptio__io_queue ckptio__io_queue;
+
+typedef struct ckptio__backend_ops {
+    ckptio_backend id;
+    const char *name;
+    /* Creates a queue for one worker; returns an errno-style code (0 = ok)
+     * so that AUTO can fall back without touching the error record. */
+    int (*queue_create)(unsigned depth, ckptio__io_queue **out);
+    void (*queue_destroy)(ckptio__io_queue *q);
+    /* Optional (may be NULL): registers [buf, buf+len) as fixed buffer 0;
+     * returns 0 or an errno (then operations just use plain buffers). */
+    int (*register_buffer)(ckptio__io_queue *q, void *buf, size_t len);
+    /* Starts an operation. Never fails: failures are reported on the
+     * operation when wait() returns it. */
+    void (*submit)(ckptio__io_queue *q, ckptio__io_op *op);
+    /* Blocks until one submitted operation is finished (success or failure)
+     * and returns it; NULL when nothing is in flight. */
+    ckptio__io_op *(*wait)(ckptio__io_queue *q);
+} ckptio__backend_ops;
+
+extern const ckptio__backend_ops ckptio__backend_pread;
+extern const ckptio__backend_ops ckptio__backend_io_uring;
+
+/* Synchronous transfer of one operation with pread/pwrite (what the pread
+ * backend does, offered to ckptio__file_io for callers outside the pool). */
+void ckptio__io_sync(ckptio__io_op *op);
+
+/* Whether io_uring can run here. Probed once per process (the
+ * io_uring_disabled sysctl, then a real io_uring_queue_init and an opcode
+ * probe). Returns 0 when usable, else the errno that refused it; `why`
+ * (optional) receives a static explanation. */
+int ckptio__io_uring_probe(const char **why);
+
+/* Test hook: pretend io_uring is refused with `err` (0 restores the probe). */
+void ckptio__io_uring_simulate_refusal(int err);
+
+/* ---- fault injection (tests) ------------------------------------------- */
+
+typedef enum ckptio__io_kind {
+    CKPTIO__IO_READ = 0,     /* every read request (pread, io_uring read) */
+    CKPTIO__IO_WRITE,        /* every write request */
+    CKPTIO__IO_FSYNC,        /* fsync of files and directories */
+    CKPTIO__IO_RENAME,       /* the commit rename/link */
+    CKPTIO__IO_OPEN,         /* opening files and creating temporaries */
+    CKPTIO__IO_OPEN_DIRECT,  /* opening the O_DIRECT descriptor (EINVAL = refused) */
+    CKPTIO__IO_KIND_COUNT_
+} ckptio__io_kind;
+
+/* Makes the `nth` request of `kind` from now (1 = the next one) fail with
+ * errno `err`; or, with err == 0, transfer at most `short_len` bytes (reads
+ * and writes only; a short transfer, not an error). With `every` set the
+ * fault repeats on every nth request after that. nth == 0 clears the kind.
+ * Thread-safe; requests are counted across all threads. */
+void ckptio__io_inject(ckptio__io_kind kind, uint64_t nth, int err, uint64_t short_len, bool every);
+
+/* Sleeps `micros` before each read or write request (0 = off), so tests can
+ * observe a transfer in progress. */
+void ckptio__io_inject_delay(uint64_t micros);
+
+/* Clears every injected fault and delay. */
+void ckptio__io_inject_reset(void);
+
+/* Called by the backends before each request of `kind`. Returns true when
+ * this request must fail with *err; otherwise may lower *len for a short
+ * transfer. Cheap (one relaxed load) when nothing is injected. */
+bool ckptio__io_fault(ckptio__io_kind kind, int *err, uint64_t *len);
+
+#endif /* CKPTIO_IO_INTERNAL_H */

@@ -1,0 +1,99 @@
+"""Loads into and saves from CUDA memory (skipped without a GPU).
+
+Run on the GPU machine with `pytest tests/python`; every result is checked
+against torch / safetensors on the CPU.
+"""
+import pytest
+import torch
+from safetensors.torch import load_file as st_load_file
+from safetensors.torch import save_file as st_save_file
+
+import ckptio
+from conftest import random_tensor, requires_cuda, tensor_bytes
+
+pytestmark = requires_cuda
+
+
+def _sd():
+    return {
+        "w": random_tensor(torch.bfloat16, (257, 129), seed=1),
+        "b": random_tensor(torch.float32, (129,), seed=2),
+        "s": torch.tensor(7, dtype=torch.int64),
+        "e": torch.zeros(0, 5),
+        "f8": random_tensor(torch.float8_e4m3fn, (33,), seed=3),
+    }
+
+
+@pytest.mark.parametrize("fmt", ["safetensors", "torch"])
+def test_load_to_cuda(tmp_path, fmt):
+    sd = _sd()
+    path = tmp_path / f"m.{fmt}"
+    if fmt == "safetensors":
+        st_save_file(sd, str(path))
+    else:
+        torch.save(sd, path)
+    got = ckptio.load(path, device="cuda")
+    for k, t in sd.items():
+        assert got[k].device.type == "cuda" and got[k].device.index == torch.cuda.current_device()
+        assert tensor_bytes(got[k]) == tensor_bytes(t), k
+
+
+@pytest.mark.parametrize("fmt", ["safetensors", "torch"])
+def test_save_from_cuda(tmp_path, fmt):
+    sd = {k: v.cuda() for k, v in _sd().items()}
+    path = tmp_path / f"m.{fmt}"
+    ckptio.save(sd, path, format=fmt)
+    ref = st_load_file(str(path)) if fmt == "safetensors" else torch.load(path, map_location="cpu",
+                                                                          weights_only=True)
+    for k, t in sd.items():
+        assert tensor_bytes(ref[k]) == tensor_bytes(t), k
+    if fmt == "torch":
+        with ckptio.open(path) as f:
+            assert {s.location for s in f.storages()} == {f"cuda:{torch.cuda.current_device()}"}
+
+
+def test_save_waits_for_work_on_the_current_stream(tmp_path):
+    side = torch.cuda.Stream()
+    path = tmp_path / "stream.safetensors"
+    with torch.cuda.stream(side):
+        x = torch.zeros(1 << 22, device="cuda")
+        torch.cuda._sleep(50_000_000)
+        x.add_(5.0)
+        ckptio.save({"x": x}, path)
+    side.synchronize()
+    assert torch.equal(st_load_file(str(path))["x"], torch.full((1 << 22,), 5.0))
+
+
+def test_load_into_existing_cuda_tensors_and_views(tmp_path):
+    base = torch.randn(64, 48)
+    path = tmp_path / "v.pt"
+    torch.save({"base": base, "view": base[:, ::3]}, path)
+    dest = {"base": torch.empty(64, 48, device="cuda")}
+    ckptio.load(path, out=dest)
+    assert torch.equal(dest["base"].cpu(), base)
+    # A strided view goes through host memory and ends up on the GPU.
+    got = ckptio.load(path, device="cuda", keys=["view"])
+    assert got["view"].is_cuda and torch.equal(got["view"].cpu(), base[:, ::3])
+    # The whole object keeps the view sharing its storage, on the GPU.
+    obj = ckptio.load(path, device="cuda")
+    assert obj["view"].untyped_storage().data_ptr() == obj["base"].untyped_storage().data_ptr()
+    assert torch.equal(obj["view"].cpu(), base[:, ::3])
+
+
+def test_explicit_device_index_and_bad_index(tmp_path):
+    path = tmp_path / "m.safetensors"
+    ckptio.save({"a": torch.arange(10.0)}, path)
+    last = torch.cuda.device_count() - 1
+    got = ckptio.load(path, device=f"cuda:{last}")
+    assert got["a"].device == torch.device("cuda", last)
+    with pytest.raises(ValueError, match="does not exist"):
+        ckptio.load(path, device=last + 1)
+
+
+def test_large_load_to_cuda_matches(tmp_path):
+    n = 64 << 20  # 256 MiB of float32
+    t = torch.arange(n, dtype=torch.float32)
+    path = tmp_path / "big.safetensors"
+    ckptio.save({"t": t}, path)
+    got = ckptio.load(path, device="cuda")["t"]
+    assert torch.equal(got.cpu(), t)

@@ -1,0 +1,595 @@
+/*
+ * test_gpu_pipeline.c - the GPU staging pipeline and the GDS file API on the
+ * simulated device (src/gpu/gpu_sim.c): bytes, ordering (no staging slot
+ * reused before its copy completed), overlap, unaligned offsets, staging
+ * bounds, error paths and stream-ordered requests. Runs without a GPU.
+ */
+#include "engine_internal.h"
+#include "gpu_internal.h"
+#include "gpu_sim.h"
+#include "helpers.h"
+#include "io_internal.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#define KIB 1024ull
+#define MIB (1024ull * 1024ull)
+
+static ckptio_engine *make_engine(int64_t threads, int64_t staging, int64_t chunk) {
+    ckptio_engine *e = NULL;
+    T_OK(ckptio_engine_create(&e));
+    T_OK(ckptio_engine_set(e, CKPTIO_OPT_THREADS, threads));
+    T_OK(ckptio_engine_set(e, CKPTIO_OPT_STAGING_BYTES, staging));
+    T_OK(ckptio_engine_set(e, CKPTIO_OPT_CHUNK_BYTES, chunk));
+    return e;
+}
+
+static void sim_reset(unsigned delay_us) {
+    ckptio__gpu_sim_config cfg = {.copy_delay_us = delay_us};
+    ckptio__gpu_sim_configure(&cfg);
+}
+
+static void check_sim_clean(uint64_t staging_bound) {
+    ckptio__gpu_sim_stats s;
+    ckptio__gpu_sim_get_stats(&s);
+    T_ASSERT_MSG(s.violations == 0, "%llu staging slots were modified while their copy was in flight",
+                 (unsigned long long)s.violations);
+    T_ASSERT_MSG(s.ctx_depth == 0, "context pushes and pops unbalanced: %lld", (long long)s.ctx_depth);
+    T_ASSERT_MSG(s.pinned_peak <= staging_bound, "pinned peak %llu above the staging bound %llu",
+                 (unsigned long long)s.pinned_peak, (unsigned long long)staging_bound);
+}
+
+static void check_engine_staging(ckptio_engine *e, uint64_t bound) {
+    ckptio_stats st;
+    T_OK(ckptio_engine_stats(e, &st));
+    T_ASSERT_MSG(st.staging_in_use == 0, "staging still in use after the transfer: %llu",
+                 (unsigned long long)st.staging_in_use);
+    T_ASSERT_MSG(st.staging_reserved <= bound && st.staging_peak <= bound,
+                 "staging reserved %llu / peak %llu above bound %llu", (unsigned long long)st.staging_reserved,
+                 (unsigned long long)st.staging_peak, (unsigned long long)bound);
+}
+
+/* A file of `size` random bytes; returns its contents (caller frees). */
+static unsigned char *make_file(const char *path, size_t size, uint64_t seed) {
+    unsigned char *data = malloc(size ? size : 1);
+    T_ASSERT(data);
+    t_fill_random(data, size, seed);
+    t_write_file(path, data, size);
+    return data;
+}
+
+/* ---- reads ---------------------------------------------------------------- */
+
+static void read_extents_case(int64_t threads, int64_t staging, unsigned delay) {
+    sim_reset(delay);
+    const size_t fsize = 5 * MIB + 777;
+    const char *path = t_path("read.bin");
+    unsigned char *want = make_file(path, fsize, 11);
+    ckptio_engine *e = make_engine(threads, staging, 8 * MIB);
+    ckptio_file *f = NULL;
+    T_OK(ckptio_file_open(e, path, CKPTIO_OPEN_READ, &f));
+    const size_t dsize = 6 * MIB;
+    unsigned char *dev = ckptio__gpu_sim_device_alloc(dsize);
+    T_ASSERT(dev);
+    memset(dev, 0xEE, dsize);
+    /* Unaligned offsets, lengths and device addresses; adjacent extents,
+     * small holes, a large hole, an extent ending at EOF, one empty. */
+    const struct { uint64_t off, len, dev_off; } spec[] = {
+        {0, 4096, 0},          {4096, 1, 8192},          {4097, 3 * MIB + 5, 8193},
+        {3 * MIB + 10000, 65537, 4 * MIB + 3}, {4 * MIB + 1, 100, 4 * MIB + 70000},
+        {fsize - 12345, 12345, 5 * MIB + 11}, {777, 0, 5 * MIB + 50000},
+    };
+    const size_t n = sizeof spec / sizeof spec[0];
+    ckptio_extent ext[sizeof spec / sizeof spec[0]];
+    for (size_t i = 0; i < n; i++)
+        ext[i] = (ckptio_extent){.file = f, .file_offset = spec[i].off, .length = spec[i].len,
+                                 .memory = dev + spec[i].dev_off, .mem_kind = CKPTIO_MEM_CUDA};
+    T_OK(ckptio__gpu_execute(e, CKPTIO_READ, ext, n));
+    uint64_t total = 0;
+    unsigned char *expect = malloc(dsize);
+    memset(expect, 0xEE, dsize);
+    for (size_t i = 0; i < n; i++) {
+        memcpy(expect + spec[i].dev_off, want + spec[i].off, spec[i].len);
+        total += spec[i].len;
+    }
+    for (size_t i = 0; i < dsize; i++)
+        T_ASSERT_MSG(dev[i] == expect[i], "device byte %zu is 0x%02x, expected 0x%02x", i, dev[i], expect[i]);
+    ckptio_stats st;
+    T_OK(ckptio_engine_stats(e, &st));
+    T_ASSERT_MSG(st.bytes_h2d == total, "bytes_h2d %llu != %llu", (unsigned long long)st.bytes_h2d,
+                 (unsigned long long)total);
+    check_engine_staging(e, (uint64_t)staging);
+    check_sim_clean((uint64_t)staging);
+    ckptio_io_path p;
+    T_OK(ckptio_engine_gpu_path(e, &p));
+    T_ASSERT(p == CKPTIO_IO_PATH_PIPELINE);
+    if (delay) {
+        ckptio__gpu_sim_stats s;
+        ckptio__gpu_sim_get_stats(&s);
+        /* File reads ran while earlier copies were still queued. */
+        T_ASSERT_MSG(s.max_pending >= 2, "no overlap: at most %llu copy pending", (unsigned long long)s.max_pending);
+    }
+    ckptio_file_close(f);
+    ckptio__gpu_sim_device_free(dev);
+    T_OK(ckptio_engine_destroy(e));
+    free(expect);
+    free(want);
+}
+
+static void test_read_one_worker(void) { read_extents_case(1, 1 * MIB, 200); }
+static void test_read_four_workers(void) { read_extents_case(4, 8 * MIB, 100); }
+static void test_read_no_delay(void) { read_extents_case(2, 2 * MIB, 0); }
+
+/* ---- writes --------------------------------------------------------------- */
+
+static void test_write_extents(void) {
+    sim_reset(150);
+    const size_t fsize = 4 * MIB + 321;
+    const char *path = t_path("write.bin");
+    unsigned char *file0 = malloc(fsize);
+    memset(file0, 0x11, fsize);
+    t_write_file(path, file0, fsize);
+    ckptio_engine *e = make_engine(3, 4 * MIB, 8 * MIB);
+    ckptio_file *f = NULL;
+    T_OK(ckptio_file_open(e, path, CKPTIO_OPEN_WRITE | CKPTIO_OPEN_IN_PLACE, &f));
+    const size_t dsize = 5 * MIB;
+    unsigned char *dev = ckptio__gpu_sim_device_alloc(dsize);
+    t_fill_random(dev, dsize, 5);
+    const struct { uint64_t off, len, dev_off; } spec[] = {
+        {1, 4095, 3},            {4096, 2 * MIB + 1, 5000}, {2 * MIB + 4097, 100, 3 * MIB},
+        {2 * MIB + 8192, 1 * MIB, 3 * MIB + 4096}, {fsize - 3, 3, 5 * MIB - 3},
+    };
+    const size_t n = sizeof spec / sizeof spec[0];
+    ckptio_extent ext[sizeof spec / sizeof spec[0]];
+    unsigned char *expect = malloc(fsize);
+    memcpy(expect, file0, fsize);
+    uint64_t total = 0;
+    for (size_t i = 0; i < n; i++) {
+        ext[i] = (ckptio_extent){.file = f, .file_offset = spec[i].off, .length = spec[i].len,
+                                 .memory = dev + spec[i].dev_off, .mem_kind = CKPTIO_MEM_CUDA};
+        memcpy(expect + spec[i].off, dev + spec[i].dev_off, spec[i].len);
+        total += spec[i].len;
+    }
+    T_OK(ckptio__gpu_execute(e, CKPTIO_WRITE, ext, n));
+    T_OK(ckptio_file_close(f));
+    size_t got_len = 0;
+    unsigned char *got = t_read_file(path, &got_len);
+    T_ASSERT(got_len == fsize);
+    for (size_t i = 0; i < fsize; i++)
+        T_ASSERT_MSG(got[i] == expect[i], "file byte %zu is 0x%02x, expected 0x%02x%s", i, got[i], expect[i],
+                     got[i] == CKPTIO_SIM_POISON_D2H ? " (staging read before its copy completed)" : "");
+    ckptio_stats st;
+    T_OK(ckptio_engine_stats(e, &st));
+    T_ASSERT(st.bytes_d2h == total);
+    check_engine_staging(e, 4 * MIB);
+    check_sim_clean(4 * MIB);
+    ckptio__gpu_sim_stats s;
+    ckptio__gpu_sim_get_stats(&s);
+    T_ASSERT_MSG(s.max_pending >= 2, "device-to-host copies were not queued ahead of writes");
+    ckptio__gpu_sim_device_free(dev);
+    T_OK(ckptio_engine_destroy(e));
+    free(got);
+    free(expect);
+    free(file0);
+}
+
+/* Sizes around slot boundaries and alignments, both directions. */
+static void test_sizes_and_offsets(void) {
+    sim_reset(0);
+    /* staging 1 MiB, 1 worker -> 256 KiB slots */
+    ckptio_engine *e = make_engine(1, 1 * MIB, 8 * MIB);
+    const uint64_t slot = 256 * KIB;
+    const uint64_t sizes[] = {1, 4095, 4096, 4097, slot - 1, slot, slot + 1, 3 * slot + 123};
+    const uint64_t offs[] = {0, 1, 4095, 4096, 12345};
+    const size_t fsize = 2 * MIB;
+    const char *src = t_path("sizes_src.bin");
+    unsigned char *want = make_file(src, fsize, 77);
+    unsigned char *dev = ckptio__gpu_sim_device_alloc(fsize);
+    ckptio_file *rf = NULL;
+    T_OK(ckptio_file_open(e, src, CKPTIO_OPEN_READ, &rf));
+    for (size_t si = 0; si < sizeof sizes / sizeof sizes[0]; si++) {
+        for (size_t oi = 0; oi < sizeof offs / sizeof offs[0]; oi++) {
+            const uint64_t len = sizes[si], off = offs[oi], doff = (off * 7 + 3) % 4096;
+            memset(dev, 0xEE, fsize);
+            ckptio_extent ex = {.file = rf, .file_offset = off, .length = len, .memory = dev + doff,
+                                .mem_kind = CKPTIO_MEM_CUDA};
+            T_OK(ckptio__gpu_execute(e, CKPTIO_READ, &ex, 1));
+            T_ASSERT_MSG(memcmp(dev + doff, want + off, len) == 0, "read len %llu off %llu differs",
+                         (unsigned long long)len, (unsigned long long)off);
+            T_ASSERT(doff == 0 || dev[doff - 1] == 0xEE);
+            T_ASSERT(dev[doff + len] == 0xEE);
+            /* and back out to a fresh file at the same offset */
+            const char *dst = t_path("sizes_dst.bin");
+            unlink(dst);
+            ckptio_file *wf = NULL;
+            T_OK(ckptio_file_open(e, dst, CKPTIO_OPEN_WRITE | CKPTIO_OPEN_IN_PLACE, &wf));
+            ex.file = wf;
+            T_OK(ckptio__gpu_execute(e, CKPTIO_WRITE, &ex, 1));
+            T_OK(ckptio_file_close(wf));
+            size_t got_len = 0;
+            unsigned char *got = t_read_file(dst, &got_len);
+            T_ASSERT_MSG(got_len == off + len, "written file has %zu bytes, expected %llu", got_len,
+                         (unsigned long long)(off + len));
+            T_ASSERT(memcmp(got + off, want + off, len) == 0);
+            for (uint64_t i = 0; i < off; i++) T_ASSERT(got[i] == 0);
+            free(got);
+        }
+    }
+    check_sim_clean(1 * MIB);
+    ckptio_file_close(rf);
+    ckptio__gpu_sim_device_free(dev);
+    T_OK(ckptio_engine_destroy(e));
+    free(want);
+}
+
+/* ---- errors --------------------------------------------------------------- */
+
+static void test_copy_fails_when_queued(void) {
+    ckptio__gpu_sim_config cfg = {.copy_delay_us = 50, .fail_enqueue_at = 3};
+    ckptio__gpu_sim_configure(&cfg);
+    const char *path = t_path("fail_q.bin");
+    unsigned char *want = make_file(path, 2 * MIB, 3);
+    ckptio_engine *e = make_engine(1, 1 * MIB, 8 * MIB);
+    ckptio_file *f = NULL;
+    T_OK(ckptio_file_open(e, path, CKPTIO_OPEN_READ, &f));
+    unsigned char *dev = ckptio__gpu_sim_device_alloc(2 * MIB);
+    ckptio_extent ex = {.file = f, .file_offset = 0, .length = 2 * MIB, .memory = dev, .mem_kind = CKPTIO_MEM_CUDA};
+    T_STATUS(ckptio__gpu_execute(e, CKPTIO_READ, &ex, 1), CKPTIO_E_CUDA);
+    T_MESSAGE_HAS("simulated failure of copy #3");
+    T_MESSAGE_HAS("extent 0");
+    T_MESSAGE_HAS(path);
+    T_MESSAGE_HAS("copy to GPU at offset 524288"); /* the third 256 KiB window */
+    T_ASSERT(ckptio_last_error()->cuda_result == 1);
+    check_engine_staging(e, 1 * MIB);
+    check_sim_clean(1 * MIB);
+    /* The same engine and staging work again afterwards. */
+    sim_reset(50);
+    T_OK(ckptio__gpu_execute(e, CKPTIO_READ, &ex, 1));
+    T_ASSERT(memcmp(dev, want, 2 * MIB) == 0);
+    ckptio_file_close(f);
+    ckptio__gpu_sim_device_free(dev);
+    T_OK(ckptio_engine_destroy(e));
+    free(want);
+}
+
+static void test_copy_fails_asynchronously(void) {
+    ckptio__gpu_sim_config cfg = {.copy_delay_us = 50, .fail_run_at = 2};
+    ckptio__gpu_sim_configure(&cfg);
+    const char *path = t_path("fail_run.bin");
+    const size_t size = 3 * MIB;
+    ckptio_engine *e = make_engine(1, 1 * MIB, 8 * MIB);
+    unsigned char *dev = ckptio__gpu_sim_device_alloc(size);
+    t_fill_random(dev, size, 9);
+    ckptio_file *f = NULL;
+    T_OK(ckptio_file_open(e, path, CKPTIO_OPEN_WRITE, &f));
+    ckptio_extent ex = {.file = f, .file_offset = 0, .length = size, .memory = dev, .mem_kind = CKPTIO_MEM_CUDA};
+    T_STATUS(ckptio__gpu_execute(e, CKPTIO_WRITE, &ex, 1), CKPTIO_E_CUDA);
+    T_MESSAGE_HAS("simulated asynchronous failure of copy #2");
+    T_MESSAGE_HAS("copy from GPU");
+    T_MESSAGE_HAS(path);
+    T_ASSERT(ckptio_last_error()->cuda_result == 700);
+    check_engine_staging(e, 1 * MIB);
+    check_sim_clean(1 * MIB);
+    T_OK(ckptio_file_close(f)); /* uncommitted atomic file: nothing left behind */
+    T_ASSERT(!t_file_exists(path));
+    T_ASSERT(t_count_entries(t_tmpdir(), "ckptio-tmp") == 0);
+    ckptio__gpu_sim_device_free(dev);
+    T_OK(ckptio_engine_destroy(e));
+}
+
+static void test_read_fails_midway(void) {
+    sim_reset(20);
+    const char *path = t_path("fail_read.bin");
+    unsigned char *want = make_file(path, 3 * MIB, 21);
+    ckptio_engine *e = make_engine(2, 2 * MIB, 8 * MIB);
+    ckptio_file *f = NULL;
+    T_OK(ckptio_file_open(e, path, CKPTIO_OPEN_READ, &f));
+    unsigned char *dev = ckptio__gpu_sim_device_alloc(3 * MIB);
+    ckptio_extent ex = {.file = f, .file_offset = 0, .length = 3 * MIB, .memory = dev, .mem_kind = CKPTIO_MEM_CUDA};
+    ckptio__io_inject(CKPTIO__IO_READ, 4, EIO, 0, false);
+    T_STATUS(ckptio__gpu_execute(e, CKPTIO_READ, &ex, 1), CKPTIO_E_IO);
+    ckptio__io_inject_reset();
+    T_MESSAGE_HAS(path);
+    T_MESSAGE_HAS("at offset ");
+    T_MESSAGE_HAS("Input/output error");
+    const int64_t off = ckptio_last_error()->file_offset;
+    T_ASSERT_MSG(off > 0 && off % (256 * KIB) == 0, "failure offset %lld is not a window start", (long long)off);
+    check_engine_staging(e, 2 * MIB);
+    check_sim_clean(2 * MIB);
+    /* past end of file */
+    ckptio_extent past = {.file = f, .file_offset = 3 * MIB - 10, .length = 20, .memory = dev,
+                          .mem_kind = CKPTIO_MEM_CUDA};
+    T_STATUS(ckptio__gpu_execute(e, CKPTIO_READ, &past, 1), CKPTIO_E_TRUNCATED);
+    T_MESSAGE_HAS(path);
+    ckptio_file_close(f);
+    ckptio__gpu_sim_device_free(dev);
+    T_OK(ckptio_engine_destroy(e));
+    free(want);
+}
+
+static void test_bad_device_memory(void) {
+    sim_reset(0);
+    const char *path = t_path("bad_mem.bin");
+    unsigned char *want = make_file(path, 64 * KIB, 2);
+    ckptio_engine *e = make_engine(1, 1 * MIB, 8 * MIB);
+    ckptio_file *f = NULL;
+    T_OK(ckptio_file_open(e, path, CKPTIO_OPEN_READ, &f));
+    unsigned char *dev = ckptio__gpu_sim_device_alloc(4096);
+    ckptio_extent ex = {.file = f, .file_offset = 0, .length = 8192, .memory = dev + 100, .mem_kind = CKPTIO_MEM_CUDA};
+    T_STATUS(ckptio__gpu_execute(e, CKPTIO_READ, &ex, 1), CKPTIO_E_RANGE);
+    T_MESSAGE_HAS("runs past the end of its allocation (4096 bytes");
+    T_MESSAGE_HAS("extent 0");
+    unsigned char host[16];
+    ex = (ckptio_extent){.file = f, .file_offset = 0, .length = 16, .memory = host, .mem_kind = CKPTIO_MEM_CUDA};
+    T_STATUS(ckptio__gpu_execute(e, CKPTIO_READ, &ex, 1), CKPTIO_E_INVAL);
+    T_MESSAGE_HAS("was given as CUDA memory but the driver reports host");
+    ckptio_file_close(f);
+    ckptio__gpu_sim_device_free(dev);
+    T_OK(ckptio_engine_destroy(e));
+    free(want);
+}
+
+static void test_classify_and_meminfo(void) {
+    unsigned char *dev = ckptio__gpu_sim_device_alloc(100);
+    unsigned char host[8];
+    ckptio_mem_kind k;
+    int d;
+    T_OK(ckptio_mem_classify(dev + 50, &k, &d));
+    T_ASSERT(k == CKPTIO_MEM_CUDA && d == 0);
+    T_OK(ckptio_mem_classify(host, &k, &d));
+    T_ASSERT(k == CKPTIO_MEM_HOST && d == -1);
+    T_ASSERT(ckptio__gpu_classify(dev) == CKPTIO_MEM_CUDA);
+    ckptio__gpu_sim_config cfg = {.device_free = 1000};
+    ckptio__gpu_sim_configure(&cfg);
+    T_OK(ckptio_gpu_check_free(0, 1000, "model.safetensors"));
+    T_STATUS(ckptio_gpu_check_free(0, 5000, "model.safetensors"), CKPTIO_E_DEVICE_OOM);
+    T_MESSAGE_HAS("model.safetensors");
+    T_MESSAGE_HAS("needs 5000 bytes");
+    T_MESSAGE_HAS("only 1000 bytes");
+    ckptio__gpu_sim_device_free(dev);
+    sim_reset(0);
+}
+
+/* ---- GDS file API ----------------------------------------------------------- */
+
+static void test_gds_file_sync(void) {
+    sim_reset(30);
+    ckptio_engine *e = make_engine(2, 2 * MIB, 8 * MIB);
+    const char *path = t_path("gds.bin");
+    ckptio_gds_file *g = NULL;
+    T_STATUS(ckptio_gds_open(e, path, O_RDWR, 0, &g), CKPTIO_E_NOT_FOUND);
+    T_MESSAGE_HAS(path);
+    T_OK(ckptio_gds_open(e, path, O_RDWR | O_CREAT, 0640, &g));
+    T_ASSERT(strstr(ckptio_gds_file_refusal(g), "simulated"));
+    const size_t n = 1 * MIB + 4099;
+    unsigned char *src = ckptio__gpu_sim_device_alloc(n + 100);
+    unsigned char *dst = ckptio__gpu_sim_device_alloc(n + 100);
+    t_fill_random(src, n + 100, 42);
+    memset(dst, 0xEE, n + 100);
+    uint64_t done = 0;
+    T_OK(ckptio_gds_write(g, src, n, 3, 17, &done));
+    T_ASSERT(done == n);
+    ckptio_io_path p;
+    T_OK(ckptio_gds_file_path(g, &p));
+    T_ASSERT(p == CKPTIO_IO_PATH_PIPELINE);
+    T_OK(ckptio_gds_sync(g));
+    T_OK(ckptio_gds_read(g, dst, n, 3, 5, &done));
+    T_ASSERT(done == n);
+    T_ASSERT(memcmp(dst + 5, src + 17, n) == 0);
+    T_ASSERT(dst[4] == 0xEE && dst[5 + n] == 0xEE);
+    /* short read at end of file, like cuFileRead; and nothing past it */
+    T_OK(ckptio_gds_read(g, dst, 1000, n + 3 - 10, 0, &done));
+    T_ASSERT(done == 10);
+    T_ASSERT(memcmp(dst, src + 17 + n - 10, 10) == 0);
+    T_OK(ckptio_gds_read(g, dst, 1000, n + 100, 0, &done));
+    T_ASSERT(done == 0);
+    /* host buffers take the host path */
+    unsigned char host[300];
+    T_OK(ckptio_gds_read(g, host, 300, 3, 0, &done));
+    T_ASSERT(done == 300 && memcmp(host, src + 17, 300) == 0);
+    T_OK(ckptio_gds_file_path(g, &p));
+    T_ASSERT(p == CKPTIO_IO_PATH_HOST);
+    T_OK(ckptio_gds_buf_register(g, src, n)); /* no-op without cuFile */
+    T_OK(ckptio_gds_buf_deregister(g, src));
+    T_OK(ckptio_gds_close(g));
+    size_t flen = 0;
+    unsigned char *file = t_read_file(path, &flen);
+    T_ASSERT(flen == n + 3 && memcmp(file + 3, src + 17, n) == 0);
+    free(file);
+    /* read-only handle refuses writes */
+    T_OK(ckptio_gds_open(e, path, O_RDONLY, 0, &g));
+    T_STATUS(ckptio_gds_write(g, src, 10, 0, 0, &done), CKPTIO_E_PERMISSION);
+    T_OK(ckptio_gds_close(g));
+    /* forcing cuFile on the simulated device is a clear error */
+    T_OK(ckptio_engine_set(e, CKPTIO_OPT_GPU_PATH, CKPTIO_GPU_PATH_CUFILE));
+    T_STATUS(ckptio_gds_open(e, path, O_RDONLY, 0, &g), CKPTIO_E_UNSUPPORTED);
+    T_MESSAGE_HAS("cuFile cannot run on the simulated device");
+    check_sim_clean(2 * MIB);
+    ckptio__gpu_sim_device_free(src);
+    ckptio__gpu_sim_device_free(dst);
+    T_OK(ckptio_engine_destroy(e));
+}
+
+typedef struct kernel_arg {
+    unsigned char *dev;
+    size_t n;
+    unsigned char *out;
+    unsigned sleep_ms;
+    unsigned char fill;
+} kernel_arg;
+
+/* "Kernel": optionally sleeps, then adds 1 to every byte and copies out. */
+static void add_one_kernel(void *p) {
+    kernel_arg *a = p;
+    for (size_t i = 0; i < a->n; i++) a->out[i] = (unsigned char)(a->dev[i] + 1);
+}
+
+/* "Kernel": slow producer that fills the buffer a write must save. */
+static void slow_fill_kernel(void *p) {
+    kernel_arg *a = p;
+    struct timespec ts = {0, (long)a->sleep_ms * 1000000L};
+    nanosleep(&ts, NULL);
+    memset(a->dev, a->fill, a->n);
+}
+
+static void test_gds_stream_ordered(void) {
+    sim_reset(100);
+    ckptio_engine *e = make_engine(2, 2 * MIB, 8 * MIB);
+    const char *path = t_path("gds_async.bin");
+    const size_t n = 2 * MIB + 5;
+    unsigned char *want = make_file(path, n, 99);
+    const ckptio__gpu_ops *ops = ckptio__gpu_sim_ops();
+    void *stream = NULL;
+    T_OK(ops->stream_create(&stream));
+    ckptio_gds_file *g = NULL;
+    T_OK(ckptio_gds_open(e, path, O_RDWR, 0, &g));
+    unsigned char *dev = ckptio__gpu_sim_device_alloc(n);
+    unsigned char *out = malloc(n);
+    memset(dev, 0, n);
+    /* read, then a kernel on the same stream that must see the data */
+    ckptio_gds_request *r1 = NULL;
+    T_OK(ckptio_gds_read_async(g, dev, n, 0, 0, stream, &r1));
+    kernel_arg k1 = {.dev = dev, .n = n, .out = out};
+    T_OK(ckptio__gpu_sim_launch(stream, add_one_kernel, &k1));
+    uint64_t bytes = 0;
+    T_OK(ckptio_gds_request_wait(r1, &bytes));
+    T_ASSERT(bytes == n);
+    T_OK(ops->stream_sync(stream));
+    for (size_t i = 0; i < n; i++)
+        T_ASSERT_MSG(out[i] == (unsigned char)(want[i] + 1), "kernel saw byte %zu = 0x%02x before the read finished",
+                     i, (unsigned char)(out[i] - 1));
+    T_OK(ckptio_gds_request_destroy(r1));
+    /* a slow kernel produces data, then a write on the same stream saves it */
+    kernel_arg k2 = {.dev = dev, .n = n, .sleep_ms = 50, .fill = 0x5A};
+    T_OK(ckptio__gpu_sim_launch(stream, slow_fill_kernel, &k2));
+    ckptio_gds_request *r2 = NULL;
+    T_OK(ckptio_gds_write_async(g, dev, n, 0, 0, stream, &r2));
+    T_OK(ckptio_gds_request_wait(r2, &bytes));
+    T_ASSERT(bytes == n);
+    T_OK(ckptio_gds_request_destroy(r2));
+    T_OK(ckptio_gds_close(g));
+    size_t flen = 0;
+    unsigned char *file = t_read_file(path, &flen);
+    T_ASSERT(flen == n);
+    for (size_t i = 0; i < n; i++)
+        T_ASSERT_MSG(file[i] == 0x5A, "file byte %zu is 0x%02x: the write ran before the producing kernel", i,
+                     file[i]);
+    /* a failing async read reports its error at wait, and the stream moves on */
+    T_OK(ckptio_gds_open(e, path, O_RDONLY, 0, &g));
+    ckptio__io_inject(CKPTIO__IO_READ, 1, EIO, 0, false);
+    ckptio_gds_request *r3 = NULL;
+    T_OK(ckptio_gds_read_async(g, dev, n, 0, 0, stream, &r3));
+    T_STATUS(ckptio_gds_request_wait(r3, &bytes), CKPTIO_E_IO);
+    T_MESSAGE_HAS(path);
+    T_STATUS(ckptio_gds_request_wait(r3, &bytes), CKPTIO_E_IO); /* same answer twice */
+    ckptio__io_inject_reset();
+    T_OK(ops->stream_sync(stream));
+    T_OK(ckptio_gds_request_destroy(r3));
+    T_OK(ckptio_gds_close(g));
+    ops->stream_destroy(stream);
+    check_sim_clean(2 * MIB + 64); /* staging plus the requests' 4-byte gate words */
+    ckptio__gpu_sim_device_free(dev);
+    T_OK(ckptio_engine_destroy(e));
+    ckptio__gpu_sim_stats s;
+    ckptio__gpu_sim_get_stats(&s);
+    T_ASSERT_MSG(s.events_live == 0 && s.streams_live == 0 && s.pinned_now == 0,
+                 "leaked after engine destroy: %llu events, %llu streams, %llu pinned bytes",
+                 (unsigned long long)s.events_live, (unsigned long long)s.streams_live,
+                 (unsigned long long)s.pinned_now);
+    free(file);
+    free(out);
+    free(want);
+}
+
+/* Through the public entry points: a plan mixing host and device extents
+ * (AUTO kinds resolved by the simulator) and a safetensors round trip whose
+ * tensors live in device memory. */
+static void test_engine_and_safetensors(void) {
+    sim_reset(40);
+    ckptio_engine *e = make_engine(2, 2 * MIB, 8 * MIB);
+    const size_t n = 1 * MIB + 99;
+    unsigned char *dev = ckptio__gpu_sim_device_alloc(n);
+    unsigned char *host = malloc(n);
+    t_fill_random(dev, n, 1);
+    t_fill_random(host, n, 2);
+    const char *path = t_path("mixed.bin");
+    ckptio_file *f = NULL;
+    ckptio_plan *plan = NULL;
+    T_OK(ckptio_file_open(e, path, CKPTIO_OPEN_WRITE, &f));
+    T_OK(ckptio_plan_create(CKPTIO_WRITE, &plan));
+    ckptio_extent a = {.file = f, .file_offset = 0, .length = n, .memory = host, .mem_kind = CKPTIO_MEM_AUTO};
+    ckptio_extent b = {.file = f, .file_offset = n, .length = n, .memory = dev, .mem_kind = CKPTIO_MEM_AUTO};
+    T_OK(ckptio_plan_add(plan, &a));
+    T_OK(ckptio_plan_add(plan, &b));
+    T_OK(ckptio_engine_execute(e, plan));
+    T_OK(ckptio_file_commit(f));
+    T_OK(ckptio_file_close(f));
+    ckptio_plan_destroy(plan);
+    size_t len = 0;
+    unsigned char *file = t_read_file(path, &len);
+    T_ASSERT(len == 2 * n && memcmp(file, host, n) == 0 && memcmp(file + n, dev, n) == 0);
+    free(file);
+
+    /* safetensors: save from device memory, read back into device memory */
+    const char *st_path = t_path("dev.safetensors");
+    const int64_t shape_a[2] = {512, 1024}, shape_b[1] = {777};
+    unsigned char *ta = ckptio__gpu_sim_device_alloc(512 * 1024 * 2), *tb = ckptio__gpu_sim_device_alloc(777 * 4);
+    t_fill_random(ta, 512 * 1024 * 2, 3);
+    t_fill_random(tb, 777 * 4, 4);
+    const ckptio_tensor_source src[2] = {
+        {.name = "w", .dtype = CKPTIO_DTYPE_BF16, .ndim = 2, .shape = shape_a, .data = ta, .nbytes = 512 * 1024 * 2,
+         .mem_kind = CKPTIO_MEM_CUDA},
+        {.name = "b", .dtype = CKPTIO_DTYPE_F32, .ndim = 1, .shape = shape_b, .data = tb, .nbytes = 777 * 4,
+         .mem_kind = CKPTIO_MEM_AUTO},
+    };
+    T_OK(ckptio_safetensors_save(e, st_path, src, 2, NULL, 0, 0));
+    ckptio_safetensors *st = NULL;
+    T_OK(ckptio_safetensors_open(e, st_path, &st));
+    unsigned char *ra = ckptio__gpu_sim_device_alloc(512 * 1024 * 2), *rb = ckptio__gpu_sim_device_alloc(777 * 4);
+    size_t ia, ib;
+    T_OK(ckptio_safetensors_find(st, "w", &ia));
+    T_OK(ckptio_safetensors_find(st, "b", &ib));
+    const ckptio_tensor_target tg[2] = {{.index = ia, .data = ra, .capacity = 512 * 1024 * 2, .mem_kind = CKPTIO_MEM_CUDA},
+                                        {.index = ib, .data = rb, .capacity = 777 * 4, .mem_kind = CKPTIO_MEM_AUTO}};
+    T_OK(ckptio_safetensors_read(st, tg, 2));
+    T_ASSERT(memcmp(ra, ta, 512 * 1024 * 2) == 0);
+    T_ASSERT(memcmp(rb, tb, 777 * 4) == 0);
+    T_OK(ckptio_safetensors_close(st));
+    ckptio_stats stats;
+    T_OK(ckptio_engine_stats(e, &stats));
+    T_ASSERT(stats.bytes_d2h == n + 512 * 1024 * 2 + 777 * 4);
+    T_ASSERT(stats.bytes_h2d == 512 * 1024 * 2 + 777 * 4);
+    /* The engine's host bounce buffers count in the engine's staging too:
+     * bound the GPU part (pinned memory) through the simulator. */
+    T_ASSERT(stats.staging_in_use == 0);
+    check_sim_clean(2 * MIB);
+    ckptio__gpu_sim_device_free(ta);
+    ckptio__gpu_sim_device_free(tb);
+    ckptio__gpu_sim_device_free(ra);
+    ckptio__gpu_sim_device_free(rb);
+    ckptio__gpu_sim_device_free(dev);
+    free(host);
+    T_OK(ckptio_engine_destroy(e));
+}
+
+int main(void) {
+    ckptio__gpu_set_ops(ckptio__gpu_sim_ops());
+    T_RUN(test_classify_and_meminfo);
+    T_RUN(test_read_one_worker);
+    T_RUN(test_read_four_workers);
+    T_RUN(test_read_no_delay);
+    T_RUN(test_write_extents);
+    T_RUN(test_sizes_and_offsets);
+    T_RUN(test_copy_fails_when_queued);
+    T_RUN(test_copy_fails_asynchronously);
+    T_RUN(test_read_fails_midway);
+    T_RUN(test_bad_device_memory);
+    T_RUN(test_engine_and_safetensors);
+    T_RUN(test_gds_file_sync);
+    T_RUN(test_gds_stream_ordered);
+    return T_EXIT_PASS;
+}
