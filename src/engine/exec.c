@@ -27,7 +27,10 @@
 #include "engine_private.h"
 #include "gpu_internal.h"
 
+#include <errno.h>
 #include <stdio.h>
+#include <sys/stat.h>
+#include <unistd.h>
 #include <string.h>
 
 #define ALIGN CKPTIO_DIRECT_ALIGN
@@ -439,6 +442,44 @@ static ckptio_status run_host(exec *x) {
     return x->status;
 }
 
+/* Sets each written file's size to the end of its last extent before any
+ * data moves. On ext4 (and XFS) an O_DIRECT write that extends the file
+ * updates the size under the inode's exclusive lock, which serialises the
+ * workers; writes inside the size run in parallel (measured on the H200
+ * machine: 1.8 GB/s appending vs 2.7 GB/s for the raw ceiling that
+ * truncates first). Writes only ever grow a file, so the result is what
+ * the writes alone would have left. */
+static ckptio_status extend_written_files(const ckptio_plan *p) {
+    enum { MAX_FILES = 64 }; /* beyond that, files simply grow as written */
+    ckptio_file *files[MAX_FILES];
+    uint64_t ends[MAX_FILES];
+    size_t nfiles = 0;
+    for (size_t i = 0; i < p->count; i++) {
+        const ckptio_extent *ex = &p->ext[i];
+        if (!ex->length) continue;
+        const uint64_t end = ex->file_offset + ex->length; /* validated: no overflow */
+        size_t k = 0;
+        while (k < nfiles && files[k] != ex->file) k++;
+        if (k == nfiles) {
+            if (nfiles == MAX_FILES) continue;
+            files[nfiles] = ex->file;
+            ends[nfiles++] = end;
+        } else if (end > ends[k]) {
+            ends[k] = end;
+        }
+    }
+    for (size_t k = 0; k < nfiles; k++) {
+        struct stat sb;
+        if (fstat(files[k]->fd, &sb) != 0)
+            return CKPTIO_FAIL_SYS(errno, "fstat", files[k]->path, -1, "reading the size before writing");
+        if ((uint64_t)sb.st_size >= ends[k]) continue;
+        if (ftruncate(files[k]->fd, (off_t)ends[k]) != 0)
+            return CKPTIO_FAIL_SYS(errno, "ftruncate", files[k]->path, (int64_t)ends[k],
+                                   "setting the file size before writing");
+    }
+    return CKPTIO_OK;
+}
+
 ckptio_status ckptio_engine_execute(ckptio_engine *e, const ckptio_plan *p) {
     CKPTIO_RETURN_IF(!e || !p, CKPTIO_E_INVAL, "ckptio_engine_execute: engine and plan are required");
     if (atomic_fetch_add(&e->busy, 1) != 0) {
@@ -481,6 +522,10 @@ ckptio_status ckptio_engine_execute(ckptio_engine *e, const ckptio_plan *p) {
 
     st = ckptio__engine_report(e, 0, p->total, true);
     if (st != CKPTIO_OK) goto out;
+    if (p->dir == CKPTIO_WRITE) {
+        st = extend_written_files(p);
+        if (st != CKPTIO_OK) goto out;
+    }
     if (x.nhost) {
         st = run_host(&x);
         if (st != CKPTIO_OK) goto out;
