@@ -536,6 +536,102 @@ CKPTIO_API ckptio_status ckptio_safetensors_save(ckptio_engine *engine, const ch
                                                  unsigned flags);
 
 /* ------------------------------------------------------------------------ */
+/* Hashing                                                                  */
+/* ------------------------------------------------------------------------ */
+
+/*! ckptio_hash_xxh3() :
+ * XXH3-64 (seed 0, the value of xxhash's XXH3_64bits and of Python's
+ * xxhash.xxh3_64_intdigest) of `len` bytes of host memory at `data`.
+ * Thread-safe. @return CKPTIO_OK, or CKPTIO_E_INVAL for a NULL out, or
+ * NULL data with len > 0. */
+CKPTIO_API ckptio_status ckptio_hash_xxh3(const void *data, size_t len, uint64_t *out);
+
+/* ------------------------------------------------------------------------ */
+/* Integrity and recovery                                                   */
+/* ------------------------------------------------------------------------ */
+/* Checksums beside safetensors files and their verification, and removal of
+ * the temporaries that crashed saves leave behind. docs/RELIABILITY.md lists
+ * every guarantee and the test that backs it. (torch.save files carry a
+ * CRC-32 per record instead: ckptio_torch_verify.) */
+
+/* The checksums of NAME live in NAME + this suffix (a "manifest"). */
+#define CKPTIO_MANIFEST_SUFFIX ".ckptio-manifest.json"
+
+enum ckptio_integrity_flags {
+    /* ckptio_safetensors_save() flag: also record XXH3-64 checksums of
+     * every tensor, per 4 MiB block, in NAME.ckptio-manifest.json. The
+     * manifest is written after the data: old manifest removed, data file
+     * committed, then the new manifest committed, so a crash can leave a
+     * file without a manifest but never a manifest describing other data.
+     * Host memory is hashed while the data is written; other memory (GPU)
+     * is hashed by reading the written bytes back before the commit.
+     * Without this flag a save removes a manifest left beside NAME by an
+     * earlier save (it would no longer describe the file). If the data
+     * file was committed but its manifest could not be, the save fails
+     * and the message says the data is in place without checksums. */
+    CKPTIO_SAFETENSORS_CHECKSUMS = 1u << 8
+};
+
+/* What a verification checked. */
+typedef struct ckptio_verify_report {
+    size_t tensors;   /* tensors whose checksums matched */
+    size_t blocks;    /* checksum blocks compared */
+    uint64_t bytes;   /* data bytes hashed */
+} ckptio_verify_report;
+
+/*! ckptio_manifest_path() : writes data_path + CKPTIO_MANIFEST_SUFFIX into
+ * buf (cap bytes, NUL included). @return CKPTIO_E_RANGE if it does not fit. */
+CKPTIO_API ckptio_status ckptio_manifest_path(const char *data_path, char *buf, size_t cap);
+
+/*! ckptio_safetensors_verify() :
+ * Checks an open file against its manifest (manifest_path NULL: the one
+ * beside the file). The manifest must describe this very file (same size,
+ * same header bytes, same tensors at the same offsets), else
+ * CKPTIO_E_CHECKSUM saying it is stale; then every tensor's bytes are read
+ * and hashed block by block. A mismatch is CKPTIO_E_CHECKSUM naming the
+ * tensor, the file and the byte range of the bad block. No manifest:
+ * CKPTIO_E_NOT_FOUND; a malformed one: CKPTIO_E_FORMAT naming the field.
+ * report (may be NULL) says what was checked up to the failure. */
+CKPTIO_API ckptio_status ckptio_safetensors_verify(ckptio_safetensors *st, const char *manifest_path,
+                                                   ckptio_verify_report *report);
+
+/*! ckptio_safetensors_read_verified() :
+ * ckptio_safetensors_read(), then each target's bytes are hashed in memory
+ * and compared with the manifest (a load verified on request). Targets
+ * must be host or pinned memory (CKPTIO_E_UNSUPPORTED for GPU targets:
+ * verify the file with ckptio_safetensors_verify instead). Errors as for
+ * ckptio_safetensors_verify; after a mismatch the target holds the bytes
+ * that were read. */
+CKPTIO_API ckptio_status ckptio_safetensors_read_verified(ckptio_safetensors *st, const char *manifest_path,
+                                                          const ckptio_tensor_target *targets, size_t count);
+
+/* What ckptio_cleanup_temporaries() did. */
+typedef struct ckptio_cleanup_report {
+    size_t removed;        /* stale temporaries removed */
+    uint64_t bytes_freed;  /* their sizes */
+    size_t busy;           /* kept: a live writer holds them, or they cannot be checked */
+    size_t young;          /* kept: modified less than min_age_seconds ago */
+    size_t ignored;        /* names that match but are not regular files (symlinks,
+                            * directories): never followed, never removed */
+} ckptio_cleanup_report;
+
+/*! ckptio_cleanup_temporaries() :
+ * Removes the temporaries of atomic saves (".NAME.ckptio-tmp-XXXXXX") in
+ * `dir` that no live writer holds: every writer keeps an flock on its
+ * temporary until it commits or closes, and the kernel releases it when the
+ * writer dies (kill -9 included), so a concurrent save never loses its
+ * temporary. Also kept: those modified less than `min_age_seconds` ago
+ * (0 = no age rule). `name` limits the scan to the temporaries of one file
+ * (NULL = all). Symlinks are never followed; the directory is not
+ * searched recursively. Every atomic save already does this for its own
+ * NAME before creating its temporary. A failure to remove one temporary is
+ * reported (CKPTIO_E_PERMISSION, ...) after the others were tried. report
+ * may be NULL. Thread-safe. */
+CKPTIO_API ckptio_status ckptio_cleanup_temporaries(const char *dir, const char *name, double min_age_seconds,
+                                                    ckptio_cleanup_report *report);
+/* END INTEGRITY SECTION */
+
+/* ------------------------------------------------------------------------ */
 /* GPU: CUDA access and the GDS file API                                    */
 /* ------------------------------------------------------------------------ */
 /* (section owned by src/gpu; declarations are added here)
@@ -976,6 +1072,76 @@ CKPTIO_API ckptio_status ckptio_torch_save_tensors(ckptio_engine *engine, const 
                                                    const ckptio_torch_save_options *options);
 
 /* END TORCH SECTION */
+
+/* ------------------------------------------------------------------------ */
+/* torch.distributed.checkpoint data files                                  */
+/* ------------------------------------------------------------------------ */
+/* (section owned by src/ckpt/dcp_*; docs/DCP.md)
+ *
+ * A .distcp data file of torch.distributed.checkpoint (FORMATS.md 4) holds
+ * items at offsets named by the checkpoint's .metadata: raw byte items and
+ * torch.save archives of one tensor each (offsets inside an archive count
+ * from its first byte, as torch.save into a stream writes them), each
+ * optionally zstd-compressed (transform descriptor "stream.zstd/1"). */
+
+enum ckptio_dcp_item_flags {
+    /* Store the item zstd-compressed (one frame with its content size).
+     * The item's bytes must be in host memory. */
+    CKPTIO_DCP_ITEM_ZSTD = 1u << 0,
+    /* Archives: compute the CRC-32 of storages in host memory (torch.save
+     * does); without it they get CRC 0, which torch.load accepts. */
+    CKPTIO_DCP_ITEM_CRC32 = 1u << 1,
+    /* Compute the XXH3-64 of the stored bytes (after compression); skipped
+     * (hashed = 0) for archives whose storage is in GPU memory. */
+    CKPTIO_DCP_ITEM_HASH = 1u << 2
+};
+
+/* One item to write, and where it went. */
+typedef struct ckptio_dcp_item {
+    ckptio_file *file;            /* data file, opened with CKPTIO_OPEN_WRITE */
+    ckptio_torch_writer *archive; /* a torch.save archive, or NULL for a byte item */
+    const void *bytes;            /* byte item: its bytes (host memory) */
+    uint64_t nbytes;
+    unsigned flags;               /* ckptio_dcp_item_flags */
+    /* Filled by ckptio_dcp_write(): */
+    uint64_t offset;              /* first stored byte in the file */
+    uint64_t length;              /* stored bytes (the compressed size with ZSTD) */
+    uint64_t hash;                /* XXH3-64 of the stored bytes when hashed */
+    int hashed;
+} ckptio_dcp_item;
+
+/*! ckptio_dcp_write() :
+ * Writes the items, laid out per file in array order from offset 0, each
+ * item starting at a multiple of the archives' storage alignment (gaps are
+ * never read: the offsets go to .metadata). Archives use `options`
+ * (NULL: storage alignment 4096, record prefix "archive"), so with the
+ * default their tensor bytes sit at 4 KiB-aligned file offsets and move
+ * with O_DIRECT. CRCs, compression and hashes run in parallel on the
+ * engine's workers; then every item of every file goes out in ONE engine
+ * plan (host or GPU memory, no extra copy). Each archive's storages must
+ * be bound and stay valid until the call returns. Each file is truncated
+ * to the end of its last item but not committed: the caller commits it
+ * (ckptio_file_commit).
+ * @return CKPTIO_OK with offset/length/hash filled; on failure the error
+ * names the item (its index and file). */
+CKPTIO_API ckptio_status ckptio_dcp_write(ckptio_engine *engine, ckptio_dcp_item *items, size_t count,
+                                          const ckptio_torch_save_options *options);
+
+/*! ckptio_zstd_decompressed_size() :
+ * Total decompressed size of the zstd frames in (src, len). Frames without
+ * a recorded content size (streaming writers such as python-zstandard's
+ * stream_writer) are decompressed once to count. @return CKPTIO_E_FORMAT
+ * naming the offset of a corrupt frame. */
+CKPTIO_API ckptio_status ckptio_zstd_decompressed_size(const void *src, size_t len, uint64_t *out);
+
+/*! ckptio_zstd_decompress() :
+ * Decompresses all zstd frames of (src, len) into dst (capacity bytes);
+ * *out_len receives the bytes produced. CKPTIO_E_RANGE when dst is too
+ * small, CKPTIO_E_FORMAT for corrupt input (message names the offset). */
+CKPTIO_API ckptio_status ckptio_zstd_decompress(const void *src, size_t len, void *dst, size_t capacity,
+                                                size_t *out_len);
+
+/* END DCP SECTION */
 
 #ifdef __cplusplus
 }

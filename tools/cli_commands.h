@@ -16,6 +16,7 @@
     X(inspect, "list the tensors, dtypes, shapes, sizes, offsets and metadata of a file") \
     X(verify, "check a file's structure and read all of its data")                  \
     X(convert, "convert between torch.save and safetensors files")                  \
+    X(clean, "remove temporaries that crashed saves left in a directory")           \
     X(bench, "measure save/load speed against the disk's raw ceilings")
 
 #endif /* CKPTIO_CLI_COMMANDS_H */

@@ -20,7 +20,9 @@ static const cli_usage usage = {
     "\nChecks each FILE's structure (header, dtypes, shapes, offsets, bounds; for\n"
     "safetensors every rule of the reference reader) and reads all of its tensor\n"
     "data. Prints one 'FILE: ok (...)' line per valid file; the reason a file is\n"
-    "invalid goes to standard error as 'ckptio: <message>'.\n"
+    "invalid goes to standard error as 'ckptio: <message>'. A safetensors file\n"
+    "saved with checksums (FILE.ckptio-manifest.json beside it) is also checked\n"
+    "block by block against them; a mismatch names tensor and byte range.\n"
     "\noptions:\n"
     "  -q, --quiet  print nothing for valid files\n"
     "  -h, --help   show this help\n"
@@ -50,10 +52,19 @@ static int verify_one(ckptio_engine *engine, const char *path, bool quiet) {
         rc = CLI_EXIT_OK;
         uint64_t bytes = 0;
         for (size_t i = 0; i < view.count; i++) bytes += view.tensors[i].nbytes;
-        char size[32];
-        if (!quiet)
-            printf("%s: ok (%s, %zu tensor%s, %s of data read)\n", path, view.format, view.count,
-                   view.count == 1 ? "" : "s", cli_format_bytes(bytes, size, sizeof size));
+        char size[32], sums[128] = "";
+        /* A checksum manifest beside the file (CKPTIO_SAFETENSORS_CHECKSUMS)
+         * is checked too; its absence is not an error. */
+        ckptio_verify_report report;
+        const ckptio_status st = view.st ? ckptio_safetensors_verify(view.st, NULL, &report) : CKPTIO_E_NOT_FOUND;
+        if (st == CKPTIO_OK)
+            snprintf(sums, sizeof sums, ", checksums of %zu tensor%s in %zu blocks matched", report.tensors,
+                     report.tensors == 1 ? "" : "s", report.blocks);
+        else if (st != CKPTIO_E_NOT_FOUND)
+            rc = cli_error_lib(path, st);
+        if (!quiet && rc == CLI_EXIT_OK)
+            printf("%s: ok (%s, %zu tensor%s, %s of data read%s)\n", path, view.format, view.count,
+                   view.count == 1 ? "" : "s", cli_format_bytes(bytes, size, sizeof size), sums);
     }
     cli_view_close(&view);
     return rc;

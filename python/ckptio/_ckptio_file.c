@@ -310,3 +310,13 @@ int ckpy_file_add_to_module(PyObject *module) {
     }
     return 0;
 }
+
+ckptio_file *ckpy_file_handle(PyObject *obj) {
+    if (!file_type || !PyObject_TypeCheck(obj, file_type)) {
+        PyErr_Format(PyExc_TypeError, "expected a ckptio._ckptio.File, not %R", (PyObject *)Py_TYPE(obj));
+        return NULL;
+    }
+    ckpy_file *self = (ckpy_file *)obj;
+    if (!self->file) PyErr_Format(PyExc_ValueError, "I/O operation on a closed ckptio file (%U)", self->path);
+    return self->file;
+}

@@ -71,6 +71,15 @@ PyObject *ckpy_safetensors_save(PyObject *self, PyObject *args, PyObject *kwargs
 
 int ckpy_file_add_to_module(PyObject *module);
 
+/* The ckptio_file of a File object, or NULL with TypeError/ValueError (not
+ * a File, or closed). The caller must not let the File be closed while it
+ * uses the handle (the DCP code owns the Files it passes). */
+ckptio_file *ckpy_file_handle(PyObject *obj);
+
+/* ---- torch.distributed.checkpoint items (_ckptio_dcp.c) ------------------- */
+
+int ckpy_dcp_add_to_module(PyObject *module);
+
 /* ---- GDS file API and CUDA queries (_ckptio_gds.c) ------------------------ */
 
 int ckpy_gds_add_to_module(PyObject *module);

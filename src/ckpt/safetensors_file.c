@@ -8,6 +8,7 @@
  * the engine can spread it over its workers and overlap GPU copies.
  */
 #include "engine_internal.h"
+#include "manifest_internal.h"
 #include "safetensors_internal.h"
 
 #include <string.h>
@@ -140,7 +141,8 @@ ckptio_status ckptio_safetensors_save(ckptio_engine *engine, const char *path, c
     ckptio__st_layout layout;
     ckptio_file *file = NULL;
     ckptio_extent *extents = NULL;
-    ckptio_status status = ckptio__st_layout_build(tensors, count, metadata, metadata_count, flags, path, &layout);
+    ckptio_status status = ckptio__st_layout_build(tensors, count, metadata, metadata_count,
+                                                  flags & ~(unsigned)CKPTIO_SAFETENSORS_CHECKSUMS, path, &layout);
     if (status != CKPTIO_OK) goto out;
 
     extents = ckptio__calloc(count + 1, sizeof *extents);
@@ -158,8 +160,10 @@ ckptio_status ckptio_safetensors_save(ckptio_engine *engine, const char *path, c
         extents[i + 1] = (ckptio_extent){.file = file, .file_offset = layout.header_size + layout.offsets[i],
                                          .length = tensors[i].nbytes, .memory = (void *)tensors[i].data,
                                          .mem_kind = tensors[i].mem_kind};
-    if ((status = run_plan(engine, CKPTIO_WRITE, extents, count + 1)) != CKPTIO_OK) goto out;
-    status = ckptio_file_commit(file);
+    /* Data plan and commit, with the checksum manifest when asked
+     * (manifest_save.c: it also drops a stale manifest of an older save). */
+    status = ckptio__manifest_write_and_commit(engine, file, path, extents, tensors, count,
+                                               (flags & CKPTIO_SAFETENSORS_CHECKSUMS) != 0);
 
 out:
     if (file) {

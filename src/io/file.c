@@ -4,7 +4,9 @@
  *
  * Atomic write protocol (CKPTIO_OPEN_WRITE without IN_PLACE):
  *   1. create ".NAME.ckptio-tmp-XXXXXX" in NAME's directory with
- *      O_CREAT|O_EXCL|O_NOFOLLOW (never follows or reuses anything);
+ *      O_CREAT|O_EXCL|O_NOFOLLOW (never follows or reuses anything) and
+ *      flock it, so cleaners (temporaries.c) know a live writer has it;
+ *      stale temporaries of NAME are removed first;
  *   2. the engine writes the data there;
  *   3. commit: fsync(temp) -> rename(temp, NAME) -> fsync(directory).
  * A crash before 3's rename leaves NAME as it was (plus a temporary);
@@ -17,6 +19,7 @@
 #include <fcntl.h>
 #include <stdio.h>
 #include <string.h>
+#include <sys/file.h>
 #include <sys/random.h>
 #include <sys/stat.h>
 #include <time.h>
@@ -24,25 +27,48 @@
 
 #define CKPTIO_TMP_TRIES 100
 
+/* open() and fsync() with injected faults; EINTR (real or injected) is
+ * retried, as the backends retry it for reads and writes. */
 static int faulted_open(const char *path, int flags, mode_t mode) {
-    int err = 0;
-    if (ckptio__io_fault(CKPTIO__IO_OPEN, &err, NULL)) {
-        errno = err;
-        return -1;
+    for (;;) {
+        int err = 0, fd;
+        if (ckptio__io_fault(CKPTIO__IO_OPEN, &err, NULL)) {
+            errno = err;
+            fd = -1;
+        } else {
+            fd = open(path, flags, mode);
+        }
+        if (fd >= 0 || errno != EINTR) return fd;
     }
-    return open(path, flags, mode);
 }
 
 static int faulted_fsync(int fd) {
-    int err = 0;
-    if (ckptio__io_fault(CKPTIO__IO_FSYNC, &err, NULL)) {
-        errno = err;
-        return -1;
+    for (;;) {
+        int err = 0, ret;
+        if (ckptio__io_fault(CKPTIO__IO_FSYNC, &err, NULL)) {
+            errno = err;
+            ret = -1;
+        } else {
+            ret = fsync(fd);
+        }
+        if (ret == 0 || errno != EINTR) return ret;
     }
+}
+
+/* Marks a new temporary as in use with flock(LOCK_EX): cleaners
+ * (ckptio_cleanup_temporaries) remove only temporaries they can lock, and
+ * the lock dies with the process, also with kill -9. Returns false when a
+ * cleaner got to the file between its creation and the lock (it holds the
+ * lock or unlinked the name): the caller then picks another name. File
+ * systems without flock keep working; cleaners leave their temporaries. */
+static bool lock_temporary(ckptio_file *f) {
     int ret;
-    do ret = fsync(fd);
+    do ret = flock(f->fd, LOCK_EX | LOCK_NB);
     while (ret < 0 && errno == EINTR);
-    return ret;
+    if (ret < 0) return errno != EWOULDBLOCK;
+    struct stat mine, named;
+    return fstat(f->fd, &mine) == 0 && lstat(f->tmp_path, &named) == 0 && mine.st_ino == named.st_ino &&
+           mine.st_dev == named.st_dev;
 }
 
 const char *ckptio__file_tmp_note(const ckptio_file *file, char *buf, size_t cap) {
@@ -87,6 +113,9 @@ static ckptio_status create_temporary(ckptio_file *f) {
     if (!*base)
         return CKPTIO_FAIL_CTX(CKPTIO_E_INVAL, &((ckptio__err_ctx){.operation = "open", .path = f->path, .file_offset = -1}),
                                "the path names a directory, not a file");
+    /* Temporaries of NAME left by a crashed save (unlocked) take space this
+     * save may need: remove them first (best effort, errors ignored). */
+    ckptio__temporaries_clean_stale(f->dir_path, base);
     const size_t cap = strlen(f->dir_path) + strlen(base) + 32;
     f->tmp_path = ckptio__malloc(cap);
     if (!f->tmp_path) return CKPTIO_FAIL(CKPTIO_E_NOMEM, "%s: out of memory for the temporary name", f->path);
@@ -98,7 +127,12 @@ static ckptio_status create_temporary(ckptio_file *f) {
          * O_NOFOLLOW says so explicitly. Mode 0666 & ~umask, like any
          * newly created file (mkstemp's 0600 would surprise readers). */
         f->fd = faulted_open(f->tmp_path, O_RDWR | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0666);
-        if (f->fd >= 0) return CKPTIO_OK;
+        if (f->fd >= 0) {
+            if (lock_temporary(f)) return CKPTIO_OK;
+            close(f->fd);
+            f->fd = -1;
+            continue;
+        }
         if (errno != EEXIST) {
             int err = errno;
             ckptio_status st = CKPTIO_FAIL_SYS(err, "create", f->path, -1, "creating the temporary %s", f->tmp_path);

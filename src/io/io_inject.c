@@ -86,3 +86,8 @@ bool ckptio__io_fault(ckptio__io_kind kind, int *err, uint64_t *len) {
     if (len && *len > cap) *len = cap;
     return false;
 }
+
+uint64_t ckptio__io_inject_countdown(ckptio__io_kind kind) {
+    if ((unsigned)kind >= CKPTIO__IO_KIND_COUNT_) return 0;
+    return atomic_load(&faults[kind].countdown);
+}

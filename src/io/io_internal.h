@@ -63,6 +63,17 @@ const char *ckptio__file_tmp_note(const ckptio_file *file, char *buf, size_t cap
  * O_DIRECT, which would fetch cached data from the disk again. */
 bool ckptio__range_cached(int fd, uint64_t offset, uint64_t len);
 
+/* ---- temporaries (temporaries.c) -------------------------------------- */
+
+/* The part of a temporary's name after ".NAME": ".NAME" + this + 6 random
+ * characters from [A-Za-z0-9]. */
+#define CKPTIO__TMP_MARK ".ckptio-tmp-"
+
+/* Removes temporaries of `name` in `dir` that no live writer holds (see
+ * ckptio_cleanup_temporaries), before a new atomic write of `name`. Best
+ * effort: never fails and leaves the calling thread's error record alone. */
+void ckptio__temporaries_clean_stale(const char *dir, const char *name);
+
 /* ---- operations -------------------------------------------------------- */
 
 /* One contiguous transfer handed to a backend. The backend moves bytes until
@@ -159,6 +170,11 @@ void ckptio__io_inject_delay(uint64_t micros);
 
 /* Clears every injected fault and delay. */
 void ckptio__io_inject_reset(void);
+
+/* Requests of `kind` left before its armed fault fires: 0 once a one-shot
+ * fault fired (or none is armed). Lets tests sweep "the nth request" until
+ * n passes the last request a call makes. */
+uint64_t ckptio__io_inject_countdown(ckptio__io_kind kind);
 
 /* Called by the backends before each request of `kind`. Returns true when
  * this request must fail with *err; otherwise may lower *len for a short

@@ -1,0 +1,491 @@
+/*
+ * _ckptio_dcp.c - what ckptio.dcp (torch.distributed.checkpoint storage)
+ * needs from C: writing the items of .distcp files (ckptio_dcp_write: one
+ * engine plan for every item of every file of a rank), reading extents of
+ * several files in one plan, describing a torch.save item in place (the
+ * file is mapped and only the zip directory, local headers and pickle are
+ * touched; the tensor bytes are then read with the engine), safetensors
+ * headers inside a data file, XXH3-64 hashes and zstd decompression.
+ */
+#include "_ckptio_internal.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+static PyObject *int64_tuple(const int64_t *v, uint32_t n) {
+    PyObject *t = PyTuple_New((Py_ssize_t)n);
+    if (!t) return NULL;
+    for (uint32_t i = 0; i < n; i++) {
+        PyObject *x = PyLong_FromLongLong((long long)v[i]);
+        if (!x) {
+            Py_DECREF(t);
+            return NULL;
+        }
+        PyTuple_SetItem(t, (Py_ssize_t)i, x);
+    }
+    return t;
+}
+
+static int int64_array(PyObject *seq, int64_t **out, uint32_t *n_out) {
+    PyObject *fast = PySequence_List(seq);
+    if (!fast) return -1;
+    const Py_ssize_t n = PyList_Size(fast);
+    int64_t *v = PyMem_Calloc(n ? (size_t)n : 1, sizeof *v);
+    if (!v) {
+        Py_DECREF(fast);
+        PyErr_NoMemory();
+        return -1;
+    }
+    for (Py_ssize_t i = 0; i < n; i++) {
+        const long long x = PyLong_AsLongLong(PyList_GetItem(fast, i));
+        if (x == -1 && PyErr_Occurred()) {
+            Py_DECREF(fast);
+            PyMem_Free(v);
+            return -1;
+        }
+        v[i] = (int64_t)x;
+    }
+    Py_DECREF(fast);
+    *out = v;
+    *n_out = (uint32_t)n;
+    return 0;
+}
+
+static void release_lock_of(ckpy_engine *engine, ckptio_status *st, ckptio_status (*fn)(void *), void *arg) {
+    Py_BEGIN_ALLOW_THREADS
+    ckpy_lock_nogil(engine->lock);
+    *st = fn(arg);
+    PyThread_release_lock(engine->lock);
+    Py_END_ALLOW_THREADS
+}
+
+/* ---- writing items ------------------------------------------------------------ */
+
+typedef struct write_call {
+    ckptio_engine *engine;
+    ckptio_dcp_item *items;
+    size_t count;
+    ckptio_torch_save_options options;
+} write_call;
+
+static ckptio_status do_write(void *arg) {
+    write_call *c = arg;
+    return ckptio_dcp_write(c->engine, c->items, c->count, &c->options);
+}
+
+/* A one-tensor archive as torch.save(tensor) writes it: storage "cpu" (torch
+ * moves DCP tensors to the cpu first), C-contiguous, no grad. */
+static int build_archive(PyObject *spec, ckptio_torch_writer **out) {
+    PyObject *code_o, *shape_o, *addr_o, *nbytes_o, *kind_o;
+    if (!PyArg_ParseTuple(spec, "OOOOO:tensor item", &code_o, &shape_o, &addr_o, &nbytes_o, &kind_o)) return -1;
+    ckptio_dtype dtype;
+    uint64_t addr, nbytes;
+    ckptio_mem_kind kind;
+    if (ckpy_dtype(code_o, &dtype) < 0 || ckpy_u64(addr_o, "address", &addr) < 0 ||
+        ckpy_u64(nbytes_o, "nbytes", &nbytes) < 0 || ckpy_mem_kind(kind_o, &kind) < 0)
+        return -1;
+    int64_t *shape = NULL;
+    uint32_t ndim = 0;
+    if (int64_array(shape_o, &shape, &ndim) < 0) return -1;
+    ckptio_torch_writer *w = NULL;
+    size_t sid = 0;
+    ckptio_value *root = NULL;
+    ckptio_status st = ckptio_torch_writer_create(&w);
+    if (st == CKPTIO_OK)
+        st = ckptio_torch_writer_storage(w, dtype, nbytes, "cpu", (const void *)(uintptr_t)addr, kind, &sid);
+    if (st == CKPTIO_OK) {
+        ckptio_torch_tensor_spec ts;
+        memset(&ts, 0, sizeof ts);
+        ts.storage = sid;
+        ts.dtype = dtype;
+        ts.ndim = ndim;
+        ts.shape = shape;
+        st = ckptio_torch_writer_tensor(w, &ts, &root);
+    }
+    if (st == CKPTIO_OK) st = ckptio_torch_writer_set_root(w, root);
+    PyMem_Free(shape);
+    if (st != CKPTIO_OK) {
+        ckpy_raise(st);
+        ckptio_torch_writer_destroy(w);
+        return -1;
+    }
+    *out = w;
+    return 0;
+}
+
+static PyObject *mod_dcp_write(PyObject *module, PyObject *args, PyObject *kwargs) {
+    static char *kwlist[] = {"items", "alignment", "engine", NULL};
+    PyObject *seq, *engine_arg = Py_None;
+    unsigned int alignment = 0;
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "O|IO:dcp_write", kwlist, &seq, &alignment, &engine_arg))
+        return NULL;
+    PyObject *fast = PySequence_List(seq); /* holds every payload alive for the call */
+    if (!fast) return NULL;
+    const Py_ssize_t n = PyList_Size(fast);
+    PyObject *result = NULL;
+    ckpy_engine *engine = NULL;
+    write_call c;
+    memset(&c, 0, sizeof c);
+    c.items = PyMem_Calloc(n ? (size_t)n : 1, sizeof *c.items);
+    if (!c.items) {
+        PyErr_NoMemory();
+        goto out;
+    }
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *file_o, *payload;
+        unsigned int flags;
+        if (!PyArg_ParseTuple(PyList_GetItem(fast, i), "OIO:item", &file_o, &flags, &payload)) goto out;
+        ckptio_dcp_item *it = &c.items[i];
+        if (!(it->file = ckpy_file_handle(file_o))) goto out;
+        it->flags = flags;
+        if (PyBytes_Check(payload)) {
+            it->bytes = PyBytes_AsString(payload); /* the caller's list keeps it alive */
+            it->nbytes = (uint64_t)PyBytes_Size(payload);
+        } else if (build_archive(payload, &it->archive) < 0) {
+            goto out;
+        }
+        c.count = (size_t)i + 1;
+    }
+    if (!(engine = ckpy_engine_resolve(engine_arg))) goto out;
+    c.engine = engine->engine;
+    c.options.storage_alignment = alignment;
+    c.options.record_prefix = "archive";
+    c.count = (size_t)n;
+    ckptio_status st;
+    release_lock_of(engine, &st, do_write, &c);
+    if (st != CKPTIO_OK) {
+        ckpy_raise(st);
+        goto out;
+    }
+    result = PyList_New(n);
+    for (Py_ssize_t i = 0; result && i < n; i++) {
+        const ckptio_dcp_item *it = &c.items[i];
+        PyObject *hash = it->hashed ? PyLong_FromUnsignedLongLong(it->hash) : (Py_INCREF(Py_None), Py_None);
+        PyObject *row = hash ? Py_BuildValue("(KKN)", (unsigned long long)it->offset,
+                                             (unsigned long long)it->length, hash)
+                             : NULL;
+        if (!row) {
+            Py_CLEAR(result);
+            break;
+        }
+        PyList_SetItem(result, i, row);
+    }
+out:
+    for (size_t i = 0; c.items && i < (size_t)n; i++) ckptio_torch_writer_destroy(c.items[i].archive);
+    PyMem_Free(c.items);
+    Py_XDECREF(engine);
+    Py_DECREF(fast);
+    return result;
+}
+
+/* ---- reading extents of several files in one plan -------------------------------- */
+
+typedef struct read_call {
+    ckptio_engine *engine;
+    ckptio_extent *extents;
+    size_t count;
+} read_call;
+
+static ckptio_status do_read(void *arg) {
+    read_call *c = arg;
+    ckptio_plan *plan = NULL;
+    ckptio_status st = ckptio_plan_create(CKPTIO_READ, &plan);
+    for (size_t i = 0; st == CKPTIO_OK && i < c->count; i++) st = ckptio_plan_add(plan, &c->extents[i]);
+    if (st == CKPTIO_OK) st = ckptio_engine_execute(c->engine, plan);
+    ckptio_plan_destroy(plan);
+    return st;
+}
+
+static PyObject *mod_dcp_read(PyObject *module, PyObject *args, PyObject *kwargs) {
+    static char *kwlist[] = {"extents", "engine", NULL};
+    PyObject *seq, *engine_arg = Py_None;
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "O|O:dcp_read", kwlist, &seq, &engine_arg)) return NULL;
+    PyObject *fast = PySequence_List(seq);
+    if (!fast) return NULL;
+    const Py_ssize_t n = PyList_Size(fast);
+    PyObject *result = NULL;
+    ckpy_engine *engine = NULL;
+    read_call c = {0};
+    c.extents = PyMem_Calloc(n ? (size_t)n : 1, sizeof *c.extents);
+    if (!c.extents) {
+        PyErr_NoMemory();
+        goto out;
+    }
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *file_o, *addr_o, *len_o, *off_o, *kind_o;
+        ckptio_extent *e = &c.extents[i];
+        uint64_t addr;
+        if (!PyArg_ParseTuple(PyList_GetItem(fast, i), "OOOOO:extent", &file_o, &addr_o, &len_o, &off_o,
+                              &kind_o))
+            goto out;
+        if (!(e->file = ckpy_file_handle(file_o)) || ckpy_u64(addr_o, "address", &addr) < 0 ||
+            ckpy_u64(len_o, "nbytes", &e->length) < 0 || ckpy_u64(off_o, "file offset", &e->file_offset) < 0 ||
+            ckpy_mem_kind(kind_o, &e->mem_kind) < 0)
+            goto out;
+        if (!addr && e->length) {
+            PyErr_SetString(PyExc_ValueError, "address 0 with a non-zero length");
+            goto out;
+        }
+        e->memory = (void *)(uintptr_t)addr;
+    }
+    if (!(engine = ckpy_engine_resolve(engine_arg))) goto out;
+    c.engine = engine->engine;
+    c.count = (size_t)n;
+    ckptio_status st;
+    release_lock_of(engine, &st, do_read, &c);
+    if (st != CKPTIO_OK) {
+        ckpy_raise(st);
+        goto out;
+    }
+    result = Py_None;
+    Py_INCREF(result);
+out:
+    PyMem_Free(c.extents);
+    Py_XDECREF(engine);
+    Py_DECREF(fast);
+    return result;
+}
+
+/* ---- describing items --------------------------------------------------------------- */
+
+/* ([(name, dtype, shape, stride, storage_offset, storage, file_offset, nbytes, contiguous)],
+ *  [(nbytes, file_offset)]) of a parsed archive; offsets count from its first byte. */
+static PyObject *archive_rows(ckptio_torch *t) {
+    size_t count = 0, scount = 0;
+    ckptio_status st = ckptio_torch_count(t, &count);
+    if (st == CKPTIO_OK) st = ckptio_torch_storage_count(t, &scount);
+    if (st != CKPTIO_OK) return ckpy_raise(st);
+    PyObject *tensors = PyList_New((Py_ssize_t)count), *storages = PyList_New((Py_ssize_t)scount);
+    if (!tensors || !storages) goto fail;
+    for (size_t i = 0; i < count; i++) {
+        ckptio_torch_tensor_info ti;
+        if ((st = ckptio_torch_tensor(t, i, &ti)) != CKPTIO_OK) {
+            ckpy_raise(st);
+            goto fail;
+        }
+        PyObject *shape = int64_tuple(ti.shape, ti.ndim);
+        PyObject *stride = shape ? int64_tuple(ti.stride, ti.ndim) : NULL;
+        if (!stride) {
+            Py_XDECREF(shape);
+            goto fail;
+        }
+        PyObject *row = Py_BuildValue("(siNNKnKKO)", ti.name, (int)ti.dtype, shape, stride,
+                                      (unsigned long long)ti.storage_offset, (Py_ssize_t)ti.storage,
+                                      (unsigned long long)ti.file_offset, (unsigned long long)ti.nbytes,
+                                      ti.is_contiguous ? Py_True : Py_False);
+        if (!row) goto fail;
+        PyList_SetItem(tensors, (Py_ssize_t)i, row);
+    }
+    for (size_t i = 0; i < scount; i++) {
+        ckptio_torch_storage_info si;
+        if ((st = ckptio_torch_storage(t, i, &si)) != CKPTIO_OK) {
+            ckpy_raise(st);
+            goto fail;
+        }
+        PyObject *row = Py_BuildValue("(KK)", (unsigned long long)si.nbytes, (unsigned long long)si.file_offset);
+        if (!row) goto fail;
+        PyList_SetItem(storages, (Py_ssize_t)i, row);
+    }
+    return Py_BuildValue("(NN)", tensors, storages);
+fail:
+    Py_XDECREF(tensors);
+    Py_XDECREF(storages);
+    return NULL;
+}
+
+/* Parses an archive held in memory; a failure names `path` and `offset`. */
+static PyObject *parse_archive(const void *bytes, size_t len, const char *path, int64_t offset) {
+    ckptio_torch *t = NULL;
+    ckptio_status st;
+    Py_BEGIN_ALLOW_THREADS
+    st = ckptio_torch_parse(bytes, len, &t);
+    Py_END_ALLOW_THREADS
+    if (st != CKPTIO_OK)
+        return ckpy_raise_custom(st, 0, "parse DCP item", path, offset, "torch.save item of %zu bytes: %s", len,
+                                 ckptio_last_error_message());
+    PyObject *rows = archive_rows(t);
+    ckptio_torch_close(t);
+    return rows;
+}
+
+static PyObject *mod_torch_item(PyObject *module, PyObject *args) {
+    PyObject *path_arg;
+    unsigned long long offset, length;
+    if (!PyArg_ParseTuple(args, "OKK:dcp_torch_item", &path_arg, &offset, &length)) return NULL;
+    PyObject *pb = ckpy_path_bytes(path_arg);
+    if (!pb) return NULL;
+    const char *path = PyBytes_AsString(pb);
+    PyObject *result = NULL;
+    const int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0) {
+        const int err = errno;
+        ckpy_raise_custom(ckpy_status_from_errno(err), err, "open", path, -1, "cannot open the data file");
+        goto out;
+    }
+    struct stat sb;
+    if (fstat(fd, &sb) != 0 || (uint64_t)sb.st_size < offset || (uint64_t)sb.st_size - offset < length || length == 0) {
+        ckpy_raise_custom(CKPTIO_E_TRUNCATED, 0, "parse DCP item", path, (int64_t)offset,
+                          "item of %llu bytes does not lie inside the file (%lld bytes)", length,
+                          (long long)sb.st_size);
+        close(fd);
+        goto out;
+    }
+    /* Map the item; parsing touches only its directory, headers and pickle. */
+    const long page = sysconf(_SC_PAGESIZE);
+    const uint64_t base = offset / (uint64_t)page * (uint64_t)page;
+    const size_t maplen = (size_t)(offset - base + length);
+    void *map = mmap(NULL, maplen, PROT_READ, MAP_SHARED, fd, (off_t)base);
+    const int map_err = errno;
+    close(fd);
+    if (map == MAP_FAILED) {
+        ckpy_raise_custom(ckpy_status_from_errno(map_err), map_err, "mmap", path, (int64_t)offset,
+                          "cannot map the item");
+        goto out;
+    }
+    result = parse_archive((const uint8_t *)map + (offset - base), (size_t)length, path, (int64_t)offset);
+    munmap(map, maplen);
+out:
+    Py_DECREF(pb);
+    return result;
+}
+
+static PyObject *mod_torch_item_memory(PyObject *module, PyObject *args) {
+    unsigned long long addr, len;
+    const char *what;
+    if (!PyArg_ParseTuple(args, "KKs:dcp_torch_item_memory", &addr, &len, &what)) return NULL;
+    if (!addr || !len) {
+        PyErr_SetString(PyExc_ValueError, "an empty buffer is not a torch.save item");
+        return NULL;
+    }
+    return parse_archive((const void *)(uintptr_t)addr, (size_t)len, what, -1);
+}
+
+/* (rows [(name, dtype, shape, offset in the blob, nbytes)], data offset, metadata) of a
+ * safetensors header held in memory, for a blob of blob_size bytes. */
+static PyObject *mod_safetensors_header(PyObject *module, PyObject *args) {
+    unsigned long long addr, len, blob_size;
+    if (!PyArg_ParseTuple(args, "KKK:dcp_safetensors_header", &addr, &len, &blob_size)) return NULL;
+    ckptio_safetensors *st = NULL;
+    ckptio_status s = ckptio_safetensors_parse((const void *)(uintptr_t)addr, (size_t)len, blob_size, &st);
+    if (s != CKPTIO_OK) return ckpy_raise(s);
+    PyObject *rows = NULL, *meta = NULL, *result = NULL;
+    size_t count = 0, mcount = 0;
+    uint64_t data_offset = 0;
+    if ((s = ckptio_safetensors_count(st, &count)) || (s = ckptio_safetensors_metadata_count(st, &mcount)) ||
+        (s = ckptio_safetensors_data_offset(st, &data_offset))) {
+        ckpy_raise(s);
+        goto out;
+    }
+    if (!(rows = PyList_New((Py_ssize_t)count)) || !(meta = PyDict_New())) goto out;
+    for (size_t i = 0; i < count; i++) {
+        ckptio_tensor_info ti;
+        if ((s = ckptio_safetensors_tensor(st, i, &ti))) {
+            ckpy_raise(s);
+            goto out;
+        }
+        PyObject *shape = int64_tuple(ti.shape, ti.ndim);
+        PyObject *row = shape ? Py_BuildValue("(siNKK)", ti.name, (int)ti.dtype, shape,
+                                              (unsigned long long)ti.file_offset, (unsigned long long)ti.nbytes)
+                              : NULL;
+        if (!row) goto out;
+        PyList_SetItem(rows, (Py_ssize_t)i, row);
+    }
+    for (size_t i = 0; i < mcount; i++) {
+        ckptio_kv kv;
+        if ((s = ckptio_safetensors_metadata(st, i, &kv))) {
+            ckpy_raise(s);
+            goto out;
+        }
+        PyObject *v = PyUnicode_FromString(kv.value);
+        if (!v || PyDict_SetItemString(meta, kv.key, v) < 0) {
+            Py_XDECREF(v);
+            goto out;
+        }
+        Py_DECREF(v);
+    }
+    result = Py_BuildValue("(OKO)", rows, (unsigned long long)data_offset, meta);
+out:
+    Py_XDECREF(rows);
+    Py_XDECREF(meta);
+    ckptio_safetensors_close(st);
+    return result;
+}
+
+/* ---- hashes and zstd ----------------------------------------------------------------- */
+
+static PyObject *mod_hash_xxh3(PyObject *module, PyObject *args) {
+    unsigned long long addr, len;
+    if (!PyArg_ParseTuple(args, "KK:hash_xxh3", &addr, &len)) return NULL;
+    uint64_t h = 0;
+    ckptio_status st;
+    Py_BEGIN_ALLOW_THREADS
+    st = ckptio_hash_xxh3((const void *)(uintptr_t)addr, (size_t)len, &h);
+    Py_END_ALLOW_THREADS
+    if (st != CKPTIO_OK) return ckpy_raise(st);
+    return PyLong_FromUnsignedLongLong(h);
+}
+
+static PyObject *mod_zstd_decompress(PyObject *module, PyObject *args) {
+    unsigned long long addr, len;
+    if (!PyArg_ParseTuple(args, "KK:zstd_decompress", &addr, &len)) return NULL;
+    const void *src = (const void *)(uintptr_t)addr;
+    uint64_t size = 0;
+    ckptio_status st;
+    Py_BEGIN_ALLOW_THREADS
+    st = ckptio_zstd_decompressed_size(src, (size_t)len, &size);
+    Py_END_ALLOW_THREADS
+    if (st != CKPTIO_OK) return ckpy_raise(st);
+    if (size > (uint64_t)PY_SSIZE_T_MAX) return PyErr_NoMemory();
+    PyObject *out = PyBytes_FromStringAndSize(NULL, (Py_ssize_t)size);
+    if (!out) return NULL;
+    char *dst = PyBytes_AsString(out);
+    size_t got = 0;
+    Py_BEGIN_ALLOW_THREADS
+    st = ckptio_zstd_decompress(src, (size_t)len, dst, (size_t)size, &got);
+    Py_END_ALLOW_THREADS
+    if (st != CKPTIO_OK || got != size) {
+        Py_DECREF(out);
+        if (st != CKPTIO_OK) return ckpy_raise(st);
+        return ckpy_raise_custom(CKPTIO_E_FORMAT, 0, "zstd decompress", NULL, -1,
+                                 "zstd data produced %zu bytes where %llu were announced", got,
+                                 (unsigned long long)size);
+    }
+    return out;
+}
+
+static PyMethodDef dcp_methods[] = {
+    {"dcp_write", (PyCFunction)(void (*)(void))mod_dcp_write, METH_VARARGS | METH_KEYWORDS,
+     "dcp_write(items, alignment=0, engine=None) -> [(offset, length, xxh3 or None)]\n\n"
+     "Writes .distcp items (ckptio_dcp_write): each (File, flags, payload) where payload is bytes\n"
+     "(a byte item) or (dtype, shape, address, nbytes, mem_kind) (a torch.save archive of one\n"
+     "C-contiguous tensor). Items of one file are placed in order from offset 0. GIL released."},
+    {"dcp_read", (PyCFunction)(void (*)(void))mod_dcp_read, METH_VARARGS | METH_KEYWORDS,
+     "dcp_read(extents, engine=None): file -> memory for (File, address, nbytes, file_offset, mem_kind)\n"
+     "extents of any number of files, in one engine plan. GIL released."},
+    {"dcp_torch_item", mod_torch_item, METH_VARARGS,
+     "dcp_torch_item(path, offset, length) -> (tensors, storages) of the torch.save archive stored at\n"
+     "[offset, +length) of a file. Tensor rows: (name, dtype, shape, stride, storage_offset, storage,\n"
+     "file_offset, nbytes, contiguous); storage rows: (nbytes, file_offset); offsets from the item start."},
+    {"dcp_torch_item_memory", mod_torch_item_memory, METH_VARARGS,
+     "dcp_torch_item_memory(address, length, what) -> the same for an archive in memory."},
+    {"dcp_safetensors_header", mod_safetensors_header, METH_VARARGS,
+     "dcp_safetensors_header(address, length, blob_size) -> ([(name, dtype, shape, offset, nbytes)],\n"
+     "data_offset, metadata) of a safetensors blob whose first `length` bytes are in memory."},
+    {"hash_xxh3", mod_hash_xxh3, METH_VARARGS, "hash_xxh3(address, nbytes) -> int: XXH3-64 of host memory."},
+    {"zstd_decompress", mod_zstd_decompress, METH_VARARGS,
+     "zstd_decompress(address, nbytes) -> bytes: all zstd frames of the buffer, decompressed."},
+    {NULL, NULL, 0, NULL},
+};
+
+int ckpy_dcp_add_to_module(PyObject *module) {
+    if (PyModule_AddFunctions(module, dcp_methods) < 0) return -1;
+    if (PyModule_AddIntConstant(module, "DCP_ITEM_ZSTD", CKPTIO_DCP_ITEM_ZSTD) < 0 ||
+        PyModule_AddIntConstant(module, "DCP_ITEM_CRC32", CKPTIO_DCP_ITEM_CRC32) < 0 ||
+        PyModule_AddIntConstant(module, "DCP_ITEM_HASH", CKPTIO_DCP_ITEM_HASH) < 0)
+        return -1;
+    return 0;
+}

@@ -1,0 +1,291 @@
+"""ckptio.dcp.FileSystemReader: torch.distributed.checkpoint's FileSystemReader
+with ckptio's engine as the data path and resharding by byte ranges.
+
+For every requested slice of a stored chunk only the bytes it needs are
+read: the runs of the stored (C-contiguous) tensor that the slice covers go
+straight into the destination tensor (host or GPU memory) when it is
+contiguous, else into a temporary that is copied. All reads of one
+read_data() call, over every file, form one engine plan. Items written by
+torch (torch.save archives, SAFETENSORS blobs, zstd-compressed items) and by
+ckptio are read alike.
+"""
+
+from __future__ import annotations
+
+import io
+import math
+import os
+import struct
+from typing import Any, Dict, List, Optional, Tuple
+
+import torch
+from torch.distributed.checkpoint import FileSystemReader as _TorchFileSystemReader
+from torch.distributed.checkpoint.planner import LoadItemType, LoadPlan, LoadPlanner, ReadItem
+from torch.futures import Future
+
+from .. import _adapt, _ckptio
+from .._ckptio import Engine
+from .._errors import make_error
+
+ZSTD_DESCRIPTOR = "stream.zstd/1"
+# Above this many runs, a slice is read as one covering range and cut in memory.
+MAX_RUNS = 4096
+
+
+def _format_error(path: str, offset: int, message: str):
+    return make_error(_ckptio.E_FORMAT, "E_FORMAT", 0, 0, "read DCP item", path, offset, None,
+                      f"{path}: read DCP item at offset {offset}: {message}")
+
+
+def _check_transforms(descriptors, path: str, offset: int) -> bool:
+    """True when the item is zstd-compressed; other transforms are refused."""
+    zstd = False
+    for d in descriptors or ():
+        name, _, version = d.partition("/")
+        if name == "stream.zstd" and version.partition(".")[0] == "1" and not zstd:
+            zstd = True
+        else:
+            raise _format_error(path, offset, f"unsupported transform {d!r} (ckptio reads stream.zstd/1)")
+    return zstd
+
+
+class _Stored:
+    """A stored chunk as bytes: dtype, shape, strides (elements) and where its
+    storage starts (absolute file offset, or inside an in-memory buffer)."""
+
+    __slots__ = ("code", "dtype", "shape", "stride", "storage_offset", "base", "storage_nbytes", "memory")
+
+    def __init__(self, code, shape, stride, storage_offset, base, storage_nbytes, memory=None):
+        self.code = code
+        self.dtype = _adapt.torch_dtype(code, "stored tensor")
+        self.shape = tuple(shape)
+        self.stride = tuple(stride)
+        self.storage_offset = storage_offset
+        self.base = base
+        self.storage_nbytes = storage_nbytes
+        self.memory = memory  # a torch uint8 tensor holding the storage (decompressed items)
+
+    def contiguous(self) -> bool:
+        expect = 1
+        for size, st in zip(reversed(self.shape), reversed(self.stride)):
+            if size != 1 and st != expect:
+                return False
+            expect *= size
+        return True
+
+
+class _DataFile:
+    def __init__(self, path: str, engine: Engine):
+        self.path = path
+        self.file = _ckptio.File(path, _ckptio.OPEN_READ, engine)
+        self.size = self.file.size()
+
+
+class FileSystemReader(_TorchFileSystemReader):
+    """A drop-in for ``torch.distributed.checkpoint.FileSystemReader``.
+
+    ``engine``: a :class:`ckptio.Engine` (default: the shared default engine).
+    """
+
+    def __init__(self, path, _extension_registry=None, *, engine: Optional[Engine] = None) -> None:
+        super().__init__(path, _extension_registry)
+        self.engine = engine
+
+    # ---- describing stored items ------------------------------------------------------
+    def _read_bytes(self, df: _DataFile, offset: int, length: int) -> torch.Tensor:
+        if offset + length > df.size:
+            raise _format_error(df.path, offset, f"item of {length} bytes runs past the end of the file "
+                                f"({df.size} bytes)")
+        buf = torch.empty(length, dtype=torch.uint8)
+        if length:
+            _ckptio.dcp_read([(df.file, buf.data_ptr(), length, offset, _adapt.MEM_HOST)], self.engine)
+        return buf
+
+    def _describe(self, df: _DataFile, info, fqn: str, cache: Dict) -> _Stored:
+        key = (df.path, info.offset, info.length, fqn)
+        hit = cache.get(key)
+        if hit is not None:
+            return hit
+        zstd = _check_transforms(info.transform_descriptors, df.path, info.offset)
+        if zstd:
+            packed = self._read_bytes(df, info.offset, info.length)
+            raw = _ckptio.zstd_decompress(packed.data_ptr(), info.length)
+            # A uint8 tensor over the bytes (they stay referenced by the tensor's
+            # _Stored below; torch.frombuffer does not keep them alive).
+            raw = bytearray(raw)
+            mem = torch.frombuffer(raw, dtype=torch.uint8) if raw else torch.empty(0, dtype=torch.uint8)
+            mem._ckptio_keep = raw
+            stored = self._from_archive(_ckptio.dcp_torch_item_memory(mem.data_ptr(), mem.numel(),
+                                                                      f"{df.path}@{info.offset}"),
+                                        df.path, info.offset, 0, mem)
+        else:
+            head = self._read_bytes(df, info.offset, min(8, df.size - info.offset))
+            if bytes(head[:4].tolist()) == b"PK\x03\x04":
+                stored = self._from_archive(_ckptio.dcp_torch_item(df.path, info.offset, info.length),
+                                            df.path, info.offset, info.offset, None)
+            else:
+                stored = self._from_safetensors(df, info.offset, fqn, cache)
+        cache[key] = stored
+        return stored
+
+    def _from_archive(self, desc, path: str, offset: int, base: int, memory) -> _Stored:
+        tensors, storages = desc
+        if len(tensors) != 1:
+            raise _format_error(path, offset, f"a torch.save item holds {len(tensors)} tensors where one is expected")
+        name, code, shape, stride, soff, sidx, _, _, _ = tensors[0]
+        snbytes, sfile_offset = storages[sidx]
+        return _Stored(code, shape, stride, soff, base + sfile_offset, snbytes, memory)
+
+    def _from_safetensors(self, df: _DataFile, offset: int, fqn: str, cache: Dict) -> _Stored:
+        key = ("st", df.path, offset)
+        table = cache.get(key)
+        if table is None:
+            head = self._read_bytes(df, offset, 8)
+            (n,) = struct.unpack("<Q", bytes(head.tolist()))
+            blob_size = df.size - offset
+            if n > 100_000_000 or 8 + n > blob_size:
+                raise _format_error(df.path, offset, f"neither a torch.save archive nor a safetensors blob "
+                                    f"(header length {n} for a blob of {blob_size} bytes)")
+            header = self._read_bytes(df, offset, 8 + n)
+            rows, data_offset, _ = _ckptio.dcp_safetensors_header(header.data_ptr(), 8 + n, blob_size)
+            table = {r[0]: r for r in rows}
+            cache[key] = table
+        row = table.get(fqn)
+        if row is None:
+            raise _format_error(df.path, offset, f"the safetensors blob has no tensor '{fqn}'")
+        _, code, shape, toff, nbytes = row
+        shape = _adapt.torch_shape(code, tuple(shape), f"tensor '{fqn}'")
+        stride, acc = [], 1
+        for s in reversed(shape):
+            stride.append(acc)
+            acc *= s
+        return _Stored(code, shape, tuple(reversed(stride)), 0, offset + toff, nbytes)
+
+    # ---- reading --------------------------------------------------------------------------
+    def read_data(self, plan: LoadPlan, planner: LoadPlanner) -> Future:
+        files: Dict[str, _DataFile] = {}
+        cache: Dict = {}
+        extents: List[tuple] = []
+        finish: List[Tuple[ReadItem, Any, Any]] = []  # (req, target, source to copy from or None)
+        byte_reqs: List[Tuple[ReadItem, torch.Tensor, bool, str, int]] = []
+        try:
+            for req in plan.items:
+                info = self.storage_data[req.storage_index]
+                rel = info.relative_path
+                df = files.get(rel)
+                if df is None:
+                    df = files[rel] = _DataFile(os.path.join(os.fspath(self.path), rel), self.engine)
+                if req.type == LoadItemType.BYTE_IO:
+                    zstd = _check_transforms(info.transform_descriptors, df.path, info.offset)
+                    if info.offset + info.length > df.size:
+                        raise _format_error(df.path, info.offset, f"byte item of {info.length} bytes runs past the "
+                                            f"end of the file ({df.size} bytes)")
+                    buf = torch.empty(info.length, dtype=torch.uint8)
+                    if info.length:
+                        extents.append((df.file, buf.data_ptr(), info.length, info.offset, _adapt.MEM_HOST))
+                    byte_reqs.append((req, buf, zstd, df.path, info.offset))
+                    continue
+                stored = self._describe(df, info, req.storage_index.fqn, cache)
+                target = planner.resolve_tensor(req).detach()
+                if tuple(target.shape) != tuple(req.lengths):
+                    raise AssertionError(f"req {req.storage_index} mismatch sizes {tuple(target.shape)} vs "
+                                         f"{tuple(req.lengths)}")
+                src = self._plan_slice(df, stored, req, target, extents)
+                finish.append((req, target, src))
+            if extents:
+                _ckptio.dcp_read(extents, self.engine)
+            for req, buf, zstd, path, offset in byte_reqs:
+                raw = bytes(buf.numpy().tobytes()) if buf.numel() else b""
+                if zstd:
+                    raw = _ckptio.zstd_decompress(buf.data_ptr(), buf.numel())
+                planner.load_bytes(req, io.BytesIO(raw))
+            for req, target, src in finish:
+                if src is not None:
+                    target.copy_(src() if callable(src) else src)
+                planner.commit_tensor(req, target)
+        finally:
+            for df in files.values():
+                df.file.close()
+        fut: Future = Future()
+        fut.set_result(None)
+        return fut
+
+    def _plan_slice(self, df: _DataFile, stored: _Stored, req: ReadItem, target: torch.Tensor, extents: List):
+        """Adds the extents that bring the requested slice in; returns what must
+        then be copied into target (None when the bytes land there directly)."""
+        offs, lens = tuple(req.storage_offsets), tuple(req.lengths)
+        ndim = len(stored.shape)
+        if len(offs) != ndim or any(o + n > s for o, n, s in zip(offs, lens, stored.shape)):
+            raise _format_error(df.path, stored.base, f"slice offsets {list(offs)} lengths {list(lens)} lie outside "
+                                f"the stored chunk of shape {list(stored.shape)}")
+        esize = torch.empty((), dtype=stored.dtype).element_size()
+        if stored.memory is not None:
+            # Decompressed item: cut the slice out of memory.
+            mem = stored.memory[stored.base:stored.base + stored.storage_nbytes]
+            typed = mem.view(stored.dtype)  # as_strided counts from the storage's start, not the view's
+            view = typed.as_strided(stored.shape, stored.stride, typed.storage_offset() + stored.storage_offset)
+            for d, (o, n) in enumerate(zip(offs, lens)):
+                view = view.narrow(d, o, n)
+            return view
+        if any(n == 0 for n in lens):
+            return None
+        if not stored.contiguous():
+            # A strided chunk (torch.save keeps strides): read its storage, cut in memory.
+            buf = torch.empty(stored.storage_nbytes, dtype=torch.uint8)
+            extents.append((df.file, buf.data_ptr(), stored.storage_nbytes, stored.base, _adapt.MEM_HOST))
+
+            def cut(buf=buf):
+                full = torch.empty((0,), dtype=stored.dtype)
+                full.set_(buf.untyped_storage(), 0, (buf.numel() // esize,), (1,))
+                view = full.as_strided(stored.shape, stored.stride, stored.storage_offset)
+                for d, (o, n) in enumerate(zip(offs, lens)):
+                    view = view.narrow(d, o, n)
+                return view
+
+            return cut
+        # C-contiguous chunk: dims j.. are taken whole, dim j-1 partly; each
+        # index over dims < j-1 gives one run of consecutive bytes.
+        j = ndim
+        while j > 0 and offs[j - 1] == 0 and lens[j - 1] == stored.shape[j - 1]:
+            j -= 1
+        inner = math.prod(stored.shape[j:]) if j < ndim else 1
+        run_elems = lens[j - 1] * inner if j > 0 else inner
+        outer_dims = list(range(max(j - 1, 0)))
+        nruns = math.prod(lens[d] for d in outer_dims) if outer_dims else 1
+        run_bytes = run_elems * esize
+        first = stored.storage_offset + sum(o * st for o, st in zip(offs, stored.stride))
+        if nruns > MAX_RUNS:
+            last = first + sum((n - 1) * st for n, st in zip(lens, stored.stride))
+            span = (last - first + 1) * esize
+            buf = torch.empty(span, dtype=torch.uint8)
+            extents.append((df.file, buf.data_ptr(), span, stored.base + first * esize, _adapt.MEM_HOST))
+
+            def cut(buf=buf):
+                full = torch.empty((0,), dtype=stored.dtype)
+                full.set_(buf.untyped_storage(), 0, (buf.numel() // esize,), (1,))
+                return full.as_strided(lens, stored.stride, 0)
+
+            return cut
+        same_dtype = target.dtype == stored.dtype
+        direct = same_dtype and target.is_contiguous() and target.device.type in ("cpu", "cuda")
+        dest = target if direct else torch.empty(lens, dtype=stored.dtype, device=target.device
+                                                 if target.device.type in ("cpu", "cuda") else "cpu")
+        if dest.device.type == "cuda":
+            kind = _adapt.MEM_CUDA
+            _adapt.sync_current_stream({dest.device.index})
+        else:
+            kind = _adapt.MEM_PINNED if dest.is_pinned() else _adapt.MEM_HOST
+        addr = dest.data_ptr()
+        idx = [0] * len(outer_dims)
+        for r in range(nruns):
+            elem = first + sum(i * stored.stride[d] for i, d in zip(idx, outer_dims))
+            extents.append((df.file, addr + r * run_bytes, run_bytes, stored.base + elem * esize, kind))
+            for k in range(len(idx) - 1, -1, -1):  # next index, last dim fastest
+                idx[k] += 1
+                if idx[k] < lens[outer_dims[k]]:
+                    break
+                idx[k] = 0
+        return None if direct else dest
+
+
+__all__ = ["FileSystemReader"]

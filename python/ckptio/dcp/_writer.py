@@ -1,0 +1,419 @@
+"""ckptio.dcp.FileSystemWriter: torch.distributed.checkpoint's FileSystemWriter
+with ckptio's engine as the data path and an atomic commit.
+
+Planning (the planner, the split of items into files, .metadata's object
+graph) is torch's own: the class derives from torch's FileSystemWriter and
+replaces what touches bytes. Data files get names unique to the save
+(``__{rank}_{token}_{n}.distcp``), are written through the engine (one plan
+for every item of every file of the rank; tensors straight from host or GPU
+memory, O_DIRECT where possible), committed (fsync, rename, directory fsync)
+before the coordinator writes a manifest and then replaces ``.metadata``
+atomically; only after that are files of older saves deleted. A crash at any
+point leaves either the old checkpoint loadable or the new one complete.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import io
+import json
+import os
+import threading
+import uuid
+from typing import Any, Dict, List, Optional, Sequence
+
+import torch
+from torch.distributed.checkpoint import FileSystemWriter as _TorchFileSystemWriter
+from torch.distributed.checkpoint.filesystem import (
+    DEFAULT_SUFFIX,
+    SerializationFormat,
+    _split_by_size_and_type,
+    _StorageInfo,
+    _StoragePrefix,
+)
+from torch.distributed.checkpoint.metadata import Metadata, STATE_DICT_TYPE
+from torch.distributed.checkpoint.planner import SavePlan, SavePlanner, WriteItem, WriteItemType
+from torch.distributed.checkpoint.storage import WriteResult
+from torch.futures import Future
+
+from .. import _adapt, _ckptio
+from .._ckptio import Engine
+from . import _commit
+
+ZSTD_DESCRIPTOR = "stream.zstd/1"
+MANIFEST_PREFIX = ".ckptio-manifest-"
+# torch's keys in the __metadata__ of a SAFETENSORS data file (_hf_utils).
+_ST_SHARDING_KEY = "DCP_SHARDING_INFO"
+_ST_VERSION_KEY = "DCP_VERSION"
+_ST_FORMAT_KEY = "format"
+
+# Test hook: called with a stage name ("data_committed", "manifest_written",
+# "metadata_committed") so that tests can inject a crash between steps.
+_crash_point = None
+
+
+def _crash(stage: str) -> None:
+    if _crash_point is not None:
+        _crash_point(stage)
+
+
+@dataclasses.dataclass
+class _HashedStorageInfo(_StorageInfo):
+    """A _StorageInfo carrying the checksum of the bytes it points at, from
+    write_data to finish (stripped before .metadata is pickled, so stock
+    torch never sees this class). The hash covers [data_offset, +data_length)."""
+
+    xxh3: Optional[int] = None
+    data_offset: int = 0
+    data_length: int = 0
+
+    def plain(self) -> _StorageInfo:
+        return _StorageInfo(self.relative_path, self.offset, self.length,
+                            transform_descriptors=self.transform_descriptors)
+
+
+def _descriptor_of(ext: Any) -> str:
+    name = getattr(ext, "registry_name", None)
+    desc = ext.get_descriptor() if hasattr(ext, "get_descriptor") else None
+    if name is None or name() != "stream.zstd" or desc is None or desc.partition("/")[2].partition(".")[0] != "1":
+        raise ValueError(f"ckptio.dcp supports only the zstd stream transform (stream.zstd/1), not {ext!r}")
+    return ZSTD_DESCRIPTOR
+
+
+class FileSystemWriter(_TorchFileSystemWriter):
+    """A drop-in for ``torch.distributed.checkpoint.FileSystemWriter``.
+
+    The constructor takes torch's options with torch's meaning, plus:
+
+    * ``engine``: a :class:`ckptio.Engine` (default: a private one; its
+      ``sync`` setting follows ``sync_files``).
+    * ``checksums`` (default True): record the XXH3-64 of every item in a
+      manifest beside ``.metadata`` (see :func:`ckptio.dcp.verify`).
+    * ``crc`` (default False): real CRC-32s inside torch.save items (CRC 0,
+      which torch.load accepts, saves CPU time; the manifest checks integrity).
+    * ``async_busy``: what ``stage()`` (``dcp.async_save``) does while an
+      earlier save of this writer is still writing its staged data:
+      ``"wait"`` (default) blocks until it is done, ``"error"`` raises
+      RuntimeError.
+    * ``alignment`` (default 4096): start of every item and storage alignment
+      inside torch.save items, so tensor bytes move with O_DIRECT.
+
+    ``_extensions`` may hold ``ckptio.dcp.ZStandard()`` or torch's
+    ``ZStandard()`` (compression runs in libckptio; neither the zstandard nor
+    the pyzstd module is needed to write or read).
+    """
+
+    def __init__(
+        self,
+        path,
+        single_file_per_rank: bool = True,
+        sync_files: bool = True,
+        thread_count: int = 1,
+        per_thread_copy_ahead: int = 10_000_000,
+        cache_staged_state_dict: bool = False,
+        overwrite: bool = True,
+        _extensions: Optional[Sequence[Any]] = None,
+        serialization_format: SerializationFormat = SerializationFormat.TORCH_SAVE,
+        *,
+        engine: Optional[Engine] = None,
+        checksums: bool = True,
+        crc: bool = False,
+        async_busy: str = "wait",
+        alignment: int = 4096,
+    ) -> None:
+        # torch's transforms object is built from _extensions; ours are
+        # applied natively, so it gets none.
+        super().__init__(path, single_file_per_rank, sync_files, thread_count, per_thread_copy_ahead,
+                         cache_staged_state_dict, overwrite, None, serialization_format)
+        if thread_count < 1:
+            raise ValueError(f"thread_count must be >= 1, not {thread_count}")
+        if async_busy not in ("wait", "error"):
+            raise ValueError(f"async_busy must be 'wait' or 'error', not {async_busy!r}")
+        if not 1 <= alignment <= 65536:
+            raise ValueError(f"alignment must be 1..65536, not {alignment}")
+        self._descriptors = [_descriptor_of(ext) for ext in (_extensions or ())]
+        if self._descriptors and serialization_format == SerializationFormat.SAFETENSORS:
+            raise ValueError("stream transforms (zstd) apply to TORCH_SAVE items only; torch's SAFETENSORS "
+                             "writer does not compress tensors either")
+        if len(self._descriptors) > 1:
+            raise ValueError("at most one zstd transform can be applied")
+        if engine is None:
+            engine = Engine(sync=1 if sync_files else 0)
+        self.engine = engine
+        self.checksums = checksums
+        self.crc = crc
+        self.async_busy = async_busy
+        self.alignment = alignment
+        self._token: Optional[str] = None
+        self._inflight = False
+        self._inflight_cv = threading.Condition()
+
+    # ---- planning ------------------------------------------------------------------
+    def reset(self, checkpoint_id=None) -> None:
+        super().reset(checkpoint_id)
+        self._token = None
+
+    def _new_token(self) -> str:
+        return uuid.uuid4().hex[:12]
+
+    def prepare_local_plan(self, plan: SavePlan) -> SavePlan:
+        plan = super().prepare_local_plan(plan)
+        if isinstance(plan.storage_data, _StoragePrefix):
+            # No collectives: each rank names its own files (torch: "__{rank}_").
+            plan = dataclasses.replace(plan, storage_data=_StoragePrefix(
+                f"{plan.storage_data.prefix}{self._new_token()}_"))
+        return plan
+
+    def prepare_global_plan(self, plans: List[SavePlan]) -> List[SavePlan]:
+        token = self._new_token()
+        return [dataclasses.replace(p, storage_data=_StoragePrefix(f"__{i}_{token}_"))
+                if p.storage_data is None else p for i, p in enumerate(plans)]
+
+    # ---- writing ------------------------------------------------------------------
+    def set_up_storage_writer(self, is_coordinator: bool, *args: Any, **kwargs: Any) -> None:
+        super().set_up_storage_writer(is_coordinator, *args, **kwargs)
+        self._is_coordinator = is_coordinator
+
+    def write_data(self, plan: SavePlan, planner: SavePlanner) -> Future:
+        # The staged data is free again once written; the coordinator holds
+        # the writer until finish() (its path and state belong to this save).
+        done = False
+        try:
+            results = self._write(plan, planner)
+            done = True
+        finally:
+            if not done or not getattr(self, "_is_coordinator", True):
+                self._release_staging()
+        fut: Future = Future()
+        fut.set_result(results)
+        return fut
+
+    def _bins(self, items: List[WriteItem]) -> List[List[WriteItem]]:
+        if self.single_file_per_rank:
+            return [b for b in _split_by_size_and_type(self.thread_count, list(items)) if b]
+        return [[item] for item in items]
+
+    def _resolve_tensor(self, planner: SavePlanner, wi: WriteItem):
+        t = planner.resolve_data(wi).detach()
+        if t.device.type not in ("cpu", "cuda"):
+            t = t.cpu()
+        if t.is_conj() or t.is_neg():
+            t = t.resolve_conj().resolve_neg()
+        if self._descriptors and t.device.type != "cpu":
+            t = t.cpu()  # compression runs on host memory
+        if not t.is_contiguous():
+            t = t.contiguous()
+        return t
+
+    def _write(self, plan: SavePlan, planner: SavePlanner) -> List[WriteResult]:
+        prefix = plan.storage_data.prefix
+        os.makedirs(self.path, exist_ok=True)
+        if self.serialization_format == SerializationFormat.SAFETENSORS:
+            return self._write_safetensors(plan, planner, prefix)
+        flags = (_ckptio.DCP_ITEM_HASH if self.checksums else 0) | (_ckptio.DCP_ITEM_CRC32 if self.crc else 0)
+        if self._descriptors:
+            flags |= _ckptio.DCP_ITEM_ZSTD
+        files: List[Any] = []
+        names: List[str] = []
+        order: List[WriteItem] = []
+        payloads: List[tuple] = []
+        keep: List[Any] = []
+        cuda = set()
+        try:
+            for n, bucket in enumerate(self._bins(plan.items)):
+                name = f"{prefix}{n}{DEFAULT_SUFFIX}"
+                f = _ckptio.File(os.path.join(self.path, name), _ckptio.OPEN_WRITE, self.engine)
+                files.append(f)
+                names.append(name)
+                # As torch: the byte items of a file first, then its tensors.
+                for wi in [w for w in bucket if w.type == WriteItemType.BYTE_IO]:
+                    data = planner.resolve_data(wi)
+                    raw = data.getvalue() if isinstance(data, io.BytesIO) else bytes(data)
+                    order.append(wi)
+                    payloads.append((f, flags & ~_ckptio.DCP_ITEM_CRC32, raw))
+                    keep.append(name)
+                for wi in [w for w in bucket if w.type != WriteItemType.BYTE_IO]:
+                    t = self._resolve_tensor(planner, wi)
+                    src = _adapt.tensor_source(wi.index.fqn, t, safetensors=False)
+                    if src.mem_kind == _adapt.MEM_CUDA:
+                        cuda.add(src.cuda_index)
+                    order.append(wi)
+                    payloads.append((f, flags, (src.code, src.shape, src.address, src.nbytes, src.mem_kind)))
+                    keep.append(src)
+            _adapt.sync_current_stream(cuda)
+            placed = _ckptio.dcp_write(payloads, self.alignment, self.engine)
+            for f in files:
+                f.commit()
+        finally:
+            for f in files:
+                f.close()  # an uncommitted file is discarded
+        del keep
+        _crash("data_committed")
+        results = []
+        file_of = {id(f): name for f, name in zip(files, names)}
+        descriptors = list(self._descriptors) or None
+        for wi, (f, _, _), (offset, length, xxh3) in zip(order, payloads, placed):
+            info = _HashedStorageInfo(file_of[id(f)], offset, length, transform_descriptors=descriptors,
+                                      xxh3=xxh3, data_offset=offset, data_length=length)
+            results.append(WriteResult(index=wi.index, size_in_bytes=length, storage_data=info))
+        return results
+
+    def _write_safetensors(self, plan: SavePlan, planner: SavePlanner, prefix: str) -> List[WriteResult]:
+        """torch's SAFETENSORS layout: every tensor of a file in one safetensors
+        blob whose __metadata__ holds DCP_SHARDING_INFO; the tensors'
+        _StorageInfo point at the blob (offset of its first byte, length =
+        tensor bytes). Byte items go to a file of their own, so every tensor
+        file is a valid standalone safetensors file."""
+        results: List[WriteResult] = []
+        bins = self._bins(plan.items)
+        byte_items = [w for b in bins for w in b if w.type == WriteItemType.BYTE_IO]
+        n = 0
+        for bucket in bins:
+            tensors = [w for w in bucket if w.type != WriteItemType.BYTE_IO]
+            if not tensors:
+                continue
+            name = f"{prefix}{n}{DEFAULT_SUFFIX}"
+            n += 1
+            path = os.path.join(self.path, name)
+            sources, sharding, cuda = [], {}, set()
+            for wi in tensors:
+                fqn = wi.index.fqn
+                if fqn in sharding:
+                    raise ValueError(f"{path}: two chunks of '{fqn}' in one safetensors data file")
+                t = self._resolve_tensor(planner, wi)
+                src = _adapt.tensor_source(fqn, t, safetensors=True)
+                if src.mem_kind == _adapt.MEM_CUDA:
+                    cuda.add(src.cuda_index)
+                sources.append((wi, src))
+                sharding[fqn] = {"saved_offsets": list(wi.tensor_data.chunk.offsets)}
+            _adapt.sync_current_stream(cuda)
+            metadata = {_ST_SHARDING_KEY: json.dumps(sharding), _ST_VERSION_KEY: "1.0", _ST_FORMAT_KEY: "pt"}
+            _ckptio.safetensors_save(path, [(s.name, s.code, s.shape, s.address, s.nbytes, s.mem_kind)
+                                            for _, s in sources], metadata, self.alignment if self.alignment >= 8
+                                     else 8, self.engine)
+            reader = _ckptio.SafetensorsReader(path, self.engine)
+            try:
+                where = {row[0]: (row[3], row[4]) for row in reader.tensors}
+            finally:
+                reader.close()
+            for wi, src in sources:
+                data_offset, nbytes = where[src.name]
+                xxh3 = None
+                if self.checksums and src.mem_kind != _adapt.MEM_CUDA:
+                    xxh3 = _ckptio.hash_xxh3(src.address, src.nbytes) if src.nbytes else _ckptio.hash_xxh3(0, 0)
+                info = _HashedStorageInfo(name, 0, nbytes, xxh3=xxh3, data_offset=data_offset, data_length=nbytes)
+                results.append(WriteResult(index=wi.index, size_in_bytes=nbytes, storage_data=info))
+        if byte_items:
+            name = f"{prefix}{n}{DEFAULT_SUFFIX}"
+            f = _ckptio.File(os.path.join(self.path, name), _ckptio.OPEN_WRITE, self.engine)
+            try:
+                payloads = []
+                for wi in byte_items:
+                    data = planner.resolve_data(wi)
+                    raw = data.getvalue() if isinstance(data, io.BytesIO) else bytes(data)
+                    payloads.append((f, _ckptio.DCP_ITEM_HASH if self.checksums else 0, raw))
+                placed = _ckptio.dcp_write(payloads, self.alignment, self.engine)
+                f.commit()
+            finally:
+                f.close()
+            for wi, (offset, length, xxh3) in zip(byte_items, placed):
+                info = _HashedStorageInfo(name, offset, length, xxh3=xxh3, data_offset=offset, data_length=length)
+                results.append(WriteResult(index=wi.index, size_in_bytes=length, storage_data=info))
+        _crash("data_committed")
+        return results
+
+    # ---- commit ---------------------------------------------------------------------
+    def finish(self, metadata: Metadata, results: List[List[WriteResult]]) -> None:
+        try:
+            self._finish(metadata, results)
+        finally:
+            self._release_staging()
+
+    def _finish(self, metadata: Metadata, results: List[List[WriteResult]]) -> None:
+        from torch.distributed.checkpoint.filesystem import CURRENT_DCP_VERSION
+
+        metadata.version = CURRENT_DCP_VERSION
+        storage_md: Dict[Any, _StorageInfo] = {}
+        manifest: List[dict] = []
+        for wr_list in results:
+            for wr in wr_list:
+                info = wr.storage_data
+                if isinstance(info, _HashedStorageInfo):
+                    manifest.append({
+                        "fqn": wr.index.fqn,
+                        "offset": None if wr.index.offset is None else list(wr.index.offset),
+                        "file": info.relative_path,
+                        "data_offset": info.data_offset,
+                        "nbytes": info.data_length,
+                        "xxh3": None if info.xxh3 is None else f"{info.xxh3:016x}",
+                        "transform": list(info.transform_descriptors or ()),
+                    })
+                    info = info.plain()
+                storage_md[wr.index] = info
+        metadata.storage_data = storage_md
+        metadata.storage_meta = self.storage_meta()
+        files = sorted({info.relative_path for info in storage_md.values()})
+        token = _commit.token_of(files)
+        per_rank = not self.use_collectives and self.rank is not None
+        md_name = f"__{self.rank}.metadata" if per_rank else ".metadata"
+        manifest_name = f"{MANIFEST_PREFIX}{token}.json" if token else None
+        sync = bool(self.sync_files)
+        if manifest_name and self.checksums:
+            doc = {"format": "ckptio-dcp-manifest", "version": 1, "hash": "xxh3-64", "metadata": md_name,
+                   "files": files, "items": manifest}
+            _commit.write_atomic(self.path, manifest_name, json.dumps(doc, indent=1).encode(), sync)
+        _crash("manifest_written")
+        import pickle
+
+        _commit.write_atomic(self.path, md_name, pickle.dumps(metadata), sync)
+        _crash("metadata_committed")
+        if not per_rank:
+            # Only the coordinator of a collective save knows every file of
+            # the new checkpoint; then older saves' files can go.
+            keep = set(files) | {md_name} | ({manifest_name} if manifest_name else set())
+            _commit.remove_stale(self.path, keep, sync)
+
+    # ---- async staging ------------------------------------------------------------------
+    def stage(self, state_dict: STATE_DICT_TYPE) -> STATE_DICT_TYPE:
+        """Copies the state dict into host staging memory (pinned when CUDA is
+        available), reused across saves with cache_staged_state_dict=True. The
+        caller of dcp.async_save is blocked only for this copy; while the
+        staged data of an earlier save is still being written, this waits or
+        raises (``async_busy``)."""
+        from torch.distributed._state_dict_utils import _copy_state_dict, _create_cpu_state_dict
+
+        with self._inflight_cv:
+            if self._inflight:
+                if self.async_busy == "error":
+                    raise RuntimeError(
+                        f"ckptio.dcp.FileSystemWriter({os.fspath(self.path)!r}): an earlier save of this writer is "
+                        "still writing its staged data; wait for its future first, or create the writer with "
+                        "async_busy='wait'")
+                while self._inflight:
+                    self._inflight_cv.wait()
+            self._inflight = True
+        try:
+            self.per_thread_copy_ahead = 0  # as torch: staged data is already on the host
+            pin = torch.cuda.is_available()
+            if not self.cache_staged_state_dict:
+                staged = _create_cpu_state_dict(state_dict, pin_memory=pin)
+                return _copy_state_dict(state_dict, staged)
+            if self.state_dict_cache is None:
+                self.state_dict_cache = _create_cpu_state_dict(state_dict, pin_memory=pin)
+            return _copy_state_dict(state_dict, self.state_dict_cache)
+        except BaseException:
+            self._release_staging()
+            raise
+
+    def _release_staging(self) -> None:
+        with self._inflight_cv:
+            self._inflight = False
+            self._inflight_cv.notify_all()
+
+    def wait_staging(self, timeout: Optional[float] = None) -> bool:
+        """Blocks until no save of this writer is writing staged data; False on timeout."""
+        with self._inflight_cv:
+            return self._inflight_cv.wait_for(lambda: not self._inflight, timeout)
+
+
+__all__ = ["FileSystemWriter", "ZSTD_DESCRIPTOR"]

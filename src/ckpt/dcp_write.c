@@ -1,0 +1,286 @@
+/*
+ * dcp_write.c - writing the items of torch.distributed.checkpoint .distcp
+ * data files: torch.save archives of one tensor each and raw byte items,
+ * optionally zstd-compressed, with CRC-32s and XXH3-64 hashes computed in
+ * parallel on the engine's workers, then every item of every file in one
+ * engine plan (tensor bytes straight from host or GPU memory).
+ */
+#include "engine_internal.h"
+#include "gpu_internal.h"
+#include "torch_internal.h"
+
+#include <stdarg.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <string.h>
+#include <xxhash.h>
+#include <zlib.h>
+#include <zstd.h>
+
+/* zlib's crc32 takes an unsigned int length: feed it in pieces. */
+#define CRC_PIECE (1ull << 30)
+
+typedef struct item_job {
+    ckptio_dcp_item *item;
+    ckptio_torch_writer *w;  /* the archive, or NULL for a byte item */
+    bool host;               /* every byte of the item is in host memory */
+    uint64_t size;           /* uncompressed item size */
+    uint8_t *meta;           /* archive: metadata image (meta_len + scratch bytes) */
+    uint8_t *image;          /* ZSTD archive: the whole uncompressed archive */
+    uint8_t *packed;         /* ZSTD: the compressed frame */
+    size_t packed_cap, packed_len;
+    size_t zstd_error;       /* a ZSTD error code set by a worker, else 0 */
+} item_job;
+
+typedef struct job_list {
+    item_job *jobs;
+    size_t count;
+    _Atomic size_t next;
+} job_list;
+
+static bool storage_on_host(const ckptio__torch_wstorage *s) {
+    ckptio_mem_kind kind = s->mem_kind == CKPTIO_MEM_AUTO ? ckptio__gpu_classify(s->data) : s->mem_kind;
+    return kind == CKPTIO_MEM_HOST || kind == CKPTIO_MEM_PINNED;
+}
+
+static uint32_t crc_of(const uint8_t *data, uint64_t len) {
+    uLong crc = crc32(0L, Z_NULL, 0);
+    for (uint64_t done = 0; done < len;) {
+        const uint64_t n = len - done > CRC_PIECE ? CRC_PIECE : len - done;
+        crc = crc32(crc, data + done, (uInt)n);
+        done += n;
+    }
+    return (uint32_t)crc;
+}
+
+/* The bytes of piece p of an archive: from the metadata image or the storage. */
+static const uint8_t *piece_bytes(const item_job *j, const struct ckptio__torch_piece *pc) {
+    if (pc->storage == SIZE_MAX) return j->meta + pc->meta_offset;
+    return j->w->storages[pc->storage].data;
+}
+
+/* CRCs, the metadata image, compression and the hash of one item. Runs on a
+ * worker: it only computes, and reports a compression failure through
+ * j->zstd_error (error records are per thread). */
+static void run_job(item_job *j) {
+    ckptio_dcp_item *it = j->item;
+    ckptio_torch_writer *w = j->w;
+    if (w) {
+        for (size_t i = 0; i < w->nentries; i++) {
+            ckptio__zip_entry *e = &w->entries[i];
+            const size_t id = w->entry_storage[i];
+            if (id == SIZE_MAX)
+                e->crc32 = crc_of(w->entry_bytes[i], e->size);
+            else if ((it->flags & CKPTIO_DCP_ITEM_CRC32) && storage_on_host(&w->storages[id]))
+                e->crc32 = crc_of(w->storages[id].data, e->size);
+            else
+                e->crc32 = 0;
+        }
+        ckptio__torch_writer_fill_meta(w, j->meta);
+    }
+    const uint8_t *stored = it->bytes;
+    uint64_t stored_len = it->nbytes;
+    if (it->flags & CKPTIO_DCP_ITEM_ZSTD) {
+        const uint8_t *src = it->bytes;
+        if (w) {
+            for (size_t p = 0; p < w->npieces; p++) {
+                const struct ckptio__torch_piece *pc = &w->pieces[p];
+                if (pc->length) memcpy(j->image + pc->file_offset, piece_bytes(j, pc), pc->length);
+            }
+            src = j->image;
+        }
+        const size_t r = ZSTD_compress(j->packed, j->packed_cap, j->size ? src : (const uint8_t *)"", (size_t)j->size,
+                                       ZSTD_CLEVEL_DEFAULT);
+        if (ZSTD_isError(r)) {
+            j->zstd_error = r;
+            return;
+        }
+        j->packed_len = r;
+        stored = j->packed;
+        stored_len = r;
+        ckptio__free(j->image); /* the frame is all that is written */
+        j->image = NULL;
+    }
+    it->length = (it->flags & CKPTIO_DCP_ITEM_ZSTD) || !w ? stored_len : j->size;
+    it->hashed = 0;
+    if (!(it->flags & CKPTIO_DCP_ITEM_HASH)) return;
+    if ((it->flags & CKPTIO_DCP_ITEM_ZSTD) || !w) {
+        it->hash = (uint64_t)XXH3_64bits(stored_len ? (const void *)stored : "", (size_t)stored_len);
+        it->hashed = 1;
+        return;
+    }
+    if (!j->host) return;
+    XXH3_state_t *state = XXH3_createState();
+    if (!state) return; /* no memory: the item simply goes without a hash */
+    XXH3_64bits_reset(state);
+    for (size_t p = 0; p < w->npieces; p++) {
+        const struct ckptio__torch_piece *pc = &w->pieces[p];
+        if (pc->length) XXH3_64bits_update(state, piece_bytes(j, pc), (size_t)pc->length);
+    }
+    it->hash = (uint64_t)XXH3_64bits_digest(state);
+    it->hashed = 1;
+    XXH3_freeState(state);
+}
+
+static void job_worker(void *arg, unsigned worker) {
+    (void)worker;
+    job_list *list = arg;
+    for (;;) {
+        const size_t i = atomic_fetch_add(&list->next, 1);
+        if (i >= list->count) return;
+        run_job(&list->jobs[i]);
+    }
+}
+
+/* Fails naming the item's index and its file. */
+static ckptio_status item_fail(ckptio_status status, size_t index, const ckptio_dcp_item *item, const char *fmt, ...)
+    __attribute__((format(printf, 4, 5)));
+
+static ckptio_status item_fail(ckptio_status status, size_t index, const ckptio_dcp_item *item, const char *fmt, ...) {
+    char what[512];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(what, sizeof what, fmt, ap);
+    va_end(ap);
+    return CKPTIO_FAIL_CTX(status, &((ckptio__err_ctx){.operation = "write DCP item", .file_offset = -1,
+                                                       .path = ckptio_file_path(item->file)}),
+                           "item %zu: %s", index, what);
+}
+
+/* Serial preparation of one item: the archive's layout and the buffers
+ * the worker fills. */
+static ckptio_status prepare_job(item_job *j, size_t index, uint32_t alignment, const char *prefix) {
+    ckptio_dcp_item *it = j->item;
+    if (!it->file) return CKPTIO_FAIL(CKPTIO_E_INVAL, "DCP item %zu has no file", index);
+    if (it->flags & ~(unsigned)(CKPTIO_DCP_ITEM_ZSTD | CKPTIO_DCP_ITEM_CRC32 | CKPTIO_DCP_ITEM_HASH))
+        return item_fail(CKPTIO_E_INVAL, index, it, "unknown flags 0x%x", it->flags);
+    j->w = it->archive;
+    j->host = true;
+    if (!j->w) {
+        if (!it->bytes && it->nbytes) return item_fail(CKPTIO_E_INVAL, index, it, "byte item without bytes");
+        j->size = it->nbytes;
+    } else {
+        ckptio_torch_writer *w = j->w;
+        CKPTIO_FORWARD(ckptio__torch_writer_prepare(w, alignment, prefix));
+        for (size_t i = 0; i < w->nentries; i++) {
+            const size_t id = w->entry_storage[i];
+            if (id == SIZE_MAX) continue;
+            if (w->storages[id].nbytes && !w->storages[id].data)
+                return item_fail(CKPTIO_E_INVAL, index, it, "storage %zu of the archive has no memory bound", id);
+            if (!storage_on_host(&w->storages[id])) j->host = false;
+        }
+        j->size = w->file_size;
+        if (!(j->meta = ckptio__malloc(w->meta_len + CKPTIO__TORCH_META_SCRATCH)))
+            return item_fail(CKPTIO_E_NOMEM, index, it, "no memory for %llu bytes of archive metadata",
+                             (unsigned long long)w->meta_len);
+    }
+    if (it->flags & CKPTIO_DCP_ITEM_ZSTD) {
+        if (!j->host)
+            return item_fail(CKPTIO_E_UNSUPPORTED, index, it,
+                             "zstd compression needs the tensor in host memory (it is in GPU memory)");
+        if (j->size > SIZE_MAX / 2) return item_fail(CKPTIO_E_RANGE, index, it, "item too large to compress");
+        j->packed_cap = ZSTD_compressBound((size_t)j->size);
+        if (!(j->packed = ckptio__malloc(j->packed_cap ? j->packed_cap : 1)))
+            return item_fail(CKPTIO_E_NOMEM, index, it, "no memory for a %zu-byte compression buffer", j->packed_cap);
+        if (j->w && !(j->image = ckptio__malloc(j->size ? (size_t)j->size : 1)))
+            return item_fail(CKPTIO_E_NOMEM, index, it, "no memory to assemble a %llu-byte archive",
+                             (unsigned long long)j->size);
+    }
+    return CKPTIO_OK;
+}
+
+/* Files met so far and the end of the last item placed in each. */
+typedef struct file_end {
+    ckptio_file *file;
+    uint64_t end;
+} file_end;
+
+static uint64_t align_up(uint64_t v, uint64_t a) { return a <= 1 ? v : (v + a - 1) / a * a; }
+
+static ckptio_status place_and_write(ckptio_engine *engine, item_job *jobs, size_t count, uint32_t alignment) {
+    ckptio_status st = CKPTIO_OK;
+    file_end *ends = ckptio__calloc(count ? count : 1, sizeof *ends);
+    ckptio_plan *plan = NULL;
+    size_t nfiles = 0;
+    if (!ends) return CKPTIO_FAIL(CKPTIO_E_NOMEM, "no memory for %zu DCP items", count);
+    if ((st = ckptio_plan_create(CKPTIO_WRITE, &plan))) goto out;
+    for (size_t i = 0; i < count; i++) {
+        item_job *j = &jobs[i];
+        ckptio_dcp_item *it = j->item;
+        size_t f = 0;
+        while (f < nfiles && ends[f].file != it->file) f++;
+        if (f == nfiles) ends[nfiles++] = (file_end){.file = it->file, .end = 0};
+        it->offset = align_up(ends[f].end, alignment);
+        ends[f].end = it->offset + it->length;
+        ckptio_extent ex = {.file = it->file, .file_offset = it->offset, .mem_kind = CKPTIO_MEM_HOST};
+        if (j->packed) {
+            ex.memory = j->packed;
+            ex.length = j->packed_len;
+            st = ckptio_plan_add(plan, &ex);
+        } else if (!j->w) {
+            ex.memory = (void *)it->bytes;
+            ex.length = it->nbytes;
+            st = ckptio_plan_add(plan, &ex);
+        } else {
+            for (size_t p = 0; st == CKPTIO_OK && p < j->w->npieces; p++) {
+                const struct ckptio__torch_piece *pc = &j->w->pieces[p];
+                ex.file_offset = it->offset + pc->file_offset;
+                ex.length = pc->length;
+                ex.memory = (void *)piece_bytes(j, pc);
+                ex.mem_kind = pc->storage == SIZE_MAX ? CKPTIO_MEM_HOST : j->w->storages[pc->storage].mem_kind;
+                st = ckptio_plan_add(plan, &ex);
+            }
+        }
+        if (st) goto out;
+    }
+    for (size_t f = 0; f < nfiles; f++)
+        if ((st = ckptio_file_truncate(ends[f].file, ends[f].end))) goto out;
+    st = ckptio_engine_execute(engine, plan);
+out:
+    ckptio_plan_destroy(plan);
+    ckptio__free(ends);
+    return st;
+}
+
+ckptio_status ckptio_dcp_write(ckptio_engine *engine, ckptio_dcp_item *items, size_t count,
+                               const ckptio_torch_save_options *options) {
+    if (!engine || (count && !items))
+        return CKPTIO_FAIL(CKPTIO_E_INVAL, "ckptio_dcp_write: engine and items are required");
+    if (count == 0) return CKPTIO_OK;
+    ckptio_status st = CKPTIO_OK;
+    char *prefix = NULL;
+    uint32_t alignment = 0;
+    job_list list = {.count = count};
+    if ((st = ckptio__torch_options(options, NULL, &alignment, &prefix))) return st;
+    if (!(list.jobs = ckptio__calloc(count, sizeof *list.jobs))) {
+        st = CKPTIO_FAIL(CKPTIO_E_NOMEM, "no memory for %zu DCP items", count);
+        goto out;
+    }
+    for (size_t i = 0; i < count; i++) {
+        list.jobs[i].item = &items[i];
+        items[i].offset = items[i].length = items[i].hash = 0;
+        items[i].hashed = 0;
+        if ((st = prepare_job(&list.jobs[i], i, alignment, prefix))) goto out;
+    }
+    int64_t threads = ckptio__engine_setting(engine, CKPTIO_OPT_THREADS);
+    unsigned nworkers = threads < 1 ? 1 : (unsigned)threads;
+    if (nworkers > count) nworkers = (unsigned)count;
+    if ((st = ckptio__engine_parallel(engine, nworkers, job_worker, &list))) goto out;
+    for (size_t i = 0; i < count; i++) {
+        if (list.jobs[i].zstd_error) {
+            st = item_fail(CKPTIO_E_INTERNAL, i, &items[i], "zstd compression failed: %s",
+                           ZSTD_getErrorName(list.jobs[i].zstd_error));
+            goto out;
+        }
+    }
+    st = place_and_write(engine, list.jobs, count, alignment);
+out:
+    for (size_t i = 0; list.jobs && i < count; i++) {
+        ckptio__free(list.jobs[i].meta);
+        ckptio__free(list.jobs[i].image);
+        ckptio__free(list.jobs[i].packed);
+    }
+    ckptio__free(list.jobs);
+    ckptio__free(prefix);
+    return st;
+}

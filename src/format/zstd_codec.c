@@ -1,0 +1,93 @@
+/*
+ * zstd_codec.c - decompression of zstd-transformed items (the
+ * "stream.zstd/1" transform of torch.distributed.checkpoint) with libzstd:
+ * one or more frames, with or without a recorded content size.
+ */
+#include "common_internal.h"
+
+#include <zstd.h>
+
+#define SCRATCH_BYTES (128u * 1024u)
+
+static ckptio_status corrupt(size_t offset, const char *what) {
+    return CKPTIO_FAIL_CTX(CKPTIO_E_FORMAT,
+                           &((ckptio__err_ctx){.operation = "zstd decompress", .file_offset = (int64_t)offset}),
+                           "corrupt zstd data: %s", what);
+}
+
+/* Streams (src, len) through the decompressor, into dst when it is not
+ * NULL (capacity bytes), else into scratch memory only to count. */
+static ckptio_status run(const void *src, size_t len, void *dst, size_t capacity, uint64_t *produced) {
+    ckptio_status st = CKPTIO_OK;
+    uint8_t *scratch = NULL;
+    ZSTD_DCtx *dctx = ZSTD_createDCtx();
+    *produced = 0;
+    if (!dctx) return CKPTIO_FAIL(CKPTIO_E_NOMEM, "no memory for a zstd decompression context");
+    if (!dst && !(scratch = ckptio__malloc(SCRATCH_BYTES))) {
+        st = CKPTIO_FAIL(CKPTIO_E_NOMEM, "no memory for zstd scratch space");
+        goto out;
+    }
+    ZSTD_inBuffer in = {src, len, 0};
+    size_t last = 1; /* 0 once the current frame is complete */
+    while (in.pos < in.size || last != 0) {
+        uint8_t probe;
+        const bool full = dst && *produced == capacity;
+        ZSTD_outBuffer out = !dst ? (ZSTD_outBuffer){scratch, SCRATCH_BYTES, 0}
+                             : full ? (ZSTD_outBuffer){&probe, 1, 0}
+                                    : (ZSTD_outBuffer){(uint8_t *)dst + *produced, capacity - (size_t)*produced, 0};
+        const size_t before = in.pos;
+        last = ZSTD_decompressStream(dctx, &out, &in);
+        if (ZSTD_isError(last)) {
+            st = corrupt(before, ZSTD_getErrorName(last));
+            goto out;
+        }
+        if (full && out.pos) {
+            st = CKPTIO_FAIL(CKPTIO_E_RANGE, "zstd data decompresses to more than the %zu bytes available", capacity);
+            goto out;
+        }
+        *produced += out.pos;
+        if (in.pos == before && out.pos == 0) {
+            st = in.pos == in.size ? corrupt(len, "the last frame is truncated")
+                                   : corrupt(in.pos, "the decoder makes no progress");
+            goto out;
+        }
+    }
+out:
+    ckptio__free(scratch);
+    ZSTD_freeDCtx(dctx);
+    return st;
+}
+
+ckptio_status ckptio_zstd_decompressed_size(const void *src, size_t len, uint64_t *out) {
+    if (!out || (!src && len)) return CKPTIO_FAIL(CKPTIO_E_INVAL, "ckptio_zstd_decompressed_size: bad arguments");
+    *out = 0;
+    if (len == 0) return corrupt(0, "no frame");
+    /* Sum the frames' recorded sizes; one frame without a size means counting. */
+    const uint8_t *p = src;
+    size_t left = len;
+    uint64_t total = 0;
+    while (left) {
+        const unsigned long long size = ZSTD_getFrameContentSize(p, left);
+        if (size == ZSTD_CONTENTSIZE_ERROR) return corrupt(len - left, "not a zstd frame");
+        if (size == ZSTD_CONTENTSIZE_UNKNOWN) return run(src, len, NULL, 0, out);
+        const size_t frame = ZSTD_findFrameCompressedSize(p, left);
+        if (ZSTD_isError(frame)) return corrupt(len - left, ZSTD_getErrorName(frame));
+        total += size;
+        p += frame;
+        left -= frame;
+    }
+    *out = total;
+    return CKPTIO_OK;
+}
+
+ckptio_status ckptio_zstd_decompress(const void *src, size_t len, void *dst, size_t capacity, size_t *out_len) {
+    if (!out_len || (!src && len) || (!dst && capacity))
+        return CKPTIO_FAIL(CKPTIO_E_INVAL, "ckptio_zstd_decompress: bad arguments");
+    *out_len = 0;
+    if (len == 0) return corrupt(0, "no frame");
+    uint8_t dummy;
+    uint64_t produced = 0;
+    CKPTIO_FORWARD(run(src, len, dst ? dst : &dummy, dst ? capacity : 0, &produced));
+    *out_len = (size_t)produced;
+    return CKPTIO_OK;
+}

@@ -1,0 +1,153 @@
+/*
+ * temporaries.c - finding and removing the temporaries that crashed atomic
+ * saves leave behind (".NAME.ckptio-tmp-XXXXXX", see file.c).
+ *
+ * Which temporaries are stale: file.c takes flock(LOCK_EX) on every
+ * temporary right after creating it and holds it until the file is closed.
+ * The kernel drops the lock when the writer's last descriptor goes away,
+ * whatever the cause (close, exit, kill -9), so "a cleaner can lock it"
+ * means "no live writer has it open". This is exact where a pid test is
+ * not: pids are reused, and a writer in another pid namespace (container)
+ * or on another NFS client has a pid the cleaner cannot interpret. A
+ * cleaner that locks a temporary in the instant between its creation and
+ * its writer's flock makes the writer fail its lock (or see its name gone)
+ * and pick another name, so a live save never loses its file.
+ *
+ * Only regular files whose whole name matches the pattern are removed;
+ * symlinks and directories with such names are reported and left alone,
+ * and nothing is ever followed (O_NOFOLLOW, unlinkat on the directory).
+ */
+#include "io_internal.h"
+
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <math.h>
+#include <stdio.h>
+#include <string.h>
+#include <sys/file.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+#define SUFFIX_LEN 6 /* random characters after CKPTIO__TMP_MARK */
+
+static bool is_alnum(char c) {
+    return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9');
+}
+
+/* ".NAME.ckptio-tmp-XXXXXX" with a non-empty NAME (equal to `name` when
+ * given) and six characters of [A-Za-z0-9]. */
+static bool is_temporary_name(const char *entry, const char *name) {
+    const size_t len = strlen(entry), mark = strlen(CKPTIO__TMP_MARK);
+    if (entry[0] != '.' || len < 2 + mark + SUFFIX_LEN) return false;
+    for (size_t i = len - SUFFIX_LEN; i < len; i++)
+        if (!is_alnum(entry[i])) return false;
+    if (memcmp(entry + len - SUFFIX_LEN - mark, CKPTIO__TMP_MARK, mark) != 0) return false;
+    if (!name) return true;
+    const size_t n = strlen(name);
+    return len == 1 + n + mark + SUFFIX_LEN && memcmp(entry + 1, name, n) == 0;
+}
+
+static double seconds_since(const struct timespec *t) {
+    struct timespec now;
+    clock_gettime(CLOCK_REALTIME, &now);
+    return (double)(now.tv_sec - t->tv_sec) + (double)(now.tv_nsec - t->tv_nsec) * 1e-9;
+}
+
+/* Examines one matching entry and removes it if stale. Returns 0, or the
+ * errno of a failed unlink. */
+static int clean_entry(int dfd, const char *entry, double min_age, ckptio_cleanup_report *r) {
+    /* O_NONBLOCK: a FIFO under such a name must not block the open. */
+    int fd = openat(dfd, entry, O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_NOCTTY | O_CLOEXEC);
+    if (fd < 0) {
+        if (errno == ENOENT) return 0; /* its writer committed or discarded it meanwhile */
+        if (errno == ELOOP) r->ignored++; /* a symlink: never followed, never removed */
+        else r->busy++;                   /* cannot be checked (permissions): keep */
+        return 0;
+    }
+    int err = 0;
+    struct stat sb, now;
+    if (fstat(fd, &sb) < 0) {
+        r->busy++;
+        goto out;
+    }
+    if (!S_ISREG(sb.st_mode)) {
+        r->ignored++;
+        goto out;
+    }
+    int ret;
+    do ret = flock(fd, LOCK_EX | LOCK_NB);
+    while (ret < 0 && errno == EINTR);
+    if (ret < 0) {
+        r->busy++; /* a live writer holds it, or the file system has no locks */
+        goto out;
+    }
+    if (seconds_since(&sb.st_mtim) < min_age) {
+        r->young++;
+        goto out;
+    }
+    /* The name must still be the inode we locked. */
+    if (fstatat(dfd, entry, &now, AT_SYMLINK_NOFOLLOW) < 0 || now.st_ino != sb.st_ino || now.st_dev != sb.st_dev)
+        goto out;
+    if (unlinkat(dfd, entry, 0) < 0) {
+        if (errno != ENOENT) err = errno;
+        goto out;
+    }
+    r->removed++;
+    r->bytes_freed += (uint64_t)sb.st_size;
+out:
+    close(fd); /* after the unlink: the lock covers it */
+    return err;
+}
+
+/* Scans `dir`. With `quiet`, no error record is written (errors are just
+ * returned as CKPTIO_E_IO). */
+static ckptio_status clean_dir(const char *dir, const char *name, double min_age, ckptio_cleanup_report *r,
+                               bool quiet) {
+    DIR *d = opendir(dir);
+    if (!d) {
+        if (quiet) return CKPTIO_E_IO;
+        return CKPTIO_FAIL_SYS(errno, "open", dir, -1, "opening the directory to look for temporaries");
+    }
+    const int dfd = dirfd(d);
+    ckptio_status st = CKPTIO_OK;
+    for (;;) {
+        errno = 0;
+        struct dirent *e = readdir(d);
+        if (!e) {
+            if (errno && st == CKPTIO_OK)
+                st = quiet ? CKPTIO_E_IO : CKPTIO_FAIL_SYS(errno, "readdir", dir, -1, "listing the directory");
+            break;
+        }
+        if (!is_temporary_name(e->d_name, name)) continue;
+        const int err = clean_entry(dfd, e->d_name, min_age, r);
+        if (err && st == CKPTIO_OK)
+            st = quiet ? CKPTIO_E_IO
+                       : CKPTIO_FAIL_CTX(ckptio__status_from_errno(err),
+                                         &((ckptio__err_ctx){.operation = "unlink", .path = dir, .file_offset = -1,
+                                                             .subject = e->d_name, .sys_errno = err}),
+                                         "removing a stale temporary");
+    }
+    closedir(d);
+    return st;
+}
+
+ckptio_status ckptio_cleanup_temporaries(const char *dir, const char *name, double min_age_seconds,
+                                         ckptio_cleanup_report *report) {
+    ckptio_cleanup_report r = {0};
+    if (report) *report = r;
+    CKPTIO_RETURN_IF(!dir || !*dir, CKPTIO_E_INVAL, "ckptio_cleanup_temporaries: dir is required");
+    CKPTIO_RETURN_IF(name && (!*name || strchr(name, '/')), CKPTIO_E_INVAL,
+                     "ckptio_cleanup_temporaries: name '%s' must be a file name without '/'", name);
+    CKPTIO_RETURN_IF(!(min_age_seconds >= 0) || isinf(min_age_seconds), CKPTIO_E_INVAL,
+                     "ckptio_cleanup_temporaries: min_age_seconds must be a finite number >= 0");
+    const ckptio_status st = clean_dir(dir, name, min_age_seconds, &r, false);
+    if (report) *report = r;
+    return st;
+}
+
+void ckptio__temporaries_clean_stale(const char *dir, const char *name) {
+    ckptio_cleanup_report r = {0};
+    (void)clean_dir(dir, name, 0.0, &r, true);
+}

@@ -1,0 +1,167 @@
+/*
+ * test_dcp_items.c - ckptio_dcp_write (items of .distcp files), zstd
+ * decompression and XXH3 hashing: bytes on disk, offsets, hashes, errors.
+ */
+#include "helpers.h"
+
+#include <string.h>
+#include <xxhash.h>
+#include <zstd.h>
+
+static ckptio_torch_writer *one_tensor_archive(const float *data, int64_t n) {
+    ckptio_torch_writer *w = NULL;
+    size_t sid;
+    ckptio_value *root;
+    T_OK(ckptio_torch_writer_create(&w));
+    T_OK(ckptio_torch_writer_storage(w, CKPTIO_DTYPE_F32, (uint64_t)n * 4, "cpu", data, CKPTIO_MEM_HOST, &sid));
+    ckptio_torch_tensor_spec spec = {.storage = sid, .dtype = CKPTIO_DTYPE_F32, .ndim = 1, .shape = &n};
+    T_OK(ckptio_torch_writer_tensor(w, &spec, &root));
+    T_OK(ckptio_torch_writer_set_root(w, root));
+    return w;
+}
+
+static void test_items_layout_and_hashes(ckptio_engine *engine) {
+    enum { N = 3000 };
+    static float a[N], b[N];
+    t_fill_random(a, sizeof a, 1);
+    t_fill_random(b, sizeof b, 2);
+    const char blob[] = "pickled byte item";
+    const char *path = t_path("items.distcp");
+    ckptio_file *file = NULL;
+    T_OK(ckptio_file_open(engine, path, CKPTIO_OPEN_WRITE, &file));
+    ckptio_dcp_item items[4] = {
+        {.file = file, .bytes = blob, .nbytes = sizeof blob, .flags = CKPTIO_DCP_ITEM_HASH},
+        {.file = file, .archive = one_tensor_archive(a, N), .flags = CKPTIO_DCP_ITEM_HASH | CKPTIO_DCP_ITEM_CRC32},
+        {.file = file, .archive = one_tensor_archive(b, N), .flags = CKPTIO_DCP_ITEM_HASH | CKPTIO_DCP_ITEM_ZSTD},
+        {.file = file, .bytes = blob, .nbytes = sizeof blob, .flags = CKPTIO_DCP_ITEM_ZSTD},
+    };
+    T_OK(ckptio_dcp_write(engine, items, 4, NULL));
+    T_OK(ckptio_file_commit(file));
+    T_OK(ckptio_file_close(file));
+
+    size_t len = 0;
+    uint8_t *disk = t_read_file(path, &len);
+    T_ASSERT(items[0].offset == 0 && items[0].length == sizeof blob);
+    T_ASSERT(memcmp(disk, blob, sizeof blob) == 0);
+    for (int i = 1; i < 4; i++) T_ASSERT(items[i].offset % 4096 == 0 && items[i].offset >= items[i - 1].offset + items[i - 1].length);
+    T_ASSERT(items[3].offset + items[3].length == len); /* truncated to the last item */
+    for (int i = 0; i < 3; i++) {
+        T_ASSERT(items[i].hashed);
+        T_ASSERT(items[i].hash == XXH3_64bits(disk + items[i].offset, items[i].length));
+        uint64_t h = 0;
+        T_OK(ckptio_hash_xxh3(disk + items[i].offset, items[i].length, &h));
+        T_ASSERT(h == items[i].hash);
+    }
+    T_ASSERT(!items[3].hashed);
+
+    /* Item 1: a torch.save archive (prefix "archive") whose tensor bytes are a,
+     * 4 KiB-aligned in the file, with a real CRC. */
+    ckptio_torch *t = NULL;
+    T_OK(ckptio_torch_parse(disk + items[1].offset, items[1].length, &t));
+    ckptio_torch_tensor_info ti;
+    ckptio_torch_storage_info si;
+    T_OK(ckptio_torch_tensor(t, 0, &ti));
+    T_OK(ckptio_torch_storage(t, 0, &si));
+    T_ASSERT(ti.ndim == 1 && ti.shape[0] == N && ti.dtype == CKPTIO_DTYPE_F32);
+    T_ASSERT((items[1].offset + ti.file_offset) % 4096 == 0);
+    T_ASSERT(memcmp(disk + items[1].offset + ti.file_offset, a, sizeof a) == 0);
+    T_ASSERT(si.crc32 != 0);
+    ckptio_torch_verify_report rep;
+    T_OK(ckptio_torch_verify(t, &rep));
+    T_OK(ckptio_torch_close(t));
+
+    /* Item 2: one zstd frame of such an archive. */
+    uint64_t size = 0;
+    T_OK(ckptio_zstd_decompressed_size(disk + items[2].offset, items[2].length, &size));
+    uint8_t *arch = malloc(size);
+    size_t got = 0;
+    T_OK(ckptio_zstd_decompress(disk + items[2].offset, items[2].length, arch, size, &got));
+    T_ASSERT(got == size);
+    T_OK(ckptio_torch_parse(arch, got, &t));
+    T_OK(ckptio_torch_tensor(t, 0, &ti));
+    T_OK(ckptio_torch_storage(t, 0, &si));
+    T_ASSERT(memcmp(arch + ti.file_offset, b, sizeof b) == 0);
+    T_ASSERT(si.crc32 == 0); /* no CKPTIO_DCP_ITEM_CRC32 */
+    T_OK(ckptio_torch_close(t));
+    /* Too small a destination. */
+    T_STATUS(ckptio_zstd_decompress(disk + items[2].offset, items[2].length, arch, size - 1, &got), CKPTIO_E_RANGE);
+    T_MESSAGE_HAS("more than the");
+    free(arch);
+
+    /* Item 3: compressed bytes. */
+    char back[sizeof blob];
+    T_OK(ckptio_zstd_decompress(disk + items[3].offset, items[3].length, back, sizeof back, &got));
+    T_ASSERT(got == sizeof blob && memcmp(back, blob, got) == 0);
+    free(disk);
+    for (int i = 0; i < 4; i++) ckptio_torch_writer_destroy(items[i].archive);
+}
+
+static void test_zstd_streamed_frames_and_corruption(void) {
+    /* A frame without a content size (as a streaming compressor writes it), then one with. */
+    char src[5000];
+    t_fill_random(src, 2000, 7);
+    memset(src + 2000, 'x', 3000);
+    uint8_t packed[16384];
+    ZSTD_CCtx *cctx = ZSTD_createCCtx();
+    T_ASSERT(!ZSTD_isError(ZSTD_CCtx_setParameter(cctx, ZSTD_c_contentSizeFlag, 0)));
+    ZSTD_outBuffer out = {packed, sizeof packed, 0};
+    ZSTD_inBuffer in = {src, sizeof src, 0};
+    T_ASSERT(!ZSTD_isError(ZSTD_compressStream2(cctx, &out, &in, ZSTD_e_end)));
+    ZSTD_freeCCtx(cctx);
+    const size_t first = out.pos;
+    const size_t second = ZSTD_compress(packed + first, sizeof packed - first, src, 100, 3);
+    T_ASSERT(!ZSTD_isError(second));
+    T_ASSERT(ZSTD_getFrameContentSize(packed, first) == ZSTD_CONTENTSIZE_UNKNOWN);
+    uint64_t size = 0;
+    T_OK(ckptio_zstd_decompressed_size(packed, first + second, &size));
+    T_ASSERT(size == sizeof src + 100);
+    char dst[sizeof src + 100];
+    size_t got = 0;
+    T_OK(ckptio_zstd_decompress(packed, first + second, dst, sizeof dst, &got));
+    T_ASSERT(got == sizeof dst && memcmp(dst, src, sizeof src) == 0 && memcmp(dst + sizeof src, src, 100) == 0);
+    /* Truncated and corrupt input. */
+    T_STATUS(ckptio_zstd_decompress(packed, first - 3, dst, sizeof dst, &got), CKPTIO_E_FORMAT);
+    T_MESSAGE_HAS("truncated");
+    uint8_t bad[8] = {1, 2, 3, 4, 5, 6, 7, 8};
+    T_STATUS(ckptio_zstd_decompressed_size(bad, sizeof bad, &size), CKPTIO_E_FORMAT);
+    T_MESSAGE_HAS("corrupt zstd data");
+}
+
+static void test_errors(ckptio_engine *engine) {
+    uint64_t h;
+    T_STATUS(ckptio_hash_xxh3(NULL, 3, &h), CKPTIO_E_INVAL);
+    T_OK(ckptio_hash_xxh3(NULL, 0, &h));
+    T_ASSERT(h == XXH3_64bits("", 0));
+    ckptio_file *file = NULL;
+    T_OK(ckptio_file_open(engine, t_path("bad.distcp"), CKPTIO_OPEN_WRITE, &file));
+    ckptio_dcp_item item = {.file = file, .bytes = "x", .nbytes = 1, .flags = 0x80};
+    T_STATUS(ckptio_dcp_write(engine, &item, 1, NULL), CKPTIO_E_INVAL);
+    T_MESSAGE_HAS("bad.distcp");
+    T_MESSAGE_HAS("item 0: unknown flags 0x80");
+    /* An archive whose storage has no memory. */
+    ckptio_torch_writer *w = NULL;
+    size_t sid;
+    ckptio_value *root;
+    int64_t n = 4;
+    T_OK(ckptio_torch_writer_create(&w));
+    T_OK(ckptio_torch_writer_storage(w, CKPTIO_DTYPE_F32, 16, "cpu", NULL, CKPTIO_MEM_HOST, &sid));
+    ckptio_torch_tensor_spec spec = {.storage = sid, .dtype = CKPTIO_DTYPE_F32, .ndim = 1, .shape = &n};
+    T_OK(ckptio_torch_writer_tensor(w, &spec, &root));
+    T_OK(ckptio_torch_writer_set_root(w, root));
+    ckptio_dcp_item two[2] = {{.file = file, .bytes = "x", .nbytes = 1}, {.file = file, .archive = w}};
+    T_STATUS(ckptio_dcp_write(engine, two, 2, NULL), CKPTIO_E_INVAL);
+    T_MESSAGE_HAS("item 1: storage 0 of the archive has no memory bound");
+    T_OK(ckptio_file_close(file));
+    T_ASSERT(!t_file_exists(t_path("bad.distcp")));
+    ckptio_torch_writer_destroy(w);
+}
+
+int main(void) {
+    ckptio_engine *engine = NULL;
+    T_OK(ckptio_engine_create(&engine));
+    test_items_layout_and_hashes(engine);
+    test_zstd_streamed_frames_and_corruption();
+    test_errors(engine);
+    T_OK(ckptio_engine_destroy(engine));
+    return T_EXIT_PASS;
+}
