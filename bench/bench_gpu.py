@@ -8,7 +8,9 @@ Measured in the same run, same file system:
              safetensors save_file / load_file(device=cuda), torch DCP (thread_count 8 only, to
              keep the run short), torch.cuda.gds.GdsFile (expected to fail without nvidia-fs)
   ckptio     through ctypes over libckptio.so (CKPTIO_LIB): safetensors save from GPU (atomic,
-             fsynced) and load to GPU cold and warm; the same bytes as one raw plan; the GDS API
+             fsynced) and load to GPU cold and warm; the same bytes as one raw plan; the GDS API;
+             and the ckptio Python package (`import ckptio`: save/load in safetensors and
+             torch.save formats) when it is importable
 Save = write + fsync; cold = page cache dropped (needs root); warm = file in page cache.
 Slow peers run once (cold then warm); ckptio runs twice and the better run counts.
 Env: SIZE_GIB (8), DIR (/tmp/ckptio-bench), CKPTIO_LIB, OUT (writes bench_gpu.json there).
@@ -161,15 +163,28 @@ def check(loaded):
         assert torch.equal(sd[k], loaded[k].to("cuda")), k
 
 
-def bench(name, save, load, path, reps=1):
+def bench(name, save, load, path, reps=1, adjacent=False):
+    """adjacent: also measure the raw O_DIRECT write (16 threads) and read
+    ceilings right before each save and cold load. The virtio disk's speed
+    drifts by tens of percent within a minute, so a ratio to a ceiling taken
+    minutes earlier says more about the drift than about ckptio."""
     best = {}
+    ratios = {"save": [], "cold": []}
     for _ in range(reps):
         rmf(path)
         drop()
+        if adjacent:
+            wc = par_io(D + "/adjacent.bin", 16, True, True, size=2 * GiB)
+            rmf(D + "/adjacent.bin")
         el, _ = timed(lambda: (save(path), fsync_path(path)))
         best["save"] = max(best.get("save", 0), NB / el / 1e9)
+        if adjacent:
+            ratios["save"].append(NB / el / 1e9 / wc)
         for v in ("cold", "warm"):
             if v == "cold":
+                if adjacent:
+                    drop()
+                    rc = max(par_io(path, 16, False, True, size=2 * GiB), par_io(path, 4, False, True, size=2 * GiB))
                 drop()
             else:
                 prewarm(path)
@@ -177,6 +192,12 @@ def bench(name, save, load, path, reps=1):
             check(out)
             del out
             best[v] = max(best.get(v, 0), NB / el / 1e9)
+            if adjacent and v == "cold":
+                ratios["cold"].append(NB / el / 1e9 / rc)
+    if adjacent:
+        res[name + "_save_to_adjacent_write_ceiling"] = ratios["save"]
+        res[name + "_cold_to_adjacent_read_ceiling"] = ratios["cold"]
+        log(name, "ratios to adjacent ceilings", {k: [round(x, 3) for x in v] for k, v in ratios.items()})
     rmf(path)
     res[name + "_save_GBps"] = best["save"]
     res[name + "_load_cold_GBps"] = best["cold"]
@@ -367,7 +388,7 @@ def run_ckptio():
     log("libckptio", ck.lib.ckptio_version().decode(), libpath)
     ck.set(OPT_GPU_PATH, 0)  # AUTO: what a user gets
     run_peer("ckptio_st", lambda: bench("ckptio_st", lambda p: ck.st_save(p, sd), ck.st_load,
-                                        D + "/c.safetensors", reps=2))
+                                        D + "/c.safetensors", reps=2, adjacent=True))
     s = ck.stats()
     res["ckptio_staging_reserved_MiB"] = s.staging_reserved / MiB
     res["ckptio_staging_peak_MiB"] = s.staging_peak / MiB
@@ -402,6 +423,19 @@ def run_ckptio():
     ck.lib.ckptio_engine_destroy(ck.engine)
 
 
+def run_ckptio_python():
+    """What a PyTorch user calls: the ckptio package's save/load, in both formats."""
+    try:
+        import ckptio as ckpy
+    except Exception as e:  # the package is optional for this driver
+        notes.append(f"ckptio Python package not importable ({e}); its rows are missing")
+        return
+    run_peer("ckptio_py_st", lambda: bench("ckptio_py_st", lambda p: ckpy.save(sd, p),
+                                           lambda p: ckpy.load(p, device="cuda"), D + "/py.safetensors"))
+    run_peer("ckptio_py_torch", lambda: bench("ckptio_py_torch", lambda p: ckpy.save(sd, p, format="torch"),
+                                              lambda p: ckpy.load(p, device="cuda"), D + "/py.pt"))
+
+
 def table():
     wr = max(v for k, v in res.items() if k.startswith("ceil_odirect_write"))
     rd = max(res.get("ceil_odirect_read_4t", 0), res.get("ceil_odirect_read_16t", 0),
@@ -413,7 +447,8 @@ def table():
           f"{res.get('ceil_h2d_pinned', 0):.1f} GB/s, D2H {res.get('ceil_d2h_pinned', 0):.1f} GB/s, pageable H2D "
           f"{res.get('ceil_h2d_pageable', 0):.1f} GB/s")
     print(f"{'GB/s':<16}{'save':>8}{'%wr':>6}{'cold':>8}{'%rd':>6}{'warm':>8}{'x st':>7}")
-    names = ["torch", "torch_mmap", "safetensors", "dcp_t8", "gdsfile", "ckptio_st", "ckptio_plan", "ckptio_st_16t"]
+    names = ["torch", "torch_mmap", "safetensors", "dcp_t8", "gdsfile", "ckptio_st", "ckptio_plan", "ckptio_st_16t",
+             "ckptio_py_st", "ckptio_py_torch"]
     for n in names:
         if n + "_error" in res and n + "_save_GBps" not in res:
             print(f"{n:<16} failed: {res[n + '_error'][:90]}")
@@ -427,6 +462,12 @@ def table():
     print(f"goals (ckptio_st): save >= 90% of write ceiling: {'MET' if g[0] >= 0.9 * wr else 'NOT MET'}; "
           f"cold >= 95% of read ceiling: {'MET' if g[1] >= 0.95 * rd else 'NOT MET'}; "
           f"warm >= 35 GB/s: {'MET' if g[2] >= 35 else 'NOT MET'}")
+    for n in ("ckptio_st",):
+        a, b = res.get(n + "_save_to_adjacent_write_ceiling"), res.get(n + "_cold_to_adjacent_read_ceiling")
+        if a and b:
+            print(f"{n} against ceilings measured right before each run: save "
+                  f"{', '.join(f'{100 * x:.0f}%' for x in a)} of O_DIRECT write; cold load "
+                  f"{', '.join(f'{100 * x:.0f}%' for x in b)} of O_DIRECT read")
     print(f"pinned staging: reserved {res.get('ckptio_staging_reserved_MiB', 0):.0f} MiB "
           f"(16t run {res.get('ckptio_staging_reserved_MiB_16t', 0):.0f} MiB), peak in use "
           f"{res.get('ckptio_staging_peak_MiB', 0):.0f} MiB; GPU path {res.get('ckptio_gpu_path')}")
@@ -442,6 +483,7 @@ if __name__ == "__main__":
     sd, NB = make_state_dict()
     log("state dict", len(sd), "tensors", NB / GiB, "GiB")
     run_ckptio()  # first: the numbers that matter come before any time limit
+    run_ckptio_python()
     peers()
     table()
     res["seconds_total"] = time.perf_counter() - T_START

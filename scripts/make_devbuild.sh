@@ -1,24 +1,32 @@
 #!/usr/bin/env bash
-# make_devbuild.sh - build everything here and pack what the GPU machine needs
-# into .devbuild/ (git-ignored; carried with the device tool). The GPU machine
-# has no Debian dev packages and no network, so it runs binaries built here:
-# libckptio, the CLI, the GPU check program, the Python package (abi3
-# extension, loads on its Python 3.12) and the shared libraries they need.
+# make_devbuild.sh - pack what the GPU machine needs into .devbuild/ (git-ignored).
+#
+# The GPU machine has no Debian dev packages and no network, so it runs what is
+# built here: libckptio, the CLI, tests/gpu/gpu_check, the Python package (abi3
+# extension: loads on that machine's Python 3.12) and the shared libraries they
+# need. .devbuild/tree is a copy of the committed tree (HEAD) plus those builds,
+# so helpers' uncommitted edits never reach a measurement.
+#
+# Then, on the GPU machine, from .devbuild/tree:
+#   export LD_LIBRARY_PATH=$PWD/build-gpu/lib PYTHONPATH=$PWD/python
+#   tests/gpu/run_gpu_checks.sh run                      # every byte compared, then bench_gpu.py
+#   python3 -m pytest -q tests/python                    # the Python suite, CUDA tests included
+#   build-gpu/ckptio bench --size 4G --dir /var/tmp      # host-memory bench
+#   CKPTIO_LIB=$PWD/build-gpu/lib/libckptio.so DIR=/var/tmp/ckptio-bench python3 bench/bench_gpu.py
 set -euo pipefail
 cd "$(dirname "$0")/.."
-rm -rf .devbuild
-mkdir -p .devbuild/lib .devbuild/bin .devbuild/python
-cmake -S . -B build -DCMAKE_BUILD_TYPE=Release -DCKPTIO_GPU_TESTS=ON >/dev/null
-cmake --build build -j"$(nproc)" >/dev/null
-cp -a build/libckptio.so* .devbuild/lib/
-cp build/ckptio .devbuild/bin/
-for t in build/gpu_check build/test_*; do [ -x "$t" ] && cp "$t" .devbuild/bin/; done
-for l in liburing.so.2 libjansson.so.4 libzstd.so.1 libxxhash.so.0; do
-    cp -L "$(ldconfig -p | awk -v l="$l" '$1==l{print $NF; exit}')" .devbuild/lib/
-done
-if [ -d python/ckptio ]; then
-    CKPTIO_BUILD_DIR="$PWD/build" python3 setup.py -q build_ext --inplace >/dev/null 2>&1 || \
-        CKPTIO_BUILD_DIR="$PWD/build" python3 -m pip install -q --no-build-isolation --target .devbuild/pytmp . >/dev/null
-    cp -a python/ckptio .devbuild/python/
-fi
+src=$(mktemp -d)
+trap 'rm -rf "$src"' EXIT
+git archive HEAD | tar -x -C "$src"
+(
+    cd "$src"
+    tests/gpu/run_gpu_checks.sh build >/dev/null
+    cmake --build build-gpu -j"$(nproc)" --target ckptio_cli >/dev/null
+    cp -a build-gpu/libckptio.so.0* build-gpu/lib/
+    CKPTIO_BUILD_DIR="$PWD/build-gpu" python3 setup.py -q build_ext --inplace >/dev/null
+    rm -rf build-gpu/CMakeFiles
+)
+rm -rf .devbuild/tree
+mkdir -p .devbuild
+cp -a "$src" .devbuild/tree
 du -sh .devbuild

@@ -14,6 +14,16 @@ failed=0
 echo "== C tests (release build)"
 (cd build && ctest --output-on-failure -j"$jobs") || failed=1
 
+echo "== install, then build a consumer with pkg-config and with find_package(ckptio)"
+inst=$(mktemp -d)
+cmake --install build --prefix "$inst" >/dev/null
+pc="$inst/lib/pkgconfig"
+cc tests/install/consumer.c $(PKG_CONFIG_PATH="$pc" pkg-config --cflags --libs ckptio) \
+    -Wl,-rpath,"$inst/lib" -o "$inst/consumer_pc" && "$inst/consumer_pc" || failed=1
+cmake -S tests/install -B "$inst/build" -DCMAKE_PREFIX_PATH="$inst" >/dev/null &&
+    cmake --build "$inst/build" >/dev/null && "$inst/build/consumer_shared" && "$inst/build/consumer_static" || failed=1
+rm -rf "$inst"
+
 echo "== C tests under ASan + UBSan"
 cmake -S . -B build-asan -DCMAKE_BUILD_TYPE=Debug -DCKPTIO_SANITIZE=ON -DCMAKE_C_COMPILER=clang >/dev/null
 cmake --build build-asan -j"$jobs" >/dev/null
