@@ -563,8 +563,9 @@ enum ckptio_integrity_flags {
      * manifest is written after the data: old manifest removed, data file
      * committed, then the new manifest committed, so a crash can leave a
      * file without a manifest but never a manifest describing other data.
-     * Host memory is hashed while the data is written; other memory (GPU)
-     * is hashed by reading the written bytes back before the commit.
+     * Host memory is hashed while the data is written; GPU memory on the
+     * pinned staging copy on its way to the file (no read-back, unless
+     * CKPTIO_OPT_STAGING_BYTES is below 4 x (4 MiB + 4 KiB)).
      * Without this flag a save removes a manifest left beside NAME by an
      * earlier save (it would no longer describe the file). If the data
      * file was committed but its manifest could not be, the save fails
@@ -629,14 +630,11 @@ typedef struct ckptio_cleanup_report {
  * may be NULL. Thread-safe. */
 CKPTIO_API ckptio_status ckptio_cleanup_temporaries(const char *dir, const char *name, double min_age_seconds,
                                                     ckptio_cleanup_report *report);
-/* END INTEGRITY SECTION */
 
 /* ------------------------------------------------------------------------ */
 /* GPU: CUDA access and the GDS file API                                    */
 /* ------------------------------------------------------------------------ */
-/* (section owned by src/gpu; declarations are added here)
- *
- * The CUDA driver is loaded at run time (dlopen "libcuda.so.1"); building and
+/* The CUDA driver is loaded at run time (dlopen "libcuda.so.1"); building and
  * running ckptio need no CUDA toolkit. Without a driver, the functions below
  * fail with CKPTIO_E_NO_CUDA (message says why) and host transfers keep
  * working. GPU work uses the primary context of the device owning the
@@ -774,13 +772,10 @@ CKPTIO_API ckptio_status ckptio_gds_request_destroy(ckptio_gds_request *request)
 
 /*! ckptio_gds_file_path() : the path the file's last transfer took. */
 CKPTIO_API ckptio_status ckptio_gds_file_path(const ckptio_gds_file *file, ckptio_io_path *out);
-/* END GPU SECTION */
 
 /* ------------------------------------------------------------------------ */
 /* torch.save zip checkpoints                                               */
 /* ------------------------------------------------------------------------ */
-/* (section owned by src/format/torch_*; declarations are added here) */
-
 /* torch.save files (zip + pickle, FORMATS.md 1-2), read and written without
  * Python. Readers accept what torch 2.x writes (any storage alignment,
  * zip64, optional records missing); the pickle runs in a restricted
@@ -1071,13 +1066,11 @@ CKPTIO_API ckptio_status ckptio_torch_save_tensors(ckptio_engine *engine, const 
                                                    const ckptio_tensor_source *tensors, size_t count,
                                                    const ckptio_torch_save_options *options);
 
-/* END TORCH SECTION */
 
 /* ------------------------------------------------------------------------ */
 /* torch.distributed.checkpoint data files                                  */
 /* ------------------------------------------------------------------------ */
-/* (section owned by src/ckpt/dcp_*; docs/DCP.md)
- *
+/* (docs/DCP.md)
  * A .distcp data file of torch.distributed.checkpoint (FORMATS.md 4) holds
  * items at offsets named by the checkpoint's .metadata: raw byte items and
  * torch.save archives of one tensor each (offsets inside an archive count
@@ -1141,7 +1134,6 @@ CKPTIO_API ckptio_status ckptio_zstd_decompressed_size(const void *src, size_t l
 CKPTIO_API ckptio_status ckptio_zstd_decompress(const void *src, size_t len, void *dst, size_t capacity,
                                                 size_t *out_len);
 
-/* END DCP SECTION */
 
 #ifdef __cplusplus
 }

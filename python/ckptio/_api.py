@@ -267,10 +267,11 @@ class CheckpointFile:
         return self._reader.tree(make_tensor, make_dict, make_dtype, torch.device, set_attrs)
 
     def verify(self) -> Dict[str, int]:
-        """torch.save files: reads every record and checks its CRC-32 (raises
-        CkptioError E_CHECKSUM naming the record on a mismatch)."""
-        if self.format != "torch":
-            raise ValueError(f"{self._path}: verify() is for torch.save files; this is {self.format}")
+        """Reads all data and checks it: torch.save files against every record's
+        CRC-32; safetensors files against the checksum manifest written by
+        ``save(..., checksums=True)`` (CkptioError with status E_NOT_FOUND when
+        there is none). A mismatch raises CkptioError E_CHECKSUM naming the record or the
+        tensor and its byte range."""
         return self._reader.verify()
 
     def close(self) -> None:
@@ -426,7 +427,7 @@ def _save_torch(obj: Any, spath: str, alignment: int, crc: bool, engine) -> List
 
 
 def save(state_dict: Any, path: PathLike, format: str = "safetensors", metadata: Optional[Mapping[str, str]] = None,
-         *, align: Optional[int] = None, crc: bool = True, engine=None) -> None:
+         *, align: Optional[int] = None, crc: bool = True, checksums: bool = False, engine=None) -> None:
     """Saves a state dict atomically (temporary file, fsync, rename).
 
     Args:
@@ -442,7 +443,11 @@ def save(state_dict: Any, path: PathLike, format: str = "safetensors", metadata:
             boundary (header padded with spaces, a valid safetensors file), 8
             gives the reference writer's exact layout. torch: the storage
             alignment, 1..65536 (default 4096; torch.save's own is 64).
-        crc: torch only: compute CRC-32s of host storages (default True).
+        crc: torch only: CRC-32 of every record, host or GPU storages
+            (default True; computed while the data is written).
+        checksums: safetensors only: also write NAME.ckptio-manifest.json
+            with XXH3-64 checksums per 4 MiB block of every tensor, checked by
+            ``ckptio.open(path).verify()`` and ``ckptio verify``.
         engine: a ckptio.Engine (default: the shared default engine).
 
     safetensors: nested dicts are flattened with "." ({"a": {"b": t}} ->
@@ -452,6 +457,8 @@ def save(state_dict: Any, path: PathLike, format: str = "safetensors", metadata:
     """
     fmt = str(format).lower()
     spath = os.fspath(path)
+    if checksums and fmt != "safetensors":
+        raise ValueError(f"{spath}: checksums=True is for safetensors; torch.save files carry CRC-32s (crc=True)")
     if fmt in ("torch", "pt", "pytorch"):
         if metadata:
             raise ValueError(f"{spath}: metadata is a safetensors feature; torch.save files have none")
@@ -479,6 +486,7 @@ def save(state_dict: Any, path: PathLike, format: str = "safetensors", metadata:
         metadata,
         4096 if align is None else align,
         engine,
+        checksums,
     )
     del sources  # the memory had to stay alive until here
 

@@ -16,20 +16,6 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-static PyObject *int64_tuple(const int64_t *v, uint32_t n) {
-    PyObject *t = PyTuple_New((Py_ssize_t)n);
-    if (!t) return NULL;
-    for (uint32_t i = 0; i < n; i++) {
-        PyObject *x = PyLong_FromLongLong((long long)v[i]);
-        if (!x) {
-            Py_DECREF(t);
-            return NULL;
-        }
-        PyTuple_SetItem(t, (Py_ssize_t)i, x);
-    }
-    return t;
-}
-
 static int int64_array(PyObject *seq, int64_t **out, uint32_t *n_out) {
     PyObject *fast = PySequence_List(seq);
     if (!fast) return -1;
@@ -55,26 +41,17 @@ static int int64_array(PyObject *seq, int64_t **out, uint32_t *n_out) {
     return 0;
 }
 
-static void release_lock_of(ckpy_engine *engine, ckptio_status *st, ckptio_status (*fn)(void *), void *arg) {
-    Py_BEGIN_ALLOW_THREADS
-    ckpy_lock_nogil(engine->lock);
-    *st = fn(arg);
-    PyThread_release_lock(engine->lock);
-    Py_END_ALLOW_THREADS
-}
-
 /* ---- writing items ------------------------------------------------------------ */
 
 typedef struct write_call {
-    ckptio_engine *engine;
     ckptio_dcp_item *items;
     size_t count;
     ckptio_torch_save_options options;
 } write_call;
 
-static ckptio_status do_write(void *arg) {
+static ckptio_status do_write(ckptio_engine *engine, void *arg) {
     write_call *c = arg;
-    return ckptio_dcp_write(c->engine, c->items, c->count, &c->options);
+    return ckptio_dcp_write(engine, c->items, c->count, &c->options);
 }
 
 /* A one-tensor archive as torch.save(tensor) writes it: storage "cpu" (torch
@@ -151,16 +128,10 @@ static PyObject *mod_dcp_write(PyObject *module, PyObject *args, PyObject *kwarg
         c.count = (size_t)i + 1;
     }
     if (!(engine = ckpy_engine_resolve(engine_arg))) goto out;
-    c.engine = engine->engine;
     c.options.storage_alignment = alignment;
     c.options.record_prefix = "archive";
     c.count = (size_t)n;
-    ckptio_status st;
-    release_lock_of(engine, &st, do_write, &c);
-    if (st != CKPTIO_OK) {
-        ckpy_raise(st);
-        goto out;
-    }
+    if (ckpy_engine_run(engine, do_write, &c) < 0) goto out;
     result = PyList_New(n);
     for (Py_ssize_t i = 0; result && i < n; i++) {
         const ckptio_dcp_item *it = &c.items[i];
@@ -185,19 +156,13 @@ out:
 /* ---- reading extents of several files in one plan -------------------------------- */
 
 typedef struct read_call {
-    ckptio_engine *engine;
     ckptio_extent *extents;
     size_t count;
 } read_call;
 
-static ckptio_status do_read(void *arg) {
-    read_call *c = arg;
-    ckptio_plan *plan = NULL;
-    ckptio_status st = ckptio_plan_create(CKPTIO_READ, &plan);
-    for (size_t i = 0; st == CKPTIO_OK && i < c->count; i++) st = ckptio_plan_add(plan, &c->extents[i]);
-    if (st == CKPTIO_OK) st = ckptio_engine_execute(c->engine, plan);
-    ckptio_plan_destroy(plan);
-    return st;
+static ckptio_status do_read(ckptio_engine *engine, void *arg) {
+    const read_call *c = arg;
+    return ckpy_run_plan(engine, CKPTIO_READ, c->extents, c->count);
 }
 
 static PyObject *mod_dcp_read(PyObject *module, PyObject *args, PyObject *kwargs) {
@@ -218,29 +183,15 @@ static PyObject *mod_dcp_read(PyObject *module, PyObject *args, PyObject *kwargs
     for (Py_ssize_t i = 0; i < n; i++) {
         PyObject *file_o, *addr_o, *len_o, *off_o, *kind_o;
         ckptio_extent *e = &c.extents[i];
-        uint64_t addr;
         if (!PyArg_ParseTuple(PyList_GetItem(fast, i), "OOOOO:extent", &file_o, &addr_o, &len_o, &off_o,
                               &kind_o))
             goto out;
-        if (!(e->file = ckpy_file_handle(file_o)) || ckpy_u64(addr_o, "address", &addr) < 0 ||
-            ckpy_u64(len_o, "nbytes", &e->length) < 0 || ckpy_u64(off_o, "file offset", &e->file_offset) < 0 ||
-            ckpy_mem_kind(kind_o, &e->mem_kind) < 0)
+        if (!(e->file = ckpy_file_handle(file_o)) || ckpy_parse_extent(addr_o, len_o, off_o, kind_o, e) < 0)
             goto out;
-        if (!addr && e->length) {
-            PyErr_SetString(PyExc_ValueError, "address 0 with a non-zero length");
-            goto out;
-        }
-        e->memory = (void *)(uintptr_t)addr;
     }
     if (!(engine = ckpy_engine_resolve(engine_arg))) goto out;
-    c.engine = engine->engine;
     c.count = (size_t)n;
-    ckptio_status st;
-    release_lock_of(engine, &st, do_read, &c);
-    if (st != CKPTIO_OK) {
-        ckpy_raise(st);
-        goto out;
-    }
+    if (ckpy_engine_run(engine, do_read, &c) < 0) goto out;
     result = Py_None;
     Py_INCREF(result);
 out:
@@ -267,8 +218,8 @@ static PyObject *archive_rows(ckptio_torch *t) {
             ckpy_raise(st);
             goto fail;
         }
-        PyObject *shape = int64_tuple(ti.shape, ti.ndim);
-        PyObject *stride = shape ? int64_tuple(ti.stride, ti.ndim) : NULL;
+        PyObject *shape = ckpy_int64_tuple(ti.shape, ti.ndim);
+        PyObject *stride = shape ? ckpy_int64_tuple(ti.stride, ti.ndim) : NULL;
         if (!stride) {
             Py_XDECREF(shape);
             goto fail;
@@ -387,7 +338,7 @@ static PyObject *mod_safetensors_header(PyObject *module, PyObject *args) {
             ckpy_raise(s);
             goto out;
         }
-        PyObject *shape = int64_tuple(ti.shape, ti.ndim);
+        PyObject *shape = ckpy_int64_tuple(ti.shape, ti.ndim);
         PyObject *row = shape ? Py_BuildValue("(siNKK)", ti.name, (int)ti.dtype, shape,
                                               (unsigned long long)ti.file_offset, (unsigned long long)ti.nbytes)
                               : NULL;

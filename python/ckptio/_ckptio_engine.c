@@ -69,14 +69,25 @@ static int option_value(ckptio_option option, PyObject *value, int64_t *out) {
     return 0;
 }
 
-static ckptio_status engine_set_locked(ckpy_engine *self, ckptio_option option, int64_t value) {
-    ckptio_status st;
-    Py_BEGIN_ALLOW_THREADS
-    ckpy_lock_nogil(self->lock);
-    st = ckptio_engine_set(self->engine, option, value);
-    PyThread_release_lock(self->lock);
-    Py_END_ALLOW_THREADS
-    return st;
+typedef struct option_call {
+    ckptio_option option;
+    int64_t value;
+} option_call;
+
+static ckptio_status do_set(ckptio_engine *engine, void *arg) {
+    const option_call *c = arg;
+    return ckptio_engine_set(engine, c->option, c->value);
+}
+
+static ckptio_status do_get(ckptio_engine *engine, void *arg) {
+    option_call *c = arg;
+    return ckptio_engine_get(engine, c->option, &c->value);
+}
+
+/* Sets an option under the engine's lock; -1 with an error. */
+static int engine_set_locked(ckpy_engine *self, ckptio_option option, int64_t value) {
+    option_call c = {option, value};
+    return ckpy_engine_run(self, do_set, &c);
 }
 
 static int apply_options(ckpy_engine *self, PyObject *kwargs) {
@@ -87,11 +98,7 @@ static int apply_options(ckpy_engine *self, PyObject *kwargs) {
         ckptio_option option;
         int64_t v;
         if (option_from_name(key, &option) < 0 || option_value(option, value, &v) < 0) return -1;
-        ckptio_status st = engine_set_locked(self, option, v);
-        if (st != CKPTIO_OK) {
-            ckpy_raise(st);
-            return -1;
-        }
+        if (engine_set_locked(self, option, v) < 0) return -1;
     }
     return 0;
 }
@@ -145,8 +152,7 @@ static PyObject *engine_set(PyObject *obj, PyObject *args) {
     ckptio_option option;
     int64_t v;
     if (option_from_name(name, &option) < 0 || option_value(option, value, &v) < 0) return NULL;
-    ckptio_status st = engine_set_locked(self, option, v);
-    if (st != CKPTIO_OK) return ckpy_raise(st);
+    if (engine_set_locked(self, option, v) < 0) return NULL;
     Py_RETURN_NONE;
 }
 
@@ -158,14 +164,9 @@ static PyObject *engine_get(PyObject *obj, PyObject *name) {
         return NULL;
     }
     if (option_from_name(name, &option) < 0) return NULL;
-    int64_t v = 0;
-    ckptio_status st;
-    Py_BEGIN_ALLOW_THREADS
-    ckpy_lock_nogil(self->lock);
-    st = ckptio_engine_get(self->engine, option, &v);
-    PyThread_release_lock(self->lock);
-    Py_END_ALLOW_THREADS
-    if (st != CKPTIO_OK) return ckpy_raise(st);
+    option_call c = {option, 0};
+    if (ckpy_engine_run(self, do_get, &c) < 0) return NULL;
+    const int64_t v = c.value;
     const char *const *names = enum_values(option);
     if (names) {
         for (int64_t i = 0; names[i]; i++)
@@ -234,16 +235,14 @@ fail:
     return NULL;
 }
 
+static ckptio_status do_backend(ckptio_engine *engine, void *arg) {
+    return ckptio_engine_backend(engine, arg);
+}
+
 static PyObject *engine_backend(PyObject *obj, PyObject *unused) {
     ckpy_engine *self = (ckpy_engine *)obj;
     ckptio_backend b = CKPTIO_BACKEND_AUTO;
-    ckptio_status st;
-    Py_BEGIN_ALLOW_THREADS
-    ckpy_lock_nogil(self->lock);
-    st = ckptio_engine_backend(self->engine, &b);
-    PyThread_release_lock(self->lock);
-    Py_END_ALLOW_THREADS
-    if (st != CKPTIO_OK) return ckpy_raise(st);
+    if (ckpy_engine_run(self, do_backend, &b) < 0) return NULL;
     return PyUnicode_FromString(ckptio_backend_name(b));
 }
 

@@ -12,108 +12,39 @@
 
 #include <string.h>
 
-typedef struct ckpy_gds {
-    PyObject_HEAD
-    ckptio_gds_file *file;   /* NULL once closed */
-    ckpy_engine *engine;     /* strong reference: the file was opened with it */
-    PyThread_type_lock lock; /* one C call on the file at a time */
-    PyObject *path;          /* str */
-} ckpy_gds;
-
 static PyTypeObject *gds_type = NULL;
+
+typedef struct open_args {
+    int oflags;
+    unsigned int mode;
+} open_args;
+
+static ckptio_status open_handle(ckptio_engine *engine, const char *path, void *arg, void **handle) {
+    const open_args *a = arg;
+    ckptio_gds_file *f = NULL;
+    ckptio_status st = ckptio_gds_open(engine, path, a->oflags, a->mode, &f);
+    *handle = f;
+    return st;
+}
+
+/* Takes the engine's lock itself: close may wait for async requests. */
+static ckptio_status close_handle(ckpy_handle *h) {
+    ckpy_lock_nogil(h->engine->lock);
+    ckptio_status st = ckptio_gds_close(h->handle);
+    PyThread_release_lock(h->engine->lock);
+    return st;
+}
+
+static const ckpy_handle_kind gds_kind = {"GDS file", close_handle, 1};
 
 static PyObject *gds_new(PyTypeObject *type, PyObject *args, PyObject *kwargs) {
     static char *kwlist[] = {"path", "oflags", "mode", "engine", NULL};
     PyObject *path_arg, *engine_arg = Py_None;
-    int oflags;
-    unsigned int mode = 0644;
-    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "Oi|IO:GdsHandle", kwlist, &path_arg, &oflags, &mode, &engine_arg))
+    open_args a = {0, 0644};
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "Oi|IO:GdsHandle", kwlist, &path_arg, &a.oflags, &a.mode,
+                                     &engine_arg))
         return NULL;
-    allocfunc alloc = (allocfunc)PyType_GetSlot(type, Py_tp_alloc);
-    ckpy_gds *self = (ckpy_gds *)alloc(type, 0);
-    if (!self) return NULL;
-    self->file = NULL;
-    self->engine = NULL;
-    self->path = NULL;
-    self->lock = PyThread_allocate_lock();
-    if (!self->lock) {
-        Py_DECREF(self);
-        return PyErr_NoMemory();
-    }
-    PyObject *pb = ckpy_path_bytes(path_arg);
-    if (!pb) goto fail;
-    self->path = PyUnicode_DecodeFSDefault(PyBytes_AsString(pb));
-    self->engine = ckpy_engine_resolve(engine_arg);
-    if (!self->path || !self->engine) {
-        Py_DECREF(pb);
-        goto fail;
-    }
-    const char *cpath = PyBytes_AsString(pb);
-    ckptio_status st;
-    ckptio_gds_file *f = NULL;
-    ckptio_engine *engine = self->engine->engine;
-    PyThread_type_lock elock = self->engine->lock;
-    Py_BEGIN_ALLOW_THREADS
-    ckpy_lock_nogil(elock);
-    st = ckptio_gds_open(engine, cpath, oflags, mode, &f);
-    PyThread_release_lock(elock);
-    Py_END_ALLOW_THREADS
-    Py_DECREF(pb);
-    if (st != CKPTIO_OK) {
-        ckpy_raise(st);
-        goto fail;
-    }
-    self->file = f;
-    return (PyObject *)self;
-fail:
-    Py_DECREF(self);
-    return NULL;
-}
-
-static void gds_dealloc(PyObject *obj) {
-    ckpy_gds *self = (ckpy_gds *)obj;
-    if (self->file) {
-        ckptio_gds_file *f = self->file;
-        self->file = NULL;
-        /* Close may wait for async requests; do not hold the GIL meanwhile. */
-        Py_BEGIN_ALLOW_THREADS
-        ckpy_lock_nogil(self->engine->lock);
-        ckptio_gds_close(f);
-        PyThread_release_lock(self->engine->lock);
-        Py_END_ALLOW_THREADS
-    }
-    Py_CLEAR(self->engine);
-    Py_CLEAR(self->path);
-    if (self->lock) PyThread_free_lock(self->lock);
-    ckpy_free_object(obj);
-}
-
-/* Runs `fn` with the GIL released and the file and engine locks held. */
-typedef ckptio_status (*gds_op)(ckptio_gds_file *f, void *arg);
-
-static int run_locked(ckpy_gds *self, gds_op fn, void *arg) {
-    ckptio_status st = CKPTIO_OK;
-    int was_closed = 0;
-    Py_BEGIN_ALLOW_THREADS
-    ckpy_lock_nogil(self->lock);
-    if (!self->file) {
-        was_closed = 1;
-    } else {
-        ckpy_lock_nogil(self->engine->lock);
-        st = fn(self->file, arg);
-        PyThread_release_lock(self->engine->lock);
-    }
-    PyThread_release_lock(self->lock);
-    Py_END_ALLOW_THREADS
-    if (was_closed) {
-        PyErr_Format(PyExc_ValueError, "I/O operation on a closed GDS file (%U)", self->path);
-        return -1;
-    }
-    if (st != CKPTIO_OK) {
-        ckpy_raise(st);
-        return -1;
-    }
-    return 0;
+    return (PyObject *)ckpy_handle_new(type, &gds_kind, path_arg, engine_arg, open_handle, &a);
 }
 
 /* ---- transfers ---------------------------------------------------------------- */
@@ -123,25 +54,20 @@ typedef struct xfer_args {
     uint64_t size, file_offset, buf_offset;
     void *stream;
     int use_stream;
+    int write;
     uint64_t done;
 } xfer_args;
 
-static ckptio_status do_read(ckptio_gds_file *f, void *arg) {
+static ckptio_status do_transfer(ckpy_handle *h, void *arg) {
     xfer_args *a = arg;
-    if (!a->use_stream) return ckptio_gds_read(f, a->buf, a->size, a->file_offset, a->buf_offset, &a->done);
+    ckptio_gds_file *f = h->handle;
+    if (!a->use_stream)
+        return a->write ? ckptio_gds_write(f, a->buf, a->size, a->file_offset, a->buf_offset, &a->done)
+                        : ckptio_gds_read(f, a->buf, a->size, a->file_offset, a->buf_offset, &a->done);
     ckptio_gds_request *req = NULL;
-    ckptio_status st = ckptio_gds_read_async(f, a->buf, a->size, a->file_offset, a->buf_offset, a->stream, &req);
-    if (st != CKPTIO_OK) return st;
-    st = ckptio_gds_request_wait(req, &a->done);
-    ckptio_status st2 = ckptio_gds_request_destroy(req);
-    return st != CKPTIO_OK ? st : st2;
-}
-
-static ckptio_status do_write(ckptio_gds_file *f, void *arg) {
-    xfer_args *a = arg;
-    if (!a->use_stream) return ckptio_gds_write(f, a->buf, a->size, a->file_offset, a->buf_offset, &a->done);
-    ckptio_gds_request *req = NULL;
-    ckptio_status st = ckptio_gds_write_async(f, a->buf, a->size, a->file_offset, a->buf_offset, a->stream, &req);
+    ckptio_status st =
+        a->write ? ckptio_gds_write_async(f, a->buf, a->size, a->file_offset, a->buf_offset, a->stream, &req)
+                 : ckptio_gds_read_async(f, a->buf, a->size, a->file_offset, a->buf_offset, a->stream, &req);
     if (st != CKPTIO_OK) return st;
     st = ckptio_gds_request_wait(req, &a->done);
     ckptio_status st2 = ckptio_gds_request_destroy(req);
@@ -172,7 +98,8 @@ static PyObject *transfer(PyObject *obj, PyObject *args, PyObject *kwargs, int w
         return NULL;
     }
     a.buf = (void *)(uintptr_t)addr;
-    if (run_locked((ckpy_gds *)obj, write ? do_write : do_read, &a) < 0) return NULL;
+    a.write = write;
+    if (ckpy_handle_run((ckpy_handle *)obj, do_transfer, &a) < 0) return NULL;
     return PyLong_FromUnsignedLongLong(a.done);
 }
 
@@ -186,30 +113,30 @@ static PyObject *gds_write(PyObject *obj, PyObject *args, PyObject *kwargs) {
 
 /* ---- registration, sync, state --------------------------------------------------- */
 
-static ckptio_status do_register(ckptio_gds_file *f, void *arg) {
-    return ckptio_gds_register_handle(f);
+static ckptio_status do_register(ckpy_handle *h, void *arg) {
+    return ckptio_gds_register_handle(h->handle);
 }
 
-static ckptio_status do_deregister(ckptio_gds_file *f, void *arg) {
-    return ckptio_gds_deregister_handle(f);
+static ckptio_status do_deregister(ckpy_handle *h, void *arg) {
+    return ckptio_gds_deregister_handle(h->handle);
 }
 
-static ckptio_status do_sync(ckptio_gds_file *f, void *arg) {
-    return ckptio_gds_sync(f);
+static ckptio_status do_sync(ckpy_handle *h, void *arg) {
+    return ckptio_gds_sync(h->handle);
 }
 
 static PyObject *gds_register_handle(PyObject *obj, PyObject *unused) {
-    if (run_locked((ckpy_gds *)obj, do_register, NULL) < 0) return NULL;
+    if (ckpy_handle_run((ckpy_handle *)obj, do_register, NULL) < 0) return NULL;
     Py_RETURN_NONE;
 }
 
 static PyObject *gds_deregister_handle(PyObject *obj, PyObject *unused) {
-    if (run_locked((ckpy_gds *)obj, do_deregister, NULL) < 0) return NULL;
+    if (ckpy_handle_run((ckpy_handle *)obj, do_deregister, NULL) < 0) return NULL;
     Py_RETURN_NONE;
 }
 
 static PyObject *gds_sync(PyObject *obj, PyObject *unused) {
-    if (run_locked((ckpy_gds *)obj, do_sync, NULL) < 0) return NULL;
+    if (ckpy_handle_run((ckpy_handle *)obj, do_sync, NULL) < 0) return NULL;
     Py_RETURN_NONE;
 }
 
@@ -218,14 +145,14 @@ typedef struct buf_args {
     uint64_t length;
 } buf_args;
 
-static ckptio_status do_buf_register(ckptio_gds_file *f, void *arg) {
+static ckptio_status do_buf_register(ckpy_handle *h, void *arg) {
     buf_args *a = arg;
-    return ckptio_gds_buf_register(f, a->base, a->length);
+    return ckptio_gds_buf_register(h->handle, a->base, a->length);
 }
 
-static ckptio_status do_buf_deregister(ckptio_gds_file *f, void *arg) {
+static ckptio_status do_buf_deregister(ckpy_handle *h, void *arg) {
     buf_args *a = arg;
-    return ckptio_gds_buf_deregister(f, a->base);
+    return ckptio_gds_buf_deregister(h->handle, a->base);
 }
 
 static PyObject *gds_buf_register(PyObject *obj, PyObject *args) {
@@ -235,7 +162,7 @@ static PyObject *gds_buf_register(PyObject *obj, PyObject *args) {
     if (!PyArg_ParseTuple(args, "OO:buf_register", &addr_o, &len_o)) return NULL;
     if (ckpy_u64(addr_o, "address", &addr) < 0 || ckpy_u64(len_o, "length", &a.length) < 0) return NULL;
     a.base = (const void *)(uintptr_t)addr;
-    if (run_locked((ckpy_gds *)obj, do_buf_register, &a) < 0) return NULL;
+    if (ckpy_handle_run((ckpy_handle *)obj, do_buf_register, &a) < 0) return NULL;
     Py_RETURN_NONE;
 }
 
@@ -245,23 +172,23 @@ static PyObject *gds_buf_deregister(PyObject *obj, PyObject *addr_o) {
     if (ckpy_u64(addr_o, "address", &addr) < 0) return NULL;
     a.base = (const void *)(uintptr_t)addr;
     a.length = 0;
-    if (run_locked((ckpy_gds *)obj, do_buf_deregister, &a) < 0) return NULL;
+    if (ckpy_handle_run((ckpy_handle *)obj, do_buf_deregister, &a) < 0) return NULL;
     Py_RETURN_NONE;
 }
 
-static ckptio_status do_path(ckptio_gds_file *f, void *arg) {
-    return ckptio_gds_file_path(f, arg);
+static ckptio_status do_path(ckpy_handle *h, void *arg) {
+    return ckptio_gds_file_path(h->handle, arg);
 }
 
 static PyObject *gds_io_path(PyObject *obj, PyObject *unused) {
     ckptio_io_path p = CKPTIO_IO_PATH_NONE;
-    if (run_locked((ckpy_gds *)obj, do_path, &p) < 0) return NULL;
+    if (ckpy_handle_run((ckpy_handle *)obj, do_path, &p) < 0) return NULL;
     const char *name = ckptio_io_path_name(p);
     return PyUnicode_FromString(name ? name : "unknown");
 }
 
-static ckptio_status do_refusal(ckptio_gds_file *f, void *arg) {
-    const char *r = ckptio_gds_file_refusal(f);
+static ckptio_status do_refusal(ckpy_handle *h, void *arg) {
+    const char *r = ckptio_gds_file_refusal(h->handle);
     *(const char **)arg = r;
     return CKPTIO_OK;
 }
@@ -271,40 +198,13 @@ static PyObject *gds_refusal(PyObject *obj, PyObject *unused) {
     /* The string is owned by the file: it is copied below, under the GIL,
      * and close() cannot run before this call returns (it needs the lock
      * and then the GIL). */
-    if (run_locked((ckpy_gds *)obj, do_refusal, &r) < 0) return NULL;
+    if (ckpy_handle_run((ckpy_handle *)obj, do_refusal, &r) < 0) return NULL;
     return PyUnicode_FromString(r ? r : "");
 }
 
-static PyObject *gds_close(PyObject *obj, PyObject *unused) {
-    ckpy_gds *self = (ckpy_gds *)obj;
-    ckptio_status st = CKPTIO_OK;
-    Py_BEGIN_ALLOW_THREADS
-    ckpy_lock_nogil(self->lock); /* waits for a transfer on another thread */
-    if (self->file) {
-        ckpy_lock_nogil(self->engine->lock);
-        st = ckptio_gds_close(self->file);
-        PyThread_release_lock(self->engine->lock);
-    }
-    self->file = NULL;
-    PyThread_release_lock(self->lock);
-    Py_END_ALLOW_THREADS
-    if (st != CKPTIO_OK) return ckpy_raise(st);
-    Py_RETURN_NONE;
-}
-
-static PyObject *get_path(PyObject *obj, void *c) {
-    PyObject *v = ((ckpy_gds *)obj)->path;
-    Py_INCREF(v);
-    return v;
-}
-
-static PyObject *get_closed(PyObject *obj, void *c) {
-    return PyBool_FromLong(((ckpy_gds *)obj)->file == NULL);
-}
-
 static PyGetSetDef gds_getset[] = {
-    {"path", get_path, NULL, "The path given at open.", NULL},
-    {"closed", get_closed, NULL, "True after close().", NULL},
+    {"path", ckpy_handle_get_path, NULL, "The path given at open.", NULL},
+    {"closed", ckpy_handle_get_closed, NULL, "True after close().", NULL},
     {NULL, NULL, NULL, NULL, NULL},
 };
 
@@ -322,13 +222,13 @@ static PyMethodDef gds_methods[] = {
     {"io_path", gds_io_path, METH_NOARGS,
      "io_path() -> str: path of the last transfer: 'none', 'cufile_direct', 'cufile_compat', 'pipeline', 'host'."},
     {"refusal", gds_refusal, METH_NOARGS, "refusal() -> str: why cuFile is not used ('' if it is or was not tried)."},
-    {"close", gds_close, METH_NOARGS, "close(): deregisters and closes (waits for requests in flight)."},
+    {"close", ckpy_handle_close, METH_NOARGS, "close(): deregisters and closes (waits for requests in flight)."},
     {NULL, NULL, 0, NULL},
 };
 
 static PyType_Slot gds_slots[] = {
     {Py_tp_new, gds_new},
-    {Py_tp_dealloc, gds_dealloc},
+    {Py_tp_dealloc, ckpy_handle_dealloc},
     {Py_tp_methods, gds_methods},
     {Py_tp_getset, gds_getset},
     {Py_tp_doc, "GdsHandle(path, oflags, mode=0o644, engine=None): a file of the GDS API (ckptio_gds_open)."},
@@ -337,7 +237,7 @@ static PyType_Slot gds_slots[] = {
 
 static PyType_Spec gds_spec = {
     "ckptio._ckptio.GdsHandle",
-    sizeof(ckpy_gds),
+    sizeof(ckpy_handle),
     0,
     Py_TPFLAGS_DEFAULT,
     gds_slots,

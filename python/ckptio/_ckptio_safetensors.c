@@ -13,11 +13,7 @@
 #include <string.h>
 
 typedef struct ckpy_st_reader {
-    PyObject_HEAD
-    ckptio_safetensors *st;  /* NULL once closed */
-    ckpy_engine *engine;     /* strong reference; the handle reads through it */
-    PyThread_type_lock lock; /* one C call on the handle at a time */
-    PyObject *path;          /* str */
+    ckpy_handle h;           /* h.handle: the ckptio_safetensors, NULL once closed */
     PyObject *tensors;       /* list of (name, dtype code, shape, file_offset, nbytes), index order */
     PyObject *metadata;      /* dict str -> str, file order */
     unsigned long long data_offset;
@@ -27,27 +23,15 @@ static PyTypeObject *reader_type = NULL;
 
 /* ---- opening -------------------------------------------------------------- */
 
-static PyObject *shape_tuple(const int64_t *shape, uint32_t ndim) {
-    PyObject *t = PyTuple_New((Py_ssize_t)ndim);
-    if (!t) return NULL;
-    for (uint32_t d = 0; d < ndim; d++) {
-        PyObject *v = PyLong_FromLongLong((long long)shape[d]);
-        if (!v) {
-            Py_DECREF(t);
-            return NULL;
-        }
-        PyTuple_SetItem(t, (Py_ssize_t)d, v);
-    }
-    return t;
-}
-
 /* Copies tensor descriptions and metadata out of the handle. */
-static int describe(ckpy_st_reader *self) {
+static int describe(ckpy_handle *h) {
+    ckpy_st_reader *self = (ckpy_st_reader *)h;
+    const ckptio_safetensors *handle = self->h.handle;
     size_t count = 0, mcount = 0;
     uint64_t data_offset = 0;
-    ckptio_status st = ckptio_safetensors_count(self->st, &count);
-    if (st == CKPTIO_OK) st = ckptio_safetensors_metadata_count(self->st, &mcount);
-    if (st == CKPTIO_OK) st = ckptio_safetensors_data_offset(self->st, &data_offset);
+    ckptio_status st = ckptio_safetensors_count(handle, &count);
+    if (st == CKPTIO_OK) st = ckptio_safetensors_metadata_count(handle, &mcount);
+    if (st == CKPTIO_OK) st = ckptio_safetensors_data_offset(handle, &data_offset);
     if (st != CKPTIO_OK) {
         ckpy_raise(st);
         return -1;
@@ -58,12 +42,12 @@ static int describe(ckpy_st_reader *self) {
     if (!self->tensors || !self->metadata) return -1;
     for (size_t i = 0; i < count; i++) {
         ckptio_tensor_info info;
-        st = ckptio_safetensors_tensor(self->st, i, &info);
+        st = ckptio_safetensors_tensor(handle, i, &info);
         if (st != CKPTIO_OK) {
             ckpy_raise(st);
             return -1;
         }
-        PyObject *shape = shape_tuple(info.shape, info.ndim);
+        PyObject *shape = ckpy_int64_tuple(info.shape, info.ndim);
         if (!shape) return -1;
         PyObject *row = Py_BuildValue("(s#iNKK)", info.name, (Py_ssize_t)strlen(info.name), (int)info.dtype, shape,
                                       (unsigned long long)info.file_offset, (unsigned long long)info.nbytes);
@@ -72,7 +56,7 @@ static int describe(ckpy_st_reader *self) {
     }
     for (size_t i = 0; i < mcount; i++) {
         ckptio_kv kv;
-        st = ckptio_safetensors_metadata(self->st, i, &kv);
+        st = ckptio_safetensors_metadata(handle, i, &kv);
         if (st != CKPTIO_OK) {
             ckpy_raise(st);
             return -1;
@@ -87,137 +71,52 @@ static int describe(ckpy_st_reader *self) {
     return 0;
 }
 
+static ckptio_status open_handle(ckptio_engine *engine, const char *path, void *arg, void **handle) {
+    ckptio_safetensors *st = NULL;
+    ckptio_status status = ckptio_safetensors_open(engine, path, &st);
+    *handle = st;
+    return status;
+}
+
+static ckptio_status close_handle(ckpy_handle *h) {
+    return ckptio_safetensors_close(h->handle);
+}
+
+static const ckpy_handle_kind reader_kind = {"safetensors reader", close_handle, 0};
+
 static PyObject *reader_new(PyTypeObject *type, PyObject *args, PyObject *kwargs) {
-    static char *kwlist[] = {"path", "engine", NULL};
-    PyObject *path_arg, *engine_arg = Py_None;
-    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "O|O:SafetensorsReader", kwlist, &path_arg, &engine_arg))
-        return NULL;
-    allocfunc alloc = (allocfunc)PyType_GetSlot(type, Py_tp_alloc);
-    ckpy_st_reader *self = (ckpy_st_reader *)alloc(type, 0);
-    if (!self) return NULL;
-    self->st = NULL;
-    self->engine = NULL;
-    self->path = NULL;
-    self->tensors = NULL;
-    self->metadata = NULL;
-    self->lock = PyThread_allocate_lock();
-    if (!self->lock) {
-        Py_DECREF(self);
-        return PyErr_NoMemory();
-    }
-    PyObject *pb = ckpy_path_bytes(path_arg);
-    if (!pb) goto fail;
-    self->path = PyUnicode_DecodeFSDefault(PyBytes_AsString(pb));
-    self->engine = ckpy_engine_resolve(engine_arg);
-    if (!self->path || !self->engine) {
-        Py_DECREF(pb);
-        goto fail;
-    }
-    const char *cpath = PyBytes_AsString(pb);
-    ckptio_status st;
-    ckptio_safetensors *handle = NULL;
-    ckptio_engine *engine = self->engine->engine;
-    PyThread_type_lock elock = self->engine->lock;
-    Py_BEGIN_ALLOW_THREADS
-    ckpy_lock_nogil(elock);
-    st = ckptio_safetensors_open(engine, cpath, &handle);
-    PyThread_release_lock(elock);
-    Py_END_ALLOW_THREADS
-    Py_DECREF(pb);
-    if (st != CKPTIO_OK) {
-        ckpy_raise(st);
-        goto fail;
-    }
-    self->st = handle;
-    if (describe(self) < 0) goto fail;
-    return (PyObject *)self;
-fail:
-    Py_DECREF(self);
-    return NULL;
+    return ckpy_reader_new(type, args, kwargs, "O|O:SafetensorsReader", &reader_kind, open_handle, describe);
 }
 
 static void reader_dealloc(PyObject *obj) {
     ckpy_st_reader *self = (ckpy_st_reader *)obj;
-    /* Reads hold a reference to the reader, so none is in flight here. */
-    if (self->st) ckptio_safetensors_close(self->st);
-    self->st = NULL;
-    Py_CLEAR(self->engine);
-    Py_CLEAR(self->path);
     Py_CLEAR(self->tensors);
     Py_CLEAR(self->metadata);
-    if (self->lock) PyThread_free_lock(self->lock);
-    ckpy_free_object(obj);
+    ckpy_handle_dealloc(obj);
 }
 
 /* ---- reading ------------------------------------------------------------- */
-
-static PyObject *closed_error(ckpy_st_reader *self) {
-    PyErr_Format(PyExc_ValueError, "I/O operation on a closed safetensors reader (%U)", self->path);
-    return NULL;
-}
-
-/* Runs `fn` on the handle with the GIL released and both locks held. */
-typedef ckptio_status (*reader_op)(ckptio_safetensors *st, void *arg);
-
-static PyObject *run_locked(ckpy_st_reader *self, reader_op fn, void *arg) {
-    ckptio_status st = CKPTIO_OK;
-    int was_closed = 0;
-    Py_BEGIN_ALLOW_THREADS
-    ckpy_lock_nogil(self->lock);
-    if (!self->st) {
-        was_closed = 1;
-    } else {
-        ckpy_lock_nogil(self->engine->lock);
-        st = fn(self->st, arg);
-        PyThread_release_lock(self->engine->lock);
-    }
-    PyThread_release_lock(self->lock);
-    Py_END_ALLOW_THREADS
-    if (was_closed) return closed_error(self);
-    if (st != CKPTIO_OK) return ckpy_raise(st);
-    Py_RETURN_NONE;
-}
 
 typedef struct read_args {
     const ckptio_tensor_target *targets;
     size_t count;
 } read_args;
 
-static ckptio_status do_read(ckptio_safetensors *st, void *arg) {
+static ckptio_status do_read(ckpy_handle *h, void *arg) {
     const read_args *a = arg;
-    return ckptio_safetensors_read(st, a->targets, a->count);
+    return ckptio_safetensors_read(h->handle, a->targets, a->count);
 }
 
 static PyObject *reader_read(PyObject *obj, PyObject *seq) {
-    ckpy_st_reader *self = (ckpy_st_reader *)obj;
-    if (!PySequence_Check(seq)) {
-        PyErr_SetString(PyExc_TypeError, "read() takes a sequence of (index, address, capacity, mem_kind)");
-        return NULL;
-    }
-    Py_ssize_t n = PySequence_Size(seq);
-    if (n < 0) return NULL;
-    ckptio_tensor_target *targets = PyMem_Calloc(n ? (size_t)n : 1, sizeof *targets);
-    if (!targets) return PyErr_NoMemory();
-    PyObject *result = NULL;
-    for (Py_ssize_t i = 0; i < n; i++) {
-        PyObject *item = PySequence_GetItem(seq, i);
-        if (!item) goto out;
-        PyObject *index_o, *addr_o, *cap_o, *kind_o;
-        uint64_t index, addr, cap;
-        int ok = PyArg_ParseTuple(item, "OOOO:read target", &index_o, &addr_o, &cap_o, &kind_o) &&
-                 ckpy_u64(index_o, "target index", &index) == 0 && ckpy_u64(addr_o, "target address", &addr) == 0 &&
-                 ckpy_u64(cap_o, "target capacity", &cap) == 0 && ckpy_mem_kind(kind_o, &targets[i].mem_kind) == 0;
-        Py_DECREF(item);
-        if (!ok) goto out;
-        targets[i].index = (size_t)index;
-        targets[i].data = (void *)(uintptr_t)addr;
-        targets[i].capacity = cap;
-    }
-    read_args a = {targets, (size_t)n};
-    result = run_locked(self, do_read, &a);
-out:
+    read_args a;
+    ckptio_tensor_target *targets =
+        ckpy_parse_targets(seq, "read() takes a sequence of (index, address, capacity, mem_kind)", &a.count);
+    if (!targets) return NULL;
+    a.targets = targets;
+    int rc = ckpy_handle_run((ckpy_handle *)obj, do_read, &a);
     PyMem_Free(targets);
-    return result;
+    if (rc < 0) return NULL;
+    Py_RETURN_NONE;
 }
 
 typedef struct read_all_args {
@@ -226,13 +125,12 @@ typedef struct read_all_args {
     ckptio_mem_kind kind;
 } read_all_args;
 
-static ckptio_status do_read_all(ckptio_safetensors *st, void *arg) {
+static ckptio_status do_read_all(ckpy_handle *h, void *arg) {
     const read_all_args *a = arg;
-    return ckptio_safetensors_read_all(st, a->data, a->capacity, a->kind);
+    return ckptio_safetensors_read_all(h->handle, a->data, a->capacity, a->kind);
 }
 
 static PyObject *reader_read_all(PyObject *obj, PyObject *args) {
-    ckpy_st_reader *self = (ckpy_st_reader *)obj;
     PyObject *addr_o, *cap_o, *kind_o;
     uint64_t addr, cap;
     read_all_args a;
@@ -242,38 +140,8 @@ static PyObject *reader_read_all(PyObject *obj, PyObject *args) {
         return NULL;
     a.data = (void *)(uintptr_t)addr;
     a.capacity = cap;
-    return run_locked(self, do_read_all, &a);
-}
-
-static PyObject *reader_close(PyObject *obj, PyObject *unused) {
-    ckpy_st_reader *self = (ckpy_st_reader *)obj;
-    ckptio_status st = CKPTIO_OK;
-    Py_BEGIN_ALLOW_THREADS
-    ckpy_lock_nogil(self->lock); /* waits for a read on another thread */
-    if (self->st) st = ckptio_safetensors_close(self->st);
-    self->st = NULL;
-    PyThread_release_lock(self->lock);
-    Py_END_ALLOW_THREADS
-    if (st != CKPTIO_OK) return ckpy_raise(st);
+    if (ckpy_handle_run((ckpy_handle *)obj, do_read_all, &a) < 0) return NULL;
     Py_RETURN_NONE;
-}
-
-static PyObject *reader_enter(PyObject *obj, PyObject *unused) {
-    Py_INCREF(obj);
-    return obj;
-}
-
-static PyObject *reader_exit(PyObject *obj, PyObject *args) {
-    PyObject *r = reader_close(obj, NULL);
-    if (!r) return NULL;
-    Py_DECREF(r);
-    Py_RETURN_FALSE;
-}
-
-static PyObject *get_path(PyObject *obj, void *c) {
-    PyObject *v = ((ckpy_st_reader *)obj)->path;
-    Py_INCREF(v);
-    return v;
 }
 
 static PyObject *get_tensors(PyObject *obj, void *c) {
@@ -289,19 +157,27 @@ static PyObject *get_data_offset(PyObject *obj, void *c) {
     return PyLong_FromUnsignedLongLong(((ckpy_st_reader *)obj)->data_offset);
 }
 
-static PyObject *get_closed(PyObject *obj, void *c) {
-    return PyBool_FromLong(((ckpy_st_reader *)obj)->st == NULL);
-}
-
 static PyGetSetDef reader_getset[] = {
-    {"path", get_path, NULL, "The path given at open.", NULL},
+    {"path", ckpy_handle_get_path, NULL, "The path given at open.", NULL},
     {"tensors", get_tensors, NULL,
      "List of (name, dtype code, shape, file_offset, nbytes), in file order (index = position).", NULL},
     {"metadata", get_metadata, NULL, "The __metadata__ pairs as a dict (file order).", NULL},
     {"data_offset", get_data_offset, NULL, "Where the data section starts (8 + header length).", NULL},
-    {"closed", get_closed, NULL, "True after close().", NULL},
+    {"closed", ckpy_handle_get_closed, NULL, "True after close().", NULL},
     {NULL, NULL, NULL, NULL, NULL},
 };
+
+static ckptio_status do_verify(ckpy_handle *h, void *arg) {
+    return ckptio_safetensors_verify(h->handle, NULL, arg);
+}
+
+static PyObject *reader_verify(PyObject *obj, PyObject *unused) {
+    ckptio_verify_report rep;
+    memset(&rep, 0, sizeof rep);
+    if (ckpy_handle_run((ckpy_handle *)obj, do_verify, &rep) < 0) return NULL;
+    return Py_BuildValue("{snsnsK}", "tensors", (Py_ssize_t)rep.tensors, "blocks", (Py_ssize_t)rep.blocks, "bytes",
+                         (unsigned long long)rep.bytes);
+}
 
 static PyMethodDef reader_methods[] = {
     {"read", reader_read, METH_O,
@@ -309,9 +185,11 @@ static PyMethodDef reader_methods[] = {
      "(index, address, capacity, mem_kind). One plan, GIL released."},
     {"read_all", reader_read_all, METH_VARARGS,
      "read_all(address, capacity, mem_kind): reads the whole data section into one buffer."},
-    {"close", reader_close, METH_NOARGS, "close(): releases the file (waits for a read in flight)."},
-    {"__enter__", reader_enter, METH_NOARGS, NULL},
-    {"__exit__", reader_exit, METH_VARARGS, NULL},
+    {"verify", reader_verify, METH_NOARGS,
+     "verify() -> dict: checks every tensor against the checksum manifest beside the file."},
+    {"close", ckpy_handle_close, METH_NOARGS, "close(): releases the file (waits for a read in flight)."},
+    {"__enter__", ckpy_handle_enter, METH_NOARGS, NULL},
+    {"__exit__", ckpy_handle_exit, METH_VARARGS, NULL},
     {NULL, NULL, 0, NULL},
 };
 
@@ -426,12 +304,25 @@ static int parse_metadata(save_state *s, PyObject *metadata) {
     return 0;
 }
 
+typedef struct save_call {
+    const char *path;
+    const save_state *s;
+    unsigned flags;
+} save_call;
+
+static ckptio_status do_save(ckptio_engine *engine, void *arg) {
+    const save_call *c = arg;
+    const save_state *s = c->s;
+    return ckptio_safetensors_save(engine, c->path, s->sources, s->count, s->kv_count ? s->kvs : NULL, s->kv_count,
+                                   c->flags);
+}
+
 PyObject *ckpy_safetensors_save(PyObject *module, PyObject *args, PyObject *kwargs) {
-    static char *kwlist[] = {"path", "tensors", "metadata", "align", "engine", NULL};
+    static char *kwlist[] = {"path", "tensors", "metadata", "align", "engine", "checksums", NULL};
     PyObject *path_arg, *seq, *metadata = Py_None, *engine_arg = Py_None;
-    int align = 4096;
-    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OO|OiO:safetensors_save", kwlist, &path_arg, &seq, &metadata,
-                                     &align, &engine_arg))
+    int align = 4096, checksums = 0;
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OO|OiOp:safetensors_save", kwlist, &path_arg, &seq, &metadata,
+                                     &align, &engine_arg, &checksums))
         return NULL;
     unsigned flags;
     if (align == 4096) flags = CKPTIO_SAFETENSORS_ALIGN_4K;
@@ -441,6 +332,7 @@ PyObject *ckpy_safetensors_save(PyObject *module, PyObject *args, PyObject *kwar
                      align);
         return NULL;
     }
+    if (checksums) flags |= CKPTIO_SAFETENSORS_CHECKSUMS;
     if (!PySequence_Check(seq)) {
         PyErr_SetString(PyExc_TypeError, "tensors must be a sequence of (name, dtype, shape, address, nbytes, mem_kind)");
         return NULL;
@@ -471,18 +363,8 @@ PyObject *ckpy_safetensors_save(PyObject *module, PyObject *args, PyObject *kwar
     if (!pb) goto out;
     engine = ckpy_engine_resolve(engine_arg);
     if (!engine) goto out;
-    const char *cpath = PyBytes_AsString(pb);
-    ckptio_status st;
-    Py_BEGIN_ALLOW_THREADS
-    ckpy_lock_nogil(engine->lock);
-    st = ckptio_safetensors_save(engine->engine, cpath, s.sources, s.count, s.kv_count ? s.kvs : NULL, s.kv_count,
-                                 flags);
-    PyThread_release_lock(engine->lock);
-    Py_END_ALLOW_THREADS
-    if (st != CKPTIO_OK) {
-        ckpy_raise(st);
-        goto out;
-    }
+    save_call call = {PyBytes_AsString(pb), &s, flags};
+    if (ckpy_engine_run(engine, do_save, &call) < 0) goto out;
     result = Py_None;
     Py_INCREF(result);
 out:

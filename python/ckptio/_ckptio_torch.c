@@ -14,11 +14,7 @@
 #define TREE_MAX_DEPTH 900
 
 typedef struct ckpy_torch_reader {
-    PyObject_HEAD
-    ckptio_torch *t;         /* NULL once closed */
-    ckpy_engine *engine;
-    PyThread_type_lock lock;
-    PyObject *path;          /* str */
+    ckpy_handle h;           /* h.handle: the ckptio_torch, NULL once closed */
     PyObject *tensors;       /* list of tuples, see get_tensors */
     PyObject *storages;      /* list of tuples, see get_storages */
     unsigned long long alignment;
@@ -26,26 +22,14 @@ typedef struct ckpy_torch_reader {
 
 static PyTypeObject *reader_type = NULL;
 
-static PyObject *int64_tuple(const int64_t *v, uint32_t n) {
-    PyObject *t = PyTuple_New((Py_ssize_t)n);
-    if (!t) return NULL;
-    for (uint32_t i = 0; i < n; i++) {
-        PyObject *x = PyLong_FromLongLong((long long)v[i]);
-        if (!x) {
-            Py_DECREF(t);
-            return NULL;
-        }
-        PyTuple_SetItem(t, (Py_ssize_t)i, x);
-    }
-    return t;
-}
-
-static int describe(ckpy_torch_reader *self) {
+static int describe(ckpy_handle *h) {
+    ckpy_torch_reader *self = (ckpy_torch_reader *)h;
+    const ckptio_torch *t = self->h.handle;
     size_t count = 0, scount = 0;
     uint64_t alignment = 0;
-    ckptio_status st = ckptio_torch_count(self->t, &count);
-    if (st == CKPTIO_OK) st = ckptio_torch_storage_count(self->t, &scount);
-    if (st == CKPTIO_OK) st = ckptio_torch_alignment(self->t, &alignment);
+    ckptio_status st = ckptio_torch_count(t, &count);
+    if (st == CKPTIO_OK) st = ckptio_torch_storage_count(t, &scount);
+    if (st == CKPTIO_OK) st = ckptio_torch_alignment(t, &alignment);
     if (st != CKPTIO_OK) {
         ckpy_raise(st);
         return -1;
@@ -56,13 +40,13 @@ static int describe(ckpy_torch_reader *self) {
     if (!self->tensors || !self->storages) return -1;
     for (size_t i = 0; i < count; i++) {
         ckptio_torch_tensor_info ti;
-        st = ckptio_torch_tensor(self->t, i, &ti);
+        st = ckptio_torch_tensor(t, i, &ti);
         if (st != CKPTIO_OK) {
             ckpy_raise(st);
             return -1;
         }
-        PyObject *shape = int64_tuple(ti.shape, ti.ndim);
-        PyObject *stride = shape ? int64_tuple(ti.stride, ti.ndim) : NULL;
+        PyObject *shape = ckpy_int64_tuple(ti.shape, ti.ndim);
+        PyObject *stride = shape ? ckpy_int64_tuple(ti.stride, ti.ndim) : NULL;
         if (!stride) {
             Py_XDECREF(shape);
             return -1;
@@ -77,7 +61,7 @@ static int describe(ckpy_torch_reader *self) {
     }
     for (size_t i = 0; i < scount; i++) {
         ckptio_torch_storage_info si;
-        st = ckptio_torch_storage(self->t, i, &si);
+        st = ckptio_torch_storage(t, i, &si);
         if (st != CKPTIO_OK) {
             ckpy_raise(st);
             return -1;
@@ -91,69 +75,28 @@ static int describe(ckpy_torch_reader *self) {
     return 0;
 }
 
+static ckptio_status open_handle(ckptio_engine *engine, const char *path, void *arg, void **handle) {
+    ckptio_torch *t = NULL;
+    ckptio_status st = ckptio_torch_open(engine, path, &t);
+    *handle = t;
+    return st;
+}
+
+static ckptio_status close_handle(ckpy_handle *h) {
+    return ckptio_torch_close(h->handle);
+}
+
+static const ckpy_handle_kind reader_kind = {"torch checkpoint reader", close_handle, 0};
+
 static PyObject *reader_new(PyTypeObject *type, PyObject *args, PyObject *kwargs) {
-    static char *kwlist[] = {"path", "engine", NULL};
-    PyObject *path_arg, *engine_arg = Py_None;
-    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "O|O:TorchReader", kwlist, &path_arg, &engine_arg)) return NULL;
-    allocfunc alloc = (allocfunc)PyType_GetSlot(type, Py_tp_alloc);
-    ckpy_torch_reader *self = (ckpy_torch_reader *)alloc(type, 0);
-    if (!self) return NULL;
-    self->t = NULL;
-    self->engine = NULL;
-    self->path = NULL;
-    self->tensors = NULL;
-    self->storages = NULL;
-    self->lock = PyThread_allocate_lock();
-    if (!self->lock) {
-        Py_DECREF(self);
-        return PyErr_NoMemory();
-    }
-    PyObject *pb = ckpy_path_bytes(path_arg);
-    if (!pb) goto fail;
-    self->path = PyUnicode_DecodeFSDefault(PyBytes_AsString(pb));
-    self->engine = ckpy_engine_resolve(engine_arg);
-    if (!self->path || !self->engine) {
-        Py_DECREF(pb);
-        goto fail;
-    }
-    const char *cpath = PyBytes_AsString(pb);
-    ckptio_status st;
-    ckptio_torch *handle = NULL;
-    ckptio_engine *engine = self->engine->engine;
-    PyThread_type_lock elock = self->engine->lock;
-    Py_BEGIN_ALLOW_THREADS
-    ckpy_lock_nogil(elock);
-    st = ckptio_torch_open(engine, cpath, &handle);
-    PyThread_release_lock(elock);
-    Py_END_ALLOW_THREADS
-    Py_DECREF(pb);
-    if (st != CKPTIO_OK) {
-        ckpy_raise(st);
-        goto fail;
-    }
-    self->t = handle;
-    if (describe(self) < 0) goto fail;
-    return (PyObject *)self;
-fail:
-    Py_DECREF(self);
-    return NULL;
+    return ckpy_reader_new(type, args, kwargs, "O|O:TorchReader", &reader_kind, open_handle, describe);
 }
 
 static void reader_dealloc(PyObject *obj) {
     ckpy_torch_reader *self = (ckpy_torch_reader *)obj;
-    if (self->t) ckptio_torch_close(self->t);
-    self->t = NULL;
-    Py_CLEAR(self->engine);
-    Py_CLEAR(self->path);
     Py_CLEAR(self->tensors);
     Py_CLEAR(self->storages);
-    if (self->lock) PyThread_free_lock(self->lock);
-    ckpy_free_object(obj);
-}
-
-static PyObject *closed_error(ckpy_torch_reader *self) {
-    PyErr_Format(PyExc_ValueError, "I/O operation on a closed torch checkpoint reader (%U)", self->path);
-    return NULL;
+    ckpy_handle_dealloc(obj);
 }
 
 /* ---- the object tree ------------------------------------------------------------ */
@@ -331,11 +274,11 @@ static PyObject *reader_tree(PyObject *obj, PyObject *args, PyObject *kwargs) {
     if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OOOOO:tree", kwlist, &c.make_tensor, &c.make_dict, &c.make_dtype,
                                      &c.make_device, &c.set_attrs))
         return NULL;
-    if (!self->t) return closed_error(self);
+    if (!self->h.handle) return ckpy_handle_closed_error(&self->h);
     const ckptio_value *root = NULL;
-    ckptio_status st = ckptio_torch_root(self->t, &root);
+    ckptio_status st = ckptio_torch_root(self->h.handle, &root);
     if (st != CKPTIO_OK) return ckpy_raise(st);
-    c.t = self->t;
+    c.t = self->h.handle;
     c.memo = PyDict_New();
     if (!c.memo) return NULL;
     /* The callbacks run Python code but never close this reader: the GIL is
@@ -353,53 +296,23 @@ typedef struct read_args {
     int storages;
 } read_args;
 
+static ckptio_status do_read(ckpy_handle *h, void *arg) {
+    const read_args *a = arg;
+    return a->storages ? ckptio_torch_read_storages(h->handle, a->targets, a->count)
+                       : ckptio_torch_read(h->handle, a->targets, a->count);
+}
+
 static PyObject *read_common(ckpy_torch_reader *self, PyObject *seq, int storages) {
-    if (!PySequence_Check(seq)) {
-        PyErr_SetString(PyExc_TypeError, "targets must be a sequence of (index, address, capacity, mem_kind)");
-        return NULL;
-    }
-    Py_ssize_t n = PySequence_Size(seq);
-    if (n < 0) return NULL;
-    ckptio_tensor_target *targets = PyMem_Calloc(n ? (size_t)n : 1, sizeof *targets);
-    if (!targets) return PyErr_NoMemory();
-    PyObject *result = NULL;
-    for (Py_ssize_t i = 0; i < n; i++) {
-        PyObject *item = PySequence_GetItem(seq, i);
-        if (!item) goto out;
-        PyObject *index_o, *addr_o, *cap_o, *kind_o;
-        uint64_t index, addr, cap;
-        int ok = PyArg_ParseTuple(item, "OOOO:read target", &index_o, &addr_o, &cap_o, &kind_o) &&
-                 ckpy_u64(index_o, "target index", &index) == 0 && ckpy_u64(addr_o, "target address", &addr) == 0 &&
-                 ckpy_u64(cap_o, "target capacity", &cap) == 0 && ckpy_mem_kind(kind_o, &targets[i].mem_kind) == 0;
-        Py_DECREF(item);
-        if (!ok) goto out;
-        targets[i].index = (size_t)index;
-        targets[i].data = (void *)(uintptr_t)addr;
-        targets[i].capacity = cap;
-    }
-    ckptio_status st = CKPTIO_OK;
-    int was_closed = 0;
-    Py_BEGIN_ALLOW_THREADS
-    ckpy_lock_nogil(self->lock);
-    if (!self->t) {
-        was_closed = 1;
-    } else {
-        ckpy_lock_nogil(self->engine->lock);
-        st = storages ? ckptio_torch_read_storages(self->t, targets, (size_t)n)
-                      : ckptio_torch_read(self->t, targets, (size_t)n);
-        PyThread_release_lock(self->engine->lock);
-    }
-    PyThread_release_lock(self->lock);
-    Py_END_ALLOW_THREADS
-    if (was_closed) closed_error(self);
-    else if (st != CKPTIO_OK) ckpy_raise(st);
-    else {
-        result = Py_None;
-        Py_INCREF(result);
-    }
-out:
+    read_args a;
+    ckptio_tensor_target *targets =
+        ckpy_parse_targets(seq, "targets must be a sequence of (index, address, capacity, mem_kind)", &a.count);
+    if (!targets) return NULL;
+    a.targets = targets;
+    a.storages = storages;
+    int rc = ckpy_handle_run(&self->h, do_read, &a);
     PyMem_Free(targets);
-    return result;
+    if (rc < 0) return NULL;
+    Py_RETURN_NONE;
 }
 
 static PyObject *reader_read(PyObject *obj, PyObject *seq) {
@@ -410,58 +323,16 @@ static PyObject *reader_read_storages(PyObject *obj, PyObject *seq) {
     return read_common((ckpy_torch_reader *)obj, seq, 1);
 }
 
+static ckptio_status do_verify(ckpy_handle *h, void *arg) {
+    return ckptio_torch_verify(h->handle, arg);
+}
+
 static PyObject *reader_verify(PyObject *obj, PyObject *unused) {
-    ckpy_torch_reader *self = (ckpy_torch_reader *)obj;
     ckptio_torch_verify_report rep;
     memset(&rep, 0, sizeof rep);
-    ckptio_status st = CKPTIO_OK;
-    int was_closed = 0;
-    Py_BEGIN_ALLOW_THREADS
-    ckpy_lock_nogil(self->lock);
-    if (!self->t) {
-        was_closed = 1;
-    } else {
-        ckpy_lock_nogil(self->engine->lock);
-        st = ckptio_torch_verify(self->t, &rep);
-        PyThread_release_lock(self->engine->lock);
-    }
-    PyThread_release_lock(self->lock);
-    Py_END_ALLOW_THREADS
-    if (was_closed) return closed_error(self);
-    if (st != CKPTIO_OK) return ckpy_raise(st);
+    if (ckpy_handle_run((ckpy_handle *)obj, do_verify, &rep) < 0) return NULL;
     return Py_BuildValue("{snsnsnsK}", "records", (Py_ssize_t)rep.records, "crc_checked", (Py_ssize_t)rep.crc_checked,
                          "crc_absent", (Py_ssize_t)rep.crc_absent, "bytes", (unsigned long long)rep.bytes);
-}
-
-static PyObject *reader_close(PyObject *obj, PyObject *unused) {
-    ckpy_torch_reader *self = (ckpy_torch_reader *)obj;
-    ckptio_status st = CKPTIO_OK;
-    Py_BEGIN_ALLOW_THREADS
-    ckpy_lock_nogil(self->lock);
-    if (self->t) st = ckptio_torch_close(self->t);
-    self->t = NULL;
-    PyThread_release_lock(self->lock);
-    Py_END_ALLOW_THREADS
-    if (st != CKPTIO_OK) return ckpy_raise(st);
-    Py_RETURN_NONE;
-}
-
-static PyObject *reader_enter(PyObject *obj, PyObject *unused) {
-    Py_INCREF(obj);
-    return obj;
-}
-
-static PyObject *reader_exit(PyObject *obj, PyObject *args) {
-    PyObject *r = reader_close(obj, NULL);
-    if (!r) return NULL;
-    Py_DECREF(r);
-    Py_RETURN_FALSE;
-}
-
-static PyObject *get_path(PyObject *obj, void *c) {
-    PyObject *v = ((ckpy_torch_reader *)obj)->path;
-    Py_INCREF(v);
-    return v;
 }
 
 static PyObject *get_tensors(PyObject *obj, void *c) {
@@ -476,19 +347,15 @@ static PyObject *get_alignment(PyObject *obj, void *c) {
     return PyLong_FromUnsignedLongLong(((ckpy_torch_reader *)obj)->alignment);
 }
 
-static PyObject *get_closed(PyObject *obj, void *c) {
-    return PyBool_FromLong(((ckpy_torch_reader *)obj)->t == NULL);
-}
-
 static PyGetSetDef reader_getset[] = {
-    {"path", get_path, NULL, "The path given at open.", NULL},
+    {"path", ckpy_handle_get_path, NULL, "The path given at open.", NULL},
     {"tensors", get_tensors, NULL,
      "List of (name, dtype code, shape, stride, storage_offset, storage index, requires_grad,\n"
      "is_parameter, is_contiguous, file_offset, nbytes), in pickle order.",
      NULL},
     {"storages", get_storages, NULL, "List of (key, location, dtype code, nbytes, file_offset, crc32).", NULL},
     {"alignment", get_alignment, NULL, "The file's storage alignment (.storage_alignment record).", NULL},
-    {"closed", get_closed, NULL, "True after close().", NULL},
+    {"closed", ckpy_handle_get_closed, NULL, "True after close().", NULL},
     {NULL, NULL, NULL, NULL, NULL},
 };
 
@@ -500,9 +367,9 @@ static PyMethodDef reader_methods[] = {
     {"read_storages", reader_read_storages, METH_O,
      "read_storages(targets): whole storages into memory; targets: (storage index, address, capacity, mem_kind)."},
     {"verify", reader_verify, METH_NOARGS, "verify() -> dict: checks every record's CRC-32."},
-    {"close", reader_close, METH_NOARGS, "close(): releases the file."},
-    {"__enter__", reader_enter, METH_NOARGS, NULL},
-    {"__exit__", reader_exit, METH_VARARGS, NULL},
+    {"close", ckpy_handle_close, METH_NOARGS, "close(): releases the file."},
+    {"__enter__", ckpy_handle_enter, METH_NOARGS, NULL},
+    {"__exit__", ckpy_handle_exit, METH_VARARGS, NULL},
     {NULL, NULL, 0, NULL},
 };
 

@@ -285,6 +285,17 @@ static int add_storages(build_ctx *c, PyObject *seq, PyObject *keep) {
     return 0;
 }
 
+typedef struct save_call {
+    const char *path;
+    ckptio_torch_writer *w;
+    const ckptio_torch_save_options *opt;
+} save_call;
+
+static ckptio_status do_save(ckptio_engine *engine, void *arg) {
+    const save_call *c = arg;
+    return ckptio_torch_save(engine, c->path, c->w, c->opt);
+}
+
 PyObject *ckpy_torch_save(PyObject *module, PyObject *args, PyObject *kwargs) {
     static char *kwlist[] = {"path",      "root",      "storages", "tensor_type", "dtype_type", "ordered_type",
                              "alignment", "prefix",    "crc",      "engine",      NULL};
@@ -328,16 +339,8 @@ PyObject *ckpy_torch_save(PyObject *module, PyObject *args, PyObject *kwargs) {
     opt.storage_alignment = alignment;
     opt.record_prefix = prefix_b ? PyBytes_AsString(prefix_b) : NULL;
     opt.flags = crc ? 0 : CKPTIO_TORCH_SAVE_NO_CRC;
-    const char *cpath = PyBytes_AsString(pb);
-    Py_BEGIN_ALLOW_THREADS
-    ckpy_lock_nogil(engine->lock);
-    st = ckptio_torch_save(engine->engine, cpath, c.w, &opt);
-    PyThread_release_lock(engine->lock);
-    Py_END_ALLOW_THREADS
-    if (st != CKPTIO_OK) {
-        ckpy_raise(st);
-        goto out;
-    }
+    save_call call = {PyBytes_AsString(pb), c.w, &opt};
+    if (ckpy_engine_run(engine, do_save, &call) < 0) goto out;
     /* Where each storage's bytes went: [(file_offset, record key) or None]. */
     result = PyList_New((Py_ssize_t)c.storage_count);
     if (!result) goto out;

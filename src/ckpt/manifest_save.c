@@ -14,10 +14,12 @@
  *
  * Hashing costs no save time for host memory: one helper thread hashes
  * (XXH3 runs at about 20 GB/s per core, several times any disk) while the
- * engine writes the same, read-only, bytes. GPU memory is hashed by
- * reading the written bytes back from the temporary (page cache when the
- * write was buffered); hashing on the pinned staging copies is the planned
- * cheaper path (docs/RELIABILITY.md).
+ * engine writes the same, read-only, bytes. GPU memory is hashed on the
+ * pinned staging copies by the data plan's observer
+ * (ckptio__plan_set_observer with the manifest's block size), as the bytes
+ * pass to the file: no second pass over the device or the disk. Only a
+ * block the observer could not see whole (staging too small to hold a block
+ * plus 4 KiB) is hashed by reading it back from the temporary.
  */
 #include "engine_internal.h"
 #include "gpu_internal.h"
@@ -42,6 +44,28 @@ typedef struct hash_work {
     hash_job *jobs;
     size_t njobs;
 } hash_work;
+
+/* GPU tensors: hashes of whole blocks as the data plan's observer sees them. */
+typedef struct gpu_hash {
+    ckptio__manifest *m;
+    size_t *plan_tensor;    /* per plan extent: GPU tensor index, or SIZE_MAX */
+    unsigned char **seen;   /* per tensor (GPU only): 1 per block hashed whole */
+} gpu_hash;
+
+static void gpu_observe(void *user, size_t extent, uint64_t offset, const void *bytes, uint64_t len) {
+    gpu_hash *g = user;
+    const size_t i = g->plan_tensor[extent];
+    if (i == SIZE_MAX) return;
+    ckptio__manifest_tensor *t = &g->m->tensors[i];
+    const uint64_t bb = g->m->block_bytes;
+    const size_t b = (size_t)(offset / bb);
+    const uint64_t want = t->nbytes - (uint64_t)b * bb < bb ? t->nbytes - (uint64_t)b * bb : bb;
+    /* A piece of a block: left to the read-back after the plan. Distinct
+     * blocks are distinct memory, so whole-block calls never race. */
+    if (offset % bb != 0 || len != want) return;
+    t->blocks[b] = XXH3_64bits(bytes, (size_t)len);
+    g->seen[i][b] = 1;
+}
 
 static void *hash_thread(void *arg) {
     hash_work *w = arg;
@@ -101,14 +125,46 @@ static ckptio_status remove_old_manifest(ckptio_engine *engine, const char *mpat
     return st;
 }
 
-static ckptio_status run_plan(ckptio_engine *engine, const ckptio_extent *extents, size_t n) {
+/* The data plan; with `g`, GPU tensors (extents 1..) are hashed by its observer. */
+static ckptio_status run_plan(ckptio_engine *engine, const ckptio_extent *extents, size_t n, gpu_hash *g) {
     ckptio_plan *plan = NULL;
     ckptio_status st = ckptio_plan_create(CKPTIO_WRITE, &plan);
-    for (size_t i = 0; st == CKPTIO_OK && i < n; i++)
-        if (extents[i].length) st = ckptio_plan_add(plan, &extents[i]);
+    size_t k = 0;
+    for (size_t i = 0; st == CKPTIO_OK && i < n; i++) {
+        if (!extents[i].length) continue;
+        if (g) g->plan_tensor[k] = i > 0 && g->seen[i - 1] ? i - 1 : SIZE_MAX;
+        k++;
+        st = ckptio_plan_add(plan, &extents[i]);
+    }
+    if (st == CKPTIO_OK && g) st = ckptio__plan_set_observer(plan, gpu_observe, g, g->m->block_bytes);
     if (st == CKPTIO_OK) st = ckptio_engine_execute(engine, plan);
     ckptio_plan_destroy(plan);
     return st;
+}
+
+/* Sets up `g` when some tensor is not in host memory; g->seen stays NULL
+ * (no observer needed) otherwise. */
+static ckptio_status gpu_hash_init(gpu_hash *g, const ckptio_extent *extents, ckptio__manifest *m, const char *path) {
+    bool any = false;
+    for (size_t i = 0; i < m->count; i++) any |= !is_host(&extents[i + 1]) && m->tensors[i].nblocks;
+    if (!any) return CKPTIO_OK;
+    g->m = m;
+    g->plan_tensor = ckptio__calloc(m->count + 1, sizeof *g->plan_tensor);
+    g->seen = ckptio__calloc(m->count ? m->count : 1, sizeof *g->seen);
+    if (!g->plan_tensor || !g->seen) return CKPTIO_FAIL(CKPTIO_E_NOMEM, "%s: out of memory for GPU hashing", path);
+    for (size_t i = 0; i < m->count; i++) {
+        if (is_host(&extents[i + 1]) || !m->tensors[i].nblocks) continue;
+        if (!(g->seen[i] = ckptio__calloc(m->tensors[i].nblocks, 1)))
+            return CKPTIO_FAIL(CKPTIO_E_NOMEM, "%s: out of memory for GPU hashing", path);
+    }
+    return CKPTIO_OK;
+}
+
+static void gpu_hash_cleanup(gpu_hash *g) {
+    if (g->seen)
+        for (size_t i = 0; i < g->m->count; i++) ckptio__free(g->seen[i]);
+    ckptio__free(g->seen);
+    ckptio__free(g->plan_tensor);
 }
 
 /* Fills m (everything but the block hashes) and the jobs for host blocks. */
@@ -151,17 +207,19 @@ static ckptio_status describe(const char *path, const ckptio_extent *extents, co
     return CKPTIO_OK;
 }
 
-/* Hashes the blocks of non-host tensors from what the file now holds. */
-static ckptio_status hash_from_file(ckptio_file *file, const ckptio_extent *extents, ckptio__manifest *m) {
+/* Hashes the blocks of non-host tensors the observer did not see whole
+ * from what the file now holds. */
+static ckptio_status hash_from_file(ckptio_file *file, const gpu_hash *g, ckptio__manifest *m) {
     unsigned char *buf = NULL;
     ckptio_status st = CKPTIO_OK;
-    for (size_t i = 0; st == CKPTIO_OK && i < m->count; i++) {
-        if (is_host(&extents[i + 1])) continue;
+    for (size_t i = 0; st == CKPTIO_OK && g->seen && i < m->count; i++) {
+        if (!g->seen[i]) continue;
         ckptio__manifest_tensor *t = &m->tensors[i];
         if (!buf && t->nblocks && !(buf = ckptio__aligned_alloc(CKPTIO_DIRECT_ALIGN, m->block_bytes)))
             return CKPTIO_FAIL(CKPTIO_E_NOMEM, "out of memory for a %llu-byte hash buffer",
                                (unsigned long long)m->block_bytes);
         for (size_t b = 0; st == CKPTIO_OK && b < t->nblocks; b++) {
+            if (g->seen[i][b]) continue;
             const uint64_t off = (uint64_t)b * m->block_bytes;
             const uint64_t len = t->nbytes - off < m->block_bytes ? t->nbytes - off : m->block_bytes;
             st = ckptio__file_io(file, CKPTIO_READ, buf, len, t->offset + off);
@@ -187,6 +245,7 @@ ckptio_status ckptio__manifest_write_and_commit(ckptio_engine *engine, ckptio_fi
                                                 size_t count, bool checksums) {
     ckptio__manifest m = {0};
     hash_work work = {0};
+    gpu_hash gh = {0};
     pthread_t helper;
     bool helper_running = false;
     char *text = NULL, *mpath = NULL;
@@ -201,15 +260,16 @@ ckptio_status ckptio__manifest_write_and_commit(ckptio_engine *engine, ckptio_fi
 
     if (checksums) {
         if ((st = describe(path, extents, tensors, count, &m, &work)) != CKPTIO_OK) goto out;
+        if ((st = gpu_hash_init(&gh, extents, &m, path)) != CKPTIO_OK) goto out;
         /* No thread: hash inline after the plan. */
         if (work.njobs && pthread_create(&helper, NULL, hash_thread, &work) == 0) helper_running = true;
     }
-    st = run_plan(engine, extents, count + 1);
+    st = run_plan(engine, extents, count + 1, gh.seen ? &gh : NULL);
     if (helper_running) pthread_join(helper, NULL);
     else if (checksums && st == CKPTIO_OK) hash_thread(&work);
     if (st != CKPTIO_OK) goto out;
     if (checksums) {
-        if ((st = hash_from_file(file, extents, &m)) != CKPTIO_OK) goto out;
+        if ((st = hash_from_file(file, &gh, &m)) != CKPTIO_OK) goto out;
         if (!(text = ckptio__manifest_dump(&m, &text_len))) {
             st = CKPTIO_E_NOMEM;
             goto out;
@@ -230,6 +290,7 @@ out:
     }
     ckptio__free(text);
     ckptio__free(work.jobs);
+    gpu_hash_cleanup(&gh);
     ckptio__manifest_cleanup(&m);
     ckptio__free(mpath);
     return st;

@@ -1,98 +1,224 @@
 /*
- * torch_file_save.c - writing torch.save files: CRC-32 of every record
- * (storages in host memory in parallel on the engine's workers, with
- * zlib's crc32 and crc32_combine), the metadata image, and one engine plan
- * that writes metadata and storage bytes straight from where they live
- * (host or GPU), into a temporary file renamed into place on success.
+ * torch_file_save.c - writing torch.save files: CRC-32 of every record, the
+ * metadata image, and the engine plans that write metadata and storage
+ * bytes straight from where they live (host or GPU), into a temporary file
+ * renamed into place on success.
+ *
+ * CRCs of storages are computed by the data plan's observer
+ * (ckptio__plan_set_observer) from the bytes as they pass through host
+ * memory: the pinned staging copy for GPU storages, the caller's memory for
+ * host storages (overlapping the writes in flight); per-call CRCs are folded
+ * in offset order with zlib's crc32_combine. The CRC is stored only in each
+ * record's data descriptor and in the central directory, so those ranges are
+ * left out of the data plan and written by a second, tiny plan once every
+ * CRC is known; every other byte is final from the start.
  */
 #include "engine_internal.h"
-#include "gpu_internal.h"
 #include "torch_internal.h"
 
-#include <stdatomic.h>
+#include <pthread.h>
+#include <stdlib.h>
 #include <stdio.h>
 #include <string.h>
 #include <time.h>
 #include <xxhash.h>
 #include <zlib.h>
 
-#define CRC_CHUNK (4ull << 20)
-
-typedef struct crc_job {
-    const uint8_t *data;
-    uint64_t len;
-    size_t storage;
-    uint32_t crc;
-} crc_job;
-
-typedef struct crc_work {
-    crc_job *jobs;
-    size_t njobs;
-    _Atomic size_t next;
-} crc_work;
-
-static void crc_worker(void *arg, unsigned worker) {
-    (void)worker;
-    crc_work *cw = arg;
-    for (;;) {
-        size_t i = atomic_fetch_add(&cw->next, 1);
-        if (i >= cw->njobs) return;
-        crc_job *j = &cw->jobs[i];
-        uLong crc = crc32(0L, Z_NULL, 0);
-        for (uint64_t done = 0; done < j->len;) {
-            uint64_t n = j->len - done > (1u << 30) ? (1u << 30) : j->len - done;
-            crc = crc32(crc, j->data + done, (uInt)n);
-            done += n;
-        }
-        j->crc = (uint32_t)crc;
+/* Sets the CRC-32 of the small records; storages' records get 0 here and
+ * their real CRC from the data plan's observer (finish_crcs), unless CRCs
+ * are off. Measured on the 2-core development machine, Release, 512 MiB of
+ * host storages (best of 3): a separate parallel CRC pass before the write
+ * saved at 1.40 GB/s (page cache) / 1.19 GB/s (fsync), CRCs in the observer
+ * overlapping the writes 1.63 / 1.8 GB/s, no CRC at all 2.3 / 1.9 GB/s. */
+static void compute_crcs(ckptio_torch_writer *w) {
+    for (size_t i = 0; i < w->nentries; i++) {
+        ckptio__zip_entry *e = &w->entries[i];
+        e->crc32 = w->entry_storage[i] == SIZE_MAX
+                       ? (uint32_t)crc32(crc32(0L, Z_NULL, 0), w->entry_bytes[i], (uInt)e->size)
+                       : 0;
     }
 }
 
-static bool host_memory(const ckptio__torch_wstorage *s) {
-    ckptio_mem_kind kind = s->mem_kind == CKPTIO_MEM_AUTO ? ckptio__gpu_classify(s->data) : s->mem_kind;
-    return kind == CKPTIO_MEM_HOST || kind == CKPTIO_MEM_PINNED;
+/* ---- CRCs through the data plan's observer ---------------------------------------------- */
+
+typedef struct crc_piece {
+    size_t entry;
+    uint64_t offset, len;
+    uint32_t crc;
+} crc_piece;
+
+typedef struct crc_observer {
+    const size_t *plan_entry; /* per plan extent: the entry it is data of, or SIZE_MAX */
+    pthread_mutex_t lock;     /* the pieces */
+    crc_piece *pieces;
+    size_t npieces, cap;
+    bool nomem;
+} crc_observer;
+
+/* Observer: CRC of one piece of a record, kept for finish_crcs(). */
+static void crc_observe(void *user, size_t extent, uint64_t offset, const void *bytes, uint64_t len) {
+    crc_observer *o = user;
+    const size_t entry = o->plan_entry[extent];
+    if (entry == SIZE_MAX) return;
+    uLong crc = crc32(0L, Z_NULL, 0);
+    for (uint64_t done = 0; done < len;) {
+        const uint64_t n = len - done > (1u << 30) ? (1u << 30) : len - done;
+        crc = crc32(crc, (const Bytef *)bytes + done, (uInt)n);
+        done += n;
+    }
+    pthread_mutex_lock(&o->lock);
+    if (o->npieces == o->cap && !o->nomem) {
+        const size_t cap = o->cap ? o->cap * 2 : 256;
+        crc_piece *p = ckptio__realloc(o->pieces, cap * sizeof *p);
+        if (p) {
+            o->pieces = p;
+            o->cap = cap;
+        } else {
+            o->nomem = true;
+        }
+    }
+    if (o->npieces < o->cap) o->pieces[o->npieces++] = (crc_piece){entry, offset, len, (uint32_t)crc};
+    pthread_mutex_unlock(&o->lock);
 }
 
-/* Sets every zip entry's crc32. */
-static ckptio_status compute_crcs(ckptio_engine *engine, ckptio_torch_writer *w, bool want_crc) {
-    crc_work cw = {0};
-    size_t njobs = 0;
+static int cmp_piece(const void *a, const void *b) {
+    const crc_piece *x = a, *y = b;
+    if (x->entry != y->entry) return x->entry < y->entry ? -1 : 1;
+    return x->offset < y->offset ? -1 : x->offset > y->offset;
+}
+
+/* Folds the observed pieces into each observed entry's crc32, checking that
+ * they cover every byte of the record exactly once. */
+static ckptio_status finish_crcs(ckptio_torch_writer *w, crc_observer *o, const bool *observed_entry,
+                                 const char *path) {
+    if (o->nomem) return CKPTIO_FAIL(CKPTIO_E_NOMEM, "%s: out of memory recording CRC-32 pieces", path);
+    qsort(o->pieces, o->npieces, sizeof *o->pieces, cmp_piece);
+    size_t k = 0;
     for (size_t i = 0; i < w->nentries; i++) {
-        const size_t id = w->entry_storage[i];
+        if (!observed_entry[i]) continue;
         ckptio__zip_entry *e = &w->entries[i];
-        if (id == SIZE_MAX) {
-            e->crc32 = (uint32_t)crc32(crc32(0L, Z_NULL, 0), w->entry_bytes[i], (uInt)e->size);
+        uLong crc = crc32(0L, Z_NULL, 0);
+        uint64_t covered = 0;
+        while (k < o->npieces && o->pieces[k].entry < i) k++;
+        for (; k < o->npieces && o->pieces[k].entry == i; k++) {
+            const crc_piece *pc = &o->pieces[k];
+            if (pc->offset != covered) break;
+            crc = crc32_combine(crc, pc->crc, (z_off_t)pc->len);
+            covered += pc->len;
+        }
+        if (covered != e->size)
+            return CKPTIO_FAIL_CTX(CKPTIO_E_INTERNAL,
+                                   &((ckptio__err_ctx){.path = path, .subject = e->name,
+                                                       .file_offset = (int64_t)(e->data_offset + covered)}),
+                                   "the write observer covered %llu of the record's %llu bytes contiguously",
+                                   (unsigned long long)covered, (unsigned long long)e->size);
+        e->crc32 = (uint32_t)crc;
+    }
+    return CKPTIO_OK;
+}
+
+/* A range of metadata written only after the data (it holds CRCs). */
+typedef struct deferred {
+    uint64_t file_offset, length, meta_offset;
+} deferred;
+
+/* Builds the data plan: every piece but the deferred ranges, with
+ * plan_entry[] naming the entry of each observed storage extent. Also
+ * resolves each deferred range's place in the meta buffer. */
+static ckptio_status build_data_plan(const ckptio_torch_writer *w, ckptio_file *file, uint8_t *meta,
+                                     const bool *observed_entry, deferred *d, size_t nd, size_t *plan_entry,
+                                     ckptio_plan *plan) {
+    size_t k = 0, n = 0;
+    for (size_t p = 0; p < w->npieces; p++) {
+        const struct ckptio__torch_piece *pc = &w->pieces[p];
+        if (pc->storage != SIZE_MAX) {
+            const size_t entry = w->storages[pc->storage].entry;
+            ckptio_extent ex = {.file = file, .file_offset = pc->file_offset, .length = pc->length,
+                                .memory = (void *)w->storages[pc->storage].data,
+                                .mem_kind = w->storages[pc->storage].mem_kind};
+            plan_entry[n++] = observed_entry[entry] ? entry : SIZE_MAX;
+            CKPTIO_FORWARD(ckptio_plan_add(plan, &ex));
             continue;
         }
-        e->crc32 = 0;
-        if (want_crc && host_memory(&w->storages[id])) njobs += (e->size + CRC_CHUNK - 1) / CRC_CHUNK;
+        uint64_t pos = pc->file_offset;
+        const uint64_t end = pc->file_offset + pc->length;
+        while (pos < end) {
+            uint64_t stop = end;
+            const bool defer = k < nd && d[k].file_offset < end;
+            if (defer) {
+                if (d[k].file_offset < pos || d[k].file_offset + d[k].length > end)
+                    return CKPTIO_FAIL(CKPTIO_E_INTERNAL,
+                                       "zip metadata at %llu (%llu bytes) is not inside one metadata piece",
+                                       (unsigned long long)d[k].file_offset, (unsigned long long)d[k].length);
+                stop = d[k].file_offset;
+            }
+            if (stop > pos) {
+                ckptio_extent ex = {.file = file, .file_offset = pos, .length = stop - pos,
+                                    .memory = meta + pc->meta_offset + (pos - pc->file_offset),
+                                    .mem_kind = CKPTIO_MEM_HOST};
+                plan_entry[n++] = SIZE_MAX;
+                CKPTIO_FORWARD(ckptio_plan_add(plan, &ex));
+            }
+            if (!defer) break;
+            d[k].meta_offset = pc->meta_offset + (d[k].file_offset - pc->file_offset);
+            pos = d[k].file_offset + d[k].length;
+            k++;
+        }
     }
-    if (njobs == 0) return CKPTIO_OK;
-    cw.jobs = ckptio__calloc(njobs, sizeof *cw.jobs);
-    if (!cw.jobs) return CKPTIO_FAIL(CKPTIO_E_NOMEM, "no memory for %zu CRC jobs", njobs);
+    if (k != nd)
+        return CKPTIO_FAIL(CKPTIO_E_INTERNAL, "zip metadata at %llu is not inside a metadata piece",
+                           (unsigned long long)d[k].file_offset);
+    return CKPTIO_OK;
+}
+
+/* Writes the file: one plan when every CRC is known up front; otherwise the
+ * data plan (with the observer), the CRCs, then the deferred metadata. */
+static ckptio_status write_file(ckptio_engine *engine, ckptio_torch_writer *w, ckptio_file *file, uint8_t *meta,
+                                bool want_crc, const char *path) {
+    ckptio_status st = CKPTIO_OK;
+    ckptio_plan *plan = NULL;
+    bool *observed_entry = ckptio__calloc(w->nentries ? w->nentries : 1, sizeof *observed_entry);
+    deferred *d = ckptio__calloc(w->nentries + 1, sizeof *d);
+    size_t *plan_entry = ckptio__calloc(w->npieces + w->nentries + 2, sizeof *plan_entry);
+    crc_observer o = {.plan_entry = plan_entry};
+    pthread_mutex_init(&o.lock, NULL);
+    if (!observed_entry || !d || !plan_entry) {
+        st = CKPTIO_FAIL(CKPTIO_E_NOMEM, "%s: out of memory planning %zu records", path, w->nentries);
+        goto out;
+    }
+    size_t nd = 0;
     for (size_t i = 0; i < w->nentries; i++) {
         const size_t id = w->entry_storage[i];
-        if (id == SIZE_MAX || !want_crc || !host_memory(&w->storages[id])) continue;
-        const uint8_t *data = w->storages[id].data;
-        for (uint64_t off = 0; off < w->entries[i].size; off += CRC_CHUNK) {
-            uint64_t len = w->entries[i].size - off < CRC_CHUNK ? w->entries[i].size - off : CRC_CHUNK;
-            cw.jobs[cw.njobs++] = (crc_job){.data = data + off, .len = len, .storage = i};
-        }
+        if (id == SIZE_MAX || !want_crc) continue;
+        const ckptio__zip_entry *e = &w->entries[i];
+        observed_entry[i] = true;
+        d[nd++] = (deferred){.file_offset = e->data_offset + e->size,
+                             .length = ckptio__zip_descriptor_len(e->header_offset, e->size)};
     }
-    int64_t threads = ckptio__engine_setting(engine, CKPTIO_OPT_THREADS);
-    unsigned nworkers = threads < 1 ? 1 : (unsigned)threads;
-    if (nworkers > cw.njobs) nworkers = (unsigned)cw.njobs;
-    ckptio_status st = ckptio__engine_parallel(engine, nworkers, crc_worker, &cw);
-    if (st == CKPTIO_OK) {
-        /* Chunks of one record are consecutive jobs: fold them in order. */
-        for (size_t j = 0; j < cw.njobs; j++) {
-            ckptio__zip_entry *e = &w->entries[cw.jobs[j].storage];
-            const bool first = j == 0 || cw.jobs[j - 1].storage != cw.jobs[j].storage;
-            e->crc32 = first ? cw.jobs[j].crc
-                             : (uint32_t)crc32_combine(e->crc32, cw.jobs[j].crc, (z_off_t)cw.jobs[j].len);
-        }
+    const bool two_plans = nd > 0;
+    if (two_plans) d[nd++] = (deferred){.file_offset = w->cd_offset, .length = w->file_size - w->cd_offset};
+    if ((st = ckptio_plan_create(CKPTIO_WRITE, &plan))) goto out;
+    if ((st = build_data_plan(w, file, meta, observed_entry, d, nd, plan_entry, plan))) goto out;
+    if (two_plans && (st = ckptio__plan_set_observer(plan, crc_observe, &o, 0))) goto out;
+    if ((st = ckptio_engine_execute(engine, plan))) goto out;
+    if (!two_plans) goto out;
+    if ((st = finish_crcs(w, &o, observed_entry, path))) goto out;
+    ckptio__torch_writer_fill_meta(w, meta);
+    ckptio_plan_destroy(plan);
+    if ((st = ckptio_plan_create(CKPTIO_WRITE, &plan))) goto out;
+    for (size_t k = 0; k < nd && st == CKPTIO_OK; k++) {
+        ckptio_extent ex = {.file = file, .file_offset = d[k].file_offset, .length = d[k].length,
+                            .memory = meta + d[k].meta_offset, .mem_kind = CKPTIO_MEM_HOST};
+        st = ckptio_plan_add(plan, &ex);
     }
-    ckptio__free(cw.jobs);
+    if (st == CKPTIO_OK) st = ckptio_engine_execute(engine, plan);
+out:
+    ckptio_plan_destroy(plan);
+    pthread_mutex_destroy(&o.lock);
+    ckptio__free(o.pieces);
+    ckptio__free(plan_entry);
+    ckptio__free(d);
+    ckptio__free(observed_entry);
     return st;
 }
 
@@ -119,7 +245,6 @@ ckptio_status ckptio_torch_save(ckptio_engine *engine, const char *path, ckptio_
     char *prefix = NULL;
     uint8_t *meta = NULL;
     ckptio_file *file = NULL;
-    ckptio_plan *plan = NULL;
     const unsigned flags = options ? options->flags : 0;
     uint32_t alignment;
     if ((st = ckptio__torch_options(options, path, &alignment, &prefix))) goto out;
@@ -133,7 +258,7 @@ ckptio_status ckptio_torch_save(ckptio_engine *engine, const char *path, ckptio_
         }
     }
     make_serialization_id(w);
-    if ((st = compute_crcs(engine, w, !(flags & CKPTIO_TORCH_SAVE_NO_CRC)))) goto out;
+    compute_crcs(w);
     if (!(meta = ckptio__malloc(w->meta_len + CKPTIO__TORCH_META_SCRATCH))) {
         st = CKPTIO_FAIL(CKPTIO_E_NOMEM, "no memory for %llu bytes of zip metadata", (unsigned long long)w->meta_len);
         goto out;
@@ -142,20 +267,7 @@ ckptio_status ckptio_torch_save(ckptio_engine *engine, const char *path, ckptio_
     unsigned open_flags = CKPTIO_OPEN_WRITE | ((flags & CKPTIO_TORCH_SAVE_IN_PLACE) ? CKPTIO_OPEN_IN_PLACE : 0);
     if ((st = ckptio_file_open(engine, path, open_flags, &file))) goto out;
     if ((st = ckptio_file_truncate(file, w->file_size))) goto out;
-    if ((st = ckptio_plan_create(CKPTIO_WRITE, &plan))) goto out;
-    for (size_t p = 0; p < w->npieces; p++) {
-        const struct ckptio__torch_piece *pc = &w->pieces[p];
-        ckptio_extent ex = {.file = file, .file_offset = pc->file_offset, .length = pc->length};
-        if (pc->storage == SIZE_MAX) {
-            ex.memory = meta + pc->meta_offset;
-            ex.mem_kind = CKPTIO_MEM_HOST;
-        } else {
-            ex.memory = (void *)w->storages[pc->storage].data;
-            ex.mem_kind = w->storages[pc->storage].mem_kind;
-        }
-        if ((st = ckptio_plan_add(plan, &ex))) goto out;
-    }
-    if ((st = ckptio_engine_execute(engine, plan))) goto out;
+    if ((st = write_file(engine, w, file, meta, !(flags & CKPTIO_TORCH_SAVE_NO_CRC), path))) goto out;
     st = ckptio_file_commit(file);
 out:
     if (file) {
@@ -164,7 +276,6 @@ out:
         if (saved) ckptio__error_restore(saved);
         else st = cst;
     }
-    ckptio_plan_destroy(plan);
     ckptio__free(meta);
     ckptio__free(prefix);
     return st;

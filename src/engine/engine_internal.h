@@ -64,4 +64,46 @@ ckptio_status ckptio__engine_parallel_progress(ckptio_engine *engine, unsigned n
  * CKPTIO_E_BUSY while files opened with the engine are still open. */
 void ckptio__engine_file_ref(ckptio_engine *engine, int delta);
 
+/* ---- write-plan observers ---------------------------------------------------
+ * A write plan can carry one observer: fn(user, extent, offset, bytes, len)
+ * sees every byte of every extent exactly once, as a pointer to host memory
+ * holding the bytes being written: the caller's memory for host extents,
+ * the pinned staging copy for GPU extents (so a checksum of device memory
+ * costs no second pass over the device or the disk).
+ *  - extent: index in the plan (ckptio_plan_add order); offset: position of
+ *    `bytes` within that extent; zero-length extents are never observed.
+ *  - Calls come from worker threads (or the caller's thread with 0 threads),
+ *    concurrently and in any order, also for one extent. They happen after
+ *    the bytes are in host memory and before they can change: a GPU staging
+ *    slot is not refilled until fn returned. `bytes` is valid during the
+ *    call only. fn must be thread-safe and must not call into the engine.
+ *  - block > 0: no call crosses an extent offset that is a multiple of
+ *    `block`, and a whole block [k*block, min((k+1)*block, length)) comes in
+ *    ONE call for host extents always, and for GPU extents whenever a staging
+ *    slot can hold block + 4 KiB (the pipeline sizes its slots so when
+ *    CKPTIO_OPT_STAGING_BYTES >= 4 x (block + 4 KiB)); otherwise a block may
+ *    come in several pieces and the caller must cope (e.g. hash it again from
+ *    the file). block = 0: calls of any size (combine per-call CRCs in
+ *    offset order with crc32_combine).
+ *  - The cuFile path moves device bytes without host staging: an observed
+ *    plan uses the staging pipeline under CKPTIO_GPU_PATH_AUTO and fails with
+ *    CKPTIO_E_UNSUPPORTED under CKPTIO_GPU_PATH_CUFILE.
+ * fn NULL removes the observer. Read plans refuse one (CKPTIO_E_INVAL). */
+typedef void (*ckptio__observe_fn)(void *user, size_t extent, uint64_t offset, const void *bytes, uint64_t len);
+
+typedef struct ckptio__observer {
+    ckptio__observe_fn fn;
+    void *user;
+    uint64_t block;
+    const size_t *index; /* GPU layer: plan index of each extent it was given (NULL: the same) */
+} ckptio__observer;
+
+ckptio_status ckptio__plan_set_observer(ckptio_plan *plan, ckptio__observe_fn fn, void *user, uint64_t block);
+
+/* Calls obs->fn for the file range [lo, hi) of extent `index` (plan index
+ * `obs->index[index]` if mapped), whose bytes are at `bytes`, cut at the
+ * observer's block boundaries. */
+void ckptio__observe_range(const ckptio__observer *obs, size_t index, const ckptio_extent *x, uint64_t lo,
+                           uint64_t hi, const void *bytes);
+
 #endif /* CKPTIO_ENGINE_INTERNAL_H */

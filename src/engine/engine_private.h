@@ -50,6 +50,7 @@ struct ckptio_plan {
     ckptio_extent *ext;
     size_t count, cap;
     uint64_t total;
+    ckptio__observer observer;          /* write plans only; fn NULL = none */
 };
 
 /* Checks every extent of `plan` for use by `engine` (files, ranges,

@@ -18,7 +18,13 @@
  *        bounce buffer; a partial block at the head or tail is read O_DIRECT
  *        as a whole block into a bounce slot, and written through the page
  *        cache (docs/ENGINE.md explains why).
- * 4. The first error wins: it is recorded with its message, a stop flag makes
+ * 4. With an observer (write plans, ckptio__plan_set_observer), a worker
+ *    observes a task's bytes right after submitting the task's last
+ *    operation, so that hashing overlaps the write in flight; with a block
+ *    size, each block is observed whole by the worker whose task holds the
+ *    block's first byte (the caller's memory stays valid and unchanged for
+ *    the whole execution, so a block may reach past its task).
+ * 5. The first error wins: it is recorded with its message, a stop flag makes
  *    every worker stop submitting, in-flight operations are drained, and the
  *    record is moved to the calling thread.
  * The calling thread waits and reports progress (or, with 0 threads, does the
@@ -90,6 +96,8 @@ typedef struct worker {
     size_t slot_size;
     bool exhausted;           /* no task left to claim */
     cursor c;
+    bool observe;             /* the current task still has to be observed */
+    uint64_t observe_lo;      /* where the current task starts in the file */
     ckptio_stats st;
 } worker;
 
@@ -226,6 +234,8 @@ static bool claim(worker *w) {
     c->x = e;
     c->pos = k ? base + k * x->chunk : e->file_offset;
     c->end = stop < ext_end ? stop : ext_end;
+    w->observe = x->plan->observer.fn != NULL;
+    w->observe_lo = c->pos;
     c->dfd = ckptio__file_direct_fd(e->file);
     if (c->dfd >= 0 && x->direct_mode != CKPTIO_DIRECT_ON && e->length < x->direct_min) c->dfd = -1;
     /* A chunk the page cache already holds is copied from memory, not
@@ -335,6 +345,23 @@ static void finish(worker *w, xop *op) {
     w->free_ops[w->nfree_ops++] = (unsigned)(op - w->ops);
 }
 
+/* Observes the task the worker just submitted completely (see 4. above). */
+static void observe_task(worker *w) {
+    const ckptio__observer *obs = &w->x->plan->observer;
+    const ckptio_extent *e = w->c.x;
+    w->observe = false;
+    const uint64_t lo = w->observe_lo - e->file_offset, hi = w->c.end - e->file_offset;
+    if (!obs->block) {
+        ckptio__observe_range(obs, w->c.extent, e, w->observe_lo, w->c.end, (const unsigned char *)e->memory + lo);
+        return;
+    }
+    for (uint64_t b = (lo + obs->block - 1) / obs->block * obs->block; b < hi; b += obs->block) {
+        const uint64_t len = e->length - b < obs->block ? e->length - b : obs->block;
+        ckptio__observe_range(obs, w->c.extent, e, e->file_offset + b, e->file_offset + b + len,
+                              (const unsigned char *)e->memory + b);
+    }
+}
+
 static void worker_main(void *arg, unsigned index) {
     exec *x = arg;
     worker w = {.x = x, .index = index, .slot = &x->engine->slots[index]};
@@ -354,6 +381,7 @@ static void worker_main(void *arg, unsigned index) {
             }
             w.be->submit(w.slot->queue, &op->io);
             inflight++;
+            if (w.observe && !w.c.active) observe_task(&w);
         }
         if (inflight == 0) break;
         ckptio__io_op *io = w.be->wait(w.slot->queue);
@@ -490,6 +518,7 @@ ckptio_status ckptio_engine_execute(ckptio_engine *e, const ckptio_plan *p) {
     exec x = {.engine = e, .plan = p, .dir = p->dir};
     pthread_mutex_init(&x.lock, NULL);
     ckptio_extent *gpu = NULL;
+    size_t *gpu_index = NULL; /* plan index of each gpu[] entry */
     size_t ngpu = 0;
     ckptio_status st = ckptio__plan_validate(e, p);
     if (st != CKPTIO_OK) goto out;
@@ -511,11 +540,13 @@ ckptio_status ckptio_engine_execute(ckptio_engine *e, const ckptio_plan *p) {
         }
         if (!gpu) {
             gpu = ckptio__malloc(p->count * sizeof *gpu);
-            if (!gpu) {
+            gpu_index = ckptio__malloc(p->count * sizeof *gpu_index);
+            if (!gpu || !gpu_index) {
                 st = CKPTIO_FAIL(CKPTIO_E_NOMEM, "out of memory planning %zu extents", p->count);
                 goto out;
             }
         }
+        gpu_index[ngpu] = i;
         gpu[ngpu] = *ex;
         gpu[ngpu++].mem_kind = CKPTIO_MEM_CUDA;
     }
@@ -534,7 +565,9 @@ ckptio_status ckptio_engine_execute(ckptio_engine *e, const ckptio_plan *p) {
         e->progress_rebase = true;
         e->progress_base = x.host_bytes;
         e->progress_plan_total = p->total;
-        st = ckptio__gpu_execute(e, p->dir, gpu, ngpu);
+        ckptio__observer obs = p->observer;
+        obs.index = gpu_index;
+        st = ckptio__gpu_execute_observed(e, p->dir, gpu, ngpu, obs.fn ? &obs : NULL);
         e->progress_rebase = false;
         if (st != CKPTIO_OK) goto out;
     }
@@ -550,6 +583,7 @@ out:
     ckptio__free(x.first_task);
     ckptio__free(x.host);
     ckptio__free(gpu);
+    ckptio__free(gpu_index);
     atomic_fetch_sub(&e->busy, 1);
     return st;
 }

@@ -169,3 +169,31 @@ ckptio_status ckptio__plan_validate(ckptio_engine *engine, const ckptio_plan *p)
     }
     return check_overlaps(p);
 }
+
+/* ---- observers ------------------------------------------------------------ */
+
+ckptio_status ckptio__plan_set_observer(ckptio_plan *p, ckptio__observe_fn fn, void *user, uint64_t block) {
+    CKPTIO_RETURN_IF(!p, CKPTIO_E_INVAL, "ckptio__plan_set_observer: plan is NULL");
+    CKPTIO_RETURN_IF(fn && p->dir != CKPTIO_WRITE, CKPTIO_E_INVAL,
+                     "an observer sees the bytes a plan writes; this is a read plan");
+    p->observer = (ckptio__observer){.fn = fn, .user = fn ? user : NULL, .block = fn ? block : 0};
+    return CKPTIO_OK;
+}
+
+void ckptio__observe_range(const ckptio__observer *obs, size_t index, const ckptio_extent *x, uint64_t lo,
+                           uint64_t hi, const void *bytes) {
+    const size_t extent = obs->index ? obs->index[index] : index;
+    const unsigned char *b = bytes;
+    uint64_t off = lo - x->file_offset;
+    const uint64_t end = hi - x->file_offset;
+    while (off < end) {
+        uint64_t next = end;
+        if (obs->block) {
+            const uint64_t boundary = (off / obs->block + 1) * obs->block;
+            if (boundary < next) next = boundary;
+        }
+        obs->fn(obs->user, extent, off, b, next - off);
+        b += next - off;
+        off = next;
+    }
+}

@@ -126,6 +126,11 @@ static ckptio_status cufile_extents(ckptio_direction dir, const ckptio_extent *e
 
 ckptio_status ckptio__gpu_execute(ckptio_engine *engine, ckptio_direction dir, const ckptio_extent *extents,
                                   size_t count) {
+    return ckptio__gpu_execute_observed(engine, dir, extents, count, NULL);
+}
+
+ckptio_status ckptio__gpu_execute_observed(ckptio_engine *engine, ckptio_direction dir, const ckptio_extent *extents,
+                                           size_t count, const ckptio__observer *obs) {
     CKPTIO_RETURN_IF(!engine || (!extents && count), CKPTIO_E_INVAL, "ckptio__gpu_execute: invalid arguments");
     const ckptio__gpu_ops *ops;
     CKPTIO_FORWARD(ckptio__gpu_ops_get(&ops));
@@ -159,7 +164,15 @@ ckptio_status ckptio__gpu_execute(ckptio_engine *engine, ckptio_direction dir, c
      * GPUDirect mode: its compatibility mode is a plain bounce-buffer path
      * slower than the pipeline. */
     const bool real = ops == ckptio__gpu_cuda_ops();
-    if (path == CKPTIO_GPU_PATH_CUFILE || (path == CKPTIO_GPU_PATH_AUTO && real && ckptio__cufile_direct_mode())) {
+    if (obs && path == CKPTIO_GPU_PATH_CUFILE) {
+        /* cuFile moves the bytes without a host copy to observe. */
+        st = CKPTIO_FAIL(CKPTIO_E_UNSUPPORTED,
+                         "this write needs its GPU bytes checksummed on the pinned staging copy, which cuFile does "
+                         "not make; use CKPTIO_GPU_PATH_AUTO or PIPELINE");
+        goto out;
+    }
+    if (!obs && (path == CKPTIO_GPU_PATH_CUFILE ||
+                 (path == CKPTIO_GPU_PATH_AUTO && real && ckptio__cufile_direct_mode()))) {
         if (!real) {
             st = CKPTIO_FAIL(CKPTIO_E_UNSUPPORTED, "cuFile cannot run on the simulated device");
             goto out;
@@ -176,7 +189,7 @@ ckptio_status ckptio__gpu_execute(ckptio_engine *engine, ckptio_direction dir, c
     }
 
     if (!several) {
-        st = ckptio__gpu_pipeline_run(engine, ops, first_device, dir, extents, count, false);
+        st = ckptio__gpu_pipeline_run_observed(engine, ops, first_device, dir, extents, count, false, obs);
     } else {
         /* One device at a time; other devices' extents are hidden by a zero
          * length so that extent numbers in messages stay the caller's. */
@@ -193,7 +206,7 @@ ckptio_status ckptio__gpu_execute(ckptio_engine *engine, ckptio_direction dir, c
                 if (devices[j] != dev) subset[j].length = 0;
                 else if (j >= i) devices[j] = -1; /* done after this round */
             }
-            st = ckptio__gpu_pipeline_run(engine, ops, dev, dir, subset, count, false);
+            st = ckptio__gpu_pipeline_run_observed(engine, ops, dev, dir, subset, count, false, obs);
         }
     }
     if (st == CKPTIO_OK) gs->last_path = CKPTIO_IO_PATH_PIPELINE;

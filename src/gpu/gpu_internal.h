@@ -8,12 +8,19 @@
 #define CKPTIO_GPU_INTERNAL_H
 
 #include "common_internal.h"
+#include "engine_internal.h"
 
 /* Moves the given extents (all with mem_kind CKPTIO_MEM_CUDA) between their
  * files and GPU memory, in direction `dir`, blocking until done. Called by
  * ckptio_engine_execute() on the caller's thread. */
 ckptio_status ckptio__gpu_execute(ckptio_engine *engine, ckptio_direction dir, const ckptio_extent *extents,
                                   size_t count);
+
+/* The same with a write-plan observer (NULL: none); see
+ * ckptio__plan_set_observer() for the contract. obs->index maps the
+ * positions in `extents` to the plan's extent numbers. */
+ckptio_status ckptio__gpu_execute_observed(ckptio_engine *engine, ckptio_direction dir, const ckptio_extent *extents,
+                                           size_t count, const ckptio__observer *obs);
 
 /* Resolves what kind of memory `ptr` is: CKPTIO_MEM_CUDA, CKPTIO_MEM_PINNED
  * or CKPTIO_MEM_HOST (also when no CUDA driver is present). */

@@ -40,6 +40,7 @@ typedef struct pipe {
     int device;
     ckptio_direction dir;
     const ckptio_extent *ext;
+    const ckptio__observer *obs; /* write observer, or NULL */
     size_t *order;
     run *runs;
     size_t nruns;
@@ -92,6 +93,22 @@ static uint64_t window_end(uint64_t pos, uint64_t end, uint64_t slot) {
     return limit < end ? limit : end;
 }
 
+/* Where the window starting at `pos` of run `rn` ends. With an observer
+ * block size, the window is pulled back to the start of the block it would
+ * otherwise cut, when that block starts after `pos` (the block then goes
+ * whole into the next window); a block that cannot fit anyway is cut.
+ * *k is the sorted position of the extent holding the cut (only advances). */
+static uint64_t next_cut(const pipe *p, const run *rn, size_t *k, uint64_t pos, uint64_t slot) {
+    const uint64_t end = window_end(pos, rn->end, slot);
+    const uint64_t block = p->obs ? p->obs->block : 0;
+    if (!block || end == rn->end) return end;
+    /* Write runs are contiguous, so some extent of the run holds `end`. */
+    while (p->ext[p->order[*k]].file_offset + p->ext[p->order[*k]].length <= end) (*k)++;
+    const ckptio_extent *e = &p->ext[p->order[*k]];
+    const uint64_t start = e->file_offset + (end - e->file_offset) / block * block;
+    return start > pos ? start : end;
+}
+
 static ckptio_status plan(pipe *p, size_t count, uint64_t slot) {
     size_t n = 0;
     for (size_t i = 0; i < count; i++)
@@ -119,15 +136,18 @@ static ckptio_status plan(pipe *p, size_t count, uint64_t slot) {
     }
     /* Count, then fill, the windows. */
     size_t nwin = 0;
-    for (size_t r = 0; r < p->nruns; r++)
-        for (uint64_t pos = p->runs[r].start; pos < p->runs[r].end; pos = window_end(pos, p->runs[r].end, slot)) nwin++;
+    for (size_t r = 0; r < p->nruns; r++) {
+        size_t k = p->runs[r].first;
+        for (uint64_t pos = p->runs[r].start; pos < p->runs[r].end; pos = next_cut(p, &p->runs[r], &k, pos, slot))
+            nwin++;
+    }
     p->wins = ckptio__calloc(nwin ? nwin : 1, sizeof *p->wins);
     if (!p->wins) return CKPTIO_FAIL(CKPTIO_E_NOMEM, "out of memory planning %zu GPU staging windows", nwin);
     for (size_t r = 0; r < p->nruns; r++) {
         const run *rn = &p->runs[r];
-        size_t k = rn->first;
+        size_t k = rn->first, kc = rn->first;
         for (uint64_t pos = rn->start; pos < rn->end;) {
-            const uint64_t wend = window_end(pos, rn->end, slot);
+            const uint64_t wend = next_cut(p, rn, &kc, pos, slot);
             while (p->ext[p->order[k]].file_offset + p->ext[p->order[k]].length <= pos) k++;
             p->wins[p->nwin++] = (window){.run = r, .first = k, .start = pos, .end = wend};
             pos = wend;
@@ -191,6 +211,21 @@ static ckptio_status queue_copies(pipe *p, const window *w, unsigned char *slot,
         *queued += hi - lo;
     }
     return CKPTIO_OK;
+}
+
+/* Shows the observer the bytes of window `w`, now complete in `slot`. */
+static void observe_window(pipe *p, const window *w, const unsigned char *slot) {
+    const run *rn = &p->runs[w->run];
+    const uint64_t a = ckptio__align_down(w->start, ALIGN);
+    for (size_t k = w->first; k < rn->first + rn->count; k++) {
+        const size_t idx = p->order[k];
+        const ckptio_extent *e = &p->ext[idx];
+        if (e->file_offset >= w->end) break;
+        const uint64_t lo = e->file_offset > w->start ? e->file_offset : w->start;
+        const uint64_t eend = e->file_offset + e->length;
+        const uint64_t hi = eend < w->end ? eend : w->end;
+        if (hi > lo) ckptio__observe_range(p->obs, idx, e, lo, hi, slot + (lo - a));
+    }
 }
 
 /* Waits for slot s's copies; accounts the time and frees its staging. */
@@ -302,7 +337,11 @@ static void worker_write(pipe *p, ckptio__gpu_worker_res *r) {
         if (count == 0) break;
         const unsigned s = head;
         ckptio_status st = wait_slot(p, r, s, pw[s], used[s]);
-        if (st == CKPTIO_OK && !atomic_load(&p->failed)) st = write_window(&p->runs[pw[s]->run], pw[s], r->mem[s]);
+        if (st == CKPTIO_OK && !atomic_load(&p->failed)) {
+            /* Before the write: the slot is refilled only after both. */
+            if (p->obs) observe_window(p, pw[s], r->mem[s]);
+            st = write_window(&p->runs[pw[s]->run], pw[s], r->mem[s]);
+        }
         if (st != CKPTIO_OK) set_error(p, st);
         head = (head + 1) % CKPTIO_GPU_NSLOTS;
         count--;
@@ -347,7 +386,7 @@ static ckptio_status check_device_range(const ckptio__gpu_ops *ops, const ckptio
 
 /* Slot size from the settings only (not from the transfer), so that the
  * pinned slots are reused call after call. */
-static void geometry(ckptio_engine *engine, bool inline_only, unsigned *nworkers, uint64_t *slot) {
+static void geometry(ckptio_engine *engine, bool inline_only, uint64_t block, unsigned *nworkers, uint64_t *slot) {
     int64_t threads = ckptio__engine_setting(engine, CKPTIO_OPT_THREADS);
     unsigned n = inline_only || threads < 1 ? 1 : (unsigned)(threads > CKPTIO_GPU_MAX_WORKERS ? CKPTIO_GPU_MAX_WORKERS : threads);
     const uint64_t staging = (uint64_t)ckptio__engine_setting(engine, CKPTIO_OPT_STAGING_BYTES);
@@ -361,6 +400,17 @@ static void geometry(ckptio_engine *engine, bool inline_only, unsigned *nworkers
         n--;
     }
     if (s < ALIGN) s = ALIGN; /* the floor: 4 slots of 4 KiB */
+    if (block && s < block + ALIGN) {
+        /* Whole observer blocks at any alignment need block + 4 KiB per
+         * slot: fewer, larger slots within the same staging bound. */
+        const uint64_t need = ckptio__align_up(block + ALIGN, ALIGN);
+        unsigned m = n;
+        while (m > 1 && (uint64_t)m * CKPTIO_GPU_NSLOTS * need > staging) m--;
+        if ((uint64_t)m * CKPTIO_GPU_NSLOTS * need <= staging) {
+            n = m;
+            s = need;
+        }
+    }
     *nworkers = n;
     *slot = s;
 }
@@ -368,8 +418,16 @@ static void geometry(ckptio_engine *engine, bool inline_only, unsigned *nworkers
 ckptio_status ckptio__gpu_pipeline_run(ckptio_engine *engine, const ckptio__gpu_ops *ops, int device,
                                        ckptio_direction dir, const ckptio_extent *extents, size_t count,
                                        bool inline_only) {
+    return ckptio__gpu_pipeline_run_observed(engine, ops, device, dir, extents, count, inline_only, NULL);
+}
+
+ckptio_status ckptio__gpu_pipeline_run_observed(ckptio_engine *engine, const ckptio__gpu_ops *ops, int device,
+                                                ckptio_direction dir, const ckptio_extent *extents, size_t count,
+                                                bool inline_only, const ckptio__observer *obs) {
     ckptio_status st = CKPTIO_OK;
-    pipe p = {.engine = engine, .ops = ops, .device = device, .dir = dir, .ext = extents, .status = CKPTIO_OK};
+    if (dir != CKPTIO_WRITE) obs = NULL;
+    pipe p = {.engine = engine, .ops = ops, .device = device, .dir = dir, .ext = extents, .obs = obs,
+              .status = CKPTIO_OK};
     pthread_mutex_init(&p.lock, NULL);
     bool locked = false;
     for (size_t i = 0; i < count; i++) {
@@ -378,7 +436,7 @@ ckptio_status ckptio__gpu_pipeline_run(ckptio_engine *engine, const ckptio__gpu_
     }
     unsigned nworkers;
     uint64_t slot;
-    geometry(engine, inline_only, &nworkers, &slot);
+    geometry(engine, inline_only, obs ? obs->block : 0, &nworkers, &slot);
     p.order = ckptio__calloc(count ? count : 1, sizeof *p.order);
     p.runs = ckptio__calloc(count ? count : 1, sizeof *p.runs);
     if (!p.order || !p.runs) {

@@ -17,6 +17,7 @@
 #ifndef CKPTIO_GPU_PIPELINE_H
 #define CKPTIO_GPU_PIPELINE_H
 
+#include "engine_internal.h"
 #include "gpu_ops.h"
 
 #include <pthread.h>
@@ -62,5 +63,15 @@ ckptio_status ckptio__gpu_worker_ready(ckptio__gpu_state *st, unsigned w, int de
 ckptio_status ckptio__gpu_pipeline_run(ckptio_engine *engine, const ckptio__gpu_ops *ops, int device,
                                        ckptio_direction dir, const ckptio_extent *extents, size_t count,
                                        bool inline_only);
+
+/* The same with a write observer (NULL: none; engine_internal.h has the
+ * contract): each window's bytes are observed in its pinned slot after the
+ * device-to-host copy completed and before the slot is written out and
+ * refilled. With obs->block, windows end at block boundaries where a block
+ * fits, and slots are made large enough for a block plus 4 KiB of alignment
+ * when the staging bound allows (fewer workers if need be). */
+ckptio_status ckptio__gpu_pipeline_run_observed(ckptio_engine *engine, const ckptio__gpu_ops *ops, int device,
+                                                ckptio_direction dir, const ckptio_extent *extents, size_t count,
+                                                bool inline_only, const ckptio__observer *obs);
 
 #endif /* CKPTIO_GPU_PIPELINE_H */
