@@ -19,6 +19,24 @@ if importlib.util.find_spec("ckptio") is None:
     sys.path.insert(0, str(REPO / "python"))
 
 
+def _find_cli():
+    """The ckptio binary: $CKPTIO_BUILD_DIR/ckptio, then $PATH, then build/ckptio."""
+    import shutil
+
+    build = os.environ.get("CKPTIO_BUILD_DIR")
+    if build and (Path(build) / "ckptio").is_file():
+        return str(Path(build) / "ckptio")
+    found = shutil.which("ckptio")
+    if found:
+        return found
+    local = REPO / "build" / "ckptio"
+    return str(local) if local.is_file() else None
+
+
+CKPTIO_CLI = _find_cli()
+requires_cli = pytest.mark.skipif(CKPTIO_CLI is None, reason="ckptio binary not built (set CKPTIO_BUILD_DIR)")
+
+
 def cuda_available() -> bool:
     try:
         import torch

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from test_cli import CKPTIO, REPO
+from conftest import CKPTIO_CLI as CKPTIO
 
 pytestmark = pytest.mark.skipif(CKPTIO is None, reason="ckptio binary not built (set CKPTIO_BUILD_DIR)")
 

@@ -12,32 +12,19 @@ import io
 import json
 import os
 import pickle
-import shutil
 import subprocess
 import zipfile
-from pathlib import Path
 
 import pytest
 
 torch = pytest.importorskip("torch")
 from safetensors.torch import load_file, save_file  # noqa: E402
 
-REPO = Path(__file__).resolve().parents[2]
+from conftest import CKPTIO_CLI, requires_cli  # noqa: E402
 
 
-def _find_binary():
-    build = os.environ.get("CKPTIO_BUILD_DIR")
-    if build and (Path(build) / "ckptio").is_file():
-        return str(Path(build) / "ckptio")
-    found = shutil.which("ckptio")
-    if found:
-        return found
-    local = REPO / "build" / "ckptio"
-    return str(local) if local.is_file() else None
-
-
-CKPTIO = _find_binary()
-pytestmark = pytest.mark.skipif(CKPTIO is None, reason="ckptio binary not built (set CKPTIO_BUILD_DIR)")
+CKPTIO = CKPTIO_CLI
+pytestmark = requires_cli
 
 
 def run(*args):
