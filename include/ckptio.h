@@ -807,7 +807,9 @@ typedef enum ckptio_value_kind {
     CKPTIO_VALUE_SET,
     CKPTIO_VALUE_TENSOR,  /* a tensor (or nn.Parameter); see ckptio_value_tensor */
     CKPTIO_VALUE_DTYPE,   /* a torch.dtype, e.g. torch.float32 */
-    CKPTIO_VALUE_DEVICE   /* a torch.device; its text ("cuda:0") via ckptio_value_str */
+    CKPTIO_VALUE_DEVICE,  /* a torch.device; its text ("cuda:0") via ckptio_value_str */
+    CKPTIO_VALUE_OBJECT   /* only from ckptio_pickle_parse_dcp_metadata(): an instance of an
+                           * allowlisted class; see ckptio_value_object */
 } ckptio_value_kind;
 
 /*! ckptio_value_kind_of() : @return the node's kind (NONE for NULL). */
@@ -848,6 +850,43 @@ CKPTIO_API ckptio_status ckptio_value_dtype(const ckptio_value *value, ckptio_dt
 /*! ckptio_value_tensor() : for a TENSOR node of a reader, the index of its
  * (first) entry in ckptio_torch_tensor(). */
 CKPTIO_API ckptio_status ckptio_value_tensor(const ckptio_value *value, size_t *index);
+
+/*! ckptio_value_object() : an OBJECT node: *class_name is the allowlisted
+ * class as "module.Name" (static storage), *args the constructor arguments
+ * (a TUPLE: REDUCE's args, or NEWOBJ's for cls.__new__) and *state what
+ * BUILD set (a DICT of fields, a TUPLE for __setstate__, or NULL when the
+ * pickle had no BUILD). Any output may be NULL. */
+CKPTIO_API ckptio_status ckptio_value_object(const ckptio_value *value, const char **class_name,
+                                             const ckptio_value **args, const ckptio_value **state);
+
+/* ---- DCP .metadata: the restricted unpickler in its second mode ------------ */
+
+/* The object tree of a torch.distributed.checkpoint .metadata pickle
+ * (FORMATS.md 4), read without running any code: only the classes of
+ * torch.distributed.checkpoint.metadata (Metadata, TensorStorageMetadata,
+ * BytesStorageMetadata, ChunkStorageMetadata, TensorProperties,
+ * MetadataIndex, StorageMeta, _MEM_FORMAT_ENCODING), filesystem._StorageInfo,
+ * torch.Size, torch.serialization._get_layout, pathlib.PosixPath,
+ * collections.OrderedDict and torch dtypes may be named; instances become
+ * OBJECT nodes, the rest plain values. */
+typedef struct ckptio_pickle ckptio_pickle;
+
+/*! ckptio_pickle_parse_dcp_metadata() :
+ * Unpickles bytes[0..len) (the whole .metadata file). `origin` (may be NULL)
+ * names the file in errors. Any other global fails with CKPTIO_E_DISALLOWED
+ * naming it ("global 'os.system' ..."), as do opcodes outside the
+ * restricted set (persistent ids, INST/OBJ, ...); malformed or cut streams
+ * fail with CKPTIO_E_FORMAT / CKPTIO_E_TRUNCATED and the offset. The handle
+ * copies what it keeps: bytes may be freed after the call. */
+CKPTIO_API ckptio_status ckptio_pickle_parse_dcp_metadata(const void *bytes, size_t len, const char *origin,
+                                                          ckptio_pickle **out);
+
+/*! ckptio_pickle_root() : the unpickled object (a Metadata OBJECT for a real
+ * file). Nodes live as long as the handle. */
+CKPTIO_API ckptio_status ckptio_pickle_root(const ckptio_pickle *p, const ckptio_value **out);
+
+/*! ckptio_pickle_close() : accepts NULL. */
+CKPTIO_API ckptio_status ckptio_pickle_close(ckptio_pickle *p);
 
 /* ---- reading ---------------------------------------------------------------- */
 

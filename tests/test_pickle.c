@@ -230,11 +230,181 @@ static void test_depth_cap(void) {
     T_OK(run(p, n, &root));
 }
 
+
+/* ---- DCP .metadata mode ----------------------------------------------------------- */
+
+static ckptio_pickle *dcp_handle;
+
+static ckptio_status dcp_parse(const void *bytes, size_t len, const ckptio_value **root) {
+    ckptio_pickle_close(dcp_handle);
+    dcp_handle = NULL;
+    ckptio_status st = ckptio_pickle_parse_dcp_metadata(bytes, len, "ck/.metadata", &dcp_handle);
+    if (st == CKPTIO_OK) st = ckptio_pickle_root(dcp_handle, root);
+    return st;
+}
+#define DCP(root, lit) dcp_parse((lit), sizeof(lit) - 1, (root))
+
+static const ckptio_value *field(const ckptio_value *obj, const char *name) {
+    const ckptio_value *state = NULL, *k, *v;
+    size_t n = 0;
+    T_OK(ckptio_value_object(obj, NULL, NULL, &state));
+    T_OK(ckptio_value_len(state, &n));
+    for (size_t i = 0; i < n; i++) {
+        const char *s;
+        size_t len;
+        T_OK(ckptio_value_dict_item(state, i, &k, &v));
+        T_OK(ckptio_value_bytes(k, &s, &len));
+        if (strcmp(s, name) == 0) return v;
+    }
+    t_fail_at(__FILE__, __LINE__, "field not found");
+    return NULL;
+}
+
+static void expect_class(const ckptio_value *v, const char *want) {
+    const char *cls = NULL;
+    T_ASSERT(ckptio_value_kind_of(v) == CKPTIO_VALUE_OBJECT);
+    T_OK(ckptio_value_object(v, &cls, NULL, NULL));
+    T_ASSERT_MSG(strcmp(cls, want) == 0, "class %s, want %s", cls, want);
+}
+
+/* A .metadata written by torch 2.15's FileSystemWriter (tests/data/dcp/). */
+static void test_dcp_real_metadata(void) {
+    const char *dir = getenv("CKPTIO_TEST_DATA");
+    char path[512];
+    snprintf(path, sizeof path, "%s/dcp/torch_save.metadata", dir ? dir : "tests/data");
+    size_t len = 0;
+    uint8_t *bytes = t_read_file(path, &len);
+    const ckptio_value *root, *v, *x, *args;
+    T_OK(dcp_parse(bytes, len, &root));
+    expect_class(root, "torch.distributed.checkpoint.metadata.Metadata");
+    T_OK(ckptio_value_object(root, NULL, &args, NULL));
+    size_t n = 9;
+    T_OK(ckptio_value_len(args, &n));
+    T_ASSERT(n == 0); /* NEWOBJ(cls, ()) */
+    const char *s;
+    size_t sl;
+    T_OK(ckptio_value_bytes(field(root, "version"), &s, &sl));
+    T_ASSERT(strcmp(s, "1.0.0") == 0);
+    const ckptio_value *sdm = field(root, "state_dict_metadata"), *k;
+    T_OK(ckptio_value_len(sdm, &n));
+    T_ASSERT(n == 5);
+    T_OK(ckptio_value_dict_item(sdm, 0, &k, &v));
+    T_OK(ckptio_value_bytes(k, &s, &sl));
+    T_ASSERT(strcmp(s, "w") == 0);
+    expect_class(v, "torch.distributed.checkpoint.metadata.TensorStorageMetadata");
+    x = field(v, "size");
+    expect_class(x, "torch.Size");
+    T_OK(ckptio_value_object(x, NULL, &args, NULL));
+    T_OK(ckptio_value_item(args, 0, &x));
+    T_OK(ckptio_value_item(x, 0, &x));
+    int64_t i64;
+    T_OK(ckptio_value_int(x, &i64));
+    T_ASSERT(i64 == 4);
+    const ckptio_value *props = field(v, "properties"), *st;
+    expect_class(props, "torch.distributed.checkpoint.metadata.TensorProperties");
+    T_OK(ckptio_value_object(props, NULL, NULL, &st));
+    T_ASSERT(ckptio_value_kind_of(st) == CKPTIO_VALUE_TUPLE); /* __getstate__ tuple */
+    ckptio_dtype dt;
+    T_OK(ckptio_value_item(st, 0, &x));
+    T_OK(ckptio_value_dtype(x, &dt));
+    T_ASSERT(dt == CKPTIO_DTYPE_F32);
+    T_OK(ckptio_value_item(st, 1, &x));
+    expect_class(x, "torch.serialization._get_layout");
+    T_OK(ckptio_value_object(x, NULL, &args, NULL));
+    T_OK(ckptio_value_item(args, 0, &x));
+    T_OK(ckptio_value_bytes(x, &s, &sl));
+    T_ASSERT(strcmp(s, "torch.strided") == 0);
+    T_OK(ckptio_value_item(st, 3, &x));
+    expect_class(x, "torch.distributed.checkpoint.metadata._MEM_FORMAT_ENCODING");
+    const ckptio_value *chunks = field(v, "chunks");
+    T_ASSERT(ckptio_value_kind_of(chunks) == CKPTIO_VALUE_LIST);
+    T_OK(ckptio_value_item(chunks, 0, &x));
+    expect_class(x, "torch.distributed.checkpoint.metadata.ChunkStorageMetadata");
+    const ckptio_value *sd = field(root, "storage_data");
+    T_OK(ckptio_value_dict_item(sd, 0, &k, &v));
+    expect_class(k, "torch.distributed.checkpoint.metadata.MetadataIndex");
+    expect_class(v, "torch.distributed.checkpoint.filesystem._StorageInfo");
+    T_OK(ckptio_value_bytes(field(v, "relative_path"), &s, &sl));
+    T_ASSERT(strcmp(s, "__0_0.distcp") == 0);
+    x = field(field(root, "storage_meta"), "checkpoint_id");
+    expect_class(x, "pathlib.PosixPath");
+    /* Not an object: the accessor says so. */
+    T_STATUS(ckptio_value_object(field(root, "version"), NULL, NULL, NULL), CKPTIO_E_INVAL);
+    T_MESSAGE_HAS("not an object");
+    /* Every cut of the file is refused (the STOP is its last byte), never read past. */
+    for (size_t cut = 0; cut < len; cut++) {
+        uint8_t *part = malloc(cut ? cut : 1);
+        memcpy(part, bytes, cut);
+        ckptio_status got = dcp_parse(part, cut, &root);
+        free(part);
+        T_ASSERT_MSG(got == CKPTIO_E_TRUNCATED || got == CKPTIO_E_FORMAT, "cut at %zu: status %d", cut, (int)got);
+    }
+    T_STATUS(dcp_parse(bytes, len - 1, &root), CKPTIO_E_TRUNCATED);
+    T_MESSAGE_HAS("ck/.metadata");
+    T_MESSAGE_HAS("pickle ends without STOP");
+    free(bytes);
+}
+
+static void test_dcp_hostile(void) {
+    const ckptio_value *root;
+    /* os.system('ls') by GLOBAL + REDUCE: refused at the GLOBAL, naming it and the offset. */
+    T_STATUS(DCP(&root, "\x80\x02" "cos\nsystem\nX\x02\x00\x00\x00" "ls\x85R."), CKPTIO_E_DISALLOWED);
+    T_MESSAGE_HAS("global 'os.system' is not in the DCP metadata allowlist");
+    T_MESSAGE_HAS("ck/.metadata");
+    T_MESSAGE_HAS("offset 2");
+    /* builtins.eval by STACK_GLOBAL (protocol 4), and the Python 2 spelling. */
+    T_STATUS(DCP(&root, "\x80\x04\x8c\x08" "builtins\x8c\x04" "eval\x93."), CKPTIO_E_DISALLOWED);
+    T_MESSAGE_HAS("global 'builtins.eval'");
+    T_STATUS(DCP(&root, "\x80\x02" "c__builtin__\neval\n."), CKPTIO_E_DISALLOWED);
+    T_MESSAGE_HAS("global 'builtins.eval'");
+    T_STATUS(DCP(&root, "\x80\x02" "csubprocess\nPopen\n."), CKPTIO_E_DISALLOWED);
+    T_MESSAGE_HAS("global 'subprocess.Popen'");
+    /* A neighbour of an allowlisted name, and torch.save's callables, are refused too. */
+    T_STATUS(DCP(&root, "\x80\x02" "ctorch.distributed.checkpoint.metadata\n__builtins__\n."), CKPTIO_E_DISALLOWED);
+    T_STATUS(DCP(&root, "\x80\x02" "ctorch._utils\n_rebuild_tensor_v2\n."), CKPTIO_E_DISALLOWED);
+    T_MESSAGE_HAS("'torch._utils._rebuild_tensor_v2'");
+    /* INST/OBJ and persistent ids. */
+    T_STATUS(DCP(&root, "\x80\x02" "ios\nsystem\n."), CKPTIO_E_DISALLOWED);
+    T_STATUS(DCP(&root, "\x80\x02K\x01Q."), CKPTIO_E_DISALLOWED);
+    T_MESSAGE_HAS("BINPERSID");
+    /* NEWOBJ of a value, not a class. */
+    T_STATUS(DCP(&root, "\x80\x02K\x01)\x81."), CKPTIO_E_DISALLOWED);
+    T_MESSAGE_HAS("not an allowlisted DCP class");
+    /* An allowlisted class may be instantiated, not stored as a value (in a list, a nested tuple, the root). */
+    T_STATUS(DCP(&root, "\x80\x02]ctorch\nSize\na."), CKPTIO_E_FORMAT);
+    T_STATUS(DCP(&root, "\x80\x02]ctorch\nSize\n\x85\x85" "a."), CKPTIO_E_FORMAT);
+    T_STATUS(DCP(&root, "\x80\x02" "ctorch\nSize\n."), CKPTIO_E_UNSUPPORTED);
+    T_STATUS(DCP(&root, "\x80\x02" "ctorch\nSize\nctorch\nSize\n\x85\x85R."), CKPTIO_E_FORMAT);
+    T_MESSAGE_HAS("hold a class or global");
+    /* BUILD twice, or after the object was stored in a container (no cycles). */
+    T_STATUS(DCP(&root, "\x80\x02" "cpathlib\nPosixPath\n)\x81}b}b."), CKPTIO_E_UNSUPPORTED);
+    T_MESSAGE_HAS("second BUILD of the same pathlib.PosixPath");
+    T_STATUS(DCP(&root, "\x80\x02" "cpathlib\nPosixPath\n)\x81q\x00]h\x00" "a0}b."), CKPTIO_E_FORMAT);
+    /* Allowed: REDUCE/NEWOBJ + BUILD, OrderedDict, dtypes; pathlib._local is the 3.13 name. */
+    T_OK(DCP(&root, "\x80\x02" "cpathlib._local\nPosixPath\nX\x01\x00\x00\x00/\x85R."));
+    expect_class(root, "pathlib.PosixPath");
+    T_OK(DCP(&root, "\x80\x02" "ccollections\nOrderedDict\n)RX\x01\x00\x00\x00" "kctorch\nbfloat16\ns."));
+    T_ASSERT(ckptio_value_kind_of(root) == CKPTIO_VALUE_DICT);
+    /* The state-dict mode still refuses the DCP classes. */
+    ckptio_value *r2;
+    T_STATUS(RUN(&r2, 0x80, 2, 'c', 'p', 'a', 't', 'h', 'l', 'i', 'b', '\n', 'P', 'o', 's', 'i', 'x', 'P', 'a', 't', 'h',
+                 '\n', '.'),
+             CKPTIO_E_DISALLOWED);
+    ckptio_pickle *none = (ckptio_pickle *)&r2;
+    T_STATUS(ckptio_pickle_parse_dcp_metadata(NULL, 4, NULL, &none), CKPTIO_E_INVAL);
+    T_ASSERT(none == NULL);
+    T_STATUS(DCP(&root, ""), CKPTIO_E_TRUNCATED);
+    ckptio_pickle_close(dcp_handle);
+    dcp_handle = NULL;
+}
+
 int main(void) {
     T_RUN(test_writer_opcodes);
     T_RUN(test_values);
     T_RUN(test_hostile);
     T_RUN(test_depth_cap);
+    T_RUN(test_dcp_real_metadata);
+    T_RUN(test_dcp_hostile);
     ckptio__value_pool_free(&pool);
     return T_EXIT_PASS;
 }

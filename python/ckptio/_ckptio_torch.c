@@ -234,6 +234,7 @@ static PyObject *convert_uncached(tree_ctx *c, const ckptio_value *v, int depth)
         if (st != CKPTIO_OK) return value_error(st);
         return PyObject_CallFunction(c->make_tensor, "n", (Py_ssize_t)index);
     }
+    case CKPTIO_VALUE_OBJECT: break; /* only in DCP metadata trees (_ckptio_pickle.c) */
     case CKPTIO_VALUE_DTYPE:
     case CKPTIO_VALUE_DEVICE: {
         PyObject *text = convert_bytes_like(v, CKPTIO_VALUE_STR);

@@ -15,7 +15,8 @@
 enum {
     CKPTIO__VALUE_GLOBAL = 100, /* an allowlisted global; u.global */
     CKPTIO__VALUE_STORAGE,      /* a persistent storage reference; u.storage */
-    CKPTIO__VALUE_STORAGE_CLASS /* torch.<X>Storage or UntypedStorage; u.dtype */
+    CKPTIO__VALUE_STORAGE_CLASS,/* torch.<X>Storage or UntypedStorage; u.dtype */
+    CKPTIO__VALUE_CLASS         /* DCP mode: an allowlisted class; u.s.data its "module.Name" (static) */
 };
 
 /* Node flags. */
@@ -24,7 +25,8 @@ enum {
     CKPTIO__VFLAG_FROZEN = 1u << 1,   /* container was put inside another: no more mutation */
     CKPTIO__VFLAG_PARAMETER = 1u << 2,/* tensor: nn.Parameter */
     CKPTIO__VFLAG_GRAD = 1u << 3,     /* tensor: requires_grad */
-    CKPTIO__VFLAG_UNTYPED = 1u << 4   /* storage class: UntypedStorage */
+    CKPTIO__VFLAG_UNTYPED = 1u << 4,  /* storage class: UntypedStorage */
+    CKPTIO__VFLAG_HOLDS_GLOBAL = 1u << 5 /* DCP mode: tuple holding a global or class at some depth */
 };
 
 /* The allowlisted globals (FORMATS.md 2; torch/_weights_only_unpickler.py). */
@@ -78,6 +80,7 @@ struct ckptio_value {
         struct { ckptio_value **items; size_t len, cap; } seq; /* LIST/TUPLE/SET; DICT: key, value pairs */
         ckptio__storage_ref storage;
         ckptio__tensor_ref tensor;
+        struct { const char *cls; ckptio_value *args, *state; } obj; /* OBJECT */
     } u;
 };
 
@@ -153,5 +156,18 @@ enum {
  * malformed streams, E_UNSUPPORTED for allowlisted but unimplemented uses. */
 ckptio_status ckptio__unpickle(const uint8_t *data, size_t len, const char *origin, const char *record,
                                uint64_t base_offset, ckptio__value_pool *pool, ckptio_value **root);
+
+/* Unpickler modes. DCP_METADATA swaps the allowlist for the classes of a DCP
+ * .metadata file (ckptio__dcp_class): REDUCE/NEWOBJ of them make OBJECT
+ * nodes, BUILD sets an OBJECT's state once; tensors, storages, persistent
+ * ids and the torch.save callables are refused. */
+enum { CKPTIO__UNPICKLE_STATE_DICT = 0, CKPTIO__UNPICKLE_DCP_METADATA = 1 };
+ckptio_status ckptio__unpickle_mode(const uint8_t *data, size_t len, const char *origin, const char *record,
+                                    uint64_t base_offset, int mode, ckptio__value_pool *pool, ckptio_value **root);
+/* The canonical "module.Name" (static) of a class allowed in DCP metadata,
+ * or NULL (pickle_dcp.c). */
+const char *ckptio__dcp_class(const char *module, const char *name);
+/* The dtype whose torch name (without "torch.") is `name` (pickle_dcp.c). */
+bool ckptio__dtype_from_torch_name(const char *name, ckptio_dtype *out);
 
 #endif /* CKPTIO_PICKLE_INTERNAL_H */

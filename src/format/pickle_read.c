@@ -28,6 +28,7 @@ typedef struct vm {
     size_t nmarks, mark_cap;
     ckptio_value **memo;
     size_t memo_cap, memo_count;
+    int mode;                   /* CKPTIO__UNPICKLE_* */
 } vm;
 
 static ckptio_status vfail_at(vm *m, ckptio_status st, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
@@ -88,8 +89,10 @@ static ckptio_status pop_mark(vm *m, size_t *start) {
 static ckptio_value *new_node(vm *m, int kind) { return ckptio__value_new(m->pool, kind); }
 
 static ckptio_status adopt(vm *m, ckptio_value *parent, ckptio_value *item) {
-    if (item->kind >= CKPTIO__VALUE_GLOBAL && parent->kind != CKPTIO_VALUE_TUPLE)
+    const bool holds = item->kind >= CKPTIO__VALUE_GLOBAL || (item->flags & CKPTIO__VFLAG_HOLDS_GLOBAL);
+    if ((item->kind >= CKPTIO__VALUE_GLOBAL || (m->mode && holds)) && parent->kind != CKPTIO_VALUE_TUPLE)
         return vfail_at(m, CKPTIO_E_FORMAT, "a global or storage cannot be stored in a container");
+    if (m->mode && holds) parent->flags |= CKPTIO__VFLAG_HOLDS_GLOBAL;
     if (ckptio__value_adopt(parent, item) != CKPTIO_OK) return refail(m, ckptio_last_error()->status);
     if (ckptio__value_push(parent, item) != CKPTIO_OK) return refail(m, CKPTIO_E_NOMEM);
     return CKPTIO_OK;
@@ -226,9 +229,30 @@ static bool torch_allows(const char *module, const char *name) {
                                             strncmp(name, "bits", 4) == 0 || strncmp(name, "complex", 7) == 0);
 }
 
+static ckptio_status push_dcp_global(vm *m, const char *module, const char *name) {
+    const char *cls = ckptio__dcp_class(module, name);
+    ckptio_value *v;
+    if (cls) {
+        if ((v = new_node(m, CKPTIO__VALUE_CLASS))) v->u.s.data = (char *)cls, v->u.s.len = strlen(cls);
+        return push(m, v);
+    }
+    if (strcmp(module, "collections") == 0 && strcmp(name, "OrderedDict") == 0) {
+        if ((v = new_node(m, CKPTIO__VALUE_GLOBAL))) v->u.global = CKPTIO__G_ORDERED_DICT;
+        return push(m, v);
+    }
+    ckptio_dtype dt;
+    if (strcmp(module, "torch") == 0 && ckptio__dtype_from_torch_name(name, &dt)) {
+        if ((v = new_node(m, CKPTIO_VALUE_DTYPE))) v->u.dtype = dt;
+        return push(m, v);
+    }
+    return vfail_at(m, CKPTIO_E_DISALLOWED, "global '%s.%s' is not in the DCP metadata allowlist (only "
+                    "checkpoint metadata classes, torch.Size, dtypes, layouts, PosixPath, OrderedDict)", module, name);
+}
+
 static ckptio_status push_global(vm *m, const char *module, const char *name) {
     /* Python's protocol-2 pickler writes Python 2 module names (fix_imports). */
     if (strcmp(module, "__builtin__") == 0) module = "builtins";
+    if (m->mode == CKPTIO__UNPICKLE_DCP_METADATA) return push_dcp_global(m, module, name);
     for (size_t i = 0; i < sizeof global_table / sizeof global_table[0]; i++) {
         if (strcmp(module, global_table[i].module) == 0 && strcmp(name, global_table[i].name) == 0) {
             ckptio_value *v = new_node(m, CKPTIO__VALUE_GLOBAL);
@@ -247,15 +271,10 @@ static ckptio_status push_global(vm *m, const char *module, const char *name) {
         if (v) v->u.dtype = CKPTIO_DTYPE_U8, v->flags |= CKPTIO__VFLAG_UNTYPED;
         return push(m, v);
     }
-    if (strcmp(module, "torch") == 0) {
-        for (int d = 0; d < CKPTIO_DTYPE_COUNT_; d++) {
-            const char *tn = ckptio_dtype_torch_name((ckptio_dtype)d);
-            if (tn && strcmp(tn, name) == 0) {
-                ckptio_value *v = new_node(m, CKPTIO_VALUE_DTYPE);
-                if (v) v->u.dtype = (ckptio_dtype)d;
-                return push(m, v);
-            }
-        }
+    if (strcmp(module, "torch") == 0 && ckptio__dtype_from_torch_name(name, &dtype)) {
+        ckptio_value *v = new_node(m, CKPTIO_VALUE_DTYPE);
+        if (v) v->u.dtype = dtype;
+        return push(m, v);
     }
     if (torch_allows(module, name))
         return vfail_at(m, CKPTIO_E_UNSUPPORTED, "global '%s.%s' is allowed by torch but not supported by ckptio",
@@ -413,7 +432,23 @@ static ckptio_status latin1_bytes(vm *m, const ckptio_value *s, ckptio_value **o
 
 static ckptio_status apply(vm *m, const ckptio_value *fn, const ckptio_value *args, ckptio_value **out);
 
+/* DCP mode: REDUCE or NEWOBJ of an allowlisted class records the call; the
+ * Python layer maps it to the real class by an explicit table. */
+static ckptio_status make_object(vm *m, const ckptio_value *cls, ckptio_value *args, ckptio_value **out) {
+    if (args->kind != CKPTIO_VALUE_TUPLE) return vfail_at(m, CKPTIO_E_FORMAT, "%s arguments are not a tuple", cls->u.s.data);
+    if (args->flags & CKPTIO__VFLAG_HOLDS_GLOBAL)
+        return vfail_at(m, CKPTIO_E_FORMAT, "%s arguments hold a class or global, not values", cls->u.s.data);
+    ckptio_value *o = new_node(m, CKPTIO_VALUE_OBJECT);
+    if (!o) return refail(m, CKPTIO_E_NOMEM);
+    if (ckptio__value_adopt(o, args) != CKPTIO_OK) return refail(m, ckptio_last_error()->status);
+    o->u.obj.cls = cls->u.s.data;
+    o->u.obj.args = args;
+    *out = o;
+    return CKPTIO_OK;
+}
+
 static ckptio_status apply(vm *m, const ckptio_value *fn, const ckptio_value *args, ckptio_value **out) {
+    if (fn->kind == CKPTIO__VALUE_CLASS) return make_object(m, fn, (ckptio_value *)args, out);
     if (fn->kind != CKPTIO__VALUE_GLOBAL)
         return vfail_at(m, CKPTIO_E_FORMAT, "REDUCE of something that is not an allowlisted callable");
     if (args->kind != CKPTIO_VALUE_TUPLE) return vfail_at(m, CKPTIO_E_FORMAT, "REDUCE arguments are not a tuple");
@@ -682,7 +717,16 @@ static ckptio_status step(vm *m, uint8_t op, bool *stop) {
         CKPTIO_FORWARD(pop(m, &b));
         CKPTIO_FORWARD(apply(m, b, a, &c));
         return push(m, c);
+    case CKPTIO__OP_NEWOBJ:
+        if (!m->mode) return vfail_at(m, CKPTIO_E_DISALLOWED, "opcode 0x81 is not allowed in a weights-only pickle");
+        CKPTIO_FORWARD(pop(m, &a));
+        CKPTIO_FORWARD(pop(m, &b));
+        if (b->kind != CKPTIO__VALUE_CLASS)
+            return vfail_at(m, CKPTIO_E_DISALLOWED, "NEWOBJ of something that is not an allowlisted DCP class");
+        CKPTIO_FORWARD(make_object(m, b, a, &c));
+        return push(m, c);
     case CKPTIO__OP_BINPERSID:
+        if (m->mode) return vfail_at(m, CKPTIO_E_DISALLOWED, "persistent id (BINPERSID) in DCP metadata");
         CKPTIO_FORWARD(pop(m, &a));
         CKPTIO_FORWARD(persistent_load(m, a, &c));
         return push(m, c);
@@ -698,6 +742,14 @@ static ckptio_status step(vm *m, uint8_t op, bool *stop) {
             b->attrs = a;
             return CKPTIO_OK;
         }
+        if (b->kind == CKPTIO_VALUE_OBJECT) {
+            if (b->u.obj.state) return vfail_at(m, CKPTIO_E_UNSUPPORTED, "second BUILD of the same %s", b->u.obj.cls);
+            if (a->flags & CKPTIO__VFLAG_HOLDS_GLOBAL || a->kind >= CKPTIO__VALUE_GLOBAL)
+                return vfail_at(m, CKPTIO_E_FORMAT, "BUILD state of %s holds a class or global", b->u.obj.cls);
+            if (ckptio__value_adopt(b, a) != CKPTIO_OK) return refail(m, ckptio_last_error()->status);
+            b->u.obj.state = a;
+            return CKPTIO_OK;
+        }
         if (b->kind == CKPTIO_VALUE_TENSOR && is_empty_state(a)) return CKPTIO_OK;
         return vfail_at(m, CKPTIO_E_DISALLOWED, "BUILD is only allowed on an OrderedDict (got a %s)",
                         b->kind == CKPTIO_VALUE_TENSOR ? "tensor with state" : "other object");
@@ -710,7 +762,13 @@ static ckptio_status step(vm *m, uint8_t op, bool *stop) {
 
 ckptio_status ckptio__unpickle(const uint8_t *data, size_t len, const char *origin, const char *record,
                                uint64_t base_offset, ckptio__value_pool *pool, ckptio_value **root) {
-    vm m = {.data = data, .len = len, .origin = origin, .record = record, .base = base_offset, .pool = pool};
+    return ckptio__unpickle_mode(data, len, origin, record, base_offset, CKPTIO__UNPICKLE_STATE_DICT, pool, root);
+}
+
+ckptio_status ckptio__unpickle_mode(const uint8_t *data, size_t len, const char *origin, const char *record,
+                                    uint64_t base_offset, int mode, ckptio__value_pool *pool, ckptio_value **root) {
+    vm m = {.data = data, .len = len, .origin = origin, .record = record, .base = base_offset, .pool = pool,
+            .mode = mode};
     ckptio_status st = CKPTIO_OK;
     bool stop = false;
     while (!stop) {
@@ -727,7 +785,7 @@ ckptio_status ckptio__unpickle(const uint8_t *data, size_t len, const char *orig
                       m.nmarks);
         goto out;
     }
-    if (m.stack[0]->kind >= CKPTIO__VALUE_GLOBAL) {
+    if (m.stack[0]->kind >= CKPTIO__VALUE_GLOBAL || (m.stack[0]->flags & CKPTIO__VFLAG_HOLDS_GLOBAL)) {
         st = vfail_at(&m, CKPTIO_E_UNSUPPORTED, "the pickled object is a bare global or storage, not a value");
         goto out;
     }

@@ -106,8 +106,8 @@ ckptio_status ckptio__value_adopt(ckptio_value *parent, ckptio_value *item) {
 
 static const char *kind_name(int kind) {
     static const char *const names[] = {"None", "bool", "int", "bigint", "float", "str", "bytes",
-                                        "list", "tuple", "dict", "set", "tensor", "dtype", "device"};
-    if (kind >= 0 && kind <= CKPTIO_VALUE_DEVICE) return names[kind];
+                                        "list", "tuple", "dict", "set", "tensor", "dtype", "device", "object"};
+    if (kind >= 0 && kind <= CKPTIO_VALUE_OBJECT) return names[kind];
     return "internal";
 }
 
@@ -119,7 +119,7 @@ static ckptio_status want(const ckptio_value *v, int kind) {
 }
 
 ckptio_value_kind ckptio_value_kind_of(const ckptio_value *value) {
-    if (!value || value->kind > CKPTIO_VALUE_DEVICE) return CKPTIO_VALUE_NONE;
+    if (!value || value->kind > CKPTIO_VALUE_OBJECT) return CKPTIO_VALUE_NONE;
     return (ckptio_value_kind)value->kind;
 }
 

@@ -26,6 +26,7 @@ from torch.futures import Future
 from .. import _adapt, _ckptio
 from .._ckptio import Engine
 from .._errors import make_error
+from ._metadata import metadata_from_bytes
 
 ZSTD_DESCRIPTOR = "stream.zstd/1"
 # Above this many runs, a slice is read as one covering range and cut in memory.
@@ -90,6 +91,24 @@ class FileSystemReader(_TorchFileSystemReader):
     def __init__(self, path, _extension_registry=None, *, engine: Optional[Engine] = None) -> None:
         super().__init__(path, _extension_registry)
         self.engine = engine
+
+    def read_metadata(self, *args: Any, **kwargs: Any):
+        """torch's read_metadata, but .metadata goes through ckptio's restricted
+        unpickler (ckptio.dcp._metadata) instead of pickle.load: a hostile
+        file raises CkptioError (E_DISALLOWED naming the global) and runs nothing."""
+        rank = kwargs.get("rank")
+        getter = getattr(self, "_get_metadata_path", None)  # not in every torch 2.x
+        name = ".metadata" if rank is None else f"__{rank}.metadata"
+        path = getter(rank) if getter is not None else self.fs.concat_path(self.path, name)
+        with self.fs.create_stream(path, "rb") as f:
+            data = f.read()
+        metadata = metadata_from_bytes(data, os.fspath(path))
+        if getattr(metadata, "storage_meta", None) is None:
+            from torch.distributed.checkpoint.metadata import StorageMeta
+
+            metadata.storage_meta = StorageMeta()
+        metadata.storage_meta.load_id = self.load_id
+        return metadata
 
     # ---- describing stored items ------------------------------------------------------
     def _read_bytes(self, df: _DataFile, offset: int, length: int) -> torch.Tensor:

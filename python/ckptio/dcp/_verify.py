@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import os
-import pickle
 from typing import Dict, Optional
 
 import torch
@@ -14,6 +13,7 @@ from .. import _adapt, _ckptio
 from .._ckptio import Engine
 from .._errors import make_error
 from . import _commit
+from ._metadata import load_metadata
 from ._writer import MANIFEST_PREFIX
 
 # XXH3 has no combine step: each item is read whole, one item at a time.
@@ -32,12 +32,12 @@ def verify(path, *, engine: Optional[Engine] = None) -> Dict[str, int]:
     Raises CkptioError: E_CHECKSUM naming the file, offset and tensor of the
     first mismatch; E_NOT_FOUND when there is no manifest for this .metadata
     (a checkpoint written by torch, or a save that did not finish);
-    E_FORMAT when the manifest and .metadata disagree.
+    E_FORMAT when the manifest and .metadata disagree; E_DISALLOWED when
+    .metadata names a global outside the DCP allowlist (nothing is run).
     """
     root = os.fspath(path)
     md_path = os.path.join(root, ".metadata")
-    with open(md_path, "rb") as f:
-        metadata = pickle.load(f)
+    metadata = load_metadata(md_path)  # restricted unpickler: a hostile .metadata runs nothing
     files = sorted({info.relative_path for info in metadata.storage_data.values()})
     token = _commit.token_of(files)
     manifest_path = os.path.join(root, f"{MANIFEST_PREFIX}{token}.json") if token else None

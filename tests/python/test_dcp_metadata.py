@@ -1,0 +1,196 @@
+"""ckptio.dcp._metadata: DCP .metadata read by libckptio's restricted
+unpickler (no code from the file runs) equals what pickle.load gives, field
+by field, for files written by torch's stock writer (TORCH_SAVE,
+SAFETENSORS, DTensor shards on two ranks) and by ckptio's writer; hostile
+files are refused with CkptioError naming the global, and run nothing.
+"""
+import dataclasses
+import os
+import pickle
+import subprocess
+import sys
+import textwrap
+import warnings
+
+import pytest
+
+torch = pytest.importorskip("torch")
+import torch.distributed.checkpoint as dcp  # noqa: E402
+from torch.distributed.checkpoint.filesystem import SerializationFormat  # noqa: E402
+
+import ckptio  # noqa: E402
+import ckptio.dcp as cdcp  # noqa: E402
+from ckptio.dcp._metadata import load_metadata, metadata_from_bytes  # noqa: E402
+
+pytestmark = pytest.mark.filterwarnings("ignore")
+PKG_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(ckptio.__file__)))
+
+
+def make_state(contiguous=False):
+    g = torch.Generator().manual_seed(0)
+    t = torch.randn(4, 6, generator=g).t()  # non-contiguous: TensorProperties.strides (1, 6)
+    return {"w": torch.randn(8, 6, generator=g), "b": torch.randn(5, generator=g).to(torch.bfloat16),
+            "t": t.contiguous() if contiguous else t, "i": torch.arange(6, dtype=torch.int64),
+            "e": torch.zeros(0, 3), "step": 7, "opt": {"lr": 0.5, "names": ["a"], "m": torch.ones(2, 2)}}
+
+
+def save(sd, writer):
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        dcp.save(sd, storage_writer=writer, no_dist=True)
+
+
+def same(got, want, where="metadata"):
+    """Deep equality that also insists on identical types (torch.Size, not
+    tuple; OrderedDict, not dict) and identical instance __dict__ keys."""
+    assert type(got) is type(want), f"{where}: {type(got).__name__} != {type(want).__name__}"
+    if dataclasses.is_dataclass(want):
+        assert list(got.__dict__) == list(want.__dict__), f"{where}: fields {list(got.__dict__)} != {list(want.__dict__)}"
+        for k in want.__dict__:
+            same(got.__dict__[k], want.__dict__[k], f"{where}.{k}")
+    elif isinstance(want, dict):
+        assert list(got) == list(want), f"{where}: keys differ"
+        for (gk, gv), (wk, wv) in zip(got.items(), want.items()):
+            same(gk, wk, f"{where} key {wk!r}")
+            same(gv, wv, f"{where}[{wk!r}]")
+    elif isinstance(want, (list, tuple)):
+        assert len(got) == len(want), f"{where}: length {len(got)} != {len(want)}"
+        for i, (g, w) in enumerate(zip(got, want)):
+            same(g, w, f"{where}[{i}]")
+    else:
+        assert got == want, f"{where}: {got!r} != {want!r}"
+
+
+def check_against_pickle(path):
+    md_path = os.path.join(path, ".metadata")
+    with open(md_path, "rb") as f:
+        want = pickle.load(f)
+    got = load_metadata(md_path)
+    same(got, want)
+    assert got == want
+    # Python's protocol 2 (no FRAME/MEMOIZE/STACK_GLOBAL) reads the same.
+    same(metadata_from_bytes(pickle.dumps(want, protocol=2)), want)
+    return got
+
+
+@pytest.mark.parametrize("fmt", [SerializationFormat.TORCH_SAVE, SerializationFormat.SAFETENSORS])
+@pytest.mark.parametrize("writer", ["torch", "ckptio"])
+def test_metadata_equals_pickle_load(tmp_path, fmt, writer):
+    cls = dcp.FileSystemWriter if writer == "torch" else cdcp.FileSystemWriter
+    # torch's SAFETENSORS writer refuses non-contiguous tensors.
+    save(make_state(contiguous=fmt == SerializationFormat.SAFETENSORS), cls(tmp_path / "c", serialization_format=fmt))
+    md = check_against_pickle(tmp_path / "c")
+    props = md.state_dict_metadata["t"].properties
+    assert props.dtype == torch.float32 and props.layout == torch.strided
+    assert type(md.state_dict_metadata["w"].size) is torch.Size
+    # The reader's read_metadata goes the same way and sets load_id as torch's does.
+    reader = cdcp.FileSystemReader(tmp_path / "c")
+    reader.reset()
+    got = reader.read_metadata()
+    assert got.storage_meta.load_id == reader.load_id
+    assert got.state_dict_metadata == md.state_dict_metadata and got.storage_data == md.storage_data
+
+
+WORKER = textwrap.dedent(
+    """
+    import sys, warnings
+    warnings.simplefilter("ignore")
+    import torch, torch.distributed as dist, torch.distributed.checkpoint as dcp
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import Shard, distribute_tensor
+    rank, world, path, store = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3], sys.argv[4]
+    dist.init_process_group("gloo", init_method="file://" + store, rank=rank, world_size=world)
+    mesh = init_device_mesh("cpu", (world,))
+    W = torch.arange(64 * 10, dtype=torch.float32).reshape(64, 10)
+    sd = {"W": distribute_tensor(W, mesh, [Shard(0)]), "E": distribute_tensor(W.t().contiguous(), mesh, [Shard(1)]),
+          "step": 3}
+    dcp.save(sd, storage_writer=dcp.FileSystemWriter(path))
+    dist.barrier()
+    dist.destroy_process_group()
+    print("OK", rank, flush=True)
+    """
+)
+
+
+def test_sharded_dtensor_metadata(tmp_path):
+    script = tmp_path / "worker.py"
+    script.write_text(WORKER)
+    env = dict(os.environ, PYTHONPATH=PKG_ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""), OMP_NUM_THREADS="1")
+    path = tmp_path / "sharded"
+    procs = [subprocess.Popen([sys.executable, str(script), str(r), "2", str(path), str(tmp_path / "store")], env=env,
+                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) for r in range(2)]
+    outs = [p.communicate(timeout=120)[0] for p in procs]
+    for r, (p, out) in enumerate(zip(procs, outs)):
+        assert p.returncode == 0 and f"OK {r}" in out, out[-3000:]
+    md = check_against_pickle(path)
+    chunks = md.state_dict_metadata["W"].chunks
+    assert [tuple(c.offsets) for c in chunks] == [(0, 0), (32, 0)] and all(type(c.sizes) is torch.Size for c in chunks)
+    assert {idx.offset for idx in md.storage_data if idx.fqn == "E"} == {torch.Size([0, 0]), torch.Size([0, 32])}
+
+
+class _Payload:
+    """Pickles as a REDUCE of `fn(*args)`: what a hostile .metadata does."""
+
+    def __init__(self, fn, *args):
+        self.fn, self.args = fn, args
+
+    def __reduce__(self):
+        return self.fn, self.args
+
+
+def hostile_dir(tmp_path, payload, name="evil"):
+    d = tmp_path / name
+    d.mkdir()
+    # Inside a real-looking Metadata, as an attacker would hide it.
+    from torch.distributed.checkpoint.metadata import Metadata
+
+    md = Metadata(state_dict_metadata={}, planner_data=payload)
+    (d / ".metadata").write_bytes(pickle.dumps(md, protocol=4))
+    return d
+
+
+@pytest.mark.parametrize("how", ["os.system", "builtins.exec", "builtins.open"])
+def test_hostile_metadata_is_refused_and_runs_nothing(tmp_path, how):
+    marker = tmp_path / "PWNED"
+    if how == "os.system":
+        # pickle names os.system by its defining module: posix.system on Linux.
+        payload, global_name = _Payload(os.system, f"touch {marker}"), f"{os.system.__module__}.system"
+    elif how == "builtins.exec":
+        payload, global_name = _Payload(exec, f"open({str(marker)!r}, 'w').close()"), "builtins.exec"
+    else:
+        payload, global_name = _Payload(open, str(marker), "w"), "io.open"
+    d = hostile_dir(tmp_path, payload)
+    for load in (lambda: cdcp.FileSystemReader(d).read_metadata(), lambda: cdcp.verify(d),
+                 lambda: load_metadata(d / ".metadata")):
+        with pytest.raises(ckptio.CkptioError) as ei:
+            load()
+        assert ei.value.status_name == "E_DISALLOWED", ei.value
+        assert f"global '{global_name}'" in str(ei.value) and ".metadata" in str(ei.value)
+        assert not marker.exists()
+    # The payload is live: torch's own reader (pickle.load) runs it.
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        dcp.FileSystemReader(d).read_metadata()
+    assert marker.exists()
+
+
+def test_malformed_metadata(tmp_path):
+    save({"w": torch.ones(3)}, dcp.FileSystemWriter(tmp_path / "c"))
+    data = (tmp_path / "c" / ".metadata").read_bytes()
+    with pytest.raises(ckptio.CkptioError) as ei:
+        metadata_from_bytes(data[:-1], "cut/.metadata")
+    assert ei.value.status_name == "E_TRUNCATED" and "cut/.metadata" in str(ei.value)
+    with pytest.raises(ckptio.CkptioError) as ei:
+        metadata_from_bytes(pickle.dumps({"state_dict_metadata": {}}), "d/.metadata")
+    assert ei.value.status_name == "E_FORMAT" and "not a Metadata" in str(ei.value)
+    # Allowlisted classes with the wrong values are refused by the mapping.
+    from torch.distributed.checkpoint.metadata import Metadata
+
+    bad = pickle.dumps(Metadata(state_dict_metadata={"x": torch.Size([1])}))
+    with pytest.raises(ckptio.CkptioError) as ei:
+        metadata_from_bytes(bad, "e/.metadata")
+    assert ei.value.status_name == "E_FORMAT" and "state_dict_metadata['x'] is a Size" in str(ei.value)
+    bad = pickle.dumps(Metadata(state_dict_metadata={}, planner_data=_Payload(torch.Size, ("no",))))
+    with pytest.raises(ckptio.CkptioError) as ei:
+        metadata_from_bytes(bad, "f/.metadata")
+    assert "torch.Size of" in str(ei.value)
