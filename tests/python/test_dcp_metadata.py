@@ -158,7 +158,8 @@ def test_hostile_metadata_is_refused_and_runs_nothing(tmp_path, how):
     elif how == "builtins.exec":
         payload, global_name = _Payload(exec, f"open({str(marker)!r}, 'w').close()"), "builtins.exec"
     else:
-        payload, global_name = _Payload(open, str(marker), "w"), "io.open"
+        # "io.open" on Python 3.11, "_io.open" on 3.12: pickle uses __module__.
+        payload, global_name = _Payload(open, str(marker), "w"), f"{open.__module__}.open"
     d = hostile_dir(tmp_path, payload)
     for load in (lambda: cdcp.FileSystemReader(d).read_metadata(), lambda: cdcp.verify(d),
                  lambda: load_metadata(d / ".metadata")):
