@@ -244,3 +244,26 @@ PyObject *ckpy_handle_get_path(PyObject *obj, void *closure) {
 PyObject *ckpy_handle_get_closed(PyObject *obj, void *closure) {
     return PyBool_FromLong(((ckpy_handle *)obj)->handle == NULL);
 }
+
+/* A BYTES, STR or BIGINT node of a pickle value tree as bytes, str or int. */
+PyObject *ckpy_value_bytes_like(const ckptio_value *v, ckptio_value_kind kind) {
+    const char *data = NULL;
+    size_t len = 0;
+    ckptio_status st = ckptio_value_bytes(v, &data, &len);
+    if (st != CKPTIO_OK) return ckpy_raise(st);
+    if (kind == CKPTIO_VALUE_BYTES) return PyBytes_FromStringAndSize(data, (Py_ssize_t)len);
+    if (kind == CKPTIO_VALUE_BIGINT) {
+        /* int.from_bytes(data, "little", signed=True) */
+        PyObject *b = PyBytes_FromStringAndSize(data, (Py_ssize_t)len);
+        PyObject *fn = b ? PyObject_GetAttrString((PyObject *)&PyLong_Type, "from_bytes") : NULL;
+        PyObject *a = fn ? Py_BuildValue("(Os)", b, "little") : NULL;
+        PyObject *kw = a ? Py_BuildValue("{sO}", "signed", Py_True) : NULL;
+        PyObject *r = kw ? PyObject_Call(fn, a, kw) : NULL;
+        Py_XDECREF(b);
+        Py_XDECREF(fn);
+        Py_XDECREF(a);
+        Py_XDECREF(kw);
+        return r;
+    }
+    return PyUnicode_DecodeUTF8(data, (Py_ssize_t)len, "strict");
+}

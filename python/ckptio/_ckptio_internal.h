@@ -117,6 +117,10 @@ void ckpy_lock_nogil(PyThread_type_lock lock);
 /* A tuple of Python ints from `n` int64 values (shapes, strides). */
 PyObject *ckpy_int64_tuple(const int64_t *v, uint32_t n);
 
+/* A BYTES, STR or BIGINT node of a pickle value tree (ckptio_value) as a Python
+ * bytes, str or int; raises and returns NULL on failure. */
+PyObject *ckpy_value_bytes_like(const ckptio_value *v, ckptio_value_kind kind);
+
 /* Runs fn(engine->engine, arg) with the GIL released and the engine's lock
  * held. @return 0, or -1 with the ckptio exception of its failure raised. */
 typedef ckptio_status (*ckpy_engine_op)(ckptio_engine *engine, void *arg);

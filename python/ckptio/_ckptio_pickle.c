@@ -21,27 +21,6 @@ enum { TAG_LIST = 0, TAG_TUPLE, TAG_DICT, TAG_SET, TAG_DTYPE, TAG_OBJECT };
 
 static PyObject *conv(PyObject *memo, const ckptio_value *v);
 
-static PyObject *bytes_like(const ckptio_value *v, ckptio_value_kind kind) {
-    const char *data = NULL;
-    size_t len = 0;
-    ckptio_status st = ckptio_value_bytes(v, &data, &len);
-    if (st != CKPTIO_OK) return ckpy_raise(st);
-    if (kind == CKPTIO_VALUE_BYTES) return PyBytes_FromStringAndSize(data, (Py_ssize_t)len);
-    if (kind == CKPTIO_VALUE_BIGINT) {
-        PyObject *b = PyBytes_FromStringAndSize(data, (Py_ssize_t)len);
-        PyObject *fn = b ? PyObject_GetAttrString((PyObject *)&PyLong_Type, "from_bytes") : NULL;
-        PyObject *a = fn ? Py_BuildValue("(Os)", b, "little") : NULL;
-        PyObject *kw = a ? Py_BuildValue("{sO}", "signed", Py_True) : NULL;
-        PyObject *r = kw ? PyObject_Call(fn, a, kw) : NULL;
-        Py_XDECREF(b);
-        Py_XDECREF(fn);
-        Py_XDECREF(a);
-        Py_XDECREF(kw);
-        return r;
-    }
-    return PyUnicode_DecodeUTF8(data, (Py_ssize_t)len, "strict");
-}
-
 /* A list of the items of a LIST/TUPLE/SET, or of (key, value) pairs of a DICT. */
 static PyObject *items(PyObject *memo, const ckptio_value *v, int dict) {
     size_t n = 0;
@@ -95,7 +74,7 @@ static PyObject *conv_uncached(PyObject *memo, const ckptio_value *v) {
     }
     case CKPTIO_VALUE_BIGINT:
     case CKPTIO_VALUE_STR:
-    case CKPTIO_VALUE_BYTES: return bytes_like(v, kind);
+    case CKPTIO_VALUE_BYTES: return ckpy_value_bytes_like(v, kind);
     case CKPTIO_VALUE_LIST:
     case CKPTIO_VALUE_SET:
         if (!(a = items(memo, v, 0))) return NULL;
@@ -122,7 +101,7 @@ static PyObject *conv_uncached(PyObject *memo, const ckptio_value *v) {
         break;
     }
     case CKPTIO_VALUE_DTYPE:
-        if (!(a = bytes_like(v, CKPTIO_VALUE_STR))) break;
+        if (!(a = ckpy_value_bytes_like(v, CKPTIO_VALUE_STR))) break;
         r = Py_BuildValue("(iO)", TAG_DTYPE, a);
         break;
     case CKPTIO_VALUE_OBJECT: {

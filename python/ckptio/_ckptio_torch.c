@@ -117,28 +117,6 @@ static PyObject *value_error(ckptio_status st) {
     return ckpy_raise(st);
 }
 
-static PyObject *convert_bytes_like(const ckptio_value *v, ckptio_value_kind kind) {
-    const char *data = NULL;
-    size_t len = 0;
-    ckptio_status st = ckptio_value_bytes(v, &data, &len);
-    if (st != CKPTIO_OK) return value_error(st);
-    if (kind == CKPTIO_VALUE_BYTES) return PyBytes_FromStringAndSize(data, (Py_ssize_t)len);
-    if (kind == CKPTIO_VALUE_BIGINT) {
-        /* int.from_bytes(data, "little", signed=True) */
-        PyObject *b = PyBytes_FromStringAndSize(data, (Py_ssize_t)len);
-        PyObject *fn = b ? PyObject_GetAttrString((PyObject *)&PyLong_Type, "from_bytes") : NULL;
-        PyObject *a = fn ? Py_BuildValue("(Os)", b, "little") : NULL;
-        PyObject *kw = a ? Py_BuildValue("{sO}", "signed", Py_True) : NULL;
-        PyObject *r = kw ? PyObject_Call(fn, a, kw) : NULL;
-        Py_XDECREF(b);
-        Py_XDECREF(fn);
-        Py_XDECREF(a);
-        Py_XDECREF(kw);
-        return r;
-    }
-    return PyUnicode_DecodeUTF8(data, (Py_ssize_t)len, "strict");
-}
-
 static PyObject *convert_container(tree_ctx *c, const ckptio_value *v, ckptio_value_kind kind, int depth) {
     size_t n = 0;
     ckptio_status st = ckptio_value_len(v, &n);
@@ -223,7 +201,7 @@ static PyObject *convert_uncached(tree_ctx *c, const ckptio_value *v, int depth)
     }
     case CKPTIO_VALUE_BIGINT:
     case CKPTIO_VALUE_STR:
-    case CKPTIO_VALUE_BYTES: return convert_bytes_like(v, kind);
+    case CKPTIO_VALUE_BYTES: return ckpy_value_bytes_like(v, kind);
     case CKPTIO_VALUE_LIST:
     case CKPTIO_VALUE_TUPLE:
     case CKPTIO_VALUE_SET:
@@ -237,7 +215,7 @@ static PyObject *convert_uncached(tree_ctx *c, const ckptio_value *v, int depth)
     case CKPTIO_VALUE_OBJECT: break; /* only in DCP metadata trees (_ckptio_pickle.c) */
     case CKPTIO_VALUE_DTYPE:
     case CKPTIO_VALUE_DEVICE: {
-        PyObject *text = convert_bytes_like(v, CKPTIO_VALUE_STR);
+        PyObject *text = ckpy_value_bytes_like(v, CKPTIO_VALUE_STR);
         if (!text) return NULL;
         PyObject *r = PyObject_CallFunction(kind == CKPTIO_VALUE_DTYPE ? c->make_dtype : c->make_device, "O", text);
         Py_DECREF(text);
