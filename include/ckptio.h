@@ -626,8 +626,11 @@ typedef struct ckptio_cleanup_report {
  * (NULL = all). Symlinks are never followed; the directory is not
  * searched recursively. Every atomic save already does this for its own
  * NAME before creating its temporary. A failure to remove one temporary is
- * reported (CKPTIO_E_PERMISSION, ...) after the others were tried. report
- * may be NULL. Thread-safe. */
+ * reported (CKPTIO_E_PERMISSION, ...) after the others were tried. When
+ * something was removed, the directory is fsynced once (whatever the
+ * engines' CKPTIO_OPT_SYNC), so a power loss cannot bring the files back; a
+ * failed fsync is an error naming the directory ("fsync"), with the report
+ * still counting what was removed. report may be NULL. Thread-safe. */
 CKPTIO_API ckptio_status ckptio_cleanup_temporaries(const char *dir, const char *name, double min_age_seconds,
                                                     ckptio_cleanup_report *report);
 
@@ -1123,10 +1126,28 @@ enum ckptio_dcp_item_flags {
     /* Archives: compute the CRC-32 of storages in host memory (torch.save
      * does); without it they get CRC 0, which torch.load accepts. */
     CKPTIO_DCP_ITEM_CRC32 = 1u << 1,
-    /* Compute the XXH3-64 of the stored bytes (after compression); skipped
-     * (hashed = 0) for archives whose storage is in GPU memory. */
+    /* Compute the XXH3-64 of the stored bytes (after compression). An
+     * archive whose storage is in GPU memory cannot be hashed as one stream
+     * (its bytes pass through the staging buffers in pieces and out of
+     * order): it gets `parts` instead (see ckptio_dcp_part), hashed on the
+     * pinned staging copies as the bytes go to the file, with no second pass
+     * over the device. */
     CKPTIO_DCP_ITEM_HASH = 1u << 2
 };
+
+/* Block size of the parts of an item hashed from GPU memory. */
+#define CKPTIO_DCP_PART_BYTES (4u << 20)
+
+/* One hashed range of an item: XXH3-64 of the stored bytes
+ * [item offset + offset, + length). The parts of an item tile its stored
+ * bytes in order: each host piece of the archive (zip headers, pickle,
+ * directory) is one part, a GPU storage is cut into CKPTIO_DCP_PART_BYTES
+ * blocks counted from the storage's first byte. */
+typedef struct ckptio_dcp_part {
+    uint64_t offset;              /* from the item's first stored byte */
+    uint64_t length;
+    uint64_t hash;
+} ckptio_dcp_part;
 
 /* One item to write, and where it went. */
 typedef struct ckptio_dcp_item {
@@ -1140,6 +1161,13 @@ typedef struct ckptio_dcp_item {
     uint64_t length;              /* stored bytes (the compressed size with ZSTD) */
     uint64_t hash;                /* XXH3-64 of the stored bytes when hashed */
     int hashed;
+    /* Instead of `hash`, for an archive with HASH whose storage is in GPU
+     * memory: nparts hashed ranges (library memory, freed by
+     * ckptio_dcp_items_release() or by the next ckptio_dcp_write() on the
+     * same items). NULL / 0 otherwise. Zero-initialise items before the
+     * first call. */
+    ckptio_dcp_part *parts;
+    size_t nparts;
 } ckptio_dcp_item;
 
 /*! ckptio_dcp_write() :
@@ -1154,10 +1182,19 @@ typedef struct ckptio_dcp_item {
  * be bound and stay valid until the call returns. Each file is truncated
  * to the end of its last item but not committed: the caller commits it
  * (ckptio_file_commit).
- * @return CKPTIO_OK with offset/length/hash filled; on failure the error
+ * Parts of GPU items are hashed by the plan's observer on the staging
+ * copies; a block the staging could not hold whole (CKPTIO_OPT_STAGING_BYTES
+ * below 4 x (CKPTIO_DCP_PART_BYTES + 4 KiB)) is hashed by reading it back
+ * from the (uncommitted) file.
+ * @return CKPTIO_OK with offset/length/hash (or parts) filled; on failure the error
  * names the item (its index and file). */
 CKPTIO_API ckptio_status ckptio_dcp_write(ckptio_engine *engine, ckptio_dcp_item *items, size_t count,
                                           const ckptio_torch_save_options *options);
+
+/*! ckptio_dcp_items_release() :
+ * Frees the `parts` that ckptio_dcp_write() left in the items (sets them to
+ * NULL / 0). Accepts NULL items with count 0. */
+CKPTIO_API void ckptio_dcp_items_release(ckptio_dcp_item *items, size_t count);
 
 /*! ckptio_zstd_decompressed_size() :
  * Total decompressed size of the zstd frames in (src, len). Frames without
@@ -1172,6 +1209,150 @@ CKPTIO_API ckptio_status ckptio_zstd_decompressed_size(const void *src, size_t l
  * small, CKPTIO_E_FORMAT for corrupt input (message names the offset). */
 CKPTIO_API ckptio_status ckptio_zstd_decompress(const void *src, size_t len, void *dst, size_t capacity,
                                                 size_t *out_len);
+
+/* ------------------------------------------------------------------------ */
+/* DCP checkpoint directories                                               */
+/* ------------------------------------------------------------------------ */
+/* (docs/DCP.md "C API and CLI for DCP directories")
+ * A whole torch.distributed.checkpoint directory, read without Python:
+ * DIR/.metadata goes through the restricted unpickler
+ * (ckptio_pickle_parse_dcp_metadata) and becomes a table of tensors (global
+ * shape, chunks, where each chunk is stored) and byte items. Tensors are
+ * assembled from their chunks into host memory; items are checked against
+ * the ckptio manifest (.ckptio-manifest-<token>.json) when there is one. */
+
+typedef struct ckptio_dcp ckptio_dcp;
+
+/* Transforms applied to a stored item (its _StorageInfo.transform_descriptors). */
+enum ckptio_dcp_transform {
+    CKPTIO_DCP_TRANSFORM_ZSTD = 1u << 0  /* "stream.zstd/1": the item is zstd-compressed */
+};
+
+/* Where an item's bytes are. */
+typedef struct ckptio_dcp_stored {
+    const char *file;         /* relative path inside the directory (a plain name) */
+    uint64_t offset;          /* first byte of the item in that file */
+    uint64_t length;          /* stored bytes */
+    unsigned transforms;      /* ckptio_dcp_transform flags */
+} ckptio_dcp_stored;
+
+/* A tensor of the checkpoint (its global view). */
+typedef struct ckptio_dcp_tensor_info {
+    const char *fqn;          /* "layer.0.weight" */
+    ckptio_dtype dtype;
+    uint32_t ndim;
+    const int64_t *shape;     /* ndim entries: the global shape */
+    uint64_t nbytes;          /* bytes of the whole tensor in C order */
+    size_t chunks;            /* chunks it was saved in (ckptio_dcp_chunk) */
+} ckptio_dcp_tensor_info;
+
+/* One saved chunk of a tensor: the box [offsets, offsets + sizes). */
+typedef struct ckptio_dcp_chunk_info {
+    const int64_t *offsets;   /* ndim entries */
+    const int64_t *sizes;     /* ndim entries */
+    ckptio_dcp_stored stored;
+} ckptio_dcp_chunk_info;
+
+/* A non-tensor leaf (saved with torch.save(obj), possibly zstd-compressed). */
+typedef struct ckptio_dcp_bytes_info {
+    const char *fqn;
+    ckptio_dcp_stored stored;
+} ckptio_dcp_bytes_info;
+
+/*! ckptio_dcp_open() :
+ * Reads DIR/.metadata and builds the table. Errors name the file and the
+ * field ("DIR/.metadata: state_dict_metadata['x']: chunk 2 has 3 offsets
+ * for a 2-d tensor"): CKPTIO_E_DISALLOWED for globals outside the DCP
+ * allowlist, CKPTIO_E_FORMAT for a malformed object graph, chunks outside
+ * their tensor, sizes that overflow, a relative_path that is absolute or
+ * has '/' or "..", or a tensor chunk without storage; CKPTIO_E_UNSUPPORTED
+ * for a transform other than stream.zstd/1. Data files are not opened yet.
+ * The engine is used for every later read and must outlive the handle. */
+CKPTIO_API ckptio_status ckptio_dcp_open(ckptio_engine *engine, const char *dir, ckptio_dcp **out);
+
+/*! ckptio_dcp_close() : accepts NULL. */
+CKPTIO_API ckptio_status ckptio_dcp_close(ckptio_dcp *dcp);
+
+/*! Counts: tensors, byte items, distinct data files. */
+CKPTIO_API ckptio_status ckptio_dcp_tensor_count(const ckptio_dcp *dcp, size_t *out);
+CKPTIO_API ckptio_status ckptio_dcp_bytes_count(const ckptio_dcp *dcp, size_t *out);
+CKPTIO_API ckptio_status ckptio_dcp_file_count(const ckptio_dcp *dcp, size_t *out);
+
+/*! ckptio_dcp_tensor() / ckptio_dcp_chunk() / ckptio_dcp_bytes() /
+ * ckptio_dcp_file() : table rows, in .metadata order (files sorted by
+ * name). Pointers live as long as the handle. */
+CKPTIO_API ckptio_status ckptio_dcp_tensor(const ckptio_dcp *dcp, size_t index, ckptio_dcp_tensor_info *out);
+CKPTIO_API ckptio_status ckptio_dcp_chunk(const ckptio_dcp *dcp, size_t tensor, size_t chunk,
+                                          ckptio_dcp_chunk_info *out);
+CKPTIO_API ckptio_status ckptio_dcp_bytes(const ckptio_dcp *dcp, size_t index, ckptio_dcp_bytes_info *out);
+CKPTIO_API ckptio_status ckptio_dcp_file(const ckptio_dcp *dcp, size_t index, const char **name);
+
+/*! ckptio_dcp_find() : index of the tensor `fqn`, or CKPTIO_E_NOT_FOUND. */
+CKPTIO_API ckptio_status ckptio_dcp_find(const ckptio_dcp *dcp, const char *fqn, size_t *index);
+
+/*! ckptio_dcp_manifest() : *name = the ckptio manifest's file name
+ * (".ckptio-manifest-<token>.json", owned by the handle) when it exists
+ * in the directory; CKPTIO_E_NOT_FOUND (message says why) when the data
+ * files carry no ckptio save token or the file is missing. */
+CKPTIO_API ckptio_status ckptio_dcp_manifest(const ckptio_dcp *dcp, const char **name);
+
+/*! ckptio_dcp_read_tensor() :
+ * Assembles the whole tensor `index` from all its chunks into host memory
+ * at dst (capacity >= nbytes, else CKPTIO_E_RANGE), in C order. Each chunk's
+ * item is read through the engine and decoded by kind: a torch.save
+ * archive (any strides), a SAFETENSORS blob, or a zstd frame around an
+ * archive. Host memory used besides dst: at most one stored item (plus
+ * its decompressed bytes for zstd). Chunks that do not tile the tensor
+ * exactly (gaps, overlaps) are CKPTIO_E_FORMAT naming the tensor; an item
+ * whose dtype or shape disagrees with .metadata, or that runs past the end
+ * of its file (CKPTIO_E_TRUNCATED), names file, offset and tensor. */
+CKPTIO_API ckptio_status ckptio_dcp_read_tensor(ckptio_dcp *dcp, size_t index, void *dst, uint64_t capacity);
+
+/*! ckptio_dcp_read_bytes() :
+ * The bytes of byte item `index` (decompressed when zstd), i.e. what
+ * torch.save(obj) produced. *len receives their count; CKPTIO_E_RANGE
+ * (with *len set) when capacity is too small. */
+CKPTIO_API ckptio_status ckptio_dcp_read_bytes(ckptio_dcp *dcp, size_t index, void *dst, uint64_t capacity,
+                                               uint64_t *len);
+
+/* What ckptio_dcp_verify() / ckptio_dcp_check() covered (up to a failure). */
+typedef struct ckptio_dcp_verify_report {
+    size_t items;             /* stored items examined */
+    size_t checked;           /* verify: items whose XXH3-64 (whole or every part) matched;
+                               * check: items whose structure was validated */
+    size_t unhashed;          /* verify: manifest items without a hash (not an error) */
+    uint64_t bytes;           /* bytes hashed (verify) or items' stored bytes (check) */
+} ckptio_dcp_verify_report;
+
+/*! ckptio_dcp_verify() :
+ * Checks every stored item against the ckptio manifest: the XXH3-64 of
+ * file bytes [data_offset, +nbytes), or with "parts" of each part. Items are
+ * hashed in pieces of at most 64 MiB (bounded memory). No manifest:
+ * CKPTIO_E_NOT_FOUND (e.g. written by torch: use ckptio_dcp_check). A
+ * manifest that does not describe the items of .metadata: CKPTIO_E_FORMAT.
+ * Mismatch: CKPTIO_E_CHECKSUM naming file, offset and fqn. report may be
+ * NULL. */
+CKPTIO_API ckptio_status ckptio_dcp_verify(ckptio_dcp *dcp, ckptio_dcp_verify_report *report);
+
+/*! ckptio_dcp_check() :
+ * Structural check without checksums: every item lies inside its file,
+ * every archive / SAFETENSORS blob / zstd frame parses and matches the
+ * dtype and chunk shape of .metadata, and every tensor's chunks tile it.
+ * Reads whole items (one at a time). report may be NULL. */
+CKPTIO_API ckptio_status ckptio_dcp_check(ckptio_dcp *dcp, ckptio_dcp_verify_report *report);
+
+/*! ckptio_dcp_save_safetensors() :
+ * Consolidates tensors of the checkpoint into one safetensors file at
+ * `path` (tensor indices `tensors[0..count)`, or every tensor when tensors
+ * is NULL): the header is laid out as ckptio_safetensors_save() does
+ * (flags: CKPTIO_SAFETENSORS_ALIGN_8 or 0, metadata pairs in order), then
+ * each tensor is assembled (ckptio_dcp_read_tensor) into one reused host
+ * buffer of the largest tensor's size and written, so memory stays bounded
+ * whatever the checkpoint's size. The file is written atomically
+ * (temporary, fsync, rename): on failure nothing appears under `path`. */
+CKPTIO_API ckptio_status ckptio_dcp_save_safetensors(ckptio_dcp *dcp, const char *path, const size_t *tensors,
+                                                     size_t count, const ckptio_kv *metadata, size_t metadata_count,
+                                                     unsigned flags);
 
 
 #ifdef __cplusplus

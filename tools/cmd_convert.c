@@ -15,6 +15,7 @@
  * its own storage, storages aligned to --alignment (default 4096).
  */
 #include "cli.h"
+#include "cli_dcp.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -26,7 +27,8 @@
 
 static const cli_usage usage = {
     "convert",
-    "usage: ckptio convert [--alignment N] [--quiet] IN OUT\n",
+    "usage: ckptio convert [--alignment N] [--quiet] IN OUT\n"
+    "       ckptio convert [--shard-size SIZE] [--quiet] DCP_DIR OUT.safetensors|OUT_DIR\n",
     "\nConverts a torch.save checkpoint to safetensors or a safetensors file to a\n"
     "torch.save checkpoint (the direction follows IN's format). OUT is written\n"
     "atomically: on failure no OUT exists and an older OUT is left untouched.\n"
@@ -36,8 +38,15 @@ static const cli_usage usage = {
     "Non-tensor values (numbers, strings, _metadata) are dropped with a warning.\n"
     "safetensors -> torch.save: a flat OrderedDict of the tensors, which\n"
     "torch.load(..., weights_only=True) loads; metadata is dropped with a warning.\n"
+    "DCP_DIR (torch.distributed.checkpoint) -> safetensors: every tensor is assembled\n"
+    "from its chunks, one at a time (memory: the largest tensor), into OUT.safetensors;\n"
+    "with --shard-size, or an OUT without the .safetensors suffix, into the Hugging Face\n"
+    "sharded layout in directory OUT (model-00001-of-0000N.safetensors and\n"
+    "model.safetensors.index.json; one shard: model.safetensors). Byte items\n"
+    "(non-tensor values) are skipped with a warning naming them.\n"
     "\noptions:\n"
     "  --alignment N  storage alignment of a torch.save OUT, 1..65536 (default 4096)\n"
+    "  --shard-size SIZE  largest shard of a sharded OUT (e.g. 5GB = 5*10^9, 2GiB; default 5GB)\n"
     "  -q, --quiet    no warnings and no summary line\n"
     "  -h, --help     show this help\n"
     "\nexit status: 0 converted, 1 invalid input or failed write, 2 bad command line\n",
@@ -247,15 +256,16 @@ out:
 }
 
 int cli_cmd_convert(int argc, char **argv) {
-    enum { OPT_ALIGNMENT = 256 };
+    enum { OPT_ALIGNMENT = 256, OPT_SHARD_SIZE };
     static const struct option longopts[] = {
         {"alignment", required_argument, NULL, OPT_ALIGNMENT},
+        {"shard-size", required_argument, NULL, OPT_SHARD_SIZE},
         {"quiet", no_argument, NULL, 'q'},
         {"help", no_argument, NULL, 'h'},
         {NULL, 0, NULL, 0},
     };
     bool quiet = false;
-    uint64_t alignment = 4096;
+    uint64_t alignment = 4096, shard_size = 0;
     for (int c; (c = cli_next_option(argc, argv, "hq", longopts, &usage)) != CLI_OPT_END;) {
         switch (c) {
         case 'h': cli_usage_print(&usage); return CLI_EXIT_OK;
@@ -264,11 +274,23 @@ int cli_cmd_convert(int argc, char **argv) {
             if (cli_parse_uint(optarg, 1, 65536, &alignment) != 0)
                 return cli_usage_error(&usage, "--alignment must be a number in 1..65536, not '%s'", optarg);
             break;
+        case OPT_SHARD_SIZE:
+            if (cli_parse_size(optarg, &shard_size) != 0 || shard_size == 0)
+                return cli_usage_error(&usage, "--shard-size must be a positive size such as 5GB, not '%s'", optarg);
+            break;
         default: return CLI_EXIT_USAGE;
         }
     }
     if (argc - optind != 2) return cli_usage_error(&usage, "expected IN and OUT");
     const char *in = argv[optind], *out = argv[optind + 1];
+    if (cli_is_dcp_dir(in)) {
+        ckptio_engine *engine = cli_engine_create();
+        if (!engine) return CLI_EXIT_FAIL;
+        const int rc = cli_dcp_convert(engine, in, out, shard_size, quiet);
+        ckptio_engine_destroy(engine);
+        return rc;
+    }
+    if (shard_size) return cli_usage_error(&usage, "--shard-size applies to a DCP directory IN only");
 
     unsigned char magic[4] = {0};
     int fd = open(in, O_RDONLY | O_CLOEXEC);

@@ -5,6 +5,7 @@
  * and its schema is documented in docs/CLI.md: change both together.
  */
 #include "cli.h"
+#include "cli_dcp.h"
 
 #include <jansson.h>
 #include <stdlib.h>
@@ -12,14 +13,17 @@
 
 static const cli_usage usage = {
     "inspect",
-    "usage: ckptio inspect [--json] FILE\n",
+    "usage: ckptio inspect [--json] FILE|DIR\n",
     "\nLists the tensors of a checkpoint file (name, dtype, shape, size, file offset),\n"
     "totals (count, bytes per dtype) and the file's metadata. The file's structure\n"
     "is validated first; no tensor data is read (see 'ckptio verify').\n"
     "\noptions:\n"
     "  --json      print one JSON object instead of tables (schema: docs/CLI.md)\n"
     "  -h, --help  show this help\n"
-    "\nformats: safetensors, torch.save (zip; tensors named by their dotted path)\n"
+    "\nformats: safetensors, torch.save (zip; tensors named by their dotted path);\n"
+    "DIR: a torch.distributed.checkpoint directory (.metadata: tensors with global\n"
+    "shapes and chunks, byte items, data files, ckptio manifest) or a Hugging Face\n"
+    "sharded checkpoint (model.safetensors.index.json, or the index file itself)\n"
     "exit status: 0 ok, 1 unreadable or invalid file, 2 bad command line\n",
 };
 
@@ -291,7 +295,12 @@ int cli_cmd_inspect(int argc, char **argv) {
     if (engine == NULL) return CLI_EXIT_FAIL;
     cli_view view;
     int rc = CLI_EXIT_FAIL;
-    if (cli_view_open(engine, path, &view) == 0) {
+    char index[4096];
+    if (cli_is_dcp_dir(path)) {
+        rc = cli_dcp_inspect(engine, path, json);
+    } else if (cli_find_hf_index(path, index, sizeof index)) {
+        rc = cli_hf_inspect(engine, index, json);
+    } else if (cli_view_open(engine, path, &view) == 0) {
         rc = json ? print_json(&view) : print_text(&view);
         cli_view_close(&view);
     }

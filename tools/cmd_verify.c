@@ -8,6 +8,7 @@
  * that a header-only check misses.
  */
 #include "cli.h"
+#include "cli_dcp.h"
 
 #include <string.h>
 
@@ -16,13 +17,19 @@
 
 static const cli_usage usage = {
     "verify",
-    "usage: ckptio verify [--quiet] FILE...\n",
+    "usage: ckptio verify [--quiet] FILE|DIR...\n",
     "\nChecks each FILE's structure (header, dtypes, shapes, offsets, bounds; for\n"
     "safetensors every rule of the reference reader) and reads all of its tensor\n"
     "data. Prints one 'FILE: ok (...)' line per valid file; the reason a file is\n"
     "invalid goes to standard error as 'ckptio: <message>'. A safetensors file\n"
     "saved with checksums (FILE.ckptio-manifest.json beside it) is also checked\n"
     "block by block against them; a mismatch names tensor and byte range.\n"
+    "A torch.distributed.checkpoint DIR is checked item by item against the\n"
+    "XXH3-64 checksums of its ckptio manifest (.ckptio-manifest-<token>.json); without\n"
+    "one (written by torch) its structure is checked instead (items inside their\n"
+    "files, every archive/blob/zstd frame parses, chunks tile every tensor), and the\n"
+    "result line says so. A Hugging Face sharded DIR (model.safetensors.index.json)\n"
+    "has every shard checked and read, and the index matched against the shards.\n"
     "\noptions:\n"
     "  -q, --quiet  print nothing for valid files\n"
     "  -h, --help   show this help\n"
@@ -31,6 +38,9 @@ static const cli_usage usage = {
 };
 
 static int verify_one(ckptio_engine *engine, const char *path, bool quiet) {
+    char index[4096];
+    if (cli_is_dcp_dir(path)) return cli_dcp_verify(engine, path, quiet);
+    if (cli_find_hf_index(path, index, sizeof index)) return cli_hf_verify(engine, index, quiet);
     cli_view view;
     if (cli_view_open(engine, path, &view) != 0) return CLI_EXIT_FAIL;
     int rc = CLI_EXIT_FAIL;

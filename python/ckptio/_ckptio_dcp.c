@@ -136,9 +136,21 @@ static PyObject *mod_dcp_write(PyObject *module, PyObject *args, PyObject *kwarg
     for (Py_ssize_t i = 0; result && i < n; i++) {
         const ckptio_dcp_item *it = &c.items[i];
         PyObject *hash = it->hashed ? PyLong_FromUnsignedLongLong(it->hash) : (Py_INCREF(Py_None), Py_None);
-        PyObject *row = hash ? Py_BuildValue("(KKN)", (unsigned long long)it->offset,
-                                             (unsigned long long)it->length, hash)
-                             : NULL;
+        PyObject *parts = it->parts ? PyList_New((Py_ssize_t)it->nparts) : (Py_INCREF(Py_None), Py_None);
+        for (size_t k = 0; parts && it->parts && k < it->nparts; k++) {
+            const ckptio_dcp_part *pt = &it->parts[k];
+            PyObject *part = Py_BuildValue("(KKK)", (unsigned long long)pt->offset, (unsigned long long)pt->length,
+                                           (unsigned long long)pt->hash);
+            if (!part) Py_CLEAR(parts);
+            else PyList_SetItem(parts, (Py_ssize_t)k, part);
+        }
+        PyObject *row = hash && parts ? Py_BuildValue("(KKNN)", (unsigned long long)it->offset,
+                                                      (unsigned long long)it->length, hash, parts)
+                                      : NULL;
+        if (!row) {
+            Py_XDECREF(hash);
+            Py_XDECREF(parts);
+        }
         if (!row) {
             Py_CLEAR(result);
             break;
@@ -147,6 +159,7 @@ static PyObject *mod_dcp_write(PyObject *module, PyObject *args, PyObject *kwarg
     }
 out:
     for (size_t i = 0; c.items && i < (size_t)n; i++) ckptio_torch_writer_destroy(c.items[i].archive);
+    if (c.items) ckptio_dcp_items_release(c.items, (size_t)n);
     PyMem_Free(c.items);
     Py_XDECREF(engine);
     Py_DECREF(fast);
@@ -408,12 +421,50 @@ static PyObject *mod_zstd_decompress(PyObject *module, PyObject *args) {
     return out;
 }
 
+/* ---- verifying a directory against its manifest ---------------------------------- */
+
+typedef struct verify_call {
+    const char *dir;
+    ckptio_dcp_verify_report report;
+} verify_call;
+
+static ckptio_status do_verify(ckptio_engine *engine, void *arg) {
+    verify_call *c = arg;
+    ckptio_dcp *h = NULL;
+    ckptio_status st = ckptio_dcp_open(engine, c->dir, &h);
+    if (st == CKPTIO_OK) st = ckptio_dcp_verify(h, &c->report);
+    ckptio_dcp_close(h); /* keeps the error of a failed verify */
+    return st;
+}
+
+static PyObject *mod_dcp_verify(PyObject *module, PyObject *args, PyObject *kwargs) {
+    static char *kwlist[] = {"dir", "engine", NULL};
+    PyObject *dir_arg, *engine_arg = Py_None;
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "O|O:dcp_verify", kwlist, &dir_arg, &engine_arg)) return NULL;
+    PyObject *dir = ckpy_path_bytes(dir_arg);
+    if (!dir) return NULL;
+    PyObject *result = NULL;
+    ckpy_engine *engine = ckpy_engine_resolve(engine_arg);
+    verify_call c = {.dir = PyBytes_AsString(dir)};
+    if (engine && ckpy_engine_run(engine, do_verify, &c) == 0)
+        result = Py_BuildValue("{s:n,s:n,s:n,s:K}", "items", (Py_ssize_t)c.report.items, "checked",
+                               (Py_ssize_t)c.report.checked, "unhashed", (Py_ssize_t)c.report.unhashed, "bytes",
+                               (unsigned long long)c.report.bytes);
+    Py_XDECREF(engine);
+    Py_DECREF(dir);
+    return result;
+}
+
 static PyMethodDef dcp_methods[] = {
+    {"dcp_verify", (PyCFunction)(void (*)(void))mod_dcp_verify, METH_VARARGS | METH_KEYWORDS,
+     "dcp_verify(dir, engine=None) -> {items, checked, unhashed, bytes}: ckptio_dcp_open + ckptio_dcp_verify\n"
+     "(the checkpoint directory against its ckptio manifest; bounded memory). GIL released."},
     {"dcp_write", (PyCFunction)(void (*)(void))mod_dcp_write, METH_VARARGS | METH_KEYWORDS,
-     "dcp_write(items, alignment=0, engine=None) -> [(offset, length, xxh3 or None)]\n\n"
+     "dcp_write(items, alignment=0, engine=None) -> [(offset, length, xxh3 or None, parts or None)]\n\n"
      "Writes .distcp items (ckptio_dcp_write): each (File, flags, payload) where payload is bytes\n"
      "(a byte item) or (dtype, shape, address, nbytes, mem_kind) (a torch.save archive of one\n"
-     "C-contiguous tensor). Items of one file are placed in order from offset 0. GIL released."},
+     "C-contiguous tensor). Items of one file are placed in order from offset 0. parts: [(offset in the\n"
+     "item, length, xxh3)] for archives hashed from GPU memory (ckptio_dcp_part). GIL released."},
     {"dcp_read", (PyCFunction)(void (*)(void))mod_dcp_read, METH_VARARGS | METH_KEYWORDS,
      "dcp_read(extents, engine=None): file -> memory for (File, address, nbytes, file_offset, mem_kind)\n"
      "extents of any number of files, in one engine plan. GIL released."},

@@ -47,6 +47,18 @@ class CkptioError(OSError):
     def __str__(self) -> str:
         return getattr(self, "message", None) or super().__str__()
 
+    def __reduce__(self):
+        # OSError pickles only its args: keep every field, because torch
+        # pickles a failing rank's exception to report it on the coordinator.
+        return (_rebuild, (type(self), self.args, dict(self.__dict__), self.errno, self.strerror, self.filename))
+
+
+def _rebuild(cls, args, fields, err, strerror, filename):
+    exc = cls(*args)
+    exc.__dict__.update(fields)
+    exc.errno, exc.strerror, exc.filename = err, strerror, filename
+    return exc
+
 
 class CkptioFileNotFoundError(CkptioError, FileNotFoundError):
     """A file or directory that ckptio needed does not exist."""

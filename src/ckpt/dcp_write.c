@@ -4,9 +4,15 @@
  * optionally zstd-compressed, with CRC-32s and XXH3-64 hashes computed in
  * parallel on the engine's workers, then every item of every file in one
  * engine plan (tensor bytes straight from host or GPU memory).
+ *
+ * An archive whose storage is in GPU memory is hashed in parts (its host
+ * pieces whole, the storage in CKPTIO_DCP_PART_BYTES blocks) by the plan's
+ * observer, on the pinned staging copies the bytes pass through: XXH3 has
+ * no combine step, and the pipeline moves one tensor's blocks out of order.
  */
 #include "engine_internal.h"
 #include "gpu_internal.h"
+#include "io_internal.h"
 #include "torch_internal.h"
 
 #include <stdarg.h>
@@ -30,6 +36,7 @@ typedef struct item_job {
     uint8_t *packed;         /* ZSTD: the compressed frame */
     size_t packed_cap, packed_len;
     size_t zstd_error;       /* a ZSTD error code set by a worker, else 0 */
+    unsigned char *seen;     /* parts: 1 once hashed (host pieces by run_job, GPU blocks by the observer) */
 } item_job;
 
 typedef struct job_list {
@@ -109,7 +116,21 @@ static void run_job(item_job *j) {
         it->hashed = 1;
         return;
     }
-    if (!j->host) return;
+    if (!j->host) {
+        /* Parts: the host pieces now; GPU blocks as they pass through staging. */
+        size_t k = 0;
+        for (size_t p = 0; p < w->npieces && k < it->nparts; p++) {
+            const struct ckptio__torch_piece *pc = &w->pieces[p];
+            if (!pc->length) continue;
+            if (pc->storage != SIZE_MAX && !storage_on_host(&w->storages[pc->storage])) {
+                k += (size_t)((pc->length + CKPTIO_DCP_PART_BYTES - 1) / CKPTIO_DCP_PART_BYTES);
+                continue;
+            }
+            it->parts[k].hash = (uint64_t)XXH3_64bits(piece_bytes(j, pc), (size_t)pc->length);
+            j->seen[k++] = 1;
+        }
+        return;
+    }
     XXH3_state_t *state = XXH3_createState();
     if (!state) return; /* no memory: the item simply goes without a hash */
     XXH3_64bits_reset(state);
@@ -147,6 +168,36 @@ static ckptio_status item_fail(ckptio_status status, size_t index, const ckptio_
                            "item %zu: %s", index, what);
 }
 
+/* The parts of an archive with a GPU storage, in file order: one per host
+ * piece, one per block of a GPU piece. */
+static ckptio_status prepare_parts(item_job *j, size_t index) {
+    ckptio_dcp_item *it = j->item;
+    const ckptio_torch_writer *w = j->w;
+    size_t n = 0;
+    for (size_t p = 0; p < w->npieces; p++) {
+        const struct ckptio__torch_piece *pc = &w->pieces[p];
+        if (!pc->length) continue;
+        const bool gpu = pc->storage != SIZE_MAX && !storage_on_host(&w->storages[pc->storage]);
+        n += gpu ? (size_t)((pc->length + CKPTIO_DCP_PART_BYTES - 1) / CKPTIO_DCP_PART_BYTES) : 1;
+    }
+    if (!(it->parts = ckptio__calloc(n ? n : 1, sizeof *it->parts)) || !(j->seen = ckptio__calloc(n ? n : 1, 1)))
+        return item_fail(CKPTIO_E_NOMEM, index, it, "no memory for the hashes of %zu parts", n);
+    it->nparts = n;
+    size_t k = 0;
+    for (size_t p = 0; p < w->npieces; p++) {
+        const struct ckptio__torch_piece *pc = &w->pieces[p];
+        if (!pc->length) continue;
+        const bool gpu = pc->storage != SIZE_MAX && !storage_on_host(&w->storages[pc->storage]);
+        const uint64_t step = gpu ? CKPTIO_DCP_PART_BYTES : pc->length;
+        for (uint64_t off = 0; off < pc->length; off += step) {
+            it->parts[k].offset = pc->file_offset + off;
+            it->parts[k].length = pc->length - off < step ? pc->length - off : step;
+            k++;
+        }
+    }
+    return CKPTIO_OK;
+}
+
 /* Serial preparation of one item: the archive's layout and the buffers
  * the worker fills. */
 static ckptio_status prepare_job(item_job *j, size_t index, uint32_t alignment, const char *prefix) {
@@ -170,6 +221,8 @@ static ckptio_status prepare_job(item_job *j, size_t index, uint32_t alignment, 
             if (!storage_on_host(&w->storages[id])) j->host = false;
         }
         j->size = w->file_size;
+        if (!j->host && (it->flags & CKPTIO_DCP_ITEM_HASH) && !(it->flags & CKPTIO_DCP_ITEM_ZSTD))
+            CKPTIO_FORWARD(prepare_parts(j, index));
         if (!(j->meta = ckptio__malloc(w->meta_len + CKPTIO__TORCH_META_SCRATCH)))
             return item_fail(CKPTIO_E_NOMEM, index, it, "no memory for %llu bytes of archive metadata",
                              (unsigned long long)w->meta_len);
@@ -197,12 +250,72 @@ typedef struct file_end {
 
 static uint64_t align_up(uint64_t v, uint64_t a) { return a <= 1 ? v : (v + a - 1) / a * a; }
 
+/* Per plan extent: the job and first part of a GPU storage hashed in parts,
+ * or job SIZE_MAX for extents the observer ignores. */
+typedef struct part_ref {
+    size_t job;
+    size_t part;
+} part_ref;
+
+typedef struct part_observer {
+    item_job *jobs;
+    part_ref *refs;
+} part_observer;
+
+static void observe_parts(void *user, size_t extent, uint64_t offset, const void *bytes, uint64_t len) {
+    const part_observer *o = user;
+    const part_ref *r = &o->refs[extent];
+    if (r->job == SIZE_MAX) return;
+    item_job *j = &o->jobs[r->job];
+    const size_t k = r->part + (size_t)(offset / CKPTIO_DCP_PART_BYTES);
+    ckptio_dcp_part *pt = &j->item->parts[k];
+    /* A piece of a block is left to the read-back; whole blocks are distinct
+     * memory, so these writes never race. */
+    if (offset % CKPTIO_DCP_PART_BYTES != 0 || len != pt->length) return;
+    pt->hash = (uint64_t)XXH3_64bits(bytes, (size_t)len);
+    j->seen[k] = 1;
+}
+
+/* Parts the observer did not see whole, hashed from what the file now holds. */
+static ckptio_status hash_unseen_parts(item_job *jobs, size_t count) {
+    unsigned char *buf = NULL;
+    ckptio_status st = CKPTIO_OK;
+    for (size_t i = 0; st == CKPTIO_OK && i < count; i++) {
+        ckptio_dcp_item *it = jobs[i].item;
+        for (size_t k = 0; st == CKPTIO_OK && k < it->nparts; k++) {
+            if (jobs[i].seen[k]) continue;
+            if (!buf && !(buf = ckptio__aligned_alloc(CKPTIO_DIRECT_ALIGN, CKPTIO_DCP_PART_BYTES)))
+                return CKPTIO_FAIL(CKPTIO_E_NOMEM, "no memory for a %u-byte hash buffer", CKPTIO_DCP_PART_BYTES);
+            ckptio_dcp_part *pt = &it->parts[k];
+            /* Host pieces are hashed by run_job; only GPU blocks get here, never longer than a block. */
+            st = ckptio__file_io(it->file, CKPTIO_READ, buf, pt->length, it->offset + pt->offset);
+            if (st == CKPTIO_OK) pt->hash = (uint64_t)XXH3_64bits(buf, (size_t)pt->length);
+        }
+    }
+    ckptio__free(buf);
+    return st;
+}
+
+/* Extents the plan will hold: one per byte item, one per archive piece. */
+static size_t extent_count(const item_job *jobs, size_t count) {
+    size_t n = 0;
+    for (size_t i = 0; i < count; i++) n += jobs[i].packed || !jobs[i].w ? 1 : jobs[i].w->npieces;
+    return n;
+}
+
 static ckptio_status place_and_write(ckptio_engine *engine, item_job *jobs, size_t count, uint32_t alignment) {
     ckptio_status st = CKPTIO_OK;
     file_end *ends = ckptio__calloc(count ? count : 1, sizeof *ends);
     ckptio_plan *plan = NULL;
-    size_t nfiles = 0;
+    size_t nfiles = 0, nextents = 0;
+    bool any_parts = false;
+    part_observer obs = {.jobs = jobs};
+    for (size_t i = 0; i < count; i++) any_parts |= jobs[i].item->nparts > 0;
     if (!ends) return CKPTIO_FAIL(CKPTIO_E_NOMEM, "no memory for %zu DCP items", count);
+    if (any_parts && !(obs.refs = ckptio__calloc(extent_count(jobs, count) + 1, sizeof *obs.refs))) {
+        st = CKPTIO_FAIL(CKPTIO_E_NOMEM, "no memory for %zu DCP items", count);
+        goto out;
+    }
     if ((st = ckptio_plan_create(CKPTIO_WRITE, &plan))) goto out;
     for (size_t i = 0; i < count; i++) {
         item_job *j = &jobs[i];
@@ -216,18 +329,27 @@ static ckptio_status place_and_write(ckptio_engine *engine, item_job *jobs, size
         if (j->packed) {
             ex.memory = j->packed;
             ex.length = j->packed_len;
+            if (obs.refs) obs.refs[nextents++].job = SIZE_MAX;
             st = ckptio_plan_add(plan, &ex);
         } else if (!j->w) {
             ex.memory = (void *)it->bytes;
             ex.length = it->nbytes;
+            if (obs.refs) obs.refs[nextents++].job = SIZE_MAX;
             st = ckptio_plan_add(plan, &ex);
         } else {
+            size_t part = 0; /* the piece's first part */
             for (size_t p = 0; st == CKPTIO_OK && p < j->w->npieces; p++) {
                 const struct ckptio__torch_piece *pc = &j->w->pieces[p];
                 ex.file_offset = it->offset + pc->file_offset;
                 ex.length = pc->length;
                 ex.memory = (void *)piece_bytes(j, pc);
                 ex.mem_kind = pc->storage == SIZE_MAX ? CKPTIO_MEM_HOST : j->w->storages[pc->storage].mem_kind;
+                if (obs.refs) {
+                    const bool gpu = pc->storage != SIZE_MAX && !storage_on_host(&j->w->storages[pc->storage]);
+                    obs.refs[nextents++] = (part_ref){.job = it->nparts && gpu ? i : SIZE_MAX, .part = part};
+                    if (it->nparts && pc->length)
+                        part += gpu ? (size_t)((pc->length + CKPTIO_DCP_PART_BYTES - 1) / CKPTIO_DCP_PART_BYTES) : 1;
+                }
                 st = ckptio_plan_add(plan, &ex);
             }
         }
@@ -235,9 +357,12 @@ static ckptio_status place_and_write(ckptio_engine *engine, item_job *jobs, size
     }
     for (size_t f = 0; f < nfiles; f++)
         if ((st = ckptio_file_truncate(ends[f].file, ends[f].end))) goto out;
+    if (obs.refs && (st = ckptio__plan_set_observer(plan, observe_parts, &obs, CKPTIO_DCP_PART_BYTES))) goto out;
     st = ckptio_engine_execute(engine, plan);
+    if (st == CKPTIO_OK && any_parts) st = hash_unseen_parts(jobs, count);
 out:
     ckptio_plan_destroy(plan);
+    ckptio__free(obs.refs);
     ckptio__free(ends);
     return st;
 }
@@ -256,6 +381,7 @@ ckptio_status ckptio_dcp_write(ckptio_engine *engine, ckptio_dcp_item *items, si
         st = CKPTIO_FAIL(CKPTIO_E_NOMEM, "no memory for %zu DCP items", count);
         goto out;
     }
+    ckptio_dcp_items_release(items, count);
     for (size_t i = 0; i < count; i++) {
         list.jobs[i].item = &items[i];
         items[i].offset = items[i].length = items[i].hash = 0;
@@ -275,7 +401,9 @@ ckptio_status ckptio_dcp_write(ckptio_engine *engine, ckptio_dcp_item *items, si
     }
     st = place_and_write(engine, list.jobs, count, alignment);
 out:
+    if (st != CKPTIO_OK) ckptio_dcp_items_release(items, count);
     for (size_t i = 0; list.jobs && i < count; i++) {
+        ckptio__free(list.jobs[i].seen);
         ckptio__free(list.jobs[i].meta);
         ckptio__free(list.jobs[i].image);
         ckptio__free(list.jobs[i].packed);
@@ -283,4 +411,12 @@ out:
     ckptio__free(list.jobs);
     ckptio__free(prefix);
     return st;
+}
+
+void ckptio_dcp_items_release(ckptio_dcp_item *items, size_t count) {
+    for (size_t i = 0; items && i < count; i++) {
+        ckptio__free(items[i].parts);
+        items[i].parts = NULL;
+        items[i].nparts = 0;
+    }
 }

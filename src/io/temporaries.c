@@ -16,6 +16,14 @@
  * Only regular files whose whole name matches the pattern are removed;
  * symlinks and directories with such names are reported and left alone,
  * and nothing is ever followed (O_NOFOLLOW, unlinkat on the directory).
+ *
+ * Durability: ckptio_cleanup_temporaries() fsyncs the directory once after
+ * a scan that removed something, so a power loss cannot bring the removed
+ * files back (and a failed fsync is an error naming the directory). The
+ * best-effort clean before an atomic save does not: that save's commit
+ * fsyncs the same directory after its rename (CKPTIO_OPT_SYNC), which makes
+ * the earlier unlinks durable too; without sync nothing of the save is
+ * durable either, and a temporary that comes back is just removed again.
  */
 #include "io_internal.h"
 
@@ -101,16 +109,33 @@ out:
     return err;
 }
 
+/* fsync of the scanned directory after `removed` temporaries were unlinked
+ * from it (fault-injectable like every other fsync). Returns 0 or errno. */
+static int sync_dir(int dfd) {
+    int ret, err = 0;
+    do {
+        if (ckptio__io_fault(CKPTIO__IO_FSYNC, &err, NULL)) {
+            errno = err;
+            ret = -1;
+        } else {
+            ret = fsync(dfd);
+        }
+    } while (ret < 0 && errno == EINTR);
+    return ret < 0 ? errno : 0;
+}
+
 /* Scans `dir`. With `quiet`, no error record is written (errors are just
- * returned as CKPTIO_E_IO). */
+ * returned as CKPTIO_E_IO). With `durable`, the directory is fsynced when
+ * something was removed. */
 static ckptio_status clean_dir(const char *dir, const char *name, double min_age, ckptio_cleanup_report *r,
-                               bool quiet) {
+                               bool quiet, bool durable) {
     DIR *d = opendir(dir);
     if (!d) {
         if (quiet) return CKPTIO_E_IO;
         return CKPTIO_FAIL_SYS(errno, "open", dir, -1, "opening the directory to look for temporaries");
     }
     const int dfd = dirfd(d);
+    const size_t removed_before = r->removed;
     ckptio_status st = CKPTIO_OK;
     for (;;) {
         errno = 0;
@@ -129,6 +154,18 @@ static ckptio_status clean_dir(const char *dir, const char *name, double min_age
                                                              .subject = e->d_name, .sys_errno = err}),
                                          "removing a stale temporary");
     }
+    const size_t removed = r->removed - removed_before;
+    if (durable && removed) {
+        /* Also after a failed unlink: what was removed must stay removed. */
+        const int err = sync_dir(dfd);
+        if (err && st == CKPTIO_OK)
+            st = quiet ? CKPTIO_E_IO
+                       : CKPTIO_FAIL_SYS(err, "fsync", dir, -1,
+                                         "flushing the directory after removing %zu stale temporar%s: a power loss "
+                                         "may bring %s back (the next clean removes %s)",
+                                         removed, removed == 1 ? "y" : "ies", removed == 1 ? "it" : "them",
+                                         removed == 1 ? "it" : "them");
+    }
     closedir(d);
     return st;
 }
@@ -142,12 +179,12 @@ ckptio_status ckptio_cleanup_temporaries(const char *dir, const char *name, doub
                      "ckptio_cleanup_temporaries: name '%s' must be a file name without '/'", name);
     CKPTIO_RETURN_IF(!(min_age_seconds >= 0) || isinf(min_age_seconds), CKPTIO_E_INVAL,
                      "ckptio_cleanup_temporaries: min_age_seconds must be a finite number >= 0");
-    const ckptio_status st = clean_dir(dir, name, min_age_seconds, &r, false);
+    const ckptio_status st = clean_dir(dir, name, min_age_seconds, &r, false, true);
     if (report) *report = r;
     return st;
 }
 
 void ckptio__temporaries_clean_stale(const char *dir, const char *name) {
     ckptio_cleanup_report r = {0};
-    (void)clean_dir(dir, name, 0.0, &r, true);
+    (void)clean_dir(dir, name, 0.0, &r, true, false); /* the save's commit fsyncs the directory */
 }

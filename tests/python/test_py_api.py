@@ -197,3 +197,19 @@ def test_close_waits_and_double_close_is_fine(tmp_path):
     f.close()
     f.close()
     assert f.closed
+
+
+def test_errors_pickle_with_every_field():
+    """torch.distributed pickles a failing rank's exception to report it on
+    the coordinator: the fields must survive, not only the message."""
+    import pickle
+
+    with pytest.raises(ckptio.CkptioError) as info:
+        ckptio.load("/nonexistent/dir/x.safetensors")
+    e = info.value
+    f = pickle.loads(pickle.dumps(e))
+    assert type(f) is type(e) and isinstance(f, FileNotFoundError)
+    for field in ("status", "status_name", "errno", "operation", "path", "offset", "subject", "message", "source",
+                  "filename"):
+        assert getattr(f, field) == getattr(e, field), field
+    assert str(f) == str(e) and f.path == "/nonexistent/dir/x.safetensors"

@@ -7,11 +7,13 @@ straight into the destination tensor (host or GPU memory) when it is
 contiguous, else into a temporary that is copied. All reads of one
 read_data() call, over every file, form one engine plan. Items written by
 torch (torch.save archives, SAFETENSORS blobs, zstd-compressed items) and by
-ckptio are read alike.
+ckptio are read alike. Bytes that several ranks need are read once and
+broadcast (``broadcast=``, ckptio.dcp._broadcast).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import io
 import math
 import os
@@ -26,6 +28,7 @@ from torch.futures import Future
 from .. import _adapt, _ckptio
 from .._ckptio import Engine
 from .._errors import make_error
+from . import _broadcast
 from ._metadata import metadata_from_bytes
 
 ZSTD_DESCRIPTOR = "stream.zstd/1"
@@ -85,12 +88,55 @@ class _DataFile:
 class FileSystemReader(_TorchFileSystemReader):
     """A drop-in for ``torch.distributed.checkpoint.FileSystemReader``.
 
-    ``engine``: a :class:`ckptio.Engine` (default: the shared default engine).
+    * ``engine``: a :class:`ckptio.Engine` (default: the shared default engine).
+    * ``broadcast``: load once, broadcast (see ckptio.dcp._broadcast):
+      ``"auto"`` (default) and ``True`` share stored bytes that several ranks
+      need when torch.distributed is initialised with more than one rank in
+      ``process_group``; ``False`` makes every rank read its own bytes. The
+      bytes are shared only when every rank of the load allows it.
+    * ``process_group``: the group given to ``dcp.load`` (default: the
+      default group).
+    * ``broadcast_budget``: bytes moved per broadcast batch (default 1 GiB;
+      one larger item forms a batch alone).
+
+    After ``read_data``, ``last_read_stats`` holds this rank's
+    ``bytes_read`` (item data read from storage, headers not counted),
+    ``header_bytes``, ``bytes_broadcast_sent``, ``bytes_received``,
+    ``items_shared`` (shared items of the load, all ranks take part in each).
     """
 
-    def __init__(self, path, _extension_registry=None, *, engine: Optional[Engine] = None) -> None:
+    def __init__(self, path, _extension_registry=None, *, engine: Optional[Engine] = None,
+                 broadcast: Any = "auto", process_group: Any = None, broadcast_budget: int = 1 << 30) -> None:
         super().__init__(path, _extension_registry)
+        if broadcast not in ("auto", True, False):
+            raise ValueError(f"broadcast must be 'auto', True or False, not {broadcast!r}")
+        if not isinstance(broadcast_budget, int) or broadcast_budget < 1:
+            raise ValueError(f"broadcast_budget must be a positive number of bytes, not {broadcast_budget!r}")
         self.engine = engine
+        self.broadcast = broadcast
+        self.process_group = process_group
+        self.broadcast_budget = broadcast_budget
+        self.last_read_stats: Optional[Dict[str, int]] = None
+        self._state_md: Dict = {}
+        self._use_collectives = True
+        self._header_bytes = 0
+        self._data_bytes = 0
+
+    def set_up_storage_reader(self, metadata, is_coordinator: bool, *args: Any, **kwargs: Any) -> None:
+        super().set_up_storage_reader(metadata, is_coordinator, *args, **kwargs)
+        self._state_md = metadata.state_dict_metadata
+        self._use_collectives = kwargs.get("use_collectives", True)
+
+    def prepare_local_plan(self, plan: LoadPlan) -> LoadPlan:
+        plan = super().prepare_local_plan(plan)
+        stamp = _broadcast.local_stamp(self.broadcast, self.process_group, self._use_collectives)
+        if stamp is not None and plan.storage_data is None:
+            plan = dataclasses.replace(plan, storage_data=stamp)
+        return plan
+
+    def prepare_global_plan(self, plans: List[LoadPlan]) -> List[LoadPlan]:
+        plans = super().prepare_global_plan(plans)
+        return _broadcast.plan_global(plans, self.storage_data, self._state_md, self.broadcast_budget)
 
     def read_metadata(self, *args: Any, **kwargs: Any):
         """torch's read_metadata, but .metadata goes through ckptio's restricted
@@ -118,7 +164,40 @@ class FileSystemReader(_TorchFileSystemReader):
         buf = torch.empty(length, dtype=torch.uint8)
         if length:
             _ckptio.dcp_read([(df.file, buf.data_ptr(), length, offset, _adapt.MEM_HOST)], self.engine)
+        self._header_bytes += length
         return buf
+
+    # Small helpers shared with _broadcast.
+    _error = staticmethod(_format_error)
+
+    def _file(self, files: Dict[str, _DataFile], rel: str) -> _DataFile:
+        df = files.get(rel)
+        if df is None:
+            df = files[rel] = _DataFile(os.path.join(os.fspath(self.path), rel), self.engine)
+        return df
+
+    @staticmethod
+    def _zstd(info) -> bool:
+        return _check_transforms(info.transform_descriptors, info.relative_path, info.offset)
+
+    @staticmethod
+    def _target(planner: LoadPlanner, req: ReadItem) -> torch.Tensor:
+        target = planner.resolve_tensor(req).detach()
+        if tuple(target.shape) != tuple(req.lengths):
+            raise AssertionError(f"req {req.storage_index} mismatch sizes {tuple(target.shape)} vs "
+                                 f"{tuple(req.lengths)}")
+        return target
+
+    def _stored_from_zstd(self, packed: torch.Tensor, path: str, offset: int) -> _Stored:
+        """Decompresses a zstd item held in host memory and describes it."""
+        raw = _ckptio.zstd_decompress(packed.data_ptr(), packed.numel())
+        # A uint8 tensor over the bytes (they stay referenced by the tensor's
+        # _Stored below; torch.frombuffer does not keep them alive).
+        raw = bytearray(raw)
+        mem = torch.frombuffer(raw, dtype=torch.uint8) if raw else torch.empty(0, dtype=torch.uint8)
+        mem._ckptio_keep = raw
+        return self._from_archive(_ckptio.dcp_torch_item_memory(mem.data_ptr(), mem.numel(), f"{path}@{offset}"),
+                                  path, offset, 0, mem)
 
     def _describe(self, df: _DataFile, info, fqn: str, cache: Dict) -> _Stored:
         key = (df.path, info.offset, info.length, fqn)
@@ -128,15 +207,9 @@ class FileSystemReader(_TorchFileSystemReader):
         zstd = _check_transforms(info.transform_descriptors, df.path, info.offset)
         if zstd:
             packed = self._read_bytes(df, info.offset, info.length)
-            raw = _ckptio.zstd_decompress(packed.data_ptr(), info.length)
-            # A uint8 tensor over the bytes (they stay referenced by the tensor's
-            # _Stored below; torch.frombuffer does not keep them alive).
-            raw = bytearray(raw)
-            mem = torch.frombuffer(raw, dtype=torch.uint8) if raw else torch.empty(0, dtype=torch.uint8)
-            mem._ckptio_keep = raw
-            stored = self._from_archive(_ckptio.dcp_torch_item_memory(mem.data_ptr(), mem.numel(),
-                                                                      f"{df.path}@{info.offset}"),
-                                        df.path, info.offset, 0, mem)
+            self._header_bytes -= info.length  # item data, counted in bytes_read
+            self._data_bytes += info.length
+            stored = self._stored_from_zstd(packed, df.path, info.offset)
         else:
             head = self._read_bytes(df, info.offset, min(8, df.size - info.offset))
             if bytes(head[:4].tolist()) == b"PK\x03\x04":
@@ -182,52 +255,73 @@ class FileSystemReader(_TorchFileSystemReader):
 
     # ---- reading --------------------------------------------------------------------------
     def read_data(self, plan: LoadPlan, planner: LoadPlanner) -> Future:
+        sched = _broadcast.schedule_of(plan)
+        shared_keys = _broadcast.shared_keys(sched) if sched is not None else set()
+        shared: Dict[Any, List[ReadItem]] = {}
         files: Dict[str, _DataFile] = {}
         cache: Dict = {}
-        extents: List[tuple] = []
-        finish: List[Tuple[ReadItem, Any, Any]] = []  # (req, target, source to copy from or None)
-        byte_reqs: List[Tuple[ReadItem, torch.Tensor, bool, str, int]] = []
+        self._header_bytes = self._data_bytes = 0
+        stats = {"bytes_read": 0, "header_bytes": 0, "bytes_broadcast_sent": 0, "bytes_received": 0,
+                 "items_shared": 0}
         try:
-            for req in plan.items:
-                info = self.storage_data[req.storage_index]
-                rel = info.relative_path
-                df = files.get(rel)
-                if df is None:
-                    df = files[rel] = _DataFile(os.path.join(os.fspath(self.path), rel), self.engine)
-                if req.type == LoadItemType.BYTE_IO:
-                    zstd = _check_transforms(info.transform_descriptors, df.path, info.offset)
-                    if info.offset + info.length > df.size:
-                        raise _format_error(df.path, info.offset, f"byte item of {info.length} bytes runs past the "
-                                            f"end of the file ({df.size} bytes)")
-                    buf = torch.empty(info.length, dtype=torch.uint8)
-                    if info.length:
-                        extents.append((df.file, buf.data_ptr(), info.length, info.offset, _adapt.MEM_HOST))
-                    byte_reqs.append((req, buf, zstd, df.path, info.offset))
-                    continue
-                stored = self._describe(df, info, req.storage_index.fqn, cache)
-                target = planner.resolve_tensor(req).detach()
-                if tuple(target.shape) != tuple(req.lengths):
-                    raise AssertionError(f"req {req.storage_index} mismatch sizes {tuple(target.shape)} vs "
-                                         f"{tuple(req.lengths)}")
-                src = self._plan_slice(df, stored, req, target, extents)
-                finish.append((req, target, src))
-            if extents:
-                _ckptio.dcp_read(extents, self.engine)
-            for req, buf, zstd, path, offset in byte_reqs:
-                raw = bytes(buf.numpy().tobytes()) if buf.numel() else b""
-                if zstd:
-                    raw = _ckptio.zstd_decompress(buf.data_ptr(), buf.numel())
-                planner.load_bytes(req, io.BytesIO(raw))
-            for req, target, src in finish:
-                if src is not None:
-                    target.copy_(src() if callable(src) else src)
-                planner.commit_tensor(req, target)
+            error: Optional[BaseException] = None
+            try:
+                for req in plan.items:
+                    if req.storage_index in shared_keys:
+                        shared.setdefault(req.storage_index, []).append(req)
+                self._read_direct([r for r in plan.items if r.storage_index not in shared_keys], planner, files,
+                                  cache)
+            except BaseException as e:
+                if sched is None:
+                    raise
+                error = e  # every other rank must learn of it before giving up (no hang)
+            if sched is not None:
+                _broadcast.run(self, sched, self.process_group, shared, planner, files, cache, error, stats)
         finally:
             for df in files.values():
                 df.file.close()
+            stats["bytes_read"] += self._data_bytes
+            stats["header_bytes"] = self._header_bytes
+            self.last_read_stats = stats
         fut: Future = Future()
         fut.set_result(None)
         return fut
+
+    def _read_direct(self, items: List[ReadItem], planner: LoadPlanner, files: Dict[str, _DataFile],
+                     cache: Dict) -> None:
+        """Reads this rank's own items: one engine plan for all of them."""
+        extents: List[tuple] = []
+        finish: List[Tuple[ReadItem, Any, Any]] = []  # (req, target, source to copy from or None)
+        byte_reqs: List[Tuple[ReadItem, torch.Tensor, bool, str, int]] = []
+        for req in items:
+            info = self.storage_data[req.storage_index]
+            df = self._file(files, info.relative_path)
+            if req.type == LoadItemType.BYTE_IO:
+                zstd = _check_transforms(info.transform_descriptors, df.path, info.offset)
+                if info.offset + info.length > df.size:
+                    raise _format_error(df.path, info.offset, f"byte item of {info.length} bytes runs past the "
+                                        f"end of the file ({df.size} bytes)")
+                buf = torch.empty(info.length, dtype=torch.uint8)
+                if info.length:
+                    extents.append((df.file, buf.data_ptr(), info.length, info.offset, _adapt.MEM_HOST))
+                byte_reqs.append((req, buf, zstd, df.path, info.offset))
+                continue
+            stored = self._describe(df, info, req.storage_index.fqn, cache)
+            target = self._target(planner, req)
+            src = self._plan_slice(df, stored, req, target, extents)
+            finish.append((req, target, src))
+        if extents:
+            _ckptio.dcp_read(extents, self.engine)
+            self._data_bytes += sum(e[2] for e in extents)
+        for req, buf, zstd, path, offset in byte_reqs:
+            raw = bytes(buf.numpy().tobytes()) if buf.numel() else b""
+            if zstd:
+                raw = _ckptio.zstd_decompress(buf.data_ptr(), buf.numel())
+            planner.load_bytes(req, io.BytesIO(raw))
+        for req, target, src in finish:
+            if src is not None:
+                target.copy_(src() if callable(src) else src)
+            planner.commit_tensor(req, target)
 
     def _plan_slice(self, df: _DataFile, stored: _Stored, req: ReadItem, target: torch.Tensor, extents: List):
         """Adds the extents that bring the requested slice in; returns what must

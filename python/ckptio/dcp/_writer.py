@@ -18,6 +18,7 @@ import dataclasses
 import io
 import json
 import os
+import sys
 import threading
 import uuid
 from typing import Any, Dict, List, Optional, Sequence
@@ -66,6 +67,9 @@ class _HashedStorageInfo(_StorageInfo):
     xxh3: Optional[int] = None
     data_offset: int = 0
     data_length: int = 0
+    # Items written from GPU memory: [(offset in the item, length, XXH3-64)]
+    # tiling the item (hashed on the staging copies, see ckptio_dcp_part).
+    parts: Optional[List[tuple]] = None
 
     def plain(self) -> _StorageInfo:
         return _StorageInfo(self.relative_path, self.offset, self.length,
@@ -78,6 +82,45 @@ def _descriptor_of(ext: Any) -> str:
     if name is None or name() != "stream.zstd" or desc is None or desc.partition("/")[2].partition(".")[0] != "1":
         raise ValueError(f"ckptio.dcp supports only the zstd stream transform (stream.zstd/1), not {ext!r}")
     return ZSTD_DESCRIPTOR
+
+
+def _record_copy_events(state_dict: Any) -> List[Any]:
+    """One CUDA event on the current stream of every device holding a tensor of state_dict."""
+    devices = set()
+
+    def walk(v: Any) -> None:
+        if isinstance(v, torch.Tensor):
+            if v.device.type == "cuda":
+                devices.add(v.device.index if v.device.index is not None else torch.cuda.current_device())
+        elif isinstance(v, dict):
+            for x in v.values():
+                walk(x)
+        elif isinstance(v, (list, tuple)):
+            for x in v:
+                walk(x)
+
+    walk(state_dict)
+    events = []
+    for d in sorted(devices):
+        ev = torch.cuda.Event()
+        ev.record(torch.cuda.current_stream(d))
+        events.append(ev)
+    return events
+
+
+def _take_block_hashes(path: str) -> Dict[str, List[tuple]]:
+    """Reads and deletes the manifest ckptio.save(checksums=True) left beside
+    a safetensors blob: {tensor: [(offset in the tensor, length, XXH3-64)]}."""
+    manifest = path + ".ckptio-manifest.json"
+    with open(manifest, "rb") as f:
+        doc = json.load(f)
+    os.unlink(manifest)  # a crash before this leaves a file remove_stale() recognises
+    block = int(doc["block_bytes"])
+    out: Dict[str, List[tuple]] = {}
+    for t in doc["tensors"]:
+        n = int(t["nbytes"])
+        out[t["name"]] = [(k * block, min(block, n - k * block), int(h, 16)) for k, h in enumerate(t["blocks"])]
+    return out
 
 
 class FileSystemWriter(_TorchFileSystemWriter):
@@ -97,6 +140,13 @@ class FileSystemWriter(_TorchFileSystemWriter):
       RuntimeError.
     * ``alignment`` (default 4096): start of every item and storage alignment
       inside torch.save items, so tensor bytes move with O_DIRECT.
+    * ``non_blocking_stage`` (default True): ``stage()`` (``dcp.async_save``)
+      only enqueues the device-to-host copies of GPU tensors on each device's
+      current stream and returns; work the caller launches next on that
+      stream is ordered after them, and the background write waits for them.
+      A tensor changed from another stream without synchronising with the
+      current one could be staged with its new values: pass False to block
+      until the copies are done.
 
     ``_extensions`` may hold ``ckptio.dcp.ZStandard()`` or torch's
     ``ZStandard()`` (compression runs in libckptio; neither the zstandard nor
@@ -120,6 +170,7 @@ class FileSystemWriter(_TorchFileSystemWriter):
         crc: bool = False,
         async_busy: str = "wait",
         alignment: int = 4096,
+        non_blocking_stage: bool = True,
     ) -> None:
         # torch's transforms object is built from _extensions; ours are
         # applied natively, so it gets none.
@@ -139,39 +190,80 @@ class FileSystemWriter(_TorchFileSystemWriter):
             raise ValueError("at most one zstd transform can be applied")
         if engine is None:
             engine = Engine(sync=1 if sync_files else 0)
+            if per_thread_copy_ahead != 10_000_000:
+                # torch: bytes copied ahead from the GPU per writer thread. Here
+                # GPU bytes move through the engine's pinned staging buffers, one
+                # per worker: per_thread_copy_ahead becomes the staging per worker.
+                workers = max(int(engine.get("threads")), 1)
+                lo, hi = Engine.bounds("staging_bytes")
+                engine.set("staging_bytes", min(max(int(per_thread_copy_ahead) * workers, lo), hi))
         self.engine = engine
         self.checksums = checksums
         self.crc = crc
         self.async_busy = async_busy
         self.alignment = alignment
+        self.non_blocking_stage = non_blocking_stage
+        self._staged_events: List[Any] = []
         self._token: Optional[str] = None
-        self._inflight = False
+        # In-flight tracking of async saves (see stage()): the generation
+        # stage() marked (0: none), the one the running save claimed in reset(),
+        # and the thread running the marked save.
+        self._inflight = 0
         self._inflight_cv = threading.Condition()
+        self._generation = 0
+        self._save_gen = 0
+        self._save_thread: Optional[threading.Thread] = None
+        self._handed_off = False
+
+    # dcp.async_save calls synchronize_staging() right after it handed the
+    # staged data to its executor: from then on the save runs elsewhere.
+    _synchronize_after_execute = True
+
+    def synchronize_staging(self) -> None:
+        with self._inflight_cv:
+            self._handed_off = True
 
     # ---- planning ------------------------------------------------------------------
     def reset(self, checkpoint_id=None) -> None:
         super().reset(checkpoint_id)
         self._token = None
+        with self._inflight_cv:  # torch's save() starts here: it is the save stage() marked
+            claimed = self._inflight and self._inflight != self._save_gen
+            self._save_gen = self._inflight if claimed else 0
+            if claimed:
+                self._save_thread = threading.current_thread()
 
     def _new_token(self) -> str:
         return uuid.uuid4().hex[:12]
 
     def prepare_local_plan(self, plan: SavePlan) -> SavePlan:
-        plan = super().prepare_local_plan(plan)
-        if isinstance(plan.storage_data, _StoragePrefix):
-            # No collectives: each rank names its own files (torch: "__{rank}_").
-            plan = dataclasses.replace(plan, storage_data=_StoragePrefix(
-                f"{plan.storage_data.prefix}{self._new_token()}_"))
-        return plan
+        try:
+            plan = super().prepare_local_plan(plan)
+            if isinstance(plan.storage_data, _StoragePrefix):
+                # No collectives: each rank names its own files (torch: "__{rank}_").
+                plan = dataclasses.replace(plan, storage_data=_StoragePrefix(
+                    f"{plan.storage_data.prefix}{self._new_token()}_"))
+            return plan
+        except BaseException:
+            self._release_staging()  # the save ends here
+            raise
 
     def prepare_global_plan(self, plans: List[SavePlan]) -> List[SavePlan]:
-        token = self._new_token()
-        return [dataclasses.replace(p, storage_data=_StoragePrefix(f"__{i}_{token}_"))
-                if p.storage_data is None else p for i, p in enumerate(plans)]
+        try:
+            token = self._new_token()
+            return [dataclasses.replace(p, storage_data=_StoragePrefix(f"__{i}_{token}_"))
+                    if p.storage_data is None else p for i, p in enumerate(plans)]
+        except BaseException:
+            self._release_staging()
+            raise
 
     # ---- writing ------------------------------------------------------------------
     def set_up_storage_writer(self, is_coordinator: bool, *args: Any, **kwargs: Any) -> None:
-        super().set_up_storage_writer(is_coordinator, *args, **kwargs)
+        try:
+            super().set_up_storage_writer(is_coordinator, *args, **kwargs)
+        except BaseException:
+            self._release_staging()
+            raise
         self._is_coordinator = is_coordinator
 
     def write_data(self, plan: SavePlan, planner: SavePlanner) -> Future:
@@ -206,6 +298,7 @@ class FileSystemWriter(_TorchFileSystemWriter):
         return t
 
     def _write(self, plan: SavePlan, planner: SavePlanner) -> List[WriteResult]:
+        self._wait_staged()  # async save: the staging copies must be complete
         prefix = plan.storage_data.prefix
         os.makedirs(self.path, exist_ok=True)
         if self.serialization_format == SerializationFormat.SAFETENSORS:
@@ -252,9 +345,9 @@ class FileSystemWriter(_TorchFileSystemWriter):
         results = []
         file_of = {id(f): name for f, name in zip(files, names)}
         descriptors = list(self._descriptors) or None
-        for wi, (f, _, _), (offset, length, xxh3) in zip(order, payloads, placed):
+        for wi, (f, _, _), (offset, length, xxh3, parts) in zip(order, payloads, placed):
             info = _HashedStorageInfo(file_of[id(f)], offset, length, transform_descriptors=descriptors,
-                                      xxh3=xxh3, data_offset=offset, data_length=length)
+                                      xxh3=xxh3, data_offset=offset, data_length=length, parts=parts)
             results.append(WriteResult(index=wi.index, size_in_bytes=length, storage_data=info))
         return results
 
@@ -288,20 +381,27 @@ class FileSystemWriter(_TorchFileSystemWriter):
                 sharding[fqn] = {"saved_offsets": list(wi.tensor_data.chunk.offsets)}
             _adapt.sync_current_stream(cuda)
             metadata = {_ST_SHARDING_KEY: json.dumps(sharding), _ST_VERSION_KEY: "1.0", _ST_FORMAT_KEY: "pt"}
+            # With checksums the blob gets a ckptio manifest: XXH3 per 4 MiB
+            # block of every tensor, hashed while the data is written (GPU
+            # tensors on the staging copies). Its blocks become the items'
+            # parts; the per-file manifest itself is then removed.
             _ckptio.safetensors_save(path, [(s.name, s.code, s.shape, s.address, s.nbytes, s.mem_kind)
                                             for _, s in sources], metadata, self.alignment if self.alignment >= 8
-                                     else 8, self.engine)
+                                     else 8, self.engine, bool(self.checksums))
             reader = _ckptio.SafetensorsReader(path, self.engine)
             try:
                 where = {row[0]: (row[3], row[4]) for row in reader.tensors}
             finally:
                 reader.close()
+            blocks = _take_block_hashes(path) if self.checksums else {}
             for wi, src in sources:
                 data_offset, nbytes = where[src.name]
-                xxh3 = None
-                if self.checksums and src.mem_kind != _adapt.MEM_CUDA:
-                    xxh3 = _ckptio.hash_xxh3(src.address, src.nbytes) if src.nbytes else _ckptio.hash_xxh3(0, 0)
-                info = _HashedStorageInfo(name, 0, nbytes, xxh3=xxh3, data_offset=data_offset, data_length=nbytes)
+                xxh3, parts = None, blocks.get(src.name)
+                if parts is not None and len(parts) <= 1:
+                    xxh3 = parts[0][2] if parts else _ckptio.hash_xxh3(0, 0)  # one block: the item's own hash
+                    parts = None
+                info = _HashedStorageInfo(name, 0, nbytes, xxh3=xxh3, data_offset=data_offset, data_length=nbytes,
+                                          parts=parts)
                 results.append(WriteResult(index=wi.index, size_in_bytes=nbytes, storage_data=info))
         if byte_items:
             name = f"{prefix}{n}{DEFAULT_SUFFIX}"
@@ -316,7 +416,7 @@ class FileSystemWriter(_TorchFileSystemWriter):
                 f.commit()
             finally:
                 f.close()
-            for wi, (offset, length, xxh3) in zip(byte_items, placed):
+            for wi, (offset, length, xxh3, _) in zip(byte_items, placed):
                 info = _HashedStorageInfo(name, offset, length, xxh3=xxh3, data_offset=offset, data_length=length)
                 results.append(WriteResult(index=wi.index, size_in_bytes=length, storage_data=info))
         _crash("data_committed")
@@ -346,6 +446,7 @@ class FileSystemWriter(_TorchFileSystemWriter):
                         "data_offset": info.data_offset,
                         "nbytes": info.data_length,
                         "xxh3": None if info.xxh3 is None else f"{info.xxh3:016x}",
+                        **({"parts": [[o, n, f"{h:016x}"] for o, n, h in info.parts]} if info.parts else {}),
                         "transform": list(info.transform_descriptors or ()),
                     })
                     info = info.plain()
@@ -377,43 +478,98 @@ class FileSystemWriter(_TorchFileSystemWriter):
     def stage(self, state_dict: STATE_DICT_TYPE) -> STATE_DICT_TYPE:
         """Copies the state dict into host staging memory (pinned when CUDA is
         available), reused across saves with cache_staged_state_dict=True. The
-        caller of dcp.async_save is blocked only for this copy; while the
+        caller of dcp.async_save is blocked only while the copies are enqueued
+        (GPU tensors, non_blocking_stage) or made (host tensors); while the
         staged data of an earlier save is still being written, this waits or
         raises (``async_busy``)."""
         from torch.distributed._state_dict_utils import _copy_state_dict, _create_cpu_state_dict
 
         with self._inflight_cv:
-            if self._inflight:
+            if self._busy_locked():
                 if self.async_busy == "error":
                     raise RuntimeError(
                         f"ckptio.dcp.FileSystemWriter({os.fspath(self.path)!r}): an earlier save of this writer is "
                         "still writing its staged data; wait for its future first, or create the writer with "
                         "async_busy='wait'")
-                while self._inflight:
-                    self._inflight_cv.wait()
-            self._inflight = True
+                while self._busy_locked():
+                    self._inflight_cv.wait(0.05)  # also polls for a save that died in torch's code
+            self._generation += 1
+            self._inflight = self._generation
+            self._save_thread = threading.current_thread()  # until reset() of the save claims it
+            self._handed_off = False
         try:
             self.per_thread_copy_ahead = 0  # as torch: staged data is already on the host
             pin = torch.cuda.is_available()
             if not self.cache_staged_state_dict:
-                staged = _create_cpu_state_dict(state_dict, pin_memory=pin)
-                return _copy_state_dict(state_dict, staged)
-            if self.state_dict_cache is None:
-                self.state_dict_cache = _create_cpu_state_dict(state_dict, pin_memory=pin)
-            return _copy_state_dict(state_dict, self.state_dict_cache)
+                target = _create_cpu_state_dict(state_dict, pin_memory=pin)
+            else:
+                if self.state_dict_cache is None:
+                    self.state_dict_cache = _create_cpu_state_dict(state_dict, pin_memory=pin)
+                target = self.state_dict_cache
+            # Device-to-host copies into pinned memory are only enqueued on each
+            # device's current stream: the caller returns to training at once,
+            # and the kernels it launches next on that stream run after the
+            # copies (values at save time). The background write waits for the
+            # copies' events (_wait_staged) before touching the bytes.
+            staged = _copy_state_dict(state_dict, target, non_blocking=self.non_blocking_stage and pin)
+            self._staged_events = _record_copy_events(state_dict) if self.non_blocking_stage and pin else []
+            return staged
         except BaseException:
             self._release_staging()
             raise
 
+    def _wait_staged(self) -> None:
+        events, self._staged_events = self._staged_events, []
+        for ev in events:
+            ev.synchronize()
+
     def _release_staging(self) -> None:
+        """Ends the in-flight mark of the running save (a save that stage() did
+        not mark, e.g. a plain dcp.save, leaves another save's mark alone)."""
         with self._inflight_cv:
-            self._inflight = False
+            if self._inflight and self._save_gen in (self._inflight, 0):
+                self._inflight = 0
+                self._save_gen = 0
+                self._inflight_cv.notify_all()
+
+    def _busy_locked(self) -> bool:
+        """True while the marked save may still use its staged data. A save
+        that failed in torch's own code between this writer's hooks (a peer's
+        failure in a collective, the planner raising) never calls them again:
+        it is over once the thread running it has left torch.distributed.checkpoint
+        (or is the caller's own thread, or is gone), and its mark is dropped."""
+        if not self._inflight:
+            return False
+        if self._save_gen != self._inflight and self._handed_off:
+            return True  # queued in dcp.async_save's executor, reset() not reached yet
+        t = self._save_thread
+        ended = t is None or t is threading.current_thread() or not t.is_alive()
+        if not ended:
+            frame = sys._current_frames().get(t.ident)
+            ended = True
+            while frame is not None:
+                if str(frame.f_globals.get("__name__", "")).startswith(("torch.distributed.checkpoint", "ckptio.dcp")):
+                    ended = False
+                    break
+                frame = frame.f_back
+        if ended:
+            self._inflight = 0
+            self._save_gen = 0
             self._inflight_cv.notify_all()
+        return not ended
 
     def wait_staging(self, timeout: Optional[float] = None) -> bool:
         """Blocks until no save of this writer is writing staged data; False on timeout."""
+        import time
+
+        deadline = None if timeout is None else time.monotonic() + timeout
         with self._inflight_cv:
-            return self._inflight_cv.wait_for(lambda: not self._inflight, timeout)
+            while self._busy_locked():
+                left = None if deadline is None else deadline - time.monotonic()
+                if left is not None and left <= 0:
+                    return False
+                self._inflight_cv.wait(0.05 if left is None else min(0.05, left))
+            return True
 
 
 __all__ = ["FileSystemWriter", "ZSTD_DESCRIPTOR"]

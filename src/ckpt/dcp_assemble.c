@@ -1,0 +1,387 @@
+/*
+ * dcp_assemble.c - decoding the stored items of a DCP directory and
+ * assembling whole tensors from their chunks; the structural check.
+ *
+ * A chunk's item is one of: a torch.save archive of one tensor (offsets
+ * inside it count from the item's first byte), a SAFETENSORS blob (the
+ * _StorageInfo offset is the blob's start; all tensors of a rank's file
+ * share it, so its parsed header is cached), or a zstd frame around an
+ * archive. Items are read through the engine, one at a time: host memory
+ * besides the destination is at most one item (plus its decompressed bytes).
+ */
+#include "dcp_dir_internal.h"
+#include "engine_internal.h"
+
+#include <stdio.h>
+#include <string.h>
+
+/* safetensors' own header size cap. */
+#define BLOB_HEADER_MAX 100000000u
+/* Decompressed archive bytes allowed beyond the chunk's data (zip records,
+ * pickle, alignment padding); more is refused as a decompression bomb. */
+#define ARCHIVE_OVERHEAD_MAX (64u << 20)
+
+#define IFAIL(status_, path_, offset_, fqn_, ...)                                                          \
+    CKPTIO_FAIL_CTX((status_), &((ckptio__err_ctx){.operation = "read DCP item", .path = (path_),           \
+                                                   .file_offset = (int64_t)(offset_), .subject = (fqn_)}),  \
+                    __VA_ARGS__)
+
+/* A decoded chunk: a strided view of a storage held in memory. */
+typedef struct dcp_view {
+    const uint8_t *storage;
+    uint64_t storage_nbytes;
+    uint32_t ndim;
+    int64_t shape[64], stride[64];
+    uint64_t storage_offset;   /* elements */
+    ckptio_dtype dtype;
+    bool direct;               /* already read into the caller's destination */
+    void *item;                /* buffers owned by the view */
+    void *raw;
+    ckptio_torch *torch;
+} dcp_view;
+
+static void view_free(dcp_view *v) {
+    ckptio_torch_close(v->torch);
+    ckptio__free(v->item);
+    ckptio__free(v->raw);
+    v->torch = NULL;
+    v->item = v->raw = NULL;
+}
+
+static ckptio_status read_range(ckptio_file *f, void *buf, uint64_t len, uint64_t offset) {
+    return ckptio__dcp_io(f, CKPTIO_READ, buf, len, offset);
+}
+
+static ckptio_status read_item(ckptio_file *f, const ckptio_dcp_stored *s, const char *fqn, void **out) {
+    *out = ckptio__malloc(s->length ? s->length : 1);
+    if (!*out)
+        return IFAIL(CKPTIO_E_NOMEM, ckptio_file_path(f), s->offset, fqn, "out of memory for an item of %llu bytes",
+                     (unsigned long long)s->length);
+    return read_range(f, *out, s->length, s->offset);
+}
+
+/* Re-raises the last error with the item's file, offset and tensor in front. */
+static ckptio_status wrap(ckptio_status st, ckptio_file *f, uint64_t offset, const char *fqn, const char *what) {
+    char inner[768];
+    snprintf(inner, sizeof inner, "%s", ckptio_last_error_message());
+    return IFAIL(st, ckptio_file_path(f), offset, fqn, "%s: %s", what, inner);
+}
+
+static ckptio_status from_archive(const void *mem, size_t len, ckptio_file *f, const ckptio_dcp_stored *s,
+                                  const char *fqn, dcp_view *v) {
+    ckptio_status st = ckptio_torch_parse(mem, len, &v->torch);
+    if (st != CKPTIO_OK) return wrap(st, f, s->offset, fqn, "torch.save item");
+    size_t n = 0;
+    ckptio_torch_count(v->torch, &n);
+    if (n != 1)
+        return IFAIL(CKPTIO_E_FORMAT, ckptio_file_path(f), s->offset, fqn,
+                     "a torch.save item holds %zu tensors where one is expected", n);
+    ckptio_torch_tensor_info ti;
+    ckptio_torch_storage_info si;
+    CKPTIO_FORWARD(ckptio_torch_tensor(v->torch, 0, &ti));
+    CKPTIO_FORWARD(ckptio_torch_storage(v->torch, ti.storage, &si));
+    if (ti.ndim > 64) return IFAIL(CKPTIO_E_FORMAT, ckptio_file_path(f), s->offset, fqn, "%u dimensions", ti.ndim);
+    v->storage = (const uint8_t *)mem + si.file_offset;
+    v->storage_nbytes = si.nbytes;
+    v->ndim = ti.ndim;
+    memcpy(v->shape, ti.shape, ti.ndim * sizeof *ti.shape);
+    memcpy(v->stride, ti.stride, ti.ndim * sizeof *ti.stride);
+    v->storage_offset = ti.storage_offset;
+    v->dtype = ti.dtype;
+    return CKPTIO_OK;
+}
+
+static ckptio_status blob_header(ckptio_dcp *h, ckptio_file *f, uint64_t fsize, const ckptio_dcp_stored *s,
+                                 const char *fqn, ckptio_safetensors **out) {
+    const size_t fi = ckptio__dcp_file_index(h, s->file);
+    for (size_t i = 0; i < h->nblobs; i++)
+        if (h->blobs[i].file == fi && h->blobs[i].offset == s->offset) {
+            *out = h->blobs[i].st;
+            return CKPTIO_OK;
+        }
+    unsigned char prefix[8];
+    const uint64_t blob_size = fsize - s->offset;
+    if (blob_size < 8)
+        return IFAIL(CKPTIO_E_FORMAT, ckptio_file_path(f), s->offset, fqn,
+                     "neither a torch.save archive nor a safetensors blob (%llu bytes to the end of the file)",
+                     (unsigned long long)blob_size);
+    CKPTIO_FORWARD(read_range(f, prefix, 8, s->offset));
+    uint64_t n = 0;
+    for (int i = 7; i >= 0; i--) n = n << 8 | prefix[i];
+    if (n > BLOB_HEADER_MAX || 8 + n > blob_size)
+        return IFAIL(CKPTIO_E_FORMAT, ckptio_file_path(f), s->offset, fqn,
+                     "neither a torch.save archive nor a safetensors blob (header length %llu for a blob of %llu "
+                     "bytes)", (unsigned long long)n, (unsigned long long)blob_size);
+    void *head = ckptio__malloc(8 + n);
+    if (!head) return CKPTIO_FAIL(CKPTIO_E_NOMEM, "out of memory for a safetensors header of %llu bytes",
+                                  (unsigned long long)n);
+    ckptio_safetensors *st = NULL;
+    ckptio_status rc = read_range(f, head, 8 + n, s->offset);
+    if (rc == CKPTIO_OK && (rc = ckptio_safetensors_parse(head, 8 + n, blob_size, &st)) != CKPTIO_OK)
+        rc = wrap(rc, f, s->offset, fqn, "safetensors blob");
+    ckptio__free(head);
+    if (rc != CKPTIO_OK) return rc;
+    ckptio__dcp_blob *blobs = ckptio__realloc(h->blobs, (h->nblobs + 1) * sizeof *blobs);
+    if (!blobs) {
+        ckptio_safetensors_close(st);
+        return CKPTIO_FAIL(CKPTIO_E_NOMEM, "out of memory");
+    }
+    h->blobs = blobs;
+    h->blobs[h->nblobs++] = (ckptio__dcp_blob){.file = fi, .offset = s->offset, .st = st};
+    *out = st;
+    return CKPTIO_OK;
+}
+
+/* Decodes chunk c of tensor t. With `direct` (the tensor's destination) a
+ * blob chunk that is the whole tensor is read straight into it. */
+static ckptio_status decode(ckptio_dcp *h, const ckptio__dcp_tensor *t, size_t c, void *direct, dcp_view *v) {
+    memset(v, 0, sizeof *v);
+    const ckptio_dcp_stored *s = &t->stored[c];
+    ckptio_file *f = NULL;
+    uint64_t fsize = 0;
+    CKPTIO_FORWARD(ckptio__dcp_item_bounds(h, s, t->fqn, &f));
+    CKPTIO_FORWARD(ckptio_file_size(f, &fsize));
+    const char *path = ckptio_file_path(f);
+    uint64_t chunk_bytes = ckptio__dcp_element_size(t->dtype);
+    for (uint32_t d = 0; d < t->ndim; d++) chunk_bytes *= (uint64_t)t->sizes[c * t->ndim + d]; /* <= nbytes */
+    if (s->transforms & CKPTIO_DCP_TRANSFORM_ZSTD) {
+        CKPTIO_FORWARD(read_item(f, s, t->fqn, &v->item));
+        uint64_t raw_len = 0;
+        ckptio_status st = ckptio_zstd_decompressed_size(v->item, s->length, &raw_len);
+        if (st != CKPTIO_OK) return wrap(st, f, s->offset, t->fqn, "zstd item");
+        if (raw_len > chunk_bytes + ARCHIVE_OVERHEAD_MAX)
+            return IFAIL(CKPTIO_E_FORMAT, path, s->offset, t->fqn,
+                         "zstd item decompresses to %llu bytes, far more than its chunk's %llu",
+                         (unsigned long long)raw_len, (unsigned long long)chunk_bytes);
+        if (!(v->raw = ckptio__malloc(raw_len ? raw_len : 1)))
+            return CKPTIO_FAIL(CKPTIO_E_NOMEM, "out of memory decompressing %llu bytes", (unsigned long long)raw_len);
+        size_t got = 0;
+        if ((st = ckptio_zstd_decompress(v->item, s->length, v->raw, raw_len, &got)) != CKPTIO_OK)
+            return wrap(st, f, s->offset, t->fqn, "zstd item");
+        ckptio__free(v->item);
+        v->item = NULL;
+        if (got < 4 || memcmp(v->raw, "PK\x03\x04", 4) != 0)
+            return IFAIL(CKPTIO_E_FORMAT, path, s->offset, t->fqn, "the decompressed item is not a torch.save archive");
+        CKPTIO_FORWARD(from_archive(v->raw, got, f, s, t->fqn, v));
+    } else {
+        unsigned char magic[4] = {0};
+        if (s->length >= 4) CKPTIO_FORWARD(read_range(f, magic, 4, s->offset));
+        if (s->length >= 4 && memcmp(magic, "PK\x03\x04", 4) == 0) {
+            CKPTIO_FORWARD(read_item(f, s, t->fqn, &v->item));
+            CKPTIO_FORWARD(from_archive(v->item, s->length, f, s, t->fqn, v));
+        } else {
+            ckptio_safetensors *st = NULL;
+            size_t ti_index = 0;
+            ckptio_tensor_info ti;
+            CKPTIO_FORWARD(blob_header(h, f, fsize, s, t->fqn, &st));
+            if (ckptio_safetensors_find(st, t->fqn, &ti_index) != CKPTIO_OK)
+                return IFAIL(CKPTIO_E_FORMAT, path, s->offset, t->fqn, "the safetensors blob has no tensor '%s'",
+                             t->fqn);
+            CKPTIO_FORWARD(ckptio_safetensors_tensor(st, ti_index, &ti));
+            v->dtype = ti.dtype;
+            v->ndim = ti.ndim;
+            memcpy(v->shape, ti.shape, ti.ndim * sizeof *ti.shape);
+            /* safetensors counts F4 values, torch packed pairs. */
+            if (ti.dtype == CKPTIO_DTYPE_F4 && ti.ndim > 0) v->shape[ti.ndim - 1] /= 2;
+            int64_t acc = 1;
+            for (uint32_t d = ti.ndim; d-- > 0;) {
+                v->stride[d] = acc;
+                acc *= v->shape[d];
+            }
+            v->storage_nbytes = ti.nbytes;
+            if (direct && ti.nbytes == t->nbytes && t->nchunks == 1 && ti.dtype == t->dtype) {
+                v->direct = true;
+                v->storage = direct;
+            } else {
+                if (!(v->item = ckptio__malloc(ti.nbytes ? ti.nbytes : 1)))
+                    return CKPTIO_FAIL(CKPTIO_E_NOMEM, "out of memory for %llu bytes", (unsigned long long)ti.nbytes);
+                v->storage = v->item;
+            }
+            CKPTIO_FORWARD(read_range(f, (void *)v->storage, ti.nbytes, s->offset + ti.file_offset));
+        }
+    }
+    /* The stored tensor must be the chunk .metadata describes. */
+    if (v->dtype != t->dtype)
+        return IFAIL(CKPTIO_E_FORMAT, path, s->offset, t->fqn, "chunk %zu is stored as %s, .metadata says %s", c,
+                     ckptio_dtype_name(v->dtype), ckptio_dtype_name(t->dtype));
+    bool same = v->ndim == t->ndim;
+    for (uint32_t d = 0; same && d < t->ndim; d++) same = v->shape[d] == t->sizes[c * t->ndim + d];
+    if (!same)
+        return IFAIL(CKPTIO_E_FORMAT, path, s->offset, t->fqn,
+                     "chunk %zu is stored with another shape (%u dims) than .metadata gives it", c, v->ndim);
+    return CKPTIO_OK;
+}
+
+/* Copies the chunk box [off, off + size) from the view into the C-order
+ * tensor at dst. Each innermost row is one memcpy when the view's last
+ * stride is 1. */
+static void scatter(const ckptio__dcp_tensor *t, size_t c, const dcp_view *v, uint8_t *dst) {
+    const uint64_t es = ckptio__dcp_element_size(t->dtype);
+    const uint32_t nd = t->ndim;
+    const int64_t *off = t->offsets + c * nd, *size = t->sizes + c * nd;
+    const uint8_t *src = v->storage + v->storage_offset * es;
+    if (nd == 0) {
+        memcpy(dst, src, es);
+        return;
+    }
+    for (uint32_t d = 0; d < nd; d++)
+        if (size[d] == 0) return;
+    int64_t gstride[64], idx[64] = {0};
+    int64_t acc = 1;
+    for (uint32_t d = nd; d-- > 0;) {
+        gstride[d] = acc;
+        acc *= t->shape[d];
+    }
+    const uint32_t last = nd - 1;
+    for (;;) {
+        int64_t de = off[last], se = 0;
+        for (uint32_t d = 0; d < last; d++) {
+            de += (off[d] + idx[d]) * gstride[d];
+            se += idx[d] * v->stride[d];
+        }
+        uint8_t *drow = dst + (uint64_t)de * es;
+        const uint8_t *srow = src + (uint64_t)se * es;
+        if (v->stride[last] == 1) {
+            memcpy(drow, srow, (uint64_t)size[last] * es);
+        } else {
+            for (int64_t k = 0; k < size[last]; k++) memcpy(drow + k * es, srow + k * v->stride[last] * es, es);
+        }
+        uint32_t d = last;
+        while (d-- > 0) {
+            if (++idx[d] < size[d]) break;
+            idx[d] = 0;
+        }
+        if (d == UINT32_MAX) return;
+    }
+}
+
+/* Chunks tile the tensor exactly: inside it (checked at open), volumes
+ * summing to its element count, and pairwise disjoint. */
+static ckptio_status check_tiling(const ckptio_dcp *h, const ckptio__dcp_tensor *t) {
+    const uint32_t nd = t->ndim;
+    uint64_t total = 0;
+    for (size_t c = 0; c < t->nchunks; c++) {
+        uint64_t vol = 1;
+        for (uint32_t d = 0; d < nd; d++) vol *= (uint64_t)t->sizes[c * nd + d]; /* <= numel: no overflow */
+        if (vol == 0) continue;
+        if (ckptio__add_overflows(total, vol, &total)) total = UINT64_MAX;
+        for (size_t o = 0; o < c; o++) {
+            bool meet = true;
+            for (uint32_t d = 0; meet && d < nd; d++) {
+                const int64_t a0 = t->offsets[c * nd + d], a1 = a0 + t->sizes[c * nd + d];
+                const int64_t b0 = t->offsets[o * nd + d], b1 = b0 + t->sizes[o * nd + d];
+                meet = a0 < b1 && b0 < a1;
+            }
+            if (meet)
+                return CKPTIO_FAIL_CTX(CKPTIO_E_FORMAT,
+                                       &((ckptio__err_ctx){.path = h->md_path, .file_offset = -1, .subject = t->fqn}),
+                                       "chunks %zu and %zu overlap", o, c);
+        }
+    }
+    if (total != t->numel)
+        return CKPTIO_FAIL_CTX(CKPTIO_E_FORMAT,
+                               &((ckptio__err_ctx){.path = h->md_path, .file_offset = -1, .subject = t->fqn}),
+                               "the %zu chunks cover %llu of the tensor's %llu elements (a gap)", t->nchunks,
+                               (unsigned long long)total, (unsigned long long)t->numel);
+    return CKPTIO_OK;
+}
+
+ckptio_status ckptio_dcp_read_tensor(ckptio_dcp *h, size_t index, void *dst, uint64_t capacity) {
+    CKPTIO_RETURN_IF(!h || (!dst && capacity), CKPTIO_E_INVAL, "ckptio_dcp_read_tensor: handle and dst are required");
+    CKPTIO_RETURN_IF(index >= h->ntensors, CKPTIO_E_RANGE, "tensor index %zu out of range (%zu tensors)", index,
+                     h->ntensors);
+    const ckptio__dcp_tensor *t = &h->tensors[index];
+    if (capacity < t->nbytes)
+        return CKPTIO_FAIL_CTX(CKPTIO_E_RANGE, &((ckptio__err_ctx){.file_offset = -1, .subject = t->fqn}),
+                               "destination holds %llu bytes, the tensor needs %llu", (unsigned long long)capacity,
+                               (unsigned long long)t->nbytes);
+    CKPTIO_FORWARD(check_tiling(h, t));
+    for (size_t c = 0; c < t->nchunks; c++) {
+        dcp_view v;
+        ckptio_status st = decode(h, t, c, dst, &v);
+        if (st == CKPTIO_OK && !v.direct) scatter(t, c, &v, dst);
+        view_free(&v);
+        if (st != CKPTIO_OK) return st;
+    }
+    return CKPTIO_OK;
+}
+
+/* Reads byte item `index`, decompressed: *out is ckptio__malloc'ed. */
+static ckptio_status load_bytes(ckptio_dcp *h, size_t index, void **out, uint64_t *len) {
+    const ckptio__dcp_bytes *b = &h->bytes[index];
+    ckptio_file *f = NULL;
+    void *item = NULL;
+    *out = NULL;
+    CKPTIO_FORWARD(ckptio__dcp_item_bounds(h, &b->stored, b->fqn, &f));
+    CKPTIO_FORWARD(read_item(f, &b->stored, b->fqn, &item));
+    if (!(b->stored.transforms & CKPTIO_DCP_TRANSFORM_ZSTD)) {
+        *out = item;
+        *len = b->stored.length;
+        return CKPTIO_OK;
+    }
+    uint64_t raw_len = 0;
+    size_t got = 0;
+    ckptio_status st = ckptio_zstd_decompressed_size(item, b->stored.length, &raw_len);
+    if (st != CKPTIO_OK) st = wrap(st, f, b->stored.offset, b->fqn, "zstd item");
+    else if (raw_len > SIZE_MAX / 2 || !(*out = ckptio__malloc(raw_len ? raw_len : 1)))
+        st = CKPTIO_FAIL(CKPTIO_E_NOMEM, "out of memory decompressing %llu bytes", (unsigned long long)raw_len);
+    else if ((st = ckptio_zstd_decompress(item, b->stored.length, *out, raw_len, &got)) != CKPTIO_OK)
+        st = wrap(st, f, b->stored.offset, b->fqn, "zstd item");
+    ckptio__free(item);
+    if (st != CKPTIO_OK) {
+        ckptio__free(*out);
+        *out = NULL;
+        return st;
+    }
+    *len = got;
+    return CKPTIO_OK;
+}
+
+ckptio_status ckptio_dcp_read_bytes(ckptio_dcp *h, size_t index, void *dst, uint64_t capacity, uint64_t *len) {
+    CKPTIO_RETURN_IF(!h || !len || (!dst && capacity), CKPTIO_E_INVAL,
+                     "ckptio_dcp_read_bytes: handle, dst and len are required");
+    CKPTIO_RETURN_IF(index >= h->nbytes_items, CKPTIO_E_RANGE, "byte item %zu out of range (%zu items)", index,
+                     h->nbytes_items);
+    void *data = NULL;
+    CKPTIO_FORWARD(load_bytes(h, index, &data, len));
+    ckptio_status st = CKPTIO_OK;
+    if (*len > capacity)
+        st = CKPTIO_FAIL_CTX(CKPTIO_E_RANGE, &((ckptio__err_ctx){.file_offset = -1, .subject = h->bytes[index].fqn}),
+                             "destination holds %llu bytes, the item has %llu", (unsigned long long)capacity,
+                             (unsigned long long)*len);
+    else if (*len)
+        memcpy(dst, data, *len);
+    ckptio__free(data);
+    return st;
+}
+
+ckptio_status ckptio_dcp_check(ckptio_dcp *h, ckptio_dcp_verify_report *report) {
+    ckptio_dcp_verify_report r = {0};
+    ckptio_status st = CKPTIO_OK;
+    CKPTIO_RETURN_IF(!h, CKPTIO_E_INVAL, "ckptio_dcp_check: handle is required");
+    for (size_t j = 0; j < h->nbytes_items && st == CKPTIO_OK; j++) {
+        void *data = NULL;
+        uint64_t len = 0;
+        r.items++;
+        if ((st = load_bytes(h, j, &data, &len)) == CKPTIO_OK) {
+            r.checked++;
+            r.bytes += h->bytes[j].stored.length;
+        }
+        ckptio__free(data);
+    }
+    for (size_t i = 0; i < h->ntensors && st == CKPTIO_OK; i++) {
+        const ckptio__dcp_tensor *t = &h->tensors[i];
+        if ((st = check_tiling(h, t)) != CKPTIO_OK) break;
+        for (size_t c = 0; c < t->nchunks && st == CKPTIO_OK; c++) {
+            dcp_view v;
+            r.items++;
+            if ((st = decode(h, t, c, NULL, &v)) == CKPTIO_OK) {
+                r.checked++;
+                r.bytes += t->stored[c].length;
+            }
+            view_free(&v);
+        }
+    }
+    if (report) *report = r;
+    return st;
+}

@@ -1,0 +1,120 @@
+/*
+ * dcp_dir_internal.h - what the files of the DCP directory reader share
+ * (dcp_dir.c: the table from .metadata; dcp_assemble.c: decoding items and
+ * assembling tensors; dcp_manifest_verify.c: the ckptio manifest).
+ */
+#ifndef CKPTIO_DCP_DIR_INTERNAL_H
+#define CKPTIO_DCP_DIR_INTERNAL_H
+
+#include "common_internal.h"
+
+typedef struct ckptio__dcp_tensor {
+    char *fqn;
+    ckptio_dtype dtype;
+    uint32_t ndim;
+    int64_t *shape;             /* ndim */
+    uint64_t numel, nbytes;
+    size_t nchunks;
+    int64_t *offsets;           /* nchunks x ndim */
+    int64_t *sizes;             /* nchunks x ndim */
+    ckptio_dcp_stored *stored;  /* nchunks; file == NULL until storage_data names it */
+} ckptio__dcp_tensor;
+
+typedef struct ckptio__dcp_bytes {
+    char *fqn;
+    ckptio_dcp_stored stored;
+} ckptio__dcp_bytes;
+
+/* A parsed SAFETENSORS blob header, kept for the other tensors of the blob. */
+typedef struct ckptio__dcp_blob {
+    size_t file;
+    uint64_t offset;
+    ckptio_safetensors *st;
+} ckptio__dcp_blob;
+
+struct ckptio_dcp {
+    ckptio_engine *engine;
+    char *dir;
+    char *md_path;              /* DIR/.metadata, for error messages */
+    ckptio__dcp_tensor *tensors;
+    size_t ntensors;
+    size_t *by_name;            /* tensor indices sorted by fqn (bsearch) */
+    ckptio__dcp_bytes *bytes;
+    size_t nbytes_items;
+    size_t *bytes_by_name;      /* byte item indices sorted by fqn */
+    char **files;               /* distinct relative paths, sorted once the table is built */
+    size_t nfiles;
+    bool files_sorted;
+    size_t last_file;           /* lookup hint while parsing: items of one file come together */
+    ckptio_file **handles;      /* opened on first read */
+    uint64_t *file_sizes;
+    char *manifest_name;        /* from the save token, or NULL */
+    ckptio__dcp_blob *blobs;
+    size_t nblobs;
+};
+
+/* Element size in bytes as torch counts elements (float4_e2m1fn_x2: 1), 0
+ * for dtypes DCP cannot hold. */
+uint64_t ckptio__dcp_element_size(ckptio_dtype dtype);
+
+/* Index of `name` in dcp->files, or (size_t)-1. */
+size_t ckptio__dcp_file_index(const ckptio_dcp *dcp, const char *name);
+
+/* The data file `index` opened for reading (kept open), and its size. */
+ckptio_status ckptio__dcp_file(ckptio_dcp *dcp, size_t index, ckptio_file **file, uint64_t *size);
+
+/* Checks that [offset, offset + length) of the stored item lies in its
+ * file (CKPTIO_E_TRUNCATED naming file, offset and fqn otherwise). */
+ckptio_status ckptio__dcp_item_bounds(ckptio_dcp *dcp, const ckptio_dcp_stored *s, const char *fqn,
+                                      ckptio_file **file);
+
+/* A blocking transfer between `file` and host memory through the engine:
+ * small ones directly, large ones as a one-extent plan that the engine
+ * splits into chunks and runs on its workers. */
+ckptio_status ckptio__dcp_io(ckptio_file *file, ckptio_direction dir, void *buf, uint64_t len, uint64_t offset);
+
+/* Tensor / byte item index of `fqn`, or (size_t)-1. */
+size_t ckptio__dcp_tensor_index(const ckptio_dcp *dcp, const char *fqn);
+size_t ckptio__dcp_bytes_index(const ckptio_dcp *dcp, const char *fqn);
+
+/* ---- the ckptio manifest (dcp_manifest_verify.c) ---------------------------- */
+
+typedef struct ckptio__dcp_mpart {
+    uint64_t offset;            /* relative to the item's data_offset */
+    uint64_t length;
+    uint64_t hash;
+} ckptio__dcp_mpart;
+
+typedef struct ckptio__dcp_mitem {
+    char *fqn;
+    int has_offset;             /* 0 for byte items ("offset": null) */
+    uint32_t ndim;
+    int64_t *offset;            /* ndim chunk offsets */
+    char *file;
+    uint64_t data_offset, nbytes;
+    int hashed;                 /* "xxh3" was a hex string */
+    uint64_t hash;
+    size_t nparts;              /* "parts": tile [0, nbytes) in order */
+    ckptio__dcp_mpart *parts;
+} ckptio__dcp_mitem;
+
+typedef struct ckptio__dcp_manifest {
+    char **files;
+    size_t nfiles;
+    ckptio__dcp_mitem *items;
+    size_t count;
+} ckptio__dcp_manifest;
+
+/* Parses a manifest's text. Guarantees on success: every "file" and every
+ * item's file is a plain name (no '/', not "." or ".."), each item's file is
+ * one of "files", data_offset + nbytes does not overflow, parts tile
+ * [0, nbytes) in order. Errors (CKPTIO_E_FORMAT) name `origin` and the
+ * field. *out is zeroed on failure; free with ckptio__dcp_manifest_free. */
+ckptio_status ckptio__dcp_manifest_parse(const char *text, size_t len, const char *origin,
+                                         ckptio__dcp_manifest *out);
+void ckptio__dcp_manifest_free(ckptio__dcp_manifest *m);
+
+/* A relative_path or manifest "file" that stays inside the directory. */
+bool ckptio__dcp_plain_name(const char *name, size_t len);
+
+#endif /* CKPTIO_DCP_DIR_INTERNAL_H */

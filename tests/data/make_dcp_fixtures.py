@@ -1,0 +1,171 @@
+"""Generates the DCP directory fixtures of tests/test_dcp_dir.c (run once; the
+output is committed). Needs torch (CPU) and ckptio's Python package:
+
+    PYTHONPATH=python python3 tests/data/make_dcp_fixtures.py
+
+Writes into tests/data/dcp/:
+  ts/       stock torch FileSystemWriter, TORCH_SAVE, one process
+  st/       stock torch FileSystemWriter, SAFETENSORS, one process
+  zstd/     ckptio.dcp.FileSystemWriter with ckptio.dcp.ZStandard (manifest)
+  sharded/  ckptio.dcp.FileSystemWriter on 2 gloo ranks, DTensors (manifest)
+  sharded_torch/  stock torch on the same 2 ranks (no manifest)
+and NAME.expected.safetensors: the full state dict's tensors, for comparing
+assembled bytes; bad_*.metadata: broken variants of ts/ and sharded/
+.metadata (the test copies the directory and swaps the file in). Small on purpose (alignment 64 for ckptio's writer).
+"""
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import warnings
+
+import torch
+import torch.distributed.checkpoint as dcp
+from safetensors.torch import save_file
+from torch.distributed.checkpoint.filesystem import SerializationFormat
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+OUT = os.path.join(HERE, "dcp")
+ROOT = os.path.dirname(os.path.dirname(HERE))
+sys.path.insert(0, os.path.join(ROOT, "python"))
+import ckptio.dcp as cdcp  # noqa: E402
+
+
+def single_state():
+    return {
+        "w": torch.arange(12, dtype=torch.float32).reshape(3, 4),
+        "b": (torch.arange(5, dtype=torch.float32) / 4).to(torch.bfloat16),
+        "s": torch.tensor(2.5, dtype=torch.float64),
+        # A transposed view: torch.save keeps its strides inside the item.
+        "t": torch.arange(6, dtype=torch.int16).reshape(2, 3).t(),
+        "nested": {"m": torch.full((2, 2), 7, dtype=torch.int64)},
+        "step": 7,
+    }
+
+
+def tensors_of(sd, prefix=""):
+    out = {}
+    for k, v in sd.items():
+        if isinstance(v, dict):
+            out.update(tensors_of(v, prefix + k + "."))
+        elif isinstance(v, torch.Tensor):
+            out[prefix + k] = v.contiguous()
+    return out
+
+
+def fresh(name):
+    path = os.path.join(OUT, name)
+    shutil.rmtree(path, ignore_errors=True)
+    return path
+
+
+WORKER = r'''
+import os, sys, warnings
+warnings.simplefilter("ignore")
+import torch, torch.distributed as dist, torch.distributed.checkpoint as dcp
+from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.tensor import Shard, Replicate, distribute_tensor
+import ckptio.dcp as cdcp
+rank, store, mine, theirs = int(sys.argv[1]), sys.argv[2], sys.argv[3], sys.argv[4]
+dist.init_process_group("gloo", init_method="file://" + store, rank=rank, world_size=2)
+mesh = init_device_mesh("cpu", (2,))
+A = torch.arange(15, dtype=torch.float32).reshape(5, 3)          # 5 rows over 2 ranks: 3 + 2
+B = torch.arange(12, dtype=torch.int32).reshape(2, 6) * 3          # by columns
+R = torch.tensor([1.5, -2.0, 0.25])                                  # replicated: saved once
+sd = {"A": distribute_tensor(A, mesh, [Shard(0)]), "B": distribute_tensor(B, mesh, [Shard(1)]),
+      "R": distribute_tensor(R, mesh, [Replicate()]), "step": 11}
+dcp.save(sd, storage_writer=cdcp.FileSystemWriter(mine, alignment=64))
+dcp.save(sd, storage_writer=dcp.FileSystemWriter(theirs))
+dist.barrier()
+dist.destroy_process_group()
+'''
+
+
+def main():
+    os.makedirs(OUT, exist_ok=True)
+    warnings.simplefilter("ignore")
+    sd = single_state()
+    dcp.save(sd, storage_writer=dcp.FileSystemWriter(fresh("ts")), no_dist=True)
+    # torch's SAFETENSORS writer refuses non-contiguous tensors.
+    sd_st = dict(sd, t=sd["t"].contiguous())
+    dcp.save(sd_st, storage_writer=dcp.FileSystemWriter(fresh("st"), serialization_format=SerializationFormat.SAFETENSORS),
+             no_dist=True)
+    dcp.save(sd, storage_writer=cdcp.FileSystemWriter(fresh("zstd"), alignment=64, _extensions=[cdcp.ZStandard()]),
+             no_dist=True)
+    for name in ("ts", "st", "zstd"):
+        save_file(tensors_of(sd), os.path.join(OUT, name + ".expected.safetensors"))
+
+    with tempfile.TemporaryDirectory() as tmp:
+        script = os.path.join(tmp, "worker.py")
+        with open(script, "w") as f:
+            f.write(WORKER)
+        env = dict(os.environ, PYTHONPATH=os.path.join(ROOT, "python"), OMP_NUM_THREADS="1")
+        mine, theirs = fresh("sharded"), fresh("sharded_torch")
+        procs = [subprocess.Popen([sys.executable, script, str(r), os.path.join(tmp, "store"), mine, theirs], env=env)
+                 for r in range(2)]
+        for p in procs:
+            if p.wait(timeout=300) != 0 and not os.path.exists(os.path.join(theirs, ".metadata")):
+                # gloo teardown sometimes aborts after the saves completed; only a missing save counts.
+                raise SystemExit("a rank failed")
+    full = {"A": torch.arange(15, dtype=torch.float32).reshape(5, 3),
+            "B": torch.arange(12, dtype=torch.int32).reshape(2, 6) * 3,
+            "R": torch.tensor([1.5, -2.0, 0.25])}
+    for name in ("sharded", "sharded_torch"):
+        save_file(full, os.path.join(OUT, name + ".expected.safetensors"))
+    bad_variants()
+    for name in os.listdir(OUT):
+        os.chmod(os.path.join(OUT, name), 0o755 if os.path.isdir(os.path.join(OUT, name)) else 0o644)
+
+
+def bad_variants():
+    """Broken .metadata files, made by editing the real object graph."""
+    import copy
+    import dataclasses
+    import pickle
+
+    from torch.distributed.checkpoint.metadata import ChunkStorageMetadata
+
+    def load(name):
+        with open(os.path.join(OUT, name, ".metadata"), "rb") as f:
+            return pickle.load(f)
+
+    def dump(md, name):
+        with open(os.path.join(OUT, name), "wb") as f:
+            pickle.dump(md, f)
+
+    def relpath(md, path):
+        md = copy.deepcopy(md)
+        for info in md.storage_data.values():
+            info.relative_path = path
+        return md
+
+    ts = load("ts")
+    dump(relpath(ts, "../evil.distcp"), "bad_traversal.metadata")
+    dump(relpath(ts, "/etc/passwd"), "bad_absolute.metadata")
+    md = copy.deepcopy(ts)
+    for info in md.storage_data.values():
+        info.transform_descriptors = ["stream.gzip/1"]
+    dump(md, "bad_transform.metadata")
+    md = copy.deepcopy(ts)
+    md.state_dict_metadata["w"].chunks = [ChunkStorageMetadata(offsets=torch.Size([0, 0, 0]), sizes=torch.Size([3, 4]))]
+    dump(md, "bad_dims.metadata")
+    md = copy.deepcopy(ts)  # w's one chunk covers rows 0..1 of 3: a gap
+    md.state_dict_metadata["w"].chunks = [ChunkStorageMetadata(offsets=torch.Size([0, 0]), sizes=torch.Size([2, 4]))]
+    dump(md, "bad_gap.metadata")
+    sh = load("sharded")  # A's second chunk moved up one row: overlaps the first
+    md = copy.deepcopy(sh)
+    chunks = md.state_dict_metadata["A"].chunks
+    moved = [c for c in chunks if c.offsets[0] != 0][0]
+    old = moved.offsets
+    moved.offsets = torch.Size([old[0] - 1, 0])
+    moved.sizes = torch.Size([moved.sizes[0] + 1, 3])
+    for idx in list(md.storage_data):
+        if idx.fqn == "A" and idx.offset == old:
+            info = md.storage_data.pop(idx)
+            md.storage_data[dataclasses.replace(idx, offset=moved.offsets)] = info
+    dump(md, "bad_overlap.metadata")
+
+
+if __name__ == "__main__":
+    main()

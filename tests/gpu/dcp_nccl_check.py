@@ -1,0 +1,286 @@
+"""dcp_nccl_check.py - ckptio.dcp with several ranks on NCCL (one GPU each).
+
+    torchrun --standalone --nproc_per_node=2 tests/gpu/dcp_nccl_check.py --dir /tmp/x --out $OUT [--size-mb 256]
+    torchrun --standalone --nproc_per_node=2 tests/gpu/dcp_nccl_check.py --dir /tmp/x --backend gloo --device cpu
+
+A sharded state dict of DTensors on a 1-D mesh over all ranks (Shard(0),
+Shard(1) and Replicate() parameters in float32, bfloat16, float16 and int64,
+about --size-mb in total, plus a step counter) is saved with
+ckptio.dcp.FileSystemWriter (thread_count 1 and 4, and dcp.async_save) and
+with torch's stock FileSystemWriter, then loaded into freshly created
+DTensors of the same and of another sharding with ckptio.dcp.FileSystemReader
+(load-once broadcast on and off) and with torch's stock reader, and compared
+bit for bit (torch.equal on full_tensor()). With broadcast on, the bytes read
+from storage over all ranks must equal the stored bytes (replicated items
+read once); with it off, every rank reads the replicated items itself.
+
+Prints one "PASS name" / "FAIL name: why" line per check (rank 0; other
+ranks print their own failures), one "time ..." line per save and load, and
+writes dcp_nccl_check.json to --out. Exit status 1 when any check failed.
+The NCCL process group is "cpu:gloo,cuda:nccl" (dcp.async_save needs a CPU
+backend); NCCL_NVLS_ENABLE=0 is expected in the environment on shared hosts.
+"""
+import argparse
+import json
+import os
+import pickle
+import shutil
+import sys
+import time
+import traceback
+import warnings
+
+import torch
+import torch.distributed as dist
+import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint.metadata import BytesStorageMetadata
+from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.tensor import DTensor, Replicate, Shard, distribute_tensor
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "python"))
+import ckptio.dcp as cdcp  # noqa: E402
+
+warnings.filterwarnings("ignore")
+
+# name: (dtype, share of the total bytes, columns, placement at save, placement of the "other" load)
+PARAMS = {
+    "emb": (torch.bfloat16, 0.30, 4096, Shard(0), Shard(1)),
+    "w1": (torch.float32, 0.20, 2048, Shard(1), Shard(0)),
+    "w2": (torch.bfloat16, 0.25, 1024, Replicate(), Shard(0)),
+    "norm": (torch.float32, 0.02, 512, Replicate(), Replicate()),
+    "idx": (torch.int64, 0.13, 256, Shard(0), Replicate()),
+    "h16": (torch.float16, 0.10, 1000, Shard(0), Shard(0)),
+}
+
+
+class Checks:
+    def __init__(self, rank):
+        self.rank = rank
+        self.results = {}
+        self.times = {}
+
+    def check(self, name, fn):
+        """Runs fn on every rank; the check passes when it passed everywhere."""
+        err = None
+        try:
+            ok = fn()
+            if ok is False:
+                err = "returned False"
+            elif isinstance(ok, str):
+                err = ok
+        except Exception as e:  # noqa: BLE001 - reported as FAIL, the run goes on
+            err = f"{type(e).__name__}: {e}"
+            traceback.print_exc()
+        flag = torch.tensor([0 if err is None else 1], device=DEVICE)
+        dist.all_reduce(flag)
+        passed = flag.item() == 0
+        self.results[name] = passed
+        if err is not None:
+            print(f"FAIL {name} (rank {self.rank}): {err[:2000]}", flush=True)
+        elif self.rank == 0:
+            print(f"{'PASS' if passed else 'FAIL'} {name}" + ("" if passed else " (failed on another rank)"),
+                  flush=True)
+        return passed
+
+    def timed(self, name, nbytes, fn):
+        sync()
+        dist.barrier()
+        t0 = time.perf_counter()
+        out = fn()
+        sync()
+        dist.barrier()
+        dt = time.perf_counter() - t0
+        self.times[name] = dt
+        if self.rank == 0:
+            print(f"time {name}: {dt:.3f} s, {nbytes / dt / 1e9:.2f} GB/s ({nbytes / 1e6:.0f} MB)", flush=True)
+        return out
+
+
+def sync():
+    if DEVICE.type == "cuda":
+        torch.cuda.synchronize()
+
+
+def shapes(size_mb):
+    total = size_mb * 1e6
+    out = {}
+    for name, (dtype, share, cols, _, _) in PARAMS.items():
+        rows = max(int(total * share / (cols * dtype.itemsize)) // 4 * 4, 4)
+        out[name] = (rows, cols)
+    return out
+
+
+def full_values(size_mb):
+    """The same full tensors on every rank (seeded on the CPU: identical everywhere)."""
+    g = torch.Generator().manual_seed(1234)
+    vals = {}
+    for name, (rows, cols) in shapes(size_mb).items():
+        dtype = PARAMS[name][0]
+        if dtype == torch.int64:
+            t = torch.randint(-(2 ** 40), 2 ** 40, (rows, cols), generator=g, dtype=torch.int64)
+        else:
+            t = torch.randn(rows, cols, generator=g).to(dtype)
+        vals[name] = t.to(DEVICE)
+    return vals
+
+
+def make_state(mesh, vals, which):
+    sd = {}
+    for name, t in vals.items():
+        placement = PARAMS[name][3] if which == "save" else PARAMS[name][4]
+        if which == "zeros_same":
+            placement = PARAMS[name][3]
+        src = t if which == "save" else torch.zeros_like(t)
+        sd[name] = distribute_tensor(src, mesh, [placement])
+    sd["step"] = 1234 if which == "save" else 0
+    return sd
+
+
+def compare(sd, vals):
+    bad = []
+    for name, want in vals.items():
+        got = sd[name].full_tensor() if isinstance(sd[name], DTensor) else sd[name]
+        if got.dtype != want.dtype or not torch.equal(got, want):
+            bad.append(name)
+    if sd["step"] != 1234:
+        bad.append(f"step={sd['step']}")
+    return f"values differ: {bad}" if bad else True
+
+
+def stored_bytes(path):
+    """(bytes of every stored item once, bytes of the byte items among them)."""
+    with open(os.path.join(path, ".metadata"), "rb") as f:
+        md = pickle.load(f)
+    total = byte_items = 0
+    for idx, info in md.storage_data.items():
+        entry = md.state_dict_metadata[idx.fqn]
+        if isinstance(entry, BytesStorageMetadata):
+            byte_items += info.length
+        elif info.transform_descriptors:
+            total += info.length
+        else:
+            chunk = next(c for c in entry.chunks if tuple(c.offsets) == tuple(idx.offset))
+            total += chunk.sizes.numel() * entry.properties.dtype.itemsize
+    return total + byte_items, byte_items
+
+
+def summed(value):
+    t = torch.tensor([value], dtype=torch.int64, device=DEVICE)
+    dist.all_reduce(t)
+    return int(t.item())
+
+
+def main():
+    global DEVICE
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--dir", required=True)
+    ap.add_argument("--out", default=None)
+    ap.add_argument("--size-mb", "--size", dest="size_mb", type=int, default=256)
+    ap.add_argument("--backend", default="nccl", choices=["nccl", "gloo"])
+    ap.add_argument("--device", default="cuda", choices=["cuda", "cpu"])
+    args = ap.parse_args()
+
+    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+    if args.device == "cuda":
+        torch.cuda.set_device(local_rank)
+        DEVICE = torch.device("cuda", local_rank)
+    else:
+        DEVICE = torch.device("cpu")
+    backend = "cpu:gloo,cuda:nccl" if args.backend == "nccl" else "gloo"
+    dist.init_process_group(backend)
+    rank, world = dist.get_rank(), dist.get_world_size()
+    mesh = init_device_mesh(args.device, (world,))
+    checks = Checks(rank)
+    base = os.path.abspath(args.dir)
+    if rank == 0:
+        shutil.rmtree(base, ignore_errors=True)
+        os.makedirs(base)
+    dist.barrier()
+
+    vals = full_values(args.size_mb)
+    nbytes = sum(t.numel() * t.element_size() for t in vals.values())
+    replicated = sum(vals[n].numel() * vals[n].element_size() for n, p in PARAMS.items() if p[3] == Replicate())
+    if rank == 0:
+        print(f"== {world} ranks, backend {backend}, device {args.device}, torch {torch.__version__}, "
+              f"state dict {nbytes / 1e6:.0f} MB ({replicated / 1e6:.0f} MB replicated)", flush=True)
+    sd = make_state(mesh, vals, "save")
+
+    # ---- saves --------------------------------------------------------------------------------
+    dirs = {}
+    for threads in (1, 4):
+        path = os.path.join(base, f"ckptio_t{threads}")
+        dirs[f"ckptio_t{threads}"] = path
+        checks.check(f"save ckptio thread_count={threads}", lambda path=path, threads=threads: checks.timed(
+            f"save ckptio thread_count={threads}", nbytes,
+            lambda: dcp.save(sd, storage_writer=cdcp.FileSystemWriter(path, thread_count=threads))) or True)
+    path = os.path.join(base, "ckptio_async")
+    dirs["ckptio_async"] = path
+    writer = cdcp.FileSystemWriter(path, thread_count=4, cache_staged_state_dict=True)
+
+    def async_save():
+        holder = {}
+        stall = checks.timed("async_save stall (caller blocked)", nbytes,
+                             lambda: holder.setdefault("fut", dcp.async_save(sd, storage_writer=writer)))
+        holder["fut"].result()
+        dist.barrier()
+        return stall is not None
+
+    checks.check("save ckptio dcp.async_save", lambda: checks.timed("async_save until durable", nbytes, async_save))
+    path = os.path.join(base, "torch_stock")
+    dirs["torch_stock"] = path
+    checks.check("save torch stock FileSystemWriter", lambda: checks.timed(
+        "save torch stock", nbytes, lambda: dcp.save(sd, storage_writer=dcp.FileSystemWriter(path, thread_count=4)))
+        or True)
+
+    # ---- loads --------------------------------------------------------------------------------
+    def load(name, path, reader, layout, expect_read=None):
+        def run():
+            out = make_state(mesh, vals, "zeros_same" if layout == "same" else "zeros_other")
+            checks.timed(f"load {name}", nbytes, lambda: dcp.load(out, storage_reader=reader))
+            result = compare(out, vals)
+            stats = getattr(reader, "last_read_stats", None)
+            if expect_read is not None:  # a collective: every rank gets here
+                got = summed(stats["bytes_read"] if stats else -(1 << 50))
+                want = expect_read(*stored_bytes(path))
+                if result is True and got != want:
+                    result = f"bytes read over all ranks {got}, expected {want} ({stats})"
+                elif rank == 0:
+                    print(f"   {name}: bytes_read over ranks {got} (expected {want}), rank 0 {stats}", flush=True)
+            return result
+
+        checks.check(f"load {name}", run)
+
+    once = lambda total, byte_items: total  # noqa: E731 - every stored byte read by exactly one rank
+    # Broadcast off: every rank reads the replicated tensors and the byte items itself.
+    each = lambda total, byte_items: total + (world - 1) * (replicated + byte_items)  # noqa: E731
+    for key in ("ckptio_t1", "ckptio_t4", "ckptio_async"):
+        path = dirs[key]
+        load(f"{key} same sharding, broadcast on", path, cdcp.FileSystemReader(path, broadcast=True), "same", once)
+        load(f"{key} same sharding, broadcast off", path, cdcp.FileSystemReader(path, broadcast=False), "same", each)
+        load(f"{key} other sharding, broadcast on", path, cdcp.FileSystemReader(path, broadcast=True), "other")
+    load("ckptio_t4 by torch stock reader", dirs["ckptio_t4"], dcp.FileSystemReader(dirs["ckptio_t4"]), "same")
+    load("torch_stock by ckptio reader, broadcast on", dirs["torch_stock"],
+         cdcp.FileSystemReader(dirs["torch_stock"], broadcast=True), "same", once)
+    load("torch_stock by ckptio reader, other sharding", dirs["torch_stock"],
+         cdcp.FileSystemReader(dirs["torch_stock"]), "other")
+
+    failed = [k for k, v in checks.results.items() if not v]
+    if rank == 0:
+        print(f"== {len(checks.results) - len(failed)} passed, {len(failed)} failed", flush=True)
+        if args.out:
+            os.makedirs(args.out, exist_ok=True)
+            with open(os.path.join(args.out, "dcp_nccl_check.json"), "w") as f:
+                json.dump({"world": world, "backend": backend, "device": args.device, "torch": torch.__version__,
+                           "state_bytes": nbytes, "replicated_bytes": replicated, "checks": checks.results,
+                           "seconds": checks.times}, f, indent=1)
+    dist.barrier()
+    dist.destroy_process_group()
+    if rank == 0:
+        shutil.rmtree(base, ignore_errors=True)
+    sys.exit(1 if failed else 0)
+
+
+DEVICE = torch.device("cpu")
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,124 @@
+"""Checksums of ckptio.dcp items: one XXH3-64 per item, or hashed parts
+(4 MiB blocks, computed on the staging copies) for items saved from GPU
+memory and for multi-block SAFETENSORS tensors. Every part is checked by
+ckptio.dcp.verify; a flipped byte in any part is named."""
+import glob
+import json
+import os
+
+import pytest
+
+torch = pytest.importorskip("torch")
+import torch.distributed.checkpoint as dcp  # noqa: E402
+from torch.distributed.checkpoint.filesystem import SerializationFormat  # noqa: E402
+
+import ckptio  # noqa: E402
+import ckptio.dcp as cdcp  # noqa: E402
+
+pytestmark = pytest.mark.filterwarnings("ignore")
+
+BLOCK = 4 << 20
+cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+
+
+def big_state(device="cpu"):
+    g = torch.Generator().manual_seed(5)
+    return {
+        "big": torch.randn(9 * BLOCK // 4 + 3, generator=g).to(device),  # 9 full blocks and 12 bytes
+        "small": torch.randn(100, generator=g).to(device),
+        "step": 7,
+    }
+
+
+def manifest_of(path):
+    (name,) = glob.glob(os.path.join(path, ".ckptio-manifest-*.json"))
+    with open(name) as f:
+        return json.load(f)
+
+
+def flip(path, item, rel):
+    with open(os.path.join(path, item["file"]), "r+b") as f:
+        f.seek(item["data_offset"] + rel)
+        b = f.read(1)
+        f.seek(item["data_offset"] + rel)
+        f.write(bytes([b[0] ^ 0x10]))
+
+
+def check_parts(path, fqn):
+    doc = manifest_of(path)
+    (item,) = [i for i in doc["items"] if i["fqn"] == fqn]
+    assert item["xxh3"] is None and item["parts"], item
+    ends = 0
+    for off, n, h in item["parts"]:
+        assert off == ends and 0 < n <= BLOCK and len(h) == 16
+        ends += n
+    assert ends == item["nbytes"]
+    return item
+
+
+def roundtrip_and_flip(path, sd, fmt, fqn):
+    dcp.save(sd, storage_writer=cdcp.FileSystemWriter(path, serialization_format=fmt))
+    item = check_parts(path, fqn)
+    rep = cdcp.verify(path)
+    assert rep["unhashed"] == 0 and rep["checked"] == rep["items"]
+    # Damage the middle of the last (short) part: the error names the item and the part's offset.
+    off, n, _ = item["parts"][-1]
+    flip(path, item, off + n // 2)
+    with pytest.raises(ckptio.CkptioError) as e:
+        cdcp.verify(path)
+    assert e.value.status_name == "E_CHECKSUM"
+    assert fqn in str(e.value) and str(item["data_offset"] + off) in str(e.value)
+
+
+def test_safetensors_format_items_are_hashed_in_parts(tmp_path):
+    """SAFETENSORS blobs: the per-block hashes of the blob's manifest become
+    the items' parts (host memory here; GPU memory the same way)."""
+    path = str(tmp_path / "ck")
+    sd = big_state()
+    roundtrip_and_flip(path, sd, SerializationFormat.SAFETENSORS, "big")
+    # The per-blob manifest was consumed, not left beside the data file.
+    assert not glob.glob(os.path.join(path, "*.distcp.ckptio-manifest.json"))
+    doc = manifest_of(path)
+    (small,) = [i for i in doc["items"] if i["fqn"] == "small"]
+    assert small["xxh3"] is not None and "parts" not in small
+
+
+def test_host_torch_save_items_have_one_hash(tmp_path):
+    path = str(tmp_path / "ck")
+    dcp.save(big_state(), storage_writer=cdcp.FileSystemWriter(path))
+    doc = manifest_of(path)
+    assert all(i["xxh3"] is not None and "parts" not in i for i in doc["items"])
+    assert cdcp.verify(path)["checked"] == len(doc["items"])
+
+
+def test_verify_refuses_parts_that_do_not_tile(tmp_path):
+    path = str(tmp_path / "ck")
+    dcp.save(big_state(), storage_writer=cdcp.FileSystemWriter(path, serialization_format=SerializationFormat.SAFETENSORS))
+    (name,) = glob.glob(os.path.join(path, ".ckptio-manifest-*.json"))
+    doc = manifest_of(path)
+    (item,) = [i for i in doc["items"] if i["fqn"] == "big"]
+    item["parts"] = item["parts"][1:]
+    with open(name, "w") as f:
+        json.dump(doc, f)
+    with pytest.raises(ckptio.CkptioError) as e:
+        cdcp.verify(path)
+    assert e.value.status_name == "E_FORMAT" and '"parts"[0]' in str(e.value) and "does not continue" in str(e.value)
+
+
+@cuda
+@pytest.mark.parametrize("fmt", [SerializationFormat.TORCH_SAVE, SerializationFormat.SAFETENSORS])
+def test_gpu_items_are_hashed_on_the_staging_copies(tmp_path, fmt):
+    path = str(tmp_path / "ck")
+    sd = big_state("cuda")
+    roundtrip_and_flip(path, sd, fmt, "big")
+
+
+@cuda
+def test_gpu_items_load_back_exactly(tmp_path):
+    path = str(tmp_path / "ck")
+    sd = big_state("cuda")
+    dcp.save(sd, storage_writer=cdcp.FileSystemWriter(path))
+    out = {"big": torch.zeros_like(sd["big"]), "small": torch.zeros_like(sd["small"]), "step": 0}
+    dcp.load(out, storage_reader=cdcp.FileSystemReader(path))
+    assert torch.equal(out["big"], sd["big"]) and torch.equal(out["small"], sd["small"]) and out["step"] == 7
+    assert cdcp.verify(path)["unhashed"] == 0

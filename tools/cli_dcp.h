@@ -1,0 +1,38 @@
+/*
+ * cli_dcp.h - the `ckptio` subcommands' branches for checkpoint
+ * directories: torch.distributed.checkpoint (DCP) directories (a .metadata
+ * inside) and Hugging Face sharded safetensors (model.safetensors.index.json).
+ * inspect, verify and convert call these when their operand is one.
+ */
+#ifndef CKPTIO_CLI_DCP_H
+#define CKPTIO_CLI_DCP_H
+
+#include "cli.h"
+
+/* True when `path` is a directory holding a .metadata file. */
+bool cli_is_dcp_dir(const char *path);
+
+/* True when `path` is a Hugging Face index (a file named *.index.json, or a
+ * directory holding model.safetensors.index.json); *index receives the
+ * index file's path (cap bytes). */
+bool cli_find_hf_index(const char *path, char *index, size_t cap);
+
+/* `ckptio inspect DIR [--json]` (cmd_dcp_dir.c). */
+int cli_dcp_inspect(ckptio_engine *engine, const char *dir, bool json);
+
+/* `ckptio verify DIR`: checksums against the ckptio manifest, or without
+ * one a structural check, said so in the result line (cmd_dcp_dir.c). */
+int cli_dcp_verify(ckptio_engine *engine, const char *dir, bool quiet);
+
+/* `ckptio convert DIR OUT`: one safetensors file, or with shard_size > 0
+ * (or an OUT without the .safetensors suffix) the Hugging Face sharded
+ * layout in directory OUT (cmd_dcp_convert.c). shard_size 0 with a
+ * directory OUT means 5 GB. */
+int cli_dcp_convert(ckptio_engine *engine, const char *dir, const char *out, uint64_t shard_size, bool quiet);
+
+/* `ckptio inspect` / `ckptio verify` on a Hugging Face index: tensors across
+ * shards, each shard validated and read (cmd_hf_index.c). */
+int cli_hf_inspect(ckptio_engine *engine, const char *index, bool json);
+int cli_hf_verify(ckptio_engine *engine, const char *index, bool quiet);
+
+#endif /* CKPTIO_CLI_DCP_H */
