@@ -17,7 +17,7 @@ OUT=${OUT:-$PWD/gpu-out}
 SCRATCH=${SCRATCH:-/tmp}
 mkdir -p "$OUT"
 export LD_LIBRARY_PATH=$PWD/build-gpu/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
-export PYTHONPATH=$PWD/python PYTHONUNBUFFERED=1
+export PYTHONPATH=$PWD/python PYTHONUNBUFFERED=1 CKPTIO_BUILD_DIR=$PWD/build-gpu
 # NVLink multicast stays off on shared hosts (see the device notes).
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 status=0
