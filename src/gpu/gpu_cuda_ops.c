@@ -40,14 +40,24 @@ static ckptio_mem_kind cuda_classify(const void *ptr, int *device) {
     return CKPTIO_MEM_CUDA;
 }
 
+static ckptio_status cuda_ctx_enter(int device);
+static void cuda_ctx_leave(int device);
+
 static ckptio_status cuda_mem_range(const void *ptr, uintptr_t *base, uint64_t *size) {
     const ckptio__cuda_api *cu;
     CKPTIO_FORWARD(need_api(&cu));
+    /* cuMemGetAddressRange only finds allocations of the current context:
+     * memory of device 1 looked up while the caller's device 0 is current
+     * is CUDA_ERROR_NOT_FOUND. Ask in the owning device's context. */
+    int device = -1;
+    if (cuda_classify(ptr, &device) != CKPTIO_MEM_CUDA || device < 0) device = -1;
+    if (device >= 0) CKPTIO_FORWARD(cuda_ctx_enter(device));
     CUdeviceptr b = 0;
     size_t s = 0;
     CUresult r = cu->cuMemGetAddressRange(&b, &s, (CUdeviceptr)(uintptr_t)ptr);
+    if (device >= 0) cuda_ctx_leave(device);
     if (r != CUDA_SUCCESS)
-        return CKPTIO_CUDA_FAIL(r, "cuMemGetAddressRange(%p): not a valid device address", ptr);
+        return CKPTIO_CUDA_FAIL(r, "cuMemGetAddressRange(%p, device %d): not a valid device address", ptr, device);
     *base = (uintptr_t)b;
     *size = s;
     return CKPTIO_OK;

@@ -97,3 +97,20 @@ def test_large_load_to_cuda_matches(tmp_path):
     ckptio.save({"t": t}, path)
     got = ckptio.load(path, device="cuda")["t"]
     assert torch.equal(got.cpu(), t)
+
+
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs 2 CUDA devices")
+def test_tensors_on_a_device_that_is_not_current(tmp_path):
+    """Device memory is looked up in its own device's context, not the
+    caller's current one (cuMemGetAddressRange is per context)."""
+    torch.cuda.set_device(0)
+    t = torch.randn(3 << 20, device="cuda:1")
+    for name in ("m.safetensors", "m.pt"):
+        path = tmp_path / name
+        ckptio.save({"t": t}, path)
+        got = ckptio.load(path, device="cuda:1")["t"]
+        assert got.device == torch.device("cuda", 1) and torch.equal(got, t)
+        assert torch.equal(ckptio.load(path, device="cuda:0")["t"].cpu(), t.cpu())
+    torch.cuda.set_device(1)
+    assert torch.equal(ckptio.load(tmp_path / "m.safetensors", device="cuda:0")["t"].cpu(), t.cpu())
+    torch.cuda.set_device(0)
