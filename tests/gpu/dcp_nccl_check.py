@@ -216,11 +216,16 @@ def main():
     path = os.path.join(base, "ckptio_async")
     dirs["ckptio_async"] = path
     writer = cdcp.FileSystemWriter(path, thread_count=4, cache_staged_state_dict=True)
+    # The background save runs collectives while this thread goes on with its
+    # own (the timing barriers): they must not share a group, or the two
+    # threads' collectives interleave differently on each rank and hang.
+    async_group = dist.new_group(backend="gloo")
 
     def async_save():
         holder = {}
         stall = checks.timed("async_save stall (caller blocked)", nbytes,
-                             lambda: holder.setdefault("fut", dcp.async_save(sd, storage_writer=writer)))
+                             lambda: holder.setdefault("fut", dcp.async_save(sd, storage_writer=writer,
+                                                                               process_group=async_group)))
         holder["fut"].result()
         dist.barrier()
         return stall is not None
