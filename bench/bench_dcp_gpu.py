@@ -11,6 +11,8 @@ Measured in the same run, on the same file system:
             until the checkpoint is durable; three saves, the first allocates the staging
 Save = durable (data fsynced by the writer, directory committed); cold = page cache dropped; warm = cached.
   pinned    ckptio saves of a pinned host copy (what an async save writes), with and without checksums
+  bgclean   ckptio async saves with cleanup="background" (the old checkpoint's files unlinked off the
+            critical path; the async rows overwrite the previous save in the same directory)
 Env: SIZE_GIB (8), DIR (/tmp/ckptio-bench), OUT (writes bench_dcp_gpu.json there), REPS (1),
 ONLY (comma-separated variant names, e.g. ckptio_t8,torch_t8).
 """
@@ -129,6 +131,7 @@ def run_async(name, make_writer):
         stall = time.perf_counter() - t0
         fut.result()
         total = time.perf_counter() - t0
+        getattr(writer, "wait_cleanup", lambda: None)()  # cleanup="background": not part of the save
         rows.append({"stall_s": stall, "durable_s": total, "durable_GBps": bg.NB / total / 1e9,
                      "write_ceiling_GBps": wc, "durable_pct_ceiling": 100 * bg.NB / total / 1e9 / wc})
         bg.log(name, f"save {i}", {k: round(v, 3) for k, v in rows[-1].items()})
@@ -185,7 +188,7 @@ def table():
             continue
         print(f"{n:<14}{r['save_GBps']:7.2f}{r['save_pct_ceiling']:5.0f}%{r['cold_GBps']:7.2f}"
               f"{r['cold_pct_ceiling']:5.0f}%{r['warm_GBps']:7.2f}")
-    for n in ("torch_async_t8", "ckptio_async_t8"):
+    for n in ("torch_async_t8", "ckptio_async_t8", "ckptio_async_t8_bgclean"):
         r = res.get(n, {})
         if "error" in r or not r:
             print(f"{n:<16} failed: {r.get('error', 'not run')[:90]}")
@@ -230,6 +233,9 @@ def main():
             lambda p: cdcp.FileSystemReader(p)))
     peer("ckptio_async_t8", lambda: run_async(
         "ckptio_async_t8", lambda p: cdcp.FileSystemWriter(p, thread_count=8, cache_staged_state_dict=True)))
+    peer("ckptio_async_t8_bgclean", lambda: run_async(
+        "ckptio_async_t8_bgclean", lambda p: cdcp.FileSystemWriter(p, thread_count=8, cache_staged_state_dict=True,
+                                                                  cleanup="background")))
     peer("ckptio_pinned_t8", lambda: run_pinned_save(
         "ckptio_pinned_t8", lambda p: cdcp.FileSystemWriter(p, thread_count=8, sync_files=True)))
     peer("ckptio_pinned_t8_nohash", lambda: run_pinned_save(

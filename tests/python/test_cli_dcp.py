@@ -205,7 +205,7 @@ def test_verify_names_corrupt_item_and_truncation(tmp_path):
 
 WORKER = textwrap.dedent(
     """
-    import sys, warnings
+    import os, sys, warnings
     warnings.simplefilter("ignore")
     import torch, torch.distributed as dist, torch.distributed.checkpoint as dcp
     from torch.distributed.device_mesh import init_device_mesh
@@ -223,6 +223,7 @@ WORKER = textwrap.dedent(
     dist.barrier()
     print("OK", rank, flush=True)
     dist.destroy_process_group()
+    os._exit(0)  # torch's gloo may abort in interpreter teardown after a clean run
     """
 )
 

@@ -104,6 +104,9 @@ for line in sys.stdin:
 
 DATA_RE = re.compile(r"^__0_([0-9a-f]{12})_\d+\.distcp$")
 MANIFEST_RE = re.compile(r"^\.ckptio-manifest-([0-9a-f]{12})\.json$")
+# The block hashes a SAFETENSORS data file's save leaves for the writer to read
+# (removed by it; a kill can leave one, which the next save removes).
+BLOB_MANIFEST_RE = re.compile(r"^__0_[0-9a-f]{12}_\d+\.distcp\.ckptio-manifest\.json$")
 TEMP_RE = re.compile(r"^\..+\.ckptio-tmp-[0-9A-Za-z]+$")
 
 
@@ -161,7 +164,7 @@ def _check_directory(path: Path, fmt, versions, what):
     manifest = f".ckptio-manifest-{token}.json"
     assert manifest in names, f"{what}: no manifest for token {token}; directory {sorted(names)}"
     strange = [n for n in names if n != ".metadata" and not (DATA_RE.match(n) or MANIFEST_RE.match(n)
-                                                               or TEMP_RE.match(n))]
+                                                               or TEMP_RE.match(n) or BLOB_MANIFEST_RE.match(n))]
     assert not strange, f"{what}: names no DCP save makes: {strange}; directory {sorted(names)}"
 
     v = _which_version(_load(cdcp.FileSystemReader(path)), versions, f"{what} (ckptio reader)")

@@ -275,6 +275,7 @@ WORKER = textwrap.dedent(
     dist.barrier()
     dist.destroy_process_group()
     print("OK", rank, flush=True)
+    os._exit(0)  # torch's gloo may abort in interpreter teardown after a clean run
     """
 )
 

@@ -93,7 +93,7 @@ def test_metadata_equals_pickle_load(tmp_path, fmt, writer):
 
 WORKER = textwrap.dedent(
     """
-    import sys, warnings
+    import os, sys, warnings
     warnings.simplefilter("ignore")
     import torch, torch.distributed as dist, torch.distributed.checkpoint as dcp
     from torch.distributed.device_mesh import init_device_mesh
@@ -108,6 +108,7 @@ WORKER = textwrap.dedent(
     dist.barrier()
     dist.destroy_process_group()
     print("OK", rank, flush=True)
+    os._exit(0)  # torch's gloo may abort in interpreter teardown after a clean run
     """
 )
 

@@ -38,6 +38,7 @@ and on the other rank's data writes). The directory is on /dev/shm when
 possible, so that the many fsyncs cost nothing.
 """
 import errno
+import json
 import os
 import pickle
 import re
@@ -511,6 +512,7 @@ RANKS = textwrap.dedent(
     dist.barrier()
     dist.destroy_process_group()
     print("OK", rank, total, counts[1], s.runs if rank == 0 else "", flush=True)
+    os._exit(0)  # torch's gloo may abort in interpreter teardown after a clean run
     """
 )
 
@@ -536,3 +538,83 @@ def test_two_ranks_commit_faults(base, tmp_path):
     # Rank 1's native steps were swept too (it wrote a data file).
     last = outs[1].strip().splitlines()[-1].split(" ", 3)
     assert int(last[2]) > 20 and "'File.commit': 1" in last[3], outs[1][-2000:]
+
+
+# ---- cleanup="background" ----------------------------------------------------------------
+
+
+def test_background_cleanup_removes_the_old_files_off_the_critical_path(tmp_path, monkeypatch):
+    """The old checkpoint's files are removed by a thread of the writer; the
+    list is taken at commit, so a later save's files are never touched; a
+    failed removal is logged and raised by wait_cleanup(), and the next save
+    removes what is left."""
+    import threading
+
+    from ckptio.dcp import _commit
+
+    path = tmp_path / "bg"
+    writer = cdcp.FileSystemWriter(path, cleanup="background")
+    dcp.save({"w": torch.ones(1000)}, storage_writer=writer, no_dist=True)
+    first = set(os.listdir(path))
+    gate = threading.Event()
+    real_remove = _commit.remove_files
+
+    def slow_remove(dirpath, names, sync):
+        gate.wait(30)
+        return real_remove(dirpath, names, sync)
+
+    monkeypatch.setattr(_commit, "remove_files", slow_remove)
+    dcp.save({"w": torch.full((1000,), 2.0)}, storage_writer=writer, no_dist=True)
+    # save() returned with the old data files still there (the thread waits on the gate) ...
+    assert first - {".metadata"} <= set(os.listdir(path))
+    assert writer.wait_cleanup(timeout=0.05) is False
+    gate.set()
+    assert writer.wait_cleanup(timeout=30) is True
+    # ... and now only the new checkpoint is left; it loads and verifies.
+    after = set(os.listdir(path))
+    assert not (after & (first - {".metadata"})), after
+    assert cdcp.verify(path)["checked"] >= 1
+    out = {"w": torch.zeros(1000)}
+    dcp.load(out, storage_reader=cdcp.FileSystemReader(path), no_dist=True)
+    assert torch.equal(out["w"], torch.full((1000,), 2.0))
+
+    # A failing removal: logged, raised by wait_cleanup(), cleaned by the next save.
+    monkeypatch.setattr(_commit, "remove_files", real_remove)
+    real_unlink = os.unlink
+
+    def failing_unlink(p, *a, **k):
+        if str(p).endswith(".distcp"):
+            raise OSError(errno.EIO, "injected EIO")
+        return real_unlink(p, *a, **k)
+
+    import logging
+
+    records = []
+    handler = logging.Handler()
+    handler.emit = records.append
+    logging.getLogger("ckptio.dcp").addHandler(handler)
+    monkeypatch.setattr(_commit.os, "unlink", failing_unlink)
+    try:
+        dcp.save({"w": torch.full((1000,), 3.0)}, storage_writer=writer, no_dist=True)
+        with pytest.raises(ckptio.CkptioError) as e:
+            writer.wait_cleanup(timeout=30)
+    finally:
+        logging.getLogger("ckptio.dcp").removeHandler(handler)
+    assert e.value.operation == "unlink" and "the new checkpoint is committed" in str(e.value)
+    assert any("unlink" in r.getMessage() and "committed" in r.getMessage() for r in records)
+    monkeypatch.setattr(_commit.os, "unlink", real_unlink)
+    dcp.save({"w": torch.full((1000,), 4.0)}, storage_writer=writer, no_dist=True)
+    assert writer.wait_cleanup(timeout=30) is True
+    files = sorted(os.listdir(path))
+    with open(os.path.join(path, glob_one(path, ".ckptio-manifest-*.json"))) as f:
+        referenced = set(json.load(f)["files"])
+    assert {n for n in files if n.endswith(".distcp")} == referenced, files
+    with pytest.raises(ValueError, match="cleanup"):
+        cdcp.FileSystemWriter(path, cleanup="later")
+
+
+def glob_one(path, pattern):
+    import glob
+
+    (name,) = glob.glob(os.path.join(path, pattern))
+    return os.path.basename(name)

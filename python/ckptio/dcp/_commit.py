@@ -14,7 +14,9 @@ import os
 import re
 import secrets
 import string
-from typing import Iterable, Optional, Set
+import logging
+import threading
+from typing import Iterable, List, Optional, Set
 
 from .. import _ckptio
 from .._errors import CkptioError, make_error
@@ -152,23 +154,30 @@ def write_atomic(dirpath, name: str, data: bytes, sync: bool) -> None:
                         "in place but may not survive a power loss") from e
 
 
-def remove_stale(dirpath, keep: Set[str], sync: bool) -> None:
-    """Deletes data files, manifests and temporaries of older saves (anything
-    a DCP writer names that the new .metadata does not reference), then (with
-    sync, when something was removed) fsyncs the directory, so that a power
-    loss cannot bring them back. Runs after the new .metadata is in place:
-    every error says the new checkpoint is committed. An unlink failure does
-    not stop the others; the first is raised after the directory fsync."""
+_COMMITTED = "the new checkpoint is committed; the next save removes what is left"
+
+
+def stale_files(dirpath, keep: Set[str]) -> List[str]:
+    """Names of data files, manifests and temporaries of older saves in
+    dirpath (anything a DCP writer names that is not in `keep`), listed now:
+    files created later (by the next save) are never among them."""
     dirpath = os.fspath(dirpath)
-    committed = "the new checkpoint is committed; the next save removes what is left"
     try:
         names = os.listdir(dirpath)
     except OSError as e:
-        raise _fail("listdir", dirpath, e, f"looking for files of older saves; {committed}") from e
+        raise _fail("listdir", dirpath, e, f"looking for files of older saves; {_COMMITTED}") from e
+    return sorted(n for n in names if n not in keep and (_STALE_RE.match(n) or ".ckptio-tmp-" in n))
+
+
+def remove_files(dirpath, names: List[str], sync: bool) -> None:
+    """Unlinks dirpath/name for each name, then (with sync, when something was
+    removed) fsyncs the directory, so that a power loss cannot bring them
+    back. An unlink failure does not stop the others; the first is raised
+    after the directory fsync. Every error says the new checkpoint is
+    committed (this runs after the new .metadata is in place)."""
+    dirpath = os.fspath(dirpath)
     removed, first = 0, None
-    for name in sorted(names):
-        if name in keep or not (_STALE_RE.match(name) or ".ckptio-tmp-" in name):
-            continue
+    for name in names:
         path = os.path.join(dirpath, name)
         try:
             os.unlink(path)
@@ -177,13 +186,49 @@ def remove_stale(dirpath, keep: Set[str], sync: bool) -> None:
             pass
         except OSError as e:
             if first is None:
-                first = _fail("unlink", path, e, f"removing a file of an older save; {committed}")
+                first = _fail("unlink", path, e, f"removing a file of an older save; {_COMMITTED}")
                 first.__cause__ = e
     if removed and sync:
         try:
             fsync_dir(dirpath)
         except OSError as e:
             raise _fail("fsync", dirpath, e, f"flushing the directory after removing {removed} files of older "
-                        f"saves (a power loss may bring them back); {committed}") from e
+                        f"saves (a power loss may bring them back); {_COMMITTED}") from e
     if first is not None:
         raise first
+
+
+def remove_stale(dirpath, keep: Set[str], sync: bool) -> None:
+    """Deletes the files of older saves (stale_files, then remove_files)."""
+    remove_files(dirpath, stale_files(dirpath, keep), sync)
+
+
+class BackgroundRemoval:
+    """remove_files on a thread of its own: unlinking the previous checkpoint's
+    data files (ext4 frees their extents on unlink, which takes a while for
+    large files) leaves the save's critical path. The thread is not a
+    daemon, so the interpreter finishes it before exiting; a failure is kept
+    for join() and logged (the next save removes what is left)."""
+
+    def __init__(self, dirpath, names: List[str], sync: bool) -> None:
+        self.error: Optional[BaseException] = None
+        self._thread = threading.Thread(target=self._run, args=(os.fspath(dirpath), names, sync),
+                                        name="ckptio-dcp-cleanup", daemon=False)
+        self._thread.start()
+
+    def _run(self, dirpath: str, names: List[str], sync: bool) -> None:
+        try:
+            remove_files(dirpath, names, sync)
+        except BaseException as e:  # noqa: BLE001 - reported by join() and the log
+            self.error = e
+            logging.getLogger("ckptio.dcp").warning("%s", e)
+
+    def join(self, timeout: Optional[float] = None) -> bool:
+        """Waits for the removal; False on timeout. Raises the removal's error."""
+        self._thread.join(timeout)
+        if self._thread.is_alive():
+            return False
+        if self.error is not None:
+            err, self.error = self.error, None
+            raise err
+        return True

@@ -140,6 +140,14 @@ class FileSystemWriter(_TorchFileSystemWriter):
       RuntimeError.
     * ``alignment`` (default 4096): start of every item and storage alignment
       inside torch.save items, so tensor bytes move with O_DIRECT.
+    * ``cleanup`` (default ``"foreground"``): when an overwrite has committed,
+      the files of older saves in the directory are deleted before ``finish``
+      returns; ``"background"`` deletes them on a thread of its own instead
+      (the list is taken at commit, so files of a later save are never
+      touched), taking the unlink of the old checkpoint's data off the save's
+      critical path. ``wait_cleanup()`` waits for it and raises its error; the
+      next save of the writer waits for it too, and the interpreter before
+      exiting.
     * ``non_blocking_stage`` (default True): ``stage()`` (``dcp.async_save``)
       only enqueues the device-to-host copies of GPU tensors on each device's
       current stream and returns; work the caller launches next on that
@@ -171,6 +179,7 @@ class FileSystemWriter(_TorchFileSystemWriter):
         async_busy: str = "wait",
         alignment: int = 4096,
         non_blocking_stage: bool = True,
+        cleanup: str = "foreground",
     ) -> None:
         # torch's transforms object is built from _extensions; ours are
         # applied natively, so it gets none.
@@ -202,6 +211,10 @@ class FileSystemWriter(_TorchFileSystemWriter):
         self.crc = crc
         self.async_busy = async_busy
         self.alignment = alignment
+        if cleanup not in ("foreground", "background"):
+            raise ValueError(f"cleanup must be 'foreground' or 'background', not {cleanup!r}")
+        self.cleanup = cleanup
+        self._cleanup = None
         self.non_blocking_stage = non_blocking_stage
         self._staged_events: List[Any] = []
         self._token: Optional[str] = None
@@ -472,7 +485,34 @@ class FileSystemWriter(_TorchFileSystemWriter):
             # Only the coordinator of a collective save knows every file of
             # the new checkpoint; then older saves' files can go.
             keep = set(files) | {md_name} | ({manifest_name} if manifest_name else set())
-            _commit.remove_stale(self.path, keep, sync)
+            self._join_previous_cleanup()  # one removal at a time; its files are listed again below
+            victims = _commit.stale_files(self.path, keep)
+            if self.cleanup == "background" and victims:
+                self._cleanup = _commit.BackgroundRemoval(self.path, victims, sync)
+            else:
+                _commit.remove_files(self.path, victims, sync)
+
+    def _join_previous_cleanup(self) -> None:
+        try:
+            self.wait_cleanup()
+        except Exception:  # noqa: BLE001 - logged by the removal; this save removes what is left
+            pass
+
+    def wait_cleanup(self, timeout: Optional[float] = None) -> bool:
+        """With ``cleanup="background"``: waits until the files of older saves
+        are removed (False on timeout) and raises the removal's error, if any
+        (the checkpoint itself was committed). Returns True at once otherwise."""
+        job = getattr(self, "_cleanup", None)
+        if job is None:
+            return True
+        try:
+            done = job.join(timeout)
+        except BaseException:
+            self._cleanup = None
+            raise
+        if done:
+            self._cleanup = None
+        return done
 
     # ---- async staging ------------------------------------------------------------------
     def stage(self, state_dict: STATE_DICT_TYPE) -> STATE_DICT_TYPE:
