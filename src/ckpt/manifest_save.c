@@ -84,16 +84,8 @@ static ckptio_status fsync_dir(const char *dir, const char *removed) {
     int fd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
     if (fd < 0)
         return CKPTIO_FAIL_SYS(errno, "open", dir, -1, "opening the directory to fsync it after removing %s", removed);
-    int ret, err = 0;
-    do {
-        if (ckptio__io_fault(CKPTIO__IO_FSYNC, &err, NULL)) {
-            errno = err;
-            ret = -1;
-        } else {
-            ret = fsync(fd);
-        }
-    } while (ret < 0 && errno == EINTR);
-    err = errno;
+    const int ret = ckptio__fsync(fd);
+    const int err = errno;
     close(fd);
     if (ret < 0) return CKPTIO_FAIL_SYS(err, "fsync", dir, -1, "flushing the directory after removing %s", removed);
     return CKPTIO_OK;

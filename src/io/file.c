@@ -42,7 +42,7 @@ static int faulted_open(const char *path, int flags, mode_t mode) {
     }
 }
 
-static int faulted_fsync(int fd) {
+int ckptio__fsync(int fd) {
     for (;;) {
         int err = 0, ret;
         if (ckptio__io_fault(CKPTIO__IO_FSYNC, &err, NULL)) {
@@ -401,7 +401,7 @@ ckptio_status ckptio_file_commit(ckptio_file *f) {
     ckptio_stats delta = {0};
     if (sync) {
         const double t0 = ckptio__now();
-        int ret = faulted_fsync(f->fd);
+        int ret = ckptio__fsync(f->fd);
         delta.seconds_fsync += ckptio__now() - t0;
         if (ret < 0) {
             int err = errno;
@@ -447,7 +447,7 @@ ckptio_status ckptio_file_commit(ckptio_file *f) {
             st = CKPTIO_FAIL_SYS(errno, "open", f->dir_path, -1, "opening the directory to fsync it after renaming %s",
                                  f->path);
         } else {
-            if (faulted_fsync(dfd) < 0)
+            if (ckptio__fsync(dfd) < 0)
                 st = CKPTIO_FAIL_SYS(errno, "fsync", f->dir_path, -1,
                                      "flushing the directory after renaming %s (the file is in place but its name may "
                                      "not survive a power loss)",

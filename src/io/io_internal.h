@@ -181,4 +181,8 @@ uint64_t ckptio__io_inject_countdown(ckptio__io_kind kind);
  * transfer. Cheap (one relaxed load) when nothing is injected. */
 bool ckptio__io_fault(ckptio__io_kind kind, int *err, uint64_t *len);
 
+/* fsync(fd) retried on EINTR, failing instead where a CKPTIO__IO_FSYNC fault
+ * is injected (files and directories alike). Returns 0, or -1 with errno. */
+int ckptio__fsync(int fd);
+
 #endif /* CKPTIO_IO_INTERNAL_H */

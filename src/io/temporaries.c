@@ -111,18 +111,7 @@ out:
 
 /* fsync of the scanned directory after `removed` temporaries were unlinked
  * from it (fault-injectable like every other fsync). Returns 0 or errno. */
-static int sync_dir(int dfd) {
-    int ret, err = 0;
-    do {
-        if (ckptio__io_fault(CKPTIO__IO_FSYNC, &err, NULL)) {
-            errno = err;
-            ret = -1;
-        } else {
-            ret = fsync(dfd);
-        }
-    } while (ret < 0 && errno == EINTR);
-    return ret < 0 ? errno : 0;
-}
+static int sync_dir(int dfd) { return ckptio__fsync(dfd) < 0 ? errno : 0; }
 
 /* Scans `dir`. With `quiet`, no error record is written (errors are just
  * returned as CKPTIO_E_IO). With `durable`, the directory is fsynced when
