@@ -1,6 +1,8 @@
 /*
  * fuzz_dcp_metadata.c - libFuzzer target for the unpickler's DCP .metadata
  * mode (ckptio_pickle_parse_dcp_metadata): the input is a .metadata file.
+ * The same bytes then go through the table ckptio_dcp_open() builds from
+ * them (ckptio__dcp_open_bytes), whose invariants are checked too.
  *
  * Beyond "no crash, no leak, no UB", an accepted stream must give a tree
  * the public accessors walk completely: only public kinds, never a tensor
@@ -8,11 +10,59 @@
  * allowlisted class name and a tuple of arguments. A broken invariant traps.
  */
 #include "ckptio.h"
+#include "dcp_dir_internal.h"
 #include "pickle_internal.h"
 #include "value_walk.h"
 
 #include <stdint.h>
 #include <stdlib.h>
+#include <string.h>
+
+/* A stored item's file must be a plain name inside the directory. */
+static void check_stored(const ckptio_dcp_stored *s) {
+    CHECK(s->file != NULL && s->file[0] != '\0' && strchr(s->file, '/') == NULL && strcmp(s->file, "..") != 0 &&
+          strcmp(s->file, ".") != 0);
+    CHECK(s->offset + s->length >= s->offset);
+    CHECK((s->transforms & ~(unsigned)CKPTIO_DCP_TRANSFORM_ZSTD) == 0);
+}
+
+/* The table ckptio_dcp_open() builds from the same bytes: every accessor
+ * answers, every chunk lies inside its tensor, every file name is plain. */
+static void check_table(const uint8_t *data, size_t size) {
+    ckptio_dcp *h = NULL;
+    if (ckptio__dcp_open_bytes("fuzz", data, size, &h) != CKPTIO_OK) {
+        CHECK(h == NULL && ckptio_last_error_message()[0] != '\0');
+        return;
+    }
+    size_t nt = 0, nb = 0, nf = 0;
+    CHECK(ckptio_dcp_tensor_count(h, &nt) == CKPTIO_OK && ckptio_dcp_bytes_count(h, &nb) == CKPTIO_OK &&
+          ckptio_dcp_file_count(h, &nf) == CKPTIO_OK);
+    for (size_t i = 0; i < nt; i++) {
+        ckptio_dcp_tensor_info t;
+        CHECK(ckptio_dcp_tensor(h, i, &t) == CKPTIO_OK && t.fqn != NULL);
+        size_t found = SIZE_MAX;
+        CHECK(ckptio_dcp_find(h, t.fqn, &found) == CKPTIO_OK && found < nt);
+        for (size_t c = 0; c < t.chunks; c++) {
+            ckptio_dcp_chunk_info ch;
+            CHECK(ckptio_dcp_chunk(h, i, c, &ch) == CKPTIO_OK);
+            for (uint32_t d = 0; d < t.ndim; d++)
+                CHECK(ch.offsets[d] >= 0 && ch.sizes[d] >= 0 && ch.offsets[d] + ch.sizes[d] <= t.shape[d]);
+            check_stored(&ch.stored);
+        }
+        ckptio_dcp_chunk_info none;
+        CHECK(ckptio_dcp_chunk(h, i, t.chunks, &none) != CKPTIO_OK);
+    }
+    for (size_t i = 0; i < nb; i++) {
+        ckptio_dcp_bytes_info b;
+        CHECK(ckptio_dcp_bytes(h, i, &b) == CKPTIO_OK && b.fqn != NULL);
+        check_stored(&b.stored);
+    }
+    for (size_t i = 0; i < nf; i++) {
+        const char *name = NULL;
+        CHECK(ckptio_dcp_file(h, i, &name) == CKPTIO_OK && name != NULL && strchr(name, '/') == NULL);
+    }
+    ckptio_dcp_close(h);
+}
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 
@@ -27,5 +77,6 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
         CHECK(p == NULL && ckptio_last_error_message()[0] != '\0');
     }
     ckptio_pickle_close(p);
+    check_table(data, size);
     return 0;
 }

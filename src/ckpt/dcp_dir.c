@@ -469,13 +469,17 @@ out:
     return st;
 }
 
-ckptio_status ckptio_dcp_open(ckptio_engine *engine, const char *dir, ckptio_dcp **out) {
+/* The handle for `dir` with its table built from `data` (the .metadata
+ * bytes, or NULL to read DIR/.metadata through the engine). */
+static ckptio_status open_handle(ckptio_engine *engine, const char *dir, const void *bytes, size_t nbytes,
+                                 ckptio_dcp **out) {
     if (!out) return CKPTIO_FAIL(CKPTIO_E_INVAL, "ckptio_dcp_open: out must not be NULL");
     *out = NULL;
-    if (!engine || !dir || !*dir) return CKPTIO_FAIL(CKPTIO_E_INVAL, "ckptio_dcp_open: engine and dir are required");
+    if ((!engine && !bytes) || !dir || !*dir)
+        return CKPTIO_FAIL(CKPTIO_E_INVAL, "ckptio_dcp_open: engine and dir are required");
     ckptio_dcp *h = ckptio__calloc(1, sizeof *h);
     void *data = NULL;
-    size_t len = 0;
+    size_t len = nbytes;
     ckptio_pickle *p = NULL;
     ckptio_status st = CKPTIO_OK;
     if (!h) return CKPTIO_FAIL(CKPTIO_E_NOMEM, "out of memory for a DCP handle");
@@ -486,8 +490,8 @@ ckptio_status ckptio_dcp_open(ckptio_engine *engine, const char *dir, ckptio_dcp
         goto out;
     }
     snprintf(h->md_path, dl + sizeof "/.metadata", "%s/.metadata", dir);
-    if ((st = read_metadata(h, &data, &len)) != CKPTIO_OK) goto out;
-    if ((st = ckptio_pickle_parse_dcp_metadata(data, len, h->md_path, &p)) != CKPTIO_OK) goto out;
+    if (!bytes && (st = read_metadata(h, &data, &len)) != CKPTIO_OK) goto out;
+    if ((st = ckptio_pickle_parse_dcp_metadata(bytes ? bytes : data, len, h->md_path, &p)) != CKPTIO_OK) goto out;
     const ckptio_value *root = NULL;
     ckptio_pickle_root(p, &root);
     const ckptio_value *md = fields_of(root, DCP_MD "Metadata");
@@ -523,6 +527,19 @@ out:
     }
     *out = h;
     return CKPTIO_OK;
+}
+
+ckptio_status ckptio_dcp_open(ckptio_engine *engine, const char *dir, ckptio_dcp **out) {
+    if (!engine) {
+        if (out) *out = NULL;
+        return CKPTIO_FAIL(CKPTIO_E_INVAL, "ckptio_dcp_open: engine and dir are required");
+    }
+    return open_handle(engine, dir, NULL, 0, out);
+}
+
+ckptio_status ckptio__dcp_open_bytes(const char *dir, const void *data, size_t len, ckptio_dcp **out) {
+    if (!data && len) return CKPTIO_FAIL(CKPTIO_E_INVAL, "ckptio__dcp_open_bytes: no data");
+    return open_handle(NULL, dir, data ? data : "", len, out);
 }
 
 ckptio_status ckptio_dcp_close(ckptio_dcp *h) {

@@ -53,6 +53,11 @@ struct ckptio_dcp {
     size_t nblobs;
 };
 
+/* The table of a .metadata held in memory (`dir` names the directory in
+ * messages): what ckptio_dcp_open() builds, without an engine, so the
+ * handle can list but not read (fuzz/fuzz_dcp_metadata.c). */
+ckptio_status ckptio__dcp_open_bytes(const char *dir, const void *data, size_t len, ckptio_dcp **out);
+
 /* Element size in bytes as torch counts elements (float4_e2m1fn_x2: 1), 0
  * for dtypes DCP cannot hold. */
 uint64_t ckptio__dcp_element_size(ckptio_dtype dtype);
