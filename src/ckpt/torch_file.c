@@ -265,7 +265,7 @@ ckptio_status ckptio_torch_read(ckptio_torch *t, const ckptio_tensor_target *tar
                                  (unsigned long long)tg->capacity);
             goto out;
         }
-        if (info.is_contiguous)
+        if (info.is_contiguous && info.nbytes) /* an empty view may sit past its storage (torch allows it) */
             ex[n++] = (ckptio_extent){.file = t->file, .file_offset = info.file_offset, .length = info.nbytes,
                                       .memory = tg->data, .mem_kind = tg->mem_kind};
     }

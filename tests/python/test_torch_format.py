@@ -240,3 +240,20 @@ def test_hostile_files_are_refused(tmp_path):
     _archive(lie, pk, {"data/0": z.read("archive/data/0"), "byteorder": "little"})
     r = run("inspect", lie)
     assert r.returncode == 1 and "holds 16 bytes but the pickle declares 256" in r.stderr
+
+
+def test_empty_view_past_its_storage(tmp_path):
+    """torch lets a zero-element view sit at a storage offset past its
+    storage's end (found by fuzz_zip in a 2.5-hour run): ckptio loads it as an
+    empty tensor instead of failing to read 0 bytes past the end of the file."""
+    import ckptio
+
+    base = torch.arange(16, dtype=torch.uint8)
+    view = base.as_strided((91, 0), (0, 1), 255)
+    path = tmp_path / "empty_view.pt"
+    torch.save({"e": view, "t": base}, path)
+    got = ckptio.load(path)
+    assert got["e"].shape == (91, 0) and got["e"].dtype == torch.uint8
+    assert torch.equal(got["t"], base)
+    with ckptio.open(path) as f:
+        assert f.get_tensor("e").shape == (91, 0)
