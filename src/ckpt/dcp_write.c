@@ -12,7 +12,6 @@
  */
 #include "engine_internal.h"
 #include "gpu_internal.h"
-#include "io_internal.h"
 #include "torch_internal.h"
 
 #include <stdarg.h>
@@ -64,6 +63,18 @@ static uint32_t crc_of(const uint8_t *data, uint64_t len) {
 static const uint8_t *piece_bytes(const item_job *j, const struct ckptio__torch_piece *pc) {
     if (pc->storage == SIZE_MAX) return j->meta + pc->meta_offset;
     return j->w->storages[pc->storage].data;
+}
+
+/* Whether piece pc of archive w is (part of) a storage in GPU memory. */
+static bool piece_on_gpu(const ckptio_torch_writer *w, const struct ckptio__torch_piece *pc) {
+    return pc->storage != SIZE_MAX && !storage_on_host(&w->storages[pc->storage]);
+}
+
+/* Parts of a piece when its item is hashed in parts: none when empty, one
+ * for a host piece, one per CKPTIO_DCP_PART_BYTES block of a GPU piece. */
+static size_t piece_nparts(const ckptio_torch_writer *w, const struct ckptio__torch_piece *pc) {
+    if (!pc->length) return 0;
+    return piece_on_gpu(w, pc) ? (size_t)((pc->length + CKPTIO_DCP_PART_BYTES - 1) / CKPTIO_DCP_PART_BYTES) : 1;
 }
 
 /* CRCs, the metadata image, compression and the hash of one item. Runs on a
@@ -121,9 +132,8 @@ static void run_job(item_job *j) {
         size_t k = 0;
         for (size_t p = 0; p < w->npieces && k < it->nparts; p++) {
             const struct ckptio__torch_piece *pc = &w->pieces[p];
-            if (!pc->length) continue;
-            if (pc->storage != SIZE_MAX && !storage_on_host(&w->storages[pc->storage])) {
-                k += (size_t)((pc->length + CKPTIO_DCP_PART_BYTES - 1) / CKPTIO_DCP_PART_BYTES);
+            if (!pc->length || piece_on_gpu(w, pc)) {
+                k += piece_nparts(w, pc);
                 continue;
             }
             it->parts[k].hash = (uint64_t)XXH3_64bits(piece_bytes(j, pc), (size_t)pc->length);
@@ -174,12 +184,7 @@ static ckptio_status prepare_parts(item_job *j, size_t index) {
     ckptio_dcp_item *it = j->item;
     const ckptio_torch_writer *w = j->w;
     size_t n = 0;
-    for (size_t p = 0; p < w->npieces; p++) {
-        const struct ckptio__torch_piece *pc = &w->pieces[p];
-        if (!pc->length) continue;
-        const bool gpu = pc->storage != SIZE_MAX && !storage_on_host(&w->storages[pc->storage]);
-        n += gpu ? (size_t)((pc->length + CKPTIO_DCP_PART_BYTES - 1) / CKPTIO_DCP_PART_BYTES) : 1;
-    }
+    for (size_t p = 0; p < w->npieces; p++) n += piece_nparts(w, &w->pieces[p]);
     if (!(it->parts = ckptio__calloc(n ? n : 1, sizeof *it->parts)) || !(j->seen = ckptio__calloc(n ? n : 1, 1)))
         return item_fail(CKPTIO_E_NOMEM, index, it, "no memory for the hashes of %zu parts", n);
     it->nparts = n;
@@ -187,8 +192,7 @@ static ckptio_status prepare_parts(item_job *j, size_t index) {
     for (size_t p = 0; p < w->npieces; p++) {
         const struct ckptio__torch_piece *pc = &w->pieces[p];
         if (!pc->length) continue;
-        const bool gpu = pc->storage != SIZE_MAX && !storage_on_host(&w->storages[pc->storage]);
-        const uint64_t step = gpu ? CKPTIO_DCP_PART_BYTES : pc->length;
+        const uint64_t step = piece_on_gpu(w, pc) ? CKPTIO_DCP_PART_BYTES : pc->length;
         for (uint64_t off = 0; off < pc->length; off += step) {
             it->parts[k].offset = pc->file_offset + off;
             it->parts[k].length = pc->length - off < step ? pc->length - off : step;
@@ -345,10 +349,9 @@ static ckptio_status place_and_write(ckptio_engine *engine, item_job *jobs, size
                 ex.memory = (void *)piece_bytes(j, pc);
                 ex.mem_kind = pc->storage == SIZE_MAX ? CKPTIO_MEM_HOST : j->w->storages[pc->storage].mem_kind;
                 if (obs.refs) {
-                    const bool gpu = pc->storage != SIZE_MAX && !storage_on_host(&j->w->storages[pc->storage]);
+                    const bool gpu = piece_on_gpu(j->w, pc);
                     obs.refs[nextents++] = (part_ref){.job = it->nparts && gpu ? i : SIZE_MAX, .part = part};
-                    if (it->nparts && pc->length)
-                        part += gpu ? (size_t)((pc->length + CKPTIO_DCP_PART_BYTES - 1) / CKPTIO_DCP_PART_BYTES) : 1;
+                    if (it->nparts) part += piece_nparts(j->w, pc);
                 }
                 st = ckptio_plan_add(plan, &ex);
             }

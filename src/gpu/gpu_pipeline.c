@@ -186,20 +186,34 @@ static ckptio_status write_window(const run *rn, const window *w, unsigned char 
 
 /* ---- device side ------------------------------------------------------------- */
 
+/* Walks the extents that overlap window `w`: start with *k = w->first;
+ * each call gives the next extent's plan index and its part [*lo, *hi) of
+ * the window, false when none is left. */
+static bool next_piece(const pipe *p, const window *w, size_t *k, size_t *idx, uint64_t *lo, uint64_t *hi) {
+    const run *rn = &p->runs[w->run];
+    for (; *k < rn->first + rn->count; (*k)++) {
+        const ckptio_extent *e = &p->ext[p->order[*k]];
+        if (e->file_offset >= w->end) return false;
+        const uint64_t eend = e->file_offset + e->length;
+        *lo = e->file_offset > w->start ? e->file_offset : w->start;
+        *hi = eend < w->end ? eend : w->end;
+        if (*hi > *lo) {
+            *idx = p->order[(*k)++];
+            return true;
+        }
+    }
+    return false;
+}
+
 /* Queues the copies between window `w` and its slot. Returns how many bytes
  * were queued in *queued even on failure (the caller must still wait). */
 static ckptio_status queue_copies(pipe *p, const window *w, unsigned char *slot, void *stream, uint64_t *queued) {
-    const run *rn = &p->runs[w->run];
     const uint64_t a = ckptio__align_down(w->start, ALIGN);
+    size_t k = w->first, idx;
+    uint64_t lo, hi;
     *queued = 0;
-    for (size_t k = w->first; k < rn->first + rn->count; k++) {
-        const size_t idx = p->order[k];
+    while (next_piece(p, w, &k, &idx, &lo, &hi)) {
         const ckptio_extent *e = &p->ext[idx];
-        if (e->file_offset >= w->end) break;
-        const uint64_t lo = e->file_offset > w->start ? e->file_offset : w->start;
-        const uint64_t eend = e->file_offset + e->length;
-        const uint64_t hi = eend < w->end ? eend : w->end;
-        if (hi <= lo) continue;
         unsigned char *dev = (unsigned char *)e->memory + (lo - e->file_offset);
         ckptio_status st = p->dir == CKPTIO_READ ? p->ops->h2d_async(dev, slot + (lo - a), hi - lo, stream)
                                                  : p->ops->d2h_async(slot + (lo - a), dev, hi - lo, stream);
@@ -215,17 +229,10 @@ static ckptio_status queue_copies(pipe *p, const window *w, unsigned char *slot,
 
 /* Shows the observer the bytes of window `w`, now complete in `slot`. */
 static void observe_window(pipe *p, const window *w, const unsigned char *slot) {
-    const run *rn = &p->runs[w->run];
     const uint64_t a = ckptio__align_down(w->start, ALIGN);
-    for (size_t k = w->first; k < rn->first + rn->count; k++) {
-        const size_t idx = p->order[k];
-        const ckptio_extent *e = &p->ext[idx];
-        if (e->file_offset >= w->end) break;
-        const uint64_t lo = e->file_offset > w->start ? e->file_offset : w->start;
-        const uint64_t eend = e->file_offset + e->length;
-        const uint64_t hi = eend < w->end ? eend : w->end;
-        if (hi > lo) ckptio__observe_range(p->obs, idx, e, lo, hi, slot + (lo - a));
-    }
+    size_t k = w->first, idx;
+    uint64_t lo, hi;
+    while (next_piece(p, w, &k, &idx, &lo, &hi)) ckptio__observe_range(p->obs, idx, &p->ext[idx], lo, hi, slot + (lo - a));
 }
 
 /* Waits for slot s's copies; accounts the time and frees its staging. */
