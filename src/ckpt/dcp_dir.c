@@ -132,6 +132,36 @@ static bool uint_of(const ckptio_value *v, uint64_t *out) {
 
 /* ---- state_dict_metadata ----------------------------------------------------------- */
 
+/* The fields of a TensorProperties state tuple other than dtype and layout,
+ * checked as torch's __setstate__ and the Python reader (_metadata.py) take
+ * them: requires_grad and pin_memory bools, the memory format one of the 3
+ * members of _MEM_FORMAT_ENCODING (torch <= 2.2: MEM_FORMAT_ENCODING, same
+ * class here), strides None or a tuple of ints. */
+static ckptio_status check_properties_tuple(ckptio_dcp *h, const char *subj, const ckptio_value *state, size_t n) {
+    const ckptio_value *requires_grad = NULL, *mem = NULL, *pin = NULL, *strides = NULL, *args = NULL, *member = NULL;
+    ckptio_value_item(state, 2, &requires_grad);
+    ckptio_value_item(state, 3, &mem);
+    ckptio_value_item(state, 4, &pin);
+    if (n == 6) ckptio_value_item(state, 5, &strides);
+    if (ckptio_value_kind_of(requires_grad) != CKPTIO_VALUE_BOOL || ckptio_value_kind_of(pin) != CKPTIO_VALUE_BOOL)
+        return MDFAIL(CKPTIO_E_FORMAT, h, subj, "TensorProperties.requires_grad or pin_memory is not a bool");
+    size_t na = 0;
+    int64_t code = -1;
+    if (!class_is(mem, DCP_MD "_MEM_FORMAT_ENCODING") || ckptio_value_object(mem, NULL, &args, NULL) != CKPTIO_OK ||
+        ckptio_value_len(args, &na) != CKPTIO_OK || na != 1 || ckptio_value_item(args, 0, &member) != CKPTIO_OK ||
+        ckptio_value_kind_of(member) != CKPTIO_VALUE_INT || ckptio_value_int(member, &code) != CKPTIO_OK)
+        return MDFAIL(CKPTIO_E_FORMAT, h, subj, "TensorProperties.memory_format is not a _MEM_FORMAT_ENCODING");
+    if (code < 0 || code > 2)
+        return MDFAIL(CKPTIO_E_FORMAT, h, subj, "TensorProperties.memory_format %lld is not a member of "
+                      "_MEM_FORMAT_ENCODING (0-2)", (long long)code);
+    int64_t dims[DCP_MAX_NDIM];
+    uint32_t nd = 0;
+    if (strides && ckptio_value_kind_of(strides) != CKPTIO_VALUE_NONE &&
+        (ckptio_value_kind_of(strides) == CKPTIO_VALUE_LIST || !int_list(strides, dims, &nd)))
+        return MDFAIL(CKPTIO_E_FORMAT, h, subj, "TensorProperties.strides is not None or a tuple of ints");
+    return CKPTIO_OK;
+}
+
 /* The dtype of a TensorProperties: state tuple (dtype, layout, requires_grad,
  * memory_format, pin_memory[, strides]) or an older dict state. */
 static ckptio_status tensor_dtype(ckptio_dcp *h, const char *subj, const ckptio_value *props, ckptio_dtype *out) {
@@ -142,7 +172,10 @@ static ckptio_status tensor_dtype(ckptio_dcp *h, const char *subj, const ckptio_
         return MDFAIL(CKPTIO_E_FORMAT, h, subj, "properties is not a TensorProperties");
     const ckptio_value *dtype = NULL, *layout = NULL;
     size_t n = 0;
-    if (ckptio_value_kind_of(state) == CKPTIO_VALUE_TUPLE && ckptio_value_len(state, &n) == CKPTIO_OK && n >= 2) {
+    if (ckptio_value_kind_of(state) == CKPTIO_VALUE_TUPLE && ckptio_value_len(state, &n) == CKPTIO_OK) {
+        if (n != 5 && n != 6)
+            return MDFAIL(CKPTIO_E_FORMAT, h, subj, "TensorProperties state has %zu fields (want 5 or 6)", n);
+        CKPTIO_FORWARD(check_properties_tuple(h, subj, state, n));
         ckptio_value_item(state, 0, &dtype);
         ckptio_value_item(state, 1, &layout);
     } else if (ckptio_value_kind_of(state) == CKPTIO_VALUE_DICT) {

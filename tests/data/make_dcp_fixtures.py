@@ -1,7 +1,8 @@
 """Generates the DCP directory fixtures of tests/test_dcp_dir.c (run once; the
 output is committed). Needs torch (CPU) and ckptio's Python package:
 
-    PYTHONPATH=python python3 tests/data/make_dcp_fixtures.py
+    PYTHONPATH=python python3 tests/data/make_dcp_fixtures.py          # all of them
+    PYTHONPATH=python python3 tests/data/make_dcp_fixtures.py legacy   # only the legacy_* ones
 
 Writes into tests/data/dcp/:
   ts/       stock torch FileSystemWriter, TORCH_SAVE, one process
@@ -9,11 +10,25 @@ Writes into tests/data/dcp/:
   zstd/     ckptio.dcp.FileSystemWriter with ckptio.dcp.ZStandard (manifest)
   sharded/  ckptio.dcp.FileSystemWriter on 2 gloo ranks, DTensors (manifest)
   sharded_torch/  stock torch on the same 2 ranks (no manifest)
+  legacy_compat/   .metadata naming torch <= 2.2's TensorProperties and
+                   MEM_FORMAT_ENCODING (torch.distributed._shard.sharded_tensor.metadata),
+                   made as torch's TestDCPCompatbility.test_sharded_tensor_dependency
+                   makes one: this torch's writer with the old class patched in
+  legacy_torch22/  the same state dict written by torch 2.2.2 itself, when
+                   CKPTIO_OLD_TORCH_PYTHON names an interpreter that imports it
+                   (otherwise the committed directory is kept), e.g.
+                     pip download --no-deps torch==2.2.2 + its nvidia-*-cu12 pins,
+                     pip install --no-deps --target /tmp/t22 (those wheels) "numpy<2"
+                       sympy networkx jinja2 filelock fsspec typing-extensions
+                     CKPTIO_OLD_TORCH_PYTHON="env PYTHONPATH=/tmp/t22 python3.11"
 and NAME.expected.safetensors: the full state dict's tensors, for comparing
-assembled bytes; bad_*.metadata: broken variants of ts/ and sharded/
-.metadata (the test copies the directory and swaps the file in). Small on purpose (alignment 64 for ckptio's writer).
+assembled bytes; bad_*.metadata: broken variants of ts/, sharded/ and
+legacy_torch22/ .metadata (the test copies the directory and swaps the file
+in). Small on purpose (alignment 64 for ckptio's writer).
 """
+import contextlib
 import os
+import shlex
 import shutil
 import subprocess
 import sys
@@ -82,9 +97,90 @@ dist.destroy_process_group()
 '''
 
 
+# Run by an old torch (CKPTIO_OLD_TORCH_PYTHON): single_state() saved with its
+# own FileSystemWriter (the source of single_state is prepended).
+OLD_TORCH_WORKER = r'''
+import sys, warnings
+warnings.simplefilter("ignore")
+import torch, torch.distributed.checkpoint as dcp
+dcp.save(single_state(), storage_writer=dcp.FileSystemWriter(sys.argv[1]), no_dist=True)
+print(torch.__version__)
+'''
+
+
+def legacy():
+    """Directories whose .metadata names the classes torch <= 2.2 pickled."""
+    import inspect
+    import pickle
+    from unittest.mock import patch
+
+    from torch.distributed._shard.sharded_tensor.metadata import TensorProperties as legacy_props
+
+    sd = single_state()
+    # Exactly torch's test_sharded_tensor_dependency: the metadata module's
+    # TensorProperties swapped for the old class while saving.
+    # Relative path: StorageMeta.checkpoint_id keeps it, and no local path belongs in the fixture.
+    fresh("legacy_compat")
+    with contextlib.chdir(OUT), patch("torch.distributed.checkpoint.metadata.TensorProperties", legacy_props):
+        dcp.save(sd, storage_writer=dcp.FileSystemWriter("legacy_compat"), no_dist=True)
+    names = ["legacy_compat"]
+    old = os.environ.get("CKPTIO_OLD_TORCH_PYTHON")
+    if old:
+        with tempfile.TemporaryDirectory() as tmp:
+            script = os.path.join(tmp, "old_torch_worker.py")
+            with open(script, "w") as f:
+                f.write("import torch\n" + inspect.getsource(single_state) + OLD_TORCH_WORKER)
+            out = subprocess.run(shlex.split(old) + [script, fresh("legacy_torch22")], check=True,
+                                 capture_output=True, text=True).stdout
+            if not out.strip().startswith("2.2."):
+                raise SystemExit(f"CKPTIO_OLD_TORCH_PYTHON runs torch {out.strip()}, not 2.2")
+        names.append("legacy_torch22")
+    else:
+        print("CKPTIO_OLD_TORCH_PYTHON not set: legacy_torch22/ kept as committed")
+    for name in names:
+        with open(os.path.join(OUT, name, ".metadata"), "rb") as f:
+            data = f.read()
+        assert b"torch.distributed._shard.sharded_tensor.metadata" in data and b"MEM_FORMAT_ENCODING" in data
+        save_file(tensors_of(sd), os.path.join(OUT, name + ".expected.safetensors"))
+
+    # legacy_torch22 with memory format 7 for "w": MEM_FORMAT_ENCODING has members 0-2.
+    with open(os.path.join(OUT, "legacy_torch22", ".metadata"), "rb") as f:
+        md = pickle.load(f)
+    target = md.state_dict_metadata["w"].properties
+    good_state = type(target).__getstate__
+
+    def bad_state(self):
+        state = good_state(self)
+        return state[:3] + (_BadMemFormat(),) + state[4:5] if self is target else state[:5]
+
+    with patch.object(type(target), "__getstate__", bad_state):
+        with open(os.path.join(OUT, "bad_memformat.metadata"), "wb") as f:
+            pickle.dump(md, f)
+
+
+class _BadMemFormat:
+    """Pickles as MEM_FORMAT_ENCODING(7), which no torch defines."""
+
+    def __reduce__(self):
+        from torch.distributed._shard.sharded_tensor.metadata import MEM_FORMAT_ENCODING
+        return MEM_FORMAT_ENCODING, (7,)
+
+
+def chmod_all():
+    for name in os.listdir(OUT):
+        os.chmod(os.path.join(OUT, name), 0o755 if os.path.isdir(os.path.join(OUT, name)) else 0o644)
+        if os.path.isdir(os.path.join(OUT, name)):
+            for f in os.listdir(os.path.join(OUT, name)):
+                os.chmod(os.path.join(OUT, name, f), 0o644)
+
+
 def main():
     os.makedirs(OUT, exist_ok=True)
     warnings.simplefilter("ignore")
+    if sys.argv[1:] == ["legacy"]:
+        legacy()
+        chmod_all()
+        return
     sd = single_state()
     dcp.save(sd, storage_writer=dcp.FileSystemWriter(fresh("ts")), no_dist=True)
     # torch's SAFETENSORS writer refuses non-contiguous tensors.
@@ -114,8 +210,8 @@ def main():
     for name in ("sharded", "sharded_torch"):
         save_file(full, os.path.join(OUT, name + ".expected.safetensors"))
     bad_variants()
-    for name in os.listdir(OUT):
-        os.chmod(os.path.join(OUT, name), 0o755 if os.path.isdir(os.path.join(OUT, name)) else 0o644)
+    legacy()
+    chmod_all()
 
 
 def bad_variants():

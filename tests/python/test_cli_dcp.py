@@ -203,6 +203,43 @@ def test_verify_names_corrupt_item_and_truncation(tmp_path):
     assert r.returncode == 1 and not (tmp_path / "x.safetensors").exists()
 
 
+DATA = Path(__file__).resolve().parents[1] / "data" / "dcp"
+
+
+@pytest.mark.parametrize("name", ["legacy_torch22", "legacy_compat"])
+def test_legacy_metadata(tmp_path, name):
+    """.metadata from torch <= 2.2 (TensorProperties and MEM_FORMAT_ENCODING
+    under torch.distributed._shard.sharded_tensor.metadata; tests/data/dcp,
+    see test_dcp_metadata.py) inspects, verifies and converts like a current one."""
+    path = DATA / name
+    want = load_file(str(DATA / (name + ".expected.safetensors")))
+    r = run("inspect", "--json", path)
+    assert r.returncode == 0, r.stderr
+    doc = json.loads(r.stdout)
+    got = {t["name"]: t for t in doc["tensors"]}
+    assert set(got) == set(want) and [b["name"] for b in doc["byte_items"]] == ["step"]
+    for k, t in want.items():
+        assert got[k]["shape"] == list(t.shape) and got[k]["torch_dtype"] == str(t.dtype)[len("torch."):], k
+    r = run("verify", path)
+    assert r.returncode == 0 and "structure checked" in r.stdout and "6 items parsed" in r.stdout, r.stderr
+    out = tmp_path / "out.safetensors"
+    r = run("convert", path, out)
+    assert r.returncode == 0, r.stderr
+    loaded = load_file(str(out))
+    assert set(loaded) == set(want) and all(same(loaded[k], t) for k, t in want.items())
+
+    # An enum value torch does not define (MEM_FORMAT_ENCODING has 0-2) is refused, naming the field.
+    bad = tmp_path / "bad"
+    bad.mkdir()
+    for f in path.iterdir():
+        (bad / f.name).write_bytes(f.read_bytes())
+    (bad / ".metadata").write_bytes((DATA / "bad_memformat.metadata").read_bytes())
+    for cmd in ("inspect", "verify"):
+        r = run(cmd, bad)
+        assert r.returncode == 1 and "state_dict_metadata['w']" in r.stderr and "memory_format 7" in r.stderr, \
+            r.stderr
+
+
 WORKER = textwrap.dedent(
     """
     import os, sys, warnings

@@ -196,3 +196,119 @@ def test_malformed_metadata(tmp_path):
     with pytest.raises(ckptio.CkptioError) as ei:
         metadata_from_bytes(bad, "f/.metadata")
     assert "torch.Size of" in str(ei.value)
+
+
+# ---- torch <= 2.2 metadata ---------------------------------------------------------------------------------------
+# Those torch versions pickled TensorProperties and MEM_FORMAT_ENCODING from
+# torch.distributed._shard.sharded_tensor.metadata; torch moved both into
+# torch.distributed.checkpoint.metadata (the enum renamed _MEM_FORMAT_ENCODING)
+# and still loads the old names into the old classes. tests/data/dcp/
+# legacy_torch22 was written by torch 2.2.2, legacy_compat by this torch the
+# way torch's TestDCPCompatbility.test_sharded_tensor_dependency writes one
+# (tests/data/make_dcp_fixtures.py). ckptio reads both as the current classes.
+DATA = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "data", "dcp")
+LEGACY = ["legacy_torch22", "legacy_compat"]
+OLD_MODULE = "torch.distributed._shard.sharded_tensor.metadata"
+
+
+def legacy_template():
+    """The fixtures' state dict (make_dcp_fixtures.single_state), zeroed: what dcp.load fills."""
+    return {"w": torch.zeros(3, 4), "b": torch.zeros(5, dtype=torch.bfloat16),
+            "s": torch.tensor(0.0, dtype=torch.float64), "t": torch.zeros(3, 2, dtype=torch.int16),
+            "nested": {"m": torch.zeros(2, 2, dtype=torch.int64)}, "step": 0}
+
+
+def as_current(md):
+    """torch's Metadata with each old TensorProperties replaced by the current
+    class holding the same field values."""
+    import copy
+
+    from torch.distributed.checkpoint.metadata import TensorProperties
+
+    md = copy.deepcopy(md)
+    for item in md.state_dict_metadata.values():
+        old = getattr(item, "properties", None)
+        if old is not None:
+            assert type(old).__module__ == OLD_MODULE  # torch keeps the old class
+            new = TensorProperties.__new__(TensorProperties)
+            new.__dict__.update(old.__dict__)
+            item.properties = new
+    return md
+
+
+@pytest.mark.parametrize("name", LEGACY)
+def test_legacy_metadata_reads_as_current_classes(name):
+    path = os.path.join(DATA, name, ".metadata")
+    with open(path, "rb") as f:
+        data = f.read()
+    assert OLD_MODULE.encode() in data and b"MEM_FORMAT_ENCODING" in data
+    want = as_current(pickle.loads(data))
+    got = load_metadata(path)
+    same(got, want)
+    assert got == want
+    props = got.state_dict_metadata["w"].properties
+    assert (props.dtype, props.layout, props.memory_format, props.requires_grad, props.pin_memory) == \
+        (torch.float32, torch.strided, torch.contiguous_format, False, False)
+    # torch 2.2 pickled 5 fields (no strides); this torch's old class pickles 6.
+    assert got.state_dict_metadata["t"].properties.strides == (None if name == "legacy_torch22" else (1, 3))
+
+
+@pytest.mark.parametrize("name", LEGACY)
+def test_legacy_checkpoint_loads_like_torch(name):
+    d = os.path.join(DATA, name)
+    want, got = legacy_template(), legacy_template()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        dcp.load(want, storage_reader=dcp.FileSystemReader(d), no_dist=True)
+        dcp.load(got, storage_reader=cdcp.FileSystemReader(d), no_dist=True)
+    assert got["step"] == want["step"] == 7
+    flat_got = {**{k: v for k, v in got.items() if k != "nested"}, "nested.m": got["nested"]["m"]}
+    flat_want = {**{k: v for k, v in want.items() if k != "nested"}, "nested.m": want["nested"]["m"]}
+    from safetensors.torch import load_file
+
+    expected = load_file(os.path.join(DATA, name + ".expected.safetensors"))
+    assert set(expected) == {k for k in flat_got if k != "step"}
+    for k, t in expected.items():
+        assert flat_want[k].dtype == t.dtype and torch.equal(flat_want[k], t), k
+        assert flat_got[k].dtype == t.dtype and torch.equal(flat_got[k], t), k
+    # No manifest (torch wrote it), but .metadata passed: verify says so, not E_DISALLOWED.
+    with pytest.raises(ckptio.CkptioError) as ei:
+        cdcp.verify(d)
+    assert ei.value.status_name == "E_NOT_FOUND" and "no ckptio manifest" in str(ei.value)
+
+
+def test_legacy_memory_format_out_of_range_is_refused(tmp_path):
+    # MEM_FORMAT_ENCODING(7) for "w" (made by make_dcp_fixtures.py): the enum has members 0-2.
+    with open(os.path.join(DATA, "bad_memformat.metadata"), "rb") as f:
+        data = f.read()
+    with pytest.raises(ValueError, match="7 is not a valid MEM_FORMAT_ENCODING"):
+        pickle.loads(data)  # torch refuses it too
+    with pytest.raises(ckptio.CkptioError) as ei:
+        metadata_from_bytes(data, "bad/.metadata")
+    assert ei.value.status_name == "E_FORMAT" and "_MEM_FORMAT_ENCODING has no member 7" in str(ei.value)
+    d = tmp_path / "bad"
+    d.mkdir()
+    (d / ".metadata").write_bytes(data)
+    for load in (lambda: cdcp.FileSystemReader(d).read_metadata(), lambda: cdcp.verify(d)):
+        with pytest.raises(ckptio.CkptioError) as ei:
+            load()
+        assert ei.value.status_name == "E_FORMAT" and "bad/.metadata" in str(ei.value)
+        assert "7" in str(ei.value) and "_MEM_FORMAT_ENCODING" in str(ei.value)
+
+
+@pytest.mark.parametrize("module,name", [
+    # torch 1.13's DCP package: torch no longer loads its checkpoints (the
+    # module is re-imported under the old name, so isinstance checks and
+    # MetadataIndex lookups fail), so ckptio does not admit them either.
+    ("torch.distributed._shard.checkpoint.metadata", "Metadata"),
+    ("torch.distributed._shard.checkpoint.filesystem", "_StorageInfo"),
+    # Other classes of the old modules never appear in DCP metadata.
+    ("torch.distributed._shard.metadata", "ShardMetadata"),
+    (OLD_MODULE, "ShardedTensorMetadata"),
+    (OLD_MODULE, "ShardMetadata"),
+])
+def test_other_old_names_stay_refused(module, name):
+    data = f"c{module}\n{name}\n)\x81}}b.".encode()  # GLOBAL, NEWOBJ(), BUILD {}
+    with pytest.raises(ckptio.CkptioError) as ei:
+        metadata_from_bytes(data, "old/.metadata")
+    assert ei.value.status_name == "E_DISALLOWED" and f"global '{module}.{name}'" in str(ei.value)

@@ -3,12 +3,19 @@
 torch's FileSystemReader reads ``.metadata`` with an unrestricted
 ``pickle.load``: a hostile checkpoint directory can run any code on load.
 Here libckptio's restricted unpickler (DCP mode) reads the pickle into a
-value tree; only the classes FORMATS.md section 4 lists may be named, and
-anything else fails with CkptioError E_DISALLOWED naming the global. This
-module then builds torch's real objects from the tree by an explicit table
-of classes: nothing is looked up by a name taken from the file, and state
-is applied the way pickle's BUILD applies it (instance ``__dict__`` update,
-``TensorProperties.__setstate__`` with checked values).
+value tree; only the classes docs/FORMATS.md lists for ``.metadata`` may be
+named, and anything else fails with CkptioError E_DISALLOWED naming the
+global. This module then builds torch's real objects from the tree by an
+explicit table of classes: nothing is looked up by a name taken from the
+file, and state is applied the way pickle's BUILD applies it (instance
+``__dict__`` update, ``TensorProperties.__setstate__`` with checked values).
+
+Files from torch <= 2.2 name TensorProperties and MEM_FORMAT_ENCODING under
+``torch.distributed._shard.sharded_tensor.metadata``. The allowlist
+(src/format/pickle_dcp.c) gives the tree the current names for them, so they
+are rebuilt here as today's ``TensorProperties`` / ``_MEM_FORMAT_ENCODING``
+with the same checks (torch itself keeps the old classes, which hold the
+same fields).
 """
 
 from __future__ import annotations
