@@ -779,8 +779,8 @@ CKPTIO_API ckptio_status ckptio_gds_file_path(const ckptio_gds_file *file, ckpti
 /* ------------------------------------------------------------------------ */
 /* torch.save zip checkpoints                                               */
 /* ------------------------------------------------------------------------ */
-/* torch.save files (zip + pickle, FORMATS.md 1-2), read and written without
- * Python. Readers accept what torch 2.x writes (any storage alignment,
+/* torch.save files (zip + pickle, docs/FORMATS.md 1-2), read and written
+ * without Python. Readers accept what torch 2.x writes (any storage alignment,
  * zip64, optional records missing); the pickle runs in a restricted
  * unpickler with an allowlist of globals at least as strict as
  * torch.load(weights_only=True). Writers produce files torch.load reads with
@@ -865,13 +865,16 @@ CKPTIO_API ckptio_status ckptio_value_object(const ckptio_value *value, const ch
 /* ---- DCP .metadata: the restricted unpickler in its second mode ------------ */
 
 /* The object tree of a torch.distributed.checkpoint .metadata pickle
- * (FORMATS.md 4), read without running any code: only the classes of
- * torch.distributed.checkpoint.metadata (Metadata, TensorStorageMetadata,
- * BytesStorageMetadata, ChunkStorageMetadata, TensorProperties,
- * MetadataIndex, StorageMeta, _MEM_FORMAT_ENCODING), filesystem._StorageInfo,
- * torch.Size, torch.serialization._get_layout, pathlib.PosixPath,
- * collections.OrderedDict and torch dtypes may be named; instances become
- * OBJECT nodes, the rest plain values. */
+ * (docs/FORMATS.md section 4.2), read without running any code: only the
+ * classes of torch.distributed.checkpoint.metadata (Metadata,
+ * TensorStorageMetadata, BytesStorageMetadata, ChunkStorageMetadata,
+ * TensorProperties, MetadataIndex, StorageMeta, _MEM_FORMAT_ENCODING),
+ * filesystem._StorageInfo, torch.Size, torch.serialization._get_layout,
+ * pathlib.PosixPath, collections.OrderedDict and torch dtypes may be named;
+ * instances become OBJECT nodes, the rest plain values. Files from torch <=
+ * 2.2 name TensorProperties and MEM_FORMAT_ENCODING in
+ * torch.distributed._shard.sharded_tensor.metadata: the tree gives those
+ * objects the current class names. */
 typedef struct ckptio_pickle ckptio_pickle;
 
 /*! ckptio_pickle_parse_dcp_metadata() :
@@ -1113,11 +1116,12 @@ CKPTIO_API ckptio_status ckptio_torch_save_tensors(ckptio_engine *engine, const 
 /* torch.distributed.checkpoint data files                                  */
 /* ------------------------------------------------------------------------ */
 /* (docs/DCP.md)
- * A .distcp data file of torch.distributed.checkpoint (FORMATS.md 4) holds
- * items at offsets named by the checkpoint's .metadata: raw byte items and
- * torch.save archives of one tensor each (offsets inside an archive count
- * from its first byte, as torch.save into a stream writes them), each
- * optionally zstd-compressed (transform descriptor "stream.zstd/1"). */
+ * A .distcp data file of torch.distributed.checkpoint (docs/FORMATS.md
+ * section 4.3) holds items at offsets named by the checkpoint's .metadata:
+ * raw byte items and torch.save archives of one tensor each (offsets inside
+ * an archive count from its first byte, as torch.save into a stream writes
+ * them), each optionally zstd-compressed (transform descriptor
+ * "stream.zstd/1"). */
 
 enum ckptio_dcp_item_flags {
     /* Store the item zstd-compressed (one frame with its content size).

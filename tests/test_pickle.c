@@ -46,7 +46,7 @@ static void test_writer_opcodes(void) {
     ckptio__pickle_bool(&b, true);
     ckptio__pickle_bool(&b, false);
     EXPECT(&b, 'X', 3, 0, 0, 0, 'h', 0xc3, 0xa9, 0x88, 0x89);
-    /* b'\x00\xff' exactly as torch.save pickles bytes (see FORMATS.md 2). */
+    /* b'\x00\xff' exactly as torch.save pickles bytes (see docs/FORMATS.md section 2). */
     ckptio__pickle_bytes(&b, (const uint8_t *)"\x00\xff", 2);
     EXPECT(&b, 'c', '_', 'c', 'o', 'd', 'e', 'c', 's', '\n', 'e', 'n', 'c', 'o', 'd', 'e', '\n', 'X', 3, 0, 0, 0, 0,
            0xc3, 0xbf, 'X', 6, 0, 0, 0, 'l', 'a', 't', 'i', 'n', '1', 0x86, 'R');

@@ -1,7 +1,7 @@
 /*
  * test_zip.c - the zip container of torch.save files (src/format/zip_*.c):
  * layout offsets equal to what torch 2.x writes, header and trailer bytes
- * as FORMATS.md 1.2-1.5 describe them, zip64 for records and offsets past
+ * as docs/FORMATS.md 1.2-1.5 describe them, zip64 for records and offsets past
  * 4 GiB (computed, never written), and the reader's checks.
  */
 #include "helpers.h"

@@ -2,7 +2,7 @@
  * dtype.c - the dtype table shared by every format.
  *
  * One row per ckptio_dtype: bits, the safetensors name, the torch name and
- * the rank the safetensors reference writer sorts by (FORMATS.md section 3).
+ * the rank the safetensors reference writer sorts by (docs/FORMATS.md section 3).
  */
 #include "common_internal.h"
 

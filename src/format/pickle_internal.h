@@ -1,6 +1,6 @@
 /*
  * pickle_internal.h - the value tree shared by the pickle writer and the
- * restricted unpickler (FORMATS.md section 2), and their entry points.
+ * restricted unpickler (docs/FORMATS.md section 2), and their entry points.
  *
  * A tree is a set of ckptio_value nodes owned by one ckptio__value_pool;
  * the public accessors (ckptio_value_*) read them. Format code only: no I/O.
@@ -29,7 +29,7 @@ enum {
     CKPTIO__VFLAG_HOLDS_GLOBAL = 1u << 5 /* DCP mode: tuple holding a global or class at some depth */
 };
 
-/* The allowlisted globals (FORMATS.md 2; torch/_weights_only_unpickler.py). */
+/* The allowlisted globals (docs/FORMATS.md section 2; torch/_weights_only_unpickler.py). */
 typedef enum ckptio__global {
     CKPTIO__G_ORDERED_DICT,
     CKPTIO__G_CODECS_ENCODE,

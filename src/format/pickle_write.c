@@ -1,6 +1,6 @@
 /*
  * pickle_write.c - protocol-2 pickle opcodes, the subset torch.save emits
- * and torch.load(weights_only=True) accepts (FORMATS.md section 2). No
+ * and torch.load(weights_only=True) accepts (docs/FORMATS.md section 2). No
  * memo: torch's loader does not need one and it keeps the writer simple.
  * Allocation failure is sticky (b->failed) so callers check once at the end.
  */

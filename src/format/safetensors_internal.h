@@ -4,7 +4,7 @@
  * the writer's layout (safetensors_layout.c). No I/O happens here; src/ckpt/
  * safetensors_file.c joins this code with the engine.
  *
- * Rules and layout: docs/SAFETENSORS.md and FORMATS.md section 3; the
+ * Rules and layout: docs/SAFETENSORS.md and docs/FORMATS.md section 3; the
  * reference is huggingface/safetensors safetensors/src/tensor.rs.
  */
 #ifndef CKPTIO_SAFETENSORS_INTERNAL_H
@@ -65,7 +65,7 @@ ckptio_status ckptio__st_check_prefix(const unsigned char prefix[8], uint64_t fi
 /* Parses and validates the JSON header `json` (`st->header_len` bytes) of a
  * file of `st->file_size` bytes and fills the tensor and metadata tables of
  * `st` (which must be zeroed apart from path/engine/file/file_size/
- * header_len/data_offset). Every rule of FORMATS.md section 3 is checked;
+ * header_len/data_offset). Every rule of docs/FORMATS.md section 3 is checked;
  * errors are CKPTIO_E_FORMAT (or CKPTIO_E_TRUNCATED when the data section
  * runs past the end of the file) and name the file, tensor and rule.
  * On failure the partly filled tables are left for ckptio__st_destroy(). */

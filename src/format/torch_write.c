@@ -3,7 +3,7 @@
  * tree (ckptio_torch_writer_*), pickling it the way torch.save does
  * (_rebuild_tensor_v2 with legacy storage classes, _rebuild_tensor_v3 +
  * UntypedStorage for newer dtypes, _rebuild_parameter), and laying out the
- * zip records (FORMATS.md 1.1). No I/O: src/ckpt/torch_file_save.c writes.
+ * zip records (docs/FORMATS.md 1.1). No I/O: src/ckpt/torch_file_save.c writes.
  */
 #include "torch_internal.h"
 

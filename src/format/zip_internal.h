@@ -2,7 +2,7 @@
  * zip_internal.h - the stored (uncompressed) zip container of torch.save
  * files: layout and bytes of local headers, data descriptors, the central
  * directory and the zip64 end records (writer), and parsing of the end
- * records and central directory (reader). FORMATS.md section 1.
+ * records and central directory (reader). docs/FORMATS.md section 1.
  *
  * Format code only: these functions compute offsets and fill or parse byte
  * buffers handed to them; the callers in src/ckpt do the I/O.

@@ -1,6 +1,6 @@
 /*
  * zip_write.c - byte layout of the zip container torch.save writes
- * (FORMATS.md 1.2-1.5): local headers with the 'FB' alignment extra, data
+ * (docs/FORMATS.md 1.2-1.5): local headers with the 'FB' alignment extra, data
  * descriptors, the central directory and the always-present zip64 end
  * records. Byte-compatible with PyTorch's inline_container.cc + miniz, so
  * that torch.load (including load.calculate_storage_offsets) finds every
