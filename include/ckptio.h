@@ -1203,6 +1203,16 @@ CKPTIO_API void ckptio_dcp_items_release(ckptio_dcp_item *items, size_t count);
  * naming the offset of a corrupt frame. */
 CKPTIO_API ckptio_status ckptio_zstd_decompressed_size(const void *src, size_t len, uint64_t *out);
 
+/*! ckptio_zstd_decompressed_size_max() :
+ * The same, bounded for untrusted input: CKPTIO_E_FORMAT ("decompression
+ * bomb") as soon as the frames' declared sizes sum to more than `limit`, or,
+ * for frames without a declared size, as soon as counting passes `limit`
+ * (time and scratch memory bounded by `limit`, nothing allocated for the
+ * output). A frame that declares less than it holds is then refused by
+ * ckptio_zstd_decompress() with a buffer of the returned size. */
+CKPTIO_API ckptio_status ckptio_zstd_decompressed_size_max(const void *src, size_t len, uint64_t limit,
+                                                           uint64_t *out);
+
 /*! ckptio_zstd_decompress() :
  * Decompresses all zstd frames of (src, len) into dst (capacity bytes);
  * *out_len receives the bytes produced. CKPTIO_E_RANGE when dst is too
