@@ -805,7 +805,7 @@ typedef enum ckptio_value_kind {
     CKPTIO_VALUE_STR,     /* UTF-8 */
     CKPTIO_VALUE_BYTES,
     CKPTIO_VALUE_LIST,
-    CKPTIO_VALUE_TUPLE,   /* also torch.Size */
+    CKPTIO_VALUE_TUPLE,   /* also torch.Size (ckptio_value_tuple_is_size) */
     CKPTIO_VALUE_DICT,    /* dict or collections.OrderedDict (ckptio_value_dict_ordered) */
     CKPTIO_VALUE_SET,
     CKPTIO_VALUE_TENSOR,  /* a tensor (or nn.Parameter); see ckptio_value_tensor */
@@ -842,6 +842,10 @@ CKPTIO_API ckptio_status ckptio_value_dict_item(const ckptio_value *value, size_
 
 /*! ckptio_value_dict_ordered() : *out = 1 for a collections.OrderedDict. */
 CKPTIO_API ckptio_status ckptio_value_dict_ordered(const ckptio_value *value, int *out);
+
+/*! ckptio_value_tuple_is_size() : *out = 1 for a TUPLE pickled as a
+ * torch.Size (its items are ints). */
+CKPTIO_API ckptio_status ckptio_value_tuple_is_size(const ckptio_value *value, int *out);
 
 /*! ckptio_value_dict_attrs() : attributes pickled with a dict (BUILD state:
  * a DICT such as {'_metadata': ...} of a module state_dict), or *out = NULL. */
