@@ -7,7 +7,9 @@
  * Beyond "no crash, no leak, no UB", an accepted stream must give a tree
  * the public accessors walk completely: only public kinds, never a tensor
  * or device (this mode has no tensor callables), OBJECT nodes with an
- * allowlisted class name and a tuple of arguments. A broken invariant traps.
+ * allowlisted class name and a tuple of arguments. The tiling check of
+ * every tensor must agree with the pairwise definition (small tensors). A
+ * broken invariant traps.
  */
 #include "ckptio.h"
 #include "dcp_dir_internal.h"
@@ -24,6 +26,29 @@ static void check_stored(const ckptio_dcp_stored *s) {
           strcmp(s->file, ".") != 0);
     CHECK(s->offset + s->length >= s->offset);
     CHECK((s->transforms & ~(unsigned)CKPTIO_DCP_TRANSFORM_ZSTD) == 0);
+}
+
+/* The pairwise definition of an exact tiling: chunks disjoint, volumes summing
+ * to the tensor's (they lie inside it: checked by the table). */
+static bool tiles_exactly(const ckptio__dcp_tensor *t) {
+    const uint32_t nd = t->ndim;
+    uint64_t total = 0;
+    for (size_t c = 0; c < t->nchunks; c++) {
+        uint64_t vol = 1;
+        for (uint32_t d = 0; d < nd; d++) vol *= (uint64_t)t->sizes[c * nd + d];
+        if (vol == 0) continue;
+        if (__builtin_add_overflow(total, vol, &total)) return false;
+        for (size_t o = 0; o < c; o++) { /* an empty chunk o meets nothing: its a0 < b1 && b0 < a1 fails */
+            bool meet = true;
+            for (uint32_t d = 0; meet && d < nd; d++) {
+                const int64_t a0 = t->offsets[c * nd + d], a1 = a0 + t->sizes[c * nd + d];
+                const int64_t b0 = t->offsets[o * nd + d], b1 = b0 + t->sizes[o * nd + d];
+                meet = a0 < b1 && b0 < a1 && b0 < b1;
+            }
+            if (meet) return false;
+        }
+    }
+    return total == t->numel;
 }
 
 /* The table ckptio_dcp_open() builds from the same bytes: every accessor
@@ -51,6 +76,10 @@ static void check_table(const uint8_t *data, size_t size) {
         }
         ckptio_dcp_chunk_info none;
         CHECK(ckptio_dcp_chunk(h, i, t.chunks, &none) != CKPTIO_OK);
+        const ckptio__dcp_tensor *tt = &h->tensors[i];
+        const ckptio_status tiling = ckptio__dcp_check_tiling(h, tt);
+        CHECK(tiling == CKPTIO_OK || (tiling == CKPTIO_E_FORMAT && ckptio_last_error_message()[0] != '\0'));
+        if (tt->nchunks <= 256) CHECK((tiling == CKPTIO_OK) == tiles_exactly(tt));
     }
     for (size_t i = 0; i < nb; i++) {
         ckptio_dcp_bytes_info b;

@@ -34,14 +34,19 @@ static void fuzz_walk_value(const ckptio_value *v, unsigned depth, uint64_t *bud
     switch (ckptio_value_kind_of(v)) {
     case CKPTIO_VALUE_LIST:
     case CKPTIO_VALUE_TUPLE:
-    case CKPTIO_VALUE_SET:
+    case CKPTIO_VALUE_SET: {
+        int is_size = 0;
+        const bool tuple = ckptio_value_kind_of(v) == CKPTIO_VALUE_TUPLE;
+        CHECK((ckptio_value_tuple_is_size(v, &is_size) == CKPTIO_OK) == tuple);
         CHECK(ckptio_value_len(v, &len) == CKPTIO_OK);
         for (size_t i = 0; i < len; i++) {
             const ckptio_value *item;
             CHECK(ckptio_value_item(v, i, &item) == CKPTIO_OK);
+            CHECK(!is_size || ckptio_value_kind_of(item) == CKPTIO_VALUE_INT); /* a torch.Size holds ints */
             fuzz_walk_value(item, depth + 1, budget, dcp);
         }
         break;
+    }
     case CKPTIO_VALUE_DICT: {
         CHECK(ckptio_value_len(v, &len) == CKPTIO_OK);
         for (size_t i = 0; i < len; i++) {

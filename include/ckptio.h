@@ -805,7 +805,7 @@ typedef enum ckptio_value_kind {
     CKPTIO_VALUE_STR,     /* UTF-8 */
     CKPTIO_VALUE_BYTES,
     CKPTIO_VALUE_LIST,
-    CKPTIO_VALUE_TUPLE,   /* also torch.Size */
+    CKPTIO_VALUE_TUPLE,   /* also torch.Size (ckptio_value_tuple_is_size) */
     CKPTIO_VALUE_DICT,    /* dict or collections.OrderedDict (ckptio_value_dict_ordered) */
     CKPTIO_VALUE_SET,
     CKPTIO_VALUE_TENSOR,  /* a tensor (or nn.Parameter); see ckptio_value_tensor */
@@ -842,6 +842,10 @@ CKPTIO_API ckptio_status ckptio_value_dict_item(const ckptio_value *value, size_
 
 /*! ckptio_value_dict_ordered() : *out = 1 for a collections.OrderedDict. */
 CKPTIO_API ckptio_status ckptio_value_dict_ordered(const ckptio_value *value, int *out);
+
+/*! ckptio_value_tuple_is_size() : *out = 1 for a TUPLE pickled as a
+ * torch.Size (its items are ints). */
+CKPTIO_API ckptio_status ckptio_value_tuple_is_size(const ckptio_value *value, int *out);
 
 /*! ckptio_value_dict_attrs() : attributes pickled with a dict (BUILD state:
  * a DICT such as {'_metadata': ...} of a module state_dict), or *out = NULL. */
@@ -1207,6 +1211,16 @@ CKPTIO_API void ckptio_dcp_items_release(ckptio_dcp_item *items, size_t count);
  * naming the offset of a corrupt frame. */
 CKPTIO_API ckptio_status ckptio_zstd_decompressed_size(const void *src, size_t len, uint64_t *out);
 
+/*! ckptio_zstd_decompressed_size_max() :
+ * The same, bounded for untrusted input: CKPTIO_E_FORMAT ("decompression
+ * bomb") as soon as the frames' declared sizes sum to more than `limit`, or,
+ * for frames without a declared size, as soon as counting passes `limit`
+ * (time and scratch memory bounded by `limit`, nothing allocated for the
+ * output). A frame that declares less than it holds is then refused by
+ * ckptio_zstd_decompress() with a buffer of the returned size. */
+CKPTIO_API ckptio_status ckptio_zstd_decompressed_size_max(const void *src, size_t len, uint64_t limit,
+                                                           uint64_t *out);
+
 /*! ckptio_zstd_decompress() :
  * Decompresses all zstd frames of (src, len) into dst (capacity bytes);
  * *out_len receives the bytes produced. CKPTIO_E_RANGE when dst is too
@@ -1263,6 +1277,25 @@ typedef struct ckptio_dcp_bytes_info {
     ckptio_dcp_stored stored;
 } ckptio_dcp_bytes_info;
 
+/* Bounds on what a zstd-transformed item may decompress to, checked before
+ * anything is decompressed or allocated (ckptio_zstd_decompressed_size_max),
+ * by this library and by ckptio.dcp's FileSystemReader: a tensor item holds
+ * a torch.save archive of its chunk, so at most the chunk's bytes plus
+ * CKPTIO_DCP_ARCHIVE_OVERHEAD_MAX (zip records, pickle, alignment); a byte
+ * item (torch.save of a non-tensor object) at most CKPTIO_DCP_BYTE_ITEM_MAX. */
+#define CKPTIO_DCP_ARCHIVE_OVERHEAD_MAX ((uint64_t)64 << 20)
+#define CKPTIO_DCP_BYTE_ITEM_MAX ((uint64_t)1 << 30)
+
+/*! ckptio_dcp_file_open() :
+ * Opens the data file `relative_path` (a _StorageInfo.relative_path) of the
+ * checkpoint directory `dir` for reading. It must be a plain file name:
+ * absolute paths, '/', "..", "." and empty names are CKPTIO_E_FORMAT naming
+ * it (path traversal), before anything is opened. ckptio_dcp_open() applies
+ * the same rule to every relative_path of .metadata. Close the file with
+ * ckptio_file_close(); the engine must outlive it. */
+CKPTIO_API ckptio_status ckptio_dcp_file_open(ckptio_engine *engine, const char *dir, const char *relative_path,
+                                              ckptio_file **out);
+
 /*! ckptio_dcp_open() :
  * Reads DIR/.metadata and builds the table. Errors name the file and the
  * field ("DIR/.metadata: state_dict_metadata['x']: chunk 2 has 3 offsets
@@ -1305,7 +1338,7 @@ CKPTIO_API ckptio_status ckptio_dcp_manifest(const ckptio_dcp *dcp, const char *
  * at dst (capacity >= nbytes, else CKPTIO_E_RANGE), in C order. Each chunk's
  * item is read through the engine and decoded by kind: a torch.save
  * archive (any strides), a SAFETENSORS blob, or a zstd frame around an
- * archive. Host memory used besides dst: at most one stored item (plus
+ * archive (bounded: CKPTIO_DCP_ARCHIVE_OVERHEAD_MAX). Host memory used besides dst: at most one stored item (plus
  * its decompressed bytes for zstd). Chunks that do not tile the tensor
  * exactly (gaps, overlaps) are CKPTIO_E_FORMAT naming the tensor; an item
  * whose dtype or shape disagrees with .metadata, or that runs past the end
@@ -1313,9 +1346,11 @@ CKPTIO_API ckptio_status ckptio_dcp_manifest(const ckptio_dcp *dcp, const char *
 CKPTIO_API ckptio_status ckptio_dcp_read_tensor(ckptio_dcp *dcp, size_t index, void *dst, uint64_t capacity);
 
 /*! ckptio_dcp_read_bytes() :
- * The bytes of byte item `index` (decompressed when zstd), i.e. what
- * torch.save(obj) produced. *len receives their count; CKPTIO_E_RANGE
- * (with *len set) when capacity is too small. */
+ * The bytes of byte item `index` (decompressed when zstd, at most
+ * CKPTIO_DCP_BYTE_ITEM_MAX), i.e. what torch.save(obj) produced. They are
+ * untrusted: parse them with ckptio_torch_parse() (the restricted
+ * unpickler), never with an unrestricted one. *len receives their count;
+ * CKPTIO_E_RANGE (with *len set) when capacity is too small. */
 CKPTIO_API ckptio_status ckptio_dcp_read_bytes(ckptio_dcp *dcp, size_t index, void *dst, uint64_t capacity,
                                                uint64_t *len);
 
@@ -1334,15 +1369,20 @@ typedef struct ckptio_dcp_verify_report {
  * hashed in pieces of at most 64 MiB (bounded memory). No manifest:
  * CKPTIO_E_NOT_FOUND (e.g. written by torch: use ckptio_dcp_check). A
  * manifest that does not describe the items of .metadata: CKPTIO_E_FORMAT.
- * Mismatch: CKPTIO_E_CHECKSUM naming file, offset and fqn. report may be
- * NULL. */
+ * Mismatch: CKPTIO_E_CHECKSUM naming file, offset and fqn. Then every byte
+ * item is parsed by the restricted unpickler (a matching hash does not make
+ * a pickle safe): CKPTIO_E_DISALLOWED naming file, offset, item and global.
+ * report may be NULL. */
 CKPTIO_API ckptio_status ckptio_dcp_verify(ckptio_dcp *dcp, ckptio_dcp_verify_report *report);
 
 /*! ckptio_dcp_check() :
  * Structural check without checksums: every item lies inside its file,
  * every archive / SAFETENSORS blob / zstd frame parses and matches the
- * dtype and chunk shape of .metadata, and every tensor's chunks tile it.
- * Reads whole items (one at a time). report may be NULL. */
+ * dtype and chunk shape of .metadata, every byte item passes the restricted
+ * unpickler (CKPTIO_E_DISALLOWED naming the global), and every tensor's
+ * chunks tile it (checked in O(chunks x ndim)). zstd items are bounded as
+ * CKPTIO_DCP_ARCHIVE_OVERHEAD_MAX says. Reads whole items (one at a time).
+ * report may be NULL. */
 CKPTIO_API ckptio_status ckptio_dcp_check(ckptio_dcp *dcp, ckptio_dcp_verify_report *report);
 
 /*! ckptio_dcp_save_safetensors() :

@@ -125,6 +125,21 @@ static void test_zstd_streamed_frames_and_corruption(void) {
     uint8_t bad[8] = {1, 2, 3, 4, 5, 6, 7, 8};
     T_STATUS(ckptio_zstd_decompressed_size(bad, sizeof bad, &size), CKPTIO_E_FORMAT);
     T_MESSAGE_HAS("corrupt zstd data");
+    /* Bounded: exactly the limit passes; one byte less is refused, from the
+     * declared sizes (second frame) or while counting (first frame). */
+    T_OK(ckptio_zstd_decompressed_size_max(packed, first + second, sizeof src + 100, &size));
+    T_ASSERT(size == sizeof src + 100);
+    T_STATUS(ckptio_zstd_decompressed_size_max(packed, first + second, sizeof src + 99, &size), CKPTIO_E_FORMAT);
+    T_MESSAGE_HAS("decompresses to over");
+    T_MESSAGE_HAS("decompression bomb");
+    T_STATUS(ckptio_zstd_decompressed_size_max(packed + first, second, 99, &size), CKPTIO_E_FORMAT);
+    T_MESSAGE_HAS("declares 100 bytes, more than the 99 this item may hold");
+    /* A frame header claiming 2^60 bytes costs nothing to refuse. */
+    uint8_t claim[13] = {0x28, 0xB5, 0x2F, 0xFD, 0xE0};
+    const uint64_t huge = (uint64_t)1 << 60;
+    memcpy(claim + 5, &huge, 8);
+    T_STATUS(ckptio_zstd_decompressed_size_max(claim, sizeof claim, (uint64_t)1 << 30, &size), CKPTIO_E_FORMAT);
+    T_MESSAGE_HAS("declares 1152921504606846976 bytes");
 }
 
 static void test_errors(ckptio_engine *engine) {

@@ -224,47 +224,7 @@ class CheckpointFile:
         dev = self._device if device is None else _adapt.parse_device(device)
         if dev.kind == "cuda":
             dev = _adapt.resolve_cuda(dev)
-        torch = _adapt.torch_module()
-        tdev = str(dev)
-        rows = self._reader.storages
-        storages = []
-        targets = []
-        for i, (key, _, _, nbytes, _, _) in enumerate(rows):
-            s = torch.UntypedStorage(nbytes, device=tdev)
-            storages.append(s)
-            if nbytes:
-                kind = _adapt.MEM_CUDA if dev.kind == "cuda" else _adapt.MEM_HOST
-                targets.append((i, s.data_ptr(), nbytes, kind))
-        if dev.kind == "cuda":
-            _adapt.sync_current_stream({dev.index})
-        self._reader.read_storages(targets)
-        made: Dict[int, Any] = {}
-        tensor_rows = self._tensor_rows
-
-        def make_tensor(index: int):
-            t = made.get(index)
-            if t is None:
-                name, code, shape, stride, soff, sidx, rg, is_param, _, _, _ = tensor_rows[index]
-                t = torch.empty((0,), dtype=_adapt.torch_dtype(code, f"tensor '{name}'"), device=tdev)
-                t.set_(storages[sidx], soff, shape, stride)
-                if is_param:
-                    t = torch.nn.Parameter(t, requires_grad=bool(rg))
-                elif rg:
-                    t.requires_grad_(True)
-                made[index] = t
-            return t
-
-        def make_dict(ordered: bool):
-            return collections.OrderedDict() if ordered else {}
-
-        def make_dtype(name: str):
-            return getattr(torch, name)
-
-        def set_attrs(obj, attrs):
-            for k, v in attrs.items():
-                setattr(obj, k, v)
-
-        return self._reader.tree(make_tensor, make_dict, make_dtype, torch.device, set_attrs)
+        return build_torch_object(self._reader, dev)
 
     def verify(self) -> Dict[str, int]:
         """Reads all data and checks it: torch.save files against every record's
@@ -290,6 +250,54 @@ class CheckpointFile:
     def __repr__(self) -> str:
         state = "closed" if self.closed else f"{len(self)} tensors"
         return f"<ckptio.CheckpointFile {self._path!r} ({self.format}, {state})>"
+
+
+def build_torch_object(reader, dev: "_adapt.Device") -> Any:
+    """The object a ``_ckptio.TorchReader`` holds, as ``torch.load`` returns it
+    (tensors on `dev`, views sharing their storages, torch.Size kept): the
+    restricted unpickler's value tree made into Python objects. Shared by
+    :meth:`CheckpointFile.load_object` and ckptio.dcp's byte items."""
+    torch = _adapt.torch_module()
+    tdev = str(dev)
+    rows = reader.storages
+    storages = []
+    targets = []
+    for i, (key, _, _, nbytes, _, _) in enumerate(rows):
+        s = torch.UntypedStorage(nbytes, device=tdev)
+        storages.append(s)
+        if nbytes:
+            kind = _adapt.MEM_CUDA if dev.kind == "cuda" else _adapt.MEM_HOST
+            targets.append((i, s.data_ptr(), nbytes, kind))
+    if dev.kind == "cuda":
+        _adapt.sync_current_stream({dev.index})
+    reader.read_storages(targets)
+    made: Dict[int, Any] = {}
+    tensor_rows = reader.tensors
+
+    def make_tensor(index: int):
+        t = made.get(index)
+        if t is None:
+            name, code, shape, stride, soff, sidx, rg, is_param, _, _, _ = tensor_rows[index]
+            t = torch.empty((0,), dtype=_adapt.torch_dtype(code, f"tensor '{name}'"), device=tdev)
+            t.set_(storages[sidx], soff, shape, stride)
+            if is_param:
+                t = torch.nn.Parameter(t, requires_grad=bool(rg))
+            elif rg:
+                t.requires_grad_(True)
+            made[index] = t
+        return t
+
+    def make_dict(ordered: bool):
+        return collections.OrderedDict() if ordered else {}
+
+    def make_dtype(name: str):
+        return getattr(torch, name)
+
+    def set_attrs(obj, attrs):
+        for k, v in attrs.items():
+            setattr(obj, k, v)
+
+    return reader.tree(make_tensor, make_dict, make_dtype, torch.device, set_attrs, torch.Size)
 
 
 def open(path: PathLike, framework: str = "pt", device: Any = "cpu", *, engine=None) -> CheckpointFile:

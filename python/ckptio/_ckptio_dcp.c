@@ -394,13 +394,15 @@ static PyObject *mod_hash_xxh3(PyObject *module, PyObject *args) {
 }
 
 static PyObject *mod_zstd_decompress(PyObject *module, PyObject *args) {
-    unsigned long long addr, len;
-    if (!PyArg_ParseTuple(args, "KK:zstd_decompress", &addr, &len)) return NULL;
+    unsigned long long addr, len, limit;
+    if (!PyArg_ParseTuple(args, "KKK:zstd_decompress", &addr, &len, &limit)) return NULL;
     const void *src = (const void *)(uintptr_t)addr;
     uint64_t size = 0;
     ckptio_status st;
+    /* Bounded before the output buffer exists: a small frame declaring
+     * gigabytes is refused from its header. */
     Py_BEGIN_ALLOW_THREADS
-    st = ckptio_zstd_decompressed_size(src, (size_t)len, &size);
+    st = ckptio_zstd_decompressed_size_max(src, (size_t)len, (uint64_t)limit, &size);
     Py_END_ALLOW_THREADS
     if (st != CKPTIO_OK) return ckpy_raise(st);
     if (size > (uint64_t)PY_SSIZE_T_MAX) return PyErr_NoMemory();
@@ -455,7 +457,18 @@ static PyObject *mod_dcp_verify(PyObject *module, PyObject *args, PyObject *kwar
     return result;
 }
 
+static PyObject *mod_dcp_file_open(PyObject *module, PyObject *args, PyObject *kwargs) {
+    static char *kwlist[] = {"dir", "relative_path", "engine", NULL};
+    PyObject *dir_arg, *name_arg, *engine_arg = Py_None;
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OO|O:dcp_file_open", kwlist, &dir_arg, &name_arg, &engine_arg))
+        return NULL;
+    return ckpy_file_open_dcp(dir_arg, name_arg, engine_arg);
+}
+
 static PyMethodDef dcp_methods[] = {
+    {"dcp_file_open", (PyCFunction)(void (*)(void))mod_dcp_file_open, METH_VARARGS | METH_KEYWORDS,
+     "dcp_file_open(dir, relative_path, engine=None) -> File: a data file of a DCP directory, read-only\n"
+     "(ckptio_dcp_file_open: a relative_path that leaves the directory is refused, E_FORMAT)."},
     {"dcp_verify", (PyCFunction)(void (*)(void))mod_dcp_verify, METH_VARARGS | METH_KEYWORDS,
      "dcp_verify(dir, engine=None) -> {items, checked, unhashed, bytes}: ckptio_dcp_open + ckptio_dcp_verify\n"
      "(the checkpoint directory against its ckptio manifest; bounded memory). GIL released."},
@@ -479,7 +492,8 @@ static PyMethodDef dcp_methods[] = {
      "data_offset, metadata) of a safetensors blob whose first `length` bytes are in memory."},
     {"hash_xxh3", mod_hash_xxh3, METH_VARARGS, "hash_xxh3(address, nbytes) -> int: XXH3-64 of host memory."},
     {"zstd_decompress", mod_zstd_decompress, METH_VARARGS,
-     "zstd_decompress(address, nbytes) -> bytes: all zstd frames of the buffer, decompressed."},
+     "zstd_decompress(address, nbytes, limit) -> bytes: all zstd frames of the buffer, decompressed;\n"
+     "E_FORMAT before anything is decompressed when they declare (or produce) more than limit bytes."},
     {NULL, NULL, 0, NULL},
 };
 
@@ -487,7 +501,9 @@ int ckpy_dcp_add_to_module(PyObject *module) {
     if (PyModule_AddFunctions(module, dcp_methods) < 0) return -1;
     if (PyModule_AddIntConstant(module, "DCP_ITEM_ZSTD", CKPTIO_DCP_ITEM_ZSTD) < 0 ||
         PyModule_AddIntConstant(module, "DCP_ITEM_CRC32", CKPTIO_DCP_ITEM_CRC32) < 0 ||
-        PyModule_AddIntConstant(module, "DCP_ITEM_HASH", CKPTIO_DCP_ITEM_HASH) < 0)
+        PyModule_AddIntConstant(module, "DCP_ITEM_HASH", CKPTIO_DCP_ITEM_HASH) < 0 ||
+        PyModule_AddIntConstant(module, "DCP_ARCHIVE_OVERHEAD_MAX", (long)CKPTIO_DCP_ARCHIVE_OVERHEAD_MAX) < 0 ||
+        PyModule_AddIntConstant(module, "DCP_BYTE_ITEM_MAX", (long)CKPTIO_DCP_BYTE_ITEM_MAX) < 0)
         return -1;
     return 0;
 }

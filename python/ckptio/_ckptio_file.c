@@ -194,6 +194,33 @@ int ckpy_file_add_to_module(PyObject *module) {
     return 0;
 }
 
+static ckptio_status open_dcp_handle(ckptio_engine *engine, const char *dir, void *arg, void **handle) {
+    ckptio_file *f = NULL;
+    ckptio_status st = ckptio_dcp_file_open(engine, dir, arg, &f);
+    *handle = f;
+    return st;
+}
+
+PyObject *ckpy_file_open_dcp(PyObject *dir_arg, PyObject *relative_path, PyObject *engine_arg) {
+    PyObject *name = ckpy_path_bytes(relative_path);
+    if (!name) return NULL;
+    ckpy_file *self = (ckpy_file *)ckpy_handle_new(file_type, &file_kind, dir_arg, engine_arg, open_dcp_handle,
+                                                   PyBytes_AsString(name));
+    Py_DECREF(name);
+    if (!self) return NULL;
+    self->flags = CKPTIO_OPEN_READ;
+    /* .path is the data file's, as for File(path). */
+    PyObject *path = PyUnicode_DecodeFSDefault(ckptio_file_path(self->h.handle));
+    if (!path) {
+        Py_DECREF(self);
+        return NULL;
+    }
+    PyObject *was = self->h.path;
+    self->h.path = path;
+    Py_XDECREF(was);
+    return (PyObject *)self;
+}
+
 ckptio_file *ckpy_file_handle(PyObject *obj) {
     if (!file_type || !PyObject_TypeCheck(obj, file_type)) {
         PyErr_Format(PyExc_TypeError, "expected a ckptio._ckptio.File, not %R", (PyObject *)Py_TYPE(obj));

@@ -76,6 +76,10 @@ int ckpy_file_add_to_module(PyObject *module);
  * uses the handle (the DCP code owns the Files it passes). */
 ckptio_file *ckpy_file_handle(PyObject *obj);
 
+/* A read-only File for the data file `relative_path` of the DCP directory
+ * `dir` (ckptio_dcp_file_open: refused unless the name stays inside dir). */
+PyObject *ckpy_file_open_dcp(PyObject *dir_arg, PyObject *relative_path, PyObject *engine_arg);
+
 /* ---- torch.distributed.checkpoint items (_ckptio_dcp.c) ------------------- */
 
 int ckpy_dcp_add_to_module(PyObject *module);

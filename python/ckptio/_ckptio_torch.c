@@ -18,6 +18,7 @@ typedef struct ckpy_torch_reader {
     PyObject *tensors;       /* list of tuples, see get_tensors */
     PyObject *storages;      /* list of tuples, see get_storages */
     unsigned long long alignment;
+    PyObject *keep;          /* from_bytes: the bytes the handle points into */
 } ckpy_torch_reader;
 
 static PyTypeObject *reader_type = NULL;
@@ -96,7 +97,41 @@ static void reader_dealloc(PyObject *obj) {
     ckpy_torch_reader *self = (ckpy_torch_reader *)obj;
     Py_CLEAR(self->tensors);
     Py_CLEAR(self->storages);
-    ckpy_handle_dealloc(obj);
+    PyObject *keep = self->keep;
+    self->keep = NULL;
+    ckpy_handle_dealloc(obj); /* closes the handle before the bytes go */
+    Py_XDECREF(keep);
+}
+
+typedef struct memory_arg {
+    const char *data;
+    Py_ssize_t len;
+} memory_arg;
+
+static ckptio_status parse_handle(ckptio_engine *engine, const char *what, void *arg, void **handle) {
+    const memory_arg *m = arg;
+    ckptio_torch *t = NULL;
+    ckptio_status st = ckptio_torch_parse(m->data, (size_t)m->len, &t);
+    *handle = t;
+    return st;
+}
+
+/* TorchReader over a torch.save archive held in a bytes object (kept alive
+ * by the reader): ckptio_torch_parse, the same restricted unpickler. */
+static PyObject *mod_torch_reader_from_bytes(PyObject *module, PyObject *args) {
+    PyObject *data, *what;
+    if (!PyArg_ParseTuple(args, "SO:torch_reader_from_bytes", &data, &what)) return NULL;
+    memory_arg m = {PyBytes_AsString(data), PyBytes_Size(data)};
+    ckpy_torch_reader *self =
+        (ckpy_torch_reader *)ckpy_handle_new(reader_type, &reader_kind, what, Py_None, parse_handle, &m);
+    if (!self) return NULL;
+    Py_INCREF(data);
+    self->keep = data;
+    if (describe(&self->h) < 0) {
+        Py_DECREF(self);
+        return NULL;
+    }
+    return (PyObject *)self;
 }
 
 /* ---- the object tree ------------------------------------------------------------ */
@@ -109,6 +144,7 @@ typedef struct tree_ctx {
     PyObject *make_dtype;  /* (torch name) -> torch.dtype */
     PyObject *make_device; /* (text) -> torch.device */
     PyObject *set_attrs;   /* (obj, attrs dict) -> None */
+    PyObject *make_size;   /* (tuple) -> torch.Size, or NULL: tuples stay tuples */
 } tree_ctx;
 
 static PyObject *convert(tree_ctx *c, const ckptio_value *v, int depth);
@@ -173,6 +209,13 @@ static PyObject *convert_container(tree_ctx *c, const ckptio_value *v, ckptio_va
     if (kind == CKPTIO_VALUE_LIST) return list;
     PyObject *r = kind == CKPTIO_VALUE_TUPLE ? PyList_AsTuple(list) : PySet_New(list);
     Py_DECREF(list);
+    int is_size = 0;
+    if (r && kind == CKPTIO_VALUE_TUPLE && c->make_size && ckptio_value_tuple_is_size(v, &is_size) == CKPTIO_OK &&
+        is_size) {
+        PyObject *size = PyObject_CallFunctionObjArgs(c->make_size, r, NULL);
+        Py_DECREF(r);
+        r = size;
+    }
     return r;
 }
 
@@ -247,12 +290,13 @@ static PyObject *convert(tree_ctx *c, const ckptio_value *v, int depth) {
 
 static PyObject *reader_tree(PyObject *obj, PyObject *args, PyObject *kwargs) {
     ckpy_torch_reader *self = (ckpy_torch_reader *)obj;
-    static char *kwlist[] = {"make_tensor", "make_dict", "make_dtype", "make_device", "set_attrs", NULL};
+    static char *kwlist[] = {"make_tensor", "make_dict", "make_dtype", "make_device", "set_attrs", "make_size", NULL};
     tree_ctx c;
     memset(&c, 0, sizeof c);
-    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OOOOO:tree", kwlist, &c.make_tensor, &c.make_dict, &c.make_dtype,
-                                     &c.make_device, &c.set_attrs))
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OOOOO|O:tree", kwlist, &c.make_tensor, &c.make_dict, &c.make_dtype,
+                                     &c.make_device, &c.set_attrs, &c.make_size))
         return NULL;
+    if (c.make_size == Py_None) c.make_size = NULL;
     if (!self->h.handle) return ckpy_handle_closed_error(&self->h);
     const ckptio_value *root = NULL;
     ckptio_status st = ckptio_torch_root(self->h.handle, &root);
@@ -340,7 +384,8 @@ static PyGetSetDef reader_getset[] = {
 
 static PyMethodDef reader_methods[] = {
     {"tree", (PyCFunction)(void (*)(void))reader_tree, METH_VARARGS | METH_KEYWORDS,
-     "tree(make_tensor, make_dict, make_dtype, make_device, set_attrs) -> object: the unpickled object."},
+     "tree(make_tensor, make_dict, make_dtype, make_device, set_attrs, make_size=None) -> object: the\n"
+     "unpickled object (make_size(tuple) rebuilds torch.Size values; without it they stay tuples)."},
     {"read", reader_read, METH_O,
      "read(targets): tensors (C order) into memory; targets: (tensor index, address, capacity, mem_kind)."},
     {"read_storages", reader_read_storages, METH_O,
@@ -369,6 +414,13 @@ static PyType_Spec reader_spec = {
     reader_slots,
 };
 
+static PyMethodDef torch_methods[] = {
+    {"torch_reader_from_bytes", mod_torch_reader_from_bytes, METH_VARARGS,
+     "torch_reader_from_bytes(data: bytes, what: str) -> TorchReader over a torch.save archive held in\n"
+     "memory (ckptio_torch_parse: the restricted unpickler; `what` names it in errors)."},
+    {NULL, NULL, 0, NULL},
+};
+
 int ckpy_torch_add_to_module(PyObject *module) {
     reader_type = (PyTypeObject *)PyType_FromSpec(&reader_spec);
     if (!reader_type) return -1;
@@ -376,5 +428,5 @@ int ckpy_torch_add_to_module(PyObject *module) {
         Py_DECREF(reader_type);
         return -1;
     }
-    return 0;
+    return PyModule_AddFunctions(module, torch_methods);
 }

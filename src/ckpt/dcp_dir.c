@@ -200,6 +200,21 @@ static ckptio_status tensor_dtype(ckptio_dcp *h, const char *subj, const ckptio_
     return CKPTIO_OK;
 }
 
+static int cmp_offsets(const int64_t *a, const int64_t *b, uint32_t n) {
+    for (uint32_t d = 0; d < n; d++)
+        if (a[d] != b[d]) return a[d] < b[d] ? -1 : 1;
+    return 0;
+}
+
+/* Chunk order for the index: offsets, then position (a stable order, so the
+ * lookup finds the first of chunks that share offsets). */
+static int cmp_chunk_offsets(const void *a, const void *b, void *arg) {
+    const ckptio__dcp_tensor *t = arg;
+    const size_t ca = *(const size_t *)a, cb = *(const size_t *)b;
+    const int c = cmp_offsets(t->offsets + ca * t->ndim, t->offsets + cb * t->ndim, t->ndim);
+    return c ? c : (ca < cb ? -1 : ca > cb);
+}
+
 static ckptio_status add_tensor(ckptio_dcp *h, const char *fqn, const char *subj, const ckptio_value *fields,
                                 ckptio__dcp_tensor *t) {
     int64_t shape[DCP_MAX_NDIM];
@@ -248,7 +263,25 @@ static ckptio_status add_tensor(ckptio_dcp *h, const char *fqn, const char *subj
         memcpy(t->offsets + c * ndim, off, ndim * sizeof *off);
         memcpy(t->sizes + c * ndim, size, ndim * sizeof *size);
     }
+    /* storage_data names chunks by their offsets: an index keeps that lookup
+     * O(log n) (a hostile .metadata may split one tensor into 100k+ chunks). */
+    if (!(t->by_offsets = ckptio__calloc(nchunks + 1, sizeof *t->by_offsets)))
+        return CKPTIO_FAIL(CKPTIO_E_NOMEM, "out of memory for the table of tensor '%s'", fqn);
+    for (size_t c = 0; c < nchunks; c++) t->by_offsets[c] = c;
+    qsort_r(t->by_offsets, nchunks, sizeof *t->by_offsets, cmp_chunk_offsets, t);
     return CKPTIO_OK;
+}
+
+size_t ckptio__dcp_chunk_index(const ckptio__dcp_tensor *t, const int64_t *off, uint32_t n) {
+    if (n != t->ndim) return (size_t)-1;
+    size_t lo = 0, hi = t->nchunks;
+    while (lo < hi) { /* lower bound: the first chunk with these offsets */
+        const size_t mid = lo + (hi - lo) / 2;
+        if (cmp_offsets(t->offsets + t->by_offsets[mid] * n, off, n) < 0) lo = mid + 1;
+        else hi = mid;
+    }
+    if (lo < t->nchunks && cmp_offsets(t->offsets + t->by_offsets[lo] * n, off, n) == 0) return t->by_offsets[lo];
+    return (size_t)-1;
 }
 
 static int cmp_by_name(const void *a, const void *b, void *arg) {
@@ -337,14 +370,8 @@ static ckptio_status read_state_dict(ckptio_dcp *h, const ckptio_value *sdm) {
 static int cmp_str(const void *a, const void *b) { return strcmp(*(char *const *)a, *(char *const *)b); }
 
 size_t ckptio__dcp_file_index(const ckptio_dcp *h, const char *name) {
-    if (h->files_sorted) {
-        char *const *hit = bsearch(&name, h->files, h->nfiles, sizeof *h->files, cmp_str);
-        return hit ? (size_t)(hit - h->files) : (size_t)-1;
-    }
-    if (h->last_file < h->nfiles && strcmp(h->files[h->last_file], name) == 0) return h->last_file;
-    for (size_t i = 0; i < h->nfiles; i++)
-        if (strcmp(h->files[i], name) == 0) return i;
-    return (size_t)-1;
+    char *const *hit = bsearch(&name, h->files, h->nfiles, sizeof *h->files, cmp_str);
+    return hit ? (size_t)(hit - h->files) : (size_t)-1;
 }
 
 static ckptio_status storage_info(ckptio_dcp *h, const char *subj, const ckptio_value *info, ckptio_dcp_stored *out) {
@@ -380,16 +407,7 @@ static ckptio_status storage_info(ckptio_dcp *h, const char *subj, const ckptio_
             out->transforms |= CKPTIO_DCP_TRANSFORM_ZSTD;
         }
     }
-    size_t fi = ckptio__dcp_file_index(h, path);
-    if (fi == (size_t)-1) {
-        char **files = ckptio__realloc(h->files, (h->nfiles + 1) * sizeof *files);
-        if (!files) return CKPTIO_FAIL(CKPTIO_E_NOMEM, "out of memory");
-        h->files = files;
-        if (!(h->files[h->nfiles] = ckptio__strdup(path))) return CKPTIO_FAIL(CKPTIO_E_NOMEM, "out of memory");
-        fi = h->nfiles++;
-    }
-    h->last_file = fi;
-    out->file = h->files[fi]; /* re-pointed after sorting */
+    out->file = path; /* borrowed from the pickle; collect_files() makes it the table's copy */
     return CKPTIO_OK;
 }
 
@@ -421,10 +439,8 @@ static ckptio_status read_storage_data(ckptio_dcp *h, const ckptio_value *sd) {
         const size_t ti = ckptio__dcp_tensor_index(h, fqn);
         if (ti == (size_t)-1) return MDFAIL(CKPTIO_E_FORMAT, h, subj, "names no tensor of state_dict_metadata");
         ckptio__dcp_tensor *t = &h->tensors[ti];
-        size_t c = 0;
-        for (; c < t->nchunks; c++)
-            if (no == t->ndim && memcmp(t->offsets + c * t->ndim, off, no * sizeof *off) == 0) break;
-        if (c == t->nchunks) return MDFAIL(CKPTIO_E_FORMAT, h, subj, "its offset names no chunk of the tensor");
+        const size_t c = ckptio__dcp_chunk_index(t, off, no);
+        if (c == (size_t)-1) return MDFAIL(CKPTIO_E_FORMAT, h, subj, "its offset names no chunk of the tensor");
         snprintf(subj, sizeof subj, "storage_data['%s'] chunk %zu", fqn, c);
         if (t->stored[c].file) return MDFAIL(CKPTIO_E_FORMAT, h, subj, "stored twice");
         CKPTIO_FORWARD(storage_info(h, subj, v, &t->stored[c]));
@@ -440,17 +456,41 @@ static ckptio_status read_storage_data(ckptio_dcp *h, const ckptio_value *sd) {
     return CKPTIO_OK;
 }
 
-/* Sorts the file names and re-points every stored item at its name. */
-static void sort_files(ckptio_dcp *h) {
-    qsort(h->files, h->nfiles, sizeof *h->files, cmp_str);
-    h->files_sorted = true;
+static void stored_each(ckptio_dcp *h, void (*fn)(ckptio_dcp *, ckptio_dcp_stored *, size_t *), size_t *n) {
     for (size_t i = 0; i < h->ntensors; i++)
-        for (size_t c = 0; c < h->tensors[i].nchunks; c++) {
-            ckptio_dcp_stored *s = &h->tensors[i].stored[c];
-            s->file = h->files[ckptio__dcp_file_index(h, s->file)];
-        }
-    for (size_t j = 0; j < h->nbytes_items; j++)
-        h->bytes[j].stored.file = h->files[ckptio__dcp_file_index(h, h->bytes[j].stored.file)];
+        for (size_t c = 0; c < h->tensors[i].nchunks; c++) fn(h, &h->tensors[i].stored[c], n);
+    for (size_t j = 0; j < h->nbytes_items; j++) fn(h, &h->bytes[j].stored, n);
+}
+
+static void gather_name(ckptio_dcp *h, ckptio_dcp_stored *s, size_t *n) { h->files[(*n)++] = (char *)s->file; }
+
+static void point_at_copy(ckptio_dcp *h, ckptio_dcp_stored *s, size_t *n) {
+    s->file = h->files[ckptio__dcp_file_index(h, s->file)];
+}
+
+/* The distinct data file names, sorted, as the table's own copies; every
+ * stored item is re-pointed at its copy. Sorting all names once keeps this
+ * O(n log n) however many files a hostile .metadata names. */
+static ckptio_status collect_files(ckptio_dcp *h) {
+    size_t n = 0;
+    for (size_t i = 0; i < h->ntensors; i++) n += h->tensors[i].nchunks;
+    n += h->nbytes_items;
+    if (!(h->files = ckptio__calloc(n + 1, sizeof *h->files))) return CKPTIO_FAIL(CKPTIO_E_NOMEM, "out of memory");
+    size_t got = 0;
+    stored_each(h, gather_name, &got);
+    qsort(h->files, n, sizeof *h->files, cmp_str);
+    size_t distinct = 0;
+    for (size_t i = 0; i < n; i++)
+        if (distinct == 0 || strcmp(h->files[distinct - 1], h->files[i]) != 0) h->files[distinct++] = h->files[i];
+    for (size_t i = 0; i < distinct; i++) { /* h->nfiles counts the copies made, for close on failure */
+        char *copy = ckptio__strdup(h->files[i]);
+        if (!copy) return CKPTIO_FAIL(CKPTIO_E_NOMEM, "out of memory");
+        h->files[i] = copy;
+        h->nfiles = i + 1;
+    }
+    h->nfiles = distinct;
+    stored_each(h, point_at_copy, NULL);
+    return CKPTIO_OK;
 }
 
 /* ckptio's data files are __{rank}_{token}_{n}.distcp with one 12-hex-digit
@@ -534,7 +574,7 @@ static ckptio_status open_handle(ckptio_engine *engine, const char *dir, const v
     }
     if ((st = read_state_dict(h, dict_get(md, "state_dict_metadata"))) != CKPTIO_OK) goto out;
     if ((st = read_storage_data(h, dict_get(md, "storage_data"))) != CKPTIO_OK) goto out;
-    sort_files(h);
+    if ((st = collect_files(h)) != CKPTIO_OK) goto out;
     if (!(h->handles = ckptio__calloc(h->nfiles + 1, sizeof *h->handles)) ||
         !(h->file_sizes = ckptio__calloc(h->nfiles + 1, sizeof *h->file_sizes))) {
         st = CKPTIO_FAIL(CKPTIO_E_NOMEM, "out of memory");
@@ -591,6 +631,7 @@ ckptio_status ckptio_dcp_close(ckptio_dcp *h) {
         ckptio__free(t->offsets);
         ckptio__free(t->sizes);
         ckptio__free(t->stored);
+        ckptio__free(t->by_offsets);
     }
     ckptio__free(h->tensors);
     ckptio__free(h->by_name);
@@ -606,15 +647,32 @@ ckptio_status ckptio_dcp_close(ckptio_dcp *h) {
 
 /* ---- files ------------------------------------------------------------------------------- */
 
+ckptio_status ckptio_dcp_file_open(ckptio_engine *engine, const char *dir, const char *relative_path,
+                                   ckptio_file **out) {
+    if (out) *out = NULL;
+    CKPTIO_RETURN_IF(!engine || !dir || !*dir || !relative_path || !out, CKPTIO_E_INVAL,
+                     "ckptio_dcp_file_open: engine, dir, relative_path and out are required");
+    /* The one rule for every reader of a DCP directory (this library's table,
+     * ckptio.dcp's FileSystemReader): a data file is a plain name inside it. */
+    if (!ckptio__dcp_plain_name(relative_path, strlen(relative_path)))
+        return CKPTIO_FAIL_CTX(CKPTIO_E_FORMAT,
+                               &((ckptio__err_ctx){.operation = "open DCP data file", .path = dir, .file_offset = -1,
+                                                   .subject = relative_path}),
+                               "relative_path '%s' leaves the checkpoint directory (absolute, '/', '..' or empty): "
+                               "refused, nothing outside the directory is opened", relative_path);
+    const size_t n = strlen(dir) + strlen(relative_path) + 2;
+    char *path = ckptio__malloc(n);
+    if (!path) return CKPTIO_FAIL(CKPTIO_E_NOMEM, "out of memory");
+    snprintf(path, n, "%s/%s", dir, relative_path);
+    ckptio_status st = ckptio_file_open(engine, path, CKPTIO_OPEN_READ, out);
+    ckptio__free(path);
+    return st;
+}
+
 ckptio_status ckptio__dcp_file(ckptio_dcp *h, size_t index, ckptio_file **file, uint64_t *size) {
     if (!h->handles[index]) {
-        const size_t n = strlen(h->dir) + strlen(h->files[index]) + 2;
-        char *path = ckptio__malloc(n);
-        if (!path) return CKPTIO_FAIL(CKPTIO_E_NOMEM, "out of memory");
-        snprintf(path, n, "%s/%s", h->dir, h->files[index]);
         ckptio_file *f = NULL;
-        ckptio_status st = ckptio_file_open(h->engine, path, CKPTIO_OPEN_READ, &f);
-        ckptio__free(path);
+        ckptio_status st = ckptio_dcp_file_open(h->engine, h->dir, h->files[index], &f);
         if (st != CKPTIO_OK) return st;
         if ((st = ckptio_file_size(f, &h->file_sizes[index])) != CKPTIO_OK) {
             ckptio_file_close(f);

@@ -18,6 +18,7 @@ typedef struct ckptio__dcp_tensor {
     int64_t *offsets;           /* nchunks x ndim */
     int64_t *sizes;             /* nchunks x ndim */
     ckptio_dcp_stored *stored;  /* nchunks; file == NULL until storage_data names it */
+    size_t *by_offsets;         /* chunk indices sorted by offsets (ckptio__dcp_chunk_index) */
 } ckptio__dcp_tensor;
 
 typedef struct ckptio__dcp_bytes {
@@ -42,10 +43,8 @@ struct ckptio_dcp {
     ckptio__dcp_bytes *bytes;
     size_t nbytes_items;
     size_t *bytes_by_name;      /* byte item indices sorted by fqn */
-    char **files;               /* distinct relative paths, sorted once the table is built */
+    char **files;               /* distinct relative paths, sorted (bsearch) */
     size_t nfiles;
-    bool files_sorted;
-    size_t last_file;           /* lookup hint while parsing: items of one file come together */
     ckptio_file **handles;      /* opened on first read */
     uint64_t *file_sizes;
     char *manifest_name;        /* from the save token, or NULL */
@@ -77,6 +76,23 @@ ckptio_status ckptio__dcp_item_bounds(ckptio_dcp *dcp, const ckptio_dcp_stored *
  * small ones directly, large ones as a one-extent plan that the engine
  * splits into chunks and runs on its workers. */
 ckptio_status ckptio__dcp_io(ckptio_file *file, ckptio_direction dir, void *buf, uint64_t len, uint64_t offset);
+
+/* Index of the chunk of `t` whose offsets are off[0..n) (the first one when
+ * several share them), or (size_t)-1: a binary search, O(ndim log chunks). */
+size_t ckptio__dcp_chunk_index(const ckptio__dcp_tensor *t, const int64_t *off, uint32_t n);
+
+/* The chunks of `t` tile the tensor exactly (no gap, no overlap), else
+ * CKPTIO_E_FORMAT naming the tensor (dcp_tiling.c). O(chunks x ndim). */
+ckptio_status ckptio__dcp_check_tiling(const ckptio_dcp *h, const ckptio__dcp_tensor *t);
+
+/* Reads byte item `index` (decompressed when zstd; bounded by
+ * CKPTIO_DCP_BYTE_ITEM_MAX) into *out (ckptio__malloc'ed). */
+ckptio_status ckptio__dcp_load_bytes(ckptio_dcp *h, size_t index, void **out, uint64_t *len);
+
+/* Byte item `index` parses as a torch.save archive through the restricted
+ * unpickler: a global outside the allowlist is CKPTIO_E_DISALLOWED naming the
+ * data file, offset, item and global. Nothing is ever run. */
+ckptio_status ckptio__dcp_check_bytes(ckptio_dcp *h, size_t index);
 
 /* Tensor / byte item index of `fqn`, or (size_t)-1. */
 size_t ckptio__dcp_tensor_index(const ckptio_dcp *dcp, const char *fqn);

@@ -222,13 +222,10 @@ static const ckptio_dcp_stored *match(const ckptio_dcp *h, const size_t *chunk_b
     const size_t ti = ckptio__dcp_tensor_index(h, it->fqn);
     if (ti == (size_t)-1) return NULL;
     const ckptio__dcp_tensor *t = &h->tensors[ti];
-    const size_t base = chunk_base[ti];
-    for (size_t c = 0; c < t->nchunks; c++)
-        if (it->ndim == t->ndim && memcmp(t->offsets + c * t->ndim, it->offset, t->ndim * sizeof *it->offset) == 0) {
-            *slot = base + c;
-            return &t->stored[c];
-        }
-    return NULL;
+    const size_t c = ckptio__dcp_chunk_index(t, it->offset, it->ndim);
+    if (c == (size_t)-1) return NULL;
+    *slot = chunk_base[ti] + c;
+    return &t->stored[c];
 }
 
 static ckptio_status hash_range(ckptio_file *f, void *buf, uint64_t offset, uint64_t len, XXH3_state_t *state,
@@ -342,6 +339,10 @@ ckptio_status ckptio_dcp_verify(ckptio_dcp *h, ckptio_dcp_verify_report *report)
         r.items++;
         if ((st = check_item(h, &m.items[i], buf, state, &r)) != CKPTIO_OK) goto out;
     }
+    /* Matching hashes say the bytes are the ones saved, not that they are
+     * safe to load: byte items also go through the restricted unpickler. */
+    for (size_t j = 0; j < h->nbytes_items; j++)
+        if ((st = ckptio__dcp_check_bytes(h, j)) != CKPTIO_OK) goto out;
 out:
     if (state) XXH3_freeState(state);
     ckptio__free(buf);

@@ -26,7 +26,8 @@ enum {
     CKPTIO__VFLAG_PARAMETER = 1u << 2,/* tensor: nn.Parameter */
     CKPTIO__VFLAG_GRAD = 1u << 3,     /* tensor: requires_grad */
     CKPTIO__VFLAG_UNTYPED = 1u << 4,  /* storage class: UntypedStorage */
-    CKPTIO__VFLAG_HOLDS_GLOBAL = 1u << 5 /* DCP mode: tuple holding a global or class at some depth */
+    CKPTIO__VFLAG_HOLDS_GLOBAL = 1u << 5, /* DCP mode: tuple holding a global or class at some depth */
+    CKPTIO__VFLAG_TORCH_SIZE = 1u << 6    /* tuple: made by torch.Size(...) */
 };
 
 /* The allowlisted globals (docs/FORMATS.md section 2; torch/_weights_only_unpickler.py). */

@@ -479,6 +479,7 @@ static ckptio_status apply(vm *m, const ckptio_value *fn, const ckptio_value *ar
             return vfail_at(m, CKPTIO_E_FORMAT, "%s takes one tuple or list", set ? "set" : "torch.Size");
         ckptio_value *r = new_node(m, set ? CKPTIO_VALUE_SET : CKPTIO_VALUE_TUPLE);
         if (!r) return refail(m, CKPTIO_E_NOMEM);
+        if (!set) r->flags |= CKPTIO__VFLAG_TORCH_SIZE;
         for (size_t i = 0; src && i < src->u.seq.len; i++) {
             if (!set && src->u.seq.items[i]->kind != CKPTIO_VALUE_INT)
                 return vfail_at(m, CKPTIO_E_FORMAT, "torch.Size item %zu is not an int", i);

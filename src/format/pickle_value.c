@@ -210,6 +210,13 @@ ckptio_status ckptio_value_dict_ordered(const ckptio_value *value, int *out) {
     return CKPTIO_OK;
 }
 
+ckptio_status ckptio_value_tuple_is_size(const ckptio_value *value, int *out) {
+    CKPTIO_FORWARD(want(value, CKPTIO_VALUE_TUPLE));
+    if (!out) return CKPTIO_FAIL(CKPTIO_E_INVAL, "output must not be NULL");
+    *out = (value->flags & CKPTIO__VFLAG_TORCH_SIZE) != 0;
+    return CKPTIO_OK;
+}
+
 ckptio_status ckptio_value_dict_attrs(const ckptio_value *value, const ckptio_value **out) {
     CKPTIO_FORWARD(want(value, CKPTIO_VALUE_DICT));
     if (!out) return CKPTIO_FAIL(CKPTIO_E_INVAL, "output must not be NULL");

@@ -15,9 +15,22 @@ static ckptio_status corrupt(size_t offset, const char *what) {
                            "corrupt zstd data: %s", what);
 }
 
+/* More output than the caller allows: refused from the frame headers'
+ * declared sizes, or while counting (scratch memory only), before any
+ * output buffer exists. */
+static ckptio_status too_large(uint64_t size, uint64_t limit, bool declared) {
+    return CKPTIO_FAIL_CTX(CKPTIO_E_FORMAT, &((ckptio__err_ctx){.operation = "zstd decompress", .file_offset = -1}),
+                           "zstd data %s %llu bytes, more than the %llu this item may hold (refused before "
+                           "decompressing it: a decompression bomb or a lying frame header)",
+                           declared ? "declares" : "decompresses to over", (unsigned long long)size,
+                           (unsigned long long)limit);
+}
+
 /* Streams (src, len) through the decompressor, into dst when it is not
- * NULL (capacity bytes), else into scratch memory only to count. */
-static ckptio_status run(const void *src, size_t len, void *dst, size_t capacity, uint64_t *produced) {
+ * NULL (capacity bytes), else into scratch memory only to count, stopping
+ * (CKPTIO_E_FORMAT) as soon as the count passes `limit`. */
+static ckptio_status run(const void *src, size_t len, void *dst, size_t capacity, uint64_t limit,
+                         uint64_t *produced) {
     ckptio_status st = CKPTIO_OK;
     uint8_t *scratch = NULL;
     ZSTD_DCtx *dctx = ZSTD_createDCtx();
@@ -46,6 +59,10 @@ static ckptio_status run(const void *src, size_t len, void *dst, size_t capacity
             goto out;
         }
         *produced += out.pos;
+        if (!dst && *produced > limit) {
+            st = too_large(*produced, limit, false);
+            goto out;
+        }
         if (in.pos == before && out.pos == 0) {
             st = in.pos == in.size ? corrupt(len, "the last frame is truncated")
                                    : corrupt(in.pos, "the decoder makes no progress");
@@ -58,18 +75,21 @@ out:
     return st;
 }
 
-ckptio_status ckptio_zstd_decompressed_size(const void *src, size_t len, uint64_t *out) {
+ckptio_status ckptio_zstd_decompressed_size_max(const void *src, size_t len, uint64_t limit, uint64_t *out) {
     if (!out || (!src && len)) return CKPTIO_FAIL(CKPTIO_E_INVAL, "ckptio_zstd_decompressed_size: bad arguments");
     *out = 0;
     if (len == 0) return corrupt(0, "no frame");
-    /* Sum the frames' recorded sizes; one frame without a size means counting. */
+    /* Sum the frames' recorded sizes, refusing as soon as the sum passes the
+     * limit (a frame header costs nothing to read, its claim may be a lie);
+     * one frame without a size means counting, which stops at the limit too. */
     const uint8_t *p = src;
     size_t left = len;
     uint64_t total = 0;
     while (left) {
         const unsigned long long size = ZSTD_getFrameContentSize(p, left);
         if (size == ZSTD_CONTENTSIZE_ERROR) return corrupt(len - left, "not a zstd frame");
-        if (size == ZSTD_CONTENTSIZE_UNKNOWN) return run(src, len, NULL, 0, out);
+        if (size == ZSTD_CONTENTSIZE_UNKNOWN) return run(src, len, NULL, 0, limit, out);
+        if (size > limit || total > limit - size) return too_large(size > limit ? size : total + size, limit, true);
         const size_t frame = ZSTD_findFrameCompressedSize(p, left);
         if (ZSTD_isError(frame)) return corrupt(len - left, ZSTD_getErrorName(frame));
         total += size;
@@ -80,6 +100,10 @@ ckptio_status ckptio_zstd_decompressed_size(const void *src, size_t len, uint64_
     return CKPTIO_OK;
 }
 
+ckptio_status ckptio_zstd_decompressed_size(const void *src, size_t len, uint64_t *out) {
+    return ckptio_zstd_decompressed_size_max(src, len, UINT64_MAX, out);
+}
+
 ckptio_status ckptio_zstd_decompress(const void *src, size_t len, void *dst, size_t capacity, size_t *out_len) {
     if (!out_len || (!src && len) || (!dst && capacity))
         return CKPTIO_FAIL(CKPTIO_E_INVAL, "ckptio_zstd_decompress: bad arguments");
@@ -87,7 +111,7 @@ ckptio_status ckptio_zstd_decompress(const void *src, size_t len, void *dst, siz
     if (len == 0) return corrupt(0, "no frame");
     uint8_t dummy;
     uint64_t produced = 0;
-    CKPTIO_FORWARD(run(src, len, dst ? dst : &dummy, dst ? capacity : 0, &produced));
+    CKPTIO_FORWARD(run(src, len, dst ? dst : &dummy, dst ? capacity : 0, UINT64_MAX, &produced));
     *out_len = (size_t)produced;
     return CKPTIO_OK;
 }

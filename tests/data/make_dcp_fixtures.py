@@ -25,6 +25,13 @@ and NAME.expected.safetensors: the full state dict's tensors, for comparing
 assembled bytes; bad_*.metadata: broken variants of ts/, sharded/ and
 legacy_torch22/ .metadata (the test copies the directory and swaps the file
 in). Small on purpose (alignment 64 for ckptio's writer).
+Hostile inputs (hostile_fixtures(), also run alone with --hostile):
+  hostile_bytes/  ckptio.dcp.FileSystemWriter (manifest): byte item 'step' is
+                  a torch.save whose pickle calls posix.system (never run)
+  bad_zstd_bomb_{w,step}{,_nosize}.metadata: zstd/ with item 'w' or 'step'
+                  moved to bomb.distcp, a zstd frame of 4 GiB of zeros in
+                  128 KiB (with and without a declared content size); the
+                  test writes bomb.distcp (zstd_rle_frame, same layout)
 """
 import contextlib
 import os
@@ -263,5 +270,52 @@ def bad_variants():
     dump(md, "bad_overlap.metadata")
 
 
+def zstd_rle_frame(size, declare):
+    """An honest zstd frame of `size` zero bytes in RLE blocks (4 bytes per
+    128 KiB), with the content size in its header or without it (as
+    tests/test_dcp_dir.c builds it)."""
+    import struct
+
+    if declare:
+        head = struct.pack("<IB", 0xFD2FB528, 0xE0) + struct.pack("<Q", size)  # 8-byte size, single segment
+    else:
+        head = struct.pack("<IBB", 0xFD2FB528, 0x00, 7 << 3)  # no size, 128 KiB window
+    blocks, left = [], size
+    while left:
+        n = min(128 << 10, left)
+        left -= n
+        blocks.append(struct.pack("<I", (n << 3) | (1 << 1) | (left == 0))[:3] + b"\0")
+    return head + b"".join(blocks)
+
+
+class _Payload:
+    """Pickles as posix.system("true"): a hostile byte item (never unpickled here)."""
+
+    def __reduce__(self):
+        return os.system, ("true",)
+
+
+def hostile_fixtures():
+    import copy
+    import pickle
+
+    warnings.simplefilter("ignore")
+    dcp.save({"w": torch.arange(4, dtype=torch.float32), "step": _Payload()},
+             storage_writer=cdcp.FileSystemWriter(fresh("hostile_bytes"), alignment=64), no_dist=True)
+    with open(os.path.join(OUT, "zstd", ".metadata"), "rb") as f:
+        zmd = pickle.load(f)
+    for fqn in ("w", "step"):
+        for declare in (True, False):
+            md = copy.deepcopy(zmd)
+            info = next(v for k, v in md.storage_data.items() if k.fqn == fqn)
+            info.relative_path, info.offset, info.length = "bomb.distcp", 0, len(zstd_rle_frame(4 << 30, declare))
+            with open(os.path.join(OUT, f"bad_zstd_bomb_{fqn}{'' if declare else '_nosize'}.metadata"), "wb") as f:
+                pickle.dump(md, f)
+
+
 if __name__ == "__main__":
-    main()
+    if sys.argv[1:] == ["--hostile"]:
+        hostile_fixtures()
+    else:
+        main()
+        hostile_fixtures()

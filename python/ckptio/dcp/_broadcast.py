@@ -25,7 +25,6 @@ the same batch and raises instead of waiting for data that never comes.
 from __future__ import annotations
 
 import dataclasses
-import io
 from typing import Any, Dict, List, Optional, Tuple
 
 import torch
@@ -190,11 +189,9 @@ def _source_range(reader, files, cache, seg) -> Tuple[Any, int, int, Any]:
     info = reader.storage_data[key]
     df = reader._file(files, info.relative_path)
     if kind == KIND_WHOLE:
-        if info.offset + info.length > df.size:
-            raise reader._error(df.path, info.offset, f"item of {info.length} bytes runs past the end of the "
-                                f"file ({df.size} bytes)")
+        df.check(info.offset, info.length, f"item '{key.fqn}'")
         return df, info.offset, info.length, None
-    stored = reader._describe(df, info, key.fqn, cache)
+    stored = reader._describe(df, info, key, cache)
     esize = stored.dtype.itemsize
     if stored.contiguous() and tuple(stored.shape) == tuple(shape):
         first = stored.storage_offset + lo
@@ -211,16 +208,15 @@ def _cut(reader, files, cache, seg, buf: torch.Tensor, reqs: List[ReadItem], pla
     info = reader.storage_data[key]
     if kind == KIND_WHOLE:
         host = buf.cpu() if buf.device.type != "cpu" else buf
-        zstd = reader._zstd(info)
         df = reader._file(files, info.relative_path)
         stored = None
         for req in reqs:
             if req.type == LoadItemType.BYTE_IO:
-                raw = _ckptio.zstd_decompress(host.data_ptr(), host.numel()) if zstd else host.numpy().tobytes()
-                planner.load_bytes(req, io.BytesIO(raw))
+                # Checked by the restricted unpickler on every rank (as read directly).
+                planner.load_bytes(req, reader._byte_stream(host, info, key.fqn, df.path))
                 continue
-            if stored is None:  # a zstd tensor item: each rank decompresses the shared bytes
-                stored = reader._stored_from_zstd(host, df.path, info.offset)
+            if stored is None:  # a transformed tensor item: each rank decodes the shared bytes
+                stored = reader._stored_from_packed(host, info, key, df.path)
             target = reader._target(planner, req)
             src = reader._plan_slice(df, stored, req, target, [])
             if src is not None:
@@ -231,7 +227,7 @@ def _cut(reader, files, cache, seg, buf: torch.Tensor, reqs: List[ReadItem], pla
     if n != buf.numel():
         raise reader._error(df.path, off, f"shared bytes of tensor '{key.fqn}': the owner sent {buf.numel()} "
                             f"bytes where this rank expects {n}")
-    stored = reader._describe(df, info, key.fqn, cache)
+    stored = reader._describe(df, info, key, cache)
     for req in reqs:
         target = reader._target(planner, req)
         lens = tuple(req.lengths)

@@ -9,6 +9,14 @@ read_data() call, over every file, form one engine plan. Items written by
 torch (torch.save archives, SAFETENSORS blobs, zstd-compressed items) and by
 ckptio are read alike. Bytes that several ranks need are read once and
 broadcast (``broadcast=``, ckptio.dcp._broadcast).
+
+A checkpoint is untrusted data. Data files are opened through libckptio
+(ckptio_dcp_file_open: a relative_path must stay inside the directory),
+zstd items are decompressed by libckptio with the size bounded before
+anything is allocated, and byte items (torch.save of non-tensor values)
+pass libckptio's restricted unpickler before torch's planner sees them: the
+planner gets a fresh torch.save of the allowlisted objects they hold, never
+the stored pickle (``allow_pickle=True`` opts out for trusted checkpoints).
 """
 
 from __future__ import annotations
@@ -26,31 +34,50 @@ from torch.distributed.checkpoint.planner import LoadItemType, LoadPlan, LoadPla
 from torch.futures import Future
 
 from .. import _adapt, _ckptio
+from .._api import build_torch_object
 from .._ckptio import Engine
-from .._errors import make_error
+from .._errors import CkptioError, make_error
 from . import _broadcast
 from ._metadata import metadata_from_bytes
 
 ZSTD_DESCRIPTOR = "stream.zstd/1"
 # Above this many runs, a slice is read as one covering range and cut in memory.
 MAX_RUNS = 4096
+# A step of a transform chain that libckptio applies itself (zstd).
+ZSTD_STEP = "zstd"
 
 
-def _format_error(path: str, offset: int, message: str):
-    return make_error(_ckptio.E_FORMAT, "E_FORMAT", 0, 0, "read DCP item", path, offset, None,
+def _error(status: int, path: str, offset: int, message: str, subject: Optional[str] = None):
+    name = _ckptio.status_name(status)
+    return make_error(status, name, 0, 0, "read DCP item", path, offset, subject,
                       f"{path}: read DCP item at offset {offset}: {message}")
 
 
-def _check_transforms(descriptors, path: str, offset: int) -> bool:
-    """True when the item is zstd-compressed; other transforms are refused."""
-    zstd = False
-    for d in descriptors or ():
-        name, _, version = d.partition("/")
-        if name == "stream.zstd" and version.partition(".")[0] == "1" and not zstd:
-            zstd = True
-        else:
-            raise _format_error(path, offset, f"unsupported transform {d!r} (ckptio reads stream.zstd/1)")
-    return zstd
+def _format_error(path: str, offset: int, message: str):
+    return _error(_ckptio.E_FORMAT, path, offset, message)
+
+
+def _item_error(e: CkptioError, path: str, offset: int, fqn: str, what: str, hint: str = ""):
+    """A libckptio error about an item's bytes, with the item's file, offset
+    and name in front (its status kept), worded as libckptio's own reader
+    words it (dcp_assemble.c)."""
+    inner = e.message[len("<memory>: "):] if e.message.startswith("<memory>: ") else e.message
+    return _error(e.status, path, offset, f"{fqn}: {what}: {inner}{hint}", fqn)
+
+
+def _read_limited(stream, limit: int, path: str, offset: int, fqn: str, step: str) -> bytes:
+    """All of a transform's output, refused once it passes `limit` bytes."""
+    parts, total = [], 0
+    while True:
+        part = stream.read(min(1 << 20, limit + 1 - total))
+        if not part:  # b"" at the end (None from a non-blocking stream: nothing more either)
+            break
+        parts.append(bytes(part))
+        total += len(part)
+        if total > limit:
+            raise _format_error(path, offset, f"item '{fqn}': transform '{step}' produces more than the {limit} "
+                                "bytes this item may hold")
+    return b"".join(parts)
 
 
 class _Stored:
@@ -79,10 +106,20 @@ class _Stored:
 
 
 class _DataFile:
-    def __init__(self, path: str, engine: Engine):
-        self.path = path
-        self.file = _ckptio.File(path, _ckptio.OPEN_READ, engine)
+    def __init__(self, directory: str, relative_path: str, engine: Engine):
+        # libckptio refuses a relative_path that leaves the directory (an
+        # absolute path, '/', '..') before anything is opened.
+        self.file = _ckptio.dcp_file_open(directory, relative_path, engine)
+        self.path = self.file.path
         self.size = self.file.size()
+
+    def check(self, offset: int, length: int, what: str) -> None:
+        if not isinstance(offset, int) or not isinstance(length, int) or offset < 0 or length < 0:
+            raise _format_error(self.path, offset if isinstance(offset, int) else -1,
+                                f"{what}: offset {offset!r} / length {length!r} are not byte counts")
+        if offset + length > self.size:
+            raise _error(_ckptio.E_TRUNCATED, self.path, offset, f"{what} of {length} bytes runs past the end of "
+                         f"the file ({self.size} bytes)")
 
 
 class FileSystemReader(_TorchFileSystemReader):
@@ -98,6 +135,20 @@ class FileSystemReader(_TorchFileSystemReader):
       default group).
     * ``broadcast_budget``: bytes moved per broadcast batch (default 1 GiB;
       one larger item forms a batch alone).
+    * ``allow_pickle``: byte items (``torch.save`` of the state dict's
+      non-tensor values) are checked by libckptio's restricted unpickler
+      (only state-dict types: containers, numbers, strings, tensors,
+      torch.Size, dtypes, devices) and torch's planner gets a fresh
+      ``torch.save`` of the objects they hold; any other global is
+      ``CkptioError`` ``E_DISALLOWED`` naming it, and nothing runs. With
+      ``allow_pickle=True`` the stored bytes go to the planner unchecked, as
+      torch's own reader does: ``torch.load(weights_only=False)`` then runs
+      whatever code they hold. Only for checkpoints you trust that store
+      other objects (numpy arrays, custom classes).
+    * ``_extension_registry``: as torch's; stream transforms other than
+      ``stream.zstd/1`` (which libckptio applies) are looked up in it, and an
+      item with a transform it lacks is refused when the load is planned
+      (``E_UNSUPPORTED`` naming the transform and the item).
 
     After ``read_data``, ``last_read_stats`` holds this rank's
     ``bytes_read`` (item data read from storage, headers not counted),
@@ -106,8 +157,15 @@ class FileSystemReader(_TorchFileSystemReader):
     """
 
     def __init__(self, path, _extension_registry=None, *, engine: Optional[Engine] = None,
-                 broadcast: Any = "auto", process_group: Any = None, broadcast_budget: int = 1 << 30) -> None:
+                 broadcast: Any = "auto", process_group: Any = None, broadcast_budget: int = 1 << 30,
+                 allow_pickle: bool = False) -> None:
         super().__init__(path, _extension_registry)
+        if not isinstance(allow_pickle, bool):
+            raise TypeError(f"allow_pickle must be True or False, not {allow_pickle!r}")
+        self.allow_pickle = allow_pickle
+        self._registry = _extension_registry
+        self._chains: Dict[tuple, tuple] = {}
+        self._chunk_sizes: Dict[str, Dict[tuple, tuple]] = {}
         if broadcast not in ("auto", True, False):
             raise ValueError(f"broadcast must be 'auto', True or False, not {broadcast!r}")
         if not isinstance(broadcast_budget, int) or broadcast_budget < 1:
@@ -126,9 +184,16 @@ class FileSystemReader(_TorchFileSystemReader):
         super().set_up_storage_reader(metadata, is_coordinator, *args, **kwargs)
         self._state_md = metadata.state_dict_metadata
         self._use_collectives = kwargs.get("use_collectives", True)
+        self._chunk_sizes = {}
 
     def prepare_local_plan(self, plan: LoadPlan) -> LoadPlan:
         plan = super().prepare_local_plan(plan)
+        # Transforms this reader cannot undo fail now, on the rank that needs
+        # the item, not in the middle of read_data.
+        for req in plan.items:
+            info = self.storage_data.get(req.storage_index)
+            if info is not None:
+                self._chain(info, req.storage_index.fqn)
         stamp = _broadcast.local_stamp(self.broadcast, self.process_group, self._use_collectives)
         if stamp is not None and plan.storage_data is None:
             plan = dataclasses.replace(plan, storage_data=stamp)
@@ -156,11 +221,108 @@ class FileSystemReader(_TorchFileSystemReader):
         metadata.storage_meta.load_id = self.load_id
         return metadata
 
+    # ---- transforms and byte items ----------------------------------------------------
+    def _chain(self, info, fqn: str) -> tuple:
+        """The decoding steps of an item, in the order they apply to the stored
+        bytes: ZSTD_STEP (libckptio) or a StreamTransformExtension from the
+        registry. () for a plain item."""
+        raw = info.transform_descriptors or ()
+        where = os.path.join(os.fspath(self.path), str(info.relative_path))
+        if not isinstance(raw, (list, tuple)) or not all(isinstance(d, str) for d in raw):
+            raise _format_error(where, info.offset, f"item '{fqn}': transform_descriptors {raw!r} is not a list "
+                                "of strings")
+        descriptors = tuple(raw)
+        steps = self._chains.get(descriptors)
+        if steps is not None:
+            return steps
+        from torch.distributed.checkpoint._extension import ExtensionRegistry, StreamTransformExtension
+
+        registry = self._registry if self._registry is not None else ExtensionRegistry()
+        decoded = []
+        # torch's writer records the extensions in the order they were applied
+        # to the data (the last one is outermost in the file), so they are
+        # undone from the last descriptor to the first.
+        for d in reversed(descriptors):
+            name, _, version = d.partition("/")
+            if name == "stream.zstd":
+                if version.partition(".")[0] != "1":
+                    raise _error(_ckptio.E_UNSUPPORTED, where, info.offset,
+                                 f"unsupported transform '{d}' of item '{fqn}' (ckptio reads stream.zstd/1)", fqn)
+                decoded.append(ZSTD_STEP)
+                continue
+            try:
+                (ext,) = registry.from_descriptor_list([d])
+            except Exception as e:
+                raise _error(_ckptio.E_UNSUPPORTED, where, info.offset,
+                             f"unsupported transform '{d}' of item '{fqn}': ckptio implements stream.zstd/1 only "
+                             f"and the reader's _extension_registry cannot provide it ({e}); pass "
+                             f"FileSystemReader(path, _extension_registry=...) with it registered", fqn) from None
+            if isinstance(ext, StreamTransformExtension):  # others do not touch the bytes (as in torch)
+                decoded.append((d, ext))
+        steps = self._chains[descriptors] = tuple(decoded)
+        return steps
+
+    def _decode(self, packed: torch.Tensor, info, fqn: str, path: str, limit: int) -> bytes:
+        """The stored bytes of an item (a host uint8 tensor) with every transform
+        undone; each step's output is bounded by `limit` before it is kept."""
+        data: Any = packed
+        for step in self._chain(info, fqn):
+            if step == ZSTD_STEP:
+                if isinstance(data, torch.Tensor):
+                    src = data
+                elif data:  # the output of a registry transform
+                    src = torch.frombuffer(bytearray(data), dtype=torch.uint8)
+                else:
+                    src = torch.empty(0, dtype=torch.uint8)
+                try:
+                    data = _ckptio.zstd_decompress(src.data_ptr(), src.numel(), limit)
+                except CkptioError as e:
+                    raise _item_error(e, path, info.offset, fqn, "zstd item") from None
+            else:
+                d, ext = step
+                raw = data.numpy().tobytes() if isinstance(data, torch.Tensor) else data
+                data = _read_limited(ext.transform_from(io.BytesIO(raw)), limit, path, info.offset, fqn, d)
+        return data.numpy().tobytes() if isinstance(data, torch.Tensor) else data
+
+    def _byte_stream(self, packed: torch.Tensor, info, fqn: str, path: str) -> io.BytesIO:
+        """What torch's planner gets for a byte item (``load_bytes``)."""
+        data = self._decode(packed, info, fqn, path, _ckptio.DCP_BYTE_ITEM_MAX)
+        if self.allow_pickle:
+            return io.BytesIO(data)
+        # Parsed by the restricted unpickler, built into objects from its
+        # value tree, and saved again by torch: the planner unpickles only
+        # what Python's pickler made of allowlisted objects.
+        try:
+            reader = _ckptio.torch_reader_from_bytes(data, f"{path}@{info.offset}")
+        except CkptioError as e:
+            hint = "" if e.status_name not in ("E_DISALLOWED", "E_UNSUPPORTED") else (
+                "; FileSystemReader(..., allow_pickle=True) loads it unchecked, for a checkpoint you trust")
+            raise _item_error(e, path, info.offset, fqn, "byte item (torch.save of a non-tensor value)",
+                              hint) from None
+        try:
+            obj = build_torch_object(reader, _adapt.parse_device("cpu"))
+        finally:
+            reader.close()
+        out = io.BytesIO()
+        torch.save(obj, out)
+        out.seek(0)
+        return out
+
+    def _chunk_bytes(self, key, path: str, offset: int) -> int:
+        """Bytes of the stored chunk `key` (MetadataIndex) as .metadata gives them."""
+        sizes = self._chunk_sizes.get(key.fqn)
+        md = self._state_md.get(key.fqn)
+        if sizes is None and md is not None and hasattr(md, "chunks"):
+            sizes = self._chunk_sizes[key.fqn] = {tuple(c.offsets): tuple(c.sizes) for c in md.chunks}
+        size = sizes.get(tuple(key.offset or ())) if sizes else None
+        if size is None:
+            raise _format_error(path, offset, f"tensor '{key.fqn}': no chunk at offsets {list(key.offset or ())} "
+                                "in .metadata")
+        return math.prod(size) * md.properties.dtype.itemsize
+
     # ---- describing stored items ------------------------------------------------------
     def _read_bytes(self, df: _DataFile, offset: int, length: int) -> torch.Tensor:
-        if offset + length > df.size:
-            raise _format_error(df.path, offset, f"item of {length} bytes runs past the end of the file "
-                                f"({df.size} bytes)")
+        df.check(offset, length, "item")
         buf = torch.empty(length, dtype=torch.uint8)
         if length:
             _ckptio.dcp_read([(df.file, buf.data_ptr(), length, offset, _adapt.MEM_HOST)], self.engine)
@@ -173,12 +335,8 @@ class FileSystemReader(_TorchFileSystemReader):
     def _file(self, files: Dict[str, _DataFile], rel: str) -> _DataFile:
         df = files.get(rel)
         if df is None:
-            df = files[rel] = _DataFile(os.path.join(os.fspath(self.path), rel), self.engine)
+            df = files[rel] = _DataFile(os.fspath(self.path), rel, self.engine)
         return df
-
-    @staticmethod
-    def _zstd(info) -> bool:
-        return _check_transforms(info.transform_descriptors, info.relative_path, info.offset)
 
     @staticmethod
     def _target(planner: LoadPlanner, req: ReadItem) -> torch.Tensor:
@@ -188,36 +346,41 @@ class FileSystemReader(_TorchFileSystemReader):
                                  f"{tuple(req.lengths)}")
         return target
 
-    def _stored_from_zstd(self, packed: torch.Tensor, path: str, offset: int) -> _Stored:
-        """Decompresses a zstd item held in host memory and describes it."""
-        raw = _ckptio.zstd_decompress(packed.data_ptr(), packed.numel())
+    def _stored_from_packed(self, packed: torch.Tensor, info, key, path: str) -> _Stored:
+        """Undoes a transformed tensor item held in host memory and describes
+        the archive it holds (at most its chunk's bytes plus the archive's
+        bounded overhead)."""
+        limit = self._chunk_bytes(key, path, info.offset) + _ckptio.DCP_ARCHIVE_OVERHEAD_MAX
+        raw = bytearray(self._decode(packed, info, key.fqn, path, limit))
         # A uint8 tensor over the bytes (they stay referenced by the tensor's
         # _Stored below; torch.frombuffer does not keep them alive).
-        raw = bytearray(raw)
         mem = torch.frombuffer(raw, dtype=torch.uint8) if raw else torch.empty(0, dtype=torch.uint8)
         mem._ckptio_keep = raw
-        return self._from_archive(_ckptio.dcp_torch_item_memory(mem.data_ptr(), mem.numel(), f"{path}@{offset}"),
-                                  path, offset, 0, mem)
+        if not raw:
+            raise _format_error(path, info.offset, f"item '{key.fqn}': the transformed item is empty")
+        return self._from_archive(_ckptio.dcp_torch_item_memory(mem.data_ptr(), mem.numel(), f"{path}@{info.offset}"),
+                                  path, info.offset, 0, mem)
 
-    def _describe(self, df: _DataFile, info, fqn: str, cache: Dict) -> _Stored:
-        key = (df.path, info.offset, info.length, fqn)
-        hit = cache.get(key)
+    def _describe(self, df: _DataFile, info, key, cache: Dict) -> _Stored:
+        fqn = key.fqn
+        ckey = (df.path, info.offset, info.length, fqn)
+        hit = cache.get(ckey)
         if hit is not None:
             return hit
-        zstd = _check_transforms(info.transform_descriptors, df.path, info.offset)
-        if zstd:
+        if self._chain(info, fqn):
             packed = self._read_bytes(df, info.offset, info.length)
             self._header_bytes -= info.length  # item data, counted in bytes_read
             self._data_bytes += info.length
-            stored = self._stored_from_zstd(packed, df.path, info.offset)
+            stored = self._stored_from_packed(packed, info, key, df.path)
         else:
+            df.check(info.offset, 0, f"item '{fqn}'")
             head = self._read_bytes(df, info.offset, min(8, df.size - info.offset))
             if bytes(head[:4].tolist()) == b"PK\x03\x04":
                 stored = self._from_archive(_ckptio.dcp_torch_item(df.path, info.offset, info.length),
                                             df.path, info.offset, info.offset, None)
             else:
                 stored = self._from_safetensors(df, info.offset, fqn, cache)
-        cache[key] = stored
+        cache[ckey] = stored
         return stored
 
     def _from_archive(self, desc, path: str, offset: int, base: int, memory) -> _Stored:
@@ -297,27 +460,22 @@ class FileSystemReader(_TorchFileSystemReader):
             info = self.storage_data[req.storage_index]
             df = self._file(files, info.relative_path)
             if req.type == LoadItemType.BYTE_IO:
-                zstd = _check_transforms(info.transform_descriptors, df.path, info.offset)
-                if info.offset + info.length > df.size:
-                    raise _format_error(df.path, info.offset, f"byte item of {info.length} bytes runs past the "
-                                        f"end of the file ({df.size} bytes)")
+                self._chain(info, req.storage_index.fqn)
+                df.check(info.offset, info.length, f"byte item '{req.storage_index.fqn}'")
                 buf = torch.empty(info.length, dtype=torch.uint8)
                 if info.length:
                     extents.append((df.file, buf.data_ptr(), info.length, info.offset, _adapt.MEM_HOST))
-                byte_reqs.append((req, buf, zstd, df.path, info.offset))
+                byte_reqs.append((req, buf, info, df.path))
                 continue
-            stored = self._describe(df, info, req.storage_index.fqn, cache)
+            stored = self._describe(df, info, req.storage_index, cache)
             target = self._target(planner, req)
             src = self._plan_slice(df, stored, req, target, extents)
             finish.append((req, target, src))
         if extents:
             _ckptio.dcp_read(extents, self.engine)
             self._data_bytes += sum(e[2] for e in extents)
-        for req, buf, zstd, path, offset in byte_reqs:
-            raw = bytes(buf.numpy().tobytes()) if buf.numel() else b""
-            if zstd:
-                raw = _ckptio.zstd_decompress(buf.data_ptr(), buf.numel())
-            planner.load_bytes(req, io.BytesIO(raw))
+        for req, buf, info, path in byte_reqs:
+            planner.load_bytes(req, self._byte_stream(buf, info, req.storage_index.fqn, path))
         for req, target, src in finish:
             if src is not None:
                 target.copy_(src() if callable(src) else src)
