@@ -116,6 +116,10 @@ static ckptio_status create_temporary(ckptio_file *f) {
     /* Temporaries of NAME left by a crashed save (unlocked) take space this
      * save may need: remove them first (best effort, errors ignored). */
     ckptio__temporaries_clean_stale(f->dir_path, base);
+    /* The temporary takes the mode and owner of the file it replaces
+     * (file_attributes.c), as torch.save's rewrite in place keeps them. */
+    struct stat replaced_buf;
+    const struct stat *replaced = ckptio__replaced_attributes(f->path, &replaced_buf);
     const size_t cap = strlen(f->dir_path) + strlen(base) + 32;
     f->tmp_path = ckptio__malloc(cap);
     if (!f->tmp_path) return CKPTIO_FAIL(CKPTIO_E_NOMEM, "%s: out of memory for the temporary name", f->path);
@@ -124,11 +128,16 @@ static ckptio_status create_temporary(ckptio_file *f) {
         random_suffix(suffix);
         snprintf(f->tmp_path, cap, "%s/.%s.ckptio-tmp-%s", f->dir_path, base, suffix);
         /* O_EXCL|O_CREAT refuses an existing entry, a symlink included;
-         * O_NOFOLLOW says so explicitly. Mode 0666 & ~umask, like any
-         * newly created file (mkstemp's 0600 would surprise readers). */
-        f->fd = faulted_open(f->tmp_path, O_RDWR | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0666);
+         * O_NOFOLLOW says so explicitly. A new name: mode 0666 & ~umask,
+         * like any newly created file (mkstemp's 0600 would surprise
+         * readers); else the replaced file's. */
+        f->fd = faulted_open(f->tmp_path, O_RDWR | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC,
+                             ckptio__create_mode(replaced));
         if (f->fd >= 0) {
-            if (lock_temporary(f)) return CKPTIO_OK;
+            if (lock_temporary(f)) {
+                ckptio__adopt_attributes(f->fd, replaced);
+                return CKPTIO_OK;
+            }
             close(f->fd);
             f->fd = -1;
             continue;

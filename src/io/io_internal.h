@@ -17,6 +17,7 @@
 
 #include <pthread.h>
 #include <stdatomic.h>
+#include <sys/types.h>
 
 /* ---- files ------------------------------------------------------------- */
 
@@ -73,6 +74,23 @@ bool ckptio__range_cached(int fd, uint64_t offset, uint64_t len);
  * ckptio_cleanup_temporaries), before a new atomic write of `name`. Best
  * effort: never fails and leaves the calling thread's error record alone. */
 void ckptio__temporaries_clean_stale(const char *dir, const char *name);
+
+/* ---- attributes of a saved file (file_attributes.c) ------------------- */
+
+struct stat;
+
+/* `buf` filled with the attributes of the regular file at `path` (lstat),
+ * the file an atomic save of `path` replaces; NULL when there is none (or
+ * it is a symlink or not a regular file). */
+const struct stat *ckptio__replaced_attributes(const char *path, struct stat *buf);
+
+/* The mode to create a save's temporary with: ref's permission bits, or
+ * 0666 without a ref (the umask applies either way). */
+mode_t ckptio__create_mode(const struct stat *ref);
+
+/* Gives the new file `fd` ref's owner and group where permitted and ref's
+ * exact permission bits (no set-id/sticky bits). Best effort; NULL ref: no-op. */
+void ckptio__adopt_attributes(int fd, const struct stat *ref);
 
 /* ---- operations -------------------------------------------------------- */
 

@@ -163,7 +163,7 @@ def _check_directory(path: Path, fmt, versions, what):
     token = tokens.pop()
     manifest = f".ckptio-manifest-{token}.json"
     assert manifest in names, f"{what}: no manifest for token {token}; directory {sorted(names)}"
-    strange = [n for n in names if n != ".metadata" and not (DATA_RE.match(n) or MANIFEST_RE.match(n)
+    strange = [n for n in names if n not in (".metadata", ".ckptio-dcp.lock") and not (DATA_RE.match(n) or MANIFEST_RE.match(n)
                                                                or TEMP_RE.match(n) or BLOB_MANIFEST_RE.match(n))]
     assert not strange, f"{what}: names no DCP save makes: {strange}; directory {sorted(names)}"
 
@@ -173,7 +173,7 @@ def _check_directory(path: Path, fmt, versions, what):
         assert v2 == v, f"{what}: ckptio reader loads version {v}, torch's reader {v2}"
     report = cdcp.verify(path)
     assert report["checked"] == report["items"] == NTENSORS + 1, f"{what}: verify {report}"
-    return v, sorted(names - files - {".metadata", manifest})
+    return v, sorted(names - files - {".metadata", manifest, ".ckptio-dcp.lock"})
 
 
 class _Zygote:
@@ -294,4 +294,5 @@ def test_kill_loop_keeps_a_whole_checkpoint(tmp_path, fmt, iterations):
     assert v == 2 and leftovers == []
     files = _referenced(path)
     token = DATA_RE.match(next(iter(files))).group(1)
-    assert sorted(os.listdir(path)) == sorted(files | {".metadata", f".ckptio-manifest-{token}.json"})
+    assert sorted(os.listdir(path)) == sorted(files | {".metadata", f".ckptio-manifest-{token}.json",
+                                                        ".ckptio-dcp.lock"})

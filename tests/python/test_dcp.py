@@ -104,7 +104,8 @@ def test_ckptio_writes_both_readers_load(tmp_path, fmt, threads):
     data = [n for n in names if n.endswith(".distcp")]
     token = data[0].split("_")[3]
     assert all(n.startswith("__0_") and f"_{token}_" in n for n in data), names
-    assert names == sorted(data + [".metadata", f".ckptio-manifest-{token}.json"])
+    # (.ckptio-dcp.lock: the lock that serializes saves of the directory, empty, kept)
+    assert names == sorted(data + [".metadata", f".ckptio-manifest-{token}.json", ".ckptio-dcp.lock"])
     if fmt == SerializationFormat.TORCH_SAVE:
         assert len(data) == threads
     assert_state_equal(load(sd, cdcp.FileSystemReader(path)), sd)

@@ -72,6 +72,7 @@ NATIVE_OPS = ("File", "dcp_write", "File.commit", "safetensors_save", "Safetenso
 OPERATION = {"os.open": {"open", "fsync"}, "os.write": {"write"}, "os.fsync": {"fsync"},
              "os.replace": {"rename"}, "os.unlink": {"unlink"}, "os.listdir": {"listdir"}, "fsync_dir": {"fsync"}}
 
+LOCK = ".ckptio-dcp.lock"  # the directory's lock file (python/ckptio/dcp/_lock.py): empty, kept
 DATA_RE = re.compile(r"^__\d+_([0-9a-f]{12})_\d+\.distcp(\.ckptio-manifest\.json)?$")
 MANIFEST_RE = re.compile(r"^\.ckptio-manifest-([0-9a-f]{12})\.json$")
 
@@ -307,7 +308,7 @@ def check_directory(path, fmt, versions, old_token, what):
     assert report["checked"] == report["items"] == nitems, f"{what}: verify {report}"
     # Leftovers: only what the next save removes, from version 1's save or
     # from the failed one; never a temporary.
-    leftovers = names - files - {".metadata", manifest}
+    leftovers = names - files - {".metadata", manifest, LOCK}
     tokens = {token}
     for n in sorted(leftovers):
         m = DATA_RE.match(n) or MANIFEST_RE.match(n)
@@ -414,7 +415,8 @@ class Sweep:
         if self.rank == 0:
             assert check_directory(self.path, self.fmt, self.versions, self.old_token, f"{what}, then a clean save") == 2
             files, token, _ = token_of_dir(self.path)
-            assert sorted(os.listdir(self.path)) == sorted(files | {".metadata", f".ckptio-manifest-{token}.json"}), \
+            assert sorted(os.listdir(self.path)) == sorted(files | {".metadata", f".ckptio-manifest-{token}.json",
+                                                                    LOCK}), \
                 f"{what}, then a clean save: {sorted(os.listdir(self.path))}"
         self.barrier()
         return counts
@@ -555,13 +557,13 @@ def test_background_cleanup_removes_the_old_files_off_the_critical_path(tmp_path
     path = tmp_path / "bg"
     writer = cdcp.FileSystemWriter(path, cleanup="background")
     dcp.save({"w": torch.ones(1000)}, storage_writer=writer, no_dist=True)
-    first = set(os.listdir(path))
+    first = set(os.listdir(path)) - {LOCK}
     gate = threading.Event()
     real_remove = _commit.remove_files
 
-    def slow_remove(dirpath, names, sync):
+    def slow_remove(dirpath, names, sync, *args, **kwargs):
         gate.wait(30)
-        return real_remove(dirpath, names, sync)
+        return real_remove(dirpath, names, sync, *args, **kwargs)
 
     monkeypatch.setattr(_commit, "remove_files", slow_remove)
     dcp.save({"w": torch.full((1000,), 2.0)}, storage_writer=writer, no_dist=True)

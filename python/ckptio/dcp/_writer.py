@@ -10,6 +10,9 @@ memory, O_DIRECT where possible), committed (fsync, rename, directory fsync)
 before the coordinator writes a manifest and then replaces ``.metadata``
 atomically; only after that are files of older saves deleted. A crash at any
 point leaves either the old checkpoint loadable or the new one complete.
+Saves of one directory are serialized by a lock (_lock.py) that the
+coordinator takes before any rank writes data and keeps until the cleanup;
+new files take the mode and owner of the ``.metadata`` they replace.
 """
 
 from __future__ import annotations
@@ -18,7 +21,6 @@ import dataclasses
 import io
 import json
 import os
-import sys
 import threading
 import uuid
 from typing import Any, Dict, List, Optional, Sequence
@@ -39,7 +41,7 @@ from torch.futures import Future
 
 from .. import _adapt, _ckptio
 from .._ckptio import Engine
-from . import _commit
+from . import _commit, _lock
 
 ZSTD_DESCRIPTOR = "stream.zstd/1"
 MANIFEST_PREFIX = ".ckptio-manifest-"
@@ -148,6 +150,15 @@ class FileSystemWriter(_TorchFileSystemWriter):
       critical path. ``wait_cleanup()`` waits for it and raises its error; the
       next save of the writer waits for it too, and the interpreter before
       exiting.
+    * ``dir_busy``: what a save does while another save (of any writer, in
+      any process) holds the directory: ``"wait"`` (default) waits until it
+      is done, ``"error"`` fails at once with CkptioError ``E_BUSY`` (in
+      torch's CheckpointException) having written nothing, a number waits
+      at most that many seconds, then fails the same way. Saves with a
+      ``.metadata`` hold the directory from before the first data file is
+      written until the files of older saves are removed (the background
+      cleanup excepted); saves without collectives (per-rank metadata) only
+      exclude those.
     * ``non_blocking_stage`` (default True): ``stage()`` (``dcp.async_save``)
       only enqueues the device-to-host copies of GPU tensors on each device's
       current stream and returns; work the caller launches next on that
@@ -180,6 +191,7 @@ class FileSystemWriter(_TorchFileSystemWriter):
         alignment: int = 4096,
         non_blocking_stage: bool = True,
         cleanup: str = "foreground",
+        dir_busy="wait",
     ) -> None:
         # torch's transforms object is built from _extensions; ours are
         # applied natively, so it gets none.
@@ -215,6 +227,9 @@ class FileSystemWriter(_TorchFileSystemWriter):
             raise ValueError(f"cleanup must be 'foreground' or 'background', not {cleanup!r}")
         self.cleanup = cleanup
         self._cleanup = None
+        self.dir_busy = _lock.check_busy_option(dir_busy)
+        self._dir_lock: Optional[_lock.DirectoryLock] = None
+        self._reference: Optional[os.stat_result] = None  # attributes of the .metadata a save replaces
         self.non_blocking_stage = non_blocking_stage
         self._staged_events: List[Any] = []
         self._token: Optional[str] = None
@@ -238,6 +253,9 @@ class FileSystemWriter(_TorchFileSystemWriter):
 
     # ---- planning ------------------------------------------------------------------
     def reset(self, checkpoint_id=None) -> None:
+        lock = self._dir_lock
+        if lock is not None and lock.stale():  # an earlier save of this writer that died between hooks
+            self._unlock_directory()
         super().reset(checkpoint_id)
         self._token = None
         with self._inflight_cv:  # torch's save() starts here: it is the save stage() marked
@@ -261,12 +279,51 @@ class FileSystemWriter(_TorchFileSystemWriter):
             self._release_staging()  # the save ends here
             raise
 
+    def _per_rank(self) -> bool:
+        """A save without collectives: every rank commits its own __{rank}.metadata."""
+        return not getattr(self, "use_collectives", True) and getattr(self, "rank", None) is not None
+
+    def _metadata_name(self) -> str:
+        return f"__{self.rank}.metadata" if self._per_rank() else ".metadata"
+
+    def _lock_directory(self) -> None:
+        """Takes the directory's lock for this save (see _lock.py). Runs in
+        prepare_global_plan: on the coordinator of a collective save before
+        the plans that let the other ranks write are scattered; without
+        collectives on every rank, shared (such saves delete nothing)."""
+        if self._dir_lock is not None:
+            if not self._dir_lock.stale():
+                raise RuntimeError(f"ckptio.dcp.FileSystemWriter({os.fspath(self.path)!r}) is already saving on "
+                                   "another thread; a writer runs one save at a time")
+            self._unlock_directory()
+        md_name = self._metadata_name()
+        os.makedirs(self.path, exist_ok=True)
+        lock = _lock.acquire(self.path, exclusive=not self._per_rank(), busy=self.dir_busy,
+                             reference=_commit.reference_stat(self.path, md_name))
+        if not self.overwrite and os.path.lexists(os.path.join(self.path, md_name)):
+            # torch checked this in prepare_local_plan, before the lock: a
+            # save that committed meanwhile must not be overwritten either.
+            lock.release()
+            raise RuntimeError(f"Checkpoint already exists and self.overwrite={self.overwrite}.")
+        self._dir_lock = lock
+
+    def _unlock_directory(self) -> None:
+        lock, self._dir_lock = self._dir_lock, None
+        if lock is not None:
+            lock.release()
+
     def prepare_global_plan(self, plans: List[SavePlan]) -> List[SavePlan]:
+        try:
+            self._lock_directory()
+        except BaseException:
+            self._release_staging()
+            raise
         try:
             token = self._new_token()
             return [dataclasses.replace(p, storage_data=_StoragePrefix(f"__{i}_{token}_"))
                     if p.storage_data is None else p for i, p in enumerate(plans)]
         except BaseException:
+            self._unlock_directory()
             self._release_staging()
             raise
 
@@ -287,6 +344,10 @@ class FileSystemWriter(_TorchFileSystemWriter):
             results = self._write(plan, planner)
             done = True
         finally:
+            # A failure keeps the directory's lock: torch gathers every rank's
+            # write_data before it raises, so other ranks may still write; the
+            # lock goes when this save's thread has left torch's code (_lock's
+            # watcher, or the next save of this process or writer).
             if not done or not getattr(self, "_is_coordinator", True):
                 self._release_staging()
         fut: Future = Future()
@@ -314,6 +375,10 @@ class FileSystemWriter(_TorchFileSystemWriter):
         self._wait_staged()  # async save: the staging copies must be complete
         prefix = plan.storage_data.prefix
         os.makedirs(self.path, exist_ok=True)
+        # New data files take the attributes of the .metadata they will
+        # replace (a checkpoint saved 0600 stays 0600). The coordinator holds
+        # the directory's lock, so that file is stable until finish().
+        self._reference = _commit.reference_stat(self.path, self._metadata_name())
         if self.serialization_format == SerializationFormat.SAFETENSORS:
             return self._write_safetensors(plan, planner, prefix)
         flags = (_ckptio.DCP_ITEM_HASH if self.checksums else 0) | (_ckptio.DCP_ITEM_CRC32 if self.crc else 0)
@@ -328,6 +393,7 @@ class FileSystemWriter(_TorchFileSystemWriter):
         try:
             for n, bucket in enumerate(self._bins(plan.items)):
                 name = f"{prefix}{n}{DEFAULT_SUFFIX}"
+                self._new_data_file(name)
                 f = _ckptio.File(os.path.join(self.path, name), _ckptio.OPEN_WRITE, self.engine)
                 files.append(f)
                 names.append(name)
@@ -364,6 +430,14 @@ class FileSystemWriter(_TorchFileSystemWriter):
             results.append(WriteResult(index=wi.index, size_in_bytes=length, storage_data=info))
         return results
 
+    def _new_data_file(self, name: str) -> None:
+        """Over an existing checkpoint: the data file's final name is created
+        empty with the checkpoint's attributes first; libckptio's atomic
+        save gives the temporary that replaces it the same mode and owner,
+        so the data is never readable with wider permissions."""
+        if self._reference is not None:
+            _commit.create_placeholder(self.path, name, self._reference)
+
     def _write_safetensors(self, plan: SavePlan, planner: SavePlanner, prefix: str) -> List[WriteResult]:
         """torch's SAFETENSORS layout: every tensor of a file in one safetensors
         blob whose __metadata__ holds DCP_SHARDING_INFO; the tensors'
@@ -381,6 +455,7 @@ class FileSystemWriter(_TorchFileSystemWriter):
             name = f"{prefix}{n}{DEFAULT_SUFFIX}"
             n += 1
             path = os.path.join(self.path, name)
+            self._new_data_file(name)
             sources, sharding, cuda = [], {}, set()
             for wi in tensors:
                 fqn = wi.index.fqn
@@ -418,6 +493,7 @@ class FileSystemWriter(_TorchFileSystemWriter):
                 results.append(WriteResult(index=wi.index, size_in_bytes=nbytes, storage_data=info))
         if byte_items:
             name = f"{prefix}{n}{DEFAULT_SUFFIX}"
+            self._new_data_file(name)
             f = _ckptio.File(os.path.join(self.path, name), _ckptio.OPEN_WRITE, self.engine)
             try:
                 payloads = []
@@ -440,6 +516,7 @@ class FileSystemWriter(_TorchFileSystemWriter):
         try:
             self._finish(metadata, results)
         finally:
+            self._unlock_directory()
             self._release_staging()
 
     def _finish(self, metadata: Metadata, results: List[List[WriteResult]]) -> None:
@@ -468,29 +545,33 @@ class FileSystemWriter(_TorchFileSystemWriter):
         metadata.storage_meta = self.storage_meta()
         files = sorted({info.relative_path for info in storage_md.values()})
         token = _commit.token_of(files)
-        per_rank = not self.use_collectives and self.rank is not None
-        md_name = f"__{self.rank}.metadata" if per_rank else ".metadata"
+        per_rank = self._per_rank()
+        md_name = self._metadata_name()
         manifest_name = f"{MANIFEST_PREFIX}{token}.json" if token else None
         sync = bool(self.sync_files)
+        reference = _commit.reference_stat(self.path, md_name)  # the .metadata this save replaces
         if manifest_name and self.checksums:
             doc = {"format": "ckptio-dcp-manifest", "version": 1, "hash": "xxh3-64", "metadata": md_name,
                    "files": files, "items": manifest}
-            _commit.write_atomic(self.path, manifest_name, json.dumps(doc, indent=1).encode(), sync)
+            _commit.write_atomic(self.path, manifest_name, json.dumps(doc, indent=1).encode(), sync, reference)
         _crash("manifest_written")
         import pickle
 
-        _commit.write_atomic(self.path, md_name, pickle.dumps(metadata), sync)
+        md_bytes = pickle.dumps(metadata)
+        _commit.write_atomic(self.path, md_name, md_bytes, sync, reference)
         _crash("metadata_committed")
         if not per_rank:
             # Only the coordinator of a collective save knows every file of
-            # the new checkpoint; then older saves' files can go.
+            # the new checkpoint; then older saves' files can go (those no
+            # metadata file references, under the directory's lock).
             keep = set(files) | {md_name} | ({manifest_name} if manifest_name else set())
+            committed = _commit.Committed(md_name, md_bytes, set(files))
             self._join_previous_cleanup()  # one removal at a time; its files are listed again below
-            victims = _commit.stale_files(self.path, keep)
+            victims = _commit.stale_files(self.path, keep, committed)
             if self.cleanup == "background" and victims:
-                self._cleanup = _commit.BackgroundRemoval(self.path, victims, sync)
+                self._cleanup = _commit.BackgroundRemoval(self.path, victims, sync, committed)
             else:
-                _commit.remove_files(self.path, victims, sync)
+                _commit.remove_files(self.path, victims, sync, committed)
 
     def _join_previous_cleanup(self) -> None:
         try:
@@ -583,15 +664,7 @@ class FileSystemWriter(_TorchFileSystemWriter):
         if self._save_gen != self._inflight and self._handed_off:
             return True  # queued in dcp.async_save's executor, reset() not reached yet
         t = self._save_thread
-        ended = t is None or t is threading.current_thread() or not t.is_alive()
-        if not ended:
-            frame = sys._current_frames().get(t.ident)
-            ended = True
-            while frame is not None:
-                if str(frame.f_globals.get("__name__", "")).startswith(("torch.distributed.checkpoint", "ckptio.dcp")):
-                    ended = False
-                    break
-                frame = frame.f_back
+        ended = t is None or t is threading.current_thread() or not _lock.in_dcp_code(t)
         if ended:
             self._inflight = 0
             self._save_gen = 0
