@@ -310,9 +310,13 @@ typedef struct ckptio_file ckptio_file;
 enum ckptio_open_flags {
     CKPTIO_OPEN_READ = 1u << 0,
     /* Atomic create: data goes to a temporary name in the same directory
-     * (".NAME.ckptio-tmp-XXXXXX"); ckptio_file_commit() fsyncs it, renames it
-     * over NAME and fsyncs the directory. Closing without commit removes the
-     * temporary and leaves any existing NAME untouched. */
+     * (".NAME.ckptio-tmp-XXXXXX"; for a NAME of more than 236 bytes, NAME
+     * there is its first bytes + '~' + 16 hex digits of its hash, so that
+     * every name up to 255 bytes can be saved); ckptio_file_commit() fsyncs
+     * it, renames it over NAME and fsyncs the directory. Closing without
+     * commit removes the temporary and leaves any existing NAME untouched. A
+     * base name over 255 bytes is CKPTIO_E_INVAL (errno ENAMETOOLONG) at
+     * open. */
     CKPTIO_OPEN_WRITE = 1u << 1,
     /* With WRITE: write NAME in place (no temporary, no rename). An existing
      * file keeps its content and size (trim with ckptio_file_truncate);
@@ -554,7 +558,8 @@ CKPTIO_API ckptio_status ckptio_hash_xxh3(const void *data, size_t len, uint64_t
  * every guarantee and the test that backs it. (torch.save files carry a
  * CRC-32 per record instead: ckptio_torch_verify.) */
 
-/* The checksums of NAME live in NAME + this suffix (a "manifest"). */
+/* The checksums of NAME live in NAME + this suffix (a "manifest"; for long
+ * names see ckptio_manifest_path). */
 #define CKPTIO_MANIFEST_SUFFIX ".ckptio-manifest.json"
 
 enum ckptio_integrity_flags {
@@ -581,7 +586,12 @@ typedef struct ckptio_verify_report {
 } ckptio_verify_report;
 
 /*! ckptio_manifest_path() : writes data_path + CKPTIO_MANIFEST_SUFFIX into
- * buf (cap bytes, NUL included). @return CKPTIO_E_RANGE if it does not fit. */
+ * buf (cap bytes, NUL included). A base name of more than 234 bytes (whose
+ * manifest name would pass 255 bytes) is replaced in the manifest's name by
+ * its first bytes (whole UTF-8 characters), '~' and the XXH3-64 of the
+ * whole base name in 16 lowercase hex digits, 234 bytes at most; the
+ * directory part is kept. The result is never longer than data_path +
+ * CKPTIO_MANIFEST_SUFFIX. @return CKPTIO_E_RANGE if it does not fit. */
 CKPTIO_API ckptio_status ckptio_manifest_path(const char *data_path, char *buf, size_t cap);
 
 /*! ckptio_safetensors_verify() :

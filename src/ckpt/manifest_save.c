@@ -245,10 +245,9 @@ ckptio_status ckptio__manifest_write_and_commit(ckptio_engine *engine, ckptio_fi
     ckptio_file *mfile = NULL;
     ckptio_status st = CKPTIO_OK;
 
-    const size_t plen = strlen(path), slen = strlen(CKPTIO_MANIFEST_SUFFIX);
-    if (!(mpath = ckptio__malloc(plen + slen + 1))) return CKPTIO_FAIL(CKPTIO_E_NOMEM, "%s: out of memory", path);
-    memcpy(mpath, path, plen);
-    memcpy(mpath + plen, CKPTIO_MANIFEST_SUFFIX, slen + 1);
+    const size_t cap = strlen(path) + strlen(CKPTIO_MANIFEST_SUFFIX) + 1;
+    if (!(mpath = ckptio__malloc(cap))) return CKPTIO_FAIL(CKPTIO_E_NOMEM, "%s: out of memory", path);
+    if ((st = ckptio_manifest_path(path, mpath, cap)) != CKPTIO_OK) goto out;
 
     if (checksums) {
         if ((st = describe(path, extents, tensors, count, &m, &work)) != CKPTIO_OK) goto out;

@@ -65,9 +65,17 @@ bool ckptio__range_cached(int fd, uint64_t offset, uint64_t len);
 
 /* ---- temporaries (temporaries.c) -------------------------------------- */
 
-/* The part of a temporary's name after ".NAME": ".NAME" + this + 6 random
+/* The part of a temporary's name after ".STEM": ".STEM" + this + 6 random
  * characters from [A-Za-z0-9]. */
 #define CKPTIO__TMP_MARK ".ckptio-tmp-"
+
+/* Longest STEM: a temporary's name stays within CKPTIO__NAME_MAX. */
+#define CKPTIO__TMP_STEM_MAX (CKPTIO__NAME_MAX - 1 - (sizeof CKPTIO__TMP_MARK - 1) - 6)
+
+/* The STEM of the temporaries of file name `name` (at most
+ * CKPTIO__NAME_MAX bytes): `name` itself up to CKPTIO__TMP_STEM_MAX (236)
+ * bytes, else its ckptio__bounded_name() stand-in of that length. */
+void ckptio__temporary_stem(const char *name, char out[CKPTIO__NAME_MAX + 1]);
 
 /* Removes temporaries of `name` in `dir` that no live writer holds (see
  * ckptio_cleanup_temporaries), before a new atomic write of `name`. Best
