@@ -312,11 +312,12 @@ enum ckptio_open_flags {
     /* Atomic create: data goes to a temporary name in the same directory
      * (".NAME.ckptio-tmp-XXXXXX"; for a NAME of more than 236 bytes, NAME
      * there is its first bytes + '~' + 16 hex digits of its hash, so that
-     * every name up to 255 bytes can be saved); ckptio_file_commit() fsyncs
-     * it, renames it over NAME and fsyncs the directory. Closing without
-     * commit removes the temporary and leaves any existing NAME untouched. A
-     * base name over 255 bytes is CKPTIO_E_INVAL (errno ENAMETOOLONG) at
-     * open. */
+     * every name up to 255 bytes can be saved); ckptio_file_commit() gives
+     * it the mode (and, where permitted, owner) of the NAME it replaces
+     * (ckptio_inherit_mode), fsyncs it, renames it over NAME and fsyncs the
+     * directory. A new NAME gets 0666 & ~umask. Closing without commit
+     * removes the temporary and leaves any existing NAME untouched. A base
+     * name over 255 bytes is CKPTIO_E_INVAL (errno ENAMETOOLONG) at open. */
     CKPTIO_OPEN_WRITE = 1u << 1,
     /* With WRITE: write NAME in place (no temporary, no rename). An existing
      * file keeps its content and size (trim with ckptio_file_truncate);
@@ -343,6 +344,18 @@ CKPTIO_API ckptio_status ckptio_file_open(ckptio_engine *engine, const char *pat
  * directory fsync fails, the file is already in place under its name and
  * the error says so. */
 CKPTIO_API ckptio_status ckptio_file_commit(ckptio_file *file);
+
+/*! ckptio_inherit_mode() :
+ * For writers that replace `path` by renaming a file of their own over it
+ * (ckptio_file_commit does this itself): if `path` names a regular file
+ * (symlinks followed), gives the open file `fd` its permission bits (0777
+ * only: no set-id or sticky bits) and, where the kernel permits (root, or
+ * a group the caller belongs to), its owner and group; EPERM there is not
+ * an error. Call it before the fsync and the rename. A missing `path` (a
+ * new file) leaves fd as created (0666 & ~umask). @return CKPTIO_OK; an
+ * fstat/fchown I/O error; or, when the mode cannot be set and fd would be
+ * accessible to more than `path` was, the fchmod error. Thread-safe. */
+CKPTIO_API ckptio_status ckptio_inherit_mode(int fd, const char *path);
 
 /*! ckptio_file_close() : closes; an uncommitted atomic write is discarded
  * (temporary unlinked). Accepts NULL. Returns the first error of a final

@@ -266,6 +266,9 @@ ckptio_status ckptio__manifest_write_and_commit(ckptio_engine *engine, ckptio_fi
             goto out;
         }
         if ((st = ckptio_file_open(engine, mpath, CKPTIO_OPEN_WRITE, &mfile)) != CKPTIO_OK) goto out;
+        /* Readable by whom the data is, not by whom an old manifest was
+         * (step 2 removes that one before this commit anyway). */
+        if ((st = ckptio__file_set_mode_source(mfile, path)) != CKPTIO_OK) goto out;
         if ((st = ckptio__file_io(mfile, CKPTIO_WRITE, text, text_len, 0)) != CKPTIO_OK) goto out;
     }
     if ((st = remove_old_manifest(engine, mpath, path)) != CKPTIO_OK) goto out;

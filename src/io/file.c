@@ -73,6 +73,14 @@ static bool lock_temporary(ckptio_file *f) {
            mine.st_dev == named.st_dev;
 }
 
+ckptio_status ckptio__file_set_mode_source(ckptio_file *f, const char *path) {
+    char *copy = ckptio__strdup(path);
+    if (!copy) return CKPTIO_FAIL(CKPTIO_E_NOMEM, "%s: out of memory", f->path);
+    ckptio__free(f->mode_from);
+    f->mode_from = copy;
+    return CKPTIO_OK;
+}
+
 const char *ckptio__file_tmp_note(const ckptio_file *file, char *buf, size_t cap) {
     if (!file->tmp_path || cap == 0) return "";
     const char *base = strrchr(file->tmp_path, '/');
@@ -408,6 +416,10 @@ ckptio_status ckptio_file_commit(ckptio_file *f) {
     f->closed_for_write = true;
     const bool sync = ckptio__engine_setting(f->engine, CKPTIO_OPT_SYNC) != 0;
     ckptio_stats delta = {0};
+    /* Before the fsync, which makes the new mode durable with the data;
+     * with EXCLUSIVE there is nothing to replace. */
+    if (f->tmp_path && (f->mode_from || !(f->flags & CKPTIO_OPEN_EXCLUSIVE)))
+        CKPTIO_FORWARD(ckptio_inherit_mode(f->fd, f->mode_from ? f->mode_from : f->path));
     if (sync) {
         const double t0 = ckptio__now();
         int ret = ckptio__fsync(f->fd);
@@ -481,6 +493,7 @@ ckptio_status ckptio_file_close(ckptio_file *f) {
     ckptio__engine_file_ref(f->engine, -1);
     pthread_mutex_destroy(&f->lock);
     ckptio__free(f->tmp_path);
+    ckptio__free(f->mode_from);
     ckptio__free(f->dir_path);
     ckptio__free(f->path);
     ckptio__free(f);

@@ -25,6 +25,7 @@ struct ckptio_file {
     char *path;             /* final name, as given */
     char *tmp_path;         /* temporary name of an atomic write, or NULL */
     char *dir_path;         /* directory of `path` (for its fsync), or NULL */
+    char *mode_from;        /* file whose mode the commit copies; NULL: `path` */
     unsigned flags;         /* ckptio_open_flags */
     int fd;                 /* buffered descriptor */
     int direct_fd;          /* O_DIRECT descriptor, or -1 */
@@ -53,6 +54,10 @@ int ckptio__file_direct_fd(const ckptio_file *file);
  * uncommitted write file). `subject` (may be NULL) goes into the error,
  * e.g. "extent 3". */
 ckptio_status ckptio__file_check_transfer(const ckptio_file *file, ckptio_direction dir, const char *subject);
+
+/* Makes the commit of an atomic write take mode and owner from `path`
+ * instead of the file it replaces (a manifest follows its data file). */
+ckptio_status ckptio__file_set_mode_source(ckptio_file *file, const char *path);
 
 /* For error messages: " (temporary NAME)" for an atomic write, else "". */
 const char *ckptio__file_tmp_note(const ckptio_file *file, char *buf, size_t cap);
