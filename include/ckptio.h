@@ -84,7 +84,8 @@ CKPTIO_API unsigned ckptio_version_number(void);
     X(E_PERMISSION, -16, "permission denied")                                 \
     X(E_DISALLOWED, -17, "refused by the safety policy")                      \
     X(E_CANCELED, -18, "canceled")                                            \
-    X(E_INTERNAL, -19, "internal error (a bug in ckptio)")
+    X(E_INTERNAL, -19, "internal error (a bug in ckptio)")                   \
+    X(E_STALE, -20, "stale: describes another version of the file")
 
 typedef enum ckptio_status {
 #define CKPTIO_X_ENUM_(name, value, text) CKPTIO_##name = (value),
@@ -575,6 +576,10 @@ CKPTIO_API ckptio_status ckptio_hash_xxh3(const void *data, size_t len, uint64_t
  * names see ckptio_manifest_path). */
 #define CKPTIO_MANIFEST_SUFFIX ".ckptio-manifest.json"
 
+/* The safetensors __metadata__ key holding the id that binds a file saved
+ * with CKPTIO_SAFETENSORS_CHECKSUMS to its manifest (32 hex digits). */
+#define CKPTIO_SAVE_ID_KEY "ckptio.save_id"
+
 enum ckptio_integrity_flags {
     /* ckptio_safetensors_save() flag: also record XXH3-64 checksums of
      * every tensor, per 4 MiB block, in NAME.ckptio-manifest.json. The
@@ -584,6 +589,10 @@ enum ckptio_integrity_flags {
      * Host memory is hashed while the data is written; GPU memory on the
      * pinned staging copy on its way to the file (no read-back, unless
      * CKPTIO_OPT_STAGING_BYTES is below 4 x (4 MiB + 4 KiB)).
+     * The manifest is bound to its data: a random per-save id goes into
+     * both (the data file's __metadata__ entry CKPTIO_SAVE_ID_KEY, the
+     * manifest's "save_id"); a caller's metadata entry of that key is
+     * dropped, with or without this flag.
      * Without this flag a save removes a manifest left beside NAME by an
      * earlier save (it would no longer describe the file). If the data
      * file was committed but its manifest could not be, the save fails
@@ -609,11 +618,18 @@ CKPTIO_API ckptio_status ckptio_manifest_path(const char *data_path, char *buf, 
 
 /*! ckptio_safetensors_verify() :
  * Checks an open file against its manifest (manifest_path NULL: the one
- * beside the file). The manifest must describe this very file (same size,
- * same header bytes, same tensors at the same offsets), else
- * CKPTIO_E_CHECKSUM saying it is stale; then every tensor's bytes are read
- * and hashed block by block. A mismatch is CKPTIO_E_CHECKSUM naming the
- * tensor, the file and the byte range of the bad block. No manifest:
+ * beside the file). The manifest must have been written by the save that
+ * wrote this file: a save id (CKPTIO_SAVE_ID_KEY) in the file or in the
+ * manifest that the other lacks or does not match is CKPTIO_E_STALE, never
+ * CKPTIO_E_CHECKSUM (another save replaced one of the two: two processes
+ * saving to one path, or a save running during the verification); no data
+ * is compared then. A manifest without a save id (version 1, from earlier
+ * builds) beside a file without one is checked as before, except that a
+ * different size or tensor layout is CKPTIO_E_STALE. Different header
+ * bytes are CKPTIO_E_CHECKSUM; so is any difference under matching ids.
+ * Then every tensor's bytes are read and hashed block by block. A mismatch
+ * is CKPTIO_E_CHECKSUM naming the tensor, the file and the byte range of
+ * the bad block. No manifest:
  * CKPTIO_E_NOT_FOUND; a malformed one: CKPTIO_E_FORMAT naming the field.
  * report (may be NULL) says what was checked up to the failure. */
 CKPTIO_API ckptio_status ckptio_safetensors_verify(ckptio_safetensors *st, const char *manifest_path,

@@ -35,6 +35,7 @@ E_PERMISSION: int
 E_DISALLOWED: int
 E_CANCELED: int
 E_INTERNAL: int
+E_STALE: int
 
 def version() -> str: ...
 def status_name(code: int) -> str: ...
