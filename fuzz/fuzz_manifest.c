@@ -4,7 +4,8 @@
  *
  * Beyond "no crash, no leak, no UB": every accepted manifest must satisfy
  * what the verifier relies on (tensors inside [data_offset, file_size),
- * block counts implied by sizes, unique names, "file" a plain name), and
+ * block counts implied by sizes, unique names, "file" a plain name, a save
+ * id of 32 hex digits or none), and
  * must survive a round trip through the writer: dumped and parsed again,
  * it is the same manifest. A broken invariant traps.
  */
@@ -24,6 +25,11 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 
 static void check(const ckptio__manifest *m) {
     CHECK(m->file && *m->file && !strchr(m->file, '/') && strcmp(m->file, "..") != 0);
+    /* The save id: none (version 1) or 32 lowercase hex digits. */
+    const size_t id_len = strlen(m->save_id);
+    CHECK(id_len == 0 || id_len == CKPTIO__SAVE_ID_HEX);
+    for (size_t i = 0; i < id_len; i++)
+        CHECK((m->save_id[i] >= '0' && m->save_id[i] <= '9') || (m->save_id[i] >= 'a' && m->save_id[i] <= 'f'));
     CHECK(m->data_offset <= m->file_size);
     CHECK(m->block_bytes >= CKPTIO__MANIFEST_MIN_BLOCK && (m->block_bytes & (m->block_bytes - 1)) == 0);
     for (size_t i = 0; i < m->count; i++) {
@@ -43,7 +49,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     if (text) {
         CHECK(ckptio__manifest_parse(text, len, "again.json", &again) == CKPTIO_OK);
         CHECK(again.count == m.count && again.file_size == m.file_size && again.header_hash == m.header_hash &&
-              strcmp(again.file, m.file) == 0 && again.block_bytes == m.block_bytes);
+              strcmp(again.file, m.file) == 0 && again.block_bytes == m.block_bytes &&
+              strcmp(again.save_id, m.save_id) == 0);
         for (size_t i = 0; i < m.count; i++) {
             CHECK(strcmp(again.tensors[i].name, m.tensors[i].name) == 0);
             CHECK(again.tensors[i].nblocks == m.tensors[i].nblocks);

@@ -84,7 +84,8 @@ CKPTIO_API unsigned ckptio_version_number(void);
     X(E_PERMISSION, -16, "permission denied")                                 \
     X(E_DISALLOWED, -17, "refused by the safety policy")                      \
     X(E_CANCELED, -18, "canceled")                                            \
-    X(E_INTERNAL, -19, "internal error (a bug in ckptio)")
+    X(E_INTERNAL, -19, "internal error (a bug in ckptio)")                   \
+    X(E_STALE, -20, "stale: describes another version of the file")
 
 typedef enum ckptio_status {
 #define CKPTIO_X_ENUM_(name, value, text) CKPTIO_##name = (value),
@@ -310,9 +311,14 @@ typedef struct ckptio_file ckptio_file;
 enum ckptio_open_flags {
     CKPTIO_OPEN_READ = 1u << 0,
     /* Atomic create: data goes to a temporary name in the same directory
-     * (".NAME.ckptio-tmp-XXXXXX"); ckptio_file_commit() fsyncs it, renames it
-     * over NAME and fsyncs the directory. Closing without commit removes the
-     * temporary and leaves any existing NAME untouched. */
+     * (".NAME.ckptio-tmp-XXXXXX"; for a NAME of more than 236 bytes, NAME
+     * there is its first bytes + '~' + 16 hex digits of its hash, so that
+     * every name up to 255 bytes can be saved); ckptio_file_commit() gives
+     * it the mode (and, where permitted, owner) of the NAME it replaces
+     * (ckptio_inherit_mode), fsyncs it, renames it over NAME and fsyncs the
+     * directory. A new NAME gets 0666 & ~umask. Closing without commit
+     * removes the temporary and leaves any existing NAME untouched. A base
+     * name over 255 bytes is CKPTIO_E_INVAL (errno ENAMETOOLONG) at open. */
     CKPTIO_OPEN_WRITE = 1u << 1,
     /* With WRITE: write NAME in place (no temporary, no rename). An existing
      * file keeps its content and size (trim with ckptio_file_truncate);
@@ -339,6 +345,18 @@ CKPTIO_API ckptio_status ckptio_file_open(ckptio_engine *engine, const char *pat
  * directory fsync fails, the file is already in place under its name and
  * the error says so. */
 CKPTIO_API ckptio_status ckptio_file_commit(ckptio_file *file);
+
+/*! ckptio_inherit_mode() :
+ * For writers that replace `path` by renaming a file of their own over it
+ * (ckptio_file_commit does this itself): if `path` names a regular file
+ * (symlinks followed), gives the open file `fd` its permission bits (0777
+ * only: no set-id or sticky bits) and, where the kernel permits (root, or
+ * a group the caller belongs to), its owner and group; EPERM there is not
+ * an error. Call it before the fsync and the rename. A missing `path` (a
+ * new file) leaves fd as created (0666 & ~umask). @return CKPTIO_OK; an
+ * fstat/fchown I/O error; or, when the mode cannot be set and fd would be
+ * accessible to more than `path` was, the fchmod error. Thread-safe. */
+CKPTIO_API ckptio_status ckptio_inherit_mode(int fd, const char *path);
 
 /*! ckptio_file_close() : closes; an uncommitted atomic write is discarded
  * (temporary unlinked). Accepts NULL. Returns the first error of a final
@@ -554,8 +572,13 @@ CKPTIO_API ckptio_status ckptio_hash_xxh3(const void *data, size_t len, uint64_t
  * every guarantee and the test that backs it. (torch.save files carry a
  * CRC-32 per record instead: ckptio_torch_verify.) */
 
-/* The checksums of NAME live in NAME + this suffix (a "manifest"). */
+/* The checksums of NAME live in NAME + this suffix (a "manifest"; for long
+ * names see ckptio_manifest_path). */
 #define CKPTIO_MANIFEST_SUFFIX ".ckptio-manifest.json"
+
+/* The safetensors __metadata__ key holding the id that binds a file saved
+ * with CKPTIO_SAFETENSORS_CHECKSUMS to its manifest (32 hex digits). */
+#define CKPTIO_SAVE_ID_KEY "ckptio.save_id"
 
 enum ckptio_integrity_flags {
     /* ckptio_safetensors_save() flag: also record XXH3-64 checksums of
@@ -566,6 +589,10 @@ enum ckptio_integrity_flags {
      * Host memory is hashed while the data is written; GPU memory on the
      * pinned staging copy on its way to the file (no read-back, unless
      * CKPTIO_OPT_STAGING_BYTES is below 4 x (4 MiB + 4 KiB)).
+     * The manifest is bound to its data: a random per-save id goes into
+     * both (the data file's __metadata__ entry CKPTIO_SAVE_ID_KEY, the
+     * manifest's "save_id"); a caller's metadata entry of that key is
+     * dropped, with or without this flag.
      * Without this flag a save removes a manifest left beside NAME by an
      * earlier save (it would no longer describe the file). If the data
      * file was committed but its manifest could not be, the save fails
@@ -581,16 +608,28 @@ typedef struct ckptio_verify_report {
 } ckptio_verify_report;
 
 /*! ckptio_manifest_path() : writes data_path + CKPTIO_MANIFEST_SUFFIX into
- * buf (cap bytes, NUL included). @return CKPTIO_E_RANGE if it does not fit. */
+ * buf (cap bytes, NUL included). A base name of more than 234 bytes (whose
+ * manifest name would pass 255 bytes) is replaced in the manifest's name by
+ * its first bytes (whole UTF-8 characters), '~' and the XXH3-64 of the
+ * whole base name in 16 lowercase hex digits, 234 bytes at most; the
+ * directory part is kept. The result is never longer than data_path +
+ * CKPTIO_MANIFEST_SUFFIX. @return CKPTIO_E_RANGE if it does not fit. */
 CKPTIO_API ckptio_status ckptio_manifest_path(const char *data_path, char *buf, size_t cap);
 
 /*! ckptio_safetensors_verify() :
  * Checks an open file against its manifest (manifest_path NULL: the one
- * beside the file). The manifest must describe this very file (same size,
- * same header bytes, same tensors at the same offsets), else
- * CKPTIO_E_CHECKSUM saying it is stale; then every tensor's bytes are read
- * and hashed block by block. A mismatch is CKPTIO_E_CHECKSUM naming the
- * tensor, the file and the byte range of the bad block. No manifest:
+ * beside the file). The manifest must have been written by the save that
+ * wrote this file: a save id (CKPTIO_SAVE_ID_KEY) in the file or in the
+ * manifest that the other lacks or does not match is CKPTIO_E_STALE, never
+ * CKPTIO_E_CHECKSUM (another save replaced one of the two: two processes
+ * saving to one path, or a save running during the verification); no data
+ * is compared then. A manifest without a save id (version 1, from earlier
+ * builds) beside a file without one is checked as before, except that a
+ * different size or tensor layout is CKPTIO_E_STALE. Different header
+ * bytes are CKPTIO_E_CHECKSUM; so is any difference under matching ids.
+ * Then every tensor's bytes are read and hashed block by block. A mismatch
+ * is CKPTIO_E_CHECKSUM naming the tensor, the file and the byte range of
+ * the bad block. No manifest:
  * CKPTIO_E_NOT_FOUND; a malformed one: CKPTIO_E_FORMAT naming the field.
  * report (may be NULL) says what was checked up to the failure. */
 CKPTIO_API ckptio_status ckptio_safetensors_verify(ckptio_safetensors *st, const char *manifest_path,

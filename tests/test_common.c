@@ -12,6 +12,8 @@ static void test_status_names(void) {
     T_ASSERT(strcmp(ckptio_strerror(CKPTIO_OK), "success") == 0);
     T_ASSERT(strcmp(ckptio_strerror((ckptio_status)-999), "unknown status") == 0);
     T_ASSERT(CKPTIO_E_INTERNAL == -19); /* pinned */
+    T_ASSERT(CKPTIO_E_STALE == -20);
+    T_ASSERT(strcmp(ckptio_status_name(CKPTIO_E_STALE), "E_STALE") == 0);
 }
 
 static void test_error_message_composition(void) {

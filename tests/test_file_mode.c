@@ -1,11 +1,10 @@
 /*
- * test_file_mode.c - an atomic save keeps the mode and (where permitted)
- * the owner of the file it replaces, as torch.save and safetensors do by
- * rewriting in place: the temporary already has them before any byte is
- * written, the committed file keeps them, for 0600 and for bits the umask
- * would remove (0666); a new name gets 0666 & ~umask; a symlink under the
- * name is replaced with a file of ordinary mode (its target's attributes
- * are not taken); owner and group are taken when running as root.
+ * test_file_mode.c - while an atomic save writes, its temporary is never
+ * readable wider than the file it replaces (created with that file's bits,
+ * which the umask may only narrow); the committed file keeps the mode, for
+ * 0600 and for bits the umask would remove (0666); a new name gets
+ * 0666 & ~umask; owner and group are taken when running as root.
+ * Symlinks and the public ckptio_inherit_mode(): tests/test_save_mode.c.
  */
 #include "helpers.h"
 
@@ -46,13 +45,9 @@ static void save_and_check(const char *name, mode_t want, long uid, long gid) {
     ckptio_file *f;
     T_OK(ckptio_file_open(e, path, CKPTIO_OPEN_WRITE, &f));
     char *tmp = temporary_of(name);
-    T_ASSERT_MSG(mode_of(tmp) == want, "%s: temporary mode %o, want %o", name, (unsigned)mode_of(tmp), (unsigned)want);
+    T_ASSERT_MSG((mode_of(tmp) & ~want) == 0, "%s: temporary mode %o, wider than %o", name, (unsigned)mode_of(tmp),
+                 (unsigned)want);
     struct stat sb;
-    if (uid >= 0) {
-        T_ASSERT(stat(tmp, &sb) == 0);
-        T_ASSERT_MSG((long)sb.st_uid == uid && (long)sb.st_gid == gid, "%s: temporary owned by %ld:%ld", name,
-                     (long)sb.st_uid, (long)sb.st_gid);
-    }
     free(tmp);
     T_OK(ckptio_file_commit(f));
     T_OK(ckptio_file_close(f));
@@ -81,19 +76,6 @@ static void test_keeps_mode(void) {
     umask(mask);
 }
 
-static void test_symlink_is_not_a_reference(void) {
-    const mode_t mask = umask(022);
-    const char *target = t_path("target.bin");
-    t_write_file(target, "x", 1);
-    T_ASSERT(chmod(target, 0600) == 0);
-    T_ASSERT(symlink(target, t_path("link.bin")) == 0);
-    save_and_check("link.bin", 0644, -1, -1);
-    T_ASSERT(mode_of(target) == 0600); /* untouched */
-    unlink(t_path("link.bin"));
-    unlink(target);
-    umask(mask);
-}
-
 static void test_keeps_owner(void) {
     if (geteuid() != 0) {
         printf("# owner: not root, skipped\n");
@@ -108,7 +90,6 @@ static void test_keeps_owner(void) {
 
 int main(void) {
     T_RUN(test_keeps_mode);
-    T_RUN(test_symlink_is_not_a_reference);
     T_RUN(test_keeps_owner);
     return 0;
 }

@@ -1,8 +1,11 @@
 /*
  * test_integrity.c - checksum manifests beside safetensors files: what the
  * save writes, verification of good files, a flipped bit and a truncated
- * file named by tensor, file and byte range, stale and foreign manifests,
- * loads verified on request, GPU (simulated) sources, and the manifest
+ * file named by tensor, file and byte range, stale and foreign manifests
+ * (CKPTIO_E_STALE, also for a manifest of another save of the same layout,
+ * bound by the save id), version 1 manifests without a save id, the save
+ * id in the header, loads verified on request, GPU (simulated) sources,
+ * and the manifest
  * parser's refusals of hostile text (path traversal, absolute paths,
  * overflowing offsets, allocation bombs, oversized files).
  */
@@ -160,20 +163,189 @@ static void test_stale_and_missing_manifests(void) {
     T_STATUS(verify(path, NULL), CKPTIO_E_NOT_FOUND);
     T_MESSAGE_HAS("no checksum manifest");
     T_MESSAGE_HAS("stale.safetensors.ckptio-manifest.json");
-    /* Same layout, other data: blocks mismatch (the header is the same). */
+    /* Same layout, other data (saved without checksums): the old manifest
+     * is stale, not the data corrupt. */
     t_write_file(manifest_of(path), old, len);
-    T_STATUS(verify(path, NULL), CKPTIO_E_CHECKSUM);
-    T_MESSAGE_HAS("block 0 of 3");
+    T_STATUS(verify(path, NULL), CKPTIO_E_STALE);
+    T_MESSAGE_HAS("was written by another save (save id ");
+    T_MESSAGE_HAS(") than this file (save id none): the manifest is stale or belongs to another file");
     /* Another file's manifest: refused as stale, not as corrupt data. */
     const char *other = t_path("other.safetensors");
     ckptio_tensor_source one = {"x", CKPTIO_DTYPE_U8, 1, small_shape, small, 64, CKPTIO_MEM_HOST};
     T_OK(ckptio_safetensors_save(engine, other, &one, 1, NULL, 0, CKPTIO_SAFETENSORS_CHECKSUMS));
+    save(path, 4, CKPTIO_SAFETENSORS_CHECKSUMS);
     ckptio_safetensors *st;
     T_OK(ckptio_safetensors_open(engine, path, &st));
-    T_STATUS(ckptio_safetensors_verify(st, manifest_of(other), NULL), CKPTIO_E_CHECKSUM);
+    T_STATUS(ckptio_safetensors_verify(st, manifest_of(other), NULL), CKPTIO_E_STALE);
     T_MESSAGE_HAS("the manifest is stale or belongs to another file");
     ckptio_safetensors_close(st);
     free(old);
+}
+
+static char *save_id_of(const char *path) {
+    ckptio_safetensors *st;
+    T_OK(ckptio_safetensors_open(engine, path, &st));
+    size_t n;
+    T_OK(ckptio_safetensors_metadata_count(st, &n));
+    char *id = NULL;
+    for (size_t i = 0; i < n; i++) {
+        ckptio_kv kv;
+        T_OK(ckptio_safetensors_metadata(st, i, &kv));
+        if (strcmp(kv.key, CKPTIO_SAVE_ID_KEY) == 0) {
+            T_ASSERT(!id);
+            id = strdup(kv.value);
+        }
+    }
+    ckptio_safetensors_close(st);
+    return id;
+}
+
+/* Two saves of one layout to one path (every DDP rank saving the same
+ * file): data of one beside the manifest of the other is a stale manifest,
+ * never corrupt data; each save's own pair verifies. */
+static void test_foreign_save_of_same_layout(void) {
+    const char *path = t_path("ddp.safetensors");
+    const char *data_a = t_path("data_a"), *man_a = t_path("man_a"), *data_b = t_path("data_b"),
+               *man_b = t_path("man_b");
+    size_t len;
+    void *bytes;
+    save(path, 10, CKPTIO_SAFETENSORS_CHECKSUMS);
+    bytes = t_read_file(path, &len), t_write_file(data_a, bytes, len), free(bytes);
+    bytes = t_read_file(manifest_of(path), &len), t_write_file(man_a, bytes, len), free(bytes);
+    save(path, 11, CKPTIO_SAFETENSORS_CHECKSUMS);
+    bytes = t_read_file(path, &len), t_write_file(data_b, bytes, len), free(bytes);
+    bytes = t_read_file(manifest_of(path), &len), t_write_file(man_b, bytes, len), free(bytes);
+    char *id_a = save_id_of(data_a), *id_b = save_id_of(data_b);
+    T_ASSERT(id_a && id_b && strlen(id_a) == 32 && strcmp(id_a, id_b) != 0);
+    const char *cases[4][2] = {{data_a, man_b}, {data_b, man_a}, {data_a, man_a}, {data_b, man_b}};
+    for (int i = 0; i < 4; i++) {
+        bytes = t_read_file(cases[i][0], &len), t_write_file(path, bytes, len), free(bytes);
+        bytes = t_read_file(cases[i][1], &len), t_write_file(manifest_of(path), bytes, len), free(bytes);
+        ckptio_verify_report r;
+        if (i < 2) {
+            T_STATUS(verify(path, &r), CKPTIO_E_STALE);
+            T_MESSAGE_HAS(i == 0 ? id_a : id_b);
+            T_MESSAGE_HAS(i == 0 ? id_b : id_a);
+            T_MESSAGE_HAS("the data was not checked");
+            T_ASSERT(r.blocks == 0);
+            /* A verified load says the same. */
+            ckptio_safetensors *st;
+            T_OK(ckptio_safetensors_open(engine, path, &st));
+            unsigned char *got = malloc(4096);
+            ckptio_tensor_target tg = {0, got, 4096, CKPTIO_MEM_HOST};
+            T_OK(ckptio_safetensors_find(st, "small", &tg.index));
+            T_STATUS(ckptio_safetensors_read_verified(st, NULL, &tg, 1), CKPTIO_E_STALE);
+            ckptio_safetensors_close(st);
+            free(got);
+        } else {
+            T_OK(verify(path, &r));
+            T_ASSERT(r.tensors == 3);
+        }
+    }
+    /* With matching ids a damaged block is still corruption. */
+    int fd = open(path, O_RDWR);
+    T_ASSERT(fd >= 0 && pwrite(fd, "\xff\x00\xff", 3, 4096 + 100) == 3);
+    close(fd);
+    T_STATUS(verify(path, NULL), CKPTIO_E_CHECKSUM);
+    T_MESSAGE_HAS("checksum mismatch");
+    free(id_a);
+    free(id_b);
+}
+
+/* The id goes into __metadata__ with checksums only, once, and a caller's
+ * value for its key never reaches the file. */
+static void test_save_id_in_header(void) {
+    const char *path = t_path("meta.safetensors");
+    ckptio_tensor_source src[3];
+    sources(src, 12);
+    const ckptio_kv meta[] = {{"format", "pt"}, {CKPTIO_SAVE_ID_KEY, "0123456789abcdef0123456789abcdef"}, {"z", "y"}};
+    T_OK(ckptio_safetensors_save(engine, path, src, 3, meta, 3, CKPTIO_SAFETENSORS_CHECKSUMS));
+    char *id = save_id_of(path);
+    T_ASSERT(id && strcmp(id, meta[1].value) != 0 && strlen(id) == 32);
+    size_t len;
+    char *text = t_read_file(manifest_of(path), &len);
+    ckptio__manifest m;
+    T_OK(ckptio__manifest_parse(text, len, "m", &m));
+    T_ASSERT(strcmp(m.save_id, id) == 0);
+    T_ASSERT(memmem(text, len, "\"version\":2", 11));
+    ckptio__manifest_cleanup(&m);
+    free(text);
+    free(id);
+    ckptio_safetensors *st;
+    T_OK(ckptio_safetensors_open(engine, path, &st));
+    size_t n;
+    ckptio_kv kv;
+    T_OK(ckptio_safetensors_metadata_count(st, &n));
+    T_ASSERT(n == 3);
+    T_OK(ckptio_safetensors_metadata(st, 0, &kv));
+    T_ASSERT(strcmp(kv.key, "format") == 0);
+    T_OK(ckptio_safetensors_metadata(st, 1, &kv));
+    T_ASSERT(strcmp(kv.key, "z") == 0);
+    ckptio_safetensors_close(st);
+    T_OK(verify(path, NULL));
+    /* Without checksums: no id at all, the caller's dropped too. */
+    T_OK(ckptio_safetensors_save(engine, path, src, 3, meta, 3, 0));
+    T_ASSERT(save_id_of(path) == NULL);
+    T_OK(ckptio_safetensors_open(engine, path, &st));
+    T_OK(ckptio_safetensors_metadata_count(st, &n));
+    T_ASSERT(n == 2);
+    ckptio_safetensors_close(st);
+    /* Malformed metadata is still refused by the layout. */
+    const ckptio_kv bad[] = {{NULL, "v"}};
+    T_STATUS(ckptio_safetensors_save(engine, path, src, 3, bad, 1, CKPTIO_SAFETENSORS_CHECKSUMS), CKPTIO_E_INVAL);
+    T_STATUS(ckptio_safetensors_save(engine, path, src, 3, NULL, 1, CKPTIO_SAFETENSORS_CHECKSUMS), CKPTIO_E_INVAL);
+}
+
+/* Manifests of version 1 (no save id) beside files without one keep
+ * working: they verify, find damage, and call a layout change stale. */
+static void test_version1_manifests(void) {
+    const char *with = t_path("v1_src.safetensors"), *path = t_path("v1.safetensors");
+    save(with, 13, CKPTIO_SAFETENSORS_CHECKSUMS);
+    save(path, 13, 0); /* same bytes, no id in the header */
+    T_ASSERT(save_id_of(path) == NULL);
+    size_t len;
+    char *text = t_read_file(manifest_of(with), &len);
+    ckptio__manifest m;
+    T_OK(ckptio__manifest_parse(text, len, "m", &m));
+    free(text);
+    /* What an older ckptio wrote for `path`: no id, its header's hash. */
+    m.save_id[0] = '\0';
+    ckptio_safetensors *st;
+    T_OK(ckptio_safetensors_open(engine, path, &st));
+    uint64_t data_offset = 0;
+    T_OK(ckptio_safetensors_data_offset(st, &data_offset));
+    ckptio_safetensors_close(st);
+    unsigned char *img = t_read_file(path, &len);
+    T_OK(ckptio_hash_xxh3(img, data_offset, &m.header_hash));
+    T_ASSERT(m.data_offset == data_offset && m.file_size == len);
+    free(img);
+    text = ckptio__manifest_dump(&m, &len);
+    T_ASSERT(text && memmem(text, len, "\"version\":1", 11) && !memmem(text, len, "save_id", 7));
+    t_write_file(manifest_of(path), text, len);
+    ckptio__free(text);
+    ckptio__manifest_cleanup(&m);
+    ckptio_verify_report r;
+    T_OK(verify(path, &r));
+    T_ASSERT(r.tensors == 3 && r.blocks == 4);
+    int fd = open(path, O_RDWR);
+    T_ASSERT(fd >= 0 && pwrite(fd, "\x01", 1, (off_t)data_offset + 10) == 1);
+    close(fd);
+    T_STATUS(verify(path, NULL), CKPTIO_E_CHECKSUM);
+    /* A v1 manifest beside a file saved with an id: stale. */
+    char *v1 = t_read_file(manifest_of(path), &len);
+    save(path, 13, CKPTIO_SAFETENSORS_CHECKSUMS);
+    t_write_file(manifest_of(path), v1, len);
+    T_STATUS(verify(path, NULL), CKPTIO_E_STALE);
+    T_MESSAGE_HAS("(save id none) than this file (save id ");
+    /* A v1 manifest beside another layout without ids: stale, as always. */
+    const char *other = t_path("v1_other.safetensors");
+    ckptio_tensor_source one = {"x", CKPTIO_DTYPE_U8, 1, small_shape, small, 64, CKPTIO_MEM_HOST};
+    T_OK(ckptio_safetensors_save(engine, other, &one, 1, NULL, 0, 0));
+    T_OK(ckptio_safetensors_open(engine, other, &st));
+    T_STATUS(ckptio_safetensors_verify(st, manifest_of(path), NULL), CKPTIO_E_STALE);
+    T_MESSAGE_HAS("the manifest is stale or belongs to another file");
+    ckptio_safetensors_close(st);
+    free(v1);
 }
 
 static void test_gpu_sources(void) {
@@ -259,8 +431,24 @@ static void test_parser_refusals(void) {
     T_STATUS(parse(HEAD "\"file\":\"a\",\"file_size\":0,\"data_offset\":0,\"block_bytes\":5000,\"tensors\":[]}"),
              CKPTIO_E_FORMAT);
     T_MESSAGE_HAS("not a power of two");
-    T_STATUS(parse("{\"format\":\"ckptio-manifest\",\"version\":2}"), CKPTIO_E_UNSUPPORTED);
-    T_MESSAGE_HAS("version 2 is not supported");
+    T_STATUS(parse("{\"format\":\"ckptio-manifest\",\"version\":3}"), CKPTIO_E_UNSUPPORTED);
+    T_MESSAGE_HAS("version 3 is not supported (this reader knows 1 and 2)");
+    /* The save id: required by version 2 (32 lowercase hex digits), not
+     * part of version 1. */
+#define TAIL "\"file\":\"a\",\"file_size\":0,\"data_offset\":0,\"block_bytes\":4096,\"tensors\":[]}"
+#define V2 "{\"format\":\"ckptio-manifest\",\"version\":2,\"hash\":\"xxh3-64\",\"header_xxh3\":\"0123456789abcdef\","
+    T_OK(parse(V2 "\"save_id\":\"0123456789abcdef0123456789abcdef\"," TAIL));
+    T_STATUS(parse(V2 TAIL), CKPTIO_E_FORMAT);
+    T_MESSAGE_HAS("save_id: missing");
+    T_STATUS(parse(V2 "\"save_id\":\"0123456789ABCDEF0123456789abcdef\"," TAIL), CKPTIO_E_FORMAT);
+    T_MESSAGE_HAS("save_id: must be 32 lowercase hex digits");
+    T_STATUS(parse(V2 "\"save_id\":\"0123456789abcdef\"," TAIL), CKPTIO_E_FORMAT);
+    T_STATUS(parse(V2 "\"save_id\":\"0123456789abcdef0123456789abcde\\u0000\"," TAIL), CKPTIO_E_FORMAT);
+    T_STATUS(parse(V2 "\"save_id\":7," TAIL), CKPTIO_E_FORMAT);
+    T_STATUS(parse(HEAD "\"save_id\":\"0123456789abcdef0123456789abcdef\"," TAIL), CKPTIO_E_FORMAT);
+    T_MESSAGE_HAS("save_id: not part of version 1");
+#undef TAIL
+#undef V2
     T_STATUS(parse("{\"format\":\"ckptio-manifest\",\"version\":-1}"), CKPTIO_E_FORMAT);
     T_STATUS(parse("[1,2]"), CKPTIO_E_FORMAT);
     T_STATUS(parse("{\"format\":"), CKPTIO_E_FORMAT);
@@ -290,6 +478,9 @@ int main(void) {
     T_RUN(test_manifest_written_and_verified);
     T_RUN(test_flipped_bit_and_truncation);
     T_RUN(test_stale_and_missing_manifests);
+    T_RUN(test_foreign_save_of_same_layout);
+    T_RUN(test_save_id_in_header);
+    T_RUN(test_version1_manifests);
     T_RUN(test_gpu_sources);
     T_RUN(test_parser_refusals);
     T_RUN(test_oversized_manifest_file);

@@ -230,8 +230,8 @@ class CheckpointFile:
         """Reads all data and checks it: torch.save files against every record's
         CRC-32; safetensors files against the checksum manifest written by
         ``save(..., checksums=True)`` (CkptioError with status E_NOT_FOUND when
-        there is none). A mismatch raises CkptioError E_CHECKSUM naming the record or the
-        tensor and its byte range."""
+        there is none, E_STALE when another save wrote it). A mismatch raises CkptioError
+        E_CHECKSUM naming the record or the tensor and its byte range."""
         return self._reader.verify()
 
     def close(self) -> None:
@@ -455,8 +455,12 @@ def save(state_dict: Any, path: PathLike, format: str = "safetensors", metadata:
             (default True; computed while the data is written).
         checksums: safetensors only: also write NAME.ckptio-manifest.json
             with XXH3-64 checksums per 4 MiB block of every tensor, checked by
-            ``ckptio.open(path).verify()`` and ``ckptio verify``.
+            ``ckptio.open(path).verify()`` and ``ckptio verify``; the file's
+            metadata then holds "ckptio.save_id", which binds it to the manifest.
         engine: a ckptio.Engine (default: the shared default engine).
+
+    A save over an existing file keeps its permission bits (and, where
+    permitted, owner and group); a new file gets 0666 & ~umask.
 
     safetensors: nested dicts are flattened with "." ({"a": {"b": t}} ->
     "a.b"); non-contiguous tensors are written through a contiguous copy;

@@ -194,6 +194,24 @@ static PyObject *mod_strerror(PyObject *self, PyObject *arg) {
     return PyUnicode_FromString(ckptio_strerror((ckptio_status)v));
 }
 
+/* inherit_mode(fd, path): ckptio_inherit_mode, for writers that rename
+ * temporaries of their own over `path` (the DCP commit). */
+static PyObject *mod_inherit_mode(PyObject *self, PyObject *args) {
+    int fd;
+    PyObject *path_obj;
+    if (!PyArg_ParseTuple(args, "iO:inherit_mode", &fd, &path_obj)) return NULL;
+    PyObject *pb = ckpy_path_bytes(path_obj);
+    if (!pb) return NULL;
+    const char *path = PyBytes_AsString(pb);
+    ckptio_status st;
+    Py_BEGIN_ALLOW_THREADS
+    st = ckptio_inherit_mode(fd, path);
+    Py_END_ALLOW_THREADS
+    Py_DECREF(pb);
+    if (st != CKPTIO_OK) return ckpy_raise(st);
+    Py_RETURN_NONE;
+}
+
 /* [(code, safetensors_name or None, torch_name or None, bits), ...] */
 static PyObject *mod_dtypes(PyObject *self, PyObject *unused) {
     PyObject *list = PyList_New(0);
@@ -304,6 +322,10 @@ static PyMethodDef module_methods[] = {
     {"dtypes", mod_dtypes, METH_NOARGS,
      "dtypes() -> list of (code, safetensors_name|None, torch_name|None, bits), one per ckptio dtype."},
     {"option_names", mod_option_names, METH_NOARGS, "option_names() -> list of engine option names."},
+    {"inherit_mode", mod_inherit_mode, METH_VARARGS,
+     "inherit_mode(fd, path) -> None: gives the open file fd the permission bits (and, where permitted,\n"
+     "owner and group) of the regular file at path, if there is one; call before fsync and rename\n"
+     "when replacing path by a temporary of your own (ckptio_inherit_mode)."},
     {"sniff", mod_sniff, METH_O,
      "sniff(path) -> str: 'safetensors', 'torch', 'torch_legacy', 'directory' or 'unknown', from the first bytes."},
     {"safetensors_save", (PyCFunction)(void (*)(void))ckpy_safetensors_save, METH_VARARGS | METH_KEYWORDS,

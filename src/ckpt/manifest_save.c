@@ -12,6 +12,15 @@
  * verification then says "no manifest", never "corrupt". Writing the
  * manifest first instead would leave a new manifest over old data.
  *
+ * The order holds for one writer. Two saves of one path at once (every
+ * DDP rank saving the same file) interleave their steps and can leave
+ * save A's data beside save B's manifest, of the same layout when the
+ * code is the same. So each save puts a random save id into both (the
+ * header's __metadata__ and the manifest): verification reports a
+ * manifest whose id is not the data's as stale (CKPTIO_E_STALE), never
+ * its blocks as corrupt. Verifying while a save replaces the file meets
+ * the same pairs and gets the same answer.
+ *
  * Hashing costs no save time for host memory: one helper thread hashes
  * (XXH3 runs at about 20 GB/s per core, several times any disk) while the
  * engine writes the same, read-only, bytes. GPU memory is hashed on the
@@ -91,6 +100,17 @@ static ckptio_status fsync_dir(const char *dir, const char *removed) {
     return CKPTIO_OK;
 }
 
+void ckptio__manifest_new_save_id(char out[CKPTIO__SAVE_ID_HEX + 1]) {
+    static const char hex[] = "0123456789abcdef";
+    unsigned char bytes[CKPTIO__SAVE_ID_HEX / 2];
+    ckptio__random_bytes(bytes, sizeof bytes);
+    for (size_t i = 0; i < sizeof bytes; i++) {
+        out[2 * i] = hex[bytes[i] >> 4];
+        out[2 * i + 1] = hex[bytes[i] & 15];
+    }
+    out[CKPTIO__SAVE_ID_HEX] = '\0';
+}
+
 static char *dir_of(const char *path) {
     const char *slash = strrchr(path, '/');
     if (!slash) return ckptio__strdup(".");
@@ -160,9 +180,11 @@ static void gpu_hash_cleanup(gpu_hash *g) {
 }
 
 /* Fills m (everything but the block hashes) and the jobs for host blocks. */
-static ckptio_status describe(const char *path, const ckptio_extent *extents, const ckptio_tensor_source *tensors,
-                              size_t count, ckptio__manifest *m, hash_work *work) {
+static ckptio_status describe(const char *path, const char *save_id, const ckptio_extent *extents,
+                              const ckptio_tensor_source *tensors, size_t count, ckptio__manifest *m,
+                              hash_work *work) {
     const char *slash = strrchr(path, '/');
+    snprintf(m->save_id, sizeof m->save_id, "%s", save_id);
     if (!(m->file = ckptio__strdup(slash ? slash + 1 : path))) return CKPTIO_FAIL(CKPTIO_E_NOMEM, "%s: out of memory", path);
     m->block_bytes = CKPTIO__MANIFEST_BLOCK;
     m->data_offset = extents[0].length;
@@ -234,7 +256,7 @@ static ckptio_status manifest_failed(ckptio_status st, const char *path) {
 
 ckptio_status ckptio__manifest_write_and_commit(ckptio_engine *engine, ckptio_file *file, const char *path,
                                                 const ckptio_extent *extents, const ckptio_tensor_source *tensors,
-                                                size_t count, bool checksums) {
+                                                size_t count, const char *save_id) {
     ckptio__manifest m = {0};
     hash_work work = {0};
     gpu_hash gh = {0};
@@ -245,13 +267,13 @@ ckptio_status ckptio__manifest_write_and_commit(ckptio_engine *engine, ckptio_fi
     ckptio_file *mfile = NULL;
     ckptio_status st = CKPTIO_OK;
 
-    const size_t plen = strlen(path), slen = strlen(CKPTIO_MANIFEST_SUFFIX);
-    if (!(mpath = ckptio__malloc(plen + slen + 1))) return CKPTIO_FAIL(CKPTIO_E_NOMEM, "%s: out of memory", path);
-    memcpy(mpath, path, plen);
-    memcpy(mpath + plen, CKPTIO_MANIFEST_SUFFIX, slen + 1);
+    const bool checksums = save_id != NULL;
+    const size_t cap = strlen(path) + strlen(CKPTIO_MANIFEST_SUFFIX) + 1;
+    if (!(mpath = ckptio__malloc(cap))) return CKPTIO_FAIL(CKPTIO_E_NOMEM, "%s: out of memory", path);
+    if ((st = ckptio_manifest_path(path, mpath, cap)) != CKPTIO_OK) goto out;
 
     if (checksums) {
-        if ((st = describe(path, extents, tensors, count, &m, &work)) != CKPTIO_OK) goto out;
+        if ((st = describe(path, save_id, extents, tensors, count, &m, &work)) != CKPTIO_OK) goto out;
         if ((st = gpu_hash_init(&gh, extents, &m, path)) != CKPTIO_OK) goto out;
         /* No thread: hash inline after the plan. */
         if (work.njobs && pthread_create(&helper, NULL, hash_thread, &work) == 0) helper_running = true;
@@ -267,6 +289,9 @@ ckptio_status ckptio__manifest_write_and_commit(ckptio_engine *engine, ckptio_fi
             goto out;
         }
         if ((st = ckptio_file_open(engine, mpath, CKPTIO_OPEN_WRITE, &mfile)) != CKPTIO_OK) goto out;
+        /* Readable by whom the data is, not by whom an old manifest was
+         * (step 2 removes that one before this commit anyway). */
+        if ((st = ckptio__file_set_mode_source(mfile, path)) != CKPTIO_OK) goto out;
         if ((st = ckptio__file_io(mfile, CKPTIO_WRITE, text, text_len, 0)) != CKPTIO_OK) goto out;
     }
     if ((st = remove_old_manifest(engine, mpath, path)) != CKPTIO_OK) goto out;

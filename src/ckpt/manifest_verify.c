@@ -2,11 +2,12 @@
  * manifest_verify.c - checking a safetensors file, or tensors just read
  * from it, against the checksum manifest beside it.
  *
- * First the manifest must describe this very file: same size, same header
- * bytes (hashed), same tensors at the same offsets. Only then are data
- * blocks compared, so that a stale or foreign manifest is reported as
- * such, never as corrupt data. A mismatch names the tensor, the file and
- * the byte range of the block.
+ * First the manifest must come from the save that wrote this file (the
+ * same save id in both, manifest_save.c) and describe it: same size, same
+ * header bytes (hashed), same tensors at the same offsets. Only then are
+ * data blocks compared, so that a stale or foreign manifest is reported as
+ * such (CKPTIO_E_STALE), never as corrupt data. A mismatch names the
+ * tensor, the file and the byte range of the block.
  */
 #include "engine_internal.h"
 #include "gpu_internal.h"
@@ -24,9 +25,16 @@
                                                    .file_offset = (int64_t)(offset_), .subject = (subject_)}),  \
                     __VA_ARGS__)
 
+/* Longest data name kept whole in its manifest's name. */
+#define MANIFEST_STEM_MAX (CKPTIO__NAME_MAX - (sizeof CKPTIO_MANIFEST_SUFFIX - 1))
+
 ckptio_status ckptio_manifest_path(const char *data_path, char *buf, size_t cap) {
     CKPTIO_RETURN_IF(!data_path || !buf, CKPTIO_E_INVAL, "ckptio_manifest_path: data_path and buf are required");
-    const int n = snprintf(buf, cap, "%s%s", data_path, CKPTIO_MANIFEST_SUFFIX);
+    const char *slash = strrchr(data_path, '/');
+    const char *base = slash ? slash + 1 : data_path;
+    char stem[CKPTIO__NAME_MAX + 1];
+    ckptio__bounded_name(base, MANIFEST_STEM_MAX, stem);
+    const int n = snprintf(buf, cap, "%.*s%s%s", (int)(base - data_path), data_path, stem, CKPTIO_MANIFEST_SUFFIX);
     if (n < 0 || (size_t)n >= cap) {
         if (cap) buf[0] = '\0';
         return CKPTIO_FAIL(CKPTIO_E_RANGE, "ckptio_manifest_path: %zu bytes do not hold the manifest path of %s", cap,
@@ -77,31 +85,50 @@ out:
     return s;
 }
 
+/* The manifest must come from the save that wrote the file: the same save
+ * id in both, or (version 1) in neither. *bound says whether ids matched. */
+static ckptio_status check_save_id(const ckptio_safetensors *st, const ckptio__manifest *m, const char *mpath,
+                                   bool *bound) {
+    const char *id = NULL;
+    for (size_t i = 0; i < st->metadata_count; i++)
+        if (strcmp(st->metadata[i].key, CKPTIO_SAVE_ID_KEY) == 0) id = st->metadata[i].value;
+    *bound = id && m->save_id[0] && strcmp(id, m->save_id) == 0;
+    if (*bound || (!id && !m->save_id[0])) return CKPTIO_OK;
+    return VFAIL(CKPTIO_E_STALE, st->path, -1, NULL,
+                 "the manifest %s was written by another save (save id %s) than this file (save id %.64s%s): the "
+                 "manifest is stale or belongs to another file (two saves to one path, or a save that replaced the "
+                 "file during this check); the data was not checked",
+                 mpath, m->save_id[0] ? m->save_id : "none", id ? id : "none", id && strlen(id) > 64 ? "..." : "");
+}
+
 /* The manifest must describe this file; out[i] = manifest index of the
- * file's tensor i. */
-static ckptio_status check_describes(ckptio_safetensors *st, const ckptio__manifest *m, const char *mpath, size_t *out) {
+ * file's tensor i. A difference is a stale manifest, unless the save ids
+ * say both come from one save (`bound`): then the file changed since. */
+static ckptio_status check_describes(ckptio_safetensors *st, const ckptio__manifest *m, const char *mpath, bool bound,
+                                     size_t *out) {
+    const ckptio_status status = bound ? CKPTIO_E_CHECKSUM : CKPTIO_E_STALE;
+    const char *why = bound ? "the file changed after the save that wrote both"
+                            : "the manifest is stale or belongs to another file";
     if (m->file_size != st->file_size || m->data_offset != st->data_offset)
-        return VFAIL(CKPTIO_E_CHECKSUM, st->path, -1, NULL,
+        return VFAIL(status, st->path, -1, NULL,
                      "the manifest %s describes a file of %llu bytes with data from byte %llu, this one has %llu bytes "
-                     "with data from byte %llu: the manifest is stale or belongs to another file",
+                     "with data from byte %llu: %s",
                      mpath, (unsigned long long)m->file_size, (unsigned long long)m->data_offset,
-                     (unsigned long long)st->file_size, (unsigned long long)st->data_offset);
+                     (unsigned long long)st->file_size, (unsigned long long)st->data_offset, why);
     if (m->count != st->count)
-        return VFAIL(CKPTIO_E_CHECKSUM, st->path, -1, NULL,
-                     "the manifest %s lists %zu tensors, the file has %zu: the manifest is stale", mpath, m->count,
-                     st->count);
+        return VFAIL(status, st->path, -1, NULL, "the manifest %s lists %zu tensors, the file has %zu: %s", mpath,
+                     m->count, st->count, why);
     for (size_t i = 0; i < st->count; i++) {
         const ckptio_tensor_info *t = &st->tensors[i];
         const size_t k = ckptio__manifest_find(m, t->name);
         if (k == SIZE_MAX)
-            return VFAIL(CKPTIO_E_CHECKSUM, st->path, (int64_t)t->file_offset, t->name,
-                         "tensor missing from the manifest %s: the manifest is stale", mpath);
+            return VFAIL(status, st->path, (int64_t)t->file_offset, t->name, "tensor missing from the manifest %s: %s",
+                         mpath, why);
         if (m->tensors[k].offset != t->file_offset || m->tensors[k].nbytes != t->nbytes)
-            return VFAIL(CKPTIO_E_CHECKSUM, st->path, (int64_t)t->file_offset, t->name,
-                         "the manifest %s places it at bytes [%llu, +%llu), the file at [%llu, +%llu): the manifest "
-                         "is stale",
-                         mpath, (unsigned long long)m->tensors[k].offset, (unsigned long long)m->tensors[k].nbytes,
-                         (unsigned long long)t->file_offset, (unsigned long long)t->nbytes);
+            return VFAIL(status, st->path, (int64_t)t->file_offset, t->name,
+                         "the manifest %s places it at bytes [%llu, +%llu), the file at [%llu, +%llu): %s", mpath,
+                         (unsigned long long)m->tensors[k].offset, (unsigned long long)m->tensors[k].nbytes,
+                         (unsigned long long)t->file_offset, (unsigned long long)t->nbytes, why);
         out[i] = k;
     }
     /* The header: same names and offsets could still differ in dtype,
@@ -170,13 +197,15 @@ static ckptio_status run_check(ckptio_safetensors *st, const char *manifest_path
     size_t *index = NULL;
     unsigned char *buf = NULL;
     XXH3_state_t *state = NULL;
+    bool bound = false;
     ckptio_status s = load(st, manifest_path, &m, &mpath);
     if (s != CKPTIO_OK) goto out;
     if (!(index = ckptio__calloc(st->count ? st->count : 1, sizeof *index))) {
         s = CKPTIO_FAIL(CKPTIO_E_NOMEM, "%s: out of memory", st->path);
         goto out;
     }
-    if ((s = check_describes(st, &m, mpath, index)) != CKPTIO_OK) goto out;
+    if ((s = check_save_id(st, &m, mpath, &bound)) != CKPTIO_OK) goto out;
+    if ((s = check_describes(st, &m, mpath, bound, index)) != CKPTIO_OK) goto out;
     if (!targets) {
         buf = ckptio__aligned_alloc(CKPTIO_DIRECT_ALIGN, READ_PIECE);
         state = XXH3_createState();

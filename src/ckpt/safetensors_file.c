@@ -135,14 +135,46 @@ ckptio_status ckptio_safetensors_read_all(ckptio_safetensors *st, void *data, ui
     return run_plan(st->engine, CKPTIO_READ, &extent, 1);
 }
 
+/* The caller's metadata without a CKPTIO_SAVE_ID_KEY entry (ids belong to
+ * the save that makes them), plus `save_id` under that key when given.
+ * *out is NULL when there is nothing to change; malformed input (NULL
+ * pairs or keys) is passed through for the layout to refuse. */
+static ckptio_status metadata_with_save_id(const ckptio_kv *metadata, size_t count, const char *save_id,
+                                           const char *path, ckptio_kv **out, size_t *out_count) {
+    *out = NULL;
+    *out_count = count;
+    if (count && !metadata) return CKPTIO_OK;
+    bool has_key = false;
+    for (size_t i = 0; i < count; i++) has_key |= metadata[i].key && strcmp(metadata[i].key, CKPTIO_SAVE_ID_KEY) == 0;
+    if (!has_key && !save_id) return CKPTIO_OK;
+    if (!(*out = ckptio__calloc(count + 1, sizeof **out)))
+        return CKPTIO_FAIL(CKPTIO_E_NOMEM, "%s: out of memory for the metadata", path);
+    size_t n = 0;
+    for (size_t i = 0; i < count; i++)
+        if (!metadata[i].key || strcmp(metadata[i].key, CKPTIO_SAVE_ID_KEY) != 0) (*out)[n++] = metadata[i];
+    if (save_id) (*out)[n++] = (ckptio_kv){CKPTIO_SAVE_ID_KEY, save_id};
+    *out_count = n;
+    return CKPTIO_OK;
+}
+
 ckptio_status ckptio_safetensors_save(ckptio_engine *engine, const char *path, const ckptio_tensor_source *tensors,
                                       size_t count, const ckptio_kv *metadata, size_t metadata_count, unsigned flags) {
     if (!engine || !path) return CKPTIO_FAIL(CKPTIO_E_INVAL, "ckptio_safetensors_save: engine and path are required");
-    ckptio__st_layout layout;
+    ckptio__st_layout layout = {0};
     ckptio_file *file = NULL;
     ckptio_extent *extents = NULL;
-    ckptio_status status = ckptio__st_layout_build(tensors, count, metadata, metadata_count,
-                                                  flags & ~(unsigned)CKPTIO_SAFETENSORS_CHECKSUMS, path, &layout);
+    ckptio_kv *kv = NULL;
+    size_t kv_count = 0;
+    /* With checksums, the id that binds the manifest to this data goes
+     * into the header (manifest_save.c). */
+    const bool checksums = flags & CKPTIO_SAFETENSORS_CHECKSUMS;
+    char save_id[CKPTIO__SAVE_ID_HEX + 1];
+    if (checksums) ckptio__manifest_new_save_id(save_id);
+    ckptio_status status =
+        metadata_with_save_id(metadata, metadata_count, checksums ? save_id : NULL, path, &kv, &kv_count);
+    if (status != CKPTIO_OK) goto out;
+    status = ckptio__st_layout_build(tensors, count, kv ? kv : metadata, kv_count,
+                                     flags & ~(unsigned)CKPTIO_SAFETENSORS_CHECKSUMS, path, &layout);
     if (status != CKPTIO_OK) goto out;
 
     extents = ckptio__calloc(count + 1, sizeof *extents);
@@ -162,8 +194,7 @@ ckptio_status ckptio_safetensors_save(ckptio_engine *engine, const char *path, c
                                          .mem_kind = tensors[i].mem_kind};
     /* Data plan and commit, with the checksum manifest when asked
      * (manifest_save.c: it also drops a stale manifest of an older save). */
-    status = ckptio__manifest_write_and_commit(engine, file, path, extents, tensors, count,
-                                               (flags & CKPTIO_SAFETENSORS_CHECKSUMS) != 0);
+    status = ckptio__manifest_write_and_commit(engine, file, path, extents, tensors, count, checksums ? save_id : NULL);
 
 out:
     if (file) {
@@ -175,6 +206,7 @@ out:
         else if (status == CKPTIO_OK) status = close_status;
     }
     ckptio__free(extents);
+    ckptio__free(kv);
     ckptio__st_layout_cleanup(&layout);
     return status;
 }

@@ -98,6 +98,24 @@ static inline uint64_t ckptio__align_up(uint64_t v, uint64_t a) { return (v + a 
 /* Monotonic seconds. */
 double ckptio__now(void);
 
+/* ---- names (names.c) --------------------------------------------------- */
+
+/* Longest file name component (NAME_MAX of Linux file systems). Names that
+ * ckptio derives from a file's name are kept within it. */
+#define CKPTIO__NAME_MAX 255
+
+/* Writes to `out` (room for max + 1 bytes, max >= 17) `name` itself when it
+ * has at most `max` bytes, else a stand-in of exactly `max` bytes or fewer:
+ * the name's first bytes (cut between UTF-8 characters), '~' and the
+ * XXH3-64 of the whole name as 16 lowercase hex digits. Deterministic: the
+ * same name always gives the same stand-in. Returns the length written. */
+size_t ckptio__bounded_name(const char *name, size_t max, char *out);
+
+/* Fills buf with `len` random bytes: getrandom(), else (no syscall, no
+ * entropy yet) a time/pid/counter mix, distinct between processes but not
+ * unpredictable. */
+void ckptio__random_bytes(void *buf, size_t len);
+
 /* ---- dtype ------------------------------------------------------------- */
 
 /* Rank used by the safetensors reference writer's order (higher first). */

@@ -65,7 +65,8 @@ ckptio_status ckptio__status_from_errno(int err) {
     case EFBIG: return CKPTIO_E_NOSPC;
     case ENOMEM: return CKPTIO_E_NOMEM;
     case EEXIST: return CKPTIO_E_EXISTS;
-    case EINVAL: return CKPTIO_E_INVAL;
+    case EINVAL:
+    case ENAMETOOLONG: return CKPTIO_E_INVAL; /* a name no file system takes is a bad argument */
     case EBUSY: return CKPTIO_E_BUSY;
     case ECANCELED: return CKPTIO_E_CANCELED;
     case EOPNOTSUPP: return CKPTIO_E_UNSUPPORTED;

@@ -5,10 +5,16 @@
  * join it with files and the engine. docs/RELIABILITY.md describes the
  * format:
  *
- *   {"format":"ckptio-manifest","version":1,"file":"m.safetensors",
- *    "file_size":N,"data_offset":D,"header_xxh3":"<16 hex>",
- *    "hash":"xxh3-64","block_bytes":4194304,
+ *   {"format":"ckptio-manifest","version":2,"save_id":"<32 hex>",
+ *    "file":"m.safetensors","file_size":N,"data_offset":D,
+ *    "header_xxh3":"<16 hex>","hash":"xxh3-64","block_bytes":4194304,
  *    "tensors":[{"name":"w","offset":O,"nbytes":B,"blocks":["<16 hex>",...]}]}
+ *
+ * "save_id" is random per save and also written into the data file's
+ * __metadata__ (CKPTIO_SAVE_ID_KEY): it binds the manifest to the data of
+ * the same save, so that a manifest beside data of another save (two
+ * processes saving to one path) is told apart from damaged data. Version 1
+ * manifests (no "save_id") are still read.
  *
  * A tensor's bytes [O, O+B) are cut into blocks of block_bytes from O on
  * (the last one shorter); each block's XXH3-64 is listed in order. Blocks
@@ -21,7 +27,10 @@
 #include "common_internal.h"
 
 #define CKPTIO__MANIFEST_FORMAT "ckptio-manifest"
-#define CKPTIO__MANIFEST_VERSION 1
+#define CKPTIO__MANIFEST_VERSION 2    /* written; with "save_id" */
+#define CKPTIO__MANIFEST_VERSION_V1 1 /* still read; without "save_id" */
+/* Lowercase hex digits of a save id (128 random bits). */
+#define CKPTIO__SAVE_ID_HEX 32
 #define CKPTIO__MANIFEST_HASH "xxh3-64"
 /* Block size the writer uses. Readers accept powers of two in
  * [CKPTIO__MANIFEST_MIN_BLOCK, CKPTIO__MANIFEST_MAX_BLOCK]. */
@@ -43,6 +52,7 @@ typedef struct ckptio__manifest_tensor {
 } ckptio__manifest_tensor;
 
 typedef struct ckptio__manifest {
+    char save_id[CKPTIO__SAVE_ID_HEX + 1]; /* "" for a version 1 manifest */
     char *file;           /* base name of the data file (no '/', not "." or "..") */
     uint64_t file_size;
     uint64_t data_offset; /* where tensor data starts (the header is [0, data_offset)) */
@@ -59,7 +69,8 @@ static inline size_t ckptio__manifest_nblocks(uint64_t nbytes, uint64_t block_by
 
 /* Parses and validates manifest text (`len` bytes, need not be
  * NUL-terminated). Errors name `path` (may be NULL) and the field:
- * CKPTIO_E_FORMAT (malformed, inconsistent, too large), CKPTIO_E_UNSUPPORTED
+ * CKPTIO_E_FORMAT (malformed, inconsistent, too large; "save_id" missing
+ * from version 2 or present in version 1), CKPTIO_E_UNSUPPORTED
  * (another version or hash), CKPTIO_E_DISALLOWED ("file" holding a path:
  * '/', "..", absolute). Tensors must lie inside [data_offset, file_size)
  * without overlapping; names unique. On success *out must be released with
@@ -67,8 +78,9 @@ static inline size_t ckptio__manifest_nblocks(uint64_t nbytes, uint64_t block_by
 ckptio_status ckptio__manifest_parse(const char *text, size_t len, const char *path, ckptio__manifest *out);
 
 /* The manifest as compact JSON, NUL-terminated, in memory from
- * ckptio__malloc (free with ckptio__free). NULL when out of memory
- * (error record set). */
+ * ckptio__malloc (free with ckptio__free): version 2 with its save_id, or
+ * version 1 when save_id is "". NULL when out of memory (error record
+ * set). */
 char *ckptio__manifest_dump(const ckptio__manifest *m, size_t *len);
 
 /* Frees what the manifest owns and zeroes it. Accepts a zeroed manifest. */
@@ -79,6 +91,9 @@ size_t ckptio__manifest_find(const ckptio__manifest *m, const char *name);
 
 /* ---- with files (src/ckpt/manifest_save.c, manifest_verify.c) ----------- */
 
+/* A fresh random save id: CKPTIO__SAVE_ID_HEX lowercase hex digits. */
+void ckptio__manifest_new_save_id(char out[CKPTIO__SAVE_ID_HEX + 1]);
+
 /* The end of a safetensors save: writes `extents` (extents[0] the header,
  * extents[i + 1] the bytes of tensors[i]; zero-length ones skipped) to the
  * uncommitted atomic write `file` in one plan, then commits. With
@@ -87,9 +102,12 @@ size_t ckptio__manifest_find(const ckptio__manifest *m, const char *name);
  * and the manifest is committed after the data; in every case a manifest
  * already beside `path` is removed before the data commit (directory
  * fsynced), so no manifest ever describes data it was not made for. The
- * caller closes `file` (discarding it on failure). */
+ * caller closes `file` (discarding it on failure). `save_id` (checksums
+ * only) is the id the header in extents[0] carries under
+ * CKPTIO_SAVE_ID_KEY; the manifest records it. The manifest takes its mode
+ * and owner from the data file. */
 ckptio_status ckptio__manifest_write_and_commit(ckptio_engine *engine, ckptio_file *file, const char *path,
                                                 const ckptio_extent *extents, const ckptio_tensor_source *tensors,
-                                                size_t count, bool checksums);
+                                                size_t count, const char *save_id);
 
 #endif /* CKPTIO_MANIFEST_INTERNAL_H */

@@ -21,7 +21,7 @@
                                                    .file_offset = -1, .subject = (field_)}),                  \
                     __VA_ARGS__)
 
-static const char *const top_keys[] = {"format", "version", "file", "file_size", "data_offset",
+static const char *const top_keys[] = {"format", "version", "save_id", "file", "file_size", "data_offset",
                                        "header_xxh3", "hash", "block_bytes", "tensors"};
 static const char *const tensor_keys[] = {"name", "offset", "nbytes", "blocks"};
 
@@ -63,18 +63,17 @@ static ckptio_status get_str(json_t *obj, const char *key, const char *path, con
     return CKPTIO_OK;
 }
 
+static bool is_lower_hex(const char *s, size_t len) {
+    for (size_t i = 0; i < len; i++)
+        if (!((s[i] >= '0' && s[i] <= '9') || (s[i] >= 'a' && s[i] <= 'f'))) return false;
+    return true;
+}
+
 /* Exactly 16 lowercase hex digits. */
 static bool parse_hex64(const char *s, size_t len, uint64_t *out) {
-    if (len != 16) return false;
+    if (len != 16 || !is_lower_hex(s, len)) return false;
     uint64_t v = 0;
-    for (size_t i = 0; i < 16; i++) {
-        const char c = s[i];
-        unsigned d;
-        if (c >= '0' && c <= '9') d = (unsigned)(c - '0');
-        else if (c >= 'a' && c <= 'f') d = (unsigned)(c - 'a' + 10);
-        else return false;
-        v = v << 4 | d;
-    }
+    for (size_t i = 0; i < 16; i++) v = v << 4 | (unsigned)(s[i] <= '9' ? s[i] - '0' : s[i] - 'a' + 10);
     *out = v;
     return true;
 }
@@ -192,9 +191,18 @@ static ckptio_status parse_root(json_t *root, const char *path, ckptio__manifest
         return MF_FAIL(CKPTIO_E_FORMAT, path, "format", "is '%.64s', not '" CKPTIO__MANIFEST_FORMAT "'", s);
     uint64_t version;
     CKPTIO_FORWARD(get_u64(root, "version", path, "version", &version));
-    if (version != CKPTIO__MANIFEST_VERSION)
-        return MF_FAIL(CKPTIO_E_UNSUPPORTED, path, "version", "version %llu is not supported (this reader knows %d)",
-                       (unsigned long long)version, CKPTIO__MANIFEST_VERSION);
+    if (version != CKPTIO__MANIFEST_VERSION && version != CKPTIO__MANIFEST_VERSION_V1)
+        return MF_FAIL(CKPTIO_E_UNSUPPORTED, path, "version", "version %llu is not supported (this reader knows %d and %d)",
+                       (unsigned long long)version, CKPTIO__MANIFEST_VERSION_V1, CKPTIO__MANIFEST_VERSION);
+    if (version == CKPTIO__MANIFEST_VERSION_V1) {
+        if (json_object_get(root, "save_id"))
+            return MF_FAIL(CKPTIO_E_FORMAT, path, "save_id", "not part of version 1 (it came with version 2)");
+    } else {
+        CKPTIO_FORWARD(get_str(root, "save_id", path, "save_id", &s, &len));
+        if (len != CKPTIO__SAVE_ID_HEX || !is_lower_hex(s, len))
+            return MF_FAIL(CKPTIO_E_FORMAT, path, "save_id", "must be %d lowercase hex digits", CKPTIO__SAVE_ID_HEX);
+        memcpy(m->save_id, s, len + 1);
+    }
     CKPTIO_FORWARD(get_str(root, "hash", path, "hash", &s, &len));
     if (strcmp(s, CKPTIO__MANIFEST_HASH) != 0)
         return MF_FAIL(CKPTIO_E_UNSUPPORTED, path, "hash", "hash '%.64s' is not supported (only '" CKPTIO__MANIFEST_HASH "')", s);
@@ -286,7 +294,8 @@ char *ckptio__manifest_dump(const ckptio__manifest *m, size_t *len) {
         goto done;
     }
     put(root, "format", json_string(CKPTIO__MANIFEST_FORMAT), &ok);
-    put(root, "version", json_integer(CKPTIO__MANIFEST_VERSION), &ok);
+    put(root, "version", json_integer(m->save_id[0] ? CKPTIO__MANIFEST_VERSION : CKPTIO__MANIFEST_VERSION_V1), &ok);
+    if (m->save_id[0]) put(root, "save_id", json_string(m->save_id), &ok);
     put(root, "file", json_string(m->file), &ok);
     put(root, "file_size", json_integer((json_int_t)m->file_size), &ok);
     put(root, "data_offset", json_integer((json_int_t)m->data_offset), &ok);

@@ -7,6 +7,7 @@
  */
 #include "torch_internal.h"
 
+#include <errno.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -427,8 +428,16 @@ ckptio_status ckptio__torch_options(const ckptio_torch_save_options *options, co
         p = "archive", len = 7;
     }
     if (len == 0 && !(options && options->record_prefix)) p = "archive", len = 7;
-    if (len == 0 || len > 200 || memchr(p, '/', len))
-        return CKPTIO_FAIL(CKPTIO_E_INVAL, "record prefix '%.*s' must be 1..200 characters without '/'", (int)(len > 200 ? 200 : len), p);
+    /* Up to a whole file name (NAME_MAX), as torch.save takes any. One
+     * made from `path` can only be longer when the file name is, which no
+     * file system takes: say so as opening the file would. */
+    if (len > CKPTIO__NAME_MAX && !(options && options->record_prefix))
+        return CKPTIO_FAIL_SYS(ENAMETOOLONG, "create", path, -1,
+                               "the file name is %zu bytes long, names may have at most %d bytes", strlen(p),
+                               CKPTIO__NAME_MAX);
+    if (len == 0 || len > CKPTIO__NAME_MAX || memchr(p, '/', len))
+        return CKPTIO_FAIL(CKPTIO_E_INVAL, "record prefix '%.*s' must be 1..%d bytes without '/'",
+                           (int)(len > CKPTIO__NAME_MAX ? CKPTIO__NAME_MAX : len), p, CKPTIO__NAME_MAX);
     *prefix = ckptio__malloc(len + 1);
     if (!*prefix) return CKPTIO_FAIL(CKPTIO_E_NOMEM, "no memory for the record prefix");
     memcpy(*prefix, p, len);

@@ -3,12 +3,14 @@
  * ckptio__file_io() used outside the engine's worker pool.
  *
  * Atomic write protocol (CKPTIO_OPEN_WRITE without IN_PLACE):
- *   1. create ".NAME.ckptio-tmp-XXXXXX" in NAME's directory with
+ *   1. create ".STEM.ckptio-tmp-XXXXXX" in NAME's directory with
  *      O_CREAT|O_EXCL|O_NOFOLLOW (never follows or reuses anything) and
  *      flock it, so cleaners (temporaries.c) know a live writer has it;
- *      stale temporaries of NAME are removed first;
+ *      stale temporaries of NAME are removed first (STEM is NAME, or a
+ *      bounded stand-in for long names: ckptio__temporary_stem);
  *   2. the engine writes the data there;
- *   3. commit: fsync(temp) -> rename(temp, NAME) -> fsync(directory).
+ *   3. commit: mode and owner of the NAME being replaced (inherit_mode.c)
+ *      -> fsync(temp) -> rename(temp, NAME) -> fsync(directory).
  * A crash before 3's rename leaves NAME as it was (plus a temporary);
  * after the directory fsync the new NAME is durable. Close without commit
  * unlinks the temporary. See docs/ENGINE.md.
@@ -71,6 +73,14 @@ static bool lock_temporary(ckptio_file *f) {
            mine.st_dev == named.st_dev;
 }
 
+ckptio_status ckptio__file_set_mode_source(ckptio_file *f, const char *path) {
+    char *copy = ckptio__strdup(path);
+    if (!copy) return CKPTIO_FAIL(CKPTIO_E_NOMEM, "%s: out of memory", f->path);
+    ckptio__free(f->mode_from);
+    f->mode_from = copy;
+    return CKPTIO_OK;
+}
+
 const char *ckptio__file_tmp_note(const ckptio_file *file, char *buf, size_t cap) {
     if (!file->tmp_path || cap == 0) return "";
     const char *base = strrchr(file->tmp_path, '/');
@@ -90,19 +100,11 @@ static char *dir_of(const char *path) {
     return dir;
 }
 
-/* Six random name characters; getrandom() where it works, else a
- * time/pid/counter mix (uniqueness is enforced by O_EXCL anyway). */
+/* Six random name characters (uniqueness is enforced by O_EXCL anyway). */
 static void random_suffix(char *out) {
     static const char alphabet[] = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789";
-    static _Atomic uint64_t counter;
     unsigned char bytes[6];
-    if (getrandom(bytes, sizeof bytes, GRND_NONBLOCK) != (ssize_t)sizeof bytes) {
-        uint64_t x = (uint64_t)time(NULL) ^ ((uint64_t)getpid() << 32) ^ (atomic_fetch_add(&counter, 1) * 0x9E3779B97F4A7C15ull);
-        for (int i = 0; i < 6; i++) {
-            x ^= x << 13, x ^= x >> 7, x ^= x << 17;
-            bytes[i] = (unsigned char)x;
-        }
-    }
+    ckptio__random_bytes(bytes, sizeof bytes);
     for (int i = 0; i < 6; i++) out[i] = alphabet[bytes[i] % (sizeof alphabet - 1)];
     out[6] = '\0';
 }
@@ -113,38 +115,51 @@ static ckptio_status create_temporary(ckptio_file *f) {
     if (!*base)
         return CKPTIO_FAIL_CTX(CKPTIO_E_INVAL, &((ckptio__err_ctx){.operation = "open", .path = f->path, .file_offset = -1}),
                                "the path names a directory, not a file");
+    const size_t base_len = strlen(base);
+    if (base_len > CKPTIO__NAME_MAX)
+        return CKPTIO_FAIL_SYS(ENAMETOOLONG, "create", f->path, -1,
+                               "the file name is %zu bytes long, names may have at most %d bytes", base_len,
+                               CKPTIO__NAME_MAX);
     /* Temporaries of NAME left by a crashed save (unlocked) take space this
      * save may need: remove them first (best effort, errors ignored). */
     ckptio__temporaries_clean_stale(f->dir_path, base);
-    /* The temporary takes the mode and owner of the file it replaces
-     * (file_attributes.c), as torch.save's rewrite in place keeps them. */
-    struct stat replaced_buf;
-    const struct stat *replaced = ckptio__replaced_attributes(f->path, &replaced_buf);
-    const size_t cap = strlen(f->dir_path) + strlen(base) + 32;
+    /* Created with the permission bits of the file it replaces (the umask
+     * may only narrow them), so a 0600 checkpoint's bytes are never readable
+     * wider while they are written; the commit sets owner and exact bits
+     * (inherit_mode.c). */
+    const mode_t create_mode = ckptio__inherited_create_mode(f->mode_from ? f->mode_from : f->path);
+    char stem[CKPTIO__NAME_MAX + 1];
+    ckptio__temporary_stem(base, stem);
+    const size_t cap = strlen(f->dir_path) + strlen(stem) + 32;
     f->tmp_path = ckptio__malloc(cap);
     if (!f->tmp_path) return CKPTIO_FAIL(CKPTIO_E_NOMEM, "%s: out of memory for the temporary name", f->path);
     for (int attempt = 0; attempt < CKPTIO_TMP_TRIES; attempt++) {
         char suffix[7];
         random_suffix(suffix);
-        snprintf(f->tmp_path, cap, "%s/.%s.ckptio-tmp-%s", f->dir_path, base, suffix);
+        snprintf(f->tmp_path, cap, "%s/.%s" CKPTIO__TMP_MARK "%s", f->dir_path, stem, suffix);
         /* O_EXCL|O_CREAT refuses an existing entry, a symlink included;
          * O_NOFOLLOW says so explicitly. A new name: mode 0666 & ~umask,
          * like any newly created file (mkstemp's 0600 would surprise
          * readers); else the replaced file's. */
         f->fd = faulted_open(f->tmp_path, O_RDWR | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC,
-                             ckptio__create_mode(replaced));
+                             create_mode);
         if (f->fd >= 0) {
-            if (lock_temporary(f)) {
-                ckptio__adopt_attributes(f->fd, replaced);
-                return CKPTIO_OK;
-            }
+            if (lock_temporary(f)) return CKPTIO_OK;
             close(f->fd);
             f->fd = -1;
             continue;
         }
         if (errno != EEXIST) {
             int err = errno;
-            ckptio_status st = CKPTIO_FAIL_SYS(err, "create", f->path, -1, "creating the temporary %s", f->tmp_path);
+            ckptio_status st;
+            if (err == ENAMETOOLONG) /* a file system with names shorter than 255 bytes */
+                st = CKPTIO_FAIL_SYS(err, "create", f->path, -1,
+                                     "the temporary %s (%zu bytes) is too long for this file system's names (at "
+                                     "most %ld bytes)",
+                                     f->tmp_path, strlen(strrchr(f->tmp_path, '/') + 1),
+                                     pathconf(f->dir_path, _PC_NAME_MAX));
+            else
+                st = CKPTIO_FAIL_SYS(err, "create", f->path, -1, "creating the temporary %s", f->tmp_path);
             ckptio__free(f->tmp_path);
             f->tmp_path = NULL;
             return st;
@@ -408,6 +423,10 @@ ckptio_status ckptio_file_commit(ckptio_file *f) {
     f->closed_for_write = true;
     const bool sync = ckptio__engine_setting(f->engine, CKPTIO_OPT_SYNC) != 0;
     ckptio_stats delta = {0};
+    /* Before the fsync, which makes the new mode durable with the data;
+     * with EXCLUSIVE there is nothing to replace. */
+    if (f->tmp_path && (f->mode_from || !(f->flags & CKPTIO_OPEN_EXCLUSIVE)))
+        CKPTIO_FORWARD(ckptio_inherit_mode(f->fd, f->mode_from ? f->mode_from : f->path));
     if (sync) {
         const double t0 = ckptio__now();
         int ret = ckptio__fsync(f->fd);
@@ -481,6 +500,7 @@ ckptio_status ckptio_file_close(ckptio_file *f) {
     ckptio__engine_file_ref(f->engine, -1);
     pthread_mutex_destroy(&f->lock);
     ckptio__free(f->tmp_path);
+    ckptio__free(f->mode_from);
     ckptio__free(f->dir_path);
     ckptio__free(f->path);
     ckptio__free(f);

@@ -26,6 +26,7 @@ struct ckptio_file {
     char *path;             /* final name, as given */
     char *tmp_path;         /* temporary name of an atomic write, or NULL */
     char *dir_path;         /* directory of `path` (for its fsync), or NULL */
+    char *mode_from;        /* file whose mode the commit copies; NULL: `path` */
     unsigned flags;         /* ckptio_open_flags */
     int fd;                 /* buffered descriptor */
     int direct_fd;          /* O_DIRECT descriptor, or -1 */
@@ -55,6 +56,10 @@ int ckptio__file_direct_fd(const ckptio_file *file);
  * e.g. "extent 3". */
 ckptio_status ckptio__file_check_transfer(const ckptio_file *file, ckptio_direction dir, const char *subject);
 
+/* Makes the commit of an atomic write take mode and owner from `path`
+ * instead of the file it replaces (a manifest follows its data file). */
+ckptio_status ckptio__file_set_mode_source(ckptio_file *file, const char *path);
+
 /* For error messages: " (temporary NAME)" for an atomic write, else "". */
 const char *ckptio__file_tmp_note(const ckptio_file *file, char *buf, size_t cap);
 
@@ -66,31 +71,30 @@ bool ckptio__range_cached(int fd, uint64_t offset, uint64_t len);
 
 /* ---- temporaries (temporaries.c) -------------------------------------- */
 
-/* The part of a temporary's name after ".NAME": ".NAME" + this + 6 random
+/* The part of a temporary's name after ".STEM": ".STEM" + this + 6 random
  * characters from [A-Za-z0-9]. */
 #define CKPTIO__TMP_MARK ".ckptio-tmp-"
+
+/* Longest STEM: a temporary's name stays within CKPTIO__NAME_MAX. */
+#define CKPTIO__TMP_STEM_MAX (CKPTIO__NAME_MAX - 1 - (sizeof CKPTIO__TMP_MARK - 1) - 6)
+
+/* The STEM of the temporaries of file name `name` (at most
+ * CKPTIO__NAME_MAX bytes): `name` itself up to CKPTIO__TMP_STEM_MAX (236)
+ * bytes, else its ckptio__bounded_name() stand-in of that length. */
+void ckptio__temporary_stem(const char *name, char out[CKPTIO__NAME_MAX + 1]);
 
 /* Removes temporaries of `name` in `dir` that no live writer holds (see
  * ckptio_cleanup_temporaries), before a new atomic write of `name`. Best
  * effort: never fails and leaves the calling thread's error record alone. */
 void ckptio__temporaries_clean_stale(const char *dir, const char *name);
 
-/* ---- attributes of a saved file (file_attributes.c) ------------------- */
+/* ---- attributes of a saved file (inherit_mode.c) --------------------- */
 
-struct stat;
-
-/* `buf` filled with the attributes of the regular file at `path` (lstat),
- * the file an atomic save of `path` replaces; NULL when there is none (or
- * it is a symlink or not a regular file). */
-const struct stat *ckptio__replaced_attributes(const char *path, struct stat *buf);
-
-/* The mode to create a save's temporary with: ref's permission bits, or
- * 0666 without a ref (the umask applies either way). */
-mode_t ckptio__create_mode(const struct stat *ref);
-
-/* Gives the new file `fd` ref's owner and group where permitted and ref's
- * exact permission bits (no set-id/sticky bits). Best effort; NULL ref: no-op. */
-void ckptio__adopt_attributes(int fd, const struct stat *ref);
+/* The mode to create the temporary that will replace `path` with: the
+ * permission bits of the regular file `path` resolves to, or 0666 when
+ * there is none (the umask applies either way). ckptio_inherit_mode() then
+ * sets owner, group and exact bits at commit. */
+mode_t ckptio__inherited_create_mode(const char *path);
 
 /* ---- operations -------------------------------------------------------- */
 

@@ -1,6 +1,13 @@
 /*
  * temporaries.c - finding and removing the temporaries that crashed atomic
- * saves leave behind (".NAME.ckptio-tmp-XXXXXX", see file.c).
+ * saves leave behind (".STEM.ckptio-tmp-XXXXXX", see file.c), and the
+ * STEM rule they are named by.
+ *
+ * STEM is the data file's NAME, or for a NAME of more than 236 bytes
+ * (whose temporary's name would pass NAME_MAX) a stand-in of 236 bytes:
+ * NAME's first bytes, '~', and 16 hex digits of NAME's XXH3-64
+ * (ckptio__bounded_name). A cleaner given `name` derives the same STEM, so
+ * the filter finds a long name's temporaries and only those.
  *
  * Which temporaries are stale: file.c takes flock(LOCK_EX) on every
  * temporary right after creating it and holds it until the file is closed.
@@ -44,17 +51,21 @@ static bool is_alnum(char c) {
     return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9');
 }
 
-/* ".NAME.ckptio-tmp-XXXXXX" with a non-empty NAME (equal to `name` when
+void ckptio__temporary_stem(const char *name, char out[CKPTIO__NAME_MAX + 1]) {
+    ckptio__bounded_name(name, CKPTIO__TMP_STEM_MAX, out);
+}
+
+/* ".STEM.ckptio-tmp-XXXXXX" with a non-empty STEM (equal to `stem` when
  * given) and six characters of [A-Za-z0-9]. */
-static bool is_temporary_name(const char *entry, const char *name) {
+static bool is_temporary_name(const char *entry, const char *stem) {
     const size_t len = strlen(entry), mark = strlen(CKPTIO__TMP_MARK);
     if (entry[0] != '.' || len < 2 + mark + SUFFIX_LEN) return false;
     for (size_t i = len - SUFFIX_LEN; i < len; i++)
         if (!is_alnum(entry[i])) return false;
     if (memcmp(entry + len - SUFFIX_LEN - mark, CKPTIO__TMP_MARK, mark) != 0) return false;
-    if (!name) return true;
-    const size_t n = strlen(name);
-    return len == 1 + n + mark + SUFFIX_LEN && memcmp(entry + 1, name, n) == 0;
+    if (!stem) return true;
+    const size_t n = strlen(stem);
+    return len == 1 + n + mark + SUFFIX_LEN && memcmp(entry + 1, stem, n) == 0;
 }
 
 static double seconds_since(const struct timespec *t) {
@@ -125,6 +136,8 @@ static ckptio_status clean_dir(const char *dir, const char *name, double min_age
     }
     const int dfd = dirfd(d);
     const size_t removed_before = r->removed;
+    char stem[CKPTIO__NAME_MAX + 1];
+    if (name) ckptio__temporary_stem(name, stem);
     ckptio_status st = CKPTIO_OK;
     for (;;) {
         errno = 0;
@@ -134,7 +147,7 @@ static ckptio_status clean_dir(const char *dir, const char *name, double min_age
                 st = quiet ? CKPTIO_E_IO : CKPTIO_FAIL_SYS(errno, "readdir", dir, -1, "listing the directory");
             break;
         }
-        if (!is_temporary_name(e->d_name, name)) continue;
+        if (!is_temporary_name(e->d_name, name ? stem : NULL)) continue;
         const int err = clean_entry(dfd, e->d_name, min_age, r);
         if (err && st == CKPTIO_OK)
             st = quiet ? CKPTIO_E_IO
