@@ -381,6 +381,10 @@ ckptio_status ckptio__engine_progress(ckptio_engine *e, uint64_t done, uint64_t 
     return ckptio__engine_report(e, done, total, done == total);
 }
 
+void ckptio__engine_progress_advance(ckptio_engine *e, uint64_t bytes) {
+    if (e && e->progress_rebase) e->progress_base += bytes;
+}
+
 ckptio_status ckptio__engine_pool(ckptio_engine *e, ckptio__pool **out) {
     ckptio__engine_fork_check(e);
     ckptio_status st = CKPTIO_OK;
