@@ -431,5 +431,6 @@ PyObject *ckpy_value_bytes_like(const ckptio_value *v, ckptio_value_kind kind) {
         Py_XDECREF(kw);
         return r;
     }
-    return PyUnicode_DecodeUTF8(data, (Py_ssize_t)len, "strict");
+    /* pickle's own decoding (torch.load's): lone surrogates pass. */
+    return PyUnicode_DecodeUTF8(data, (Py_ssize_t)len, "surrogatepass");
 }
