@@ -20,8 +20,10 @@ import ckptio
 CHILD_TIMEOUT = 60
 N = 8 << 20  # int32 elements: 32 MiB, several engine tasks per transfer
 
-# The explicit engine the children inherit (set by the test before forking).
+# What the children inherit (set by the test before forking): an explicit
+# engine and an open CheckpointFile.
 _ENGINE = None
+_OPEN = None
 
 
 def _expected(seed: int) -> torch.Tensor:
@@ -35,17 +37,20 @@ def _child_job(args):
     torch.set_num_threads(1)  # as DataLoader workers do: torch's OpenMP pool does not survive fork()
     assert torch.equal(ckptio.load(src)["w"], _expected(1))
     assert torch.equal(ckptio.load(src, engine=_ENGINE)["w"], _expected(1))
+    assert torch.equal(_OPEN.get_tensor("w"), _expected(1))
     ckptio.save({"w": _expected(seed)}, dst)
     ckptio.save({"w": _expected(seed)}, dst + ".pt", format="torch", engine=_ENGINE)
     return os.getpid()
 
 
 def _parent_uses_ckptio(path: str) -> None:
-    global _ENGINE
+    global _ENGINE, _OPEN
     ckptio.save({"w": _expected(1)}, path)
     assert torch.equal(ckptio.load(path)["w"], _expected(1))
     _ENGINE = ckptio.Engine(threads=4, chunk_bytes=1 << 20)
     assert torch.equal(ckptio.load(path, engine=_ENGINE)["w"], _expected(1))
+    _OPEN = ckptio.open(path, engine=_ENGINE)
+    assert torch.equal(_OPEN.get_tensor("w"), _expected(1))
 
 
 def test_multiprocessing_fork_children_load_and_save(tmp_path):
@@ -68,6 +73,8 @@ def test_multiprocessing_fork_children_load_and_save(tmp_path):
     # The parent's engines still work after their children used their copies.
     assert torch.equal(ckptio.load(src, engine=_ENGINE)["w"], _expected(1))
     assert torch.equal(ckptio.load(src)["w"], _expected(1))
+    assert torch.equal(_OPEN.get_tensor("w"), _expected(1))
+    _OPEN.close()
 
 
 class _Shards(torch.utils.data.Dataset):
