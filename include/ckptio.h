@@ -237,7 +237,11 @@ typedef enum ckptio_option {
  * Creates an engine with defaults, then environment overrides.
  * @return CKPTIO_OK and *out, or an error (e.g. CKPTIO_BACKEND=io_uring where
  * io_uring is not permitted). The engine owns its worker threads and staging
- * memory; both are created lazily on first use. */
+ * memory; both are created lazily on first use.
+ * fork(): an engine created before fork() works in the child; its first use
+ * there replaces the parent's threads, io_uring rings, lock and staging
+ * without touching them (docs/ENGINE.md). GPU transfers in such a child fail
+ * with CKPTIO_E_NO_CUDA when the device was initialised before fork(). */
 CKPTIO_API ckptio_status ckptio_engine_create(ckptio_engine **out);
 
 /*! ckptio_engine_destroy() : releases threads and staging memory.
@@ -268,11 +272,12 @@ CKPTIO_API const char *ckptio_backend_name(ckptio_backend backend);
 CKPTIO_API ckptio_status ckptio_engine_backend(ckptio_engine *engine, ckptio_backend *out);
 
 /* Progress: called from the thread that started the transfer (never from a
- * worker) with cumulative bytes of the current plan: once before any I/O
- * (done = 0), then at most every 10 ms, and once after the last byte
- * (done = total; its return value is ignored). Returning non-zero cancels
- * the transfer: workers stop issuing requests, in-flight ones finish, and
- * the call fails with CKPTIO_E_CANCELED. */
+ * worker, GPU transfers included) with cumulative bytes of the current
+ * plan: once before any I/O (done = 0), then at most every 10 ms, and once
+ * after the last byte (done = total; its return value is ignored).
+ * Returning non-zero cancels the transfer: workers stop issuing requests,
+ * in-flight ones finish, and the call fails with CKPTIO_E_CANCELED (a save
+ * then leaves the older file and no temporary). */
 typedef int (*ckptio_progress_fn)(uint64_t bytes_done, uint64_t bytes_total, void *user);
 
 /*! ckptio_engine_set_progress() : installs (or with fn == NULL removes) a

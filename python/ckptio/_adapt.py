@@ -150,6 +150,69 @@ def sync_current_stream(devices) -> None:
         torch.cuda.current_stream(index).synchronize()
 
 
+# ---- what can be written -------------------------------------------------------------------
+
+
+def _where(what: str, path: Optional[str]) -> str:
+    return f"{path}: {what}" if path else what
+
+
+def check_savable(value: Any, what: str, path: Optional[str] = None, *, any_device: bool = False) -> None:
+    """Refuses a torch tensor ckptio cannot write, naming it (and the file)
+    and saying what to save instead: nested, sparse and other non-strided
+    layouts, meta tensors (no data), quantized tensors, devices other than
+    cpu and cuda (unless `any_device`: the caller copies to the cpu)."""
+    torch = sys.modules["torch"]
+    where = _where(what, path)
+    if getattr(value, "is_nested", False):
+        raise TypeError(f"{where} is a nested tensor, which a checkpoint file cannot hold: save its components "
+                        "(t.unbind()) or a padded copy (t.to_padded_tensor(0))")
+    if value.layout != torch.strided:
+        kind = "a sparse" if "sparse" in str(value.layout) else "a non-strided"
+        raise TypeError(f"{where} is {kind} tensor ({value.layout}); ckptio writes dense tensors only: save "
+                        "t.to_dense() instead (the file may be much larger)")
+    if value.device.type == "meta":
+        raise ValueError(f"{where} is on the meta device and has no data to save: materialise it first (for a "
+                         "module, model.to_empty(device='cpu') and then load or initialise its weights)")
+    if value.is_quantized:
+        raise TypeError(f"{where} is a quantized tensor ({value.dtype}); ckptio stores plain dtypes only: save "
+                        "t.dequantize(), or t.int_repr() with t.q_scale() and t.q_zero_point()")
+    if not any_device and value.device.type not in ("cpu", "cuda"):
+        raise ValueError(f"{where}: tensors on device '{value.device}' cannot be saved (cpu or cuda only); move "
+                         "it with t.cpu()")
+
+
+def data_ptr(value: Any, what: str, path: Optional[str] = None) -> int:
+    """value.data_ptr(), or an error naming the tensor for the tensors
+    check_savable() does not know (subclasses without storage)."""
+    try:
+        return value.data_ptr()
+    except RuntimeError as exc:
+        raise TypeError(f"{_where(what, path)}: its memory cannot be read ({exc}); ckptio saves plain dense "
+                        f"tensors ({type(value).__module__}.{type(value).__qualname__} given)") from None
+
+
+def check_utf8(text: str, what: str, path: Optional[str] = None) -> None:
+    """Refuses a str UTF-8 cannot encode (a lone surrogate, as file names
+    decoded with errors='surrogateescape' hold), naming it."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        bad = text[exc.start]
+        raise ValueError(f"{_where(what, path)} {text!r} holds the lone surrogate {bad!r} (U+{ord(bad):04X}) at "
+                         f"position {exc.start}, which UTF-8 cannot encode and safetensors headers are UTF-8: "
+                         "rename it (format='torch' keeps such names, as torch.save does)") from None
+
+
+def check_state_dict(flat: Dict[str, Any], path: Optional[str] = None) -> None:
+    """The names and tensors of a flattened state dict, before anything
+    touches their memory (safetensors)."""
+    for name, value in flat.items():
+        check_utf8(name, "tensor name", path)
+        if is_torch_tensor(value):
+            check_savable(value, f"tensor '{name}'", path)
+
+
 # ---- sources (tensors to write) ---------------------------------------------------------
 
 
@@ -164,25 +227,21 @@ class Source(NamedTuple):
     keep: Any  # the object owning the memory: keep it alive for the call
 
 
-def tensor_source(name: str, value: Any, *, safetensors: bool) -> Source:
+def tensor_source(name: str, value: Any, *, safetensors: bool, path: Optional[str] = None) -> Source:
     """Describes a torch tensor or numpy array for writing.
 
     Non-contiguous tensors and arrays are copied into contiguous ones here
     (the only copy ckptio makes on save); big-endian numpy arrays are
-    converted to little-endian.
+    converted to little-endian. Errors name the tensor (and `path`).
     """
     what = f"tensor '{name}'"
     if is_torch_tensor(value):
-        torch = sys.modules["torch"]
-        if value.layout != torch.strided:
-            raise TypeError(f"{what}: {value.layout} tensors cannot be saved; convert with .to_dense()")
-        if value.device.type not in ("cpu", "cuda"):
-            raise ValueError(f"{what}: tensors on device '{value.device}' cannot be saved (cpu or cuda only)")
+        check_savable(value, what, path)
         if value.is_conj() or value.is_neg():
             value = value.resolve_conj().resolve_neg()
         if not value.is_contiguous():
             value = value.contiguous()
-        code = code_of_torch_dtype(value.dtype, what)
+        code = code_of_torch_dtype(value.dtype, _where(what, path))
         shape = tuple(value.shape)
         if code == _F4 and safetensors:
             # torch packs two float4 values per element (float4_e2m1fn_x2);
@@ -195,26 +254,27 @@ def tensor_source(name: str, value: Any, *, safetensors: bool) -> Source:
             kind, cuda_index = MEM_CUDA, value.device.index
         else:
             kind, cuda_index = (MEM_PINNED if value.is_pinned() else MEM_HOST), None
-        return Source(name, code, shape, value.data_ptr() if nbytes else 0, nbytes, kind, cuda_index, value)
+        return Source(name, code, shape, data_ptr(value, what, path) if nbytes else 0, nbytes, kind, cuda_index,
+                      value)
     if is_numpy_array(value):
         np = sys.modules["numpy"]
         if value.dtype.byteorder == ">" or (value.dtype.byteorder == "=" and sys.byteorder == "big"):
             value = value.astype(value.dtype.newbyteorder("<"))
         value = np.ascontiguousarray(value)
-        code = code_of_numpy_dtype(value.dtype, what)
+        code = code_of_numpy_dtype(value.dtype, _where(what, path))
         return Source(name, code, tuple(int(d) for d in value.shape), value.ctypes.data if value.nbytes else 0,
                       int(value.nbytes), MEM_HOST, None, value)
-    raise TypeError(f"{what}: expected a torch.Tensor or numpy.ndarray, got {type(value).__name__}")
+    raise TypeError(f"{_where(what, path)}: expected a torch.Tensor or numpy.ndarray, got {type(value).__name__}")
 
 
-def byte_range(value: Any) -> Optional[Tuple[Any, int, int]]:
+def byte_range(value: Any, what: str = "tensor") -> Optional[Tuple[Any, int, int]]:
     """(memory space, first byte, end byte) a tensor/array spans, None if empty."""
     if is_torch_tensor(value):
         if value.numel() == 0:
             return None
         # torch strides are never negative: the view spans from data_ptr to its last element.
         span = 1 + sum((s - 1) * st for s, st in zip(value.shape, value.stride()))
-        start = value.data_ptr()
+        start = data_ptr(value, what)
         return (str(value.device), start, start + span * value.element_size())
     if is_numpy_array(value):
         if value.size == 0:
@@ -229,7 +289,7 @@ def find_overlaps(items: Dict[str, Any]) -> List[List[str]]:
     """Groups of names whose memory overlaps (tensors sharing storage bytes)."""
     ranges = []
     for name, value in items.items():
-        r = byte_range(value)
+        r = byte_range(value, f"tensor '{name}'")
         if r is not None:
             ranges.append((r[0], r[1], r[2], name))
     ranges.sort()

@@ -359,17 +359,18 @@ def _torch_tree(obj: Any, path: str):
 
     def tensor_ref(t, where: str) -> TensorRef:
         what = f"tensor '{where}'"
-        if t.layout != torch.strided:
-            raise TypeError(f"{path}: {what}: {t.layout} tensors cannot be saved; convert with .to_dense()")
-        if t.device.type not in ("cpu", "cuda"):
-            raise ValueError(f"{path}: {what}: tensors on {t.device} cannot be saved (cpu or cuda only)")
+        _adapt.check_savable(t, what, path)
         is_param = isinstance(t, torch.nn.Parameter)
         requires_grad = bool(t.requires_grad)
         if t.is_conj() or t.is_neg():
             t = t.resolve_conj().resolve_neg()
         keep.append(t)
-        code = _adapt.code_of_torch_dtype(t.dtype, what)
-        s = t.untyped_storage()
+        code = _adapt.code_of_torch_dtype(t.dtype, f"{path}: {what}")
+        try:
+            s = t.untyped_storage()
+        except (RuntimeError, NotImplementedError) as exc:
+            raise TypeError(f"{path}: {what}: its storage cannot be read ({exc}); ckptio saves plain dense "
+                            "tensors") from None
         nbytes = s.nbytes()
         location = "cpu" if t.device.type == "cpu" else f"cuda:{t.device.index}"
         key = (location, s.data_ptr()) if nbytes else None
@@ -480,6 +481,7 @@ def save(state_dict: Any, path: PathLike, format: str = "safetensors", metadata:
     if fmt != "safetensors":
         raise ValueError(f"format must be 'safetensors' or 'torch', not {format!r}")
     flat = _adapt.flatten(state_dict)
+    _adapt.check_state_dict(flat, spath)
     overlaps = _adapt.find_overlaps(flat)
     if overlaps:
         groups = "; ".join("{" + ", ".join(sorted(g)) + "}" for g in overlaps)
@@ -490,7 +492,9 @@ def save(state_dict: Any, path: PathLike, format: str = "safetensors", metadata:
         for k, v in metadata.items():
             if not isinstance(k, str) or not isinstance(v, str):
                 raise TypeError(f"{spath}: metadata must map str to str; got {k!r}: {type(v).__name__}")
-    sources = [_adapt.tensor_source(name, value, safetensors=True) for name, value in flat.items()]
+            _adapt.check_utf8(k, "metadata key", spath)
+            _adapt.check_utf8(v, f"metadata value of {k!r}:", spath)
+    sources = [_adapt.tensor_source(name, value, safetensors=True, path=spath) for name, value in flat.items()]
     _adapt.sync_current_stream({s.cuda_index for s in sources if s.mem_kind == _adapt.MEM_CUDA})
     _ckptio.safetensors_save(
         spath,

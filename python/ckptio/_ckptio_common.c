@@ -5,9 +5,167 @@
  * context manager, path/closed), and parsing read targets and extents.
  *
  * Keeping them here means the locking order (object lock, then engine lock,
- * both taken with the GIL released) is written once.
+ * both taken with the GIL released) is written once, and so are the two
+ * things every such call must survive:
+ *
+ * Signals. CPython runs a Python signal handler (Ctrl-C's
+ * KeyboardInterrupt) only when the main thread executes Python code again;
+ * a save running with the GIL released would finish and commit first. The
+ * engine reports progress on the calling thread at most every 10 ms
+ * (ckptio_engine_set_progress), so the extension's progress callback is
+ * where the call looks at signals: on the main thread, at most every
+ * SIGNAL_CHECK_INTERVAL, it takes the GIL back for a moment and calls
+ * PyErr_CheckSignals(). A handler that raises cancels the transfer
+ * (CKPTIO_E_CANCELED: the temporary is removed, the old file stays) and its
+ * exception is what the call raises; a handler that returns lets the call
+ * go on, as a SIGINT handler that only asks for a clean stop expects. Calls
+ * shorter than the interval, and calls on other threads (whose signals
+ * CPython does not handle anyway), never touch the GIL. A handler that
+ * calls into the engine whose call it interrupted gets an error instead of
+ * a deadlock on that engine's lock.
+ *
+ * fork(). A child inherits the objects with their locks, one of which a
+ * parent thread inside a call may hold forever; a pthread_atfork child
+ * handler counts forks and the locks are replaced at their next use (the
+ * library rebuilds its engines the same way, see src/common/fork.c).
  */
 #include "_ckptio_internal.h"
+
+#include <pthread.h>
+#include <time.h>
+
+#define SIGNAL_CHECK_INTERVAL 0.02 /* seconds */
+
+/* ---- fork ---------------------------------------------------------------------- */
+
+static _Atomic unsigned fork_generation;
+
+/* Runs in the child inside fork(): async-signal-safe work only. */
+static void count_fork(void) { atomic_fetch_add_explicit(&fork_generation, 1, memory_order_relaxed); }
+
+void ckpy_fork_watch(void) { pthread_atfork(NULL, NULL, count_fork); }
+
+unsigned ckpy_fork_generation(void) { return atomic_load_explicit(&fork_generation, memory_order_relaxed); }
+
+/* Replaces *lock if it was made before the last fork(). The old one is left
+ * alone: it may be held by a thread that does not exist here, and freeing
+ * a held lock is undefined. GIL held, so two threads never both replace it. */
+static int fresh_lock(PyThread_type_lock *lock, unsigned *generation) {
+    const unsigned now = atomic_load_explicit(&fork_generation, memory_order_relaxed);
+    if (*generation == now) return 0;
+    PyThread_type_lock l = PyThread_allocate_lock();
+    if (!l) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    *lock = l;
+    *generation = now;
+    return 0;
+}
+
+int ckpy_engine_fork_check(ckpy_engine *engine) {
+    const unsigned before = engine->generation;
+    if (fresh_lock(&engine->lock, &engine->generation) < 0) return -1;
+    /* A call copied from a parent thread is nobody's here. */
+    if (engine->generation != before) atomic_store(&engine->call, NULL);
+    return 0;
+}
+
+static int handle_fork_check(ckpy_handle *h) {
+    if (fresh_lock(&h->lock, &h->generation) < 0) return -1;
+    return h->engine ? ckpy_engine_fork_check(h->engine) : 0;
+}
+
+/* ---- calls ---------------------------------------------------------------------- */
+
+struct ckpy_call {
+    PyThreadState *tstate; /* the caller's, detached while the GIL is released */
+    pthread_t thread;      /* the caller's thread: the only one that may attach tstate */
+    int watch_signals;     /* the caller is the main thread */
+    double next_check;     /* monotonic time of the next signal check */
+    int interrupted;       /* a signal handler raised: its exception is set in tstate */
+};
+
+static double monotonic_now(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+/* Is the caller the main thread, whose signals CPython handles? The main
+ * thread's ident is asked of threading once per process (again in a child,
+ * where the thread that forked is the main one). */
+static int on_main_thread(void) {
+    static unsigned long main_ident;
+    static unsigned known_in = (unsigned)-1;
+    const unsigned now = atomic_load_explicit(&fork_generation, memory_order_relaxed);
+    if (known_in != now) {
+        PyObject *threading = PyImport_ImportModule("threading");
+        PyObject *main = threading ? PyObject_CallMethod(threading, "main_thread", NULL) : NULL;
+        PyObject *ident = main ? PyObject_GetAttrString(main, "ident") : NULL;
+        const unsigned long v = ident ? PyLong_AsUnsignedLong(ident) : 0;
+        const int ok = ident && !PyErr_Occurred();
+        Py_XDECREF(threading);
+        Py_XDECREF(main);
+        Py_XDECREF(ident);
+        if (!ok) {
+            PyErr_Clear(); /* interpreter shutting down: no signal checks */
+            return 0;
+        }
+        main_ident = v;
+        known_in = now;
+    }
+    return PyThread_get_thread_ident() == main_ident;
+}
+
+/* Refuses a call from a signal handler that interrupted a call on the same
+ * engine (its lock is held by this very thread). GIL held. */
+static int refuse_reentry(ckpy_engine *engine) {
+    ckpy_call *c = engine ? atomic_load(&engine->call) : NULL;
+    if (!c || !pthread_equal(c->thread, pthread_self())) return 0;
+    PyErr_SetString(PyExc_RuntimeError,
+                    "ckptio: this engine is busy with the call a signal handler interrupted; use another "
+                    "ckptio.Engine() inside signal handlers");
+    return -1;
+}
+
+/* Starts a call: the GIL is released on return. GIL held. */
+static void call_begin(ckpy_call *c) {
+    c->thread = pthread_self();
+    c->watch_signals = on_main_thread();
+    c->next_check = monotonic_now() + SIGNAL_CHECK_INTERVAL;
+    c->interrupted = 0;
+    c->tstate = PyEval_SaveThread();
+}
+
+/* Ends a call whose C work returned `st`: takes the GIL back and raises.
+ * A signal handler's exception wins over the cancellation it caused (and
+ * over any failure at the same moment): Ctrl-C reads as KeyboardInterrupt.
+ * @return 0, or -1 with an exception set. */
+static int call_end(ckpy_call *c, ckptio_status st) {
+    PyEval_RestoreThread(c->tstate);
+    if (c->interrupted) return -1;
+    if (st != CKPTIO_OK) {
+        ckpy_raise(st); /* same thread, right after the failure */
+        return -1;
+    }
+    return 0;
+}
+
+int ckpy_progress(uint64_t done, uint64_t total, void *user) {
+    (void)done, (void)total;
+    ckpy_engine *engine = user;
+    ckpy_call *c = atomic_load_explicit(&engine->call, memory_order_relaxed);
+    if (!c || !c->watch_signals || !pthread_equal(c->thread, pthread_self())) return 0;
+    if (c->interrupted) return 1;
+    const double now = monotonic_now();
+    if (now < c->next_check) return 0;
+    PyEval_RestoreThread(c->tstate);
+    if (PyErr_CheckSignals() < 0) c->interrupted = 1;
+    c->tstate = PyEval_SaveThread();
+    c->next_check = monotonic_now() + SIGNAL_CHECK_INTERVAL;
+    return c->interrupted;
+}
 
 PyObject *ckpy_int64_tuple(const int64_t *v, uint32_t n) {
     PyObject *t = PyTuple_New((Py_ssize_t)n);
@@ -24,19 +182,17 @@ PyObject *ckpy_int64_tuple(const int64_t *v, uint32_t n) {
 }
 
 int ckpy_engine_run(ckpy_engine *engine, ckpy_engine_op fn, void *arg) {
-    ckptio_status st;
+    if (ckpy_engine_fork_check(engine) < 0 || refuse_reentry(engine) < 0) return -1;
     ckptio_engine *e = engine->engine;
     PyThread_type_lock elock = engine->lock;
-    Py_BEGIN_ALLOW_THREADS
+    ckpy_call call;
+    call_begin(&call);
     ckpy_lock_nogil(elock);
-    st = fn(e, arg);
+    atomic_store(&engine->call, &call);
+    const ckptio_status st = fn(e, arg);
+    atomic_store(&engine->call, NULL);
     PyThread_release_lock(elock);
-    Py_END_ALLOW_THREADS
-    if (st != CKPTIO_OK) {
-        ckpy_raise(st); /* same thread, right after the failure */
-        return -1;
-    }
-    return 0;
+    return call_end(&call, st);
 }
 
 /* ---- parsing ------------------------------------------------------------------ */
@@ -121,6 +277,7 @@ ckpy_handle *ckpy_handle_new(PyTypeObject *type, const ckpy_handle_kind *kind, P
     self->engine = NULL;
     self->path = NULL;
     self->kind = kind;
+    self->generation = ckpy_fork_generation();
     self->lock = PyThread_allocate_lock();
     if (!self->lock) {
         Py_DECREF(self);
@@ -164,6 +321,13 @@ void ckpy_handle_dealloc(PyObject *obj) {
     ckpy_handle *self = (ckpy_handle *)obj;
     /* Calls on the object hold a reference to it, so none is in flight. */
     if (self->handle) {
+        /* An exception may be on its way through: keep it. */
+        PyObject *type, *value, *tb;
+        PyErr_Fetch(&type, &value, &tb);
+        if (handle_fork_check(self) < 0) PyErr_Clear(); /* out of memory: the old lock it is */
+        PyErr_Restore(type, value, tb);
+    }
+    if (self->handle) {
         if (self->kind->dealloc_drops_gil) {
             /* Close may wait for requests in flight; not while holding the GIL. */
             Py_BEGIN_ALLOW_THREADS
@@ -176,7 +340,8 @@ void ckpy_handle_dealloc(PyObject *obj) {
     }
     Py_CLEAR(self->engine);
     Py_CLEAR(self->path);
-    if (self->lock) PyThread_free_lock(self->lock);
+    /* A lock inherited through fork() may be held by a vanished thread. */
+    if (self->lock && self->generation == ckpy_fork_generation()) PyThread_free_lock(self->lock);
     ckpy_free_object(obj);
 }
 
@@ -186,32 +351,33 @@ PyObject *ckpy_handle_closed_error(ckpy_handle *self) {
 }
 
 int ckpy_handle_run(ckpy_handle *self, ckpy_handle_op fn, void *arg) {
+    if (handle_fork_check(self) < 0 || refuse_reentry(self->engine) < 0) return -1;
     ckptio_status st = CKPTIO_OK;
     int was_closed = 0;
-    Py_BEGIN_ALLOW_THREADS
+    ckpy_call call;
+    call_begin(&call);
     ckpy_lock_nogil(self->lock);
     if (!self->handle) {
         was_closed = 1;
     } else {
         ckpy_lock_nogil(self->engine->lock);
+        atomic_store(&self->engine->call, &call);
         st = fn(self, arg);
+        atomic_store(&self->engine->call, NULL);
         PyThread_release_lock(self->engine->lock);
     }
     PyThread_release_lock(self->lock);
-    Py_END_ALLOW_THREADS
     if (was_closed) {
+        PyEval_RestoreThread(call.tstate);
         ckpy_handle_closed_error(self);
         return -1;
     }
-    if (st != CKPTIO_OK) {
-        ckpy_raise(st);
-        return -1;
-    }
-    return 0;
+    return call_end(&call, st);
 }
 
 PyObject *ckpy_handle_close(PyObject *obj, PyObject *unused) {
     ckpy_handle *self = (ckpy_handle *)obj;
+    if (handle_fork_check(self) < 0 || refuse_reentry(self->engine) < 0) return NULL;
     ckptio_status st = CKPTIO_OK;
     Py_BEGIN_ALLOW_THREADS
     ckpy_lock_nogil(self->lock); /* waits for a call in flight on another thread */
@@ -265,5 +431,6 @@ PyObject *ckpy_value_bytes_like(const ckptio_value *v, ckptio_value_kind kind) {
         Py_XDECREF(kw);
         return r;
     }
-    return PyUnicode_DecodeUTF8(data, (Py_ssize_t)len, "strict");
+    /* pickle's own decoding (torch.load's): lone surrogates pass. */
+    return PyUnicode_DecodeUTF8(data, (Py_ssize_t)len, "surrogatepass");
 }

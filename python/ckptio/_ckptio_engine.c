@@ -108,6 +108,8 @@ static ckpy_engine *engine_alloc(PyTypeObject *type) {
     ckpy_engine *self = (ckpy_engine *)alloc(type, 0);
     if (!self) return NULL;
     self->engine = NULL;
+    self->generation = ckpy_fork_generation();
+    atomic_init(&self->call, NULL);
     self->lock = PyThread_allocate_lock();
     if (!self->lock) {
         Py_DECREF(self);
@@ -115,6 +117,7 @@ static ckpy_engine *engine_alloc(PyTypeObject *type) {
         return NULL;
     }
     ckptio_status st = ckptio_engine_create(&self->engine);
+    if (st == CKPTIO_OK) st = ckptio_engine_set_progress(self->engine, ckpy_progress, self);
     if (st != CKPTIO_OK) {
         ckpy_raise(st);
         Py_DECREF(self);
@@ -141,7 +144,8 @@ static void engine_dealloc(PyObject *obj) {
     ckpy_engine *self = (ckpy_engine *)obj;
     /* Every user of the engine holds a reference, so nothing is in flight. */
     if (self->engine) ckptio_engine_destroy(self->engine);
-    if (self->lock) PyThread_free_lock(self->lock);
+    /* A lock inherited through fork() may be held by a vanished thread. */
+    if (self->lock && self->generation == ckpy_fork_generation()) PyThread_free_lock(self->lock);
     ckpy_free_object(obj);
 }
 
@@ -317,6 +321,7 @@ static PyMethodDef default_engine_def = {
 };
 
 int ckpy_engine_add_to_module(PyObject *module) {
+    ckpy_fork_watch();
     ckpy_engine_type = (PyTypeObject *)PyType_FromSpec(&engine_spec);
     if (!ckpy_engine_type) return -1;
     Py_INCREF(ckpy_engine_type);

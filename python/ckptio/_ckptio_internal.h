@@ -12,6 +12,9 @@
  * handle is used by one thread at a time. Locks are only ever taken with the
  * GIL released and released before taking the GIL back, so the GIL and
  * these locks cannot deadlock. Order: reader/file lock, then engine lock.
+ *
+ * Such a call stays interruptible (Ctrl-C cancels a save or load instead of
+ * letting it finish) and survives fork(): _ckptio_common.c has both.
  */
 #ifndef CKPTIO_PY_INTERNAL_H
 #define CKPTIO_PY_INTERNAL_H
@@ -24,6 +27,7 @@
 
 #include "ckptio.h"
 
+#include <stdatomic.h>
 #include <stdint.h>
 
 /* ---- errors (_ckptio_module.c) ------------------------------------------ */
@@ -45,10 +49,14 @@ ckptio_status ckpy_status_from_errno(int err);
 
 /* ---- engines (_ckptio_engine.c) ------------------------------------------ */
 
+typedef struct ckpy_call ckpy_call;
+
 typedef struct ckpy_engine {
     PyObject_HEAD
     ckptio_engine *engine;
     PyThread_type_lock lock;
+    unsigned generation;         /* ckpy_fork_generation() of `lock` */
+    _Atomic(ckpy_call *) call;   /* the call holding `lock`, or NULL */
 } ckpy_engine;
 
 extern PyTypeObject *ckpy_engine_type;
@@ -116,6 +124,27 @@ void ckpy_free_object(PyObject *self);
 /* Acquires `lock`; must be called with the GIL released. */
 void ckpy_lock_nogil(PyThread_type_lock lock);
 
+/* ---- calls: interruptible, fork-safe (_ckptio_common.c) ------------------- */
+
+/* The engine's progress callback (ckptio_progress_fn, user = the
+ * ckpy_engine), installed on every engine the extension creates: during a
+ * call made on the main thread, it runs the Python signal handlers every
+ * few tens of milliseconds (taking the GIL for that moment only) and
+ * cancels the transfer when one raises (Ctrl-C's KeyboardInterrupt). */
+int ckpy_progress(uint64_t done, uint64_t total, void *user);
+
+/* Registers the fork handler (module init). */
+void ckpy_fork_watch(void);
+
+/* How many fork()s separate this process from the one that loaded the
+ * extension; objects record it with their locks. */
+unsigned ckpy_fork_generation(void);
+
+/* Call with the GIL held before taking the engine's lock: in a fork()ed
+ * child, replaces a lock inherited from the parent (a parent thread inside
+ * a call at fork() would hold it forever). -1 with an error. */
+int ckpy_engine_fork_check(ckpy_engine *engine);
+
 /* ---- shared sequences (_ckptio_common.c) ---------------------------------- */
 
 /* A tuple of Python ints from `n` int64 values (shapes, strides). */
@@ -165,6 +194,7 @@ struct ckpy_handle {
     PyThread_type_lock lock; /* one C call on the handle at a time */
     PyObject *path;          /* str: the path given at open */
     const ckpy_handle_kind *kind;
+    unsigned generation;     /* ckpy_fork_generation() of `lock` */
 };
 
 /* Opens with fn(engine, path, arg, &handle), called with the GIL released

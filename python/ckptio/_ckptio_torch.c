@@ -52,7 +52,14 @@ static int describe(ckpy_handle *h) {
             Py_XDECREF(shape);
             return -1;
         }
-        PyObject *row = Py_BuildValue("(siNNKnOOOKK)", ti.name, (int)ti.dtype, shape, stride,
+        /* Names are dict keys of the pickle: decoded as pickle does. */
+        PyObject *name = PyUnicode_DecodeUTF8(ti.name, (Py_ssize_t)strlen(ti.name), "surrogatepass");
+        if (!name) {
+            Py_DECREF(shape);
+            Py_DECREF(stride);
+            return -1;
+        }
+        PyObject *row = Py_BuildValue("(NiNNKnOOOKK)", name, (int)ti.dtype, shape, stride,
                                       (unsigned long long)ti.storage_offset, (Py_ssize_t)ti.storage,
                                       ti.requires_grad ? Py_True : Py_False, ti.is_parameter ? Py_True : Py_False,
                                       ti.is_contiguous ? Py_True : Py_False, (unsigned long long)ti.file_offset,

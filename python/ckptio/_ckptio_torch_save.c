@@ -200,7 +200,9 @@ static int build_uncached(build_ctx *c, PyObject *obj, ckptio_value **out, int d
         return st == CKPTIO_OK ? 0 : fail_status(st);
     }
     if (PyUnicode_Check(obj)) {
-        PyObject *b = PyUnicode_AsUTF8String(obj);
+        /* As pickle writes str: a lone surrogate ('\udc80' from a file name
+         * decoded with surrogateescape) is kept, and read back alike. */
+        PyObject *b = PyUnicode_AsEncodedString(obj, "utf-8", "surrogatepass");
         if (!b) return -1;
         st = ckptio_torch_writer_str(c->w, PyBytes_AsString(b), (size_t)PyBytes_Size(b), out);
         Py_DECREF(b);

@@ -125,6 +125,20 @@ int ckptio__dtype_safetensors_rank(ckptio_dtype dtype);
  * checks. Returns false on overflow or when numel*bits is not a multiple of 8. */
 bool ckptio__dtype_nbytes(ckptio_dtype dtype, uint64_t numel, uint64_t *out);
 
+/* ---- fork (fork.c) ----------------------------------------------------- */
+
+/* How many fork()s separate this process from the one that loaded the
+ * library (0 there, +1 in each child). State that threads, locks, rings or
+ * a device make process-specific records the generation it was made in and
+ * rebuilds itself at its next use where ckptio__forked_since() says so. */
+unsigned ckptio__fork_generation(void);
+bool ckptio__forked_since(unsigned made_in);
+
+/* Serialises those rebuilds; consistent in a child whatever the parent's
+ * threads were doing (the fork handlers hold it across fork()). */
+void ckptio__fork_rebuild_lock(void);
+void ckptio__fork_rebuild_unlock(void);
+
 /* ---- environment ------------------------------------------------------- */
 
 /* Parses "123", "64K", "8M", "8MiB", "1G", "2GB" into bytes (binary units).

@@ -187,6 +187,7 @@ ckptio_status ckptio_engine_create(ckptio_engine **out) {
     ckptio_engine *e = ckptio__calloc(1, sizeof *e);
     if (!e) return CKPTIO_FAIL(CKPTIO_E_NOMEM, "out of memory creating an engine");
     pthread_mutex_init(&e->lock, NULL);
+    atomic_init(&e->generation, ckptio__fork_generation());
     set_defaults(e);
     ckptio_status st = resolve_backend(e, CKPTIO_BACKEND_AUTO);
     if (st == CKPTIO_OK) st = apply_env(e);
@@ -223,6 +224,7 @@ ckptio_status ckptio__engine_reserve_slots(ckptio_engine *e, unsigned n) {
 
 ckptio_status ckptio_engine_destroy(ckptio_engine *e) {
     if (!e) return CKPTIO_OK;
+    ckptio__engine_fork_check(e); /* never join a parent's threads */
     const int busy = atomic_load(&e->busy);
     if (busy) return CKPTIO_FAIL(CKPTIO_E_BUSY, "the engine is still executing a transfer on another thread");
     const int files = atomic_load(&e->open_files);
@@ -251,10 +253,59 @@ ckptio_status ckptio_engine_set_progress(ckptio_engine *e, ckptio_progress_fn fn
     return CKPTIO_OK;
 }
 
+/* ---- fork ---------------------------------------------------------------- */
+
+/* A fork()ed child's copy of an engine its parent used: the pool's threads
+ * are gone (their bookkeeping would make the next transfer wait for them
+ * forever), e->lock may be held by one of them, the io_uring rings are
+ * shared with the parent and the GPU state belongs to a device the child
+ * cannot use. All of it is replaced without touching the parent's side:
+ *  - the lock is initialised afresh;
+ *  - the pool's memory is freed; threads start again on first need;
+ *  - each ring is closed through the child's own descriptor and mapping
+ *    (the parent's ring lives on), bounce buffers (the child's
+ *    copy-on-write pages) are freed;
+ *  - the GPU state is dropped without its destructor, which would call the
+ *    driver (or join simulated stream threads) on the parent's objects: its
+ *    small struct leaks, once per engine and child, and GPU transfers in the
+ *    child fail (src/gpu refuses a device initialised before fork());
+ *  - nothing of the parent's runs here: busy and staging are zero.
+ * Settings, the progress callback, counters and open files stay. Runs under
+ * the rebuild lock, before anything else in the child uses the engine. */
+static void engine_rebuild_in_child(ckptio_engine *e) {
+    pthread_mutex_init(&e->lock, NULL);
+    ckptio__pool_forget(e->pool);
+    e->pool = NULL;
+    for (unsigned i = 0; i < e->nslots; i++) {
+        ckptio__worker_slot *s = &e->slots[i];
+        if (s->queue) s->backend->queue_destroy(s->queue);
+        ckptio__free(s->bounce);
+        memset(s, 0, sizeof *s);
+    }
+    e->gpu_state = NULL;
+    e->gpu_state_destroy = NULL;
+    e->progress_rebase = false;
+    e->stats.staging_reserved = 0;
+    e->stats.staging_in_use = 0;
+    atomic_store(&e->busy, 0);
+}
+
+void ckptio__engine_fork_check(ckptio_engine *e) {
+    const unsigned now = ckptio__fork_generation();
+    if (atomic_load_explicit(&e->generation, memory_order_acquire) == now) return;
+    ckptio__fork_rebuild_lock();
+    if (atomic_load_explicit(&e->generation, memory_order_relaxed) != now) {
+        engine_rebuild_in_child(e);
+        atomic_store_explicit(&e->generation, now, memory_order_release);
+    }
+    ckptio__fork_rebuild_unlock();
+}
+
 /* ---- statistics -------------------------------------------------------- */
 
 ckptio_status ckptio_engine_stats(const ckptio_engine *e, ckptio_stats *out) {
     CKPTIO_RETURN_IF(!e || !out, CKPTIO_E_INVAL, "ckptio_engine_stats: engine and out are required");
+    ckptio__engine_fork_check((ckptio_engine *)e); /* logically const */
     pthread_mutex_t *lock = (pthread_mutex_t *)&e->lock; /* logically const */
     pthread_mutex_lock(lock);
     *out = e->stats;
@@ -264,6 +315,7 @@ ckptio_status ckptio_engine_stats(const ckptio_engine *e, ckptio_stats *out) {
 
 void ckptio__engine_stats_add(ckptio_engine *e, const ckptio_stats *d) {
     if (!e || !d) return;
+    ckptio__engine_fork_check(e);
     pthread_mutex_lock(&e->lock);
     ckptio_stats *s = &e->stats;
     s->bytes_read += d->bytes_read;
@@ -284,6 +336,7 @@ void ckptio__engine_stats_add(ckptio_engine *e, const ckptio_stats *d) {
 
 void ckptio__engine_staging(ckptio_engine *e, int64_t reserved_delta, int64_t in_use_delta) {
     if (!e) return;
+    ckptio__engine_fork_check(e);
     pthread_mutex_lock(&e->lock);
     ckptio_stats *s = &e->stats;
     s->staging_reserved = (uint64_t)((int64_t)s->staging_reserved + reserved_delta);
@@ -298,9 +351,13 @@ void ckptio__engine_file_ref(ckptio_engine *e, int delta) {
 
 /* ---- GPU hooks --------------------------------------------------------- */
 
-void *ckptio__engine_gpu_state(ckptio_engine *e) { return e->gpu_state; }
+void *ckptio__engine_gpu_state(ckptio_engine *e) {
+    ckptio__engine_fork_check(e);
+    return e->gpu_state;
+}
 
 void ckptio__engine_set_gpu_state(ckptio_engine *e, void *state, void (*destroy)(void *state)) {
+    ckptio__engine_fork_check(e);
     e->gpu_state = state;
     e->gpu_state_destroy = destroy;
 }
@@ -324,7 +381,12 @@ ckptio_status ckptio__engine_progress(ckptio_engine *e, uint64_t done, uint64_t 
     return ckptio__engine_report(e, done, total, done == total);
 }
 
+void ckptio__engine_progress_advance(ckptio_engine *e, uint64_t bytes) {
+    if (e && e->progress_rebase) e->progress_base += bytes;
+}
+
 ckptio_status ckptio__engine_pool(ckptio_engine *e, ckptio__pool **out) {
+    ckptio__engine_fork_check(e);
     ckptio_status st = CKPTIO_OK;
     pthread_mutex_lock(&e->lock);
     if (!e->pool) st = ckptio__pool_create(&e->pool);

@@ -51,6 +51,11 @@ void ckptio__engine_set_gpu_state(ckptio_engine *engine, void *state, void (*des
  * CKPTIO_E_CANCELED (error record set) when the callback asks to stop. */
 ckptio_status ckptio__engine_progress(ckptio_engine *engine, uint64_t done, uint64_t total);
 
+/* Inside ckptio_engine_execute(): `bytes` of the GPU part are done by a
+ * run whose progress started again from 0 (one pipeline run per device);
+ * the next run's reports come after them. No effect elsewhere. */
+void ckptio__engine_progress_advance(ckptio_engine *engine, uint64_t bytes);
+
 /* Like ckptio__engine_parallel(), but while the workers run, the calling
  * thread reports progress from *done (which the workers advance with
  * atomic adds) against `total`. If the callback cancels, *cancel is set to 1

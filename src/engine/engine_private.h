@@ -32,6 +32,12 @@ ckptio_status ckptio__pool_run(ckptio__pool *pool, unsigned n, ckptio__worker_fn
 /* Stops and joins every thread. Accepts NULL. No job may be running. */
 void ckptio__pool_destroy(ckptio__pool *pool);
 
+/* A fork()ed child's copy of a pool whose threads ran in the parent: frees
+ * its memory only. Its threads do not exist here, so there is nothing to
+ * join, and its mutex and condition variables may be held or waited on by
+ * threads that vanished, so they are not touched. Accepts NULL. */
+void ckptio__pool_forget(ckptio__pool *pool);
+
 /* ---- per-worker resources, kept between transfers ---------------------- */
 
 typedef struct ckptio__worker_slot {
@@ -78,7 +84,13 @@ struct ckptio_engine {
     unsigned nslots;
     void *gpu_state;
     void (*gpu_state_destroy)(void *state);
+    _Atomic unsigned generation;        /* ckptio__fork_generation() of the threads, rings and locks */
 };
+
+/* Call first in every function that uses the engine's pool, slots, lock or
+ * GPU state: in a fork()ed child, the first call replaces what came from
+ * the parent (engine.c says how). */
+void ckptio__engine_fork_check(ckptio_engine *engine);
 
 /* The user's progress callback, rate-limited unless `force`. Returns
  * CKPTIO_E_CANCELED (error record set) when the callback says stop. */

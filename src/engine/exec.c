@@ -510,6 +510,7 @@ static ckptio_status extend_written_files(const ckptio_plan *p) {
 
 ckptio_status ckptio_engine_execute(ckptio_engine *e, const ckptio_plan *p) {
     CKPTIO_RETURN_IF(!e || !p, CKPTIO_E_INVAL, "ckptio_engine_execute: engine and plan are required");
+    ckptio__engine_fork_check(e);
     if (atomic_fetch_add(&e->busy, 1) != 0) {
         atomic_fetch_sub(&e->busy, 1);
         return CKPTIO_FAIL(CKPTIO_E_BUSY, "the engine is already executing a plan on another thread");

@@ -136,6 +136,12 @@ ckptio_status ckptio__pool_run(ckptio__pool *p, unsigned n, ckptio__worker_fn fn
     return CKPTIO_OK;
 }
 
+void ckptio__pool_forget(ckptio__pool *p) {
+    if (!p) return;
+    ckptio__free(p->threads);
+    ckptio__free(p);
+}
+
 void ckptio__pool_destroy(ckptio__pool *p) {
     if (!p) return;
     pthread_mutex_lock(&p->mu);

@@ -51,6 +51,7 @@ const ckptio__cuda_abi_value ckptio__cuda_abi_values[] = {
 static pthread_once_t load_once = PTHREAD_ONCE_INIT;
 static ckptio__cuda_api api;
 static bool api_ok;
+static unsigned api_generation; /* ckptio__fork_generation() of cuInit */
 static char load_error[512];
 
 /* Resolves `name` into *slot; required symbols missing make the load fail. */
@@ -124,11 +125,15 @@ static void load_driver(void) {
     if (r != CUDA_SUCCESS) {
         const char *rname = NULL;
         if (api.cuGetErrorName(r, &rname) != CUDA_SUCCESS) rname = NULL;
-        snprintf(load_error, sizeof load_error, "the CUDA driver (%s) is present but cuInit failed: %s (%d)", name,
-                 rname ? rname : "unknown error", r);
+        snprintf(load_error, sizeof load_error, "the CUDA driver (%s) is present but cuInit failed: %s (%d)%s", name,
+                 rname ? rname : "unknown error", r,
+                 ckptio__fork_generation() ? "; this process was fork()ed, and a child cannot use CUDA once its "
+                                             "parent initialised it: start it with the 'spawn' or 'forkserver' method"
+                                           : "");
         goto fail;
     }
     if (api.cuDriverGetVersion(&api.driver_version) != CUDA_SUCCESS) api.driver_version = 0;
+    api_generation = ckptio__fork_generation();
     api_ok = true;
     return; /* the library stays loaded for the life of the process */
 fail:
@@ -136,8 +141,25 @@ fail:
     dlclose(lib);
 }
 
+ckptio_status ckptio__cuda_refuse_forked(const char *what) {
+    return CKPTIO_FAIL_CTX(CKPTIO_E_NO_CUDA, &((ckptio__err_ctx){.operation = "cuda init", .file_offset = -1}),
+                           "%s was initialised before this process was fork()ed, and a forked child cannot use "
+                           "it: load to the CPU in the child, or start the child with the 'spawn' or 'forkserver' "
+                           "method (multiprocessing.set_start_method('spawn'))",
+                           what);
+}
+
+/* In a fork()ed child of a process that initialised the driver, nothing of
+ * the driver may be called: not even queries (ckptio__cuda_try() is NULL,
+ * so memory classifies as host, as without a driver). */
+static bool usable(void) { return api_ok && !ckptio__forked_since(api_generation); }
+
 ckptio_status ckptio__cuda_load(const ckptio__cuda_api **out) {
     pthread_once(&load_once, load_driver);
+    if (api_ok && !usable()) {
+        *out = NULL;
+        return ckptio__cuda_refuse_forked("CUDA");
+    }
     if (!api_ok) {
         *out = NULL;
         return CKPTIO_FAIL_CTX(CKPTIO_E_NO_CUDA, &((ckptio__err_ctx){.operation = "cuda init", .file_offset = -1}),
@@ -149,7 +171,7 @@ ckptio_status ckptio__cuda_load(const ckptio__cuda_api **out) {
 
 const ckptio__cuda_api *ckptio__cuda_try(void) {
     pthread_once(&load_once, load_driver);
-    return api_ok ? &api : NULL;
+    return usable() ? &api : NULL;
 }
 
 const char *ckptio__cuda_error_name(CUresult result) {

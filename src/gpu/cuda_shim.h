@@ -149,6 +149,12 @@ ckptio_status ckptio__cuda_load(const ckptio__cuda_api **out);
 /* The table if the driver loaded, NULL otherwise (never sets an error). */
 const ckptio__cuda_api *ckptio__cuda_try(void);
 
+/* CKPTIO_E_NO_CUDA for a device (`what`: "CUDA", "the simulated device")
+ * initialised before this process was fork()ed: a forked child cannot use
+ * it (the driver's state belongs to the parent). The message says what to
+ * do instead. */
+ckptio_status ckptio__cuda_refuse_forked(const char *what);
+
 /* "CUDA_ERROR_OUT_OF_MEMORY" style name of a CUresult ("CUresult N" when the
  * driver does not know it or is not loaded). */
 const char *ckptio__cuda_error_name(CUresult result);

@@ -35,6 +35,7 @@ static struct {
 
 static pthread_once_t once = PTHREAD_ONCE_INIT;
 static bool ready;
+static unsigned ready_generation; /* ckptio__fork_generation() of cuFileDriverOpen */
 static char refusal[512];
 
 static const char *const names[] = {
@@ -89,11 +90,19 @@ static void load(void) {
     }
     /* The driver stays open for the life of the process (as PyTorch does):
      * closing it while another user in the process relies on it is worse. */
+    ready_generation = ckptio__fork_generation();
     ready = true;
 }
 
+/* Opened in the parent of a fork()ed child: the child must not call it. */
+static bool usable(void) { return ready && !ckptio__forked_since(ready_generation); }
+
 bool ckptio__cufile_ready(char *why, size_t cap) {
     pthread_once(&once, load);
+    if (ready && !usable()) {
+        if (why) snprintf(why, cap, "cuFile was opened before this process was fork()ed; a forked child cannot use it");
+        return false;
+    }
     if (!ready && why) snprintf(why, cap, "%s", refusal);
     return ready;
 }
@@ -123,7 +132,7 @@ bool ckptio__cufile_handle_register(int fd, ckptio__cufile_handle *out, char *wh
 }
 
 void ckptio__cufile_handle_deregister(ckptio__cufile_handle handle) {
-    if (ready && handle) cf.handle_deregister(handle);
+    if (usable() && handle) cf.handle_deregister(handle);
 }
 
 static ssize_t result(ssize_t n, int *err) {
@@ -155,7 +164,7 @@ bool ckptio__cufile_buf_register(const void *base, size_t length, char *why, siz
 }
 
 void ckptio__cufile_buf_deregister(const void *base) {
-    if (ready) cf.buf_deregister(base);
+    if (usable()) cf.buf_deregister(base);
 }
 
 ckptio_status ckptio__cufile_transfer(ckptio__cufile_handle h, ckptio_direction dir, void *base, uint64_t size,

@@ -137,6 +137,10 @@ static ckptio_status submit(ckptio_gds_file *f, ckptio_direction dir, void *buf,
     *out = NULL;
     CKPTIO_RETURN_IF(dir == CKPTIO_WRITE && !f->file->writable, CKPTIO_E_PERMISSION,
                      "%s: GDS write on a file opened O_RDONLY", f->file->path);
+    /* The request thread and its queue belong to the parent. */
+    CKPTIO_RETURN_IF(ckptio__forked_since(f->generation), CKPTIO_E_INVAL,
+                     "%s: this GDS file was opened before the process was fork()ed; open it again in the child",
+                     f->file->path);
     ckptio_gds_request *r = ckptio__calloc(1, sizeof *r);
     if (!r) return CKPTIO_FAIL(CKPTIO_E_NOMEM, "out of memory for a GDS request");
     *r = (ckptio_gds_request){.file = f, .dir = dir, .buf = buf, .size = size, .file_offset = file_offset,

@@ -43,6 +43,7 @@ ckptio_status ckptio_gds_open(ckptio_engine *engine, const char *path, int oflag
     ckptio_gds_file *f = ckptio__calloc(1, sizeof *f);
     if (!f) return CKPTIO_FAIL(CKPTIO_E_NOMEM, "%s: out of memory opening a GDS file", path);
     f->engine = engine;
+    f->generation = ckptio__fork_generation();
     atomic_init(&f->last_path, CKPTIO_IO_PATH_NONE);
     pthread_mutex_init(&f->lock, NULL);
     pthread_cond_init(&f->cond, NULL);
@@ -65,11 +66,19 @@ fail:
 
 ckptio_status ckptio_gds_close(ckptio_gds_file *f) {
     if (!f) return CKPTIO_OK;
-    ckptio__gds_async_shutdown(f);
-    ckptio_gds_deregister_handle(f);
+    /* A fork()ed child's copy of a file opened in the parent: the request
+     * thread and the cuFile handle are the parent's (joining that thread
+     * here would wait forever, its lock may be held): leave them alone. */
+    const bool inherited = ckptio__forked_since(f->generation);
+    if (!inherited) {
+        ckptio__gds_async_shutdown(f);
+        ckptio_gds_deregister_handle(f);
+    }
     ckptio_status st = ckptio_file_close(f->file);
-    pthread_cond_destroy(&f->cond);
-    pthread_mutex_destroy(&f->lock);
+    if (!inherited) {
+        pthread_cond_destroy(&f->cond);
+        pthread_mutex_destroy(&f->lock);
+    }
     ckptio__free(f);
     return st;
 }

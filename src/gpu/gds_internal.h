@@ -25,6 +25,7 @@ struct ckptio_gds_file {
     unsigned outstanding;          /* submitted and not yet finished */
     bool thread_started, stop;
     pthread_t thread;
+    unsigned generation;           /* ckptio__fork_generation() at open */
 };
 
 /* One synchronous transfer (the work function of both the synchronous and

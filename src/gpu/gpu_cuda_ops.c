@@ -238,11 +238,22 @@ static const ckptio__gpu_ops cuda_ops = {
 const ckptio__gpu_ops *ckptio__gpu_cuda_ops(void) { return &cuda_ops; }
 
 static _Atomic(const ckptio__gpu_ops *) installed_ops;
+static _Atomic unsigned installed_generation;
 
-void ckptio__gpu_set_ops(const ckptio__gpu_ops *ops) { atomic_store(&installed_ops, ops); }
+/* An installed device (the simulator) is treated as CUDA is: installed
+ * before fork(), it cannot be used in the child (its streams are threads of
+ * the parent). */
+void ckptio__gpu_set_ops(const ckptio__gpu_ops *ops) {
+    atomic_store(&installed_generation, ckptio__fork_generation());
+    atomic_store(&installed_ops, ops);
+}
 
 ckptio_status ckptio__gpu_ops_get(const ckptio__gpu_ops **out) {
     const ckptio__gpu_ops *ops = atomic_load(&installed_ops);
+    if (ops && ckptio__forked_since(atomic_load(&installed_generation))) {
+        *out = NULL;
+        return ckptio__cuda_refuse_forked("the simulated device");
+    }
     if (ops) {
         *out = ops;
         return CKPTIO_OK;
@@ -255,6 +266,6 @@ ckptio_status ckptio__gpu_ops_get(const ckptio__gpu_ops **out) {
 
 const ckptio__gpu_ops *ckptio__gpu_ops_try(void) {
     const ckptio__gpu_ops *ops = atomic_load(&installed_ops);
-    if (ops) return ops;
+    if (ops) return ckptio__forked_since(atomic_load(&installed_generation)) ? NULL : ops;
     return ckptio__cuda_try() ? &cuda_ops : NULL;
 }

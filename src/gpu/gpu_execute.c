@@ -201,12 +201,15 @@ ckptio_status ckptio__gpu_execute_observed(ckptio_engine *engine, ckptio_directi
         for (size_t i = 0; i < count && st == CKPTIO_OK; i++) {
             if (devices[i] < 0) continue;
             const int dev = devices[i];
+            uint64_t bytes = 0;
             for (size_t j = 0; j < count; j++) {
                 subset[j] = extents[j];
                 if (devices[j] != dev) subset[j].length = 0;
                 else if (j >= i) devices[j] = -1; /* done after this round */
+                bytes += subset[j].length;
             }
             st = ckptio__gpu_pipeline_run_observed(engine, ops, dev, dir, subset, count, false, obs);
+            ckptio__engine_progress_advance(engine, bytes);
         }
     }
     if (st == CKPTIO_OK) gs->last_path = CKPTIO_IO_PATH_PIPELINE;

@@ -8,6 +8,12 @@
  * reads fetch the aligned superset of the window (a tail past end of file is
  * read buffered), writes send an unaligned head and tail buffered and the
  * aligned middle direct. Device addresses need no alignment at all.
+ *
+ * Progress and cancel: workers count the extents' bytes of each window
+ * they finish (holes a read spans are not counted); the calling thread reports them through the engine's progress
+ * callback (waiting on the pool, or between windows when it is the only
+ * worker), and a callback that cancels stops the workers as an error does:
+ * no new window starts, copies in flight are waited for.
  */
 #include "cuda_shim.h"
 #include "engine_internal.h"
@@ -47,7 +53,11 @@ typedef struct pipe {
     window *wins;
     size_t nwin;
     _Atomic size_t next;
-    atomic_bool failed;
+    _Atomic int failed;           /* an error or a cancel: workers stop */
+    _Atomic uint64_t done;        /* extent bytes of the windows finished */
+    uint64_t total;               /* extent bytes in all */
+    bool report;                  /* report progress (the caller's thread runs the call) */
+    bool inline_run;              /* the one worker is the calling thread */
     pthread_mutex_t lock; /* guards status, err, the sums below */
     ckptio_status status;
     ckptio__error_saved *err;
@@ -64,7 +74,16 @@ static void set_error(pipe *p, ckptio_status status) {
         p->err = ckptio__error_save();
     }
     pthread_mutex_unlock(&p->lock);
-    atomic_store(&p->failed, true);
+    atomic_store(&p->failed, 1);
+}
+
+/* A window's `bytes` of extent data moved: count them and, when the worker
+ * is the calling thread itself, report (the pool's waiting thread reports
+ * otherwise). */
+static void window_done(pipe *p, uint64_t bytes, bool on_caller) {
+    const uint64_t done = atomic_fetch_add(&p->done, bytes) + bytes;
+    if (on_caller && p->report && ckptio__engine_progress(p->engine, done, p->total) == CKPTIO_E_CANCELED)
+        set_error(p, CKPTIO_E_CANCELED);
 }
 
 /* Re-raises the current error with the extent/window it concerns. */
@@ -298,6 +317,7 @@ static void worker_read(pipe *p, ckptio__gpu_worker_res *r) {
             set_error(p, st);
             break;
         }
+        window_done(p, queued, p->inline_run);
         s = (s + 1) % CKPTIO_GPU_NSLOTS;
     }
     for (unsigned i = 0; i < CKPTIO_GPU_NSLOTS; i++) {
@@ -309,7 +329,7 @@ static void worker_read(pipe *p, ckptio__gpu_worker_res *r) {
 
 static void worker_write(pipe *p, ckptio__gpu_worker_res *r) {
     const window *pw[CKPTIO_GPU_NSLOTS] = {0};
-    uint64_t used[CKPTIO_GPU_NSLOTS] = {0};
+    uint64_t used[CKPTIO_GPU_NSLOTS] = {0}, data[CKPTIO_GPU_NSLOTS] = {0};
     unsigned head = 0, count = 0;
     bool exhausted = false;
     for (;;) {
@@ -334,6 +354,7 @@ static void worker_write(pipe *p, ckptio__gpu_worker_res *r) {
                 break;
             }
             pw[s] = w;
+            data[s] = queued;
             count++;
             add_copied(p, queued);
             if (st != CKPTIO_OK) {
@@ -348,6 +369,7 @@ static void worker_write(pipe *p, ckptio__gpu_worker_res *r) {
             /* Before the write: the slot is refilled only after both. */
             if (p->obs) observe_window(p, pw[s], r->mem[s]);
             st = write_window(&p->runs[pw[s]->run], pw[s], r->mem[s]);
+            if (st == CKPTIO_OK) window_done(p, data[s], p->inline_run);
         }
         if (st != CKPTIO_OK) set_error(p, st);
         head = (head + 1) % CKPTIO_GPU_NSLOTS;
@@ -467,7 +489,12 @@ ckptio_status ckptio__gpu_pipeline_run_observed(ckptio_engine *engine, const ckp
     locked = true;
     ckptio__gpu_state_set_slot_bytes(p.st, (size_t)slot);
     ckptio__nvtx_push(dir == CKPTIO_READ ? "ckptio: file -> GPU" : "ckptio: GPU -> file");
-    if (inline_only || nworkers <= 1) worker_main(&p, 0);
+    for (size_t i = 0; i < count; i++) p.total += extents[i].length;
+    /* A background caller (inline_only) is not the thread progress belongs to. */
+    p.report = !inline_only;
+    p.inline_run = inline_only || nworkers <= 1;
+    if (p.inline_run) worker_main(&p, 0);
+    else if (p.report) st = ckptio__engine_parallel_progress(engine, nworkers, worker_main, &p, &p.done, p.total, &p.failed);
     else st = ckptio__engine_parallel(engine, nworkers, worker_main, &p);
     ckptio__nvtx_pop();
     if (p.status != CKPTIO_OK) {

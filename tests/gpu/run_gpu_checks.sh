@@ -8,13 +8,14 @@
 #                                       libraries they need, all in build-gpu/
 #                                       (carry that directory to the GPU machine)
 #   tests/gpu/run_gpu_checks.sh run     on the GPU machine: gpu_check (every
-#                                       byte compared, ~1-2 min) then
-#                                       bench/bench_gpu.py (~6 min); logs in $OUT
+#                                       byte compared, ~1-2 min), fork_check
+#                                       (CUDA in fork()ed children, seconds),
+#                                       then bench/bench_gpu.py (~6 min); logs in $OUT
 #   tests/gpu/run_gpu_checks.sh         build if build-gpu/gpu_check is missing, then run
 # Environment: OUT (log directory, default ./gpu-out), SCRATCH (directory for
 # test files, default /tmp; needs ~10 GiB free), CKPTIO_GPU_BUILD (build dir),
 # QUICK=1 (gpu_check without the >4 GiB case), BENCH=0 (skip the benchmark).
-# Exit status: that of gpu_check (0 pass, 1 fail, 77 no GPU); the benchmark's
+# Exit status: that of gpu_check, or 1 if fork_check failed (0 pass, 77 no GPU); the benchmark's
 # failures are reported in its log.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
@@ -26,6 +27,9 @@ build() {
     cmake --build "$B" -j2 --target ckptio ckptio_static
     ${CC:-cc} -std=gnu11 -O2 -g -D_GNU_SOURCE -Wall -Wextra -Werror -Iinclude -Isrc/common -Isrc/gpu \
         tests/gpu/gpu_check.c "$B/libckptio.a" -o "$B/gpu_check" \
+        -luring -ljansson -lzstd -lxxhash -ldl -lpthread -lm
+    ${CC:-cc} -std=gnu11 -O2 -g -D_GNU_SOURCE -Wall -Wextra -Werror -Iinclude -Isrc/common -Isrc/gpu \
+        tests/gpu/fork_check.c "$B/libckptio.a" -o "$B/fork_check" \
         -luring -ljansson -lzstd -lxxhash -ldl -lpthread -lm
     mkdir -p "$B/lib"
     for so in liburing.so.2 libjansson.so.4 libzstd.so.1 libxxhash.so.0; do
@@ -53,6 +57,11 @@ run() {
     timeout 300 "$B/gpu_check" "$SCRATCH" ${QUICK:+--quick} 2>&1 | tee "$OUT/gpu_check.log"
     rc=${PIPESTATUS[0]}
     echo "gpu_check exit $rc after $(( $(date +%s) - t0 )) s" | tee -a "$OUT/gpu_check.log"
+    echo "== fork_check"
+    timeout 200 "$B/fork_check" "$SCRATCH" 2>&1 | tee "$OUT/fork_check.log"
+    frc=${PIPESTATUS[0]}
+    echo "fork_check exit $frc" | tee -a "$OUT/fork_check.log"
+    [ "$frc" = 1 ] && rc=1
     if [ "${BENCH:-1}" != 0 ]; then
         echo "== bench_gpu.py"
         CKPTIO_LIB="$PWD/$B/lib/libckptio.so" DIR="$SCRATCH/ckptio-bench" \

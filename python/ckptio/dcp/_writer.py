@@ -361,6 +361,7 @@ class FileSystemWriter(_TorchFileSystemWriter):
 
     def _resolve_tensor(self, planner: SavePlanner, wi: WriteItem):
         t = planner.resolve_data(wi).detach()
+        _adapt.check_savable(t, f"tensor '{wi.index.fqn}'", any_device=True)
         if t.device.type not in ("cpu", "cuda"):
             t = t.cpu()
         if t.is_conj() or t.is_neg():

@@ -1,0 +1,258 @@
+/*
+ * test_cancel.c - a progress callback that returns non-zero stops every
+ * path: host transfers, the GPU staging pipeline (simulated device) in both
+ * directions and on 0 or 2 threads, plans mixing host and GPU extents, and
+ * the saves built on them (safetensors with and without a checksum
+ * manifest, torch.save) from host and device memory.
+ *
+ * Each transfer is slowed down (ckptio__io_inject_delay) so that it spans
+ * many progress calls; the callback cancels at its first call after some
+ * bytes moved. A canceled transfer fails with CKPTIO_E_CANCELED and stops
+ * early; a canceled save leaves the older file byte for byte, no temporary
+ * and no manifest. Progress during GPU work is reported from the calling
+ * thread, monotonic, on the whole plan's scale.
+ */
+#include "gpu_sim.h"
+#include "helpers.h"
+#include "io_internal.h"
+
+#include <pthread.h>
+#include <string.h>
+
+#define KIB 1024u
+#define MIB (1024u * 1024u)
+#define BYTES (4 * MIB)
+
+typedef struct watch {
+    pthread_t caller;
+    int calls;
+    bool from_caller;  /* every call came from the thread that started the transfer */
+    bool monotonic;
+    uint64_t last_done, total;
+    uint64_t cancel_after; /* cancel at the first call with done >= this (0 = never) */
+    uint64_t canceled_at;
+} watch;
+
+static void watch_start(watch *w, uint64_t cancel_after) {
+    *w = (watch){.caller = pthread_self(), .from_caller = true, .monotonic = true, .cancel_after = cancel_after};
+}
+
+static int on_progress(uint64_t done, uint64_t total, void *user) {
+    watch *w = user;
+    w->calls++;
+    if (!pthread_equal(pthread_self(), w->caller)) w->from_caller = false;
+    if (done < w->last_done || done > total || (w->total && total != w->total)) w->monotonic = false;
+    w->last_done = done;
+    w->total = total;
+    if (w->cancel_after && done >= w->cancel_after && !w->canceled_at) {
+        w->canceled_at = done;
+        return 1;
+    }
+    return 0;
+}
+
+static ckptio_engine *new_engine(int64_t threads, int64_t chunk, watch *w) {
+    ckptio_engine *e = NULL;
+    T_OK(ckptio_engine_create(&e));
+    T_OK(ckptio_engine_set(e, CKPTIO_OPT_BACKEND, CKPTIO_BACKEND_PREAD));
+    T_OK(ckptio_engine_set(e, CKPTIO_OPT_THREADS, threads));
+    T_OK(ckptio_engine_set(e, CKPTIO_OPT_CHUNK_BYTES, chunk));
+    T_OK(ckptio_engine_set(e, CKPTIO_OPT_SYNC, 0));
+    T_OK(ckptio_engine_set_progress(e, on_progress, w));
+    return e;
+}
+
+static uint64_t bytes_moved(ckptio_engine *e) {
+    ckptio_stats s;
+    T_OK(ckptio_engine_stats(e, &s));
+    return s.bytes_read + s.bytes_written;
+}
+
+static void check_canceled(ckptio_status st, const watch *w, const char *what) {
+    T_ASSERT_MSG(st == CKPTIO_E_CANCELED, "%s returned %s, not E_CANCELED (%s)", what, ckptio_status_name(st),
+                 st == CKPTIO_OK ? "-" : ckptio_last_error_message());
+    T_MESSAGE_HAS("canceled");
+    T_ASSERT_MSG(w->canceled_at > 0, "%s: the callback never canceled", what);
+    T_ASSERT_MSG(w->from_caller && w->monotonic, "%s: progress from a worker or not monotonic", what);
+}
+
+/* ---- the GPU pipeline ---------------------------------------------------------- */
+
+static void gpu_transfer_case(int64_t threads, ckptio_direction dir) {
+    ckptio__gpu_sim_configure(NULL);
+    unsigned char *data = malloc(BYTES);
+    T_ASSERT(data);
+    t_fill_random(data, BYTES, 7);
+    const char *path = t_path("gpu.bin");
+    t_write_file(path, data, BYTES);
+    unsigned char *dev = ckptio__gpu_sim_device_alloc(BYTES);
+    T_ASSERT(dev);
+    if (dir == CKPTIO_WRITE) memcpy(dev, data, BYTES);
+    watch w;
+    ckptio_engine *e = new_engine(threads, 128 * KIB, &w); /* 32 staging windows */
+    ckptio_file *f = NULL;
+    ckptio_plan *p = NULL;
+    T_OK(ckptio_file_open(e, path, dir == CKPTIO_READ ? CKPTIO_OPEN_READ : CKPTIO_OPEN_WRITE | CKPTIO_OPEN_IN_PLACE,
+                          &f));
+    T_OK(ckptio_plan_create(dir, &p));
+    ckptio_extent x = {.file = f, .length = BYTES, .memory = dev, .mem_kind = CKPTIO_MEM_CUDA};
+    T_OK(ckptio_plan_add(p, &x));
+    ckptio__io_inject_delay(3000); /* 3 ms per window: ~100 ms in all */
+
+    /* Uncanceled: progress comes during the GPU work, not only around it. */
+    watch_start(&w, 0);
+    T_OK(ckptio_engine_execute(e, p));
+    T_ASSERT_MSG(w.calls >= 4, "only %d progress calls during a GPU transfer", w.calls);
+    T_ASSERT(w.from_caller && w.monotonic && w.last_done == BYTES && w.total == BYTES);
+    if (dir == CKPTIO_READ) T_ASSERT(memcmp(dev, data, BYTES) == 0);
+
+    /* Canceled after some bytes: stops early. */
+    const uint64_t before = bytes_moved(e);
+    watch_start(&w, 1);
+    check_canceled(ckptio_engine_execute(e, p), &w, dir == CKPTIO_READ ? "GPU read" : "GPU write");
+    const uint64_t moved = bytes_moved(e) - before;
+    T_ASSERT_MSG(moved < BYTES / 2, "the canceled GPU transfer still moved %llu of %u bytes",
+                 (unsigned long long)moved, BYTES);
+    ckptio__io_inject_reset();
+
+    /* The engine and its staging are fine afterwards. */
+    T_OK(ckptio_engine_set_progress(e, NULL, NULL));
+    memset(dev, 0, BYTES);
+    T_OK(ckptio_plan_destroy(p));
+    T_OK(ckptio_plan_create(CKPTIO_READ, &p));
+    T_OK(ckptio_plan_add(p, &x));
+    T_OK(ckptio_engine_execute(e, p));
+    T_ASSERT(memcmp(dev, data, BYTES) == 0);
+    ckptio_stats s;
+    T_OK(ckptio_engine_stats(e, &s));
+    T_ASSERT_MSG(s.staging_in_use == 0, "staging still in use: %llu", (unsigned long long)s.staging_in_use);
+    T_OK(ckptio_plan_destroy(p));
+    T_OK(ckptio_file_close(f));
+    T_OK(ckptio_engine_destroy(e));
+    ckptio__gpu_sim_device_free(dev);
+    free(data);
+}
+
+static void test_gpu_pipeline_reports_and_cancels(void) {
+    gpu_transfer_case(0, CKPTIO_READ);
+    gpu_transfer_case(2, CKPTIO_READ);
+    gpu_transfer_case(0, CKPTIO_WRITE);
+    gpu_transfer_case(2, CKPTIO_WRITE);
+}
+
+/* A plan of one host and one GPU extent: progress runs across both parts on
+ * the plan's scale, and a cancel during the GPU part stops it. */
+static void test_mixed_plan_cancels_in_gpu_part(void) {
+    ckptio__gpu_sim_configure(NULL);
+    unsigned char *data = malloc(2 * BYTES), *host = malloc(BYTES);
+    T_ASSERT(data && host);
+    t_fill_random(data, 2 * BYTES, 8);
+    const char *path = t_path("mixed.bin");
+    t_write_file(path, data, 2 * BYTES);
+    unsigned char *dev = ckptio__gpu_sim_device_alloc(BYTES);
+    T_ASSERT(dev);
+    watch w;
+    ckptio_engine *e = new_engine(2, 128 * KIB, &w);
+    ckptio_file *f = NULL;
+    ckptio_plan *p = NULL;
+    T_OK(ckptio_file_open(e, path, CKPTIO_OPEN_READ, &f));
+    T_OK(ckptio_plan_create(CKPTIO_READ, &p));
+    ckptio_extent xh = {.file = f, .length = BYTES, .memory = host, .mem_kind = CKPTIO_MEM_HOST};
+    ckptio_extent xd = {.file = f, .file_offset = BYTES, .length = BYTES, .memory = dev, .mem_kind = CKPTIO_MEM_CUDA};
+    T_OK(ckptio_plan_add(p, &xh));
+    T_OK(ckptio_plan_add(p, &xd));
+    ckptio__io_inject_delay(3000);
+    watch_start(&w, 0);
+    T_OK(ckptio_engine_execute(e, p));
+    T_ASSERT(w.from_caller && w.monotonic && w.last_done == 2 * BYTES && w.total == 2 * BYTES);
+    T_ASSERT(memcmp(host, data, BYTES) == 0 && memcmp(dev, data + BYTES, BYTES) == 0);
+    watch_start(&w, BYTES + 1); /* past the host part: inside the GPU part */
+    check_canceled(ckptio_engine_execute(e, p), &w, "mixed plan");
+    T_ASSERT(w.canceled_at < 2 * BYTES);
+    ckptio__io_inject_reset();
+    T_OK(ckptio_plan_destroy(p));
+    T_OK(ckptio_file_close(f));
+    T_OK(ckptio_engine_destroy(e));
+    ckptio__gpu_sim_device_free(dev);
+    free(data);
+    free(host);
+}
+
+/* ---- saves ----------------------------------------------------------------------- */
+
+typedef enum save_kind { SAVE_SAFETENSORS, SAVE_SAFETENSORS_CHECKSUMS, SAVE_TORCH } save_kind;
+
+static ckptio_status save(ckptio_engine *e, save_kind kind, const char *path, const void *mem,
+                          ckptio_mem_kind mem_kind) {
+    const int64_t shape[1] = {BYTES};
+    const ckptio_tensor_source t = {.name = "w", .dtype = CKPTIO_DTYPE_U8, .ndim = 1, .shape = shape,
+                                    .data = mem, .nbytes = BYTES, .mem_kind = mem_kind};
+    switch (kind) {
+    case SAVE_SAFETENSORS: return ckptio_safetensors_save(e, path, &t, 1, NULL, 0, 0);
+    case SAVE_SAFETENSORS_CHECKSUMS:
+        return ckptio_safetensors_save(e, path, &t, 1, NULL, 0, CKPTIO_SAFETENSORS_CHECKSUMS);
+    case SAVE_TORCH: return ckptio_torch_save_tensors(e, path, &t, 1, NULL);
+    }
+    return CKPTIO_E_INVAL;
+}
+
+static void save_case(save_kind kind, ckptio_mem_kind mem_kind, int64_t threads) {
+    static const char *const names[] = {"safetensors", "safetensors+checksums", "torch"};
+    char what[96];
+    snprintf(what, sizeof what, "%s save from %s memory, %lld threads", names[kind],
+             mem_kind == CKPTIO_MEM_CUDA ? "GPU" : "host", (long long)threads);
+    ckptio__gpu_sim_configure(NULL);
+    const char *path = t_path("model.bin");
+    char manifest[1024];
+    T_OK(ckptio_manifest_path(path, manifest, sizeof manifest));
+    remove(manifest);
+    unsigned char *old = malloc(BYTES), *fresh = malloc(BYTES);
+    T_ASSERT(old && fresh);
+    t_fill_random(old, BYTES, 9);
+    t_fill_random(fresh, BYTES, 10);
+    t_write_file(path, old, BYTES);
+    void *mem = fresh;
+    if (mem_kind == CKPTIO_MEM_CUDA) {
+        mem = ckptio__gpu_sim_device_alloc(BYTES);
+        T_ASSERT(mem);
+        memcpy(mem, fresh, BYTES);
+    }
+    watch w;
+    ckptio_engine *e = new_engine(threads, 128 * KIB, &w);
+    ckptio__io_inject_delay(3000);
+    watch_start(&w, 1);
+    check_canceled(save(e, kind, path, mem, mem_kind), &w, what);
+    ckptio__io_inject_reset();
+    size_t n = 0;
+    unsigned char *now = t_read_file(path, &n);
+    T_ASSERT_MSG(n == BYTES && memcmp(now, old, BYTES) == 0, "%s: the older file changed", what);
+    free(now);
+    T_ASSERT_MSG(t_count_entries(t_tmpdir(), "ckptio-tmp") == 0, "%s: temporaries left in %s", what, t_tmpdir());
+    T_ASSERT_MSG(!t_file_exists(manifest), "%s: a manifest appeared", what);
+    /* Uncanceled, the same save goes through. */
+    T_OK(ckptio_engine_set_progress(e, NULL, NULL));
+    T_OK(save(e, kind, path, mem, mem_kind));
+    T_ASSERT(t_count_entries(t_tmpdir(), "ckptio-tmp") == 0);
+    T_OK(ckptio_engine_destroy(e));
+    if (mem_kind == CKPTIO_MEM_CUDA) ckptio__gpu_sim_device_free(mem);
+    remove(manifest);
+    free(old);
+    free(fresh);
+}
+
+static void test_canceled_saves_keep_the_old_file(void) {
+    for (int kind = SAVE_SAFETENSORS; kind <= SAVE_TORCH; kind++)
+        for (int64_t threads = 0; threads <= 2; threads += 2) {
+            save_case((save_kind)kind, CKPTIO_MEM_HOST, threads);
+            save_case((save_kind)kind, CKPTIO_MEM_CUDA, threads);
+        }
+}
+
+int main(void) {
+    ckptio__gpu_set_ops(ckptio__gpu_sim_ops());
+    T_RUN(test_gpu_pipeline_reports_and_cancels);
+    T_RUN(test_mixed_plan_cancels_in_gpu_part);
+    T_RUN(test_canceled_saves_keep_the_old_file);
+    ckptio__gpu_set_ops(NULL);
+    return T_EXIT_PASS;
+}
