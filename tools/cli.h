@@ -155,6 +155,15 @@ typedef struct cli_view {
     ckptio_torch *torch;         /* or, for "torch.save": tensor i is ckptio_torch_tensor(torch, i) */
 } cli_view;
 
+/* ckptio_format_detect(path); on failure prints "ckptio: PATH: ..." and
+ * returns -1. */
+int cli_detect(const char *path, ckptio_format *format);
+
+/* Says why `path`, detected as `format`, is not a checkpoint file the
+ * command can open (a directory, an index, unknown bytes). Returns
+ * CLI_EXIT_FAIL. */
+int cli_refuse_format(const char *path, ckptio_format format);
+
 /* Opens and validates `path` (format chosen from its first bytes). On
  * failure prints "ckptio: ..." and returns -1. */
 int cli_view_open(ckptio_engine *engine, const char *path, cli_view *view);

@@ -283,7 +283,9 @@ int cli_cmd_convert(int argc, char **argv) {
     }
     if (argc - optind != 2) return cli_usage_error(&usage, "expected IN and OUT");
     const char *in = argv[optind], *out = argv[optind + 1];
-    if (cli_is_dcp_dir(in)) {
+    ckptio_format format;
+    if (cli_detect(in, &format) != 0) return CLI_EXIT_FAIL;
+    if (format == CKPTIO_FORMAT_DCP) {
         ckptio_engine *engine = cli_engine_create();
         if (!engine) return CLI_EXIT_FAIL;
         const int rc = cli_dcp_convert(engine, in, out, shard_size, quiet);
@@ -291,18 +293,14 @@ int cli_cmd_convert(int argc, char **argv) {
         return rc;
     }
     if (shard_size) return cli_usage_error(&usage, "--shard-size applies to a DCP directory IN only");
+    if (format != CKPTIO_FORMAT_SAFETENSORS && format != CKPTIO_FORMAT_TORCH && format != CKPTIO_FORMAT_TORCH_LEGACY)
+        return cli_refuse_format(in, format);
 
-    unsigned char magic[4] = {0};
-    int fd = open(in, O_RDONLY | O_CLOEXEC);
-    if (fd < 0) return cli_error("%s: cannot open: %s", in, strerror(errno)), CLI_EXIT_FAIL;
-    ssize_t got = pread(fd, magic, sizeof magic, 0);
-    close(fd);
     ckptio_engine *engine = cli_engine_create();
     if (!engine) return CLI_EXIT_FAIL;
-    /* A zip, or a bare pickle (legacy torch.save, which the reader refuses with its own message). */
-    int rc = ((got == 4 && memcmp(magic, "PK\x03\x04", 4) == 0) || (got >= 2 && magic[0] == 0x80))
-                 ? torch_to_safetensors(engine, in, out, quiet)
-                 : safetensors_to_torch(engine, in, out, (uint32_t)alignment, quiet);
+    /* A legacy torch file goes to the torch reader, which says why it refuses it. */
+    int rc = format == CKPTIO_FORMAT_SAFETENSORS ? safetensors_to_torch(engine, in, out, (uint32_t)alignment, quiet)
+                                                 : torch_to_safetensors(engine, in, out, quiet);
     ckptio_engine_destroy(engine);
     return rc;
 }

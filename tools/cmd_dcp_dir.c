@@ -15,14 +15,6 @@
 #include <string.h>
 #include <sys/stat.h>
 
-bool cli_is_dcp_dir(const char *path) {
-    struct stat sb;
-    if (stat(path, &sb) != 0 || !S_ISDIR(sb.st_mode)) return false;
-    char md[4096];
-    if ((size_t)snprintf(md, sizeof md, "%s/.metadata", path) >= sizeof md) return false;
-    return stat(md, &sb) == 0 && S_ISREG(sb.st_mode);
-}
-
 static const char *dtype_label(ckptio_dtype dtype) {
     const char *name = ckptio_dtype_name(dtype);
     if (name != NULL && name[0] != '\0') return name;

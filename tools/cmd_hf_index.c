@@ -18,15 +18,9 @@
 
 #define HF_INDEX_NAME "model.safetensors.index.json"
 
-bool cli_find_hf_index(const char *path, char *index, size_t cap) {
+bool cli_hf_index_path(const char *path, char *index, size_t cap) {
     struct stat sb;
-    if (stat(path, &sb) != 0) return false;
-    if (S_ISDIR(sb.st_mode)) {
-        if ((size_t)snprintf(index, cap, "%s/%s", path, HF_INDEX_NAME) >= cap) return false;
-        return stat(index, &sb) == 0 && S_ISREG(sb.st_mode);
-    }
-    const size_t n = strlen(path), m = strlen(".index.json");
-    if (!S_ISREG(sb.st_mode) || n < m || strcmp(path + n - m, ".index.json") != 0) return false;
+    if (stat(path, &sb) == 0 && S_ISDIR(sb.st_mode)) return (size_t)snprintf(index, cap, "%s/%s", path, HF_INDEX_NAME) < cap;
     return (size_t)snprintf(index, cap, "%s", path) < cap;
 }
 

@@ -296,10 +296,14 @@ int cli_cmd_inspect(int argc, char **argv) {
     cli_view view;
     int rc = CLI_EXIT_FAIL;
     char index[4096];
-    if (cli_is_dcp_dir(path)) {
+    ckptio_format format;
+    if (cli_detect(path, &format) != 0) {
+        rc = CLI_EXIT_FAIL;
+    } else if (format == CKPTIO_FORMAT_DCP) {
         rc = cli_dcp_inspect(engine, path, json);
-    } else if (cli_find_hf_index(path, index, sizeof index)) {
-        rc = cli_hf_inspect(engine, index, json);
+    } else if (format == CKPTIO_FORMAT_HF_INDEX) {
+        rc = cli_hf_index_path(path, index, sizeof index) ? cli_hf_inspect(engine, index, json)
+                                                          : (cli_error("%s: path too long", path), CLI_EXIT_FAIL);
     } else if (cli_view_open(engine, path, &view) == 0) {
         rc = json ? print_json(&view) : print_text(&view);
         cli_view_close(&view);

@@ -39,8 +39,13 @@ static const cli_usage usage = {
 
 static int verify_one(ckptio_engine *engine, const char *path, bool quiet) {
     char index[4096];
-    if (cli_is_dcp_dir(path)) return cli_dcp_verify(engine, path, quiet);
-    if (cli_find_hf_index(path, index, sizeof index)) return cli_hf_verify(engine, index, quiet);
+    ckptio_format format;
+    if (cli_detect(path, &format) != 0) return CLI_EXIT_FAIL;
+    if (format == CKPTIO_FORMAT_DCP) return cli_dcp_verify(engine, path, quiet);
+    if (format == CKPTIO_FORMAT_HF_INDEX) {
+        if (!cli_hf_index_path(path, index, sizeof index)) return cli_error("%s: path too long", path), CLI_EXIT_FAIL;
+        return cli_hf_verify(engine, index, quiet);
+    }
     cli_view view;
     if (cli_view_open(engine, path, &view) != 0) return CLI_EXIT_FAIL;
     int rc = CLI_EXIT_FAIL;
