@@ -101,6 +101,7 @@ static ckptio_status load(ckptio_torch *t) {
         if ((st = torch_pread(t, hdr, hlen, e->header_offset))) goto out;
         if ((st = ckptio__zip_parse_local_header(e, hdr, hlen, t->file_size, t->path))) goto out;
     }
+    if ((st = ckptio__zip_check_disjoint(t->entries, t->nentries, dir.cd_offset, t->path))) goto out;
     char version[CKPTIO__TORCH_MAX_SMALL_RECORD + 1], alignment[CKPTIO__TORCH_MAX_SMALL_RECORD + 1],
         byteorder[CKPTIO__TORCH_MAX_SMALL_RECORD + 1];
     const char *v = NULL, *a = NULL, *b = NULL;
