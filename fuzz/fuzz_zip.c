@@ -71,6 +71,20 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
             free(buf);
         }
     }
+    /* One tensor per name: equal names are the same view of one storage
+     * (quadratic, so only for small trees). */
+    for (size_t i = 0; n <= 512 && i < n; i++) {
+        ckptio_torch_tensor_info a, b;
+        ckptio_torch_tensor(t, i, &a);
+        for (size_t j = i + 1; j < n; j++) {
+            ckptio_torch_tensor(t, j, &b);
+            if (strcmp(a.name, b.name) != 0) continue;
+            CHECK(a.storage == b.storage && a.dtype == b.dtype && a.ndim == b.ndim &&
+                  a.storage_offset == b.storage_offset);
+            CHECK(a.ndim == 0 || (memcmp(a.shape, b.shape, a.ndim * sizeof *a.shape) == 0 &&
+                                  memcmp(a.stride, b.stride, a.ndim * sizeof *a.stride) == 0));
+        }
+    }
     ckptio_torch_verify_report rep;
     ckptio_status st = ckptio_torch_verify(t, &rep);
     CHECK(st == CKPTIO_OK || st == CKPTIO_E_CHECKSUM);

@@ -996,8 +996,12 @@ typedef struct ckptio_torch_storage_info {
 /*! ckptio_torch_open() :
  * Opens a torch.save file: parses the zip directory and runs data.pkl
  * through the restricted unpickler. Globals outside the allowlist fail with
- * CKPTIO_E_DISALLOWED naming the global. The engine is used for later reads
- * and must outlive the handle. */
+ * CKPTIO_E_DISALLOWED naming the global. Zip records that overlap each other
+ * or the central directory are CKPTIO_E_FORMAT. Tensors are named by their
+ * dotted path; two different tensors with one name ({'a.b': x, 'a': {'b': y}},
+ * {1: x, '1': y}) are CKPTIO_E_UNSUPPORTED naming both paths (the writer
+ * refuses such trees too). The engine is used for later reads and must
+ * outlive the handle. */
 CKPTIO_API ckptio_status ckptio_torch_open(ckptio_engine *engine, const char *path, ckptio_torch **out);
 
 /*! ckptio_torch_parse() :

@@ -248,7 +248,10 @@ ckptio_status ckptio_torch_save(ckptio_engine *engine, const char *path, ckptio_
     const unsigned flags = options ? options->flags : 0;
     uint32_t alignment;
     if ((st = ckptio__torch_options(options, path, &alignment, &prefix))) goto out;
-    if ((st = ckptio__torch_writer_prepare(w, alignment, prefix))) goto out;
+    w->save_path = path;
+    st = ckptio__torch_writer_prepare(w, alignment, prefix);
+    w->save_path = NULL;
+    if (st) goto out;
     for (size_t i = 0; i < w->nentries; i++) {
         const size_t id = w->entry_storage[i];
         if (id != SIZE_MAX && w->storages[id].nbytes && !w->storages[id].data) {
