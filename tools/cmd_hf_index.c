@@ -163,7 +163,7 @@ int cli_hf_inspect(ckptio_engine *engine, const char *index, bool json) {
         free(text);
     } else {
         char a[32];
-        printf("index:      %s\n", index);
+        printf("index:      %s\n", cli_q(index));
         printf("format:     Hugging Face sharded safetensors\n");
         printf("shards:     %zu\n", x.nshards);
         if (x.has_total) printf("total_size: %llu (from the index)\n", (unsigned long long)x.total_size);
@@ -212,7 +212,7 @@ int cli_hf_verify(ckptio_engine *engine, const char *index, bool quiet) {
     }
     char a[32];
     if (!quiet)
-        printf("%s: ok (Hugging Face sharded safetensors, %zu shard%s, %zu tensor%s, %s of data read)\n", index,
+        printf("%s: ok (Hugging Face sharded safetensors, %zu shard%s, %zu tensor%s, %s of data read)\n", cli_q(index),
                x.nshards, x.nshards == 1 ? "" : "s", count, count == 1 ? "" : "s", cli_format_bytes(all, a, sizeof a));
     rc = CLI_EXIT_OK;
 out:

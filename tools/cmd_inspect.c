@@ -61,7 +61,7 @@ static int print_text(const cli_view *view) {
     uint64_t all_bytes = 0;
     sum_by_dtype(view, totals, &all_bytes);
 
-    printf("file:     %s\n", view->path);
+    printf("file:     %s\n", cli_q(view->path));
     printf("format:   %s\n", view->format);
     printf("size:     %s (%llu bytes)\n", cli_format_bytes(view->file_size, a, sizeof a),
            (unsigned long long)view->file_size);
@@ -82,7 +82,7 @@ static int print_text(const cli_view *view) {
     } else {
         printf("metadata: %zu entr%s\n", view->metadata_count, view->metadata_count == 1 ? "y" : "ies");
         for (size_t i = 0; i < view->metadata_count; i++)
-            printf("  %s = %s\n", view->metadata[i].key, view->metadata[i].value);
+            printf("  %s = %s\n", cli_q(view->metadata[i].key), cli_q(view->metadata[i].value));
     }
 
     static const char *const theaders[] = {"name", "dtype", "shape", "size", "offset"};

@@ -60,7 +60,7 @@ static int verify_one(ckptio_engine *engine, const char *path, bool quiet) {
             rc = CLI_EXIT_OK;
             if (!quiet)
                 printf("%s: ok (torch.save, %zu tensor%s, %zu records, %zu CRC-32 matched, %zu without CRC, %s read)\n",
-                       path, view.count, view.count == 1 ? "" : "s", report.records, report.crc_checked,
+                       cli_q(path), view.count, view.count == 1 ? "" : "s", report.records, report.crc_checked,
                        report.crc_absent, cli_format_bytes(report.bytes, size, sizeof size));
         }
     } else if (cli_view_read_all(engine, &view, VERIFY_WINDOW) == 0) {
@@ -78,7 +78,7 @@ static int verify_one(ckptio_engine *engine, const char *path, bool quiet) {
         else if (st != CKPTIO_E_NOT_FOUND)
             rc = cli_error_lib(path, st);
         if (!quiet && rc == CLI_EXIT_OK)
-            printf("%s: ok (%s, %zu tensor%s, %s of data read%s)\n", path, view.format, view.count,
+            printf("%s: ok (%s, %zu tensor%s, %s of data read%s)\n", cli_q(path), view.format, view.count,
                    view.count == 1 ? "" : "s", cli_format_bytes(bytes, size, sizeof size), sums);
     }
     cli_view_close(&view);
