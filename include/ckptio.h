@@ -1180,6 +1180,37 @@ CKPTIO_API ckptio_status ckptio_torch_save_tensors(ckptio_engine *engine, const 
                                                    const ckptio_tensor_source *tensors, size_t count,
                                                    const ckptio_torch_save_options *options);
 
+/* ------------------------------------------------------------------------ */
+/* Conversion between torch.save and safetensors                            */
+/* ------------------------------------------------------------------------ */
+
+/*! ckptio_torch_save_safetensors() :
+ * Writes tensors of an open torch.save file (ckptio_torch_open) as a new
+ * safetensors file at `path`, atomically: the file ckptio_safetensors_save
+ * would write for them (names are the dotted paths; F4 shapes counted in
+ * values; `metadata` and `flags` (CKPTIO_SAFETENSORS_ALIGN_8) as there).
+ * `tensors` lists tensor indices (NULL: all, `count` ignored). Each tensor
+ * is read through the handle's engine (strided views gathered) into one
+ * buffer of the largest tensor's size and written before the next is read:
+ * memory stays bounded and the input is never memory-mapped, so an input
+ * that shrinks meanwhile fails with CKPTIO_E_TRUNCATED naming it (never a
+ * SIGBUS). On any failure nothing appears under `path` and an older file
+ * there is kept. Views that share a storage are written as copies. */
+CKPTIO_API ckptio_status ckptio_torch_save_safetensors(ckptio_torch *t, const char *path, const size_t *tensors,
+                                                       size_t count, const ckptio_kv *metadata,
+                                                       size_t metadata_count, unsigned flags);
+
+/*! ckptio_safetensors_save_torch() :
+ * Writes every tensor of an open safetensors file (ckptio_safetensors_open)
+ * as a torch.save file at `path`, atomically: the file
+ * ckptio_torch_save_tensors would write (a flat OrderedDict, one storage per
+ * tensor; `options` as there). Tensors are read one at a time through the
+ * handle's engine into one buffer of the largest tensor's size, CRC-32s
+ * computed from it; the same guarantees as ckptio_torch_save_safetensors.
+ * The __metadata__ is not carried (torch.save files have none). */
+CKPTIO_API ckptio_status ckptio_safetensors_save_torch(ckptio_safetensors *st, const char *path,
+                                                       const ckptio_torch_save_options *options);
+
 
 /* ------------------------------------------------------------------------ */
 /* torch.distributed.checkpoint data files                                  */
