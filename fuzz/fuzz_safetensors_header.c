@@ -6,7 +6,9 @@
  * invariants the rest of ckptio relies on, and must survive a round trip
  * through the writer's layout: what the reader accepts, the writer can
  * write (except empty names, which only the reader allows), and the reader
- * accepts that again with the same tensors. A broken invariant traps.
+ * accepts that again with the same tensors; and the format detector
+ * (ckptio_format_detect_bytes) calls every accepted file safetensors. A
+ * broken invariant traps.
  */
 #include "ckptio.h"
 #include "safetensors_internal.h"
@@ -109,13 +111,25 @@ out:
     free(md);
 }
 
+/* The format detector on every input (no crash, no read past `size`), and
+ * its promise: whatever the reader accepts is detected as safetensors,
+ * from the probe bytes alone and from the whole file. */
+static ckptio_format detect(const uint8_t *data, size_t size, size_t len) {
+    ckptio_format format = CKPTIO_FORMAT_UNKNOWN;
+    CHECK(ckptio_format_detect_bytes(data, len < size ? len : size, size, &format) == CKPTIO_OK);
+    CHECK(format <= CKPTIO_FORMAT_TORCH_LEGACY); /* bytes never name a directory layout */
+    return format;
+}
+
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     ckptio_safetensors *st = NULL;
+    const ckptio_format probe = detect(data, size, CKPTIO_FORMAT_PROBE_BYTES), whole = detect(data, size, size);
     if (ckptio_safetensors_parse(data, size, size, &st) != CKPTIO_OK) {
         CHECK(st == NULL);
         CHECK(ckptio_last_error_message()[0] != '\0');
         return 0;
     }
+    CHECK(probe == CKPTIO_FORMAT_SAFETENSORS && whole == CKPTIO_FORMAT_SAFETENSORS);
     check_invariants(st, size);
     check_round_trip(st, data);
     ckptio_safetensors_close(st);

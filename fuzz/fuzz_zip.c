@@ -6,8 +6,11 @@
  *
  * Beyond "no crash, no leak, no UB", every accepted file must satisfy what
  * the rest of ckptio relies on: each tensor's bytes lie inside the file and
- * inside its storage record, every storage can be read, and verification
- * either passes or names a CRC mismatch. A broken invariant traps.
+ * inside its storage record, storages do not overlap (their sizes add up to
+ * at most the file's), every storage can be read, verification either
+ * passes or names a CRC mismatch, the format detector calls the file a
+ * torch archive, and no two different tensors share a name. A broken
+ * invariant traps.
  */
 #include "ckptio.h"
 
@@ -28,13 +31,21 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
         CHECK(ckptio_last_error_message()[0] != '\0');
         return 0;
     }
+    /* The format detector calls every accepted archive a torch file. */
+    ckptio_format format = CKPTIO_FORMAT_UNKNOWN;
+    CHECK(ckptio_format_detect_bytes(data, size < CKPTIO_FORMAT_PROBE_BYTES ? size : CKPTIO_FORMAT_PROBE_BYTES, size,
+                                     &format) == CKPTIO_OK && format == CKPTIO_FORMAT_TORCH);
     size_t n = 0, ns = 0;
     CHECK(ckptio_torch_count(t, &n) == CKPTIO_OK);
     CHECK(ckptio_torch_storage_count(t, &ns) == CKPTIO_OK);
+    uint64_t storage_bytes = 0;
     for (size_t i = 0; i < ns; i++) {
         ckptio_torch_storage_info si;
         CHECK(ckptio_torch_storage(t, i, &si) == CKPTIO_OK);
         CHECK(si.file_offset <= size && si.nbytes <= size - si.file_offset);
+        /* Records never share bytes: the storages fit in the file together. */
+        storage_bytes += si.nbytes;
+        CHECK(storage_bytes <= size);
         if (si.nbytes <= (1u << 20)) {
             void *buf = malloc(si.nbytes ? si.nbytes : 1);
             ckptio_tensor_target tg = {.index = i, .data = buf, .capacity = si.nbytes, .mem_kind = CKPTIO_MEM_HOST};
@@ -58,6 +69,20 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
             ckptio_tensor_target tg = {.index = i, .data = buf, .capacity = ti.nbytes, .mem_kind = CKPTIO_MEM_HOST};
             CHECK(ckptio_torch_read(t, &tg, 1) == CKPTIO_OK);
             free(buf);
+        }
+    }
+    /* One tensor per name: equal names are the same view of one storage
+     * (quadratic, so only for small trees). */
+    for (size_t i = 0; n <= 512 && i < n; i++) {
+        ckptio_torch_tensor_info a, b;
+        ckptio_torch_tensor(t, i, &a);
+        for (size_t j = i + 1; j < n; j++) {
+            ckptio_torch_tensor(t, j, &b);
+            if (strcmp(a.name, b.name) != 0) continue;
+            CHECK(a.storage == b.storage && a.dtype == b.dtype && a.ndim == b.ndim &&
+                  a.storage_offset == b.storage_offset);
+            CHECK(a.ndim == 0 || (memcmp(a.shape, b.shape, a.ndim * sizeof *a.shape) == 0 &&
+                                  memcmp(a.stride, b.stride, a.ndim * sizeof *a.stride) == 0));
         }
     }
     ckptio_torch_verify_report rep;

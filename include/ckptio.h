@@ -468,6 +468,74 @@ typedef struct ckptio_kv {
 } ckptio_kv;
 
 /* ------------------------------------------------------------------------ */
+/* Format detection                                                         */
+/* ------------------------------------------------------------------------ */
+
+/* What a path holds, recognised from its bytes (files) or entries
+ * (directories), never from a file name's extension (the one exception:
+ * CKPTIO_FORMAT_HF_INDEX for a file, see ckptio_format_detect). Values are
+ * pinned; new ones are only appended. */
+typedef enum ckptio_format {
+    CKPTIO_FORMAT_UNKNOWN = 0,      /* none of the below */
+    CKPTIO_FORMAT_SAFETENSORS = 1,  /* a safetensors file (ckptio_safetensors_open) */
+    CKPTIO_FORMAT_TORCH = 2,        /* a torch.save zip archive (ckptio_torch_open) */
+    CKPTIO_FORMAT_TORCH_LEGACY = 3, /* a pre-1.6 torch.save bare pickle (not supported) */
+    CKPTIO_FORMAT_DCP = 4,          /* a torch.distributed.checkpoint directory (ckptio_dcp_open) */
+    CKPTIO_FORMAT_HF_INDEX = 5,     /* a Hugging Face sharded checkpoint: its index file or directory */
+    CKPTIO_FORMAT_DIRECTORY = 6     /* some other directory */
+} ckptio_format;
+
+/* Bytes from the start of a file that ckptio_format_detect_bytes needs to
+ * decide in every case but one (a safetensors header that begins with more
+ * JSON whitespace than that). */
+#define CKPTIO_FORMAT_PROBE_BYTES 64u
+
+/*! ckptio_format_detect_bytes() :
+ * Names the format of a file from its first bytes. `head` holds the first
+ * `len` bytes of a file of `file_size` bytes (len <= file_size; give
+ * min(file_size, CKPTIO_FORMAT_PROBE_BYTES) or more). The rules, in this
+ * order (the first that holds wins):
+ *  1. SAFETENSORS: len >= 9; the little-endian u64 N in bytes 0..7 has
+ *     2 <= N <= 100,000,000 and N <= file_size - 8; the first byte of
+ *     bytes 8..8+N-1 that is not JSON whitespace (space, \t, \n, \r) is
+ *     '{' (when `head` ends before such a byte, the file counts as
+ *     safetensors: its reader decides).
+ *  2. TORCH: starts with "PK\x03\x04" (a zip local header).
+ *  3. TORCH_LEGACY: byte 0 is 0x80 (pickle PROTO) and byte 1 is 2..5.
+ *  4. SAFETENSORS: byte 8 is '{' though rule 1 failed (a safetensors file
+ *     whose length field is damaged or that was cut inside its header), so
+ *     that its reader reports what is wrong.
+ *  5. UNKNOWN.
+ * No valid safetensors file is taken for another format: rule 1 comes first
+ * and holds for every file the safetensors reader accepts; no torch.save
+ * file (zip or legacy) satisfies rule 1 or 4 (byte 8 of a torch zip is its
+ * compression method, 0; of a legacy file, inside the pickled magic number).
+ * Never reads outside head[0..len). Returns CKPTIO_E_INVAL for NULL
+ * arguments or len > file_size. Thread-safe. */
+CKPTIO_API ckptio_status ckptio_format_detect_bytes(const void *head, size_t len, uint64_t file_size,
+                                                    ckptio_format *out);
+
+/*! ckptio_format_detect() :
+ * Names the format of `path`. A regular file: its first bytes by the rules
+ * of ckptio_format_detect_bytes (reading further when a safetensors header
+ * begins with much whitespace); a file whose name ends in ".index.json"
+ * and whose first non-blank byte is '{', and that is neither safetensors
+ * nor a torch file by its bytes, is CKPTIO_FORMAT_HF_INDEX. A directory:
+ * CKPTIO_FORMAT_DCP when it holds a regular file ".metadata", else
+ * CKPTIO_FORMAT_HF_INDEX when it holds "model.safetensors.index.json",
+ * else CKPTIO_FORMAT_DIRECTORY. Symbolic links are followed. Anything else
+ * (FIFO, device, socket) is CKPTIO_E_UNSUPPORTED, and is never opened for
+ * reading. A path that cannot be opened or read fails with the errno's
+ * status (CKPTIO_E_NOT_FOUND, CKPTIO_E_PERMISSION, ...) naming it.
+ * Thread-safe. */
+CKPTIO_API ckptio_status ckptio_format_detect(const char *path, ckptio_format *out);
+
+/*! ckptio_format_name() : @return "safetensors", "torch", "torch_legacy",
+ * "dcp", "hf_index", "directory" or "unknown" (static storage; "unknown"
+ * for values outside the enum). */
+CKPTIO_API const char *ckptio_format_name(ckptio_format format);
+
+/* ------------------------------------------------------------------------ */
 /* safetensors                                                              */
 /* ------------------------------------------------------------------------ */
 
@@ -979,8 +1047,12 @@ typedef struct ckptio_torch_storage_info {
 /*! ckptio_torch_open() :
  * Opens a torch.save file: parses the zip directory and runs data.pkl
  * through the restricted unpickler. Globals outside the allowlist fail with
- * CKPTIO_E_DISALLOWED naming the global. The engine is used for later reads
- * and must outlive the handle. */
+ * CKPTIO_E_DISALLOWED naming the global. Zip records that overlap each other
+ * or the central directory are CKPTIO_E_FORMAT. Tensors are named by their
+ * dotted path; two different tensors with one name ({'a.b': x, 'a': {'b': y}},
+ * {1: x, '1': y}) are CKPTIO_E_UNSUPPORTED naming both paths (the writer
+ * refuses such trees too). The engine is used for later reads and must
+ * outlive the handle. */
 CKPTIO_API ckptio_status ckptio_torch_open(ckptio_engine *engine, const char *path, ckptio_torch **out);
 
 /*! ckptio_torch_parse() :
@@ -1158,6 +1230,37 @@ CKPTIO_API ckptio_status ckptio_torch_save(ckptio_engine *engine, const char *pa
 CKPTIO_API ckptio_status ckptio_torch_save_tensors(ckptio_engine *engine, const char *path,
                                                    const ckptio_tensor_source *tensors, size_t count,
                                                    const ckptio_torch_save_options *options);
+
+/* ------------------------------------------------------------------------ */
+/* Conversion between torch.save and safetensors                            */
+/* ------------------------------------------------------------------------ */
+
+/*! ckptio_torch_save_safetensors() :
+ * Writes tensors of an open torch.save file (ckptio_torch_open) as a new
+ * safetensors file at `path`, atomically: the file ckptio_safetensors_save
+ * would write for them (names are the dotted paths; F4 shapes counted in
+ * values; `metadata` and `flags` (CKPTIO_SAFETENSORS_ALIGN_8) as there).
+ * `tensors` lists tensor indices (NULL: all, `count` ignored). Each tensor
+ * is read through the handle's engine (strided views gathered) into one
+ * buffer of the largest tensor's size and written before the next is read:
+ * memory stays bounded and the input is never memory-mapped, so an input
+ * that shrinks meanwhile fails with CKPTIO_E_TRUNCATED naming it (never a
+ * SIGBUS). On any failure nothing appears under `path` and an older file
+ * there is kept. Views that share a storage are written as copies. */
+CKPTIO_API ckptio_status ckptio_torch_save_safetensors(ckptio_torch *t, const char *path, const size_t *tensors,
+                                                       size_t count, const ckptio_kv *metadata,
+                                                       size_t metadata_count, unsigned flags);
+
+/*! ckptio_safetensors_save_torch() :
+ * Writes every tensor of an open safetensors file (ckptio_safetensors_open)
+ * as a torch.save file at `path`, atomically: the file
+ * ckptio_torch_save_tensors would write (a flat OrderedDict, one storage per
+ * tensor; `options` as there). Tensors are read one at a time through the
+ * handle's engine into one buffer of the largest tensor's size, CRC-32s
+ * computed from it; the same guarantees as ckptio_torch_save_safetensors.
+ * The __metadata__ is not carried (torch.save files have none). */
+CKPTIO_API ckptio_status ckptio_safetensors_save_torch(ckptio_safetensors *st, const char *path,
+                                                       const ckptio_torch_save_options *options);
 
 
 /* ------------------------------------------------------------------------ */

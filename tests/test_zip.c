@@ -228,10 +228,35 @@ static void test_zip64_layout(void) {
     free(tail);
 }
 
+/* Records must not share bytes (issue 16 item 12): a local header inside
+ * another record's data is how 400 records of 1 MiB fit in 1.1 MB. */
+static void test_overlapping_records_refused(void) {
+    ckptio__zip_entry e[3] = {entry("m/data/0", 100), entry("m/data/1", 100), entry("m/data/2", 0)};
+    /* Back to back, in any order in the directory: fine. */
+    e[0].header_offset = 200, e[0].data_offset = 200 + 38;   /* ends at 338 */
+    e[1].header_offset = 0, e[1].data_offset = 38;           /* ends at 138 */
+    e[2].header_offset = 338, e[2].data_offset = 338 + 38;   /* empty record, ends at 376 */
+    T_OK(ckptio__zip_check_disjoint(e, 3, 376, "x.pt"));
+    /* A header inside the previous record's data. */
+    e[2].header_offset = 337, e[2].data_offset = 337 + 38;
+    T_STATUS(ckptio__zip_check_disjoint(e, 3, 400, "x.pt"), CKPTIO_E_FORMAT);
+    T_MESSAGE_HAS("record overlaps record 'm/data/0'");
+    T_ASSERT(strcmp(ckptio_last_error()->subject, "m/data/2") == 0 && ckptio_last_error()->file_offset == 337);
+    /* Two records at one offset. */
+    e[2].header_offset = 200, e[2].data_offset = 238;
+    T_STATUS(ckptio__zip_check_disjoint(e, 3, 400, "x.pt"), CKPTIO_E_FORMAT);
+    /* Data running into the central directory. */
+    e[2].header_offset = 338, e[2].data_offset = 376;
+    T_STATUS(ckptio__zip_check_disjoint(e, 3, 375, "x.pt"), CKPTIO_E_FORMAT);
+    T_MESSAGE_HAS("inside the central directory");
+    T_OK(ckptio__zip_check_disjoint(e, 0, 0, "x.pt"));
+}
+
 int main(void) {
     T_RUN(test_layout_matches_torch);
     T_RUN(test_local_header_bytes);
     T_RUN(test_trailer_bytes_and_reader);
     T_RUN(test_zip64_layout);
+    T_RUN(test_overlapping_records_refused);
     return T_EXIT_PASS;
 }

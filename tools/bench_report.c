@@ -79,7 +79,7 @@ void bench_print_table(const bench_run *run, FILE *out) {
     const char *direct = run->direct >= 0 && run->direct <= 2 ? direct_names[run->direct] : "?";
 
     fprintf(out, "ckptio bench: %s in %u BF16 tensors of %s, %s%u run%s, in %s\n", size, run->tensors, tsize,
-            run->done > 1 ? "median of " : "", run->done, run->done == 1 ? "" : "s", run->dir);
+            run->done > 1 ? "median of " : "", run->done, run->done == 1 ? "" : "s", cli_q(run->dir));
     fprintf(out, "engine: %s backend, %lld threads, direct %s, chunk %s; raw: %u threads, %s blocks\n",
             run->backend ? run->backend : "?", (long long)run->threads, direct, chunk, run->raw_threads, block);
     fprintf(out, "cold cache: %s; at most %.1f%% of a file still cached after a drop\n", run->cache_method,

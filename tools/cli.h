@@ -17,6 +17,7 @@
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <stdarg.h>
 #include <stdio.h>
 
 /* Exit statuses of every subcommand (docs/CLI.md). */
@@ -32,10 +33,26 @@ enum {
 CLI_COMMAND_LIST(CLI_X_PROTO_)
 #undef CLI_X_PROTO_
 
-/* ---- messages (cli_util.c) ----------------------------------------------- */
+/* ---- messages (cli_quote.c, cli_util.c) ---------------------------------- */
 
-/* Prints "ckptio: <message>\n" to stderr. */
+/* Prints "ckptio: <message>\n" to stderr, the message quoted (cli_quote):
+ * names from files can hold anything, a terminal must see only text. */
 void cli_error(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+/* The same as "ckptio: warning: <message>\n". */
+void cli_warning(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+/* Both, with the prefix after "ckptio: " given (e.g. "" or "warning: "). */
+void cli_vreport(const char *kind, const char *fmt, va_list ap);
+
+/* Writes `len` bytes of `text` into out (cap bytes, always NUL-terminated
+ * when cap > 0) with control characters (C0, DEL, C1), line separators,
+ * bidirectional controls, invalid UTF-8 and backslashes escaped as \n, \t,
+ * \r, \\, \xHH or \uXXXX. Returns the quoted length (without the NUL),
+ * which may exceed cap: call with cap 0 to size a buffer. */
+size_t cli_quote(const char *text, size_t len, char *out, size_t cap);
+/* Quoted copies for human output (printf arguments): valid until eight
+ * more calls. cli_q(NULL) is "(null)". */
+const char *cli_q(const char *s);
+const char *cli_qn(const char *s, size_t len);
 
 /* Prints the library's last error as "ckptio: <message>", putting `path`
  * in front when the message does not already name it. Returns
@@ -154,6 +171,15 @@ typedef struct cli_view {
     ckptio_safetensors *st;      /* the format handle that owns the strings */
     ckptio_torch *torch;         /* or, for "torch.save": tensor i is ckptio_torch_tensor(torch, i) */
 } cli_view;
+
+/* ckptio_format_detect(path); on failure prints "ckptio: PATH: ..." and
+ * returns -1. */
+int cli_detect(const char *path, ckptio_format *format);
+
+/* Says why `path`, detected as `format`, is not a checkpoint file the
+ * command can open (a directory, an index, unknown bytes). Returns
+ * CLI_EXIT_FAIL. */
+int cli_refuse_format(const char *path, ckptio_format format);
 
 /* Opens and validates `path` (format chosen from its first bytes). On
  * failure prints "ckptio: ..." and returns -1. */

@@ -9,13 +9,10 @@
 
 #include "cli.h"
 
-/* True when `path` is a directory holding a .metadata file. */
-bool cli_is_dcp_dir(const char *path);
-
-/* True when `path` is a Hugging Face index (a file named *.index.json, or a
- * directory holding model.safetensors.index.json); *index receives the
- * index file's path (cap bytes). */
-bool cli_find_hf_index(const char *path, char *index, size_t cap);
+/* The index file of `path`, which ckptio_format_detect called
+ * CKPTIO_FORMAT_HF_INDEX: the path itself, or DIR/model.safetensors.index.json
+ * for a directory. *index receives it (cap bytes); false when it does not fit. */
+bool cli_hf_index_path(const char *path, char *index, size_t cap);
 
 /* `ckptio inspect DIR [--json]` (cmd_dcp_dir.c). */
 int cli_dcp_inspect(ckptio_engine *engine, const char *dir, bool json);

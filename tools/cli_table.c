@@ -23,7 +23,8 @@ int cli_table_add(cli_table *table, const char *const *cells) {
     }
     char **row = table->cells + table->nrows * table->ncols;
     for (size_t c = 0; c < table->ncols; c++) {
-        row[c] = strdup(cells[c] ? cells[c] : "");
+        /* Cells hold names from files: quoted once here for every table. */
+        row[c] = strdup(cli_q(cells[c] ? cells[c] : ""));
         if (row[c] == NULL) {
             while (c-- > 0) free(row[c]);
             return -1;

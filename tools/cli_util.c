@@ -15,16 +15,6 @@ volatile sig_atomic_t cli_interrupted = 0;
 
 /* ---- messages -------------------------------------------------------------- */
 
-void cli_error(const char *fmt, ...) {
-    va_list ap;
-    va_start(ap, fmt);
-    cli_progress_clear();
-    fputs("ckptio: ", stderr);
-    vfprintf(stderr, fmt, ap);
-    fputc('\n', stderr);
-    va_end(ap);
-}
-
 int cli_error_lib(const char *path, ckptio_status status) {
     const char *msg = ckptio_last_error_message();
     if (msg == NULL || msg[0] == '\0') msg = ckptio_strerror(status);
@@ -43,10 +33,7 @@ void cli_usage_print(const cli_usage *usage) {
 int cli_usage_error(const cli_usage *usage, const char *fmt, ...) {
     va_list ap;
     va_start(ap, fmt);
-    cli_progress_clear();
-    fputs("ckptio: ", stderr);
-    vfprintf(stderr, fmt, ap);
-    fputc('\n', stderr);
+    cli_vreport("", fmt, ap);
     va_end(ap);
     fputs(usage->synopsis, stderr);
     if (usage->command != NULL)

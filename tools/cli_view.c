@@ -8,11 +8,9 @@
 #include "cli.h"
 
 #include <errno.h>
-#include <fcntl.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
-#include <unistd.h>
 
 ckptio_engine *cli_engine_create(void) {
     ckptio_engine *engine = NULL;
@@ -63,29 +61,47 @@ static int open_torch(ckptio_engine *engine, cli_view *view) {
     return 0;
 }
 
+int cli_detect(const char *path, ckptio_format *format) {
+    const ckptio_status st = ckptio_format_detect(path, format);
+    if (st == CKPTIO_OK) return 0;
+    const ckptio_error_info *e = ckptio_last_error();
+    if (e->sys_errno != 0)
+        cli_error("%s: cannot %s: %s", path, strcmp(e->operation, "open") == 0 ? "open" : "read", strerror(e->sys_errno));
+    else
+        cli_error_lib(path, st);
+    return -1;
+}
+
+int cli_refuse_format(const char *path, ckptio_format format) {
+    struct stat sb;
+    const bool dir = stat(path, &sb) == 0 && S_ISDIR(sb.st_mode);
+    if (dir) cli_error("%s: is a directory, not a checkpoint file", path);
+    else if (format == CKPTIO_FORMAT_HF_INDEX) cli_error("%s: is a Hugging Face index, not a checkpoint file", path);
+    else
+        cli_error("%s: not a checkpoint ckptio can read: neither a safetensors file nor a torch.save archive "
+                  "(%llu bytes)", path, (unsigned long long)sb.st_size);
+    return CLI_EXIT_FAIL;
+}
+
 int cli_view_open(ckptio_engine *engine, const char *path, cli_view *view) {
     memset(view, 0, sizeof *view);
     view->path = path;
 
-    /* The format is recognised from the first bytes, never from the name. */
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
-    if (fd < 0) return cli_error("%s: cannot open: %s", path, strerror(errno)), -1;
+    /* The format is recognised from the first bytes, never from the name
+     * (the library's one rule: ckptio_format_detect). */
+    ckptio_format format;
+    if (cli_detect(path, &format) != 0) return -1;
     struct stat sb;
-    unsigned char magic[4] = {0};
-    ssize_t got = -1;
-    int err = 0;
-    if (fstat(fd, &sb) != 0) err = errno;
-    else if (!S_ISREG(sb.st_mode)) err = S_ISDIR(sb.st_mode) ? EISDIR : EINVAL;
-    else if ((got = pread(fd, magic, sizeof magic, 0)) < 0) err = errno;
-    close(fd);
-    if (err == EISDIR) return cli_error("%s: is a directory, not a checkpoint file", path), -1;
-    if (err == EINVAL) return cli_error("%s: not a regular file", path), -1;
-    if (err != 0) return cli_error("%s: cannot read: %s", path, strerror(err)), -1;
+    if (stat(path, &sb) != 0) return cli_error("%s: cannot open: %s", path, strerror(errno)), -1;
     view->file_size = (uint64_t)sb.st_size;
-
-    /* A zip, or a bare pickle (legacy torch.save: the reader explains why it refuses it). */
-    const bool torch = (got == 4 && memcmp(magic, "PK\x03\x04", 4) == 0) || (got >= 2 && magic[0] == 0x80);
-    int rc = torch ? open_torch(engine, view) : open_safetensors(engine, view);
+    int rc;
+    switch (format) {
+    case CKPTIO_FORMAT_SAFETENSORS: rc = open_safetensors(engine, view); break;
+    /* A legacy file too: the torch reader explains why it refuses it. */
+    case CKPTIO_FORMAT_TORCH:
+    case CKPTIO_FORMAT_TORCH_LEGACY: rc = open_torch(engine, view); break;
+    default: return cli_refuse_format(path, format), -1;
+    }
     if (rc != 0) cli_view_close(view);
     return rc;
 }

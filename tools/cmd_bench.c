@@ -350,7 +350,7 @@ out:
         if (rmdir(run->dir) != 0 && rc == CLI_EXIT_OK)
             cli_error("%s: could not remove the temporary directory: %s", run->dir, strerror(errno));
     } else if (made_dir) {
-        fprintf(opt->json ? stderr : stdout, "kept: %s\n", run->dir);
+        fprintf(opt->json ? stderr : stdout, "kept: %s\n", cli_q(run->dir));
     }
     return rc;
 }

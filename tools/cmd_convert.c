@@ -1,9 +1,11 @@
 /*
  * cmd_convert.c - `ckptio convert IN OUT`: torch.save <-> safetensors.
  *
- * The direction follows IN's format (recognised from its first bytes). The
- * input is memory-mapped and contiguous tensors are written straight from
- * the mapping; only non-contiguous views are gathered into new buffers.
+ * The direction follows IN's format (ckptio_format_detect). The library
+ * converts tensor by tensor through the engine in bounded memory (the
+ * largest tensor); IN is never memory-mapped, so an IN that is truncated
+ * while it is read is an error naming it, not a SIGBUS, and OUT is never
+ * left half-written.
  *
  * torch.save -> safetensors: safetensors cannot share bytes between
  * tensors, so every tensor (including views of a shared storage and tied
@@ -17,13 +19,8 @@
 #include "cli.h"
 #include "cli_dcp.h"
 
-#include <errno.h>
-#include <fcntl.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/mman.h>
-#include <sys/stat.h>
-#include <unistd.h>
 
 static const cli_usage usage = {
     "convert",
@@ -51,39 +48,6 @@ static const cli_usage usage = {
     "  -h, --help     show this help\n"
     "\nexit status: 0 converted, 1 invalid input or failed write, 2 bad command line\n",
 };
-
-typedef struct mapping {
-    void *addr;
-    size_t len;
-} mapping;
-
-static int map_file(const char *path, mapping *m) {
-    m->addr = NULL;
-    m->len = 0;
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
-    if (fd < 0) return cli_error("%s: cannot open: %s", path, strerror(errno)), -1;
-    struct stat sb;
-    if (fstat(fd, &sb) != 0 || !S_ISREG(sb.st_mode)) {
-        close(fd);
-        return cli_error("%s: not a regular file", path), -1;
-    }
-    m->len = (size_t)sb.st_size;
-    if (m->len > 0) {
-        m->addr = mmap(NULL, m->len, PROT_READ, MAP_PRIVATE, fd, 0);
-        if (m->addr == MAP_FAILED) {
-            m->addr = NULL;
-            close(fd);
-            return cli_error("%s: cannot map: %s", path, strerror(errno)), -1;
-        }
-    }
-    close(fd);
-    return 0;
-}
-
-static void unmap_file(mapping *m) {
-    if (m->addr) munmap(m->addr, m->len);
-    m->addr = NULL;
-}
 
 /* Counts the non-tensor leaves of the object tree (what safetensors loses). */
 static size_t count_values(const ckptio_value *v, unsigned depth) {
@@ -117,26 +81,17 @@ static size_t count_values(const ckptio_value *v, unsigned depth) {
 static int torch_to_safetensors(ckptio_engine *engine, const char *in, const char *out, bool quiet) {
     int rc = CLI_EXIT_FAIL;
     ckptio_torch *t = NULL;
-    mapping m = {0};
-    ckptio_tensor_source *src = NULL;
-    void **owned = NULL;
-    int64_t *shapes = NULL;
     size_t n = 0, nstorages = 0;
     size_t *users = NULL;
     ckptio_status st = ckptio_torch_open(engine, in, &t);
     if (st != CKPTIO_OK) return cli_error_lib(in, st);
-    if (map_file(in, &m) != 0) goto out;
     ckptio_torch_count(t, &n);
     ckptio_torch_storage_count(t, &nstorages);
-    src = calloc(n ? n : 1, sizeof *src);
-    owned = calloc(n ? n : 1, sizeof *owned);
-    shapes = calloc(n ? n * 64 : 1, sizeof *shapes);
-    users = calloc(nstorages ? nstorages : 1, sizeof *users);
-    if (!src || !owned || !shapes || !users) {
+    if (!(users = calloc(nstorages ? nstorages : 1, sizeof *users))) {
         cli_error("out of memory");
         goto out;
     }
-    size_t gathered = 0;
+    size_t strided = 0, shared = 0;
     for (size_t i = 0; i < n; i++) {
         ckptio_torch_tensor_info ti;
         if ((st = ckptio_torch_tensor(t, i, &ti)) != CKPTIO_OK) {
@@ -150,31 +105,8 @@ static int torch_to_safetensors(ckptio_engine *engine, const char *in, const cha
             goto out;
         }
         users[ti.storage]++;
-        int64_t *shape = shapes + i * 64;
-        for (uint32_t d = 0; d < ti.ndim; d++) shape[d] = ti.shape[d];
-        /* torch counts float4_e2m1fn_x2 in packed pairs, safetensors F4 in values. */
-        if (ti.dtype == CKPTIO_DTYPE_F4 && ti.ndim > 0) shape[ti.ndim - 1] *= 2;
-        const void *data;
-        if (ti.is_contiguous) {
-            data = (const char *)m.addr + ti.file_offset;
-        } else {
-            owned[i] = malloc(ti.nbytes ? ti.nbytes : 1);
-            if (!owned[i]) {
-                cli_error("out of memory gathering '%s' (%llu bytes)", ti.name, (unsigned long long)ti.nbytes);
-                goto out;
-            }
-            ckptio_tensor_target tg = {.index = i, .data = owned[i], .capacity = ti.nbytes, .mem_kind = CKPTIO_MEM_HOST};
-            if ((st = ckptio_torch_read(t, &tg, 1)) != CKPTIO_OK) {
-                cli_error_lib(in, st);
-                goto out;
-            }
-            data = owned[i];
-            gathered++;
-        }
-        src[i] = (ckptio_tensor_source){.name = ti.name, .dtype = ti.dtype, .ndim = ti.ndim, .shape = shape,
-                                        .data = data, .nbytes = ti.nbytes, .mem_kind = CKPTIO_MEM_HOST};
+        strided += !ti.is_contiguous;
     }
-    size_t shared = 0;
     for (size_t i = 0; i < n; i++) {
         ckptio_torch_tensor_info ti;
         ckptio_torch_tensor(t, i, &ti);
@@ -184,27 +116,24 @@ static int torch_to_safetensors(ckptio_engine *engine, const char *in, const cha
     ckptio_torch_root(t, &root);
     const size_t dropped = count_values(root, 0);
     if (!quiet && shared)
-        fprintf(stderr, "ckptio: warning: %zu tensors share a storage with another tensor; safetensors cannot share "
-                        "bytes, so each is written as its own copy\n", shared);
+        cli_warning("%zu tensors share a storage with another tensor; safetensors cannot share bytes, so each is "
+                    "written as its own copy", shared);
     if (!quiet && dropped)
-        fprintf(stderr, "ckptio: warning: %zu non-tensor value%s (numbers, strings, _metadata, ...) cannot be stored "
-                        "in safetensors and %s dropped\n", dropped, dropped == 1 ? "" : "s", dropped == 1 ? "is" : "are");
+        cli_warning("%zu non-tensor value%s (numbers, strings, _metadata, ...) cannot be stored in safetensors and %s "
+                    "dropped", dropped, dropped == 1 ? "" : "s", dropped == 1 ? "is" : "are");
+    /* Tensor by tensor through the engine, never a mapping of IN: an IN
+     * that shrinks meanwhile is an error naming it, and OUT is not left. */
     const ckptio_kv meta[] = {{"format", "pt"}};
-    if ((st = ckptio_safetensors_save(engine, out, src, n, meta, 1, 0)) != CKPTIO_OK) {
-        cli_error_lib(out, st);
+    if ((st = ckptio_torch_save_safetensors(t, out, NULL, 0, meta, 1, 0)) != CKPTIO_OK) {
+        cli_error_lib(NULL, st);
         goto out;
     }
     if (!quiet)
-        printf("%s -> %s: %zu tensors (torch.save -> safetensors, %zu gathered from strided views)\n", in, out, n,
-               gathered);
+        printf("%s -> %s: %zu tensors (torch.save -> safetensors, %zu gathered from strided views)\n", cli_q(in),
+               cli_q(out), n, strided);
     rc = CLI_EXIT_OK;
 out:
-    for (size_t i = 0; owned && i < n; i++) free(owned[i]);
-    free(owned);
-    free(src);
-    free(shapes);
     free(users);
-    unmap_file(&m);
     ckptio_torch_close(t);
     return rc;
 }
@@ -212,18 +141,11 @@ out:
 static int safetensors_to_torch(ckptio_engine *engine, const char *in, const char *out, uint32_t alignment, bool quiet) {
     int rc = CLI_EXIT_FAIL;
     ckptio_safetensors *s = NULL;
-    mapping m = {0};
-    ckptio_tensor_source *src = NULL;
     size_t n = 0, nmeta = 0;
     ckptio_status st = ckptio_safetensors_open(engine, in, &s);
     if (st != CKPTIO_OK) return cli_error_lib(in, st);
-    if (map_file(in, &m) != 0) goto out;
     ckptio_safetensors_count(s, &n);
     ckptio_safetensors_metadata_count(s, &nmeta);
-    if (!(src = calloc(n ? n : 1, sizeof *src))) {
-        cli_error("out of memory");
-        goto out;
-    }
     for (size_t i = 0; i < n; i++) {
         ckptio_tensor_info ti;
         if ((st = ckptio_safetensors_tensor(s, i, &ti)) != CKPTIO_OK) {
@@ -234,23 +156,21 @@ static int safetensors_to_torch(ckptio_engine *engine, const char *in, const cha
             cli_error("%s: tensor '%s' has dtype %s, which torch cannot store", in, ti.name, ckptio_dtype_name(ti.dtype));
             goto out;
         }
-        src[i] = (ckptio_tensor_source){.name = ti.name, .dtype = ti.dtype, .ndim = ti.ndim, .shape = ti.shape,
-                                        .data = (const char *)m.addr + ti.file_offset, .nbytes = ti.nbytes,
-                                        .mem_kind = CKPTIO_MEM_HOST};
     }
     if (!quiet && nmeta)
-        fprintf(stderr, "ckptio: warning: %zu __metadata__ entr%s of %s %s not carried into the torch.save file\n", nmeta,
-                nmeta == 1 ? "y" : "ies", in, nmeta == 1 ? "is" : "are");
+        cli_warning("%zu __metadata__ entr%s of %s %s not carried into the torch.save file", nmeta,
+                    nmeta == 1 ? "y" : "ies", in, nmeta == 1 ? "is" : "are");
+    /* Tensor by tensor through the engine (see torch_to_safetensors). */
     ckptio_torch_save_options opts = {.storage_alignment = alignment};
-    if ((st = ckptio_torch_save_tensors(engine, out, src, n, &opts)) != CKPTIO_OK) {
-        cli_error_lib(out, st);
+    if ((st = ckptio_safetensors_save_torch(s, out, &opts)) != CKPTIO_OK) {
+        cli_error_lib(NULL, st);
         goto out;
     }
-    if (!quiet) printf("%s -> %s: %zu tensors (safetensors -> torch.save, alignment %u)\n", in, out, n, alignment);
+    if (!quiet)
+        printf("%s -> %s: %zu tensors (safetensors -> torch.save, alignment %u)\n", cli_q(in), cli_q(out), n,
+               alignment);
     rc = CLI_EXIT_OK;
 out:
-    free(src);
-    unmap_file(&m);
     ckptio_safetensors_close(s);
     return rc;
 }
@@ -283,7 +203,9 @@ int cli_cmd_convert(int argc, char **argv) {
     }
     if (argc - optind != 2) return cli_usage_error(&usage, "expected IN and OUT");
     const char *in = argv[optind], *out = argv[optind + 1];
-    if (cli_is_dcp_dir(in)) {
+    ckptio_format format;
+    if (cli_detect(in, &format) != 0) return CLI_EXIT_FAIL;
+    if (format == CKPTIO_FORMAT_DCP) {
         ckptio_engine *engine = cli_engine_create();
         if (!engine) return CLI_EXIT_FAIL;
         const int rc = cli_dcp_convert(engine, in, out, shard_size, quiet);
@@ -291,18 +213,14 @@ int cli_cmd_convert(int argc, char **argv) {
         return rc;
     }
     if (shard_size) return cli_usage_error(&usage, "--shard-size applies to a DCP directory IN only");
+    if (format != CKPTIO_FORMAT_SAFETENSORS && format != CKPTIO_FORMAT_TORCH && format != CKPTIO_FORMAT_TORCH_LEGACY)
+        return cli_refuse_format(in, format);
 
-    unsigned char magic[4] = {0};
-    int fd = open(in, O_RDONLY | O_CLOEXEC);
-    if (fd < 0) return cli_error("%s: cannot open: %s", in, strerror(errno)), CLI_EXIT_FAIL;
-    ssize_t got = pread(fd, magic, sizeof magic, 0);
-    close(fd);
     ckptio_engine *engine = cli_engine_create();
     if (!engine) return CLI_EXIT_FAIL;
-    /* A zip, or a bare pickle (legacy torch.save, which the reader refuses with its own message). */
-    int rc = ((got == 4 && memcmp(magic, "PK\x03\x04", 4) == 0) || (got >= 2 && magic[0] == 0x80))
-                 ? torch_to_safetensors(engine, in, out, quiet)
-                 : safetensors_to_torch(engine, in, out, (uint32_t)alignment, quiet);
+    /* A legacy torch file goes to the torch reader, which says why it refuses it. */
+    int rc = format == CKPTIO_FORMAT_SAFETENSORS ? safetensors_to_torch(engine, in, out, (uint32_t)alignment, quiet)
+                                                 : torch_to_safetensors(engine, in, out, quiet);
     ckptio_engine_destroy(engine);
     return rc;
 }

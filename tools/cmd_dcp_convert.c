@@ -34,12 +34,13 @@ static void warn_byte_items(ckptio_dcp *h, bool quiet) {
     size_t nb = 0;
     ckptio_dcp_bytes_count(h, &nb);
     if (quiet || nb == 0) return;
+    cli_progress_clear();
     fprintf(stderr, "ckptio: warning: %zu byte item%s (non-tensor values) cannot be stored in safetensors and %s "
                     "skipped:", nb, nb == 1 ? "" : "s", nb == 1 ? "is" : "are");
     for (size_t j = 0; j < nb; j++) {
         ckptio_dcp_bytes_info bi;
         ckptio_dcp_bytes(h, j, &bi);
-        fprintf(stderr, "%s '%s'", j ? "," : "", bi.fqn);
+        fprintf(stderr, "%s '%s'", j ? "," : "", cli_q(bi.fqn));
     }
     fputc('\n', stderr);
 }
@@ -166,7 +167,7 @@ static int to_shards(ckptio_engine *engine, ckptio_dcp *h, const char *dir, cons
     }
     warn_byte_items(h, quiet);
     if (!quiet)
-        printf("%s -> %s: %zu tensors in %zu shard%s%s (DCP -> Hugging Face safetensors)\n", dir, out, nt, nshards,
+        printf("%s -> %s: %zu tensors in %zu shard%s%s (DCP -> Hugging Face safetensors)\n", cli_q(dir), cli_q(out), nt, nshards,
                nshards == 1 ? "" : "s", nshards > 1 ? " + model.safetensors.index.json" : " (model.safetensors)");
     rc = CLI_EXIT_OK;
 out:
@@ -195,7 +196,7 @@ int cli_dcp_convert(ckptio_engine *engine, const char *dir, const char *out, uin
             cli_error_lib(out, st);
         } else {
             warn_byte_items(h, quiet);
-            if (!quiet) printf("%s -> %s: %zu tensors (DCP -> safetensors, chunks assembled)\n", dir, out, nt);
+            if (!quiet) printf("%s -> %s: %zu tensors (DCP -> safetensors, chunks assembled)\n", cli_q(dir), cli_q(out), nt);
             rc = CLI_EXIT_OK;
         }
     }

@@ -15,14 +15,6 @@
 #include <string.h>
 #include <sys/stat.h>
 
-bool cli_is_dcp_dir(const char *path) {
-    struct stat sb;
-    if (stat(path, &sb) != 0 || !S_ISDIR(sb.st_mode)) return false;
-    char md[4096];
-    if ((size_t)snprintf(md, sizeof md, "%s/.metadata", path) >= sizeof md) return false;
-    return stat(md, &sb) == 0 && S_ISREG(sb.st_mode);
-}
-
 static const char *dtype_label(ckptio_dtype dtype) {
     const char *name = ckptio_dtype_name(dtype);
     if (name != NULL && name[0] != '\0') return name;
@@ -47,9 +39,9 @@ static int print_text(ckptio_dcp *h, const char *dir) {
     ckptio_dcp_bytes_count(h, &nb);
     ckptio_dcp_file_count(h, &nf);
     const bool has_manifest = ckptio_dcp_manifest(h, &manifest) == CKPTIO_OK;
-    printf("directory: %s\n", dir);
+    printf("directory: %s\n", cli_q(dir));
     printf("format:    torch.distributed.checkpoint\n");
-    printf("manifest:  %s\n", has_manifest ? manifest : "none (no ckptio checksums: written by torch or without them)");
+    printf("manifest:  %s\n", has_manifest ? cli_q(manifest) : "none (no ckptio checksums: written by torch or without them)");
     uint64_t data_bytes = 0;
     printf("files:     %zu\n", nf);
     for (size_t i = 0; i < nf; i++) {
@@ -57,7 +49,7 @@ static int print_text(ckptio_dcp *h, const char *dir) {
         ckptio_dcp_file(h, i, &name);
         const uint64_t size = file_size(dir, name);
         data_bytes += size;
-        printf("  %s  %s\n", name, cli_format_bytes(size, a, sizeof a));
+        printf("  %s  %s\n", cli_q(name), cli_format_bytes(size, a, sizeof a));
     }
     static const char *const theaders[] = {"name", "dtype", "shape", "chunks", "size"};
     cli_table table;
@@ -245,7 +237,7 @@ int cli_dcp_verify(ckptio_engine *engine, const char *dir, bool quiet) {
         else if (!quiet)
             printf("%s: ok (DCP, %zu tensor%s, %zu byte item%s; %zu of %zu items matched their XXH3-64 in %s, "
                    "%zu without a checksum; %s read)\n",
-                   dir, nt, nt == 1 ? "" : "s", nb, nb == 1 ? "" : "s", r.checked, r.items, manifest, r.unhashed,
+                   cli_q(dir), nt, nt == 1 ? "" : "s", nb, nb == 1 ? "" : "s", r.checked, r.items, cli_q(manifest), r.unhashed,
                    cli_format_bytes(r.bytes, size, sizeof size));
     } else {
         /* No manifest (torch wrote it): what can be checked without checksums. */
@@ -253,7 +245,7 @@ int cli_dcp_verify(ckptio_engine *engine, const char *dir, bool quiet) {
         else if (!quiet)
             printf("%s: ok (DCP, %zu tensor%s, %zu byte item%s; no ckptio manifest, so no checksums: structure "
                    "checked instead, %zu items parsed, chunks tile every tensor; %s read)\n",
-                   dir, nt, nt == 1 ? "" : "s", nb, nb == 1 ? "" : "s", r.checked,
+                   cli_q(dir), nt, nt == 1 ? "" : "s", nb, nb == 1 ? "" : "s", r.checked,
                    cli_format_bytes(r.bytes, size, sizeof size));
     }
     ckptio_dcp_close(h);

@@ -18,15 +18,9 @@
 
 #define HF_INDEX_NAME "model.safetensors.index.json"
 
-bool cli_find_hf_index(const char *path, char *index, size_t cap) {
+bool cli_hf_index_path(const char *path, char *index, size_t cap) {
     struct stat sb;
-    if (stat(path, &sb) != 0) return false;
-    if (S_ISDIR(sb.st_mode)) {
-        if ((size_t)snprintf(index, cap, "%s/%s", path, HF_INDEX_NAME) >= cap) return false;
-        return stat(index, &sb) == 0 && S_ISREG(sb.st_mode);
-    }
-    const size_t n = strlen(path), m = strlen(".index.json");
-    if (!S_ISREG(sb.st_mode) || n < m || strcmp(path + n - m, ".index.json") != 0) return false;
+    if (stat(path, &sb) == 0 && S_ISDIR(sb.st_mode)) return (size_t)snprintf(index, cap, "%s/%s", path, HF_INDEX_NAME) < cap;
     return (size_t)snprintf(index, cap, "%s", path) < cap;
 }
 
@@ -169,7 +163,7 @@ int cli_hf_inspect(ckptio_engine *engine, const char *index, bool json) {
         free(text);
     } else {
         char a[32];
-        printf("index:      %s\n", index);
+        printf("index:      %s\n", cli_q(index));
         printf("format:     Hugging Face sharded safetensors\n");
         printf("shards:     %zu\n", x.nshards);
         if (x.has_total) printf("total_size: %llu (from the index)\n", (unsigned long long)x.total_size);
@@ -218,7 +212,7 @@ int cli_hf_verify(ckptio_engine *engine, const char *index, bool quiet) {
     }
     char a[32];
     if (!quiet)
-        printf("%s: ok (Hugging Face sharded safetensors, %zu shard%s, %zu tensor%s, %s of data read)\n", index,
+        printf("%s: ok (Hugging Face sharded safetensors, %zu shard%s, %zu tensor%s, %s of data read)\n", cli_q(index),
                x.nshards, x.nshards == 1 ? "" : "s", count, count == 1 ? "" : "s", cli_format_bytes(all, a, sizeof a));
     rc = CLI_EXIT_OK;
 out:

@@ -61,7 +61,7 @@ static int print_text(const cli_view *view) {
     uint64_t all_bytes = 0;
     sum_by_dtype(view, totals, &all_bytes);
 
-    printf("file:     %s\n", view->path);
+    printf("file:     %s\n", cli_q(view->path));
     printf("format:   %s\n", view->format);
     printf("size:     %s (%llu bytes)\n", cli_format_bytes(view->file_size, a, sizeof a),
            (unsigned long long)view->file_size);
@@ -82,7 +82,7 @@ static int print_text(const cli_view *view) {
     } else {
         printf("metadata: %zu entr%s\n", view->metadata_count, view->metadata_count == 1 ? "y" : "ies");
         for (size_t i = 0; i < view->metadata_count; i++)
-            printf("  %s = %s\n", view->metadata[i].key, view->metadata[i].value);
+            printf("  %s = %s\n", cli_q(view->metadata[i].key), cli_q(view->metadata[i].value));
     }
 
     static const char *const theaders[] = {"name", "dtype", "shape", "size", "offset"};
@@ -296,10 +296,14 @@ int cli_cmd_inspect(int argc, char **argv) {
     cli_view view;
     int rc = CLI_EXIT_FAIL;
     char index[4096];
-    if (cli_is_dcp_dir(path)) {
+    ckptio_format format;
+    if (cli_detect(path, &format) != 0) {
+        rc = CLI_EXIT_FAIL;
+    } else if (format == CKPTIO_FORMAT_DCP) {
         rc = cli_dcp_inspect(engine, path, json);
-    } else if (cli_find_hf_index(path, index, sizeof index)) {
-        rc = cli_hf_inspect(engine, index, json);
+    } else if (format == CKPTIO_FORMAT_HF_INDEX) {
+        rc = cli_hf_index_path(path, index, sizeof index) ? cli_hf_inspect(engine, index, json)
+                                                          : (cli_error("%s: path too long", path), CLI_EXIT_FAIL);
     } else if (cli_view_open(engine, path, &view) == 0) {
         rc = json ? print_json(&view) : print_text(&view);
         cli_view_close(&view);

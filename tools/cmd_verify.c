@@ -39,8 +39,13 @@ static const cli_usage usage = {
 
 static int verify_one(ckptio_engine *engine, const char *path, bool quiet) {
     char index[4096];
-    if (cli_is_dcp_dir(path)) return cli_dcp_verify(engine, path, quiet);
-    if (cli_find_hf_index(path, index, sizeof index)) return cli_hf_verify(engine, index, quiet);
+    ckptio_format format;
+    if (cli_detect(path, &format) != 0) return CLI_EXIT_FAIL;
+    if (format == CKPTIO_FORMAT_DCP) return cli_dcp_verify(engine, path, quiet);
+    if (format == CKPTIO_FORMAT_HF_INDEX) {
+        if (!cli_hf_index_path(path, index, sizeof index)) return cli_error("%s: path too long", path), CLI_EXIT_FAIL;
+        return cli_hf_verify(engine, index, quiet);
+    }
     cli_view view;
     if (cli_view_open(engine, path, &view) != 0) return CLI_EXIT_FAIL;
     int rc = CLI_EXIT_FAIL;
@@ -55,7 +60,7 @@ static int verify_one(ckptio_engine *engine, const char *path, bool quiet) {
             rc = CLI_EXIT_OK;
             if (!quiet)
                 printf("%s: ok (torch.save, %zu tensor%s, %zu records, %zu CRC-32 matched, %zu without CRC, %s read)\n",
-                       path, view.count, view.count == 1 ? "" : "s", report.records, report.crc_checked,
+                       cli_q(path), view.count, view.count == 1 ? "" : "s", report.records, report.crc_checked,
                        report.crc_absent, cli_format_bytes(report.bytes, size, sizeof size));
         }
     } else if (cli_view_read_all(engine, &view, VERIFY_WINDOW) == 0) {
@@ -73,7 +78,7 @@ static int verify_one(ckptio_engine *engine, const char *path, bool quiet) {
         else if (st != CKPTIO_E_NOT_FOUND)
             rc = cli_error_lib(path, st);
         if (!quiet && rc == CLI_EXIT_OK)
-            printf("%s: ok (%s, %zu tensor%s, %s of data read%s)\n", path, view.format, view.count,
+            printf("%s: ok (%s, %zu tensor%s, %s of data read%s)\n", cli_q(path), view.format, view.count,
                    view.count == 1 ? "" : "s", cli_format_bytes(bytes, size, sizeof size), sums);
     }
     cli_view_close(&view);

@@ -62,14 +62,19 @@ def _framework(framework: str) -> str:
 
 
 def _detect(path: str) -> str:
-    kind = _ckptio.sniff(path)
+    kind = _ckptio.format_detect(path)
     if kind in ("safetensors", "torch"):
         return kind
     if kind == "torch_legacy":
         raise _fail(_E_UNSUPPORTED, path, "legacy (pre-1.6, non-zip) torch.save files are not supported; "
                     "re-save with torch.save(..., _use_new_zipfile_serialization=True)")
-    if kind == "directory":
+    if kind == "dcp":
+        raise _fail(_E_UNSUPPORTED, path, "is a torch.distributed.checkpoint directory, not a checkpoint file; "
+                    "load it with torch.distributed.checkpoint and ckptio.dcp.FileSystemReader")
+    if kind in ("directory", "hf_index") and os.path.isdir(path):
         raise _fail(_E_UNSUPPORTED, path, "is a directory, not a checkpoint file")
+    if kind == "hf_index":
+        raise _fail(_E_UNSUPPORTED, path, "is a Hugging Face index (JSON), not a checkpoint file; open its shards")
     raise _fail(_E_FORMAT, path, "not a safetensors or torch.save zip file (unrecognised first bytes)")
 
 

@@ -39,7 +39,7 @@
 PyObject *ckpy_raise(ckptio_status status);
 
 /* Raises a ckptio exception for a failure found by the extension itself
- * (argument checks, a failed open(2) while sniffing). `sys_errno` 0 = none,
+ * (argument checks, a failed system call). `sys_errno` 0 = none,
  * `path` may be NULL, `offset` -1 = none. @return NULL. */
 PyObject *ckpy_raise_custom(ckptio_status status, int sys_errno, const char *operation, const char *path,
                             int64_t offset, const char *fmt, ...);

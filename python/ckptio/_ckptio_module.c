@@ -1,7 +1,7 @@
 /*
  * _ckptio_module.c - the ckptio._ckptio extension module: module setup,
  * exceptions built from ckptio_last_error(), argument helpers, the dtype
- * table and format sniffing.
+ * table and format detection.
  *
  * Everything here goes through the public C API (ckptio.h) only.
  */
@@ -257,62 +257,20 @@ static PyObject *mod_option_names(PyObject *self, PyObject *unused) {
     return list;
 }
 
-/* Reads the first bytes of `path` and names the format:
- * "safetensors", "torch" (zip), "torch_legacy" (pre-1.6 pickle), "directory"
- * or "unknown". Missing or unreadable files raise. */
-static PyObject *mod_sniff(PyObject *self, PyObject *arg) {
+/* The library's format detector: ckptio_format_name() of what `path` holds. */
+static PyObject *mod_format_detect(PyObject *self, PyObject *arg) {
+    (void)self;
     PyObject *pb = ckpy_path_bytes(arg);
     if (!pb) return NULL;
     const char *path = PyBytes_AsString(pb);
-    unsigned char head[64];
-    ssize_t got = 0;
-    int err = 0, is_dir = 0;
-    const char *failed_op = NULL;
+    ckptio_format format = CKPTIO_FORMAT_UNKNOWN;
+    ckptio_status st;
     Py_BEGIN_ALLOW_THREADS
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
-    if (fd < 0) {
-        err = errno;
-        failed_op = "open";
-    } else {
-        struct stat sb;
-        if (fstat(fd, &sb) != 0) {
-            err = errno;
-            failed_op = "fstat";
-        } else if (S_ISDIR(sb.st_mode)) {
-            is_dir = 1;
-        } else {
-            do {
-                got = pread(fd, head, sizeof head, 0);
-            } while (got < 0 && errno == EINTR);
-            if (got < 0) {
-                err = errno;
-                failed_op = "pread";
-            }
-        }
-        close(fd);
-    }
+    st = ckptio_format_detect(path, &format);
     Py_END_ALLOW_THREADS
-    if (err) {
-        PyObject *r = ckpy_raise_custom(ckpy_status_from_errno(err), err, failed_op, path,
-                                        strcmp(failed_op, "pread") == 0 ? 0 : -1, "cannot read the checkpoint");
-        Py_DECREF(pb);
-        return r;
-    }
     Py_DECREF(pb);
-    const char *kind = "unknown";
-    if (is_dir) kind = "directory";
-    else if (got >= 4 && memcmp(head, "PK\x03\x04", 4) == 0) kind = "torch";
-    else if (got >= 2 && head[0] == 0x80 && head[1] >= 2 && head[1] <= 5) kind = "torch_legacy";
-    else if (got >= 9) {
-        uint64_t n = 0;
-        for (int i = 7; i >= 0; i--) n = (n << 8) | head[i];
-        ssize_t i = 8;
-        while (i < got && (head[i] == ' ' || head[i] == '\n' || head[i] == '\r' || head[i] == '\t')) i++;
-        /* Header length and size checks are the library's: it says precisely
-         * what is wrong with a damaged file. */
-        if (n >= 2 && i < got && head[i] == '{') kind = "safetensors";
-    }
-    return PyUnicode_FromString(kind);
+    if (st != CKPTIO_OK) return ckpy_raise(st);
+    return PyUnicode_FromString(ckptio_format_name(format));
 }
 
 static PyMethodDef module_methods[] = {
@@ -326,8 +284,9 @@ static PyMethodDef module_methods[] = {
      "inherit_mode(fd, path) -> None: gives the open file fd the permission bits (and, where permitted,\n"
      "owner and group) of the regular file at path, if there is one; call before fsync and rename\n"
      "when replacing path by a temporary of your own (ckptio_inherit_mode)."},
-    {"sniff", mod_sniff, METH_O,
-     "sniff(path) -> str: 'safetensors', 'torch', 'torch_legacy', 'directory' or 'unknown', from the first bytes."},
+    {"format_detect", mod_format_detect, METH_O,
+     "format_detect(path) -> str: 'safetensors', 'torch', 'torch_legacy', 'dcp', 'hf_index', 'directory' or\n"
+     "'unknown' (ckptio_format_detect: a file's first bytes, a directory's entries)."},
     {"safetensors_save", (PyCFunction)(void (*)(void))ckpy_safetensors_save, METH_VARARGS | METH_KEYWORDS,
      "safetensors_save(path, tensors, metadata=None, align=4096, engine=None)\n\n"
      "Writes a safetensors file atomically. `tensors` is a sequence of\n"

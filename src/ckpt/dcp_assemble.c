@@ -132,6 +132,13 @@ static ckptio_status blob_header(ckptio_dcp *h, ckptio_file *f, uint64_t fsize, 
     return CKPTIO_OK;
 }
 
+/* True when `head` (the first len of `size` bytes) is a torch.save zip by
+ * the library's one format rule. */
+static bool is_archive(const void *head, size_t len, uint64_t size) {
+    ckptio_format format = CKPTIO_FORMAT_UNKNOWN;
+    return ckptio_format_detect_bytes(head, len, size, &format) == CKPTIO_OK && format == CKPTIO_FORMAT_TORCH;
+}
+
 /* Decodes chunk c of tensor t. With `direct` (the tensor's destination) a
  * blob chunk that is the whole tensor is read straight into it. */
 static ckptio_status decode(ckptio_dcp *h, const ckptio__dcp_tensor *t, size_t c, void *direct, dcp_view *v) {
@@ -159,13 +166,17 @@ static ckptio_status decode(ckptio_dcp *h, const ckptio__dcp_tensor *t, size_t c
             return wrap(st, f, s->offset, t->fqn, "zstd item");
         ckptio__free(v->item);
         v->item = NULL;
-        if (got < 4 || memcmp(v->raw, "PK\x03\x04", 4) != 0)
+        if (!is_archive(v->raw, got, got))
             return IFAIL(CKPTIO_E_FORMAT, path, s->offset, t->fqn, "the decompressed item is not a torch.save archive");
         CKPTIO_FORWARD(from_archive(v->raw, got, f, s, t->fqn, v));
     } else {
-        unsigned char magic[4] = {0};
-        if (s->length >= 4) CKPTIO_FORWARD(read_range(f, magic, 4, s->offset));
-        if (s->length >= 4 && memcmp(magic, "PK\x03\x04", 4) == 0) {
+        /* An item is a torch.save archive or starts a safetensors blob that
+         * runs to the end of the file. */
+        unsigned char head[CKPTIO_FORMAT_PROBE_BYTES];
+        const uint64_t extent = fsize > s->offset ? fsize - s->offset : 0;
+        const size_t head_len = extent < sizeof head ? (size_t)extent : sizeof head;
+        CKPTIO_FORWARD(read_range(f, head, head_len, s->offset));
+        if (is_archive(head, head_len, extent)) {
             CKPTIO_FORWARD(read_item(f, s, t->fqn, &v->item));
             CKPTIO_FORWARD(from_archive(v->item, s->length, f, s, t->fqn, v));
         } else {

@@ -47,19 +47,23 @@ static ckptio_status read_small(ckptio_torch *t, ptrdiff_t id, char *text, const
 static ckptio_status load(ckptio_torch *t) {
     ckptio_status st = CKPTIO_OK;
     uint8_t *tail = NULL, *cd = NULL, *pickle = NULL;
-    uint8_t magic[4] = {0};
+    uint8_t head[CKPTIO_FORMAT_PROBE_BYTES] = {0};
+    const size_t head_len = t->file_size < sizeof head ? (size_t)t->file_size : sizeof head;
     if (t->file_size < 4) return OPEN_FAIL(t, CKPTIO_E_TRUNCATED, 0, "file of %llu bytes is too short for a torch.save archive",
                                            (unsigned long long)t->file_size);
-    CKPTIO_FORWARD(torch_pread(t, magic, 4, 0));
-    if (memcmp(magic, "PK\x03\x04", 4) != 0) {
-        if (magic[0] == 0x80 && magic[1] >= 2 && magic[1] <= 5)
-            return OPEN_FAIL(t, CKPTIO_E_UNSUPPORTED, 0,
-                             "legacy torch.save format (a bare pickle, written with "
-                             "_use_new_zipfile_serialization=False or torch < 1.6) is not supported; "
-                             "load and re-save it with a current torch");
+    CKPTIO_FORWARD(torch_pread(t, head, head_len, 0));
+    ckptio_format format;
+    CKPTIO_FORWARD(ckptio_format_detect_bytes(head, head_len, t->file_size, &format));
+    if (format == CKPTIO_FORMAT_TORCH_LEGACY)
+        return OPEN_FAIL(t, CKPTIO_E_UNSUPPORTED, 0,
+                         "legacy torch.save format (a bare pickle, written with "
+                         "_use_new_zipfile_serialization=False or torch < 1.6) is not supported; "
+                         "load and re-save it with a current torch");
+    if (format == CKPTIO_FORMAT_SAFETENSORS)
+        return OPEN_FAIL(t, CKPTIO_E_FORMAT, 0, "this is a safetensors file, not a torch.save archive");
+    if (format != CKPTIO_FORMAT_TORCH)
         return OPEN_FAIL(t, CKPTIO_E_FORMAT, 0, "not a torch.save file: starts with %02x %02x %02x %02x, not a zip header",
-                         magic[0], magic[1], magic[2], magic[3]);
-    }
+                         head[0], head[1], head[2], head[3]);
     /* End records. */
     const uint64_t want = CKPTIO_ZIP_MAX_TAIL + CKPTIO_ZIP64_LOCATOR_SIZE + CKPTIO_ZIP64_EOCD_SIZE;
     const size_t tail_len = (size_t)(t->file_size < want ? t->file_size : want);
@@ -97,6 +101,7 @@ static ckptio_status load(ckptio_torch *t) {
         if ((st = torch_pread(t, hdr, hlen, e->header_offset))) goto out;
         if ((st = ckptio__zip_parse_local_header(e, hdr, hlen, t->file_size, t->path))) goto out;
     }
+    if ((st = ckptio__zip_check_disjoint(t->entries, t->nentries, dir.cd_offset, t->path))) goto out;
     char version[CKPTIO__TORCH_MAX_SMALL_RECORD + 1], alignment[CKPTIO__TORCH_MAX_SMALL_RECORD + 1],
         byteorder[CKPTIO__TORCH_MAX_SMALL_RECORD + 1];
     const char *v = NULL, *a = NULL, *b = NULL;

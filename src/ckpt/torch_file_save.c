@@ -13,6 +13,7 @@
  * left out of the data plan and written by a second, tiny plan once every
  * CRC is known; every other byte is final from the start.
  */
+#include "convert_internal.h"
 #include "engine_internal.h"
 #include "torch_internal.h"
 
@@ -248,7 +249,10 @@ ckptio_status ckptio_torch_save(ckptio_engine *engine, const char *path, ckptio_
     const unsigned flags = options ? options->flags : 0;
     uint32_t alignment;
     if ((st = ckptio__torch_options(options, path, &alignment, &prefix))) goto out;
-    if ((st = ckptio__torch_writer_prepare(w, alignment, prefix))) goto out;
+    w->save_path = path;
+    st = ckptio__torch_writer_prepare(w, alignment, prefix);
+    w->save_path = NULL;
+    if (st) goto out;
     for (size_t i = 0; i < w->nentries; i++) {
         const size_t id = w->entry_storage[i];
         if (id != SIZE_MAX && w->storages[id].nbytes && !w->storages[id].data) {
@@ -281,8 +285,8 @@ out:
     return st;
 }
 
-ckptio_status ckptio_torch_save_tensors(ckptio_engine *engine, const char *path, const ckptio_tensor_source *tensors,
-                                        size_t count, const ckptio_torch_save_options *options) {
+ckptio_status ckptio__torch_flat_writer(const char *path, const ckptio_tensor_source *tensors, size_t count,
+                                        ckptio_torch_writer **out) {
     if (count && !tensors) return CKPTIO_FAIL(CKPTIO_E_INVAL, "tensors must not be NULL");
     ckptio_torch_writer *w = NULL;
     ckptio_value *dict, *key, *value;
@@ -293,7 +297,12 @@ ckptio_status ckptio_torch_save_tensors(ckptio_engine *engine, const char *path,
         const uint64_t esize = ckptio__torch_element_size(src->dtype);
         uint64_t numel = 1, nbytes = 0;
         for (uint32_t d = 0; d < src->ndim && src->shape; d++) numel *= (uint64_t)src->shape[d];
-        if (!src->name || !esize || (src->ndim && !src->shape) || !ckptio__dtype_nbytes(src->dtype, numel, &nbytes) ||
+        if (src->name && !esize) {
+            st = CKPTIO_FAIL_CTX(CKPTIO_E_UNSUPPORTED, &((ckptio__err_ctx){.path = path, .subject = src->name, .file_offset = -1}),
+                                 "dtype %s has no torch equivalent", ckptio_dtype_name(src->dtype));
+            break;
+        }
+        if (!src->name || (src->ndim && !src->shape) || !ckptio__dtype_nbytes(src->dtype, numel, &nbytes) ||
             nbytes != src->nbytes) {
             st = CKPTIO_FAIL_CTX(CKPTIO_E_INVAL, &((ckptio__err_ctx){.path = path, .subject = src->name ? src->name : "", .file_offset = -1}),
                                  "tensor needs a name, a torch dtype and nbytes == numel x element size "
@@ -323,7 +332,107 @@ ckptio_status ckptio_torch_save_tensors(ckptio_engine *engine, const char *path,
         if (st == CKPTIO_OK) st = ckptio_torch_writer_set_item(w, dict, key, value);
     }
     if (st == CKPTIO_OK) st = ckptio_torch_writer_set_root(w, dict);
-    if (st == CKPTIO_OK) st = ckptio_torch_save(engine, path, w, options);
+    if (st != CKPTIO_OK) {
+        ckptio_torch_writer_destroy(w);
+        return st;
+    }
+    *out = w;
+    return CKPTIO_OK;
+}
+
+ckptio_status ckptio_torch_save_tensors(ckptio_engine *engine, const char *path, const ckptio_tensor_source *tensors,
+                                        size_t count, const ckptio_torch_save_options *options) {
+    ckptio_torch_writer *w = NULL;
+    CKPTIO_FORWARD(ckptio__torch_flat_writer(path, tensors, count, &w));
+    const ckptio_status st = ckptio_torch_save(engine, path, w, options);
     ckptio_torch_writer_destroy(w);
+    return st;
+}
+
+/* ---- streamed save ---------------------------------------------------------------------- */
+
+static ckptio_status write_host(ckptio_engine *engine, ckptio_file *file, const void *buf, uint64_t len,
+                                uint64_t offset) {
+    ckptio_plan *plan = NULL;
+    ckptio_status st = ckptio_plan_create(CKPTIO_WRITE, &plan);
+    if (st == CKPTIO_OK)
+        st = ckptio_plan_add(plan, &(ckptio_extent){.file = file, .file_offset = offset, .length = len,
+                                                    .memory = (void *)buf, .mem_kind = CKPTIO_MEM_HOST});
+    if (st == CKPTIO_OK) st = ckptio_engine_execute(engine, plan);
+    ckptio_plan_destroy(plan);
+    return st;
+}
+
+static uint32_t crc_of(const uint8_t *buf, uint64_t len) {
+    uLong crc = crc32(0L, Z_NULL, 0);
+    for (uint64_t done = 0; done < len;) {
+        const uint64_t n = len - done > (1u << 30) ? (1u << 30) : len - done;
+        crc = crc32(crc, buf + done, (uInt)n);
+        done += n;
+    }
+    return (uint32_t)crc;
+}
+
+ckptio_status ckptio__torch_save_streamed(ckptio_engine *engine, const char *path, ckptio_torch_writer *w,
+                                          const ckptio_torch_save_options *options, ckptio__fill_fn fill, void *ctx) {
+    ckptio_status st = CKPTIO_OK;
+    char *prefix = NULL;
+    uint8_t *meta = NULL, *buf = NULL;
+    ckptio_file *file = NULL;
+    ckptio_plan *plan = NULL;
+    const unsigned flags = options ? options->flags : 0;
+    uint32_t alignment;
+    if ((st = ckptio__torch_options(options, path, &alignment, &prefix))) goto out;
+    w->save_path = path;
+    st = ckptio__torch_writer_prepare(w, alignment, prefix);
+    w->save_path = NULL;
+    if (st) goto out;
+    uint64_t largest = 0;
+    for (size_t i = 0; i < w->nstorages; i++)
+        if (w->storages[i].nbytes > largest) largest = w->storages[i].nbytes;
+    if (largest > SIZE_MAX / 2 || !(buf = ckptio__aligned_alloc(CKPTIO_DIRECT_ALIGN, largest ? (size_t)largest : 1))) {
+        st = CKPTIO_FAIL(CKPTIO_E_NOMEM, "out of memory for the largest storage (%llu bytes)", (unsigned long long)largest);
+        goto out;
+    }
+    make_serialization_id(w);
+    compute_crcs(w);
+    if (!(meta = ckptio__malloc(w->meta_len + CKPTIO__TORCH_META_SCRATCH))) {
+        st = CKPTIO_FAIL(CKPTIO_E_NOMEM, "no memory for %llu bytes of zip metadata", (unsigned long long)w->meta_len);
+        goto out;
+    }
+    unsigned open_flags = CKPTIO_OPEN_WRITE | ((flags & CKPTIO_TORCH_SAVE_IN_PLACE) ? CKPTIO_OPEN_IN_PLACE : 0);
+    if ((st = ckptio_file_open(engine, path, open_flags, &file))) goto out;
+    if ((st = ckptio_file_truncate(file, w->file_size))) goto out;
+    /* Storages first: their CRCs go into the metadata written after them. */
+    for (size_t i = 0; i < w->nentries; i++) {
+        const size_t id = w->entry_storage[i];
+        ckptio__zip_entry *e = &w->entries[i];
+        if (id == SIZE_MAX || e->size == 0) continue;
+        if ((st = fill(ctx, id, buf, e->size))) goto out;
+        if ((st = write_host(engine, file, buf, e->size, e->data_offset))) goto out;
+        if (!(flags & CKPTIO_TORCH_SAVE_NO_CRC)) e->crc32 = crc_of(buf, e->size);
+    }
+    ckptio__torch_writer_fill_meta(w, meta);
+    if ((st = ckptio_plan_create(CKPTIO_WRITE, &plan))) goto out;
+    for (size_t p = 0; p < w->npieces && st == CKPTIO_OK; p++) {
+        const struct ckptio__torch_piece *pc = &w->pieces[p];
+        if (pc->storage != SIZE_MAX || pc->length == 0) continue;
+        st = ckptio_plan_add(plan, &(ckptio_extent){.file = file, .file_offset = pc->file_offset, .length = pc->length,
+                                                    .memory = meta + pc->meta_offset, .mem_kind = CKPTIO_MEM_HOST});
+    }
+    if (st == CKPTIO_OK) st = ckptio_engine_execute(engine, plan);
+    if (st == CKPTIO_OK) st = ckptio_file_commit(file);
+out:
+    ckptio_plan_destroy(plan);
+    if (file) {
+        /* Without a commit, close removes the temporary. */
+        ckptio__error_saved *saved = st ? ckptio__error_save() : NULL;
+        ckptio_status cst = ckptio_file_close(file);
+        if (saved) ckptio__error_restore(saved);
+        else st = cst;
+    }
+    ckptio__free(buf);
+    ckptio__free(meta);
+    ckptio__free(prefix);
     return st;
 }

@@ -107,6 +107,11 @@ ckptio_status ckptio__value_push(ckptio_value *seq, ckptio_value *item);
  * inserting into a frozen container (so no cycles can form). */
 ckptio_status ckptio__value_adopt(ckptio_value *parent, ckptio_value *item);
 
+/* True when s[0..n) is UTF-8 as pickle's BINUNICODE reads it ('surrogatepass':
+ * encoded surrogates pass, overlongs and code points past U+10FFFF do not).
+ * The unpickler refuses other strs; the writer too. */
+bool ckptio__pickle_utf8_valid(const uint8_t *s, size_t n);
+
 /* ---- pickle writer (protocol 2) ------------------------------------------ */
 
 typedef struct ckptio__pickle_buf {

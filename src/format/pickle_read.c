@@ -124,7 +124,7 @@ static ckptio_status memo_get(vm *m, size_t idx) {
     return push(m, m->memo[idx]);
 }
 
-static bool utf8_valid(const uint8_t *s, size_t n) {
+bool ckptio__pickle_utf8_valid(const uint8_t *s, size_t n) {
     size_t i = 0;
     while (i < n) {
         uint8_t c = s[i];
@@ -150,7 +150,7 @@ static bool utf8_valid(const uint8_t *s, size_t n) {
 static ckptio_status push_string(vm *m, int kind, size_t n) {
     CKPTIO_FORWARD(need(m, n));
     const uint8_t *s = m->data + m->pos;
-    if (kind == CKPTIO_VALUE_STR && !utf8_valid(s, n)) return vfail_at(m, CKPTIO_E_FORMAT, "string is not valid UTF-8");
+    if (kind == CKPTIO_VALUE_STR && !ckptio__pickle_utf8_valid(s, n)) return vfail_at(m, CKPTIO_E_FORMAT, "string is not valid UTF-8");
     ckptio_value *v = new_node(m, kind);
     if (!v) return refail(m, CKPTIO_E_NOMEM);
     v->u.s.data = ckptio__value_strdup(m->pool, s, n);

@@ -55,6 +55,21 @@ ckptio_status ckptio__st_check_prefix(const unsigned char prefix[8], uint64_t fi
     return CKPTIO_OK;
 }
 
+static bool json_blank(unsigned char c) { return c == ' ' || c == '\t' || c == '\n' || c == '\r'; }
+
+ckptio__st_probe_result ckptio__st_probe(const unsigned char *head, size_t len, uint64_t file_size) {
+    if (len < CKPTIO__ST_PREFIX + 1 || len > file_size) return CKPTIO__ST_PROBE_NO;
+    uint64_t n = 0;
+    for (int i = 7; i >= 0; i--) n = n << 8 | head[i];
+    /* The limits of ckptio__st_check_prefix, and "{}" as the shortest header. */
+    if (n < 2 || n > CKPTIO__ST_MAX_HEADER || n > file_size - CKPTIO__ST_PREFIX) return CKPTIO__ST_PROBE_NO;
+    const uint64_t header_end = CKPTIO__ST_PREFIX + n;
+    const size_t end = header_end < len ? (size_t)header_end : len;
+    for (size_t i = CKPTIO__ST_PREFIX; i < end; i++)
+        if (!json_blank(head[i])) return head[i] == '{' ? CKPTIO__ST_PROBE_YES : CKPTIO__ST_PROBE_NO;
+    return end < header_end ? CKPTIO__ST_PROBE_MORE : CKPTIO__ST_PROBE_NO;
+}
+
 /* ---- indexing --------------------------------------------------------------- */
 
 /* One tensor entry between validation and the final tables. */

@@ -62,6 +62,18 @@ ckptio_status ckptio__st_fail(ckptio_status status, const char *src_file, int li
 ckptio_status ckptio__st_check_prefix(const unsigned char prefix[8], uint64_t file_size, const char *path,
                                       uint64_t *header_len);
 
+/* The safetensors rule of ckptio_format_detect_bytes (include/ckptio.h) on
+ * the first `len` bytes of a file of `file_size` bytes: the prefix is within
+ * the limits of ckptio__st_check_prefix, N >= 2, and the header's first
+ * non-blank byte is '{' (YES) or something else (NO); MORE when `head` ends
+ * inside a header that is blank so far. Reads only head[0..len). */
+typedef enum ckptio__st_probe_result {
+    CKPTIO__ST_PROBE_NO,
+    CKPTIO__ST_PROBE_YES,
+    CKPTIO__ST_PROBE_MORE
+} ckptio__st_probe_result;
+ckptio__st_probe_result ckptio__st_probe(const unsigned char *head, size_t len, uint64_t file_size);
+
 /* Parses and validates the JSON header `json` (`st->header_len` bytes) of a
  * file of `st->file_size` bytes and fills the tensor and metadata tables of
  * `st` (which must be zeroed apart from path/engine/file/file_size/

@@ -288,6 +288,14 @@ ckptio_status ckptio__st_layout_build(const ckptio_tensor_source *tensors, size_
         status = CKPTIO_FAIL(CKPTIO_E_NOMEM, "out of memory building a safetensors header");
         goto out;
     }
+    /* What the reader's pre-scan refuses (more than CKPTIO__ST_MAX_VALUES
+     * JSON values: very many tensors of many dimensions) is not written. */
+    if (ckptio__st_scan((const char *)b.data + CKPTIO__ST_PREFIX, (size_t)padded, path) != CKPTIO_OK) {
+        status = ST_FAIL(CKPTIO_E_RANGE, path, -1, NULL, NULL,
+                         "the header would hold more than %u JSON values, which readers refuse (%zu tensors)",
+                         CKPTIO__ST_MAX_VALUES, count);
+        goto out;
+    }
     for (int i = 0; i < 8; i++) b.data[i] = (unsigned char)(padded >> (8 * i));
     out->header = b.data;
     out->header_size = b.len;

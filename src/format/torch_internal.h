@@ -78,6 +78,28 @@ ckptio_status ckptio__torch_build(ckptio_torch *t, const uint8_t *pickle, size_t
  * has no such dtype. */
 uint64_t ckptio__torch_element_size(ckptio_dtype dtype);
 
+/* Longest dotted tensor name, NUL included (reader and writer). */
+#define CKPTIO__TORCH_MAX_NAME (1u << 16)
+
+/* Called for each tensor of a tree, in pickle order, with its dotted name
+ * (`spelled` is a Python-like path such as ['a'][0], or the dotted name
+ * outside the collision check). */
+typedef ckptio_status (*ckptio__torch_name_fn)(void *ctx, const char *spelled, const char *name, ckptio_value *tensor);
+
+/* Names every tensor of the tree at `root` by its dotted path (torch_names.c)
+ * and refuses what neither the reader nor the writer accepts: a name of
+ * CKPTIO__TORCH_MAX_NAME bytes or more, more than CKPTIO__TORCH_MAX_PATHS
+ * tensor paths, shared nodes expanding past 16x that, dict keys that are
+ * tensors, bare globals or storages. `origin` and `operation` label errors. */
+ckptio_status ckptio__torch_walk_names(ckptio_value *root, const char *origin, const char *operation,
+                                       ckptio__torch_name_fn fn, void *ctx);
+
+/* Refuses two tensors (n entries named by ckptio__torch_walk_names) with one
+ * name that are not the same view of the same storage, naming both paths
+ * (CKPTIO_E_UNSUPPORTED). O(n log n). */
+ckptio_status ckptio__torch_check_unique_names(ckptio_value *root, const ckptio__torch_tensor *tensors, size_t n,
+                                               const char *origin, const char *operation);
+
 /* Frees everything the handle owns but the file (torch_read.c). */
 void ckptio__torch_free_tables(ckptio_torch *t);
 
@@ -110,6 +132,7 @@ struct ckptio_torch_writer {
     size_t *entry_storage;        /* per entry: storage id, or SIZE_MAX for small records */
     uint8_t **entry_bytes;        /* per entry: contents of small records (NULL for storages) */
     char serialization_id[41];    /* filled by each save */
+    const char *save_path;        /* labels layout errors during ckptio_torch_save, else NULL */
     uint64_t cd_offset;
     uint64_t file_size;
     /* The file as pieces in order: metadata (headers, small records,

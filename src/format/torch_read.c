@@ -71,36 +71,9 @@ ckptio_status ckptio__torch_check_archive(ckptio_torch *t, ptrdiff_t ids[CKPTIO_
 
 /* ---- naming tensors ------------------------------------------------------------ */
 
-typedef struct namer {
-    ckptio_torch *t;
-    char *path;
-    size_t len, cap;
-    uint64_t visits;
-} namer;
-
-static ckptio_status path_append(namer *n, const char *seg, size_t seg_len) {
-    size_t need = n->len + (n->len ? 1 : 0) + seg_len + 1;
-    if (need > (1u << 16))
-        return TFAIL(n->t, CKPTIO_E_RANGE, -1, NULL, "tensor name longer than 64 KiB");
-    if (need > n->cap) {
-        size_t ncap = n->cap ? n->cap : 256;
-        while (ncap < need) ncap *= 2;
-        char *grown = ckptio__realloc(n->path, ncap);
-        if (!grown) return CKPTIO_FAIL(CKPTIO_E_NOMEM, "no memory for a tensor name");
-        n->path = grown;
-        n->cap = ncap;
-    }
-    if (n->len) n->path[n->len++] = '.';
-    memcpy(n->path + n->len, seg, seg_len);
-    n->len += seg_len;
-    n->path[n->len] = '\0';
-    return CKPTIO_OK;
-}
-
-static ckptio_status add_tensor(namer *n, ckptio_value *node) {
-    ckptio_torch *t = n->t;
-    if (t->ntensors >= CKPTIO__TORCH_MAX_PATHS)
-        return TFAIL(t, CKPTIO_E_RANGE, -1, NULL, "more than %llu tensor paths", (unsigned long long)CKPTIO__TORCH_MAX_PATHS);
+static ckptio_status add_tensor(void *ctx, const char *spelled, const char *path, ckptio_value *node) {
+    (void)spelled;
+    ckptio_torch *t = ctx;
     if (t->ntensors == t->tensor_cap) {
         size_t ncap = t->tensor_cap ? t->tensor_cap * 2 : 64;
         ckptio__torch_tensor *grown = ckptio__realloc(t->tensors, ncap * sizeof *grown);
@@ -108,73 +81,11 @@ static ckptio_status add_tensor(namer *n, ckptio_value *node) {
         t->tensors = grown;
         t->tensor_cap = ncap;
     }
-    char *name = ckptio__strdup(n->path ? n->path : "");
+    char *name = ckptio__strdup(path);
     if (!name) return CKPTIO_FAIL(CKPTIO_E_NOMEM, "no memory for a tensor name");
     if (node->u.tensor.index == SIZE_MAX) node->u.tensor.index = t->ntensors;
     t->tensors[t->ntensors++] = (ckptio__torch_tensor){.name = name, .node = node};
     return CKPTIO_OK;
-}
-
-static ckptio_status walk(namer *n, ckptio_value *v);
-
-static ckptio_status walk_child(namer *n, ckptio_value *child, const char *seg, size_t seg_len) {
-    size_t saved = n->len;
-    CKPTIO_FORWARD(path_append(n, seg, seg_len));
-    ckptio_status st = walk(n, child);
-    n->len = saved;
-    if (n->path) n->path[saved] = '\0';
-    return st;
-}
-
-static ckptio_status walk(namer *n, ckptio_value *v) {
-    /* Shared nodes are walked once per path; a pickle that shares nodes to
-     * multiply paths exponentially is memo abuse. */
-    if (++n->visits > 16 * CKPTIO__TORCH_MAX_PATHS)
-        return TFAIL(n->t, CKPTIO_E_FORMAT, -1, NULL,
-                     "shared objects in the pickle expand to more than %llu paths (memo abuse)",
-                     (unsigned long long)(16 * CKPTIO__TORCH_MAX_PATHS));
-    char seg[64];
-    switch (v->kind) {
-    case CKPTIO_VALUE_TENSOR: return add_tensor(n, v);
-    case CKPTIO_VALUE_LIST:
-    case CKPTIO_VALUE_TUPLE:
-    case CKPTIO_VALUE_SET:
-        for (size_t i = 0; i < v->u.seq.len; i++) {
-            snprintf(seg, sizeof seg, "%zu", i);
-            CKPTIO_FORWARD(walk_child(n, v->u.seq.items[i], seg, strlen(seg)));
-        }
-        return CKPTIO_OK;
-    case CKPTIO_VALUE_DICT:
-        for (size_t i = 0; i + 1 < v->u.seq.len; i += 2) {
-            const ckptio_value *k = v->u.seq.items[i];
-            const char *text = seg;
-            size_t len;
-            switch (k->kind) {
-            case CKPTIO_VALUE_STR: text = k->u.s.data, len = k->u.s.len; break;
-            case CKPTIO_VALUE_INT: len = (size_t)snprintf(seg, sizeof seg, "%lld", (long long)k->u.i); break;
-            case CKPTIO_VALUE_BOOL: len = (size_t)snprintf(seg, sizeof seg, "%s", k->u.b ? "True" : "False"); break;
-            case CKPTIO_VALUE_NONE: len = (size_t)snprintf(seg, sizeof seg, "None"); break;
-            case CKPTIO_VALUE_FLOAT: len = (size_t)snprintf(seg, sizeof seg, "%.17g", k->u.f); break;
-            default:
-                if (k->kind >= CKPTIO__VALUE_GLOBAL || k->kind == CKPTIO_VALUE_TENSOR)
-                    return TFAIL(n->t, CKPTIO_E_UNSUPPORTED, -1, n->path, "dict key is a %s",
-                                 k->kind == CKPTIO_VALUE_TENSOR ? "tensor" : "global or storage");
-                CKPTIO_FORWARD(walk(n, (ckptio_value *)k)); /* validates nested keys (tuples) */
-                len = (size_t)snprintf(seg, sizeof seg, "#%zu", i / 2);
-                break;
-            }
-            CKPTIO_FORWARD(walk_child(n, v->u.seq.items[i + 1], text, len));
-        }
-        if (v->attrs) CKPTIO_FORWARD(walk_child(n, v->attrs, "__attrs__", 9));
-        return CKPTIO_OK;
-    case CKPTIO__VALUE_GLOBAL:
-    case CKPTIO__VALUE_STORAGE:
-    case CKPTIO__VALUE_STORAGE_CLASS:
-        return TFAIL(n->t, CKPTIO_E_UNSUPPORTED, -1, n->path && n->len ? n->path : "(root)",
-                     "the object tree holds a bare %s, which ckptio cannot represent",
-                     v->kind == CKPTIO__VALUE_GLOBAL ? "global" : "storage");
-    default: return CKPTIO_OK;
-    }
 }
 
 /* ---- storages -------------------------------------------------------------------- */
@@ -320,10 +231,8 @@ ckptio_status ckptio__torch_build(ckptio_torch *t, const uint8_t *pickle, size_t
     char record[300];
     snprintf(record, sizeof record, "%.200s/data.pkl", t->prefix);
     CKPTIO_FORWARD(ckptio__unpickle(pickle, pickle_len, t->path, record, pickle_offset, &t->pool, &t->root));
-    namer n = {.t = t};
-    ckptio_status st = walk(&n, t->root);
-    ckptio__free(n.path);
-    CKPTIO_FORWARD(st);
+    CKPTIO_FORWARD(ckptio__torch_walk_names(t->root, t->path, "load torch file", add_tensor, t));
+    CKPTIO_FORWARD(ckptio__torch_check_unique_names(t->root, t->tensors, t->ntensors, t->path, "load torch file"));
     return resolve(t);
 }
 

@@ -201,6 +201,9 @@ ckptio_status ckptio_torch_writer_float(ckptio_torch_writer *w, double v, ckptio
 }
 
 ckptio_status ckptio_torch_writer_str(ckptio_torch_writer *w, const char *s, size_t len, ckptio_value **out) {
+    /* The unpickler refuses a str that is not UTF-8. */
+    if (s && !ckptio__pickle_utf8_valid((const uint8_t *)s, len))
+        return CKPTIO_FAIL(CKPTIO_E_INVAL, "str of %zu bytes is not valid UTF-8", len);
     return string_value(w, CKPTIO_VALUE_STR, s, len, out);
 }
 
@@ -471,9 +474,44 @@ static ckptio_status add_text_entry(ckptio_torch_writer *w, const char *prefix, 
     return add_entry(w, prefix, rel, len, SIZE_MAX, copy);
 }
 
+/* Collects the tensors' dotted names for the uniqueness check. */
+typedef struct name_list {
+    ckptio__torch_tensor *items;
+    size_t n, cap;
+} name_list;
+
+static ckptio_status collect_name(void *ctx, const char *spelled, const char *name, ckptio_value *tensor) {
+    (void)spelled;
+    name_list *l = ctx;
+    if (l->n == l->cap) {
+        const size_t ncap = l->cap ? l->cap * 2 : 64;
+        ckptio__torch_tensor *grown = ckptio__realloc(l->items, ncap * sizeof *grown);
+        if (!grown) return CKPTIO_FAIL(CKPTIO_E_NOMEM, "no memory for the tensor names");
+        l->items = grown;
+        l->cap = ncap;
+    }
+    char *copy = ckptio__strdup(name);
+    if (!copy) return CKPTIO_FAIL(CKPTIO_E_NOMEM, "no memory for a tensor name");
+    l->items[l->n++] = (ckptio__torch_tensor){.name = copy, .node = tensor};
+    return CKPTIO_OK;
+}
+
+/* The reader names tensors by their dotted paths and refuses trees it
+ * cannot name (torch_names.c); the writer refuses the same trees, so that
+ * what ckptio writes it can read. */
+static ckptio_status check_readable_names(ckptio_torch_writer *w) {
+    name_list l = {0};
+    ckptio_status st = ckptio__torch_walk_names(w->root, w->save_path, "save torch file", collect_name, &l);
+    if (st == CKPTIO_OK) st = ckptio__torch_check_unique_names(w->root, l.items, l.n, w->save_path, "save torch file");
+    for (size_t i = 0; i < l.n; i++) ckptio__free(l.items[i].name);
+    ckptio__free(l.items);
+    return st;
+}
+
 static ckptio_status build_layout(ckptio_torch_writer *w, uint32_t alignment, const char *prefix) {
     ckptio_status st = CKPTIO_OK;
     emitter e = {.w = w, .b = &w->pickle};
+    CKPTIO_FORWARD(check_readable_names(w));
     e.order = ckptio__malloc((w->nstorages ? w->nstorages : 1) * sizeof *e.order);
     e.used_dtype = ckptio__malloc((w->nstorages ? w->nstorages : 1) * sizeof *e.used_dtype);
     if (!e.order || !e.used_dtype) {
@@ -487,6 +525,12 @@ static ckptio_status build_layout(ckptio_torch_writer *w, uint32_t alignment, co
     ckptio__pickle_op(&w->pickle, CKPTIO__OP_STOP);
     if (w->pickle.failed) {
         st = ckptio_last_error()->status;
+        goto out;
+    }
+    if (w->pickle.len > CKPTIO__TORCH_MAX_PICKLE) {
+        st = CKPTIO_FAIL(CKPTIO_E_RANGE, "the object tree pickles to %zu bytes, over the %llu-byte data.pkl readers "
+                                         "accept (keep large data in tensors)",
+                         w->pickle.len, (unsigned long long)CKPTIO__TORCH_MAX_PICKLE);
         goto out;
     }
     const size_t n = 6 + e.nused;

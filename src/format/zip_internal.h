@@ -111,6 +111,15 @@ ckptio_status ckptio__zip_parse_central(const uint8_t *cd, const ckptio__zip_dir
 ckptio_status ckptio__zip_parse_local_header(ckptio__zip_entry *e, const uint8_t *hdr, size_t hdr_len,
                                              uint64_t file_size, const char *origin);
 
+/* Once every local header is parsed (data_offset set): refuses records
+ * whose bytes (local header through data) overlap another record's or run
+ * into the central directory at cd_offset. Overlapping records let a small
+ * archive describe far more data than it holds (400 records sharing one
+ * 1 MB range expand to 400 MB); torch.save never writes them. Sorts a copy
+ * of the offsets: O(n log n). */
+ckptio_status ckptio__zip_check_disjoint(const ckptio__zip_entry *entries, size_t count, uint64_t cd_offset,
+                                         const char *origin);
+
 void ckptio__zip_entries_free(ckptio__zip_entry *entries, size_t count);
 
 /* Index of the entry named `name`, or -1. */

@@ -273,6 +273,36 @@ ckptio_status ckptio__zip_parse_local_header(ckptio__zip_entry *e, const uint8_t
     return CKPTIO_OK;
 }
 
+static int compare_offsets(const void *a, const void *b) {
+    const ckptio__zip_entry *x = *(const ckptio__zip_entry *const *)a, *y = *(const ckptio__zip_entry *const *)b;
+    return x->header_offset < y->header_offset ? -1 : x->header_offset > y->header_offset;
+}
+
+ckptio_status ckptio__zip_check_disjoint(const ckptio__zip_entry *entries, size_t count, uint64_t cd_offset,
+                                         const char *origin) {
+    if (count == 0) return CKPTIO_OK;
+    const ckptio__zip_entry **sorted = ckptio__malloc(count * sizeof *sorted);
+    if (!sorted) return CKPTIO_FAIL(CKPTIO_E_NOMEM, "%s: no memory to check %zu zip records", origin, count);
+    for (size_t i = 0; i < count; i++) sorted[i] = &entries[i];
+    qsort(sorted, count, sizeof *sorted, compare_offsets);
+    ckptio_status st = CKPTIO_OK;
+    for (size_t i = 0; i < count && st == CKPTIO_OK; i++) {
+        const ckptio__zip_entry *e = sorted[i];
+        const uint64_t end = e->data_offset + e->size; /* no overflow: checked against the file size */
+        if (i + 1 < count && sorted[i + 1]->header_offset < end)
+            st = ZIP_FAIL(CKPTIO_E_FORMAT, origin, sorted[i + 1]->header_offset, sorted[i + 1]->name,
+                          "record overlaps record '%s' (bytes %llu..%llu): the records of an archive must not "
+                          "share bytes",
+                          e->name, (unsigned long long)e->header_offset, (unsigned long long)end);
+        else if (end > cd_offset)
+            st = ZIP_FAIL(CKPTIO_E_FORMAT, origin, e->header_offset, e->name,
+                          "record data ends at %llu, inside the central directory at %llu", (unsigned long long)end,
+                          (unsigned long long)cd_offset);
+    }
+    ckptio__free(sorted);
+    return st;
+}
+
 ptrdiff_t ckptio__zip_find(const ckptio__zip_entry *entries, size_t count, const char *name) {
     for (size_t i = 0; i < count; i++)
         if (strcmp(entries[i].name, name) == 0) return (ptrdiff_t)i;

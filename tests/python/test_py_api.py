@@ -82,7 +82,7 @@ def test_engine_stats_count_the_bytes(tmp_path, engine):
     assert after["bytes_read"] - mid["bytes_read"] >= t.numel() * 4
 
 
-def test_sniff_formats(tmp_path):
+def test_format_detect(tmp_path):
     st = tmp_path / "a.safetensors"
     ckptio.save({"x": torch.ones(1)}, st)
     pt = tmp_path / "a.pt"
@@ -91,11 +91,28 @@ def test_sniff_formats(tmp_path):
     torch.save({"x": torch.ones(1)}, legacy, _use_new_zipfile_serialization=False)
     junk = tmp_path / "junk"
     junk.write_bytes(b"\x00" * 3)
-    assert _ckptio.sniff(st) == "safetensors"
-    assert _ckptio.sniff(pt) == "torch"
-    assert _ckptio.sniff(legacy) == "torch_legacy"
-    assert _ckptio.sniff(tmp_path) == "directory"
-    assert _ckptio.sniff(junk) == "unknown"
+    assert _ckptio.format_detect(st) == "safetensors"
+    assert _ckptio.format_detect(pt) == "torch"
+    assert _ckptio.format_detect(legacy) == "torch_legacy"
+    assert _ckptio.format_detect(tmp_path) == "directory"
+    assert _ckptio.format_detect(junk) == "unknown"
+    dcp_dir = tmp_path / "dcp"
+    dcp_dir.mkdir()
+    (dcp_dir / ".metadata").write_bytes(b"")
+    assert _ckptio.format_detect(dcp_dir) == "dcp"
+    hf = tmp_path / "hf"
+    hf.mkdir()
+    (hf / "model.safetensors.index.json").write_text('{"weight_map": {}}')
+    assert _ckptio.format_detect(hf) == "hf_index"
+    assert _ckptio.format_detect(hf / "model.safetensors.index.json") == "hf_index"
+    with pytest.raises(FileNotFoundError):
+        _ckptio.format_detect(tmp_path / "missing")
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    with pytest.raises(ckptio.CkptioError, match="not a regular file or a directory"):
+        _ckptio.format_detect(fifo)  # refused without waiting for a writer
+    with pytest.raises(ckptio.CkptioError, match="torch.distributed.checkpoint directory"):
+        ckptio.load(dcp_dir)
     with pytest.raises(ckptio.CkptioError, match="legacy"):
         ckptio.load(legacy)
     with pytest.raises(ckptio.CkptioError, match="directory"):

@@ -1,0 +1,37 @@
+/*
+ * convert_internal.h - writing a checkpoint whose tensor bytes are read from
+ * another checkpoint one tensor at a time (bounded memory, every byte
+ * through the engine): the shared core of ckptio_dcp_save_safetensors,
+ * ckptio_torch_save_safetensors and ckptio_safetensors_save_torch.
+ */
+#ifndef CKPTIO_CONVERT_INTERNAL_H
+#define CKPTIO_CONVERT_INTERNAL_H
+
+#include "common_internal.h"
+
+/* Fills buf with the `nbytes` bytes of item `index` (a source tensor, or a
+ * writer storage id); errors name the input file. */
+typedef ckptio_status (*ckptio__fill_fn)(void *ctx, size_t index, void *buf, uint64_t nbytes);
+
+/* Writes the safetensors file ckptio_safetensors_save would write for
+ * `tensors` (their `data` is ignored), atomically at `path`, filling each
+ * tensor's bytes with fill(ctx, i, ...) into one buffer of the largest
+ * tensor's size. On any failure nothing appears under `path`
+ * (checkpoint_convert.c). */
+ckptio_status ckptio__st_save_streamed(ckptio_engine *engine, const char *path, const ckptio_tensor_source *tensors,
+                                       size_t count, const ckptio_kv *metadata, size_t metadata_count, unsigned flags,
+                                       ckptio__fill_fn fill, void *ctx);
+
+/* ckptio_torch_save with every storage filled by fill(ctx, storage id, ...)
+ * instead of bound memory, one storage at a time into a buffer of the
+ * largest one; CRCs are computed from that buffer (torch_file_save.c). */
+ckptio_status ckptio__torch_save_streamed(ckptio_engine *engine, const char *path, ckptio_torch_writer *w,
+                                          const ckptio_torch_save_options *options, ckptio__fill_fn fill, void *ctx);
+
+/* The writer ckptio_torch_save_tensors saves: a flat OrderedDict name ->
+ * tensor, one storage per tensor (storage id i is tensor i), F4 counted in
+ * packed pairs. `path` labels errors. */
+ckptio_status ckptio__torch_flat_writer(const char *path, const ckptio_tensor_source *tensors, size_t count,
+                                        ckptio_torch_writer **out);
+
+#endif /* CKPTIO_CONVERT_INTERNAL_H */

@@ -1,0 +1,125 @@
+/*
+ * format_probe.c - ckptio_format_detect(): the format of a path, for the
+ * CLI, the Python package and anyone choosing a reader.
+ *
+ * A file's bytes are judged by ckptio_format_detect_bytes (format_detect.c),
+ * a directory by the entries it holds (dir_probes below: add a layout there).
+ * The path is opened once with O_NONBLOCK and everything after that is
+ * asked of the descriptor, so a FIFO is never read from and a path swapped
+ * between the checks cannot mislead them.
+ */
+#include "safetensors_internal.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+/* Directory layouts, in the order they are tried: the first entry present
+ * as a regular file names the format. */
+static const struct {
+    const char *entry;
+    ckptio_format format;
+} dir_probes[] = {
+    {".metadata", CKPTIO_FORMAT_DCP},
+    {"model.safetensors.index.json", CKPTIO_FORMAT_HF_INDEX},
+};
+
+static ckptio_format probe_directory(int dirfd) {
+    for (size_t i = 0; i < sizeof dir_probes / sizeof dir_probes[0]; i++) {
+        struct stat sb;
+        if (fstatat(dirfd, dir_probes[i].entry, &sb, 0) == 0 && S_ISREG(sb.st_mode)) return dir_probes[i].format;
+    }
+    return CKPTIO_FORMAT_DIRECTORY;
+}
+
+static ckptio_status read_at(int fd, void *buf, size_t len, uint64_t offset, const char *path, size_t *got) {
+    ssize_t n;
+    do {
+        n = pread(fd, buf, len, (off_t)offset);
+    } while (n < 0 && errno == EINTR);
+    if (n < 0) return CKPTIO_FAIL_SYS(errno, "pread", path, offset, "cannot read the first bytes");
+    *got = (size_t)n;
+    return CKPTIO_OK;
+}
+
+/* Past a blank start of a safetensors header longer than the probe: reads
+ * on to its first non-blank byte (the header is at most 100 MB, the reads
+ * stop at its end). */
+static ckptio_status blank_header_opens_object(int fd, const unsigned char *head, uint64_t from, const char *path,
+                                               bool *yes) {
+    uint64_t n = 0;
+    for (int i = 7; i >= 0; i--) n = n << 8 | head[i];
+    const uint64_t end = CKPTIO__ST_PREFIX + n; /* within the file: checked by the probe */
+    unsigned char buf[4096];
+    *yes = false;
+    for (uint64_t at = from; at < end;) {
+        size_t got = 0;
+        const size_t want = end - at < sizeof buf ? (size_t)(end - at) : sizeof buf;
+        CKPTIO_FORWARD(read_at(fd, buf, want, at, path, &got));
+        if (got == 0) return CKPTIO_OK; /* shrank meanwhile: not a whole header */
+        for (size_t i = 0; i < got; i++) {
+            const unsigned char c = buf[i];
+            if (c != ' ' && c != '\t' && c != '\n' && c != '\r') {
+                *yes = c == '{';
+                return CKPTIO_OK;
+            }
+        }
+        at += got;
+    }
+    return CKPTIO_OK;
+}
+
+static bool ends_with(const char *s, const char *suffix) {
+    const size_t n = strlen(s), m = strlen(suffix);
+    return n >= m && strcmp(s + n - m, suffix) == 0;
+}
+
+/* A Hugging Face index is JSON: an object, perhaps after blanks. */
+static bool starts_json_object(const unsigned char *head, size_t len) {
+    for (size_t i = 0; i < len; i++)
+        if (head[i] != ' ' && head[i] != '\t' && head[i] != '\n' && head[i] != '\r') return head[i] == '{';
+    return false;
+}
+
+static ckptio_status probe_file(int fd, const struct stat *sb, const char *path, ckptio_format *out) {
+    unsigned char head[CKPTIO_FORMAT_PROBE_BYTES];
+    const uint64_t size = (uint64_t)sb->st_size;
+    const size_t want = size < sizeof head ? (size_t)size : sizeof head;
+    size_t got = 0;
+    CKPTIO_FORWARD(read_at(fd, head, want, 0, path, &got));
+    /* A file that shrank since fstat is judged by what it still holds. */
+    CKPTIO_FORWARD(ckptio_format_detect_bytes(head, got, got < want ? got : size, out));
+    if (*out == CKPTIO_FORMAT_SAFETENSORS && ckptio__st_probe(head, got, size) == CKPTIO__ST_PROBE_MORE) {
+        bool yes = false;
+        CKPTIO_FORWARD(blank_header_opens_object(fd, head, got, path, &yes));
+        if (!yes) *out = got > CKPTIO__ST_PREFIX && head[CKPTIO__ST_PREFIX] == '{' ? CKPTIO_FORMAT_SAFETENSORS
+                                                                                   : CKPTIO_FORMAT_UNKNOWN;
+    }
+    if (*out == CKPTIO_FORMAT_UNKNOWN && ends_with(path, ".index.json") && starts_json_object(head, got))
+        *out = CKPTIO_FORMAT_HF_INDEX;
+    return CKPTIO_OK;
+}
+
+ckptio_status ckptio_format_detect(const char *path, ckptio_format *out) {
+    CKPTIO_RETURN_IF(!path || !out, CKPTIO_E_INVAL, "ckptio_format_detect: path and out are required");
+    *out = CKPTIO_FORMAT_UNKNOWN;
+    /* O_NONBLOCK: opening a FIFO must not wait for a writer (it is refused
+     * below without a read). */
+    const int fd = open(path, O_RDONLY | O_CLOEXEC | O_NOCTTY | O_NONBLOCK);
+    if (fd < 0) return CKPTIO_FAIL_SYS(errno, "open", path, -1, "cannot open the checkpoint");
+    ckptio_status st = CKPTIO_OK;
+    struct stat sb;
+    if (fstat(fd, &sb) != 0)
+        st = CKPTIO_FAIL_SYS(errno, "fstat", path, -1, "cannot inspect the checkpoint");
+    else if (S_ISDIR(sb.st_mode))
+        *out = probe_directory(fd);
+    else if (S_ISREG(sb.st_mode))
+        st = probe_file(fd, &sb, path, out);
+    else
+        st = CKPTIO_FAIL_CTX(CKPTIO_E_UNSUPPORTED, &((ckptio__err_ctx){.path = path, .file_offset = -1}),
+                             "not a regular file or a directory");
+    close(fd);
+    return st;
+}

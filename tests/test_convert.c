@@ -1,0 +1,155 @@
+/*
+ * test_convert.c - ckptio_torch_save_safetensors and
+ * ckptio_safetensors_save_torch: the files are those of the in-memory
+ * writers, strided views are gathered, and an input truncated between two
+ * tensors (by the engine's progress callback, at the end of the first
+ * tensor's read: deterministic) fails with CKPTIO_E_TRUNCATED naming the
+ * input and leaves neither the output nor a temporary (issue 16 item 13).
+ */
+#include "helpers.h"
+
+#include <string.h>
+#include <unistd.h>
+
+#define N 3
+#define ELEMS 20000 /* 80 KB per tensor */
+
+static ckptio_engine *engine;
+static float data[N][ELEMS];
+static const char *names[N] = {"b.weight", "a.bias", "c"};
+
+static void sources(ckptio_tensor_source *src, int64_t *shape) {
+    *shape = ELEMS;
+    for (int i = 0; i < N; i++) {
+        for (int j = 0; j < ELEMS; j++) data[i][j] = (float)(i * ELEMS + j);
+        src[i] = (ckptio_tensor_source){.name = names[i], .dtype = CKPTIO_DTYPE_F32, .ndim = 1, .shape = shape,
+                                        .data = data[i], .nbytes = sizeof data[i], .mem_kind = CKPTIO_MEM_HOST};
+    }
+}
+
+static void test_torch_to_safetensors_matches_the_writer(void) {
+    ckptio_tensor_source src[N];
+    int64_t shape;
+    sources(src, &shape);
+    const char *pt = t_path("m.pt"), *got = t_path("got.safetensors"), *want = t_path("want.safetensors");
+    T_OK(ckptio_torch_save_tensors(engine, pt, src, N, NULL));
+    ckptio_torch *t = NULL;
+    T_OK(ckptio_torch_open(engine, pt, &t));
+    const ckptio_kv meta[] = {{"format", "pt"}};
+    T_OK(ckptio_torch_save_safetensors(t, got, NULL, 0, meta, 1, 0));
+    T_OK(ckptio_safetensors_save(engine, want, src, N, meta, 1, 0));
+    size_t a, b;
+    void *x = t_read_file(got, &a), *y = t_read_file(want, &b);
+    T_ASSERT(a == b && memcmp(x, y, a) == 0);
+    free(x);
+    free(y);
+    /* A subset, by index. */
+    const size_t pick[] = {2};
+    T_OK(ckptio_torch_save_safetensors(t, got, pick, 1, NULL, 0, CKPTIO_SAFETENSORS_ALIGN_8));
+    ckptio_safetensors *st = NULL;
+    T_OK(ckptio_safetensors_open(engine, got, &st));
+    size_t count, idx;
+    T_OK(ckptio_safetensors_count(st, &count));
+    T_ASSERT(count == 1);
+    T_OK(ckptio_safetensors_find(st, "c", &idx));
+    ckptio_safetensors_close(st);
+    ckptio_torch_close(t);
+    /* A handle without an engine cannot write. */
+    void *bytes = t_read_file(pt, &a);
+    T_OK(ckptio_torch_parse(bytes, a, &t));
+    T_STATUS(ckptio_torch_save_safetensors(t, got, NULL, 0, NULL, 0, 0), CKPTIO_E_INVAL);
+    ckptio_torch_close(t);
+    free(bytes);
+}
+
+static void test_safetensors_to_torch_reads_back(void) {
+    ckptio_tensor_source src[N];
+    int64_t shape;
+    sources(src, &shape);
+    const char *in = t_path("in.safetensors"), *out = t_path("out.pt");
+    T_OK(ckptio_safetensors_save(engine, in, src, N, NULL, 0, 0));
+    ckptio_safetensors *st = NULL;
+    T_OK(ckptio_safetensors_open(engine, in, &st));
+    ckptio_torch_save_options opts = {.storage_alignment = 64};
+    T_OK(ckptio_safetensors_save_torch(st, out, &opts));
+    ckptio_safetensors_close(st);
+    ckptio_torch *t = NULL;
+    T_OK(ckptio_torch_open(engine, out, &t));
+    ckptio_torch_verify_report rep;
+    T_OK(ckptio_torch_verify(t, &rep)); /* every CRC-32 computed from the streamed bytes */
+    T_ASSERT(rep.crc_absent == 0 && rep.crc_checked == rep.records);
+    uint64_t alignment;
+    T_OK(ckptio_torch_alignment(t, &alignment));
+    T_ASSERT(alignment == 64);
+    static float back[ELEMS];
+    for (int i = 0; i < N; i++) {
+        size_t idx;
+        T_OK(ckptio_torch_find(t, names[i], &idx));
+        ckptio_tensor_target tg = {.index = idx, .data = back, .capacity = sizeof back, .mem_kind = CKPTIO_MEM_HOST};
+        T_OK(ckptio_torch_read(t, &tg, 1));
+        T_ASSERT(memcmp(back, data[i], sizeof back) == 0);
+    }
+    ckptio_torch_close(t);
+}
+
+/* The progress callback runs at the end of each engine plan; the first
+ * plan of a streamed conversion reads the first tensor. */
+static const char *shrink_path;
+static off_t shrink_to;
+static int shrink_calls;
+
+static int shrink_after_first_plan(uint64_t done, uint64_t total, void *user) {
+    (void)user;
+    if (done == total && shrink_calls++ == 0) T_ASSERT(truncate(shrink_path, shrink_to) == 0);
+    return 0;
+}
+
+static void check_truncated_input(bool torch_input) {
+    ckptio_tensor_source src[N];
+    int64_t shape;
+    sources(src, &shape);
+    const char *in = t_path(torch_input ? "shrink.pt" : "shrink.safetensors");
+    const char *out = t_path(torch_input ? "shrink_out.safetensors" : "shrink_out.pt");
+    if (torch_input) T_OK(ckptio_torch_save_tensors(engine, in, src, N, NULL));
+    else T_OK(ckptio_safetensors_save(engine, in, src, N, NULL, 0, 0));
+    size_t size;
+    free(t_read_file(in, &size));
+    shrink_path = in;
+    shrink_to = (off_t)(size / 2);
+    shrink_calls = 0;
+    ckptio_engine *e = NULL;
+    T_OK(ckptio_engine_create(&e));
+    T_OK(ckptio_engine_set_progress(e, shrink_after_first_plan, NULL));
+    ckptio_status st;
+    if (torch_input) {
+        ckptio_torch *t = NULL;
+        T_OK(ckptio_torch_open(e, in, &t));
+        st = ckptio_torch_save_safetensors(t, out, NULL, 0, NULL, 0, 0);
+        ckptio_torch_close(t);
+    } else {
+        ckptio_safetensors *s = NULL;
+        T_OK(ckptio_safetensors_open(e, in, &s));
+        st = ckptio_safetensors_save_torch(s, out, NULL);
+        ckptio_safetensors_close(s);
+    }
+    T_ASSERT_MSG(st == CKPTIO_E_TRUNCATED, "got %s: %s", ckptio_status_name(st), ckptio_last_error_message());
+    T_ASSERT(shrink_calls > 0);
+    T_ASSERT(strcmp(ckptio_last_error()->path, in) == 0);
+    T_ASSERT(!t_file_exists(out));
+    T_ASSERT(t_count_entries(t_tmpdir(), ".ckptio-tmp-") == 0);
+    ckptio_engine_destroy(e);
+}
+
+static void test_input_truncated_between_tensors(void) {
+    check_truncated_input(false);
+    check_truncated_input(true);
+}
+
+int main(void) {
+    T_OK(ckptio_engine_create(&engine));
+    T_RUN(test_torch_to_safetensors_matches_the_writer);
+    T_RUN(test_safetensors_to_torch_reads_back);
+    T_RUN(test_input_truncated_between_tensors);
+    ckptio_engine_destroy(engine);
+    return T_EXIT_PASS;
+}
