@@ -90,6 +90,14 @@ int bench_prime_cache(const char *path, double *resident);
 /* Fills `buf` with pseudo-random bytes (incompressible, never all zero). */
 void bench_fill(void *buf, uint64_t size, uint64_t seed);
 
+/* ---- a real model (bench_model.c) ------------------------------------------ */
+
+/* `ckptio bench --model PATH`: loads the model (directory, index or file)
+ * into host memory with `engine`, cold and warm, `repeat` times, beside the
+ * raw ceilings of its files (read with `raw_threads` threads); prints a
+ * table or JSON. Returns a CLI exit status. */
+int bench_model_run(ckptio_engine *engine, const char *path, unsigned repeat, unsigned raw_threads, bool json);
+
 /* ---- output (bench_report.c) ---------------------------------------------- */
 
 void bench_print_table(const bench_run *run, FILE *out);

@@ -25,7 +25,9 @@ static const cli_usage usage = {
     "bench",
     "usage: ckptio bench [--size SIZE] [--dir DIR] [--tensors N] [--threads N]\n"
     "                    [--backend auto|pread|io_uring] [--direct auto|on|off]\n"
-    "                    [--raw-threads N] [--repeat N] [--json] [--keep]\n",
+    "                    [--raw-threads N] [--repeat N] [--json] [--keep]\n"
+    "       ckptio bench --model DIR [--device cpu] [--threads N] [--backend B] [--direct D]\n"
+    "                    [--raw-threads N] [--repeat N] [--json]\n",
     "\nMeasures, in one run on the same bytes in host memory:\n"
     "  raw ceilings   O_DIRECT write of 8 MiB blocks on several threads + fsync (dd-style),\n"
     "                 O_DIRECT read and buffered read with the file's pages dropped,\n"
@@ -48,6 +50,11 @@ static const cli_usage usage = {
     "  --repeat N         runs of everything, medians reported (default 1, at most 16)\n"
     "  --json             print one JSON object (schema: docs/CLI.md) instead of the table\n"
     "  --keep             keep the temporary directory and its files\n"
+    "  --model PATH       instead: load this model (a Hugging Face directory, its index or a\n"
+    "                     safetensors file; all shards in one plan) cold and warm, beside the\n"
+    "                     raw O_DIRECT and page-cache reads of its files; every load is\n"
+    "                     compared with the files' bytes. Nothing is written.\n"
+    "  --device DEV       where --model loads to: cpu (host memory; the only one so far)\n"
     "  -h, --help         show this help\n"
     "\nNeeds twice SIZE of host memory and twice SIZE of free space in DIR.\n"
     "exit status: 0 ok, 1 failure (I/O error, wrong bytes loaded), 2 bad command line\n",
@@ -63,6 +70,7 @@ typedef struct bench_options {
     uint64_t raw_threads;
     uint64_t repeat;
     bool json, keep;
+    const char *model;  /* --model: a real model instead of generated data */
 } bench_options;
 
 /* State of one run: buffers, files, engine. */
@@ -364,7 +372,8 @@ static int parse_choice(const char *text, const char *const *names, size_t n, in
 }
 
 int cli_cmd_bench(int argc, char **argv) {
-    enum { O_SIZE = 256, O_DIR, O_TENSORS, O_THREADS, O_BACKEND, O_DIRECT_, O_RAW_THREADS, O_REPEAT, O_JSON, O_KEEP };
+    enum { O_SIZE = 256, O_DIR, O_TENSORS, O_THREADS, O_BACKEND, O_DIRECT_, O_RAW_THREADS, O_REPEAT, O_JSON, O_KEEP,
+           O_MODEL, O_DEVICE };
     static const struct option longopts[] = {
         {"size", required_argument, NULL, O_SIZE},
         {"dir", required_argument, NULL, O_DIR},
@@ -376,13 +385,15 @@ int cli_cmd_bench(int argc, char **argv) {
         {"repeat", required_argument, NULL, O_REPEAT},
         {"json", no_argument, NULL, O_JSON},
         {"keep", no_argument, NULL, O_KEEP},
+        {"model", required_argument, NULL, O_MODEL},
+        {"device", required_argument, NULL, O_DEVICE},
         {"help", no_argument, NULL, 'h'},
         {NULL, 0, NULL, 0},
     };
     /* Indexed by the enum values: ckptio_backend and ckptio_direct_mode. */
     static const char *const backends[] = {"auto", "pread", "io_uring"};
     static const char *const directs[] = {"auto", "off", "on"};
-    bench_options opt = {1ull << 30, "/var/tmp", 16, -1, -1, -1, 4, 1, false, false};
+    bench_options opt = {1ull << 30, "/var/tmp", 16, -1, -1, -1, 4, 1, false, false, NULL};
     uint64_t v = 0;
     for (int c; (c = cli_next_option(argc, argv, "h", longopts, &usage)) != CLI_OPT_END;) {
         switch (c) {
@@ -425,11 +436,30 @@ int cli_cmd_bench(int argc, char **argv) {
             break;
         case O_JSON: opt.json = true; break;
         case O_KEEP: opt.keep = true; break;
+        case O_MODEL: opt.model = optarg; break;
+        case O_DEVICE:
+            if (strcmp(optarg, "cpu") != 0)
+                return cli_usage_error(&usage, "--device: '%s': the CLI loads to host memory (cpu) so far; GPU "
+                                       "loads are measured by bench/bench_gpu.py", optarg);
+            break;
         default: return CLI_EXIT_USAGE;
         }
     }
     if (optind < argc) return cli_usage_error(&usage, "unexpected argument '%s'", argv[optind]);
     if (strlen(opt.dir) > 3000) return cli_usage_error(&usage, "--dir: path too long");
+    if (opt.model) {
+        bench_ctx ctx;
+        memset(&ctx, 0, sizeof ctx);
+        if ((ctx.engine = cli_engine_create()) == NULL) return CLI_EXIT_FAIL;
+        int rc = configure_engine(&ctx, &opt) == 0 ? CLI_EXIT_OK : CLI_EXIT_FAIL;
+        /* No progress bar: the table follows the loads directly. */
+        ckptio_engine_set_progress(ctx.engine, NULL, NULL);
+        cli_catch_interrupts();
+        if (rc == CLI_EXIT_OK)
+            rc = bench_model_run(ctx.engine, opt.model, (unsigned)opt.repeat, (unsigned)opt.raw_threads, opt.json);
+        ckptio_engine_destroy(ctx.engine);
+        return rc;
+    }
 
     /* Whole 4 KiB rows per tensor, so the sizes the table reports are the
      * sizes moved. */

@@ -4,10 +4,11 @@
  * ({"metadata": {"total_size"}, "weight_map": {tensor: shard file}}) and
  * its shards beside it.
  *
- * Every shard is opened and validated like a single file; the index must
- * agree with the shards (each mapped tensor in its shard, each shard tensor
- * mapped to that shard, shard names plain file names in the same
- * directory). verify also reads every shard's data.
+ * The index is opened with ckptio_model_open (src/format/hf_index.c parses
+ * it): every shard validated like a single file, the index agreeing with the
+ * shards (each mapped tensor in its shard, each shard tensor mapped to that
+ * shard, shard names plain file names in the same directory, no symlink
+ * leaving it). verify also reads every shard's data.
  */
 #include "cli_dcp.h"
 
@@ -24,91 +25,50 @@ bool cli_hf_index_path(const char *path, char *index, size_t cap) {
     return (size_t)snprintf(index, cap, "%s", path) < cap;
 }
 
-/* The parsed index: shard names (distinct, in first-mention order) and views. */
+/* The model (ckptio_model_open validates the index against its shards:
+ * one parser for the library, the Python package and this tool) and the
+ * shard file names the output shows. */
 typedef struct hf_index {
-    json_t *root;
-    json_t *wmap;
+    ckptio_model *m;
     size_t nshards;
-    const char **shards;
-    cli_view *views;
-    bool *opened;
-    char **paths;               /* the views point at these */
+    const char **shards;        /* base names, shard order */
     uint64_t total_size;
     bool has_total;
 } hf_index;
 
 static void hf_close(hf_index *x) {
-    for (size_t s = 0; x->views && s < x->nshards; s++)
-        if (x->opened[s]) cli_view_close(&x->views[s]);
-    for (size_t s = 0; x->paths && s < x->nshards; s++) free(x->paths[s]);
-    free(x->paths);
-    free(x->views);
-    free(x->opened);
+    ckptio_model_close(x->m);
     free(x->shards);
-    json_decref(x->root);
     memset(x, 0, sizeof *x);
-}
-
-static bool plain_name(const char *s) {
-    return s[0] != '\0' && !strchr(s, '/') && strcmp(s, ".") != 0 && strcmp(s, "..") != 0;
 }
 
 static int hf_open(ckptio_engine *engine, const char *index, hf_index *x) {
     memset(x, 0, sizeof *x);
-    json_error_t err;
-    x->root = json_load_file(index, JSON_REJECT_DUPLICATES, &err);
-    if (!x->root) return cli_error("%s: not valid JSON: %s (line %d)", index, err.text, err.line), -1;
-    x->wmap = json_object_get(x->root, "weight_map");
-    if (!json_is_object(x->wmap)) return cli_error("%s: \"weight_map\" is missing or not an object", index), -1;
-    const json_t *total = json_object_get(json_object_get(x->root, "metadata"), "total_size");
-    if (json_is_integer(total)) {
-        x->has_total = true;
-        x->total_size = (uint64_t)json_integer_value(total);
-    }
-    const size_t n = json_object_size(x->wmap);
-    x->shards = calloc(n + 1, sizeof *x->shards);
+    ckptio_status st = ckptio_model_open(engine, index, 0, &x->m);
+    if (st != CKPTIO_OK) return cli_error_lib(index, st), -1;
+    const char *path = NULL;
+    int64_t total = -1;
+    if ((st = ckptio_model_shard_count(x->m, &x->nshards)) != CKPTIO_OK ||
+        (st = ckptio_model_index(x->m, &path, &total)) != CKPTIO_OK)
+        return cli_error_lib(index, st), -1;
+    x->has_total = total >= 0;
+    x->total_size = x->has_total ? (uint64_t)total : 0;
+    x->shards = calloc(x->nshards + 1, sizeof *x->shards);
     if (!x->shards) return cli_error("out of memory"), -1;
-    const char *key;
-    json_t *val;
-    json_object_foreach(x->wmap, key, val) {
-        const char *f = json_string_value(val);
-        if (!f || !plain_name(f))
-            return cli_error("%s: weight_map['%s'] is not a shard file name in the same directory", index, key), -1;
-        size_t s = 0;
-        while (s < x->nshards && strcmp(x->shards[s], f) != 0) s++;
-        if (s == x->nshards) x->shards[x->nshards++] = f;
-    }
-    x->views = calloc(x->nshards + 1, sizeof *x->views);
-    x->opened = calloc(x->nshards + 1, sizeof *x->opened);
-    x->paths = calloc(x->nshards + 1, sizeof *x->paths);
-    if (!x->views || !x->opened || !x->paths) return cli_error("out of memory"), -1;
-    /* Shards live beside the index. */
-    const char *slash = strrchr(index, '/');
-    const int dirlen = slash ? (int)(slash - index) : 1;
-    const char *dir = slash ? index : ".";
     for (size_t s = 0; s < x->nshards; s++) {
-        if (!(x->paths[s] = malloc(4096))) return cli_error("out of memory"), -1;
-        snprintf(x->paths[s], 4096, "%.*s/%s", dirlen, dir, x->shards[s]);
-        if (cli_view_open(engine, x->paths[s], &x->views[s]) != 0) return -1;
-        x->opened[s] = true;
-        /* Each shard tensor must be mapped to this shard. */
-        for (size_t i = 0; i < x->views[s].count; i++) {
-            const char *f = json_string_value(json_object_get(x->wmap, x->views[s].tensors[i].name));
-            if (!f || strcmp(f, x->shards[s]) != 0)
-                return cli_error("%s: tensor '%s' of shard %s is %s", index, x->views[s].tensors[i].name, x->shards[s],
-                                 f ? "mapped to another shard" : "not in weight_map"), -1;
-        }
+        if ((st = ckptio_model_shard(x->m, s, &path, NULL)) != CKPTIO_OK) return cli_error_lib(index, st), -1;
+        const char *slash = strrchr(path, '/');
+        x->shards[s] = slash ? slash + 1 : path;
     }
-    /* Each mapped tensor must be in its shard. */
-    json_object_foreach(x->wmap, key, val) {
-        size_t s = 0;
-        while (strcmp(x->shards[s], json_string_value(val)) != 0) s++;
-        size_t i = 0;
-        while (i < x->views[s].count && strcmp(x->views[s].tensors[i].name, key) != 0) i++;
-        if (i == x->views[s].count)
-            return cli_error("%s: weight_map names tensor '%s' in %s, which does not hold it", index, key,
-                             x->shards[s]), -1;
-    }
+    return 0;
+}
+
+/* Tensor i of the model and the base name of its shard. */
+static int hf_tensor(const hf_index *x, const char *index, size_t i, ckptio_tensor_info *t, const char **shard) {
+    size_t s = 0;
+    ckptio_status st = ckptio_model_tensor(x->m, i, t, &s);
+    if (st != CKPTIO_OK) return cli_error_lib(index, st), -1;
+    *shard = x->shards[s];
     return 0;
 }
 
@@ -120,26 +80,29 @@ static const char *dtype_label(ckptio_dtype dtype) {
 int cli_hf_inspect(ckptio_engine *engine, const char *index, bool json) {
     hf_index x;
     int rc = CLI_EXIT_FAIL;
-    if (hf_open(engine, index, &x) != 0) goto out;
-    uint64_t all = 0;
     size_t count = 0;
-    for (size_t s = 0; s < x.nshards; s++)
-        for (size_t i = 0; i < x.views[s].count; i++, count++) all += x.views[s].tensors[i].nbytes;
+    uint64_t all = 0;
+    if (hf_open(engine, index, &x) != 0 || ckptio_model_count(x.m, &count) != CKPTIO_OK) goto out;
+    for (size_t i = 0; i < count; i++) {
+        ckptio_tensor_info t;
+        const char *shard;
+        if (hf_tensor(&x, index, i, &t, &shard) != 0) goto out;
+        all += t.nbytes;
+    }
     if (json) {
         json_t *root = json_object(), *shards = json_array(), *tensors = json_array();
         bool oom = !root || !shards || !tensors;
-        for (size_t s = 0; !oom && s < x.nshards; s++) {
-            oom |= json_array_append_new(shards, json_string(x.shards[s])) != 0;
-            for (size_t i = 0; !oom && i < x.views[s].count; i++) {
-                const ckptio_tensor_info *t = &x.views[s].tensors[i];
-                json_t *shape = json_array();
-                for (uint32_t d = 0; shape && d < t->ndim; d++)
-                    json_array_append_new(shape, json_integer((json_int_t)t->shape[d]));
-                json_t *o = json_pack("{s:s,s:s,s:o,s:I,s:s,s:I}", "name", t->name, "dtype", dtype_label(t->dtype),
-                                      "shape", shape, "nbytes", (json_int_t)t->nbytes, "shard", x.shards[s], "offset",
-                                      (json_int_t)t->file_offset);
-                oom |= !o || json_array_append_new(tensors, o) != 0;
-            }
+        for (size_t s = 0; !oom && s < x.nshards; s++) oom |= json_array_append_new(shards, json_string(x.shards[s])) != 0;
+        for (size_t i = 0; !oom && i < count; i++) {
+            ckptio_tensor_info t;
+            const char *shard;
+            if (hf_tensor(&x, index, i, &t, &shard) != 0) break;
+            json_t *shape = json_array();
+            for (uint32_t d = 0; shape && d < t.ndim; d++) json_array_append_new(shape, json_integer((json_int_t)t.shape[d]));
+            json_t *o = json_pack("{s:s,s:s,s:o,s:I,s:s,s:I}", "name", t.name, "dtype", dtype_label(t.dtype), "shape",
+                                  shape, "nbytes", (json_int_t)t.nbytes, "shard", shard, "offset",
+                                  (json_int_t)t.file_offset);
+            oom |= !o || json_array_append_new(tensors, o) != 0;
         }
         if (!oom) {
             json_object_set_new(root, "index", json_string(index));
@@ -170,19 +133,23 @@ int cli_hf_inspect(ckptio_engine *engine, const char *index, bool json) {
         static const char *const headers[] = {"name", "dtype", "shape", "size", "shard"};
         cli_table table;
         cli_table_init(&table, 5, headers, "lllrl");
-        for (size_t s = 0; s < x.nshards; s++)
-            for (size_t i = 0; i < x.views[s].count; i++) {
-                const ckptio_tensor_info *t = &x.views[s].tensors[i];
-                char shape[256], size[32];
-                cli_format_shape(t->shape, t->ndim, shape, sizeof shape);
-                cli_format_bytes(t->nbytes, size, sizeof size);
-                const char *cells[] = {t->name, dtype_label(t->dtype), shape, size, x.shards[s]};
-                if (cli_table_add(&table, cells) != 0) {
-                    cli_table_cleanup(&table);
-                    cli_error("out of memory");
-                    goto out;
-                }
+        for (size_t i = 0; i < count; i++) {
+            ckptio_tensor_info t;
+            const char *shard;
+            char shape[256], size[32];
+            if (hf_tensor(&x, index, i, &t, &shard) != 0) {
+                cli_table_cleanup(&table);
+                goto out;
             }
+            cli_format_shape(t.shape, t.ndim, shape, sizeof shape);
+            cli_format_bytes(t.nbytes, size, sizeof size);
+            const char *cells[] = {t.name, dtype_label(t.dtype), shape, size, shard};
+            if (cli_table_add(&table, cells) != 0) {
+                cli_table_cleanup(&table);
+                cli_error("out of memory");
+                goto out;
+            }
+        }
         printf("\ntensors: %zu\n", count);
         if (count) cli_table_print(&table, stdout, "  ");
         cli_table_cleanup(&table);
@@ -198,12 +165,30 @@ out:
 int cli_hf_verify(ckptio_engine *engine, const char *index, bool quiet) {
     hf_index x;
     int rc = CLI_EXIT_FAIL;
-    if (hf_open(engine, index, &x) != 0) goto out;
     uint64_t all = 0;
     size_t count = 0;
-    for (size_t s = 0; s < x.nshards; s++) {
-        if (cli_view_read_all(engine, &x.views[s], 64u << 20) != 0) goto out;
-        for (size_t i = 0; i < x.views[s].count; i++, count++) all += x.views[s].tensors[i].nbytes;
+    ckptio_tensor_info *tensors = NULL;
+    if (hf_open(engine, index, &x) != 0 || ckptio_model_count(x.m, &count) != CKPTIO_OK) goto out;
+    if (!(tensors = calloc(count + 1, sizeof *tensors))) {
+        cli_error("out of memory");
+        goto out;
+    }
+    /* Model order is shard by shard: each shard's tensors are one run of it,
+     * read through a view of that shard. */
+    for (size_t i = 0; i < count;) {
+        size_t shard = 0, n = 0;
+        const char *path = NULL;
+        if (ckptio_model_tensor(x.m, i, &tensors[0], &shard) != CKPTIO_OK ||
+            ckptio_model_shard(x.m, shard, &path, NULL) != CKPTIO_OK)
+            goto lib_error;
+        for (size_t s = shard; i + n < count; n++) {
+            if (ckptio_model_tensor(x.m, i + n, &tensors[n], &s) != CKPTIO_OK) goto lib_error;
+            if (s != shard) break;
+            all += tensors[n].nbytes;
+        }
+        const cli_view view = {.path = path, .format = "safetensors", .count = n, .tensors = tensors};
+        if (cli_view_read_all(engine, &view, 64u << 20) != 0) goto out;
+        i += n;
     }
     if (x.has_total && x.total_size != all) {
         cli_error("%s: metadata.total_size is %llu, the shards hold %llu tensor bytes", index,
@@ -215,7 +200,11 @@ int cli_hf_verify(ckptio_engine *engine, const char *index, bool quiet) {
         printf("%s: ok (Hugging Face sharded safetensors, %zu shard%s, %zu tensor%s, %s of data read)\n", cli_q(index),
                x.nshards, x.nshards == 1 ? "" : "s", count, count == 1 ? "" : "s", cli_format_bytes(all, a, sizeof a));
     rc = CLI_EXIT_OK;
+    goto out;
+lib_error:
+    cli_error_lib(index, ckptio_last_error()->status);
 out:
+    free(tensors);
     hf_close(&x);
     return rc;
 }

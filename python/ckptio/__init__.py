@@ -10,6 +10,9 @@ tensors and numpy arrays.
     sd = ckptio.load("model.safetensors", device="cuda")
     with ckptio.open("model.safetensors") as f:
         w = f.get_tensor("layer.0.weight", device="cuda:0")
+    sd = ckptio.load("model_dir/", device="cuda")           # Hugging Face directory, all shards
+    with ckptio.safe_open("model_dir/", framework="pt") as f:  # drop-in for safetensors.safe_open
+        part = f.get_slice("embed.weight")[:, :1024]         # reads only those bytes
 
 Errors are :class:`CkptioError` (an ``OSError``) carrying the library's
 message, which names the file, the offset and what was wrong.
@@ -25,6 +28,8 @@ from . import _ckptio
 from ._ckptio import Engine, default_engine
 from ._api import CheckpointFile, StorageInfo, TensorInfo, load, open, save, save_torch
 from ._gds import GdsFile, gds_deregister_buffer, gds_register_buffer
+from ._model import Slice, SliceRequest
+from ._safe_open import safe_open
 
 __version__: str = _ckptio.version()
 
@@ -39,7 +44,10 @@ __all__ = [
     "save",
     "load",
     "open",
+    "safe_open",
     "CheckpointFile",
+    "Slice",
+    "SliceRequest",
     "TensorInfo",
     "StorageInfo",
     "save_torch",

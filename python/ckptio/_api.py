@@ -11,7 +11,7 @@ import collections
 import os
 from typing import Any, Dict, Iterable, Iterator, List, Mapping, NamedTuple, Optional, Tuple, Union
 
-from . import _adapt, _ckptio
+from . import _adapt, _ckptio, _model
 from ._errors import make_error
 
 PathLike = Union[str, "os.PathLike[str]"]
@@ -29,8 +29,9 @@ class TensorInfo(NamedTuple):
 
     ``dtype`` is the safetensors spelling ("BF16"); ``shape`` is in the
     file's terms; ``offset`` is the absolute file offset of its first byte
-    (element [0, ..., 0]) and ``nbytes`` its byte count. ``contiguous`` is
-    False for a torch.save view whose bytes are not one range of the file.
+    (element [0, ..., 0]) in ``file`` (the shard holding it, for a
+    directory) and ``nbytes`` its byte count. ``contiguous`` is False for a
+    torch.save view whose bytes are not one range of the file.
     """
 
     name: str
@@ -39,6 +40,7 @@ class TensorInfo(NamedTuple):
     offset: int
     nbytes: int
     contiguous: bool = True
+    file: Optional[str] = None
 
 
 class StorageInfo(NamedTuple):
@@ -91,25 +93,35 @@ class CheckpointFile:
     """An open checkpoint for lazy, selective loading (like ``safetensors.safe_open``).
 
     Created by :func:`ckptio.open`; works for safetensors and torch.save
-    files. Use it as a context manager, or call :meth:`close`.
+    files, and for Hugging Face directories of safetensors shards (or their
+    ``*.index.json``) as one handle over all shards. Use it as a context
+    manager, or call :meth:`close`.
     """
 
-    def __init__(self, path: PathLike, framework: str = "pt", device: Any = "cpu", *, engine=None):
+    def __init__(self, path: PathLike, framework: str = "pt", device: Any = "cpu", *, engine=None,
+                 allow_symlinks: bool = False):
         self._path = os.fspath(path)
         self._framework = _framework(framework)
         self._device = _adapt.parse_device(device)
         if self._framework == "numpy" and self._device.kind != "cpu":
             raise ValueError(f"framework='numpy' loads to the cpu only, not {self._device}")
-        self.format = _detect(self._path)
+        # Directories and indexes are always safetensors models (libckptio's ckptio_model).
+        self.format = "safetensors" if _model.is_model_path(self._path) else _detect(self._path)
         self._index: Dict[str, _Entry] = {}
         self._order: List[str] = []
+        self._has_metadata = False
         if self.format == "safetensors":
-            self._reader = _ckptio.SafetensorsReader(self._path, engine)
-            for i, (name, code, shape, offset, nbytes) in enumerate(self._reader.tensors):
+            self._reader = _ckptio.ModelReader(self._path, engine, allow_symlinks)
+            self._shards = self._reader.shards
+            self._shard_of: List[int] = []
+            for i, (name, code, shape, offset, nbytes, shard) in enumerate(self._reader.tensors):
                 self._index[name] = _Entry(i, code, tuple(shape), offset, nbytes, True)
                 self._order.append(name)
+                self._shard_of.append(shard)
             self._metadata = self._reader.metadata
+            self._has_metadata = self._reader.has_metadata
         else:
+            self._shards = [self._path]
             self._reader = _ckptio.TorchReader(self._path, engine)
             self._tensor_rows = self._reader.tensors
             by_offset = []
@@ -126,12 +138,17 @@ class CheckpointFile:
     def path(self) -> str:
         return self._path
 
+    @property
+    def shards(self) -> List[str]:
+        """Paths of the files read: the shards of a directory (sorted), else the file itself."""
+        return list(self._shards)
+
     def keys(self) -> List[str]:
         """Tensor names, sorted (torch files: dotted paths such as "layer.0.weight")."""
         return sorted(self._index)
 
     def offset_keys(self) -> List[str]:
-        """Tensor names in file order (by data offset)."""
+        """Tensor names in file order (by data offset; a directory: shard by shard)."""
         return list(self._order)
 
     def metadata(self) -> Dict[str, str]:
@@ -141,7 +158,8 @@ class CheckpointFile:
     def info(self, name: str) -> TensorInfo:
         """Dtype, shape, absolute file offset and byte count of one tensor."""
         e = self._entry(name)
-        return TensorInfo(name, _adapt.dtype_name(e.code), e.shape, e.offset, e.nbytes, e.contiguous)
+        file = self._shards[self._shard_of[e.index]] if self.format == "safetensors" else self._path
+        return TensorInfo(name, _adapt.dtype_name(e.code), e.shape, e.offset, e.nbytes, e.contiguous, file)
 
     def storages(self) -> List[StorageInfo]:
         """torch.save files: every storage record with its file offset (what
@@ -217,6 +235,37 @@ class CheckpointFile:
         for name, d in moves.items():
             result[name] = result[name].to(str(d))
         return result
+
+    # -- slices (_model.py) -------------------------------------------------------------
+    def get_slice(self, name: str) -> "_model.Slice":
+        """A tensor to index before reading, like safetensors' ``get_slice``:
+        ``f.get_slice("w")[:, 1024:2048]`` reads only those bytes, to the
+        handle's device. ``get_shape()``, ``get_dtype()`` describe it."""
+        if self.format != "safetensors":
+            raise ValueError(f"{self._path}: get_slice() reads safetensors files and directories; this is a "
+                             f"{self.format} file: use get_tensor(name)[...]")
+        return _model.Slice(self, name)
+
+    def get_slices(self, requests: "_model.Requests", device: Any = None):
+        """Reads many tensors and slices in ONE engine plan: ``requests`` is
+        {name: index} (returns {name: tensor}) or a list of (name, index)
+        pairs or :class:`SliceRequest` (returns a list). An index is what
+        ``get_slice(name)[index]`` takes; ``...`` is the whole tensor."""
+        reqs = _model.plan_requests(self, requests)
+        out = _model.read_requests(self, reqs, device)
+        if isinstance(requests, Mapping):
+            return dict(zip(requests.keys(), out))
+        return out
+
+    def plan_slices(self, requests: "_model.Requests") -> List["_model.SliceRequest"]:
+        """The requests as plain data (box per dimension, bytes, what to
+        apply after reading), validated but not read: lists of them can be
+        split between ranks and read with :meth:`read_slices`."""
+        return _model.plan_requests(self, requests)
+
+    def read_slices(self, requests: List["_model.SliceRequest"], device: Any = None) -> List[Any]:
+        """Reads planned requests (from :meth:`plan_slices`) in one plan."""
+        return _model.read_requests(self, list(requests), device)
 
     def load_object(self, device: Any = None) -> Any:
         """torch.save files: the whole saved object (as ``torch.load`` returns
@@ -306,31 +355,40 @@ def build_torch_object(reader, dev: "_adapt.Device") -> Any:
 
 
 def open(path: PathLike, framework: str = "pt", device: Any = "cpu", *, engine=None) -> CheckpointFile:
+def open(path: PathLike, framework: str = "pt", device: Any = "cpu", *, engine=None,
+         allow_symlinks: bool = False) -> CheckpointFile:
     """Opens a checkpoint for lazy access: ``keys()``, ``metadata()``,
-    ``info(name)``, ``get_tensor(name, device=...)``. The format is detected
-    from the file's first bytes."""
-    return CheckpointFile(path, framework, device, engine=engine)
+    ``info(name)``, ``get_tensor(name, device=...)``, ``get_slice(name)``.
+    The format is detected from the file's first bytes; a directory (or a
+    ``*.index.json``) is a Hugging Face safetensors model, one handle over
+    all its shards. ``allow_symlinks=True`` lets a directory's shards be
+    symlinks to files outside it (the Hugging Face hub cache); by default
+    they are refused."""
+    return CheckpointFile(path, framework, device, engine=engine, allow_symlinks=allow_symlinks)
 
 
 def load(path: PathLike, device: Any = "cpu", keys: Optional[Iterable[str]] = None, *, framework: str = "pt",
-         out: Optional[Mapping[str, Any]] = None, engine=None) -> Any:
+         out: Optional[Mapping[str, Any]] = None, engine=None, allow_symlinks: bool = False) -> Any:
     """Loads a checkpoint; the format is detected from the file's first bytes.
 
     Args:
-        path: a safetensors or torch.save (zip) file.
+        path: a safetensors or torch.save (zip) file, or a Hugging Face
+            directory of safetensors shards (or its ``*.index.json``): all
+            shards are read in one engine plan.
         device: "cpu", "cuda", "cuda:N", an int N or a torch.device; tensors
             are allocated there and the bytes go straight in.
         keys: names to load (default: all). A missing name is a KeyError.
         framework: "pt" (torch tensors) or "numpy" (arrays, cpu only).
         out: names -> existing tensors/arrays to fill in place.
         engine: a ckptio.Engine (default: the shared default engine).
+        allow_symlinks: a directory's shards may be symlinks leaving it.
 
     Returns, for safetensors files and whenever `keys`, `out` or
     framework="numpy" is given: a flat dict name -> tensor. For a torch.save
     file otherwise: the saved object itself, as ``torch.load(path,
     map_location=device, weights_only=True)`` returns it.
     """
-    with CheckpointFile(path, framework, device, engine=engine) as f:
+    with CheckpointFile(path, framework, device, engine=engine, allow_symlinks=allow_symlinks) as f:
         if f.format == "torch" and keys is None and out is None and f._framework == "pt":
             return f.load_object()
         return f.get_tensors(keys, out=out)

@@ -311,6 +311,7 @@ ckptio_status ckptio__st_index(ckptio_safetensors *st, const char *json) {
     md = json_object_get(root, "__metadata__");
     n = json_object_size(root) - (md ? 1 : 0);
     if (md && (status = check_metadata(st, md, &md_count, &arena_bytes)) != CKPTIO_OK) goto out;
+    st->has_metadata = md && !json_is_null(md);
     entries = ckptio__calloc(n, sizeof *entries);
     if (!entries) {
         status = CKPTIO_FAIL(CKPTIO_E_NOMEM, "out of memory indexing %zu tensors", n);

@@ -45,6 +45,7 @@ struct ckptio_safetensors {
     size_t *by_name;              /* tensor indices sorted by strcmp of names */
     size_t metadata_count;
     ckptio_kv *metadata;          /* __metadata__ pairs, in file order */
+    bool has_metadata;            /* __metadata__ is an object (possibly empty), not absent or null */
     char *arena;                  /* names, metadata strings and shapes */
 };
 

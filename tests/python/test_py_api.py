@@ -115,8 +115,12 @@ def test_format_detect(tmp_path):
         ckptio.load(dcp_dir)
     with pytest.raises(ckptio.CkptioError, match="legacy"):
         ckptio.load(legacy)
+    # A directory is a safetensors model (test_model_dir.py): here its one .safetensors file.
+    assert list(ckptio.load(tmp_path)) == ["x"]
+    empty = tmp_path / "empty"
+    empty.mkdir()
     with pytest.raises(ckptio.CkptioError, match="directory"):
-        ckptio.load(tmp_path)
+        ckptio.load(empty)
 
 
 def test_low_level_file_extents(tmp_path, engine):

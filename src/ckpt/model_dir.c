@@ -1,0 +1,534 @@
+/*
+ * model_dir.c - ckptio_model: a single safetensors file, a Hugging Face
+ * directory or its index, opened as one handle (rules in ckptio.h and
+ * docs/MODELS.md).
+ *
+ * The index is parsed by src/format/hf_index.c; this file finds it, opens
+ * the shards it names (each validated like any safetensors file) and checks
+ * that index and shards agree. A shard named by an index or found in a
+ * directory must be a regular file inside that directory: its name is plain
+ * (checked by the parser), and a symlink must resolve inside the directory
+ * unless the caller allows otherwise. After opening, the descriptor's inode
+ * is compared with the file that was checked, so a name swapped in between
+ * is refused rather than read.
+ */
+#include "hf_index_internal.h"
+#include "io_internal.h"
+#include "model_internal.h"
+
+#include <dirent.h>
+#include <errno.h>
+#include <limits.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+
+#define HF_INDEX_NAME "model.safetensors.index.json"
+#define HF_SINGLE_NAME "model.safetensors"
+#define INDEX_SUFFIX ".index.json"
+#define SHARD_SUFFIX ".safetensors"
+#define LIST_MAX 4 /* names quoted in an error about several files */
+
+static char *join(const char *dir, const char *name) {
+    const size_t a = strlen(dir), b = strlen(name);
+    char *p = ckptio__malloc(a + b + 2);
+    if (!p) return NULL;
+    memcpy(p, dir, a);
+    p[a] = '/';
+    memcpy(p + a + 1, name, b + 1);
+    return p;
+}
+
+static bool ends_with(const char *s, const char *suffix) {
+    const size_t n = strlen(s), m = strlen(suffix);
+    return n >= m && strcmp(s + n - m, suffix) == 0;
+}
+
+static int cmp_str(const void *a, const void *b) { return strcmp(*(char *const *)a, *(char *const *)b); }
+
+/* ---- shards ------------------------------------------------------------------ */
+
+/* Why a shard is opened, for its error messages. */
+typedef struct shard_origin {
+    const char *dir;          /* the directory it must stay in, or NULL (a file named by the caller) */
+    const char *index;        /* the index naming it, or NULL */
+    const char *tensor;       /* a tensor the index maps to it (with index) */
+} shard_origin;
+
+/* Checks that `path` (a name inside o->dir) is a regular file staying in
+ * the directory; *want receives what it resolves to. */
+static ckptio_status check_shard_path(const char *path, const char *name, const shard_origin *o, unsigned flags,
+                                      struct stat *want) {
+    struct stat ls;
+    if (lstat(path, &ls) != 0 || (S_ISLNK(ls.st_mode) && stat(path, want) != 0)) {
+        const int err = errno;
+        if (err == ENOENT && o->index)
+            return CKPTIO_FAIL_CTX(CKPTIO_E_NOT_FOUND,
+                                   &((ckptio__err_ctx){.operation = "open shard", .path = o->index,
+                                                       .file_offset = -1, .subject = "weight_map"}),
+                                   "tensor '%s' is in shard '%s', which is missing from %s", o->tensor, name, o->dir);
+        return CKPTIO_FAIL_SYS(err, "stat", path, -1, "opening a shard%s%s", o->index ? " named by " : "",
+                               o->index ? o->index : "");
+    }
+    if (!S_ISLNK(ls.st_mode)) *want = ls;
+    if (S_ISLNK(ls.st_mode) && !(flags & CKPTIO_MODEL_ALLOW_SYMLINKS)) {
+        char *real = realpath(path, NULL), *base = realpath(o->dir, NULL);
+        const size_t blen = base ? strlen(base) : 0;
+        const bool inside = real && base && strncmp(real, base, blen) == 0 &&
+                            (real[blen] == '/' || (blen == 1 && base[0] == '/'));
+        ckptio_status st = CKPTIO_OK;
+        if (!real || !base)
+            st = CKPTIO_FAIL_SYS(errno, "realpath", path, -1, "resolving a shard that is a symlink");
+        else if (!inside)
+            st = CKPTIO_FAIL_CTX(CKPTIO_E_DISALLOWED,
+                                 &((ckptio__err_ctx){.operation = "open shard", .path = path, .file_offset = -1}),
+                                 "shard '%s'%s%s is a symlink to %s, outside %s: a checkpoint may only read its own "
+                                 "files (CKPTIO_MODEL_ALLOW_SYMLINKS / allow_symlinks=True for a directory you "
+                                 "trust, such as the Hugging Face hub cache)",
+                                 name, o->index ? " named by " : "", o->index ? o->index : "", real, base);
+        free(real);
+        free(base);
+        CKPTIO_FORWARD(st);
+    }
+    if (!S_ISREG(want->st_mode))
+        return CKPTIO_FAIL_CTX(CKPTIO_E_FORMAT,
+                               &((ckptio__err_ctx){.operation = "open shard", .path = path, .file_offset = -1}),
+                               "shard '%s' is not a regular file", name);
+    return CKPTIO_OK;
+}
+
+/* Opens shard `name` (a path when o->dir is NULL) into m->shards[m->nshards]. */
+static ckptio_status open_shard(ckptio_model *m, const char *name, const shard_origin *o, unsigned flags) {
+    char *path = o->dir ? join(o->dir, name) : ckptio__strdup(name);
+    if (!path) return CKPTIO_FAIL(CKPTIO_E_NOMEM, "out of memory opening shard %s", name);
+    struct stat want, got;
+    ckptio_safetensors *st = NULL;
+    ckptio_status status = o->dir ? check_shard_path(path, name, o, flags, &want) : CKPTIO_OK;
+    if (status == CKPTIO_OK) status = ckptio_safetensors_open(m->engine, path, &st);
+    if (status != CKPTIO_OK) {
+        ckptio__free(path);
+        return status;
+    }
+    m->shard_paths[m->nshards] = path;
+    m->shards[m->nshards++] = st;
+    if (o->dir && (fstat(st->file->fd, &got) != 0 || got.st_dev != want.st_dev || got.st_ino != want.st_ino))
+        return CKPTIO_FAIL_CTX(CKPTIO_E_DISALLOWED,
+                               &((ckptio__err_ctx){.operation = "open shard", .path = path, .file_offset = -1}),
+                               "shard '%s' was replaced while it was being opened", name);
+    return CKPTIO_OK;
+}
+
+static ckptio_status reserve_shards(ckptio_model *m, size_t n) {
+    m->shard_paths = ckptio__calloc(n ? n : 1, sizeof *m->shard_paths);
+    m->shards = ckptio__calloc(n ? n : 1, sizeof *m->shards);
+    if (!m->shard_paths || !m->shards) return CKPTIO_FAIL(CKPTIO_E_NOMEM, "out of memory opening %zu shards", n);
+    return CKPTIO_OK;
+}
+
+/* ---- the index ------------------------------------------------------------------ */
+
+static ckptio_status read_index(ckptio_model *m, const char *path, char **text, size_t *len) {
+    ckptio_file *f = NULL;
+    uint64_t size = 0;
+    ckptio_status st = ckptio_file_open(m->engine, path, CKPTIO_OPEN_READ, &f);
+    if (st == CKPTIO_OK) st = ckptio_file_size(f, &size);
+    if (st == CKPTIO_OK && size > CKPTIO__HF_INDEX_MAX_BYTES)
+        st = CKPTIO_FAIL_CTX(CKPTIO_E_FORMAT, &((ckptio__err_ctx){.path = path, .file_offset = -1}),
+                             "the index is %llu bytes, more than ckptio's limit of %u", (unsigned long long)size,
+                             CKPTIO__HF_INDEX_MAX_BYTES);
+    if (st == CKPTIO_OK && !(*text = ckptio__malloc((size_t)size + 1)))
+        st = CKPTIO_FAIL(CKPTIO_E_NOMEM, "out of memory reading the %llu-byte index %s", (unsigned long long)size,
+                         path);
+    if (st == CKPTIO_OK) st = ckptio__file_io(f, CKPTIO_READ, *text, size, 0);
+    if (st == CKPTIO_OK) *len = (size_t)size;
+    ckptio__error_saved *saved = st != CKPTIO_OK ? ckptio__error_save() : NULL;
+    ckptio_file_close(f);
+    if (saved) ckptio__error_restore(saved);
+    return st;
+}
+
+/* Every index entry is in its shard, and every shard tensor is mapped to
+ * its own shard: together, each tensor is in exactly one shard. */
+static ckptio_status check_index(const ckptio_model *m, const ckptio__hf_index *x) {
+#define IXFAIL(...)                                                                                              \
+    CKPTIO_FAIL_CTX(CKPTIO_E_FORMAT, &((ckptio__err_ctx){.path = m->index_path, .file_offset = -1,             \
+                                                         .subject = "weight_map"}),                            \
+                    __VA_ARGS__)
+    for (size_t i = 0; i < x->count; i++) {
+        size_t at;
+        if (ckptio_safetensors_find(m->shards[x->entries[i].shard], x->entries[i].name, &at) != CKPTIO_OK)
+            return IXFAIL("tensor '%s' is mapped to shard '%s', which does not hold it", x->entries[i].name,
+                          x->shards[x->entries[i].shard]);
+    }
+    for (size_t s = 0; s < m->nshards; s++) {
+        const ckptio_safetensors *st = m->shards[s];
+        for (size_t t = 0; t < st->count; t++) {
+            const char *name = st->tensors[t].name;
+            const ckptio__hf_entry *e = ckptio__hf_index_find(x, name);
+            if (!e) return IXFAIL("tensor '%s' of shard '%s' is not in the index", name, x->shards[s]);
+            if (e->shard != s)
+                return IXFAIL("tensor '%s' is in two shards, '%s' and '%s' (the index maps it to '%s')", name,
+                              x->shards[s < e->shard ? s : e->shard], x->shards[s < e->shard ? e->shard : s],
+                              x->shards[e->shard]);
+        }
+    }
+    return CKPTIO_OK;
+#undef IXFAIL
+}
+
+static ckptio_status open_index(ckptio_model *m, const char *dir, const char *index, unsigned flags) {
+    char *text = NULL;
+    size_t len = 0;
+    ckptio__hf_index x;
+    memset(&x, 0, sizeof x);
+    ckptio_status st = CKPTIO_OK;
+    if (!(m->index_path = ckptio__strdup(index))) {
+        st = CKPTIO_FAIL(CKPTIO_E_NOMEM, "out of memory opening %s", index);
+        goto out;
+    }
+    if ((st = read_index(m, index, &text, &len)) != CKPTIO_OK) goto out;
+    if ((st = ckptio__hf_index_parse(text, len, index, &x)) != CKPTIO_OK) goto out;
+    if (x.has_total_size && x.total_size <= INT64_MAX) m->total_size = (int64_t)x.total_size;
+    if ((st = reserve_shards(m, x.nshards)) != CKPTIO_OK) goto out;
+    for (size_t s = 0; s < x.nshards; s++) {
+        const char *tensor = "";
+        for (size_t i = 0; i < x.count && !tensor[0]; i++)
+            if (x.entries[i].shard == s) tensor = x.entries[i].name;
+        const shard_origin o = {.dir = dir, .index = index, .tensor = tensor};
+        if ((st = open_shard(m, x.shards[s], &o, flags)) != CKPTIO_OK) goto out;
+    }
+    st = check_index(m, &x);
+out:
+    ckptio__free(text);
+    ckptio__hf_index_free(&x);
+    return st;
+}
+
+/* ---- directories ---------------------------------------------------------------- */
+
+typedef struct name_list {
+    char **names;
+    size_t count, cap;
+} name_list;
+
+static void list_free(name_list *l) {
+    for (size_t i = 0; i < l->count; i++) ckptio__free(l->names[i]);
+    ckptio__free(l->names);
+    memset(l, 0, sizeof *l);
+}
+
+static ckptio_status list_add(name_list *l, const char *name) {
+    if (l->count == l->cap) {
+        const size_t cap = l->cap ? l->cap * 2 : 16;
+        char **n = ckptio__realloc(l->names, cap * sizeof *n);
+        if (!n) return CKPTIO_FAIL(CKPTIO_E_NOMEM, "out of memory listing a directory");
+        l->names = n;
+        l->cap = cap;
+    }
+    if (!(l->names[l->count] = ckptio__strdup(name))) return CKPTIO_FAIL(CKPTIO_E_NOMEM, "out of memory listing a directory");
+    l->count++;
+    return CKPTIO_OK;
+}
+
+/* "'a', 'b', 'c' and 2 more" */
+static void list_text(const name_list *l, char *buf, size_t cap) {
+    size_t pos = 0;
+    buf[0] = '\0';
+    for (size_t i = 0; i < l->count && i < LIST_MAX && pos < cap; i++)
+        pos += (size_t)snprintf(buf + pos, cap - pos, "%s'%s'", i ? ", " : "", l->names[i]);
+    if (l->count > LIST_MAX && pos < cap) snprintf(buf + pos, cap - pos, " and %zu more", l->count - LIST_MAX);
+}
+
+static bool has_entry(const char *dir, const char *name) {
+    char *p = join(dir, name);
+    struct stat sb;
+    const bool yes = p && lstat(p, &sb) == 0;
+    ckptio__free(p);
+    return yes;
+}
+
+static ckptio_status open_dir(ckptio_model *m, const char *dir, unsigned flags) {
+    const shard_origin plain = {.dir = dir};
+    /* transformers' order: a single model.safetensors first, then its index. */
+    if (has_entry(dir, HF_SINGLE_NAME)) {
+        CKPTIO_FORWARD(reserve_shards(m, 1));
+        return open_shard(m, HF_SINGLE_NAME, &plain, flags);
+    }
+    name_list indexes = {0}, files = {0};
+    ckptio_status st = CKPTIO_OK;
+    char *index = NULL;
+    DIR *d = opendir(dir);
+    if (!d) return CKPTIO_FAIL_SYS(errno, "opendir", dir, -1, "listing a model directory");
+    for (struct dirent *e; st == CKPTIO_OK && (errno = 0, e = readdir(d)) != NULL;) {
+        if (e->d_name[0] == '.') continue; /* hidden files, ckptio temporaries, "." and ".." */
+        if (ends_with(e->d_name, SHARD_SUFFIX INDEX_SUFFIX)) st = list_add(&indexes, e->d_name);
+        else if (ends_with(e->d_name, SHARD_SUFFIX)) st = list_add(&files, e->d_name);
+    }
+    if (st == CKPTIO_OK && errno) st = CKPTIO_FAIL_SYS(errno, "readdir", dir, -1, "listing a model directory");
+    closedir(d);
+    if (st != CKPTIO_OK) goto out;
+    if (indexes.count > 1) qsort(indexes.names, indexes.count, sizeof *indexes.names, cmp_str);
+    if (files.count > 1) qsort(files.names, files.count, sizeof *files.names, cmp_str);
+    char names[600];
+    if (has_entry(dir, HF_INDEX_NAME) || indexes.count == 1) {
+        const char *name = has_entry(dir, HF_INDEX_NAME) ? HF_INDEX_NAME : indexes.names[0];
+        struct stat sb;
+        if (!(index = join(dir, name))) {
+            st = CKPTIO_FAIL(CKPTIO_E_NOMEM, "out of memory opening %s", dir);
+            goto out;
+        }
+        /* The index is a file of the directory too: the same rules. */
+        if ((st = check_shard_path(index, name, &plain, flags, &sb)) != CKPTIO_OK) goto out;
+        st = open_index(m, dir, index, flags);
+    } else if (indexes.count > 1) {
+        list_text(&indexes, names, sizeof names);
+        st = CKPTIO_FAIL_CTX(CKPTIO_E_FORMAT, &((ckptio__err_ctx){.path = dir, .file_offset = -1}),
+                             "%zu safetensors indexes (%s) and no %s: open one of them", indexes.count, names,
+                             HF_INDEX_NAME);
+    } else if (files.count == 0) {
+        st = CKPTIO_FAIL_CTX(CKPTIO_E_NOT_FOUND, &((ckptio__err_ctx){.path = dir, .file_offset = -1}),
+                             "no %s, no *%s%s and no *%s file in the directory", HF_INDEX_NAME, SHARD_SUFFIX,
+                             INDEX_SUFFIX, SHARD_SUFFIX);
+    } else {
+        /* No index: every .safetensors file is a shard; a name in two of
+         * them is refused when the table is built. */
+        if ((st = reserve_shards(m, files.count)) != CKPTIO_OK) goto out;
+        for (size_t i = 0; st == CKPTIO_OK && i < files.count; i++) st = open_shard(m, files.names[i], &plain, flags);
+    }
+out:
+    ckptio__free(index);
+    list_free(&indexes);
+    list_free(&files);
+    return st;
+}
+
+/* ---- the table ------------------------------------------------------------------- */
+
+static int cmp_by_name(const void *a, const void *b, void *arg) {
+    const ckptio_model *m = arg;
+    return strcmp(ckptio__model_info(m, *(const size_t *)a)->name, ckptio__model_info(m, *(const size_t *)b)->name);
+}
+
+typedef struct meta_item {
+    ckptio_kv kv;
+    size_t seq;
+} meta_item;
+
+static int cmp_meta_key(const void *a, const void *b) {
+    const meta_item *x = a, *y = b;
+    const int c = strcmp(x->kv.key, y->kv.key);
+    return c ? c : (x->seq > y->seq) - (x->seq < y->seq);
+}
+
+static int cmp_meta_seq(const void *a, const void *b) {
+    const meta_item *x = a, *y = b;
+    return (x->seq > y->seq) - (x->seq < y->seq);
+}
+
+/* __metadata__ of all shards, first shard winning (sorting keeps it bounded
+ * by n log n whatever the shards hold). */
+static ckptio_status merge_metadata(ckptio_model *m) {
+    size_t n = 0;
+    for (size_t s = 0; s < m->nshards; s++) n += m->shards[s]->metadata_count;
+    if (!n) return CKPTIO_OK;
+    meta_item *items = ckptio__malloc(n * sizeof *items);
+    m->meta = ckptio__malloc(n * sizeof *m->meta);
+    if (!items || !m->meta) {
+        ckptio__free(items);
+        return CKPTIO_FAIL(CKPTIO_E_NOMEM, "out of memory merging the metadata of %zu shards", m->nshards);
+    }
+    size_t k = 0;
+    for (size_t s = 0; s < m->nshards; s++)
+        for (size_t i = 0; i < m->shards[s]->metadata_count; i++, k++)
+            items[k] = (meta_item){.kv = m->shards[s]->metadata[i], .seq = k};
+    qsort(items, n, sizeof *items, cmp_meta_key);
+    size_t kept = 0;
+    for (size_t i = 0; i < n; i++)
+        if (i == 0 || strcmp(items[i].kv.key, items[kept - 1].kv.key) != 0) items[kept++] = items[i];
+    qsort(items, kept, sizeof *items, cmp_meta_seq);
+    for (size_t i = 0; i < kept; i++) m->meta[i] = items[i].kv;
+    m->nmeta = kept;
+    ckptio__free(items);
+    return CKPTIO_OK;
+}
+
+static ckptio_status build_table(ckptio_model *m) {
+    size_t n = 0;
+    for (size_t s = 0; s < m->nshards; s++) n += m->shards[s]->count;
+    m->tensors = ckptio__malloc((n ? n : 1) * sizeof *m->tensors);
+    m->by_name = ckptio__malloc((n ? n : 1) * sizeof *m->by_name);
+    if (!m->tensors || !m->by_name) return CKPTIO_FAIL(CKPTIO_E_NOMEM, "out of memory indexing %zu tensors", n);
+    for (size_t s = 0; s < m->nshards; s++)
+        for (size_t t = 0; t < m->shards[s]->count; t++) {
+            m->tensors[m->count] = (ckptio__model_tensor){.shard = s, .local = t};
+            m->by_name[m->count] = m->count;
+            m->count++;
+        }
+    qsort_r(m->by_name, n, sizeof *m->by_name, cmp_by_name, m);
+    for (size_t i = 1; i < n; i++) {
+        const size_t a = m->by_name[i - 1], b = m->by_name[i];
+        if (strcmp(ckptio__model_info(m, a)->name, ckptio__model_info(m, b)->name) == 0)
+            return CKPTIO_FAIL_CTX(CKPTIO_E_FORMAT, &((ckptio__err_ctx){.path = m->path, .file_offset = -1}),
+                                   "tensor '%s' is in two files, %s and %s: without an index each tensor must be in "
+                                   "exactly one",
+                                   ckptio__model_info(m, a)->name, m->shard_paths[m->tensors[a].shard],
+                                   m->shard_paths[m->tensors[b].shard]);
+    }
+    return merge_metadata(m);
+}
+
+/* ---- open / close ------------------------------------------------------------------- */
+
+ckptio_status ckptio_model_open(ckptio_engine *engine, const char *path, unsigned flags, ckptio_model **out) {
+    if (!out) return CKPTIO_FAIL(CKPTIO_E_INVAL, "ckptio_model_open: out must not be NULL");
+    *out = NULL;
+    if (!engine || !path) return CKPTIO_FAIL(CKPTIO_E_INVAL, "ckptio_model_open: engine and path are required");
+    if (flags & ~(unsigned)CKPTIO_MODEL_ALLOW_SYMLINKS)
+        return CKPTIO_FAIL(CKPTIO_E_INVAL, "ckptio_model_open: unknown flags 0x%x", flags);
+    ckptio_model *m = ckptio__calloc(1, sizeof *m);
+    if (!m || !(m->path = ckptio__strdup(path))) {
+        ckptio__free(m);
+        return CKPTIO_FAIL(CKPTIO_E_NOMEM, "out of memory opening %s", path);
+    }
+    m->engine = engine;
+    m->total_size = -1;
+    ckptio_status st;
+    struct stat sb;
+    if (stat(path, &sb) != 0) {
+        st = CKPTIO_FAIL_SYS(errno, "stat", path, -1, "opening a model");
+    } else if (S_ISDIR(sb.st_mode)) {
+        st = open_dir(m, path, flags);
+    } else if (ends_with(path, INDEX_SUFFIX)) {
+        /* Shards live beside the index. */
+        char *dir = ckptio__strdup(path);
+        if (!dir) {
+            st = CKPTIO_FAIL(CKPTIO_E_NOMEM, "out of memory opening %s", path);
+        } else {
+            char *slash = strrchr(dir, '/');
+            if (!slash) strcpy(dir, ".");
+            else if (slash == dir) dir[1] = '\0';
+            else *slash = '\0';
+            st = open_index(m, dir, path, flags);
+            ckptio__free(dir);
+        }
+    } else {
+        const shard_origin o = {0};
+        st = reserve_shards(m, 1);
+        if (st == CKPTIO_OK) st = open_shard(m, path, &o, flags);
+    }
+    if (st == CKPTIO_OK) st = build_table(m);
+    if (st != CKPTIO_OK) {
+        ckptio__error_saved *saved = ckptio__error_save();
+        ckptio_model_close(m);
+        ckptio__error_restore(saved);
+        return st;
+    }
+    *out = m;
+    return CKPTIO_OK;
+}
+
+ckptio_status ckptio_model_close(ckptio_model *m) {
+    if (!m) return CKPTIO_OK;
+    ckptio_status first = CKPTIO_OK;
+    for (size_t s = 0; m->shards && s < m->nshards; s++) {
+        const ckptio_status st = ckptio_safetensors_close(m->shards[s]);
+        if (first == CKPTIO_OK) first = st;
+    }
+    for (size_t s = 0; m->shard_paths && s < m->nshards; s++) ckptio__free(m->shard_paths[s]);
+    ckptio__free(m->shard_paths);
+    ckptio__free(m->shards);
+    ckptio__free(m->tensors);
+    ckptio__free(m->by_name);
+    ckptio__free(m->meta);
+    ckptio__free(m->index_path);
+    ckptio__free(m->path);
+    ckptio__free(m);
+    return first;
+}
+
+/* ---- queries ----------------------------------------------------------------------- */
+
+#define NEED(cond, ...) CKPTIO_RETURN_IF(!(cond), CKPTIO_E_INVAL, __VA_ARGS__)
+
+ckptio_status ckptio_model_count(const ckptio_model *m, size_t *out) {
+    NEED(m && out, "ckptio_model_count: model and out are required");
+    *out = m->count;
+    return CKPTIO_OK;
+}
+
+ckptio_status ckptio_model_tensor(const ckptio_model *m, size_t index, ckptio_tensor_info *out, size_t *shard) {
+    NEED(m && out, "ckptio_model_tensor: model and out are required");
+    CKPTIO_RETURN_IF(index >= m->count, CKPTIO_E_RANGE, "%s: tensor index %zu, the model has %zu tensors", m->path,
+                     index, m->count);
+    *out = *ckptio__model_info(m, index);
+    if (shard) *shard = m->tensors[index].shard;
+    return CKPTIO_OK;
+}
+
+static int cmp_find(const void *key, const void *elem, void *arg) {
+    return strcmp(key, ckptio__model_info(arg, *(const size_t *)elem)->name);
+}
+
+ckptio_status ckptio_model_find(const ckptio_model *m, const char *name, size_t *index) {
+    NEED(m && name && index, "ckptio_model_find: model, name and index are required");
+    size_t lo = 0, hi = m->count;
+    while (lo < hi) {
+        const size_t mid = lo + (hi - lo) / 2;
+        const int c = cmp_find(name, &m->by_name[mid], (void *)m);
+        if (c == 0) {
+            *index = m->by_name[mid];
+            return CKPTIO_OK;
+        }
+        if (c < 0) hi = mid;
+        else lo = mid + 1;
+    }
+    return CKPTIO_FAIL_CTX(CKPTIO_E_NOT_FOUND, &((ckptio__err_ctx){.path = m->path, .file_offset = -1}),
+                           "no tensor named '%s'", name);
+}
+
+ckptio_status ckptio_model_shard_count(const ckptio_model *m, size_t *out) {
+    NEED(m && out, "ckptio_model_shard_count: model and out are required");
+    *out = m->nshards;
+    return CKPTIO_OK;
+}
+
+ckptio_status ckptio_model_shard(const ckptio_model *m, size_t index, const char **path, ckptio_safetensors **st) {
+    NEED(m, "ckptio_model_shard: model is NULL");
+    CKPTIO_RETURN_IF(index >= m->nshards, CKPTIO_E_RANGE, "%s: shard index %zu, the model has %zu shards", m->path,
+                     index, m->nshards);
+    if (path) *path = m->shard_paths[index];
+    if (st) *st = m->shards[index];
+    return CKPTIO_OK;
+}
+
+ckptio_status ckptio_model_index(const ckptio_model *m, const char **path, int64_t *total_size) {
+    NEED(m && path, "ckptio_model_index: model and path are required");
+    *path = m->index_path;
+    if (total_size) *total_size = m->total_size;
+    if (!m->index_path)
+        return CKPTIO_FAIL_CTX(CKPTIO_E_NOT_FOUND, &((ckptio__err_ctx){.path = m->path, .file_offset = -1}),
+                               "the model was not opened through an index");
+    return CKPTIO_OK;
+}
+
+ckptio_status ckptio_model_metadata_count(const ckptio_model *m, size_t *out) {
+    NEED(m && out, "ckptio_model_metadata_count: model and out are required");
+    *out = m->nmeta;
+    return CKPTIO_OK;
+}
+
+ckptio_status ckptio_model_metadata(const ckptio_model *m, size_t index, ckptio_kv *out) {
+    NEED(m && out, "ckptio_model_metadata: model and out are required");
+    CKPTIO_RETURN_IF(index >= m->nmeta, CKPTIO_E_RANGE, "%s: metadata index %zu, the model has %zu pairs", m->path,
+                     index, m->nmeta);
+    *out = m->meta[index];
+    return CKPTIO_OK;
+}
+
+ckptio_status ckptio_model_has_metadata(const ckptio_model *m, int *out) {
+    NEED(m && out, "ckptio_model_has_metadata: model and out are required");
+    *out = 0;
+    for (size_t s = 0; s < m->nshards; s++) *out |= m->shards[s]->has_metadata;
+    return CKPTIO_OK;
+}

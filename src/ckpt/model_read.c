@@ -1,0 +1,270 @@
+/*
+ * model_read.c - reading whole tensors and slices from a model
+ * (ckptio_model_read), and the plan building block it rests on
+ * (ckptio_plan_add_slice).
+ *
+ * A slice is a box of a C-contiguous tensor; src/format/slice_layout.c
+ * says which runs of consecutive file bytes it covers. Each run becomes one
+ * plan extent whose memory side is the next part of the destination, so
+ * the bytes land in place with no copy, on the host or (through the
+ * engine's GPU pipeline, which also merges nearby runs into one read) on a
+ * GPU. All targets of a call share one plan.
+ *
+ * One case does not fit that: thousands of runs shorter than an O_DIRECT
+ * block (a column of a matrix). One request per run would cost more than
+ * reading the range they span, so for host destinations such slices are
+ * read as their covering range, in pieces through a bounded host buffer,
+ * and gathered with memcpy.
+ */
+#include "model_internal.h"
+#include "slice_internal.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define GATHER_MIN_RUNS 4096u      /* more runs than this ... */
+#define GATHER_RUN_MAX 4096u       /* ... each shorter than this: gather (host memory) */
+#define GATHER_PIECE (64u << 20)   /* bound of the gather buffer */
+
+ckptio_status ckptio_slice_bytes(const ckptio_slice *slice, uint64_t *nbytes, uint64_t *runs) {
+    ckptio__slice_runs r;
+    CKPTIO_FORWARD(ckptio__slice_layout(slice, NULL, &r));
+    if (nbytes) *nbytes = r.nbytes;
+    if (runs) *runs = r.nruns;
+    return CKPTIO_OK;
+}
+
+/* Appends the runs of `r` (a tensor at `base` in `file`) as extents. */
+static ckptio_status add_runs(ckptio_plan *plan, ckptio_file *file, uint64_t base, const ckptio__slice_runs *r,
+                              unsigned char *memory, ckptio_mem_kind kind, size_t *added) {
+    ckptio__slice_cursor c;
+    ckptio__slice_cursor_init(r, &c);
+    if (!r->run_bytes) return CKPTIO_OK;
+    for (uint64_t k = 0; k < r->nruns; k++) {
+        uint64_t at;
+        if (ckptio__add_overflows(base, ckptio__slice_cursor_next(r, &c), &at))
+            return CKPTIO_FAIL(CKPTIO_E_RANGE, "slice run %llu lies beyond the largest file offset",
+                               (unsigned long long)k);
+        const ckptio_extent e = {.file = file, .file_offset = at, .length = r->run_bytes,
+                                 .memory = memory + k * r->run_bytes, .mem_kind = kind};
+        CKPTIO_FORWARD(ckptio_plan_add(plan, &e));
+        if (added) (*added)++;
+    }
+    return CKPTIO_OK;
+}
+
+ckptio_status ckptio_plan_add_slice(ckptio_plan *plan, ckptio_file *file, uint64_t file_offset,
+                                    const ckptio_slice *slice, void *memory, ckptio_mem_kind mem_kind, size_t *added) {
+    if (added) *added = 0;
+    CKPTIO_RETURN_IF(!plan || !file, CKPTIO_E_INVAL, "ckptio_plan_add_slice: plan and file are required");
+    ckptio__slice_runs r;
+    CKPTIO_FORWARD(ckptio__slice_layout(slice, NULL, &r));
+    CKPTIO_RETURN_IF(!memory && r.nbytes, CKPTIO_E_INVAL, "ckptio_plan_add_slice: memory is NULL for %llu bytes",
+                     (unsigned long long)r.nbytes);
+    return add_runs(plan, file, file_offset, &r, memory, mem_kind, added);
+}
+
+/* ---- ckptio_model_read ------------------------------------------------------------- */
+
+typedef struct prepared {
+    ckptio__slice_runs r;
+    ckptio_file *file;
+    uint64_t base;            /* file offset of the tensor's first byte */
+    bool gather;
+    ckptio__slice_cursor cursor; /* gather: the next run to read */
+} prepared;
+
+typedef struct span {
+    uintptr_t start, end;
+    size_t target;
+} span;
+
+static int cmp_span(const void *a, const void *b) {
+    const span *x = a, *y = b;
+    return x->start < y->start ? -1 : x->start > y->start;
+}
+
+/* Destinations must not overlap: the plan would catch it for extents, not
+ * for the memory gathered into after it. */
+static ckptio_status check_disjoint(const ckptio_model *m, const ckptio_slice_target *t, const prepared *p,
+                                    size_t count) {
+    span *s = ckptio__malloc((count ? count : 1) * sizeof *s);
+    if (!s) return CKPTIO_FAIL(CKPTIO_E_NOMEM, "out of memory checking %zu targets", count);
+    size_t n = 0;
+    for (size_t i = 0; i < count; i++)
+        if (p[i].r.nbytes)
+            s[n++] = (span){(uintptr_t)t[i].data, (uintptr_t)t[i].data + p[i].r.nbytes, i};
+    qsort(s, n, sizeof *s, cmp_span);
+    ckptio_status st = CKPTIO_OK;
+    size_t reach = 0;
+    for (size_t i = 1; i < n; i++) {
+        if (s[i].start < s[reach].end) {
+            st = CKPTIO_FAIL_CTX(CKPTIO_E_INVAL, &((ckptio__err_ctx){.path = m->path, .file_offset = -1}),
+                                 "targets %zu and %zu have overlapping destinations", s[reach].target < s[i].target
+                                 ? s[reach].target : s[i].target, s[reach].target < s[i].target ? s[i].target
+                                 : s[reach].target);
+            break;
+        }
+        if (s[i].end > s[reach].end) reach = i;
+    }
+    ckptio__free(s);
+    return st;
+}
+
+static ckptio_status prepare(const ckptio_model *m, const ckptio_slice_target *t, size_t i, prepared *p) {
+    if (t->index >= m->count)
+        return CKPTIO_FAIL_CTX(CKPTIO_E_RANGE, &((ckptio__err_ctx){.path = m->path, .file_offset = -1}),
+                               "target %zu asks for tensor index %zu but the model has %zu tensors", i, t->index,
+                               m->count);
+    const ckptio_tensor_info *info = ckptio__model_info(m, t->index);
+    const ckptio_safetensors *shard = m->shards[m->tensors[t->index].shard];
+    char what[300];
+    snprintf(what, sizeof what, "target %zu, tensor '%.256s'", i, info->name);
+    const ckptio_slice s = {.dtype = info->dtype, .ndim = info->ndim, .shape = info->shape, .start = t->start,
+                            .stop = t->stop};
+    ckptio_status st = ckptio__slice_layout(&s, what, &p->r);
+    if (st != CKPTIO_OK) {
+        /* Re-raise with the shard's path in front. */
+        const ckptio_error_info *e = ckptio_last_error();
+        return CKPTIO_FAIL_CTX(st, &((ckptio__err_ctx){.path = shard->path, .file_offset = -1}), "%s", e->message);
+    }
+    if (t->capacity < p->r.nbytes)
+        return CKPTIO_FAIL_CTX(CKPTIO_E_RANGE,
+                               &((ckptio__err_ctx){.path = shard->path, .file_offset = -1, .subject = what}),
+                               "the destination has room for %llu bytes but the %s is %llu bytes",
+                               (unsigned long long)t->capacity, t->start ? "slice" : "tensor",
+                               (unsigned long long)p->r.nbytes);
+    if (!t->data && p->r.nbytes)
+        return CKPTIO_FAIL_CTX(CKPTIO_E_INVAL,
+                               &((ckptio__err_ctx){.path = shard->path, .file_offset = -1, .subject = what}),
+                               "the destination is NULL");
+    p->file = shard->file;
+    p->base = info->file_offset;
+    ckptio_mem_kind kind = t->mem_kind;
+    if (kind == CKPTIO_MEM_AUTO) ckptio_mem_classify(t->data, &kind, NULL);
+    p->gather = kind != CKPTIO_MEM_CUDA && p->r.nruns > GATHER_MIN_RUNS && p->r.run_bytes < GATHER_RUN_MAX;
+    ckptio__slice_cursor_init(&p->r, &p->cursor);
+    return CKPTIO_OK;
+}
+
+/* A piece of a gathered slice read into the buffer by the current plan. */
+typedef struct piece {
+    size_t target;
+    uint64_t first_run, nruns;  /* runs [first_run, first_run + nruns) */
+    uint64_t start;             /* tensor offset of the piece's first byte */
+    size_t buf_offset;          /* where the piece sits in the buffer */
+} piece;
+
+/* Adds to `plan` the next pieces of gathered slices that fit the buffer
+ * (at least one), recording them in pieces[] (*npieces). *next is the first
+ * gathered target with runs left. */
+static ckptio_status plan_pieces(const ckptio_slice_target *t, prepared *p, size_t count, size_t *next,
+                                 ckptio_plan *plan, unsigned char *buf, size_t cap, piece *pieces, size_t maxp,
+                                 size_t *npieces) {
+    size_t used = 0;
+    *npieces = 0;
+    while (*next < count && *npieces < maxp) {
+        prepared *q = &p[*next];
+        if (!q->gather || q->cursor.done == q->r.nruns) {
+            (*next)++;
+            continue;
+        }
+        piece pc = {.target = *next, .first_run = q->cursor.done, .start = q->cursor.offset, .buf_offset = used};
+        uint64_t end = pc.start;
+        /* Runs are in increasing file order: take them while the range fits. */
+        while (q->cursor.done < q->r.nruns && q->cursor.offset + q->r.run_bytes - pc.start <= cap - used) {
+            end = ckptio__slice_cursor_next(&q->r, &q->cursor) + q->r.run_bytes;
+            pc.nruns++;
+        }
+        if (!pc.nruns) break; /* the buffer is full */
+        const ckptio_extent e = {.file = q->file, .file_offset = q->base + pc.start, .length = end - pc.start,
+                                 .memory = buf + used, .mem_kind = CKPTIO_MEM_HOST};
+        CKPTIO_FORWARD(ckptio_plan_add(plan, &e));
+        used += (size_t)(end - pc.start);
+        pieces[(*npieces)++] = pc;
+        (void)t;
+    }
+    return CKPTIO_OK;
+}
+
+static void scatter_pieces(const ckptio_slice_target *t, const prepared *p, const unsigned char *buf,
+                           const piece *pieces, size_t n) {
+    for (size_t i = 0; i < n; i++) {
+        const piece *pc = &pieces[i];
+        const prepared *q = &p[pc->target];
+        ckptio__slice_cursor c;
+        ckptio__slice_cursor_init(&q->r, &c);
+        /* Position the cursor at the piece's first run (runs are equal, so the
+         * mixed-radix index follows from the run number). */
+        uint64_t k = pc->first_run;
+        for (unsigned d = q->r.outer; d-- > 0;) {
+            c.index[d] = k % q->r.count[d];
+            c.offset += c.index[d] * q->r.stride[d];
+            k /= q->r.count[d];
+        }
+        unsigned char *dst = (unsigned char *)t[pc->target].data + pc->first_run * q->r.run_bytes;
+        for (uint64_t r = 0; r < pc->nruns; r++, dst += q->r.run_bytes) {
+            const uint64_t off = ckptio__slice_cursor_next(&q->r, &c);
+            memcpy(dst, buf + pc->buf_offset + (off - pc->start), q->r.run_bytes);
+        }
+    }
+}
+
+ckptio_status ckptio_model_read(ckptio_model *m, const ckptio_slice_target *targets, size_t count) {
+    CKPTIO_RETURN_IF(!m, CKPTIO_E_INVAL, "ckptio_model_read: the model is NULL");
+    CKPTIO_RETURN_IF(count && !targets, CKPTIO_E_INVAL, "ckptio_model_read: targets is NULL but count is %zu", count);
+    ckptio_status st = CKPTIO_OK;
+    ckptio_plan *plan = NULL;
+    unsigned char *buf = NULL;
+    piece *pieces = NULL;
+    prepared *p = ckptio__calloc(count ? count : 1, sizeof *p);
+    if (!p) return CKPTIO_FAIL(CKPTIO_E_NOMEM, "out of memory planning %zu targets", count);
+    /* Every target is checked before any byte moves. */
+    uint64_t gather_span = 0;
+    for (size_t i = 0; st == CKPTIO_OK && i < count; i++) {
+        st = prepare(m, &targets[i], i, &p[i]);
+        if (st == CKPTIO_OK && p[i].gather && p[i].r.span > gather_span) gather_span = p[i].r.span;
+    }
+    if (st == CKPTIO_OK) st = check_disjoint(m, targets, p, count);
+    if (st != CKPTIO_OK) goto out;
+
+    size_t cap = 0, maxp = 0;
+    if (gather_span) {
+        cap = gather_span < GATHER_PIECE ? (size_t)gather_span : GATHER_PIECE;
+        maxp = 1024;
+        buf = ckptio__malloc(cap);
+        pieces = ckptio__malloc(maxp * sizeof *pieces);
+        if (!buf || !pieces) {
+            st = CKPTIO_FAIL(CKPTIO_E_NOMEM, "out of memory for a %zu-byte gather buffer", cap);
+            goto out;
+        }
+    }
+    /* Round 0 holds every direct run and the first gather pieces; further
+     * rounds only gather pieces, while any are left. */
+    size_t next = 0;
+    for (bool first = true;; first = false) {
+        if ((st = ckptio_plan_create(CKPTIO_READ, &plan)) != CKPTIO_OK) goto out;
+        for (size_t i = 0; first && i < count; i++)
+            if (!p[i].gather &&
+                (st = add_runs(plan, p[i].file, p[i].base, &p[i].r, targets[i].data, targets[i].mem_kind, NULL)) !=
+                    CKPTIO_OK)
+                goto out;
+        size_t npieces = 0;
+        if (buf && (st = plan_pieces(targets, p, count, &next, plan, buf, cap, pieces, maxp, &npieces)) != CKPTIO_OK)
+            goto out;
+        size_t extents = 0;
+        ckptio_plan_count(plan, &extents);
+        if (extents && (st = ckptio_engine_execute(m->engine, plan)) != CKPTIO_OK) goto out;
+        scatter_pieces(targets, p, buf, pieces, npieces);
+        ckptio_plan_destroy(plan);
+        plan = NULL;
+        if (!npieces) break;
+    }
+out:
+    ckptio_plan_destroy(plan);
+    ckptio__free(pieces);
+    ckptio__free(buf);
+    ckptio__free(p);
+    return st;
+}
