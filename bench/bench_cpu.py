@@ -137,7 +137,7 @@ def ckptio_python():
         try:
             import ckptio  # noqa: F401
         except ImportError:
-            # An in-place build (setup.py build_ext --inplace) in the checkout.
+            # Built in place in the checkout (build/ configured with -DCKPTIO_PYTHON=ON).
             sys.path.insert(0, str(REPO / "python"))
             import ckptio  # noqa: F401
     except Exception as e:  # not built / not installed

@@ -45,6 +45,8 @@ extern "C" {
 /* Version                                                                  */
 /* ------------------------------------------------------------------------ */
 
+/* The one place the version is written: CMakeLists.txt (project version, soname, ckptio.pc, CMake
+ * package) and pyproject.toml (the Python package's version) read these three lines. */
 #define CKPTIO_VERSION_MAJOR 0
 #define CKPTIO_VERSION_MINOR 1
 #define CKPTIO_VERSION_PATCH 0

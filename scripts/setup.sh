@@ -2,8 +2,11 @@
 # setup.sh - install what ckptio needs on a fresh Debian machine and build it.
 #
 #   scripts/setup.sh            system packages + release build in build/
-#   scripts/setup.sh --python   also a Python venv (.venv) with the test and
-#                               benchmark packages (torch CPU, safetensors, numpy, pytest)
+#   scripts/setup.sh --python   also the Python extension built in place (python/ckptio, by
+#                               build/ with -DCKPTIO_PYTHON=ON) and a Python venv (.venv) that
+#                               imports it from python/ (a development install: rebuild with
+#                               `cmake --build build`), with the test and benchmark packages (torch,
+#                               safetensors, numpy, pytest) and the wheel tools (build, auditwheel)
 #
 # Safe to run again: installed packages are skipped, pip reuses its cache.
 set -euo pipefail
@@ -40,7 +43,9 @@ if [ ${#missing[@]} -gt 0 ]; then
 fi
 
 echo "== building (build/)"
-cmake -S . -B build -DCMAKE_BUILD_TYPE=Release >/dev/null
+python_opt=()
+if [ "$want_python" = 1 ]; then python_opt=(-DCKPTIO_PYTHON=ON); fi
+cmake -S . -B build -DCMAKE_BUILD_TYPE=Release "${python_opt[@]}" >/dev/null
 cmake --build build -j"$(nproc)" >/dev/null
 
 if [ "$want_python" = 1 ]; then
@@ -50,10 +55,14 @@ if [ "$want_python" = 1 ]; then
         echo "== creating .venv"
         python3 -m venv --system-site-packages .venv
     fi
-    echo "== installing Python packages (python/requirements-test.txt)"
-    .venv/bin/python -m pip install -q --disable-pip-version-check -r python/requirements-test.txt
-    if [ -f python/setup.py ] || [ -f pyproject.toml ]; then
-        echo "== installing the ckptio Python package"
-        CKPTIO_BUILD_DIR="$PWD/build" .venv/bin/python -m pip install -q --disable-pip-version-check --no-build-isolation -e . >/dev/null
+    echo "== installing Python packages (python/requirements-test.txt, python/requirements-build.txt)"
+    .venv/bin/python -m pip install -q --disable-pip-version-check -r python/requirements-test.txt \
+        -r python/requirements-build.txt
+    # The development install: .venv imports the package from python/ (module built in place above).
+    # A copy installed in .venv (an older `pip install -e .`) would shadow it.
+    site=$(.venv/bin/python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
+    if ls -d "$site"/ckptio-*.dist-info >/dev/null 2>&1; then
+        .venv/bin/python -m pip uninstall -q -y ckptio
     fi
+    echo "$PWD/python" >"$site/_ckptio_dev.pth"
 fi

@@ -3,7 +3,9 @@
 #
 #  1. build with -Werror and run the C tests (ctest)
 #  2. build with AddressSanitizer + UndefinedBehaviorSanitizer, run them again
-#  3. the Python tests (interop with safetensors, numpy, torch)
+#  3. the wheel as a release makes it (sdist, wheel built from it, auditwheel repair), installed into a
+#     new virtual environment; the whole Python suite (the CLI tests included) runs against that
+#     installation, from outside the checkout (scripts/build_wheel.sh, scripts/install_wheel.sh)
 #  4. each libFuzzer harness for a short fixed time on its committed corpus
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -30,10 +32,22 @@ cmake --build build-asan -j"$jobs" >/dev/null
 (cd build-asan && ASAN_OPTIONS=detect_leaks=1:abort_on_error=0 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
     ctest --output-on-failure -j"$jobs") || failed=1
 
-if [ -d tests/python ]; then
-    echo "== Python tests"
-    PATH="$PWD/build:$PATH" CKPTIO_BUILD_DIR="$PWD/build" .venv/bin/python -m pytest -q tests/python || failed=1
+echo "== wheel: sdist, the wheel built from it, auditwheel repair"
+work=$(mktemp -d)
+if wheel=$(scripts/build_wheel.sh "$work/dist") && scripts/install_wheel.sh "$wheel" "$work/venv"; then
+    echo "== Python tests against the installed wheel ($(basename "$wheel"))"
+    # From an empty directory, with nothing of the checkout on sys.path: CKPTIO_TEST_INSTALLED makes
+    # the tests take the package and the ckptio command from the new environment and check they did.
+    # CKPTIO_BUILD_DIR only lends C test programs used as helpers (conftest.py).
+    repo=$PWD
+    mkdir "$work/run"
+    (cd "$work/run" && env -u PYTHONPATH CKPTIO_TEST_INSTALLED=1 CKPTIO_BUILD_DIR="$repo/build" \
+        PATH="$work/venv/bin:$PATH" "$work/venv/bin/python" -m pytest -q -p no:cacheprovider "$repo/tests/python") ||
+        failed=1
+else
+    echo "building or installing the wheel failed"; failed=1
 fi
+rm -rf "$work"
 
 if ls fuzz/fuzz_*.c >/dev/null 2>&1; then
     echo "== fuzzers (${CKPTIO_FUZZ_SECONDS:-30} s each)"

@@ -3,9 +3,9 @@
 # CUDA, the multi-GPU NCCL check (when the machine has 2+ GPUs), and the DCP
 # benchmark against torch DCP (BENCH=1).
 #
-# Run from a tree built by scripts/make_devbuild.sh (.devbuild/tree: the
-# abi3 extension and build-gpu/lib carried over):
-#   cd .devbuild/tree && tests/gpu/run_dcp_checks.sh
+# Runs the ckptio that python3 imports: scripts/gpu_wheel.sh run dcp installs
+# the wheel (.whl/) into a new virtual environment and runs this script with
+# that environment first on PATH.
 # Environment: OUT (logs, default ./gpu-out), SCRATCH (test files, default
 # /tmp; the benchmark needs ~20 GiB), BENCH=1 (run bench/bench_dcp_gpu.py),
 # SIZE_GIB (benchmark state dict, default 8), NCCL_SIZE_MB (default 256).
@@ -16,15 +16,15 @@ cd "$(dirname "$0")/../.."
 OUT=${OUT:-$PWD/gpu-out}
 SCRATCH=${SCRATCH:-/tmp}
 mkdir -p "$OUT"
-export LD_LIBRARY_PATH=$PWD/build-gpu/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
-export PYTHONPATH=$PWD/python PYTHONUNBUFFERED=1 CKPTIO_BUILD_DIR=$PWD/build-gpu
+export PYTHONUNBUFFERED=1
 # NVLink multicast stays off on shared hosts (see the device notes).
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 status=0
 
 ngpu=$(python3 -c 'import torch; print(torch.cuda.device_count())')
 echo "== $(nvidia-smi --query-gpu=name --format=csv,noheader | sort | uniq -c | xargs), $ngpu GPU(s), torch" \
-    "$(python3 -c 'import torch; print(torch.__version__)')"
+    "$(python3 -c 'import torch; print(torch.__version__)')", \
+    "$(python3 -c 'import ckptio; print("ckptio", ckptio.__version__, "from", ckptio.__file__)')"
 
 echo "== pytest: DCP suites (CUDA tests included)"
 python3 -m pytest -q -p no:cacheprovider -p no:logging tests/python/test_dcp*.py tests/python/test_faults_dcp.py \
@@ -33,7 +33,7 @@ python3 -m pytest -q -p no:cacheprovider -p no:logging tests/python/test_dcp*.py
 if [ "$ngpu" -ge 2 ]; then
     echo "== NCCL: 2 ranks, one GPU each"
     rm -rf "$SCRATCH/ckptio-nccl"
-    timeout 420 torchrun --standalone --nproc_per_node=2 tests/gpu/dcp_nccl_check.py --dir "$SCRATCH/ckptio-nccl" \
+    timeout 420 python3 -m torch.distributed.run --standalone --nproc_per_node=2 tests/gpu/dcp_nccl_check.py --dir "$SCRATCH/ckptio-nccl" \
         --out "$OUT" --size-mb "${NCCL_SIZE_MB:-256}" 2>&1 | tee "$OUT/nccl.log" | grep -E "PASS|FAIL|time|Error" \
         || status=1
     rm -rf "$SCRATCH/ckptio-nccl"

@@ -12,6 +12,9 @@
 #                                       (CUDA in fork()ed children, seconds),
 #                                       then bench/bench_gpu.py (~6 min); logs in $OUT
 #   tests/gpu/run_gpu_checks.sh         build if build-gpu/gpu_check is missing, then run
+# bench_gpu.py's Python-package rows use the ckptio that python3 imports:
+# scripts/gpu_wheel.sh (build, then run gpu) installs the wheel first and runs
+# this script with it.
 # Environment: OUT (log directory, default ./gpu-out), SCRATCH (directory for
 # test files, default /tmp; needs ~10 GiB free), CKPTIO_GPU_BUILD (build dir),
 # QUICK=1 (gpu_check without the >4 GiB case), BENCH=0 (skip the benchmark).

@@ -1,28 +1,32 @@
 """Shared setup of the Python tests.
 
-The ckptio package is normally installed (scripts/setup.sh runs
-``pip install -e .``). Where it is not (the GPU machine, which gets the
-working tree with the built module under python/ckptio), python/ is put on
-sys.path so ``import ckptio`` finds the module built in place.
+The tests use the ckptio package that Python imports, never one they find themselves:
+
+* CI (scripts/test.sh) and the GPU runs (scripts/gpu_wheel.sh) install the wheel into a new virtual
+  environment and set CKPTIO_TEST_INSTALLED=1: the package and the ``ckptio`` command must then come from
+  that installation (tests/python/test_installed.py checks it), and the CLI is the ``ckptio`` on PATH;
+* in a development tree, PYTHONPATH=python (or scripts/setup.sh --python's .venv) imports the package
+  built in place (-DCKPTIO_PYTHON=ON), and the CLI is $CKPTIO_BUILD_DIR/ckptio, then the ``ckptio`` on
+  PATH, then build/ckptio.
+
+CKPTIO_BUILD_DIR also names where C test programs used as helpers live (test_crash_cli.py).
 """
-import importlib.util
 import os
 import struct
-import sys
 from pathlib import Path
 
 import pytest
 
 REPO = Path(__file__).resolve().parents[2]
-
-if importlib.util.find_spec("ckptio") is None:
-    sys.path.insert(0, str(REPO / "python"))
+INSTALLED = os.environ.get("CKPTIO_TEST_INSTALLED") == "1"
 
 
 def _find_cli():
-    """The ckptio binary: $CKPTIO_BUILD_DIR/ckptio, then $PATH, then build/ckptio."""
+    """The ckptio command the tests run (see the module's docstring)."""
     import shutil
 
+    if INSTALLED:
+        return shutil.which("ckptio")
     build = os.environ.get("CKPTIO_BUILD_DIR")
     if build and (Path(build) / "ckptio").is_file():
         return str(Path(build) / "ckptio")
@@ -34,7 +38,9 @@ def _find_cli():
 
 
 CKPTIO_CLI = _find_cli()
-requires_cli = pytest.mark.skipif(CKPTIO_CLI is None, reason="ckptio binary not built (set CKPTIO_BUILD_DIR)")
+requires_cli = pytest.mark.skipif(CKPTIO_CLI is None, reason="no ckptio command (install the wheel, or build build/)")
+if INSTALLED and CKPTIO_CLI is None:
+    raise RuntimeError("CKPTIO_TEST_INSTALLED=1 but no ckptio command on PATH: is the wheel installed?")
 
 
 def cuda_available() -> bool:
@@ -83,7 +89,8 @@ def pytest_report_header(config):
         import ckptio
 
         where = os.path.dirname(ckptio.__file__)
-        return f"ckptio {ckptio.__version__} from {where}; CUDA: {cuda_available()}"
+        mode = "installed" if INSTALLED else "development"
+        return f"ckptio {ckptio.__version__} from {where} ({mode}); CLI: {CKPTIO_CLI}; CUDA: {cuda_available()}"
     except Exception as exc:  # the tests will fail and say why
         return f"ckptio not importable: {exc}"
 
