@@ -354,7 +354,6 @@ def build_torch_object(reader, dev: "_adapt.Device") -> Any:
     return reader.tree(make_tensor, make_dict, make_dtype, torch.device, set_attrs, torch.Size)
 
 
-def open(path: PathLike, framework: str = "pt", device: Any = "cpu", *, engine=None) -> CheckpointFile:
 def open(path: PathLike, framework: str = "pt", device: Any = "cpu", *, engine=None,
          allow_symlinks: bool = False) -> CheckpointFile:
     """Opens a checkpoint for lazy access: ``keys()``, ``metadata()``,
