@@ -216,7 +216,11 @@ typedef enum ckptio_direct_mode {
 typedef enum ckptio_gpu_path {
     CKPTIO_GPU_PATH_AUTO = 0,     /* cuFile where it accepts the file and is faster, else pipeline */
     CKPTIO_GPU_PATH_CUFILE = 1,   /* force cuFile (error if it refuses) */
-    CKPTIO_GPU_PATH_PIPELINE = 2  /* force ckptio's pinned-staging pipeline */
+    /* force ckptio's pipeline: reads of data already in memory (page cache,
+     * tmpfs) go straight from the mapped file pages to the GPU, the rest
+     * through pinned staging */
+    CKPTIO_GPU_PATH_PIPELINE = 2,
+    CKPTIO_GPU_PATH_STAGED = 3    /* the pipeline with every byte through pinned staging (no mapping) */
 } ckptio_gpu_path;
 
 /* Engine settings. Each has an environment variable read once at
@@ -231,7 +235,7 @@ typedef enum ckptio_option {
     CKPTIO_OPT_DIRECT,             /* ckptio_direct_mode; CKPTIO_DIRECT=auto|off|on */
     CKPTIO_OPT_DIRECT_MIN_BYTES,   /* below this, transfers use buffered I/O; CKPTIO_DIRECT_MIN_BYTES */
     CKPTIO_OPT_SYNC,               /* 1: fsync files and directories on commit (default); CKPTIO_SYNC */
-    CKPTIO_OPT_GPU_PATH,           /* ckptio_gpu_path; CKPTIO_GPU_PATH=auto|cufile|pipeline */
+    CKPTIO_OPT_GPU_PATH,           /* ckptio_gpu_path; CKPTIO_GPU_PATH=auto|cufile|pipeline|staged */
     CKPTIO_OPT_COUNT_
 } ckptio_option;
 
@@ -293,7 +297,7 @@ typedef struct ckptio_stats {
     uint64_t bytes_direct;          /* of those, moved with O_DIRECT */
     uint64_t bytes_buffered;        /* of those, moved through the page cache */
     uint64_t bytes_bounced;         /* of those, copied through a bounce buffer (unaligned) */
-    uint64_t bytes_h2d;             /* host -> GPU copies */
+    uint64_t bytes_h2d;             /* host -> GPU copies (both kinds below) */
     uint64_t bytes_d2h;             /* GPU -> host copies */
     uint64_t bytes_cufile;          /* moved by cuFile */
     uint64_t staging_reserved;      /* staging bytes allocated now */
@@ -304,6 +308,8 @@ typedef struct ckptio_stats {
     double seconds_io;              /* wall time inside transfers */
     double seconds_fsync;           /* wall time in fsync/fdatasync */
     double seconds_copy;            /* wall time waiting on GPU copies */
+    uint64_t bytes_h2d_mapped;      /* of bytes_h2d, copied from mapped page-cache/tmpfs pages, no CPU copy */
+    uint64_t mapped_fallbacks;      /* resident windows staged because mapping or registering failed */
 } ckptio_stats;
 
 /*! ckptio_engine_stats() : copies the counters. Thread-safe. */
@@ -766,11 +772,12 @@ typedef enum ckptio_io_path {
     CKPTIO_IO_PATH_CUFILE_DIRECT = 1, /* cuFile with GPUDirect Storage (nvidia-fs) */
     CKPTIO_IO_PATH_CUFILE_COMPAT = 2, /* cuFile in its POSIX compatibility mode */
     CKPTIO_IO_PATH_PIPELINE = 3,      /* ckptio's pinned-staging pipeline */
-    CKPTIO_IO_PATH_HOST = 4           /* host memory: plain file I/O, no GPU */
+    CKPTIO_IO_PATH_HOST = 4,          /* host memory: plain file I/O, no GPU */
+    CKPTIO_IO_PATH_MAPPED = 5         /* the pipeline, every byte from mapped page-cache/tmpfs pages */
 } ckptio_io_path;
 
 /*! ckptio_io_path_name() : "none", "cufile_direct", "cufile_compat",
- * "pipeline" or "host" (static), NULL if invalid. */
+ * "pipeline", "host" or "mapped" (static), NULL if invalid. */
 CKPTIO_API const char *ckptio_io_path_name(ckptio_io_path path);
 
 /*! ckptio_cuda_available() :

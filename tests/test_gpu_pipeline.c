@@ -2,10 +2,15 @@
  * test_gpu_pipeline.c - the GPU staging pipeline and the GDS file API on the
  * simulated device (src/gpu/gpu_sim.c): bytes, ordering (no staging slot
  * reused before its copy completed), overlap, unaligned offsets, staging
- * bounds, error paths and stream-ordered requests. Runs without a GPU.
+ * bounds, error paths and stream-ordered requests; and the zero-copy reads
+ * of resident data (mapped, registered file pages): bytes, every mapping
+ * released, fallbacks counted, truncation an error. Runs without a GPU.
+ * The staging tests set CKPTIO_GPU_PATH=staged: their files were just
+ * written, so the page cache holds them and AUTO would map them.
  */
 #include "engine_internal.h"
 #include "gpu_internal.h"
+#include "gpu_pipeline.h"
 #include "gpu_sim.h"
 #include "helpers.h"
 #include "io_internal.h"
@@ -13,19 +18,28 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <string.h>
+#include <sys/stat.h>
+#include <sys/vfs.h>
+#include <linux/magic.h>
 #include <time.h>
 #include <unistd.h>
 
 #define KIB 1024ull
 #define MIB (1024ull * 1024ull)
 
-static ckptio_engine *make_engine(int64_t threads, int64_t staging, int64_t chunk) {
+static ckptio_engine *make_engine_path(int64_t threads, int64_t staging, int64_t chunk, ckptio_gpu_path path) {
     ckptio_engine *e = NULL;
     T_OK(ckptio_engine_create(&e));
     T_OK(ckptio_engine_set(e, CKPTIO_OPT_THREADS, threads));
     T_OK(ckptio_engine_set(e, CKPTIO_OPT_STAGING_BYTES, staging));
     T_OK(ckptio_engine_set(e, CKPTIO_OPT_CHUNK_BYTES, chunk));
+    T_OK(ckptio_engine_set(e, CKPTIO_OPT_GPU_PATH, path));
     return e;
+}
+
+/* The staging path, whatever the page cache holds. */
+static ckptio_engine *make_engine(int64_t threads, int64_t staging, int64_t chunk) {
+    return make_engine_path(threads, staging, chunk, CKPTIO_GPU_PATH_STAGED);
 }
 
 static void sim_reset(unsigned delay_us) {
@@ -358,7 +372,7 @@ static void test_classify_and_meminfo(void) {
 
 static void test_gds_file_sync(void) {
     sim_reset(30);
-    ckptio_engine *e = make_engine(2, 2 * MIB, 8 * MIB);
+    ckptio_engine *e = make_engine_path(2, 2 * MIB, 8 * MIB, CKPTIO_GPU_PATH_AUTO);
     const char *path = t_path("gds.bin");
     ckptio_gds_file *g = NULL;
     T_STATUS(ckptio_gds_open(e, path, O_RDWR, 0, &g), CKPTIO_E_NOT_FOUND);
@@ -379,6 +393,10 @@ static void test_gds_file_sync(void) {
     T_OK(ckptio_gds_sync(g));
     T_OK(ckptio_gds_read(g, dst, n, 3, 5, &done));
     T_ASSERT(done == n);
+    T_OK(ckptio_gds_file_path(g, &p));
+    /* Written with O_DIRECT where the file system has it (then not cached:
+     * staged), else through the page cache (then mapped). */
+    T_ASSERT(p == CKPTIO_IO_PATH_PIPELINE || p == CKPTIO_IO_PATH_MAPPED);
     T_ASSERT(memcmp(dst + 5, src + 17, n) == 0);
     T_ASSERT(dst[4] == 0xEE && dst[5 + n] == 0xEE);
     /* short read at end of file, like cuFileRead; and nothing past it */
@@ -576,6 +594,230 @@ static void test_engine_and_safetensors(void) {
     T_OK(ckptio_engine_destroy(e));
 }
 
+/* ---- zero-copy reads of resident data ---------------------------------------- */
+
+typedef struct read_spec {
+    uint64_t off, len, dev_off;
+} read_spec;
+
+/* Reads spec's extents of f into fresh device memory, checks every byte
+ * (untouched bytes keep their 0xEE) and returns the extent bytes. */
+static uint64_t read_checked(ckptio_engine *e, ckptio_file *f, const unsigned char *want, const read_spec *spec,
+                             size_t n, size_t dsize) {
+    unsigned char *dev = ckptio__gpu_sim_device_alloc(dsize);
+    T_ASSERT(dev);
+    memset(dev, 0xEE, dsize);
+    ckptio_extent ext[16];
+    T_ASSERT(n <= 16);
+    unsigned char *expect = malloc(dsize);
+    memset(expect, 0xEE, dsize);
+    uint64_t total = 0;
+    for (size_t i = 0; i < n; i++) {
+        ext[i] = (ckptio_extent){.file = f, .file_offset = spec[i].off, .length = spec[i].len,
+                                 .memory = dev + spec[i].dev_off, .mem_kind = CKPTIO_MEM_CUDA};
+        memcpy(expect + spec[i].dev_off, want + spec[i].off, spec[i].len);
+        total += spec[i].len;
+    }
+    T_OK(ckptio__gpu_execute(e, CKPTIO_READ, ext, n));
+    for (size_t i = 0; i < dsize; i++)
+        T_ASSERT_MSG(dev[i] == expect[i], "device byte %zu is 0x%02x, expected 0x%02x", i, dev[i], expect[i]);
+    free(expect);
+    ckptio__gpu_sim_device_free(dev);
+    return total;
+}
+
+static const read_spec mixed_spec[] = {
+    {0, 4096, 0},          {4096, 1, 8192},          {4097, 3 * MIB + 5, 8193},
+    {3 * MIB + 10000, 65537, 4 * MIB + 3}, {4 * MIB + 1, 100, 4 * MIB + 70000},
+    {5 * MIB + 777 - 12345, 12345, 5 * MIB + 11}, {777, 0, 5 * MIB + 50000},
+};
+#define MIXED_FILE_SIZE (5 * MIB + 777)
+#define MIXED_N (sizeof mixed_spec / sizeof mixed_spec[0])
+
+/* Every registration undone, no copy read a mapping after it was
+ * released, contexts balanced. */
+static void check_mappings_released(void) {
+    ckptio__gpu_sim_stats s;
+    ckptio__gpu_sim_get_stats(&s);
+    T_ASSERT_MSG(s.registered_now == 0, "%llu registered bytes left after the transfer",
+                 (unsigned long long)s.registered_now);
+    T_ASSERT_MSG(s.violations == 0, "%llu copies read memory released or reused too early",
+                 (unsigned long long)s.violations);
+    T_ASSERT(s.ctx_depth == 0);
+}
+
+static ckptio_io_path last_path(ckptio_engine *e) {
+    ckptio_io_path p;
+    T_OK(ckptio_engine_gpu_path(e, &p));
+    return p;
+}
+
+/* A file the page cache holds (just written): every window mapped, no
+ * staging used, the same bytes. */
+static void test_mapped_read(void) {
+    for (int threads = 1; threads <= 4; threads += 3) {
+        sim_reset(100);
+        const char *path = t_path("mapped.bin");
+        unsigned char *want = make_file(path, MIXED_FILE_SIZE, 31);
+        ckptio_engine *e = make_engine_path(threads, 2 * MIB, 8 * MIB, CKPTIO_GPU_PATH_AUTO);
+        ckptio_file *f = NULL;
+        T_OK(ckptio_file_open(e, path, CKPTIO_OPEN_READ, &f));
+        const uint64_t total = read_checked(e, f, want, mixed_spec, MIXED_N, 6 * MIB);
+        ckptio_stats st;
+        T_OK(ckptio_engine_stats(e, &st));
+        T_ASSERT_MSG(st.bytes_h2d == total && st.bytes_h2d_mapped == total,
+                     "bytes_h2d %llu, mapped %llu, want %llu", (unsigned long long)st.bytes_h2d,
+                     (unsigned long long)st.bytes_h2d_mapped, (unsigned long long)total);
+        T_ASSERT_MSG(st.staging_peak == 0, "staging used (%llu bytes) by a mapped read",
+                     (unsigned long long)st.staging_peak);
+        T_ASSERT(st.mapped_fallbacks == 0);
+        T_ASSERT(st.bytes_read >= total && st.bytes_buffered >= total);
+        T_ASSERT(last_path(e) == CKPTIO_IO_PATH_MAPPED);
+        T_ASSERT(strcmp(ckptio_io_path_name(CKPTIO_IO_PATH_MAPPED), "mapped") == 0);
+        ckptio__gpu_sim_stats s;
+        ckptio__gpu_sim_get_stats(&s);
+        T_ASSERT_MSG(s.registers >= 3, "only %llu registrations", (unsigned long long)s.registers);
+        T_ASSERT(s.registered_peak > 0 && s.registered_peak <= (uint64_t)threads * CKPTIO_GPU_NSLOTS * (2 * MIB));
+        check_mappings_released();
+        ckptio_file_close(f);
+        T_OK(ckptio_engine_destroy(e));
+        free(want);
+    }
+}
+
+/* A registration that fails: that window is staged, counted, bytes right. */
+static void test_mapped_fallback(void) {
+    ckptio__gpu_sim_configure(&(ckptio__gpu_sim_config){.copy_delay_us = 50, .fail_register_at = 2});
+    const char *path = t_path("fallback.bin");
+    unsigned char *want = make_file(path, MIXED_FILE_SIZE, 32);
+    ckptio_engine *e = make_engine_path(2, 2 * MIB, 8 * MIB, CKPTIO_GPU_PATH_AUTO);
+    ckptio_file *f = NULL;
+    T_OK(ckptio_file_open(e, path, CKPTIO_OPEN_READ, &f));
+    const uint64_t total = read_checked(e, f, want, mixed_spec, MIXED_N, 6 * MIB);
+    ckptio_stats st;
+    T_OK(ckptio_engine_stats(e, &st));
+    T_ASSERT_MSG(st.mapped_fallbacks == 1, "mapped_fallbacks %llu", (unsigned long long)st.mapped_fallbacks);
+    T_ASSERT(st.bytes_h2d == total && st.bytes_h2d_mapped > 0 && st.bytes_h2d_mapped < total);
+    T_ASSERT(st.staging_peak > 0 && st.staging_in_use == 0);
+    T_ASSERT(last_path(e) == CKPTIO_IO_PATH_PIPELINE); /* some bytes staged */
+    check_mappings_released();
+    ckptio_file_close(f);
+    T_OK(ckptio_engine_destroy(e));
+    free(want);
+}
+
+/* A device that cannot register read-only memory: all staged, said so in
+ * the statistics, tried once per worker at most. */
+static void test_mapped_unsupported(void) {
+    ckptio__gpu_sim_configure(&(ckptio__gpu_sim_config){.no_register = true});
+    const char *path = t_path("unsupported.bin");
+    unsigned char *want = make_file(path, MIXED_FILE_SIZE, 33);
+    ckptio_engine *e = make_engine_path(2, 2 * MIB, 8 * MIB, CKPTIO_GPU_PATH_AUTO);
+    ckptio_file *f = NULL;
+    T_OK(ckptio_file_open(e, path, CKPTIO_OPEN_READ, &f));
+    const uint64_t total = read_checked(e, f, want, mixed_spec, MIXED_N, 6 * MIB);
+    ckptio_stats st;
+    T_OK(ckptio_engine_stats(e, &st));
+    T_ASSERT(st.bytes_h2d == total && st.bytes_h2d_mapped == 0);
+    T_ASSERT_MSG(st.mapped_fallbacks >= 1 && st.mapped_fallbacks <= 2, "mapped_fallbacks %llu",
+                 (unsigned long long)st.mapped_fallbacks);
+    T_ASSERT(last_path(e) == CKPTIO_IO_PATH_PIPELINE);
+    check_mappings_released();
+    ckptio_file_close(f);
+    T_OK(ckptio_engine_destroy(e));
+    free(want);
+}
+
+/* CKPTIO_GPU_PATH=staged never maps. */
+static void test_staged_setting(void) {
+    sim_reset(0);
+    const char *path = t_path("staged.bin");
+    unsigned char *want = make_file(path, MIXED_FILE_SIZE, 34);
+    ckptio_engine *e = make_engine(2, 2 * MIB, 8 * MIB);
+    ckptio_file *f = NULL;
+    T_OK(ckptio_file_open(e, path, CKPTIO_OPEN_READ, &f));
+    read_checked(e, f, want, mixed_spec, MIXED_N, 6 * MIB);
+    ckptio_stats st;
+    T_OK(ckptio_engine_stats(e, &st));
+    ckptio__gpu_sim_stats s;
+    ckptio__gpu_sim_get_stats(&s);
+    T_ASSERT(st.bytes_h2d_mapped == 0 && s.registers == 0 && st.mapped_fallbacks == 0);
+    ckptio_file_close(f);
+    T_OK(ckptio_engine_destroy(e));
+    free(want);
+}
+
+/* A file that shrank after it was opened: the windows past its new end
+ * cannot be registered (their pages do not exist), are staged, and the
+ * staged read says the file is truncated: an error naming the file, never
+ * SIGBUS, nothing left registered. */
+static void test_mapped_truncated(void) {
+    sim_reset(20);
+    const char *path = t_path("shrinks.bin");
+    unsigned char *want = make_file(path, 3 * MIB, 35);
+    ckptio_engine *e = make_engine_path(2, 2 * MIB, 8 * MIB, CKPTIO_GPU_PATH_AUTO);
+    ckptio_file *f = NULL;
+    T_OK(ckptio_file_open(e, path, CKPTIO_OPEN_READ, &f));
+    T_ASSERT(truncate(path, 1 * MIB + 100) == 0);
+    unsigned char *dev = ckptio__gpu_sim_device_alloc(3 * MIB);
+    ckptio_extent ex = {.file = f, .file_offset = 0, .length = 3 * MIB, .memory = dev, .mem_kind = CKPTIO_MEM_CUDA};
+    T_STATUS(ckptio__gpu_execute(e, CKPTIO_READ, &ex, 1), CKPTIO_E_TRUNCATED);
+    T_MESSAGE_HAS(path);
+    ckptio_stats st;
+    T_OK(ckptio_engine_stats(e, &st));
+    T_ASSERT(st.staging_in_use == 0);
+    check_mappings_released();
+    /* What is still there reads correctly, mapped. */
+    ckptio_extent head = {.file = f, .file_offset = 0, .length = 1 * MIB, .memory = dev,
+                          .mem_kind = CKPTIO_MEM_CUDA};
+    T_OK(ckptio__gpu_execute(e, CKPTIO_READ, &head, 1));
+    T_ASSERT(memcmp(dev, want, 1 * MIB) == 0);
+    check_mappings_released();
+    ckptio_file_close(f);
+    ckptio__gpu_sim_device_free(dev);
+    T_OK(ckptio_engine_destroy(e));
+    free(want);
+}
+
+static bool on_memory_fs(const char *path) {
+    struct statfs sb;
+    return statfs(path, &sb) == 0 && (sb.f_type == TMPFS_MAGIC || sb.f_type == RAMFS_MAGIC);
+}
+
+/* Cold data is staged (O_DIRECT beats faulting pages in one by one), except
+ * on tmpfs, whose pages are memory. */
+static void test_cold_file_is_staged(void) {
+    sim_reset(0);
+    const char *path = t_path("cold.bin");
+    unsigned char *want = make_file(path, MIXED_FILE_SIZE, 36);
+    const bool memfs = on_memory_fs(path);
+    int fd = open(path, O_RDONLY);
+    T_ASSERT(fd >= 0);
+    T_ASSERT(fdatasync(fd) == 0 || errno == EINVAL);
+    posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED);
+    uint64_t cached = 0, pages = 0;
+    const bool known = ckptio__range_cached_pages(fd, 0, MIXED_FILE_SIZE, &cached, &pages);
+    close(fd);
+    if (!memfs && (!known || cached > pages / 2)) {
+        printf("# the page cache kept the file (%llu of %llu pages): cold case skipped\n",
+               (unsigned long long)cached, (unsigned long long)pages);
+        free(want);
+        return;
+    }
+    ckptio_engine *e = make_engine_path(2, 2 * MIB, 8 * MIB, CKPTIO_GPU_PATH_AUTO);
+    ckptio_file *f = NULL;
+    T_OK(ckptio_file_open(e, path, CKPTIO_OPEN_READ, &f));
+    const uint64_t total = read_checked(e, f, want, mixed_spec, MIXED_N, 6 * MIB);
+    ckptio_stats st;
+    T_OK(ckptio_engine_stats(e, &st));
+    if (memfs) T_ASSERT(st.bytes_h2d_mapped == total && last_path(e) == CKPTIO_IO_PATH_MAPPED);
+    else T_ASSERT(st.bytes_h2d_mapped == 0 && st.mapped_fallbacks == 0 && last_path(e) == CKPTIO_IO_PATH_PIPELINE);
+    check_mappings_released();
+    ckptio_file_close(f);
+    T_OK(ckptio_engine_destroy(e));
+    free(want);
+}
+
 int main(void) {
     ckptio__gpu_set_ops(ckptio__gpu_sim_ops());
     T_RUN(test_classify_and_meminfo);
@@ -591,5 +833,11 @@ int main(void) {
     T_RUN(test_engine_and_safetensors);
     T_RUN(test_gds_file_sync);
     T_RUN(test_gds_stream_ordered);
+    T_RUN(test_mapped_read);
+    T_RUN(test_mapped_fallback);
+    T_RUN(test_mapped_unsupported);
+    T_RUN(test_staged_setting);
+    T_RUN(test_mapped_truncated);
+    T_RUN(test_cold_file_is_staged);
     return T_EXIT_PASS;
 }

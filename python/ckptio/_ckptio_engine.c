@@ -13,7 +13,7 @@ static ckpy_engine *default_engine = NULL;
 /* Names accepted for the enum-valued settings, indexed by value. */
 static const char *const backend_values[] = {"auto", "pread", "io_uring", NULL};
 static const char *const direct_values[] = {"auto", "off", "on", NULL};
-static const char *const gpu_path_values[] = {"auto", "cufile", "pipeline", NULL};
+static const char *const gpu_path_values[] = {"auto", "cufile", "pipeline", "staged", NULL};
 
 static const char *const *enum_values(ckptio_option option) {
     switch (option) {
@@ -231,6 +231,8 @@ static PyObject *engine_stats(PyObject *obj, PyObject *unused) {
     DBL_(seconds_io)
     DBL_(seconds_fsync)
     DBL_(seconds_copy)
+    U64_(bytes_h2d_mapped)
+    U64_(mapped_fallbacks)
 #undef U64_
 #undef DBL_
     return d;

@@ -66,7 +66,8 @@ static ckptio_status check_shard_path(const char *path, const char *name, const 
         if (err == ENOENT && o->index)
             return CKPTIO_FAIL_CTX(CKPTIO_E_NOT_FOUND,
                                    &((ckptio__err_ctx){.operation = "open shard", .path = o->index,
-                                                       .file_offset = -1, .subject = "weight_map"}),
+                                                       .file_offset = -1, .subject = "weight_map",
+                                                       .sys_errno = ENOENT}),
                                    "tensor '%s' is in shard '%s', which is missing from %s", o->tensor, name, o->dir);
         return CKPTIO_FAIL_SYS(err, "stat", path, -1, "opening a shard%s%s", o->index ? " named by " : "",
                                o->index ? o->index : "");

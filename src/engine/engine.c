@@ -34,7 +34,7 @@ typedef struct option_def {
 
 static const char *const backend_names[] = {"auto", "pread", "io_uring", NULL};
 static const char *const direct_names[] = {"auto", "off", "on", NULL};
-static const char *const gpu_path_names[] = {"auto", "cufile", "pipeline", NULL};
+static const char *const gpu_path_names[] = {"auto", "cufile", "pipeline", "staged", NULL};
 
 static const option_def options[CKPTIO_OPT_COUNT_] = {
     [CKPTIO_OPT_BACKEND] = {"backend", "CKPTIO_BACKEND", KIND_ENUM, 0, 2, backend_names},
@@ -45,7 +45,7 @@ static const option_def options[CKPTIO_OPT_COUNT_] = {
     [CKPTIO_OPT_DIRECT] = {"direct", "CKPTIO_DIRECT", KIND_ENUM, 0, 2, direct_names},
     [CKPTIO_OPT_DIRECT_MIN_BYTES] = {"direct_min_bytes", "CKPTIO_DIRECT_MIN_BYTES", KIND_SIZE, 0, 1024 * GIB, NULL},
     [CKPTIO_OPT_SYNC] = {"sync", "CKPTIO_SYNC", KIND_BOOL, 0, 1, NULL},
-    [CKPTIO_OPT_GPU_PATH] = {"gpu_path", "CKPTIO_GPU_PATH", KIND_ENUM, 0, 2, gpu_path_names},
+    [CKPTIO_OPT_GPU_PATH] = {"gpu_path", "CKPTIO_GPU_PATH", KIND_ENUM, 0, 3, gpu_path_names},
 };
 
 /* Threads: one per core up to 16, at least 2. Measured on the 16-core GPU
@@ -331,6 +331,8 @@ void ckptio__engine_stats_add(ckptio_engine *e, const ckptio_stats *d) {
     s->seconds_io += d->seconds_io;
     s->seconds_fsync += d->seconds_fsync;
     s->seconds_copy += d->seconds_copy;
+    s->bytes_h2d_mapped += d->bytes_h2d_mapped;
+    s->mapped_fallbacks += d->mapped_fallbacks;
     pthread_mutex_unlock(&e->lock);
 }
 

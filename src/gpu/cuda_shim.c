@@ -37,6 +37,7 @@ const ckptio__cuda_abi_value ckptio__cuda_abi_values[] = {
     {"CU_MEMORYTYPE_UNIFIED", (long long)CU_MEMORYTYPE_UNIFIED},
     {"CU_MEMHOSTALLOC_PORTABLE", (long long)CU_MEMHOSTALLOC_PORTABLE},
     {"CU_MEMHOSTALLOC_DEVICEMAP", (long long)CU_MEMHOSTALLOC_DEVICEMAP},
+    {"CU_MEMHOSTREGISTER_READ_ONLY", (long long)CU_MEMHOSTREGISTER_READ_ONLY},
     {"CU_STREAM_NON_BLOCKING", (long long)CU_STREAM_NON_BLOCKING},
     {"CU_EVENT_BLOCKING_SYNC", (long long)CU_EVENT_BLOCKING_SYNC},
     {"CU_EVENT_DISABLE_TIMING", (long long)CU_EVENT_DISABLE_TIMING},
@@ -44,6 +45,8 @@ const ckptio__cuda_abi_value ckptio__cuda_abi_values[] = {
     {"CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT", (long long)CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT},
     {"CU_DEVICE_ATTRIBUTE_PCI_BUS_ID", (long long)CU_DEVICE_ATTRIBUTE_PCI_BUS_ID},
     {"CU_DEVICE_ATTRIBUTE_UNIFIED_ADDRESSING", (long long)CU_DEVICE_ATTRIBUTE_UNIFIED_ADDRESSING},
+    {"CU_DEVICE_ATTRIBUTE_READ_ONLY_HOST_REGISTER_SUPPORTED",
+     (long long)CU_DEVICE_ATTRIBUTE_READ_ONLY_HOST_REGISTER_SUPPORTED},
     {"sizeof(CUdeviceptr)", (long long)sizeof(CUdeviceptr)},
     {NULL, 0},
 };
@@ -119,6 +122,8 @@ static void load_driver(void) {
     OPT(cuModuleGetFunction, "cuModuleGetFunction")
     OPT(cuModuleUnload, "cuModuleUnload")
     OPT(cuLaunchKernel, "cuLaunchKernel")
+    OPT(cuMemHostRegister, "cuMemHostRegister_v2")
+    OPT(cuMemHostUnregister, "cuMemHostUnregister")
 #undef REQ
 #undef OPT
     CUresult r = api.cuInit(0);

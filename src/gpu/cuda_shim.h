@@ -69,6 +69,7 @@ enum {
 /* cuMemHostAlloc flags, CUstream_flags, CUevent_flags, CUstreamWaitValue_flags */
 #define CU_MEMHOSTALLOC_PORTABLE 0x01u
 #define CU_MEMHOSTALLOC_DEVICEMAP 0x02u
+#define CU_MEMHOSTREGISTER_READ_ONLY 0x08u
 #define CU_STREAM_NON_BLOCKING 0x1u
 #define CU_EVENT_BLOCKING_SYNC 0x1u
 #define CU_EVENT_DISABLE_TIMING 0x2u
@@ -78,7 +79,8 @@ enum {
 enum {
     CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT = 16,
     CU_DEVICE_ATTRIBUTE_PCI_BUS_ID = 33,
-    CU_DEVICE_ATTRIBUTE_UNIFIED_ADDRESSING = 41
+    CU_DEVICE_ATTRIBUTE_UNIFIED_ADDRESSING = 41,
+    CU_DEVICE_ATTRIBUTE_READ_ONLY_HOST_REGISTER_SUPPORTED = 113
 };
 
 /* The values above by name, for tests/test_gpu_abi.c (NULL-terminated). */
@@ -134,6 +136,8 @@ typedef struct ckptio__cuda_api {
     CUresult (*cuModuleLoadData)(CUmodule *module, const void *image);
     CUresult (*cuModuleGetFunction)(CUfunction *fn, CUmodule module, const char *name);
     CUresult (*cuModuleUnload)(CUmodule module);
+    CUresult (*cuMemHostRegister)(void *p, size_t bytes, unsigned flags); /* _v2 */
+    CUresult (*cuMemHostUnregister)(void *p);
     CUresult (*cuLaunchKernel)(CUfunction f, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by,
                                unsigned bz, unsigned shared_bytes, CUstream stream, void **params, void **extra);
     int driver_version;  /* cuDriverGetVersion, e.g. 12040 */

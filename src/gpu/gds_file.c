@@ -91,8 +91,9 @@ ckptio_status ckptio_gds_register_handle(ckptio_gds_file *f) {
     const ckptio__gpu_ops *ops = ckptio__gpu_ops_try();
     const bool real = ops == ckptio__gpu_cuda_ops();
     f->refusal[0] = '\0';
-    if (mode == CKPTIO_GPU_PATH_PIPELINE) {
-        snprintf(f->refusal, sizeof f->refusal, "CKPTIO_OPT_GPU_PATH is pipeline");
+    if (mode == CKPTIO_GPU_PATH_PIPELINE || mode == CKPTIO_GPU_PATH_STAGED) {
+        snprintf(f->refusal, sizeof f->refusal, "CKPTIO_OPT_GPU_PATH is %s",
+                 mode == CKPTIO_GPU_PATH_STAGED ? "staged" : "pipeline");
         return CKPTIO_OK;
     }
     if (!real) {
@@ -215,9 +216,10 @@ ckptio_status ckptio__gds_transfer(ckptio_gds_file *f, ckptio_direction dir, voi
                                  .mem_kind = CKPTIO_MEM_CUDA};
         st = ckptio__gpu_pipeline_run(f->engine, ops, device, dir, &e, 1, false);
         if (st == CKPTIO_OK) {
-            atomic_store(&f->last_path, CKPTIO_IO_PATH_PIPELINE);
             ckptio__gpu_state *gs = ckptio__engine_gpu_state(f->engine);
-            if (gs) gs->last_path = CKPTIO_IO_PATH_PIPELINE;
+            const int moved_by = gs && gs->last_run_mapped == 2 ? CKPTIO_IO_PATH_MAPPED : CKPTIO_IO_PATH_PIPELINE;
+            atomic_store(&f->last_path, moved_by);
+            if (gs) gs->last_path = moved_by;
         }
     }
     if (st == CKPTIO_OK) *bytes = size;

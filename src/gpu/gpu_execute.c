@@ -20,6 +20,7 @@ const char *ckptio_io_path_name(ckptio_io_path path) {
     case CKPTIO_IO_PATH_CUFILE_COMPAT: return "cufile_compat";
     case CKPTIO_IO_PATH_PIPELINE: return "pipeline";
     case CKPTIO_IO_PATH_HOST: return "host";
+    case CKPTIO_IO_PATH_MAPPED: return "mapped";
     }
     return NULL;
 }
@@ -212,7 +213,7 @@ ckptio_status ckptio__gpu_execute_observed(ckptio_engine *engine, ckptio_directi
             ckptio__engine_progress_advance(engine, bytes);
         }
     }
-    if (st == CKPTIO_OK) gs->last_path = CKPTIO_IO_PATH_PIPELINE;
+    if (st == CKPTIO_OK) gs->last_path = gs->last_run_mapped == 2 ? CKPTIO_IO_PATH_MAPPED : CKPTIO_IO_PATH_PIPELINE;
 out:
     ckptio__free(subset);
     ckptio__free(devices);

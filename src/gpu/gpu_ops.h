@@ -50,6 +50,16 @@ typedef struct ckptio__gpu_ops {
      * pinned_alloc, written by a host thread). CKPTIO_E_UNSUPPORTED when
      * the driver cannot (callers then fall back to synchronising). */
     ckptio_status (*stream_wait_word)(void *stream, volatile uint32_t *word, uint32_t value);
+    /* Page-locks `bytes` of existing host memory at `ptr` (page-aligned,
+     * e.g. a read-only file mapping) so that device copies read it by DMA
+     * without a CPU copy (cuMemHostRegister with the read-only flag), on
+     * the calling thread's current device. Faults the pages in: a page
+     * past the end of a mapped file fails here, never later with SIGBUS.
+     * CKPTIO_E_UNSUPPORTED when the device or driver cannot register
+     * read-only memory. host_unregister undoes it (the copies reading the
+     * memory must have completed). */
+    ckptio_status (*host_register)(int device, void *ptr, size_t bytes);
+    void (*host_unregister)(void *ptr);
 } ckptio__gpu_ops;
 
 /* The real driver's operations (they fail with CKPTIO_E_NO_CUDA when the

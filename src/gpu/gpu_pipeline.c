@@ -9,6 +9,13 @@
  * read buffered), writes send an unaligned head and tail buffered and the
  * aligned middle direct. Device addresses need no alignment at all.
  *
+ * Resident data (reads): a window whose pages are in memory (tmpfs, or held
+ * by the page cache) is not read into its slot: its pages are mapped and
+ * registered and the device copies read them there (gpu_mapped.h). The
+ * slot's event then guards the mapping instead of the staging memory, and
+ * the mapping is released when the event completes. A window that cannot
+ * be mapped is staged as any other.
+ *
  * Progress and cancel: workers count the extents' bytes of each window
  * they finish (holes a read spans are not counted); the calling thread reports them through the engine's progress
  * callback (waiting on the pool, or between windows when it is the only
@@ -17,6 +24,7 @@
  */
 #include "cuda_shim.h"
 #include "engine_internal.h"
+#include "gpu_mapped.h"
 #include "gpu_pipeline.h"
 #include "io_internal.h"
 
@@ -32,6 +40,7 @@ typedef struct run {
     ckptio_file *file;
     uint64_t start, end, file_size;
     size_t first, count; /* positions in the sorted order */
+    ckptio__map_policy map;
 } run;
 
 typedef struct window {
@@ -62,7 +71,10 @@ typedef struct pipe {
     ckptio_status status;
     ckptio__error_saved *err;
     uint64_t bytes_copied;
+    uint64_t bytes_mapped;        /* of bytes_copied, from mapped pages */
+    uint64_t map_fallbacks;       /* windows staged after a mapping failed */
     double seconds_copy;
+    _Atomic int map_unsupported;  /* the device cannot register: stop trying */
 } pipe;
 
 /* ---- errors: workers record the first one for the caller's thread ----------- */
@@ -224,18 +236,20 @@ static bool next_piece(const pipe *p, const window *w, size_t *k, size_t *idx, u
     return false;
 }
 
-/* Queues the copies between window `w` and its slot. Returns how many bytes
- * were queued in *queued even on failure (the caller must still wait). */
-static ckptio_status queue_copies(pipe *p, const window *w, unsigned char *slot, void *stream, uint64_t *queued) {
-    const uint64_t a = ckptio__align_down(w->start, ALIGN);
+/* Queues the copies between window `w` and host memory `host`, which holds
+ * the file's bytes from offset `a` on (a staging slot, or a mapping).
+ * Returns how many bytes were queued in *queued even on failure (the caller
+ * must still wait). */
+static ckptio_status queue_copies(pipe *p, const window *w, unsigned char *host, uint64_t a, void *stream,
+                                  uint64_t *queued) {
     size_t k = w->first, idx;
     uint64_t lo, hi;
     *queued = 0;
     while (next_piece(p, w, &k, &idx, &lo, &hi)) {
         const ckptio_extent *e = &p->ext[idx];
         unsigned char *dev = (unsigned char *)e->memory + (lo - e->file_offset);
-        ckptio_status st = p->dir == CKPTIO_READ ? p->ops->h2d_async(dev, slot + (lo - a), hi - lo, stream)
-                                                 : p->ops->d2h_async(slot + (lo - a), dev, hi - lo, stream);
+        ckptio_status st = p->dir == CKPTIO_READ ? p->ops->h2d_async(dev, host + (lo - a), hi - lo, stream)
+                                                 : p->ops->d2h_async(host + (lo - a), dev, hi - lo, stream);
         if (st != CKPTIO_OK) {
             char subject[64];
             snprintf(subject, sizeof subject, "extent %zu", idx);
@@ -269,48 +283,91 @@ static ckptio_status wait_slot(pipe *p, ckptio__gpu_worker_res *r, unsigned s, c
     return CKPTIO_OK;
 }
 
-static void add_copied(pipe *p, uint64_t bytes) {
+static void add_copied(pipe *p, uint64_t bytes, bool mapped) {
     pthread_mutex_lock(&p->lock);
     p->bytes_copied += bytes;
+    if (mapped) p->bytes_mapped += bytes;
     pthread_mutex_unlock(&p->lock);
 }
 
+/* Maps window `w` when its run allows and its pages are in memory; true
+ * when the copies can read `m`. A failure is counted and the window goes
+ * through staging; a device that cannot register stops all tries. */
+static bool map_window(pipe *p, const window *w, ckptio__gpu_mapping *m) {
+    const run *rn = &p->runs[w->run];
+    if (rn->map == CKPTIO__MAP_NEVER || atomic_load(&p->map_unsupported)) return false;
+    bool failed = false, unsupported = false;
+    if (ckptio__gpu_map(p->ops, p->device, rn->map, rn->file, w->start, w->end, m, &failed, &unsupported))
+        return true;
+    if (unsupported) atomic_store(&p->map_unsupported, 1);
+    if (failed) {
+        pthread_mutex_lock(&p->lock);
+        p->map_fallbacks++;
+        pthread_mutex_unlock(&p->lock);
+    }
+    return false;
+}
+
+/* A read slot: the window whose copies it holds, its staging bytes in use
+ * (0 when mapped) and its mapping (empty when staged). */
+typedef struct read_slot {
+    bool pending;
+    const window *w;
+    uint64_t used;
+    ckptio__gpu_mapping map;
+} read_slot;
+
+/* Waits for the slot's copies, then releases what they read. */
+static ckptio_status finish_slot(pipe *p, ckptio__gpu_worker_res *r, unsigned s, read_slot *rs) {
+    rs->pending = false;
+    ckptio_status st = wait_slot(p, r, s, rs->w, rs->used);
+    ckptio__gpu_unmap(p->ops, &rs->map);
+    return st;
+}
+
 static void worker_read(pipe *p, ckptio__gpu_worker_res *r) {
-    bool pending[CKPTIO_GPU_NSLOTS] = {0};
-    const window *pw[CKPTIO_GPU_NSLOTS] = {0};
-    uint64_t used[CKPTIO_GPU_NSLOTS] = {0};
+    read_slot slots[CKPTIO_GPU_NSLOTS] = {0};
     unsigned s = 0;
     while (!atomic_load(&p->failed)) {
         const size_t wi = atomic_fetch_add(&p->next, 1);
         if (wi >= p->nwin) break;
         const window *w = &p->wins[wi];
+        read_slot *rs = &slots[s];
         ckptio_status st;
-        if (pending[s]) {
-            pending[s] = false;
-            if ((st = wait_slot(p, r, s, pw[s], used[s])) != CKPTIO_OK) {
+        if (rs->pending && (st = finish_slot(p, r, s, rs)) != CKPTIO_OK) {
+            set_error(p, st);
+            break;
+        }
+        unsigned char *host;
+        uint64_t host_offset;
+        const bool mapped = map_window(p, w, &rs->map);
+        if (mapped) {
+            rs->used = 0;
+            host = rs->map.addr;
+            host_offset = rs->map.offset;
+        } else {
+            host = r->mem[s];
+            host_offset = ckptio__align_down(w->start, ALIGN);
+            rs->used = ckptio__align_up(w->end, ALIGN) - host_offset;
+            ckptio__engine_staging(p->engine, 0, (int64_t)rs->used);
+            if ((st = read_window(&p->runs[w->run], w, host)) != CKPTIO_OK) {
+                ckptio__engine_staging(p->engine, 0, -(int64_t)rs->used);
                 set_error(p, st);
                 break;
             }
         }
-        unsigned char *slot = r->mem[s];
-        used[s] = ckptio__align_up(w->end, ALIGN) - ckptio__align_down(w->start, ALIGN);
-        ckptio__engine_staging(p->engine, 0, (int64_t)used[s]);
-        if ((st = read_window(&p->runs[w->run], w, slot)) != CKPTIO_OK) {
-            ckptio__engine_staging(p->engine, 0, -(int64_t)used[s]);
-            set_error(p, st);
-            break;
-        }
         uint64_t queued = 0;
-        st = queue_copies(p, w, slot, r->stream, &queued);
+        st = queue_copies(p, w, host, host_offset, r->stream, &queued);
         ckptio_status rec = p->ops->event_record(r->event[s], r->stream);
         if (rec == CKPTIO_OK) {
-            pending[s] = true;
-            pw[s] = w;
-            add_copied(p, queued);
+            rs->pending = true;
+            rs->w = w;
+            add_copied(p, queued, mapped);
         } else {
             /* Without an event we cannot know when the slot is free: drain. */
-            ckptio__engine_staging(p->engine, 0, -(int64_t)used[s]);
+            ckptio__engine_staging(p->engine, 0, -(int64_t)rs->used);
             p->ops->stream_sync(r->stream);
+            ckptio__gpu_unmap(p->ops, &rs->map);
             if (st == CKPTIO_OK) st = rec;
         }
         if (st != CKPTIO_OK) {
@@ -321,8 +378,8 @@ static void worker_read(pipe *p, ckptio__gpu_worker_res *r) {
         s = (s + 1) % CKPTIO_GPU_NSLOTS;
     }
     for (unsigned i = 0; i < CKPTIO_GPU_NSLOTS; i++) {
-        if (!pending[i]) continue;
-        ckptio_status st = wait_slot(p, r, i, pw[i], used[i]);
+        if (!slots[i].pending) continue;
+        ckptio_status st = finish_slot(p, r, i, &slots[i]);
         if (st != CKPTIO_OK) set_error(p, st);
     }
 }
@@ -345,7 +402,8 @@ static void worker_write(pipe *p, ckptio__gpu_worker_res *r) {
             used[s] = ckptio__align_up(w->end, ALIGN) - ckptio__align_down(w->start, ALIGN);
             ckptio__engine_staging(p->engine, 0, (int64_t)used[s]);
             uint64_t queued = 0;
-            ckptio_status st = queue_copies(p, w, r->mem[s], r->stream, &queued);
+            ckptio_status st =
+                queue_copies(p, w, r->mem[s], ckptio__align_down(w->start, ALIGN), r->stream, &queued);
             ckptio_status rec = p->ops->event_record(r->event[s], r->stream);
             if (rec != CKPTIO_OK) {
                 ckptio__engine_staging(p->engine, 0, -(int64_t)used[s]);
@@ -356,7 +414,7 @@ static void worker_write(pipe *p, ckptio__gpu_worker_res *r) {
             pw[s] = w;
             data[s] = queued;
             count++;
-            add_copied(p, queued);
+            add_copied(p, queued, false);
             if (st != CKPTIO_OK) {
                 set_error(p, st);
                 break;
@@ -479,8 +537,10 @@ ckptio_status ckptio__gpu_pipeline_run_observed(ckptio_engine *engine, const ckp
             /* Descriptors are opened on the caller's thread, never by workers. */
             if ((st = ckptio__file_prepare_direct(p.runs[r].file)) != CKPTIO_OK) goto out;
             if ((st = ckptio_file_size(p.runs[r].file, &p.runs[r].file_size)) != CKPTIO_OK) goto out;
+            p.runs[r].map = ckptio__gpu_map_policy(engine, dir, p.runs[r].file);
         } else {
             p.runs[r].file_size = p.runs[r - 1].file_size;
+            p.runs[r].map = p.runs[r - 1].map;
         }
     }
     if (nworkers > p.nwin) nworkers = (unsigned)p.nwin;
@@ -503,10 +563,15 @@ ckptio_status ckptio__gpu_pipeline_run_observed(ckptio_engine *engine, const ckp
         p.err = NULL;
         st = p.status;
     }
-    ckptio_stats delta = {.seconds_copy = p.seconds_copy};
+    /* Mapped bytes came from the page cache without a read call: count
+     * them as buffered reads here (staged reads count themselves). */
+    ckptio_stats delta = {.seconds_copy = p.seconds_copy, .bytes_h2d_mapped = p.bytes_mapped,
+                          .mapped_fallbacks = p.map_fallbacks, .bytes_read = p.bytes_mapped,
+                          .bytes_buffered = p.bytes_mapped};
     if (dir == CKPTIO_READ) delta.bytes_h2d = p.bytes_copied;
     else delta.bytes_d2h = p.bytes_copied;
     ckptio__engine_stats_add(engine, &delta);
+    p.st->last_run_mapped = p.bytes_mapped == 0 ? 0 : p.bytes_mapped == p.bytes_copied ? 2 : 1;
 out:
     if (locked) pthread_mutex_unlock(&p.st->lock);
     pthread_mutex_destroy(&p.lock);

@@ -43,6 +43,7 @@ typedef struct ckptio__gpu_state {
     uint64_t reserved;                   /* pinned bytes allocated */
     ckptio__gpu_worker_res workers[CKPTIO_GPU_MAX_WORKERS];
     int last_path;                       /* ckptio_io_path of the last GPU transfer */
+    int last_run_mapped;                 /* last pipeline run's bytes: 0 none, 1 some, 2 all mapped */
 } ckptio__gpu_state;
 
 /* The engine's GPU state, created on first use. */

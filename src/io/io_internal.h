@@ -69,6 +69,11 @@ const char *ckptio__file_tmp_note(const ckptio_file *file, char *buf, size_t cap
  * O_DIRECT, which would fetch cached data from the disk again. */
 bool ckptio__range_cached(int fd, uint64_t offset, uint64_t len);
 
+/* How many of the pages of [offset, offset + len) the page cache holds
+ * (*cached of *pages); false when that cannot be told (then nothing is
+ * written). */
+bool ckptio__range_cached_pages(int fd, uint64_t offset, uint64_t len, uint64_t *cached, uint64_t *pages);
+
 /* ---- temporaries (temporaries.c) -------------------------------------- */
 
 /* The part of a temporary's name after ".STEM": ".STEM" + this + 6 random

@@ -55,7 +55,7 @@ static bool resident_by_mincore(int fd, uint64_t offset, uint64_t len, uint64_t 
     return ok;
 }
 
-bool ckptio__range_cached(int fd, uint64_t offset, uint64_t len) {
+bool ckptio__range_cached_pages(int fd, uint64_t offset, uint64_t len, uint64_t *cached_out, uint64_t *pages_out) {
     if (len == 0) return false;
     const uint64_t page = (uint64_t)sysconf(_SC_PAGESIZE);
     const uint64_t npages = (ckptio__align_up(offset + len, page) - ckptio__align_down(offset, page)) / page;
@@ -72,6 +72,14 @@ bool ckptio__range_cached(int fd, uint64_t offset, uint64_t len) {
         }
     }
     if (!known && !resident_by_mincore(fd, offset, len, &cached)) return false;
+    *cached_out = cached;
+    *pages_out = npages;
+    return true;
+}
+
+bool ckptio__range_cached(int fd, uint64_t offset, uint64_t len) {
+    uint64_t cached = 0, npages = 0;
+    if (!ckptio__range_cached_pages(fd, offset, len, &cached, &npages)) return false;
     /* Mostly cached: a buffered read costs at most the few missing pages,
      * an O_DIRECT read would fetch all of them from the disk again. */
     return cached * 2 >= npages;
