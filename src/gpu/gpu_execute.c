@@ -190,7 +190,7 @@ ckptio_status ckptio__gpu_execute_observed(ckptio_engine *engine, ckptio_directi
     }
 
     if (!several) {
-        st = ckptio__gpu_pipeline_run_observed(engine, ops, first_device, dir, extents, count, false, obs);
+        st = ckptio__gpu_pipeline_run_observed(engine, ops, first_device, dir, extents, count, false, obs, true);
     } else {
         /* One device at a time; other devices' extents are hidden by a zero
          * length so that extent numbers in messages stay the caller's. */
@@ -209,7 +209,7 @@ ckptio_status ckptio__gpu_execute_observed(ckptio_engine *engine, ckptio_directi
                 else if (j >= i) devices[j] = -1; /* done after this round */
                 bytes += subset[j].length;
             }
-            st = ckptio__gpu_pipeline_run_observed(engine, ops, dev, dir, subset, count, false, obs);
+            st = ckptio__gpu_pipeline_run_observed(engine, ops, dev, dir, subset, count, false, obs, true);
             ckptio__engine_progress_advance(engine, bytes);
         }
     }

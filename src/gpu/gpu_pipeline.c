@@ -75,6 +75,8 @@ typedef struct pipe {
     uint64_t map_fallbacks;       /* windows staged after a mapping failed */
     double seconds_copy;
     _Atomic int map_unsupported;  /* the device cannot register: stop trying */
+    unsigned map_workers;         /* workers [0, map_workers) map resident windows */
+    size_t map_batch;             /* windows a mapping worker claims (and registers) at once */
 } pipe;
 
 /* ---- errors: workers record the first one for the caller's thread ----------- */
@@ -290,15 +292,84 @@ static void add_copied(pipe *p, uint64_t bytes, bool mapped) {
     pthread_mutex_unlock(&p->lock);
 }
 
-/* Maps window `w` when its run allows and its pages are in memory; true
- * when the copies can read `m`. A failure is counted and the window goes
- * through staging; a device that cannot register stops all tries. */
-static bool map_window(pipe *p, const window *w, ckptio__gpu_mapping *m) {
-    const run *rn = &p->runs[w->run];
+/* A read slot of a staging worker: the window whose copies it holds and its
+ * staging bytes in use. */
+typedef struct read_slot {
+    bool pending;
+    const window *w;
+    uint64_t used;
+} read_slot;
+
+/* Reads window `w` into the worker's next slot (waiting for that slot's
+ * previous copies first) and queues its copies. */
+static ckptio_status stage_window(pipe *p, ckptio__gpu_worker_res *r, read_slot *slots, unsigned *s,
+                                  const window *w) {
+    read_slot *rs = &slots[*s];
+    ckptio_status st;
+    if (rs->pending) {
+        rs->pending = false;
+        CKPTIO_FORWARD(wait_slot(p, r, *s, rs->w, rs->used));
+    }
+    unsigned char *slot = r->mem[*s];
+    const uint64_t a = ckptio__align_down(w->start, ALIGN);
+    rs->used = ckptio__align_up(w->end, ALIGN) - a;
+    ckptio__engine_staging(p->engine, 0, (int64_t)rs->used);
+    if ((st = read_window(&p->runs[w->run], w, slot)) != CKPTIO_OK) {
+        ckptio__engine_staging(p->engine, 0, -(int64_t)rs->used);
+        return st;
+    }
+    uint64_t queued = 0;
+    st = queue_copies(p, w, slot, a, r->stream, &queued);
+    ckptio_status rec = p->ops->event_record(r->event[*s], r->stream);
+    if (rec == CKPTIO_OK) {
+        rs->pending = true;
+        rs->w = w;
+        add_copied(p, queued, false);
+    } else {
+        /* Without an event we cannot know when the slot is free: drain. */
+        ckptio__engine_staging(p->engine, 0, -(int64_t)rs->used);
+        p->ops->stream_sync(r->stream);
+        if (st == CKPTIO_OK) st = rec;
+    }
+    CKPTIO_FORWARD(st);
+    window_done(p, queued, p->inline_run);
+    *s = (*s + 1) % CKPTIO_GPU_NSLOTS;
+    return CKPTIO_OK;
+}
+
+/* The mappings a worker registered. Unregistering page-locked memory
+ * synchronises the whole device (as cudaHostUnregister does), so they are
+ * all released once, when the worker's copies are done, never per window. */
+typedef struct held_maps {
+    ckptio__gpu_mapping *v;
+    size_t n, cap;
+} held_maps;
+
+static void release_maps(pipe *p, held_maps *h) {
+    for (size_t i = 0; i < h->n; i++) ckptio__gpu_unmap(p->ops, &h->v[i]);
+    ckptio__free(h->v);
+    *h = (held_maps){0};
+}
+
+/* Maps windows [first, last] (consecutive, one run) as one registration
+ * when the run allows and the pages are in memory; false: stage them. A
+ * failure is counted; a device that cannot register stops all tries. */
+static bool map_windows(pipe *p, size_t first, size_t last, held_maps *h) {
+    const run *rn = &p->runs[p->wins[first].run];
     if (rn->map == CKPTIO__MAP_NEVER || atomic_load(&p->map_unsupported)) return false;
+    if (h->n == h->cap) {
+        const size_t cap = h->cap ? 2 * h->cap : 16;
+        ckptio__gpu_mapping *v = ckptio__realloc(h->v, cap * sizeof *v);
+        if (!v) return false;
+        h->v = v;
+        h->cap = cap;
+    }
     bool failed = false, unsupported = false;
-    if (ckptio__gpu_map(p->ops, p->device, rn->map, rn->file, w->start, w->end, m, &failed, &unsupported))
+    if (ckptio__gpu_map(p->ops, p->device, rn->map, rn->file, p->wins[first].start, p->wins[last].end, &h->v[h->n],
+                        &failed, &unsupported)) {
+        h->n++;
         return true;
+    }
     if (unsupported) atomic_store(&p->map_unsupported, 1);
     if (failed) {
         pthread_mutex_lock(&p->lock);
@@ -308,80 +379,62 @@ static bool map_window(pipe *p, const window *w, ckptio__gpu_mapping *m) {
     return false;
 }
 
-/* A read slot: the window whose copies it holds, its staging bytes in use
- * (0 when mapped) and its mapping (empty when staged). */
-typedef struct read_slot {
-    bool pending;
-    const window *w;
-    uint64_t used;
-    ckptio__gpu_mapping map;
-} read_slot;
-
-/* Waits for the slot's copies, then releases what they read. */
-static ckptio_status finish_slot(pipe *p, ckptio__gpu_worker_res *r, unsigned s, read_slot *rs) {
-    rs->pending = false;
-    ckptio_status st = wait_slot(p, r, s, rs->w, rs->used);
-    ckptio__gpu_unmap(p->ops, &rs->map);
-    return st;
+/* Queues the copies of window `w` from mapping `m` (no slot: the mapping
+ * stays registered until the worker ends). */
+static ckptio_status copy_mapped(pipe *p, ckptio__gpu_worker_res *r, const ckptio__gpu_mapping *m, const window *w) {
+    uint64_t queued = 0;
+    ckptio_status st = queue_copies(p, w, m->addr, m->offset, r->stream, &queued);
+    add_copied(p, queued, true);
+    CKPTIO_FORWARD(st);
+    window_done(p, queued, p->inline_run);
+    return CKPTIO_OK;
 }
 
-static void worker_read(pipe *p, ckptio__gpu_worker_res *r) {
+/* A read worker. Workers below p->map_workers claim p->map_batch windows
+ * at a time and copy the resident ones straight from their mapped pages
+ * (one registration per batch); the others, and every window that cannot
+ * be mapped, go through the staging slots. Mixing both keeps the CPU
+ * copies of the staging workers and the registrations of the mapping
+ * workers busy at once. */
+static void worker_read(pipe *p, ckptio__gpu_worker_res *r, unsigned index) {
     read_slot slots[CKPTIO_GPU_NSLOTS] = {0};
+    held_maps held = {0};
     unsigned s = 0;
-    while (!atomic_load(&p->failed)) {
-        const size_t wi = atomic_fetch_add(&p->next, 1);
+    const size_t batch = index < p->map_workers ? p->map_batch : 1;
+    ckptio_status st = CKPTIO_OK;
+    while (st == CKPTIO_OK && !atomic_load(&p->failed)) {
+        const size_t wi = atomic_fetch_add(&p->next, batch);
         if (wi >= p->nwin) break;
-        const window *w = &p->wins[wi];
-        read_slot *rs = &slots[s];
-        ckptio_status st;
-        if (rs->pending && (st = finish_slot(p, r, s, rs)) != CKPTIO_OK) {
-            set_error(p, st);
-            break;
-        }
-        unsigned char *host;
-        uint64_t host_offset;
-        const bool mapped = map_window(p, w, &rs->map);
-        if (mapped) {
-            rs->used = 0;
-            host = rs->map.addr;
-            host_offset = rs->map.offset;
-        } else {
-            host = r->mem[s];
-            host_offset = ckptio__align_down(w->start, ALIGN);
-            rs->used = ckptio__align_up(w->end, ALIGN) - host_offset;
-            ckptio__engine_staging(p->engine, 0, (int64_t)rs->used);
-            if ((st = read_window(&p->runs[w->run], w, host)) != CKPTIO_OK) {
-                ckptio__engine_staging(p->engine, 0, -(int64_t)rs->used);
-                set_error(p, st);
-                break;
+        const size_t end = wi + batch < p->nwin ? wi + batch : p->nwin;
+        /* One registration per run the claim touches. */
+        for (size_t first = wi; first < end && st == CKPTIO_OK && !atomic_load(&p->failed);) {
+            size_t last = first;
+            while (last + 1 < end && p->wins[last + 1].run == p->wins[first].run) last++;
+            const bool mapped = batch > 1 && map_windows(p, first, last, &held);
+            for (size_t k = first; k <= last && st == CKPTIO_OK && !atomic_load(&p->failed); k++) {
+                if (mapped) st = copy_mapped(p, r, &held.v[held.n - 1], &p->wins[k]);
+                else st = stage_window(p, r, slots, &s, &p->wins[k]);
             }
+            first = last + 1;
         }
-        uint64_t queued = 0;
-        st = queue_copies(p, w, host, host_offset, r->stream, &queued);
-        ckptio_status rec = p->ops->event_record(r->event[s], r->stream);
-        if (rec == CKPTIO_OK) {
-            rs->pending = true;
-            rs->w = w;
-            add_copied(p, queued, mapped);
-        } else {
-            /* Without an event we cannot know when the slot is free: drain. */
-            ckptio__engine_staging(p->engine, 0, -(int64_t)rs->used);
-            p->ops->stream_sync(r->stream);
-            ckptio__gpu_unmap(p->ops, &rs->map);
-            if (st == CKPTIO_OK) st = rec;
-        }
-        if (st != CKPTIO_OK) {
-            set_error(p, st);
-            break;
-        }
-        window_done(p, queued, p->inline_run);
-        s = (s + 1) % CKPTIO_GPU_NSLOTS;
     }
+    if (st != CKPTIO_OK) set_error(p, st);
     for (unsigned i = 0; i < CKPTIO_GPU_NSLOTS; i++) {
         if (!slots[i].pending) continue;
-        ckptio_status st = finish_slot(p, r, i, &slots[i]);
-        if (st != CKPTIO_OK) set_error(p, st);
+        slots[i].pending = false;
+        ckptio_status ws = wait_slot(p, r, i, slots[i].w, slots[i].used);
+        if (ws != CKPTIO_OK) set_error(p, ws);
     }
+    if (held.n) {
+        /* Every copy reading a mapping completes before it is released. */
+        const double t0 = ckptio__now();
+        ckptio_status ss = p->ops->stream_sync(r->stream);
+        pthread_mutex_lock(&p->lock);
+        p->seconds_copy += ckptio__now() - t0;
+        pthread_mutex_unlock(&p->lock);
+        if (ss != CKPTIO_OK) set_error(p, ss);
+    }
+    release_maps(p, &held);
 }
 
 static void worker_write(pipe *p, ckptio__gpu_worker_res *r) {
@@ -445,7 +498,7 @@ static void worker_main(void *arg, unsigned w) {
     ckptio__nvtx_push(p->dir == CKPTIO_READ ? "ckptio: file -> GPU worker" : "ckptio: GPU -> file worker");
     st = ckptio__gpu_worker_ready(p->st, w, p->device);
     if (st != CKPTIO_OK) set_error(p, st);
-    else if (p->dir == CKPTIO_READ) worker_read(p, &p->st->workers[w]);
+    else if (p->dir == CKPTIO_READ) worker_read(p, &p->st->workers[w], w);
     else worker_write(p, &p->st->workers[w]);
     ckptio__nvtx_pop();
     p->ops->ctx_leave(p->device);
@@ -505,12 +558,33 @@ static void geometry(ckptio_engine *engine, bool inline_only, uint64_t block, un
 ckptio_status ckptio__gpu_pipeline_run(ckptio_engine *engine, const ckptio__gpu_ops *ops, int device,
                                        ckptio_direction dir, const ckptio_extent *extents, size_t count,
                                        bool inline_only) {
-    return ckptio__gpu_pipeline_run_observed(engine, ops, device, dir, extents, count, inline_only, NULL);
+    return ckptio__gpu_pipeline_run_observed(engine, ops, device, dir, extents, count, inline_only, NULL, false);
+}
+
+static size_t env_size(const char *name, size_t fallback) {
+    const char *v = getenv(name);
+    if (!v || !*v) return fallback;
+    char *end = NULL;
+    const unsigned long long n = strtoull(v, &end, 10);
+    return end && *end == '\0' ? (size_t)n : fallback;
+}
+
+/* How many workers map resident windows and how many windows each claims
+ * at once (CKPTIO_GPU_MAP_WORKERS, CKPTIO_GPU_MAP_BATCH_BYTES; see
+ * docs/GPU.md for the measurements behind the defaults). */
+static void map_geometry(pipe *p, bool may_map, unsigned nworkers, uint64_t slot) {
+    p->map_workers = 0;
+    p->map_batch = 1;
+    if (!may_map || p->dir != CKPTIO_READ) return;
+    const size_t workers = env_size("CKPTIO_GPU_MAP_WORKERS", CKPTIO_GPU_MAP_WORKERS_DEFAULT);
+    const size_t batch_bytes = env_size("CKPTIO_GPU_MAP_BATCH_BYTES", CKPTIO_GPU_MAP_BATCH_DEFAULT);
+    p->map_workers = (unsigned)(workers < nworkers ? workers : nworkers);
+    p->map_batch = batch_bytes / slot > 1 ? batch_bytes / slot : 2;
 }
 
 ckptio_status ckptio__gpu_pipeline_run_observed(ckptio_engine *engine, const ckptio__gpu_ops *ops, int device,
                                                 ckptio_direction dir, const ckptio_extent *extents, size_t count,
-                                                bool inline_only, const ckptio__observer *obs) {
+                                                bool inline_only, const ckptio__observer *obs, bool may_map) {
     ckptio_status st = CKPTIO_OK;
     if (dir != CKPTIO_WRITE) obs = NULL;
     pipe p = {.engine = engine, .ops = ops, .device = device, .dir = dir, .ext = extents, .obs = obs,
@@ -544,6 +618,10 @@ ckptio_status ckptio__gpu_pipeline_run_observed(ckptio_engine *engine, const ckp
         }
     }
     if (nworkers > p.nwin) nworkers = (unsigned)p.nwin;
+    /* Not for background callers (inline_only: the GDS request thread,
+     * whose caller's stream may wait on a word this thread has yet to
+     * write, while registering and unregistering synchronise the device). */
+    map_geometry(&p, may_map && !inline_only, nworkers, slot);
     if ((st = ckptio__gpu_state_get(engine, ops, &p.st)) != CKPTIO_OK) goto out;
     pthread_mutex_lock(&p.st->lock);
     locked = true;

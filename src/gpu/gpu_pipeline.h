@@ -25,6 +25,8 @@
 #define CKPTIO_GPU_NSLOTS 4              /* staging slots per worker */
 #define CKPTIO_GPU_MIN_SLOT (256u << 10) /* below this, use fewer workers instead */
 #define CKPTIO_GPU_MAX_WORKERS 64
+#define CKPTIO_GPU_MAP_WORKERS_DEFAULT 2           /* workers that map resident windows */
+#define CKPTIO_GPU_MAP_BATCH_DEFAULT (256u << 20)  /* bytes one of them registers at once */
 
 /* One worker's GPU resources, kept across calls. */
 typedef struct ckptio__gpu_worker_res {
@@ -66,13 +68,14 @@ ckptio_status ckptio__gpu_pipeline_run(ckptio_engine *engine, const ckptio__gpu_
                                        bool inline_only);
 
 /* The same with a write observer (NULL: none; engine_internal.h has the
- * contract): each window's bytes are observed in its pinned slot after the
+ * contract) and, with `may_map`, reads of resident windows straight from
+ * their mapped pages (gpu_mapped.h; the engine's plans, not the GDS API): each window's bytes are observed in its pinned slot after the
  * device-to-host copy completed and before the slot is written out and
  * refilled. With obs->block, windows end at block boundaries where a block
  * fits, and slots are made large enough for a block plus 4 KiB of alignment
  * when the staging bound allows (fewer workers if need be). */
 ckptio_status ckptio__gpu_pipeline_run_observed(ckptio_engine *engine, const ckptio__gpu_ops *ops, int device,
                                                 ckptio_direction dir, const ckptio_extent *extents, size_t count,
-                                                bool inline_only, const ckptio__observer *obs);
+                                                bool inline_only, const ckptio__observer *obs, bool may_map);
 
 #endif /* CKPTIO_GPU_PIPELINE_H */

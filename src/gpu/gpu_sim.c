@@ -422,7 +422,12 @@ static ckptio_status sim_host_register(int device, void *ptr, size_t bytes) {
     const uint64_t index = ++stats.register_calls;
     const bool fail = config.fail_register_at && index == config.fail_register_at;
     const bool unsupported = config.no_register;
+    const unsigned delay_us = config.register_delay_us;
     pthread_mutex_unlock(&lock);
+    if (delay_us) {
+        struct timespec ts = {(time_t)(delay_us / 1000000), (long)(delay_us % 1000000) * 1000};
+        nanosleep(&ts, NULL);
+    }
     if (unsupported)
         return CKPTIO_FAIL(CKPTIO_E_UNSUPPORTED, "simulated device %d cannot register read-only host memory", device);
     if (fail || (uintptr_t)ptr % 4096 || !bytes)

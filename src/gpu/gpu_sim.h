@@ -36,6 +36,7 @@ typedef struct ckptio__gpu_sim_config {
     uint64_t device_free;      /* what mem_info reports free (default 1 GiB) */
     uint64_t fail_register_at; /* the n-th host_register fails (CUDA error); 0 = never */
     bool no_register;          /* host_register is CKPTIO_E_UNSUPPORTED (a device without it) */
+    unsigned register_delay_us; /* each host_register takes this long (pinning is not free) */
 } ckptio__gpu_sim_config;
 
 typedef struct ckptio__gpu_sim_stats {

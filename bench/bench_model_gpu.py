@@ -1,0 +1,394 @@
+"""One GPU, one Hugging Face model directory: ckptio beside the loaders people use, same run.
+
+A Llama-shaped bf16 model (GIB GiB, default 16, in 4 shards written by safetensors.torch.save_file, so
+its data is not 4 KiB aligned) is loaded to cuda:0 from three places: cold (pages dropped with
+posix_fadvise), warm (page cache) and tmpfs (/dev/shm). Every load's tensors are compared with
+safetensors' own load of the same files; a loader that differs is reported, not timed.
+
+Loaders: ckptio.load(directory) (one plan over all shards; its default path, and CKPTIO_GPU_PATH=staged,
+the pinned-staging pipeline alone), ckptio.load(..., out=) into existing tensors, InstantTensor 0.2.2
+(default backend, BUFFERED; copy=True default, so its tensors are its own), fastsafetensors (one GPU, no
+GDS), Run:ai Model Streamer (host tensors moved to the GPU), safetensors.torch.load_file(device=...).
+Ceilings beside them: pinned host-to-device (torch), page-cache read (16 threads), O_DIRECT read.
+For each: GB/s, CPU seconds per GB (user+system of the process), and the GPU memory the load took
+beyond its destination tensors (peak of cuMemGetInfo-used during the load, sampled every 2 ms, minus
+used after it with the tensors held).
+
+    python3 bench/bench_model_gpu.py            # writes $OUT/bench_model_gpu.json and prints a table
+Environment: GIB (model size), MODEL_DIR (default /var/tmp/ckptio-model), REPS (default 2),
+CASES (comma list of cold,warm,tmpfs), SWEEP=1 (ckptio's mapped path with other threads/windows).
+"""
+import glob
+import json
+import os
+import shutil
+import subprocess
+import sys
+import threading
+import time
+
+import torch
+
+OUT = os.environ.get("OUT", ".")
+GiB = 1 << 30
+MiB = 1 << 20
+REPS = int(os.environ.get("REPS", "2"))
+results = []
+
+
+def log(*a):
+    print(*a, flush=True)
+
+
+def make_model(d, total_gib, shards=4):
+    """A Llama-70B-like layer stack (hidden 8192, MLP 28672) cut to total_gib, safetensors.torch.save_file."""
+    from safetensors.torch import save_file
+    os.makedirs(d, exist_ok=True)
+    hidden, inter = 8192, 28672
+    per_layer = (4 * hidden * hidden + 3 * hidden * inter) * 2 + 2 * hidden * 2
+    layers = max(1, int(total_gib * GiB // per_layer))
+    names = [("model.embed_tokens.weight", (32000, hidden))]
+    for layer in range(layers):
+        p = f"model.layers.{layer}."
+        names += [(p + "self_attn.q_proj.weight", (hidden, hidden)), (p + "self_attn.k_proj.weight", (hidden // 8, hidden)),
+                  (p + "self_attn.v_proj.weight", (hidden // 8, hidden)), (p + "self_attn.o_proj.weight", (hidden, hidden)),
+                  (p + "mlp.gate_proj.weight", (inter, hidden)), (p + "mlp.up_proj.weight", (inter, hidden)),
+                  (p + "mlp.down_proj.weight", (hidden, inter)), (p + "input_layernorm.weight", (hidden,)),
+                  (p + "post_attention_layernorm.weight", (hidden,))]
+    names += [("model.norm.weight", (hidden,))]
+    per = (len(names) + shards - 1) // shards
+    g = torch.Generator(device="cuda").manual_seed(0)
+    weight_map = {}
+    for s in range(shards):
+        fname = f"model-{s + 1:05d}-of-{shards:05d}.safetensors"
+        sd = {n: torch.randn(shape, dtype=torch.bfloat16, device="cuda", generator=g).cpu()
+              for n, shape in names[s * per:(s + 1) * per]}
+        save_file(sd, os.path.join(d, fname), metadata={"format": "pt"})
+        weight_map.update({n: fname for n in sd})
+        del sd
+    total = sum(os.path.getsize(f) for f in glob.glob(d + "/*.safetensors"))
+    with open(os.path.join(d, "model.safetensors.index.json"), "w") as f:
+        json.dump({"metadata": {"total_size": total}, "weight_map": weight_map}, f)
+    os.sync()
+
+
+def shard_files(d):
+    return sorted(glob.glob(os.path.join(d, "*.safetensors")))
+
+
+def tensor_bytes(files):
+    import struct
+    n = 0
+    for f in files:
+        with open(f, "rb") as fh:
+            hl = struct.unpack("<Q", fh.read(8))[0]
+            hdr = json.loads(fh.read(hl))
+        n += sum(v["data_offsets"][1] - v["data_offsets"][0] for k, v in hdr.items() if k != "__metadata__")
+    return n
+
+
+def drop_cache(files):
+    os.sync()
+    for f in files:
+        fd = os.open(f, os.O_RDONLY)
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+        os.close(fd)
+    try:
+        with open("/proc/sys/vm/drop_caches", "w") as f:
+            f.write("1\n")
+    except OSError:
+        pass
+
+
+def warm_cache(files):
+    for f in files:
+        subprocess.run(["cat", f], stdout=subprocess.DEVNULL, check=True)
+
+
+class GpuMemWatch:
+    """Peak device memory in use (cuMemGetInfo), sampled every 2 ms while a load runs."""
+
+    def __init__(self):
+        self.peak = 0
+        self._stop = threading.Event()
+
+    def used(self):
+        free, total = torch.cuda.mem_get_info(0)
+        return total - free
+
+    def __enter__(self):
+        self.peak = self.used()
+        self._t = threading.Thread(target=self._run, daemon=True)
+        self._t.start()
+        return self
+
+    def _run(self):
+        while not self._stop.is_set():
+            self.peak = max(self.peak, self.used())
+            time.sleep(0.002)
+
+    def __exit__(self, *exc):
+        self._stop.set()
+        self._t.join()
+        self.peak = max(self.peak, self.used())
+
+
+def timed(case, loader, nbytes, fn, reference, note=""):
+    """Runs fn() -> {name: tensor} (or None for ceilings), checks it, records GB/s, CPU s/GB, extra GPU memory."""
+    torch.cuda.synchronize()
+    used_before = torch.cuda.mem_get_info(0)[1] - torch.cuda.mem_get_info(0)[0]
+    with GpuMemWatch() as w:
+        c0 = os.times()
+        t0 = time.perf_counter()
+        out = fn()
+        torch.cuda.synchronize()
+        secs = time.perf_counter() - t0
+        c1 = os.times()
+    cpu = (c1.user - c0.user) + (c1.system - c0.system)
+    used_after = torch.cuda.mem_get_info(0)[1] - torch.cuda.mem_get_info(0)[0]
+    ok = None
+    if out is not None and reference is not None:
+        ok = len(out) == len(reference) and all(
+            k in out and out[k].device.type == "cuda" and out[k].dtype == v.dtype and out[k].shape == v.shape
+            and torch.equal(out[k], v) for k, v in reference.items())
+    row = {"case": case, "loader": loader, "seconds": round(secs, 3), "GBps": round(nbytes / secs / 1e9, 2),
+           "cpu_s_per_GB": round(cpu / (nbytes / 1e9), 3),
+           "extra_gpu_GiB": round(max(0, w.peak - used_after) / GiB, 2) if out is not None else None,
+           "bytes_equal": ok, "note": note}
+    results.append(row)
+    log(f"{case:6s} {loader:55s} {row['GBps']:7.2f} GB/s {secs:7.3f} s  cpu {row['cpu_s_per_GB']:.3f} s/GB  "
+        f"extra GPU {row['extra_gpu_GiB']} GiB  equal={ok} {note}")
+    del out
+    torch.cuda.empty_cache()
+    _ = used_before
+    return row
+
+
+# ---- ceilings -------------------------------------------------------------------------
+
+def ceiling_h2d():
+    n = 8 * GiB
+    src = torch.empty(n, dtype=torch.uint8, pin_memory=True)
+    dst = torch.empty(n, dtype=torch.uint8, device="cuda")
+    dst.copy_(src, non_blocking=True)
+    def copy():
+        dst.copy_(src, non_blocking=True)
+    timed("-", "ceiling: pinned host-to-device (torch, 8 GiB)", n, copy, None)
+    del src, dst
+
+
+def ceiling_read(case, files, direct, threads=16):
+    bs = 8 * MiB
+    jobs = [(f, o) for f in files for o in range(0, os.path.getsize(f) // 4096 * 4096, bs)]
+    total = sum(min(bs, (os.path.getsize(f) // 4096 * 4096) - o) for f, o in jobs)
+    lock = threading.Lock()
+    idx = [0]
+
+    def worker():
+        import mmap
+        buf = mmap.mmap(-1, bs)
+        fds = {}
+        while True:
+            with lock:
+                if idx[0] >= len(jobs):
+                    break
+                f, o = jobs[idx[0]]
+                idx[0] += 1
+            if f not in fds:
+                fds[f] = os.open(f, os.O_RDONLY | (os.O_DIRECT if direct else 0))
+            n = min(bs, (os.path.getsize(f) // 4096 * 4096) - o)
+            os.preadv(fds[f], [memoryview(buf)[:n]], o)
+        for fd in fds.values():
+            os.close(fd)
+
+    def run():
+        th = [threading.Thread(target=worker) for _ in range(threads)]
+        for t in th:
+            t.start()
+        for t in th:
+            t.join()
+    label = f"ceiling: {'O_DIRECT' if direct else 'page-cache'} read ({threads} threads)"
+    timed(case, label, total, run, None)
+
+
+# ---- loaders ----------------------------------------------------------------------------
+
+def load_ckptio(d, **settings):
+    import ckptio
+    e = ckptio.Engine(**settings)
+    holder = {}
+
+    def fn():
+        out = ckptio.load(d, device="cuda:0", engine=e)
+        holder["stats"] = e.stats()
+        return out
+    return fn, holder
+
+
+def load_ckptio_out(d, reference):
+    import ckptio
+    dst = {k: torch.empty_like(v) for k, v in reference.items()}
+    def fn():
+        ckptio.load(d, device="cuda:0", out=dst)
+        return dst
+    return fn
+
+
+def load_instanttensor(files, backend=None):
+    from instanttensor import BackendPolicy, safe_open as it_open
+    kw = {} if backend is None else {"backend": getattr(BackendPolicy, backend)}
+
+    def fn():
+        out = {}
+        with it_open(list(files), framework="pt", device=0, **kw) as f:
+            for name, t in f.tensors():
+                out[name] = t
+        return out
+    return fn
+
+
+def load_fastsafetensors(files):
+    from fastsafetensors import SafeTensorsFileLoader
+
+    def fn():
+        loader = SafeTensorsFileLoader(None, "cuda:0", nogds=True)
+        loader.add_filenames({0: list(files)})
+        keys = loader.get_keys()
+        fb = loader.copy_files_to_device()
+        # Its tensors are views of per-file device buffers freed by close(): a model keeps copies.
+        out = {k: fb.get_tensor(k).clone() for k in keys}
+        fb.close()
+        loader.close()
+        return out
+    return fn
+
+
+def load_runai(files):
+    from runai_model_streamer import SafetensorsStreamer
+
+    def fn():
+        out = {}
+        with SafetensorsStreamer() as s:
+            s.stream_files(list(files))
+            for name, t in s.get_tensors():
+                out[name] = t.to("cuda:0", non_blocking=False)
+        return out
+    return fn
+
+
+def load_safetensors(files):
+    from safetensors.torch import load_file
+
+    def fn():
+        out = {}
+        for f in files:
+            out.update(load_file(f, device="cuda:0"))
+        return out
+    return fn
+
+
+def run_case(case, d, nbytes, reference):
+    files = shard_files(d)
+    loaders = [
+        ("ckptio.load(dir) [default]", *load_ckptio(d)),
+        ("ckptio.load(dir) [CKPTIO_GPU_PATH=staged]", *load_ckptio(d, gpu_path="staged")),
+    ]
+    peers = [("ckptio.load(dir, out=existing tensors)", lambda: load_ckptio_out(d, reference), None),
+             ("instanttensor 0.2.2 default backend", lambda: load_instanttensor(files), None),
+             ("instanttensor 0.2.2 BUFFERED", lambda: load_instanttensor(files, "BUFFERED"), None),
+             ("fastsafetensors 0.5.0 (1 GPU, nogds)", lambda: load_fastsafetensors(files), None),
+             ("runai-model-streamer 0.16.1 (+ .to(cuda))", lambda: load_runai(files), None),
+             ("safetensors.torch.load_file(device=cuda)", lambda: load_safetensors(files), None)]
+    if case == "cold":
+        ceiling_read(case, files, direct=True)
+    elif case == "warm":
+        warm_cache(files)
+        ceiling_read(case, files, direct=False)
+    for rep in range(REPS if case != "cold" else 1):
+        for label, fn, holder in loaders:
+            if case == "cold":
+                drop_cache(files)
+            row = timed(case, label, nbytes, fn, reference, f"r{rep}")
+            st = holder.get("stats", {})
+            row["ckptio_stats"] = {k: st.get(k) for k in ("bytes_h2d", "bytes_h2d_mapped", "mapped_fallbacks",
+                                                         "bytes_direct", "bytes_buffered", "staging_peak")}
+            log("       ckptio stats:", row["ckptio_stats"])
+        for label, make, _ in peers:
+            if case == "cold" and ("safetensors.torch" in label or "runai" in label or "fastsafe" in label):
+                continue  # disk-bound like the others; kept out to save device time
+            try:
+                fn = make()
+            except Exception as ex:  # a peer that is not installed
+                log(f"{case:6s} {label}: unavailable ({ex!r})")
+                continue
+            if case == "cold":
+                drop_cache(files)
+            try:
+                timed(case, label, nbytes, fn, reference, f"r{rep}")
+            except Exception as ex:
+                log(f"{case:6s} {label}: failed ({ex!r})")
+                results.append({"case": case, "loader": label, "error": repr(ex)})
+    if os.environ.get("SWEEP") == "1" and case != "cold":
+        # ckptio's read geometry: workers mapping resident windows (CKPTIO_GPU_MAP_WORKERS, each
+        # registering CKPTIO_GPU_MAP_BATCH_BYTES at once) beside staging workers; threads and staging.
+        configs = [({"CKPTIO_GPU_MAP_WORKERS": str(m), "CKPTIO_GPU_MAP_BATCH_BYTES": str(b)}, {})
+                   for m in (1, 2, 4, 8) for b in (256 * MiB, 1 * GiB)]
+        configs += [({}, {"gpu_path": "staged", "threads": t, "staging_bytes": sb, "chunk_bytes": 64 * MiB})
+                    for t in (16, 24, 32) for sb in (256 * MiB, 1 * GiB)]
+        for env, settings in configs:
+            os.environ.update(env)
+            fn, holder = load_ckptio(d, **settings)
+            label = "ckptio sweep " + " ".join(f"{k.replace('CKPTIO_GPU_', '').lower()}={v}" for k, v in env.items()) + \
+                " " + " ".join(f"{k}={v}" for k, v in settings.items() if k != "chunk_bytes")
+            row = timed(case, label, nbytes, fn, reference)
+            row["env"], row["settings"] = env, settings
+            st = holder.get("stats", {})
+            log("       mapped", st.get("bytes_h2d_mapped"), "of", st.get("bytes_h2d"))
+            for k in env:
+                os.environ.pop(k, None)
+
+
+def main():
+    d = os.environ.get("MODEL_DIR", "/var/tmp/ckptio-model")
+    gib = float(os.environ.get("GIB", "16"))
+    if not shard_files(d):
+        t0 = time.perf_counter()
+        make_model(d, gib)
+        log(f"model written in {time.perf_counter() - t0:.1f} s")
+    files = shard_files(d)
+    nbytes = tensor_bytes(files)
+    log(f"model: {len(files)} shards, {nbytes / 1e9:.2f} GB of tensors, {sum(map(os.path.getsize, files)) / 1e9:.2f} GB")
+    log(subprocess.run("nvidia-smi --query-gpu=name,driver_version,pcie.link.gen.max,pcie.link.width.max "
+                       "--format=csv,noheader; nproc; free -g | head -2; df -hT /var/tmp /dev/shm | tail -2",
+                       shell=True, capture_output=True, text=True).stdout)
+    import ckptio
+    log("ckptio", ckptio.__version__, ckptio.__file__)
+    from safetensors.torch import load_file
+    reference = {}
+    for f in files:
+        reference.update(load_file(f, device="cuda:0"))
+    ceiling_h2d()
+    meta = {"date": time.strftime("%Y-%m-%d"), "gpu": torch.cuda.get_device_name(0), "torch": torch.__version__,
+            "model_bytes": nbytes, "shards": len(files), "command": " ".join(sys.argv)}
+
+    def dump():
+        with open(os.path.join(OUT, "bench_model_gpu.json"), "w") as f:
+            json.dump({"meta": meta, "results": results}, f, indent=1)
+    cases = os.environ.get("CASES", "cold,warm,tmpfs").split(",")
+    for case in cases:
+        if case == "tmpfs":
+            shm = "/dev/shm/ckptio-model"
+            shutil.rmtree(shm, ignore_errors=True)
+            shutil.copytree(d, shm)
+            run_case(case, shm, nbytes, reference)
+            shutil.rmtree(shm, ignore_errors=True)
+        else:
+            run_case(case, d, nbytes, reference)
+        dump()
+    bad = [r for r in results if r.get("bytes_equal") is False]
+    if bad:
+        log("LOADERS WITH WRONG BYTES:", [r["loader"] for r in bad])
+
+
+if __name__ == "__main__":
+    main()
