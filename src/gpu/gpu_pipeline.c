@@ -401,6 +401,7 @@ static void worker_read(pipe *p, ckptio__gpu_worker_res *r, unsigned index) {
     held_maps held = {0};
     unsigned s = 0;
     const size_t batch = index < p->map_workers ? p->map_batch : 1;
+    const window *last_mapped = NULL; /* for the message of a failed copy */
     ckptio_status st = CKPTIO_OK;
     while (st == CKPTIO_OK && !atomic_load(&p->failed)) {
         const size_t wi = atomic_fetch_add(&p->next, batch);
@@ -412,8 +413,12 @@ static void worker_read(pipe *p, ckptio__gpu_worker_res *r, unsigned index) {
             while (last + 1 < end && p->wins[last + 1].run == p->wins[first].run) last++;
             const bool mapped = batch > 1 && map_windows(p, first, last, &held);
             for (size_t k = first; k <= last && st == CKPTIO_OK && !atomic_load(&p->failed); k++) {
-                if (mapped) st = copy_mapped(p, r, &held.v[held.n - 1], &p->wins[k]);
-                else st = stage_window(p, r, slots, &s, &p->wins[k]);
+                if (mapped) {
+                    st = copy_mapped(p, r, &held.v[held.n - 1], &p->wins[k]);
+                    last_mapped = &p->wins[k];
+                } else {
+                    st = stage_window(p, r, slots, &s, &p->wins[k]);
+                }
             }
             first = last + 1;
         }
@@ -432,6 +437,8 @@ static void worker_read(pipe *p, ckptio__gpu_worker_res *r, unsigned index) {
         pthread_mutex_lock(&p->lock);
         p->seconds_copy += ckptio__now() - t0;
         pthread_mutex_unlock(&p->lock);
+        if (ss != CKPTIO_OK && last_mapped)
+            ss = annotate(ss, p->runs[last_mapped->run].file, last_mapped->start, "copy to GPU", "mapped windows");
         if (ss != CKPTIO_OK) set_error(p, ss);
     }
     release_maps(p, &held);
