@@ -216,11 +216,12 @@ typedef enum ckptio_direct_mode {
 typedef enum ckptio_gpu_path {
     CKPTIO_GPU_PATH_AUTO = 0,     /* cuFile where it accepts the file and is faster, else pipeline */
     CKPTIO_GPU_PATH_CUFILE = 1,   /* force cuFile (error if it refuses) */
-    /* force ckptio's pipeline: reads of data already in memory (page cache,
-     * tmpfs) go straight from the mapped file pages to the GPU, the rest
-     * through pinned staging */
+    /* force ckptio's pipeline: pinned staging; with the environment
+     * variable CKPTIO_GPU_MAP_WORKERS=N (experimental, off by default: it
+     * measured slower, docs/GPU.md), N workers copy windows already in
+     * memory (page cache, tmpfs) straight from their mapped file pages */
     CKPTIO_GPU_PATH_PIPELINE = 2,
-    CKPTIO_GPU_PATH_STAGED = 3    /* the pipeline with every byte through pinned staging (no mapping) */
+    CKPTIO_GPU_PATH_STAGED = 3    /* the pipeline, every byte through pinned staging, never mapped */
 } ckptio_gpu_path;
 
 /* Engine settings. Each has an environment variable read once at

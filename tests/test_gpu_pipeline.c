@@ -834,11 +834,12 @@ static void test_cold_file_is_staged(void) {
     free(want);
 }
 
-/* The default: two workers map while the others stage, both at once; the
- * GDS file API never maps (its requests may run while a stream waits on
- * them, and registration can synchronise the device). */
+/* Two workers map while the others stage, both at once; the GDS file API
+ * never maps (its requests may run while a stream waits on them, and
+ * unregistering synchronises the device). */
 static void test_mapping_beside_staging(void) {
     map_default();
+    setenv("CKPTIO_GPU_MAP_WORKERS", "2", 1);
     setenv("CKPTIO_GPU_MAP_BATCH_BYTES", "524288", 1);
     ckptio__gpu_sim_configure(&(ckptio__gpu_sim_config){.copy_delay_us = 50, .register_delay_us = 3000});
     const size_t size = 24 * MIB + 12345;
@@ -871,7 +872,25 @@ static void test_mapping_beside_staging(void) {
     ckptio__gpu_sim_device_free(dev);
     T_OK(ckptio_engine_destroy(e));
     free(want);
-    unsetenv("CKPTIO_GPU_MAP_BATCH_BYTES");
+    map_default();
+}
+
+/* By default nothing is mapped: staging measured faster (gpu_pipeline.h). */
+static void test_default_stages(void) {
+    map_default();
+    sim_reset(0);
+    const char *path = t_path("default.bin");
+    unsigned char *want = make_file(path, MIXED_FILE_SIZE, 38);
+    ckptio_engine *e = make_engine_path(4, 4 * MIB, 8 * MIB, CKPTIO_GPU_PATH_AUTO);
+    ckptio_file *f = NULL;
+    T_OK(ckptio_file_open(e, path, CKPTIO_OPEN_READ, &f));
+    read_checked(e, f, want, mixed_spec, MIXED_N, 6 * MIB);
+    ckptio__gpu_sim_stats s;
+    ckptio__gpu_sim_get_stats(&s);
+    T_ASSERT(s.register_calls == 0 && last_path(e) == CKPTIO_IO_PATH_PIPELINE);
+    ckptio_file_close(f);
+    T_OK(ckptio_engine_destroy(e));
+    free(want);
 }
 
 int main(void) {
@@ -896,5 +915,6 @@ int main(void) {
     T_RUN(test_mapped_truncated);
     T_RUN(test_cold_file_is_staged);
     T_RUN(test_mapping_beside_staging);
+    T_RUN(test_default_stages);
     return T_EXIT_PASS;
 }

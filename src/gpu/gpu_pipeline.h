@@ -25,7 +25,12 @@
 #define CKPTIO_GPU_NSLOTS 4              /* staging slots per worker */
 #define CKPTIO_GPU_MIN_SLOT (256u << 10) /* below this, use fewer workers instead */
 #define CKPTIO_GPU_MAX_WORKERS 64
-#define CKPTIO_GPU_MAP_WORKERS_DEFAULT 2           /* workers that map resident windows */
+/* Workers that map resident windows: none by default. Measured on an H200
+ * (docs/GPU.md, BENCHMARKS.md): copies from registered page-cache pages
+ * plus registration ran at 6-25 GB/s where staging ran at 24-47 GB/s, and
+ * unregistering synchronises the device; CKPTIO_GPU_MAP_WORKERS=N turns
+ * it on for experiments. */
+#define CKPTIO_GPU_MAP_WORKERS_DEFAULT 0
 #define CKPTIO_GPU_MAP_BATCH_DEFAULT (256u << 20)  /* bytes one of them registers at once */
 
 /* One worker's GPU resources, kept across calls. */
