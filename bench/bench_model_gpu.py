@@ -304,6 +304,8 @@ def run_case(case, d, nbytes, reference):
     elif case == "warm":
         warm_cache(files)
         ceiling_read(case, files, direct=False)
+    if os.environ.get("PEERS") == "0":
+        peers = []
     for rep in range(REPS if case != "cold" else 1):
         for label, fn, holder in loaders:
             if case == "cold":
@@ -329,23 +331,15 @@ def run_case(case, d, nbytes, reference):
                 log(f"{case:6s} {label}: failed ({ex!r})")
                 results.append({"case": case, "loader": label, "error": repr(ex)})
     if os.environ.get("SWEEP") == "1" and case != "cold":
-        # ckptio's read geometry: workers mapping resident windows (CKPTIO_GPU_MAP_WORKERS, each
-        # registering CKPTIO_GPU_MAP_BATCH_BYTES at once) beside staging workers; threads and staging.
-        configs = [({"CKPTIO_GPU_MAP_WORKERS": str(m), "CKPTIO_GPU_MAP_BATCH_BYTES": str(b)}, {})
-                   for m in (1, 2, 4, 8) for b in (256 * MiB, 1 * GiB)]
-        configs += [({}, {"gpu_path": "staged", "threads": t, "staging_bytes": sb, "chunk_bytes": 64 * MiB})
-                    for t in (16, 24, 32) for sb in (256 * MiB, 1 * GiB)]
-        for env, settings in configs:
-            os.environ.update(env)
+        # ckptio's staging geometry (threads x staging bytes: slots are staging / (threads x 4)), each
+        # with an engine of its own: r0 includes allocating the pinned slots, r1 reuses them.
+        for threads, staging in ((16, 64 * MiB), (16, 128 * MiB), (16, 256 * MiB), (24, 192 * MiB), (8, 128 * MiB)):
+            settings = {"threads": threads, "staging_bytes": staging}
             fn, holder = load_ckptio(d, **settings)
-            label = "ckptio sweep " + " ".join(f"{k.replace('CKPTIO_GPU_', '').lower()}={v}" for k, v in env.items()) + \
-                " " + " ".join(f"{k}={v}" for k, v in settings.items() if k != "chunk_bytes")
-            row = timed(case, label, nbytes, fn, reference)
-            row["env"], row["settings"] = env, settings
-            st = holder.get("stats", {})
-            log("       mapped", st.get("bytes_h2d_mapped"), "of", st.get("bytes_h2d"))
-            for k in env:
-                os.environ.pop(k, None)
+            for rep in range(2):
+                row = timed(case, f"ckptio sweep threads={threads} staging={staging >> 20} MiB", nbytes, fn,
+                            reference, f"r{rep}")
+                row["settings"] = settings
 
 
 def main():
@@ -362,17 +356,18 @@ def main():
                        "--format=csv,noheader; nproc; free -g | head -2; df -hT /var/tmp /dev/shm | tail -2",
                        shell=True, capture_output=True, text=True).stdout)
     import ckptio
-    log("ckptio", ckptio.__version__, ckptio.__file__)
+    log("ckptio", ckptio.__version__, ckptio.__file__, "CKPTIO_PINNED =", os.environ.get("CKPTIO_PINNED", "alloc"))
     from safetensors.torch import load_file
     reference = {}
     for f in files:
         reference.update(load_file(f, device="cuda:0"))
     ceiling_h2d()
     meta = {"date": time.strftime("%Y-%m-%d"), "gpu": torch.cuda.get_device_name(0), "torch": torch.__version__,
-            "model_bytes": nbytes, "shards": len(files), "command": " ".join(sys.argv)}
+            "model_bytes": nbytes, "shards": len(files), "command": " ".join(sys.argv),
+            "pinned": os.environ.get("CKPTIO_PINNED", "alloc")}
 
     def dump():
-        with open(os.path.join(OUT, "bench_model_gpu.json"), "w") as f:
+        with open(os.path.join(OUT, os.environ.get("BENCH_JSON", "bench_model_gpu.json")), "w") as f:
             json.dump({"meta": meta, "results": results}, f, indent=1)
     cases = os.environ.get("CASES", "cold,warm,tmpfs").split(",")
     for case in cases:
