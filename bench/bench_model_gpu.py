@@ -306,6 +306,8 @@ def run_case(case, d, nbytes, reference):
         ceiling_read(case, files, direct=False)
     if os.environ.get("PEERS") == "0":
         peers = []
+    elif os.environ.get("PEERS") == "it":
+        peers = [x for x in peers if x[0].startswith("instanttensor")]
     for rep in range(REPS if case != "cold" else 1):
         for label, fn, holder in loaders:
             if case == "cold":

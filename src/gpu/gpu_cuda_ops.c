@@ -12,9 +12,6 @@
 
 #include <pthread.h>
 #include <stdatomic.h>
-#include <stdlib.h>
-#include <string.h>
-#include <sys/mman.h>
 
 #define MAX_DEVICES 64
 
@@ -111,63 +108,9 @@ static ckptio_status cuda_mem_info(int device, uint64_t *free_bytes, uint64_t *t
     return CKPTIO_OK;
 }
 
-/* How staging memory is page-locked (CKPTIO_PINNED, read once):
- * "alloc" (cuMemHostAlloc), "register" (anonymous memory faulted in by the
- * allocating thread, then cuMemHostRegister), "register-huge" (the same on
- * transparent huge pages). Workers allocate their slots on their own
- * threads, so the registered forms fault their pages in parallel, where
- * cuMemHostAlloc zeroes and pins under the driver's lock. */
-enum { PINNED_ALLOC, PINNED_REGISTER, PINNED_REGISTER_HUGE };
-
-static int pinned_method(void) {
-    static _Atomic int method = -1;
-    int m = atomic_load(&method);
-    if (m < 0) {
-        const char *v = getenv("CKPTIO_PINNED");
-        m = v && strcmp(v, "register") == 0        ? PINNED_REGISTER
-            : v && strcmp(v, "register-huge") == 0 ? PINNED_REGISTER_HUGE
-                                                   : PINNED_ALLOC;
-        atomic_store(&method, m);
-    }
-    return m;
-}
-
-/* A registered allocation: one header page holding its length, then the
- * caller's bytes (page-aligned, as O_DIRECT needs). */
-#define PINNED_HEADER 4096u
-
-static ckptio_status registered_alloc(const ckptio__cuda_api *cu, size_t bytes, bool huge, void **out) {
-    *out = NULL;
-    if (!cu->cuMemHostRegister || !cu->cuMemHostUnregister)
-        return CKPTIO_FAIL(CKPTIO_E_UNSUPPORTED, "the CUDA driver lacks cuMemHostRegister_v2 (CKPTIO_PINNED)");
-    const size_t total = ckptio__align_up(bytes + PINNED_HEADER, huge ? (2u << 20) : 4096u);
-    unsigned char *base = mmap(NULL, total, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-    if (base == MAP_FAILED)
-        return CKPTIO_FAIL(CKPTIO_E_NOMEM, "mmap of %zu bytes of staging memory failed", total);
-    if (huge) (void)madvise(base, total, MADV_HUGEPAGE);
-    (void)madvise(base, total, MADV_POPULATE_WRITE); /* fault in here, on this worker's thread */
-    memcpy(base, &total, sizeof total);
-    CUresult r = cu->cuMemHostRegister(base, total, CU_MEMHOSTALLOC_PORTABLE | CU_MEMHOSTALLOC_DEVICEMAP);
-    if (r != CUDA_SUCCESS) {
-        munmap(base, total);
-        return CKPTIO_CUDA_FAIL(r, "cuMemHostRegister(%zu bytes) of pinned staging memory", total);
-    }
-    *out = base + PINNED_HEADER;
-    return CKPTIO_OK;
-}
-
-static void registered_free(const ckptio__cuda_api *cu, void *ptr) {
-    unsigned char *base = (unsigned char *)ptr - PINNED_HEADER;
-    size_t total;
-    memcpy(&total, base, sizeof total);
-    cu->cuMemHostUnregister(base);
-    munmap(base, total);
-}
-
 static ckptio_status cuda_pinned_alloc(size_t bytes, void **out) {
     const ckptio__cuda_api *cu;
     CKPTIO_FORWARD(need_api(&cu));
-    if (pinned_method() != PINNED_ALLOC) return registered_alloc(cu, bytes, pinned_method() == PINNED_REGISTER_HUGE, out);
     CUresult r = cu->cuMemHostAlloc(out, bytes, CU_MEMHOSTALLOC_PORTABLE | CU_MEMHOSTALLOC_DEVICEMAP);
     if (r != CUDA_SUCCESS) {
         *out = NULL;
@@ -183,9 +126,7 @@ static ckptio_status cuda_pinned_alloc(size_t bytes, void **out) {
 
 static void cuda_pinned_free(void *ptr) {
     const ckptio__cuda_api *cu = ckptio__cuda_try();
-    if (!cu || !ptr) return;
-    if (pinned_method() != PINNED_ALLOC) registered_free(cu, ptr);
-    else cu->cuMemFreeHost(ptr);
+    if (cu && ptr) cu->cuMemFreeHost(ptr);
 }
 
 static ckptio_status cuda_stream_create(void **out) {
