@@ -223,6 +223,20 @@ typedef enum ckptio_gpu_path {
     CKPTIO_GPU_PATH_STAGED = 3    /* the pipeline with every byte through pinned staging (no mapping) */
 } ckptio_gpu_path;
 
+/* Cold reads and the page cache, in CKPTIO_DIRECT_AUTO mode (ON forces
+ * O_DIRECT, OFF the page cache; in every mode a range the page cache already
+ * holds is read from it). A read through the page cache leaves the file there,
+ * so the next load of it runs at memory speed; an O_DIRECT read leaves
+ * nothing. AUTO: a read plan whose files together take at most a quarter of
+ * the memory available (MemAvailable in /proc/meminfo) is read through the
+ * page cache, larger ones with O_DIRECT (docs/ENGINE.md has the reasons and
+ * the measurements). */
+typedef enum ckptio_read_cache {
+    CKPTIO_READ_CACHE_AUTO = 0,
+    CKPTIO_READ_CACHE_ON = 1,  /* cold reads always through the page cache */
+    CKPTIO_READ_CACHE_OFF = 2  /* cold reads with O_DIRECT (files stay out of the page cache) */
+} ckptio_read_cache;
+
 /* Engine settings. Each has an environment variable read once at
  * ckptio_engine_create() (named in the comment), a getter and a setter, and
  * bounds from ckptio_option_bounds(). */
@@ -236,6 +250,7 @@ typedef enum ckptio_option {
     CKPTIO_OPT_DIRECT_MIN_BYTES,   /* below this, transfers use buffered I/O; CKPTIO_DIRECT_MIN_BYTES */
     CKPTIO_OPT_SYNC,               /* 1: fsync files and directories on commit (default); CKPTIO_SYNC */
     CKPTIO_OPT_GPU_PATH,           /* ckptio_gpu_path; CKPTIO_GPU_PATH=auto|cufile|pipeline|staged */
+    CKPTIO_OPT_READ_CACHE,         /* ckptio_read_cache; CKPTIO_READ_CACHE=auto|on|off */
     CKPTIO_OPT_COUNT_
 } ckptio_option;
 

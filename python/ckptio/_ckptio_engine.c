@@ -14,12 +14,14 @@ static ckpy_engine *default_engine = NULL;
 static const char *const backend_values[] = {"auto", "pread", "io_uring", NULL};
 static const char *const direct_values[] = {"auto", "off", "on", NULL};
 static const char *const gpu_path_values[] = {"auto", "cufile", "pipeline", "staged", NULL};
+static const char *const read_cache_values[] = {"auto", "on", "off", NULL};
 
 static const char *const *enum_values(ckptio_option option) {
     switch (option) {
     case CKPTIO_OPT_BACKEND: return backend_values;
     case CKPTIO_OPT_DIRECT: return direct_values;
     case CKPTIO_OPT_GPU_PATH: return gpu_path_values;
+    case CKPTIO_OPT_READ_CACHE: return read_cache_values;
     default: return NULL;
     }
 }
