@@ -286,6 +286,21 @@ CKPTIO_API ckptio_status ckptio_option_bounds(ckptio_option option, int64_t *min
 /*! ckptio_option_name() : "threads", "chunk_bytes", ... (static), NULL if invalid. */
 CKPTIO_API const char *ckptio_option_name(ckptio_option option);
 
+/*! ckptio_env_check() :
+ * Finds environment variables named CKPTIO_* that ckptio does not read,
+ * such as a misspelt setting (CKPTIO_THREDS=4 is otherwise ignored without
+ * a word). Known: every setting's variable, the library's other variables
+ * (CKPTIO_CUDA_LIBRARY, CKPTIO_CUFILE_LIBRARY, CKPTIO_NVTX,
+ * CKPTIO_NO_PROGRESS) and those of ckptio's own build and test scripts
+ * (docs/ENGINE.md). For each unknown name one line goes into `message`
+ * (NUL-terminated, cut at `capacity`; may be NULL when capacity is 0):
+ * "CKPTIO_THREDS is not a ckptio setting: did you mean CKPTIO_THREADS?\n",
+ * naming the closest known variable where one is close. The library never
+ * prints it: the Python package warns at import and the CLI prints it.
+ * Reads `environ`: not safe against a concurrent setenv().
+ * @return CKPTIO_OK and *unknown, the number of such variables. */
+CKPTIO_API ckptio_status ckptio_env_check(char *message, size_t capacity, size_t *unknown);
+
 /*! ckptio_backend_name() : "auto", "pread" or "io_uring" (static). */
 CKPTIO_API const char *ckptio_backend_name(ckptio_backend backend);
 

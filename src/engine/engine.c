@@ -130,6 +130,8 @@ ckptio_status ckptio_engine_get(const ckptio_engine *e, ckptio_option option, in
 
 int64_t ckptio__engine_setting(const ckptio_engine *e, ckptio_option option) { return e->settings[option]; }
 
+const char *ckptio__option_env(ckptio_option option) { return options[option].env; }
+
 /* Parses one environment value for `d`. */
 static bool parse_env(const option_def *d, const char *text, int64_t *out) {
     switch (d->kind) {
