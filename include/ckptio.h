@@ -644,7 +644,13 @@ enum ckptio_safetensors_save_flags {
     /* Pad the header so the data section starts at a multiple of 4096 (default). */
     CKPTIO_SAFETENSORS_ALIGN_4K = 0,
     /* Reference layout: pad the header to a multiple of 8 only. */
-    CKPTIO_SAFETENSORS_ALIGN_8 = 1u << 0
+    CKPTIO_SAFETENSORS_ALIGN_8 = 1u << 0,
+    /* Write `path` itself, not a temporary renamed over it (as
+     * CKPTIO_OPEN_IN_PLACE): for targets that cannot be renamed over, such
+     * as /proc/self/fd/N of a memfd (the Python package's save to bytes).
+     * Not atomic: a failure leaves a partial `path`. Not with
+     * CKPTIO_SAFETENSORS_CHECKSUMS (CKPTIO_E_INVAL). */
+    CKPTIO_SAFETENSORS_IN_PLACE = 1u << 1
 };
 
 /*! ckptio_safetensors_save() :
@@ -658,7 +664,7 @@ enum ckptio_safetensors_save_flags {
  * "__metadata__"; nbytes must match shape x dtype (CKPTIO_E_INVAL naming
  * the tensor); C32/C128 have no safetensors name (CKPTIO_E_UNSUPPORTED).
  * On failure no file exists under `path` and an older file there is
- * untouched. */
+ * untouched (except with CKPTIO_SAFETENSORS_IN_PLACE). */
 CKPTIO_API ckptio_status ckptio_safetensors_save(ckptio_engine *engine, const char *path,
                                                  const ckptio_tensor_source *tensors, size_t count,
                                                  const ckptio_kv *metadata, size_t metadata_count,
