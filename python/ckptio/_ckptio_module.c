@@ -304,6 +304,9 @@ static PyMethodDef module_methods[] = {
     {"dtypes", mod_dtypes, METH_NOARGS,
      "dtypes() -> list of (code, safetensors_name|None, torch_name|None, bits), one per ckptio dtype."},
     {"option_names", mod_option_names, METH_NOARGS, "option_names() -> list of engine option names."},
+    {"set_progress", ckpy_set_progress, METH_O,
+     "set_progress(callable_or_None) -> previous: the callable (done, total) that this thread's following\n"
+     "ckptio calls report progress to; an exception it raises cancels the call."},
     {"env_check", mod_env_check, METH_NOARGS,
      "env_check() -> list of str: one line per CKPTIO_* environment variable ckptio does not read,\n"
      "naming the closest known one (ckptio_env_check)."},
