@@ -296,7 +296,8 @@ CKPTIO_API const char *ckptio_option_name(ckptio_option option);
  * (NUL-terminated, cut at `capacity`; may be NULL when capacity is 0):
  * "CKPTIO_THREDS is not a ckptio setting: did you mean CKPTIO_THREADS?\n",
  * naming the closest known variable where one is close. The library never
- * prints it: the Python package warns at import and the CLI prints it.
+ * prints it: the Python package warns when it creates its first engine and
+ * the CLI prints it.
  * Reads `environ`: not safe against a concurrent setenv().
  * @return CKPTIO_OK and *unknown, the number of such variables. */
 CKPTIO_API ckptio_status ckptio_env_check(char *message, size_t capacity, size_t *unknown);

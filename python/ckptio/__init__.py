@@ -37,18 +37,6 @@ from ._safe_open import safe_open
 __version__: str = _ckptio.version()
 
 
-def _warn_unknown_env() -> None:
-    # A misspelt setting (CKPTIO_THREDS=4) would be ignored without a word:
-    # one warning per CKPTIO_* variable ckptio does not read, at import.
-    import warnings
-
-    for line in _ckptio.env_check():
-        warnings.warn(line, RuntimeWarning, stacklevel=3)
-
-
-_warn_unknown_env()
-
-
 def option_names() -> list:
     """Names of the engine settings, for ``Engine(**settings)`` and ``Engine.set``."""
     return _ckptio.option_names()

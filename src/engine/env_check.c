@@ -5,7 +5,7 @@
  * variable once per engine), so a misspelt name, CKPTIO_THREDS=4, would be
  * ignored without a word. ckptio_env_check() lists such names with the
  * closest name ckptio does read; the library itself never prints: the Python
- * package turns each line into a warning at import and the CLI prints them
+ * package turns each line into a warning at its first engine and the CLI prints them
  * on stderr.
  *
  * "Closest": the optimal-string-alignment distance (insertions, deletions,

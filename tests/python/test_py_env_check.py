@@ -1,6 +1,8 @@
 """Unknown CKPTIO_* environment variables (a misspelt setting would be
 ignored without a word): one warning each, naming the closest setting, when
-the package is imported and when the CLI runs (ckptio_env_check)."""
+the process creates its first engine and when the CLI runs
+(ckptio_env_check); `import ckptio` alone (the CLI's Python launcher) stays
+quiet."""
 import os
 import subprocess
 import sys
@@ -18,22 +20,37 @@ def _env(**extra):
     return env
 
 
-def _import(**extra):
-    return subprocess.run([sys.executable, "-c", "import ckptio"], capture_output=True, text=True,
+def _python(code, *flags, **extra):
+    return subprocess.run([sys.executable, *flags, "-c", code], capture_output=True, text=True,
                           env=_env(**extra), timeout=60)
 
 
-def test_import_warns_once_per_unknown_variable():
-    r = _import(CKPTIO_THREDS="4", CKPTIO_DIRECT="off")
+USE = "import ckptio, torch; e = ckptio.Engine(); ckptio.save({'a': torch.ones(2)}); ckptio.Engine()"
+
+
+def test_first_engine_warns_once_per_unknown_variable():
+    r = _python(USE, CKPTIO_THREDS="4", CKPTIO_DIRECT="off")
     assert r.returncode == 0, r.stderr
     lines = [line for line in r.stderr.splitlines() if "Warning" in line]
     assert len(lines) == 1, r.stderr
     assert "RuntimeWarning: CKPTIO_THREDS is not a ckptio setting: did you mean CKPTIO_THREADS?" in lines[0]
+    assert lines[0].startswith("<string>:1: "), "the warning points at the caller's line"
 
 
-def test_import_is_quiet_with_known_variables():
-    r = _import(CKPTIO_THREADS="2", CKPTIO_READ_CACHE="off", CKPTIO_TEST_SOMETHING="1")
+def test_import_alone_is_quiet():
+    r = _python("import ckptio, ckptio.dcp", CKPTIO_THREDS="4")
     assert r.returncode == 0 and r.stderr == "", r.stderr
+
+
+def test_known_variables_are_quiet():
+    r = _python(USE, CKPTIO_THREADS="2", CKPTIO_READ_CACHE="off", CKPTIO_TEST_SOMETHING="1")
+    assert r.returncode == 0 and r.stderr == "", r.stderr
+
+
+def test_warnings_as_errors_stop_the_engine():
+    r = _python("import ckptio\ntry:\n    ckptio.Engine()\nexcept RuntimeWarning as w:\n    print('raised', w)",
+                "-W", "error::RuntimeWarning", CKPTIO_THREDS="4")
+    assert r.returncode == 0 and r.stdout.startswith("raised CKPTIO_THREDS"), (r.stdout, r.stderr)
 
 
 def test_env_check_lists_every_unknown_name():
