@@ -17,7 +17,13 @@ N = 8 << 20  # float32 elements: 32 MiB
 
 def _slow_engine():
     """Small requests on one thread: a transfer takes many progress intervals."""
-    return ckptio.Engine(threads=1, chunk_bytes=64 << 10, backend="pread", sync=False)
+    return ckptio.Engine(threads=1, chunk_bytes=16 << 10, backend="pread", sync=False)
+
+
+def _slow_reader():
+    """4 KiB O_DIRECT requests on one thread: a load spans many progress
+    intervals even when the page cache holds the file."""
+    return ckptio.Engine(threads=1, chunk_bytes=4096, backend="pread", direct="on")
 
 
 def _check_reports(seen, total):
@@ -124,7 +130,7 @@ def test_raising_cancels_a_save_to_a_new_name(tmp_path):
 def test_raising_cancels_a_load(tmp_path, fmt):
     path = tmp_path / ("m.safetensors" if fmt == "safetensors" else "m.pt")
     ckptio.save({"a": torch.ones(N)}, path)
-    eng = _slow_engine()
+    eng = _slow_reader()
     calls = []
 
     def stop(done, total):
@@ -181,3 +187,22 @@ def test_bad_progress_is_a_type_error(tmp_path):
     with pytest.raises(TypeError, match="progress must be"):
         ckptio.save({"a": torch.ones(2)}, tmp_path / "m.safetensors", progress="yes")
     assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("fmt", ["safetensors", "torch"])
+def test_raising_after_the_last_byte_leaves_a_whole_file(tmp_path, fmt):
+    """Only the last report comes after every byte moved: the save commits
+    (as with a signal then) and the exception follows; never a partial file."""
+    path = tmp_path / ("m.safetensors" if fmt == "safetensors" else "m.pt")
+
+    def at_the_end(done, total):
+        if done == total:
+            raise Stop("done")
+
+    with pytest.raises(Stop):
+        ckptio.save({"a": torch.ones(N)}, path, engine=_slow_engine(), progress=at_the_end)
+    assert not [p.name for p in tmp_path.iterdir() if "ckptio-tmp" in p.name]
+    if fmt == "safetensors":
+        assert torch.equal(ckptio.load(path)["a"], torch.ones(N))
+    elif path.exists():  # torch: the data plan's end cancels the directory's plan
+        assert torch.equal(torch.load(path, weights_only=True)["a"], torch.ones(N))
