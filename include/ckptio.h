@@ -224,6 +224,20 @@ typedef enum ckptio_gpu_path {
     CKPTIO_GPU_PATH_STAGED = 3    /* the pipeline, every byte through pinned staging, never mapped */
 } ckptio_gpu_path;
 
+/* Cold reads and the page cache, in CKPTIO_DIRECT_AUTO mode (ON forces
+ * O_DIRECT, OFF the page cache; in every mode a range the page cache already
+ * holds is read from it). A read through the page cache leaves the file there,
+ * so the next load of it runs at memory speed; an O_DIRECT read leaves
+ * nothing. AUTO: a read plan whose files together take at most a quarter of
+ * the memory available (MemAvailable in /proc/meminfo) is read through the
+ * page cache, larger ones with O_DIRECT (docs/ENGINE.md has the reasons and
+ * the measurements). */
+typedef enum ckptio_read_cache {
+    CKPTIO_READ_CACHE_AUTO = 0,
+    CKPTIO_READ_CACHE_ON = 1,  /* cold reads always through the page cache */
+    CKPTIO_READ_CACHE_OFF = 2  /* cold reads with O_DIRECT (files stay out of the page cache) */
+} ckptio_read_cache;
+
 /* Engine settings. Each has an environment variable read once at
  * ckptio_engine_create() (named in the comment), a getter and a setter, and
  * bounds from ckptio_option_bounds(). */
@@ -237,6 +251,7 @@ typedef enum ckptio_option {
     CKPTIO_OPT_DIRECT_MIN_BYTES,   /* below this, transfers use buffered I/O; CKPTIO_DIRECT_MIN_BYTES */
     CKPTIO_OPT_SYNC,               /* 1: fsync files and directories on commit (default); CKPTIO_SYNC */
     CKPTIO_OPT_GPU_PATH,           /* ckptio_gpu_path; CKPTIO_GPU_PATH=auto|cufile|pipeline|staged */
+    CKPTIO_OPT_READ_CACHE,         /* ckptio_read_cache; CKPTIO_READ_CACHE=auto|on|off */
     CKPTIO_OPT_COUNT_
 } ckptio_option;
 
@@ -271,6 +286,22 @@ CKPTIO_API ckptio_status ckptio_option_bounds(ckptio_option option, int64_t *min
 
 /*! ckptio_option_name() : "threads", "chunk_bytes", ... (static), NULL if invalid. */
 CKPTIO_API const char *ckptio_option_name(ckptio_option option);
+
+/*! ckptio_env_check() :
+ * Finds environment variables named CKPTIO_* that ckptio does not read,
+ * such as a misspelt setting (CKPTIO_THREDS=4 is otherwise ignored without
+ * a word). Known: every setting's variable, the library's other variables
+ * (CKPTIO_CUDA_LIBRARY, CKPTIO_CUFILE_LIBRARY, CKPTIO_NVTX,
+ * CKPTIO_NO_PROGRESS) and those of ckptio's own build and test scripts
+ * (docs/ENGINE.md). For each unknown name one line goes into `message`
+ * (NUL-terminated, cut at `capacity`; may be NULL when capacity is 0):
+ * "CKPTIO_THREDS is not a ckptio setting: did you mean CKPTIO_THREADS?\n",
+ * naming the closest known variable where one is close. The library never
+ * prints it: the Python package warns when it creates its first engine and
+ * the CLI prints it.
+ * Reads `environ`: not safe against a concurrent setenv().
+ * @return CKPTIO_OK and *unknown, the number of such variables. */
+CKPTIO_API ckptio_status ckptio_env_check(char *message, size_t capacity, size_t *unknown);
 
 /*! ckptio_backend_name() : "auto", "pread" or "io_uring" (static). */
 CKPTIO_API const char *ckptio_backend_name(ckptio_backend backend);
@@ -615,7 +646,13 @@ enum ckptio_safetensors_save_flags {
     /* Pad the header so the data section starts at a multiple of 4096 (default). */
     CKPTIO_SAFETENSORS_ALIGN_4K = 0,
     /* Reference layout: pad the header to a multiple of 8 only. */
-    CKPTIO_SAFETENSORS_ALIGN_8 = 1u << 0
+    CKPTIO_SAFETENSORS_ALIGN_8 = 1u << 0,
+    /* Write `path` itself, not a temporary renamed over it (as
+     * CKPTIO_OPEN_IN_PLACE): for targets that cannot be renamed over, such
+     * as /proc/self/fd/N of a memfd (the Python package's save to bytes).
+     * Not atomic: a failure leaves a partial `path`. Not with
+     * CKPTIO_SAFETENSORS_CHECKSUMS (CKPTIO_E_INVAL). */
+    CKPTIO_SAFETENSORS_IN_PLACE = 1u << 1
 };
 
 /*! ckptio_safetensors_save() :
@@ -629,7 +666,7 @@ enum ckptio_safetensors_save_flags {
  * "__metadata__"; nbytes must match shape x dtype (CKPTIO_E_INVAL naming
  * the tensor); C32/C128 have no safetensors name (CKPTIO_E_UNSUPPORTED).
  * On failure no file exists under `path` and an older file there is
- * untouched. */
+ * untouched (except with CKPTIO_SAFETENSORS_IN_PLACE). */
 CKPTIO_API ckptio_status ckptio_safetensors_save(ckptio_engine *engine, const char *path,
                                                  const ckptio_tensor_source *tensors, size_t count,
                                                  const ckptio_kv *metadata, size_t metadata_count,

@@ -221,6 +221,9 @@ static void test_large_extents(void) {
     t_fill_random(src, msize, 77);
     ckptio_engine *e = new_engine(4, CKPTIO_DIRECT_AUTO, 1 << 20, 1 << 20);
     T_OK(ckptio_engine_set(e, CKPTIO_OPT_SYNC, 1)); /* include the real fsync path once */
+    /* Cold reads with O_DIRECT (the read policy would send this small file
+     * through the page cache: test_read_policy.c). */
+    T_OK(ckptio_engine_set(e, CKPTIO_OPT_READ_CACHE, CKPTIO_READ_CACHE_OFF));
     const char *path = t_path("large.bin");
     ckptio_file *f;
     ckptio_plan *p;

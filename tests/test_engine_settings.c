@@ -12,7 +12,8 @@
 
 static const char *const env_names[] = {"CKPTIO_BACKEND", "CKPTIO_THREADS", "CKPTIO_CHUNK_BYTES",
                                         "CKPTIO_QUEUE_DEPTH", "CKPTIO_STAGING_BYTES", "CKPTIO_DIRECT",
-                                        "CKPTIO_DIRECT_MIN_BYTES", "CKPTIO_SYNC", "CKPTIO_GPU_PATH"};
+                                        "CKPTIO_DIRECT_MIN_BYTES", "CKPTIO_SYNC", "CKPTIO_GPU_PATH",
+                                        "CKPTIO_READ_CACHE"};
 
 static void clear_env(void) {
     for (size_t i = 0; i < sizeof env_names / sizeof *env_names; i++) unsetenv(env_names[i]);
@@ -40,12 +41,13 @@ static void test_defaults_and_names(void) {
     T_ASSERT(get(e, CKPTIO_OPT_DIRECT_MIN_BYTES) == 1 << 20);
     T_ASSERT(get(e, CKPTIO_OPT_SYNC) == 1);
     T_ASSERT(get(e, CKPTIO_OPT_GPU_PATH) == CKPTIO_GPU_PATH_AUTO);
+    T_ASSERT(get(e, CKPTIO_OPT_READ_CACHE) == CKPTIO_READ_CACHE_AUTO);
     ckptio_backend b;
     T_OK(ckptio_engine_backend(e, &b));
     T_ASSERT(b == (ckptio__io_uring_probe(NULL) == 0 ? CKPTIO_BACKEND_IO_URING : CKPTIO_BACKEND_PREAD));
 
     static const char *const names[] = {"backend", "threads", "chunk_bytes", "queue_depth", "staging_bytes",
-                                        "direct", "direct_min_bytes", "sync", "gpu_path"};
+                                        "direct", "direct_min_bytes", "sync", "gpu_path", "read_cache"};
     for (int o = 0; o < CKPTIO_OPT_COUNT_; o++) T_ASSERT(strcmp(ckptio_option_name((ckptio_option)o), names[o]) == 0);
     T_ASSERT(ckptio_option_name(CKPTIO_OPT_COUNT_) == NULL);
     T_ASSERT(strcmp(ckptio_backend_name(CKPTIO_BACKEND_AUTO), "auto") == 0);
@@ -102,6 +104,7 @@ static void test_env(void) {
     setenv("CKPTIO_DIRECT_MIN_BYTES", "0", 1);
     setenv("CKPTIO_SYNC", "false", 1);
     setenv("CKPTIO_GPU_PATH", "pipeline", 1);
+    setenv("CKPTIO_READ_CACHE", "Off", 1);
     ckptio_engine *e;
     T_OK(ckptio_engine_create(&e));
     T_ASSERT(get(e, CKPTIO_OPT_BACKEND) == CKPTIO_BACKEND_PREAD);
@@ -113,6 +116,7 @@ static void test_env(void) {
     T_ASSERT(get(e, CKPTIO_OPT_DIRECT_MIN_BYTES) == 0);
     T_ASSERT(get(e, CKPTIO_OPT_SYNC) == 0);
     T_ASSERT(get(e, CKPTIO_OPT_GPU_PATH) == CKPTIO_GPU_PATH_PIPELINE);
+    T_ASSERT(get(e, CKPTIO_OPT_READ_CACHE) == CKPTIO_READ_CACHE_OFF);
     ckptio_backend b;
     T_OK(ckptio_engine_backend(e, &b));
     T_ASSERT(b == CKPTIO_BACKEND_PREAD);
@@ -137,6 +141,7 @@ static void test_env(void) {
         {"CKPTIO_DIRECT", "maybe", "CKPTIO_DIRECT: \"maybe\" is not one of auto|off|on", CKPTIO_E_INVAL},
         {"CKPTIO_SYNC", "2", "CKPTIO_SYNC", CKPTIO_E_INVAL},
         {"CKPTIO_BACKEND", "spdk", "auto|pread|io_uring", CKPTIO_E_INVAL},
+        {"CKPTIO_READ_CACHE", "always", "CKPTIO_READ_CACHE: \"always\" is not one of auto|on|off", CKPTIO_E_INVAL},
         {"CKPTIO_STAGING_BYTES", "4K", "CKPTIO_STAGING_BYTES", CKPTIO_E_RANGE},
     };
     for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {

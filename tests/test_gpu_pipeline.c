@@ -704,6 +704,9 @@ static void test_mapped_fallback(void) {
     const char *path = t_path("fallback.bin");
     unsigned char *want = make_file(path, MIXED_FILE_SIZE, 32);
     ckptio_engine *e = make_engine_path(2, 2 * MIB, 8 * MIB, CKPTIO_GPU_PATH_AUTO);
+    /* Staged with O_DIRECT: the read policy would read this small file
+     * through the page cache (test_read_policy.c). */
+    T_OK(ckptio_engine_set(e, CKPTIO_OPT_READ_CACHE, CKPTIO_READ_CACHE_OFF));
     ckptio_file *f = NULL;
     T_OK(ckptio_file_open(e, path, CKPTIO_OPEN_READ, &f));
     const uint64_t total = read_checked(e, f, want, mixed_spec, MIXED_N, 6 * MIB);
@@ -727,6 +730,9 @@ static void test_mapped_unsupported(void) {
     const char *path = t_path("unsupported.bin");
     unsigned char *want = make_file(path, MIXED_FILE_SIZE, 33);
     ckptio_engine *e = make_engine_path(2, 2 * MIB, 8 * MIB, CKPTIO_GPU_PATH_AUTO);
+    /* Staged with O_DIRECT: the read policy would read this small file
+     * through the page cache (test_read_policy.c). */
+    T_OK(ckptio_engine_set(e, CKPTIO_OPT_READ_CACHE, CKPTIO_READ_CACHE_OFF));
     ckptio_file *f = NULL;
     T_OK(ckptio_file_open(e, path, CKPTIO_OPEN_READ, &f));
     const uint64_t total = read_checked(e, f, want, mixed_spec, MIXED_N, 6 * MIB);
@@ -821,6 +827,9 @@ static void test_cold_file_is_staged(void) {
         return;
     }
     ckptio_engine *e = make_engine_path(2, 2 * MIB, 8 * MIB, CKPTIO_GPU_PATH_AUTO);
+    /* Staged with O_DIRECT: the read policy would read this small file
+     * through the page cache (test_read_policy.c). */
+    T_OK(ckptio_engine_set(e, CKPTIO_OPT_READ_CACHE, CKPTIO_READ_CACHE_OFF));
     ckptio_file *f = NULL;
     T_OK(ckptio_file_open(e, path, CKPTIO_OPEN_READ, &f));
     const uint64_t total = read_checked(e, f, want, mixed_spec, MIXED_N, 6 * MIB);

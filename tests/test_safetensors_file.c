@@ -14,7 +14,10 @@
 #include "safetensors_internal.h"
 
 #include <errno.h>
+#include <stdio.h>
 #include <string.h>
+#include <sys/mman.h>
+#include <unistd.h>
 
 static ckptio_engine *engine;
 
@@ -274,6 +277,33 @@ static void test_save_replaces(void) {
     free(got);
 }
 
+/* IN_PLACE writes the path itself (a memfd's /proc/self/fd/N, which cannot
+ * be renamed over), cut to the new size; never with checksums. */
+static void test_save_in_place(void) {
+    const int64_t shape[1] = {4};
+    const float values[4] = {1, 2, 3, 4};
+    const ckptio_tensor_source t = {.name = "v", .dtype = CKPTIO_DTYPE_F32, .ndim = 1, .shape = shape,
+                                    .data = values, .nbytes = 16};
+    const int fd = memfd_create("ckptio-test", MFD_CLOEXEC);
+    T_ASSERT(fd >= 0);
+    char longer[200];
+    memset(longer, 'x', sizeof longer);
+    T_ASSERT(write(fd, longer, sizeof longer) == (ssize_t)sizeof longer);
+    char path[64];
+    snprintf(path, sizeof path, "/proc/self/fd/%d", fd);
+    /* An atomic save cannot create its temporary beside it. */
+    T_STATUS(ckptio_safetensors_save(engine, path, &t, 1, NULL, 0, 0), CKPTIO_E_NOT_FOUND);
+    T_OK(ckptio_safetensors_save(engine, path, &t, 1, NULL, 0, CKPTIO_SAFETENSORS_ALIGN_8 | CKPTIO_SAFETENSORS_IN_PLACE));
+    unsigned char got[128];
+    T_ASSERT(pread(fd, got, sizeof got, 0) == 8 + 56 + 16); /* the 200 old bytes cut */
+    T_ASSERT(got[0] == 56 && memcmp(got + 64, values, 16) == 0);
+    T_STATUS(ckptio_safetensors_save(engine, path, &t, 1, NULL, 0,
+                                     CKPTIO_SAFETENSORS_IN_PLACE | CKPTIO_SAFETENSORS_CHECKSUMS),
+             CKPTIO_E_INVAL);
+    T_MESSAGE_HAS("cannot be combined with an in-place write");
+    close(fd);
+}
+
 /* A failure at any step leaves the old file as it was and no temporary. */
 static void test_save_atomic_failures(void) {
     const char *path = t_path("atomic.safetensors");
@@ -393,6 +423,7 @@ int main(void) {
     T_RUN(test_save_identical_to_reference);
     T_RUN(test_save_round_trip);
     T_RUN(test_save_replaces);
+    T_RUN(test_save_in_place);
     T_RUN(test_save_atomic_failures);
     T_RUN(test_gpu_memory);
     T_OK(ckptio_engine_destroy(engine));

@@ -43,6 +43,19 @@ static void print_help(void) {
           stdout);
 }
 
+/* A misspelt setting (CKPTIO_THREDS=4) would be ignored without a word. */
+static void warn_unknown_env(void) {
+    char text[2048];
+    size_t unknown = 0;
+    if (ckptio_env_check(text, sizeof text, &unknown) != CKPTIO_OK || unknown == 0) return;
+    for (char *line = text, *nl; *line; line = nl + 1) {
+        nl = strchr(line, '\n');
+        if (!nl) break; /* cut short: the rest did not fit */
+        *nl = '\0';
+        cli_warning("%s", cli_q(line));
+    }
+}
+
 int main(int argc, char **argv) {
     if (argc < 2) return cli_usage_error(&main_usage, "no command given");
     const char *first = argv[1];
@@ -70,6 +83,7 @@ int main(int argc, char **argv) {
 
     for (size_t i = 0; i < sizeof commands / sizeof commands[0]; i++) {
         if (strcmp(first, commands[i].name) == 0) {
+            warn_unknown_env();
             cli_options_reset();
             int rc = commands[i].run(argc - 1, argv + 1);
             if (fflush(stdout) != 0 && rc == CLI_EXIT_OK) {

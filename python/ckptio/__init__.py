@@ -6,8 +6,10 @@ GPU path all run in C with the GIL released; this package only adapts torch
 tensors and numpy arrays.
 
     import ckptio
-    ckptio.save(model.state_dict(), "model.safetensors")
+    ckptio.save(model.state_dict(), "model.safetensors")   # "model.pt": torch.save format
     sd = ckptio.load("model.safetensors", device="cuda")
+    ckptio.save_model(model, "model.safetensors")           # tied weights: one name kept
+    ckptio.load_model(model, "model.safetensors")           # ties restored
     with ckptio.open("model.safetensors") as f:
         w = f.get_tensor("layer.0.weight", device="cuda:0")
     sd = ckptio.load("model_dir/", device="cuda")           # Hugging Face directory, all shards
@@ -28,6 +30,7 @@ from . import _ckptio
 from ._ckptio import Engine, default_engine
 from ._api import CheckpointFile, StorageInfo, TensorInfo, load, open, save, save_torch
 from ._gds import GdsFile, gds_deregister_buffer, gds_register_buffer
+from ._module_io import load_model, save_model
 from ._model import Slice, SliceRequest
 from ._safe_open import safe_open
 
@@ -51,6 +54,8 @@ __all__ = [
     "TensorInfo",
     "StorageInfo",
     "save_torch",
+    "save_model",
+    "load_model",
     "GdsFile",
     "gds_register_buffer",
     "gds_deregister_buffer",

@@ -182,6 +182,20 @@ def check_savable(value: Any, what: str, path: Optional[str] = None, *, any_devi
                          "it with t.cpu()")
 
 
+def check_destination(value: Any, what: str, path: Optional[str] = None) -> None:
+    """Refuses a torch tensor ckptio cannot read into (an ``out=`` target),
+    naming it: nested, sparse and other non-strided, quantized tensors."""
+    torch = sys.modules["torch"]
+    where = _where(what, path)
+    if getattr(value, "is_nested", False):
+        raise TypeError(f"{where}: the destination is a nested tensor; read into a dense tensor")
+    if value.layout != torch.strided:
+        raise TypeError(f"{where}: the destination is a {value.layout} tensor; read into a dense (strided) tensor")
+    if value.is_quantized:
+        raise TypeError(f"{where}: the destination is a quantized tensor ({value.dtype}); read into a tensor of "
+                        "the file's dtype")
+
+
 def data_ptr(value: Any, what: str, path: Optional[str] = None) -> int:
     """value.data_ptr(), or an error naming the tensor for the tensors
     check_savable() does not know (subclasses without storage)."""
@@ -354,6 +368,7 @@ def existing_target(value: Any, code: int, shape: Tuple[int, ...], what: str, pa
                     safetensors: bool = True) -> Target:
     """Checks a caller-provided destination against the file's tensor."""
     if is_torch_tensor(value):
+        check_destination(value, what, path)
         tshape = torch_shape(code, shape, what) if safetensors else tuple(shape)
         if code_of_torch_dtype(value.dtype, what) != code:
             raise TypeError(f"{path}: {what} is {dtype_name(code)} in the file but the destination tensor is "

@@ -11,7 +11,7 @@ import collections
 import os
 from typing import Any, Dict, Iterable, Iterator, List, Mapping, NamedTuple, Optional, Tuple, Union
 
-from . import _adapt, _ckptio, _model
+from . import _adapt, _ckptio, _memory, _model, _progress
 from ._errors import make_error
 
 PathLike = Union[str, "os.PathLike[str]"]
@@ -190,12 +190,14 @@ class CheckpointFile:
         return self.get_tensors([name], device, out={name: out} if out is not None else None)[name]
 
     def get_tensors(self, names: Optional[Iterable[str]] = None, device: Any = None, *,
-                    out: Optional[Mapping[str, Any]] = None) -> Dict[str, Any]:
+                    out: Optional[Mapping[str, Any]] = None, progress: "_progress.Progress" = None) -> Dict[str, Any]:
         """Reads several tensors in one pass (one engine plan; GIL released).
 
         `names` defaults to every tensor (or the keys of `out`); `out` maps
         names to existing tensors/arrays to fill in place (dtype and shape
         must match the file). Returns {name: tensor} in the order asked.
+        `progress`: a callable (done, total) in bytes, or True for a bar;
+        an exception it raises cancels the read and is raised here.
         """
         if names is None:
             names = list(out.keys()) if out is not None else self.keys()
@@ -231,7 +233,8 @@ class CheckpointFile:
             result[name] = t.value
             targets.append((e.index, t.address, t.capacity, t.mem_kind))
         _adapt.sync_current_stream(cuda_devices)
-        self._reader.read(targets)
+        with _progress.reporting(progress, f"load {os.path.basename(self._path)}"):
+            self._reader.read(targets)
         for name, d in moves.items():
             result[name] = result[name].to(str(d))
         return result
@@ -267,10 +270,11 @@ class CheckpointFile:
         """Reads planned requests (from :meth:`plan_slices`) in one plan."""
         return _model.read_requests(self, list(requests), device)
 
-    def load_object(self, device: Any = None) -> Any:
+    def load_object(self, device: Any = None, *, progress: "_progress.Progress" = None) -> Any:
         """torch.save files: the whole saved object (as ``torch.load`` returns
         it, with every tensor on `device`): dicts, OrderedDicts, lists,
-        scalars, nn.Parameters; views keep sharing their storages."""
+        scalars, nn.Parameters; views keep sharing their storages.
+        `progress` as for :meth:`get_tensors`."""
         if self.format != "torch":
             raise ValueError(f"{self._path}: load_object() is for torch.save files; this is {self.format}")
         if self._framework != "pt":
@@ -278,7 +282,8 @@ class CheckpointFile:
         dev = self._device if device is None else _adapt.parse_device(device)
         if dev.kind == "cuda":
             dev = _adapt.resolve_cuda(dev)
-        return build_torch_object(self._reader, dev)
+        with _progress.reporting(progress, f"load {os.path.basename(self._path)}"):
+            return build_torch_object(self._reader, dev)
 
     def verify(self) -> Dict[str, int]:
         """Reads all data and checks it: torch.save files against every record's
@@ -366,14 +371,18 @@ def open(path: PathLike, framework: str = "pt", device: Any = "cpu", *, engine=N
     return CheckpointFile(path, framework, device, engine=engine, allow_symlinks=allow_symlinks)
 
 
-def load(path: PathLike, device: Any = "cpu", keys: Optional[Iterable[str]] = None, *, framework: str = "pt",
-         out: Optional[Mapping[str, Any]] = None, engine=None, allow_symlinks: bool = False) -> Any:
+def load(path: Union[PathLike, bytes, bytearray, memoryview, Any], device: Any = "cpu",
+         keys: Optional[Iterable[str]] = None, *, framework: str = "pt", out: Optional[Mapping[str, Any]] = None,
+         engine=None, allow_symlinks: bool = False, progress: "_progress.Progress" = None) -> Any:
     """Loads a checkpoint; the format is detected from the file's first bytes.
 
     Args:
         path: a safetensors or torch.save (zip) file, or a Hugging Face
             directory of safetensors shards (or its ``*.index.json``): all
-            shards are read in one engine plan.
+            shards are read in one engine plan. Also the checkpoint itself
+            as bytes, bytearray or memoryview, or a binary file object (read
+            from its position), as ``safetensors.torch.load`` and
+            ``torch.load(buffer)`` take them.
         device: "cpu", "cuda", "cuda:N", an int N or a torch.device; tensors
             are allocated there and the bytes go straight in.
         keys: names to load (default: all). A missing name is a KeyError.
@@ -381,16 +390,22 @@ def load(path: PathLike, device: Any = "cpu", keys: Optional[Iterable[str]] = No
         out: names -> existing tensors/arrays to fill in place.
         engine: a ckptio.Engine (default: the shared default engine).
         allow_symlinks: a directory's shards may be symlinks leaving it.
+        progress: a callable (done, total) in bytes, or True for a bar (tqdm
+            when installed); an exception it raises (KeyboardInterrupt
+            included) cancels the load and is raised here.
 
     Returns, for safetensors files and whenever `keys`, `out` or
     framework="numpy" is given: a flat dict name -> tensor. For a torch.save
     file otherwise: the saved object itself, as ``torch.load(path,
     map_location=device, weights_only=True)`` returns it.
     """
+    if _memory.is_memory(path):
+        with _memory.readable_path(path) as mpath:
+            return load(mpath, device, keys, framework=framework, out=out, engine=engine, progress=progress)
     with CheckpointFile(path, framework, device, engine=engine, allow_symlinks=allow_symlinks) as f:
         if f.format == "torch" and keys is None and out is None and f._framework == "pt":
-            return f.load_object()
-        return f.get_tensors(keys, out=out)
+            return f.load_object(progress=progress)
+        return f.get_tensors(keys, out=out, progress=progress)
 
 
 # ---- saving ------------------------------------------------------------------------------
@@ -488,17 +503,34 @@ def _torch_tree(obj: Any, path: str):
     return conv(obj, ""), storages, cuda, keep
 
 
-def _save_torch(obj: Any, spath: str, alignment: int, crc: bool, engine) -> List[Optional[Tuple[int, str]]]:
+def _save_torch(obj: Any, spath: str, alignment: int, crc: bool, engine,
+                in_place: bool = False) -> List[Optional[Tuple[int, str]]]:
     tree, storages, cuda, keep = _torch_tree(obj, spath)
     _adapt.sync_current_stream(cuda)
     offsets = _ckptio.torch_save(spath, tree, storages, TensorRef, DtypeRef, collections.OrderedDict,
-                                 alignment, None, crc, engine)
+                                 alignment, None, crc, engine, in_place)
     del keep  # the tensors' memory had to stay alive until here
     return offsets
 
 
-def save(state_dict: Any, path: PathLike, format: str = "safetensors", metadata: Optional[Mapping[str, str]] = None,
-         *, align: Optional[int] = None, crc: bool = True, checksums: bool = False, engine=None) -> None:
+# Extensions that mean torch.save files (PyTorch's own, Hugging Face's
+# pytorch_model.bin, Lightning's .ckpt); everything else is safetensors.
+TORCH_EXTENSIONS = (".pt", ".pth", ".bin", ".ckpt")
+
+
+def format_for_path(path: Optional[str], format: Optional[str]) -> str:
+    """The format a save writes: `format` when given, else by the file's
+    extension (.pt .pth .bin .ckpt: "torch"; otherwise "safetensors")."""
+    if format is not None:
+        return str(format).lower()
+    if path is not None and os.path.splitext(path)[1].lower() in TORCH_EXTENSIONS:
+        return "torch"
+    return "safetensors"
+
+
+def save(state_dict: Any, path: Optional[PathLike] = None, format: Optional[str] = None,
+         metadata: Optional[Mapping[str, str]] = None, *, align: Optional[int] = None, crc: bool = True,
+         checksums: bool = False, engine=None, progress: "_progress.Progress" = None) -> Optional[bytes]:
     """Saves a state dict atomically (temporary file, fsync, rename).
 
     Args:
@@ -507,8 +539,12 @@ def save(state_dict: Any, path: PathLike, format: str = "safetensors", metadata:
             OrderedDicts, lists, tuples, tensors, nn.Parameters, dtypes and
             scalars (what ``torch.load(weights_only=True)`` accepts).
         path: the destination; an existing file is replaced only on success.
-        format: "safetensors" (default) or "torch" (torch.save zip, readable
-            by ``torch.load``).
+            None: the checkpoint is returned as bytes (like
+            ``safetensors.torch.save``), nothing is written to disk.
+        format: "safetensors" or "torch" (torch.save zip, readable by
+            ``torch.load``). Default: by `path`'s extension, ".pt", ".pth",
+            ".bin" and ".ckpt" are "torch", anything else (and bytes)
+            "safetensors".
         metadata: safetensors only: str -> str pairs for ``__metadata__``.
         align: safetensors: 4096 (default) starts the data section on a 4 KiB
             boundary (header padded with spaces, a valid safetensors file), 8
@@ -521,6 +557,9 @@ def save(state_dict: Any, path: PathLike, format: str = "safetensors", metadata:
             ``ckptio.open(path).verify()`` and ``ckptio verify``; the file's
             metadata then holds "ckptio.save_id", which binds it to the manifest.
         engine: a ckptio.Engine (default: the shared default engine).
+        progress: a callable (done, total) in bytes, or True for a bar (tqdm
+            when installed); an exception it raises (KeyboardInterrupt
+            included) cancels the save: no file appears, an older one stays.
 
     A save over an existing file keeps its permission bits (and, where
     permitted, owner and group); a new file gets 0666 & ~umask.
@@ -530,15 +569,28 @@ def save(state_dict: Any, path: PathLike, format: str = "safetensors", metadata:
     tensors whose memory overlaps are refused (the format cannot express
     sharing; use format="torch", which keeps views and shared storages).
     """
-    fmt = str(format).lower()
-    spath = os.fspath(path)
+    if path is None:
+        if checksums:
+            raise ValueError("checksums=True writes a manifest beside a file; saving to bytes has no file")
+        return _memory.save_to_bytes(
+            lambda mpath: _save(state_dict, mpath, format, metadata, align, crc, False, engine, progress, True))
+    _save(state_dict, os.fspath(path), format, metadata, align, crc, checksums, engine, progress, False)
+    return None
+
+
+def _save(state_dict: Any, spath: str, format: Optional[str], metadata: Optional[Mapping[str, str]],
+          align: Optional[int], crc: bool, checksums: bool, engine, progress: "_progress.Progress",
+          in_place: bool) -> None:
+    fmt = format_for_path(spath if not in_place else None, format)
+    what = "save" if in_place else f"save {os.path.basename(spath)}"
     if checksums and fmt != "safetensors":
         raise ValueError(f"{spath}: checksums=True is for safetensors; torch.save files carry CRC-32s (crc=True)")
     if fmt in ("torch", "pt", "pytorch"):
         if metadata:
             raise ValueError(f"{spath}: metadata is a safetensors feature; torch.save files have none")
         alignment = 0 if align is None else int(align)
-        _save_torch(state_dict, spath, alignment, crc, engine)
+        with _progress.reporting(progress, what):
+            _save_torch(state_dict, spath, alignment, crc, engine, in_place)
         return
     if fmt != "safetensors":
         raise ValueError(f"format must be 'safetensors' or 'torch', not {format!r}")
@@ -558,14 +610,16 @@ def save(state_dict: Any, path: PathLike, format: str = "safetensors", metadata:
             _adapt.check_utf8(v, f"metadata value of {k!r}:", spath)
     sources = [_adapt.tensor_source(name, value, safetensors=True, path=spath) for name, value in flat.items()]
     _adapt.sync_current_stream({s.cuda_index for s in sources if s.mem_kind == _adapt.MEM_CUDA})
-    _ckptio.safetensors_save(
-        spath,
-        [(s.name, s.code, s.shape, s.address, s.nbytes, s.mem_kind) for s in sources],
-        metadata,
-        4096 if align is None else align,
-        engine,
-        checksums,
-    )
+    with _progress.reporting(progress, what):
+        _ckptio.safetensors_save(
+            spath,
+            [(s.name, s.code, s.shape, s.address, s.nbytes, s.mem_kind) for s in sources],
+            metadata,
+            4096 if align is None else align,
+            engine,
+            checksums,
+            in_place,
+        )
     del sources  # the memory had to stay alive until here
 
 

@@ -24,6 +24,14 @@
  * calls into the engine whose call it interrupted gets an error instead of
  * a deadlock on that engine's lock.
  *
+ * Progress. The same callback reports to Python: ckptio.save/load(...,
+ * progress=) put a callable in this thread's slot (set_progress) for the
+ * duration of their bulk call, and the call calls it as (done, total) with
+ * the GIL taken for that moment: first, at most every SIGNAL_CHECK_INTERVAL,
+ * and last (done == total). It runs on the calling thread, main or not. An
+ * exception from it cancels the transfer as a signal handler's does, and is
+ * what the call raises.
+ *
  * fork(). A child inherits the objects with their locks, one of which a
  * parent thread inside a call may hold forever; a pthread_atfork child
  * handler counts forks and the locks are replaced at their next use (the
@@ -83,8 +91,33 @@ struct ckpy_call {
     pthread_t thread;      /* the caller's thread: the only one that may attach tstate */
     int watch_signals;     /* the caller is the main thread */
     double next_check;     /* monotonic time of the next signal check */
-    int interrupted;       /* a signal handler raised: its exception is set in tstate */
+    int interrupted;       /* a signal handler or progress raised: its exception is set in tstate */
+    PyObject *progress;    /* strong reference: the Python progress callable, or NULL */
+    int reported;          /* progress was called at least once */
+    /* A call may run several plans (a torch save writes its data, then the
+     * archive's directory): their bytes add up, so Python sees one count. */
+    uint64_t base;         /* bytes of the plans finished before this one */
+    uint64_t last_done, last_total; /* the latest report, relative to its plan */
 };
+
+/* The progress callable of this thread's next calls (set_progress). */
+static _Thread_local PyObject *thread_progress;
+
+PyObject *ckpy_set_progress(PyObject *module, PyObject *callable) {
+    (void)module;
+    if (callable != Py_None && !PyCallable_Check(callable)) {
+        PyErr_SetString(PyExc_TypeError, "progress must be a callable (done, total) or None");
+        return NULL;
+    }
+    PyObject *previous = thread_progress ? thread_progress : Py_None;
+    thread_progress = NULL;
+    if (callable != Py_None) {
+        Py_INCREF(callable);
+        thread_progress = callable;
+    }
+    if (previous == Py_None) Py_INCREF(previous);
+    return previous; /* the slot's reference passes to the caller */
+}
 
 static double monotonic_now(void) {
     struct timespec ts;
@@ -135,6 +168,10 @@ static void call_begin(ckpy_call *c) {
     c->watch_signals = on_main_thread();
     c->next_check = monotonic_now() + SIGNAL_CHECK_INTERVAL;
     c->interrupted = 0;
+    c->progress = thread_progress;
+    Py_XINCREF(c->progress); /* the callable may replace the slot while it runs */
+    c->reported = 0;
+    c->base = c->last_done = c->last_total = 0;
     c->tstate = PyEval_SaveThread();
 }
 
@@ -144,6 +181,7 @@ static void call_begin(ckpy_call *c) {
  * @return 0, or -1 with an exception set. */
 static int call_end(ckpy_call *c, ckptio_status st) {
     PyEval_RestoreThread(c->tstate);
+    Py_CLEAR(c->progress);
     if (c->interrupted) return -1;
     if (st != CKPTIO_OK) {
         ckpy_raise(st); /* same thread, right after the failure */
@@ -153,15 +191,27 @@ static int call_end(ckpy_call *c, ckptio_status st) {
 }
 
 int ckpy_progress(uint64_t done, uint64_t total, void *user) {
-    (void)done, (void)total;
     ckpy_engine *engine = user;
     ckpy_call *c = atomic_load_explicit(&engine->call, memory_order_relaxed);
-    if (!c || !c->watch_signals || !pthread_equal(c->thread, pthread_self())) return 0;
+    if (!c || (!c->watch_signals && !c->progress) || !pthread_equal(c->thread, pthread_self())) return 0;
     if (c->interrupted) return 1;
-    const double now = monotonic_now();
-    if (now < c->next_check) return 0;
+    if (c->last_done == c->last_total && (done < c->last_done || total != c->last_total))
+        c->base += c->last_total; /* the previous plan finished: a new one starts */
+    c->last_done = done;
+    c->last_total = total;
+    done += c->base;
+    total += c->base;
+    /* Python progress always sees the first and the last report. */
+    const int edge = c->progress && (!c->reported || done == total);
+    if (!edge && monotonic_now() < c->next_check) return 0;
     PyEval_RestoreThread(c->tstate);
-    if (PyErr_CheckSignals() < 0) c->interrupted = 1;
+    if (c->watch_signals && PyErr_CheckSignals() < 0) c->interrupted = 1;
+    if (!c->interrupted && c->progress) {
+        c->reported = 1;
+        PyObject *r = PyObject_CallFunction(c->progress, "KK", (unsigned long long)done, (unsigned long long)total);
+        if (r) Py_DECREF(r);
+        else c->interrupted = 1;
+    }
     c->tstate = PyEval_SaveThread();
     c->next_check = monotonic_now() + SIGNAL_CHECK_INTERVAL;
     return c->interrupted;

@@ -14,12 +14,14 @@ static ckpy_engine *default_engine = NULL;
 static const char *const backend_values[] = {"auto", "pread", "io_uring", NULL};
 static const char *const direct_values[] = {"auto", "off", "on", NULL};
 static const char *const gpu_path_values[] = {"auto", "cufile", "pipeline", "staged", NULL};
+static const char *const read_cache_values[] = {"auto", "on", "off", NULL};
 
 static const char *const *enum_values(ckptio_option option) {
     switch (option) {
     case CKPTIO_OPT_BACKEND: return backend_values;
     case CKPTIO_OPT_DIRECT: return direct_values;
     case CKPTIO_OPT_GPU_PATH: return gpu_path_values;
+    case CKPTIO_OPT_READ_CACHE: return read_cache_values;
     default: return NULL;
     }
 }
@@ -103,7 +105,29 @@ static int apply_options(ckpy_engine *self, PyObject *kwargs) {
     return 0;
 }
 
+/* One RuntimeWarning per CKPTIO_* variable ckptio does not read (a typo
+ * such as CKPTIO_THREDS would otherwise be ignored without a word), when the
+ * process creates its first engine: where the settings are read. Not at
+ * import, so that the `ckptio` command's Python launcher stays quiet (the C
+ * tool prints the same lines itself). -1 when a warning filter raised. */
+static int warn_unknown_env_once(void) {
+    static int done;
+    if (done) return 0;
+    done = 1;
+    char text[2048];
+    size_t unknown = 0;
+    if (ckptio_env_check(text, sizeof text, &unknown) != CKPTIO_OK || unknown == 0) return 0;
+    for (char *line = text, *nl; *line; line = nl + 1) {
+        nl = strchr(line, '\n');
+        if (!nl) break; /* cut short: the rest did not fit */
+        *nl = '\0';
+        if (PyErr_WarnEx(PyExc_RuntimeWarning, line, 1) < 0) return -1;
+    }
+    return 0;
+}
+
 static ckpy_engine *engine_alloc(PyTypeObject *type) {
+    if (warn_unknown_env_once() < 0) return NULL;
     allocfunc alloc = (allocfunc)PyType_GetSlot(type, Py_tp_alloc);
     ckpy_engine *self = (ckpy_engine *)alloc(type, 0);
     if (!self) return NULL;

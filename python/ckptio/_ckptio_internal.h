@@ -133,6 +133,12 @@ void ckpy_lock_nogil(PyThread_type_lock lock);
  * cancels the transfer when one raises (Ctrl-C's KeyboardInterrupt). */
 int ckpy_progress(uint64_t done, uint64_t total, void *user);
 
+/* set_progress(callable_or_None) -> the previous one: the Python callable
+ * (done, total) that this thread's following calls report their progress
+ * to through ckpy_progress (GIL taken for each report; an exception it
+ * raises cancels the call and is raised by it). */
+PyObject *ckpy_set_progress(PyObject *module, PyObject *callable);
+
 /* Registers the fork handler (module init). */
 void ckpy_fork_watch(void);
 

@@ -257,6 +257,30 @@ static PyObject *mod_option_names(PyObject *self, PyObject *unused) {
     return list;
 }
 
+/* ckptio_env_check(): one str per CKPTIO_* variable ckptio does not read. */
+static PyObject *mod_env_check(PyObject *self, PyObject *unused) {
+    (void)self;
+    size_t unknown = 0;
+    ckptio_status st = ckptio_env_check(NULL, 0, &unknown);
+    if (st != CKPTIO_OK) return ckpy_raise(st);
+    if (unknown == 0) return PyList_New(0);
+    /* Each line holds one name and the closest known one. */
+    const size_t cap = unknown * 512 + 1;
+    char *text = PyMem_Malloc(cap);
+    if (!text) return PyErr_NoMemory();
+    st = ckptio_env_check(text, cap, &unknown);
+    PyObject *lines = NULL;
+    if (st != CKPTIO_OK) {
+        ckpy_raise(st);
+    } else {
+        PyObject *all = PyUnicode_DecodeFSDefault(text);
+        lines = all ? PyUnicode_Splitlines(all, 0) : NULL;
+        Py_XDECREF(all);
+    }
+    PyMem_Free(text);
+    return lines;
+}
+
 /* The library's format detector: ckptio_format_name() of what `path` holds. */
 static PyObject *mod_format_detect(PyObject *self, PyObject *arg) {
     (void)self;
@@ -280,6 +304,12 @@ static PyMethodDef module_methods[] = {
     {"dtypes", mod_dtypes, METH_NOARGS,
      "dtypes() -> list of (code, safetensors_name|None, torch_name|None, bits), one per ckptio dtype."},
     {"option_names", mod_option_names, METH_NOARGS, "option_names() -> list of engine option names."},
+    {"set_progress", ckpy_set_progress, METH_O,
+     "set_progress(callable_or_None) -> previous: the callable (done, total) that this thread's following\n"
+     "ckptio calls report progress to; an exception it raises cancels the call."},
+    {"env_check", mod_env_check, METH_NOARGS,
+     "env_check() -> list of str: one line per CKPTIO_* environment variable ckptio does not read,\n"
+     "naming the closest known one (ckptio_env_check)."},
     {"inherit_mode", mod_inherit_mode, METH_VARARGS,
      "inherit_mode(fd, path) -> None: gives the open file fd the permission bits (and, where permitted,\n"
      "owner and group) of the regular file at path, if there is one; call before fsync and rename\n"

@@ -318,11 +318,11 @@ static ckptio_status do_save(ckptio_engine *engine, void *arg) {
 }
 
 PyObject *ckpy_safetensors_save(PyObject *module, PyObject *args, PyObject *kwargs) {
-    static char *kwlist[] = {"path", "tensors", "metadata", "align", "engine", "checksums", NULL};
+    static char *kwlist[] = {"path", "tensors", "metadata", "align", "engine", "checksums", "in_place", NULL};
     PyObject *path_arg, *seq, *metadata = Py_None, *engine_arg = Py_None;
-    int align = 4096, checksums = 0;
-    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OO|OiOp:safetensors_save", kwlist, &path_arg, &seq, &metadata,
-                                     &align, &engine_arg, &checksums))
+    int align = 4096, checksums = 0, in_place = 0;
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OO|OiOpp:safetensors_save", kwlist, &path_arg, &seq, &metadata,
+                                     &align, &engine_arg, &checksums, &in_place))
         return NULL;
     unsigned flags;
     if (align == 4096) flags = CKPTIO_SAFETENSORS_ALIGN_4K;
@@ -333,6 +333,7 @@ PyObject *ckpy_safetensors_save(PyObject *module, PyObject *args, PyObject *kwar
         return NULL;
     }
     if (checksums) flags |= CKPTIO_SAFETENSORS_CHECKSUMS;
+    if (in_place) flags |= CKPTIO_SAFETENSORS_IN_PLACE;
     if (!PySequence_Check(seq)) {
         PyErr_SetString(PyExc_TypeError, "tensors must be a sequence of (name, dtype, shape, address, nbytes, mem_kind)");
         return NULL;

@@ -299,16 +299,16 @@ static ckptio_status do_save(ckptio_engine *engine, void *arg) {
 }
 
 PyObject *ckpy_torch_save(PyObject *module, PyObject *args, PyObject *kwargs) {
-    static char *kwlist[] = {"path",      "root",      "storages", "tensor_type", "dtype_type", "ordered_type",
-                             "alignment", "prefix",    "crc",      "engine",      NULL};
+    static char *kwlist[] = {"path",      "root",   "storages", "tensor_type", "dtype_type", "ordered_type",
+                             "alignment", "prefix", "crc",      "engine",      "in_place",   NULL};
     PyObject *path_arg, *root, *storages, *engine_arg = Py_None, *prefix_o = Py_None;
     unsigned int alignment = 0;
-    int crc = 1;
+    int crc = 1, in_place = 0;
     build_ctx c;
     memset(&c, 0, sizeof c);
-    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OOOOOO|IOpO:torch_save", kwlist, &path_arg, &root, &storages,
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OOOOOO|IOpOp:torch_save", kwlist, &path_arg, &root, &storages,
                                      &c.tensor_type, &c.dtype_type, &c.ordered_type, &alignment, &prefix_o, &crc,
-                                     &engine_arg))
+                                     &engine_arg, &in_place))
         return NULL;
     PyObject *result = NULL, *pb = NULL, *prefix_b = NULL, *keep = PyList_New(0);
     ckpy_engine *engine = NULL;
@@ -340,7 +340,7 @@ PyObject *ckpy_torch_save(PyObject *module, PyObject *args, PyObject *kwargs) {
     memset(&opt, 0, sizeof opt);
     opt.storage_alignment = alignment;
     opt.record_prefix = prefix_b ? PyBytes_AsString(prefix_b) : NULL;
-    opt.flags = crc ? 0 : CKPTIO_TORCH_SAVE_NO_CRC;
+    opt.flags = (crc ? 0 : CKPTIO_TORCH_SAVE_NO_CRC) | (in_place ? CKPTIO_TORCH_SAVE_IN_PLACE : 0);
     save_call call = {PyBytes_AsString(pb), c.w, &opt};
     if (ckpy_engine_run(engine, do_save, &call) < 0) goto out;
     /* Where each storage's bytes went: [(file_offset, record key) or None]. */

@@ -168,13 +168,19 @@ ckptio_status ckptio_safetensors_save(ckptio_engine *engine, const char *path, c
     /* With checksums, the id that binds the manifest to this data goes
      * into the header (manifest_save.c). */
     const bool checksums = flags & CKPTIO_SAFETENSORS_CHECKSUMS;
+    const bool in_place = flags & CKPTIO_SAFETENSORS_IN_PLACE;
+    /* The manifest protocol orders two atomic commits; an in-place write has none. */
+    if (checksums && in_place)
+        return CKPTIO_FAIL_CTX(CKPTIO_E_INVAL, &((ckptio__err_ctx){.path = path, .file_offset = -1}),
+                               "checksums need an atomic save; they cannot be combined with an in-place write");
     char save_id[CKPTIO__SAVE_ID_HEX + 1];
     if (checksums) ckptio__manifest_new_save_id(save_id);
     ckptio_status status =
         metadata_with_save_id(metadata, metadata_count, checksums ? save_id : NULL, path, &kv, &kv_count);
     if (status != CKPTIO_OK) goto out;
     status = ckptio__st_layout_build(tensors, count, kv ? kv : metadata, kv_count,
-                                     flags & ~(unsigned)CKPTIO_SAFETENSORS_CHECKSUMS, path, &layout);
+                                     flags & ~(unsigned)(CKPTIO_SAFETENSORS_CHECKSUMS | CKPTIO_SAFETENSORS_IN_PLACE),
+                                     path, &layout);
     if (status != CKPTIO_OK) goto out;
 
     extents = ckptio__calloc(count + 1, sizeof *extents);
@@ -182,7 +188,9 @@ ckptio_status ckptio_safetensors_save(ckptio_engine *engine, const char *path, c
         status = CKPTIO_FAIL(CKPTIO_E_NOMEM, "out of memory planning %zu tensor writes", count);
         goto out;
     }
-    if ((status = ckptio_file_open(engine, path, CKPTIO_OPEN_WRITE, &file)) != CKPTIO_OK) goto out;
+    if ((status = ckptio_file_open(engine, path, CKPTIO_OPEN_WRITE | (in_place ? CKPTIO_OPEN_IN_PLACE : 0), &file)) !=
+        CKPTIO_OK)
+        goto out;
     /* The final size up front, as the reference writer does: the file
      * system can allocate it in one go. */
     if ((status = ckptio_file_truncate(file, layout.header_size + layout.data_size)) != CKPTIO_OK) goto out;

@@ -35,6 +35,7 @@ typedef struct option_def {
 static const char *const backend_names[] = {"auto", "pread", "io_uring", NULL};
 static const char *const direct_names[] = {"auto", "off", "on", NULL};
 static const char *const gpu_path_names[] = {"auto", "cufile", "pipeline", "staged", NULL};
+static const char *const read_cache_names[] = {"auto", "on", "off", NULL};
 
 static const option_def options[CKPTIO_OPT_COUNT_] = {
     [CKPTIO_OPT_BACKEND] = {"backend", "CKPTIO_BACKEND", KIND_ENUM, 0, 2, backend_names},
@@ -46,6 +47,7 @@ static const option_def options[CKPTIO_OPT_COUNT_] = {
     [CKPTIO_OPT_DIRECT_MIN_BYTES] = {"direct_min_bytes", "CKPTIO_DIRECT_MIN_BYTES", KIND_SIZE, 0, 1024 * GIB, NULL},
     [CKPTIO_OPT_SYNC] = {"sync", "CKPTIO_SYNC", KIND_BOOL, 0, 1, NULL},
     [CKPTIO_OPT_GPU_PATH] = {"gpu_path", "CKPTIO_GPU_PATH", KIND_ENUM, 0, 3, gpu_path_names},
+    [CKPTIO_OPT_READ_CACHE] = {"read_cache", "CKPTIO_READ_CACHE", KIND_ENUM, 0, 2, read_cache_names},
 };
 
 /* Threads: one per core up to 16, at least 2. Measured on the 16-core GPU
@@ -71,6 +73,7 @@ static void set_defaults(ckptio_engine *e) {
     e->settings[CKPTIO_OPT_DIRECT_MIN_BYTES] = 1 * MIB;
     e->settings[CKPTIO_OPT_SYNC] = 1;
     e->settings[CKPTIO_OPT_GPU_PATH] = CKPTIO_GPU_PATH_AUTO;
+    e->settings[CKPTIO_OPT_READ_CACHE] = CKPTIO_READ_CACHE_AUTO;
 }
 
 const char *ckptio_option_name(ckptio_option option) {
@@ -126,6 +129,8 @@ ckptio_status ckptio_engine_get(const ckptio_engine *e, ckptio_option option, in
 }
 
 int64_t ckptio__engine_setting(const ckptio_engine *e, ckptio_option option) { return e->settings[option]; }
+
+const char *ckptio__option_env(ckptio_option option) { return options[option].env; }
 
 /* Parses one environment value for `d`. */
 static bool parse_env(const option_def *d, const char *text, int64_t *out) {

@@ -63,6 +63,9 @@ struct ckptio_plan {
  * overlaps, end of file for reads). Errors name the extent indices. */
 ckptio_status ckptio__plan_validate(ckptio_engine *engine, const ckptio_plan *plan);
 
+/* The environment variable of a setting ("CKPTIO_THREADS"); `option` valid. */
+const char *ckptio__option_env(ckptio_option option);
+
 /* ---- the engine -------------------------------------------------------- */
 
 struct ckptio_engine {

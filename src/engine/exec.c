@@ -239,9 +239,10 @@ static bool claim(worker *w) {
     c->dfd = ckptio__file_direct_fd(e->file);
     if (c->dfd >= 0 && x->direct_mode != CKPTIO_DIRECT_ON && e->length < x->direct_min) c->dfd = -1;
     /* A chunk the page cache already holds is copied from memory, not
-     * fetched from the disk again with O_DIRECT (warm loads). */
+     * fetched from the disk again with O_DIRECT (warm loads); cold chunks
+     * go through it where the read policy says so (read_policy.c). */
     if (c->dfd >= 0 && x->dir == CKPTIO_READ && x->direct_mode == CKPTIO_DIRECT_AUTO &&
-        ckptio__range_cached(e->file->fd, c->pos, c->end - c->pos))
+        ckptio__read_buffered(e->file, c->pos, c->end - c->pos))
         c->dfd = -1;
     return true;
 }
@@ -554,6 +555,10 @@ ckptio_status ckptio_engine_execute(ckptio_engine *e, const ckptio_plan *p) {
 
     st = ckptio__engine_report(e, 0, p->total, true);
     if (st != CKPTIO_OK) goto out;
+    /* Page cache or O_DIRECT for cold reads, for the host and GPU parts alike. */
+    if (p->dir == CKPTIO_READ && ckptio__engine_setting(e, CKPTIO_OPT_DIRECT) == CKPTIO_DIRECT_AUTO &&
+        p->total >= (uint64_t)ckptio__engine_setting(e, CKPTIO_OPT_DIRECT_MIN_BYTES))
+        ckptio__read_policy_apply(e, p->ext, p->count);
     if (p->dir == CKPTIO_WRITE) {
         st = extend_written_files(p);
         if (st != CKPTIO_OK) goto out;

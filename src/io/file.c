@@ -218,6 +218,7 @@ ckptio_status ckptio_file_open(ckptio_engine *engine, const char *path, unsigned
     f->direct_fd = -1;
     f->writable = flags & CKPTIO_OPEN_WRITE;
     atomic_init(&f->direct_state, 0);
+    atomic_init(&f->read_cache, 0);
     pthread_mutex_init(&f->lock, NULL);
     f->path = ckptio__strdup(path);
     f->dir_path = dir_of(path);
@@ -371,10 +372,11 @@ ckptio_status ckptio__file_io(ckptio_file *file, ckptio_direction dir, void *buf
     const int dfd = ckptio__file_direct_fd(file);
     bool direct = dfd >= 0 && (uintptr_t)buf % CKPTIO_DIRECT_ALIGN == 0 && offset % CKPTIO_DIRECT_ALIGN == 0 &&
                   len % CKPTIO_DIRECT_ALIGN == 0;
-    /* Warm data: copy from the page cache rather than re-read the disk. */
+    /* Warm data is copied from the page cache rather than read from the
+     * disk again; cold data goes through it where the read policy says so. */
     if (direct && dir == CKPTIO_READ &&
         ckptio__engine_setting(file->engine, CKPTIO_OPT_DIRECT) == CKPTIO_DIRECT_AUTO &&
-        ckptio__range_cached(file->fd, offset, len))
+        ckptio__read_buffered(file, offset, len))
         direct = false;
     ckptio__io_op op = {.fd = direct ? dfd : file->fd, .buffered_fd = file->fd, .direct = direct, .dir = dir,
                         .buf = buf, .len = len, .need = len, .offset = offset, .buf_index = -1};

@@ -34,6 +34,9 @@ struct ckptio_file {
      * Guarded by `lock`; read with acquire ordering by workers. */
     _Atomic int direct_state;
     int direct_errno;       /* why O_DIRECT was refused */
+    /* Cold reads (read_policy.c): 1 through the page cache, -1 O_DIRECT,
+     * 0 not decided yet. Set by the caller's thread before workers run. */
+    _Atomic int read_cache;
     bool writable;          /* opened with CKPTIO_OPEN_WRITE */
     bool created;           /* IN_PLACE write that created the file */
     bool committed;         /* ckptio_file_commit() succeeded */
@@ -73,6 +76,30 @@ bool ckptio__range_cached(int fd, uint64_t offset, uint64_t len);
  * (*cached of *pages); false when that cannot be told (then nothing is
  * written). */
 bool ckptio__range_cached_pages(int fd, uint64_t offset, uint64_t len, uint64_t *cached, uint64_t *pages);
+
+/* ---- cold reads: page cache or O_DIRECT (read_policy.c) ---------------- */
+
+/* Whether cold reads of files that together take `footprint` bytes go
+ * through the page cache, by the engine's CKPTIO_OPT_READ_CACHE (AUTO: at
+ * most a quarter of MemAvailable). */
+bool ckptio__read_policy_cache(const ckptio_engine *engine, uint64_t footprint);
+
+/* Decides for a read plan: the sizes of its distinct files are the
+ * footprint; the answer is stored on each file. Caller's thread, before
+ * any worker runs. */
+void ckptio__read_policy_apply(ckptio_engine *engine, const ckptio_extent *ext, size_t count);
+
+/* Should a read of [offset, offset + len) of `f` that could use O_DIRECT
+ * (CKPTIO_DIRECT_AUTO) go through the page cache? True when the file's
+ * cold reads do (decided by its plan, else now by its own size) or when the
+ * page cache already holds most of the range (ckptio__range_cached). */
+bool ckptio__read_buffered(ckptio_file *f, uint64_t offset, uint64_t len);
+
+/* MemAvailable of /proc/meminfo in bytes; 0 when unknown. */
+uint64_t ckptio__mem_available(void);
+
+/* Test hook: ckptio__mem_available() answers `bytes` (0: the real value). */
+void ckptio__read_policy_set_mem_available(uint64_t bytes);
 
 /* ---- temporaries (temporaries.c) -------------------------------------- */
 

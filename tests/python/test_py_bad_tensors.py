@@ -129,3 +129,21 @@ def test_torch_format_keeps_surrogates_as_torch_does(tmp_path):
         with ckptio.open(path) as f:
             assert SURROGATE in f.keys()
             assert torch.equal(f.get_tensor(SURROGATE), sd[SURROGATE])
+
+
+@pytest.mark.parametrize("fmt", ["safetensors", "torch"])
+@pytest.mark.parametrize("case,words", [("sparse_coo", "torch.sparse_coo tensor"),
+                                        ("sparse_csr", "torch.sparse_csr tensor"),
+                                        ("quantized", "quantized tensor (torch.quint8)"),
+                                        ("nested", "nested tensor"),
+                                        ("meta", "cannot read into a tensor on meta")])
+def test_unreadable_destination_is_named_with_the_file(tmp_path, fmt, case, words):
+    """load(out=...) into a tensor ckptio cannot fill: the error names the
+    tensor and the file (torch's own errors for sparse CSR and nested
+    destinations name neither)."""
+    path = tmp_path / f"model.{fmt}"
+    ckptio.save({"w": torch.ones(3)}, path, format=fmt)
+    with pytest.raises((TypeError, ValueError)) as info:
+        ckptio.load(path, out={"w": CASES[case][0]()})
+    msg = str(info.value)
+    assert msg.startswith(f"{path}: tensor 'w'") and words in msg, msg

@@ -97,7 +97,7 @@ SAVE = """
 @pytest.mark.parametrize("kwargs", [{}, {"checksums": True}, {"format": "torch"}],
                          ids=["safetensors", "checksums", "torch"])
 def test_ctrl_c_cancels_a_save_and_keeps_the_old_file(tmp_path, kwargs):
-    path = tmp_path / "model.bin"
+    path = tmp_path / ("model.pt" if kwargs.get("format") == "torch" else "model.safetensors")
     old = {"w": torch.arange(1000, dtype=torch.float32)}
     ckptio.save(old, path, **kwargs)
     before = path.read_bytes()

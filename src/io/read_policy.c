@@ -1,0 +1,114 @@
+/*
+ * read_policy.c - does a cold read go through the page cache or O_DIRECT?
+ *
+ * O_DIRECT reads leave nothing behind: a notebook or an evaluation loop that
+ * loads the same checkpoint again pays the disk every time, where torch.load
+ * and safetensors (buffered reads, mmap) find the file in memory. A buffered
+ * read costs about the same as O_DIRECT on a cold file (docs/ENGINE.md has
+ * the numbers) and keeps it, so in CKPTIO_DIRECT_AUTO mode reads go through
+ * the page cache when the files read fit comfortably in memory:
+ *
+ *   the files of a read plan together take at most a quarter of MemAvailable.
+ *
+ * A quarter, because a load to host memory needs the file's size again for
+ * the tensors, and the cached copy should not push out the memory the process
+ * and its neighbours use; above that the page cache would evict the file's
+ * own first pages before the next load could use them, and the copy through
+ * it is pure overhead. A plan whose files are bigger keeps O_DIRECT (and
+ * still reads ranges the page cache happens to hold from it: page_cache.c).
+ * CKPTIO_OPT_READ_CACHE forces either way.
+ *
+ * The decision is made per plan (ckptio_engine_execute, over all the plan's
+ * files, so a directory of many shards counts as a whole) and stored on each
+ * file, where both the engine's workers and ckptio__file_io (the GPU
+ * pipeline, header and manifest reads) find it; a file read outside any
+ * plan is judged by its own size. Writes are not affected: durable writes
+ * through the page cache are much slower than O_DIRECT (docs/ENGINE.md).
+ */
+#include "io_internal.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+/* Cold reads go buffered while the files take at most 1/CACHE_SHARE of
+ * the memory available. */
+#define CACHE_SHARE 4
+
+static _Atomic uint64_t mem_available_override; /* test hook; 0 = /proc/meminfo */
+
+void ckptio__read_policy_set_mem_available(uint64_t bytes) { mem_available_override = bytes; }
+
+uint64_t ckptio__mem_available(void) {
+    const uint64_t forced = mem_available_override;
+    if (forced) return forced;
+    /* read(2) rather than stdio: no allocation, no locale; the field is
+     * near the top of the file. */
+    const int fd = open("/proc/meminfo", O_RDONLY | O_CLOEXEC);
+    if (fd < 0) return 0;
+    char buf[1024];
+    ssize_t n;
+    do n = read(fd, buf, sizeof buf - 1);
+    while (n < 0 && errno == EINTR);
+    close(fd);
+    if (n <= 0) return 0;
+    buf[n] = '\0';
+    const char *p = strstr(buf, "\nMemAvailable:");
+    if (!p) return 0;
+    char *end;
+    const unsigned long long kib = strtoull(p + sizeof "\nMemAvailable:" - 1, &end, 10);
+    if (end == p || kib == 0) return 0;
+    return (uint64_t)kib * 1024;
+}
+
+bool ckptio__read_policy_cache(const ckptio_engine *engine, uint64_t footprint) {
+    switch (ckptio__engine_setting(engine, CKPTIO_OPT_READ_CACHE)) {
+    case CKPTIO_READ_CACHE_ON: return true;
+    case CKPTIO_READ_CACHE_OFF: return false;
+    default: break;
+    }
+    const uint64_t available = ckptio__mem_available();
+    /* Unknown memory: keep O_DIRECT, the behaviour that cannot crowd anyone out. */
+    return available != 0 && footprint <= available / CACHE_SHARE;
+}
+
+static uint64_t file_size(const ckptio_file *f) {
+    struct stat sb;
+    return fstat(f->fd, &sb) == 0 && sb.st_size > 0 ? (uint64_t)sb.st_size : 0;
+}
+
+void ckptio__read_policy_apply(ckptio_engine *engine, const ckptio_extent *ext, size_t count) {
+    enum { MAX_FILES = 64 }; /* beyond that, further files count by the bytes read */
+    ckptio_file *files[MAX_FILES];
+    size_t nfiles = 0;
+    uint64_t footprint = 0, overflow_bytes = 0;
+    for (size_t i = 0; i < count; i++) {
+        ckptio_file *f = ext[i].file;
+        if (!ext[i].length) continue;
+        size_t k = 0;
+        while (k < nfiles && files[k] != f) k++;
+        if (k < nfiles) continue;
+        if (nfiles == MAX_FILES) {
+            overflow_bytes += ext[i].length;
+            continue;
+        }
+        files[nfiles++] = f;
+        footprint += file_size(f);
+    }
+    const int cache = ckptio__read_policy_cache(engine, footprint + overflow_bytes) ? 1 : -1;
+    for (size_t i = 0; i < count; i++)
+        if (ext[i].length) atomic_store_explicit(&ext[i].file->read_cache, cache, memory_order_relaxed);
+}
+
+bool ckptio__read_buffered(ckptio_file *f, uint64_t offset, uint64_t len) {
+    int decided = atomic_load_explicit(&f->read_cache, memory_order_relaxed);
+    if (decided == 0) {
+        decided = ckptio__read_policy_cache(f->engine, file_size(f)) ? 1 : -1;
+        atomic_store_explicit(&f->read_cache, decided, memory_order_relaxed);
+    }
+    return decided > 0 || ckptio__range_cached(f->fd, offset, len);
+}

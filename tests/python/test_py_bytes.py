@@ -1,0 +1,131 @@
+"""Checkpoints as bytes and file objects (docs/PYTHON.md): ``ckptio.save(sd)``
+returns bytes, ``ckptio.load`` takes bytes, bytearray, memoryview and binary
+file objects, for both formats, checked against safetensors.torch.save/load
+and torch.save/torch.load through buffers."""
+import io
+import os
+
+import pytest
+import torch
+
+import ckptio
+
+st_torch = pytest.importorskip("safetensors.torch")
+
+
+def _sd():
+    g = torch.Generator().manual_seed(3)
+    return {
+        "emb": torch.randn(50, 16, generator=g),
+        "ln.bias": torch.randn(16, generator=g).to(torch.bfloat16),
+        "step": torch.tensor(7, dtype=torch.int64),
+        "mask": torch.tensor([True, False, True]),
+    }
+
+
+def _equal(a, b):
+    assert a.keys() == b.keys()
+    for k in a:
+        assert a[k].dtype == b[k].dtype and torch.equal(a[k], b[k]), k
+
+
+def test_safetensors_bytes_equal_the_reference_writer():
+    sd = _sd()
+    data = ckptio.save(sd, align=8)
+    assert isinstance(data, bytes)
+    assert data == st_torch.save(sd)
+    # One metadata entry: safetensors writes several in a random order (a Rust HashMap).
+    meta = {"format": "pt"}
+    assert ckptio.save(sd, metadata=meta, align=8) == st_torch.save(sd, metadata=meta)
+    # The default layout (data 4 KiB-aligned) is a valid file for safetensors too.
+    _equal(st_torch.load(ckptio.save(sd)), sd)
+
+
+@pytest.mark.parametrize("kind", ["bytes", "bytearray", "memoryview", "BytesIO", "file"])
+def test_load_takes_bytes_and_file_objects_safetensors(tmp_path, kind):
+    sd = _sd()
+    data = st_torch.save(sd)
+    if kind == "bytes":
+        src = data
+    elif kind == "bytearray":
+        src = bytearray(data)
+    elif kind == "memoryview":
+        src = memoryview(data)
+    elif kind == "BytesIO":
+        src = io.BytesIO(data)
+    else:
+        (tmp_path / "m.safetensors").write_bytes(data)
+        src = open(tmp_path / "m.safetensors", "rb")
+    try:
+        _equal(ckptio.load(src), sd)
+    finally:
+        if kind == "file":
+            src.close()
+
+
+def test_torch_format_bytes_both_ways():
+    sd = _sd()
+    data = ckptio.save(sd, format="torch")
+    assert isinstance(data, bytes) and data[:4] == b"PK\x03\x04"
+    _equal(torch.load(io.BytesIO(data), weights_only=True), sd)
+    buf = io.BytesIO()
+    torch.save(sd, buf)
+    _equal(ckptio.load(buf.getvalue()), sd)
+    buf.seek(0)
+    _equal(ckptio.load(buf), sd)
+    # A whole object tree, as torch.load returns it.
+    obj = {"model": sd, "epoch": 3, "lrs": [0.1, 0.01]}
+    got = ckptio.load(ckptio.save(obj, format="torch"))
+    assert got["epoch"] == 3 and got["lrs"] == [0.1, 0.01]
+    _equal(got["model"], sd)
+
+
+def test_file_object_is_read_from_its_position(tmp_path):
+    sd = _sd()
+    buf = io.BytesIO(b"header!" + st_torch.save(sd))
+    buf.seek(7)
+    _equal(ckptio.load(buf), sd)
+    path = tmp_path / "prefixed"
+    path.write_bytes(b"header!" + st_torch.save(sd))
+    with open(path, "rb") as f:
+        f.seek(7)
+        _equal(ckptio.load(f), sd)
+
+
+def test_load_options_work_on_bytes():
+    sd = _sd()
+    data = ckptio.save(sd)
+    got = ckptio.load(data, keys=["emb"])
+    assert list(got) == ["emb"] and torch.equal(got["emb"], sd["emb"])
+    out = {"emb": torch.empty(50, 16)}
+    ckptio.load(data, out=out)
+    assert torch.equal(out["emb"], sd["emb"])
+    seen = []
+    ckptio.load(data, progress=lambda d, t: seen.append((d, t)))
+    assert seen[-1][0] == seen[-1][1] > 0
+
+
+def test_bad_bytes_name_the_data_not_a_proc_path():
+    with pytest.raises(ckptio.CkptioError) as info:
+        ckptio.load(b"definitely not a checkpoint")
+    assert str(info.value).startswith("<bytes>: ") and "/proc/" not in str(info.value)
+    assert info.value.path == "<bytes>"
+    data = st_torch.save(_sd())
+    with pytest.raises(ckptio.CkptioError) as info:
+        ckptio.load(data[:-10])
+    assert "<bytes>" in str(info.value) and "/proc/" not in str(info.value)
+    with pytest.raises(TypeError, match="binary mode"):
+        ckptio.load(io.StringIO("text"))
+    with pytest.raises(TypeError, match="<bytes>: tensor 'b'") as info:
+        ckptio.save({"a": torch.ones(4), "b": None})
+    assert "/proc/" not in str(info.value)
+
+
+def test_save_to_bytes_refuses_checksums_and_leaves_no_descriptor():
+    with pytest.raises(ValueError, match="checksums"):
+        ckptio.save(_sd(), checksums=True)
+    before = len(os.listdir("/proc/self/fd"))
+    for _ in range(20):
+        ckptio.load(ckptio.save(_sd()))
+        ckptio.load(ckptio.save(_sd(), format="torch"))
+    assert len(os.listdir("/proc/self/fd")) == before
