@@ -214,6 +214,9 @@ static void test_file_io_outside_a_plan(void) {
  * the page cache, so the second maps the cached pages (no staging). With
  * OFF the file stays cold and the second load is staged again. */
 static void test_gpu_second_load_is_mapped(void) {
+    /* Mapped reads are off by default (docs/GPU.md): on here, so that "the
+     * page cache holds it" shows as mapped bytes. */
+    setenv("CKPTIO_GPU_MAP_WORKERS", "64", 1);
     ckptio__gpu_set_ops(ckptio__gpu_sim_ops());
     ckptio__gpu_sim_configure(NULL);
     const char *path = t_path("gpu.bin");
@@ -258,6 +261,7 @@ static void test_gpu_second_load_is_mapped(void) {
         T_OK(ckptio_engine_destroy(e));
     }
     free(want);
+    unsetenv("CKPTIO_GPU_MAP_WORKERS");
 }
 
 int main(void) {
