@@ -9,6 +9,7 @@
  * Decoding items and assembling tensors is dcp_assemble.c; the ckptio
  * manifest is dcp_manifest_verify.c.
  */
+#include "dcp_commit_internal.h"
 #include "dcp_dir_internal.h"
 #include "engine_internal.h"
 
@@ -19,7 +20,6 @@
 #include <sys/stat.h>
 
 #define DCP_MD "torch.distributed.checkpoint.metadata."
-#define MANIFEST_PREFIX ".ckptio-manifest-"
 
 /* Largest .metadata read (torch writes a few hundred bytes per chunk). */
 #define METADATA_MAX ((uint64_t)1 << 31)
@@ -493,29 +493,58 @@ static ckptio_status collect_files(ckptio_dcp *h) {
     return CKPTIO_OK;
 }
 
-/* ckptio's data files are __{rank}_{token}_{n}.distcp with one 12-hex-digit
- * token per save; the manifest is named after it (python/ckptio/dcp/_commit.py). */
-static bool token_of(const ckptio_dcp *h, char token[13]) {
-    token[0] = '\0';
-    for (size_t i = 0; i < h->nfiles; i++) {
-        const char *s = h->files[i];
-        if (s[0] != '_' || s[1] != '_') return false;
-        s += 2;
-        const char *p = s;
-        while (*p >= '0' && *p <= '9') p++;
-        if (p == s || *p != '_') return false;
-        const char *tok = ++p;
-        for (int k = 0; k < 12; k++, p++)
-            if (!((*p >= '0' && *p <= '9') || (*p >= 'a' && *p <= 'f'))) return false;
-        if (*p != '_') return false;
-        const char *num = ++p;
-        while (*p >= '0' && *p <= '9') p++;
-        if (p == num || strcmp(p, ".distcp") != 0) return false;
-        if (token[0] && memcmp(token, tok, 12) != 0) return false;
-        memcpy(token, tok, 12);
-        token[12] = '\0';
+/* ---- the files a metadata file references (the commit's cleanup) --------------------- */
+
+static void free_names(char **names, size_t n) {
+    for (size_t i = 0; names && i < n; i++) ckptio__free(names[i]);
+    ckptio__free(names);
+}
+
+ckptio_status ckptio__dcp_referenced_files(const void *bytes, size_t len, const char *origin, char ***out,
+                                           size_t *count) {
+    *out = NULL;
+    *count = 0;
+    ckptio_pickle *p = NULL;
+    CKPTIO_FORWARD(ckptio_pickle_parse_dcp_metadata(bytes, len, origin, &p));
+    const ckptio_value *root = NULL;
+    ckptio_pickle_root(p, &root);
+    const ckptio_value *md = fields_of(root, DCP_MD "Metadata");
+    const ckptio_value *sd = md ? dict_get(md, "storage_data") : NULL;
+    const ckptio_value_kind kind = ckptio_value_kind_of(sd);
+    size_t n = 0;
+    char **names = NULL;
+    ckptio_status st = CKPTIO_OK;
+    const ckptio__err_ctx ctx = {.path = origin, .file_offset = -1, .subject = "storage_data"};
+    if (!md)
+        st = CKPTIO_FAIL_CTX(CKPTIO_E_FORMAT, &((ckptio__err_ctx){.path = origin, .file_offset = -1}),
+                             "the pickled object is not a Metadata");
+    else if (sd && kind != CKPTIO_VALUE_NONE && (kind != CKPTIO_VALUE_DICT || ckptio_value_len(sd, &n) != CKPTIO_OK))
+        st = CKPTIO_FAIL_CTX(CKPTIO_E_FORMAT, &ctx, "not a dict");
+    else if (!(names = ckptio__calloc(n + 1, sizeof *names)))
+        st = CKPTIO_FAIL(CKPTIO_E_NOMEM, "out of memory");
+    /* Anything but a _StorageInfo with a string relative_path might name a
+     * file in some other way: the caller then keeps every file. */
+    for (size_t i = 0; st == CKPTIO_OK && i < n; i++) {
+        const ckptio_value *k, *v;
+        ckptio_value_dict_item(sd, i, &k, &v);
+        const ckptio_value *f = fields_of(v, "torch.distributed.checkpoint.filesystem._StorageInfo");
+        size_t plen = 0;
+        const char *path = f ? str_of(dict_get(f, "relative_path"), &plen) : NULL;
+        if (!path || memchr(path, '\0', plen))
+            st = CKPTIO_FAIL_CTX(CKPTIO_E_FORMAT, &ctx, "entry %zu is not a _StorageInfo with a relative_path", i);
+        else if (!(names[*count] = ckptio__strdup(path)))
+            st = CKPTIO_FAIL(CKPTIO_E_NOMEM, "out of memory");
+        else
+            ++*count;
     }
-    return token[0] != '\0';
+    ckptio_pickle_close(p);
+    if (st != CKPTIO_OK) {
+        free_names(names, *count);
+        *count = 0;
+        return st;
+    }
+    *out = names;
+    return CKPTIO_OK;
 }
 
 /* ---- open / close ---------------------------------------------------------------------- */
@@ -581,13 +610,13 @@ static ckptio_status open_handle(ckptio_engine *engine, const char *dir, const v
         goto out;
     }
     char token[13];
-    if (token_of(h, token)) {
-        const size_t n = sizeof MANIFEST_PREFIX + 12 + sizeof ".json";
+    if (ckptio__dcp_token((const char *const *)h->files, h->nfiles, token)) {
+        const size_t n = sizeof CKPTIO__DCP_MANIFEST_PREFIX + 12 + sizeof ".json";
         if (!(h->manifest_name = ckptio__malloc(n))) {
             st = CKPTIO_FAIL(CKPTIO_E_NOMEM, "out of memory");
             goto out;
         }
-        snprintf(h->manifest_name, n, MANIFEST_PREFIX "%s.json", token);
+        snprintf(h->manifest_name, n, CKPTIO__DCP_MANIFEST_PREFIX "%s.json", token);
     }
 out:
     ckptio_pickle_close(p);

@@ -57,6 +57,14 @@ struct ckptio_dcp {
  * handle can list but not read (fuzz/fuzz_dcp_metadata.c). */
 ckptio_status ckptio__dcp_open_bytes(const char *dir, const void *data, size_t len, ckptio_dcp **out);
 
+/* The relative_path of every storage_data entry of a .metadata held in
+ * memory (`origin` names it in errors), as ckptio__malloc'ed strings
+ * (duplicates kept). CKPTIO_E_FORMAT when the object graph is no Metadata
+ * or an entry is no _StorageInfo with a string relative_path: the caller
+ * cannot tell what it references. */
+ckptio_status ckptio__dcp_referenced_files(const void *bytes, size_t len, const char *origin, char ***files,
+                                           size_t *count);
+
 /* Element size in bytes as torch counts elements (float4_e2m1fn_x2: 1), 0
  * for dtypes DCP cannot hold. */
 uint64_t ckptio__dcp_element_size(ckptio_dtype dtype);
