@@ -92,6 +92,10 @@ PyObject *ckpy_file_open_dcp(PyObject *dir_arg, PyObject *relative_path, PyObjec
 
 int ckpy_dcp_add_to_module(PyObject *module);
 
+/* ---- the DCP directory commit (_ckptio_dcp_commit.c) ---------------------- */
+
+int ckpy_dcp_commit_add_to_module(PyObject *module);
+
 /* ---- GDS file API and CUDA queries (_ckptio_gds.c) ------------------------ */
 
 int ckpy_gds_add_to_module(PyObject *module);
