@@ -1490,6 +1490,64 @@ CKPTIO_API ckptio_status ckptio_dcp_find(const ckptio_dcp *dcp, const char *fqn,
  * files carry no ckptio save token or the file is missing. */
 CKPTIO_API ckptio_status ckptio_dcp_manifest(const ckptio_dcp *dcp, const char **name);
 
+/* Dimensions a stored DCP tensor may have (torch allows 64 at most too). */
+#define CKPTIO_DCP_MAX_NDIM 64
+
+/* The parsed header of a stored tensor item: a torch.save archive of one
+ * tensor, or a SAFETENSORS blob holding the tensors of a data file. */
+typedef struct ckptio_dcp_header ckptio_dcp_header;
+
+/* Where a stored tensor's bytes are: element (i0, i1, ...) is at byte
+ * storage_start + (storage_offset + sum(i_k * stride[k])) * element size,
+ * inside [storage_start, + storage_nbytes). */
+typedef struct ckptio_dcp_layout {
+    ckptio_dtype dtype;
+    uint32_t ndim;
+    int64_t shape[CKPTIO_DCP_MAX_NDIM];
+    int64_t stride[CKPTIO_DCP_MAX_NDIM];  /* in elements */
+    uint64_t storage_offset;              /* in elements */
+    uint64_t storage_start;               /* file offset (ckptio_dcp_header_read) or offset in the data
+                                             (ckptio_dcp_header_parse) of the storage's first byte */
+    uint64_t storage_nbytes;
+} ckptio_dcp_layout;
+
+/*! ckptio_dcp_header_read() :
+ * Parses the header of the untransformed item at `offset` of a data file
+ * (its _StorageInfo offset and length): a torch.save archive of one tensor
+ * (told by ckptio_format_detect_bytes; only its zip records and pickle are
+ * read) or else the SAFETENSORS blob starting there and running to the
+ * end of the file (its length prefix and JSON header), read through the
+ * file's engine. Keep a blob's header for its other tensors. Errors name
+ * the file, the offset and `subject` (may be NULL): an archive that is not
+ * inside the file (CKPTIO_E_TRUNCATED), that holds more than one tensor,
+ * or bytes that are neither (CKPTIO_E_FORMAT). *bytes_read (may be NULL)
+ * counts the header bytes read. Close with ckptio_dcp_header_close; the
+ * file must stay open while the header is read, not after. */
+CKPTIO_API ckptio_status ckptio_dcp_header_read(ckptio_file *file, uint64_t offset, uint64_t length,
+                                                const char *subject, uint64_t *bytes_read, ckptio_dcp_header **out);
+
+/*! ckptio_dcp_header_parse() :
+ * The same for a decoded item held in memory (a zstd item after
+ * decompression), which must be a torch.save archive of one tensor;
+ * `origin` and `offset` (the stored item's file and offset) name it in
+ * errors. The data must outlive the header. */
+CKPTIO_API ckptio_status ckptio_dcp_header_parse(const void *data, size_t len, const char *origin, uint64_t offset,
+                                                 const char *subject, ckptio_dcp_header **out);
+
+/*! ckptio_dcp_header_layout() :
+ * Where tensor `fqn` is stored (an archive's one tensor, whatever `fqn`;
+ * a blob's tensor of that name, else CKPTIO_E_FORMAT). A blob's float4
+ * tensor is described as torch holds it (pairs packed into one element). */
+CKPTIO_API ckptio_status ckptio_dcp_header_layout(const ckptio_dcp_header *header, const char *fqn,
+                                                  ckptio_dcp_layout *out);
+
+/*! ckptio_dcp_header_count() : how many tensors the header describes (an
+ * archive: 1; a blob: all of its data file's). */
+CKPTIO_API ckptio_status ckptio_dcp_header_count(const ckptio_dcp_header *header, size_t *count);
+
+/*! ckptio_dcp_header_close() : accepts NULL. */
+CKPTIO_API ckptio_status ckptio_dcp_header_close(ckptio_dcp_header *header);
+
 /*! ckptio_dcp_read_tensor() :
  * Assembles the whole tensor `index` from all its chunks into host memory
  * at dst (capacity >= nbytes, else CKPTIO_E_RANGE), in C order. Each chunk's

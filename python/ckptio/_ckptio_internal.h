@@ -44,9 +44,6 @@ PyObject *ckpy_raise(ckptio_status status);
 PyObject *ckpy_raise_custom(ckptio_status status, int sys_errno, const char *operation, const char *path,
                             int64_t offset, const char *fmt, ...);
 
-/* Status for an errno (ENOENT -> E_NOT_FOUND, EACCES -> E_PERMISSION, ...). */
-ckptio_status ckpy_status_from_errno(int err);
-
 /* ---- engines (_ckptio_engine.c) ------------------------------------------ */
 
 typedef struct ckpy_call ckpy_call;

@@ -94,21 +94,6 @@ PyObject *ckpy_raise_custom(ckptio_status status, int sys_errno, const char *ope
     return raise_record(status, sys_errno, 0, operation, path, offset, NULL, text, __FILE__, __LINE__);
 }
 
-ckptio_status ckpy_status_from_errno(int err) {
-    switch (err) {
-    case ENOENT:
-    case ENOTDIR: return CKPTIO_E_NOT_FOUND;
-    case EACCES:
-    case EPERM: return CKPTIO_E_PERMISSION;
-    case EEXIST: return CKPTIO_E_EXISTS;
-    case ENOSPC:
-    case EDQUOT: return CKPTIO_E_NOSPC;
-    case ENOMEM: return CKPTIO_E_NOMEM;
-    case EINVAL: return CKPTIO_E_INVAL;
-    default: return CKPTIO_E_IO;
-    }
-}
-
 /* ---- helpers ------------------------------------------------------------- */
 
 PyObject *ckpy_path_bytes(PyObject *path) {

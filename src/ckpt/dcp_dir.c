@@ -24,8 +24,6 @@
 /* Largest .metadata read (torch writes a few hundred bytes per chunk). */
 #define METADATA_MAX ((uint64_t)1 << 31)
 
-/* Tensor rank bound (torch allows 64 dims at most as well). */
-#define DCP_MAX_NDIM 64u
 
 /* Error about a field of .metadata: "DIR/.metadata: SUBJECT: message". */
 #define MDFAIL(status_, h_, subject_, ...)                                                                      \
@@ -95,7 +93,7 @@ static bool class_is(const ckptio_value *v, const char *cls) {
 }
 
 /* A torch.Size (OBJECT with one tuple argument), tuple or list of ints into
- * out[DCP_MAX_NDIM]. Returns false if it is none of these. */
+ * out[CKPTIO_DCP_MAX_NDIM]. Returns false if it is none of these. */
 static bool int_list(const ckptio_value *v, int64_t *out, uint32_t *n) {
     const ckptio_value *args = NULL;
     if (class_is(v, "torch.Size")) {
@@ -111,7 +109,7 @@ static bool int_list(const ckptio_value *v, int64_t *out, uint32_t *n) {
     const ckptio_value_kind k = ckptio_value_kind_of(v);
     size_t len = 0;
     if ((k != CKPTIO_VALUE_TUPLE && k != CKPTIO_VALUE_LIST) || ckptio_value_len(v, &len) != CKPTIO_OK ||
-        len > DCP_MAX_NDIM)
+        len > CKPTIO_DCP_MAX_NDIM)
         return false;
     for (size_t i = 0; i < len; i++) {
         const ckptio_value *item;
@@ -154,7 +152,7 @@ static ckptio_status check_properties_tuple(ckptio_dcp *h, const char *subj, con
     if (code < 0 || code > 2)
         return MDFAIL(CKPTIO_E_FORMAT, h, subj, "TensorProperties.memory_format %lld is not a member of "
                       "_MEM_FORMAT_ENCODING (0-2)", (long long)code);
-    int64_t dims[DCP_MAX_NDIM];
+    int64_t dims[CKPTIO_DCP_MAX_NDIM];
     uint32_t nd = 0;
     if (strides && ckptio_value_kind_of(strides) != CKPTIO_VALUE_NONE &&
         (ckptio_value_kind_of(strides) == CKPTIO_VALUE_LIST || !int_list(strides, dims, &nd)))
@@ -217,11 +215,11 @@ static int cmp_chunk_offsets(const void *a, const void *b, void *arg) {
 
 static ckptio_status add_tensor(ckptio_dcp *h, const char *fqn, const char *subj, const ckptio_value *fields,
                                 ckptio__dcp_tensor *t) {
-    int64_t shape[DCP_MAX_NDIM];
+    int64_t shape[CKPTIO_DCP_MAX_NDIM];
     uint32_t ndim = 0;
     CKPTIO_FORWARD(tensor_dtype(h, subj, dict_get(fields, "properties"), &t->dtype));
     if (!int_list(dict_get(fields, "size"), shape, &ndim))
-        return MDFAIL(CKPTIO_E_FORMAT, h, subj, "size is not a torch.Size of at most %u ints", DCP_MAX_NDIM);
+        return MDFAIL(CKPTIO_E_FORMAT, h, subj, "size is not a torch.Size of at most %u ints", CKPTIO_DCP_MAX_NDIM);
     uint64_t numel = 1;
     for (uint32_t d = 0; d < ndim; d++) {
         if (shape[d] < 0) return MDFAIL(CKPTIO_E_FORMAT, h, subj, "size[%u] is %lld", d, (long long)shape[d]);
@@ -249,7 +247,7 @@ static ckptio_status add_tensor(ckptio_dcp *h, const char *fqn, const char *subj
         ckptio_value_item(chunks, c, &chunk);
         const ckptio_value *cf = fields_of(chunk, DCP_MD "ChunkStorageMetadata");
         if (!cf) return MDFAIL(CKPTIO_E_FORMAT, h, subj, "chunk %zu is not a ChunkStorageMetadata", c);
-        int64_t off[DCP_MAX_NDIM], size[DCP_MAX_NDIM];
+        int64_t off[CKPTIO_DCP_MAX_NDIM], size[CKPTIO_DCP_MAX_NDIM];
         uint32_t no = 0, ns = 0;
         if (!int_list(dict_get(cf, "offsets"), off, &no) || !int_list(dict_get(cf, "sizes"), size, &ns))
             return MDFAIL(CKPTIO_E_FORMAT, h, subj, "chunk %zu: offsets or sizes is not a torch.Size", c);
@@ -432,7 +430,7 @@ static ckptio_status read_storage_data(ckptio_dcp *h, const ckptio_value *sd) {
             CKPTIO_FORWARD(storage_info(h, subj, v, &b->stored));
             continue;
         }
-        int64_t off[DCP_MAX_NDIM];
+        int64_t off[CKPTIO_DCP_MAX_NDIM];
         uint32_t no = 0;
         snprintf(subj, sizeof subj, "storage_data['%s']", fqn);
         if (!int_list(offv, off, &no)) return MDFAIL(CKPTIO_E_FORMAT, h, subj, "offset is not a torch.Size");
@@ -646,7 +644,7 @@ ckptio_status ckptio__dcp_open_bytes(const char *dir, const void *data, size_t l
 
 ckptio_status ckptio_dcp_close(ckptio_dcp *h) {
     if (!h) return CKPTIO_OK;
-    for (size_t i = 0; i < h->nblobs; i++) ckptio_safetensors_close(h->blobs[i].st);
+    for (size_t i = 0; i < h->nblobs; i++) ckptio_dcp_header_close(h->blobs[i].header);
     ckptio__free(h->blobs);
     for (size_t i = 0; h->handles && i < h->nfiles; i++) ckptio_file_close(h->handles[i]);
     ckptio__free(h->handles);

@@ -30,7 +30,7 @@ typedef struct ckptio__dcp_bytes {
 typedef struct ckptio__dcp_blob {
     size_t file;
     uint64_t offset;
-    ckptio_safetensors *st;
+    ckptio_dcp_header *header;
 } ckptio__dcp_blob;
 
 struct ckptio_dcp {
