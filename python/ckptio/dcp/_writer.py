@@ -10,9 +10,12 @@ memory, O_DIRECT where possible), committed (fsync, rename, directory fsync)
 before the coordinator writes a manifest and then replaces ``.metadata``
 atomically; only after that are files of older saves deleted. A crash at any
 point leaves either the old checkpoint loadable or the new one complete.
-Saves of one directory are serialized by a lock (_lock.py) that the
-coordinator takes before any rank writes data and keeps until the cleanup;
-new files take the mode and owner of the ``.metadata`` they replace.
+Saves of one directory are serialized by a lock that the coordinator takes
+before any rank writes data and keeps until the cleanup; new files take the
+mode and owner of the ``.metadata`` they replace. Every step of that commit
+is libckptio's (include/ckptio.h "DCP directory commit": the lock, the
+manifest, the atomic .metadata, the cleanup); this class calls them in order
+between torch's hooks (_commit.py, _lock.py).
 """
 
 from __future__ import annotations
