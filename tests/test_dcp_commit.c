@@ -59,14 +59,7 @@ static int64_t item_offsets[MAX_ITEMS][8];
 static size_t nitems;
 static json_t *manifest_json;
 
-static const char *fixture(const char *rel) {
-    static char buf[4][1024];
-    static int slot;
-    const char *dir = getenv("CKPTIO_TEST_DATA");
-    char *b = buf[slot++ % 4];
-    snprintf(b, sizeof buf[0], "%s/dcp/%s", dir ? dir : "tests/data", rel);
-    return b;
-}
+static const char *fixture(const char *rel) { return t_data_path("dcp", rel); }
 
 static uint64_t hex64(const char *s) { return strtoull(s, NULL, 16); }
 
@@ -527,9 +520,20 @@ static void test_bad_arguments(void) {
 
 /* ---- the lock --------------------------------------------------------------------------- */
 
-/* A child that takes the lock (shared or not) and holds it until its pipe
- * closes or it is killed; returns its pid once it holds it. */
-static pid_t holder(const char *dir, unsigned flags, int *release_fd) {
+/* Waits until `fd` reaches end of file (its writer closed or died). */
+static void wait_closed(int fd) {
+    char c;
+    while (read(fd, &c, 1) > 0) {
+    }
+}
+
+/* A child that takes the lock (shared or not) and holds it until its
+ * release pipe closes or it is killed; returns its pid once it holds it.
+ * With `fork_worker`, it then forks a worker of its own (a DataLoader
+ * worker) and holds the lock until killed; the worker tries the lock,
+ * answers 'b' when it finds it busy, and lives until the release pipe
+ * closes. */
+static pid_t holder(const char *dir, unsigned flags, bool fork_worker, int *release_fd) {
     int ready[2], release[2];
     T_ASSERT(pipe(ready) == 0 && pipe(release) == 0);
     const pid_t pid = fork();
@@ -539,17 +543,26 @@ static pid_t holder(const char *dir, unsigned flags, int *release_fd) {
         close(release[1]);
         ckptio_dcp_lock *lock = NULL;
         if (ckptio_dcp_lock_acquire(dir, NULL, flags, -1.0, NULL, NULL, &lock) != CKPTIO_OK) _exit(2);
-        if (write(ready[1], "x", 1) != 1) _exit(3);
-        char c;
-        while (read(release[0], &c, 1) > 0) {
+        if (!fork_worker) {
+            if (write(ready[1], "x", 1) != 1) _exit(3);
+            wait_closed(release[0]);
+            ckptio_dcp_lock_release(lock);
+            _exit(0);
         }
-        ckptio_dcp_lock_release(lock);
-        _exit(0);
+        if (fork() == 0) {
+            ckptio_dcp_lock *mine = NULL;
+            const ckptio_status busy = ckptio_dcp_lock_acquire(dir, NULL, 0, 0.0, NULL, NULL, &mine);
+            ckptio_dcp_lock_release(lock); /* the parent's handle: frees it, unlocks nothing */
+            if (write(ready[1], busy == CKPTIO_E_BUSY ? "b" : "f", 1) != 1) _exit(3);
+            wait_closed(release[0]);
+            _exit(0);
+        }
+        for (;;) pause();
     }
     close(ready[1]);
     close(release[0]);
-    char c;
-    T_ASSERT(read(ready[0], &c, 1) == 1);
+    char c = 0;
+    T_ASSERT(read(ready[0], &c, 1) == 1 && c != 'f');
     close(ready[0]);
     *release_fd = release[1];
     return pid;
@@ -571,7 +584,7 @@ static int count_waits(double waited, void *user) {
 static void test_lock_busy_and_shared(void) {
     const char *dir = setup("lock");
     int rel;
-    pid_t pid = holder(dir, 0, &rel);
+    pid_t pid = holder(dir, 0, false, &rel);
     ckptio_dcp_lock *lock = NULL;
     /* At once: E_BUSY naming the holder. */
     T_STATUS(ckptio_dcp_lock_acquire(dir, NULL, 0, 0.0, NULL, NULL, &lock), CKPTIO_E_BUSY);
@@ -600,7 +613,7 @@ static void test_lock_busy_and_shared(void) {
     T_OK(ckptio_dcp_lock_release(lock));
     T_OK(ckptio_dcp_lock_release(NULL));
     /* Shared beside shared; exclusive waits for both. */
-    pid = holder(dir, CKPTIO_DCP_LOCK_SHARED, &rel);
+    pid = holder(dir, CKPTIO_DCP_LOCK_SHARED, false, &rel);
     T_OK(ckptio_dcp_lock_acquire(dir, NULL, CKPTIO_DCP_LOCK_SHARED, 0.0, NULL, NULL, &lock));
     ckptio_dcp_lock *excl = NULL;
     T_STATUS(ckptio_dcp_lock_acquire(dir, NULL, 0, 0.0, NULL, NULL, &excl), CKPTIO_E_BUSY);
@@ -616,7 +629,7 @@ static void test_lock_dies_with_its_holder(void) {
     const char *dir = setup("lock-kill");
     int rel;
     /* SIGKILL: the kernel drops the flock with the holder. */
-    pid_t pid = holder(dir, 0, &rel);
+    pid_t pid = holder(dir, 0, false, &rel);
     ckptio_dcp_lock *lock = NULL;
     T_STATUS(ckptio_dcp_lock_acquire(dir, NULL, 0, 0.0, NULL, NULL, &lock), CKPTIO_E_BUSY);
     kill(pid, SIGKILL);
@@ -624,42 +637,17 @@ static void test_lock_dies_with_its_holder(void) {
     T_OK(ckptio_dcp_lock_acquire(dir, NULL, 0, 0.0, NULL, NULL, &lock));
     T_OK(ckptio_dcp_lock_release(lock));
 
-    /* A holder forks a child (a DataLoader worker) and is then killed: the
-     * child lives on but closed its copy of the descriptor at the fork, so
-     * the lock ends with the holder. The child also finds it busy. */
-    int ready[2], gate[2];
-    T_ASSERT(pipe(ready) == 0 && pipe(gate) == 0);
-    const pid_t a = fork();
-    T_ASSERT(a >= 0);
-    if (a == 0) {
-        close(ready[0]);
-        close(gate[1]);
-        if (ckptio_dcp_lock_acquire(dir, NULL, 0, 0.0, NULL, NULL, &lock) != CKPTIO_OK) _exit(2);
-        const pid_t child = fork();
-        if (child == 0) {
-            ckptio_dcp_lock *mine = NULL;
-            const ckptio_status busy = ckptio_dcp_lock_acquire(dir, NULL, 0, 0.0, NULL, NULL, &mine);
-            ckptio_dcp_lock_release(lock); /* the parent's handle: frees it, unlocks nothing */
-            if (write(ready[1], busy == CKPTIO_E_BUSY ? "b" : "f", 1) != 1) _exit(3);
-            char c;
-            while (read(gate[0], &c, 1) > 0) {
-            }
-            _exit(0);
-        }
-        for (;;) pause(); /* holds the lock until killed */
-    }
-    close(ready[1]);
-    close(gate[0]);
-    char c = 0;
-    T_ASSERT(read(ready[0], &c, 1) == 1 && c == 'b');
+    /* A holder forks a worker (a DataLoader worker) and is then killed: the
+     * worker lives on but closed its copy of the descriptor at the fork, so
+     * the lock ends with the holder. The worker found it busy. */
+    pid = holder(dir, 0, true, &rel);
     T_STATUS(ckptio_dcp_lock_acquire(dir, NULL, 0, 0.0, NULL, NULL, &lock), CKPTIO_E_BUSY);
-    kill(a, SIGKILL);
-    reap(a, -1);
-    /* The grandchild still runs (its read of `gate` blocks): yet the lock is free. */
+    kill(pid, SIGKILL);
+    reap(pid, -1);
+    /* The worker still runs (its release pipe is open): yet the lock is free. */
     T_OK(ckptio_dcp_lock_acquire(dir, NULL, 0, 0.0, NULL, NULL, &lock));
     T_OK(ckptio_dcp_lock_release(lock));
-    close(gate[1]);
-    close(ready[0]);
+    close(rel);
 }
 
 int main(void) {

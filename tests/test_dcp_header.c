@@ -18,13 +18,18 @@
 
 static ckptio_engine *engine;
 
-static const char *data_path(const char *name) {
-    static char buf[4][1024];
-    static int slot;
-    const char *dir = getenv("CKPTIO_TEST_DATA");
-    char *b = buf[slot++ % 4];
-    snprintf(b, sizeof buf[0], "%s/dcp/%s", dir ? dir : "tests/data", name);
-    return b;
+static const char *data_path(const char *name) { return t_data_path("dcp", name); }
+
+/* Fixture `name` opened on engine `e`, with tensor `fqn` and its first chunk. */
+static ckptio_dcp *chunk_of(ckptio_engine *e, const char *name, const char *fqn, ckptio_dcp_tensor_info *ti,
+                            ckptio_dcp_chunk_info *ci) {
+    ckptio_dcp *h = NULL;
+    size_t i = 0;
+    T_OK(ckptio_dcp_open(e, data_path(name), &h));
+    T_OK(ckptio_dcp_find(h, fqn, &i));
+    T_OK(ckptio_dcp_tensor(h, i, ti));
+    T_OK(ckptio_dcp_chunk(h, i, 0, ci));
+    return h;
 }
 
 /* The expected bytes of tensor `fqn` of fixture `name`. */
@@ -122,12 +127,9 @@ static void test_archives(void) { check_fixture("ts", 1); }
 static void test_blobs(void) {
     check_fixture("st", 5);
     /* A blob's header answers for its tensors by name, and only for them. */
-    ckptio_dcp *h = NULL;
-    size_t i = 0;
+    ckptio_dcp_tensor_info ti;
     ckptio_dcp_chunk_info ci;
-    T_OK(ckptio_dcp_open(engine, data_path("st"), &h));
-    T_OK(ckptio_dcp_find(h, "w", &i));
-    T_OK(ckptio_dcp_chunk(h, i, 0, &ci));
+    ckptio_dcp *h = chunk_of(engine, "st", "w", &ti, &ci);
     char path[1200], where[1300];
     snprintf(path, sizeof path, "%s/%s", data_path("st"), ci.stored.file);
     ckptio_file *f = NULL;
@@ -146,14 +148,9 @@ static void test_blobs(void) {
 
 /* A zstd item decoded in memory: the layout counts from the data's start. */
 static void test_decoded_item(void) {
-    ckptio_dcp *h = NULL;
-    T_OK(ckptio_dcp_open(engine, data_path("zstd"), &h));
-    size_t i = 0;
     ckptio_dcp_tensor_info ti;
     ckptio_dcp_chunk_info ci;
-    T_OK(ckptio_dcp_find(h, "w", &i));
-    T_OK(ckptio_dcp_tensor(h, i, &ti));
-    T_OK(ckptio_dcp_chunk(h, i, 0, &ci));
+    ckptio_dcp *h = chunk_of(engine, "zstd", "w", &ti, &ci);
     T_ASSERT(ci.stored.transforms & CKPTIO_DCP_TRANSFORM_ZSTD);
     char path[1200];
     snprintf(path, sizeof path, "%s/%s", data_path("zstd"), ci.stored.file);
@@ -195,13 +192,10 @@ static void test_bad_items(void) {
     const char *path = t_path("cut.distcp");
     ckptio_file *f = NULL;
     ckptio_dcp_header *hd = NULL;
-    /* The archive at offset 0 runs past a cut file. */
-    ckptio_dcp *h = NULL;
-    size_t i = 0;
+    /* The archive runs past a cut file. */
+    ckptio_dcp_tensor_info ti;
     ckptio_dcp_chunk_info ci;
-    T_OK(ckptio_dcp_open(engine, data_path("ts"), &h));
-    T_OK(ckptio_dcp_find(h, "w", &i));
-    T_OK(ckptio_dcp_chunk(h, i, 0, &ci));
+    ckptio_dcp *h = chunk_of(engine, "ts", "w", &ti, &ci);
     t_write_file(path, bytes, ci.stored.offset + ci.stored.length - 1);
     T_OK(ckptio_file_open(engine, path, CKPTIO_OPEN_READ, &f));
     T_STATUS(ckptio_dcp_header_read(f, ci.stored.offset, ci.stored.length, NULL, NULL, &hd), CKPTIO_E_TRUNCATED);
@@ -221,14 +215,11 @@ static void test_bad_items(void) {
 static void test_read_tensor_reads_the_storage_only(void) {
     ckptio_engine *e = NULL;
     T_OK(ckptio_engine_create(&e));
-    ckptio_dcp *h = NULL;
-    T_OK(ckptio_dcp_open(e, data_path("ts"), &h));
-    size_t i = 0;
     ckptio_dcp_tensor_info ti;
     ckptio_dcp_chunk_info ci;
+    ckptio_dcp *h = chunk_of(e, "ts", "w", &ti, &ci);
+    size_t i = 0;
     T_OK(ckptio_dcp_find(h, "w", &i));
-    T_OK(ckptio_dcp_tensor(h, i, &ti));
-    T_OK(ckptio_dcp_chunk(h, i, 0, &ci));
     ckptio_stats before, after;
     T_OK(ckptio_engine_stats(e, &before));
     uint8_t buf[64];

@@ -112,47 +112,67 @@ static PyObject *names_list(char **v, size_t n) {
 
 /* ---- small files -------------------------------------------------------------------- */
 
+/* (dir, name, reference or None): the arguments of a call about one file. */
+typedef struct file_args {
+    PyObject *dir, *name, *ref;
+    const char *d, *n, *reference;
+} file_args;
+
+static void file_args_free(file_args *a) {
+    Py_CLEAR(a->dir);
+    Py_CLEAR(a->name);
+    Py_CLEAR(a->ref);
+}
+
+static int file_args_parse(PyObject *dir_o, PyObject *name_o, PyObject *ref_o, file_args *a) {
+    memset(a, 0, sizeof *a);
+    if ((a->dir = ckpy_path_bytes(dir_o)) && (a->name = ckpy_path_bytes(name_o)) &&
+        optional_name(ref_o, &a->ref, &a->reference) == 0) {
+        a->d = PyBytes_AsString(a->dir);
+        a->n = PyBytes_AsString(a->name);
+        return 0;
+    }
+    file_args_free(a);
+    return -1;
+}
+
+/* None, or the exception of a failed call. */
+static PyObject *none_or_raise(ckptio_status st) {
+    if (st != CKPTIO_OK) return ckpy_raise(st);
+    Py_RETURN_NONE;
+}
+
 static PyObject *mod_temporary_create(PyObject *module, PyObject *args) {
-    PyObject *dir_o, *name_o, *ref_o = Py_None, *dir = NULL, *name = NULL, *ref = NULL, *result = NULL;
-    if (!PyArg_ParseTuple(args, "OO|O:dcp_temporary_create", &dir_o, &name_o, &ref_o)) return NULL;
-    const char *reference;
-    if (!(dir = ckpy_path_bytes(dir_o)) || !(name = ckpy_path_bytes(name_o)) ||
-        optional_name(ref_o, &ref, &reference) < 0)
-        goto out;
+    PyObject *dir_o, *name_o, *ref_o = Py_None;
+    file_args a;
+    if (!PyArg_ParseTuple(args, "OO|O:dcp_temporary_create", &dir_o, &name_o, &ref_o) ||
+        file_args_parse(dir_o, name_o, ref_o, &a) < 0)
+        return NULL;
     char path[4096];
     int fd = -1;
     ckptio_status st;
     Py_BEGIN_ALLOW_THREADS
-    st = ckptio_temporary_create(PyBytes_AsString(dir), PyBytes_AsString(name), reference, &fd, path, sizeof path);
+    st = ckptio_temporary_create(a.d, a.n, a.reference, &fd, path, sizeof path);
     Py_END_ALLOW_THREADS
-    if (st != CKPTIO_OK) {
-        ckpy_raise(st);
-        goto out;
-    }
-    result = Py_BuildValue("(iN)", fd, PyUnicode_DecodeFSDefault(path));
-out:
-    Py_XDECREF(dir);
-    Py_XDECREF(name);
-    Py_XDECREF(ref);
-    return result;
+    file_args_free(&a);
+    if (st != CKPTIO_OK) return ckpy_raise(st);
+    return Py_BuildValue("(iN)", fd, PyUnicode_DecodeFSDefault(path));
 }
 
 static PyObject *mod_reference(PyObject *module, PyObject *args) {
-    PyObject *dir_o, *name_o, *dir = NULL, *name = NULL, *result = NULL;
-    if (!PyArg_ParseTuple(args, "OO:dcp_reference", &dir_o, &name_o)) return NULL;
-    if ((dir = ckpy_path_bytes(dir_o)) && (name = ckpy_path_bytes(name_o))) {
-        unsigned mode = 0;
-        ckptio_status st;
-        Py_BEGIN_ALLOW_THREADS
-        st = ckptio_dcp_reference(PyBytes_AsString(dir), PyBytes_AsString(name), &mode);
-        Py_END_ALLOW_THREADS
-        if (st == CKPTIO_OK) result = PyLong_FromUnsignedLong(mode);
-        else if (st == CKPTIO_E_NOT_FOUND) result = (Py_INCREF(Py_None), Py_None);
-        else ckpy_raise(st);
-    }
-    Py_XDECREF(dir);
-    Py_XDECREF(name);
-    return result;
+    PyObject *dir_o, *name_o;
+    file_args a;
+    if (!PyArg_ParseTuple(args, "OO:dcp_reference", &dir_o, &name_o) || file_args_parse(dir_o, name_o, Py_None, &a) < 0)
+        return NULL;
+    unsigned mode = 0;
+    ckptio_status st;
+    Py_BEGIN_ALLOW_THREADS
+    st = ckptio_dcp_reference(a.d, a.n, &mode);
+    Py_END_ALLOW_THREADS
+    file_args_free(&a);
+    if (st == CKPTIO_E_NOT_FOUND) Py_RETURN_NONE;
+    if (st != CKPTIO_OK) return ckpy_raise(st);
+    return PyLong_FromUnsignedLong(mode);
 }
 
 static PyObject *mod_save_token(PyObject *module, PyObject *arg) {
@@ -167,141 +187,115 @@ static PyObject *mod_save_token(PyObject *module, PyObject *arg) {
 }
 
 static PyObject *mod_write_file(PyObject *module, PyObject *args) {
-    PyObject *dir_o, *name_o, *data, *ref_o, *dir = NULL, *name = NULL, *ref = NULL, *result = NULL;
+    PyObject *dir_o, *name_o, *data, *ref_o;
     int sync;
-    if (!PyArg_ParseTuple(args, "OOSOp:dcp_write_file", &dir_o, &name_o, &data, &ref_o, &sync)) return NULL;
-    const char *reference;
-    if (!(dir = ckpy_path_bytes(dir_o)) || !(name = ckpy_path_bytes(name_o)) ||
-        optional_name(ref_o, &ref, &reference) < 0)
-        goto out;
+    file_args a;
+    if (!PyArg_ParseTuple(args, "OOSOp:dcp_write_file", &dir_o, &name_o, &data, &ref_o, &sync) ||
+        file_args_parse(dir_o, name_o, ref_o, &a) < 0)
+        return NULL;
     ckptio_status st;
     Py_BEGIN_ALLOW_THREADS /* `data` is immutable bytes, kept alive by the caller's tuple */
-    st = ckptio_dcp_write_file(PyBytes_AsString(dir), PyBytes_AsString(name), PyBytes_AsString(data),
-                               (size_t)PyBytes_Size(data), reference, sync ? CKPTIO_DCP_SYNC : 0);
+    st = ckptio_dcp_write_file(a.d, a.n, PyBytes_AsString(data), (size_t)PyBytes_Size(data), a.reference,
+                               sync ? CKPTIO_DCP_SYNC : 0);
     Py_END_ALLOW_THREADS
-    if (st != CKPTIO_OK) ckpy_raise(st);
-    else result = (Py_INCREF(Py_None), Py_None);
-out:
-    Py_XDECREF(dir);
-    Py_XDECREF(name);
-    Py_XDECREF(ref);
-    return result;
+    file_args_free(&a);
+    return none_or_raise(st);
 }
 
 static PyObject *mod_create_file(PyObject *module, PyObject *args) {
-    PyObject *dir_o, *name_o, *ref_o, *dir = NULL, *name = NULL, *ref = NULL, *result = NULL;
-    if (!PyArg_ParseTuple(args, "OOO:dcp_create_file", &dir_o, &name_o, &ref_o)) return NULL;
-    const char *reference;
-    if (!(dir = ckpy_path_bytes(dir_o)) || !(name = ckpy_path_bytes(name_o)) ||
-        optional_name(ref_o, &ref, &reference) < 0)
-        goto out;
+    PyObject *dir_o, *name_o, *ref_o;
+    file_args a;
+    if (!PyArg_ParseTuple(args, "OOO:dcp_create_file", &dir_o, &name_o, &ref_o) ||
+        file_args_parse(dir_o, name_o, ref_o, &a) < 0)
+        return NULL;
     ckptio_status st;
     Py_BEGIN_ALLOW_THREADS
-    st = ckptio_dcp_create_file(PyBytes_AsString(dir), PyBytes_AsString(name), reference);
+    st = ckptio_dcp_create_file(a.d, a.n, a.reference);
     Py_END_ALLOW_THREADS
-    if (st != CKPTIO_OK) ckpy_raise(st);
-    else result = (Py_INCREF(Py_None), Py_None);
-out:
-    Py_XDECREF(dir);
-    Py_XDECREF(name);
-    Py_XDECREF(ref);
-    return result;
+    file_args_free(&a);
+    return none_or_raise(st);
 }
 
 /* ---- the manifest ------------------------------------------------------------------- */
 
-/* Items as (fqn, offsets or None, file, data_offset, nbytes, xxh3 or None,
- * parts or None, transforms); the strings and arrays live in `keep` and in
- * the PyMem blocks of `mem` until the call is done. */
+/* A PyMem block for the `n` elements (of `size` bytes) of the sequence
+ * `seq`, recorded in mem[] for the caller to free; *list is a new list of
+ * them. NULL with an error. */
+static void *list_block(PyObject *seq, size_t size, PyObject **list, Py_ssize_t *n, void **mem, size_t *nmem) {
+    if (!(*list = PySequence_List(seq))) return NULL;
+    *n = PyList_Size(*list);
+    void *block = PyMem_Calloc(*n ? (size_t)*n : 1, size);
+    if (!block) {
+        Py_CLEAR(*list);
+        PyErr_NoMemory();
+        return NULL;
+    }
+    mem[(*nmem)++] = block;
+    return block;
+}
+
+/* One item (fqn, offsets or None, file, data_offset, nbytes, xxh3 or None,
+ * parts or None, transforms); its strings live in `keep`, its arrays in mem[]. */
+static int manifest_item(PyObject *row, PyObject *keep, ckptio_dcp_manifest_item *it, void **mem, size_t *nmem) {
+    PyObject *fqn_o, *off_o, *file_o, *hash_o, *parts_o, *list = NULL;
+    unsigned long long data_offset, nbytes;
+    unsigned int transforms;
+    Py_ssize_t n = 0;
+    if (!PyArg_ParseTuple(row, "UOOKKOOI:manifest item", &fqn_o, &off_o, &file_o, &data_offset, &nbytes, &hash_o,
+                          &parts_o, &transforms))
+        return -1;
+    PyObject *fqn = PyUnicode_AsUTF8String(fqn_o), *file = fqn ? ckpy_path_bytes(file_o) : NULL;
+    const int kept = fqn && file && PyList_Append(keep, fqn) == 0 && PyList_Append(keep, file) == 0;
+    Py_XDECREF(fqn);
+    Py_XDECREF(file);
+    if (!kept) return -1;
+    *it = (ckptio_dcp_manifest_item){.fqn = PyBytes_AsString(fqn), .file = PyBytes_AsString(file),
+                                     .data_offset = data_offset, .nbytes = nbytes, .transforms = transforms};
+    if (hash_o != Py_None) {
+        it->hash = PyLong_AsUnsignedLongLong(hash_o);
+        if (PyErr_Occurred()) return -1;
+        it->hashed = 1;
+    }
+    if (off_o != Py_None) {
+        int64_t *v = list_block(off_o, sizeof *v, &list, &n, mem, nmem);
+        for (Py_ssize_t d = 0; v && d < n; d++) v[d] = PyLong_AsLongLong(PyList_GetItem(list, d));
+        Py_XDECREF(list);
+        if (!v || PyErr_Occurred()) return -1;
+        it->offset = v;
+        it->ndim = (uint32_t)n;
+    }
+    if (parts_o != Py_None) {
+        ckptio_dcp_part *p = list_block(parts_o, sizeof *p, &list, &n, mem, nmem);
+        for (Py_ssize_t k = 0; p && k < n; k++) {
+            unsigned long long o, l, h;
+            if (!PyArg_ParseTuple(PyList_GetItem(list, k), "KKK:part", &o, &l, &h)) p = NULL;
+            else p[k] = (ckptio_dcp_part){o, l, h};
+        }
+        Py_XDECREF(list);
+        if (!p) return -1;
+        it->parts = p;
+        it->nparts = (size_t)n;
+    }
+    return 0;
+}
+
+/* The items of a manifest; *mem (nmem blocks) and *out are the caller's to
+ * free, also on failure. */
 static int manifest_items(PyObject *seq, PyObject *keep, ckptio_dcp_manifest_item **out, size_t *count,
                           void ***mem, size_t *nmem) {
     PyObject *fast = PySequence_List(seq);
     if (!fast) return -1;
     const Py_ssize_t n = PyList_Size(fast);
-    ckptio_dcp_manifest_item *items = PyMem_Calloc(n ? (size_t)n : 1, sizeof *items);
-    void **blocks = PyMem_Calloc(2 * (size_t)n + 1, sizeof *blocks);
-    *out = items;
-    *mem = blocks;
-    *nmem = 0;
-    *count = 0;
-    if (!items || !blocks) {
-        Py_DECREF(fast);
-        PyErr_NoMemory();
-        return -1;
-    }
-    for (Py_ssize_t i = 0; i < n; i++) {
-        PyObject *fqn_o, *off_o, *file_o, *hash_o, *parts_o;
-        unsigned long long data_offset, nbytes;
-        unsigned int transforms;
-        ckptio_dcp_manifest_item *it = &items[i];
-        if (!PyArg_ParseTuple(PyList_GetItem(fast, i), "UOOKKOOI:manifest item", &fqn_o, &off_o, &file_o,
-                              &data_offset, &nbytes, &hash_o, &parts_o, &transforms))
-            goto fail;
-        PyObject *fqn = PyUnicode_AsUTF8String(fqn_o), *file = fqn ? ckpy_path_bytes(file_o) : NULL;
-        if (!fqn || !file || PyList_Append(keep, fqn) < 0 || PyList_Append(keep, file) < 0) {
-            Py_XDECREF(fqn);
-            Py_XDECREF(file);
-            goto fail;
-        }
-        Py_DECREF(fqn);
-        Py_DECREF(file);
-        it->fqn = PyBytes_AsString(fqn);
-        it->file = PyBytes_AsString(file);
-        it->data_offset = data_offset;
-        it->nbytes = nbytes;
-        it->transforms = transforms;
-        if (hash_o != Py_None) {
-            it->hash = PyLong_AsUnsignedLongLong(hash_o);
-            if (PyErr_Occurred()) goto fail;
-            it->hashed = 1;
-        }
-        if (off_o != Py_None) {
-            PyObject *offs = PySequence_List(off_o);
-            if (!offs) goto fail;
-            const Py_ssize_t nd = PyList_Size(offs);
-            int64_t *v = PyMem_Calloc(nd ? (size_t)nd : 1, sizeof *v);
-            if (!v) {
-                Py_DECREF(offs);
-                PyErr_NoMemory();
-                goto fail;
-            }
-            blocks[(*nmem)++] = v;
-            for (Py_ssize_t d = 0; d < nd; d++) v[d] = PyLong_AsLongLong(PyList_GetItem(offs, d));
-            Py_DECREF(offs);
-            if (PyErr_Occurred()) goto fail;
-            it->offset = v;
-            it->ndim = (uint32_t)nd;
-        }
-        if (parts_o != Py_None) {
-            PyObject *parts = PySequence_List(parts_o);
-            if (!parts) goto fail;
-            const Py_ssize_t np = PyList_Size(parts);
-            ckptio_dcp_part *p = PyMem_Calloc(np ? (size_t)np : 1, sizeof *p);
-            if (!p) {
-                Py_DECREF(parts);
-                PyErr_NoMemory();
-                goto fail;
-            }
-            blocks[(*nmem)++] = p;
-            for (Py_ssize_t k = 0; k < np; k++) {
-                unsigned long long o, l, h;
-                if (!PyArg_ParseTuple(PyList_GetItem(parts, k), "KKK:part", &o, &l, &h)) {
-                    Py_DECREF(parts);
-                    goto fail;
-                }
-                p[k] = (ckptio_dcp_part){o, l, h};
-            }
-            Py_DECREF(parts);
-            it->parts = p;
-            it->nparts = (size_t)np;
-        }
-        *count = (size_t)i + 1;
+    *out = PyMem_Calloc(n ? (size_t)n : 1, sizeof **out);
+    *mem = PyMem_Calloc(2 * (size_t)n + 1, sizeof **mem);
+    *nmem = *count = 0;
+    int rc = *out && *mem ? 0 : (PyErr_NoMemory(), -1);
+    for (Py_ssize_t i = 0; rc == 0 && i < n; i++) {
+        rc = manifest_item(PyList_GetItem(fast, i), keep, &(*out)[i], *mem, nmem);
+        if (rc == 0) *count = (size_t)i + 1;
     }
     Py_DECREF(fast);
-    return 0;
-fail:
-    Py_DECREF(fast);
-    return -1;
+    return rc;
 }
 
 static PyObject *mod_manifest_write(PyObject *module, PyObject *args) {
@@ -324,8 +318,7 @@ static PyObject *mod_manifest_write(PyObject *module, PyObject *args) {
     st = ckptio_dcp_manifest_write(PyBytes_AsString(dir), PyBytes_AsString(md), files.v, files.n, items, count,
                                    reference, sync ? CKPTIO_DCP_SYNC : 0);
     Py_END_ALLOW_THREADS
-    if (st != CKPTIO_OK) ckpy_raise(st);
-    else result = (Py_INCREF(Py_None), Py_None);
+    result = none_or_raise(st);
 out:
     for (size_t i = 0; i < nmem; i++) PyMem_Free(mem[i]);
     PyMem_Free(mem);
@@ -342,60 +335,75 @@ out:
 
 #define NOTE_CAP 4096
 
+/* The arguments step 4's calls share: the directory, a list of names and
+ * what the save committed. */
+typedef struct cleanup_args {
+    PyObject *dir;
+    names_arg names;
+    committed_arg committed;
+} cleanup_args;
+
+static void cleanup_args_free(cleanup_args *a) {
+    Py_CLEAR(a->dir);
+    names_free(&a->names);
+    committed_free(&a->committed);
+}
+
+static int cleanup_args_parse(PyObject *dir_o, PyObject *names_o, PyObject *committed_o, cleanup_args *a) {
+    memset(a, 0, sizeof *a);
+    if ((a->dir = ckpy_path_bytes(dir_o)) && names_parse(names_o, &a->names) == 0 &&
+        committed_parse(committed_o, &a->committed) == 0)
+        return 0;
+    cleanup_args_free(a);
+    return -1;
+}
+
+static const ckptio_dcp_committed *committed_of(const cleanup_args *a) {
+    return a->committed.present ? &a->committed.c : NULL;
+}
+
 static PyObject *mod_stale_files(PyObject *module, PyObject *args) {
-    PyObject *dir_o, *keep_o, *committed_o, *dir = NULL, *result = NULL;
-    if (!PyArg_ParseTuple(args, "OOO:dcp_stale_files", &dir_o, &keep_o, &committed_o)) return NULL;
-    names_arg keep = {0};
-    committed_arg committed = {0};
-    if (!(dir = ckpy_path_bytes(dir_o)) || names_parse(keep_o, &keep) < 0 ||
-        committed_parse(committed_o, &committed) < 0)
-        goto out;
+    PyObject *dir_o, *keep_o, *committed_o, *result = NULL;
+    cleanup_args a;
+    if (!PyArg_ParseTuple(args, "OOO:dcp_stale_files", &dir_o, &keep_o, &committed_o) ||
+        cleanup_args_parse(dir_o, keep_o, committed_o, &a) < 0)
+        return NULL;
     char **names = NULL, note[NOTE_CAP];
     size_t count = 0;
     ckptio_status st;
     Py_BEGIN_ALLOW_THREADS
-    st = ckptio_dcp_stale_files(PyBytes_AsString(dir), keep.v, keep.n, committed.present ? &committed.c : NULL,
-                                &names, &count, note, sizeof note);
+    st = ckptio_dcp_stale_files(PyBytes_AsString(a.dir), a.names.v, a.names.n, committed_of(&a), &names, &count, note,
+                                sizeof note);
     Py_END_ALLOW_THREADS
-    if (st != CKPTIO_OK) {
+    if (st == CKPTIO_OK) {
+        PyObject *list = names_list(names, count);
+        if (list) result = Py_BuildValue("(Ns)", list, note[0] ? note : NULL);
+    } else {
         ckpy_raise(st);
-        goto out;
     }
-    PyObject *list = names_list(names, count);
     ckptio_dcp_names_free(names, count);
-    if (list) result = Py_BuildValue("(Ns)", list, note[0] ? note : NULL);
-out:
-    names_free(&keep);
-    committed_free(&committed);
-    Py_XDECREF(dir);
+    cleanup_args_free(&a);
     return result;
 }
 
 static PyObject *mod_remove_files(PyObject *module, PyObject *args) {
-    PyObject *dir_o, *names_o, *committed_o, *dir = NULL, *result = NULL;
+    PyObject *dir_o, *names_o, *committed_o;
     int sync, recheck;
-    if (!PyArg_ParseTuple(args, "OOppO:dcp_remove_files", &dir_o, &names_o, &sync, &recheck, &committed_o))
+    cleanup_args a;
+    if (!PyArg_ParseTuple(args, "OOppO:dcp_remove_files", &dir_o, &names_o, &sync, &recheck, &committed_o) ||
+        cleanup_args_parse(dir_o, names_o, committed_o, &a) < 0)
         return NULL;
-    names_arg list = {0};
-    committed_arg committed = {0};
-    if (!(dir = ckpy_path_bytes(dir_o)) || names_parse(names_o, &list) < 0 ||
-        committed_parse(committed_o, &committed) < 0)
-        goto out;
     char note[NOTE_CAP];
     size_t removed = 0;
     const unsigned flags = (sync ? CKPTIO_DCP_SYNC : 0) | (recheck ? CKPTIO_DCP_RECHECK : 0);
     ckptio_status st;
     Py_BEGIN_ALLOW_THREADS
-    st = ckptio_dcp_remove_files(PyBytes_AsString(dir), list.v, list.n, flags, committed.present ? &committed.c : NULL,
-                                 &removed, note, sizeof note);
+    st = ckptio_dcp_remove_files(PyBytes_AsString(a.dir), a.names.v, a.names.n, flags, committed_of(&a), &removed,
+                                 note, sizeof note);
     Py_END_ALLOW_THREADS
-    if (st != CKPTIO_OK) ckpy_raise(st);
-    else result = Py_BuildValue("(ns)", (Py_ssize_t)removed, note[0] ? note : NULL);
-out:
-    names_free(&list);
-    committed_free(&committed);
-    Py_XDECREF(dir);
-    return result;
+    cleanup_args_free(&a);
+    if (st != CKPTIO_OK) return ckpy_raise(st);
+    return Py_BuildValue("(ns)", (Py_ssize_t)removed, note[0] ? note : NULL);
 }
 
 /* ---- the directory lock ------------------------------------------------------------- */

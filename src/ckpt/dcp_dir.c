@@ -309,6 +309,19 @@ static size_t find_sorted(const ckptio_dcp *h, const size_t *index, size_t n,
     return (size_t)-1;
 }
 
+/* Sorts index[0..n) (the identity at first) by name: each name once, else
+ * CKPTIO_E_FORMAT naming the one that appears twice. */
+static ckptio_status index_by_name(ckptio_dcp *h, size_t *index, size_t n, int (*cmp)(const void *, const void *, void *),
+                                   const char *(*name_of)(const ckptio_dcp *, size_t), const char *what) {
+    for (size_t i = 0; i < n; i++) index[i] = i;
+    qsort_r(index, n, sizeof *index, cmp, h);
+    for (size_t i = 1; i < n; i++)
+        if (strcmp(name_of(h, index[i]), name_of(h, index[i - 1])) == 0)
+            return MDFAIL(CKPTIO_E_FORMAT, h, "state_dict_metadata", "%s '%s' appears twice", what,
+                          name_of(h, index[i]));
+    return CKPTIO_OK;
+}
+
 size_t ckptio__dcp_tensor_index(const ckptio_dcp *h, const char *fqn) {
     return find_sorted(h, h->by_name, h->ntensors, tensor_name, fqn);
 }
@@ -344,18 +357,8 @@ static ckptio_status read_state_dict(ckptio_dcp *h, const ckptio_value *sdm) {
         h->ntensors++; /* counted first: close frees what add_tensor allocated */
         CKPTIO_FORWARD(add_tensor(h, fqn, subj, fields, &h->tensors[h->ntensors - 1]));
     }
-    for (size_t i = 0; i < h->ntensors; i++) h->by_name[i] = i;
-    qsort_r(h->by_name, h->ntensors, sizeof *h->by_name, cmp_by_name, h);
-    for (size_t i = 1; i < h->ntensors; i++)
-        if (strcmp(h->tensors[h->by_name[i]].fqn, h->tensors[h->by_name[i - 1]].fqn) == 0)
-            return MDFAIL(CKPTIO_E_FORMAT, h, "state_dict_metadata", "tensor '%s' appears twice",
-                          h->tensors[h->by_name[i]].fqn);
-    for (size_t j = 0; j < h->nbytes_items; j++) h->bytes_by_name[j] = j;
-    qsort_r(h->bytes_by_name, h->nbytes_items, sizeof *h->bytes_by_name, cmp_bytes_by_name, h);
-    for (size_t j = 1; j < h->nbytes_items; j++)
-        if (strcmp(h->bytes[h->bytes_by_name[j]].fqn, h->bytes[h->bytes_by_name[j - 1]].fqn) == 0)
-            return MDFAIL(CKPTIO_E_FORMAT, h, "state_dict_metadata", "byte item '%s' appears twice",
-                          h->bytes[h->bytes_by_name[j]].fqn);
+    CKPTIO_FORWARD(index_by_name(h, h->by_name, h->ntensors, cmp_by_name, tensor_name, "tensor"));
+    CKPTIO_FORWARD(index_by_name(h, h->bytes_by_name, h->nbytes_items, cmp_bytes_by_name, bytes_name, "byte item"));
     for (size_t j = 0; j < h->nbytes_items; j++)
         if (ckptio__dcp_tensor_index(h, h->bytes[j].fqn) != (size_t)-1)
             return MDFAIL(CKPTIO_E_FORMAT, h, "state_dict_metadata", "'%s' is both a tensor and a byte item",

@@ -71,6 +71,18 @@ static ckptio_status check_one_tensor(const ckptio_dcp_header *h, const char *su
     return CKPTIO_OK;
 }
 
+/* Hands the header out, or closes it keeping the error of `st`. */
+static ckptio_status finish(ckptio_dcp_header *h, ckptio_status st, ckptio_dcp_header **out) {
+    if (st == CKPTIO_OK) {
+        *out = h;
+        return st;
+    }
+    ckptio__error_saved *saved = ckptio__error_save();
+    ckptio_dcp_header_close(h);
+    ckptio__error_restore(saved);
+    return st;
+}
+
 static ckptio_status read_blob(ckptio_file *file, uint64_t offset, uint64_t size, const char *subject,
                                ckptio_dcp_header *h, uint64_t *bytes_read) {
     const char *path = ckptio_file_path(file);
@@ -131,14 +143,7 @@ ckptio_status ckptio_dcp_header_read(ckptio_file *file, uint64_t offset, uint64_
         st = check_one_tensor(h, subject);
     }
     if (bytes_read) *bytes_read = got;
-    if (st != CKPTIO_OK) {
-        ckptio__error_saved *saved = ckptio__error_save();
-        ckptio_dcp_header_close(h);
-        ckptio__error_restore(saved);
-        return st;
-    }
-    *out = h;
-    return CKPTIO_OK;
+    return finish(h, st, out);
 }
 
 ckptio_status ckptio_dcp_header_parse(const void *data, size_t len, const char *origin, uint64_t offset,
@@ -156,14 +161,7 @@ ckptio_status ckptio_dcp_header_parse(const void *data, size_t len, const char *
     ckptio_status st = ckptio_torch_parse(data, len, &h->torch);
     if (st != CKPTIO_OK) st = wrap(st, "read DCP item", origin, offset, subject, "torch.save item");
     else st = check_one_tensor(h, subject);
-    if (st != CKPTIO_OK) {
-        ckptio__error_saved *saved = ckptio__error_save();
-        ckptio_dcp_header_close(h);
-        ckptio__error_restore(saved);
-        return st;
-    }
-    *out = h;
-    return CKPTIO_OK;
+    return finish(h, st, out);
 }
 
 ckptio_status ckptio_dcp_header_layout(const ckptio_dcp_header *h, const char *fqn, ckptio_dcp_layout *out) {

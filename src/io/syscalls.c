@@ -50,32 +50,23 @@ int ckptio__unlink(const char *path) {
 
 DIR *ckptio__opendir(const char *path) { return injected(CKPTIO__IO_LISTDIR) ? NULL : opendir(path); }
 
-ssize_t ckptio__write(int fd, const void *buf, size_t len) {
+/* read() or write() of at most len bytes; an injected fault of `kind`
+ * fails it or cuts it short. */
+static ssize_t transfer(ckptio__io_kind kind, int fd, void *buf, size_t len) {
     for (;;) {
         int err = 0;
         uint64_t n = len;
         ssize_t ret;
-        if (ckptio__io_fault(CKPTIO__IO_WRITE, &err, &n)) {
+        if (ckptio__io_fault(kind, &err, &n)) {
             errno = err;
             ret = -1;
         } else {
-            ret = write(fd, buf, (size_t)n); /* n < len: an injected short write */
+            ret = kind == CKPTIO__IO_WRITE ? write(fd, buf, (size_t)n) : read(fd, buf, (size_t)n);
         }
         if (ret >= 0 || errno != EINTR) return ret;
     }
 }
 
-ssize_t ckptio__read(int fd, void *buf, size_t len) {
-    for (;;) {
-        int err = 0;
-        uint64_t n = len;
-        ssize_t ret;
-        if (ckptio__io_fault(CKPTIO__IO_READ, &err, &n)) {
-            errno = err;
-            ret = -1;
-        } else {
-            ret = read(fd, buf, (size_t)n);
-        }
-        if (ret >= 0 || errno != EINTR) return ret;
-    }
-}
+ssize_t ckptio__write(int fd, const void *buf, size_t len) { return transfer(CKPTIO__IO_WRITE, fd, (void *)buf, len); }
+
+ssize_t ckptio__read(int fd, void *buf, size_t len) { return transfer(CKPTIO__IO_READ, fd, buf, len); }
