@@ -14,6 +14,7 @@
  * broken invariant traps.
  */
 #include "ckptio.h"
+#include "dcp_commit_internal.h"
 #include "dcp_dir_internal.h"
 #include "pickle_internal.h"
 #include "value_walk.h"

@@ -101,6 +101,53 @@ static ckptio_status list_dir(const char *dir, names *out) {
 
 /* ---- what the metadata files reference now ------------------------------------------ */
 
+ckptio_status ckptio__dcp_referenced_files(const void *bytes, size_t len, const char *origin, char ***out,
+                                           size_t *count) {
+    *out = NULL;
+    *count = 0;
+    ckptio_pickle *p = NULL;
+    CKPTIO_FORWARD(ckptio_pickle_parse_dcp_metadata(bytes, len, origin, &p));
+    const ckptio_value *root = NULL;
+    ckptio_pickle_root(p, &root);
+    const ckptio_value *md = ckptio__dcp_fields_of(root, CKPTIO__DCP_MD "Metadata");
+    const ckptio_value *sd = md ? ckptio__dcp_dict_get(md, "storage_data") : NULL;
+    const ckptio_value_kind kind = ckptio_value_kind_of(sd);
+    size_t n = 0;
+    char **list = NULL;
+    ckptio_status st = CKPTIO_OK;
+    const ckptio__err_ctx ctx = {.path = origin, .file_offset = -1, .subject = "storage_data"};
+    if (!md)
+        st = CKPTIO_FAIL_CTX(CKPTIO_E_FORMAT, &((ckptio__err_ctx){.path = origin, .file_offset = -1}),
+                             "the pickled object is not a Metadata");
+    else if (sd && kind != CKPTIO_VALUE_NONE && (kind != CKPTIO_VALUE_DICT || ckptio_value_len(sd, &n) != CKPTIO_OK))
+        st = CKPTIO_FAIL_CTX(CKPTIO_E_FORMAT, &ctx, "not a dict");
+    else if (!(list = ckptio__calloc(n + 1, sizeof *list)))
+        st = CKPTIO_FAIL(CKPTIO_E_NOMEM, "out of memory");
+    /* Anything but a _StorageInfo with a string relative_path might name a
+     * file in some other way: the caller then keeps every file. */
+    for (size_t i = 0; st == CKPTIO_OK && i < n; i++) {
+        const ckptio_value *k, *v;
+        ckptio_value_dict_item(sd, i, &k, &v);
+        const ckptio_value *f = ckptio__dcp_fields_of(v, "torch.distributed.checkpoint.filesystem._StorageInfo");
+        size_t plen = 0;
+        const char *path = f ? ckptio__dcp_str_of(ckptio__dcp_dict_get(f, "relative_path"), &plen) : NULL;
+        if (!path || memchr(path, '\0', plen))
+            st = CKPTIO_FAIL_CTX(CKPTIO_E_FORMAT, &ctx, "entry %zu is not a _StorageInfo with a relative_path", i);
+        else if (!(list[*count] = ckptio__strdup(path)))
+            st = CKPTIO_FAIL(CKPTIO_E_NOMEM, "out of memory");
+        else
+            ++*count;
+    }
+    ckptio_pickle_close(p);
+    if (st != CKPTIO_OK) {
+        ckptio_dcp_names_free(list, *count);
+        *count = 0;
+        return st;
+    }
+    *out = list;
+    return CKPTIO_OK;
+}
+
 typedef enum { READ_OK, READ_MISSING, READ_UNREADABLE } read_outcome;
 
 /* The bytes of metadata file `path`. A symlink, FIFO or other non-regular

@@ -41,6 +41,14 @@ bool ckptio__dcp_temporary_name(const char *name);
  * or the errno of the open or of the fsync. */
 int ckptio__dcp_fsync_dir(const char *dir);
 
+/* The relative_path of every storage_data entry of a .metadata held in
+ * memory (`origin` names it in errors), as ckptio__malloc'ed strings
+ * (duplicates kept; free with ckptio_dcp_names_free). CKPTIO_E_FORMAT when
+ * the object graph is no Metadata or an entry is no _StorageInfo with a
+ * string relative_path: the caller cannot tell what it references. */
+ckptio_status ckptio__dcp_referenced_files(const void *bytes, size_t len, const char *origin, char ***files,
+                                           size_t *count);
+
 /* "DIR/NAME" (ckptio__malloc'ed), or NULL when out of memory. */
 char *ckptio__dcp_join(const char *dir, const char *name);
 

@@ -19,7 +19,7 @@
 #include <string.h>
 #include <sys/stat.h>
 
-#define DCP_MD "torch.distributed.checkpoint.metadata."
+#define DCP_MD CKPTIO__DCP_MD
 
 /* Largest .metadata read (torch writes a few hundred bytes per chunk). */
 #define METADATA_MAX ((uint64_t)1 << 31)
@@ -44,47 +44,6 @@ bool ckptio__dcp_plain_name(const char *name, size_t len) {
 }
 
 /* ---- value-tree helpers ---------------------------------------------------------- */
-
-static const char *str_of(const ckptio_value *v, size_t *len) {
-    const char *s = NULL;
-    size_t n = 0;
-    if (ckptio_value_kind_of(v) != CKPTIO_VALUE_STR || ckptio_value_bytes(v, &s, &n) != CKPTIO_OK) return NULL;
-    if (len) *len = n;
-    return s;
-}
-
-/* The field `key` of a dict (NULL when absent). */
-static const ckptio_value *dict_get(const ckptio_value *dict, const char *key) {
-    size_t n = 0;
-    if (ckptio_value_kind_of(dict) != CKPTIO_VALUE_DICT || ckptio_value_len(dict, &n) != CKPTIO_OK) return NULL;
-    for (size_t i = 0; i < n; i++) {
-        const ckptio_value *k, *v;
-        if (ckptio_value_dict_item(dict, i, &k, &v) != CKPTIO_OK) continue;
-        const char *s = str_of(k, NULL);
-        if (s && strcmp(s, key) == 0) return v;
-    }
-    return NULL;
-}
-
-/* The field dict of an instance of class `cls`: BUILD's dict state, or the
- * dict half of a (dict, slots) state tuple. NULL if the node is not one. */
-static const ckptio_value *fields_of(const ckptio_value *v, const char *cls) {
-    const char *name = NULL;
-    const ckptio_value *state = NULL;
-    if (ckptio_value_kind_of(v) != CKPTIO_VALUE_OBJECT || ckptio_value_object(v, &name, NULL, &state) != CKPTIO_OK ||
-        strcmp(name, cls) != 0)
-        return NULL;
-    if (ckptio_value_kind_of(state) == CKPTIO_VALUE_DICT) return state;
-    size_t n = 0;
-    if (ckptio_value_kind_of(state) == CKPTIO_VALUE_TUPLE && ckptio_value_len(state, &n) == CKPTIO_OK && n == 2) {
-        const ckptio_value *a, *b;
-        ckptio_value_item(state, 0, &a);
-        ckptio_value_item(state, 1, &b);
-        if (ckptio_value_kind_of(b) == CKPTIO_VALUE_DICT) return b; /* slots */
-        if (ckptio_value_kind_of(a) == CKPTIO_VALUE_DICT) return a;
-    }
-    return NULL;
-}
 
 static bool class_is(const ckptio_value *v, const char *cls) {
     const char *name = NULL;
@@ -177,8 +136,8 @@ static ckptio_status tensor_dtype(ckptio_dcp *h, const char *subj, const ckptio_
         ckptio_value_item(state, 0, &dtype);
         ckptio_value_item(state, 1, &layout);
     } else if (ckptio_value_kind_of(state) == CKPTIO_VALUE_DICT) {
-        dtype = dict_get(state, "dtype");
-        layout = dict_get(state, "layout");
+        dtype = ckptio__dcp_dict_get(state, "dtype");
+        layout = ckptio__dcp_dict_get(state, "layout");
     }
     if (ckptio_value_kind_of(dtype) != CKPTIO_VALUE_DTYPE || ckptio_value_dtype(dtype, out) != CKPTIO_OK)
         return MDFAIL(CKPTIO_E_FORMAT, h, subj, "TensorProperties has no dtype");
@@ -188,7 +147,7 @@ static ckptio_status tensor_dtype(ckptio_dcp *h, const char *subj, const ckptio_
         const char *lname = NULL;
         if (!class_is(layout, "torch.serialization._get_layout") ||
             ckptio_value_object(layout, NULL, &args, NULL) != CKPTIO_OK || ckptio_value_len(args, &na) != CKPTIO_OK ||
-            na != 1 || ckptio_value_item(args, 0, &first) != CKPTIO_OK || !(lname = str_of(first, NULL)))
+            na != 1 || ckptio_value_item(args, 0, &first) != CKPTIO_OK || !(lname = ckptio__dcp_str_of(first, NULL)))
             return MDFAIL(CKPTIO_E_FORMAT, h, subj, "TensorProperties.layout is not a torch.layout");
         if (strcmp(lname, "torch.strided") != 0)
             return MDFAIL(CKPTIO_E_UNSUPPORTED, h, subj, "layout %s (only torch.strided tensors are supported)", lname);
@@ -217,8 +176,8 @@ static ckptio_status add_tensor(ckptio_dcp *h, const char *fqn, const char *subj
                                 ckptio__dcp_tensor *t) {
     int64_t shape[CKPTIO_DCP_MAX_NDIM];
     uint32_t ndim = 0;
-    CKPTIO_FORWARD(tensor_dtype(h, subj, dict_get(fields, "properties"), &t->dtype));
-    if (!int_list(dict_get(fields, "size"), shape, &ndim))
+    CKPTIO_FORWARD(tensor_dtype(h, subj, ckptio__dcp_dict_get(fields, "properties"), &t->dtype));
+    if (!int_list(ckptio__dcp_dict_get(fields, "size"), shape, &ndim))
         return MDFAIL(CKPTIO_E_FORMAT, h, subj, "size is not a torch.Size of at most %u ints", CKPTIO_DCP_MAX_NDIM);
     uint64_t numel = 1;
     for (uint32_t d = 0; d < ndim; d++) {
@@ -230,7 +189,7 @@ static ckptio_status add_tensor(ckptio_dcp *h, const char *fqn, const char *subj
         return MDFAIL(CKPTIO_E_FORMAT, h, subj, "the size in bytes overflows 64 bits");
     t->numel = numel;
     t->ndim = ndim;
-    const ckptio_value *chunks = dict_get(fields, "chunks");
+    const ckptio_value *chunks = ckptio__dcp_dict_get(fields, "chunks");
     size_t nchunks = 0;
     const ckptio_value_kind ck = ckptio_value_kind_of(chunks);
     if ((ck != CKPTIO_VALUE_LIST && ck != CKPTIO_VALUE_TUPLE) || ckptio_value_len(chunks, &nchunks) != CKPTIO_OK)
@@ -245,11 +204,11 @@ static ckptio_status add_tensor(ckptio_dcp *h, const char *fqn, const char *subj
     for (size_t c = 0; c < nchunks; c++) {
         const ckptio_value *chunk = NULL;
         ckptio_value_item(chunks, c, &chunk);
-        const ckptio_value *cf = fields_of(chunk, DCP_MD "ChunkStorageMetadata");
+        const ckptio_value *cf = ckptio__dcp_fields_of(chunk, DCP_MD "ChunkStorageMetadata");
         if (!cf) return MDFAIL(CKPTIO_E_FORMAT, h, subj, "chunk %zu is not a ChunkStorageMetadata", c);
         int64_t off[CKPTIO_DCP_MAX_NDIM], size[CKPTIO_DCP_MAX_NDIM];
         uint32_t no = 0, ns = 0;
-        if (!int_list(dict_get(cf, "offsets"), off, &no) || !int_list(dict_get(cf, "sizes"), size, &ns))
+        if (!int_list(ckptio__dcp_dict_get(cf, "offsets"), off, &no) || !int_list(ckptio__dcp_dict_get(cf, "sizes"), size, &ns))
             return MDFAIL(CKPTIO_E_FORMAT, h, subj, "chunk %zu: offsets or sizes is not a torch.Size", c);
         if (no != ndim) return MDFAIL(CKPTIO_E_FORMAT, h, subj, "chunk %zu has %u offsets for a %u-d tensor", c, no, ndim);
         if (ns != ndim) return MDFAIL(CKPTIO_E_FORMAT, h, subj, "chunk %zu has %u sizes for a %u-d tensor", c, ns, ndim);
@@ -341,7 +300,7 @@ static ckptio_status read_state_dict(ckptio_dcp *h, const ckptio_value *sdm) {
     for (size_t i = 0; i < n; i++) {
         const ckptio_value *k, *v;
         ckptio_value_dict_item(sdm, i, &k, &v);
-        const char *fqn = str_of(k, NULL);
+        const char *fqn = ckptio__dcp_str_of(k, NULL);
         char subj[256];
         if (!fqn) return MDFAIL(CKPTIO_E_FORMAT, h, "state_dict_metadata", "key %zu is not a string", i);
         snprintf(subj, sizeof subj, "state_dict_metadata['%s']", fqn);
@@ -351,7 +310,7 @@ static ckptio_status read_state_dict(ckptio_dcp *h, const ckptio_value *sdm) {
             h->nbytes_items++;
             continue;
         }
-        const ckptio_value *fields = fields_of(v, DCP_MD "TensorStorageMetadata");
+        const ckptio_value *fields = ckptio__dcp_fields_of(v, DCP_MD "TensorStorageMetadata");
         if (!fields)
             return MDFAIL(CKPTIO_E_FORMAT, h, subj, "neither a TensorStorageMetadata nor a BytesStorageMetadata");
         h->ntensors++; /* counted first: close frees what add_tensor allocated */
@@ -376,21 +335,21 @@ size_t ckptio__dcp_file_index(const ckptio_dcp *h, const char *name) {
 }
 
 static ckptio_status storage_info(ckptio_dcp *h, const char *subj, const ckptio_value *info, ckptio_dcp_stored *out) {
-    const ckptio_value *f = fields_of(info, "torch.distributed.checkpoint.filesystem._StorageInfo");
+    const ckptio_value *f = ckptio__dcp_fields_of(info, "torch.distributed.checkpoint.filesystem._StorageInfo");
     if (!f) return MDFAIL(CKPTIO_E_FORMAT, h, subj, "the value is not a _StorageInfo");
     size_t plen = 0;
-    const char *path = str_of(dict_get(f, "relative_path"), &plen);
+    const char *path = ckptio__dcp_str_of(ckptio__dcp_dict_get(f, "relative_path"), &plen);
     if (!path) return MDFAIL(CKPTIO_E_FORMAT, h, subj, "relative_path is not a string");
     if (!ckptio__dcp_plain_name(path, plen))
         return MDFAIL(CKPTIO_E_FORMAT, h, subj,
                       "relative_path '%s' leaves the checkpoint directory (absolute, '/', '..' or empty)", path);
-    if (!uint_of(dict_get(f, "offset"), &out->offset) || !uint_of(dict_get(f, "length"), &out->length))
+    if (!uint_of(ckptio__dcp_dict_get(f, "offset"), &out->offset) || !uint_of(ckptio__dcp_dict_get(f, "length"), &out->length))
         return MDFAIL(CKPTIO_E_FORMAT, h, subj, "offset or length is not a non-negative int");
     uint64_t end;
     if (ckptio__add_overflows(out->offset, out->length, &end) || end > INT64_MAX)
         return MDFAIL(CKPTIO_E_FORMAT, h, subj, "offset + length overflows");
     out->transforms = 0;
-    const ckptio_value *tds = dict_get(f, "transform_descriptors");
+    const ckptio_value *tds = ckptio__dcp_dict_get(f, "transform_descriptors");
     const ckptio_value_kind tk = ckptio_value_kind_of(tds);
     if (tds && tk != CKPTIO_VALUE_NONE) {
         size_t n = 0;
@@ -399,7 +358,7 @@ static ckptio_status storage_info(ckptio_dcp *h, const char *subj, const ckptio_
         for (size_t i = 0; i < n; i++) {
             const ckptio_value *d;
             ckptio_value_item(tds, i, &d);
-            const char *s = str_of(d, NULL);
+            const char *s = ckptio__dcp_str_of(d, NULL);
             if (!s) return MDFAIL(CKPTIO_E_FORMAT, h, subj, "transform descriptor %zu is not a string", i);
             /* stream.zstd/1 or a compatible minor version (1.x), once. */
             const bool zstd = strncmp(s, "stream.zstd/1", 13) == 0 && (s[13] == '\0' || s[13] == '.');
@@ -419,11 +378,11 @@ static ckptio_status read_storage_data(ckptio_dcp *h, const ckptio_value *sd) {
     for (size_t i = 0; i < n; i++) {
         const ckptio_value *k, *v;
         ckptio_value_dict_item(sd, i, &k, &v);
-        const ckptio_value *mi = fields_of(k, DCP_MD "MetadataIndex");
-        const char *fqn = mi ? str_of(dict_get(mi, "fqn"), NULL) : NULL;
+        const ckptio_value *mi = ckptio__dcp_fields_of(k, DCP_MD "MetadataIndex");
+        const char *fqn = mi ? ckptio__dcp_str_of(ckptio__dcp_dict_get(mi, "fqn"), NULL) : NULL;
         if (!fqn) return MDFAIL(CKPTIO_E_FORMAT, h, "storage_data", "key %zu is not a MetadataIndex with an fqn", i);
         char subj[256];
-        const ckptio_value *offv = dict_get(mi, "offset");
+        const ckptio_value *offv = ckptio__dcp_dict_get(mi, "offset");
         if (!offv || ckptio_value_kind_of(offv) == CKPTIO_VALUE_NONE) {
             snprintf(subj, sizeof subj, "storage_data['%s']", fqn);
             const size_t bj = ckptio__dcp_bytes_index(h, fqn);
@@ -494,60 +453,6 @@ static ckptio_status collect_files(ckptio_dcp *h) {
     return CKPTIO_OK;
 }
 
-/* ---- the files a metadata file references (the commit's cleanup) --------------------- */
-
-static void free_names(char **names, size_t n) {
-    for (size_t i = 0; names && i < n; i++) ckptio__free(names[i]);
-    ckptio__free(names);
-}
-
-ckptio_status ckptio__dcp_referenced_files(const void *bytes, size_t len, const char *origin, char ***out,
-                                           size_t *count) {
-    *out = NULL;
-    *count = 0;
-    ckptio_pickle *p = NULL;
-    CKPTIO_FORWARD(ckptio_pickle_parse_dcp_metadata(bytes, len, origin, &p));
-    const ckptio_value *root = NULL;
-    ckptio_pickle_root(p, &root);
-    const ckptio_value *md = fields_of(root, DCP_MD "Metadata");
-    const ckptio_value *sd = md ? dict_get(md, "storage_data") : NULL;
-    const ckptio_value_kind kind = ckptio_value_kind_of(sd);
-    size_t n = 0;
-    char **names = NULL;
-    ckptio_status st = CKPTIO_OK;
-    const ckptio__err_ctx ctx = {.path = origin, .file_offset = -1, .subject = "storage_data"};
-    if (!md)
-        st = CKPTIO_FAIL_CTX(CKPTIO_E_FORMAT, &((ckptio__err_ctx){.path = origin, .file_offset = -1}),
-                             "the pickled object is not a Metadata");
-    else if (sd && kind != CKPTIO_VALUE_NONE && (kind != CKPTIO_VALUE_DICT || ckptio_value_len(sd, &n) != CKPTIO_OK))
-        st = CKPTIO_FAIL_CTX(CKPTIO_E_FORMAT, &ctx, "not a dict");
-    else if (!(names = ckptio__calloc(n + 1, sizeof *names)))
-        st = CKPTIO_FAIL(CKPTIO_E_NOMEM, "out of memory");
-    /* Anything but a _StorageInfo with a string relative_path might name a
-     * file in some other way: the caller then keeps every file. */
-    for (size_t i = 0; st == CKPTIO_OK && i < n; i++) {
-        const ckptio_value *k, *v;
-        ckptio_value_dict_item(sd, i, &k, &v);
-        const ckptio_value *f = fields_of(v, "torch.distributed.checkpoint.filesystem._StorageInfo");
-        size_t plen = 0;
-        const char *path = f ? str_of(dict_get(f, "relative_path"), &plen) : NULL;
-        if (!path || memchr(path, '\0', plen))
-            st = CKPTIO_FAIL_CTX(CKPTIO_E_FORMAT, &ctx, "entry %zu is not a _StorageInfo with a relative_path", i);
-        else if (!(names[*count] = ckptio__strdup(path)))
-            st = CKPTIO_FAIL(CKPTIO_E_NOMEM, "out of memory");
-        else
-            ++*count;
-    }
-    ckptio_pickle_close(p);
-    if (st != CKPTIO_OK) {
-        free_names(names, *count);
-        *count = 0;
-        return st;
-    }
-    *out = names;
-    return CKPTIO_OK;
-}
-
 /* ---- open / close ---------------------------------------------------------------------- */
 
 static ckptio_status read_metadata(ckptio_dcp *h, void **data, size_t *len) {
@@ -597,13 +502,13 @@ static ckptio_status open_handle(ckptio_engine *engine, const char *dir, const v
     if ((st = ckptio_pickle_parse_dcp_metadata(bytes ? bytes : data, len, h->md_path, &p)) != CKPTIO_OK) goto out;
     const ckptio_value *root = NULL;
     ckptio_pickle_root(p, &root);
-    const ckptio_value *md = fields_of(root, DCP_MD "Metadata");
+    const ckptio_value *md = ckptio__dcp_fields_of(root, DCP_MD "Metadata");
     if (!md) {
         st = MDFAIL(CKPTIO_E_FORMAT, h, NULL, "the pickled object is not a Metadata");
         goto out;
     }
-    if ((st = read_state_dict(h, dict_get(md, "state_dict_metadata"))) != CKPTIO_OK) goto out;
-    if ((st = read_storage_data(h, dict_get(md, "storage_data"))) != CKPTIO_OK) goto out;
+    if ((st = read_state_dict(h, ckptio__dcp_dict_get(md, "state_dict_metadata"))) != CKPTIO_OK) goto out;
+    if ((st = read_storage_data(h, ckptio__dcp_dict_get(md, "storage_data"))) != CKPTIO_OK) goto out;
     if ((st = collect_files(h)) != CKPTIO_OK) goto out;
     if (!(h->handles = ckptio__calloc(h->nfiles + 1, sizeof *h->handles)) ||
         !(h->file_sizes = ckptio__calloc(h->nfiles + 1, sizeof *h->file_sizes))) {

@@ -57,13 +57,20 @@ struct ckptio_dcp {
  * handle can list but not read (fuzz/fuzz_dcp_metadata.c). */
 ckptio_status ckptio__dcp_open_bytes(const char *dir, const void *data, size_t len, ckptio_dcp **out);
 
-/* The relative_path of every storage_data entry of a .metadata held in
- * memory (`origin` names it in errors), as ckptio__malloc'ed strings
- * (duplicates kept). CKPTIO_E_FORMAT when the object graph is no Metadata
- * or an entry is no _StorageInfo with a string relative_path: the caller
- * cannot tell what it references. */
-ckptio_status ckptio__dcp_referenced_files(const void *bytes, size_t len, const char *origin, char ***files,
-                                           size_t *count);
+/* ---- the .metadata value tree (dcp_values.c) ----------------------------- */
+
+/* Class names of torch.distributed.checkpoint.metadata. */
+#define CKPTIO__DCP_MD "torch.distributed.checkpoint.metadata."
+
+/* A STR node's text (and its length), or NULL. */
+const char *ckptio__dcp_str_of(const ckptio_value *v, size_t *len);
+
+/* The field `key` of a dict with string keys (NULL when absent). */
+const ckptio_value *ckptio__dcp_dict_get(const ckptio_value *dict, const char *key);
+
+/* The field dict of an instance of class `cls`: BUILD's dict state, or the
+ * dict half of a (dict, slots) state tuple. NULL if the node is not one. */
+const ckptio_value *ckptio__dcp_fields_of(const ckptio_value *v, const char *cls);
 
 /* Element size in bytes as torch counts elements (float4_e2m1fn_x2: 1), 0
  * for dtypes DCP cannot hold. */
