@@ -2,7 +2,9 @@
  * fuzz_dcp_metadata.c - libFuzzer target for the unpickler's DCP .metadata
  * mode (ckptio_pickle_parse_dcp_metadata): the input is a .metadata file.
  * The same bytes then go through the table ckptio_dcp_open() builds from
- * them (ckptio__dcp_open_bytes), whose invariants are checked too.
+ * them (ckptio__dcp_open_bytes), whose invariants are checked too, and
+ * through what the commit's cleanup reads from them (the files they
+ * reference: a superset of the table's).
  *
  * Beyond "no crash, no leak, no UB", an accepted stream must give a tree
  * the public accessors walk completely: only public kinds, never a tensor
@@ -12,6 +14,7 @@
  * broken invariant traps.
  */
 #include "ckptio.h"
+#include "dcp_commit_internal.h"
 #include "dcp_dir_internal.h"
 #include "pickle_internal.h"
 #include "value_walk.h"
@@ -86,11 +89,32 @@ static void check_table(const uint8_t *data, size_t size) {
         CHECK(ckptio_dcp_bytes(h, i, &b) == CKPTIO_OK && b.fqn != NULL);
         check_stored(&b.stored);
     }
+    /* The commit's cleanup must never remove a file this reader reads: every
+     * file of the table is among those it finds referenced. */
+    char **refs = NULL;
+    size_t nrefs = 0;
+    CHECK(ckptio__dcp_referenced_files(data, size, "fuzz", &refs, &nrefs) == CKPTIO_OK);
     for (size_t i = 0; i < nf; i++) {
         const char *name = NULL;
         CHECK(ckptio_dcp_file(h, i, &name) == CKPTIO_OK && name != NULL && strchr(name, '/') == NULL);
+        bool found = false;
+        for (size_t k = 0; k < nrefs && !found; k++) found = strcmp(refs[k], name) == 0;
+        CHECK(found);
     }
+    ckptio_dcp_names_free(refs, nrefs);
     ckptio_dcp_close(h);
+}
+
+/* What the cleanup reads from any .metadata: names, or a clear refusal. */
+static void check_referenced(const uint8_t *data, size_t size) {
+    char **refs = NULL;
+    size_t n = 0;
+    if (ckptio__dcp_referenced_files(data, size, "fuzz", &refs, &n) != CKPTIO_OK) {
+        CHECK(refs == NULL && n == 0 && ckptio_last_error_message()[0] != '\0');
+        return;
+    }
+    for (size_t i = 0; i < n; i++) CHECK(refs[i] != NULL);
+    ckptio_dcp_names_free(refs, n);
 }
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
@@ -107,5 +131,6 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     }
     ckptio_pickle_close(p);
     check_table(data, size);
+    check_referenced(data, size);
     return 0;
 }

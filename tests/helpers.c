@@ -68,6 +68,15 @@ const char *t_path(const char *name) {
     return b;
 }
 
+const char *t_data_path(const char *sub, const char *name) {
+    static char bufs[8][1024];
+    static int next;
+    char *b = bufs[next++ % 8];
+    const char *dir = getenv("CKPTIO_TEST_DATA");
+    snprintf(b, sizeof bufs[0], "%s/%s/%s", dir ? dir : "tests/data", sub, name);
+    return b;
+}
+
 void t_fill_random(void *buf, size_t len, uint64_t seed) {
     uint64_t x = seed * 0x9E3779B97F4A7C15ull + 0x2545F4914F6CDD1Dull;
     unsigned char *p = buf;

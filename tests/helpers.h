@@ -64,6 +64,10 @@ const char *t_tmpdir(void);
 /* Joins t_tmpdir() and name into a static rotating buffer. */
 const char *t_path(const char *name);
 
+/* $CKPTIO_TEST_DATA/SUB/NAME (tests/data without it: ctest sets it), in a
+ * static rotating buffer. */
+const char *t_data_path(const char *sub, const char *name);
+
 /* Deterministic pseudo-random bytes (xorshift, seeded). */
 void t_fill_random(void *buf, size_t len, uint64_t seed);
 

@@ -2,19 +2,13 @@
  * _ckptio_dcp.c - what ckptio.dcp (torch.distributed.checkpoint storage)
  * needs from C: writing the items of .distcp files (ckptio_dcp_write: one
  * engine plan for every item of every file of a rank), reading extents of
- * several files in one plan, describing a torch.save item in place (the
- * file is mapped and only the zip directory, local headers and pickle are
- * touched; the tensor bytes are then read with the engine), safetensors
- * headers inside a data file, XXH3-64 hashes and zstd decompression.
+ * several files in one plan, describing stored items (ckptio_dcp_header_*:
+ * only their headers are read; the tensor bytes are then read with the
+ * engine), XXH3-64 hashes and zstd decompression.
  */
 #include "_ckptio_internal.h"
 
-#include <errno.h>
-#include <fcntl.h>
 #include <string.h>
-#include <sys/mman.h>
-#include <sys/stat.h>
-#include <unistd.h>
 
 static int int64_array(PyObject *seq, int64_t **out, uint32_t *n_out) {
     PyObject *fast = PySequence_List(seq);
@@ -214,169 +208,79 @@ out:
     return result;
 }
 
-/* ---- describing items --------------------------------------------------------------- */
+/* ---- describing items (ckptio_dcp_header_*) ------------------------------------------ */
 
-/* ([(name, dtype, shape, stride, storage_offset, storage, file_offset, nbytes, contiguous)],
- *  [(nbytes, file_offset)]) of a parsed archive; offsets count from its first byte. */
-static PyObject *archive_rows(ckptio_torch *t) {
-    size_t count = 0, scount = 0;
-    ckptio_status st = ckptio_torch_count(t, &count);
-    if (st == CKPTIO_OK) st = ckptio_torch_storage_count(t, &scount);
-    if (st != CKPTIO_OK) return ckpy_raise(st);
-    PyObject *tensors = PyList_New((Py_ssize_t)count), *storages = PyList_New((Py_ssize_t)scount);
-    if (!tensors || !storages) goto fail;
-    for (size_t i = 0; i < count; i++) {
-        ckptio_torch_tensor_info ti;
-        if ((st = ckptio_torch_tensor(t, i, &ti)) != CKPTIO_OK) {
-            ckpy_raise(st);
-            goto fail;
-        }
-        PyObject *shape = ckpy_int64_tuple(ti.shape, ti.ndim);
-        PyObject *stride = shape ? ckpy_int64_tuple(ti.stride, ti.ndim) : NULL;
-        if (!stride) {
-            Py_XDECREF(shape);
-            goto fail;
-        }
-        PyObject *row = Py_BuildValue("(siNNKnKKO)", ti.name, (int)ti.dtype, shape, stride,
-                                      (unsigned long long)ti.storage_offset, (Py_ssize_t)ti.storage,
-                                      (unsigned long long)ti.file_offset, (unsigned long long)ti.nbytes,
-                                      ti.is_contiguous ? Py_True : Py_False);
-        if (!row) goto fail;
-        PyList_SetItem(tensors, (Py_ssize_t)i, row);
-    }
-    for (size_t i = 0; i < scount; i++) {
-        ckptio_torch_storage_info si;
-        if ((st = ckptio_torch_storage(t, i, &si)) != CKPTIO_OK) {
-            ckpy_raise(st);
-            goto fail;
-        }
-        PyObject *row = Py_BuildValue("(KK)", (unsigned long long)si.nbytes, (unsigned long long)si.file_offset);
-        if (!row) goto fail;
-        PyList_SetItem(storages, (Py_ssize_t)i, row);
-    }
-    return Py_BuildValue("(NN)", tensors, storages);
-fail:
-    Py_XDECREF(tensors);
-    Py_XDECREF(storages);
-    return NULL;
+#define HEADER_CAPSULE "ckptio.dcp_header"
+
+static void header_capsule_free(PyObject *capsule) {
+    ckptio_dcp_header *h = PyCapsule_GetPointer(capsule, HEADER_CAPSULE);
+    if (!h) PyErr_Clear();
+    ckptio_dcp_header_close(h);
 }
 
-/* Parses an archive held in memory; a failure names `path` and `offset`. */
-static PyObject *parse_archive(const void *bytes, size_t len, const char *path, int64_t offset) {
-    ckptio_torch *t = NULL;
+static PyObject *header_capsule(ckptio_dcp_header *h) {
+    PyObject *capsule = PyCapsule_New(h, HEADER_CAPSULE, header_capsule_free);
+    if (!capsule) ckptio_dcp_header_close(h);
+    return capsule;
+}
+
+typedef struct header_call {
+    uint64_t offset, length, bytes_read;
+    ckptio_dcp_header *header;
+} header_call;
+
+static ckptio_status do_header_read(ckpy_handle *file, void *arg) {
+    header_call *c = arg;
+    return ckptio_dcp_header_read(file->handle, c->offset, c->length, NULL, &c->bytes_read, &c->header);
+}
+
+static PyObject *mod_header_read(PyObject *module, PyObject *args) {
+    PyObject *file_o;
+    unsigned long long offset, length;
+    if (!PyArg_ParseTuple(args, "OKK:dcp_header_read", &file_o, &offset, &length)) return NULL;
+    if (!ckpy_file_handle(file_o)) return NULL;
+    header_call c = {.offset = offset, .length = length};
+    if (ckpy_handle_run((ckpy_handle *)file_o, do_header_read, &c) < 0) return NULL;
+    size_t count = 1;
+    ckptio_dcp_header_count(c.header, &count);
+    PyObject *capsule = header_capsule(c.header);
+    return capsule ? Py_BuildValue("(NKn)", capsule, (unsigned long long)c.bytes_read, (Py_ssize_t)count) : NULL;
+}
+
+static PyObject *mod_header_parse(PyObject *module, PyObject *args) {
+    unsigned long long addr, len, offset;
+    PyObject *origin_o;
+    if (!PyArg_ParseTuple(args, "KKOK:dcp_header_parse", &addr, &len, &origin_o, &offset)) return NULL;
+    PyObject *origin = ckpy_path_bytes(origin_o);
+    if (!origin) return NULL;
+    ckptio_dcp_header *h = NULL;
     ckptio_status st;
     Py_BEGIN_ALLOW_THREADS
-    st = ckptio_torch_parse(bytes, len, &t);
+    st = ckptio_dcp_header_parse((const void *)(uintptr_t)addr, (size_t)len, PyBytes_AsString(origin), offset, NULL,
+                                 &h);
     Py_END_ALLOW_THREADS
-    if (st != CKPTIO_OK)
-        return ckpy_raise_custom(st, 0, "parse DCP item", path, offset, "torch.save item of %zu bytes: %s", len,
-                                 ckptio_last_error_message());
-    PyObject *rows = archive_rows(t);
-    ckptio_torch_close(t);
-    return rows;
+    Py_DECREF(origin);
+    if (st != CKPTIO_OK) return ckpy_raise(st);
+    return header_capsule(h);
 }
 
-static PyObject *mod_torch_item(PyObject *module, PyObject *args) {
-    PyObject *path_arg;
-    unsigned long long offset, length;
-    if (!PyArg_ParseTuple(args, "OKK:dcp_torch_item", &path_arg, &offset, &length)) return NULL;
-    PyObject *pb = ckpy_path_bytes(path_arg);
-    if (!pb) return NULL;
-    const char *path = PyBytes_AsString(pb);
-    PyObject *result = NULL;
-    const int fd = open(path, O_RDONLY | O_CLOEXEC);
-    if (fd < 0) {
-        const int err = errno;
-        ckpy_raise_custom(ckpy_status_from_errno(err), err, "open", path, -1, "cannot open the data file");
-        goto out;
-    }
-    struct stat sb;
-    if (fstat(fd, &sb) != 0 || (uint64_t)sb.st_size < offset || (uint64_t)sb.st_size - offset < length || length == 0) {
-        ckpy_raise_custom(CKPTIO_E_TRUNCATED, 0, "parse DCP item", path, (int64_t)offset,
-                          "item of %llu bytes does not lie inside the file (%lld bytes)", length,
-                          (long long)sb.st_size);
-        close(fd);
-        goto out;
-    }
-    /* Map the item; parsing touches only its directory, headers and pickle. */
-    const long page = sysconf(_SC_PAGESIZE);
-    const uint64_t base = offset / (uint64_t)page * (uint64_t)page;
-    const size_t maplen = (size_t)(offset - base + length);
-    void *map = mmap(NULL, maplen, PROT_READ, MAP_SHARED, fd, (off_t)base);
-    const int map_err = errno;
-    close(fd);
-    if (map == MAP_FAILED) {
-        ckpy_raise_custom(ckpy_status_from_errno(map_err), map_err, "mmap", path, (int64_t)offset,
-                          "cannot map the item");
-        goto out;
-    }
-    result = parse_archive((const uint8_t *)map + (offset - base), (size_t)length, path, (int64_t)offset);
-    munmap(map, maplen);
-out:
-    Py_DECREF(pb);
-    return result;
-}
-
-static PyObject *mod_torch_item_memory(PyObject *module, PyObject *args) {
-    unsigned long long addr, len;
-    const char *what;
-    if (!PyArg_ParseTuple(args, "KKs:dcp_torch_item_memory", &addr, &len, &what)) return NULL;
-    if (!addr || !len) {
-        PyErr_SetString(PyExc_ValueError, "an empty buffer is not a torch.save item");
+static PyObject *mod_header_layout(PyObject *module, PyObject *args) {
+    PyObject *capsule;
+    const char *fqn;
+    if (!PyArg_ParseTuple(args, "Os:dcp_header_layout", &capsule, &fqn)) return NULL;
+    const ckptio_dcp_header *h = PyCapsule_GetPointer(capsule, HEADER_CAPSULE);
+    if (!h) return NULL;
+    ckptio_dcp_layout lay;
+    const ckptio_status st = ckptio_dcp_header_layout(h, fqn, &lay);
+    if (st != CKPTIO_OK) return ckpy_raise(st);
+    PyObject *shape = ckpy_int64_tuple(lay.shape, lay.ndim);
+    PyObject *stride = shape ? ckpy_int64_tuple(lay.stride, lay.ndim) : NULL;
+    if (!stride) {
+        Py_XDECREF(shape);
         return NULL;
     }
-    return parse_archive((const void *)(uintptr_t)addr, (size_t)len, what, -1);
-}
-
-/* (rows [(name, dtype, shape, offset in the blob, nbytes)], data offset, metadata) of a
- * safetensors header held in memory, for a blob of blob_size bytes. */
-static PyObject *mod_safetensors_header(PyObject *module, PyObject *args) {
-    unsigned long long addr, len, blob_size;
-    if (!PyArg_ParseTuple(args, "KKK:dcp_safetensors_header", &addr, &len, &blob_size)) return NULL;
-    ckptio_safetensors *st = NULL;
-    ckptio_status s = ckptio_safetensors_parse((const void *)(uintptr_t)addr, (size_t)len, blob_size, &st);
-    if (s != CKPTIO_OK) return ckpy_raise(s);
-    PyObject *rows = NULL, *meta = NULL, *result = NULL;
-    size_t count = 0, mcount = 0;
-    uint64_t data_offset = 0;
-    if ((s = ckptio_safetensors_count(st, &count)) || (s = ckptio_safetensors_metadata_count(st, &mcount)) ||
-        (s = ckptio_safetensors_data_offset(st, &data_offset))) {
-        ckpy_raise(s);
-        goto out;
-    }
-    if (!(rows = PyList_New((Py_ssize_t)count)) || !(meta = PyDict_New())) goto out;
-    for (size_t i = 0; i < count; i++) {
-        ckptio_tensor_info ti;
-        if ((s = ckptio_safetensors_tensor(st, i, &ti))) {
-            ckpy_raise(s);
-            goto out;
-        }
-        PyObject *shape = ckpy_int64_tuple(ti.shape, ti.ndim);
-        PyObject *row = shape ? Py_BuildValue("(siNKK)", ti.name, (int)ti.dtype, shape,
-                                              (unsigned long long)ti.file_offset, (unsigned long long)ti.nbytes)
-                              : NULL;
-        if (!row) goto out;
-        PyList_SetItem(rows, (Py_ssize_t)i, row);
-    }
-    for (size_t i = 0; i < mcount; i++) {
-        ckptio_kv kv;
-        if ((s = ckptio_safetensors_metadata(st, i, &kv))) {
-            ckpy_raise(s);
-            goto out;
-        }
-        PyObject *v = PyUnicode_FromString(kv.value);
-        if (!v || PyDict_SetItemString(meta, kv.key, v) < 0) {
-            Py_XDECREF(v);
-            goto out;
-        }
-        Py_DECREF(v);
-    }
-    result = Py_BuildValue("(OKO)", rows, (unsigned long long)data_offset, meta);
-out:
-    Py_XDECREF(rows);
-    Py_XDECREF(meta);
-    ckptio_safetensors_close(st);
-    return result;
+    return Py_BuildValue("(iNNKKK)", (int)lay.dtype, shape, stride, (unsigned long long)lay.storage_offset,
+                         (unsigned long long)lay.storage_start, (unsigned long long)lay.storage_nbytes);
 }
 
 /* ---- hashes and zstd ----------------------------------------------------------------- */
@@ -481,15 +385,17 @@ static PyMethodDef dcp_methods[] = {
     {"dcp_read", (PyCFunction)(void (*)(void))mod_dcp_read, METH_VARARGS | METH_KEYWORDS,
      "dcp_read(extents, engine=None): file -> memory for (File, address, nbytes, file_offset, mem_kind)\n"
      "extents of any number of files, in one engine plan. GIL released."},
-    {"dcp_torch_item", mod_torch_item, METH_VARARGS,
-     "dcp_torch_item(path, offset, length) -> (tensors, storages) of the torch.save archive stored at\n"
-     "[offset, +length) of a file. Tensor rows: (name, dtype, shape, stride, storage_offset, storage,\n"
-     "file_offset, nbytes, contiguous); storage rows: (nbytes, file_offset); offsets from the item start."},
-    {"dcp_torch_item_memory", mod_torch_item_memory, METH_VARARGS,
-     "dcp_torch_item_memory(address, length, what) -> the same for an archive in memory."},
-    {"dcp_safetensors_header", mod_safetensors_header, METH_VARARGS,
-     "dcp_safetensors_header(address, length, blob_size) -> ([(name, dtype, shape, offset, nbytes)],\n"
-     "data_offset, metadata) of a safetensors blob whose first `length` bytes are in memory."},
+    {"dcp_header_read", mod_header_read, METH_VARARGS,
+     "dcp_header_read(file, offset, length) -> (header, bytes_read, tensors): the parsed header of the\n"
+     "untransformed DCP item at [offset, +length) of an open File: a torch.save archive of one tensor or\n"
+     "a SAFETENSORS blob describing `tensors` tensors (ckptio_dcp_header_read; only headers are read,\n"
+     "through the File's engine)."},
+    {"dcp_header_parse", mod_header_parse, METH_VARARGS,
+     "dcp_header_parse(address, length, origin, offset) -> header: the same for a decoded item in memory\n"
+     "(a torch.save archive; the memory must outlive the header)."},
+    {"dcp_header_layout", mod_header_layout, METH_VARARGS,
+     "dcp_header_layout(header, fqn) -> (dtype, shape, stride, storage_offset, storage_start,\n"
+     "storage_nbytes): where the tensor's storage is (ckptio_dcp_header_layout)."},
     {"hash_xxh3", mod_hash_xxh3, METH_VARARGS, "hash_xxh3(address, nbytes) -> int: XXH3-64 of host memory."},
     {"zstd_decompress", mod_zstd_decompress, METH_VARARGS,
      "zstd_decompress(address, nbytes, limit) -> bytes: all zstd frames of the buffer, decompressed;\n"

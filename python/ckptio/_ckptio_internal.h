@@ -44,9 +44,6 @@ PyObject *ckpy_raise(ckptio_status status);
 PyObject *ckpy_raise_custom(ckptio_status status, int sys_errno, const char *operation, const char *path,
                             int64_t offset, const char *fmt, ...);
 
-/* Status for an errno (ENOENT -> E_NOT_FOUND, EACCES -> E_PERMISSION, ...). */
-ckptio_status ckpy_status_from_errno(int err);
-
 /* ---- engines (_ckptio_engine.c) ------------------------------------------ */
 
 typedef struct ckpy_call ckpy_call;
@@ -91,6 +88,10 @@ PyObject *ckpy_file_open_dcp(PyObject *dir_arg, PyObject *relative_path, PyObjec
 /* ---- torch.distributed.checkpoint items (_ckptio_dcp.c) ------------------- */
 
 int ckpy_dcp_add_to_module(PyObject *module);
+
+/* ---- the DCP directory commit (_ckptio_dcp_commit.c) ---------------------- */
+
+int ckpy_dcp_commit_add_to_module(PyObject *module);
 
 /* ---- GDS file API and CUDA queries (_ckptio_gds.c) ------------------------ */
 

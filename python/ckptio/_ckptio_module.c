@@ -94,21 +94,6 @@ PyObject *ckpy_raise_custom(ckptio_status status, int sys_errno, const char *ope
     return raise_record(status, sys_errno, 0, operation, path, offset, NULL, text, __FILE__, __LINE__);
 }
 
-ckptio_status ckpy_status_from_errno(int err) {
-    switch (err) {
-    case ENOENT:
-    case ENOTDIR: return CKPTIO_E_NOT_FOUND;
-    case EACCES:
-    case EPERM: return CKPTIO_E_PERMISSION;
-    case EEXIST: return CKPTIO_E_EXISTS;
-    case ENOSPC:
-    case EDQUOT: return CKPTIO_E_NOSPC;
-    case ENOMEM: return CKPTIO_E_NOMEM;
-    case EINVAL: return CKPTIO_E_INVAL;
-    default: return CKPTIO_E_IO;
-    }
-}
-
 /* ---- helpers ------------------------------------------------------------- */
 
 PyObject *ckpy_path_bytes(PyObject *path) {
@@ -365,7 +350,7 @@ PyMODINIT_FUNC PyInit__ckptio(void) {
     if (!m) return NULL;
     if (ckpy_engine_add_to_module(m) < 0 || ckpy_safetensors_add_to_module(m) < 0 ||
         ckpy_file_add_to_module(m) < 0 || ckpy_gds_add_to_module(m) < 0 || ckpy_torch_add_to_module(m) < 0 ||
-        ckpy_dcp_add_to_module(m) < 0 || ckpy_pickle_add_to_module(m) < 0 || ckpy_model_add_to_module(m) < 0)
+        ckpy_dcp_add_to_module(m) < 0 || ckpy_dcp_commit_add_to_module(m) < 0 || ckpy_pickle_add_to_module(m) < 0 || ckpy_model_add_to_module(m) < 0)
         goto fail;
     if (PyModule_AddIntConstant(m, "MEM_HOST", CKPTIO_MEM_HOST) < 0 ||
         PyModule_AddIntConstant(m, "MEM_PINNED", CKPTIO_MEM_PINNED) < 0 ||

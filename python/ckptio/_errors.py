@@ -116,3 +116,16 @@ def make_error(
     exc.message = message
     exc.source = source
     return exc
+
+
+def amend_error(exc: CkptioError, suffix: str) -> CkptioError:
+    """The same error with `suffix` appended to its message: advice that
+    only the Python caller can give (e.g. the option that would have
+    avoided it). Every other field is kept."""
+    fields = dict(exc.__dict__)
+    new = make_error(exc.status, exc.status_name, exc.errno or 0, exc.cuda_result or 0, exc.operation, exc.path,
+                     -1 if exc.offset is None else exc.offset, exc.subject, exc.message + suffix, exc.source)
+    for k, v in fields.items():
+        if k not in ("message", "strerror"):
+            setattr(new, k, v)
+    return new

@@ -2,21 +2,21 @@
  * dcp_assemble.c - decoding the stored items of a DCP directory and
  * assembling whole tensors from their chunks; the structural check.
  *
- * A chunk's item is one of: a torch.save archive of one tensor (offsets
- * inside it count from the item's first byte), a SAFETENSORS blob (the
- * _StorageInfo offset is the blob's start; all tensors of a rank's file
- * share it, so its parsed header is cached), or a zstd frame around an
- * archive. Items are read through the engine, one at a time: host memory
- * besides the destination is at most one item (plus its decompressed bytes).
+ * A chunk's item is one of: a torch.save archive of one tensor, a
+ * SAFETENSORS blob (all tensors of a rank's file share it, so its parsed
+ * header is kept), or a zstd frame around an archive; dcp_item.c tells
+ * which and where the tensor's storage lies. Only that storage is read,
+ * through the engine, one chunk at a time (a zstd item is read and
+ * decompressed whole): host memory besides the destination is at most one
+ * storage, or one compressed item plus its decompressed bytes. A chunk
+ * that is the whole tensor, stored dense, is read straight into the
+ * destination.
  */
 #include "dcp_dir_internal.h"
 #include "engine_internal.h"
 
 #include <stdio.h>
 #include <string.h>
-
-/* safetensors' own header size cap. */
-#define BLOB_HEADER_MAX 100000000u
 
 #define IFAIL(status_, path_, offset_, fqn_, ...)                                                          \
     CKPTIO_FAIL_CTX((status_), &((ckptio__err_ctx){.operation = "read DCP item", .path = (path_),           \
@@ -26,22 +26,15 @@
 /* A decoded chunk: a strided view of a storage held in memory. */
 typedef struct dcp_view {
     const uint8_t *storage;
-    uint64_t storage_nbytes;
-    uint32_t ndim;
-    int64_t shape[64], stride[64];
-    uint64_t storage_offset;   /* elements */
-    ckptio_dtype dtype;
+    ckptio_dcp_layout layout;
     bool direct;               /* already read into the caller's destination */
     void *item;                /* buffers owned by the view */
     void *raw;
-    ckptio_torch *torch;
 } dcp_view;
 
 static void view_free(dcp_view *v) {
-    ckptio_torch_close(v->torch);
     ckptio__free(v->item);
     ckptio__free(v->raw);
-    v->torch = NULL;
     v->item = v->raw = NULL;
 }
 
@@ -67,90 +60,47 @@ static ckptio_status wrap(ckptio_status st, ckptio_file *f, uint64_t offset, con
     return IFAIL(st, ckptio_file_path(f), offset, fqn, "%s: %s", what, inner);
 }
 
-static ckptio_status from_archive(const void *mem, size_t len, ckptio_file *f, const ckptio_dcp_stored *s,
-                                  const char *fqn, dcp_view *v) {
-    ckptio_status st = ckptio_torch_parse(mem, len, &v->torch);
-    if (st != CKPTIO_OK) return wrap(st, f, s->offset, fqn, "torch.save item");
-    size_t n = 0;
-    ckptio_torch_count(v->torch, &n);
-    if (n != 1)
-        return IFAIL(CKPTIO_E_FORMAT, ckptio_file_path(f), s->offset, fqn,
-                     "a torch.save item holds %zu tensors where one is expected", n);
-    ckptio_torch_tensor_info ti;
-    ckptio_torch_storage_info si;
-    CKPTIO_FORWARD(ckptio_torch_tensor(v->torch, 0, &ti));
-    CKPTIO_FORWARD(ckptio_torch_storage(v->torch, ti.storage, &si));
-    if (ti.ndim > 64) return IFAIL(CKPTIO_E_FORMAT, ckptio_file_path(f), s->offset, fqn, "%u dimensions", ti.ndim);
-    v->storage = (const uint8_t *)mem + si.file_offset;
-    v->storage_nbytes = si.nbytes;
-    v->ndim = ti.ndim;
-    memcpy(v->shape, ti.shape, ti.ndim * sizeof *ti.shape);
-    memcpy(v->stride, ti.stride, ti.ndim * sizeof *ti.stride);
-    v->storage_offset = ti.storage_offset;
-    v->dtype = ti.dtype;
-    return CKPTIO_OK;
-}
-
-static ckptio_status blob_header(ckptio_dcp *h, ckptio_file *f, uint64_t fsize, const ckptio_dcp_stored *s,
-                                 const char *fqn, ckptio_safetensors **out) {
+/* The header of the untransformed item `s` (a blob's is parsed once and
+ * kept for its other tensors); *owned when the caller closes it. */
+static ckptio_status item_header(ckptio_dcp *h, ckptio_file *f, const ckptio_dcp_stored *s, const char *fqn,
+                                 ckptio_dcp_header **out, bool *owned) {
     const size_t fi = ckptio__dcp_file_index(h, s->file);
+    *owned = false;
     for (size_t i = 0; i < h->nblobs; i++)
         if (h->blobs[i].file == fi && h->blobs[i].offset == s->offset) {
-            *out = h->blobs[i].st;
+            *out = h->blobs[i].header;
             return CKPTIO_OK;
         }
-    unsigned char prefix[8];
-    const uint64_t blob_size = fsize - s->offset;
-    if (blob_size < 8)
-        return IFAIL(CKPTIO_E_FORMAT, ckptio_file_path(f), s->offset, fqn,
-                     "neither a torch.save archive nor a safetensors blob (%llu bytes to the end of the file)",
-                     (unsigned long long)blob_size);
-    CKPTIO_FORWARD(read_range(f, prefix, 8, s->offset));
-    uint64_t n = 0;
-    for (int i = 7; i >= 0; i--) n = n << 8 | prefix[i];
-    if (n > BLOB_HEADER_MAX || 8 + n > blob_size)
-        return IFAIL(CKPTIO_E_FORMAT, ckptio_file_path(f), s->offset, fqn,
-                     "neither a torch.save archive nor a safetensors blob (header length %llu for a blob of %llu "
-                     "bytes)", (unsigned long long)n, (unsigned long long)blob_size);
-    void *head = ckptio__malloc(8 + n);
-    if (!head) return CKPTIO_FAIL(CKPTIO_E_NOMEM, "out of memory for a safetensors header of %llu bytes",
-                                  (unsigned long long)n);
-    ckptio_safetensors *st = NULL;
-    ckptio_status rc = read_range(f, head, 8 + n, s->offset);
-    if (rc == CKPTIO_OK && (rc = ckptio_safetensors_parse(head, 8 + n, blob_size, &st)) != CKPTIO_OK)
-        rc = wrap(rc, f, s->offset, fqn, "safetensors blob");
-    ckptio__free(head);
-    if (rc != CKPTIO_OK) return rc;
+    CKPTIO_FORWARD(ckptio_dcp_header_read(f, s->offset, s->length, fqn, NULL, out));
+    size_t count = 0;
+    ckptio_dcp_header_count(*out, &count);
+    if (count <= 1) { /* an archive (or a blob of one tensor): nothing to keep */
+        *owned = true;
+        return CKPTIO_OK;
+    }
     ckptio__dcp_blob *blobs = ckptio__realloc(h->blobs, (h->nblobs + 1) * sizeof *blobs);
     if (!blobs) {
-        ckptio_safetensors_close(st);
+        ckptio_dcp_header_close(*out);
+        *out = NULL;
         return CKPTIO_FAIL(CKPTIO_E_NOMEM, "out of memory");
     }
     h->blobs = blobs;
-    h->blobs[h->nblobs++] = (ckptio__dcp_blob){.file = fi, .offset = s->offset, .st = st};
-    *out = st;
+    h->blobs[h->nblobs++] = (ckptio__dcp_blob){.file = fi, .offset = s->offset, .header = *out};
     return CKPTIO_OK;
 }
 
-/* True when `head` (the first len of `size` bytes) is a torch.save zip by
- * the library's one format rule. */
-static bool is_archive(const void *head, size_t len, uint64_t size) {
-    ckptio_format format = CKPTIO_FORMAT_UNKNOWN;
-    return ckptio_format_detect_bytes(head, len, size, &format) == CKPTIO_OK && format == CKPTIO_FORMAT_TORCH;
-}
-
-/* Decodes chunk c of tensor t. With `direct` (the tensor's destination) a
- * blob chunk that is the whole tensor is read straight into it. */
+/* Decodes chunk c of tensor t into a view of its storage. With `direct`
+ * (the tensor's destination) a chunk that is the whole tensor, stored
+ * contiguous, is read straight into it. */
 static ckptio_status decode(ckptio_dcp *h, const ckptio__dcp_tensor *t, size_t c, void *direct, dcp_view *v) {
     memset(v, 0, sizeof *v);
     const ckptio_dcp_stored *s = &t->stored[c];
     ckptio_file *f = NULL;
-    uint64_t fsize = 0;
     CKPTIO_FORWARD(ckptio__dcp_item_bounds(h, s, t->fqn, &f));
-    CKPTIO_FORWARD(ckptio_file_size(f, &fsize));
     const char *path = ckptio_file_path(f);
     uint64_t chunk_bytes = ckptio__dcp_element_size(t->dtype);
     for (uint32_t d = 0; d < t->ndim; d++) chunk_bytes *= (uint64_t)t->sizes[c * t->ndim + d]; /* <= nbytes */
+    ckptio_dcp_layout *lay = &v->layout;
     if (s->transforms & CKPTIO_DCP_TRANSFORM_ZSTD) {
         CKPTIO_FORWARD(read_item(f, s, t->fqn, &v->item));
         uint64_t raw_len = 0;
@@ -166,59 +116,43 @@ static ckptio_status decode(ckptio_dcp *h, const ckptio__dcp_tensor *t, size_t c
             return wrap(st, f, s->offset, t->fqn, "zstd item");
         ckptio__free(v->item);
         v->item = NULL;
-        if (!is_archive(v->raw, got, got))
-            return IFAIL(CKPTIO_E_FORMAT, path, s->offset, t->fqn, "the decompressed item is not a torch.save archive");
-        CKPTIO_FORWARD(from_archive(v->raw, got, f, s, t->fqn, v));
+        ckptio_dcp_header *hd = NULL;
+        CKPTIO_FORWARD(ckptio_dcp_header_parse(v->raw, got, path, s->offset, t->fqn, &hd));
+        st = ckptio_dcp_header_layout(hd, t->fqn, lay);
+        ckptio_dcp_header_close(hd);
+        CKPTIO_FORWARD(st);
+        v->storage = (const uint8_t *)v->raw + lay->storage_start;
     } else {
-        /* An item is a torch.save archive or starts a safetensors blob that
-         * runs to the end of the file. */
-        unsigned char head[CKPTIO_FORMAT_PROBE_BYTES];
-        const uint64_t extent = fsize > s->offset ? fsize - s->offset : 0;
-        const size_t head_len = extent < sizeof head ? (size_t)extent : sizeof head;
-        CKPTIO_FORWARD(read_range(f, head, head_len, s->offset));
-        if (is_archive(head, head_len, extent)) {
-            CKPTIO_FORWARD(read_item(f, s, t->fqn, &v->item));
-            CKPTIO_FORWARD(from_archive(v->item, s->length, f, s, t->fqn, v));
+        ckptio_dcp_header *hd = NULL;
+        bool owned = false;
+        CKPTIO_FORWARD(item_header(h, f, s, t->fqn, &hd, &owned));
+        const ckptio_status st = ckptio_dcp_header_layout(hd, t->fqn, lay);
+        if (owned) ckptio_dcp_header_close(hd);
+        CKPTIO_FORWARD(st);
+        /* Only the storage's bytes are read, not the whole item. */
+        bool dense = lay->storage_offset == 0;
+        for (uint32_t d = lay->ndim, acc = 1; dense && d-- > 0; acc *= (uint32_t)lay->shape[d])
+            dense = lay->shape[d] == 1 || lay->stride[d] == (int64_t)acc;
+        if (direct && dense && lay->storage_nbytes == t->nbytes && t->nchunks == 1 && lay->dtype == t->dtype) {
+            v->direct = true;
+            v->storage = direct;
         } else {
-            ckptio_safetensors *st = NULL;
-            size_t ti_index = 0;
-            ckptio_tensor_info ti;
-            CKPTIO_FORWARD(blob_header(h, f, fsize, s, t->fqn, &st));
-            if (ckptio_safetensors_find(st, t->fqn, &ti_index) != CKPTIO_OK)
-                return IFAIL(CKPTIO_E_FORMAT, path, s->offset, t->fqn, "the safetensors blob has no tensor '%s'",
-                             t->fqn);
-            CKPTIO_FORWARD(ckptio_safetensors_tensor(st, ti_index, &ti));
-            v->dtype = ti.dtype;
-            v->ndim = ti.ndim;
-            memcpy(v->shape, ti.shape, ti.ndim * sizeof *ti.shape);
-            /* safetensors counts F4 values, torch packed pairs. */
-            if (ti.dtype == CKPTIO_DTYPE_F4 && ti.ndim > 0) v->shape[ti.ndim - 1] /= 2;
-            int64_t acc = 1;
-            for (uint32_t d = ti.ndim; d-- > 0;) {
-                v->stride[d] = acc;
-                acc *= v->shape[d];
-            }
-            v->storage_nbytes = ti.nbytes;
-            if (direct && ti.nbytes == t->nbytes && t->nchunks == 1 && ti.dtype == t->dtype) {
-                v->direct = true;
-                v->storage = direct;
-            } else {
-                if (!(v->item = ckptio__malloc(ti.nbytes ? ti.nbytes : 1)))
-                    return CKPTIO_FAIL(CKPTIO_E_NOMEM, "out of memory for %llu bytes", (unsigned long long)ti.nbytes);
-                v->storage = v->item;
-            }
-            CKPTIO_FORWARD(read_range(f, (void *)v->storage, ti.nbytes, s->offset + ti.file_offset));
+            if (!(v->item = ckptio__malloc(lay->storage_nbytes ? lay->storage_nbytes : 1)))
+                return CKPTIO_FAIL(CKPTIO_E_NOMEM, "out of memory for %llu bytes",
+                                   (unsigned long long)lay->storage_nbytes);
+            v->storage = v->item;
         }
+        CKPTIO_FORWARD(read_range(f, (void *)v->storage, lay->storage_nbytes, lay->storage_start));
     }
     /* The stored tensor must be the chunk .metadata describes. */
-    if (v->dtype != t->dtype)
+    if (lay->dtype != t->dtype)
         return IFAIL(CKPTIO_E_FORMAT, path, s->offset, t->fqn, "chunk %zu is stored as %s, .metadata says %s", c,
-                     ckptio_dtype_name(v->dtype), ckptio_dtype_name(t->dtype));
-    bool same = v->ndim == t->ndim;
-    for (uint32_t d = 0; same && d < t->ndim; d++) same = v->shape[d] == t->sizes[c * t->ndim + d];
+                     ckptio_dtype_name(lay->dtype), ckptio_dtype_name(t->dtype));
+    bool same = lay->ndim == t->ndim;
+    for (uint32_t d = 0; same && d < t->ndim; d++) same = lay->shape[d] == t->sizes[c * t->ndim + d];
     if (!same)
         return IFAIL(CKPTIO_E_FORMAT, path, s->offset, t->fqn,
-                     "chunk %zu is stored with another shape (%u dims) than .metadata gives it", c, v->ndim);
+                     "chunk %zu is stored with another shape (%u dims) than .metadata gives it", c, lay->ndim);
     return CKPTIO_OK;
 }
 
@@ -229,7 +163,7 @@ static void scatter(const ckptio__dcp_tensor *t, size_t c, const dcp_view *v, ui
     const uint64_t es = ckptio__dcp_element_size(t->dtype);
     const uint32_t nd = t->ndim;
     const int64_t *off = t->offsets + c * nd, *size = t->sizes + c * nd;
-    const uint8_t *src = v->storage + v->storage_offset * es;
+    const uint8_t *src = v->storage + v->layout.storage_offset * es;
     if (nd == 0) {
         memcpy(dst, src, es);
         return;
@@ -247,14 +181,14 @@ static void scatter(const ckptio__dcp_tensor *t, size_t c, const dcp_view *v, ui
         int64_t de = off[last], se = 0;
         for (uint32_t d = 0; d < last; d++) {
             de += (off[d] + idx[d]) * gstride[d];
-            se += idx[d] * v->stride[d];
+            se += idx[d] * v->layout.stride[d];
         }
         uint8_t *drow = dst + (uint64_t)de * es;
         const uint8_t *srow = src + (uint64_t)se * es;
-        if (v->stride[last] == 1) {
+        if (v->layout.stride[last] == 1) {
             memcpy(drow, srow, (uint64_t)size[last] * es);
         } else {
-            for (int64_t k = 0; k < size[last]; k++) memcpy(drow + k * es, srow + k * v->stride[last] * es, es);
+            for (int64_t k = 0; k < size[last]; k++) memcpy(drow + k * es, srow + k * v->layout.stride[last] * es, es);
         }
         uint32_t d = last;
         while (d-- > 0) {

@@ -9,6 +9,7 @@
  * Decoding items and assembling tensors is dcp_assemble.c; the ckptio
  * manifest is dcp_manifest_verify.c.
  */
+#include "dcp_commit_internal.h"
 #include "dcp_dir_internal.h"
 #include "engine_internal.h"
 
@@ -18,14 +19,11 @@
 #include <string.h>
 #include <sys/stat.h>
 
-#define DCP_MD "torch.distributed.checkpoint.metadata."
-#define MANIFEST_PREFIX ".ckptio-manifest-"
+#define DCP_MD CKPTIO__DCP_MD
 
 /* Largest .metadata read (torch writes a few hundred bytes per chunk). */
 #define METADATA_MAX ((uint64_t)1 << 31)
 
-/* Tensor rank bound (torch allows 64 dims at most as well). */
-#define DCP_MAX_NDIM 64u
 
 /* Error about a field of .metadata: "DIR/.metadata: SUBJECT: message". */
 #define MDFAIL(status_, h_, subject_, ...)                                                                      \
@@ -47,47 +45,6 @@ bool ckptio__dcp_plain_name(const char *name, size_t len) {
 
 /* ---- value-tree helpers ---------------------------------------------------------- */
 
-static const char *str_of(const ckptio_value *v, size_t *len) {
-    const char *s = NULL;
-    size_t n = 0;
-    if (ckptio_value_kind_of(v) != CKPTIO_VALUE_STR || ckptio_value_bytes(v, &s, &n) != CKPTIO_OK) return NULL;
-    if (len) *len = n;
-    return s;
-}
-
-/* The field `key` of a dict (NULL when absent). */
-static const ckptio_value *dict_get(const ckptio_value *dict, const char *key) {
-    size_t n = 0;
-    if (ckptio_value_kind_of(dict) != CKPTIO_VALUE_DICT || ckptio_value_len(dict, &n) != CKPTIO_OK) return NULL;
-    for (size_t i = 0; i < n; i++) {
-        const ckptio_value *k, *v;
-        if (ckptio_value_dict_item(dict, i, &k, &v) != CKPTIO_OK) continue;
-        const char *s = str_of(k, NULL);
-        if (s && strcmp(s, key) == 0) return v;
-    }
-    return NULL;
-}
-
-/* The field dict of an instance of class `cls`: BUILD's dict state, or the
- * dict half of a (dict, slots) state tuple. NULL if the node is not one. */
-static const ckptio_value *fields_of(const ckptio_value *v, const char *cls) {
-    const char *name = NULL;
-    const ckptio_value *state = NULL;
-    if (ckptio_value_kind_of(v) != CKPTIO_VALUE_OBJECT || ckptio_value_object(v, &name, NULL, &state) != CKPTIO_OK ||
-        strcmp(name, cls) != 0)
-        return NULL;
-    if (ckptio_value_kind_of(state) == CKPTIO_VALUE_DICT) return state;
-    size_t n = 0;
-    if (ckptio_value_kind_of(state) == CKPTIO_VALUE_TUPLE && ckptio_value_len(state, &n) == CKPTIO_OK && n == 2) {
-        const ckptio_value *a, *b;
-        ckptio_value_item(state, 0, &a);
-        ckptio_value_item(state, 1, &b);
-        if (ckptio_value_kind_of(b) == CKPTIO_VALUE_DICT) return b; /* slots */
-        if (ckptio_value_kind_of(a) == CKPTIO_VALUE_DICT) return a;
-    }
-    return NULL;
-}
-
 static bool class_is(const ckptio_value *v, const char *cls) {
     const char *name = NULL;
     return ckptio_value_kind_of(v) == CKPTIO_VALUE_OBJECT && ckptio_value_object(v, &name, NULL, NULL) == CKPTIO_OK &&
@@ -95,7 +52,7 @@ static bool class_is(const ckptio_value *v, const char *cls) {
 }
 
 /* A torch.Size (OBJECT with one tuple argument), tuple or list of ints into
- * out[DCP_MAX_NDIM]. Returns false if it is none of these. */
+ * out[CKPTIO_DCP_MAX_NDIM]. Returns false if it is none of these. */
 static bool int_list(const ckptio_value *v, int64_t *out, uint32_t *n) {
     const ckptio_value *args = NULL;
     if (class_is(v, "torch.Size")) {
@@ -111,7 +68,7 @@ static bool int_list(const ckptio_value *v, int64_t *out, uint32_t *n) {
     const ckptio_value_kind k = ckptio_value_kind_of(v);
     size_t len = 0;
     if ((k != CKPTIO_VALUE_TUPLE && k != CKPTIO_VALUE_LIST) || ckptio_value_len(v, &len) != CKPTIO_OK ||
-        len > DCP_MAX_NDIM)
+        len > CKPTIO_DCP_MAX_NDIM)
         return false;
     for (size_t i = 0; i < len; i++) {
         const ckptio_value *item;
@@ -154,7 +111,7 @@ static ckptio_status check_properties_tuple(ckptio_dcp *h, const char *subj, con
     if (code < 0 || code > 2)
         return MDFAIL(CKPTIO_E_FORMAT, h, subj, "TensorProperties.memory_format %lld is not a member of "
                       "_MEM_FORMAT_ENCODING (0-2)", (long long)code);
-    int64_t dims[DCP_MAX_NDIM];
+    int64_t dims[CKPTIO_DCP_MAX_NDIM];
     uint32_t nd = 0;
     if (strides && ckptio_value_kind_of(strides) != CKPTIO_VALUE_NONE &&
         (ckptio_value_kind_of(strides) == CKPTIO_VALUE_LIST || !int_list(strides, dims, &nd)))
@@ -179,8 +136,8 @@ static ckptio_status tensor_dtype(ckptio_dcp *h, const char *subj, const ckptio_
         ckptio_value_item(state, 0, &dtype);
         ckptio_value_item(state, 1, &layout);
     } else if (ckptio_value_kind_of(state) == CKPTIO_VALUE_DICT) {
-        dtype = dict_get(state, "dtype");
-        layout = dict_get(state, "layout");
+        dtype = ckptio__dcp_dict_get(state, "dtype");
+        layout = ckptio__dcp_dict_get(state, "layout");
     }
     if (ckptio_value_kind_of(dtype) != CKPTIO_VALUE_DTYPE || ckptio_value_dtype(dtype, out) != CKPTIO_OK)
         return MDFAIL(CKPTIO_E_FORMAT, h, subj, "TensorProperties has no dtype");
@@ -190,7 +147,7 @@ static ckptio_status tensor_dtype(ckptio_dcp *h, const char *subj, const ckptio_
         const char *lname = NULL;
         if (!class_is(layout, "torch.serialization._get_layout") ||
             ckptio_value_object(layout, NULL, &args, NULL) != CKPTIO_OK || ckptio_value_len(args, &na) != CKPTIO_OK ||
-            na != 1 || ckptio_value_item(args, 0, &first) != CKPTIO_OK || !(lname = str_of(first, NULL)))
+            na != 1 || ckptio_value_item(args, 0, &first) != CKPTIO_OK || !(lname = ckptio__dcp_str_of(first, NULL)))
             return MDFAIL(CKPTIO_E_FORMAT, h, subj, "TensorProperties.layout is not a torch.layout");
         if (strcmp(lname, "torch.strided") != 0)
             return MDFAIL(CKPTIO_E_UNSUPPORTED, h, subj, "layout %s (only torch.strided tensors are supported)", lname);
@@ -217,11 +174,11 @@ static int cmp_chunk_offsets(const void *a, const void *b, void *arg) {
 
 static ckptio_status add_tensor(ckptio_dcp *h, const char *fqn, const char *subj, const ckptio_value *fields,
                                 ckptio__dcp_tensor *t) {
-    int64_t shape[DCP_MAX_NDIM];
+    int64_t shape[CKPTIO_DCP_MAX_NDIM];
     uint32_t ndim = 0;
-    CKPTIO_FORWARD(tensor_dtype(h, subj, dict_get(fields, "properties"), &t->dtype));
-    if (!int_list(dict_get(fields, "size"), shape, &ndim))
-        return MDFAIL(CKPTIO_E_FORMAT, h, subj, "size is not a torch.Size of at most %u ints", DCP_MAX_NDIM);
+    CKPTIO_FORWARD(tensor_dtype(h, subj, ckptio__dcp_dict_get(fields, "properties"), &t->dtype));
+    if (!int_list(ckptio__dcp_dict_get(fields, "size"), shape, &ndim))
+        return MDFAIL(CKPTIO_E_FORMAT, h, subj, "size is not a torch.Size of at most %u ints", CKPTIO_DCP_MAX_NDIM);
     uint64_t numel = 1;
     for (uint32_t d = 0; d < ndim; d++) {
         if (shape[d] < 0) return MDFAIL(CKPTIO_E_FORMAT, h, subj, "size[%u] is %lld", d, (long long)shape[d]);
@@ -232,7 +189,7 @@ static ckptio_status add_tensor(ckptio_dcp *h, const char *fqn, const char *subj
         return MDFAIL(CKPTIO_E_FORMAT, h, subj, "the size in bytes overflows 64 bits");
     t->numel = numel;
     t->ndim = ndim;
-    const ckptio_value *chunks = dict_get(fields, "chunks");
+    const ckptio_value *chunks = ckptio__dcp_dict_get(fields, "chunks");
     size_t nchunks = 0;
     const ckptio_value_kind ck = ckptio_value_kind_of(chunks);
     if ((ck != CKPTIO_VALUE_LIST && ck != CKPTIO_VALUE_TUPLE) || ckptio_value_len(chunks, &nchunks) != CKPTIO_OK)
@@ -247,11 +204,11 @@ static ckptio_status add_tensor(ckptio_dcp *h, const char *fqn, const char *subj
     for (size_t c = 0; c < nchunks; c++) {
         const ckptio_value *chunk = NULL;
         ckptio_value_item(chunks, c, &chunk);
-        const ckptio_value *cf = fields_of(chunk, DCP_MD "ChunkStorageMetadata");
+        const ckptio_value *cf = ckptio__dcp_fields_of(chunk, DCP_MD "ChunkStorageMetadata");
         if (!cf) return MDFAIL(CKPTIO_E_FORMAT, h, subj, "chunk %zu is not a ChunkStorageMetadata", c);
-        int64_t off[DCP_MAX_NDIM], size[DCP_MAX_NDIM];
+        int64_t off[CKPTIO_DCP_MAX_NDIM], size[CKPTIO_DCP_MAX_NDIM];
         uint32_t no = 0, ns = 0;
-        if (!int_list(dict_get(cf, "offsets"), off, &no) || !int_list(dict_get(cf, "sizes"), size, &ns))
+        if (!int_list(ckptio__dcp_dict_get(cf, "offsets"), off, &no) || !int_list(ckptio__dcp_dict_get(cf, "sizes"), size, &ns))
             return MDFAIL(CKPTIO_E_FORMAT, h, subj, "chunk %zu: offsets or sizes is not a torch.Size", c);
         if (no != ndim) return MDFAIL(CKPTIO_E_FORMAT, h, subj, "chunk %zu has %u offsets for a %u-d tensor", c, no, ndim);
         if (ns != ndim) return MDFAIL(CKPTIO_E_FORMAT, h, subj, "chunk %zu has %u sizes for a %u-d tensor", c, ns, ndim);
@@ -311,6 +268,19 @@ static size_t find_sorted(const ckptio_dcp *h, const size_t *index, size_t n,
     return (size_t)-1;
 }
 
+/* Sorts index[0..n) (the identity at first) by name: each name once, else
+ * CKPTIO_E_FORMAT naming the one that appears twice. */
+static ckptio_status index_by_name(ckptio_dcp *h, size_t *index, size_t n, int (*cmp)(const void *, const void *, void *),
+                                   const char *(*name_of)(const ckptio_dcp *, size_t), const char *what) {
+    for (size_t i = 0; i < n; i++) index[i] = i;
+    qsort_r(index, n, sizeof *index, cmp, h);
+    for (size_t i = 1; i < n; i++)
+        if (strcmp(name_of(h, index[i]), name_of(h, index[i - 1])) == 0)
+            return MDFAIL(CKPTIO_E_FORMAT, h, "state_dict_metadata", "%s '%s' appears twice", what,
+                          name_of(h, index[i]));
+    return CKPTIO_OK;
+}
+
 size_t ckptio__dcp_tensor_index(const ckptio_dcp *h, const char *fqn) {
     return find_sorted(h, h->by_name, h->ntensors, tensor_name, fqn);
 }
@@ -330,7 +300,7 @@ static ckptio_status read_state_dict(ckptio_dcp *h, const ckptio_value *sdm) {
     for (size_t i = 0; i < n; i++) {
         const ckptio_value *k, *v;
         ckptio_value_dict_item(sdm, i, &k, &v);
-        const char *fqn = str_of(k, NULL);
+        const char *fqn = ckptio__dcp_str_of(k, NULL);
         char subj[256];
         if (!fqn) return MDFAIL(CKPTIO_E_FORMAT, h, "state_dict_metadata", "key %zu is not a string", i);
         snprintf(subj, sizeof subj, "state_dict_metadata['%s']", fqn);
@@ -340,24 +310,14 @@ static ckptio_status read_state_dict(ckptio_dcp *h, const ckptio_value *sdm) {
             h->nbytes_items++;
             continue;
         }
-        const ckptio_value *fields = fields_of(v, DCP_MD "TensorStorageMetadata");
+        const ckptio_value *fields = ckptio__dcp_fields_of(v, DCP_MD "TensorStorageMetadata");
         if (!fields)
             return MDFAIL(CKPTIO_E_FORMAT, h, subj, "neither a TensorStorageMetadata nor a BytesStorageMetadata");
         h->ntensors++; /* counted first: close frees what add_tensor allocated */
         CKPTIO_FORWARD(add_tensor(h, fqn, subj, fields, &h->tensors[h->ntensors - 1]));
     }
-    for (size_t i = 0; i < h->ntensors; i++) h->by_name[i] = i;
-    qsort_r(h->by_name, h->ntensors, sizeof *h->by_name, cmp_by_name, h);
-    for (size_t i = 1; i < h->ntensors; i++)
-        if (strcmp(h->tensors[h->by_name[i]].fqn, h->tensors[h->by_name[i - 1]].fqn) == 0)
-            return MDFAIL(CKPTIO_E_FORMAT, h, "state_dict_metadata", "tensor '%s' appears twice",
-                          h->tensors[h->by_name[i]].fqn);
-    for (size_t j = 0; j < h->nbytes_items; j++) h->bytes_by_name[j] = j;
-    qsort_r(h->bytes_by_name, h->nbytes_items, sizeof *h->bytes_by_name, cmp_bytes_by_name, h);
-    for (size_t j = 1; j < h->nbytes_items; j++)
-        if (strcmp(h->bytes[h->bytes_by_name[j]].fqn, h->bytes[h->bytes_by_name[j - 1]].fqn) == 0)
-            return MDFAIL(CKPTIO_E_FORMAT, h, "state_dict_metadata", "byte item '%s' appears twice",
-                          h->bytes[h->bytes_by_name[j]].fqn);
+    CKPTIO_FORWARD(index_by_name(h, h->by_name, h->ntensors, cmp_by_name, tensor_name, "tensor"));
+    CKPTIO_FORWARD(index_by_name(h, h->bytes_by_name, h->nbytes_items, cmp_bytes_by_name, bytes_name, "byte item"));
     for (size_t j = 0; j < h->nbytes_items; j++)
         if (ckptio__dcp_tensor_index(h, h->bytes[j].fqn) != (size_t)-1)
             return MDFAIL(CKPTIO_E_FORMAT, h, "state_dict_metadata", "'%s' is both a tensor and a byte item",
@@ -375,21 +335,21 @@ size_t ckptio__dcp_file_index(const ckptio_dcp *h, const char *name) {
 }
 
 static ckptio_status storage_info(ckptio_dcp *h, const char *subj, const ckptio_value *info, ckptio_dcp_stored *out) {
-    const ckptio_value *f = fields_of(info, "torch.distributed.checkpoint.filesystem._StorageInfo");
+    const ckptio_value *f = ckptio__dcp_fields_of(info, "torch.distributed.checkpoint.filesystem._StorageInfo");
     if (!f) return MDFAIL(CKPTIO_E_FORMAT, h, subj, "the value is not a _StorageInfo");
     size_t plen = 0;
-    const char *path = str_of(dict_get(f, "relative_path"), &plen);
+    const char *path = ckptio__dcp_str_of(ckptio__dcp_dict_get(f, "relative_path"), &plen);
     if (!path) return MDFAIL(CKPTIO_E_FORMAT, h, subj, "relative_path is not a string");
     if (!ckptio__dcp_plain_name(path, plen))
         return MDFAIL(CKPTIO_E_FORMAT, h, subj,
                       "relative_path '%s' leaves the checkpoint directory (absolute, '/', '..' or empty)", path);
-    if (!uint_of(dict_get(f, "offset"), &out->offset) || !uint_of(dict_get(f, "length"), &out->length))
+    if (!uint_of(ckptio__dcp_dict_get(f, "offset"), &out->offset) || !uint_of(ckptio__dcp_dict_get(f, "length"), &out->length))
         return MDFAIL(CKPTIO_E_FORMAT, h, subj, "offset or length is not a non-negative int");
     uint64_t end;
     if (ckptio__add_overflows(out->offset, out->length, &end) || end > INT64_MAX)
         return MDFAIL(CKPTIO_E_FORMAT, h, subj, "offset + length overflows");
     out->transforms = 0;
-    const ckptio_value *tds = dict_get(f, "transform_descriptors");
+    const ckptio_value *tds = ckptio__dcp_dict_get(f, "transform_descriptors");
     const ckptio_value_kind tk = ckptio_value_kind_of(tds);
     if (tds && tk != CKPTIO_VALUE_NONE) {
         size_t n = 0;
@@ -398,7 +358,7 @@ static ckptio_status storage_info(ckptio_dcp *h, const char *subj, const ckptio_
         for (size_t i = 0; i < n; i++) {
             const ckptio_value *d;
             ckptio_value_item(tds, i, &d);
-            const char *s = str_of(d, NULL);
+            const char *s = ckptio__dcp_str_of(d, NULL);
             if (!s) return MDFAIL(CKPTIO_E_FORMAT, h, subj, "transform descriptor %zu is not a string", i);
             /* stream.zstd/1 or a compatible minor version (1.x), once. */
             const bool zstd = strncmp(s, "stream.zstd/1", 13) == 0 && (s[13] == '\0' || s[13] == '.');
@@ -418,11 +378,11 @@ static ckptio_status read_storage_data(ckptio_dcp *h, const ckptio_value *sd) {
     for (size_t i = 0; i < n; i++) {
         const ckptio_value *k, *v;
         ckptio_value_dict_item(sd, i, &k, &v);
-        const ckptio_value *mi = fields_of(k, DCP_MD "MetadataIndex");
-        const char *fqn = mi ? str_of(dict_get(mi, "fqn"), NULL) : NULL;
+        const ckptio_value *mi = ckptio__dcp_fields_of(k, DCP_MD "MetadataIndex");
+        const char *fqn = mi ? ckptio__dcp_str_of(ckptio__dcp_dict_get(mi, "fqn"), NULL) : NULL;
         if (!fqn) return MDFAIL(CKPTIO_E_FORMAT, h, "storage_data", "key %zu is not a MetadataIndex with an fqn", i);
         char subj[256];
-        const ckptio_value *offv = dict_get(mi, "offset");
+        const ckptio_value *offv = ckptio__dcp_dict_get(mi, "offset");
         if (!offv || ckptio_value_kind_of(offv) == CKPTIO_VALUE_NONE) {
             snprintf(subj, sizeof subj, "storage_data['%s']", fqn);
             const size_t bj = ckptio__dcp_bytes_index(h, fqn);
@@ -432,7 +392,7 @@ static ckptio_status read_storage_data(ckptio_dcp *h, const ckptio_value *sd) {
             CKPTIO_FORWARD(storage_info(h, subj, v, &b->stored));
             continue;
         }
-        int64_t off[DCP_MAX_NDIM];
+        int64_t off[CKPTIO_DCP_MAX_NDIM];
         uint32_t no = 0;
         snprintf(subj, sizeof subj, "storage_data['%s']", fqn);
         if (!int_list(offv, off, &no)) return MDFAIL(CKPTIO_E_FORMAT, h, subj, "offset is not a torch.Size");
@@ -493,31 +453,6 @@ static ckptio_status collect_files(ckptio_dcp *h) {
     return CKPTIO_OK;
 }
 
-/* ckptio's data files are __{rank}_{token}_{n}.distcp with one 12-hex-digit
- * token per save; the manifest is named after it (python/ckptio/dcp/_commit.py). */
-static bool token_of(const ckptio_dcp *h, char token[13]) {
-    token[0] = '\0';
-    for (size_t i = 0; i < h->nfiles; i++) {
-        const char *s = h->files[i];
-        if (s[0] != '_' || s[1] != '_') return false;
-        s += 2;
-        const char *p = s;
-        while (*p >= '0' && *p <= '9') p++;
-        if (p == s || *p != '_') return false;
-        const char *tok = ++p;
-        for (int k = 0; k < 12; k++, p++)
-            if (!((*p >= '0' && *p <= '9') || (*p >= 'a' && *p <= 'f'))) return false;
-        if (*p != '_') return false;
-        const char *num = ++p;
-        while (*p >= '0' && *p <= '9') p++;
-        if (p == num || strcmp(p, ".distcp") != 0) return false;
-        if (token[0] && memcmp(token, tok, 12) != 0) return false;
-        memcpy(token, tok, 12);
-        token[12] = '\0';
-    }
-    return token[0] != '\0';
-}
-
 /* ---- open / close ---------------------------------------------------------------------- */
 
 static ckptio_status read_metadata(ckptio_dcp *h, void **data, size_t *len) {
@@ -567,13 +502,13 @@ static ckptio_status open_handle(ckptio_engine *engine, const char *dir, const v
     if ((st = ckptio_pickle_parse_dcp_metadata(bytes ? bytes : data, len, h->md_path, &p)) != CKPTIO_OK) goto out;
     const ckptio_value *root = NULL;
     ckptio_pickle_root(p, &root);
-    const ckptio_value *md = fields_of(root, DCP_MD "Metadata");
+    const ckptio_value *md = ckptio__dcp_fields_of(root, DCP_MD "Metadata");
     if (!md) {
         st = MDFAIL(CKPTIO_E_FORMAT, h, NULL, "the pickled object is not a Metadata");
         goto out;
     }
-    if ((st = read_state_dict(h, dict_get(md, "state_dict_metadata"))) != CKPTIO_OK) goto out;
-    if ((st = read_storage_data(h, dict_get(md, "storage_data"))) != CKPTIO_OK) goto out;
+    if ((st = read_state_dict(h, ckptio__dcp_dict_get(md, "state_dict_metadata"))) != CKPTIO_OK) goto out;
+    if ((st = read_storage_data(h, ckptio__dcp_dict_get(md, "storage_data"))) != CKPTIO_OK) goto out;
     if ((st = collect_files(h)) != CKPTIO_OK) goto out;
     if (!(h->handles = ckptio__calloc(h->nfiles + 1, sizeof *h->handles)) ||
         !(h->file_sizes = ckptio__calloc(h->nfiles + 1, sizeof *h->file_sizes))) {
@@ -581,13 +516,13 @@ static ckptio_status open_handle(ckptio_engine *engine, const char *dir, const v
         goto out;
     }
     char token[13];
-    if (token_of(h, token)) {
-        const size_t n = sizeof MANIFEST_PREFIX + 12 + sizeof ".json";
+    if (ckptio__dcp_token((const char *const *)h->files, h->nfiles, token)) {
+        const size_t n = sizeof CKPTIO__DCP_MANIFEST_PREFIX + 12 + sizeof ".json";
         if (!(h->manifest_name = ckptio__malloc(n))) {
             st = CKPTIO_FAIL(CKPTIO_E_NOMEM, "out of memory");
             goto out;
         }
-        snprintf(h->manifest_name, n, MANIFEST_PREFIX "%s.json", token);
+        snprintf(h->manifest_name, n, CKPTIO__DCP_MANIFEST_PREFIX "%s.json", token);
     }
 out:
     ckptio_pickle_close(p);
@@ -617,7 +552,7 @@ ckptio_status ckptio__dcp_open_bytes(const char *dir, const void *data, size_t l
 
 ckptio_status ckptio_dcp_close(ckptio_dcp *h) {
     if (!h) return CKPTIO_OK;
-    for (size_t i = 0; i < h->nblobs; i++) ckptio_safetensors_close(h->blobs[i].st);
+    for (size_t i = 0; i < h->nblobs; i++) ckptio_dcp_header_close(h->blobs[i].header);
     ckptio__free(h->blobs);
     for (size_t i = 0; h->handles && i < h->nfiles; i++) ckptio_file_close(h->handles[i]);
     ckptio__free(h->handles);

@@ -30,7 +30,7 @@ typedef struct ckptio__dcp_bytes {
 typedef struct ckptio__dcp_blob {
     size_t file;
     uint64_t offset;
-    ckptio_safetensors *st;
+    ckptio_dcp_header *header;
 } ckptio__dcp_blob;
 
 struct ckptio_dcp {
@@ -56,6 +56,21 @@ struct ckptio_dcp {
  * messages): what ckptio_dcp_open() builds, without an engine, so the
  * handle can list but not read (fuzz/fuzz_dcp_metadata.c). */
 ckptio_status ckptio__dcp_open_bytes(const char *dir, const void *data, size_t len, ckptio_dcp **out);
+
+/* ---- the .metadata value tree (dcp_values.c) ----------------------------- */
+
+/* Class names of torch.distributed.checkpoint.metadata. */
+#define CKPTIO__DCP_MD "torch.distributed.checkpoint.metadata."
+
+/* A STR node's text (and its length), or NULL. */
+const char *ckptio__dcp_str_of(const ckptio_value *v, size_t *len);
+
+/* The field `key` of a dict with string keys (NULL when absent). */
+const ckptio_value *ckptio__dcp_dict_get(const ckptio_value *dict, const char *key);
+
+/* The field dict of an instance of class `cls`: BUILD's dict state, or the
+ * dict half of a (dict, slots) state tuple. NULL if the node is not one. */
+const ckptio_value *ckptio__dcp_fields_of(const ckptio_value *v, const char *cls);
 
 /* Element size in bytes as torch counts elements (float4_e2m1fn_x2: 1), 0
  * for dtypes DCP cannot hold. */

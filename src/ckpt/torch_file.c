@@ -25,7 +25,8 @@ static ckptio_status torch_pread(ckptio_torch *t, void *buf, uint64_t len, uint6
         memcpy(buf, t->memory + offset, len);
         return CKPTIO_OK;
     }
-    return ckptio__file_io(t->file, CKPTIO_READ, buf, len, offset);
+    t->bytes_read += len;
+    return ckptio__file_io(t->file, CKPTIO_READ, buf, len, t->base + offset);
 }
 
 /* Reads a small text record into text (NUL-terminated); NULL when absent. */
@@ -64,17 +65,27 @@ static ckptio_status load(ckptio_torch *t) {
     if (format != CKPTIO_FORMAT_TORCH)
         return OPEN_FAIL(t, CKPTIO_E_FORMAT, 0, "not a torch.save file: starts with %02x %02x %02x %02x, not a zip header",
                          head[0], head[1], head[2], head[3]);
-    /* End records. */
+    /* End records. torch.save writes no zip comment, so they are in the
+     * last bytes: a short tail is read first (what a DCP reader pays per
+     * item), the longest one an archive may need (a 64 KiB comment) only
+     * when they are not in it. Both searches start from the end, so a record
+     * found in the short tail is the one the long search finds. */
     const uint64_t want = CKPTIO_ZIP_MAX_TAIL + CKPTIO_ZIP64_LOCATOR_SIZE + CKPTIO_ZIP64_EOCD_SIZE;
-    const size_t tail_len = (size_t)(t->file_size < want ? t->file_size : want);
+    const size_t full_len = (size_t)(t->file_size < want ? t->file_size : want);
+    size_t tail_len = full_len < 512 ? full_len : 512;
     ckptio__zip_directory dir;
-    if (!(tail = ckptio__malloc(tail_len))) {
+    uint64_t need_offset = 0;
+    if (!(tail = ckptio__malloc(full_len))) {
         st = CKPTIO_FAIL(CKPTIO_E_NOMEM, "no memory for the zip tail");
         goto out;
     }
-    if ((st = torch_pread(t, tail, tail_len, t->file_size - tail_len))) goto out;
-    uint64_t need_offset = 0;
-    st = ckptio__zip_find_directory(tail, tail_len, t->file_size, t->path, &dir, &need_offset);
+    for (;;) {
+        if ((st = torch_pread(t, tail, tail_len, t->file_size - tail_len))) goto out;
+        need_offset = 0;
+        st = ckptio__zip_find_directory(tail, tail_len, t->file_size, t->path, &dir, &need_offset);
+        if (st == CKPTIO_OK || (st == CKPTIO_E_TRUNCATED && need_offset) || tail_len == full_len) break;
+        tail_len = full_len;
+    }
     if (st == CKPTIO_E_TRUNCATED && need_offset) {
         uint8_t rec[CKPTIO_ZIP64_EOCD_SIZE];
         if ((st = torch_pread(t, rec, sizeof rec, need_offset))) goto out;
@@ -160,6 +171,27 @@ ckptio_status ckptio_torch_open(ckptio_engine *engine, const char *path, ckptio_
     return CKPTIO_OK;
 }
 
+ckptio_status ckptio__torch_open_range(ckptio_file *file, uint64_t offset, uint64_t length, ckptio_torch **out) {
+    *out = NULL;
+    ckptio_torch *t = ckptio__calloc(1, sizeof *t);
+    if (!t || !(t->path = ckptio__strdup("<item>"))) {
+        ckptio__free(t);
+        return CKPTIO_FAIL(CKPTIO_E_NOMEM, "no memory to open a torch.save item");
+    }
+    t->engine = ckptio__file_engine(file);
+    t->file = file;
+    t->file_borrowed = true;
+    t->base = offset;
+    t->file_size = length;
+    const ckptio_status st = load(t);
+    if (st) {
+        torch_destroy(t);
+        return st;
+    }
+    *out = t;
+    return CKPTIO_OK;
+}
+
 ckptio_status ckptio_torch_parse(const void *bytes, size_t len, ckptio_torch **out) {
     if (!out) return CKPTIO_FAIL(CKPTIO_E_INVAL, "ckptio_torch_parse: out must not be NULL");
     *out = NULL;
@@ -182,7 +214,7 @@ ckptio_status ckptio_torch_parse(const void *bytes, size_t len, ckptio_torch **o
 
 ckptio_status ckptio_torch_close(ckptio_torch *t) {
     if (!t) return CKPTIO_OK;
-    ckptio_status st = ckptio_file_close(t->file);
+    ckptio_status st = t->file_borrowed ? CKPTIO_OK : ckptio_file_close(t->file);
     torch_destroy(t);
     return st;
 }
@@ -225,7 +257,7 @@ ckptio_status ckptio_torch_read_storages(ckptio_torch *t, const ckptio_tensor_ta
                                  (unsigned long long)tg->capacity);
             goto out;
         }
-        ex[i] = (ckptio_extent){.file = t->file, .file_offset = t->entries[s->entry].data_offset, .length = s->nbytes,
+        ex[i] = (ckptio_extent){.file = t->file, .file_offset = t->base + t->entries[s->entry].data_offset, .length = s->nbytes,
                                 .memory = tg->data, .mem_kind = tg->mem_kind};
     }
     st = run_extents(t, ex, count);
@@ -271,7 +303,7 @@ ckptio_status ckptio_torch_read(ckptio_torch *t, const ckptio_tensor_target *tar
             goto out;
         }
         if (info.is_contiguous && info.nbytes) /* an empty view may sit past its storage (torch allows it) */
-            ex[n++] = (ckptio_extent){.file = t->file, .file_offset = info.file_offset, .length = info.nbytes,
+            ex[n++] = (ckptio_extent){.file = t->file, .file_offset = t->base + info.file_offset, .length = info.nbytes,
                                       .memory = tg->data, .mem_kind = tg->mem_kind};
     }
     if ((st = run_extents(t, ex, n))) goto out;
@@ -294,7 +326,7 @@ ckptio_status ckptio_torch_read(ckptio_torch *t, const ckptio_tensor_target *tar
             st = CKPTIO_FAIL(CKPTIO_E_NOMEM, "no memory to gather tensor %s (%llu bytes)", info.name, (unsigned long long)span);
             goto out;
         }
-        ckptio_extent one = {.file = t->file, .file_offset = info.file_offset, .length = span, .memory = scratch,
+        ckptio_extent one = {.file = t->file, .file_offset = t->base + info.file_offset, .length = span, .memory = scratch,
                              .mem_kind = CKPTIO_MEM_HOST};
         if ((st = run_extents(t, &one, 1))) goto out;
         gather(tg->data, scratch, info.storage_offset, &info, esize);

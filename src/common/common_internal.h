@@ -22,6 +22,11 @@ typedef struct ckptio__err_ctx {
     const char *subject;    /* tensor name, field, record */
     int sys_errno;          /* appended as ": strerror(errno)" */
     int cuda_result;        /* CUresult, appended by the GPU layer's own text */
+    /* The formatted text is the whole message: nothing is put in front of it
+     * or appended (callers whose messages have a fixed shape of their own,
+     * e.g. the DCP commit's "PATH: OPERATION: strerror (what it means)");
+     * the fields are still recorded. */
+    bool verbatim;
 } ckptio__err_ctx;
 
 /* Records a failure in the thread-local ckptio_error_info and returns
@@ -48,6 +53,15 @@ ckptio_status ckptio__vfail(ckptio_status status, const char *src_file, int src_
                  &(ckptio__err_ctx){.operation = (op_), .path = (path_),                    \
                                     .file_offset = (int64_t)(offset_), .sys_errno = (err_)},  \
                  __VA_ARGS__)
+
+/* A failed system call reported in the shape of the commit protocols'
+ * messages, "PATH: OPERATION: strerror (NOTE)": NOTE says what was being
+ * done and what the failure leaves behind ("...; NAME is unchanged"). The
+ * status comes from errno as with CKPTIO_FAIL_SYS. */
+#define CKPTIO_FAIL_SYS_NOTE(err_, op_, path_, ...) \
+    ckptio__fail_sys_note(__FILE__, __LINE__, (err_), (op_), (path_), __VA_ARGS__)
+ckptio_status ckptio__fail_sys_note(const char *src_file, int src_line, int err, const char *operation,
+                                    const char *path, const char *fmt, ...) __attribute__((format(printf, 6, 7)));
 
 /* Return `status` with a message if `cond` holds. */
 #define CKPTIO_RETURN_IF(cond, status, ...)            \

@@ -115,6 +115,10 @@ ckptio_status ckptio__vfail(ckptio_status status, const char *src_file, int src_
     char *m = slot->message;
     const size_t cap = sizeof slot->message;
     m[0] = '\0';
+    if (ctx->verbatim) {
+        append(m, cap, &pos, "%s", text[0] ? text : ckptio_strerror(status));
+        goto record;
+    }
     if (slot->path[0]) append(m, cap, &pos, "%s: ", slot->path);
     if (slot->operation[0]) {
         append(m, cap, &pos, "%s", slot->operation);
@@ -128,6 +132,7 @@ ckptio_status ckptio__vfail(ckptio_status status, const char *src_file, int src_
     else append(m, cap, &pos, "%s", ckptio_strerror(status));
     if (ctx->sys_errno) append(m, cap, &pos, ": %s", strerror(ctx->sys_errno));
 
+record:
     slot->info.status = status;
     slot->info.sys_errno = ctx->sys_errno;
     slot->info.cuda_result = ctx->cuda_result;
@@ -148,6 +153,20 @@ ckptio_status ckptio__fail(ckptio_status status, const char *src_file, int src_l
     ckptio__vfail(status, src_file, src_line, ctx, fmt, ap);
     va_end(ap);
     return status;
+}
+
+ckptio_status ckptio__fail_sys_note(const char *src_file, int src_line, int err, const char *operation,
+                                    const char *path, const char *fmt, ...) {
+    char note[CKPTIO_MESSAGE_MAX];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(note, sizeof note, fmt, ap);
+    va_end(ap);
+    if (!err) err = EIO;
+    return ckptio__fail(ckptio__status_from_errno(err), src_file, src_line,
+                        &((ckptio__err_ctx){.operation = operation, .path = path, .file_offset = -1,
+                                            .sys_errno = err, .verbatim = true}),
+                        "%s: %s: %s (%s)", path, operation, strerror(err), note);
 }
 
 struct ckptio__error_saved {

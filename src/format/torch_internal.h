@@ -34,9 +34,12 @@ typedef struct ckptio__torch_tensor {
 struct ckptio_torch {
     ckptio_engine *engine;        /* NULL for ckptio_torch_parse */
     ckptio_file *file;
+    bool file_borrowed;           /* an archive inside a file the caller owns (a DCP item) */
+    uint64_t base;                /* file offset of the archive's first byte (0 but for DCP items) */
+    uint64_t bytes_read;          /* bytes read from `file` (headers, pickle) */
     const uint8_t *memory;        /* ckptio_torch_parse: the whole file */
     char *path;                   /* for messages ("<memory>" for parse) */
-    uint64_t file_size;
+    uint64_t file_size;           /* the archive's size */
     char *prefix;                 /* record prefix without the slash */
     uint64_t alignment;
     ckptio__zip_entry *entries;
@@ -73,6 +76,13 @@ ckptio_status ckptio__torch_check_archive(ckptio_torch *t, ptrdiff_t ids[CKPTIO_
  * names the tensors. */
 ckptio_status ckptio__torch_build(ckptio_torch *t, const uint8_t *pickle, size_t pickle_len, uint64_t pickle_offset,
                                   const char *version, const char *alignment, const char *byteorder);
+
+/* (src/ckpt/torch_file.c) The torch.save archive stored at [offset,
+ * +length) of `file` (a DCP item), opened as ckptio_torch_open opens a file:
+ * only its zip records and pickle are read, through the file's engine; the
+ * file stays the caller's (closing the handle leaves it open) and offsets in
+ * the tables count from the archive's first byte. Messages name "<item>". */
+ckptio_status ckptio__torch_open_range(ckptio_file *file, uint64_t offset, uint64_t length, ckptio_torch **out);
 
 /* Bytes per element as torch counts them (float4_e2m1fn_x2: 1), 0 if torch
  * has no such dtype. */

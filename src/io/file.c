@@ -22,56 +22,9 @@
 #include <stdio.h>
 #include <string.h>
 #include <sys/file.h>
-#include <sys/random.h>
 #include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
-
-#define CKPTIO_TMP_TRIES 100
-
-/* open() and fsync() with injected faults; EINTR (real or injected) is
- * retried, as the backends retry it for reads and writes. */
-static int faulted_open(const char *path, int flags, mode_t mode) {
-    for (;;) {
-        int err = 0, fd;
-        if (ckptio__io_fault(CKPTIO__IO_OPEN, &err, NULL)) {
-            errno = err;
-            fd = -1;
-        } else {
-            fd = open(path, flags, mode);
-        }
-        if (fd >= 0 || errno != EINTR) return fd;
-    }
-}
-
-int ckptio__fsync(int fd) {
-    for (;;) {
-        int err = 0, ret;
-        if (ckptio__io_fault(CKPTIO__IO_FSYNC, &err, NULL)) {
-            errno = err;
-            ret = -1;
-        } else {
-            ret = fsync(fd);
-        }
-        if (ret == 0 || errno != EINTR) return ret;
-    }
-}
-
-/* Marks a new temporary as in use with flock(LOCK_EX): cleaners
- * (ckptio_cleanup_temporaries) remove only temporaries they can lock, and
- * the lock dies with the process, also with kill -9. Returns false when a
- * cleaner got to the file between its creation and the lock (it holds the
- * lock or unlinked the name): the caller then picks another name. File
- * systems without flock keep working; cleaners leave their temporaries. */
-static bool lock_temporary(ckptio_file *f) {
-    int ret;
-    do ret = flock(f->fd, LOCK_EX | LOCK_NB);
-    while (ret < 0 && errno == EINTR);
-    if (ret < 0) return errno != EWOULDBLOCK;
-    struct stat mine, named;
-    return fstat(f->fd, &mine) == 0 && lstat(f->tmp_path, &named) == 0 && mine.st_ino == named.st_ino &&
-           mine.st_dev == named.st_dev;
-}
 
 ckptio_status ckptio__file_set_mode_source(ckptio_file *f, const char *path) {
     char *copy = ckptio__strdup(path);
@@ -100,15 +53,6 @@ static char *dir_of(const char *path) {
     return dir;
 }
 
-/* Six random name characters (uniqueness is enforced by O_EXCL anyway). */
-static void random_suffix(char *out) {
-    static const char alphabet[] = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789";
-    unsigned char bytes[6];
-    ckptio__random_bytes(bytes, sizeof bytes);
-    for (int i = 0; i < 6; i++) out[i] = alphabet[bytes[i] % (sizeof alphabet - 1)];
-    out[6] = '\0';
-}
-
 static ckptio_status create_temporary(ckptio_file *f) {
     const char *slash = strrchr(f->path, '/');
     const char *base = slash ? slash + 1 : f->path;
@@ -128,47 +72,25 @@ static ckptio_status create_temporary(ckptio_file *f) {
      * wider while they are written; the commit sets owner and exact bits
      * (inherit_mode.c). */
     const mode_t create_mode = ckptio__inherited_create_mode(f->mode_from ? f->mode_from : f->path);
-    char stem[CKPTIO__NAME_MAX + 1];
-    ckptio__temporary_stem(base, stem);
-    const size_t cap = strlen(f->dir_path) + strlen(stem) + 32;
-    f->tmp_path = ckptio__malloc(cap);
-    if (!f->tmp_path) return CKPTIO_FAIL(CKPTIO_E_NOMEM, "%s: out of memory for the temporary name", f->path);
-    for (int attempt = 0; attempt < CKPTIO_TMP_TRIES; attempt++) {
-        char suffix[7];
-        random_suffix(suffix);
-        snprintf(f->tmp_path, cap, "%s/.%s" CKPTIO__TMP_MARK "%s", f->dir_path, stem, suffix);
-        /* O_EXCL|O_CREAT refuses an existing entry, a symlink included;
-         * O_NOFOLLOW says so explicitly. A new name: mode 0666 & ~umask,
-         * like any newly created file (mkstemp's 0600 would surprise
-         * readers); else the replaced file's. */
-        f->fd = faulted_open(f->tmp_path, O_RDWR | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC,
-                             create_mode);
-        if (f->fd >= 0) {
-            if (lock_temporary(f)) return CKPTIO_OK;
-            close(f->fd);
-            f->fd = -1;
-            continue;
-        }
-        if (errno != EEXIST) {
-            int err = errno;
-            ckptio_status st;
-            if (err == ENAMETOOLONG) /* a file system with names shorter than 255 bytes */
-                st = CKPTIO_FAIL_SYS(err, "create", f->path, -1,
-                                     "the temporary %s (%zu bytes) is too long for this file system's names (at "
-                                     "most %ld bytes)",
-                                     f->tmp_path, strlen(strrchr(f->tmp_path, '/') + 1),
-                                     pathconf(f->dir_path, _PC_NAME_MAX));
-            else
-                st = CKPTIO_FAIL_SYS(err, "create", f->path, -1, "creating the temporary %s", f->tmp_path);
-            ckptio__free(f->tmp_path);
-            f->tmp_path = NULL;
-            return st;
-        }
-    }
+    const int err = ckptio__temporary_create(f->dir_path, base, create_mode, &f->fd, &f->tmp_path);
+    if (err == 0) return CKPTIO_OK;
+    ckptio_status st;
+    if (!f->tmp_path)
+        st = CKPTIO_FAIL(CKPTIO_E_NOMEM, "%s: out of memory for the temporary name", f->path);
+    else if (err == EEXIST)
+        st = CKPTIO_FAIL_CTX(CKPTIO_E_EXISTS,
+                             &((ckptio__err_ctx){.operation = "create", .path = f->path, .file_offset = -1}),
+                             "no free temporary name after %d attempts", CKPTIO__TMP_TRIES);
+    else if (err == ENAMETOOLONG) /* a file system with names shorter than 255 bytes */
+        st = CKPTIO_FAIL_SYS(err, "create", f->path, -1,
+                             "the temporary %s (%zu bytes) is too long for this file system's names (at most %ld "
+                             "bytes)",
+                             f->tmp_path, strlen(strrchr(f->tmp_path, '/') + 1), pathconf(f->dir_path, _PC_NAME_MAX));
+    else
+        st = CKPTIO_FAIL_SYS(err, "create", f->path, -1, "creating the temporary %s", f->tmp_path);
     ckptio__free(f->tmp_path);
     f->tmp_path = NULL;
-    return CKPTIO_FAIL_CTX(CKPTIO_E_EXISTS, &((ckptio__err_ctx){.operation = "create", .path = f->path, .file_offset = -1}),
-                           "no free temporary name after %d attempts", CKPTIO_TMP_TRIES);
+    return st;
 }
 
 static ckptio_status check_regular(ckptio_file *f) {
@@ -184,7 +106,7 @@ static ckptio_status open_in_place(ckptio_file *f) {
     const bool exclusive = f->flags & CKPTIO_OPEN_EXCLUSIVE;
     /* Try to create first so that commit knows whether the directory
      * entry is new (and must be made durable with a directory fsync). */
-    f->fd = faulted_open(f->path, O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0666);
+    f->fd = ckptio__open(f->path, O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0666);
     if (f->fd >= 0) {
         f->created = true;
         return CKPTIO_OK;
@@ -193,7 +115,7 @@ static ckptio_status open_in_place(ckptio_file *f) {
         return CKPTIO_FAIL_CTX(CKPTIO_E_EXISTS, &((ckptio__err_ctx){.operation = "open", .path = f->path, .file_offset = -1}),
                                "the file already exists and CKPTIO_OPEN_EXCLUSIVE was given");
     if (errno != EEXIST) return CKPTIO_FAIL_SYS(errno, "open", f->path, -1, "creating the file for writing");
-    f->fd = faulted_open(f->path, O_RDWR | O_CLOEXEC, 0);
+    f->fd = ckptio__open(f->path, O_RDWR | O_CLOEXEC, 0);
     if (f->fd < 0) return CKPTIO_FAIL_SYS(errno, "open", f->path, -1, "opening for writing in place");
     return check_regular(f);
 }
@@ -228,7 +150,7 @@ ckptio_status ckptio_file_open(ckptio_engine *engine, const char *path, unsigned
     }
 
     if (!f->writable) {
-        f->fd = faulted_open(path, O_RDONLY | O_CLOEXEC, 0);
+        f->fd = ckptio__open(path, O_RDONLY | O_CLOEXEC, 0);
         if (f->fd < 0) {
             st = CKPTIO_FAIL_SYS(errno, "open", path, -1, "opening for reading");
             goto out;
@@ -472,7 +394,7 @@ ckptio_status ckptio_file_commit(ckptio_file *f) {
     if (sync && (f->created || !(f->flags & CKPTIO_OPEN_IN_PLACE))) {
         /* The new directory entry is durable only once the directory is. */
         const double t0 = ckptio__now();
-        int dfd = faulted_open(f->dir_path, O_RDONLY | O_DIRECTORY | O_CLOEXEC, 0);
+        int dfd = ckptio__open(f->dir_path, O_RDONLY | O_DIRECTORY | O_CLOEXEC, 0);
         if (dfd < 0) {
             st = CKPTIO_FAIL_SYS(errno, "open", f->dir_path, -1, "opening the directory to fsync it after renaming %s",
                                  f->path);

@@ -15,8 +15,10 @@
 #include "common_internal.h"
 #include "engine_internal.h"
 
+#include <dirent.h>
 #include <pthread.h>
 #include <stdatomic.h>
+#include <sys/stat.h>
 #include <sys/types.h>
 
 /* ---- files ------------------------------------------------------------- */
@@ -115,6 +117,18 @@ void ckptio__read_policy_set_mem_available(uint64_t bytes);
  * bytes, else its ckptio__bounded_name() stand-in of that length. */
 void ckptio__temporary_stem(const char *name, char out[CKPTIO__NAME_MAX + 1]);
 
+/* Attempts at a free temporary name before giving up with EEXIST. */
+#define CKPTIO__TMP_TRIES 100
+
+/* Creates the temporary ".STEM.ckptio-tmp-XXXXXX" of file name `name` in
+ * `dir` (O_RDWR|O_CREAT|O_EXCL|O_NOFOLLOW|O_CLOEXEC, `mode`, which the umask
+ * may narrow) and flocks it, so that cleaners (ckptio_cleanup_temporaries)
+ * know a live writer holds it until its descriptor is closed. Returns 0
+ * with *fd and *path (ckptio__malloc'ed); else the errno of the failure
+ * (EEXIST: no free name after CKPTIO__TMP_TRIES tries) with *fd = -1 and
+ * *path the last name tried (the caller frees it; NULL when out of memory). */
+int ckptio__temporary_create(const char *dir, const char *name, mode_t mode, int *fd, char **path);
+
 /* Removes temporaries of `name` in `dir` that no live writer holds (see
  * ckptio_cleanup_temporaries), before a new atomic write of `name`. Best
  * effort: never fails and leaves the calling thread's error record alone. */
@@ -127,6 +141,16 @@ void ckptio__temporaries_clean_stale(const char *dir, const char *name);
  * there is none (the umask applies either way). ckptio_inherit_mode() then
  * sets owner, group and exact bits at commit. */
 mode_t ckptio__inherited_create_mode(const char *path);
+
+/* The attributes a file written into `dir` takes from the file `name` in it
+ * (the metadata file a DCP save replaces): lstat of DIR/NAME, true when it
+ * is a regular file (a symlink, a missing or NULL name: false, no
+ * reference: new files get 0666 & ~umask). */
+bool ckptio__reference_stat(const char *dir, const char *name, struct stat *out);
+
+/* What ckptio_inherit_mode() does with the attributes `old` of the file
+ * `path` (named in errors) that the file open as `fd` replaces. */
+ckptio_status ckptio__inherit_from(int fd, const struct stat *old, const char *path);
 
 /* ---- operations -------------------------------------------------------- */
 
@@ -208,6 +232,8 @@ typedef enum ckptio__io_kind {
     CKPTIO__IO_RENAME,       /* the commit rename/link */
     CKPTIO__IO_OPEN,         /* opening files and creating temporaries */
     CKPTIO__IO_OPEN_DIRECT,  /* opening the O_DIRECT descriptor (EINVAL = refused) */
+    CKPTIO__IO_UNLINK,       /* removing a file (the DCP commit's cleanup) */
+    CKPTIO__IO_LISTDIR,      /* opening a directory to list it (opendir) */
     CKPTIO__IO_KIND_COUNT_
 } ckptio__io_kind;
 
@@ -235,8 +261,19 @@ uint64_t ckptio__io_inject_countdown(ckptio__io_kind kind);
  * transfer. Cheap (one relaxed load) when nothing is injected. */
 bool ckptio__io_fault(ckptio__io_kind kind, int *err, uint64_t *len);
 
-/* fsync(fd) retried on EINTR, failing instead where a CKPTIO__IO_FSYNC fault
- * is injected (files and directories alike). Returns 0, or -1 with errno. */
+/* ---- system calls of the commit protocols (syscalls.c) ------------------ */
+
+/* Each behaves as the system call of its name (-1 or NULL with errno on
+ * failure, EINTR retried) but fails where a fault of its kind is injected:
+ * open (CKPTIO__IO_OPEN), fsync of files and directories (FSYNC), rename
+ * (RENAME), unlink (UNLINK), opendir (LISTDIR); write and read (WRITE, READ)
+ * may also be cut short by an injected short transfer. */
+int ckptio__open(const char *path, int flags, mode_t mode);
 int ckptio__fsync(int fd);
+int ckptio__rename(const char *from, const char *to);
+int ckptio__unlink(const char *path);
+DIR *ckptio__opendir(const char *path);
+ssize_t ckptio__write(int fd, const void *buf, size_t len);
+ssize_t ckptio__read(int fd, void *buf, size_t len);
 
 #endif /* CKPTIO_IO_INTERNAL_H */

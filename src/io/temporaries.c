@@ -68,6 +68,96 @@ static bool is_temporary_name(const char *entry, const char *stem) {
     return len == 1 + n + mark + SUFFIX_LEN && memcmp(entry + 1, stem, n) == 0;
 }
 
+/* ---- creating ------------------------------------------------------------------ */
+
+/* Six random name characters (uniqueness is enforced by O_EXCL anyway). */
+static void random_suffix(char *out) {
+    static const char alphabet[] = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789";
+    unsigned char bytes[SUFFIX_LEN];
+    ckptio__random_bytes(bytes, sizeof bytes);
+    for (int i = 0; i < SUFFIX_LEN; i++) out[i] = alphabet[bytes[i] % (sizeof alphabet - 1)];
+    out[SUFFIX_LEN] = '\0';
+}
+
+/* Marks a new temporary as in use with flock(LOCK_EX): cleaners remove only
+ * temporaries they can lock, and the lock dies with the process, also with
+ * kill -9. Returns false when a cleaner got to the file between its creation
+ * and the lock (it holds the lock or unlinked the name): the caller then
+ * picks another name. File systems without flock keep working; cleaners
+ * leave their temporaries. */
+static bool lock_temporary(int fd, const char *path) {
+    int ret;
+    do ret = flock(fd, LOCK_EX | LOCK_NB);
+    while (ret < 0 && errno == EINTR);
+    if (ret < 0) return errno != EWOULDBLOCK;
+    struct stat mine, named;
+    return fstat(fd, &mine) == 0 && lstat(path, &named) == 0 && mine.st_ino == named.st_ino &&
+           mine.st_dev == named.st_dev;
+}
+
+int ckptio__temporary_create(const char *dir, const char *name, mode_t mode, int *fd, char **path) {
+    *fd = -1;
+    char stem[CKPTIO__NAME_MAX + 1];
+    ckptio__temporary_stem(name, stem);
+    const size_t cap = strlen(dir) + strlen(stem) + 32;
+    if (!(*path = ckptio__malloc(cap))) return ENOMEM;
+    for (int attempt = 0; attempt < CKPTIO__TMP_TRIES; attempt++) {
+        char suffix[SUFFIX_LEN + 1];
+        random_suffix(suffix);
+        snprintf(*path, cap, "%s/.%s" CKPTIO__TMP_MARK "%s", dir, stem, suffix);
+        /* O_EXCL|O_CREAT refuses an existing entry, a symlink included;
+         * O_NOFOLLOW says so explicitly. A new name gets `mode` & ~umask,
+         * like any newly created file (mkstemp's 0600 would surprise
+         * readers). */
+        *fd = ckptio__open(*path, O_RDWR | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, mode);
+        if (*fd >= 0) {
+            if (lock_temporary(*fd, *path)) return 0;
+            close(*fd); /* a cleaner has it: it removes it */
+            *fd = -1;
+            continue;
+        }
+        if (errno != EEXIST) return errno;
+    }
+    return EEXIST;
+}
+
+ckptio_status ckptio_temporary_create(const char *dir, const char *name, const char *reference, int *fd,
+                                      char *path, size_t cap) {
+    if (fd) *fd = -1;
+    CKPTIO_RETURN_IF(!dir || !*dir || !name || !*name || strchr(name, '/') || !fd || !path || !cap, CKPTIO_E_INVAL,
+                     "ckptio_temporary_create: dir, a file name without '/', fd and path are required");
+    struct stat ref;
+    const bool has_ref = ckptio__reference_stat(dir, reference, &ref);
+    char *tmp = NULL;
+    const int err = ckptio__temporary_create(dir, name, has_ref ? ref.st_mode & 0777 : 0666, fd, &tmp);
+    ckptio_status st = CKPTIO_OK;
+    if (err == EEXIST)
+        st = ckptio__fail(CKPTIO_E_EXISTS, __FILE__, __LINE__,
+                          &((ckptio__err_ctx){.operation = "open", .path = dir, .file_offset = -1,
+                                              .sys_errno = EEXIST, .verbatim = true}),
+                          "%s/%s: open: no free temporary name after %d tries; %s/%s is unchanged", dir, name,
+                          CKPTIO__TMP_TRIES, dir, name);
+    else if (err)
+        st = CKPTIO_FAIL_SYS_NOTE(err, "open", tmp ? tmp : dir, "creating the temporary of %s/%s; %s/%s is unchanged",
+                                  dir, name, dir, name);
+    else if (has_ref && (st = ckptio__inherit_from(*fd, &ref, tmp)) != CKPTIO_OK) {
+        /* Never wider than the reference (its mode at creation): only owner
+         * and group are missing. The commit must not go on without them. */
+        close(*fd);
+        *fd = -1;
+        unlink(tmp);
+    }
+    if (st == CKPTIO_OK && strlen(tmp) >= cap) {
+        st = CKPTIO_FAIL(CKPTIO_E_RANGE, "ckptio_temporary_create: %s does not fit in %zu bytes", tmp, cap);
+        close(*fd);
+        *fd = -1;
+        unlink(tmp);
+    }
+    if (st == CKPTIO_OK) memcpy(path, tmp, strlen(tmp) + 1);
+    ckptio__free(tmp);
+    return st;
+}
+
 static double seconds_since(const struct timespec *t) {
     struct timespec now;
     clock_gettime(CLOCK_REALTIME, &now);

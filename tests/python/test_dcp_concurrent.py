@@ -344,6 +344,39 @@ def test_killed_holder_releases_the_directory(base):
     assert check_directory(str(path), {3}, "after the kill") == 3
 
 
+def test_a_waiting_save_stays_interruptible(base):
+    """dir_busy="wait" waits in libckptio with the GIL released, yet Ctrl-C
+    (a KeyboardInterrupt from a signal handler) ends the wait at once, and
+    the save wrote nothing."""
+    import signal
+    import time
+
+    from ckptio import _ckptio
+
+    path = base / "ckpt"
+    save(path, 1)
+    held = _ckptio.dcp_lock_acquire(str(path), None, False, 0.0)  # another save holds the directory
+
+    def interrupt(*_):
+        raise KeyboardInterrupt
+
+    old = signal.signal(signal.SIGALRM, interrupt)
+    signal.setitimer(signal.ITIMER_REAL, 0.3)
+    t0 = time.monotonic()
+    try:
+        with pytest.raises(BaseException) as e:  # torch wraps it in a CheckpointException
+            save(path, 2, dir_busy="wait")
+        assert time.monotonic() - t0 < 5
+        assert isinstance(e.value, KeyboardInterrupt) or "KeyboardInterrupt" in str(e.value), repr(e.value)
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, old)
+        _ckptio.dcp_lock_release(held)
+    assert check_directory_loads(path) == 1
+    save(path, 2, dir_busy="error")  # the interrupted save left the directory free
+    assert check_directory(str(path), {2}, "after the interrupted wait") == 2
+
+
 def check_directory_loads(path):
     return version_of(load(str(path), cdcp.FileSystemReader(str(path))), "load")
 

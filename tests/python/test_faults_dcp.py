@@ -2,21 +2,24 @@
 
 What tests/test_faults.c proves for single files, for DCP directories. A
 directory holds version 1 of a checkpoint (saved by ckptio.dcp); a second
-save writes version 2 while the n-th call of one operation fails, for every
-operation the save makes and n = 1, 2, ... up to the number of calls a
+save writes version 2 while the n-th call of one native step fails, for
+every step the save makes and n = 1, 2, ... up to the number of calls a
 fault-free save makes (counted by a dry run, which is the "no fault fires"
-case). Operations:
+case). The steps are the libckptio calls the writer makes, through a proxy
+in place of ``_ckptio`` in ckptio.dcp's _writer, _commit and _lock:
 
-- python/ckptio/dcp/_commit.py, through a wrapper in place of its ``os``:
-  os.open, os.write, os.fsync, os.replace, os.unlink, os.listdir, and its
-  fsync_dir; faults OSError(ENOSPC), OSError(EIO) and, for os.write, a short
-  write (a third of the bytes: must be resumed, the save succeeds);
-- the native steps the writer calls, through a proxy in place of
-  ``ckptio.dcp._writer._ckptio``: File(...) open, dcp_write, File.commit,
-  safetensors_save, SafetensorsReader; faults ENOSPC and EIO raised before
-  the call (as a failed write/fsync/rename does: nothing is committed), and
-  EIO after a File.commit / safetensors_save that did commit (as a failed
-  directory fsync after the rename does).
+- the data path: File(...) open, dcp_write, File.commit, safetensors_save,
+  SafetensorsReader;
+- the directory commit (src/ckpt/dcp_*.c): dcp_lock_acquire,
+  dcp_create_file (the data files' placeholders), dcp_manifest_write,
+  dcp_write_file (.metadata), dcp_stale_files, dcp_remove_files;
+
+faults ENOSPC and EIO raised before the call (as a failed write, fsync or
+rename does: nothing is committed), and EIO after a call that did commit
+(as a failed directory fsync after the rename does). The system calls
+inside the commit steps (every open, write, fsync, rename, unlink, listing
+and read, failing with ENOSPC/EIO, and short writes) are swept by
+tests/test_dcp_commit.c through libckptio's fault injection.
 
 After every run:
 - a failing save raised CheckpointException carrying the error, which names
@@ -26,9 +29,9 @@ After every run:
   ckptio.dcp.FileSystemReader and (TORCH_SAVE) torch's stock
   FileSystemReader to exactly that version, and ckptio.dcp.verify passes;
 - besides what .metadata references and its manifest, the directory holds
-  only files the next save removes: data files (and a SAFETENSORS file's
-  block-hash manifest) and manifests of version 1's save or of the failed
-  save; no temporary is left;
+  only files the next save removes (data files, a SAFETENSORS file's
+  block-hash manifest and manifests of version 1's save or of the failed
+  save: what the cleanup lists as stale); no temporary is left;
 - a fault-free save of version 2 then succeeds, loads, verifies and leaves
   exactly its own files.
 Then version 1's directory is restored for the next run.
@@ -60,28 +63,27 @@ from torch.distributed.checkpoint.filesystem import SerializationFormat  # noqa:
 import ckptio  # noqa: E402
 import ckptio.dcp as cdcp  # noqa: E402
 from ckptio import _ckptio, _errors  # noqa: E402
-from ckptio.dcp import _commit, _writer  # noqa: E402
+from ckptio.dcp import _commit, _lock, _writer  # noqa: E402
 from conftest import CKPTIO_CLI, requires_cli  # noqa: E402
 
 pytestmark = pytest.mark.filterwarnings("ignore")
 
-OS_OPS = ("os.open", "os.write", "os.fsync", "os.replace", "os.unlink", "os.listdir", "fsync_dir")
-NATIVE_OPS = ("File", "dcp_write", "File.commit", "safetensors_save", "SafetensorsReader")
-# What a _commit.py error says it was doing, per injected operation (os.open
-# also opens the directory inside fsync_dir).
-OPERATION = {"os.open": {"open", "fsync"}, "os.write": {"write"}, "os.fsync": {"fsync"},
-             "os.replace": {"rename"}, "os.unlink": {"unlink"}, "os.listdir": {"listdir"}, "fsync_dir": {"fsync"}}
+DATA_OPS = ("File", "dcp_write", "File.commit", "safetensors_save", "SafetensorsReader")
+COMMIT_OPS = ("dcp_lock_acquire", "dcp_create_file", "dcp_manifest_write", "dcp_write_file", "dcp_stale_files",
+              "dcp_remove_files")
+NATIVE_OPS = DATA_OPS + COMMIT_OPS
+# Steps that commit something: a fault after them is a failure found after
+# the rename (the directory fsync).
+AFTER_OPS = ("File.commit", "safetensors_save", "dcp_manifest_write", "dcp_write_file", "dcp_remove_files")
 
-LOCK = ".ckptio-dcp.lock"  # the directory's lock file (python/ckptio/dcp/_lock.py): empty, kept
+LOCK = ".ckptio-dcp.lock"  # the directory's lock file (src/ckpt/dcp_lock.c): empty, kept
 DATA_RE = re.compile(r"^__\d+_([0-9a-f]{12})_\d+\.distcp(\.ckptio-manifest\.json)?$")
 MANIFEST_RE = re.compile(r"^\.ckptio-manifest-([0-9a-f]{12})\.json$")
 
 
 def kinds_of(op):
     kinds = ["ENOSPC", "EIO"]
-    if op == "os.write":
-        kinds.append("short")
-    if op in ("File.commit", "safetensors_save"):
+    if op in AFTER_OPS:
         kinds.append("EIO-after")
     return kinds
 
@@ -141,54 +143,6 @@ class Faults:
         return None
 
 
-def _os_error(kind, path=None):
-    err = getattr(errno, kind)
-    return OSError(err, os.strerror(err), path) if path is not None else OSError(err, os.strerror(err))
-
-
-class _Os:
-    """Stands in for _commit.os: the faulted calls, everything else from os."""
-
-    def __init__(self, faults):
-        self._f = faults
-
-    def __getattr__(self, name):
-        return getattr(os, name)
-
-    def _check(self, op, path=None):
-        kind = self._f.hit(op, path)
-        if kind in ("ENOSPC", "EIO"):
-            raise _os_error(kind, path)
-        return kind
-
-    def open(self, path, *args, **kwargs):
-        self._check("os.open", path)
-        return os.open(path, *args, **kwargs)
-
-    def write(self, fd, data):
-        if self._check("os.write") == "short":
-            data = memoryview(data)[: max(1, len(data) // 3)]
-        return os.write(fd, data)
-
-    def fsync(self, fd):
-        self._check("os.fsync")
-        os.fsync(fd)
-
-    def replace(self, src, dst):
-        self._check("os.replace", dst)
-        os.replace(src, dst)
-        if os.path.basename(dst) == ".metadata":
-            self._f.metadata_replaced = True
-
-    def unlink(self, path):
-        self._check("os.unlink", path)
-        os.unlink(path)
-
-    def listdir(self, path):
-        self._check("os.listdir", path)
-        return os.listdir(path)
-
-
 def _native_error(kind, op, path):
     err = errno.EIO if kind.startswith("EIO") else errno.ENOSPC
     name = "E_IO" if err == errno.EIO else "E_NOSPC"
@@ -210,7 +164,7 @@ class _File:
 
 
 class _Native:
-    """Stands in for _writer._ckptio."""
+    """Stands in for _ckptio in ckptio.dcp's _writer, _commit and _lock."""
 
     def __init__(self, faults):
         self._f = faults
@@ -223,6 +177,8 @@ class _Native:
         if kind in ("ENOSPC", "EIO"):
             raise _native_error(kind, op, path)
         out = fn(*args, **kwargs)
+        if op == "dcp_write_file" and os.path.basename(path) == ".metadata":
+            self._f.metadata_replaced = True
         if kind == "EIO-after":
             raise _native_error(kind, op, path)
         return out
@@ -241,28 +197,42 @@ class _Native:
     def SafetensorsReader(self, path, *args, **kwargs):
         return self._call("SafetensorsReader", path, _ckptio.SafetensorsReader, path, *args, **kwargs)
 
+    # The directory commit: `path` is the file the step writes, else the directory.
+    def dcp_lock_acquire(self, dirpath, *args):
+        return self._call("dcp_lock_acquire", os.fspath(dirpath), _ckptio.dcp_lock_acquire, dirpath, *args)
+
+    def dcp_create_file(self, dirpath, name, *args):
+        return self._call("dcp_create_file", os.path.join(dirpath, name), _ckptio.dcp_create_file, dirpath, name,
+                          *args)
+
+    def dcp_manifest_write(self, dirpath, *args):
+        return self._call("dcp_manifest_write", os.fspath(dirpath), _ckptio.dcp_manifest_write, dirpath, *args)
+
+    def dcp_write_file(self, dirpath, name, *args):
+        return self._call("dcp_write_file", os.path.join(dirpath, name), _ckptio.dcp_write_file, dirpath, name,
+                          *args)
+
+    def dcp_stale_files(self, dirpath, *args):
+        return self._call("dcp_stale_files", os.fspath(dirpath), _ckptio.dcp_stale_files, dirpath, *args)
+
+    def dcp_remove_files(self, dirpath, *args):
+        return self._call("dcp_remove_files", os.fspath(dirpath), _ckptio.dcp_remove_files, dirpath, *args)
+
 
 class injected:
-    """Context manager installing the wrappers around `faults`."""
+    """Context manager installing the proxy around `faults`."""
 
     def __init__(self, faults):
         self.faults = faults
 
     def __enter__(self):
-        self.saved = (_commit.os, _commit.fsync_dir, _writer._ckptio)
-        real_fsync_dir, faults = _commit.fsync_dir, self.faults
-
-        def fsync_dir(path):
-            kind = faults.hit("fsync_dir", path)
-            if kind in ("ENOSPC", "EIO"):
-                raise _os_error(kind, path)
-            real_fsync_dir(path)  # its os.open / os.fsync go through the wrapper too
-
-        _commit.os, _commit.fsync_dir, _writer._ckptio = _Os(faults), fsync_dir, _Native(faults)
-        return faults
+        self.saved = (_writer._ckptio, _commit._ckptio, _lock._ckptio)
+        native = _Native(self.faults)
+        _writer._ckptio = _commit._ckptio = _lock._ckptio = native
+        return self.faults
 
     def __exit__(self, *exc):
-        _commit.os, _commit.fsync_dir, _writer._ckptio = self.saved
+        _writer._ckptio, _commit._ckptio, _lock._ckptio = self.saved
         return False
 
 
@@ -309,11 +279,12 @@ def check_directory(path, fmt, versions, old_token, what):
     # Leftovers: only what the next save removes, from version 1's save or
     # from the failed one; never a temporary.
     leftovers = names - files - {".metadata", manifest, LOCK}
+    stale = set(_commit.stale_files(path, files | {".metadata", manifest}))
     tokens = {token}
     for n in sorted(leftovers):
         m = DATA_RE.match(n) or MANIFEST_RE.match(n)
         assert m, f"{what}: {n!r} is neither referenced nor a file the next save removes; {sorted(names)}"
-        assert _commit._STALE_RE.match(n), f"{what}: the next save would not remove {n!r}"
+        assert n in stale, f"{what}: the next save would not remove {n!r}"
         tokens.add(m.group(1))
     assert len(tokens - {old_token}) <= 1, f"{what}: files of more than two saves: {sorted(names)}"
     return v
@@ -337,15 +308,8 @@ def check_error(exc, fired, path, rank, what):
     if orig.errno is not None:  # not pickled: the attributes say the same
         assert isinstance(orig, ckptio.CkptioError) and orig.errno == err, f"{what}: {type(orig)} {orig.errno}"
         assert (orig.path, orig.operation) == (where, operation), f"{what}: {orig.path} {orig.operation}"
-    if op in NATIVE_OPS:
-        assert (where, operation, why) == (fired["path"], op, "injected by test_faults_dcp"), f"{what}: {text!r}"
-        return
-    assert operation in OPERATION[op], f"{what}: operation {operation!r} in {text!r}"
+    assert (where, operation, why) == (fired["path"], op, "injected by test_faults_dcp"), f"{what}: {text!r}"
     assert where == path or os.path.dirname(where) == path, f"{what}: names {where!r}"
-    if fired["after_commit"]:
-        assert "committed" in why or "is in place" in why, f"{what}: {text!r}"
-    else:
-        assert "is unchanged" in why or "is in place" in why, f"{what}: {text!r}"
 
 
 def _shm_dir(tmp_path):
@@ -397,15 +361,12 @@ class Sweep:
         counts = dict(self.faults.counts)
         if mine:
             assert fired, f"{what}: the fault did not fire (calls: {counts})"
-            if kind == "short":
-                assert error is None, f"{what}: a short write is not an error, got {error}"
-            else:
-                assert error is not None, f"{what}: the save did not fail"
-                check_error(error, fired, self.path, self.rank, what)
+            assert error is not None, f"{what}: the save did not fail"
+            check_error(error, fired, self.path, self.rank, what)
         if self.rank == 0:
             self.runs["failed" if error else "succeeded"] += 1
             v = check_directory(self.path, self.fmt, self.versions, self.old_token, what)
-            after = error is None or (fired is not None and fired["after_commit"])
+            after = error is None or self.faults.metadata_replaced
             assert v == (2 if after else 1), f"{what}: version {v} after {'success' if error is None else error}"
         self.barrier()
         if op is None:  # the dry run
@@ -454,20 +415,23 @@ def base(tmp_path):
                                          (SerializationFormat.SAFETENSORS, 1)])
 def test_every_commit_call_fails_once(base, fmt, threads):
     s = Sweep(base, fmt, threads)
-    plan = [(0, op, kinds_of(op)) for op in OS_OPS + NATIVE_OPS]
+    plan = [(0, op, kinds_of(op)) for op in NATIVE_OPS]
     counts, total = s.sweep(plan)
     calls = counts[0]
-    # The sweep covered the whole commit sequence (two atomic files, their
-    # directory fsyncs, the removal of version 1's files) and every native step.
-    assert calls.get("os.replace") == 2 and calls.get("fsync_dir") == 3 and calls.get("os.listdir") == 1, calls
-    assert calls.get("os.unlink", 0) >= 2, calls  # version 1's data file(s) and manifest
+    # The sweep covered the whole commit sequence (lock, placeholders of the
+    # data files over version 1, manifest, .metadata, the list and removal
+    # of version 1's files) and every native step of the data path.
+    assert [calls.get(op) for op in ("dcp_lock_acquire", "dcp_manifest_write", "dcp_write_file", "dcp_stale_files",
+                                     "dcp_remove_files")] == [1, 1, 1, 1, 1], calls
     if fmt == SerializationFormat.TORCH_SAVE:
-        assert calls["File"] == calls["File.commit"] == threads and calls["dcp_write"] == 1, calls
+        assert calls["File"] == calls["File.commit"] == calls["dcp_create_file"] == threads, calls
+        assert calls["dcp_write"] == 1, calls
     else:
         assert calls["safetensors_save"] >= 1 and calls["SafetensorsReader"] == calls["safetensors_save"], calls
         assert calls["File"] == calls["File.commit"] == calls["dcp_write"] == 1, calls  # the byte items' file
-    # Every fault failed the save except the short writes (and the dry run).
-    assert s.runs == {"failed": total - calls["os.write"], "succeeded": calls["os.write"] + 1}, (s.runs, total)
+        assert calls["dcp_create_file"] == calls["safetensors_save"] + 1, calls
+    # Every fault failed the save (the dry run succeeded).
+    assert s.runs == {"failed": total, "succeeded": 1}, (s.runs, total)
 
 
 @requires_cli
@@ -508,8 +472,8 @@ RANKS = textwrap.dedent(
     s = t.Sweep(base, SerializationFormat.TORCH_SAVE, rank=rank, world=2, barrier=dist.barrier)
     # The coordinator commits: every step of it fails; rank 1 writes its own
     # data files: every native step of it fails.
-    plan = [(0, op, ["ENOSPC"] + (["short"] if op == "os.write" else [])) for op in t.OS_OPS + t.NATIVE_OPS]
-    plan += [(1, op, ["EIO"]) for op in t.NATIVE_OPS]
+    plan = [(0, op, ["ENOSPC"]) for op in t.NATIVE_OPS]
+    plan += [(1, op, ["EIO"]) for op in t.DATA_OPS + ("dcp_create_file",)]
     counts, total = s.sweep(plan)
     dist.barrier()
     dist.destroy_process_group()
@@ -537,9 +501,11 @@ def test_two_ranks_commit_faults(base, tmp_path):
             raise
     for r, (p, out) in enumerate(zip(procs, outs)):
         assert p.returncode == 0 and f"OK {r}" in out, f"rank {r}:\n{out[-4000:]}"
-    # Rank 1's native steps were swept too (it wrote a data file).
+    # Every commit step of the coordinator (9 calls) and rank 1's native
+    # steps (a placeholder and a data file written and committed) were swept.
     last = outs[1].strip().splitlines()[-1].split(" ", 3)
-    assert int(last[2]) > 20 and "'File.commit': 1" in last[3], outs[1][-2000:]
+    assert int(last[2]) == 13 and "'File.commit': 1" in last[3] and "'dcp_create_file': 1" in last[3], \
+        outs[1][-2000:]
 
 
 # ---- cleanup="background" ----------------------------------------------------------------
@@ -580,14 +546,13 @@ def test_background_cleanup_removes_the_old_files_off_the_critical_path(tmp_path
     dcp.load(out, storage_reader=cdcp.FileSystemReader(path), no_dist=True)
     assert torch.equal(out["w"], torch.full((1000,), 2.0))
 
-    # A failing removal: logged, raised by wait_cleanup(), cleaned by the next save.
+    # A failing removal: logged, raised by wait_cleanup(), cleaned by the next
+    # save. What fails is real: a directory under a data file's name, which
+    # libckptio's unlink cannot remove (EISDIR).
     monkeypatch.setattr(_commit, "remove_files", real_remove)
-    real_unlink = os.unlink
-
-    def failing_unlink(p, *a, **k):
-        if str(p).endswith(".distcp"):
-            raise OSError(errno.EIO, "injected EIO")
-        return real_unlink(p, *a, **k)
+    blocker = path / "__0_aaaaaaaaaaaa_0.distcp"
+    blocker.mkdir()
+    (blocker / "x").write_bytes(b"x")
 
     import logging
 
@@ -595,16 +560,17 @@ def test_background_cleanup_removes_the_old_files_off_the_critical_path(tmp_path
     handler = logging.Handler()
     handler.emit = records.append
     logging.getLogger("ckptio.dcp").addHandler(handler)
-    monkeypatch.setattr(_commit.os, "unlink", failing_unlink)
     try:
         dcp.save({"w": torch.full((1000,), 3.0)}, storage_writer=writer, no_dist=True)
         with pytest.raises(ckptio.CkptioError) as e:
             writer.wait_cleanup(timeout=30)
     finally:
         logging.getLogger("ckptio.dcp").removeHandler(handler)
-    assert e.value.operation == "unlink" and "the new checkpoint is committed" in str(e.value)
+    assert e.value.operation == "unlink" and e.value.errno == errno.EISDIR, e.value
+    assert e.value.path == str(blocker) and "the new checkpoint is committed" in str(e.value)
     assert any("unlink" in r.getMessage() and "committed" in r.getMessage() for r in records)
-    monkeypatch.setattr(_commit.os, "unlink", real_unlink)
+    (blocker / "x").unlink()
+    blocker.rmdir()
     dcp.save({"w": torch.full((1000,), 4.0)}, storage_writer=writer, no_dist=True)
     assert writer.wait_cleanup(timeout=30) is True
     files = sorted(os.listdir(path))

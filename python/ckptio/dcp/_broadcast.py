@@ -187,16 +187,16 @@ def _source_range(reader, files, cache, seg) -> Tuple[Any, int, int, Any]:
     segment's first byte or None) of a segment, as owner and users agree."""
     key, kind, lo, hi, shape, _, _ = seg
     info = reader.storage_data[key]
-    df = reader._file(files, info.relative_path)
+    df = reader.data_file(files, info.relative_path)
     if kind == KIND_WHOLE:
         df.check(info.offset, info.length, f"item '{key.fqn}'")
         return df, info.offset, info.length, None
-    stored = reader._describe(df, info, key, cache)
+    stored = reader.stored_chunk(df, info, key, cache)
     esize = stored.dtype.itemsize
     if stored.contiguous() and tuple(stored.shape) == tuple(shape):
         first = stored.storage_offset + lo
         if (stored.storage_offset + hi) * esize > stored.storage_nbytes:
-            raise reader._error(df.path, stored.base, f"tensor '{key.fqn}' needs elements up to "
+            raise reader.format_error(df.path, stored.base, f"tensor '{key.fqn}' needs elements up to "
                                 f"{stored.storage_offset + hi} of a storage of {stored.storage_nbytes} bytes")
         return df, stored.base + first * esize, (hi - lo) * esize, first
     return df, stored.base, stored.storage_nbytes, 0  # strided chunk: its whole storage
@@ -208,28 +208,28 @@ def _cut(reader, files, cache, seg, buf: torch.Tensor, reqs: List[ReadItem], pla
     info = reader.storage_data[key]
     if kind == KIND_WHOLE:
         host = buf.cpu() if buf.device.type != "cpu" else buf
-        df = reader._file(files, info.relative_path)
+        df = reader.data_file(files, info.relative_path)
         stored = None
         for req in reqs:
             if req.type == LoadItemType.BYTE_IO:
                 # Checked by the restricted unpickler on every rank (as read directly).
-                planner.load_bytes(req, reader._byte_stream(host, info, key.fqn, df.path))
+                planner.load_bytes(req, reader.byte_item(host, info, key.fqn, df.path))
                 continue
             if stored is None:  # a transformed tensor item: each rank decodes the shared bytes
-                stored = reader._stored_from_packed(host, info, key, df.path)
-            target = reader._target(planner, req)
-            src = reader._plan_slice(df, stored, req, target, [])
+                stored = reader.stored_from_bytes(host, info, key, df.path)
+            target = reader.read_target(planner, req)
+            src = reader.plan_slice(df, stored, req, target, [])
             if src is not None:
                 target.copy_(src)
             planner.commit_tensor(req, target)
         return
     df, off, n, first = _source_range(reader, files, cache, seg)
     if n != buf.numel():
-        raise reader._error(df.path, off, f"shared bytes of tensor '{key.fqn}': the owner sent {buf.numel()} "
+        raise reader.format_error(df.path, off, f"shared bytes of tensor '{key.fqn}': the owner sent {buf.numel()} "
                             f"bytes where this rank expects {n}")
-    stored = reader._describe(df, info, key, cache)
+    stored = reader.stored_chunk(df, info, key, cache)
     for req in reqs:
-        target = reader._target(planner, req)
+        target = reader.read_target(planner, req)
         lens = tuple(req.lengths)
         if all(lens):
             typed = buf.view(stored.dtype)

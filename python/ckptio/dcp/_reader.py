@@ -25,7 +25,6 @@ import dataclasses
 import io
 import math
 import os
-import struct
 from typing import Any, Dict, List, Optional, Tuple
 
 import torch
@@ -284,8 +283,9 @@ class FileSystemReader(_TorchFileSystemReader):
                 data = _read_limited(ext.transform_from(io.BytesIO(raw)), limit, path, info.offset, fqn, d)
         return data.numpy().tobytes() if isinstance(data, torch.Tensor) else data
 
-    def _byte_stream(self, packed: torch.Tensor, info, fqn: str, path: str) -> io.BytesIO:
-        """What torch's planner gets for a byte item (``load_bytes``)."""
+    def byte_item(self, packed: torch.Tensor, info, fqn: str, path: str) -> io.BytesIO:
+        """What torch's planner gets for a byte item (``load_bytes``) whose
+        stored bytes are `packed`."""
         data = self._decode(packed, info, fqn, path, _ckptio.DCP_BYTE_ITEM_MAX)
         if self.allow_pickle:
             return io.BytesIO(data)
@@ -329,24 +329,30 @@ class FileSystemReader(_TorchFileSystemReader):
         self._header_bytes += length
         return buf
 
-    # Small helpers shared with _broadcast.
-    _error = staticmethod(_format_error)
+    # ---- the interface of the load-once broadcast -----------------------------------------
+    # _broadcast.py reaches the reader only through these (and the public
+    # attributes storage_data, engine, path); they are what read_data uses too.
 
-    def _file(self, files: Dict[str, _DataFile], rel: str) -> _DataFile:
+    #: format_error(path, offset, message) -> CkptioError E_FORMAT of a DCP item.
+    format_error = staticmethod(_format_error)
+
+    def data_file(self, files: Dict[str, _DataFile], rel: str) -> _DataFile:
+        """The open data file `rel` (kept in `files`, one read_data's)."""
         df = files.get(rel)
         if df is None:
             df = files[rel] = _DataFile(os.fspath(self.path), rel, self.engine)
         return df
 
     @staticmethod
-    def _target(planner: LoadPlanner, req: ReadItem) -> torch.Tensor:
+    def read_target(planner: LoadPlanner, req: ReadItem) -> torch.Tensor:
+        """The planner's destination for `req`, checked against its lengths."""
         target = planner.resolve_tensor(req).detach()
         if tuple(target.shape) != tuple(req.lengths):
             raise AssertionError(f"req {req.storage_index} mismatch sizes {tuple(target.shape)} vs "
                                  f"{tuple(req.lengths)}")
         return target
 
-    def _stored_from_packed(self, packed: torch.Tensor, info, key, path: str) -> _Stored:
+    def stored_from_bytes(self, packed: torch.Tensor, info, key, path: str) -> _Stored:
         """Undoes a transformed tensor item held in host memory and describes
         the archive it holds (at most its chunk's bytes plus the archive's
         bounded overhead)."""
@@ -356,12 +362,13 @@ class FileSystemReader(_TorchFileSystemReader):
         # _Stored below; torch.frombuffer does not keep them alive).
         mem = torch.frombuffer(raw, dtype=torch.uint8) if raw else torch.empty(0, dtype=torch.uint8)
         mem._ckptio_keep = raw
-        if not raw:
-            raise _format_error(path, info.offset, f"item '{key.fqn}': the transformed item is empty")
-        return self._from_archive(_ckptio.dcp_torch_item_memory(mem.data_ptr(), mem.numel(), f"{path}@{info.offset}"),
-                                  path, info.offset, 0, mem)
+        # libckptio says what the decoded bytes are (dcp_item.c), as its own reader does.
+        header = _ckptio.dcp_header_parse(mem.data_ptr(), mem.numel(), path, info.offset)
+        return _Stored(*_ckptio.dcp_header_layout(header, key.fqn), memory=mem)
 
-    def _describe(self, df: _DataFile, info, key, cache: Dict) -> _Stored:
+    def stored_chunk(self, df: _DataFile, info, key, cache: Dict) -> _Stored:
+        """Where the stored chunk `key` (its _StorageInfo `info`) lies in `df`
+        or, for a transformed item, in memory (kept in `cache`)."""
         fqn = key.fqn
         ckey = (df.path, info.offset, info.length, fqn)
         hit = cache.get(ckey)
@@ -371,50 +378,22 @@ class FileSystemReader(_TorchFileSystemReader):
             packed = self._read_bytes(df, info.offset, info.length)
             self._header_bytes -= info.length  # item data, counted in bytes_read
             self._data_bytes += info.length
-            stored = self._stored_from_packed(packed, info, key, df.path)
+            stored = self.stored_from_bytes(packed, info, key, df.path)
         else:
+            # A torch.save archive or a SAFETENSORS blob: libckptio tells which
+            # and where the tensor's storage is (dcp_item.c), reading only
+            # headers. A blob's header serves its file's other tensors.
             df.check(info.offset, 0, f"item '{fqn}'")
-            head = self._read_bytes(df, info.offset, min(8, df.size - info.offset))
-            if bytes(head[:4].tolist()) == b"PK\x03\x04":
-                stored = self._from_archive(_ckptio.dcp_torch_item(df.path, info.offset, info.length),
-                                            df.path, info.offset, info.offset, None)
-            else:
-                stored = self._from_safetensors(df, info.offset, fqn, cache)
+            hkey = ("header", df.path, info.offset)
+            header = cache.get(hkey)
+            if header is None:
+                header, nbytes, tensors = _ckptio.dcp_header_read(df.file, info.offset, info.length)
+                self._header_bytes += nbytes
+                if tensors > 1:
+                    cache[hkey] = header
+            stored = _Stored(*_ckptio.dcp_header_layout(header, fqn))
         cache[ckey] = stored
         return stored
-
-    def _from_archive(self, desc, path: str, offset: int, base: int, memory) -> _Stored:
-        tensors, storages = desc
-        if len(tensors) != 1:
-            raise _format_error(path, offset, f"a torch.save item holds {len(tensors)} tensors where one is expected")
-        name, code, shape, stride, soff, sidx, _, _, _ = tensors[0]
-        snbytes, sfile_offset = storages[sidx]
-        return _Stored(code, shape, stride, soff, base + sfile_offset, snbytes, memory)
-
-    def _from_safetensors(self, df: _DataFile, offset: int, fqn: str, cache: Dict) -> _Stored:
-        key = ("st", df.path, offset)
-        table = cache.get(key)
-        if table is None:
-            head = self._read_bytes(df, offset, 8)
-            (n,) = struct.unpack("<Q", bytes(head.tolist()))
-            blob_size = df.size - offset
-            if n > 100_000_000 or 8 + n > blob_size:
-                raise _format_error(df.path, offset, f"neither a torch.save archive nor a safetensors blob "
-                                    f"(header length {n} for a blob of {blob_size} bytes)")
-            header = self._read_bytes(df, offset, 8 + n)
-            rows, data_offset, _ = _ckptio.dcp_safetensors_header(header.data_ptr(), 8 + n, blob_size)
-            table = {r[0]: r for r in rows}
-            cache[key] = table
-        row = table.get(fqn)
-        if row is None:
-            raise _format_error(df.path, offset, f"the safetensors blob has no tensor '{fqn}'")
-        _, code, shape, toff, nbytes = row
-        shape = _adapt.torch_shape(code, tuple(shape), f"tensor '{fqn}'")
-        stride, acc = [], 1
-        for s in reversed(shape):
-            stride.append(acc)
-            acc *= s
-        return _Stored(code, shape, tuple(reversed(stride)), 0, offset + toff, nbytes)
 
     # ---- reading --------------------------------------------------------------------------
     def read_data(self, plan: LoadPlan, planner: LoadPlanner) -> Future:
@@ -458,7 +437,7 @@ class FileSystemReader(_TorchFileSystemReader):
         byte_reqs: List[Tuple[ReadItem, torch.Tensor, bool, str, int]] = []
         for req in items:
             info = self.storage_data[req.storage_index]
-            df = self._file(files, info.relative_path)
+            df = self.data_file(files, info.relative_path)
             if req.type == LoadItemType.BYTE_IO:
                 self._chain(info, req.storage_index.fqn)
                 df.check(info.offset, info.length, f"byte item '{req.storage_index.fqn}'")
@@ -467,21 +446,21 @@ class FileSystemReader(_TorchFileSystemReader):
                     extents.append((df.file, buf.data_ptr(), info.length, info.offset, _adapt.MEM_HOST))
                 byte_reqs.append((req, buf, info, df.path))
                 continue
-            stored = self._describe(df, info, req.storage_index, cache)
-            target = self._target(planner, req)
-            src = self._plan_slice(df, stored, req, target, extents)
+            stored = self.stored_chunk(df, info, req.storage_index, cache)
+            target = self.read_target(planner, req)
+            src = self.plan_slice(df, stored, req, target, extents)
             finish.append((req, target, src))
         if extents:
             _ckptio.dcp_read(extents, self.engine)
             self._data_bytes += sum(e[2] for e in extents)
         for req, buf, info, path in byte_reqs:
-            planner.load_bytes(req, self._byte_stream(buf, info, req.storage_index.fqn, path))
+            planner.load_bytes(req, self.byte_item(buf, info, req.storage_index.fqn, path))
         for req, target, src in finish:
             if src is not None:
                 target.copy_(src() if callable(src) else src)
             planner.commit_tensor(req, target)
 
-    def _plan_slice(self, df: _DataFile, stored: _Stored, req: ReadItem, target: torch.Tensor, extents: List):
+    def plan_slice(self, df: _DataFile, stored: _Stored, req: ReadItem, target: torch.Tensor, extents: List):
         """Adds the extents that bring the requested slice in; returns what must
         then be copied into target (None when the bytes land there directly)."""
         offs, lens = tuple(req.storage_offsets), tuple(req.lengths)

@@ -10,9 +10,12 @@ memory, O_DIRECT where possible), committed (fsync, rename, directory fsync)
 before the coordinator writes a manifest and then replaces ``.metadata``
 atomically; only after that are files of older saves deleted. A crash at any
 point leaves either the old checkpoint loadable or the new one complete.
-Saves of one directory are serialized by a lock (_lock.py) that the
-coordinator takes before any rank writes data and keeps until the cleanup;
-new files take the mode and owner of the ``.metadata`` they replace.
+Saves of one directory are serialized by a lock that the coordinator takes
+before any rank writes data and keeps until the cleanup; new files take the
+mode and owner of the ``.metadata`` they replace. Every step of that commit
+is libckptio's (include/ckptio.h "DCP directory commit": the lock, the
+manifest, the atomic .metadata, the cleanup); this class calls them in order
+between torch's hooks (_commit.py, _lock.py).
 """
 
 from __future__ import annotations
@@ -229,7 +232,7 @@ class FileSystemWriter(_TorchFileSystemWriter):
         self._cleanup = None
         self.dir_busy = _lock.check_busy_option(dir_busy)
         self._dir_lock: Optional[_lock.DirectoryLock] = None
-        self._reference: Optional[os.stat_result] = None  # attributes of the .metadata a save replaces
+        self._reference: Optional[str] = None  # the .metadata a save replaces, when it gives attributes
         self.non_blocking_stage = non_blocking_stage
         self._staged_events: List[Any] = []
         self._token: Optional[str] = None
@@ -525,21 +528,15 @@ class FileSystemWriter(_TorchFileSystemWriter):
 
         metadata.version = CURRENT_DCP_VERSION
         storage_md: Dict[Any, _StorageInfo] = {}
-        manifest: List[dict] = []
+        manifest: List[tuple] = []  # ckptio_dcp_manifest_item rows (see _ckptio.dcp_manifest_write)
         for wr_list in results:
             for wr in wr_list:
                 info = wr.storage_data
                 if isinstance(info, _HashedStorageInfo):
-                    manifest.append({
-                        "fqn": wr.index.fqn,
-                        "offset": None if wr.index.offset is None else list(wr.index.offset),
-                        "file": info.relative_path,
-                        "data_offset": info.data_offset,
-                        "nbytes": info.data_length,
-                        "xxh3": None if info.xxh3 is None else f"{info.xxh3:016x}",
-                        **({"parts": [[o, n, f"{h:016x}"] for o, n, h in info.parts]} if info.parts else {}),
-                        "transform": list(info.transform_descriptors or ()),
-                    })
+                    zstd = ZSTD_DESCRIPTOR in (info.transform_descriptors or ())
+                    manifest.append((wr.index.fqn, None if wr.index.offset is None else list(wr.index.offset),
+                                     info.relative_path, info.data_offset, info.data_length, info.xxh3,
+                                     info.parts or None, _ckptio.DCP_TRANSFORM_ZSTD if zstd else 0))
                     info = info.plain()
                 storage_md[wr.index] = info
         metadata.storage_data = storage_md
@@ -552,9 +549,7 @@ class FileSystemWriter(_TorchFileSystemWriter):
         sync = bool(self.sync_files)
         reference = _commit.reference_stat(self.path, md_name)  # the .metadata this save replaces
         if manifest_name and self.checksums:
-            doc = {"format": "ckptio-dcp-manifest", "version": 1, "hash": "xxh3-64", "metadata": md_name,
-                   "files": files, "items": manifest}
-            _commit.write_atomic(self.path, manifest_name, json.dumps(doc, indent=1).encode(), sync, reference)
+            _ckptio.dcp_manifest_write(os.fspath(self.path), md_name, files, manifest, reference, sync)
         _crash("manifest_written")
         import pickle
 

@@ -1,0 +1,389 @@
+/*
+ * dcp_cleanup.c - step 4 of a DCP directory commit: removing what older
+ * saves left (docs/DCP.md "Atomic commit and overwrite").
+ *
+ * Which files go is decided when the new .metadata is in place, under the
+ * directory's lock: DCP-named files (dcp_names.c) outside the new
+ * checkpoint that no metadata file in the directory references now. The
+ * metadata files are read again with the restricted unpickler (the one
+ * just committed is not: its bytes are compared with what the save wrote),
+ * because torch's own writer reuses names such as __0_0.distcp and takes no
+ * lock. One that cannot be read (a symlink, a FIFO, a pickle outside the
+ * allowlist, garbage) might reference any file: then only temporaries are
+ * removed and the caller is told why, so it can warn. Temporaries are
+ * removed only when no live writer holds them (the flock rule of
+ * temporaries.c). Nothing is ever followed: metadata files are opened
+ * O_NOFOLLOW | O_NONBLOCK, and only regular files are read.
+ *
+ * A background removal lists the files at commit and removes them later,
+ * without the lock: by then a later save may have committed; it reads the
+ * metadata files again right before and keeps whatever they reference
+ * (CKPTIO_DCP_RECHECK). Its list names only files older than its commit,
+ * which no later ckptio save reuses (new token, new temporary names).
+ */
+#include "dcp_commit_internal.h"
+#include "dcp_dir_internal.h"
+#include "io_internal.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/file.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+/* A growable list of names. */
+typedef struct names {
+    char **v;
+    size_t n, cap;
+} names;
+
+static void names_clear(names *l) {
+    ckptio_dcp_names_free(l->v, l->n);
+    *l = (names){0};
+}
+
+static bool names_add(names *l, const char *s) {
+    if (l->n + 1 >= l->cap) {
+        const size_t cap = l->cap ? 2 * l->cap : 16;
+        char **v = ckptio__realloc(l->v, cap * sizeof *v);
+        if (!v) return false;
+        l->v = v;
+        l->cap = cap;
+    }
+    if (!(l->v[l->n] = ckptio__strdup(s))) return false;
+    l->n++;
+    return true;
+}
+
+static int cmp_str(const void *a, const void *b) { return strcmp(*(char *const *)a, *(char *const *)b); }
+
+static void names_sort(names *l) {
+    if (l->n) qsort(l->v, l->n, sizeof *l->v, cmp_str);
+}
+
+static bool names_has(const names *sorted, const char *s) {
+    return sorted->n && bsearch(&s, sorted->v, sorted->n, sizeof *sorted->v, cmp_str);
+}
+
+void ckptio_dcp_names_free(char **list, size_t count) {
+    for (size_t i = 0; list && i < count; i++) ckptio__free(list[i]);
+    ckptio__free(list);
+}
+
+/* The entries of `dir` (without . and ..). */
+static ckptio_status list_dir(const char *dir, names *out) {
+    DIR *d = ckptio__opendir(dir);
+    if (!d)
+        return CKPTIO_FAIL_SYS_NOTE(errno, "listdir", dir, "looking for files of older saves; %s",
+                                    CKPTIO__DCP_COMMITTED);
+    ckptio_status st = CKPTIO_OK;
+    for (;;) {
+        errno = 0;
+        const struct dirent *e = readdir(d);
+        if (!e) {
+            if (errno)
+                st = CKPTIO_FAIL_SYS_NOTE(errno, "listdir", dir, "looking for files of older saves; %s",
+                                          CKPTIO__DCP_COMMITTED);
+            break;
+        }
+        if (strcmp(e->d_name, ".") == 0 || strcmp(e->d_name, "..") == 0) continue;
+        if (!names_add(out, e->d_name)) {
+            st = CKPTIO_FAIL(CKPTIO_E_NOMEM, "out of memory listing %s", dir);
+            break;
+        }
+    }
+    closedir(d);
+    return st;
+}
+
+/* ---- what the metadata files reference now ------------------------------------------ */
+
+ckptio_status ckptio__dcp_referenced_files(const void *bytes, size_t len, const char *origin, char ***out,
+                                           size_t *count) {
+    *out = NULL;
+    *count = 0;
+    ckptio_pickle *p = NULL;
+    CKPTIO_FORWARD(ckptio_pickle_parse_dcp_metadata(bytes, len, origin, &p));
+    const ckptio_value *root = NULL;
+    ckptio_pickle_root(p, &root);
+    const ckptio_value *md = ckptio__dcp_fields_of(root, CKPTIO__DCP_MD "Metadata");
+    const ckptio_value *sd = md ? ckptio__dcp_dict_get(md, "storage_data") : NULL;
+    const ckptio_value_kind kind = ckptio_value_kind_of(sd);
+    size_t n = 0;
+    char **list = NULL;
+    ckptio_status st = CKPTIO_OK;
+    const ckptio__err_ctx ctx = {.path = origin, .file_offset = -1, .subject = "storage_data"};
+    if (!md)
+        st = CKPTIO_FAIL_CTX(CKPTIO_E_FORMAT, &((ckptio__err_ctx){.path = origin, .file_offset = -1}),
+                             "the pickled object is not a Metadata");
+    else if (sd && kind != CKPTIO_VALUE_NONE && (kind != CKPTIO_VALUE_DICT || ckptio_value_len(sd, &n) != CKPTIO_OK))
+        st = CKPTIO_FAIL_CTX(CKPTIO_E_FORMAT, &ctx, "not a dict");
+    else if (!(list = ckptio__calloc(n + 1, sizeof *list)))
+        st = CKPTIO_FAIL(CKPTIO_E_NOMEM, "out of memory");
+    /* Anything but a _StorageInfo with a string relative_path might name a
+     * file in some other way: the caller then keeps every file. */
+    for (size_t i = 0; st == CKPTIO_OK && i < n; i++) {
+        const ckptio_value *k, *v;
+        ckptio_value_dict_item(sd, i, &k, &v);
+        const ckptio_value *f = ckptio__dcp_fields_of(v, "torch.distributed.checkpoint.filesystem._StorageInfo");
+        size_t plen = 0;
+        const char *path = f ? ckptio__dcp_str_of(ckptio__dcp_dict_get(f, "relative_path"), &plen) : NULL;
+        if (!path || memchr(path, '\0', plen))
+            st = CKPTIO_FAIL_CTX(CKPTIO_E_FORMAT, &ctx, "entry %zu is not a _StorageInfo with a relative_path", i);
+        else if (!(list[*count] = ckptio__strdup(path)))
+            st = CKPTIO_FAIL(CKPTIO_E_NOMEM, "out of memory");
+        else
+            ++*count;
+    }
+    ckptio_pickle_close(p);
+    if (st != CKPTIO_OK) {
+        ckptio_dcp_names_free(list, *count);
+        *count = 0;
+        return st;
+    }
+    *out = list;
+    return CKPTIO_OK;
+}
+
+typedef enum { READ_OK, READ_MISSING, READ_UNREADABLE } read_outcome;
+
+/* The bytes of metadata file `path`. A symlink, FIFO or other non-regular
+ * file is READ_UNREADABLE with `why` (never followed or waited on); an I/O
+ * error fails (nothing was removed yet). */
+static ckptio_status read_metadata_file(const char *path, void **data, size_t *len, read_outcome *outcome,
+                                        const char **why) {
+    static const char what[] = "reading it to find the files it references: nothing was removed; "
+                               CKPTIO__DCP_COMMITTED;
+    *data = NULL;
+    *len = 0;
+    *outcome = READ_OK;
+    const int fd = ckptio__open(path, O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC, 0);
+    if (fd < 0 && errno == ENOENT) {
+        *outcome = READ_MISSING;
+        return CKPTIO_OK;
+    }
+    if (fd < 0 && errno == ELOOP) { /* O_NOFOLLOW met a symlink: never followed */
+        *outcome = READ_UNREADABLE;
+        *why = "a symlink";
+        return CKPTIO_OK;
+    }
+    if (fd < 0) return CKPTIO_FAIL_SYS_NOTE(errno, "open", path, "%s", what);
+    ckptio_status st = CKPTIO_OK;
+    struct stat sb;
+    size_t cap = 0;
+    char *buf = NULL;
+    if (fstat(fd, &sb) < 0) {
+        st = CKPTIO_FAIL_SYS_NOTE(errno, "read", path, "%s", what);
+        goto out;
+    }
+    if (!S_ISREG(sb.st_mode)) {
+        *outcome = READ_UNREADABLE;
+        *why = "not a regular file";
+        goto out;
+    }
+    for (;;) {
+        if (*len == cap) {
+            cap = cap ? 2 * cap : (size_t)sb.st_size + 4096;
+            char *more = ckptio__realloc(buf, cap);
+            if (!more) {
+                st = CKPTIO_FAIL(CKPTIO_E_NOMEM, "out of memory reading %s", path);
+                goto out;
+            }
+            buf = more;
+        }
+        const ssize_t n = ckptio__read(fd, buf + *len, cap - *len);
+        if (n < 0) {
+            st = CKPTIO_FAIL_SYS_NOTE(errno, "read", path, "%s", what);
+            goto out;
+        }
+        if (n == 0) break;
+        *len += (size_t)n;
+    }
+out:
+    close(fd);
+    if (st != CKPTIO_OK || *outcome != READ_OK) {
+        ckptio__free(buf);
+        *len = 0;
+    } else {
+        *data = buf;
+    }
+    return st;
+}
+
+static void set_note(char *note, size_t cap, const char *dir, const char *name, const char *why) {
+    if (note && cap)
+        snprintf(note, cap, "%s: keeping the files of older saves: %s cannot be read (%s); %s", dir, name, why,
+                 CKPTIO__DCP_COMMITTED);
+}
+
+/* Adds to `out` every data file the metadata files among `entries` reference
+ * now. *known = false (and the note says why) when one cannot be read: it
+ * might reference any file. */
+static ckptio_status referenced_now(const char *dir, const names *entries, const ckptio_dcp_committed *committed,
+                                    names *out, bool *known, char *note, size_t note_cap) {
+    *known = true;
+    for (size_t i = 0; i < entries->n; i++) {
+        const char *name = entries->v[i];
+        if (!ckptio__dcp_metadata_name(name)) continue;
+        char *path = ckptio__dcp_join(dir, name);
+        if (!path) return CKPTIO_FAIL(CKPTIO_E_NOMEM, "out of memory");
+        void *data = NULL;
+        size_t len = 0;
+        read_outcome outcome;
+        const char *why = NULL;
+        ckptio_status st = read_metadata_file(path, &data, &len, &outcome, &why);
+        if (st == CKPTIO_OK && outcome == READ_OK) {
+            const bool same = committed && committed->metadata_name && strcmp(name, committed->metadata_name) == 0 &&
+                              committed->metadata_len == len && (len == 0 || memcmp(committed->metadata, data, len) == 0);
+            if (same) { /* what this save wrote: no second unpickling */
+                for (size_t k = 0; st == CKPTIO_OK && k < committed->nfiles; k++)
+                    if (!names_add(out, committed->files[k])) st = CKPTIO_FAIL(CKPTIO_E_NOMEM, "out of memory");
+            } else {
+                char **files = NULL;
+                size_t n = 0;
+                if (ckptio__dcp_referenced_files(data, len, path, &files, &n) != CKPTIO_OK) {
+                    outcome = READ_UNREADABLE;
+                    why = ckptio_last_error_message();
+                }
+                for (size_t k = 0; st == CKPTIO_OK && k < n; k++)
+                    if (!names_add(out, files[k])) st = CKPTIO_FAIL(CKPTIO_E_NOMEM, "out of memory");
+                ckptio_dcp_names_free(files, n);
+            }
+        }
+        if (st == CKPTIO_OK && outcome == READ_UNREADABLE) {
+            set_note(note, note_cap, dir, name, why);
+            *known = false;
+        }
+        ckptio__free(data);
+        ckptio__free(path);
+        if (st != CKPTIO_OK || !*known) return st;
+    }
+    names_sort(out);
+    return CKPTIO_OK;
+}
+
+/* ---- listing ------------------------------------------------------------------------ */
+
+ckptio_status ckptio_dcp_stale_files(const char *dir, const char *const *keep, size_t nkeep,
+                                     const ckptio_dcp_committed *committed, char ***out, size_t *count, char *note,
+                                     size_t note_cap) {
+    if (out) *out = NULL;
+    if (count) *count = 0;
+    if (note && note_cap) note[0] = '\0';
+    CKPTIO_RETURN_IF(!dir || !*dir || !out || !count || (!keep && nkeep), CKPTIO_E_INVAL,
+                     "ckptio_dcp_stale_files: dir, out and count are required");
+    names entries = {0}, kept = {0}, candidates = {0}, referenced = {0};
+    ckptio_status st = list_dir(dir, &entries);
+    for (size_t i = 0; st == CKPTIO_OK && i < nkeep; i++)
+        if (!names_add(&kept, keep[i])) st = CKPTIO_FAIL(CKPTIO_E_NOMEM, "out of memory");
+    if (st == CKPTIO_OK) names_sort(&kept);
+    for (size_t i = 0; st == CKPTIO_OK && i < entries.n; i++) {
+        const char *name = entries.v[i];
+        if (!names_has(&kept, name) && ckptio__dcp_stale_name(name) && !names_add(&candidates, name))
+            st = CKPTIO_FAIL(CKPTIO_E_NOMEM, "out of memory");
+    }
+    bool known = true;
+    if (st == CKPTIO_OK && candidates.n)
+        st = referenced_now(dir, &entries, committed, &referenced, &known, note, note_cap);
+    names victims = {0};
+    for (size_t i = 0; st == CKPTIO_OK && i < candidates.n; i++) {
+        const char *name = candidates.v[i];
+        /* Not knowing what a metadata file references, only temporaries go. */
+        const bool go = known ? !names_has(&referenced, name) : ckptio__dcp_temporary_name(name);
+        if (go && !names_add(&victims, name)) st = CKPTIO_FAIL(CKPTIO_E_NOMEM, "out of memory");
+    }
+    if (st == CKPTIO_OK) {
+        names_sort(&victims);
+        *out = victims.v;
+        *count = victims.n;
+        if (!victims.v && !(*out = ckptio__calloc(1, sizeof **out))) st = CKPTIO_FAIL(CKPTIO_E_NOMEM, "out of memory");
+    } else {
+        names_clear(&victims);
+    }
+    names_clear(&entries);
+    names_clear(&kept);
+    names_clear(&candidates);
+    names_clear(&referenced);
+    return st;
+}
+
+/* ---- removing ----------------------------------------------------------------------- */
+
+/* Unlinks the temporary `path` when no live writer holds it, as
+ * ckptio_cleanup_temporaries does: a regular file we can flock, still under
+ * its name (a writer holds its flock until it commits or closes; the kernel
+ * drops it when the writer dies). Returns 1 when removed, 0 when kept, -1
+ * with errno when the unlink failed. */
+static int remove_temporary(const char *path) {
+    const int fd = open(path, O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_NOCTTY | O_CLOEXEC);
+    if (fd < 0) return 0; /* gone, a symlink, or not ours to check: keep */
+    int ret = 0;
+    struct stat mine, named;
+    if (fstat(fd, &mine) == 0 && S_ISREG(mine.st_mode) && flock(fd, LOCK_EX | LOCK_NB) == 0 &&
+        lstat(path, &named) == 0 && named.st_dev == mine.st_dev && named.st_ino == mine.st_ino)
+        ret = ckptio__unlink(path) == 0 ? 1 : -1;
+    const int err = errno;
+    close(fd); /* after the unlink: the lock covers it */
+    errno = err;
+    return ret;
+}
+
+ckptio_status ckptio_dcp_remove_files(const char *dir, const char *const *list, size_t count, unsigned flags,
+                                      const ckptio_dcp_committed *committed, size_t *removed_out, char *note,
+                                      size_t note_cap) {
+    if (removed_out) *removed_out = 0;
+    if (note && note_cap) note[0] = '\0';
+    CKPTIO_RETURN_IF(!dir || !*dir || (!list && count), CKPTIO_E_INVAL, "ckptio_dcp_remove_files: dir is required");
+    CKPTIO_RETURN_IF(flags & ~(unsigned)(CKPTIO_DCP_SYNC | CKPTIO_DCP_RECHECK), CKPTIO_E_INVAL,
+                     "ckptio_dcp_remove_files: unknown flags 0x%x", flags);
+    for (size_t i = 0; i < count; i++)
+        CKPTIO_RETURN_IF(!list[i] || !*list[i] || strchr(list[i], '/'), CKPTIO_E_INVAL,
+                         "ckptio_dcp_remove_files: '%s' is not a file name", list[i] ? list[i] : "(null)");
+    names referenced = {0};
+    bool known = true, recheck = false;
+    for (size_t i = 0; (flags & CKPTIO_DCP_RECHECK) && i < count; i++)
+        if (!ckptio__dcp_temporary_name(list[i])) recheck = true;
+    if (recheck) {
+        names entries = {0};
+        ckptio_status st = list_dir(dir, &entries);
+        if (st == CKPTIO_OK) st = referenced_now(dir, &entries, committed, &referenced, &known, note, note_cap);
+        names_clear(&entries);
+        if (st != CKPTIO_OK) {
+            names_clear(&referenced);
+            return st;
+        }
+    }
+    size_t removed = 0;
+    ckptio_status first = CKPTIO_OK;
+    for (size_t i = 0; i < count; i++) {
+        const char *name = list[i];
+        const bool temporary = ckptio__dcp_temporary_name(name);
+        if (recheck && !temporary && (!known || names_has(&referenced, name))) continue;
+        char *path = ckptio__dcp_join(dir, name);
+        if (!path) {
+            if (first == CKPTIO_OK) first = CKPTIO_FAIL(CKPTIO_E_NOMEM, "out of memory");
+            continue;
+        }
+        const int ret = temporary ? remove_temporary(path) : ckptio__unlink(path) == 0 ? 1 : -1;
+        if (ret > 0) removed++;
+        else if (ret < 0 && errno != ENOENT && first == CKPTIO_OK)
+            first = CKPTIO_FAIL_SYS_NOTE(errno, "unlink", path, "removing a file of an older save; %s",
+                                         CKPTIO__DCP_COMMITTED);
+        ckptio__free(path);
+    }
+    names_clear(&referenced);
+    if (removed_out) *removed_out = removed;
+    if (removed && (flags & CKPTIO_DCP_SYNC)) {
+        /* Also after a failed unlink: what was removed must stay removed. */
+        const int err = ckptio__dcp_fsync_dir(dir);
+        if (err)
+            return CKPTIO_FAIL_SYS_NOTE(err, "fsync", dir,
+                                        "flushing the directory after removing %zu files of older saves (a power loss "
+                                        "may bring them back); %s",
+                                        removed, CKPTIO__DCP_COMMITTED);
+    }
+    return first;
+}

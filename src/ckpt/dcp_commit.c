@@ -1,0 +1,124 @@
+/*
+ * dcp_commit.c - the small files of a DCP directory commit (the manifest,
+ * .metadata) and the attributes every new file of a save takes.
+ *
+ * A file is written through a temporary named and locked as every atomic
+ * save of this library names and locks its own (temporaries.c), so
+ * `ckptio clean` and the next save recognise a crashed save's leftovers and
+ * never remove one a live save holds: write, fsync, rename over NAME,
+ * fsync the directory. A failure before the rename leaves NAME as it was
+ * and removes the temporary; a failed directory fsync after it says that
+ * the new NAME is in place but may not survive a power loss.
+ *
+ * Attributes: a save into an existing checkpoint keeps the checkpoint's
+ * permission bits, owner and group (where permitted), as torch.save and
+ * safetensors keep a file's by rewriting it in place. The reference is the
+ * metadata file the save replaces (lstat: a symlink is no reference), and
+ * every file is created with its mode (the umask may only narrow it), so
+ * no byte of the checkpoint is ever readable with wider permissions
+ * (inherit_mode.c sets the exact bits and the ids).
+ *
+ * Errors read "PATH: OPERATION: strerror (what was being done; what it
+ * leaves behind)", the words ckptio.dcp has always used.
+ */
+#include "dcp_commit_internal.h"
+#include "io_internal.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+ckptio_status ckptio_dcp_reference(const char *dir, const char *name, unsigned *mode) {
+    CKPTIO_RETURN_IF(!dir || !name || !mode, CKPTIO_E_INVAL, "ckptio_dcp_reference: dir, name and mode are required");
+    struct stat st;
+    *mode = 0666;
+    if (!ckptio__reference_stat(dir, name, &st))
+        return CKPTIO_FAIL_CTX(CKPTIO_E_NOT_FOUND, &((ckptio__err_ctx){.path = dir, .file_offset = -1, .subject = name}),
+                               "no regular file to take attributes from (new files get 0666 & ~umask)");
+    *mode = st.st_mode & 0777;
+    return CKPTIO_OK;
+}
+
+/* fsync of a directory: makes the renames and unlinks in it durable.
+ * Returns 0 or the errno of the open or the fsync. */
+int ckptio__dcp_fsync_dir(const char *dir) {
+    const int fd = ckptio__open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC, 0);
+    if (fd < 0) return errno;
+    const int err = ckptio__fsync(fd) < 0 ? errno : 0;
+    close(fd);
+    return err;
+}
+
+/* Writes all of data to fd; a short write goes on where it stopped. */
+static ckptio_status write_all(int fd, const char *tmp, const char *final, const void *data, size_t len) {
+    size_t done = 0;
+    while (done < len) {
+        const ssize_t n = ckptio__write(fd, (const char *)data + done, len - done);
+        if (n < 0)
+            return CKPTIO_FAIL_SYS_NOTE(errno, "write", tmp, "at offset %zu of %zu bytes of %s; %s is unchanged", done,
+                                        len, final, final);
+        if (n == 0) /* a regular file never does this; do not spin on it */
+            return CKPTIO_FAIL_SYS_NOTE(EIO, "write", tmp, "0 bytes written at offset %zu of %s; %s is unchanged",
+                                        done, final, final);
+        done += (size_t)n;
+    }
+    return CKPTIO_OK;
+}
+
+ckptio_status ckptio_dcp_write_file(const char *dir, const char *name, const void *data, size_t len,
+                                    const char *reference, unsigned flags) {
+    CKPTIO_RETURN_IF(!dir || !*dir || !name || !*name || strchr(name, '/') || (!data && len), CKPTIO_E_INVAL,
+                     "ckptio_dcp_write_file: dir, a file name without '/' and the data are required");
+    CKPTIO_RETURN_IF(flags & ~(unsigned)CKPTIO_DCP_SYNC, CKPTIO_E_INVAL, "ckptio_dcp_write_file: unknown flags 0x%x",
+                     flags & ~(unsigned)CKPTIO_DCP_SYNC);
+    const bool sync = flags & CKPTIO_DCP_SYNC;
+    char *final = ckptio__dcp_join(dir, name), tmp[4096];
+    if (!final) return CKPTIO_FAIL(CKPTIO_E_NOMEM, "out of memory");
+    int fd = -1;
+    ckptio_status st = ckptio_temporary_create(dir, name, reference, &fd, tmp, sizeof tmp);
+    if (st == CKPTIO_OK) st = write_all(fd, tmp, final, data, len);
+    if (st == CKPTIO_OK && sync && ckptio__fsync(fd) < 0)
+        st = CKPTIO_FAIL_SYS_NOTE(errno, "fsync", tmp, "flushing %s before its rename; %s is unchanged", final, final);
+    if (fd >= 0) close(fd);
+    if (st == CKPTIO_OK && ckptio__rename(tmp, final) < 0)
+        st = CKPTIO_FAIL_SYS_NOTE(errno, "rename", final, "replacing it with %s; %s is unchanged", strrchr(tmp, '/') + 1,
+                                  final);
+    if (st != CKPTIO_OK && fd >= 0) {
+        /* The first error matters; a temporary left behind is recognisable
+         * and removed later. */
+        unlink(tmp);
+    } else if (st == CKPTIO_OK && sync) {
+        const int err = ckptio__dcp_fsync_dir(dir);
+        if (err)
+            st = CKPTIO_FAIL_SYS_NOTE(err, "fsync", dir,
+                                      "flushing the directory after replacing %s: the new %s is in place but may not "
+                                      "survive a power loss",
+                                      name, name);
+    }
+    ckptio__free(final);
+    return st;
+}
+
+ckptio_status ckptio_dcp_create_file(const char *dir, const char *name, const char *reference) {
+    CKPTIO_RETURN_IF(!dir || !*dir || !name || !*name || strchr(name, '/'), CKPTIO_E_INVAL,
+                     "ckptio_dcp_create_file: dir and a file name without '/' are required");
+    struct stat ref;
+    if (!ckptio__reference_stat(dir, reference, &ref)) return CKPTIO_OK; /* a new checkpoint: nothing to keep */
+    char *path = ckptio__dcp_join(dir, name);
+    if (!path) return CKPTIO_FAIL(CKPTIO_E_NOMEM, "out of memory");
+    ckptio_status st = CKPTIO_OK;
+    const int fd = ckptio__open(path, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, ref.st_mode & 0777);
+    if (fd < 0) {
+        st = CKPTIO_FAIL_SYS_NOTE(errno, "open", path,
+                                  "creating the data file with the checkpoint's mode; the checkpoint is unchanged");
+    } else {
+        st = ckptio__inherit_from(fd, &ref, path);
+        close(fd);
+        if (st != CKPTIO_OK) unlink(path); /* new and empty: nothing references it */
+    }
+    ckptio__free(path);
+    return st;
+}

@@ -1,0 +1,55 @@
+/*
+ * dcp_commit_internal.h - what the files of the DCP directory commit share
+ * (dcp_names.c: the names a save gives its files; dcp_commit.c: atomic
+ * small files; dcp_cleanup.c: removing what older saves left; dcp_lock.c:
+ * the directory lock; dcp_manifest_write.c: the checksum manifest).
+ */
+#ifndef CKPTIO_DCP_COMMIT_INTERNAL_H
+#define CKPTIO_DCP_COMMIT_INTERNAL_H
+
+#include "common_internal.h"
+
+/* What every error of a step after .metadata was replaced ends with. */
+#define CKPTIO__DCP_COMMITTED "the new checkpoint is committed; the next save removes what is left"
+
+/* The manifest of a save: CKPTIO__DCP_MANIFEST_PREFIX TOKEN ".json". */
+#define CKPTIO__DCP_MANIFEST_PREFIX ".ckptio-manifest-"
+
+/* __{rank}_{token}_{n}.distcp, the names ckptio.dcp gives data files;
+ * copies the 12 hex digits of the token into token[0..12] (NUL-terminated). */
+bool ckptio__dcp_data_name(const char *name, char token[13]);
+
+/* The token all of `files` share as ckptio data file names (what
+ * ckptio_dcp_save_token() returns), or false without touching the error. */
+bool ckptio__dcp_token(const char *const *files, size_t count, char token[13]);
+
+/* .metadata (a collective save) or __{rank}.metadata (a save without
+ * collectives): the metadata files a checkpoint directory can hold. */
+bool ckptio__dcp_metadata_name(const char *name);
+
+/* A name some DCP writer (torch's or ckptio's) gives a file that a later
+ * save may remove once nothing references it: data files (and a SAFETENSORS
+ * data file's block-hash manifest, which a crash can leave), manifests,
+ * torch's .metadata.tmp, and anything holding CKPTIO__TMP_MARK (a
+ * temporary: removed only when no live writer holds it). */
+bool ckptio__dcp_stale_name(const char *name);
+
+/* True when `name` holds the temporaries' mark (".ckptio-tmp-"). */
+bool ckptio__dcp_temporary_name(const char *name);
+
+/* fsync of a directory (its renames and unlinks made durable). Returns 0
+ * or the errno of the open or of the fsync. */
+int ckptio__dcp_fsync_dir(const char *dir);
+
+/* The relative_path of every storage_data entry of a .metadata held in
+ * memory (`origin` names it in errors), as ckptio__malloc'ed strings
+ * (duplicates kept; free with ckptio_dcp_names_free). CKPTIO_E_FORMAT when
+ * the object graph is no Metadata or an entry is no _StorageInfo with a
+ * string relative_path: the caller cannot tell what it references. */
+ckptio_status ckptio__dcp_referenced_files(const void *bytes, size_t len, const char *origin, char ***files,
+                                           size_t *count);
+
+/* "DIR/NAME" (ckptio__malloc'ed), or NULL when out of memory. */
+char *ckptio__dcp_join(const char *dir, const char *name);
+
+#endif /* CKPTIO_DCP_COMMIT_INTERNAL_H */

@@ -1,0 +1,228 @@
+/*
+ * dcp_item.c - what a stored tensor item of a DCP data file is: the one
+ * place that tells a torch.save archive from a SAFETENSORS blob and says
+ * where a tensor's bytes lie, for this library's reader (dcp_assemble.c)
+ * and for ckptio.dcp's FileSystemReader, which reads only the slices it
+ * needs from there.
+ *
+ * An untransformed item is a torch.save archive of one tensor (told by the
+ * library's format detector, ckptio_format_detect_bytes, on its first
+ * bytes) or the start of a SAFETENSORS blob that runs to the end of the
+ * file (torch's SAFETENSORS layout: all tensors of a rank's file share it,
+ * so callers keep the parsed header for the blob's other tensors). Only
+ * headers are read, through the file's engine: the archive's zip records
+ * and pickle, or the blob's length prefix and JSON header. A decoded
+ * (decompressed) item held in memory must be an archive.
+ */
+#include "dcp_dir_internal.h"
+#include "engine_internal.h"
+#include "torch_internal.h"
+
+#include <stdio.h>
+#include <string.h>
+
+/* safetensors' own header size cap. */
+#define BLOB_HEADER_MAX 100000000u
+
+struct ckptio_dcp_header {
+    ckptio_torch *torch;           /* an archive of one tensor, or */
+    ckptio_safetensors *blob;      /* a SAFETENSORS blob */
+    uint64_t base;                 /* where the item starts: file offset, or 0 in memory */
+    char *path;                    /* for messages */
+    uint64_t offset;
+};
+
+#define IFAIL(op_, status_, path_, offset_, subject_, ...)                                                  \
+    CKPTIO_FAIL_CTX((status_), &((ckptio__err_ctx){.operation = (op_), .path = (path_),                    \
+                                                   .file_offset = (int64_t)(offset_), .subject = (subject_)}), \
+                    __VA_ARGS__)
+
+/* Re-raises the last error (about bytes the library parsed in memory, or in
+ * an item it named "<item>") with the item's file, offset and name in front. */
+static ckptio_status wrap(ckptio_status st, const char *op, const char *path, uint64_t offset, const char *subject,
+                          const char *what) {
+    char inner[768];
+    const char *text = ckptio_last_error_message();
+    if (strncmp(text, "<memory>: ", 10) == 0) text += 10;
+    else if (strncmp(text, "<item>: ", 8) == 0) text += 8;
+    snprintf(inner, sizeof inner, "%s", text);
+    return IFAIL(op, st, path, offset, subject, "%s: %s", what, inner);
+}
+
+static ckptio_dcp_header *header_new(const char *path, uint64_t offset, uint64_t base) {
+    ckptio_dcp_header *h = ckptio__calloc(1, sizeof *h);
+    char *copy = ckptio__strdup(path);
+    if (!h || !copy) {
+        ckptio__free(h);
+        ckptio__free(copy);
+        return NULL;
+    }
+    *h = (ckptio_dcp_header){.base = base, .path = copy, .offset = offset};
+    return h;
+}
+
+/* The archive's one tensor: anything else is no DCP tensor item. */
+static ckptio_status check_one_tensor(const ckptio_dcp_header *h, const char *subject) {
+    size_t n = 0;
+    ckptio_torch_count(h->torch, &n);
+    if (n != 1)
+        return IFAIL("read DCP item", CKPTIO_E_FORMAT, h->path, h->offset, subject,
+                     "a torch.save item holds %zu tensors where one is expected", n);
+    return CKPTIO_OK;
+}
+
+/* Hands the header out, or closes it keeping the error of `st`. */
+static ckptio_status finish(ckptio_dcp_header *h, ckptio_status st, ckptio_dcp_header **out) {
+    if (st == CKPTIO_OK) {
+        *out = h;
+        return st;
+    }
+    ckptio__error_saved *saved = ckptio__error_save();
+    ckptio_dcp_header_close(h);
+    ckptio__error_restore(saved);
+    return st;
+}
+
+static ckptio_status read_blob(ckptio_file *file, uint64_t offset, uint64_t size, const char *subject,
+                               ckptio_dcp_header *h, uint64_t *bytes_read) {
+    const char *path = ckptio_file_path(file);
+    const uint64_t blob_size = size - offset;
+    if (blob_size < 8)
+        return IFAIL("read DCP item", CKPTIO_E_FORMAT, path, offset, subject,
+                     "neither a torch.save archive nor a safetensors blob (%llu bytes to the end of the file)",
+                     (unsigned long long)blob_size);
+    unsigned char prefix[8];
+    CKPTIO_FORWARD(ckptio__file_io(file, CKPTIO_READ, prefix, 8, offset));
+    uint64_t n = 0;
+    for (int i = 7; i >= 0; i--) n = n << 8 | prefix[i];
+    if (n > BLOB_HEADER_MAX || 8 + n > blob_size)
+        return IFAIL("read DCP item", CKPTIO_E_FORMAT, path, offset, subject,
+                     "neither a torch.save archive nor a safetensors blob (header length %llu for a blob of %llu "
+                     "bytes)",
+                     (unsigned long long)n, (unsigned long long)blob_size);
+    void *head = ckptio__malloc(8 + n);
+    if (!head)
+        return CKPTIO_FAIL(CKPTIO_E_NOMEM, "out of memory for a safetensors header of %llu bytes", (unsigned long long)n);
+    ckptio_status st = ckptio__file_io(file, CKPTIO_READ, head, 8 + n, offset);
+    if (st == CKPTIO_OK && (st = ckptio_safetensors_parse(head, 8 + n, blob_size, &h->blob)) != CKPTIO_OK)
+        st = wrap(st, "read DCP item", path, offset, subject, "safetensors blob");
+    ckptio__free(head);
+    *bytes_read += 16 + n;
+    return st;
+}
+
+ckptio_status ckptio_dcp_header_read(ckptio_file *file, uint64_t offset, uint64_t length, const char *subject,
+                                     uint64_t *bytes_read, ckptio_dcp_header **out) {
+    if (out) *out = NULL;
+    CKPTIO_RETURN_IF(!file || !out, CKPTIO_E_INVAL, "ckptio_dcp_header_read: file and out are required");
+    uint64_t size = 0, got = 0;
+    CKPTIO_FORWARD(ckptio_file_size(file, &size));
+    const char *path = ckptio_file_path(file);
+    if (offset > size)
+        return IFAIL("read DCP item", CKPTIO_E_TRUNCATED, path, offset, subject,
+                     "the item starts past the end of the file (%llu bytes)", (unsigned long long)size);
+    unsigned char head[CKPTIO_FORMAT_PROBE_BYTES];
+    const size_t head_len = size - offset < sizeof head ? (size_t)(size - offset) : sizeof head;
+    CKPTIO_FORWARD(ckptio__file_io(file, CKPTIO_READ, head, head_len, offset));
+    got += head_len;
+    ckptio_format format = CKPTIO_FORMAT_UNKNOWN;
+    CKPTIO_FORWARD(ckptio_format_detect_bytes(head, head_len, size - offset, &format));
+    ckptio_dcp_header *h = header_new(path, offset, offset);
+    if (!h) return CKPTIO_FAIL(CKPTIO_E_NOMEM, "out of memory");
+    ckptio_status st = CKPTIO_OK;
+    if (format != CKPTIO_FORMAT_TORCH) {
+        st = read_blob(file, offset, size, subject, h, &got);
+    } else if (length == 0 || size - offset < length) {
+        st = IFAIL("parse DCP item", CKPTIO_E_TRUNCATED, path, offset, subject,
+                   "item of %llu bytes does not lie inside the file (%llu bytes)", (unsigned long long)length,
+                   (unsigned long long)size);
+    } else if ((st = ckptio__torch_open_range(file, offset, length, &h->torch)) != CKPTIO_OK) {
+        st = wrap(st, "parse DCP item", path, offset, subject, "torch.save item");
+    } else {
+        got += h->torch->bytes_read;
+        st = check_one_tensor(h, subject);
+    }
+    if (bytes_read) *bytes_read = got;
+    return finish(h, st, out);
+}
+
+ckptio_status ckptio_dcp_header_parse(const void *data, size_t len, const char *origin, uint64_t offset,
+                                      const char *subject, ckptio_dcp_header **out) {
+    if (out) *out = NULL;
+    CKPTIO_RETURN_IF(!out || (!data && len), CKPTIO_E_INVAL, "ckptio_dcp_header_parse: data and out are required");
+    if (!origin) origin = "<memory>";
+    ckptio_format format = CKPTIO_FORMAT_UNKNOWN;
+    CKPTIO_FORWARD(ckptio_format_detect_bytes(data ? data : "", len, len, &format));
+    if (format != CKPTIO_FORMAT_TORCH)
+        return IFAIL("read DCP item", CKPTIO_E_FORMAT, origin, offset, subject,
+                     "the decoded item (%zu bytes) is not a torch.save archive", len);
+    ckptio_dcp_header *h = header_new(origin, offset, 0);
+    if (!h) return CKPTIO_FAIL(CKPTIO_E_NOMEM, "out of memory");
+    ckptio_status st = ckptio_torch_parse(data, len, &h->torch);
+    if (st != CKPTIO_OK) st = wrap(st, "read DCP item", origin, offset, subject, "torch.save item");
+    else st = check_one_tensor(h, subject);
+    return finish(h, st, out);
+}
+
+ckptio_status ckptio_dcp_header_layout(const ckptio_dcp_header *h, const char *fqn, ckptio_dcp_layout *out) {
+    CKPTIO_RETURN_IF(!h || !out, CKPTIO_E_INVAL, "ckptio_dcp_header_layout: header and out are required");
+    memset(out, 0, sizeof *out);
+    if (h->torch) {
+        ckptio_torch_tensor_info ti;
+        ckptio_torch_storage_info si;
+        CKPTIO_FORWARD(ckptio_torch_tensor(h->torch, 0, &ti));
+        CKPTIO_FORWARD(ckptio_torch_storage(h->torch, ti.storage, &si));
+        if (ti.ndim > CKPTIO_DCP_MAX_NDIM)
+            return IFAIL("read DCP item", CKPTIO_E_FORMAT, h->path, h->offset, fqn, "%u dimensions", ti.ndim);
+        out->dtype = ti.dtype;
+        out->ndim = ti.ndim;
+        memcpy(out->shape, ti.shape, ti.ndim * sizeof *ti.shape);
+        memcpy(out->stride, ti.stride, ti.ndim * sizeof *ti.stride);
+        out->storage_offset = ti.storage_offset;
+        out->storage_start = h->base + si.file_offset;
+        out->storage_nbytes = si.nbytes;
+        return CKPTIO_OK;
+    }
+    size_t index = 0;
+    ckptio_tensor_info ti;
+    if (!fqn || ckptio_safetensors_find(h->blob, fqn, &index) != CKPTIO_OK)
+        return IFAIL("read DCP item", CKPTIO_E_FORMAT, h->path, h->offset, NULL, "the safetensors blob has no tensor '%s'",
+                     fqn ? fqn : "");
+    CKPTIO_FORWARD(ckptio_safetensors_tensor(h->blob, index, &ti));
+    out->dtype = ti.dtype;
+    out->ndim = ti.ndim;
+    memcpy(out->shape, ti.shape, ti.ndim * sizeof *ti.shape);
+    /* safetensors counts F4 values, torch packed pairs. */
+    if (ti.dtype == CKPTIO_DTYPE_F4) {
+        if (ti.ndim == 0 || ti.shape[ti.ndim - 1] % 2)
+            return IFAIL("read DCP item", CKPTIO_E_FORMAT, h->path, h->offset, NULL,
+                         "tensor '%s': an F4 tensor with %u dimensions (the last %lld) cannot be packed into "
+                         "float4_e2m1fn_x2 (the last dimension must be even)",
+                         fqn, ti.ndim, ti.ndim ? (long long)ti.shape[ti.ndim - 1] : 0LL);
+        out->shape[ti.ndim - 1] /= 2;
+    }
+    int64_t acc = 1;
+    for (uint32_t d = ti.ndim; d-- > 0;) {
+        out->stride[d] = acc;
+        acc *= out->shape[d];
+    }
+    out->storage_start = h->base + ti.file_offset;
+    out->storage_nbytes = ti.nbytes;
+    return CKPTIO_OK;
+}
+
+ckptio_status ckptio_dcp_header_count(const ckptio_dcp_header *h, size_t *count) {
+    CKPTIO_RETURN_IF(!h || !count, CKPTIO_E_INVAL, "ckptio_dcp_header_count: header and count are required");
+    *count = 1;
+    if (h->blob) CKPTIO_FORWARD(ckptio_safetensors_count(h->blob, count));
+    return CKPTIO_OK;
+}
+
+ckptio_status ckptio_dcp_header_close(ckptio_dcp_header *h) {
+    if (!h) return CKPTIO_OK;
+    ckptio_torch_close(h->torch);
+    ckptio_safetensors_close(h->blob);
+    ckptio__free(h->path);
+    ckptio__free(h);
+    return CKPTIO_OK;
+}
