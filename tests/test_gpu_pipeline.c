@@ -884,6 +884,35 @@ static void test_mapping_beside_staging(void) {
     map_default();
 }
 
+/* Reads and writes share the pinned slots: a read's smaller windows never
+ * resize them, since freeing pinned memory synchronises a real device and
+ * would deadlock a stream-ordered GDS request waiting on this thread. */
+static void test_reads_and_writes_share_slots(void) {
+    sim_reset(0);
+    const size_t n = 9 * MIB + 5;
+    const char *path = t_path("share.bin");
+    unsigned char *want = make_file(path, n, 39);
+    ckptio_engine *e = make_engine(2, 64 * MIB, 8 * MIB); /* 8 MiB slots, 2 MiB read windows */
+    ckptio_gds_file *g = NULL;
+    T_OK(ckptio_gds_open(e, path, O_RDWR, 0, &g));
+    unsigned char *dev = ckptio__gpu_sim_device_alloc(n);
+    uint64_t done = 0;
+    T_OK(ckptio_gds_read(g, dev, n, 0, 0, &done));
+    T_ASSERT(done == n && memcmp(dev, want, n) == 0);
+    ckptio__gpu_sim_stats a, b;
+    ckptio__gpu_sim_get_stats(&a);
+    T_ASSERT(a.pinned_allocs > 0);
+    T_OK(ckptio_gds_write(g, dev, n, 0, 0, &done));
+    T_OK(ckptio_gds_read(g, dev, n, 0, 0, &done));
+    ckptio__gpu_sim_get_stats(&b);
+    T_ASSERT_MSG(b.pinned_allocs == a.pinned_allocs, "pinned slots reallocated between a read and a write (%llu -> %llu)",
+                 (unsigned long long)a.pinned_allocs, (unsigned long long)b.pinned_allocs);
+    T_OK(ckptio_gds_close(g));
+    ckptio__gpu_sim_device_free(dev);
+    T_OK(ckptio_engine_destroy(e));
+    free(want);
+}
+
 /* By default nothing is mapped: staging measured faster (gpu_pipeline.h). */
 static void test_default_stages(void) {
     map_default();
@@ -925,5 +954,6 @@ int main(void) {
     T_RUN(test_cold_file_is_staged);
     T_RUN(test_mapping_beside_staging);
     T_RUN(test_default_stages);
+    T_RUN(test_reads_and_writes_share_slots);
     return T_EXIT_PASS;
 }

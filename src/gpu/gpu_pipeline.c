@@ -533,18 +533,12 @@ static ckptio_status check_device_range(const ckptio__gpu_ops *ops, const ckptio
 
 /* Slot size from the settings only (not from the transfer), so that the
  * pinned slots are reused call after call. */
-static void geometry(ckptio_engine *engine, ckptio_direction dir, bool inline_only, uint64_t block, unsigned *nworkers,
-                     uint64_t *slot) {
+static void geometry(ckptio_engine *engine, bool inline_only, uint64_t block, unsigned *nworkers, uint64_t *slot) {
     int64_t threads = ckptio__engine_setting(engine, CKPTIO_OPT_THREADS);
     unsigned n = inline_only || threads < 1 ? 1 : (unsigned)(threads > CKPTIO_GPU_MAX_WORKERS ? CKPTIO_GPU_MAX_WORKERS : threads);
     const uint64_t staging = (uint64_t)ckptio__engine_setting(engine, CKPTIO_OPT_STAGING_BYTES);
     uint64_t chunk = (uint64_t)ckptio__engine_setting(engine, CKPTIO_OPT_CHUNK_BYTES);
     chunk = chunk < ALIGN ? ALIGN : ckptio__align_down(chunk, ALIGN);
-    /* Reads: slots of at most 2 MiB. Measured on an H200 from the page
-     * cache and tmpfs (docs/GPU.md): 16 workers with 2 MiB slots loaded at
-     * 45 GB/s where 4 MiB slots gave 39-44 (the CPU copies stay in cache),
-     * and the first load allocates half the pinned memory (0.1 s less). */
-    if (dir == CKPTIO_READ && chunk > CKPTIO_GPU_READ_SLOT_MAX) chunk = CKPTIO_GPU_READ_SLOT_MAX;
     uint64_t s;
     for (;;) {
         s = ckptio__align_down(staging / ((uint64_t)n * CKPTIO_GPU_NSLOTS), ALIGN);
@@ -592,7 +586,7 @@ static void map_geometry(pipe *p, bool may_map, unsigned nworkers, uint64_t slot
     const size_t workers = env_size("CKPTIO_GPU_MAP_WORKERS", CKPTIO_GPU_MAP_WORKERS_DEFAULT);
     const size_t batch_bytes = env_size("CKPTIO_GPU_MAP_BATCH_BYTES", CKPTIO_GPU_MAP_BATCH_DEFAULT);
     p->map_workers = (unsigned)(workers < nworkers ? workers : nworkers);
-    p->map_batch = batch_bytes / slot > 1 ? batch_bytes / slot : 2;
+    p->map_batch = batch_bytes / slot > 1 ? batch_bytes / slot : 2; /* slot: the window size */
 }
 
 ckptio_status ckptio__gpu_pipeline_run_observed(ckptio_engine *engine, const ckptio__gpu_ops *ops, int device,
@@ -610,14 +604,23 @@ ckptio_status ckptio__gpu_pipeline_run_observed(ckptio_engine *engine, const ckp
     }
     unsigned nworkers;
     uint64_t slot;
-    geometry(engine, dir, inline_only, obs ? obs->block : 0, &nworkers, &slot);
+    geometry(engine, inline_only, obs ? obs->block : 0, &nworkers, &slot);
+    /* Reads: windows of at most 2 MiB inside the slots. Measured on an H200
+     * from the page cache and tmpfs (docs/GPU.md): 16 workers with 2 MiB
+     * windows loaded at 45 GB/s where 4 MiB gave 39-44 (the CPU copies stay
+     * in cache). The slots keep the size the settings give, reads and
+     * writes alike: changing it frees pinned memory, and cuMemFreeHost
+     * synchronises the device, which deadlocks a GDS request whose caller's
+     * stream waits on it. */
+    const uint64_t window_bytes =
+        dir == CKPTIO_READ && slot > CKPTIO_GPU_READ_WINDOW_MAX ? CKPTIO_GPU_READ_WINDOW_MAX : slot;
     p.order = ckptio__calloc(count ? count : 1, sizeof *p.order);
     p.runs = ckptio__calloc(count ? count : 1, sizeof *p.runs);
     if (!p.order || !p.runs) {
         st = CKPTIO_FAIL(CKPTIO_E_NOMEM, "out of memory planning %zu GPU extents", count);
         goto out;
     }
-    if ((st = plan(&p, count, slot)) != CKPTIO_OK) goto out;
+    if ((st = plan(&p, count, window_bytes)) != CKPTIO_OK) goto out;
     if (p.nwin == 0) goto out;
     for (size_t r = 0; r < p.nruns; r++) {
         if (r == 0 || p.runs[r].file != p.runs[r - 1].file) {
@@ -634,7 +637,7 @@ ckptio_status ckptio__gpu_pipeline_run_observed(ckptio_engine *engine, const ckp
     /* Not for background callers (inline_only: the GDS request thread,
      * whose caller's stream may wait on a word this thread has yet to
      * write, while registering and unregistering synchronise the device). */
-    map_geometry(&p, may_map && !inline_only, nworkers, slot);
+    map_geometry(&p, may_map && !inline_only, nworkers, window_bytes);
     if ((st = ckptio__gpu_state_get(engine, ops, &p.st)) != CKPTIO_OK) goto out;
     pthread_mutex_lock(&p.st->lock);
     locked = true;

@@ -25,7 +25,7 @@
 #define CKPTIO_GPU_NSLOTS 4              /* staging slots per worker */
 #define CKPTIO_GPU_MIN_SLOT (256u << 10) /* below this, use fewer workers instead */
 #define CKPTIO_GPU_MAX_WORKERS 64
-#define CKPTIO_GPU_READ_SLOT_MAX (2u << 20) /* read slots: at most 2 MiB (gpu_pipeline.c geometry) */
+#define CKPTIO_GPU_READ_WINDOW_MAX (2u << 20) /* read windows: at most 2 MiB (gpu_pipeline.c) */
 /* Workers that map resident windows: none by default. Measured on an H200
  * (docs/GPU.md, BENCHMARKS.md): copies from registered page-cache pages
  * plus registration ran at 6-25 GB/s where staging ran at 24-47 GB/s, and

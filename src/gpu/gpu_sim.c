@@ -104,6 +104,7 @@ static void *track(size_t bytes, ckptio_mem_kind kind) {
     a->next = allocs;
     allocs = a;
     if (kind == CKPTIO_MEM_PINNED) {
+        stats.pinned_allocs++;
         stats.pinned_now += bytes;
         if (stats.pinned_now > stats.pinned_peak) stats.pinned_peak = stats.pinned_now;
     }

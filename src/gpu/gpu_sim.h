@@ -45,6 +45,7 @@ typedef struct ckptio__gpu_sim_stats {
     uint64_t violations;         /* copy sources modified while the copy was in flight */
     uint64_t max_pending;        /* most copies queued but not yet run, at any moment */
     uint64_t pinned_now, pinned_peak; /* pinned bytes allocated */
+    uint64_t pinned_allocs;      /* pinned allocations made */
     int64_t ctx_depth;           /* ctx_enter minus ctx_leave (0 when balanced) */
     uint64_t streams_live, events_live;
     uint64_t register_calls;     /* host_register calls */
