@@ -16,6 +16,11 @@
  * own first pages before the next load could use them, and the copy through
  * it is pure overhead. A plan whose files are bigger keeps O_DIRECT (and
  * still reads ranges the page cache happens to hold from it: page_cache.c).
+ * So does a plan whose bytes go mostly to GPU memory: measured on the H200
+ * machine, a 14.2 GB model loaded cold to the GPU at 1.44 GB/s through the
+ * page cache against 1.59 with O_DIRECT (ceiling 1.62), at 2.3 CPU s/GB
+ * against 0.11 (the CPU copies into the page cache and out again), and the
+ * cold start of a model server is the load that counts there.
  * CKPTIO_OPT_READ_CACHE forces either way.
  *
  * The decision is made per plan (ckptio_engine_execute, over all the plan's
@@ -85,10 +90,12 @@ void ckptio__read_policy_apply(ckptio_engine *engine, const ckptio_extent *ext, 
     enum { MAX_FILES = 64 }; /* beyond that, further files count by the bytes read */
     ckptio_file *files[MAX_FILES];
     size_t nfiles = 0;
-    uint64_t footprint = 0, overflow_bytes = 0;
+    uint64_t footprint = 0, overflow_bytes = 0, gpu_bytes = 0, all_bytes = 0;
     for (size_t i = 0; i < count; i++) {
         ckptio_file *f = ext[i].file;
         if (!ext[i].length) continue;
+        all_bytes += ext[i].length;
+        if (ext[i].mem_kind == CKPTIO_MEM_CUDA) gpu_bytes += ext[i].length;
         size_t k = 0;
         while (k < nfiles && files[k] != f) k++;
         if (k < nfiles) continue;
@@ -99,7 +106,10 @@ void ckptio__read_policy_apply(ckptio_engine *engine, const ckptio_extent *ext, 
         files[nfiles++] = f;
         footprint += file_size(f);
     }
-    const int cache = ckptio__read_policy_cache(engine, footprint + overflow_bytes) ? 1 : -1;
+    const bool mostly_gpu = gpu_bytes * 2 > all_bytes;
+    const bool forced_on = ckptio__engine_setting(engine, CKPTIO_OPT_READ_CACHE) == CKPTIO_READ_CACHE_ON;
+    const int cache =
+        (forced_on || !mostly_gpu) && ckptio__read_policy_cache(engine, footprint + overflow_bytes) ? 1 : -1;
     for (size_t i = 0; i < count; i++)
         if (ext[i].length) atomic_store_explicit(&ext[i].file->read_cache, cache, memory_order_relaxed);
 }
