@@ -32,6 +32,7 @@ from ._api import CheckpointFile, StorageInfo, TensorInfo, load, open, save, sav
 from ._gds import GdsFile, gds_deregister_buffer, gds_register_buffer
 from ._module_io import load_model, save_model
 from ._model import Slice, SliceRequest
+from ._distributed import LoadStats, last_load_stats
 from ._safe_open import safe_open
 
 __version__: str = _ckptio.version()
@@ -51,6 +52,8 @@ __all__ = [
     "CheckpointFile",
     "Slice",
     "SliceRequest",
+    "LoadStats",
+    "last_load_stats",
     "TensorInfo",
     "StorageInfo",
     "save_torch",

@@ -11,7 +11,7 @@ import collections
 import os
 from typing import Any, Dict, Iterable, Iterator, List, Mapping, NamedTuple, Optional, Tuple, Union
 
-from . import _adapt, _ckptio, _memory, _model, _progress
+from . import _adapt, _ckptio, _distributed, _memory, _model, _progress
 from ._errors import make_error
 
 PathLike = Union[str, "os.PathLike[str]"]
@@ -249,13 +249,21 @@ class CheckpointFile:
                              f"{self.format} file: use get_tensor(name)[...]")
         return _model.Slice(self, name)
 
-    def get_slices(self, requests: "_model.Requests", device: Any = None):
+    def get_slices(self, requests: "_model.Requests", device: Any = None, *, process_group: Any = None,
+                   batch_bytes: Optional[int] = None):
         """Reads many tensors and slices in ONE engine plan: ``requests`` is
         {name: index} (returns {name: tensor}) or a list of (name, index)
         pairs or :class:`SliceRequest` (returns a list). An index is what
-        ``get_slice(name)[index]`` takes; ``...`` is the whole tensor."""
-        reqs = _model.plan_requests(self, requests)
-        out = _model.read_requests(self, reqs, device)
+        ``get_slice(name)[index]`` takes; ``...`` is the whole tensor.
+
+        ``process_group``: every rank of the group calls this with its own
+        requests; each needed byte is read from storage once across the
+        group and the rest arrives over it (docs/MODELS.md, "Every byte read
+        once"; ``ckptio.last_load_stats()`` says what this rank moved)."""
+        if process_group is not None:
+            out = _distributed.get_slices(self, requests, device, process_group, batch_bytes)
+        else:
+            out = _model.read_requests(self, _model.plan_requests(self, requests), device)
         if isinstance(requests, Mapping):
             return dict(zip(requests.keys(), out))
         return out
@@ -266,8 +274,12 @@ class CheckpointFile:
         split between ranks and read with :meth:`read_slices`."""
         return _model.plan_requests(self, requests)
 
-    def read_slices(self, requests: List["_model.SliceRequest"], device: Any = None) -> List[Any]:
-        """Reads planned requests (from :meth:`plan_slices`) in one plan."""
+    def read_slices(self, requests: List["_model.SliceRequest"], device: Any = None, *,
+                    process_group: Any = None, batch_bytes: Optional[int] = None) -> List[Any]:
+        """Reads planned requests (from :meth:`plan_slices`) in one plan
+        (``process_group``: read once across the group, as :meth:`get_slices`)."""
+        if process_group is not None:
+            return _distributed.get_slices(self, requests, device, process_group, batch_bytes, planned=True)
         return _model.read_requests(self, list(requests), device)
 
     def load_object(self, device: Any = None, *, progress: "_progress.Progress" = None) -> Any:
@@ -373,7 +385,8 @@ def open(path: PathLike, framework: str = "pt", device: Any = "cpu", *, engine=N
 
 def load(path: Union[PathLike, bytes, bytearray, memoryview, Any], device: Any = "cpu",
          keys: Optional[Iterable[str]] = None, *, framework: str = "pt", out: Optional[Mapping[str, Any]] = None,
-         engine=None, allow_symlinks: bool = False, progress: "_progress.Progress" = None) -> Any:
+         engine=None, allow_symlinks: bool = False, progress: "_progress.Progress" = None,
+         process_group: Any = None, tp_dim: "_distributed.TpRule" = None, slices: "_model.Requests" = None) -> Any:
     """Loads a checkpoint; the format is detected from the file's first bytes.
 
     Args:
@@ -393,12 +406,35 @@ def load(path: Union[PathLike, bytes, bytearray, memoryview, Any], device: Any =
         progress: a callable (done, total) in bytes, or True for a bar (tqdm
             when installed); an exception it raises (KeyboardInterrupt
             included) cancels the load and is raised here.
+        process_group: a torch.distributed group; every rank calls load and
+            each needed byte is read from storage once across the group, the
+            rest delivered over it (safetensors files and directories;
+            docs/MODELS.md, "Every byte read once"; ``ckptio.last_load_stats()``).
+        tp_dim: with process_group: this rank takes ``torch.tensor_split(t,
+            world, dim)[rank]`` of each tensor, dim given by an int (tensors of
+            2+ dimensions; 0-D/1-D ones whole), {name pattern: dim or None} or
+            a callable (name, shape) -> dim or None.
+        slices: {name: index} or [(name, index)], as ``get_slices`` takes
+            them; returns what ``get_slices`` returns.
 
     Returns, for safetensors files and whenever `keys`, `out` or
     framework="numpy" is given: a flat dict name -> tensor. For a torch.save
     file otherwise: the saved object itself, as ``torch.load(path,
     map_location=device, weights_only=True)`` returns it.
     """
+    if process_group is not None:
+        if out is not None or progress is not None or framework != "pt" or _memory.is_memory(path):
+            raise ValueError("load(..., process_group=) reads a path into new torch tensors: out=, progress=, "
+                             "framework='numpy' and in-memory checkpoints are not supported with it")
+        return _distributed.load(path, device, keys, slices=slices, tp_dim=tp_dim, process_group=process_group,
+                                 engine=engine, allow_symlinks=allow_symlinks)
+    if tp_dim is not None:
+        raise ValueError("tp_dim= splits tensors between the ranks of a process_group: pass process_group=")
+    if slices is not None:
+        if keys is not None or out is not None:
+            raise ValueError("slices= names its own tensors: pass keys= and out= without it")
+        with CheckpointFile(path, framework, device, engine=engine, allow_symlinks=allow_symlinks) as f:
+            return f.get_slices(slices)
     if _memory.is_memory(path):
         with _memory.readable_path(path) as mpath:
             return load(mpath, device, keys, framework=framework, out=out, engine=engine, progress=progress)

@@ -1,14 +1,15 @@
 #!/usr/bin/env bash
 # run_dcp_checks.sh - ckptio.dcp on a GPU machine: the Python DCP suites with
-# CUDA, the multi-GPU NCCL check (when the machine has 2+ GPUs), and the DCP
-# benchmark against torch DCP (BENCH=1).
+# CUDA, the multi-GPU NCCL checks (when the machine has 2+ GPUs: DCP, and the
+# read-once model load), and the DCP benchmark against torch DCP (BENCH=1).
 #
 # Runs the ckptio that python3 imports: scripts/gpu_wheel.sh run dcp installs
 # the wheel (.whl/) into a new virtual environment and runs this script with
 # that environment first on PATH.
 # Environment: OUT (logs, default ./gpu-out), SCRATCH (test files, default
 # /tmp; the benchmark needs ~20 GiB), BENCH=1 (run bench/bench_dcp_gpu.py),
-# SIZE_GIB (benchmark state dict, default 8), NCCL_SIZE_MB (default 256).
+# SIZE_GIB (benchmark state dict, default 8), NCCL_SIZE_MB (default 256), MODEL_SIZE_MB (the
+# model of tests/gpu/model_nccl_check.py, default 1024).
 # Exit status: non-zero when a check failed (the benchmark's own failures are
 # in its log).
 set -uo pipefail
@@ -37,6 +38,11 @@ if [ "$ngpu" -ge 2 ]; then
         --out "$OUT" --size-mb "${NCCL_SIZE_MB:-256}" 2>&1 | tee "$OUT/nccl.log" | grep -E "PASS|FAIL|time|Error" \
         || status=1
     rm -rf "$SCRATCH/ckptio-nccl"
+    echo "== NCCL: model read once per node (tests/gpu/model_nccl_check.py), 2 ranks"
+    timeout 420 python3 -m torch.distributed.run --standalone --nproc_per_node=2 tests/gpu/model_nccl_check.py \
+        --dir "$SCRATCH/ckptio-model-nccl" --out "$OUT" --size-mb "${MODEL_SIZE_MB:-1024}" 2>&1 \
+        | tee "$OUT/model_nccl.log" | grep -E "PASS|FAIL|time|Error" || status=1
+    rm -rf "$SCRATCH/ckptio-model-nccl"
 else
     echo "== NCCL check skipped: $ngpu GPU(s)"
 fi

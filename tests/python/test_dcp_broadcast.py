@@ -92,6 +92,9 @@ WORKER = textwrap.dedent(
         dcp.load(sd, storage_reader=reader)
     except CheckpointException as e:
         print("ERR", rank, json.dumps(str(e)), flush=True)
+        fails = [x[0] if isinstance(x, tuple) else x for x in e.failures.values()]
+        print("FAILURES", rank, json.dumps([[type(x).__name__, getattr(x, "status_name", None), str(x)]
+                                            for x in fails]), flush=True)
         os._exit(0)  # see the end of this script
     for k, v in want.items():
         got = sd[k].full_tensor() if hasattr(sd[k], "full_tensor") else sd[k]
@@ -234,6 +237,18 @@ def test_owner_read_failure_is_reported_on_every_rank(tmp_path, fail_rank, budge
         assert f"injected read failure on rank {fail_rank}" in msg
         if r != fail_rank:
             assert f"load-once broadcast stopped: rank(s) [{fail_rank}]" in msg
+    assert_same_error_everywhere(outs, "E_IO", f"injected read failure on rank {fail_rank}")
+
+
+def assert_same_error_everywhere(outs, status, text):
+    """Every rank failed with the same CkptioError (ckptio._group_read agrees on one)."""
+    for r, out in enumerate(outs):
+        line = next((ln for ln in out.splitlines() if ln.startswith("FAILURES ")), None)
+        assert line is not None, f"rank {r}:\n{out[-2000:]}"
+        fails = json.loads(line.split(" ", 2)[2])
+        assert len(fails) == len(outs) and len({tuple(f) for f in fails}) == 1, fails
+        name, got_status, msg = fails[0]
+        assert name.startswith("Ckptio") and got_status == status and text in msg, fails[0]
 
 
 def test_failure_before_the_broadcasts_is_reported_on_every_rank(tmp_path):
@@ -247,6 +262,7 @@ def test_failure_before_the_broadcasts_is_reported_on_every_rank(tmp_path):
         assert line is not None and "injected direct-path failure on rank 2" in line, f"rank {r}:\n{out[-2000:]}"
         if r != 2:
             assert "load-once broadcast stopped: rank(s) [2]" in line
+    assert_same_error_everywhere(outs, "E_IO", "injected direct-path failure on rank 2")
 
 
 def test_truncated_data_file_fails_on_every_rank(tmp_path):

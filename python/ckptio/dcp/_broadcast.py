@@ -11,15 +11,18 @@ last one any rank needs (C order of the chunk), or the whole item for
 byte/zstd items. Every plan gets the same ordered list of segments, cut into
 batches of at most ``budget`` bytes (one larger item makes a batch alone).
 
-Reading (read_data, every rank walks the batches in the same order): the
+Reading (read_data, every rank walks the batches in the same order) is
+ckptio._group_read's engine, shared with the multi-rank model load: the
 owners read their segments of the batch through the engine straight into a
 device buffer (CUDA for NCCL, host - pinned when CUDA exists - otherwise);
-then one all_reduce of a small int64 vector carries every rank's status and
-the exact length of every segment; then each owner broadcasts its segments
-(one contiguous buffer per owner and batch) and every rank that needs an
-item cuts its slices out of the buffer. A rank that failed (before or
-during the batches) reports it in the status vector, so every rank stops at
-the same batch and raises instead of waiting for data that never comes.
+one all_reduce of a small int64 vector carries every rank's status and the
+exact length of every segment; then each owner broadcasts its segments (one
+contiguous buffer per owner and batch) and every rank that needs an item
+cuts its slices out of the buffer (_Segments.deliver). A rank that failed
+(before or during the batches) reports it in the status vector, so every
+rank stops at the same batch and raises the same CkptioError (the lowest
+failing rank's, "load-once broadcast stopped: rank(s) [...] ...") instead of
+waiting for data that never comes.
 """
 
 from __future__ import annotations
@@ -31,21 +34,14 @@ import torch
 from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 from torch.distributed.checkpoint.planner import LoadItemType, LoadPlan, ReadItem
 
-from .. import _adapt, _ckptio
+from .. import _ckptio, _group_read
 
 STAMP = "ckptio.broadcast"
-ALIGN = 64  # segment starts inside a buffer: any dtype can be viewed there
+ALIGN = _group_read.ALIGN
 KIND_TENSOR, KIND_WHOLE = 0, 1  # a range of a tensor chunk's elements / the whole stored item
 
 
-def _dist():
-    import torch.distributed as dist
-
-    return dist if dist.is_available() and dist.is_initialized() else None
-
-
-def _align(n: int) -> int:
-    return (n + ALIGN - 1) // ALIGN * ALIGN
+_dist = _group_read.dist_module
 
 
 def local_stamp(mode, group, use_collectives: bool) -> Optional[dict]:
@@ -151,35 +147,8 @@ def shared_keys(sched: dict) -> set:
     return {seg[0] for batch in sched["batches"] for seg in batch}
 
 
-class PeerFailure(RuntimeError):
-    """Another rank failed while reading shared items."""
-
-
-class _Arena:
-    """One reusable byte buffer per read_data call (grown when needed)."""
-
-    def __init__(self, device: torch.device):
-        self.device = device
-        self.buf: Optional[torch.Tensor] = None
-
-    def get(self, nbytes: int, keep: int = 0) -> torch.Tensor:
-        """At least nbytes; the first ``keep`` bytes survive a reallocation."""
-        if self.buf is None or self.buf.numel() < nbytes:
-            cap = max(nbytes, 2 * self.buf.numel() if self.buf is not None else 0, ALIGN)
-            pin = self.device.type == "cpu" and torch.cuda.is_available()
-            new = torch.empty(cap, dtype=torch.uint8, device=self.device, pin_memory=pin)
-            if keep:
-                new[:keep].copy_(self.buf[:keep])
-            self.buf = new
-        return self.buf
-
-
 def _device_of(group) -> torch.device:
-    dist = _dist()
-    backend = str(dist.get_backend(group)).lower()
-    if "nccl" in backend and torch.cuda.is_available():
-        return torch.device("cuda", torch.cuda.current_device())
-    return torch.device("cpu")
+    return _group_read.exchange_device(group)
 
 
 def _source_range(reader, files, cache, seg) -> Tuple[Any, int, int, Any]:
@@ -238,133 +207,56 @@ def _cut(reader, files, cache, seg, buf: torch.Tensor, reqs: List[ReadItem], pla
         planner.commit_tensor(req, target)
 
 
-class _OwnerReads:
-    """The owner's reads of one batch, started ahead: while batch k is
-    broadcast, the reads of batch k+1 run on a helper thread (the engine call
-    releases the GIL) into the other of two arenas."""
+class _Segments:
+    """The shared segments of one read_data call, as ckptio._group_read's
+    engine asks about them: every segment is broadcast by its owner."""
 
-    def __init__(self, reader, files, cache, batch, me, arena: _Arena, pool):
-        self.own = [i for i, seg in enumerate(batch) if seg[5] == me]
-        self.lengths = [0] * len(batch)
-        self.arena = arena
-        self.future = None
-        self.nread = 0
-        ranges = {i: _source_range(reader, files, cache, batch[i]) for i in self.own}
-        total = sum(_align(ranges[i][2]) for i in self.own)
-        send = arena.get(total)
-        device = arena.device
-        if device.type == "cuda":
-            _adapt.sync_current_stream({device.index})  # earlier copies out of this arena are done
-        kind = _adapt.MEM_CUDA if device.type == "cuda" else (
-            _adapt.MEM_PINNED if send.is_pinned() else _adapt.MEM_HOST)
-        extents, pos = [], 0
-        for i in self.own:
-            df, off, n, _ = ranges[i]
-            if n:
-                extents.append((df.file, send.data_ptr() + pos, n, off, kind))
-            self.lengths[i] = n
-            pos += _align(n)
-        self.nread = sum(e[2] for e in extents)
-        if extents:
-            if pool is not None:
-                self.future = pool.submit(_ckptio.dcp_read, extents, reader.engine)
-            else:
-                _ckptio.dcp_read(extents, reader.engine)
+    def __init__(self, reader, files, cache, shared: Dict[Any, List[ReadItem]], planner):
+        self.reader, self.files, self.cache, self.shared, self.planner = reader, files, cache, shared, planner
 
-    def wait(self) -> None:
-        if self.future is not None:
-            fut, self.future = self.future, None
-            fut.result()
+    @staticmethod
+    def owner(seg) -> int:
+        return seg[5]
+
+    @staticmethod
+    def pieces(seg) -> None:
+        return None
+
+    def length(self, seg) -> int:
+        return _source_range(self.reader, self.files, self.cache, seg)[2]
+
+    def reads(self, segs, places, kind):
+        extents = []
+        for seg, (addr, n) in zip(segs, places):
+            df, off, _, _ = _source_range(self.reader, self.files, self.cache, seg)
+            extents.append((df.file, addr, n, off, kind))
+        engine = self.reader.engine
+        return lambda: _ckptio.dcp_read(extents, engine)
+
+    def deliver(self, seg, parts) -> None:
+        reqs = self.shared.get(seg[0])
+        if reqs:
+            _cut(self.reader, self.files, self.cache, seg, parts[0], reqs, self.planner)
 
 
 def run(reader, sched: dict, group, shared: Dict[Any, List[ReadItem]], planner, files, cache,
         error: Optional[BaseException], stats: Dict[str, int]) -> None:
-    """Walks the batches with every other rank; raises this rank's error, or
-    PeerFailure when another rank failed."""
-    from concurrent.futures import ThreadPoolExecutor
-
+    """Walks the batches with every other rank (ckptio._group_read.run);
+    raises, on every rank, the same CkptioError when any rank failed."""
     dist = _dist()
     if dist is None or dist.get_world_size(group) != sched["world"]:
         raise RuntimeError(f"{reader.path}: the load plan shares items over {sched['world']} ranks but this "
                            "process group has another size (pass the group of dcp.load as process_group=)")
-    world, me = sched["world"], dist.get_rank(group)
-    device = _device_of(group)
-    arenas = [_Arena(device), _Arena(device)]
     batches = sched["batches"]
     stats["items_shared"] = sum(len(b) for b in batches)
-    pool = ThreadPoolExecutor(1, thread_name_prefix="ckptio-dcp-bcast") if len(batches) > 1 else None
-    ahead: Optional[_OwnerReads] = None
+    moved = {"bytes_read": 0, "bytes_sent": 0, "bytes_received": 0}
     try:
-        for k, batch in enumerate(batches):
-            arena = arenas[k % 2]
-            reads = ahead
-            ahead = None
-            if error is None:
-                try:
-                    if reads is None:
-                        reads = _OwnerReads(reader, files, cache, batch, me, arena, None)
-                    reads.wait()
-                    stats["bytes_read"] += reads.nread
-                except BaseException as e:  # reported to every rank below
-                    error = e
-            own = reads.own if reads is not None else [i for i, seg in enumerate(batch) if seg[5] == me]
-            ctrl = torch.zeros(world + len(batch), dtype=torch.int64)
-            ctrl[me] = 1 if error is not None else 0
-            for i in own:
-                ctrl[world + i] = reads.lengths[i] if error is None else 0
-            ctrl = ctrl.to(device)
-            dist.all_reduce(ctrl, group=group)
-            ctrl = ctrl.cpu().tolist()
-            failed = [r for r in range(world) if ctrl[r]]
-            if failed:
-                if error is not None:
-                    raise error
-                raise PeerFailure(f"{reader.path}: load-once broadcast stopped: rank(s) {failed} of the process "
-                                  "group failed to read or use shared items (their errors name the file and offset)")
-            lengths = ctrl[world:]
-            sent = sum(_align(lengths[i]) for i in own)
-            need = sent + sum(_align(n) for i, n in enumerate(lengths) if batch[i][5] != me)
-            area = arena.get(need, keep=sent)
-            if pool is not None and k + 1 < len(batches):
-                try:  # the next batch's reads overlap this batch's broadcasts
-                    ahead = _OwnerReads(reader, files, cache, batches[k + 1], me, arenas[(k + 1) % 2], pool)
-                except BaseException as e:
-                    error = e
-            recv_pos = sent
-            for owner in sorted({seg[5] for seg in batch}):
-                idx = [i for i, seg in enumerate(batch) if seg[5] == owner]
-                total = sum(_align(lengths[i]) for i in idx)
-                if owner == me:
-                    base = 0
-                    stats["bytes_broadcast_sent"] += total
-                else:
-                    base = recv_pos
-                    recv_pos += total
-                    stats["bytes_received"] += total
-                if total:
-                    src = owner if group is None else dist.get_global_rank(group, owner)
-                    dist.broadcast(area[base:base + total], src=src, group=group)
-                if error is not None:
-                    continue
-                try:
-                    pos = base
-                    for i in idx:
-                        reqs = shared.get(batch[i][0])
-                        if reqs:
-                            _cut(reader, files, cache, batch[i], area[pos:pos + lengths[i]], reqs, planner)
-                        pos += _align(lengths[i])
-                except BaseException as e:  # reported at the next batch's status exchange
-                    error = e
+        _group_read.run(_Segments(reader, files, cache, shared, planner), batches, group, _device_of(group), error,
+                        moved, str(reader.path))
     finally:
-        if ahead is not None:
-            try:
-                ahead.wait()  # never leave a read running into memory that is about to be freed
-            except BaseException:  # noqa: BLE001 - the load fails anyway; its first error is raised
-                pass
-        if pool is not None:
-            pool.shutdown(wait=True)
-    if error is not None:
-        raise error
+        stats["bytes_read"] += moved["bytes_read"]
+        stats["bytes_broadcast_sent"] += moved["bytes_sent"]
+        stats["bytes_received"] += moved["bytes_received"]
 
 
-__all__ = ["local_stamp", "plan_global", "schedule_of", "shared_keys", "run", "PeerFailure"]
+__all__ = ["local_stamp", "plan_global", "schedule_of", "shared_keys", "run"]
