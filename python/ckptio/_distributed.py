@@ -162,16 +162,37 @@ class _Need(NamedTuple):
 class _Share:
     """A tensor read once by its owner: the box covering every need."""
 
-    __slots__ = ("index", "name", "shape", "bits", "start", "stop", "nbytes", "owner", "needs", "pieces")
+    __slots__ = ("index", "name", "shape", "bits", "start", "stop", "nbytes", "owner", "needs", "pieces", "part")
 
-    def __init__(self, index, name, shape, bits, needs: List[_Need], broadcast: bool):
+    def __init__(self, index, name, shape, bits, needs: List[_Need], broadcast: bool, rows=None):
         self.index, self.name, self.shape, self.bits = index, name, shape, bits
         self.needs = tuple(needs)
         self.start = tuple(min(n.start[d] for n in needs) for d in range(len(shape)))
         self.stop = tuple(max(n.stop[d] for n in needs) for d in range(len(shape)))
+        self.part = rows is not None
+        if self.part:  # a part of a broadcast box: rows [a, b) of it (_split_rows)
+            self.start = (rows[0],) + self.start[1:]
+            self.stop = (rows[1],) + self.stop[1:]
         self.nbytes = _box_bytes(bits, self.start, self.stop)
         self.owner = -1
         self.pieces = None if broadcast else tuple((n.rank, n.nbytes) for n in needs)
+
+
+def _split_rows(share: _Share, chunk: int) -> List[_Share]:
+    """A broadcast share of more than `chunk` bytes whose box every rank needs
+    whole and which is one run of bytes (replicas of a large tensor), cut into
+    parts of whole rows of about `chunk` bytes: the parts get different owners,
+    so the ranks read one tensor side by side instead of one rank reading it
+    while the others wait for its broadcast."""
+    one_box = all((n.start, n.stop) == (share.start, share.stop) for n in share.needs)
+    if (share.pieces is not None or not one_box or share.nbytes <= chunk or share.bits % 8
+            or not share.shape or _runs(share.shape, share.start, share.stop, share.bits)[0] != 1):
+        return [share]
+    lo, hi = share.start[0], share.stop[0]
+    row = share.nbytes // (hi - lo)
+    step = max(1, chunk // row)
+    return [_Share(share.index, share.name, share.shape, share.bits, list(share.needs), True, (a, min(a + step, hi)))
+            for a in range(lo, hi, step)]
 
 
 def _runs(shape, start, stop, bits) -> Tuple[int, int]:
@@ -227,6 +248,7 @@ def make_plan(f, requests: List[List[Tuple[str, Tuple[int, ...], Tuple[int, ...]
                 load[n.rank] += n.nbytes
         else:
             shares.append(share)
+    shares = [part for s in shares for part in _split_rows(s, max(1, budget // world))]
     # Owners: largest first, each to the least loaded rank that needs it.
     for s in sorted(shares, key=lambda s: (-s.nbytes, s.index)):
         s.owner = min({n.rank for n in s.needs}, key=lambda r: (load[r], r))
@@ -283,6 +305,11 @@ class _Shares:
 
     def deliver(self, share: _Share, parts) -> None:
         mine = [n for n in share.needs if n.rank == self.me]
+        if share.part:  # rows [a, b) of a box this rank needs whole (_split_rows): one run of bytes inside it
+            for need in mine:
+                at = _box_bytes(share.bits, need.start, (share.start[0],) + need.stop[1:])
+                self.dests[need.slot][at:at + share.nbytes].copy_(parts[0].reshape(-1)[:share.nbytes])
+            return
         if share.pieces is None:
             parts = [_cut(share, parts[0], n) for n in mine]
         for need, part in zip(mine, parts):

@@ -37,7 +37,8 @@ from torch.distributed.checkpoint.metadata import BytesStorageMetadata
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.tensor import DTensor, Replicate, Shard, distribute_tensor
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "python"))
+if not os.environ.get("CKPTIO_TEST_INSTALLED"):  # else: the installed package, never the source tree
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "python"))
 import ckptio.dcp as cdcp  # noqa: E402
 
 warnings.filterwarnings("ignore")

@@ -34,7 +34,8 @@ import warnings
 import torch
 import torch.distributed as dist
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "python"))
+if not os.environ.get("CKPTIO_TEST_INSTALLED"):  # else: the installed package, never the source tree
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "python"))
 import ckptio  # noqa: E402
 from ckptio import _distributed, _errors  # noqa: E402
 

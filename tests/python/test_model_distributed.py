@@ -384,10 +384,25 @@ def test_plan_replicas_are_broadcast_and_balanced(model):
     assert max(plan.read_bytes) - min(plan.read_bytes) <= largest
     assert plan.direct == {0: [f.keys().index("empty")], 1: [f.keys().index("empty")],
                            2: [f.keys().index("empty")]}
-    # Small batches: cut in model order, one tensor alone when it is larger than the budget.
+    # Small batches: cut in model order; a tensor larger than budget / world is cut into parts of whole
+    # rows (one row at least) that tile it in order and that different ranks read side by side.
     small = _distributed.make_plan(f, _requests(f, [whole] * 3), 3000)
+    parts = [s for b in small.batches for s in b]
     assert len(small.batches) > 3 and all(sum(s.nbytes for s in b) <= 3000 or len(b) == 1 for b in small.batches)
-    assert [s.name for b in small.batches for s in b] == [n for n in f.offset_keys() if n != "empty"]
+    assert [n for i, n in enumerate(s.name for s in parts) if i == 0 or parts[i - 1].name != n] == \
+        [n for n in f.offset_keys() if n != "empty"]
+    assert sum(small.read_bytes) == model_bytes(tensors)
+    for name in f.keys():
+        mine = [s for s in parts if s.name == name]
+        if len(mine) < 2:
+            continue
+        shape = tuple(tensors[name].shape)
+        assert all(s.part and s.pieces is None and s.start[1:] == (0,) * (len(shape) - 1) and s.stop[1:] == shape[1:]
+                   for s in mine)
+        assert [s.start[0] for s in mine] == [0] + [s.stop[0] for s in mine[:-1]] and mine[-1].stop[0] == shape[0]
+        row = tensors[name][0].numel() * tensors[name].element_size()
+        assert all(s.nbytes <= max(row, 1000) for s in mine)
+        assert len({s.owner for s in mine}) > 1, f"{name}: every part read by one rank"
 
 
 def test_plan_rows_direct_columns_scattered(model, monkeypatch):
