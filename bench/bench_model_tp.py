@@ -21,7 +21,8 @@ model bytes / that rate.
 Modes: tp (above) and replicas (every rank takes every tensor whole; aggregate GB/s = world x model bytes / s).
 Cases: cold (every shard's pages dropped before each load) and warm (files in the page cache).
 Environment: GIB, MODEL_DIR (default /var/tmp/ckptio-model), MODES (tp,replicas), CASES (cold,warm), REPS
-(warm repeats, 2), PEERS=0 (ckptio only), VARIANTS=0 (no cold runs of ckptio with other settings).
+(warm repeats, 2), PEERS=0 (ckptio only), VARIANTS=0 (no runs of ckptio with other settings: cold, 8 threads and
+buffered reads; warm replicas, other batch sizes).
 """
 import glob
 import json
@@ -105,11 +106,21 @@ def timed(case, label, nbytes, fn, ref, note=""):
     return row
 
 
-def ckptio_read_once(d, dev, pg, **settings):
+def ckptio_read_once(d, dev, pg, batch_bytes=None, **settings):
     import ckptio
+    from ckptio import _distributed
     engine = ckptio.Engine(**settings) if settings else None
     tp = 0 if MODE == "tp" else None
-    return lambda: ckptio.load(d, device=dev, process_group=pg, tp_dim=tp, engine=engine)
+
+    def fn():
+        default = _distributed.BATCH_BYTES
+        if batch_bytes:  # the shared tensors' batch size (no load() argument: the module's default)
+            _distributed.BATCH_BYTES = batch_bytes
+        try:
+            return ckptio.load(d, device=dev, process_group=pg, tp_dim=tp, engine=engine)
+        finally:
+            _distributed.BATCH_BYTES = default
+    return fn
 
 
 def ckptio_per_rank(d, dev, rank, world):
@@ -213,7 +224,10 @@ def main():
                 dist.barrier()
             elif rank == 0:
                 one.warm_cache(files)
-            todo = loaders + (variants if case == "cold" and os.environ.get("VARIANTS", "1") == "1" else [])
+            warm_variants = [(f"{MODE}: ckptio read once [batch {b >> 20} MiB]", ckptio_read_once(d, dev, pg, b))
+                             for b in (64 << 20, 1 << 30)] if MODE == "replicas" else []
+            todo = loaders + ((variants if case == "cold" else warm_variants)
+                              if os.environ.get("VARIANTS", "1") == "1" else [])
             for rep in range(1 if case == "cold" else int(os.environ.get("REPS", "2"))):
                 for label, fn in todo:
                     if case == "cold":

@@ -386,7 +386,8 @@ def open(path: PathLike, framework: str = "pt", device: Any = "cpu", *, engine=N
 def load(path: Union[PathLike, bytes, bytearray, memoryview, Any], device: Any = "cpu",
          keys: Optional[Iterable[str]] = None, *, framework: str = "pt", out: Optional[Mapping[str, Any]] = None,
          engine=None, allow_symlinks: bool = False, progress: "_progress.Progress" = None,
-         process_group: Any = None, tp_dim: "_distributed.TpRule" = None, slices: "_model.Requests" = None) -> Any:
+         process_group: Any = None, tp_dim: "_distributed.TpRule" = None, slices: "_model.Requests" = None,
+         batch_bytes: Optional[int] = None) -> Any:
     """Loads a checkpoint; the format is detected from the file's first bytes.
 
     Args:
@@ -416,6 +417,9 @@ def load(path: Union[PathLike, bytes, bytearray, memoryview, Any], device: Any =
             a callable (name, shape) -> dim or None.
         slices: {name: index} or [(name, index)], as ``get_slices`` takes
             them; returns what ``get_slices`` returns.
+        batch_bytes: with process_group: bytes of shared tensors exchanged
+            per step (default 1 GiB); each rank holds about two batches of
+            exchange buffers on its GPU during the load.
 
     Returns, for safetensors files and whenever `keys`, `out` or
     framework="numpy" is given: a flat dict name -> tensor. For a torch.save
@@ -427,7 +431,9 @@ def load(path: Union[PathLike, bytes, bytearray, memoryview, Any], device: Any =
             raise ValueError("load(..., process_group=) reads a path into new torch tensors: out=, progress=, "
                              "framework='numpy' and in-memory checkpoints are not supported with it")
         return _distributed.load(path, device, keys, slices=slices, tp_dim=tp_dim, process_group=process_group,
-                                 engine=engine, allow_symlinks=allow_symlinks)
+                                 engine=engine, allow_symlinks=allow_symlinks, batch_bytes=batch_bytes)
+    if batch_bytes is not None:
+        raise ValueError("batch_bytes= sizes the exchange of a load with process_group=: pass process_group=")
     if tp_dim is not None:
         raise ValueError("tp_dim= splits tensors between the ranks of a process_group: pass process_group=")
     if slices is not None:

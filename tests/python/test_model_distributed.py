@@ -158,6 +158,9 @@ WORKER = textwrap.dedent(
             with ckptio.open(MODEL) as f:
                 got = f.get_slices({n: ... for n in SHARD}, process_group=pg, batch_bytes=sc["batch_bytes"])
             return [n for n in SHARD if not same(got[n], ref(n))]
+        if kind == "replicas_load_batches":  # ckptio.load's batch_bytes: replicated tensors cut into row parts
+            sd = ckptio.load(MODEL, device="cpu", process_group=pg, batch_bytes=sc["batch_bytes"])
+            return [n for n in SHARD if not same(sd[n], ref(n))] + (["<keys>"] if sorted(sd) != sorted(SHARD) else [])
         if kind == "tp_rows":
             return check_tp(ckptio.load(MODEL, process_group=pg, tp_dim=0), lambda n, nd: 0 if nd >= 2 else None)
         if kind == "tp_cols":
@@ -256,6 +259,7 @@ def run_ranks(tmp_path, world, scenarios, timeout=150):
 SUCCESS = [
     {"name": "replicas", "kind": "replicas"},
     {"name": "replicas_batches", "kind": "replicas_batches", "batch_bytes": 3000},
+    {"name": "replicas_load_batches", "kind": "replicas_load_batches", "batch_bytes": 2000},
     {"name": "tp_rows", "kind": "tp_rows"},
     {"name": "tp_cols", "kind": "tp_cols"},
     {"name": "tp_rule", "kind": "tp_rule"},
@@ -454,3 +458,9 @@ def test_api_checks_without_a_group(model):
     assert same_bytes(got["embed.weight"], tensors["embed.weight"][3:9])
     with pytest.raises(RuntimeError, match="init_process_group"):
         ckptio.load(f.path, process_group=object())
+
+
+def test_batch_bytes_needs_a_process_group(model):
+    f, _ = model
+    with pytest.raises(ValueError, match="batch_bytes= sizes the exchange"):
+        ckptio.load(f.path, batch_bytes=1 << 20)
