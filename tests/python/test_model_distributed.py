@@ -288,7 +288,7 @@ def _checked(results, name):
 
 def test_replicas_read_every_byte_once(loads):
     world, results, total = loads
-    for name in ("replicas", "replicas_batches"):
+    for name in ("replicas", "replicas_batches", "replicas_load_batches"):
         stats = _checked(results, name)
         assert sum(s["bytes_read"] for s in stats) == total, name  # once overall, not world x
         assert all(s["bytes_read"] < total for s in stats), name  # shared out between the ranks
