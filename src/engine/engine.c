@@ -186,11 +186,12 @@ static ckptio_status apply_env(ckptio_engine *e) {
     return CKPTIO_OK;
 }
 
-ckptio_status ckptio_engine_create(ckptio_engine **out) {
+ckptio_status ckptio__engine_create(const ckptio__device_provider *device, ckptio_engine **out) {
     CKPTIO_RETURN_IF(!out, CKPTIO_E_INVAL, "ckptio_engine_create: out is NULL");
     *out = NULL;
     ckptio_engine *e = ckptio__calloc(1, sizeof *e);
     if (!e) return CKPTIO_FAIL(CKPTIO_E_NOMEM, "out of memory creating an engine");
+    e->device = device;
     pthread_mutex_init(&e->lock, NULL);
     atomic_init(&e->generation, ckptio__fork_generation());
     set_defaults(e);

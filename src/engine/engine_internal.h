@@ -111,4 +111,28 @@ ckptio_status ckptio__plan_set_observer(ckptio_plan *plan, ckptio__observe_fn fn
 void ckptio__observe_range(const ckptio__observer *obs, size_t index, const ckptio_extent *x, uint64_t lo,
                            uint64_t hi, const void *bytes);
 
+/* ---- device memory: where the GPU layer plugs in -----------------------------
+ * The engine moves host extents itself and hands extents in device memory to
+ * its engine's device provider, a table defined here and filled in by
+ * src/gpu: the engine includes and calls nothing of src/gpu. The public
+ * ckptio_engine_create() (src/gpu/gpu_engine.c) creates every engine with
+ * the GPU layer's provider. */
+typedef struct ckptio__device_provider {
+    /* CKPTIO_MEM_CUDA, CKPTIO_MEM_PINNED or CKPTIO_MEM_HOST (also when no
+     * driver is present) for the memory at `ptr`. */
+    ckptio_mem_kind (*classify)(const void *ptr);
+    /* Moves `extents` (all CKPTIO_MEM_CUDA) between their files and device
+     * memory in direction `dir`, blocking; called by ckptio_engine_execute()
+     * on the caller's thread after the host extents. `obs` (NULL: none) is
+     * the plan's observer, its index mapping positions in `extents` to the
+     * plan's extent numbers. */
+    ckptio_status (*execute)(ckptio_engine *engine, ckptio_direction dir, const ckptio_extent *extents, size_t count,
+                             const ckptio__observer *obs);
+} ckptio__device_provider;
+
+/* ckptio_engine_create() with `device` (NULL: no device memory; every
+ * pointer is host memory and an extent given as CKPTIO_MEM_CUDA fails with
+ * CKPTIO_E_UNSUPPORTED). `device` must outlive the engine. */
+ckptio_status ckptio__engine_create(const ckptio__device_provider *device, ckptio_engine **out);
+
 #endif /* CKPTIO_ENGINE_INTERNAL_H */
