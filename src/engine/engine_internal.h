@@ -1,26 +1,13 @@
 /*
- * engine_internal.h - what the engine offers the rest of libckptio
- * (the GPU pipeline, checkpoint code). Implemented in src/engine and src/io.
+ * engine_internal.h - what the engine offers the layers above it (the GPU
+ * layer, formats, checkpoint code). Implemented in src/engine; files and
+ * their blocking transfers (ckptio__file_io) are src/io's (io_internal.h).
  */
 #ifndef CKPTIO_ENGINE_INTERNAL_H
 #define CKPTIO_ENGINE_INTERNAL_H
 
 #include "common_internal.h"
-
-/* Alignment O_DIRECT needs for offsets, lengths and buffer addresses. */
-#define CKPTIO_DIRECT_ALIGN 4096u
-
-/* Blocking, complete transfer of [offset, offset + len) between `file` and
- * the host buffer `buf`: retries EINTR and short transfers, uses O_DIRECT
- * when buf, offset and len are CKPTIO_DIRECT_ALIGN-aligned and the file has
- * a direct descriptor, buffered I/O otherwise. Reads past end of file fail
- * with CKPTIO_E_TRUNCATED. Safe to call from several threads at once on one
- * file. Errors name the file, operation and offset. Updates engine stats. */
-ckptio_status ckptio__file_io(ckptio_file *file, ckptio_direction dir, void *buf, uint64_t len,
-                              uint64_t offset);
-
-/* The engine a file was opened with. */
-ckptio_engine *ckptio__file_engine(const ckptio_file *file);
+#include "io_internal.h"
 
 /* Runs fn(arg, worker) on `nworkers` threads of the engine's pool
  * (worker = 0..nworkers-1; nworkers 0 or 1 runs inline on the caller) and
@@ -64,10 +51,6 @@ void ckptio__engine_progress_advance(ckptio_engine *engine, uint64_t bytes);
 ckptio_status ckptio__engine_parallel_progress(ckptio_engine *engine, unsigned nworkers, ckptio__worker_fn fn,
                                                void *arg, _Atomic uint64_t *done, uint64_t total,
                                                _Atomic int *cancel);
-
-/* Open-file bookkeeping (src/io): ckptio_engine_destroy() refuses with
- * CKPTIO_E_BUSY while files opened with the engine are still open. */
-void ckptio__engine_file_ref(ckptio_engine *engine, int delta);
 
 /* ---- write-plan observers ---------------------------------------------------
  * A write plan can carry one observer: fn(user, extent, offset, bytes, len)
