@@ -49,40 +49,38 @@ def test_a_clean_tree_passes(tmp_path):
     assert rc == 0, out
 
 
+def fails_with(tree, files, *expected):
+    """The checker run on BASE with `files` over it fails and says each of `expected`."""
+    write(tree, BASE)
+    write(tree, files)
+    rc, out = run(tree)
+    assert rc == 1, out
+    for line in expected:
+        assert line in out
+
+
 def test_upward_include_and_call_fail(tmp_path):
-    write(tmp_path, BASE)
-    write(tmp_path, {"src/io/file.c": '#include "engine_internal.h"\n'
-                                      'int ckptio__io(void) { return ckptio__engine(); }\n'})
-    rc, out = run(tmp_path)
-    assert rc == 1
-    assert "src/io/file.c:1: io includes engine_internal.h of the higher layer engine" in out
-    assert "src/io/file.c:2: io uses ckptio__engine() of src/engine/engine.c, a higher layer" in out
+    fails_with(tmp_path, {"src/io/file.c": '#include "engine_internal.h"\n'
+                                           'int ckptio__io(void) { return ckptio__engine(); }\n'},
+               "src/io/file.c:1: io includes engine_internal.h of the higher layer engine",
+               "src/io/file.c:2: io uses ckptio__engine() of src/engine/engine.c, a higher layer")
 
 
 def test_a_loop_of_files_fails(tmp_path):
-    write(tmp_path, BASE)
-    write(tmp_path, {
+    fails_with(tmp_path, {
         "src/io/a.c": '#include "io_internal.h"\nint ckptio__a(int n) { return n ? ckptio__b(n - 1) : 0; }\n',
         "src/io/b.c": '#include "io_internal.h"\nint ckptio__b(int n) { return ckptio__c(n); }\n',
         "src/io/c.c": '#include "io_internal.h"\nint ckptio__c(int n) { return ckptio__a(n); }\n',
-    })
-    rc, out = run(tmp_path)
-    assert rc == 1
-    assert ("files in a loop: src/io/a.c:2 uses ckptio__b of src/io/b.c; src/io/b.c:2 uses ckptio__c of "
-            "src/io/c.c; src/io/c.c:2 uses ckptio__a of src/io/a.c") in out
+    }, "files in a loop: src/io/a.c:2 uses ckptio__b of src/io/b.c; src/io/b.c:2 uses ckptio__c of "
+       "src/io/c.c; src/io/c.c:2 uses ckptio__a of src/io/a.c")
 
 
 def test_tools_see_only_public_headers(tmp_path):
-    write(tmp_path, BASE)
-    write(tmp_path, {"tools/cli.c": '#include "ckptio.h"\n#include "engine_internal.h"\nint main(void) { return 0; }\n'})
-    rc, out = run(tmp_path)
-    assert rc == 1
-    assert "tools/cli.c:2: includes engine_internal.h, not a public header" in out
+    fails_with(tmp_path, {"tools/cli.c": '#include "ckptio.h"\n#include "engine_internal.h"\n'
+                                         'int main(void) { return 0; }\n'},
+               "tools/cli.c:2: includes engine_internal.h, not a public header")
 
 
 def test_an_unknown_directory_must_be_placed(tmp_path):
-    write(tmp_path, BASE)
-    write(tmp_path, {"src/extra/x.c": "int ckptio__x(void) { return 0; }\n"})
-    rc, out = run(tmp_path)
-    assert rc == 1
-    assert "src/extra/x.c: directory is not a layer" in out
+    fails_with(tmp_path, {"src/extra/x.c": "int ckptio__x(void) { return 0; }\n"},
+               "src/extra/x.c: directory is not a layer")
