@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # test.sh - set everything up and run every test ckptio has (CPU only).
 #
+#  0. the source layers depend one way (scripts/check_layers.py)
 #  1. build with -Werror and run the C tests (ctest)
 #  2. build with AddressSanitizer + UndefinedBehaviorSanitizer, run them again
 #  3. the wheel as a release makes it (sdist, wheel built from it, auditwheel repair), installed into a
@@ -12,6 +13,9 @@ cd "$(dirname "$0")/.."
 scripts/setup.sh --python
 jobs=$(nproc)
 failed=0
+
+echo "== layers: includes and calls between src/ directories and files go one way"
+python3 scripts/check_layers.py || failed=1
 
 echo "== C tests (release build)"
 (cd build && ctest --output-on-failure -j"$jobs") || failed=1

@@ -19,11 +19,7 @@
 #include <stdio.h>
 #include <string.h>
 #include <xxhash.h>
-#include <zlib.h>
 #include <zstd.h>
-
-/* zlib's crc32 takes an unsigned int length: feed it in pieces. */
-#define CRC_PIECE (1ull << 30)
 
 typedef struct item_job {
     ckptio_dcp_item *item;
@@ -49,15 +45,6 @@ static bool storage_on_host(const ckptio__torch_wstorage *s) {
     return kind == CKPTIO_MEM_HOST || kind == CKPTIO_MEM_PINNED;
 }
 
-static uint32_t crc_of(const uint8_t *data, uint64_t len) {
-    uLong crc = crc32(0L, Z_NULL, 0);
-    for (uint64_t done = 0; done < len;) {
-        const uint64_t n = len - done > CRC_PIECE ? CRC_PIECE : len - done;
-        crc = crc32(crc, data + done, (uInt)n);
-        done += n;
-    }
-    return (uint32_t)crc;
-}
 
 /* The bytes of piece p of an archive: from the metadata image or the storage. */
 static const uint8_t *piece_bytes(const item_job *j, const struct ckptio__torch_piece *pc) {
@@ -88,9 +75,9 @@ static void run_job(item_job *j) {
             ckptio__zip_entry *e = &w->entries[i];
             const size_t id = w->entry_storage[i];
             if (id == SIZE_MAX)
-                e->crc32 = crc_of(w->entry_bytes[i], e->size);
+                e->crc32 = ckptio__crc32(w->entry_bytes[i], e->size);
             else if ((it->flags & CKPTIO_DCP_ITEM_CRC32) && storage_on_host(&w->storages[id]))
-                e->crc32 = crc_of(w->storages[id].data, e->size);
+                e->crc32 = ckptio__crc32(w->storages[id].data, e->size);
             else
                 e->crc32 = 0;
         }

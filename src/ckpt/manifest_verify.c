@@ -25,24 +25,6 @@
                                                    .file_offset = (int64_t)(offset_), .subject = (subject_)}),  \
                     __VA_ARGS__)
 
-/* Longest data name kept whole in its manifest's name. */
-#define MANIFEST_STEM_MAX (CKPTIO__NAME_MAX - (sizeof CKPTIO_MANIFEST_SUFFIX - 1))
-
-ckptio_status ckptio_manifest_path(const char *data_path, char *buf, size_t cap) {
-    CKPTIO_RETURN_IF(!data_path || !buf, CKPTIO_E_INVAL, "ckptio_manifest_path: data_path and buf are required");
-    const char *slash = strrchr(data_path, '/');
-    const char *base = slash ? slash + 1 : data_path;
-    char stem[CKPTIO__NAME_MAX + 1];
-    ckptio__bounded_name(base, MANIFEST_STEM_MAX, stem);
-    const int n = snprintf(buf, cap, "%.*s%s%s", (int)(base - data_path), data_path, stem, CKPTIO_MANIFEST_SUFFIX);
-    if (n < 0 || (size_t)n >= cap) {
-        if (cap) buf[0] = '\0';
-        return CKPTIO_FAIL(CKPTIO_E_RANGE, "ckptio_manifest_path: %zu bytes do not hold the manifest path of %s", cap,
-                           data_path);
-    }
-    return CKPTIO_OK;
-}
-
 /* Reads and parses the manifest. *mpath receives its path (caller frees). */
 static ckptio_status load(ckptio_safetensors *st, const char *manifest_path, ckptio__manifest *m, char **mpath) {
     const size_t cap = strlen(st->path) + strlen(CKPTIO_MANIFEST_SUFFIX) + 1;

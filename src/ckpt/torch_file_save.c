@@ -61,12 +61,7 @@ static void crc_observe(void *user, size_t extent, uint64_t offset, const void *
     crc_observer *o = user;
     const size_t entry = o->plan_entry[extent];
     if (entry == SIZE_MAX) return;
-    uLong crc = crc32(0L, Z_NULL, 0);
-    for (uint64_t done = 0; done < len;) {
-        const uint64_t n = len - done > (1u << 30) ? (1u << 30) : len - done;
-        crc = crc32(crc, (const Bytef *)bytes + done, (uInt)n);
-        done += n;
-    }
+    const uint32_t crc = ckptio__crc32(bytes, len);
     pthread_mutex_lock(&o->lock);
     if (o->npieces == o->cap && !o->nomem) {
         const size_t cap = o->cap ? o->cap * 2 : 256;
@@ -239,20 +234,29 @@ static void make_serialization_id(ckptio_torch_writer *w) {
     memcpy(rec, id, 40);
 }
 
+/* The start of both saves: serialization id and CRCs of the small records,
+ * the metadata buffer (*meta, with the writer's scratch space), and the
+ * file opened (a temporary unless IN_PLACE) at its final size. The caller
+ * frees *meta and closes *file, also on failure. */
+static ckptio_status start_save(ckptio_engine *engine, const char *path, ckptio_torch_writer *w, unsigned flags,
+                                uint8_t **meta, ckptio_file **file) {
+    make_serialization_id(w);
+    compute_crcs(w);
+    if (!(*meta = ckptio__malloc(w->meta_len + CKPTIO__TORCH_META_SCRATCH)))
+        return CKPTIO_FAIL(CKPTIO_E_NOMEM, "no memory for %llu bytes of zip metadata", (unsigned long long)w->meta_len);
+    const unsigned open_flags = CKPTIO_OPEN_WRITE | ((flags & CKPTIO_TORCH_SAVE_IN_PLACE) ? CKPTIO_OPEN_IN_PLACE : 0);
+    CKPTIO_FORWARD(ckptio_file_open(engine, path, open_flags, file));
+    return ckptio_file_truncate(*file, w->file_size);
+}
+
 ckptio_status ckptio_torch_save(ckptio_engine *engine, const char *path, ckptio_torch_writer *w,
                                 const ckptio_torch_save_options *options) {
     if (!engine || !path || !w) return CKPTIO_FAIL(CKPTIO_E_INVAL, "ckptio_torch_save: engine, path and writer are required");
     ckptio_status st = CKPTIO_OK;
-    char *prefix = NULL;
     uint8_t *meta = NULL;
     ckptio_file *file = NULL;
     const unsigned flags = options ? options->flags : 0;
-    uint32_t alignment;
-    if ((st = ckptio__torch_options(options, path, &alignment, &prefix))) goto out;
-    w->save_path = path;
-    st = ckptio__torch_writer_prepare(w, alignment, prefix);
-    w->save_path = NULL;
-    if (st) goto out;
+    if ((st = ckptio__torch_writer_prepare_for(w, options, path))) goto out;
     for (size_t i = 0; i < w->nentries; i++) {
         const size_t id = w->entry_storage[i];
         if (id != SIZE_MAX && w->storages[id].nbytes && !w->storages[id].data) {
@@ -261,16 +265,8 @@ ckptio_status ckptio_torch_save(ckptio_engine *engine, const char *path, ckptio_
             goto out;
         }
     }
-    make_serialization_id(w);
-    compute_crcs(w);
-    if (!(meta = ckptio__malloc(w->meta_len + CKPTIO__TORCH_META_SCRATCH))) {
-        st = CKPTIO_FAIL(CKPTIO_E_NOMEM, "no memory for %llu bytes of zip metadata", (unsigned long long)w->meta_len);
-        goto out;
-    }
+    if ((st = start_save(engine, path, w, flags, &meta, &file))) goto out;
     ckptio__torch_writer_fill_meta(w, meta);
-    unsigned open_flags = CKPTIO_OPEN_WRITE | ((flags & CKPTIO_TORCH_SAVE_IN_PLACE) ? CKPTIO_OPEN_IN_PLACE : 0);
-    if ((st = ckptio_file_open(engine, path, open_flags, &file))) goto out;
-    if ((st = ckptio_file_truncate(file, w->file_size))) goto out;
     if ((st = write_file(engine, w, file, meta, !(flags & CKPTIO_TORCH_SAVE_NO_CRC), path))) goto out;
     st = ckptio_file_commit(file);
 out:
@@ -281,7 +277,6 @@ out:
         else st = cst;
     }
     ckptio__free(meta);
-    ckptio__free(prefix);
     return st;
 }
 
@@ -363,30 +358,14 @@ static ckptio_status write_host(ckptio_engine *engine, ckptio_file *file, const 
     return st;
 }
 
-static uint32_t crc_of(const uint8_t *buf, uint64_t len) {
-    uLong crc = crc32(0L, Z_NULL, 0);
-    for (uint64_t done = 0; done < len;) {
-        const uint64_t n = len - done > (1u << 30) ? (1u << 30) : len - done;
-        crc = crc32(crc, buf + done, (uInt)n);
-        done += n;
-    }
-    return (uint32_t)crc;
-}
-
 ckptio_status ckptio__torch_save_streamed(ckptio_engine *engine, const char *path, ckptio_torch_writer *w,
                                           const ckptio_torch_save_options *options, ckptio__fill_fn fill, void *ctx) {
     ckptio_status st = CKPTIO_OK;
-    char *prefix = NULL;
     uint8_t *meta = NULL, *buf = NULL;
     ckptio_file *file = NULL;
     ckptio_plan *plan = NULL;
     const unsigned flags = options ? options->flags : 0;
-    uint32_t alignment;
-    if ((st = ckptio__torch_options(options, path, &alignment, &prefix))) goto out;
-    w->save_path = path;
-    st = ckptio__torch_writer_prepare(w, alignment, prefix);
-    w->save_path = NULL;
-    if (st) goto out;
+    if ((st = ckptio__torch_writer_prepare_for(w, options, path))) goto out;
     uint64_t largest = 0;
     for (size_t i = 0; i < w->nstorages; i++)
         if (w->storages[i].nbytes > largest) largest = w->storages[i].nbytes;
@@ -394,15 +373,7 @@ ckptio_status ckptio__torch_save_streamed(ckptio_engine *engine, const char *pat
         st = CKPTIO_FAIL(CKPTIO_E_NOMEM, "out of memory for the largest storage (%llu bytes)", (unsigned long long)largest);
         goto out;
     }
-    make_serialization_id(w);
-    compute_crcs(w);
-    if (!(meta = ckptio__malloc(w->meta_len + CKPTIO__TORCH_META_SCRATCH))) {
-        st = CKPTIO_FAIL(CKPTIO_E_NOMEM, "no memory for %llu bytes of zip metadata", (unsigned long long)w->meta_len);
-        goto out;
-    }
-    unsigned open_flags = CKPTIO_OPEN_WRITE | ((flags & CKPTIO_TORCH_SAVE_IN_PLACE) ? CKPTIO_OPEN_IN_PLACE : 0);
-    if ((st = ckptio_file_open(engine, path, open_flags, &file))) goto out;
-    if ((st = ckptio_file_truncate(file, w->file_size))) goto out;
+    if ((st = start_save(engine, path, w, flags, &meta, &file))) goto out;
     /* Storages first: their CRCs go into the metadata written after them. */
     for (size_t i = 0; i < w->nentries; i++) {
         const size_t id = w->entry_storage[i];
@@ -410,7 +381,7 @@ ckptio_status ckptio__torch_save_streamed(ckptio_engine *engine, const char *pat
         if (id == SIZE_MAX || e->size == 0) continue;
         if ((st = fill(ctx, id, buf, e->size))) goto out;
         if ((st = write_host(engine, file, buf, e->size, e->data_offset))) goto out;
-        if (!(flags & CKPTIO_TORCH_SAVE_NO_CRC)) e->crc32 = crc_of(buf, e->size);
+        if (!(flags & CKPTIO_TORCH_SAVE_NO_CRC)) e->crc32 = ckptio__crc32(buf, e->size);
     }
     ckptio__torch_writer_fill_meta(w, meta);
     if ((st = ckptio_plan_create(CKPTIO_WRITE, &plan))) goto out;
@@ -433,6 +404,5 @@ out:
     }
     ckptio__free(buf);
     ckptio__free(meta);
-    ckptio__free(prefix);
     return st;
 }

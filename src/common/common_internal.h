@@ -112,6 +112,10 @@ static inline uint64_t ckptio__align_up(uint64_t v, uint64_t a) { return (v + a 
 /* Monotonic seconds. */
 double ckptio__now(void);
 
+/* zlib's CRC-32 of `len` bytes (any length: zlib's crc32 takes an unsigned
+ * int, so longer buffers go in 1 GiB pieces) (hash.c). */
+uint32_t ckptio__crc32(const void *data, uint64_t len);
+
 /* ---- names (names.c) --------------------------------------------------- */
 
 /* Longest file name component (NAME_MAX of Linux file systems). Names that

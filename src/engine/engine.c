@@ -186,11 +186,24 @@ static ckptio_status apply_env(ckptio_engine *e) {
     return CKPTIO_OK;
 }
 
-ckptio_status ckptio_engine_create(ckptio_engine **out) {
+static void engine_file_ref(ckptio_engine *e, int delta) {
+    if (e) atomic_fetch_add(&e->open_files, delta);
+}
+
+/* How the files opened with an engine (src/io, a layer below) reach it. */
+static const ckptio__engine_link io_link = {
+    .setting = ckptio__engine_setting,
+    .stats_add = ckptio__engine_stats_add,
+    .file_ref = engine_file_ref,
+};
+
+ckptio_status ckptio__engine_create(const ckptio__device_provider *device, ckptio_engine **out) {
     CKPTIO_RETURN_IF(!out, CKPTIO_E_INVAL, "ckptio_engine_create: out is NULL");
     *out = NULL;
+    ckptio__io_set_engine_link(&io_link);
     ckptio_engine *e = ckptio__calloc(1, sizeof *e);
     if (!e) return CKPTIO_FAIL(CKPTIO_E_NOMEM, "out of memory creating an engine");
+    e->device = device;
     pthread_mutex_init(&e->lock, NULL);
     atomic_init(&e->generation, ckptio__fork_generation());
     set_defaults(e);
@@ -350,10 +363,6 @@ void ckptio__engine_staging(ckptio_engine *e, int64_t reserved_delta, int64_t in
     s->staging_in_use = (uint64_t)((int64_t)s->staging_in_use + in_use_delta);
     if (s->staging_in_use > s->staging_peak) s->staging_peak = s->staging_in_use;
     pthread_mutex_unlock(&e->lock);
-}
-
-void ckptio__engine_file_ref(ckptio_engine *e, int delta) {
-    if (e) atomic_fetch_add(&e->open_files, delta);
 }
 
 /* ---- GPU hooks --------------------------------------------------------- */

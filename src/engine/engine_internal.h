@@ -1,26 +1,13 @@
 /*
- * engine_internal.h - what the engine offers the rest of libckptio
- * (the GPU pipeline, checkpoint code). Implemented in src/engine and src/io.
+ * engine_internal.h - what the engine offers the layers above it (the GPU
+ * layer, formats, checkpoint code). Implemented in src/engine; files and
+ * their blocking transfers (ckptio__file_io) are src/io's (io_internal.h).
  */
 #ifndef CKPTIO_ENGINE_INTERNAL_H
 #define CKPTIO_ENGINE_INTERNAL_H
 
 #include "common_internal.h"
-
-/* Alignment O_DIRECT needs for offsets, lengths and buffer addresses. */
-#define CKPTIO_DIRECT_ALIGN 4096u
-
-/* Blocking, complete transfer of [offset, offset + len) between `file` and
- * the host buffer `buf`: retries EINTR and short transfers, uses O_DIRECT
- * when buf, offset and len are CKPTIO_DIRECT_ALIGN-aligned and the file has
- * a direct descriptor, buffered I/O otherwise. Reads past end of file fail
- * with CKPTIO_E_TRUNCATED. Safe to call from several threads at once on one
- * file. Errors name the file, operation and offset. Updates engine stats. */
-ckptio_status ckptio__file_io(ckptio_file *file, ckptio_direction dir, void *buf, uint64_t len,
-                              uint64_t offset);
-
-/* The engine a file was opened with. */
-ckptio_engine *ckptio__file_engine(const ckptio_file *file);
+#include "io_internal.h"
 
 /* Runs fn(arg, worker) on `nworkers` threads of the engine's pool
  * (worker = 0..nworkers-1; nworkers 0 or 1 runs inline on the caller) and
@@ -65,10 +52,6 @@ ckptio_status ckptio__engine_parallel_progress(ckptio_engine *engine, unsigned n
                                                void *arg, _Atomic uint64_t *done, uint64_t total,
                                                _Atomic int *cancel);
 
-/* Open-file bookkeeping (src/io): ckptio_engine_destroy() refuses with
- * CKPTIO_E_BUSY while files opened with the engine are still open. */
-void ckptio__engine_file_ref(ckptio_engine *engine, int delta);
-
 /* ---- write-plan observers ---------------------------------------------------
  * A write plan can carry one observer: fn(user, extent, offset, bytes, len)
  * sees every byte of every extent exactly once, as a pointer to host memory
@@ -110,5 +93,29 @@ ckptio_status ckptio__plan_set_observer(ckptio_plan *plan, ckptio__observe_fn fn
  * observer's block boundaries. */
 void ckptio__observe_range(const ckptio__observer *obs, size_t index, const ckptio_extent *x, uint64_t lo,
                            uint64_t hi, const void *bytes);
+
+/* ---- device memory: where the GPU layer plugs in -----------------------------
+ * The engine moves host extents itself and hands extents in device memory to
+ * its engine's device provider, a table defined here and filled in by
+ * src/gpu: the engine includes and calls nothing of src/gpu. The public
+ * ckptio_engine_create() (src/gpu/gpu_engine.c) creates every engine with
+ * the GPU layer's provider. */
+typedef struct ckptio__device_provider {
+    /* CKPTIO_MEM_CUDA, CKPTIO_MEM_PINNED or CKPTIO_MEM_HOST (also when no
+     * driver is present) for the memory at `ptr`. */
+    ckptio_mem_kind (*classify)(const void *ptr);
+    /* Moves `extents` (all CKPTIO_MEM_CUDA) between their files and device
+     * memory in direction `dir`, blocking; called by ckptio_engine_execute()
+     * on the caller's thread after the host extents. `obs` (NULL: none) is
+     * the plan's observer, its index mapping positions in `extents` to the
+     * plan's extent numbers. */
+    ckptio_status (*execute)(ckptio_engine *engine, ckptio_direction dir, const ckptio_extent *extents, size_t count,
+                             const ckptio__observer *obs);
+} ckptio__device_provider;
+
+/* ckptio_engine_create() with `device` (NULL: no device memory; every
+ * pointer is host memory and an extent given as CKPTIO_MEM_CUDA fails with
+ * CKPTIO_E_UNSUPPORTED). `device` must outlive the engine. */
+ckptio_status ckptio__engine_create(const ckptio__device_provider *device, ckptio_engine **out);
 
 #endif /* CKPTIO_ENGINE_INTERNAL_H */

@@ -85,6 +85,7 @@ struct ckptio_engine {
     ckptio__pool *pool;
     ckptio__worker_slot *slots;
     unsigned nslots;
+    const ckptio__device_provider *device; /* extents in device memory go here; NULL: none */
     void *gpu_state;
     void (*gpu_state_destroy)(void *state);
     _Atomic unsigned generation;        /* ckptio__fork_generation() of the threads, rings and locks */

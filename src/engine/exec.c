@@ -1,8 +1,8 @@
 /*
  * exec.c - ckptio_engine_execute(): plan -> tasks -> workers -> backend.
  *
- * 1. The plan is validated, and extents in GPU memory are set aside for
- *    ckptio__gpu_execute().
+ * 1. The plan is validated, and extents in GPU memory are set aside for the
+ *    engine's device provider (engine_internal.h; src/gpu fills it in).
  * 2. Host extents are cut into tasks at multiples of CKPTIO_OPT_CHUNK_BYTES
  *    in file offset space (so every task after an extent's first starts
  *    aligned). Tasks are numbered; a worker claims the next number with one
@@ -31,7 +31,6 @@
  * work itself and reports between operations).
  */
 #include "engine_private.h"
-#include "gpu_internal.h"
 
 #include <errno.h>
 #include <stdio.h>
@@ -534,7 +533,7 @@ ckptio_status ckptio_engine_execute(ckptio_engine *e, const ckptio_plan *p) {
         const ckptio_extent *ex = &p->ext[i];
         if (!ex->length) continue;
         ckptio_mem_kind kind = ex->mem_kind;
-        if (kind == CKPTIO_MEM_AUTO) kind = ckptio__gpu_classify(ex->memory);
+        if (kind == CKPTIO_MEM_AUTO) kind = e->device ? e->device->classify(ex->memory) : CKPTIO_MEM_HOST;
         if (kind != CKPTIO_MEM_CUDA) {
             x.host[x.nhost++] = i;
             x.host_bytes += ex->length;
@@ -547,6 +546,11 @@ ckptio_status ckptio_engine_execute(ckptio_engine *e, const ckptio_plan *p) {
                 st = CKPTIO_FAIL(CKPTIO_E_NOMEM, "out of memory planning %zu extents", p->count);
                 goto out;
             }
+        }
+        if (!e->device) {
+            st = CKPTIO_FAIL(CKPTIO_E_UNSUPPORTED, "extent %zu is in device memory and this engine has no GPU layer",
+                             i);
+            goto out;
         }
         gpu_index[ngpu] = i;
         gpu[ngpu] = *ex;
@@ -573,7 +577,7 @@ ckptio_status ckptio_engine_execute(ckptio_engine *e, const ckptio_plan *p) {
         e->progress_plan_total = p->total;
         ckptio__observer obs = p->observer;
         obs.index = gpu_index;
-        st = ckptio__gpu_execute_observed(e, p->dir, gpu, ngpu, obs.fn ? &obs : NULL);
+        st = e->device->execute(e, p->dir, gpu, ngpu, obs.fn ? &obs : NULL);
         e->progress_rebase = false;
         if (st != CKPTIO_OK) goto out;
     }

@@ -1,6 +1,7 @@
 /*
  * manifest_json.c - reading and writing the checksum manifest's JSON
- * (format in manifest_internal.h and docs/RELIABILITY.md).
+ * (format in manifest_internal.h and docs/RELIABILITY.md), and the
+ * manifest's file name beside its data file (ckptio_manifest_path).
  *
  * The parser treats its input as hostile: a manifest is an ordinary file
  * anyone can edit. Sizes and counts are checked against each other before
@@ -20,6 +21,24 @@
     CKPTIO_FAIL_CTX((status_), &((ckptio__err_ctx){.operation = "parse manifest", .path = (path_),             \
                                                    .file_offset = -1, .subject = (field_)}),                  \
                     __VA_ARGS__)
+
+/* Longest data name kept whole in its manifest's name. */
+#define MANIFEST_STEM_MAX (CKPTIO__NAME_MAX - (sizeof CKPTIO_MANIFEST_SUFFIX - 1))
+
+ckptio_status ckptio_manifest_path(const char *data_path, char *buf, size_t cap) {
+    CKPTIO_RETURN_IF(!data_path || !buf, CKPTIO_E_INVAL, "ckptio_manifest_path: data_path and buf are required");
+    const char *slash = strrchr(data_path, '/');
+    const char *base = slash ? slash + 1 : data_path;
+    char stem[CKPTIO__NAME_MAX + 1];
+    ckptio__bounded_name(base, MANIFEST_STEM_MAX, stem);
+    const int n = snprintf(buf, cap, "%.*s%s%s", (int)(base - data_path), data_path, stem, CKPTIO_MANIFEST_SUFFIX);
+    if (n < 0 || (size_t)n >= cap) {
+        if (cap) buf[0] = '\0';
+        return CKPTIO_FAIL(CKPTIO_E_RANGE, "ckptio_manifest_path: %zu bytes do not hold the manifest path of %s", cap,
+                           data_path);
+    }
+    return CKPTIO_OK;
+}
 
 static const char *const top_keys[] = {"format", "version", "save_id", "file", "file_size", "data_offset",
                                        "header_xxh3", "hash", "block_bytes", "tensors"};

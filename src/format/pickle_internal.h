@@ -171,9 +171,9 @@ enum { CKPTIO__UNPICKLE_STATE_DICT = 0, CKPTIO__UNPICKLE_DCP_METADATA = 1 };
 ckptio_status ckptio__unpickle_mode(const uint8_t *data, size_t len, const char *origin, const char *record,
                                     uint64_t base_offset, int mode, ckptio__value_pool *pool, ckptio_value **root);
 /* The canonical "module.Name" (static) of a class allowed in DCP metadata,
- * or NULL (pickle_dcp.c). */
+ * or NULL (pickle_dcp_classes.c). */
 const char *ckptio__dcp_class(const char *module, const char *name);
-/* The dtype whose torch name (without "torch.") is `name` (pickle_dcp.c). */
+/* The dtype whose torch name (without "torch.") is `name` (torch_dtype.c). */
 bool ckptio__dtype_from_torch_name(const char *name, ckptio_dtype *out);
 
 #endif /* CKPTIO_PICKLE_INTERNAL_H */

@@ -37,3 +37,15 @@ bool ckptio__torch_storage_class_dtype(const char *name, ckptio_dtype *out) {
     }
     return false;
 }
+
+/* The dtype globals of pickles (torch.float32 is "float32"). */
+bool ckptio__dtype_from_torch_name(const char *name, ckptio_dtype *out) {
+    for (int d = 0; d < CKPTIO_DTYPE_COUNT_; d++) {
+        const char *tn = ckptio_dtype_torch_name((ckptio_dtype)d);
+        if (tn && strcmp(tn, name) == 0) {
+            *out = (ckptio_dtype)d;
+            return true;
+        }
+    }
+    return false;
+}

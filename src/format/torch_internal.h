@@ -166,13 +166,16 @@ struct ckptio_torch_writer {
  * for the current layout; each entry's crc32 must be set first. */
 void ckptio__torch_writer_fill_meta(const ckptio_torch_writer *w, uint8_t *meta);
 
-
-
 /* Resolves options: alignment and record prefix for `path` (may be NULL). */
 ckptio_status ckptio__torch_options(const ckptio_torch_save_options *options, const char *path,
                                     uint32_t *alignment, char **prefix);
 
 /* Computes the layout (pickle, records, offsets) if it is stale. */
 ckptio_status ckptio__torch_writer_prepare(ckptio_torch_writer *w, uint32_t alignment, const char *prefix);
+
+/* Both: the layout for `options` and a save to `path` (may be NULL; it
+ * names layout errors and gives the record prefix). */
+ckptio_status ckptio__torch_writer_prepare_for(ckptio_torch_writer *w, const ckptio_torch_save_options *options,
+                                               const char *path);
 
 #endif /* CKPTIO_TORCH_INTERNAL_H */

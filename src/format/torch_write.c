@@ -602,6 +602,18 @@ ckptio_status ckptio__torch_writer_prepare(ckptio_torch_writer *w, uint32_t alig
     return build_layout(w, alignment, prefix);
 }
 
+ckptio_status ckptio__torch_writer_prepare_for(ckptio_torch_writer *w, const ckptio_torch_save_options *options,
+                                               const char *path) {
+    uint32_t alignment;
+    char *prefix = NULL;
+    CKPTIO_FORWARD(ckptio__torch_options(options, path, &alignment, &prefix));
+    w->save_path = path;
+    const ckptio_status st = ckptio__torch_writer_prepare(w, alignment, prefix);
+    w->save_path = NULL;
+    ckptio__free(prefix); /* the layout keeps its own copy */
+    return st;
+}
+
 /* Copies [file_offset, +len) of the metadata into the meta buffer. Calls
  * come in increasing file order, so *cursor only moves forward. */
 static void meta_put(const ckptio_torch_writer *w, uint8_t *meta, size_t *cursor, uint64_t file_offset,
@@ -637,12 +649,7 @@ void ckptio__torch_writer_fill_meta(const ckptio_torch_writer *w, uint8_t *meta)
 ckptio_status ckptio_torch_writer_layout(ckptio_torch_writer *w, const ckptio_torch_save_options *options,
                                          uint64_t *file_size) {
     if (!w) return CKPTIO_FAIL(CKPTIO_E_INVAL, "writer must not be NULL");
-    uint32_t alignment;
-    char *prefix = NULL;
-    CKPTIO_FORWARD(ckptio__torch_options(options, NULL, &alignment, &prefix));
-    ckptio_status st = ckptio__torch_writer_prepare(w, alignment, prefix);
-    ckptio__free(prefix);
-    CKPTIO_FORWARD(st);
+    CKPTIO_FORWARD(ckptio__torch_writer_prepare_for(w, options, NULL));
     if (file_size) *file_size = w->file_size;
     return CKPTIO_OK;
 }

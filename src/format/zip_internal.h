@@ -122,9 +122,6 @@ ckptio_status ckptio__zip_check_disjoint(const ckptio__zip_entry *entries, size_
 
 void ckptio__zip_entries_free(ckptio__zip_entry *entries, size_t count);
 
-/* Index of the entry named `name`, or -1. */
-ptrdiff_t ckptio__zip_find(const ckptio__zip_entry *entries, size_t count, const char *name);
-
 /* ---- little-endian helpers ------------------------------------------------ */
 
 static inline uint16_t ckptio__le16(const uint8_t *p) { return (uint16_t)(p[0] | p[1] << 8); }

@@ -302,9 +302,3 @@ ckptio_status ckptio__zip_check_disjoint(const ckptio__zip_entry *entries, size_
     ckptio__free(sorted);
     return st;
 }
-
-ptrdiff_t ckptio__zip_find(const ckptio__zip_entry *entries, size_t count, const char *name) {
-    for (size_t i = 0; i < count; i++)
-        if (strcmp(entries[i].name, name) == 0) return (ptrdiff_t)i;
-    return -1;
-}

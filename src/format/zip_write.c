@@ -73,6 +73,25 @@ ckptio_status ckptio__zip_layout(ckptio__zip_entry *entries, size_t count, uint3
     return CKPTIO_OK;
 }
 
+/* The zip64 extra field of `e` (z64 bytes, from zip64_extra_len) at p:
+ * sizes when the size needs 64 bits (the compressed one given as `csize`),
+ * then the header offset when it does. Returns the end. */
+static uint8_t *put_zip64_extra(uint8_t *p, const ckptio__zip_entry *e, uint32_t z64, uint64_t csize) {
+    ckptio__put16(p, 0x0001);
+    ckptio__put16(p + 2, (uint16_t)(z64 - 4u));
+    p += 4;
+    if (size_is_large(e->size)) {
+        ckptio__put64(p, e->size);
+        ckptio__put64(p + 8, csize);
+        p += 16;
+    }
+    if (offset_is_large(e->header_offset)) {
+        ckptio__put64(p, e->header_offset);
+        p += 8;
+    }
+    return p;
+}
+
 void ckptio__zip_write_local_header(const ckptio__zip_entry *e, uint32_t alignment, uint8_t *out) {
     const uint32_t z64 = zip64_extra_len(e->header_offset, e->size);
     const uint16_t pad = alignment_pad(e->header_offset, e->name_len, e->size, alignment);
@@ -90,20 +109,7 @@ void ckptio__zip_write_local_header(const ckptio__zip_entry *e, uint32_t alignme
     p += CKPTIO_ZIP_LOCAL_HEADER_SIZE;
     memcpy(p, e->name, e->name_len);
     p += e->name_len;
-    if (z64) {
-        ckptio__put16(p, 0x0001);
-        ckptio__put16(p + 2, (uint16_t)(z64 - 4u));
-        p += 4;
-        if (size_is_large(e->size)) {
-            ckptio__put64(p, e->size);
-            ckptio__put64(p + 8, 0); /* miniz writes the compressed size before it is known */
-            p += 16;
-        }
-        if (offset_is_large(e->header_offset)) {
-            ckptio__put64(p, e->header_offset);
-            p += 8;
-        }
-    }
+    if (z64) p = put_zip64_extra(p, e, z64, 0); /* miniz writes the compressed size before it is known */
     p[0] = 'F';
     p[1] = 'B';
     ckptio__put16(p + 2, pad);
@@ -163,20 +169,7 @@ void ckptio__zip_write_trailer(const ckptio__zip_entry *entries, size_t count, u
         p += CKPTIO_ZIP_CENTRAL_HEADER_SIZE;
         memcpy(p, e->name, e->name_len);
         p += e->name_len;
-        if (z64) {
-            ckptio__put16(p, 0x0001);
-            ckptio__put16(p + 2, (uint16_t)(z64 - 4u));
-            p += 4;
-            if (size_is_large(e->size)) {
-                ckptio__put64(p, e->size);
-                ckptio__put64(p + 8, e->size);
-                p += 16;
-            }
-            if (offset_is_large(e->header_offset)) {
-                ckptio__put64(p, e->header_offset);
-                p += 8;
-            }
-        }
+        if (z64) p = put_zip64_extra(p, e, z64, e->size);
     }
     const uint64_t cd_size = (uint64_t)(p - out);
     const uint64_t eocd64_offset = cd_offset + cd_size;

@@ -1,7 +1,8 @@
 /*
  * gds_internal.h - the GDS file handle, shared by gds_file.c (open,
- * registration, synchronous transfers) and gds_async.c (stream-ordered
- * requests and the file's background thread).
+ * registration, close), gds_transfer.c (the transfers) and gds_async.c
+ * (stream-ordered requests and the file's background thread). Calls go one
+ * way: gds_file.c -> gds_async.c -> gds_transfer.c.
  */
 #ifndef CKPTIO_GDS_INTERNAL_H
 #define CKPTIO_GDS_INTERNAL_H
@@ -28,12 +29,12 @@ struct ckptio_gds_file {
     unsigned generation;           /* ckptio__fork_generation() at open */
 };
 
-/* One synchronous transfer (the work function of both the synchronous and
+/* One synchronous transfer (gds_transfer.c) (the work function of both the synchronous and
  * the asynchronous calls). *bytes receives the count moved. */
 ckptio_status ckptio__gds_transfer(ckptio_gds_file *f, ckptio_direction dir, void *buf, uint64_t size,
                                    uint64_t file_offset, uint64_t buf_offset, uint64_t *bytes);
 
-/* Stops the background thread after the queued requests ran (close). */
+/* Stops the background thread (gds_async.c) after the queued requests ran (close). */
 void ckptio__gds_async_shutdown(ckptio_gds_file *f);
 
 #endif /* CKPTIO_GDS_INTERNAL_H */

@@ -1,8 +1,9 @@
 /*
- * gpu_internal.h - what the GPU layer offers the engine.
+ * gpu_internal.h - what the GPU layer offers the layers above it (format,
+ * ckpt) and its own device provider (gpu_engine.c).
  *
- * The engine hands every extent whose memory is on a GPU to
- * ckptio__gpu_execute(); everything CUDA stays behind this header.
+ * The engine reaches these only through the ckptio__device_provider table
+ * that gpu_engine.c fills in; everything CUDA stays behind this header.
  */
 #ifndef CKPTIO_GPU_INTERNAL_H
 #define CKPTIO_GPU_INTERNAL_H
@@ -12,7 +13,8 @@
 
 /* Moves the given extents (all with mem_kind CKPTIO_MEM_CUDA) between their
  * files and GPU memory, in direction `dir`, blocking until done. Called by
- * ckptio_engine_execute() on the caller's thread. */
+ * ckptio_engine_execute() on the caller's thread, through the device
+ * provider (gpu_engine.c). */
 ckptio_status ckptio__gpu_execute(ckptio_engine *engine, ckptio_direction dir, const ckptio_extent *extents,
                                   size_t count);
 

@@ -173,7 +173,7 @@ ckptio_status ckptio_file_open(ckptio_engine *engine, const char *path, unsigned
     if (st != CKPTIO_OK) goto out;
     st = ckptio__file_prepare_direct(f);
     if (st != CKPTIO_OK) goto out;
-    ckptio__engine_file_ref(engine, +1);
+    ckptio__io_engine_file_ref(engine, +1);
     *out = f;
     return CKPTIO_OK;
 out:
@@ -189,7 +189,7 @@ out:
 }
 
 ckptio_status ckptio__file_prepare_direct(ckptio_file *f) {
-    const int64_t mode = ckptio__engine_setting(f->engine, CKPTIO_OPT_DIRECT);
+    const int64_t mode = ckptio__io_engine_setting(f->engine, CKPTIO_OPT_DIRECT);
     if (mode == CKPTIO_DIRECT_OFF) return CKPTIO_OK;
     if (atomic_load_explicit(&f->direct_state, memory_order_acquire) == 0) {
         pthread_mutex_lock(&f->lock);
@@ -238,7 +238,7 @@ ckptio_status ckptio__file_prepare_direct(ckptio_file *f) {
 }
 
 int ckptio__file_direct_fd(const ckptio_file *f) {
-    if (ckptio__engine_setting(f->engine, CKPTIO_OPT_DIRECT) == CKPTIO_DIRECT_OFF) return -1;
+    if (ckptio__io_engine_setting(f->engine, CKPTIO_OPT_DIRECT) == CKPTIO_DIRECT_OFF) return -1;
     return atomic_load_explicit(&f->direct_state, memory_order_acquire) == 1 ? f->direct_fd : -1;
 }
 
@@ -297,7 +297,7 @@ ckptio_status ckptio__file_io(ckptio_file *file, ckptio_direction dir, void *buf
     /* Warm data is copied from the page cache rather than read from the
      * disk again; cold data goes through it where the read policy says so. */
     if (direct && dir == CKPTIO_READ &&
-        ckptio__engine_setting(file->engine, CKPTIO_OPT_DIRECT) == CKPTIO_DIRECT_AUTO &&
+        ckptio__io_engine_setting(file->engine, CKPTIO_OPT_DIRECT) == CKPTIO_DIRECT_AUTO &&
         ckptio__read_buffered(file, offset, len))
         direct = false;
     ckptio__io_op op = {.fd = direct ? dfd : file->fd, .buffered_fd = file->fd, .direct = direct, .dir = dir,
@@ -313,7 +313,7 @@ ckptio_status ckptio__file_io(ckptio_file *file, ckptio_direction dir, void *buf
     delta.io_requests = op.requests;
     delta.retries = op.retries;
     delta.seconds_io = ckptio__now() - t0;
-    ckptio__engine_stats_add(file->engine, &delta);
+    ckptio__io_engine_stats_add(file->engine, &delta);
     return ckptio__file_op_status(file, &op, dir == CKPTIO_READ ? "reading" : "writing");
 }
 
@@ -345,7 +345,7 @@ ckptio_status ckptio_file_commit(ckptio_file *f) {
      * retried as if it had succeeded (the kernel may have dropped the
      * dirty pages and cleared the error). */
     f->closed_for_write = true;
-    const bool sync = ckptio__engine_setting(f->engine, CKPTIO_OPT_SYNC) != 0;
+    const bool sync = ckptio__io_engine_setting(f->engine, CKPTIO_OPT_SYNC) != 0;
     ckptio_stats delta = {0};
     /* Before the fsync, which makes the new mode durable with the data;
      * with EXCLUSIVE there is nothing to replace. */
@@ -357,7 +357,7 @@ ckptio_status ckptio_file_commit(ckptio_file *f) {
         delta.seconds_fsync += ckptio__now() - t0;
         if (ret < 0) {
             int err = errno;
-            ckptio__engine_stats_add(f->engine, &delta);
+            ckptio__io_engine_stats_add(f->engine, &delta);
             char note[300];
             return CKPTIO_FAIL_SYS(err, "fsync", f->path, -1, "flushing the data to storage%s",
                                    ckptio__file_tmp_note(f, note, sizeof note));
@@ -375,7 +375,7 @@ ckptio_status ckptio_file_commit(ckptio_file *f) {
         }
         if (ret < 0) {
             err = errno;
-            ckptio__engine_stats_add(f->engine, &delta);
+            ckptio__io_engine_stats_add(f->engine, &delta);
             char note[300];
             if (err == EEXIST)
                 return CKPTIO_FAIL_CTX(CKPTIO_E_EXISTS,
@@ -408,7 +408,7 @@ ckptio_status ckptio_file_commit(ckptio_file *f) {
         }
         delta.seconds_fsync += ckptio__now() - t0;
     }
-    ckptio__engine_stats_add(f->engine, &delta);
+    ckptio__io_engine_stats_add(f->engine, &delta);
     return st;
 }
 
@@ -421,7 +421,7 @@ ckptio_status ckptio_file_close(ckptio_file *f) {
     /* close() can report a deferred write error (NFS); keep the first. */
     if (f->fd >= 0 && close(f->fd) < 0 && st == CKPTIO_OK && errno != EINTR)
         st = CKPTIO_FAIL_SYS(errno, "close", f->path, -1, "closing the file");
-    ckptio__engine_file_ref(f->engine, -1);
+    ckptio__io_engine_file_ref(f->engine, -1);
     pthread_mutex_destroy(&f->lock);
     ckptio__free(f->tmp_path);
     ckptio__free(f->mode_from);

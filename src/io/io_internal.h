@@ -13,13 +13,38 @@
 #define CKPTIO_IO_INTERNAL_H
 
 #include "common_internal.h"
-#include "engine_internal.h"
 
 #include <dirent.h>
 #include <pthread.h>
 #include <stdatomic.h>
 #include <sys/stat.h>
 #include <sys/types.h>
+
+/* Alignment O_DIRECT needs for offsets, lengths and buffer addresses. */
+#define CKPTIO_DIRECT_ALIGN 4096u
+
+/* ---- the engine a file belongs to (engine_link.c) ------------------------
+ * src/io sits below src/engine and calls nothing of it. A file keeps the
+ * engine it was opened with as an opaque pointer and reaches it through
+ * this table, which src/engine registers when it creates an engine, so
+ * before any file can be opened. */
+typedef struct ckptio__engine_link {
+    /* The value of a (valid) setting. */
+    int64_t (*setting)(const ckptio_engine *engine, ckptio_option option);
+    /* Adds to the engine's counters (thread-safe; non-zero fields matter). */
+    void (*stats_add)(ckptio_engine *engine, const ckptio_stats *delta);
+    /* Files opened with the engine: +1 at open, -1 at close
+     * (ckptio_engine_destroy() refuses while any is open). */
+    void (*file_ref)(ckptio_engine *engine, int delta);
+} ckptio__engine_link;
+
+/* Registers the table (the same one every time; thread-safe). */
+void ckptio__io_set_engine_link(const ckptio__engine_link *link);
+
+/* The registered table's functions, for src/io. */
+int64_t ckptio__io_engine_setting(const ckptio_engine *engine, ckptio_option option);
+void ckptio__io_engine_stats_add(ckptio_engine *engine, const ckptio_stats *delta);
+void ckptio__io_engine_file_ref(ckptio_engine *engine, int delta);
 
 /* ---- files ------------------------------------------------------------- */
 
@@ -45,6 +70,18 @@ struct ckptio_file {
     bool closed_for_write;  /* commit done or failed half-way: no more writes */
     pthread_mutex_t lock;
 };
+
+/* Blocking, complete transfer of [offset, offset + len) between `file` and
+ * the host buffer `buf`: retries EINTR and short transfers, uses O_DIRECT
+ * when buf, offset and len are CKPTIO_DIRECT_ALIGN-aligned and the file has
+ * a direct descriptor, buffered I/O otherwise. Reads past end of file fail
+ * with CKPTIO_E_TRUNCATED. Safe to call from several threads at once on one
+ * file. Errors name the file, operation and offset. Updates engine stats. */
+ckptio_status ckptio__file_io(ckptio_file *file, ckptio_direction dir, void *buf, uint64_t len,
+                              uint64_t offset);
+
+/* The engine a file was opened with. */
+ckptio_engine *ckptio__file_engine(const ckptio_file *file);
 
 /* Opens the O_DIRECT descriptor if the engine's direct mode asks for it and
  * it was not tried yet. Returns CKPTIO_OK also when the file system refuses

@@ -71,7 +71,7 @@ uint64_t ckptio__mem_available(void) {
 }
 
 bool ckptio__read_policy_cache(const ckptio_engine *engine, uint64_t footprint) {
-    switch (ckptio__engine_setting(engine, CKPTIO_OPT_READ_CACHE)) {
+    switch (ckptio__io_engine_setting(engine, CKPTIO_OPT_READ_CACHE)) {
     case CKPTIO_READ_CACHE_ON: return true;
     case CKPTIO_READ_CACHE_OFF: return false;
     default: break;
@@ -107,7 +107,7 @@ void ckptio__read_policy_apply(ckptio_engine *engine, const ckptio_extent *ext, 
         footprint += file_size(f);
     }
     const bool mostly_gpu = gpu_bytes * 2 > all_bytes;
-    const bool forced_on = ckptio__engine_setting(engine, CKPTIO_OPT_READ_CACHE) == CKPTIO_READ_CACHE_ON;
+    const bool forced_on = ckptio__io_engine_setting(engine, CKPTIO_OPT_READ_CACHE) == CKPTIO_READ_CACHE_ON;
     const int cache =
         (forced_on || !mostly_gpu) && ckptio__read_policy_cache(engine, footprint + overflow_bytes) ? 1 : -1;
     for (size_t i = 0; i < count; i++)
