@@ -6,7 +6,7 @@
  * (overlaps, end of file), progress and cancel, statistics.
  */
 #include "helpers.h"
-#include "io_internal.h"
+#include "io_inject.h"
 
 #include <errno.h>
 #include <string.h>
