@@ -250,7 +250,7 @@ typedef bool (*ckptio__io_fault_fn)(ckptio__io_kind kind, int *err, uint64_t *le
 void ckptio__io_set_fault_hook(ckptio__io_fault_fn fn);
 
 /* Called by the backends before each request of `kind`: the installed
- * hook's answer, false without one. Cheap (one relaxed load) when none is. */
+ * hook's answer, false without one. Cheap (one atomic load) when none is. */
 bool ckptio__io_fault(ckptio__io_kind kind, int *err, uint64_t *len);
 
 /* ---- system calls of the commit protocols (syscalls.c) ------------------ */
