@@ -5,7 +5,8 @@
 #  1. build with -Werror and run the C tests (ctest)
 #  2. build with AddressSanitizer + UndefinedBehaviorSanitizer, run them again
 #  3. the wheel as a release makes it (sdist, wheel built from it, auditwheel repair), installed into a
-#     new virtual environment; the whole Python suite (the CLI tests included) runs against that
+#     new virtual environment; its binaries hold no test double and no source path
+#     (tests/check_shipped.py); the whole Python suite (the CLI tests included) runs against that
 #     installation, from outside the checkout (scripts/build_wheel.sh, scripts/install_wheel.sh)
 #  4. each libFuzzer harness for a short fixed time on its committed corpus
 set -euo pipefail
@@ -39,6 +40,10 @@ cmake --build build-asan -j"$jobs" >/dev/null
 echo "== wheel: sdist, the wheel built from it, auditwheel repair"
 work=$(mktemp -d)
 if wheel=$(scripts/build_wheel.sh "$work/dist") && scripts/install_wheel.sh "$wheel" "$work/venv"; then
+    echo "== the wheel's binaries: no test double, no source path"
+    "$work/venv/bin/python" -m zipfile -e "$wheel" "$work/unpacked"
+    "$work/venv/bin/python" tests/check_shipped.py clean "$PWD" "$work"/unpacked/ckptio/_ckptio*.so \
+        "$work/unpacked/ckptio/bin/ckptio" || failed=1
     echo "== Python tests against the installed wheel ($(basename "$wheel"))"
     # From an empty directory, with nothing of the checkout on sys.path: CKPTIO_TEST_INSTALLED makes
     # the tests take the package and the ckptio command from the new environment and check they did.

@@ -9,6 +9,7 @@
 #define CKPTIO_TEST_HELPERS_H
 
 #include "ckptio.h"
+#include "ckptio_experimental.h" /* tested as the stable API is */
 
 #include <stdbool.h>
 #include <stddef.h>

@@ -8,7 +8,7 @@
  * on each backend the kernel allows, with 0 and 4 threads.
  */
 #include "helpers.h"
-#include "io_internal.h"
+#include "io_inject.h"
 
 #include <errno.h>
 #include <string.h>

@@ -7,7 +7,7 @@
  * (io_uring). Runs on pread and, where the kernel allows it, io_uring.
  */
 #include "helpers.h"
-#include "io_internal.h"
+#include "io_inject.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -168,12 +168,12 @@ out:
 
 static void test_probe(void) {
     const char *why = NULL;
-    ckptio__io_uring_simulate_refusal(EPERM);
+    ckptio__io_uring_force_refusal(EPERM);
     T_ASSERT(ckptio__io_uring_probe(&why) == EPERM);
-    T_ASSERT(strstr(why, "simulated") != NULL);
+    T_ASSERT(strstr(why, "refused by a test hook") != NULL);
     ckptio__io_queue *q = NULL;
     T_ASSERT(ckptio__backend_io_uring.queue_create(4, &q) == EPERM && q == NULL);
-    ckptio__io_uring_simulate_refusal(0);
+    ckptio__io_uring_force_refusal(0);
 }
 
 int main(void) {

@@ -14,7 +14,7 @@
  */
 #include "gpu_sim.h"
 #include "helpers.h"
-#include "io_internal.h"
+#include "io_inject.h"
 
 #include <pthread.h>
 #include <string.h>

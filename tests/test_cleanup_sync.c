@@ -10,7 +10,7 @@
  * counted and failed) and, where strace works, from a real trace.
  */
 #include "helpers.h"
-#include "io_internal.h"
+#include "io_inject.h"
 
 #include <errno.h>
 #include <fcntl.h>

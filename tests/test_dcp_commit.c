@@ -30,7 +30,7 @@
  *    parent's lock alive.
  */
 #include "helpers.h"
-#include "io_internal.h"
+#include "io_inject.h"
 
 #include <dirent.h>
 #include <errno.h>

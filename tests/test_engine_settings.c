@@ -159,7 +159,7 @@ static void test_backend_choice(void) {
     clear_env();
     /* A kernel that refuses io_uring (simulated): AUTO falls back silently,
      * a forced io_uring is an error at create and at set. */
-    ckptio__io_uring_simulate_refusal(EPERM);
+    ckptio__io_uring_force_refusal(EPERM);
     ckptio_engine *e;
     T_OK(ckptio_engine_create(&e));
     ckptio_backend b;
@@ -173,7 +173,7 @@ static void test_backend_choice(void) {
     setenv("CKPTIO_BACKEND", "io_uring", 1);
     T_STATUS(ckptio_engine_create(&e), CKPTIO_E_UNSUPPORTED);
     T_MESSAGE_HAS("CKPTIO_BACKEND");
-    ckptio__io_uring_simulate_refusal(0);
+    ckptio__io_uring_force_refusal(0);
     clear_env();
 
     const char *why;

@@ -21,7 +21,7 @@
  */
 #include "gpu_sim.h"
 #include "helpers.h"
-#include "io_internal.h"
+#include "io_inject.h"
 
 #include <dirent.h>
 #include <errno.h>

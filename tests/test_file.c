@@ -4,7 +4,7 @@
  * in-place writes, truncate, size, the blocking ckptio__file_io().
  */
 #include "helpers.h"
-#include "io_internal.h"
+#include "io_inject.h"
 
 #include <errno.h>
 #include <fcntl.h>

@@ -19,7 +19,7 @@
  */
 #include "gpu_sim.h"
 #include "helpers.h"
-#include "io_internal.h"
+#include "io_inject.h"
 
 #include <errno.h>
 #include <pthread.h>

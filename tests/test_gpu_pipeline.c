@@ -1,6 +1,6 @@
 /*
  * test_gpu_pipeline.c - the GPU staging pipeline and the GDS file API on the
- * simulated device (src/gpu/gpu_sim.c): bytes, ordering (no staging slot
+ * simulated device (tests/doubles/gpu_sim.c): bytes, ordering (no staging slot
  * reused before its copy completed), overlap, unaligned offsets, staging
  * bounds, error paths and stream-ordered requests; and the zero-copy reads
  * of resident data (mapped, registered file pages): bytes, every mapping
@@ -13,7 +13,7 @@
 #include "gpu_pipeline.h"
 #include "gpu_sim.h"
 #include "helpers.h"
-#include "io_internal.h"
+#include "io_inject.h"
 
 #include <errno.h>
 #include <fcntl.h>

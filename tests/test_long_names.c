@@ -19,7 +19,7 @@
  *    the next save of that name.
  */
 #include "helpers.h"
-#include "io_internal.h"
+#include "io_inject.h"
 
 #include <dirent.h>
 #include <errno.h>

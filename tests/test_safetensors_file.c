@@ -10,7 +10,7 @@
 #include "gpu_ops.h"
 #include "gpu_sim.h"
 #include "helpers.h"
-#include "io_internal.h"
+#include "io_inject.h"
 #include "safetensors_internal.h"
 
 #include <errno.h>

@@ -48,16 +48,13 @@ static void warn_byte_items(ckptio_dcp *h, bool quiet) {
 /* Writes `text` to `path` atomically through the library. */
 static ckptio_status write_atomic(ckptio_engine *engine, const char *path, const char *text) {
     ckptio_file *f = NULL;
-    ckptio_plan *plan = NULL;
-    const size_t len = strlen(text);
     ckptio_status st = ckptio_file_open(engine, path, CKPTIO_OPEN_WRITE, &f);
-    if (st == CKPTIO_OK) st = ckptio_plan_create(CKPTIO_WRITE, &plan);
-    if (st == CKPTIO_OK)
-        st = ckptio_plan_add(plan, &(ckptio_extent){.file = f, .file_offset = 0, .length = len, .memory = (void *)text,
-                                                    .mem_kind = CKPTIO_MEM_HOST});
-    if (st == CKPTIO_OK) st = ckptio_engine_execute(engine, plan);
+    if (st == CKPTIO_OK) {
+        const ckptio_extent x = {.file = f, .file_offset = 0, .length = strlen(text), .memory = (void *)text,
+                                 .mem_kind = CKPTIO_MEM_HOST};
+        st = ckptio_engine_execute_extents(engine, CKPTIO_WRITE, &x, 1);
+    }
     if (st == CKPTIO_OK) st = ckptio_file_commit(f);
-    ckptio_plan_destroy(plan);
     const ckptio_status cs = ckptio_file_close(f);
     return st != CKPTIO_OK ? st : cs;
 }

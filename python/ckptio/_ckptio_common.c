@@ -293,15 +293,6 @@ int ckpy_parse_extent(PyObject *addr_o, PyObject *len_o, PyObject *off_o, PyObje
     return 0;
 }
 
-ckptio_status ckpy_run_plan(ckptio_engine *engine, ckptio_direction dir, const ckptio_extent *extents, size_t count) {
-    ckptio_plan *plan = NULL;
-    ckptio_status st = ckptio_plan_create(dir, &plan);
-    for (size_t i = 0; st == CKPTIO_OK && i < count; i++) st = ckptio_plan_add(plan, &extents[i]);
-    if (st == CKPTIO_OK) st = ckptio_engine_execute(engine, plan);
-    ckptio_plan_destroy(plan); /* keeps the first error: destroy does not fail on a valid plan */
-    return st;
-}
-
 /* ---- handle objects ------------------------------------------------------------- */
 
 typedef struct open_call {

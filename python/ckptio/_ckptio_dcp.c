@@ -169,7 +169,7 @@ typedef struct read_call {
 
 static ckptio_status do_read(ckptio_engine *engine, void *arg) {
     const read_call *c = arg;
-    return ckpy_run_plan(engine, CKPTIO_READ, c->extents, c->count);
+    return ckptio_engine_execute_extents(engine, CKPTIO_READ, c->extents, c->count);
 }
 
 static PyObject *mod_dcp_read(PyObject *module, PyObject *args, PyObject *kwargs) {

@@ -49,7 +49,7 @@ typedef struct transfer_args {
 static ckptio_status do_transfer(ckpy_handle *h, void *arg) {
     transfer_args *a = arg;
     for (size_t i = 0; i < a->count; i++) a->extents[i].file = h->handle;
-    return ckpy_run_plan(h->engine->engine, a->dir, a->extents, a->count);
+    return ckptio_engine_execute_extents(h->engine->engine, a->dir, a->extents, a->count);
 }
 
 static int parse_extent(PyObject *item, ckptio_extent *e) {

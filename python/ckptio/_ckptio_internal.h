@@ -26,6 +26,8 @@
 #include <Python.h>
 
 #include "ckptio.h"
+/* The DCP writer, item reader and directory commit of ckptio.dcp are built on the experimental API. */
+#include "ckptio_experimental.h"
 
 #include <stdatomic.h>
 #include <stdint.h>
@@ -174,10 +176,6 @@ ckptio_tensor_target *ckpy_parse_targets(PyObject *seq, const char *not_sequence
 /* Fills an extent's memory side and file offset from Python values
  * (address, nbytes, file offset, mem_kind); -1 with an error. */
 int ckpy_parse_extent(PyObject *addr_o, PyObject *len_o, PyObject *off_o, PyObject *kind_o, ckptio_extent *e);
-
-/* Moves `count` extents (files set) in one plan on `engine`; call with the
- * engine's lock held. @return the first failure's status. */
-ckptio_status ckpy_run_plan(ckptio_engine *engine, ckptio_direction dir, const ckptio_extent *extents, size_t count);
 
 /* ---- objects wrapping one C handle opened through an engine ------------------
  * (SafetensorsReader, TorchReader, File, GdsHandle; _ckptio_common.c). Their

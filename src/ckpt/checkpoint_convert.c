@@ -17,19 +17,6 @@
 
 #include <string.h>
 
-static ckptio_status write_host(ckptio_engine *engine, ckptio_file *file, const void *buf, uint64_t len,
-                                uint64_t offset) {
-    if (len == 0) return CKPTIO_OK;
-    ckptio_plan *plan = NULL;
-    ckptio_status st = ckptio_plan_create(CKPTIO_WRITE, &plan);
-    if (st == CKPTIO_OK)
-        st = ckptio_plan_add(plan, &(ckptio_extent){.file = file, .file_offset = offset, .length = len,
-                                                    .memory = (void *)buf, .mem_kind = CKPTIO_MEM_HOST});
-    if (st == CKPTIO_OK) st = ckptio_engine_execute(engine, plan);
-    ckptio_plan_destroy(plan);
-    return st;
-}
-
 ckptio_status ckptio__st_save_streamed(ckptio_engine *engine, const char *path, const ckptio_tensor_source *tensors,
                                        size_t count, const ckptio_kv *metadata, size_t metadata_count, unsigned flags,
                                        ckptio__fill_fn fill, void *ctx) {
@@ -61,8 +48,9 @@ ckptio_status ckptio__st_save_streamed(ckptio_engine *engine, const char *path, 
     for (size_t i = 0; i < count; i++) {
         if (tensors[i].nbytes == 0) continue;
         if ((st = fill(ctx, i, buf, tensors[i].nbytes)) != CKPTIO_OK) goto out;
-        st = write_host(engine, file, buf, tensors[i].nbytes, layout.header_size + layout.offsets[i]);
-        if (st != CKPTIO_OK) goto out;
+        const ckptio_extent x = {.file = file, .file_offset = layout.header_size + layout.offsets[i],
+                                 .length = tensors[i].nbytes, .memory = buf, .mem_kind = CKPTIO_MEM_HOST};
+        if ((st = ckptio_engine_execute_extents(engine, CKPTIO_WRITE, &x, 1)) != CKPTIO_OK) goto out;
     }
     st = ckptio_file_commit(file);
 out:

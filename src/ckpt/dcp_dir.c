@@ -639,14 +639,9 @@ ckptio_status ckptio__dcp_item_bounds(ckptio_dcp *h, const ckptio_dcp_stored *s,
 ckptio_status ckptio__dcp_io(ckptio_file *file, ckptio_direction dir, void *buf, uint64_t len, uint64_t offset) {
     if (len == 0) return CKPTIO_OK;
     if (len < DIRECT_IO_MAX) return ckptio__file_io(file, dir, buf, len, offset);
-    ckptio_plan *plan = NULL;
-    ckptio_status st = ckptio_plan_create(dir, &plan);
-    if (st == CKPTIO_OK)
-        st = ckptio_plan_add(plan, &(ckptio_extent){.file = file, .file_offset = offset, .length = len, .memory = buf,
-                                                    .mem_kind = CKPTIO_MEM_HOST});
-    if (st == CKPTIO_OK) st = ckptio_engine_execute(ckptio__file_engine(file), plan);
-    ckptio_plan_destroy(plan);
-    return st;
+    const ckptio_extent x = {.file = file, .file_offset = offset, .length = len, .memory = buf,
+                             .mem_kind = CKPTIO_MEM_HOST};
+    return ckptio_engine_execute_extents(ckptio__file_engine(file), dir, &x, 1);
 }
 
 /* ---- accessors ----------------------------------------------------------------------------- */

@@ -79,19 +79,6 @@ static ckptio_status need_file(const ckptio_safetensors *st, const char *fn) {
     return CKPTIO_OK;
 }
 
-/* Builds one plan from `extents` (zero-length ones skipped), runs it and
- * destroys it. */
-static ckptio_status run_plan(ckptio_engine *engine, ckptio_direction dir, const ckptio_extent *extents,
-                              size_t count) {
-    ckptio_plan *plan = NULL;
-    ckptio_status status = ckptio_plan_create(dir, &plan);
-    for (size_t i = 0; status == CKPTIO_OK && i < count; i++)
-        if (extents[i].length) status = ckptio_plan_add(plan, &extents[i]);
-    if (status == CKPTIO_OK) status = ckptio_engine_execute(engine, plan);
-    ckptio_plan_destroy(plan);
-    return status;
-}
-
 ckptio_status ckptio_safetensors_read(ckptio_safetensors *st, const ckptio_tensor_target *targets, size_t count) {
     CKPTIO_FORWARD(need_file(st, "ckptio_safetensors_read"));
     if (count && !targets) return CKPTIO_FAIL(CKPTIO_E_INVAL, "ckptio_safetensors_read: targets is NULL but count is %zu", count);
@@ -111,12 +98,14 @@ ckptio_status ckptio_safetensors_read(ckptio_safetensors *st, const ckptio_tenso
     }
     ckptio_extent *extents = ckptio__calloc(count, sizeof *extents);
     if (!extents) return CKPTIO_FAIL(CKPTIO_E_NOMEM, "out of memory planning %zu tensor reads", count);
+    size_t n = 0; /* empty tensors move nothing */
     for (size_t i = 0; i < count; i++) {
         const ckptio_tensor_info *info = &st->tensors[targets[i].index];
-        extents[i] = (ckptio_extent){.file = st->file, .file_offset = info->file_offset, .length = info->nbytes,
-                                     .memory = targets[i].data, .mem_kind = targets[i].mem_kind};
+        if (info->nbytes)
+            extents[n++] = (ckptio_extent){.file = st->file, .file_offset = info->file_offset, .length = info->nbytes,
+                                           .memory = targets[i].data, .mem_kind = targets[i].mem_kind};
     }
-    ckptio_status status = run_plan(st->engine, CKPTIO_READ, extents, count);
+    ckptio_status status = ckptio_engine_execute_extents(st->engine, CKPTIO_READ, extents, n);
     ckptio__free(extents);
     return status;
 }
@@ -130,9 +119,10 @@ ckptio_status ckptio_safetensors_read_all(ckptio_safetensors *st, void *data, ui
                        (unsigned long long)capacity, (unsigned long long)st->data_size);
     if (!data && st->data_size)
         return ST_FAIL(CKPTIO_E_INVAL, st->path, -1, NULL, NULL, "ckptio_safetensors_read_all: data is NULL");
+    if (!st->data_size) return CKPTIO_OK;
     const ckptio_extent extent = {.file = st->file, .file_offset = st->data_offset, .length = st->data_size,
                                   .memory = data, .mem_kind = mem_kind};
-    return run_plan(st->engine, CKPTIO_READ, &extent, 1);
+    return ckptio_engine_execute_extents(st->engine, CKPTIO_READ, &extent, 1);
 }
 
 /* The caller's metadata without a CKPTIO_SAVE_ID_KEY entry (ids belong to

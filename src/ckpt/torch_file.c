@@ -230,12 +230,7 @@ static ckptio_status run_extents(ckptio_torch *t, const ckptio_extent *ex, size_
         }
         return CKPTIO_OK;
     }
-    ckptio_plan *plan = NULL;
-    ckptio_status st = ckptio_plan_create(CKPTIO_READ, &plan);
-    for (size_t i = 0; st == CKPTIO_OK && i < n; i++) st = ckptio_plan_add(plan, &ex[i]);
-    if (st == CKPTIO_OK) st = ckptio_engine_execute(t->engine, plan);
-    ckptio_plan_destroy(plan);
-    return st;
+    return ckptio_engine_execute_extents(t->engine, CKPTIO_READ, ex, n);
 }
 
 ckptio_status ckptio_torch_read_storages(ckptio_torch *t, const ckptio_tensor_target *targets, size_t count) {

@@ -346,18 +346,6 @@ ckptio_status ckptio_torch_save_tensors(ckptio_engine *engine, const char *path,
 
 /* ---- streamed save ---------------------------------------------------------------------- */
 
-static ckptio_status write_host(ckptio_engine *engine, ckptio_file *file, const void *buf, uint64_t len,
-                                uint64_t offset) {
-    ckptio_plan *plan = NULL;
-    ckptio_status st = ckptio_plan_create(CKPTIO_WRITE, &plan);
-    if (st == CKPTIO_OK)
-        st = ckptio_plan_add(plan, &(ckptio_extent){.file = file, .file_offset = offset, .length = len,
-                                                    .memory = (void *)buf, .mem_kind = CKPTIO_MEM_HOST});
-    if (st == CKPTIO_OK) st = ckptio_engine_execute(engine, plan);
-    ckptio_plan_destroy(plan);
-    return st;
-}
-
 ckptio_status ckptio__torch_save_streamed(ckptio_engine *engine, const char *path, ckptio_torch_writer *w,
                                           const ckptio_torch_save_options *options, ckptio__fill_fn fill, void *ctx) {
     ckptio_status st = CKPTIO_OK;
@@ -380,7 +368,9 @@ ckptio_status ckptio__torch_save_streamed(ckptio_engine *engine, const char *pat
         ckptio__zip_entry *e = &w->entries[i];
         if (id == SIZE_MAX || e->size == 0) continue;
         if ((st = fill(ctx, id, buf, e->size))) goto out;
-        if ((st = write_host(engine, file, buf, e->size, e->data_offset))) goto out;
+        const ckptio_extent x = {.file = file, .file_offset = e->data_offset, .length = e->size, .memory = buf,
+                                 .mem_kind = CKPTIO_MEM_HOST};
+        if ((st = ckptio_engine_execute_extents(engine, CKPTIO_WRITE, &x, 1))) goto out;
         if (!(flags & CKPTIO_TORCH_SAVE_NO_CRC)) e->crc32 = ckptio__crc32(buf, e->size);
     }
     ckptio__torch_writer_fill_meta(w, meta);

@@ -96,8 +96,10 @@ ckptio_status ckptio_gds_register_handle(ckptio_gds_file *f) {
         return CKPTIO_OK;
     }
     if (!real) {
-        snprintf(f->refusal, sizeof f->refusal, "%s",
-                 ops ? "cuFile cannot run on the simulated device" : "no CUDA driver");
+        if (ops)
+            snprintf(f->refusal, sizeof f->refusal, "cuFile cannot run on the %s device", ops->name);
+        else
+            snprintf(f->refusal, sizeof f->refusal, "no CUDA driver");
         if (mode == CKPTIO_GPU_PATH_AUTO) return CKPTIO_OK;
         if (!ops) return ckptio__gpu_ops_get(&ops); /* CKPTIO_E_NO_CUDA with its reason */
         return CKPTIO_FAIL_CTX(CKPTIO_E_UNSUPPORTED,

@@ -12,13 +12,8 @@
 
 static ckptio_status host_transfer(ckptio_gds_file *f, ckptio_direction dir, void *ptr, uint64_t size,
                                    uint64_t offset, ckptio_mem_kind kind) {
-    ckptio_plan *plan = NULL;
-    CKPTIO_FORWARD(ckptio_plan_create(dir, &plan));
     const ckptio_extent e = {.file = f->file, .file_offset = offset, .length = size, .memory = ptr, .mem_kind = kind};
-    ckptio_status st = ckptio_plan_add(plan, &e);
-    if (st == CKPTIO_OK) st = ckptio_engine_execute(f->engine, plan);
-    ckptio_plan_destroy(plan);
-    return st;
+    return ckptio_engine_execute_extents(f->engine, dir, &e, 1);
 }
 
 ckptio_status ckptio__gds_transfer(ckptio_gds_file *f, ckptio_direction dir, void *buf, uint64_t size,

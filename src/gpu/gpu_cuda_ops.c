@@ -12,6 +12,7 @@
 
 #include <pthread.h>
 #include <stdatomic.h>
+#include <stdio.h>
 
 #define MAX_DEVICES 64
 
@@ -282,7 +283,7 @@ const ckptio__gpu_ops *ckptio__gpu_cuda_ops(void) { return &cuda_ops; }
 static _Atomic(const ckptio__gpu_ops *) installed_ops;
 static _Atomic unsigned installed_generation;
 
-/* An installed device (the simulator) is treated as CUDA is: installed
+/* An installed device (the tests' simulator) is treated as CUDA is: installed
  * before fork(), it cannot be used in the child (its streams are threads of
  * the parent). */
 void ckptio__gpu_set_ops(const ckptio__gpu_ops *ops) {
@@ -294,7 +295,9 @@ ckptio_status ckptio__gpu_ops_get(const ckptio__gpu_ops **out) {
     const ckptio__gpu_ops *ops = atomic_load(&installed_ops);
     if (ops && ckptio__forked_since(atomic_load(&installed_generation))) {
         *out = NULL;
-        return ckptio__cuda_refuse_forked("the simulated device");
+        char what[64];
+        snprintf(what, sizeof what, "the %s device", ops->name);
+        return ckptio__cuda_refuse_forked(what);
     }
     if (ops) {
         *out = ops;

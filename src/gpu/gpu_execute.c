@@ -175,7 +175,7 @@ ckptio_status ckptio__gpu_execute_observed(ckptio_engine *engine, ckptio_directi
     if (!obs && (path == CKPTIO_GPU_PATH_CUFILE ||
                  (path == CKPTIO_GPU_PATH_AUTO && real && ckptio__cufile_direct_mode()))) {
         if (!real) {
-            st = CKPTIO_FAIL(CKPTIO_E_UNSUPPORTED, "cuFile cannot run on the simulated device");
+            st = CKPTIO_FAIL(CKPTIO_E_UNSUPPORTED, "cuFile cannot run on the %s device", ops->name);
             goto out;
         }
         ckptio__nvtx_push("ckptio: cuFile");

@@ -3,8 +3,9 @@
  *
  * The staging pipeline and the GDS file API never call the CUDA driver
  * directly: they go through this table. The real implementation
- * (gpu_cuda_ops.c) forwards to the driver shim; the simulated one
- * (gpu_sim.c) uses host memory and one thread per stream, so that the
+ * (gpu_cuda_ops.c) forwards to the driver shim; the test suite's simulated
+ * one (tests/doubles/gpu_sim.c, not part of the shipped library) uses host
+ * memory and one thread per stream, so that the
  * pipeline's scheduling, ordering and error paths are tested on machines
  * without a GPU. Streams and events are opaque handles (CUstream/CUevent
  * for the real device).
@@ -20,7 +21,9 @@
 #include "common_internal.h"
 
 typedef struct ckptio__gpu_ops {
-    const char *name; /* "cuda" or "sim" */
+    /* "cuda", or what an installed table stands in for ("simulated"): messages
+     * say "the <name> device". */
+    const char *name;
     /* What kind of memory ptr is and, for device memory, its device
      * ordinal (-1 otherwise). Never fails: unknown pointers are HOST. */
     ckptio_mem_kind (*classify)(const void *ptr, int *device);
@@ -66,10 +69,7 @@ typedef struct ckptio__gpu_ops {
  * driver is missing; use ckptio__gpu_ops_get() to find out up front). */
 const ckptio__gpu_ops *ckptio__gpu_cuda_ops(void);
 
-/* The simulated device (see gpu_sim.h). */
-const ckptio__gpu_ops *ckptio__gpu_sim_ops(void);
-
-/* The operations GPU transfers use: the simulator if one was installed with
+/* The operations GPU transfers use: the table installed with
  * ckptio__gpu_set_ops(), else the real driver. Fails with CKPTIO_E_NO_CUDA
  * (and a message naming what is missing) when there is no driver. */
 ckptio_status ckptio__gpu_ops_get(const ckptio__gpu_ops **out);

@@ -258,9 +258,13 @@ void ckptio__io_sync(ckptio__io_op *op);
 int ckptio__io_uring_probe(const char **why);
 
 /* Test hook: pretend io_uring is refused with `err` (0 restores the probe). */
-void ckptio__io_uring_simulate_refusal(int err);
+void ckptio__io_uring_force_refusal(int err);
 
-/* ---- fault injection (tests) ------------------------------------------- */
+/* ---- fault hook (tests) ------------------------------------------------- */
+
+/* The library itself injects no faults: it asks this hook before each
+ * request, and the test-only library (tests/doubles/io_inject.c, never
+ * shipped) installs one that fails the requests a test armed. */
 
 typedef enum ckptio__io_kind {
     CKPTIO__IO_READ = 0,     /* every read request (pread, io_uring read) */
@@ -274,28 +278,16 @@ typedef enum ckptio__io_kind {
     CKPTIO__IO_KIND_COUNT_
 } ckptio__io_kind;
 
-/* Makes the `nth` request of `kind` from now (1 = the next one) fail with
- * errno `err`; or, with err == 0, transfer at most `short_len` bytes (reads
- * and writes only; a short transfer, not an error). With `every` set the
- * fault repeats on every nth request after that. nth == 0 clears the kind.
- * Thread-safe; requests are counted across all threads. */
-void ckptio__io_inject(ckptio__io_kind kind, uint64_t nth, int err, uint64_t short_len, bool every);
+/* Returns true when this request of `kind` must fail with *err; otherwise
+ * may lower *len for a short transfer. */
+typedef bool (*ckptio__io_fault_fn)(ckptio__io_kind kind, int *err, uint64_t *len);
 
-/* Sleeps `micros` before each read or write request (0 = off), so tests can
- * observe a transfer in progress. */
-void ckptio__io_inject_delay(uint64_t micros);
+/* Test seam: route every request's fault check through `fn` (NULL removes it).
+ * Process-wide; the hook runs on whatever thread issues the request. */
+void ckptio__io_set_fault_hook(ckptio__io_fault_fn fn);
 
-/* Clears every injected fault and delay. */
-void ckptio__io_inject_reset(void);
-
-/* Requests of `kind` left before its armed fault fires: 0 once a one-shot
- * fault fired (or none is armed). Lets tests sweep "the nth request" until
- * n passes the last request a call makes. */
-uint64_t ckptio__io_inject_countdown(ckptio__io_kind kind);
-
-/* Called by the backends before each request of `kind`. Returns true when
- * this request must fail with *err; otherwise may lower *len for a short
- * transfer. Cheap (one relaxed load) when nothing is injected. */
+/* Called by the backends before each request of `kind`: the installed
+ * hook's answer, false without one. Cheap (one atomic load) when none is. */
 bool ckptio__io_fault(ckptio__io_kind kind, int *err, uint64_t *len);
 
 /* ---- system calls of the commit protocols (syscalls.c) ------------------ */

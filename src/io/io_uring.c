@@ -37,7 +37,7 @@ struct ckptio__io_queue {
 static pthread_once_t probe_once = PTHREAD_ONCE_INIT;
 static int probe_err;
 static const char *probe_why = "";
-static _Atomic int simulated_refusal;
+static _Atomic int forced_refusal;
 
 static void probe_run(void) {
     /* 2 = disabled for everyone; 1 = only for members of
@@ -74,17 +74,17 @@ static void probe_run(void) {
 }
 
 int ckptio__io_uring_probe(const char **why) {
-    int simulated = atomic_load(&simulated_refusal);
-    if (simulated) {
-        if (why) *why = "io_uring refusal simulated by a test";
-        return simulated;
+    int forced = atomic_load(&forced_refusal);
+    if (forced) {
+        if (why) *why = "io_uring refused by a test hook";
+        return forced;
     }
     pthread_once(&probe_once, probe_run);
     if (why) *why = probe_why;
     return probe_err;
 }
 
-void ckptio__io_uring_simulate_refusal(int err) { atomic_store(&simulated_refusal, err); }
+void ckptio__io_uring_force_refusal(int err) { atomic_store(&forced_refusal, err); }
 
 /* ---- queue ------------------------------------------------------------- */
 

@@ -470,7 +470,7 @@ static void sim_host_unregister(void *ptr) {
 }
 
 static const ckptio__gpu_ops sim_ops = {
-    .name = "sim",
+    .name = "simulated", /* "cuFile cannot run on the simulated device" */
     .classify = sim_classify,
     .mem_range = sim_mem_range,
     .mem_info = sim_mem_info,

@@ -1,13 +1,10 @@
 /*
- * io_inject.c - fault injection for tests.
- *
- * Tests must prove that a failed write leaves no file under the final name,
- * that EINTR and short transfers are resumed, and so on; real disks do not
- * fail on request, so the backends and file code ask ckptio__io_fault()
- * before each system call. The state is process-wide on purpose: the
- * failing request may be issued by any worker thread.
+ * io_inject.c - fault injection for tests (see io_inject.h): the library's
+ * fault hook, installed by the first fault or delay a test arms. The state
+ * is process-wide on purpose: the failing request may be issued by any
+ * worker thread.
  */
-#include "io_internal.h"
+#include "io_inject.h"
 
 #include <time.h>
 
@@ -30,8 +27,11 @@ static void update_armed(void) {
     atomic_store(&any_armed, armed);
 }
 
+static bool inject_fault(ckptio__io_kind kind, int *err, uint64_t *len);
+
 void ckptio__io_inject(ckptio__io_kind kind, uint64_t nth, int err, uint64_t short_len, bool every) {
     if ((unsigned)kind >= CKPTIO__IO_KIND_COUNT_) return;
+    ckptio__io_set_fault_hook(inject_fault);
     pthread_mutex_lock(&fault_lock);
     faults[kind].err = err;
     faults[kind].short_len = short_len;
@@ -42,6 +42,7 @@ void ckptio__io_inject(ckptio__io_kind kind, uint64_t nth, int err, uint64_t sho
 }
 
 void ckptio__io_inject_delay(uint64_t micros) {
+    ckptio__io_set_fault_hook(inject_fault);
     pthread_mutex_lock(&fault_lock);
     atomic_store(&delay_micros, micros);
     update_armed();
@@ -56,7 +57,7 @@ void ckptio__io_inject_reset(void) {
     pthread_mutex_unlock(&fault_lock);
 }
 
-bool ckptio__io_fault(ckptio__io_kind kind, int *err, uint64_t *len) {
+static bool inject_fault(ckptio__io_kind kind, int *err, uint64_t *len) {
     if (!atomic_load_explicit(&any_armed, memory_order_relaxed)) return false;
     uint64_t micros = atomic_load(&delay_micros);
     if (micros && (kind == CKPTIO__IO_READ || kind == CKPTIO__IO_WRITE)) {

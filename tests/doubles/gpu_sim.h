@@ -1,5 +1,6 @@
 /*
- * gpu_sim.h - a simulated GPU for tests on machines without one.
+ * gpu_sim.h - a simulated GPU for tests on machines without one (test-only
+ * library, tests/doubles: never part of the shipped libckptio).
  *
  * "Device" memory is host memory handed out by ckptio__gpu_sim_device_alloc;
  * each stream is a thread executing its queue in order, with an optional
@@ -52,6 +53,9 @@ typedef struct ckptio__gpu_sim_stats {
     uint64_t registers;          /* of those, successful */
     uint64_t registered_now, registered_peak; /* registered host bytes */
 } ckptio__gpu_sim_stats;
+
+/* The simulated device's operations table, for ckptio__gpu_set_ops(). */
+const ckptio__gpu_ops *ckptio__gpu_sim_ops(void);
 
 /* Resets counters and applies `cfg` (NULL = defaults). Call with no work in flight. */
 void ckptio__gpu_sim_configure(const ckptio__gpu_sim_config *cfg);

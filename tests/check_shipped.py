@@ -1,0 +1,106 @@
+#!/usr/bin/env python3
+"""check_shipped.py - what a shipped ckptio binary may contain.
+
+  check_shipped.py exports LIBRARY HEADER...   (ctest "shipped_exports", on build/libckptio.so)
+      `nm -D --defined-only LIBRARY` lists exactly the functions the public headers declare with
+      CKPTIO_API (both ways: nothing exported that no header declares, no declaration the library
+      lacks), every one named ckptio_* and documented: a comment right above its declaration, or
+      above the group of declarations it belongs to.
+  check_shipped.py clean SOURCE_DIR BINARY...  (ctest "shipped_clean"; scripts/test.sh on the wheel)
+      no test double (the simulated GPU, I/O fault injection: tests/doubles) and no absolute path
+      of a source file (or of SOURCE_DIR) in the binaries' bytes, debug information included.
+
+Exit status 0 when every check holds, 1 with one line per violation otherwise.
+"""
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+DECL = re.compile(r"^CKPTIO_API\b[^(;]*?\b(ckptio_\w+)\s*\(")
+
+
+def declarations(header: Path):
+    """{name: documented?} for each CKPTIO_API function of a header."""
+    lines = header.read_text().splitlines()
+    found = {}
+    for i, line in enumerate(lines):
+        m = DECL.match(line)
+        if not m:
+            continue
+        # Walk up over the declarations of the same group (and their continuation lines) to the
+        # line above the group: documented when that line closes a comment.
+        j = i - 1
+        while j >= 0 and lines[j].strip() and not lines[j].rstrip().endswith("*/") and \
+                (DECL.match(lines[j]) or lines[j].startswith(" ") or lines[j].rstrip().endswith((",", "("))):
+            j -= 1
+        found[m.group(1)] = j >= 0 and lines[j].rstrip().endswith("*/")
+    return found
+
+
+def exports(library: str, headers):
+    out = subprocess.run(["nm", "-D", "--defined-only", library], check=True, capture_output=True,
+                         text=True).stdout
+    exported = set()
+    for line in out.splitlines():
+        parts = line.split()
+        if len(parts) == 3 and parts[1] in "TtDdBbRrVvWw" and parts[1] != "A":
+            exported.add(parts[2].split("@")[0])
+    declared = {}
+    for h in headers:
+        for name, documented in declarations(Path(h)).items():
+            if name in declared:
+                yield f"{name}: declared in more than one public header"
+            declared[name] = (h, documented)
+    if not exported:
+        yield f"{library}: exports nothing (nm -D found no defined symbol)"
+    for name in sorted(exported - set(declared)):
+        yield f"{library}: exports {name}, which no public header declares with CKPTIO_API"
+    for name in sorted(set(declared) - exported):
+        yield f"{declared[name][0]}: declares {name}, which {library} does not export"
+    for name in sorted(exported):
+        if not name.startswith("ckptio_") or name.startswith("ckptio__"):
+            yield f"{library}: exports {name}: public names are ckptio_* (internal ones ckptio__*)"
+    for name, (h, documented) in sorted(declared.items()):
+        if not documented:
+            yield f"{h}: {name} has no comment above its declaration (or its group's)"
+    print(f"{len(exported)} exported functions, {len(declared)} declared in {len(headers)} public headers")
+
+
+# What only the test-only library (tests/doubles) may contain: its symbols and its messages.
+DOUBLES = [b"ckptio__gpu_sim_", b"ckptio__io_inject", b"simulated", b"gpu_sim.c", b"io_inject.c"]
+
+
+def clean(source_dir: str, binaries):
+    absolute_source = re.compile(rb"/[\w.+-]+(?:/[\w.+-]+)*/(?:src|python|tools)/[\w/]+\.[ch]\b")
+    root = str(Path(source_dir).resolve()).encode()
+    for b in binaries:
+        data = Path(b).read_bytes()
+        for marker in DOUBLES:
+            at = data.find(marker)
+            if at >= 0:
+                yield f"{b}: contains {marker.decode()!r} at byte {at}: a test double is in a shipped binary"
+        at = data.find(root + b"/")
+        if at >= 0:
+            yield f"{b}: contains the source directory {root.decode()!r} at byte {at} (-ffile-prefix-map?)"
+        m = absolute_source.search(data)
+        if m:
+            yield f"{b}: contains the absolute source path {m.group().decode(errors='replace')!r} at byte {m.start()}"
+    print(f"{len(binaries)} binaries checked for test doubles and source paths")
+
+
+def main(argv):
+    if len(argv) >= 3 and argv[0] == "exports":
+        problems = list(exports(argv[1], argv[2:]))
+    elif len(argv) >= 3 and argv[0] == "clean":
+        problems = list(clean(argv[1], argv[2:]))
+    else:
+        print(__doc__, file=sys.stderr)
+        return 2
+    for p in problems:
+        print(p)
+    return 1 if problems else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
