@@ -206,6 +206,8 @@ static outcome read_with_fault(int64_t backend, bool gpu, uint64_t nth, int err,
                                ckptio_stats *delta) {
     const char *path = t_path("fault.bin");
     ckptio_engine *e = make_engine(1, backend, CKPTIO_DIRECT_ON);
+    /* One request in flight: io_uring completes (and injects) in order. */
+    T_OK(ckptio_engine_set(e, CKPTIO_OPT_QUEUE_DEPTH, 1));
     ckptio_file *f = NULL;
     T_OK(ckptio_file_open(e, path, CKPTIO_OPEN_READ, &f));
     unsigned char *mem = gpu ? ckptio__gpu_sim_device_alloc(2 * MIB) : malloc(2 * MIB);

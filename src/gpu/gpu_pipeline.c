@@ -236,6 +236,7 @@ typedef struct file_stage {
     const ckptio__backend_ops *be;
     ckptio__io_queue *q;
     unsigned depth;
+    bool broken;     /* the queue failed: dropped when the worker ends */
     ckptio_stats st;
 } file_stage;
 
@@ -300,6 +301,7 @@ static ckptio_status run_ops(const pipe *p, file_stage *fs, const window *w, ckp
         }
         if (!fs->be->wait(fs->q)) {
             /* The ring itself failed: nothing it holds can be trusted. */
+            fs->broken = true;
             return CKPTIO_FAIL_CTX(CKPTIO_E_INTERNAL,
                                    &((ckptio__err_ctx){.path = ckptio_file_path(p->runs[w->run].file),
                                                        .file_offset = (int64_t)w->start}),
@@ -634,6 +636,11 @@ static void worker_main(void *arg, unsigned w) {
         if (p->dir == CKPTIO_READ) worker_read(p, r, &fs, w);
         else worker_write(p, r, &fs);
         ckptio__engine_stats_add(p->engine, &fs.st);
+        if (fs.broken) {
+            /* Unusable: the next run builds a new one (as exec.c does). */
+            r->backend->queue_destroy(r->queue);
+            r->queue = NULL;
+        }
     }
     ckptio__nvtx_pop();
     p->ops->ctx_leave(p->device);
