@@ -53,6 +53,13 @@ static uint64_t spec_bytes(void) {
     return n;
 }
 
+/* The specs as extents of `f` into or out of device memory `dev`. */
+static void spec_extents(ckptio_extent *ext, ckptio_file *f, unsigned char *dev) {
+    for (size_t i = 0; i < NSPEC; i++)
+        ext[i] = (ckptio_extent){.file = f, .file_offset = specs[i].off, .length = specs[i].len,
+                                 .memory = dev + specs[i].dev_off, .mem_kind = CKPTIO_MEM_CUDA};
+}
+
 static bool io_uring_usable(void) {
     const char *why = NULL;
     const int err = ckptio__io_uring_probe(&why);
@@ -132,9 +139,7 @@ static void round_trip(int64_t backend, int64_t direct, int want_new_rings) {
     ckptio_file *f = NULL;
     T_OK(ckptio_file_open(e, path, CKPTIO_OPEN_READ, &f));
     ckptio_extent ext[NSPEC];
-    for (size_t i = 0; i < NSPEC; i++)
-        ext[i] = (ckptio_extent){.file = f, .file_offset = specs[i].off, .length = specs[i].len,
-                                 .memory = dev + specs[i].dev_off, .mem_kind = CKPTIO_MEM_CUDA};
+    spec_extents(ext, f, dev);
     T_OK(run_plan(e, CKPTIO_READ, ext, NSPEC));
     T_OK(ckptio_file_close(f));
     for (size_t i = 0; i < NSPEC; i++)
@@ -343,9 +348,7 @@ static void counted_once(int64_t backend) {
     ckptio_file *f = NULL;
     T_OK(ckptio_file_open(e, path, CKPTIO_OPEN_READ, &f));
     ckptio_extent ext[NSPEC];
-    for (size_t i = 0; i < NSPEC; i++)
-        ext[i] = (ckptio_extent){.file = f, .file_offset = specs[i].off, .length = specs[i].len,
-                                 .memory = dev + specs[i].dev_off, .mem_kind = CKPTIO_MEM_CUDA};
+    spec_extents(ext, f, dev);
     ckptio_stats before, d;
     T_OK(ckptio_engine_stats(e, &before));
     ckptio__io_inject_delay(5000);
@@ -375,10 +378,7 @@ static void counted_once(int64_t backend) {
     unsigned char *host = malloc(1 * MIB);
     t_fill_random(host, 1 * MIB, 17);
     ckptio_extent wext[NSPEC + 1];
-    for (size_t i = 0; i < NSPEC; i++) wext[i] = (ckptio_extent){.file = f, .file_offset = specs[i].off,
-                                                                 .length = specs[i].len,
-                                                                 .memory = dev + specs[i].dev_off,
-                                                                 .mem_kind = CKPTIO_MEM_CUDA};
+    spec_extents(wext, f, dev);
     wext[NSPEC] = (ckptio_extent){.file = f, .file_offset = FILE_SIZE, .length = 1 * MIB, .memory = host,
                                   .mem_kind = CKPTIO_MEM_HOST};
     T_OK(ckptio_engine_stats(e, &before));
