@@ -311,7 +311,7 @@ ckptio_status ckptio__file_io(ckptio_file *file, ckptio_direction dir, void *buf
     const double t0 = ckptio__now();
     ckptio__io_sync(&op);
     ckptio_stats delta = {0};
-    ckptio__io_op_count(&op, op.done < len ? op.done : len, &delta);
+    ckptio__io_op_count(&op, len, &delta); /* counts bytes only when all moved */
     delta.seconds_io = ckptio__now() - t0;
     ckptio__engine_stats_add(file->engine, &delta);
     return ckptio__file_op_status(file, &op, dir == CKPTIO_READ ? "reading" : "writing");
