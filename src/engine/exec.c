@@ -131,17 +131,7 @@ static ckptio_status worker_setup(worker *w) {
         s->bounce_registered = false;
     }
     if (!s->queue) {
-        int err = be->queue_create(depth, &s->queue);
-        if (err && be == &ckptio__backend_io_uring && !x->backend_forced) {
-            /* AUTO: a ring can fail where the probe passed (memlock,
-             * ring limits); this worker falls back to pread. */
-            be = &ckptio__backend_pread;
-            depth = 1;
-            err = be->queue_create(depth, &s->queue);
-        }
-        if (err)
-            return CKPTIO_FAIL_SYS(err, be == &ckptio__backend_io_uring ? "io_uring_queue_init" : "queue", "", -1,
-                                   "creating the %s queue of worker %u (depth %u)", be->name, w->index, depth);
+        CKPTIO_FORWARD(ckptio__io_queue_create(&be, &depth, x->backend_forced, w->index, &s->queue));
         s->backend = be;
         s->depth = depth;
     }
@@ -324,8 +314,7 @@ static int next_op(worker *w, xop *op) {
 static void finish(worker *w, xop *op) {
     exec *x = w->x;
     ckptio__io_op *io = &op->io;
-    w->st.io_requests += io->requests;
-    w->st.retries += io->retries;
+    ckptio__io_op_count(io, op->user_len, &w->st);
     if (io->err || io->done < io->need) {
         char what[160];
         snprintf(what, sizeof what, "extent %zu (%s, %s)", op->extent, w->be->name,
@@ -334,10 +323,6 @@ static void finish(worker *w, xop *op) {
         record_error(x, ckptio__file_op_status(x->plan->ext[op->extent].file, io, what));
     } else {
         if (op->user) memcpy(op->user, io->buf + op->skip, op->user_len);
-        if (x->dir == CKPTIO_READ) w->st.bytes_read += op->user_len;
-        else w->st.bytes_written += op->user_len;
-        if (io->direct) w->st.bytes_direct += op->user_len;
-        else w->st.bytes_buffered += op->user_len;
         if (op->slot >= 0) w->st.bytes_bounced += op->user_len;
         atomic_fetch_add(&x->bytes_done, op->user_len);
     }

@@ -9,6 +9,20 @@
  * read buffered), writes send an unaligned head and tail buffered and the
  * aligned middle direct. Device addresses need no alignment at all.
  *
+ * File I/O: the pipeline is the GPU stage of the engine's executor. Each
+ * worker moves its windows' file bytes through its own queue of the
+ * engine's I/O backend (ckptio__io_queue_create, as the host workers do:
+ * pread, or an io_uring ring per worker with no lock shared between
+ * workers), built with the same rules (ckptio__file_op_init: O_DIRECT when
+ * aligned, the read policy), counted the same way (ckptio__io_op_count:
+ * extent bytes, not padding or holes) and failing with the same message
+ * shape. So faults injected into the backends hit GPU plans where they hit
+ * host plans. A window's two or three operations (aligned body, buffered
+ * head and tail) are in flight together on io_uring, one after the other
+ * on pread, where the common window is a single pread into the slot.
+ * In BACKEND=AUTO the stage uses pread: the GPU loads were measured with it
+ * (docs/GPU.md); BACKEND=io_uring or pread applies as set.
+ *
  * Resident data (reads): a window whose pages are in memory (tmpfs, or held
  * by the page cache) is not read into its slot: its pages are mapped and
  * registered and the device copies read them there (gpu_mapped.h). The
@@ -35,6 +49,7 @@
 
 #define ALIGN ((uint64_t)CKPTIO_DIRECT_ALIGN)
 #define READ_GAP_MAX (64u << 10) /* read across holes up to this size */
+#define WINDOW_OPS_MAX 3         /* file operations of one window: head, body, tail */
 
 typedef struct run {
     ckptio_file *file;
@@ -56,6 +71,9 @@ typedef struct pipe {
     ckptio_direction dir;
     const ckptio_extent *ext;
     const ckptio__observer *obs; /* write observer, or NULL */
+    const ckptio__backend_ops *backend; /* the file stage's backend */
+    bool backend_forced;          /* CKPTIO_OPT_BACKEND names it: no fallback */
+    unsigned depth;               /* queue depth of each worker's file stage */
     size_t *order;
     run *runs;
     size_t nruns;
@@ -189,34 +207,6 @@ static ckptio_status plan(pipe *p, size_t count, uint64_t slot) {
     return CKPTIO_OK;
 }
 
-/* ---- file side --------------------------------------------------------------- */
-
-static ckptio_status read_window(const run *rn, const window *w, unsigned char *slot) {
-    const uint64_t a = ckptio__align_down(w->start, ALIGN);
-    const uint64_t ea = ckptio__align_up(w->end, ALIGN);
-    if (ea <= rn->file_size) return ckptio__file_io(rn->file, CKPTIO_READ, slot, ea - a, a);
-    /* The window ends in the file's last, partial block: the aligned part
-     * direct, the rest buffered (a range past EOF fails as truncated). */
-    const uint64_t ed = ckptio__align_down(w->end, ALIGN);
-    if (ed > a) CKPTIO_FORWARD(ckptio__file_io(rn->file, CKPTIO_READ, slot, ed - a, a));
-    const uint64_t from = ed > a ? ed : a;
-    return ckptio__file_io(rn->file, CKPTIO_READ, slot + (from - a), w->end - from, from);
-}
-
-static ckptio_status write_window(const run *rn, const window *w, unsigned char *slot) {
-    const uint64_t a = ckptio__align_down(w->start, ALIGN);
-    const uint64_t head_end = ckptio__align_up(w->start, ALIGN);
-    const uint64_t tail_start = ckptio__align_down(w->end, ALIGN);
-    if (head_end >= tail_start) /* no whole block inside: one buffered write */
-        return ckptio__file_io(rn->file, CKPTIO_WRITE, slot + (w->start - a), w->end - w->start, w->start);
-    if (head_end > w->start)
-        CKPTIO_FORWARD(ckptio__file_io(rn->file, CKPTIO_WRITE, slot + (w->start - a), head_end - w->start, w->start));
-    CKPTIO_FORWARD(ckptio__file_io(rn->file, CKPTIO_WRITE, slot + (head_end - a), tail_start - head_end, head_end));
-    if (w->end > tail_start)
-        CKPTIO_FORWARD(ckptio__file_io(rn->file, CKPTIO_WRITE, slot + (tail_start - a), w->end - tail_start, tail_start));
-    return CKPTIO_OK;
-}
-
 /* ---- device side ------------------------------------------------------------- */
 
 /* Walks the extents that overlap window `w`: start with *k = w->first;
@@ -236,6 +226,139 @@ static bool next_piece(const pipe *p, const window *w, size_t *k, size_t *idx, u
         }
     }
     return false;
+}
+
+/* ---- file side: the worker's queue of the engine's I/O backend ------------- */
+
+/* One worker's file stage for one run: its queue and its counters, added
+ * to the engine's once, when the worker ends. */
+typedef struct file_stage {
+    const ckptio__backend_ops *be;
+    ckptio__io_queue *q;
+    unsigned depth;
+    bool broken;     /* the queue failed: dropped when the worker ends */
+    ckptio_stats st;
+} file_stage;
+
+/* Makes worker w's queue match the run's backend and depth (a queue of
+ * another backend or depth, e.g. after a setting changed, is replaced). */
+static ckptio_status file_stage_ready(pipe *p, ckptio__gpu_worker_res *r, unsigned w, file_stage *fs) {
+    if (r->queue && (r->backend != p->backend || r->depth != p->depth)) {
+        r->backend->queue_destroy(r->queue);
+        r->queue = NULL;
+    }
+    if (!r->queue) {
+        const ckptio__backend_ops *be = p->backend;
+        unsigned depth = p->depth;
+        CKPTIO_FORWARD(ckptio__io_queue_create(&be, &depth, p->backend_forced, w, &r->queue));
+        r->backend = be;
+        r->depth = depth;
+    }
+    *fs = (file_stage){.be = r->backend, .q = r->queue, .depth = r->depth};
+    return CKPTIO_OK;
+}
+
+/* Extent bytes of window `w` inside the file range [lo, hi): holes a read
+ * bridges and alignment padding are moved but are no one's data. */
+static uint64_t data_bytes(const pipe *p, const window *w, uint64_t lo, uint64_t hi) {
+    size_t k = w->first, idx;
+    uint64_t a, b, sum = 0;
+    while (next_piece(p, w, &k, &idx, &a, &b)) {
+        if (a < lo) a = lo;
+        if (b > hi) b = hi;
+        if (b > a) sum += b - a;
+    }
+    return sum;
+}
+
+/* The failure of `op` in window `w` as the host executor words it:
+ * "extent N (backend, O_DIRECT|buffered, ...)" at the offset it stopped. */
+static ckptio_status op_failure(const pipe *p, const file_stage *fs, const window *w, ckptio__io_op *op) {
+    const uint64_t at = op->offset + op->done;
+    size_t k = w->first, idx, name = p->order[w->first];
+    uint64_t lo, hi;
+    while (next_piece(p, w, &k, &idx, &lo, &hi)) {
+        name = idx; /* the extent the failure is in or before, else the window's last */
+        if (hi > at) break;
+    }
+    char what[160];
+    snprintf(what, sizeof what, "extent %zu (%s, %s, GPU staging window)", name, fs->be->name,
+             op->direct ? "O_DIRECT" : "buffered");
+    if (!op->err) op->eof = true;
+    return ckptio__file_op_status(p->runs[w->run].file, op, what);
+}
+
+/* Moves window `w`'s operations through the worker's queue, all in flight
+ * at once where its depth allows, and waits for every one: the slot is
+ * not touched again before they are done. Returns the first failure in
+ * file order. */
+static ckptio_status run_ops(const pipe *p, file_stage *fs, const window *w, ckptio__io_op *ops, unsigned n) {
+    unsigned submitted = 0, inflight = 0;
+    while (submitted < n || inflight) {
+        while (submitted < n && inflight < fs->depth) {
+            fs->be->submit(fs->q, &ops[submitted++]);
+            inflight++;
+        }
+        if (!fs->be->wait(fs->q)) {
+            /* The ring itself failed: nothing it holds can be trusted. */
+            fs->broken = true;
+            return CKPTIO_FAIL_CTX(CKPTIO_E_INTERNAL,
+                                   &((ckptio__err_ctx){.path = ckptio_file_path(p->runs[w->run].file),
+                                                       .file_offset = (int64_t)w->start}),
+                                   "the %s queue of a GPU staging worker failed with %u requests in flight",
+                                   fs->be->name, inflight);
+        }
+        inflight--;
+    }
+    ckptio__io_op *failed = NULL;
+    for (unsigned i = 0; i < n; i++) {
+        ckptio__io_op_count(&ops[i], data_bytes(p, w, ops[i].offset, ops[i].offset + ops[i].len), &fs->st);
+        if (!failed && (ops[i].err || ops[i].done < ops[i].need)) failed = &ops[i];
+    }
+    return failed ? op_failure(p, fs, w, failed) : CKPTIO_OK;
+}
+
+/* Reads window `w` into `slot`: the aligned superset of the window in one
+ * operation, or, when it ends in the file's last partial block, the
+ * aligned part and the rest buffered (a range past EOF fails as
+ * truncated). */
+static ckptio_status read_window(const pipe *p, file_stage *fs, const window *w, unsigned char *slot) {
+    const run *rn = &p->runs[w->run];
+    const uint64_t a = ckptio__align_down(w->start, ALIGN);
+    const uint64_t ea = ckptio__align_up(w->end, ALIGN);
+    ckptio__io_op ops[WINDOW_OPS_MAX];
+    unsigned n = 0;
+    if (ea <= rn->file_size) {
+        ckptio__file_op_init(&ops[n++], rn->file, CKPTIO_READ, slot, ea - a, a);
+    } else {
+        const uint64_t ed = ckptio__align_down(w->end, ALIGN);
+        if (ed > a) ckptio__file_op_init(&ops[n++], rn->file, CKPTIO_READ, slot, ed - a, a);
+        const uint64_t from = ed > a ? ed : a;
+        ckptio__file_op_init(&ops[n++], rn->file, CKPTIO_READ, slot + (from - a), w->end - from, from);
+    }
+    return run_ops(p, fs, w, ops, n);
+}
+
+/* Writes window `w` from `slot`: an unaligned head and tail buffered, the
+ * aligned middle direct (one buffered write when no whole block is inside). */
+static ckptio_status write_window(const pipe *p, file_stage *fs, const window *w, unsigned char *slot) {
+    ckptio_file *file = p->runs[w->run].file;
+    const uint64_t a = ckptio__align_down(w->start, ALIGN);
+    const uint64_t head_end = ckptio__align_up(w->start, ALIGN);
+    const uint64_t tail_start = ckptio__align_down(w->end, ALIGN);
+    ckptio__io_op ops[WINDOW_OPS_MAX];
+    unsigned n = 0;
+    if (head_end >= tail_start) {
+        ckptio__file_op_init(&ops[n++], file, CKPTIO_WRITE, slot + (w->start - a), w->end - w->start, w->start);
+    } else {
+        if (head_end > w->start)
+            ckptio__file_op_init(&ops[n++], file, CKPTIO_WRITE, slot + (w->start - a), head_end - w->start, w->start);
+        ckptio__file_op_init(&ops[n++], file, CKPTIO_WRITE, slot + (head_end - a), tail_start - head_end, head_end);
+        if (w->end > tail_start)
+            ckptio__file_op_init(&ops[n++], file, CKPTIO_WRITE, slot + (tail_start - a), w->end - tail_start,
+                                 tail_start);
+    }
+    return run_ops(p, fs, w, ops, n);
 }
 
 /* Queues the copies between window `w` and host memory `host`, which holds
@@ -302,8 +425,8 @@ typedef struct read_slot {
 
 /* Reads window `w` into the worker's next slot (waiting for that slot's
  * previous copies first) and queues its copies. */
-static ckptio_status stage_window(pipe *p, ckptio__gpu_worker_res *r, read_slot *slots, unsigned *s,
-                                  const window *w) {
+static ckptio_status stage_window(pipe *p, ckptio__gpu_worker_res *r, file_stage *fs, read_slot *slots,
+                                  unsigned *s, const window *w) {
     read_slot *rs = &slots[*s];
     ckptio_status st;
     if (rs->pending) {
@@ -314,7 +437,7 @@ static ckptio_status stage_window(pipe *p, ckptio__gpu_worker_res *r, read_slot 
     const uint64_t a = ckptio__align_down(w->start, ALIGN);
     rs->used = ckptio__align_up(w->end, ALIGN) - a;
     ckptio__engine_staging(p->engine, 0, (int64_t)rs->used);
-    if ((st = read_window(&p->runs[w->run], w, slot)) != CKPTIO_OK) {
+    if ((st = read_window(p, fs, w, slot)) != CKPTIO_OK) {
         ckptio__engine_staging(p->engine, 0, -(int64_t)rs->used);
         return st;
     }
@@ -396,7 +519,7 @@ static ckptio_status copy_mapped(pipe *p, ckptio__gpu_worker_res *r, const ckpti
  * be mapped, go through the staging slots. Mixing both keeps the CPU
  * copies of the staging workers and the registrations of the mapping
  * workers busy at once. */
-static void worker_read(pipe *p, ckptio__gpu_worker_res *r, unsigned index) {
+static void worker_read(pipe *p, ckptio__gpu_worker_res *r, file_stage *fs, unsigned index) {
     read_slot slots[CKPTIO_GPU_NSLOTS] = {0};
     held_maps held = {0};
     unsigned s = 0;
@@ -417,7 +540,7 @@ static void worker_read(pipe *p, ckptio__gpu_worker_res *r, unsigned index) {
                     st = copy_mapped(p, r, &held.v[held.n - 1], &p->wins[k]);
                     last_mapped = &p->wins[k];
                 } else {
-                    st = stage_window(p, r, slots, &s, &p->wins[k]);
+                    st = stage_window(p, r, fs, slots, &s, &p->wins[k]);
                 }
             }
             first = last + 1;
@@ -444,7 +567,7 @@ static void worker_read(pipe *p, ckptio__gpu_worker_res *r, unsigned index) {
     release_maps(p, &held);
 }
 
-static void worker_write(pipe *p, ckptio__gpu_worker_res *r) {
+static void worker_write(pipe *p, ckptio__gpu_worker_res *r, file_stage *fs) {
     const window *pw[CKPTIO_GPU_NSLOTS] = {0};
     uint64_t used[CKPTIO_GPU_NSLOTS] = {0}, data[CKPTIO_GPU_NSLOTS] = {0};
     unsigned head = 0, count = 0;
@@ -486,7 +609,7 @@ static void worker_write(pipe *p, ckptio__gpu_worker_res *r) {
         if (st == CKPTIO_OK && !atomic_load(&p->failed)) {
             /* Before the write: the slot is refilled only after both. */
             if (p->obs) observe_window(p, pw[s], r->mem[s]);
-            st = write_window(&p->runs[pw[s]->run], pw[s], r->mem[s]);
+            st = write_window(p, fs, pw[s], r->mem[s]);
             if (st == CKPTIO_OK) window_done(p, data[s], p->inline_run);
         }
         if (st != CKPTIO_OK) set_error(p, st);
@@ -503,10 +626,22 @@ static void worker_main(void *arg, unsigned w) {
         return;
     }
     ckptio__nvtx_push(p->dir == CKPTIO_READ ? "ckptio: file -> GPU worker" : "ckptio: GPU -> file worker");
+    ckptio__gpu_worker_res *r = &p->st->workers[w];
+    file_stage fs;
     st = ckptio__gpu_worker_ready(p->st, w, p->device);
-    if (st != CKPTIO_OK) set_error(p, st);
-    else if (p->dir == CKPTIO_READ) worker_read(p, &p->st->workers[w], w);
-    else worker_write(p, &p->st->workers[w]);
+    if (st == CKPTIO_OK) st = file_stage_ready(p, r, w, &fs);
+    if (st != CKPTIO_OK) {
+        set_error(p, st);
+    } else {
+        if (p->dir == CKPTIO_READ) worker_read(p, r, &fs, w);
+        else worker_write(p, r, &fs);
+        ckptio__engine_stats_add(p->engine, &fs.st);
+        if (fs.broken) {
+            /* Unusable: the next run builds a new one (as exec.c does). */
+            r->backend->queue_destroy(r->queue);
+            r->queue = NULL;
+        }
+    }
     ckptio__nvtx_pop();
     p->ops->ctx_leave(p->device);
 }
@@ -565,7 +700,11 @@ static void geometry(ckptio_engine *engine, bool inline_only, uint64_t block, un
 ckptio_status ckptio__gpu_pipeline_run(ckptio_engine *engine, const ckptio__gpu_ops *ops, int device,
                                        ckptio_direction dir, const ckptio_extent *extents, size_t count,
                                        bool inline_only) {
-    return ckptio__gpu_pipeline_run_observed(engine, ops, device, dir, extents, count, inline_only, NULL, false);
+    const double t0 = ckptio__now();
+    ckptio_status st =
+        ckptio__gpu_pipeline_run_observed(engine, ops, device, dir, extents, count, inline_only, NULL, false);
+    ckptio__engine_stats_add(engine, &(ckptio_stats){.seconds_io = ckptio__now() - t0});
+    return st;
 }
 
 static size_t env_size(const char *name, size_t fallback) {
@@ -625,6 +764,7 @@ ckptio_status ckptio__gpu_pipeline_run_observed(ckptio_engine *engine, const ckp
     for (size_t r = 0; r < p.nruns; r++) {
         if (r == 0 || p.runs[r].file != p.runs[r - 1].file) {
             /* Descriptors are opened on the caller's thread, never by workers. */
+            if ((st = ckptio__file_check_transfer(p.runs[r].file, dir, NULL)) != CKPTIO_OK) goto out;
             if ((st = ckptio__file_prepare_direct(p.runs[r].file)) != CKPTIO_OK) goto out;
             if ((st = ckptio_file_size(p.runs[r].file, &p.runs[r].file_size)) != CKPTIO_OK) goto out;
             p.runs[r].map = ckptio__gpu_map_policy(engine, dir, p.runs[r].file);
@@ -634,6 +774,15 @@ ckptio_status ckptio__gpu_pipeline_run_observed(ckptio_engine *engine, const ckp
         }
     }
     if (nworkers > p.nwin) nworkers = (unsigned)p.nwin;
+    /* The file stage: AUTO keeps pread, the backend the GPU loads were
+     * measured with (docs/GPU.md); a backend set explicitly applies. */
+    p.backend_forced = ckptio__engine_setting(engine, CKPTIO_OPT_BACKEND) == CKPTIO_BACKEND_IO_URING;
+    p.backend = p.backend_forced ? &ckptio__backend_io_uring : &ckptio__backend_pread;
+    p.depth = 1;
+    if (p.backend_forced) {
+        const int64_t qd = ckptio__engine_setting(engine, CKPTIO_OPT_QUEUE_DEPTH);
+        p.depth = qd < WINDOW_OPS_MAX ? (unsigned)qd : WINDOW_OPS_MAX;
+    }
     /* Not for background callers (inline_only: the GDS request thread,
      * whose caller's stream may wait on a word this thread has yet to
      * write, while registering and unregistering synchronise the device). */

@@ -3,7 +3,8 @@
  * staging slots, one stream per worker, storage I/O overlapped with copies.
  *
  * Reads, per worker:   wait slot's event -> read file window into the slot
- *                      (ckptio__file_io, O_DIRECT when aligned) -> queue the
+ *                      (the worker's queue of the engine's I/O backend,
+ *                      O_DIRECT when aligned: the file stage) -> queue the
  *                      host-to-device copies -> record the slot's event ->
  *                      next slot. The read of window k+1 overlaps the copy of
  *                      window k; a slot is refilled only after its event.
@@ -19,6 +20,7 @@
 
 #include "engine_internal.h"
 #include "gpu_ops.h"
+#include "io_internal.h"
 
 #include <pthread.h>
 
@@ -40,6 +42,12 @@ typedef struct ckptio__gpu_worker_res {
     void *stream;
     void *mem[CKPTIO_GPU_NSLOTS];        /* pinned slots, slot_bytes each */
     void *event[CKPTIO_GPU_NSLOTS];
+    /* The worker's file stage: a queue of the engine's I/O backend (an
+     * io_uring ring of its own, or the pread queue), made on first need
+     * with ckptio__io_queue_create like the host workers' queues. */
+    const ckptio__backend_ops *backend;  /* backend of `queue` */
+    ckptio__io_queue *queue;             /* NULL until first need */
+    unsigned depth;                      /* depth `queue` was created with */
 } ckptio__gpu_worker_res;
 
 /* Per-engine GPU state (ckptio__engine_gpu_state): the reused staging. */
@@ -68,7 +76,9 @@ ckptio_status ckptio__gpu_worker_ready(ckptio__gpu_state *st, unsigned w, int de
 /* Runs the extents (all device memory of `device`) through the pipeline,
  * blocking until done. `inline_only` runs one worker on the calling thread
  * (no pool), for callers that are themselves background threads.
- * Errors name the extent, file and offset. */
+ * Errors name the extent, file and offset. The entry of transfers outside
+ * a plan (the GDS file API): it counts its wall time as seconds_io, which
+ * ckptio_engine_execute() counts for a plan's GPU part. */
 ckptio_status ckptio__gpu_pipeline_run(ckptio_engine *engine, const ckptio__gpu_ops *ops, int device,
                                        ckptio_direction dir, const ckptio_extent *extents, size_t count,
                                        bool inline_only);

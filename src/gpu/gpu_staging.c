@@ -36,7 +36,12 @@ static void release_worker(ckptio__gpu_state *st, ckptio__gpu_worker_res *w, boo
 static void destroy_state(void *p) {
     ckptio__gpu_state *st = p;
     if (!st) return;
-    for (unsigned w = 0; w < CKPTIO_GPU_MAX_WORKERS; w++) release_worker(st, &st->workers[w], true);
+    for (unsigned w = 0; w < CKPTIO_GPU_MAX_WORKERS; w++) {
+        ckptio__gpu_worker_res *r = &st->workers[w];
+        release_worker(st, r, true);
+        if (r->queue) r->backend->queue_destroy(r->queue);
+        r->queue = NULL;
+    }
     pthread_mutex_destroy(&st->lock);
     ckptio__free(st);
 }

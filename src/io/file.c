@@ -281,6 +281,21 @@ ckptio_status ckptio__file_check_transfer(const ckptio_file *f, ckptio_direction
     return CKPTIO_OK;
 }
 
+void ckptio__file_op_init(ckptio__io_op *op, ckptio_file *file, ckptio_direction dir, void *buf, uint64_t len,
+                          uint64_t offset) {
+    const int dfd = ckptio__file_direct_fd(file);
+    bool direct = dfd >= 0 && (uintptr_t)buf % CKPTIO_DIRECT_ALIGN == 0 && offset % CKPTIO_DIRECT_ALIGN == 0 &&
+                  len % CKPTIO_DIRECT_ALIGN == 0;
+    /* Warm data is copied from the page cache rather than read from the
+     * disk again; cold data goes through it where the read policy says so. */
+    if (direct && dir == CKPTIO_READ &&
+        ckptio__io_engine_setting(file->engine, CKPTIO_OPT_DIRECT) == CKPTIO_DIRECT_AUTO &&
+        ckptio__read_buffered(file, offset, len))
+        direct = false;
+    *op = (ckptio__io_op){.fd = direct ? dfd : file->fd, .buffered_fd = file->fd, .direct = direct, .dir = dir,
+                          .buf = buf, .len = len, .need = len, .offset = offset, .buf_index = -1};
+}
+
 ckptio_status ckptio__file_io(ckptio_file *file, ckptio_direction dir, void *buf, uint64_t len, uint64_t offset) {
     CKPTIO_RETURN_IF(!file || (!buf && len), CKPTIO_E_INVAL, "ckptio__file_io: file and buffer are required");
     CKPTIO_FORWARD(ckptio__file_check_transfer(file, dir, NULL));
@@ -291,27 +306,12 @@ ckptio_status ckptio__file_io(ckptio_file *file, ckptio_direction dir, void *buf
                                (unsigned long long)offset, (unsigned long long)len);
     if (len == 0) return CKPTIO_OK;
     CKPTIO_FORWARD(ckptio__file_prepare_direct(file));
-    const int dfd = ckptio__file_direct_fd(file);
-    bool direct = dfd >= 0 && (uintptr_t)buf % CKPTIO_DIRECT_ALIGN == 0 && offset % CKPTIO_DIRECT_ALIGN == 0 &&
-                  len % CKPTIO_DIRECT_ALIGN == 0;
-    /* Warm data is copied from the page cache rather than read from the
-     * disk again; cold data goes through it where the read policy says so. */
-    if (direct && dir == CKPTIO_READ &&
-        ckptio__io_engine_setting(file->engine, CKPTIO_OPT_DIRECT) == CKPTIO_DIRECT_AUTO &&
-        ckptio__read_buffered(file, offset, len))
-        direct = false;
-    ckptio__io_op op = {.fd = direct ? dfd : file->fd, .buffered_fd = file->fd, .direct = direct, .dir = dir,
-                        .buf = buf, .len = len, .need = len, .offset = offset, .buf_index = -1};
+    ckptio__io_op op;
+    ckptio__file_op_init(&op, file, dir, buf, len, offset);
     const double t0 = ckptio__now();
     ckptio__io_sync(&op);
     ckptio_stats delta = {0};
-    const uint64_t moved = op.done < len ? op.done : len;
-    if (dir == CKPTIO_READ) delta.bytes_read = moved;
-    else delta.bytes_written = moved;
-    if (direct) delta.bytes_direct = moved;
-    else delta.bytes_buffered = moved;
-    delta.io_requests = op.requests;
-    delta.retries = op.retries;
+    ckptio__io_op_count(&op, len, &delta); /* counts bytes only when all moved */
     delta.seconds_io = ckptio__now() - t0;
     ckptio__io_engine_stats_add(file->engine, &delta);
     return ckptio__file_op_status(file, &op, dir == CKPTIO_READ ? "reading" : "writing");

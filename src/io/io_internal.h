@@ -215,6 +215,20 @@ typedef struct ckptio__io_op {
     uint32_t retries;       /* EINTR, EAGAIN and short transfers resumed */
 } ckptio__io_op;
 
+/* Fills `op` for moving [offset, offset + len) of `file` to or from `buf`,
+ * by the rules every transfer follows: O_DIRECT when buf, offset and len
+ * are CKPTIO_DIRECT_ALIGN-aligned and the file has a direct descriptor,
+ * except reads that the read policy sends through the page cache
+ * (ckptio__read_buffered, DIRECT=AUTO); buffered otherwise. The O_DIRECT
+ * descriptor must have been prepared (ckptio__file_prepare_direct). */
+void ckptio__file_op_init(ckptio__io_op *op, ckptio_file *file, ckptio_direction dir, void *buf, uint64_t len,
+                          uint64_t offset);
+
+/* Adds a finished operation to *st: its requests and retries and, when it
+ * succeeded, `bytes` (the bytes of the caller's data it carried, which
+ * excludes alignment padding) as read or written, direct or buffered. */
+void ckptio__io_op_count(const ckptio__io_op *op, uint64_t bytes, ckptio_stats *st);
+
 /* Turns a finished operation into a status: CKPTIO_OK, the errno's status
  * or CKPTIO_E_TRUNCATED, with a message naming the file, the operation, the
  * offset where it stopped and `what` (e.g. "extent 3 (io_uring, O_DIRECT)"). */
@@ -246,6 +260,15 @@ typedef struct ckptio__backend_ops {
 
 extern const ckptio__backend_ops ckptio__backend_pread;
 extern const ckptio__backend_ops ckptio__backend_io_uring;
+
+/* Creates one worker's queue of *backend with room for *depth operations
+ * (pread: 1), for every executor of the engine (io_queue.c). An io_uring
+ * ring that cannot be created although the probe passed (RLIMIT_MEMLOCK,
+ * ring limits) falls back to pread unless io_uring was asked for explicitly
+ * (`forced`); *backend and *depth then name what was created. Errors name
+ * the backend and `worker`. */
+ckptio_status ckptio__io_queue_create(const ckptio__backend_ops **backend, unsigned *depth, bool forced,
+                                      unsigned worker, ckptio__io_queue **out);
 
 /* Synchronous transfer of one operation with pread/pwrite (what the pread
  * backend does, offered to ckptio__file_io for callers outside the pool). */

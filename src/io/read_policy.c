@@ -25,8 +25,9 @@
  *
  * The decision is made per plan (ckptio_engine_execute, over all the plan's
  * files, so a directory of many shards counts as a whole) and stored on each
- * file, where both the engine's workers and ckptio__file_io (the GPU
- * pipeline, header and manifest reads) find it; a file read outside any
+ * file, where the engine's host workers, the GPU pipeline's workers and
+ * ckptio__file_io (header and manifest reads) find it, through
+ * ckptio__file_op_init; a file read outside any
  * plan is judged by its own size. Writes are not affected: durable writes
  * through the page cache are much slower than O_DIRECT (docs/ENGINE.md).
  */
