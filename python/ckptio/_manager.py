@@ -94,8 +94,19 @@ class CheckpointManager:
             self._save_group = self._dist.new_group(ranks=self._dist.get_process_group_ranks(process_group)
                                                     if process_group is not None else None, backend="gloo")
         self._pending: Optional[concurrent.futures.Future] = None
-        self._mutex = threading.Lock()
         self._closed = False
+        # A job killed between a step's commit and its retention left one
+        # step too many: a restarted job starts from a root within bounds.
+        self._decide(self._retain_existing, "CheckpointManager")
+
+    def _retain_existing(self) -> None:
+        if (self.keep_last is None and self.keep_every is None) or not os.path.isdir(self.root):
+            return
+        lock = _ckptio.dcp_lock_acquire(self.root, None, False, -1.0, None)
+        try:
+            _ckptio.steps_retain(self.root, self.keep_last or 0, self.keep_every or 0, engine=self.engine)
+        finally:
+            _release(lock)
 
     # ---- agreement between ranks -------------------------------------------------------------
 
