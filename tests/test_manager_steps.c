@@ -363,7 +363,7 @@ static void test_faults_commit(void) {
             /* The new step's data is in place; only its commit sees the fault. */
             write_step(root, 20);
             char dir[4096];
-            snprintf(dir, sizeof dir, "%s/step_00000020", root);
+            snprintf(dir, sizeof dir, "%.4000s/step_00000020", root);
             ckptio__io_inject(f->kind, nth, f->err, 0, false);
             const ckptio_status st = ckptio_steps_commit(root, 20);
             const bool fired = ckptio__io_inject_countdown(f->kind) == 0;
