@@ -176,6 +176,7 @@ class CheckpointManager:
         if self._rank == 0:
             try:
                 lock = _ckptio.dcp_lock_acquire(_ensure_root(self.root), None, False, -1.0, None)
+                self._replace_if_damaged(step)
                 step_dir = _ckptio.steps_begin(self.root, step)
             except Exception as e:  # noqa: BLE001 - handed to every rank
                 error = e
@@ -222,6 +223,17 @@ class CheckpointManager:
         threading.Thread(target=lambda: complete(saving), name=f"ckptio-manager-step-{step}", daemon=True).start()
         self._pending = done
         return done
+
+    def _replace_if_damaged(self, step: int) -> None:
+        """A job that resumed from an older step past a damaged one saves
+        that step number again: the damaged step goes (a complete one is
+        never replaced: steps_begin refuses it)."""
+        if not os.path.isdir(self.step_dir(step)):
+            return
+        info = _ckptio.steps_check(self.root, step, self.check, engine=self.engine)
+        if info[1] == "damaged":
+            _log.warning("%s: replacing damaged step %d: %s", self.root, step, info[4])
+            _ckptio.steps_remove(self.root, step)
 
     def _writer(self, step_dir: str):
         from .dcp import FileSystemWriter

@@ -92,6 +92,17 @@ def test_damage_falls_back_and_says_why(tmp_path, caplog):
     # Asked for explicitly, the damaged step is refused with the reason.
     with pytest.raises(ckptio.CkptioError, match=r"step 30 .* is damaged: .*XXH3-64"):
         mgr.load(_blank(), step=30)
+    # The job goes on from 20 and saves 30 again: the damaged step is replaced.
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="ckptio.manager"):
+        mgr.save(30, _state(31.0, 30))
+    assert any("replacing damaged step 30" in r.getMessage() for r in caplog.records)
+    sd = _blank()
+    assert mgr.load(sd) == 30 and torch.equal(sd["w"], torch.full((64, 32), 31.0))
+    path = _data_file(mgr.step_dir(30))
+    data = bytearray(Path(path).read_bytes())
+    data[len(data) // 2] ^= 0x40
+    Path(path).write_bytes(bytes(data))
     # A truncated file: the fast check sees it.
     Path(_data_file(mgr.step_dir(20))).open("r+b").truncate(100)
     caplog.clear()
