@@ -76,7 +76,7 @@ class _Launcher:
     def close(self):
         for p in self.warm or []:
             p.kill()
-            p.communicate()
+            _rest(p)
 
 
 def _read_ready(proc, timeout=120.0) -> str:
@@ -95,6 +95,16 @@ def _read_ready(proc, timeout=120.0) -> str:
     proc.kill()
     rest = proc.stdout.read() if proc.stdout else ""
     pytest.fail("the job did not start:\n" + "".join(lines) + rest)
+
+
+def _rest(proc) -> str:
+    """What the process prints until it ends, through the same buffered
+    reader _read_ready used (communicate() would read the pipe beside it
+    and miss what that reader holds already)."""
+    proc.stdin.close()
+    rest = proc.stdout.read()
+    proc.wait()
+    return rest
 
 
 def _check_root(root: Path, what: str):
@@ -122,7 +132,7 @@ def soak(tmp_path: Path, world: int, seconds: float, rng: random.Random):
                 resumed_from_step += 1
             time.sleep(rng.uniform(0.05, 2.5))
             if any(p.poll() is not None for p in procs):  # finished (or failed) before the kill
-                outs = [p.communicate()[0] for p in procs]
+                outs = [_rest(p) for p in procs]
                 codes = [p.returncode for p in procs]
                 assert codes == [0] * world and "DONE" in outs[0], f"rank exit codes {codes}:\n" + "\n".join(outs)
                 finished += 1
@@ -132,7 +142,7 @@ def soak(tmp_path: Path, world: int, seconds: float, rng: random.Random):
                 continue
             for p in procs:
                 p.send_signal(signal.SIGKILL)
-            outs = [p.communicate()[0] for p in procs]
+            outs = [_rest(p) for p in procs]
             fails = [o for o in outs if "SOAK-FAIL" in o]
             assert not fails, fails[0]
             kills += 1
@@ -142,7 +152,7 @@ def soak(tmp_path: Path, world: int, seconds: float, rng: random.Random):
         _read_ready(procs[0])
         for p in procs:
             p.kill()
-            p.communicate()
+            _rest(p)
     finally:
         import shutil
 
