@@ -146,36 +146,27 @@ static PyObject *mod_steps_retain(PyObject *module, PyObject *args, PyObject *kw
 
 /* ---- calls without an engine ---------------------------------------------------------- */
 
-static PyObject *mod_steps_scan(PyObject *module, PyObject *root_o) {
+/* steps_scan(root) and steps_clean(root): a root in, a list out. */
+static PyObject *root_list(PyObject *root_o, int clean) {
     PyObject *root = ckpy_path_bytes(root_o);
     if (!root) return NULL;
+    const char *r = PyBytes_AsString(root);
     ckptio_step_info *steps = NULL;
-    size_t n = 0;
-    ckptio_status st;
-    Py_BEGIN_ALLOW_THREADS
-    st = ckptio_steps_scan(PyBytes_AsString(root), &steps, &n);
-    Py_END_ALLOW_THREADS
-    Py_DECREF(root);
-    if (st != CKPTIO_OK) return ckpy_raise(st);
-    PyObject *list = info_list(steps, n);
-    ckptio_steps_free(steps);
-    return list;
-}
-
-static PyObject *mod_steps_clean(PyObject *module, PyObject *root_o) {
-    PyObject *root = ckpy_path_bytes(root_o);
-    if (!root) return NULL;
     uint64_t *removed = NULL;
     size_t n = 0;
     ckptio_status st;
     Py_BEGIN_ALLOW_THREADS
-    st = ckptio_steps_clean(PyBytes_AsString(root), &removed, &n);
+    st = clean ? ckptio_steps_clean(r, &removed, &n) : ckptio_steps_scan(r, &steps, &n);
     Py_END_ALLOW_THREADS
     Py_DECREF(root);
-    PyObject *list = st == CKPTIO_OK ? step_list(removed, n) : ckpy_raise(st);
+    PyObject *list = st != CKPTIO_OK ? ckpy_raise(st) : clean ? step_list(removed, n) : info_list(steps, n);
+    ckptio_steps_free(steps);
     ckptio_steps_list_free(removed);
     return list;
 }
+
+static PyObject *mod_steps_scan(PyObject *module, PyObject *root_o) { return root_list(root_o, 0); }
+static PyObject *mod_steps_clean(PyObject *module, PyObject *root_o) { return root_list(root_o, 1); }
 
 /* (root, step): the calls that change one step. */
 static PyObject *one_step(PyObject *args, const char *format, int which) {
