@@ -1437,6 +1437,128 @@ CKPTIO_API ckptio_status ckptio_dcp_save_safetensors(ckptio_dcp *dcp, const char
                                                      unsigned flags);
 
 /* ------------------------------------------------------------------------ */
+/* Checkpoint manager: the steps of a training run                          */
+/* ------------------------------------------------------------------------ */
+/* (docs/MANAGER.md)
+ * A ROOT holds one DCP directory per saved step, named step_NNNNNNNN (the
+ * step number in decimal, zero-padded to at least 8 digits; other names
+ * are not steps and are left alone). A step is COMPLETE only once its
+ * commit marker (CKPTIO_STEP_MARKER, written last, atomically, after the
+ * step's files and the root are fsynced) names it; a step directory
+ * without one is PARTIAL (a save in progress, or one that crashed, or a
+ * removal that stopped half-way); a marker that does not parse, names
+ * another step, or whose step fails the check asked for is DAMAGED.
+ * Checks: CKPTIO_STEP_CHECK_MARKER reads only the marker; FAST also
+ * compares .metadata with the size and XXH3-64 the marker recorded, parses
+ * it and checks that every stored item lies inside its file (sizes, no
+ * data read); FULL also hashes every byte against the ckptio manifest
+ * (ckptio_dcp_verify). Functions that change ROOT (begin, commit, remove,
+ * clean, retain) expect the caller to hold ROOT's lock
+ * (ckptio_dcp_lock_acquire(ROOT)) so that two managers, or `ckptio clean`
+ * and a save, never work on one root at once. Failures name the step and
+ * the operation: "step 100 (ROOT/step_00000100): commit: <cause>". */
+
+/* The commit marker inside a step directory: three lines of text,
+ * "ckptio-step 1\nstep N\nmetadata SIZE XXH3HEX\n". */
+#define CKPTIO_STEP_MARKER ".ckptio-step"
+/* The largest step number. */
+#define CKPTIO_STEP_MAX 999999999999999999ull
+
+typedef enum ckptio_step_state {
+    CKPTIO_STEP_COMPLETE = 0,
+    CKPTIO_STEP_PARTIAL = 1,
+    CKPTIO_STEP_DAMAGED = 2
+} ckptio_step_state;
+
+typedef enum ckptio_step_check {
+    CKPTIO_STEP_CHECK_MARKER = 0, /* the marker only (no engine needed) */
+    CKPTIO_STEP_CHECK_FAST = 1,   /* + .metadata against the marker, item bounds against file sizes */
+    CKPTIO_STEP_CHECK_FULL = 2    /* + every byte against the manifest's XXH3-64 */
+} ckptio_step_check;
+
+typedef struct ckptio_step_info {
+    uint64_t step;
+    ckptio_step_state state;
+    uint64_t bytes;      /* sizes of the regular files of the step directory */
+    size_t files;        /* their count */
+    char reason[1024];   /* PARTIAL / DAMAGED: why, in one line; "" when COMPLETE */
+} ckptio_step_info;
+
+/*! ckptio_steps_dir_name() : "step_%08llu" of `step` into out[0..cap)
+ * (CKPTIO_E_RANGE when step > CKPTIO_STEP_MAX or it does not fit). */
+CKPTIO_API ckptio_status ckptio_steps_dir_name(uint64_t step, char *out, size_t cap);
+
+/*! ckptio_steps_scan() :
+ * The step directories of ROOT, ascending, each classified at
+ * CKPTIO_STEP_CHECK_MARKER with its size. A missing ROOT has no steps
+ * (*count = 0). Symlinks named like steps are not steps. Free *steps with
+ * ckptio_steps_free. */
+CKPTIO_API ckptio_status ckptio_steps_scan(const char *root, ckptio_step_info **steps, size_t *count);
+
+/*! ckptio_steps_free() : frees a list of ckptio_steps_scan / _latest; accepts NULL. */
+CKPTIO_API void ckptio_steps_free(ckptio_step_info *steps);
+
+/*! ckptio_steps_check() :
+ * Classifies step `step` of ROOT with `check` into *out (the state and
+ * reason; the reason of a failed check is the check's error message). A
+ * damaged step is a result, not a failure: CKPTIO_OK. Failures are bad
+ * arguments (an engine is required for FAST and FULL), out of memory and
+ * a step that does not exist (CKPTIO_E_NOT_FOUND). */
+CKPTIO_API ckptio_status ckptio_steps_check(ckptio_engine *engine, const char *root, uint64_t step,
+                                            ckptio_step_check check, ckptio_step_info *out);
+
+/*! ckptio_steps_latest() :
+ * The newest step of ROOT that is COMPLETE under `check` (*step); steps
+ * newer than it go to *skipped (newest first, *nskipped of them, each with
+ * its state and reason; free with ckptio_steps_free; both may be NULL).
+ * No such step: CKPTIO_E_NOT_FOUND naming ROOT and how many were skipped. */
+CKPTIO_API ckptio_status ckptio_steps_latest(ckptio_engine *engine, const char *root, ckptio_step_check check,
+                                             uint64_t *step, ckptio_step_info **skipped, size_t *nskipped);
+
+/*! ckptio_steps_begin() :
+ * Before a save of `step`: creates ROOT (one level) if needed, removes the
+ * PARTIAL steps (what crashed saves left; as ckptio_steps_clean), and
+ * creates the empty step directory, the root fsynced after. A step
+ * directory that holds a marker (complete or damaged) is never reused:
+ * CKPTIO_E_EXISTS. dir[0..cap) receives "ROOT/step_NNNNNNNN". */
+CKPTIO_API ckptio_status ckptio_steps_begin(const char *root, uint64_t step, char *dir, size_t cap);
+
+/*! ckptio_steps_commit() :
+ * After the step's DCP save finished (every rank's data files and
+ * .metadata committed): fsyncs the step directory and ROOT, then writes
+ * the marker (temporary, fsync, rename, directory fsync: as
+ * ckptio_dcp_write_file) recording .metadata's size and XXH3-64. The step
+ * is COMPLETE from the rename on. No .metadata: CKPTIO_E_NOT_FOUND. */
+CKPTIO_API ckptio_status ckptio_steps_commit(const char *root, uint64_t step);
+
+/*! ckptio_steps_remove() :
+ * Removes step `step`: the marker first (and the directory fsynced, so
+ * that a crash can only leave a PARTIAL step, never a complete-looking one
+ * with files missing), then its files, then the directory, ROOT fsynced.
+ * A subdirectory inside is refused (CKPTIO_E_UNSUPPORTED): a step is flat. */
+CKPTIO_API ckptio_status ckptio_steps_remove(const char *root, uint64_t step);
+
+/*! ckptio_steps_clean() :
+ * Removes every PARTIAL step of ROOT (ckptio_steps_remove). *removed
+ * (may be NULL; free with ckptio_steps_list_free) lists them, *nremoved
+ * counts them (also after a failure: those removed before it). */
+CKPTIO_API ckptio_status ckptio_steps_clean(const char *root, uint64_t **removed, size_t *nremoved);
+
+/*! ckptio_steps_retain() :
+ * Retention after a commit: of the steps holding a marker, keeps the
+ * newest `keep_last` (0 = keep all), every step that is a multiple of
+ * `keep_every` (0 = none), and always the newest step that passes the FAST
+ * check (so damage to the newest steps never costs the last good one);
+ * removes the others, oldest first. PARTIAL steps are not touched (see
+ * ckptio_steps_clean). *removed / *nremoved as for ckptio_steps_clean. */
+CKPTIO_API ckptio_status ckptio_steps_retain(ckptio_engine *engine, const char *root, uint64_t keep_last,
+                                             uint64_t keep_every, uint64_t **removed, size_t *nremoved);
+
+/*! ckptio_steps_list_free() : frees a list of step numbers; accepts NULL. */
+CKPTIO_API void ckptio_steps_list_free(uint64_t *steps);
+
+
+/* ------------------------------------------------------------------------ */
 /* Models: safetensors directories (Hugging Face layout) and slices          */
 /* ------------------------------------------------------------------------ */
 /* (docs/MODELS.md)

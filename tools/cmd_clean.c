@@ -8,6 +8,7 @@
  * safe. Symlinks and directories with such names are never touched.
  */
 #include "cli.h"
+#include "cli_steps.h"
 
 #include <stdlib.h>
 
@@ -17,6 +18,9 @@ static const cli_usage usage = {
     "\nRemoves from each DIR (not recursively) the temporaries of atomic saves\n"
     "(.NAME.ckptio-tmp-XXXXXX) that no running save holds: those left by a save\n"
     "that crashed or was killed. A save in progress keeps its temporary.\n"
+    "A checkpoint manager's ROOT (step_NNNNNNNN directories) also has its partial\n"
+    "steps removed (saves that crashed before their commit marker), unless a save\n"
+    "holds the root's lock (then nothing is removed and the exit status is 1).\n"
     "Prints one line per DIR: removed, bytes freed, and what was kept.\n"
     "\noptions:\n"
     "  -a, --min-age SECONDS  also keep temporaries modified less than SECONDS ago\n"
@@ -50,6 +54,7 @@ int cli_cmd_clean(int argc, char **argv) {
     if (optind >= argc) return cli_usage_error(&usage, "no DIR given");
     int rc = CLI_EXIT_OK;
     for (int i = optind; i < argc; i++) {
+        if (cli_steps_is_root(argv[i]) && cli_steps_clean(argv[i], quiet) != CLI_EXIT_OK) rc = CLI_EXIT_FAIL;
         ckptio_cleanup_report r;
         const ckptio_status st = ckptio_cleanup_temporaries(argv[i], NULL, (double)min_age, &r);
         if (st != CKPTIO_OK) {

@@ -6,6 +6,7 @@
  */
 #include "cli.h"
 #include "cli_dcp.h"
+#include "cli_steps.h"
 
 #include <jansson.h>
 #include <stdlib.h>
@@ -297,7 +298,9 @@ int cli_cmd_inspect(int argc, char **argv) {
     int rc = CLI_EXIT_FAIL;
     char index[4096];
     ckptio_format format;
-    if (cli_detect(path, &format) != 0) {
+    if (cli_steps_is_root(path)) {
+        rc = cli_steps_inspect(engine, path, json);
+    } else if (cli_detect(path, &format) != 0) {
         rc = CLI_EXIT_FAIL;
     } else if (format == CKPTIO_FORMAT_DCP) {
         rc = cli_dcp_inspect(engine, path, json);

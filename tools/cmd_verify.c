@@ -9,6 +9,7 @@
  */
 #include "cli.h"
 #include "cli_dcp.h"
+#include "cli_steps.h"
 
 #include <string.h>
 
@@ -17,7 +18,7 @@
 
 static const cli_usage usage = {
     "verify",
-    "usage: ckptio verify [--quiet] FILE|DIR...\n",
+    "usage: ckptio verify [--quiet] [--latest] FILE|DIR|ROOT...\n",
     "\nChecks each FILE's structure (header, dtypes, shapes, offsets, bounds; for\n"
     "safetensors every rule of the reference reader) and reads all of its tensor\n"
     "data. Prints one 'FILE: ok (...)' line per valid file; the reason a file is\n"
@@ -30,16 +31,24 @@ static const cli_usage usage = {
     "files, every archive/blob/zstd frame parses, chunks tile every tensor), and the\n"
     "result line says so. A Hugging Face sharded DIR (model.safetensors.index.json)\n"
     "has every shard checked and read, and the index matched against the shards.\n"
+    "A checkpoint manager's ROOT (step_NNNNNNNN directories, ckptio.CheckpointManager)\n"
+    "has every step checked byte by byte: damaged steps fail, partial ones (a save\n"
+    "in progress or one that crashed) are listed; with --latest only the step a\n"
+    "restarted job would resume from is checked, newer steps skipped with the reason.\n"
     "\noptions:\n"
     "  -q, --quiet  print nothing for valid files\n"
+    "  -l, --latest for a ROOT: check the newest complete step that verifies\n"
     "  -h, --help   show this help\n"
     "\nexit status: 0 every file valid, 1 some file invalid or unreadable,\n"
     "2 bad command line\n",
 };
 
-static int verify_one(ckptio_engine *engine, const char *path, bool quiet) {
+static int verify_one(ckptio_engine *engine, const char *path, bool quiet, bool latest) {
     char index[4096];
     ckptio_format format;
+    if (cli_steps_is_root(path)) return cli_steps_verify(engine, path, latest, quiet);
+    if (latest) return cli_error("%s: --latest applies to a checkpoint manager's root (step_NNNNNNNN directories)",
+                                 path), CLI_EXIT_FAIL;
     if (cli_detect(path, &format) != 0) return CLI_EXIT_FAIL;
     if (format == CKPTIO_FORMAT_DCP) return cli_dcp_verify(engine, path, quiet);
     if (format == CKPTIO_FORMAT_HF_INDEX) {
@@ -88,14 +97,16 @@ static int verify_one(ckptio_engine *engine, const char *path, bool quiet) {
 int cli_cmd_verify(int argc, char **argv) {
     static const struct option longopts[] = {
         {"quiet", no_argument, NULL, 'q'},
+        {"latest", no_argument, NULL, 'l'},
         {"help", no_argument, NULL, 'h'},
         {NULL, 0, NULL, 0},
     };
-    bool quiet = false;
-    for (int c; (c = cli_next_option(argc, argv, "hq", longopts, &usage)) != CLI_OPT_END;) {
+    bool quiet = false, latest = false;
+    for (int c; (c = cli_next_option(argc, argv, "hql", longopts, &usage)) != CLI_OPT_END;) {
         switch (c) {
         case 'h': cli_usage_print(&usage); return CLI_EXIT_OK;
         case 'q': quiet = true; break;
+        case 'l': latest = true; break;
         default: return CLI_EXIT_USAGE;
         }
     }
@@ -106,7 +117,7 @@ int cli_cmd_verify(int argc, char **argv) {
     cli_catch_interrupts();
     int rc = CLI_EXIT_OK;
     for (int i = optind; i < argc && !cli_interrupted; i++)
-        if (verify_one(engine, argv[i], quiet) != CLI_EXIT_OK) rc = CLI_EXIT_FAIL;
+        if (verify_one(engine, argv[i], quiet, latest) != CLI_EXIT_OK) rc = CLI_EXIT_FAIL;
     if (cli_interrupted) rc = CLI_EXIT_FAIL;
     ckptio_engine_destroy(engine);
     return rc;

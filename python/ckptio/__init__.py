@@ -34,6 +34,7 @@ from ._module_io import load_model, save_model
 from ._model import Slice, SliceRequest
 from ._distributed import LoadStats, last_load_stats
 from ._safe_open import safe_open
+from ._manager import CheckpointManager
 
 __version__: str = _ckptio.version()
 
@@ -59,6 +60,7 @@ __all__ = [
     "save_torch",
     "save_model",
     "load_model",
+    "CheckpointManager",
     "GdsFile",
     "gds_register_buffer",
     "gds_deregister_buffer",

@@ -95,6 +95,10 @@ int ckpy_dcp_add_to_module(PyObject *module);
 
 int ckpy_dcp_commit_add_to_module(PyObject *module);
 
+/* ---- the checkpoint manager's steps (_ckptio_steps.c) -------------------- */
+
+int ckpy_steps_add_to_module(PyObject *module);
+
 /* ---- GDS file API and CUDA queries (_ckptio_gds.c) ------------------------ */
 
 int ckpy_gds_add_to_module(PyObject *module);

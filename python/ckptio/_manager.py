@@ -1,0 +1,344 @@
+"""ckptio.CheckpointManager: the steps of a training run under one root,
+resumed from the newest step that verifies (docs/MANAGER.md).
+
+Thin over libckptio's steps (include/ckptio.h "Checkpoint manager"): which
+steps exist and in what state, the commit marker that makes a step
+complete, retention and cleaning are C (src/ckpt/steps_*.c); each step's
+data is one ckptio.dcp checkpoint directory. What stays here is the order of
+the calls and, with torch.distributed, the agreement between ranks: rank 0
+takes the root's lock, starts the step, commits its marker once every rank's
+data and .metadata are committed (the DCP writer's coordinator commit ends
+before the save returns), applies retention and picks the step to load; every
+other rank follows its decision, and an error on any rank is raised on all.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import logging
+import os
+import threading
+from typing import Any, List, Optional
+
+import torch
+
+from . import _ckptio
+from ._ckptio import Engine
+from ._errors import make_error
+
+_log = logging.getLogger("ckptio.manager")
+
+_CHECKS = ("full", "fast", "marker")
+
+
+def _dist():
+    import torch.distributed as dist
+
+    return dist if dist.is_available() and dist.is_initialized() else None
+
+
+class CheckpointManager:
+    """Saves one checkpoint per step under ``root`` and resumes from the
+    newest one that verifies.
+
+    * ``keep_last``: keep the newest K complete steps (None: all); older ones
+      are removed after a newer step is committed, never the newest step that
+      passes the fast check.
+    * ``keep_every``: also keep every step that is a multiple of N.
+    * ``async_save`` (default True): ``save`` stages the state and returns;
+      the data is written on a thread, the step committed after it.
+    * ``async_busy``: a ``save`` while the previous one is in flight
+      ``"wait"``s for it (default) or raises RuntimeError (``"error"``).
+    * ``check``: how ``load(step=None)`` checks the steps it considers,
+      newest first: ``"full"`` (every byte against its XXH3-64; default),
+      ``"fast"`` (structure and sizes) or ``"marker"``.
+    * ``process_group``: with torch.distributed, the group whose ranks save
+      and load together (default: the default group). Async saves run their
+      collectives on a gloo group of their own, created here (a collective:
+      every rank constructs the manager).
+    * ``engine``: a :class:`ckptio.Engine` for the writes, reads and checks
+      (default: a private one with ``sync`` on).
+    * ``writer_options``: more keyword arguments for
+      :class:`ckptio.dcp.FileSystemWriter` (e.g. ``checksums``, ``_extensions``).
+
+    Collective calls (every rank calls them at the same point): ``save``,
+    ``wait``, ``load``, ``latest_step``, ``all_steps``, ``close``.
+    """
+
+    def __init__(self, root, keep_last: Optional[int] = None, keep_every: Optional[int] = None,
+                 async_save: bool = True, *, async_busy: str = "wait", check: str = "full",
+                 process_group=None, engine: Optional[Engine] = None, writer_options: Optional[dict] = None) -> None:
+        for name, value in (("keep_last", keep_last), ("keep_every", keep_every)):
+            if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+                raise ValueError(f"{name} must be None or an int >= 1, not {value!r}")
+        if async_busy not in ("wait", "error"):
+            raise ValueError(f"async_busy must be 'wait' or 'error', not {async_busy!r}")
+        if check not in _CHECKS:
+            raise ValueError(f"check must be one of {_CHECKS}, not {check!r}")
+        self.root = os.fspath(root)
+        self.keep_last = keep_last
+        self.keep_every = keep_every
+        self.async_save = async_save
+        self.async_busy = async_busy
+        self.check = check
+        self.engine = engine if engine is not None else Engine(sync=1)
+        self.writer_options = dict(writer_options or {})
+        dist = _dist()
+        self._dist = dist if dist is not None and dist.get_world_size(process_group) > 1 else None
+        self._group = process_group
+        self._rank = dist.get_rank(process_group) if self._dist else 0
+        self._save_group = process_group
+        if self._dist is not None and async_save:
+            # The background save's collectives must not meet the caller's
+            # on one group (torch's advice for dcp.async_save).
+            self._save_group = self._dist.new_group(ranks=self._dist.get_process_group_ranks(process_group)
+                                                    if process_group is not None else None, backend="gloo")
+        self._pending: Optional[concurrent.futures.Future] = None
+        self._closed = False
+        # A job killed between a step's commit and its retention left one
+        # step too many: a restarted job starts from a root within bounds.
+        self._decide(self._retain_existing, "CheckpointManager")
+
+    def _retain_existing(self) -> None:
+        if (self.keep_last is None and self.keep_every is None) or not os.path.isdir(self.root):
+            return
+        lock = _ckptio.dcp_lock_acquire(self.root, None, False, -1.0, None)
+        try:
+            _ckptio.steps_retain(self.root, self.keep_last or 0, self.keep_every or 0, engine=self.engine)
+        finally:
+            _release(lock)
+
+    # ---- agreement between ranks -------------------------------------------------------------
+
+    def _agree(self, error: Optional[BaseException], what: str) -> None:
+        """Raises `error` here, and with several ranks the same error on
+        every rank when any rank failed (a collective)."""
+        if self._dist is None:
+            if error is not None:
+                raise error
+            return
+        from ._group_read import check_status
+
+        check_status(self._group, torch.device("cpu"), error, what)
+
+    def _decide(self, fn, what: str) -> Any:
+        """Runs fn() on rank 0 and gives its result to every rank (errors raised everywhere)."""
+        result, error = None, None
+        if self._rank == 0:
+            try:
+                result = fn()
+            except Exception as e:  # noqa: BLE001 - handed to every rank
+                error = e
+        self._agree(error, what)
+        if self._dist is not None:
+            box = [result]
+            self._dist.broadcast_object_list(box, src=self._dist.get_global_rank(self._group, 0)
+                                             if self._group is not None else 0, group=self._group)
+            result = box[0]
+        return result
+
+    # ---- steps -------------------------------------------------------------------------------
+
+    def step_dir(self, step: int) -> str:
+        """The directory of `step` under the root."""
+        return os.path.join(self.root, _ckptio.steps_dir_name(step))
+
+    def all_steps(self) -> List[int]:
+        """Sorted step numbers of the complete (committed) steps."""
+        return self._decide(lambda: [s[0] for s in _ckptio.steps_scan(self.root) if s[1] == "complete"],
+                            "CheckpointManager.all_steps")
+
+    def latest_step(self) -> Optional[int]:
+        """The newest committed step (its marker read, its data not checked;
+        ``load(step=None)`` checks), or None."""
+        steps = self.all_steps()
+        return steps[-1] if steps else None
+
+    # ---- saving ------------------------------------------------------------------------------
+
+    def save(self, step: int, state_dict) -> concurrent.futures.Future:
+        """Saves `state_dict` as step `step` (a collective with several
+        ranks). Returns a Future that resolves to `step` once the step is
+        committed and retention applied (already done without async_save);
+        its failure is also raised by the next ``save`` or ``wait``."""
+        if self._closed:
+            raise RuntimeError("CheckpointManager is closed")
+        if isinstance(step, bool) or not isinstance(step, int) or step < 0:
+            raise ValueError(f"step must be an int >= 0, not {step!r}")
+        pending = self._pending
+        if pending is not None and not pending.done() and self.async_busy == "error":
+            raise RuntimeError(f"{self.root}: the save of an earlier step is still in flight; call wait() or "
+                               "create the manager with async_busy='wait'")
+        self.wait()
+        lock = None
+        error = None
+        step_dir = None
+        if self._rank == 0:
+            try:
+                lock = _ckptio.dcp_lock_acquire(_ensure_root(self.root), None, False, -1.0, None)
+                self._replace_if_damaged(step)
+                step_dir = _ckptio.steps_begin(self.root, step)
+            except Exception as e:  # noqa: BLE001 - handed to every rank
+                error = e
+        try:
+            self._agree(error, f"CheckpointManager.save(step {step})")  # also: no rank writes before the mkdir
+        except BaseException:
+            _release(lock)
+            raise
+        step_dir = self.step_dir(step)
+        writer = self._writer(step_dir)
+        import torch.distributed.checkpoint as dcp
+
+        kwargs = {"storage_writer": writer, "process_group": self._save_group if self._dist else None,
+                  "no_dist": self._dist is None}
+        done: concurrent.futures.Future = concurrent.futures.Future()
+        if not self.async_save:
+            try:
+                dcp.save(state_dict, **kwargs)
+                self._finish(step, lock)
+                done.set_result(step)
+            except BaseException as e:
+                _release(lock)
+                done.set_exception(e)
+            self._pending = done
+            self.wait()
+            return done
+        try:
+            saving = dcp.async_save(state_dict, **kwargs)
+        except BaseException:
+            _release(lock)
+            raise
+        if not isinstance(saving, concurrent.futures.Future):  # an AsyncSaveResponse
+            saving = saving.upload_completion
+
+        def complete(f: concurrent.futures.Future) -> None:
+            try:
+                f.result()
+                self._finish(step, lock)
+                done.set_result(step)
+            except BaseException as e:  # noqa: BLE001 - the future carries it
+                _release(lock)
+                done.set_exception(e)
+
+        threading.Thread(target=lambda: complete(saving), name=f"ckptio-manager-step-{step}", daemon=True).start()
+        self._pending = done
+        return done
+
+    def _replace_if_damaged(self, step: int) -> None:
+        """A job that resumed from an older step past a damaged one saves
+        that step number again: the damaged step goes (a complete one is
+        never replaced: steps_begin refuses it)."""
+        if not os.path.isdir(self.step_dir(step)):
+            return
+        info = _ckptio.steps_check(self.root, step, self.check, engine=self.engine)
+        if info[1] == "damaged":
+            _log.warning("%s: replacing damaged step %d: %s", self.root, step, info[4])
+            _ckptio.steps_remove(self.root, step)
+
+    def _writer(self, step_dir: str):
+        from .dcp import FileSystemWriter
+
+        options = {"sync_files": True, "engine": self.engine}
+        options.update(self.writer_options)
+        return FileSystemWriter(step_dir, **options)
+
+    def _finish(self, step: int, lock) -> None:
+        """Rank 0, once the step's DCP save returned (every rank's files
+        and .metadata committed): the marker, then retention; then the root's
+        lock goes."""
+        if self._rank != 0:
+            return
+        try:
+            _ckptio.steps_commit(self.root, step)
+            if self.keep_last is not None or self.keep_every is not None:
+                removed = _ckptio.steps_retain(self.root, self.keep_last or 0, self.keep_every or 0,
+                                               engine=self.engine)
+                if removed:
+                    _log.info("%s: retention removed step(s) %s", self.root, removed)
+        finally:
+            _release(lock)
+
+    def wait(self) -> None:
+        """Waits until the save in flight (if any) is committed; raises its
+        error (with several ranks: a collective, the error raised on all)."""
+        pending, error = self._pending, None
+        if pending is not None:
+            try:
+                pending.result()
+            except BaseException as e:  # noqa: BLE001
+                error = e
+            self._pending = None
+        if self._dist is not None and pending is not None:
+            self._agree(error, "CheckpointManager.wait")
+        elif error is not None:
+            raise error
+
+    # ---- loading -----------------------------------------------------------------------------
+
+    def load(self, state_dict, step: Optional[int] = None, *, check: Optional[str] = None) -> Optional[int]:
+        """Loads step `step` into `state_dict` in place (torch DCP's load);
+        None: the newest step that passes `check` (default: the manager's),
+        logging one line for each newer step skipped and why. Returns the
+        step loaded, or None when there is none to load."""
+        check = self.check if check is None else check
+        if check not in _CHECKS:
+            raise ValueError(f"check must be one of {_CHECKS}, not {check!r}")
+        self.wait()
+
+        def pick() -> Optional[int]:
+            if step is not None:
+                info = _ckptio.steps_check(self.root, step, check, engine=self.engine)
+                if info[1] != "complete":
+                    raise make_error(_ckptio.E_FORMAT, "E_FORMAT", 0, 0, "load", self.step_dir(step), -1, None,
+                                     f"step {step} ({self.step_dir(step)}) is {info[1]}: {info[4]}", None)
+                return step
+            chosen, skipped = _ckptio.steps_latest(self.root, check, engine=self.engine)
+            for s, state, _, _, reason in skipped:
+                _log.warning("%s: skipping step %d (%s): %s", self.root, s, state, reason)
+            return chosen
+
+        chosen = self._decide(pick, "CheckpointManager.load")
+        if chosen is None:
+            return None
+        import torch.distributed.checkpoint as dcp
+
+        from .dcp import FileSystemReader
+
+        error = None
+        try:
+            dcp.load(state_dict, storage_reader=FileSystemReader(self.step_dir(chosen), engine=self.engine),
+                     process_group=self._group, no_dist=self._dist is None)
+        except Exception as e:  # noqa: BLE001 - agreed below
+            error = e
+        self._agree(error, f"CheckpointManager.load(step {chosen})")
+        return chosen
+
+    # ---- lifetime ----------------------------------------------------------------------------
+
+    def close(self) -> None:
+        """Waits for the save in flight; the manager takes no more saves."""
+        if not self._closed:
+            self._closed = True
+            self.wait()
+
+    def __enter__(self) -> "CheckpointManager":
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        if exc_type is None:
+            self.close()
+        else:  # do not hide the exception; still do not leave a save behind
+            self._closed = True
+            pending = self._pending
+            if pending is not None:
+                concurrent.futures.wait([pending])
+
+
+def _ensure_root(root: str) -> str:
+    os.makedirs(root, exist_ok=True)
+    return root
+
+
+def _release(lock) -> None:
+    if lock is not None:
+        _ckptio.dcp_lock_release(lock)

@@ -1,0 +1,46 @@
+/*
+ * steps_internal.h - what the checkpoint manager's files share
+ * (steps_marker.c: the commit marker; steps_scan.c: finding and
+ * classifying steps; steps_remove.c: removal, cleaning, retention).
+ */
+#ifndef CKPTIO_STEPS_INTERNAL_H
+#define CKPTIO_STEPS_INTERNAL_H
+
+#include "common_internal.h"
+
+/* Largest marker read: the three lines take under 80 bytes. */
+#define CKPTIO__STEP_MARKER_MAX 4096
+
+/* The content of a commit marker. */
+typedef struct ckptio__step_marker {
+    uint64_t step;
+    uint64_t metadata_size;  /* .metadata's size at commit */
+    uint64_t metadata_xxh3;  /* and its XXH3-64 */
+} ckptio__step_marker;
+
+/* Parses marker bytes (untrusted; `origin` names them in errors):
+ * exactly "ckptio-step 1\nstep N\nmetadata SIZE HEX16\n", decimal numbers
+ * without sign or leading zeros, step <= CKPTIO_STEP_MAX, HEX16 16
+ * lowercase hex digits. CKPTIO_E_FORMAT naming the line otherwise. */
+ckptio_status ckptio__step_marker_parse(const char *bytes, size_t len, const char *origin, ckptio__step_marker *out);
+
+/* The marker's text into out[0..cap); returns its length (0 when it does
+ * not fit). */
+size_t ckptio__step_marker_format(const ckptio__step_marker *m, char *out, size_t cap);
+
+/* Step number of a step directory's name, when `name` is exactly what
+ * ckptio_steps_dir_name gives for some step. */
+bool ckptio__step_from_name(const char *name, uint64_t *step);
+
+/* "ROOT/step_NNNNNNNN" (ckptio__malloc'ed) or NULL (out of memory / step
+ * out of range: the error is set). */
+char *ckptio__step_dir(const char *root, uint64_t step);
+
+/* Re-raises the current error prefixed with "step N (DIR): OP: ", keeping
+ * its status and errno. Returns the status. */
+ckptio_status ckptio__step_fail(const char *root, uint64_t step, const char *op);
+
+/* Size and XXH3-64 of DIR/.metadata. */
+ckptio_status ckptio__step_metadata_hash(const char *dir, uint64_t *size, uint64_t *hash);
+
+#endif /* CKPTIO_STEPS_INTERNAL_H */

@@ -1,0 +1,341 @@
+/*
+ * steps_scan.c - finding the steps of a root and telling which ones a
+ * training job may resume from.
+ *
+ * The states come from the disk alone, so a job restarted after any crash
+ * (or `ckptio inspect ROOT`) sees what the saves left: PARTIAL is a step
+ * without its commit marker (a save that did not finish, or a removal that
+ * stopped half-way: both remove the marker first / write it last); DAMAGED
+ * is a step whose marker or data does not hold up to the check asked for.
+ * A damaged step is a result reported with its reason, never an error: the
+ * caller goes on to the next older step.
+ */
+#include "dcp_commit_internal.h"
+#include "io_internal.h"
+#include "steps_internal.h"
+
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+static void set_state(ckptio_step_info *out, ckptio_step_state state, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+static void set_state(ckptio_step_info *out, ckptio_step_state state, const char *fmt, ...) {
+    out->state = state;
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(out->reason, sizeof out->reason, fmt, ap);
+    va_end(ap);
+}
+
+static int cmp_u64(const void *a, const void *b) {
+    const uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
+    return x < y ? -1 : x > y;
+}
+
+/* The step numbers of ROOT's step directories, ascending (a missing root
+ * has none). */
+static ckptio_status list_steps(const char *root, uint64_t **steps, size_t *count) {
+    *steps = NULL;
+    *count = 0;
+    DIR *d = ckptio__opendir(root);
+    if (!d) {
+        if (errno == ENOENT) return CKPTIO_OK;
+        return CKPTIO_FAIL_SYS_NOTE(errno, "opendir", root, "listing the steps of the root");
+    }
+    size_t cap = 0;
+    ckptio_status st = CKPTIO_OK;
+    for (struct dirent *e; (e = readdir(d)) != NULL;) {
+        uint64_t step;
+        struct stat sb;
+        if (!ckptio__step_from_name(e->d_name, &step)) continue;
+        if (fstatat(dirfd(d), e->d_name, &sb, AT_SYMLINK_NOFOLLOW) != 0 || !S_ISDIR(sb.st_mode)) continue;
+        if (*count == cap) {
+            cap = cap ? cap * 2 : 16;
+            uint64_t *grown = ckptio__realloc(*steps, cap * sizeof *grown);
+            if (!grown) {
+                st = CKPTIO_FAIL(CKPTIO_E_NOMEM, "out of memory listing the steps of %s", root);
+                break;
+            }
+            *steps = grown;
+        }
+        (*steps)[(*count)++] = step;
+    }
+    closedir(d);
+    if (st != CKPTIO_OK) {
+        ckptio__free(*steps);
+        *steps = NULL;
+        *count = 0;
+        return st;
+    }
+    if (*count) qsort(*steps, *count, sizeof **steps, cmp_u64);
+    return CKPTIO_OK;
+}
+
+/* Regular files of DIR and their sizes (best effort: for display). */
+static void dir_size(const char *dir, uint64_t *bytes, size_t *files) {
+    *bytes = 0;
+    *files = 0;
+    DIR *d = opendir(dir);
+    if (!d) return;
+    for (struct dirent *e; (e = readdir(d)) != NULL;) {
+        struct stat sb;
+        if (fstatat(dirfd(d), e->d_name, &sb, AT_SYMLINK_NOFOLLOW) == 0 && S_ISREG(sb.st_mode)) {
+            *bytes += (uint64_t)sb.st_size;
+            (*files)++;
+        }
+    }
+    closedir(d);
+}
+
+/* The marker-level state of the step in DIR; *m receives the marker when
+ * the state is COMPLETE. */
+static void marker_state(const char *dir, uint64_t step, ckptio__step_marker *m, ckptio_step_info *out) {
+    char *path = ckptio__dcp_join(dir, CKPTIO_STEP_MARKER);
+    char buf[CKPTIO__STEP_MARKER_MAX + 1];
+    if (!path) {
+        set_state(out, CKPTIO_STEP_DAMAGED, "out of memory reading the marker");
+        return;
+    }
+    const int fd = ckptio__open(path, O_RDONLY | O_NOFOLLOW | O_CLOEXEC, 0);
+    if (fd < 0) {
+        if (errno == ENOENT)
+            set_state(out, CKPTIO_STEP_PARTIAL,
+                      "no commit marker (" CKPTIO_STEP_MARKER "): the save did not finish, or a removal stopped");
+        else
+            set_state(out, CKPTIO_STEP_DAMAGED, "%s: open: %s", path, strerror(errno));
+        ckptio__free(path);
+        return;
+    }
+    size_t len = 0;
+    ssize_t n = 0;
+    while (len < sizeof buf && (n = ckptio__read(fd, buf + len, sizeof buf - len)) > 0) len += (size_t)n;
+    const int err = errno;
+    close(fd);
+    if (n < 0)
+        set_state(out, CKPTIO_STEP_DAMAGED, "%s: read: %s", path, strerror(err));
+    else if (ckptio__step_marker_parse(buf, len, path, m) != CKPTIO_OK)
+        set_state(out, CKPTIO_STEP_DAMAGED, "%s", ckptio_last_error_message());
+    else if (m->step != step)
+        set_state(out, CKPTIO_STEP_DAMAGED, "%s: the marker belongs to step %llu, not to this directory's", path,
+                  (unsigned long long)m->step);
+    else
+        set_state(out, CKPTIO_STEP_COMPLETE, "%s", "");
+    ckptio__free(path);
+}
+
+/* Sizes of the data files .metadata names, by index (ckptio_dcp_file). */
+static bool file_sizes(ckptio_dcp *h, const char *dir, uint64_t *sizes, size_t nfiles, ckptio_step_info *out) {
+    for (size_t i = 0; i < nfiles; i++) {
+        const char *name = NULL;
+        struct stat sb;
+        ckptio_dcp_file(h, i, &name);
+        char *path = ckptio__dcp_join(dir, name);
+        const int rc = path ? lstat(path, &sb) : -1;
+        const int err = path ? errno : ENOMEM;
+        ckptio__free(path);
+        if (rc != 0 || !S_ISREG(sb.st_mode)) {
+            set_state(out, CKPTIO_STEP_DAMAGED, "%s/%s: data file named by .metadata: %s", dir, name,
+                      rc != 0 ? strerror(err) : "not a regular file");
+            return false;
+        }
+        sizes[i] = (uint64_t)sb.st_size;
+    }
+    return true;
+}
+
+/* Whether the stored item `s` of `fqn` lies inside its file. */
+static bool item_inside(ckptio_dcp *h, const char *dir, const uint64_t *sizes, size_t nfiles, const char *fqn,
+                        const ckptio_dcp_stored *s, ckptio_step_info *out) {
+    for (size_t i = 0; i < nfiles; i++) {
+        const char *name = NULL;
+        ckptio_dcp_file(h, i, &name);
+        if (strcmp(name, s->file) != 0) continue;
+        if (s->offset > sizes[i] || s->length > sizes[i] - s->offset) {
+            set_state(out, CKPTIO_STEP_DAMAGED,
+                      "%s/%s: item '%s' (%llu bytes at offset %llu) runs past the end of the file (%llu bytes): "
+                      "truncated",
+                      dir, name, fqn, (unsigned long long)s->length, (unsigned long long)s->offset,
+                      (unsigned long long)sizes[i]);
+            return false;
+        }
+        return true;
+    }
+    set_state(out, CKPTIO_STEP_DAMAGED, "%s: item '%s' is in '%s', which .metadata does not list", dir, fqn, s->file);
+    return false;
+}
+
+/* FAST (and FULL) on a step whose marker is good. */
+static void data_check(ckptio_engine *engine, const char *dir, const ckptio__step_marker *m, ckptio_step_check check,
+                       ckptio_step_info *out) {
+    uint64_t size = 0, hash = 0;
+    if (ckptio__step_metadata_hash(dir, &size, &hash) != CKPTIO_OK) {
+        set_state(out, CKPTIO_STEP_DAMAGED, "%s", ckptio_last_error_message());
+        return;
+    }
+    if (size != m->metadata_size || hash != m->metadata_xxh3) {
+        set_state(out, CKPTIO_STEP_DAMAGED,
+                  "%s/.metadata: %llu bytes with XXH3-64 %016llx, the marker recorded %llu bytes with %016llx: "
+                  "replaced or damaged after the commit",
+                  dir, (unsigned long long)size, (unsigned long long)hash, (unsigned long long)m->metadata_size,
+                  (unsigned long long)m->metadata_xxh3);
+        return;
+    }
+    ckptio_dcp *h = NULL;
+    uint64_t *sizes = NULL;
+    size_t nfiles = 0, ntensors = 0, nbytes = 0;
+    const char *manifest = NULL;
+    if (ckptio_dcp_open(engine, dir, &h) != CKPTIO_OK) {
+        set_state(out, CKPTIO_STEP_DAMAGED, "%s", ckptio_last_error_message());
+        return;
+    }
+    ckptio_dcp_file_count(h, &nfiles);
+    ckptio_dcp_tensor_count(h, &ntensors);
+    ckptio_dcp_bytes_count(h, &nbytes);
+    if (!(sizes = ckptio__calloc(nfiles + 1, sizeof *sizes))) {
+        set_state(out, CKPTIO_STEP_DAMAGED, "out of memory checking %s", dir);
+        goto out;
+    }
+    if (ckptio_dcp_manifest(h, &manifest) == CKPTIO_OK) {
+        struct stat sb;
+        char *path = ckptio__dcp_join(dir, manifest);
+        const bool present = path && lstat(path, &sb) == 0 && S_ISREG(sb.st_mode);
+        ckptio__free(path);
+        if (!present) {
+            set_state(out, CKPTIO_STEP_DAMAGED, "%s/%s: the save's checksum manifest is missing", dir, manifest);
+            goto out;
+        }
+    }
+    if (!file_sizes(h, dir, sizes, nfiles, out)) goto out;
+    for (size_t t = 0; t < ntensors; t++) {
+        ckptio_dcp_tensor_info ti;
+        ckptio_dcp_tensor(h, t, &ti);
+        for (size_t c = 0; c < ti.chunks; c++) {
+            ckptio_dcp_chunk_info ci;
+            ckptio_dcp_chunk(h, t, c, &ci);
+            if (!item_inside(h, dir, sizes, nfiles, ti.fqn, &ci.stored, out)) goto out;
+        }
+    }
+    for (size_t b = 0; b < nbytes; b++) {
+        ckptio_dcp_bytes_info bi;
+        ckptio_dcp_bytes(h, b, &bi);
+        if (!item_inside(h, dir, sizes, nfiles, bi.fqn, &bi.stored, out)) goto out;
+    }
+    if (check == CKPTIO_STEP_CHECK_FULL && ckptio_dcp_verify(h, NULL) != CKPTIO_OK)
+        set_state(out, CKPTIO_STEP_DAMAGED, "%s", ckptio_last_error_message());
+out:
+    ckptio__free(sizes);
+    ckptio_dcp_close(h);
+}
+
+static ckptio_status check_step(ckptio_engine *engine, const char *root, uint64_t step, ckptio_step_check check,
+                                ckptio_step_info *out) {
+    memset(out, 0, sizeof *out);
+    out->step = step;
+    char *dir = ckptio__step_dir(root, step);
+    if (!dir) return ckptio_last_error()->status;
+    struct stat sb;
+    const int rc = lstat(dir, &sb), err = errno;
+    if (rc != 0 || !S_ISDIR(sb.st_mode)) {
+        ckptio__free(dir);
+        if (rc != 0 && err != ENOENT)
+            return CKPTIO_FAIL_SYS_NOTE(err, "lstat", root, "looking for step %llu", (unsigned long long)step);
+        return CKPTIO_FAIL_CTX(CKPTIO_E_NOT_FOUND, &((ckptio__err_ctx){.path = root, .file_offset = -1}),
+                               "step %llu: no step directory", (unsigned long long)step);
+    }
+    ckptio__step_marker m;
+    dir_size(dir, &out->bytes, &out->files);
+    marker_state(dir, step, &m, out);
+    if (out->state == CKPTIO_STEP_COMPLETE && check != CKPTIO_STEP_CHECK_MARKER) data_check(engine, dir, &m, check, out);
+    ckptio__free(dir);
+    return CKPTIO_OK;
+}
+
+static bool valid_check(ckptio_engine *engine, ckptio_step_check check) {
+    return check == CKPTIO_STEP_CHECK_MARKER || ((check == CKPTIO_STEP_CHECK_FAST || check == CKPTIO_STEP_CHECK_FULL) && engine);
+}
+
+ckptio_status ckptio_steps_check(ckptio_engine *engine, const char *root, uint64_t step, ckptio_step_check check,
+                                 ckptio_step_info *out) {
+    CKPTIO_RETURN_IF(!root || !*root || !out, CKPTIO_E_INVAL, "ckptio_steps_check: root and out are required");
+    CKPTIO_RETURN_IF(!valid_check(engine, check), CKPTIO_E_INVAL,
+                     "ckptio_steps_check: check %d needs an engine (MARKER, FAST or FULL)", (int)check);
+    return check_step(engine, root, step, check, out);
+}
+
+ckptio_status ckptio_steps_scan(const char *root, ckptio_step_info **steps, size_t *count) {
+    CKPTIO_RETURN_IF(!root || !*root || !steps || !count, CKPTIO_E_INVAL,
+                     "ckptio_steps_scan: root, steps and count are required");
+    *steps = NULL;
+    *count = 0;
+    uint64_t *numbers = NULL;
+    size_t n = 0;
+    CKPTIO_FORWARD(list_steps(root, &numbers, &n));
+    ckptio_step_info *info = ckptio__calloc(n + 1, sizeof *info);
+    if (!info) {
+        ckptio__free(numbers);
+        return CKPTIO_FAIL(CKPTIO_E_NOMEM, "out of memory listing the steps of %s", root);
+    }
+    size_t kept = 0;
+    for (size_t i = 0; i < n; i++) {
+        const ckptio_status st = check_step(NULL, root, numbers[i], CKPTIO_STEP_CHECK_MARKER, &info[kept]);
+        if (st == CKPTIO_OK) kept++;
+        else if (st != CKPTIO_E_NOT_FOUND) { /* removed meanwhile: not a step any more */
+            ckptio__free(numbers);
+            ckptio__free(info);
+            return st;
+        }
+    }
+    ckptio__free(numbers);
+    *steps = info;
+    *count = kept;
+    return CKPTIO_OK;
+}
+
+void ckptio_steps_free(ckptio_step_info *steps) { ckptio__free(steps); }
+
+ckptio_status ckptio_steps_latest(ckptio_engine *engine, const char *root, ckptio_step_check check, uint64_t *step,
+                                  ckptio_step_info **skipped, size_t *nskipped) {
+    CKPTIO_RETURN_IF(!root || !*root || !step, CKPTIO_E_INVAL, "ckptio_steps_latest: root and step are required");
+    CKPTIO_RETURN_IF(!valid_check(engine, check), CKPTIO_E_INVAL,
+                     "ckptio_steps_latest: check %d needs an engine (MARKER, FAST or FULL)", (int)check);
+    if (skipped) *skipped = NULL;
+    if (nskipped) *nskipped = 0;
+    uint64_t *numbers = NULL;
+    size_t n = 0, nskip = 0;
+    CKPTIO_FORWARD(list_steps(root, &numbers, &n));
+    ckptio_step_info *skip = ckptio__calloc(n + 1, sizeof *skip);
+    ckptio_status st = skip ? CKPTIO_E_NOT_FOUND : CKPTIO_FAIL(CKPTIO_E_NOMEM, "out of memory");
+    for (size_t i = n; skip && i-- > 0;) {
+        ckptio_step_info info;
+        const ckptio_status cs = check_step(engine, root, numbers[i], check, &info);
+        if (cs == CKPTIO_E_NOT_FOUND) continue;
+        if (cs != CKPTIO_OK) {
+            st = cs;
+            break;
+        }
+        if (info.state == CKPTIO_STEP_COMPLETE) {
+            *step = numbers[i];
+            st = CKPTIO_OK;
+            break;
+        }
+        skip[nskip++] = info;
+    }
+    ckptio__free(numbers);
+    if (st == CKPTIO_E_NOT_FOUND)
+        st = CKPTIO_FAIL_CTX(CKPTIO_E_NOT_FOUND, &((ckptio__err_ctx){.path = root, .file_offset = -1}),
+                             "no complete step to resume from (%zu step%s skipped)", nskip, nskip == 1 ? "" : "s");
+    if (skipped && st != CKPTIO_E_NOMEM) {
+        *skipped = skip;
+        if (nskipped) *nskipped = nskip;
+    } else {
+        ckptio__free(skip);
+    }
+    return st;
+}

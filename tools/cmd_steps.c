@@ -1,0 +1,160 @@
+/*
+ * cmd_steps.c - `ckptio inspect|verify|clean ROOT` for the root of a
+ * checkpoint manager (ckptio.CheckpointManager): its steps, their states
+ * (complete, partial, damaged) and sizes; which step a restarted job would
+ * resume from; removing what crashed saves left.
+ */
+#include "cli_steps.h"
+#include "ckptio_experimental.h" /* the root's lock: ckptio_dcp_lock_acquire, _release */
+
+#include <errno.h>
+#include <jansson.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+
+static const char *state_name(ckptio_step_state s) {
+    return s == CKPTIO_STEP_COMPLETE ? "complete" : s == CKPTIO_STEP_PARTIAL ? "partial" : "damaged";
+}
+
+bool cli_steps_is_root(const char *path) {
+    struct stat sb;
+    char md[4096];
+    if (stat(path, &sb) != 0 || !S_ISDIR(sb.st_mode)) return false;
+    if (snprintf(md, sizeof md, "%s/.metadata", path) >= (int)sizeof md || lstat(md, &sb) == 0) return false;
+    ckptio_step_info *steps = NULL;
+    size_t n = 0;
+    const bool root = ckptio_steps_scan(path, &steps, &n) == CKPTIO_OK && n > 0;
+    ckptio_steps_free(steps);
+    return root;
+}
+
+/* Every step of ROOT checked with `check`, ascending. */
+static int check_all(ckptio_engine *engine, const char *root, ckptio_step_check check, ckptio_step_info **out,
+                     size_t *count) {
+    ckptio_status st = ckptio_steps_scan(root, out, count);
+    if (st != CKPTIO_OK) return cli_error_lib(root, st);
+    for (size_t i = 0; i < *count; i++) {
+        ckptio_step_info info;
+        st = ckptio_steps_check(engine, root, (*out)[i].step, check, &info);
+        if (st == CKPTIO_OK) (*out)[i] = info;
+        else if (st != CKPTIO_E_NOT_FOUND) { /* removed meanwhile: keep what the scan saw */
+            ckptio_steps_free(*out);
+            return cli_error_lib(root, st);
+        }
+    }
+    return CLI_EXIT_OK;
+}
+
+static int print_json(const char *root, const ckptio_step_info *steps, size_t n) {
+    json_t *doc = json_object(), *arr = json_array();
+    bool oom = !doc || !arr;
+    for (size_t i = 0; !oom && i < n; i++) {
+        json_t *o = json_pack("{s:I,s:s,s:I,s:I,s:s}", "step", (json_int_t)steps[i].step, "state",
+                              state_name(steps[i].state), "bytes", (json_int_t)steps[i].bytes, "files",
+                              (json_int_t)steps[i].files, "reason", steps[i].reason);
+        oom = !o || json_array_append_new(arr, o) != 0;
+    }
+    if (!oom) oom = json_object_set_new(doc, "root", json_string(root)) != 0 ||
+                    json_object_set_new(doc, "format", json_string("steps")) != 0 ||
+                    json_object_set(doc, "steps", arr) != 0;
+    char *text = oom ? NULL : json_dumps(doc, JSON_INDENT(2));
+    json_decref(arr);
+    json_decref(doc);
+    if (!text) return cli_error("out of memory"), CLI_EXIT_FAIL;
+    printf("%s\n", text);
+    free(text);
+    return CLI_EXIT_OK;
+}
+
+int cli_steps_inspect(ckptio_engine *engine, const char *root, bool json) {
+    ckptio_step_info *steps = NULL;
+    size_t n = 0, counts[3] = {0};
+    uint64_t total = 0;
+    if (check_all(engine, root, CKPTIO_STEP_CHECK_FAST, &steps, &n) != CLI_EXIT_OK) return CLI_EXIT_FAIL;
+    if (json) {
+        const int rc = print_json(root, steps, n);
+        ckptio_steps_free(steps);
+        return rc;
+    }
+    static const char *const headers[] = {"step", "state", "files", "size", "why"};
+    cli_table table;
+    cli_table_init(&table, 5, headers, "rlrrl");
+    int rc = CLI_EXIT_OK;
+    for (size_t i = 0; i < n; i++) {
+        char step[32], files[32], size[32];
+        snprintf(step, sizeof step, "%llu", (unsigned long long)steps[i].step);
+        snprintf(files, sizeof files, "%zu", steps[i].files);
+        cli_format_bytes(steps[i].bytes, size, sizeof size);
+        const char *cells[] = {step, state_name(steps[i].state), files, size, cli_q(steps[i].reason)};
+        if (cli_table_add(&table, cells) != 0) rc = CLI_EXIT_FAIL;
+        counts[steps[i].state]++;
+        total += steps[i].bytes;
+    }
+    char size[32];
+    printf("%s: checkpoint manager root, %zu step%s (%zu complete, %zu partial, %zu damaged), %s\n", cli_q(root), n,
+           n == 1 ? "" : "s", counts[CKPTIO_STEP_COMPLETE], counts[CKPTIO_STEP_PARTIAL], counts[CKPTIO_STEP_DAMAGED],
+           cli_format_bytes(total, size, sizeof size));
+    cli_table_print(&table, stdout, "  ");
+    cli_table_cleanup(&table);
+    ckptio_steps_free(steps);
+    return rc;
+}
+
+int cli_steps_verify(ckptio_engine *engine, const char *root, bool latest, bool quiet) {
+    if (latest) {
+        uint64_t step = 0;
+        ckptio_step_info *skipped = NULL;
+        size_t nskipped = 0;
+        const ckptio_status st = ckptio_steps_latest(engine, root, CKPTIO_STEP_CHECK_FULL, &step, &skipped, &nskipped);
+        for (size_t i = 0; i < nskipped; i++)
+            cli_warning("%s: step %llu skipped (%s): %s", root, (unsigned long long)skipped[i].step,
+                        state_name(skipped[i].state), skipped[i].reason);
+        ckptio_steps_free(skipped);
+        if (st != CKPTIO_OK) return cli_error_lib(root, st);
+        if (!quiet)
+            printf("%s: ok (step %llu is the newest complete step and every byte matches its checksums; %zu newer "
+                   "step%s skipped)\n",
+                   cli_q(root), (unsigned long long)step, nskipped, nskipped == 1 ? "" : "s");
+        return CLI_EXIT_OK;
+    }
+    ckptio_step_info *steps = NULL;
+    size_t n = 0, good = 0;
+    if (check_all(engine, root, CKPTIO_STEP_CHECK_FULL, &steps, &n) != CLI_EXIT_OK) return CLI_EXIT_FAIL;
+    int rc = CLI_EXIT_OK;
+    for (size_t i = 0; i < n; i++) {
+        if (steps[i].state == CKPTIO_STEP_COMPLETE) {
+            good++;
+            if (!quiet) printf("%s: step %llu: ok\n", cli_q(root), (unsigned long long)steps[i].step);
+        } else if (steps[i].state == CKPTIO_STEP_PARTIAL) {
+            /* A save in progress or one that crashed: not damage. */
+            if (!quiet) printf("%s: step %llu: partial (%s)\n", cli_q(root), (unsigned long long)steps[i].step,
+                               cli_q(steps[i].reason));
+        } else {
+            cli_error("%s: step %llu: damaged: %s", root, (unsigned long long)steps[i].step, steps[i].reason);
+            rc = CLI_EXIT_FAIL;
+        }
+    }
+    if (!quiet) printf("%s: %zu of %zu steps complete and verified\n", cli_q(root), good, n);
+    ckptio_steps_free(steps);
+    return rc;
+}
+
+int cli_steps_clean(const char *root, bool quiet) {
+    ckptio_dcp_lock *lock = NULL;
+    ckptio_status st = ckptio_dcp_lock_acquire(root, NULL, 0, 0.0, NULL, NULL, &lock);
+    if (st != CKPTIO_OK) return cli_error_lib(root, st);
+    uint64_t *removed = NULL;
+    size_t n = 0;
+    st = ckptio_steps_clean(root, &removed, &n);
+    ckptio_dcp_lock_release(lock);
+    if (st != CKPTIO_OK) cli_error_lib(root, st);
+    if (!quiet || st != CKPTIO_OK) {
+        printf("%s: removed %zu partial step%s", cli_q(root), n, n == 1 ? "" : "s");
+        for (size_t i = 0; i < n; i++) printf("%s%llu", i ? ", " : " (", (unsigned long long)removed[i]);
+        printf("%s\n", n ? ")" : "");
+    }
+    ckptio_steps_list_free(removed);
+    return st == CKPTIO_OK ? CLI_EXIT_OK : CLI_EXIT_FAIL;
+}
