@@ -20,8 +20,8 @@ import os
 import threading
 from typing import Any, List, Optional
 
-import torch
-
+# torch is imported where it is used: `import ckptio` (and with it the `ckptio` command, whose console
+# script imports the package) must not pay torch's import time.
 from . import _ckptio
 from ._ckptio import Engine
 from ._errors import make_error
@@ -117,6 +117,8 @@ class CheckpointManager:
             if error is not None:
                 raise error
             return
+        import torch
+
         from ._group_read import check_status
 
         check_status(self._group, torch.device("cpu"), error, what)

@@ -435,3 +435,13 @@ def test_bench_reports_io_errors(tmp_path):
     assert r.returncode == 1
     assert "cannot create a temporary directory" in r.stderr
     assert str(tmp_path / "does-not-exist") in r.stderr
+
+
+def test_importing_the_package_leaves_torch_unimported():
+    """The `ckptio` console script imports the package before it execs the tool: the package must not
+    import torch (1-2 s) on the way, or every CLI call pays for it."""
+    import sys
+    code = "import sys, ckptio, ckptio.__main__; print(sorted(m for m in ('torch', 'numpy') if m in sys.modules))"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                         cwd=os.path.dirname(os.path.abspath(__file__)) + "/..").stdout
+    assert "torch" not in out, out
