@@ -136,6 +136,16 @@ static void test_scan(void) {
     T_ASSERT(steps[1].step == 20 && steps[1].state == CKPTIO_STEP_COMPLETE);
     T_ASSERT(steps[2].step == 60 && steps[2].state == CKPTIO_STEP_PARTIAL && has(steps[2].reason, "no commit marker"));
     ckptio_steps_free(steps);
+    /* Removing a step name that is a symlink (to step 10) or a file follows nothing and removes nothing. */
+    T_ASSERT(ckptio_steps_remove(root, 50) == CKPTIO_E_UNSUPPORTED);
+    T_ASSERT(has(ckptio_last_error()->message, "a symlink") && has(ckptio_last_error()->message, "nothing is removed"));
+    T_ASSERT(ckptio_steps_remove(root, 40) == CKPTIO_E_UNSUPPORTED);
+    T_OK(ckptio_steps_scan(root, &steps, &n));
+    T_ASSERT(n == 3 && steps[0].step == 10 && steps[0].state == CKPTIO_STEP_COMPLETE && steps[0].files == 5);
+    ckptio_steps_free(steps);
+    snprintf(path, sizeof path, "%s/step_00000050", root);
+    struct stat lsb;
+    T_ASSERT(lstat(path, &lsb) == 0 && S_ISLNK(lsb.st_mode));
     /* The marker holds the step and .metadata's size and hash. */
     size_t len = 0;
     char *text = t_read_file(step_file(root, 10, CKPTIO_STEP_MARKER), &len);

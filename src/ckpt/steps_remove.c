@@ -52,7 +52,13 @@ static ckptio_status remove_step(const char *root, uint64_t step) {
     if (!dir) return ckptio_last_error()->status;
     ckptio_status st = CKPTIO_OK;
     int err = 0;
-    if (!(marker = ckptio__dcp_join(dir, CKPTIO_STEP_MARKER))) {
+    struct stat sb;
+    if (lstat(dir, &sb) == 0 && !S_ISDIR(sb.st_mode)) {
+        /* A symlink named like a step could lead the removal out of the root: nothing is followed. */
+        st = CKPTIO_FAIL_CTX(CKPTIO_E_UNSUPPORTED, &((ckptio__err_ctx){.path = dir, .file_offset = -1}),
+                             "not a directory (%s): not a step; nothing is removed",
+                             S_ISLNK(sb.st_mode) ? "a symlink" : "a file");
+    } else if (!(marker = ckptio__dcp_join(dir, CKPTIO_STEP_MARKER))) {
         st = CKPTIO_FAIL(CKPTIO_E_NOMEM, "out of memory");
     } else if (ckptio__unlink(marker) == 0) {
         if ((err = ckptio__dcp_fsync_dir(dir)) != 0)
