@@ -226,10 +226,10 @@ def main():
                 one.warm_cache(files)
             warm_variants = [(f"{MODE}: ckptio read once [batch {b >> 20} MiB]", ckptio_read_once(d, dev, pg, b))
                              for b in (64 << 20, 1 << 30)] if MODE == "replicas" else []
-            todo = loaders + ((variants if case == "cold" else warm_variants)
+            runs = loaders + ((variants if case == "cold" else warm_variants)
                               if os.environ.get("VARIANTS", "1") == "1" else [])
             for rep in range(1 if case == "cold" else int(os.environ.get("REPS", "2"))):
-                for label, fn in todo:
+                for label, fn in runs:
                     if case == "cold":
                         if rank == 0:
                             one.drop_cache(files)
