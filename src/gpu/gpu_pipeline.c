@@ -425,15 +425,22 @@ typedef struct read_slot {
 
 /* Reads window `w` into the worker's next slot (waiting for that slot's
  * previous copies first) and queues its copies. */
-static ckptio_status stage_window(pipe *p, ckptio__gpu_worker_res *r, file_stage *fs, read_slot *slots,
-                                  unsigned *s, const window *w) {
-    read_slot *rs = &slots[*s];
+static ckptio_status stage_window(pipe *p, unsigned index, file_stage *fs, read_slot *slots, unsigned *s,
+                                  const window *w) {
+    ckptio__gpu_worker_res *r = &p->st->workers[index];
     ckptio_status st;
+    /* A slot not yet pinned is pinned now unless another worker is pinning
+     * (then this worker goes back to its first slot). */
+    unsigned char *slot;
+    if ((st = ckptio__gpu_slot(p->st, index, *s, *s == 0, &slot)) == CKPTIO_OK && !slot)
+        st = ckptio__gpu_slot(p->st, index, *s = 0, true, &slot);
+    if (st != CKPTIO_OK)
+        return annotate(st, p->runs[w->run].file, w->start, "allocate pinned staging", "staging window");
+    read_slot *rs = &slots[*s];
     if (rs->pending) {
         rs->pending = false;
         CKPTIO_FORWARD(wait_slot(p, r, *s, rs->w, rs->used));
     }
-    unsigned char *slot = r->mem[*s];
     const uint64_t a = ckptio__align_down(w->start, ALIGN);
     rs->used = ckptio__align_up(w->end, ALIGN) - a;
     ckptio__engine_staging(p->engine, 0, (int64_t)rs->used);
@@ -540,7 +547,7 @@ static void worker_read(pipe *p, ckptio__gpu_worker_res *r, file_stage *fs, unsi
                     st = copy_mapped(p, r, &held.v[held.n - 1], &p->wins[k]);
                     last_mapped = &p->wins[k];
                 } else {
-                    st = stage_window(p, r, fs, slots, &s, &p->wins[k]);
+                    st = stage_window(p, index, fs, slots, &s, &p->wins[k]);
                 }
             }
             first = last + 1;
@@ -567,7 +574,8 @@ static void worker_read(pipe *p, ckptio__gpu_worker_res *r, file_stage *fs, unsi
     release_maps(p, &held);
 }
 
-static void worker_write(pipe *p, ckptio__gpu_worker_res *r, file_stage *fs) {
+static void worker_write(pipe *p, unsigned index, file_stage *fs) {
+    ckptio__gpu_worker_res *r = &p->st->workers[index];
     const window *pw[CKPTIO_GPU_NSLOTS] = {0};
     uint64_t used[CKPTIO_GPU_NSLOTS] = {0}, data[CKPTIO_GPU_NSLOTS] = {0};
     unsigned head = 0, count = 0;
@@ -582,11 +590,18 @@ static void worker_write(pipe *p, ckptio__gpu_worker_res *r, file_stage *fs) {
             }
             const window *w = &p->wins[wi];
             const unsigned s = (head + count) % CKPTIO_GPU_NSLOTS;
+            unsigned char *slot;
+            ckptio_status ss = ckptio__gpu_slot(p->st, index, s, true, &slot);
+            if (ss != CKPTIO_OK) {
+                set_error(p, annotate(ss, p->runs[w->run].file, w->start, "allocate pinned staging",
+                                      "staging window"));
+                break;
+            }
             used[s] = ckptio__align_up(w->end, ALIGN) - ckptio__align_down(w->start, ALIGN);
             ckptio__engine_staging(p->engine, 0, (int64_t)used[s]);
             uint64_t queued = 0;
             ckptio_status st =
-                queue_copies(p, w, r->mem[s], ckptio__align_down(w->start, ALIGN), r->stream, &queued);
+                queue_copies(p, w, slot, ckptio__align_down(w->start, ALIGN), r->stream, &queued);
             ckptio_status rec = p->ops->event_record(r->event[s], r->stream);
             if (rec != CKPTIO_OK) {
                 ckptio__engine_staging(p->engine, 0, -(int64_t)used[s]);
@@ -634,7 +649,7 @@ static void worker_main(void *arg, unsigned w) {
         set_error(p, st);
     } else {
         if (p->dir == CKPTIO_READ) worker_read(p, r, &fs, w);
-        else worker_write(p, r, &fs);
+        else worker_write(p, w, &fs);
         ckptio__engine_stats_add(p->engine, &fs.st);
         if (fs.broken) {
             /* Unusable: the next run builds a new one (as exec.c does). */
@@ -666,8 +681,16 @@ static ckptio_status check_device_range(const ckptio__gpu_ops *ops, const ckptio
     return CKPTIO_OK;
 }
 
-/* Slot size from the settings only (not from the transfer), so that the
- * pinned slots are reused call after call. */
+/* Slot size from the settings only (not from the transfer, nor its
+ * direction), so that the pinned slots are reused call after call: changing
+ * them frees pinned memory, and cuMemFreeHost synchronises the device,
+ * which deadlocks a GDS request whose caller's stream waits on it.
+ * Slots (and so windows) are at most 2 MiB. Measured from the page cache
+ * and tmpfs (docs/GPU.md): 16 workers with 2 MiB windows loaded at 44-45
+ * GB/s where 4 MiB gave 39-44 and 1 MiB 41 (the CPU's copy into a slot is
+ * still in its caches when the GPU reads it, and smaller windows cost more
+ * per byte); and a process's first load pins half as much (128 MiB for
+ * 16 workers) before its copies run at full speed. */
 static void geometry(ckptio_engine *engine, bool inline_only, uint64_t block, unsigned *nworkers, uint64_t *slot) {
     int64_t threads = ckptio__engine_setting(engine, CKPTIO_OPT_THREADS);
     unsigned n = inline_only || threads < 1 ? 1 : (unsigned)(threads > CKPTIO_GPU_MAX_WORKERS ? CKPTIO_GPU_MAX_WORKERS : threads);
@@ -678,6 +701,7 @@ static void geometry(ckptio_engine *engine, bool inline_only, uint64_t block, un
     for (;;) {
         s = ckptio__align_down(staging / ((uint64_t)n * CKPTIO_GPU_NSLOTS), ALIGN);
         if (s > chunk) s = chunk;
+        if (s > CKPTIO_GPU_SLOT_MAX) s = CKPTIO_GPU_SLOT_MAX;
         if (s >= CKPTIO_GPU_MIN_SLOT || s >= chunk || n == 1) break;
         n--;
     }
@@ -744,15 +768,7 @@ ckptio_status ckptio__gpu_pipeline_run_observed(ckptio_engine *engine, const ckp
     unsigned nworkers;
     uint64_t slot;
     geometry(engine, inline_only, obs ? obs->block : 0, &nworkers, &slot);
-    /* Reads: windows of at most 2 MiB inside the slots. Measured on an H200
-     * from the page cache and tmpfs (docs/GPU.md): 16 workers with 2 MiB
-     * windows loaded at 45 GB/s where 4 MiB gave 39-44 (the CPU copies stay
-     * in cache). The slots keep the size the settings give, reads and
-     * writes alike: changing it frees pinned memory, and cuMemFreeHost
-     * synchronises the device, which deadlocks a GDS request whose caller's
-     * stream waits on it. */
-    const uint64_t window_bytes =
-        dir == CKPTIO_READ && slot > CKPTIO_GPU_READ_WINDOW_MAX ? CKPTIO_GPU_READ_WINDOW_MAX : slot;
+    const uint64_t window_bytes = slot;
     p.order = ckptio__calloc(count ? count : 1, sizeof *p.order);
     p.runs = ckptio__calloc(count ? count : 1, sizeof *p.runs);
     if (!p.order || !p.runs) {

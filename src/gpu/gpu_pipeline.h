@@ -27,7 +27,7 @@
 #define CKPTIO_GPU_NSLOTS 4              /* staging slots per worker */
 #define CKPTIO_GPU_MIN_SLOT (256u << 10) /* below this, use fewer workers instead */
 #define CKPTIO_GPU_MAX_WORKERS 64
-#define CKPTIO_GPU_READ_WINDOW_MAX (2u << 20) /* read windows: at most 2 MiB (gpu_pipeline.c) */
+#define CKPTIO_GPU_SLOT_MAX (2u << 20)   /* slots (and windows): at most 2 MiB (gpu_pipeline.c) */
 /* Workers that map resident windows: none by default. Measured on an H200
  * (docs/GPU.md, BENCHMARKS.md): copies from registered page-cache pages
  * plus registration ran at 6-25 GB/s where staging ran at 24-47 GB/s, and
@@ -55,6 +55,7 @@ typedef struct ckptio__gpu_state {
     ckptio_engine *engine;
     const ckptio__gpu_ops *ops;          /* ops the resources were made with */
     pthread_mutex_t lock;                /* one pipeline run at a time per engine */
+    pthread_mutex_t pin_lock;            /* one pinned allocation at a time */
     size_t slot_bytes;                   /* geometry of the pinned slots */
     uint64_t reserved;                   /* pinned bytes allocated */
     ckptio__gpu_worker_res workers[CKPTIO_GPU_MAX_WORKERS];
@@ -68,10 +69,16 @@ ckptio_status ckptio__gpu_state_get(ckptio_engine *engine, const ckptio__gpu_ops
 /* Sets the geometry for a run (frees slots of another size; st->lock held). */
 void ckptio__gpu_state_set_slot_bytes(ckptio__gpu_state *st, size_t slot_bytes);
 
-/* Gives worker w its stream and events on `device` and its pinned slots
- * (created on first need, reused afterwards). Called on the worker's thread
- * with the device's context current. */
+/* Gives worker w its stream and events on `device` (created on first need,
+ * reused afterwards). Called on the worker's thread with the device's
+ * context current. */
 ckptio_status ckptio__gpu_worker_ready(ckptio__gpu_state *st, unsigned w, int device);
+
+/* Worker w's pinned slot s, allocated on its first use and reused
+ * afterwards (same thread and context as ckptio__gpu_worker_ready). Without
+ * `wait`, a slot not yet allocated is left so (*out NULL, CKPTIO_OK) when
+ * another worker is pinning memory at that moment. */
+ckptio_status ckptio__gpu_slot(ckptio__gpu_state *st, unsigned w, unsigned s, bool wait, unsigned char **out);
 
 /* Runs the extents (all device memory of `device`) through the pipeline,
  * blocking until done. `inline_only` runs one worker on the calling thread

@@ -118,7 +118,10 @@ static void untrack(void *p) {
     for (sim_alloc **pp = &allocs; *pp; pp = &(*pp)->next) {
         sim_alloc *a = *pp;
         if (a->base == (uintptr_t)p) {
-            if (a->kind == CKPTIO_MEM_PINNED) stats.pinned_now -= a->size;
+            if (a->kind == CKPTIO_MEM_PINNED) {
+                stats.pinned_now -= a->size;
+                stats.pinned_frees++;
+            }
             *pp = a->next;
             ckptio__free(a);
             break;
@@ -186,6 +189,15 @@ static void sim_ctx_leave(int device) {
 }
 
 static ckptio_status sim_pinned_alloc(size_t bytes, void **out) {
+    pthread_mutex_lock(&lock);
+    const bool fail = config.fail_pinned_at && stats.pinned_allocs + 1 == config.fail_pinned_at;
+    if (fail) stats.pinned_allocs++;
+    pthread_mutex_unlock(&lock);
+    if (fail) {
+        *out = NULL;
+        return CKPTIO_FAIL(CKPTIO_E_CUDA, "simulated pinned allocation of %zu bytes failed (CUDA out of memory)",
+                           bytes);
+    }
     *out = track(bytes, CKPTIO_MEM_PINNED);
     if (!*out) return CKPTIO_FAIL(CKPTIO_E_NOMEM, "simulated pinned allocation of %zu bytes failed", bytes);
     return CKPTIO_OK;

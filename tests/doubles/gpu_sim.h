@@ -38,6 +38,7 @@ typedef struct ckptio__gpu_sim_config {
     uint64_t fail_register_at; /* the n-th host_register fails (CUDA error); 0 = never */
     bool no_register;          /* host_register is CKPTIO_E_UNSUPPORTED (a device without it) */
     unsigned register_delay_us; /* each host_register takes this long (pinning is not free) */
+    uint64_t fail_pinned_at;   /* the n-th pinned allocation (1-based) fails; 0 = never */
 } ckptio__gpu_sim_config;
 
 typedef struct ckptio__gpu_sim_stats {
@@ -47,6 +48,7 @@ typedef struct ckptio__gpu_sim_stats {
     uint64_t max_pending;        /* most copies queued but not yet run, at any moment */
     uint64_t pinned_now, pinned_peak; /* pinned bytes allocated */
     uint64_t pinned_allocs;      /* pinned allocations made */
+    uint64_t pinned_frees;       /* pinned allocations freed */
     int64_t ctx_depth;           /* ctx_enter minus ctx_leave (0 when balanced) */
     uint64_t streams_live, events_live;
     uint64_t register_calls;     /* host_register calls */
