@@ -330,6 +330,12 @@ def first_load_child(label, d):
     out = fn()
     ok = len(out) == len(reference) and all(torch.equal(out[k], v) for k, v in reference.items())
     row["bytes_equal"] = row2["bytes_equal"] = ok
+    if label.startswith("ckptio"):  # which path ran (all three loads together)
+        import ckptio
+        st = ckptio.default_engine().stats()
+        row["ckptio_stats"] = {k: st.get(k) for k in ("bytes_h2d", "bytes_h2d_mapped", "mapped_fallbacks",
+                                                      "staging_reserved")}
+        row["env"] = {k: v for k, v in os.environ.items() if k.startswith("CKPTIO_")}
     print("FIRSTROW " + json.dumps([row, row2]), flush=True)
 
 
@@ -358,7 +364,8 @@ def run_first_loads(case, d):
         for row in rows[0]:
             results.append(row)
             log(f"{case:6s} {label:55s} {row['GBps']:7.2f} GB/s {row['seconds']:7.3f} s  cpu {row['cpu_s_per_GB']:.3f}"
-                f" s/GB  extra GPU {row['extra_gpu_GiB']} GiB  equal={row['bytes_equal']} {row['note']}")
+                f" s/GB  extra GPU {row['extra_gpu_GiB']} GiB  equal={row['bytes_equal']} {row['note']}"
+                f" {row.get('ckptio_stats', '')}")
 
 
 def run_case(case, d, nbytes, reference):
