@@ -242,32 +242,50 @@ static void test_sizes_and_offsets(void) {
 
 /* ---- errors --------------------------------------------------------------- */
 
+/* A file of `size` random bytes opened for reading on a one-worker engine
+ * with 1 MiB of staging (4 slots of 256 KiB), a device buffer as large and
+ * the one extent reading all of it. */
+typedef struct one_worker_read {
+    unsigned char *want, *dev;
+    ckptio_engine *e;
+    ckptio_file *f;
+    ckptio_extent ex;
+} one_worker_read;
+
+static one_worker_read one_worker_read_setup(const char *path, size_t size, uint64_t seed) {
+    one_worker_read r = {.want = make_file(path, size, seed), .e = make_engine(1, 1 * MIB, 8 * MIB)};
+    T_OK(ckptio_file_open(r.e, path, CKPTIO_OPEN_READ, &r.f));
+    r.dev = ckptio__gpu_sim_device_alloc(size);
+    r.ex = (ckptio_extent){.file = r.f, .file_offset = 0, .length = size, .memory = r.dev,
+                           .mem_kind = CKPTIO_MEM_CUDA};
+    return r;
+}
+
+static void one_worker_read_done(one_worker_read *r) {
+    ckptio_file_close(r->f);
+    ckptio__gpu_sim_device_free(r->dev);
+    T_OK(ckptio_engine_destroy(r->e));
+    free(r->want);
+}
+
 static void test_copy_fails_when_queued(void) {
     ckptio__gpu_sim_config cfg = {.copy_delay_us = 50, .fail_enqueue_at = 3};
     ckptio__gpu_sim_configure(&cfg);
     const char *path = t_path("fail_q.bin");
-    unsigned char *want = make_file(path, 2 * MIB, 3);
-    ckptio_engine *e = make_engine(1, 1 * MIB, 8 * MIB);
-    ckptio_file *f = NULL;
-    T_OK(ckptio_file_open(e, path, CKPTIO_OPEN_READ, &f));
-    unsigned char *dev = ckptio__gpu_sim_device_alloc(2 * MIB);
-    ckptio_extent ex = {.file = f, .file_offset = 0, .length = 2 * MIB, .memory = dev, .mem_kind = CKPTIO_MEM_CUDA};
-    T_STATUS(ckptio__gpu_execute(e, CKPTIO_READ, &ex, 1), CKPTIO_E_CUDA);
+    one_worker_read r = one_worker_read_setup(path, 2 * MIB, 3);
+    T_STATUS(ckptio__gpu_execute(r.e, CKPTIO_READ, &r.ex, 1), CKPTIO_E_CUDA);
     T_MESSAGE_HAS("simulated failure of copy #3");
     T_MESSAGE_HAS("extent 0");
     T_MESSAGE_HAS(path);
     T_MESSAGE_HAS("copy to GPU at offset 524288"); /* the third 256 KiB window */
     T_ASSERT(ckptio_last_error()->cuda_result == 1);
-    check_engine_staging(e, 1 * MIB);
+    check_engine_staging(r.e, 1 * MIB);
     check_sim_clean(1 * MIB);
     /* The same engine and staging work again afterwards. */
     sim_reset(50);
-    T_OK(ckptio__gpu_execute(e, CKPTIO_READ, &ex, 1));
-    T_ASSERT(memcmp(dev, want, 2 * MIB) == 0);
-    ckptio_file_close(f);
-    ckptio__gpu_sim_device_free(dev);
-    T_OK(ckptio_engine_destroy(e));
-    free(want);
+    T_OK(ckptio__gpu_execute(r.e, CKPTIO_READ, &r.ex, 1));
+    T_ASSERT(memcmp(r.dev, r.want, 2 * MIB) == 0);
+    one_worker_read_done(&r);
 }
 
 /* Pinned slots are allocated when a worker first fills them (the first load
@@ -343,17 +361,12 @@ static void test_slot_allocation_fails(void) {
     ckptio__gpu_sim_config cfg = {.copy_delay_us = 50, .fail_pinned_at = 3};
     ckptio__gpu_sim_configure(&cfg);
     const char *path = t_path("fail_pin.bin");
-    unsigned char *want = make_file(path, 2 * MIB, 5);
-    ckptio_engine *e = make_engine(1, 1 * MIB, 8 * MIB); /* one worker, 4 slots of 256 KiB */
-    ckptio_file *f = NULL;
-    T_OK(ckptio_file_open(e, path, CKPTIO_OPEN_READ, &f));
-    unsigned char *dev = ckptio__gpu_sim_device_alloc(2 * MIB);
-    ckptio_extent ex = {.file = f, .file_offset = 0, .length = 2 * MIB, .memory = dev, .mem_kind = CKPTIO_MEM_CUDA};
-    T_STATUS(ckptio__gpu_execute(e, CKPTIO_READ, &ex, 1), CKPTIO_E_CUDA);
+    one_worker_read r = one_worker_read_setup(path, 2 * MIB, 5);
+    T_STATUS(ckptio__gpu_execute(r.e, CKPTIO_READ, &r.ex, 1), CKPTIO_E_CUDA);
     T_MESSAGE_HAS("simulated pinned allocation of 262144 bytes failed");
     T_MESSAGE_HAS(path);
     T_MESSAGE_HAS("allocate pinned staging at offset 524288"); /* the third window's slot */
-    check_engine_staging(e, 1 * MIB);
+    check_engine_staging(r.e, 1 * MIB);
     check_sim_clean(1 * MIB);
     /* Writes allocate on first use too, and fail the same way. */
     ckptio_engine *e2 = make_engine(1, 1 * MIB, 8 * MIB);
@@ -361,7 +374,7 @@ static void test_slot_allocation_fails(void) {
     ckptio__gpu_sim_configure(&cfg);
     ckptio_file *g2 = NULL;
     T_OK(ckptio_file_open(e2, t_path("fail_pin_w2.bin"), CKPTIO_OPEN_WRITE, &g2));
-    ckptio_extent wx = {.file = g2, .file_offset = 0, .length = 2 * MIB, .memory = dev, .mem_kind = CKPTIO_MEM_CUDA};
+    ckptio_extent wx = {.file = g2, .file_offset = 0, .length = 2 * MIB, .memory = r.dev, .mem_kind = CKPTIO_MEM_CUDA};
     T_STATUS(ckptio__gpu_execute(e2, CKPTIO_WRITE, &wx, 1), CKPTIO_E_CUDA);
     T_MESSAGE_HAS("allocate pinned staging at offset 262144");
     check_engine_staging(e2, 1 * MIB);
@@ -369,13 +382,10 @@ static void test_slot_allocation_fails(void) {
     T_OK(ckptio_engine_destroy(e2));
     /* The first engine's slots work again, and the missing one is made. */
     sim_reset(50);
-    T_OK(ckptio__gpu_execute(e, CKPTIO_READ, &ex, 1));
-    T_ASSERT(memcmp(dev, want, 2 * MIB) == 0);
+    T_OK(ckptio__gpu_execute(r.e, CKPTIO_READ, &r.ex, 1));
+    T_ASSERT(memcmp(r.dev, r.want, 2 * MIB) == 0);
     check_sim_clean(1 * MIB);
-    ckptio_file_close(f);
-    ckptio__gpu_sim_device_free(dev);
-    T_OK(ckptio_engine_destroy(e));
-    free(want);
+    one_worker_read_done(&r);
 }
 
 static void test_copy_fails_asynchronously(void) {
