@@ -5,12 +5,22 @@
  * the saves built on them (safetensors with and without a checksum
  * manifest, torch.save) from host and device memory.
  *
- * Each transfer is slowed down (ckptio__io_inject_delay) so that it spans
- * many progress calls; the callback cancels at its first call after some
- * bytes moved. A canceled transfer fails with CKPTIO_E_CANCELED and stops
- * early; a canceled save leaves the older file byte for byte, no temporary
- * and no manifest. Progress during GPU work is reported from the calling
- * thread, monotonic, on the whole plan's scale.
+ * The test, not the scheduler, decides how far a transfer gets between two
+ * progress calls, so that no check depends on which thread runs when (the
+ * 2-core CI machine under load once let the workers finish a transfer
+ * before the calling thread's first progress call):
+ *   - on 0 threads the calling thread does the work and reports between
+ *     requests, at most every 10 ms (engine.c's rate limit); each request
+ *     sleeps 3 ms (ckptio__io_inject_delay), so a call comes at least every
+ *     4 requests, whatever the load;
+ *   - on 2 threads the workers may start at most STEP requests before the
+ *     first progress call and between two calls (ckptio__io_inject_hold);
+ *     the calling thread reports while they wait.
+ * The callback cancels at its first call after some bytes moved. A
+ * canceled transfer fails with CKPTIO_E_CANCELED and stops early; a
+ * canceled save leaves the older file byte for byte, no temporary and no
+ * manifest. Progress during GPU work is reported from the calling thread,
+ * monotonic, on the whole plan's scale.
  */
 #include "gpu_sim.h"
 #include "helpers.h"
@@ -22,6 +32,8 @@
 #define KIB 1024u
 #define MIB (1024u * 1024u)
 #define BYTES (4 * MIB)
+#define CHUNK (128 * KIB) /* one request each: 32 in BYTES */
+#define STEP 4            /* requests the workers may start between two progress calls */
 
 typedef struct watch {
     pthread_t caller;
@@ -31,10 +43,16 @@ typedef struct watch {
     uint64_t last_done, total;
     uint64_t cancel_after; /* cancel at the first call with done >= this (0 = never) */
     uint64_t canceled_at;
+    bool regrant;          /* each call that does not cancel lets STEP more requests go */
 } watch;
 
-static void watch_start(watch *w, uint64_t cancel_after) {
-    *w = (watch){.caller = pthread_self(), .from_caller = true, .monotonic = true, .cancel_after = cancel_after};
+/* Starts watching a transfer: the workers may start STEP requests before
+ * the first progress call, and STEP more after each call if `regrant`
+ * (else none until the callback cancels). */
+static void watch_start(watch *w, uint64_t cancel_after, bool regrant) {
+    *w = (watch){.caller = pthread_self(), .from_caller = true, .monotonic = true, .cancel_after = cancel_after,
+                 .regrant = regrant};
+    ckptio__io_inject_hold(STEP);
 }
 
 static int on_progress(uint64_t done, uint64_t total, void *user) {
@@ -46,9 +64,16 @@ static int on_progress(uint64_t done, uint64_t total, void *user) {
     w->total = total;
     if (w->cancel_after && done >= w->cancel_after && !w->canceled_at) {
         w->canceled_at = done;
+        ckptio__io_inject_release(); /* the held workers see the cancel once their request is done */
         return 1;
     }
+    if (w->regrant) ckptio__io_inject_hold(STEP);
     return 0;
+}
+
+/* No worker waited in vain for a progress call (io_inject.h). */
+static void check_hold(const char *what) {
+    T_ASSERT_MSG(!ckptio__io_inject_hold_stalled(), "%s: the workers waited 30 s for a progress call", what);
 }
 
 static ckptio_engine *new_engine(int64_t threads, int64_t chunk, watch *w) {
@@ -77,6 +102,7 @@ static void check_canceled(ckptio_status st, const watch *w, const char *what) {
     T_MESSAGE_HAS("canceled");
     T_ASSERT_MSG(w->canceled_at > 0, "%s: the callback never canceled", what);
     T_ASSERT_MSG(w->from_caller && w->monotonic, "%s: progress from a worker or not monotonic", what);
+    check_hold(what);
 }
 
 /* ---- the GPU pipeline ---------------------------------------------------------- */
@@ -92,7 +118,7 @@ static void gpu_transfer_case(int64_t threads, ckptio_direction dir) {
     T_ASSERT(dev);
     if (dir == CKPTIO_WRITE) memcpy(dev, data, BYTES);
     watch w;
-    ckptio_engine *e = new_engine(threads, 128 * KIB, &w); /* 32 staging windows */
+    ckptio_engine *e = new_engine(threads, CHUNK, &w); /* 32 staging windows */
     ckptio_file *f = NULL;
     ckptio_plan *p = NULL;
     T_OK(ckptio_file_open(e, path, dir == CKPTIO_READ ? CKPTIO_OPEN_READ : CKPTIO_OPEN_WRITE | CKPTIO_OPEN_IN_PLACE,
@@ -100,21 +126,27 @@ static void gpu_transfer_case(int64_t threads, ckptio_direction dir) {
     T_OK(ckptio_plan_create(dir, &p));
     ckptio_extent x = {.file = f, .length = BYTES, .memory = dev, .mem_kind = CKPTIO_MEM_CUDA};
     T_OK(ckptio_plan_add(p, &x));
-    ckptio__io_inject_delay(3000); /* 3 ms per window: ~100 ms in all */
+    ckptio__io_inject_delay(3000); /* 3 ms per window */
+    const char *what = dir == CKPTIO_READ ? "GPU read" : "GPU write";
 
-    /* Uncanceled: progress comes during the GPU work, not only around it. */
-    watch_start(&w, 0);
+    /* Uncanceled: progress comes during the GPU work, not only around it
+     * (the first and the last call): 32 windows take at least 7 calls
+     * between those on either number of threads. */
+    watch_start(&w, 0, true);
     T_OK(ckptio_engine_execute(e, p));
+    check_hold(what);
     T_ASSERT_MSG(w.calls >= 4, "only %d progress calls during a GPU transfer", w.calls);
     T_ASSERT(w.from_caller && w.monotonic && w.last_done == BYTES && w.total == BYTES);
     if (dir == CKPTIO_READ) T_ASSERT(memcmp(dev, data, BYTES) == 0);
 
-    /* Canceled after some bytes: stops early. */
+    /* Canceled after some bytes: stops early. On 0 threads at most 4
+     * windows move before the cancel; on 2, STEP before it and one per
+     * worker after it. */
     const uint64_t before = bytes_moved(e);
-    watch_start(&w, 1);
-    check_canceled(ckptio_engine_execute(e, p), &w, dir == CKPTIO_READ ? "GPU read" : "GPU write");
+    watch_start(&w, 1, false);
+    check_canceled(ckptio_engine_execute(e, p), &w, what);
     const uint64_t moved = bytes_moved(e) - before;
-    T_ASSERT_MSG(moved < BYTES / 2, "the canceled GPU transfer still moved %llu of %u bytes",
+    T_ASSERT_MSG(moved <= (STEP + 2) * CHUNK, "the canceled GPU transfer still moved %llu of %u bytes",
                  (unsigned long long)moved, BYTES);
     ckptio__io_inject_reset();
 
@@ -155,7 +187,7 @@ static void test_mixed_plan_cancels_in_gpu_part(void) {
     unsigned char *dev = ckptio__gpu_sim_device_alloc(BYTES);
     T_ASSERT(dev);
     watch w;
-    ckptio_engine *e = new_engine(2, 128 * KIB, &w);
+    ckptio_engine *e = new_engine(2, CHUNK, &w);
     ckptio_file *f = NULL;
     ckptio_plan *p = NULL;
     T_OK(ckptio_file_open(e, path, CKPTIO_OPEN_READ, &f));
@@ -165,11 +197,14 @@ static void test_mixed_plan_cancels_in_gpu_part(void) {
     T_OK(ckptio_plan_add(p, &xh));
     T_OK(ckptio_plan_add(p, &xd));
     ckptio__io_inject_delay(3000);
-    watch_start(&w, 0);
+    watch_start(&w, 0, true);
     T_OK(ckptio_engine_execute(e, p));
+    check_hold("mixed plan");
     T_ASSERT(w.from_caller && w.monotonic && w.last_done == 2 * BYTES && w.total == 2 * BYTES);
     T_ASSERT(memcmp(host, data, BYTES) == 0 && memcmp(dev, data + BYTES, BYTES) == 0);
-    watch_start(&w, BYTES + 1); /* past the host part: inside the GPU part */
+    /* Past the host part: inside the GPU part, which cannot finish between
+     * two calls (STEP of its 32 windows at most). */
+    watch_start(&w, BYTES + 1, true);
     check_canceled(ckptio_engine_execute(e, p), &w, "mixed plan");
     T_ASSERT(w.canceled_at < 2 * BYTES);
     ckptio__io_inject_reset();
@@ -221,9 +256,9 @@ static void save_case(save_kind kind, ckptio_mem_kind mem_kind, int64_t threads)
         memcpy(mem, fresh, BYTES);
     }
     watch w;
-    ckptio_engine *e = new_engine(threads, 128 * KIB, &w);
+    ckptio_engine *e = new_engine(threads, CHUNK, &w);
     ckptio__io_inject_delay(3000);
-    watch_start(&w, 1);
+    watch_start(&w, 1, false);
     check_canceled(save(e, kind, path, mem, mem_kind), &w, what);
     ckptio__io_inject_reset();
     size_t n = 0;

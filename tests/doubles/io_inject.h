@@ -22,7 +22,25 @@ void ckptio__io_inject(ckptio__io_kind kind, uint64_t nth, int err, uint64_t sho
  * observe a transfer in progress. */
 void ckptio__io_inject_delay(uint64_t micros);
 
-/* Clears every injected fault and delay. */
+/* Holds the read and write requests of every thread but the calling one
+ * (the engine's workers) once `permits` more of them have started, until
+ * the next call sets new permits or ckptio__io_inject_release() lets them
+ * all go. Each call replaces the count, so that permits never pile up. A
+ * progress callback (which runs on the calling thread) thereby decides how
+ * many requests the workers make between two of its calls, however the
+ * threads are scheduled: tests of progress and cancel need no timing. The
+ * calling thread itself (a transfer on 0 threads) is never held. A request
+ * held for 30 s goes on and marks the hold stalled: a test whose callback
+ * never comes fails (ckptio__io_inject_hold_stalled) instead of hanging. */
+void ckptio__io_inject_hold(uint64_t permits);
+
+/* Ends the hold: every held request, and every later one, goes on. */
+void ckptio__io_inject_release(void);
+
+/* Whether a held request gave up waiting since the last reset. */
+bool ckptio__io_inject_hold_stalled(void);
+
+/* Clears every injected fault, delay and hold. */
 void ckptio__io_inject_reset(void);
 
 /* Requests of `kind` left before its armed fault fires: 0 once a one-shot
