@@ -218,13 +218,21 @@ static void test_mixed_plan_cancels_in_gpu_part(void) {
 
 /* ---- saves ----------------------------------------------------------------------- */
 
+/* Six manifest blocks (4 MiB each). A save with checksums from GPU memory
+ * stages whole blocks: one window per block, one to three write requests
+ * each. With one block the window's only progress call is the final one,
+ * whose answer is ignored (ckptio.h); with two, two workers could write
+ * both before any call. With six, the STEP requests the hold lets through
+ * finish at most four windows before a progress call, which cancels. */
+#define SAVE_BYTES (6 * BYTES)
+
 typedef enum save_kind { SAVE_SAFETENSORS, SAVE_SAFETENSORS_CHECKSUMS, SAVE_TORCH } save_kind;
 
 static ckptio_status save(ckptio_engine *e, save_kind kind, const char *path, const void *mem,
                           ckptio_mem_kind mem_kind) {
-    const int64_t shape[1] = {BYTES};
+    const int64_t shape[1] = {SAVE_BYTES};
     const ckptio_tensor_source t = {.name = "w", .dtype = CKPTIO_DTYPE_U8, .ndim = 1, .shape = shape,
-                                    .data = mem, .nbytes = BYTES, .mem_kind = mem_kind};
+                                    .data = mem, .nbytes = SAVE_BYTES, .mem_kind = mem_kind};
     switch (kind) {
     case SAVE_SAFETENSORS: return ckptio_safetensors_save(e, path, &t, 1, NULL, 0, 0);
     case SAVE_SAFETENSORS_CHECKSUMS:
@@ -244,16 +252,16 @@ static void save_case(save_kind kind, ckptio_mem_kind mem_kind, int64_t threads)
     char manifest[1024];
     T_OK(ckptio_manifest_path(path, manifest, sizeof manifest));
     remove(manifest);
-    unsigned char *old = malloc(BYTES), *fresh = malloc(BYTES);
+    unsigned char *old = malloc(SAVE_BYTES), *fresh = malloc(SAVE_BYTES);
     T_ASSERT(old && fresh);
-    t_fill_random(old, BYTES, 9);
-    t_fill_random(fresh, BYTES, 10);
-    t_write_file(path, old, BYTES);
+    t_fill_random(old, SAVE_BYTES, 9);
+    t_fill_random(fresh, SAVE_BYTES, 10);
+    t_write_file(path, old, SAVE_BYTES);
     void *mem = fresh;
     if (mem_kind == CKPTIO_MEM_CUDA) {
-        mem = ckptio__gpu_sim_device_alloc(BYTES);
+        mem = ckptio__gpu_sim_device_alloc(SAVE_BYTES);
         T_ASSERT(mem);
-        memcpy(mem, fresh, BYTES);
+        memcpy(mem, fresh, SAVE_BYTES);
     }
     watch w;
     ckptio_engine *e = new_engine(threads, CHUNK, &w);
@@ -263,7 +271,7 @@ static void save_case(save_kind kind, ckptio_mem_kind mem_kind, int64_t threads)
     ckptio__io_inject_reset();
     size_t n = 0;
     unsigned char *now = t_read_file(path, &n);
-    T_ASSERT_MSG(n == BYTES && memcmp(now, old, BYTES) == 0, "%s: the older file changed", what);
+    T_ASSERT_MSG(n == SAVE_BYTES && memcmp(now, old, SAVE_BYTES) == 0, "%s: the older file changed", what);
     free(now);
     T_ASSERT_MSG(t_count_entries(t_tmpdir(), "ckptio-tmp") == 0, "%s: temporaries left in %s", what, t_tmpdir());
     T_ASSERT_MSG(!t_file_exists(manifest), "%s: a manifest appeared", what);
