@@ -686,11 +686,11 @@ static ckptio_status check_device_range(const ckptio__gpu_ops *ops, const ckptio
  * them frees pinned memory, and cuMemFreeHost synchronises the device,
  * which deadlocks a GDS request whose caller's stream waits on it.
  * Slots (and so windows) are at most 2 MiB. Measured from the page cache
- * and tmpfs (docs/GPU.md): 16 workers with 2 MiB windows loaded at 44-45
- * GB/s where 4 MiB gave 39-44 and 1 MiB 41 (the CPU's copy into a slot is
- * still in its caches when the GPU reads it, and smaller windows cost more
- * per byte); and a process's first load pins half as much (128 MiB for
- * 16 workers) before its copies run at full speed. */
+ * and tmpfs (docs/GPU.md): 16 workers with 2 MiB windows loaded at 45
+ * GB/s where 4 MiB gave 39-42 (H200) and 1 MiB 41.5 (H100): the CPU copies
+ * into a slot run faster while it stays in the caches, and smaller windows
+ * cost more per byte. A process's first load also pins half as much (128
+ * MiB for 16 workers) before its copies run at full speed. */
 static void geometry(ckptio_engine *engine, bool inline_only, uint64_t block, unsigned *nworkers, uint64_t *slot) {
     int64_t threads = ckptio__engine_setting(engine, CKPTIO_OPT_THREADS);
     unsigned n = inline_only || threads < 1 ? 1 : (unsigned)(threads > CKPTIO_GPU_MAX_WORKERS ? CKPTIO_GPU_MAX_WORKERS : threads);
