@@ -847,6 +847,22 @@ CKPTIO_API ckptio_status ckptio_gpu_check_free(int device, uint64_t needed, cons
  * (CKPTIO_IO_PATH_NONE before any). */
 CKPTIO_API ckptio_status ckptio_engine_gpu_path(ckptio_engine *engine, ckptio_io_path *out);
 
+/*! ckptio_engine_gpu_prepare() :
+ * Starts pinning, on a background thread, the host staging memory the
+ * engine's loads to CUDA device `device` will use (the engine keeps it for
+ * later transfers; 128 MiB with the default settings), and returns at once.
+ * A process's first load otherwise pins it as it goes (0.3-0.6 s per GiB;
+ * docs/GPU.md): a model server calls this while it builds its model, so
+ * the load that follows starts with its staging ready. A transfer that
+ * starts meanwhile stops the pinning and pins the rest itself; an error
+ * while pinning ends it silently (the transfer that needs the memory
+ * reports it). Slots of another size (after a save with checksums) are
+ * kept, and nothing is pinned then. The engine's destruction waits for the
+ * thread. Thread-safe.
+ * @return CKPTIO_OK; CKPTIO_E_INVAL (NULL engine, negative device), the
+ * error of a device CUDA cannot use (no driver, bad ordinal, forked child). */
+CKPTIO_API ckptio_status ckptio_engine_gpu_prepare(ckptio_engine *engine, int device);
+
 /* ---- GDS file API (like cuFile and torch.cuda.gds.GdsFile) ----------------
  * A file opened for transfers between it and device or host buffers at
  * explicit offsets. With CKPTIO_OPT_GPU_PATH (env CKPTIO_GPU_PATH) AUTO,

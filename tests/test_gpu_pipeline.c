@@ -355,6 +355,130 @@ static void test_slot_pinning_never_waits_without_need(void) {
     T_ASSERT_MSG(s.pinned_now == 0, "%llu pinned bytes left after the engine", (unsigned long long)s.pinned_now);
 }
 
+/* ---- pinning ahead (ckptio_engine_gpu_prepare) ------------------------------- */
+
+/* Waits up to 5 s for the simulated device to have made `allocs` pinned
+ * allocations; returns how many it made. */
+static uint64_t wait_pinned_allocs(uint64_t allocs) {
+    ckptio__gpu_sim_stats s;
+    for (int i = 0; i < 5000; i++) {
+        ckptio__gpu_sim_get_stats(&s);
+        if (s.pinned_allocs >= allocs) break;
+        struct timespec ts = {0, 1000000};
+        nanosleep(&ts, NULL);
+    }
+    ckptio__gpu_sim_get_stats(&s);
+    return s.pinned_allocs;
+}
+
+/* The background thread pins every slot a load will use, and the load that
+ * follows pins nothing more. */
+static void test_prepare_pins_ahead(void) {
+    sim_reset(0);
+    const char *path = t_path("prep.bin");
+    unsigned char *want = make_file(path, 4 * MIB, 41);
+    ckptio_engine *e = make_engine(4, 4 * MIB, 8 * MIB); /* 4 workers x 4 slots of 256 KiB */
+    T_OK(ckptio_engine_gpu_prepare(e, 0));
+    T_ASSERT_MSG(wait_pinned_allocs(16) == 16, "prepare pinned %llu slots, not 16",
+                 (unsigned long long)wait_pinned_allocs(16));
+    ckptio_stats st;
+    T_OK(ckptio_engine_stats(e, &st));
+    T_ASSERT(st.staging_reserved == 4 * MIB && st.staging_in_use == 0);
+    ckptio_file *f = NULL;
+    T_OK(ckptio_file_open(e, path, CKPTIO_OPEN_READ, &f));
+    unsigned char *dev = ckptio__gpu_sim_device_alloc(4 * MIB);
+    ckptio_extent ex = {.file = f, .length = 4 * MIB, .memory = dev, .mem_kind = CKPTIO_MEM_CUDA};
+    T_OK(ckptio__gpu_execute(e, CKPTIO_READ, &ex, 1));
+    T_ASSERT(memcmp(dev, want, 4 * MIB) == 0);
+    ckptio__gpu_sim_stats s;
+    ckptio__gpu_sim_get_stats(&s);
+    T_ASSERT_MSG(s.pinned_allocs == 16, "the load pinned %llu more slots", (unsigned long long)(s.pinned_allocs - 16));
+    check_sim_clean(4 * MIB);
+    ckptio_file_close(f);
+    ckptio__gpu_sim_device_free(dev);
+    T_OK(ckptio_engine_destroy(e));
+    free(want);
+}
+
+/* A transfer right after prepare (the thread stops or finishes: never a slot
+ * pinned twice), prepare called again and the engine destroyed at once
+ * (the thread is joined, everything freed). */
+static void test_prepare_races_transfers_and_destroy(void) {
+    for (int round = 0; round < 20; round++) {
+        sim_reset(round % 2 ? 20 : 0);
+        const char *path = t_path("prep_race.bin");
+        unsigned char *want = make_file(path, 2 * MIB + 333, 43 + (uint64_t)round);
+        ckptio_engine *e = make_engine(4, 4 * MIB, 8 * MIB);
+        T_OK(ckptio_engine_gpu_prepare(e, 0));
+        ckptio_file *f = NULL;
+        T_OK(ckptio_file_open(e, path, CKPTIO_OPEN_READ, &f));
+        unsigned char *dev = ckptio__gpu_sim_device_alloc(2 * MIB + 333);
+        ckptio_extent ex = {.file = f, .length = 2 * MIB + 333, .memory = dev, .mem_kind = CKPTIO_MEM_CUDA};
+        T_OK(ckptio__gpu_execute(e, CKPTIO_READ, &ex, 1));
+        T_ASSERT(memcmp(dev, want, 2 * MIB + 333) == 0);
+        T_OK(ckptio_engine_gpu_prepare(e, 0));
+        T_OK(ckptio_engine_gpu_prepare(e, 0));
+        ckptio_file_close(f);
+        T_OK(ckptio_engine_destroy(e));
+        ckptio__gpu_sim_stats s;
+        ckptio__gpu_sim_get_stats(&s);
+        T_ASSERT_MSG(s.pinned_allocs <= 16, "round %d: %llu pinned allocations for 16 slots", round,
+                     (unsigned long long)s.pinned_allocs);
+        T_ASSERT_MSG(s.pinned_now == 0 && s.ctx_depth == 0 && s.violations == 0,
+                     "round %d: %llu pinned bytes left, context depth %lld, %llu violations", round,
+                     (unsigned long long)s.pinned_now, (long long)s.ctx_depth, (unsigned long long)s.violations);
+        ckptio__gpu_sim_device_free(dev);
+        free(want);
+    }
+}
+
+/* Bad arguments and devices fail at once; slots of another size are kept;
+ * a pinning failure ends the pinning quietly and the load still works. */
+static void test_prepare_refusals_and_failures(void) {
+    sim_reset(0);
+    T_STATUS(ckptio_engine_gpu_prepare(NULL, 0), CKPTIO_E_INVAL);
+    ckptio_engine *e = make_engine(4, 4 * MIB, 8 * MIB);
+    T_STATUS(ckptio_engine_gpu_prepare(e, -1), CKPTIO_E_INVAL);
+    T_STATUS(ckptio_engine_gpu_prepare(e, 1), CKPTIO_E_CUDA);
+    T_MESSAGE_HAS("simulated device 1 does not exist");
+    const char *path = t_path("prep_fail.bin");
+    unsigned char *want = make_file(path, 1 * MIB, 47);
+    ckptio_file *f = NULL;
+    T_OK(ckptio_file_open(e, path, CKPTIO_OPEN_READ, &f));
+    unsigned char *dev = ckptio__gpu_sim_device_alloc(1 * MIB);
+    ckptio_extent ex = {.file = f, .length = 1 * MIB, .memory = dev, .mem_kind = CKPTIO_MEM_CUDA};
+    T_OK(ckptio__gpu_execute(e, CKPTIO_READ, &ex, 1)); /* 256 KiB slots now exist */
+    ckptio__gpu_sim_stats a, b;
+    ckptio__gpu_sim_get_stats(&a);
+    T_OK(ckptio_engine_set(e, CKPTIO_OPT_STAGING_BYTES, 8 * MIB)); /* loads would take 512 KiB slots */
+    T_OK(ckptio_engine_gpu_prepare(e, 0));
+    T_OK(ckptio_engine_gpu_prepare(e, 0)); /* joins the first: it pinned nothing */
+    ckptio__gpu_sim_get_stats(&b);
+    T_ASSERT_MSG(b.pinned_allocs == a.pinned_allocs && b.pinned_frees == a.pinned_frees,
+                 "prepare touched slots of another size (%llu -> %llu allocations, %llu -> %llu frees)",
+                 (unsigned long long)a.pinned_allocs, (unsigned long long)b.pinned_allocs,
+                 (unsigned long long)a.pinned_frees, (unsigned long long)b.pinned_frees);
+    ckptio_file_close(f);
+    T_OK(ckptio_engine_destroy(e));
+    /* A fresh engine whose second pinning fails: the thread stops there and
+     * the load pins the rest. */
+    ckptio__gpu_sim_config cfg = {.fail_pinned_at = 2};
+    ckptio__gpu_sim_configure(&cfg);
+    e = make_engine(4, 4 * MIB, 8 * MIB);
+    T_OK(ckptio_engine_gpu_prepare(e, 0));
+    T_ASSERT(wait_pinned_allocs(2) == 2);
+    T_OK(ckptio_file_open(e, path, CKPTIO_OPEN_READ, &f));
+    memset(dev, 0, 1 * MIB);
+    ex = (ckptio_extent){.file = f, .length = 1 * MIB, .memory = dev, .mem_kind = CKPTIO_MEM_CUDA};
+    T_OK(ckptio__gpu_execute(e, CKPTIO_READ, &ex, 1));
+    T_ASSERT(memcmp(dev, want, 1 * MIB) == 0);
+    check_sim_clean(4 * MIB);
+    ckptio_file_close(f);
+    T_OK(ckptio_engine_destroy(e));
+    ckptio__gpu_sim_device_free(dev);
+    free(want);
+}
+
 /* A slot that cannot be pinned midway fails the transfer with an error that
  * names it; nothing is left in use and the engine works afterwards. */
 static void test_slot_allocation_fails(void) {
@@ -1068,6 +1192,9 @@ int main(void) {
     T_RUN(test_slots_allocated_on_first_use);
     T_RUN(test_slot_allocation_fails);
     T_RUN(test_slot_pinning_never_waits_without_need);
+    T_RUN(test_prepare_pins_ahead);
+    T_RUN(test_prepare_races_transfers_and_destroy);
+    T_RUN(test_prepare_refusals_and_failures);
     T_RUN(test_read_fails_midway);
     T_RUN(test_bad_device_memory);
     T_RUN(test_engine_and_safetensors);

@@ -28,7 +28,7 @@ from ._errors import (  # noqa: F401  (must come first: the extension imports it
 )
 from . import _ckptio
 from ._ckptio import Engine, default_engine
-from ._api import CheckpointFile, StorageInfo, TensorInfo, load, open, save, save_torch
+from ._api import CheckpointFile, StorageInfo, TensorInfo, load, open, prepare_gpu, save, save_torch
 from ._gds import GdsFile, gds_deregister_buffer, gds_register_buffer
 from ._module_io import load_model, save_model
 from ._model import Slice, SliceRequest
@@ -58,6 +58,7 @@ __all__ = [
     "TensorInfo",
     "StorageInfo",
     "save_torch",
+    "prepare_gpu",
     "save_model",
     "load_model",
     "CheckpointManager",

@@ -450,6 +450,28 @@ def load(path: Union[PathLike, bytes, bytearray, memoryview, Any], device: Any =
         return f.get_tensors(keys, out=out, progress=progress)
 
 
+def prepare_gpu(device: Any = "cuda", *, engine=None) -> None:
+    """Starts pinning the host staging memory that loads to `device` will use,
+    on a background thread, and returns at once.
+
+    A process's first GPU load otherwise pins its staging as it goes (128 MiB
+    with the default settings, 0.3-0.6 s per GiB): a model server calls this
+    while it builds its model, so that the load which follows starts with its
+    staging ready. A load that starts meanwhile stops the pinning and pins
+    the rest itself. The memory stays with the engine for later transfers.
+
+    Args:
+        device: "cuda", "cuda:N", an int N or a torch.device.
+        engine: a ckptio.Engine (default: the shared default engine, which
+            ``ckptio.load`` uses).
+    """
+    dev = _adapt.parse_device(device)
+    if dev.kind != "cuda":
+        raise ValueError(f"prepare_gpu: device {dev} is not a CUDA device")
+    dev = _adapt.resolve_cuda(dev)
+    (engine if engine is not None else _ckptio.default_engine()).prepare_gpu(dev.index)
+
+
 # ---- saving ------------------------------------------------------------------------------
 
 

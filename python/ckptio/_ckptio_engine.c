@@ -276,6 +276,23 @@ static PyObject *engine_backend(PyObject *obj, PyObject *unused) {
     return PyUnicode_FromString(ckptio_backend_name(b));
 }
 
+static ckptio_status do_prepare_gpu(ckptio_engine *engine, void *arg) {
+    return ckptio_engine_gpu_prepare(engine, *(int *)arg);
+}
+
+static PyObject *engine_prepare_gpu(PyObject *obj, PyObject *arg) {
+    ckpy_engine *self = (ckpy_engine *)obj;
+    const long device = PyLong_AsLong(arg);
+    if (device == -1 && PyErr_Occurred()) return NULL;
+    if (device < 0 || device > INT32_MAX) {
+        PyErr_Format(PyExc_ValueError, "prepare_gpu: device index must be >= 0, not %ld", device);
+        return NULL;
+    }
+    int d = (int)device;
+    if (ckpy_engine_run(self, do_prepare_gpu, &d) < 0) return NULL;
+    Py_RETURN_NONE;
+}
+
 static PyObject *engine_bounds(PyObject *cls, PyObject *name) {
     ckptio_option option;
     if (!PyUnicode_Check(name)) {
@@ -295,6 +312,9 @@ static PyMethodDef engine_methods[] = {
     {"options", engine_options, METH_NOARGS, "options() -> dict of every setting."},
     {"stats", engine_stats, METH_NOARGS, "stats() -> dict of cumulative counters (bytes, requests, seconds)."},
     {"backend", engine_backend, METH_NOARGS, "backend() -> str: the I/O backend in use ('pread' or 'io_uring')."},
+    {"prepare_gpu", engine_prepare_gpu, METH_O,
+     "prepare_gpu(device: int): start pinning, in the background, the staging memory loads to CUDA device "
+     "`device` will use (ckptio_engine_gpu_prepare)."},
     {"bounds", engine_bounds, METH_O | METH_CLASS, "bounds(name) -> (min, max): inclusive bounds of a setting."},
     {NULL, NULL, 0, NULL},
 };

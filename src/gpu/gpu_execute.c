@@ -81,6 +81,17 @@ ckptio_status ckptio_engine_gpu_path(ckptio_engine *engine, ckptio_io_path *out)
     return CKPTIO_OK;
 }
 
+ckptio_status ckptio_engine_gpu_prepare(ckptio_engine *engine, int device) {
+    CKPTIO_RETURN_IF(!engine || device < 0, CKPTIO_E_INVAL,
+                     "ckptio_engine_gpu_prepare: an engine and a device >= 0 are required (device %d)", device);
+    const ckptio__gpu_ops *ops = NULL;
+    CKPTIO_FORWARD(ckptio__gpu_ops_get(&ops));
+    /* A device that cannot be used fails here, not in the background. */
+    CKPTIO_FORWARD(ops->ctx_enter(device));
+    ops->ctx_leave(device);
+    return ckptio__gpu_prepare(engine, ops, device);
+}
+
 /* ---- cuFile for plan extents --------------------------------------------------- */
 
 /* Moves the extents with cuFile, registering each distinct file's O_DIRECT

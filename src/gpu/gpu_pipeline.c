@@ -721,6 +721,10 @@ static void geometry(ckptio_engine *engine, bool inline_only, uint64_t block, un
     *slot = s;
 }
 
+void ckptio__gpu_load_geometry(ckptio_engine *engine, unsigned *nworkers, uint64_t *slot) {
+    geometry(engine, false, 0, nworkers, slot);
+}
+
 ckptio_status ckptio__gpu_pipeline_run(ckptio_engine *engine, const ckptio__gpu_ops *ops, int device,
                                        ckptio_direction dir, const ckptio_extent *extents, size_t count,
                                        bool inline_only) {

@@ -23,6 +23,7 @@
 #include "io_internal.h"
 
 #include <pthread.h>
+#include <stdatomic.h>
 
 #define CKPTIO_GPU_NSLOTS 4              /* staging slots per worker */
 #define CKPTIO_GPU_MIN_SLOT (256u << 10) /* below this, use fewer workers instead */
@@ -59,12 +60,26 @@ typedef struct ckptio__gpu_state {
     size_t slot_bytes;                   /* geometry of the pinned slots */
     uint64_t reserved;                   /* pinned bytes allocated */
     ckptio__gpu_worker_res workers[CKPTIO_GPU_MAX_WORKERS];
+    /* ckptio_engine_gpu_prepare's background pinning: one thread at a time,
+     * joined by the next prepare and by the engine's destruction. */
+    pthread_mutex_t prepare_lock;        /* guards prepare_thread and prepare_started */
+    pthread_t prepare_thread;
+    bool prepare_started;                /* prepare_thread is to be joined */
+    _Atomic bool prepare_stop;           /* the engine is going away */
     int last_path;                       /* ckptio_io_path of the last GPU transfer */
     int last_run_mapped;                 /* last pipeline run's bytes: 0 none, 1 some, 2 all mapped */
 } ckptio__gpu_state;
 
 /* The engine's GPU state, created on first use. */
 ckptio_status ckptio__gpu_state_get(ckptio_engine *engine, const ckptio__gpu_ops *ops, ckptio__gpu_state **out);
+
+/* Workers and slot size a load (no observer) runs with under the engine's
+ * settings: what ckptio_engine_gpu_prepare pins ahead. */
+void ckptio__gpu_load_geometry(ckptio_engine *engine, unsigned *nworkers, uint64_t *slot);
+
+/* Starts pinning the slots a load to `device` will use, in the background
+ * (ckptio_engine_gpu_prepare). */
+ckptio_status ckptio__gpu_prepare(ckptio_engine *engine, const ckptio__gpu_ops *ops, int device);
 
 /* Sets the geometry for a run (frees slots of another size; st->lock held). */
 void ckptio__gpu_state_set_slot_bytes(ckptio__gpu_state *st, size_t slot_bytes);

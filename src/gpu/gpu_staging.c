@@ -40,6 +40,9 @@ static void release_worker(ckptio__gpu_state *st, ckptio__gpu_worker_res *w, boo
 static void destroy_state(void *p) {
     ckptio__gpu_state *st = p;
     if (!st) return;
+    atomic_store(&st->prepare_stop, true);
+    if (st->prepare_started) pthread_join(st->prepare_thread, NULL);
+    pthread_mutex_destroy(&st->prepare_lock);
     for (unsigned w = 0; w < CKPTIO_GPU_MAX_WORKERS; w++) {
         ckptio__gpu_worker_res *r = &st->workers[w];
         release_worker(st, r, true);
@@ -71,6 +74,7 @@ ckptio_status ckptio__gpu_state_get(ckptio_engine *engine, const ckptio__gpu_ops
         st->last_path = 0;
         pthread_mutex_init(&st->lock, NULL);
         pthread_mutex_init(&st->pin_lock, NULL);
+        pthread_mutex_init(&st->prepare_lock, NULL);
         for (unsigned w = 0; w < CKPTIO_GPU_MAX_WORKERS; w++) st->workers[w].device = -1;
         ckptio__engine_set_gpu_state(engine, st, destroy_state);
     }
@@ -127,4 +131,88 @@ ckptio_status ckptio__gpu_slot(ckptio__gpu_state *st, unsigned w, unsigned s, bo
     ckptio__engine_staging(st->engine, (int64_t)st->slot_bytes, 0);
     *out = r->mem[s];
     return CKPTIO_OK;
+}
+
+/* ---- pinning ahead (ckptio_engine_gpu_prepare) ---------------------------------- */
+
+/* Pins slot 0 of every worker, then slot 1, ... so that a transfer starting
+ * midway finds each worker's first slots ready. A transfer holds st->lock
+ * for its whole run: when it starts, this thread stops at its next slot and
+ * the transfer's workers pin what is still missing (and report any error:
+ * here a failure only ends the pinning). */
+typedef struct prepare_job {
+    ckptio__gpu_state *st;
+    const ckptio__gpu_ops *ops;
+    int device;
+    unsigned workers;  /* workers whose slots it pins */
+    uint64_t slot;     /* the slot size it pins */
+} prepare_job;
+
+static void *prepare_main(void *arg) {
+    prepare_job job = *(prepare_job *)arg;
+    ckptio__free(arg);
+    ckptio__gpu_state *st = job.st;
+    const ckptio__gpu_ops *ops = job.ops;
+    if (ops->ctx_enter(job.device) != CKPTIO_OK) return NULL;
+    for (unsigned s = 0; s < CKPTIO_GPU_NSLOTS; s++) {
+        for (unsigned w = 0; w < job.workers; w++) {
+            if (atomic_load(&st->prepare_stop) || pthread_mutex_trylock(&st->lock) != 0) goto out;
+            unsigned char *mem = NULL;
+            const bool same = st->slot_bytes == job.slot && st->ops == ops;
+            const ckptio_status rc = same ? ckptio__gpu_slot(st, w, s, true, &mem) : CKPTIO_E_INVAL;
+            pthread_mutex_unlock(&st->lock);
+            if (rc != CKPTIO_OK) goto out;
+        }
+    }
+out:
+    ops->ctx_leave(job.device);
+    return NULL;
+}
+
+static bool any_slot(const ckptio__gpu_state *st) {
+    for (unsigned w = 0; w < CKPTIO_GPU_MAX_WORKERS; w++)
+        for (unsigned s = 0; s < CKPTIO_GPU_NSLOTS; s++)
+            if (st->workers[w].mem[s]) return true;
+    return false;
+}
+
+ckptio_status ckptio__gpu_prepare(ckptio_engine *engine, const ckptio__gpu_ops *ops, int device) {
+    ckptio__gpu_state *st = NULL;
+    CKPTIO_FORWARD(ckptio__gpu_state_get(engine, ops, &st));
+    unsigned workers = 0;
+    uint64_t slot = 0;
+    ckptio__gpu_load_geometry(engine, &workers, &slot);
+    ckptio_status rc = CKPTIO_OK;
+    pthread_mutex_lock(&st->prepare_lock);
+    if (st->prepare_started) {
+        /* The previous one stops at its next slot if a transfer runs. */
+        pthread_join(st->prepare_thread, NULL);
+        st->prepare_started = false;
+    }
+    /* A transfer running now pins what it needs itself. Slots of another
+     * size are left alone: freeing pinned memory synchronises the device. */
+    bool start = false;
+    if (pthread_mutex_trylock(&st->lock) == 0) {
+        start = true;
+        if (st->slot_bytes != slot) {
+            if (any_slot(st)) start = false;
+            else st->slot_bytes = slot;
+        }
+        pthread_mutex_unlock(&st->lock);
+    }
+    prepare_job *job = start ? ckptio__malloc(sizeof *job) : NULL;
+    if (start && !job) rc = CKPTIO_FAIL(CKPTIO_E_NOMEM, "out of memory starting to pin staging memory");
+    if (job) {
+        *job = (prepare_job){.st = st, .ops = ops, .device = device, .workers = workers, .slot = slot};
+        atomic_store(&st->prepare_stop, false);
+        const int err = pthread_create(&st->prepare_thread, NULL, prepare_main, job);
+        if (err == 0) {
+            st->prepare_started = true;
+        } else {
+            ckptio__free(job);
+            rc = CKPTIO_FAIL(CKPTIO_E_NOMEM, "could not start a thread to pin staging memory: %s", strerror(err));
+        }
+    }
+    pthread_mutex_unlock(&st->prepare_lock);
+    return rc;
 }

@@ -234,3 +234,21 @@ def test_errors_pickle_with_every_field():
                   "filename"):
         assert getattr(f, field) == getattr(e, field), field
     assert str(f) == str(e) and f.path == "/nonexistent/dir/x.safetensors"
+
+
+def test_prepare_gpu_refuses_what_it_cannot_prepare():
+    """prepare_gpu takes CUDA devices only; without a usable CUDA device it
+    fails at once with the reason (the pinning itself runs in the background
+    and is covered by the C simulator tests and test_py_gpu.py)."""
+    with pytest.raises(ValueError, match="not a CUDA device"):
+        ckptio.prepare_gpu("cpu")
+    with pytest.raises(ValueError, match=">= 0"):
+        ckptio.Engine().prepare_gpu(-1)
+    with pytest.raises(TypeError):
+        ckptio.Engine().prepare_gpu("cuda:0")
+    if not torch.cuda.is_available():
+        with pytest.raises(RuntimeError, match="CUDA is not available"):
+            ckptio.prepare_gpu("cuda")
+        with pytest.raises(ckptio.CkptioError) as err:
+            ckptio.Engine().prepare_gpu(0)
+        assert "CUDA" in str(err.value) or "cuda" in str(err.value)

@@ -114,3 +114,23 @@ def test_tensors_on_a_device_that_is_not_current(tmp_path):
     torch.cuda.set_device(1)
     assert torch.equal(ckptio.load(tmp_path / "m.safetensors", device="cuda:0")["t"].cpu(), t.cpu())
     torch.cuda.set_device(0)
+
+
+def test_prepare_gpu_pins_the_staging_a_load_then_uses(tmp_path):
+    """The engine's staging is pinned in the background after prepare_gpu; a
+    load afterwards pins nothing more and returns the file's bytes."""
+    import time
+    sd = {"w": random_tensor(torch.bfloat16, (4096, 4096), seed=5)}
+    path = tmp_path / "m.safetensors"
+    st_save_file(sd, str(path))
+    e = ckptio.Engine(gpu_path="staged")
+    ckptio.prepare_gpu(torch.cuda.current_device(), engine=e)
+    deadline = time.monotonic() + 30
+    while e.stats()["staging_reserved"] < 32 << 20 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    time.sleep(0.5)  # the last slots
+    reserved = e.stats()["staging_reserved"]
+    assert reserved > 0
+    got = ckptio.load(path, device="cuda", engine=e)
+    assert tensor_bytes(got["w"]) == tensor_bytes(sd["w"])
+    assert e.stats()["staging_reserved"] == reserved
