@@ -185,8 +185,11 @@ ckptio_status ckptio__gpu_prepare(ckptio_engine *engine, const ckptio__gpu_ops *
     ckptio_status rc = CKPTIO_OK;
     pthread_mutex_lock(&st->prepare_lock);
     if (st->prepare_started) {
-        /* The previous one stops at its next slot if a transfer runs. */
-        pthread_join(st->prepare_thread, NULL);
+        if (pthread_tryjoin_np(st->prepare_thread, NULL) != 0) {
+            /* Still pinning: it does this call's work. */
+            pthread_mutex_unlock(&st->prepare_lock);
+            return CKPTIO_OK;
+        }
         st->prepare_started = false;
     }
     /* A transfer running now pins what it needs itself. Slots of another
