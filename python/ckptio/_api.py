@@ -455,9 +455,9 @@ def prepare_gpu(device: Any = "cuda", *, engine=None) -> None:
     on a background thread, and returns at once.
 
     A process's first GPU load otherwise pins its staging as it goes (4 slots
-    of up to 2 MiB per worker thread: 128 MiB with 16; 0.3-0.6 s per GiB): a model server calls this
-    while it builds its model, so that the load which follows starts with its
-    staging ready. A load that starts meanwhile stops the pinning and pins
+    of up to 2 MiB per worker thread: 128 MiB with 16; 0.3-0.6 s per GiB):
+    a model server calls this while it builds its model, so that the load
+    which follows starts with its staging ready. A load that starts meanwhile stops the pinning and pins
     the rest itself. The memory stays with the engine for later transfers.
 
     Args:
