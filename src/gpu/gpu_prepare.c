@@ -1,0 +1,94 @@
+/*
+ * gpu_prepare.c - ckptio_engine_gpu_prepare's background pinning: the slots
+ * a load will use (gpu_pipeline.c's geometry) pinned ahead into the engine's
+ * staging (gpu_staging.c), so that a process's first load starts with them.
+ */
+#include "engine_internal.h"
+#include "gpu_pipeline.h"
+
+#include <string.h>
+
+/* Pins slot 0 of every worker, then slot 1, ... so that a transfer starting
+ * midway finds each worker's first slots ready. A transfer holds st->lock
+ * for its whole run: when it starts, this thread stops at its next slot and
+ * the transfer's workers pin what is still missing (and report any error:
+ * here a failure only ends the pinning). */
+typedef struct prepare_job {
+    ckptio__gpu_state *st;
+    const ckptio__gpu_ops *ops;
+    int device;
+    unsigned workers;  /* workers whose slots it pins */
+    uint64_t slot;     /* the slot size it pins */
+} prepare_job;
+
+static void *prepare_main(void *arg) {
+    prepare_job job = *(prepare_job *)arg;
+    ckptio__free(arg);
+    ckptio__gpu_state *st = job.st;
+    const ckptio__gpu_ops *ops = job.ops;
+    if (ops->ctx_enter(job.device) != CKPTIO_OK) return NULL;
+    for (unsigned s = 0; s < CKPTIO_GPU_NSLOTS; s++) {
+        for (unsigned w = 0; w < job.workers; w++) {
+            if (atomic_load(&st->prepare_stop) || pthread_mutex_trylock(&st->lock) != 0) goto out;
+            unsigned char *mem = NULL;
+            const bool same = st->slot_bytes == job.slot && st->ops == ops;
+            const ckptio_status rc = same ? ckptio__gpu_slot(st, w, s, true, &mem) : CKPTIO_E_INVAL;
+            pthread_mutex_unlock(&st->lock);
+            if (rc != CKPTIO_OK) goto out;
+        }
+    }
+out:
+    ops->ctx_leave(job.device);
+    return NULL;
+}
+
+static bool any_slot(const ckptio__gpu_state *st) {
+    for (unsigned w = 0; w < CKPTIO_GPU_MAX_WORKERS; w++)
+        for (unsigned s = 0; s < CKPTIO_GPU_NSLOTS; s++)
+            if (st->workers[w].mem[s]) return true;
+    return false;
+}
+
+ckptio_status ckptio__gpu_prepare(ckptio_engine *engine, const ckptio__gpu_ops *ops, int device) {
+    ckptio__gpu_state *st = NULL;
+    CKPTIO_FORWARD(ckptio__gpu_state_get(engine, ops, &st));
+    unsigned workers = 0;
+    uint64_t slot = 0;
+    ckptio__gpu_load_geometry(engine, &workers, &slot);
+    ckptio_status rc = CKPTIO_OK;
+    pthread_mutex_lock(&st->prepare_lock);
+    if (st->prepare_started) {
+        if (pthread_tryjoin_np(st->prepare_thread, NULL) != 0) {
+            /* Still pinning: it does this call's work. */
+            pthread_mutex_unlock(&st->prepare_lock);
+            return CKPTIO_OK;
+        }
+        st->prepare_started = false;
+    }
+    /* A transfer running now pins what it needs itself. Slots of another
+     * size are left alone: freeing pinned memory synchronises the device. */
+    bool start = false;
+    if (pthread_mutex_trylock(&st->lock) == 0) {
+        start = true;
+        if (st->slot_bytes != slot) {
+            if (any_slot(st)) start = false;
+            else st->slot_bytes = slot;
+        }
+        pthread_mutex_unlock(&st->lock);
+    }
+    prepare_job *job = start ? ckptio__malloc(sizeof *job) : NULL;
+    if (start && !job) rc = CKPTIO_FAIL(CKPTIO_E_NOMEM, "out of memory starting to pin staging memory");
+    if (job) {
+        *job = (prepare_job){.st = st, .ops = ops, .device = device, .workers = workers, .slot = slot};
+        atomic_store(&st->prepare_stop, false);
+        const int err = pthread_create(&st->prepare_thread, NULL, prepare_main, job);
+        if (err == 0) {
+            st->prepare_started = true;
+        } else {
+            ckptio__free(job);
+            rc = CKPTIO_FAIL(CKPTIO_E_NOMEM, "could not start a thread to pin staging memory: %s", strerror(err));
+        }
+    }
+    pthread_mutex_unlock(&st->prepare_lock);
+    return rc;
+}
