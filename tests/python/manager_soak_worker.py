@@ -135,9 +135,12 @@ def main() -> None:
                 os.replace(path + ".tmp", path)
             mgr.save(step, sd)
     mgr.close()
-    print("DONE", flush=True)
     if world > 1:
         dist.destroy_process_group()
+    print("DONE", flush=True)
+    # Skip interpreter teardown: torch's gloo group now and then aborts in it
+    # ("terminate called without an active exception") after all was done.
+    os._exit(0)
 
 
 if __name__ == "__main__":
