@@ -9,18 +9,12 @@
  * "files", data_offset + nbytes does not overflow, and "parts" tile
  * [0, nbytes) in order. A broken invariant traps.
  */
+#include "fuzz_check.h"
 #include "ckptio.h"
 #include "dcp_dir_internal.h"
 
 #include <stdint.h>
 #include <string.h>
-
-int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
-
-#define CHECK(cond)                    \
-    do {                               \
-        if (!(cond)) __builtin_trap(); \
-    } while (0)
 
 static void check_name(const char *s) {
     CHECK(s && *s && !strchr(s, '/') && strcmp(s, ".") != 0 && strcmp(s, "..") != 0);

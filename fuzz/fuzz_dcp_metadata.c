@@ -13,6 +13,7 @@
  * every tensor must agree with the pairwise definition (small tensors). A
  * broken invariant traps.
  */
+#include "fuzz_check.h"
 #include "ckptio.h"
 #include "dcp_commit_internal.h"
 #include "dcp_dir_internal.h"
@@ -116,8 +117,6 @@ static void check_referenced(const uint8_t *data, size_t size) {
     for (size_t i = 0; i < n; i++) CHECK(refs[i] != NULL);
     ckptio_dcp_names_free(refs, n);
 }
-
-int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     ckptio_pickle *p = NULL;

@@ -10,19 +10,13 @@
  * that exists, and every shard is used; lookups find every entry. A failed
  * parse leaves nothing allocated. A broken invariant traps.
  */
+#include "fuzz_check.h"
 #include "ckptio.h"
 #include "hf_index_internal.h"
 
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
-
-int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
-
-#define CHECK(cond)                    \
-    do {                               \
-        if (!(cond)) __builtin_trap(); \
-    } while (0)
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     ckptio__hf_index x;

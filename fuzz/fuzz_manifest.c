@@ -9,19 +9,13 @@
  * must survive a round trip through the writer: dumped and parsed again,
  * it is the same manifest. A broken invariant traps.
  */
+#include "fuzz_check.h"
 #include "ckptio.h"
 #include "manifest_internal.h"
 
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
-
-int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
-
-#define CHECK(cond)                      \
-    do {                                 \
-        if (!(cond)) __builtin_trap();   \
-    } while (0)
 
 static void check(const ckptio__manifest *m) {
     CHECK(m->file && *m->file && !strchr(m->file, '/') && strcmp(m->file, "..") != 0);

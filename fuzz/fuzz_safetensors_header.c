@@ -10,19 +10,13 @@
  * (ckptio_format_detect_bytes) calls every accepted file safetensors. A
  * broken invariant traps.
  */
+#include "fuzz_check.h"
 #include "ckptio.h"
 #include "safetensors_internal.h"
 
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
-
-int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
-
-#define CHECK(cond)                      \
-    do {                                 \
-        if (!(cond)) __builtin_trap();   \
-    } while (0)
 
 static void check_invariants(const ckptio_safetensors *st, size_t size) {
     size_t count, md_count;

@@ -7,18 +7,12 @@
  * (the format is canonical: one spelling per marker). A broken invariant
  * traps.
  */
+#include "fuzz_check.h"
 #include "ckptio.h"
 #include "steps_internal.h"
 
 #include <stdint.h>
 #include <string.h>
-
-int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
-
-#define CHECK(cond)                    \
-    do {                               \
-        if (!(cond)) __builtin_trap(); \
-    } while (0)
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     ckptio__step_marker m;

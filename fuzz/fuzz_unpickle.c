@@ -7,14 +7,13 @@
  * kind, containers report consistent lengths, nesting stays under the cap.
  * A broken invariant traps.
  */
+#include "fuzz_check.h"
 #include "ckptio.h"
 #include "pickle_internal.h"
 #include "value_walk.h"
 
 #include <stdint.h>
 #include <stdlib.h>
-
-int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     ckptio__value_pool pool = {0};

@@ -12,18 +12,12 @@
  * torch archive, and no two different tensors share a name. A broken
  * invariant traps.
  */
+#include "fuzz_check.h"
 #include "ckptio.h"
 
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
-
-int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
-
-#define CHECK(cond)                    \
-    do {                               \
-        if (!(cond)) __builtin_trap(); \
-    } while (0)
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     ckptio_torch *t = NULL;

@@ -11,17 +11,13 @@
 #ifndef CKPTIO_FUZZ_VALUE_WALK_H
 #define CKPTIO_FUZZ_VALUE_WALK_H
 
+#include "fuzz_check.h"
 #include "ckptio.h"
 #include "pickle_internal.h"
 
 #include <stdbool.h>
 #include <stdint.h>
 #include <string.h>
-
-#define CHECK(cond)                    \
-    do {                               \
-        if (!(cond)) __builtin_trap(); \
-    } while (0)
 
 /* Walks the tree; shared nodes are revisited, so the budget bounds the work. */
 static void fuzz_walk_value(const ckptio_value *v, unsigned depth, uint64_t *budget, bool dcp) {

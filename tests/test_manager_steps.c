@@ -363,87 +363,97 @@ static void expect_resumable(const char *root, uint64_t want, const char *what) 
                  ckptio_last_error_message());
 }
 
-static void test_faults_commit(void) {
+/* Runs `attempt` for every fault of `faults`, injected at request 1, 2, ...
+ * until a run in which it did not fire (the operation made fewer requests of
+ * that kind); `attempt` makes its assertions and says whether the fault
+ * fired. Returns how many fired. */
+typedef bool (*fault_attempt)(const fault_case *f, uint64_t nth);
+
+static unsigned each_fault(fault_attempt attempt) {
     unsigned fired_total = 0;
     for (size_t k = 0; k < sizeof faults / sizeof *faults; k++) {
-        const fault_case *f = &faults[k];
         for (uint64_t nth = 1;; nth++) {
             T_ASSERT(nth < 200);
-            const char *root = new_root();
-            save_step(root, 10);
-            /* The new step's data is in place; only its commit sees the fault. */
-            write_step(root, 20);
-            char dir[4096];
-            snprintf(dir, sizeof dir, "%.4000s/step_00000020", root);
-            ckptio__io_inject(f->kind, nth, f->err, 0, false);
-            const ckptio_status st = ckptio_steps_commit(root, 20);
-            const bool fired = ckptio__io_inject_countdown(f->kind) == 0;
-            ckptio__io_inject_reset();
-            char what[128];
-            snprintf(what, sizeof what, "commit, %s at request %llu", f->label, (unsigned long long)nth);
-            if (!fired) {
-                T_ASSERT_MSG(st == CKPTIO_OK, "%s: %s", what, ckptio_last_error_message());
-                expect_resumable(root, 20, what);
-                break;
-            }
+            if (!attempt(&faults[k], nth)) break;
             fired_total++;
-            if (st == CKPTIO_OK) { /* e.g. a failed unlink of nothing: the commit completed */
-                expect_resumable(root, 20, what);
-                continue;
-            }
-            const char *msg = ckptio_last_error_message();
-            T_ASSERT_MSG(has(msg, "step 20 (") && has(msg, ": commit: ") && has(msg, strerror(f->err)), "%s: %s", what,
-                         msg);
-            /* Either the marker never landed (resume from 10) or it did and
-             * only a later fsync failed (then step 20 is complete). */
-            const bool marked = t_file_exists(step_file(root, 20, CKPTIO_STEP_MARKER));
-            expect_resumable(root, marked ? 20 : 10, what);
-            T_ASSERT_MSG(t_count_entries(dir, "ckptio-tmp") == 0, "%s: a temporary was left", what);
         }
     }
+    return fired_total;
+}
+
+static bool commit_with_fault(const fault_case *f, uint64_t nth) {
+    const char *root = new_root();
+    save_step(root, 10);
+    /* The new step's data is in place; only its commit sees the fault. */
+    write_step(root, 20);
+    char dir[4096];
+    snprintf(dir, sizeof dir, "%.4000s/step_00000020", root);
+    ckptio__io_inject(f->kind, nth, f->err, 0, false);
+    const ckptio_status st = ckptio_steps_commit(root, 20);
+    const bool fired = ckptio__io_inject_countdown(f->kind) == 0;
+    ckptio__io_inject_reset();
+    char what[128];
+    snprintf(what, sizeof what, "commit, %s at request %llu", f->label, (unsigned long long)nth);
+    if (!fired) {
+        T_ASSERT_MSG(st == CKPTIO_OK, "%s: %s", what, ckptio_last_error_message());
+        expect_resumable(root, 20, what);
+        return false;
+    }
+    if (st == CKPTIO_OK) { /* e.g. a failed unlink of nothing: the commit completed */
+        expect_resumable(root, 20, what);
+        return true;
+    }
+    const char *msg = ckptio_last_error_message();
+    T_ASSERT_MSG(has(msg, "step 20 (") && has(msg, ": commit: ") && has(msg, strerror(f->err)), "%s: %s", what, msg);
+    /* Either the marker never landed (resume from 10) or it did and only a
+     * later fsync failed (then step 20 is complete). */
+    const bool marked = t_file_exists(step_file(root, 20, CKPTIO_STEP_MARKER));
+    expect_resumable(root, marked ? 20 : 10, what);
+    T_ASSERT_MSG(t_count_entries(dir, "ckptio-tmp") == 0, "%s: a temporary was left", what);
+    return true;
+}
+
+static void test_faults_commit(void) {
+    const unsigned fired_total = each_fault(commit_with_fault);
     T_ASSERT(fired_total >= 4);
     printf("# commit: %u injected faults fired\n", fired_total);
 }
 
-static void test_faults_remove(void) {
-    unsigned fired_total = 0;
-    for (size_t k = 0; k < sizeof faults / sizeof *faults; k++) {
-        const fault_case *f = &faults[k];
-        for (uint64_t nth = 1;; nth++) {
-            T_ASSERT(nth < 200);
-            const char *root = new_root();
-            for (uint64_t s = 10; s <= 40; s += 10) save_step(root, s);
-            uint64_t *removed = NULL;
-            size_t n = 0;
-            ckptio__io_inject(f->kind, nth, f->err, 0, false);
-            const ckptio_status st = ckptio_steps_retain(engine, root, 2, 0, &removed, &n);
-            const bool fired = ckptio__io_inject_countdown(f->kind) == 0;
-            ckptio__io_inject_reset();
-            ckptio_steps_list_free(removed);
-            char what[128];
-            snprintf(what, sizeof what, "retention, %s at request %llu", f->label, (unsigned long long)nth);
-            if (st != CKPTIO_OK) {
-                const char *msg = ckptio_last_error_message();
-                /* The scan's own listing fails before any step is named. */
-                T_ASSERT_MSG(((has(msg, "step 10 (") || has(msg, "step 20 (")) && has(msg, ": remove: ")) ||
-                                 has(msg, "listing the steps"),
-                             "%s: %s", what, msg);
-            }
-            /* Whatever happened, the newest steps are intact. */
-            expect_resumable(root, 40, what);
-            T_ASSERT(check(root, 30, CKPTIO_STEP_CHECK_FULL).state == CKPTIO_STEP_COMPLETE);
-            /* What a failed removal left is partial, and clean finishes it. */
-            if (st != CKPTIO_OK) {
-                T_OK(ckptio_steps_clean(root, NULL, NULL));
-                ckptio_step_info *steps = NULL;
-                T_OK(ckptio_steps_scan(root, &steps, &n));
-                for (size_t i = 0; i < n; i++) T_ASSERT(steps[i].state == CKPTIO_STEP_COMPLETE);
-                ckptio_steps_free(steps);
-            }
-            if (!fired) break;
-            fired_total++;
-        }
+static bool retain_with_fault(const fault_case *f, uint64_t nth) {
+    const char *root = new_root();
+    for (uint64_t s = 10; s <= 40; s += 10) save_step(root, s);
+    uint64_t *removed = NULL;
+    size_t n = 0;
+    ckptio__io_inject(f->kind, nth, f->err, 0, false);
+    const ckptio_status st = ckptio_steps_retain(engine, root, 2, 0, &removed, &n);
+    const bool fired = ckptio__io_inject_countdown(f->kind) == 0;
+    ckptio__io_inject_reset();
+    ckptio_steps_list_free(removed);
+    char what[128];
+    snprintf(what, sizeof what, "retention, %s at request %llu", f->label, (unsigned long long)nth);
+    if (st != CKPTIO_OK) {
+        const char *msg = ckptio_last_error_message();
+        /* The scan's own listing fails before any step is named. */
+        T_ASSERT_MSG(((has(msg, "step 10 (") || has(msg, "step 20 (")) && has(msg, ": remove: ")) ||
+                         has(msg, "listing the steps"),
+                     "%s: %s", what, msg);
     }
+    /* Whatever happened, the newest steps are intact. */
+    expect_resumable(root, 40, what);
+    T_ASSERT(check(root, 30, CKPTIO_STEP_CHECK_FULL).state == CKPTIO_STEP_COMPLETE);
+    /* What a failed removal left is partial, and clean finishes it. */
+    if (st != CKPTIO_OK) {
+        T_OK(ckptio_steps_clean(root, NULL, NULL));
+        ckptio_step_info *steps = NULL;
+        T_OK(ckptio_steps_scan(root, &steps, &n));
+        for (size_t i = 0; i < n; i++) T_ASSERT(steps[i].state == CKPTIO_STEP_COMPLETE);
+        ckptio_steps_free(steps);
+    }
+    return fired;
+}
+
+static void test_faults_remove(void) {
+    const unsigned fired_total = each_fault(retain_with_fault);
     T_ASSERT(fired_total >= 4);
     printf("# retention: %u injected faults fired\n", fired_total);
 }

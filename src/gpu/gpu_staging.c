@@ -119,7 +119,7 @@ ckptio_status ckptio__gpu_slot(ckptio__gpu_state *st, unsigned w, unsigned s, bo
     *out = r->mem[s];
     if (*out) return CKPTIO_OK;
     /* The driver pins one allocation at a time (measured: 64 allocations of
-     * 4 MiB took 0.11 s on one thread and 0.14 s on 16), so a worker that
+     * 4 MiB took 0.11-0.15 s on one thread, 0.14 s on 16), so a worker that
      * could reuse a slot it has does so rather than queue behind another's. */
     if (wait) pthread_mutex_lock(&st->pin_lock);
     else if (pthread_mutex_trylock(&st->pin_lock) != 0) return CKPTIO_OK;
