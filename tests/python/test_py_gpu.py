@@ -125,11 +125,13 @@ def test_prepare_gpu_pins_the_staging_a_load_then_uses(tmp_path):
     st_save_file(sd, str(path))
     e = ckptio.Engine(gpu_path="staged")
     ckptio.prepare_gpu(torch.cuda.current_device(), engine=e)
-    deadline = time.monotonic() + 30
-    while e.stats()["staging_reserved"] < 32 << 20 and time.monotonic() < deadline:
-        time.sleep(0.01)
-    time.sleep(0.5)  # the last slots
-    reserved = e.stats()["staging_reserved"]
+    # Done when the pinned bytes stop growing (0.3 s unchanged, after some).
+    deadline, reserved, still = time.monotonic() + 30, -1, 0.0
+    while still < 0.3 and time.monotonic() < deadline:
+        time.sleep(0.05)
+        now = e.stats()["staging_reserved"]
+        still = still + 0.05 if now == reserved and now > 0 else 0.0
+        reserved = now
     assert reserved > 0
     got = ckptio.load(path, device="cuda", engine=e)
     assert tensor_bytes(got["w"]) == tensor_bytes(sd["w"])
