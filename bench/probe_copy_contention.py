@@ -11,10 +11,18 @@ bench_model_gpu.py (MODEL_DIR, read into the page cache first):
   pin                  cuMemHostAlloc of 64 x 4 MiB on 1 thread, and on 16 threads at once (does pinning
                        scale with threads? the first load of a process pays it); 128 MiB pinned as
                        64 x 2 MiB, as one cuMemHostAlloc, and as anonymous memory (transparent huge
-                       pages or not) touched then cuMemHostRegister'ed
+                       pages or not) touched then cuMemHostRegister'ed, and as 64 x 2 MiB of anonymous
+                       memory populated by mmap (MAP_POPULATE) then registered (ckptio's slots)
+  register             one thread registering (cuMemHostRegister, read-only) then unregistering 64 MiB pieces
+                       of the model files mmapped and populated: the zero-copy path's pinning, alone
+  h2d+register         both at once: does registering stall other threads' copies (the driver serialises
+                       pinning: does it serialise copies too)?
+  h2d+read-hot+register  a staged load's two copies with registration beside: what a mix of zero-copy
+                       and staged windows would meet
 
     MODEL_DIR=/var/tmp/ckptio-model python3 bench/probe_copy_contention.py   # prints one line per probe,
                                                                            # $OUT/probe_copy_contention.json
+    PROBES=pin,read,register (default: all), REGISTER_MiB=64
 """
 import ctypes
 import glob
@@ -156,10 +164,95 @@ def pin_probe():
             libc.munmap(ctypes.c_void_p(addr), ctypes.c_size_t(n))
         return undo
 
+    def populate_register(n, each):
+        """ckptio's slots since 2026-11-26: mmap(MAP_POPULATE) + cuMemHostRegister, one per slot."""
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.mmap.restype = ctypes.c_void_p
+        libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_long]
+        ptrs = []
+        for _ in range(n):
+            addr = libc.mmap(None, each, 3, 0x8022, -1, 0)  # PROT_READ|WRITE, MAP_PRIVATE|ANONYMOUS|POPULATE
+            if cuda.cuMemHostRegister_v2(ctypes.c_void_p(addr), ctypes.c_size_t(each), ctypes.c_uint(3)) == 0:
+                ptrs.append(addr)
+
+        def undo():
+            for addr in ptrs:
+                cuda.cuMemHostUnregister(ctypes.c_void_p(addr))
+                libc.munmap(ctypes.c_void_p(addr), ctypes.c_size_t(each))
+        return undo
+
     timed_pin("pin 64 x 2 MiB", lambda: host_alloc(64, 2 * MiB))
+    timed_pin("pin populate+register 64 x 2 MiB", lambda: populate_register(64, 2 * MiB))
     timed_pin("pin 1 x 128 MiB", lambda: host_alloc(1, 128 * MiB))
     timed_pin("pin register 4K pages", lambda: register(False))
     timed_pin("pin register THP", lambda: register(True))
+
+
+class Registrar:
+    """One thread registering and unregistering REGISTER_MiB pieces of the mmapped files until stopped."""
+
+    def __init__(self, files, piece=int(os.environ.get("REGISTER_MiB", "64")) * MiB):
+        self.cuda = ctypes.CDLL("libcuda.so.1")
+        self.ctx = ctypes.c_void_p()
+        self.cuda.cuCtxGetCurrent(ctypes.byref(self.ctx))
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.mmap.restype = ctypes.c_void_p
+        libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_long]
+        self.pieces, self.maps = [], []
+        for f in files:
+            size = os.path.getsize(f)
+            fd = os.open(f, os.O_RDONLY)
+            addr = libc.mmap(None, size, 1, 0x8001, fd, 0)  # PROT_READ, MAP_SHARED|MAP_POPULATE
+            os.close(fd)
+            self.maps.append((addr, size))
+            self.pieces += [addr + o for o in range(0, size - piece, piece)]
+        self.libc, self.piece = libc, piece
+        self.bytes, self.failures = 0, 0
+        self.stop = threading.Event()
+
+    def worker(self):
+        self.cuda.cuCtxSetCurrent(self.ctx)
+        i = 0
+        while not self.stop.is_set():
+            p = ctypes.c_void_p(self.pieces[i % len(self.pieces)])
+            i += 1
+            if self.cuda.cuMemHostRegister_v2(p, ctypes.c_size_t(self.piece), ctypes.c_uint(0x0B)) != 0:
+                self.failures += 1
+                continue
+            self.cuda.cuMemHostUnregister(p)
+            self.bytes += self.piece
+
+    def start(self):
+        self.thread = threading.Thread(target=self.worker)
+        self.t0 = time.perf_counter()
+        self.thread.start()
+
+    def finish(self):
+        self.stop.set()
+        self.thread.join()
+        for addr, size in self.maps:
+            self.libc.munmap(ctypes.c_void_p(addr), ctypes.c_size_t(size))
+        return round(self.bytes / (time.perf_counter() - self.t0) / 1e9, 2), self.failures
+
+
+def register_probes(files, src, dst, pieces):
+    r = Registrar(files)
+    r.start()
+    time.sleep(SECONDS)
+    gbps, fails = r.finish()
+    log_row("register", GBps=gbps, failures=fails, piece_MiB=r.piece // MiB)
+    r = Registrar(files)
+    r.start()
+    h = h2d_for(SECONDS, src, dst)
+    gbps, fails = r.finish()
+    log_row("h2d+register", h2d_GBps=round(h, 2), register_GBps=gbps, failures=fails)
+    r, reader = Registrar(files), Reader(pieces, 2 * MiB)
+    r.start()
+    reader.start()
+    h = h2d_for(SECONDS, src, dst)
+    gbps, fails = r.finish()
+    log_row("h2d+read-hot+register", h2d_GBps=round(h, 2), read_GBps=round(reader.finish(), 2),
+            register_GBps=gbps, failures=fails)
 
 
 def main():
@@ -170,18 +263,28 @@ def main():
             while fh.read(64 * MiB):
                 pass
     torch.zeros(1, device="cuda:0")
-    pin_probe()
+    probes = os.environ.get("PROBES", "pin,read,register").split(",")
+    if "pin" in probes:
+        pin_probe()
     src = torch.empty(2 << 30, dtype=torch.uint8, pin_memory=True)
     src.fill_(1)
     dst = torch.empty_like(src, device="cuda:0")
     h2d_for(0.3, src, dst)
     log_row("h2d", GBps=round(h2d_for(SECONDS, src, dst), 2))
+    if "register" in probes:
+        register_probes(files, src, dst, pieces)
+    if "read" not in probes:
+        probes = []
     for name, ring in (("read-hot", 2 * MiB), ("read-ring8", 8 * MiB), ("read-ring", 32 * MiB)):
+        if not probes:
+            break
         r = Reader(pieces, ring)
         r.start()
         time.sleep(SECONDS)
         log_row(name, GBps=round(r.finish(), 2))
     for name, ring in (("h2d+read-hot", 2 * MiB), ("h2d+read-ring8", 8 * MiB), ("h2d+read-ring", 32 * MiB)):
+        if not probes:
+            break
         r = Reader(pieces, ring)
         r.start()
         h = h2d_for(SECONDS, src, dst)

@@ -852,7 +852,7 @@ CKPTIO_API ckptio_status ckptio_engine_gpu_path(ckptio_engine *engine, ckptio_io
  * engine's loads to CUDA device `device` will use (the engine keeps it for
  * later transfers; 4 slots of up to 2 MiB per worker thread: 128 MiB with
  * 16), and returns at once.
- * A process's first load otherwise pins it as it goes (0.3-0.6 s per GiB;
+ * A process's first load otherwise pins it as it goes (0.55-0.61 s per GiB;
  * docs/GPU.md): a model server calls this while it builds its model, so
  * the load that follows starts with its staging ready. A transfer that
  * starts meanwhile stops the pinning and pins the rest itself; an error

@@ -292,7 +292,8 @@ static void test_copy_fails_when_queued(void) {
  * of a process starts copying after one allocation per worker) and reused
  * by later transfers. */
 static void test_slots_allocated_on_first_use(void) {
-    sim_reset(0);
+    ckptio__gpu_sim_config busy = {.events_busy = true}; /* every window wants a slot of its own */
+    ckptio__gpu_sim_configure(&busy);
     const char *path = t_path("lazy.bin");
     unsigned char *want = make_file(path, 2 * MIB, 21);
     ckptio_engine *e = make_engine(4, 4 * MIB, 8 * MIB); /* 4 workers x 4 slots of 256 KiB */
@@ -325,6 +326,39 @@ static void test_slots_allocated_on_first_use(void) {
     ckptio_file_close(f);
     ckptio__gpu_sim_device_free(dev);
     T_OK(ckptio_engine_destroy(e));
+    free(want);
+}
+
+/* A worker pins another slot only when its oldest one is still copying: on
+ * a device that finishes each copy before the next window, one slot serves
+ * a whole load; on one that never seems done, a worker pins all four and
+ * then waits for the oldest. Bytes and slot reuse are checked either way. */
+static void test_slots_pinned_on_demand(void) {
+    const char *path = t_path("demand.bin");
+    unsigned char *want = make_file(path, 2 * MIB, 23);
+    unsigned char *dev = ckptio__gpu_sim_device_alloc(2 * MIB);
+    const bool settle[] = {true, false};
+    const uint64_t expect[] = {1, 4};
+    for (int k = 0; k < 2; k++) {
+        ckptio__gpu_sim_config cfg = {.copy_delay_us = 30, .events_settle = settle[k], .events_busy = !settle[k]};
+        ckptio__gpu_sim_configure(&cfg);
+        ckptio_engine *e = make_engine(1, 1 * MIB, 8 * MIB); /* 1 worker x 4 slots of 256 KiB: 8 windows */
+        ckptio_file *f = NULL;
+        T_OK(ckptio_file_open(e, path, CKPTIO_OPEN_READ, &f));
+        memset(dev, 0, 2 * MIB);
+        ckptio_extent ex = {.file = f, .file_offset = 0, .length = 2 * MIB, .memory = dev, .mem_kind = CKPTIO_MEM_CUDA};
+        T_OK(ckptio__gpu_execute(e, CKPTIO_READ, &ex, 1));
+        T_ASSERT(memcmp(dev, want, 2 * MIB) == 0);
+        ckptio__gpu_sim_stats s;
+        ckptio__gpu_sim_get_stats(&s);
+        T_ASSERT_MSG(s.pinned_allocs == expect[k], "%s device: %llu slots pinned for 8 windows, want %llu",
+                     settle[k] ? "fast" : "slow", (unsigned long long)s.pinned_allocs,
+                     (unsigned long long)expect[k]);
+        check_sim_clean(1 * MIB);
+        ckptio_file_close(f);
+        T_OK(ckptio_engine_destroy(e));
+    }
+    ckptio__gpu_sim_device_free(dev);
     free(want);
 }
 
@@ -482,7 +516,8 @@ static void test_prepare_refusals_and_failures(void) {
 /* A slot that cannot be pinned midway fails the transfer with an error that
  * names it; nothing is left in use and the engine works afterwards. */
 static void test_slot_allocation_fails(void) {
-    ckptio__gpu_sim_config cfg = {.copy_delay_us = 50, .fail_pinned_at = 3};
+    /* events_busy: each window pins a slot while the worker has fewer than four. */
+    ckptio__gpu_sim_config cfg = {.copy_delay_us = 50, .fail_pinned_at = 3, .events_busy = true};
     ckptio__gpu_sim_configure(&cfg);
     const char *path = t_path("fail_pin.bin");
     one_worker_read r = one_worker_read_setup(path, 2 * MIB, 5);
@@ -1190,6 +1225,7 @@ int main(void) {
     T_RUN(test_copy_fails_when_queued);
     T_RUN(test_copy_fails_asynchronously);
     T_RUN(test_slots_allocated_on_first_use);
+    T_RUN(test_slots_pinned_on_demand);
     T_RUN(test_slot_allocation_fails);
     T_RUN(test_slot_pinning_never_waits_without_need);
     T_RUN(test_prepare_pins_ahead);

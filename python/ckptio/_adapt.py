@@ -124,6 +124,18 @@ def parse_device(device: Any) -> Device:
     return Device("cuda", None)
 
 
+def host_kind(value: Any) -> int:
+    """MEM_PINNED for page-locked cpu tensors/storages, else MEM_HOST.
+
+    In a child forked after its parent initialised CUDA, torch's
+    ``is_pinned()`` raises (CUDA cannot be used there): no memory is pinned
+    for such a process, so it is host memory."""
+    try:
+        return MEM_PINNED if value.is_pinned() else MEM_HOST
+    except RuntimeError:
+        return MEM_HOST
+
+
 def resolve_cuda(device: Device) -> Device:
     """Checks CUDA is usable and pins the index (None = the current device)."""
     torch = torch_module()
@@ -267,7 +279,7 @@ def tensor_source(name: str, value: Any, *, safetensors: bool, path: Optional[st
         if value.device.type == "cuda":
             kind, cuda_index = MEM_CUDA, value.device.index
         else:
-            kind, cuda_index = (MEM_PINNED if value.is_pinned() else MEM_HOST), None
+            kind, cuda_index = host_kind(value), None
         return Source(name, code, shape, data_ptr(value, what, path) if nbytes else 0, nbytes, kind, cuda_index,
                       value)
     if is_numpy_array(value):
@@ -381,7 +393,7 @@ def existing_target(value: Any, code: int, shape: Tuple[int, ...], what: str, pa
         if value.device.type == "cuda":
             kind = MEM_CUDA
         elif value.device.type == "cpu":
-            kind = MEM_PINNED if value.is_pinned() else MEM_HOST
+            kind = host_kind(value)
         else:
             raise ValueError(f"{path}: {what}: cannot read into a tensor on {value.device}")
         nbytes = value.numel() * value.element_size()

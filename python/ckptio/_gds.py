@@ -40,7 +40,7 @@ def _storage_memory(storage: Any, what: str) -> Tuple[int, int, int, Optional[in
     if device.type == "cuda":
         return address, nbytes, _adapt.MEM_CUDA, device.index, str(device)
     if device.type == "cpu":
-        kind = _adapt.MEM_PINNED if storage.is_pinned() else _adapt.MEM_HOST
+        kind = _adapt.host_kind(storage)
         return address, nbytes, kind, None, "cpu"
     raise ValueError(f"{what}: storages on {device} are not supported (cpu or cuda only)")
 

@@ -123,8 +123,7 @@ class _OwnerReads:
         device = arena.device
         if device.type == "cuda":
             _adapt.sync_current_stream({device.index})  # earlier copies out of this arena are done
-        kind = _adapt.MEM_CUDA if device.type == "cuda" else (
-            _adapt.MEM_PINNED if buf.is_pinned() else _adapt.MEM_HOST)
+        kind = _adapt.MEM_CUDA if device.type == "cuda" else _adapt.host_kind(buf)
         places, segs, pos = [], [], 0
         for i in self.own:
             self.pos[i] = pos

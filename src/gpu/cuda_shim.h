@@ -69,6 +69,8 @@ enum {
 /* cuMemHostAlloc flags, CUstream_flags, CUevent_flags, CUstreamWaitValue_flags */
 #define CU_MEMHOSTALLOC_PORTABLE 0x01u
 #define CU_MEMHOSTALLOC_DEVICEMAP 0x02u
+#define CU_MEMHOSTREGISTER_PORTABLE 0x01u
+#define CU_MEMHOSTREGISTER_DEVICEMAP 0x02u
 #define CU_MEMHOSTREGISTER_READ_ONLY 0x08u
 #define CU_STREAM_NON_BLOCKING 0x1u
 #define CU_EVENT_BLOCKING_SYNC 0x1u

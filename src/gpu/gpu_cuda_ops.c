@@ -10,9 +10,12 @@
 #include "cuda_shim.h"
 #include "gpu_ops.h"
 
+#include <errno.h>
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdio.h>
+#include <string.h>
+#include <sys/mman.h>
 
 #define MAX_DEVICES 64
 
@@ -109,25 +112,82 @@ static ckptio_status cuda_mem_info(int device, uint64_t *free_bytes, uint64_t *t
     return CKPTIO_OK;
 }
 
+/* Pinned staging is anonymous memory that the kernel fills in one go
+ * (MAP_POPULATE) and the driver then page-locks (cuMemHostRegister), rather
+ * than cuMemHostAlloc: on an H200 host a process's first load from the page
+ * cache ran at 42-44 GB/s this way against 39-40 with cuMemHostAlloc, whose
+ * pinning faults and zeroes each page while the load's copies wait on the
+ * driver (BENCHMARKS.md, "The first load in a process"). The page before
+ * the slot holds the mapping's length for the free. MADV_DONTFORK: a child
+ * forked later (a DataLoader worker) neither inherits nor copies it; it
+ * cannot use CUDA anyway. Where the driver cannot register host memory, the
+ * process uses cuMemHostAlloc from its first allocation on. */
+#define PIN_HEADER 4096u
+
+static atomic_int pin_by_register = 1;       /* cleared once, before any registered slot exists */
+static atomic_int registered_slots_made = 0;
+
+static ckptio_status pinned_fail(CUresult r, const char *call, size_t bytes) {
+    /* Pinned host memory exhausted is a host-side shortage. */
+    if (r == CUDA_ERROR_OUT_OF_MEMORY)
+        return CKPTIO_FAIL_CTX(CKPTIO_E_NOMEM, &((ckptio__err_ctx){.file_offset = -1, .cuda_result = r}),
+                               "%s(%zu bytes) of pinned staging memory failed: %s", call, bytes,
+                               ckptio__cuda_error_name(r));
+    return CKPTIO_CUDA_FAIL(r, "%s(%zu bytes) of pinned staging memory", call, bytes);
+}
+
+/* CKPTIO_OK with *out set; or CKPTIO_E_UNSUPPORTED (nothing made) when
+ * this driver cannot register host memory. */
+static ckptio_status register_alloc(const ckptio__cuda_api *cu, size_t bytes, void **out) {
+    const size_t total = ((bytes + 4095) & ~(size_t)4095) + PIN_HEADER;
+    unsigned char *base = mmap(NULL, total, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_POPULATE, -1, 0);
+    if (base == MAP_FAILED)
+        return CKPTIO_FAIL(CKPTIO_E_NOMEM, "mmap(%zu bytes) of pinned staging memory failed: %s", total,
+                           strerror(errno));
+    (void)madvise(base, total, MADV_DONTFORK);
+    memcpy(base, &total, sizeof total);
+    const CUresult r = cu->cuMemHostRegister(base + PIN_HEADER, total - PIN_HEADER,
+                                             CU_MEMHOSTREGISTER_PORTABLE | CU_MEMHOSTREGISTER_DEVICEMAP);
+    if (r != CUDA_SUCCESS) {
+        munmap(base, total);
+        if ((r == CUDA_ERROR_NOT_SUPPORTED || r == CUDA_ERROR_NOT_PERMITTED) && !atomic_load(&registered_slots_made))
+            return CKPTIO_E_UNSUPPORTED;
+        return pinned_fail(r, "cuMemHostRegister", bytes);
+    }
+    atomic_store(&registered_slots_made, 1);
+    *out = base + PIN_HEADER;
+    return CKPTIO_OK;
+}
+
 static ckptio_status cuda_pinned_alloc(size_t bytes, void **out) {
     const ckptio__cuda_api *cu;
     CKPTIO_FORWARD(need_api(&cu));
-    CUresult r = cu->cuMemHostAlloc(out, bytes, CU_MEMHOSTALLOC_PORTABLE | CU_MEMHOSTALLOC_DEVICEMAP);
+    *out = NULL;
+    if (atomic_load(&pin_by_register) && cu->cuMemHostRegister && cu->cuMemHostUnregister) {
+        const ckptio_status st = register_alloc(cu, bytes, out);
+        if (st != CKPTIO_E_UNSUPPORTED) return st;
+    }
+    atomic_store(&pin_by_register, 0);
+    const CUresult r = cu->cuMemHostAlloc(out, bytes, CU_MEMHOSTALLOC_PORTABLE | CU_MEMHOSTALLOC_DEVICEMAP);
     if (r != CUDA_SUCCESS) {
         *out = NULL;
-        /* Pinned host memory exhausted is a host-side shortage. */
-        if (r == CUDA_ERROR_OUT_OF_MEMORY)
-            return CKPTIO_FAIL_CTX(CKPTIO_E_NOMEM, &((ckptio__err_ctx){.file_offset = -1, .cuda_result = r}),
-                                   "cuMemHostAlloc(%zu bytes) of pinned staging memory failed: %s", bytes,
-                                   ckptio__cuda_error_name(r));
-        return CKPTIO_CUDA_FAIL(r, "cuMemHostAlloc(%zu bytes) of pinned staging memory", bytes);
+        return pinned_fail(r, "cuMemHostAlloc", bytes);
     }
     return CKPTIO_OK;
 }
 
 static void cuda_pinned_free(void *ptr) {
-    const ckptio__cuda_api *cu = ckptio__cuda_try();
-    if (cu && ptr) cu->cuMemFreeHost(ptr);
+    const ckptio__cuda_api *cu = ckptio__cuda_try(); /* NULL in a forked child: its copy is not ours to free */
+    if (!cu || !ptr) return;
+    if (!atomic_load(&pin_by_register)) {
+        cu->cuMemFreeHost(ptr);
+        return;
+    }
+    unsigned char *base = (unsigned char *)ptr - PIN_HEADER;
+    size_t total;
+    memcpy(&total, base, sizeof total);
+    cu->cuMemHostUnregister(ptr);
+    munmap(base, total);
 }
 
 static ckptio_status cuda_stream_create(void **out) {
@@ -255,6 +315,11 @@ static void cuda_host_unregister(void *ptr) {
     if (cu && cu->cuMemHostUnregister && ptr) cu->cuMemHostUnregister(ptr);
 }
 
+static bool cuda_event_done(void *event) {
+    const ckptio__cuda_api *cu = ckptio__cuda_try();
+    return !cu || cu->cuEventQuery((CUevent)event) != CUDA_ERROR_NOT_READY;
+}
+
 static const ckptio__gpu_ops cuda_ops = {
     .name = "cuda",
     .classify = cuda_classify,
@@ -271,6 +336,7 @@ static const ckptio__gpu_ops cuda_ops = {
     .event_destroy = cuda_event_destroy,
     .event_record = cuda_event_record,
     .event_sync = cuda_event_sync,
+    .event_done = cuda_event_done,
     .h2d_async = cuda_h2d,
     .d2h_async = cuda_d2h,
     .stream_wait_word = cuda_wait_word,

@@ -47,6 +47,9 @@ typedef struct ckptio__gpu_ops {
     /* Blocks until the work captured by the last record completed; an
      * asynchronous failure of that work is reported here. */
     ckptio_status (*event_sync)(void *event);
+    /* Whether the work captured by the last record completed, without
+     * waiting (true also when it failed: event_sync reports that). */
+    bool (*event_done)(void *event);
     ckptio_status (*h2d_async)(void *dst_device, const void *src_host, size_t bytes, void *stream);
     ckptio_status (*d2h_async)(void *dst_host, const void *src_device, size_t bytes, void *stream);
     /* Makes `stream` wait until *word >= value (word in pinned memory from

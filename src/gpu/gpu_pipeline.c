@@ -423,23 +423,61 @@ typedef struct read_slot {
     uint64_t used;
 } read_slot;
 
+/* The pinned slots a read worker rotates through, the one holding its
+ * oldest copies first (one stream per worker: its copies complete in order).
+ * A worker starts with the slots it has and pins another only when that
+ * oldest one is still copying, so a process's first load pins the slots
+ * the pipeline needs (pinning costs ~0.6 s per GiB and slows the copies
+ * running beside it), not every slot of every worker. */
+typedef struct slot_ring {
+    unsigned order[CKPTIO_GPU_NSLOTS];
+    unsigned n, pos;
+} slot_ring;
+
+static void ring_init(const ckptio__gpu_worker_res *r, slot_ring *q) {
+    q->n = q->pos = 0;
+    for (unsigned s = 0; s < CKPTIO_GPU_NSLOTS; s++)
+        if (r->mem[s]) q->order[q->n++] = s;
+}
+
+/* The slot for the next window: the oldest one, or a newly pinned one when
+ * the oldest is busy and no other worker is pinning (a worker with no slot
+ * waits for its first). */
+static ckptio_status next_slot(pipe *p, unsigned index, const read_slot *slots, slot_ring *q, unsigned *out) {
+    ckptio__gpu_worker_res *r = &p->st->workers[index];
+    if (q->n < CKPTIO_GPU_NSLOTS) {
+        const unsigned oldest = q->order[q->pos];
+        if (q->n == 0 || (slots[oldest].pending && !p->ops->event_done(r->event[oldest]))) {
+            unsigned s = 0;
+            while (r->mem[s]) s++;
+            unsigned char *mem = NULL;
+            CKPTIO_FORWARD(ckptio__gpu_slot(p->st, index, s, q->n == 0, &mem));
+            if (mem) {
+                memmove(&q->order[q->pos + 1], &q->order[q->pos], (q->n - q->pos) * sizeof q->order[0]);
+                q->order[q->pos] = s;
+                q->n++;
+            }
+        }
+    }
+    *out = q->order[q->pos];
+    q->pos = (q->pos + 1) % q->n;
+    return CKPTIO_OK;
+}
+
 /* Reads window `w` into the worker's next slot (waiting for that slot's
  * previous copies first) and queues its copies. */
-static ckptio_status stage_window(pipe *p, unsigned index, file_stage *fs, read_slot *slots, unsigned *s,
+static ckptio_status stage_window(pipe *p, unsigned index, file_stage *fs, read_slot *slots, slot_ring *q,
                                   const window *w) {
     ckptio__gpu_worker_res *r = &p->st->workers[index];
     ckptio_status st;
-    /* A slot not yet pinned is pinned now unless another worker is pinning
-     * (then this worker goes back to its first slot). */
-    unsigned char *slot;
-    if ((st = ckptio__gpu_slot(p->st, index, *s, *s == 0, &slot)) == CKPTIO_OK && !slot)
-        st = ckptio__gpu_slot(p->st, index, *s = 0, true, &slot);
-    if (st != CKPTIO_OK)
+    unsigned cur = 0;
+    if ((st = next_slot(p, index, slots, q, &cur)) != CKPTIO_OK)
         return annotate(st, p->runs[w->run].file, w->start, "allocate pinned staging", "staging window");
-    read_slot *rs = &slots[*s];
+    unsigned char *slot = r->mem[cur];
+    read_slot *rs = &slots[cur];
     if (rs->pending) {
         rs->pending = false;
-        CKPTIO_FORWARD(wait_slot(p, r, *s, rs->w, rs->used));
+        CKPTIO_FORWARD(wait_slot(p, r, cur, rs->w, rs->used));
     }
     const uint64_t a = ckptio__align_down(w->start, ALIGN);
     rs->used = ckptio__align_up(w->end, ALIGN) - a;
@@ -450,7 +488,7 @@ static ckptio_status stage_window(pipe *p, unsigned index, file_stage *fs, read_
     }
     uint64_t queued = 0;
     st = queue_copies(p, w, slot, a, r->stream, &queued);
-    ckptio_status rec = p->ops->event_record(r->event[*s], r->stream);
+    ckptio_status rec = p->ops->event_record(r->event[cur], r->stream);
     if (rec == CKPTIO_OK) {
         rs->pending = true;
         rs->w = w;
@@ -463,7 +501,6 @@ static ckptio_status stage_window(pipe *p, unsigned index, file_stage *fs, read_
     }
     CKPTIO_FORWARD(st);
     window_done(p, queued, p->inline_run);
-    *s = (*s + 1) % CKPTIO_GPU_NSLOTS;
     return CKPTIO_OK;
 }
 
@@ -529,7 +566,8 @@ static ckptio_status copy_mapped(pipe *p, ckptio__gpu_worker_res *r, const ckpti
 static void worker_read(pipe *p, ckptio__gpu_worker_res *r, file_stage *fs, unsigned index) {
     read_slot slots[CKPTIO_GPU_NSLOTS] = {0};
     held_maps held = {0};
-    unsigned s = 0;
+    slot_ring ring;
+    ring_init(r, &ring);
     const size_t batch = index < p->map_workers ? p->map_batch : 1;
     const window *last_mapped = NULL; /* for the message of a failed copy */
     ckptio_status st = CKPTIO_OK;
@@ -547,7 +585,7 @@ static void worker_read(pipe *p, ckptio__gpu_worker_res *r, file_stage *fs, unsi
                     st = copy_mapped(p, r, &held.v[held.n - 1], &p->wins[k]);
                     last_mapped = &p->wins[k];
                 } else {
-                    st = stage_window(p, index, fs, slots, &s, &p->wins[k]);
+                    st = stage_window(p, index, fs, slots, &ring, &p->wins[k]);
                 }
             }
             first = last + 1;

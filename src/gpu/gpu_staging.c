@@ -1,11 +1,11 @@
 /*
  * gpu_staging.c - the per-engine pinned staging pool and per-worker streams
- * and events, kept across calls (pinned allocation costs ~0.3 s per GiB, far
- * too much to pay per transfer) and released with the engine. A slot is
- * allocated when its worker first fills it, not when the worker starts: the
- * first load of a process starts copying after one allocation per worker,
- * and the other slots are pinned while those copies run, by workers that
- * would otherwise only wait.
+ * and events, kept across calls (pinning costs 0.55-0.61 s per GiB, far too
+ * much to pay per transfer) and released with the engine. A slot is pinned
+ * when its worker needs one (gpu_pipeline.c, next_slot), not when the worker
+ * starts: the first load of a process starts copying after one allocation
+ * per worker, and pins further slots only while the older ones are still
+ * copying.
  */
 #include "engine_internal.h"
 #include "gpu_pipeline.h"

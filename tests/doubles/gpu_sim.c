@@ -367,6 +367,16 @@ static ckptio_status sim_event_record(void *event, void *stream) {
     return enqueue(stream, op);
 }
 
+static bool sim_event_done(void *event) {
+    sim_event *e = event;
+    pthread_mutex_lock(&lock);
+    if (config.events_settle)
+        while (e->done < e->recorded) pthread_cond_wait(&cond, &lock);
+    const bool done = !config.events_busy && e->done >= e->recorded;
+    pthread_mutex_unlock(&lock);
+    return done;
+}
+
 static ckptio_status sim_event_sync(void *event) {
     sim_event *e = event;
     pthread_mutex_lock(&lock);
@@ -497,6 +507,7 @@ static const ckptio__gpu_ops sim_ops = {
     .event_destroy = sim_event_destroy,
     .event_record = sim_event_record,
     .event_sync = sim_event_sync,
+    .event_done = sim_event_done,
     .h2d_async = sim_h2d,
     .d2h_async = sim_d2h,
     .stream_wait_word = sim_wait_word,

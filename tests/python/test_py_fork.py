@@ -146,3 +146,24 @@ def test_fork_while_another_thread_is_inside_a_call(tmp_path):
         f"the child hung in ckptio (killed after {CHILD_TIMEOUT} s)"
     assert os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0, f"child status {status:#x}"
     assert torch.equal(ckptio.load(path + ".child")["w"], _expected(2))
+
+
+def test_a_child_whose_cuda_is_unusable_still_saves_and_loads_cpu_tensors(tmp_path, monkeypatch):
+    """In a child forked after its parent initialised CUDA, torch's
+    is_pinned() raises ("CUDA error: initialization error"; found by this
+    file's tests on the GPU machine after the CUDA tests had run). ckptio
+    then treats cpu memory as not pinned: saves and loads into existing
+    tensors work. (tests/python/test_py_gpu.py forks such a child for real.)"""
+    from ckptio import _adapt
+
+    def unusable(self):
+        raise RuntimeError("CUDA error: initialization error (simulated forked child)")
+    monkeypatch.setattr(torch.Tensor, "is_pinned", unusable)
+    assert _adapt.host_kind(torch.zeros(2)) == _adapt.MEM_HOST
+    path = str(tmp_path / "child.safetensors")
+    ckptio.save({"w": _expected(5)}, path)
+    out = {"w": torch.zeros(N, dtype=torch.int32)}
+    ckptio.load(path, out=out)
+    assert torch.equal(out["w"], _expected(5))
+    ckptio.save({"w": _expected(6)}, path + ".pt", format="torch")
+    assert torch.equal(ckptio.load(path + ".pt")["w"], _expected(6))

@@ -136,3 +136,33 @@ def test_prepare_gpu_pins_the_staging_a_load_then_uses(tmp_path):
     got = ckptio.load(path, device="cuda", engine=e)
     assert tensor_bytes(got["w"]) == tensor_bytes(sd["w"])
     assert e.stats()["staging_reserved"] == reserved
+
+
+def test_a_child_forked_after_cuda_saves_and_loads_cpu_tensors(tmp_path):
+    """fork() after this process used CUDA (a DataLoader worker of a GPU
+    job): in the child torch's is_pinned() raises, and ckptio's cpu saves
+    and loads must still work (GPU transfers are refused there, see
+    tests/gpu/fork_check.c)."""
+    import os
+    import signal
+    ckptio.load(_save_for_fork(tmp_path), device="cuda")  # the parent's engine and CUDA in use
+    path = str(tmp_path / "child.safetensors")
+    pid = os.fork()
+    if pid == 0:
+        code = 1
+        try:
+            signal.alarm(60)
+            torch.set_num_threads(1)
+            t = torch.arange(1 << 20, dtype=torch.int32)
+            ckptio.save({"t": t}, path)
+            code = 0 if torch.equal(ckptio.load(path)["t"], t) else 2
+        finally:
+            os._exit(code)
+    _, status = os.waitpid(pid, 0)
+    assert os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0, f"child status {status:#x}"
+
+
+def _save_for_fork(tmp_path):
+    path = tmp_path / "parent.safetensors"
+    st_save_file({"w": random_tensor(torch.bfloat16, (1024, 1024), seed=9)}, str(path))
+    return path

@@ -524,7 +524,7 @@ class FileSystemReader(_TorchFileSystemReader):
             kind = _adapt.MEM_CUDA
             _adapt.sync_current_stream({dest.device.index})
         else:
-            kind = _adapt.MEM_PINNED if dest.is_pinned() else _adapt.MEM_HOST
+            kind = _adapt.host_kind(dest)
         addr = dest.data_ptr()
         idx = [0] * len(outer_dims)
         for r in range(nruns):
