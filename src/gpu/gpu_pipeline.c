@@ -426,9 +426,9 @@ typedef struct read_slot {
 /* The pinned slots a read worker rotates through, the one holding its
  * oldest copies first (one stream per worker: its copies complete in order).
  * A worker starts with the slots it has and pins another only when that
- * oldest one is still copying, so a process's first load pins the slots
- * the pipeline needs (pinning costs ~0.6 s per GiB and slows the copies
- * running beside it), not every slot of every worker. */
+ * oldest one is still copying, so a process's first load pins (~0.6 s per
+ * GiB, slowing the copies beside it) when the pipeline would otherwise
+ * wait, not before its copies start. */
 typedef struct slot_ring {
     unsigned order[CKPTIO_GPU_NSLOTS];
     unsigned n, pos;
