@@ -115,9 +115,11 @@ static ckptio_status cuda_mem_info(int device, uint64_t *free_bytes, uint64_t *t
 /* Pinned staging is anonymous memory that the kernel fills in one go
  * (MAP_POPULATE) and the driver then page-locks (cuMemHostRegister), rather
  * than cuMemHostAlloc: on an H200 host a process's first load from the page
- * cache ran at 42-44 GB/s this way against 39-40 with cuMemHostAlloc, whose
- * pinning faults and zeroes each page while the load's copies wait on the
- * driver (BENCHMARKS.md, "The first load in a process"). The page before
+ * cache ran at 42-44 GB/s this way against 39-40 with cuMemHostAlloc, though
+ * pinning alone costs about the same either way (BENCHMARKS.md, "The first
+ * load in a process, again"); our reading is that the driver is held for
+ * less of the time the load's copies need it when the pages already exist
+ * before the call. The page before
  * the slot holds the mapping's length for the free. MADV_DONTFORK: a child
  * forked later (a DataLoader worker) neither inherits nor copies it; it
  * cannot use CUDA anyway. Where the driver cannot register host memory, the

@@ -449,9 +449,9 @@ static ckptio_status next_slot(pipe *p, unsigned index, const read_slot *slots, 
         const unsigned oldest = q->order[q->pos];
         if (q->n == 0 || (slots[oldest].pending && !p->ops->event_done(r->event[oldest]))) {
             unsigned s = 0;
-            while (r->mem[s]) s++;
+            while (s < CKPTIO_GPU_NSLOTS && r->mem[s]) s++;
             unsigned char *mem = NULL;
-            CKPTIO_FORWARD(ckptio__gpu_slot(p->st, index, s, q->n == 0, &mem));
+            if (s < CKPTIO_GPU_NSLOTS) CKPTIO_FORWARD(ckptio__gpu_slot(p->st, index, s, q->n == 0, &mem));
             if (mem) {
                 memmove(&q->order[q->pos + 1], &q->order[q->pos], (q->n - q->pos) * sizeof q->order[0]);
                 q->order[q->pos] = s;
