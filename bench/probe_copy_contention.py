@@ -19,10 +19,15 @@ bench_model_gpu.py (MODEL_DIR, read into the page cache first):
                        pinning: does it serialise copies too)?
   h2d+read-hot+register  a staged load's two copies with registration beside: what a mix of zero-copy
                        and staged windows would meet
+  windows              ckptio's read pipeline rebuilt in Python: THREADS workers, each with its own stream
+                       and 4 pinned 2 MiB slots, copy 2 MiB windows to the GPU (an event per slot, waited
+                       before the slot is reused); "windows-dma" without the CPU copy (what 2 MiB copies
+                       from 16 streams reach), "windows-staged" with a pread of the page cache into each
+                       slot first (what the pipeline's structure allows, beside ckptio's own numbers)
 
     MODEL_DIR=/var/tmp/ckptio-model python3 bench/probe_copy_contention.py   # prints one line per probe,
                                                                            # $OUT/probe_copy_contention.json
-    PROBES=pin,read,register (default: all), REGISTER_MiB=64
+    PROBES=pin,read,register,windows (default: all), REGISTER_MiB=64
 """
 import ctypes
 import glob
@@ -255,6 +260,54 @@ def register_probes(files, src, dst, pieces):
             register_GBps=gbps, failures=fails)
 
 
+def windows_probe(pieces, staged):
+    """THREADS workers x 4 pinned 2 MiB slots, one stream each, for SECONDS; GB/s to the GPU."""
+    dst = torch.empty(THREADS * 64 * MiB, dtype=torch.uint8, device="cuda:0")
+    slots = [[torch.empty(2 * MiB, dtype=torch.uint8, pin_memory=True) for _ in range(4)] for _ in range(THREADS)]
+    done = [0] * THREADS
+    stop = threading.Event()
+
+    def worker(k):
+        stream = torch.cuda.Stream()
+        events = [None] * 4
+        fds = {}
+        views = [memoryview(s.numpy()) for s in slots[k]]
+        i, n, moved = k, 0, 0
+        region = dst[k * 64 * MiB:(k + 1) * 64 * MiB]
+        while not stop.is_set():
+            s = n % 4
+            if events[s] is not None:
+                events[s].synchronize()
+            if staged:
+                f, o = pieces[i % len(pieces)]
+                i += THREADS
+                if f not in fds:
+                    fds[f] = os.open(f, os.O_RDONLY)
+                os.preadv(fds[f], [views[s]], o)
+            off = (n % 32) * 2 * MiB
+            with torch.cuda.stream(stream):
+                region[off:off + 2 * MiB].copy_(slots[k][s], non_blocking=True)
+                ev = torch.cuda.Event()
+                ev.record(stream)
+            events[s] = ev
+            n += 1
+            moved += 2 * MiB
+        stream.synchronize()
+        done[k] = moved
+        for fd in fds.values():
+            os.close(fd)
+
+    th = [threading.Thread(target=worker, args=(k,)) for k in range(THREADS)]
+    t0 = time.perf_counter()
+    for t in th:
+        t.start()
+    time.sleep(SECONDS)
+    stop.set()
+    for t in th:
+        t.join()
+    return round(sum(done) / (time.perf_counter() - t0) / 1e9, 2)
+
+
 def main():
     d = os.environ.get("MODEL_DIR", "/var/tmp/ckptio-model")
     files, pieces = files_and_pieces(d)
@@ -263,7 +316,7 @@ def main():
             while fh.read(64 * MiB):
                 pass
     torch.zeros(1, device="cuda:0")
-    probes = os.environ.get("PROBES", "pin,read,register").split(",")
+    probes = os.environ.get("PROBES", "pin,read,register,windows").split(",")
     if "pin" in probes:
         pin_probe()
     src = torch.empty(2 << 30, dtype=torch.uint8, pin_memory=True)
@@ -273,6 +326,9 @@ def main():
     log_row("h2d", GBps=round(h2d_for(SECONDS, src, dst), 2))
     if "register" in probes:
         register_probes(files, src, dst, pieces)
+    if "windows" in probes:
+        log_row("windows-dma", GBps=windows_probe(pieces, False), threads=THREADS)
+        log_row("windows-staged", GBps=windows_probe(pieces, True), threads=THREADS)
     if "read" not in probes:
         probes = []
     for name, ring in (("read-hot", 2 * MiB), ("read-ring8", 8 * MiB), ("read-ring", 32 * MiB)):
