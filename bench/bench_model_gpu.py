@@ -328,7 +328,18 @@ def first_load_child(label, d):
     else:
         fn = FIRST_LOADERS[label](d, files, None)
     row = timed(os.environ["FIRST_CASE"], label, nbytes, fn, None, "first load in a fresh process")
+    engine_stats = None
+    if label.startswith("ckptio"):
+        import ckptio
+        engine_stats = ckptio.default_engine().stats
+    before = engine_stats() if engine_stats else None
     row2 = timed(os.environ["FIRST_CASE"], label, nbytes, fn, None, "second load, same process")
+    if engine_stats:
+        # Where the second load's workers spent their time: waiting on GPU copies (seconds_copy, summed
+        # over workers) against the load's wall time x workers says whether the DMA or the CPU side bounds it.
+        after = engine_stats()
+        row2["ckptio_second_load"] = {k: round(after[k] - before[k], 4) for k in ("seconds_io", "seconds_copy")}
+        row2["ckptio_second_load"]["threads"] = ckptio.default_engine().get("threads")
     from safetensors.torch import load_file
     reference = {}
     for f in files:
@@ -372,7 +383,7 @@ def run_first_loads(case, d):
             results.append(row)
             log(f"{case:6s} {label:55s} {row['GBps']:7.2f} GB/s {row['seconds']:7.3f} s  cpu {row['cpu_s_per_GB']:.3f}"
                 f" s/GB  extra GPU {row['extra_gpu_GiB']} GiB  equal={row['bytes_equal']} {row['note']}"
-                f" {row.get('ckptio_stats', '')}")
+                f" {row.get('ckptio_stats', '')}{row.get('ckptio_second_load', '')}")
 
 
 def run_case(case, d, nbytes, reference):
