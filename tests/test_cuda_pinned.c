@@ -1,0 +1,185 @@
+/*
+ * test_cuda_pinned.c - how the real CUDA operations table pins staging
+ * memory, run against a fake driver (tests/shim/fake_libcuda.c through
+ * CKPTIO_CUDA_LIBRARY) so that CI checks it without a GPU:
+ *  - a slot is anonymous memory registered with cuMemHostRegister (portable,
+ *    device-mapped), 4 KiB-aligned, not inherited by forked children
+ *    (MADV_DONTFORK), and unregistered and unmapped when freed;
+ *  - a failed registration returns its error and leaves no mapping behind;
+ *  - a driver that refuses registration from the start gets cuMemHostAlloc
+ *    for the whole process (a child process: the choice is per process),
+ *    but one that refused after registering slots is an error, never a
+ *    switch that would free registered slots with cuMemFreeHost.
+ */
+#include "gpu_ops.h"
+#include "helpers.h"
+
+#include <dlfcn.h>
+#include <errno.h>
+#include <spawn.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#define MIB (1024u * 1024u)
+
+extern char **environ;
+
+static const ckptio__gpu_ops *ops; /* the real table, on the fake driver */
+static const char *self;           /* this program, for the fallback process */
+static int *register_result, *register_calls, *unregister_calls, *hostalloc_calls, *freehost_calls;
+static void **last_registered, **last_unregistered;
+static size_t *last_registered_bytes;
+static unsigned *last_register_flags;
+
+static void *sym(void *lib, const char *name) {
+    void *p = dlsym(lib, name);
+    if (!p) {
+        fprintf(stderr, "fake driver lacks %s\n", name);
+        exit(T_EXIT_FAIL);
+    }
+    return p;
+}
+
+static void bind_fake(const char *path) {
+    void *lib = dlopen(path, RTLD_NOW | RTLD_LOCAL); /* the same object ckptio opens */
+    if (!lib) {
+        fprintf(stderr, "cannot open the fake driver %s: %s\n", path, dlerror());
+        exit(T_EXIT_FAIL);
+    }
+    register_result = sym(lib, "fake_cuda_register_result");
+    register_calls = sym(lib, "fake_cuda_register_calls");
+    unregister_calls = sym(lib, "fake_cuda_unregister_calls");
+    hostalloc_calls = sym(lib, "fake_cuda_hostalloc_calls");
+    freehost_calls = sym(lib, "fake_cuda_freehost_calls");
+    last_registered = sym(lib, "fake_cuda_last_registered");
+    last_unregistered = sym(lib, "fake_cuda_last_unregistered");
+    last_registered_bytes = sym(lib, "fake_cuda_last_registered_bytes");
+    last_register_flags = sym(lib, "fake_cuda_last_register_flags");
+}
+
+/* Whether the mapping holding `p` carries VmFlag `flag` (/proc/self/smaps). */
+static int vm_flag(const void *p, const char *flag) {
+    FILE *f = fopen("/proc/self/smaps", "r");
+    if (!f) return -1;
+    char line[512];
+    int in = 0, found = -1;
+    while (fgets(line, sizeof line, f)) {
+        unsigned long lo, hi;
+        if (sscanf(line, "%lx-%lx ", &lo, &hi) == 2 && strchr(line, '-') < strchr(line, ' ')) {
+            in = (uintptr_t)p >= lo && (uintptr_t)p < hi;
+            continue;
+        }
+        if (in && strncmp(line, "VmFlags:", 8) == 0) {
+            char want[8];
+            snprintf(want, sizeof want, " %s", flag);
+            found = strstr(line, want) != NULL;
+            break;
+        }
+    }
+    fclose(f);
+    return found;
+}
+
+static int mapped(const void *p) {
+    unsigned char v;
+    void *page = (void *)((uintptr_t)p & ~(uintptr_t)4095);
+    return mincore(page, 4096, &v) == 0 ? 1 : (errno == ENOMEM ? 0 : -1);
+}
+
+static int count_mappings(void) {
+    FILE *f = fopen("/proc/self/maps", "r");
+    int n = 0, c;
+    if (!f) return -1;
+    while ((c = fgetc(f)) != EOF) n += c == '\n';
+    fclose(f);
+    return n;
+}
+
+static void test_a_slot_is_registered_anonymous_memory(void) {
+    void *p = NULL;
+    T_OK(ops->pinned_alloc(2 * MIB, &p));
+    T_ASSERT(p != NULL && (uintptr_t)p % 4096 == 0);
+    T_ASSERT_MSG(*register_calls == 1 && *hostalloc_calls == 0, "%d registrations, %d cuMemHostAlloc",
+                 *register_calls, *hostalloc_calls);
+    T_ASSERT(*last_registered == p && *last_registered_bytes == 2 * MIB);
+    T_ASSERT_MSG(*last_register_flags == 0x3, "flags %#x, want PORTABLE | DEVICEMAP", *last_register_flags);
+    memset(p, 0xAB, 2 * MIB);
+    T_ASSERT_MSG(vm_flag(p, "dc") == 1, "the slot's mapping lacks MADV_DONTFORK (VmFlags dc: %d)", vm_flag(p, "dc"));
+    T_ASSERT(vm_flag((unsigned char *)p - 4096, "dc") == 1); /* the length page too: one mapping */
+    ops->pinned_free(p);
+    T_ASSERT(*unregister_calls == 1 && *last_unregistered == p);
+    T_ASSERT_MSG(mapped(p) == 0 && mapped((unsigned char *)p - 4096) == 0, "the slot is still mapped after its free");
+    /* Odd sizes round up to pages and still free whole. */
+    T_OK(ops->pinned_alloc(sizeof(uint32_t), &p));
+    T_ASSERT(*last_registered_bytes == 4096);
+    ops->pinned_free(p);
+    T_ASSERT(mapped(p) == 0);
+}
+
+static void test_a_failed_registration_leaves_nothing(void) {
+    const int before = count_mappings();
+    const int calls = *register_calls;
+    *register_result = 2; /* CUDA_ERROR_OUT_OF_MEMORY */
+    void *p = (void *)1;
+    T_STATUS(ops->pinned_alloc(1 * MIB, &p), CKPTIO_E_NOMEM);
+    T_MESSAGE_HAS("cuMemHostRegister(1048576 bytes) of pinned staging memory failed: CUDA_ERROR_OUT_OF_MEMORY");
+    T_ASSERT(p == NULL && *register_calls == calls + 1 && *hostalloc_calls == 0);
+    T_ASSERT_MSG(count_mappings() == before, "%d mappings before, %d after a failed registration", before,
+                 count_mappings());
+    /* Refused after slots were registered: an error, not a switch to cuMemHostAlloc. */
+    *register_result = 801; /* CUDA_ERROR_NOT_SUPPORTED */
+    T_STATUS(ops->pinned_alloc(1 * MIB, &p), CKPTIO_E_CUDA);
+    T_MESSAGE_HAS("CUDA_ERROR_NOT_SUPPORTED");
+    T_ASSERT(*hostalloc_calls == 0 && count_mappings() == before);
+    *register_result = 0;
+    T_OK(ops->pinned_alloc(1 * MIB, &p));
+    T_ASSERT(*last_registered == p && *hostalloc_calls == 0);
+    ops->pinned_free(p);
+    T_ASSERT(count_mappings() == before);
+}
+
+/* In a process of its own: the driver refuses registration from the start. */
+static int fallback_child(void) {
+    *register_result = 801;
+    void *a = NULL, *b = NULL;
+    T_OK(ops->pinned_alloc(2 * MIB, &a));
+    T_ASSERT(a != NULL && *register_calls == 1 && *hostalloc_calls == 1);
+    T_OK(ops->pinned_alloc(2 * MIB, &b));
+    T_ASSERT_MSG(*register_calls == 1 && *hostalloc_calls == 2, "registration tried %d times, %d cuMemHostAlloc",
+                 *register_calls, *hostalloc_calls);
+    memset(a, 1, 2 * MIB);
+    ops->pinned_free(a);
+    ops->pinned_free(b);
+    T_ASSERT(*freehost_calls == 2 && *unregister_calls == 0);
+    return T_EXIT_PASS;
+}
+
+static void test_a_driver_without_registration_gets_host_alloc(void) {
+    char *argv[] = {(char *)self, "fallback", NULL};
+    pid_t pid;
+    T_ASSERT(posix_spawn(&pid, self, NULL, NULL, argv, environ) == 0);
+    int status = 0;
+    T_ASSERT(waitpid(pid, &status, 0) == pid);
+    T_ASSERT_MSG(WIFEXITED(status) && WEXITSTATUS(status) == 0, "the fallback process ended with status %#x", status);
+}
+
+int main(int argc, char **argv) {
+    const char *fake = getenv("CKPTIO_TEST_FAKE_CUDA");
+    if (!fake) {
+        fprintf(stderr, "CKPTIO_TEST_FAKE_CUDA is not set (ctest sets it): skipped\n");
+        return T_EXIT_SKIP;
+    }
+    setenv("CKPTIO_CUDA_LIBRARY", fake, 1);
+    bind_fake(fake);
+    ops = ckptio__gpu_cuda_ops();
+    self = argv[0];
+    if (argc > 1 && strcmp(argv[1], "fallback") == 0) return fallback_child();
+    T_RUN(test_a_slot_is_registered_anonymous_memory);
+    T_RUN(test_a_failed_registration_leaves_nothing);
+    T_RUN(test_a_driver_without_registration_gets_host_alloc);
+    return T_EXIT_PASS;
+}
