@@ -2,6 +2,8 @@
 
     torchrun --standalone --nproc_per_node=2 tests/gpu/dcp_nccl_check.py --dir /tmp/x --out $OUT [--size-mb 256]
     torchrun --standalone --nproc_per_node=2 tests/gpu/dcp_nccl_check.py --dir /tmp/x --backend gloo --device cpu
+    torchrun --standalone --nproc_per_node=4 tests/gpu/dcp_nccl_check.py --dir /tmp/x --keep
+    torchrun --standalone --nproc_per_node=2 tests/gpu/dcp_nccl_check.py --dir /tmp/x --load-only
 
 A sharded state dict of DTensors on a 1-D mesh over all ranks (Shard(0),
 Shard(1) and Replicate() parameters in float32, bfloat16, float16 and int64,
@@ -13,6 +15,9 @@ DTensors of the same and of another sharding with ckptio.dcp.FileSystemReader
 bit for bit (torch.equal on full_tensor()). With broadcast on, the bytes read
 from storage over all ranks must equal the stored bytes (replicated items
 read once); with it off, every rank reads the replicated items itself.
+--keep leaves the checkpoints in --dir; --load-only then loads them (all the
+loads above, no saves) with another number of ranks, e.g. half: the values
+depend on --size-mb only, so every rank count can check them.
 
 Prints one "PASS name" / "FAIL name: why" line per check (rank 0; other
 ranks print their own failures), one "time ..." line per save and load, and
@@ -179,6 +184,9 @@ def main():
     ap.add_argument("--size-mb", "--size", dest="size_mb", type=int, default=256)
     ap.add_argument("--backend", default="nccl", choices=["nccl", "gloo"])
     ap.add_argument("--device", default="cuda", choices=["cuda", "cpu"])
+    ap.add_argument("--keep", action="store_true", help="leave the checkpoints in --dir")
+    ap.add_argument("--load-only", action="store_true",
+                    help="no saves: load the checkpoints an earlier --keep run left in --dir")
     args = ap.parse_args()
 
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
@@ -193,7 +201,7 @@ def main():
     mesh = init_device_mesh(args.device, (world,))
     checks = Checks(rank)
     base = os.path.abspath(args.dir)
-    if rank == 0:
+    if rank == 0 and not args.load_only:
         shutil.rmtree(base, ignore_errors=True)
         os.makedirs(base)
     dist.barrier()
@@ -204,19 +212,42 @@ def main():
     if rank == 0:
         print(f"== {world} ranks, backend {backend}, device {args.device}, torch {torch.__version__}, "
               f"state dict {nbytes / 1e6:.0f} MB ({replicated / 1e6:.0f} MB replicated)", flush=True)
-    sd = make_state(mesh, vals, "save")
+    dirs = {key: os.path.join(base, key) for key in ("ckptio_t1", "ckptio_t4", "ckptio_async", "torch_stock")}
+    if args.load_only:
+        missing = [p for p in dirs.values() if not os.path.isfile(os.path.join(p, ".metadata"))]
+        found = checks.check("checkpoints of an earlier --keep run", lambda: f"missing: {missing}" if missing else True)
+    else:
+        save_all(checks, mesh, vals, nbytes, dirs)
+        found = True
+    if found:
+        load_all(checks, mesh, vals, nbytes, dirs, world, replicated)
 
-    # ---- saves --------------------------------------------------------------------------------
-    dirs = {}
+    failed = [k for k, v in checks.results.items() if not v]
+    if rank == 0:
+        print(f"== {len(checks.results) - len(failed)} passed, {len(failed)} failed", flush=True)
+        if args.out:
+            os.makedirs(args.out, exist_ok=True)
+            name = "dcp_nccl_check_load_only.json" if args.load_only else "dcp_nccl_check.json"
+            with open(os.path.join(args.out, name), "w") as f:
+                json.dump({"world": world, "backend": backend, "device": args.device, "torch": torch.__version__,
+                           "state_bytes": nbytes, "replicated_bytes": replicated, "load_only": args.load_only,
+                           "checks": checks.results, "seconds": checks.times}, f, indent=1)
+    dist.barrier()
+    dist.destroy_process_group()
+    if rank == 0 and not args.keep:
+        shutil.rmtree(base, ignore_errors=True)
+    sys.exit(1 if failed else 0)
+
+
+def save_all(checks, mesh, vals, nbytes, dirs):
+    """The four checkpoints: ckptio's writer with 1 and 4 threads, its async save, torch's writer."""
+    sd = make_state(mesh, vals, "save")
     for threads in (1, 4):
-        path = os.path.join(base, f"ckptio_t{threads}")
-        dirs[f"ckptio_t{threads}"] = path
+        path = dirs[f"ckptio_t{threads}"]
         checks.check(f"save ckptio thread_count={threads}", lambda path=path, threads=threads: checks.timed(
             f"save ckptio thread_count={threads}", nbytes,
             lambda: dcp.save(sd, storage_writer=cdcp.FileSystemWriter(path, thread_count=threads))) or True)
-    path = os.path.join(base, "ckptio_async")
-    dirs["ckptio_async"] = path
-    writer = cdcp.FileSystemWriter(path, thread_count=4, cache_staged_state_dict=True)
+    writer = cdcp.FileSystemWriter(dirs["ckptio_async"], thread_count=4, cache_staged_state_dict=True)
     # The background save runs collectives while this thread goes on with its
     # own (the timing barriers): they must not share a group, or the two
     # threads' collectives interleave differently on each rank and hang.
@@ -232,13 +263,17 @@ def main():
         return stall is not None
 
     checks.check("save ckptio dcp.async_save", lambda: checks.timed("async_save until durable", nbytes, async_save))
-    path = os.path.join(base, "torch_stock")
-    dirs["torch_stock"] = path
+    path = dirs["torch_stock"]
     checks.check("save torch stock FileSystemWriter", lambda: checks.timed(
         "save torch stock", nbytes, lambda: dcp.save(sd, storage_writer=dcp.FileSystemWriter(path, thread_count=4)))
         or True)
 
-    # ---- loads --------------------------------------------------------------------------------
+
+def load_all(checks, mesh, vals, nbytes, dirs, world, replicated):
+    """Every checkpoint loaded by ckptio's reader (broadcast on and off, the saved and another sharding)
+    and by torch's; with broadcast on, every stored byte is read by exactly one rank."""
+    rank = dist.get_rank()
+
     def load(name, path, reader, layout, expect_read=None):
         def run():
             out = make_state(mesh, vals, "zeros_same" if layout == "same" else "zeros_other")
@@ -269,21 +304,6 @@ def main():
          cdcp.FileSystemReader(dirs["torch_stock"], broadcast=True), "same", once)
     load("torch_stock by ckptio reader, other sharding", dirs["torch_stock"],
          cdcp.FileSystemReader(dirs["torch_stock"]), "other")
-
-    failed = [k for k, v in checks.results.items() if not v]
-    if rank == 0:
-        print(f"== {len(checks.results) - len(failed)} passed, {len(failed)} failed", flush=True)
-        if args.out:
-            os.makedirs(args.out, exist_ok=True)
-            with open(os.path.join(args.out, "dcp_nccl_check.json"), "w") as f:
-                json.dump({"world": world, "backend": backend, "device": args.device, "torch": torch.__version__,
-                           "state_bytes": nbytes, "replicated_bytes": replicated, "checks": checks.results,
-                           "seconds": checks.times}, f, indent=1)
-    dist.barrier()
-    dist.destroy_process_group()
-    if rank == 0:
-        shutil.rmtree(base, ignore_errors=True)
-    sys.exit(1 if failed else 0)
 
 
 DEVICE = torch.device("cpu")
