@@ -17,7 +17,10 @@ from storage over all ranks must equal the stored bytes (replicated items
 read once); with it off, every rank reads the replicated items itself.
 --keep leaves the checkpoints in --dir; --load-only then loads them (all the
 loads above, no saves) with another number of ranks, e.g. half: the values
-depend on --size-mb only, so every rank count can check them.
+depend on --size-mb only, so every rank count can check them. For large
+state dicts (a scale run): --threads N (the writers' thread_count, 4) and
+--saves ckptio_tN,torch_stock (a subset of ckptio_t1, ckptio_tN,
+ckptio_async, torch_stock; every load of a checkpoint not made is skipped).
 
 Prints one "PASS name" / "FAIL name: why" line per check (rank 0; other
 ranks print their own failures), one "time ..." line per save and load, and
@@ -184,10 +187,18 @@ def main():
     ap.add_argument("--size-mb", "--size", dest="size_mb", type=int, default=256)
     ap.add_argument("--backend", default="nccl", choices=["nccl", "gloo"])
     ap.add_argument("--device", default="cuda", choices=["cuda", "cpu"])
+    ap.add_argument("--threads", type=int, default=4, help="thread_count of the writers (ckptio_tN, torch_stock)")
+    ap.add_argument("--saves", default=None, help="comma list of ckptio_t1,ckptio_tN,ckptio_async,torch_stock")
     ap.add_argument("--keep", action="store_true", help="leave the checkpoints in --dir")
     ap.add_argument("--load-only", action="store_true",
                     help="no saves: load the checkpoints an earlier --keep run left in --dir")
     args = ap.parse_args()
+    tn = f"ckptio_t{args.threads}"
+    every = ("ckptio_t1", tn, "ckptio_async", "torch_stock")
+    wanted = every if args.saves is None else tuple(k.replace("ckptio_tN", tn) for k in args.saves.split(","))
+    unknown = [k for k in wanted if k not in every]
+    if unknown:
+        raise SystemExit(f"--saves: unknown {unknown}; choose from {every} (ckptio_tN = {tn})")
 
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
     if args.device == "cuda":
@@ -212,15 +223,15 @@ def main():
     if rank == 0:
         print(f"== {world} ranks, backend {backend}, device {args.device}, torch {torch.__version__}, "
               f"state dict {nbytes / 1e6:.0f} MB ({replicated / 1e6:.0f} MB replicated)", flush=True)
-    dirs = {key: os.path.join(base, key) for key in ("ckptio_t1", "ckptio_t4", "ckptio_async", "torch_stock")}
+    dirs = {key: os.path.join(base, key) for key in every if key in wanted}
     if args.load_only:
         missing = [p for p in dirs.values() if not os.path.isfile(os.path.join(p, ".metadata"))]
         found = checks.check("checkpoints of an earlier --keep run", lambda: f"missing: {missing}" if missing else True)
     else:
-        save_all(checks, mesh, vals, nbytes, dirs)
+        save_all(checks, mesh, vals, nbytes, dirs, args.threads)
         found = True
     if found:
-        load_all(checks, mesh, vals, nbytes, dirs, world, replicated)
+        load_all(checks, mesh, vals, nbytes, dirs, world, replicated, tn)
 
     failed = [k for k, v in checks.results.items() if not v]
     if rank == 0:
@@ -239,15 +250,28 @@ def main():
     sys.exit(1 if failed else 0)
 
 
-def save_all(checks, mesh, vals, nbytes, dirs):
-    """The four checkpoints: ckptio's writer with 1 and 4 threads, its async save, torch's writer."""
+def save_all(checks, mesh, vals, nbytes, dirs, tn_threads):
+    """The checkpoints in `dirs`: ckptio's writer with 1 and N threads, its async save, torch's writer."""
     sd = make_state(mesh, vals, "save")
-    for threads in (1, 4):
-        path = dirs[f"ckptio_t{threads}"]
+    for threads in sorted({1, tn_threads}):
+        path = dirs.get(f"ckptio_t{threads}")
+        if path is None:
+            continue
         checks.check(f"save ckptio thread_count={threads}", lambda path=path, threads=threads: checks.timed(
             f"save ckptio thread_count={threads}", nbytes,
             lambda: dcp.save(sd, storage_writer=cdcp.FileSystemWriter(path, thread_count=threads))) or True)
-    writer = cdcp.FileSystemWriter(dirs["ckptio_async"], thread_count=4, cache_staged_state_dict=True)
+    if "ckptio_async" in dirs:
+        save_async(checks, sd, nbytes, dirs["ckptio_async"], tn_threads)
+    if "torch_stock" in dirs:
+        path = dirs["torch_stock"]
+        checks.check("save torch stock FileSystemWriter", lambda: checks.timed(
+            "save torch stock", nbytes,
+            lambda: dcp.save(sd, storage_writer=dcp.FileSystemWriter(path, thread_count=tn_threads))) or True)
+
+
+def save_async(checks, sd, nbytes, path, threads):
+    """dcp.async_save with ckptio's writer: the caller's stall, then the time until durable."""
+    writer = cdcp.FileSystemWriter(path, thread_count=threads, cache_staged_state_dict=True)
     # The background save runs collectives while this thread goes on with its
     # own (the timing barriers): they must not share a group, or the two
     # threads' collectives interleave differently on each rank and hang.
@@ -263,13 +287,9 @@ def save_all(checks, mesh, vals, nbytes, dirs):
         return stall is not None
 
     checks.check("save ckptio dcp.async_save", lambda: checks.timed("async_save until durable", nbytes, async_save))
-    path = dirs["torch_stock"]
-    checks.check("save torch stock FileSystemWriter", lambda: checks.timed(
-        "save torch stock", nbytes, lambda: dcp.save(sd, storage_writer=dcp.FileSystemWriter(path, thread_count=4)))
-        or True)
 
 
-def load_all(checks, mesh, vals, nbytes, dirs, world, replicated):
+def load_all(checks, mesh, vals, nbytes, dirs, world, replicated, tn):
     """Every checkpoint loaded by ckptio's reader (broadcast on and off, the saved and another sharding)
     and by torch's; with broadcast on, every stored byte is read by exactly one rank."""
     rank = dist.get_rank()
@@ -294,16 +314,18 @@ def load_all(checks, mesh, vals, nbytes, dirs, world, replicated):
     once = lambda total, byte_items: total  # noqa: E731 - every stored byte read by exactly one rank
     # Broadcast off: every rank reads the replicated tensors and the byte items itself.
     each = lambda total, byte_items: total + (world - 1) * (replicated + byte_items)  # noqa: E731
-    for key in ("ckptio_t1", "ckptio_t4", "ckptio_async"):
+    for key in [k for k in ("ckptio_t1", tn, "ckptio_async") if k in dirs]:
         path = dirs[key]
         load(f"{key} same sharding, broadcast on", path, cdcp.FileSystemReader(path, broadcast=True), "same", once)
         load(f"{key} same sharding, broadcast off", path, cdcp.FileSystemReader(path, broadcast=False), "same", each)
         load(f"{key} other sharding, broadcast on", path, cdcp.FileSystemReader(path, broadcast=True), "other")
-    load("ckptio_t4 by torch stock reader", dirs["ckptio_t4"], dcp.FileSystemReader(dirs["ckptio_t4"]), "same")
-    load("torch_stock by ckptio reader, broadcast on", dirs["torch_stock"],
-         cdcp.FileSystemReader(dirs["torch_stock"], broadcast=True), "same", once)
-    load("torch_stock by ckptio reader, other sharding", dirs["torch_stock"],
-         cdcp.FileSystemReader(dirs["torch_stock"]), "other")
+    if tn in dirs:
+        load(f"{tn} by torch stock reader", dirs[tn], dcp.FileSystemReader(dirs[tn]), "same")
+    if "torch_stock" in dirs:
+        load("torch_stock by ckptio reader, broadcast on", dirs["torch_stock"],
+             cdcp.FileSystemReader(dirs["torch_stock"], broadcast=True), "same", once)
+        load("torch_stock by ckptio reader, other sharding", dirs["torch_stock"],
+             cdcp.FileSystemReader(dirs["torch_stock"]), "other")
 
 
 DEVICE = torch.device("cpu")
