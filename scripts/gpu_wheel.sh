@@ -16,6 +16,7 @@
 #       gpu     tests/gpu/run_gpu_checks.sh run: gpu_check, then bench/bench_gpu.py (BENCH=0: skip it)
 #       dcp     tests/gpu/run_dcp_checks.sh: DCP suites, the NCCL check on 2+ GPUs, BENCH=1: the DCP
 #               benchmark
+#       scale-model, scale-dcp  tests/gpu/run_scale.sh model|dcp: the scale run on 4 or 8 GPUs (one call each)
 #     Logs in $OUT (default ./gpu-out). Exit status: non-zero when a step failed.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -56,13 +57,15 @@ run)
             ;;
         gpu) tests/gpu/run_gpu_checks.sh run || status=1 ;;
         dcp) tests/gpu/run_dcp_checks.sh || status=1 ;;
+        scale-model) tests/gpu/run_scale.sh model || status=1 ;;
+        scale-dcp) tests/gpu/run_scale.sh dcp || status=1 ;;
         *) echo "gpu_wheel.sh: unknown step $step" >&2; status=2 ;;
         esac
     done
     exit $status
     ;;
 *)
-    echo "usage: $0 build | run [pytest] [gpu] [dcp]" >&2
+    echo "usage: $0 build | run [pytest] [gpu] [dcp] [scale-model] [scale-dcp]" >&2
     exit 2
     ;;
 esac
