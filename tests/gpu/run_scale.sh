@@ -62,6 +62,14 @@ fi
 
 case "$part" in
 model)
+    # The peers that are not on the GPU machine travel as wheels in .whl/ (the device notes say how).
+    peers=$(ls .whl/fastsafetensors-*.whl 2>/dev/null | head -1)
+    if [ -n "$peers" ]; then
+        python3 -m pip install -q --no-index --no-deps --no-compile --target "$SCRATCH/ckptio-scale-peers" "$peers" &&
+            export PYTHONPATH="$SCRATCH/ckptio-scale-peers${PYTHONPATH:+:$PYTHONPATH}"
+    else
+        echo "   no .whl/fastsafetensors-*.whl: bench_model_tp.py reports that peer as failed"
+    fi
     echo "== bench_model_tp.py: ${GIB:-30} GiB, $ngpu ranks ($(left) s left)"
     run bench_model_tp.log env GIB="${GIB:-30}" MODEL_DIR="$SCRATCH/ckptio-scale-model" OUT="$OUT" \
         VARIANTS="${VARIANTS:-0}" REPS="${REPS:-1}" \
@@ -69,7 +77,7 @@ model)
     echo "== model_nccl_check.py: $ngpu ranks ($(left) s left)"
     run model_nccl.log $TORCHRUN --nproc_per_node="$ngpu" tests/gpu/model_nccl_check.py --dir "$SCRATCH/ckptio-scale-nccl" \
         --out "$OUT" --size-mb 1024
-    rm -rf "$SCRATCH/ckptio-scale-model" "$SCRATCH/ckptio-scale-nccl"
+    rm -rf "$SCRATCH/ckptio-scale-model" "$SCRATCH/ckptio-scale-nccl" "$SCRATCH/ckptio-scale-peers"
     ;;
 dcp)
     echo "== dcp_nccl_check.py: every writer and reader, 256 MB, $ngpu ranks ($(left) s left)"
