@@ -98,6 +98,22 @@ class Reader:
         return self.bytes / (time.perf_counter() - self.t0) / 1e9
 
 
+def libc_mmap():
+    """libc with mmap typed (its result is a pointer); mmap() raising on MAP_FAILED."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.mmap.restype = ctypes.c_void_p
+    libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_long]
+    raw = libc.mmap
+
+    def mmap_checked(*args):
+        addr = raw(*args)
+        if addr in (None, ctypes.c_void_p(-1).value):
+            raise OSError(ctypes.get_errno(), f"mmap{args[1:3]} failed")
+        return addr
+    libc.mmap = mmap_checked
+    return libc
+
+
 def h2d_for(seconds, src, dst):
     """Copies src -> dst (one stream) for about `seconds`; GB/s."""
     n, t0 = 0, time.perf_counter()
@@ -152,9 +168,7 @@ def pin_probe():
         return lambda: [cuda.cuMemFreeHost(p) for p in ptrs]
 
     def register(huge):
-        libc = ctypes.CDLL(None, use_errno=True)
-        libc.mmap.restype = ctypes.c_void_p
-        libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_long]
+        libc = libc_mmap()
         n = 128 * MiB
         addr = libc.mmap(None, n, 3, 0x22, -1, 0)  # PROT_READ|WRITE, MAP_PRIVATE|ANONYMOUS
         if huge:
@@ -171,9 +185,7 @@ def pin_probe():
 
     def populate_register(n, each):
         """ckptio's slots since 2026-11-26: mmap(MAP_POPULATE) + cuMemHostRegister, one per slot."""
-        libc = ctypes.CDLL(None, use_errno=True)
-        libc.mmap.restype = ctypes.c_void_p
-        libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_long]
+        libc = libc_mmap()
         ptrs = []
         for _ in range(n):
             addr = libc.mmap(None, each, 3, 0x8022, -1, 0)  # PROT_READ|WRITE, MAP_PRIVATE|ANONYMOUS|POPULATE
@@ -200,9 +212,7 @@ class Registrar:
         self.cuda = ctypes.CDLL("libcuda.so.1")
         self.ctx = ctypes.c_void_p()
         self.cuda.cuCtxGetCurrent(ctypes.byref(self.ctx))
-        libc = ctypes.CDLL(None, use_errno=True)
-        libc.mmap.restype = ctypes.c_void_p
-        libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_long]
+        libc = libc_mmap()
         self.pieces, self.maps = [], []
         for f in files:
             size = os.path.getsize(f)

@@ -146,7 +146,7 @@ static ckptio_status register_alloc(const ckptio__cuda_api *cu, size_t bytes, vo
     if (base == MAP_FAILED)
         return CKPTIO_FAIL(CKPTIO_E_NOMEM, "mmap(%zu bytes) of pinned staging memory failed: %s", total,
                            strerror(errno));
-    (void)madvise(base, total, MADV_DONTFORK);
+    (void)madvise(base, total, MADV_DONTFORK); /* best effort: without it a fork only copies more */
     memcpy(base, &total, sizeof total);
     const CUresult r = cu->cuMemHostRegister(base + PIN_HEADER, total - PIN_HEADER,
                                              CU_MEMHOSTREGISTER_PORTABLE | CU_MEMHOSTREGISTER_DEVICEMAP);
