@@ -203,12 +203,41 @@ def test_malformed_metadata(tmp_path):
 # torch.distributed._shard.sharded_tensor.metadata; torch moved both into
 # torch.distributed.checkpoint.metadata (the enum renamed _MEM_FORMAT_ENCODING)
 # and still loads the old names into the old classes. tests/data/dcp/
-# legacy_torch22 was written by torch 2.2.2, legacy_compat by this torch the
+# legacy_torch22 was written by torch 2.2.2, legacy_compat by torch 2.15 the
 # way torch's TestDCPCompatbility.test_sharded_tensor_dependency writes one
 # (tests/data/make_dcp_fixtures.py). ckptio reads both as the current classes.
+#
+# torch 2.15 pickles TensorProperties with 6 fields (strides last); a torch whose
+# class has no strides field (2.11) takes exactly 5, and its own pickle.load
+# refuses legacy_compat (ValueError): there ckptio must refuse it too.
 DATA = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "data", "dcp")
 LEGACY = ["legacy_torch22", "legacy_compat"]
 OLD_MODULE = "torch.distributed._shard.sharded_tensor.metadata"
+
+
+def props_have_strides():
+    from torch.distributed.checkpoint.metadata import TensorProperties
+
+    return "strides" in {f.name for f in dataclasses.fields(TensorProperties)}
+
+
+def torch_reads(data):
+    """Whether this torch's pickle.loads reads the legacy .metadata `data`.
+    The one refusal expected is a 6-field TensorProperties on a torch whose
+    class has no strides field."""
+    try:
+        pickle.loads(data)
+    except ValueError as e:
+        assert not props_have_strides() and "too many values to unpack (expected 5)" in str(e), e
+        return False
+    return True
+
+
+def assert_refused_as_newer_torch(load):
+    with pytest.raises(ckptio.CkptioError) as ei:
+        load()
+    assert ei.value.status_name == "E_FORMAT", ei.value
+    assert "TensorProperties state has 6 fields" in str(ei.value) and "newer torch" in str(ei.value), ei.value
 
 
 def legacy_template():
@@ -242,6 +271,10 @@ def test_legacy_metadata_reads_as_current_classes(name):
     with open(path, "rb") as f:
         data = f.read()
     assert OLD_MODULE.encode() in data and b"MEM_FORMAT_ENCODING" in data
+    if not torch_reads(data):
+        assert name == "legacy_compat"  # torch 2.2 wrote 5 fields: every torch reads legacy_torch22
+        assert_refused_as_newer_torch(lambda: load_metadata(path))
+        return
     want = as_current(pickle.loads(data))
     got = load_metadata(path)
     same(got, want)
@@ -249,14 +282,33 @@ def test_legacy_metadata_reads_as_current_classes(name):
     props = got.state_dict_metadata["w"].properties
     assert (props.dtype, props.layout, props.memory_format, props.requires_grad, props.pin_memory) == \
         (torch.float32, torch.strided, torch.contiguous_format, False, False)
-    # torch 2.2 pickled 5 fields (no strides); this torch's old class pickles 6.
-    assert got.state_dict_metadata["t"].properties.strides == (None if name == "legacy_torch22" else (1, 3))
+    # torch 2.2 pickled 5 fields (no strides), read as strides None where the class has the field;
+    # torch 2.15's old class pickled 6 (legacy_compat).
+    props = got.state_dict_metadata["t"].properties
+    if props_have_strides():
+        assert props.strides == (None if name == "legacy_torch22" else (1, 3))
+    else:
+        assert "strides" not in props.__dict__
 
 
 @pytest.mark.parametrize("name", LEGACY)
 def test_legacy_checkpoint_loads_like_torch(name):
     d = os.path.join(DATA, name)
     want, got = legacy_template(), legacy_template()
+    with open(os.path.join(d, ".metadata"), "rb") as f:
+        readable = torch_reads(f.read())
+    if not readable:
+        # torch's dcp.load fails (its read_metadata's error is swallowed: "metadata is None"), and so
+        # does it through ckptio's reader, whose read_metadata says why.
+        assert name == "legacy_compat"
+        from torch.distributed.checkpoint.api import CheckpointException
+
+        for reader in (dcp.FileSystemReader(d), cdcp.FileSystemReader(d)):
+            with warnings.catch_warnings(), pytest.raises(CheckpointException):
+                warnings.simplefilter("ignore")
+                dcp.load(legacy_template(), storage_reader=reader, no_dist=True)
+        assert_refused_as_newer_torch(lambda: cdcp.FileSystemReader(d).read_metadata())
+        return
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         dcp.load(want, storage_reader=dcp.FileSystemReader(d), no_dist=True)

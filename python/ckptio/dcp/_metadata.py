@@ -16,6 +16,10 @@ Files from torch <= 2.2 name TensorProperties and MEM_FORMAT_ENCODING under
 are rebuilt here as today's ``TensorProperties`` / ``_MEM_FORMAT_ENCODING``
 with the same checks (torch itself keeps the old classes, which hold the
 same fields).
+
+A torch whose ``TensorProperties`` has no ``strides`` field reads only the
+5-field state; a 6-field one (written by a newer torch) is refused with
+E_FORMAT, as torch's own ``pickle.load`` refuses it.
 """
 
 from __future__ import annotations
@@ -48,6 +52,9 @@ _DATACLASSES = {
 _LAYOUTS = {str(layout): layout for layout in (torch.strided, torch.sparse_coo, torch.sparse_csr, torch.sparse_csc,
                                                 torch.sparse_bsr, torch.sparse_bsc, torch._mkldnn)}
 _DTYPES = {str(d)[len("torch."):]: d for d in vars(torch).values() if isinstance(d, torch.dtype)}
+# Newer torch pickles TensorProperties with a 6th field, strides; older torch (2.11 for one) has no such
+# field, and its __setstate__ takes exactly 5, so its own pickle.load refuses 6-field files.
+_PROPS_HAVE_STRIDES = "strides" in {f.name for f in dataclasses.fields(_md.TensorProperties)}
 
 
 class _Refused(Exception):
@@ -159,6 +166,10 @@ class _Builder:
         if not ok:
             raise _Refused(f"TensorProperties state {state!r} is not (dtype, layout, bool, "
                            "_MEM_FORMAT_ENCODING, bool[, strides])")
+        if len(state) == 6 and not _PROPS_HAVE_STRIDES:
+            raise _Refused(f"TensorProperties state has 6 fields (strides {state[5]!r}): the checkpoint was "
+                           f"written by a newer torch, and torch {torch.__version__}'s TensorProperties has no "
+                           "strides field (torch's own reader cannot load it either)")
         obj.__setstate__(state)
         return obj
 
