@@ -850,7 +850,7 @@ CKPTIO_API ckptio_status ckptio_engine_gpu_path(ckptio_engine *engine, ckptio_io
 /*! ckptio_engine_gpu_prepare() :
  * Starts pinning, on a background thread, the host staging memory the
  * engine's loads to CUDA device `device` will use (the engine keeps it for
- * later transfers; 4 slots of up to 2 MiB per worker thread: 128 MiB with
+ * later transfers; 2 slots of up to 4 MiB per worker thread: 128 MiB with
  * 16), and returns at once.
  * A process's first load otherwise pins it as it goes (0.55-0.61 s per GiB;
  * docs/GPU.md): a model server calls this while it builds its model, so

@@ -338,11 +338,11 @@ static void test_slots_pinned_on_demand(void) {
     unsigned char *want = make_file(path, 2 * MIB, 23);
     unsigned char *dev = ckptio__gpu_sim_device_alloc(2 * MIB);
     const bool settle[] = {true, false};
-    const uint64_t expect[] = {1, 4};
+    const uint64_t expect[] = {1, CKPTIO_GPU_READ_SLOTS};
     for (int k = 0; k < 2; k++) {
         ckptio__gpu_sim_config cfg = {.copy_delay_us = 30, .events_settle = settle[k], .events_busy = !settle[k]};
         ckptio__gpu_sim_configure(&cfg);
-        ckptio_engine *e = make_engine(1, 1 * MIB, 8 * MIB); /* 1 worker x 4 slots of 256 KiB: 8 windows */
+        ckptio_engine *e = make_engine(1, 1 * MIB, 8 * MIB); /* 1 worker, 256 KiB slots: 8 windows */
         ckptio_file *f = NULL;
         T_OK(ckptio_file_open(e, path, CKPTIO_OPEN_READ, &f));
         memset(dev, 0, 2 * MIB);
@@ -411,13 +411,14 @@ static void test_prepare_pins_ahead(void) {
     sim_reset(0);
     const char *path = t_path("prep.bin");
     unsigned char *want = make_file(path, 4 * MIB, 41);
-    ckptio_engine *e = make_engine(4, 4 * MIB, 8 * MIB); /* 4 workers x 4 slots of 256 KiB */
+    ckptio_engine *e = make_engine(4, 4 * MIB, 8 * MIB); /* 4 workers x 2 read slots of 256 KiB */
+    const uint64_t slots = 4 * CKPTIO_GPU_READ_SLOTS;
     T_OK(ckptio_engine_gpu_prepare(e, 0));
-    T_ASSERT_MSG(wait_pinned_allocs(16) == 16, "prepare pinned %llu slots, not 16",
-                 (unsigned long long)wait_pinned_allocs(16));
+    T_ASSERT_MSG(wait_pinned_allocs(slots) == slots, "prepare pinned %llu slots, not %llu",
+                 (unsigned long long)wait_pinned_allocs(slots), (unsigned long long)slots);
     ckptio_stats st;
     T_OK(ckptio_engine_stats(e, &st));
-    T_ASSERT(st.staging_reserved == 4 * MIB && st.staging_in_use == 0);
+    T_ASSERT(st.staging_reserved == slots * 256 * KIB && st.staging_in_use == 0);
     ckptio_file *f = NULL;
     T_OK(ckptio_file_open(e, path, CKPTIO_OPEN_READ, &f));
     unsigned char *dev = ckptio__gpu_sim_device_alloc(4 * MIB);
@@ -426,7 +427,8 @@ static void test_prepare_pins_ahead(void) {
     T_ASSERT(memcmp(dev, want, 4 * MIB) == 0);
     ckptio__gpu_sim_stats s;
     ckptio__gpu_sim_get_stats(&s);
-    T_ASSERT_MSG(s.pinned_allocs == 16, "the load pinned %llu more slots", (unsigned long long)(s.pinned_allocs - 16));
+    T_ASSERT_MSG(s.pinned_allocs == slots, "the load pinned %llu more slots",
+                 (unsigned long long)(s.pinned_allocs - slots));
     check_sim_clean(4 * MIB);
     ckptio_file_close(f);
     ckptio__gpu_sim_device_free(dev);
@@ -516,15 +518,16 @@ static void test_prepare_refusals_and_failures(void) {
 /* A slot that cannot be pinned midway fails the transfer with an error that
  * names it; nothing is left in use and the engine works afterwards. */
 static void test_slot_allocation_fails(void) {
-    /* events_busy: each window pins a slot while the worker has fewer than four. */
-    ckptio__gpu_sim_config cfg = {.copy_delay_us = 50, .fail_pinned_at = 3, .events_busy = true};
+    /* events_busy: each window pins a slot while the worker has fewer than
+     * its CKPTIO_GPU_READ_SLOTS (2): the second pinning fails. */
+    ckptio__gpu_sim_config cfg = {.copy_delay_us = 50, .fail_pinned_at = 2, .events_busy = true};
     ckptio__gpu_sim_configure(&cfg);
     const char *path = t_path("fail_pin.bin");
     one_worker_read r = one_worker_read_setup(path, 2 * MIB, 5);
     T_STATUS(ckptio__gpu_execute(r.e, CKPTIO_READ, &r.ex, 1), CKPTIO_E_CUDA);
     T_MESSAGE_HAS("simulated pinned allocation of 262144 bytes failed");
     T_MESSAGE_HAS(path);
-    T_MESSAGE_HAS("allocate pinned staging at offset 524288"); /* the third window's slot */
+    T_MESSAGE_HAS("allocate pinned staging at offset 262144"); /* the second window's slot */
     check_engine_staging(r.e, 1 * MIB);
     check_sim_clean(1 * MIB);
     /* Writes allocate on first use too, and fail the same way. */
@@ -1172,7 +1175,7 @@ static void test_reads_and_writes_share_slots(void) {
     const size_t n = 9 * MIB + 5;
     const char *path = t_path("share.bin");
     unsigned char *want = make_file(path, n, 39);
-    ckptio_engine *e = make_engine(2, 64 * MIB, 8 * MIB); /* 2 MiB slots (the cap), reads and writes */
+    ckptio_engine *e = make_engine(2, 64 * MIB, 8 * MIB); /* 4 MiB slots (the cap), reads and writes */
     ckptio_gds_file *g = NULL;
     T_OK(ckptio_gds_open(e, path, O_RDWR, 0, &g));
     unsigned char *dev = ckptio__gpu_sim_device_alloc(n);

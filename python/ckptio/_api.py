@@ -455,7 +455,7 @@ def prepare_gpu(device: Any = "cuda", *, engine=None) -> None:
     on a background thread, and returns at once.
 
     A process's first GPU load otherwise pins its staging as it goes (the
-    slots it needs, up to 4 of 2 MiB per worker thread; 0.55-0.61 s per
+    slots it needs, up to 2 of 4 MiB per worker thread; 0.55-0.61 s per
     GiB): this pins all of them (128 MiB with 16 threads). A model server
     calls it while it builds its model, so that the load which follows
     starts with its staging ready. A load that starts meanwhile stops the

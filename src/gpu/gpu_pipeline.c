@@ -415,6 +415,19 @@ static void add_copied(pipe *p, uint64_t bytes, bool mapped) {
     pthread_mutex_unlock(&p->lock);
 }
 
+static size_t env_size(const char *name, size_t fallback) {
+    const char *v = getenv(name);
+    if (!v || !*v) return fallback;
+    char *end = NULL;
+    const unsigned long long n = strtoull(v, &end, 10);
+    return end && *end == '\0' ? (size_t)n : fallback;
+}
+
+unsigned ckptio__gpu_read_slots(void) {
+    const size_t n = env_size("CKPTIO_GPU_READ_SLOTS", CKPTIO_GPU_READ_SLOTS);
+    return n >= 1 && n <= CKPTIO_GPU_NSLOTS ? (unsigned)n : CKPTIO_GPU_READ_SLOTS;
+}
+
 /* A read slot of a staging worker: the window whose copies it holds and its
  * staging bytes in use. */
 typedef struct read_slot {
@@ -431,12 +444,13 @@ typedef struct read_slot {
  * wait, not before its copies start. */
 typedef struct slot_ring {
     unsigned order[CKPTIO_GPU_NSLOTS];
-    unsigned n, pos;
+    unsigned n, pos, max;
 } slot_ring;
 
 static void ring_init(const ckptio__gpu_worker_res *r, slot_ring *q) {
     q->n = q->pos = 0;
-    for (unsigned s = 0; s < CKPTIO_GPU_NSLOTS; s++)
+    q->max = ckptio__gpu_read_slots();
+    for (unsigned s = 0; s < CKPTIO_GPU_NSLOTS && q->n < q->max; s++)
         if (r->mem[s]) q->order[q->n++] = s;
 }
 
@@ -445,7 +459,7 @@ static void ring_init(const ckptio__gpu_worker_res *r, slot_ring *q) {
  * waits for its first). */
 static ckptio_status next_slot(pipe *p, unsigned index, const read_slot *slots, slot_ring *q, unsigned *out) {
     ckptio__gpu_worker_res *r = &p->st->workers[index];
-    if (q->n < CKPTIO_GPU_NSLOTS) {
+    if (q->n < q->max) {
         const unsigned oldest = q->order[q->pos];
         if (q->n == 0 || (slots[oldest].pending && !p->ops->event_done(r->event[oldest]))) {
             unsigned s = 0;
@@ -723,23 +737,27 @@ static ckptio_status check_device_range(const ckptio__gpu_ops *ops, const ckptio
  * direction), so that the pinned slots are reused call after call: changing
  * them frees pinned memory, and cuMemFreeHost synchronises the device,
  * which deadlocks a GDS request whose caller's stream waits on it.
- * Slots (and so windows) are at most 2 MiB. Measured from the page cache
- * and tmpfs (docs/GPU.md): 16 workers with 2 MiB windows loaded at 45
- * GB/s where 4 MiB gave 39-42 (H200) and 1 MiB 41.5 (H100): the CPU copies
- * into a slot run faster while it stays in the caches, and smaller windows
- * cost more per byte. A process's first load also pins half as much (128
- * MiB for 16 workers) before its copies run at full speed. */
+ * Slots (and so windows) are at most 4 MiB, and a read worker rotates
+ * through 2 of its 4 (CKPTIO_GPU_READ_SLOTS). Measured from the page cache
+ * and tmpfs on an H200 host with 300 MiB of L3 (bench/probe_pipeline.c,
+ * docs/GPU.md): the copies to the GPU reach 51 GB/s in 2 MiB pieces and 53
+ * in 4 MiB ones, and the CPU copies into the slots keep pace only while
+ * all slots together stay in the CPU caches: 16 workers x 2 slots x 4 MiB
+ * (128 MiB) staged at 53.1 GB/s, x 4 slots x 2 MiB (128 MiB) at 51.3,
+ * x 4 slots x 4 MiB (256 MiB) at 42.5. A process's first load pins those
+ * 128 MiB, as before. Writes queue up to 4 copies ahead in 4 slots. */
 static void geometry(ckptio_engine *engine, bool inline_only, uint64_t block, unsigned *nworkers, uint64_t *slot) {
     int64_t threads = ckptio__engine_setting(engine, CKPTIO_OPT_THREADS);
     unsigned n = inline_only || threads < 1 ? 1 : (unsigned)(threads > CKPTIO_GPU_MAX_WORKERS ? CKPTIO_GPU_MAX_WORKERS : threads);
     const uint64_t staging = (uint64_t)ckptio__engine_setting(engine, CKPTIO_OPT_STAGING_BYTES);
     uint64_t chunk = (uint64_t)ckptio__engine_setting(engine, CKPTIO_OPT_CHUNK_BYTES);
     chunk = chunk < ALIGN ? ALIGN : ckptio__align_down(chunk, ALIGN);
+    const uint64_t slot_max = env_size("CKPTIO_GPU_SLOT_MAX_BYTES", CKPTIO_GPU_SLOT_MAX); /* experiments */
     uint64_t s;
     for (;;) {
         s = ckptio__align_down(staging / ((uint64_t)n * CKPTIO_GPU_NSLOTS), ALIGN);
         if (s > chunk) s = chunk;
-        if (s > CKPTIO_GPU_SLOT_MAX) s = CKPTIO_GPU_SLOT_MAX;
+        if (s > slot_max) s = slot_max;
         if (s >= CKPTIO_GPU_MIN_SLOT || s >= chunk || n == 1) break;
         n--;
     }
@@ -771,14 +789,6 @@ ckptio_status ckptio__gpu_pipeline_run(ckptio_engine *engine, const ckptio__gpu_
         ckptio__gpu_pipeline_run_observed(engine, ops, device, dir, extents, count, inline_only, NULL, false);
     ckptio__engine_stats_add(engine, &(ckptio_stats){.seconds_io = ckptio__now() - t0});
     return st;
-}
-
-static size_t env_size(const char *name, size_t fallback) {
-    const char *v = getenv(name);
-    if (!v || !*v) return fallback;
-    char *end = NULL;
-    const unsigned long long n = strtoull(v, &end, 10);
-    return end && *end == '\0' ? (size_t)n : fallback;
 }
 
 /* How many workers map resident windows and how many windows each claims

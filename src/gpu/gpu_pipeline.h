@@ -25,10 +25,11 @@
 #include <pthread.h>
 #include <stdatomic.h>
 
-#define CKPTIO_GPU_NSLOTS 4              /* staging slots per worker */
+#define CKPTIO_GPU_NSLOTS 4              /* staging slots per worker (writes queue this many copies) */
+#define CKPTIO_GPU_READ_SLOTS 2          /* of them, the slots a read worker rotates through */
 #define CKPTIO_GPU_MIN_SLOT (256u << 10) /* below this, use fewer workers instead */
 #define CKPTIO_GPU_MAX_WORKERS 64
-#define CKPTIO_GPU_SLOT_MAX (2u << 20)   /* slots (and windows): at most 2 MiB (gpu_pipeline.c) */
+#define CKPTIO_GPU_SLOT_MAX (4u << 20)   /* slots (and windows): at most 4 MiB (gpu_pipeline.c) */
 /* Workers that map resident windows: none by default. Measured on an H200
  * (docs/GPU.md, BENCHMARKS.md): copies from registered page-cache pages
  * plus registration ran at 6-25 GB/s where staging ran at 24-47 GB/s, and
@@ -72,6 +73,11 @@ typedef struct ckptio__gpu_state {
 
 /* The engine's GPU state, created on first use. */
 ckptio_status ckptio__gpu_state_get(ckptio_engine *engine, const ckptio__gpu_ops *ops, ckptio__gpu_state **out);
+
+/* Slots a read worker rotates through: CKPTIO_GPU_READ_SLOTS, or 1 to
+ * CKPTIO_GPU_NSLOTS set by the environment variable CKPTIO_GPU_READ_SLOTS
+ * (an experiment knob, docs/GPU.md). */
+unsigned ckptio__gpu_read_slots(void);
 
 /* Workers and slot size a load (no observer) runs with under the engine's
  * settings: what ckptio_engine_gpu_prepare pins ahead. */

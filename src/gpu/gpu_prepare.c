@@ -27,7 +27,8 @@ static void *prepare_main(void *arg) {
     ckptio__gpu_state *st = job.st;
     const ckptio__gpu_ops *ops = job.ops;
     if (ops->ctx_enter(job.device) != CKPTIO_OK) return NULL;
-    for (unsigned s = 0; s < CKPTIO_GPU_NSLOTS; s++) {
+    const unsigned nslots = ckptio__gpu_read_slots();
+    for (unsigned s = 0; s < nslots; s++) {
         for (unsigned w = 0; w < job.workers; w++) {
             if (atomic_load(&st->prepare_stop) || pthread_mutex_trylock(&st->lock) != 0) goto out;
             unsigned char *mem = NULL;
