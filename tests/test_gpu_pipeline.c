@@ -337,11 +337,16 @@ static void test_slots_pinned_on_demand(void) {
     const char *path = t_path("demand.bin");
     unsigned char *want = make_file(path, 2 * MIB, 23);
     unsigned char *dev = ckptio__gpu_sim_device_alloc(2 * MIB);
-    const bool settle[] = {true, false};
-    const uint64_t expect[] = {1, CKPTIO_GPU_READ_SLOTS};
-    for (int k = 0; k < 2; k++) {
+    /* The last two: the experiment knob CKPTIO_GPU_READ_SLOTS (1-4) sets
+     * the ring; a value out of range keeps the default. */
+    const bool settle[] = {true, false, false, false};
+    const char *knob[] = {NULL, NULL, "4", "9"};
+    const uint64_t expect[] = {1, CKPTIO_GPU_READ_SLOTS, 4, CKPTIO_GPU_READ_SLOTS};
+    for (int k = 0; k < 4; k++) {
         ckptio__gpu_sim_config cfg = {.copy_delay_us = 30, .events_settle = settle[k], .events_busy = !settle[k]};
         ckptio__gpu_sim_configure(&cfg);
+        if (knob[k]) setenv("CKPTIO_GPU_READ_SLOTS", knob[k], 1);
+        else unsetenv("CKPTIO_GPU_READ_SLOTS");
         ckptio_engine *e = make_engine(1, 1 * MIB, 8 * MIB); /* 1 worker, 256 KiB slots: 8 windows */
         ckptio_file *f = NULL;
         T_OK(ckptio_file_open(e, path, CKPTIO_OPEN_READ, &f));
@@ -351,13 +356,14 @@ static void test_slots_pinned_on_demand(void) {
         T_ASSERT(memcmp(dev, want, 2 * MIB) == 0);
         ckptio__gpu_sim_stats s;
         ckptio__gpu_sim_get_stats(&s);
-        T_ASSERT_MSG(s.pinned_allocs == expect[k], "%s device: %llu slots pinned for 8 windows, want %llu",
-                     settle[k] ? "fast" : "slow", (unsigned long long)s.pinned_allocs,
-                     (unsigned long long)expect[k]);
+        T_ASSERT_MSG(s.pinned_allocs == expect[k], "%s device, CKPTIO_GPU_READ_SLOTS=%s: %llu slots pinned for 8 "
+                     "windows, want %llu", settle[k] ? "fast" : "slow", knob[k] ? knob[k] : "(unset)",
+                     (unsigned long long)s.pinned_allocs, (unsigned long long)expect[k]);
         check_sim_clean(1 * MIB);
         ckptio_file_close(f);
         T_OK(ckptio_engine_destroy(e));
     }
+    unsetenv("CKPTIO_GPU_READ_SLOTS");
     ckptio__gpu_sim_device_free(dev);
     free(want);
 }
