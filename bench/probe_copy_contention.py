@@ -23,7 +23,9 @@ bench_model_gpu.py (MODEL_DIR, read into the page cache first):
                        and 4 pinned 2 MiB slots, copy 2 MiB windows to the GPU (an event per slot, waited
                        before the slot is reused); "windows-dma" without the CPU copy (what 2 MiB copies
                        from 16 streams reach), "windows-staged" with a pread of the page cache into each
-                       slot first (what the pipeline's structure allows, beside ckptio's own numbers)
+                       slot first (what the pipeline's structure allows, beside ckptio's own numbers).
+                       Never run: 16 Python threads issuing a copy per 2 MiB window contend for the GIL;
+                       bench/probe_pipeline.c does the same in C, with its geometry as parameters.
 
     MODEL_DIR=/var/tmp/ckptio-model python3 bench/probe_copy_contention.py   # prints one line per probe,
                                                                            # $OUT/probe_copy_contention.json
