@@ -368,6 +368,35 @@ static void test_slots_pinned_on_demand(void) {
     free(want);
 }
 
+/* The experiment knob CKPTIO_GPU_SLOT_MAX_BYTES caps the slots, rounded
+ * down to 4 KiB like every slot; the bytes still arrive whole. */
+static void test_slot_max_knob(void) {
+    sim_reset(0);
+    setenv("CKPTIO_GPU_SLOT_MAX_BYTES", "300000", 1);
+    const size_t n = 2 * MIB + 333;
+    const char *path = t_path("slot_max.bin");
+    unsigned char *want = make_file(path, n, 29);
+    ckptio_engine *e = make_engine(1, 64 * MIB, 8 * MIB); /* without the knob: 8 MiB slots (the chunk), capped at 4 */
+    ckptio_file *f = NULL;
+    T_OK(ckptio_file_open(e, path, CKPTIO_OPEN_READ, &f));
+    unsigned char *dev = ckptio__gpu_sim_device_alloc(n);
+    ckptio_extent ex = {.file = f, .length = n, .memory = dev, .mem_kind = CKPTIO_MEM_CUDA};
+    T_OK(ckptio__gpu_execute(e, CKPTIO_READ, &ex, 1));
+    T_ASSERT(memcmp(dev, want, n) == 0);
+    ckptio_stats st;
+    T_OK(ckptio_engine_stats(e, &st));
+    const uint64_t slot = 300000 / 4096 * 4096;
+    T_ASSERT_MSG(st.staging_reserved > 0 && st.staging_reserved % slot == 0 &&
+                     st.staging_reserved <= CKPTIO_GPU_READ_SLOTS * slot,
+                 "%llu bytes pinned, want 1 or %d slots of %llu", (unsigned long long)st.staging_reserved,
+                 CKPTIO_GPU_READ_SLOTS, (unsigned long long)slot);
+    unsetenv("CKPTIO_GPU_SLOT_MAX_BYTES");
+    ckptio_file_close(f);
+    T_OK(ckptio_engine_destroy(e));
+    ckptio__gpu_sim_device_free(dev);
+    free(want);
+}
+
 /* A worker that could reuse a slot never queues behind another's pinning. */
 static void test_slot_pinning_never_waits_without_need(void) {
     sim_reset(0);
@@ -1235,6 +1264,7 @@ int main(void) {
     T_RUN(test_copy_fails_asynchronously);
     T_RUN(test_slots_allocated_on_first_use);
     T_RUN(test_slots_pinned_on_demand);
+    T_RUN(test_slot_max_knob);
     T_RUN(test_slot_allocation_fails);
     T_RUN(test_slot_pinning_never_waits_without_need);
     T_RUN(test_prepare_pins_ahead);

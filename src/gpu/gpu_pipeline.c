@@ -752,7 +752,8 @@ static void geometry(ckptio_engine *engine, bool inline_only, uint64_t block, un
     const uint64_t staging = (uint64_t)ckptio__engine_setting(engine, CKPTIO_OPT_STAGING_BYTES);
     uint64_t chunk = (uint64_t)ckptio__engine_setting(engine, CKPTIO_OPT_CHUNK_BYTES);
     chunk = chunk < ALIGN ? ALIGN : ckptio__align_down(chunk, ALIGN);
-    const uint64_t slot_max = env_size("CKPTIO_GPU_SLOT_MAX_BYTES", CKPTIO_GPU_SLOT_MAX); /* experiments */
+    /* CKPTIO_GPU_SLOT_MAX_BYTES: an experiment knob, kept 4 KiB-aligned like every slot. */
+    const uint64_t slot_max = ckptio__align_down(env_size("CKPTIO_GPU_SLOT_MAX_BYTES", CKPTIO_GPU_SLOT_MAX), ALIGN);
     uint64_t s;
     for (;;) {
         s = ckptio__align_down(staging / ((uint64_t)n * CKPTIO_GPU_NSLOTS), ALIGN);
