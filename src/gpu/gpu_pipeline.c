@@ -95,6 +95,7 @@ typedef struct pipe {
     _Atomic int map_unsupported;  /* the device cannot register: stop trying */
     unsigned map_workers;         /* workers [0, map_workers) map resident windows */
     size_t map_batch;             /* windows a mapping worker claims (and registers) at once */
+    unsigned read_slots;          /* slots a read worker rotates through (read once, on the caller's thread) */
 } pipe;
 
 /* ---- errors: workers record the first one for the caller's thread ----------- */
@@ -423,6 +424,7 @@ static size_t env_size(const char *name, size_t fallback) {
     return end && *end == '\0' ? (size_t)n : fallback;
 }
 
+/* Reads the environment: call it on the caller's thread, never on a worker. */
 unsigned ckptio__gpu_read_slots(void) {
     const size_t n = env_size("CKPTIO_GPU_READ_SLOTS", CKPTIO_GPU_READ_SLOTS);
     return n >= 1 && n <= CKPTIO_GPU_NSLOTS ? (unsigned)n : CKPTIO_GPU_READ_SLOTS;
@@ -447,9 +449,9 @@ typedef struct slot_ring {
     unsigned n, pos, max;
 } slot_ring;
 
-static void ring_init(const ckptio__gpu_worker_res *r, slot_ring *q) {
+static void ring_init(const ckptio__gpu_worker_res *r, unsigned max, slot_ring *q) {
     q->n = q->pos = 0;
-    q->max = ckptio__gpu_read_slots();
+    q->max = max;
     for (unsigned s = 0; s < CKPTIO_GPU_NSLOTS && q->n < q->max; s++)
         if (r->mem[s]) q->order[q->n++] = s;
 }
@@ -581,7 +583,7 @@ static void worker_read(pipe *p, ckptio__gpu_worker_res *r, file_stage *fs, unsi
     read_slot slots[CKPTIO_GPU_NSLOTS] = {0};
     held_maps held = {0};
     slot_ring ring;
-    ring_init(r, &ring);
+    ring_init(r, p->read_slots, &ring);
     const size_t batch = index < p->map_workers ? p->map_batch : 1;
     const window *last_mapped = NULL; /* for the message of a failed copy */
     ckptio_status st = CKPTIO_OK;
@@ -856,6 +858,7 @@ ckptio_status ckptio__gpu_pipeline_run_observed(ckptio_engine *engine, const ckp
      * whose caller's stream may wait on a word this thread has yet to
      * write, while registering and unregistering synchronise the device). */
     map_geometry(&p, may_map && !inline_only, nworkers, window_bytes);
+    p.read_slots = ckptio__gpu_read_slots(); /* getenv here, never on a worker: setenv may run meanwhile */
     if ((st = ckptio__gpu_state_get(engine, ops, &p.st)) != CKPTIO_OK) goto out;
     pthread_mutex_lock(&p.st->lock);
     locked = true;

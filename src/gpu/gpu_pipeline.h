@@ -76,7 +76,8 @@ ckptio_status ckptio__gpu_state_get(ckptio_engine *engine, const ckptio__gpu_ops
 
 /* Slots a read worker rotates through: CKPTIO_GPU_READ_SLOTS, or 1 to
  * CKPTIO_GPU_NSLOTS set by the environment variable CKPTIO_GPU_READ_SLOTS
- * (an experiment knob, docs/GPU.md). */
+ * (an experiment knob, docs/GPU.md). It reads the environment: call it on
+ * a caller's thread, never on a pipeline worker, which could race a setenv. */
 unsigned ckptio__gpu_read_slots(void);
 
 /* Workers and slot size a load (no observer) runs with under the engine's

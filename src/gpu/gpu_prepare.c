@@ -18,6 +18,7 @@ typedef struct prepare_job {
     const ckptio__gpu_ops *ops;
     int device;
     unsigned workers;  /* workers whose slots it pins */
+    unsigned slots;    /* slots per worker it pins: the read ring's */
     uint64_t slot;     /* the slot size it pins */
 } prepare_job;
 
@@ -27,8 +28,7 @@ static void *prepare_main(void *arg) {
     ckptio__gpu_state *st = job.st;
     const ckptio__gpu_ops *ops = job.ops;
     if (ops->ctx_enter(job.device) != CKPTIO_OK) return NULL;
-    const unsigned nslots = ckptio__gpu_read_slots();
-    for (unsigned s = 0; s < nslots; s++) {
+    for (unsigned s = 0; s < job.slots; s++) {
         for (unsigned w = 0; w < job.workers; w++) {
             if (atomic_load(&st->prepare_stop) || pthread_mutex_trylock(&st->lock) != 0) goto out;
             unsigned char *mem = NULL;
@@ -80,7 +80,8 @@ ckptio_status ckptio__gpu_prepare(ckptio_engine *engine, const ckptio__gpu_ops *
     prepare_job *job = start ? ckptio__malloc(sizeof *job) : NULL;
     if (start && !job) rc = CKPTIO_FAIL(CKPTIO_E_NOMEM, "out of memory starting to pin staging memory");
     if (job) {
-        *job = (prepare_job){.st = st, .ops = ops, .device = device, .workers = workers, .slot = slot};
+        *job = (prepare_job){.st = st, .ops = ops, .device = device, .workers = workers,
+                             .slots = ckptio__gpu_read_slots(), .slot = slot};
         atomic_store(&st->prepare_stop, false);
         const int err = pthread_create(&st->prepare_thread, NULL, prepare_main, job);
         if (err == 0) {
