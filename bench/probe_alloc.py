@@ -1,7 +1,8 @@
 """What allocating a model's destination tensors on the GPU costs, and whether one allocation can pay it.
 
-A load into new tensors trails a load into existing ones (out=) by ~3 GB/s on the H200 (BENCHMARKS.md):
-the difference is the destinations' allocation. With torch's caching allocator emptied (as after
+A later load into new tensors trailed a load into existing ones (out=) by ~3 GB/s on the H200
+(BENCHMARKS.md); this probe asked whether allocating the destinations is that difference. With torch's
+caching allocator emptied (as after
 torch.cuda.empty_cache, or in a fresh process) each tensor of more than 1 MiB is its own cudaMalloc.
 This probe times, for the shapes of the model files in MODEL_DIR:
 
@@ -13,9 +14,10 @@ This probe times, for the shapes of the model files in MODEL_DIR:
     MODEL_DIR=/var/tmp/ckptio-model python3 bench/probe_alloc.py
 
 Measured on an H200 (2026-11-26, bench/results/h200_2026-11-26_issue17s4_probe_alloc.log): 74 tensors,
-14.2 GB: per-tensor 5.2-9.5 ms (58 segments), one-block 1.3-1.7 ms (2), one-alloc 0.8-1.6 ms. Serving a
-load's destinations the one-block way made its copies slower (memory just freed and allocated again:
-bench/probe_pipeline.c fresh=1), so ckptio allocates per tensor (docs/GPU.md, "Bounds").
+14.2 GB: per-tensor 5.2-9.5 ms (58 segments), one-block 1.3-1.7 ms (2), one-alloc 0.8-1.6 ms: 1-2% of a
+load, not the ~6% gap. Serving a load's destinations the one-block way made later loads slower (44.2 /
+44.6 against 46.3 / 46.0 GB/s, cause not measured), so ckptio allocates per tensor. What does cost: copies
+into device memory freed and allocated again (bench/probe_pipeline.c fresh=1; docs/GPU.md, "Bounds").
 """
 import glob
 import os
