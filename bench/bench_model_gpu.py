@@ -18,7 +18,8 @@ used after it with the tensors held).
 Environment: GIB (model size), MODEL_DIR (default /var/tmp/ckptio-model), REPS (default 2),
 CASES (comma list of cold,warm,tmpfs), SWEEP=1 (ckptio's staging geometry; SWEEP_SETTINGS="threads:MiB,..."),
 FIRST=1 (each loader's first load in a fresh process, as a model server meets it: its pinned buffers,
-streams and threads are made inside the timed load; CUDA is initialised before the clock starts).
+streams and threads are made inside the timed load; CUDA is initialised before the clock starts),
+MEMWATCH=0 (no sampling of GPU memory during the loads: extra GPU memory is then not reported).
 """
 import glob
 import json
@@ -108,17 +109,22 @@ def warm_cache(files):
 
 
 class GpuMemWatch:
-    """Peak device memory in use (cuMemGetInfo), sampled every 2 ms while a load runs."""
+    """Peak device memory in use (cuMemGetInfo), sampled every 2 ms while a load runs.
+    MEMWATCH=0: not sampled (peak None), to see whether sampling slows the loads it watches."""
 
     def __init__(self):
         self.peak = 0
         self._stop = threading.Event()
+        self.sampling = os.environ.get("MEMWATCH", "1") != "0"
 
     def used(self):
         free, total = torch.cuda.mem_get_info(0)
         return total - free
 
     def __enter__(self):
+        if not self.sampling:
+            self.peak = None
+            return self
         self.peak = self.used()
         self._t = threading.Thread(target=self._run, daemon=True)
         self._t.start()
@@ -130,6 +136,8 @@ class GpuMemWatch:
             time.sleep(0.002)
 
     def __exit__(self, *exc):
+        if not self.sampling:
+            return
         self._stop.set()
         self._t.join()
         self.peak = max(self.peak, self.used())
@@ -155,7 +163,7 @@ def timed(case, loader, nbytes, fn, reference, note=""):
             and torch.equal(out[k], v) for k, v in reference.items())
     row = {"case": case, "loader": loader, "seconds": round(secs, 3), "GBps": round(nbytes / secs / 1e9, 2),
            "cpu_s_per_GB": round(cpu / (nbytes / 1e9), 3),
-           "extra_gpu_GiB": round(max(0, w.peak - used_after) / GiB, 2) if out is not None else None,
+           "extra_gpu_GiB": round(max(0, w.peak - used_after) / GiB, 2) if out is not None and w.peak is not None else None,
            "bytes_equal": ok, "note": note}
     results.append(row)
     log(f"{case:6s} {loader:55s} {row['GBps']:7.2f} GB/s {secs:7.3f} s  cpu {row['cpu_s_per_GB']:.3f} s/GB  "

@@ -20,7 +20,11 @@
  *      -L$CUDA_HOME/lib64/stubs -lcuda -lpthread
  *   ./probe_pipeline DIR mode=staged threads=16 window=2 slots=4 fill=pread passes=3 huge=0 fresh=0
  *   (window in MiB; fill=pread|mmap; huge=1 backs the slots with transparent huge pages; fresh=1
- *   allocates the device buffer anew before each pass, untimed, as loads into new tensors do)
+ *   frees the device buffer and allocates it anew before each pass, untimed, as loads into new tensors
+ *   after torch.cuda.empty_cache() do; fresh=2 the same, then waits 1 s before the clock starts (does
+ *   the driver finish something in the background?); fresh=3 the same, then fills the new buffer with
+ *   cuMemsetD8 first (untimed; its time is printed: is it a first touch?); fresh=4 allocates a new
+ *   buffer each pass without freeing the old (memory this process never had))
  *
  * Prints one line: the parameters, GB/s of each pass, the best, and the
  * process's CPU seconds per GB moved.
@@ -167,7 +171,7 @@ static int by_name(const void *a, const void *b) {
 int main(int argc, char **argv) {
     if (argc < 2) {
         fprintf(stderr, "usage: %s DIR [mode=staged|dma|fill] [threads=N] [window=MiB] [slots=N] "
-                        "[fill=pread|mmap] [passes=N] [huge=0|1] [fresh=0|1]\n", argv[0]);
+                        "[fill=pread|mmap] [passes=N] [huge=0|1] [fresh=0..4]\n", argv[0]);
         return 2;
     }
     const char *mode = "staged", *fill = "pread";
@@ -261,8 +265,17 @@ int main(int argc, char **argv) {
     for (unsigned pass = 0; pass < passes; pass++) {
         atomic_store(&next_window, 0);
         if (fresh && pass) { /* a new destination each pass, as a load into new tensors has */
-            CHECK(cuMemFree(dst));
+            if (fresh != 4) CHECK(cuMemFree(dst));
             CHECK(cuMemAlloc(&dst, total));
+            if (fresh == 2) {
+                CHECK(cuCtxSynchronize());
+                sleep(1);
+            } else if (fresh == 3) {
+                const double m0 = now();
+                CHECK(cuMemsetD8(dst, 0, total));
+                CHECK(cuCtxSynchronize());
+                printf(" [memset %.1f ms]", (now() - m0) * 1e3);
+            }
         }
         pthread_t th[MAX_THREADS];
         const double c0 = cpu_seconds(), t0 = now();

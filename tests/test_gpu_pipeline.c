@@ -471,6 +471,52 @@ static void test_prepare_pins_ahead(void) {
     free(want);
 }
 
+/* The experiment knob CKPTIO_GPU_READ_WORKERS (1-64) caps the workers a
+ * read runs below the engine's threads (12 of 16 here), and prepare pins
+ * only their slots; unset or out of range, all 16 run. */
+static void test_read_workers_knob(void) {
+    const char *path = t_path("read_workers.bin");
+    unsigned char *want = make_file(path, 32 * MIB, 49);
+    unsigned char *dev = ckptio__gpu_sim_device_alloc(32 * MIB);
+    const char *knob[] = {NULL, "12", "0", "65"};
+    const uint64_t workers[] = {16, 12, 16, 16};
+    for (int k = 0; k < 4; k++) {
+        if (knob[k]) setenv("CKPTIO_GPU_READ_WORKERS", knob[k], 1);
+        else unsetenv("CKPTIO_GPU_READ_WORKERS");
+        sim_reset(0);
+        ckptio_engine *e = make_engine(16, 64 * MIB, 8 * MIB); /* 16 threads x 4 slots of 1 MiB */
+        const uint64_t slots = workers[k] * CKPTIO_GPU_READ_SLOTS;
+        T_OK(ckptio_engine_gpu_prepare(e, 0));
+        T_ASSERT(wait_pinned_allocs(slots) == slots);
+        struct timespec ts = {0, 20000000};
+        nanosleep(&ts, NULL);
+        ckptio__gpu_sim_stats s;
+        ckptio__gpu_sim_get_stats(&s);
+        T_ASSERT_MSG(s.pinned_allocs == slots, "CKPTIO_GPU_READ_WORKERS=%s: prepare pinned %llu slots, want %llu",
+                     knob[k] ? knob[k] : "(unset)", (unsigned long long)s.pinned_allocs, (unsigned long long)slots);
+        /* A read whose copies never seem done (counters reset): each worker
+         * that runs takes a stream and would pin a slot prepare did not. */
+        ckptio__gpu_sim_config busy = {.copy_delay_us = 20, .events_busy = true};
+        ckptio__gpu_sim_configure(&busy);
+        ckptio_file *f = NULL;
+        T_OK(ckptio_file_open(e, path, CKPTIO_OPEN_READ, &f));
+        memset(dev, 0, 32 * MIB);
+        ckptio_extent ex = {.file = f, .length = 32 * MIB, .memory = dev, .mem_kind = CKPTIO_MEM_CUDA};
+        T_OK(ckptio__gpu_execute(e, CKPTIO_READ, &ex, 1));
+        T_ASSERT(memcmp(dev, want, 32 * MIB) == 0);
+        ckptio__gpu_sim_get_stats(&s);
+        T_ASSERT_MSG(s.streams_live <= workers[k] && s.pinned_allocs == 0,
+                     "CKPTIO_GPU_READ_WORKERS=%s: %llu workers ran the read (at most %llu) and pinned %llu more slots",
+                     knob[k] ? knob[k] : "(unset)", (unsigned long long)s.streams_live,
+                     (unsigned long long)workers[k], (unsigned long long)s.pinned_allocs);
+        ckptio_file_close(f);
+        T_OK(ckptio_engine_destroy(e));
+    }
+    unsetenv("CKPTIO_GPU_READ_WORKERS");
+    ckptio__gpu_sim_device_free(dev);
+    free(want);
+}
+
 /* A transfer right after prepare (the thread stops or finishes: never a slot
  * pinned twice), prepare called again and the engine destroyed at once
  * (the thread is joined, everything freed). */
@@ -1268,6 +1314,7 @@ int main(void) {
     T_RUN(test_slot_allocation_fails);
     T_RUN(test_slot_pinning_never_waits_without_need);
     T_RUN(test_prepare_pins_ahead);
+    T_RUN(test_read_workers_knob);
     T_RUN(test_prepare_races_transfers_and_destroy);
     T_RUN(test_prepare_refusals_and_failures);
     T_RUN(test_read_fails_midway);

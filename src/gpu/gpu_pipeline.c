@@ -430,6 +430,11 @@ unsigned ckptio__gpu_read_slots(void) {
     return n >= 1 && n <= CKPTIO_GPU_NSLOTS ? (unsigned)n : CKPTIO_GPU_READ_SLOTS;
 }
 
+unsigned ckptio__gpu_read_workers(void) {
+    const size_t n = env_size("CKPTIO_GPU_READ_WORKERS", CKPTIO_GPU_MAX_WORKERS);
+    return n >= 1 && n <= CKPTIO_GPU_MAX_WORKERS ? (unsigned)n : CKPTIO_GPU_MAX_WORKERS;
+}
+
 /* A read slot of a staging worker: the window whose copies it holds and its
  * staging bytes in use. */
 typedef struct read_slot {
@@ -747,7 +752,9 @@ static ckptio_status check_device_range(const ckptio__gpu_ops *ops, const ckptio
  * all slots together stay in the CPU caches: 16 workers x 2 slots x 4 MiB
  * (128 MiB) staged at 53.1 GB/s, x 4 slots x 2 MiB (128 MiB) at 51.3,
  * x 4 slots x 4 MiB (256 MiB) at 42.5. A process's first load pins those
- * 128 MiB, as before. Writes queue up to 4 copies ahead in 4 slots. */
+ * 128 MiB, as before. Writes queue up to 4 copies ahead in 4 slots. (12
+ * read workers matched 16 in the probe with a quarter less CPU; in ckptio
+ * they lost 3% from tmpfs: CKPTIO_GPU_READ_WORKERS is there to measure.) */
 static void geometry(ckptio_engine *engine, bool inline_only, uint64_t block, unsigned *nworkers, uint64_t *slot) {
     int64_t threads = ckptio__engine_setting(engine, CKPTIO_OPT_THREADS);
     unsigned n = inline_only || threads < 1 ? 1 : (unsigned)(threads > CKPTIO_GPU_MAX_WORKERS ? CKPTIO_GPU_MAX_WORKERS : threads);
@@ -780,8 +787,17 @@ static void geometry(ckptio_engine *engine, bool inline_only, uint64_t block, un
     *slot = s;
 }
 
+/* Reads run at most ckptio__gpu_read_workers() workers (an experiment
+ * knob); the slot size stays the one the engine's threads give (writes
+ * share the slots). */
+static unsigned read_workers(unsigned nworkers) {
+    const unsigned cap = ckptio__gpu_read_workers();
+    return nworkers > cap ? cap : nworkers;
+}
+
 void ckptio__gpu_load_geometry(ckptio_engine *engine, unsigned *nworkers, uint64_t *slot) {
     geometry(engine, false, 0, nworkers, slot);
+    *nworkers = read_workers(*nworkers);
 }
 
 ckptio_status ckptio__gpu_pipeline_run(ckptio_engine *engine, const ckptio__gpu_ops *ops, int device,
@@ -844,6 +860,7 @@ ckptio_status ckptio__gpu_pipeline_run_observed(ckptio_engine *engine, const ckp
             p.runs[r].map = p.runs[r - 1].map;
         }
     }
+    if (dir == CKPTIO_READ && !inline_only) nworkers = read_workers(nworkers); /* getenv: caller thread */
     if (nworkers > p.nwin) nworkers = (unsigned)p.nwin;
     /* The file stage: AUTO keeps pread, the backend the GPU loads were
      * measured with (docs/GPU.md); a backend set explicitly applies. */

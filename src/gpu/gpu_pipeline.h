@@ -80,6 +80,12 @@ ckptio_status ckptio__gpu_state_get(ckptio_engine *engine, const ckptio__gpu_ops
  * a caller's thread, never on a pipeline worker, which could race a setenv. */
 unsigned ckptio__gpu_read_slots(void);
 
+/* The most workers a read runs: the experiment knob CKPTIO_GPU_READ_WORKERS
+ * (1-64), else no cap below the engine's threads (docs/GPU.md: 12 of 16
+ * saved CPU from the page cache and lost speed from tmpfs). Same rule:
+ * read on a caller's thread. */
+unsigned ckptio__gpu_read_workers(void);
+
 /* Workers and slot size a load (no observer) runs with under the engine's
  * settings: what ckptio_engine_gpu_prepare pins ahead. */
 void ckptio__gpu_load_geometry(ckptio_engine *engine, unsigned *nworkers, uint64_t *slot);

@@ -1,0 +1,87 @@
+"""Where a process's first GPU load of a model directory spends its time (issue 17).
+
+Later loads into existing tensors reach ~50 GB/s on an H200, a process's first load ~46-48: this times
+the parts of a first load in a fresh process (CUDA initialised before the clock, as bench_model_gpu.py
+FIRST=1 does), so the gap is split into what is paid once per process and what is paid per load.
+
+    python3 bench/probe_first_load.py DIR MODE     # one fresh process; prints one JSON line
+MODE: plain (the first load as it comes), tiny (a 16 KiB tensor loaded first: the engine's threads,
+streams and first slots exist before the timed load), prepared (prepare_gpu, then 0.5 s, then the load).
+For each timed load: open (CheckpointFile over the directory), python (allocating the destination
+tensors and building the request, i.e. get_tensors minus the C read), read (the C read, GIL released,
+until the copies are done), total; GB/s over total; CPU seconds; staging pinned after it. Then a
+second load in the same process, timed the same way.
+"""
+import json
+import os
+import sys
+import time
+
+import torch
+
+DEV = os.environ.get("DEVICE", "cuda:0")  # DEVICE=cpu: a smoke test of this script without a GPU
+
+
+def timed_load(ckptio, d, names=None):
+    """Opens d and loads `names` (default all) to cuda:0; returns (tensors, phase seconds)."""
+    t0 = time.perf_counter()
+    c0 = os.times()
+    f = ckptio.CheckpointFile(d, device=DEV)
+    t_open = time.perf_counter()
+    inner = f._reader
+    spent = []
+
+    class Timed:  # the C read, timed around the call that releases the GIL
+        def __getattr__(self, k):
+            return getattr(inner, k)
+
+        def read(self, targets):
+            r0 = time.perf_counter()
+            try:
+                return inner.read(targets)
+            finally:
+                spent.append(time.perf_counter() - r0)
+
+    f._reader = Timed()
+    out = f.get_tensors(names)
+    if DEV != "cpu":
+        torch.cuda.synchronize()
+    t_end = time.perf_counter()
+    c1 = os.times()
+    f._reader = inner
+    f.close()
+    nbytes = sum(t.numel() * t.element_size() for t in out.values())
+    read = sum(spent)
+    return out, {"bytes": nbytes, "open_ms": round((t_open - t0) * 1e3, 2),
+                 "python_ms": round((t_end - t_open - read) * 1e3, 2), "read_ms": round(read * 1e3, 2),
+                 "total_ms": round((t_end - t0) * 1e3, 2), "GBps": round(nbytes / (t_end - t0) / 1e9, 2),
+                 "cpu_s": round((c1.user - c0.user) + (c1.system - c0.system), 3)}
+
+
+def main():
+    d, mode = sys.argv[1], sys.argv[2]
+    torch.zeros(1, device=DEV)
+    import ckptio
+    eng = ckptio.default_engine()
+    row = {"mode": mode, "threads": eng.get("threads")}
+    if mode == "prepared":
+        if DEV != "cpu":
+            ckptio.prepare_gpu(DEV)
+        time.sleep(0.5)
+    elif mode == "tiny":
+        with ckptio.CheckpointFile(d, device=DEV) as f:
+            small = min(f.keys(), key=lambda k: f.get_slice(k).get_shape())
+        _, row["tiny"] = timed_load(ckptio, d, [small])
+    elif mode != "plain":
+        raise SystemExit(f"unknown mode {mode}")
+    out, row["first"] = timed_load(ckptio, d)
+    row["first"]["staging_reserved_MiB"] = eng.stats()["staging_reserved"] >> 20
+    del out
+    if DEV != "cpu":
+        torch.cuda.empty_cache()
+    out, row["second"] = timed_load(ckptio, d)
+    print(json.dumps(row), flush=True)
+
+
+if __name__ == "__main__":
+    main()
