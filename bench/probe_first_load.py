@@ -5,14 +5,17 @@ the parts of a first load in a fresh process (CUDA initialised before the clock,
 FIRST=1 does), so the gap is split into what is paid once per process and what is paid per load.
 
     python3 bench/probe_first_load.py DIR MODE     # one fresh process; prints one JSON line
-MODE: plain (the first load as it comes), tiny (a 16 KiB tensor loaded first: the engine's threads,
-streams and first slots exist before the timed load), prepared (prepare_gpu, then 0.5 s, then the load).
+MODE: plain (the first load as it comes), tiny (the tensor with the fewest elements loaded first: the
+engine's threads, streams and first slots exist before the timed load; until 2026-11-27 the shape compared
+as a list picked a 16 MiB k_proj, which is what BENCHMARKS.md's "first load's phases" measured), prepared
+(prepare_gpu, then 0.5 s, then the load).
 For each timed load: open (CheckpointFile over the directory), python (allocating the destination
 tensors and building the request, i.e. get_tensors minus the C read), read (the C read, GIL released,
 until the copies are done), total; GB/s over total; CPU seconds; staging pinned after it. Then a
 second load in the same process, timed the same way.
 """
 import json
+import math
 import os
 import sys
 import time
@@ -70,7 +73,7 @@ def main():
         time.sleep(0.5)
     elif mode == "tiny":
         with ckptio.CheckpointFile(d, device=DEV) as f:
-            small = min(f.keys(), key=lambda k: f.get_slice(k).get_shape())
+            small = min(f.keys(), key=lambda k: math.prod(f.get_slice(k).get_shape()))
         _, row["tiny"] = timed_load(ckptio, d, [small])
     elif mode != "plain":
         raise SystemExit(f"unknown mode {mode}")
