@@ -15,7 +15,10 @@
 #
 # Environment: ROUNDS (2), CASES (warm,tmpfs), WHICH (ckptio,ckptio-out,ckptio-prepared,it,it-buffered),
 # BASE_WHICH (ckptio,ckptio-out), LIMIT (seconds for the whole run, 540: a run stops starting loads
-# once it would pass it), OUT (./gpu-out). Extra environment (CKPTIO_* knobs) reaches both builds.
+# once it would pass it), OUT (./gpu-out). Extra environment (CKPTIO_* knobs) reaches both builds;
+# NEW_ENV and BASE_ENV ("VAR=value ...") reach one of them. BASE=same compares the one wheel with itself
+# under those two environments (a knob's A/B: BASE=same BASE_ENV=CKPTIO_GPU_READ_WORKERS=16); no
+# .whl/base/ is needed then. Odd rounds run this build first, even rounds the base.
 set -uo pipefail
 cd "$(dirname "$0")/.." || exit 1
 start=$(date +%s)
@@ -28,10 +31,13 @@ left() { echo $((LIMIT - ($(date +%s) - start))); }
 budget() { local l=$(($(left) - ${2:-0})); [ "$l" -lt "$1" ] && echo "$l" || echo "$1"; }
 
 new=(.whl/ckptio-*.whl) base=(.whl/base/ckptio-*.whl)
+[ "${BASE:-}" = same ] && base=("${new[@]}")
 if [ ! -f "${new[0]}" ] || [ ! -f "${base[0]}" ]; then
-    echo "ab_first_loads.sh: want .whl/ckptio-*.whl and .whl/base/ckptio-*.whl" >&2
+    echo "ab_first_loads.sh: want .whl/ckptio-*.whl and .whl/base/ckptio-*.whl (or BASE=same)" >&2
     exit 1
 fi
+read -r -a new_env <<< "${NEW_ENV:-}"
+read -r -a base_env <<< "${BASE_ENV:-}"
 peers=$(mktemp -d)
 for w in .whl/instanttensor-*.whl; do
     [ -f "$w" ] || continue
@@ -43,9 +49,10 @@ PYTHON=${PYTHON:-python3} scripts/install_wheel.sh "${new[0]}" "$venvs/new" > /d
 PYTHON=${PYTHON:-python3} scripts/install_wheel.sh "${base[0]}" "$venvs/base" > /dev/null || exit 1
 
 run() { # build which round timeout
-    local build=$1 which=$2 round=$3 limit=$4
+    local build=$1 which=$2 round=$3 limit=$4 extra
+    if [ "$build" = new ]; then extra=("${new_env[@]}"); else extra=("${base_env[@]}"); fi
     [ "$limit" -gt 20 ] || { echo "ab_first_loads.sh: out of time before $build round $round" | tee -a "$OUT/ab.log"; return; }
-    env PATH="$venvs/$build/bin:$PATH" CKPTIO_TEST_INSTALLED=1 PYTHONPATH="$peers" CASES="$CASES" FIRST=1 \
+    env "${extra[@]}" PATH="$venvs/$build/bin:$PATH" CKPTIO_TEST_INSTALLED=1 PYTHONPATH="$peers" CASES="$CASES" FIRST=1 \
         FIRST_ONLY=1 FIRST_WHICH="$which" BENCH_JSON="ab_${build}_$round.json" \
         timeout "$limit" python3 bench/bench_model_gpu.py 2>&1 |
         grep -E "GB/s|fail" | grep -v ceiling | sed "s/^/$build$round /" | tee -a "$OUT/ab.log"
@@ -57,7 +64,12 @@ env PATH="$venvs/new/bin:$PATH" CASES=none timeout "$(budget 150 60)" python3 be
 per_round=$(( ($(left) - 10) / ROUNDS ))
 for round in $(seq 1 "$ROUNDS"); do
     echo "== round $round ($(left) s left)" | tee -a "$OUT/ab.log"
-    run new "$WHICH" "$round" "$(budget $((per_round * 2 / 3)) 10)"
-    run base "$BASE_WHICH" "$round" "$(budget $((per_round / 3)) 5)"
+    if [ $((round % 2)) = 1 ]; then
+        run new "$WHICH" "$round" "$(budget $((per_round * 2 / 3)) $((per_round / 3)))"
+        run base "$BASE_WHICH" "$round" "$(budget $((per_round / 3)) 5)"
+    else
+        run base "$BASE_WHICH" "$round" "$(budget $((per_round / 3)) $((per_round * 2 / 3)))"
+        run new "$WHICH" "$round" "$(budget $((per_round * 2 / 3)) 5)"
+    fi
 done
 echo "done after $(($(date +%s) - start)) s" | tee -a "$OUT/ab.log"
