@@ -17,8 +17,11 @@
 #include "io_internal.h"
 
 #include <fcntl.h>
+#include <linux/magic.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/vfs.h>
 #include <unistd.h>
 
 #define MIB (1u << 20)
@@ -182,6 +185,51 @@ static void test_forced_modes(void) {
     free(want);
 }
 
+static bool on_tmpfs(const char *dir) {
+    struct statfs sb;
+    return statfs(dir, &sb) == 0 && sb.f_type == TMPFS_MAGIC;
+}
+
+/* A file on tmpfs is in memory by definition: its reads go through the page
+ * cache without asking it per range (cachestat cost 15% of a 4 MiB read
+ * there, page_cache.c), even where the read policy sends cold reads to
+ * O_DIRECT. A file on disk read the same way is asked about. */
+static void test_memory_file_system_is_not_asked(void) {
+    if (!on_tmpfs("/dev/shm")) {
+        printf("  (no tmpfs at /dev/shm: not run)\n");
+        return;
+    }
+    char path[96];
+    snprintf(path, sizeof path, "/dev/shm/ckptio-test-%d.bin", (int)getpid());
+    unsigned char *want = malloc(FILE_SIZE);
+    T_ASSERT(want);
+    t_fill_random(want, FILE_SIZE, 8);
+    t_write_file(path, want, FILE_SIZE);
+    ckptio__read_policy_set_mem_available(4ull * FILE_SIZE - 4); /* "too big": cold reads go O_DIRECT */
+    ckptio_engine *e = make_engine(CKPTIO_READ_CACHE_AUTO);
+    const char *p = path;
+    uint64_t asked = ckptio__residency_queries();
+    ckptio_stats d = read_files(e, &p, &want, 1);
+    asked = ckptio__residency_queries() - asked;
+    unlink(path);
+    T_ASSERT_MSG(asked == 0 && d.bytes_buffered == FILE_SIZE && d.bytes_direct == 0,
+                 "tmpfs: %llu residency questions, %llu bytes buffered, %llu direct", (unsigned long long)asked,
+                 (unsigned long long)d.bytes_buffered, (unsigned long long)d.bytes_direct);
+    if (!on_tmpfs(t_tmpdir())) {
+        const char *disk = t_path("asked.bin");
+        unsigned char *want_disk = make_file(disk, 9);
+        asked = ckptio__residency_queries();
+        d = read_files(e, &disk, &want_disk, 1);
+        asked = ckptio__residency_queries() - asked;
+        T_ASSERT_MSG(asked > 0 && d.bytes_direct > FILE_SIZE - 8192, "disk: %llu residency questions, %llu direct",
+                     (unsigned long long)asked, (unsigned long long)d.bytes_direct);
+        free(want_disk);
+    }
+    ckptio__read_policy_set_mem_available(0);
+    T_OK(ckptio_engine_destroy(e));
+    free(want);
+}
+
 /* ckptio__file_io (GPU pipeline threads, headers, manifests) outside a
  * plan judges the file by its own size. */
 static void test_file_io_outside_a_plan(void) {
@@ -273,6 +321,7 @@ int main(void) {
     T_RUN(test_auto_counts_every_file_of_a_plan);
     T_RUN(test_forced_modes);
     T_RUN(test_file_io_outside_a_plan);
+    T_RUN(test_memory_file_system_is_not_asked);
     T_RUN(test_gpu_second_load_is_mapped);
     return T_EXIT_PASS;
 }

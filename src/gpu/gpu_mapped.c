@@ -5,9 +5,7 @@
 #include "engine_internal.h"
 #include "gpu_mapped.h"
 
-#include <linux/magic.h>
 #include <sys/mman.h>
-#include <sys/vfs.h>
 #include <unistd.h>
 
 /* A window is mapped when the page cache holds all its pages but this
@@ -15,18 +13,12 @@
  * one fault at a time, slower than the O_DIRECT read of the staged path. */
 #define MISSING_PAGES_MAX_SHIFT 6
 
-static bool in_memory_file_system(int fd) {
-    struct statfs sb;
-    if (fstatfs(fd, &sb) != 0) return false;
-    return sb.f_type == TMPFS_MAGIC || sb.f_type == RAMFS_MAGIC;
-}
-
 ckptio__map_policy ckptio__gpu_map_policy(ckptio_engine *engine, ckptio_direction dir, ckptio_file *file) {
     if (dir != CKPTIO_READ) return CKPTIO__MAP_NEVER;
     /* The user asked for O_DIRECT reads or for the staging copy. */
     if (ckptio__engine_setting(engine, CKPTIO_OPT_DIRECT) == CKPTIO_DIRECT_ON) return CKPTIO__MAP_NEVER;
     if (ckptio__engine_setting(engine, CKPTIO_OPT_GPU_PATH) == CKPTIO_GPU_PATH_STAGED) return CKPTIO__MAP_NEVER;
-    return in_memory_file_system(file->fd) ? CKPTIO__MAP_ALWAYS : CKPTIO__MAP_IF_CACHED;
+    return ckptio__file_in_memory(file) ? CKPTIO__MAP_ALWAYS : CKPTIO__MAP_IF_CACHED;
 }
 
 static bool window_resident(int fd, uint64_t start, uint64_t len) {

@@ -64,6 +64,8 @@ struct ckptio_file {
     /* Cold reads (read_policy.c): 1 through the page cache, -1 O_DIRECT,
      * 0 not decided yet. Set by the caller's thread before workers run. */
     _Atomic int read_cache;
+    /* On tmpfs or ramfs (page_cache.c): 1 yes, -1 no, 0 not asked yet. */
+    _Atomic int in_memory;
     bool writable;          /* opened with CKPTIO_OPEN_WRITE */
     bool created;           /* IN_PLACE write that created the file */
     bool committed;         /* ckptio_file_commit() succeeded */
@@ -115,6 +117,15 @@ bool ckptio__range_cached(int fd, uint64_t offset, uint64_t len);
  * (*cached of *pages); false when that cannot be told (then nothing is
  * written). */
 bool ckptio__range_cached_pages(int fd, uint64_t offset, uint64_t len, uint64_t *cached, uint64_t *pages);
+
+/* True when `f` lives on a memory file system (tmpfs, ramfs): all its data
+ * is in memory, so reads never ask the page cache per range there. Asked
+ * once per file (fstatfs), then remembered; thread-safe. */
+bool ckptio__file_in_memory(ckptio_file *f);
+
+/* Test hook: how many residency questions (cachestat/mincore) this process
+ * has asked. */
+uint64_t ckptio__residency_queries(void);
 
 /* ---- cold reads: page cache or O_DIRECT (read_policy.c) ---------------- */
 

@@ -121,5 +121,5 @@ bool ckptio__read_buffered(ckptio_file *f, uint64_t offset, uint64_t len) {
         decided = ckptio__read_policy_cache(f->engine, file_size(f)) ? 1 : -1;
         atomic_store_explicit(&f->read_cache, decided, memory_order_relaxed);
     }
-    return decided > 0 || ckptio__range_cached(f->fd, offset, len);
+    return decided > 0 || ckptio__file_in_memory(f) || ckptio__range_cached(f->fd, offset, len);
 }
