@@ -358,8 +358,10 @@ def first_load_child(label, d):
     if label.startswith("ckptio"):  # which path ran (all three loads together)
         import ckptio
         st = ckptio.default_engine().stats()
+        # bytes_direct/bytes_buffered: whether the file reads went O_DIRECT or through the page cache
+        # (tmpfs included), all three loads together.
         row["ckptio_stats"] = {k: st.get(k) for k in ("bytes_h2d", "bytes_h2d_mapped", "mapped_fallbacks",
-                                                      "staging_reserved")}
+                                                      "staging_reserved", "bytes_direct", "bytes_buffered")}
         row["env"] = {k: v for k, v in os.environ.items() if k.startswith("CKPTIO_")}
     print("FIRSTROW " + json.dumps([row, row2]), flush=True)
 
