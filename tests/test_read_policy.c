@@ -14,8 +14,10 @@
 #include "gpu_internal.h"
 #include "gpu_sim.h"
 #include "helpers.h"
+#include "io_inject.h"
 #include "io_internal.h"
 
+#include <errno.h>
 #include <fcntl.h>
 #include <linux/magic.h>
 #include <stdio.h>
@@ -185,6 +187,17 @@ static void test_forced_modes(void) {
     free(want);
 }
 
+/* Residency questions are counted through the fault seam: a fault armed
+ * far beyond any read's count never fires, and its countdown tells how
+ * many questions were asked since it was armed. */
+#define NEVER (1ull << 40)
+
+static void arm_residency_count(void) { ckptio__io_inject(CKPTIO__IO_RESIDENCY, NEVER, EIO, 0, false); }
+
+static uint64_t residency_questions_since_armed(void) {
+    return NEVER - ckptio__io_inject_countdown(CKPTIO__IO_RESIDENCY);
+}
+
 static bool on_tmpfs(const char *dir) {
     struct statfs sb;
     return statfs(dir, &sb) == 0 && sb.f_type == TMPFS_MAGIC;
@@ -207,10 +220,10 @@ static void test_memory_file_system_is_not_asked(void) {
     t_write_file(path, want, FILE_SIZE);
     ckptio__read_policy_set_mem_available(4ull * FILE_SIZE - 4); /* "too big": cold reads go O_DIRECT */
     ckptio_engine *e = make_engine(CKPTIO_READ_CACHE_AUTO);
+    arm_residency_count();
     const char *p = path;
-    uint64_t asked = ckptio__residency_queries();
     ckptio_stats d = read_files(e, &p, &want, 1);
-    asked = ckptio__residency_queries() - asked;
+    uint64_t asked = residency_questions_since_armed();
     unlink(path);
     T_ASSERT_MSG(asked == 0 && d.bytes_buffered == FILE_SIZE && d.bytes_direct == 0,
                  "tmpfs: %llu residency questions, %llu bytes buffered, %llu direct", (unsigned long long)asked,
@@ -218,13 +231,14 @@ static void test_memory_file_system_is_not_asked(void) {
     if (!on_tmpfs(t_tmpdir())) {
         const char *disk = t_path("asked.bin");
         unsigned char *want_disk = make_file(disk, 9);
-        asked = ckptio__residency_queries();
+        arm_residency_count();
         d = read_files(e, &disk, &want_disk, 1);
-        asked = ckptio__residency_queries() - asked;
+        asked = residency_questions_since_armed();
         T_ASSERT_MSG(asked > 0 && d.bytes_direct > FILE_SIZE - 8192, "disk: %llu residency questions, %llu direct",
                      (unsigned long long)asked, (unsigned long long)d.bytes_direct);
         free(want_disk);
     }
+    ckptio__io_inject_reset();
     ckptio__read_policy_set_mem_available(0);
     T_OK(ckptio_engine_destroy(e));
     free(want);

@@ -424,15 +424,19 @@ static size_t env_size(const char *name, size_t fallback) {
     return end && *end == '\0' ? (size_t)n : fallback;
 }
 
-/* Reads the environment: call it on the caller's thread, never on a worker. */
+/* An experiment knob: the variable's value when it is 1..max, else `fallback`.
+ * Reads the environment: call it on the caller's thread, never on a worker. */
+static unsigned env_knob(const char *name, unsigned max, unsigned fallback) {
+    const size_t n = env_size(name, fallback);
+    return n >= 1 && n <= max ? (unsigned)n : fallback;
+}
+
 unsigned ckptio__gpu_read_slots(void) {
-    const size_t n = env_size("CKPTIO_GPU_READ_SLOTS", CKPTIO_GPU_READ_SLOTS);
-    return n >= 1 && n <= CKPTIO_GPU_NSLOTS ? (unsigned)n : CKPTIO_GPU_READ_SLOTS;
+    return env_knob("CKPTIO_GPU_READ_SLOTS", CKPTIO_GPU_NSLOTS, CKPTIO_GPU_READ_SLOTS);
 }
 
 unsigned ckptio__gpu_read_workers(void) {
-    const size_t n = env_size("CKPTIO_GPU_READ_WORKERS", CKPTIO_GPU_MAX_WORKERS);
-    return n >= 1 && n <= CKPTIO_GPU_MAX_WORKERS ? (unsigned)n : CKPTIO_GPU_MAX_WORKERS;
+    return env_knob("CKPTIO_GPU_READ_WORKERS", CKPTIO_GPU_MAX_WORKERS, CKPTIO_GPU_MAX_WORKERS);
 }
 
 /* A read slot of a staging worker: the window whose copies it holds and its

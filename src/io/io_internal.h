@@ -123,10 +123,6 @@ bool ckptio__range_cached_pages(int fd, uint64_t offset, uint64_t len, uint64_t 
  * once per file (fstatfs), then remembered; thread-safe. */
 bool ckptio__file_in_memory(ckptio_file *f);
 
-/* Test hook: how many residency questions (cachestat/mincore) this process
- * has asked. */
-uint64_t ckptio__residency_queries(void);
-
 /* ---- cold reads: page cache or O_DIRECT (read_policy.c) ---------------- */
 
 /* Whether cold reads of files that together take `footprint` bytes go
@@ -309,6 +305,7 @@ typedef enum ckptio__io_kind {
     CKPTIO__IO_OPEN_DIRECT,  /* opening the O_DIRECT descriptor (EINVAL = refused) */
     CKPTIO__IO_UNLINK,       /* removing a file (the DCP commit's cleanup) */
     CKPTIO__IO_LISTDIR,      /* opening a directory to list it (opendir) */
+    CKPTIO__IO_RESIDENCY,    /* a page-cache residency question (cachestat/mincore): a fault answers "unknown" */
     CKPTIO__IO_KIND_COUNT_
 } ckptio__io_kind;
 
