@@ -465,6 +465,15 @@ static void test_prepare_pins_ahead(void) {
     T_ASSERT_MSG(s.pinned_allocs == slots, "the load pinned %llu more slots",
                  (unsigned long long)(s.pinned_allocs - slots));
     check_sim_clean(4 * MIB);
+    /* Every slot pinned: a further call (a server calling it before each
+     * load) starts no thread and pins nothing. */
+    T_OK(ckptio_engine_gpu_prepare(e, 0));
+    ckptio__gpu_state *gs = ckptio__engine_gpu_state(e);
+    pthread_mutex_lock(&gs->prepare_lock);
+    const bool started = gs->prepare_started;
+    pthread_mutex_unlock(&gs->prepare_lock);
+    T_ASSERT_MSG(!started, "prepare started a thread with every slot already pinned");
+    T_ASSERT(wait_pinned_allocs(slots + 1) == slots);
     ckptio_file_close(f);
     ckptio__gpu_sim_device_free(dev);
     T_OK(ckptio_engine_destroy(e));
@@ -513,6 +522,36 @@ static void test_read_workers_knob(void) {
         T_OK(ckptio_engine_destroy(e));
     }
     unsetenv("CKPTIO_GPU_READ_WORKERS");
+    ckptio__gpu_sim_device_free(dev);
+    free(want);
+}
+
+/* A transfer started while prepare is pinning waits for at most the slot
+ * being pinned, not for all of them: the thread yields to a waiting
+ * transfer. (It re-takes the engine's GPU lock right after releasing it, so
+ * without the yield the transfer waited for the whole pinning.) */
+static void test_prepare_yields_to_a_transfer(void) {
+    ckptio__gpu_sim_config cfg = {.pinned_delay_us = 20000}; /* 20 ms per slot: 16 slots take 0.32 s */
+    ckptio__gpu_sim_configure(&cfg);
+    const char *path = t_path("prep_yield.bin");
+    unsigned char *want = make_file(path, 64 * KIB, 47);
+    ckptio_engine *e = make_engine(8, 8 * MIB, 8 * MIB); /* 8 workers x 2 read slots */
+    T_OK(ckptio_engine_gpu_prepare(e, 0));
+    T_ASSERT(wait_pinned_allocs(1) >= 1); /* the thread is pinning */
+    ckptio_file *f = NULL;
+    T_OK(ckptio_file_open(e, path, CKPTIO_OPEN_READ, &f));
+    unsigned char *dev = ckptio__gpu_sim_device_alloc(64 * KIB);
+    ckptio_extent ex = {.file = f, .length = 64 * KIB, .memory = dev, .mem_kind = CKPTIO_MEM_CUDA};
+    T_OK(ckptio__gpu_execute(e, CKPTIO_READ, &ex, 1));
+    ckptio__gpu_sim_stats s;
+    ckptio__gpu_sim_get_stats(&s);
+    T_ASSERT(memcmp(dev, want, 64 * KIB) == 0);
+    T_ASSERT_MSG(s.pinned_allocs < 8, "the transfer waited for %llu of prepare's 16 slots",
+                 (unsigned long long)s.pinned_allocs);
+    ckptio_file_close(f);
+    T_OK(ckptio_engine_destroy(e));
+    ckptio__gpu_sim_get_stats(&s);
+    T_ASSERT(s.pinned_now == 0 && s.ctx_depth == 0);
     ckptio__gpu_sim_device_free(dev);
     free(want);
 }
@@ -1316,6 +1355,7 @@ int main(void) {
     T_RUN(test_prepare_pins_ahead);
     T_RUN(test_read_workers_knob);
     T_RUN(test_prepare_races_transfers_and_destroy);
+    T_RUN(test_prepare_yields_to_a_transfer);
     T_RUN(test_prepare_refusals_and_failures);
     T_RUN(test_read_fails_midway);
     T_RUN(test_bad_device_memory);

@@ -881,7 +881,9 @@ ckptio_status ckptio__gpu_pipeline_run_observed(ckptio_engine *engine, const ckp
     map_geometry(&p, may_map && !inline_only, nworkers, window_bytes);
     p.read_slots = ckptio__gpu_read_slots(); /* getenv here, never on a worker: setenv may run meanwhile */
     if ((st = ckptio__gpu_state_get(engine, ops, &p.st)) != CKPTIO_OK) goto out;
+    atomic_fetch_add(&p.st->transfers_waiting, 1); /* a prepare thread yields (gpu_pipeline.h) */
     pthread_mutex_lock(&p.st->lock);
+    atomic_fetch_sub(&p.st->transfers_waiting, 1);
     locked = true;
     ckptio__gpu_state_set_slot_bytes(p.st, (size_t)slot);
     ckptio__nvtx_push(dir == CKPTIO_READ ? "ckptio: file -> GPU" : "ckptio: GPU -> file");

@@ -10,9 +10,9 @@
 
 /* Pins slot 0 of every worker, then slot 1, ... so that a transfer starting
  * midway finds each worker's first slots ready. A transfer holds st->lock
- * for its whole run: when it starts, this thread stops at its next slot and
- * the transfer's workers pin what is still missing (and report any error:
- * here a failure only ends the pinning). */
+ * for its whole run: when one waits for it, this thread stops at its next
+ * slot and the transfer's workers pin what is still missing (and report any
+ * error: here a failure only ends the pinning). */
 typedef struct prepare_job {
     ckptio__gpu_state *st;
     const ckptio__gpu_ops *ops;
@@ -30,7 +30,9 @@ static void *prepare_main(void *arg) {
     if (ops->ctx_enter(job.device) != CKPTIO_OK) return NULL;
     for (unsigned s = 0; s < job.slots; s++) {
         for (unsigned w = 0; w < job.workers; w++) {
-            if (atomic_load(&st->prepare_stop) || pthread_mutex_trylock(&st->lock) != 0) goto out;
+            if (atomic_load(&st->prepare_stop) || atomic_load(&st->transfers_waiting) ||
+                pthread_mutex_trylock(&st->lock) != 0)
+                goto out;
             unsigned char *mem = NULL;
             const bool same = st->slot_bytes == job.slot && st->ops == ops;
             const ckptio_status rc = same ? ckptio__gpu_slot(st, w, s, true, &mem) : CKPTIO_E_INVAL;
@@ -41,6 +43,15 @@ static void *prepare_main(void *arg) {
 out:
     ops->ctx_leave(job.device);
     return NULL;
+}
+
+/* Whether workers [0, workers) hold slots [0, slots) of the size asked. */
+static bool all_pinned(const ckptio__gpu_state *st, unsigned workers, unsigned slots, uint64_t slot) {
+    if (st->slot_bytes != slot) return false;
+    for (unsigned w = 0; w < workers; w++)
+        for (unsigned s = 0; s < slots; s++)
+            if (!st->workers[w].mem[s]) return false;
+    return true;
 }
 
 static bool any_slot(const ckptio__gpu_state *st) {
@@ -69,9 +80,11 @@ ckptio_status ckptio__gpu_prepare(ckptio_engine *engine, const ckptio__gpu_ops *
     /* A transfer running now pins what it needs itself. Slots of another
      * size are left alone: freeing pinned memory synchronises the device. */
     bool start = false;
+    const unsigned slots = ckptio__gpu_read_slots();
     if (pthread_mutex_trylock(&st->lock) == 0) {
-        start = true;
-        if (st->slot_bytes != slot) {
+        /* Every slot already pinned (a server calling it before each load): no thread. */
+        start = !all_pinned(st, workers, slots, slot);
+        if (start && st->slot_bytes != slot) {
             if (any_slot(st)) start = false;
             else st->slot_bytes = slot;
         }
@@ -81,7 +94,7 @@ ckptio_status ckptio__gpu_prepare(ckptio_engine *engine, const ckptio__gpu_ops *
     if (start && !job) rc = CKPTIO_FAIL(CKPTIO_E_NOMEM, "out of memory starting to pin staging memory");
     if (job) {
         *job = (prepare_job){.st = st, .ops = ops, .device = device, .workers = workers,
-                             .slots = ckptio__gpu_read_slots(), .slot = slot};
+                             .slots = slots, .slot = slot};
         atomic_store(&st->prepare_stop, false);
         const int err = pthread_create(&st->prepare_thread, NULL, prepare_main, job);
         if (err == 0) {

@@ -192,7 +192,12 @@ static ckptio_status sim_pinned_alloc(size_t bytes, void **out) {
     pthread_mutex_lock(&lock);
     const bool fail = config.fail_pinned_at && stats.pinned_allocs + 1 == config.fail_pinned_at;
     if (fail) stats.pinned_allocs++;
+    const unsigned delay_us = config.pinned_delay_us;
     pthread_mutex_unlock(&lock);
+    if (delay_us) {
+        struct timespec ts = {(time_t)(delay_us / 1000000), (long)(delay_us % 1000000) * 1000};
+        nanosleep(&ts, NULL);
+    }
     if (fail) {
         *out = NULL;
         return CKPTIO_FAIL(CKPTIO_E_CUDA, "simulated pinned allocation of %zu bytes failed (CUDA out of memory)",

@@ -38,6 +38,7 @@ typedef struct ckptio__gpu_sim_config {
     uint64_t fail_register_at; /* the n-th host_register fails (CUDA error); 0 = never */
     bool no_register;          /* host_register is CKPTIO_E_UNSUPPORTED (a device without it) */
     unsigned register_delay_us; /* each host_register takes this long (pinning is not free) */
+    unsigned pinned_delay_us;  /* each pinned allocation takes this long */
     uint64_t fail_pinned_at;   /* the n-th pinned allocation (1-based) fails; 0 = never */
     bool events_busy;          /* event_done says "not yet" whatever the copies did (a slow device) */
     bool events_settle;        /* event_done waits for the copies, then says "done" (a fast device) */
