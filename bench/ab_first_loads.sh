@@ -62,14 +62,17 @@ echo "== model ($(left) s left)" | tee -a "$OUT/ab.log"
 env PATH="$venvs/new/bin:$PATH" CASES=none timeout "$(budget 150 60)" python3 bench/bench_model_gpu.py 2>&1 |
     grep -E "model|ceiling" | tee -a "$OUT/ab.log"
 per_round=$(( ($(left) - 10) / ROUNDS ))
+# A round's time is shared in proportion to the loaders each build runs.
+n_new=$(($(tr -cd , <<< "$WHICH" | wc -c) + 1)) n_base=$(($(tr -cd , <<< "$BASE_WHICH" | wc -c) + 1))
+t_new=$((per_round * n_new / (n_new + n_base))) t_base=$((per_round * n_base / (n_new + n_base)))
 for round in $(seq 1 "$ROUNDS"); do
     echo "== round $round ($(left) s left)" | tee -a "$OUT/ab.log"
     if [ $((round % 2)) = 1 ]; then
-        run new "$WHICH" "$round" "$(budget $((per_round * 2 / 3)) $((per_round / 3)))"
-        run base "$BASE_WHICH" "$round" "$(budget $((per_round / 3)) 5)"
+        run new "$WHICH" "$round" "$(budget "$t_new" "$t_base")"
+        run base "$BASE_WHICH" "$round" "$(budget "$t_base" 5)"
     else
-        run base "$BASE_WHICH" "$round" "$(budget $((per_round / 3)) $((per_round * 2 / 3)))"
-        run new "$WHICH" "$round" "$(budget $((per_round * 2 / 3)) 5)"
+        run base "$BASE_WHICH" "$round" "$(budget "$t_base" "$t_new")"
+        run new "$WHICH" "$round" "$(budget "$t_new" 5)"
     fi
 done
 echo "done after $(($(date +%s) - start)) s" | tee -a "$OUT/ab.log"

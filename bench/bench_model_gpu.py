@@ -19,7 +19,9 @@ Environment: GIB (model size), MODEL_DIR (default /var/tmp/ckptio-model), REPS (
 CASES (comma list of cold,warm,tmpfs), SWEEP=1 (ckptio's staging geometry; SWEEP_SETTINGS="threads:MiB,..."),
 FIRST=1 (each loader's first load in a fresh process, as a model server meets it: its pinned buffers,
 streams and threads are made inside the timed load; CUDA is initialised before the clock starts),
-MEMWATCH=0 (no sampling of GPU memory during the loads: extra GPU memory is then not reported).
+MEMWATCH=0 (no sampling of GPU memory during the loads: extra GPU memory is then not reported),
+SECOND_PAUSE=S (FIRST=1: sleep S seconds between a process's first and second loads),
+COLD_ROTATE=N (cold: the ckptio loaders' order rotated by N).
 """
 import glob
 import json
@@ -187,7 +189,7 @@ def ceiling_h2d():
     del src, dst
 
 
-def ceiling_read(case, files, direct, threads=16):
+def ceiling_read(case, files, direct, threads=16, note=""):
     bs = 8 * MiB
     jobs = [(f, o) for f in files for o in range(0, os.path.getsize(f) // 4096 * 4096, bs)]
     total = sum(min(bs, (os.path.getsize(f) // 4096 * 4096) - o) for f, o in jobs)
@@ -218,7 +220,7 @@ def ceiling_read(case, files, direct, threads=16):
         for t in th:
             t.join()
     label = f"ceiling: {'O_DIRECT' if direct else 'page-cache'} read ({threads} threads)"
-    timed(case, label, total, run, None)
+    timed(case, label, total, run, None, note)
 
 
 # ---- loaders ----------------------------------------------------------------------------
@@ -341,6 +343,11 @@ def first_load_child(label, d):
         import ckptio
         engine_stats = ckptio.default_engine().stats
     before = engine_stats() if engine_stats else None
+    # SECOND_PAUSE=S: wait S seconds before the second load (the first one's tensors were freed and
+    # torch.cuda.empty_cache() returned their memory to the driver: is memory just freed slower?).
+    pause = float(os.environ.get("SECOND_PAUSE", "0"))
+    if pause > 0:
+        time.sleep(pause)
     row2 = timed(os.environ["FIRST_CASE"], label, nbytes, fn, None, "second load, same process")
     if engine_stats:
         # Where the second load's workers spent their time: waiting on GPU copies (seconds_copy, summed
@@ -410,6 +417,12 @@ def run_case(case, d, nbytes, reference):
              ("runai-model-streamer 0.16.1 (+ .to(cuda))", lambda: load_runai(files), None),
              ("safetensors.torch.load_file(device=cuda)", lambda: load_safetensors(files), None)]
     if case == "cold":
+        # On the GPU hosts the disk reads faster as a cold run goes on, whoever reads (2026-11-27, H200,
+        # four runs: the O_DIRECT ceiling 1.30 -> 1.80 and 1.45 -> 1.60 GB/s from the run's start to its
+        # end; the first ckptio loader 1.08-1.30 whichever it was, the third 1.54-1.82, with COLD_ROTATE;
+        # neither an O_DIRECT pass right after the first drop nor 30 s of waiting changed it). So the
+        # ceiling is measured at both ends, and COLD_ROTATE=N rotates the ckptio loaders' order.
+        drop_cache(files)
         ceiling_read(case, files, direct=True)
     else:  # warm, tmpfs: every page read once before the first loader, so none pays first touches
         warm_cache(files)
@@ -419,6 +432,9 @@ def run_case(case, d, nbytes, reference):
         run_first_loads(case, d)
     if os.environ.get("FIRST_ONLY") == "1":
         return
+    if case == "cold" and os.environ.get("COLD_ROTATE"):
+        k = int(os.environ["COLD_ROTATE"]) % len(loaders)
+        loaders = loaders[k:] + loaders[:k]
     if os.environ.get("PEERS") == "0":
         peers = []
     elif os.environ.get("PEERS") == "it":
@@ -447,6 +463,8 @@ def run_case(case, d, nbytes, reference):
             except Exception as ex:
                 log(f"{case:6s} {label}: failed ({ex!r})")
                 results.append({"case": case, "loader": label, "error": repr(ex)})
+    if case == "cold":
+        ceiling_read(case, files, direct=True, note="again, after the loaders")
     if os.environ.get("SWEEP") == "1" and case != "cold":
         # ckptio's staging geometry (threads x staging bytes: slots are staging / (threads x 4)), each
         # with an engine of its own: r0 includes allocating the pinned slots, r1 reuses them.

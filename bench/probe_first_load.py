@@ -8,7 +8,8 @@ FIRST=1 does), so the gap is split into what is paid once per process and what i
 MODE: plain (the first load as it comes), tiny (the tensor with the fewest elements loaded first: the
 engine's threads, streams and first slots exist before the timed load; until 2026-11-27 the shape compared
 as a list picked a 16 MiB k_proj, which is what BENCHMARKS.md's "first load's phases" measured), prepared
-(prepare_gpu, then 0.5 s, then the load).
+(prepare_gpu, then 0.5 s, then the load), prepared-now (prepare_gpu, then the load at once: the load must not
+wait for the pinning it interrupts).
 For each timed load: open (CheckpointFile over the directory), python (allocating the destination
 tensors and building the request, i.e. get_tensors minus the C read), read (the C read, GIL released,
 until the copies are done), total; GB/s over total; CPU seconds; staging pinned after it. Then a
@@ -67,10 +68,11 @@ def main():
     import ckptio
     eng = ckptio.default_engine()
     row = {"mode": mode, "threads": eng.get("threads")}
-    if mode == "prepared":
+    if mode in ("prepared", "prepared-now"):
         if DEV != "cpu":
             ckptio.prepare_gpu(DEV)
-        time.sleep(0.5)
+        if mode == "prepared":
+            time.sleep(0.5)
     elif mode == "tiny":
         with ckptio.CheckpointFile(d, device=DEV) as f:
             small = min(f.keys(), key=lambda k: math.prod(f.get_slice(k).get_shape()))
