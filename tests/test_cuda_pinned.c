@@ -101,7 +101,7 @@ static int count_mappings(void) {
 
 static void test_a_slot_is_registered_anonymous_memory(void) {
     void *p = NULL;
-    T_OK(ops->pinned_alloc(2 * MIB, &p));
+    T_OK(ops->pinned_alloc(2 * MIB, false, &p));
     T_ASSERT(p != NULL && (uintptr_t)p % 4096 == 0);
     T_ASSERT_MSG(*register_calls == 1 && *hostalloc_calls == 0, "%d registrations, %d cuMemHostAlloc",
                  *register_calls, *hostalloc_calls);
@@ -114,10 +114,29 @@ static void test_a_slot_is_registered_anonymous_memory(void) {
     T_ASSERT(*unregister_calls == 1 && *last_unregistered == p);
     T_ASSERT_MSG(mapped(p) == 0 && mapped((unsigned char *)p - 4096) == 0, "the slot is still mapped after its free");
     /* Odd sizes round up to pages and still free whole. */
-    T_OK(ops->pinned_alloc(sizeof(uint32_t), &p));
+    T_OK(ops->pinned_alloc(sizeof(uint32_t), false, &p));
     T_ASSERT(*last_registered_bytes == 4096);
     ops->pinned_free(p);
     T_ASSERT(mapped(p) == 0);
+}
+
+/* CKPTIO_GPU_HUGE_SLOTS: the slot starts on a 2 MiB boundary, advised for
+ * huge pages, filled, registered whole; its header page is still the one
+ * before it; the whole reservation goes with the free. */
+static void test_a_huge_slot_is_aligned_advised_and_freed_whole(void) {
+    const int before = count_mappings();
+    void *p = NULL;
+    T_OK(ops->pinned_alloc(4 * MIB, true, &p));
+    T_ASSERT_MSG((uintptr_t)p % (2 * MIB) == 0, "huge slot at %p: not on a 2 MiB boundary", p);
+    T_ASSERT(*last_registered == p && *last_registered_bytes == 4 * MIB && *last_register_flags == 0x3);
+    T_ASSERT_MSG(vm_flag(p, "hg") == 1, "the huge slot is not advised MADV_HUGEPAGE (VmFlags hg: %d)", vm_flag(p, "hg"));
+    T_ASSERT(vm_flag(p, "dc") == 1 && vm_flag((unsigned char *)p - 4096, "dc") == 1);
+    memset(p, 0x5A, 4 * MIB);
+    const unsigned calls = (unsigned)*unregister_calls;
+    ops->pinned_free(p);
+    T_ASSERT(*unregister_calls == (int)calls + 1 && *last_unregistered == p);
+    T_ASSERT_MSG(count_mappings() == before, "%d mappings before a huge slot, %d after its free", before,
+                 count_mappings());
 }
 
 static void test_a_failed_registration_leaves_nothing(void) {
@@ -125,18 +144,18 @@ static void test_a_failed_registration_leaves_nothing(void) {
     const int calls = *register_calls;
     *register_result = 2; /* CUDA_ERROR_OUT_OF_MEMORY */
     void *p = (void *)1;
-    T_STATUS(ops->pinned_alloc(1 * MIB, &p), CKPTIO_E_NOMEM);
+    T_STATUS(ops->pinned_alloc(1 * MIB, false, &p), CKPTIO_E_NOMEM);
     T_MESSAGE_HAS("cuMemHostRegister(1048576 bytes) of pinned staging memory failed: CUDA_ERROR_OUT_OF_MEMORY");
     T_ASSERT(p == NULL && *register_calls == calls + 1 && *hostalloc_calls == 0);
     T_ASSERT_MSG(count_mappings() == before, "%d mappings before, %d after a failed registration", before,
                  count_mappings());
     /* Refused after slots were registered: an error, not a switch to cuMemHostAlloc. */
     *register_result = 801; /* CUDA_ERROR_NOT_SUPPORTED */
-    T_STATUS(ops->pinned_alloc(1 * MIB, &p), CKPTIO_E_CUDA);
+    T_STATUS(ops->pinned_alloc(1 * MIB, false, &p), CKPTIO_E_CUDA);
     T_MESSAGE_HAS("CUDA_ERROR_NOT_SUPPORTED");
     T_ASSERT(*hostalloc_calls == 0 && count_mappings() == before);
     *register_result = 0;
-    T_OK(ops->pinned_alloc(1 * MIB, &p));
+    T_OK(ops->pinned_alloc(1 * MIB, false, &p));
     T_ASSERT(*last_registered == p && *hostalloc_calls == 0);
     ops->pinned_free(p);
     T_ASSERT(count_mappings() == before);
@@ -146,9 +165,9 @@ static void test_a_failed_registration_leaves_nothing(void) {
 static int fallback_child(void) {
     *register_result = 801;
     void *a = NULL, *b = NULL;
-    T_OK(ops->pinned_alloc(2 * MIB, &a));
+    T_OK(ops->pinned_alloc(2 * MIB, false, &a));
     T_ASSERT(a != NULL && *register_calls == 1 && *hostalloc_calls == 1);
-    T_OK(ops->pinned_alloc(2 * MIB, &b));
+    T_OK(ops->pinned_alloc(2 * MIB, false, &b));
     T_ASSERT_MSG(*register_calls == 1 && *hostalloc_calls == 2, "registration tried %d times, %d cuMemHostAlloc",
                  *register_calls, *hostalloc_calls);
     memset(a, 1, 2 * MIB);
@@ -179,6 +198,7 @@ int main(int argc, char **argv) {
     self = argv[0];
     if (argc > 1 && strcmp(argv[1], "fallback") == 0) return fallback_child();
     T_RUN(test_a_slot_is_registered_anonymous_memory);
+    T_RUN(test_a_huge_slot_is_aligned_advised_and_freed_whole);
     T_RUN(test_a_failed_registration_leaves_nothing);
     T_RUN(test_a_driver_without_registration_gets_host_alloc);
     return T_EXIT_PASS;

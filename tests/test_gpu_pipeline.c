@@ -526,6 +526,40 @@ static void test_read_workers_knob(void) {
     free(want);
 }
 
+/* The experiment knob CKPTIO_GPU_HUGE_SLOTS=1 asks the device for huge-page
+ * slots, for a load's own pinning and for prepare's; unset, or any other
+ * value, it does not. */
+static void test_huge_slots_knob(void) {
+    const char *path = t_path("huge.bin");
+    unsigned char *want = make_file(path, 4 * MIB, 53);
+    unsigned char *dev = ckptio__gpu_sim_device_alloc(4 * MIB);
+    const char *values[] = {"1", NULL, "2"};
+    for (int k = 0; k < 3; k++) {
+        sim_reset(0);
+        if (values[k]) setenv("CKPTIO_GPU_HUGE_SLOTS", values[k], 1);
+        else unsetenv("CKPTIO_GPU_HUGE_SLOTS");
+        ckptio_engine *e = make_engine(4, 4 * MIB, 8 * MIB);
+        ckptio_file *f = NULL;
+        T_OK(ckptio_file_open(e, path, CKPTIO_OPEN_READ, &f));
+        ckptio_extent ex = {.file = f, .length = 4 * MIB, .memory = dev, .mem_kind = CKPTIO_MEM_CUDA};
+        T_OK(ckptio__gpu_execute(e, CKPTIO_READ, &ex, 1));
+        T_ASSERT(memcmp(dev, want, 4 * MIB) == 0);
+        T_OK(ckptio_engine_gpu_prepare(e, 0));
+        T_ASSERT(wait_pinned_allocs(4 * CKPTIO_GPU_READ_SLOTS) == 4 * CKPTIO_GPU_READ_SLOTS);
+        ckptio__gpu_sim_stats s;
+        ckptio__gpu_sim_get_stats(&s);
+        const uint64_t want_huge = k == 0 ? s.pinned_allocs : 0;
+        T_ASSERT_MSG(s.pinned_huge_allocs == want_huge, "CKPTIO_GPU_HUGE_SLOTS=%s: %llu of %llu slots huge",
+                     values[k] ? values[k] : "(unset)", (unsigned long long)s.pinned_huge_allocs,
+                     (unsigned long long)s.pinned_allocs);
+        ckptio_file_close(f);
+        T_OK(ckptio_engine_destroy(e));
+    }
+    unsetenv("CKPTIO_GPU_HUGE_SLOTS");
+    ckptio__gpu_sim_device_free(dev);
+    free(want);
+}
+
 /* A transfer started while prepare is pinning waits for at most the slot
  * being pinned, not for all of them: the thread yields to a waiting
  * transfer. (It re-takes the engine's GPU lock right after releasing it, so
@@ -1356,6 +1390,7 @@ int main(void) {
     T_RUN(test_read_workers_knob);
     T_RUN(test_prepare_races_transfers_and_destroy);
     T_RUN(test_prepare_yields_to_a_transfer);
+    T_RUN(test_huge_slots_knob);
     T_RUN(test_prepare_refusals_and_failures);
     T_RUN(test_read_fails_midway);
     T_RUN(test_bad_device_memory);

@@ -161,7 +161,7 @@ static ckptio_status submit(ckptio_gds_file *f, ckptio_direction dir, void *buf,
         return st;
     }
     void *gate = NULL;
-    if ((st = ops->pinned_alloc(sizeof(uint32_t), &gate)) != CKPTIO_OK) goto fail;
+    if ((st = ops->pinned_alloc(sizeof(uint32_t), false, &gate)) != CKPTIO_OK) goto fail;
     r->gate = gate;
     *r->gate = 0;
     if ((st = ops->event_create(&r->ev_start)) != CKPTIO_OK) goto fail;

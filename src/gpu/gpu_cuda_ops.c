@@ -120,11 +120,28 @@ static ckptio_status cuda_mem_info(int device, uint64_t *free_bytes, uint64_t *t
  * load in a process, again"); our reading is that the driver is held for
  * less of the time the load's copies need it when the pages already exist
  * before the call. The page before
- * the slot holds the mapping's length for the free. MADV_DONTFORK: a child
+ * the slot holds the mapping's address and length for the free. MADV_DONTFORK: a child
  * forked later (a DataLoader worker) neither inherits nor copies it; it
  * cannot use CUDA anyway. Where the driver cannot register host memory, the
- * process uses cuMemHostAlloc from its first allocation on. */
+ * process uses cuMemHostAlloc from its first allocation on.
+ * Huge slots (the experiment knob CKPTIO_GPU_HUGE_SLOTS): the slot starts
+ * on a 2 MiB boundary of a larger reservation and is advised
+ * MADV_HUGEPAGE before the kernel fills it (MADV_POPULATE_WRITE), so that
+ * the driver pins 2 MiB pages. Measured on an H200 (BENCHMARKS.md): first
+ * loads 49.1 GB/s against 47.7, later loads level. Off by default: with
+ * THP's defrag in madvise mode a fault there may compact memory first,
+ * and whether the GPU host's kernel gave huge pages is not yet known. */
 #define PIN_HEADER 4096u
+#define HUGE_PAGE ((size_t)2 << 20)
+#ifndef MADV_POPULATE_WRITE
+#define MADV_POPULATE_WRITE 23 /* Linux 5.14 */
+#endif
+
+/* The page before a slot: what its free must unmap. */
+typedef struct pin_header {
+    unsigned char *map;
+    size_t len;
+} pin_header;
 
 static atomic_int pin_by_register = 1;       /* cleared once, before any registered slot exists */
 static atomic_int registered_slots_made = 0;
@@ -140,33 +157,49 @@ static ckptio_status pinned_fail(CUresult r, const char *call, size_t bytes) {
 
 /* CKPTIO_OK with *out set; or CKPTIO_E_UNSUPPORTED (nothing made) when
  * this driver cannot register host memory. */
-static ckptio_status register_alloc(const ckptio__cuda_api *cu, size_t bytes, void **out) {
-    const size_t total = ((bytes + 4095) & ~(size_t)4095) + PIN_HEADER;
-    unsigned char *base = mmap(NULL, total, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_POPULATE, -1, 0);
-    if (base == MAP_FAILED)
-        return CKPTIO_FAIL(CKPTIO_E_NOMEM, "mmap(%zu bytes) of pinned staging memory failed: %s", total,
+/* Anonymous memory for a slot of `body` bytes with its header page before
+ * it, filled by the kernel; *slot on a 2 MiB boundary when `huge`. */
+static ckptio_status map_slot(size_t body, bool huge, pin_header *h, unsigned char **slot) {
+    h->len = body + (huge ? HUGE_PAGE : PIN_HEADER);
+    h->map = mmap(NULL, h->len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | (huge ? 0 : MAP_POPULATE), -1, 0);
+    if (h->map == MAP_FAILED)
+        return CKPTIO_FAIL(CKPTIO_E_NOMEM, "mmap(%zu bytes) of pinned staging memory failed: %s", h->len,
                            strerror(errno));
-    (void)madvise(base, total, MADV_DONTFORK); /* best effort: without it a fork only copies more */
-    memcpy(base, &total, sizeof total);
-    const CUresult r = cu->cuMemHostRegister(base + PIN_HEADER, total - PIN_HEADER,
-                                             CU_MEMHOSTREGISTER_PORTABLE | CU_MEMHOSTREGISTER_DEVICEMAP);
+    *slot = h->map + PIN_HEADER;
+    if (huge) {
+        *slot = (unsigned char *)(((uintptr_t)h->map + PIN_HEADER + HUGE_PAGE - 1) & ~(uintptr_t)(HUGE_PAGE - 1));
+        (void)madvise(*slot, body, MADV_HUGEPAGE); /* best effort: 4 KiB pages otherwise */
+        if (madvise(*slot - PIN_HEADER, body + PIN_HEADER, MADV_POPULATE_WRITE) != 0)
+            memset(*slot - PIN_HEADER, 0, body + PIN_HEADER); /* an older kernel: fill by touching */
+    }
+    (void)madvise(h->map, h->len, MADV_DONTFORK); /* best effort: without it a fork only copies more */
+    memcpy(*slot - PIN_HEADER, h, sizeof *h);
+    return CKPTIO_OK;
+}
+
+static ckptio_status register_alloc(const ckptio__cuda_api *cu, size_t bytes, bool huge, void **out) {
+    const size_t body = (bytes + 4095) & ~(size_t)4095;
+    pin_header h;
+    unsigned char *slot = NULL;
+    CKPTIO_FORWARD(map_slot(body, huge, &h, &slot));
+    const CUresult r = cu->cuMemHostRegister(slot, body, CU_MEMHOSTREGISTER_PORTABLE | CU_MEMHOSTREGISTER_DEVICEMAP);
     if (r != CUDA_SUCCESS) {
-        munmap(base, total);
+        munmap(h.map, h.len);
         if ((r == CUDA_ERROR_NOT_SUPPORTED || r == CUDA_ERROR_NOT_PERMITTED) && !atomic_load(&registered_slots_made))
             return CKPTIO_E_UNSUPPORTED;
         return pinned_fail(r, "cuMemHostRegister", bytes);
     }
     atomic_store(&registered_slots_made, 1);
-    *out = base + PIN_HEADER;
+    *out = slot;
     return CKPTIO_OK;
 }
 
-static ckptio_status cuda_pinned_alloc(size_t bytes, void **out) {
+static ckptio_status cuda_pinned_alloc(size_t bytes, bool huge, void **out) {
     const ckptio__cuda_api *cu;
     CKPTIO_FORWARD(need_api(&cu));
     *out = NULL;
     if (atomic_load(&pin_by_register) && cu->cuMemHostRegister && cu->cuMemHostUnregister) {
-        const ckptio_status st = register_alloc(cu, bytes, out);
+        const ckptio_status st = register_alloc(cu, bytes, huge, out);
         if (st != CKPTIO_E_UNSUPPORTED) return st;
     }
     atomic_store(&pin_by_register, 0);
@@ -185,11 +218,10 @@ static void cuda_pinned_free(void *ptr) {
         cu->cuMemFreeHost(ptr);
         return;
     }
-    unsigned char *base = (unsigned char *)ptr - PIN_HEADER;
-    size_t total;
-    memcpy(&total, base, sizeof total);
+    pin_header h;
+    memcpy(&h, (unsigned char *)ptr - PIN_HEADER, sizeof h);
     cu->cuMemHostUnregister(ptr);
-    munmap(base, total);
+    munmap(h.map, h.len);
 }
 
 static ckptio_status cuda_stream_create(void **out) {

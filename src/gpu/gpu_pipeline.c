@@ -439,6 +439,8 @@ unsigned ckptio__gpu_read_workers(void) {
     return env_knob("CKPTIO_GPU_READ_WORKERS", CKPTIO_GPU_MAX_WORKERS, CKPTIO_GPU_MAX_WORKERS);
 }
 
+bool ckptio__gpu_huge_slots(void) { return env_knob("CKPTIO_GPU_HUGE_SLOTS", 1, 0) == 1; }
+
 /* A read slot of a staging worker: the window whose copies it holds and its
  * staging bytes in use. */
 typedef struct read_slot {
@@ -880,12 +882,14 @@ ckptio_status ckptio__gpu_pipeline_run_observed(ckptio_engine *engine, const ckp
      * write, while registering and unregistering synchronise the device). */
     map_geometry(&p, may_map && !inline_only, nworkers, window_bytes);
     p.read_slots = ckptio__gpu_read_slots(); /* getenv here, never on a worker: setenv may run meanwhile */
+    const bool huge_slots = ckptio__gpu_huge_slots();
     if ((st = ckptio__gpu_state_get(engine, ops, &p.st)) != CKPTIO_OK) goto out;
     atomic_fetch_add(&p.st->transfers_waiting, 1); /* a prepare thread yields (gpu_pipeline.h) */
     pthread_mutex_lock(&p.st->lock);
     atomic_fetch_sub(&p.st->transfers_waiting, 1);
     locked = true;
     ckptio__gpu_state_set_slot_bytes(p.st, (size_t)slot);
+    p.st->huge_slots = huge_slots;
     ckptio__nvtx_push(dir == CKPTIO_READ ? "ckptio: file -> GPU" : "ckptio: GPU -> file");
     for (size_t i = 0; i < count; i++) p.total += extents[i].length;
     /* A background caller (inline_only) is not the thread progress belongs to. */

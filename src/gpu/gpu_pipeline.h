@@ -59,6 +59,7 @@ typedef struct ckptio__gpu_state {
     pthread_mutex_t lock;                /* one pipeline run at a time per engine */
     pthread_mutex_t pin_lock;            /* one pinned allocation at a time */
     size_t slot_bytes;                   /* geometry of the pinned slots */
+    bool huge_slots;                     /* slots pinned from now on: on huge pages (set under `lock`) */
     uint64_t reserved;                   /* pinned bytes allocated */
     ckptio__gpu_worker_res workers[CKPTIO_GPU_MAX_WORKERS];
     /* ckptio_engine_gpu_prepare's background pinning: one thread at a time,
@@ -90,6 +91,11 @@ unsigned ckptio__gpu_read_slots(void);
  * saved CPU from the page cache and lost speed from tmpfs). Same rule:
  * read on a caller's thread. */
 unsigned ckptio__gpu_read_workers(void);
+
+/* Whether staging slots pinned from now on use transparent huge pages: the
+ * experiment knob CKPTIO_GPU_HUGE_SLOTS=1 (docs/GPU.md; off by default).
+ * Same rule: read on a caller's thread. */
+bool ckptio__gpu_huge_slots(void);
 
 /* Workers and slot size a load (no observer) runs with under the engine's
  * settings: what ckptio_engine_gpu_prepare pins ahead. */

@@ -81,7 +81,9 @@ ckptio_status ckptio__gpu_prepare(ckptio_engine *engine, const ckptio__gpu_ops *
      * size are left alone: freeing pinned memory synchronises the device. */
     bool start = false;
     const unsigned slots = ckptio__gpu_read_slots();
+    const bool huge_slots = ckptio__gpu_huge_slots();
     if (pthread_mutex_trylock(&st->lock) == 0) {
+        st->huge_slots = huge_slots;
         /* Every slot already pinned (a server calling it before each load): no thread. */
         start = !all_pinned(st, workers, slots, slot);
         if (start && st->slot_bytes != slot) {

@@ -123,7 +123,7 @@ ckptio_status ckptio__gpu_slot(ckptio__gpu_state *st, unsigned w, unsigned s, bo
      * could reuse a slot it has does so rather than queue behind another's. */
     if (wait) pthread_mutex_lock(&st->pin_lock);
     else if (pthread_mutex_trylock(&st->pin_lock) != 0) return CKPTIO_OK;
-    ckptio_status rc = st->ops->pinned_alloc(st->slot_bytes, &r->mem[s]);
+    ckptio_status rc = st->ops->pinned_alloc(st->slot_bytes, st->huge_slots, &r->mem[s]);
     pthread_mutex_unlock(&st->pin_lock);
     CKPTIO_FORWARD(rc);
     /* Each worker only touches its own slots, but `reserved` is shared. */

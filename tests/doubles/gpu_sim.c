@@ -188,8 +188,9 @@ static void sim_ctx_leave(int device) {
     pthread_mutex_unlock(&lock);
 }
 
-static ckptio_status sim_pinned_alloc(size_t bytes, void **out) {
+static ckptio_status sim_pinned_alloc(size_t bytes, bool huge, void **out) {
     pthread_mutex_lock(&lock);
+    if (huge) stats.pinned_huge_allocs++;
     const bool fail = config.fail_pinned_at && stats.pinned_allocs + 1 == config.fail_pinned_at;
     if (fail) stats.pinned_allocs++;
     const unsigned delay_us = config.pinned_delay_us;

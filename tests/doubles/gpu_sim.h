@@ -51,6 +51,7 @@ typedef struct ckptio__gpu_sim_stats {
     uint64_t max_pending;        /* most copies queued but not yet run, at any moment */
     uint64_t pinned_now, pinned_peak; /* pinned bytes allocated */
     uint64_t pinned_allocs;      /* pinned allocations made */
+    uint64_t pinned_huge_allocs; /* of those, asked for huge pages */
     uint64_t pinned_frees;       /* pinned allocations freed */
     int64_t ctx_depth;           /* ctx_enter minus ctx_leave (0 when balanced) */
     uint64_t streams_live, events_live;
