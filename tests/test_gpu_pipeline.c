@@ -563,7 +563,8 @@ static void test_huge_slots_knob(void) {
 /* A transfer started while prepare is pinning waits for at most the slot
  * being pinned, not for all of them: the thread yields to a waiting
  * transfer. (It re-takes the engine's GPU lock right after releasing it, so
- * without the yield the transfer waited for the whole pinning.) */
+ * without the yield the transfer waited for most of the pinning: 9 of the
+ * 16 slots when this test was written.) */
 static void test_prepare_yields_to_a_transfer(void) {
     ckptio__gpu_sim_config cfg = {.pinned_delay_us = 20000}; /* 20 ms per slot: 16 slots take 0.32 s */
     ckptio__gpu_sim_configure(&cfg);

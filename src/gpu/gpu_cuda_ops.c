@@ -169,8 +169,15 @@ static ckptio_status map_slot(size_t body, bool huge, pin_header *h, unsigned ch
     if (huge) {
         *slot = (unsigned char *)(((uintptr_t)h->map + PIN_HEADER + HUGE_PAGE - 1) & ~(uintptr_t)(HUGE_PAGE - 1));
         (void)madvise(*slot, body, MADV_HUGEPAGE); /* best effort: 4 KiB pages otherwise */
-        if (madvise(*slot - PIN_HEADER, body + PIN_HEADER, MADV_POPULATE_WRITE) != 0)
-            memset(*slot - PIN_HEADER, 0, body + PIN_HEADER); /* an older kernel: fill by touching */
+        if (madvise(*slot - PIN_HEADER, body + PIN_HEADER, MADV_POPULATE_WRITE) != 0) {
+            if (errno != EINVAL) { /* out of memory: as a failed MAP_POPULATE would be */
+                const int err = errno;
+                munmap(h->map, h->len);
+                return CKPTIO_FAIL(CKPTIO_E_NOMEM, "filling %zu bytes of pinned staging memory failed: %s", body,
+                                   strerror(err));
+            }
+            memset(*slot - PIN_HEADER, 0, body + PIN_HEADER); /* a kernel before 5.14: fill by touching */
+        }
     }
     (void)madvise(h->map, h->len, MADV_DONTFORK); /* best effort: without it a fork only copies more */
     memcpy(*slot - PIN_HEADER, h, sizeof *h);
