@@ -12,7 +12,8 @@ as a list picked a 16 MiB k_proj, which is what BENCHMARKS.md's "first load's ph
 wait for the pinning it interrupts).
 For each timed load: open (CheckpointFile over the directory), python (allocating the destination
 tensors and building the request, i.e. get_tensors minus the C read), read (the C read, GIL released,
-until the copies are done), total; GB/s over total; CPU seconds; staging pinned after it. Then a
+until the copies are done), total; GB/s over total; CPU seconds; staging pinned after it and the process's
+anonymous memory on huge pages (with CKPTIO_GPU_HUGE_SLOTS=1: did the slots get them?). Then a
 second load in the same process, timed the same way.
 """
 import json
@@ -62,6 +63,19 @@ def timed_load(ckptio, d, names=None):
                  "cpu_s": round((c1.user - c0.user) + (c1.system - c0.system), 3)}
 
 
+def anon_huge_mib():
+    """This process's anonymous memory on transparent huge pages (MiB), or None: whether
+    CKPTIO_GPU_HUGE_SLOTS=1 got huge pages for the staging."""
+    try:
+        with open("/proc/self/smaps_rollup") as f:
+            for line in f:
+                if line.startswith("AnonHugePages:"):
+                    return int(line.split()[1]) >> 10
+    except OSError:
+        pass
+    return None
+
+
 def main():
     d, mode = sys.argv[1], sys.argv[2]
     torch.zeros(1, device=DEV)
@@ -81,6 +95,7 @@ def main():
         raise SystemExit(f"unknown mode {mode}")
     out, row["first"] = timed_load(ckptio, d)
     row["first"]["staging_reserved_MiB"] = eng.stats()["staging_reserved"] >> 20
+    row["first"]["anon_huge_MiB"] = anon_huge_mib()
     del out
     if DEV != "cpu":
         torch.cuda.empty_cache()
