@@ -418,8 +418,8 @@ def run_case(case, d, nbytes, reference):
              ("safetensors.torch.load_file(device=cuda)", lambda: load_safetensors(files), None)]
     if case == "cold":
         # On the GPU hosts the disk reads faster as a cold run goes on, whoever reads (2026-11-27, H200,
-        # four runs: the O_DIRECT ceiling 1.30 -> 1.80 and 1.45 -> 1.60 GB/s from the run's start to its
-        # end; the first ckptio loader 1.08-1.30 whichever it was, the third 1.54-1.82, with COLD_ROTATE;
+        # five runs, BENCHMARKS.md: the O_DIRECT ceiling 1.30 -> 1.80 and 1.45 -> 1.60 GB/s from a run's
+        # start to its end; the first ckptio loader 1.08-1.34 whichever it was, the third 1.38-1.82;
         # neither an O_DIRECT pass right after the first drop nor 30 s of waiting changed it). So the
         # ceiling is measured at both ends, and COLD_ROTATE=N rotates the ckptio loaders' order.
         drop_cache(files)

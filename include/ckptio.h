@@ -857,7 +857,7 @@ CKPTIO_API ckptio_status ckptio_engine_gpu_path(ckptio_engine *engine, ckptio_io
  * the load that follows starts with its staging ready. The driver pins and
  * allocates device memory one at a time: GPU allocations made meanwhile
  * wait for the pinning (on an H200, tensors allocated right after this
- * call took 48-85 ms instead of 5), so call it ahead of work that does not
+ * call took 49-85 ms instead of 5-7), so call it ahead of work that does not
  * allocate GPU memory. A transfer that starts meanwhile stops the pinning
  * and pins the rest itself; an error
  * while pinning ends it silently (the transfer that needs the memory

@@ -459,10 +459,10 @@ def prepare_gpu(device: Any = "cuda", *, engine=None) -> None:
     GiB): this pins all of them (128 MiB with 16 threads). A model server
     calls it while it builds its model, so that the load which follows
     starts with its staging ready (on an H200, a 14.2 GB first load ran at
-    50.0 GB/s 0.5 s after this call against 47 without it). The CUDA driver
+    49.9 GB/s 0.5 s after this call against 47.5 without it). The CUDA driver
     pins and allocates GPU memory one at a time, so GPU allocations made
     meanwhile wait for the pinning (tensors allocated right after the call
-    took 48-85 ms instead of 5): call it ahead of work that does not
+    took 49-85 ms instead of 5-7): call it ahead of work that does not
     allocate GPU memory (reading configs, building the model on the meta
     device). A load that starts meanwhile stops the pinning and pins what
     it needs itself. The memory stays with the engine for later transfers.
