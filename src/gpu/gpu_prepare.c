@@ -45,20 +45,12 @@ out:
     return NULL;
 }
 
-/* Whether workers [0, workers) hold slots [0, slots) of the size asked. */
-static bool all_pinned(const ckptio__gpu_state *st, unsigned workers, unsigned slots, uint64_t slot) {
-    if (st->slot_bytes != slot) return false;
+/* How many of slots [0, slots) of workers [0, workers) are pinned. */
+static unsigned pinned_slots(const ckptio__gpu_state *st, unsigned workers, unsigned slots) {
+    unsigned n = 0;
     for (unsigned w = 0; w < workers; w++)
-        for (unsigned s = 0; s < slots; s++)
-            if (!st->workers[w].mem[s]) return false;
-    return true;
-}
-
-static bool any_slot(const ckptio__gpu_state *st) {
-    for (unsigned w = 0; w < CKPTIO_GPU_MAX_WORKERS; w++)
-        for (unsigned s = 0; s < CKPTIO_GPU_NSLOTS; s++)
-            if (st->workers[w].mem[s]) return true;
-    return false;
+        for (unsigned s = 0; s < slots; s++) n += st->workers[w].mem[s] != NULL;
+    return n;
 }
 
 ckptio_status ckptio__gpu_prepare(ckptio_engine *engine, const ckptio__gpu_ops *ops, int device) {
@@ -85,9 +77,9 @@ ckptio_status ckptio__gpu_prepare(ckptio_engine *engine, const ckptio__gpu_ops *
     if (pthread_mutex_trylock(&st->lock) == 0) {
         st->huge_slots = huge_slots;
         /* Every slot already pinned (a server calling it before each load): no thread. */
-        start = !all_pinned(st, workers, slots, slot);
+        start = st->slot_bytes != slot || pinned_slots(st, workers, slots) < workers * slots;
         if (start && st->slot_bytes != slot) {
-            if (any_slot(st)) start = false;
+            if (pinned_slots(st, CKPTIO_GPU_MAX_WORKERS, CKPTIO_GPU_NSLOTS) > 0) start = false;
             else st->slot_bytes = slot;
         }
         pthread_mutex_unlock(&st->lock);
