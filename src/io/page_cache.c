@@ -40,9 +40,9 @@ static _Atomic int cachestat_missing = 0;
  * were swapped out come back through the same buffered read), and asking
  * there costs the most: cachestat over each 4 MiB window took 9-15% of
  * the time of reading it on tmpfs against 3-7% on the page cache of ext4
- * (bench/probe_cachestat.c, one thread, Linux 6.18), and a GPU load from
- * tmpfs is bound by those reads (docs/ENGINE.md). So the answer is fixed
- * once per file. */
+ * (bench/probe_cachestat.c, one thread, Linux 6.18). So the answer is
+ * fixed once per file (GPU loads from tmpfs did not measurably speed up on
+ * an H200: docs/ENGINE.md). */
 bool ckptio__file_in_memory(ckptio_file *f) {
     int known = atomic_load_explicit(&f->in_memory, memory_order_relaxed);
     if (known == 0) {
