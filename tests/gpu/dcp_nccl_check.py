@@ -17,7 +17,11 @@ from storage over all ranks must equal the stored bytes (replicated items
 read once); with it off, every rank reads the replicated items itself.
 --keep leaves the checkpoints in --dir; --load-only then loads them (all the
 loads above, no saves) with another number of ranks, e.g. half: the values
-depend on --size-mb only, so every rank count can check them. For large
+depend on --size-mb only, so every rank count can check them. --cache cold
+drops the host's page cache before each timed load (root), --cache warm reads
+the checkpoint's files once before it: without one of them a checkpoint
+written with O_DIRECT (ckptio's) loads cold and one written through the page
+cache (torch's) warm, and their times do not compare. For large
 state dicts (a scale run): --threads N (the writers' thread_count, 4) and
 --saves ckptio_tN,torch_stock (a subset of ckptio_t1, ckptio_tN,
 ckptio_async, torch_stock; every load of a checkpoint not made is skipped).
@@ -36,6 +40,7 @@ import shutil
 import sys
 import time
 import traceback
+from concurrent.futures import ThreadPoolExecutor
 import warnings
 
 import torch
@@ -120,7 +125,10 @@ def shapes(size_mb):
 
 
 def full_values(size_mb):
-    """The same full tensors on every rank (seeded on the CPU: identical everywhere)."""
+    """The same full tensors on every rank (seeded on the CPU: identical everywhere), kept in host
+    memory (pinned beside a GPU): every rank holding the whole state dict on its GPU beside a loaded
+    copy and one tensor's full_tensor() did not fit 32 GB on 2 ranks of 80 GB cards. Each tensor
+    goes to the device only while it is distributed or compared (on_device)."""
     g = torch.Generator().manual_seed(1234)
     vals = {}
     for name, (rows, cols) in shapes(size_mb).items():
@@ -129,8 +137,35 @@ def full_values(size_mb):
             t = torch.randint(-(2 ** 40), 2 ** 40, (rows, cols), generator=g, dtype=torch.int64)
         else:
             t = torch.randn(rows, cols, generator=g).to(dtype)
-        vals[name] = t.to(DEVICE)
+        vals[name] = t.pin_memory() if DEVICE.type == "cuda" else t
     return vals
+
+
+def on_device(t):
+    return t.to(DEVICE, non_blocking=False)
+
+
+def read_through(path):
+    with open(path, "rb", buffering=0) as f:
+        while f.read(64 << 20):
+            pass
+
+
+def set_page_cache(mode, path):
+    """Before a timed load: "cold" drops the host's page cache (root; the load reads the disk),
+    "warm" reads every file of the checkpoint once (the load finds it in memory), "asis" leaves it
+    (then a checkpoint written with O_DIRECT, as ckptio's writer does, loads cold and one written
+    through the page cache, as torch's does, warm: not comparable). A collective."""
+    dist.barrier()
+    if dist.get_rank() == 0 and mode == "cold":
+        os.sync()
+        with open("/proc/sys/vm/drop_caches", "w") as f:  # PermissionError when not root: the check fails
+            f.write("3\n")
+    elif dist.get_rank() == 0 and mode == "warm":
+        paths = [os.path.join(root, name) for root, _, files in os.walk(path) for name in files]
+        with ThreadPoolExecutor(8) as pool:  # one file per thread: the disk serves several reads faster
+            list(pool.map(read_through, paths))
+    dist.barrier()
 
 
 def make_state(mesh, vals, which):
@@ -139,8 +174,9 @@ def make_state(mesh, vals, which):
         placement = PARAMS[name][3] if which == "save" else PARAMS[name][4]
         if which == "zeros_same":
             placement = PARAMS[name][3]
-        src = t if which == "save" else torch.zeros_like(t)
+        src = on_device(t) if which == "save" else torch.zeros(t.shape, dtype=t.dtype, device=DEVICE)
         sd[name] = distribute_tensor(src, mesh, [placement])
+        del src
     sd["step"] = 1234 if which == "save" else 0
     return sd
 
@@ -149,8 +185,9 @@ def compare(sd, vals):
     bad = []
     for name, want in vals.items():
         got = sd[name].full_tensor() if isinstance(sd[name], DTensor) else sd[name]
-        if got.dtype != want.dtype or not torch.equal(got, want):
+        if got.dtype != want.dtype or not torch.equal(got, on_device(want)):
             bad.append(name)
+        del got
     if sd["step"] != 1234:
         bad.append(f"step={sd['step']}")
     return f"values differ: {bad}" if bad else True
@@ -192,6 +229,9 @@ def main():
     ap.add_argument("--keep", action="store_true", help="leave the checkpoints in --dir")
     ap.add_argument("--load-only", action="store_true",
                     help="no saves: load the checkpoints an earlier --keep run left in --dir")
+    ap.add_argument("--cache", default="asis", choices=["asis", "cold", "warm"],
+                    help="the page cache before each timed load: dropped (root), filled with the checkpoint, "
+                         "or left as the run left it")
     args = ap.parse_args()
     tn = f"ckptio_t{args.threads}"
     every = ("ckptio_t1", tn, "ckptio_async", "torch_stock")
@@ -231,7 +271,7 @@ def main():
         save_all(checks, mesh, vals, nbytes, dirs, args.threads)
         found = True
     if found:
-        load_all(checks, mesh, vals, nbytes, dirs, world, replicated, tn)
+        load_all(checks, mesh, vals, nbytes, dirs, world, replicated, tn, args.cache)
 
     failed = [k for k, v in checks.results.items() if not v]
     if rank == 0:
@@ -241,6 +281,7 @@ def main():
             name = "dcp_nccl_check_load_only.json" if args.load_only else "dcp_nccl_check.json"
             with open(os.path.join(args.out, name), "w") as f:
                 json.dump({"world": world, "backend": backend, "device": args.device, "torch": torch.__version__,
+                           "cache": args.cache,
                            "state_bytes": nbytes, "replicated_bytes": replicated, "load_only": args.load_only,
                            "checks": checks.results, "seconds": checks.times}, f, indent=1)
     dist.barrier()
@@ -289,7 +330,7 @@ def save_async(checks, sd, nbytes, path, threads):
     checks.check("save ckptio dcp.async_save", lambda: checks.timed("async_save until durable", nbytes, async_save))
 
 
-def load_all(checks, mesh, vals, nbytes, dirs, world, replicated, tn):
+def load_all(checks, mesh, vals, nbytes, dirs, world, replicated, tn, cache):
     """Every checkpoint loaded by ckptio's reader (broadcast on and off, the saved and another sharding)
     and by torch's; with broadcast on, every stored byte is read by exactly one rank."""
     rank = dist.get_rank()
@@ -297,6 +338,7 @@ def load_all(checks, mesh, vals, nbytes, dirs, world, replicated, tn):
     def load(name, path, reader, layout, expect_read=None):
         def run():
             out = make_state(mesh, vals, "zeros_same" if layout == "same" else "zeros_other")
+            set_page_cache(cache, path)
             checks.timed(f"load {name}", nbytes, lambda: dcp.load(out, storage_reader=reader))
             result = compare(out, vals)
             stats = getattr(reader, "last_read_stats", None)

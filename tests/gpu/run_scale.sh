@@ -14,6 +14,9 @@
 #                                  all ranks (broadcast on and off, same and other sharding, by both
 #                                  readers), then resharded to half the ranks (--load-only); every byte
 #                                  compared
+# The large loads run with the page cache dropped before each (LARGE_CACHE, default cold: both readers
+# read the disk), the half-rank loads with the checkpoint read into it first (HALF_CACHE, default warm);
+# dcp_nccl_check.py --cache says why. SKIP_SMALL=1 leaves out the 256 MB check.
 # Environment: OUT (logs and JSON, default ./gpu-out), SCRATCH (default /var/tmp; the model part needs
 # ~GIB GiB, the DCP part 2 x DCP_MB), LIMIT (seconds for the whole part, default 540: each step gets
 # what is left, so a slow step cannot push the call past the device's limit), GIB, DCP_MB, VARIANTS and
@@ -88,17 +91,22 @@ model)
     rm -rf "$SCRATCH/ckptio-scale-model" "$SCRATCH/ckptio-scale-nccl" "$SCRATCH/ckptio-scale-peers"
     ;;
 dcp)
-    echo "== dcp_nccl_check.py: every writer and reader, 256 MB, $ngpu ranks ($(left) s left)"
-    run dcp_nccl_small.log $TORCHRUN --nproc_per_node="$ngpu" tests/gpu/dcp_nccl_check.py \
-        --dir "$SCRATCH/ckptio-scale-dcp" --size-mb 256 $dcp_args
+    if [ "${SKIP_SMALL:-0}" = 1 ]; then
+        echo "== dcp_nccl_check.py, 256 MB: skipped (SKIP_SMALL=1)"
+    else
+        echo "== dcp_nccl_check.py: every writer and reader, 256 MB, $ngpu ranks ($(left) s left)"
+        run dcp_nccl_small.log $TORCHRUN --nproc_per_node="$ngpu" tests/gpu/dcp_nccl_check.py \
+            --dir "$SCRATCH/ckptio-scale-dcp" --size-mb 256 $dcp_args
+    fi
     echo "== dcp_nccl_check.py: ${DCP_MB:-32768} MB, thread_count 8, $ngpu ranks ($(left) s left)"
     run dcp_nccl_large.log $TORCHRUN --nproc_per_node="$ngpu" tests/gpu/dcp_nccl_check.py \
         --dir "$SCRATCH/ckptio-scale-dcp" --out "$OUT" --size-mb "${DCP_MB:-32768}" --threads 8 \
-        --saves ckptio_tN,torch_stock --keep $dcp_args
+        --saves ckptio_tN,torch_stock --keep --cache "${LARGE_CACHE:-cold}" $dcp_args
     echo "== the same checkpoints loaded by $half ranks ($(left) s left)"
+    mkdir -p "$OUT/half" # its dcp_nccl_check.json beside, not over, the full run's
     run dcp_nccl_half.log $TORCHRUN --nproc_per_node="$half" tests/gpu/dcp_nccl_check.py \
-        --dir "$SCRATCH/ckptio-scale-dcp" --out "$OUT" --size-mb "${DCP_MB:-32768}" --threads 8 \
-        --saves ckptio_tN,torch_stock --load-only $dcp_args
+        --dir "$SCRATCH/ckptio-scale-dcp" --out "$OUT/half" --size-mb "${DCP_MB:-32768}" --threads 8 \
+        --saves ckptio_tN,torch_stock --load-only --cache "${HALF_CACHE:-warm}" $dcp_args
     rm -rf "$SCRATCH/ckptio-scale-dcp"
     ;;
 *)
