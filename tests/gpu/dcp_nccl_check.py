@@ -126,9 +126,10 @@ def shapes(size_mb):
 
 def full_values(size_mb):
     """The same full tensors on every rank (seeded on the CPU: identical everywhere), kept in host
-    memory (pinned beside a GPU): every rank holding the whole state dict on its GPU beside a loaded
-    copy and one tensor's full_tensor() did not fit 32 GB on 2 ranks of 80 GB cards. Each tensor
-    goes to the device only while it is distributed or compared (on_device)."""
+    memory: every rank holding the whole state dict on its GPU beside a loaded copy and one tensor's
+    full_tensor() did not fit 32 GB on 2 ranks of 80 GB cards. Each tensor goes to the device only
+    while it is distributed or compared (on_device). Not pinned: torch's pinned allocator rounds
+    each tensor up to a power of two, and pinning costs more than the few pageable copies."""
     g = torch.Generator().manual_seed(1234)
     vals = {}
     for name, (rows, cols) in shapes(size_mb).items():
@@ -137,7 +138,7 @@ def full_values(size_mb):
             t = torch.randint(-(2 ** 40), 2 ** 40, (rows, cols), generator=g, dtype=torch.int64)
         else:
             t = torch.randn(rows, cols, generator=g).to(dtype)
-        vals[name] = t.pin_memory() if DEVICE.type == "cuda" else t
+        vals[name] = t
     return vals
 
 
