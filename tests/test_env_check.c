@@ -55,7 +55,7 @@ static void test_known_names_are_quiet(void) {
     const char *known[] = {"CKPTIO_THREADS", "CKPTIO_READ_CACHE", "CKPTIO_GPU_PATH", "CKPTIO_NVTX",
                            "CKPTIO_CUDA_LIBRARY", "CKPTIO_NO_PROGRESS", "CKPTIO_BUILD_DIR", "CKPTIO_TEST_DATA",
                            "CKPTIO_TEST_ANYTHING", "CKPTIONAL", "ckptio_threads",
-                           /* the GPU pipeline's experiment knobs */
+                           /* the GPU pipeline's experiment knobs and huge-slot switch */
                            "CKPTIO_GPU_READ_SLOTS", "CKPTIO_GPU_READ_WORKERS", "CKPTIO_GPU_SLOT_MAX_BYTES",
                            "CKPTIO_GPU_HUGE_SLOTS", "CKPTIO_GPU_MAP_WORKERS", "CKPTIO_GPU_MAP_BATCH_BYTES"};
     for (size_t i = 0; i < sizeof known / sizeof *known; i++) check(known[i], NULL);

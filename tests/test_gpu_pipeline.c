@@ -526,35 +526,101 @@ static void test_read_workers_knob(void) {
     free(want);
 }
 
-/* The experiment knob CKPTIO_GPU_HUGE_SLOTS=1 asks the device for huge-page
- * slots, for a load's own pinning and for prepare's; unset, or any other
- * value, it does not. */
+/* A /proc/buddyinfo for the huge-slot guard: one zone with `blocks` free
+ * blocks of 2 MiB (order `order2m`), `blocks4m` of 4 MiB, and many small
+ * blocks, which must not count. */
+static void write_buddyinfo(const char *path, unsigned order2m, uint64_t blocks, uint64_t blocks4m) {
+    char text[512];
+    int n = snprintf(text, sizeof text, "Node 0, zone   Normal");
+    for (unsigned o = 0; o <= order2m + 2; o++) {
+        const uint64_t c = o < order2m ? 100000 : o == order2m ? blocks : o == order2m + 1 ? blocks4m : 0;
+        n += snprintf(text + n, sizeof text - (size_t)n, " %6llu", (unsigned long long)c);
+    }
+    n += snprintf(text + n, sizeof text - (size_t)n, " \n");
+    t_write_file(path, text, (size_t)n);
+}
+
+/* CKPTIO_GPU_HUGE_SLOTS: 1 asks the device for huge-page slots, for a
+ * load's own pinning and for prepare's; 0 never does; unset, or any other
+ * value, does while THP is enabled and the free blocks of 2 MiB and more
+ * (/proc/buddyinfo) cover twice what the call may pin (4 MiB here: 4
+ * workers x 2 read slots x 256 KiB, for the load and for prepare alike).
+ * The guard's files come from the test hook: never this host's. */
 static void test_huge_slots_knob(void) {
     const char *path = t_path("huge.bin");
     unsigned char *want = make_file(path, 4 * MIB, 53);
     unsigned char *dev = ckptio__gpu_sim_device_alloc(4 * MIB);
-    const char *values[] = {"1", NULL, "2"};
-    for (int k = 0; k < 3; k++) {
-        sim_reset(0);
-        if (values[k]) setenv("CKPTIO_GPU_HUGE_SLOTS", values[k], 1);
-        else unsetenv("CKPTIO_GPU_HUGE_SLOTS");
+    const long page = sysconf(_SC_PAGESIZE);
+    unsigned order2m = 0;
+    while (((uint64_t)page << order2m) < 2 * MIB) order2m++;
+    const char *buddy = t_path("buddyinfo"), *thp = t_path("thp_enabled");
+    {
         ckptio_engine *e = make_engine(4, 4 * MIB, 8 * MIB);
-        ckptio_file *f = NULL;
-        T_OK(ckptio_file_open(e, path, CKPTIO_OPEN_READ, &f));
-        ckptio_extent ex = {.file = f, .length = 4 * MIB, .memory = dev, .mem_kind = CKPTIO_MEM_CUDA};
-        T_OK(ckptio__gpu_execute(e, CKPTIO_READ, &ex, 1));
-        T_ASSERT(memcmp(dev, want, 4 * MIB) == 0);
-        T_OK(ckptio_engine_gpu_prepare(e, 0));
-        T_ASSERT(wait_pinned_allocs(4 * CKPTIO_GPU_READ_SLOTS) == 4 * CKPTIO_GPU_READ_SLOTS);
-        ckptio__gpu_sim_stats s;
-        ckptio__gpu_sim_get_stats(&s);
-        const uint64_t want_huge = k == 0 ? s.pinned_allocs : 0;
-        T_ASSERT_MSG(s.pinned_huge_allocs == want_huge, "CKPTIO_GPU_HUGE_SLOTS=%s: %llu of %llu slots huge",
-                     values[k] ? values[k] : "(unset)", (unsigned long long)s.pinned_huge_allocs,
-                     (unsigned long long)s.pinned_allocs);
-        ckptio_file_close(f);
+        unsigned workers = 0;
+        uint64_t slot = 0;
+        ckptio__gpu_load_geometry(e, &workers, &slot);
+        T_ASSERT_MSG((uint64_t)workers * CKPTIO_GPU_READ_SLOTS * slot == 2 * MIB, "%u workers x %u slots x %llu",
+                     workers, CKPTIO_GPU_READ_SLOTS, (unsigned long long)slot);
         T_OK(ckptio_engine_destroy(e));
     }
+    static const struct {
+        const char *value;  /* CKPTIO_GPU_HUGE_SLOTS; NULL: unset */
+        const char *thp;    /* the THP `enabled` file; NULL: missing */
+        uint64_t blocks;    /* free 2 MiB blocks */
+        uint64_t blocks4m;  /* free 4 MiB blocks */
+        bool huge;
+    } cases[] = {
+        {"1", "always madvise [never]\n", 0, 0, true}, /* forced: no guard */
+        {"0", "always [madvise] never\n", 1000, 1000, false},
+        {"2", "always [madvise] never\n", 1000, 1000, true},
+        {"", "always [madvise] never\n", 1000, 1000, true},
+        {NULL, "always [madvise] never\n", 1000, 1000, true},
+        {NULL, "[always] madvise never\n", 1000, 0, true},
+        {NULL, "always [madvise] never\n", 2, 0, true},  /* exactly 4 MiB */
+        {NULL, "always [madvise] never\n", 0, 1, true},  /* one 4 MiB block */
+        {NULL, "always [madvise] never\n", 1, 0, false}, /* 2 MiB: too few */
+        {NULL, "always [madvise] never\n", 0, 0, false},
+        {"2", "always [madvise] never\n", 1, 0, false},
+        {NULL, "always madvise [never]\n", 1000, 1000, false},
+        {NULL, NULL, 1000, 1000, false},
+    };
+    for (size_t k = 0; k < sizeof cases / sizeof *cases; k++) {
+        if (cases[k].value) setenv("CKPTIO_GPU_HUGE_SLOTS", cases[k].value, 1);
+        else unsetenv("CKPTIO_GPU_HUGE_SLOTS");
+        write_buddyinfo(buddy, order2m, cases[k].blocks, cases[k].blocks4m);
+        unlink(thp);
+        if (cases[k].thp) t_write_file(thp, cases[k].thp, strlen(cases[k].thp));
+        ckptio__huge_pages_set_sources(buddy, thp);
+        /* A load's own pinning, then prepare's on an engine of its own. */
+        for (int by_prepare = 0; by_prepare < 2; by_prepare++) {
+            sim_reset(0);
+            ckptio_engine *e = make_engine(4, 4 * MIB, 8 * MIB);
+            if (by_prepare) {
+                T_OK(ckptio_engine_gpu_prepare(e, 0));
+                T_ASSERT(wait_pinned_allocs(4 * CKPTIO_GPU_READ_SLOTS) == 4 * CKPTIO_GPU_READ_SLOTS);
+            } else {
+                ckptio_file *f = NULL;
+                T_OK(ckptio_file_open(e, path, CKPTIO_OPEN_READ, &f));
+                memset(dev, 0, 4 * MIB);
+                ckptio_extent ex = {.file = f, .length = 4 * MIB, .memory = dev, .mem_kind = CKPTIO_MEM_CUDA};
+                T_OK(ckptio__gpu_execute(e, CKPTIO_READ, &ex, 1));
+                T_ASSERT(memcmp(dev, want, 4 * MIB) == 0);
+                ckptio_file_close(f);
+            }
+            ckptio__gpu_sim_stats s;
+            ckptio__gpu_sim_get_stats(&s);
+            const uint64_t want_huge = cases[k].huge ? s.pinned_allocs : 0;
+            T_ASSERT_MSG(s.pinned_allocs > 0 && s.pinned_huge_allocs == want_huge,
+                         "%s, CKPTIO_GPU_HUGE_SLOTS=%s, THP %s, %llu free 2 MiB and %llu 4 MiB blocks: "
+                         "%llu of %llu slots huge",
+                         by_prepare ? "prepare" : "load", cases[k].value ? cases[k].value : "(unset)",
+                         cases[k].thp ? cases[k].thp : "(missing)\n", (unsigned long long)cases[k].blocks,
+                         (unsigned long long)cases[k].blocks4m, (unsigned long long)s.pinned_huge_allocs,
+                         (unsigned long long)s.pinned_allocs);
+            T_OK(ckptio_engine_destroy(e));
+        }
+    }
+    ckptio__huge_pages_set_sources(NULL, NULL);
     unsetenv("CKPTIO_GPU_HUGE_SLOTS");
     ckptio__gpu_sim_device_free(dev);
     free(want);

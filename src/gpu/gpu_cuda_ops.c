@@ -124,13 +124,20 @@ static ckptio_status cuda_mem_info(int device, uint64_t *free_bytes, uint64_t *t
  * forked later (a DataLoader worker) neither inherits nor copies it; it
  * cannot use CUDA anyway. Where the driver cannot register host memory, the
  * process uses cuMemHostAlloc from its first allocation on.
- * Huge slots (the experiment knob CKPTIO_GPU_HUGE_SLOTS): the slot starts
- * on a 2 MiB boundary of a larger reservation and is advised
- * MADV_HUGEPAGE before the kernel fills it (MADV_POPULATE_WRITE), so that
- * the driver pins 2 MiB pages. Measured on an H200 (BENCHMARKS.md): first
- * loads 49.1 GB/s against 47.7, later loads level. Off by default: with
- * THP's defrag in madvise mode a fault there may compact memory first,
- * and whether the GPU host's kernel gave huge pages is not yet known. */
+ * Huge slots (`huge`, the default where ckptio__gpu_huge_slots allows):
+ * the slot starts on a 2 MiB boundary of a larger reservation and is
+ * advised MADV_HUGEPAGE before the kernel fills it (MADV_POPULATE_WRITE),
+ * so that the driver pins 2 MiB pages. Measured (docs/GPU.md): first loads
+ * 49.1 GB/s against 47.7 on an H200, 46.3 against 44.7 on an H100 (5 rounds
+ * alternating; the host's thp_fault_alloc rose by 64 per process, 128 MiB
+ * of huge pages), later loads level. The guard: with THP's defrag in
+ * madvise mode a fault in an advised range that finds no free 2 MiB block
+ * compacts memory first, a stall a busy host would pay on its first load;
+ * so the pipeline asks for huge slots only while THP is enabled and the
+ * kernel's free blocks of 2 MiB and more cover twice what the call may pin
+ * (src/io/huge_pages.c). CKPTIO_GPU_HUGE_SLOTS=0 turns them off, =1 forces
+ * them. Where the kernel gives no huge page, the advice is ignored and the
+ * slot is on 4 KiB pages, filled all the same. */
 #define PIN_HEADER 4096u
 #define HUGE_PAGE ((size_t)2 << 20)
 #ifndef MADV_POPULATE_WRITE

@@ -36,8 +36,9 @@ typedef struct ckptio__gpu_ops {
     void (*ctx_leave)(int device);
     /* Page-locked host memory, usable from every context and mapped for
      * the device (stream_wait_word needs that). `huge`: back it with
-     * transparent huge pages where the kernel gives them (an experiment:
-     * CKPTIO_GPU_HUGE_SLOTS, gpu_pipeline.h). */
+     * transparent huge pages where the kernel gives them (the default
+     * while free 2 MiB blocks allow; CKPTIO_GPU_HUGE_SLOTS:
+     * ckptio__gpu_huge_slots, gpu_pipeline.h). */
     ckptio_status (*pinned_alloc)(size_t bytes, bool huge, void **out);
     void (*pinned_free)(void *ptr);
     ckptio_status (*stream_create)(void **out);

@@ -439,7 +439,17 @@ unsigned ckptio__gpu_read_workers(void) {
     return env_knob("CKPTIO_GPU_READ_WORKERS", CKPTIO_GPU_MAX_WORKERS, CKPTIO_GPU_MAX_WORKERS);
 }
 
-bool ckptio__gpu_huge_slots(void) { return env_knob("CKPTIO_GPU_HUGE_SLOTS", 1, 0) == 1; }
+bool ckptio__gpu_huge_slots(uint64_t pin_bytes) {
+    switch (env_size("CKPTIO_GPU_HUGE_SLOTS", 2)) { /* unset, empty or not a number: 2, auto */
+    case 0: return false;
+    case 1: return true;
+    default: break;
+    }
+    /* Free 2 MiB blocks for twice what may be pinned: the slots' faults take
+     * free blocks and leave room for others', never compacting memory. */
+    const uint64_t need = pin_bytes > UINT64_MAX / 2 ? UINT64_MAX : 2 * pin_bytes;
+    return ckptio__huge_pages_advisable() && ckptio__huge_page_bytes_free() >= need;
+}
 
 /* A read slot of a staging worker: the window whose copies it holds and its
  * staging bytes in use. */
@@ -882,14 +892,19 @@ ckptio_status ckptio__gpu_pipeline_run_observed(ckptio_engine *engine, const ckp
      * write, while registering and unregistering synchronise the device). */
     map_geometry(&p, may_map && !inline_only, nworkers, window_bytes);
     p.read_slots = ckptio__gpu_read_slots(); /* getenv here, never on a worker: setenv may run meanwhile */
-    const bool huge_slots = ckptio__gpu_huge_slots();
     if ((st = ckptio__gpu_state_get(engine, ops, &p.st)) != CKPTIO_OK) goto out;
     atomic_fetch_add(&p.st->transfers_waiting, 1); /* a prepare thread yields (gpu_pipeline.h) */
     pthread_mutex_lock(&p.st->lock);
     atomic_fetch_sub(&p.st->transfers_waiting, 1);
     locked = true;
     ckptio__gpu_state_set_slot_bytes(p.st, (size_t)slot);
-    p.st->huge_slots = huge_slots;
+    /* What this call may pin: each worker's slots (a read's rotate through
+     * read_slots, a write's through all). Only when some are missing: the
+     * decision reads /proc (~13 us), which a stream of small GDS requests
+     * on pinned slots should not pay each time. Still the caller's thread. */
+    const unsigned worker_slots = dir == CKPTIO_READ ? p.read_slots : CKPTIO_GPU_NSLOTS;
+    if (ckptio__gpu_pinned_slots(p.st, nworkers, worker_slots) < nworkers * worker_slots)
+        p.st->huge_slots = ckptio__gpu_huge_slots((uint64_t)nworkers * worker_slots * slot);
     ckptio__nvtx_push(dir == CKPTIO_READ ? "ckptio: file -> GPU" : "ckptio: GPU -> file");
     for (size_t i = 0; i < count; i++) p.total += extents[i].length;
     /* A background caller (inline_only) is not the thread progress belongs to. */

@@ -92,10 +92,17 @@ unsigned ckptio__gpu_read_slots(void);
  * read on a caller's thread. */
 unsigned ckptio__gpu_read_workers(void);
 
-/* Whether staging slots pinned from now on use transparent huge pages: the
- * experiment knob CKPTIO_GPU_HUGE_SLOTS=1 (docs/GPU.md; off by default).
- * Same rule: read on a caller's thread. */
-bool ckptio__gpu_huge_slots(void);
+/* Whether staging slots pinned from now on use transparent huge pages
+ * (first loads ~3% faster: docs/GPU.md). CKPTIO_GPU_HUGE_SLOTS=0 turns them
+ * off, =1 forces them; otherwise (unset, any other value) they are used
+ * while THP is enabled ([always] or [madvise]) and the kernel's free blocks
+ * of 2 MiB and more cover twice `pin_bytes`, what the calling transfer or
+ * prepare may pin (src/io/huge_pages.c): with THP's defrag in madvise mode a
+ * fault in an advised range that finds no free 2 MiB block compacts memory
+ * first, a stall on a busy host's first load; with that margin the faults
+ * take free blocks. Same rule: read on a caller's thread (getenv, and
+ * /proc/buddyinfo, /sys/kernel/mm/transparent_hugepage/enabled). */
+bool ckptio__gpu_huge_slots(uint64_t pin_bytes);
 
 /* Workers and slot size a load (no observer) runs with under the engine's
  * settings: what ckptio_engine_gpu_prepare pins ahead. */
@@ -107,6 +114,9 @@ ckptio_status ckptio__gpu_prepare(ckptio_engine *engine, const ckptio__gpu_ops *
 
 /* Sets the geometry for a run (frees slots of another size; st->lock held). */
 void ckptio__gpu_state_set_slot_bytes(ckptio__gpu_state *st, size_t slot_bytes);
+
+/* How many of slots [0, slots) of workers [0, workers) are pinned (under `lock`). */
+unsigned ckptio__gpu_pinned_slots(const ckptio__gpu_state *st, unsigned workers, unsigned slots);
 
 /* Gives worker w its stream and events on `device` (created on first need,
  * reused afterwards). Called on the worker's thread with the device's

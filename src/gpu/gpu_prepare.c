@@ -45,14 +45,6 @@ out:
     return NULL;
 }
 
-/* How many of slots [0, slots) of workers [0, workers) are pinned. */
-static unsigned pinned_slots(const ckptio__gpu_state *st, unsigned workers, unsigned slots) {
-    unsigned n = 0;
-    for (unsigned w = 0; w < workers; w++)
-        for (unsigned s = 0; s < slots; s++) n += st->workers[w].mem[s] != NULL;
-    return n;
-}
-
 ckptio_status ckptio__gpu_prepare(ckptio_engine *engine, const ckptio__gpu_ops *ops, int device) {
     ckptio__gpu_state *st = NULL;
     CKPTIO_FORWARD(ckptio__gpu_state_get(engine, ops, &st));
@@ -73,15 +65,14 @@ ckptio_status ckptio__gpu_prepare(ckptio_engine *engine, const ckptio__gpu_ops *
      * size are left alone: freeing pinned memory synchronises the device. */
     bool start = false;
     const unsigned slots = ckptio__gpu_read_slots();
-    const bool huge_slots = ckptio__gpu_huge_slots();
     if (pthread_mutex_trylock(&st->lock) == 0) {
-        st->huge_slots = huge_slots;
         /* Every slot already pinned (a server calling it before each load): no thread. */
-        start = st->slot_bytes != slot || pinned_slots(st, workers, slots) < workers * slots;
+        start = st->slot_bytes != slot || ckptio__gpu_pinned_slots(st, workers, slots) < workers * slots;
         if (start && st->slot_bytes != slot) {
-            if (pinned_slots(st, CKPTIO_GPU_MAX_WORKERS, CKPTIO_GPU_NSLOTS) > 0) start = false;
+            if (ckptio__gpu_pinned_slots(st, CKPTIO_GPU_MAX_WORKERS, CKPTIO_GPU_NSLOTS) > 0) start = false;
             else st->slot_bytes = slot;
         }
+        if (start) st->huge_slots = ckptio__gpu_huge_slots((uint64_t)workers * slots * slot);
         pthread_mutex_unlock(&st->lock);
     }
     prepare_job *job = start ? ckptio__malloc(sizeof *job) : NULL;

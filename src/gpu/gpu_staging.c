@@ -114,6 +114,13 @@ ckptio_status ckptio__gpu_worker_ready(ckptio__gpu_state *st, unsigned w, int de
     return CKPTIO_OK;
 }
 
+unsigned ckptio__gpu_pinned_slots(const ckptio__gpu_state *st, unsigned workers, unsigned slots) {
+    unsigned n = 0;
+    for (unsigned w = 0; w < workers; w++)
+        for (unsigned s = 0; s < slots; s++) n += st->workers[w].mem[s] != NULL;
+    return n;
+}
+
 ckptio_status ckptio__gpu_slot(ckptio__gpu_state *st, unsigned w, unsigned s, bool wait, unsigned char **out) {
     ckptio__gpu_worker_res *r = &st->workers[w];
     *out = r->mem[s];

@@ -147,6 +147,32 @@ uint64_t ckptio__mem_available(void);
 /* Test hook: ckptio__mem_available() answers `bytes` (0: the real value). */
 void ckptio__read_policy_set_mem_available(uint64_t bytes);
 
+/* ---- transparent huge pages without a stall (huge_pages.c) ------------- */
+
+/* Bytes in free blocks of order >= min_order in /proc/buddyinfo text `text`
+ * (NUL-terminated; lines "Node N, zone NAME c0 c1 ...", one count of free
+ * blocks of page_bytes << order per order), summed over every node and
+ * zone. Lines of another form count for nothing, and so does a last line
+ * without its newline (cut short: its last count may be too). Pure: the
+ * tests give it kernels' texts. */
+uint64_t ckptio__buddyinfo_free_bytes(const char *text, size_t page_bytes, unsigned min_order);
+
+/* Bytes the kernel holds in free blocks of 2 MiB or more, from
+ * /proc/buddyinfo: what faults in MADV_HUGEPAGE memory can take without
+ * compacting memory first (THP's `defrag` in `madvise` mode would stall
+ * them for that). 0 when unreadable. */
+uint64_t ckptio__huge_page_bytes_free(void);
+
+/* Whether advising memory for transparent huge pages can get them:
+ * /sys/kernel/mm/transparent_hugepage/enabled is [always] or [madvise]
+ * (not [never], not missing). */
+bool ckptio__huge_pages_advisable(void);
+
+/* Test hook: the two functions above read these files instead (NULL: the
+ * real /proc/buddyinfo and /sys/kernel/mm/transparent_hugepage/enabled).
+ * The strings are not copied: they must stay valid until the next call. */
+void ckptio__huge_pages_set_sources(const char *buddyinfo_path, const char *thp_enabled_path);
+
 /* ---- temporaries (temporaries.c) -------------------------------------- */
 
 /* The part of a temporary's name after ".STEM": ".STEM" + this + 6 random
