@@ -40,6 +40,7 @@ import shutil
 import sys
 import time
 import traceback
+import zlib
 from concurrent.futures import ThreadPoolExecutor
 import warnings
 
@@ -124,26 +125,45 @@ def shapes(size_mb):
     return out
 
 
-def full_values(size_mb):
-    """The same full tensors on every rank (seeded on the CPU: identical everywhere), kept in host
-    memory: every rank holding the whole state dict on its GPU beside a loaded copy and one tensor's
-    full_tensor() did not fit 32 GB on 2 ranks of 80 GB cards. Each tensor goes to the device only
-    while it is distributed or compared (on_device). Not pinned: torch's pinned allocator rounds
-    each tensor up to a power of two, and pinning costs more than the few pageable copies."""
-    g = torch.Generator().manual_seed(1234)
-    vals = {}
-    for name, (rows, cols) in shapes(size_mb).items():
+class Values:
+    """The full tensors every rank expects, made on demand on the device, one at a time: a pattern of
+    each element's index (integer arithmetic, exact on every device, so every rank and every run of
+    the same --size-mb makes the same bytes, a resharded --load-only run included) rather than a
+    seeded random generator on the CPU, which took minutes for 32 GB on every rank and, kept whole
+    on every GPU beside a loaded copy, did not fit 32 GB on 2 ranks of 80 GB cards."""
+
+    CHUNK = 1 << 26  # elements made at a time (512 MiB of int64 indices)
+
+    def __init__(self, size_mb):
+        self.shapes = shapes(size_mb)
+
+    def nbytes(self, name):
+        rows, cols = self.shapes[name]
+        return rows * cols * PARAMS[name][0].itemsize
+
+    def meta(self):
+        """(name, shape, dtype) of every tensor, nothing made."""
+        return [(name, shape, PARAMS[name][0]) for name, shape in self.shapes.items()]
+
+    def make(self, name):
+        rows, cols = self.shapes[name]
         dtype = PARAMS[name][0]
-        if dtype == torch.int64:
-            t = torch.randint(-(2 ** 40), 2 ** 40, (rows, cols), generator=g, dtype=torch.int64)
-        else:
-            t = torch.randn(rows, cols, generator=g).to(dtype)
-        vals[name] = t
-    return vals
+        seed = zlib.crc32(name.encode())
+        flat = torch.empty(rows * cols, dtype=dtype, device=DEVICE)
+        for start in range(0, flat.numel(), self.CHUNK):
+            i = torch.arange(start, min(start + self.CHUNK, flat.numel()), dtype=torch.int64, device=DEVICE)
+            if dtype == torch.int64:  # every position its own value (i < 2^34: no overflow)
+                v = i * 1000003 + seed
+            else:  # 16 bits from two co-prime periods, so no shift of a shard by whole rows repeats them
+                v = ((i * 7919 + seed) % 65521) ^ ((i // 65521) % 251)
+                v = (v - 32768).to(torch.float32) / 256
+            flat[start:start + i.numel()] = v.to(dtype)
+            del i, v
+        return flat.view(rows, cols)
 
-
-def on_device(t):
-    return t.to(DEVICE, non_blocking=False)
+    def items(self):
+        for name in self.shapes:
+            yield name, self.make(name)
 
 
 def read_through(path):
@@ -171,11 +191,11 @@ def set_page_cache(mode, path):
 
 def make_state(mesh, vals, which):
     sd = {}
-    for name, t in vals.items():
+    for name, shape, dtype in vals.meta():
         placement = PARAMS[name][3] if which == "save" else PARAMS[name][4]
         if which == "zeros_same":
             placement = PARAMS[name][3]
-        src = on_device(t) if which == "save" else torch.zeros(t.shape, dtype=t.dtype, device=DEVICE)
+        src = vals.make(name) if which == "save" else torch.zeros(shape, dtype=dtype, device=DEVICE)
         sd[name] = distribute_tensor(src, mesh, [placement])
         del src
     sd["step"] = 1234 if which == "save" else 0
@@ -186,9 +206,9 @@ def compare(sd, vals):
     bad = []
     for name, want in vals.items():
         got = sd[name].full_tensor() if isinstance(sd[name], DTensor) else sd[name]
-        if got.dtype != want.dtype or not torch.equal(got, on_device(want)):
+        if got.dtype != want.dtype or not torch.equal(got, want):
             bad.append(name)
-        del got
+        del got, want
     if sd["step"] != 1234:
         bad.append(f"step={sd['step']}")
     return f"values differ: {bad}" if bad else True
@@ -258,9 +278,9 @@ def main():
         os.makedirs(base)
     dist.barrier()
 
-    vals = full_values(args.size_mb)
-    nbytes = sum(t.numel() * t.element_size() for t in vals.values())
-    replicated = sum(vals[n].numel() * vals[n].element_size() for n, p in PARAMS.items() if p[3] == Replicate())
+    vals = Values(args.size_mb)
+    nbytes = sum(vals.nbytes(name) for name in PARAMS)
+    replicated = sum(vals.nbytes(n) for n, p in PARAMS.items() if p[3] == Replicate())
     if rank == 0:
         print(f"== {world} ranks, backend {backend}, device {args.device}, torch {torch.__version__}, "
               f"state dict {nbytes / 1e6:.0f} MB ({replicated / 1e6:.0f} MB replicated)", flush=True)
