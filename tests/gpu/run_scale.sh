@@ -27,6 +27,10 @@
 # 540 s call (every rank loading the whole 28 GB model cold took 87-91 s per mode); run it in two calls,
 # MODES=tp SKIP_NCCL=1, then MODES=replicas (bench_model_tp.py reads MODES; SKIP_NCCL=1 leaves out the
 # NCCL check, which the second call runs).
+# The DCP part on 4 x H200 (2026-11-27, 98e6843): the 32 GB run with cold loads took ~390 s of a 565 s call
+# (saves 16 + 25 s, loads 25-45 s each, the rest starting ranks and making values); the half-rank run then
+# ran out of time making its values on the CPU, which dcp_nccl_check.py no longer does (28cea10). If it
+# still does not fit, run it alone in a second call (it needs the first call's checkpoints: same machine).
 # Exit status: non-zero when a check failed or a step ran out of time.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
