@@ -480,6 +480,19 @@ static void test_prepare_pins_ahead(void) {
     free(want);
 }
 
+/* Reads the `bytes` of the file at `path` to `dev` in one GPU transfer and
+ * checks them against `want`. */
+static void read_whole_file(ckptio_engine *e, const char *path, unsigned char *dev, const unsigned char *want,
+                            size_t bytes) {
+    ckptio_file *f = NULL;
+    T_OK(ckptio_file_open(e, path, CKPTIO_OPEN_READ, &f));
+    memset(dev, 0, bytes);
+    ckptio_extent ex = {.file = f, .length = bytes, .memory = dev, .mem_kind = CKPTIO_MEM_CUDA};
+    T_OK(ckptio__gpu_execute(e, CKPTIO_READ, &ex, 1));
+    T_ASSERT(memcmp(dev, want, bytes) == 0);
+    ckptio_file_close(f);
+}
+
 /* The experiment knob CKPTIO_GPU_READ_WORKERS (1-64) caps the workers a
  * read runs below the engine's threads (12 of 16 here), and prepare pins
  * only their slots; unset or out of range, all 16 run. */
@@ -507,18 +520,12 @@ static void test_read_workers_knob(void) {
          * that runs takes a stream and would pin a slot prepare did not. */
         ckptio__gpu_sim_config busy = {.copy_delay_us = 20, .events_busy = true};
         ckptio__gpu_sim_configure(&busy);
-        ckptio_file *f = NULL;
-        T_OK(ckptio_file_open(e, path, CKPTIO_OPEN_READ, &f));
-        memset(dev, 0, 32 * MIB);
-        ckptio_extent ex = {.file = f, .length = 32 * MIB, .memory = dev, .mem_kind = CKPTIO_MEM_CUDA};
-        T_OK(ckptio__gpu_execute(e, CKPTIO_READ, &ex, 1));
-        T_ASSERT(memcmp(dev, want, 32 * MIB) == 0);
+        read_whole_file(e, path, dev, want, 32 * MIB);
         ckptio__gpu_sim_get_stats(&s);
         T_ASSERT_MSG(s.streams_live <= workers[k] && s.pinned_allocs == 0,
                      "CKPTIO_GPU_READ_WORKERS=%s: %llu workers ran the read (at most %llu) and pinned %llu more slots",
                      knob[k] ? knob[k] : "(unset)", (unsigned long long)s.streams_live,
                      (unsigned long long)workers[k], (unsigned long long)s.pinned_allocs);
-        ckptio_file_close(f);
         T_OK(ckptio_engine_destroy(e));
     }
     unsetenv("CKPTIO_GPU_READ_WORKERS");
@@ -599,13 +606,7 @@ static void test_huge_slots_knob(void) {
                 T_OK(ckptio_engine_gpu_prepare(e, 0));
                 T_ASSERT(wait_pinned_allocs(4 * CKPTIO_GPU_READ_SLOTS) == 4 * CKPTIO_GPU_READ_SLOTS);
             } else {
-                ckptio_file *f = NULL;
-                T_OK(ckptio_file_open(e, path, CKPTIO_OPEN_READ, &f));
-                memset(dev, 0, 4 * MIB);
-                ckptio_extent ex = {.file = f, .length = 4 * MIB, .memory = dev, .mem_kind = CKPTIO_MEM_CUDA};
-                T_OK(ckptio__gpu_execute(e, CKPTIO_READ, &ex, 1));
-                T_ASSERT(memcmp(dev, want, 4 * MIB) == 0);
-                ckptio_file_close(f);
+                read_whole_file(e, path, dev, want, 4 * MIB);
             }
             ckptio__gpu_sim_stats s;
             ckptio__gpu_sim_get_stats(&s);
