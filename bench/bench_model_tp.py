@@ -17,14 +17,14 @@ Loaders:
   fastsafetensors    SafeTensorsFileLoader(pg, cuda:r, nogds=True), files split over the ranks,
                      get_sharded(name, 0) / get_tensor(name) (scattered / broadcast over NCCL)
 Ceilings: the O_DIRECT read of the model's files (16 threads, one process): "read-once ideal" cold time is
-model bytes / that rate.
+model bytes / that rate; warm, once a run: the page-cache read of the files (16 threads, one process) and
+pinned host-to-device copies on every GPU at once (the node's aggregate).
 Modes: tp (above) and replicas (every rank takes every tensor whole; aggregate GB/s = world x model bytes / s).
 Cases: cold (every shard's pages dropped before each load) and warm (files in the page cache).
 Environment: GIB, MODEL_DIR (default /var/tmp/ckptio-model), MODES (tp,replicas), CASES (cold,warm), REPS
 (warm repeats, 2), PEERS=0 (ckptio only), VARIANTS=0 (no runs of ckptio with other settings: cold, 8 threads and
 buffered reads; warm replicas, other batch sizes).
 """
-import glob
 import json
 import os
 import sys
@@ -52,6 +52,35 @@ def cut(t, rank, world):
 def log0(*a):
     if dist.get_rank() == 0:
         print(*a, flush=True)
+
+
+def warm_ceilings(files, dev, world, rank):
+    """The warm case's ceilings, once a run: rank 0 reading the model from the page cache (16 threads, one
+    process), then every rank copying 8 GiB of pinned host memory to its own GPU at the same time (what the
+    node's host memory and PCIe links give all GPUs together)."""
+    if rank == 0:
+        one.results.clear()
+        one.ceiling_read("warm", files, direct=False)
+        c = one.results[-1]
+        results.append({"case": "warm", "loader": "ceiling: page-cache read (16 threads, one process)",
+                        "seconds": c["seconds"], "GBps": c["GBps"]})
+    n = 8 << 30
+    src = torch.empty(n, dtype=torch.uint8, pin_memory=True)
+    dst = torch.empty(n, dtype=torch.uint8, device=dev)
+    dst.copy_(src, non_blocking=True)  # first touch outside the timing
+    torch.cuda.synchronize()
+    dist.barrier()
+    t0 = time.perf_counter()
+    dst.copy_(src, non_blocking=True)
+    torch.cuda.synchronize()
+    dist.barrier()
+    secs = time.perf_counter() - t0
+    del src, dst
+    torch.cuda.empty_cache()
+    label = f"ceiling: pinned host-to-device, {world} GPUs at once (8 GiB each)"
+    results.append({"case": "warm", "loader": label, "seconds": round(secs, 3),
+                    "GBps": round(world * n / secs / 1e9, 2)})
+    log0(f"warm  {label}: {world * n / secs / 1e9:.2f} GB/s together ({n / secs / 1e9:.2f} each)")
 
 
 def reference(files, rank, world, dev):
@@ -200,6 +229,7 @@ def main():
     meta = {"date": time.strftime("%Y-%m-%d"), "gpu": torch.cuda.get_device_name(0), "world": world,
             "torch": torch.__version__, "model_bytes": nbytes, "shards": len(files), "command": " ".join(sys.argv)}
     global MODE
+    warm_ceilings_done = False
     for MODE in os.environ.get("MODES", "tp,replicas").split(","):
         ref = reference(files, rank, world, dev)
         what = "tp_dim=0" if MODE == "tp" else "replicas"
@@ -224,8 +254,12 @@ def main():
                     print(f"cold  ceiling: O_DIRECT read {ceil['GBps']} GB/s -> read-once ideal "
                           f"{nbytes / 1e9 / ceil['GBps']:.2f} s", flush=True)
                 dist.barrier()
-            elif rank == 0:
-                one.warm_cache(files)
+            else:
+                if rank == 0:
+                    one.warm_cache(files)
+                if not warm_ceilings_done:
+                    warm_ceilings(files, dev, world, rank)
+                    warm_ceilings_done = True
             warm_variants = [(f"{MODE}: ckptio read once [batch {b >> 20} MiB]", ckptio_read_once(d, dev, pg, b))
                              for b in (64 << 20, 1 << 30)] if MODE == "replicas" else []
             runs = loaders + ((variants if case == "cold" else warm_variants)
