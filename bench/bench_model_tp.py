@@ -54,16 +54,22 @@ def log0(*a):
         print(*a, flush=True)
 
 
+def read_ceiling(case, files, direct):
+    """Rank 0: a read ceiling over the model's files (16 threads, one process), recorded in results; its GB/s."""
+    one.results.clear()
+    one.ceiling_read(case, files, direct=direct)
+    c = one.results[-1]
+    results.append({"case": case, "loader": f"ceiling: {'O_DIRECT' if direct else 'page-cache'} read "
+                    "(16 threads, one process)", "seconds": c["seconds"], "GBps": c["GBps"]})
+    return c["GBps"]
+
+
 def warm_ceilings(files, dev, world, rank):
     """The warm case's ceilings, once a run: rank 0 reading the model from the page cache (16 threads, one
     process), then every rank copying 8 GiB of pinned host memory to its own GPU at the same time (what the
     node's host memory and PCIe links give all GPUs together)."""
     if rank == 0:
-        one.results.clear()
-        one.ceiling_read("warm", files, direct=False)
-        c = one.results[-1]
-        results.append({"case": "warm", "loader": "ceiling: page-cache read (16 threads, one process)",
-                        "seconds": c["seconds"], "GBps": c["GBps"]})
+        read_ceiling("warm", files, direct=False)
     n = 8 << 30
     src = torch.empty(n, dtype=torch.uint8, pin_memory=True)
     dst = torch.empty(n, dtype=torch.uint8, device=dev)
@@ -246,13 +252,9 @@ def main():
         for case in os.environ.get("CASES", "cold,warm").split(","):
             if case == "cold":
                 if rank == 0:
-                    one.results.clear()
-                    one.ceiling_read("cold", files, direct=True)
-                    ceil = one.results[-1]
-                    results.append({"case": "cold", "loader": "ceiling: O_DIRECT read (16 threads, one process)",
-                                    "seconds": ceil["seconds"], "GBps": ceil["GBps"]})
-                    print(f"cold  ceiling: O_DIRECT read {ceil['GBps']} GB/s -> read-once ideal "
-                          f"{nbytes / 1e9 / ceil['GBps']:.2f} s", flush=True)
+                    gbps = read_ceiling("cold", files, direct=True)
+                    print(f"cold  ceiling: O_DIRECT read {gbps} GB/s -> read-once ideal "
+                          f"{nbytes / 1e9 / gbps:.2f} s", flush=True)
                 dist.barrier()
             else:
                 if rank == 0:
