@@ -17,13 +17,11 @@
  * a snapshot: another process may take the blocks meanwhile; then a fault
  * falls back to compaction or to 4 KiB pages, as it would have anyway.
  *
- * read(2) rather than stdio, no allocation, no locale (as
- * ckptio__mem_available): asked on a caller's thread before a transfer pins.
+ * The files are read with ckptio__read_kernel_file (kernel_files.c), on a
+ * caller's thread before a transfer pins.
  */
 #include "io_internal.h"
 
-#include <errno.h>
-#include <fcntl.h>
 #include <string.h>
 #include <unistd.h>
 
@@ -41,28 +39,6 @@ static _Atomic(const char *) thp_enabled_source;
 void ckptio__huge_pages_set_sources(const char *buddyinfo_path, const char *thp_enabled_path) {
     buddyinfo_source = buddyinfo_path;
     thp_enabled_source = thp_enabled_path;
-}
-
-/* Reads up to cap - 1 bytes of `path` into buf, NUL-terminated; the byte
- * count, or -1 when the file cannot be opened or read. A /proc file may come
- * in several reads: read until EOF or the buffer is full. */
-static ssize_t read_small_file(const char *path, char *buf, size_t cap) {
-    const int fd = open(path, O_RDONLY | O_CLOEXEC);
-    if (fd < 0) return -1;
-    size_t got = 0;
-    while (got < cap - 1) {
-        const ssize_t n = read(fd, buf + got, cap - 1 - got);
-        if (n < 0 && errno == EINTR) continue;
-        if (n < 0) {
-            close(fd);
-            return -1;
-        }
-        if (n == 0) break;
-        got += (size_t)n;
-    }
-    close(fd);
-    buf[got] = '\0';
-    return (ssize_t)got;
 }
 
 static const char *skip_blanks(const char *p, const char *end) {
@@ -149,13 +125,13 @@ uint64_t ckptio__huge_page_bytes_free(void) {
      * parsed as far as it was read. */
     char buf[4096];
     const char *source = buddyinfo_source;
-    if (read_small_file(source ? source : BUDDYINFO_PATH, buf, sizeof buf) <= 0) return 0;
+    if (ckptio__read_kernel_file(source ? source : BUDDYINFO_PATH, buf, sizeof buf) <= 0) return 0;
     return ckptio__buddyinfo_free_bytes(buf, (size_t)page, min_order);
 }
 
 bool ckptio__huge_pages_advisable(void) {
     char buf[128]; /* "always [madvise] never\n" */
     const char *source = thp_enabled_source;
-    if (read_small_file(source ? source : THP_ENABLED_PATH, buf, sizeof buf) <= 0) return false;
+    if (ckptio__read_kernel_file(source ? source : THP_ENABLED_PATH, buf, sizeof buf) <= 0) return false;
     return strstr(buf, "[always]") != NULL || strstr(buf, "[madvise]") != NULL;
 }

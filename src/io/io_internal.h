@@ -147,6 +147,13 @@ uint64_t ckptio__mem_available(void);
 /* Test hook: ckptio__mem_available() answers `bytes` (0: the real value). */
 void ckptio__read_policy_set_mem_available(uint64_t bytes);
 
+/* ---- the kernel's small status files (kernel_files.c) ------------------ */
+
+/* Reads up to cap - 1 bytes of the file at `path` into buf, NUL-terminated
+ * (several reads until EOF or a full buffer, EINTR retried; no allocation);
+ * the byte count, or -1 when it cannot be opened or read. */
+ssize_t ckptio__read_kernel_file(const char *path, char *buf, size_t cap);
+
 /* ---- transparent huge pages without a stall (huge_pages.c) ------------- */
 
 /* Bytes in free blocks of order >= min_order in /proc/buddyinfo text `text`

@@ -42,16 +42,12 @@ static _Atomic int forced_refusal;
 static void probe_run(void) {
     /* 2 = disabled for everyone; 1 = only for members of
      * kernel.io_uring_group (the real init below tells). */
-    int fd = open("/proc/sys/kernel/io_uring_disabled", O_RDONLY | O_CLOEXEC);
-    if (fd >= 0) {
-        char c = '0';
-        ssize_t n = read(fd, &c, 1);
-        close(fd);
-        if (n == 1 && c == '2') {
-            probe_err = EPERM;
-            probe_why = "io_uring is disabled by the sysctl kernel.io_uring_disabled=2";
-            return;
-        }
+    char disabled[8];
+    if (ckptio__read_kernel_file("/proc/sys/kernel/io_uring_disabled", disabled, sizeof disabled) > 0 &&
+        disabled[0] == '2') {
+        probe_err = EPERM;
+        probe_why = "io_uring is disabled by the sysctl kernel.io_uring_disabled=2";
+        return;
     }
     struct io_uring ring;
     int ret = io_uring_queue_init(4, &ring, 0);

@@ -33,8 +33,6 @@
  */
 #include "io_internal.h"
 
-#include <errno.h>
-#include <fcntl.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -52,17 +50,8 @@ void ckptio__read_policy_set_mem_available(uint64_t bytes) { mem_available_overr
 uint64_t ckptio__mem_available(void) {
     const uint64_t forced = mem_available_override;
     if (forced) return forced;
-    /* read(2) rather than stdio: no allocation, no locale; the field is
-     * near the top of the file. */
-    const int fd = open("/proc/meminfo", O_RDONLY | O_CLOEXEC);
-    if (fd < 0) return 0;
-    char buf[1024];
-    ssize_t n;
-    do n = read(fd, buf, sizeof buf - 1);
-    while (n < 0 && errno == EINTR);
-    close(fd);
-    if (n <= 0) return 0;
-    buf[n] = '\0';
+    char buf[1024]; /* the field is near the top of the file */
+    if (ckptio__read_kernel_file("/proc/meminfo", buf, sizeof buf) <= 0) return 0;
     const char *p = strstr(buf, "\nMemAvailable:");
     if (!p) return 0;
     char *end;
