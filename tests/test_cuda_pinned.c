@@ -12,6 +12,7 @@
  *    switch that would free registered slots with cuMemFreeHost.
  */
 #include "gpu_ops.h"
+#include "gpu_slot_range.h"
 #include "helpers.h"
 
 #include <dlfcn.h>
@@ -82,6 +83,13 @@ static int vm_flag(const void *p, const char *flag) {
     }
     fclose(f);
     return found;
+}
+
+/* 1 when the page at p is in memory, 0 when not (or not mapped). */
+static int resident(const void *p) {
+    unsigned char v = 0;
+    void *page = (void *)((uintptr_t)p & ~(uintptr_t)4095);
+    return mincore(page, 4096, &v) == 0 ? (v & 1) : 0;
 }
 
 static int mapped(const void *p) {
@@ -164,9 +172,57 @@ static void test_a_failed_registration_leaves_nothing(void) {
     T_ASSERT(count_mappings() == before);
 }
 
+/* The range an engine's slots live in (gpu_slot_range.c) and the pinning
+ * of a slot in it: reserved on a 2 MiB boundary with no memory behind it,
+ * not inherited by a fork, advised for huge pages or against them; a fill
+ * faults a slot in, a pin registers exactly it, an unpin unregisters it,
+ * a discard gives its memory back, and the release unmaps the range. */
+static void test_a_slot_range(void) {
+    const int before = count_mappings();
+    unsigned char *range = NULL;
+    T_OK(ckptio__slot_range_reserve(8 * MIB, true, &range));
+    T_ASSERT_MSG((uintptr_t)range % (2 * MIB) == 0, "range at %p: not on a 2 MiB boundary", (void *)range);
+    T_ASSERT(mapped(range) == 1 && resident(range) == 0 && resident(range + 8 * MIB - 4096) == 0); /* reserved, not filled */
+    T_ASSERT(vm_flag(range, "dc") == 1);
+    const bool thp = access("/sys/kernel/mm/transparent_hugepage/enabled", F_OK) == 0;
+    if (thp) T_ASSERT_MSG(vm_flag(range, "hg") == 1, "the range is not advised MADV_HUGEPAGE");
+    unsigned char *slot = range + 4 * MIB;
+    T_OK(ckptio__slot_range_fill(slot, 4 * MIB));
+    T_ASSERT(resident(slot) == 1 && resident(slot + 4 * MIB - 4096) == 1 && resident(range) == 0);
+    const int calls = *register_calls;
+    T_OK(ops->slot_pin(slot, 4 * MIB));
+    T_ASSERT(*register_calls == calls + 1 && *last_registered == slot && *last_registered_bytes == 4 * MIB &&
+             *last_register_flags == 0x3);
+    memset(slot, 0x77, 4 * MIB);
+    ops->slot_unpin(slot);
+    T_ASSERT(*last_unregistered == slot);
+    ckptio__slot_range_discard(slot, 4 * MIB);
+    T_ASSERT_MSG(resident(slot) == 0 && mapped(slot) == 1, "a discarded slot is still in memory");
+    /* Advised again against huge pages: the faults to come take 4 KiB pages. */
+    ckptio__slot_range_advise(range, 8 * MIB, false);
+    if (thp) T_ASSERT(vm_flag(range, "hg") == 0 && vm_flag(range, "nh") == 1);
+    /* A failed registration is the caller's to clean up: the memory stays. */
+    T_OK(ckptio__slot_range_fill(slot, 4 * MIB));
+    *register_result = 2; /* CUDA_ERROR_OUT_OF_MEMORY */
+    T_STATUS(ops->slot_pin(slot, 4 * MIB), CKPTIO_E_NOMEM);
+    T_MESSAGE_HAS("cuMemHostRegister(4194304 bytes) of pinned staging memory failed: CUDA_ERROR_OUT_OF_MEMORY");
+    *register_result = 0;
+    T_ASSERT(resident(slot) == 1);
+    ckptio__slot_range_release(range, 8 * MIB);
+    T_ASSERT_MSG(count_mappings() == before, "%d mappings before the range, %d after its release", before,
+                 count_mappings());
+}
+
 /* In a process of its own: the driver refuses registration from the start. */
 static int fallback_child(void) {
     *register_result = 801;
+    unsigned char *range = NULL;
+    T_OK(ckptio__slot_range_reserve(2 * MIB, false, &range));
+    T_OK(ckptio__slot_range_fill(range, 2 * MIB));
+    T_ASSERT_MSG(ops->slot_pin(range, 2 * MIB) == CKPTIO_E_UNSUPPORTED, "a refused first registration of a slot "
+                 "is not CKPTIO_E_UNSUPPORTED (pinned_alloc takes over then)");
+    ckptio__slot_range_release(range, 2 * MIB);
+    *register_calls = 0;
     void *a = NULL, *b = NULL;
     T_OK(ops->pinned_alloc(2 * MIB, false, &a));
     T_ASSERT(a != NULL && *register_calls == 1 && *hostalloc_calls == 1);
@@ -203,6 +259,7 @@ int main(int argc, char **argv) {
     T_RUN(test_a_slot_is_registered_anonymous_memory);
     T_RUN(test_a_huge_slot_is_aligned_advised_and_freed_whole);
     T_RUN(test_a_failed_registration_leaves_nothing);
+    T_RUN(test_a_slot_range);
     T_RUN(test_a_driver_without_registration_gets_host_alloc);
     return T_EXIT_PASS;
 }

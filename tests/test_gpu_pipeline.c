@@ -18,6 +18,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <sys/stat.h>
 #include <sys/vfs.h>
 #include <linux/magic.h>
@@ -623,6 +624,80 @@ static void test_huge_slots_knob(void) {
     }
     ckptio__huge_pages_set_sources(NULL, NULL);
     unsetenv("CKPTIO_GPU_HUGE_SLOTS");
+    ckptio__gpu_sim_device_free(dev);
+    free(want);
+}
+
+/* Whether the page at p is in memory: 1 resident, 0 not, -1 not mapped. */
+static int resident(const void *p) {
+    unsigned char v = 0;
+    void *page = (void *)((uintptr_t)p & ~(uintptr_t)4095);
+    if (mincore(page, 4096, &v) != 0) return errno == ENOMEM ? -1 : -2;
+    return v & 1;
+}
+
+/* The slots live in one range reserved per engine, each at its worker's
+ * and index's place; a worker fills its slot without the pinning lock (the
+ * kernel's part runs beside the other workers'), keeps the pages when the
+ * lock is busy, and the range goes with the engine. A driver that cannot
+ * register memory gets slots allocated one by one, as before. */
+static void test_slots_live_in_one_range(void) {
+    sim_reset(0);
+    const char *path = t_path("range.bin");
+    unsigned char *want = make_file(path, 4 * MIB, 59);
+    unsigned char *dev = ckptio__gpu_sim_device_alloc(4 * MIB);
+    ckptio_engine *e = make_engine(4, 4 * MIB, 8 * MIB); /* 4 workers, 256 KiB slots */
+    read_whole_file(e, path, dev, want, 4 * MIB);
+    ckptio__gpu_state *st = NULL;
+    T_OK(ckptio__gpu_state_get(e, ckptio__gpu_sim_ops(), &st));
+    pthread_mutex_lock(&st->lock);
+    T_ASSERT_MSG(st->range != NULL && st->range_stride == 2 * MIB && (uintptr_t)st->range % (2 * MIB) == 0,
+                 "range %p, stride %zu", (void *)st->range, st->range_stride);
+    unsigned pinned = 0;
+    for (unsigned w = 0; w < CKPTIO_GPU_MAX_WORKERS; w++)
+        for (unsigned k = 0; k < CKPTIO_GPU_NSLOTS; k++) {
+            unsigned char *m = st->workers[w].mem[k];
+            if (!m) continue;
+            pinned++;
+            T_ASSERT_MSG(m == st->range + ((size_t)w * CKPTIO_GPU_NSLOTS + k) * st->range_stride,
+                         "worker %u slot %u at %p, not at its place in the range", w, k, (void *)m);
+        }
+    T_ASSERT(pinned > 0);
+    unsigned char *spare = st->range + (size_t)(0 * CKPTIO_GPU_NSLOTS + 3) * st->range_stride;
+    T_ASSERT(st->workers[0].mem[3] == NULL && resident(spare) == 0);
+    pthread_mutex_lock(&st->pin_lock); /* another worker is pinning */
+    unsigned char *slot = (unsigned char *)1;
+    T_OK(ckptio__gpu_slot(st, 0, 3, false, &slot));
+    T_ASSERT(slot == NULL);
+    T_ASSERT_MSG(resident(spare) == 1, "the slot was not filled while another worker held the pinning lock");
+    pthread_mutex_unlock(&st->pin_lock);
+    T_OK(ckptio__gpu_slot(st, 0, 3, false, &slot));
+    T_ASSERT(slot == spare);
+    unsigned char *range = st->range;
+    pthread_mutex_unlock(&st->lock);
+    T_OK(ckptio_engine_destroy(e));
+    T_ASSERT_MSG(resident(range) == -1, "the slots' range is still mapped after the engine");
+    ckptio__gpu_sim_stats s;
+    ckptio__gpu_sim_get_stats(&s);
+    T_ASSERT(s.pinned_now == 0);
+    /* No registration: slots one by one (pinned_alloc), the load the same. */
+    ckptio__gpu_sim_config cfg = {.no_register = true};
+    ckptio__gpu_sim_configure(&cfg);
+    e = make_engine(4, 4 * MIB, 8 * MIB);
+    memset(dev, 0, 4 * MIB);
+    read_whole_file(e, path, dev, want, 4 * MIB);
+    T_OK(ckptio__gpu_state_get(e, ckptio__gpu_sim_ops(), &st));
+    T_ASSERT(atomic_load(&st->range_refused));
+    ckptio__gpu_sim_get_stats(&s);
+    T_ASSERT(s.pinned_allocs > 0 && s.pinned_now == s.pinned_allocs * 256 * KIB);
+    for (unsigned w = 0; w < 4; w++)
+        for (unsigned k = 0; k < CKPTIO_GPU_NSLOTS; k++) {
+            const unsigned char *m = st->workers[w].mem[k];
+            T_ASSERT(!m || !st->range || m < st->range || m >= st->range + st->range_bytes);
+        }
+    T_OK(ckptio_engine_destroy(e));
+    ckptio__gpu_sim_get_stats(&s);
+    T_ASSERT(s.pinned_now == 0);
     ckptio__gpu_sim_device_free(dev);
     free(want);
 }
@@ -1454,6 +1529,7 @@ int main(void) {
     T_RUN(test_slot_max_knob);
     T_RUN(test_slot_allocation_fails);
     T_RUN(test_slot_pinning_never_waits_without_need);
+    T_RUN(test_slots_live_in_one_range);
     T_RUN(test_prepare_pins_ahead);
     T_RUN(test_read_workers_knob);
     T_RUN(test_prepare_races_transfers_and_destroy);

@@ -9,6 +9,7 @@
  */
 #include "cuda_shim.h"
 #include "gpu_ops.h"
+#include "gpu_slot_range.h"
 
 #include <errno.h>
 #include <pthread.h>
@@ -137,12 +138,13 @@ static ckptio_status cuda_mem_info(int device, uint64_t *free_bytes, uint64_t *t
  * kernel's free blocks of 2 MiB and more cover twice what the call may pin
  * (src/io/huge_pages.c). CKPTIO_GPU_HUGE_SLOTS=0 turns them off, =1 forces
  * them. Where the kernel gives no huge page, the advice is ignored and the
- * slot is on 4 KiB pages, filled all the same. */
+ * slot is on 4 KiB pages, filled all the same.
+ * The pipeline's slots are made this way (one mapping each) only where no
+ * range could be reserved for them or the driver refused a slot there:
+ * gpu_staging.c places them in one reserved range and pins them with
+ * slot_pin, below (gpu_slot_range.c says why). */
 #define PIN_HEADER 4096u
-#define HUGE_PAGE ((size_t)2 << 20)
-#ifndef MADV_POPULATE_WRITE
-#define MADV_POPULATE_WRITE 23 /* Linux 5.14 */
-#endif
+#define HUGE_PAGE CKPTIO_HUGE_PAGE_BYTES
 
 /* The page before a slot: what its free must unmap. */
 typedef struct pin_header {
@@ -176,14 +178,9 @@ static ckptio_status map_slot(size_t body, bool huge, pin_header *h, unsigned ch
     if (huge) {
         *slot = (unsigned char *)(((uintptr_t)h->map + PIN_HEADER + HUGE_PAGE - 1) & ~(uintptr_t)(HUGE_PAGE - 1));
         (void)madvise(*slot, body, MADV_HUGEPAGE); /* best effort: 4 KiB pages otherwise */
-        if (madvise(*slot - PIN_HEADER, body + PIN_HEADER, MADV_POPULATE_WRITE) != 0) {
-            if (errno != EINVAL) { /* out of memory: as a failed MAP_POPULATE would be */
-                const int err = errno;
-                munmap(h->map, h->len);
-                return CKPTIO_FAIL(CKPTIO_E_NOMEM, "filling %zu bytes of pinned staging memory failed: %s", body,
-                                   strerror(err));
-            }
-            memset(*slot - PIN_HEADER, 0, body + PIN_HEADER); /* a kernel before 5.14: fill by touching */
+        if (ckptio__slot_range_fill(*slot - PIN_HEADER, body + PIN_HEADER) != CKPTIO_OK) {
+            munmap(h->map, h->len);
+            return CKPTIO_E_NOMEM; /* the fill said what failed */
         }
     }
     (void)madvise(h->map, h->len, MADV_DONTFORK); /* best effort: without it a fork only copies more */
@@ -236,6 +233,26 @@ static void cuda_pinned_free(void *ptr) {
     memcpy(&h, (unsigned char *)ptr - PIN_HEADER, sizeof h);
     cu->cuMemHostUnregister(ptr);
     munmap(h.map, h.len);
+}
+
+static ckptio_status cuda_slot_pin(void *addr, size_t bytes) {
+    const ckptio__cuda_api *cu;
+    CKPTIO_FORWARD(need_api(&cu));
+    if (!atomic_load(&pin_by_register) || !cu->cuMemHostRegister || !cu->cuMemHostUnregister)
+        return CKPTIO_E_UNSUPPORTED;
+    const CUresult r = cu->cuMemHostRegister(addr, bytes, CU_MEMHOSTREGISTER_PORTABLE | CU_MEMHOSTREGISTER_DEVICEMAP);
+    if (r == CUDA_SUCCESS) {
+        atomic_store(&registered_slots_made, 1);
+        return CKPTIO_OK;
+    }
+    if ((r == CUDA_ERROR_NOT_SUPPORTED || r == CUDA_ERROR_NOT_PERMITTED) && !atomic_load(&registered_slots_made))
+        return CKPTIO_E_UNSUPPORTED;
+    return pinned_fail(r, "cuMemHostRegister", bytes);
+}
+
+static void cuda_slot_unpin(void *addr) {
+    const ckptio__cuda_api *cu = ckptio__cuda_try(); /* NULL in a forked child: not ours to undo */
+    if (cu && addr) cu->cuMemHostUnregister(addr);
 }
 
 static ckptio_status cuda_stream_create(void **out) {
@@ -377,6 +394,8 @@ static const ckptio__gpu_ops cuda_ops = {
     .ctx_leave = cuda_ctx_leave,
     .pinned_alloc = cuda_pinned_alloc,
     .pinned_free = cuda_pinned_free,
+    .slot_pin = cuda_slot_pin,
+    .slot_unpin = cuda_slot_unpin,
     .stream_create = cuda_stream_create,
     .stream_destroy = cuda_stream_destroy,
     .stream_sync = cuda_stream_sync,

@@ -41,6 +41,14 @@ typedef struct ckptio__gpu_ops {
      * ckptio__gpu_huge_slots, gpu_pipeline.h). */
     ckptio_status (*pinned_alloc)(size_t bytes, bool huge, void **out);
     void (*pinned_free)(void *ptr);
+    /* Page-locks host memory the caller made and filled (a staging slot in
+     * its engine's reserved range, gpu_slot_range.h), for every context and
+     * mapped for the device, like pinned_alloc's. CKPTIO_E_UNSUPPORTED (no
+     * error set) when this driver cannot register host memory: the caller
+     * then uses pinned_alloc. slot_unpin undoes it; the memory stays the
+     * caller's. */
+    ckptio_status (*slot_pin)(void *addr, size_t bytes);
+    void (*slot_unpin)(void *addr);
     ckptio_status (*stream_create)(void **out);
     void (*stream_destroy)(void *stream);
     ckptio_status (*stream_sync)(void *stream);

@@ -903,8 +903,10 @@ ckptio_status ckptio__gpu_pipeline_run_observed(ckptio_engine *engine, const ckp
      * decision reads /proc (~13 us), which a stream of small GDS requests
      * on pinned slots should not pay each time. Still the caller's thread. */
     const unsigned worker_slots = dir == CKPTIO_READ ? p.read_slots : CKPTIO_GPU_NSLOTS;
-    if (ckptio__gpu_pinned_slots(p.st, nworkers, worker_slots) < nworkers * worker_slots)
+    if (ckptio__gpu_pinned_slots(p.st, nworkers, worker_slots) < nworkers * worker_slots) {
         p.st->huge_slots = ckptio__gpu_huge_slots((uint64_t)nworkers * worker_slots * slot);
+        ckptio__gpu_slot_range_ready(p.st);
+    }
     ckptio__nvtx_push(dir == CKPTIO_READ ? "ckptio: file -> GPU" : "ckptio: GPU -> file");
     for (size_t i = 0; i < count; i++) p.total += extents[i].length;
     /* A background caller (inline_only) is not the thread progress belongs to. */

@@ -61,6 +61,15 @@ typedef struct ckptio__gpu_state {
     size_t slot_bytes;                   /* geometry of the pinned slots */
     bool huge_slots;                     /* slots pinned from now on: on huge pages (set under `lock`) */
     uint64_t reserved;                   /* pinned bytes allocated */
+    /* The address range the slots live in (gpu_slot_range.h), one slot of
+     * range_stride bytes per worker and slot index; set up under `lock` by
+     * ckptio__gpu_slot_range_ready. NULL: slots come from ops->pinned_alloc
+     * (no range could be reserved, or the driver cannot register memory:
+     * range_refused). */
+    unsigned char *range;
+    size_t range_bytes, range_stride;
+    bool range_huge;                     /* how the range is advised */
+    _Atomic bool range_refused;
     ckptio__gpu_worker_res workers[CKPTIO_GPU_MAX_WORKERS];
     /* ckptio_engine_gpu_prepare's background pinning: one thread at a time,
      * joined by the next prepare and by the engine's destruction. */
@@ -122,6 +131,12 @@ unsigned ckptio__gpu_pinned_slots(const ckptio__gpu_state *st, unsigned workers,
  * reused afterwards). Called on the worker's thread with the device's
  * context current. */
 ckptio_status ckptio__gpu_worker_ready(ckptio__gpu_state *st, unsigned w, int device);
+
+/* Makes the range the slots are pinned in fit the slot size and
+ * huge_slots (under `lock`, before workers that may pin start). Without a
+ * range (refused, or the reservation failed) slots come from
+ * ops->pinned_alloc, as they did before there was one. */
+void ckptio__gpu_slot_range_ready(ckptio__gpu_state *st);
 
 /* Worker w's pinned slot s, allocated on its first use and reused
  * afterwards (same thread and context as ckptio__gpu_worker_ready). Without

@@ -72,7 +72,10 @@ ckptio_status ckptio__gpu_prepare(ckptio_engine *engine, const ckptio__gpu_ops *
             if (ckptio__gpu_pinned_slots(st, CKPTIO_GPU_MAX_WORKERS, CKPTIO_GPU_NSLOTS) > 0) start = false;
             else st->slot_bytes = slot;
         }
-        if (start) st->huge_slots = ckptio__gpu_huge_slots((uint64_t)workers * slots * slot);
+        if (start) {
+            st->huge_slots = ckptio__gpu_huge_slots((uint64_t)workers * slots * slot);
+            ckptio__gpu_slot_range_ready(st);
+        }
         pthread_mutex_unlock(&st->lock);
     }
     prepare_job *job = start ? ckptio__malloc(sizeof *job) : NULL;

@@ -5,12 +5,36 @@
  * when its worker needs one (gpu_pipeline.c, next_slot), not when the worker
  * starts: the first load of a process starts copying after one allocation
  * per worker, and pins further slots only while the older ones are still
- * copying.
+ * copying. Slots live in one address range reserved per engine
+ * (gpu_slot_range.c): workers fault their slots in side by side, and only
+ * the driver's registrations take turns.
  */
 #include "engine_internal.h"
 #include "gpu_pipeline.h"
+#include "gpu_slot_range.h"
 
 #include <string.h>
+
+static bool in_range(const ckptio__gpu_state *st, const void *p) {
+    return st->range && (const unsigned char *)p >= st->range && (const unsigned char *)p < st->range + st->range_bytes;
+}
+
+/* Unpins a slot and gives its memory back. */
+static void free_slot(ckptio__gpu_state *st, void *mem) {
+    if (in_range(st, mem)) {
+        st->ops->slot_unpin(mem);
+        ckptio__slot_range_discard(mem, st->slot_bytes);
+    } else {
+        st->ops->pinned_free(mem);
+    }
+    st->reserved -= st->slot_bytes;
+}
+
+static void release_range(ckptio__gpu_state *st) {
+    ckptio__slot_range_release(st->range, st->range_bytes);
+    st->range = NULL;
+    st->range_bytes = st->range_stride = 0;
+}
 
 static void release_worker(ckptio__gpu_state *st, ckptio__gpu_worker_res *w, bool memory) {
     const ckptio__gpu_ops *ops = st->ops;
@@ -28,10 +52,7 @@ static void release_worker(ckptio__gpu_state *st, ckptio__gpu_worker_res *w, boo
     }
     if (memory) {
         for (unsigned s = 0; s < CKPTIO_GPU_NSLOTS; s++) {
-            if (w->mem[s]) {
-                ops->pinned_free(w->mem[s]);
-                st->reserved -= st->slot_bytes;
-            }
+            if (w->mem[s]) free_slot(st, w->mem[s]);
             w->mem[s] = NULL;
         }
     }
@@ -49,6 +70,7 @@ static void destroy_state(void *p) {
         if (r->queue) r->backend->queue_destroy(r->queue);
         r->queue = NULL;
     }
+    release_range(st);
     pthread_mutex_destroy(&st->lock);
     pthread_mutex_destroy(&st->pin_lock);
     ckptio__free(st);
@@ -88,15 +110,49 @@ void ckptio__gpu_state_set_slot_bytes(ckptio__gpu_state *st, size_t slot_bytes) 
     for (unsigned w = 0; w < CKPTIO_GPU_MAX_WORKERS; w++) {
         ckptio__gpu_worker_res *r = &st->workers[w];
         for (unsigned s = 0; s < CKPTIO_GPU_NSLOTS; s++) {
-            if (r->mem[s]) {
-                st->ops->pinned_free(r->mem[s]);
-                st->reserved -= st->slot_bytes;
-                r->mem[s] = NULL;
-            }
+            if (r->mem[s]) free_slot(st, r->mem[s]);
+            r->mem[s] = NULL;
         }
     }
     ckptio__engine_staging(st->engine, (int64_t)st->reserved - (int64_t)before, 0);
+    release_range(st); /* its slots had the old size */
     st->slot_bytes = slot_bytes;
+}
+
+/* Slot (w, s)'s place: one stride per worker and slot index, strides of
+ * whole 2 MiB pages so that every slot can be on huge pages. */
+static size_t range_stride(size_t slot_bytes) {
+    return (slot_bytes + CKPTIO_HUGE_PAGE_BYTES - 1) & ~(CKPTIO_HUGE_PAGE_BYTES - 1);
+}
+
+void ckptio__gpu_slot_range_ready(ckptio__gpu_state *st) {
+    if (atomic_load(&st->range_refused) || !st->slot_bytes) return;
+    const size_t stride = range_stride(st->slot_bytes);
+    if (st->range && st->range_stride != stride) {
+        /* The slot size changed under prepare (ckptio__gpu_prepare sets it
+         * while none is pinned); one still pinned keeps its range. */
+        if (ckptio__gpu_pinned_slots(st, CKPTIO_GPU_MAX_WORKERS, CKPTIO_GPU_NSLOTS) > 0) return;
+        release_range(st);
+    }
+    if (!st->range) {
+        const size_t bytes = (size_t)CKPTIO_GPU_MAX_WORKERS * CKPTIO_GPU_NSLOTS * stride;
+        ckptio__error_saved *saved = ckptio__error_save(); /* a refusal here is no error of the caller's */
+        const ckptio_status reserved = ckptio__slot_range_reserve(bytes, st->huge_slots, &st->range);
+        ckptio__error_restore(saved);
+        if (reserved != CKPTIO_OK) {
+            /* Address space refused (strict overcommit, say): slots are
+             * allocated one by one, as before there was a range. */
+            st->range = NULL;
+            return;
+        }
+        st->range_bytes = bytes;
+        st->range_stride = stride;
+        st->range_huge = st->huge_slots;
+    } else if (st->range_huge != st->huge_slots) {
+        /* Applies to the faults to come: pinned slots keep their pages. */
+        ckptio__slot_range_advise(st->range, st->range_bytes, st->huge_slots);
+        st->range_huge = st->huge_slots;
+    }
 }
 
 ckptio_status ckptio__gpu_worker_ready(ckptio__gpu_state *st, unsigned w, int device) {
@@ -125,12 +181,28 @@ ckptio_status ckptio__gpu_slot(ckptio__gpu_state *st, unsigned w, unsigned s, bo
     ckptio__gpu_worker_res *r = &st->workers[w];
     *out = r->mem[s];
     if (*out) return CKPTIO_OK;
-    /* The driver pins one allocation at a time (measured: 64 allocations of
-     * 4 MiB took 0.11-0.15 s on one thread, 0.14 s on 16), so a worker that
-     * could reuse a slot it has does so rather than queue behind another's. */
+    /* In the range, the kernel's part (faulting the slot in, zeroing it) runs
+     * here, beside the other workers' (gpu_slot_range.c), and only the
+     * driver's registration takes the lock: the driver pins one allocation
+     * at a time (measured: 64 allocations of 4 MiB took 0.11-0.15 s on one
+     * thread, 0.14 s on 16), so a worker that could reuse a slot it has does
+     * so rather than queue behind another's; the pages it filled stay for
+     * its next try. */
+    unsigned char *addr = NULL;
+    if (st->range && st->range_stride == range_stride(st->slot_bytes) && !atomic_load(&st->range_refused)) {
+        addr = st->range + ((size_t)w * CKPTIO_GPU_NSLOTS + s) * st->range_stride;
+        CKPTIO_FORWARD(ckptio__slot_range_fill(addr, st->slot_bytes));
+    }
     if (wait) pthread_mutex_lock(&st->pin_lock);
     else if (pthread_mutex_trylock(&st->pin_lock) != 0) return CKPTIO_OK;
-    ckptio_status rc = st->ops->pinned_alloc(st->slot_bytes, st->huge_slots, &r->mem[s]);
+    ckptio_status rc = CKPTIO_E_UNSUPPORTED;
+    if (addr) {
+        rc = st->ops->slot_pin(addr, st->slot_bytes);
+        if (rc == CKPTIO_OK) r->mem[s] = addr;
+        else ckptio__slot_range_discard(addr, st->slot_bytes);
+        if (rc == CKPTIO_E_UNSUPPORTED) atomic_store(&st->range_refused, true); /* the driver cannot register */
+    }
+    if (rc == CKPTIO_E_UNSUPPORTED) rc = st->ops->pinned_alloc(st->slot_bytes, st->huge_slots, &r->mem[s]);
     pthread_mutex_unlock(&st->pin_lock);
     CKPTIO_FORWARD(rc);
     /* Each worker only touches its own slots, but `reserved` is shared. */

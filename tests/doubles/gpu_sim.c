@@ -10,6 +10,7 @@
 #include <errno.h>
 #include <pthread.h>
 #include <stdatomic.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
@@ -89,16 +90,10 @@ void ckptio__gpu_sim_get_stats(ckptio__gpu_sim_stats *out) {
     pthread_mutex_unlock(&lock);
 }
 
-static void *track(size_t bytes, ckptio_mem_kind kind) {
-    /* 4 KiB alignment, like real pinned and device allocations. */
-    void *p = ckptio__aligned_alloc(4096, bytes ? bytes : 1);
+/* Records [p, p + bytes) as memory of `kind`; false when out of memory. */
+static bool track_at(void *p, size_t bytes, ckptio_mem_kind kind) {
     sim_alloc *a = ckptio__malloc(sizeof *a);
-    if (!p || !a) {
-        ckptio__free(p);
-        ckptio__free(a);
-        return NULL;
-    }
-    memset(p, 0, bytes);
+    if (!a) return false;
     *a = (sim_alloc){.base = (uintptr_t)p, .size = bytes, .kind = kind};
     pthread_mutex_lock(&lock);
     a->next = allocs;
@@ -109,11 +104,23 @@ static void *track(size_t bytes, ckptio_mem_kind kind) {
         if (stats.pinned_now > stats.pinned_peak) stats.pinned_peak = stats.pinned_now;
     }
     pthread_mutex_unlock(&lock);
+    return true;
+}
+
+static void *track(size_t bytes, ckptio_mem_kind kind) {
+    /* 4 KiB alignment, like real pinned and device allocations. */
+    void *p = ckptio__aligned_alloc(4096, bytes ? bytes : 1);
+    if (!p) return NULL;
+    memset(p, 0, bytes);
+    if (!track_at(p, bytes, kind)) {
+        ckptio__free(p);
+        return NULL;
+    }
     return p;
 }
 
-static void untrack(void *p) {
-    if (!p) return;
+/* Forgets the record at p (the memory stays). */
+static void untrack_at(void *p) {
     pthread_mutex_lock(&lock);
     for (sim_alloc **pp = &allocs; *pp; pp = &(*pp)->next) {
         sim_alloc *a = *pp;
@@ -128,6 +135,11 @@ static void untrack(void *p) {
         }
     }
     pthread_mutex_unlock(&lock);
+}
+
+static void untrack(void *p) {
+    if (!p) return;
+    untrack_at(p);
     ckptio__free(p);
 }
 
@@ -188,7 +200,8 @@ static void sim_ctx_leave(int device) {
     pthread_mutex_unlock(&lock);
 }
 
-static ckptio_status sim_pinned_alloc(size_t bytes, bool huge, void **out) {
+/* What pinning costs and whether this one fails (config), counted. */
+static ckptio_status pin_begin(size_t bytes, bool huge) {
     pthread_mutex_lock(&lock);
     if (huge) stats.pinned_huge_allocs++;
     const bool fail = config.fail_pinned_at && stats.pinned_allocs + 1 == config.fail_pinned_at;
@@ -199,17 +212,53 @@ static ckptio_status sim_pinned_alloc(size_t bytes, bool huge, void **out) {
         struct timespec ts = {(time_t)(delay_us / 1000000), (long)(delay_us % 1000000) * 1000};
         nanosleep(&ts, NULL);
     }
-    if (fail) {
-        *out = NULL;
+    if (fail)
         return CKPTIO_FAIL(CKPTIO_E_CUDA, "simulated pinned allocation of %zu bytes failed (CUDA out of memory)",
                            bytes);
-    }
+    return CKPTIO_OK;
+}
+
+static ckptio_status sim_pinned_alloc(size_t bytes, bool huge, void **out) {
+    *out = NULL;
+    CKPTIO_FORWARD(pin_begin(bytes, huge));
     *out = track(bytes, CKPTIO_MEM_PINNED);
     if (!*out) return CKPTIO_FAIL(CKPTIO_E_NOMEM, "simulated pinned allocation of %zu bytes failed", bytes);
     return CKPTIO_OK;
 }
 
 static void sim_pinned_free(void *ptr) { untrack(ptr); }
+
+/* Whether the mapping holding p is advised MADV_HUGEPAGE (VmFlags "hg"):
+ * a slot of the engine's range is huge by the range's advice. */
+static bool advised_huge(const void *p) {
+    FILE *f = fopen("/proc/self/smaps", "r");
+    if (!f) return false;
+    char line[512];
+    bool inside = false, huge = false;
+    while (fgets(line, sizeof line, f)) {
+        unsigned long lo, hi;
+        if (sscanf(line, "%lx-%lx ", &lo, &hi) == 2 && strchr(line, '-') < strchr(line, ' ')) {
+            inside = (uintptr_t)p >= lo && (uintptr_t)p < hi;
+        } else if (inside && strncmp(line, "VmFlags:", 8) == 0) {
+            huge = strstr(line, " hg") != NULL;
+            break;
+        }
+    }
+    fclose(f);
+    return huge;
+}
+
+static ckptio_status sim_slot_pin(void *addr, size_t bytes) {
+    pthread_mutex_lock(&lock);
+    const bool refuse = config.no_register;
+    pthread_mutex_unlock(&lock);
+    if (refuse) return CKPTIO_E_UNSUPPORTED;
+    CKPTIO_FORWARD(pin_begin(bytes, advised_huge(addr)));
+    if (!track_at(addr, bytes, CKPTIO_MEM_PINNED)) return CKPTIO_FAIL(CKPTIO_E_NOMEM, "out of memory (simulator)");
+    return CKPTIO_OK;
+}
+
+static void sim_slot_unpin(void *addr) { untrack_at(addr); }
 
 /* ---- streams ---------------------------------------------------------------- */
 
@@ -506,6 +555,8 @@ static const ckptio__gpu_ops sim_ops = {
     .ctx_leave = sim_ctx_leave,
     .pinned_alloc = sim_pinned_alloc,
     .pinned_free = sim_pinned_free,
+    .slot_pin = sim_slot_pin,
+    .slot_unpin = sim_slot_unpin,
     .stream_create = sim_stream_create,
     .stream_destroy = sim_stream_destroy,
     .stream_sync = sim_stream_sync,

@@ -1,0 +1,31 @@
+/*
+ * gpu_slot_range.h - the address range the staging slots of an engine live
+ * in (gpu_staging.c): reserved once, so that workers fault their slots in at
+ * the same time (measured in gpu_slot_range.c's comment).
+ */
+#ifndef CKPTIO_GPU_SLOT_RANGE_H
+#define CKPTIO_GPU_SLOT_RANGE_H
+
+#include "common_internal.h"
+
+#define CKPTIO_HUGE_PAGE_BYTES ((size_t)2 << 20)
+
+/* Address space for `bytes` (a multiple of 2 MiB) on a 2 MiB boundary, no
+ * memory behind it yet (MAP_NORESERVE), not inherited by a forked child
+ * (MADV_DONTFORK), advised as ckptio__slot_range_advise says. */
+ckptio_status ckptio__slot_range_reserve(size_t bytes, bool huge, unsigned char **out);
+
+/* Asks for transparent huge pages in the range (`huge`) or none: the faults
+ * that follow take 2 MiB pages, or 4 KiB ones whatever THP's mode. */
+void ckptio__slot_range_advise(unsigned char *range, size_t bytes, bool huge);
+
+/* Faults [addr, addr + bytes) in, writable (MADV_POPULATE_WRITE; on a kernel
+ * before 5.14, by touching it). Cheap where the pages are there already. */
+ckptio_status ckptio__slot_range_fill(unsigned char *addr, size_t bytes);
+
+/* Gives the memory of [addr, addr + bytes) back; the range stays reserved. */
+void ckptio__slot_range_discard(unsigned char *addr, size_t bytes);
+
+void ckptio__slot_range_release(unsigned char *range, size_t bytes);
+
+#endif /* CKPTIO_GPU_SLOT_RANGE_H */
