@@ -17,20 +17,10 @@ import sys
 import time
 
 import torch
+from probe_first_load import anon_huge_mib  # bench/ is the script's directory
 
 DEV = os.environ.get("DEVICE", "cuda:0")
 SIZE = int(float(os.environ.get("SIZE_GIB", "8")) * (1 << 30))
-
-
-def anon_huge_mib():
-    try:
-        with open("/proc/self/smaps_rollup") as f:
-            for line in f:
-                if line.startswith("AnonHugePages:"):
-                    return int(line.split()[1]) >> 10
-    except OSError:
-        pass
-    return None
 
 
 def timed_save(ckptio, sd, path):

@@ -187,6 +187,17 @@ static void report(const char *name, double total_s, const char *extra) {
            name, nslots, bytes >> 20, huge, threads, total_s * 1e3, extra, f, r, f / nslots, r / nslots);
 }
 
+/* The T workers fill every slot, then this thread registers them all. */
+static void prefill(const char *name) {
+    char extra[96];
+    const double fill_wall = run_threads(FILL_ONLY);
+    const double t0 = now();
+    for (unsigned i = 0; i < nslots; i++) reg(&slots[i]);
+    const double reg_wall = now() - t0;
+    snprintf(extra, sizeof extra, "= parallel fill %.1f ms + serial register %.1f ms ", fill_wall * 1e3, reg_wall * 1e3);
+    report(name, fill_wall + reg_wall, extra);
+}
+
 int main(int argc, char **argv) {
     unsigned mib = 4, device = 0;
     for (int i = 1; i < argc; i++) {
@@ -214,7 +225,6 @@ int main(int argc, char **argv) {
     CHECK(cuMemAlloc(&warm, 1 << 20));
 
     const long thp0 = thp_fault_alloc();
-    char extra[96];
 
     double t0 = now();
     for (unsigned i = 0; i < nslots; i++) { fill(&slots[i]); reg(&slots[i]); }
@@ -227,12 +237,7 @@ int main(int argc, char **argv) {
     report("split", run_threads(SPLIT), "");
     release();
 
-    const double fill_wall = run_threads(FILL_ONLY);
-    t0 = now();
-    for (unsigned i = 0; i < nslots; i++) reg(&slots[i]);
-    const double reg_wall = now() - t0;
-    snprintf(extra, sizeof extra, "= parallel fill %.1f ms + serial register %.1f ms ", fill_wall * 1e3, reg_wall * 1e3);
-    report("prefill", fill_wall + reg_wall, extra);
+    prefill("prefill");
     release();
 
     for (int k = 0; k < 2; k++) {
@@ -244,12 +249,7 @@ int main(int argc, char **argv) {
         if (k == 0) {
             report("region-split", run_threads(SPLIT), "");
         } else {
-            const double fw = run_threads(FILL_ONLY);
-            t0 = now();
-            for (unsigned i = 0; i < nslots; i++) reg(&slots[i]);
-            const double rw = now() - t0;
-            snprintf(extra, sizeof extra, "= parallel fill %.1f ms + serial register %.1f ms ", fw * 1e3, rw * 1e3);
-            report("region-prefill", fw + rw, extra);
+            prefill("region-prefill");
         }
         region = map; /* release() unmaps the whole mapping */
         release();
