@@ -16,9 +16,13 @@
 #include "io_inject.h"
 
 #include <errno.h>
+#include <malloc.h>
 #include <fcntl.h>
 #include <string.h>
+#include <spawn.h>
 #include <sys/mman.h>
+#include <sys/resource.h>
+#include <sys/wait.h>
 #include <sys/stat.h>
 #include <sys/vfs.h>
 #include <linux/magic.h>
@@ -700,6 +704,67 @@ static void test_slots_live_in_one_range(void) {
     T_ASSERT(s.pinned_now == 0);
     ckptio__gpu_sim_device_free(dev);
     free(want);
+}
+
+/* This process's address space in bytes (VmSize), 0 if unknown. */
+__attribute__((unused)) static uint64_t address_space_bytes(void) {
+    FILE *f = fopen("/proc/self/status", "r");
+    char line[256];
+    unsigned long long kib = 0;
+    while (f && fgets(line, sizeof line, f))
+        if (sscanf(line, "VmSize: %llu kB", &kib) == 1) break;
+    if (f) fclose(f);
+    return (uint64_t)kib << 10;
+}
+
+/* In a process of its own: address space too tight for the slots' range
+ * (as under strict overcommit): the range is not reserved, the caller sees no
+ * error from trying, and slots are allocated one by one, the load the same. */
+static int no_range_child(void) {
+#if defined(__has_feature)
+#if __has_feature(address_sanitizer)
+#define NO_RANGE_SKIP 1
+#endif
+#endif
+#if defined(__SANITIZE_ADDRESS__) || defined(NO_RANGE_SKIP)
+    return T_EXIT_SKIP; /* ASan's allocator maps memory as it goes, under the limit this sets */
+#else
+    mallopt(M_ARENA_MAX, 1); /* no 64 MiB heap reserved per thread: the limit below is about the range */
+    const char *path = t_path("no_range.bin");
+    unsigned char *want = make_file(path, 4 * MIB, 61);
+    unsigned char *dev = ckptio__gpu_sim_device_alloc(4 * MIB);
+    ckptio_engine *e = make_engine(4, 4 * MIB, 8 * MIB);
+    /* Room for the slots one by one and the threads' stacks (8 MiB each
+     * reserved: 4 workers, 4 simulated streams), not for the range (64
+     * workers x 4 slots x 2 MiB). */
+    const uint64_t limit = address_space_bytes() + 192 * MIB;
+    struct rlimit rl = {.rlim_cur = limit, .rlim_max = limit};
+    T_ASSERT(limit > 192 * MIB && setrlimit(RLIMIT_AS, &rl) == 0);
+    read_whole_file(e, path, dev, want, 4 * MIB);
+    ckptio__gpu_state *st = NULL;
+    T_OK(ckptio__gpu_state_get(e, ckptio__gpu_sim_ops(), &st));
+    T_ASSERT_MSG(st->range == NULL, "a range of %zu bytes was reserved under a %llu-byte address space limit",
+                 st->range_bytes, (unsigned long long)limit);
+    ckptio__gpu_sim_stats s;
+    ckptio__gpu_sim_get_stats(&s);
+    T_ASSERT(s.pinned_allocs > 0);
+    T_OK(ckptio_engine_destroy(e));
+    ckptio__gpu_sim_device_free(dev);
+    free(want);
+    return T_EXIT_PASS;
+#endif
+}
+
+static const char *self_path;
+
+static void test_slots_without_a_range(void) {
+    char *argv[] = {(char *)self_path, "no-range", NULL};
+    pid_t pid;
+    T_ASSERT(posix_spawn(&pid, self_path, NULL, NULL, argv, environ) == 0);
+    int status = 0;
+    T_ASSERT(waitpid(pid, &status, 0) == pid);
+    T_ASSERT_MSG(WIFEXITED(status) && (WEXITSTATUS(status) == T_EXIT_PASS || WEXITSTATUS(status) == T_EXIT_SKIP),
+                 "the process without room for a range ended with status %#x", status);
 }
 
 /* A transfer started while prepare is pinning waits for at most the slot
@@ -1514,8 +1579,10 @@ static void test_default_stages(void) {
     free(want);
 }
 
-int main(void) {
+int main(int argc, char **argv) {
     ckptio__gpu_set_ops(ckptio__gpu_sim_ops());
+    self_path = argv[0];
+    if (argc > 1 && strcmp(argv[1], "no-range") == 0) return no_range_child();
     T_RUN(test_classify_and_meminfo);
     T_RUN(test_read_one_worker);
     T_RUN(test_read_four_workers);
@@ -1530,6 +1597,7 @@ int main(void) {
     T_RUN(test_slot_allocation_fails);
     T_RUN(test_slot_pinning_never_waits_without_need);
     T_RUN(test_slots_live_in_one_range);
+    T_RUN(test_slots_without_a_range);
     T_RUN(test_prepare_pins_ahead);
     T_RUN(test_read_workers_knob);
     T_RUN(test_prepare_races_transfers_and_destroy);
