@@ -144,7 +144,6 @@ static ckptio_status cuda_mem_info(int device, uint64_t *free_bytes, uint64_t *t
  * gpu_staging.c places them in one reserved range and pins them with
  * slot_pin, below (gpu_slot_range.c says why). */
 #define PIN_HEADER 4096u
-#define HUGE_PAGE CKPTIO_HUGE_PAGE_BYTES
 
 /* The page before a slot: what its free must unmap. */
 typedef struct pin_header {
@@ -169,14 +168,15 @@ static ckptio_status pinned_fail(CUresult r, const char *call, size_t bytes) {
 /* Anonymous memory for a slot of `body` bytes with its header page before
  * it, filled by the kernel; *slot on a 2 MiB boundary when `huge`. */
 static ckptio_status map_slot(size_t body, bool huge, pin_header *h, unsigned char **slot) {
-    h->len = body + (huge ? HUGE_PAGE : PIN_HEADER);
+    h->len = body + (huge ? CKPTIO_HUGE_PAGE_BYTES : PIN_HEADER);
     h->map = mmap(NULL, h->len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | (huge ? 0 : MAP_POPULATE), -1, 0);
     if (h->map == MAP_FAILED)
         return CKPTIO_FAIL(CKPTIO_E_NOMEM, "mmap(%zu bytes) of pinned staging memory failed: %s", h->len,
                            strerror(errno));
     *slot = h->map + PIN_HEADER;
     if (huge) {
-        *slot = (unsigned char *)(((uintptr_t)h->map + PIN_HEADER + HUGE_PAGE - 1) & ~(uintptr_t)(HUGE_PAGE - 1));
+        *slot = (unsigned char *)(((uintptr_t)h->map + PIN_HEADER + CKPTIO_HUGE_PAGE_BYTES - 1) &
+                                  ~(uintptr_t)(CKPTIO_HUGE_PAGE_BYTES - 1));
         (void)madvise(*slot, body, MADV_HUGEPAGE); /* best effort: 4 KiB pages otherwise */
         if (ckptio__slot_range_fill(*slot - PIN_HEADER, body + PIN_HEADER) != CKPTIO_OK) {
             munmap(h->map, h->len);

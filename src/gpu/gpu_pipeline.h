@@ -61,13 +61,14 @@ typedef struct ckptio__gpu_state {
     size_t slot_bytes;                   /* geometry of the pinned slots */
     bool huge_slots;                     /* slots pinned from now on: on huge pages (set under `lock`) */
     uint64_t reserved;                   /* pinned bytes allocated */
-    /* The address range the slots live in (gpu_slot_range.h), one slot of
-     * range_stride bytes per worker and slot index; set up under `lock` by
-     * ckptio__gpu_slot_range_ready. NULL: slots come from ops->pinned_alloc
-     * (no range could be reserved, or the driver cannot register memory:
-     * range_refused). */
+    /* The address range the slots live in (gpu_slot_range.h), range_bytes
+     * long: a place per worker and slot index, slot_bytes rounded up to 2
+     * MiB apart; set up under `lock` by ckptio__gpu_slot_range_ready for the
+     * current slot_bytes and released when it changes. NULL: slots come from
+     * ops->pinned_alloc (no range could be reserved, or the driver cannot
+     * register memory: range_refused). */
     unsigned char *range;
-    size_t range_bytes, range_stride;
+    size_t range_bytes;
     bool range_huge;                     /* how the range is advised */
     _Atomic bool range_refused;
     ckptio__gpu_worker_res workers[CKPTIO_GPU_MAX_WORKERS];

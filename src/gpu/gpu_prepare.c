@@ -70,7 +70,7 @@ ckptio_status ckptio__gpu_prepare(ckptio_engine *engine, const ckptio__gpu_ops *
         start = st->slot_bytes != slot || ckptio__gpu_pinned_slots(st, workers, slots) < workers * slots;
         if (start && st->slot_bytes != slot) {
             if (ckptio__gpu_pinned_slots(st, CKPTIO_GPU_MAX_WORKERS, CKPTIO_GPU_NSLOTS) > 0) start = false;
-            else st->slot_bytes = slot;
+            else ckptio__gpu_state_set_slot_bytes(st, slot); /* none pinned: frees nothing */
         }
         if (start) {
             st->huge_slots = ckptio__gpu_huge_slots((uint64_t)workers * slots * slot);

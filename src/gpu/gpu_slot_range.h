@@ -6,9 +6,7 @@
 #ifndef CKPTIO_GPU_SLOT_RANGE_H
 #define CKPTIO_GPU_SLOT_RANGE_H
 
-#include "common_internal.h"
-
-#define CKPTIO_HUGE_PAGE_BYTES ((size_t)2 << 20)
+#include "io_internal.h" /* CKPTIO_HUGE_PAGE_BYTES */
 
 /* Address space for `bytes` (a multiple of 2 MiB) on a 2 MiB boundary, no
  * memory behind it yet (MAP_NORESERVE), not inherited by a forked child

@@ -33,7 +33,7 @@ static void free_slot(ckptio__gpu_state *st, void *mem) {
 static void release_range(ckptio__gpu_state *st) {
     ckptio__slot_range_release(st->range, st->range_bytes);
     st->range = NULL;
-    st->range_bytes = st->range_stride = 0;
+    st->range_bytes = 0;
 }
 
 static void release_worker(ckptio__gpu_state *st, ckptio__gpu_worker_res *w, bool memory) {
@@ -127,15 +127,10 @@ static size_t range_stride(size_t slot_bytes) {
 
 void ckptio__gpu_slot_range_ready(ckptio__gpu_state *st) {
     if (atomic_load(&st->range_refused) || !st->slot_bytes) return;
-    const size_t stride = range_stride(st->slot_bytes);
-    if (st->range && st->range_stride != stride) {
-        /* The slot size changed under prepare (ckptio__gpu_prepare sets it
-         * while none is pinned); one still pinned keeps its range. */
-        if (ckptio__gpu_pinned_slots(st, CKPTIO_GPU_MAX_WORKERS, CKPTIO_GPU_NSLOTS) > 0) return;
-        release_range(st);
-    }
+    /* A range was made for the current slot size: every change of the size
+     * goes through ckptio__gpu_state_set_slot_bytes, which releases it. */
     if (!st->range) {
-        const size_t bytes = (size_t)CKPTIO_GPU_MAX_WORKERS * CKPTIO_GPU_NSLOTS * stride;
+        const size_t bytes = (size_t)CKPTIO_GPU_MAX_WORKERS * CKPTIO_GPU_NSLOTS * range_stride(st->slot_bytes);
         ckptio__error_saved *saved = ckptio__error_save(); /* a refusal here is no error of the caller's */
         const ckptio_status reserved = ckptio__slot_range_reserve(bytes, st->huge_slots, &st->range);
         ckptio__error_restore(saved);
@@ -146,7 +141,6 @@ void ckptio__gpu_slot_range_ready(ckptio__gpu_state *st) {
             return;
         }
         st->range_bytes = bytes;
-        st->range_stride = stride;
         st->range_huge = st->huge_slots;
     } else if (st->range_huge != st->huge_slots) {
         /* Applies to the faults to come: pinned slots keep their pages. */
@@ -189,8 +183,8 @@ ckptio_status ckptio__gpu_slot(ckptio__gpu_state *st, unsigned w, unsigned s, bo
      * so rather than queue behind another's; the pages it filled stay for
      * its next try. */
     unsigned char *addr = NULL;
-    if (st->range && st->range_stride == range_stride(st->slot_bytes) && !atomic_load(&st->range_refused)) {
-        addr = st->range + ((size_t)w * CKPTIO_GPU_NSLOTS + s) * st->range_stride;
+    if (st->range && !atomic_load(&st->range_refused)) {
+        addr = st->range + ((size_t)w * CKPTIO_GPU_NSLOTS + s) * range_stride(st->slot_bytes);
         CKPTIO_FORWARD(ckptio__slot_range_fill(addr, st->slot_bytes));
     }
     if (wait) pthread_mutex_lock(&st->pin_lock);

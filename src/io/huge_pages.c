@@ -27,7 +27,6 @@
 
 #define BUDDYINFO_PATH "/proc/buddyinfo"
 #define THP_ENABLED_PATH "/sys/kernel/mm/transparent_hugepage/enabled"
-#define HUGE_PAGE_BYTES ((uint64_t)2 << 20)
 /* More columns than any kernel's orders (MAX_ORDER is 10-13): a longer line
  * is not buddyinfo, and its shifts could overflow. */
 #define MAX_ORDERS 32
@@ -120,7 +119,7 @@ uint64_t ckptio__huge_page_bytes_free(void) {
     const long page = sysconf(_SC_PAGESIZE);
     if (page <= 0) return 0;
     unsigned min_order = 0;
-    while (((uint64_t)page << min_order) < HUGE_PAGE_BYTES) min_order++;
+    while (((uint64_t)page << min_order) < CKPTIO_HUGE_PAGE_BYTES) min_order++;
     /* A few nodes of 3-4 zones take ~100 bytes a line; a longer file is
      * parsed as far as it was read. */
     char buf[4096];

@@ -156,6 +156,9 @@ ssize_t ckptio__read_kernel_file(const char *path, char *buf, size_t cap);
 
 /* ---- transparent huge pages without a stall (huge_pages.c) ------------- */
 
+/* The size of a transparent huge page on x86-64 (a PMD). */
+#define CKPTIO_HUGE_PAGE_BYTES ((size_t)2 << 20)
+
 /* Bytes in free blocks of order >= min_order in /proc/buddyinfo text `text`
  * (NUL-terminated; lines "Node N, zone NAME c0 c1 ...", one count of free
  * blocks of page_bytes << order per order), summed over every node and

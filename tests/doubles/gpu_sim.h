@@ -36,7 +36,7 @@ typedef struct ckptio__gpu_sim_config {
     uint64_t fail_run_at;      /* the n-th copy fails when it runs; 0 = never */
     uint64_t device_free;      /* what mem_info reports free (default 1 GiB) */
     uint64_t fail_register_at; /* the n-th host_register fails (CUDA error); 0 = never */
-    bool no_register;          /* host_register is CKPTIO_E_UNSUPPORTED (a device without it) */
+    bool no_register;          /* host_register and slot_pin are CKPTIO_E_UNSUPPORTED (a device without it) */
     unsigned register_delay_us; /* each host_register takes this long (pinning is not free) */
     unsigned pinned_delay_us;  /* each pinned allocation takes this long */
     uint64_t fail_pinned_at;   /* the n-th pinned allocation (1-based) fails; 0 = never */
