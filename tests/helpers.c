@@ -6,9 +6,12 @@
 #include <dirent.h>
 #include <errno.h>
 #include <ftw.h>
+#include <spawn.h>
 #include <stdarg.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 void t_fail_at(const char *file, int line, const char *fmt, ...) {
@@ -121,4 +124,44 @@ int t_count_entries(const char *dir, const char *needle) {
         if (strcmp(e->d_name, ".") && strcmp(e->d_name, "..") && strstr(e->d_name, needle)) n++;
     closedir(d);
     return n;
+}
+
+int t_page_state(const void *p) {
+    unsigned char v = 0;
+    void *page = (void *)((uintptr_t)p & ~(uintptr_t)4095);
+    if (mincore(page, 4096, &v) != 0) return -1;
+    return v & 1;
+}
+
+int t_vm_flag(const void *p, const char *flag) {
+    FILE *f = fopen("/proc/self/smaps", "r");
+    if (!f) return -1;
+    char line[512];
+    int in = 0, found = -1;
+    while (fgets(line, sizeof line, f)) {
+        unsigned long lo, hi;
+        if (sscanf(line, "%lx-%lx ", &lo, &hi) == 2 && strchr(line, '-') < strchr(line, ' ')) {
+            in = (uintptr_t)p >= lo && (uintptr_t)p < hi;
+            continue;
+        }
+        if (in && strncmp(line, "VmFlags:", 8) == 0) {
+            char want[8];
+            snprintf(want, sizeof want, " %s", flag);
+            found = strstr(line, want) != NULL;
+            break;
+        }
+    }
+    fclose(f);
+    return found;
+}
+
+extern char **environ;
+
+int t_run_self(const char *self, const char *arg) {
+    char *argv[] = {(char *)self, (char *)arg, NULL};
+    pid_t pid;
+    if (posix_spawn(&pid, self, NULL, NULL, argv, environ) != 0) return -1;
+    int status = 0;
+    if (waitpid(pid, &status, 0) != pid || !WIFEXITED(status)) return -1;
+    return WEXITSTATUS(status);
 }

@@ -80,6 +80,19 @@ bool t_file_exists(const char *path);
 /* Count directory entries whose name contains `needle` (e.g. temporaries). */
 int t_count_entries(const char *dir, const char *needle);
 
+/* The page holding p: 1 in memory, 0 mapped but not in memory, -1 not mapped
+ * (mincore). */
+int t_page_state(const void *p);
+
+/* Whether the mapping holding p carries VmFlag `flag` ("dc", "hg", ...) in
+ * /proc/self/smaps: 1 yes, 0 no, -1 no such mapping or no smaps. */
+int t_vm_flag(const void *p, const char *flag);
+
+/* Runs this test program again as `self ARG` (a case that must run in a
+ * process of its own) and returns its exit code, or -1 when it did not
+ * exit normally. */
+int t_run_self(const char *self, const char *arg);
+
 /* Run a named test case: prints "ok NAME" or exits on failure. */
 #define T_RUN(fn)                              \
     do {                                       \

@@ -17,17 +17,13 @@
 
 #include <dlfcn.h>
 #include <errno.h>
-#include <spawn.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/mman.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
 #define MIB (1024u * 1024u)
 
-extern char **environ;
 
 static const ckptio__gpu_ops *ops; /* the real table, on the fake driver */
 static const char *self;           /* this program, for the fallback process */
@@ -62,41 +58,6 @@ static void bind_fake(const char *path) {
     last_register_flags = sym(lib, "fake_cuda_last_register_flags");
 }
 
-/* Whether the mapping holding `p` carries VmFlag `flag` (/proc/self/smaps). */
-static int vm_flag(const void *p, const char *flag) {
-    FILE *f = fopen("/proc/self/smaps", "r");
-    if (!f) return -1;
-    char line[512];
-    int in = 0, found = -1;
-    while (fgets(line, sizeof line, f)) {
-        unsigned long lo, hi;
-        if (sscanf(line, "%lx-%lx ", &lo, &hi) == 2 && strchr(line, '-') < strchr(line, ' ')) {
-            in = (uintptr_t)p >= lo && (uintptr_t)p < hi;
-            continue;
-        }
-        if (in && strncmp(line, "VmFlags:", 8) == 0) {
-            char want[8];
-            snprintf(want, sizeof want, " %s", flag);
-            found = strstr(line, want) != NULL;
-            break;
-        }
-    }
-    fclose(f);
-    return found;
-}
-
-/* 1 when the page at p is in memory, 0 when not (or not mapped). */
-static int resident(const void *p) {
-    unsigned char v = 0;
-    void *page = (void *)((uintptr_t)p & ~(uintptr_t)4095);
-    return mincore(page, 4096, &v) == 0 ? (v & 1) : 0;
-}
-
-static int mapped(const void *p) {
-    unsigned char v;
-    void *page = (void *)((uintptr_t)p & ~(uintptr_t)4095);
-    return mincore(page, 4096, &v) == 0 ? 1 : (errno == ENOMEM ? 0 : -1);
-}
 
 static int count_mappings(void) {
     FILE *f = fopen("/proc/self/maps", "r");
@@ -116,16 +77,16 @@ static void test_a_slot_is_registered_anonymous_memory(void) {
     T_ASSERT(*last_registered == p && *last_registered_bytes == 2 * MIB);
     T_ASSERT_MSG(*last_register_flags == 0x3, "flags %#x, want PORTABLE | DEVICEMAP", *last_register_flags);
     memset(p, 0xAB, 2 * MIB);
-    T_ASSERT_MSG(vm_flag(p, "dc") == 1, "the slot's mapping lacks MADV_DONTFORK (VmFlags dc: %d)", vm_flag(p, "dc"));
-    T_ASSERT(vm_flag((unsigned char *)p - 4096, "dc") == 1); /* the length page too: one mapping */
+    T_ASSERT_MSG(t_vm_flag(p, "dc") == 1, "the slot's mapping lacks MADV_DONTFORK (VmFlags dc: %d)", t_vm_flag(p, "dc"));
+    T_ASSERT(t_vm_flag((unsigned char *)p - 4096, "dc") == 1); /* the length page too: one mapping */
     ops->pinned_free(p);
     T_ASSERT(*unregister_calls == 1 && *last_unregistered == p);
-    T_ASSERT_MSG(mapped(p) == 0 && mapped((unsigned char *)p - 4096) == 0, "the slot is still mapped after its free");
+    T_ASSERT_MSG(t_page_state(p) == -1 && t_page_state((unsigned char *)p - 4096) == -1, "the slot is still mapped after its free");
     /* Odd sizes round up to pages and still free whole. */
     T_OK(ops->pinned_alloc(sizeof(uint32_t), false, &p));
     T_ASSERT(*last_registered_bytes == 4096);
     ops->pinned_free(p);
-    T_ASSERT(mapped(p) == 0);
+    T_ASSERT(t_page_state(p) == -1);
 }
 
 /* A huge slot (`huge`: the default while free 2 MiB blocks allow, or
@@ -139,9 +100,9 @@ static void test_a_huge_slot_is_aligned_advised_and_freed_whole(void) {
     T_ASSERT_MSG((uintptr_t)p % (2 * MIB) == 0, "huge slot at %p: not on a 2 MiB boundary", p);
     T_ASSERT(*last_registered == p && *last_registered_bytes == 4 * MIB && *last_register_flags == 0x3);
     if (access("/sys/kernel/mm/transparent_hugepage/enabled", F_OK) == 0) /* a kernel with THP */
-        T_ASSERT_MSG(vm_flag(p, "hg") == 1, "the huge slot is not advised MADV_HUGEPAGE (VmFlags hg: %d)",
-                     vm_flag(p, "hg"));
-    T_ASSERT(vm_flag(p, "dc") == 1 && vm_flag((unsigned char *)p - 4096, "dc") == 1);
+        T_ASSERT_MSG(t_vm_flag(p, "hg") == 1, "the huge slot is not advised MADV_HUGEPAGE (VmFlags hg: %d)",
+                     t_vm_flag(p, "hg"));
+    T_ASSERT(t_vm_flag(p, "dc") == 1 && t_vm_flag((unsigned char *)p - 4096, "dc") == 1);
     memset(p, 0x5A, 4 * MIB);
     const unsigned calls = (unsigned)*unregister_calls;
     ops->pinned_free(p);
@@ -182,13 +143,13 @@ static void test_a_slot_range(void) {
     unsigned char *range = NULL;
     T_OK(ckptio__slot_range_reserve(8 * MIB, true, &range));
     T_ASSERT_MSG((uintptr_t)range % (2 * MIB) == 0, "range at %p: not on a 2 MiB boundary", (void *)range);
-    T_ASSERT(mapped(range) == 1 && resident(range) == 0 && resident(range + 8 * MIB - 4096) == 0); /* reserved, not filled */
-    T_ASSERT(vm_flag(range, "dc") == 1);
+    T_ASSERT(t_page_state(range) == 0 && t_page_state(range + 8 * MIB - 4096) == 0); /* reserved, not filled */
+    T_ASSERT(t_vm_flag(range, "dc") == 1);
     const bool thp = access("/sys/kernel/mm/transparent_hugepage/enabled", F_OK) == 0;
-    if (thp) T_ASSERT_MSG(vm_flag(range, "hg") == 1, "the range is not advised MADV_HUGEPAGE");
+    if (thp) T_ASSERT_MSG(t_vm_flag(range, "hg") == 1, "the range is not advised MADV_HUGEPAGE");
     unsigned char *slot = range + 4 * MIB;
     T_OK(ckptio__slot_range_fill(slot, 4 * MIB));
-    T_ASSERT(resident(slot) == 1 && resident(slot + 4 * MIB - 4096) == 1 && resident(range) == 0);
+    T_ASSERT(t_page_state(slot) == 1 && t_page_state(slot + 4 * MIB - 4096) == 1 && t_page_state(range) == 0);
     const int calls = *register_calls;
     T_OK(ops->slot_pin(slot, 4 * MIB));
     T_ASSERT(*register_calls == calls + 1 && *last_registered == slot && *last_registered_bytes == 4 * MIB &&
@@ -197,17 +158,17 @@ static void test_a_slot_range(void) {
     ops->slot_unpin(slot);
     T_ASSERT(*last_unregistered == slot);
     ckptio__slot_range_discard(slot, 4 * MIB);
-    T_ASSERT_MSG(resident(slot) == 0 && mapped(slot) == 1, "a discarded slot is still in memory");
+    T_ASSERT_MSG(t_page_state(slot) == 0, "a discarded slot is still in memory");
     /* Advised again against huge pages: the faults to come take 4 KiB pages. */
     ckptio__slot_range_advise(range, 8 * MIB, false);
-    if (thp) T_ASSERT(vm_flag(range, "hg") == 0 && vm_flag(range, "nh") == 1);
+    if (thp) T_ASSERT(t_vm_flag(range, "hg") == 0 && t_vm_flag(range, "nh") == 1);
     /* A failed registration is the caller's to clean up: the memory stays. */
     T_OK(ckptio__slot_range_fill(slot, 4 * MIB));
     *register_result = 2; /* CUDA_ERROR_OUT_OF_MEMORY */
     T_STATUS(ops->slot_pin(slot, 4 * MIB), CKPTIO_E_NOMEM);
     T_MESSAGE_HAS("cuMemHostRegister(4194304 bytes) of pinned staging memory failed: CUDA_ERROR_OUT_OF_MEMORY");
     *register_result = 0;
-    T_ASSERT(resident(slot) == 1);
+    T_ASSERT(t_page_state(slot) == 1);
     ckptio__slot_range_release(range, 8 * MIB);
     T_ASSERT_MSG(count_mappings() == before, "%d mappings before the range, %d after its release", before,
                  count_mappings());
@@ -237,12 +198,8 @@ static int fallback_child(void) {
 }
 
 static void test_a_driver_without_registration_gets_host_alloc(void) {
-    char *argv[] = {(char *)self, "fallback", NULL};
-    pid_t pid;
-    T_ASSERT(posix_spawn(&pid, self, NULL, NULL, argv, environ) == 0);
-    int status = 0;
-    T_ASSERT(waitpid(pid, &status, 0) == pid);
-    T_ASSERT_MSG(WIFEXITED(status) && WEXITSTATUS(status) == 0, "the fallback process ended with status %#x", status);
+    const int code = t_run_self(self, "fallback");
+    T_ASSERT_MSG(code == 0, "the fallback process ended with exit code %d (-1: not normally)", code);
 }
 
 int main(int argc, char **argv) {

@@ -19,10 +19,8 @@
 #include <malloc.h>
 #include <fcntl.h>
 #include <string.h>
-#include <spawn.h>
 #include <sys/mman.h>
 #include <sys/resource.h>
-#include <sys/wait.h>
 #include <sys/stat.h>
 #include <sys/vfs.h>
 #include <linux/magic.h>
@@ -632,13 +630,6 @@ static void test_huge_slots_knob(void) {
     free(want);
 }
 
-/* Whether the page at p is in memory: 1 resident, 0 not, -1 not mapped. */
-static int resident(const void *p) {
-    unsigned char v = 0;
-    void *page = (void *)((uintptr_t)p & ~(uintptr_t)4095);
-    if (mincore(page, 4096, &v) != 0) return errno == ENOMEM ? -1 : -2;
-    return v & 1;
-}
 
 /* The slots live in one range reserved per engine, each at its worker's
  * and index's place; a worker fills its slot without the pinning lock (the
@@ -655,32 +646,34 @@ static void test_slots_live_in_one_range(void) {
     ckptio__gpu_state *st = NULL;
     T_OK(ckptio__gpu_state_get(e, ckptio__gpu_sim_ops(), &st));
     pthread_mutex_lock(&st->lock);
-    T_ASSERT_MSG(st->range != NULL && st->range_stride == 2 * MIB && (uintptr_t)st->range % (2 * MIB) == 0,
-                 "range %p, stride %zu", (void *)st->range, st->range_stride);
+    const size_t stride = 2 * MIB; /* 256 KiB slots, each at a 2 MiB boundary of its own */
+    T_ASSERT_MSG(st->range != NULL && st->range_bytes == (size_t)CKPTIO_GPU_MAX_WORKERS * CKPTIO_GPU_NSLOTS * stride &&
+                     (uintptr_t)st->range % (2 * MIB) == 0,
+                 "range %p of %zu bytes", (void *)st->range, st->range_bytes);
     unsigned pinned = 0;
     for (unsigned w = 0; w < CKPTIO_GPU_MAX_WORKERS; w++)
         for (unsigned k = 0; k < CKPTIO_GPU_NSLOTS; k++) {
             unsigned char *m = st->workers[w].mem[k];
             if (!m) continue;
             pinned++;
-            T_ASSERT_MSG(m == st->range + ((size_t)w * CKPTIO_GPU_NSLOTS + k) * st->range_stride,
+            T_ASSERT_MSG(m == st->range + ((size_t)w * CKPTIO_GPU_NSLOTS + k) * stride,
                          "worker %u slot %u at %p, not at its place in the range", w, k, (void *)m);
         }
     T_ASSERT(pinned > 0);
-    unsigned char *spare = st->range + (size_t)(0 * CKPTIO_GPU_NSLOTS + 3) * st->range_stride;
-    T_ASSERT(st->workers[0].mem[3] == NULL && resident(spare) == 0);
+    unsigned char *spare = st->range + (size_t)(0 * CKPTIO_GPU_NSLOTS + 3) * stride;
+    T_ASSERT(st->workers[0].mem[3] == NULL && t_page_state(spare) == 0);
     pthread_mutex_lock(&st->pin_lock); /* another worker is pinning */
     unsigned char *slot = (unsigned char *)1;
     T_OK(ckptio__gpu_slot(st, 0, 3, false, &slot));
     T_ASSERT(slot == NULL);
-    T_ASSERT_MSG(resident(spare) == 1, "the slot was not filled while another worker held the pinning lock");
+    T_ASSERT_MSG(t_page_state(spare) == 1, "the slot was not filled while another worker held the pinning lock");
     pthread_mutex_unlock(&st->pin_lock);
     T_OK(ckptio__gpu_slot(st, 0, 3, false, &slot));
     T_ASSERT(slot == spare);
     unsigned char *range = st->range;
     pthread_mutex_unlock(&st->lock);
     T_OK(ckptio_engine_destroy(e));
-    T_ASSERT_MSG(resident(range) == -1, "the slots' range is still mapped after the engine");
+    T_ASSERT_MSG(t_page_state(range) == -1, "the slots' range is still mapped after the engine");
     ckptio__gpu_sim_stats s;
     ckptio__gpu_sim_get_stats(&s);
     T_ASSERT(s.pinned_now == 0);
@@ -758,13 +751,9 @@ static int no_range_child(void) {
 static const char *self_path;
 
 static void test_slots_without_a_range(void) {
-    char *argv[] = {(char *)self_path, "no-range", NULL};
-    pid_t pid;
-    T_ASSERT(posix_spawn(&pid, self_path, NULL, NULL, argv, environ) == 0);
-    int status = 0;
-    T_ASSERT(waitpid(pid, &status, 0) == pid);
-    T_ASSERT_MSG(WIFEXITED(status) && (WEXITSTATUS(status) == T_EXIT_PASS || WEXITSTATUS(status) == T_EXIT_SKIP),
-                 "the process without room for a range ended with status %#x", status);
+    const int code = t_run_self(self_path, "no-range");
+    T_ASSERT_MSG(code == T_EXIT_PASS || code == T_EXIT_SKIP,
+                 "the process without room for a range ended with exit code %d (-1: not normally)", code);
 }
 
 /* A transfer started while prepare is pinning waits for at most the slot
