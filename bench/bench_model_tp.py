@@ -22,7 +22,8 @@ pinned host-to-device copies on every GPU at once (the node's aggregate).
 Modes: tp (above) and replicas (every rank takes every tensor whole; aggregate GB/s = world x model bytes / s).
 Cases: cold (every shard's pages dropped before each load) and warm (files in the page cache).
 Environment: GIB, MODEL_DIR (default /var/tmp/ckptio-model), MODES (tp,replicas), CASES (cold,warm), REPS
-(warm repeats, 2), PEERS=0 (ckptio only), VARIANTS=0 (no runs of ckptio with other settings: cold, 8 threads and
+(warm repeats, 2), COLD_REPS (cold rounds, 1; the O_DIRECT ceiling is measured before each and after the last),
+LOADERS (comma list: only the loaders whose label holds one of these, e.g. "read once"), PEERS=0 (ckptio only), VARIANTS=0 (no runs of ckptio with other settings: cold, 8 threads and
 buffered reads; warm replicas, other batch sizes).
 """
 import json
@@ -249,14 +250,18 @@ def main():
                          fastsafetensors_pg_dims(files, dev, pg, rank, world))]
         variants = [(f"{MODE}: ckptio read once [threads=8]", ckptio_read_once(d, dev, pg, threads=8)),
                     (f"{MODE}: ckptio read once [read_cache=on]", ckptio_read_once(d, dev, pg, read_cache="on"))]
+        only = [w for w in os.environ.get("LOADERS", "").split(",") if w]
+        loaders = [(label, fn) for label, fn in loaders if not only or any(w in label for w in only)]
+
+        def cold_ceiling():
+            if rank == 0:
+                gbps = read_ceiling("cold", files, direct=True)
+                print(f"cold  ceiling: O_DIRECT read {gbps} GB/s -> read-once ideal "
+                      f"{nbytes / 1e9 / gbps:.2f} s", flush=True)
+            dist.barrier()
+
         for case in os.environ.get("CASES", "cold,warm").split(","):
-            if case == "cold":
-                if rank == 0:
-                    gbps = read_ceiling("cold", files, direct=True)
-                    print(f"cold  ceiling: O_DIRECT read {gbps} GB/s -> read-once ideal "
-                          f"{nbytes / 1e9 / gbps:.2f} s", flush=True)
-                dist.barrier()
-            else:
+            if case != "cold":
                 if rank == 0:
                     one.warm_cache(files)
                 if not warm_ceilings_done:
@@ -266,7 +271,10 @@ def main():
                              for b in (64 << 20, 1 << 30)] if MODE == "replicas" else []
             runs = loaders + ((variants if case == "cold" else warm_variants)
                               if os.environ.get("VARIANTS", "1") == "1" else [])
-            for rep in range(1 if case == "cold" else int(os.environ.get("REPS", "2"))):
+            reps = int(os.environ.get("COLD_REPS" if case == "cold" else "REPS", "1" if case == "cold" else "2"))
+            for rep in range(reps):
+                if case == "cold":  # the disk drifts: its ceiling before every round, and once after the last
+                    cold_ceiling()
                 for label, fn in runs:
                     if case == "cold":
                         if rank == 0:
@@ -281,6 +289,8 @@ def main():
                         row["bytes_read_all_ranks"], row["bytes_received_all_ranks"] = int(rb[0]), int(rb[1])
                         log0(f"      over all ranks: {rb[0].item() / 1e9:.2f} GB read from storage "
                              f"(model {nbytes / 1e9:.2f} GB), {rb[1].item() / 1e9:.2f} GB received over NCCL")
+            if case == "cold":
+                cold_ceiling()
             if rank == 0:
                 with open(os.path.join(OUT, "bench_model_tp.json"), "w") as f:
                     json.dump({"meta": meta, "results": results}, f, indent=1)

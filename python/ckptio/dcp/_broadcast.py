@@ -187,7 +187,7 @@ def _cut(reader, files, cache, seg, buf: torch.Tensor, reqs: List[ReadItem], pla
             if stored is None:  # a transformed tensor item: each rank decodes the shared bytes
                 stored = reader.stored_from_bytes(host, info, key, df.path)
             target = reader.read_target(planner, req)
-            src = reader.plan_slice(df, stored, req, target, [])
+            src = reader.plan_slice(df, stored, req, target, [], [])  # decoded: a view of memory
             if src is not None:
                 target.copy_(src)
             planner.commit_tensor(req, target)

@@ -28,7 +28,7 @@ import collections
 import dataclasses
 import os
 import pathlib
-from typing import Any, Dict, Optional
+from typing import Any, Dict
 
 import torch
 from torch.distributed.checkpoint import metadata as _md

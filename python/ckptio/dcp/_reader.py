@@ -4,7 +4,9 @@ with ckptio's engine as the data path and resharding by byte ranges.
 For every requested slice of a stored chunk only the bytes it needs are
 read: the runs of the stored (C-contiguous) tensor that the slice covers go
 straight into the destination tensor (host or GPU memory) when it is
-contiguous, else into a temporary that is copied. All reads of one
+contiguous, else into a temporary that is copied; a slice of many short runs
+(or of a strided chunk) is read as the span that covers it, in bounded
+batches, and cut on the target's device (ckptio.dcp._spans). All reads of one
 read_data() call, over every file, form one engine plan. Items written by
 torch (torch.save archives, SAFETENSORS blobs, zstd-compressed items) and by
 ckptio are read alike. Bytes that several ranks need are read once and
@@ -36,11 +38,12 @@ from .. import _adapt, _ckptio
 from .._api import build_torch_object
 from .._ckptio import Engine
 from .._errors import CkptioError, make_error
-from . import _broadcast
+from . import _broadcast, _spans
 from ._metadata import metadata_from_bytes
 
 ZSTD_DESCRIPTOR = "stream.zstd/1"
-# Above this many runs, a slice is read as one covering range and cut in memory.
+# Above this many runs, a slice is read as the span that covers it and cut on
+# the target's device (ckptio.dcp._spans).
 MAX_RUNS = 4096
 # A step of a transform chain that libckptio applies itself (zstd).
 ZSTD_STEP = "zstd"
@@ -435,6 +438,7 @@ class FileSystemReader(_TorchFileSystemReader):
         extents: List[tuple] = []
         finish: List[Tuple[ReadItem, Any, Any]] = []  # (req, target, source to copy from or None)
         byte_reqs: List[Tuple[ReadItem, torch.Tensor, bool, str, int]] = []
+        spans: List[_spans.Span] = []
         for req in items:
             info = self.storage_data[req.storage_index]
             df = self.data_file(files, info.relative_path)
@@ -448,11 +452,13 @@ class FileSystemReader(_TorchFileSystemReader):
                 continue
             stored = self.stored_chunk(df, info, req.storage_index, cache)
             target = self.read_target(planner, req)
-            src = self.plan_slice(df, stored, req, target, extents)
+            src = self.plan_slice(df, stored, req, target, extents, spans)
             finish.append((req, target, src))
         if extents:
             _ckptio.dcp_read(extents, self.engine)
             self._data_bytes += sum(e[2] for e in extents)
+        if spans:
+            self._data_bytes += _spans.read(spans, self.engine, _spans.BUDGET)
         for req, buf, info, path in byte_reqs:
             planner.load_bytes(req, self.byte_item(buf, info, req.storage_index.fqn, path))
         for req, target, src in finish:
@@ -460,9 +466,11 @@ class FileSystemReader(_TorchFileSystemReader):
                 target.copy_(src() if callable(src) else src)
             planner.commit_tensor(req, target)
 
-    def plan_slice(self, df: _DataFile, stored: _Stored, req: ReadItem, target: torch.Tensor, extents: List):
-        """Adds the extents that bring the requested slice in; returns what must
-        then be copied into target (None when the bytes land there directly)."""
+    def plan_slice(self, df: _DataFile, stored: _Stored, req: ReadItem, target: torch.Tensor, extents: List,
+                   spans: List):
+        """Adds the extents that bring the requested slice in, or the spans
+        (ckptio.dcp._spans) that cover it; returns what must then be copied
+        into target (None when the bytes land there or the spans cut them)."""
         offs, lens = tuple(req.storage_offsets), tuple(req.lengths)
         ndim = len(stored.shape)
         if len(offs) != ndim or any(o + n > s for o, n, s in zip(offs, lens, stored.shape)):
@@ -479,20 +487,16 @@ class FileSystemReader(_TorchFileSystemReader):
             return view
         if any(n == 0 for n in lens):
             return None
+        first = stored.storage_offset + sum(o * st for o, st in zip(offs, stored.stride))
+        last = first + sum((n - 1) * st for n, st in zip(lens, stored.stride))
+        if (last + 1) * esize > stored.storage_nbytes:
+            raise _format_error(df.path, stored.base, f"slice offsets {list(offs)} lengths {list(lens)} reach "
+                                f"element {last} of a storage of {stored.storage_nbytes} bytes")
         if not stored.contiguous():
-            # A strided chunk (torch.save keeps strides): read its storage, cut in memory.
-            buf = torch.empty(stored.storage_nbytes, dtype=torch.uint8)
-            extents.append((df.file, buf.data_ptr(), stored.storage_nbytes, stored.base, _adapt.MEM_HOST))
-
-            def cut(buf=buf):
-                full = torch.empty((0,), dtype=stored.dtype)
-                full.set_(buf.untyped_storage(), 0, (buf.numel() // esize,), (1,))
-                view = full.as_strided(stored.shape, stored.stride, stored.storage_offset)
-                for d, (o, n) in enumerate(zip(offs, lens)):
-                    view = view.narrow(d, o, n)
-                return view
-
-            return cut
+            # A strided chunk (torch.save keeps strides): read the span, cut it on the target's device.
+            _spans.plan(df, stored.base, first, lens, stored.stride, esize, stored.dtype, target, spans,
+                        _spans.BUDGET)
+            return None
         # C-contiguous chunk: dims j.. are taken whole, dim j-1 partly; each
         # index over dims < j-1 gives one run of consecutive bytes.
         j = ndim
@@ -503,19 +507,10 @@ class FileSystemReader(_TorchFileSystemReader):
         outer_dims = list(range(max(j - 1, 0)))
         nruns = math.prod(lens[d] for d in outer_dims) if outer_dims else 1
         run_bytes = run_elems * esize
-        first = stored.storage_offset + sum(o * st for o, st in zip(offs, stored.stride))
         if nruns > MAX_RUNS:
-            last = first + sum((n - 1) * st for n, st in zip(lens, stored.stride))
-            span = (last - first + 1) * esize
-            buf = torch.empty(span, dtype=torch.uint8)
-            extents.append((df.file, buf.data_ptr(), span, stored.base + first * esize, _adapt.MEM_HOST))
-
-            def cut(buf=buf):
-                full = torch.empty((0,), dtype=stored.dtype)
-                full.set_(buf.untyped_storage(), 0, (buf.numel() // esize,), (1,))
-                return full.as_strided(lens, stored.stride, 0)
-
-            return cut
+            _spans.plan(df, stored.base, first, lens, stored.stride, esize, stored.dtype, target, spans,
+                        _spans.BUDGET)
+            return None
         same_dtype = target.dtype == stored.dtype
         direct = same_dtype and target.is_contiguous() and target.device.type in ("cpu", "cuda")
         dest = target if direct else torch.empty(lens, dtype=stored.dtype, device=target.device

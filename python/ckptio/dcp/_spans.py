@@ -1,0 +1,118 @@
+"""Slices read as the byte span that covers them, then cut on the target's device.
+
+A requested slice whose bytes are scattered in its stored chunk (more than
+``MAX_RUNS`` runs, e.g. half the columns of a row-sharded matrix, or any
+slice of a strided chunk) is not read run by run: the span from its first
+to its last stored element is read into a buffer on the target's device
+(the GPU for CUDA targets, through the engine's pipeline; host memory
+otherwise) and the slice is copied out there with one strided copy. Cutting
+on the GPU keeps the host out of the way: no single-threaded strided copy
+on the CPU, no pageable host-to-device transfer.
+
+The spans of one ``read_data`` are read after its other items, in batches
+of at most ``BUDGET`` bytes per device through one reused buffer, so the
+extra memory a resharded load takes is bounded (a slice is split along its
+first dimension into pieces that fit; one row wider than the budget makes a
+batch alone).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Dict, List
+
+import torch
+
+from .. import _adapt, _ckptio
+
+# Extra memory (per device) that span reads may hold at once.
+BUDGET = 1 << 30
+# Piece starts inside a buffer: any dtype can be viewed there.
+ALIGN = 64
+
+
+class Span:
+    """One piece of a slice: `nbytes` stored bytes at `offset` of `df`, which
+    hold the piece as elements `lens` with `stride` (elements) from the span's
+    first byte; copied into `target` (a view of the planner's tensor)."""
+
+    __slots__ = ("df", "offset", "nbytes", "dtype", "lens", "stride", "target")
+
+    def __init__(self, df, offset: int, nbytes: int, dtype, lens, stride, target: torch.Tensor):
+        self.df, self.offset, self.nbytes = df, offset, nbytes
+        self.dtype, self.lens, self.stride, self.target = dtype, tuple(lens), tuple(stride), target
+
+    def device(self) -> torch.device:
+        """Where the span's buffer lives: the target's GPU, else host memory."""
+        dev = self.target.device
+        return dev if dev.type == "cuda" else torch.device("cpu")
+
+
+def plan(df, base: int, first: int, lens, stride, esize: int, dtype, target: torch.Tensor, spans: List[Span],
+         budget: int) -> None:
+    """Adds the pieces of the slice whose first element is `first` (elements
+    from `base`, the stored storage's byte offset in `df`) with sizes `lens`
+    and the stored `stride`. Pieces split the dimension of the largest stride
+    (dimension 0 of a C-contiguous chunk) so each spans at most `budget` bytes
+    (at least one index of it)."""
+    d = max(range(len(lens)), key=lambda i: (lens[i] > 1, stride[i]))
+    row = (sum((n - 1) * st for i, (n, st) in enumerate(zip(lens, stride)) if i != d) + 1) * esize
+    step = stride[d] * esize
+    if step == 0:  # a broadcast dimension: every index holds the same bytes
+        per = lens[d]
+    else:
+        per = 1 if budget <= row else min(lens[d], 1 + (budget - row) // step)
+    for a in range(0, lens[d], per):
+        k = min(per, lens[d] - a)
+        sub = tuple(lens[:d]) + (k,) + tuple(lens[d + 1:])
+        spans.append(Span(df, base + (first + a * stride[d]) * esize, row + (k - 1) * step, dtype, sub, stride,
+                          target.narrow(d, a, k)))
+
+
+def _aligned(n: int) -> int:
+    return (n + ALIGN - 1) // ALIGN * ALIGN
+
+
+def _batches(spans: List[Span], budget: int) -> List[List[Span]]:
+    out: List[List[Span]] = []
+    used = budget
+    for s in spans:
+        n = _aligned(s.nbytes)
+        if used + n > budget or not out:
+            out.append([])
+            used = 0
+        out[-1].append(s)
+        used += n
+    return out
+
+
+def read(spans: List[Span], engine, budget: int) -> int:
+    """Reads every span and copies its piece into its target; returns the bytes
+    read. Batches per device through one buffer, reused: a CUDA buffer is
+    written again only after the current stream has finished cutting it."""
+    by_device: Dict[Any, List[Span]] = {}
+    for s in spans:
+        by_device.setdefault(s.device(), []).append(s)
+    total = 0
+    for dev, group in by_device.items():
+        batches = _batches(group, budget)
+        size = max(sum(_aligned(s.nbytes) for s in b) for b in batches)
+        buf = torch.empty(size, dtype=torch.uint8, device=dev)
+        kind = _adapt.MEM_CUDA if dev.type == "cuda" else _adapt.MEM_HOST
+        for batch in batches:
+            extents, at = [], 0
+            for s in batch:
+                extents.append((s.df.file, buf.data_ptr() + at, s.nbytes, s.offset, kind))
+                at += _aligned(s.nbytes)
+            if dev.type == "cuda":
+                _adapt.sync_current_stream({dev.index})  # the previous batch's cuts read this buffer
+            _ckptio.dcp_read(extents, engine)
+            total += sum(s.nbytes for s in batch)
+            at = 0
+            for s in batch:
+                typed = buf[at:at + s.nbytes].view(s.dtype)
+                s.target.copy_(typed.as_strided(s.lens, s.stride, typed.storage_offset()))
+                at += _aligned(s.nbytes)
+    return total
+
+
+__all__ = ["BUDGET", "Span", "plan", "read"]
