@@ -44,7 +44,6 @@ The caller's ``source`` object says what the segments are (duck-typed):
 
 from __future__ import annotations
 
-import errno as _errno
 from typing import Any, Dict, List, Optional, Sequence
 
 try:

@@ -254,7 +254,9 @@ static int next_op(worker *w, xop *op) {
     const int fd = e->file->fd;
     const uint64_t pos = c->pos, end = c->end;
     uint64_t take;
-    *op = (xop){.io = {.fd = fd, .buffered_fd = fd, .dir = x->dir, .buf_index = -1}, .extent = c->extent, .slot = -1};
+    *op = (xop){.io = {.fd = fd, .buffered_fd = fd, .dir = x->dir, .buf_index = -1,
+                       .turn = x->dir == CKPTIO_WRITE ? ckptio__file_write_turn(e->file) : NULL},
+                .extent = c->extent, .slot = -1};
     ckptio__io_op *io = &op->io;
     if (c->dfd < 0) {
         take = end - pos;

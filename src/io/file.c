@@ -142,6 +142,7 @@ ckptio_status ckptio_file_open(ckptio_engine *engine, const char *path, unsigned
     atomic_init(&f->direct_state, 0);
     atomic_init(&f->read_cache, 0);
     pthread_mutex_init(&f->lock, NULL);
+    pthread_mutex_init(&f->write_turn, NULL);
     f->path = ckptio__strdup(path);
     f->dir_path = dir_of(path);
     if (!f->path || !f->dir_path) {
@@ -181,6 +182,7 @@ out:
     if (f->fd >= 0) close(f->fd);
     if (f->tmp_path) unlink(f->tmp_path);
     pthread_mutex_destroy(&f->lock);
+    pthread_mutex_destroy(&f->write_turn);
     ckptio__free(f->tmp_path);
     ckptio__free(f->dir_path);
     ckptio__free(f->path);
@@ -293,7 +295,13 @@ void ckptio__file_op_init(ckptio__io_op *op, ckptio_file *file, ckptio_direction
         ckptio__read_buffered(file, offset, len))
         direct = false;
     *op = (ckptio__io_op){.fd = direct ? dfd : file->fd, .buffered_fd = file->fd, .direct = direct, .dir = dir,
-                          .buf = buf, .len = len, .need = len, .offset = offset, .buf_index = -1};
+                          .buf = buf, .len = len, .need = len, .offset = offset, .buf_index = -1,
+                          .turn = dir == CKPTIO_WRITE ? ckptio__file_write_turn(file) : NULL};
+}
+
+pthread_mutex_t *ckptio__file_write_turn(ckptio_file *file) {
+    /* O_DIRECT on tmpfs (Linux 6.6 and later) takes the same inode lock. */
+    return ckptio__file_in_memory(file) ? &file->write_turn : NULL;
 }
 
 ckptio_status ckptio__file_io(ckptio_file *file, ckptio_direction dir, void *buf, uint64_t len, uint64_t offset) {
@@ -423,6 +431,7 @@ ckptio_status ckptio_file_close(ckptio_file *f) {
         st = CKPTIO_FAIL_SYS(errno, "close", f->path, -1, "closing the file");
     ckptio__io_engine_file_ref(f->engine, -1);
     pthread_mutex_destroy(&f->lock);
+    pthread_mutex_destroy(&f->write_turn);
     ckptio__free(f->tmp_path);
     ckptio__free(f->mode_from);
     ckptio__free(f->dir_path);

@@ -11,7 +11,7 @@
  * for less keeps O_DIRECT requests aligned. */
 #define CKPTIO_MAX_RW ((uint64_t)0x7ffff000)
 
-void ckptio__io_sync(ckptio__io_op *op) {
+static void io_sync_calls(ckptio__io_op *op) {
     const ckptio__io_kind kind = op->dir == CKPTIO_READ ? CKPTIO__IO_READ : CKPTIO__IO_WRITE;
     while (op->done < op->need) {
         int fd = op->fd;
@@ -55,6 +55,12 @@ void ckptio__io_sync(ckptio__io_op *op) {
         op->done += (uint64_t)n;
         if (op->done < op->need) op->retries++;
     }
+}
+
+void ckptio__io_sync(ckptio__io_op *op) {
+    if (op->turn) pthread_mutex_lock(op->turn);
+    io_sync_calls(op);
+    if (op->turn) pthread_mutex_unlock(op->turn);
 }
 
 /* Operations finish inside submit(); the queue only hands them back in

@@ -27,9 +27,10 @@ struct ckptio__io_queue {
     unsigned fifo_head;      /* prepared operations in SQ order (pending of them) */
     int broken;              /* errno of a failed submission: submit no more */
     bool fixed;              /* buffer 0 registered */
-    unsigned nfailed;        /* operations to hand back failed */
+    unsigned nready;         /* operations finished outside the ring: failed,
+                                or written in the file's turn (io_pread.c) */
     ckptio__io_op **fifo;    /* depth entries */
-    ckptio__io_op **failed;  /* depth entries */
+    ckptio__io_op **ready;   /* depth entries */
 };
 
 /* ---- probe ------------------------------------------------------------- */
@@ -91,8 +92,8 @@ static int uring_queue_create(unsigned depth, ckptio__io_queue **out) {
     ckptio__io_queue *q = ckptio__calloc(1, sizeof *q);
     if (!q) return ENOMEM;
     q->fifo = ckptio__calloc(depth, sizeof *q->fifo);
-    q->failed = ckptio__calloc(depth, sizeof *q->failed);
-    if (!q->fifo || !q->failed) {
+    q->ready = ckptio__calloc(depth, sizeof *q->ready);
+    if (!q->fifo || !q->ready) {
         err = ENOMEM;
         goto fail;
     }
@@ -106,7 +107,7 @@ static int uring_queue_create(unsigned depth, ckptio__io_queue **out) {
     return 0;
 fail:
     ckptio__free(q->fifo);
-    ckptio__free(q->failed);
+    ckptio__free(q->ready);
     ckptio__free(q);
     return err;
 }
@@ -117,7 +118,7 @@ static void uring_queue_destroy(ckptio__io_queue *q) {
      * would not wait for requests still in the kernel. */
     io_uring_queue_exit(&q->ring);
     ckptio__free(q->fifo);
-    ckptio__free(q->failed);
+    ckptio__free(q->ready);
     ckptio__free(q);
 }
 
@@ -136,7 +137,7 @@ static int uring_register_buffer(ckptio__io_queue *q, void *buf, size_t len) {
 
 static void fail_op(ckptio__io_queue *q, ckptio__io_op *op, int err) {
     op->err = err;
-    q->failed[q->nfailed++] = op;
+    q->ready[q->nready++] = op;
 }
 
 /* Prepares the next request of `op` (its remainder) in the SQ ring. */
@@ -170,7 +171,16 @@ static void prep(ckptio__io_queue *q, ckptio__io_op *op) {
     q->pending++;
 }
 
-static void uring_submit(ckptio__io_queue *q, ckptio__io_op *op) { prep(q, op); }
+static void uring_submit(ckptio__io_queue *q, ckptio__io_op *op) {
+    /* A write that must wait for its file's turn cannot hold it across the
+     * ring: it runs here, as the pread backend runs it. */
+    if (op->turn) {
+        ckptio__io_sync(op);
+        q->ready[q->nready++] = op;
+        return;
+    }
+    prep(q, op);
+}
 
 /* Applies one completion to `op`. Returns true when the operation is
  * finished (done, end of file or failed), false when it was resubmitted. */
@@ -215,7 +225,7 @@ static bool complete(ckptio__io_queue *q, ckptio__io_op *op, int res) {
 
 static ckptio__io_op *uring_wait(ckptio__io_queue *q) {
     for (;;) {
-        if (q->nfailed) return q->failed[--q->nfailed];
+        if (q->nready) return q->ready[--q->nready];
         if (q->pending == 0 && q->in_kernel == 0) return NULL;
         if (q->pending && !q->broken) {
             int ret = io_uring_submit(&q->ring);

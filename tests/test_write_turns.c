@@ -1,0 +1,106 @@
+/*
+ * test_write_turns.c - writes to one file in memory (tmpfs) take turns: the
+ * engine's workers never have two write calls on it at once, with either
+ * backend, and the bytes land whole. A file on disk (when the test
+ * directory is not tmpfs) is written by several workers at once, which is
+ * what shows the count can see overlap.
+ */
+#include "helpers.h"
+#include "io_internal.h"
+
+#include <errno.h>
+#include <stdatomic.h>
+#include <string.h>
+#include <sys/vfs.h>
+#include <unistd.h>
+
+#ifndef TMPFS_MAGIC
+#define TMPFS_MAGIC 0x01021994
+#endif
+
+#define FILE_BYTES (4u << 20)
+
+static _Atomic int writing, most_writing;
+
+/* The fault hook runs before every write call: it counts the calls in
+ * flight and holds each a moment, so that overlapping workers show. */
+static bool count_writers(ckptio__io_kind kind, int *err, uint64_t *len) {
+    (void)err;
+    (void)len;
+    if (kind != CKPTIO__IO_WRITE) return false;
+    const int now = atomic_fetch_add(&writing, 1) + 1;
+    int most = atomic_load(&most_writing);
+    while (now > most && !atomic_compare_exchange_weak(&most_writing, &most, now)) {
+    }
+    usleep(500);
+    atomic_fetch_sub(&writing, 1);
+    return false;
+}
+
+static bool is_tmpfs(const char *dir) {
+    struct statfs sb;
+    return statfs(dir, &sb) == 0 && sb.f_type == TMPFS_MAGIC;
+}
+
+/* Writes FILE_BYTES to `path` with 4 workers in 64 KiB tasks; returns the
+ * most write calls that were in flight at once. */
+static int write_with_workers(const char *path, int backend, const unsigned char *src) {
+    ckptio_engine *e;
+    T_OK(ckptio_engine_create(&e));
+    T_OK(ckptio_engine_set(e, CKPTIO_OPT_THREADS, 4));
+    T_OK(ckptio_engine_set(e, CKPTIO_OPT_CHUNK_BYTES, 64 << 10));
+    T_OK(ckptio_engine_set(e, CKPTIO_OPT_BACKEND, backend));
+    T_OK(ckptio_engine_set(e, CKPTIO_OPT_SYNC, 0));
+    ckptio_file *f;
+    T_OK(ckptio_file_open(e, path, CKPTIO_OPEN_WRITE, &f));
+    ckptio_plan *p;
+    ckptio_extent x = {.file = f, .file_offset = 0, .length = FILE_BYTES, .memory = (void *)src,
+                       .mem_kind = CKPTIO_MEM_AUTO};
+    T_OK(ckptio_plan_create(CKPTIO_WRITE, &p));
+    T_OK(ckptio_plan_add(p, &x));
+    atomic_store(&writing, 0);
+    atomic_store(&most_writing, 0);
+    ckptio__io_set_fault_hook(count_writers);
+    T_OK(ckptio_engine_execute(e, p));
+    ckptio__io_set_fault_hook(NULL);
+    T_OK(ckptio_plan_destroy(p));
+    T_OK(ckptio_file_commit(f));
+    T_OK(ckptio_file_close(f));
+    T_OK(ckptio_engine_destroy(e));
+    size_t n;
+    unsigned char *img = t_read_file(path, &n);
+    T_ASSERT_MSG(n == FILE_BYTES && memcmp(img, src, n) == 0, "%s: the file does not hold the bytes written", path);
+    free(img);
+    unlink(path);
+    return atomic_load(&most_writing);
+}
+
+static void test_writes_to_a_tmpfs_file_take_turns(void) {
+    if (!is_tmpfs("/dev/shm") || access("/dev/shm", W_OK) != 0) t_skip("no writable tmpfs at /dev/shm");
+    unsigned char *src = malloc(FILE_BYTES);
+    T_ASSERT(src);
+    t_fill_random(src, FILE_BYTES, 17);
+    char path[96];
+    snprintf(path, sizeof path, "/dev/shm/ckptio-turns-%d.bin", (int)getpid());
+    const int backends[] = {CKPTIO_BACKEND_PREAD, CKPTIO_BACKEND_IO_URING};
+    for (size_t b = 0; b < sizeof backends / sizeof *backends; b++) {
+        if (backends[b] == CKPTIO_BACKEND_IO_URING && ckptio__io_uring_probe(NULL) != 0) {
+            printf("# io_uring not available here: its part skipped\n");
+            continue;
+        }
+        const int most = write_with_workers(path, backends[b], src);
+        T_ASSERT_MSG(most == 1, "backend %d: %d writes to one tmpfs file were in flight at once", backends[b], most);
+    }
+    if (!is_tmpfs(t_tmpdir())) {
+        const int most = write_with_workers(t_path("turns-disk.bin"), CKPTIO_BACKEND_PREAD, src);
+        T_ASSERT_MSG(most > 1, "a file on disk: %d write in flight at most; 4 workers should overlap", most);
+    } else {
+        printf("# the test directory is tmpfs too: the disk comparison skipped\n");
+    }
+    free(src);
+}
+
+int main(void) {
+    T_RUN(test_writes_to_a_tmpfs_file_take_turns);
+    return 0;
+}
