@@ -1,10 +1,12 @@
 /*
  * test_write_turns.c - writes to one file in memory (tmpfs) take turns: the
  * engine's workers never have two write calls on it at once, with either
- * backend, and the bytes land whole. A file on disk (when the test
- * directory is not tmpfs) is written by several workers at once, which is
- * what shows the count can see overlap.
+ * backend and from the GPU pipeline (simulated device), and the bytes land
+ * whole. A file on disk (when the test directory is not tmpfs) is written
+ * by several workers at once, which is what shows the count can see overlap.
  */
+#include "gpu_internal.h"
+#include "gpu_sim.h"
 #include "helpers.h"
 #include "io_internal.h"
 
@@ -75,6 +77,39 @@ static int write_with_workers(const char *path, int backend, const unsigned char
     return atomic_load(&most_writing);
 }
 
+/* The same from simulated GPU memory: the pipeline's 4 workers copy to
+ * their staging slots side by side, and their writes take turns. */
+static int write_from_gpu(const char *path, const unsigned char *src) {
+    ckptio_engine *e;
+    T_OK(ckptio_engine_create(&e));
+    T_OK(ckptio_engine_set(e, CKPTIO_OPT_THREADS, 4));
+    T_OK(ckptio_engine_set(e, CKPTIO_OPT_CHUNK_BYTES, 64 << 10));
+    T_OK(ckptio_engine_set(e, CKPTIO_OPT_STAGING_BYTES, 4 << 20));
+    T_OK(ckptio_engine_set(e, CKPTIO_OPT_SYNC, 0));
+    unsigned char *dev = ckptio__gpu_sim_device_alloc(FILE_BYTES);
+    T_ASSERT(dev);
+    memcpy(dev, src, FILE_BYTES);
+    ckptio_file *f;
+    T_OK(ckptio_file_open(e, path, CKPTIO_OPEN_WRITE, &f));
+    const ckptio_extent x = {.file = f, .file_offset = 0, .length = FILE_BYTES, .memory = dev,
+                             .mem_kind = CKPTIO_MEM_CUDA};
+    atomic_store(&writing, 0);
+    atomic_store(&most_writing, 0);
+    ckptio__io_set_fault_hook(count_writers);
+    T_OK(ckptio__gpu_execute(e, CKPTIO_WRITE, &x, 1));
+    ckptio__io_set_fault_hook(NULL);
+    T_OK(ckptio_file_commit(f));
+    T_OK(ckptio_file_close(f));
+    ckptio__gpu_sim_device_free(dev);
+    T_OK(ckptio_engine_destroy(e));
+    size_t n;
+    unsigned char *img = t_read_file(path, &n);
+    T_ASSERT_MSG(n == FILE_BYTES && memcmp(img, src, n) == 0, "%s: the file does not hold the GPU's bytes", path);
+    free(img);
+    unlink(path);
+    return atomic_load(&most_writing);
+}
+
 static void test_writes_to_a_tmpfs_file_take_turns(void) {
     if (!is_tmpfs("/dev/shm") || access("/dev/shm", W_OK) != 0) t_skip("no writable tmpfs at /dev/shm");
     unsigned char *src = malloc(FILE_BYTES);
@@ -91,9 +126,16 @@ static void test_writes_to_a_tmpfs_file_take_turns(void) {
         const int most = write_with_workers(path, backends[b], src);
         T_ASSERT_MSG(most == 1, "backend %d: %d writes to one tmpfs file were in flight at once", backends[b], most);
     }
+    ckptio__gpu_set_ops(ckptio__gpu_sim_ops());
+    ckptio__gpu_sim_configure(&(ckptio__gpu_sim_config){.copy_delay_us = 100});
+    int most = write_from_gpu(path, src);
+    T_ASSERT_MSG(most == 1, "from the GPU: %d writes to one tmpfs file were in flight at once", most);
     if (!is_tmpfs(t_tmpdir())) {
-        const int most = write_with_workers(t_path("turns-disk.bin"), CKPTIO_BACKEND_PREAD, src);
+        most = write_with_workers(t_path("turns-disk.bin"), CKPTIO_BACKEND_PREAD, src);
         T_ASSERT_MSG(most > 1, "a file on disk: %d write in flight at most; 4 workers should overlap", most);
+        most = write_from_gpu(t_path("turns-disk-gpu.bin"), src);
+        T_ASSERT_MSG(most > 1, "a file on disk from the GPU: %d write in flight at most; 4 workers should overlap",
+                     most);
     } else {
         printf("# the test directory is tmpfs too: the disk comparison skipped\n");
     }
