@@ -44,31 +44,26 @@ static bool is_tmpfs(const char *dir) {
     return statfs(dir, &sb) == 0 && sb.f_type == TMPFS_MAGIC;
 }
 
-/* Writes FILE_BYTES to `path` with 4 workers in 64 KiB tasks; returns the
- * most write calls that were in flight at once. */
-static int write_with_workers(const char *path, int backend, const unsigned char *src) {
+static ckptio_engine *four_workers(void) {
     ckptio_engine *e;
     T_OK(ckptio_engine_create(&e));
     T_OK(ckptio_engine_set(e, CKPTIO_OPT_THREADS, 4));
     T_OK(ckptio_engine_set(e, CKPTIO_OPT_CHUNK_BYTES, 64 << 10));
-    T_OK(ckptio_engine_set(e, CKPTIO_OPT_BACKEND, backend));
+    T_OK(ckptio_engine_set(e, CKPTIO_OPT_STAGING_BYTES, 4 << 20));
     T_OK(ckptio_engine_set(e, CKPTIO_OPT_SYNC, 0));
-    ckptio_file *f;
-    T_OK(ckptio_file_open(e, path, CKPTIO_OPEN_WRITE, &f));
-    ckptio_plan *p;
-    ckptio_extent x = {.file = f, .file_offset = 0, .length = FILE_BYTES, .memory = (void *)src,
-                       .mem_kind = CKPTIO_MEM_AUTO};
-    T_OK(ckptio_plan_create(CKPTIO_WRITE, &p));
-    T_OK(ckptio_plan_add(p, &x));
+    return e;
+}
+
+static void count_from_now(void) {
     atomic_store(&writing, 0);
     atomic_store(&most_writing, 0);
     ckptio__io_set_fault_hook(count_writers);
-    T_OK(ckptio_engine_execute(e, p));
+}
+
+/* Stops counting, checks that `path` holds `src` and removes it; returns
+ * the most write calls that were in flight at once. */
+static int counted_and_checked(const char *path, const unsigned char *src) {
     ckptio__io_set_fault_hook(NULL);
-    T_OK(ckptio_plan_destroy(p));
-    T_OK(ckptio_file_commit(f));
-    T_OK(ckptio_file_close(f));
-    T_OK(ckptio_engine_destroy(e));
     size_t n;
     unsigned char *img = t_read_file(path, &n);
     T_ASSERT_MSG(n == FILE_BYTES && memcmp(img, src, n) == 0, "%s: the file does not hold the bytes written", path);
@@ -77,15 +72,31 @@ static int write_with_workers(const char *path, int backend, const unsigned char
     return atomic_load(&most_writing);
 }
 
+/* Writes FILE_BYTES from host memory to `path` with 4 workers in 64 KiB
+ * tasks; returns the most write calls that were in flight at once. */
+static int write_with_workers(const char *path, int backend, const unsigned char *src) {
+    ckptio_engine *e = four_workers();
+    T_OK(ckptio_engine_set(e, CKPTIO_OPT_BACKEND, backend));
+    ckptio_file *f;
+    T_OK(ckptio_file_open(e, path, CKPTIO_OPEN_WRITE, &f));
+    ckptio_plan *p;
+    ckptio_extent x = {.file = f, .file_offset = 0, .length = FILE_BYTES, .memory = (void *)src,
+                       .mem_kind = CKPTIO_MEM_AUTO};
+    T_OK(ckptio_plan_create(CKPTIO_WRITE, &p));
+    T_OK(ckptio_plan_add(p, &x));
+    count_from_now();
+    T_OK(ckptio_engine_execute(e, p));
+    T_OK(ckptio_plan_destroy(p));
+    T_OK(ckptio_file_commit(f));
+    T_OK(ckptio_file_close(f));
+    T_OK(ckptio_engine_destroy(e));
+    return counted_and_checked(path, src);
+}
+
 /* The same from simulated GPU memory: the pipeline's 4 workers copy to
  * their staging slots side by side, and their writes take turns. */
 static int write_from_gpu(const char *path, const unsigned char *src) {
-    ckptio_engine *e;
-    T_OK(ckptio_engine_create(&e));
-    T_OK(ckptio_engine_set(e, CKPTIO_OPT_THREADS, 4));
-    T_OK(ckptio_engine_set(e, CKPTIO_OPT_CHUNK_BYTES, 64 << 10));
-    T_OK(ckptio_engine_set(e, CKPTIO_OPT_STAGING_BYTES, 4 << 20));
-    T_OK(ckptio_engine_set(e, CKPTIO_OPT_SYNC, 0));
+    ckptio_engine *e = four_workers();
     unsigned char *dev = ckptio__gpu_sim_device_alloc(FILE_BYTES);
     T_ASSERT(dev);
     memcpy(dev, src, FILE_BYTES);
@@ -93,21 +104,13 @@ static int write_from_gpu(const char *path, const unsigned char *src) {
     T_OK(ckptio_file_open(e, path, CKPTIO_OPEN_WRITE, &f));
     const ckptio_extent x = {.file = f, .file_offset = 0, .length = FILE_BYTES, .memory = dev,
                              .mem_kind = CKPTIO_MEM_CUDA};
-    atomic_store(&writing, 0);
-    atomic_store(&most_writing, 0);
-    ckptio__io_set_fault_hook(count_writers);
+    count_from_now();
     T_OK(ckptio__gpu_execute(e, CKPTIO_WRITE, &x, 1));
-    ckptio__io_set_fault_hook(NULL);
     T_OK(ckptio_file_commit(f));
     T_OK(ckptio_file_close(f));
     ckptio__gpu_sim_device_free(dev);
     T_OK(ckptio_engine_destroy(e));
-    size_t n;
-    unsigned char *img = t_read_file(path, &n);
-    T_ASSERT_MSG(n == FILE_BYTES && memcmp(img, src, n) == 0, "%s: the file does not hold the GPU's bytes", path);
-    free(img);
-    unlink(path);
-    return atomic_load(&most_writing);
+    return counted_and_checked(path, src);
 }
 
 static void test_writes_to_a_tmpfs_file_take_turns(void) {
