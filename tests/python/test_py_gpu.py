@@ -3,6 +3,8 @@
 Run on the GPU machine with `pytest tests/python`; every result is checked
 against torch / safetensors on the CPU.
 """
+import os
+
 import pytest
 import torch
 from safetensors.torch import load_file as st_load_file
@@ -50,6 +52,23 @@ def test_save_from_cuda(tmp_path, fmt):
     if fmt == "torch":
         with ckptio.open(path) as f:
             assert {s.location for s in f.storages()} == {f"cuda:{torch.cuda.current_device()}"}
+
+
+@pytest.mark.skipif(not os.path.isdir("/dev/shm") or not os.access("/dev/shm", os.W_OK), reason="needs /dev/shm")
+@pytest.mark.parametrize("fmt", ["safetensors", "torch"])
+def test_save_from_cuda_to_tmpfs(fmt):
+    """Writes to a file in memory take turns (docs/ENGINE.md): 64 MiB from the GPU by 8 workers in 1 MiB windows,
+    read back by safetensors / torch."""
+    sd = {f"t{i}": random_tensor(torch.bfloat16, (2048, 2048), seed=10 + i).cuda() for i in range(8)}
+    path = os.path.join("/dev/shm", f"ckptio-test-{os.getpid()}.{fmt}")
+    try:
+        ckptio.save(sd, path, format=fmt, engine=ckptio.Engine(threads=8, chunk_bytes=1 << 20))
+        ref = st_load_file(path) if fmt == "safetensors" else torch.load(path, map_location="cpu", weights_only=True)
+        for k, t in sd.items():
+            assert tensor_bytes(ref[k]) == tensor_bytes(t), k
+    finally:
+        if os.path.exists(path):
+            os.unlink(path)
 
 
 def test_save_waits_for_work_on_the_current_stream(tmp_path):
