@@ -129,6 +129,15 @@ static PyObject *conv_uncached(PyObject *memo, const ckptio_value *v) {
 }
 
 static PyObject *conv(PyObject *memo, const ckptio_value *v) {
+    /* Values of a fixed size need no sharing: converting them again costs
+     * what a memo lookup would (a DCP .metadata holds millions of ints). */
+    switch (ckptio_value_kind_of(v)) {
+    case CKPTIO_VALUE_NONE:
+    case CKPTIO_VALUE_BOOL:
+    case CKPTIO_VALUE_INT:
+    case CKPTIO_VALUE_FLOAT: return conv_uncached(memo, v);
+    default: break;
+    }
     PyObject *key = PyLong_FromVoidPtr((void *)v);
     if (!key) return NULL;
     PyObject *hit = PyDict_GetItem(memo, key); /* borrowed */

@@ -176,6 +176,41 @@ def test_hostile_metadata_is_refused_and_runs_nothing(tmp_path, how):
     assert marker.exists()
 
 
+def test_the_collector_is_paused_while_reading_and_left_as_it_was(tmp_path, monkeypatch):
+    """metadata_from_bytes pauses Python's cyclic collector (a large .metadata builds millions of containers)
+    and gives it back as it found it, after an error too."""
+    import gc
+
+    save({"w": torch.ones(3)}, dcp.FileSystemWriter(tmp_path / "c"))
+    data = (tmp_path / "c" / ".metadata").read_bytes()
+    from ckptio.dcp import _metadata
+
+    seen = []
+    real = _metadata._Builder.build
+
+    def build(self, node):
+        seen.append(gc.isenabled())
+        return real(self, node)
+
+    monkeypatch.setattr(_metadata._Builder, "build", build)
+    was = gc.isenabled()
+    try:
+        gc.enable()
+        metadata_from_bytes(data, "ok/.metadata")
+        assert seen and not any(seen) and gc.isenabled()
+        with pytest.raises(ckptio.CkptioError):
+            metadata_from_bytes(data[:-1], "cut/.metadata")
+        assert gc.isenabled()
+        with pytest.raises(ckptio.CkptioError):
+            metadata_from_bytes(pickle.dumps({"state_dict_metadata": {}}), "d/.metadata")
+        assert gc.isenabled()
+        gc.disable()
+        metadata_from_bytes(data, "ok/.metadata")
+        assert not gc.isenabled()
+    finally:
+        gc.enable() if was else gc.disable()
+
+
 def test_malformed_metadata(tmp_path):
     save({"w": torch.ones(3)}, dcp.FileSystemWriter(tmp_path / "c"))
     data = (tmp_path / "c" / ".metadata").read_bytes()

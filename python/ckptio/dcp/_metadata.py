@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import collections
 import dataclasses
+import gc
 import os
 import pathlib
 from typing import Any, Dict
@@ -72,7 +73,7 @@ class _Builder:
         self.keep = []  # the tree nodes memo ids refer to stay alive while building
 
     def build(self, node):
-        if node is None or isinstance(node, (bool, int, float, str, bytes)):
+        if type(node) is not tuple:  # None, bool, int, float, str, bytes: every other node is a tagged tuple
             return node
         hit = self.memo.get(id(node))
         if hit is not None:
@@ -192,14 +193,22 @@ def metadata_from_bytes(data: bytes, origin: str = "<memory>") -> _md.Metadata:
     """The Metadata pickled in `data`, read without running code. Raises
     CkptioError: E_DISALLOWED naming a global outside the allowlist,
     E_TRUNCATED / E_FORMAT for a malformed pickle or object graph."""
-    tree = _ckptio.dcp_metadata_tree(bytes(data), origin)
+    # The tree and the objects are millions of new containers for a large
+    # checkpoint, none of them garbage: the cyclic collector's passes over
+    # them took 4/5 of the time (100k chunks: 22 s with it, 5 without).
+    paused = gc.isenabled()
+    gc.disable()
     try:
+        tree = _ckptio.dcp_metadata_tree(bytes(data), origin)
         md = _Builder().build(tree)
         _check(md)
     except _Refused as e:
         raise _error(origin, str(e)) from None
     except (TypeError, ValueError, RecursionError) as e:  # unhashable keys, ...
         raise _error(origin, f"{type(e).__name__}: {e}") from None
+    finally:
+        if paused:
+            gc.enable()
     return md
 
 
