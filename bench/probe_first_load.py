@@ -14,7 +14,9 @@ For each timed load: open (CheckpointFile over the directory), python (allocatin
 tensors and building the request, i.e. get_tensors minus the C read), read (the C read, GIL released,
 until the copies are done), total; GB/s over total; CPU seconds; staging pinned after it and the process's
 anonymous memory on huge pages (with CKPTIO_GPU_HUGE_SLOTS=1: did the slots get them?). Then a
-second load in the same process, timed the same way.
+second load in the same process, timed the same way; SECOND says into what: fresh (default: the first
+load's tensors freed and torch.cuda.empty_cache(), so new memory from cudaMalloc), reuse (freed, no
+empty_cache: the allocator's cached blocks), out (into the first load's tensors).
 """
 import json
 import math
@@ -27,8 +29,9 @@ import torch
 DEV = os.environ.get("DEVICE", "cuda:0")  # DEVICE=cpu: a smoke test of this script without a GPU
 
 
-def timed_load(ckptio, d, names=None):
-    """Opens d and loads `names` (default all) to cuda:0; returns (tensors, phase seconds)."""
+def timed_load(ckptio, d, names=None, out=None):
+    """Opens d and loads `names` (default all) to cuda:0, or into the tensors `out`; returns (tensors, phase
+    seconds)."""
     t0 = time.perf_counter()
     c0 = os.times()
     f = ckptio.CheckpointFile(d, device=DEV)
@@ -48,7 +51,7 @@ def timed_load(ckptio, d, names=None):
                 spent.append(time.perf_counter() - r0)
 
     f._reader = Timed()
-    out = f.get_tensors(names)
+    out = f.get_tensors(names, out=out)
     if DEV != "cpu":
         torch.cuda.synchronize()
     t_end = time.perf_counter()
@@ -96,10 +99,15 @@ def main():
     out, row["first"] = timed_load(ckptio, d)
     row["first"]["staging_reserved_MiB"] = eng.stats()["staging_reserved"] >> 20
     row["first"]["anon_huge_MiB"] = anon_huge_mib()
-    del out
-    if DEV != "cpu":
-        torch.cuda.empty_cache()
-    out, row["second"] = timed_load(ckptio, d)
+    second = os.environ.get("SECOND", "fresh")
+    row["second_mode"] = second
+    if second == "out":  # into the first load's tensors (load(..., out=)): nothing allocated
+        _, row["second"] = timed_load(ckptio, d, out=out)
+    else:
+        del out
+        if DEV != "cpu" and second == "fresh":
+            torch.cuda.empty_cache()  # the memory goes back to the driver and comes again from cudaMalloc
+        out, row["second"] = timed_load(ckptio, d)  # "reuse": from the blocks the allocator kept
     print(json.dumps(row), flush=True)
 
 
