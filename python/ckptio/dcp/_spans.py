@@ -11,9 +11,9 @@ on the CPU, no pageable host-to-device transfer.
 
 The spans of one ``read_data`` are read after its other items, in batches
 of at most ``BUDGET`` bytes per device through one reused buffer, so the
-extra memory a resharded load takes is bounded (a slice is split along its
-first dimension into pieces that fit; one row wider than the budget makes a
-batch alone).
+extra memory a resharded load takes is bounded (a slice is split along the
+dimension of its largest stride, the first of a C-contiguous chunk, into
+pieces that fit; one index wider than the budget makes a batch alone).
 """
 
 from __future__ import annotations
