@@ -33,7 +33,7 @@ import math
 import threading
 from typing import Any, Callable, Dict, List, Mapping, NamedTuple, Optional, Sequence, Tuple, Union
 
-from . import _adapt, _ckptio, _model
+from . import _adapt, _batches, _ckptio, _model
 from ._errors import make_error
 
 # A box whose runs of consecutive bytes are at least this long is read
@@ -257,15 +257,8 @@ def make_plan(f, requests: List[List[Tuple[str, Tuple[int, ...], Tuple[int, ...]
     for s in sorted(shares, key=lambda s: (-s.nbytes, s.index)):
         s.owner = min({n.rank for n in s.needs}, key=lambda r: (load[r], r))
         load[s.owner] += s.nbytes
-    batches: List[List[_Share]] = []
-    size = 0
-    for s in shares:  # model order: the owners' reads go forward through the files
-        if not batches or (batches[-1] and size + s.nbytes > budget):
-            batches.append([])
-            size = 0
-        batches[-1].append(s)
-        size += s.nbytes
-    return Plan(direct, batches, load)
+    # Model order: the owners' reads go forward through the files.
+    return Plan(direct, _batches.by_budget(shares, lambda s: s.nbytes, budget), load)
 
 
 # ---- the engine's view of the shared tensors ---------------------------------------------------

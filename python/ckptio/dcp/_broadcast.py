@@ -34,7 +34,7 @@ import torch
 from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 from torch.distributed.checkpoint.planner import LoadItemType, LoadPlan, ReadItem
 
-from .. import _ckptio, _group_read
+from .. import _batches, _ckptio, _group_read
 
 STAMP = "ckptio.broadcast"
 ALIGN = _group_read.ALIGN
@@ -124,16 +124,9 @@ def plan_global(plans: List[LoadPlan], storage_data: Dict, state_md: Dict, budge
         seg[5] = owner
     # Storage order (file, offset): owners' reads go forward through the files.
     segments.sort(key=lambda s: (s[7].relative_path, s[7].offset, s[2]))
-    batches, cur, size = [], [], 0
-    for seg in segments:
-        if cur and size + seg[6] > budget:
-            batches.append(cur)
-            cur, size = [], 0
-        cur.append(tuple(seg[:7]))
-        size += seg[6]
-    batches.append(cur)
     # Within a batch, each owner's segments are adjacent (one broadcast per owner).
-    batches = [sorted(b, key=lambda s: s[5]) for b in batches]
+    batches = [sorted((tuple(s[:7]) for s in b), key=lambda s: s[5])
+               for b in _batches.by_budget(segments, lambda s: s[6], budget)]
     sched = {STAMP: 1, "world": world, "batches": batches}
     return [dataclasses.replace(p, storage_data=sched) for p in plans]
 

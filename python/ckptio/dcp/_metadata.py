@@ -195,8 +195,9 @@ def metadata_from_bytes(data: bytes, origin: str = "<memory>") -> _md.Metadata:
     E_TRUNCATED / E_FORMAT for a malformed pickle or object graph."""
     # The tree and the objects are millions of new containers for a large
     # checkpoint, none of them garbage: the cyclic collector's passes over
-    # them took most of the time (100k chunks on the 2-core VM: 12 s with
-    # it, under 4 s without; bench/bench_dcp_metadata.py).
+    # them took most of the time (100k chunks on the 2-core VM: 12 s before
+    # this and the tree's unshared scalars, under 4 s after;
+    # bench/bench_dcp_metadata.py).
     paused = gc.isenabled()
     gc.disable()
     try:

@@ -22,12 +22,11 @@ from typing import Any, Dict, List
 
 import torch
 
-from .. import _adapt, _ckptio
+from .. import _adapt, _batches, _ckptio
+from .._group_read import align
 
 # Extra memory (per device) that span reads may hold at once.
 BUDGET = 1 << 30
-# Piece starts inside a buffer: any dtype can be viewed there.
-ALIGN = 64
 
 
 class Span:
@@ -68,23 +67,6 @@ def plan(df, base: int, first: int, lens, stride, esize: int, dtype, target: tor
                           target.narrow(d, a, k)))
 
 
-def _aligned(n: int) -> int:
-    return (n + ALIGN - 1) // ALIGN * ALIGN
-
-
-def _batches(spans: List[Span], budget: int) -> List[List[Span]]:
-    out: List[List[Span]] = []
-    used = budget
-    for s in spans:
-        n = _aligned(s.nbytes)
-        if used + n > budget or not out:
-            out.append([])
-            used = 0
-        out[-1].append(s)
-        used += n
-    return out
-
-
 def read(spans: List[Span], engine, budget: int) -> int:
     """Reads every span and copies its piece into its target; returns the bytes
     read. Batches per device through one buffer, reused: a CUDA buffer is
@@ -94,15 +76,15 @@ def read(spans: List[Span], engine, budget: int) -> int:
         by_device.setdefault(s.device(), []).append(s)
     total = 0
     for dev, group in by_device.items():
-        batches = _batches(group, budget)
-        size = max(sum(_aligned(s.nbytes) for s in b) for b in batches)
+        batches = _batches.by_budget(group, lambda s: align(s.nbytes), budget)
+        size = max(sum(align(s.nbytes) for s in b) for b in batches)
         buf = torch.empty(size, dtype=torch.uint8, device=dev)
         kind = _adapt.MEM_CUDA if dev.type == "cuda" else _adapt.MEM_HOST
         for batch in batches:
             extents, at = [], 0
             for s in batch:
                 extents.append((s.df.file, buf.data_ptr() + at, s.nbytes, s.offset, kind))
-                at += _aligned(s.nbytes)
+                at += align(s.nbytes)
             if dev.type == "cuda":
                 _adapt.sync_current_stream({dev.index})  # the previous batch's cuts read this buffer
             _ckptio.dcp_read(extents, engine)
@@ -111,7 +93,7 @@ def read(spans: List[Span], engine, budget: int) -> int:
             for s in batch:
                 typed = buf[at:at + s.nbytes].view(s.dtype)
                 s.target.copy_(typed.as_strided(s.lens, s.stride, typed.storage_offset()))
-                at += _aligned(s.nbytes)
+                at += align(s.nbytes)
     return total
 
 
