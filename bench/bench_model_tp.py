@@ -23,8 +23,9 @@ Modes: tp (above) and replicas (every rank takes every tensor whole; aggregate G
 Cases: cold (every shard's pages dropped before each load) and warm (files in the page cache).
 Environment: GIB, MODEL_DIR (default /var/tmp/ckptio-model), MODES (tp,replicas), CASES (cold,warm), REPS
 (warm repeats, 2), COLD_REPS (cold rounds, 1; the O_DIRECT ceiling is measured before each and after the last),
-LOADERS (comma list: only the loaders whose label holds one of these, e.g. "read once"), PEERS=0 (ckptio only), VARIANTS=0 (no runs of ckptio with other settings: cold, 8 threads and
-buffered reads; warm replicas, other batch sizes).
+LOADERS (comma list: only the loaders whose label holds one of these, e.g. "read once"), PEERS=0 (ckptio only),
+VARIANTS=0 (no runs of ckptio with other settings: cold, 8 threads and buffered reads; warm replicas, other batch
+sizes).
 """
 import json
 import os
