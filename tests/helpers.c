@@ -2,6 +2,7 @@
  * helpers.c - implementation of the t_ test helpers.
  */
 #include "helpers.h"
+#include "vm_flags.h"
 
 #include <dirent.h>
 #include <errno.h>
@@ -133,27 +134,7 @@ int t_page_state(const void *p) {
     return v & 1;
 }
 
-int t_vm_flag(const void *p, const char *flag) {
-    FILE *f = fopen("/proc/self/smaps", "r");
-    if (!f) return -1;
-    char line[512];
-    int in = 0, found = -1;
-    while (fgets(line, sizeof line, f)) {
-        unsigned long lo, hi;
-        if (sscanf(line, "%lx-%lx ", &lo, &hi) == 2 && strchr(line, '-') < strchr(line, ' ')) {
-            in = (uintptr_t)p >= lo && (uintptr_t)p < hi;
-            continue;
-        }
-        if (in && strncmp(line, "VmFlags:", 8) == 0) {
-            char want[8];
-            snprintf(want, sizeof want, " %s", flag);
-            found = strstr(line, want) != NULL;
-            break;
-        }
-    }
-    fclose(f);
-    return found;
-}
+int t_vm_flag(const void *p, const char *flag) { return ckptio__test_vm_flag(p, flag); }
 
 extern char **environ;
 

@@ -6,11 +6,11 @@
  * thread so that the pipeline and the "device" really run at the same time.
  */
 #include "gpu_sim.h"
+#include "vm_flags.h"
 
 #include <errno.h>
 #include <pthread.h>
 #include <stdatomic.h>
-#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
@@ -228,32 +228,13 @@ static ckptio_status sim_pinned_alloc(size_t bytes, bool huge, void **out) {
 
 static void sim_pinned_free(void *ptr) { untrack(ptr); }
 
-/* Whether the mapping holding p is advised MADV_HUGEPAGE (VmFlags "hg"):
- * a slot of the engine's range is huge by the range's advice. */
-static bool advised_huge(const void *p) {
-    FILE *f = fopen("/proc/self/smaps", "r");
-    if (!f) return false;
-    char line[512];
-    bool inside = false, huge = false;
-    while (fgets(line, sizeof line, f)) {
-        unsigned long lo, hi;
-        if (sscanf(line, "%lx-%lx ", &lo, &hi) == 2 && strchr(line, '-') < strchr(line, ' ')) {
-            inside = (uintptr_t)p >= lo && (uintptr_t)p < hi;
-        } else if (inside && strncmp(line, "VmFlags:", 8) == 0) {
-            huge = strstr(line, " hg") != NULL;
-            break;
-        }
-    }
-    fclose(f);
-    return huge;
-}
-
 static ckptio_status sim_slot_pin(void *addr, size_t bytes) {
     pthread_mutex_lock(&lock);
     const bool refuse = config.no_register;
     pthread_mutex_unlock(&lock);
     if (refuse) return CKPTIO_E_UNSUPPORTED;
-    CKPTIO_FORWARD(pin_begin(bytes, advised_huge(addr)));
+    /* Huge when the range is advised so (VmFlags "hg"). */
+    CKPTIO_FORWARD(pin_begin(bytes, ckptio__test_vm_flag(addr, "hg") == 1));
     if (!track_at(addr, bytes, CKPTIO_MEM_PINNED)) return CKPTIO_FAIL(CKPTIO_E_NOMEM, "out of memory (simulator)");
     return CKPTIO_OK;
 }
