@@ -23,14 +23,19 @@ DEV = os.environ.get("DEVICE", "cuda:0")
 SIZE = int(float(os.environ.get("SIZE_GIB", "8")) * (1 << 30))
 
 
-def timed_save(ckptio, sd, path):
-    nbytes = sum(t.numel() * t.element_size() for t in sd.values())
+def timed(fn, nbytes):
+    """Runs fn(); its seconds, GB/s of `nbytes`, and the process's CPU seconds (user + system) and per GB."""
     c0, t0 = os.times(), time.perf_counter()
-    ckptio.save(sd, path)
+    fn()
     dt = time.perf_counter() - t0
     c1 = os.times()
-    return {"bytes": nbytes, "seconds": round(dt, 3), "GBps": round(nbytes / dt / 1e9, 2),
-            "cpu_s": round((c1.user - c0.user) + (c1.system - c0.system), 3)}
+    cpu = (c1.user - c0.user) + (c1.system - c0.system)
+    return {"bytes": nbytes, "seconds": round(dt, 3), "GBps": round(nbytes / dt / 1e9, 2), "cpu_s": round(cpu, 3),
+            "cpu_s_per_GB": round(cpu / (nbytes / 1e9), 2)}
+
+
+def timed_save(ckptio, sd, path, engine=None):
+    return timed(lambda: ckptio.save(sd, path, engine=engine), sum(t.numel() * t.element_size() for t in sd.values()))
 
 
 def main():

@@ -8,29 +8,20 @@ alternating, after one save per engine outside the timing (its staging pinned), 
 
     python3 bench/probe_tmpfs_save.py DIR          # prints one JSON line per save, then a summary
 Env: SIZE_GIB (8), DEVICE (cuda:0, or cpu: tensors in host memory), THREADS (16,8,4,2,1), ROUNDS (2).
-Each row: seconds, GB/s, CPU seconds of the process (user + system) and CPU s/GB.
+Each row: seconds, GB/s, CPU seconds of the process (user + system) and CPU s/GB; the first round's saves are
+loaded back and compared (equal).
 """
 import json
 import os
 import sys
-import time
 
 import torch
+from probe_first_save import timed, timed_save  # bench/ is the script's directory
 
 DEV = os.environ.get("DEVICE", "cuda:0")
 SIZE = int(float(os.environ.get("SIZE_GIB", "8")) * (1 << 30))
 THREADS = [int(t) for t in os.environ.get("THREADS", "16,8,4,2,1").split(",")]
 ROUNDS = int(os.environ.get("ROUNDS", "2"))
-
-
-def timed(fn, nbytes):
-    c0, t0 = os.times(), time.perf_counter()
-    fn()
-    dt = time.perf_counter() - t0
-    c1 = os.times()
-    cpu = (c1.user - c0.user) + (c1.system - c0.system)
-    return {"seconds": round(dt, 3), "GBps": round(nbytes / dt / 1e9, 2), "cpu_s": round(cpu, 2),
-            "cpu_s_per_GB": round(cpu / (nbytes / 1e9), 2)}
 
 
 def main():
@@ -52,8 +43,12 @@ def main():
     for r in range(ROUNDS):
         order = THREADS if r % 2 == 0 else THREADS[::-1]
         for t in order:
-            row = {"what": f"ckptio.save, threads={t}", "device": DEV, "round": r, "bytes": nbytes,
-                   **timed(lambda: ckptio.save(sd, path, engine=engines[t]), nbytes)}
+            row = {"what": f"ckptio.save, threads={t}", "device": DEV, "round": r,
+                   **timed_save(ckptio, sd, path, engines[t])}
+            if r == 0:  # the bytes, once per thread count
+                back = ckptio.load(path, device=DEV)
+                row["equal"] = all(torch.equal(back[k], v) for k, v in sd.items())
+                del back
             st = ckptio.last_save_stats() if hasattr(ckptio, "last_save_stats") else None
             if st is not None:
                 row["stats"] = {k: getattr(st, k) for k in ("bytes_written", "bytes_direct", "bytes_buffered")
@@ -67,7 +62,7 @@ def main():
                 f.write(memoryview(host.numpy()))
                 os.fsync(f.fileno())
 
-        row = {"what": "write() of host memory, one thread", "round": r, "bytes": nbytes, **timed(one_writer, nbytes)}
+        row = {"what": "write() of host memory, one thread", "round": r, **timed(one_writer, nbytes)}
         rows.append(row)
         print(json.dumps(row), flush=True)
         os.unlink(path)
