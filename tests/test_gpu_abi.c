@@ -91,6 +91,8 @@ int main(void) {
         {XSTR(cuEventDestroy), "cuEventDestroy_v2"},
         {XSTR(cuDevicePrimaryCtxRelease), "cuDevicePrimaryCtxRelease_v2"},
         {XSTR(cuStreamWaitValue32), "cuStreamWaitValue32_v2"},
+        {XSTR(cuMemRetainAllocationHandle), "cuMemRetainAllocationHandle"},
+        {XSTR(cuMemRelease), "cuMemRelease"},
     };
     for (size_t i = 0; i < sizeof pairs / sizeof pairs[0]; i++)
         T_ASSERT_MSG(strcmp(pairs[i][0], pairs[i][1]) == 0, "cuda.h maps to %s, the shim resolves %s", pairs[i][0],

@@ -978,6 +978,43 @@ static void test_bad_device_memory(void) {
     free(want);
 }
 
+/* Memory reserved once and mapped piece by piece (torch's expandable_segments): the driver reports each piece
+ * as an allocation of its own, and a tensor may span several. */
+static void test_device_memory_in_pieces(void) {
+    sim_reset(0);
+    const char *path = t_path("pieces.bin");
+    unsigned char *want = make_file(path, 64 * KIB, 3);
+    ckptio_engine *e = make_engine(2, 1 * MIB, 8 * MIB);
+    ckptio_file *f = NULL;
+    T_OK(ckptio_file_open(e, path, CKPTIO_OPEN_READ, &f));
+    unsigned char *dev = ckptio__gpu_sim_device_alloc_pieces(64 * KIB, 20 * KIB, true); /* 20 + 20 + 20 + 4 KiB */
+    T_ASSERT(dev != NULL);
+    ckptio_extent ex = {.file = f, .file_offset = 1000, .length = 60000, .memory = dev + 100,
+                        .mem_kind = CKPTIO_MEM_CUDA};
+    T_OK(ckptio__gpu_execute(e, CKPTIO_READ, &ex, 1));
+    T_ASSERT(memcmp(dev + 100, want + 1000, 60000) == 0);
+    /* past the last piece: the range error gives the whole mapped span */
+    ex.length = 64 * KIB - 99;
+    T_STATUS(ckptio__gpu_execute(e, CKPTIO_READ, &ex, 1), CKPTIO_E_RANGE);
+    T_MESSAGE_HAS("runs past the end of its allocation (65536 bytes");
+    ckptio__gpu_sim_device_free(dev);
+    /* cudaMalloc allocations that happen to be neighbours are not one buffer: running out of one is refused */
+    dev = ckptio__gpu_sim_device_alloc_pieces(64 * KIB, 20 * KIB, false);
+    T_ASSERT(dev != NULL);
+    ex = (ckptio_extent){.file = f, .file_offset = 0, .length = 20 * KIB + 1, .memory = dev,
+                         .mem_kind = CKPTIO_MEM_CUDA};
+    T_STATUS(ckptio__gpu_execute(e, CKPTIO_READ, &ex, 1), CKPTIO_E_RANGE);
+    T_MESSAGE_HAS("runs past the end of its allocation (20480 bytes");
+    ex.length = 20 * KIB;
+    T_OK(ckptio__gpu_execute(e, CKPTIO_READ, &ex, 1));
+    T_ASSERT(memcmp(dev, want, 20 * KIB) == 0);
+    ckptio_file_close(f);
+    ckptio__gpu_sim_device_free(dev);
+    check_sim_clean(8 * MIB);
+    T_OK(ckptio_engine_destroy(e));
+    free(want);
+}
+
 static void test_classify_and_meminfo(void) {
     unsigned char *dev = ckptio__gpu_sim_device_alloc(100);
     unsigned char host[8];
@@ -1595,6 +1632,7 @@ int main(int argc, char **argv) {
     T_RUN(test_prepare_refusals_and_failures);
     T_RUN(test_read_fails_midway);
     T_RUN(test_bad_device_memory);
+    T_RUN(test_device_memory_in_pieces);
     T_RUN(test_engine_and_safetensors);
     T_RUN(test_gds_file_sync);
     T_RUN(test_gds_stream_ordered);

@@ -124,6 +124,8 @@ static void load_driver(void) {
     OPT(cuLaunchKernel, "cuLaunchKernel")
     OPT(cuMemHostRegister, "cuMemHostRegister_v2")
     OPT(cuMemHostUnregister, "cuMemHostUnregister")
+    OPT(cuMemRetainAllocationHandle, "cuMemRetainAllocationHandle")
+    OPT(cuMemRelease, "cuMemRelease")
 #undef REQ
 #undef OPT
     CUresult r = api.cuInit(0);

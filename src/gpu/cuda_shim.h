@@ -140,6 +140,9 @@ typedef struct ckptio__cuda_api {
     CUresult (*cuModuleUnload)(CUmodule module);
     CUresult (*cuMemHostRegister)(void *p, size_t bytes, unsigned flags); /* _v2 */
     CUresult (*cuMemHostUnregister)(void *p);
+    /* Succeeds only for memory mapped with cuMemMap (CUmemGenericAllocationHandle is an unsigned long long). */
+    CUresult (*cuMemRetainAllocationHandle)(unsigned long long *handle, void *addr);
+    CUresult (*cuMemRelease)(unsigned long long handle);
     CUresult (*cuLaunchKernel)(CUfunction f, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by,
                                unsigned bz, unsigned shared_bytes, CUstream stream, void **params, void **extra);
     int driver_version;  /* cuDriverGetVersion, e.g. 12040 */

@@ -68,6 +68,17 @@ static ckptio_status cuda_mem_range(const void *ptr, uintptr_t *base, uint64_t *
     return CKPTIO_OK;
 }
 
+/* cuMemRetainAllocationHandle answers only for memory mapped with cuMemMap (not for cudaMalloc memory); the
+ * handle it retains is released at once. */
+static bool cuda_mem_mapped(const void *ptr) {
+    const ckptio__cuda_api *cu = ckptio__cuda_try();
+    if (!cu || !cu->cuMemRetainAllocationHandle || !cu->cuMemRelease) return false;
+    unsigned long long handle = 0;
+    if (cu->cuMemRetainAllocationHandle(&handle, (void *)ptr) != CUDA_SUCCESS) return false;
+    cu->cuMemRelease(handle);
+    return true;
+}
+
 static ckptio_status primary_ctx(const ckptio__cuda_api *cu, int device, CUcontext *out) {
     if (device < 0 || device >= MAX_DEVICES) return CKPTIO_FAIL(CKPTIO_E_INVAL, "CUDA device ordinal %d out of range", device);
     pthread_mutex_lock(&ctx_lock);
@@ -389,6 +400,7 @@ static const ckptio__gpu_ops cuda_ops = {
     .name = "cuda",
     .classify = cuda_classify,
     .mem_range = cuda_mem_range,
+    .mem_mapped = cuda_mem_mapped,
     .mem_info = cuda_mem_info,
     .ctx_enter = cuda_ctx_enter,
     .ctx_leave = cuda_ctx_leave,

@@ -29,6 +29,10 @@ typedef struct ckptio__gpu_ops {
     ckptio_mem_kind (*classify)(const void *ptr, int *device);
     /* Base and size of the device allocation holding ptr. */
     ckptio_status (*mem_range)(const void *ptr, uintptr_t *base, uint64_t *size);
+    /* Whether ptr lies in a piece mapped with cuMemMap into a reserved range,
+     * where pieces of one reservation lie back to back (torch's
+     * expandable_segments); false for cudaMalloc memory and on any failure. */
+    bool (*mem_mapped)(const void *ptr);
     ckptio_status (*mem_info)(int device, uint64_t *free_bytes, uint64_t *total_bytes);
     /* Makes the primary context of `device` current on this thread (pushed)
      * and pops it again. */

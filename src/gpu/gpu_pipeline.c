@@ -738,12 +738,37 @@ static void worker_main(void *arg, unsigned w) {
 
 /* ---- entry ------------------------------------------------------------------- */
 
+/* The device memory from ptr's allocation on that stays mapped without a gap, up to `want` bytes past ptr:
+ * cuMemGetAddressRange reports one physical allocation, and memory reserved once and mapped piece by piece
+ * (cuMemAddressReserve + cuMemMap: torch's expandable_segments maps 20 MiB pieces) holds tensors that span
+ * several. The walk goes on while the next piece is mapped too and starts where this one ends; cudaMalloc
+ * allocations that happen to lie back to back stay apart, so an extent running out of one is still refused. */
+static ckptio_status device_span(const ckptio__gpu_ops *ops, const void *ptr, uint64_t want, uintptr_t *base,
+                                 uint64_t *size) {
+    CKPTIO_FORWARD(ops->mem_range(ptr, base, size));
+    uintptr_t end = *base + *size;
+    const uintptr_t need = (uintptr_t)ptr + want;
+    if (end < need && ops->mem_mapped(ptr)) {
+        while (end < need) {
+            uintptr_t next = 0;
+            uint64_t len = 0;
+            /* A failure here is not reported: past the mapped memory, the caller's range error says more. */
+            if (ops->mem_range((const void *)end, &next, &len) != CKPTIO_OK || next != end || len == 0 ||
+                !ops->mem_mapped((const void *)end))
+                break;
+            end += len;
+        }
+    }
+    *size = end - *base;
+    return CKPTIO_OK;
+}
+
 static ckptio_status check_device_range(const ckptio__gpu_ops *ops, const ckptio_extent *e, size_t idx) {
     uintptr_t base = 0;
     uint64_t size = 0;
     char subject[64];
     snprintf(subject, sizeof subject, "extent %zu", idx);
-    ckptio_status st = ops->mem_range(e->memory, &base, &size);
+    ckptio_status st = device_span(ops, e->memory, e->length, &base, &size);
     if (st != CKPTIO_OK) return annotate(st, e->file, e->file_offset, "check device buffer", subject);
     if ((uintptr_t)e->memory - base > size || e->length > size - ((uintptr_t)e->memory - base))
         return CKPTIO_FAIL_CTX(CKPTIO_E_RANGE,

@@ -21,6 +21,8 @@
 typedef struct sim_alloc {
     uintptr_t base;
     size_t size;
+    uintptr_t owner;   /* the buffer it is part of (its own base, or the first piece's) */
+    bool mapped;       /* a piece of a reservation (cuMemMap), not a cudaMalloc allocation */
     ckptio_mem_kind kind;
     bool registered;   /* host memory of the caller's, page-locked by host_register */
     uint64_t inflight; /* registered: queued copies reading it */
@@ -90,11 +92,11 @@ void ckptio__gpu_sim_get_stats(ckptio__gpu_sim_stats *out) {
     pthread_mutex_unlock(&lock);
 }
 
-/* Records [p, p + bytes) as memory of `kind`; false when out of memory. */
-static bool track_at(void *p, size_t bytes, ckptio_mem_kind kind) {
+/* Records [p, p + bytes) as memory of `kind`, part of the buffer at `owner`; false when out of memory. */
+static bool track_piece(void *p, size_t bytes, ckptio_mem_kind kind, void *owner, bool mapped) {
     sim_alloc *a = ckptio__malloc(sizeof *a);
     if (!a) return false;
-    *a = (sim_alloc){.base = (uintptr_t)p, .size = bytes, .kind = kind};
+    *a = (sim_alloc){.base = (uintptr_t)p, .size = bytes, .owner = (uintptr_t)owner, .kind = kind, .mapped = mapped};
     pthread_mutex_lock(&lock);
     a->next = allocs;
     allocs = a;
@@ -106,6 +108,8 @@ static bool track_at(void *p, size_t bytes, ckptio_mem_kind kind) {
     pthread_mutex_unlock(&lock);
     return true;
 }
+
+static bool track_at(void *p, size_t bytes, ckptio_mem_kind kind) { return track_piece(p, bytes, kind, p, false); }
 
 static void *track(size_t bytes, ckptio_mem_kind kind) {
     /* 4 KiB alignment, like real pinned and device allocations. */
@@ -119,20 +123,21 @@ static void *track(size_t bytes, ckptio_mem_kind kind) {
     return p;
 }
 
-/* Forgets the record at p (the memory stays). */
+/* Forgets the records of the buffer at p, every piece (the memory stays). */
 static void untrack_at(void *p) {
     pthread_mutex_lock(&lock);
-    for (sim_alloc **pp = &allocs; *pp; pp = &(*pp)->next) {
+    for (sim_alloc **pp = &allocs; *pp;) {
         sim_alloc *a = *pp;
-        if (a->base == (uintptr_t)p) {
-            if (a->kind == CKPTIO_MEM_PINNED) {
-                stats.pinned_now -= a->size;
-                stats.pinned_frees++;
-            }
-            *pp = a->next;
-            ckptio__free(a);
-            break;
+        if (a->owner != (uintptr_t)p) {
+            pp = &a->next;
+            continue;
         }
+        if (a->kind == CKPTIO_MEM_PINNED) {
+            stats.pinned_now -= a->size;
+            stats.pinned_frees++;
+        }
+        *pp = a->next;
+        ckptio__free(a);
     }
     pthread_mutex_unlock(&lock);
 }
@@ -144,6 +149,19 @@ static void untrack(void *p) {
 }
 
 void *ckptio__gpu_sim_device_alloc(size_t bytes) { return track(bytes, CKPTIO_MEM_CUDA); }
+
+void *ckptio__gpu_sim_device_alloc_pieces(size_t bytes, size_t piece, bool mapped) {
+    unsigned char *p = ckptio__aligned_alloc(4096, bytes ? bytes : 1);
+    if (!p) return NULL;
+    memset(p, 0, bytes);
+    for (size_t at = 0; at < bytes; at += piece) {
+        if (!track_piece(p + at, bytes - at < piece ? bytes - at : piece, CKPTIO_MEM_CUDA, p, mapped)) {
+            untrack(p);
+            return NULL;
+        }
+    }
+    return p;
+}
 void ckptio__gpu_sim_device_free(void *ptr) { untrack(ptr); }
 
 static sim_alloc *find_alloc(uintptr_t p) {
@@ -174,6 +192,14 @@ static ckptio_status sim_mem_range(const void *ptr, uintptr_t *base, uint64_t *s
                                "cuMemGetAddressRange(%p): not a valid device address: CUDA_ERROR_INVALID_VALUE "
                                "(simulated)", ptr);
     return CKPTIO_OK;
+}
+
+static bool sim_mem_mapped(const void *ptr) {
+    pthread_mutex_lock(&lock);
+    const sim_alloc *a = find_alloc((uintptr_t)ptr);
+    bool mapped = a && a->kind == CKPTIO_MEM_CUDA && a->mapped;
+    pthread_mutex_unlock(&lock);
+    return mapped;
 }
 
 static ckptio_status sim_mem_info(int device, uint64_t *free_bytes, uint64_t *total_bytes) {
@@ -531,6 +557,7 @@ static const ckptio__gpu_ops sim_ops = {
     .name = "simulated", /* "cuFile cannot run on the simulated device" */
     .classify = sim_classify,
     .mem_range = sim_mem_range,
+    .mem_mapped = sim_mem_mapped,
     .mem_info = sim_mem_info,
     .ctx_enter = sim_ctx_enter,
     .ctx_leave = sim_ctx_leave,

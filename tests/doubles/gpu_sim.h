@@ -70,6 +70,10 @@ void ckptio__gpu_sim_get_stats(ckptio__gpu_sim_stats *out);
 /* Simulated device memory (device 0), zero-filled; NULL on failure. */
 void *ckptio__gpu_sim_device_alloc(size_t bytes);
 void ckptio__gpu_sim_device_free(void *ptr);
+/* As above, but the driver knows it as separate allocations of `piece` bytes back to back (the last one
+ * shorter): with `mapped`, pieces of one reservation mapped with cuMemMap (torch's expandable_segments),
+ * without, cudaMalloc allocations that happen to be neighbours. Freed with ckptio__gpu_sim_device_free. */
+void *ckptio__gpu_sim_device_alloc_pieces(size_t bytes, size_t piece, bool mapped);
 
 /* Queues fn(arg) on a simulated stream, like a kernel launch. */
 ckptio_status ckptio__gpu_sim_launch(void *stream, void (*fn)(void *arg), void *arg);

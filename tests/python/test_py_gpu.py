@@ -99,6 +99,30 @@ def test_load_into_existing_cuda_tensors_and_views(tmp_path):
     assert torch.equal(obj["view"].cpu(), base[:, ::3])
 
 
+def test_loads_and_saves_under_expandable_segments(tmp_path):
+    """Under PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True torch maps memory in 20 MiB pieces that the driver
+    reports apart, and 8 MiB tensors span two: loads into them and saves from them work (they were refused as
+    running past their allocation)."""
+    import subprocess
+    import sys
+    sd = {f"w{i}": random_tensor(torch.bfloat16, (1024, 4096), seed=i) for i in range(10)}
+    path = tmp_path / "m.safetensors"
+    st_save_file(sd, str(path))
+    code = ("import sys, torch, ckptio; from safetensors.torch import load_file\n"
+            "def raw(t): return t.cpu().reshape(-1).view(torch.uint8)  # bytes: random bf16 holds NaNs\n"
+            "got = ckptio.load(sys.argv[1], device='cuda:0'); ref = load_file(sys.argv[1])\n"
+            "assert torch.cuda.memory_snapshot()[0]['is_expandable'], 'not expandable segments'\n"
+            "assert all(torch.equal(raw(got[k]), raw(ref[k])) for k in ref), 'bytes differ'\n"
+            "out = {k: torch.empty_like(v, device='cuda:0') for k, v in ref.items()}\n"
+            "ckptio.load(sys.argv[1], device='cuda:0', out=out)\n"
+            "assert all(torch.equal(raw(out[k]), raw(ref[k])) for k in ref), 'bytes differ (out=)'\n"
+            "ckptio.save(got, sys.argv[1] + '.out', format='safetensors'); back = load_file(sys.argv[1] + '.out')\n"
+            "assert all(torch.equal(raw(back[k]), raw(ref[k])) for k in ref), 'saved bytes differ'\n")
+    env = dict(os.environ, PYTORCH_CUDA_ALLOC_CONF="expandable_segments:True")
+    r = subprocess.run([sys.executable, "-c", code, str(path)], env=env, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-2000:]
+
+
 def test_explicit_device_index_and_bad_index(tmp_path):
     path = tmp_path / "m.safetensors"
     ckptio.save({"a": torch.arange(10.0)}, path)
