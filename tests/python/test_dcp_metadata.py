@@ -186,13 +186,13 @@ def test_the_collector_is_paused_while_reading_and_left_as_it_was(tmp_path, monk
     from ckptio.dcp import _metadata
 
     seen = []
-    real = _metadata._Builder.build
+    real = _metadata._other
 
-    def build(self, node):
+    def other(cls_name, args, state):  # called from inside the C build, for TensorProperties and its parts
         seen.append(gc.isenabled())
-        return real(self, node)
+        return real(cls_name, args, state)
 
-    monkeypatch.setattr(_metadata._Builder, "build", build)
+    monkeypatch.setattr(_metadata, "_other", other)
     was = gc.isenabled()
     try:
         gc.enable()
@@ -231,6 +231,105 @@ def test_malformed_metadata(tmp_path):
     with pytest.raises(ckptio.CkptioError) as ei:
         metadata_from_bytes(bad, "f/.metadata")
     assert "torch.Size of" in str(ei.value)
+
+
+class _Reduce:
+    """Pickles as `fn(*args)`, then BUILD with `state` when given."""
+
+    def __init__(self, fn, args, state=None):
+        self.fn, self.args, self.state = fn, args, state
+
+    def __reduce__(self):
+        return (self.fn, self.args) if self.state is None else (self.fn, self.args, self.state)
+
+
+def _dict_with_attrs():
+    import collections
+
+    d = collections.OrderedDict(a=1)
+    d.extra = 2  # pickled as BUILD state on the dict
+    return d
+
+
+_CSM = "torch.distributed.checkpoint.metadata.ChunkStorageMetadata"
+
+
+@pytest.mark.parametrize("value,message", [
+    (lambda md: _Reduce(md.ChunkStorageMetadata, (1,)), _CSM + " created with arguments (1,) (pickle passes none)"),
+    (lambda md: _Reduce(md.ChunkStorageMetadata, (), [1, 2]), _CSM + " state is a list, not a dict"),
+    (lambda md: _Reduce(md.ChunkStorageMetadata, (), {"__class__": 1}), _CSM + " state has the field name '__class__'"),
+    (lambda md: _Reduce(md.ChunkStorageMetadata, (), {"not id": 1}), _CSM + " state has the field name 'not id'"),
+    (lambda md: _Reduce(md.ChunkStorageMetadata, (), {1: 2}), _CSM + " state has the field name 1"),
+    (lambda md: _Reduce(torch.Size, ((1, 2),), {"a": 1}), "torch.Size with BUILD state"),
+    (lambda md: _Reduce(torch.Size, ((1, True),)), "torch.Size of ((1, True),) (want one tuple of ints)"),
+    (lambda md: _Reduce(torch.Size, ((1,), (2,))), "torch.Size of ((1,), (2,)) (want one tuple of ints)"),
+    (lambda md: _dict_with_attrs(), "a dict with attributes (BUILD state) does not occur in DCP metadata"),
+], ids=["args", "state-list", "dunder-field", "non-identifier-field", "int-field", "size-state", "size-bool",
+        "size-two-args", "dict-attrs"])
+def test_object_graphs_metadata_does_not_have_are_refused(value, message):
+    """Allowlisted classes built the ways a .metadata never builds them: E_FORMAT naming the file and what was
+    wrong (_ckptio_pickle.c builds these objects; _metadata._other the rarer ones)."""
+    from torch.distributed.checkpoint import metadata as md
+
+    data = pickle.dumps(md.Metadata(state_dict_metadata={}, planner_data=value(md)))
+    with pytest.raises(ckptio.CkptioError) as ei:
+        metadata_from_bytes(data, "bad/.metadata")
+    assert ei.value.status_name == "E_FORMAT"
+    assert str(ei.value) == f"bad/.metadata: load DCP metadata: {message}"
+
+
+def test_a_key_missing_its_fields_is_refused():
+    """A MetadataIndex key without the fields its hash reads: E_FORMAT, not an AttributeError."""
+    from torch.distributed.checkpoint import metadata as md
+
+    key = _Reduce(md.MetadataIndex, (), {"offset": None})
+    data = pickle.dumps(md.Metadata(state_dict_metadata={}, storage_data={key: 1}))
+    with pytest.raises(ckptio.CkptioError) as ei:
+        metadata_from_bytes(data, "k/.metadata")
+    assert ei.value.status_name == "E_FORMAT" and "k/.metadata" in str(ei.value)
+    assert "'MetadataIndex' object has no attribute 'fqn'" in str(ei.value)
+
+
+def test_mutated_metadata_loads_or_fails_cleanly(tmp_path):
+    """Bytes of a real .metadata flipped, cut and inserted at random (a fixed seed): each either loads or raises
+    CkptioError (what the C fuzzers do for the parser, here through the object building as well)."""
+    import random
+
+    save({"w": torch.ones(4, 3), "b": torch.zeros(5, dtype=torch.bfloat16), "step": 3,
+          "extra": {"lr": 0.1, "name": "x"}}, dcp.FileSystemWriter(tmp_path / "c"))
+    data = (tmp_path / "c" / ".metadata").read_bytes()
+    rng = random.Random(17)
+    outcomes = {}
+    for _ in range(3000):
+        b = bytearray(data)
+        for _ in range(rng.randint(1, 4)):
+            pos, op = rng.randrange(len(b)), rng.random()
+            if op < 0.6:
+                b[pos] = rng.randrange(256)
+            elif op < 0.8:
+                del b[pos:pos + rng.randint(1, 8)]
+            else:
+                b[pos:pos] = bytes(rng.randrange(256) for _ in range(rng.randint(1, 8)))
+        try:
+            metadata_from_bytes(bytes(b), "m/.metadata")
+            outcome = "loaded"
+        except ckptio.CkptioError as e:
+            assert "m/.metadata" in str(e), e
+            outcome = e.status_name
+        outcomes[outcome] = outcomes.get(outcome, 0) + 1
+    assert outcomes.get("E_FORMAT", 0) > 100 and outcomes.get("E_DISALLOWED", 0) > 100, outcomes
+
+
+def test_shared_objects_stay_shared_and_sizes_take_lists():
+    """An object the pickle shares is one object after loading, as pickle.loads gives it; a torch.Size pickled
+    from a list (the callback's path) equals pickle.loads's."""
+    from torch.distributed.checkpoint import metadata as md
+
+    chunk = md.ChunkStorageMetadata(offsets=torch.Size([0, 0]), sizes=torch.Size([2, 3]))
+    data = pickle.dumps(md.Metadata(state_dict_metadata={}, planner_data=[chunk, chunk, _Reduce(torch.Size, ([4, 5],))]))
+    got, ref = metadata_from_bytes(data, "s/.metadata"), pickle.loads(data)
+    assert got.planner_data == ref.planner_data
+    assert got.planner_data[0] is got.planner_data[1] and type(got.planner_data[2]) is torch.Size
 
 
 # ---- torch <= 2.2 metadata ---------------------------------------------------------------------------------------

@@ -26,7 +26,7 @@ def stub_names(path):
 
 def test_extension_stub_names_every_function_and_constant():
     public = {n for n in dir(ext) if not n.startswith("_")}
-    assert {"dcp_write", "dcp_read", "dcp_verify", "dcp_metadata_tree", "DCP_ITEM_HASH"} <= public
+    assert {"dcp_write", "dcp_read", "dcp_verify", "dcp_metadata_objects", "DCP_ITEM_HASH"} <= public
     assert sorted(public - stub_names(PACKAGE / "_ckptio.pyi")) == []
 
 
