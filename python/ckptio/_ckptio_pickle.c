@@ -25,7 +25,7 @@
 /* What _metadata.py passes in (borrowed for the call). */
 typedef struct {
     PyObject *memo;        /* value address -> built object */
-    PyObject *dataclasses; /* {"module.Name": class} rebuilt as pickle rebuilds a dataclass */
+    PyObject *dataclasses; /* {"module.Name": (class, field spec)} rebuilt as pickle rebuilds a dataclass */
     PyObject *size;        /* torch.Size */
     PyObject *dtypes;      /* {"float32": torch.float32, ...} */
     PyObject *ordered;     /* collections.OrderedDict */
@@ -100,43 +100,95 @@ static PyObject *build_dict(builder *b, const ckptio_value *v) {
     return d;
 }
 
-/* cls.__new__(cls), then each field of `state` (a dict of identifiers) into its __dict__. */
-static PyObject *build_dataclass(builder *b, PyObject *cls, const char *name, PyObject *args,
+/* The name of v's type, for messages (new reference, NULL on failure). */
+static PyObject *type_name(PyObject *v) { return PyObject_GetAttrString((PyObject *)Py_TYPE(v), "__name__"); }
+
+/* Checks the fields of a built dataclass against its spec: a tuple of (field, accepted types, required, type
+ * of each item or None, what is accepted in words). Fields not in the spec are left alone (a newer torch adds
+ * some); 0, or -1 with the refusal raised. */
+static int check_fields(builder *b, const char *name, PyObject *fields, PyObject *spec) {
+    for (Py_ssize_t i = 0, n = PyTuple_Size(spec); i < n; i++) {
+        PyObject *field = NULL, *types = NULL, *item_type = NULL, *words = NULL;
+        int required = 0;
+        if (!PyArg_ParseTuple(PyTuple_GetItem(spec, i), "UOpOU", &field, &types, &required, &item_type, &words))
+            return -1;
+        PyObject *v = PyDict_GetItemWithError(fields, field); /* borrowed */
+        if (!v) {
+            if (PyErr_Occurred()) return -1;
+            if (!required) continue;
+            refuse(b, "%s lacks the field '%U'", name, field);
+            return -1;
+        }
+        int ok = PyObject_IsInstance(v, types);
+        if (ok < 0) return -1;
+        PyObject *bad = ok ? NULL : v;
+        if (ok && item_type != Py_None && (PyList_Check(v) || PyTuple_Check(v))) {
+            for (Py_ssize_t j = 0, m = PySequence_Size(v); j < m; j++) {
+                PyObject *item = PySequence_GetItem(v, j);
+                int item_ok = item ? PyObject_IsInstance(item, item_type) : -1;
+                if (item_ok == 0) {
+                    PyObject *tname = type_name(item);
+                    if (tname) refuse(b, "%s field '%U' holds a %U, not %U", name, field, tname, words);
+                    Py_XDECREF(tname);
+                }
+                Py_XDECREF(item);
+                if (item_ok != 1) return -1;
+            }
+            continue;
+        }
+        if (bad) {
+            PyObject *tname = type_name(bad);
+            if (tname) refuse(b, "%s field '%U' is a %U, not %U", name, field, tname, words);
+            Py_XDECREF(tname);
+            return -1;
+        }
+    }
+    return 0;
+}
+
+/* cls.__new__(cls), then each field of `state` (a dict of identifiers) into its __dict__, then the fields
+ * checked against `spec` (check_fields). */
+static PyObject *build_dataclass(builder *b, PyObject *cls, PyObject *spec, const char *name, PyObject *args,
                                  const ckptio_value *state_value) {
     int has_args = PyObject_IsTrue(args);
     if (has_args < 0) return NULL;
     if (has_args) return refuse(b, "%s created with arguments %R (pickle passes none)", name, args);
     PyObject *obj = PyObject_CallMethod(cls, "__new__", "O", cls);
-    if (!obj || !state_value) return obj;
-    PyObject *state = build(b, state_value), *fields = NULL, *dunder = NULL;
-    if (!state) goto fail;
-    if (!PyDict_Check(state)) {
-        PyObject *tname = PyObject_GetAttrString((PyObject *)Py_TYPE(state), "__name__");
-        if (tname) refuse(b, "%s state is a %U, not a dict", name, tname);
-        Py_XDECREF(tname);
-        goto fail;
-    }
-    if (!(fields = PyObject_GetAttrString(obj, "__dict__")) || !(dunder = PyUnicode_FromString("__"))) goto fail;
-    PyObject *k, *v;
-    Py_ssize_t pos = 0;
-    while (PyDict_Next(state, &pos, &k, &v)) {
-        int ok = PyUnicode_Check(k) && PyUnicode_IsIdentifier(k) == 1;
-        if (ok) {
-            Py_ssize_t starts = PyUnicode_Tailmatch(k, dunder, 0, PY_SSIZE_T_MAX, -1);
-            if (starts < 0) goto fail;
-            ok = !starts;
-        }
-        if (!ok) {
-            refuse(b, "%s state has the field name %R", name, k);
+    if (!obj) return NULL;
+    PyObject *state = NULL, *fields = NULL, *dunder = NULL;
+    if (!(fields = PyObject_GetAttrString(obj, "__dict__")) || !PyDict_Check(fields)) goto fail;
+    if (state_value) {
+        if (!(state = build(b, state_value))) goto fail;
+        if (!PyDict_Check(state)) {
+            PyObject *tname = type_name(state);
+            if (tname) refuse(b, "%s state is a %U, not a dict", name, tname);
+            Py_XDECREF(tname);
             goto fail;
         }
-        if (PyObject_SetItem(fields, k, v) < 0) goto fail;
+        if (!(dunder = PyUnicode_FromString("__"))) goto fail;
+        PyObject *k, *v;
+        Py_ssize_t pos = 0;
+        while (PyDict_Next(state, &pos, &k, &v)) {
+            int ok = PyUnicode_Check(k) && PyUnicode_IsIdentifier(k) == 1;
+            if (ok) {
+                Py_ssize_t starts = PyUnicode_Tailmatch(k, dunder, 0, PY_SSIZE_T_MAX, -1);
+                if (starts < 0) goto fail;
+                ok = !starts;
+            }
+            if (!ok) {
+                refuse(b, "%s state has the field name %R", name, k);
+                goto fail;
+            }
+            if (PyDict_SetItem(fields, k, v) < 0) goto fail;
+        }
     }
-    Py_DECREF(state);
+    if (check_fields(b, name, fields, spec) < 0) goto fail;
+    Py_XDECREF(state);
     Py_DECREF(fields);
-    Py_DECREF(dunder);
+    Py_XDECREF(dunder);
     return obj;
 fail:
+    if (!PyErr_Occurred()) PyErr_SetString(PyExc_TypeError, "an object's __dict__ is not a dict");
     Py_XDECREF(state);
     Py_XDECREF(fields);
     Py_XDECREF(dunder);
@@ -161,9 +213,11 @@ static PyObject *build_object(builder *b, const ckptio_value *v) {
     if (st != CKPTIO_OK) return ckpy_raise(st);
     PyObject *args = build(b, args_value);
     if (!args) return NULL;
-    PyObject *r = NULL, *cls = PyDict_GetItemString(b->dataclasses, name); /* borrowed */
-    if (cls) {
-        r = build_dataclass(b, cls, name, args, state_value);
+    PyObject *r = NULL, *entry = PyDict_GetItemString(b->dataclasses, name); /* borrowed: (class, spec) */
+    if (entry) {
+        PyObject *cls = NULL, *spec = NULL;
+        if (PyArg_ParseTuple(entry, "OO!", &cls, &PyTuple_Type, &spec))
+            r = build_dataclass(b, cls, spec, name, args, state_value);
     } else if (state_value && strcmp(name, "torch.distributed.checkpoint.metadata.TensorProperties") != 0) {
         refuse(b, "%s with BUILD state", name);
     } else if (strcmp(name, "torch.Size") == 0 && (r = build_size(b, args))) {

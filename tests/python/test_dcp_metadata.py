@@ -16,7 +16,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 import torch.distributed.checkpoint as dcp  # noqa: E402
-from torch.distributed.checkpoint.filesystem import SerializationFormat  # noqa: E402
+from torch.distributed.checkpoint.filesystem import SerializationFormat, _StorageInfo  # noqa: E402
 
 import ckptio  # noqa: E402
 import ckptio.dcp as cdcp  # noqa: E402
@@ -278,16 +278,69 @@ def test_object_graphs_metadata_does_not_have_are_refused(value, message):
     assert str(ei.value) == f"bad/.metadata: load DCP metadata: {message}"
 
 
-def test_a_key_missing_its_fields_is_refused():
-    """A MetadataIndex key without the fields its hash reads: E_FORMAT, not an AttributeError."""
+_SI = "torch.distributed.checkpoint.filesystem._StorageInfo"
+_TSM = "torch.distributed.checkpoint.metadata.TensorStorageMetadata"
+
+
+def _with_chunk(md, chunk, size=torch.Size([4, 3])):
+    props = md.TensorProperties(dtype=torch.float32)
+    return md.Metadata(state_dict_metadata={"w": _Reduce(md.TensorStorageMetadata, (), {
+        "properties": props, "size": size, "chunks": [chunk]})})
+
+
+@pytest.mark.parametrize("make,message", [
+    (lambda md: md.Metadata(state_dict_metadata={}, storage_data={_Reduce(md.MetadataIndex, (), {"offset": None}): 1}),
+     "torch.distributed.checkpoint.metadata.MetadataIndex lacks the field 'fqn'"),
+    (lambda md: _with_chunk(md, _Reduce(md.ChunkStorageMetadata, (), {"offsets": torch.Size([0, 0])})),
+     _CSM + " lacks the field 'sizes'"),
+    (lambda md: _with_chunk(md, md.ChunkStorageMetadata(offsets=torch.Size([0, 0]), sizes=torch.Size([4, 3])),
+                            size="big"), _TSM + " field 'size' is a str, not a torch.Size"),
+    (lambda md: _with_chunk(md, {"offsets": 1}), _TSM + " field 'chunks' holds a dict, not a list of ChunkStorageMetadata"),
+    (lambda md: md.Metadata(state_dict_metadata={}, storage_data={
+        md.MetadataIndex("w"): _Reduce(_StorageInfo, (), {"relative_path": "__0_0.distcp", "offset": 0})}),
+     _SI + " lacks the field 'length'"),
+    (lambda md: md.Metadata(state_dict_metadata={}, storage_data={
+        md.MetadataIndex("w"): _Reduce(_StorageInfo, (), {"relative_path": 7, "offset": 0, "length": 1})}),
+     _SI + " field 'relative_path' is a int, not a str"),
+    (lambda md: _Reduce(md.Metadata, (), {"planner_data": None}),
+     "torch.distributed.checkpoint.metadata.Metadata lacks the field 'state_dict_metadata'"),
+], ids=["key-without-fqn", "chunk-without-sizes", "size-a-str", "chunks-of-dicts", "storage-without-length",
+        "path-an-int", "no-state-dict-metadata"])
+def test_dataclass_fields_are_checked(make, message):
+    """Each dataclass's fields are there and of the right types, or E_FORMAT names the class and the field
+    (before, such a file failed later, with an AttributeError or TypeError inside torch's planner)."""
     from torch.distributed.checkpoint import metadata as md
 
-    key = _Reduce(md.MetadataIndex, (), {"offset": None})
-    data = pickle.dumps(md.Metadata(state_dict_metadata={}, storage_data={key: 1}))
+    data = pickle.dumps(make(md))
     with pytest.raises(ckptio.CkptioError) as ei:
         metadata_from_bytes(data, "k/.metadata")
-    assert ei.value.status_name == "E_FORMAT" and "k/.metadata" in str(ei.value)
-    assert "'MetadataIndex' object has no attribute 'fqn'" in str(ei.value)
+    assert ei.value.status_name == "E_FORMAT"
+    assert str(ei.value) == f"k/.metadata: load DCP metadata: {message}"
+
+
+def test_a_reader_refuses_a_chunk_without_sizes(tmp_path):
+    """Through ckptio.dcp.FileSystemReader: the same E_FORMAT, naming the file; torch's dcp.load carries that
+    message in the error it raises (it wraps a reader's failure in its CheckpointException)."""
+    from torch.distributed.checkpoint import metadata as md
+
+    save({"w": torch.ones(4, 3)}, dcp.FileSystemWriter(tmp_path / "c"))
+    meta = tmp_path / "c" / ".metadata"
+    good = pickle.loads(meta.read_bytes())
+    tsm = good.state_dict_metadata["w"]
+    bad = md.Metadata(state_dict_metadata={"w": _Reduce(md.TensorStorageMetadata, (), {
+        "properties": tsm.properties, "size": tsm.size,
+        "chunks": [_Reduce(md.ChunkStorageMetadata, (), {"offsets": torch.Size([0, 0])})]})},
+        storage_data=good.storage_data)
+    meta.write_bytes(pickle.dumps(bad))
+    with pytest.raises(ckptio.CkptioError) as ei:
+        cdcp.FileSystemReader(tmp_path / "c").read_metadata()
+    assert ei.value.status_name == "E_FORMAT" and str(meta) in str(ei.value)
+    assert str(ei.value).endswith(f"{_CSM} lacks the field 'sizes'")
+    from torch.distributed.checkpoint.api import CheckpointException  # a BaseException
+
+    with pytest.raises(CheckpointException) as ei:
+        dcp.load({"w": torch.zeros(4, 3)}, storage_reader=cdcp.FileSystemReader(tmp_path / "c"))
+    assert f"{meta}: load DCP metadata: {_CSM} lacks the field 'sizes'" in str(ei.value)
 
 
 def test_mutated_metadata_loads_or_fails_cleanly(tmp_path):

@@ -31,6 +31,7 @@ import dataclasses
 import gc
 import os
 import pathlib
+from typing import Optional
 
 import torch
 from torch.distributed.checkpoint import metadata as _md
@@ -40,16 +41,49 @@ from .. import _ckptio
 from .._errors import make_error
 
 _MD = "torch.distributed.checkpoint.metadata."
+_NONE = type(None)
+
+
+def _field(name: str, types: tuple, words: str, *, required: bool = True, items: Optional[type] = None):
+    """A field a dataclass's state must give (required) or may give, the types it may have ("words" says them
+    in an error) and, for a list or tuple, the type of each item."""
+    return (name, types, required, items, words)
+
+
 # Classes whose instances are rebuilt as pickle does for a dataclass:
-# cls.__new__(cls) (NEWOBJ with no arguments), then BUILD updates __dict__.
+# cls.__new__(cls) (NEWOBJ with no arguments), then BUILD updates __dict__;
+# then the fields below are checked (other fields, which a newer torch may
+# add, are kept as they are). So a .metadata missing a chunk's sizes is an
+# E_FORMAT naming the class and field, not an AttributeError in torch's planner.
 _DATACLASSES = {
-    _MD + "Metadata": _md.Metadata,
-    _MD + "TensorStorageMetadata": _md.TensorStorageMetadata,
-    _MD + "BytesStorageMetadata": _md.BytesStorageMetadata,
-    _MD + "ChunkStorageMetadata": _md.ChunkStorageMetadata,
-    _MD + "MetadataIndex": _md.MetadataIndex,
-    _MD + "StorageMeta": _md.StorageMeta,
-    "torch.distributed.checkpoint.filesystem._StorageInfo": _StorageInfo,
+    _MD + "Metadata": (_md.Metadata, (
+        _field("state_dict_metadata", (dict,), "a dict"),
+        _field("storage_data", (dict, _NONE), "a dict or None", required=False),
+        _field("storage_meta", (_md.StorageMeta, _NONE), "a StorageMeta or None", required=False),
+        _field("version", (str, _NONE), "a str or None", required=False))),
+    _MD + "TensorStorageMetadata": (_md.TensorStorageMetadata, (
+        _field("properties", (_md.TensorProperties,), "a TensorProperties"),
+        _field("size", (torch.Size,), "a torch.Size"),
+        _field("chunks", (list,), "a list of ChunkStorageMetadata", items=_md.ChunkStorageMetadata))),
+    _MD + "BytesStorageMetadata": (_md.BytesStorageMetadata, ()),
+    _MD + "ChunkStorageMetadata": (_md.ChunkStorageMetadata, (
+        _field("offsets", (torch.Size,), "a torch.Size"),
+        _field("sizes", (torch.Size,), "a torch.Size"))),
+    _MD + "MetadataIndex": (_md.MetadataIndex, (
+        _field("fqn", (str,), "a str"),
+        _field("offset", (torch.Size, _NONE), "a torch.Size or None", required=False),
+        _field("index", (int, _NONE), "an int or None", required=False))),
+    _MD + "StorageMeta": (_md.StorageMeta, (
+        _field("checkpoint_id", (str, pathlib.PurePath, _NONE), "a str, a path or None", required=False),
+        _field("save_id", (str, _NONE), "a str or None", required=False),
+        _field("load_id", (str, _NONE), "a str or None", required=False),
+        _field("modules", (list,), "a list of str", required=False, items=str))),
+    "torch.distributed.checkpoint.filesystem._StorageInfo": (_StorageInfo, (
+        _field("relative_path", (str,), "a str"),
+        _field("offset", (int,), "an int"),
+        _field("length", (int,), "an int"),
+        _field("transform_descriptors", (list, tuple, _NONE), "a list of str or None", required=False,
+               items=str))),
 }
 _LAYOUTS = {str(layout): layout for layout in (torch.strided, torch.sparse_coo, torch.sparse_csr, torch.sparse_csc,
                                                 torch.sparse_bsr, torch.sparse_bsc, torch._mkldnn)}
