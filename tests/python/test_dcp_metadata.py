@@ -318,6 +318,31 @@ def test_dataclass_fields_are_checked(make, message):
     assert str(ei.value) == f"k/.metadata: load DCP metadata: {message}"
 
 
+@pytest.mark.parametrize("offsets,sizes,shown", [
+    ([-2, 0], [4, 3], "chunk 0 at offsets [-2, 0] with sizes [4, 3]"),
+    ([0, 0], [8, 3], "chunk 0 at offsets [0, 0] with sizes [8, 3]"),
+    ([0], [4], "chunk 0 at offsets [0] with sizes [4]"),
+    ([1, 0], [-1, 3], "chunk 0 at offsets [1, 0] with sizes [-1, 3]"),
+], ids=["negative-offset", "past-the-end", "wrong-rank", "negative-size"])
+def test_chunks_outside_their_tensor_are_refused(tmp_path, offsets, sizes, shown):
+    """A chunk must lie inside its tensor. torch's planner places chunks by their offsets unchecked: with a
+    negative offset, dcp.load through the reader put rows 2-3 of the file into rows 0-1, without an error."""
+    from torch.distributed.checkpoint import metadata as md
+
+    save({"w": torch.arange(12.0).reshape(4, 3)}, dcp.FileSystemWriter(tmp_path / "c"))
+    meta = tmp_path / "c" / ".metadata"
+    m = pickle.loads(meta.read_bytes())
+    info = next(iter(m.storage_data.values()))
+    chunk = m.state_dict_metadata["w"].chunks[0]
+    chunk.offsets, chunk.sizes = torch.Size(offsets), torch.Size(sizes)
+    m.storage_data = {md.MetadataIndex("w", torch.Size(offsets)): info}
+    meta.write_bytes(pickle.dumps(m))
+    with pytest.raises(ckptio.CkptioError) as ei:
+        cdcp.FileSystemReader(tmp_path / "c").read_metadata()
+    assert ei.value.status_name == "E_FORMAT"
+    assert str(ei.value) == f"{meta}: load DCP metadata: tensor 'w' of size [4, 3]: {shown} does not lie inside it"
+
+
 def test_a_reader_refuses_a_chunk_without_sizes(tmp_path):
     """Through ckptio.dcp.FileSystemReader: the same E_FORMAT, naming the file; torch's dcp.load carries that
     message in the error it raises (it wraps a reader's failure in its CheckpointException)."""

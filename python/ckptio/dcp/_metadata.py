@@ -155,6 +155,21 @@ def _tensor_properties(args, state):
     return obj
 
 
+def _check_chunks(fqn, tsm) -> None:
+    """Every chunk of a tensor has its rank and lies inside it: torch's planner places a chunk by its offsets
+    and does not check them (a negative offset loaded other rows into the tensor, without an error)."""
+    shape = tsm.size
+    nd = len(shape)
+    if any(n < 0 for n in shape):
+        raise _Refused(f"tensor {fqn!r} has the size {list(shape)}")
+    for i, c in enumerate(tsm.chunks):
+        offsets, sizes = c.offsets, c.sizes
+        if len(offsets) != nd or len(sizes) != nd or not all(
+                0 <= o and 0 <= n and o + n <= m for o, n, m in zip(offsets, sizes, shape)):
+            raise _Refused(f"tensor {fqn!r} of size {list(shape)}: chunk {i} at offsets {list(offsets)} with sizes "
+                           f"{list(sizes)} does not lie inside it")
+
+
 def _check(md) -> None:
     if not isinstance(md, _md.Metadata):
         raise _Refused(f"the pickled object is a {type(md).__name__}, not a Metadata")
@@ -162,7 +177,9 @@ def _check(md) -> None:
     if not isinstance(sdm, dict):
         raise _Refused("Metadata.state_dict_metadata is missing or not a dict")
     for fqn, item in sdm.items():
-        if not isinstance(item, (_md.TensorStorageMetadata, _md.BytesStorageMetadata)):
+        if isinstance(item, _md.TensorStorageMetadata):
+            _check_chunks(fqn, item)
+        elif not isinstance(item, _md.BytesStorageMetadata):
             raise _Refused(f"state_dict_metadata[{fqn!r}] is a {type(item).__name__}")
     sd = md.__dict__.get("storage_data")
     if sd is not None and not isinstance(sd, dict):
