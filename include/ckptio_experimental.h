@@ -216,6 +216,23 @@ CKPTIO_API ckptio_status ckptio_dcp_file_open(ckptio_engine *engine, const char 
 /* Dimensions a stored DCP tensor may have (torch allows 64 at most too). */
 #define CKPTIO_DCP_MAX_NDIM 64
 
+/*! ckptio_dcp_check_chunks() :
+ * Checks the chunks one tensor of a DCP .metadata was saved in, as
+ * ckptio_dcp_open() and ckptio_dcp_check() check a directory's: each lies
+ * inside the tensor, and together they tile it exactly, no gap and no
+ * overlap (in O(chunks x ndim): dcp_tiling.c). torch's planner places chunks
+ * by their offsets without such a check; ckptio.dcp's reader calls this for
+ * every tensor of the .metadata it loads.
+ * @param path names the file in errors (may be NULL); fqn the tensor.
+ * @param shape ndim sizes (ndim <= CKPTIO_DCP_MAX_NDIM).
+ * @param offsets, sizes nchunks x ndim values, chunk after chunk.
+ * @return CKPTIO_OK; CKPTIO_E_FORMAT naming the tensor and the chunk outside
+ *   it, two overlapping chunks, or the gap; CKPTIO_E_INVAL for a NULL fqn or
+ *   arrays. */
+CKPTIO_API ckptio_status ckptio_dcp_check_chunks(const char *path, const char *fqn, uint32_t ndim,
+                                                 const int64_t *shape, size_t nchunks, const int64_t *offsets,
+                                                 const int64_t *sizes);
+
 /* The parsed header of a stored tensor item: a torch.save archive of one
  * tensor, or a SAFETENSORS blob holding the tensors of a data file. */
 typedef struct ckptio_dcp_header ckptio_dcp_header;

@@ -334,12 +334,49 @@ static PyObject *dcp_metadata_objects(PyObject *self, PyObject *args) {
     return r;
 }
 
+/* dcp_check_chunks(origin, fqn, shape, nchunks, offsets, sizes): ckptio_dcp_check_chunks on one tensor's chunks,
+ * offsets and sizes given as native int64 bytes (array('q').tobytes()), nchunks x len(shape) each. */
+static PyObject *dcp_check_chunks(PyObject *self, PyObject *args) {
+    (void)self;
+    const char *origin = NULL, *fqn = NULL;
+    PyObject *shape = NULL, *offsets = NULL, *sizes = NULL;
+    Py_ssize_t nchunks = 0;
+    if (!PyArg_ParseTuple(args, "zsO!nSS:dcp_check_chunks", &origin, &fqn, &PyTuple_Type, &shape, &nchunks, &offsets,
+                          &sizes))
+        return NULL;
+    const Py_ssize_t nd = PyTuple_Size(shape);
+    int64_t dims[CKPTIO_DCP_MAX_NDIM];
+    for (Py_ssize_t d = 0; d < nd && d < CKPTIO_DCP_MAX_NDIM; d++) {
+        dims[d] = PyLong_AsLongLong(PyTuple_GetItem(shape, d));
+        if (dims[d] == -1 && PyErr_Occurred()) return NULL;
+    }
+    const Py_ssize_t want = nchunks * (nd < CKPTIO_DCP_MAX_NDIM ? nd : 0) * (Py_ssize_t)sizeof(int64_t);
+    if (nchunks < 0 || (nd <= CKPTIO_DCP_MAX_NDIM && (PyBytes_Size(offsets) != want || PyBytes_Size(sizes) != want))) {
+        PyErr_Format(PyExc_ValueError, "dcp_check_chunks: %zd chunks of %zd dimensions want %zd bytes of each",
+                     nchunks, nd, want);
+        return NULL;
+    }
+    int64_t *buf = PyMem_Malloc((size_t)want * 2 + 1); /* bytes objects' data need not be 8-byte aligned */
+    if (!buf) return PyErr_NoMemory();
+    memcpy(buf, PyBytes_AsString(offsets), (size_t)want);
+    memcpy((char *)buf + want, PyBytes_AsString(sizes), (size_t)want);
+    const ckptio_status st = ckptio_dcp_check_chunks(origin, fqn, (uint32_t)nd, dims, (size_t)nchunks, buf,
+                                                     (const int64_t *)((char *)buf + want));
+    PyMem_Free(buf);
+    if (st != CKPTIO_OK) return ckpy_raise(st);
+    Py_RETURN_NONE;
+}
+
 static PyMethodDef pickle_methods[] = {
     {"dcp_metadata_objects", dcp_metadata_objects, METH_VARARGS,
      "dcp_metadata_objects(data: bytes, origin: str | None, dataclasses: dict, size: type, dtypes: dict,\n"
      "ordered: type, refused: type, other: callable) -> the object a DCP .metadata pickle holds, read by the\n"
      "restricted unpickler (no code runs). Raises CkptioError E_DISALLOWED naming a global outside the\n"
      "allowlist, `refused` for an object graph DCP metadata does not have."},
+    {"dcp_check_chunks", dcp_check_chunks, METH_VARARGS,
+     "dcp_check_chunks(origin: str | None, fqn: str, shape: tuple, nchunks: int, offsets: bytes, sizes: bytes)\n"
+     "-> None: the tensor's chunks lie inside it and tile it exactly (ckptio_dcp_check_chunks), or CkptioError\n"
+     "E_FORMAT. offsets and sizes: nchunks x len(shape) native int64 values each."},
     {NULL, NULL, 0, NULL}};
 
 int ckpy_pickle_add_to_module(PyObject *module);

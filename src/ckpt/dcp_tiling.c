@@ -121,9 +121,10 @@ static bool find_overlap(const ckptio__dcp_tensor *t, size_t *a, size_t *b) {
     return found;
 }
 
-ckptio_status ckptio__dcp_check_tiling(const ckptio_dcp *h, const ckptio__dcp_tensor *t) {
+/* The check itself; errors name `path` and the tensor's fqn. */
+static ckptio_status check_tiling(const char *path, const ckptio__dcp_tensor *t) {
     const uint32_t nd = t->ndim;
-    const ckptio__err_ctx ctx = {.path = h->md_path, .file_offset = -1, .subject = t->fqn};
+    const ckptio__err_ctx ctx = {.path = path, .file_offset = -1, .subject = t->fqn};
     uint64_t total = 0;
     for (size_t c = 0; c < t->nchunks; c++) {
         uint64_t vol = 1;
@@ -151,4 +152,42 @@ ckptio_status ckptio__dcp_check_tiling(const ckptio_dcp *h, const ckptio__dcp_te
     }
     return CKPTIO_FAIL_CTX(CKPTIO_E_FORMAT, &ctx, "the %zu chunks cover %llu of the tensor's %llu elements (a gap)",
                            t->nchunks, (unsigned long long)total, (unsigned long long)t->numel);
+}
+
+ckptio_status ckptio__dcp_check_tiling(const ckptio_dcp *h, const ckptio__dcp_tensor *t) {
+    return check_tiling(h->md_path, t);
+}
+
+ckptio_status ckptio_dcp_check_chunks(const char *path, const char *fqn, uint32_t ndim, const int64_t *shape,
+                                      size_t nchunks, const int64_t *offsets, const int64_t *sizes) {
+    CKPTIO_RETURN_IF(!fqn || (ndim && !shape) || (nchunks && ndim && (!offsets || !sizes)), CKPTIO_E_INVAL,
+                     "ckptio_dcp_check_chunks: fqn, shape, offsets and sizes are required");
+    char subj[256];
+    snprintf(subj, sizeof subj, "state_dict_metadata['%s']", fqn);
+    const ckptio__err_ctx ctx = {.path = path, .file_offset = -1, .subject = subj};
+    if (ndim > CKPTIO_DCP_MAX_NDIM)
+        return CKPTIO_FAIL_CTX(CKPTIO_E_FORMAT, &ctx, "the tensor has %u dimensions (at most %u)", ndim,
+                               (unsigned)CKPTIO_DCP_MAX_NDIM);
+    uint64_t numel = 1;
+    for (uint32_t d = 0; d < ndim; d++) {
+        if (shape[d] < 0) return CKPTIO_FAIL_CTX(CKPTIO_E_FORMAT, &ctx, "size[%u] is %lld", d, (long long)shape[d]);
+        if (ckptio__mul_overflows(numel, (uint64_t)shape[d], &numel))
+            return CKPTIO_FAIL_CTX(CKPTIO_E_FORMAT, &ctx, "the number of elements overflows 64 bits");
+    }
+    /* Inside the tensor (as ckptio_dcp_open checks a directory's chunks), which the tiling's arithmetic needs. */
+    for (size_t c = 0; c < nchunks; c++)
+        for (uint32_t d = 0; d < ndim; d++) {
+            const int64_t off = offsets[c * ndim + d], size = sizes[c * ndim + d];
+            if (off < 0 || size < 0 || off > shape[d] || size > shape[d] - off)
+                return CKPTIO_FAIL_CTX(CKPTIO_E_FORMAT, &ctx,
+                                       "chunk %zu spans [%lld, %lld) in dimension %u, outside the tensor's size %lld",
+                                       c, (long long)off, (long long)off + (long long)size, d, (long long)shape[d]);
+        }
+    static const int64_t none[1]; /* a scalar's or a chunkless tensor's arrays may be NULL: no arithmetic on NULL */
+    shape = shape ? shape : none;
+    offsets = offsets ? offsets : none;
+    sizes = sizes ? sizes : none;
+    const ckptio__dcp_tensor t = {.fqn = subj, .ndim = ndim, .shape = (int64_t *)shape, .numel = numel,
+                                  .nchunks = nchunks, .offsets = (int64_t *)offsets, .sizes = (int64_t *)sizes};
+    return check_tiling(path, &t);
 }

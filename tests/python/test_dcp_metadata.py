@@ -318,15 +318,17 @@ def test_dataclass_fields_are_checked(make, message):
     assert str(ei.value) == f"k/.metadata: load DCP metadata: {message}"
 
 
-@pytest.mark.parametrize("offsets,sizes,shown", [
-    ([-2, 0], [4, 3], "chunk 0 at offsets [-2, 0] with sizes [4, 3]"),
-    ([0, 0], [8, 3], "chunk 0 at offsets [0, 0] with sizes [8, 3]"),
-    ([0], [4], "chunk 0 at offsets [0] with sizes [4]"),
-    ([1, 0], [-1, 3], "chunk 0 at offsets [1, 0] with sizes [-1, 3]"),
-], ids=["negative-offset", "past-the-end", "wrong-rank", "negative-size"])
-def test_chunks_outside_their_tensor_are_refused(tmp_path, offsets, sizes, shown):
-    """A chunk must lie inside its tensor. torch's planner places chunks by their offsets unchecked: with a
-    negative offset, dcp.load through the reader put rows 2-3 of the file into rows 0-1, without an error."""
+@pytest.mark.parametrize("offsets,sizes,said", [
+    ([-2, 0], [4, 3], "state_dict_metadata['w']: chunk 0 spans [-2, 2) in dimension 0, outside the tensor's size 4"),
+    ([0, 0], [8, 3], "state_dict_metadata['w']: chunk 0 spans [0, 8) in dimension 0, outside the tensor's size 4"),
+    ([1, 0], [-1, 3], "state_dict_metadata['w']: chunk 0 spans [1, 0) in dimension 0, outside the tensor's size 4"),
+    ([0, 0], [2, 3], "state_dict_metadata['w']: the 1 chunks cover 6 of the tensor's 12 elements (a gap)"),
+    ([0], [4], "load DCP metadata: state_dict_metadata['w']: chunk 0 has 1 offsets and 1 sizes for a 2-d tensor"),
+], ids=["negative-offset", "past-the-end", "negative-size", "gap", "wrong-rank"])
+def test_chunks_that_do_not_tile_their_tensor_are_refused(tmp_path, offsets, sizes, said):
+    """A tensor's chunks must lie inside it and tile it (the check `ckptio verify` makes, ckptio_dcp_check_chunks).
+    torch's planner places chunks by their offsets unchecked: through the reader, dcp.load put rows 2-3 of the file
+    into rows 0-1 for a negative offset, and left rows 2-3 as they were for a chunk of 2 rows, without an error."""
     from torch.distributed.checkpoint import metadata as md
 
     save({"w": torch.arange(12.0).reshape(4, 3)}, dcp.FileSystemWriter(tmp_path / "c"))
@@ -340,7 +342,20 @@ def test_chunks_outside_their_tensor_are_refused(tmp_path, offsets, sizes, shown
     with pytest.raises(ckptio.CkptioError) as ei:
         cdcp.FileSystemReader(tmp_path / "c").read_metadata()
     assert ei.value.status_name == "E_FORMAT"
-    assert str(ei.value) == f"{meta}: load DCP metadata: tensor 'w' of size [4, 3]: {shown} does not lie inside it"
+    assert str(ei.value) == f"{meta}: {said}"
+
+
+def test_overlapping_chunks_are_refused():
+    """Two chunks covering the same rows (and so a gap elsewhere, or more elements than the tensor has)."""
+    from torch.distributed.checkpoint import metadata as md
+
+    half = md.ChunkStorageMetadata(offsets=torch.Size([0, 0]), sizes=torch.Size([2, 3]))
+    again = md.ChunkStorageMetadata(offsets=torch.Size([1, 0]), sizes=torch.Size([3, 3]))
+    tsm = md.TensorStorageMetadata(properties=md.TensorProperties(dtype=torch.float32), size=torch.Size([4, 3]),
+                                   chunks=[half, again])
+    with pytest.raises(ckptio.CkptioError) as ei:
+        metadata_from_bytes(pickle.dumps(md.Metadata(state_dict_metadata={"w": tsm})), "o/.metadata")
+    assert str(ei.value) == "o/.metadata: state_dict_metadata['w']: chunks 0 and 1 overlap"
 
 
 def test_a_reader_refuses_a_chunk_without_sizes(tmp_path):

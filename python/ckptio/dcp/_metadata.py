@@ -26,6 +26,7 @@ E_FORMAT, as torch's own ``pickle.load`` refuses it.
 
 from __future__ import annotations
 
+import array
 import collections
 import dataclasses
 import gc
@@ -155,30 +156,36 @@ def _tensor_properties(args, state):
     return obj
 
 
-def _check_chunks(fqn, tsm) -> None:
-    """Every chunk of a tensor has its rank and lies inside it: torch's planner places a chunk by its offsets
-    and does not check them (a negative offset loaded other rows into the tensor, without an error)."""
-    shape = tsm.size
+def _check_chunks(origin: str, fqn: str, tsm) -> None:
+    """Every chunk of a tensor has its rank, lies inside it, and together they tile it exactly
+    (_ckptio.dcp_check_chunks, the check ``ckptio verify`` makes). torch's planner places chunks by their
+    offsets unchecked: with a negative offset, dcp.load put other rows into the tensor without an error; with
+    a gap, part of the tensor silently kept its old values. torch's own save planner refuses such plans."""
+    shape, chunks = tsm.size, tsm.chunks
     nd = len(shape)
-    if any(n < 0 for n in shape):
-        raise _Refused(f"tensor {fqn!r} has the size {list(shape)}")
-    for i, c in enumerate(tsm.chunks):
-        offsets, sizes = c.offsets, c.sizes
-        if len(offsets) != nd or len(sizes) != nd or not all(
-                0 <= o and 0 <= n and o + n <= m for o, n, m in zip(offsets, sizes, shape)):
-            raise _Refused(f"tensor {fqn!r} of size {list(shape)}: chunk {i} at offsets {list(offsets)} with sizes "
-                           f"{list(sizes)} does not lie inside it")
+    for i, c in enumerate(chunks):
+        if len(c.offsets) != nd or len(c.sizes) != nd:
+            raise _Refused(f"state_dict_metadata[{fqn!r}]: chunk {i} has {len(c.offsets)} offsets and "
+                           f"{len(c.sizes)} sizes for a {nd}-d tensor")
+    try:
+        offsets = array.array("q", [x for c in chunks for x in c.offsets]).tobytes()
+        sizes = array.array("q", [x for c in chunks for x in c.sizes]).tobytes()
+        _ckptio.dcp_check_chunks(origin, fqn, tuple(shape), len(chunks), offsets, sizes)
+    except OverflowError:
+        raise _Refused(f"state_dict_metadata[{fqn!r}]: a size, offset or chunk size does not fit 64 bits") from None
 
 
-def _check(md) -> None:
+def _check(md, origin: str) -> None:
     if not isinstance(md, _md.Metadata):
         raise _Refused(f"the pickled object is a {type(md).__name__}, not a Metadata")
     sdm = md.__dict__.get("state_dict_metadata")
     if not isinstance(sdm, dict):
         raise _Refused("Metadata.state_dict_metadata is missing or not a dict")
     for fqn, item in sdm.items():
+        if not isinstance(fqn, str):
+            raise _Refused(f"state_dict_metadata has the key {fqn!r}, not a str")
         if isinstance(item, _md.TensorStorageMetadata):
-            _check_chunks(fqn, item)
+            _check_chunks(origin, fqn, item)
         elif not isinstance(item, _md.BytesStorageMetadata):
             raise _Refused(f"state_dict_metadata[{fqn!r}] is a {type(item).__name__}")
     sd = md.__dict__.get("storage_data")
@@ -199,7 +206,7 @@ def metadata_from_bytes(data: bytes, origin: str = "<memory>") -> _md.Metadata:
     try:
         md = _ckptio.dcp_metadata_objects(bytes(data), origin, _DATACLASSES, torch.Size, _DTYPES,
                                           collections.OrderedDict, _Refused, _other)
-        _check(md)
+        _check(md, origin)
     except _Refused as e:
         raise _error(origin, str(e)) from None
     except (TypeError, ValueError, RecursionError, AttributeError) as e:  # unhashable keys, a key missing a field
