@@ -223,8 +223,9 @@ static PyObject *build_object(builder *b, const ckptio_value *v) {
     } else if (strcmp(name, "torch.Size") == 0 && (r = build_size(b, args))) {
         /* the common case; anything else about a torch.Size is the callback's to check */
     } else if (!PyErr_Occurred()) {
-        PyObject *state = state_value ? build(b, state_value) : Py_None;
-        if (state == Py_None) Py_INCREF(state);
+        PyObject *state = Py_None;
+        if (state_value) state = build(b, state_value);
+        else Py_INCREF(state);
         if (state) r = PyObject_CallFunction(b->other, "sOO", name, args, state);
         Py_XDECREF(state);
     }
