@@ -219,10 +219,12 @@ CKPTIO_API ckptio_status ckptio_dcp_file_open(ckptio_engine *engine, const char 
 /*! ckptio_dcp_check_chunks() :
  * Checks the chunks one tensor of a DCP .metadata was saved in, as
  * ckptio_dcp_open() and ckptio_dcp_check() check a directory's: each lies
- * inside the tensor, and together they tile it exactly, no gap and no
- * overlap (in O(chunks x ndim): dcp_tiling.c). torch's planner places chunks
- * by their offsets without such a check; ckptio.dcp's reader calls this for
- * every tensor of the .metadata it loads.
+ * inside the tensor and, with `whole`, together they tile it exactly, no gap
+ * and no overlap (in O(chunks x ndim): dcp_tiling.c). torch's planner places
+ * chunks by their offsets without such a check; ckptio.dcp's reader calls
+ * this for every tensor of the metadata it loads, with `whole` for the
+ * directory's .metadata and without for a rank's own __RANK.metadata (a save
+ * without collectives: it holds that rank's chunks only).
  * @param path names the file in errors (may be NULL); fqn the tensor.
  * @param shape ndim sizes (ndim <= CKPTIO_DCP_MAX_NDIM).
  * @param offsets, sizes nchunks x ndim values, chunk after chunk.
@@ -231,7 +233,7 @@ CKPTIO_API ckptio_status ckptio_dcp_file_open(ckptio_engine *engine, const char 
  *   arrays. */
 CKPTIO_API ckptio_status ckptio_dcp_check_chunks(const char *path, const char *fqn, uint32_t ndim,
                                                  const int64_t *shape, size_t nchunks, const int64_t *offsets,
-                                                 const int64_t *sizes);
+                                                 const int64_t *sizes, int whole);
 
 /* The parsed header of a stored tensor item: a torch.save archive of one
  * tensor, or a SAFETENSORS blob holding the tensors of a data file. */

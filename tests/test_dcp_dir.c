@@ -507,7 +507,7 @@ static void random_tiling(tiling_case *tc, size_t *n, const int64_t *lo, const i
 }
 
 /* The public check ckptio.dcp's reader calls per tensor (ckptio_dcp_check_chunks): the same tiling, plus the
- * bounds ckptio_dcp_open checks, from plain arrays. */
+ * bounds ckptio_dcp_open checks, from plain arrays; without `whole` (a rank's own metadata) the bounds only. */
 static void test_check_chunks_api(void) {
     static const int64_t shape[2] = {7, 10}, rows[4] = {0, 2, 3, 7}, cols[5] = {0, 1, 5, 6, 10};
     int64_t off[24], size[24];
@@ -517,39 +517,44 @@ static void test_check_chunks_api(void) {
             off[i] = rows[r], off[i + 1] = cols[c];
             size[i] = rows[r + 1] - rows[r], size[i + 1] = cols[c + 1] - cols[c];
         }
-    T_OK(ckptio_dcp_check_chunks("d/.metadata", "T", 2, shape, 12, off, size));
+    T_OK(ckptio_dcp_check_chunks("d/.metadata", "T", 2, shape, 12, off, size, 1));
     off[5 * 2] -= 1;
-    T_STATUS(ckptio_dcp_check_chunks("d/.metadata", "T", 2, shape, 12, off, size), CKPTIO_E_FORMAT);
+    T_STATUS(ckptio_dcp_check_chunks("d/.metadata", "T", 2, shape, 12, off, size, 1), CKPTIO_E_FORMAT);
     T_MESSAGE_HAS("d/.metadata");
     T_MESSAGE_HAS("state_dict_metadata['T']: chunks 1 and 5 overlap");
     off[5 * 2] += 1;
     size[11 * 2 + 1] -= 1;
-    T_STATUS(ckptio_dcp_check_chunks("d/.metadata", "T", 2, shape, 12, off, size), CKPTIO_E_FORMAT);
+    T_STATUS(ckptio_dcp_check_chunks("d/.metadata", "T", 2, shape, 12, off, size, 1), CKPTIO_E_FORMAT);
     T_MESSAGE_HAS("state_dict_metadata['T']: the 12 chunks cover 66 of the tensor's 70 elements (a gap)");
+    /* a rank's own metadata holds some chunks of the tensor: inside it is enough */
+    T_OK(ckptio_dcp_check_chunks("d/__0.metadata", "T", 2, shape, 12, off, size, 0));
+    T_OK(ckptio_dcp_check_chunks("d/__0.metadata", "T", 2, shape, 3, off, size, 0));
     size[11 * 2 + 1] += 1;
     off[0] = -2; /* chunk 0 starts before the tensor (torch's planner would place it there) */
-    T_STATUS(ckptio_dcp_check_chunks("d/.metadata", "T", 2, shape, 12, off, size), CKPTIO_E_FORMAT);
+    T_STATUS(ckptio_dcp_check_chunks("d/.metadata", "T", 2, shape, 12, off, size, 1), CKPTIO_E_FORMAT);
     T_MESSAGE_HAS("state_dict_metadata['T']: chunk 0 spans [-2, 0) in dimension 0, outside the tensor's size 7");
+    T_STATUS(ckptio_dcp_check_chunks("d/__0.metadata", "T", 2, shape, 12, off, size, 0), CKPTIO_E_FORMAT);
+    T_MESSAGE_HAS("chunk 0 spans [-2, 0) in dimension 0, outside the tensor's size 7");
     off[0] = 0;
     size[11 * 2] = 5; /* the last row of chunks runs past row 7 */
-    T_STATUS(ckptio_dcp_check_chunks("d/.metadata", "T", 2, shape, 12, off, size), CKPTIO_E_FORMAT);
+    T_STATUS(ckptio_dcp_check_chunks("d/.metadata", "T", 2, shape, 12, off, size, 1), CKPTIO_E_FORMAT);
     T_MESSAGE_HAS("chunk 11 spans [3, 8) in dimension 0, outside the tensor's size 7");
     size[11 * 2] = 4;
-    T_OK(ckptio_dcp_check_chunks(NULL, "T", 2, shape, 12, off, size));
+    T_OK(ckptio_dcp_check_chunks(NULL, "T", 2, shape, 12, off, size, 1));
     /* a scalar: one chunk of no dimensions */
-    T_OK(ckptio_dcp_check_chunks("d/.metadata", "s", 0, NULL, 1, NULL, NULL));
-    T_STATUS(ckptio_dcp_check_chunks("d/.metadata", "s", 0, NULL, 2, NULL, NULL), CKPTIO_E_FORMAT);
-    T_STATUS(ckptio_dcp_check_chunks("d/.metadata", "s", 0, NULL, 0, NULL, NULL), CKPTIO_E_FORMAT);
+    T_OK(ckptio_dcp_check_chunks("d/.metadata", "s", 0, NULL, 1, NULL, NULL, 1));
+    T_STATUS(ckptio_dcp_check_chunks("d/.metadata", "s", 0, NULL, 2, NULL, NULL, 1), CKPTIO_E_FORMAT);
+    T_STATUS(ckptio_dcp_check_chunks("d/.metadata", "s", 0, NULL, 0, NULL, NULL, 1), CKPTIO_E_FORMAT);
     T_MESSAGE_HAS("cover 0 of the tensor's 1 elements (a gap)");
     static const int64_t negative[1] = {-1};
-    T_STATUS(ckptio_dcp_check_chunks("d/.metadata", "n", 1, negative, 0, NULL, NULL), CKPTIO_E_FORMAT);
+    T_STATUS(ckptio_dcp_check_chunks("d/.metadata", "n", 1, negative, 0, NULL, NULL, 1), CKPTIO_E_FORMAT);
     T_MESSAGE_HAS("size[0] is -1");
     int64_t big[CKPTIO_DCP_MAX_NDIM + 1] = {0};
-    T_STATUS(ckptio_dcp_check_chunks("d/.metadata", "b", CKPTIO_DCP_MAX_NDIM + 1, big, 0, NULL, NULL),
+    T_STATUS(ckptio_dcp_check_chunks("d/.metadata", "b", CKPTIO_DCP_MAX_NDIM + 1, big, 0, NULL, NULL, 1),
              CKPTIO_E_FORMAT);
     T_MESSAGE_HAS("65 dimensions (at most 64)");
-    T_STATUS(ckptio_dcp_check_chunks("d/.metadata", NULL, 2, shape, 12, off, size), CKPTIO_E_INVAL);
-    T_STATUS(ckptio_dcp_check_chunks("d/.metadata", "T", 2, shape, 12, NULL, size), CKPTIO_E_INVAL);
+    T_STATUS(ckptio_dcp_check_chunks("d/.metadata", NULL, 2, shape, 12, off, size, 1), CKPTIO_E_INVAL);
+    T_STATUS(ckptio_dcp_check_chunks("d/.metadata", "T", 2, shape, 12, NULL, size, 1), CKPTIO_E_INVAL);
 }
 
 static void test_tiling(void) {

@@ -335,15 +335,16 @@ static PyObject *dcp_metadata_objects(PyObject *self, PyObject *args) {
     return r;
 }
 
-/* dcp_check_chunks(origin, fqn, shape, nchunks, offsets, sizes): ckptio_dcp_check_chunks on one tensor's chunks,
- * offsets and sizes given as native int64 bytes (array('q').tobytes()), nchunks x len(shape) each. */
+/* dcp_check_chunks(origin, fqn, shape, nchunks, offsets, sizes, whole): ckptio_dcp_check_chunks on one tensor's
+ * chunks, offsets and sizes given as native int64 bytes (array('q').tobytes()), nchunks x len(shape) each. */
 static PyObject *dcp_check_chunks(PyObject *self, PyObject *args) {
     (void)self;
     const char *origin = NULL, *fqn = NULL;
     PyObject *shape = NULL, *offsets = NULL, *sizes = NULL;
     Py_ssize_t nchunks = 0;
-    if (!PyArg_ParseTuple(args, "zsO!nSS:dcp_check_chunks", &origin, &fqn, &PyTuple_Type, &shape, &nchunks, &offsets,
-                          &sizes))
+    int whole = 1;
+    if (!PyArg_ParseTuple(args, "zsO!nSSp:dcp_check_chunks", &origin, &fqn, &PyTuple_Type, &shape, &nchunks,
+                          &offsets, &sizes, &whole))
         return NULL;
     const Py_ssize_t nd = PyTuple_Size(shape);
     int64_t dims[CKPTIO_DCP_MAX_NDIM];
@@ -362,7 +363,7 @@ static PyObject *dcp_check_chunks(PyObject *self, PyObject *args) {
     memcpy(buf, PyBytes_AsString(offsets), (size_t)want);
     memcpy((char *)buf + want, PyBytes_AsString(sizes), (size_t)want);
     const ckptio_status st = ckptio_dcp_check_chunks(origin, fqn, (uint32_t)nd, dims, (size_t)nchunks, buf,
-                                                     (const int64_t *)((char *)buf + want));
+                                                     (const int64_t *)((char *)buf + want), whole);
     PyMem_Free(buf);
     if (st != CKPTIO_OK) return ckpy_raise(st);
     Py_RETURN_NONE;
@@ -375,9 +376,10 @@ static PyMethodDef pickle_methods[] = {
      "restricted unpickler (no code runs). Raises CkptioError E_DISALLOWED naming a global outside the\n"
      "allowlist, `refused` for an object graph DCP metadata does not have."},
     {"dcp_check_chunks", dcp_check_chunks, METH_VARARGS,
-     "dcp_check_chunks(origin: str | None, fqn: str, shape: tuple, nchunks: int, offsets: bytes, sizes: bytes)\n"
-     "-> None: the tensor's chunks lie inside it and tile it exactly (ckptio_dcp_check_chunks), or CkptioError\n"
-     "E_FORMAT. offsets and sizes: nchunks x len(shape) native int64 values each."},
+     "dcp_check_chunks(origin: str | None, fqn: str, shape: tuple, nchunks: int, offsets: bytes, sizes: bytes,\n"
+     "whole: bool) -> None: the tensor's chunks lie inside it and, with whole, tile it exactly\n"
+     "(ckptio_dcp_check_chunks), or CkptioError E_FORMAT. offsets and sizes: nchunks x len(shape) native int64\n"
+     "values each."},
     {NULL, NULL, 0, NULL}};
 
 int ckpy_pickle_add_to_module(PyObject *module);

@@ -345,6 +345,33 @@ def test_chunks_that_do_not_tile_their_tensor_are_refused(tmp_path, offsets, siz
     assert str(ei.value) == f"{meta}: {said}"
 
 
+def test_a_ranks_own_metadata_may_hold_part_of_a_tensor(tmp_path):
+    """A save without collectives writes __RANK.metadata with that rank's chunks only: read through the reader
+    for that rank (and by load_metadata by its name), chunks inside the tensor are enough; the same chunks in the
+    directory's .metadata leave a gap and are refused."""
+    save({"w": torch.arange(12.0).reshape(4, 3)}, dcp.FileSystemWriter(tmp_path / "c"))
+    meta = tmp_path / "c" / ".metadata"
+    m = pickle.loads(meta.read_bytes())
+    m.state_dict_metadata["w"].chunks[0].sizes = torch.Size([2, 3])  # rows 0-1: this rank's share
+    data = pickle.dumps(m)
+    own = tmp_path / "c" / "__0.metadata"
+    own.write_bytes(data)
+    got = cdcp.FileSystemReader(tmp_path / "c").read_metadata(rank=0)
+    assert got.state_dict_metadata["w"].chunks[0].sizes == torch.Size([2, 3])
+    assert load_metadata(own).state_dict_metadata["w"].chunks[0].sizes == torch.Size([2, 3])
+    meta.write_bytes(data)
+    with pytest.raises(ckptio.CkptioError) as ei:
+        cdcp.FileSystemReader(tmp_path / "c").read_metadata()
+    assert str(ei.value).endswith("state_dict_metadata['w']: the 1 chunks cover 6 of the tensor's 12 elements (a gap)")
+    with pytest.raises(ckptio.CkptioError):
+        load_metadata(meta)
+    m.state_dict_metadata["w"].chunks[0].offsets = torch.Size([3, 0])  # rows 3-4 of 4: outside, for any file
+    own.write_bytes(pickle.dumps(m))
+    with pytest.raises(ckptio.CkptioError) as ei:
+        cdcp.FileSystemReader(tmp_path / "c").read_metadata(rank=0)
+    assert "chunk 0 spans [3, 5) in dimension 0, outside the tensor's size 4" in str(ei.value)
+
+
 def test_overlapping_chunks_are_refused():
     """Two chunks covering the same rows (and so a gap elsewhere, or more elements than the tensor has)."""
     from torch.distributed.checkpoint import metadata as md

@@ -32,6 +32,7 @@ import dataclasses
 import gc
 import os
 import pathlib
+import re
 from typing import Optional
 
 import torch
@@ -156,11 +157,13 @@ def _tensor_properties(args, state):
     return obj
 
 
-def _check_chunks(origin: str, fqn: str, tsm) -> None:
-    """Every chunk of a tensor has its rank, lies inside it, and together they tile it exactly
+def _check_chunks(origin: str, fqn: str, tsm, whole: bool) -> None:
+    """Every chunk of a tensor has its rank and lies inside it, and with `whole` together they tile it exactly
     (_ckptio.dcp_check_chunks, the check ``ckptio verify`` makes). torch's planner places chunks by their
     offsets unchecked: with a negative offset, dcp.load put other rows into the tensor without an error; with
-    a gap, part of the tensor silently kept its old values. torch's own save planner refuses such plans."""
+    a gap, part of the tensor silently kept its old values. torch's save planner refuses overlaps, and gaps
+    in a save of several ranks; a rank's own ``__RANK.metadata`` (a save without collectives) holds only that
+    rank's chunks, so it is read with whole=False."""
     shape, chunks = tsm.size, tsm.chunks
     nd = len(shape)
     for i, c in enumerate(chunks):
@@ -170,12 +173,12 @@ def _check_chunks(origin: str, fqn: str, tsm) -> None:
     try:
         offsets = array.array("q", [x for c in chunks for x in c.offsets]).tobytes()
         sizes = array.array("q", [x for c in chunks for x in c.sizes]).tobytes()
-        _ckptio.dcp_check_chunks(origin, fqn, tuple(shape), len(chunks), offsets, sizes)
+        _ckptio.dcp_check_chunks(origin, fqn, tuple(shape), len(chunks), offsets, sizes, whole)
     except OverflowError:
         raise _Refused(f"state_dict_metadata[{fqn!r}]: a size, offset or chunk size does not fit 64 bits") from None
 
 
-def _check(md, origin: str) -> None:
+def _check(md, origin: str, whole: bool) -> None:
     if not isinstance(md, _md.Metadata):
         raise _Refused(f"the pickled object is a {type(md).__name__}, not a Metadata")
     sdm = md.__dict__.get("state_dict_metadata")
@@ -185,7 +188,7 @@ def _check(md, origin: str) -> None:
         if not isinstance(fqn, str):
             raise _Refused(f"state_dict_metadata has the key {fqn!r}, not a str")
         if isinstance(item, _md.TensorStorageMetadata):
-            _check_chunks(origin, fqn, item)
+            _check_chunks(origin, fqn, item, whole)
         elif not isinstance(item, _md.BytesStorageMetadata):
             raise _Refused(f"state_dict_metadata[{fqn!r}] is a {type(item).__name__}")
     sd = md.__dict__.get("storage_data")
@@ -193,10 +196,12 @@ def _check(md, origin: str) -> None:
         raise _Refused("Metadata.storage_data is not a dict")
 
 
-def metadata_from_bytes(data: bytes, origin: str = "<memory>") -> _md.Metadata:
+def metadata_from_bytes(data: bytes, origin: str = "<memory>", whole: bool = True) -> _md.Metadata:
     """The Metadata pickled in `data`, read without running code. Raises
     CkptioError: E_DISALLOWED naming a global outside the allowlist,
-    E_TRUNCATED / E_FORMAT for a malformed pickle or object graph."""
+    E_TRUNCATED / E_FORMAT for a malformed pickle or object graph, or for
+    chunks outside their tensor or (with `whole`, a directory's .metadata;
+    not a rank's own __RANK.metadata) not tiling it."""
     # The objects are millions of new containers for a large checkpoint,
     # none of them garbage: the cyclic collector's passes over them took
     # most of the time (100k chunks on the 2-core VM: 12 s before this and
@@ -206,7 +211,7 @@ def metadata_from_bytes(data: bytes, origin: str = "<memory>") -> _md.Metadata:
     try:
         md = _ckptio.dcp_metadata_objects(bytes(data), origin, _DATACLASSES, torch.Size, _DTYPES,
                                           collections.OrderedDict, _Refused, _other)
-        _check(md, origin)
+        _check(md, origin, whole)
     except _Refused as e:
         raise _error(origin, str(e)) from None
     except (TypeError, ValueError, RecursionError, AttributeError) as e:  # unhashable keys, a key missing a field
@@ -218,11 +223,12 @@ def metadata_from_bytes(data: bytes, origin: str = "<memory>") -> _md.Metadata:
 
 
 def load_metadata(path) -> _md.Metadata:
-    """Reads and unpickles the ``.metadata`` file at `path` (see metadata_from_bytes)."""
+    """Reads and unpickles the ``.metadata`` file at `path` (see metadata_from_bytes); a rank's own
+    ``__RANK.metadata`` need not tile its tensors."""
     path = os.fspath(path)
     with open(path, "rb") as f:
         data = f.read()
-    return metadata_from_bytes(data, path)
+    return metadata_from_bytes(data, path, whole=re.fullmatch(r"__\d+\.metadata", os.path.basename(path)) is None)
 
 
 __all__ = ["load_metadata", "metadata_from_bytes"]

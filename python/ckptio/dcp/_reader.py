@@ -215,7 +215,7 @@ class FileSystemReader(_TorchFileSystemReader):
         path = getter(rank) if getter is not None else self.fs.concat_path(self.path, name)
         with self.fs.create_stream(path, "rb") as f:
             data = f.read()
-        metadata = metadata_from_bytes(data, os.fspath(path))
+        metadata = metadata_from_bytes(data, os.fspath(path), whole=rank is None)
         if getattr(metadata, "storage_meta", None) is None:
             from torch.distributed.checkpoint.metadata import StorageMeta
 
