@@ -322,13 +322,12 @@ def test_dataclass_fields_are_checked(make, message):
     ([-2, 0], [4, 3], "state_dict_metadata['w']: chunk 0 spans [-2, 2) in dimension 0, outside the tensor's size 4"),
     ([0, 0], [8, 3], "state_dict_metadata['w']: chunk 0 spans [0, 8) in dimension 0, outside the tensor's size 4"),
     ([1, 0], [-1, 3], "state_dict_metadata['w']: chunk 0 spans [1, 0) in dimension 0, outside the tensor's size 4"),
-    ([0, 0], [2, 3], "state_dict_metadata['w']: the 1 chunks cover 6 of the tensor's 12 elements (a gap)"),
     ([0], [4], "load DCP metadata: state_dict_metadata['w']: chunk 0 has 1 offsets and 1 sizes for a 2-d tensor"),
-], ids=["negative-offset", "past-the-end", "negative-size", "gap", "wrong-rank"])
-def test_chunks_that_do_not_tile_their_tensor_are_refused(tmp_path, offsets, sizes, said):
-    """A tensor's chunks must lie inside it and tile it (the check `ckptio verify` makes, ckptio_dcp_check_chunks).
-    torch's planner places chunks by their offsets unchecked: through the reader, dcp.load put rows 2-3 of the file
-    into rows 0-1 for a negative offset, and left rows 2-3 as they were for a chunk of 2 rows, without an error."""
+], ids=["negative-offset", "past-the-end", "negative-size", "wrong-rank"])
+def test_chunks_outside_their_tensor_are_refused(tmp_path, offsets, sizes, said):
+    """A tensor's chunks must lie inside it (ckptio_dcp_check_chunks). torch's planner places chunks by their
+    offsets unchecked: through the reader, dcp.load put rows 2-3 of the file into rows 0-1 for a negative offset,
+    without an error."""
     from torch.distributed.checkpoint import metadata as md
 
     save({"w": torch.arange(12.0).reshape(4, 3)}, dcp.FileSystemWriter(tmp_path / "c"))
@@ -347,8 +346,7 @@ def test_chunks_that_do_not_tile_their_tensor_are_refused(tmp_path, offsets, siz
 
 def test_a_ranks_own_metadata_may_hold_part_of_a_tensor(tmp_path):
     """A save without collectives writes __RANK.metadata with that rank's chunks only: read through the reader
-    for that rank (and by load_metadata by its name), chunks inside the tensor are enough; the same chunks in the
-    directory's .metadata leave a gap and are refused."""
+    for that rank (and by load_metadata by its name), chunks inside the tensor are enough; outside it is refused."""
     save({"w": torch.arange(12.0).reshape(4, 3)}, dcp.FileSystemWriter(tmp_path / "c"))
     meta = tmp_path / "c" / ".metadata"
     m = pickle.loads(meta.read_bytes())
@@ -359,12 +357,6 @@ def test_a_ranks_own_metadata_may_hold_part_of_a_tensor(tmp_path):
     got = cdcp.FileSystemReader(tmp_path / "c").read_metadata(rank=0)
     assert got.state_dict_metadata["w"].chunks[0].sizes == torch.Size([2, 3])
     assert load_metadata(own).state_dict_metadata["w"].chunks[0].sizes == torch.Size([2, 3])
-    meta.write_bytes(data)
-    with pytest.raises(ckptio.CkptioError) as ei:
-        cdcp.FileSystemReader(tmp_path / "c").read_metadata()
-    assert str(ei.value).endswith("state_dict_metadata['w']: the 1 chunks cover 6 of the tensor's 12 elements (a gap)")
-    with pytest.raises(ckptio.CkptioError):
-        load_metadata(meta)
     m.state_dict_metadata["w"].chunks[0].offsets = torch.Size([3, 0])  # rows 3-4 of 4: outside, for any file
     own.write_bytes(pickle.dumps(m))
     with pytest.raises(ckptio.CkptioError) as ei:
@@ -372,17 +364,34 @@ def test_a_ranks_own_metadata_may_hold_part_of_a_tensor(tmp_path):
     assert "chunk 0 spans [3, 5) in dimension 0, outside the tensor's size 4" in str(ei.value)
 
 
-def test_overlapping_chunks_are_refused():
-    """Two chunks covering the same rows (and so a gap elsewhere, or more elements than the tensor has)."""
+def _rows(md, *spans, files):
+    """A Metadata of one 4 x 3 tensor 'w' in chunks of the given row spans, chunk i stored in files[i]."""
+    chunks = [md.ChunkStorageMetadata(offsets=torch.Size([a, 0]), sizes=torch.Size([b - a, 3])) for a, b in spans]
+    tsm = md.TensorStorageMetadata(properties=md.TensorProperties(dtype=torch.float32), size=torch.Size([4, 3]),
+                                   chunks=chunks)
+    storage = {md.MetadataIndex("w", c.offsets): _StorageInfo(relative_path=f, offset=0, length=8)
+               for c, f in zip(chunks, files)}
+    return md.Metadata(state_dict_metadata={"w": tsm}, storage_data=storage)
+
+
+@pytest.mark.parametrize("spans,said", [
+    (((0, 2), (3, 4)), "the 2 chunks cover 9 of the tensor's 12 elements (a gap)"),
+    (((0, 3), (1, 4)), "chunks 0 and 1 overlap"),
+], ids=["gap", "overlap"])
+def test_chunks_of_several_ranks_must_tile_their_tensor(spans, said):
+    """Data files of several ranks: torch's save planner checked that the chunks cover each tensor, so chunks that
+    leave a gap (dcp.load would keep those rows as they were, without an error) or overlap are refused. One
+    process's save may hold only its own shard of a tensor (torch loads that back), so there a gap is read."""
     from torch.distributed.checkpoint import metadata as md
 
-    half = md.ChunkStorageMetadata(offsets=torch.Size([0, 0]), sizes=torch.Size([2, 3]))
-    again = md.ChunkStorageMetadata(offsets=torch.Size([1, 0]), sizes=torch.Size([3, 3]))
-    tsm = md.TensorStorageMetadata(properties=md.TensorProperties(dtype=torch.float32), size=torch.Size([4, 3]),
-                                   chunks=[half, again])
+    several = pickle.dumps(_rows(md, *spans, files=["__0_0.distcp", "__1_0.distcp"]))
     with pytest.raises(ckptio.CkptioError) as ei:
-        metadata_from_bytes(pickle.dumps(md.Metadata(state_dict_metadata={"w": tsm})), "o/.metadata")
-    assert str(ei.value) == "o/.metadata: state_dict_metadata['w']: chunks 0 and 1 overlap"
+        metadata_from_bytes(several, "r/.metadata")
+    assert ei.value.status_name == "E_FORMAT" and str(ei.value) == f"r/.metadata: state_dict_metadata['w']: {said}"
+    assert metadata_from_bytes(pickle.dumps(_rows(md, (0, 2), (2, 4), files=["__0_0.distcp", "__1_0.distcp"])),
+                               "r/.metadata").state_dict_metadata["w"].size == torch.Size([4, 3])
+    one = metadata_from_bytes(pickle.dumps(_rows(md, (0, 2), files=["__0_0.distcp"])), "o/.metadata")
+    assert [c.sizes for c in one.state_dict_metadata["w"].chunks] == [torch.Size([2, 3])]
 
 
 def test_a_reader_refuses_a_chunk_without_sizes(tmp_path):

@@ -161,9 +161,9 @@ def _check_chunks(origin: str, fqn: str, tsm, whole: bool) -> None:
     """Every chunk of a tensor has its rank and lies inside it, and with `whole` together they tile it exactly
     (_ckptio.dcp_check_chunks, the check ``ckptio verify`` makes). torch's planner places chunks by their
     offsets unchecked: with a negative offset, dcp.load put other rows into the tensor without an error; with
-    a gap, part of the tensor silently kept its old values. torch's save planner refuses overlaps, and gaps
-    in a save of several ranks; a rank's own ``__RANK.metadata`` (a save without collectives) holds only that
-    rank's chunks, so it is read with whole=False."""
+    a gap, part of the tensor silently kept its old values. `whole` holds for a directory's .metadata written
+    by several ranks (_saved_by_ranks); a rank's own ``__RANK.metadata`` (a save without collectives), or one
+    process's save of its own shards, holds only some chunks of a tensor."""
     shape, chunks = tsm.size, tsm.chunks
     nd = len(shape)
     for i, c in enumerate(chunks):
@@ -178,12 +178,30 @@ def _check_chunks(origin: str, fqn: str, tsm, whole: bool) -> None:
         raise _Refused(f"state_dict_metadata[{fqn!r}]: a size, offset or chunk size does not fit 64 bits") from None
 
 
+_RANK_FILE = re.compile(r"__(\d+)_")
+
+
+def _saved_by_ranks(storage_data) -> bool:
+    """Whether the data files are several ranks' (``__RANK_...``): torch's save planner checked then that every
+    tensor's chunks cover it (it checks that only when several ranks plan; a process saving alone may write
+    just its own shard of a tensor, and torch loads that shard back)."""
+    ranks = set()
+    for info in storage_data.values() if isinstance(storage_data, dict) else ():
+        m = _RANK_FILE.match(getattr(info, "relative_path", ""))
+        if m:
+            ranks.add(m.group(1))
+            if len(ranks) > 1:
+                return True
+    return False
+
+
 def _check(md, origin: str, whole: bool) -> None:
     if not isinstance(md, _md.Metadata):
         raise _Refused(f"the pickled object is a {type(md).__name__}, not a Metadata")
     sdm = md.__dict__.get("state_dict_metadata")
     if not isinstance(sdm, dict):
         raise _Refused("Metadata.state_dict_metadata is missing or not a dict")
+    whole = whole and _saved_by_ranks(md.__dict__.get("storage_data"))
     for fqn, item in sdm.items():
         if not isinstance(fqn, str):
             raise _Refused(f"state_dict_metadata has the key {fqn!r}, not a str")
@@ -200,8 +218,9 @@ def metadata_from_bytes(data: bytes, origin: str = "<memory>", whole: bool = Tru
     """The Metadata pickled in `data`, read without running code. Raises
     CkptioError: E_DISALLOWED naming a global outside the allowlist,
     E_TRUNCATED / E_FORMAT for a malformed pickle or object graph, or for
-    chunks outside their tensor or (with `whole`, a directory's .metadata;
-    not a rank's own __RANK.metadata) not tiling it."""
+    chunks outside their tensor or, with `whole` (a directory's .metadata,
+    not a rank's own __RANK.metadata) and data files of several ranks, not
+    tiling it."""
     # The objects are millions of new containers for a large checkpoint,
     # none of them garbage: the cyclic collector's passes over them took
     # most of the time (100k chunks on the 2-core VM: 12 s before this and
