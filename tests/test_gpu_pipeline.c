@@ -941,8 +941,11 @@ static void test_read_fails_midway(void) {
     T_MESSAGE_HAS(path);
     T_MESSAGE_HAS("at offset ");
     T_MESSAGE_HAS("Input/output error");
+    /* The 4th read call fails: usually a later window, but with 2 workers the first window's read can be the
+     * 4th call made (a fresh clone's CI saw offset 0), so any window start is right. */
     const int64_t off = ckptio_last_error()->file_offset;
-    T_ASSERT_MSG(off > 0 && off % (256 * KIB) == 0, "failure offset %lld is not a window start", (long long)off);
+    T_ASSERT_MSG(off >= 0 && off < (int64_t)(3 * MIB) && off % (256 * KIB) == 0,
+                 "failure offset %lld is not a window start", (long long)off);
     check_engine_staging(e, 2 * MIB);
     check_sim_clean(2 * MIB);
     /* past end of file */

@@ -295,7 +295,8 @@ def _with_chunk(md, chunk, size=torch.Size([4, 3])):
      _CSM + " lacks the field 'sizes'"),
     (lambda md: _with_chunk(md, md.ChunkStorageMetadata(offsets=torch.Size([0, 0]), sizes=torch.Size([4, 3])),
                             size="big"), _TSM + " field 'size' is a str, not a torch.Size"),
-    (lambda md: _with_chunk(md, {"offsets": 1}), _TSM + " field 'chunks' holds a dict, not a list of ChunkStorageMetadata"),
+    (lambda md: _with_chunk(md, {"offsets": 1}),
+     _TSM + " field 'chunks' holds a dict, not a list of ChunkStorageMetadata"),
     (lambda md: md.Metadata(state_dict_metadata={}, storage_data={
         md.MetadataIndex("w"): _Reduce(_StorageInfo, (), {"relative_path": "__0_0.distcp", "offset": 0})}),
      _SI + " lacks the field 'length'"),
@@ -455,7 +456,8 @@ def test_shared_objects_stay_shared_and_sizes_take_lists():
     from torch.distributed.checkpoint import metadata as md
 
     chunk = md.ChunkStorageMetadata(offsets=torch.Size([0, 0]), sizes=torch.Size([2, 3]))
-    data = pickle.dumps(md.Metadata(state_dict_metadata={}, planner_data=[chunk, chunk, _Reduce(torch.Size, ([4, 5],))]))
+    planner_data = [chunk, chunk, _Reduce(torch.Size, ([4, 5],))]
+    data = pickle.dumps(md.Metadata(state_dict_metadata={}, planner_data=planner_data))
     got, ref = metadata_from_bytes(data, "s/.metadata"), pickle.loads(data)
     assert got.planner_data == ref.planner_data
     assert got.planner_data[0] is got.planner_data[1] and type(got.planner_data[2]) is torch.Size
