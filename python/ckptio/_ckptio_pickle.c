@@ -103,44 +103,45 @@ static PyObject *build_dict(builder *b, const ckptio_value *v) {
 /* The name of v's type, for messages (new reference, NULL on failure). */
 static PyObject *type_name(PyObject *v) { return PyObject_GetAttrString((PyObject *)Py_TYPE(v), "__name__"); }
 
+/* Refuses a dataclass field (or an item of it) of the wrong type: "NAME field 'F' VERB a TYPE, not WORDS". */
+static int refuse_type(builder *b, const char *name, PyObject *field, const char *verb, PyObject *v, PyObject *words) {
+    PyObject *tname = type_name(v);
+    if (tname) refuse(b, "%s field '%U' %s a %U, not %U", name, field, verb, tname, words);
+    Py_XDECREF(tname);
+    return -1;
+}
+
 /* Checks the fields of a built dataclass against its spec: a tuple of (field, accepted types, required, type
- * of each item or None, what is accepted in words). Fields not in the spec are left alone (a newer torch adds
- * some); 0, or -1 with the refusal raised. */
+ * of each item or None, what is accepted in words), from _metadata._field. Fields not in the spec are left
+ * alone (a newer torch adds some); 0, or -1 with the refusal raised. */
 static int check_fields(builder *b, const char *name, PyObject *fields, PyObject *spec) {
     for (Py_ssize_t i = 0, n = PyTuple_Size(spec); i < n; i++) {
-        PyObject *field = NULL, *types = NULL, *item_type = NULL, *words = NULL;
-        int required = 0;
-        if (!PyArg_ParseTuple(PyTuple_GetItem(spec, i), "UOpOU", &field, &types, &required, &item_type, &words))
+        PyObject *entry = PyTuple_GetItem(spec, i); /* borrowed, like the items below */
+        if (!entry || !PyTuple_Check(entry) || PyTuple_Size(entry) != 5) {
+            PyErr_SetString(PyExc_TypeError, "dcp_metadata_objects: a field spec is not a 5-tuple");
             return -1;
+        }
+        PyObject *field = PyTuple_GetItem(entry, 0), *types = PyTuple_GetItem(entry, 1);
+        PyObject *item_type = PyTuple_GetItem(entry, 3), *words = PyTuple_GetItem(entry, 4);
         PyObject *v = PyDict_GetItemWithError(fields, field); /* borrowed */
         if (!v) {
             if (PyErr_Occurred()) return -1;
+            int required = PyObject_IsTrue(PyTuple_GetItem(entry, 2));
+            if (required < 0) return -1;
             if (!required) continue;
             refuse(b, "%s lacks the field '%U'", name, field);
             return -1;
         }
         int ok = PyObject_IsInstance(v, types);
         if (ok < 0) return -1;
-        PyObject *bad = ok ? NULL : v;
-        if (ok && item_type != Py_None && (PyList_Check(v) || PyTuple_Check(v))) {
-            for (Py_ssize_t j = 0, m = PySequence_Size(v); j < m; j++) {
-                PyObject *item = PySequence_GetItem(v, j);
-                int item_ok = item ? PyObject_IsInstance(item, item_type) : -1;
-                if (item_ok == 0) {
-                    PyObject *tname = type_name(item);
-                    if (tname) refuse(b, "%s field '%U' holds a %U, not %U", name, field, tname, words);
-                    Py_XDECREF(tname);
-                }
-                Py_XDECREF(item);
-                if (item_ok != 1) return -1;
-            }
-            continue;
-        }
-        if (bad) {
-            PyObject *tname = type_name(bad);
-            if (tname) refuse(b, "%s field '%U' is a %U, not %U", name, field, tname, words);
-            Py_XDECREF(tname);
-            return -1;
+        if (!ok) return refuse_type(b, name, field, "is", v, words);
+        if (item_type == Py_None || !(PyList_Check(v) || PyTuple_Check(v))) continue;
+        for (Py_ssize_t j = 0, m = PySequence_Size(v); j < m; j++) {
+            PyObject *item = PySequence_GetItem(v, j);
+            int item_ok = item ? PyObject_IsInstance(item, item_type) : -1;
+            if (item_ok == 0) refuse_type(b, name, field, "holds", item, words);
+            Py_XDECREF(item);
+            if (item_ok != 1) return -1;
         }
     }
     return 0;
@@ -352,7 +353,8 @@ static PyObject *dcp_check_chunks(PyObject *self, PyObject *args) {
         dims[d] = PyLong_AsLongLong(PyTuple_GetItem(shape, d));
         if (dims[d] == -1 && PyErr_Occurred()) return NULL;
     }
-    const Py_ssize_t want = nchunks * (nd < CKPTIO_DCP_MAX_NDIM ? nd : 0) * (Py_ssize_t)sizeof(int64_t);
+    /* More dimensions than that are the C check's to refuse (it reads no array then). */
+    const Py_ssize_t want = nchunks * (nd <= CKPTIO_DCP_MAX_NDIM ? nd : 0) * (Py_ssize_t)sizeof(int64_t);
     if (nchunks < 0 || (nd <= CKPTIO_DCP_MAX_NDIM && (PyBytes_Size(offsets) != want || PyBytes_Size(sizes) != want))) {
         PyErr_Format(PyExc_ValueError, "dcp_check_chunks: %zd chunks of %zd dimensions want %zd bytes of each",
                      nchunks, nd, want);

@@ -395,6 +395,26 @@ def test_chunks_of_several_ranks_must_tile_their_tensor(spans, said):
     assert [c.sizes for c in one.state_dict_metadata["w"].chunks] == [torch.Size([2, 3])]
 
 
+def test_a_tensor_of_64_dimensions_reads():
+    """torch allows 64 dimensions, and so does the chunk check (it took 63 at most: a ValueError, E_FORMAT);
+    65 are refused by the C check."""
+    from torch.distributed.checkpoint import metadata as md
+
+    for nd, ok in ((64, True), (65, False)):
+        ones = torch.Size([1] * nd)
+        chunk = md.ChunkStorageMetadata(offsets=torch.Size([0] * nd), sizes=ones)
+        tsm = md.TensorStorageMetadata(properties=md.TensorProperties(dtype=torch.float32), size=ones, chunks=[chunk])
+        data = pickle.dumps(md.Metadata(state_dict_metadata={"w": tsm},
+                                        storage_data={md.MetadataIndex("w", chunk.offsets): _StorageInfo(
+                                            relative_path="__0_0.distcp", offset=0, length=4)}))
+        if ok:
+            assert metadata_from_bytes(data, "d/.metadata").state_dict_metadata["w"].size == ones
+        else:
+            with pytest.raises(ckptio.CkptioError) as ei:
+                metadata_from_bytes(data, "d/.metadata")
+            assert str(ei.value).endswith("state_dict_metadata['w']: the tensor has 65 dimensions (at most 64)")
+
+
 def test_a_reader_refuses_a_chunk_without_sizes(tmp_path):
     """Through ckptio.dcp.FileSystemReader: the same E_FORMAT, naming the file; torch's dcp.load carries that
     message in the error it raises (it wraps a reader's failure in its CheckpointException)."""
