@@ -179,12 +179,9 @@ static ckptio_status add_tensor(ckptio_dcp *h, const char *fqn, const char *subj
     CKPTIO_FORWARD(tensor_dtype(h, subj, ckptio__dcp_dict_get(fields, "properties"), &t->dtype));
     if (!int_list(ckptio__dcp_dict_get(fields, "size"), shape, &ndim))
         return MDFAIL(CKPTIO_E_FORMAT, h, subj, "size is not a torch.Size of at most %u ints", CKPTIO_DCP_MAX_NDIM);
-    uint64_t numel = 1;
-    for (uint32_t d = 0; d < ndim; d++) {
-        if (shape[d] < 0) return MDFAIL(CKPTIO_E_FORMAT, h, subj, "size[%u] is %lld", d, (long long)shape[d]);
-        if (ckptio__mul_overflows(numel, (uint64_t)shape[d], &numel))
-            return MDFAIL(CKPTIO_E_FORMAT, h, subj, "the number of elements overflows 64 bits");
-    }
+    const ckptio__err_ctx ctx = {.path = h->md_path, .file_offset = -1, .subject = subj};
+    uint64_t numel = 0;
+    CKPTIO_FORWARD(ckptio__dcp_numel(&ctx, ndim, shape, &numel));
     if (ckptio__mul_overflows(numel, ckptio__dcp_element_size(t->dtype), &t->nbytes))
         return MDFAIL(CKPTIO_E_FORMAT, h, subj, "the size in bytes overflows 64 bits");
     t->numel = numel;
@@ -212,11 +209,7 @@ static ckptio_status add_tensor(ckptio_dcp *h, const char *fqn, const char *subj
             return MDFAIL(CKPTIO_E_FORMAT, h, subj, "chunk %zu: offsets or sizes is not a torch.Size", c);
         if (no != ndim) return MDFAIL(CKPTIO_E_FORMAT, h, subj, "chunk %zu has %u offsets for a %u-d tensor", c, no, ndim);
         if (ns != ndim) return MDFAIL(CKPTIO_E_FORMAT, h, subj, "chunk %zu has %u sizes for a %u-d tensor", c, ns, ndim);
-        for (uint32_t d = 0; d < ndim; d++)
-            if (off[d] < 0 || size[d] < 0 || off[d] > shape[d] || size[d] > shape[d] - off[d])
-                return MDFAIL(CKPTIO_E_FORMAT, h, subj,
-                              "chunk %zu spans [%lld, %lld) in dimension %u, outside the tensor's size %lld", c,
-                              (long long)off[d], (long long)off[d] + (long long)size[d], d, (long long)shape[d]);
+        CKPTIO_FORWARD(ckptio__dcp_chunk_inside(&ctx, c, ndim, shape, off, size));
         memcpy(t->offsets + c * ndim, off, ndim * sizeof *off);
         memcpy(t->sizes + c * ndim, size, ndim * sizeof *size);
     }

@@ -100,6 +100,15 @@ size_t ckptio__dcp_chunk_index(const ckptio__dcp_tensor *t, const int64_t *off, 
  * CKPTIO_E_FORMAT naming the tensor (dcp_tiling.c). O(chunks x ndim). */
 ckptio_status ckptio__dcp_check_tiling(const ckptio_dcp *h, const ckptio__dcp_tensor *t);
 
+/* The elements of a tensor of `shape`, or CKPTIO_E_FORMAT naming ctx (a
+ * negative size, or more than 64 bits of them) (dcp_tiling.c). */
+ckptio_status ckptio__dcp_numel(const ckptio__err_ctx *ctx, uint32_t ndim, const int64_t *shape, uint64_t *numel);
+
+/* CKPTIO_E_FORMAT naming ctx and chunk `c` unless [off, off + size) lies
+ * inside `shape` in every dimension (dcp_tiling.c). */
+ckptio_status ckptio__dcp_chunk_inside(const ckptio__err_ctx *ctx, size_t c, uint32_t ndim, const int64_t *shape,
+                                       const int64_t *off, const int64_t *size);
+
 /* Reads byte item `index` (decompressed when zstd; bounded by
  * CKPTIO_DCP_BYTE_ITEM_MAX) into *out (ckptio__malloc'ed). */
 ckptio_status ckptio__dcp_load_bytes(ckptio_dcp *h, size_t index, void **out, uint64_t *len);

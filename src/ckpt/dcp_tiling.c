@@ -158,6 +158,26 @@ ckptio_status ckptio__dcp_check_tiling(const ckptio_dcp *h, const ckptio__dcp_te
     return check_tiling(h->md_path, t);
 }
 
+ckptio_status ckptio__dcp_numel(const ckptio__err_ctx *ctx, uint32_t ndim, const int64_t *shape, uint64_t *numel) {
+    *numel = 1;
+    for (uint32_t d = 0; d < ndim; d++) {
+        if (shape[d] < 0) return CKPTIO_FAIL_CTX(CKPTIO_E_FORMAT, ctx, "size[%u] is %lld", d, (long long)shape[d]);
+        if (ckptio__mul_overflows(*numel, (uint64_t)shape[d], numel))
+            return CKPTIO_FAIL_CTX(CKPTIO_E_FORMAT, ctx, "the number of elements overflows 64 bits");
+    }
+    return CKPTIO_OK;
+}
+
+ckptio_status ckptio__dcp_chunk_inside(const ckptio__err_ctx *ctx, size_t c, uint32_t ndim, const int64_t *shape,
+                                       const int64_t *off, const int64_t *size) {
+    for (uint32_t d = 0; d < ndim; d++)
+        if (off[d] < 0 || size[d] < 0 || off[d] > shape[d] || size[d] > shape[d] - off[d])
+            return CKPTIO_FAIL_CTX(CKPTIO_E_FORMAT, ctx,
+                                   "chunk %zu spans [%lld, %lld) in dimension %u, outside the tensor's size %lld", c,
+                                   (long long)off[d], (long long)off[d] + (long long)size[d], d, (long long)shape[d]);
+    return CKPTIO_OK;
+}
+
 ckptio_status ckptio_dcp_check_chunks(const char *path, const char *fqn, uint32_t ndim, const int64_t *shape,
                                       size_t nchunks, const int64_t *offsets, const int64_t *sizes, int whole) {
     CKPTIO_RETURN_IF(!fqn || (ndim && !shape) || (nchunks && ndim && (!offsets || !sizes)), CKPTIO_E_INVAL,
@@ -168,21 +188,11 @@ ckptio_status ckptio_dcp_check_chunks(const char *path, const char *fqn, uint32_
     if (ndim > CKPTIO_DCP_MAX_NDIM)
         return CKPTIO_FAIL_CTX(CKPTIO_E_FORMAT, &ctx, "the tensor has %u dimensions (at most %u)", ndim,
                                (unsigned)CKPTIO_DCP_MAX_NDIM);
-    uint64_t numel = 1;
-    for (uint32_t d = 0; d < ndim; d++) {
-        if (shape[d] < 0) return CKPTIO_FAIL_CTX(CKPTIO_E_FORMAT, &ctx, "size[%u] is %lld", d, (long long)shape[d]);
-        if (ckptio__mul_overflows(numel, (uint64_t)shape[d], &numel))
-            return CKPTIO_FAIL_CTX(CKPTIO_E_FORMAT, &ctx, "the number of elements overflows 64 bits");
-    }
+    uint64_t numel = 0;
+    CKPTIO_FORWARD(ckptio__dcp_numel(&ctx, ndim, shape, &numel));
     /* Inside the tensor (as ckptio_dcp_open checks a directory's chunks), which the tiling's arithmetic needs. */
-    for (size_t c = 0; c < nchunks; c++)
-        for (uint32_t d = 0; d < ndim; d++) {
-            const int64_t off = offsets[c * ndim + d], size = sizes[c * ndim + d];
-            if (off < 0 || size < 0 || off > shape[d] || size > shape[d] - off)
-                return CKPTIO_FAIL_CTX(CKPTIO_E_FORMAT, &ctx,
-                                       "chunk %zu spans [%lld, %lld) in dimension %u, outside the tensor's size %lld",
-                                       c, (long long)off, (long long)off + (long long)size, d, (long long)shape[d]);
-        }
+    for (size_t c = 0; c < nchunks && ndim; c++)
+        CKPTIO_FORWARD(ckptio__dcp_chunk_inside(&ctx, c, ndim, shape, offsets + c * ndim, sizes + c * ndim));
     if (!whole) return CKPTIO_OK;
     static const int64_t none[1]; /* a scalar's or a chunkless tensor's arrays may be NULL: no arithmetic on NULL */
     shape = shape ? shape : none;
