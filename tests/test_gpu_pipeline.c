@@ -79,16 +79,22 @@ static unsigned char *make_file(const char *path, size_t size, uint64_t seed) {
     return data;
 }
 
+/* make_file(path, size, seed), opened for reading on `e` into *f; returns the file's contents. */
+static unsigned char *open_made_file(ckptio_engine *e, const char *path, size_t size, uint64_t seed, ckptio_file **f) {
+    unsigned char *want = make_file(path, size, seed);
+    T_OK(ckptio_file_open(e, path, CKPTIO_OPEN_READ, f));
+    return want;
+}
+
 /* ---- reads ---------------------------------------------------------------- */
 
 static void read_extents_case(int64_t threads, int64_t staging, unsigned delay) {
     sim_reset(delay);
     const size_t fsize = 5 * MIB + 777;
-    const char *path = t_path("read.bin");
-    unsigned char *want = make_file(path, fsize, 11);
     ckptio_engine *e = make_engine(threads, staging, 8 * MIB);
+    const char *path = t_path("read.bin");
     ckptio_file *f = NULL;
-    T_OK(ckptio_file_open(e, path, CKPTIO_OPEN_READ, &f));
+    unsigned char *want = open_made_file(e, path, fsize, 11, &f);
     const size_t dsize = 6 * MIB;
     unsigned char *dev = ckptio__gpu_sim_device_alloc(dsize);
     T_ASSERT(dev);
@@ -928,11 +934,10 @@ static void test_copy_fails_asynchronously(void) {
 
 static void test_read_fails_midway(void) {
     sim_reset(20);
-    const char *path = t_path("fail_read.bin");
-    unsigned char *want = make_file(path, 3 * MIB, 21);
     ckptio_engine *e = make_engine(2, 2 * MIB, 8 * MIB);
+    const char *path = t_path("fail_read.bin");
     ckptio_file *f = NULL;
-    T_OK(ckptio_file_open(e, path, CKPTIO_OPEN_READ, &f));
+    unsigned char *want = open_made_file(e, path, 3 * MIB, 21, &f);
     unsigned char *dev = ckptio__gpu_sim_device_alloc(3 * MIB);
     ckptio_extent ex = {.file = f, .file_offset = 0, .length = 3 * MIB, .memory = dev, .mem_kind = CKPTIO_MEM_CUDA};
     ckptio__io_inject(CKPTIO__IO_READ, 4, EIO, 0, false);
@@ -961,11 +966,10 @@ static void test_read_fails_midway(void) {
 
 static void test_bad_device_memory(void) {
     sim_reset(0);
-    const char *path = t_path("bad_mem.bin");
-    unsigned char *want = make_file(path, 64 * KIB, 2);
     ckptio_engine *e = make_engine(1, 1 * MIB, 8 * MIB);
+    const char *path = t_path("bad_mem.bin");
     ckptio_file *f = NULL;
-    T_OK(ckptio_file_open(e, path, CKPTIO_OPEN_READ, &f));
+    unsigned char *want = open_made_file(e, path, 64 * KIB, 2, &f);
     unsigned char *dev = ckptio__gpu_sim_device_alloc(4096);
     ckptio_extent ex = {.file = f, .file_offset = 0, .length = 8192, .memory = dev + 100, .mem_kind = CKPTIO_MEM_CUDA};
     T_STATUS(ckptio__gpu_execute(e, CKPTIO_READ, &ex, 1), CKPTIO_E_RANGE);
@@ -985,11 +989,10 @@ static void test_bad_device_memory(void) {
  * as an allocation of its own, and a tensor may span several. */
 static void test_device_memory_in_pieces(void) {
     sim_reset(0);
-    const char *path = t_path("pieces.bin");
-    unsigned char *want = make_file(path, 64 * KIB, 3);
     ckptio_engine *e = make_engine(2, 1 * MIB, 8 * MIB);
+    const char *path = t_path("pieces.bin");
     ckptio_file *f = NULL;
-    T_OK(ckptio_file_open(e, path, CKPTIO_OPEN_READ, &f));
+    unsigned char *want = open_made_file(e, path, 64 * KIB, 3, &f);
     unsigned char *dev = ckptio__gpu_sim_device_alloc_pieces(64 * KIB, 20 * KIB, true); /* 20 + 20 + 20 + 4 KiB */
     T_ASSERT(dev != NULL);
     ckptio_extent ex = {.file = f, .file_offset = 1000, .length = 60000, .memory = dev + 100,
@@ -1422,11 +1425,10 @@ static void test_mapped_unsupported(void) {
 /* CKPTIO_GPU_PATH=staged never maps. */
 static void test_staged_setting(void) {
     sim_reset(0);
-    const char *path = t_path("staged.bin");
-    unsigned char *want = make_file(path, MIXED_FILE_SIZE, 34);
     ckptio_engine *e = make_engine(2, 2 * MIB, 8 * MIB);
+    const char *path = t_path("staged.bin");
     ckptio_file *f = NULL;
-    T_OK(ckptio_file_open(e, path, CKPTIO_OPEN_READ, &f));
+    unsigned char *want = open_made_file(e, path, MIXED_FILE_SIZE, 34, &f);
     read_checked(e, f, want, mixed_spec, MIXED_N, 6 * MIB);
     ckptio_stats st;
     T_OK(ckptio_engine_stats(e, &st));
