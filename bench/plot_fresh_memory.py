@@ -23,10 +23,10 @@ def rows_of(paths):
             rows = [json.loads(line) for line in f if line.startswith("{")]
         nbytes = next(r["load"]["bytes"] for r in rows if "load" in r)
         for r in rows:
-            first = r.get("round") == "first" or r["way"] == "first"
+            first = r.get("round") == "first" or r["way"] == "first"  # "first": the probe's earliest log format
             way = "fresh" if r["way"] == "first" else r["way"]
-            yield ("first load" if first else "later loads"), way, nbytes / r.get("total_ms", 0) / 1e6 if r.get(
-                "total_ms") else r["load"]["GBps"]
+            total_ms = r.get("total_ms", r.get("load", {}).get("total_ms"))
+            yield ("first load" if first else "later loads"), way, nbytes / total_ms / 1e6
 
 
 def main():

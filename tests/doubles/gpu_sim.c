@@ -111,17 +111,26 @@ static bool track_piece(void *p, size_t bytes, ckptio_mem_kind kind, void *owner
 
 static bool track_at(void *p, size_t bytes, ckptio_mem_kind kind) { return track_piece(p, bytes, kind, p, false); }
 
-static void *track(size_t bytes, ckptio_mem_kind kind) {
+static void untrack_at(void *p);
+
+/* A zeroed buffer of `bytes`, recorded as memory of `kind` in pieces of `piece` bytes (the last one shorter; one
+ * piece for a buffer of none), mapped ones or not; NULL when out of memory. */
+static void *track_pieces(size_t bytes, ckptio_mem_kind kind, size_t piece, bool mapped) {
     /* 4 KiB alignment, like real pinned and device allocations. */
-    void *p = ckptio__aligned_alloc(4096, bytes ? bytes : 1);
+    unsigned char *p = ckptio__aligned_alloc(4096, bytes ? bytes : 1);
     if (!p) return NULL;
     memset(p, 0, bytes);
-    if (!track_at(p, bytes, kind)) {
-        ckptio__free(p);
-        return NULL;
+    for (size_t at = 0; at == 0 || at < bytes; at += piece) {
+        if (!track_piece(p + at, bytes - at < piece ? bytes - at : piece, kind, p, mapped)) {
+            untrack_at(p);
+            ckptio__free(p);
+            return NULL;
+        }
     }
     return p;
 }
+
+static void *track(size_t bytes, ckptio_mem_kind kind) { return track_pieces(bytes, kind, bytes ? bytes : 1, false); }
 
 /* Forgets the records of the buffer at p, every piece (the memory stays). */
 static void untrack_at(void *p) {
@@ -151,16 +160,7 @@ static void untrack(void *p) {
 void *ckptio__gpu_sim_device_alloc(size_t bytes) { return track(bytes, CKPTIO_MEM_CUDA); }
 
 void *ckptio__gpu_sim_device_alloc_pieces(size_t bytes, size_t piece, bool mapped) {
-    unsigned char *p = ckptio__aligned_alloc(4096, bytes ? bytes : 1);
-    if (!p) return NULL;
-    memset(p, 0, bytes);
-    for (size_t at = 0; at < bytes; at += piece) {
-        if (!track_piece(p + at, bytes - at < piece ? bytes - at : piece, CKPTIO_MEM_CUDA, p, mapped)) {
-            untrack(p);
-            return NULL;
-        }
-    }
-    return p;
+    return track_pieces(bytes, CKPTIO_MEM_CUDA, piece ? piece : 1, mapped);
 }
 void ckptio__gpu_sim_device_free(void *ptr) { untrack(ptr); }
 
