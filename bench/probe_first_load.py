@@ -9,13 +9,16 @@ MODE: plain (the first load as it comes), tiny (the tensor with the fewest eleme
 engine's threads, streams and first slots exist before the timed load; until 2026-11-27 the shape compared
 as a list picked a 16 MiB k_proj, which is what BENCHMARKS.md's "first load's phases" measured), prepared
 (prepare_gpu, then 0.5 s, then the load), prepared-now (prepare_gpu, then the load at once: the load must not
-wait for the pinning it interrupts).
+wait for the pinning it interrupts), slotwarm (the first tenth of the tensors loaded and kept: every slot is
+pinned and the pipeline warm, then the whole directory loaded into memory this process never had), newout
+(the tensors allocated before the clock, then the first load into them with out=), realloc (15 GiB allocated,
+written by host-to-device copies and given back to the driver with torch.cuda.empty_cache() before the load).
 For each timed load: open (CheckpointFile over the directory), python (allocating the destination
 tensors and building the request, i.e. get_tensors minus the C read), read (the C read, GIL released,
 until the copies are done), total; GB/s over total; CPU seconds; staging pinned after it and the process's
 anonymous memory on huge pages (with CKPTIO_GPU_HUGE_SLOTS=1: did the slots get them?). Then a
 second load in the same process, timed the same way; SECOND says into what: fresh (default: the first
-load's tensors freed and torch.cuda.empty_cache(), so new memory from cudaMalloc), reuse (freed, no
+load's tensors freed and torch.cuda.empty_cache(), so memory given back to the driver and allocated again), reuse (freed, no
 empty_cache: the allocator's cached blocks), out (into the first load's tensors).
 """
 import json
@@ -79,6 +82,23 @@ def anon_huge_mib():
     return None
 
 
+DTYPES = {"BF16": torch.bfloat16, "F16": torch.float16, "F32": torch.float32, "I64": torch.int64}
+
+
+def given_back(nbytes):
+    """Allocates nbytes of device memory, writes all of it by host-to-device copies, and gives it back to the
+    driver: the next allocations get memory this process had (bench/probe_copy_destination.py: the first
+    copies into such memory run ~11% slower)."""
+    big = torch.empty(nbytes, dtype=torch.uint8, device=DEV)
+    src = torch.zeros(256 << 20, dtype=torch.uint8).pin_memory()
+    for off in range(0, nbytes, src.numel()):
+        n = min(src.numel(), nbytes - off)
+        big[off:off + n].copy_(src[:n], non_blocking=True)
+    torch.cuda.synchronize()
+    del big
+    torch.cuda.empty_cache()
+
+
 def main():
     d, mode = sys.argv[1], sys.argv[2]
     torch.zeros(1, device=DEV)
@@ -94,9 +114,20 @@ def main():
         with ckptio.CheckpointFile(d, device=DEV) as f:
             small = min(f.keys(), key=lambda k: math.prod(f.get_slice(k).get_shape()))
         _, row["tiny"] = timed_load(ckptio, d, [small])
-    elif mode != "plain":
+    elif mode == "slotwarm":
+        with ckptio.CheckpointFile(d, device=DEV) as f:
+            names = f.keys()
+        kept, row["warmup"] = timed_load(ckptio, d, names[:max(1, len(names) // 10)])
+    elif mode == "realloc" and DEV != "cpu":
+        given_back(15 << 30)
+    elif mode not in ("plain", "newout", "realloc"):
         raise SystemExit(f"unknown mode {mode}")
-    out, row["first"] = timed_load(ckptio, d)
+    dest = None
+    if mode == "newout":
+        with ckptio.CheckpointFile(d, device=DEV) as f:
+            dest = {k: torch.empty(f.get_slice(k).get_shape(), dtype=DTYPES[f.get_slice(k).get_dtype()], device=DEV)
+                    for k in f.keys()}
+    out, row["first"] = timed_load(ckptio, d, out=dest)
     row["first"]["staging_reserved_MiB"] = eng.stats()["staging_reserved"] >> 20
     row["first"]["anon_huge_MiB"] = anon_huge_mib()
     second = os.environ.get("SECOND", "fresh")

@@ -26,6 +26,8 @@ Measured on an H200 (2026-11-27, BENCHMARKS.md "Memory new from cudaMalloc", ben
 the C read of 14.2 GB takes 274-277 ms into memory host-to-device copies wrote before (reuse), 283-300 into any
 new memory whichever way it came; sparse touches do nothing, zeroing gains back less than it costs, and neither
 one block nor allocating behind the first reads pays, so ckptio allocates per tensor, up front.
+Corrected on 2026-11-27 (eighth session, bench/probe_copy_destination.py): every way here but reuse gets memory
+given back with empty_cache() and allocated again, which is what is slow; memory new to the process is not.
 """
 import json
 import os
