@@ -1420,6 +1420,9 @@ typedef struct ckptio_dcp_verify_report {
                                * check: items whose structure was validated */
     size_t unhashed;          /* verify: manifest items without a hash (not an error) */
     uint64_t bytes;           /* bytes hashed (verify) or items' stored bytes (check) */
+    size_t partial;           /* tensors saved in part: their chunks do not tile them, which only a save
+                               * that is not several ranks' may hold (one process saving its own shards;
+                               * torch loads them back) */
 } ckptio_dcp_verify_report;
 
 /*! ckptio_dcp_verify() :
@@ -1428,7 +1431,9 @@ typedef struct ckptio_dcp_verify_report {
  * hashed in pieces of at most 64 MiB (bounded memory). No manifest:
  * CKPTIO_E_NOT_FOUND (e.g. written by torch: use ckptio_dcp_check). A
  * manifest that does not describe the items of .metadata: CKPTIO_E_FORMAT.
- * Mismatch: CKPTIO_E_CHECKSUM naming file, offset and fqn. Then every byte
+ * Mismatch: CKPTIO_E_CHECKSUM naming file, offset and fqn. Chunks are
+ * held to the rule of ckptio_dcp_check() (tiling when several ranks saved),
+ * before any item is hashed. Then every byte
  * item is parsed by the restricted unpickler (a matching hash does not make
  * a pickle safe): CKPTIO_E_DISALLOWED naming file, offset, item and global.
  * report may be NULL. */
@@ -1438,8 +1443,13 @@ CKPTIO_API ckptio_status ckptio_dcp_verify(ckptio_dcp *dcp, ckptio_dcp_verify_re
  * Structural check without checksums: every item lies inside its file,
  * every archive / SAFETENSORS blob / zstd frame parses and matches the
  * dtype and chunk shape of .metadata, every byte item passes the restricted
- * unpickler (CKPTIO_E_DISALLOWED naming the global), and every tensor's
- * chunks tile it (checked in O(chunks x ndim)). zstd items are bounded as
+ * unpickler (CKPTIO_E_DISALLOWED naming the global), and, when the data
+ * files are several ranks' (ckptio_dcp_saved_by_ranks()), every tensor's
+ * chunks tile it (CKPTIO_E_FORMAT naming the overlap or gap; checked in
+ * O(chunks x ndim)). Otherwise a tensor may be saved in part, as one process
+ * saving its own shards writes it and torch loads it back: report->partial
+ * counts those tensors (ckptio.dcp's reader applies the same rule). Reading
+ * such a tensor whole (ckptio_dcp_read_tensor) is still refused. zstd items are bounded as
  * CKPTIO_DCP_ARCHIVE_OVERHEAD_MAX says. Reads whole items (one at a time).
  * report may be NULL. */
 CKPTIO_API ckptio_status ckptio_dcp_check(ckptio_dcp *dcp, ckptio_dcp_verify_report *report);

@@ -216,15 +216,28 @@ CKPTIO_API ckptio_status ckptio_dcp_file_open(ckptio_engine *engine, const char 
 /* Dimensions a stored DCP tensor may have (torch allows 64 at most too). */
 #define CKPTIO_DCP_MAX_NDIM 64
 
+/*! ckptio_dcp_saved_by_ranks() :
+ * 1 when `relative_paths` (a .metadata's data file names, NULL entries
+ * skipped) name files of at least two ranks (__RANK_..., ranks told apart
+ * by their digits), else 0. torch's save planner checks that every tensor's
+ * chunks tile it only when several ranks plan a save together, so only then
+ * may a reader demand the tiling (ckptio_dcp_check_chunks' `whole`); a
+ * process saving alone may write just its own shard of a tensor. This is
+ * the rule ckptio_dcp_check(), ckptio_dcp_verify() and ckptio.dcp's reader
+ * share. */
+CKPTIO_API int ckptio_dcp_saved_by_ranks(const char *const *relative_paths, size_t count);
+
 /*! ckptio_dcp_check_chunks() :
  * Checks the chunks one tensor of a DCP .metadata was saved in, as
  * ckptio_dcp_open() and ckptio_dcp_check() check a directory's: each lies
  * inside the tensor and, with `whole`, together they tile it exactly, no gap
  * and no overlap (in O(chunks x ndim): dcp_tiling.c). torch's planner places
  * chunks by their offsets without such a check; ckptio.dcp's reader calls
- * this for every tensor of the metadata it loads, with `whole` for the
- * directory's .metadata and without for a rank's own __RANK.metadata (a save
- * without collectives: it holds that rank's chunks only).
+ * this for every tensor of the metadata it loads, with `whole` for a
+ * directory's .metadata whose data files are several ranks'
+ * (ckptio_dcp_saved_by_ranks) and without for a rank's own __RANK.metadata
+ * (a save without collectives: it holds that rank's chunks only) or one
+ * process's save.
  * @param path names the file in errors (may be NULL); fqn the tensor.
  * @param shape ndim sizes (ndim <= CKPTIO_DCP_MAX_NDIM).
  * @param offsets, sizes nchunks x ndim values, chunk after chunk.

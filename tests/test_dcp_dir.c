@@ -842,6 +842,28 @@ static void test_allocation_failures(void) {
     T_ASSERT(succeeded);
 }
 
+/* Whose files a .metadata names decides whether its chunks must tile every
+ * tensor: several ranks' (torch's planner checked it), or one process's,
+ * which may hold its own shard of a tensor. The sharded fixtures' gap and
+ * overlap cases above are several ranks'; test_cli_dcp.py has a one-process
+ * shard through verify, convert and both readers. */
+static void test_saved_by_ranks(void) {
+    const char *two[] = {"__0_0.distcp", "__1_0.distcp"};
+    const char *ckptio_two[] = {"__0_80b4e47c5ac9_0.distcp", "__1_80b4e47c5ac9_0.distcp"};
+    const char *one[] = {"__0_0.distcp", "__0_1.distcp", "__0_80b4e47c5ac9_0.distcp"};
+    const char *padded[] = {"__0_0.distcp", "__00_0.distcp"}; /* digits differ: two ranks, as in Python */
+    const char *unnamed[] = {"data.distcp", "__x_0.distcp", "___0.distcp", "__12", NULL, "__3_0.distcp"};
+    const char *mixed[] = {"model.bin", NULL, "__3_0.distcp", "__4_0.distcp"};
+    T_ASSERT(ckptio_dcp_saved_by_ranks(two, 2) == 1);
+    T_ASSERT(ckptio_dcp_saved_by_ranks(ckptio_two, 2) == 1);
+    T_ASSERT(ckptio_dcp_saved_by_ranks(one, 3) == 0);
+    T_ASSERT(ckptio_dcp_saved_by_ranks(padded, 2) == 1);
+    T_ASSERT(ckptio_dcp_saved_by_ranks(unnamed, 6) == 0);
+    T_ASSERT(ckptio_dcp_saved_by_ranks(mixed, 4) == 1);
+    T_ASSERT(ckptio_dcp_saved_by_ranks(two, 1) == 0);
+    T_ASSERT(ckptio_dcp_saved_by_ranks(NULL, 3) == 0);
+}
+
 int main(void) {
     T_OK(ckptio_engine_create(&engine));
     T_RUN(test_table);
@@ -856,6 +878,7 @@ int main(void) {
     T_RUN(test_tiling);
     T_RUN(test_file_open);
     T_RUN(test_check_chunks_api);
+    T_RUN(test_saved_by_ranks);
     T_RUN(test_hostile_byte_item);
     T_RUN(test_zstd_bomb);
     T_RUN(test_save_safetensors);

@@ -221,6 +221,15 @@ int cli_dcp_inspect(ckptio_engine *engine, const char *dir, bool json) {
 
 /* ---- verify ------------------------------------------------------------------------ */
 
+/* How the chunks cover the tensors: a save of one process may hold some in part (its own shards, which torch
+ * loads back), a save of several ranks must tile every one (ckptio_dcp_check). */
+static const char *describe_coverage(const ckptio_dcp_verify_report *r, char *buf, size_t cap) {
+    if (!r->partial) return "chunks tile every tensor";
+    snprintf(buf, cap, "%zu tensor%s saved in part (one process's own chunks), the others tiled", r->partial,
+             r->partial == 1 ? "" : "s");
+    return buf;
+}
+
 int cli_dcp_verify(ckptio_engine *engine, const char *dir, bool quiet) {
     ckptio_dcp *h = NULL;
     ckptio_status st = ckptio_dcp_open(engine, dir, &h);
@@ -232,21 +241,22 @@ int cli_dcp_verify(ckptio_engine *engine, const char *dir, bool quiet) {
     ckptio_dcp_verify_report r;
     char size[32];
     int rc = CLI_EXIT_OK;
+    char coverage[128];
     if (ckptio_dcp_manifest(h, &manifest) == CKPTIO_OK) {
         if ((st = ckptio_dcp_verify(h, &r)) != CKPTIO_OK) rc = cli_error_lib(dir, st);
         else if (!quiet)
             printf("%s: ok (DCP, %zu tensor%s, %zu byte item%s; %zu of %zu items matched their XXH3-64 in %s, "
-                   "%zu without a checksum; %s read)\n",
+                   "%zu without a checksum; %s; %s read)\n",
                    cli_q(dir), nt, nt == 1 ? "" : "s", nb, nb == 1 ? "" : "s", r.checked, r.items, cli_q(manifest), r.unhashed,
-                   cli_format_bytes(r.bytes, size, sizeof size));
+                   describe_coverage(&r, coverage, sizeof coverage), cli_format_bytes(r.bytes, size, sizeof size));
     } else {
         /* No manifest (torch wrote it): what can be checked without checksums. */
         if ((st = ckptio_dcp_check(h, &r)) != CKPTIO_OK) rc = cli_error_lib(dir, st);
         else if (!quiet)
             printf("%s: ok (DCP, %zu tensor%s, %zu byte item%s; no ckptio manifest, so no checksums: structure "
-                   "checked instead, %zu items parsed, chunks tile every tensor; %s read)\n",
+                   "checked instead, %zu items parsed, %s; %s read)\n",
                    cli_q(dir), nt, nt == 1 ? "" : "s", nb, nb == 1 ? "" : "s", r.checked,
-                   cli_format_bytes(r.bytes, size, sizeof size));
+                   describe_coverage(&r, coverage, sizeof coverage), cli_format_bytes(r.bytes, size, sizeof size));
     }
     ckptio_dcp_close(h);
     return rc;

@@ -353,9 +353,9 @@ static PyObject *mod_dcp_verify(PyObject *module, PyObject *args, PyObject *kwar
     ckpy_engine *engine = ckpy_engine_resolve(engine_arg);
     verify_call c = {.dir = PyBytes_AsString(dir)};
     if (engine && ckpy_engine_run(engine, do_verify, &c) == 0)
-        result = Py_BuildValue("{s:n,s:n,s:n,s:K}", "items", (Py_ssize_t)c.report.items, "checked",
+        result = Py_BuildValue("{s:n,s:n,s:n,s:K,s:n}", "items", (Py_ssize_t)c.report.items, "checked",
                                (Py_ssize_t)c.report.checked, "unhashed", (Py_ssize_t)c.report.unhashed, "bytes",
-                               (unsigned long long)c.report.bytes);
+                               (unsigned long long)c.report.bytes, "partial", (Py_ssize_t)c.report.partial);
     Py_XDECREF(engine);
     Py_DECREF(dir);
     return result;
@@ -374,8 +374,8 @@ static PyMethodDef dcp_methods[] = {
      "dcp_file_open(dir, relative_path, engine=None) -> File: a data file of a DCP directory, read-only\n"
      "(ckptio_dcp_file_open: a relative_path that leaves the directory is refused, E_FORMAT)."},
     {"dcp_verify", (PyCFunction)(void (*)(void))mod_dcp_verify, METH_VARARGS | METH_KEYWORDS,
-     "dcp_verify(dir, engine=None) -> {items, checked, unhashed, bytes}: ckptio_dcp_open + ckptio_dcp_verify\n"
-     "(the checkpoint directory against its ckptio manifest; bounded memory). GIL released."},
+     "dcp_verify(dir, engine=None) -> {items, checked, unhashed, bytes, partial}: ckptio_dcp_open +\n"
+     "ckptio_dcp_verify (the checkpoint directory against its ckptio manifest; bounded memory). GIL released."},
     {"dcp_write", (PyCFunction)(void (*)(void))mod_dcp_write, METH_VARARGS | METH_KEYWORDS,
      "dcp_write(items, alignment=0, engine=None) -> [(offset, length, xxh3 or None, parts or None)]\n\n"
      "Writes .distcp items (ckptio_dcp_write): each (File, flags, payload) where payload is bytes\n"

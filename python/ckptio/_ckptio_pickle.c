@@ -371,6 +371,31 @@ static PyObject *dcp_check_chunks(PyObject *self, PyObject *args) {
     Py_RETURN_NONE;
 }
 
+/* dcp_saved_by_ranks(paths): ckptio_dcp_saved_by_ranks on the str items of a sequence (data file names). */
+static PyObject *dcp_saved_by_ranks(PyObject *self, PyObject *arg) {
+    (void)self;
+    const Py_ssize_t n = PySequence_Size(arg);
+    if (n < 0) return NULL;
+    PyObject *encoded = PyList_New(0); /* keeps the UTF-8 bytes alive while C reads them */
+    const char **names = encoded ? PyMem_Calloc((size_t)n + 1, sizeof *names) : NULL;
+    int several = -1;
+    Py_ssize_t i = 0;
+    if (encoded && !names) PyErr_NoMemory();
+    for (; names && i < n; i++) {
+        PyObject *item = PySequence_GetItem(arg, i);
+        PyObject *utf8 = item && PyUnicode_Check(item) ? PyUnicode_AsUTF8String(item) : NULL;
+        const int ok = item && (!PyUnicode_Check(item) || (utf8 && PyList_Append(encoded, utf8) == 0));
+        if (utf8) names[i] = PyBytes_AsString(utf8);
+        Py_XDECREF(utf8);
+        Py_XDECREF(item);
+        if (!ok) break;
+    }
+    if (names && i == n) several = ckptio_dcp_saved_by_ranks(names, (size_t)n);
+    PyMem_Free(names);
+    Py_XDECREF(encoded);
+    return several < 0 ? NULL : PyBool_FromLong(several);
+}
+
 static PyMethodDef pickle_methods[] = {
     {"dcp_metadata_objects", dcp_metadata_objects, METH_VARARGS,
      "dcp_metadata_objects(data: bytes, origin: str | None, dataclasses: dict, size: type, dtypes: dict,\n"
@@ -382,6 +407,10 @@ static PyMethodDef pickle_methods[] = {
      "whole: bool) -> None: the tensor's chunks lie inside it and, with whole, tile it exactly\n"
      "(ckptio_dcp_check_chunks), or CkptioError E_FORMAT. offsets and sizes: nchunks x len(shape) native int64\n"
      "values each."},
+    {"dcp_saved_by_ranks", dcp_saved_by_ranks, METH_O,
+     "dcp_saved_by_ranks(paths: sequence) -> bool: whether the str among paths (a .metadata's data file names)\n"
+     "name files of several ranks (__RANK_...), when a reader may demand that chunks tile every tensor\n"
+     "(ckptio_dcp_saved_by_ranks); items that are not str are skipped."},
     {NULL, NULL, 0, NULL}};
 
 int ckpy_pickle_add_to_module(PyObject *module);

@@ -296,9 +296,9 @@ ckptio_status ckptio_dcp_check(ckptio_dcp *h, ckptio_dcp_verify_report *report) 
             r.bytes += h->bytes[j].stored.length;
         }
     }
+    if (st == CKPTIO_OK) st = ckptio__dcp_check_coverage(h, &r.partial);
     for (size_t i = 0; i < h->ntensors && st == CKPTIO_OK; i++) {
         const ckptio__dcp_tensor *t = &h->tensors[i];
-        if ((st = ckptio__dcp_check_tiling(h, t)) != CKPTIO_OK) break;
         for (size_t c = 0; c < t->nchunks && st == CKPTIO_OK; c++) {
             dcp_view v;
             r.items++;

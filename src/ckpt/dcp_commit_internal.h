@@ -19,6 +19,12 @@
  * copies the 12 hex digits of the token into token[0..12] (NUL-terminated). */
 bool ckptio__dcp_data_name(const char *name, char token[13]);
 
+/* Whether `files` (data file names; NULL entries skipped) name at least two
+ * ranks (__{rank}_..., ranks told apart by their digits): a save several
+ * ranks planned together, whose chunks torch's planner checked to tile every
+ * tensor (ckptio_dcp_saved_by_ranks(), dcp_tiling.c's coverage rule). */
+bool ckptio__dcp_several_ranks(const char *const *files, size_t count);
+
 /* The token all of `files` share as ckptio data file names (what
  * ckptio_dcp_save_token() returns), or false without touching the error. */
 bool ckptio__dcp_token(const char *const *files, size_t count, char token[13]);

@@ -100,6 +100,15 @@ size_t ckptio__dcp_chunk_index(const ckptio__dcp_tensor *t, const int64_t *off, 
  * CKPTIO_E_FORMAT naming the tensor (dcp_tiling.c). O(chunks x ndim). */
 ckptio_status ckptio__dcp_check_tiling(const ckptio_dcp *h, const ckptio__dcp_tensor *t);
 
+/* The coverage rule ckptio_dcp_check() and ckptio_dcp_verify() apply, the
+ * one ckptio.dcp's reader applies: when the data files are several ranks'
+ * (ckptio__dcp_several_ranks), every tensor must be tiled exactly
+ * (CKPTIO_E_FORMAT as ckptio__dcp_check_tiling); otherwise a tensor may be
+ * saved in part (one process saving its own shards, which torch loads back)
+ * and *partial counts the tensors whose chunks do not tile them. Chunks lie
+ * inside their tensors already (ckptio_dcp_open). O(chunks x ndim). */
+ckptio_status ckptio__dcp_check_coverage(const ckptio_dcp *h, size_t *partial);
+
 /* The elements of a tensor of `shape`, or CKPTIO_E_FORMAT naming ctx (a
  * negative size, or more than 64 bits of them) (dcp_tiling.c). */
 ckptio_status ckptio__dcp_numel(const ckptio__err_ctx *ctx, uint32_t ndim, const int64_t *shape, uint64_t *numel);

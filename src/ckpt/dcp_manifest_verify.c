@@ -335,6 +335,7 @@ ckptio_status ckptio_dcp_verify(ckptio_dcp *h, ckptio_dcp_verify_report *report)
         }
         seen[slot] = true;
     }
+    if ((st = ckptio__dcp_check_coverage(h, &r.partial)) != CKPTIO_OK) goto out;
     for (size_t i = 0; i < m.count; i++) {
         r.items++;
         if ((st = check_item(h, &m.items[i], buf, state, &r)) != CKPTIO_OK) goto out;

@@ -58,6 +58,34 @@ ckptio_status ckptio_dcp_save_token(const char *const *files, size_t count, char
     return CKPTIO_OK;
 }
 
+/* The rank in a data file name __{rank}_... (torch's and ckptio's), as the
+ * digits' length; 0 when the name has none. */
+static size_t rank_digits(const char *name) {
+    if (!name || name[0] != '_' || name[1] != '_') return 0;
+    const char *p = digits(name + 2);
+    return p != name + 2 && *p == '_' ? (size_t)(p - (name + 2)) : 0;
+}
+
+bool ckptio__dcp_several_ranks(const char *const *files, size_t count) {
+    const char *first = NULL;
+    size_t first_len = 0;
+    for (size_t i = 0; i < count; i++) {
+        const size_t n = rank_digits(files[i]);
+        if (!n) continue;
+        if (!first) {
+            first = files[i] + 2;
+            first_len = n;
+        } else if (n != first_len || memcmp(files[i] + 2, first, n) != 0) {
+            return true;
+        }
+    }
+    return false;
+}
+
+int ckptio_dcp_saved_by_ranks(const char *const *relative_paths, size_t count) {
+    return relative_paths && ckptio__dcp_several_ranks(relative_paths, count);
+}
+
 bool ckptio__dcp_metadata_name(const char *name) {
     if (strcmp(name, ".metadata") == 0) return true;
     if (name[0] != '_' || name[1] != '_') return false;

@@ -23,6 +23,7 @@
  * sweep over the chunks sorted by their start in dimension 0 finds them
  * within a bounded number of comparisons, and the gap otherwise.
  */
+#include "dcp_commit_internal.h"
 #include "dcp_dir_internal.h"
 
 #include <stdio.h>
@@ -121,10 +122,10 @@ static bool find_overlap(const ckptio__dcp_tensor *t, size_t *a, size_t *b) {
     return found;
 }
 
-/* The check itself; errors name `path` and the tensor's fqn. */
-static ckptio_status check_tiling(const char *path, const ckptio__dcp_tensor *t) {
+/* Whether the chunks tile `t` exactly; *total receives the elements they
+ * cover together (UINT64_MAX past 64 bits). */
+static bool tiles_exactly(const ckptio__dcp_tensor *t, uint64_t *out_total) {
     const uint32_t nd = t->ndim;
-    const ckptio__err_ctx ctx = {.path = path, .file_offset = -1, .subject = t->fqn};
     uint64_t total = 0;
     for (size_t c = 0; c < t->nchunks; c++) {
         uint64_t vol = 1;
@@ -142,7 +143,15 @@ static ckptio_status check_tiling(const char *path, const ckptio__dcp_tensor *t)
         static const int64_t zeros[64];
         exact = sum == box_value(seed, nd, zeros, t->shape);
     }
-    if (exact) return CKPTIO_OK;
+    *out_total = total;
+    return exact;
+}
+
+/* The check itself; errors name `path` and the tensor's fqn. */
+static ckptio_status check_tiling(const char *path, const ckptio__dcp_tensor *t) {
+    const ckptio__err_ctx ctx = {.path = path, .file_offset = -1, .subject = t->fqn};
+    uint64_t total = 0;
+    if (tiles_exactly(t, &total)) return CKPTIO_OK;
     size_t a = 0, b = 0;
     /* Inside the tensor with at least its volume, an inexact tiling overlaps. */
     if (total >= t->numel) {
@@ -156,6 +165,17 @@ static ckptio_status check_tiling(const char *path, const ckptio__dcp_tensor *t)
 
 ckptio_status ckptio__dcp_check_tiling(const ckptio_dcp *h, const ckptio__dcp_tensor *t) {
     return check_tiling(h->md_path, t);
+}
+
+ckptio_status ckptio__dcp_check_coverage(const ckptio_dcp *h, size_t *partial) {
+    *partial = 0;
+    const bool whole = ckptio__dcp_several_ranks((const char *const *)h->files, h->nfiles);
+    for (size_t i = 0; i < h->ntensors; i++) {
+        uint64_t total = 0;
+        if (whole) CKPTIO_FORWARD(check_tiling(h->md_path, &h->tensors[i]));
+        else if (!tiles_exactly(&h->tensors[i], &total)) (*partial)++;
+    }
+    return CKPTIO_OK;
 }
 
 ckptio_status ckptio__dcp_numel(const ckptio__err_ctx *ctx, uint32_t ndim, const int64_t *shape, uint64_t *numel) {

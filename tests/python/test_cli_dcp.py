@@ -292,3 +292,67 @@ def test_two_ranks(tmp_path):
         loaded = load_file(str(out))
         assert set(loaded) == {"W", "E"}
         assert torch.equal(loaded["W"], W) and torch.equal(loaded["E"], E)
+
+
+def _claim_more_rows(meta, rows):
+    """Rewrites .metadata so tensor 'w' (saved whole as 2 x 3) claims `rows` rows: its one chunk is then the
+    shard of a larger tensor that one process saved (rows 0-1)."""
+    import pickle
+
+    m = pickle.loads(meta.read_bytes())
+    m.state_dict_metadata["w"].size = torch.Size([rows, 3])
+    meta.write_bytes(pickle.dumps(m))
+    return m
+
+
+@pytest.mark.parametrize("writer", ["torch", "ckptio"])
+def test_verify_takes_one_process_save_of_its_own_shard(tmp_path, writer):
+    """A process saving alone may write just its shard of a tensor, and torch loads it back; `ckptio verify`
+    (with a manifest and without) reads it as ckptio.dcp's reader does, and counts the tensor on its line.
+    Reading the tensor whole (`ckptio convert`) is still refused: rows 2-3 are in no file."""
+    path = tmp_path / "c"
+    w = torch.arange(6.0).reshape(2, 3)
+    mod = cdcp if writer == "ckptio" else dcp
+    dcp.save({"w": w, "v": torch.ones(3)}, storage_writer=mod.FileSystemWriter(str(path)))
+    _claim_more_rows(path / ".metadata", 4)
+    into = {"w": torch.full((4, 3), -1.0), "v": torch.zeros(3)}
+    dcp.load(into, storage_reader=dcp.FileSystemReader(str(path)))  # torch takes it: rows 0-1 loaded
+    assert torch.equal(into["w"][:2], w) and torch.equal(into["w"][2:], torch.full((2, 3), -1.0))
+    into = {"w": torch.full((4, 3), -1.0), "v": torch.zeros(3)}
+    dcp.load(into, storage_reader=cdcp.FileSystemReader(str(path)))
+    assert torch.equal(into["w"][:2], w)
+    r = run("verify", path)
+    assert r.returncode == 0, r.stderr
+    assert "1 tensor saved in part (one process's own chunks), the others tiled" in r.stdout
+    assert ("matched their XXH3-64" if writer == "ckptio" else "structure checked") in r.stdout
+    if writer == "ckptio":  # ckptio.dcp.verify reports the same
+        assert cdcp.verify(path)["partial"] == 1
+    r = run("convert", path, tmp_path / "out.safetensors")
+    assert r.returncode != 0 and "w: the 1 chunks cover 6 of the tensor's 12 elements (a gap)" in r.stderr
+    assert not (tmp_path / "out.safetensors").exists()
+
+
+def test_verify_refuses_a_gap_in_a_save_of_several_ranks(tmp_path):
+    """When .metadata names data files of several ranks, torch's planner checked that chunks tile every tensor,
+    so a gap is damage: `ckptio verify` fails naming the tensor, as ckptio.dcp's reader does."""
+    import shutil
+
+    path = tmp_path / "c"
+    dcp.save({"w": torch.arange(6.0).reshape(2, 3), "v": torch.ones(3)},
+             storage_writer=dcp.FileSystemWriter(str(path)))
+    r = run("verify", path)
+    assert r.returncode == 0 and "chunks tile every tensor" in r.stdout, r.stdout + r.stderr
+    shutil.copy(path / "__0_0.distcp", path / "__1_0.distcp")  # same offsets: v read from rank 1's file
+    m = _claim_more_rows(path / ".metadata", 4)
+    for idx, info in m.storage_data.items():
+        if idx.fqn == "v":
+            info.relative_path = "__1_0.distcp"
+    import pickle
+
+    (path / ".metadata").write_bytes(pickle.dumps(m))
+    r = run("verify", path)
+    assert r.returncode == 1
+    assert f"{path}/.metadata: w: the 1 chunks cover 6 of the tensor's 12 elements (a gap)" in r.stderr, r.stderr
+    with pytest.raises(ckptio.CkptioError, match=r"state_dict_metadata\['w'\]: the 1 chunks cover 6 of the "
+                                                 r"tensor's 12 elements \(a gap\)"):
+        cdcp.FileSystemReader(str(path)).read_metadata()

@@ -178,21 +178,15 @@ def _check_chunks(origin: str, fqn: str, tsm, whole: bool) -> None:
         raise _Refused(f"state_dict_metadata[{fqn!r}]: a size, offset or chunk size does not fit 64 bits") from None
 
 
-_RANK_FILE = re.compile(r"__(\d+)_")
-
-
 def _saved_by_ranks(storage_data) -> bool:
     """Whether the data files are several ranks' (``__RANK_...``): torch's save planner checked then that every
     tensor's chunks cover it (it checks that only when several ranks plan; a process saving alone may write
-    just its own shard of a tensor, and torch loads that shard back)."""
-    ranks = set()
-    for info in storage_data.values() if isinstance(storage_data, dict) else ():
-        m = _RANK_FILE.match(getattr(info, "relative_path", ""))
-        if m:
-            ranks.add(m.group(1))
-            if len(ranks) > 1:
-                return True
-    return False
+    just its own shard of a tensor, and torch loads that shard back). The rule is C's
+    (ckptio_dcp_saved_by_ranks), which `ckptio verify` applies too."""
+    if not isinstance(storage_data, dict):
+        return False
+    paths = {getattr(info, "relative_path", None) for info in storage_data.values()}  # fields checked as built
+    return _ckptio.dcp_saved_by_ranks([p for p in paths if isinstance(p, str)])
 
 
 def _check(md, origin: str, whole: bool) -> None:

@@ -21,7 +21,9 @@ def verify(path, *, engine: Optional[Engine] = None) -> Dict[str, int]:
     unpickler, items are hashed in pieces of at most 64 MiB, the GIL is
     released.
 
-    Returns {"items", "checked", "unhashed" (no hash recorded), "bytes"}.
+    Returns {"items", "checked", "unhashed" (no hash recorded), "bytes", "partial"}: "partial" counts the
+    tensors saved in part, which a save of one process may hold (its own shard of a tensor, which torch loads
+    back); a save of several ranks must tile every tensor, else E_FORMAT names the gap or overlap.
     Raises CkptioError: E_CHECKSUM naming the file, offset and tensor of the
     first mismatch; E_NOT_FOUND when there is no manifest for this .metadata
     (a checkpoint written by torch, or a save that did not finish);
