@@ -489,6 +489,41 @@ static void test_prepare_pins_ahead(void) {
     free(want);
 }
 
+/* Prefill faults in the range's pages of exactly the slots asked for that
+ * are not pinned yet, on several threads, so that prepare's pinning is the
+ * driver's registrations alone. */
+static void test_prefill_faults_in_unpinned_slots(void) {
+    sim_reset(0);
+    ckptio_engine *e = make_engine(4, 4 * MIB, 8 * MIB);
+    ckptio__gpu_state *st = NULL;
+    T_OK(ckptio__gpu_state_get(e, ckptio__gpu_sim_ops(), &st));
+    pthread_mutex_lock(&st->lock);
+    ckptio__gpu_state_set_slot_bytes(st, 256 * KIB);
+    st->huge_slots = false;
+    ckptio__gpu_slot_range_ready(st);
+    T_ASSERT_MSG(st->range != NULL, "no range reserved for the slots");
+    const size_t stride = (256 * KIB + CKPTIO_HUGE_PAGE_BYTES - 1) & ~(size_t)(CKPTIO_HUGE_PAGE_BYTES - 1);
+#define SLOT_AT(w, s) (st->range + ((size_t)(w) * CKPTIO_GPU_NSLOTS + (s)) * stride)
+    unsigned char *pinned = NULL;
+    T_OK(ckptio__gpu_slot(st, 1, 0, true, &pinned)); /* pinned before: left as it is */
+    T_ASSERT(pinned == SLOT_AT(1, 0));
+    T_ASSERT(t_page_state(SLOT_AT(0, 0)) == 0 && t_page_state(SLOT_AT(2, 1) + 256 * KIB - 1) == 0);
+    ckptio__gpu_slots_prefill(st, 3, 2);
+    for (unsigned w = 0; w < 3; w++)
+        for (unsigned s = 0; s < 2; s++)
+            for (size_t off = 0; off < 256 * KIB; off += 4096)
+                T_ASSERT_MSG(t_page_state(SLOT_AT(w, s) + off) == 1, "slot (%u, %u) page %zu not faulted in", w, s,
+                             off / 4096);
+    T_ASSERT_MSG(t_page_state(SLOT_AT(3, 0)) == 0, "worker 3's slot was filled, though not asked for");
+    if (CKPTIO_GPU_NSLOTS > 2) T_ASSERT(t_page_state(SLOT_AT(0, 2)) == 0);
+#undef SLOT_AT
+    ckptio__gpu_sim_stats s;
+    ckptio__gpu_sim_get_stats(&s);
+    T_ASSERT_MSG(s.pinned_allocs == 1, "prefill registered %llu slots", (unsigned long long)s.pinned_allocs - 1);
+    pthread_mutex_unlock(&st->lock);
+    T_OK(ckptio_engine_destroy(e));
+}
+
 /* Reads the `bytes` of the file at `path` to `dev` in one GPU transfer and
  * checks them against `want`. */
 static void read_whole_file(ckptio_engine *e, const char *path, unsigned char *dev, const unsigned char *want,
@@ -1630,6 +1665,7 @@ int main(int argc, char **argv) {
     T_RUN(test_slots_live_in_one_range);
     T_RUN(test_slots_without_a_range);
     T_RUN(test_prepare_pins_ahead);
+    T_RUN(test_prefill_faults_in_unpinned_slots);
     T_RUN(test_read_workers_knob);
     T_RUN(test_prepare_races_transfers_and_destroy);
     T_RUN(test_prepare_yields_to_a_transfer);

@@ -139,6 +139,14 @@ ckptio_status ckptio__gpu_worker_ready(ckptio__gpu_state *st, unsigned w, int de
  * ops->pinned_alloc, as they did before there was one. */
 void ckptio__gpu_slot_range_ready(ckptio__gpu_state *st);
 
+/* Faults in, on up to CKPTIO__PREFILL_THREADS threads side by side, the
+ * range's pages of slots [0, slots) of workers [0, workers) not yet pinned,
+ * so that pinning them afterwards is the driver's registration alone (under
+ * `lock`; best effort: a slot that could not be filled is filled again when
+ * it is pinned, which reports the error). Without a range, nothing. */
+#define CKPTIO__PREFILL_THREADS 8
+void ckptio__gpu_slots_prefill(ckptio__gpu_state *st, unsigned workers, unsigned slots);
+
 /* Worker w's pinned slot s, allocated on its first use and reused
  * afterwards (same thread and context as ckptio__gpu_worker_ready). Without
  * `wait`, a slot not yet allocated is left so (*out NULL, CKPTIO_OK) when

@@ -13,6 +13,7 @@
 #include "gpu_pipeline.h"
 #include "gpu_slot_range.h"
 
+#include <pthread.h>
 #include <string.h>
 
 static bool in_range(const ckptio__gpu_state *st, const void *p) {
@@ -147,6 +148,49 @@ void ckptio__gpu_slot_range_ready(ckptio__gpu_state *st) {
         ckptio__slot_range_advise(st->range, st->range_bytes, st->huge_slots);
         st->range_huge = st->huge_slots;
     }
+}
+
+typedef struct prefill_job {
+    unsigned char *const *addr; /* the slots to fill */
+    size_t count, bytes;
+    unsigned first, step;       /* this thread's: first, first + step, ... */
+} prefill_job;
+
+static void *prefill_main(void *arg) {
+    const prefill_job *j = arg;
+    for (size_t i = j->first; i < j->count; i += j->step)
+        (void)ckptio__slot_range_fill(j->addr[i], j->bytes); /* an error comes back when the slot is pinned */
+    return NULL;
+}
+
+void ckptio__gpu_slots_prefill(ckptio__gpu_state *st, unsigned workers, unsigned slots) {
+    if (!st->range || atomic_load(&st->range_refused)) return;
+    unsigned char *addr[CKPTIO_GPU_MAX_WORKERS * CKPTIO_GPU_NSLOTS];
+    size_t n = 0;
+    for (unsigned s = 0; s < slots && s < CKPTIO_GPU_NSLOTS; s++)
+        for (unsigned w = 0; w < workers && w < CKPTIO_GPU_MAX_WORKERS; w++)
+            if (!st->workers[w].mem[s]) addr[n++] = st->range + ((size_t)w * CKPTIO_GPU_NSLOTS + s) * range_stride(st->slot_bytes);
+    /* Pinning on one thread spends most of its time faulting pages in (32
+     * slots of 4 MiB on huge pages: fills 15-22 ms, registrations 2-6 ms,
+     * H200, bench/probe_pin.c); the faults run side by side in the range. */
+    pthread_t tid[CKPTIO__PREFILL_THREADS];
+    prefill_job jobs[CKPTIO__PREFILL_THREADS];
+    const unsigned k = n < CKPTIO__PREFILL_THREADS ? (unsigned)n : CKPTIO__PREFILL_THREADS;
+    bool started[CKPTIO__PREFILL_THREADS] = {false};
+    ckptio__error_saved *saved = ckptio__error_save(); /* fills report nothing here */
+    for (unsigned t = 1; t < k; t++) {
+        jobs[t] = (prefill_job){.addr = addr, .count = n, .bytes = st->slot_bytes, .first = t, .step = k};
+        started[t] = pthread_create(&tid[t], NULL, prefill_main, &jobs[t]) == 0;
+    }
+    /* This thread takes share 0, and the share of any thread that did not start. */
+    for (unsigned t = 0; t < k; t++) {
+        if (t > 0 && started[t]) continue;
+        jobs[t] = (prefill_job){.addr = addr, .count = n, .bytes = st->slot_bytes, .first = t, .step = k};
+        prefill_main(&jobs[t]);
+    }
+    for (unsigned t = 1; t < k; t++)
+        if (started[t]) pthread_join(tid[t], NULL);
+    ckptio__error_restore(saved);
 }
 
 ckptio_status ckptio__gpu_worker_ready(ckptio__gpu_state *st, unsigned w, int device) {
