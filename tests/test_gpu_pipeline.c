@@ -406,14 +406,21 @@ static void test_slot_max_knob(void) {
     free(want);
 }
 
+/* The engine's GPU state on the simulated device, with its lock held and
+ * slots of `slot_bytes`, as a transfer sets it up. */
+static ckptio__gpu_state *locked_state(ckptio_engine *e, size_t slot_bytes) {
+    ckptio__gpu_state *st = NULL;
+    T_OK(ckptio__gpu_state_get(e, ckptio__gpu_sim_ops(), &st));
+    pthread_mutex_lock(&st->lock);
+    ckptio__gpu_state_set_slot_bytes(st, slot_bytes);
+    return st;
+}
+
 /* A worker that could reuse a slot never queues behind another's pinning. */
 static void test_slot_pinning_never_waits_without_need(void) {
     sim_reset(0);
     ckptio_engine *e = make_engine(2, 2 * MIB, 8 * MIB);
-    ckptio__gpu_state *st = NULL;
-    T_OK(ckptio__gpu_state_get(e, ckptio__gpu_sim_ops(), &st));
-    pthread_mutex_lock(&st->lock);
-    ckptio__gpu_state_set_slot_bytes(st, 256 * KIB);
+    ckptio__gpu_state *st = locked_state(e, 256 * KIB);
     unsigned char *slot = (unsigned char *)1;
     pthread_mutex_lock(&st->pin_lock); /* another worker is pinning */
     T_OK(ckptio__gpu_slot(st, 0, 1, false, &slot));
@@ -495,10 +502,7 @@ static void test_prepare_pins_ahead(void) {
 static void test_prefill_faults_in_unpinned_slots(void) {
     sim_reset(0);
     ckptio_engine *e = make_engine(4, 4 * MIB, 8 * MIB);
-    ckptio__gpu_state *st = NULL;
-    T_OK(ckptio__gpu_state_get(e, ckptio__gpu_sim_ops(), &st));
-    pthread_mutex_lock(&st->lock);
-    ckptio__gpu_state_set_slot_bytes(st, 256 * KIB);
+    ckptio__gpu_state *st = locked_state(e, 256 * KIB);
     st->huge_slots = false;
     ckptio__gpu_slot_range_ready(st);
     T_ASSERT_MSG(st->range != NULL, "no range reserved for the slots");

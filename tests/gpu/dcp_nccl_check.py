@@ -38,8 +38,6 @@ import os
 import pickle
 import shutil
 import sys
-import time
-import traceback
 import zlib
 from concurrent.futures import ThreadPoolExecutor
 import warnings
@@ -54,6 +52,7 @@ from torch.distributed.tensor import DTensor, Replicate, Shard, distribute_tenso
 if not os.environ.get("CKPTIO_TEST_INSTALLED"):  # else: the installed package, never the source tree
     sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "python"))
 import ckptio.dcp as cdcp  # noqa: E402
+from nccl_checks import Checks, summed  # noqa: E402 - beside this script (torchrun puts it on sys.path)
 
 warnings.filterwarnings("ignore")
 
@@ -66,54 +65,6 @@ PARAMS = {
     "idx": (torch.int64, 0.13, 256, Shard(0), Replicate()),
     "h16": (torch.float16, 0.10, 1000, Shard(0), Shard(0)),
 }
-
-
-class Checks:
-    def __init__(self, rank):
-        self.rank = rank
-        self.results = {}
-        self.times = {}
-
-    def check(self, name, fn):
-        """Runs fn on every rank; the check passes when it passed everywhere."""
-        err = None
-        try:
-            ok = fn()
-            if ok is False:
-                err = "returned False"
-            elif isinstance(ok, str):
-                err = ok
-        except Exception as e:  # noqa: BLE001 - reported as FAIL, the run goes on
-            err = f"{type(e).__name__}: {e}"
-            traceback.print_exc()
-        flag = torch.tensor([0 if err is None else 1], device=DEVICE)
-        dist.all_reduce(flag)
-        passed = flag.item() == 0
-        self.results[name] = passed
-        if err is not None:
-            print(f"FAIL {name} (rank {self.rank}): {err[:2000]}", flush=True)
-        elif self.rank == 0:
-            print(f"{'PASS' if passed else 'FAIL'} {name}" + ("" if passed else " (failed on another rank)"),
-                  flush=True)
-        return passed
-
-    def timed(self, name, nbytes, fn):
-        sync()
-        dist.barrier()
-        t0 = time.perf_counter()
-        out = fn()
-        sync()
-        dist.barrier()
-        dt = time.perf_counter() - t0
-        self.times[name] = dt
-        if self.rank == 0:
-            print(f"time {name}: {dt:.3f} s, {nbytes / dt / 1e9:.2f} GB/s ({nbytes / 1e6:.0f} MB)", flush=True)
-        return out
-
-
-def sync():
-    if DEVICE.type == "cuda":
-        torch.cuda.synchronize()
 
 
 def shapes(size_mb):
@@ -231,12 +182,6 @@ def stored_bytes(path):
     return total + byte_items, byte_items
 
 
-def summed(value):
-    t = torch.tensor([value], dtype=torch.int64, device=DEVICE)
-    dist.all_reduce(t)
-    return int(t.item())
-
-
 def main():
     global DEVICE
     ap = argparse.ArgumentParser()
@@ -271,7 +216,7 @@ def main():
     dist.init_process_group(backend)
     rank, world = dist.get_rank(), dist.get_world_size()
     mesh = init_device_mesh(args.device, (world,))
-    checks = Checks(rank)
+    checks = Checks(rank, DEVICE)
     base = os.path.abspath(args.dir)
     if rank == 0 and not args.load_only:
         shutil.rmtree(base, ignore_errors=True)
@@ -364,7 +309,7 @@ def load_all(checks, mesh, vals, nbytes, dirs, world, replicated, tn, cache):
             result = compare(out, vals)
             stats = getattr(reader, "last_read_stats", None)
             if expect_read is not None:  # a collective: every rank gets here
-                got = summed(stats["bytes_read"] if stats else -(1 << 50))
+                got = summed(stats["bytes_read"] if stats else -(1 << 50), DEVICE)
                 want = expect_read(*stored_bytes(path))
                 if result is True and got != want:
                     result = f"bytes read over all ranks {got}, expected {want} ({stats})"

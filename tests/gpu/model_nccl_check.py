@@ -27,8 +27,6 @@ import json
 import os
 import shutil
 import sys
-import time
-import traceback
 import warnings
 
 import torch
@@ -38,6 +36,7 @@ if not os.environ.get("CKPTIO_TEST_INSTALLED"):  # else: the installed package, 
     sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "python"))
 import ckptio  # noqa: E402
 from ckptio import _distributed, _errors  # noqa: E402
+from nccl_checks import Checks, summed  # noqa: E402 - beside this script (torchrun puts it on sys.path)
 
 warnings.filterwarnings("ignore")
 DEVICE = torch.device("cpu")
@@ -98,67 +97,6 @@ def same(a, b):
     return a.dtype == b.dtype and a.numel() == b.numel() and torch.equal(a.view(torch.uint8), b.view(torch.uint8))
 
 
-class Checks:
-    def __init__(self, rank):
-        self.rank = rank
-        self.results = {}
-        self.times = {}
-
-    def check(self, name, fn):
-        """Runs fn on every rank; the check passes when it passed everywhere."""
-        err = None
-        try:
-            ok = fn()
-            if isinstance(ok, str):
-                err = ok
-            elif ok is False:
-                err = "returned False"
-        except Exception as e:  # noqa: BLE001 - reported as FAIL, the run goes on
-            err = f"{type(e).__name__}: {e}"
-            traceback.print_exc()
-        flag = torch.tensor([0 if err is None else 1], device=DEVICE)
-        dist.all_reduce(flag)
-        passed = flag.item() == 0
-        self.results[name] = passed
-        if err is not None:
-            print(f"FAIL {name} (rank {self.rank}): {err[:2000]}", flush=True)
-        elif self.rank == 0:
-            print(f"{'PASS' if passed else 'FAIL'} {name}" + ("" if passed else " (failed on another rank)"),
-                  flush=True)
-        return passed
-
-    def timed(self, name, nbytes, fn, again=False):
-        """Times fn on every rank (barriers around it); with `again`, a second time too: the first scatter of a
-        process pays NCCL's lazy set-up of its point-to-point connections (all_to_all_single), which is NCCL's
-        once per group, not the load's."""
-        out = None
-        for label in (name, name + ", again") if again else (name,):
-            del out
-            sync()
-            dist.barrier()
-            t0 = time.perf_counter()
-            out = fn()
-            sync()
-            dist.barrier()
-            dt = time.perf_counter() - t0
-            self.times[label] = dt
-            if self.rank == 0:
-                print(f"time {label}: {dt:.3f} s, {nbytes / dt / 1e9:.2f} GB/s of model bytes ({nbytes / 1e6:.0f} MB)",
-                      flush=True)
-        return out
-
-
-def sync():
-    if DEVICE.type == "cuda":
-        torch.cuda.synchronize()
-
-
-def summed(value):
-    t = torch.tensor([value], dtype=torch.int64, device=DEVICE)
-    dist.all_reduce(t)
-    return int(t.item())
-
-
 def main():
     global DEVICE
     ap = argparse.ArgumentParser()
@@ -176,7 +114,7 @@ def main():
     dist.init_process_group(args.backend)
     pg = dist.group.WORLD
     rank, world = dist.get_rank(), dist.get_world_size()
-    checks = Checks(rank)
+    checks = Checks(rank, DEVICE, ' of model bytes')
     path = os.path.abspath(args.dir)
     if rank == 0:
         shutil.rmtree(path, ignore_errors=True)
@@ -203,7 +141,7 @@ def main():
         bad = [n for n in ref if n not in got or not same(got[n], tp_ref(n, want_dim(n)))]
         st = ckptio.last_load_stats()
         on_device = all(t.device == DEVICE for t in got.values())
-        read = summed(st.bytes_read)
+        read = summed(st.bytes_read, DEVICE)
         if bad:
             return f"not byte-exact: {bad[:5]} ({len(bad)})"
         if not on_device:
