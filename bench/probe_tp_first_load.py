@@ -7,12 +7,14 @@ its point-to-point peers lazily. This times the first and the second load of one
     torchrun --standalone --nproc_per_node=N bench/probe_tp_first_load.py DIR RULE   # rank 0 prints one JSON line
 RULE: vllm (rows for q/k/v/gate/up and the embedding, columns for o_proj and down_proj), cols (every matrix by
 columns), rows. DIR is written by rank 0 when it holds no model (GIB GiB, default 4, Llama-shaped bf16 in 4
-shards by safetensors.torch.save_file) and read from the page cache.
+shards by safetensors.torch.save_file) and read from the page cache. PHASES=1 adds rank 0's milliseconds per phase
+of each load (time_phases).
 
-Measured on 2 x H200 (2026-11-27, BENCHMARKS.md, raw bench/results/h200x2_2026-11-27_s11_tp_first_load.jsonl):
-4.19 GB, first loads 0.32-0.34 s, second 0.085-0.097 s. A trial build that started the first all_to_all on a
-helper thread right after planning, beside the direct reads, changed nothing measurable (first loads 0.326
-against 0.340 s with the vLLM rule, 0.326 against 0.323 by columns; medians of 4) and was not kept.
+Measured on 2 x H200 (2026-11-27, BENCHMARKS.md "Two GPUs", raw bench/results/h200x2_2026-11-27_s11_*):
+4.19 GB, first loads 0.29-0.35 s, second 0.080-0.097 s, the difference the first all_to_all (NCCL connecting its
+point-to-point peers: 207-249 ms of the scatter phase). Starting that all_to_all early on a helper thread did
+not pay; sending scattered tensors whole by broadcast, now the default with 2 ranks, made first loads
+0.11-0.15 s.
 """
 import glob
 import json
@@ -55,6 +57,34 @@ def write_model(d, gib):
         json.dump({"metadata": {}, "weight_map": weight_map}, f)
 
 
+def time_phases():
+    """PHASES=1: rank 0's seconds in each phase of a group load (the plan's exchange, the direct reads, the
+    batches' engine), summed per load, by wrapping ckptio's own functions; returns the dict they add to."""
+    from ckptio import _distributed, _group_read
+    spent = {}
+
+    def wrap(mod, name, label):
+        real = getattr(mod, name)
+
+        def timed(*a, **k):
+            t0 = time.perf_counter()
+            try:
+                return real(*a, **k)
+            finally:
+                if dist.get_rank() == 0:
+                    torch.cuda.synchronize()
+                    spent[label] = spent.get(label, 0.0) + time.perf_counter() - t0
+        setattr(mod, name, timed)
+
+    wrap(_distributed, "_exchange", "exchange (all_gather_object of the requests)")
+    wrap(_distributed, "make_plan", "plan")
+    wrap(_distributed, "_read_direct", "direct reads (allocating the tensors included)")
+    wrap(_group_read, "run", "shared tensors (batches)")
+    wrap(_group_read, "_status_exchange", "status all_reduce (inside batches)")
+    wrap(_group_read, "_scatter", "scatter (inside batches)")
+    return spent
+
+
 def main():
     d, rule = sys.argv[1], sys.argv[2]
     dist.init_process_group("nccl")
@@ -65,7 +95,10 @@ def main():
     dist.barrier()
     import ckptio
     row = {"rule": rule, "world": dist.get_world_size(), "ckptio": ckptio.__file__}
+    phases = time_phases() if os.environ.get("PHASES") == "1" else None
     for k in ("first", "second"):
+        if phases is not None:
+            phases.clear()
         torch.cuda.synchronize()
         dist.barrier()
         t0 = time.perf_counter()
@@ -76,6 +109,8 @@ def main():
         total = torch.tensor([sum(t.numel() * t.element_size() for t in sd.values())], device="cuda")
         dist.all_reduce(total)
         row["GB"] = round(total.item() / 1e9, 3)
+        if phases is not None:  # rank 0's
+            row[k + "_phases_ms"] = {n: round(v * 1e3, 2) for n, v in phases.items()}
         del sd
     if rank == 0:
         print(json.dumps(row), flush=True)

@@ -14,7 +14,9 @@ list of batches of segments and walks it in the same order. Per batch:
 3. a *broadcast* segment goes to every rank (one ``broadcast`` per owner and
    batch, of all its broadcast segments); a *scatter* segment is cut by its
    owner into pieces, each rank receiving only its own (one
-   ``all_to_all_single`` per batch with uneven splits);
+   ``all_to_all_single`` per batch with uneven splits), except in a group of
+   2 ranks, where it goes whole with the owner's broadcast and the other
+   rank cuts its pieces out (:func:`scatter_whole` says why);
 4. every rank hands what it got to ``source.deliver``.
 
 With several batches the owner's reads of batch k+1 run on a helper thread
@@ -36,14 +38,16 @@ The caller's ``source`` object says what the segments are (duck-typed):
 * ``reads(segs, places, mem_kind) -> callable``: owner only: a job (run on
   the helper thread or inline) reading ``segs`` to ``places`` (address,
   length). Planning happens in ``reads`` itself, on the calling thread.
-* ``pack(seg, data) -> [uint8 tensor, ...]``: owner of a scatter segment:
-  the pieces cut out of the bytes read, in ``pieces(seg)`` order.
+* ``pack(seg, data) -> [uint8 tensor, ...]``: a scatter segment's pieces
+  cut out of its bytes, in ``pieces(seg)`` order (by its owner; by every
+  rank when the segment travels whole, scatter_whole).
 * ``deliver(seg, parts)``: every rank: ``[bytes]`` of a broadcast segment,
   or this rank's pieces of a scatter segment (maybe none).
 """
 
 from __future__ import annotations
 
+import os
 from typing import Any, Dict, List, Optional, Sequence
 
 try:
@@ -55,6 +59,7 @@ from . import _adapt, _ckptio
 from ._errors import CkptioError, make_error
 
 ALIGN = 64  # segment starts inside a buffer: any dtype can be viewed there
+
 STOPPED = "load-once broadcast stopped"
 
 
@@ -232,6 +237,23 @@ def check_status(group, device, error: Optional[BaseException], what: str) -> No
 # ---- the batches -------------------------------------------------------------------------------
 
 
+def scatter_whole(world: int) -> bool:
+    """Whether scatter segments travel whole, by the owner's broadcast, each rank cutting its own pieces out,
+    rather than cut by the owner and sent by one all_to_all_single. NCCL connects a process's point-to-point
+    peers lazily, in its first all_to_all: on 2 x H200 the scatter of a process's first tensor-parallel load
+    took 0.21-0.25 s of its 0.29-0.35 s (4.19 GB), the next one 0.003-0.018 s; broadcasts use the ring the
+    status exchanges have connected, and sent whole that load took 0.11-0.15 s, later ones level (0.079-0.101
+    against 0.080-0.092 s; BENCHMARKS.md "Two GPUs"). With 2 ranks the receiver is the only other rank, so
+    whole segments carry the owner's own pieces too (twice the bytes over the link); with more ranks every
+    rank would receive every piece, which is not measured yet, so they keep all_to_all.
+    CKPTIO_SCATTER=broadcast / all_to_all forces either (an experiment knob)."""
+    forced = os.environ.get("CKPTIO_SCATTER")
+    if forced in ("broadcast", "all_to_all"):
+        return forced == "broadcast"
+    return world == 2
+
+
+
 def run(source, batches: List[Sequence], group, device: torch.device, error: Optional[BaseException],
         stats: Dict[str, int], what: str) -> None:
     """Walks the batches with every other rank of ``group`` (see the module
@@ -244,6 +266,7 @@ def run(source, batches: List[Sequence], group, device: torch.device, error: Opt
     dist = dist_module()
     world, me = dist.get_world_size(group), dist.get_rank(group)
     arenas = [_Arena(device), _Arena(device)]
+    whole_scatter = scatter_whole(world)  # the same on every rank: world and environment alike
     pool = ThreadPoolExecutor(1, thread_name_prefix="ckptio-group-read") if len(batches) > 1 else None
     ahead: Optional[_OwnerReads] = None
     try:
@@ -264,10 +287,10 @@ def run(source, batches: List[Sequence], group, device: torch.device, error: Opt
                 raise_agreed(group, device, error, what)
             lengths = ctrl[world:]  # from here on, error is None and reads is set
             # The buffer: [own segments read][broadcasts received][scatter: send | receive]
-            bcast_owners = sorted({source.owner(s) for s in batch if source.pieces(s) is None})
-            recv_b = sum(align(lengths[i]) for i, s in enumerate(batch)
-                         if source.pieces(s) is None and source.owner(s) != me)
-            scatter = [i for i, s in enumerate(batch) if source.pieces(s) is not None]
+            sent_whole = [source.pieces(s) is None or whole_scatter for s in batch]
+            bcast_owners = sorted({source.owner(s) for s, w in zip(batch, sent_whole) if w})
+            recv_b = sum(align(lengths[i]) for i, s in enumerate(batch) if sent_whole[i] and source.owner(s) != me)
+            scatter = [i for i, s in enumerate(batch) if not sent_whole[i]]
             send_splits, recv_splits = [0] * world, [0] * world
             for i in scatter:
                 owner = source.owner(batch[i])
@@ -284,10 +307,12 @@ def run(source, batches: List[Sequence], group, device: torch.device, error: Opt
                     ahead = _OwnerReads(source, batches[k + 1], me, arenas[(k + 1) % 2], pool)
                 except BaseException as e:
                     error = e
-            # Broadcasts, one per owner: its broadcast segments are adjacent at the start of its buffer.
+            # Broadcasts, one per owner: its segments sent whole are adjacent at the start of its buffer
+            # (_own_order: broadcast segments, then scatter ones).
             recv_pos = reads.size
             for owner in bcast_owners:
-                idx = [i for i, s in enumerate(batch) if source.owner(s) == owner and source.pieces(s) is None]
+                idx = sorted((i for i, s in enumerate(batch) if source.owner(s) == owner and sent_whole[i]),
+                             key=lambda i: source.pieces(batch[i]) is not None)
                 total = sum(align(lengths[i]) for i in idx)
                 payload = sum(lengths[i] for i in idx)
                 if owner == me:
@@ -305,7 +330,13 @@ def run(source, batches: List[Sequence], group, device: torch.device, error: Opt
                 try:
                     pos = base
                     for i in idx:
-                        source.deliver(batch[i], [area[pos:pos + lengths[i]]])
+                        data = area[pos:pos + lengths[i]]
+                        pieces = source.pieces(batch[i])
+                        if pieces is None:
+                            source.deliver(batch[i], [data])
+                        else:  # a scatter segment sent whole: this rank cuts its own pieces out
+                            cut = source.pack(batch[i], data)
+                            source.deliver(batch[i], [c for (r, _), c in zip(pieces, cut) if r == me])
                         pos += align(lengths[i])
                 except BaseException as e:  # reported at the next status exchange
                     error = e
