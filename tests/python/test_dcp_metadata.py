@@ -395,6 +395,24 @@ def test_chunks_of_several_ranks_must_tile_their_tensor(spans, said):
     assert [c.sizes for c in one.state_dict_metadata["w"].chunks] == [torch.Size([2, 3])]
 
 
+def test_saved_by_ranks_reads_names_only():
+    """The rule (ckptio_dcp_saved_by_ranks) sees the str among the names, whatever they hold: other items are
+    skipped, lone surrogates (a pickle may carry them) are no error, ranks differ by their digits."""
+    from ckptio import _ckptio
+
+    assert _ckptio.dcp_saved_by_ranks(["__0_0.distcp", "__1_\udc80.distcp"]) is True
+    assert _ckptio.dcp_saved_by_ranks([1, None, "__0_0.distcp", b"__1_0.distcp", ("__2_0.distcp",)]) is False
+    assert _ckptio.dcp_saved_by_ranks(["__0_0.distcp", "__00_1.distcp"]) is True
+    assert _ckptio.dcp_saved_by_ranks([]) is False
+    with pytest.raises(TypeError):
+        _ckptio.dcp_saved_by_ranks(5)
+    from torch.distributed.checkpoint import metadata as md
+
+    data = pickle.dumps(_rows(md, (0, 2), (3, 4), files=["__0_\udc80.distcp", "__1_0.distcp"]))
+    with pytest.raises(ckptio.CkptioError, match=r"the 2 chunks cover 9 of the tensor's 12 elements \(a gap\)"):
+        metadata_from_bytes(data, "s/.metadata")
+
+
 def test_a_tensor_of_64_dimensions_reads():
     """torch allows 64 dimensions, and so does the chunk check (it took 63 at most: a ValueError, E_FORMAT);
     65 are refused by the C check."""
