@@ -15,7 +15,7 @@ Save = write + fsync; cold = page cache dropped (needs root); warm = file in pag
 Slow peers run once (cold then warm); ckptio runs twice and the better run counts.
 Env: SIZE_GIB (8), DIR (/tmp/ckptio-bench), CKPTIO_LIB, OUT (writes bench_gpu.json there).
 """
-import ctypes, glob, json, os, shutil, subprocess, sys, threading, time, mmap
+import ctypes, glob, json, os, shutil, subprocess, threading, time, mmap
 
 import torch
 
