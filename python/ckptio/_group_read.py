@@ -59,7 +59,6 @@ from . import _adapt, _ckptio
 from ._errors import CkptioError, make_error
 
 ALIGN = 64  # segment starts inside a buffer: any dtype can be viewed there
-
 STOPPED = "load-once broadcast stopped"
 
 
@@ -253,7 +252,6 @@ def scatter_whole(world: int) -> bool:
     return world == 2
 
 
-
 def run(source, batches: List[Sequence], group, device: torch.device, error: Optional[BaseException],
         stats: Dict[str, int], what: str) -> None:
     """Walks the batches with every other rank of ``group`` (see the module
@@ -311,8 +309,7 @@ def run(source, batches: List[Sequence], group, device: torch.device, error: Opt
             # (_own_order: broadcast segments, then scatter ones).
             recv_pos = reads.size
             for owner in bcast_owners:
-                idx = sorted((i for i, s in enumerate(batch) if source.owner(s) == owner and sent_whole[i]),
-                             key=lambda i: source.pieces(batch[i]) is not None)
+                idx = [i for i in _own_order(source, batch, owner) if sent_whole[i]]
                 total = sum(align(lengths[i]) for i in idx)
                 payload = sum(lengths[i] for i in idx)
                 if owner == me:

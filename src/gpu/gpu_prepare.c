@@ -22,6 +22,13 @@ typedef struct prepare_job {
     uint64_t slot;     /* the slot size it pins */
 } prepare_job;
 
+/* Takes st->lock for the next step of pinning, unless the thread is to stop
+ * or a transfer waits for the lock (it pins what it needs itself). */
+static bool lock_for_next_step(ckptio__gpu_state *st) {
+    return !atomic_load(&st->prepare_stop) && !atomic_load(&st->transfers_waiting) &&
+           pthread_mutex_trylock(&st->lock) == 0;
+}
+
 static void *prepare_main(void *arg) {
     prepare_job job = *(prepare_job *)arg;
     ckptio__free(arg);
@@ -32,15 +39,13 @@ static void *prepare_main(void *arg) {
      * registrations below then take the driver for 2-6 ms in all rather than
      * this thread taking 20-30 ms, during which a caller's cudaMallocs wait
      * (prepare_gpu right before a load made them take 27-34 ms, not 5). */
-    if (atomic_load(&st->prepare_stop) || atomic_load(&st->transfers_waiting) || pthread_mutex_trylock(&st->lock) != 0)
-        goto out;
+    if (!lock_for_next_step(st)) goto out;
+    /* A transfer in between may have changed the slots (then pinned ones stay as they are). */
     if (st->slot_bytes == job.slot && st->ops == ops) ckptio__gpu_slots_prefill(st, job.workers, job.slots);
     pthread_mutex_unlock(&st->lock);
     for (unsigned s = 0; s < job.slots; s++) {
         for (unsigned w = 0; w < job.workers; w++) {
-            if (atomic_load(&st->prepare_stop) || atomic_load(&st->transfers_waiting) ||
-                pthread_mutex_trylock(&st->lock) != 0)
-                goto out;
+            if (!lock_for_next_step(st)) goto out;
             unsigned char *mem = NULL;
             const bool same = st->slot_bytes == job.slot && st->ops == ops;
             const ckptio_status rc = same ? ckptio__gpu_slot(st, w, s, true, &mem) : CKPTIO_E_INVAL;

@@ -126,6 +126,11 @@ static size_t range_stride(size_t slot_bytes) {
     return (slot_bytes + CKPTIO_HUGE_PAGE_BYTES - 1) & ~(CKPTIO_HUGE_PAGE_BYTES - 1);
 }
 
+/* Where worker w's slot s lies in the range. */
+static unsigned char *slot_addr(const ckptio__gpu_state *st, unsigned w, unsigned s) {
+    return st->range + ((size_t)w * CKPTIO_GPU_NSLOTS + s) * range_stride(st->slot_bytes);
+}
+
 void ckptio__gpu_slot_range_ready(ckptio__gpu_state *st) {
     if (atomic_load(&st->range_refused) || !st->slot_bytes) return;
     /* A range was made for the current slot size: every change of the size
@@ -169,10 +174,13 @@ void ckptio__gpu_slots_prefill(ckptio__gpu_state *st, unsigned workers, unsigned
     size_t n = 0;
     for (unsigned s = 0; s < slots && s < CKPTIO_GPU_NSLOTS; s++)
         for (unsigned w = 0; w < workers && w < CKPTIO_GPU_MAX_WORKERS; w++)
-            if (!st->workers[w].mem[s]) addr[n++] = st->range + ((size_t)w * CKPTIO_GPU_NSLOTS + s) * range_stride(st->slot_bytes);
+            if (!st->workers[w].mem[s]) addr[n++] = slot_addr(st, w, s);
     /* Pinning on one thread spends most of its time faulting pages in (32
-     * slots of 4 MiB on huge pages: fills 15-22 ms, registrations 2-6 ms,
-     * H200, bench/probe_pin.c); the faults run side by side in the range. */
+     * slots of 4 MiB on huge pages: fills 16-23 ms, registrations 4-10 ms,
+     * H200, bench/probe_pin.c serial); the faults run side by side in the
+     * range. Threads of its own, not the engine's pool: the caller is
+     * prepare's thread, which ckptio_engine_destroy joins only after it has
+     * destroyed the pool. */
     pthread_t tid[CKPTIO__PREFILL_THREADS];
     prefill_job jobs[CKPTIO__PREFILL_THREADS];
     const unsigned k = n < CKPTIO__PREFILL_THREADS ? (unsigned)n : CKPTIO__PREFILL_THREADS;
@@ -228,7 +236,7 @@ ckptio_status ckptio__gpu_slot(ckptio__gpu_state *st, unsigned w, unsigned s, bo
      * its next try. */
     unsigned char *addr = NULL;
     if (st->range && !atomic_load(&st->range_refused)) {
-        addr = st->range + ((size_t)w * CKPTIO_GPU_NSLOTS + s) * range_stride(st->slot_bytes);
+        addr = slot_addr(st, w, s);
         CKPTIO_FORWARD(ckptio__slot_range_fill(addr, st->slot_bytes));
     }
     if (wait) pthread_mutex_lock(&st->pin_lock);
