@@ -34,6 +34,9 @@ RULES = {
 
 
 def write_model(d, gib):
+    """A Llama-8B-like stack (hidden 4096, MLP 14336, k/v 1024 rows) of `gib` GiB: the model the recorded runs
+    loaded (4.19 GB at GIB=4). bench_model_gpu.make_model sizes its layers for the 14.21 GB model of the one-GPU
+    runs (k/v counted as hidden x hidden), so its layer count differs here."""
     from safetensors.torch import save_file
     hidden, inter = 4096, 14336
     shapes = {"model.embed_tokens.weight": (32000, hidden)}
