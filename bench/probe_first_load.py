@@ -130,6 +130,8 @@ def main():
     out, row["first"] = timed_load(ckptio, d, out=dest)
     row["first"]["staging_reserved_MiB"] = eng.stats()["staging_reserved"] >> 20
     row["first"]["anon_huge_MiB"] = anon_huge_mib()
+    if DEV != "cpu":  # how many cudaMallocs the process has made: one reservation or one per tensor
+        row["first"]["device_allocs"] = torch.cuda.memory_stats(DEV).get("num_device_alloc")
     second = os.environ.get("SECOND", "fresh")
     row["second_mode"] = second
     if second == "out":  # into the first load's tensors (load(..., out=)): nothing allocated

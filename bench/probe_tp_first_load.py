@@ -13,8 +13,9 @@ of each load (time_phases).
 Measured on 2 x H200 (2026-11-27, BENCHMARKS.md "Two GPUs", raw bench/results/h200x2_2026-11-27_s11_*):
 4.19 GB, first loads 0.29-0.35 s, second 0.080-0.097 s, the difference the first all_to_all (NCCL connecting its
 point-to-point peers: 207-249 ms of the scatter phase). Starting that all_to_all early on a helper thread did
-not pay; sending scattered tensors whole by broadcast, now the default with 2 ranks, made first loads
-0.11-0.15 s.
+not pay; sending scattered tensors whole by broadcast made first loads 0.11-0.15 s. On 4 x H200 (8.55 GB,
+GIB=8; BENCHMARKS.md "Four GPUs") first loads took 1.30-1.49 s by all_to_all and 0.21-0.27 s whole: whole is now
+the default in groups of up to 4 ranks (CKPTIO_SCATTER=all_to_all|broadcast forces either).
 """
 import glob
 import json

@@ -14,9 +14,9 @@ list of batches of segments and walks it in the same order. Per batch:
 3. a *broadcast* segment goes to every rank (one ``broadcast`` per owner and
    batch, of all its broadcast segments); a *scatter* segment is cut by its
    owner into pieces, each rank receiving only its own (one
-   ``all_to_all_single`` per batch with uneven splits), except in a group of
-   2 ranks, where it goes whole with the owner's broadcast and the other
-   rank cuts its pieces out (:func:`scatter_whole` says why);
+   ``all_to_all_single`` per batch with uneven splits), except in groups of
+   up to 4 ranks, where it goes whole with the owner's broadcast and every
+   other rank cuts its pieces out (:func:`scatter_whole` says why);
 4. every rank hands what it got to ``source.deliver``.
 
 With several batches the owner's reads of batch k+1 run on a helper thread
@@ -236,20 +236,27 @@ def check_status(group, device, error: Optional[BaseException], what: str) -> No
 # ---- the batches -------------------------------------------------------------------------------
 
 
+# The largest group whose scatters travel whole (scatter_whole): measured on 2 and 4 GPUs of one host.
+SCATTER_WHOLE_MAX_RANKS = 4
+
+
 def scatter_whole(world: int) -> bool:
     """Whether scatter segments travel whole, by the owner's broadcast, each rank cutting its own pieces out,
     rather than cut by the owner and sent by one all_to_all_single. NCCL connects a process's point-to-point
-    peers lazily, in its first all_to_all: on 2 x H200 the scatter of a process's first tensor-parallel load
-    took 0.21-0.25 s of its 0.29-0.35 s (4.19 GB), the next one 0.003-0.018 s; broadcasts use the ring the
-    status exchanges have connected, and sent whole that load took 0.11-0.15 s, later ones level (0.079-0.101
-    against 0.080-0.092 s; BENCHMARKS.md "Two GPUs"). With 2 ranks the receiver is the only other rank, so
-    whole segments carry the owner's own pieces too (twice the bytes over the link); with more ranks every
-    rank would receive every piece, which is not measured yet, so they keep all_to_all.
+    peers lazily, in its first all_to_all, while broadcasts use the ring the status exchanges have connected:
+    - 2 x H200, 4.19 GB: the scatter of a process's first tensor-parallel load took 0.21-0.25 s of its
+      0.29-0.35 s by all_to_all; sent whole, that load took 0.11-0.15 s, later ones level (0.079-0.101
+      against 0.080-0.092 s);
+    - 4 x H200 (NVLink), 8.55 GB: first loads 1.30-1.49 s by all_to_all (its scatter 1.14-1.30 s), 0.21-0.27
+      s whole; later loads level (0.150-0.191 against 0.142-0.201 s; BENCHMARKS.md "Four GPUs").
+    Whole segments carry every rank's pieces to every rank (world x the bytes a rank needs), which over NVLink
+    costs less than NCCL's first point-to-point set-up; larger groups (8 GPUs, or groups spanning hosts, where
+    those bytes cross the network) are not measured and keep all_to_all.
     CKPTIO_SCATTER=broadcast / all_to_all forces either (an experiment knob)."""
     forced = os.environ.get("CKPTIO_SCATTER")
     if forced in ("broadcast", "all_to_all"):
         return forced == "broadcast"
-    return world == 2
+    return world <= SCATTER_WHOLE_MAX_RANKS
 
 
 def run(source, batches: List[Sequence], group, device: torch.device, error: Optional[BaseException],

@@ -190,8 +190,9 @@ WORKER = textwrap.dedent(
                 return f.get_slices([ckptio.SliceRequest("embed.weight", (200, 0), (300, 40), 0, None)] if fail
                                     else req, process_group=pg)
         if kind == "transport":
-            # The collectives a column load moves its shared tensors with: 2 ranks, the owners' broadcasts (the
-            # other rank cuts its pieces out); more, one all_to_all_single per batch (_group_read.scatter_whole).
+            # The collectives a column load moves its shared tensors with: by default in groups of up to 4 ranks,
+            # the owners' broadcasts (every other rank cuts its pieces out); forced to all_to_all, one
+            # all_to_all_single per batch (_group_read.scatter_whole).
             calls = {"all_to_all_single": 0, "broadcast": 0}
             real = {n: getattr(dist, n) for n in calls}
             def counted(n):
@@ -206,8 +207,8 @@ WORKER = textwrap.dedent(
             finally:
                 for n in calls:
                     setattr(dist, n, real[n])
-            want_a2a = world > 2
-            if (calls["all_to_all_single"] > 0) != want_a2a or (world == 2 and calls["broadcast"] == 0):
+            want_a2a = sc.get("scatter") == "all_to_all"
+            if (calls["all_to_all_single"] > 0) != want_a2a or (not want_a2a and calls["broadcast"] == 0):
                 bad.append(f"collectives {calls} for {world} ranks")
             return bad
         if kind in ("read_direct", "read_owner"):
@@ -223,6 +224,10 @@ WORKER = textwrap.dedent(
         raise ValueError(kind)
 
     for sc in cfg["scenarios"]:
+        if sc.get("scatter"):  # _group_read.scatter_whole reads it at each load
+            os.environ["CKPTIO_SCATTER"] = sc["scatter"]
+        else:
+            os.environ.pop("CKPTIO_SCATTER", None)
         try:
             bad = scenario(sc)
             res = {"ok": True, "bad": bad if isinstance(bad, list) else []}
@@ -288,6 +293,8 @@ SUCCESS = [
     {"name": "slices_batches", "kind": "slices", "batch_bytes": 1000},
     {"name": "load_slices", "kind": "load_slices"},
     {"name": "transport", "kind": "transport"},
+    {"name": "tp_cols_all_to_all", "kind": "tp_cols", "scatter": "all_to_all"},
+    {"name": "transport_all_to_all", "kind": "transport", "scatter": "all_to_all"},
 ]
 
 
@@ -321,13 +328,15 @@ def test_replicas_read_every_byte_once(loads):
 
 def test_tensor_parallel_rows_columns_and_rules(loads):
     world, results, total = loads
-    for name in ("tp_rows", "tp_cols", "tp_rule"):
+    for name in ("tp_rows", "tp_cols", "tp_rule", "tp_cols_all_to_all"):
         stats = _checked(results, name)
         assert sum(s["bytes_read"] for s in stats) == total, name  # the parts cover the model exactly once
-        # Scattered, not broadcast to all: with 3 ranks a rank receives only bytes it returns; with 2 a scattered
-        # tensor travels whole to the only other rank (_group_read.scatter_whole), which then returns half of it.
-        if world > 2:
-            assert all(s["bytes_received"] <= s["bytes_loaded"] for s in stats), name
+    # Cut by the owner (all_to_all), a rank receives only bytes it returns. By default (up to 4 ranks) a scattered
+    # tensor travels whole to every other rank (_group_read.scatter_whole), which cuts its part out: more arrives.
+    a2a = _checked(results, "tp_cols_all_to_all")
+    assert all(s["bytes_received"] <= s["bytes_loaded"] for s in a2a)
+    whole = _checked(results, "tp_cols")
+    assert sum(s["bytes_received"] for s in whole) > sum(s["bytes_received"] for s in a2a)
     rows = _checked(results, "tp_rows")
     # Rows are single runs: each rank reads its own rows, only 0-D and 1-D tensors move.
     small = 2 * 40 * 4 + 8  # layers.*.norm and step
@@ -335,6 +344,7 @@ def test_tensor_parallel_rows_columns_and_rules(loads):
     cols = _checked(results, "tp_cols")
     assert sum(s["bytes_received"] for s in cols) > small  # columns are read whole once and scattered
     _checked(results, "transport")
+    _checked(results, "transport_all_to_all")
 
 
 def test_per_rank_slices(loads):
@@ -489,3 +499,16 @@ def test_batch_bytes_needs_a_process_group(model):
     f, _ = model
     with pytest.raises(ValueError, match="batch_bytes= sizes the exchange"):
         ckptio.load(f.path, batch_bytes=1 << 20)
+
+
+def test_scatter_whole_up_to_four_ranks(monkeypatch):
+    from ckptio import _group_read
+
+    monkeypatch.delenv("CKPTIO_SCATTER", raising=False)
+    assert [_group_read.scatter_whole(w) for w in (2, 3, 4, 5, 8)] == [True, True, True, False, False]
+    monkeypatch.setenv("CKPTIO_SCATTER", "all_to_all")
+    assert not _group_read.scatter_whole(2)
+    monkeypatch.setenv("CKPTIO_SCATTER", "broadcast")
+    assert _group_read.scatter_whole(8)
+    monkeypatch.setenv("CKPTIO_SCATTER", "neither")  # not a value the knob takes: the default
+    assert _group_read.scatter_whole(4) and not _group_read.scatter_whole(5)
