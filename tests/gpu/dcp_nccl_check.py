@@ -326,7 +326,8 @@ def load_all(checks, mesh, vals, nbytes, dirs, world, replicated, tn, cache):
         path = dirs[key]
         load(f"{key} same sharding, broadcast on", path, cdcp.FileSystemReader(path, broadcast=True), "same", once)
         load(f"{key} same sharding, broadcast off", path, cdcp.FileSystemReader(path, broadcast=False), "same", each)
-        load(f"{key} other sharding, broadcast on", path, cdcp.FileSystemReader(path, broadcast=True), "other")
+        # Columns of emb's row chunks are read as spans that overlap between ranks: shared, so still once.
+        load(f"{key} other sharding, broadcast on", path, cdcp.FileSystemReader(path, broadcast=True), "other", once)
     if tn in dirs:
         load(f"{tn} by torch stock reader", dirs[tn], dcp.FileSystemReader(dirs[tn]), "same")
     if "torch_stock" in dirs:

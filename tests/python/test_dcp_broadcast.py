@@ -51,7 +51,7 @@ WORKER = textwrap.dedent(
     import ckptio.dcp as cdcp
     from ckptio.dcp import _broadcast
     sys.path.insert(0, os.path.dirname(os.path.abspath(sys.argv[0])))
-    from state import make_state, mixed
+    from state import columns, make_state, mixed
 
     rank, world, store, path = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3], sys.argv[4]
     cfg = json.loads(sys.argv[5])
@@ -81,6 +81,9 @@ WORKER = textwrap.dedent(
     if cfg["mode"] == "replicated":
         want = make_state()
         sd = {k: torch.zeros_like(v) for k, v in want.items()}
+    elif cfg["mode"] == "columns":
+        want = columns()
+        sd = {k: distribute_tensor(torch.zeros(v.shape, dtype=v.dtype), mesh, [Shard(1)]) for k, v in want.items()}
     else:
         W, V, P = mixed()
         want = {"S": W, "T": W * 2, "R": V, "P": P}
@@ -125,6 +128,10 @@ STATE = textwrap.dedent(
             "h": torch.randn(33, 7, generator=g).to(torch.float16),
             "e": torch.zeros(0, 4),
         }
+    def columns():
+        # C: 5000 rows, so half its columns are 5000 runs (> MAX_RUNS: read as the span); D: 64 runs (direct).
+        g = torch.Generator().manual_seed(11)
+        return {"C": torch.randn(5000, 8, generator=g), "D": torch.randn(64, 10, generator=g).to(torch.bfloat16)}
     def mixed():
         g = torch.Generator().manual_seed(9)
         return (torch.randn(96, 130, generator=g), torch.randn(40, 50, generator=g).to(torch.bfloat16),
@@ -201,6 +208,30 @@ def test_replicated_load_reads_storage_once(tmp_path, world, fmt, budget):
     assert sent >= total and all(s["bytes_received"] == sent - s["bytes_broadcast_sent"] for s in stats)
     # Owners are balanced: nobody read everything (the largest item is "w", 307 KB of 331 KB).
     assert all(s["bytes_read"] < total for s in stats)
+
+
+@pytest.mark.parametrize("broadcast,budget", [("auto", 1 << 30), ("auto", 30_000), (False, 1 << 30)])
+def test_columns_read_as_spans_are_read_once(tmp_path, broadcast, budget):
+    """Saved whole, loaded by columns (Shard(1)) on 2 ranks: each rank's half of C is 5000 runs, which a rank
+    reads as the span covering them, i.e. all of C. Shared, C is read once and broadcast (budget 30_000: in 6
+    row pieces, each rank's columns cut from each); D's halves (64 runs each) stay direct. With
+    broadcast=False both ranks read all of C."""
+    path = tmp_path / "cols"
+    state_py = {}
+    exec(STATE, state_py)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        dcp.save(state_py["columns"](), storage_writer=cdcp.FileSystemWriter(path), no_dist=True)
+    stats = stats_of(run_ranks(tmp_path, 2, path, {"mode": "columns", "broadcast": broadcast, "budget": budget}))
+    total, c_bytes = stored_bytes(path), 5000 * 8 * 4
+    if broadcast is False:  # each rank: D's half directly, C's span from its first column to its last
+        span = (4999 * 8 + 4) * 4
+        assert sum(s["bytes_read"] for s in stats) == total - c_bytes + 2 * span
+        assert all(s["items_shared"] == 0 for s in stats)
+        return
+    assert sum(s["bytes_read"] for s in stats) == total  # once overall
+    assert all(s["items_shared"] == 1 for s in stats)  # C only
+    assert sum(s["bytes_broadcast_sent"] for s in stats) == c_bytes
 
 
 def test_broadcast_false_each_rank_reads_its_own(tmp_path):
@@ -329,9 +360,30 @@ def test_plan_global_shares_overlapping_slices_only(tmp_path):
     key, kind, lo, hi, shape, owner, nbytes = segs["a"]
     assert (kind, lo, hi, tuple(shape), nbytes) == (_broadcast.KIND_TENSOR, 0, 640, (64, 10), 2560)
     assert {segs["a"][5], segs["c"][5]} == {0, 1}  # the larger item to one rank, the other to the other
-    # A budget below the item sizes: one item per batch.
+    # A budget below the item sizes: each item in row pieces of at most 100 bytes (2 rows of a, 1 of c), one
+    # piece per batch, together covering the item's elements once.
     small = _broadcast.plan_global(_plans(md, wants), md.storage_data, md.state_dict_metadata, 100)
-    assert [len(b) for b in _broadcast.schedule_of(small[0])["batches"]] == [1, 1]
+    batches = _broadcast.schedule_of(small[0])["batches"]
+    assert all(len(b) == 1 and b[0][6] <= 100 for b in batches)
+    pieces = {n: sorted((s[2], s[3]) for b in batches for s in b if s[0].fqn == n) for n in ("a", "c")}
+    assert pieces["a"] == [(r * 10, r * 10 + 20) for r in range(0, 64, 2)]
+    assert pieces["c"] == [(r * 8, r * 8 + 8) for r in range(8)]
+    # Columns: halves of a chunk with more rows than MAX_RUNS are read as spans that overlap: shared, whole.
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        dcp.save({"t": torch.zeros(5000, 8), "s": torch.zeros(64, 8)}, storage_writer=cdcp.FileSystemWriter(
+            tmp_path / "t"), no_dist=True)
+    tmd = cdcp.FileSystemReader(tmp_path / "t").read_metadata()
+    cols = [[("t", (0, 0), (5000, 4)), ("s", (0, 0), (64, 4))], [("t", (0, 4), (5000, 4)), ("s", (0, 4), (64, 4))]]
+    tsched = _broadcast.schedule_of(_broadcast.plan_global(_plans(tmd, cols), tmd.storage_data,
+                                                           tmd.state_dict_metadata, 1 << 30)[0])
+    tsegs = {s[0].fqn: s for b in tsched["batches"] for s in b}
+    assert set(tsegs) == {"t"}  # s: 64 runs each, read directly
+    assert tsegs["t"][2:5] == (0, 40000, (5000, 8))
+    # Row halves of the same chunk are single runs: nothing shared.
+    rows = [[("t", (0, 0), (2500, 8))], [("t", (2500, 0), (2500, 8))]]
+    assert all(p.storage_data is None for p in _broadcast.plan_global(_plans(tmd, rows), tmd.storage_data,
+                                                                     tmd.state_dict_metadata, 1 << 30))
     # A rank that did not stamp its plan (broadcast=False, or another group): no sharing anywhere.
     mixed = _plans(md, wants)
     mixed[1].storage_data = None

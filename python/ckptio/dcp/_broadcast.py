@@ -2,14 +2,18 @@
 rank (the owner) and sent to the others over torch.distributed.
 
 Planning (prepare_global_plan, on the coordinator, which sees every rank's
-LoadPlan): a stored item is *shared* when two or more ranks need a common
-byte of it (their requested slices of the chunk intersect; byte items and
-zstd items, which are read whole, whenever two ranks read them). Each shared
+LoadPlan): a stored item is *shared* when two or more ranks would read a
+common byte of it (their requested slices of the chunk intersect, or one is
+read as its span - ckptio.dcp._spans: columns of a row-sharded matrix - and
+reaches into the other's range; byte items and zstd items, which are read
+whole, whenever two ranks read them). Each shared
 item gets an owner among the ranks that need it (largest first, to the
 least loaded of them) and a byte range: the elements from the first to the
-last one any rank needs (C order of the chunk), or the whole item for
-byte/zstd items. Every plan gets the same ordered list of segments, cut into
-batches of at most ``budget`` bytes (one larger item makes a batch alone).
+last one any rank needs (C order of the chunk), cut into pieces of whole
+rows of the chunk's first dimension when larger than ``budget``, or the
+whole item for byte/zstd items. Every plan gets the same ordered list of
+segments, cut into batches of at most ``budget`` bytes (one larger row or
+byte/zstd item makes a batch alone).
 
 Reading (read_data, every rank walks the batches in the same order) is
 ckptio._group_read's engine, shared with the multi-rank model load: the
@@ -28,6 +32,7 @@ waiting for data that never comes.
 from __future__ import annotations
 
 import dataclasses
+import math
 from typing import Any, Dict, List, Optional, Tuple
 
 import torch
@@ -35,6 +40,7 @@ from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 from torch.distributed.checkpoint.planner import LoadItemType, LoadPlan, ReadItem
 
 from .. import _batches, _ckptio, _group_read
+from . import _spans
 
 STAMP = "ckptio.broadcast"
 ALIGN = _group_read.ALIGN
@@ -60,6 +66,35 @@ def local_stamp(mode, group, use_collectives: bool) -> Optional[dict]:
 def _rects_intersect(a: Tuple, b: Tuple) -> bool:
     (ao, al), (bo, bl) = a, b
     return all(max(x, y) < min(x + n, y + m) for x, n, y, m in zip(ao, al, bo, bl))
+
+
+def _read_twice(shape, a: Tuple, a_ends: Tuple[int, int], b: Tuple, b_ends: Tuple[int, int]) -> bool:
+    """Whether two ranks reading slices a and b ((offsets, lengths)) of a
+    C-contiguous chunk each on its own would read some stored byte twice: the
+    slices intersect, or one of them is read as its span (more than MAX_RUNS
+    runs: half the columns of a row-sharded matrix, say) and the two reach
+    into each other's range of the chunk. Columns of such a chunk split over
+    2 ranks would otherwise be read whole by both."""
+    if _rects_intersect(a, b):
+        return True
+    spans = _spans.read_as_span(shape, *a) or _spans.read_as_span(shape, *b)
+    return spans and max(a_ends[0], b_ends[0]) <= min(a_ends[1], b_ends[1])
+
+
+def _row_pieces(lo: int, hi: int, row: int, esize: int, budget: int) -> List[Tuple[int, int]]:
+    """Elements [lo, hi) of a chunk (C order, `row` elements per index of its
+    first dimension) cut at row boundaries into pieces of at most `budget`
+    bytes (at least one row each), so that a shared chunk larger than a batch
+    is not held whole on every rank."""
+    if (hi - lo) * esize <= budget:
+        return [(lo, hi)]
+    per = max(1, budget // (row * esize))
+    out, start = [], lo
+    while start < hi:
+        end = min(hi, (start // row + per) * row)
+        out.append((start, end))
+        start = end
+    return out
 
 
 def _chunk_shape(md_entry, index) -> Optional[Tuple[int, ...]]:
@@ -102,18 +137,23 @@ def plan_global(plans: List[LoadPlan], storage_data: Dict, state_md: Dict, budge
         if shape is None:
             continue
         rects = [(r, tuple(q.storage_offsets), tuple(q.lengths)) for r, q in reqs if all(q.lengths)]
-        if not any(ra != rb and _rects_intersect((oa, la), (ob, lb))
-                   for i, (ra, oa, la) in enumerate(rects) for rb, ob, lb in rects[i + 1:]):
-            continue  # disjoint slices: each rank reads its own bytes directly
         stride, acc = [], 1
         for s in reversed(shape):
             stride.append(acc)
             acc *= s
         stride.reverse()
-        lo = min(sum(o * st for o, st in zip(offs, stride)) for _, offs, _ in rects)
-        hi = max(sum((o + n - 1) * st for o, n, st in zip(offs, lens, stride)) for _, offs, lens in rects) + 1
+        # Each slice's first and last element in the chunk's C order.
+        ends = [(sum(o * st for o, st in zip(offs, stride)), sum((o + n - 1) * st for o, n, st in zip(offs, lens, stride)))
+                for _, offs, lens in rects]
+        if not any(ra != rb and _read_twice(shape, (oa, la), ea, (ob, lb), eb)
+                   for i, ((ra, oa, la), ea) in enumerate(zip(rects, ends))
+                   for (rb, ob, lb), eb in zip(rects[i + 1:], ends[i + 1:])):
+            continue  # disjoint bytes: each rank reads its own directly
+        lo = min(first for first, _ in ends)
+        hi = max(last for _, last in ends) + 1
         esize = state_md[key.fqn].properties.dtype.itemsize
-        segments.append([key, KIND_TENSOR, lo, hi, shape, ranks, (hi - lo) * esize, info])
+        for a, b in _row_pieces(lo, hi, max(1, stride[0]) if shape else 1, esize, budget):
+            segments.append([key, KIND_TENSOR, a, b, shape, ranks, (b - a) * esize, info])
     if not segments:
         return [dataclasses.replace(p, storage_data=None) for p in plans]
     # Owners: largest segments first, each to the least loaded rank that needs it.
@@ -164,8 +204,12 @@ def _source_range(reader, files, cache, seg) -> Tuple[Any, int, int, Any]:
     return df, stored.base, stored.storage_nbytes, 0  # strided chunk: its whole storage
 
 
-def _cut(reader, files, cache, seg, buf: torch.Tensor, reqs: List[ReadItem], planner) -> None:
-    """Copies the requested slices out of a received segment and commits them."""
+def _cut(reader, files, cache, seg, buf: torch.Tensor, reqs: List[ReadItem], planner,
+         pending: Dict[int, Tuple[torch.Tensor, int]]) -> None:
+    """Copies the requested slices out of a received segment, and commits each
+    once all its rows have come (a chunk larger than a batch comes in row
+    pieces: `pending` holds the requests' targets and rows still to come
+    between the pieces, by id of the request)."""
     key, kind = seg[0], seg[1]
     info = reader.storage_data[key]
     if kind == KIND_WHOLE:
@@ -190,13 +234,32 @@ def _cut(reader, files, cache, seg, buf: torch.Tensor, reqs: List[ReadItem], pla
         raise reader.format_error(df.path, off, f"shared bytes of tensor '{key.fqn}': the owner sent {buf.numel()} "
                             f"bytes where this rank expects {n}")
     stored = reader.stored_chunk(df, info, key, cache)
+    lo, hi, shape = seg[2], seg[3], seg[4]
+    # The segment is rows [r_lo, r_hi) of the chunk's first dimension (_row_pieces), or part of one row at its
+    # ends: every element a request has in those rows lies inside it.
+    row = max(1, math.prod(shape[1:])) if shape else 1
+    r_lo, r_hi = lo // row, -(-hi // row)
+    typed = buf.view(stored.dtype)
     for req in reqs:
-        target = reader.read_target(planner, req)
-        lens = tuple(req.lengths)
-        if all(lens):
-            typed = buf.view(stored.dtype)
-            start = stored.storage_offset + sum(o * st for o, st in zip(req.storage_offsets, stored.stride)) - first
-            target.copy_(typed.as_strided(lens, stored.stride, typed.storage_offset() + start))
+        offs, lens = tuple(req.storage_offsets), tuple(req.lengths)
+        target, left = pending.pop(id(req), (None, 0))
+        if target is None:
+            target = reader.read_target(planner, req)
+            left = lens[0] if shape and all(lens) else 0  # rows still to come
+        part = None
+        if all(lens) and not shape:  # a 0-d chunk
+            part, at = target, offs
+        elif all(lens):
+            a, b = max(offs[0], r_lo), min(offs[0] + lens[0], r_hi)
+            if a < b:
+                part, at = target.narrow(0, a - offs[0], b - a), (a,) + offs[1:]
+                left -= b - a
+        if part is not None:
+            start = stored.storage_offset + sum(o * st for o, st in zip(at, stored.stride)) - first
+            part.copy_(typed.as_strided(tuple(part.shape), stored.stride, typed.storage_offset() + start))
+        if left > 0:
+            pending[id(req)] = (target, left)
+            continue
         planner.commit_tensor(req, target)
 
 
@@ -206,6 +269,7 @@ class _Segments:
 
     def __init__(self, reader, files, cache, shared: Dict[Any, List[ReadItem]], planner):
         self.reader, self.files, self.cache, self.shared, self.planner = reader, files, cache, shared, planner
+        self.pending: Dict[int, Tuple[torch.Tensor, int]] = {}  # requests with row pieces still to come
 
     @staticmethod
     def owner(seg) -> int:
@@ -229,7 +293,7 @@ class _Segments:
     def deliver(self, seg, parts) -> None:
         reqs = self.shared.get(seg[0])
         if reqs:
-            _cut(self.reader, self.files, self.cache, seg, parts[0], reqs, self.planner)
+            _cut(self.reader, self.files, self.cache, seg, parts[0], reqs, self.planner, self.pending)
 
 
 def run(reader, sched: dict, group, shared: Dict[Any, List[ReadItem]], planner, files, cache,
@@ -241,7 +305,7 @@ def run(reader, sched: dict, group, shared: Dict[Any, List[ReadItem]], planner, 
         raise RuntimeError(f"{reader.path}: the load plan shares items over {sched['world']} ranks but this "
                            "process group has another size (pass the group of dcp.load as process_group=)")
     batches = sched["batches"]
-    stats["items_shared"] = sum(len(b) for b in batches)
+    stats["items_shared"] = len(shared_keys(sched))  # items, not their row pieces
     moved = {"bytes_read": 0, "bytes_sent": 0, "bytes_received": 0}
     try:
         _group_read.run(_Segments(reader, files, cache, shared, planner), batches, group, _device_of(group), error,

@@ -44,7 +44,7 @@ from ._metadata import metadata_from_bytes
 ZSTD_DESCRIPTOR = "stream.zstd/1"
 # Above this many runs, a slice is read as the span that covers it and cut on
 # the target's device (ckptio.dcp._spans).
-MAX_RUNS = 4096
+MAX_RUNS = _spans.MAX_RUNS
 # A step of a transform chain that libckptio applies itself (zstd).
 ZSTD_STEP = "zstd"
 
@@ -136,7 +136,8 @@ class FileSystemReader(_TorchFileSystemReader):
     * ``process_group``: the group given to ``dcp.load`` (default: the
       default group).
     * ``broadcast_budget``: bytes moved per broadcast batch (default 1 GiB;
-      one larger item forms a batch alone).
+      a larger tensor item moves in pieces of whole rows, a larger row or
+      byte item forms a batch alone).
     * ``allow_pickle``: byte items (``torch.save`` of the state dict's
       non-tensor values) are checked by libckptio's restricted unpickler
       (only state-dict types: containers, numbers, strings, tensors,
@@ -497,15 +498,8 @@ class FileSystemReader(_TorchFileSystemReader):
             _spans.plan(df, stored.base, first, lens, stored.stride, esize, stored.dtype, target, spans,
                         _spans.BUDGET)
             return None
-        # C-contiguous chunk: dims j.. are taken whole, dim j-1 partly; each
-        # index over dims < j-1 gives one run of consecutive bytes.
-        j = ndim
-        while j > 0 and offs[j - 1] == 0 and lens[j - 1] == stored.shape[j - 1]:
-            j -= 1
-        inner = math.prod(stored.shape[j:]) if j < ndim else 1
-        run_elems = lens[j - 1] * inner if j > 0 else inner
-        outer_dims = list(range(max(j - 1, 0)))
-        nruns = math.prod(lens[d] for d in outer_dims) if outer_dims else 1
+        # C-contiguous chunk: one run of consecutive bytes per index over the outer dimensions.
+        nruns, run_elems, outer_dims = _spans.runs(stored.shape, offs, lens)
         run_bytes = run_elems * esize
         if nruns > MAX_RUNS:
             _spans.plan(df, stored.base, first, lens, stored.stride, esize, stored.dtype, target, spans,

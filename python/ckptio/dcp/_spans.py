@@ -18,7 +18,8 @@ pieces that fit; one index wider than the budget makes a batch alone).
 
 from __future__ import annotations
 
-from typing import Any, Dict, List
+import math
+from typing import Any, Dict, List, Sequence, Tuple
 
 import torch
 
@@ -27,6 +28,28 @@ from .._group_read import align
 
 # Extra memory (per device) that span reads may hold at once.
 BUDGET = 1 << 30
+# Above this many runs, a slice of a C-contiguous chunk is read as the span that covers it.
+MAX_RUNS = 4096
+
+
+def runs(shape: Sequence[int], offs: Sequence[int], lens: Sequence[int]) -> Tuple[int, int, List[int]]:
+    """How a slice (offsets, lengths) of a C-contiguous chunk of `shape` lies in
+    it: (number of runs of consecutive elements, elements per run, the outer
+    dimensions whose every index starts a run). Dimensions j.. are taken whole,
+    dimension j-1 partly; each index over the dimensions before j-1 is a run."""
+    ndim = len(shape)
+    j = ndim
+    while j > 0 and offs[j - 1] == 0 and lens[j - 1] == shape[j - 1]:
+        j -= 1
+    inner = math.prod(shape[j:]) if j < ndim else 1
+    run_elems = lens[j - 1] * inner if j > 0 else inner
+    outer_dims = list(range(max(j - 1, 0)))
+    return (math.prod(lens[d] for d in outer_dims) if outer_dims else 1), run_elems, outer_dims
+
+
+def read_as_span(shape: Sequence[int], offs: Sequence[int], lens: Sequence[int]) -> bool:
+    """Whether the reader reads this slice of a C-contiguous chunk as its span."""
+    return runs(shape, offs, lens)[0] > MAX_RUNS
 
 
 class Span:
@@ -97,4 +120,4 @@ def read(spans: List[Span], engine, budget: int) -> int:
     return total
 
 
-__all__ = ["BUDGET", "Span", "plan", "read"]
+__all__ = ["BUDGET", "MAX_RUNS", "Span", "plan", "read", "read_as_span", "runs"]
