@@ -35,6 +35,7 @@ static const char *const library_names[] = {
      * slots (0 off, 1 forced, else guarded: docs/GPU.md) */
     "CKPTIO_GPU_READ_SLOTS", "CKPTIO_GPU_READ_WORKERS", "CKPTIO_GPU_SLOT_MAX_BYTES", "CKPTIO_GPU_HUGE_SLOTS",
     "CKPTIO_GPU_MAP_WORKERS", "CKPTIO_GPU_MAP_BATCH_BYTES",
+    "CKPTIO_SCATTER", /* python/ckptio/_group_read.py: how scattered tensors travel (an experiment knob) */
     NULL,
 };
 
