@@ -51,7 +51,7 @@ WORKER = textwrap.dedent(
     import ckptio.dcp as cdcp
     from ckptio.dcp import _broadcast
     sys.path.insert(0, os.path.dirname(os.path.abspath(sys.argv[0])))
-    from state import columns, make_state, mixed
+    from state import columns, make_state, mixed, strided
 
     rank, world, store, path = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3], sys.argv[4]
     cfg = json.loads(sys.argv[5])
@@ -81,6 +81,9 @@ WORKER = textwrap.dedent(
     if cfg["mode"] == "replicated":
         want = make_state()
         sd = {k: torch.zeros_like(v) for k, v in want.items()}
+    elif cfg["mode"] == "strided":
+        want = {"t": strided()}
+        sd = {"t": torch.zeros(want["t"].shape)}
     elif cfg["mode"] == "columns":
         want = columns()
         sd = {k: distribute_tensor(torch.zeros(v.shape, dtype=v.dtype), mesh, [Shard(1)]) for k, v in want.items()}
@@ -128,6 +131,9 @@ STATE = textwrap.dedent(
             "h": torch.randn(33, 7, generator=g).to(torch.float16),
             "e": torch.zeros(0, 4),
         }
+    def strided():
+        # Transposed: torch's writer keeps strides (1, 40); rows of it are not ranges of its storage.
+        return torch.randn(700, 40, generator=torch.Generator().manual_seed(13)).t()
     def columns():
         # C: 5000 rows, so half its columns are 5000 runs (> MAX_RUNS: read as the span); D: 64 runs (direct).
         g = torch.Generator().manual_seed(11)
@@ -232,6 +238,21 @@ def test_columns_read_as_spans_are_read_once(tmp_path, broadcast, budget):
     assert sum(s["bytes_read"] for s in stats) == total  # once overall
     assert all(s["items_shared"] == 1 for s in stats)  # C only
     assert sum(s["bytes_broadcast_sent"] for s in stats) == c_bytes
+
+
+def test_strided_chunk_in_row_pieces_is_read_once(tmp_path):
+    """A replicated chunk stored with its strides, shared with a budget of a few rows: it travels whole with
+    its first row piece (its rows are not ranges of its storage) and the other pieces carry nothing, so its
+    storage is read once, not once per piece."""
+    path = tmp_path / "strided"
+    state_py = {}
+    exec(STATE, state_py)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        dcp.save({"t": state_py["strided"]()}, storage_writer=dcp.FileSystemWriter(path), no_dist=True)
+    stats = stats_of(run_ranks(tmp_path, 2, path, {"mode": "strided", "budget": 3 * 700 * 4}))
+    assert sum(s["bytes_read"] for s in stats) == 700 * 40 * 4  # the storage once, across both ranks
+    assert all(s["items_shared"] == 1 for s in stats)
 
 
 def test_broadcast_false_each_rank_reads_its_own(tmp_path):

@@ -143,8 +143,8 @@ def plan_global(plans: List[LoadPlan], storage_data: Dict, state_md: Dict, budge
             acc *= s
         stride.reverse()
         # Each slice's first and last element in the chunk's C order.
-        ends = [(sum(o * st for o, st in zip(offs, stride)), sum((o + n - 1) * st for o, n, st in zip(offs, lens, stride)))
-                for _, offs, lens in rects]
+        ends = [(sum(o * st for o, st in zip(offs, stride)),
+                 sum((o + n - 1) * st for o, n, st in zip(offs, lens, stride))) for _, offs, lens in rects]
         if not any(ra != rb and _read_twice(shape, (oa, la), ea, (ob, lb), eb)
                    for i, ((ra, oa, la), ea) in enumerate(zip(rects, ends))
                    for (rb, ob, lb), eb in zip(rects[i + 1:], ends[i + 1:])):
@@ -184,9 +184,12 @@ def _device_of(group) -> torch.device:
     return _group_read.exchange_device(group)
 
 
-def _source_range(reader, files, cache, seg) -> Tuple[Any, int, int, Any]:
+def _source_range(reader, files, cache, seg, first_piece: bool) -> Tuple[Any, int, int, Any]:
     """(data file, file offset, byte length, element of the storage at the
-    segment's first byte or None) of a segment, as owner and users agree."""
+    segment's first byte or None) of a segment, as owner and users agree.
+    A strided chunk (torch's writer keeps a transposed tensor's strides) goes
+    whole with its first row piece and its other pieces carry nothing: rows
+    of it are not ranges of its storage."""
     key, kind, lo, hi, shape, _, _ = seg
     info = reader.storage_data[key]
     df = reader.data_file(files, info.relative_path)
@@ -201,11 +204,11 @@ def _source_range(reader, files, cache, seg) -> Tuple[Any, int, int, Any]:
             raise reader.format_error(df.path, stored.base, f"tensor '{key.fqn}' needs elements up to "
                                 f"{stored.storage_offset + hi} of a storage of {stored.storage_nbytes} bytes")
         return df, stored.base + first * esize, (hi - lo) * esize, first
-    return df, stored.base, stored.storage_nbytes, 0  # strided chunk: its whole storage
+    return df, stored.base, stored.storage_nbytes if first_piece else 0, 0  # strided chunk: its whole storage
 
 
 def _cut(reader, files, cache, seg, buf: torch.Tensor, reqs: List[ReadItem], planner,
-         pending: Dict[int, Tuple[torch.Tensor, int]]) -> None:
+         pending: Dict[int, Tuple[torch.Tensor, int]], first_piece: bool) -> None:
     """Copies the requested slices out of a received segment, and commits each
     once all its rows have come (a chunk larger than a batch comes in row
     pieces: `pending` holds the requests' targets and rows still to come
@@ -229,7 +232,7 @@ def _cut(reader, files, cache, seg, buf: torch.Tensor, reqs: List[ReadItem], pla
                 target.copy_(src)
             planner.commit_tensor(req, target)
         return
-    df, off, n, first = _source_range(reader, files, cache, seg)
+    df, off, n, first = _source_range(reader, files, cache, seg, first_piece)
     if n != buf.numel():
         raise reader.format_error(df.path, off, f"shared bytes of tensor '{key.fqn}': the owner sent {buf.numel()} "
                             f"bytes where this rank expects {n}")
@@ -239,6 +242,10 @@ def _cut(reader, files, cache, seg, buf: torch.Tensor, reqs: List[ReadItem], pla
     # ends: every element a request has in those rows lies inside it.
     row = max(1, math.prod(shape[1:])) if shape else 1
     r_lo, r_hi = lo // row, -(-hi // row)
+    if n == 0:
+        return  # a strided chunk's later piece: its first brought every row
+    if not (stored.contiguous() and tuple(stored.shape) == tuple(shape)):
+        r_lo, r_hi = 0, shape[0] if shape else 1  # a strided chunk's whole storage
     typed = buf.view(stored.dtype)
     for req in reqs:
         offs, lens = tuple(req.storage_offsets), tuple(req.lengths)
@@ -267,9 +274,15 @@ class _Segments:
     """The shared segments of one read_data call, as ckptio._group_read's
     engine asks about them: every segment is broadcast by its owner."""
 
-    def __init__(self, reader, files, cache, shared: Dict[Any, List[ReadItem]], planner):
+    def __init__(self, reader, files, cache, shared: Dict[Any, List[ReadItem]], planner, batches):
         self.reader, self.files, self.cache, self.shared, self.planner = reader, files, cache, shared, planner
         self.pending: Dict[int, Tuple[torch.Tensor, int]] = {}  # requests with row pieces still to come
+        self.first_lo: Dict[Any, int] = {}  # each tensor item's first row piece starts here
+        for seg in (s for b in batches for s in b if s[1] == KIND_TENSOR):
+            self.first_lo[seg[0]] = min(seg[2], self.first_lo.get(seg[0], seg[2]))
+
+    def first_piece(self, seg) -> bool:
+        return seg[1] != KIND_TENSOR or seg[2] == self.first_lo[seg[0]]
 
     @staticmethod
     def owner(seg) -> int:
@@ -280,20 +293,21 @@ class _Segments:
         return None
 
     def length(self, seg) -> int:
-        return _source_range(self.reader, self.files, self.cache, seg)[2]
+        return _source_range(self.reader, self.files, self.cache, seg, self.first_piece(seg))[2]
 
     def reads(self, segs, places, kind):
         extents = []
         for seg, (addr, n) in zip(segs, places):
-            df, off, _, _ = _source_range(self.reader, self.files, self.cache, seg)
-            extents.append((df.file, addr, n, off, kind))
+            df, off, _, _ = _source_range(self.reader, self.files, self.cache, seg, self.first_piece(seg))
+            extents.append((df.file, addr, n, off, kind))  # _group_read leaves out segments of no bytes
         engine = self.reader.engine
         return lambda: _ckptio.dcp_read(extents, engine)
 
     def deliver(self, seg, parts) -> None:
         reqs = self.shared.get(seg[0])
         if reqs:
-            _cut(self.reader, self.files, self.cache, seg, parts[0], reqs, self.planner, self.pending)
+            _cut(self.reader, self.files, self.cache, seg, parts[0], reqs, self.planner, self.pending,
+                 self.first_piece(seg))
 
 
 def run(reader, sched: dict, group, shared: Dict[Any, List[ReadItem]], planner, files, cache,
@@ -308,8 +322,8 @@ def run(reader, sched: dict, group, shared: Dict[Any, List[ReadItem]], planner, 
     stats["items_shared"] = len(shared_keys(sched))  # items, not their row pieces
     moved = {"bytes_read": 0, "bytes_sent": 0, "bytes_received": 0}
     try:
-        _group_read.run(_Segments(reader, files, cache, shared, planner), batches, group, _device_of(group), error,
-                        moved, str(reader.path))
+        _group_read.run(_Segments(reader, files, cache, shared, planner, batches), batches, group, _device_of(group),
+                        error, moved, str(reader.path))
     finally:
         stats["bytes_read"] += moved["bytes_read"]
         stats["bytes_broadcast_sent"] += moved["bytes_sent"]
