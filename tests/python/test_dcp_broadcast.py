@@ -401,6 +401,10 @@ def test_plan_global_shares_overlapping_slices_only(tmp_path):
     tsegs = {s[0].fqn: s for b in tsched["batches"] for s in b}
     assert set(tsegs) == {"t"}  # s: 64 runs each, read directly
     assert tsegs["t"][2:5] == (0, 40000, (5000, 8))
+    # A request with another number of dimensions than its chunk is not planned as a span (the reader refuses it,
+    # naming the file).
+    from ckptio.dcp import _spans
+    assert _spans.read_as_span((5000, 8), (0, 0), (5000, 4)) and not _spans.read_as_span((5000, 8), (0,), (5000,))
     # Row halves of the same chunk are single runs: nothing shared.
     rows = [[("t", (0, 0), (2500, 8))], [("t", (2500, 0), (2500, 8))]]
     assert all(p.storage_data is None for p in _broadcast.plan_global(_plans(tmd, rows), tmd.storage_data,

@@ -184,6 +184,12 @@ def _device_of(group) -> torch.device:
     return _group_read.exchange_device(group)
 
 
+def _rows_are_ranges(stored, shape) -> bool:
+    """Whether the stored chunk is C-contiguous in the planned shape, so that a
+    range of its elements (a row piece) is a range of its storage."""
+    return stored.contiguous() and tuple(stored.shape) == tuple(shape)
+
+
 def _source_range(reader, files, cache, seg, first_piece: bool) -> Tuple[Any, int, int, Any]:
     """(data file, file offset, byte length, element of the storage at the
     segment's first byte or None) of a segment, as owner and users agree.
@@ -198,7 +204,7 @@ def _source_range(reader, files, cache, seg, first_piece: bool) -> Tuple[Any, in
         return df, info.offset, info.length, None
     stored = reader.stored_chunk(df, info, key, cache)
     esize = stored.dtype.itemsize
-    if stored.contiguous() and tuple(stored.shape) == tuple(shape):
+    if _rows_are_ranges(stored, shape):
         first = stored.storage_offset + lo
         if (stored.storage_offset + hi) * esize > stored.storage_nbytes:
             raise reader.format_error(df.path, stored.base, f"tensor '{key.fqn}' needs elements up to "
@@ -244,7 +250,7 @@ def _cut(reader, files, cache, seg, buf: torch.Tensor, reqs: List[ReadItem], pla
     r_lo, r_hi = lo // row, -(-hi // row)
     if n == 0:
         return  # a strided chunk's later piece: its first brought every row
-    if not (stored.contiguous() and tuple(stored.shape) == tuple(shape)):
+    if not _rows_are_ranges(stored, shape):
         r_lo, r_hi = 0, shape[0] if shape else 1  # a strided chunk's whole storage
     typed = buf.view(stored.dtype)
     for req in reqs:

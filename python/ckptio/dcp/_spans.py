@@ -48,8 +48,10 @@ def runs(shape: Sequence[int], offs: Sequence[int], lens: Sequence[int]) -> Tupl
 
 
 def read_as_span(shape: Sequence[int], offs: Sequence[int], lens: Sequence[int]) -> bool:
-    """Whether the reader reads this slice of a C-contiguous chunk as its span."""
-    return runs(shape, offs, lens)[0] > MAX_RUNS
+    """Whether the reader reads this slice of a C-contiguous chunk as its span
+    (False for a slice with another number of dimensions than the chunk: the
+    reader refuses it, naming the file)."""
+    return len(offs) == len(shape) == len(lens) and runs(shape, offs, lens)[0] > MAX_RUNS
 
 
 class Span:
