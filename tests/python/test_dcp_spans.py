@@ -86,7 +86,7 @@ def test_columns_of_a_row_major_chunk(tmp_path, monkeypatch, batches, device):
     """Half the columns of every row (the load of a row-sharded matrix into
     columns): more runs than MAX_RUNS, so a span, split into pieces of whole
     rows; a converting and a non-contiguous destination too."""
-    rows = _reader.MAX_RUNS + 904
+    rows = _spans.MAX_RUNS + 904
     g = torch.Generator().manual_seed(5)
     sd = {"e": torch.randn(rows, 16, generator=g).to(torch.bfloat16), "w": torch.randn(rows, 12, generator=g)}
     dcp.save(sd, storage_writer=cdcp.FileSystemWriter(tmp_path / "c"), no_dist=True)
@@ -135,7 +135,7 @@ def test_strided_chunk_read_once_in_pieces(tmp_path, monkeypatch, batches, devic
 
 
 def test_one_row_wider_than_the_budget_makes_a_batch_alone(tmp_path, monkeypatch, batches):
-    rows = _reader.MAX_RUNS + 1
+    rows = _spans.MAX_RUNS + 1
     sd = {"e": torch.arange(rows * 64, dtype=torch.int32).reshape(rows, 64)}
     dcp.save(sd, storage_writer=cdcp.FileSystemWriter(tmp_path / "c"), no_dist=True)
     monkeypatch.setattr(_spans, "BUDGET", 100)  # a row's span is 32 x 4 = 128 bytes
@@ -149,7 +149,7 @@ def test_a_slice_past_its_storage_is_refused(tmp_path, monkeypatch):
     """The span of a slice must lie inside its stored storage: a chunk whose
     recorded shape outgrows the bytes behind it is a format error naming the
     file, not a read of the next item's bytes."""
-    rows = _reader.MAX_RUNS + 10
+    rows = _spans.MAX_RUNS + 10
     sd = {"e": torch.zeros(rows, 8), "f": torch.ones(100)}
     dcp.save(sd, storage_writer=cdcp.FileSystemWriter(tmp_path / "c"), no_dist=True)
     real = _reader._Stored.__init__

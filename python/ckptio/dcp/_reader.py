@@ -42,9 +42,6 @@ from . import _broadcast, _spans
 from ._metadata import metadata_from_bytes
 
 ZSTD_DESCRIPTOR = "stream.zstd/1"
-# Above this many runs, a slice is read as the span that covers it and cut on
-# the target's device (ckptio.dcp._spans).
-MAX_RUNS = _spans.MAX_RUNS
 # A step of a transform chain that libckptio applies itself (zstd).
 ZSTD_STEP = "zstd"
 
@@ -501,7 +498,7 @@ class FileSystemReader(_TorchFileSystemReader):
         # C-contiguous chunk: one run of consecutive bytes per index over the outer dimensions.
         nruns, run_elems, outer_dims = _spans.runs(stored.shape, offs, lens)
         run_bytes = run_elems * esize
-        if nruns > MAX_RUNS:
+        if nruns > _spans.MAX_RUNS:  # the span that covers it, cut on the target's device
             _spans.plan(df, stored.base, first, lens, stored.stride, esize, stored.dtype, target, spans,
                         _spans.BUDGET)
             return None
