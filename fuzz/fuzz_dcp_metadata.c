@@ -85,6 +85,18 @@ static void check_table(const uint8_t *data, size_t size) {
         CHECK(tiling == CKPTIO_OK || (tiling == CKPTIO_E_FORMAT && ckptio_last_error_message()[0] != '\0'));
         if (tt->nchunks <= 256) CHECK((tiling == CKPTIO_OK) == tiles_exactly(tt));
     }
+    /* The coverage rule check and verify apply (whose names are several
+     * ranks' decides it): tiling demanded of every tensor, or partial ones
+     * counted; one answer whatever the names hold. */
+    bool every_tiled = true;
+    for (size_t i = 0; i < nt && every_tiled; i++)
+        every_tiled = ckptio__dcp_check_tiling(h, &h->tensors[i]) == CKPTIO_OK;
+    size_t partial = SIZE_MAX;
+    const ckptio_status coverage = ckptio__dcp_check_coverage(h, &partial);
+    if (ckptio__dcp_several_ranks((const char *const *)h->files, h->nfiles))
+        CHECK(coverage == (every_tiled ? CKPTIO_OK : CKPTIO_E_FORMAT) && (coverage != CKPTIO_OK || partial == 0));
+    else
+        CHECK(coverage == CKPTIO_OK && partial <= nt && (partial == 0) == every_tiled);
     for (size_t i = 0; i < nb; i++) {
         ckptio_dcp_bytes_info b;
         CHECK(ckptio_dcp_bytes(h, i, &b) == CKPTIO_OK && b.fqn != NULL);
