@@ -16,7 +16,8 @@ written by host-to-device copies and given back to the driver with torch.cuda.em
 For each timed load: open (CheckpointFile over the directory), python (allocating the destination
 tensors and building the request, i.e. get_tensors minus the C read), read (the C read, GIL released,
 until the copies are done), total; GB/s over total; CPU seconds; staging pinned after it and the process's
-anonymous memory on huge pages (with CKPTIO_GPU_HUGE_SLOTS=1: did the slots get them?). Then a
+anonymous memory on huge pages (with CKPTIO_GPU_HUGE_SLOTS=1: did the slots get them?); after the first load
+the process's cudaMalloc count (device_allocs: one per tensor, or fewer when they share blocks). Then a
 second load in the same process, timed the same way; SECOND says into what: fresh (default: the first
 load's tensors freed and torch.cuda.empty_cache(), so memory given back to the driver and allocated again), reuse (freed, no
 empty_cache: the allocator's cached blocks), out (into the first load's tensors).
