@@ -27,6 +27,7 @@
 
 static const ckptio__gpu_ops *ops; /* the real table, on the fake driver */
 static const char *self;           /* this program, for the fallback process */
+static int *copy2d_calls;
 static int *register_result, *register_calls, *unregister_calls, *hostalloc_calls, *freehost_calls;
 static void **last_registered, **last_unregistered;
 static size_t *last_registered_bytes;
@@ -56,6 +57,7 @@ static void bind_fake(const char *path) {
     last_unregistered = sym(lib, "fake_cuda_last_unregistered");
     last_registered_bytes = sym(lib, "fake_cuda_last_registered_bytes");
     last_register_flags = sym(lib, "fake_cuda_last_register_flags");
+    copy2d_calls = sym(lib, "fake_cuda_copy2d_calls");
 }
 
 
@@ -197,6 +199,32 @@ static int fallback_child(void) {
     return T_EXIT_PASS;
 }
 
+/* Three columns of a 7-row matrix of 40-byte rows to contiguous "device"
+ * memory and back, through the real table (the fake driver's device
+ * memory is host memory). */
+static void test_pitched_copies_reach_the_driver(void) {
+    enum { ROWS = 7, ROW = 40, COL = 13, WIDTH = 6 };
+    unsigned char host[ROWS * ROW], dev[ROWS * WIDTH], back[ROWS * ROW];
+    for (size_t i = 0; i < sizeof host; i++) host[i] = (unsigned char)(i * 7 + 1);
+    memset(dev, 0xEE, sizeof dev);
+    memset(back, 0, sizeof back);
+    const int before = *copy2d_calls;
+    T_OK(ops->h2d_2d_async(dev, WIDTH, host + COL, ROW, WIDTH, ROWS, NULL));
+    for (size_t r = 0; r < ROWS; r++)
+        T_ASSERT_MSG(memcmp(dev + r * WIDTH, host + r * ROW + COL, WIDTH) == 0, "row %zu copied wrong", r);
+    T_OK(ops->d2h_2d_async(back + COL, ROW, dev, WIDTH, WIDTH, ROWS, NULL));
+    for (size_t i = 0; i < sizeof back; i++) {
+        const bool in = i % ROW >= COL && i % ROW < COL + WIDTH;
+        T_ASSERT_MSG(back[i] == (in ? host[i] : 0), "byte %zu is %u after the copy back", i, back[i]);
+    }
+    T_ASSERT_MSG(*copy2d_calls == before + 2, "%d pitched driver calls, expected 2", *copy2d_calls - before);
+    /* A pitch below the width is the driver's error, named. */
+    ckptio_status st = ops->h2d_2d_async(dev, WIDTH - 1, host, ROW, WIDTH, ROWS, NULL);
+    T_ASSERT(st == CKPTIO_E_CUDA);
+    T_ASSERT_MSG(strstr(ckptio_last_error()->message, "cuMemcpy2DAsync") != NULL, "message: %s",
+                 ckptio_last_error()->message);
+}
+
 static void test_a_driver_without_registration_gets_host_alloc(void) {
     const int code = t_run_self(self, "fallback");
     T_ASSERT_MSG(code == 0, "the fallback process ended with exit code %d (-1: not normally)", code);
@@ -217,6 +245,7 @@ int main(int argc, char **argv) {
     T_RUN(test_a_huge_slot_is_aligned_advised_and_freed_whole);
     T_RUN(test_a_failed_registration_leaves_nothing);
     T_RUN(test_a_slot_range);
+    T_RUN(test_pitched_copies_reach_the_driver);
     T_RUN(test_a_driver_without_registration_gets_host_alloc);
     return T_EXIT_PASS;
 }

@@ -5,6 +5,7 @@
  */
 #include "helpers.h"
 
+#include <stddef.h>
 #include <string.h>
 
 #if defined(__has_include)
@@ -62,6 +63,12 @@ int main(void) {
         {"CU_DEVICE_ATTRIBUTE_READ_ONLY_HOST_REGISTER_SUPPORTED",
          (long long)CU_DEVICE_ATTRIBUTE_READ_ONLY_HOST_REGISTER_SUPPORTED},
         {"sizeof(CUdeviceptr)", (long long)sizeof(CUdeviceptr)},
+        {"sizeof(CUDA_MEMCPY2D)", (long long)sizeof(CUDA_MEMCPY2D)},
+        {"offsetof(CUDA_MEMCPY2D, srcPitch)", (long long)offsetof(CUDA_MEMCPY2D, srcPitch)},
+        {"offsetof(CUDA_MEMCPY2D, dstMemoryType)", (long long)offsetof(CUDA_MEMCPY2D, dstMemoryType)},
+        {"offsetof(CUDA_MEMCPY2D, dstDevice)", (long long)offsetof(CUDA_MEMCPY2D, dstDevice)},
+        {"offsetof(CUDA_MEMCPY2D, WidthInBytes)", (long long)offsetof(CUDA_MEMCPY2D, WidthInBytes)},
+        {"offsetof(CUDA_MEMCPY2D, Height)", (long long)offsetof(CUDA_MEMCPY2D, Height)},
     };
     size_t checked = 0;
     for (const abi_value *v = ckptio__cuda_abi_values; v->name; v++) {
@@ -93,6 +100,7 @@ int main(void) {
         {XSTR(cuStreamWaitValue32), "cuStreamWaitValue32_v2"},
         {XSTR(cuMemRetainAllocationHandle), "cuMemRetainAllocationHandle"},
         {XSTR(cuMemRelease), "cuMemRelease"},
+        {XSTR(cuMemcpy2DAsync), "cuMemcpy2DAsync_v2"},
     };
     for (size_t i = 0; i < sizeof pairs / sizeof pairs[0]; i++)
         T_ASSERT_MSG(strcmp(pairs[i][0], pairs[i][1]) == 0, "cuda.h maps to %s, the shim resolves %s", pairs[i][0],

@@ -48,6 +48,12 @@ const ckptio__cuda_abi_value ckptio__cuda_abi_values[] = {
     {"CU_DEVICE_ATTRIBUTE_READ_ONLY_HOST_REGISTER_SUPPORTED",
      (long long)CU_DEVICE_ATTRIBUTE_READ_ONLY_HOST_REGISTER_SUPPORTED},
     {"sizeof(CUdeviceptr)", (long long)sizeof(CUdeviceptr)},
+    {"sizeof(CUDA_MEMCPY2D)", (long long)sizeof(CUDA_MEMCPY2D)},
+    {"offsetof(CUDA_MEMCPY2D, srcPitch)", (long long)offsetof(CUDA_MEMCPY2D, srcPitch)},
+    {"offsetof(CUDA_MEMCPY2D, dstMemoryType)", (long long)offsetof(CUDA_MEMCPY2D, dstMemoryType)},
+    {"offsetof(CUDA_MEMCPY2D, dstDevice)", (long long)offsetof(CUDA_MEMCPY2D, dstDevice)},
+    {"offsetof(CUDA_MEMCPY2D, WidthInBytes)", (long long)offsetof(CUDA_MEMCPY2D, WidthInBytes)},
+    {"offsetof(CUDA_MEMCPY2D, Height)", (long long)offsetof(CUDA_MEMCPY2D, Height)},
     {NULL, 0},
 };
 
@@ -126,6 +132,7 @@ static void load_driver(void) {
     OPT(cuMemHostUnregister, "cuMemHostUnregister")
     OPT(cuMemRetainAllocationHandle, "cuMemRetainAllocationHandle")
     OPT(cuMemRelease, "cuMemRelease")
+    OPT(cuMemcpy2DAsync, "cuMemcpy2DAsync_v2")
 #undef REQ
 #undef OPT
     CUresult r = api.cuInit(0);

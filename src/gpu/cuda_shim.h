@@ -66,6 +66,24 @@ enum {
     CU_MEMORYTYPE_UNIFIED = 4
 };
 
+/* CUDA_MEMCPY2D (_v2): a pitched copy, rows of WidthInBytes, Height of them.
+ * The layout is checked against cuda.h by tests/test_gpu_abi.c. */
+typedef struct CUDA_MEMCPY2D_st {
+    size_t srcXInBytes, srcY;
+    int srcMemoryType; /* CUmemorytype */
+    const void *srcHost;
+    CUdeviceptr srcDevice;
+    void *srcArray;
+    size_t srcPitch;
+    size_t dstXInBytes, dstY;
+    int dstMemoryType;
+    void *dstHost;
+    CUdeviceptr dstDevice;
+    void *dstArray;
+    size_t dstPitch;
+    size_t WidthInBytes, Height;
+} CUDA_MEMCPY2D;
+
 /* cuMemHostAlloc flags, CUstream_flags, CUevent_flags, CUstreamWaitValue_flags */
 #define CU_MEMHOSTALLOC_PORTABLE 0x01u
 #define CU_MEMHOSTALLOC_DEVICEMAP 0x02u
@@ -143,6 +161,7 @@ typedef struct ckptio__cuda_api {
     /* Succeeds only for memory mapped with cuMemMap (CUmemGenericAllocationHandle is an unsigned long long). */
     CUresult (*cuMemRetainAllocationHandle)(unsigned long long *handle, void *addr);
     CUresult (*cuMemRelease)(unsigned long long handle);
+    CUresult (*cuMemcpy2DAsync)(const CUDA_MEMCPY2D *copy, CUstream stream); /* _v2 */
     CUresult (*cuLaunchKernel)(CUfunction f, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by,
                                unsigned bz, unsigned shared_bytes, CUstream stream, void **params, void **extra);
     int driver_version;  /* cuDriverGetVersion, e.g. 12040 */

@@ -339,6 +339,49 @@ static ckptio_status cuda_d2h(void *dst, const void *src, size_t bytes, void *st
     return CKPTIO_OK;
 }
 
+/* One pitched copy (cuMemcpy2DAsync, optional in the shim: without it the
+ * caller copies row by row, see gpu_ops.h). */
+static ckptio_status cuda_copy_2d(bool h2d, void *dst, size_t dst_pitch, const void *src, size_t src_pitch,
+                                  size_t width, size_t rows, void *stream) {
+    const ckptio__cuda_api *cu;
+    CKPTIO_FORWARD(need_api(&cu));
+    if (!cu->cuMemcpy2DAsync) { /* an old driver: row by row */
+        for (size_t i = 0; i < rows; i++) {
+            unsigned char *d = (unsigned char *)dst + i * dst_pitch;
+            const unsigned char *s = (const unsigned char *)src + i * src_pitch;
+            CKPTIO_FORWARD(h2d ? cuda_h2d(d, s, width, stream) : cuda_d2h(d, s, width, stream));
+        }
+        return CKPTIO_OK;
+    }
+    CUDA_MEMCPY2D c = {.WidthInBytes = width, .Height = rows, .srcPitch = src_pitch, .dstPitch = dst_pitch};
+    if (h2d) {
+        c.srcMemoryType = CU_MEMORYTYPE_HOST;
+        c.srcHost = src;
+        c.dstMemoryType = CU_MEMORYTYPE_DEVICE;
+        c.dstDevice = (CUdeviceptr)(uintptr_t)dst;
+    } else {
+        c.srcMemoryType = CU_MEMORYTYPE_DEVICE;
+        c.srcDevice = (CUdeviceptr)(uintptr_t)src;
+        c.dstMemoryType = CU_MEMORYTYPE_HOST;
+        c.dstHost = dst;
+    }
+    CUresult r = cu->cuMemcpy2DAsync(&c, (CUstream)stream);
+    if (r != CUDA_SUCCESS)
+        return CKPTIO_CUDA_FAIL(r, "cuMemcpy2DAsync(%s %p, %zu rows of %zu bytes, pitches %zu and %zu)",
+                                h2d ? "to" : "from", h2d ? dst : src, rows, width, src_pitch, dst_pitch);
+    return CKPTIO_OK;
+}
+
+static ckptio_status cuda_h2d_2d(void *dst, size_t dst_pitch, const void *src, size_t src_pitch, size_t width,
+                                 size_t rows, void *stream) {
+    return cuda_copy_2d(true, dst, dst_pitch, src, src_pitch, width, rows, stream);
+}
+
+static ckptio_status cuda_d2h_2d(void *dst, size_t dst_pitch, const void *src, size_t src_pitch, size_t width,
+                                 size_t rows, void *stream) {
+    return cuda_copy_2d(false, dst, dst_pitch, src, src_pitch, width, rows, stream);
+}
+
 static ckptio_status cuda_wait_word(void *stream, volatile uint32_t *word, uint32_t value) {
     const ckptio__cuda_api *cu;
     CKPTIO_FORWARD(need_api(&cu));
@@ -418,6 +461,8 @@ static const ckptio__gpu_ops cuda_ops = {
     .event_done = cuda_event_done,
     .h2d_async = cuda_h2d,
     .d2h_async = cuda_d2h,
+    .h2d_2d_async = cuda_h2d_2d,
+    .d2h_2d_async = cuda_d2h_2d,
     .stream_wait_word = cuda_wait_word,
     .host_register = cuda_host_register,
     .host_unregister = cuda_host_unregister,

@@ -152,9 +152,19 @@ ckptio_status ckptio__gpu_execute_observed(ckptio_engine *engine, ckptio_directi
     if (!devices) return CKPTIO_FAIL(CKPTIO_E_NOMEM, "out of memory for %zu GPU extents", count);
     bool several = false;
     int first_device = -1;
+    /* The allocation the last extent was found in: the next ones inside it
+     * (a column slice has one extent per row) need no driver call. */
+    uintptr_t known_base = 0, known_end = 0;
+    int known_device = -1;
     for (size_t i = 0; i < count; i++) {
         devices[i] = -1;
         if (!extents[i].length) continue;
+        const uintptr_t m = (uintptr_t)extents[i].memory;
+        if (m >= known_base && m < known_end) {
+            devices[i] = known_device;
+            if (devices[i] != first_device) several = true;
+            continue;
+        }
         ckptio_mem_kind kind = ops->classify(extents[i].memory, &devices[i]);
         if (kind != CKPTIO_MEM_CUDA) {
             st = CKPTIO_FAIL_CTX(CKPTIO_E_INVAL,
@@ -166,6 +176,15 @@ ckptio_status ckptio__gpu_execute_observed(ckptio_engine *engine, ckptio_directi
         }
         if (first_device < 0) first_device = devices[i];
         else if (devices[i] != first_device) several = true;
+        uint64_t size = 0;
+        ckptio__error_saved *saved = ckptio__error_save(); /* a lookup failure is the pipeline's to report */
+        if (ops->mem_range(extents[i].memory, &known_base, &size) == CKPTIO_OK) {
+            known_end = known_base + size;
+            known_device = devices[i];
+        } else {
+            known_base = known_end = 0;
+        }
+        ckptio__error_restore(saved);
     }
     if (first_device < 0) goto out; /* nothing to move */
 

@@ -67,6 +67,15 @@ typedef struct ckptio__gpu_ops {
     bool (*event_done)(void *event);
     ckptio_status (*h2d_async)(void *dst_device, const void *src_host, size_t bytes, void *stream);
     ckptio_status (*d2h_async)(void *dst_host, const void *src_device, size_t bytes, void *stream);
+    /* `rows` rows of `width` bytes in one queued copy (cuMemcpy2DAsync): row
+     * i starts at src + i * src_pitch and lands at dst + i * dst_pitch (both
+     * pitches >= width). A column slice of a row-major tensor is one such
+     * copy per staging window instead of one copy per row. NULL where the
+     * device cannot: callers then copy row by row. */
+    ckptio_status (*h2d_2d_async)(void *dst_device, size_t dst_pitch, const void *src_host, size_t src_pitch,
+                                  size_t width, size_t rows, void *stream);
+    ckptio_status (*d2h_2d_async)(void *dst_host, size_t dst_pitch, const void *src_device, size_t src_pitch,
+                                  size_t width, size_t rows, void *stream);
     /* Makes `stream` wait until *word >= value (word in pinned memory from
      * pinned_alloc, written by a host thread). CKPTIO_E_UNSUPPORTED when
      * the driver cannot (callers then fall back to synchronising). */

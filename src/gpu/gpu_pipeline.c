@@ -63,6 +63,12 @@ typedef struct window {
     uint64_t start, end;
 } window;
 
+/* The device allocation an extent's memory starts in (cuMemGetAddressRange):
+ * rows joined into one pitched copy all lie in one (strided_run). */
+typedef struct device_alloc {
+    uintptr_t base, end;
+} device_alloc;
+
 typedef struct pipe {
     ckptio_engine *engine;
     ckptio__gpu_state *st;
@@ -95,6 +101,8 @@ typedef struct pipe {
     _Atomic int map_unsupported;  /* the device cannot register: stop trying */
     unsigned map_workers;         /* workers [0, map_workers) map resident windows */
     size_t map_batch;             /* windows a mapping worker claims (and registers) at once */
+    bool join_strides;            /* strided pieces as one pitched copy (CKPTIO_GPU_COPY_2D=0: not) */
+    device_alloc *alloc;          /* per extent: the device allocation it lies in */
     unsigned read_slots;          /* slots a read worker rotates through (read once, on the caller's thread) */
 } pipe;
 
@@ -165,7 +173,11 @@ static ckptio_status plan(pipe *p, size_t count, uint64_t slot) {
     size_t n = 0;
     for (size_t i = 0; i < count; i++)
         if (p->ext[i].length) p->order[n++] = i;
-    qsort_r(p->order, n, sizeof *p->order, cmp_extents, (void *)p->ext);
+    /* Plans from one tensor's slice come in file order already (one extent
+     * per row): checking costs n comparisons, sorting n log n. */
+    size_t sorted = 1;
+    while (sorted < n && cmp_extents(&p->order[sorted - 1], &p->order[sorted], (void *)p->ext) < 0) sorted++;
+    if (sorted < n) qsort_r(p->order, n, sizeof *p->order, cmp_extents, (void *)p->ext);
     const uint64_t gap = READ_GAP_MAX < slot / 2 ? READ_GAP_MAX : slot / 2;
     for (size_t k = 0; k < n; k++) {
         const ckptio_extent *e = &p->ext[p->order[k]];
@@ -362,8 +374,68 @@ static ckptio_status write_window(const pipe *p, file_stage *fs, const window *w
     return run_ops(p, fs, w, ops, n);
 }
 
+/* Pieces of a window that repeat at a fixed stride on both sides: the same
+ * width, each one `host_pitch` bytes after the last in the file (so in the
+ * staging) and `dev_pitch` bytes after it in device memory. A column slice
+ * of a row-major tensor is such a run, one piece per row: queued as one
+ * pitched copy rather than one copy per row (4096 copies of 4 KiB for a
+ * quarter of an 8192 x 8192 bf16 matrix's columns). */
+typedef struct strided_run {
+    unsigned char *host, *dev; /* the first piece */
+    size_t width, rows;
+    size_t host_pitch, dev_pitch;
+    size_t idx;                /* the first piece's extent, for errors */
+    uint64_t lo;               /* its file offset */
+    device_alloc alloc;        /* the device allocation every row lies in */
+} strided_run;
+
+/* Pitches past this are not joined (the driver's pitch limit is about 2 GiB). */
+#define STRIDE_PITCH_MAX ((size_t)1 << 30)
+
+/* Whether the piece at `host`/`dev` of `width` bytes, in device allocation
+ * `alloc`, continues run `g`. Rows stay inside the first row's allocation:
+ * the driver takes a pitched copy as one range of device memory. */
+static bool continues(const strided_run *g, const unsigned char *host, const unsigned char *dev, size_t width,
+                      const device_alloc *alloc) {
+    if (width != g->width || host <= g->host || dev <= g->dev) return false;
+    if (alloc->base != g->alloc.base || (uintptr_t)dev + width > g->alloc.end) return false;
+    if (g->rows == 1) {
+        const size_t hp = (size_t)(host - g->host), dp = (size_t)(dev - g->dev);
+        return hp >= width && dp >= width && hp <= STRIDE_PITCH_MAX && dp <= STRIDE_PITCH_MAX;
+    }
+    return host == g->host + g->rows * g->host_pitch && dev == g->dev + g->rows * g->dev_pitch;
+}
+
+/* Queues run `g`: one copy when its rows touch on both sides (or it has one
+ * row), else one pitched copy (row by row where the device has none). */
+static ckptio_status queue_run(pipe *p, const strided_run *g, void *stream) {
+    const bool h2d = p->dir == CKPTIO_READ;
+    const bool contiguous = g->rows == 1 || (g->host_pitch == g->width && g->dev_pitch == g->width);
+    ckptio_status st = CKPTIO_OK;
+    if (contiguous) {
+        const size_t bytes = g->width * g->rows;
+        st = h2d ? p->ops->h2d_async(g->dev, g->host, bytes, stream)
+                 : p->ops->d2h_async(g->host, g->dev, bytes, stream);
+    } else if (h2d ? p->ops->h2d_2d_async != NULL : p->ops->d2h_2d_async != NULL) {
+        st = h2d ? p->ops->h2d_2d_async(g->dev, g->dev_pitch, g->host, g->host_pitch, g->width, g->rows, stream)
+                 : p->ops->d2h_2d_async(g->host, g->host_pitch, g->dev, g->dev_pitch, g->width, g->rows, stream);
+    } else {
+        for (size_t i = 0; i < g->rows && st == CKPTIO_OK; i++) {
+            unsigned char *host = g->host + i * g->host_pitch, *dev = g->dev + i * g->dev_pitch;
+            st = h2d ? p->ops->h2d_async(dev, host, g->width, stream) : p->ops->d2h_async(host, dev, g->width, stream);
+        }
+    }
+    if (st != CKPTIO_OK) {
+        char subject[64];
+        snprintf(subject, sizeof subject, "extent %zu", g->idx);
+        return annotate(st, p->ext[g->idx].file, g->lo, h2d ? "copy to GPU" : "copy from GPU", subject);
+    }
+    return CKPTIO_OK;
+}
+
 /* Queues the copies between window `w` and host memory `host`, which holds
- * the file's bytes from offset `a` on (a staging slot, or a mapping).
+ * the file's bytes from offset `a` on (a staging slot, or a mapping):
+ * pieces at a fixed stride on both sides go as one copy (strided_run).
  * Returns how many bytes were queued in *queued even on failure (the caller
  * must still wait). */
 static ckptio_status queue_copies(pipe *p, const window *w, unsigned char *host, uint64_t a, void *stream,
@@ -371,17 +443,29 @@ static ckptio_status queue_copies(pipe *p, const window *w, unsigned char *host,
     size_t k = w->first, idx;
     uint64_t lo, hi;
     *queued = 0;
+    strided_run g = {0};
     while (next_piece(p, w, &k, &idx, &lo, &hi)) {
         const ckptio_extent *e = &p->ext[idx];
         unsigned char *dev = (unsigned char *)e->memory + (lo - e->file_offset);
-        ckptio_status st = p->dir == CKPTIO_READ ? p->ops->h2d_async(dev, host + (lo - a), hi - lo, stream)
-                                                 : p->ops->d2h_async(host + (lo - a), dev, hi - lo, stream);
-        if (st != CKPTIO_OK) {
-            char subject[64];
-            snprintf(subject, sizeof subject, "extent %zu", idx);
-            return annotate(st, e->file, lo, p->dir == CKPTIO_READ ? "copy to GPU" : "copy from GPU", subject);
+        unsigned char *src = host + (lo - a);
+        const size_t width = (size_t)(hi - lo);
+        if (g.rows && p->join_strides && continues(&g, src, dev, width, &p->alloc[idx])) {
+            if (g.rows++ == 1) {
+                g.host_pitch = (size_t)(src - g.host);
+                g.dev_pitch = (size_t)(dev - g.dev);
+            }
+            continue;
         }
-        *queued += hi - lo;
+        if (g.rows) {
+            CKPTIO_FORWARD(queue_run(p, &g, stream));
+            *queued += g.width * g.rows;
+        }
+        g = (strided_run){.host = src, .dev = dev, .width = width, .rows = 1, .idx = idx, .lo = lo,
+                          .alloc = p->alloc[idx]};
+    }
+    if (g.rows) {
+        CKPTIO_FORWARD(queue_run(p, &g, stream));
+        *queued += g.width * g.rows;
     }
     return CKPTIO_OK;
 }
@@ -744,9 +828,10 @@ static void worker_main(void *arg, unsigned w) {
  * several. The walk goes on while the next piece is mapped too and starts where this one ends; cudaMalloc
  * allocations that happen to lie back to back stay apart, so an extent running out of one is still refused. */
 static ckptio_status device_span(const ckptio__gpu_ops *ops, const void *ptr, uint64_t want, uintptr_t *base,
-                                 uint64_t *size) {
+                                 uint64_t *size, device_alloc *first) {
     CKPTIO_FORWARD(ops->mem_range(ptr, base, size));
     uintptr_t end = *base + *size;
+    *first = (device_alloc){.base = *base, .end = end};
     const uintptr_t need = (uintptr_t)ptr + want;
     if (end < need && ops->mem_mapped(ptr)) {
         while (end < need) {
@@ -763,13 +848,18 @@ static ckptio_status device_span(const ckptio__gpu_ops *ops, const void *ptr, ui
     return CKPTIO_OK;
 }
 
-static ckptio_status check_device_range(const ckptio__gpu_ops *ops, const ckptio_extent *e, size_t idx) {
+/* Checks that extent `idx` lies in device memory it may use; *alloc is the
+ * allocation its first byte is in, *span_end where the memory mapped from
+ * there without a gap ends. */
+static ckptio_status check_device_range(const ckptio__gpu_ops *ops, const ckptio_extent *e, size_t idx,
+                                        device_alloc *alloc, uintptr_t *span_end) {
     uintptr_t base = 0;
     uint64_t size = 0;
     char subject[64];
     snprintf(subject, sizeof subject, "extent %zu", idx);
-    ckptio_status st = device_span(ops, e->memory, e->length, &base, &size);
+    ckptio_status st = device_span(ops, e->memory, e->length, &base, &size, alloc);
     if (st != CKPTIO_OK) return annotate(st, e->file, e->file_offset, "check device buffer", subject);
+    *span_end = base + size;
     if ((uintptr_t)e->memory - base > size || e->length > size - ((uintptr_t)e->memory - base))
         return CKPTIO_FAIL_CTX(CKPTIO_E_RANGE,
                                &((ckptio__err_ctx){.operation = "check device buffer",
@@ -873,9 +963,25 @@ ckptio_status ckptio__gpu_pipeline_run_observed(ckptio_engine *engine, const ckp
               .status = CKPTIO_OK};
     pthread_mutex_init(&p.lock, NULL);
     bool locked = false;
+    p.alloc = ckptio__calloc(count ? count : 1, sizeof *p.alloc);
+    if (!p.alloc) {
+        st = CKPTIO_FAIL(CKPTIO_E_NOMEM, "out of memory checking %zu GPU extents", count);
+        goto out;
+    }
+    /* The driver is asked once per allocation, not once per extent: a
+     * column slice has one extent per row, all in one tensor (704k rows
+     * for a 14 GB model's matrices, each lookup several driver calls). */
+    device_alloc last = {0};
+    uintptr_t last_span_end = 0;
     for (size_t i = 0; i < count; i++) {
         if (!extents[i].length) continue;
-        if ((st = check_device_range(ops, &extents[i], i)) != CKPTIO_OK) goto out;
+        const uintptr_t m = (uintptr_t)extents[i].memory;
+        if (m >= last.base && m < last.end && extents[i].length <= last_span_end - m) {
+            p.alloc[i] = last; /* inside what the last check found mapped */
+            continue;
+        }
+        if ((st = check_device_range(ops, &extents[i], i, &p.alloc[i], &last_span_end)) != CKPTIO_OK) goto out;
+        last = p.alloc[i];
     }
     unsigned nworkers;
     uint64_t slot;
@@ -917,6 +1023,7 @@ ckptio_status ckptio__gpu_pipeline_run_observed(ckptio_engine *engine, const ckp
      * write, while registering and unregistering synchronise the device). */
     map_geometry(&p, may_map && !inline_only, nworkers, window_bytes);
     p.read_slots = ckptio__gpu_read_slots(); /* getenv here, never on a worker: setenv may run meanwhile */
+    p.join_strides = env_size("CKPTIO_GPU_COPY_2D", 1) != 0; /* an experiment knob, read here like the others */
     if ((st = ckptio__gpu_state_get(engine, ops, &p.st)) != CKPTIO_OK) goto out;
     atomic_fetch_add(&p.st->transfers_waiting, 1); /* a prepare thread yields (gpu_pipeline.h) */
     pthread_mutex_lock(&p.st->lock);
@@ -960,6 +1067,7 @@ out:
     if (locked) pthread_mutex_unlock(&p.st->lock);
     pthread_mutex_destroy(&p.lock);
     ckptio__free(p.wins);
+    ckptio__free(p.alloc);
     ckptio__free(p.runs);
     ckptio__free(p.order);
     return st;

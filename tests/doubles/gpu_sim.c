@@ -43,7 +43,9 @@ typedef struct sim_op {
     bool h2d;
     void *dst;
     const void *src;
-    size_t bytes;
+    size_t bytes;        /* of each row */
+    size_t rows;         /* 1, or more for a pitched copy */
+    size_t spitch, dpitch;
     uint64_t hash, index;
     sim_event *event;
     volatile uint32_t *word;
@@ -282,12 +284,20 @@ static void complete_event(sim_stream *s, sim_event *e) {
     e->failed_copy = s->failed_copy;
 }
 
+/* The hash of a copy's source rows (modified while queued: a violation). */
+static uint64_t rows_hash(const sim_op *op) {
+    uint64_t h = 0;
+    for (size_t i = 0; i < op->rows; i++)
+        h = XXH3_64bits_withSeed((const char *)op->src + i * op->spitch, op->bytes, h);
+    return h;
+}
+
 static void run_copy(sim_stream *s, sim_op *op, unsigned delay_us, uint64_t fail_at) {
     if (delay_us) {
         struct timespec ts = {0, (long)(next_rand(&s->rng) % (delay_us + 1)) * 1000};
         nanosleep(&ts, NULL);
     }
-    if (XXH3_64bits(op->src, op->bytes) != op->hash) {
+    if (rows_hash(op) != op->hash) {
         pthread_mutex_lock(&lock);
         stats.violations++;
         pthread_mutex_unlock(&lock);
@@ -300,14 +310,17 @@ static void run_copy(sim_stream *s, sim_op *op, unsigned delay_us, uint64_t fail
         return;
     }
     if (s->failed) return; /* a failed stream executes nothing more, like a faulted context */
-    memcpy(op->dst, op->src, op->bytes);
+    for (size_t i = 0; i < op->rows; i++)
+        memcpy((char *)op->dst + i * op->dpitch, (const char *)op->src + i * op->spitch, op->bytes);
     pthread_mutex_lock(&lock);
     const sim_alloc *a = find_alloc((uintptr_t)op->src);
     const bool registered = a && a->registered;
     pthread_mutex_unlock(&lock);
     /* Registered memory is the caller's (a read-only file mapping): only
      * staging is poisoned after use. */
-    if (op->h2d && !registered) memset((void *)(uintptr_t)op->src, CKPTIO_SIM_POISON_USED, op->bytes);
+    if (op->h2d && !registered)
+        for (size_t i = 0; i < op->rows; i++)
+            memset((char *)(uintptr_t)op->src + i * op->spitch, CKPTIO_SIM_POISON_USED, op->bytes);
 }
 
 static void *stream_main(void *arg) {
@@ -454,9 +467,12 @@ static ckptio_status sim_event_sync(void *event) {
     return CKPTIO_OK;
 }
 
-static ckptio_status sim_copy(bool h2d, void *dst, const void *src, size_t bytes, void *stream) {
+/* `rows` rows of `bytes` (1 row: a plain copy), pitches as gpu_ops.h says. */
+static ckptio_status sim_copy_rows(bool h2d, void *dst, size_t dpitch, const void *src, size_t spitch, size_t bytes,
+                                   size_t rows, void *stream) {
     pthread_mutex_lock(&lock);
     uint64_t index = ++stats.copies;
+    if (rows > 1) stats.copies_2d++;
     bool fail = config.fail_enqueue_at && index == config.fail_enqueue_at;
     pthread_mutex_unlock(&lock);
     if (fail)
@@ -466,12 +482,14 @@ static ckptio_status sim_copy(bool h2d, void *dst, const void *src, size_t bytes
                                bytes, (unsigned long long)index);
     sim_op *op = ckptio__calloc(1, sizeof *op);
     if (!op) return CKPTIO_FAIL(CKPTIO_E_NOMEM, "simulated copy");
-    *op = (sim_op){.kind = OP_COPY, .h2d = h2d, .dst = dst, .src = src, .bytes = bytes, .index = index};
-    if (!h2d) memset(dst, CKPTIO_SIM_POISON_D2H, bytes);
-    op->hash = XXH3_64bits(src, bytes);
+    *op = (sim_op){.kind = OP_COPY, .h2d = h2d, .dst = dst, .src = src, .bytes = bytes, .rows = rows,
+                   .spitch = spitch, .dpitch = dpitch, .index = index};
+    if (!h2d)
+        for (size_t i = 0; i < rows; i++) memset((char *)dst + i * dpitch, CKPTIO_SIM_POISON_D2H, bytes);
+    op->hash = rows_hash(op);
     pthread_mutex_lock(&lock);
-    if (h2d) stats.bytes_h2d += bytes;
-    else stats.bytes_d2h += bytes;
+    if (h2d) stats.bytes_h2d += bytes * rows;
+    else stats.bytes_d2h += bytes * rows;
     sim_alloc *reg = h2d ? find_alloc((uintptr_t)src) : NULL;
     if (reg && reg->registered) reg->inflight++;
     if (++pending > stats.max_pending) stats.max_pending = pending;
@@ -480,11 +498,42 @@ static ckptio_status sim_copy(bool h2d, void *dst, const void *src, size_t bytes
 }
 
 static ckptio_status sim_h2d(void *dst, const void *src, size_t bytes, void *stream) {
-    return sim_copy(true, dst, src, bytes, stream);
+    return sim_copy_rows(true, dst, bytes, src, bytes, bytes, 1, stream);
 }
 
 static ckptio_status sim_d2h(void *dst, const void *src, size_t bytes, void *stream) {
-    return sim_copy(false, dst, src, bytes, stream);
+    return sim_copy_rows(false, dst, bytes, src, bytes, bytes, 1, stream);
+}
+
+/* What we take the driver to check of a pitched copy: pitches at least the
+ * width, and the device side's rows inside one allocation (a piece of a
+ * reservation counts alone), as it validates one device range. */
+static ckptio_status check_2d(const void *device, size_t pitch, size_t width, size_t rows, size_t other_pitch) {
+    if (pitch < width || other_pitch < width || rows == 0)
+        return CKPTIO_FAIL_CTX(CKPTIO_E_CUDA, &((ckptio__err_ctx){.file_offset = -1, .cuda_result = 1}),
+                               "cuMemcpy2DAsync: pitch below width: CUDA_ERROR_INVALID_VALUE (simulated)");
+    const uintptr_t first = (uintptr_t)device, last = first + pitch * (rows - 1) + width - 1;
+    pthread_mutex_lock(&lock);
+    const sim_alloc *a = find_alloc(first);
+    const bool inside = a && a->kind == CKPTIO_MEM_CUDA && last < a->base + a->size;
+    pthread_mutex_unlock(&lock);
+    if (!inside)
+        return CKPTIO_FAIL_CTX(CKPTIO_E_CUDA, &((ckptio__err_ctx){.file_offset = -1, .cuda_result = 1}),
+                               "cuMemcpy2DAsync(%p, %zu rows, pitch %zu): rows outside one device allocation: "
+                               "CUDA_ERROR_INVALID_VALUE (simulated)", device, rows, pitch);
+    return CKPTIO_OK;
+}
+
+static ckptio_status sim_h2d_2d(void *dst, size_t dpitch, const void *src, size_t spitch, size_t width, size_t rows,
+                                void *stream) {
+    CKPTIO_FORWARD(check_2d(dst, dpitch, width, rows, spitch));
+    return sim_copy_rows(true, dst, dpitch, src, spitch, width, rows, stream);
+}
+
+static ckptio_status sim_d2h_2d(void *dst, size_t dpitch, const void *src, size_t spitch, size_t width, size_t rows,
+                                void *stream) {
+    CKPTIO_FORWARD(check_2d(src, spitch, width, rows, dpitch));
+    return sim_copy_rows(false, dst, dpitch, src, spitch, width, rows, stream);
 }
 
 static ckptio_status sim_wait_word(void *stream, volatile uint32_t *word, uint32_t value) {
@@ -575,6 +624,8 @@ static const ckptio__gpu_ops sim_ops = {
     .event_done = sim_event_done,
     .h2d_async = sim_h2d,
     .d2h_async = sim_d2h,
+    .h2d_2d_async = sim_h2d_2d,
+    .d2h_2d_async = sim_d2h_2d,
     .stream_wait_word = sim_wait_word,
     .host_register = sim_host_register,
     .host_unregister = sim_host_unregister,

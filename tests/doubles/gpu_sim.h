@@ -45,7 +45,8 @@ typedef struct ckptio__gpu_sim_config {
 } ckptio__gpu_sim_config;
 
 typedef struct ckptio__gpu_sim_stats {
-    uint64_t copies;             /* copies queued */
+    uint64_t copies;             /* copies queued (a pitched copy counts once) */
+    uint64_t copies_2d;          /* of those, pitched copies of 2 or more rows */
     uint64_t bytes_h2d, bytes_d2h;
     uint64_t violations;         /* copy sources modified while the copy was in flight */
     uint64_t max_pending;        /* most copies queued but not yet run, at any moment */

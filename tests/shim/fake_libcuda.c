@@ -14,13 +14,12 @@
  * are cuda.h's, which ckptio does not need. */
 #pragma GCC diagnostic ignored "-Wmissing-prototypes"
 
+#include "cuda_shim.h" /* the driver's types as ckptio declares them (test_gpu_abi checks them against cuda.h) */
+
 #include <stddef.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
-
-typedef int CUresult;
-typedef unsigned long long CUdeviceptr;
 
 enum { OK = 0, INVALID_VALUE = 1, OUT_OF_MEMORY = 2, NOT_READY = 600, NOT_PERMITTED = 800, NOT_SUPPORTED = 801 };
 
@@ -118,6 +117,24 @@ CUresult cuMemcpyHtoDAsync_v2(CUdeviceptr d, const void *s, size_t n, void *st) 
 CUresult cuMemcpyDtoHAsync_v2(void *d, CUdeviceptr s, size_t n, void *st) {
     (void)st;
     return cuMemcpyDtoH_v2(d, s, n);
+}
+int fake_cuda_copy2d_calls;
+
+CUresult cuMemcpy2DAsync_v2(const CUDA_MEMCPY2D *c, void *st) {
+    (void)st;
+    if (c->srcPitch < c->WidthInBytes || c->dstPitch < c->WidthInBytes || c->srcXInBytes || c->srcY ||
+        c->dstXInBytes || c->dstY || c->srcArray || c->dstArray)
+        return INVALID_VALUE;
+    const char *src = c->srcMemoryType == CU_MEMORYTYPE_HOST     ? c->srcHost
+                      : c->srcMemoryType == CU_MEMORYTYPE_DEVICE ? (const char *)(uintptr_t)c->srcDevice
+                                                                  : NULL;
+    char *dst = c->dstMemoryType == CU_MEMORYTYPE_HOST     ? c->dstHost
+                : c->dstMemoryType == CU_MEMORYTYPE_DEVICE ? (char *)(uintptr_t)c->dstDevice
+                                                            : NULL;
+    if (!src || !dst) return INVALID_VALUE;
+    fake_cuda_copy2d_calls++;
+    for (size_t i = 0; i < c->Height; i++) memcpy(dst + i * c->dstPitch, src + i * c->srcPitch, c->WidthInBytes);
+    return OK;
 }
 CUresult cuMemsetD8_v2(CUdeviceptr d, unsigned char v, size_t n) { memset((void *)(uintptr_t)d, v, n); return OK; }
 
