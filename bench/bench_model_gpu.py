@@ -21,6 +21,8 @@ FIRST=1 (each loader's first load in a fresh process, as a model server meets it
 streams and threads are made inside the timed load; CUDA is initialised before the clock starts),
 MEMWATCH=0 (no sampling of GPU memory during the loads: extra GPU memory is then not reported),
 SECOND_PAUSE=S (FIRST=1: sleep S seconds between a process's first and second loads),
+SECOND=reuse (FIRST=1: the second load reuses the blocks torch's allocator kept; default fresh: they were given
+back with torch.cuda.empty_cache(), the driver's slower case),
 COLD_ROTATE=N (cold: the ckptio loaders' order rotated by N).
 """
 import glob
@@ -145,8 +147,9 @@ class GpuMemWatch:
         self.peak = max(self.peak, self.used())
 
 
-def timed(case, loader, nbytes, fn, reference, note=""):
-    """Runs fn() -> {name: tensor} (or None for ceilings), checks it, records GB/s, CPU s/GB, extra GPU memory."""
+def timed(case, loader, nbytes, fn, reference, note="", give_back=True):
+    """Runs fn() -> {name: tensor} (or None for ceilings), checks it, records GB/s, CPU s/GB, extra GPU memory.
+    give_back: torch.cuda.empty_cache() after the result is freed (its memory goes back to the driver)."""
     torch.cuda.synchronize()
     used_before = torch.cuda.mem_get_info(0)[1] - torch.cuda.mem_get_info(0)[0]
     with GpuMemWatch() as w:
@@ -171,7 +174,8 @@ def timed(case, loader, nbytes, fn, reference, note=""):
     log(f"{case:6s} {loader:55s} {row['GBps']:7.2f} GB/s {secs:7.3f} s  cpu {row['cpu_s_per_GB']:.3f} s/GB  "
         f"extra GPU {row['extra_gpu_GiB']} GiB  equal={ok} {note}")
     del out
-    torch.cuda.empty_cache()
+    if give_back:
+        torch.cuda.empty_cache()
     _ = used_before
     return row
 
@@ -337,7 +341,11 @@ def first_load_child(label, d):
         fn = FIRST_LOADERS[label](d, files, ref_like)
     else:
         fn = FIRST_LOADERS[label](d, files, None)
-    row = timed(os.environ["FIRST_CASE"], label, nbytes, fn, None, "first load in a fresh process")
+    # SECOND=reuse: the first load's memory stays with torch's allocator for the second (a server replacing
+    # its weights); default fresh: torch.cuda.empty_cache() gives it back to the driver in between.
+    reuse = os.environ.get("SECOND", "fresh") == "reuse"
+    row = timed(os.environ["FIRST_CASE"], label, nbytes, fn, None, "first load in a fresh process",
+                give_back=not reuse)
     engine_stats = None
     if label.startswith("ckptio"):
         import ckptio
@@ -348,7 +356,8 @@ def first_load_child(label, d):
     pause = float(os.environ.get("SECOND_PAUSE", "0"))
     if pause > 0:
         time.sleep(pause)
-    row2 = timed(os.environ["FIRST_CASE"], label, nbytes, fn, None, "second load, same process")
+    row2 = timed(os.environ["FIRST_CASE"], label, nbytes, fn, None,
+                 "second load, same process" + (" (the allocator's cached blocks)" if reuse else ""))
     if engine_stats:
         # Where the second load's workers spent their time: waiting on GPU copies (seconds_copy, summed
         # over workers) against the load's wall time x workers says whether the DMA or the CPU side bounds it.
