@@ -2,14 +2,16 @@
 
 What a loader that gives each rank only its own part does (vLLM's per-rank `get_slice`): every matrix cut by
 columns (`[:, r*c:(r+1)*c]`) or by rows (`[r*c:(r+1)*c]`) for rank r of TP ranks, all in one ckptio plan
-(`get_slices`). A column slice of a row-major matrix is one run per row; ckptio copies the runs of each
-staging window to the GPU as one pitched copy (cuMemcpy2DAsync) unless CKPTIO_GPU_COPY_2D=0, which copies
-them one by one (what it did until 2026-11-27). Beside it, safetensors' own `get_slice` on the host and
+(`get_slices`). A column slice of a row-major matrix is one run per row. ckptio (default) reads the runs one by
+one into packed staging slots where the page cache holds them, and copies each window's runs to the GPU as one
+copy (pitched where they land apart); ckptio-span (CKPTIO_GPU_PACK=0) reads the span the runs cover, gaps
+included, and copies them in pitched copies (cuMemcpy2DAsync); ckptio-rows (also CKPTIO_GPU_COPY_2D=0) one copy
+per run, what ckptio did until 2026-11-27. Beside it, safetensors' own `get_slice` on the host and
 `.to(device)` (what a plain loader does), and ckptio's whole-model load. The page cache holds the directory
 (warmed first). Every slice is compared with the whole tensor, sliced on the GPU.
 
     python3 bench/probe_column_slices.py DIR        # prints one JSON line per measurement
-Environment: TP (comma list, default 2,4,8), REPS (3), WHICH (ckptio-2d,ckptio-rows,safetensors).
+Environment: TP (comma list, default 2,4,8), REPS (3), WHICH (ckptio,ckptio-span,ckptio-rows,safetensors).
 """
 import glob
 import json
@@ -19,6 +21,11 @@ import time
 import torch
 
 DEV = os.environ.get("DEVICE", "cuda:0")
+# ckptio's variants: its default (runs read packed where the page cache holds them, copied in pitched copies),
+# and with the experiment knobs that undo each step (what ckptio did before 2026-11-27: ckptio-rows).
+VARIANTS = {"ckptio": {}, "ckptio-span": {"CKPTIO_GPU_PACK": "0"},
+            "ckptio-rows": {"CKPTIO_GPU_PACK": "0", "CKPTIO_GPU_COPY_2D": "0"},
+            "ckptio-2d": {}}  # the name of the default in the runs of call B and C (before packed reads)
 
 
 def sync():
@@ -47,7 +54,7 @@ def main():
     d = sys.argv[1]
     tps = [int(x) for x in os.environ.get("TP", "2,4,8").split(",")]
     reps = int(os.environ.get("REPS", "3"))
-    which = os.environ.get("WHICH", "ckptio-2d,ckptio-rows,safetensors").split(",")
+    which = os.environ.get("WHICH", "ckptio,ckptio-span,ckptio-rows,safetensors").split(",")
     files = sorted(glob.glob(os.path.join(d, "*.safetensors")))
     for p in files:  # the page cache holds the model
         with open(p, "rb") as fh:
@@ -70,10 +77,8 @@ def main():
                 for w in which:
                     times = []
                     for _ in range(reps):
-                        if w == "ckptio-rows":
-                            os.environ["CKPTIO_GPU_COPY_2D"] = "0"
-                        else:
-                            os.environ.pop("CKPTIO_GPU_COPY_2D", None)
+                        for k, v in VARIANTS.get(w, {}).items():
+                            os.environ[k] = v
                         t = time.perf_counter()
                         if w == "safetensors":
                             from safetensors import safe_open
@@ -88,7 +93,8 @@ def main():
                                 out = f.get_slices(req)
                         sync()
                         times.append(time.perf_counter() - t)
-                        os.environ.pop("CKPTIO_GPU_COPY_2D", None)
+                        for k in VARIANTS.get(w, {}):
+                            os.environ.pop(k, None)
                         bad = [k for k in req if not torch.equal(out[k], want[k])]
                         assert not bad, f"{w} tp={tp} {by} rank {rank}: {len(bad)} slices differ, first {bad[0]}"
                         del out

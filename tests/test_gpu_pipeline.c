@@ -208,40 +208,70 @@ static void test_write_extents(void) {
 
 /* ---- strided pieces: one pitched copy per window ---------------------------- */
 
+/* Bytes this process has read with read calls (/proc/self/io rchar): what
+ * a read moved from the file, gaps included, which the engine's bytes_read
+ * (extent bytes) does not show. */
+static uint64_t proc_rchar(void) {
+    FILE *io = fopen("/proc/self/io", "r");
+    unsigned long long v = 0;
+    char line[128];
+    while (io && fgets(line, sizeof line, io))
+        if (sscanf(line, "rchar: %llu", &v) == 1) break;
+    if (io) fclose(io);
+    return v;
+}
+
+/* How column_slice_case runs: the knobs (NULL: unset) and where rows land. */
+typedef struct column_knobs {
+    const char *copy_2d, *pack; /* CKPTIO_GPU_COPY_2D, CKPTIO_GPU_PACK */
+    size_t piece;               /* device memory mapped in pieces of this size (0: one allocation) */
+    size_t dev_stride;          /* row i lands at i * dev_stride (0: width, back to back) */
+} column_knobs;
+
+static void set_knob(const char *name, const char *value) {
+    if (value) setenv(name, value, 1);
+    else unsetenv(name);
+}
+
 /* Rows of a row-major matrix in a file; every row's columns [col, col + width)
  * go to `dev`, one row after the other (a column slice), except row `odd_row`,
  * which lands elsewhere (the stride breaks there). Returns the copies queued
- * and checks every device byte. */
-static uint64_t column_slice_case(const char *knob, size_t col, size_t width, size_t piece, uint64_t *copies_2d) {
+ * (*copies_2d: of them pitched; *bytes_read: what the read calls moved, gaps
+ * included) and checks every device byte. */
+static uint64_t column_slice_case(column_knobs kn, size_t col, size_t width, uint64_t *copies_2d,
+                                  uint64_t *bytes_read) {
     sim_reset(50);
-    if (knob) setenv("CKPTIO_GPU_COPY_2D", knob, 1);
-    else unsetenv("CKPTIO_GPU_COPY_2D");
+    set_knob("CKPTIO_GPU_COPY_2D", kn.copy_2d);
+    set_knob("CKPTIO_GPU_PACK", kn.pack);
+    const size_t stride = kn.dev_stride ? kn.dev_stride : width;
     enum { ROWS = 512, ODD_ROW = 200 };
     const size_t row = 16 * KIB, fsize = ROWS * row + 123;
     ckptio_engine *e = make_engine(2, 4 * MIB, 8 * MIB); /* 512 KiB windows: 32 rows each */
     ckptio_file *f = NULL;
     unsigned char *want = open_made_file(e, t_path("matrix.bin"), fsize, 21, &f);
-    const size_t dsize = ROWS * width + 4 * KIB + width;
+    const size_t dsize = ROWS * stride + 4 * KIB + width;
     /* piece: device memory mapped in pieces of that size (torch's expandable segments). */
-    unsigned char *dev = piece ? ckptio__gpu_sim_device_alloc_pieces(dsize, piece, true)
-                               : ckptio__gpu_sim_device_alloc(dsize);
+    unsigned char *dev = kn.piece ? ckptio__gpu_sim_device_alloc_pieces(dsize, kn.piece, true)
+                                  : ckptio__gpu_sim_device_alloc(dsize);
     memset(dev, 0xEE, dsize);
     ckptio_extent ext[ROWS];
     unsigned char *expect = malloc(dsize);
     memset(expect, 0xEE, dsize);
     for (size_t i = 0; i < ROWS; i++) {
-        const size_t at = i == ODD_ROW ? ROWS * width + 4 * KIB : i * width;
+        const size_t at = i == ODD_ROW ? ROWS * stride + 4 * KIB : i * stride;
         ext[i] = (ckptio_extent){.file = f, .file_offset = i * row + col, .length = width, .memory = dev + at,
                                  .mem_kind = CKPTIO_MEM_CUDA};
         memcpy(expect + at, want + i * row + col, width);
     }
+    const uint64_t rchar = proc_rchar();
     T_OK(ckptio__gpu_execute(e, CKPTIO_READ, ext, ROWS));
+    *bytes_read = proc_rchar() - rchar;
     for (size_t i = 0; i < dsize; i++)
         T_ASSERT_MSG(dev[i] == expect[i], "col %zu width %zu: device byte %zu is 0x%02x, expected 0x%02x", col, width,
                      i, dev[i], expect[i]);
     ckptio_stats st;
     T_OK(ckptio_engine_stats(e, &st));
-    T_ASSERT(st.bytes_h2d == (uint64_t)ROWS * width);
+    T_ASSERT(st.bytes_h2d == (uint64_t)ROWS * width && st.bytes_read == (uint64_t)ROWS * width);
     check_engine_staging(e, 4 * MIB);
     check_sim_clean(4 * MIB);
     ckptio__gpu_sim_stats s;
@@ -251,6 +281,7 @@ static uint64_t column_slice_case(const char *knob, size_t col, size_t width, si
     ckptio__gpu_sim_device_free(dev);
     T_OK(ckptio_engine_destroy(e));
     unsetenv("CKPTIO_GPU_COPY_2D");
+    unsetenv("CKPTIO_GPU_PACK");
     free(expect);
     free(want);
     return s.copies;
@@ -259,26 +290,90 @@ static uint64_t column_slice_case(const char *knob, size_t col, size_t width, si
 static void test_column_slice_in_pitched_copies(void) {
     /* 4 KiB columns at 4 KiB (a quarter of the row), then 6 bytes at byte
      * 10 (three bf16 columns, unaligned everywhere), then a width that a
-     * window boundary cuts. 16 windows of 32 rows, one row elsewhere. */
+     * window boundary cuts. 16 windows of 32 rows, one row elsewhere. The
+     * span read (CKPTIO_GPU_PACK=0): the file was just written, so the page
+     * cache holds it and the first case would be read packed. */
     const size_t cases[][2] = {{4 * KIB, 4 * KIB}, {10, 6}, {5000, 9000}};
     for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
-        uint64_t pitched = 0, none = 0;
-        const uint64_t copies = column_slice_case(NULL, cases[c][0], cases[c][1], 0, &pitched);
+        uint64_t pitched = 0, none = 0, read = 0;
+        const uint64_t copies = column_slice_case((column_knobs){.pack = "0"}, cases[c][0], cases[c][1], &pitched,
+                                                  &read);
+        T_ASSERT_MSG(read >= 512 * 16 * KIB - 16 * KIB, "col %zu: the span read only %llu bytes", cases[c][0],
+                     (unsigned long long)read);
         T_ASSERT_MSG(copies <= 3 * 16 + 4, "col %zu: %llu copies for 16 windows", cases[c][0],
                      (unsigned long long)copies);
         T_ASSERT_MSG(pitched >= 14, "col %zu: only %llu pitched copies", cases[c][0], (unsigned long long)pitched);
         /* The knob off: one copy per row, as before. */
-        const uint64_t rows = column_slice_case("0", cases[c][0], cases[c][1], 0, &none);
+        const uint64_t rows =
+            column_slice_case((column_knobs){.copy_2d = "0", .pack = "0"}, cases[c][0], cases[c][1], &none, &read);
         T_ASSERT_MSG(rows >= 512 && none == 0, "col %zu, knob off: %llu copies, %llu pitched", cases[c][0],
                      (unsigned long long)rows, (unsigned long long)none);
         /* Destinations mapped in pieces of about 10 rows, some rows across
          * two: no pitched copy leaves its piece (the simulator refuses one
          * that does), so more copies. */
         uint64_t in_pieces = 0;
-        const uint64_t split = column_slice_case(NULL, cases[c][0], cases[c][1], 10 * cases[c][1] + 3, &in_pieces);
+        const uint64_t split = column_slice_case((column_knobs){.pack = "0", .piece = 10 * cases[c][1] + 3},
+                                                 cases[c][0], cases[c][1], &in_pieces, &read);
         T_ASSERT_MSG(split > copies && in_pieces >= 1, "col %zu, in pieces: %llu copies, %llu pitched", cases[c][0],
                      (unsigned long long)split, (unsigned long long)in_pieces);
     }
+}
+
+/* A column slice of a file the page cache holds, its runs a quarter of
+ * their span: read piece by piece into packed slots, so only the slice's
+ * bytes are read, and copied in few copies (one per window where the rows
+ * land back to back, pitched where they land apart). Pieces of 6 bytes are
+ * not worth a read each: the span. */
+static void test_column_slice_packed_from_memory(void) {
+    uint64_t pitched = 0, read = 0;
+    uint64_t copies = column_slice_case((column_knobs){0}, 4 * KIB, 4 * KIB, &pitched, &read);
+    T_ASSERT_MSG(read >= 512 * 4 * KIB && read < 512 * 5 * KIB, "packed: %llu bytes read for a 2 MiB slice",
+                 (unsigned long long)read);
+    /* 2 MiB in 512 KiB slots: 4 windows, one copy each, and the stray row (two more). */
+    T_ASSERT_MSG(copies <= 8 && pitched == 0, "packed: %llu copies, %llu pitched", (unsigned long long)copies,
+                 (unsigned long long)pitched);
+    copies = column_slice_case((column_knobs){.dev_stride = 5 * KIB}, 4 * KIB, 4 * KIB, &pitched, &read);
+    T_ASSERT_MSG(read < 512 * 5 * KIB && copies <= 8 && pitched >= 4,
+                 "packed, rows apart on the device: %llu read, %llu copies, %llu pitched", (unsigned long long)read,
+                 (unsigned long long)copies, (unsigned long long)pitched);
+    copies = column_slice_case((column_knobs){.piece = 41 * KIB + 3}, 4 * KIB, 4 * KIB, &pitched, &read);
+    T_ASSERT_MSG(read < 512 * 5 * KIB, "packed, destinations in pieces: %llu read", (unsigned long long)read);
+    copies = column_slice_case((column_knobs){0}, 10, 6, &pitched, &read);
+    T_ASSERT_MSG(read >= 512 * 16 * KIB - 16 * KIB, "6-byte pieces: %llu bytes read, expected the span",
+                 (unsigned long long)read);
+}
+
+/* A packed read of a file in memory (tmpfs: always packed) that is shorter
+ * than its extents: the truncation is an error naming the file, as for a
+ * span read. */
+static void test_packed_read_past_the_end(void) {
+    char path[] = "/dev/shm/ckptio-packed-XXXXXX";
+    const int fd = mkstemp(path);
+    if (fd < 0) {
+        printf("skip test_packed_read_past_the_end: no /dev/shm\n");
+        return;
+    }
+    close(fd);
+    sim_reset(0);
+    ckptio_engine *e = make_engine(2, 4 * MIB, 8 * MIB);
+    ckptio_file *f = NULL;
+    unsigned char *want = open_made_file(e, path, 100 * 16 * KIB, 4, &f);
+    unsigned char *dev = ckptio__gpu_sim_device_alloc(120 * 4 * KIB);
+    ckptio_extent ext[120];
+    for (size_t i = 0; i < 120; i++)
+        ext[i] = (ckptio_extent){.file = f, .file_offset = i * 16 * KIB, .length = 4 * KIB, .memory = dev + i * 4 * KIB,
+                                 .mem_kind = CKPTIO_MEM_CUDA};
+    T_STATUS(ckptio__gpu_execute(e, CKPTIO_READ, ext, 120), CKPTIO_E_TRUNCATED);
+    T_MESSAGE_HAS(path);
+    /* The rows that exist were read packed and are right. */
+    ckptio_stats st;
+    T_OK(ckptio_engine_stats(e, &st));
+    T_ASSERT_MSG(st.bytes_read < 120 * 16 * KIB, "%llu bytes read: not packed", (unsigned long long)st.bytes_read);
+    ckptio_file_close(f);
+    ckptio__gpu_sim_device_free(dev);
+    T_OK(ckptio_engine_destroy(e));
+    unlink(path);
+    free(want);
 }
 
 /* A save from strided device memory (a column slice written out whole):
@@ -1787,6 +1882,8 @@ int main(int argc, char **argv) {
     T_RUN(test_write_extents);
     T_RUN(test_sizes_and_offsets);
     T_RUN(test_column_slice_in_pitched_copies);
+    T_RUN(test_column_slice_packed_from_memory);
+    T_RUN(test_packed_read_past_the_end);
     T_RUN(test_strided_device_memory_saved_in_pitched_copies);
     T_RUN(test_copy_fails_when_queued);
     T_RUN(test_copy_fails_asynchronously);

@@ -34,7 +34,7 @@ static const char *const library_names[] = {
     /* src/gpu/gpu_pipeline.c: the GPU pipeline's experiment knobs, and the switch of its huge-page
      * slots (0 off, 1 forced, else guarded: docs/GPU.md) */
     "CKPTIO_GPU_READ_SLOTS", "CKPTIO_GPU_READ_WORKERS", "CKPTIO_GPU_SLOT_MAX_BYTES", "CKPTIO_GPU_HUGE_SLOTS",
-    "CKPTIO_GPU_MAP_WORKERS", "CKPTIO_GPU_MAP_BATCH_BYTES", "CKPTIO_GPU_COPY_2D",
+    "CKPTIO_GPU_MAP_WORKERS", "CKPTIO_GPU_MAP_BATCH_BYTES", "CKPTIO_GPU_COPY_2D", "CKPTIO_GPU_PACK",
     "CKPTIO_SCATTER", /* python/ckptio/_group_read.py: how scattered tensors travel (an experiment knob) */
     NULL,
 };

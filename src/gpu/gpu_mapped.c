@@ -21,7 +21,7 @@ ckptio__map_policy ckptio__gpu_map_policy(ckptio_engine *engine, ckptio_directio
     return ckptio__file_in_memory(file) ? CKPTIO__MAP_ALWAYS : CKPTIO__MAP_IF_CACHED;
 }
 
-static bool window_resident(int fd, uint64_t start, uint64_t len) {
+bool ckptio__gpu_range_resident(int fd, uint64_t start, uint64_t len) {
     uint64_t cached = 0, pages = 0;
     if (!ckptio__range_cached_pages(fd, start, len, &cached, &pages)) return false;
     return pages - (cached < pages ? cached : pages) <= pages >> MISSING_PAGES_MAX_SHIFT;
@@ -35,7 +35,7 @@ bool ckptio__gpu_map(const ckptio__gpu_ops *ops, int device, ckptio__map_policy 
     const uint64_t page = (uint64_t)sysconf(_SC_PAGESIZE);
     const uint64_t a = ckptio__align_down(start, page);
     const uint64_t len = ckptio__align_up(end, page) - a;
-    if (policy == CKPTIO__MAP_IF_CACHED && !window_resident(file->fd, a, len)) return false;
+    if (policy == CKPTIO__MAP_IF_CACHED && !ckptio__gpu_range_resident(file->fd, a, len)) return false;
     void *addr = mmap(NULL, (size_t)len, PROT_READ, MAP_SHARED, file->fd, (off_t)a);
     if (addr == MAP_FAILED) {
         *failed = true;

@@ -56,11 +56,13 @@ typedef struct run {
     uint64_t start, end, file_size;
     size_t first, count; /* positions in the sorted order */
     ckptio__map_policy map;
+    bool packed;         /* read piece by piece into packed slots (run_packs) */
 } run;
 
 typedef struct window {
     size_t run, first; /* first: first sorted position that may intersect */
     uint64_t start, end;
+    uint64_t packed;   /* a packed window: its extents' bytes, back to back in the slot; 0: the span */
 } window;
 
 /* The device allocation an extent's memory starts in (cuMemGetAddressRange):
@@ -153,6 +155,26 @@ static uint64_t window_end(uint64_t pos, uint64_t end, uint64_t slot) {
     return limit < end ? limit : end;
 }
 
+/* Where the packed window starting at `pos` of run `rn` ends: once its
+ * extents' bytes fill a slot (the run's extents do not overlap: run_packs).
+ * *data is what it holds. *k: the first extent ending after `pos`. */
+static uint64_t next_cut_packed(const pipe *p, const run *rn, size_t *k, uint64_t pos, uint64_t slot,
+                                uint64_t *data) {
+    while (p->ext[p->order[*k]].file_offset + p->ext[p->order[*k]].length <= pos) (*k)++;
+    uint64_t room = slot;
+    for (size_t j = *k; j < rn->first + rn->count; j++) {
+        const ckptio_extent *e = &p->ext[p->order[j]];
+        const uint64_t lo = e->file_offset > pos ? e->file_offset : pos, hi = e->file_offset + e->length;
+        if (hi - lo >= room) {
+            *data = slot;
+            return lo + room;
+        }
+        room -= hi - lo;
+    }
+    *data = slot - room;
+    return rn->end;
+}
+
 /* Where the window starting at `pos` of run `rn` ends. With an observer
  * block size, the window is pulled back to the start of the block it would
  * otherwise cut, when that block starts after `pos` (the block then goes
@@ -169,7 +191,8 @@ static uint64_t next_cut(const pipe *p, const run *rn, size_t *k, uint64_t pos, 
     return start > pos ? start : end;
 }
 
-static ckptio_status plan(pipe *p, size_t count, uint64_t slot) {
+/* Sorts the extents and joins neighbours in a file into runs. */
+static ckptio_status plan_runs(pipe *p, size_t count, uint64_t slot) {
     size_t n = 0;
     for (size_t i = 0; i < count; i++)
         if (p->ext[i].length) p->order[n++] = i;
@@ -198,11 +221,25 @@ static ckptio_status plan(pipe *p, size_t count, uint64_t slot) {
             p->runs[p->nruns++] = (run){.file = e->file, .start = e->file_offset, .end = end, .first = k, .count = 1};
         }
     }
-    /* Count, then fill, the windows. */
+    return CKPTIO_OK;
+}
+
+/* The end of the window starting at `pos`, and in *packed the bytes it
+ * holds when the run is packed (0 otherwise). */
+static uint64_t window_cut(const pipe *p, const run *rn, size_t *k, uint64_t pos, uint64_t slot, uint64_t *packed) {
+    *packed = 0;
+    return rn->packed ? next_cut_packed(p, rn, k, pos, slot, packed) : next_cut(p, rn, k, pos, slot);
+}
+
+/* Cuts the runs into windows of at most one slot: of file span, or of
+ * extent bytes for packed runs. Counts them, then fills them. */
+static ckptio_status plan_windows(pipe *p, uint64_t slot) {
     size_t nwin = 0;
+    uint64_t packed;
     for (size_t r = 0; r < p->nruns; r++) {
         size_t k = p->runs[r].first;
-        for (uint64_t pos = p->runs[r].start; pos < p->runs[r].end; pos = next_cut(p, &p->runs[r], &k, pos, slot))
+        for (uint64_t pos = p->runs[r].start; pos < p->runs[r].end;
+             pos = window_cut(p, &p->runs[r], &k, pos, slot, &packed))
             nwin++;
     }
     p->wins = ckptio__calloc(nwin ? nwin : 1, sizeof *p->wins);
@@ -211,13 +248,39 @@ static ckptio_status plan(pipe *p, size_t count, uint64_t slot) {
         const run *rn = &p->runs[r];
         size_t k = rn->first, kc = rn->first;
         for (uint64_t pos = rn->start; pos < rn->end;) {
-            const uint64_t wend = next_cut(p, rn, &kc, pos, slot);
+            const uint64_t wend = window_cut(p, rn, &kc, pos, slot, &packed);
             while (p->ext[p->order[k]].file_offset + p->ext[p->order[k]].length <= pos) k++;
-            p->wins[p->nwin++] = (window){.run = r, .first = k, .start = pos, .end = wend};
+            p->wins[p->nwin++] = (window){.run = r, .first = k, .start = pos, .end = wend, .packed = packed};
             pos = wend;
         }
     }
     return CKPTIO_OK;
+}
+
+/* Whether run `rn` of a read is read piece by piece into packed slots: its
+ * extents cover at most half of the span it bridges (a column slice: one
+ * run per row, TP 2 and more), in pieces of PACK_PIECE_MIN bytes or more
+ * on average, none overlapping, and its pages are in memory (tmpfs, or all
+ * but 1/64 in the page cache). Reading the span copies the gaps too: a TP-8
+ * column slice 8x its bytes. On an H200 host, 16 threads copying from the
+ * page cache (bench/probe_compact_reads.c): rows of 56 KiB, a quarter of
+ * each, 46 GB/s piece by piece against 15 by span; rows of 16 KiB, 19
+ * against 16. From the disk the span stays: one request per row would be
+ * slower than the bytes between. */
+#define PACK_PIECE_MIN 1024u
+static bool run_packs(const pipe *p, const run *rn) {
+    uint64_t data = 0, prev_end = 0;
+    for (size_t k = rn->first; k < rn->first + rn->count; k++) {
+        const ckptio_extent *e = &p->ext[p->order[k]];
+        if (k > rn->first && e->file_offset < prev_end) return false;
+        prev_end = e->file_offset + e->length;
+        data += e->length;
+    }
+    const uint64_t span = rn->end - rn->start;
+    if (data > span / 2 || data / rn->count < PACK_PIECE_MIN) return false;
+    if (ckptio__file_in_memory(rn->file)) return true;
+    const uint64_t a = ckptio__align_down(rn->start, ALIGN);
+    return ckptio__gpu_range_resident(rn->file->fd, a, ckptio__align_up(rn->end, ALIGN) - a);
 }
 
 /* ---- device side ------------------------------------------------------------- */
@@ -325,7 +388,9 @@ static ckptio_status run_ops(const pipe *p, file_stage *fs, const window *w, ckp
     }
     ckptio__io_op *failed = NULL;
     for (unsigned i = 0; i < n; i++) {
-        ckptio__io_op_count(&ops[i], data_bytes(p, w, ops[i].offset, ops[i].offset + ops[i].len), &fs->st);
+        /* A packed window's operations are its extents' pieces: all data. */
+        const uint64_t data = w->packed ? ops[i].len : data_bytes(p, w, ops[i].offset, ops[i].offset + ops[i].len);
+        ckptio__io_op_count(&ops[i], data, &fs->st);
         if (!failed && (ops[i].err || ops[i].done < ops[i].need)) failed = &ops[i];
     }
     return failed ? op_failure(p, fs, w, failed) : CKPTIO_OK;
@@ -350,6 +415,25 @@ static ckptio_status read_window(const pipe *p, file_stage *fs, const window *w,
         ckptio__file_op_init(&ops[n++], rn->file, CKPTIO_READ, slot + (from - a), w->end - from, from);
     }
     return run_ops(p, fs, w, ops, n);
+}
+
+/* Reads packed window `w` into `slot`: each extent's piece, back to back,
+ * in file order (queue_copies finds them there), WINDOW_OPS_MAX at a time. A
+ * piece past the end of the file fails as truncated. */
+static ckptio_status read_packed(const pipe *p, file_stage *fs, const window *w, unsigned char *slot) {
+    ckptio__io_op ops[WINDOW_OPS_MAX];
+    unsigned n = 0;
+    size_t k = w->first, idx;
+    uint64_t lo, hi, used = 0;
+    while (next_piece(p, w, &k, &idx, &lo, &hi)) {
+        ckptio__file_op_init(&ops[n++], p->runs[w->run].file, CKPTIO_READ, slot + used, hi - lo, lo);
+        used += hi - lo;
+        if (n == WINDOW_OPS_MAX) {
+            CKPTIO_FORWARD(run_ops(p, fs, w, ops, n));
+            n = 0;
+        }
+    }
+    return n ? run_ops(p, fs, w, ops, n) : CKPTIO_OK;
 }
 
 /* Writes window `w` from `slot`: an unaligned head and tail buffered, the
@@ -434,7 +518,8 @@ static ckptio_status queue_run(pipe *p, const strided_run *g, void *stream) {
 }
 
 /* Queues the copies between window `w` and host memory `host`, which holds
- * the file's bytes from offset `a` on (a staging slot, or a mapping):
+ * the file's bytes from offset `a` on (a staging slot, or a mapping), or,
+ * for a packed window, its pieces back to back from `host` on:
  * pieces at a fixed stride on both sides go as one copy (strided_run).
  * Returns how many bytes were queued in *queued even on failure (the caller
  * must still wait). */
@@ -444,11 +529,13 @@ static ckptio_status queue_copies(pipe *p, const window *w, unsigned char *host,
     uint64_t lo, hi;
     *queued = 0;
     strided_run g = {0};
+    uint64_t packed = 0;
     while (next_piece(p, w, &k, &idx, &lo, &hi)) {
         const ckptio_extent *e = &p->ext[idx];
         unsigned char *dev = (unsigned char *)e->memory + (lo - e->file_offset);
-        unsigned char *src = host + (lo - a);
+        unsigned char *src = w->packed ? host + packed : host + (lo - a);
         const size_t width = (size_t)(hi - lo);
+        packed += width;
         if (g.rows && p->join_strides && continues(&g, src, dev, width, &p->alloc[idx])) {
             if (g.rows++ == 1) {
                 g.host_pitch = (size_t)(src - g.host);
@@ -601,9 +688,9 @@ static ckptio_status stage_window(pipe *p, unsigned index, file_stage *fs, read_
         CKPTIO_FORWARD(wait_slot(p, r, cur, rs->w, rs->used));
     }
     const uint64_t a = ckptio__align_down(w->start, ALIGN);
-    rs->used = ckptio__align_up(w->end, ALIGN) - a;
+    rs->used = w->packed ? w->packed : ckptio__align_up(w->end, ALIGN) - a;
     ckptio__engine_staging(p->engine, 0, (int64_t)rs->used);
-    if ((st = read_window(p, fs, w, slot)) != CKPTIO_OK) {
+    if ((st = w->packed ? read_packed(p, fs, w, slot) : read_window(p, fs, w, slot)) != CKPTIO_OK) {
         ckptio__engine_staging(p->engine, 0, -(int64_t)rs->used);
         return st;
     }
@@ -993,8 +1080,8 @@ ckptio_status ckptio__gpu_pipeline_run_observed(ckptio_engine *engine, const ckp
         st = CKPTIO_FAIL(CKPTIO_E_NOMEM, "out of memory planning %zu GPU extents", count);
         goto out;
     }
-    if ((st = plan(&p, count, window_bytes)) != CKPTIO_OK) goto out;
-    if (p.nwin == 0) goto out;
+    if ((st = plan_runs(&p, count, window_bytes)) != CKPTIO_OK) goto out;
+    if (p.nruns == 0) goto out;
     for (size_t r = 0; r < p.nruns; r++) {
         if (r == 0 || p.runs[r].file != p.runs[r - 1].file) {
             /* Descriptors are opened on the caller's thread, never by workers. */
@@ -1007,6 +1094,14 @@ ckptio_status ckptio__gpu_pipeline_run_observed(ckptio_engine *engine, const ckp
             p.runs[r].map = p.runs[r - 1].map;
         }
     }
+    /* Packed reads: not beside mapped windows (a mapping worker claims
+     * windows by span), nor when the user asked for O_DIRECT. The
+     * environment is read here, on the caller's thread. */
+    const bool may_pack = dir == CKPTIO_READ && !inline_only && env_size("CKPTIO_GPU_PACK", 1) != 0 &&
+                          env_size("CKPTIO_GPU_MAP_WORKERS", CKPTIO_GPU_MAP_WORKERS_DEFAULT) == 0 &&
+                          ckptio__engine_setting(engine, CKPTIO_OPT_DIRECT) != CKPTIO_DIRECT_ON;
+    for (size_t r = 0; r < p.nruns && may_pack; r++) p.runs[r].packed = run_packs(&p, &p.runs[r]);
+    if ((st = plan_windows(&p, window_bytes)) != CKPTIO_OK) goto out;
     if (dir == CKPTIO_READ && !inline_only) nworkers = read_workers(nworkers); /* getenv: caller thread */
     if (nworkers > p.nwin) nworkers = (unsigned)p.nwin;
     /* The file stage: AUTO keeps pread, the backend the GPU loads were
