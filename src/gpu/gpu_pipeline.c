@@ -473,7 +473,8 @@ typedef struct strided_run {
     device_alloc alloc;        /* the device allocation every row lies in */
 } strided_run;
 
-/* Pitches past this are not joined (the driver's pitch limit is about 2 GiB). */
+/* Pitches past this are not joined: the driver caps a pitched copy's pitch
+ * (CU_DEVICE_ATTRIBUTE_MAX_PITCH), and rows this far apart gain nothing. */
 #define STRIDE_PITCH_MAX ((size_t)1 << 30)
 
 /* Whether the piece at `host`/`dev` of `width` bytes, in device allocation
