@@ -24,7 +24,9 @@
  *   after torch.cuda.empty_cache() do; fresh=2 the same, then waits 1 s before the clock starts (does
  *   the driver finish something in the background?); fresh=3 the same, then fills the new buffer with
  *   cuMemsetD8 first (untimed; its time is printed: is it a first touch?); fresh=4 allocates a new
- *   buffer each pass without freeing the old (memory this process never had))
+ *   buffer each pass without freeing the old (memory this process never had); wc=1: slots from
+ *   cuMemHostAlloc(WRITECOMBINED) instead of registered pages; streams=N: the workers share N streams
+ *   (worker t queues on stream t % N) instead of one each)
  *
  * Prints one line: the parameters, GB/s of each pass, the best, and the
  * process's CPU seconds per GB moved.
@@ -74,7 +76,8 @@ static CUcontext ctx;
 static CUdeviceptr dst;
 static size_t window, nwindows;
 static unsigned threads = 16, nslots = 4;
-static int mode_dma = 1, mode_fill = 1, fill_mmap = 0, huge = 0, fresh = 0;
+static int mode_dma = 1, mode_fill = 1, fill_mmap = 0, huge = 0, fresh = 0, wc = 0;
+static unsigned nstreams = 0; /* 0: a stream per worker; N: the workers share N streams */
 static atomic_size_t next_window;
 
 static double now(void) {
@@ -108,6 +111,13 @@ typedef struct {
 static worker_t workers[MAX_THREADS];
 
 static void *pin(size_t bytes) {
+    if (wc) { /* the driver's own pinned pages, write-combined: the CPU writes them, only the GPU reads them */
+        void *h = NULL;
+        CHECK(cuMemHostAlloc(&h, bytes, CU_MEMHOSTALLOC_PORTABLE | CU_MEMHOSTALLOC_DEVICEMAP |
+                                            CU_MEMHOSTALLOC_WRITECOMBINED));
+        memset(h, 0, bytes);
+        return h;
+    }
     void *p = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
     if (p == MAP_FAILED) {
         perror("mmap");
@@ -171,7 +181,7 @@ static int by_name(const void *a, const void *b) {
 int main(int argc, char **argv) {
     if (argc < 2) {
         fprintf(stderr, "usage: %s DIR [mode=staged|dma|fill] [threads=N] [window=MiB] [slots=N] "
-                        "[fill=pread|mmap] [passes=N] [huge=0|1] [fresh=0..4]\n", argv[0]);
+                        "[fill=pread|mmap] [passes=N] [huge=0|1] [fresh=0..4] [wc=0|1] [streams=N]\n", argv[0]);
         return 2;
     }
     const char *mode = "staged", *fill = "pread";
@@ -190,6 +200,8 @@ int main(int argc, char **argv) {
         else if (!strcmp(k, "passes")) passes = (unsigned)atoi(v);
         else if (!strcmp(k, "huge")) huge = atoi(v);
         else if (!strcmp(k, "fresh")) fresh = atoi(v);
+        else if (!strcmp(k, "wc")) wc = atoi(v);
+        else if (!strcmp(k, "streams")) nstreams = (unsigned)atoi(v);
         else {
             fprintf(stderr, "unknown parameter %s\n", k);
             return 2;
@@ -253,14 +265,15 @@ int main(int argc, char **argv) {
     CHECK(cuCtxSetCurrent(ctx));
     CHECK(cuMemAlloc(&dst, total));
     for (unsigned t = 0; t < threads; t++) {
-        CHECK(cuStreamCreate(&workers[t].stream, CU_STREAM_NON_BLOCKING));
+        if (nstreams && t >= nstreams) workers[t].stream = workers[t % nstreams].stream;
+        else CHECK(cuStreamCreate(&workers[t].stream, CU_STREAM_NON_BLOCKING));
         for (unsigned s = 0; s < nslots; s++) {
             workers[t].slot[s] = pin(window);
             CHECK(cuEventCreate(&workers[t].event[s], CU_EVENT_DISABLE_TIMING));
         }
     }
-    printf("mode=%s fill=%s threads=%u window=%gMiB slots=%u huge=%d fresh=%d files=%d GB=%.2f:", mode, fill,
-           threads, window_mib, nslots, huge, fresh, nfiles, total / 1e9);
+    printf("mode=%s fill=%s threads=%u window=%gMiB slots=%u huge=%d fresh=%d wc=%d streams=%u files=%d GB=%.2f:", mode,
+           fill, threads, window_mib, nslots, huge, fresh, wc, nstreams, nfiles, total / 1e9);
     double best = 0, cpu = 0;
     for (unsigned pass = 0; pass < passes; pass++) {
         atomic_store(&next_window, 0);
