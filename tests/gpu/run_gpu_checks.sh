@@ -36,7 +36,9 @@ build() {
         -luring -ljansson -lzstd -lxxhash -ldl -lpthread -lm
     mkdir -p "$B/lib"
     for so in liburing.so.2 libjansson.so.4 libzstd.so.1 libxxhash.so.0; do
-        path=$(ldconfig -p | awk -v n="$so" '$1 == n && /x86-64/ {print $NF; exit}')
+        # awk reads to the end: an early exit would leave ldconfig writing into a closed pipe (SIGPIPE, 141,
+        # fatal under pipefail and set -e: seen 2026-11-27).
+        path=$(ldconfig -p | awk -v n="$so" '$1 == n && /x86-64/ && !found {print $NF; found = 1}')
         [ -n "$path" ] || { echo "cannot find $so"; exit 1; }
         cp -L "$path" "$B/lib/$so"
     done
