@@ -9,7 +9,9 @@
  *  - a driver that refuses registration from the start gets cuMemHostAlloc
  *    for the whole process (a child process: the choice is per process),
  *    but one that refused after registering slots is an error, never a
- *    switch that would free registered slots with cuMemFreeHost.
+ *    switch that would free registered slots with cuMemFreeHost;
+ *  - pitched copies reach cuMemcpy2DAsync, and a driver without it gets
+ *    the same bytes row by row.
  */
 #include "gpu_ops.h"
 #include "gpu_slot_range.h"
@@ -201,8 +203,9 @@ static int fallback_child(void) {
 
 /* Three columns of a 7-row matrix of 40-byte rows to contiguous "device"
  * memory and back, through the real table (the fake driver's device
- * memory is host memory). */
-static void test_pitched_copies_reach_the_driver(void) {
+ * memory is host memory); `pitched_calls`: the driver's pitched copies
+ * expected (0 for a driver without them: the table copies row by row). */
+static void pitched_copies_case(int pitched_calls) {
     enum { ROWS = 7, ROW = 40, COL = 13, WIDTH = 6 };
     unsigned char host[ROWS * ROW], dev[ROWS * WIDTH], back[ROWS * ROW];
     for (size_t i = 0; i < sizeof host; i++) host[i] = (unsigned char)(i * 7 + 1);
@@ -217,12 +220,31 @@ static void test_pitched_copies_reach_the_driver(void) {
         const bool in = i % ROW >= COL && i % ROW < COL + WIDTH;
         T_ASSERT_MSG(back[i] == (in ? host[i] : 0), "byte %zu is %u after the copy back", i, back[i]);
     }
-    T_ASSERT_MSG(*copy2d_calls == before + 2, "%d pitched driver calls, expected 2", *copy2d_calls - before);
+    T_ASSERT_MSG(*copy2d_calls == before + pitched_calls, "%d pitched driver calls, expected %d",
+                 *copy2d_calls - before, pitched_calls);
+}
+
+static void test_pitched_copies_reach_the_driver(void) {
+    pitched_copies_case(2);
     /* A pitch below the width is the driver's error, named. */
+    enum { ROWS = 7, ROW = 40, WIDTH = 6 };
+    unsigned char host[ROWS * ROW], dev[ROWS * WIDTH];
+    memset(host, 0, sizeof host);
     ckptio_status st = ops->h2d_2d_async(dev, WIDTH - 1, host, ROW, WIDTH, ROWS, NULL);
     T_ASSERT(st == CKPTIO_E_CUDA);
     T_ASSERT_MSG(strstr(ckptio_last_error()->message, "cuMemcpy2DAsync") != NULL, "message: %s",
                  ckptio_last_error()->message);
+}
+
+/* A driver without cuMemcpy2DAsync (its own process: the driver is loaded
+ * once per process): the same bytes, row by row. */
+static void test_pitched_copies_on_an_older_driver(void) {
+    if (!getenv("CKPTIO_TEST_FAKE_CUDA_OLD")) {
+        printf("skip test_pitched_copies_on_an_older_driver: CKPTIO_TEST_FAKE_CUDA_OLD is not set\n");
+        return;
+    }
+    const int code = t_run_self(self, "old_driver");
+    T_ASSERT_MSG(code == 0, "the old-driver process ended with exit code %d (-1: not normally)", code);
 }
 
 static void test_a_driver_without_registration_gets_host_alloc(void) {
@@ -231,9 +253,10 @@ static void test_a_driver_without_registration_gets_host_alloc(void) {
 }
 
 int main(int argc, char **argv) {
-    const char *fake = getenv("CKPTIO_TEST_FAKE_CUDA");
+    const bool old_driver = argc > 1 && strcmp(argv[1], "old_driver") == 0;
+    const char *fake = getenv(old_driver ? "CKPTIO_TEST_FAKE_CUDA_OLD" : "CKPTIO_TEST_FAKE_CUDA");
     if (!fake) {
-        fprintf(stderr, "CKPTIO_TEST_FAKE_CUDA is not set (ctest sets it): skipped\n");
+        fprintf(stderr, "CKPTIO_TEST_FAKE_CUDA(_OLD) is not set (ctest sets it): skipped\n");
         return T_EXIT_SKIP;
     }
     setenv("CKPTIO_CUDA_LIBRARY", fake, 1);
@@ -241,11 +264,16 @@ int main(int argc, char **argv) {
     ops = ckptio__gpu_cuda_ops();
     self = argv[0];
     if (argc > 1 && strcmp(argv[1], "fallback") == 0) return fallback_child();
+    if (old_driver) {
+        pitched_copies_case(0);
+        return T_EXIT_PASS;
+    }
     T_RUN(test_a_slot_is_registered_anonymous_memory);
     T_RUN(test_a_huge_slot_is_aligned_advised_and_freed_whole);
     T_RUN(test_a_failed_registration_leaves_nothing);
     T_RUN(test_a_slot_range);
     T_RUN(test_pitched_copies_reach_the_driver);
+    T_RUN(test_pitched_copies_on_an_older_driver);
     T_RUN(test_a_driver_without_registration_gets_host_alloc);
     return T_EXIT_PASS;
 }

@@ -110,6 +110,11 @@ static inline bool ckptio__mul_overflows(uint64_t a, uint64_t b, uint64_t *out) 
 static inline uint64_t ckptio__align_down(uint64_t v, uint64_t a) { return v - v % a; }
 static inline uint64_t ckptio__align_up(uint64_t v, uint64_t a) { return (v + a - 1) / a * a; }
 
+/* qsort_r, skipped when base[0..n) is in order already (n - 1 comparisons):
+ * plans built from a tensor's slice (one extent per row) arrive sorted, and
+ * a column slice can have 700k rows (util.c). */
+void ckptio__sort(void *base, size_t n, size_t size, int (*cmp)(const void *, const void *, void *), void *arg);
+
 /* Monotonic seconds. */
 double ckptio__now(void);
 

@@ -1,5 +1,5 @@
 /*
- * util.c - version, clock and size parsing.
+ * util.c - version, clock, sorting and size parsing.
  */
 #include "common_internal.h"
 
@@ -12,6 +12,13 @@
 
 #define CKPTIO_STR2_(x) #x
 #define CKPTIO_STR_(x) CKPTIO_STR2_(x)
+
+void ckptio__sort(void *base, size_t n, size_t size, int (*cmp)(const void *, const void *, void *), void *arg) {
+    const unsigned char *b = base;
+    size_t i = 1;
+    while (i < n && cmp(b + (i - 1) * size, b + i * size, arg) < 0) i++;
+    if (i < n) qsort_r(base, n, size, cmp, arg);
+}
 
 const char *ckptio_version(void) {
     return CKPTIO_STR_(CKPTIO_VERSION_MAJOR) "." CKPTIO_STR_(CKPTIO_VERSION_MINOR) "." CKPTIO_STR_(

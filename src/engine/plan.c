@@ -81,7 +81,8 @@ typedef struct span {
     size_t index;
 } span;
 
-static int span_cmp(const void *a, const void *b) {
+static int span_cmp(const void *a, const void *b, void *unused) {
+    (void)unused;
     const span *x = a, *y = b;
     if (x->group != y->group) return x->group < y->group ? -1 : 1;
     if (x->start != y->start) return x->start < y->start ? -1 : 1;
@@ -102,11 +103,7 @@ static ckptio_status check_overlaps(const ckptio_plan *p) {
         const uint64_t start = write ? x->file_offset : (uint64_t)(uintptr_t)x->memory;
         s[k++] = (span){.group = write ? (uintptr_t)x->file : 0, .start = start, .end = start + x->length, .index = i};
     }
-    /* Often in order already (a column slice: one extent per row, rows back
-     * to back in memory): n comparisons instead of a sort's n log n. */
-    size_t sorted = 1;
-    while (sorted < n && span_cmp(&s[sorted - 1], &s[sorted]) < 0) sorted++;
-    if (sorted < n) qsort(s, n, sizeof *s, span_cmp);
+    ckptio__sort(s, n, sizeof *s, span_cmp, NULL); /* often in order already: a column slice's rows */
     ckptio_status st = CKPTIO_OK;
     /* `reach` is the span reaching furthest so far in this group: a long
      * extent can overlap one that is not its sorted neighbour. */

@@ -70,8 +70,9 @@ typedef struct ckptio__gpu_ops {
     /* `rows` rows of `width` bytes in one queued copy (cuMemcpy2DAsync): row
      * i starts at src + i * src_pitch and lands at dst + i * dst_pitch (both
      * pitches >= width). A column slice of a row-major tensor is one such
-     * copy per staging window instead of one copy per row. NULL where the
-     * device cannot: callers then copy row by row. */
+     * copy per staging window instead of one copy per row. Required: a
+     * driver without cuMemcpy2DAsync gets one copy per row from the CUDA
+     * ops themselves (gpu_cuda_ops.c). */
     ckptio_status (*h2d_2d_async)(void *dst_device, size_t dst_pitch, const void *src_host, size_t src_pitch,
                                   size_t width, size_t rows, void *stream);
     ckptio_status (*d2h_2d_async)(void *dst_host, size_t dst_pitch, const void *src_device, size_t src_pitch,

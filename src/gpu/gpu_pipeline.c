@@ -196,11 +196,7 @@ static ckptio_status plan_runs(pipe *p, size_t count, uint64_t slot) {
     size_t n = 0;
     for (size_t i = 0; i < count; i++)
         if (p->ext[i].length) p->order[n++] = i;
-    /* Plans from one tensor's slice come in file order already (one extent
-     * per row): checking costs n comparisons, sorting n log n. */
-    size_t sorted = 1;
-    while (sorted < n && cmp_extents(&p->order[sorted - 1], &p->order[sorted], (void *)p->ext) < 0) sorted++;
-    if (sorted < n) qsort_r(p->order, n, sizeof *p->order, cmp_extents, (void *)p->ext);
+    ckptio__sort(p->order, n, sizeof *p->order, cmp_extents, (void *)p->ext); /* a slice's rows: in order */
     const uint64_t gap = READ_GAP_MAX < slot / 2 ? READ_GAP_MAX : slot / 2;
     for (size_t k = 0; k < n; k++) {
         const ckptio_extent *e = &p->ext[p->order[k]];
@@ -492,7 +488,7 @@ static bool continues(const strided_run *g, const unsigned char *host, const uns
 }
 
 /* Queues run `g`: one copy when its rows touch on both sides (or it has one
- * row), else one pitched copy (row by row where the device has none). */
+ * row), else one pitched copy. */
 static ckptio_status queue_run(pipe *p, const strided_run *g, void *stream) {
     const bool h2d = p->dir == CKPTIO_READ;
     const bool contiguous = g->rows == 1 || (g->host_pitch == g->width && g->dev_pitch == g->width);
@@ -501,14 +497,9 @@ static ckptio_status queue_run(pipe *p, const strided_run *g, void *stream) {
         const size_t bytes = g->width * g->rows;
         st = h2d ? p->ops->h2d_async(g->dev, g->host, bytes, stream)
                  : p->ops->d2h_async(g->host, g->dev, bytes, stream);
-    } else if (h2d ? p->ops->h2d_2d_async != NULL : p->ops->d2h_2d_async != NULL) {
+    } else {
         st = h2d ? p->ops->h2d_2d_async(g->dev, g->dev_pitch, g->host, g->host_pitch, g->width, g->rows, stream)
                  : p->ops->d2h_2d_async(g->host, g->host_pitch, g->dev, g->dev_pitch, g->width, g->rows, stream);
-    } else {
-        for (size_t i = 0; i < g->rows && st == CKPTIO_OK; i++) {
-            unsigned char *host = g->host + i * g->host_pitch, *dev = g->dev + i * g->dev_pitch;
-            st = h2d ? p->ops->h2d_async(dev, host, g->width, stream) : p->ops->d2h_async(host, dev, g->width, stream);
-        }
     }
     if (st != CKPTIO_OK) {
         char subject[64];

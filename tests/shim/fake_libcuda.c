@@ -120,6 +120,7 @@ CUresult cuMemcpyDtoHAsync_v2(void *d, CUdeviceptr s, size_t n, void *st) {
 }
 int fake_cuda_copy2d_calls;
 
+#ifndef FAKE_CUDA_NO_COPY2D /* built without it: a driver older than pitched copies */
 CUresult cuMemcpy2DAsync_v2(const CUDA_MEMCPY2D *c, void *st) {
     (void)st;
     if (c->srcPitch < c->WidthInBytes || c->dstPitch < c->WidthInBytes || c->srcXInBytes || c->srcY ||
@@ -136,6 +137,7 @@ CUresult cuMemcpy2DAsync_v2(const CUDA_MEMCPY2D *c, void *st) {
     for (size_t i = 0; i < c->Height; i++) memcpy(dst + i * c->dstPitch, src + i * c->srcPitch, c->WidthInBytes);
     return OK;
 }
+#endif
 CUresult cuMemsetD8_v2(CUdeviceptr d, unsigned char v, size_t n) { memset((void *)(uintptr_t)d, v, n); return OK; }
 
 static int handle; /* streams and events: every copy is already done */
