@@ -138,7 +138,7 @@ static ckptio_status cuda_mem_info(int device, uint64_t *free_bytes, uint64_t *t
  * process uses cuMemHostAlloc from its first allocation on.
  * Huge slots (`huge`, the default where ckptio__gpu_huge_slots allows):
  * the slot starts on a 2 MiB boundary of a larger reservation and is
- * advised MADV_HUGEPAGE before the kernel fills it (MADV_POPULATE_WRITE),
+ * advised MADV_HUGEPAGE before it is faulted in (ckptio__slot_range_fill),
  * so that the driver pins 2 MiB pages. Measured (docs/GPU.md): first loads
  * 49.1 GB/s against 47.7 on an H200, 46.3 against 44.7 on an H100 (5 rounds
  * alternating; the host's thp_fault_alloc rose by 64 per process, 128 MiB
@@ -189,10 +189,7 @@ static ckptio_status map_slot(size_t body, bool huge, pin_header *h, unsigned ch
         *slot = (unsigned char *)(((uintptr_t)h->map + PIN_HEADER + CKPTIO_HUGE_PAGE_BYTES - 1) &
                                   ~(uintptr_t)(CKPTIO_HUGE_PAGE_BYTES - 1));
         (void)madvise(*slot, body, MADV_HUGEPAGE); /* best effort: 4 KiB pages otherwise */
-        if (ckptio__slot_range_fill(*slot - PIN_HEADER, body + PIN_HEADER) != CKPTIO_OK) {
-            munmap(h->map, h->len);
-            return CKPTIO_E_NOMEM; /* the fill said what failed */
-        }
+        ckptio__slot_range_fill(*slot - PIN_HEADER, body + PIN_HEADER);
     }
     (void)madvise(h->map, h->len, MADV_DONTFORK); /* best effort: without it a fork only copies more */
     memcpy(*slot - PIN_HEADER, h, sizeof *h);

@@ -17,9 +17,9 @@ ckptio_status ckptio__slot_range_reserve(size_t bytes, bool huge, unsigned char 
  * that follow take 2 MiB pages, or 4 KiB ones whatever THP's mode. */
 void ckptio__slot_range_advise(unsigned char *range, size_t bytes, bool huge);
 
-/* Faults [addr, addr + bytes) in, writable (MADV_POPULATE_WRITE; on a kernel
- * before 5.14, by touching it). Cheap where the pages are there already. */
-ckptio_status ckptio__slot_range_fill(unsigned char *addr, size_t bytes);
+/* Faults [addr, addr + bytes) in, writable, by touching each page (the
+ * contents are left unspecified). Cheap where the pages are there already. */
+void ckptio__slot_range_fill(unsigned char *addr, size_t bytes);
 
 /* Gives the memory of [addr, addr + bytes) back; the range stays reserved. */
 void ckptio__slot_range_discard(unsigned char *addr, size_t bytes);

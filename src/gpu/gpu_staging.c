@@ -164,7 +164,7 @@ typedef struct prefill_job {
 static void *prefill_main(void *arg) {
     const prefill_job *j = arg;
     for (size_t i = j->first; i < j->count; i += j->step)
-        (void)ckptio__slot_range_fill(j->addr[i], j->bytes); /* an error comes back when the slot is pinned */
+        ckptio__slot_range_fill(j->addr[i], j->bytes);
     return NULL;
 }
 
@@ -237,7 +237,7 @@ ckptio_status ckptio__gpu_slot(ckptio__gpu_state *st, unsigned w, unsigned s, bo
     unsigned char *addr = NULL;
     if (st->range && !atomic_load(&st->range_refused)) {
         addr = slot_addr(st, w, s);
-        CKPTIO_FORWARD(ckptio__slot_range_fill(addr, st->slot_bytes));
+        ckptio__slot_range_fill(addr, st->slot_bytes);
     }
     if (wait) pthread_mutex_lock(&st->pin_lock);
     else if (pthread_mutex_trylock(&st->pin_lock) != 0) return CKPTIO_OK;
