@@ -21,18 +21,14 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "probe_util.h"
+
 #ifndef SYS_cachestat
 #define SYS_cachestat 451
 #endif
 
 struct range { uint64_t off, len; };
 struct counts { uint64_t nr[5]; };
-
-static double now(void) {
-    struct timespec t;
-    clock_gettime(CLOCK_MONOTONIC, &t);
-    return t.tv_sec + t.tv_nsec * 1e-9;
-}
 
 int main(int argc, char **argv) {
     if (argc != 2) {

@@ -22,17 +22,13 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "probe_util.h"
+
 #define BUF (4u << 20)
 
 static int fd;
 static size_t file_size, row, width; /* width 0: span reads */
 static unsigned nthreads;
-
-static double now(void) {
-    struct timespec t;
-    clock_gettime(CLOCK_MONOTONIC, &t);
-    return (double)t.tv_sec + (double)t.tv_nsec * 1e-9;
-}
 
 static void *worker(void *arg) {
     const size_t t = (size_t)(uintptr_t)arg;

@@ -34,16 +34,12 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "probe_util.h"
+
 #ifndef MADV_POPULATE_WRITE
 #define MADV_POPULATE_WRITE 23
 #endif
 #define HUGE_SZ ((size_t)2 << 20)
-
-static double now(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
 
 static long vmstat(const char *key) {
     FILE *f = fopen("/proc/vmstat", "r");

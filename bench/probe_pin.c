@@ -44,22 +44,13 @@
 #include <sys/mman.h>
 #include <time.h>
 
+#include "probe_util.h"
+
 #ifndef MADV_POPULATE_WRITE
 #define MADV_POPULATE_WRITE 23
 #endif
 #define HUGE_SZ ((size_t)2 << 20)
 #define MAX_THREADS 256
-
-#define CHECK(call)                                                                    \
-    do {                                                                               \
-        CUresult rc_ = (call);                                                         \
-        if (rc_ != CUDA_SUCCESS) {                                                     \
-            const char *s_ = NULL;                                                     \
-            cuGetErrorName(rc_, &s_);                                                  \
-            fprintf(stderr, "%s:%d %s: %s\n", __FILE__, __LINE__, #call, s_ ? s_ : "?"); \
-            exit(1);                                                                   \
-        }                                                                              \
-    } while (0)
 
 typedef struct {
     unsigned char *res; /* the mapping (huge=1: the reservation around p) */
@@ -80,12 +71,6 @@ static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
 static pthread_barrier_t start;
 static unsigned char *region; /* region phases: the one mapping holding every slot */
 static size_t region_len;
-
-static double now(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return ts.tv_sec + ts.tv_nsec * 1e-9;
-}
 
 static long thp_fault_alloc(void) {
     FILE *f = fopen("/proc/vmstat", "r");

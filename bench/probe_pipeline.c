@@ -47,20 +47,11 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "probe_util.h"
+
 #define MAX_FILES 64
 #define MAX_THREADS 64
 #define MAX_SLOTS 16
-
-#define CHECK(call)                                                                    \
-    do {                                                                               \
-        CUresult rc_ = (call);                                                         \
-        if (rc_ != CUDA_SUCCESS) {                                                     \
-            const char *s_ = NULL;                                                     \
-            cuGetErrorString(rc_, &s_);                                                \
-            fprintf(stderr, "%s:%d %s: %s\n", __FILE__, __LINE__, #call, s_ ? s_ : "?"); \
-            exit(1);                                                                   \
-        }                                                                              \
-    } while (0)
 
 typedef struct {
     int fd;
@@ -79,12 +70,6 @@ static unsigned threads = 16, nslots = 4;
 static int mode_dma = 1, mode_fill = 1, fill_mmap = 0, huge = 0, fresh = 0, wc = 0;
 static unsigned nstreams = 0; /* 0: a stream per worker; N: the workers share N streams */
 static atomic_size_t next_window;
-
-static double now(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return ts.tv_sec + ts.tv_nsec * 1e-9;
-}
 
 /* Window w: file index and offset (windows never span files). */
 static void locate(size_t w, int *fi, uint64_t *off, size_t *len) {

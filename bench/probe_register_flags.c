@@ -29,24 +29,9 @@
 #include <sys/mman.h>
 #include <time.h>
 
+#include "probe_util.h"
+
 #define HUGE_SZ ((size_t)2 << 20)
-#define CHECK(call)                                                                    \
-    do {                                                                               \
-        CUresult rc_ = (call);                                                         \
-        if (rc_ != CUDA_SUCCESS) {                                                     \
-            const char *s_ = NULL;                                                     \
-            cuGetErrorName(rc_, &s_);                                                  \
-            fprintf(stderr, "%s:%d %s: %s\n", __FILE__, __LINE__, #call, s_ ? s_ : "?"); \
-            exit(1);                                                                   \
-        }                                                                              \
-    } while (0)
-
-static double now(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
-
 static int cmp_double(const void *a, const void *b) {
     const double x = *(const double *)a, y = *(const double *)b;
     return (x > y) - (x < y);
