@@ -382,6 +382,12 @@ void ckptio__engine_set_gpu_state(ckptio_engine *e, void *state, void (*destroy)
 
 ckptio_status ckptio__engine_report(ckptio_engine *e, uint64_t done, uint64_t total, bool force) {
     if (!e->progress) return CKPTIO_OK;
+    /* done == total is the final report's alone, made after the transfer,
+     * whose answer cannot cancel (ckptio.h). A periodic one can see every
+     * byte counted while the workers are still finishing: reported, a
+     * callback that stops at the end canceled a save that had moved every
+     * byte, and no file was written. */
+    if (!force && done >= total) return CKPTIO_OK;
     const double now = ckptio__now();
     if (!force && now - e->progress_last < CKPTIO_PROGRESS_INTERVAL) return CKPTIO_OK;
     e->progress_last = now;
@@ -394,7 +400,11 @@ ckptio_status ckptio__engine_report(ckptio_engine *e, uint64_t done, uint64_t to
 ckptio_status ckptio__engine_progress(ckptio_engine *e, uint64_t done, uint64_t total) {
     if (!e) return CKPTIO_OK;
     if (e->progress_rebase) return ckptio__engine_report(e, e->progress_base + done, e->progress_plan_total, false);
-    return ckptio__engine_report(e, done, total, done == total);
+    return ckptio__engine_report(e, done, total, false);
+}
+
+void ckptio__engine_progress_done(ckptio_engine *e, uint64_t total) {
+    if (e && !e->progress_rebase) (void)ckptio__engine_report(e, total, total, true);
 }
 
 void ckptio__engine_progress_advance(ckptio_engine *e, uint64_t bytes) {

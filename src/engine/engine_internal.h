@@ -32,11 +32,17 @@ void *ckptio__engine_gpu_state(ckptio_engine *engine);
 void ckptio__engine_set_gpu_state(ckptio_engine *engine, void *state, void (*destroy)(void *state));
 
 /* Progress reporting from the thread that runs a transfer. Calls the
- * user's callback at most every few milliseconds (always when done ==
- * total). Inside ckptio_engine_execute(), `done` and `total` are taken as
- * the GPU part of the plan and reported on the whole plan's scale. Returns
+ * user's callback at most every few milliseconds, never with done == total
+ * (that is ckptio__engine_progress_done's, after the transfer). Inside
+ * ckptio_engine_execute(), `done` and `total` are taken as the GPU part of
+ * the plan and reported on the whole plan's scale. Returns
  * CKPTIO_E_CANCELED (error record set) when the callback asks to stop. */
 ckptio_status ckptio__engine_progress(ckptio_engine *engine, uint64_t done, uint64_t total);
+
+/* The final report of a transfer made outside ckptio_engine_execute() (the
+ * GDS file API): every byte moved, done == total; the callback's answer is
+ * ignored. Inside ckptio_engine_execute() the plan makes its own. */
+void ckptio__engine_progress_done(ckptio_engine *engine, uint64_t total);
 
 /* Inside ckptio_engine_execute(): `bytes` of the GPU part are done by a
  * run whose progress started again from 0 (one pipeline run per device);

@@ -60,6 +60,7 @@ ckptio_status ckptio__gds_transfer(ckptio_gds_file *f, ckptio_direction dir, voi
                                  .mem_kind = CKPTIO_MEM_CUDA};
         st = ckptio__gpu_pipeline_run(f->engine, ops, device, dir, &e, 1, false);
         if (st == CKPTIO_OK) {
+            ckptio__engine_progress_done(f->engine, size);
             ckptio__gpu_state *gs = ckptio__engine_gpu_state(f->engine);
             const int moved_by = gs && gs->last_run_mapped == 2 ? CKPTIO_IO_PATH_MAPPED : CKPTIO_IO_PATH_PIPELINE;
             atomic_store(&f->last_path, moved_by);
