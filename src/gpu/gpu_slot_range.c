@@ -46,8 +46,8 @@ void ckptio__slot_range_advise(unsigned char *range, size_t bytes, bool huge) {
 void ckptio__slot_range_fill(unsigned char *addr, size_t bytes) {
     /* One write per 4 KiB page faults the slot in (a whole huge page at its
      * first write). Not MADV_POPULATE_WRITE: with 16 workers filling their
-     * slots at once, 128 MiB took 17-21 ms that way against 3-5 ms by
-     * touching, and 7 ms with 4 (H200 host, Linux 6.18.44,
+     * slots at once, 128 MiB took 15-21 ms that way against 3 ms by
+     * touching, and 6-7 ms either way with 4 (H200 host, Linux 6.18.44,
      * bench/probe_new_memory.c, 2026-11-27, fifteenth session): a first
      * load's workers started copying one after another. The price: where
      * the kernel has no page to give, the OOM killer acts, as for any page
