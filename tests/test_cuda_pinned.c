@@ -207,8 +207,9 @@ static int fallback_child(void) {
  * memory and back, through the real table (the fake driver's device
  * memory is host memory); `pitched_calls`: the driver's pitched copies
  * expected (0 for a driver without them: the table copies row by row). */
+enum { ROWS = 7, ROW = 40, COL = 13, WIDTH = 6 };
+
 static void pitched_copies_case(int pitched_calls) {
-    enum { ROWS = 7, ROW = 40, COL = 13, WIDTH = 6 };
     unsigned char host[ROWS * ROW], dev[ROWS * WIDTH], back[ROWS * ROW];
     for (size_t i = 0; i < sizeof host; i++) host[i] = (unsigned char)(i * 7 + 1);
     memset(dev, 0xEE, sizeof dev);
@@ -229,7 +230,6 @@ static void pitched_copies_case(int pitched_calls) {
 static void test_pitched_copies_reach_the_driver(void) {
     pitched_copies_case(2);
     /* A pitch below the width is the driver's error, named. */
-    enum { ROWS = 7, ROW = 40, WIDTH = 6 };
     unsigned char host[ROWS * ROW], dev[ROWS * WIDTH];
     memset(host, 0, sizeof host);
     ckptio_status st = ops->h2d_2d_async(dev, WIDTH - 1, host, ROW, WIDTH, ROWS, NULL);

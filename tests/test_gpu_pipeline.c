@@ -1308,6 +1308,20 @@ static void test_classify_and_meminfo(void) {
 
 /* ---- GDS file API ----------------------------------------------------------- */
 
+typedef struct end_log {
+    int calls, at_end;
+    uint64_t last_done;
+} end_log;
+
+/* Records each report and asks to stop at done == total. */
+static int stop_at_end(uint64_t done, uint64_t total, void *user) {
+    end_log *l = user;
+    l->calls++;
+    l->last_done = done;
+    l->at_end += done == total;
+    return done == total;
+}
+
 static void test_gds_file_sync(void) {
     sim_reset(30);
     ckptio_engine *e = make_engine_path(2, 2 * MIB, 8 * MIB, CKPTIO_GPU_PATH_AUTO);
@@ -1323,8 +1337,15 @@ static void test_gds_file_sync(void) {
     t_fill_random(src, n + 100, 42);
     memset(dst, 0xEE, n + 100);
     uint64_t done = 0;
+    /* Progress: the pipeline's reports, then one final report after the
+     * last byte (done == total), whose answer cancels nothing. */
+    end_log l = {0};
+    T_OK(ckptio_engine_set_progress(e, stop_at_end, &l));
     T_OK(ckptio_gds_write(g, src, n, 3, 17, &done));
     T_ASSERT(done == n);
+    T_ASSERT_MSG(l.at_end == 1 && l.last_done == n, "%d reports said done == total, the last %llu of %zu", l.at_end,
+                 (unsigned long long)l.last_done, n);
+    T_OK(ckptio_engine_set_progress(e, NULL, NULL));
     ckptio_io_path p;
     T_OK(ckptio_gds_file_path(g, &p));
     T_ASSERT(p == CKPTIO_IO_PATH_PIPELINE);
