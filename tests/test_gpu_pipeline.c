@@ -890,6 +890,68 @@ static void test_huge_slots_knob(void) {
 }
 
 
+typedef struct background_read {
+    ckptio_engine *e;
+    const char *path;
+    unsigned char *dev;
+    const unsigned char *want;
+    size_t bytes;
+} background_read;
+
+static void *background_read_main(void *arg) {
+    const background_read *b = arg;
+    read_whole_file(b->e, b->path, b->dev, b->want, b->bytes);
+    return NULL;
+}
+
+/* A worker whose first slot must wait for the pinning lock reads its first
+ * window into the slot's pages first (a process's first load pins its
+ * workers' slots one after another): while another worker holds the lock,
+ * every worker has a window's bytes staged and nothing pinned, and they
+ * reach the device once it is released. With a driver that cannot register
+ * (the slots then come from pinned_alloc), the bytes read move with them. */
+static void test_first_windows_are_read_while_another_worker_pins(void) {
+    const char *path = t_path("first_windows.bin");
+    unsigned char *want = make_file(path, 4 * MIB, 61);
+    unsigned char *dev = ckptio__gpu_sim_device_alloc(4 * MIB);
+    for (int refuse = 0; refuse < 2; refuse++) {
+        ckptio__gpu_sim_config cfg = {.no_register = refuse, .copy_delay_us = 200};
+        ckptio__gpu_sim_configure(&cfg);
+        ckptio_engine *e = make_engine(4, 4 * MIB, 8 * MIB); /* 4 workers, 256 KiB slots */
+        ckptio__gpu_state *st = NULL;
+        T_OK(ckptio__gpu_state_get(e, ckptio__gpu_sim_ops(), &st));
+        pthread_mutex_lock(&st->pin_lock); /* another worker is pinning */
+        background_read b = {.e = e, .path = path, .dev = dev, .want = want, .bytes = 4 * MIB};
+        pthread_t tid;
+        T_ASSERT(pthread_create(&tid, NULL, background_read_main, &b) == 0);
+        ckptio_stats stats = {0};
+        for (int i = 0; i < 5000 && stats.staging_in_use < 4 * 256 * KIB; i++) {
+            struct timespec ts = {0, 1000000};
+            nanosleep(&ts, NULL);
+            T_OK(ckptio_engine_stats(e, &stats));
+        }
+        ckptio__gpu_sim_stats s;
+        ckptio__gpu_sim_get_stats(&s);
+        T_ASSERT_MSG(stats.staging_in_use == 4 * 256 * KIB && stats.staging_reserved == 0 && s.pinned_allocs == 0 &&
+                         s.copies == 0,
+                     "while the pinning lock was held: %llu bytes staged, %llu pinned, %llu pinned allocations, "
+                     "%llu copies (want 4 windows read, nothing pinned or copied)",
+                     (unsigned long long)stats.staging_in_use, (unsigned long long)stats.staging_reserved,
+                     (unsigned long long)s.pinned_allocs, (unsigned long long)s.copies);
+        pthread_mutex_unlock(&st->pin_lock);
+        T_ASSERT(pthread_join(tid, NULL) == 0); /* read_whole_file compared the device's bytes */
+        check_sim_clean(4 * MIB);
+        check_engine_staging(e, 4 * MIB);
+        ckptio__gpu_sim_get_stats(&s);
+        T_ASSERT_MSG(atomic_load(&st->range_refused) == (refuse == 1) && s.pinned_allocs >= 4,
+                     "refused %d: range refused %d, %llu pinned allocations", refuse,
+                     (int)atomic_load(&st->range_refused), (unsigned long long)s.pinned_allocs);
+        T_OK(ckptio_engine_destroy(e));
+    }
+    ckptio__gpu_sim_device_free(dev);
+    free(want);
+}
+
 /* The slots live in one range reserved per engine, each at its worker's
  * and index's place; a worker fills its slot without the pinning lock (the
  * kernel's part runs beside the other workers'), keeps the pages when the
@@ -1916,6 +1978,7 @@ int main(int argc, char **argv) {
     T_RUN(test_slot_max_knob);
     T_RUN(test_slot_allocation_fails);
     T_RUN(test_slot_pinning_never_waits_without_need);
+    T_RUN(test_first_windows_are_read_while_another_worker_pins);
     T_RUN(test_slots_live_in_one_range);
     T_RUN(test_slots_without_a_range);
     T_RUN(test_prepare_pins_ahead);

@@ -153,6 +153,19 @@ void ckptio__gpu_slots_prefill(ckptio__gpu_state *st, unsigned workers, unsigned
  * another worker is pinning memory at that moment. */
 ckptio_status ckptio__gpu_slot(ckptio__gpu_state *st, unsigned w, unsigned s, bool wait, unsigned char **out);
 
+/* The two halves of ckptio__gpu_slot, for a worker that has work to do
+ * between them. ckptio__gpu_slot_fault_in: the place of worker w's slot s
+ * in the range, faulted in and not yet pinned (no lock taken); NULL when
+ * the slot is pinned already or there is no range to pin in.
+ * ckptio__gpu_slot_pin: pins it (`filled`, or a slot of its own from
+ * ops->pinned_alloc when `filled` is NULL or the driver cannot register);
+ * its first `keep` bytes, which the caller wrote while unpinned, are in the
+ * slot it gets either way. Without `wait` as in ckptio__gpu_slot, the
+ * filled pages staying for the next try. */
+unsigned char *ckptio__gpu_slot_fault_in(ckptio__gpu_state *st, unsigned w, unsigned s);
+ckptio_status ckptio__gpu_slot_pin(ckptio__gpu_state *st, unsigned w, unsigned s, unsigned char *filled,
+                                   size_t keep, bool wait, unsigned char **out);
+
 /* Runs the extents (all device memory of `device`) through the pipeline,
  * blocking until done. `inline_only` runs one worker on the calling thread
  * (no pool), for callers that are themselves background threads.

@@ -223,32 +223,39 @@ unsigned ckptio__gpu_pinned_slots(const ckptio__gpu_state *st, unsigned workers,
     return n;
 }
 
-ckptio_status ckptio__gpu_slot(ckptio__gpu_state *st, unsigned w, unsigned s, bool wait, unsigned char **out) {
+unsigned char *ckptio__gpu_slot_fault_in(ckptio__gpu_state *st, unsigned w, unsigned s) {
+    if (st->workers[w].mem[s] || !st->range || atomic_load(&st->range_refused)) return NULL;
+    /* In the range, the kernel's part (faulting the slot in, zeroing it) runs
+     * here, beside the other workers' (gpu_slot_range.c), and only the
+     * driver's registration takes the pinning lock. */
+    unsigned char *addr = slot_addr(st, w, s);
+    ckptio__slot_range_fill(addr, st->slot_bytes);
+    return addr;
+}
+
+ckptio_status ckptio__gpu_slot_pin(ckptio__gpu_state *st, unsigned w, unsigned s, unsigned char *filled,
+                                   size_t keep, bool wait, unsigned char **out) {
     ckptio__gpu_worker_res *r = &st->workers[w];
     *out = r->mem[s];
     if (*out) return CKPTIO_OK;
-    /* In the range, the kernel's part (faulting the slot in, zeroing it) runs
-     * here, beside the other workers' (gpu_slot_range.c), and only the
-     * driver's registration takes the lock: the driver pins one allocation
-     * at a time (measured: 64 allocations of 4 MiB took 0.11-0.15 s on one
-     * thread, 0.14 s on 16), so a worker that could reuse a slot it has does
-     * so rather than queue behind another's; the pages it filled stay for
-     * its next try. */
-    unsigned char *addr = NULL;
-    if (st->range && !atomic_load(&st->range_refused)) {
-        addr = slot_addr(st, w, s);
-        ckptio__slot_range_fill(addr, st->slot_bytes);
-    }
+    /* The driver pins one allocation at a time (measured: 64 allocations of
+     * 4 MiB took 0.11-0.15 s on one thread, 0.14 s on 16), so a worker that
+     * could reuse a slot it has does so rather than queue behind another's;
+     * the pages it filled stay for its next try. */
     if (wait) pthread_mutex_lock(&st->pin_lock);
     else if (pthread_mutex_trylock(&st->pin_lock) != 0) return CKPTIO_OK;
     ckptio_status rc = CKPTIO_E_UNSUPPORTED;
-    if (addr) {
-        rc = st->ops->slot_pin(addr, st->slot_bytes);
-        if (rc == CKPTIO_OK) r->mem[s] = addr;
-        else ckptio__slot_range_discard(addr, st->slot_bytes);
+    if (filled && !atomic_load(&st->range_refused)) {
+        rc = st->ops->slot_pin(filled, st->slot_bytes);
+        if (rc == CKPTIO_OK) r->mem[s] = filled;
         if (rc == CKPTIO_E_UNSUPPORTED) atomic_store(&st->range_refused, true); /* the driver cannot register */
     }
-    if (rc == CKPTIO_E_UNSUPPORTED) rc = st->ops->pinned_alloc(st->slot_bytes, st->huge_slots, &r->mem[s]);
+    if (rc == CKPTIO_E_UNSUPPORTED) {
+        rc = st->ops->pinned_alloc(st->slot_bytes, st->huge_slots, &r->mem[s]);
+        /* What the caller read into the range moves to the slot it got instead. */
+        if (rc == CKPTIO_OK && filled && keep) memcpy(r->mem[s], filled, keep);
+    }
+    if (filled && r->mem[s] != filled) ckptio__slot_range_discard(filled, st->slot_bytes);
     pthread_mutex_unlock(&st->pin_lock);
     CKPTIO_FORWARD(rc);
     /* Each worker only touches its own slots, but `reserved` is shared. */
@@ -256,4 +263,10 @@ ckptio_status ckptio__gpu_slot(ckptio__gpu_state *st, unsigned w, unsigned s, bo
     ckptio__engine_staging(st->engine, (int64_t)st->slot_bytes, 0);
     *out = r->mem[s];
     return CKPTIO_OK;
+}
+
+ckptio_status ckptio__gpu_slot(ckptio__gpu_state *st, unsigned w, unsigned s, bool wait, unsigned char **out) {
+    *out = st->workers[w].mem[s];
+    if (*out) return CKPTIO_OK;
+    return ckptio__gpu_slot_pin(st, w, s, ckptio__gpu_slot_fault_in(st, w, s), 0, wait, out);
 }
