@@ -41,6 +41,8 @@ typedef struct watch {
     bool from_caller;  /* every call came from the thread that started the transfer */
     bool monotonic;
     uint64_t last_done, total;
+    int finals;            /* calls with done == total */
+    uint64_t before_final; /* the last done below total */
     uint64_t cancel_after; /* cancel at the first call with done >= this (0 = never) */
     uint64_t canceled_at;
     bool regrant;          /* each call that does not cancel lets STEP more requests go */
@@ -62,6 +64,8 @@ static int on_progress(uint64_t done, uint64_t total, void *user) {
     if (done < w->last_done || done > total || (w->total && total != w->total)) w->monotonic = false;
     w->last_done = done;
     w->total = total;
+    if (done == total) w->finals++;
+    else w->before_final = done;
     if (w->cancel_after && done >= w->cancel_after && !w->canceled_at) {
         w->canceled_at = done;
         ckptio__io_inject_release(); /* the held workers see the cancel once their request is done */
@@ -286,6 +290,64 @@ static void save_case(save_kind kind, ckptio_mem_kind mem_kind, int64_t threads)
     free(fresh);
 }
 
+/* A torch save with CRCs is two plans (the data, whose CRCs the directory
+ * needs, then the directory): progress sees one save, its total the file's
+ * size, done == total once, at the end; a stop answered at the end of the
+ * data cancels the save before the directory is written. */
+static void torch_save_case(ckptio_mem_kind mem_kind, int64_t threads) {
+    char what[96];
+    snprintf(what, sizeof what, "torch save from %s memory, %lld threads", mem_kind == CKPTIO_MEM_CUDA ? "GPU" : "host",
+             (long long)threads);
+    ckptio__gpu_sim_configure(NULL);
+    const char *path = t_path("model.pt");
+    unsigned char *old = malloc(SAVE_BYTES), *fresh = malloc(SAVE_BYTES);
+    T_ASSERT(old && fresh);
+    t_fill_random(old, SAVE_BYTES, 11);
+    t_fill_random(fresh, SAVE_BYTES, 12);
+    t_write_file(path, old, SAVE_BYTES);
+    void *mem = fresh;
+    if (mem_kind == CKPTIO_MEM_CUDA) {
+        mem = ckptio__gpu_sim_device_alloc(SAVE_BYTES);
+        T_ASSERT(mem);
+        memcpy(mem, fresh, SAVE_BYTES);
+    }
+    watch w;
+    ckptio_engine *e = new_engine(threads, CHUNK, &w);
+    ckptio__io_inject_delay(3000);
+    watch_start(&w, 0, true);
+    T_OK(save(e, SAVE_TORCH, path, mem, mem_kind));
+    check_hold(what);
+    size_t n = 0;
+    unsigned char *saved = t_read_file(path, &n);
+    free(saved);
+    T_ASSERT_MSG(w.from_caller && w.monotonic, "%s: progress from a worker, or not monotonic on one total", what);
+    T_ASSERT_MSG(w.total == n && w.last_done == n && w.finals == 1,
+                 "%s: total %llu, last %llu, %d reports of done == total (want the file's %zu bytes, once, last)",
+                 what, (unsigned long long)w.total, (unsigned long long)w.last_done, w.finals, n);
+    const uint64_t data_end = w.before_final; /* the data plan's end: only the directory comes after it */
+    T_ASSERT_MSG(data_end >= SAVE_BYTES && data_end < n, "%s: the last report before the end said %llu of %zu", what,
+                 (unsigned long long)data_end, n);
+    t_write_file(path, old, SAVE_BYTES);
+    watch_start(&w, data_end, true);
+    check_canceled(save(e, SAVE_TORCH, path, mem, mem_kind), &w, what);
+    ckptio__io_inject_reset();
+    unsigned char *now = t_read_file(path, &n);
+    T_ASSERT_MSG(n == SAVE_BYTES && memcmp(now, old, SAVE_BYTES) == 0, "%s: the older file changed", what);
+    free(now);
+    T_ASSERT_MSG(t_count_entries(t_tmpdir(), "ckptio-tmp") == 0, "%s: temporaries left in %s", what, t_tmpdir());
+    T_OK(ckptio_engine_destroy(e));
+    if (mem_kind == CKPTIO_MEM_CUDA) ckptio__gpu_sim_device_free(mem);
+    free(old);
+    free(fresh);
+}
+
+static void test_torch_save_reports_one_transfer(void) {
+    for (int64_t threads = 0; threads <= 2; threads += 2) {
+        torch_save_case(CKPTIO_MEM_HOST, threads);
+        torch_save_case(CKPTIO_MEM_CUDA, threads);
+    }
+}
+
 static void test_canceled_saves_keep_the_old_file(void) {
     for (int kind = SAVE_SAFETENSORS; kind <= SAVE_TORCH; kind++)
         for (int64_t threads = 0; threads <= 2; threads += 2) {
@@ -299,6 +361,7 @@ int main(void) {
     T_RUN(test_gpu_pipeline_reports_and_cancels);
     T_RUN(test_mixed_plan_cancels_in_gpu_part);
     T_RUN(test_canceled_saves_keep_the_old_file);
+    T_RUN(test_torch_save_reports_one_transfer);
     ckptio__gpu_set_ops(NULL);
     return T_EXIT_PASS;
 }

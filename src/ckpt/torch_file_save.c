@@ -173,6 +173,7 @@ static ckptio_status write_file(ckptio_engine *engine, ckptio_torch_writer *w, c
                                 bool want_crc, const char *path) {
     ckptio_status st = CKPTIO_OK;
     ckptio_plan *plan = NULL;
+    bool span = false;
     bool *observed_entry = ckptio__calloc(w->nentries ? w->nentries : 1, sizeof *observed_entry);
     deferred *d = ckptio__calloc(w->nentries + 1, sizeof *d);
     size_t *plan_entry = ckptio__calloc(w->npieces + w->nentries + 2, sizeof *plan_entry);
@@ -195,7 +196,15 @@ static ckptio_status write_file(ckptio_engine *engine, ckptio_torch_writer *w, c
     if (two_plans) d[nd++] = (deferred){.file_offset = w->cd_offset, .length = w->file_size - w->cd_offset};
     if ((st = ckptio_plan_create(CKPTIO_WRITE, &plan))) goto out;
     if ((st = build_data_plan(w, file, meta, observed_entry, d, nd, plan_entry, plan))) goto out;
-    if (two_plans && (st = ckptio__plan_set_observer(plan, crc_observe, &o, 0))) goto out;
+    if (two_plans) {
+        if ((st = ckptio__plan_set_observer(plan, crc_observe, &o, 0))) goto out;
+        /* Progress sees one save, not a data plan then a directory plan. */
+        uint64_t total = 0;
+        if ((st = ckptio_plan_total_bytes(plan, &total))) goto out;
+        for (size_t k = 0; k < nd; k++) total += d[k].length;
+        ckptio__engine_progress_span_begin(engine, total);
+        span = true;
+    }
     if ((st = ckptio_engine_execute(engine, plan))) goto out;
     if (!two_plans) goto out;
     if ((st = finish_crcs(w, &o, observed_entry, path))) goto out;
@@ -209,6 +218,7 @@ static ckptio_status write_file(ckptio_engine *engine, ckptio_torch_writer *w, c
     }
     if (st == CKPTIO_OK) st = ckptio_engine_execute(engine, plan);
 out:
+    if (span) ckptio__engine_progress_span_end(engine);
     ckptio_plan_destroy(plan);
     pthread_mutex_destroy(&o.lock);
     ckptio__free(o.pieces);

@@ -303,6 +303,7 @@ static void engine_rebuild_in_child(ckptio_engine *e) {
     e->gpu_state = NULL;
     e->gpu_state_destroy = NULL;
     e->progress_rebase = false;
+    e->span = false;
     e->stats.staging_reserved = 0;
     e->stats.staging_in_use = 0;
     atomic_store(&e->busy, 0);
@@ -382,6 +383,12 @@ void ckptio__engine_set_gpu_state(ckptio_engine *e, void *state, void (*destroy)
 
 ckptio_status ckptio__engine_report(ckptio_engine *e, uint64_t done, uint64_t total, bool force) {
     if (!e->progress) return CKPTIO_OK;
+    if (e->span) {
+        /* A later plan's first report would repeat the last one's end. */
+        if (force && done == 0 && e->span_base > 0) return CKPTIO_OK;
+        done = e->span_base + done < e->span_total ? e->span_base + done : e->span_total;
+        total = e->span_total;
+    }
     /* done == total is the final report's alone, made after the transfer,
      * whose answer cannot cancel (ckptio.h). A periodic one can see every
      * byte counted while the workers are still finishing: reported, a
@@ -406,6 +413,23 @@ ckptio_status ckptio__engine_progress(ckptio_engine *e, uint64_t done, uint64_t 
 void ckptio__engine_progress_done(ckptio_engine *e, uint64_t total) {
     if (e && !e->progress_rebase) (void)ckptio__engine_report(e, total, total, true);
 }
+
+ckptio_status ckptio__engine_plan_done(ckptio_engine *e, uint64_t total) {
+    const bool last = !e->span || e->span_base + total >= e->span_total;
+    const ckptio_status st = ckptio__engine_report(e, total, total, true);
+    if (e->span) e->span_base += total;
+    /* The end of the call only informs: the bytes have all moved, so its
+     * answer cannot cancel anything. Between a span's plans it still can. */
+    return last ? CKPTIO_OK : st;
+}
+
+void ckptio__engine_progress_span_begin(ckptio_engine *e, uint64_t total) {
+    e->span = true;
+    e->span_base = 0;
+    e->span_total = total;
+}
+
+void ckptio__engine_progress_span_end(ckptio_engine *e) { e->span = false; }
 
 void ckptio__engine_progress_advance(ckptio_engine *e, uint64_t bytes) {
     if (e && e->progress_rebase) e->progress_base += bytes;

@@ -44,6 +44,17 @@ ckptio_status ckptio__engine_progress(ckptio_engine *engine, uint64_t done, uint
  * ignored. Inside ckptio_engine_execute() the plan makes its own. */
 void ckptio__engine_progress_done(ckptio_engine *engine, uint64_t total);
 
+/* One progress scale for a call made of several plans (a torch-format
+ * save: its data, then the archive's directory): until
+ * ckptio__engine_progress_span_end(), each ckptio_engine_execute() reports
+ * its bytes after those of the span's plans before it, out of `total`,
+ * which must be the sum of their totals. The callback then sees one
+ * transfer: one report of 0, bytes that only grow, and done == total once,
+ * at the end of the last plan; an answer to stop between two plans cancels
+ * the call. Not for calls whose plans' sizes are not known up front. */
+void ckptio__engine_progress_span_begin(ckptio_engine *engine, uint64_t total);
+void ckptio__engine_progress_span_end(ckptio_engine *engine);
+
 /* Inside ckptio_engine_execute(): `bytes` of the GPU part are done by a
  * run whose progress started again from 0 (one pipeline run per device);
  * the next run's reports come after them. No effect elsewhere. */

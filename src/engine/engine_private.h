@@ -80,6 +80,11 @@ struct ckptio_engine {
      * whole plan: reported = base + done, out of plan_total. */
     bool progress_rebase;
     uint64_t progress_base, progress_plan_total;
+    /* Between ckptio__engine_progress_span_begin and _end, every plan is
+     * reported on the span's scale: reported = span_base + done, out of
+     * span_total, span_base being the bytes of the span's plans before. */
+    bool span;
+    uint64_t span_base, span_total;
     _Atomic int busy;                   /* calls using the engine now */
     _Atomic int open_files;
     ckptio__pool *pool;
@@ -96,9 +101,16 @@ struct ckptio_engine {
  * the parent (engine.c says how). */
 void ckptio__engine_fork_check(ckptio_engine *engine);
 
-/* The user's progress callback, rate-limited unless `force`. Returns
+/* The user's progress callback, rate-limited unless `force`, with a plan's
+ * `done` and `total` (inside a span, on the span's scale). Returns
  * CKPTIO_E_CANCELED (error record set) when the callback says stop. */
 ckptio_status ckptio__engine_report(ckptio_engine *engine, uint64_t done, uint64_t total, bool force);
+
+/* A plan's last report, after its every byte moved (done == total): its
+ * answer cannot cancel anything, except inside a span before the span's
+ * last plan, where an answer to stop fails the plan with
+ * CKPTIO_E_CANCELED, so that the call's later plans do not run. */
+ckptio_status ckptio__engine_plan_done(ckptio_engine *engine, uint64_t total);
 
 /* The engine's pool, created on first use (thread-safe). */
 ckptio_status ckptio__engine_pool(ckptio_engine *engine, ckptio__pool **out);

@@ -568,9 +568,7 @@ ckptio_status ckptio_engine_execute(ckptio_engine *e, const ckptio_plan *p) {
         e->progress_rebase = false;
         if (st != CKPTIO_OK) goto out;
     }
-    /* The last call only informs: the bytes have all moved, so its
-     * return value cannot cancel anything. */
-    (void)ckptio__engine_report(e, p->total, p->total, true);
+    st = ckptio__engine_plan_done(e, p->total);
 out:
     {
         ckptio_stats d = {.seconds_io = ckptio__now() - t0};

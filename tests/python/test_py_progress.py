@@ -33,8 +33,8 @@ def _check_reports(seen, total):
     dones = [d for d, _ in seen]
     assert dones == sorted(dones), "done went backwards"
     totals = [t for _, t in seen]
-    # A call of several plans (a torch save writes the archive's directory
-    # after the data) adds each plan's bytes when it starts.
+    # A call of several plans whose sizes are not known up front adds each
+    # plan's bytes when it starts (a torch save knows both of its own: one total).
     assert totals == sorted(totals) and all(d <= t for d, t in seen), seen
 
 
@@ -45,9 +45,11 @@ def test_save_and_load_report_bytes(tmp_path, fmt):
     seen = []
     ckptio.save(sd, path, progress=lambda d, t: seen.append((d, t)), engine=_slow_engine())
     size = path.stat().st_size
-    # Every byte of the file is counted (torch: data, then the archive's directory).
-    _check_reports(seen, size if fmt == "safetensors" else seen[-1][1])
-    assert seen[-1][1] >= 4 * N + 8000 and seen[-1][1] <= size
+    # Every byte of the file is counted (torch: the data, then the archive's
+    # directory, as one save), out of one total, and only the last report is done.
+    _check_reports(seen, size)
+    assert {t for _, t in seen} == {size}, sorted({t for _, t in seen})
+    assert [d for d, t in seen].count(size) == 1, "done == total before the end"
     assert len(seen) >= 3, "no report between first and last"
     seen.clear()
     got = ckptio.load(path, progress=lambda d, t: seen.append((d, t)), engine=_slow_engine())
@@ -204,5 +206,5 @@ def test_raising_after_the_last_byte_leaves_a_whole_file(tmp_path, fmt):
     assert not [p.name for p in tmp_path.iterdir() if "ckptio-tmp" in p.name]
     if fmt == "safetensors":
         assert torch.equal(ckptio.load(path)["a"], torch.ones(N))
-    elif path.exists():  # torch: the data plan's end cancels the directory's plan
+    else:  # the data's end is not the save's: the directory is written too
         assert torch.equal(torch.load(path, weights_only=True)["a"], torch.ones(N))
