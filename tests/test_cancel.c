@@ -246,48 +246,71 @@ static ckptio_status save(ckptio_engine *e, save_kind kind, const char *path, co
     return CKPTIO_E_INVAL;
 }
 
+/* The older file at `path` and the bytes a save writes over it, in host or
+ * simulated GPU memory. */
+typedef struct save_fixture {
+    const char *path;
+    unsigned char *old, *fresh;
+    void *mem;
+    ckptio_mem_kind mem_kind;
+} save_fixture;
+
+static save_fixture fixture_make(const char *path, ckptio_mem_kind mem_kind, uint64_t seed) {
+    ckptio__gpu_sim_configure(NULL);
+    save_fixture f = {.path = path, .old = malloc(SAVE_BYTES), .fresh = malloc(SAVE_BYTES), .mem_kind = mem_kind};
+    T_ASSERT(f.old && f.fresh);
+    t_fill_random(f.old, SAVE_BYTES, seed);
+    t_fill_random(f.fresh, SAVE_BYTES, seed + 1);
+    t_write_file(path, f.old, SAVE_BYTES);
+    f.mem = f.fresh;
+    if (mem_kind == CKPTIO_MEM_CUDA) {
+        f.mem = ckptio__gpu_sim_device_alloc(SAVE_BYTES);
+        T_ASSERT(f.mem);
+        memcpy(f.mem, f.fresh, SAVE_BYTES);
+    }
+    return f;
+}
+
+/* After a canceled save: the older file byte for byte, no temporary. */
+static void fixture_check_kept(const save_fixture *f, const char *what) {
+    size_t n = 0;
+    unsigned char *now = t_read_file(f->path, &n);
+    T_ASSERT_MSG(n == SAVE_BYTES && memcmp(now, f->old, SAVE_BYTES) == 0, "%s: the older file changed", what);
+    free(now);
+    T_ASSERT_MSG(t_count_entries(t_tmpdir(), "ckptio-tmp") == 0, "%s: temporaries left in %s", what, t_tmpdir());
+}
+
+static void fixture_free(save_fixture *f) {
+    if (f->mem_kind == CKPTIO_MEM_CUDA) ckptio__gpu_sim_device_free(f->mem);
+    free(f->old);
+    free(f->fresh);
+}
+
 static void save_case(save_kind kind, ckptio_mem_kind mem_kind, int64_t threads) {
     static const char *const names[] = {"safetensors", "safetensors+checksums", "torch"};
     char what[96];
     snprintf(what, sizeof what, "%s save from %s memory, %lld threads", names[kind],
              mem_kind == CKPTIO_MEM_CUDA ? "GPU" : "host", (long long)threads);
-    ckptio__gpu_sim_configure(NULL);
     const char *path = t_path("model.bin");
     char manifest[1024];
     T_OK(ckptio_manifest_path(path, manifest, sizeof manifest));
     remove(manifest);
-    unsigned char *old = malloc(SAVE_BYTES), *fresh = malloc(SAVE_BYTES);
-    T_ASSERT(old && fresh);
-    t_fill_random(old, SAVE_BYTES, 9);
-    t_fill_random(fresh, SAVE_BYTES, 10);
-    t_write_file(path, old, SAVE_BYTES);
-    void *mem = fresh;
-    if (mem_kind == CKPTIO_MEM_CUDA) {
-        mem = ckptio__gpu_sim_device_alloc(SAVE_BYTES);
-        T_ASSERT(mem);
-        memcpy(mem, fresh, SAVE_BYTES);
-    }
+    save_fixture f = fixture_make(path, mem_kind, 9);
     watch w;
     ckptio_engine *e = new_engine(threads, CHUNK, &w);
     ckptio__io_inject_delay(3000);
     watch_start(&w, 1, false);
-    check_canceled(save(e, kind, path, mem, mem_kind), &w, what);
+    check_canceled(save(e, kind, path, f.mem, mem_kind), &w, what);
     ckptio__io_inject_reset();
-    size_t n = 0;
-    unsigned char *now = t_read_file(path, &n);
-    T_ASSERT_MSG(n == SAVE_BYTES && memcmp(now, old, SAVE_BYTES) == 0, "%s: the older file changed", what);
-    free(now);
-    T_ASSERT_MSG(t_count_entries(t_tmpdir(), "ckptio-tmp") == 0, "%s: temporaries left in %s", what, t_tmpdir());
+    fixture_check_kept(&f, what);
     T_ASSERT_MSG(!t_file_exists(manifest), "%s: a manifest appeared", what);
     /* Uncanceled, the same save goes through. */
     T_OK(ckptio_engine_set_progress(e, NULL, NULL));
-    T_OK(save(e, kind, path, mem, mem_kind));
+    T_OK(save(e, kind, path, f.mem, mem_kind));
     T_ASSERT(t_count_entries(t_tmpdir(), "ckptio-tmp") == 0);
     T_OK(ckptio_engine_destroy(e));
-    if (mem_kind == CKPTIO_MEM_CUDA) ckptio__gpu_sim_device_free(mem);
     remove(manifest);
-    free(old);
-    free(fresh);
+    fixture_free(&f);
 }
 
 /* A torch save with CRCs is two plans (the data, whose CRCs the directory
@@ -298,28 +321,16 @@ static void torch_save_case(ckptio_mem_kind mem_kind, int64_t threads) {
     char what[96];
     snprintf(what, sizeof what, "torch save from %s memory, %lld threads", mem_kind == CKPTIO_MEM_CUDA ? "GPU" : "host",
              (long long)threads);
-    ckptio__gpu_sim_configure(NULL);
     const char *path = t_path("model.pt");
-    unsigned char *old = malloc(SAVE_BYTES), *fresh = malloc(SAVE_BYTES);
-    T_ASSERT(old && fresh);
-    t_fill_random(old, SAVE_BYTES, 11);
-    t_fill_random(fresh, SAVE_BYTES, 12);
-    t_write_file(path, old, SAVE_BYTES);
-    void *mem = fresh;
-    if (mem_kind == CKPTIO_MEM_CUDA) {
-        mem = ckptio__gpu_sim_device_alloc(SAVE_BYTES);
-        T_ASSERT(mem);
-        memcpy(mem, fresh, SAVE_BYTES);
-    }
+    save_fixture f = fixture_make(path, mem_kind, 11);
     watch w;
     ckptio_engine *e = new_engine(threads, CHUNK, &w);
     ckptio__io_inject_delay(3000);
     watch_start(&w, 0, true);
-    T_OK(save(e, SAVE_TORCH, path, mem, mem_kind));
+    T_OK(save(e, SAVE_TORCH, path, f.mem, mem_kind));
     check_hold(what);
     size_t n = 0;
-    unsigned char *saved = t_read_file(path, &n);
-    free(saved);
+    free(t_read_file(path, &n));
     T_ASSERT_MSG(w.from_caller && w.monotonic, "%s: progress from a worker, or not monotonic on one total", what);
     T_ASSERT_MSG(w.total == n && w.last_done == n && w.finals == 1,
                  "%s: total %llu, last %llu, %d reports of done == total (want the file's %zu bytes, once, last)",
@@ -327,18 +338,13 @@ static void torch_save_case(ckptio_mem_kind mem_kind, int64_t threads) {
     const uint64_t data_end = w.before_final; /* the data plan's end: only the directory comes after it */
     T_ASSERT_MSG(data_end >= SAVE_BYTES && data_end < n, "%s: the last report before the end said %llu of %zu", what,
                  (unsigned long long)data_end, n);
-    t_write_file(path, old, SAVE_BYTES);
+    t_write_file(path, f.old, SAVE_BYTES);
     watch_start(&w, data_end, true);
-    check_canceled(save(e, SAVE_TORCH, path, mem, mem_kind), &w, what);
+    check_canceled(save(e, SAVE_TORCH, path, f.mem, mem_kind), &w, what);
     ckptio__io_inject_reset();
-    unsigned char *now = t_read_file(path, &n);
-    T_ASSERT_MSG(n == SAVE_BYTES && memcmp(now, old, SAVE_BYTES) == 0, "%s: the older file changed", what);
-    free(now);
-    T_ASSERT_MSG(t_count_entries(t_tmpdir(), "ckptio-tmp") == 0, "%s: temporaries left in %s", what, t_tmpdir());
+    fixture_check_kept(&f, what);
     T_OK(ckptio_engine_destroy(e));
-    if (mem_kind == CKPTIO_MEM_CUDA) ckptio__gpu_sim_device_free(mem);
-    free(old);
-    free(fresh);
+    fixture_free(&f);
 }
 
 static void test_torch_save_reports_one_transfer(void) {
