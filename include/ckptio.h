@@ -318,9 +318,11 @@ CKPTIO_API ckptio_status ckptio_engine_backend(ckptio_engine *engine, ckptio_bac
 /* Progress: called from the thread that started the transfer (never from a
  * worker, GPU transfers included) with cumulative bytes of the current
  * plan: once before any I/O (done = 0), then at most every 10 ms, and once
- * after the last byte (done = total; its return value is ignored). A save
- * the library makes of several plans reports them as one (a torch-format
- * save: its data, then the archive's directory; one total, the file's size).
+ * after the last byte (done = total; its return value is ignored).
+ * ckptio_torch_save() and ckptio_torch_save_tensors() write the data, then
+ * the archive's directory, and report both as one transfer (one total, the
+ * file's size). ckptio_safetensors_save_torch() reports each storage's read
+ * and write, and the metadata, as plans of their own.
  * Returning non-zero cancels the transfer: workers stop issuing requests,
  * in-flight ones finish, and the call fails with CKPTIO_E_CANCELED (a save
  * then leaves the older file and no temporary). */
