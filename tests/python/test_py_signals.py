@@ -27,6 +27,9 @@ BIG = 128 << 20  # float32 elements: 512 MiB
 PRELUDE = textwrap.dedent("""
     import json, os, signal, sys, threading, time
     import torch, ckptio
+    # A suite started in the background by a shell (`pytest ... &`) hands its
+    # children SIGINT ignored, and Python then leaves it so: Ctrl-C's handler here.
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     path, what = sys.argv[1], sys.argv[2]
     eng = ckptio.Engine(threads=1, chunk_bytes=4096, direct="off", backend="pread", sync=False)
     BIG = %d
