@@ -411,7 +411,7 @@ ckptio_status ckptio__engine_progress(ckptio_engine *e, uint64_t done, uint64_t 
 }
 
 void ckptio__engine_progress_done(ckptio_engine *e, uint64_t total) {
-    if (e && !e->progress_rebase) (void)ckptio__engine_report(e, total, total, true);
+    if (e && !e->progress_rebase) (void)ckptio__engine_plan_done(e, total);
 }
 
 ckptio_status ckptio__engine_plan_done(ckptio_engine *e, uint64_t total) {

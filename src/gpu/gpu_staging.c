@@ -266,7 +266,6 @@ ckptio_status ckptio__gpu_slot_pin(ckptio__gpu_state *st, unsigned w, unsigned s
 }
 
 ckptio_status ckptio__gpu_slot(ckptio__gpu_state *st, unsigned w, unsigned s, bool wait, unsigned char **out) {
-    *out = st->workers[w].mem[s];
-    if (*out) return CKPTIO_OK;
+    /* A pinned slot: fault_in gives NULL and pin hands the slot back. */
     return ckptio__gpu_slot_pin(st, w, s, ckptio__gpu_slot_fault_in(st, w, s), 0, wait, out);
 }
