@@ -11,7 +11,10 @@
 # Each round runs every variant once, the order rotated by one each round. Per load: a line on stdout and a
 # JSON line {"case": TAG, "round", "variant", "row": probe_first_load.py's output} appended to
 # $OUT/ab_probe.jsonl (OUT default .). At the end, per variant: the first loads' median GB/s and range, and
-# the rounds it led the first variant in. SECOND (default reuse) is passed to the probe.
+# the rounds it led the first variant in. SECOND (default reuse) is passed to the probe. WARM=1 (default)
+# reads DIR's files once before each round, so that a page-cache A/B stays one whatever ran before it
+# (`ckptio bench`, which tests/python/test_model_dir.py runs, drops the whole page cache when run as root: a
+# seventeenth-session A/B read cold after those tests); WARM=0 leaves the cache as it is.
 set -uo pipefail
 cd "$(dirname "$0")/.." || exit 1
 [ $# -ge 4 ] || { sed -n 2,17p "$0"; exit 2; }
@@ -22,6 +25,7 @@ out=${OUT:-.}/ab_probe.jsonl
 mkdir -p "$(dirname "$out")"
 n=${#variants[@]}
 for r in $(seq 1 "$rounds"); do
+    [ "${WARM:-1}" = 1 ] && cat "$dir"/* > /dev/null 2>&1
     for k in $(seq 0 $((n - 1))); do
         spec=${variants[$(((k + r - 1) % n))]}
         name=${spec%%=*} rest=${spec#*=}
