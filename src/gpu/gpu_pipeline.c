@@ -40,6 +40,7 @@
 #include "engine_internal.h"
 #include "gpu_mapped.h"
 #include "gpu_pipeline.h"
+#include "gpu_windows.h"
 #include "io_internal.h"
 
 #include <stdatomic.h>
@@ -48,22 +49,10 @@
 #include <string.h>
 
 #define ALIGN ((uint64_t)CKPTIO_DIRECT_ALIGN)
-#define READ_GAP_MAX (64u << 10) /* read across holes up to this size */
 #define WINDOW_OPS_MAX 3         /* file operations of one window: head, body, tail */
 
-typedef struct run {
-    ckptio_file *file;
-    uint64_t start, end, file_size;
-    size_t first, count; /* positions in the sorted order */
-    ckptio__map_policy map;
-    bool packed;         /* read piece by piece into packed slots (run_packs) */
-} run;
-
-typedef struct window {
-    size_t run, first; /* first: first sorted position that may intersect */
-    uint64_t start, end;
-    uint64_t packed;   /* a packed window: its extents' bytes, back to back in the slot; 0: the span */
-} window;
+typedef ckptio__gpu_run run;       /* the plan's (gpu_windows.h), by shorter names */
+typedef ckptio__gpu_window window;
 
 /* The device allocation an extent's memory starts in (cuMemGetAddressRange):
  * rows joined into one pitched copy all lie in one (strided_run). */
@@ -77,16 +66,11 @@ typedef struct pipe {
     const ckptio__gpu_ops *ops;
     int device;
     ckptio_direction dir;
-    const ckptio_extent *ext;
     const ckptio__observer *obs; /* write observer, or NULL */
     const ckptio__backend_ops *backend; /* the file stage's backend */
     bool backend_forced;          /* CKPTIO_OPT_BACKEND names it: no fallback */
     unsigned depth;               /* queue depth of each worker's file stage */
-    size_t *order;
-    run *runs;
-    size_t nruns;
-    window *wins;
-    size_t nwin;
+    ckptio__gpu_plan plan;        /* extents, runs and windows (gpu_windows.h) */
     _Atomic size_t next;
     _Atomic int failed;           /* an error or a cancel: workers stop */
     _Atomic uint64_t done;        /* extent bytes of the windows finished */
@@ -140,160 +124,21 @@ static ckptio_status annotate(ckptio_status status, const ckptio_file *file, uin
                         "%s", ei->message);
 }
 
-/* ---- planning: sorted extents -> runs -> windows ----------------------------- */
-
-static int cmp_extents(const void *a, const void *b, void *arg) {
-    const ckptio_extent *ext = arg;
-    const ckptio_extent *x = &ext[*(const size_t *)a], *y = &ext[*(const size_t *)b];
-    if (x->file != y->file) return (uintptr_t)x->file < (uintptr_t)y->file ? -1 : 1;
-    if (x->file_offset != y->file_offset) return x->file_offset < y->file_offset ? -1 : 1;
-    return *(const size_t *)a < *(const size_t *)b ? -1 : 1;
-}
-
-static uint64_t window_end(uint64_t pos, uint64_t end, uint64_t slot) {
-    uint64_t limit = ckptio__align_down(pos, ALIGN) + slot;
-    return limit < end ? limit : end;
-}
-
-/* Where the packed window starting at `pos` of run `rn` ends: once its
- * extents' bytes fill a slot (the run's extents do not overlap: run_packs).
- * *data is what it holds. *k: the first extent ending after `pos`. */
-static uint64_t next_cut_packed(const pipe *p, const run *rn, size_t *k, uint64_t pos, uint64_t slot,
-                                uint64_t *data) {
-    while (p->ext[p->order[*k]].file_offset + p->ext[p->order[*k]].length <= pos) (*k)++;
-    uint64_t room = slot;
-    for (size_t j = *k; j < rn->first + rn->count; j++) {
-        const ckptio_extent *e = &p->ext[p->order[j]];
-        const uint64_t lo = e->file_offset > pos ? e->file_offset : pos, hi = e->file_offset + e->length;
-        if (hi - lo >= room) {
-            *data = slot;
-            return lo + room;
-        }
-        room -= hi - lo;
-    }
-    *data = slot - room;
-    return rn->end;
-}
-
-/* Where the window starting at `pos` of run `rn` ends. With an observer
- * block size, the window is pulled back to the start of the block it would
- * otherwise cut, when that block starts after `pos` (the block then goes
- * whole into the next window); a block that cannot fit anyway is cut.
- * *k is the sorted position of the extent holding the cut (only advances). */
-static uint64_t next_cut(const pipe *p, const run *rn, size_t *k, uint64_t pos, uint64_t slot) {
-    const uint64_t end = window_end(pos, rn->end, slot);
-    const uint64_t block = p->obs ? p->obs->block : 0;
-    if (!block || end == rn->end) return end;
-    /* Write runs are contiguous, so some extent of the run holds `end`. */
-    while (p->ext[p->order[*k]].file_offset + p->ext[p->order[*k]].length <= end) (*k)++;
-    const ckptio_extent *e = &p->ext[p->order[*k]];
-    const uint64_t start = e->file_offset + (end - e->file_offset) / block * block;
-    return start > pos ? start : end;
-}
-
-/* Sorts the extents and joins neighbours in a file into runs. */
-static ckptio_status plan_runs(pipe *p, size_t count, uint64_t slot) {
-    size_t n = 0;
-    for (size_t i = 0; i < count; i++)
-        if (p->ext[i].length) p->order[n++] = i;
-    ckptio__sort(p->order, n, sizeof *p->order, cmp_extents, (void *)p->ext); /* a slice's rows: in order */
-    const uint64_t gap = READ_GAP_MAX < slot / 2 ? READ_GAP_MAX : slot / 2;
-    for (size_t k = 0; k < n; k++) {
-        const ckptio_extent *e = &p->ext[p->order[k]];
-        uint64_t end;
-        if (ckptio__add_overflows(e->file_offset, e->length, &end))
-            return CKPTIO_FAIL_CTX(CKPTIO_E_RANGE,
-                                   &((ckptio__err_ctx){.path = ckptio_file_path(e->file), .file_offset = -1}),
-                                   "extent %zu: file offset %llu + length %llu overflows", p->order[k],
-                                   (unsigned long long)e->file_offset, (unsigned long long)e->length);
-        run *r = p->nruns ? &p->runs[p->nruns - 1] : NULL;
-        bool join = r && r->file == e->file &&
-                    (p->dir == CKPTIO_READ ? e->file_offset >= r->end && e->file_offset - r->end <= gap
-                                           : e->file_offset == r->end);
-        if (join) {
-            r->end = end;
-            r->count++;
-        } else {
-            p->runs[p->nruns++] = (run){.file = e->file, .start = e->file_offset, .end = end, .first = k, .count = 1};
-        }
-    }
-    return CKPTIO_OK;
-}
-
-/* The end of the window starting at `pos`, and in *packed the bytes it
- * holds when the run is packed (0 otherwise). */
-static uint64_t window_cut(const pipe *p, const run *rn, size_t *k, uint64_t pos, uint64_t slot, uint64_t *packed) {
-    *packed = 0;
-    return rn->packed ? next_cut_packed(p, rn, k, pos, slot, packed) : next_cut(p, rn, k, pos, slot);
-}
-
-/* Cuts the runs into windows of at most one slot: of file span, or of
- * extent bytes for packed runs. Counts them, then fills them. */
-static ckptio_status plan_windows(pipe *p, uint64_t slot) {
-    size_t nwin = 0;
-    uint64_t packed;
-    for (size_t r = 0; r < p->nruns; r++) {
-        size_t k = p->runs[r].first;
-        for (uint64_t pos = p->runs[r].start; pos < p->runs[r].end;
-             pos = window_cut(p, &p->runs[r], &k, pos, slot, &packed))
-            nwin++;
-    }
-    p->wins = ckptio__calloc(nwin ? nwin : 1, sizeof *p->wins);
-    if (!p->wins) return CKPTIO_FAIL(CKPTIO_E_NOMEM, "out of memory planning %zu GPU staging windows", nwin);
-    for (size_t r = 0; r < p->nruns; r++) {
-        const run *rn = &p->runs[r];
-        size_t k = rn->first, kc = rn->first;
-        for (uint64_t pos = rn->start; pos < rn->end;) {
-            const uint64_t wend = window_cut(p, rn, &kc, pos, slot, &packed);
-            while (p->ext[p->order[k]].file_offset + p->ext[p->order[k]].length <= pos) k++;
-            p->wins[p->nwin++] = (window){.run = r, .first = k, .start = pos, .end = wend, .packed = packed};
-            pos = wend;
-        }
-    }
-    return CKPTIO_OK;
-}
-
-/* Whether run `rn` of a read is read piece by piece into packed slots: its
- * extents cover at most half of the span it bridges (a column slice: one
- * run per row, TP 2 and more), in pieces of PACK_PIECE_MIN bytes or more
- * on average, none overlapping, and its pages are in memory (tmpfs, or all
- * but 1/64 in the page cache). Reading the span copies the gaps too: a TP-8
- * column slice 8x its bytes. On an H200 host, 16 threads copying from the
- * page cache (bench/probe_compact_reads.c): rows of 56 KiB, a quarter of
- * each, 46 GB/s piece by piece against 15 by span; rows of 16 KiB, 19
- * against 16. From the disk the span stays: one request per row would be
- * slower than the bytes between. */
-#define PACK_PIECE_MIN 1024u
-static bool run_packs(const pipe *p, const run *rn) {
-    uint64_t data = 0, prev_end = 0;
-    for (size_t k = rn->first; k < rn->first + rn->count; k++) {
-        const ckptio_extent *e = &p->ext[p->order[k]];
-        if (k > rn->first && e->file_offset < prev_end) return false;
-        prev_end = e->file_offset + e->length;
-        data += e->length;
-    }
-    const uint64_t span = rn->end - rn->start;
-    if (data > span / 2 || data / rn->count < PACK_PIECE_MIN) return false;
-    if (ckptio__file_in_memory(rn->file)) return true;
-    const uint64_t a = ckptio__align_down(rn->start, ALIGN);
-    return ckptio__gpu_range_resident(rn->file->fd, a, ckptio__align_up(rn->end, ALIGN) - a);
-}
-
 /* ---- device side ------------------------------------------------------------- */
 
 /* Walks the extents that overlap window `w`: start with *k = w->first;
  * each call gives the next extent's plan index and its part [*lo, *hi) of
  * the window, false when none is left. */
 static bool next_piece(const pipe *p, const window *w, size_t *k, size_t *idx, uint64_t *lo, uint64_t *hi) {
-    const run *rn = &p->runs[w->run];
+    const run *rn = &p->plan.runs[w->run];
     for (; *k < rn->first + rn->count; (*k)++) {
-        const ckptio_extent *e = &p->ext[p->order[*k]];
+        const ckptio_extent *e = &p->plan.ext[p->plan.order[*k]];
         if (e->file_offset >= w->end) return false;
         const uint64_t eend = e->file_offset + e->length;
         *lo = e->file_offset > w->start ? e->file_offset : w->start;
         *hi = eend < w->end ? eend : w->end;
         if (*hi > *lo) {
-            *idx = p->order[(*k)++];
+            *idx = p->plan.order[(*k)++];
             return true;
         }
     }
@@ -347,7 +192,7 @@ static uint64_t data_bytes(const pipe *p, const window *w, uint64_t lo, uint64_t
  * "extent N (backend, O_DIRECT|buffered, ...)" at the offset it stopped. */
 static ckptio_status op_failure(const pipe *p, const file_stage *fs, const window *w, ckptio__io_op *op) {
     const uint64_t at = op->offset + op->done;
-    size_t k = w->first, idx, name = p->order[w->first];
+    size_t k = w->first, idx, name = p->plan.order[w->first];
     uint64_t lo, hi;
     while (next_piece(p, w, &k, &idx, &lo, &hi)) {
         name = idx; /* the extent the failure is in or before, else the window's last */
@@ -357,7 +202,7 @@ static ckptio_status op_failure(const pipe *p, const file_stage *fs, const windo
     snprintf(what, sizeof what, "extent %zu (%s, %s, GPU staging window)", name, fs->be->name,
              op->direct ? "O_DIRECT" : "buffered");
     if (!op->err) op->eof = true;
-    return ckptio__file_op_status(p->runs[w->run].file, op, what);
+    return ckptio__file_op_status(p->plan.runs[w->run].file, op, what);
 }
 
 /* Moves window `w`'s operations through the worker's queue, all in flight
@@ -375,7 +220,7 @@ static ckptio_status run_ops(const pipe *p, file_stage *fs, const window *w, ckp
             /* The ring itself failed: nothing it holds can be trusted. */
             fs->broken = true;
             return CKPTIO_FAIL_CTX(CKPTIO_E_INTERNAL,
-                                   &((ckptio__err_ctx){.path = ckptio_file_path(p->runs[w->run].file),
+                                   &((ckptio__err_ctx){.path = ckptio_file_path(p->plan.runs[w->run].file),
                                                        .file_offset = (int64_t)w->start}),
                                    "the %s queue of a GPU staging worker failed with %u requests in flight",
                                    fs->be->name, inflight);
@@ -397,7 +242,7 @@ static ckptio_status run_ops(const pipe *p, file_stage *fs, const window *w, ckp
  * aligned part and the rest buffered (a range past EOF fails as
  * truncated). */
 static ckptio_status read_window(const pipe *p, file_stage *fs, const window *w, unsigned char *slot) {
-    const run *rn = &p->runs[w->run];
+    const run *rn = &p->plan.runs[w->run];
     const uint64_t a = ckptio__align_down(w->start, ALIGN);
     const uint64_t ea = ckptio__align_up(w->end, ALIGN);
     ckptio__io_op ops[WINDOW_OPS_MAX];
@@ -422,7 +267,7 @@ static ckptio_status read_packed(const pipe *p, file_stage *fs, const window *w,
     size_t k = w->first, idx;
     uint64_t lo, hi, used = 0;
     while (next_piece(p, w, &k, &idx, &lo, &hi)) {
-        ckptio__file_op_init(&ops[n++], p->runs[w->run].file, CKPTIO_READ, slot + used, hi - lo, lo);
+        ckptio__file_op_init(&ops[n++], p->plan.runs[w->run].file, CKPTIO_READ, slot + used, hi - lo, lo);
         used += hi - lo;
         if (n == WINDOW_OPS_MAX) {
             CKPTIO_FORWARD(run_ops(p, fs, w, ops, n));
@@ -435,7 +280,7 @@ static ckptio_status read_packed(const pipe *p, file_stage *fs, const window *w,
 /* Writes window `w` from `slot`: an unaligned head and tail buffered, the
  * aligned middle direct (one buffered write when no whole block is inside). */
 static ckptio_status write_window(const pipe *p, file_stage *fs, const window *w, unsigned char *slot) {
-    ckptio_file *file = p->runs[w->run].file;
+    ckptio_file *file = p->plan.runs[w->run].file;
     const uint64_t a = ckptio__align_down(w->start, ALIGN);
     const uint64_t head_end = ckptio__align_up(w->start, ALIGN);
     const uint64_t tail_start = ckptio__align_down(w->end, ALIGN);
@@ -504,7 +349,7 @@ static ckptio_status queue_run(pipe *p, const strided_run *g, void *stream) {
     if (st != CKPTIO_OK) {
         char subject[64];
         snprintf(subject, sizeof subject, "extent %zu", g->idx);
-        return annotate(st, p->ext[g->idx].file, g->lo, h2d ? "copy to GPU" : "copy from GPU", subject);
+        return annotate(st, p->plan.ext[g->idx].file, g->lo, h2d ? "copy to GPU" : "copy from GPU", subject);
     }
     return CKPTIO_OK;
 }
@@ -523,7 +368,7 @@ static ckptio_status queue_copies(pipe *p, const window *w, unsigned char *host,
     strided_run g = {0};
     uint64_t packed = 0;
     while (next_piece(p, w, &k, &idx, &lo, &hi)) {
-        const ckptio_extent *e = &p->ext[idx];
+        const ckptio_extent *e = &p->plan.ext[idx];
         unsigned char *dev = (unsigned char *)e->memory + (lo - e->file_offset);
         unsigned char *src = w->packed ? host + packed : host + (lo - a);
         const size_t width = (size_t)(hi - lo);
@@ -554,7 +399,8 @@ static void observe_window(pipe *p, const window *w, const unsigned char *slot) 
     const uint64_t a = ckptio__align_down(w->start, ALIGN);
     size_t k = w->first, idx;
     uint64_t lo, hi;
-    while (next_piece(p, w, &k, &idx, &lo, &hi)) ckptio__observe_range(p->obs, idx, &p->ext[idx], lo, hi, slot + (lo - a));
+    while (next_piece(p, w, &k, &idx, &lo, &hi))
+        ckptio__observe_range(p->obs, idx, &p->plan.ext[idx], lo, hi, slot + (lo - a));
 }
 
 /* Waits for slot s's copies; accounts the time and frees its staging. */
@@ -567,7 +413,7 @@ static ckptio_status wait_slot(pipe *p, ckptio__gpu_worker_res *r, unsigned s, c
     pthread_mutex_unlock(&p->lock);
     ckptio__engine_staging(p->engine, 0, -(int64_t)in_use);
     if (st != CKPTIO_OK)
-        return annotate(st, p->runs[w->run].file, w->start,
+        return annotate(st, p->plan.runs[w->run].file, w->start,
                         p->dir == CKPTIO_READ ? "copy to GPU" : "copy from GPU", "staging window");
     return CKPTIO_OK;
 }
@@ -697,7 +543,7 @@ static ckptio_status first_slot(pipe *p, unsigned index, file_stage *fs, slot_ri
         if (st != CKPTIO_OK && *read) ckptio__engine_staging(p->engine, 0, -(int64_t)used);
     }
     if (st != CKPTIO_OK)
-        return annotate(st, p->runs[w->run].file, w->start, "allocate pinned staging", "staging window");
+        return annotate(st, p->plan.runs[w->run].file, w->start, "allocate pinned staging", "staging window");
     q->order[0] = 0;
     q->n = 1;
     q->pos = 0;
@@ -719,7 +565,7 @@ static ckptio_status stage_window(pipe *p, unsigned index, file_stage *fs, read_
         /* A ring is empty only before a worker's first slot: ring_init takes every pinned one. */
         CKPTIO_FORWARD(first_slot(p, index, fs, q, w, used, &cur, &read));
     } else if ((st = next_slot(p, index, slots, q, &cur)) != CKPTIO_OK) {
-        return annotate(st, p->runs[w->run].file, w->start, "allocate pinned staging", "staging window");
+        return annotate(st, p->plan.runs[w->run].file, w->start, "allocate pinned staging", "staging window");
     }
     unsigned char *slot = r->mem[cur];
     read_slot *rs = &slots[cur];
@@ -765,7 +611,7 @@ static void release_maps(pipe *p, held_maps *h) {
  * when the run allows and the pages are in memory; false: stage them. A
  * failure is counted; a device that cannot register stops all tries. */
 static bool map_windows(pipe *p, size_t first, size_t last, held_maps *h) {
-    const run *rn = &p->runs[p->wins[first].run];
+    const run *rn = &p->plan.runs[p->plan.wins[first].run];
     if (rn->map == CKPTIO__MAP_NEVER || atomic_load(&p->map_unsupported)) return false;
     if (h->n == h->cap) {
         const size_t cap = h->cap ? 2 * h->cap : 16;
@@ -775,8 +621,8 @@ static bool map_windows(pipe *p, size_t first, size_t last, held_maps *h) {
         h->cap = cap;
     }
     bool failed = false, unsupported = false;
-    if (ckptio__gpu_map(p->ops, p->device, rn->map, rn->file, p->wins[first].start, p->wins[last].end, &h->v[h->n],
-                        &failed, &unsupported)) {
+    if (ckptio__gpu_map(p->ops, p->device, rn->map, rn->file, p->plan.wins[first].start, p->plan.wins[last].end,
+                        &h->v[h->n], &failed, &unsupported)) {
         h->n++;
         return true;
     }
@@ -816,19 +662,19 @@ static void worker_read(pipe *p, ckptio__gpu_worker_res *r, file_stage *fs, unsi
     ckptio_status st = CKPTIO_OK;
     while (st == CKPTIO_OK && !atomic_load(&p->failed)) {
         const size_t wi = atomic_fetch_add(&p->next, batch);
-        if (wi >= p->nwin) break;
-        const size_t end = wi + batch < p->nwin ? wi + batch : p->nwin;
+        if (wi >= p->plan.nwin) break;
+        const size_t end = wi + batch < p->plan.nwin ? wi + batch : p->plan.nwin;
         /* One registration per run the claim touches. */
         for (size_t first = wi; first < end && st == CKPTIO_OK && !atomic_load(&p->failed);) {
             size_t last = first;
-            while (last + 1 < end && p->wins[last + 1].run == p->wins[first].run) last++;
+            while (last + 1 < end && p->plan.wins[last + 1].run == p->plan.wins[first].run) last++;
             const bool mapped = batch > 1 && map_windows(p, first, last, &held);
             for (size_t k = first; k <= last && st == CKPTIO_OK && !atomic_load(&p->failed); k++) {
                 if (mapped) {
-                    st = copy_mapped(p, r, &held.v[held.n - 1], &p->wins[k]);
-                    last_mapped = &p->wins[k];
+                    st = copy_mapped(p, r, &held.v[held.n - 1], &p->plan.wins[k]);
+                    last_mapped = &p->plan.wins[k];
                 } else {
-                    st = stage_window(p, index, fs, slots, &ring, &p->wins[k]);
+                    st = stage_window(p, index, fs, slots, &ring, &p->plan.wins[k]);
                 }
             }
             first = last + 1;
@@ -849,7 +695,7 @@ static void worker_read(pipe *p, ckptio__gpu_worker_res *r, file_stage *fs, unsi
         p->seconds_copy += ckptio__now() - t0;
         pthread_mutex_unlock(&p->lock);
         if (ss != CKPTIO_OK && last_mapped)
-            ss = annotate(ss, p->runs[last_mapped->run].file, last_mapped->start, "copy to GPU", "mapped windows");
+            ss = annotate(ss, p->plan.runs[last_mapped->run].file, last_mapped->start, "copy to GPU", "mapped windows");
         if (ss != CKPTIO_OK) set_error(p, ss);
     }
     release_maps(p, &held);
@@ -865,16 +711,16 @@ static void worker_write(pipe *p, unsigned index, file_stage *fs) {
         /* Keep up to NSLOTS device-to-host copies queued ahead of the writes. */
         while (count < CKPTIO_GPU_NSLOTS && !exhausted && !atomic_load(&p->failed)) {
             const size_t wi = atomic_fetch_add(&p->next, 1);
-            if (wi >= p->nwin) {
+            if (wi >= p->plan.nwin) {
                 exhausted = true;
                 break;
             }
-            const window *w = &p->wins[wi];
+            const window *w = &p->plan.wins[wi];
             const unsigned s = (head + count) % CKPTIO_GPU_NSLOTS;
             unsigned char *slot;
             ckptio_status ss = ckptio__gpu_slot(p->st, index, s, true, &slot);
             if (ss != CKPTIO_OK) {
-                set_error(p, annotate(ss, p->runs[w->run].file, w->start, "allocate pinned staging",
+                set_error(p, annotate(ss, p->plan.runs[w->run].file, w->start, "allocate pinned staging",
                                       "staging window"));
                 break;
             }
@@ -1081,7 +927,7 @@ ckptio_status ckptio__gpu_pipeline_run_observed(ckptio_engine *engine, const ckp
                                                 bool inline_only, const ckptio__observer *obs, bool may_map) {
     ckptio_status st = CKPTIO_OK;
     if (dir != CKPTIO_WRITE) obs = NULL;
-    pipe p = {.engine = engine, .ops = ops, .device = device, .dir = dir, .ext = extents, .obs = obs,
+    pipe p = {.engine = engine, .ops = ops, .device = device, .dir = dir, .plan = {.ext = extents}, .obs = obs,
               .status = CKPTIO_OK};
     pthread_mutex_init(&p.lock, NULL);
     bool locked = false;
@@ -1109,24 +955,24 @@ ckptio_status ckptio__gpu_pipeline_run_observed(ckptio_engine *engine, const ckp
     uint64_t slot;
     geometry(engine, inline_only, obs ? obs->block : 0, &nworkers, &slot);
     const uint64_t window_bytes = slot;
-    p.order = ckptio__calloc(count ? count : 1, sizeof *p.order);
-    p.runs = ckptio__calloc(count ? count : 1, sizeof *p.runs);
-    if (!p.order || !p.runs) {
+    p.plan.order = ckptio__calloc(count ? count : 1, sizeof *p.plan.order);
+    p.plan.runs = ckptio__calloc(count ? count : 1, sizeof *p.plan.runs);
+    if (!p.plan.order || !p.plan.runs) {
         st = CKPTIO_FAIL(CKPTIO_E_NOMEM, "out of memory planning %zu GPU extents", count);
         goto out;
     }
-    if ((st = plan_runs(&p, count, window_bytes)) != CKPTIO_OK) goto out;
-    if (p.nruns == 0) goto out;
-    for (size_t r = 0; r < p.nruns; r++) {
-        if (r == 0 || p.runs[r].file != p.runs[r - 1].file) {
+    if ((st = ckptio__gpu_plan_runs(&p.plan, count, dir, window_bytes)) != CKPTIO_OK) goto out;
+    if (p.plan.nruns == 0) goto out;
+    for (size_t r = 0; r < p.plan.nruns; r++) {
+        if (r == 0 || p.plan.runs[r].file != p.plan.runs[r - 1].file) {
             /* Descriptors are opened on the caller's thread, never by workers. */
-            if ((st = ckptio__file_check_transfer(p.runs[r].file, dir, NULL)) != CKPTIO_OK) goto out;
-            if ((st = ckptio__file_prepare_direct(p.runs[r].file)) != CKPTIO_OK) goto out;
-            if ((st = ckptio_file_size(p.runs[r].file, &p.runs[r].file_size)) != CKPTIO_OK) goto out;
-            p.runs[r].map = ckptio__gpu_map_policy(engine, dir, p.runs[r].file);
+            if ((st = ckptio__file_check_transfer(p.plan.runs[r].file, dir, NULL)) != CKPTIO_OK) goto out;
+            if ((st = ckptio__file_prepare_direct(p.plan.runs[r].file)) != CKPTIO_OK) goto out;
+            if ((st = ckptio_file_size(p.plan.runs[r].file, &p.plan.runs[r].file_size)) != CKPTIO_OK) goto out;
+            p.plan.runs[r].map = ckptio__gpu_map_policy(engine, dir, p.plan.runs[r].file);
         } else {
-            p.runs[r].file_size = p.runs[r - 1].file_size;
-            p.runs[r].map = p.runs[r - 1].map;
+            p.plan.runs[r].file_size = p.plan.runs[r - 1].file_size;
+            p.plan.runs[r].map = p.plan.runs[r - 1].map;
         }
     }
     /* Packed reads: not beside mapped windows (a mapping worker claims
@@ -1135,10 +981,11 @@ ckptio_status ckptio__gpu_pipeline_run_observed(ckptio_engine *engine, const ckp
     const bool may_pack = dir == CKPTIO_READ && !inline_only && env_size("CKPTIO_GPU_PACK", 1) != 0 &&
                           env_size("CKPTIO_GPU_MAP_WORKERS", CKPTIO_GPU_MAP_WORKERS_DEFAULT) == 0 &&
                           ckptio__engine_setting(engine, CKPTIO_OPT_DIRECT) != CKPTIO_DIRECT_ON;
-    for (size_t r = 0; r < p.nruns && may_pack; r++) p.runs[r].packed = run_packs(&p, &p.runs[r]);
-    if ((st = plan_windows(&p, window_bytes)) != CKPTIO_OK) goto out;
+    for (size_t r = 0; r < p.plan.nruns && may_pack; r++)
+        p.plan.runs[r].packed = ckptio__gpu_run_packs(&p.plan, &p.plan.runs[r]);
+    if ((st = ckptio__gpu_plan_windows(&p.plan, window_bytes, obs ? obs->block : 0)) != CKPTIO_OK) goto out;
     if (dir == CKPTIO_READ && !inline_only) nworkers = read_workers(nworkers); /* getenv: caller thread */
-    if (nworkers > p.nwin) nworkers = (unsigned)p.nwin;
+    if (nworkers > p.plan.nwin) nworkers = (unsigned)p.plan.nwin;
     /* The file stage: AUTO keeps pread, the backend the GPU loads were
      * measured with (docs/GPU.md); a backend set explicitly applies. */
     p.backend_forced = ckptio__engine_setting(engine, CKPTIO_OPT_BACKEND) == CKPTIO_BACKEND_IO_URING;
@@ -1196,9 +1043,9 @@ ckptio_status ckptio__gpu_pipeline_run_observed(ckptio_engine *engine, const ckp
 out:
     if (locked) pthread_mutex_unlock(&p.st->lock);
     pthread_mutex_destroy(&p.lock);
-    ckptio__free(p.wins);
+    ckptio__free(p.plan.wins);
     ckptio__free(p.alloc);
-    ckptio__free(p.runs);
-    ckptio__free(p.order);
+    ckptio__free(p.plan.runs);
+    ckptio__free(p.plan.order);
     return st;
 }
