@@ -31,7 +31,7 @@ static const char *const library_names[] = {
     "CKPTIO_CUFILE_LIBRARY", /* src/gpu/cufile_shim.c: libcufile to dlopen */
     "CKPTIO_NVTX",           /* src/gpu/cuda_shim.c: NVTX ranges */
     "CKPTIO_NO_PROGRESS",    /* the CLI: no progress bars */
-    /* src/gpu/gpu_pipeline.c: the GPU pipeline's experiment knobs, and the switch of its huge-page
+    /* src/gpu/gpu_geometry.c, gpu_pipeline.c: the GPU pipeline's experiment knobs, and the switch of its huge-page
      * slots (0 off, 1 forced, else guarded: docs/GPU.md) */
     "CKPTIO_GPU_READ_SLOTS", "CKPTIO_GPU_READ_WORKERS", "CKPTIO_GPU_SLOT_MAX_BYTES", "CKPTIO_GPU_HUGE_SLOTS",
     "CKPTIO_GPU_MAP_WORKERS", "CKPTIO_GPU_MAP_BATCH_BYTES", "CKPTIO_GPU_COPY_2D", "CKPTIO_GPU_PACK",

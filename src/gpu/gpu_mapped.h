@@ -38,7 +38,7 @@ ckptio__map_policy ckptio__gpu_map_policy(ckptio_engine *engine, ckptio_directio
 
 /* Whether the page cache holds file range [start, start + len) of `fd`,
  * all but 1/64 of its pages (cachestat/mincore): what "in memory" means for
- * mapped windows and for packed reads (gpu_pipeline.c). */
+ * mapped windows (gpu_pipeline.c) and for packed reads (gpu_windows.c). */
 bool ckptio__gpu_range_resident(int fd, uint64_t start, uint64_t len);
 
 /* One window's mapping: `addr` maps file bytes [offset, offset + len). */

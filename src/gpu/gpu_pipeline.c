@@ -425,41 +425,6 @@ static void add_copied(pipe *p, uint64_t bytes, bool mapped) {
     pthread_mutex_unlock(&p->lock);
 }
 
-static size_t env_size(const char *name, size_t fallback) {
-    const char *v = getenv(name);
-    if (!v || !*v) return fallback;
-    char *end = NULL;
-    const unsigned long long n = strtoull(v, &end, 10);
-    return end && *end == '\0' ? (size_t)n : fallback;
-}
-
-/* An experiment knob: the variable's value when it is 1..max, else `fallback`.
- * Reads the environment: call it on the caller's thread, never on a worker. */
-static unsigned env_knob(const char *name, unsigned max, unsigned fallback) {
-    const size_t n = env_size(name, fallback);
-    return n >= 1 && n <= max ? (unsigned)n : fallback;
-}
-
-unsigned ckptio__gpu_read_slots(void) {
-    return env_knob("CKPTIO_GPU_READ_SLOTS", CKPTIO_GPU_NSLOTS, CKPTIO_GPU_READ_SLOTS);
-}
-
-unsigned ckptio__gpu_read_workers(void) {
-    return env_knob("CKPTIO_GPU_READ_WORKERS", CKPTIO_GPU_MAX_WORKERS, CKPTIO_GPU_MAX_WORKERS);
-}
-
-bool ckptio__gpu_huge_slots(uint64_t pin_bytes) {
-    switch (env_size("CKPTIO_GPU_HUGE_SLOTS", 2)) { /* unset, empty or not a number: 2, auto */
-    case 0: return false;
-    case 1: return true;
-    default: break;
-    }
-    /* Free 2 MiB blocks for twice what may be pinned: the slots' faults take
-     * free blocks and leave room for others', never compacting memory. */
-    const uint64_t need = pin_bytes > UINT64_MAX / 2 ? UINT64_MAX : 2 * pin_bytes;
-    return ckptio__huge_pages_advisable() && ckptio__huge_page_bytes_free() >= need;
-}
-
 /* A read slot of a staging worker: the window whose copies it holds and its
  * staging bytes in use. */
 typedef struct read_slot {
@@ -839,66 +804,6 @@ static ckptio_status check_device_range(const ckptio__gpu_ops *ops, const ckptio
     return CKPTIO_OK;
 }
 
-/* Slot size from the settings only (not from the transfer, nor its
- * direction), so that the pinned slots are reused call after call: changing
- * them frees pinned memory, and cuMemFreeHost synchronises the device,
- * which deadlocks a GDS request whose caller's stream waits on it.
- * Slots (and so windows) are at most 4 MiB, and a read worker rotates
- * through 2 of its 4 (CKPTIO_GPU_READ_SLOTS). Measured from the page cache
- * and tmpfs on an H200 host with 300 MiB of L3 (bench/probe_pipeline.c,
- * docs/GPU.md): the copies to the GPU reach 51 GB/s in 2 MiB pieces and 53
- * in 4 MiB ones, and the CPU copies into the slots keep pace only while
- * all slots together stay in the CPU caches: 16 workers x 2 slots x 4 MiB
- * (128 MiB) staged at 53.1 GB/s, x 4 slots x 2 MiB (128 MiB) at 51.3,
- * x 4 slots x 4 MiB (256 MiB) at 42.5. A process's first load pins those
- * 128 MiB, as before. Writes queue up to 4 copies ahead in 4 slots. (12
- * read workers matched 16 in the probe with a quarter less CPU; in ckptio
- * they lost 3% from tmpfs: CKPTIO_GPU_READ_WORKERS is there to measure.) */
-static void geometry(ckptio_engine *engine, bool inline_only, uint64_t block, unsigned *nworkers, uint64_t *slot) {
-    int64_t threads = ckptio__engine_setting(engine, CKPTIO_OPT_THREADS);
-    unsigned n = inline_only || threads < 1 ? 1 : (unsigned)(threads > CKPTIO_GPU_MAX_WORKERS ? CKPTIO_GPU_MAX_WORKERS : threads);
-    const uint64_t staging = (uint64_t)ckptio__engine_setting(engine, CKPTIO_OPT_STAGING_BYTES);
-    uint64_t chunk = (uint64_t)ckptio__engine_setting(engine, CKPTIO_OPT_CHUNK_BYTES);
-    chunk = chunk < ALIGN ? ALIGN : ckptio__align_down(chunk, ALIGN);
-    /* CKPTIO_GPU_SLOT_MAX_BYTES: an experiment knob, kept 4 KiB-aligned like every slot. */
-    const uint64_t slot_max = ckptio__align_down(env_size("CKPTIO_GPU_SLOT_MAX_BYTES", CKPTIO_GPU_SLOT_MAX), ALIGN);
-    uint64_t s;
-    for (;;) {
-        s = ckptio__align_down(staging / ((uint64_t)n * CKPTIO_GPU_NSLOTS), ALIGN);
-        if (s > chunk) s = chunk;
-        if (s > slot_max) s = slot_max;
-        if (s >= CKPTIO_GPU_MIN_SLOT || s >= chunk || n == 1) break;
-        n--;
-    }
-    if (s < ALIGN) s = ALIGN; /* the floor: 4 slots of 4 KiB */
-    if (block && s < block + ALIGN) {
-        /* Whole observer blocks at any alignment need block + 4 KiB per
-         * slot: fewer, larger slots within the same staging bound. */
-        const uint64_t need = ckptio__align_up(block + ALIGN, ALIGN);
-        unsigned m = n;
-        while (m > 1 && (uint64_t)m * CKPTIO_GPU_NSLOTS * need > staging) m--;
-        if ((uint64_t)m * CKPTIO_GPU_NSLOTS * need <= staging) {
-            n = m;
-            s = need;
-        }
-    }
-    *nworkers = n;
-    *slot = s;
-}
-
-/* Reads run at most ckptio__gpu_read_workers() workers (an experiment
- * knob); the slot size stays the one the engine's threads give (writes
- * share the slots). */
-static unsigned read_workers(unsigned nworkers) {
-    const unsigned cap = ckptio__gpu_read_workers();
-    return nworkers > cap ? cap : nworkers;
-}
-
-void ckptio__gpu_load_geometry(ckptio_engine *engine, unsigned *nworkers, uint64_t *slot) {
-    geometry(engine, false, 0, nworkers, slot);
-    *nworkers = read_workers(*nworkers);
-}
-
 ckptio_status ckptio__gpu_pipeline_run(ckptio_engine *engine, const ckptio__gpu_ops *ops, int device,
                                        ckptio_direction dir, const ckptio_extent *extents, size_t count,
                                        bool inline_only) {
@@ -916,8 +821,8 @@ static void map_geometry(pipe *p, bool may_map, unsigned nworkers, uint64_t slot
     p->map_workers = 0;
     p->map_batch = 1;
     if (!may_map || p->dir != CKPTIO_READ) return;
-    const size_t workers = env_size("CKPTIO_GPU_MAP_WORKERS", CKPTIO_GPU_MAP_WORKERS_DEFAULT);
-    const size_t batch_bytes = env_size("CKPTIO_GPU_MAP_BATCH_BYTES", CKPTIO_GPU_MAP_BATCH_DEFAULT);
+    const size_t workers = ckptio__gpu_env_size("CKPTIO_GPU_MAP_WORKERS", CKPTIO_GPU_MAP_WORKERS_DEFAULT);
+    const size_t batch_bytes = ckptio__gpu_env_size("CKPTIO_GPU_MAP_BATCH_BYTES", CKPTIO_GPU_MAP_BATCH_DEFAULT);
     p->map_workers = (unsigned)(workers < nworkers ? workers : nworkers);
     p->map_batch = batch_bytes / slot > 1 ? batch_bytes / slot : 2; /* slot: the window size */
 }
@@ -953,7 +858,7 @@ ckptio_status ckptio__gpu_pipeline_run_observed(ckptio_engine *engine, const ckp
     }
     unsigned nworkers;
     uint64_t slot;
-    geometry(engine, inline_only, obs ? obs->block : 0, &nworkers, &slot);
+    ckptio__gpu_geometry(engine, inline_only, obs ? obs->block : 0, &nworkers, &slot);
     const uint64_t window_bytes = slot;
     p.plan.order = ckptio__calloc(count ? count : 1, sizeof *p.plan.order);
     p.plan.runs = ckptio__calloc(count ? count : 1, sizeof *p.plan.runs);
@@ -978,13 +883,14 @@ ckptio_status ckptio__gpu_pipeline_run_observed(ckptio_engine *engine, const ckp
     /* Packed reads: not beside mapped windows (a mapping worker claims
      * windows by span), nor when the user asked for O_DIRECT. The
      * environment is read here, on the caller's thread. */
-    const bool may_pack = dir == CKPTIO_READ && !inline_only && env_size("CKPTIO_GPU_PACK", 1) != 0 &&
-                          env_size("CKPTIO_GPU_MAP_WORKERS", CKPTIO_GPU_MAP_WORKERS_DEFAULT) == 0 &&
+    const bool may_pack = dir == CKPTIO_READ && !inline_only && ckptio__gpu_env_size("CKPTIO_GPU_PACK", 1) != 0 &&
+                          ckptio__gpu_env_size("CKPTIO_GPU_MAP_WORKERS", CKPTIO_GPU_MAP_WORKERS_DEFAULT) == 0 &&
                           ckptio__engine_setting(engine, CKPTIO_OPT_DIRECT) != CKPTIO_DIRECT_ON;
     for (size_t r = 0; r < p.plan.nruns && may_pack; r++)
         p.plan.runs[r].packed = ckptio__gpu_run_packs(&p.plan, &p.plan.runs[r]);
     if ((st = ckptio__gpu_plan_windows(&p.plan, window_bytes, obs ? obs->block : 0)) != CKPTIO_OK) goto out;
-    if (dir == CKPTIO_READ && !inline_only) nworkers = read_workers(nworkers); /* getenv: caller thread */
+    if (dir == CKPTIO_READ && !inline_only)
+        nworkers = ckptio__gpu_read_worker_cap(nworkers); /* getenv: the caller's thread */
     if (nworkers > p.plan.nwin) nworkers = (unsigned)p.plan.nwin;
     /* The file stage: AUTO keeps pread, the backend the GPU loads were
      * measured with (docs/GPU.md); a backend set explicitly applies. */
@@ -1000,7 +906,8 @@ ckptio_status ckptio__gpu_pipeline_run_observed(ckptio_engine *engine, const ckp
      * write, while registering and unregistering synchronise the device). */
     map_geometry(&p, may_map && !inline_only, nworkers, window_bytes);
     p.read_slots = ckptio__gpu_read_slots(); /* getenv here, never on a worker: setenv may run meanwhile */
-    p.join_strides = env_size("CKPTIO_GPU_COPY_2D", 1) != 0; /* an experiment knob, read here like the others */
+    /* An experiment knob, read here like the others. */
+    p.join_strides = ckptio__gpu_env_size("CKPTIO_GPU_COPY_2D", 1) != 0;
     if ((st = ckptio__gpu_state_get(engine, ops, &p.st)) != CKPTIO_OK) goto out;
     atomic_fetch_add(&p.st->transfers_waiting, 1); /* a prepare thread yields (gpu_pipeline.h) */
     pthread_mutex_lock(&p.st->lock);

@@ -29,7 +29,7 @@
 #define CKPTIO_GPU_READ_SLOTS 2          /* of them, the slots a read worker rotates through */
 #define CKPTIO_GPU_MIN_SLOT (256u << 10) /* below this, use fewer workers instead */
 #define CKPTIO_GPU_MAX_WORKERS 64
-#define CKPTIO_GPU_SLOT_MAX (4u << 20)   /* slots (and windows): at most 4 MiB (gpu_pipeline.c) */
+#define CKPTIO_GPU_SLOT_MAX (4u << 20)   /* slots (and windows): at most 4 MiB (gpu_geometry.c) */
 /* Workers that map resident windows: none by default. Measured on an H200
  * (docs/GPU.md, BENCHMARKS.md): copies from registered page-cache pages
  * plus registration ran at 6-25 GB/s where staging ran at 24-47 GB/s, and
@@ -117,6 +117,22 @@ bool ckptio__gpu_huge_slots(uint64_t pin_bytes);
 /* Workers and slot size a load (no observer) runs with under the engine's
  * settings: what ckptio_engine_gpu_prepare pins ahead. */
 void ckptio__gpu_load_geometry(ckptio_engine *engine, unsigned *nworkers, uint64_t *slot);
+
+/* Workers and slot size of a transfer under the engine's settings (threads,
+ * staging and chunk bytes; 1 worker when `inline_only`): slots of at most
+ * 4 MiB, 4 per worker within the staging bound, fewer workers before slots
+ * under CKPTIO_GPU_MIN_SLOT; with an observer block size `block` (writes),
+ * slots large enough for a whole block at any alignment (gpu_geometry.c). */
+void ckptio__gpu_geometry(ckptio_engine *engine, bool inline_only, uint64_t block, unsigned *nworkers,
+                          uint64_t *slot);
+
+/* `nworkers` capped at ckptio__gpu_read_workers(): reads only; the slot size
+ * stays the one the engine's threads give (writes share the slots). */
+unsigned ckptio__gpu_read_worker_cap(unsigned nworkers);
+
+/* The environment variable `name` as a decimal number, or `fallback` when it
+ * is unset, empty or not one: the pipeline's experiment knobs. */
+size_t ckptio__gpu_env_size(const char *name, size_t fallback);
 
 /* Starts pinning the slots a load to `device` will use, in the background
  * (ckptio_engine_gpu_prepare). */

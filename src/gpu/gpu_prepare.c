@@ -1,6 +1,6 @@
 /*
  * gpu_prepare.c - ckptio_engine_gpu_prepare's background pinning: the slots
- * a load will use (gpu_pipeline.c's geometry) pinned ahead into the engine's
+ * a load will use (gpu_geometry.c) pinned ahead into the engine's
  * staging (gpu_staging.c), so that a process's first load starts with them.
  */
 #include "engine_internal.h"

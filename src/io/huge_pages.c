@@ -11,7 +11,7 @@
  *
  *   THP is enabled (`[always]` or `[madvise]`), and the buddy allocator's
  *   free blocks of 2 MiB and more (/proc/buddyinfo) cover what may be pinned
- *   (the caller asks for twice that: src/gpu/gpu_pipeline.c),
+ *   (the caller asks for twice that: src/gpu/gpu_geometry.c),
  *
  * so the faults take free blocks and have nothing to compact. The answer is
  * a snapshot: another process may take the blocks meanwhile; then a fault
