@@ -592,32 +592,38 @@ static void test_slots_pinned_on_demand(void) {
 }
 
 /* The experiment knob CKPTIO_GPU_SLOT_MAX_BYTES caps the slots, rounded
- * down to 4 KiB like every slot; the bytes still arrive whole. */
+ * down to 4 KiB like every slot; the bytes still arrive whole. Its value is
+ * a byte count in the library's syntax: "292K" is 299008, as is 300000
+ * rounded down. */
 static void test_slot_max_knob(void) {
-    sim_reset(0);
-    setenv("CKPTIO_GPU_SLOT_MAX_BYTES", "300000", 1);
-    const size_t n = 2 * MIB + 333;
-    const char *path = t_path("slot_max.bin");
-    unsigned char *want = make_file(path, n, 29);
-    ckptio_engine *e = make_engine(1, 64 * MIB, 8 * MIB); /* without the knob: 8 MiB slots (the chunk), capped at 4 */
-    ckptio_file *f = NULL;
-    T_OK(ckptio_file_open(e, path, CKPTIO_OPEN_READ, &f));
-    unsigned char *dev = ckptio__gpu_sim_device_alloc(n);
-    ckptio_extent ex = {.file = f, .length = n, .memory = dev, .mem_kind = CKPTIO_MEM_CUDA};
-    T_OK(ckptio__gpu_execute(e, CKPTIO_READ, &ex, 1));
-    T_ASSERT(memcmp(dev, want, n) == 0);
-    ckptio_stats st;
-    T_OK(ckptio_engine_stats(e, &st));
-    const uint64_t slot = 300000 / 4096 * 4096;
-    T_ASSERT_MSG(st.staging_reserved > 0 && st.staging_reserved % slot == 0 &&
-                     st.staging_reserved <= CKPTIO_GPU_READ_SLOTS * slot,
-                 "%llu bytes pinned, want 1 or %d slots of %llu", (unsigned long long)st.staging_reserved,
-                 CKPTIO_GPU_READ_SLOTS, (unsigned long long)slot);
-    unsetenv("CKPTIO_GPU_SLOT_MAX_BYTES");
-    ckptio_file_close(f);
-    T_OK(ckptio_engine_destroy(e));
-    ckptio__gpu_sim_device_free(dev);
-    free(want);
+    const char *values[] = {"300000", "292K"};
+    for (size_t v = 0; v < sizeof values / sizeof *values; v++) {
+        sim_reset(0);
+        setenv("CKPTIO_GPU_SLOT_MAX_BYTES", values[v], 1);
+        const size_t n = 2 * MIB + 333;
+        const char *path = t_path("slot_max.bin");
+        unsigned char *want = make_file(path, n, 29);
+        /* Without the knob: 8 MiB slots (the chunk), capped at 4 MiB. */
+        ckptio_engine *e = make_engine(1, 64 * MIB, 8 * MIB);
+        ckptio_file *f = NULL;
+        T_OK(ckptio_file_open(e, path, CKPTIO_OPEN_READ, &f));
+        unsigned char *dev = ckptio__gpu_sim_device_alloc(n);
+        ckptio_extent ex = {.file = f, .length = n, .memory = dev, .mem_kind = CKPTIO_MEM_CUDA};
+        T_OK(ckptio__gpu_execute(e, CKPTIO_READ, &ex, 1));
+        T_ASSERT(memcmp(dev, want, n) == 0);
+        ckptio_stats st;
+        T_OK(ckptio_engine_stats(e, &st));
+        const uint64_t slot = 300000 / 4096 * 4096;
+        T_ASSERT_MSG(st.staging_reserved > 0 && st.staging_reserved % slot == 0 &&
+                         st.staging_reserved <= CKPTIO_GPU_READ_SLOTS * slot,
+                     "CKPTIO_GPU_SLOT_MAX_BYTES=%s: %llu bytes pinned, want 1 or %d slots of %llu", values[v],
+                     (unsigned long long)st.staging_reserved, CKPTIO_GPU_READ_SLOTS, (unsigned long long)slot);
+        unsetenv("CKPTIO_GPU_SLOT_MAX_BYTES");
+        ckptio_file_close(f);
+        T_OK(ckptio_engine_destroy(e));
+        ckptio__gpu_sim_device_free(dev);
+        free(want);
+    }
 }
 
 /* The engine's GPU state on the simulated device, with its lock held and

@@ -1,25 +1,25 @@
 /*
  * gpu_geometry.c - how a GPU transfer is laid out before it runs: how many
  * workers, how large their staging slots (and so the windows), whether the
- * slots use huge pages, and the experiment knobs read from the environment
- * (docs/GPU.md). Everything here reads the engine's settings or the
- * environment: call it on a caller's thread, never on a pipeline worker,
- * which could race a setenv.
+ * slots use huge pages, with the experiment knobs that change them
+ * (CKPTIO_GPU_READ_SLOTS, _READ_WORKERS, _SLOT_MAX_BYTES, _HUGE_SLOTS;
+ * docs/GPU.md) and the reader of every GPU knob, ckptio__gpu_env_size.
+ * Everything here reads the engine's settings or the environment: call it
+ * on a caller's thread, never on a pipeline worker, which could race a
+ * setenv.
  */
 #include "engine_internal.h"
 #include "gpu_pipeline.h"
 #include "io_internal.h"
 
+#include <stdint.h>
 #include <stdlib.h>
 
 #define ALIGN ((uint64_t)CKPTIO_DIRECT_ALIGN)
 
 size_t ckptio__gpu_env_size(const char *name, size_t fallback) {
-    const char *v = getenv(name);
-    if (!v || !*v) return fallback;
-    char *end = NULL;
-    const unsigned long long n = strtoull(v, &end, 10);
-    return end && *end == '\0' ? (size_t)n : fallback;
+    uint64_t n;
+    return ckptio__parse_size(getenv(name), &n) && n <= SIZE_MAX ? (size_t)n : fallback;
 }
 
 /* An experiment knob: the variable's value when it is 1..max, else `fallback`. */

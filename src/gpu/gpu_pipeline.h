@@ -130,8 +130,9 @@ void ckptio__gpu_geometry(ckptio_engine *engine, bool inline_only, uint64_t bloc
  * stays the one the engine's threads give (writes share the slots). */
 unsigned ckptio__gpu_read_worker_cap(unsigned nworkers);
 
-/* The environment variable `name` as a decimal number, or `fallback` when it
- * is unset, empty or not one: the pipeline's experiment knobs. */
+/* The environment variable `name` as a byte count in the library's one
+ * syntax (ckptio__parse_size: "4194304", "4M", "4 MiB"), or `fallback` when
+ * it is unset, empty or not one: the pipeline's experiment knobs. */
 size_t ckptio__gpu_env_size(const char *name, size_t fallback);
 
 /* Starts pinning the slots a load to `device` will use, in the background
