@@ -41,6 +41,12 @@ ckptio_status ckptio__fail(ckptio_status status, const char *src_file, int src_l
 ckptio_status ckptio__vfail(ckptio_status status, const char *src_file, int src_line,
                             const ckptio__err_ctx *ctx, const char *fmt, va_list ap);
 
+/* Fails again with the current error's message and CUDA result, now placed
+ * by `ctx` (file, offset, operation, subject; its cuda_result is replaced):
+ * for a caller that passes on an error from below and knows where it
+ * happened. */
+ckptio_status ckptio__fail_again(ckptio_status status, const char *src_file, int src_line, ckptio__err_ctx ctx);
+
 /* Plain failure with a formatted message. */
 #define CKPTIO_FAIL(status, ...) ckptio__fail((status), __FILE__, __LINE__, NULL, __VA_ARGS__)
 

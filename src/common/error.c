@@ -155,6 +155,12 @@ ckptio_status ckptio__fail(ckptio_status status, const char *src_file, int src_l
     return status;
 }
 
+ckptio_status ckptio__fail_again(ckptio_status status, const char *src_file, int src_line, ckptio__err_ctx ctx) {
+    ctx.cuda_result = tls_error.info.cuda_result;
+    /* vfail formats the text before it writes the record the text is in. */
+    return ckptio__fail(status, src_file, src_line, &ctx, "%s", tls_error.info.message);
+}
+
 ckptio_status ckptio__fail_sys_note(const char *src_file, int src_line, int err, const char *operation,
                                     const char *path, const char *fmt, ...) {
     char note[CKPTIO_MESSAGE_MAX];

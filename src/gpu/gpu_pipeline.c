@@ -38,6 +38,7 @@
  */
 #include "cuda_shim.h"
 #include "engine_internal.h"
+#include "gpu_device_range.h"
 #include "gpu_mapped.h"
 #include "gpu_pipeline.h"
 #include "gpu_windows.h"
@@ -54,11 +55,9 @@
 typedef ckptio__gpu_run run;       /* the plan's (gpu_windows.h), by shorter names */
 typedef ckptio__gpu_window window;
 
-/* The device allocation an extent's memory starts in (cuMemGetAddressRange):
+/* The device allocation an extent's memory starts in (gpu_device_range.h):
  * rows joined into one pitched copy all lie in one (strided_run). */
-typedef struct device_alloc {
-    uintptr_t base, end;
-} device_alloc;
+typedef ckptio__gpu_alloc device_alloc;
 
 typedef struct pipe {
     ckptio_engine *engine;
@@ -116,12 +115,9 @@ static void window_done(pipe *p, uint64_t bytes, bool on_caller) {
 /* Re-raises the current error with the extent/window it concerns. */
 static ckptio_status annotate(ckptio_status status, const ckptio_file *file, uint64_t offset, const char *operation,
                               const char *subject) {
-    const ckptio_error_info *ei = ckptio_last_error();
-    return ckptio__fail(status, __FILE__, __LINE__,
-                        &((ckptio__err_ctx){.operation = operation, .path = ckptio_file_path(file),
-                                            .file_offset = (int64_t)offset, .subject = subject,
-                                            .cuda_result = ei->cuda_result}),
-                        "%s", ei->message);
+    return ckptio__fail_again(status, __FILE__, __LINE__,
+                              (ckptio__err_ctx){.operation = operation, .path = ckptio_file_path(file),
+                                                .file_offset = (int64_t)offset, .subject = subject});
 }
 
 /* ---- device side ------------------------------------------------------------- */
@@ -755,55 +751,6 @@ static void worker_main(void *arg, unsigned w) {
 
 /* ---- entry ------------------------------------------------------------------- */
 
-/* The device memory from ptr's allocation on that stays mapped without a gap, up to `want` bytes past ptr:
- * cuMemGetAddressRange reports one physical allocation, and memory reserved once and mapped piece by piece
- * (cuMemAddressReserve + cuMemMap: torch's expandable_segments maps 20 MiB pieces) holds tensors that span
- * several. The walk goes on while the next piece is mapped too and starts where this one ends; cudaMalloc
- * allocations that happen to lie back to back stay apart, so an extent running out of one is still refused. */
-static ckptio_status device_span(const ckptio__gpu_ops *ops, const void *ptr, uint64_t want, uintptr_t *base,
-                                 uint64_t *size, device_alloc *first) {
-    CKPTIO_FORWARD(ops->mem_range(ptr, base, size));
-    uintptr_t end = *base + *size;
-    *first = (device_alloc){.base = *base, .end = end};
-    const uintptr_t need = (uintptr_t)ptr + want;
-    if (end < need && ops->mem_mapped(ptr)) {
-        while (end < need) {
-            uintptr_t next = 0;
-            uint64_t len = 0;
-            /* A failure here is not reported: past the mapped memory, the caller's range error says more. */
-            if (ops->mem_range((const void *)end, &next, &len) != CKPTIO_OK || next != end || len == 0 ||
-                !ops->mem_mapped((const void *)end))
-                break;
-            end += len;
-        }
-    }
-    *size = end - *base;
-    return CKPTIO_OK;
-}
-
-/* Checks that extent `idx` lies in device memory it may use; *alloc is the
- * allocation its first byte is in, *span_end where the memory mapped from
- * there without a gap ends. */
-static ckptio_status check_device_range(const ckptio__gpu_ops *ops, const ckptio_extent *e, size_t idx,
-                                        device_alloc *alloc, uintptr_t *span_end) {
-    uintptr_t base = 0;
-    uint64_t size = 0;
-    char subject[64];
-    snprintf(subject, sizeof subject, "extent %zu", idx);
-    ckptio_status st = device_span(ops, e->memory, e->length, &base, &size, alloc);
-    if (st != CKPTIO_OK) return annotate(st, e->file, e->file_offset, "check device buffer", subject);
-    *span_end = base + size;
-    if ((uintptr_t)e->memory - base > size || e->length > size - ((uintptr_t)e->memory - base))
-        return CKPTIO_FAIL_CTX(CKPTIO_E_RANGE,
-                               &((ckptio__err_ctx){.operation = "check device buffer",
-                                                   .path = ckptio_file_path(e->file),
-                                                   .file_offset = (int64_t)e->file_offset, .subject = subject}),
-                               "device buffer %p + %llu bytes runs past the end of its allocation (%llu bytes at "
-                               "0x%llx)", e->memory, (unsigned long long)e->length, (unsigned long long)size,
-                               (unsigned long long)base);
-    return CKPTIO_OK;
-}
-
 ckptio_status ckptio__gpu_pipeline_run(ckptio_engine *engine, const ckptio__gpu_ops *ops, int device,
                                        ckptio_direction dir, const ckptio_extent *extents, size_t count,
                                        bool inline_only) {
@@ -814,14 +761,14 @@ ckptio_status ckptio__gpu_pipeline_run(ckptio_engine *engine, const ckptio__gpu_
     return st;
 }
 
-/* How many workers map resident windows and how many windows each claims
- * at once (CKPTIO_GPU_MAP_WORKERS, CKPTIO_GPU_MAP_BATCH_BYTES; see
- * docs/GPU.md for the measurements behind the defaults). */
-static void map_geometry(pipe *p, bool may_map, unsigned nworkers, uint64_t slot) {
+/* How many workers map resident windows (`workers`: CKPTIO_GPU_MAP_WORKERS,
+ * which the entry reads once for this and for packed reads) and how many
+ * windows each claims at once (CKPTIO_GPU_MAP_BATCH_BYTES; see docs/GPU.md
+ * for the measurements behind the defaults). */
+static void map_geometry(pipe *p, bool may_map, size_t workers, unsigned nworkers, uint64_t slot) {
     p->map_workers = 0;
     p->map_batch = 1;
     if (!may_map || p->dir != CKPTIO_READ) return;
-    const size_t workers = ckptio__gpu_env_size("CKPTIO_GPU_MAP_WORKERS", CKPTIO_GPU_MAP_WORKERS_DEFAULT);
     const size_t batch_bytes = ckptio__gpu_env_size("CKPTIO_GPU_MAP_BATCH_BYTES", CKPTIO_GPU_MAP_BATCH_DEFAULT);
     p->map_workers = (unsigned)(workers < nworkers ? workers : nworkers);
     p->map_batch = batch_bytes / slot > 1 ? batch_bytes / slot : 2; /* slot: the window size */
@@ -841,21 +788,7 @@ ckptio_status ckptio__gpu_pipeline_run_observed(ckptio_engine *engine, const ckp
         st = CKPTIO_FAIL(CKPTIO_E_NOMEM, "out of memory checking %zu GPU extents", count);
         goto out;
     }
-    /* The driver is asked once per allocation, not once per extent: a
-     * column slice has one extent per row, all in one tensor (704k rows
-     * for a 14 GB model's matrices, each lookup several driver calls). */
-    device_alloc last = {0};
-    uintptr_t last_span_end = 0;
-    for (size_t i = 0; i < count; i++) {
-        if (!extents[i].length) continue;
-        const uintptr_t m = (uintptr_t)extents[i].memory;
-        if (m >= last.base && m < last.end && extents[i].length <= last_span_end - m) {
-            p.alloc[i] = last; /* inside what the last check found mapped */
-            continue;
-        }
-        if ((st = check_device_range(ops, &extents[i], i, &p.alloc[i], &last_span_end)) != CKPTIO_OK) goto out;
-        last = p.alloc[i];
-    }
+    if ((st = ckptio__gpu_device_ranges(ops, extents, count, p.alloc)) != CKPTIO_OK) goto out;
     unsigned nworkers;
     uint64_t slot;
     ckptio__gpu_geometry(engine, inline_only, obs ? obs->block : 0, &nworkers, &slot);
@@ -883,8 +816,9 @@ ckptio_status ckptio__gpu_pipeline_run_observed(ckptio_engine *engine, const ckp
     /* Packed reads: not beside mapped windows (a mapping worker claims
      * windows by span), nor when the user asked for O_DIRECT. The
      * environment is read here, on the caller's thread. */
+    const size_t map_workers = ckptio__gpu_env_size("CKPTIO_GPU_MAP_WORKERS", CKPTIO_GPU_MAP_WORKERS_DEFAULT);
     const bool may_pack = dir == CKPTIO_READ && !inline_only && ckptio__gpu_env_size("CKPTIO_GPU_PACK", 1) != 0 &&
-                          ckptio__gpu_env_size("CKPTIO_GPU_MAP_WORKERS", CKPTIO_GPU_MAP_WORKERS_DEFAULT) == 0 &&
+                          map_workers == 0 &&
                           ckptio__engine_setting(engine, CKPTIO_OPT_DIRECT) != CKPTIO_DIRECT_ON;
     for (size_t r = 0; r < p.plan.nruns && may_pack; r++)
         p.plan.runs[r].packed = ckptio__gpu_run_packs(&p.plan, &p.plan.runs[r]);
@@ -904,7 +838,7 @@ ckptio_status ckptio__gpu_pipeline_run_observed(ckptio_engine *engine, const ckp
     /* Not for background callers (inline_only: the GDS request thread,
      * whose caller's stream may wait on a word this thread has yet to
      * write, while registering and unregistering synchronise the device). */
-    map_geometry(&p, may_map && !inline_only, nworkers, window_bytes);
+    map_geometry(&p, may_map && !inline_only, map_workers, nworkers, window_bytes);
     p.read_slots = ckptio__gpu_read_slots(); /* getenv here, never on a worker: setenv may run meanwhile */
     /* An experiment knob, read here like the others. */
     p.join_strides = ckptio__gpu_env_size("CKPTIO_GPU_COPY_2D", 1) != 0;
