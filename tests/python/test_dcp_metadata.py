@@ -434,8 +434,8 @@ def test_a_tensor_of_64_dimensions_reads():
 
 
 def test_a_reader_refuses_a_chunk_without_sizes(tmp_path):
-    """Through ckptio.dcp.FileSystemReader: the same E_FORMAT, naming the file; torch's dcp.load carries that
-    message in the error it raises (it wraps a reader's failure in its CheckpointException)."""
+    """Through ckptio.dcp.FileSystemReader: the same E_FORMAT, naming the file; torch's dcp.load fails and loads
+    nothing, its error carrying that message where torch passes a reader's on."""
     from torch.distributed.checkpoint import metadata as md
 
     save({"w": torch.ones(4, 3)}, dcp.FileSystemWriter(tmp_path / "c"))
@@ -453,9 +453,16 @@ def test_a_reader_refuses_a_chunk_without_sizes(tmp_path):
     assert str(ei.value).endswith(f"{_CSM} lacks the field 'sizes'")
     from torch.distributed.checkpoint.api import CheckpointException  # a BaseException
 
+    dst = {"w": torch.zeros(4, 3)}
     with pytest.raises(CheckpointException) as ei:
-        dcp.load({"w": torch.zeros(4, 3)}, storage_reader=cdcp.FileSystemReader(tmp_path / "c"))
-    assert f"{meta}: load DCP metadata: {_CSM} lacks the field 'sizes'" in str(ei.value)
+        dcp.load(dst, storage_reader=cdcp.FileSystemReader(tmp_path / "c"))
+    # torch 2.15 appends the reader's error to its own ("metadata is None; global metadata read failed: ...");
+    # torch 2.11 (the GPU machine's, 2026-11-28) raises "metadata is None" alone and logs the reader's error as a
+    # warning.
+    text = str(ei.value)
+    assert (f"{meta}: load DCP metadata: {_CSM} lacks the field 'sizes'" in text
+            or text.rstrip().endswith("AssertionError: metadata is None")), text
+    assert torch.equal(dst["w"], torch.zeros(4, 3))
 
 
 def test_mutated_metadata_loads_or_fails_cleanly(tmp_path):
