@@ -1311,6 +1311,15 @@ static void test_bad_device_memory(void) {
     ex = (ckptio_extent){.file = f, .file_offset = 0, .length = 16, .memory = host, .mem_kind = CKPTIO_MEM_CUDA};
     T_STATUS(ckptio__gpu_execute(e, CKPTIO_READ, &ex, 1), CKPTIO_E_INVAL);
     T_MESSAGE_HAS("was given as CUDA memory but the driver reports host");
+    /* The pipeline's own range check, reached without execute's classification: the driver's refusal comes back
+     * with the file, offset and extent put in front and its CUDA result kept (ckptio__fail_again). */
+    ex = (ckptio_extent){.file = f, .file_offset = 64, .length = 16, .memory = host, .mem_kind = CKPTIO_MEM_CUDA};
+    T_STATUS(ckptio__gpu_pipeline_run(e, ckptio__gpu_sim_ops(), 0, CKPTIO_READ, &ex, 1, false), CKPTIO_E_CUDA);
+    T_MESSAGE_HAS(path);
+    T_MESSAGE_HAS("check device buffer at offset 64: extent 0: cuMemGetAddressRange(");
+    T_MESSAGE_HAS("not a valid device address");
+    T_ASSERT(ckptio_last_error()->cuda_result == 1);
+    T_ASSERT(ckptio_last_error()->file_offset == 64);
     ckptio_file_close(f);
     ckptio__gpu_sim_device_free(dev);
     T_OK(ckptio_engine_destroy(e));
