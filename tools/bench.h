@@ -18,6 +18,7 @@ typedef enum bench_row {
     BENCH_RAW_READ_CACHED,   /* buffered read, file in the page cache */
     BENCH_SAVE,              /* ckptio_safetensors_save (durable) */
     BENCH_LOAD_COLD,         /* open + read_all + close, cache dropped */
+    BENCH_LOAD_COLD_DIRECT,  /* the same with CKPTIO_READ_CACHE=off (only where run->cold_direct) */
     BENCH_LOAD_WARM,         /* the same, file in the page cache */
     BENCH_ROW_COUNT
 } bench_row;
@@ -50,6 +51,11 @@ typedef struct bench_run {
     unsigned done;            /* repetitions completed */
     double seconds[BENCH_ROW_COUNT][BENCH_MAX_REPEAT];
     bool raw_write_direct, raw_read_direct;
+    /* The default cold load read through the page cache (the read policy
+     * caches a file that fits in memory): the same load is measured again
+     * with the policy off (BENCH_LOAD_COLD_DIRECT), decided on the first
+     * repetition. */
+    bool cold_direct;
     const char *cache_method;
     double resident_after_drop;   /* largest fraction of a file still cached after a drop */
     double resident_before_warm;  /* smallest fraction cached before a warm load */
@@ -61,8 +67,12 @@ typedef struct bench_run {
 double bench_median_seconds(const bench_run *run, bench_row row);
 /* GB/s (1e9 bytes per second) of a row's median. */
 double bench_gbps(const bench_run *run, bench_row row);
+/* Whether a row has results: every row but BENCH_LOAD_COLD_DIRECT, and that
+ * one where run->cold_direct. */
+bool bench_row_measured(const bench_run *run, bench_row row);
 /* The raw row a ckptio row is compared with (the faster cold read for a
- * cold load), or BENCH_ROW_COUNT for a raw row. */
+ * cold load, the O_DIRECT read for one with the read cache off), or
+ * BENCH_ROW_COUNT for a raw row. */
 bench_row bench_ceiling_of(const bench_run *run, bench_row row);
 const char *bench_row_label(const bench_run *run, bench_row row);
 const char *bench_row_key(bench_row row);

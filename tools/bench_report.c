@@ -10,7 +10,7 @@
 
 static const char *const row_keys[BENCH_ROW_COUNT] = {
     "raw_write_direct", "raw_read_direct_cold", "raw_read_buffered_cold", "raw_read_page_cache",
-    "ckptio_save",      "ckptio_load_cold",     "ckptio_load_warm",
+    "ckptio_save",      "ckptio_load_cold",     "ckptio_load_cold_direct", "ckptio_load_warm",
 };
 
 const char *bench_row_key(bench_row row) {
@@ -28,6 +28,7 @@ const char *bench_row_label(const bench_run *run, bench_row row) {
         return run->raw_threads > 1 ? "raw read, page cache (best of 1, N threads)" : "raw read, page cache";
     case BENCH_SAVE: return "ckptio save, durable";
     case BENCH_LOAD_COLD: return "ckptio load, cold";
+    case BENCH_LOAD_COLD_DIRECT: return "ckptio load, cold, read cache off";
     case BENCH_LOAD_WARM: return "ckptio load, warm";
     default: return "?";
     }
@@ -52,6 +53,10 @@ double bench_gbps(const bench_run *run, bench_row row) {
     return s > 0 ? (double)run->size / s / 1e9 : 0.0;
 }
 
+bool bench_row_measured(const bench_run *run, bench_row row) {
+    return row != BENCH_LOAD_COLD_DIRECT || run->cold_direct;
+}
+
 bench_row bench_ceiling_of(const bench_run *run, bench_row row) {
     switch (row) {
     case BENCH_SAVE: return BENCH_RAW_WRITE;
@@ -60,6 +65,7 @@ bench_row bench_ceiling_of(const bench_run *run, bench_row row) {
         return bench_gbps(run, BENCH_RAW_READ_BUFFERED) > bench_gbps(run, BENCH_RAW_READ_DIRECT)
                    ? BENCH_RAW_READ_BUFFERED
                    : BENCH_RAW_READ_DIRECT;
+    case BENCH_LOAD_COLD_DIRECT: return BENCH_RAW_READ_DIRECT;
     case BENCH_LOAD_WARM: return BENCH_RAW_READ_CACHED;
     default: return BENCH_ROW_COUNT;
     }
@@ -91,6 +97,7 @@ void bench_print_table(const bench_run *run, FILE *out) {
     cli_table table;
     cli_table_init(&table, 5, headers, "lrrrl");
     for (int r = 0; r < BENCH_ROW_COUNT; r++) {
+        if (!bench_row_measured(run, (bench_row)r)) continue;
         char gbps[32], secs[32], ratio[32] = "";
         const char *ceiling = "";
         snprintf(gbps, sizeof gbps, "%.2f", bench_gbps(run, (bench_row)r));
@@ -108,13 +115,22 @@ void bench_print_table(const bench_run *run, FILE *out) {
     cli_table_cleanup(&table);
 
     const bench_phase_stats *ps = run->phase;
+    char cold_direct[64] = "";
+    if (run->cold_direct)
+        snprintf(cold_direct, sizeof cold_direct, " (read cache off: %.0f%%)",
+                 percent_of(ps[BENCH_LOAD_COLD_DIRECT].bytes_direct, ps[BENCH_LOAD_COLD_DIRECT].bytes));
     fprintf(out,
-            "\nckptio bytes moved with O_DIRECT: save %.0f%%, load cold %.0f%%, load warm %.0f%%; "
+            "\nckptio bytes moved with O_DIRECT: save %.0f%%, load cold %.0f%%%s, load warm %.0f%%; "
             "page cache %.1f%% resident before warm loads\n",
             percent_of(ps[BENCH_SAVE].bytes_direct, ps[BENCH_SAVE].bytes),
-            percent_of(ps[BENCH_LOAD_COLD].bytes_direct, ps[BENCH_LOAD_COLD].bytes),
+            percent_of(ps[BENCH_LOAD_COLD].bytes_direct, ps[BENCH_LOAD_COLD].bytes), cold_direct,
             percent_of(ps[BENCH_LOAD_WARM].bytes_direct, ps[BENCH_LOAD_WARM].bytes),
             100.0 * run->resident_before_warm);
+    if (run->cold_direct)
+        fprintf(out,
+                "the cold load read through the page cache: the read policy caches a file that fits in a quarter "
+                "of\nthe memory available, so its next load is a warm one; \"read cache off\" is the same load "
+                "with\nCKPTIO_READ_CACHE=off (docs/ENGINE.md, read policy)\n");
     fprintf(out, "verified: all %u loads returned exactly the saved bytes\n", run->loads_verified);
 }
 
@@ -194,7 +210,8 @@ int bench_print_json(const bench_run *run, FILE *out) {
         set(root, "note", run->fs_note ? json_string(run->fs_note) : json_null(), &oom);
         json_t *results = json_object();
         for (int r = 0; results != NULL && r < BENCH_ROW_COUNT; r++)
-            set(results, bench_row_key((bench_row)r), row_json(run, (bench_row)r, &oom), &oom);
+            if (bench_row_measured(run, (bench_row)r))
+                set(results, bench_row_key((bench_row)r), row_json(run, (bench_row)r, &oom), &oom);
         set(root, "results", results, &oom);
         set(root, "loads_verified", json_integer(run->loads_verified), &oom);
     }

@@ -364,16 +364,48 @@ def test_bench_table(disk_dir):
     lines = out.splitlines()
     for label in BENCH_ROWS:
         assert any(ln.strip().startswith(label) for ln in lines), label
-    for label in ("ckptio save, durable", "ckptio load, cold", "ckptio load, warm"):
+    for label in ("ckptio save, durable", "ckptio load, cold ", "ckptio load, warm"):
         row = next(ln for ln in lines if ln.strip().startswith(label))
         ratio = [w for w in row.split() if w.endswith("%")]
         assert len(ratio) == 1 and float(ratio[0][:-1]) > 0, row
-    assert "verified: all 2 loads returned exactly the saved bytes" in out
+    # A third load where the read policy read the cold one through the page cache (test_bench_read_cache_off).
+    loads = 3 if any(ln.strip().startswith("ckptio load, cold, read cache off") for ln in lines) else 2
+    assert f"verified: all {loads} loads returned exactly the saved bytes" in out
     assert "cold cache: posix_fadvise(DONTNEED)" in out
     # Not a terminal: no progress bar.
     assert "\r" not in r.stderr and "\033[" not in r.stderr
     # The temporary directory is gone.
     assert list(disk_dir.iterdir()) == []
+
+
+@pytest.mark.parametrize("read_cache", ["on", "off"])
+def test_bench_read_cache_off(disk_dir, read_cache):
+    """Where the read policy reads the cold load through the page cache (forced here with CKPTIO_READ_CACHE=on),
+    bench loads it cold once more with the policy off, all O_DIRECT, against the O_DIRECT ceiling, and says
+    why; where the cold load is O_DIRECT already (the policy off), it does not."""
+    r = run("bench", "--size", "8M", "--tensors", "4", "--dir", disk_dir, timeout=300,
+            env={"CKPTIO_READ_CACHE": read_cache})
+    assert r.returncode == 0, r.stderr
+    lines = r.stdout.splitlines()
+    extra = [ln for ln in lines if ln.strip().startswith("ckptio load, cold, read cache off")]
+    if read_cache == "on":
+        assert len(extra) == 1 and extra[0].rstrip().endswith("raw read, O_DIRECT, cold"), extra
+        assert "load cold 0% (read cache off: 100%)" in r.stdout
+        assert "the cold load read through the page cache: the read policy caches a file" in r.stdout
+        assert "verified: all 3 loads returned exactly the saved bytes" in r.stdout
+        doc = json.loads(run("bench", "--size", "4M", "--tensors", "2", "--dir", disk_dir, "--json", timeout=300,
+                             env={"CKPTIO_READ_CACHE": "on"}).stdout)
+        res = doc["results"]
+        assert list(res)[-2:] == ["ckptio_load_cold_direct", "ckptio_load_warm"]
+        cold, direct = res["ckptio_load_cold"]["engine_stats"], res["ckptio_load_cold_direct"]["engine_stats"]
+        assert cold["bytes_direct"] == 0 and cold["bytes_buffered"] >= 4 << 20
+        assert direct["bytes_direct"] >= 4 << 20 and direct["bytes_buffered"] < direct["bytes_direct"]
+        assert res["ckptio_load_cold_direct"]["ceiling"] == "raw_read_direct_cold"
+        assert doc["loads_verified"] == 3
+    else:
+        assert extra == [] and "load cold 100%, load warm" in r.stdout
+        assert "the cold load read through the page cache" not in r.stdout
+        assert "verified: all 2 loads returned exactly the saved bytes" in r.stdout
 
 
 def test_bench_json_and_keep(disk_dir):
@@ -382,12 +414,14 @@ def test_bench_json_and_keep(disk_dir):
     assert r.returncode == 0, r.stderr
     doc = json.loads(r.stdout)
     assert doc["size_bytes"] == 4 << 20 and doc["tensors"] == 2 and doc["tensor_bytes"] == 2 << 20
-    assert doc["repeat"] == 2 and doc["loads_verified"] == 4
+    res = doc["results"]
+    direct_row = "ckptio_load_cold_direct" in res  # the read policy cached the cold load (test_bench_read_cache_off)
+    assert doc["repeat"] == 2 and doc["loads_verified"] == (6 if direct_row else 4)
     assert doc["raw"] == {"threads": 2, "block_bytes": 8 << 20, "write_direct": True, "read_direct": True}
     assert doc["engine"]["backend"] in ("pread", "io_uring")
-    res = doc["results"]
-    assert list(res) == ["raw_write_direct", "raw_read_direct_cold", "raw_read_buffered_cold",
-                         "raw_read_page_cache", "ckptio_save", "ckptio_load_cold", "ckptio_load_warm"]
+    assert [k for k in res if k != "ckptio_load_cold_direct"] == [
+        "raw_write_direct", "raw_read_direct_cold", "raw_read_buffered_cold", "raw_read_page_cache", "ckptio_save",
+        "ckptio_load_cold", "ckptio_load_warm"]
     for key, row in res.items():
         assert row["gbps"] > 0 and len(row["seconds_each"]) == 2, key
         assert row["seconds"] == pytest.approx(sum(row["seconds_each"]) / 2, rel=1e-3)
