@@ -46,7 +46,7 @@ typedef struct bench_run {
     const char *fs_note;      /* NULL, or why the directory is not a disk */
     /* the engine as it ran */
     const char *backend;
-    int64_t threads, chunk_bytes, direct;
+    int64_t threads, chunk_bytes, direct, read_cache;
     /* what happened */
     unsigned done;            /* repetitions completed */
     double seconds[BENCH_ROW_COUNT][BENCH_MAX_REPEAT];

@@ -34,6 +34,17 @@ const char *bench_row_label(const bench_run *run, bench_row row) {
     }
 }
 
+/* The engine's O_DIRECT and read-cache settings by name ("?" when unknown). */
+static const char *direct_name(const bench_run *run) {
+    static const char *const names[] = {"auto", "off", "on"}; /* CKPTIO_DIRECT_AUTO, _OFF, _ON */
+    return run->direct >= 0 && run->direct <= 2 ? names[run->direct] : "?";
+}
+
+static const char *read_cache_name(const bench_run *run) {
+    static const char *const names[] = {"auto", "on", "off"}; /* CKPTIO_READ_CACHE_AUTO, _ON, _OFF */
+    return run->read_cache >= 0 && run->read_cache <= 2 ? names[run->read_cache] : "?";
+}
+
 static int cmp_double(const void *a, const void *b) {
     double x = *(const double *)a, y = *(const double *)b;
     return (x > y) - (x < y);
@@ -81,13 +92,12 @@ void bench_print_table(const bench_run *run, FILE *out) {
     cli_format_bytes(run->tensor_bytes, tsize, sizeof tsize);
     cli_format_bytes(run->raw_block, block, sizeof block);
     cli_format_bytes((uint64_t)(run->chunk_bytes > 0 ? run->chunk_bytes : 0), chunk, sizeof chunk);
-    static const char *const direct_names[] = {"auto", "off", "on"};
-    const char *direct = run->direct >= 0 && run->direct <= 2 ? direct_names[run->direct] : "?";
 
     fprintf(out, "ckptio bench: %s in %u BF16 tensors of %s, %s%u run%s, in %s\n", size, run->tensors, tsize,
             run->done > 1 ? "median of " : "", run->done, run->done == 1 ? "" : "s", cli_q(run->dir));
-    fprintf(out, "engine: %s backend, %lld threads, direct %s, chunk %s; raw: %u threads, %s blocks\n",
-            run->backend ? run->backend : "?", (long long)run->threads, direct, chunk, run->raw_threads, block);
+    fprintf(out, "engine: %s backend, %lld threads, direct %s, read cache %s, chunk %s; raw: %u threads, %s blocks\n",
+            run->backend ? run->backend : "?", (long long)run->threads, direct_name(run), read_cache_name(run), chunk,
+            run->raw_threads, block);
     fprintf(out, "cold cache: %s; at most %.1f%% of a file still cached after a drop\n", run->cache_method,
             100.0 * run->resident_after_drop);
     if (run->fs_note != NULL) fprintf(out, "note: %s\n", run->fs_note);
@@ -128,9 +138,11 @@ void bench_print_table(const bench_run *run, FILE *out) {
             100.0 * run->resident_before_warm);
     if (run->cold_direct)
         fprintf(out,
-                "the cold load read through the page cache: the read policy caches a file that fits in a quarter "
-                "of\nthe memory available, so its next load is a warm one; \"read cache off\" is the same load "
-                "with\nCKPTIO_READ_CACHE=off (docs/ENGINE.md, read policy)\n");
+                "the cold load read through the page cache: %s, so its next load is a warm one;\n\"read cache "
+                "off\" is the same load with CKPTIO_READ_CACHE=off (docs/ENGINE.md, read policy)\n",
+                run->read_cache == CKPTIO_READ_CACHE_ON
+                    ? "CKPTIO_READ_CACHE=on reads every cold file\nthrough the page cache"
+                    : "the read policy caches a file that fits in a quarter of\nthe memory available");
     fprintf(out, "verified: all %u loads returned exactly the saved bytes\n", run->loads_verified);
 }
 
@@ -175,7 +187,6 @@ int bench_print_json(const bench_run *run, FILE *out) {
     json_t *root = json_object();
     if (root == NULL) oom = true;
     else {
-        static const char *const direct_names[] = {"auto", "off", "on"};
         set(root, "version", json_string(ckptio_version()), &oom);
         set(root, "size_bytes", json_integer((json_int_t)run->size), &oom);
         set(root, "tensors", json_integer(run->tensors), &oom);
@@ -188,8 +199,8 @@ int bench_print_json(const bench_run *run, FILE *out) {
             set(eng, "backend", json_string(run->backend ? run->backend : "?"), &oom);
             set(eng, "threads", json_integer(run->threads), &oom);
             set(eng, "chunk_bytes", json_integer(run->chunk_bytes), &oom);
-            set(eng, "direct", json_string(run->direct >= 0 && run->direct <= 2 ? direct_names[run->direct] : "?"),
-                &oom);
+            set(eng, "direct", json_string(direct_name(run)), &oom);
+            set(eng, "read_cache", json_string(read_cache_name(run)), &oom);
         }
         set(root, "engine", eng, &oom);
         json_t *raw = json_object();

@@ -229,24 +229,20 @@ static int drop(bench_ctx *ctx, const char *path) {
  * read policy chose to (DIRECT=auto, a file on a disk, the policy not off):
  * then O_DIRECT is measured too, or a reader comparing the cold load with
  * the O_DIRECT ceiling would see only the policy's price. */
-static bool cold_load_was_cached(bench_ctx *ctx) {
-    const bench_run *run = ctx->run;
+static bool cold_load_was_cached(const bench_run *run) {
     const bench_phase_stats *cold = &run->phase[BENCH_LOAD_COLD];
-    int64_t read_cache = CKPTIO_READ_CACHE_AUTO;
-    if (ckptio_engine_get(ctx->engine, CKPTIO_OPT_READ_CACHE, &read_cache) != CKPTIO_OK) return false;
-    return run->direct == CKPTIO_DIRECT_AUTO && run->fs_note == NULL && read_cache != CKPTIO_READ_CACHE_OFF &&
+    return run->direct == CKPTIO_DIRECT_AUTO && run->fs_note == NULL &&
+           (run->read_cache == CKPTIO_READ_CACHE_AUTO || run->read_cache == CKPTIO_READ_CACHE_ON) &&
            cold->bytes_buffered > cold->bytes_direct;
 }
 
 /* The cold load again with the read policy off (CKPTIO_READ_CACHE=off),
- * the engine's setting restored afterwards. */
+ * the engine's setting (run->read_cache) restored afterwards. */
 static int load_cold_direct(bench_ctx *ctx, unsigned rep) {
-    int64_t read_cache = CKPTIO_READ_CACHE_AUTO;
-    ckptio_status st = ckptio_engine_get(ctx->engine, CKPTIO_OPT_READ_CACHE, &read_cache);
-    if (st == CKPTIO_OK) st = ckptio_engine_set(ctx->engine, CKPTIO_OPT_READ_CACHE, CKPTIO_READ_CACHE_OFF);
+    ckptio_status st = ckptio_engine_set(ctx->engine, CKPTIO_OPT_READ_CACHE, CKPTIO_READ_CACHE_OFF);
     if (st != CKPTIO_OK) return cli_error_lib(NULL, st), -1;
     int rc = drop(ctx, ctx->st_path) != 0 || phase_load(ctx, BENCH_LOAD_COLD_DIRECT, rep) != 0 ? -1 : 0;
-    st = ckptio_engine_set(ctx->engine, CKPTIO_OPT_READ_CACHE, read_cache);
+    st = ckptio_engine_set(ctx->engine, CKPTIO_OPT_READ_CACHE, ctx->run->read_cache);
     if (st != CKPTIO_OK) return cli_error_lib(NULL, st), -1;
     return rc;
 }
@@ -282,7 +278,7 @@ static int one_repetition(bench_ctx *ctx, unsigned rep) {
     if (bench_prime_cache(ctx->st_path, &resident) != 0) return -1;
     if (rep == 0 || resident < run->resident_before_warm) run->resident_before_warm = resident;
     if (phase_load(ctx, BENCH_LOAD_WARM, rep) != 0) return -1;
-    if (rep == 0) run->cold_direct = cold_load_was_cached(ctx);
+    if (rep == 0) run->cold_direct = cold_load_was_cached(run);
     if (run->cold_direct && load_cold_direct(ctx, rep) != 0) return -1;
     if (cli_interrupted) return cli_error("interrupted"), -1;
     return 0;
@@ -317,6 +313,7 @@ static void describe_engine(bench_ctx *ctx) {
     if (ckptio_engine_get(ctx->engine, CKPTIO_OPT_THREADS, &run->threads) != CKPTIO_OK) run->threads = -1;
     if (ckptio_engine_get(ctx->engine, CKPTIO_OPT_CHUNK_BYTES, &run->chunk_bytes) != CKPTIO_OK) run->chunk_bytes = -1;
     if (ckptio_engine_get(ctx->engine, CKPTIO_OPT_DIRECT, &run->direct) != CKPTIO_OK) run->direct = -1;
+    if (ckptio_engine_get(ctx->engine, CKPTIO_OPT_READ_CACHE, &run->read_cache) != CKPTIO_OK) run->read_cache = -1;
 }
 
 static int make_tensors(bench_ctx *ctx) {
@@ -365,7 +362,9 @@ static int run_bench(const bench_options *opt, bench_run *run) {
     bench_fill(ctx.src, run->size, 0xC4E7u);
     if (make_tensors(&ctx) != 0) goto out;
     if ((ctx.engine = cli_engine_create()) == NULL || configure_engine(&ctx, opt) != 0) goto out;
-
+    /* Before the repetitions, which decide by the settings (cold_load_was_cached) and restore them
+     * (load_cold_direct); after them again for the backend that ran (io_uring may have fallen back). */
+    describe_engine(&ctx);
     for (unsigned rep = 0; rep < run->repeat; rep++) {
         if (one_repetition(&ctx, rep) != 0) goto out;
         run->done = rep + 1;

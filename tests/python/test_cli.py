@@ -378,21 +378,23 @@ def test_bench_table(disk_dir):
     assert list(disk_dir.iterdir()) == []
 
 
-@pytest.mark.parametrize("read_cache", ["on", "off"])
-def test_bench_read_cache_off(disk_dir, read_cache):
+@pytest.mark.parametrize("read_cache,direct", [("on", "auto"), ("off", "auto"), ("auto", "off")])
+def test_bench_read_cache_off(disk_dir, read_cache, direct):
     """Where the read policy reads the cold load through the page cache (forced here with CKPTIO_READ_CACHE=on),
-    bench loads it cold once more with the policy off, all O_DIRECT, against the O_DIRECT ceiling, and says
-    why; where the cold load is O_DIRECT already (the policy off), it does not."""
-    r = run("bench", "--size", "8M", "--tensors", "4", "--dir", disk_dir, timeout=300,
-            env={"CKPTIO_READ_CACHE": read_cache})
+    bench loads it cold once more with the policy off, all O_DIRECT, against the O_DIRECT ceiling, says why, and
+    leaves the engine's setting as it was; where the cold load is O_DIRECT already (the policy off), or cannot be
+    (--direct off), it does not."""
+    r = run("bench", "--size", "8M", "--tensors", "4", "--dir", disk_dir, "--direct", direct, "--repeat", "2",
+            timeout=300, env={"CKPTIO_READ_CACHE": read_cache})
     assert r.returncode == 0, r.stderr
+    assert f", direct {direct}, read cache {read_cache}, chunk " in r.stdout.splitlines()[1]
     lines = r.stdout.splitlines()
     extra = [ln for ln in lines if ln.strip().startswith("ckptio load, cold, read cache off")]
     if read_cache == "on":
         assert len(extra) == 1 and extra[0].rstrip().endswith("raw read, O_DIRECT, cold"), extra
         assert "load cold 0% (read cache off: 100%)" in r.stdout
-        assert "the cold load read through the page cache: the read policy caches a file" in r.stdout
-        assert "verified: all 3 loads returned exactly the saved bytes" in r.stdout
+        assert "the cold load read through the page cache: CKPTIO_READ_CACHE=on reads every cold file" in r.stdout
+        assert "verified: all 6 loads returned exactly the saved bytes" in r.stdout
         doc = json.loads(run("bench", "--size", "4M", "--tensors", "2", "--dir", disk_dir, "--json", timeout=300,
                              env={"CKPTIO_READ_CACHE": "on"}).stdout)
         res = doc["results"]
@@ -401,11 +403,11 @@ def test_bench_read_cache_off(disk_dir, read_cache):
         assert cold["bytes_direct"] == 0 and cold["bytes_buffered"] >= 4 << 20
         assert direct["bytes_direct"] >= 4 << 20 and direct["bytes_buffered"] < direct["bytes_direct"]
         assert res["ckptio_load_cold_direct"]["ceiling"] == "raw_read_direct_cold"
-        assert doc["loads_verified"] == 3
+        assert doc["loads_verified"] == 3 and doc["engine"]["read_cache"] == "on"
     else:
-        assert extra == [] and "load cold 100%, load warm" in r.stdout
+        assert extra == [] and f"load cold {100 if direct == 'auto' else 0}%, load warm" in r.stdout
         assert "the cold load read through the page cache" not in r.stdout
-        assert "verified: all 2 loads returned exactly the saved bytes" in r.stdout
+        assert "verified: all 4 loads returned exactly the saved bytes" in r.stdout
 
 
 def test_bench_json_and_keep(disk_dir):
