@@ -391,46 +391,6 @@ static ckptio_status cuda_wait_word(void *stream, volatile uint32_t *word, uint3
     return CKPTIO_OK;
 }
 
-/* Whether `device` can page-lock read-only memory (a PROT_READ file
- * mapping): asked once per device. 1 yes, -1 no, 0 not asked yet. */
-static _Atomic int read_only_register[MAX_DEVICES];
-
-static bool read_only_register_supported(const ckptio__cuda_api *cu, int device) {
-    if (device < 0 || device >= MAX_DEVICES) return false;
-    int known = atomic_load(&read_only_register[device]);
-    if (!known) {
-        CUdevice dev;
-        int value = 0;
-        if (cu->cuDeviceGet(&dev, device) != CUDA_SUCCESS ||
-            cu->cuDeviceGetAttribute(&value, CU_DEVICE_ATTRIBUTE_READ_ONLY_HOST_REGISTER_SUPPORTED, dev) !=
-                CUDA_SUCCESS)
-            value = 0;
-        known = value ? 1 : -1;
-        atomic_store(&read_only_register[device], known);
-    }
-    return known > 0;
-}
-
-static ckptio_status cuda_host_register(int device, void *ptr, size_t bytes) {
-    const ckptio__cuda_api *cu;
-    CKPTIO_FORWARD(need_api(&cu));
-    if (!cu->cuMemHostRegister || !cu->cuMemHostUnregister)
-        return CKPTIO_FAIL(CKPTIO_E_UNSUPPORTED, "the CUDA driver lacks cuMemHostRegister_v2/cuMemHostUnregister");
-    if (!read_only_register_supported(cu, device))
-        return CKPTIO_FAIL(CKPTIO_E_UNSUPPORTED,
-                           "CUDA device %d cannot register read-only host memory "
-                           "(CU_DEVICE_ATTRIBUTE_READ_ONLY_HOST_REGISTER_SUPPORTED is 0)",
-                           device);
-    CUresult r = cu->cuMemHostRegister(ptr, bytes, CU_MEMHOSTREGISTER_READ_ONLY);
-    if (r != CUDA_SUCCESS) return CKPTIO_CUDA_FAIL(r, "cuMemHostRegister(%p, %zu bytes, READ_ONLY)", ptr, bytes);
-    return CKPTIO_OK;
-}
-
-static void cuda_host_unregister(void *ptr) {
-    const ckptio__cuda_api *cu = ckptio__cuda_try();
-    if (cu && cu->cuMemHostUnregister && ptr) cu->cuMemHostUnregister(ptr);
-}
-
 static bool cuda_event_done(void *event) {
     const ckptio__cuda_api *cu = ckptio__cuda_try();
     return !cu || cu->cuEventQuery((CUevent)event) != CUDA_ERROR_NOT_READY;
@@ -461,8 +421,6 @@ static const ckptio__gpu_ops cuda_ops = {
     .h2d_2d_async = cuda_h2d_2d,
     .d2h_2d_async = cuda_d2h_2d,
     .stream_wait_word = cuda_wait_word,
-    .host_register = cuda_host_register,
-    .host_unregister = cuda_host_unregister,
 };
 
 const ckptio__gpu_ops *ckptio__gpu_cuda_ops(void) { return &cuda_ops; }

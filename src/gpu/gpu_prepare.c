@@ -78,7 +78,7 @@ ckptio_status ckptio__gpu_prepare(ckptio_engine *engine, const ckptio__gpu_ops *
     /* A transfer running now pins what it needs itself. Slots of another
      * size are left alone: freeing pinned memory synchronises the device. */
     bool start = false;
-    const unsigned slots = ckptio__gpu_read_slots();
+    const unsigned slots = CKPTIO_GPU_READ_SLOTS;
     if (pthread_mutex_trylock(&st->lock) == 0) {
         /* Every slot already pinned (a server calling it before each load): no thread. */
         start = st->slot_bytes != slot || ckptio__gpu_pinned_slots(st, workers, slots) < workers * slots;
@@ -87,7 +87,7 @@ ckptio_status ckptio__gpu_prepare(ckptio_engine *engine, const ckptio__gpu_ops *
             else ckptio__gpu_state_set_slot_bytes(st, slot); /* none pinned: frees nothing */
         }
         if (start) {
-            st->huge_slots = ckptio__gpu_huge_slots((uint64_t)workers * slots * slot);
+            st->huge_slots = ckptio__gpu_huge_slots(engine, (uint64_t)workers * slots * slot);
             ckptio__gpu_slot_range_ready(st);
         }
         pthread_mutex_unlock(&st->lock);
