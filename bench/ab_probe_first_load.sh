@@ -7,7 +7,7 @@
 #
 # VARIANT is NAME=VENV or NAME=VENV:VAR=VALUE[,VAR=VALUE...]: the ckptio installed in the virtual environment
 # VENV (scripts/install_wheel.sh WHEEL VENV), with those environment variables, e.g.
-#   old=/tmp/old new=/tmp/new pair=/tmp/new:CKPTIO_TRIAL_PIN_TOGETHER=1
+#   old=/tmp/old new=/tmp/new pair=/tmp/new:CKPTIO_TEST_PIN_TOGETHER=1
 # Each round runs every variant once, the order rotated by one each round. Per load: a line on stdout and a
 # JSON line {"case": TAG, "round", "variant", "row": probe_first_load.py's output} appended to
 # $OUT/ab_probe.jsonl (OUT default .). At the end, per variant: the first loads' median GB/s and range, and

@@ -7,13 +7,13 @@ Measured in the same run, same file system:
   peers      torch.save / torch.load(map_location=cuda), torch.load(mmap=True)+.cuda(),
              safetensors save_file / load_file(device=cuda), torch DCP (thread_count 8 only, to
              keep the run short), torch.cuda.gds.GdsFile (expected to fail without nvidia-fs)
-  ckptio     through ctypes over libckptio.so (CKPTIO_LIB): safetensors save from GPU (atomic,
+  ckptio     through ctypes over libckptio.so (CKPTIO_TEST_LIB): safetensors save from GPU (atomic,
              fsynced) and load to GPU cold and warm; the same bytes as one raw plan; the GDS API;
              and the ckptio Python package (`import ckptio`: save/load in safetensors and
              torch.save formats) when it is importable
 Save = write + fsync; cold = page cache dropped (needs root); warm = file in page cache.
 Slow peers run once (cold then warm); ckptio runs twice and the better run counts.
-Env: SIZE_GIB (8), DIR (/tmp/ckptio-bench), CKPTIO_LIB, OUT (writes bench_gpu.json there).
+Env: SIZE_GIB (8), DIR (/tmp/ckptio-bench), CKPTIO_TEST_LIB, OUT (writes bench_gpu.json there).
 """
 import ctypes, glob, json, os, shutil, subprocess, threading, time, mmap
 
@@ -373,7 +373,7 @@ class Ckptio:
 
 
 def run_ckptio():
-    libpath = os.environ.get("CKPTIO_LIB", "")
+    libpath = os.environ.get("CKPTIO_TEST_LIB", "")
     if not libpath:
         for cand in ("build-gpu/lib/libckptio.so", "build/libckptio.so"):
             if os.path.exists(cand):

@@ -501,7 +501,8 @@ def main():
                        "--format=csv,noheader; nproc; free -g | head -2; df -hT /var/tmp /dev/shm | tail -2",
                        shell=True, capture_output=True, text=True).stdout)
     import ckptio
-    log("ckptio", ckptio.__version__, ckptio.__file__, "CKPTIO_PINNED =", os.environ.get("CKPTIO_PINNED", "alloc"))
+    log("ckptio", ckptio.__version__, ckptio.__file__, "CKPTIO_TEST_PINNED =",
+        os.environ.get("CKPTIO_TEST_PINNED", "alloc"))
     from safetensors.torch import load_file
     reference = {}
     for f in files:
@@ -509,7 +510,7 @@ def main():
     ceiling_h2d()
     meta = {"date": time.strftime("%Y-%m-%d"), "gpu": torch.cuda.get_device_name(0), "torch": torch.__version__,
             "model_bytes": nbytes, "shards": len(files), "command": " ".join(sys.argv),
-            "pinned": os.environ.get("CKPTIO_PINNED", "alloc")}
+            "pinned": os.environ.get("CKPTIO_TEST_PINNED", "alloc")}
 
     def dump():
         with open(os.path.join(OUT, os.environ.get("BENCH_JSON", "bench_model_gpu.json")), "w") as f:

@@ -25,7 +25,7 @@ import torch
 import ckptio
 from conftest import CKPTIO_CLI, REPO
 
-pytestmark = pytest.mark.skipif(CKPTIO_CLI is None, reason="ckptio binary not built (set CKPTIO_BUILD_DIR)")
+pytestmark = pytest.mark.skipif(CKPTIO_CLI is None, reason="ckptio binary not built (set CKPTIO_TEST_BUILD_DIR)")
 
 
 def run(*args, env=None):
@@ -186,7 +186,7 @@ def test_overlapping_zip_records_are_refused(tmp_path):
 
 
 def _shim():
-    build = Path(os.environ.get("CKPTIO_BUILD_DIR", REPO / "build"))
+    build = Path(os.environ.get("CKPTIO_TEST_BUILD_DIR", REPO / "build"))
     shim = build / "libckptio_test_truncate_shim.so"
     if not shim.is_file():
         pytest.skip("tests/shim/truncate_on_create.c not built")
