@@ -870,16 +870,14 @@ CKPTIO_API ckptio_status ckptio_engine_gpu_path(ckptio_engine *engine, ckptio_io
  * engine's loads to CUDA device `device` will use (the engine keeps it for
  * later transfers; 2 slots of up to 4 MiB per worker thread: 128 MiB with
  * 16), and returns at once.
- * A process's first load otherwise pins it as it goes (0.55-0.61 s per GiB;
- * docs/GPU.md): a model server calls this while it builds its model, so
- * the load that follows starts with its staging ready. The driver pins and
- * allocates device memory one at a time: GPU allocations made meanwhile
- * wait for the pinning (on an H200, tensors allocated right after this
- * call took 49-85 ms instead of 5-7), so call it ahead of work that does not
- * allocate GPU memory. A transfer that starts meanwhile stops the pinning
- * and pins the rest itself; an error
- * while pinning ends it silently (the transfer that needs the memory
- * reports it). Slots of another size (after a save with checksums) are
+ * A process's first load otherwise pins it as it goes, which slows it
+ * (docs/GPU.md#pinning-on-demand): a model server calls this while it
+ * builds its model, so the load that follows starts with its staging
+ * ready. The driver pins and allocates device memory one at a time: GPU
+ * allocations made meanwhile wait for the pinning, so call it ahead of work
+ * that does not allocate GPU memory. A transfer that starts meanwhile stops
+ * the pinning and pins the rest itself; an error while pinning ends it
+ * silently (the transfer that needs the memory reports it). Slots of another size (after a save with checksums) are
  * kept, and nothing is pinned then. The engine's destruction waits for the
  * thread. Thread-safe.
  * @return CKPTIO_OK; CKPTIO_E_INVAL (NULL engine, negative device), the

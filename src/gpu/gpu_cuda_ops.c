@@ -126,30 +126,27 @@ static ckptio_status cuda_mem_info(int device, uint64_t *free_bytes, uint64_t *t
 
 /* Pinned staging is anonymous memory that the kernel fills in one go
  * (MAP_POPULATE) and the driver then page-locks (cuMemHostRegister), rather
- * than cuMemHostAlloc: on an H200 host a process's first load from the page
- * cache ran at 42-44 GB/s this way against 39-40 with cuMemHostAlloc, though
- * pinning alone costs about the same either way (BENCHMARKS.md, "The first
- * load in a process, again"); our reading is that the driver is held for
- * less of the time the load's copies need it when the pages already exist
- * before the call. The page before
- * the slot holds the mapping's address and length for the free. MADV_DONTFORK: a child
- * forked later (a DataLoader worker) neither inherits nor copies it; it
- * cannot use CUDA anyway. Where the driver cannot register host memory, the
- * process uses cuMemHostAlloc from its first allocation on.
+ * than cuMemHostAlloc: a process's first load runs faster this way, though
+ * pinning alone costs about the same; our reading is that the driver is
+ * held for less of the time the load's copies need it when the pages
+ * already exist before the call (docs/GPU.md#how-the-memory-is-pinned).
+ * The page before the slot holds the mapping's address and length for the
+ * free. MADV_DONTFORK: a child forked later (a DataLoader worker) neither
+ * inherits nor copies it; it cannot use CUDA anyway. Where the driver
+ * cannot register host memory, the process uses cuMemHostAlloc from its
+ * first allocation on.
  * Huge slots (`huge`, the default where ckptio__gpu_huge_slots allows):
  * the slot starts on a 2 MiB boundary of a larger reservation and is
  * advised MADV_HUGEPAGE before it is faulted in (ckptio__slot_range_fill),
- * so that the driver pins 2 MiB pages. Measured (docs/GPU.md): first loads
- * 49.1 GB/s against 47.7 on an H200, 46.3 against 44.7 on an H100 (5 rounds
- * alternating; the host's thp_fault_alloc rose by 64 per process, 128 MiB
- * of huge pages), later loads level. The guard: with THP's defrag in
- * madvise mode a fault in an advised range that finds no free 2 MiB block
- * compacts memory first, a stall a busy host would pay on its first load;
- * so the pipeline asks for huge slots only while THP is enabled and the
- * kernel's free blocks of 2 MiB and more cover twice what the call may pin
- * (src/io/huge_pages.c). CKPTIO_GPU_HUGE_SLOTS=0 turns them off, =1 forces
- * them. Where the kernel gives no huge page, the advice is ignored and the
- * slot is on 4 KiB pages, filled all the same.
+ * so that the driver pins 2 MiB pages, which makes first loads faster
+ * (docs/GPU.md#huge-page-slots). The guard: with THP's defrag in madvise
+ * mode a fault in an advised range that finds no free 2 MiB block compacts
+ * memory first, a stall a busy host would pay on its first load; so the
+ * pipeline asks for huge slots only while THP is enabled and the kernel's
+ * free blocks of 2 MiB and more cover twice what the call may pin
+ * (src/io/huge_pages.c), unless the engine's CKPTIO_OPT_GPU_HUGE_SLOTS says
+ * off or on. Where the kernel gives no huge page, the advice is ignored and
+ * the slot is on 4 KiB pages, filled all the same.
  * The pipeline's slots are made this way (one mapping each) only where no
  * range could be reserved for them or the driver refused a slot there:
  * gpu_staging.c places them in one reserved range and pins them with

@@ -20,8 +20,9 @@
  * host plans. A window's two or three operations (aligned body, buffered
  * head and tail) are in flight together on io_uring, one after the other
  * on pread, where the common window is a single pread into the slot.
- * In BACKEND=AUTO the stage uses pread: the GPU loads were measured with it
- * (docs/GPU.md); BACKEND=io_uring or pread applies as set.
+ * In BACKEND=AUTO the stage uses pread, the backend the GPU loads were
+ * tuned with (docs/GPU.md#file-stage); BACKEND=io_uring or pread applies as
+ * set.
  *
  * Progress and cancel: workers count the extents' bytes of each window
  * they finish (holes a read spans are not counted); the calling thread reports them through the engine's progress
@@ -417,9 +418,9 @@ typedef struct read_slot {
 /* The pinned slots a read worker rotates through, the one holding its
  * oldest copies first (one stream per worker: its copies complete in order).
  * A worker starts with the slots it has and pins another only when that
- * oldest one is still copying, so a process's first load pins (~0.6 s per
- * GiB, slowing the copies beside it) when the pipeline would otherwise
- * wait, not before its copies start. */
+ * oldest one is still copying, so a process's first load pins (slow, and
+ * slowing the copies beside it: docs/GPU.md#pinning-on-demand) when the
+ * pipeline would otherwise wait, not before its copies start. */
 typedef struct slot_ring {
     unsigned order[CKPTIO_GPU_NSLOTS];
     unsigned n, pos, max;
@@ -469,11 +470,9 @@ static ckptio_status read_into(pipe *p, file_stage *fs, const window *w, unsigne
  * holds the pinning lock, `w` is read into the slot's pages, faulted in but
  * not yet pinned, before this worker waits for the lock (*read true): a
  * process's first load has its workers pin their first slots one after
- * another, each registration ~0.35 ms beside the others' copies (H100 host,
- * fifteenth session), and the read (~0.9 ms) then runs during that wait
- * instead of after it. The registration keeps the bytes in the pages.
- * Measured (two H200 hosts, sixteenth session): first loads from tmpfs
- * +0.6-1.2 GB/s median, from the page cache level. */
+ * another, and the read, longer than a registration, then runs during that
+ * wait instead of after it. The registration keeps the bytes in the pages
+ * (docs/GPU.md#pinning-on-demand). */
 static ckptio_status first_slot(pipe *p, unsigned index, file_stage *fs, slot_ring *q, const window *w,
                                 uint64_t used, unsigned *out, bool *read) {
     *read = false;
@@ -705,7 +704,7 @@ ckptio_status ckptio__gpu_pipeline_run_observed(ckptio_engine *engine, const ckp
     if ((st = ckptio__gpu_plan_windows(&p.plan, window_bytes, obs ? obs->block : 0)) != CKPTIO_OK) goto out;
     if (nworkers > p.plan.nwin) nworkers = (unsigned)p.plan.nwin;
     /* The file stage: AUTO keeps pread, the backend the GPU loads were
-     * measured with (docs/GPU.md); a backend set explicitly applies. */
+     * tuned with (docs/GPU.md#file-stage); a backend set explicitly applies. */
     p.backend_forced = ckptio__engine_setting(engine, CKPTIO_OPT_BACKEND) == CKPTIO_BACKEND_IO_URING;
     p.backend = p.backend_forced ? &ckptio__backend_io_uring : &ckptio__backend_pread;
     p.depth = 1;
@@ -720,9 +719,10 @@ ckptio_status ckptio__gpu_pipeline_run_observed(ckptio_engine *engine, const ckp
     locked = true;
     ckptio__gpu_state_set_slot_bytes(p.st, (size_t)slot);
     /* What this call may pin: each worker's slots (a read's rotate through
-     * read_slots, a write's through all). Only when some are missing: the
-     * decision reads /proc (~13 us), which a stream of small GDS requests
-     * on pinned slots should not pay each time. Still the caller's thread. */
+     * CKPTIO_GPU_READ_SLOTS, a write's through all). Only when some are
+     * missing: the decision reads /proc, which a stream of small GDS
+     * requests on pinned slots should not pay each time. Still the caller's
+     * thread. */
     const unsigned worker_slots = dir == CKPTIO_READ ? CKPTIO_GPU_READ_SLOTS : CKPTIO_GPU_NSLOTS;
     if (ckptio__gpu_pinned_slots(p.st, nworkers, worker_slots) < nworkers * worker_slots) {
         p.st->huge_slots = ckptio__gpu_huge_slots(engine, (uint64_t)nworkers * worker_slots * slot);

@@ -36,10 +36,9 @@ static void *prepare_main(void *arg) {
     const ckptio__gpu_ops *ops = job.ops;
     if (ops->ctx_enter(job.device) != CKPTIO_OK) return NULL;
     /* The kernel's part first, for every slot at once and side by side: the
-     * registrations below then take the driver for 3-6 ms in all rather than
-     * this thread taking 20-33 ms (bench/probe_pin.c, H200), during which a
-     * caller's cudaMallocs wait (prepare_gpu right before a load made them
-     * take 27-34 ms, not 5). */
+     * registrations below then hold the driver for a fraction of the time
+     * this thread would take alone, and a caller's cudaMallocs wait for the
+     * driver meanwhile (docs/GPU.md#pinning-on-demand). */
     if (!lock_for_next_step(st)) goto out;
     /* Slots of another size by now (a transfer ran in between): left alone, as below. */
     if (st->slot_bytes == job.slot && st->ops == ops) ckptio__gpu_slots_prefill(st, job.workers, job.slots);
