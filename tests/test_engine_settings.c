@@ -384,7 +384,12 @@ static bool has_line(const char *text, const char *line) {
  * every variable row there is one of them. */
 static void test_docs_list_every_setting(void) {
     size_t len = 0;
-    char *docs = t_read_file(t_data_path("../../docs", "ENGINE.md"), &len);
+    char *bytes = t_read_file(t_data_path("../../docs", "ENGINE.md"), &len);
+    char *docs = malloc(len + 1); /* t_read_file's bytes are not a string */
+    T_ASSERT(docs);
+    memcpy(docs, bytes, len);
+    docs[len] = '\0';
+    free(bytes);
     char rows[CKPTIO_OPT_COUNT_ + 16][512];
     size_t nrows = 0;
     for (int o = 0; o < CKPTIO_OPT_COUNT_; o++)

@@ -1,7 +1,6 @@
 /*
- * engine.c - ckptio_engine: lifetime, ckptio_engine_set/get over the
- * settings table (settings.c), statistics, progress, and the hooks the GPU
- * layer uses.
+ * engine.c - ckptio_engine: lifetime (its settings come from settings.c),
+ * statistics, progress, and the hooks the GPU layer uses.
  */
 #include "engine_private.h"
 
@@ -9,36 +8,6 @@
 
 /* Progress callbacks come at most this often (plus first and last). */
 #define CKPTIO_PROGRESS_INTERVAL 0.010
-
-/* Resolves AUTO and checks a forced backend; stores the result. */
-static ckptio_status resolve_backend(ckptio_engine *e, int64_t value) {
-    const char *why = "";
-    const int err = ckptio__io_uring_probe(&why);
-    if (value == CKPTIO_BACKEND_IO_URING && err)
-        return CKPTIO_FAIL_CTX(CKPTIO_E_UNSUPPORTED,
-                               &((ckptio__err_ctx){.operation = "io_uring_queue_init", .file_offset = -1,
-                                                   .sys_errno = err}),
-                               "the io_uring backend was requested but cannot run: %s", why);
-    e->backend = value == CKPTIO_BACKEND_PREAD || err ? CKPTIO_BACKEND_PREAD : CKPTIO_BACKEND_IO_URING;
-    return CKPTIO_OK;
-}
-
-ckptio_status ckptio_engine_set(ckptio_engine *e, ckptio_option option, int64_t value) {
-    CKPTIO_RETURN_IF(!e, CKPTIO_E_INVAL, "ckptio_engine_set: engine is NULL");
-    CKPTIO_FORWARD(ckptio__setting_check(option, value));
-    if (option == CKPTIO_OPT_BACKEND) CKPTIO_FORWARD(resolve_backend(e, value));
-    e->settings[option] = value;
-    return CKPTIO_OK;
-}
-
-ckptio_status ckptio_engine_get(const ckptio_engine *e, ckptio_option option, int64_t *value) {
-    CKPTIO_RETURN_IF(!e || !value, CKPTIO_E_INVAL, "ckptio_engine_get: engine and value are required");
-    CKPTIO_RETURN_IF((unsigned)option >= CKPTIO_OPT_COUNT_, CKPTIO_E_INVAL, "unknown engine option %d", (int)option);
-    *value = e->settings[option];
-    return CKPTIO_OK;
-}
-
-int64_t ckptio__engine_setting(const ckptio_engine *e, ckptio_option option) { return e->settings[option]; }
 
 static void engine_file_ref(ckptio_engine *e, int delta) {
     if (e) atomic_fetch_add(&e->open_files, delta);
@@ -60,9 +29,7 @@ ckptio_status ckptio__engine_create(const ckptio__device_provider *device, ckpti
     e->device = device;
     pthread_mutex_init(&e->lock, NULL);
     atomic_init(&e->generation, ckptio__fork_generation());
-    ckptio__settings_defaults(e->settings);
-    ckptio_status st = resolve_backend(e, e->settings[CKPTIO_OPT_BACKEND]);
-    if (st == CKPTIO_OK) st = ckptio__settings_from_env(e);
+    ckptio_status st = ckptio__settings_init(e);
     if (st != CKPTIO_OK) {
         pthread_mutex_destroy(&e->lock);
         ckptio__free(e);
@@ -109,12 +76,6 @@ ckptio_status ckptio_engine_destroy(ckptio_engine *e) {
     if (e->gpu_state && e->gpu_state_destroy) e->gpu_state_destroy(e->gpu_state);
     pthread_mutex_destroy(&e->lock);
     ckptio__free(e);
-    return CKPTIO_OK;
-}
-
-ckptio_status ckptio_engine_backend(ckptio_engine *e, ckptio_backend *out) {
-    CKPTIO_RETURN_IF(!e || !out, CKPTIO_E_INVAL, "ckptio_engine_backend: engine and out are required");
-    *out = e->backend;
     return CKPTIO_OK;
 }
 

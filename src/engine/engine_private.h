@@ -102,15 +102,10 @@ const ckptio__variable *ckptio__variable_def(size_t i);
 /* The environment variable of a setting ("CKPTIO_THREADS"); `option` valid. */
 const char *ckptio__option_env(ckptio_option option);
 
-/* Fills values[0..CKPTIO_OPT_COUNT_) with the defaults. */
-void ckptio__settings_defaults(int64_t *values);
-
-/* CKPTIO_E_RANGE (error record set) unless `value` is within the setting's bounds. */
-ckptio_status ckptio__setting_check(ckptio_option option, int64_t value);
-
-/* Applies every setting's environment variable to `engine` (ckptio_engine_set);
- * a malformed or refused value fails, naming the variable. */
-ckptio_status ckptio__settings_from_env(ckptio_engine *engine);
+/* Gives a new engine its settings: the defaults, the backend they resolve
+ * to, then every setting's environment variable (a malformed or refused
+ * value fails, naming the variable). */
+ckptio_status ckptio__settings_init(ckptio_engine *engine);
 
 /* ---- the engine -------------------------------------------------------- */
 

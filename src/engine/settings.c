@@ -1,8 +1,9 @@
 /*
  * settings.c - the one table of ckptio's settings and what is derived from
  * it: defaults, bounds, names, the environment variables read when an
- * engine is created, ckptio_engine_set/get, and the list of names the
- * misspelling check (env_check.c) knows.
+ * engine is created, ckptio_engine_set/get (and the backend a setting
+ * resolves to), and the list of names the misspelling check (env_check.c)
+ * knows.
  *
  * Adding a setting: its value at the end of ckptio_option (ckptio.h) and
  * one ROW below; docs/ENGINE.md#5-settings then needs the row that
@@ -87,7 +88,7 @@ const ckptio__variable *ckptio__variable_def(size_t i) {
 
 const char *ckptio__option_env(ckptio_option option) { return settings[option].env; }
 
-void ckptio__settings_defaults(int64_t *values) {
+static void settings_defaults(int64_t *values) {
     for (int i = 0; i < CKPTIO_OPT_COUNT_; i++)
         values[i] = settings[i].compute ? settings[i].compute() : settings[i].def;
 }
@@ -116,7 +117,8 @@ ckptio_status ckptio_option_bounds(ckptio_option option, int64_t *min, int64_t *
     return CKPTIO_OK;
 }
 
-ckptio_status ckptio__setting_check(ckptio_option option, int64_t value) {
+/* CKPTIO_E_RANGE (error record set) unless `value` is within the setting's bounds. */
+static ckptio_status setting_check(ckptio_option option, int64_t value) {
     CKPTIO_RETURN_IF((unsigned)option >= CKPTIO_OPT_COUNT_, CKPTIO_E_INVAL, "unknown engine option %d", (int)option);
     const ckptio__setting *d = &settings[option];
     if (value < d->min || value > d->max)
@@ -187,7 +189,45 @@ static ckptio_status parse_error(const ckptio__setting *d, const char *text) {
     return CKPTIO_FAIL_CTX(CKPTIO_E_INVAL, &ctx, "\"%s\" is not %s", text, expect);
 }
 
-ckptio_status ckptio__settings_from_env(ckptio_engine *e) {
+/* Resolves AUTO and checks a forced backend; stores the result. */
+static ckptio_status resolve_backend(ckptio_engine *e, int64_t value) {
+    const char *why = "";
+    const int err = ckptio__io_uring_probe(&why);
+    if (value == CKPTIO_BACKEND_IO_URING && err)
+        return CKPTIO_FAIL_CTX(CKPTIO_E_UNSUPPORTED,
+                               &((ckptio__err_ctx){.operation = "io_uring_queue_init", .file_offset = -1,
+                                                   .sys_errno = err}),
+                               "the io_uring backend was requested but cannot run: %s", why);
+    e->backend = value == CKPTIO_BACKEND_PREAD || err ? CKPTIO_BACKEND_PREAD : CKPTIO_BACKEND_IO_URING;
+    return CKPTIO_OK;
+}
+
+ckptio_status ckptio_engine_set(ckptio_engine *e, ckptio_option option, int64_t value) {
+    CKPTIO_RETURN_IF(!e, CKPTIO_E_INVAL, "ckptio_engine_set: engine is NULL");
+    CKPTIO_FORWARD(setting_check(option, value));
+    if (option == CKPTIO_OPT_BACKEND) CKPTIO_FORWARD(resolve_backend(e, value));
+    e->settings[option] = value;
+    return CKPTIO_OK;
+}
+
+ckptio_status ckptio_engine_get(const ckptio_engine *e, ckptio_option option, int64_t *value) {
+    CKPTIO_RETURN_IF(!e || !value, CKPTIO_E_INVAL, "ckptio_engine_get: engine and value are required");
+    CKPTIO_RETURN_IF((unsigned)option >= CKPTIO_OPT_COUNT_, CKPTIO_E_INVAL, "unknown engine option %d", (int)option);
+    *value = e->settings[option];
+    return CKPTIO_OK;
+}
+
+int64_t ckptio__engine_setting(const ckptio_engine *e, ckptio_option option) { return e->settings[option]; }
+
+ckptio_status ckptio_engine_backend(ckptio_engine *e, ckptio_backend *out) {
+    CKPTIO_RETURN_IF(!e || !out, CKPTIO_E_INVAL, "ckptio_engine_backend: engine and out are required");
+    *out = e->backend;
+    return CKPTIO_OK;
+}
+
+/* Applies every setting's environment variable to `e` (ckptio_engine_set);
+ * a malformed or refused value fails, naming the variable. */
+static ckptio_status settings_from_env(ckptio_engine *e) {
     for (int i = 0; i < CKPTIO_OPT_COUNT_; i++) {
         const ckptio__setting *d = &settings[i];
         const char *text = getenv(d->env);
@@ -200,4 +240,10 @@ ckptio_status ckptio__settings_from_env(ckptio_engine *e) {
                                    ckptio_last_error_message());
     }
     return CKPTIO_OK;
+}
+
+ckptio_status ckptio__settings_init(ckptio_engine *e) {
+    settings_defaults(e->settings);
+    CKPTIO_FORWARD(resolve_backend(e, e->settings[CKPTIO_OPT_BACKEND]));
+    return settings_from_env(e);
 }
