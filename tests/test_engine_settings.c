@@ -269,20 +269,7 @@ static void test_env(void) {
  * as ctest's CKPTIO_TEST_DATA, which are never reported); returns
  * ckptio_env_check's text. */
 static const char *check_alone(const char *var, size_t *unknown) {
-    extern char **environ;
-    for (char **env = environ; *env;) {
-        if (strncmp(*env, "CKPTIO_", 7) != 0 || strncmp(*env, "CKPTIO_TEST_", 12) == 0) {
-            env++;
-            continue;
-        }
-        char name[256];
-        const size_t n = strcspn(*env, "=");
-        T_ASSERT(n < sizeof name);
-        memcpy(name, *env, n);
-        name[n] = '\0';
-        unsetenv(name);
-        env = environ;
-    }
+    t_unsetenv_prefix("CKPTIO_", "CKPTIO_TEST_");
     setenv(var, "1", 1);
     static char msg[512];
     T_OK(ckptio_env_check(msg, sizeof msg, unknown));

@@ -7,23 +7,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-extern char **environ;
-
-/* Starts from an environment without CKPTIO_* names (the test runner's
- * own, such as CKPTIO_TEST_DATA, are never reported anyway). */
-static void clear_ckptio_env(void) {
-    for (;;) {
-        char **env = environ;
-        while (*env && strncmp(*env, "CKPTIO_", 7) != 0) env++;
-        if (!*env) return;
-        char name[256];
-        const size_t n = strcspn(*env, "=");
-        T_ASSERT(n < sizeof name);
-        memcpy(name, *env, n);
-        name[n] = '\0';
-        unsetenv(name);
-    }
-}
+/* Starts from an environment without CKPTIO_* names. */
+static void clear_ckptio_env(void) { t_unsetenv_prefix("CKPTIO_", NULL); }
 
 static void check(const char *var, const char *want_line) {
     clear_ckptio_env();
