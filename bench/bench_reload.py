@@ -108,8 +108,8 @@ def main():
         print(f"{name:34s} {first:8.3f} {nbytes / first / GB:6.2f} {second:9.3f} {nbytes / second / GB:6.2f}")
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"meta": common.machine(args.dir), "bytes": nbytes, "tensors": args.tensors, "repeat": args.repeat, "device": dev,
-                       "results": rows}, f, indent=1)
+            json.dump({"meta": common.machine(args.dir), "bytes": nbytes, "tensors": args.tensors,
+                       "repeat": args.repeat, "device": dev, "results": rows}, f, indent=1)
 
 
 if __name__ == "__main__":
