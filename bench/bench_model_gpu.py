@@ -41,7 +41,7 @@ import time
 import torch
 
 import _common as c
-from _common import GiB, make_model, shard_files, tensor_bytes  # noqa: F401 (make_model: bench_model_tp's too)
+from _common import GiB, make_model, shard_files, tensor_bytes
 
 REPS = int(os.environ.get("REPS", "2"))
 results = []
