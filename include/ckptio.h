@@ -226,7 +226,7 @@ typedef enum ckptio_gpu_path {
 } ckptio_gpu_path;
 
 /* Whether the GPU pipeline's pinned staging slots use transparent huge
- * pages (docs/GPU.md#huge-page-slots). AUTO: while THP is enabled and the
+ * pages (docs/GPU.md#huge-slots). AUTO: while THP is enabled and the
  * kernel's free 2 MiB blocks cover twice what a load may pin, so that the
  * slots' page faults never wait for the kernel to compact memory. */
 typedef enum ckptio_huge_slots {
@@ -871,7 +871,7 @@ CKPTIO_API ckptio_status ckptio_engine_gpu_path(ckptio_engine *engine, ckptio_io
  * later transfers; 2 slots of up to 4 MiB per worker thread: 128 MiB with
  * 16), and returns at once.
  * A process's first load otherwise pins it as it goes, which slows it
- * (docs/GPU.md#pinning-on-demand): a model server calls this while it
+ * (docs/GPU.md#pinning): a model server calls this while it
  * builds its model, so the load that follows starts with its staging
  * ready. The driver pins and allocates device memory one at a time: GPU
  * allocations made meanwhile wait for the pinning, so call it ahead of work

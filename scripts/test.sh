@@ -18,16 +18,8 @@ failed=0
 echo "== layers: includes and calls between src/ directories and files go one way"
 python3 scripts/check_layers.py || failed=1
 
-echo "== bench/'s C probes compile (the CUDA ones where cuda.h is installed)"
-cuda_inc=${CUDA_HOME:-/usr/local/cuda}/include
-for src in bench/*.c; do
-    flags=()
-    if grep -q '<cuda.h>' "$src"; then
-        [ -f "$cuda_inc/cuda.h" ] || { echo "-- $src: skipped (no $cuda_inc/cuda.h)"; continue; }
-        flags=(-I"$cuda_inc")
-    fi
-    cc -fsyntax-only -Wall -Wextra -Werror -pthread "${flags[@]}" "$src" || failed=1
-done
+echo "== bench/'s benchmarks parse (they run on GPU machines: bench/README.md)"
+python3 -c 'import ast, sys; [ast.parse(open(f).read(), f) for f in sys.argv[1:]]' bench/*.py || failed=1
 
 echo "== C tests (release build)"
 (cd build && ctest --output-on-failure -j"$jobs") || failed=1

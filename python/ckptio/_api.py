@@ -458,7 +458,7 @@ def prepare_gpu(device: Any = "cuda", *, engine=None) -> None:
     slots it needs, up to 2 of 4 MiB per worker thread), which slows it:
     this pins all of them (128 MiB with 16 threads). A model server calls it
     while it builds its model, so that the load which follows starts with
-    its staging ready (docs/GPU.md#pinning-on-demand has the measurements).
+    its staging ready (docs/GPU.md#pinning has the measurements).
     The CUDA driver pins and allocates GPU memory one at a time, so GPU
     allocations made meanwhile wait for the pinning: call it ahead of work
     that does not allocate GPU memory (reading configs, building the model

@@ -65,7 +65,7 @@ static const ckptio__setting settings[CKPTIO_OPT_COUNT_] = {
     ROW(READ_CACHE, "read_cache", ENUM, CKPTIO_READ_CACHE_AUTO, 0, 2, 0, read_cache_names,
         "cold reads through the page cache (section 2, read policy)"),
     ROW(GPU_HUGE_SLOTS, "gpu_huge_slots", ENUM, CKPTIO_HUGE_SLOTS_AUTO, 0, 2, 0, huge_slots_names,
-        "pinned staging on huge pages (docs/GPU.md#huge-page-slots)"),
+        "pinned staging on huge pages (docs/GPU.md#huge-slots)"),
     ROW(NVTX, "nvtx", BOOL, 1, 0, 1, 0, NULL, "NVTX ranges around GPU transfers where libnvToolsExt.so.1 loads"),
 };
 

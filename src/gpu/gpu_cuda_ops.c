@@ -129,7 +129,7 @@ static ckptio_status cuda_mem_info(int device, uint64_t *free_bytes, uint64_t *t
  * than cuMemHostAlloc: a process's first load runs faster this way, though
  * pinning alone costs about the same; our reading is that the driver is
  * held for less of the time the load's copies need it when the pages
- * already exist before the call (docs/GPU.md#how-the-memory-is-pinned).
+ * already exist before the call (docs/GPU.md#pinning).
  * The page before the slot holds the mapping's address and length for the
  * free. MADV_DONTFORK: a child forked later (a DataLoader worker) neither
  * inherits nor copies it; it cannot use CUDA anyway. Where the driver
@@ -139,7 +139,7 @@ static ckptio_status cuda_mem_info(int device, uint64_t *free_bytes, uint64_t *t
  * the slot starts on a 2 MiB boundary of a larger reservation and is
  * advised MADV_HUGEPAGE before it is faulted in (ckptio__slot_range_fill),
  * so that the driver pins 2 MiB pages, which makes first loads faster
- * (docs/GPU.md#huge-page-slots). The guard: with THP's defrag in madvise
+ * (docs/GPU.md#huge-slots). The guard: with THP's defrag in madvise
  * mode a fault in an advised range that finds no free 2 MiB block compacts
  * memory first, a stall a busy host would pay on its first load; so the
  * pipeline asks for huge slots only while THP is enabled and the kernel's

@@ -419,7 +419,7 @@ typedef struct read_slot {
  * oldest copies first (one stream per worker: its copies complete in order).
  * A worker starts with the slots it has and pins another only when that
  * oldest one is still copying, so a process's first load pins (slow, and
- * slowing the copies beside it: docs/GPU.md#pinning-on-demand) when the
+ * slowing the copies beside it: docs/GPU.md#pinning) when the
  * pipeline would otherwise wait, not before its copies start. */
 typedef struct slot_ring {
     unsigned order[CKPTIO_GPU_NSLOTS];
@@ -472,7 +472,7 @@ static ckptio_status read_into(pipe *p, file_stage *fs, const window *w, unsigne
  * process's first load has its workers pin their first slots one after
  * another, and the read, longer than a registration, then runs during that
  * wait instead of after it. The registration keeps the bytes in the pages
- * (docs/GPU.md#pinning-on-demand). */
+ * (docs/GPU.md#first-window). */
 static ckptio_status first_slot(pipe *p, unsigned index, file_stage *fs, slot_ring *q, const window *w,
                                 uint64_t used, unsigned *out, bool *read) {
     *read = false;

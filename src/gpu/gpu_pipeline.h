@@ -84,7 +84,7 @@ typedef struct ckptio__gpu_state {
 ckptio_status ckptio__gpu_state_get(ckptio_engine *engine, const ckptio__gpu_ops *ops, ckptio__gpu_state **out);
 
 /* Whether staging slots pinned from now on use transparent huge pages
- * (docs/GPU.md#huge-page-slots): the engine's CKPTIO_OPT_GPU_HUGE_SLOTS;
+ * (docs/GPU.md#huge-slots): the engine's CKPTIO_OPT_GPU_HUGE_SLOTS;
  * under AUTO, while THP is enabled ([always] or [madvise]) and the kernel's
  * free blocks of 2 MiB and more cover twice `pin_bytes`, what the calling
  * transfer or prepare may pin (src/io/huge_pages.c): with THP's defrag in

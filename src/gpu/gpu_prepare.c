@@ -38,7 +38,7 @@ static void *prepare_main(void *arg) {
     /* The kernel's part first, for every slot at once and side by side: the
      * registrations below then hold the driver for a fraction of the time
      * this thread would take alone, and a caller's cudaMallocs wait for the
-     * driver meanwhile (docs/GPU.md#pinning-on-demand). */
+     * driver meanwhile (docs/GPU.md#pinning). */
     if (!lock_for_next_step(st)) goto out;
     /* Slots of another size by now (a transfer ran in between): left alone, as below. */
     if (st->slot_bytes == job.slot && st->ops == ops) ckptio__gpu_slots_prefill(st, job.workers, job.slots);

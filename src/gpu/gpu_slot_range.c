@@ -8,7 +8,7 @@
  * faulting their slots in at once would run one after the other, no faster
  * than one thread. In one range reserved and advised beforehand, faulting
  * in takes the lock for reading only, and the workers' fills run side by
- * side (docs/GPU.md#one-range-for-all-slots has the measurements).
+ * side (docs/GPU.md#slot-range has the measurements).
  */
 #include "gpu_slot_range.h"
 
@@ -45,7 +45,7 @@ void ckptio__slot_range_fill(unsigned char *addr, size_t bytes) {
     /* One write per 4 KiB page faults the slot in (a whole huge page at its
      * first write). Not MADV_POPULATE_WRITE, which stops scaling with many
      * workers filling their slots at once, so that a first load's workers
-     * would start copying one after another (docs/GPU.md#how-a-slot-is-faulted-in).
+     * would start copying one after another (docs/GPU.md#faulting-slots).
      * The price: where the kernel has no page to give, the OOM killer acts,
      * as for any page the process touches; the madvise returned ENOMEM. */
     for (size_t off = 0; off < bytes; off += 4096) ((volatile unsigned char *)addr)[off] = 0;

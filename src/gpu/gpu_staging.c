@@ -176,7 +176,7 @@ void ckptio__gpu_slots_prefill(ckptio__gpu_state *st, unsigned workers, unsigned
         for (unsigned w = 0; w < workers && w < CKPTIO_GPU_MAX_WORKERS; w++)
             if (!st->workers[w].mem[s]) addr[n++] = slot_addr(st, w, s);
     /* Pinning on one thread spends most of its time faulting pages in, not
-     * registering them (docs/GPU.md#pinning-on-demand); the faults run side
+     * registering them (docs/GPU.md#pinning); the faults run side
      * by side in the range. Threads of its own, not the engine's pool: the
      * caller is prepare's thread, which ckptio_engine_destroy joins only
      * after it has destroyed the pool. */
@@ -238,7 +238,7 @@ ckptio_status ckptio__gpu_slot_pin(ckptio__gpu_state *st, unsigned w, unsigned s
     *out = r->mem[s];
     if (*out) return CKPTIO_OK;
     /* The driver pins one allocation at a time, however many threads ask
-     * (docs/GPU.md#pinning-on-demand), so a worker that could reuse a slot
+     * (docs/GPU.md#pinning), so a worker that could reuse a slot
      * it has does so rather than queue behind another's; the pages it
      * filled stay for its next try. */
     if (wait) pthread_mutex_lock(&st->pin_lock);

@@ -4,7 +4,7 @@
  *
  * The GPU pipeline backs its pinned staging slots with transparent huge
  * pages (MADV_HUGEPAGE; src/gpu/gpu_cuda_ops.c): a process's first load
- * runs faster that way (docs/GPU.md#huge-page-slots). The risk: with THP's `defrag` in
+ * runs faster that way (docs/GPU.md#huge-slots). The risk: with THP's `defrag` in
  * `madvise` mode (the kernel's default), a fault in an advised range that
  * finds no free 2 MiB block compacts memory first, a stall a busy host
  * would pay on its first load. So the slots are advised only while

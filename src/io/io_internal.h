@@ -74,7 +74,7 @@ struct ckptio_file {
     /* Writes to a file on tmpfs or ramfs take turns (ckptio__file_op_init):
      * the kernel lets one writer of an inode in at a time anyway, and its
      * waiters spin, so more writers only burn CPU for the same speed
-     * (docs/ENGINE.md#writes-take-turns). */
+     * (docs/ENGINE.md#write-turns). */
     pthread_mutex_t write_turn;
 };
 

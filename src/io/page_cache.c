@@ -4,7 +4,7 @@
  * O_DIRECT is right for cold data (no double copy, no cache pollution) but
  * wrong for data the page cache already holds: an O_DIRECT read goes to the
  * disk again, where a buffered read copies from memory, an order of
- * magnitude faster (docs/ENGINE.md#warm-data). So reads in DIRECT=AUTO mode
+ * magnitude faster (docs/ENGINE.md#page-cache-probe). So reads in DIRECT=AUTO mode
  * ask first. cachestat(2)
  * (Linux 6.5+) answers for a descriptor range in one call; older kernels get
  * mincore(2) over a temporary mapping. Any failure answers "not cached",
@@ -40,7 +40,7 @@ static _Atomic int cachestat_missing = 0;
 /* A file on tmpfs or ramfs is in memory by definition (shmem pages that
  * were swapped out come back through the same buffered read), and asking
  * there costs the most, relative to a read that fast
- * (docs/ENGINE.md#warm-data). So the answer is fixed once per file. */
+ * (docs/ENGINE.md#page-cache-probe). So the answer is fixed once per file. */
 bool ckptio__file_in_memory(ckptio_file *f) {
     int known = atomic_load_explicit(&f->in_memory, memory_order_relaxed);
     if (known == 0) {
