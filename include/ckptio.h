@@ -222,13 +222,18 @@ typedef enum ckptio_direct_mode {
 typedef enum ckptio_gpu_path {
     CKPTIO_GPU_PATH_AUTO = 0,     /* cuFile where it accepts the file and is faster, else pipeline */
     CKPTIO_GPU_PATH_CUFILE = 1,   /* force cuFile (error if it refuses) */
-    /* force ckptio's pipeline: pinned staging; with the environment
-     * variable CKPTIO_GPU_MAP_WORKERS=N (experimental, off by default: it
-     * measured slower, docs/GPU.md), N workers copy windows already in
-     * memory (page cache, tmpfs) straight from their mapped file pages */
-    CKPTIO_GPU_PATH_PIPELINE = 2,
-    CKPTIO_GPU_PATH_STAGED = 3    /* the pipeline, every byte through pinned staging, never mapped */
+    CKPTIO_GPU_PATH_PIPELINE = 2  /* force ckptio's pipeline: every byte through pinned staging */
 } ckptio_gpu_path;
+
+/* Whether the GPU pipeline's pinned staging slots use transparent huge
+ * pages (docs/GPU.md#huge-slots). AUTO: while THP is enabled and the
+ * kernel's free 2 MiB blocks cover twice what a load may pin, so that the
+ * slots' page faults never wait for the kernel to compact memory. */
+typedef enum ckptio_huge_slots {
+    CKPTIO_HUGE_SLOTS_AUTO = 0,
+    CKPTIO_HUGE_SLOTS_OFF = 1,
+    CKPTIO_HUGE_SLOTS_ON = 2      /* whatever the free blocks (THP must still be enabled to get any) */
+} ckptio_huge_slots;
 
 /* Cold reads and the page cache, in CKPTIO_DIRECT_AUTO mode (ON forces
  * O_DIRECT, OFF the page cache; in every mode a range the page cache already
@@ -245,8 +250,10 @@ typedef enum ckptio_read_cache {
 } ckptio_read_cache;
 
 /* Engine settings. Each has an environment variable read once at
- * ckptio_engine_create() (named in the comment), a getter and a setter, and
- * bounds from ckptio_option_bounds(). */
+ * ckptio_engine_create() (CKPTIO_ and the name after CKPTIO_OPT_, e.g.
+ * CKPTIO_THREADS), a getter and a setter, and bounds from
+ * ckptio_option_bounds(); docs/ENGINE.md#5-settings lists defaults and
+ * bounds. */
 typedef enum ckptio_option {
     CKPTIO_OPT_BACKEND = 0,        /* ckptio_backend; CKPTIO_BACKEND=auto|pread|io_uring */
     CKPTIO_OPT_THREADS,            /* I/O worker threads, 0 = run inline; CKPTIO_THREADS */
@@ -256,8 +263,10 @@ typedef enum ckptio_option {
     CKPTIO_OPT_DIRECT,             /* ckptio_direct_mode; CKPTIO_DIRECT=auto|off|on */
     CKPTIO_OPT_DIRECT_MIN_BYTES,   /* below this, transfers use buffered I/O; CKPTIO_DIRECT_MIN_BYTES */
     CKPTIO_OPT_SYNC,               /* 1: fsync files and directories on commit (default); CKPTIO_SYNC */
-    CKPTIO_OPT_GPU_PATH,           /* ckptio_gpu_path; CKPTIO_GPU_PATH=auto|cufile|pipeline|staged */
+    CKPTIO_OPT_GPU_PATH,           /* ckptio_gpu_path; CKPTIO_GPU_PATH=auto|cufile|pipeline */
     CKPTIO_OPT_READ_CACHE,         /* ckptio_read_cache; CKPTIO_READ_CACHE=auto|on|off */
+    CKPTIO_OPT_GPU_HUGE_SLOTS,     /* ckptio_huge_slots; CKPTIO_GPU_HUGE_SLOTS=auto|off|on */
+    CKPTIO_OPT_NVTX,               /* 1: NVTX ranges around GPU transfers where libnvToolsExt loads; CKPTIO_NVTX */
     CKPTIO_OPT_COUNT_
 } ckptio_option;
 
@@ -293,13 +302,21 @@ CKPTIO_API ckptio_status ckptio_option_bounds(ckptio_option option, int64_t *min
 /*! ckptio_option_name() : "threads", "chunk_bytes", ... (static), NULL if invalid. */
 CKPTIO_API const char *ckptio_option_name(ckptio_option option);
 
+/*! ckptio_option_value_name() :
+ * The name of `value` of a setting that takes names ("io_uring" for
+ * CKPTIO_OPT_BACKEND and CKPTIO_BACKEND_IO_URING; the names its
+ * environment variable accepts), static; NULL when the setting takes
+ * numbers or `value` is outside its bounds. */
+CKPTIO_API const char *ckptio_option_value_name(ckptio_option option, int64_t value);
+
 /*! ckptio_env_check() :
  * Finds environment variables named CKPTIO_* that ckptio does not read,
  * such as a misspelt setting (CKPTIO_THREDS=4 is otherwise ignored without
- * a word). Known: every setting's variable, the library's other variables
- * (CKPTIO_CUDA_LIBRARY, CKPTIO_CUFILE_LIBRARY, CKPTIO_NVTX,
- * CKPTIO_NO_PROGRESS) and those of ckptio's own build and test scripts
- * (docs/ENGINE.md). For each unknown name one line goes into `message`
+ * a word). Known: every setting's variable, the library's process-wide
+ * variables (CKPTIO_CUDA_LIBRARY, CKPTIO_CUFILE_LIBRARY), the CLI's
+ * CKPTIO_NO_PROGRESS (docs/ENGINE.md#5-settings lists them all); names
+ * starting with CKPTIO_TEST_, which ckptio's own tests and benchmarks use,
+ * are never reported. For each unknown name one line goes into `message`
  * (NUL-terminated, cut at `capacity`; may be NULL when capacity is 0):
  * "CKPTIO_THREDS is not a ckptio setting: did you mean CKPTIO_THREADS?\n",
  * naming the closest known variable where one is close. The library never
@@ -350,8 +367,6 @@ typedef struct ckptio_stats {
     double seconds_io;              /* wall time inside transfers */
     double seconds_fsync;           /* wall time in fsync/fdatasync */
     double seconds_copy;            /* wall time waiting on GPU copies */
-    uint64_t bytes_h2d_mapped;      /* of bytes_h2d, copied from mapped page-cache/tmpfs pages, no CPU copy */
-    uint64_t mapped_fallbacks;      /* resident windows staged because mapping or registering failed */
 } ckptio_stats;
 
 /*! ckptio_engine_stats() : copies the counters. Thread-safe. */
@@ -817,12 +832,11 @@ typedef enum ckptio_io_path {
     CKPTIO_IO_PATH_CUFILE_DIRECT = 1, /* cuFile with GPUDirect Storage (nvidia-fs) */
     CKPTIO_IO_PATH_CUFILE_COMPAT = 2, /* cuFile in its POSIX compatibility mode */
     CKPTIO_IO_PATH_PIPELINE = 3,      /* ckptio's pinned-staging pipeline */
-    CKPTIO_IO_PATH_HOST = 4,          /* host memory: plain file I/O, no GPU */
-    CKPTIO_IO_PATH_MAPPED = 5         /* the pipeline, every byte from mapped page-cache/tmpfs pages */
+    CKPTIO_IO_PATH_HOST = 4           /* host memory: plain file I/O, no GPU */
 } ckptio_io_path;
 
 /*! ckptio_io_path_name() : "none", "cufile_direct", "cufile_compat",
- * "pipeline", "host" or "mapped" (static), NULL if invalid. */
+ * "pipeline" or "host" (static), NULL if invalid. */
 CKPTIO_API const char *ckptio_io_path_name(ckptio_io_path path);
 
 /*! ckptio_cuda_available() :
@@ -856,16 +870,14 @@ CKPTIO_API ckptio_status ckptio_engine_gpu_path(ckptio_engine *engine, ckptio_io
  * engine's loads to CUDA device `device` will use (the engine keeps it for
  * later transfers; 2 slots of up to 4 MiB per worker thread: 128 MiB with
  * 16), and returns at once.
- * A process's first load otherwise pins it as it goes (0.55-0.61 s per GiB;
- * docs/GPU.md): a model server calls this while it builds its model, so
- * the load that follows starts with its staging ready. The driver pins and
- * allocates device memory one at a time: GPU allocations made meanwhile
- * wait for the pinning (on an H200, tensors allocated right after this
- * call took 49-85 ms instead of 5-7), so call it ahead of work that does not
- * allocate GPU memory. A transfer that starts meanwhile stops the pinning
- * and pins the rest itself; an error
- * while pinning ends it silently (the transfer that needs the memory
- * reports it). Slots of another size (after a save with checksums) are
+ * A process's first load otherwise pins it as it goes, which slows it
+ * (docs/GPU.md#pinning): a model server calls this while it
+ * builds its model, so the load that follows starts with its staging
+ * ready. The driver pins and allocates device memory one at a time: GPU
+ * allocations made meanwhile wait for the pinning, so call it ahead of work
+ * that does not allocate GPU memory. A transfer that starts meanwhile stops
+ * the pinning and pins the rest itself; an error while pinning ends it
+ * silently (the transfer that needs the memory reports it). Slots of another size (after a save with checksums) are
  * kept, and nothing is pinned then. The engine's destruction waits for the
  * thread. Thread-safe.
  * @return CKPTIO_OK; CKPTIO_E_INVAL (NULL engine, negative device), the

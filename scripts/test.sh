@@ -50,10 +50,10 @@ if wheel=$(scripts/build_wheel.sh "$work/dist") && scripts/install_wheel.sh "$wh
     echo "== Python tests against the installed wheel ($(basename "$wheel"))"
     # From an empty directory, with nothing of the checkout on sys.path: CKPTIO_TEST_INSTALLED makes
     # the tests take the package and the ckptio command from the new environment and check they did.
-    # CKPTIO_BUILD_DIR only lends C test programs used as helpers (conftest.py).
+    # CKPTIO_TEST_BUILD_DIR only lends C test programs used as helpers (conftest.py).
     repo=$PWD
     mkdir "$work/run"
-    (cd "$work/run" && env -u PYTHONPATH CKPTIO_TEST_INSTALLED=1 CKPTIO_BUILD_DIR="$repo/build" \
+    (cd "$work/run" && env -u PYTHONPATH CKPTIO_TEST_INSTALLED=1 CKPTIO_TEST_BUILD_DIR="$repo/build" \
         PATH="$work/venv/bin:$PATH" "$work/venv/bin/python" -m pytest -q -p no:cacheprovider "$repo/tests/python") ||
         failed=1
 else
@@ -62,7 +62,7 @@ fi
 rm -rf "$work"
 
 if ls fuzz/fuzz_*.c >/dev/null 2>&1; then
-    echo "== fuzzers (${CKPTIO_FUZZ_SECONDS:-30} s each)"
+    echo "== fuzzers (${CKPTIO_TEST_FUZZ_SECONDS:-30} s each)"
     cmake -S . -B build-fuzz -DCMAKE_BUILD_TYPE=Debug -DCKPTIO_FUZZ=ON -DCKPTIO_TESTS=OFF -DCMAKE_C_COMPILER=clang >/dev/null
     cmake --build build-fuzz -j"$jobs" >/dev/null
     for src in fuzz/fuzz_*.c; do
@@ -71,7 +71,7 @@ if ls fuzz/fuzz_*.c >/dev/null 2>&1; then
         work=$(mktemp -d)
         [ -d "$corpus" ] && cp -r "$corpus"/. "$work"/ 2>/dev/null || true
         echo "-- $name"
-        if ! build-fuzz/"$name" -max_total_time="${CKPTIO_FUZZ_SECONDS:-30}" -print_final_stats=0 \
+        if ! build-fuzz/"$name" -max_total_time="${CKPTIO_TEST_FUZZ_SECONDS:-30}" -print_final_stats=0 \
                 -timeout=10 -rss_limit_mb=2048 "$work" 2>"$work.log"; then
             tail -40 "$work.log"; failed=1
         else

@@ -1,6 +1,6 @@
 /*
  * _ckptio_dcp_commit.c - the DCP directory commit of libckptio (include/
- * ckptio.h "DCP directory commit") for ckptio.dcp's writer: the directory
+ * ckptio_experimental.h "DCP directory commit") for ckptio.dcp's writer: the directory
  * lock, atomic small files, the manifest, and the removal of what older
  * saves left. Thin: arguments in, the C call with the GIL released, results
  * out; failures become exceptions through ckpy_raise (ckptio._errors).

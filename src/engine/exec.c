@@ -460,10 +460,9 @@ static ckptio_status run_host(exec *x) {
 /* Sets each written file's size to the end of its last extent before any
  * data moves. On ext4 (and XFS) an O_DIRECT write that extends the file
  * updates the size under the inode's exclusive lock, which serialises the
- * workers; writes inside the size run in parallel (measured on the H200
- * machine: 1.8 GB/s appending vs 2.7 GB/s for the raw ceiling that
- * truncates first). Writes only ever grow a file, so the result is what
- * the writes alone would have left. */
+ * workers; writes inside the size run in parallel
+ * (docs/ENGINE.md#sized-first). Writes only ever grow a file, so the
+ * result is what the writes alone would have left. */
 static ckptio_status extend_written_files(const ckptio_plan *p) {
     enum { MAX_FILES = 64 }; /* beyond that, files simply grow as written */
     ckptio_file *files[MAX_FILES];

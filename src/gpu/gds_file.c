@@ -90,9 +90,8 @@ ckptio_status ckptio_gds_register_handle(ckptio_gds_file *f) {
     const ckptio__gpu_ops *ops = ckptio__gpu_ops_try();
     const bool real = ops == ckptio__gpu_cuda_ops();
     f->refusal[0] = '\0';
-    if (mode == CKPTIO_GPU_PATH_PIPELINE || mode == CKPTIO_GPU_PATH_STAGED) {
-        snprintf(f->refusal, sizeof f->refusal, "CKPTIO_OPT_GPU_PATH is %s",
-                 mode == CKPTIO_GPU_PATH_STAGED ? "staged" : "pipeline");
+    if (mode == CKPTIO_GPU_PATH_PIPELINE) {
+        snprintf(f->refusal, sizeof f->refusal, "CKPTIO_OPT_GPU_PATH is pipeline");
         return CKPTIO_OK;
     }
     if (!real) {

@@ -73,10 +73,8 @@ struct ckptio_file {
     pthread_mutex_t lock;
     /* Writes to a file on tmpfs or ramfs take turns (ckptio__file_op_init):
      * the kernel lets one writer of an inode in at a time anyway, and its
-     * waiters spin. Saving 8 GiB to one tmpfs file ran at 2.0-2.9 GB/s with
-     * 1 to 16 writers (each run's first save, 1.5-1.6, left out), at
-     * 0.4-0.55 CPU s/GB with one and 2.3-6.2 with 16
-     * (bench/probe_tmpfs_save.py, H200 host, 16 cores). */
+     * waiters spin, so more writers only burn CPU for the same speed
+     * (docs/ENGINE.md#write-turns). */
     pthread_mutex_t write_turn;
 };
 
