@@ -48,6 +48,12 @@ static const option_def options[CKPTIO_OPT_COUNT_] = {
     [CKPTIO_OPT_SYNC] = {"sync", "CKPTIO_SYNC", KIND_BOOL, 0, 1, NULL},
     [CKPTIO_OPT_GPU_PATH] = {"gpu_path", "CKPTIO_GPU_PATH", KIND_ENUM, 0, 3, gpu_path_names},
     [CKPTIO_OPT_READ_CACHE] = {"read_cache", "CKPTIO_READ_CACHE", KIND_ENUM, 0, 2, read_cache_names},
+    [CKPTIO_OPT_S3_CONCURRENCY] = {"s3_concurrency", "CKPTIO_S3_CONCURRENCY", KIND_INT, 1, 256, NULL},
+    [CKPTIO_OPT_S3_PART_BYTES] = {"s3_part_bytes", "CKPTIO_S3_PART_BYTES", KIND_SIZE, 5 * MIB, 5 * GIB, NULL},
+    [CKPTIO_OPT_S3_RETRIES] = {"s3_retries", "CKPTIO_S3_RETRIES", KIND_INT, 0, 100, NULL},
+    [CKPTIO_OPT_S3_TIMEOUT_MS] = {"s3_timeout_ms", "CKPTIO_S3_TIMEOUT_MS", KIND_INT, 1000, 3600 * 1000, NULL},
+    [CKPTIO_OPT_S3_DEADLINE_MS] = {"s3_deadline_ms", "CKPTIO_S3_DEADLINE_MS", KIND_INT, 1000, 24 * 3600 * 1000, NULL},
+    [CKPTIO_OPT_S3_BACKOFF_MS] = {"s3_backoff_ms", "CKPTIO_S3_BACKOFF_MS", KIND_INT, 1, 60 * 1000, NULL},
 };
 
 /* Threads: one per core up to 16, at least 2. Measured on the 16-core GPU
@@ -74,6 +80,14 @@ static void set_defaults(ckptio_engine *e) {
     e->settings[CKPTIO_OPT_SYNC] = 1;
     e->settings[CKPTIO_OPT_GPU_PATH] = CKPTIO_GPU_PATH_AUTO;
     e->settings[CKPTIO_OPT_READ_CACHE] = CKPTIO_READ_CACHE_AUTO;
+    /* Object storage: 16 requests in flight, 16 MiB parts, 8 retries, an
+     * attempt fails after 30 s without progress, a request after 5 min. */
+    e->settings[CKPTIO_OPT_S3_CONCURRENCY] = 16;
+    e->settings[CKPTIO_OPT_S3_PART_BYTES] = 16 * MIB;
+    e->settings[CKPTIO_OPT_S3_RETRIES] = 8;
+    e->settings[CKPTIO_OPT_S3_TIMEOUT_MS] = 30 * 1000;
+    e->settings[CKPTIO_OPT_S3_DEADLINE_MS] = 300 * 1000;
+    e->settings[CKPTIO_OPT_S3_BACKOFF_MS] = 200;
 }
 
 const char *ckptio_option_name(ckptio_option option) {
