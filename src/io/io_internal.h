@@ -385,6 +385,10 @@ void ckptio__object_io(ckptio__io_op *op);
 bool ckptio__object_async_read(ckptio__io_op *op, ckptio__s3_request *req);
 void ckptio__object_io_done(ckptio__io_op *op, ckptio__s3_request *req);
 
+/* An object being written: the most bytes its part buffers held at once,
+ * and their bound (0, 0 for other files); for tests. */
+void ckptio__object_buffers(ckptio_file *f, uint64_t *peak, uint64_t *bound);
+
 /* The objstore settings of an engine (its CKPTIO_OPT_S3_* values). */
 void ckptio__object_settings(const ckptio_engine *engine, ckptio__s3_settings *out);
 

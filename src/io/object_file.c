@@ -178,6 +178,11 @@ ckptio_status ckptio__object_close(ckptio_file *f) {
     return st;
 }
 
+void ckptio__object_buffers(ckptio_file *f, uint64_t *peak, uint64_t *bound) {
+    *peak = *bound = 0;
+    if (f->object && f->object->upload) ckptio__s3_upload_buffers(f->object->upload, peak, bound);
+}
+
 static void op_failed(ckptio__io_op *op) {
     op->err = EIO;
     op->failure = ckptio__error_save();

@@ -340,6 +340,9 @@ ckptio_status ckptio__s3_delete(const ckptio__s3_client *c, const char *bucket, 
 ckptio_status ckptio__s3_list(const ckptio__s3_client *c, const char *bucket, const char *prefix,
                               const char *delimiter, ckptio__s3_entry_fn fn, void *user);
 
+/* Test hook: listings ask for pages of at most `keys` entries (0: the server's default). */
+void ckptio__s3_set_list_page(unsigned keys);
+
 /* Lists the unfinished multipart uploads under `prefix` (every page). */
 ckptio_status ckptio__s3_list_uploads(const ckptio__s3_client *c, const char *bucket, const char *prefix,
                                       ckptio__s3_entry_fn fn, void *user);
@@ -401,5 +404,8 @@ ckptio_status ckptio__s3_upload_close(ckptio__s3_upload *u);
 
 /* The multipart upload's id ("" before one was created); for tests. */
 const char *ckptio__s3_upload_id(ckptio__s3_upload *u);
+
+/* The most part-buffer bytes held at once so far, and the bound; for tests. */
+void ckptio__s3_upload_buffers(ckptio__s3_upload *u, uint64_t *peak, uint64_t *bound);
 
 #endif /* CKPTIO_OBJSTORE_INTERNAL_H */

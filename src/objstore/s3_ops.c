@@ -5,6 +5,7 @@
 #include "objstore_private.h"
 
 #include <openssl/evp.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -83,7 +84,9 @@ static ckptio_status bad_answer(ckptio__s3_request *r, const char *why) {
     return ckptio__s3_request_fail(r);
 }
 
-typedef ckptio_status (*page_fn)(ckptio__s3_request *r, const char *marker, const char *marker2);
+static _Atomic unsigned list_page;
+
+void ckptio__s3_set_list_page(unsigned keys) { atomic_store(&list_page, keys); }
 
 static ckptio_status list_pages(const ckptio__s3_client *c, const char *bucket, const char *prefix,
                                 const char *delimiter, bool uploads, ckptio__s3_entry_fn fn, void *user) {
@@ -108,6 +111,12 @@ static ckptio_status list_pages(const ckptio__s3_client *c, const char *bucket, 
             ckptio__s3_request_query(&r, "list-type", "2");
             ckptio__s3_request_query(&r, "encoding-type", "url");
             if (page) ckptio__s3_request_query(&r, "continuation-token", marker);
+        }
+        char page_keys[16];
+        const unsigned max_keys = atomic_load(&list_page);
+        if (max_keys) {
+            snprintf(page_keys, sizeof page_keys, "%u", max_keys);
+            ckptio__s3_request_query(&r, uploads ? "max-uploads" : "max-keys", page_keys);
         }
         if (prefix && *prefix) ckptio__s3_request_query(&r, "prefix", prefix);
         if (delimiter && *delimiter) ckptio__s3_request_query(&r, "delimiter", delimiter);

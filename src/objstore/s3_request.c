@@ -392,6 +392,10 @@ static void server_reason(ckptio__s3_request *r) {
         snprintf(r->reason, sizeof r->reason, "HTTP %ld %s: %s", r->http, r->code, r->server_message);
     else if (r->code[0])
         snprintf(r->reason, sizeof r->reason, "HTTP %ld %s", r->http, r->code);
+    else if (r->http == 404)
+        snprintf(r->reason, sizeof r->reason, "HTTP 404 Not Found (no such key, or no such bucket)");
+    else if (r->http == 403)
+        snprintf(r->reason, sizeof r->reason, "HTTP 403 Forbidden (wrong credentials, or no permission)");
     else
         snprintf(r->reason, sizeof r->reason, "HTTP %ld (the answer had no S3 error document)", r->http);
 }
@@ -452,7 +456,10 @@ ckptio__s3_verdict ckptio__s3_attempt_finish(ckptio__s3_request *r, int code) {
         return CKPTIO__S3_DONE;
     }
     server_reason(r);
-    if (r->http >= 500 || r->http == 429 || r->http == 408 || retryable_code(r->code)) return CKPTIO__S3_RETRY;
+    /* 501 NotImplemented and 505 will say the same again: not retried. */
+    if ((r->http >= 500 && r->http != 501 && r->http != 505) || r->http == 429 || r->http == 408 ||
+        retryable_code(r->code))
+        return CKPTIO__S3_RETRY;
     set_failed(r, status_of_http(r), r->reason);
     return CKPTIO__S3_FAILED;
 }

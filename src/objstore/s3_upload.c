@@ -53,7 +53,7 @@ struct ckptio__s3_upload {
     uint64_t end;        /* end of the furthest write */
     part *parts;
     unsigned nparts;     /* entries of parts[] */
-    uint64_t buffered, max_buffered;
+    uint64_t buffered, max_buffered, peak;
     unsigned inflight;
     bool sent_any;       /* a part was queued: the part size is fixed */
     char upload_id[1024];
@@ -111,6 +111,13 @@ ckptio_status ckptio__s3_upload_open(const ckptio__s3_client *c, const char *buc
 }
 
 const char *ckptio__s3_upload_id(ckptio__s3_upload *u) { return u->upload_id; }
+
+void ckptio__s3_upload_buffers(ckptio__s3_upload *u, uint64_t *peak, uint64_t *bound) {
+    pthread_mutex_lock(&u->lock);
+    *peak = u->peak;
+    *bound = u->max_buffered;
+    pthread_mutex_unlock(&u->lock);
+}
 
 uint64_t ckptio__s3_upload_size(ckptio__s3_upload *u) {
     pthread_mutex_lock(&u->lock);
@@ -264,6 +271,7 @@ static ckptio_status part_buffer(ckptio__s3_upload *u, unsigned i) {
                 return CKPTIO_FAIL(CKPTIO_E_NOMEM, "out of memory for a %llu-byte upload part",
                                    (unsigned long long)u->part_size);
             u->buffered += u->part_size;
+            if (u->buffered > u->peak) u->peak = u->buffered;
             p->state = P_FILLING;
             return CKPTIO_OK;
         }

@@ -359,14 +359,12 @@ static int emit(list_state *s, bool prefix) {
     ckptio__s3_entry e = {.key = s->key, .size = prefix ? 0 : s->size, .etag = prefix ? "" : s->etag,
                           .upload_id = s->uploads && !prefix ? s->upload_id : "", .time = prefix ? "" : s->time,
                           .is_prefix = prefix};
+    const int stop = s->fn(s->user, &e);
     s->have_key = false;
     s->size = 0;
     s->etag[0] = s->upload_id[0] = s->time[0] = '\0';
-    if (s->fn(s->user, &e)) {
-        s->stopped = true;
-        return 1;
-    }
-    return 0;
+    if (stop) s->stopped = true;
+    return stop ? 1 : 0;
 }
 
 static int list_fn(void *user, const char *path, const char *text, size_t len) {
