@@ -64,11 +64,13 @@ static int proxy_stop(const char *action) {
     waitpid(proxy_pid, &status, 0);
     setenv("AWS_ENDPOINT_URL", upstream, 1);
     size_t len = 0;
-    char *log = t_read_file(proxy_log, &len);
+    char *raw = t_read_file(proxy_log, &len), *log = calloc(1, len + 1);
+    if (raw && log) memcpy(log, raw, len);
+    free(raw);
     char needle[64];
     snprintf(needle, sizeof needle, "\"action\": \"%s\"", action);
     int n = 0;
-    for (char *p = log; p && (p = strstr(p, needle)); p += strlen(needle)) n++;
+    for (char *p = log; p && *p && (p = strstr(p, needle)); p += strlen(needle)) n++;
     free(log);
     return n;
 }

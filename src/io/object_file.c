@@ -173,6 +173,7 @@ ckptio_status ckptio__object_close(ckptio_file *f) {
     object_free(o);
     pthread_mutex_destroy(&f->lock);
     pthread_mutex_destroy(&f->write_turn);
+    ckptio__free(f->mode_from);
     ckptio__free(f->path);
     ckptio__free(f);
     return st;
