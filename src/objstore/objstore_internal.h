@@ -110,7 +110,8 @@ struct ckptio__s3_client {
  *   addressing  CKPTIO_S3_ADDRESSING=path|virtual|auto or the profile's
  *               s3 addressing_style; auto: virtual-hosted on AWS's own
  *               endpoints for DNS-safe buckets, path-style elsewhere;
- *   CA bundle   AWS_CA_BUNDLE, CURL_CA_BUNDLE, SSL_CERT_FILE.
+ *   CA bundle   AWS_CA_BUNDLE, CURL_CA_BUNDLE, SSL_CERT_FILE, else the first
+ *               of the usual system bundles (Debian, RHEL, SUSE, Alpine).
  * `bucket` decides the auto addressing. */
 ckptio_status ckptio__s3_client_create(const ckptio__s3_settings *settings, const char *bucket,
                                        ckptio__s3_client **out);

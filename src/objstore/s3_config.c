@@ -281,6 +281,12 @@ ckptio_status ckptio__s3_client_create(const ckptio__s3_settings *settings, cons
     const char *ca = env("AWS_CA_BUNDLE");
     if (!ca) ca = env("CURL_CA_BUNDLE");
     if (!ca) ca = env("SSL_CERT_FILE");
+    /* The wheel's libcurl was built for Debian's bundle path; other
+     * distributions keep theirs elsewhere. */
+    static const char *const bundles[] = {"/etc/ssl/certs/ca-certificates.crt", "/etc/pki/tls/certs/ca-bundle.crt",
+                                          "/etc/ssl/ca-bundle.pem", "/etc/ssl/cert.pem"};
+    for (size_t i = 0; !ca && strcmp(c->scheme, "https") == 0 && i < sizeof bundles / sizeof *bundles; i++)
+        if (access(bundles[i], R_OK) == 0) ca = bundles[i];
     if (ca && !(c->ca_file = ckptio__strdup(ca))) st = CKPTIO_FAIL(CKPTIO_E_NOMEM, "out of memory");
 out:
     ckptio__free(v);
