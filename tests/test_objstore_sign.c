@@ -172,7 +172,8 @@ static const char *const aws_env[] = {"AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KE
                                       "AWS_PROFILE", "AWS_DEFAULT_PROFILE", "AWS_REGION", "AWS_DEFAULT_REGION",
                                       "AWS_ENDPOINT_URL", "AWS_ENDPOINT_URL_S3", "AWS_CONFIG_FILE",
                                       "AWS_SHARED_CREDENTIALS_FILE", "AWS_IGNORE_CONFIGURED_ENDPOINT_URLS",
-                                      "CKPTIO_S3_ADDRESSING", "AWS_CA_BUNDLE", "CURL_CA_BUNDLE", "SSL_CERT_FILE"};
+                                      "CKPTIO_S3_ADDRESSING", "AWS_CA_BUNDLE", "CURL_CA_BUNDLE", "SSL_CERT_FILE",
+                                      "CKPTIO_S3_SIGN_PAYLOAD"};
 
 static void clear_aws_env(const char *home) {
     for (size_t i = 0; i < sizeof aws_env / sizeof *aws_env; i++) unsetenv(aws_env[i]);
@@ -268,11 +269,19 @@ static void test_config_chain(void) {
     T_ASSERT(strcmp(c->region, "us-west-2") == 0);
     T_ASSERT(strcmp(c->scheme, "https") == 0 && strcmp(c->host, "s3only:2") == 0);
     T_ASSERT(c->addressing == CKPTIO__S3_PATH_STYLE); /* a custom endpoint: path-style unless asked */
+    T_ASSERT(!c->sign_payload);
     ckptio__s3_client_destroy(c);
     setenv("CKPTIO_S3_ADDRESSING", "virtual", 1);
     c = client_for("bkt");
     T_ASSERT(c->addressing == CKPTIO__S3_VIRTUAL_HOSTED);
     ckptio__s3_client_destroy(c);
+    setenv("CKPTIO_S3_SIGN_PAYLOAD", "on", 1); /* https: unsigned unless asked */
+    c = client_for("bkt");
+    T_ASSERT(c->sign_payload);
+    ckptio__s3_client_destroy(c);
+    setenv("CKPTIO_S3_SIGN_PAYLOAD", "maybe", 1);
+    T_STATUS(ckptio__s3_client_create(&s, "bkt", &c), CKPTIO_E_INVAL);
+    unsetenv("CKPTIO_S3_SIGN_PAYLOAD");
     setenv("CKPTIO_S3_ADDRESSING", "sideways", 1);
     T_STATUS(ckptio__s3_client_create(&s, "bkt", &c), CKPTIO_E_INVAL);
     unsetenv("CKPTIO_S3_ADDRESSING");

@@ -110,6 +110,9 @@ struct ckptio__s3_client {
  *   addressing  CKPTIO_S3_ADDRESSING=path|virtual|auto or the profile's
  *               s3 addressing_style; auto: virtual-hosted on AWS's own
  *               endpoints for DNS-safe buckets, path-style elsewhere;
+ *   payloads    hashed into the signature over http://, UNSIGNED-PAYLOAD
+ *               over https:// (TLS protects them); CKPTIO_S3_SIGN_PAYLOAD=
+ *               on|off|auto overrides;
  *   CA bundle   AWS_CA_BUNDLE, CURL_CA_BUNDLE, SSL_CERT_FILE, else the first
  *               of the usual system bundles (Debian, RHEL, SUSE, Alpine).
  * `bucket` decides the auto addressing. */

@@ -223,7 +223,16 @@ ckptio_status ckptio__s3_client_create(const ckptio__s3_settings *settings, cons
     if ((st = set_endpoint(c, endpoint, from)) != CKPTIO_OK) goto out;
     ckptio__free(v);
     v = NULL;
-    c->sign_payload = strcmp(c->scheme, "http") == 0;
+    /* Bodies are hashed into the signature over plain HTTP (integrity without
+     * TLS, as the AWS SDKs do); CKPTIO_S3_SIGN_PAYLOAD=on|off overrides. */
+    const char *sign = env("CKPTIO_S3_SIGN_PAYLOAD");
+    if (sign && strcasecmp(sign, "on") && strcasecmp(sign, "off") && strcasecmp(sign, "auto")) {
+        st = CKPTIO_FAIL(CKPTIO_E_INVAL, "CKPTIO_S3_SIGN_PAYLOAD=\"%.40s\" is not auto, on or off", sign);
+        goto out;
+    }
+    c->sign_payload = sign && !strcasecmp(sign, "on")    ? true
+                      : sign && !strcasecmp(sign, "off") ? false
+                                                         : strcmp(c->scheme, "http") == 0;
 
     /* Addressing. */
     const char *style = env("CKPTIO_S3_ADDRESSING");

@@ -244,6 +244,7 @@ bool ckptio__s3_attempt_prepare(ckptio__s3_request *r) {
     amz_now(date);
     const bool body = r->body_len > 0 || !strcmp(r->method, "PUT") || !strcmp(r->method, "POST");
     if (!r->payload_hash[0]) {
+        /* Small bodies (XML) are always hashed: it costs nothing. */
         if (body && !c->sign_payload && r->body_len > ((size_t)1 << 20)) strcpy(r->payload_hash, "UNSIGNED-PAYLOAD");
         else ckptio__sha256_hex(r->body ? (const void *)r->body : "", r->body_len, r->payload_hash);
     }
