@@ -4,8 +4,12 @@
  * safetensors file (with its checksum manifest) and a torch.save file saved
  * to S3 are the bytes the same saves write on local disk, load back
  * bit-exact through ckptio_safetensors_open / ckptio_torch_open, and verify;
- * a save that fails (a tensor refused half-way) leaves the older object.
+ * a save that fails (a tensor refused half-way) leaves the older object;
+ * saves from and loads into GPU memory (the simulated device) go through
+ * the staging pipeline.
  */
+#include "gpu_internal.h"
+#include "gpu_sim.h"
 #include "objstore_helpers.h"
 
 static const int64_t shape_a[] = {1024, 2048};
@@ -161,9 +165,59 @@ static void test_torch_save(void) {
     T_OK(ckptio_engine_destroy(e));
 }
 
+/* GPU memory (the simulated device): a save from device memory goes through
+ * the staging pipeline into the object's parts, and a load into device
+ * memory reads the object's ranges into staging and copies them over. */
+static void test_gpu_memory(void) {
+    ckptio__gpu_set_ops(ckptio__gpu_sim_ops());
+    model m;
+    make_model(&m, 41);
+    const char *url = s3_url("gpu.safetensors");
+    const ckptio_gpu_path paths[] = {CKPTIO_GPU_PATH_AUTO, CKPTIO_GPU_PATH_STAGED};
+    for (size_t p = 0; p < 2; p++) {
+        ckptio_engine *e = s3_test_engine();
+        T_OK(ckptio_engine_set(e, CKPTIO_OPT_GPU_PATH, paths[p]));
+        ckptio_tensor_source dev[3];
+        for (int i = 0; i < 3; i++) {
+            dev[i] = m.src[i];
+            void *d = ckptio__gpu_sim_device_alloc(m.src[i].nbytes);
+            memcpy(d, m.src[i].data, m.src[i].nbytes);
+            dev[i].data = d;
+            dev[i].mem_kind = CKPTIO_MEM_CUDA;
+        }
+        T_OK(ckptio_safetensors_save(e, url, dev, 3, NULL, 0, 0));
+        ckptio_safetensors *st;
+        T_OK(ckptio_safetensors_open(e, url, &st));
+        uint64_t data_size;
+        T_OK(ckptio_safetensors_data_size(st, &data_size));
+        unsigned char *d = ckptio__gpu_sim_device_alloc(data_size);
+        T_OK(ckptio_safetensors_read_all(st, d, data_size, CKPTIO_MEM_CUDA));
+        for (int i = 0; i < 3; i++) {
+            size_t index;
+            ckptio_tensor_info info;
+            uint64_t base;
+            T_OK(ckptio_safetensors_find(st, m.src[i].name, &index));
+            T_OK(ckptio_safetensors_tensor(st, index, &info));
+            T_OK(ckptio_safetensors_data_offset(st, &base));
+            T_ASSERT_MSG(memcmp(d + (info.file_offset - base), m.src[i].data, m.src[i].nbytes) == 0,
+                         "tensor %s differs (path %zu)", m.src[i].name, p);
+        }
+        T_OK(ckptio_safetensors_close(st));
+        ckptio__gpu_sim_device_free(d);
+        for (int i = 0; i < 3; i++) ckptio__gpu_sim_device_free((void *)dev[i].data);
+        T_OK(ckptio_engine_destroy(e));
+    }
+    ckptio_engine *e = s3_test_engine();
+    T_OK(ckptio_object_delete(e, url));
+    T_OK(ckptio_engine_destroy(e));
+    free_model(&m);
+    ckptio__gpu_set_ops(NULL);
+}
+
 int main(void) {
     s3_test_bucket();
     T_RUN(test_safetensors);
     T_RUN(test_torch_save);
+    T_RUN(test_gpu_memory);
     return T_EXIT_PASS;
 }
