@@ -493,7 +493,9 @@ static void test_memory_bounded(void) {
     }
     T_OK(ckptio_file_close(f));
     const uint64_t grown = vm_hwm_kib() - hwm0;
-    if (hwm0) T_ASSERT_MSG(grown < 64 * 1024, "the peak RSS grew by %llu KiB for a 96 MiB object", (unsigned long long)grown);
+    if (hwm0)
+        T_ASSERT_MSG(grown < 64 * 1024, "the peak RSS grew by %llu KiB for a 96 MiB object",
+                     (unsigned long long)grown);
     T_OK(ckptio_object_delete(e, url));
     T_OK(ckptio_engine_destroy(e));
     free(buf);

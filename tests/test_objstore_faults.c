@@ -112,7 +112,8 @@ static ckptio_status read_all(ckptio_engine *e, const char *url, unsigned char *
     char message[2048];
     snprintf(message, sizeof message, "%s", saved.message);
     T_OK(ckptio_file_close(f));
-    if (st != CKPTIO_OK) return CKPTIO_FAIL_CTX(st, &((ckptio__err_ctx){.verbatim = true, .file_offset = -1}), "%s", message);
+    if (st != CKPTIO_OK)
+        return CKPTIO_FAIL_CTX(st, &((ckptio__err_ctx){.verbatim = true, .file_offset = -1}), "%s", message);
     return st;
 }
 

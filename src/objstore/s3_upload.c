@@ -64,7 +64,9 @@ struct ckptio__s3_upload {
     char fail_message[1400];
 };
 
-static void shown(const ckptio__s3_upload *u, char *out, size_t cap) { ckptio__s3_display(u->bucket, u->key, out, cap); }
+static void shown(const ckptio__s3_upload *u, char *out, size_t cap) {
+    ckptio__s3_display(u->bucket, u->key, out, cap);
+}
 
 /* Records the calling thread's last error as the upload's failure (first wins). */
 static void set_failure(ckptio__s3_upload *u, ckptio_status st) {

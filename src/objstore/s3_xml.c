@@ -55,7 +55,9 @@ static bool skip_past(walker *w, const char *end) {
 
 static bool space(char c) { return c == ' ' || c == '\t' || c == '\r' || c == '\n'; }
 
-static bool name_char(char c) { return !space(c) && c != '>' && c != '/' && c != '=' && c != '<' && c != '"' && c != '\''; }
+static bool name_char(char c) {
+    return !space(c) && c != '>' && c != '/' && c != '=' && c != '<' && c != '"' && c != '\'';
+}
 
 static void put_utf8(walker *w, unsigned long cp) {
     char *t = w->text + w->tlen;
@@ -308,7 +310,9 @@ typedef struct list_state {
 } list_state;
 
 static int hexval(char c) {
-    return c >= '0' && c <= '9' ? c - '0' : c >= 'a' && c <= 'f' ? c - 'a' + 10 : c >= 'A' && c <= 'F' ? c - 'A' + 10 : -1;
+    if (c >= '0' && c <= '9') return c - '0';
+    if (c >= 'a' && c <= 'f') return c - 'a' + 10;
+    return c >= 'A' && c <= 'F' ? c - 'A' + 10 : -1;
 }
 
 /* Copies text into out (cap bytes), %-decoding (and '+' as space) when the
@@ -384,7 +388,8 @@ static int list_fn(void *user, const char *path, const char *text, size_t len) {
     if (in_item) {
         const char *f = rest + il + 1;
         if (strcmp(f, "Key") == 0) {
-            if (!take(s, text, len, s->key, sizeof s->key, true)) return s->problem = "a key that is too long or malformed", 1;
+            if (!take(s, text, len, s->key, sizeof s->key, true))
+                return s->problem = "a key that is too long or malformed", 1;
             s->have_key = true;
         } else if (strcmp(f, "Size") == 0) {
             if (!parse_u64(text, &s->size)) return s->problem = "a Size that is not a decimal number", 1;
