@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # s3_server.sh - a real S3-compatible server on the loopback address for ckptio's tests:
 # OpenStack Swift (Debian 12's packages) with its s3api middleware and tempauth, one replica,
-# storage on the local disk.
+# storage on the local disk, and memcached (tempauth keeps its S3 users' records there).
 #
 #   scripts/s3_server.sh start   install what is missing, start the server (or find it running),
 #                                wait until it answers, create the test buckets, print `export`
@@ -38,7 +38,7 @@ print_env() {
 
 install_missing() {
     if command -v swift-proxy-server >/dev/null && command -v swift-object-server >/dev/null &&
-        command -v swift-ring-builder >/dev/null && command -v memcached >/dev/null &&
+        command -v swift-ring-builder >/dev/null && command -v memcached >/dev/null && command -v curl >/dev/null &&
         /usr/bin/python3 -c 'import swift.common.middleware.s3api, lxml' 2>/dev/null; then
         return 0
     fi
@@ -52,9 +52,9 @@ install_missing() {
         printf '#!/bin/sh\nexit 101\n' | $sudo tee "$policy" >/dev/null && $sudo chmod 755 "$policy" && made_policy=1
     fi
     DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends \
-        swift-proxy swift-account swift-container swift-object python3-swift memcached >/dev/null ||
+        swift-proxy swift-account swift-container swift-object python3-swift memcached curl >/dev/null ||
         { $sudo apt-get update -qq && DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq \
-            --no-install-recommends swift-proxy swift-account swift-container swift-object python3-swift memcached \
+            --no-install-recommends swift-proxy swift-account swift-container swift-object python3-swift memcached curl \
             >/dev/null; }
     [ "$made_policy" = 0 ] || $sudo rm -f "$policy"
 }
