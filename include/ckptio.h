@@ -267,6 +267,13 @@ typedef enum ckptio_option {
     CKPTIO_OPT_READ_CACHE,         /* ckptio_read_cache; CKPTIO_READ_CACHE=auto|on|off */
     CKPTIO_OPT_GPU_HUGE_SLOTS,     /* ckptio_huge_slots; CKPTIO_GPU_HUGE_SLOTS=auto|off|on */
     CKPTIO_OPT_NVTX,               /* 1: NVTX ranges around GPU transfers where libnvToolsExt loads; CKPTIO_NVTX */
+    /* s3:// objects (docs/OBJECT_STORAGE.md) */
+    CKPTIO_OPT_S3_CONCURRENCY,     /* requests in flight for one object transfer; CKPTIO_S3_CONCURRENCY */
+    CKPTIO_OPT_S3_PART_BYTES,      /* smallest multipart part (grows with the object); CKPTIO_S3_PART_BYTES */
+    CKPTIO_OPT_S3_RETRIES,         /* retries of a failed request; CKPTIO_S3_RETRIES */
+    CKPTIO_OPT_S3_TIMEOUT_MS,      /* an attempt with no progress for this long fails; CKPTIO_S3_TIMEOUT_MS */
+    CKPTIO_OPT_S3_DEADLINE_MS,     /* one request, all attempts together; CKPTIO_S3_DEADLINE_MS */
+    CKPTIO_OPT_S3_BACKOFF_MS,      /* first retry waits up to this (doubling, 20 s at most); CKPTIO_S3_BACKOFF_MS */
     CKPTIO_OPT_COUNT_
 } ckptio_option;
 

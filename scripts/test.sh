@@ -9,6 +9,8 @@
 #     (tests/check_shipped.py); the whole Python suite (the CLI tests included) runs against that
 #     installation, from outside the checkout (scripts/build_wheel.sh, scripts/install_wheel.sh)
 #  4. each libFuzzer harness for a short fixed time on its committed corpus
+# A real S3 server (scripts/s3_server.sh: OpenStack Swift on 127.0.0.1) runs from before the C tests to
+# the end; the object storage tests find it through AWS_ENDPOINT_URL and the other AWS_* variables.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/setup.sh --python
@@ -20,6 +22,16 @@ python3 scripts/check_layers.py || failed=1
 
 echo "== bench/'s benchmarks parse (they run on GPU machines: bench/README.md)"
 python3 -c 'import ast, sys; [ast.parse(open(f).read(), f) for f in sys.argv[1:]]' bench/*.py || failed=1
+
+echo "== S3 server for the object storage tests (scripts/s3_server.sh; stopped when this script ends)"
+s3_t0=$SECONDS
+if s3_env=$(scripts/s3_server.sh start); then
+    eval "$s3_env"
+    trap 'scripts/s3_server.sh stop' EXIT
+    echo "-- listening at $AWS_ENDPOINT_URL after $((SECONDS - s3_t0)) s"
+else
+    echo "the S3 server did not start: the object storage tests would only be skipped"; failed=1
+fi
 
 echo "== C tests (release build)"
 (cd build && ctest --output-on-failure -j"$jobs") || failed=1

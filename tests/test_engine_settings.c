@@ -46,13 +46,21 @@ static void test_defaults_and_names(void) {
     T_ASSERT(get(e, CKPTIO_OPT_READ_CACHE) == CKPTIO_READ_CACHE_AUTO);
     T_ASSERT(get(e, CKPTIO_OPT_GPU_HUGE_SLOTS) == CKPTIO_HUGE_SLOTS_AUTO);
     T_ASSERT(get(e, CKPTIO_OPT_NVTX) == 1);
+    T_ASSERT(get(e, CKPTIO_OPT_S3_CONCURRENCY) == 16);
+    T_ASSERT(get(e, CKPTIO_OPT_S3_PART_BYTES) == 16 << 20);
+    T_ASSERT(get(e, CKPTIO_OPT_S3_RETRIES) == 8);
+    T_ASSERT(get(e, CKPTIO_OPT_S3_TIMEOUT_MS) == 30000);
+    T_ASSERT(get(e, CKPTIO_OPT_S3_DEADLINE_MS) == 300000);
+    T_ASSERT(get(e, CKPTIO_OPT_S3_BACKOFF_MS) == 200);
     ckptio_backend b;
     T_OK(ckptio_engine_backend(e, &b));
     T_ASSERT(b == (ckptio__io_uring_probe(NULL) == 0 ? CKPTIO_BACKEND_IO_URING : CKPTIO_BACKEND_PREAD));
 
     static const char *const names[] = {"backend", "threads", "chunk_bytes", "queue_depth",
                                         "staging_bytes", "direct", "direct_min_bytes", "sync",
-                                        "gpu_path", "read_cache", "gpu_huge_slots", "nvtx"};
+                                        "gpu_path", "read_cache", "gpu_huge_slots", "nvtx",
+                                        "s3_concurrency", "s3_part_bytes", "s3_retries", "s3_timeout_ms",
+                                        "s3_deadline_ms", "s3_backoff_ms"};
     T_ASSERT(sizeof names / sizeof *names == CKPTIO_OPT_COUNT_);
     for (int o = 0; o < CKPTIO_OPT_COUNT_; o++) T_ASSERT(strcmp(ckptio_option_name((ckptio_option)o), names[o]) == 0);
     T_ASSERT(ckptio_option_name(CKPTIO_OPT_COUNT_) == NULL);

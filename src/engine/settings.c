@@ -67,6 +67,17 @@ static const ckptio__setting settings[CKPTIO_OPT_COUNT_] = {
     ROW(GPU_HUGE_SLOTS, "gpu_huge_slots", ENUM, CKPTIO_HUGE_SLOTS_AUTO, 0, 2, 0, huge_slots_names,
         "pinned staging on huge pages (docs/GPU.md#huge-slots)"),
     ROW(NVTX, "nvtx", BOOL, 1, 0, 1, 0, NULL, "NVTX ranges around GPU transfers where libnvToolsExt.so.1 loads"),
+    ROW(S3_CONCURRENCY, "s3_concurrency", INT, 16, 1, 256, 0, NULL,
+        "s3:// requests in flight per transfer (docs/OBJECT_STORAGE.md)"),
+    ROW(S3_PART_BYTES, "s3_part_bytes", SIZE, 16 * MIB, 5 * MIB, 5 * GIB, 0, NULL,
+        "smallest multipart part (grows with the object)"),
+    ROW(S3_RETRIES, "s3_retries", INT, 8, 0, 100, 0, NULL, "retries of a failed s3:// request"),
+    ROW(S3_TIMEOUT_MS, "s3_timeout_ms", INT, 30 * 1000, 1000, 3600 * 1000, 0, NULL,
+        "an s3:// attempt without progress this long fails"),
+    ROW(S3_DEADLINE_MS, "s3_deadline_ms", INT, 300 * 1000, 1000, 24 * 3600 * 1000, 0, NULL,
+        "one s3:// request, all its attempts together"),
+    ROW(S3_BACKOFF_MS, "s3_backoff_ms", INT, 200, 1, 60 * 1000, 0, NULL,
+        "first retry's backoff ceiling (doubling, 20 s at most)"),
 };
 
 /* Variables read outside an engine's settings: once per process, before any engine may exist (the driver
@@ -75,6 +86,8 @@ static const ckptio__variable variables[] = {
     {CKPTIO__ENV_CUDA_LIBRARY, "the CUDA driver library to load (default libcuda.so.1), read at its first use"},
     {CKPTIO__ENV_CUFILE_LIBRARY, "the cuFile library to load (default libcufile.so.0), read at its first use"},
     {"CKPTIO_NO_PROGRESS", "the ckptio command: no progress bars"},
+    {"CKPTIO_S3_ADDRESSING", "s3:// addressing (path, virtual or auto), read with the endpoint (docs/OBJECT_STORAGE.md)"},
+    {"CKPTIO_S3_SIGN_PAYLOAD", "s3:// payload signing (auto, on or off), read with the endpoint (docs/OBJECT_STORAGE.md)"},
     {NULL, NULL},
 };
 
