@@ -46,8 +46,8 @@ def test_save_load_retention(tmp_path, async_save):
         # keep_last 2 (40, 50), keep_every 30 (0, 30)
         assert mgr.all_steps() == [0, 30, 40, 50]
         assert mgr.latest_step() == 50
-        assert sorted(os.listdir(root)) == [".ckptio-dcp.lock", "step_00000000", "step_00000030", "step_00000040",
-                                            "step_00000050"]
+        assert sorted(os.listdir(root)) == [".ckptio-dcp.lock", ".ckptio-dcp.queue", "step_00000000",
+                                            "step_00000030", "step_00000040", "step_00000050"]
         sd = _blank()
         assert mgr.load(sd) == 50
         assert sd["step"] == 50 and torch.equal(sd["w"], torch.full((64, 32), 50.0))
@@ -205,8 +205,8 @@ def test_cli_on_a_root(tmp_path):
 
     r = cli("inspect", str(root))
     assert r.returncode == 0, r.stderr
-    assert "4 steps (3 complete, 1 partial, 0 damaged)" in r.stdout
-    assert "no commit marker" in r.stdout
+    assert "4 steps (3 complete, 1 partial, 0 damaged, 0 foreign)" in r.stdout
+    assert "empty: a save that stopped before its first file" in r.stdout
     r = cli("inspect", "--json", str(root))
     import json
 
