@@ -19,6 +19,7 @@
 #include "helpers.h"
 #include "io_inject.h"
 #include "io_internal.h"
+#include "steps_fixture.h"
 #include "steps_internal.h"
 
 #include <dirent.h>
@@ -32,35 +33,13 @@
 #include <time.h>
 #include <unistd.h>
 
-static const char *const fixture_files[] = {
-    ".metadata", ".ckptio-manifest-80b4e47c5ac9.json", "__0_80b4e47c5ac9_0.distcp", "__1_80b4e47c5ac9_0.distcp"};
-#define NFIXTURE (sizeof fixture_files / sizeof *fixture_files)
-
 static ckptio_engine *engine;
-static int root_counter;
 
-static const char *new_root(void) {
-    static char root[4096];
-    snprintf(root, sizeof root, "%s/root%d", t_tmpdir(), root_counter++);
+/* A new root, created. */
+static const char *make_root(void) {
+    const char *root = new_root();
     T_ASSERT(mkdir(root, 0777) == 0);
     return root;
-}
-
-static const char *step_file(const char *root, uint64_t step, const char *name) {
-    static char path[4][8300];
-    static int next;
-    char *p = path[next++ % 4];
-    snprintf(p, sizeof path[0], "%.4000s/step_%08llu/%.4000s", root, (unsigned long long)step, name);
-    return p;
-}
-
-static void copy_fixture(const char *root, uint64_t step) {
-    for (size_t i = 0; i < NFIXTURE; i++) {
-        size_t len = 0;
-        void *data = t_read_file(t_data_path("dcp/sharded", fixture_files[i]), &len);
-        t_write_file(step_file(root, step, fixture_files[i]), data, len);
-        free(data);
-    }
 }
 
 /* A step the manager saved. */
@@ -129,7 +108,7 @@ static bool has(const char *text, const char *needle) { return strstr(text, need
 /* ---- other writers' steps ---------------------------------------------------------------- */
 
 static void test_foreign_steps_survive(void) {
-    const char *root = new_root();
+    const char *root = make_root();
     save_step(root, 10);
     save_step(root, 20);
     foreign_step(root, 100);
@@ -210,7 +189,7 @@ static const char *plant(const char *root, uint64_t step, alien_kind kind, const
 static void test_removal_leaves_whole(void) {
     for (int kind = SUBDIR; kind <= FIFO; kind++) {
         /* A partial step (a crashed save) holding the entry: clean and remove leave every byte. */
-        const char *root = new_root();
+        const char *root = make_root();
         save_step(root, 5);
         char dir[4096];
         T_OK(ckptio_steps_begin(root, 10, dir, sizeof dir));
@@ -241,7 +220,7 @@ static void test_removal_leaves_whole(void) {
         if (kind == SYMLINK) T_ASSERT(t_file_exists(t_path("outside.txt")));
 
         /* A complete step holding it: retention keeps it, and it still loads. */
-        const char *r2 = new_root();
+        const char *r2 = make_root();
         save_step(r2, 10);
         name = plant(r2, 10, (alien_kind)kind, &why);
         save_step(r2, 20);
@@ -261,7 +240,7 @@ static void test_removal_leaves_whole(void) {
 
 static void test_removal_failing_half_way(void) {
     /* The third unlink fails: the marker and one data file are gone. */
-    const char *root = new_root();
+    const char *root = make_root();
     save_step(root, 10);
     ckptio__io_inject(CKPTIO__IO_UNLINK, 3, EIO, 0, false);
     const ckptio_status st = ckptio_steps_remove(root, 10);
@@ -300,7 +279,7 @@ static void test_removal_failing_half_way(void) {
 /* ---- pins ----------------------------------------------------------------------------------- */
 
 static void test_pins(void) {
-    const char *root = new_root();
+    const char *root = make_root();
     for (uint64_t s = 10; s <= 30; s += 10) save_step(root, s);
     ckptio_step_pin *pin = NULL, *other = NULL;
     T_OK(ckptio_steps_pin(root, 10, &pin));
@@ -371,7 +350,7 @@ static void *hold_in_a_loop(void *arg) {
 }
 
 static void test_queued_lock_takes_turns(void) {
-    const char *root = new_root();
+    const char *root = make_root();
     looper l = {.root = root};
     pthread_t t;
     T_ASSERT(pthread_create(&t, NULL, hold_in_a_loop, &l) == 0);

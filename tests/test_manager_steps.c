@@ -14,6 +14,7 @@
 #include "helpers.h"
 #include "io_inject.h"
 #include "io_internal.h"
+#include "steps_fixture.h"
 #include "steps_internal.h"
 
 #include <dirent.h>
@@ -22,37 +23,13 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-static const char *const fixture_files[] = {
-    ".metadata", ".ckptio-manifest-80b4e47c5ac9.json", "__0_80b4e47c5ac9_0.distcp", "__1_80b4e47c5ac9_0.distcp"};
-#define DATA0 "__0_80b4e47c5ac9_0.distcp"
-
 static ckptio_engine *engine;
-static int root_counter;
-
-static const char *new_root(void) {
-    static char root[4096];
-    snprintf(root, sizeof root, "%s/root%d", t_tmpdir(), root_counter++);
-    return root;
-}
-
-static const char *step_file(const char *root, uint64_t step, const char *name) {
-    static char path[4][8300];
-    static int next;
-    char *p = path[next++ % 4];
-    snprintf(p, sizeof path[0], "%.4000s/step_%08llu/%.4000s", root, (unsigned long long)step, name);
-    return p;
-}
 
 /* begin and copy the fixture: a step whose DCP save is done. */
 static void write_step(const char *root, uint64_t step) {
     char dir[4096];
     T_OK(ckptio_steps_begin(root, step, dir, sizeof dir));
-    for (size_t i = 0; i < sizeof fixture_files / sizeof *fixture_files; i++) {
-        size_t len = 0;
-        void *data = t_read_file(t_data_path("dcp/sharded", fixture_files[i]), &len);
-        t_write_file(step_file(root, step, fixture_files[i]), data, len);
-        free(data);
-    }
+    copy_fixture(root, step);
 }
 
 static void save_step(const char *root, uint64_t step) {
