@@ -6,10 +6,12 @@ steps exist and in what state, the commit marker that makes a step
 complete, retention and cleaning are C (src/ckpt/steps_*.c); each step's
 data is one ckptio.dcp checkpoint directory. What stays here is the order of
 the calls and, with torch.distributed, the agreement between ranks: rank 0
-takes the root's lock, starts the step, commits its marker once every rank's
-data and .metadata are committed (the DCP writer's coordinator commit ends
-before the save returns), applies retention and picks the step to load; every
-other rank follows its decision, and an error on any rank is raised on all.
+takes the root's lock (in turn, so two managers on one root alternate),
+starts the step, commits its marker once every rank's data and .metadata are
+committed (the DCP writer's coordinator commit ends before the save returns),
+applies retention, picks the step to load and pins it while it is read;
+every other rank follows its decision, and an error on any rank is raised on
+all.
 """
 
 from __future__ import annotations
@@ -287,8 +289,9 @@ class CheckpointManager:
 
         The step is pinned while it is read (retention elsewhere leaves it
         for later). A step that goes away all the same (removed by something
-        that ignores pins) is replaced by the newest step left, up to
-        a few times; a `step` asked for raises CkptioError naming it."""
+        that ignores pins) is replaced by the newest step left, up to five
+        times; a `step` asked for raises CkptioError naming it. A step the
+        manager did not write (foreign) is loaded only when asked for."""
         check = self.check if check is None else check
         if check not in _CHECKS:
             raise ValueError(f"check must be one of {_CHECKS}, not {check!r}")
