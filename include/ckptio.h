@@ -1543,7 +1543,8 @@ CKPTIO_API ckptio_status ckptio_steps_dir_name(uint64_t step, char *out, size_t 
 
 /*! ckptio_steps_scan() :
  * The step directories of ROOT, ascending, each classified at
- * CKPTIO_STEP_CHECK_MARKER with its size. A missing ROOT has no steps
+ * CKPTIO_STEP_CHECK_MARKER (a directory without a marker is PARTIAL or
+ * FOREIGN from what it holds) with its size. A missing ROOT has no steps
  * (*count = 0). Symlinks named like steps are not steps. Free *steps with
  * ckptio_steps_free. */
 CKPTIO_API ckptio_status ckptio_steps_scan(const char *root, ckptio_step_info **steps, size_t *count);
