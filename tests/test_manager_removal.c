@@ -12,6 +12,7 @@
  *  - a removal that fails half-way says what it removed and what is left,
  *    and leaves a step still recognisably the manager's (partial), also
  *    for a step saved without a begun mark;
+ *  - a step removed while a check reads it is partial or gone, not damaged;
  *  - a pinned step is kept by retention and refused by remove;
  *  - a lock holder that releases and asks again at once never keeps a
  *    queued waiter out.
@@ -276,6 +277,59 @@ static void test_removal_failing_half_way(void) {
     T_STATUS(ckptio_steps_remove(root, 40), CKPTIO_E_NOT_FOUND);
 }
 
+/* ---- a removal while a check reads ---------------------------------------------------------- */
+
+/* What the open hook does at the check's second open (the first opens the
+ * marker, the second .metadata, to hash it): another process's removal
+ * takes the marker (and with `whole` the directory) away, and that open
+ * fails. */
+static struct {
+    const char *root;
+    uint64_t step;
+    bool whole;
+    atomic_int opens;
+} removal_at_read;
+
+static bool remove_during_read(ckptio__io_kind kind, int *err, uint64_t *len) {
+    (void)len;
+    if (kind != CKPTIO__IO_OPEN || atomic_fetch_add(&removal_at_read.opens, 1) != 1) return false;
+    T_ASSERT(unlink(step_file(removal_at_read.root, removal_at_read.step, CKPTIO_STEP_MARKER)) == 0);
+    if (removal_at_read.whole) {
+        char dir[4200], moved[4300];
+        snprintf(dir, sizeof dir, "%.4000s/step_%08llu", removal_at_read.root,
+                 (unsigned long long)removal_at_read.step);
+        snprintf(moved, sizeof moved, "%s.gone", dir);
+        T_ASSERT(rename(dir, moved) == 0);
+    }
+    *err = EIO;
+    return true;
+}
+
+static void test_removal_during_a_check(void) {
+    /* A FULL check whose step is removed while it reads: not damage, but partial or gone. */
+    const char *root = make_root();
+    save_step(root, 10);
+    save_step(root, 20);
+    removal_at_read.root = root;
+    removal_at_read.step = 20;
+    ckptio__io_set_fault_hook(remove_during_read);
+    ckptio_step_info info;
+    const ckptio_status st = ckptio_steps_check(engine, root, 20, CKPTIO_STEP_CHECK_FULL, &info);
+    ckptio__io_set_fault_hook(NULL);
+    T_OK(st);
+    T_ASSERT(atomic_load(&removal_at_read.opens) > 1);
+    T_ASSERT_MSG(info.state == CKPTIO_STEP_PARTIAL && has(info.reason, "removed while it was checked"), "%d: %s",
+                 (int)info.state, info.reason);
+    removal_at_read.step = 10;
+    removal_at_read.whole = true;
+    atomic_store(&removal_at_read.opens, 0);
+    ckptio__io_set_fault_hook(remove_during_read);
+    const ckptio_status gone = ckptio_steps_check(engine, root, 10, CKPTIO_STEP_CHECK_FULL, &info);
+    ckptio__io_set_fault_hook(NULL);
+    T_STATUS(gone, CKPTIO_E_NOT_FOUND);
+    T_MESSAGE_HAS("removed while it was checked");
+}
+
 /* ---- pins ----------------------------------------------------------------------------------- */
 
 static void test_pins(void) {
@@ -389,6 +443,7 @@ int main(void) {
     T_RUN(test_foreign_steps_survive);
     T_RUN(test_removal_leaves_whole);
     T_RUN(test_removal_failing_half_way);
+    T_RUN(test_removal_during_a_check);
     T_RUN(test_pins);
     T_RUN(test_queued_lock_takes_turns);
     ckptio_engine_destroy(engine);
