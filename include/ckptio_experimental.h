@@ -341,11 +341,14 @@ CKPTIO_API ckptio_status ckptio_dcp_header_close(ckptio_dcp_header *header);
 
 /* The lock file of a checkpoint directory (empty, never removed). */
 #define CKPTIO_DCP_LOCK_NAME ".ckptio-dcp.lock"
+/* The turn file of CKPTIO_DCP_LOCK_QUEUED acquisitions (empty, never removed). */
+#define CKPTIO_DCP_LOCK_QUEUE_NAME ".ckptio-dcp.queue"
 
 enum ckptio_dcp_commit_flags {
     CKPTIO_DCP_SYNC = 1u << 0,        /* fsync files before their rename, and the directory after it */
     CKPTIO_DCP_RECHECK = 1u << 1,     /* ckptio_dcp_remove_files: read the metadata files again first */
-    CKPTIO_DCP_LOCK_SHARED = 1u << 2  /* ckptio_dcp_lock_acquire: shared (a save that removes nothing) */
+    CKPTIO_DCP_LOCK_SHARED = 1u << 2, /* ckptio_dcp_lock_acquire: shared (a save that removes nothing) */
+    CKPTIO_DCP_LOCK_QUEUED = 1u << 3  /* ckptio_dcp_lock_acquire: wait in turn (a holder asking again waits) */
 };
 
 /*! ckptio_temporary_create() :
@@ -492,7 +495,13 @@ typedef int (*ckptio_dcp_lock_wait_fn)(double waited_seconds, void *user);
  * save holds the directory (lock .ckptio-dcp.lock, held by pid N) [after
  * waiting S s]: this save wrote nothing and the checkpoint is unchanged;
  * ..."; the pids from /proc/locks, local holders only). `on_wait` (may be
- * NULL) runs at each busy check. A file system without flock: CKPTIO_OK
+ * NULL) runs at each busy check. With CKPTIO_DCP_LOCK_QUEUED the
+ * acquisition first takes the turn, an exclusive flock on
+ * DIR/CKPTIO_DCP_LOCK_QUEUE_NAME held while it waits and released once it
+ * has the lock: a holder that releases and asks again at once (a
+ * checkpoint manager saving in a loop) then waits behind a waiter, so two
+ * contenders alternate (flock alone is not fair); the timeout covers both.
+ * A file system without flock: CKPTIO_OK
  * with a lock whose info says locked = 0. A child fork()ed while the lock
  * is held closes its copy of the descriptor at once (without unlocking), so
  * the lock ends with the save that took it. Release with

@@ -102,11 +102,12 @@ static ckptio_status check_regular(ckptio_file *f) {
     return CKPTIO_OK;
 }
 
-static ckptio_status open_in_place(ckptio_file *f) {
+static ckptio_status open_in_place(ckptio_file *f, mode_t create_mode) {
     const bool exclusive = f->flags & CKPTIO_OPEN_EXCLUSIVE;
     /* Try to create first so that commit knows whether the directory
-     * entry is new (and must be made durable with a directory fsync). */
-    f->fd = ckptio__open(f->path, O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0666);
+     * entry is new (and must be made durable with a directory fsync). The
+     * kernel applies the umask to create_mode. */
+    f->fd = ckptio__open(f->path, O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, create_mode);
     if (f->fd >= 0) {
         f->created = true;
         return CKPTIO_OK;
@@ -121,6 +122,11 @@ static ckptio_status open_in_place(ckptio_file *f) {
 }
 
 ckptio_status ckptio_file_open(ckptio_engine *engine, const char *path, unsigned flags, ckptio_file **out) {
+    return ckptio__file_open_created(engine, path, flags, 0666, out);
+}
+
+ckptio_status ckptio__file_open_created(ckptio_engine *engine, const char *path, unsigned flags, mode_t create_mode,
+                                        ckptio_file **out) {
     const unsigned known = CKPTIO_OPEN_READ | CKPTIO_OPEN_WRITE | CKPTIO_OPEN_IN_PLACE | CKPTIO_OPEN_EXCLUSIVE;
     CKPTIO_RETURN_IF(!engine || !path || !out, CKPTIO_E_INVAL, "ckptio_file_open: engine, path and out are required");
     *out = NULL;
@@ -159,7 +165,7 @@ ckptio_status ckptio_file_open(ckptio_engine *engine, const char *path, unsigned
         }
         st = check_regular(f);
     } else if (flags & CKPTIO_OPEN_IN_PLACE) {
-        st = open_in_place(f);
+        st = open_in_place(f, create_mode);
     } else {
         struct stat sb;
         /* Early, friendly refusal; commit re-checks atomically. lstat: a

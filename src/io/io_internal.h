@@ -95,6 +95,12 @@ struct ckptio_file {
 ckptio_status ckptio__file_io(ckptio_file *file, ckptio_direction dir, void *buf, uint64_t len,
                               uint64_t offset);
 
+/* ckptio_file_open, where a CKPTIO_OPEN_IN_PLACE write that creates the
+ * file creates it with `create_mode` (& ~umask, by the kernel) instead of
+ * 0666. */
+ckptio_status ckptio__file_open_created(ckptio_engine *engine, const char *path, unsigned flags, mode_t create_mode,
+                                        ckptio_file **out);
+
 /* The engine a file was opened with. */
 ckptio_engine *ckptio__file_engine(const ckptio_file *file);
 
