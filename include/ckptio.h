@@ -274,6 +274,8 @@ typedef enum ckptio_option {
     CKPTIO_OPT_S3_TIMEOUT_MS,      /* an attempt with no progress for this long fails; CKPTIO_S3_TIMEOUT_MS */
     CKPTIO_OPT_S3_DEADLINE_MS,     /* one request, all attempts together; CKPTIO_S3_DEADLINE_MS */
     CKPTIO_OPT_S3_BACKOFF_MS,      /* first retry waits up to this (doubling, 20 s at most); CKPTIO_S3_BACKOFF_MS */
+    CKPTIO_OPT_S3_LEASE_MS,        /* a directory's save lease lapses this long after its holder stops renewing it;
+                                      CKPTIO_S3_LEASE_MS */
     CKPTIO_OPT_COUNT_
 } ckptio_option;
 
@@ -596,6 +598,10 @@ CKPTIO_API ckptio_status ckptio_format_detect_bytes(const void *head, size_t len
  * (FIFO, device, socket) is CKPTIO_E_UNSUPPORTED, and is never opened for
  * reading. A path that cannot be opened or read fails with the errno's
  * status (CKPTIO_E_NOT_FOUND, CKPTIO_E_PERMISSION, ...) naming it.
+ * "s3://BUCKET/KEY": an object is judged by its first bytes as a file; a
+ * key with objects under KEY/ (or a URL ending in '/') is a directory,
+ * judged by the objects ".metadata" and "model.safetensors.index.json"
+ * under it; neither is CKPTIO_E_NOT_FOUND (docs/OBJECT_STORAGE.md).
  * Thread-safe. */
 CKPTIO_API ckptio_status ckptio_format_detect(const char *path, ckptio_format *out);
 

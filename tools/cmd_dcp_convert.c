@@ -71,7 +71,7 @@ static int to_shards(ckptio_engine *engine, ckptio_dcp *h, const char *dir, cons
         cli_error("out of memory");
         goto out;
     }
-    if (mkdir(out, 0777) != 0 && errno != EEXIST) {
+    if (!cli_is_object(out) && mkdir(out, 0777) != 0 && errno != EEXIST) { /* a prefix needs no creating */
         cli_error("%s: cannot create the output directory: %s", out, strerror(errno));
         goto out;
     }
@@ -125,7 +125,7 @@ static int to_shards(ckptio_engine *engine, ckptio_dcp *h, const char *dir, cons
             if (shard_of[i] == s) members[count++] = i;
         if (nshards == 1) snprintf(name, sizeof name, "model.safetensors");
         else snprintf(name, sizeof name, "model-%05zu-of-%05zu.safetensors", s + 1, nshards);
-        snprintf(path, sizeof path, "%s/%s", out, name);
+        cli_join(out, name, path, sizeof path);
         ckptio_status st = ckptio_dcp_save_safetensors(h, path, members, count, meta, 1, 0);
         if (st != CKPTIO_OK) {
             cli_error_lib(path, st);
@@ -155,7 +155,7 @@ static int to_shards(ckptio_engine *engine, ckptio_dcp *h, const char *dir, cons
         }
         text = nl;
         memcpy(text + n, "\n", 2);
-        snprintf(path, sizeof path, "%s/model.safetensors.index.json", out);
+        cli_join(out, "model.safetensors.index.json", path, sizeof path);
         ckptio_status st = write_atomic(engine, path, text);
         if (st != CKPTIO_OK) {
             cli_error_lib(path, st);
@@ -181,8 +181,7 @@ int cli_dcp_convert(ckptio_engine *engine, const char *dir, const char *out, uin
     ckptio_status st = ckptio_dcp_open(engine, dir, &h);
     if (st != CKPTIO_OK) return cli_error_lib(dir, st);
     int rc = CLI_EXIT_FAIL;
-    struct stat sb;
-    const bool out_is_dir = stat(out, &sb) == 0 && S_ISDIR(sb.st_mode);
+    const bool out_is_dir = cli_is_object(out) ? out[strlen(out) - 1] == '/' : cli_is_dir(out);
     if (shard_size > 0 || out_is_dir || !has_suffix(out, ".safetensors")) {
         rc = to_shards(engine, h, dir, out, shard_size ? shard_size : HF_DEFAULT_SHARD, quiet);
     } else {

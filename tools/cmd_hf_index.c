@@ -20,8 +20,7 @@
 #define HF_INDEX_NAME "model.safetensors.index.json"
 
 bool cli_hf_index_path(const char *path, char *index, size_t cap) {
-    struct stat sb;
-    if (stat(path, &sb) == 0 && S_ISDIR(sb.st_mode)) return (size_t)snprintf(index, cap, "%s/%s", path, HF_INDEX_NAME) < cap;
+    if (cli_is_dir(path)) return cli_join(path, HF_INDEX_NAME, index, cap);
     return (size_t)snprintf(index, cap, "%s", path) < cap;
 }
 

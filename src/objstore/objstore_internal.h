@@ -245,6 +245,8 @@ struct ckptio__s3_request {
     ckptio_status status;         /* CKPTIO_OK or the failure's status */
     long http;                    /* last HTTP status (0: none came) */
     char etag[128];               /* ETag header of the answer */
+    double last_modified;         /* its Last-Modified, seconds since the epoch (0: none) */
+    double server_date;           /* its Date: the server's clock (0: none) */
     uint64_t content_length;      /* Content-Length of the answer */
     uint64_t object_size;         /* from Content-Range's total, or Content-Length of a 200 */
     bool has_object_size;
