@@ -59,6 +59,7 @@ typedef struct ckptio__gpu_sim_stats {
     uint64_t register_calls;     /* host_register calls */
     uint64_t registers;          /* of those, successful */
     uint64_t registered_now, registered_peak; /* registered host bytes */
+    uint64_t stream_waits;       /* stream_wait_event calls (a stream made to wait for an event) */
 } ckptio__gpu_sim_stats;
 
 /* The simulated device's operations table, for ckptio__gpu_set_ops(). */
