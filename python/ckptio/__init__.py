@@ -35,6 +35,7 @@ from ._model import Slice, SliceRequest
 from ._distributed import LoadStats, last_load_stats
 from ._safe_open import safe_open
 from ._manager import CheckpointManager
+from ._snapshot import Snapshot, Snapshots
 
 __version__: str = _ckptio.version()
 
@@ -62,6 +63,8 @@ __all__ = [
     "save_model",
     "load_model",
     "CheckpointManager",
+    "Snapshots",
+    "Snapshot",
     "GdsFile",
     "gds_register_buffer",
     "gds_deregister_buffer",
