@@ -25,6 +25,7 @@ from typing import Any, List, Optional
 from . import _ckptio
 from ._ckptio import Engine
 from ._errors import make_error
+from ._snapshot import Snapshots
 
 _log = logging.getLogger("ckptio.manager")
 
@@ -45,8 +46,11 @@ class CheckpointManager:
       are removed after a newer step is committed, never the newest step that
       passes the fast check.
     * ``keep_every``: also keep every step that is a multiple of N.
-    * ``async_save`` (default True): ``save`` stages the state and returns;
-      the data is written on a thread, the step committed after it.
+    * ``async_save`` (default True): ``save`` snapshots the state into a
+      pinned pool of the manager's (``ckptio.Snapshots``: copied on ckptio's
+      own stream while training goes on; ``prepare``/``load`` pin it ahead)
+      and returns; the data is written on a thread, the step committed after
+      it. ``writer_options={"snapshots": False}`` stages as torch does.
     * ``async_busy``: a ``save`` while the previous one is in flight
       ``"wait"``s for it (default) or raises RuntimeError (``"error"``).
     * ``check``: how ``load(step=None)`` checks the steps it considers,
@@ -95,6 +99,8 @@ class CheckpointManager:
                                                     if process_group is not None else None, backend="gloo")
         self._pending: Optional[concurrent.futures.Future] = None
         self._closed = False
+        # Async saves snapshot the state into a pinned pool of the manager's (docs/SNAPSHOTS.md), freed by close().
+        self._snapshots = Snapshots() if async_save and self.writer_options.get("snapshots", True) is True else None
         # A job killed between a step's commit and its retention left one
         # step too many: a restarted job starts from a root within bounds.
         self._decide(self._retain_existing, "CheckpointManager")
@@ -241,6 +247,8 @@ class CheckpointManager:
         from .dcp import FileSystemWriter
 
         options = {"sync_files": True, "engine": self.engine}
+        if self._snapshots is not None:
+            options["snapshots"] = self._snapshots
         options.update(self.writer_options)
         return FileSystemWriter(step_dir, **options)
 
@@ -259,6 +267,13 @@ class CheckpointManager:
                     _log.info("%s: retention removed step(s) %s", self.root, removed)
         finally:
             _release(lock)
+
+    def prepare(self, state_dict) -> None:
+        """Sizes the async saves' snapshot pool for state_dict and pins it in
+        the background, so that the first save does not wait for it (``load``
+        does this with the state it loads into)."""
+        if self._snapshots is not None:
+            self._snapshots.prepare(state_dict)
 
     def wait(self) -> None:
         """Waits until the save in flight (if any) is committed; raises its
@@ -301,6 +316,7 @@ class CheckpointManager:
 
         chosen = self._decide(pick, "CheckpointManager.load")
         if chosen is None:
+            self.prepare(state_dict)
             return None
         import torch.distributed.checkpoint as dcp
 
@@ -313,6 +329,7 @@ class CheckpointManager:
         except Exception as e:  # noqa: BLE001 - agreed below
             error = e
         self._agree(error, f"CheckpointManager.load(step {chosen})")
+        self.prepare(state_dict)
         return chosen
 
     # ---- lifetime ----------------------------------------------------------------------------
@@ -321,7 +338,11 @@ class CheckpointManager:
         """Waits for the save in flight; the manager takes no more saves."""
         if not self._closed:
             self._closed = True
-            self.wait()
+            try:
+                self.wait()
+            finally:
+                if self._snapshots is not None:
+                    self._snapshots.close()
 
     def __enter__(self) -> "CheckpointManager":
         return self
@@ -334,6 +355,8 @@ class CheckpointManager:
             pending = self._pending
             if pending is not None:
                 concurrent.futures.wait([pending])
+            if self._snapshots is not None:
+                self._snapshots.close()
 
 
 def _ensure_root(root: str) -> str:
