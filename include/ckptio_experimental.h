@@ -557,12 +557,14 @@ typedef struct ckptio_snapshot_pool_info {
 } ckptio_snapshot_pool_info;
 
 /*! ckptio_snapshot_pool_create() :
- * Reserves `bytes` of host memory (rounded up to whole 64 MiB pieces) and
+ * Reserves `bytes` of host memory (rounded up to whole 64 MiB pieces; a
+ * pool under 64 MiB is one piece of whole 2 MiB pages) and
  * returns at once; a background thread faults the pieces in and page-locks
  * them for CUDA (portable, device-mapped) in the primary context of
  * `device`, in address order. `device` -1 makes a host pool: plain memory,
- * for host tensors, no driver needed. Huge pages are used as for the
- * staging slots (docs/GPU.md). The memory is held until
+ * for host tensors, no driver needed. Transparent huge pages are asked for
+ * wherever the kernel gives them (CKPTIO_GPU_HUGE_SLOTS=0 turns them off;
+ * docs/SNAPSHOTS.md). The memory is held until
  * ckptio_snapshot_pool_destroy(). @return CKPTIO_E_NO_CUDA without a driver
  * (device >= 0), CKPTIO_E_INVAL for 0 bytes, CKPTIO_E_NOMEM when the
  * address space or the thread cannot be had. */

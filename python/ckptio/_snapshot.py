@@ -118,6 +118,30 @@ class _Guarded:
         return out
 
 
+class _Box:
+    """A Snapshots' pool and what its snapshots need to give it back: a snapshot released (or dropped)
+    after close() frees the pool then, so that close() never frees memory a snapshot's tensors still show."""
+
+    def __init__(self) -> None:
+        self.pool: Optional[Any] = None
+        self.cv = threading.Condition()
+        self.held = False
+        self.closed = False
+
+    def release(self) -> None:
+        with self.cv:
+            pool, held = self.pool, self.held
+            self.held = False
+            try:
+                if pool is not None and held:
+                    pool.release()
+            finally:
+                if self.closed and pool is not None:
+                    self.pool = None
+                    pool.close()
+                self.cv.notify_all()
+
+
 class Snapshot:
     """One snapshot taken by :meth:`Snapshots.take`.
 
@@ -134,13 +158,13 @@ class Snapshot:
         self._sources = sources  # GPU tensors read by copies still running: not freed (and reused) before them
         self._waited = not devices
         self._released = False
-        self._finalizer = weakref.finalize(self, Snapshots._release_pool, owner._pool_ref(), owner._cv)
+        self._finalizer = weakref.finalize(self, _Box.release, owner._box)
 
     def copied(self) -> bool:
         """True once the copies have completed (never blocks)."""
         if self._waited:
             return True
-        done = self._owner._pool.copied()
+        done = self._owner._box.pool.copied()
         if done:
             self._waited = True
             self._sources = []
@@ -151,7 +175,7 @@ class Snapshot:
         if self._released:
             raise RuntimeError("the snapshot was released")
         if not self._waited:
-            self._owner._pool.wait()
+            self._owner._box.pool.wait()
             self._waited = True
             self._sources = []
 
@@ -162,7 +186,7 @@ class Snapshot:
         self._released = True
         self._sources = []
         self._finalizer.detach()
-        self._owner._release(self)
+        self._owner._box.release()
 
 
 class Snapshots:
@@ -183,10 +207,9 @@ class Snapshots:
     """
 
     def __init__(self) -> None:
-        self._pool: Optional[Any] = None
-        self._pool_device: Optional[int] = None
-        self._cv = threading.Condition()
-        self._held_ref: Optional["weakref.ReferenceType[Snapshot]"] = None  # weak: a dropped one releases itself
+        self._box = _Box()
+        self._cv = self._box.cv
+        self._held_ref: Optional["weakref.ReferenceType[Snapshot]"] = None
         self._views: Dict[tuple, Any] = {}
         self._base = None  # a uint8 CPU tensor over the whole pool
         self._guarded = _Guarded()
@@ -199,19 +222,9 @@ class Snapshots:
             pass
 
     # ---- pool ------------------------------------------------------------------------------------------
-    def _pool_ref(self):
-        return [self._pool]
-
-    @staticmethod
-    def _release_pool(box, cv) -> None:
-        pool = box[0]
-        if pool is not None:
-            try:
-                pool.release()
-            except Exception:  # noqa: BLE001 - a dropped snapshot: its failure was the saver's to see
-                pass
-        with cv:
-            cv.notify_all()
+    @property
+    def _pool(self):
+        return self._box.pool
 
     def _ensure_pool(self, nbytes: int, device: int) -> None:
         """A pool of at least nbytes pinned for `device` (-1: host), made now if need be (pinning runs in the
@@ -225,9 +238,8 @@ class Snapshots:
                          "not pinned for CUDA: pinning a new one (call prepare() with the whole state ahead)",
                          info["nbytes"], nbytes)
             self._retire(pool)
-        self._pool = _ckptio.SnapshotPool(max(nbytes, 1), device)
-        self._pool_device = device
-        info = self._pool.info()
+        self._box.pool = _ckptio.SnapshotPool(max(nbytes, 1), device)
+        info = self._box.pool.info()
         import torch
 
         buf = (ctypes.c_uint8 * info["nbytes"]).from_address(info["address"])
@@ -246,7 +258,7 @@ class Snapshots:
         """Sizes the pool for state_dict and starts pinning it in the background."""
         plan = self._plan(state_dict, classify=False)
         with self._cv:
-            if self._held() is None:
+            if not self._box.held and not self._box.closed:
                 self._ensure_pool(plan.nbytes, plan.pool_device)
 
     def info(self) -> Dict[str, Any]:
@@ -355,7 +367,12 @@ class Snapshots:
         if kind == "T":
             return self._host(node[1])
         if kind == "D":
-            out = node[1]() if node[1] is not dict else {}
+            out = {}
+            if node[1] is not dict:
+                try:
+                    out = node[1]()  # an OrderedDict stays one
+                except TypeError:
+                    pass
             for k, x in node[2]:
                 out[k] = self._build(x)
             return out
@@ -374,8 +391,10 @@ class Snapshots:
             raise RuntimeError("ckptio.Snapshots is closed")
         plan = self._plan(state_dict)
         with self._cv:
-            while self._held() is not None:
+            while self._box.held:  # an earlier snapshot's save still writes it
                 self._cv.wait(0.05)
+            if self._box.closed:
+                raise RuntimeError("ckptio.Snapshots is closed")
             self._ensure_pool(plan.nbytes, plan.pool_device)
             info = self._pool.info()
             if info["ready_bytes"] < plan.nbytes:
@@ -388,22 +407,15 @@ class Snapshots:
             except BaseException:
                 self._pool.release()
                 raise
+            self._box.held = True
             snap = Snapshot(self, host, plan.nbytes, plan.sources, plan.devices)
             self._held_ref = weakref.ref(snap)
         return snap
 
     def _held(self) -> Optional[Snapshot]:
-        """The snapshot holding the pool, if any (one released, or dropped and so released, is none)."""
+        """The snapshot holding the pool, if any."""
         snap = self._held_ref() if self._held_ref is not None else None
-        return None if snap is None or snap._released else snap
-
-    def _release(self, snap: Snapshot) -> None:
-        with self._cv:
-            try:
-                if self._pool is not None:
-                    self._pool.release()
-            finally:
-                self._cv.notify_all()
+        return None if snap is None or snap._released or not self._box.held else snap
 
     # ---- the training side -----------------------------------------------------------------------------
     def _before_update_current(self) -> None:
@@ -436,18 +448,19 @@ class Snapshots:
             _Guarded._add(self._guarded.extra, t, dtensor)
 
     def close(self) -> None:
-        """Waits until the held snapshot is released (its save has written it), then frees the pool.
-        Idempotent."""
+        """Frees the pool, or, while a snapshot is held (its save still writing), has that snapshot's release
+        free it. Idempotent."""
         if self._closed:
             return
         self._closed = True
-        with self._cv:
-            while self._held() is not None:
-                self._cv.wait(0.05)
         _live.discard(self)
-        pool, self._pool = self._pool, None
-        self._base = None
-        self._views = {}
+        with self._cv:
+            self._box.closed = True
+            self._base = None
+            self._views = {}
+            pool = None if self._box.held else self._box.pool
+            if pool is not None:
+                self._box.pool = None
         if pool is not None:
             pool.close()
         for t in self._retired:

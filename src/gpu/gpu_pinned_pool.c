@@ -22,6 +22,7 @@ struct ckptio__pinned_pool {
     int device;
     unsigned char *base;
     uint64_t bytes;             /* whole pieces */
+    uint64_t piece;             /* CKPTIO__POOL_PIECE_BYTES, or the whole pool when smaller */
     size_t npieces;
     _Atomic uint64_t ready;     /* bytes from base faulted in and pinned */
     _Atomic size_t next_fill;   /* the next piece a filler claims */
@@ -38,7 +39,7 @@ struct ckptio__pinned_pool {
 };
 
 static unsigned char *piece_addr(const ckptio__pinned_pool *p, size_t i) {
-    return p->base + i * CKPTIO__POOL_PIECE_BYTES;
+    return p->base + i * p->piece;
 }
 
 static void *filler_main(void *arg) {
@@ -46,7 +47,7 @@ static void *filler_main(void *arg) {
     for (;;) {
         const size_t i = atomic_fetch_add(&p->next_fill, 1);
         if (i >= p->npieces || atomic_load(&p->stop)) break;
-        ckptio__slot_range_fill(piece_addr(p, i), CKPTIO__POOL_PIECE_BYTES);
+        ckptio__slot_range_fill(piece_addr(p, i), p->piece);
         pthread_mutex_lock(&p->lock);
         atomic_store(&p->filled[i], true);
         pthread_cond_broadcast(&p->cond);
@@ -62,8 +63,7 @@ static void record_failure(ckptio__pinned_pool *p, ckptio_status st, size_t piec
     p->failed = st;
     p->cuda_result = e->cuda_result;
     snprintf(p->failure, sizeof p->failure, "pinning piece %zu of %zu (%llu MiB at offset %llu) of the snapshot pool: %s",
-             piece, p->npieces, (unsigned long long)(CKPTIO__POOL_PIECE_BYTES >> 20),
-             (unsigned long long)(piece * CKPTIO__POOL_PIECE_BYTES),
+             piece, p->npieces, (unsigned long long)(p->piece >> 20), (unsigned long long)(piece * p->piece),
              st == CKPTIO_E_UNSUPPORTED ? "the CUDA driver cannot page-lock host memory (cuMemHostRegister)"
                                         : e->message);
     pthread_cond_broadcast(&p->cond);
@@ -90,7 +90,7 @@ static void *pinner_main(void *arg) {
             /* Fill it here when no filler has claimed it (none could start), else wait for it. */
             size_t want = i;
             if (atomic_compare_exchange_strong(&p->next_fill, &want, i + 1)) {
-                ckptio__slot_range_fill(piece_addr(p, i), CKPTIO__POOL_PIECE_BYTES);
+                ckptio__slot_range_fill(piece_addr(p, i), p->piece);
                 atomic_store(&p->filled[i], true);
             }
             pthread_mutex_lock(&p->lock);
@@ -99,7 +99,7 @@ static void *pinner_main(void *arg) {
             if (!atomic_load(&p->filled[i])) break;
         }
         if (p->ops) {
-            const ckptio_status st = p->ops->slot_pin(piece_addr(p, i), CKPTIO__POOL_PIECE_BYTES);
+            const ckptio_status st = p->ops->slot_pin(piece_addr(p, i), p->piece);
             if (st != CKPTIO_OK) {
                 record_failure(p, st, i);
                 break;
@@ -107,7 +107,7 @@ static void *pinner_main(void *arg) {
             p->npinned = i + 1;
         }
         pthread_mutex_lock(&p->lock);
-        atomic_store(&p->ready, (uint64_t)(i + 1) * CKPTIO__POOL_PIECE_BYTES);
+        atomic_store(&p->ready, (uint64_t)(i + 1) * p->piece);
         pthread_cond_broadcast(&p->cond);
         pthread_mutex_unlock(&p->lock);
     }
@@ -123,21 +123,23 @@ ckptio_status ckptio__pinned_pool_create(const ckptio__gpu_ops *ops, int device,
                                          ckptio__pinned_pool **out) {
     *out = NULL;
     CKPTIO_RETURN_IF(bytes == 0, CKPTIO_E_INVAL, "a snapshot pool of 0 bytes");
-    uint64_t whole = 0;
-    CKPTIO_RETURN_IF(ckptio__add_overflows(bytes, CKPTIO__POOL_PIECE_BYTES - 1, &whole) || whole > (1ull << 46),
-                     CKPTIO_E_INVAL, "a snapshot pool of %llu bytes is larger than the address space allows",
-                     (unsigned long long)bytes);
-    whole = ckptio__align_down(whole, CKPTIO__POOL_PIECE_BYTES);
+    CKPTIO_RETURN_IF(bytes > (1ull << 46), CKPTIO_E_INVAL,
+                     "a snapshot pool of %llu bytes is larger than the address space allows", (unsigned long long)bytes);
+    /* A pool smaller than a piece is one piece of whole huge pages. */
+    const uint64_t piece = bytes < CKPTIO__POOL_PIECE_BYTES ? ckptio__align_up(bytes, CKPTIO_HUGE_PAGE_BYTES)
+                                                            : CKPTIO__POOL_PIECE_BYTES;
+    const uint64_t whole = ckptio__align_up(bytes, piece);
     ckptio__pinned_pool *p = ckptio__calloc(1, sizeof *p);
     if (!p) return CKPTIO_FAIL(CKPTIO_E_NOMEM, "out of memory for a snapshot pool");
     p->ops = ops;
     p->device = device;
     p->bytes = whole;
-    p->npieces = (size_t)(whole / CKPTIO__POOL_PIECE_BYTES);
+    p->piece = piece;
+    p->npieces = (size_t)(whole / piece);
     p->filled = ckptio__calloc(p->npieces, sizeof *p->filled);
     if (!p->filled) {
         ckptio__free(p);
-        return CKPTIO_FAIL(CKPTIO_E_NOMEM, "out of memory for a snapshot pool of %zu pieces", (size_t)(whole >> 26));
+        return CKPTIO_FAIL(CKPTIO_E_NOMEM, "out of memory for a snapshot pool of %zu pieces", p->npieces);
     }
     const ckptio_status st = ckptio__slot_range_reserve((size_t)whole, huge, &p->base);
     if (st != CKPTIO_OK) {
@@ -159,6 +161,7 @@ ckptio_status ckptio__pinned_pool_create(const ckptio__gpu_ops *ops, int device,
 
 unsigned char *ckptio__pinned_pool_base(const ckptio__pinned_pool *pool) { return pool->base; }
 uint64_t ckptio__pinned_pool_bytes(const ckptio__pinned_pool *pool) { return pool->bytes; }
+uint64_t ckptio__pinned_pool_piece(const ckptio__pinned_pool *pool) { return pool->piece; }
 uint64_t ckptio__pinned_pool_ready(const ckptio__pinned_pool *pool) { return atomic_load(&pool->ready); }
 
 ckptio_status ckptio__pinned_pool_wait(ckptio__pinned_pool *pool, uint64_t bytes) {

@@ -19,7 +19,8 @@
 
 typedef struct ckptio__pinned_pool ckptio__pinned_pool;
 
-/* Reserves `bytes` (rounded up to whole pieces) and starts a thread that
+/* Reserves `bytes` (rounded up to whole pieces; a pool smaller than
+ * CKPTIO__POOL_PIECE_BYTES is one piece of whole 2 MiB pages) and starts a thread that
  * faults the pieces in and, with `ops`, page-locks them (slot_pin) in the
  * primary context of `device`, in address order. `ops` NULL: plain host
  * memory, faulted in the same way (no driver). `huge`: ask for transparent
@@ -29,6 +30,9 @@ ckptio_status ckptio__pinned_pool_create(const ckptio__gpu_ops *ops, int device,
 
 unsigned char *ckptio__pinned_pool_base(const ckptio__pinned_pool *pool);
 uint64_t ckptio__pinned_pool_bytes(const ckptio__pinned_pool *pool);
+
+/* The size of its pieces: one registration each, so a copy into the pool must not cross from one into the next. */
+uint64_t ckptio__pinned_pool_piece(const ckptio__pinned_pool *pool);
 
 /* Bytes from the base that are ready (faulted in and, with ops, pinned). */
 uint64_t ckptio__pinned_pool_ready(const ckptio__pinned_pool *pool);
