@@ -332,13 +332,15 @@ def parent(args) -> None:
                "--width", str(args.width), "--depth", str(args.depth), "--batch", str(args.batch),
                "--keep-last", str(args.keep_last if free > (args.keep_last + 1.3) * args.state_gb * 1e9 else 1)]
         t0 = time.monotonic()
-        p = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                           timeout=max(30, int(left)))
-        line = [ln for ln in p.stdout.splitlines() if ln.startswith("{")]
-        if p.returncode != 0 or not line:
-            r = {"method": method, "target": target, "every": every, "error": p.stderr[-3000:]}
-        else:
-            r = json.loads(line[-1])
+        try:
+            p = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                               timeout=max(30, int(left)))
+            line = [ln for ln in p.stdout.splitlines() if ln.startswith("{")]
+            r = json.loads(line[-1]) if p.returncode == 0 and line else \
+                {"method": method, "target": target, "every": every, "error": p.stderr[-3000:]}
+        except subprocess.TimeoutExpired as e:
+            r = {"method": method, "target": target, "every": every,
+                 "error": f"killed after {e.timeout} s: {(e.stderr or b'')[-2000:]!r}"}
         r["wall_s"] = round(time.monotonic() - t0, 1)
         results.append(r)
         shutil.rmtree(os.path.join(root, method), ignore_errors=True)
