@@ -7,19 +7,20 @@ method runs in a process of its own, the same steps, saves at every EVERY-th ste
 disk:
 
   none                 no checkpoint
-  torch                torch.distributed.checkpoint.async_save with torch's FileSystemWriter and the staging
+  torch                torch.distributed.checkpoint.async_save with torch's FileSystemWriter (FILES data
+                       files per save, as the ckptio manager writes; default 8) and the staging
                        options of torch.distributed.checkpoint.staging that overlap most: DefaultStager(
                        StagingOptions(pinned, no shared memory, async staging on a stream of its own,
                        non-blocking copies)), one stager reused; before the next optimizer step the loop
                        waits for the staging to complete (torch's staging is not ordered against the training
                        stream), and before the next save for the previous upload (its staging is reused)
-  ckptio_main_manager  ckptio.CheckpointManager staging as torch does (writer_options={"snapshots": False}):
-                       the manager as it was before snapshots
+  ckptio_main_manager  ckptio.CheckpointManager staging as torch does into one data file (writer_options=
+                       {"snapshots": False, "thread_count": 1}): the manager as it was before snapshots
   ckptio_main_writer   dcp.async_save with one ckptio.dcp.FileSystemWriter(cache_staged_state_dict=True,
                        snapshots=False) reused: the writer as it was before snapshots
-  ckptio_manager       ckptio.CheckpointManager with snapshots (the default), prepare() after the warm-up
-  ckptio_writer        dcp.async_save with a new ckptio.dcp.FileSystemWriter per save (snapshots: the pool
-                       the process's writers share), prepare() after the warm-up
+  ckptio_manager       ckptio.CheckpointManager with snapshots (the default), prepare() before the warm-up
+  ckptio_writer        dcp.async_save with a new ckptio.dcp.FileSystemWriter(thread_count=FILES) per save
+                       (snapshots: the pool the process's writers share), prepare() before the warm-up
 
 The state dict (get_state_dict of the model and optimizer, plus RNG states, a data-loader position and the
 step) is built once after the warm-up: its tensors are the live ones. Each child reports the step times,
@@ -119,7 +120,8 @@ def child(args) -> dict:
     extra = {"step": 0, "rng": torch.get_rng_state(), "loader": {"epoch": 0, "index": 0}}
     if cuda:
         extra["cuda_rng"] = torch.cuda.get_rng_state()
-    state = {"model": msd, "optim": osd, "extra": extra}
+    # Plain dicts: torch 2.11's StateDictStager cannot copy an OrderedDict (KeyError: <class 'type'>).
+    state = {"model": dict(msd), "optim": osd, "extra": extra}
     state_bytes = sum(t.numel() * t.element_size() for t in _flat(state, []))
     root = os.path.join(args.root, f"{args.method}")
     shutil.rmtree(root, ignore_errors=True)
@@ -131,7 +133,7 @@ def child(args) -> dict:
     t_setup = time.perf_counter()
     mgr = writer = stager = None
     if method in ("ckptio_manager", "ckptio_main_manager"):
-        opts = {} if method == "ckptio_manager" else {"snapshots": False}
+        opts = {} if method == "ckptio_manager" else {"snapshots": False, "thread_count": 1}  # as before
         mgr = ckptio.CheckpointManager(root, keep_last=keep, writer_options=opts)
         if method == "ckptio_manager":
             mgr.prepare(state)
@@ -165,8 +167,8 @@ def child(args) -> dict:
         elif method == "torch":
             while last_upload:
                 last_upload.pop().result()  # its staging buffers are reused by this save
-            resp = dcp.async_save(state, storage_writer=dcp.FileSystemWriter(path), async_stager=stager,
-                                  no_dist=True)
+            resp = dcp.async_save(state, storage_writer=dcp.FileSystemWriter(path, thread_count=args.files),
+                                  async_stager=stager, no_dist=True)
             if hasattr(resp, "staging_completion"):
                 staging_wait.append(resp.staging_completion)
                 f = resp.upload_completion
@@ -174,7 +176,7 @@ def child(args) -> dict:
                 f = resp
             last_upload.append(f)
         else:
-            w = writer if writer is not None else cdcp.FileSystemWriter(path)
+            w = writer if writer is not None else cdcp.FileSystemWriter(path, thread_count=args.files)
             f = dcp.async_save(state, checkpoint_id=path, storage_writer=w, no_dist=True)
         f.add_done_callback(mark)
         futures.append(f)
@@ -306,11 +308,39 @@ def _plot(results: list, outdir: str) -> list:
     return files
 
 
+def _dd(path: str, files: int, total_gb: float, direct: bool) -> float:
+    """GB/s of writing total_gb into `files` files side by side with dd (fsync'd; O_DIRECT on disk)."""
+    os.makedirs(path, exist_ok=True)
+    count = max(1, int(total_gb * 1e9 / files / (64 << 20)))
+    t0 = time.monotonic()
+    procs = [subprocess.Popen(["dd", "if=/dev/zero", f"of={path}/f{i}", "bs=64M", f"count={count}", "conv=fsync"]
+                              + (["oflag=direct"] if direct else []), stderr=subprocess.DEVNULL)
+             for i in range(files)]
+    for p in procs:
+        p.wait()
+    gbps = files * count * (64 << 20) / (time.monotonic() - t0) / 1e9
+    shutil.rmtree(path, ignore_errors=True)
+    return round(gbps, 2)
+
+
+def ceilings(args) -> dict:
+    """Write ceilings of the targets, measured right before the runs: one file and FILES files side by side."""
+    gb = args.state_gb
+    out = {"tmpfs_1_file_fresh": _dd(args.tmpfs + "/dd", 1, gb, False),
+           f"tmpfs_{args.files}_files": _dd(args.tmpfs + "/dd", args.files, gb, False),
+           "tmpfs_1_file_again": _dd(args.tmpfs + "/dd", 1, gb, False),
+           "disk_1_file_direct": _dd(args.disk + "/dd", 1, min(gb, 4.0), True),
+           f"disk_{args.files}_files_direct": _dd(args.disk + "/dd", args.files, min(gb, 4.0), True)}
+    print("write ceilings GB/s:", json.dumps(out), flush=True)
+    return out
+
+
 def parent(args) -> None:
     os.makedirs(args.outdir, exist_ok=True)
     out_json = os.path.join(args.outdir, "training_loop.json")
     roots = {"tmpfs": args.tmpfs, "disk": args.disk}
     results, t_start = [], time.monotonic()
+    measured = ceilings(args) if args.ceilings else None
     runs = []
     for spec in args.runs.split(";"):
         parts = spec.split(":")  # target:every:methods or target:every:saves:methods
@@ -330,6 +360,7 @@ def parent(args) -> None:
         cmd = [sys.executable, os.path.abspath(__file__), "--child", "--method", method, "--target", target,
                "--every", str(every), "--steps", str(steps), "--root", root, "--device", args.device,
                "--width", str(args.width), "--depth", str(args.depth), "--batch", str(args.batch),
+               "--files", str(args.files),
                "--keep-last", str(args.keep_last if free > (args.keep_last + 1.3) * args.state_gb * 1e9 else 1)]
         t0 = time.monotonic()
         try:
@@ -345,7 +376,7 @@ def parent(args) -> None:
         results.append(r)
         shutil.rmtree(os.path.join(root, method), ignore_errors=True)
         base = next((x for x in results if x.get("method") == "none" and "step_ms" in x), None)
-        base_ms = None
+        base_ms = args.base_ms
         if base is not None:
             ms = sorted(base["step_ms"])
             base_ms = ms[len(ms) // 2]
@@ -356,7 +387,7 @@ def parent(args) -> None:
         print(f"{target:5} every {every:3} {method:20} wall {r['wall_s']:6.1f} s  "
               + (json.dumps(summary) if summary else r.get("error", "")[-400:]), flush=True)
         with open(out_json, "w") as f:
-            json.dump({"plain_step_ms": base_ms, "results": results}, f, indent=1)
+            json.dump({"plain_step_ms": base_ms, "write_ceilings_gbps": measured, "results": results}, f, indent=1)
     charts = _plot(results, args.outdir)
     print("charts:", charts, flush=True)
     print("\nmethod               target every  mean%   worst-plain  first-save  later saves (ms)        durable s"
@@ -393,6 +424,10 @@ def main() -> None:
     ap.add_argument("--depth", type=int, default=14)
     ap.add_argument("--batch", type=int, default=3072)
     ap.add_argument("--device", default="cuda")
+    ap.add_argument("--files", type=int, default=8, help="data files per save (thread_count) for torch and "
+                    "ckptio_writer, as the manager writes")
+    ap.add_argument("--ceilings", action="store_true", help="measure the targets' write ceilings with dd first")
+    ap.add_argument("--base-ms", type=float, help="a plain step's time, when no 'none' run is in this call")
     args = ap.parse_args()
     if args.child:
         print(json.dumps(child(args)), flush=True)

@@ -256,10 +256,11 @@ class Snapshots:
 
     def prepare(self, state_dict: Any) -> None:
         """Sizes the pool for state_dict and starts pinning it in the background."""
-        plan = self._plan(state_dict, classify=False)
+        plan = self._plan(state_dict)
         with self._cv:
             if not self._box.held and not self._box.closed:
                 self._ensure_pool(plan.nbytes, plan.pool_device)
+                self._build(plan.template)  # the host views, made now rather than in the first take
 
     def info(self) -> Dict[str, Any]:
         """The pool: address, nbytes, ready_bytes (pinned so far), device, pinned, held; {} without one."""

@@ -56,6 +56,8 @@ struct ckptio_snapshot_pool {
     snapshot_device dev[SNAPSHOT_DEVICES];
 };
 
+static struct snapshot_device *device_slot(ckptio_snapshot_pool *p, int device);
+
 ckptio_status ckptio_snapshot_pool_create(uint64_t bytes, int device, ckptio_snapshot_pool **out) {
     CKPTIO_RETURN_IF(!out, CKPTIO_E_INVAL, "ckptio_snapshot_pool_create: out is NULL");
     *out = NULL;
@@ -72,6 +74,20 @@ ckptio_status ckptio_snapshot_pool_create(uint64_t bytes, int device, ckptio_sna
         return st;
     }
     pthread_mutex_init(&p->lock, NULL);
+    if (ops) {
+        /* The device's copy stream and events now, not in the first take (which the training waits for). */
+        ckptio_status made = ops->ctx_enter(p->device);
+        if (made == CKPTIO_OK) {
+            if (!device_slot(p, p->device)) made = ckptio_last_error()->status;
+            ops->ctx_leave(p->device);
+        }
+        if (made != CKPTIO_OK) {
+            ckptio__error_saved *saved = ckptio__error_save();
+            (void)ckptio_snapshot_pool_destroy(p);
+            ckptio__error_restore(saved);
+            return made;
+        }
+    }
     *out = p;
     return CKPTIO_OK;
 }
@@ -98,7 +114,7 @@ ckptio_status ckptio_snapshot_pool_wait_ready(ckptio_snapshot_pool *pool, uint64
 
 /* The slot of `device`, made (stream and events in its primary context, which
  * the caller entered) on first use; NULL with an error when it cannot be. */
-static snapshot_device *device_slot(ckptio_snapshot_pool *p, int device) {
+static struct snapshot_device *device_slot(ckptio_snapshot_pool *p, int device) {
     snapshot_device *free_slot = NULL;
     for (unsigned i = 0; i < SNAPSHOT_DEVICES; i++) {
         if (p->dev[i].device == device) return &p->dev[i];
