@@ -25,6 +25,7 @@ from typing import Any, List, Optional
 from . import _ckptio
 from ._ckptio import Engine
 from ._errors import make_error
+from . import _manager_async
 from ._snapshot import Snapshots
 
 _log = logging.getLogger("ckptio.manager")
@@ -211,6 +212,11 @@ class CheckpointManager:
             self._pending = done
             self.wait()
             return done
+        if self._snapshots is not None and self._dist is None:  # one process: the snapshot, the rest on a thread
+            snapshot_done = _manager_async.save(self, step, state_dict, writer, lock)
+            if snapshot_done is not None:
+                self._pending = snapshot_done
+                return snapshot_done
         try:
             saving = dcp.async_save(state_dict, **kwargs)
         except BaseException:
@@ -246,7 +252,8 @@ class CheckpointManager:
     def _writer(self, step_dir: str):
         from .dcp import FileSystemWriter
 
-        options = {"sync_files": True, "engine": self.engine}
+        # Files written side by side: the kernel lets one writer into a tmpfs file at a time (docs/ENGINE.md).
+        options = {"sync_files": True, "engine": self.engine, "thread_count": min(8, os.cpu_count() or 1)}
         if self._snapshots is not None:
             options["snapshots"] = self._snapshots
         options.update(self.writer_options)
@@ -341,6 +348,8 @@ class CheckpointManager:
             try:
                 self.wait()
             finally:
+                if getattr(self, "_save_thread", None) is not None:
+                    self._save_thread.stop()
                 if self._snapshots is not None:
                     self._snapshots.close()
 
