@@ -277,12 +277,12 @@ class Snapshots:
     class _Plan:
         __slots__ = ("copies", "entries", "nbytes", "devices", "pool_device", "template", "sources")
 
-    def _plan(self, state_dict: Any, classify: bool = True) -> "Snapshots._Plan":
+    def _plan(self, state_dict: Any) -> "Snapshots._Plan":
         """Lays the state's tensors out in the pool (each on a page) and builds the host state dict's recipe."""
         import torch
 
         dtensor = _dtensor_type()
-        guarded = self._guarded.addresses() if classify else set()
+        guarded = self._guarded.addresses()
         plan = Snapshots._Plan()
         plan.copies, plan.entries, plan.devices, plan.sources = [], [], [], []
         offset = 0
@@ -487,5 +487,7 @@ def shared() -> Snapshots:
             _shared = Snapshots()
         return _shared
 
+
+Snapshots.shared = staticmethod(shared)  # type: ignore[attr-defined]
 
 __all__ = ["Snapshots", "Snapshot", "SnapshotUnsupported", "shared"]

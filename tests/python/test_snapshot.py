@@ -157,6 +157,21 @@ def test_one_snapshot_at_a_time():
         snaps.take(sd).release()
 
 
+def test_close_while_a_snapshot_is_held():
+    sd = {"a": torch.arange(1000.0)}
+    snaps = ckptio.Snapshots()
+    snap = snaps.take(sd)
+    snaps.close()  # returns at once; the pool stays while the snapshot shows it
+    snap.wait()
+    assert torch.equal(snap.state_dict["a"], torch.arange(1000.0)) and snaps.info()["held"]
+    snap.release()  # now the pool goes
+    assert snaps.info() == {}
+    with pytest.raises(RuntimeError, match="closed"):
+        snaps.take(sd)
+    shared = ckptio.Snapshots.shared()
+    assert shared is ckptio.Snapshots.shared() and cdcp.FileSystemWriter("x")._resolve_snapshots() is shared
+
+
 def _slow_writes(monkeypatch):
     """Data writes wait for the returned event: a save stays in flight while the test trains on."""
     gate = threading.Event()
