@@ -12,10 +12,12 @@
 #include <fcntl.h>
 #include <pthread.h>
 #include <stdatomic.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
+#include <sys/sysmacros.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -293,4 +295,17 @@ void bench_fill(void *buf, uint64_t size, uint64_t seed) {
         memcpy(p + i, &v, 8);
     }
     for (; i < size; i++) p[i] = (unsigned char)(i * 131u + 7u);
+}
+
+bool bench_virtual_disk(const char *dir, char *name, size_t cap) {
+    struct stat sb;
+    char link[64], real[4096];
+    if (cap == 0 || stat(dir, &sb) != 0) return false;
+    snprintf(link, sizeof link, "/sys/dev/block/%u:%u", major(sb.st_dev), minor(sb.st_dev));
+    if (!realpath(link, real) || !strstr(real, "/virtio")) return false;
+    /* .../virtio1/block/vda or .../block/vda/vda1: the disk is the name after "block/". */
+    const char *b = strstr(real, "/block/");
+    b = b ? b + 7 : strrchr(real, '/') + 1;
+    snprintf(name, cap, "%.*s", (int)strcspn(b, "/"), b);
+    return true;
 }

@@ -29,7 +29,7 @@ enum {
 
 /* One prototype per subcommand: int cli_cmd_<name>(int argc, char **argv).
  * argv[0] is the subcommand's name; options follow. */
-#define CLI_X_PROTO_(name, summary) int cli_cmd_##name(int argc, char **argv);
+#define CLI_X_PROTO_(name, operands, summary) int cli_cmd_##name(int argc, char **argv);
 CLI_COMMAND_LIST(CLI_X_PROTO_)
 #undef CLI_X_PROTO_
 

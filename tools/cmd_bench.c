@@ -353,6 +353,7 @@ static int run_bench(const bench_options *opt, bench_run *run) {
     struct statfs fs;
     if (statfs(run->dir, &fs) == 0 && (fs.f_type == TMPFS_MAGIC || fs.f_type == RAMFS_MAGIC))
         run->fs_note = "the directory is in memory (tmpfs/ramfs), not on a disk: use --dir on a disk";
+    bench_virtual_disk(run->dir, run->virtual_disk, sizeof run->virtual_disk);
 
     if (posix_memalign((void **)&ctx.src, BENCH_ALIGN, (size_t)run->size) != 0 ||
         posix_memalign((void **)&ctx.dst, BENCH_ALIGN, (size_t)run->size) != 0) {
@@ -471,8 +472,10 @@ int cli_cmd_bench(int argc, char **argv) {
         case O_MODEL: opt.model = optarg; break;
         case O_DEVICE:
             if (strcmp(optarg, "cpu") != 0)
-                return cli_usage_error(&usage, "--device: '%s': the CLI loads to host memory (cpu) so far; GPU "
-                                       "loads are measured by bench/bench_gpu.py", optarg);
+                return cli_usage_error(&usage, "--device: '%s': the CLI loads to host memory (cpu) only. To time "
+                                       "a GPU load, time ckptio.load(path, device=\"cuda\") in Python (the "
+                                       "source repository's bench/bench_model_gpu.py measures it beside its peers)",
+                                       optarg);
             break;
         default: return CLI_EXIT_USAGE;
         }

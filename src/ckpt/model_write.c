@@ -1,0 +1,140 @@
+/*
+ * model_write.c - writing a Hugging Face directory (sharded safetensors and
+ * model.safetensors.index.json) from tensors filled one at a time.
+ *
+ * The split is huggingface_hub's split_torch_state_dict_into_shards: tensors
+ * in order into the current shard; a tensor that would tip it over the
+ * limit closes it first; a tensor over the limit goes alone. Shards are
+ * numbered in the order the reference appends them to its list (an
+ * oversize tensor's shard at once, the current one when it closes or at the
+ * end). Each shard is the file ckptio_safetensors_save would write, written
+ * atomically; the index comes last, so a reader never finds an index naming
+ * a shard that is not complete.
+ */
+#include "convert_internal.h"
+#include "hf_index_internal.h"
+
+#include <stdio.h>
+#include <string.h>
+
+#define INDEX_NAME "model.safetensors.index.json"
+
+/* Shard-local tensor i is tensor members[i] of the whole list. */
+typedef struct shard_fill {
+    ckptio__fill_fn fill;
+    void *ctx;
+    const size_t *members;
+} shard_fill;
+
+static ckptio_status fill_member(void *ctx, size_t i, void *buf, uint64_t nbytes) {
+    const shard_fill *s = ctx;
+    return s->fill(s->ctx, s->members[i], buf, nbytes);
+}
+
+/* shard_of[i] = the shard of tensor i; returns the shard count (at least 1). */
+static size_t split(const ckptio_tensor_source *tensors, size_t count, uint64_t limit, size_t *shard_of,
+                    size_t *number) {
+    size_t nshards = 0, ngroups = 0, cur = SIZE_MAX;
+    uint64_t cur_size = 0;
+    for (size_t i = 0; i < count; i++) {
+        const uint64_t n = tensors[i].nbytes;
+        if (n > limit) {
+            number[ngroups] = nshards++;
+            shard_of[i] = ngroups++;
+            continue;
+        }
+        if (cur != SIZE_MAX && cur_size + n > limit) {
+            number[cur] = nshards++;
+            cur = SIZE_MAX;
+        }
+        if (cur == SIZE_MAX) {
+            cur = ngroups++;
+            cur_size = 0;
+        }
+        shard_of[i] = cur;
+        cur_size += n;
+    }
+    if (cur != SIZE_MAX) number[cur] = nshards++;
+    for (size_t i = 0; i < count; i++) shard_of[i] = number[shard_of[i]];
+    return nshards ? nshards : 1; /* no tensors: one empty model.safetensors */
+}
+
+/* `text` as DIR/NAME, atomically through the engine. */
+static ckptio_status write_text(ckptio_engine *engine, const char *path, const char *text) {
+    ckptio_file *f = NULL;
+    ckptio_status st = ckptio_file_open(engine, path, CKPTIO_OPEN_WRITE, &f);
+    if (st == CKPTIO_OK) {
+        const ckptio_extent x = {.file = f, .file_offset = 0, .length = strlen(text), .memory = (void *)text,
+                                 .mem_kind = CKPTIO_MEM_HOST};
+        st = ckptio_engine_execute_extents(engine, CKPTIO_WRITE, &x, 1);
+    }
+    if (st == CKPTIO_OK) st = ckptio_file_commit(f);
+    ckptio__error_saved *saved = st != CKPTIO_OK ? ckptio__error_save() : NULL;
+    const ckptio_status cs = ckptio_file_close(f);
+    if (saved) ckptio__error_restore(saved);
+    return st != CKPTIO_OK ? st : cs;
+}
+
+ckptio_status ckptio__hf_save_streamed(ckptio_engine *engine, const char *dir, const ckptio_tensor_source *tensors,
+                                       size_t count, uint64_t shard_size, const ckptio_kv *metadata,
+                                       size_t metadata_count, ckptio__fill_fn fill, void *ctx, size_t *nshards_out) {
+    CKPTIO_RETURN_IF(shard_size == 0, CKPTIO_E_INVAL, "the shard size must be positive");
+    ckptio_status st = CKPTIO_OK;
+    size_t *shard_of = ckptio__calloc(count + 1, sizeof *shard_of), *number = ckptio__calloc(count + 1, sizeof *number);
+    size_t *members = ckptio__calloc(count + 1, sizeof *members);
+    ckptio_tensor_source *sub = ckptio__calloc(count + 1, sizeof *sub);
+    const char **names = ckptio__calloc(count + 1, sizeof *names), **files = ckptio__calloc(count + 1, sizeof *files);
+    char *shard_names = NULL, *index = NULL, path[4096];
+    if (!shard_of || !number || !members || !sub || !names || !files) {
+        st = CKPTIO_FAIL(CKPTIO_E_NOMEM, "out of memory for the shards of %zu tensors", count);
+        goto out;
+    }
+    const size_t nshards = split(tensors, count, shard_size, shard_of, number);
+    enum { NAME_CAP = 64 };
+    if (!(shard_names = ckptio__calloc(nshards, NAME_CAP))) {
+        st = CKPTIO_FAIL(CKPTIO_E_NOMEM, "out of memory for %zu shard names", nshards);
+        goto out;
+    }
+    uint64_t total = 0;
+    for (size_t s = 0; s < nshards; s++) {
+        char *name = shard_names + s * NAME_CAP;
+        if (nshards == 1) snprintf(name, NAME_CAP, "model.safetensors");
+        else snprintf(name, NAME_CAP, "model-%05zu-of-%05zu.safetensors", s + 1, nshards);
+        if ((size_t)snprintf(path, sizeof path, "%s/%s", dir, name) >= sizeof path) {
+            st = CKPTIO_FAIL_CTX(CKPTIO_E_INVAL, &((ckptio__err_ctx){.path = dir, .file_offset = -1}), "path too long");
+            goto out;
+        }
+        size_t n = 0;
+        for (size_t i = 0; i < count; i++) {
+            if (shard_of[i] != s) continue;
+            members[n] = i;
+            sub[n++] = tensors[i];
+            names[i] = tensors[i].name;
+            files[i] = name;
+            total += tensors[i].nbytes;
+        }
+        shard_fill sf = {.fill = fill, .ctx = ctx, .members = members};
+        /* Every shard carries the input's metadata, as save_pretrained gives each shard its metadata. */
+        st = ckptio__st_save_streamed(engine, path, sub, n, metadata, metadata_count, 0, fill_member, &sf);
+        if (st != CKPTIO_OK) goto out;
+    }
+    if (nshards > 1) {
+        if (!(index = ckptio__hf_index_json(names, files, count, total))) {
+            st = ckptio_last_error()->status;
+            goto out;
+        }
+        snprintf(path, sizeof path, "%s/%s", dir, INDEX_NAME);
+        if ((st = write_text(engine, path, index)) != CKPTIO_OK) goto out;
+    }
+    if (nshards_out) *nshards_out = nshards;
+out:
+    ckptio__free(index);
+    ckptio__free(shard_names);
+    ckptio__free(files);
+    ckptio__free(names);
+    ckptio__free(sub);
+    ckptio__free(members);
+    ckptio__free(number);
+    ckptio__free(shard_of);
+    return st;
+}
