@@ -649,6 +649,20 @@ def save(state_dict: Any, path: Optional[PathLike] = None, format: Optional[str]
     return None
 
 
+def _check_only_tensors(flat: Dict[str, Any], spath: str) -> None:
+    """safetensors holds tensors only; a training state often holds a step
+    counter or a config too: say which key, and which format keeps it."""
+    for name, value in flat.items():
+        if _adapt.is_torch_tensor(value) or _adapt.is_numpy_array(value):
+            continue
+        cls = type(value)
+        kind = cls.__qualname__ if cls.__module__ == "builtins" else f"{cls.__module__}.{cls.__qualname__}"
+        article = "an" if kind[0] in "aeiouAEIOU" else "a"
+        raise TypeError(f"{spath}: '{name}' is {article} {kind}, not a tensor, and safetensors stores only tensors: save "
+                        "it in the torch.save format (a path ending in .pt, or format='torch'), which keeps such "
+                        "values, or leave it out")
+
+
 def _save(state_dict: Any, spath: str, format: Optional[str], metadata: Optional[Mapping[str, str]],
           align: Optional[int], crc: bool, checksums: bool, engine, progress: "_progress.Progress",
           in_place: bool) -> None:
@@ -666,6 +680,7 @@ def _save(state_dict: Any, spath: str, format: Optional[str], metadata: Optional
     if fmt != "safetensors":
         raise ValueError(f"format must be 'safetensors' or 'torch', not {format!r}")
     flat = _adapt.flatten(state_dict)
+    _check_only_tensors(flat, spath)
     _adapt.check_state_dict(flat, spath)
     overlaps = _adapt.find_overlaps(flat)
     if overlaps:
