@@ -153,7 +153,7 @@ int bench_raw_transfer(const char *path, bool write, bool direct, void *buf, uin
     pthread_mutex_unlock(&job->lock);
     for (unsigned i = 0; i < started; i++) pthread_join(threads[i], NULL);
     started = 0;
-    cli_progress_finish(&progress);
+    cli_progress_finish(&progress, !spawn_failed && atomic_load(&job->bytes_done) == size);
     if (spawn_failed) {
         cli_error("cannot start %u raw %s threads", nthreads, what);
         goto out;
@@ -186,7 +186,7 @@ int bench_raw_transfer(const char *path, bool write, bool direct, void *buf, uin
 out:
     for (unsigned i = 0; i < started; i++) pthread_join(threads[i], NULL);
     if (fd >= 0) close(fd);
-    cli_progress_finish(&progress);
+    cli_progress_finish(&progress, false);
     pthread_cond_destroy(&job->cond);
     pthread_mutex_destroy(&job->lock);
     free(threads);

@@ -118,7 +118,7 @@ static int phase_save(bench_ctx *ctx, unsigned rep) {
     ckptio_status st = ckptio_safetensors_save(ctx->engine, ctx->st_path, ctx->sources, run->tensors, NULL, 0,
                                                CKPTIO_SAFETENSORS_ALIGN_4K);
     double t1 = cli_now();
-    cli_progress_finish(&ctx->progress);
+    cli_progress_finish(&ctx->progress, st == CKPTIO_OK);
     if (st != CKPTIO_OK) return cli_error_lib(ctx->st_path, st), -1;
     if (take_stats(ctx, &after) != 0) return -1;
     run->seconds[BENCH_SAVE][rep] = t1 - t0;
@@ -182,7 +182,7 @@ static int phase_load(bench_ctx *ctx, bench_row row, unsigned rep) {
     if (s == CKPTIO_OK) s = ckptio_safetensors_data_offset(st, &data_offset);
     if (s == CKPTIO_OK) s = ckptio_safetensors_read_all(st, ctx->dst, run->size, CKPTIO_MEM_HOST);
     double t1 = cli_now();
-    cli_progress_finish(&ctx->progress);
+    cli_progress_finish(&ctx->progress, s == CKPTIO_OK);
     if (s != CKPTIO_OK) {
         cli_error_lib(ctx->st_path, s);
         goto out;
@@ -378,7 +378,7 @@ static int run_bench(const bench_options *opt, bench_run *run) {
     }
     rc = CLI_EXIT_OK;
 out:
-    cli_progress_finish(&ctx.progress);
+    cli_progress_finish(&ctx.progress, false);
     ckptio_engine_destroy(ctx.engine);
     free(ctx.src);
     free(ctx.dst);

@@ -233,7 +233,7 @@ class CheckpointFile:
             result[name] = t.value
             targets.append((e.index, t.address, t.capacity, t.mem_kind))
         _adapt.sync_current_stream(cuda_devices)
-        with _progress.reporting(progress, f"load {os.path.basename(self._path)}"):
+        with _progress.reporting(progress, f"load {self._path}"):
             self._reader.read(targets)
         for name, d in moves.items():
             result[name] = result[name].to(str(d))
@@ -294,7 +294,7 @@ class CheckpointFile:
         dev = self._device if device is None else _adapt.parse_device(device)
         if dev.kind == "cuda":
             dev = _adapt.resolve_cuda(dev)
-        with _progress.reporting(progress, f"load {os.path.basename(self._path)}"):
+        with _progress.reporting(progress, f"load {self._path}"):
             return build_torch_object(self._reader, dev)
 
     def verify(self) -> Dict[str, int]:
@@ -442,8 +442,10 @@ def load(path: Union[PathLike, bytes, bytearray, memoryview, Any], device: Any =
         with CheckpointFile(path, framework, device, engine=engine, allow_symlinks=allow_symlinks) as f:
             return f.get_slices(slices)
     if _memory.is_memory(path):
-        with _memory.readable_path(path) as mpath:
-            return load(mpath, device, keys, framework=framework, out=out, engine=engine, progress=progress)
+        # The bar is named after what the caller gave, not the memory file's /proc name.
+        label = "load bytes" if isinstance(path, (bytes, bytearray, memoryview)) else "load stream"
+        with _progress.reporting(progress, label), _memory.readable_path(path) as mpath:
+            return load(mpath, device, keys, framework=framework, out=out, engine=engine)
     with CheckpointFile(path, framework, device, engine=engine, allow_symlinks=allow_symlinks) as f:
         if f.format == "torch" and keys is None and out is None and f._framework == "pt":
             return f.load_object(progress=progress)
@@ -667,7 +669,7 @@ def _save(state_dict: Any, spath: str, format: Optional[str], metadata: Optional
           align: Optional[int], crc: bool, checksums: bool, engine, progress: "_progress.Progress",
           in_place: bool) -> None:
     fmt = format_for_path(spath if not in_place else None, format)
-    what = "save" if in_place else f"save {os.path.basename(spath)}"
+    what = "save bytes" if in_place else f"save {spath}"
     if checksums and fmt != "safetensors":
         raise ValueError(f"{spath}: checksums=True is for safetensors; torch.save files carry CRC-32s (crc=True)")
     if fmt in ("torch", "pt", "pytorch"):
