@@ -136,7 +136,11 @@ static size_t tell_losses(const ckptio__convert_source *s, const char *in, ckpti
                           const ckptio_convert_options *o) {
     const bool dcp_out = to == CKPTIO_CONVERT_DCP, file_out = to == CKPTIO_CONVERT_TORCH || dcp_out;
     const size_t bytes_lost = dcp_out ? 0 : s->byte_items;
-    const size_t meta_lost = file_out ? s->metadata_count : 0;
+    /* "format" only tags the framework that wrote the file, and the save id binds it to a manifest
+     * the output does not have: neither is information the output loses. */
+    size_t meta_lost = 0;
+    for (size_t i = 0; file_out && i < s->metadata_count; i++)
+        meta_lost += strcmp(s->metadata[i].key, "format") != 0 && strcmp(s->metadata[i].key, "ckptio.save_id") != 0;
     if (!o->note) return s->values + bytes_lost + meta_lost;
     if (s->shared)
         note(o, "%zu tensors share a storage with another tensor (views, tied weights); %s, so each is written "
@@ -163,8 +167,9 @@ static size_t tell_losses(const ckptio__convert_source *s, const char *in, ckpti
              bytes_lost == 1 ? "" : "s", target_name(to), bytes_lost == 1 ? "is" : "are", names);
     }
     if (meta_lost)
-        note(o, "%zu __metadata__ entr%s of %s %s not carried into %s (it has no such field)", meta_lost,
-             meta_lost == 1 ? "y" : "ies", in, meta_lost == 1 ? "is" : "are", target_name(to));
+        note(o, "%zu __metadata__ entr%s of %s %s not carried: %s has no such field", meta_lost,
+             meta_lost == 1 ? "y" : "ies", in, meta_lost == 1 ? "is" : "are",
+             dcp_out ? "a DCP directory" : "a torch.save file");
     return s->values + bytes_lost + meta_lost;
 }
 

@@ -14,6 +14,7 @@
 #include "dcp_dir_internal.h"
 
 #include <string.h>
+#include <sys/stat.h>
 
 #define SHAPE_MAX 64 /* dimensions: torch's limit, and every reader's */
 
@@ -152,10 +153,14 @@ ckptio_status ckptio__convert_source_open(ckptio_engine *engine, const char *pat
         out->format = format;
         st = open_dcp(engine, path, out);
         break;
-    default:
+    default: {
+        /* The words of ckptio's other commands for a file no reader takes. */
+        struct stat sb;
+        const unsigned long long size = stat(path, &sb) == 0 ? (unsigned long long)sb.st_size : 0;
         st = CKPTIO_FAIL_CTX(CKPTIO_E_FORMAT, &((ckptio__err_ctx){.path = path, .file_offset = -1}),
-                             "not a checkpoint ckptio converts: neither a safetensors file, a Hugging Face "
-                             "directory, a torch.save file nor a torch.distributed.checkpoint directory");
+                             "not a checkpoint ckptio can read: neither a safetensors file nor a torch.save archive "
+                             "(%llu bytes), nor a DCP or Hugging Face directory", size);
+    }
     }
     if (st != CKPTIO_OK) {
         ckptio__error_saved *saved = ckptio__error_save();
