@@ -43,13 +43,13 @@ REPO = Path(__file__).resolve().parents[1]
 
 def find_ckptio(explicit):
     candidates = [explicit] if explicit else []
-    if os.environ.get("CKPTIO_BUILD_DIR"):
-        candidates.append(os.path.join(os.environ["CKPTIO_BUILD_DIR"], "ckptio"))
+    if os.environ.get("CKPTIO_TEST_BUILD_DIR"):
+        candidates.append(os.path.join(os.environ["CKPTIO_TEST_BUILD_DIR"], "ckptio"))
     candidates += [str(REPO / "build" / "ckptio"), shutil.which("ckptio")]
     for c in candidates:
         if c and os.path.isfile(c) and os.access(c, os.X_OK):
             return c
-    sys.exit("bench_cpu.py: no ckptio binary (build it, or pass --ckptio / set CKPTIO_BUILD_DIR)")
+    sys.exit("bench_cpu.py: no ckptio binary (build it, or pass --ckptio / set CKPTIO_TEST_BUILD_DIR)")
 
 
 # ---- page cache -----------------------------------------------------------------
@@ -172,7 +172,7 @@ def main():
     ap.add_argument("--tensors", type=int, default=16)
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--dir", default="/var/tmp", help="a directory on the disk to measure (default /var/tmp)")
-    ap.add_argument("--ckptio", help="the ckptio binary (default: $CKPTIO_BUILD_DIR, build/, $PATH)")
+    ap.add_argument("--ckptio", help="the ckptio binary (default: $CKPTIO_TEST_BUILD_DIR, build/, $PATH)")
     ap.add_argument("--json", help="also write all samples and medians to this file")
     args = ap.parse_args()
 

@@ -6,7 +6,7 @@ safetensors.torch.save_file, so its data is not 4 KiB aligned; _common.make_mode
 places: cold (pages dropped), warm (page cache) and tmpfs (/dev/shm). Every load's tensors are compared with
 safetensors' own load of the same files; a loader that differs is reported, not timed.
 
-Loaders: ckptio.load(directory) (one plan over all shards; its default path, CKPTIO_GPU_PATH=staged and
+Loaders: ckptio.load(directory) (one plan over all shards; its default path, CKPTIO_GPU_PATH=pipeline and
 CKPTIO_READ_CACHE=off), ckptio.load(..., out=) into existing tensors, InstantTensor 0.2.2 (default backend,
 BUFFERED; copy=True default, so its tensors are its own), fastsafetensors (one GPU, no GDS), Run:ai Model Streamer
 (host tensors moved to the GPU), safetensors.torch.load_file(device=...). Ceilings beside them: pinned
@@ -292,7 +292,7 @@ def first_load_child(label, d):
         st = ckptio.default_engine().stats()
         # bytes_direct/bytes_buffered: whether the file reads went O_DIRECT or through the page cache
         # (tmpfs included), all three loads together.
-        row["ckptio_stats"] = {k: st.get(k) for k in ("bytes_h2d", "bytes_h2d_mapped", "mapped_fallbacks",
+        row["ckptio_stats"] = {k: st.get(k) for k in ("bytes_h2d",
                                                       "staging_reserved", "bytes_direct", "bytes_buffered")}
         row["env"] = {k: v for k, v in os.environ.items() if k.startswith("CKPTIO_")}
     print("FIRSTROW " + json.dumps([row, row2]), flush=True)
@@ -332,7 +332,7 @@ def run_case(case, d, nbytes, reference):
     files = shard_files(d)
     loaders = [
         ("ckptio.load(dir) [default]", *load_ckptio(d)),
-        ("ckptio.load(dir) [CKPTIO_GPU_PATH=staged]", *load_ckptio(d, gpu_path="staged")),
+        ("ckptio.load(dir) [CKPTIO_GPU_PATH=pipeline]", *load_ckptio(d, gpu_path="pipeline")),
         ("ckptio.load(dir) [CKPTIO_READ_CACHE=off]", *load_ckptio(d, read_cache="off")),
     ]
     peers = [("ckptio.load(dir, out=existing tensors)", lambda: load_ckptio_out(d, reference), None),
@@ -367,7 +367,7 @@ def run_case(case, d, nbytes, reference):
                 drop_cache(files)
             row = timed(case, label, nbytes, fn, reference, f"r{rep}")
             st = holder.get("stats", {})
-            row["ckptio_stats"] = {k: st.get(k) for k in ("bytes_h2d", "bytes_h2d_mapped", "mapped_fallbacks",
+            row["ckptio_stats"] = {k: st.get(k) for k in ("bytes_h2d",
                                                          "bytes_direct", "bytes_buffered", "staging_peak")}
             log("       ckptio stats:", row["ckptio_stats"])
         for label, make, _ in peers:

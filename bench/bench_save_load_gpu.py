@@ -6,7 +6,7 @@ An 8 GiB bf16 state dict of 18 tensors on cuda:0 (_common.state_dict). Measured 
              (16 threads), pinned and pageable host-to-device and device-to-host copies (torch)
   peers      torch.save / torch.load(map_location=cuda), torch.load(mmap=True) + .cuda(), safetensors save_file /
              load_file(device=cuda), torch DCP (thread_count 8), torch.cuda.gds.GdsFile (fails without nvidia-fs)
-  ckptio     through ctypes over libckptio.so (CKPTIO_LIB): a safetensors save from the GPU (atomic, fsynced) and
+  ckptio     through ctypes over libckptio.so (CKPTIO_TEST_LIB): a safetensors save from the GPU (atomic, fsynced) and
              loads to it cold and warm, ratios to O_DIRECT ceilings measured right before each; the same bytes as
              one raw plan; 16 threads with 512 MiB of staging; and the Python package (ckptio.save / ckptio.load,
              safetensors and torch.save formats) when it is importable
@@ -16,7 +16,7 @@ save = write + fsync; cold = page cache dropped (needs root); warm = the file in
 (cold, then warm), ckptio twice (the better run counts). Every load is compared with the state dict.
 
     python3 bench/bench_save_load_gpu.py         # prints a table, writes $OUT/bench_save_load_gpu.json
-Environment: SIZE_GIB (8), DIR (/tmp/ckptio-bench), CKPTIO_LIB (default build-gpu/lib/libckptio.so or
+Environment: SIZE_GIB (8), DIR (/tmp/ckptio-bench), CKPTIO_TEST_LIB (default build-gpu/lib/libckptio.so or
 build/libckptio.so), OUT, PARTS (comma list of ckptio,python,peers,checksums; default the first three), REPEAT
 (checksums: 3), SMOKE=1 (the same code on the CPU with 64 MiB, host memory: checks the driver, measures nothing).
 """
@@ -262,7 +262,7 @@ class Ckptio:
 
 
 def run_ckptio():
-    libpath = os.environ.get("CKPTIO_LIB", "")
+    libpath = os.environ.get("CKPTIO_TEST_LIB", "")
     if not libpath:
         libpath = next((p for p in ("build-gpu/lib/libckptio.so", "build/libckptio.so") if os.path.exists(p)), "")
     try:

@@ -63,7 +63,7 @@ run)
             fi
             echo "== pytest: ${#files[@]} test files of the Python suite against the installed wheel"
             run=$(mktemp -d)
-            (cd "$run" && CKPTIO_BUILD_DIR="$repo/build-gpu" python3 -m pytest -q -p no:cacheprovider -rs \
+            (cd "$run" && CKPTIO_TEST_BUILD_DIR="$repo/build-gpu" python3 -m pytest -q -p no:cacheprovider -rs \
                 "${files[@]}" 2>&1) | tee "$OUT/pytest.log" | tail -25
             [ "${PIPESTATUS[0]}" = 0 ] || status=1
             ;;

@@ -16,13 +16,13 @@
 # scripts/gpu_wheel.sh (build, then run gpu) installs the wheel first and runs
 # this script with it.
 # Environment: OUT (log directory, default ./gpu-out), SCRATCH (directory for
-# test files, default /tmp; needs ~10 GiB free), CKPTIO_GPU_BUILD (build dir),
+# test files, default /tmp; needs ~10 GiB free), CKPTIO_TEST_GPU_BUILD (build dir),
 # QUICK=1 (gpu_check without the >4 GiB case), BENCH=0 (skip the benchmark).
 # Exit status: that of gpu_check, or 1 if fork_check failed (0 pass, 77 no GPU); the benchmark's
 # failures are reported in its log.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
-B=${CKPTIO_GPU_BUILD:-build-gpu}
+B=${CKPTIO_TEST_GPU_BUILD:-build-gpu}
 
 build() {
     set -e
@@ -69,7 +69,7 @@ run() {
     [ "$frc" = 1 ] && rc=1
     if [ "${BENCH:-1}" != 0 ]; then
         echo "== bench_save_load_gpu.py"
-        CKPTIO_LIB="$PWD/$B/lib/libckptio.so" DIR="$SCRATCH/ckptio-bench" \
+        CKPTIO_TEST_LIB="$PWD/$B/lib/libckptio.so" DIR="$SCRATCH/ckptio-bench" \
             timeout 480 python3 bench/bench_save_load_gpu.py 2>&1 | tee "$OUT/bench_save_load_gpu.log"
         echo "bench exit ${PIPESTATUS[0]}" | tee -a "$OUT/bench_save_load_gpu.log"
     fi
