@@ -124,6 +124,9 @@ int cli_cmd_convert(int argc, char **argv) {
     if (shard_size && to != CKPTIO_CONVERT_AUTO && to != CKPTIO_CONVERT_HF)
         return cli_usage_error(&usage, "--shard-size applies to a Hugging Face OUT (--to hf) only");
 
+    /* An unreadable IN gets the words every command gives it. */
+    ckptio_format format;
+    if (cli_detect(in, &format) != 0) return CLI_EXIT_FAIL;
     ckptio_engine *engine = cli_engine_create();
     if (!engine) return CLI_EXIT_FAIL;
     const ckptio_convert_options opts = {.to = to, .shard_size = shard_size, .storage_alignment = (uint32_t)alignment,

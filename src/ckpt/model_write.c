@@ -12,6 +12,7 @@
  * a shard that is not complete.
  */
 #include "convert_internal.h"
+#include "engine_internal.h"
 #include "hf_index_internal.h"
 
 #include <stdio.h>
@@ -57,22 +58,6 @@ static size_t split(const ckptio_tensor_source *tensors, size_t count, uint64_t 
     if (cur != SIZE_MAX) number[cur] = nshards++;
     for (size_t i = 0; i < count; i++) shard_of[i] = number[shard_of[i]];
     return nshards ? nshards : 1; /* no tensors: one empty model.safetensors */
-}
-
-/* `text` as DIR/NAME, atomically through the engine. */
-static ckptio_status write_text(ckptio_engine *engine, const char *path, const char *text) {
-    ckptio_file *f = NULL;
-    ckptio_status st = ckptio_file_open(engine, path, CKPTIO_OPEN_WRITE, &f);
-    if (st == CKPTIO_OK) {
-        const ckptio_extent x = {.file = f, .file_offset = 0, .length = strlen(text), .memory = (void *)text,
-                                 .mem_kind = CKPTIO_MEM_HOST};
-        st = ckptio_engine_execute_extents(engine, CKPTIO_WRITE, &x, 1);
-    }
-    if (st == CKPTIO_OK) st = ckptio_file_commit(f);
-    ckptio__error_saved *saved = st != CKPTIO_OK ? ckptio__error_save() : NULL;
-    const ckptio_status cs = ckptio_file_close(f);
-    if (saved) ckptio__error_restore(saved);
-    return st != CKPTIO_OK ? st : cs;
 }
 
 ckptio_status ckptio__hf_save_streamed(ckptio_engine *engine, const char *dir, const ckptio_tensor_source *tensors,
@@ -123,8 +108,9 @@ ckptio_status ckptio__hf_save_streamed(ckptio_engine *engine, const char *dir, c
             st = ckptio_last_error()->status;
             goto out;
         }
-        snprintf(path, sizeof path, "%s/%s", dir, INDEX_NAME);
-        if ((st = write_text(engine, path, index)) != CKPTIO_OK) goto out;
+        /* The library's one writer of a small file committed atomically beside others. */
+        const unsigned flags = ckptio__engine_setting(engine, CKPTIO_OPT_SYNC) ? CKPTIO_DCP_SYNC : 0;
+        if ((st = ckptio_dcp_write_file(dir, INDEX_NAME, index, strlen(index), NULL, flags)) != CKPTIO_OK) goto out;
     }
     if (nshards_out) *nshards_out = nshards;
 out:
