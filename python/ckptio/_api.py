@@ -657,8 +657,8 @@ def _check_only_tensors(flat: Dict[str, Any], spath: str) -> None:
             continue
         cls = type(value)
         kind = cls.__qualname__ if cls.__module__ == "builtins" else f"{cls.__module__}.{cls.__qualname__}"
-        article = "an" if kind[0] in "aeiouAEIOU" else "a"
-        raise TypeError(f"{spath}: '{name}' is {article} {kind}, not a tensor, and safetensors stores only tensors: save "
+        what = "None" if value is None else f"{'an' if kind[0] in 'aeiouAEIOU' else 'a'} {kind}"
+        raise TypeError(f"{spath}: '{name}' is {what}, not a tensor, and safetensors stores only tensors: save "
                         "it in the torch.save format (a path ending in .pt, or format='torch'), which keeps such "
                         "values, or leave it out")
 
