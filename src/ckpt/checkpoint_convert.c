@@ -19,7 +19,8 @@
 
 ckptio_status ckptio__st_save_streamed(ckptio_engine *engine, const char *path, const ckptio_tensor_source *tensors,
                                        size_t count, const ckptio_kv *metadata, size_t metadata_count, unsigned flags,
-                                       ckptio__fill_fn fill, void *ctx) {
+                                       ckptio__fill_fn fill, const bool *self_written, ckptio__write_fn write,
+                                       void *ctx) {
     static const uint8_t placeholder = 0; /* the layout checks data != NULL; it is never read */
     ckptio__st_layout layout = {0};
     ckptio_tensor_source *src = ckptio__calloc(count + 1, sizeof *src);
@@ -35,7 +36,7 @@ ckptio_status ckptio__st_save_streamed(ckptio_engine *engine, const char *path, 
         src[i] = tensors[i];
         src[i].data = &placeholder;
         src[i].mem_kind = CKPTIO_MEM_HOST;
-        if (tensors[i].nbytes > largest) largest = tensors[i].nbytes;
+        if (tensors[i].nbytes > largest && !(self_written && self_written[i])) largest = tensors[i].nbytes;
     }
     if ((st = ckptio__st_layout_build(src, count, metadata, metadata_count, flags, path, &layout)) != CKPTIO_OK) goto out;
     if (largest > SIZE_MAX / 2 || !(buf = ckptio__aligned_alloc(CKPTIO_DIRECT_ALIGN, largest ? (size_t)largest : 1))) {
@@ -47,6 +48,11 @@ ckptio_status ckptio__st_save_streamed(ckptio_engine *engine, const char *path, 
     if ((st = ckptio__file_io(file, CKPTIO_WRITE, layout.header, layout.header_size, 0)) != CKPTIO_OK) goto out;
     for (size_t i = 0; i < count; i++) {
         if (tensors[i].nbytes == 0) continue;
+        if (self_written && self_written[i]) {
+            st = write(ctx, i, file, layout.header_size + layout.offsets[i], tensors[i].nbytes);
+            if (st != CKPTIO_OK) goto out;
+            continue;
+        }
         if ((st = fill(ctx, i, buf, tensors[i].nbytes)) != CKPTIO_OK) goto out;
         const ckptio_extent x = {.file = file, .file_offset = layout.header_size + layout.offsets[i],
                                  .length = tensors[i].nbytes, .memory = buf, .mem_kind = CKPTIO_MEM_HOST};
@@ -108,7 +114,8 @@ ckptio_status ckptio_torch_save_safetensors(ckptio_torch *t, const char *path, c
                                         .nbytes = ti.nbytes, .mem_kind = CKPTIO_MEM_HOST};
     }
     torch_source ctx = {.t = t, .index = index};
-    st = ckptio__st_save_streamed(t->engine, path, src, count, metadata, metadata_count, flags, fill_from_torch, &ctx);
+    st = ckptio__st_save_streamed(t->engine, path, src, count, metadata, metadata_count, flags, fill_from_torch, NULL,
+                                  NULL, &ctx);
 out:
     ckptio__free(index);
     ckptio__free(shapes);

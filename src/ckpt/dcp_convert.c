@@ -8,11 +8,25 @@
  * code and asks for the tensors one at a time: each is assembled from its
  * chunks into a single buffer and written at its offset in the atomic
  * temporary, which is committed at the end.
+ *
+ * That buffer is sized by what .metadata declares, so it must be justified
+ * by bytes on disk: every chunk of such a tensor is an untransformed item
+ * holding at least the chunk's bytes inside its file, or a zstd item of a
+ * tensor of at most CKPTIO__DCP_ZSTD_INLINE_MAX bytes. A larger tensor with
+ * zstd chunks (146 KB of frames may decode to 4 GiB) is never held: its
+ * chunks stream from their frames to the output through a fixed staging
+ * buffer (ckptio__dcp_emit_tensor), and staged pieces that are all zeros are
+ * not written, since the new output reads as zeros there already.
  */
 #include "convert_internal.h"
 #include "dcp_dir_internal.h"
+#include "io_internal.h"
 
 #include <string.h>
+
+/* Staging for a streamed tensor: host memory whatever its size. */
+#define STAGE_BYTES ((size_t)8 << 20)
+#define STAGE_EXTENTS 4096u
 
 typedef struct dcp_source {
     ckptio_dcp *h;
@@ -22,6 +36,108 @@ typedef struct dcp_source {
 static ckptio_status fill_from_dcp(void *ctx, size_t i, void *buf, uint64_t nbytes) {
     const dcp_source *s = ctx;
     return ckptio_dcp_read_tensor(s->h, s->tensors ? s->tensors[i] : i, buf, nbytes);
+}
+
+/* Runs of a streamed tensor on their way to the output: adjacent ones merge. */
+typedef struct stage {
+    ckptio_file *file;
+    uint64_t base;          /* the tensor's first byte in the file */
+    uint8_t *buf;
+    size_t used;
+    ckptio_extent x[STAGE_EXTENTS];
+    size_t nx;
+} stage;
+
+static bool all_zero(const uint8_t *p, uint64_t n) {
+    uint64_t word = 0;
+    for (; n >= 8; p += 8, n -= 8) {
+        memcpy(&word, p, 8);
+        if (word) return false;
+    }
+    for (; n; p++, n--)
+        if (*p) return false;
+    return true;
+}
+
+static ckptio_status stage_flush(stage *s) {
+    size_t kept = 0;
+    for (size_t i = 0; i < s->nx; i++)
+        if (!all_zero(s->x[i].memory, s->x[i].length)) s->x[kept++] = s->x[i];
+    const ckptio_status st =
+        kept ? ckptio_engine_execute_extents(ckptio__file_engine(s->file), CKPTIO_WRITE, s->x, kept) : CKPTIO_OK;
+    s->used = 0;
+    s->nx = 0;
+    return st;
+}
+
+static ckptio_status stage_emit(void *ctx, uint64_t dst, const void *data, size_t n) {
+    stage *s = ctx;
+    const uint8_t *p = data;
+    while (n) {
+        if (s->used == STAGE_BYTES) CKPTIO_FORWARD(stage_flush(s));
+        const size_t take = n < STAGE_BYTES - s->used ? n : STAGE_BYTES - s->used;
+        ckptio_extent *last = s->nx ? &s->x[s->nx - 1] : NULL;
+        if (last && last->file_offset + last->length == s->base + dst &&
+            (uint8_t *)last->memory + last->length == s->buf + s->used) {
+            last->length += take;
+        } else {
+            if (s->nx == STAGE_EXTENTS) {
+                CKPTIO_FORWARD(stage_flush(s));
+                continue;
+            }
+            s->x[s->nx++] = (ckptio_extent){.file = s->file, .file_offset = s->base + dst, .length = take,
+                                            .memory = s->buf + s->used, .mem_kind = CKPTIO_MEM_HOST};
+        }
+        memcpy(s->buf + s->used, p, take);
+        s->used += take;
+        p += take;
+        dst += take;
+        n -= take;
+    }
+    return CKPTIO_OK;
+}
+
+static ckptio_status write_from_dcp(void *ctx, size_t i, ckptio_file *file, uint64_t file_offset, uint64_t nbytes) {
+    (void)nbytes; /* the chunks tile exactly nbytes (checked before anything is emitted) */
+    const dcp_source *src = ctx;
+    stage *s = ckptio__calloc(1, sizeof *s);
+    if (s) s->buf = ckptio__aligned_alloc(CKPTIO_DIRECT_ALIGN, STAGE_BYTES);
+    if (!s || !s->buf) {
+        ckptio__free(s);
+        return CKPTIO_FAIL(CKPTIO_E_NOMEM, "out of memory for staging");
+    }
+    s->file = file;
+    s->base = file_offset;
+    ckptio_status st = ckptio__dcp_emit_tensor(src->h, src->tensors ? src->tensors[i] : i, stage_emit, s);
+    if (st == CKPTIO_OK) st = stage_flush(s);
+    ckptio__free(s->buf);
+    ckptio__free(s);
+    return st;
+}
+
+/* Whether tensor t is streamed (a zstd chunk in a tensor too large to hold);
+ * else that the buffer its bytes need is justified: each chunk's item lies in
+ * its file and, uncompressed, holds at least the chunk's bytes. */
+static ckptio_status plan_tensor(ckptio_dcp *h, const ckptio__dcp_tensor *t, bool *streamed) {
+    bool zstd = false;
+    for (size_t c = 0; c < t->nchunks; c++) zstd |= (t->stored[c].transforms & CKPTIO_DCP_TRANSFORM_ZSTD) != 0;
+    *streamed = zstd && t->nbytes > CKPTIO__DCP_ZSTD_INLINE_MAX;
+    if (*streamed) return CKPTIO_OK;
+    const uint64_t es = ckptio__dcp_element_size(t->dtype);
+    for (size_t c = 0; c < t->nchunks; c++) {
+        const ckptio_dcp_stored *s = &t->stored[c];
+        ckptio_file *f = NULL;
+        CKPTIO_FORWARD(ckptio__dcp_item_bounds(h, s, t->fqn, &f));
+        uint64_t bytes = es;
+        for (uint32_t d = 0; d < t->ndim; d++) bytes *= (uint64_t)t->sizes[c * t->ndim + d]; /* <= nbytes */
+        if (!(s->transforms & CKPTIO_DCP_TRANSFORM_ZSTD) && bytes > s->length)
+            return CKPTIO_FAIL_CTX(CKPTIO_E_FORMAT,
+                                   &((ckptio__err_ctx){.operation = "read DCP item", .path = ckptio_file_path(f),
+                                                       .file_offset = (int64_t)s->offset, .subject = t->fqn}),
+                                   "chunk %zu is %llu bytes by .metadata, more than its item of %llu bytes can hold", c,
+                                   (unsigned long long)bytes, (unsigned long long)s->length);
+    }
+    return CKPTIO_OK;
 }
 
 ckptio_status ckptio_dcp_save_safetensors(ckptio_dcp *h, const char *path, const size_t *tensors, size_t count,
@@ -35,13 +151,15 @@ ckptio_status ckptio_dcp_save_safetensors(ckptio_dcp *h, const char *path, const
                          tensors[i], h->ntensors);
     ckptio_tensor_source *src = ckptio__calloc(count + 1, sizeof *src);
     int64_t *shapes = ckptio__calloc(count * 64 + 1, sizeof *shapes);
+    bool *streamed = ckptio__calloc(count + 1, sizeof *streamed);
     ckptio_status st = CKPTIO_OK;
-    if (!src || !shapes) {
+    if (!src || !shapes || !streamed) {
         st = CKPTIO_FAIL(CKPTIO_E_NOMEM, "out of memory for %zu tensors", count);
         goto out;
     }
     for (size_t i = 0; i < count; i++) {
         const ckptio__dcp_tensor *t = &h->tensors[tensors ? tensors[i] : i];
+        if ((st = plan_tensor(h, t, &streamed[i])) != CKPTIO_OK) goto out;
         int64_t *shape = shapes + i * 64;
         memcpy(shape, t->shape, t->ndim * sizeof *shape);
         /* torch counts float4_e2m1fn_x2 in packed pairs, safetensors F4 in values. */
@@ -50,8 +168,10 @@ ckptio_status ckptio_dcp_save_safetensors(ckptio_dcp *h, const char *path, const
                                         .nbytes = t->nbytes, .mem_kind = CKPTIO_MEM_HOST};
     }
     dcp_source ctx = {.h = h, .tensors = tensors};
-    st = ckptio__st_save_streamed(h->engine, path, src, count, metadata, metadata_count, flags, fill_from_dcp, &ctx);
+    st = ckptio__st_save_streamed(h->engine, path, src, count, metadata, metadata_count, flags, fill_from_dcp, streamed,
+                                  write_from_dcp, &ctx);
 out:
+    ckptio__free(streamed);
     ckptio__free(shapes);
     ckptio__free(src);
     return st;

@@ -21,6 +21,23 @@ static ckptio_status torch_pread(ckptio_torch *t, void *buf, uint64_t len, uint6
                                &((ckptio__err_ctx){.operation = "read", .path = t->path, .file_offset = (int64_t)offset}),
                                "%llu bytes requested past the end of the file (%llu bytes)", (unsigned long long)len,
                                (unsigned long long)t->file_size);
+    if (t->memory && t->tail) { /* an archive of which only the first and last bytes are held */
+        if (len <= t->head_len && offset <= t->head_len - len) {
+            memcpy(buf, t->memory + offset, len);
+            return CKPTIO_OK;
+        }
+        if (offset >= t->tail_offset) {
+            memcpy(buf, t->tail + (offset - t->tail_offset), len);
+            return CKPTIO_OK;
+        }
+        return CKPTIO_FAIL_CTX(CKPTIO_E_UNSUPPORTED,
+                               &((ckptio__err_ctx){.operation = "read", .path = t->path, .file_offset = (int64_t)offset}),
+                               "a record of %llu bytes lies between the first %llu and the last %llu bytes of this "
+                               "%llu-byte archive, which are all that is held of it (an archive whose storage lies "
+                               "elsewhere than between its records)",
+                               (unsigned long long)len, (unsigned long long)t->head_len,
+                               (unsigned long long)(t->file_size - t->tail_offset), (unsigned long long)t->file_size);
+    }
     if (t->memory) {
         memcpy(buf, t->memory + offset, len);
         return CKPTIO_OK;
@@ -203,6 +220,30 @@ ckptio_status ckptio_torch_parse(const void *bytes, size_t len, ckptio_torch **o
     }
     t->memory = bytes ? bytes : (const uint8_t *)"";
     t->file_size = len;
+    ckptio_status st = load(t);
+    if (st) {
+        torch_destroy(t);
+        return st;
+    }
+    *out = t;
+    return CKPTIO_OK;
+}
+
+ckptio_status ckptio__torch_parse_windows(const uint8_t *head, size_t head_len, const uint8_t *tail, size_t tail_len,
+                                          uint64_t size, ckptio_torch **out) {
+    *out = NULL;
+    CKPTIO_RETURN_IF(head_len > size || tail_len > size || !head || !tail, CKPTIO_E_INVAL,
+                     "ckptio__torch_parse_windows: windows larger than the archive");
+    ckptio_torch *t = ckptio__calloc(1, sizeof *t);
+    if (!t || !(t->path = ckptio__strdup("<memory>"))) {
+        ckptio__free(t);
+        return CKPTIO_FAIL(CKPTIO_E_NOMEM, "no memory to parse a torch file");
+    }
+    t->memory = head;
+    t->head_len = head_len;
+    t->tail = tail;
+    t->tail_offset = size - tail_len;
+    t->file_size = size;
     ckptio_status st = load(t);
     if (st) {
         torch_destroy(t);

@@ -37,7 +37,9 @@ struct ckptio_torch {
     bool file_borrowed;           /* an archive inside a file the caller owns (a DCP item) */
     uint64_t base;                /* file offset of the archive's first byte (0 but for DCP items) */
     uint64_t bytes_read;          /* bytes read from `file` (headers, pickle) */
-    const uint8_t *memory;        /* ckptio_torch_parse: the whole file */
+    const uint8_t *memory;        /* ckptio_torch_parse: the whole file; parse_windows: its first head_len bytes */
+    const uint8_t *tail;          /* parse_windows: bytes [tail_offset, file_size) */
+    uint64_t head_len, tail_offset;
     char *path;                   /* for messages ("<memory>" for parse) */
     uint64_t file_size;           /* the archive's size */
     char *prefix;                 /* record prefix without the slash */
@@ -83,6 +85,16 @@ ckptio_status ckptio__torch_build(ckptio_torch *t, const uint8_t *pickle, size_t
  * file stays the caller's (closing the handle leaves it open) and offsets in
  * the tables count from the archive's first byte. Messages name "<item>". */
 ckptio_status ckptio__torch_open_range(ckptio_file *file, uint64_t offset, uint64_t length, ckptio_torch **out);
+
+/* (src/ckpt/torch_file.c) An archive of `size` bytes of which only the first
+ * head_len and the last tail_len bytes are in memory (a large decoded DCP
+ * item, whose storage streamed past): parsed as ckptio_torch_parse parses a
+ * whole one, which succeeds when every record but the storages' lies in
+ * those bytes (as torch.save lays out an archive of one tensor); a record
+ * outside them is CKPTIO_E_UNSUPPORTED. Storages cannot be read through the
+ * handle. Both windows must outlive it. Messages name "<memory>". */
+ckptio_status ckptio__torch_parse_windows(const uint8_t *head, size_t head_len, const uint8_t *tail, size_t tail_len,
+                                          uint64_t size, ckptio_torch **out);
 
 /* Bytes per element as torch counts them (float4_e2m1fn_x2: 1), 0 if torch
  * has no such dtype. */
