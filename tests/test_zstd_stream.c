@@ -10,6 +10,7 @@
  */
 #include "helpers.h"
 #include "dcp_dir_internal.h"
+#include "torch_internal.h"
 
 #include <string.h>
 #include <sys/resource.h>
@@ -98,7 +99,8 @@ static void test_stream_pieces_and_limits(void) {
     T_ASSERT(!ZSTD_isError(third));
     len += third;
 
-    seen s = {.bytes = malloc(n1 + n2 + n3), .cap = n1 + n2 + n3};
+    uint8_t *kept = malloc(n1 + n2 + n3);
+    seen s = {.bytes = kept, .cap = n1 + n2 + n3};
     uint64_t total = 0;
     T_OK(ckptio_zstd_stream(packed, len, UINT64_MAX, keep, &s, &total));
     T_ASSERT(total == n1 + n2 + n3 && s.next == total);
@@ -133,7 +135,7 @@ static void test_stream_pieces_and_limits(void) {
     T_MESSAGE_HAS(where);
     T_STATUS(ckptio_zstd_stream(packed, 0, UINT64_MAX, NULL, NULL, &total), CKPTIO_E_FORMAT);
     T_MESSAGE_HAS("no frame");
-    free(s.bytes);
+    free(kept);
     free(packed);
     free(src);
 }
@@ -321,6 +323,31 @@ static void test_not_an_archive_is_refused_on_its_first_bytes(void) {
     free(frame);
 }
 
+static void test_records_outside_the_edges(void) {
+    /* An archive parsed from its edges needs every record but the storage in
+     * them: one outside is refused before anything is allocated for it. */
+    float v[1000];
+    for (int i = 0; i < 1000; i++) v[i] = (float)i;
+    const int64_t n = 1000;
+    size_t alen = 0;
+    uint8_t *archive = archive_of(v, 1000, 1, &n, NULL, &alen);
+    ckptio_torch *t = NULL;
+    /* Both edges whole: parses, the tensor is there. */
+    T_OK(ckptio__torch_parse_windows(archive, alen / 2, archive + alen / 2, alen - alen / 2, alen, &t));
+    size_t count = 0;
+    T_OK(ckptio_torch_count(t, &count));
+    T_ASSERT(count == 1);
+    ckptio_torch_close(t);
+    /* The last 100 bytes cannot hold the central directory of 7 records. */
+    T_STATUS(ckptio__torch_parse_windows(archive, 512, archive + alen - 100, 100, alen, &t), CKPTIO_E_UNSUPPORTED);
+    T_MESSAGE_HAS("lies between the first 512 and the last 100 bytes");
+    /* The first 40 bytes cannot hold the pickle. */
+    T_STATUS(ckptio__torch_parse_windows(archive, 40, archive + 4096, alen - 4096, alen, &t), CKPTIO_E_UNSUPPORTED);
+    T_MESSAGE_HAS("lies between the first 40");
+    T_ASSERT(t == NULL);
+    free(archive);
+}
+
 int main(void) {
     T_OK(ckptio_engine_create(&engine));
     T_RUN(test_stream_pieces_and_limits);
@@ -329,6 +356,7 @@ int main(void) {
     T_RUN(test_large_item_streams_its_boxes);
     T_RUN(test_overlapping_strides);
     T_RUN(test_not_an_archive_is_refused_on_its_first_bytes);
+    T_RUN(test_records_outside_the_edges);
     T_OK(ckptio_engine_destroy(engine));
     return T_EXIT_PASS;
 }

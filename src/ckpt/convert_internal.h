@@ -19,6 +19,20 @@ typedef ckptio_status (*ckptio__fill_fn)(void *ctx, size_t index, void *buf, uin
 typedef ckptio_status (*ckptio__write_fn)(void *ctx, size_t index, ckptio_file *file, uint64_t file_offset,
                                           uint64_t nbytes);
 
+/* Receives n bytes of a tensor being written that belong at its byte `dst`. */
+typedef ckptio_status (*ckptio__emit_fn)(void *ctx, uint64_t dst, const void *data, size_t n);
+
+/* Hands every byte of one tensor to emit(emit_ctx, ...), in any pieces. */
+typedef ckptio_status (*ckptio__produce_fn)(void *ctx, ckptio__emit_fn emit, void *emit_ctx);
+
+/* Writes what produce() emits to `file` at base + dst through one staging
+ * buffer of 8 MiB: runs adjacent in the file and in the buffer become one
+ * write, and a staged run of zeros is not written at all, so `file` must
+ * read as zeros wherever nothing is written (a ckptio__write_fn's file).
+ * Host memory is the buffer, whatever the tensor's size
+ * (checkpoint_convert.c). */
+ckptio_status ckptio__write_staged(ckptio_file *file, uint64_t base, ckptio__produce_fn produce, void *ctx);
+
 /* Writes the safetensors file ckptio_safetensors_save would write for
  * `tensors` (their `data` is ignored), atomically at `path`, filling each
  * tensor's bytes with fill(ctx, i, ...) into one buffer of the largest such

@@ -15,22 +15,19 @@
  * tensor of at most CKPTIO__DCP_ZSTD_INLINE_MAX bytes. A larger tensor with
  * zstd chunks (146 KB of frames may decode to 4 GiB) is never held: its
  * chunks stream from their frames to the output through a fixed staging
- * buffer (ckptio__dcp_emit_tensor), and staged pieces that are all zeros are
- * not written, since the new output reads as zeros there already.
+ * buffer (ckptio__dcp_emit_tensor, ckptio__write_staged), and staged pieces
+ * that are all zeros are not written, since the new output reads as zeros
+ * there already.
  */
 #include "convert_internal.h"
 #include "dcp_dir_internal.h"
-#include "io_internal.h"
 
 #include <string.h>
-
-/* Staging for a streamed tensor: host memory whatever its size. */
-#define STAGE_BYTES ((size_t)8 << 20)
-#define STAGE_EXTENTS 4096u
 
 typedef struct dcp_source {
     ckptio_dcp *h;
     const size_t *tensors; /* NULL: source i is tensor i */
+    size_t current;        /* the source being written (write_from_dcp) */
 } dcp_source;
 
 static ckptio_status fill_from_dcp(void *ctx, size_t i, void *buf, uint64_t nbytes) {
@@ -38,81 +35,16 @@ static ckptio_status fill_from_dcp(void *ctx, size_t i, void *buf, uint64_t nbyt
     return ckptio_dcp_read_tensor(s->h, s->tensors ? s->tensors[i] : i, buf, nbytes);
 }
 
-/* Runs of a streamed tensor on their way to the output: adjacent ones merge. */
-typedef struct stage {
-    ckptio_file *file;
-    uint64_t base;          /* the tensor's first byte in the file */
-    uint8_t *buf;
-    size_t used;
-    ckptio_extent x[STAGE_EXTENTS];
-    size_t nx;
-} stage;
-
-static bool all_zero(const uint8_t *p, uint64_t n) {
-    uint64_t word = 0;
-    for (; n >= 8; p += 8, n -= 8) {
-        memcpy(&word, p, 8);
-        if (word) return false;
-    }
-    for (; n; p++, n--)
-        if (*p) return false;
-    return true;
-}
-
-static ckptio_status stage_flush(stage *s) {
-    size_t kept = 0;
-    for (size_t i = 0; i < s->nx; i++)
-        if (!all_zero(s->x[i].memory, s->x[i].length)) s->x[kept++] = s->x[i];
-    const ckptio_status st =
-        kept ? ckptio_engine_execute_extents(ckptio__file_engine(s->file), CKPTIO_WRITE, s->x, kept) : CKPTIO_OK;
-    s->used = 0;
-    s->nx = 0;
-    return st;
-}
-
-static ckptio_status stage_emit(void *ctx, uint64_t dst, const void *data, size_t n) {
-    stage *s = ctx;
-    const uint8_t *p = data;
-    while (n) {
-        if (s->used == STAGE_BYTES) CKPTIO_FORWARD(stage_flush(s));
-        const size_t take = n < STAGE_BYTES - s->used ? n : STAGE_BYTES - s->used;
-        ckptio_extent *last = s->nx ? &s->x[s->nx - 1] : NULL;
-        if (last && last->file_offset + last->length == s->base + dst &&
-            (uint8_t *)last->memory + last->length == s->buf + s->used) {
-            last->length += take;
-        } else {
-            if (s->nx == STAGE_EXTENTS) {
-                CKPTIO_FORWARD(stage_flush(s));
-                continue;
-            }
-            s->x[s->nx++] = (ckptio_extent){.file = s->file, .file_offset = s->base + dst, .length = take,
-                                            .memory = s->buf + s->used, .mem_kind = CKPTIO_MEM_HOST};
-        }
-        memcpy(s->buf + s->used, p, take);
-        s->used += take;
-        p += take;
-        dst += take;
-        n -= take;
-    }
-    return CKPTIO_OK;
+static ckptio_status produce_from_dcp(void *ctx, ckptio__emit_fn emit, void *emit_ctx) {
+    const dcp_source *src = ctx;
+    return ckptio__dcp_emit_tensor(src->h, src->tensors ? src->tensors[src->current] : src->current, emit, emit_ctx);
 }
 
 static ckptio_status write_from_dcp(void *ctx, size_t i, ckptio_file *file, uint64_t file_offset, uint64_t nbytes) {
     (void)nbytes; /* the chunks tile exactly nbytes (checked before anything is emitted) */
-    const dcp_source *src = ctx;
-    stage *s = ckptio__calloc(1, sizeof *s);
-    if (s) s->buf = ckptio__aligned_alloc(CKPTIO_DIRECT_ALIGN, STAGE_BYTES);
-    if (!s || !s->buf) {
-        ckptio__free(s);
-        return CKPTIO_FAIL(CKPTIO_E_NOMEM, "out of memory for staging");
-    }
-    s->file = file;
-    s->base = file_offset;
-    ckptio_status st = ckptio__dcp_emit_tensor(src->h, src->tensors ? src->tensors[i] : i, stage_emit, s);
-    if (st == CKPTIO_OK) st = stage_flush(s);
-    ckptio__free(s->buf);
-    ckptio__free(s);
-    return st;
+    dcp_source *src = ctx;
+    src->current = i;
+    return ckptio__write_staged(file, file_offset, produce_from_dcp, src);
 }
 
 /* Whether tensor t is streamed (a zstd chunk in a tensor too large to hold);

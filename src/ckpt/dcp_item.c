@@ -197,6 +197,7 @@ typedef struct zstd_capture {
 } zstd_capture;
 
 static void ring_put(zstd_capture *c, const uint8_t *p, size_t n) {
+    if (n == 0) return;
     if (n >= ZSTD_EDGE) {
         memcpy(c->ring, p + n - ZSTD_EDGE, ZSTD_EDGE);
         c->ring_pos = 0;

@@ -15,6 +15,22 @@
                                                   .file_offset = (int64_t)(offset)}),                       \
                     __VA_ARGS__)
 
+/* For an archive held only at its edges (ckptio__torch_parse_windows): the
+ * bytes [offset, +len) must lie in one of them. Checked before anything is
+ * allocated for them. */
+static ckptio_status window_check(const ckptio_torch *t, uint64_t len, uint64_t offset) {
+    const uint64_t past_head = offset > t->head_len ? offset : t->head_len; /* first byte not in the head */
+    if (!t->tail || (len <= t->head_len && offset <= t->head_len - len) || past_head >= t->tail_offset)
+        return CKPTIO_OK;
+    return CKPTIO_FAIL_CTX(CKPTIO_E_UNSUPPORTED,
+                           &((ckptio__err_ctx){.operation = "read", .path = t->path, .file_offset = (int64_t)offset}),
+                           "a record of %llu bytes lies between the first %llu and the last %llu bytes of this "
+                           "%llu-byte archive, which are all that is held of it (torch.save puts every record but "
+                           "the storage there)",
+                           (unsigned long long)len, (unsigned long long)t->head_len,
+                           (unsigned long long)(t->file_size - t->tail_offset), (unsigned long long)t->file_size);
+}
+
 static ckptio_status torch_pread(ckptio_torch *t, void *buf, uint64_t len, uint64_t offset) {
     if (offset > t->file_size || len > t->file_size - offset)
         return CKPTIO_FAIL_CTX(CKPTIO_E_TRUNCATED,
@@ -22,21 +38,12 @@ static ckptio_status torch_pread(ckptio_torch *t, void *buf, uint64_t len, uint6
                                "%llu bytes requested past the end of the file (%llu bytes)", (unsigned long long)len,
                                (unsigned long long)t->file_size);
     if (t->memory && t->tail) { /* an archive of which only the first and last bytes are held */
-        if (len <= t->head_len && offset <= t->head_len - len) {
-            memcpy(buf, t->memory + offset, len);
-            return CKPTIO_OK;
-        }
-        if (offset >= t->tail_offset) {
-            memcpy(buf, t->tail + (offset - t->tail_offset), len);
-            return CKPTIO_OK;
-        }
-        return CKPTIO_FAIL_CTX(CKPTIO_E_UNSUPPORTED,
-                               &((ckptio__err_ctx){.operation = "read", .path = t->path, .file_offset = (int64_t)offset}),
-                               "a record of %llu bytes lies between the first %llu and the last %llu bytes of this "
-                               "%llu-byte archive, which are all that is held of it (an archive whose storage lies "
-                               "elsewhere than between its records)",
-                               (unsigned long long)len, (unsigned long long)t->head_len,
-                               (unsigned long long)(t->file_size - t->tail_offset), (unsigned long long)t->file_size);
+        CKPTIO_FORWARD(window_check(t, len, offset));
+        const uint64_t from_head = offset >= t->head_len ? 0 : len < t->head_len - offset ? len : t->head_len - offset;
+        if (from_head) memcpy(buf, t->memory + offset, from_head);
+        if (len > from_head)
+            memcpy((uint8_t *)buf + from_head, t->tail + (offset + from_head - t->tail_offset), len - from_head);
+        return CKPTIO_OK;
     }
     if (t->memory) {
         memcpy(buf, t->memory + offset, len);
@@ -110,6 +117,7 @@ static ckptio_status load(ckptio_torch *t) {
     }
     if (st) goto out;
     /* Central directory: its size is bounded by the file size (checked). */
+    if ((st = window_check(t, dir.cd_size, dir.cd_offset))) goto out;
     if (!(cd = ckptio__malloc(dir.cd_size ? dir.cd_size : 1))) {
         st = OPEN_FAIL(t, CKPTIO_E_NOMEM, dir.cd_offset, "no memory for a central directory of %llu bytes",
                        (unsigned long long)dir.cd_size);
@@ -146,6 +154,7 @@ static ckptio_status load(ckptio_torch *t) {
                              (unsigned long long)CKPTIO__TORCH_MAX_PICKLE);
         goto out;
     }
+    if ((st = window_check(t, pk->size, pk->data_offset))) goto out;
     if (!(pickle = ckptio__malloc(pk->size ? pk->size : 1))) {
         st = CKPTIO_FAIL(CKPTIO_E_NOMEM, "%s: no memory for a %llu-byte pickle", t->path, (unsigned long long)pk->size);
         goto out;
