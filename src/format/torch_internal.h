@@ -19,6 +19,12 @@ bool ckptio__torch_storage_class_dtype(const char *name, ckptio_dtype *out);
 #define CKPTIO__TORCH_MAX_PICKLE (1ull << 30)
 /* Largest number of tensor paths the reader lists (shared-node blowup guard). */
 #define CKPTIO__TORCH_MAX_PATHS (1ull << 22)
+/* Bytes of tensor names the reader keeps at most: this plus
+ * CKPTIO__TORCH_NAME_BYTES_PER_PICKLE_BYTE per byte of data.pkl. Honest names
+ * repeat a key's bytes once per tensor below it; shared objects let a 100 KB
+ * pickle name one dict with a 60 KB key under 20000 paths (1.2 GB). */
+#define CKPTIO__TORCH_NAME_BYTES_BASE ((uint64_t)64 << 20)
+#define CKPTIO__TORCH_NAME_BYTES_PER_PICKLE_BYTE 16u
 
 typedef struct ckptio__torch_storage {
     ckptio__storage_ref *ref;     /* first reference in the pickle */
@@ -52,6 +58,7 @@ struct ckptio_torch {
     size_t nstorages;
     ckptio__torch_tensor *tensors;
     size_t ntensors, tensor_cap;
+    uint64_t name_bytes, name_budget; /* of the tensors' names (CKPTIO__TORCH_NAME_BYTES_BASE) */
 };
 
 /* Records of the archive the reader looks at (index into the ids array). */
