@@ -22,6 +22,7 @@
 #include "convert_internal.h"
 #include "dcp_dir_internal.h"
 
+#include <stdlib.h>
 #include <string.h>
 
 typedef struct dcp_source {
@@ -47,29 +48,67 @@ static ckptio_status write_from_dcp(void *ctx, size_t i, ckptio_file *file, uint
     return ckptio__write_staged(file, file_offset, produce_from_dcp, src);
 }
 
+/* Where an uncompressed chunk's item lies, for the disjointness check. */
+typedef struct placed {
+    size_t file, chunk;
+    uint64_t offset, length;
+} placed;
+
+static int cmp_placed(const void *a, const void *b) {
+    const placed *x = a, *y = b;
+    if (x->file != y->file) return x->file < y->file ? -1 : 1;
+    if (x->offset != y->offset) return x->offset < y->offset ? -1 : 1;
+    return x->chunk < y->chunk ? -1 : x->chunk > y->chunk;
+}
+
 /* Whether tensor t is streamed (a zstd chunk in a tensor too large to hold);
- * else that the buffer its bytes need is justified: each chunk's item lies in
- * its file and, uncompressed, holds at least the chunk's bytes. */
+ * else that the buffer its bytes need is justified by bytes on disk: each
+ * uncompressed chunk's item lies in its file, holds at least the chunk's
+ * bytes, and shares none of them with another chunk's item (which would let
+ * one stored range stand for many chunks). */
 static ckptio_status plan_tensor(ckptio_dcp *h, const ckptio__dcp_tensor *t, bool *streamed) {
     bool zstd = false;
     for (size_t c = 0; c < t->nchunks; c++) zstd |= (t->stored[c].transforms & CKPTIO_DCP_TRANSFORM_ZSTD) != 0;
     *streamed = zstd && t->nbytes > CKPTIO__DCP_ZSTD_INLINE_MAX;
     if (*streamed) return CKPTIO_OK;
     const uint64_t es = ckptio__dcp_element_size(t->dtype);
-    for (size_t c = 0; c < t->nchunks; c++) {
+    placed *at = ckptio__calloc(t->nchunks + 1, sizeof *at);
+    if (!at) return CKPTIO_FAIL(CKPTIO_E_NOMEM, "out of memory for %zu chunks", t->nchunks);
+    size_t n = 0;
+    ckptio_status st = CKPTIO_OK;
+    for (size_t c = 0; c < t->nchunks && st == CKPTIO_OK; c++) {
         const ckptio_dcp_stored *s = &t->stored[c];
         ckptio_file *f = NULL;
-        CKPTIO_FORWARD(ckptio__dcp_item_bounds(h, s, t->fqn, &f));
+        if ((st = ckptio__dcp_item_bounds(h, s, t->fqn, &f)) != CKPTIO_OK) break;
+        if (s->transforms & CKPTIO_DCP_TRANSFORM_ZSTD) continue; /* the tensor is at most 64 MiB */
         uint64_t bytes = es;
         for (uint32_t d = 0; d < t->ndim; d++) bytes *= (uint64_t)t->sizes[c * t->ndim + d]; /* <= nbytes */
-        if (!(s->transforms & CKPTIO_DCP_TRANSFORM_ZSTD) && bytes > s->length)
-            return CKPTIO_FAIL_CTX(CKPTIO_E_FORMAT,
-                                   &((ckptio__err_ctx){.operation = "read DCP item", .path = ckptio_file_path(f),
-                                                       .file_offset = (int64_t)s->offset, .subject = t->fqn}),
-                                   "chunk %zu is %llu bytes by .metadata, more than its item of %llu bytes can hold", c,
-                                   (unsigned long long)bytes, (unsigned long long)s->length);
+        if (bytes > s->length)
+            st = CKPTIO_FAIL_CTX(CKPTIO_E_FORMAT,
+                                 &((ckptio__err_ctx){.operation = "read DCP item", .path = ckptio_file_path(f),
+                                                     .file_offset = (int64_t)s->offset, .subject = t->fqn}),
+                                 "chunk %zu is %llu bytes by .metadata, more than its item of %llu bytes can hold", c,
+                                 (unsigned long long)bytes, (unsigned long long)s->length);
+        else if (bytes)
+            at[n++] = (placed){.file = ckptio__dcp_file_index(h, s->file), .chunk = c, .offset = s->offset,
+                               .length = s->length};
     }
-    return CKPTIO_OK;
+    if (st == CKPTIO_OK && n > 1) qsort(at, n, sizeof *at, cmp_placed);
+    for (size_t k = 1; st == CKPTIO_OK && k < n; k++) {
+        ckptio_file *f = NULL;
+        if (at[k].file != at[k - 1].file || at[k].offset >= at[k - 1].offset + at[k - 1].length) continue;
+        if ((st = ckptio__dcp_file(h, at[k].file, &f, NULL)) == CKPTIO_OK) /* opened above */
+            st = CKPTIO_FAIL_CTX(CKPTIO_E_FORMAT,
+                                 &((ckptio__err_ctx){.operation = "read DCP item", .path = ckptio_file_path(f),
+                                                     .file_offset = (int64_t)at[k].offset, .subject = t->fqn}),
+                                 "chunks %zu and %zu are stored in overlapping bytes of the file ([%llu, +%llu) and "
+                                 "[%llu, +%llu))",
+                                 at[k - 1].chunk, at[k].chunk, (unsigned long long)at[k - 1].offset,
+                                 (unsigned long long)at[k - 1].length, (unsigned long long)at[k].offset,
+                                 (unsigned long long)at[k].length);
+    }
+    ckptio__free(at);
+    return st;
 }
 
 ckptio_status ckptio_dcp_save_safetensors(ckptio_dcp *h, const char *path, const size_t *tensors, size_t count,

@@ -16,6 +16,7 @@
 """
 import collections
 import copy
+import dataclasses
 import io
 import json
 import math
@@ -532,6 +533,29 @@ def test_large_zstd_items_stream_their_real_values(tmp_path):
         from safetensors.torch import load_file
         got = load_file(str(tmp_path / "real.safetensors"))
         assert torch.equal(got["w"], w) and torch.equal(got["b"], sd["b"])
+
+
+@requires_cli
+def test_convert_refuses_chunks_that_share_stored_bytes(tmp_path):
+    # Two chunks of one tensor stored in the same bytes: one stored range would stand for many chunks, and the
+    # conversion's buffer for the tensor would not be justified by bytes on disk.
+    path = tmp_path / "shared"
+    save({"w": torch.arange(8.0)}, dcp.FileSystemWriter(path))
+    md = metadata(path)
+    from torch.distributed.checkpoint.metadata import ChunkStorageMetadata, MetadataIndex
+    tmd = md.state_dict_metadata["w"]
+    tmd.size = torch.Size([16])
+    tmd.chunks = [ChunkStorageMetadata(offsets=torch.Size([0]), sizes=torch.Size([8])),
+                  ChunkStorageMetadata(offsets=torch.Size([8]), sizes=torch.Size([8]))]
+    info = info_of(md, "w")
+    md.storage_data = {k: v for k, v in md.storage_data.items() if k.fqn != "w"}
+    md.storage_data[MetadataIndex("w", torch.Size([0]))] = info
+    md.storage_data[MetadataIndex("w", torch.Size([8]))] = dataclasses.replace(info)
+    write_metadata(path, md)
+    r = run_cli("convert", path, tmp_path / "out.safetensors")
+    assert r.returncode != 0, r.stdout
+    assert "w: chunks 0 and 1 are stored in overlapping bytes of the file" in r.stderr, r.stderr
+    assert not (tmp_path / "out.safetensors").exists()
 
 
 def test_a_chain_of_many_zstd_transforms_says_what_is_wrong(tmp_path):
