@@ -6,11 +6,13 @@
  * SAFETENSORS blob (all tensors of a rank's file share it, so its parsed
  * header is kept), or a zstd frame around an archive; dcp_item.c tells
  * which and where the tensor's storage lies. Only that storage is read,
- * through the engine, one chunk at a time (a zstd item is read and
- * decompressed whole): host memory besides the destination is at most one
- * storage, or one compressed item plus its decompressed bytes. A chunk
- * that is the whole tensor, stored dense, is read straight into the
- * destination.
+ * through the engine, one chunk at a time: host memory besides the
+ * destination is at most one storage (read through a 16 MiB buffer when it
+ * is only checked). A zstd item's stored frames are read whole and
+ * decompressed through a fixed buffer (dcp_item.c, dcp_box.c), straight
+ * into the destination when the archive is over 64 MiB: nothing is sized by
+ * what .metadata or the frames declare. A chunk that is the whole tensor,
+ * stored dense, is read straight into the destination.
  */
 #include "dcp_dir_internal.h"
 #include "engine_internal.h"

@@ -12,7 +12,10 @@
  * so callers keep the parsed header for the blob's other tensors). Only
  * headers are read, through the file's engine: the archive's zip records
  * and pickle, or the blob's length prefix and JSON header. A decoded
- * (decompressed) item held in memory must be an archive.
+ * (decompressed) item must be an archive: held in memory when small, else
+ * only its first and last MiB are kept while it decompresses through a
+ * fixed buffer (ckptio_dcp_header_zstd), and its storage is decompressed
+ * again when a box of it is read (dcp_box.c).
  */
 #include "dcp_dir_internal.h"
 #include "engine_internal.h"
