@@ -12,7 +12,8 @@
 
     python tests/data/make_zstd_seeds.py
 
-Frames are written by hand (no zstd module needed): raw blocks carry bytes
+tests/python/test_dcp_hostile.py builds its frames with frame() and
+zeros_archive_edges(). Frames are written by hand (no zstd module needed): raw blocks carry bytes
 as they are, RLE blocks one byte repeated, 4 bytes per 128 KiB.
 """
 import io
@@ -56,10 +57,11 @@ def saved(obj) -> bytes:
     return buf.getvalue()
 
 
-def zeros_archive_edges(numel: int):
+def zeros_archive_edges(numel: int, path: str):
     """torch.save(torch.zeros(numel)) as (bytes before the storage, storage
-    length, bytes after it), the storage never held (torch's skip_data)."""
-    path = os.path.join(CORPUS, ".edges.pt")
+    length, bytes after it), the storage never held: written to the scratch
+    file `path` with torch's skip_data (a sparse file) from an untouched
+    torch.empty, then removed."""
     with torch.serialization.skip_data():
         torch.save(torch.empty(numel), path)
     with zipfile.ZipFile(path) as z:
@@ -98,7 +100,7 @@ def main() -> int:
     write(items, "transposed.zst", frame([saved(m.t())]))
     write(items, "expanded.zst", frame([saved(torch.arange(4.0).expand(5, 4))]))
     write(items, "int64_scalar.zst", frame([saved(torch.tensor(7))]))
-    head, n, tail = zeros_archive_edges(1 << 20)
+    head, n, tail = zeros_archive_edges(1 << 20, os.path.join(CORPUS, ".edges.pt"))
     write(items, "zeros_4mib_archive.zst", frame([head, n, tail]))
     write(items, "zeros_not_an_archive.zst", frame([32 << 20]))
     write(items, "declares_less.zst", frame([saved(m)], declare=100))

@@ -9,6 +9,11 @@
 * Data files are opened through libckptio: a relative_path that leaves the
   directory is refused; a zstd item declaring gigabytes is refused from its
   frame header, in bounded time and memory.
+* Sizes .metadata declares and honest zstd frames hold (4 GiB in 130 KB):
+  `ckptio verify`, `ckptio convert` and the reader stay in bounded memory
+  (peak RSS of the child measured), real values over 64 MiB stream back
+  exactly, chunks sharing stored bytes are refused by convert, and a list
+  of 100000 zstd descriptors is named as such.
 * Stream transforms other than zstd are applied through the caller's
   extension registry (torch's Rot13 test extension); without it the load is
   refused while it is planned (E_UNSUPPORTED).
@@ -17,6 +22,7 @@
 import collections
 import copy
 import dataclasses
+import importlib.util
 import io
 import json
 import math
@@ -41,7 +47,7 @@ from torch.distributed.checkpoint._extension import ExtensionRegistry, StreamTra
 
 import ckptio  # noqa: E402
 import ckptio.dcp as cdcp  # noqa: E402
-from conftest import CKPTIO_CLI, requires_cli  # noqa: E402
+from conftest import CKPTIO_CLI, REPO, requires_cli  # noqa: E402
 
 PKG_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(ckptio.__file__)))
 pytestmark = pytest.mark.filterwarnings("ignore")
@@ -369,44 +375,12 @@ def test_zstd_bomb_is_refused_at_once_in_bounded_memory(tmp_path, fqn, declare):
         assert r.returncode != 0 and why in r.stderr, r.stderr
 
 
-def zstd_frame(pieces) -> bytes:
-    """A zstd frame without a content size: bytes pieces as raw blocks, int
-    pieces as that many zero bytes in RLE blocks (4 bytes per 128 KiB)."""
-    block = 128 << 10
-    blocks = []  # (header without the last-block bit, payload)
-    for p in pieces:
-        if isinstance(p, int):
-            for start in range(0, p, block):
-                blocks.append((((min(block, p - start)) << 3) | (1 << 1), b"\0"))
-        else:
-            for start in range(0, len(p), block):
-                part = p[start:start + block]
-                blocks.append((len(part) << 3, part))
-    out = [struct.pack("<IBB", 0xFD2FB528, 0x00, 7 << 3)]  # no content size, 128 KiB window
-    for i, (header, payload) in enumerate(blocks):
-        out.append(struct.pack("<I", header | (i == len(blocks) - 1))[:3] + payload)
-    return b"".join(out)
-
-
-def archive_edges(numel: int, scratch) -> tuple:
-    """The bytes before and after the storage of torch.save(torch.zeros(numel)),
-    and the storage's length, without ever holding the storage: written with
-    torch's skip_data (a sparse file) from an untouched torch.empty."""
-    with torch.serialization.skip_data():
-        torch.save(torch.empty(numel), scratch)
-    import zipfile
-    with zipfile.ZipFile(scratch) as z:
-        rec = next(i for i in z.infolist() if i.filename.endswith("/data/0"))
-    with open(scratch, "rb") as f:
-        f.seek(rec.header_offset + 26)
-        name_len, extra_len = struct.unpack("<HH", f.read(4))
-        start = rec.header_offset + 30 + name_len + extra_len
-        f.seek(0)
-        head = f.read(start)
-        f.seek(start + rec.file_size)
-        tail = f.read()
-    os.unlink(scratch)
-    return head, rec.file_size, tail
+def _seeds():
+    """tests/data/make_zstd_seeds.py: zstd frames written by hand, archive edges."""
+    spec = importlib.util.spec_from_file_location("make_zstd_seeds", REPO / "tests" / "data" / "make_zstd_seeds.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
 
 
 def declared_large_checkpoint(tmp_path, numel: int):
@@ -418,8 +392,9 @@ def declared_large_checkpoint(tmp_path, numel: int):
     save({"w": torch.arange(4.0), "step": 5}, cdcp.FileSystemWriter(path, _extensions=[cdcp.ZStandard()]))
     for manifest in path.glob(".ckptio-manifest-*.json"):
         manifest.unlink()
-    head, nbytes, tail = archive_edges(numel, tmp_path / "edges.pt")
-    frame = zstd_frame([head, nbytes, tail])
+    seeds = _seeds()
+    head, nbytes, tail = seeds.zeros_archive_edges(numel, str(tmp_path / "edges.pt"))
+    frame = seeds.frame([head, nbytes, tail])
     (path / "bomb.distcp").write_bytes(frame)
     md = metadata(path)
     tmd = md.state_dict_metadata["w"]
