@@ -453,9 +453,9 @@ static PyMethodDef dcp_methods[] = {
      "dcp_header_parse(address, length, origin, offset) -> header: the same for a decoded item in memory\n"
      "(a torch.save archive; the memory must outlive the header)."},
     {"dcp_header_zstd", mod_header_zstd, METH_VARARGS,
-     "dcp_header_zstd(address, length, limit, origin, offset, subject=None) -> header: the same for a zstd item's stored frames\n"
-     "in memory (ckptio_dcp_header_zstd: decompressed through a fixed buffer, at most `limit` bytes, held only\n"
-     "when small; the frames' memory must outlive the header)."},
+     "dcp_header_zstd(address, length, limit, origin, offset, subject=None) -> header: the same for a zstd\n"
+     "item's stored frames in memory (ckptio_dcp_header_zstd: decompressed through a fixed buffer, at most\n"
+     "`limit` bytes, held only when small; the frames' memory must outlive the header)."},
     {"dcp_header_read_box", mod_header_read_box, METH_VARARGS,
      "dcp_header_read_box(header, fqn, offsets, sizes, address, strides, capacity): copies the box of the stored\n"
      "tensor into host memory at `address` with element `strides` (ckptio_dcp_header_read_box; a large zstd item\n"

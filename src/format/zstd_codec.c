@@ -1,7 +1,9 @@
 /*
  * zstd_codec.c - decompression of zstd-transformed items (the
  * "stream.zstd/1" transform of torch.distributed.checkpoint) with libzstd:
- * one or more frames, with or without a recorded content size.
+ * one or more frames, with or without a recorded content size, into a
+ * buffer the caller sized, or streamed through a fixed one to a sink
+ * (ckptio_zstd_stream), so that nothing is sized by what frames declare.
  */
 #include "common_internal.h"
 
@@ -85,13 +87,12 @@ out:
  * is refused by libzstd ("Data corruption detected"). */
 static ckptio_status frame_corrupt(size_t frame_start, unsigned long long declared, uint64_t frame_out,
                                    const char *what) {
+    const ckptio__err_ctx at = {.operation = "zstd decompress", .file_offset = (int64_t)frame_start};
     if (declared == ZSTD_CONTENTSIZE_UNKNOWN || declared == ZSTD_CONTENTSIZE_ERROR)
-        return CKPTIO_FAIL_CTX(CKPTIO_E_FORMAT,
-                               &((ckptio__err_ctx){.operation = "zstd decompress", .file_offset = (int64_t)frame_start}),
+        return CKPTIO_FAIL_CTX(CKPTIO_E_FORMAT, &at,
                                "corrupt zstd data: %s (the frame starting here, after %llu bytes of its output)",
                                what, (unsigned long long)frame_out);
-    return CKPTIO_FAIL_CTX(CKPTIO_E_FORMAT,
-                           &((ckptio__err_ctx){.operation = "zstd decompress", .file_offset = (int64_t)frame_start}),
+    return CKPTIO_FAIL_CTX(CKPTIO_E_FORMAT, &at,
                            "corrupt zstd data: %s (the frame starting here declares %llu bytes; %llu decompressed "
                            "before the error)",
                            what, declared, (unsigned long long)frame_out);
