@@ -492,14 +492,18 @@ def test_declared_large_zstd_tensor_loads_into_the_callers_tensor_only(tmp_path)
 
 def test_large_zstd_items_stream_their_real_values(tmp_path):
     # Above the 64 MiB held in memory, a zstd item is read from its frames as they decompress: the values
-    # (not zeros) come back exactly through the reader, `ckptio convert` and `ckptio verify`.
+    # (not zeros) come back exactly through the reader, `ckptio convert` and `ckptio verify`. "w" (80 MiB) is
+    # streamed to the converted file; "m" (64 MiB, an archive just over 64 MiB) is assembled by
+    # ckptio_dcp_read_tensor from its frames as they pass.
     w = torch.arange(20 << 20, dtype=torch.float32).reshape(5 << 10, 4 << 10)
-    sd = {"w": w, "b": torch.arange(1000, dtype=torch.int64), "step": 7}
+    m = -torch.arange(16 << 20, dtype=torch.float32).reshape(4 << 10, 4 << 10)
+    sd = {"w": w, "m": m, "b": torch.arange(1000, dtype=torch.int64), "step": 7}
     path = tmp_path / "real"
     save(sd, cdcp.FileSystemWriter(path, _extensions=[cdcp.ZStandard()]))
-    back = load({"w": torch.zeros_like(w), "b": torch.zeros(1000, dtype=torch.int64), "step": 0},
-                cdcp.FileSystemReader(path))
-    assert torch.equal(back["w"], w) and torch.equal(back["b"], sd["b"]) and back["step"] == 7
+    back = load({"w": torch.zeros_like(w), "m": torch.zeros_like(m), "b": torch.zeros(1000, dtype=torch.int64),
+                 "step": 0}, cdcp.FileSystemReader(path))
+    assert torch.equal(back["w"], w) and torch.equal(back["m"], m) and torch.equal(back["b"], sd["b"])
+    assert back["step"] == 7
     if CKPTIO_CLI is not None:
         r = run_cli("verify", path)
         assert r.returncode == 0, r.stderr
@@ -507,7 +511,7 @@ def test_large_zstd_items_stream_their_real_values(tmp_path):
         assert r.returncode == 0, r.stderr
         from safetensors.torch import load_file
         got = load_file(str(tmp_path / "real.safetensors"))
-        assert torch.equal(got["w"], w) and torch.equal(got["b"], sd["b"])
+        assert torch.equal(got["w"], w) and torch.equal(got["m"], m) and torch.equal(got["b"], sd["b"])
 
 
 @requires_cli
