@@ -222,13 +222,18 @@ typedef enum ckptio_direct_mode {
 typedef enum ckptio_gpu_path {
     CKPTIO_GPU_PATH_AUTO = 0,     /* cuFile where it accepts the file and is faster, else pipeline */
     CKPTIO_GPU_PATH_CUFILE = 1,   /* force cuFile (error if it refuses) */
-    /* force ckptio's pipeline: pinned staging; with the environment
-     * variable CKPTIO_GPU_MAP_WORKERS=N (experimental, off by default: it
-     * measured slower, docs/GPU.md), N workers copy windows already in
-     * memory (page cache, tmpfs) straight from their mapped file pages */
-    CKPTIO_GPU_PATH_PIPELINE = 2,
-    CKPTIO_GPU_PATH_STAGED = 3    /* the pipeline, every byte through pinned staging, never mapped */
+    CKPTIO_GPU_PATH_PIPELINE = 2  /* force ckptio's pipeline: every byte through pinned staging */
 } ckptio_gpu_path;
+
+/* Whether the GPU pipeline's pinned staging slots use transparent huge
+ * pages (docs/GPU.md#huge-slots). AUTO: while THP is enabled and the
+ * kernel's free 2 MiB blocks cover twice what a load may pin, so that the
+ * slots' page faults never wait for the kernel to compact memory. */
+typedef enum ckptio_huge_slots {
+    CKPTIO_HUGE_SLOTS_AUTO = 0,
+    CKPTIO_HUGE_SLOTS_OFF = 1,
+    CKPTIO_HUGE_SLOTS_ON = 2      /* whatever the free blocks (THP must still be enabled to get any) */
+} ckptio_huge_slots;
 
 /* Cold reads and the page cache, in CKPTIO_DIRECT_AUTO mode (ON forces
  * O_DIRECT, OFF the page cache; in every mode a range the page cache already
@@ -245,8 +250,10 @@ typedef enum ckptio_read_cache {
 } ckptio_read_cache;
 
 /* Engine settings. Each has an environment variable read once at
- * ckptio_engine_create() (named in the comment), a getter and a setter, and
- * bounds from ckptio_option_bounds(). */
+ * ckptio_engine_create() (CKPTIO_ and the name after CKPTIO_OPT_, e.g.
+ * CKPTIO_THREADS), a getter and a setter, and bounds from
+ * ckptio_option_bounds(); docs/ENGINE.md#5-settings lists defaults and
+ * bounds. */
 typedef enum ckptio_option {
     CKPTIO_OPT_BACKEND = 0,        /* ckptio_backend; CKPTIO_BACKEND=auto|pread|io_uring */
     CKPTIO_OPT_THREADS,            /* I/O worker threads, 0 = run inline; CKPTIO_THREADS */
@@ -256,8 +263,17 @@ typedef enum ckptio_option {
     CKPTIO_OPT_DIRECT,             /* ckptio_direct_mode; CKPTIO_DIRECT=auto|off|on */
     CKPTIO_OPT_DIRECT_MIN_BYTES,   /* below this, transfers use buffered I/O; CKPTIO_DIRECT_MIN_BYTES */
     CKPTIO_OPT_SYNC,               /* 1: fsync files and directories on commit (default); CKPTIO_SYNC */
-    CKPTIO_OPT_GPU_PATH,           /* ckptio_gpu_path; CKPTIO_GPU_PATH=auto|cufile|pipeline|staged */
+    CKPTIO_OPT_GPU_PATH,           /* ckptio_gpu_path; CKPTIO_GPU_PATH=auto|cufile|pipeline */
     CKPTIO_OPT_READ_CACHE,         /* ckptio_read_cache; CKPTIO_READ_CACHE=auto|on|off */
+    CKPTIO_OPT_GPU_HUGE_SLOTS,     /* ckptio_huge_slots; CKPTIO_GPU_HUGE_SLOTS=auto|off|on */
+    CKPTIO_OPT_NVTX,               /* 1: NVTX ranges around GPU transfers where libnvToolsExt loads; CKPTIO_NVTX */
+    /* s3:// objects (docs/OBJECT_STORAGE.md) */
+    CKPTIO_OPT_S3_CONCURRENCY,     /* requests in flight for one object transfer; CKPTIO_S3_CONCURRENCY */
+    CKPTIO_OPT_S3_PART_BYTES,      /* smallest multipart part (grows with the object); CKPTIO_S3_PART_BYTES */
+    CKPTIO_OPT_S3_RETRIES,         /* retries of a failed request; CKPTIO_S3_RETRIES */
+    CKPTIO_OPT_S3_TIMEOUT_MS,      /* an attempt with no progress for this long fails; CKPTIO_S3_TIMEOUT_MS */
+    CKPTIO_OPT_S3_DEADLINE_MS,     /* one request, all attempts together; CKPTIO_S3_DEADLINE_MS */
+    CKPTIO_OPT_S3_BACKOFF_MS,      /* first retry waits up to this (doubling, 20 s at most); CKPTIO_S3_BACKOFF_MS */
     CKPTIO_OPT_COUNT_
 } ckptio_option;
 
@@ -293,13 +309,21 @@ CKPTIO_API ckptio_status ckptio_option_bounds(ckptio_option option, int64_t *min
 /*! ckptio_option_name() : "threads", "chunk_bytes", ... (static), NULL if invalid. */
 CKPTIO_API const char *ckptio_option_name(ckptio_option option);
 
+/*! ckptio_option_value_name() :
+ * The name of `value` of a setting that takes names ("io_uring" for
+ * CKPTIO_OPT_BACKEND and CKPTIO_BACKEND_IO_URING; the names its
+ * environment variable accepts), static; NULL when the setting takes
+ * numbers or `value` is outside its bounds. */
+CKPTIO_API const char *ckptio_option_value_name(ckptio_option option, int64_t value);
+
 /*! ckptio_env_check() :
  * Finds environment variables named CKPTIO_* that ckptio does not read,
  * such as a misspelt setting (CKPTIO_THREDS=4 is otherwise ignored without
- * a word). Known: every setting's variable, the library's other variables
- * (CKPTIO_CUDA_LIBRARY, CKPTIO_CUFILE_LIBRARY, CKPTIO_NVTX,
- * CKPTIO_NO_PROGRESS) and those of ckptio's own build and test scripts
- * (docs/ENGINE.md). For each unknown name one line goes into `message`
+ * a word). Known: every setting's variable, the library's process-wide
+ * variables (CKPTIO_CUDA_LIBRARY, CKPTIO_CUFILE_LIBRARY), the CLI's
+ * CKPTIO_NO_PROGRESS (docs/ENGINE.md#5-settings lists them all); names
+ * starting with CKPTIO_TEST_, which ckptio's own tests and benchmarks use,
+ * are never reported. For each unknown name one line goes into `message`
  * (NUL-terminated, cut at `capacity`; may be NULL when capacity is 0):
  * "CKPTIO_THREDS is not a ckptio setting: did you mean CKPTIO_THREADS?\n",
  * naming the closest known variable where one is close. The library never
@@ -350,8 +374,6 @@ typedef struct ckptio_stats {
     double seconds_io;              /* wall time inside transfers */
     double seconds_fsync;           /* wall time in fsync/fdatasync */
     double seconds_copy;            /* wall time waiting on GPU copies */
-    uint64_t bytes_h2d_mapped;      /* of bytes_h2d, copied from mapped page-cache/tmpfs pages, no CPU copy */
-    uint64_t mapped_fallbacks;      /* resident windows staged because mapping or registering failed */
 } ckptio_stats;
 
 /*! ckptio_engine_stats() : copies the counters. Thread-safe. */
@@ -817,12 +839,11 @@ typedef enum ckptio_io_path {
     CKPTIO_IO_PATH_CUFILE_DIRECT = 1, /* cuFile with GPUDirect Storage (nvidia-fs) */
     CKPTIO_IO_PATH_CUFILE_COMPAT = 2, /* cuFile in its POSIX compatibility mode */
     CKPTIO_IO_PATH_PIPELINE = 3,      /* ckptio's pinned-staging pipeline */
-    CKPTIO_IO_PATH_HOST = 4,          /* host memory: plain file I/O, no GPU */
-    CKPTIO_IO_PATH_MAPPED = 5         /* the pipeline, every byte from mapped page-cache/tmpfs pages */
+    CKPTIO_IO_PATH_HOST = 4           /* host memory: plain file I/O, no GPU */
 } ckptio_io_path;
 
 /*! ckptio_io_path_name() : "none", "cufile_direct", "cufile_compat",
- * "pipeline", "host" or "mapped" (static), NULL if invalid. */
+ * "pipeline" or "host" (static), NULL if invalid. */
 CKPTIO_API const char *ckptio_io_path_name(ckptio_io_path path);
 
 /*! ckptio_cuda_available() :
@@ -856,16 +877,14 @@ CKPTIO_API ckptio_status ckptio_engine_gpu_path(ckptio_engine *engine, ckptio_io
  * engine's loads to CUDA device `device` will use (the engine keeps it for
  * later transfers; 2 slots of up to 4 MiB per worker thread: 128 MiB with
  * 16), and returns at once.
- * A process's first load otherwise pins it as it goes (0.55-0.61 s per GiB;
- * docs/GPU.md): a model server calls this while it builds its model, so
- * the load that follows starts with its staging ready. The driver pins and
- * allocates device memory one at a time: GPU allocations made meanwhile
- * wait for the pinning (on an H200, tensors allocated right after this
- * call took 49-85 ms instead of 5-7), so call it ahead of work that does not
- * allocate GPU memory. A transfer that starts meanwhile stops the pinning
- * and pins the rest itself; an error
- * while pinning ends it silently (the transfer that needs the memory
- * reports it). Slots of another size (after a save with checksums) are
+ * A process's first load otherwise pins it as it goes, which slows it
+ * (docs/GPU.md#pinning): a model server calls this while it
+ * builds its model, so the load that follows starts with its staging
+ * ready. The driver pins and allocates device memory one at a time: GPU
+ * allocations made meanwhile wait for the pinning, so call it ahead of work
+ * that does not allocate GPU memory. A transfer that starts meanwhile stops
+ * the pinning and pins the rest itself; an error while pinning ends it
+ * silently (the transfer that needs the memory reports it). Slots of another size (after a save with checksums) are
  * kept, and nothing is pinned then. The engine's destruction waits for the
  * thread. Thread-safe.
  * @return CKPTIO_OK; CKPTIO_E_INVAL (NULL engine, negative device), the
@@ -889,8 +908,10 @@ typedef struct ckptio_gds_request ckptio_gds_request;
  * Opens `path` with the POSIX open flags `oflags` (O_RDONLY, O_WRONLY or
  * O_RDWR, optionally O_CREAT, O_EXCL, O_TRUNC), O_DIRECT added where the
  * file system accepts it (writes go to the file in place, not atomically),
- * and registers the handle (ckptio_gds_register_handle). `mode` is used
- * with O_CREAT. The engine must outlive the file. */
+ * and registers the handle (ckptio_gds_register_handle). `mode` is the
+ * permission bits of a file O_CREAT creates, narrowed by the umask as
+ * open(2)'s are (0: 0666); an existing file keeps its mode. The engine
+ * must outlive the file. */
 CKPTIO_API ckptio_status ckptio_gds_open(ckptio_engine *engine, const char *path, int oflags, unsigned mode,
                                          ckptio_gds_file **out);
 
@@ -1492,30 +1513,45 @@ CKPTIO_API ckptio_status ckptio_dcp_save_safetensors(ckptio_dcp *dcp, const char
  * step number in decimal, zero-padded to at least 8 digits; other names
  * are not steps and are left alone). A step is COMPLETE only once its
  * commit marker (CKPTIO_STEP_MARKER, written last, atomically, after the
- * step's files and the root are fsynced) names it; a step directory
- * without one is PARTIAL (a save in progress, or one that crashed, or a
- * removal that stopped half-way); a marker that does not parse, names
- * another step, or whose step fails the check asked for is DAMAGED.
+ * step's files and the root are fsynced) names it; a marker that does not
+ * parse, names another step, or whose step fails the check asked for is
+ * DAMAGED. A step directory without a marker is PARTIAL when the manager
+ * began it (CKPTIO_STEP_BEGUN, made before anything else is written into
+ * it and removed last) or when it is empty: a save in progress, one that
+ * crashed, or a removal that stopped half-way. Any other step directory is
+ * FOREIGN: another writer's (torch's own DCP writer, a copy, a save of a
+ * ckptio release that made no begun mark): listed with its reason, never
+ * removed, never reused, never resumed from.
+ * Removal only ever removes what the manager and the DCP writer make: the
+ * whole directory is checked first (every entry a regular file under one
+ * of their names, no subdirectory, nothing followed) and a directory
+ * holding anything else is left whole, with the entry named.
  * Checks: CKPTIO_STEP_CHECK_MARKER reads only the marker; FAST also
  * compares .metadata with the size and XXH3-64 the marker recorded, parses
  * it and checks that every stored item lies inside its file (sizes, no
  * data read); FULL also hashes every byte against the ckptio manifest
  * (ckptio_dcp_verify). Functions that change ROOT (begin, commit, remove,
  * clean, retain) expect the caller to hold ROOT's lock
- * (ckptio_dcp_lock_acquire(ROOT)) so that two managers, or `ckptio clean`
- * and a save, never work on one root at once. Failures name the step and
- * the operation: "step 100 (ROOT/step_00000100): commit: <cause>". */
+ * (ckptio_dcp_lock_acquire(ROOT, NULL, CKPTIO_DCP_LOCK_QUEUED, ...)) so
+ * that two managers, or `ckptio clean` and a save, never work on one root
+ * at once; a reader pins the step it reads (ckptio_steps_pin) so that
+ * retention leaves it for later. Failures name the step and the
+ * operation: "step 100 (ROOT/step_00000100): commit: <cause>". */
 
 /* The commit marker inside a step directory: three lines of text,
  * "ckptio-step 1\nstep N\nmetadata SIZE XXH3HEX\n". */
 #define CKPTIO_STEP_MARKER ".ckptio-step"
+/* The begun mark: an empty file ckptio_steps_begin creates in a new step
+ * directory (durably) before anything is written into it. */
+#define CKPTIO_STEP_BEGUN ".ckptio-step-begun"
 /* The largest step number. */
 #define CKPTIO_STEP_MAX 999999999999999999ull
 
 typedef enum ckptio_step_state {
     CKPTIO_STEP_COMPLETE = 0,
     CKPTIO_STEP_PARTIAL = 1,
-    CKPTIO_STEP_DAMAGED = 2
+    CKPTIO_STEP_DAMAGED = 2,
+    CKPTIO_STEP_FOREIGN = 3 /* no marker, no begun mark, not empty: not the manager's */
 } ckptio_step_state;
 
 typedef enum ckptio_step_check {
@@ -1529,7 +1565,8 @@ typedef struct ckptio_step_info {
     ckptio_step_state state;
     uint64_t bytes;      /* sizes of the regular files of the step directory */
     size_t files;        /* their count */
-    char reason[1024];   /* PARTIAL / DAMAGED: why, in one line; "" when COMPLETE */
+    char reason[1024];   /* PARTIAL / DAMAGED / FOREIGN: why, in one line; COMPLETE: "", or why removal
+                          * leaves the step alone (it holds an entry the manager does not make) */
 } ckptio_step_info;
 
 /*! ckptio_steps_dir_name() : "step_%08llu" of `step` into out[0..cap)
@@ -1538,7 +1575,8 @@ CKPTIO_API ckptio_status ckptio_steps_dir_name(uint64_t step, char *out, size_t 
 
 /*! ckptio_steps_scan() :
  * The step directories of ROOT, ascending, each classified at
- * CKPTIO_STEP_CHECK_MARKER with its size. A missing ROOT has no steps
+ * CKPTIO_STEP_CHECK_MARKER (a directory without a marker is PARTIAL or
+ * FOREIGN from what it holds) with its size. A missing ROOT has no steps
  * (*count = 0). Symlinks named like steps are not steps. Free *steps with
  * ckptio_steps_free. */
 CKPTIO_API ckptio_status ckptio_steps_scan(const char *root, ckptio_step_info **steps, size_t *count);
@@ -1565,10 +1603,13 @@ CKPTIO_API ckptio_status ckptio_steps_latest(ckptio_engine *engine, const char *
 
 /*! ckptio_steps_begin() :
  * Before a save of `step`: creates ROOT (one level) if needed, removes the
- * PARTIAL steps (what crashed saves left; as ckptio_steps_clean), and
- * creates the empty step directory, the root fsynced after. A step
- * directory that holds a marker (complete or damaged) is never reused:
- * CKPTIO_E_EXISTS. dir[0..cap) receives "ROOT/step_NNNNNNNN". */
+ * PARTIAL steps (what crashed saves left; as ckptio_steps_clean), creates
+ * the step directory and in it the begun mark (CKPTIO_STEP_BEGUN), the
+ * directory and ROOT fsynced after, so the step is recognisably the
+ * manager's before anything is written into it. A step directory that
+ * holds a marker (complete or damaged), a FOREIGN one, or a partial one
+ * that removal had to leave alone is never reused: CKPTIO_E_EXISTS saying
+ * which. dir[0..cap) receives "ROOT/step_NNNNNNNN". */
 CKPTIO_API ckptio_status ckptio_steps_begin(const char *root, uint64_t step, char *dir, size_t cap);
 
 /*! ckptio_steps_commit() :
@@ -1580,16 +1621,25 @@ CKPTIO_API ckptio_status ckptio_steps_begin(const char *root, uint64_t step, cha
 CKPTIO_API ckptio_status ckptio_steps_commit(const char *root, uint64_t step);
 
 /*! ckptio_steps_remove() :
- * Removes step `step`: the marker first (and the directory fsynced, so
- * that a crash can only leave a PARTIAL step, never a complete-looking one
- * with files missing), then its files, then the directory, ROOT fsynced.
- * A subdirectory inside is refused (CKPTIO_E_UNSUPPORTED): a step is flat. */
+ * Removes step `step` when it is the manager's (a marker, a begun mark, or
+ * empty) and holds nothing else than the manager and the DCP writer make:
+ * the whole directory is checked first, and a FOREIGN step, a
+ * subdirectory, a symlink, a FIFO or a name they do not make inside leave
+ * it whole (CKPTIO_E_UNSUPPORTED naming the entry; nothing is removed); a
+ * step pinned by a reader (ckptio_steps_pin) too (CKPTIO_E_BUSY). Then,
+ * in order: the begun mark is made if the step has none (a step of an
+ * earlier release), the marker goes (the directory fsynced, so that a crash
+ * can only leave a PARTIAL step, never a complete-looking one with files
+ * missing), the other files, the begun mark last, the directory, ROOT
+ * fsynced. A failure half-way says what was removed and what is left. */
 CKPTIO_API ckptio_status ckptio_steps_remove(const char *root, uint64_t step);
 
 /*! ckptio_steps_clean() :
- * Removes every PARTIAL step of ROOT (ckptio_steps_remove). *removed
- * (may be NULL; free with ckptio_steps_list_free) lists them, *nremoved
- * counts them (also after a failure: those removed before it). */
+ * Removes the PARTIAL steps of ROOT (ckptio_steps_remove); a partial step
+ * that holds an entry removal refuses is left whole (ckptio_steps_scan's
+ * reason names the entry); FOREIGN steps are never touched. *removed (may
+ * be NULL; free with ckptio_steps_list_free) lists the removed steps,
+ * *nremoved counts them (also after a failure: those removed before it). */
 CKPTIO_API ckptio_status ckptio_steps_clean(const char *root, uint64_t **removed, size_t *nremoved);
 
 /*! ckptio_steps_retain() :
@@ -1597,10 +1647,28 @@ CKPTIO_API ckptio_status ckptio_steps_clean(const char *root, uint64_t **removed
  * newest `keep_last` (0 = keep all), every step that is a multiple of
  * `keep_every` (0 = none), and always the newest step that passes the FAST
  * check (so damage to the newest steps never costs the last good one);
- * removes the others, oldest first. PARTIAL steps are not touched (see
- * ckptio_steps_clean). *removed / *nremoved as for ckptio_steps_clean. */
+ * removes the others, oldest first. A step a reader pins, or one holding
+ * an entry removal refuses, is kept this time. PARTIAL and FOREIGN steps
+ * are not touched (see ckptio_steps_clean). *removed / *nremoved as for
+ * ckptio_steps_clean. */
 CKPTIO_API ckptio_status ckptio_steps_retain(ckptio_engine *engine, const char *root, uint64_t keep_last,
                                              uint64_t keep_every, uint64_t **removed, size_t *nremoved);
+
+typedef struct ckptio_step_pin ckptio_step_pin;
+
+/*! ckptio_steps_pin() :
+ * A reader's hold on step `step` while it reads it: a shared flock on the
+ * step's marker, which removal (retention, clean, replacement) asks for
+ * exclusively first and so leaves a pinned step alone (retention removes
+ * it at a later commit). CKPTIO_E_NOT_FOUND when the step has no marker
+ * now or a removal holds it (pick another step). On a file system without
+ * flock the pin holds nothing (the reader must cope with the step going
+ * away). Readers never block a save: a pin takes no root lock. Release
+ * with ckptio_steps_unpin. */
+CKPTIO_API ckptio_status ckptio_steps_pin(const char *root, uint64_t step, ckptio_step_pin **out);
+
+/*! ckptio_steps_unpin() : releases a pin (LOCK_UN, close); accepts NULL. */
+CKPTIO_API void ckptio_steps_unpin(ckptio_step_pin *pin);
 
 /*! ckptio_steps_list_free() : frees a list of step numbers; accepts NULL. */
 CKPTIO_API void ckptio_steps_list_free(uint64_t *steps);

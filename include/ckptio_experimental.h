@@ -15,7 +15,10 @@
  *    temporaries, manifests, removal of stale files) that ckptio.dcp's
  *    FileSystemWriter runs step by step. Reading a whole DCP directory from
  *    C (ckptio_dcp_open, ckptio_dcp_read_tensor, ...) is in ckptio.h;
- *  - ckptio_inherit_mode, for writers that commit files of their own.
+ *  - ckptio_inherit_mode, for writers that commit files of their own;
+ *  - objects in S3-compatible storage: listing, deleting, small
+ *    conditional writes and the cleanup of unfinished uploads, for the
+ *    code that keeps checkpoint directories there.
  * docs/API.md says which header holds what and why.
  */
 #ifndef CKPTIO_EXPERIMENTAL_H
@@ -386,11 +389,14 @@ CKPTIO_API ckptio_status ckptio_dcp_header_close(ckptio_dcp_header *header);
 
 /* The lock file of a checkpoint directory (empty, never removed). */
 #define CKPTIO_DCP_LOCK_NAME ".ckptio-dcp.lock"
+/* The turn file of CKPTIO_DCP_LOCK_QUEUED acquisitions (empty, never removed). */
+#define CKPTIO_DCP_LOCK_QUEUE_NAME ".ckptio-dcp.queue"
 
 enum ckptio_dcp_commit_flags {
     CKPTIO_DCP_SYNC = 1u << 0,        /* fsync files before their rename, and the directory after it */
     CKPTIO_DCP_RECHECK = 1u << 1,     /* ckptio_dcp_remove_files: read the metadata files again first */
-    CKPTIO_DCP_LOCK_SHARED = 1u << 2  /* ckptio_dcp_lock_acquire: shared (a save that removes nothing) */
+    CKPTIO_DCP_LOCK_SHARED = 1u << 2, /* ckptio_dcp_lock_acquire: shared (a save that removes nothing) */
+    CKPTIO_DCP_LOCK_QUEUED = 1u << 3  /* ckptio_dcp_lock_acquire: wait in turn (a holder asking again waits) */
 };
 
 /*! ckptio_temporary_create() :
@@ -537,7 +543,13 @@ typedef int (*ckptio_dcp_lock_wait_fn)(double waited_seconds, void *user);
  * save holds the directory (lock .ckptio-dcp.lock, held by pid N) [after
  * waiting S s]: this save wrote nothing and the checkpoint is unchanged;
  * ..."; the pids from /proc/locks, local holders only). `on_wait` (may be
- * NULL) runs at each busy check. A file system without flock: CKPTIO_OK
+ * NULL) runs at each busy check. With CKPTIO_DCP_LOCK_QUEUED the
+ * acquisition first takes the turn, an exclusive flock on
+ * DIR/CKPTIO_DCP_LOCK_QUEUE_NAME held while it waits and released once it
+ * has the lock: a holder that releases and asks again at once (a
+ * checkpoint manager saving in a loop) then waits behind a waiter, so two
+ * contenders alternate (flock alone is not fair); the timeout covers both.
+ * A file system without flock: CKPTIO_OK
  * with a lock whose info says locked = 0. A child fork()ed while the lock
  * is held closes its copy of the descriptor at once (without unlocking), so
  * the lock ends with the save that took it. Release with
@@ -551,6 +563,79 @@ CKPTIO_API ckptio_status ckptio_dcp_lock_query(const ckptio_dcp_lock *lock, ckpt
 
 /*! ckptio_dcp_lock_release() : unlocks (LOCK_UN) and closes; accepts NULL. */
 CKPTIO_API ckptio_status ckptio_dcp_lock_release(ckptio_dcp_lock *lock);
+
+/* ------------------------------------------------------------------------ */
+/* Objects in S3-compatible storage (s3://BUCKET/KEY)                       */
+/* ------------------------------------------------------------------------ */
+
+/* ckptio_file_open() takes "s3://BUCKET/KEY" wherever it takes a path: the
+ * engine reads such a file with ranged GETs and writes it as a multipart
+ * upload that appears at ckptio_file_commit(), whole or not at all
+ * (docs/OBJECT_STORAGE.md: endpoint, credentials, commit protocol,
+ * settings). The functions here are what directory-level code (DCP
+ * checkpoints, checkpoint steps, cleaners) needs beyond single objects.
+ * Endpoint, region and credentials come from the AWS environment variables
+ * and files; retries, timeouts and concurrency from `engine`'s
+ * CKPTIO_OPT_S3_* settings. Errors name the operation, s3://BUCKET/KEY, the
+ * HTTP status and the server's Code and Message, and never a credential. */
+
+/*! ckptio_path_is_object() : 1 when `path` is an s3:// URL, else 0. */
+CKPTIO_API int ckptio_path_is_object(const char *path);
+
+/* One entry of a listing. The strings are valid during the callback only. */
+typedef struct ckptio_object_info {
+    const char *key;       /* the whole key (not only the part after the prefix) */
+    uint64_t size;         /* bytes; 0 for a common prefix or an upload */
+    const char *etag;      /* as the server sent it (quoted), "" for a prefix */
+    const char *time;      /* LastModified, or an upload's Initiated (ISO 8601), or "" */
+    const char *upload_id; /* an unfinished multipart upload's id, else "" */
+    int is_prefix;         /* a common prefix (listing with a delimiter) */
+} ckptio_object_info;
+
+/* Called for each entry; a non-zero return stops the listing (not an error). */
+typedef int (*ckptio_object_fn)(void *user, const ckptio_object_info *info);
+
+/*! ckptio_object_list() :
+ * Lists the objects of s3://BUCKET/PREFIX (PREFIX may be empty), every page,
+ * in the server's order (UTF-8 binary order on S3). With a `delimiter`
+ * (usually "/"), keys with the delimiter after the prefix are rolled up
+ * into common prefixes, reported once each with is_prefix = 1. Keys come
+ * back decoded (the listing is asked URL-encoded, so any byte survives).
+ * @return CKPTIO_OK (also when fn stopped it), or the failed request's
+ * error (CKPTIO_E_NOT_FOUND for a missing bucket). */
+CKPTIO_API ckptio_status ckptio_object_list(ckptio_engine *engine, const char *url, const char *delimiter,
+                                            ckptio_object_fn fn, void *user);
+
+/*! ckptio_object_delete() :
+ * Deletes s3://BUCKET/KEY; a missing object is no error (a missing bucket
+ * is CKPTIO_E_NOT_FOUND). */
+CKPTIO_API ckptio_status ckptio_object_delete(ckptio_engine *engine, const char *url);
+
+/*! ckptio_object_put() :
+ * Writes data[0..len) as the whole object s3://BUCKET/KEY with one request
+ * (markers, small metadata files). With `if_absent`, only if no object of
+ * that key exists, atomically on the server (If-None-Match: *):
+ * CKPTIO_E_EXISTS when one does, CKPTIO_E_UNSUPPORTED where the server has
+ * no conditional writes (OpenStack Swift's s3api). */
+CKPTIO_API ckptio_status ckptio_object_put(ckptio_engine *engine, const char *url, const void *data, size_t len,
+                                           int if_absent);
+
+/*! ckptio_object_list_uploads() :
+ * Lists the unfinished multipart uploads of keys under s3://BUCKET/PREFIX
+ * (each with key, upload_id and time): what a save that was killed before
+ * its commit leaves on the server, billed but invisible. */
+CKPTIO_API ckptio_status ckptio_object_list_uploads(ckptio_engine *engine, const char *url, ckptio_object_fn fn,
+                                                    void *user);
+
+/*! ckptio_object_abort_uploads() :
+ * Aborts the unfinished multipart uploads under s3://BUCKET/PREFIX that
+ * were started at least `older_than_seconds` ago (by the server's clock
+ * against this machine's; 0: all, including a save running now, which then
+ * fails at its next part or at commit). *aborted (may be NULL) receives
+ * how many were aborted. Objects are never touched. @return CKPTIO_OK, or
+ * the first failure (the uploads before it stay aborted). */
+CKPTIO_API ckptio_status ckptio_object_abort_uploads(ckptio_engine *engine, const char *url,
+                                                     double older_than_seconds, uint64_t *aborted);
 
 #ifdef __cplusplus
 }

@@ -4,7 +4,8 @@
 #  1. `python -m build`: the sdist, then the wheel built FROM that sdist in an isolated environment
 #     (scikit-build-core from PyPI or pip's cache, as `pip install ckptio-X.tar.gz` would do it), so a
 #     file the sdist lacks fails here;
-#  2. `auditwheel repair`: copies liburing, jansson, zstd and xxhash into the wheel (ckptio.libs/, renamed
+#  2. `auditwheel repair`: copies liburing, jansson, zstd, xxhash, libcurl and OpenSSL (with the libraries
+#     Debian's libcurl links) into the wheel (ckptio.libs/, renamed
 #     so they never clash with the system's), points the module's and the CLI's rpath at them, and tags
 #     the wheel with the oldest manylinux level its symbol versions allow (glibc 2.34 when built on
 #     Debian 12: see docs/PYTHON.md);

@@ -23,8 +23,10 @@ done
 SUDO=""
 if [ "$(id -u)" != 0 ]; then SUDO="sudo"; fi
 
+# libcurl4-openssl-dev, libssl-dev: HTTP and SHA-256/HMAC for s3:// objects (src/objstore). The S3 server the
+# tests run against (OpenStack Swift) is installed by scripts/s3_server.sh when it starts.
 debian_packages=(build-essential cmake pkg-config liburing-dev libjansson-dev libzstd-dev libxxhash-dev zlib1g-dev
-                 clang libclang-rt-dev python3 python3-venv python3-dev)
+                 libcurl4-openssl-dev libssl-dev clang libclang-rt-dev python3 python3-venv python3-dev)
 missing=()
 for p in "${debian_packages[@]}"; do
     dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

@@ -4,7 +4,7 @@
  * writers, strided views are gathered, and an input truncated between two
  * tensors (by the engine's progress callback, at the end of the first
  * tensor's read: deterministic) fails with CKPTIO_E_TRUNCATED naming the
- * input and leaves neither the output nor a temporary (issue 16 item 13).
+ * input and leaves neither the output nor a temporary.
  */
 #include "helpers.h"
 

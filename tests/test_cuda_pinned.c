@@ -94,7 +94,7 @@ static void test_a_slot_is_registered_anonymous_memory(void) {
 }
 
 /* A huge slot (`huge`: the default while free 2 MiB blocks allow, or
- * CKPTIO_GPU_HUGE_SLOTS=1): the slot starts on a 2 MiB boundary, advised for
+ * CKPTIO_GPU_HUGE_SLOTS=on): the slot starts on a 2 MiB boundary, advised for
  * huge pages, filled, registered whole; its header page is still the one
  * before it; the whole reservation goes with the free. */
 static void test_a_huge_slot_is_aligned_advised_and_freed_whole(void) {

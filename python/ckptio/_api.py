@@ -455,16 +455,14 @@ def prepare_gpu(device: Any = "cuda", *, engine=None) -> None:
     on a background thread, and returns at once.
 
     A process's first GPU load otherwise pins its staging as it goes (the
-    slots it needs, up to 2 of 4 MiB per worker thread; 0.55-0.61 s per
-    GiB): this pins all of them (128 MiB with 16 threads). A model server
-    calls it while it builds its model, so that the load which follows
-    starts with its staging ready (on an H200, a 14.2 GB first load ran at
-    49.9 GB/s 0.5 s after this call against 47.5 without it). The CUDA driver
-    pins and allocates GPU memory one at a time, so GPU allocations made
-    meanwhile wait for the pinning (tensors allocated right after the call
-    took 49-85 ms instead of 5-7): call it ahead of work that does not
-    allocate GPU memory (reading configs, building the model on the meta
-    device). A load that starts meanwhile stops the pinning and pins what
+    slots it needs, up to 2 of 4 MiB per worker thread), which slows it:
+    this pins all of them (128 MiB with 16 threads). A model server calls it
+    while it builds its model, so that the load which follows starts with
+    its staging ready (docs/GPU.md#pinning has the measurements).
+    The CUDA driver pins and allocates GPU memory one at a time, so GPU
+    allocations made meanwhile wait for the pinning: call it ahead of work
+    that does not allocate GPU memory (reading configs, building the model
+    on the meta device). A load that starts meanwhile stops the pinning and pins what
     it needs itself. The memory stays with the engine for later transfers.
 
     Args:

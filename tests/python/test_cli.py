@@ -1,6 +1,6 @@
 """Tests of the `ckptio` command-line tool (tools/), run as a subprocess.
 
-The binary is found through $CKPTIO_BUILD_DIR/ckptio, then $PATH, then
+The binary is found through $CKPTIO_TEST_BUILD_DIR/ckptio, then $PATH, then
 build/ckptio at the repository root; every test skips when there is none.
 Reference values come from the `safetensors` package and from parsing the
 file header independently in Python, never from ckptio itself.

@@ -1,4 +1,4 @@
-"""Issue 16 items 7, 9, 10, 12, 13 and 15, through the CLI and the package.
+"""Hostile and unusual inputs and names, through the CLI and the package.
 
 - one format detector: every valid safetensors file is one, whatever its
   header length (N = 128 mod 256 starts the file with 0x80, like a pickle);
@@ -25,7 +25,7 @@ import torch
 import ckptio
 from conftest import CKPTIO_CLI, REPO
 
-pytestmark = pytest.mark.skipif(CKPTIO_CLI is None, reason="ckptio binary not built (set CKPTIO_BUILD_DIR)")
+pytestmark = pytest.mark.skipif(CKPTIO_CLI is None, reason="ckptio binary not built (set CKPTIO_TEST_BUILD_DIR)")
 
 
 def run(*args, env=None):
@@ -37,7 +37,7 @@ def _temporaries(d: Path):
     return [p.name for p in d.iterdir() if ".ckptio-tmp-" in p.name]
 
 
-# ---- item 7: one format detector --------------------------------------------------------------
+# ---- one format detector ----------------------------------------------------------------------
 
 TENSOR = np.arange(4, dtype=np.float32)
 
@@ -96,7 +96,7 @@ def test_unknown_and_directory_messages(tmp_path):
     assert r.returncode == 1 and "not a regular file or a directory" in r.stderr
 
 
-# ---- item 9: writers refuse what readers refuse ------------------------------------------------
+# ---- writers refuse what readers refuse --------------------------------------------------------
 
 
 def test_torch_writer_refuses_names_the_reader_refuses(tmp_path):
@@ -111,7 +111,7 @@ def test_torch_writer_refuses_names_the_reader_refuses(tmp_path):
     assert r.returncode == 0, r.stderr
 
 
-# ---- item 10: quoted human output ---------------------------------------------------------------
+# ---- quoted human output ------------------------------------------------------------------------
 
 HOSTILE_NAME = "evil\x1b]0;pwned\x07\n\x1b[31mred\u009b2J\u202eend"
 QUOTED_NAME = "evil\\x1b]0;pwned\\x07\\n\\x1b[31mred\\u009b2J\\u202eend"
@@ -157,7 +157,7 @@ def test_errors_quote_names(tmp_path):
     assert QUOTED_NAME in r.stderr and not _has_raw_controls(r.stderr.rstrip("\n")), r.stderr
 
 
-# ---- item 12: overlapping zip records ----------------------------------------------------------
+# ---- overlapping zip records -------------------------------------------------------------------
 
 
 def _overlap_module():
@@ -202,11 +202,11 @@ def test_shared_dict_with_a_long_key_is_refused_in_bounded_memory(tmp_path):
     assert run("inspect", honest).returncode == 0
 
 
-# ---- item 13: an input truncated during convert ------------------------------------------------
+# ---- an input truncated during convert ---------------------------------------------------------
 
 
 def _shim():
-    build = Path(os.environ.get("CKPTIO_BUILD_DIR", REPO / "build"))
+    build = Path(os.environ.get("CKPTIO_TEST_BUILD_DIR", REPO / "build"))
     shim = build / "libckptio_test_truncate_shim.so"
     if not shim.is_file():
         pytest.skip("tests/shim/truncate_on_create.c not built")
@@ -266,7 +266,7 @@ def test_convert_streams_both_directions(tmp_path):
     assert torch.equal(got["t"], base.t().contiguous()) and torch.equal(got["row"], base[1])
 
 
-# ---- item 15: keys that collide once flattened -------------------------------------------------
+# ---- keys that collide once flattened ----------------------------------------------------------
 
 
 @pytest.mark.parametrize("tree,paths", [

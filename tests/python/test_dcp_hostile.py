@@ -1,4 +1,4 @@
-"""ckptio.dcp's reader on hostile and unusual DCP directories (issues 16 and 20).
+"""ckptio.dcp's reader on hostile and unusual DCP directories.
 
 * Byte items (torch.save of non-tensor values) pass libckptio's restricted
   unpickler before torch's planner sees them: a __reduce__ payload is refused

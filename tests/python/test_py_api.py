@@ -70,6 +70,31 @@ def test_engine_settings(tmp_path):
     assert eng.backend() == "pread"
 
 
+def test_every_setting_reads_and_writes_by_its_names():
+    """Settings that take names take and give the library's names (ckptio_option_value_name), and only those;
+    the others take numbers."""
+    eng = ckptio.Engine(gpu_huge_slots="off", nvtx=0, gpu_path="pipeline")
+    opts = eng.options()
+    assert set(opts) == set(ckptio.option_names())
+    assert opts["gpu_huge_slots"] == "off" and opts["nvtx"] == 0 and opts["gpu_path"] == "pipeline"
+    names = {"backend": ["auto", "pread", "io_uring"], "direct": ["auto", "off", "on"],
+             "gpu_path": ["auto", "cufile", "pipeline"], "read_cache": ["auto", "on", "off"],
+             "gpu_huge_slots": ["auto", "off", "on"]}
+    for name, values in names.items():
+        assert ckptio.Engine.bounds(name) == (0, len(values) - 1)
+        for v in values:
+            if name == "backend" and v == "io_uring":
+                continue  # the kernel may refuse io_uring
+            eng.set(name, v)
+            assert eng.get(name) == v
+        with pytest.raises(ValueError, match="does not take 'staged'"):
+            eng.set(name, "staged")
+    for name in set(opts) - set(names):
+        assert isinstance(opts[name], int), name
+        with pytest.raises(TypeError, match="takes an int"):
+            eng.set(name, "on")
+
+
 def test_engine_stats_count_the_bytes(tmp_path, engine):
     t = torch.arange(1 << 18, dtype=torch.float32)  # 1 MiB
     path = tmp_path / "s.safetensors"

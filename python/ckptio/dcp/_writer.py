@@ -13,7 +13,7 @@ point leaves either the old checkpoint loadable or the new one complete.
 Saves of one directory are serialized by a lock that the coordinator takes
 before any rank writes data and keeps until the cleanup; new files take the
 mode and owner of the ``.metadata`` they replace. Every step of that commit
-is libckptio's (include/ckptio.h "DCP directory commit": the lock, the
+is libckptio's (include/ckptio_experimental.h "DCP directory commit": the lock, the
 manifest, the atomic .metadata, the cleanup); this class calls them in order
 between torch's hooks (_commit.py, _lock.py).
 """
