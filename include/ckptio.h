@@ -1300,8 +1300,11 @@ CKPTIO_API ckptio_status ckptio_torch_save_tensors(ckptio_engine *engine, const 
  * values; `metadata` and `flags` (CKPTIO_SAFETENSORS_ALIGN_8) as there).
  * `tensors` lists tensor indices (NULL: all, `count` ignored). Each tensor
  * is read through the handle's engine (strided views gathered) into one
- * buffer of the largest tensor's size and written before the next is read:
- * memory stays bounded and the input is never memory-mapped, so an input
+ * buffer of the largest tensor's size and written before the next is read;
+ * a view reaching more bytes than its storage holds (strides of 0, torch's
+ * expand) is written in runs from its storage through an 8 MiB buffer
+ * instead, so the buffer never exceeds what the file holds. Memory stays
+ * bounded and the input is never memory-mapped, so an input
  * that shrinks meanwhile fails with CKPTIO_E_TRUNCATED naming it (never a
  * SIGBUS). On any failure nothing appears under `path` and an older file
  * there is kept. Views that share a storage are written as copies. */
@@ -1370,10 +1373,11 @@ typedef struct ckptio_dcp_bytes_info {
     ckptio_dcp_stored stored;
 } ckptio_dcp_bytes_info;
 
-/* Bounds on what a zstd-transformed item may decompress to, checked before
- * anything is decompressed or allocated (ckptio_zstd_decompressed_size_max
- * in ckptio_experimental.h), by this library and by ckptio.dcp's
- * FileSystemReader: a tensor item holds
+/* Bounds on what a zstd-transformed item may decompress to, enforced while it
+ * decompresses through a fixed buffer (ckptio_zstd_stream in
+ * ckptio_experimental.h; frames declaring more are refused from their
+ * headers), by this library and by ckptio.dcp's FileSystemReader: a tensor
+ * item holds
  * a torch.save archive of its chunk, so at most the chunk's bytes plus
  * CKPTIO_DCP_ARCHIVE_OVERHEAD_MAX (zip records, pickle, alignment); a byte
  * item (torch.save of a non-tensor object) at most CKPTIO_DCP_BYTE_ITEM_MAX. */
@@ -1387,7 +1391,8 @@ typedef struct ckptio_dcp_bytes_info {
  * allowlist, CKPTIO_E_FORMAT for a malformed object graph, chunks outside
  * their tensor, sizes that overflow, a relative_path that is absolute or
  * has '/' or "..", or a tensor chunk without storage; CKPTIO_E_UNSUPPORTED
- * for a transform other than stream.zstd/1. Data files are not opened yet.
+ * for a transform other than stream.zstd/1, or more than one (the message
+ * says which, or how many). Data files are not opened yet.
  * The engine is used for every later read and must outlive the handle. */
 CKPTIO_API ckptio_status ckptio_dcp_open(ckptio_engine *engine, const char *dir, ckptio_dcp **out);
 
@@ -1422,8 +1427,10 @@ CKPTIO_API ckptio_status ckptio_dcp_manifest(const ckptio_dcp *dcp, const char *
  * at dst (capacity >= nbytes, else CKPTIO_E_RANGE), in C order. Each chunk's
  * item is read through the engine and decoded by kind: a torch.save
  * archive (any strides), a SAFETENSORS blob, or a zstd frame around an
- * archive (bounded: CKPTIO_DCP_ARCHIVE_OVERHEAD_MAX). Host memory used besides dst: at most one stored item (plus
- * its decompressed bytes for zstd). Chunks that do not tile the tensor
+ * archive (bounded: CKPTIO_DCP_ARCHIVE_OVERHEAD_MAX). Host memory used besides dst: at most one storage;
+ * for a zstd item its stored frames plus its archive when that is at most 64 MiB, else 3 MiB (a larger
+ * archive is never held: its storage decompresses straight into dst, whatever .metadata or the frames
+ * declare). Chunks that do not tile the tensor
  * exactly (gaps, overlaps) are CKPTIO_E_FORMAT naming the tensor; an item
  * whose dtype or shape disagrees with .metadata, or that runs past the end
  * of its file (CKPTIO_E_TRUNCATED), names file, offset and tensor. */
@@ -1475,8 +1482,9 @@ CKPTIO_API ckptio_status ckptio_dcp_verify(ckptio_dcp *dcp, ckptio_dcp_verify_re
  * saving its own shards writes it and torch loads it back: report->partial
  * counts those tensors (ckptio.dcp's reader applies the same rule). Reading
  * such a tensor whole (ckptio_dcp_read_tensor) is still refused. zstd items are bounded as
- * CKPTIO_DCP_ARCHIVE_OVERHEAD_MAX says. Reads whole items (one at a time).
- * report may be NULL. */
+ * CKPTIO_DCP_ARCHIVE_OVERHEAD_MAX says and decompressed once through a fixed buffer (never held when
+ * over 64 MiB); an uncompressed storage is read through a 16 MiB buffer: memory stays bounded whatever
+ * the sizes .metadata declares. report may be NULL. */
 CKPTIO_API ckptio_status ckptio_dcp_check(ckptio_dcp *dcp, ckptio_dcp_verify_report *report);
 
 /*! ckptio_dcp_validate() :
@@ -1495,8 +1503,13 @@ CKPTIO_API ckptio_status ckptio_dcp_validate(ckptio_dcp *dcp, ckptio_dcp_verify_
  * is NULL): the header is laid out as ckptio_safetensors_save() does
  * (flags: CKPTIO_SAFETENSORS_ALIGN_8 or 0, metadata pairs in order), then
  * each tensor is assembled (ckptio_dcp_read_tensor) into one reused host
- * buffer of the largest tensor's size and written, so memory stays bounded
- * whatever the checkpoint's size. The file is written atomically
+ * buffer of the largest such tensor's size and written, so memory stays
+ * bounded whatever the checkpoint's size. That buffer must be justified by
+ * bytes on disk: each uncompressed chunk's item holds at least the chunk's
+ * bytes and shares none with another chunk's (else CKPTIO_E_FORMAT naming
+ * them); a tensor over 64 MiB with zstd chunks is instead streamed from its
+ * frames to the file through an 8 MiB buffer (runs of zeros left unwritten,
+ * the new file reads as zeros there). The file is written atomically
  * (temporary, fsync, rename): on failure nothing appears under `path`. */
 CKPTIO_API ckptio_status ckptio_dcp_save_safetensors(ckptio_dcp *dcp, const char *path, const size_t *tensors,
                                                      size_t count, const ckptio_kv *metadata, size_t metadata_count,

@@ -200,6 +200,24 @@ CKPTIO_API ckptio_status ckptio_zstd_decompressed_size_max(const void *src, size
 CKPTIO_API ckptio_status ckptio_zstd_decompress(const void *src, size_t len, void *dst, size_t capacity,
                                                 size_t *out_len);
 
+/* Receives the decompressed output of ckptio_zstd_stream() piece by piece,
+ * in order: `offset` is where data[0] lies in the whole output. A status
+ * other than CKPTIO_OK stops the stream and is returned as it is. */
+typedef ckptio_status (*ckptio_zstd_sink)(void *ctx, const void *data, size_t len, uint64_t offset);
+
+/*! ckptio_zstd_stream() :
+ * Decompresses all zstd frames of (src, len) through one fixed buffer of
+ * 1 MiB, handing each piece to sink(ctx, ...) (sink may be NULL: only
+ * count). Memory is that buffer plus libzstd's context (its window, which
+ * libzstd bounds at 128 MiB), never the size the frames declare; time is
+ * bounded by `limit`: once the output passes it, CKPTIO_E_FORMAT
+ * ("decompression bomb") and nothing more is decompressed. A corrupt or
+ * truncated frame, or one whose output differs from the size its header
+ * declares, is CKPTIO_E_FORMAT naming the frame's offset in src and the
+ * size it declares. *total (may be NULL) receives the bytes produced. */
+CKPTIO_API ckptio_status ckptio_zstd_stream(const void *src, size_t len, uint64_t limit, ckptio_zstd_sink sink,
+                                            void *ctx, uint64_t *total);
+
 /* ------------------------------------------------------------------------ */
 /* DCP stored items: one data file, one item                                */
 /* ------------------------------------------------------------------------ */
@@ -291,6 +309,36 @@ CKPTIO_API ckptio_status ckptio_dcp_header_read(ckptio_file *file, uint64_t offs
  * errors. The data must outlive the header. */
 CKPTIO_API ckptio_status ckptio_dcp_header_parse(const void *data, size_t len, const char *origin, uint64_t offset,
                                                  const char *subject, ckptio_dcp_header **out);
+
+/*! ckptio_dcp_header_zstd() :
+ * The header of a zstd-transformed tensor item whose stored frames are
+ * (src, len) in memory: a torch.save archive of one tensor, as
+ * ckptio_dcp_header_parse() parses one. The frames are decompressed once,
+ * through a fixed buffer: an archive of at most 64 MiB is kept in the header
+ * (its storage is then read from memory); a larger one is not held at all,
+ * only its first and last MiB, where torch.save puts every record but the
+ * storage, and its storage is decompressed again when it is read
+ * (ckptio_dcp_header_read_box). Memory is bounded whatever the frames or
+ * .metadata declare; the output stops at `limit` bytes (CKPTIO_E_FORMAT,
+ * "decompression bomb": pass the chunk's bytes plus
+ * CKPTIO_DCP_ARCHIVE_OVERHEAD_MAX), and a decoded item that does not start as
+ * an archive is refused on its first bytes. `origin`, `offset` and `subject`
+ * name the stored item in errors. src must outlive the header. */
+CKPTIO_API ckptio_status ckptio_dcp_header_zstd(const void *src, size_t len, uint64_t limit, const char *origin,
+                                                uint64_t offset, const char *subject, ckptio_dcp_header **out);
+
+/*! ckptio_dcp_header_read_box() :
+ * Copies the box [offsets, offsets + sizes) of the stored tensor `fqn` (its
+ * ckptio_dcp_header_layout) into host memory: element (i0, i1, ...) of the box
+ * goes to dst + sum(i_k * dst_strides[k]) * element size, within `capacity`
+ * bytes (else CKPTIO_E_RANGE). For headers from ckptio_dcp_header_parse() and
+ * ckptio_dcp_header_zstd() (an untransformed item's bytes are in its file:
+ * CKPTIO_E_INVAL). A large zstd item is decompressed once more through a fixed
+ * buffer, so no memory besides dst is taken; its storage's strides must not
+ * overlap (any layout torch.save writes), else CKPTIO_E_UNSUPPORTED. */
+CKPTIO_API ckptio_status ckptio_dcp_header_read_box(const ckptio_dcp_header *header, const char *fqn,
+                                                    const int64_t *offsets, const int64_t *sizes, void *dst,
+                                                    const int64_t *dst_strides, uint64_t capacity);
 
 /*! ckptio_dcp_header_layout() :
  * Where tensor `fqn` is stored (an archive's one tensor, whatever `fqn`;

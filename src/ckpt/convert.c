@@ -226,27 +226,77 @@ static ckptio_status sync_parent(const char *path) {
     return CKPTIO_OK;
 }
 
+/* What a safetensors file or shard is written from: the source, and the metadata it gets. */
+typedef struct shard_out {
+    ckptio_engine *engine;
+    ckptio__convert_source *s;
+    const ckptio_kv *meta;
+    size_t nmeta;
+    const size_t *members; /* for fill_member */
+} shard_out;
+
+static ckptio_status fill_member(void *ctx, size_t i, void *buf, uint64_t nbytes) {
+    const shard_out *o = ctx;
+    return ckptio__convert_source_fill(o->s, o->members[i], buf, nbytes);
+}
+
+/* One safetensors file of source tensors members[0..n): a torch.save or DCP
+ * source through its own bounded writer (expanded views written in runs,
+ * large zstd tensors streamed from their frames), a safetensors one tensor
+ * by tensor. */
+static ckptio_status save_shard(void *ctx, const char *path, const size_t *members, size_t n) {
+    shard_out *o = ctx;
+    ckptio__convert_source *s = o->s;
+    size_t *index = ckptio__calloc(n + 1, sizeof *index);
+    ckptio_tensor_source *sub = ckptio__calloc(n + 1, sizeof *sub);
+    ckptio_status st = CKPTIO_OK;
+    if (!index || !sub) {
+        st = CKPTIO_FAIL(CKPTIO_E_NOMEM, "out of memory for %zu tensors", n);
+        goto out;
+    }
+    for (size_t k = 0; k < n; k++) {
+        index[k] = s->index[members[k]];
+        sub[k] = s->tensors[members[k]];
+    }
+    if (s->dcp) {
+        st = ckptio_dcp_save_safetensors(s->dcp, path, index, n, o->meta, o->nmeta, 0);
+    } else if (s->torch) {
+        st = ckptio_torch_save_safetensors(s->torch, path, index, n, o->meta, o->nmeta, 0);
+    } else {
+        o->members = members;
+        st = ckptio__st_save_streamed(o->engine, path, sub, n, o->meta, o->nmeta, 0, fill_member, NULL, NULL, o);
+    }
+out:
+    ckptio__free(sub);
+    ckptio__free(index);
+    return st;
+}
+
 static ckptio_status write_out(ckptio_engine *engine, ckptio__convert_source *s, const char *path,
                                ckptio_convert_to to, const ckptio_convert_options *o, ckptio_convert_report *r) {
     /* A safetensors input's metadata goes on (less the save id that binds it to a
      * manifest this output has not); otherwise the metadata torch writers give. */
     ckptio_kv *meta = ckptio__calloc(s->metadata_count + 1, sizeof *meta);
-    if (!meta) return CKPTIO_FAIL(CKPTIO_E_NOMEM, "out of memory for %zu metadata entries", s->metadata_count);
+    size_t *all = ckptio__calloc(s->count + 1, sizeof *all);
+    ckptio_status st = CKPTIO_OK;
+    if (!meta || !all) {
+        st = CKPTIO_FAIL(CKPTIO_E_NOMEM, "out of memory for %zu tensors", s->count);
+        goto out;
+    }
     size_t nmeta = 0;
     for (size_t i = 0; i < s->metadata_count; i++)
         if (strcmp(s->metadata[i].key, "ckptio.save_id") != 0) meta[nmeta++] = s->metadata[i];
     if (s->format != CKPTIO_FORMAT_SAFETENSORS && s->format != CKPTIO_FORMAT_HF_INDEX)
         meta[nmeta++] = (ckptio_kv){"format", "pt"};
-    ckptio_status st = CKPTIO_OK;
+    for (size_t i = 0; i < s->count; i++) all[i] = i;
+    shard_out so = {.engine = engine, .s = s, .meta = meta, .nmeta = nmeta};
+    const unsigned sync = ckptio__engine_setting(engine, CKPTIO_OPT_SYNC) ? CKPTIO_DCP_SYNC : 0;
     r->files = 1;
     switch (to) {
-    case CKPTIO_CONVERT_SAFETENSORS:
-        st = ckptio__st_save_streamed(engine, path, s->tensors, s->count, meta, nmeta, 0,
-                                      ckptio__convert_source_fill, s);
-        break;
+    case CKPTIO_CONVERT_SAFETENSORS: st = save_shard(&so, path, all, s->count); break;
     case CKPTIO_CONVERT_HF:
-        st = ckptio__hf_save_streamed(engine, path, s->tensors, s->count, o->shard_size ? o->shard_size :
-                                      HF_DEFAULT_SHARD, meta, nmeta, ckptio__convert_source_fill, s, &r->files);
+        st = ckptio__hf_save(path, s->tensors, s->count, o->shard_size ? o->shard_size : HF_DEFAULT_SHARD, sync,
+                             save_shard, &so, &r->files);
         break;
     case CKPTIO_CONVERT_TORCH: {
         ckptio_torch_writer *w = NULL;
@@ -262,6 +312,8 @@ static ckptio_status write_out(ckptio_engine *engine, ckptio__convert_source *s,
         st = ckptio__dcp_save_streamed(engine, path, s->tensors, s->count, ckptio__convert_source_fill, s,
                                        s->byte_items, ckptio__convert_source_bytes, s);
     }
+out:
+    ckptio__free(all);
     ckptio__free(meta);
     return st;
 }
@@ -292,6 +344,10 @@ ckptio_status ckptio_convert(ckptio_engine *engine, const char *in, const char *
     if ((st = resolve_to(o, s.format, out, &to)) != CKPTIO_OK) goto out;
     const bool directory = to == CKPTIO_CONVERT_HF || to == CKPTIO_CONVERT_DCP;
     if ((st = check_dtypes(&s, in, to)) != CKPTIO_OK) goto out;
+    /* A torch.save or DCP output holds each tensor whole: only where bytes on disk justify it. */
+    if ((to == CKPTIO_CONVERT_TORCH || to == CKPTIO_CONVERT_DCP) &&
+        (st = ckptio__convert_source_check_held(&s, in)) != CKPTIO_OK)
+        goto out;
     if ((st = check_out(directory ? final : out, directory)) != CKPTIO_OK) goto out;
     r = (ckptio_convert_report){.from = s.format, .to = to, .tensors = s.count, .bytes = s.total, .shared = s.shared};
     r.dropped = tell_losses(&s, in, to, o);

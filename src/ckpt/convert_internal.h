@@ -20,14 +20,36 @@
  * writer storage id); errors name the input file. */
 typedef ckptio_status (*ckptio__fill_fn)(void *ctx, size_t index, void *buf, uint64_t nbytes);
 
+/* Writes the `nbytes` bytes of item `index` to `file` at `file_offset` itself,
+ * in bounded memory. The file is new and has its final size: bytes never
+ * written read as zeros. */
+typedef ckptio_status (*ckptio__write_fn)(void *ctx, size_t index, ckptio_file *file, uint64_t file_offset,
+                                          uint64_t nbytes);
+
+/* Receives n bytes of a tensor being written that belong at its byte `dst`. */
+typedef ckptio_status (*ckptio__emit_fn)(void *ctx, uint64_t dst, const void *data, size_t n);
+
+/* Hands every byte of one tensor to emit(emit_ctx, ...), in any pieces. */
+typedef ckptio_status (*ckptio__produce_fn)(void *ctx, ckptio__emit_fn emit, void *emit_ctx);
+
+/* Writes what produce() emits to `file` at base + dst through one staging
+ * buffer of 8 MiB: runs adjacent in the file and in the buffer become one
+ * write, and a staged run of zeros is not written at all, so `file` must
+ * read as zeros wherever nothing is written (a ckptio__write_fn's file).
+ * Host memory is the buffer, whatever the tensor's size
+ * (checkpoint_convert.c). */
+ckptio_status ckptio__write_staged(ckptio_file *file, uint64_t base, ckptio__produce_fn produce, void *ctx);
+
 /* Writes the safetensors file ckptio_safetensors_save would write for
  * `tensors` (their `data` is ignored), atomically at `path`, filling each
- * tensor's bytes with fill(ctx, i, ...) into one buffer of the largest
- * tensor's size. On any failure nothing appears under `path`
- * (checkpoint_convert.c). */
+ * tensor's bytes with fill(ctx, i, ...) into one buffer of the largest such
+ * tensor's size; a tensor with self_written[i] (self_written may be NULL) is
+ * written by write(ctx, i, ...) instead and takes no part in the buffer's
+ * size. On any failure nothing appears under `path` (checkpoint_convert.c). */
 ckptio_status ckptio__st_save_streamed(ckptio_engine *engine, const char *path, const ckptio_tensor_source *tensors,
                                        size_t count, const ckptio_kv *metadata, size_t metadata_count, unsigned flags,
-                                       ckptio__fill_fn fill, void *ctx);
+                                       ckptio__fill_fn fill, const bool *self_written, ckptio__write_fn write,
+                                       void *ctx);
 
 /* ckptio_torch_save with every storage filled by fill(ctx, storage id, ...)
  * instead of bound memory, one storage at a time into a buffer of the
@@ -80,15 +102,19 @@ void ckptio__convert_source_close(ckptio__convert_source *s);
 
 /* ---- outputs ------------------------------------------------------------------------------ */
 
+/* Writes the safetensors file `path` (atomically) holding tensors
+ * members[0..count), indices into the list ckptio__hf_save was given. */
+typedef ckptio_status (*ckptio__shard_fn)(void *ctx, const char *path, const size_t *members, size_t count);
+
 /* A Hugging Face directory in the existing directory `dir`: tensors split
  * into shards as huggingface_hub's split_torch_state_dict_into_shards does
  * (in order; a new shard when the next tensor would pass shard_size; a
- * larger tensor alone), each written by ckptio__st_save_streamed, then
- * model.safetensors.index.json; one shard is model.safetensors without an
- * index. *nshards receives the shard count (model_write.c). */
-ckptio_status ckptio__hf_save_streamed(ckptio_engine *engine, const char *dir, const ckptio_tensor_source *tensors,
-                                       size_t count, uint64_t shard_size, const ckptio_kv *metadata,
-                                       size_t metadata_count, ckptio__fill_fn fill, void *ctx, size_t *nshards);
+ * larger tensor alone), each written by save_shard, then
+ * model.safetensors.index.json (fsynced with CKPTIO_DCP_SYNC in
+ * sync_flags); one shard is model.safetensors without an index. *nshards
+ * receives the shard count (model_write.c). */
+ckptio_status ckptio__hf_save(const char *dir, const ckptio_tensor_source *tensors, size_t count, uint64_t shard_size,
+                             unsigned sync_flags, ckptio__shard_fn save_shard, void *ctx, size_t *nshards);
 
 /* A DCP directory in the existing empty directory `dir`, as ckptio.dcp's
  * writer saves one process's state dict: tensors (safetensors terms) each
@@ -99,6 +125,19 @@ ckptio_status ckptio__hf_save_streamed(ckptio_engine *engine, const char *dir, c
 ckptio_status ckptio__dcp_save_streamed(ckptio_engine *engine, const char *dir, const ckptio_tensor_source *tensors,
                                         size_t count, ckptio__fill_fn fill, void *ctx, size_t nbytes,
                                         ckptio__bytes_fn bytes, void *bytes_ctx);
+
+/* Whether tensor `index` of a DCP directory is written by streaming from its
+ * zstd frames (*streamed: too large to hold), else that holding it whole is
+ * justified by bytes on disk (its uncompressed chunks' items hold their
+ * bytes and share none); CKPTIO_E_FORMAT naming the chunks otherwise
+ * (dcp_convert.c, the rule of ckptio_dcp_save_safetensors). */
+ckptio_status ckptio__dcp_convert_plan(ckptio_dcp *h, size_t index, bool *streamed);
+
+/* Every tensor of the source can be held whole in a buffer its bytes on disk
+ * justify, as a torch.save or DCP output needs: not a view larger than its
+ * storage (torch.save), not a zstd tensor too large to hold (DCP); the
+ * refusal names the tensor and the outputs that stream it (convert_source.c). */
+ckptio_status ckptio__convert_source_check_held(const ckptio__convert_source *s, const char *path);
 
 /* ckptio_dcp_write() placing the items of each file from offset `start`
  * instead of 0, so that a file can be written in several calls (dcp_write.c). */

@@ -193,6 +193,35 @@ ckptio_status ckptio__convert_source_bytes(void *ctx, size_t j, const char **fqn
     return ckptio__dcp_load_bytes(s->dcp, j, data, len);
 }
 
+ckptio_status ckptio__convert_source_check_held(const ckptio__convert_source *s, const char *path) {
+    for (size_t i = 0; i < s->count; i++) {
+        const ckptio_tensor_source *t = &s->tensors[i];
+        const ckptio__err_ctx at = {.path = path, .subject = t->name, .file_offset = -1};
+        if (s->torch) {
+            ckptio_torch_tensor_info ti;
+            ckptio_torch_storage_info si;
+            CKPTIO_FORWARD(ckptio_torch_tensor(s->torch, s->index[i], &ti));
+            CKPTIO_FORWARD(ckptio_torch_storage(s->torch, ti.storage, &si));
+            if (ti.nbytes > si.nbytes)
+                return CKPTIO_FAIL_CTX(CKPTIO_E_UNSUPPORTED, &at, "tensor '%s' is a view of %llu bytes over a storage "
+                                       "of %llu (an expanded view): a torch.save or DCP output holds each tensor "
+                                       "whole in memory, more than the file's bytes justify; convert it to "
+                                       "safetensors or a Hugging Face directory, which write such views in runs",
+                                       t->name, (unsigned long long)ti.nbytes, (unsigned long long)si.nbytes);
+        } else if (s->dcp) {
+            bool streamed = false;
+            CKPTIO_FORWARD(ckptio__dcp_convert_plan(s->dcp, s->index[i], &streamed));
+            if (streamed)
+                return CKPTIO_FAIL_CTX(CKPTIO_E_UNSUPPORTED, &at, "tensor '%s' is stored zstd-compressed and is %llu "
+                                       "bytes by .metadata: a torch.save or DCP output holds each tensor whole in "
+                                       "memory, which the compressed bytes on disk do not justify; convert it to "
+                                       "safetensors or a Hugging Face directory, which stream it from its frames",
+                                       t->name, (unsigned long long)t->nbytes);
+        }
+    }
+    return CKPTIO_OK;
+}
+
 void ckptio__convert_source_close(ckptio__convert_source *s) {
     ckptio_model_close(s->model);
     ckptio_torch_close(s->torch);

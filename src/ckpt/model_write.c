@@ -1,36 +1,23 @@
 /*
  * model_write.c - writing a Hugging Face directory (sharded safetensors and
- * model.safetensors.index.json) from tensors filled one at a time.
+ * model.safetensors.index.json).
  *
  * The split is huggingface_hub's split_torch_state_dict_into_shards: tensors
  * in order into the current shard; a tensor that would tip it over the
  * limit closes it first; a tensor over the limit goes alone. Shards are
  * numbered in the order the reference appends them to its list (an
  * oversize tensor's shard at once, the current one when it closes or at the
- * end). Each shard is the file ckptio_safetensors_save would write, written
- * atomically; the index comes last, so a reader never finds an index naming
- * a shard that is not complete.
+ * end). Each shard is written atomically by the caller's function (the
+ * format's own bounded writer); the index comes last, so a reader never
+ * finds an index naming a shard that is not complete.
  */
 #include "convert_internal.h"
-#include "engine_internal.h"
 #include "hf_index_internal.h"
 
 #include <stdio.h>
 #include <string.h>
 
 #define INDEX_NAME "model.safetensors.index.json"
-
-/* Shard-local tensor i is tensor members[i] of the whole list. */
-typedef struct shard_fill {
-    ckptio__fill_fn fill;
-    void *ctx;
-    const size_t *members;
-} shard_fill;
-
-static ckptio_status fill_member(void *ctx, size_t i, void *buf, uint64_t nbytes) {
-    const shard_fill *s = ctx;
-    return s->fill(s->ctx, s->members[i], buf, nbytes);
-}
 
 /* shard_of[i] = the shard of tensor i; returns the shard count (at least 1). */
 static size_t split(const ckptio_tensor_source *tensors, size_t count, uint64_t limit, size_t *shard_of,
@@ -60,17 +47,15 @@ static size_t split(const ckptio_tensor_source *tensors, size_t count, uint64_t 
     return nshards ? nshards : 1; /* no tensors: one empty model.safetensors */
 }
 
-ckptio_status ckptio__hf_save_streamed(ckptio_engine *engine, const char *dir, const ckptio_tensor_source *tensors,
-                                       size_t count, uint64_t shard_size, const ckptio_kv *metadata,
-                                       size_t metadata_count, ckptio__fill_fn fill, void *ctx, size_t *nshards_out) {
+ckptio_status ckptio__hf_save(const char *dir, const ckptio_tensor_source *tensors, size_t count, uint64_t shard_size,
+                             unsigned sync_flags, ckptio__shard_fn save_shard, void *ctx, size_t *nshards_out) {
     CKPTIO_RETURN_IF(shard_size == 0, CKPTIO_E_INVAL, "the shard size must be positive");
     ckptio_status st = CKPTIO_OK;
     size_t *shard_of = ckptio__calloc(count + 1, sizeof *shard_of), *number = ckptio__calloc(count + 1, sizeof *number);
     size_t *members = ckptio__calloc(count + 1, sizeof *members);
-    ckptio_tensor_source *sub = ckptio__calloc(count + 1, sizeof *sub);
     const char **names = ckptio__calloc(count + 1, sizeof *names), **files = ckptio__calloc(count + 1, sizeof *files);
     char *shard_names = NULL, *index = NULL, path[4096];
-    if (!shard_of || !number || !members || !sub || !names || !files) {
+    if (!shard_of || !number || !members || !names || !files) {
         st = CKPTIO_FAIL(CKPTIO_E_NOMEM, "out of memory for the shards of %zu tensors", count);
         goto out;
     }
@@ -92,16 +77,12 @@ ckptio_status ckptio__hf_save_streamed(ckptio_engine *engine, const char *dir, c
         size_t n = 0;
         for (size_t i = 0; i < count; i++) {
             if (shard_of[i] != s) continue;
-            members[n] = i;
-            sub[n++] = tensors[i];
+            members[n++] = i;
             names[i] = tensors[i].name;
             files[i] = name;
             total += tensors[i].nbytes;
         }
-        shard_fill sf = {.fill = fill, .ctx = ctx, .members = members};
-        /* Every shard carries the input's metadata, as save_pretrained gives each shard its metadata. */
-        st = ckptio__st_save_streamed(engine, path, sub, n, metadata, metadata_count, 0, fill_member, &sf);
-        if (st != CKPTIO_OK) goto out;
+        if ((st = save_shard(ctx, path, members, n)) != CKPTIO_OK) goto out;
     }
     if (nshards > 1) {
         if (!(index = ckptio__hf_index_json(names, files, count, total))) {
@@ -109,8 +90,8 @@ ckptio_status ckptio__hf_save_streamed(ckptio_engine *engine, const char *dir, c
             goto out;
         }
         /* The library's one writer of a small file committed atomically beside others. */
-        const unsigned flags = ckptio__engine_setting(engine, CKPTIO_OPT_SYNC) ? CKPTIO_DCP_SYNC : 0;
-        if ((st = ckptio_dcp_write_file(dir, INDEX_NAME, index, strlen(index), NULL, flags)) != CKPTIO_OK) goto out;
+        if ((st = ckptio_dcp_write_file(dir, INDEX_NAME, index, strlen(index), NULL, sync_flags)) != CKPTIO_OK)
+            goto out;
     }
     if (nshards_out) *nshards_out = nshards;
 out:
@@ -118,7 +99,6 @@ out:
     ckptio__free(shard_names);
     ckptio__free(files);
     ckptio__free(names);
-    ckptio__free(sub);
     ckptio__free(members);
     ckptio__free(number);
     ckptio__free(shard_of);

@@ -221,6 +221,24 @@ def test_what_cannot_be_done_is_refused_before_writing(tmp_path):
 
 
 @requires_cli
+def test_an_expanded_view_converts_in_runs_or_is_refused_before_writing(tmp_path):
+    """A view larger than its storage (torch's expand): safetensors and Hugging Face outputs write it in runs
+    from the storage; torch.save and DCP outputs would hold it whole, which 16 stored bytes do not justify."""
+    row = torch.arange(4.0)
+    torch.save({"e": row.expand(1 << 18, 4), "r": row}, tmp_path / "x.pt")
+    for to, out in (("safetensors", "x.safetensors"), ("hf", "x_hf")):
+        r = run("convert", "--to", to, tmp_path / "x.pt", tmp_path / out)
+        assert r.returncode == 0, r.stderr
+    got = load_file(str(tmp_path / "x.safetensors"))
+    assert same(got["e"], row.expand(1 << 18, 4).contiguous()) and same(got["r"], row)
+    for to, out in (("torch", "y.pt"), ("dcp", "y_dcp")):
+        r = run("convert", "--to", to, tmp_path / "x.pt", tmp_path / out)
+        assert r.returncode == 1 and "tensor 'e' is a view of 4194304 bytes over a storage of 16" in r.stderr
+        assert "convert it to safetensors or a Hugging Face directory" in r.stderr, r.stderr
+        assert not (tmp_path / out).exists()
+
+
+@requires_cli
 @pytest.mark.parametrize("dst", KINDS)
 def test_a_failed_conversion_leaves_nothing(tmp_path, dst):
     """The input breaks half-way (a truncated data file): no output, no temporary, for files and directories."""
