@@ -368,7 +368,27 @@ def build_torch_object(reader, dev: "_adapt.Device") -> Any:
         for k, v in attrs.items():
             setattr(obj, k, v)
 
-    return reader.tree(make_tensor, make_dict, make_dtype, torch.device, set_attrs, torch.Size)
+    return reader.tree(make_tensor, make_dict, make_dtype, torch.device, set_attrs, torch.Size, numpy_value)
+
+
+def numpy_value(cls: str, args: tuple) -> Any:
+    """The numpy value of a node the restricted unpickler checked and built as
+    data (src/format/pickle_numpy.c): a dtype from its text ("<f8"), an array
+    or scalar copied out of its bytes with np.frombuffer. numpy's own
+    unpickling is never run."""
+    try:
+        import numpy as np
+    except ImportError:
+        raise ModuleNotFoundError("this checkpoint holds numpy values: install numpy to load them") from None
+    if cls == "numpy.dtype":
+        return np.dtype(args[0])
+    if cls == "numpy.ndarray":
+        dtype, shape, fortran, data = args
+        return np.frombuffer(data, dtype=dtype).reshape(shape, order="F" if fortran else "C").copy(order="K")
+    if cls == "numpy.generic":
+        dtype, data = args
+        return np.frombuffer(data, dtype=dtype)[0]
+    raise TypeError(f"ckptio: no numpy value of class {cls!r}")
 
 
 def open(path: PathLike, framework: str = "pt", device: Any = "cpu", *, engine=None,
