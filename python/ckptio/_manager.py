@@ -175,6 +175,13 @@ class CheckpointManager:
         lock = None
         error = None
         step_dir = None
+        try:  # a value the reader would refuse fails the save here, before the root is touched
+            from .dcp import _byte_items
+
+            _byte_items.check_state_dict(state_dict, f"CheckpointManager({self.root!r}).save(step {step})")
+        except Exception as e:  # noqa: BLE001 - handed to every rank
+            error = e
+        self._agree(error, f"CheckpointManager.save(step {step})")
         if self._rank == 0:
             try:
                 lock = _ckptio.dcp_lock_acquire(_ensure_root(self.root), None, False, -1.0, None)
