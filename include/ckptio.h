@@ -1482,12 +1482,16 @@ CKPTIO_API ckptio_status ckptio_dcp_save_safetensors(ckptio_dcp *dcp, const char
  * step's files and the root are fsynced) names it; a step directory
  * without one is PARTIAL (a save in progress, or one that crashed, or a
  * removal that stopped half-way); a marker that does not parse, names
- * another step, or whose step fails the check asked for is DAMAGED.
+ * another step, or whose step fails the check asked for is DAMAGED. A step
+ * whose bytes hold up (marker, sizes, checksums) but which ckptio's reader
+ * refuses to load (a value outside the restricted unpickler's allowlist, or
+ * over one of its limits: CKPTIO_E_DISALLOWED, _UNSUPPORTED, _RANGE) is
+ * REFUSED: not damage, so nothing removes or replaces it.
  * Checks: CKPTIO_STEP_CHECK_MARKER reads only the marker; FAST also
  * compares .metadata with the size and XXH3-64 the marker recorded, parses
  * it and checks that every stored item lies inside its file (sizes, no
  * data read); FULL also hashes every byte against the ckptio manifest
- * (ckptio_dcp_verify). Functions that change ROOT (begin, commit, remove,
+ * (ckptio_dcp_verify; a step saved without checksums: ckptio_dcp_check). Functions that change ROOT (begin, commit, remove,
  * clean, retain) expect the caller to hold ROOT's lock
  * (ckptio_dcp_lock_acquire(ROOT)) so that two managers, or `ckptio clean`
  * and a save, never work on one root at once. Failures name the step and
@@ -1502,7 +1506,8 @@ CKPTIO_API ckptio_status ckptio_dcp_save_safetensors(ckptio_dcp *dcp, const char
 typedef enum ckptio_step_state {
     CKPTIO_STEP_COMPLETE = 0,
     CKPTIO_STEP_PARTIAL = 1,
-    CKPTIO_STEP_DAMAGED = 2
+    CKPTIO_STEP_DAMAGED = 2,
+    CKPTIO_STEP_REFUSED = 3
 } ckptio_step_state;
 
 typedef enum ckptio_step_check {
@@ -1516,7 +1521,7 @@ typedef struct ckptio_step_info {
     ckptio_step_state state;
     uint64_t bytes;      /* sizes of the regular files of the step directory */
     size_t files;        /* their count */
-    char reason[1024];   /* PARTIAL / DAMAGED: why, in one line; "" when COMPLETE */
+    char reason[1024];   /* PARTIAL / DAMAGED / REFUSED: why, in one line; "" when COMPLETE */
 } ckptio_step_info;
 
 /*! ckptio_steps_dir_name() : "step_%08llu" of `step` into out[0..cap)

@@ -1,7 +1,7 @@
 /*
  * cmd_steps.c - `ckptio inspect|verify|clean ROOT` for the root of a
  * checkpoint manager (ckptio.CheckpointManager): its steps, their states
- * (complete, partial, damaged) and sizes; which step a restarted job would
+ * (complete, partial, damaged, refused) and sizes; which step a restarted job would
  * resume from; removing what crashed saves left.
  */
 #include "cli_steps.h"
@@ -15,7 +15,10 @@
 #include <sys/stat.h>
 
 static const char *state_name(ckptio_step_state s) {
-    return s == CKPTIO_STEP_COMPLETE ? "complete" : s == CKPTIO_STEP_PARTIAL ? "partial" : "damaged";
+    return s == CKPTIO_STEP_COMPLETE  ? "complete"
+           : s == CKPTIO_STEP_PARTIAL ? "partial"
+           : s == CKPTIO_STEP_REFUSED ? "refused"
+                                      : "damaged";
 }
 
 bool cli_steps_is_root(const char *path) {
@@ -70,7 +73,7 @@ static int print_json(const char *root, const ckptio_step_info *steps, size_t n)
 
 int cli_steps_inspect(ckptio_engine *engine, const char *root, bool json) {
     ckptio_step_info *steps = NULL;
-    size_t n = 0, counts[3] = {0};
+    size_t n = 0, counts[4] = {0};
     uint64_t total = 0;
     if (check_all(engine, root, CKPTIO_STEP_CHECK_FAST, &steps, &n) != CLI_EXIT_OK) return CLI_EXIT_FAIL;
     if (json) {
@@ -93,9 +96,11 @@ int cli_steps_inspect(ckptio_engine *engine, const char *root, bool json) {
         total += steps[i].bytes;
     }
     char size[32];
-    printf("%s: checkpoint manager root, %zu step%s (%zu complete, %zu partial, %zu damaged), %s\n", cli_q(root), n,
+    char refused[48] = ""; /* shown when there are any: the line stays as it was otherwise */
+    if (counts[CKPTIO_STEP_REFUSED]) snprintf(refused, sizeof refused, ", %zu refused", counts[CKPTIO_STEP_REFUSED]);
+    printf("%s: checkpoint manager root, %zu step%s (%zu complete, %zu partial, %zu damaged%s), %s\n", cli_q(root), n,
            n == 1 ? "" : "s", counts[CKPTIO_STEP_COMPLETE], counts[CKPTIO_STEP_PARTIAL], counts[CKPTIO_STEP_DAMAGED],
-           cli_format_bytes(total, size, sizeof size));
+           refused, cli_format_bytes(total, size, sizeof size));
     cli_table_print(&table, stdout, "  ");
     cli_table_cleanup(&table);
     ckptio_steps_free(steps);
@@ -132,7 +137,8 @@ int cli_steps_verify(ckptio_engine *engine, const char *root, bool latest, bool 
             if (!quiet) printf("%s: step %llu: partial (%s)\n", cli_q(root), (unsigned long long)steps[i].step,
                                cli_q(steps[i].reason));
         } else {
-            cli_error("%s: step %llu: damaged: %s", root, (unsigned long long)steps[i].step, steps[i].reason);
+            cli_error("%s: step %llu: %s: %s", root, (unsigned long long)steps[i].step, state_name(steps[i].state),
+                      steps[i].reason);
             rc = CLI_EXIT_FAIL;
         }
     }

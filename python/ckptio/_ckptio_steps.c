@@ -10,7 +10,10 @@
 #include <string.h>
 
 static const char *state_name(ckptio_step_state s) {
-    return s == CKPTIO_STEP_COMPLETE ? "complete" : s == CKPTIO_STEP_PARTIAL ? "partial" : "damaged";
+    return s == CKPTIO_STEP_COMPLETE  ? "complete"
+           : s == CKPTIO_STEP_PARTIAL ? "partial"
+           : s == CKPTIO_STEP_REFUSED ? "refused"
+                                      : "damaged";
 }
 
 /* (step, state, bytes, files, reason) */

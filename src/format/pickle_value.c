@@ -90,11 +90,14 @@ ckptio_status ckptio__value_push(ckptio_value *seq, ckptio_value *item) {
  * nothing and makes cycles impossible: a frozen container's height is final,
  * so the parent's height is exact and bounds recursion in every walker. */
 ckptio_status ckptio__value_adopt(ckptio_value *parent, ckptio_value *item) {
+    /* Python builds recursive structures (torch loads them): refusing one is
+     * a policy, so it is E_UNSUPPORTED, not a malformed stream. */
     if (parent->flags & CKPTIO__VFLAG_FROZEN)
-        return CKPTIO_FAIL(CKPTIO_E_FORMAT,
+        return CKPTIO_FAIL(CKPTIO_E_UNSUPPORTED,
                            "container modified after it was stored inside another object "
                            "(a recursive structure; refused)");
-    if (item == parent) return CKPTIO_FAIL(CKPTIO_E_FORMAT, "container inserted into itself (recursive structure)");
+    if (item == parent)
+        return CKPTIO_FAIL(CKPTIO_E_UNSUPPORTED, "container inserted into itself (recursive structure; refused)");
     item->flags |= CKPTIO__VFLAG_FROZEN;
     if (item->height + 1 > parent->height) parent->height = item->height + 1;
     if (parent->height > CKPTIO__VALUE_MAX_DEPTH)
