@@ -1491,10 +1491,10 @@ CKPTIO_API ckptio_status ckptio_dcp_save_safetensors(ckptio_dcp *dcp, const char
  * compares .metadata with the size and XXH3-64 the marker recorded, parses
  * it and checks that every stored item lies inside its file (sizes, no
  * data read); FULL also hashes every byte against the ckptio manifest
- * (ckptio_dcp_verify; a step saved without checksums: ckptio_dcp_check). Functions that change ROOT (begin, commit, remove,
- * clean, retain) expect the caller to hold ROOT's lock
- * (ckptio_dcp_lock_acquire(ROOT)) so that two managers, or `ckptio clean`
- * and a save, never work on one root at once. Failures name the step and
+ * (ckptio_dcp_verify; a step saved without checksums: ckptio_dcp_check).
+ * Functions that change ROOT (begin, commit, remove, clean, retain) expect
+ * the caller to hold ROOT's lock (ckptio_dcp_lock_acquire(ROOT)) so that two
+ * managers, or `ckptio clean` and a save, never work on one root at once. Failures name the step and
  * the operation: "step 100 (ROOT/step_00000100): commit: <cause>". */
 
 /* The commit marker inside a step directory: three lines of text,

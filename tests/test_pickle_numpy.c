@@ -211,9 +211,9 @@ static void test_refused(void) {
              CKPTIO_E_FORMAT);
     T_MESSAGE_HAS("numpy.ndarray is used before BUILD");
     /* A second BUILD of a finished scalar. */
-    T_STATUS(RUNB(&root, 0x80, 2, 'c', 'n', 'u', 'm', 'p', 'y', '\n', 'd', 't', 'y', 'p', 'e', '\n', 'X', 2, 0, 0, 0, 'u',
-                  '1', 0x89, 0x88, 0x87, 'R', '(', 'K', 3, 'X', 1, 0, 0, 0, '|', 'N', 'N', 'N', 'J', 0xff, 0xff, 0xff,
-                  0xff, 'J', 0xff, 0xff, 0xff, 0xff, 'K', 0, 't', 'b', 'N', 'b', '.'),
+    T_STATUS(RUNB(&root, 0x80, 2, 'c', 'n', 'u', 'm', 'p', 'y', '\n', 'd', 't', 'y', 'p', 'e', '\n', 'X', 2, 0, 0, 0,
+                  'u', '1', 0x89, 0x88, 0x87, 'R', '(', 'K', 3, 'X', 1, 0, 0, 0, '|', 'N', 'N', 'N', 'J', 0xff, 0xff,
+                  0xff, 0xff, 'J', 0xff, 0xff, 0xff, 0xff, 'K', 0, 't', 'b', 'N', 'b', '.'),
              CKPTIO_E_FORMAT);
     T_MESSAGE_HAS("already has its state");
 }

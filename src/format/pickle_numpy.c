@@ -22,10 +22,6 @@
 
 #include <string.h>
 
-const char ckptio__numpy_dtype[] = "numpy.dtype";
-const char ckptio__numpy_ndarray[] = "numpy.ndarray";
-const char ckptio__numpy_generic[] = "numpy.generic";
-
 #define NUMPY_MAX_NDIM 64 /* NPY_MAXDIMS of numpy 2 (numpy 1: 32) */
 
 /* The element types numpy pickles as "<kind><size>" (np.dtype(x).str without the byte order). */
@@ -81,7 +77,8 @@ static ckptio_status reduce_dtype(ckptio__value_pool *pool, ckptio_value *args, 
                            "as numpy pickles a dtype");
     const ckptio_value *descr = item(args, 0);
     bool plain = false;
-    for (size_t i = 0; i < sizeof plain_descrs / sizeof plain_descrs[0] && !plain; i++) plain = is_str(descr, plain_descrs[i]);
+    for (size_t i = 0; i < sizeof plain_descrs / sizeof plain_descrs[0] && !plain; i++)
+        plain = is_str(descr, plain_descrs[i]);
     if (!plain)
         return CKPTIO_FAIL(CKPTIO_E_UNSUPPORTED, "numpy dtype '%.32s': only bool, int, uint, float and complex "
                            "numpy values load (store other arrays as tensors, lists or str)", descr->u.s.data);

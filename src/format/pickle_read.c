@@ -94,7 +94,9 @@ static ckptio_status adopt(vm *m, ckptio_value *parent, ckptio_value *item) {
     /* What Python could not build: an unhashable dict key or set item (the
      * reader would fail with a TypeError where verify passed). */
     const bool hashable = ckptio__value_hashable(item);
-    if (!hashable && (parent->kind == CKPTIO_VALUE_SET || (parent->kind == CKPTIO_VALUE_DICT && parent->u.seq.len % 2 == 0)))
+    const bool keyed =
+        parent->kind == CKPTIO_VALUE_SET || (parent->kind == CKPTIO_VALUE_DICT && parent->u.seq.len % 2 == 0);
+    if (!hashable && keyed)
         return vfail_at(m, CKPTIO_E_FORMAT, "a %s as a %s: unhashable (Python cannot build this)",
                         item->kind == CKPTIO_VALUE_OBJECT ? "numpy array" : ckptio__value_kind_name(item->kind),
                         parent->kind == CKPTIO_VALUE_SET ? "set item" : "dict key");
@@ -476,7 +478,8 @@ static ckptio_status apply(vm *m, const ckptio_value *fn, const ckptio_value *ar
     case CKPTIO__G_REBUILD_PARAMETER_WITH_STATE: {
         const bool with_state = fn->u.global == CKPTIO__G_REBUILD_PARAMETER_WITH_STATE;
         if (n != (with_state ? 4u : 3u))
-            return vfail_at(m, CKPTIO_E_FORMAT, "%s takes %d arguments, got %zu", ckptio__pickle_global_name(fn->u.global),
+            return vfail_at(m, CKPTIO_E_FORMAT, "%s takes %d arguments, got %zu",
+                            ckptio__pickle_global_name(fn->u.global),
                             with_state ? 4 : 3, n);
         if (with_state && !is_empty_state(arg(args, 3)))
             return vfail_at(m, CKPTIO_E_UNSUPPORTED, "Parameter with Python attributes (state) is not supported");

@@ -105,6 +105,11 @@ ckptio_status ckptio__value_adopt(ckptio_value *parent, ckptio_value *item) {
     return CKPTIO_OK;
 }
 
+/* The classes of numpy nodes (pickle_numpy.c builds them): compared by address. */
+const char ckptio__numpy_dtype[] = "numpy.dtype";
+const char ckptio__numpy_ndarray[] = "numpy.ndarray";
+const char ckptio__numpy_generic[] = "numpy.generic";
+
 bool ckptio__value_hashable(const ckptio_value *v) {
     switch (v->kind) {
     case CKPTIO_VALUE_LIST:
@@ -151,7 +156,8 @@ const char *ckptio__value_kind_name(int kind) {
 static ckptio_status want(const ckptio_value *v, int kind) {
     if (!v) return CKPTIO_FAIL(CKPTIO_E_INVAL, "value must not be NULL");
     if (v->kind != kind)
-        return CKPTIO_FAIL(CKPTIO_E_INVAL, "value is a %s, not a %s", ckptio__value_kind_name(v->kind), ckptio__value_kind_name(kind));
+        return CKPTIO_FAIL(CKPTIO_E_INVAL, "value is a %s, not a %s", ckptio__value_kind_name(v->kind),
+                           ckptio__value_kind_name(kind));
     return CKPTIO_OK;
 }
 

@@ -164,7 +164,8 @@ static ckptio_status count_item(namer *n, const ckptio_value *v, size_t pos, nod
     const ckptio_value *item = pos == ATTRS_POS ? v->attrs : v->u.seq.items[pos];
     segment g = {.text = "__attrs__", .len = 9};
     if (pos != ATTRS_POS && v->kind == CKPTIO_VALUE_DICT && pos % 2) key_segment(v->u.seq.items[pos - 1], pos, &g);
-    else if (pos != ATTRS_POS && v->kind != CKPTIO_VALUE_DICT) g.text = g.buf, g.len = (size_t)snprintf(g.buf, sizeof g.buf, "%zu", pos);
+    else if (pos != ATTRS_POS && v->kind != CKPTIO_VALUE_DICT)
+        g.text = g.buf, g.len = (size_t)snprintf(g.buf, sizeof g.buf, "%zu", pos);
     else if (pos != ATTRS_POS) g.len = 0; /* a key: checked under the dict's path */
     const size_t saved = n->where.len;
     if (g.len && saved + g.len + 1 < WHERE_MAX) {
@@ -297,8 +298,8 @@ static ckptio_status run(ckptio_value *root, const char *origin, const char *ope
     /* Sharing a container names its tensors once per path; a pickle does that
      * a few times at most, not 2^k times for k shared levels. */
     if (st == CKPTIO_OK && (paths > CKPTIO__TORCH_MAX_PATHS || paths > SHARED_PATHS_PER_REF * n.tensor_refs + 1024))
-        st = NFAIL(&n, CKPTIO_E_RANGE, NULL, "shared objects in the pickle name its %llu tensor references along %s%llu "
-                   "paths (at most %u per reference and %llu in all)", (unsigned long long)n.tensor_refs,
+        st = NFAIL(&n, CKPTIO_E_RANGE, NULL, "shared objects in the pickle name its %llu tensor references along "
+                   "%s%llu paths (at most %u per reference and %llu in all)", (unsigned long long)n.tensor_refs,
                    paths > CKPTIO__TORCH_MAX_PATHS ? "more than " : "",
                    (unsigned long long)(paths > CKPTIO__TORCH_MAX_PATHS ? CKPTIO__TORCH_MAX_PATHS : paths),
                    SHARED_PATHS_PER_REF, (unsigned long long)CKPTIO__TORCH_MAX_PATHS);

@@ -196,3 +196,16 @@ def test_tensor_named_along_exponentially_many_paths_is_refused_by_a_limit_on_th
     torch.save({"a": t, "b": t, "layers": [t] * 3}, buf)
     got = ckptio.load(buf.getvalue())
     assert got["a"] is got["b"] and len(got["layers"]) == 3
+
+
+@requires_cli
+def test_convert_counts_shared_values_once(tmp_path):
+    level = ["leaf"]
+    for _ in range(40):
+        level = [level, level, {"k": level}]
+    src, out = tmp_path / "x.pt", tmp_path / "x.safetensors"
+    torch.save({"w": torch.arange(3.0), "v": level}, src)
+    r = subprocess.run([CKPTIO_CLI, "convert", str(src), str(out)], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    assert "1 non-tensor value (numbers, strings, _metadata, ...) cannot be stored in safetensors" in r.stderr, r.stderr
+    assert torch.equal(ckptio.load(out)["w"], torch.arange(3.0))
