@@ -57,6 +57,18 @@ static ckptio_status tuple_of(ckptio__value_pool *pool, ckptio_value *const *ite
     return CKPTIO_OK;
 }
 
+/* A new node of `kind` (OBJECT or NUMPY_PENDING) of class `cls` holding `args` (may be NULL). */
+static ckptio_status object_node(ckptio__value_pool *pool, int kind, const char *cls, ckptio_value *args,
+                                 ckptio_value **out) {
+    ckptio_value *v = ckptio__value_new(pool, kind);
+    if (!v) return CKPTIO_E_NOMEM;
+    if (args) CKPTIO_FORWARD(ckptio__value_adopt(v, args));
+    v->u.obj.cls = cls;
+    v->u.obj.args = args;
+    *out = v;
+    return CKPTIO_OK;
+}
+
 /* Bytes per element of a finished dtype node ("<f8" -> 8). */
 static uint64_t itemsize(const ckptio_value *dtype) {
     const ckptio_value *descr = item(dtype->u.obj.args, 0);
@@ -82,13 +94,7 @@ static ckptio_status reduce_dtype(ckptio__value_pool *pool, ckptio_value *args, 
     if (!plain)
         return CKPTIO_FAIL(CKPTIO_E_UNSUPPORTED, "numpy dtype '%.32s': only bool, int, uint, float and complex "
                            "numpy values load (store other arrays as tensors, lists or str)", descr->u.s.data);
-    ckptio_value *d = ckptio__value_new(pool, CKPTIO__VALUE_NUMPY_PENDING);
-    if (!d) return CKPTIO_E_NOMEM;
-    CKPTIO_FORWARD(ckptio__value_adopt(d, args));
-    d->u.obj.cls = ckptio__numpy_dtype;
-    d->u.obj.args = args;
-    *out = d;
-    return CKPTIO_OK;
+    return object_node(pool, CKPTIO__VALUE_NUMPY_PENDING, ckptio__numpy_dtype, args, out);
 }
 
 /* BUILD of a pending dtype: (3, byteorder, None, None, None, -1, -1, 0). */
@@ -138,11 +144,7 @@ static ckptio_status reduce_array(ckptio__value_pool *pool, ckptio_value *args, 
           code->u.s.data[0] == 'b'))
         return CKPTIO_FAIL(CKPTIO_E_UNSUPPORTED, "numpy _reconstruct with arguments other than (ndarray, (0,), b'b'), "
                            "as numpy pickles an array");
-    ckptio_value *a = ckptio__value_new(pool, CKPTIO__VALUE_NUMPY_PENDING);
-    if (!a) return CKPTIO_E_NOMEM;
-    a->u.obj.cls = ckptio__numpy_ndarray;
-    *out = a;
-    return CKPTIO_OK;
+    return object_node(pool, CKPTIO__VALUE_NUMPY_PENDING, ckptio__numpy_ndarray, NULL, out);
 }
 
 /* The number of elements of a shape tuple of non-negative ints, or false on overflow or a bad item. */
@@ -200,13 +202,7 @@ static ckptio_status reduce_scalar(ckptio__value_pool *pool, ckptio_value *args,
     if (data->kind != CKPTIO_VALUE_BYTES || data->u.s.len != itemsize(item(args, 0)))
         return CKPTIO_FAIL(CKPTIO_E_FORMAT, "numpy scalar of %s: its data is not %llu bytes",
                            item(item(args, 0)->u.obj.args, 0)->u.s.data, (unsigned long long)itemsize(item(args, 0)));
-    ckptio_value *s = ckptio__value_new(pool, CKPTIO_VALUE_OBJECT);
-    if (!s) return CKPTIO_E_NOMEM;
-    CKPTIO_FORWARD(ckptio__value_adopt(s, args));
-    s->u.obj.cls = ckptio__numpy_generic;
-    s->u.obj.args = args;
-    *out = s;
-    return CKPTIO_OK;
+    return object_node(pool, CKPTIO_VALUE_OBJECT, ckptio__numpy_generic, args, out);
 }
 
 ckptio_status ckptio__numpy_reduce(ckptio__value_pool *pool, ckptio__global fn, ckptio_value *args,

@@ -184,6 +184,36 @@ def test_refused_value_fails_the_save_and_writes_nothing(tmp_path, async_save, w
     mgr.close()
 
 
+class _App:
+    """A torch.distributed.checkpoint Stateful, as training loops pass one to dcp.save."""
+
+    def __init__(self, extra):
+        self.extra, self.calls = extra, 0
+
+    def state_dict(self):
+        self.calls += 1
+        return {"w": torch.ones(2), "extra": self.extra}
+
+    def load_state_dict(self, sd):
+        self.extra = sd["extra"]
+
+
+def test_stateful_values_are_checked_and_asked_once(tmp_path):
+    root = tmp_path / "run"
+    mgr = ckptio.CheckpointManager(root, async_save=True)
+    bad = _App(argparse.Namespace(lr=0.1))
+    with pytest.raises(TypeError) as ei:
+        mgr.save(1, {"app": bad})
+    assert "cannot save 'app.extra' (argparse.Namespace)" in str(ei.value) and not os.path.exists(root)
+    good = _App({"lr": 0.1})
+    mgr.save(1, {"app": good})
+    mgr.wait()
+    assert good.calls == 1  # as dcp.save alone: state_dict() once per save
+    got = _App({"lr": None})
+    assert mgr.load({"app": got}) == 1 and got.extra == {"lr": 0.1}
+    mgr.close()
+
+
 def test_dcp_writer_refuses_unless_allow_pickle(tmp_path):
     state = {"w": torch.ones(4), "args": argparse.Namespace(lr=0.1)}
     path = tmp_path / "c"

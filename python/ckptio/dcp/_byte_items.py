@@ -61,10 +61,19 @@ def check(raw: bytes, fqn: str, value: Any, where: str, *, writer: bool) -> None
                         f"could not be loaded back ({reason}); {_hint(reason, writer)}") from None
 
 
+def plain_state_dict(state_dict: Any) -> Any:
+    """What dcp.save saves of `state_dict`: a shallow copy in which every
+    top-level Stateful value is replaced by its state_dict(), called once here
+    as dcp.save calls it (dcp.save given the copy calls none again)."""
+    from torch.distributed.checkpoint.stateful import Stateful
+
+    return {k: v.state_dict() if isinstance(v, Stateful) else v for k, v in state_dict.items()}
+
+
 def check_state_dict(state_dict: Any, where: str) -> None:
     """Runs `check` on every byte item torch's default planner would make of
-    `state_dict` (flattened as dcp.save flattens it), without writing
-    anything."""
+    `state_dict` (after plain_state_dict; flattened as dcp.save flattens it),
+    without writing anything."""
     from torch.distributed.checkpoint.default_planner import DefaultSavePlanner, create_default_local_save_plan
     from torch.distributed.checkpoint.planner import WriteItemType
 
