@@ -224,6 +224,10 @@ ckptio_status ckptio__unpickle_mode(const uint8_t *data, size_t len, const char 
 /* The canonical "module.Name" (static) of a class allowed in DCP metadata,
  * or NULL (pickle_dcp_classes.c). */
 const char *ckptio__dcp_class(const char *module, const char *name);
+/* Whether instances of that class (a canonical name) take a BUILD state:
+ * the dataclasses and TensorProperties do; torch.Size, PosixPath, the
+ * memory-format enum and _get_layout are made whole by their call. */
+bool ckptio__dcp_class_takes_state(const char *canonical);
 /* The dtype whose torch name (without "torch.") is `name` (torch_dtype.c). */
 bool ckptio__dtype_from_torch_name(const char *name, ckptio_dtype *out);
 

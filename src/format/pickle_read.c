@@ -721,6 +721,9 @@ static ckptio_status step(vm *m, uint8_t op, bool *stop) {
         }
         if (b->kind == CKPTIO_VALUE_DICT && (b->flags & CKPTIO__VFLAG_ORDERED)) {
             if (a->kind != CKPTIO_VALUE_DICT) return vfail_at(m, CKPTIO_E_UNSUPPORTED, "BUILD of an OrderedDict with a non-dict state");
+            if (m->mode == CKPTIO__UNPICKLE_DCP_METADATA)
+                return vfail_at(m, CKPTIO_E_FORMAT,
+                                "a dict with attributes (BUILD state) does not occur in DCP metadata");
             if (b->attrs) return vfail_at(m, CKPTIO_E_UNSUPPORTED, "second BUILD of the same OrderedDict");
             if (b->flags & CKPTIO__VFLAG_FROZEN)
                 return vfail_at(m, CKPTIO_E_FORMAT, "BUILD of an OrderedDict already stored elsewhere");
@@ -734,6 +737,9 @@ static ckptio_status step(vm *m, uint8_t op, bool *stop) {
             return CKPTIO_OK;
         }
         if (b->kind == CKPTIO_VALUE_OBJECT) {
+            /* What ckptio.dcp's reader refuses to build, verify refuses here too. */
+            if (!ckptio__dcp_class_takes_state(b->u.obj.cls))
+                return vfail_at(m, CKPTIO_E_FORMAT, "%s with BUILD state (the class takes none)", b->u.obj.cls);
             if (b->u.obj.state) return vfail_at(m, CKPTIO_E_UNSUPPORTED, "second BUILD of the same %s", b->u.obj.cls);
             if (a->flags & CKPTIO__VFLAG_HOLDS_GLOBAL || a->kind >= CKPTIO__VALUE_GLOBAL)
                 return vfail_at(m, CKPTIO_E_FORMAT, "BUILD state of %s holds a class or global", b->u.obj.cls);

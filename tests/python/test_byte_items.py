@@ -209,3 +209,23 @@ def test_convert_counts_shared_values_once(tmp_path):
     assert r.returncode == 0, r.stderr
     assert "1 non-tensor value (numbers, strings, _metadata, ...) cannot be stored in safetensors" in r.stderr, r.stderr
     assert torch.equal(ckptio.load(out)["w"], torch.arange(3.0))
+
+
+@requires_cli
+def test_metadata_objects_the_reader_refuses_verify_refuses(tmp_path):
+    """The same rule for .metadata: an object graph the reader does not build
+    (a dict with attributes) is refused by verify with the same cause."""
+    path = tmp_path / "c"
+    dcp.save({"w": torch.ones(2)}, storage_writer=dcp.FileSystemWriter(path), no_dist=True)
+    with open(path / ".metadata", "rb") as f:
+        md = pickle.load(f)
+    md.planner_data = collections.OrderedDict(a=1)
+    md.planner_data._x = 1
+    with open(path / ".metadata", "wb") as f:
+        pickle.dump(md, f)
+    cause = "a dict with attributes (BUILD state) does not occur in DCP metadata"
+    r = subprocess.run([CKPTIO_CLI, "verify", str(path)], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 1 and f"{path}/.metadata: unpickle at offset" in r.stderr and cause in r.stderr, r
+    with pytest.raises(CheckpointException) as ei:
+        dcp.load({"w": torch.zeros(2)}, storage_reader=cdcp.FileSystemReader(path), no_dist=True)
+    assert cause in str(ei.value)
