@@ -998,8 +998,9 @@ typedef enum ckptio_value_kind {
     CKPTIO_VALUE_TENSOR,  /* a tensor (or nn.Parameter); see ckptio_value_tensor */
     CKPTIO_VALUE_DTYPE,   /* a torch.dtype, e.g. torch.float32 */
     CKPTIO_VALUE_DEVICE,  /* a torch.device; its text ("cuda:0") via ckptio_value_str */
-    CKPTIO_VALUE_OBJECT   /* only from ckptio_pickle_parse_dcp_metadata() (ckptio_experimental.h):
-                           * an instance of an allowlisted class; see ckptio_value_object */
+    CKPTIO_VALUE_OBJECT   /* an instance of an allowlisted class; see ckptio_value_object
+                           * (ckptio_experimental.h): a DCP .metadata class, or in a torch.save
+                           * tree a numpy value ("numpy.ndarray", "numpy.generic", "numpy.dtype") */
 } ckptio_value_kind;
 
 /*! ckptio_value_kind_of() : @return the node's kind (NONE for NULL). */
