@@ -1019,8 +1019,9 @@ typedef enum ckptio_value_kind {
     CKPTIO_VALUE_TENSOR,  /* a tensor (or nn.Parameter); see ckptio_value_tensor */
     CKPTIO_VALUE_DTYPE,   /* a torch.dtype, e.g. torch.float32 */
     CKPTIO_VALUE_DEVICE,  /* a torch.device; its text ("cuda:0") via ckptio_value_str */
-    CKPTIO_VALUE_OBJECT   /* only from ckptio_pickle_parse_dcp_metadata() (ckptio_experimental.h):
-                           * an instance of an allowlisted class; see ckptio_value_object */
+    CKPTIO_VALUE_OBJECT   /* an instance of an allowlisted class; see ckptio_value_object
+                           * (ckptio_experimental.h): a DCP .metadata class, or in a torch.save
+                           * tree a numpy value ("numpy.ndarray", "numpy.generic", "numpy.dtype") */
 } ckptio_value_kind;
 
 /*! ckptio_value_kind_of() : @return the node's kind (NONE for NULL). */
@@ -1536,11 +1537,16 @@ CKPTIO_API ckptio_status ckptio_dcp_save_safetensors(ckptio_dcp *dcp, const char
  * whole directory is checked first (every entry a regular file under one
  * of their names, no subdirectory, nothing followed) and a directory
  * holding anything else is left whole, with the entry named.
+ * A step whose bytes hold up (marker, sizes, checksums) but which ckptio's
+ * reader refuses to load (a value outside the restricted unpickler's
+ * allowlist, or over one of its limits: CKPTIO_E_DISALLOWED, _UNSUPPORTED,
+ * _RANGE) is REFUSED: not damage, so nothing removes or replaces it.
  * Checks: CKPTIO_STEP_CHECK_MARKER reads only the marker; FAST also
  * compares .metadata with the size and XXH3-64 the marker recorded, parses
  * it and checks that every stored item lies inside its file (sizes, no
  * data read); FULL also hashes every byte against the ckptio manifest
- * (ckptio_dcp_verify). Functions that change ROOT (begin, commit, remove,
+ * (ckptio_dcp_verify; a step saved without checksums: ckptio_dcp_check).
+ * Functions that change ROOT (begin, commit, remove,
  * clean, retain) expect the caller to hold ROOT's lock
  * (ckptio_dcp_lock_acquire(ROOT, NULL, CKPTIO_DCP_LOCK_QUEUED, ...)) so
  * that two managers, or `ckptio clean` and a save, never work on one root
@@ -1561,7 +1567,8 @@ typedef enum ckptio_step_state {
     CKPTIO_STEP_COMPLETE = 0,
     CKPTIO_STEP_PARTIAL = 1,
     CKPTIO_STEP_DAMAGED = 2,
-    CKPTIO_STEP_FOREIGN = 3 /* no marker, no begun mark, not empty: not the manager's */
+    CKPTIO_STEP_FOREIGN = 3, /* no marker, no begun mark, not empty: not the manager's */
+    CKPTIO_STEP_REFUSED = 4  /* intact, but ckptio's reader refuses a value in it */
 } ckptio_step_state;
 
 typedef enum ckptio_step_check {
@@ -1575,7 +1582,7 @@ typedef struct ckptio_step_info {
     ckptio_step_state state;
     uint64_t bytes;      /* sizes of the regular files of the step directory */
     size_t files;        /* their count */
-    char reason[1024];   /* PARTIAL / DAMAGED / FOREIGN: why, in one line; COMPLETE: "", or why removal
+    char reason[1024];   /* PARTIAL / DAMAGED / FOREIGN / REFUSED: why, in one line; COMPLETE: "", or why removal
                           * leaves the step alone (it holds an entry the manager does not make) */
 } ckptio_step_info;
 

@@ -84,7 +84,12 @@ CKPTIO_API ckptio_status ckptio_pickle_close(ckptio_pickle *p);
  * class as "module.Name" (static storage), *args the constructor arguments
  * (a TUPLE: REDUCE's args, or NEWOBJ's for cls.__new__) and *state what
  * BUILD set (a DICT of fields, a TUPLE for __setstate__, or NULL when the
- * pickle had no BUILD). Any output may be NULL. */
+ * pickle had no BUILD). Any output may be NULL. numpy values of a torch.save
+ * tree are OBJECT nodes rebuilt as data, with no state: "numpy.dtype" with
+ * args (descr) such as "<f8", "|b1", ">i4"; "numpy.ndarray" with args
+ * (dtype, shape: a TUPLE of INTs, fortran: a BOOL, data: BYTES of exactly
+ * the shape's elements); "numpy.generic" (a scalar) with args (dtype, data
+ * of one element). Only bool, int, uint, float and complex dtypes occur. */
 CKPTIO_API ckptio_status ckptio_value_object(const ckptio_value *value, const char **class_name,
                                              const ckptio_value **args, const ckptio_value **state);
 

@@ -140,10 +140,12 @@ def payload(how, marker):
     return _Payload(open, str(marker), "w"), f"{open.__module__}.open"
 
 
+# ckptio's writer refuses such values unless told to save them as torch does (allow_pickle=True): the reader
+# must still refuse them in checkpoints that hold them.
 WRITERS = {
     "torch": lambda p: dcp.FileSystemWriter(p),
-    "ckptio": lambda p: cdcp.FileSystemWriter(p),
-    "ckptio-zstd": lambda p: cdcp.FileSystemWriter(p, _extensions=[cdcp.ZStandard()]),
+    "ckptio": lambda p: cdcp.FileSystemWriter(p, allow_pickle=True),
+    "ckptio-zstd": lambda p: cdcp.FileSystemWriter(p, _extensions=[cdcp.ZStandard()], allow_pickle=True),
 }
 TEMPLATE = {"w": torch.zeros(4), "step": 0}
 
@@ -731,7 +733,7 @@ def test_broadcast_path_checks_byte_items(tmp_path):
     good, bad = tmp_path / "good", tmp_path / "bad"
     save({"w": torch.arange(4.0), "step": 9, "misc": (torch.Size([3]), "x")}, cdcp.FileSystemWriter(good))
     save({"w": torch.arange(4.0), "step": 9, "misc": _Payload(os.system, f"touch {marker}")},
-         cdcp.FileSystemWriter(bad))
+         cdcp.FileSystemWriter(bad, allow_pickle=True))
     (tmp_path / "worker.py").write_text(WORKER)
     env = dict(os.environ, PYTHONPATH=PKG_ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""),
                OMP_NUM_THREADS="1")
