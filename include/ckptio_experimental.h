@@ -18,7 +18,10 @@
  *  - ckptio_inherit_mode, for writers that commit files of their own;
  *  - snapshot pools (ckptio_snapshot_*): copies of training state into
  *    reused pinned memory on ckptio's own streams, for the async saves of
- *    ckptio.dcp and ckptio.CheckpointManager.
+ *    ckptio.dcp and ckptio.CheckpointManager;
+ *  - objects in S3-compatible storage: listing, deleting, small
+ *    conditional writes and the cleanup of unfinished uploads, for the
+ *    code that keeps checkpoint directories there.
  * docs/API.md says which header holds what and why.
  */
 #ifndef CKPTIO_EXPERIMENTAL_H
@@ -84,7 +87,12 @@ CKPTIO_API ckptio_status ckptio_pickle_close(ckptio_pickle *p);
  * class as "module.Name" (static storage), *args the constructor arguments
  * (a TUPLE: REDUCE's args, or NEWOBJ's for cls.__new__) and *state what
  * BUILD set (a DICT of fields, a TUPLE for __setstate__, or NULL when the
- * pickle had no BUILD). Any output may be NULL. */
+ * pickle had no BUILD). Any output may be NULL. numpy values of a torch.save
+ * tree are OBJECT nodes rebuilt as data, with no state: "numpy.dtype" with
+ * args (descr) such as "<f8", "|b1", ">i4"; "numpy.ndarray" with args
+ * (dtype, shape: a TUPLE of INTs, fortran: a BOOL, data: BYTES of exactly
+ * the shape's elements); "numpy.generic" (a scalar) with args (dtype, data
+ * of one element). Only bool, int, uint, float and complex dtypes occur. */
 CKPTIO_API ckptio_status ckptio_value_object(const ckptio_value *value, const char **class_name,
                                              const ckptio_value **args, const ckptio_value **state);
 
@@ -200,6 +208,24 @@ CKPTIO_API ckptio_status ckptio_zstd_decompressed_size_max(const void *src, size
 CKPTIO_API ckptio_status ckptio_zstd_decompress(const void *src, size_t len, void *dst, size_t capacity,
                                                 size_t *out_len);
 
+/* Receives the decompressed output of ckptio_zstd_stream() piece by piece,
+ * in order: `offset` is where data[0] lies in the whole output. A status
+ * other than CKPTIO_OK stops the stream and is returned as it is. */
+typedef ckptio_status (*ckptio_zstd_sink)(void *ctx, const void *data, size_t len, uint64_t offset);
+
+/*! ckptio_zstd_stream() :
+ * Decompresses all zstd frames of (src, len) through one fixed buffer of
+ * 1 MiB, handing each piece to sink(ctx, ...) (sink may be NULL: only
+ * count). Memory is that buffer plus libzstd's context (its window, which
+ * libzstd bounds at 128 MiB), never the size the frames declare; time is
+ * bounded by `limit`: once the output passes it, CKPTIO_E_FORMAT
+ * ("decompression bomb") and nothing more is decompressed. A corrupt or
+ * truncated frame, or one whose output differs from the size its header
+ * declares, is CKPTIO_E_FORMAT naming the frame's offset in src and the
+ * size it declares. *total (may be NULL) receives the bytes produced. */
+CKPTIO_API ckptio_status ckptio_zstd_stream(const void *src, size_t len, uint64_t limit, ckptio_zstd_sink sink,
+                                            void *ctx, uint64_t *total);
+
 /* ------------------------------------------------------------------------ */
 /* DCP stored items: one data file, one item                                */
 /* ------------------------------------------------------------------------ */
@@ -292,6 +318,36 @@ CKPTIO_API ckptio_status ckptio_dcp_header_read(ckptio_file *file, uint64_t offs
 CKPTIO_API ckptio_status ckptio_dcp_header_parse(const void *data, size_t len, const char *origin, uint64_t offset,
                                                  const char *subject, ckptio_dcp_header **out);
 
+/*! ckptio_dcp_header_zstd() :
+ * The header of a zstd-transformed tensor item whose stored frames are
+ * (src, len) in memory: a torch.save archive of one tensor, as
+ * ckptio_dcp_header_parse() parses one. The frames are decompressed once,
+ * through a fixed buffer: an archive of at most 64 MiB is kept in the header
+ * (its storage is then read from memory); a larger one is not held at all,
+ * only its first and last MiB, where torch.save puts every record but the
+ * storage, and its storage is decompressed again when it is read
+ * (ckptio_dcp_header_read_box). Memory is bounded whatever the frames or
+ * .metadata declare; the output stops at `limit` bytes (CKPTIO_E_FORMAT,
+ * "decompression bomb": pass the chunk's bytes plus
+ * CKPTIO_DCP_ARCHIVE_OVERHEAD_MAX), and a decoded item that does not start as
+ * an archive is refused on its first bytes. `origin`, `offset` and `subject`
+ * name the stored item in errors. src must outlive the header. */
+CKPTIO_API ckptio_status ckptio_dcp_header_zstd(const void *src, size_t len, uint64_t limit, const char *origin,
+                                                uint64_t offset, const char *subject, ckptio_dcp_header **out);
+
+/*! ckptio_dcp_header_read_box() :
+ * Copies the box [offsets, offsets + sizes) of the stored tensor `fqn` (its
+ * ckptio_dcp_header_layout) into host memory: element (i0, i1, ...) of the box
+ * goes to dst + sum(i_k * dst_strides[k]) * element size, within `capacity`
+ * bytes (else CKPTIO_E_RANGE). For headers from ckptio_dcp_header_parse() and
+ * ckptio_dcp_header_zstd() (an untransformed item's bytes are in its file:
+ * CKPTIO_E_INVAL). A large zstd item is decompressed once more through a fixed
+ * buffer, so no memory besides dst is taken; its storage's strides must not
+ * overlap (any layout torch.save writes), else CKPTIO_E_UNSUPPORTED. */
+CKPTIO_API ckptio_status ckptio_dcp_header_read_box(const ckptio_dcp_header *header, const char *fqn,
+                                                    const int64_t *offsets, const int64_t *sizes, void *dst,
+                                                    const int64_t *dst_strides, uint64_t capacity);
+
 /*! ckptio_dcp_header_layout() :
  * Where tensor `fqn` is stored (an archive's one tensor, whatever `fqn`;
  * a blob's tensor of that name, else CKPTIO_E_FORMAT). A blob's float4
@@ -341,11 +397,14 @@ CKPTIO_API ckptio_status ckptio_dcp_header_close(ckptio_dcp_header *header);
 
 /* The lock file of a checkpoint directory (empty, never removed). */
 #define CKPTIO_DCP_LOCK_NAME ".ckptio-dcp.lock"
+/* The turn file of CKPTIO_DCP_LOCK_QUEUED acquisitions (empty, never removed). */
+#define CKPTIO_DCP_LOCK_QUEUE_NAME ".ckptio-dcp.queue"
 
 enum ckptio_dcp_commit_flags {
     CKPTIO_DCP_SYNC = 1u << 0,        /* fsync files before their rename, and the directory after it */
     CKPTIO_DCP_RECHECK = 1u << 1,     /* ckptio_dcp_remove_files: read the metadata files again first */
-    CKPTIO_DCP_LOCK_SHARED = 1u << 2  /* ckptio_dcp_lock_acquire: shared (a save that removes nothing) */
+    CKPTIO_DCP_LOCK_SHARED = 1u << 2, /* ckptio_dcp_lock_acquire: shared (a save that removes nothing) */
+    CKPTIO_DCP_LOCK_QUEUED = 1u << 3  /* ckptio_dcp_lock_acquire: wait in turn (a holder asking again waits) */
 };
 
 /*! ckptio_temporary_create() :
@@ -492,7 +551,13 @@ typedef int (*ckptio_dcp_lock_wait_fn)(double waited_seconds, void *user);
  * save holds the directory (lock .ckptio-dcp.lock, held by pid N) [after
  * waiting S s]: this save wrote nothing and the checkpoint is unchanged;
  * ..."; the pids from /proc/locks, local holders only). `on_wait` (may be
- * NULL) runs at each busy check. A file system without flock: CKPTIO_OK
+ * NULL) runs at each busy check. With CKPTIO_DCP_LOCK_QUEUED the
+ * acquisition first takes the turn, an exclusive flock on
+ * DIR/CKPTIO_DCP_LOCK_QUEUE_NAME held while it waits and released once it
+ * has the lock: a holder that releases and asks again at once (a
+ * checkpoint manager saving in a loop) then waits behind a waiter, so two
+ * contenders alternate (flock alone is not fair); the timeout covers both.
+ * A file system without flock: CKPTIO_OK
  * with a lock whose info says locked = 0. A child fork()ed while the lock
  * is held closes its copy of the descriptor at once (without unlocking), so
  * the lock ends with the save that took it. Release with
@@ -563,12 +628,13 @@ typedef struct ckptio_snapshot_pool_info {
  * them for CUDA (portable, device-mapped) in the primary context of
  * `device`, in address order. `device` -1 makes a host pool: plain memory,
  * for host tensors, no driver needed. Transparent huge pages are asked for
- * wherever the kernel gives them (CKPTIO_GPU_HUGE_SLOTS=0 turns them off;
- * docs/SNAPSHOTS.md). The memory is held until
+ * wherever the kernel gives them, unless `engine`'s CKPTIO_OPT_GPU_HUGE_SLOTS
+ * says off (`engine` may be NULL: the defaults; docs/SNAPSHOTS.md). The memory is held until
  * ckptio_snapshot_pool_destroy(). @return CKPTIO_E_NO_CUDA without a driver
  * (device >= 0), CKPTIO_E_INVAL for 0 bytes, CKPTIO_E_NOMEM when the
  * address space or the thread cannot be had. */
-CKPTIO_API ckptio_status ckptio_snapshot_pool_create(uint64_t bytes, int device, ckptio_snapshot_pool **out);
+CKPTIO_API ckptio_status ckptio_snapshot_pool_create(const ckptio_engine *engine, uint64_t bytes, int device,
+                                                     ckptio_snapshot_pool **out);
 
 /*! ckptio_snapshot_pool_query() : size, base, how much is pinned, whether a
  * snapshot is held. Thread-safe. */
@@ -628,6 +694,79 @@ CKPTIO_API ckptio_status ckptio_snapshot_release(ckptio_snapshot_pool *pool);
  * destroys the copy streams and events, unpins (which synchronises the
  * device) and frees the memory. Accepts NULL. @return the release's status. */
 CKPTIO_API ckptio_status ckptio_snapshot_pool_destroy(ckptio_snapshot_pool *pool);
+
+/* ------------------------------------------------------------------------ */
+/* Objects in S3-compatible storage (s3://BUCKET/KEY)                       */
+/* ------------------------------------------------------------------------ */
+
+/* ckptio_file_open() takes "s3://BUCKET/KEY" wherever it takes a path: the
+ * engine reads such a file with ranged GETs and writes it as a multipart
+ * upload that appears at ckptio_file_commit(), whole or not at all
+ * (docs/OBJECT_STORAGE.md: endpoint, credentials, commit protocol,
+ * settings). The functions here are what directory-level code (DCP
+ * checkpoints, checkpoint steps, cleaners) needs beyond single objects.
+ * Endpoint, region and credentials come from the AWS environment variables
+ * and files; retries, timeouts and concurrency from `engine`'s
+ * CKPTIO_OPT_S3_* settings. Errors name the operation, s3://BUCKET/KEY, the
+ * HTTP status and the server's Code and Message, and never a credential. */
+
+/*! ckptio_path_is_object() : 1 when `path` is an s3:// URL, else 0. */
+CKPTIO_API int ckptio_path_is_object(const char *path);
+
+/* One entry of a listing. The strings are valid during the callback only. */
+typedef struct ckptio_object_info {
+    const char *key;       /* the whole key (not only the part after the prefix) */
+    uint64_t size;         /* bytes; 0 for a common prefix or an upload */
+    const char *etag;      /* as the server sent it (quoted), "" for a prefix */
+    const char *time;      /* LastModified, or an upload's Initiated (ISO 8601), or "" */
+    const char *upload_id; /* an unfinished multipart upload's id, else "" */
+    int is_prefix;         /* a common prefix (listing with a delimiter) */
+} ckptio_object_info;
+
+/* Called for each entry; a non-zero return stops the listing (not an error). */
+typedef int (*ckptio_object_fn)(void *user, const ckptio_object_info *info);
+
+/*! ckptio_object_list() :
+ * Lists the objects of s3://BUCKET/PREFIX (PREFIX may be empty), every page,
+ * in the server's order (UTF-8 binary order on S3). With a `delimiter`
+ * (usually "/"), keys with the delimiter after the prefix are rolled up
+ * into common prefixes, reported once each with is_prefix = 1. Keys come
+ * back decoded (the listing is asked URL-encoded, so any byte survives).
+ * @return CKPTIO_OK (also when fn stopped it), or the failed request's
+ * error (CKPTIO_E_NOT_FOUND for a missing bucket). */
+CKPTIO_API ckptio_status ckptio_object_list(ckptio_engine *engine, const char *url, const char *delimiter,
+                                            ckptio_object_fn fn, void *user);
+
+/*! ckptio_object_delete() :
+ * Deletes s3://BUCKET/KEY; a missing object is no error (a missing bucket
+ * is CKPTIO_E_NOT_FOUND). */
+CKPTIO_API ckptio_status ckptio_object_delete(ckptio_engine *engine, const char *url);
+
+/*! ckptio_object_put() :
+ * Writes data[0..len) as the whole object s3://BUCKET/KEY with one request
+ * (markers, small metadata files). With `if_absent`, only if no object of
+ * that key exists, atomically on the server (If-None-Match: *):
+ * CKPTIO_E_EXISTS when one does, CKPTIO_E_UNSUPPORTED where the server has
+ * no conditional writes (OpenStack Swift's s3api). */
+CKPTIO_API ckptio_status ckptio_object_put(ckptio_engine *engine, const char *url, const void *data, size_t len,
+                                           int if_absent);
+
+/*! ckptio_object_list_uploads() :
+ * Lists the unfinished multipart uploads of keys under s3://BUCKET/PREFIX
+ * (each with key, upload_id and time): what a save that was killed before
+ * its commit leaves on the server, billed but invisible. */
+CKPTIO_API ckptio_status ckptio_object_list_uploads(ckptio_engine *engine, const char *url, ckptio_object_fn fn,
+                                                    void *user);
+
+/*! ckptio_object_abort_uploads() :
+ * Aborts the unfinished multipart uploads under s3://BUCKET/PREFIX that
+ * were started at least `older_than_seconds` ago (by the server's clock
+ * against this machine's; 0: all, including a save running now, which then
+ * fails at its next part or at commit). *aborted (may be NULL) receives
+ * how many were aborted. Objects are never touched. @return CKPTIO_OK, or
+ * the first failure (the uploads before it stay aborted). */
+CKPTIO_API ckptio_status ckptio_object_abort_uploads(ckptio_engine *engine, const char *url,
+                                                     double older_than_seconds, uint64_t *aborted);
 
 #ifdef __cplusplus
 }

@@ -97,7 +97,7 @@ static void test_a_slot_is_registered_anonymous_memory(void) {
 }
 
 /* A huge slot (`huge`: the default while free 2 MiB blocks allow, or
- * CKPTIO_GPU_HUGE_SLOTS=1): the slot starts on a 2 MiB boundary, advised for
+ * CKPTIO_GPU_HUGE_SLOTS=on): the slot starts on a 2 MiB boundary, advised for
  * huge pages, filled, registered whole; its header page is still the one
  * before it; the whole reservation goes with the free. */
 static void test_a_huge_slot_is_aligned_advised_and_freed_whole(void) {
@@ -259,7 +259,7 @@ static void test_a_snapshot_pool_on_the_driver(void) {
     *register_result = 0;
     const int reg0 = *register_calls, unreg0 = *unregister_calls;
     ckptio_snapshot_pool *pool = NULL;
-    T_OK(ckptio_snapshot_pool_create(65 * MIB, 0, &pool));
+    T_OK(ckptio_snapshot_pool_create(NULL, 65 * MIB, 0, &pool));
     T_OK(ckptio_snapshot_pool_wait_ready(pool, 128 * MIB));
     T_ASSERT_MSG(*register_calls - reg0 == 2, "%d registrations", *register_calls - reg0);
     T_ASSERT(*last_registered_bytes == 64 * MIB && (*last_register_flags & 3u) == 3u);

@@ -69,7 +69,7 @@ static ckptio_snapshot_pool_info query(ckptio_snapshot_pool *pool) {
 /* Host pool: copies made during the take, exact whatever the caller does next; one snapshot at a time. */
 static void test_host_pool(void) {
     ckptio_snapshot_pool *pool = NULL;
-    T_OK(ckptio_snapshot_pool_create(3 * MIB, -1, &pool));
+    T_OK(ckptio_snapshot_pool_create(NULL, 3 * MIB, -1, &pool));
     ckptio_snapshot_pool_info info = query(pool);
     T_ASSERT(info.bytes == 4 * MIB && info.piece_bytes == 4 * MIB && info.device == -1 && !info.pinned && !info.held);
     T_OK(ckptio_snapshot_pool_wait_ready(pool, info.bytes));
@@ -108,7 +108,7 @@ static void test_host_pool(void) {
     T_STATUS(ckptio_snapshot_pool_wait_ready(pool, 5 * MIB), CKPTIO_E_RANGE);
     T_ASSERT(!query(pool).held);
     T_OK(ckptio_snapshot_pool_destroy(pool));
-    T_STATUS(ckptio_snapshot_pool_create(0, -1, &pool), CKPTIO_E_INVAL);
+    T_STATUS(ckptio_snapshot_pool_create(NULL, 0, -1, &pool), CKPTIO_E_INVAL);
     free(a);
     free(b);
     free(want_a);
@@ -132,7 +132,7 @@ static void test_snapshot_follows_the_stream(void) {
         at = (at + sizes[i] + 4095) / 4096 * 4096;
     }
     ckptio_snapshot_pool *pool = NULL;
-    T_OK(ckptio_snapshot_pool_create(at, 0, &pool));
+    T_OK(ckptio_snapshot_pool_create(NULL, at, 0, &pool));
     ckptio_snapshot_pool_info info = query(pool);
     T_ASSERT(info.pinned && info.device == 0);
     T_OK(ckptio_snapshot_pool_wait_ready(pool, info.bytes));
@@ -195,7 +195,7 @@ static void test_early_copies_hold_the_stream(void) {
     memset(stats, 0x01, n);
     memset(weights, 0x02, n);
     ckptio_snapshot_pool *pool = NULL;
-    T_OK(ckptio_snapshot_pool_create(2 * n, 0, &pool));
+    T_OK(ckptio_snapshot_pool_create(NULL, 2 * n, 0, &pool));
     void *train = NULL;
     T_OK(ops->stream_create(&train));
     const ckptio_snapshot_copy copies[] = {{.src = weights, .offset = 0, .nbytes = n, .device = 0},
@@ -242,7 +242,7 @@ static void test_copies_cut_at_pieces(void) {
     unsigned char host[4000];
     t_fill_random(host, sizeof host, 8);
     ckptio_snapshot_pool *pool = NULL;
-    T_OK(ckptio_snapshot_pool_create(70 * MIB, 0, &pool));
+    T_OK(ckptio_snapshot_pool_create(NULL, 70 * MIB, 0, &pool));
     ckptio_snapshot_pool_info info = query(pool);
     T_ASSERT(info.bytes == 128 * MIB && info.piece_bytes == 64 * MIB);
     void *train = NULL;
@@ -273,7 +273,7 @@ static void test_pinning_in_the_background(void) {
     ckptio__gpu_sim_configure(&cfg);
     ckptio_snapshot_pool *pool = NULL;
     const double t0 = ckptio__now();
-    T_OK(ckptio_snapshot_pool_create(4 * 64 * MIB, 0, &pool));
+    T_OK(ckptio_snapshot_pool_create(NULL, 4 * 64 * MIB, 0, &pool));
     T_ASSERT_MSG(ckptio__now() - t0 < 0.03, "create blocked %.3f s", ckptio__now() - t0);
     T_ASSERT(query(pool).ready_bytes < 4 * 64 * MIB);
     T_OK(ckptio_snapshot_pool_wait_ready(pool, 64 * MIB));
@@ -285,7 +285,7 @@ static void test_pinning_in_the_background(void) {
     T_ASSERT(ckptio__now() - t0 >= 0.15);
     T_OK(ckptio_snapshot_pool_destroy(pool));
     /* Destroyed while still pinning: stops, unpins what it pinned. */
-    T_OK(ckptio_snapshot_pool_create(6 * 64 * MIB, 0, &pool));
+    T_OK(ckptio_snapshot_pool_create(NULL, 6 * 64 * MIB, 0, &pool));
     T_OK(ckptio_snapshot_pool_wait_ready(pool, 64 * MIB));
     T_OK(ckptio_snapshot_pool_destroy(pool));
     ckptio__gpu_sim_get_stats(&st);
@@ -298,7 +298,7 @@ static void test_pinning_fails(void) {
     ckptio__gpu_sim_config cfg = {.fail_pinned_at = 2};
     ckptio__gpu_sim_configure(&cfg);
     ckptio_snapshot_pool *pool = NULL;
-    T_OK(ckptio_snapshot_pool_create(3 * 64 * MIB, 0, &pool));
+    T_OK(ckptio_snapshot_pool_create(NULL, 3 * 64 * MIB, 0, &pool));
     T_OK(ckptio_snapshot_pool_wait_ready(pool, 64 * MIB));
     for (int i = 0; i < 2; i++) {
         T_STATUS(ckptio_snapshot_pool_wait_ready(pool, 3 * 64 * MIB), CKPTIO_E_CUDA);
@@ -319,7 +319,7 @@ static void test_pinning_fails(void) {
     /* A driver that cannot register host memory. */
     cfg = (ckptio__gpu_sim_config){.no_register = true};
     ckptio__gpu_sim_configure(&cfg);
-    T_OK(ckptio_snapshot_pool_create(64 * MIB, 0, &pool));
+    T_OK(ckptio_snapshot_pool_create(NULL, 64 * MIB, 0, &pool));
     T_STATUS(ckptio_snapshot_pool_wait_ready(pool, 1), CKPTIO_E_UNSUPPORTED);
     T_MESSAGE_HAS("the CUDA driver cannot page-lock host memory (cuMemHostRegister)");
     T_OK(ckptio_snapshot_pool_destroy(pool));
@@ -344,7 +344,7 @@ static void test_copy_failures(void) {
     ckptio__gpu_sim_configure(&cfg);
     T_OK(ops->stream_create(&train));
     ckptio_snapshot_pool *pool = NULL;
-    T_OK(ckptio_snapshot_pool_create(16384, 0, &pool));
+    T_OK(ckptio_snapshot_pool_create(NULL, 16384, 0, &pool));
     const ckptio_snapshot_stream s = {.device = 0, .stream = (uintptr_t)train};
     T_STATUS(ckptio_snapshot_take(pool, copies, 2, &s, 1), CKPTIO_E_CUDA);
     T_MESSAGE_HAS("simulated failure of copy #2");
@@ -358,7 +358,7 @@ static void test_copy_failures(void) {
     T_OK(ckptio_snapshot_pool_destroy(pool));
     cfg = (ckptio__gpu_sim_config){.fail_run_at = 1};
     ckptio__gpu_sim_configure(&cfg);
-    T_OK(ckptio_snapshot_pool_create(16384, 0, &pool));
+    T_OK(ckptio_snapshot_pool_create(NULL, 16384, 0, &pool));
     T_OK(ckptio_snapshot_take(pool, copies, 2, &s, 1));
     T_STATUS(ckptio_snapshot_wait(pool), CKPTIO_E_CUDA);
     T_MESSAGE_HAS("simulated asynchronous failure of copy #1");

@@ -91,6 +91,10 @@ PyObject *ckpy_file_open_dcp(PyObject *dir_arg, PyObject *relative_path, PyObjec
 
 int ckpy_dcp_add_to_module(PyObject *module);
 
+/* ---- any checkpoint into any format (_ckptio_convert.c) ------------------- */
+
+int ckpy_convert_add_to_module(PyObject *module);
+
 /* ---- the DCP directory commit (_ckptio_dcp_commit.c) ---------------------- */
 
 int ckpy_dcp_commit_add_to_module(PyObject *module);

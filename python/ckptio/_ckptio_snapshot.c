@@ -36,15 +36,20 @@ static ckptio_snapshot_pool *enter(snapshot_pool_object *self) {
 static void leave(snapshot_pool_object *self) { atomic_fetch_sub(&self->calls, 1); }
 
 static PyObject *pool_new(PyTypeObject *type, PyObject *args, PyObject *kwargs) {
-    static char *kwlist[] = {"nbytes", "device", NULL};
+    static char *kwlist[] = {"nbytes", "device", "engine", NULL};
     unsigned long long nbytes = 0;
     int device = -1;
-    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "K|i:SnapshotPool", kwlist, &nbytes, &device)) return NULL;
+    PyObject *engine_arg = Py_None;
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "K|iO:SnapshotPool", kwlist, &nbytes, &device, &engine_arg))
+        return NULL;
+    ckpy_engine *engine = ckpy_engine_resolve(engine_arg); /* its settings only (huge pages) */
+    if (!engine) return NULL;
     ckptio_snapshot_pool *pool = NULL;
     ckptio_status st;
     Py_BEGIN_ALLOW_THREADS
-    st = ckptio_snapshot_pool_create((uint64_t)nbytes, device, &pool);
+    st = ckptio_snapshot_pool_create(engine->engine, (uint64_t)nbytes, device, &pool);
     Py_END_ALLOW_THREADS
+    Py_DECREF(engine);
     if (st != CKPTIO_OK) return ckpy_raise(st);
     snapshot_pool_object *self = (snapshot_pool_object *)PyType_GenericAlloc(type, 0);
     if (!self) {
@@ -249,8 +254,9 @@ static PyType_Slot pool_slots[] = {
     {Py_tp_new, pool_new},
     {Py_tp_dealloc, pool_dealloc},
     {Py_tp_methods, pool_methods},
-    {Py_tp_doc, "SnapshotPool(nbytes, device=-1): a snapshot pool pinned in the background for CUDA device\n"
-                "`device` (-1: plain host memory) (ckptio_snapshot_pool_create)."},
+    {Py_tp_doc, "SnapshotPool(nbytes, device=-1, engine=None): a snapshot pool pinned in the background for CUDA\n"
+                "device `device` (-1: plain host memory), huge pages as `engine`'s gpu_huge_slots allows\n"
+                "(ckptio_snapshot_pool_create)."},
     {0, NULL},
 };
 

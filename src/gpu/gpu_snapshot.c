@@ -14,7 +14,6 @@
  * its stream never copies.
  */
 #include "gpu_pinned_pool.h"
-#include "gpu_pipeline.h" /* ckptio__gpu_env_size */
 #include "io_internal.h"   /* ckptio__huge_pages_advisable */
 
 #include <pthread.h>
@@ -26,14 +25,14 @@
  * slots' guard on free 2 MiB blocks: the pool is faulted in by threads of its
  * own in the background, so a fault that compacts memory first delays the
  * pinning, never a transfer, and registering 2 MiB pages is 2-4 times faster
- * (128 MiB in 0.03 s against 0.07-0.15 s, docs/GPU.md). CKPTIO_GPU_HUGE_SLOTS
- * =0 or =1 decides as for the slots. */
-static bool pool_huge(void) {
-    switch (ckptio__gpu_env_size("CKPTIO_GPU_HUGE_SLOTS", 2)) {
-    case 0: return false;
-    case 1: return true;
-    default: return ckptio__huge_pages_advisable();
-    }
+ * (128 MiB in 0.03 s against 0.07-0.15 s, docs/GPU.md). The engine's
+ * CKPTIO_OPT_GPU_HUGE_SLOTS off or on decides as for the slots. */
+static bool pool_huge(const ckptio_engine *engine) {
+    int64_t setting = CKPTIO_HUGE_SLOTS_AUTO;
+    if (engine && ckptio_engine_get(engine, CKPTIO_OPT_GPU_HUGE_SLOTS, &setting) != CKPTIO_OK)
+        setting = CKPTIO_HUGE_SLOTS_AUTO;
+    if (setting == CKPTIO_HUGE_SLOTS_OFF) return false;
+    return setting == CKPTIO_HUGE_SLOTS_ON || ckptio__huge_pages_advisable();
 }
 
 typedef struct snapshot_device {
@@ -58,7 +57,8 @@ struct ckptio_snapshot_pool {
 
 static struct snapshot_device *device_slot(ckptio_snapshot_pool *p, int device);
 
-ckptio_status ckptio_snapshot_pool_create(uint64_t bytes, int device, ckptio_snapshot_pool **out) {
+ckptio_status ckptio_snapshot_pool_create(const ckptio_engine *engine, uint64_t bytes, int device,
+                                          ckptio_snapshot_pool **out) {
     CKPTIO_RETURN_IF(!out, CKPTIO_E_INVAL, "ckptio_snapshot_pool_create: out is NULL");
     *out = NULL;
     const ckptio__gpu_ops *ops = NULL;
@@ -68,7 +68,7 @@ ckptio_status ckptio_snapshot_pool_create(uint64_t bytes, int device, ckptio_sna
     p->ops = ops;
     p->device = device < 0 ? -1 : device;
     for (unsigned i = 0; i < SNAPSHOT_DEVICES; i++) p->dev[i].device = -1;
-    const ckptio_status st = ckptio__pinned_pool_create(ops, p->device, bytes, pool_huge(), &p->mem);
+    const ckptio_status st = ckptio__pinned_pool_create(ops, p->device, bytes, pool_huge(engine), &p->mem);
     if (st != CKPTIO_OK) {
         ckptio__free(p);
         return st;

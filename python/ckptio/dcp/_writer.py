@@ -13,7 +13,7 @@ point leaves either the old checkpoint loadable or the new one complete.
 Saves of one directory are serialized by a lock that the coordinator takes
 before any rank writes data and keeps until the cleanup; new files take the
 mode and owner of the ``.metadata`` they replace. Every step of that commit
-is libckptio's (include/ckptio.h "DCP directory commit": the lock, the
+is libckptio's (include/ckptio_experimental.h "DCP directory commit": the lock, the
 manifest, the atomic .metadata, the cleanup); this class calls them in order
 between torch's hooks (_commit.py, _lock.py).
 """
@@ -45,7 +45,7 @@ from torch.futures import Future
 
 from .. import _adapt, _ckptio, _snapshot
 from .._ckptio import Engine
-from . import _commit, _lock
+from . import _byte_items, _commit, _lock
 
 _log = logging.getLogger("ckptio.dcp")
 
@@ -181,6 +181,13 @@ class FileSystemWriter(_TorchFileSystemWriter):
       torch does (``cache_staged_state_dict``, ``non_blocking_stage``).
       :meth:`prepare` pins the pool ahead of the first save.
 
+    * ``allow_pickle`` (default False): a non-tensor value that
+      ``FileSystemReader`` would refuse (an ``argparse.Namespace``, an
+      instance of a user class) fails the save with TypeError naming its
+      key, before any data file is written. True saves it as torch does;
+      then only ``FileSystemReader(..., allow_pickle=True)`` or torch's own
+      reader loads the checkpoint.
+
     ``_extensions`` may hold ``ckptio.dcp.ZStandard()`` or torch's
     ``ZStandard()`` (compression runs in libckptio; neither the zstandard nor
     the pyzstd module is needed to write or read).
@@ -207,6 +214,7 @@ class FileSystemWriter(_TorchFileSystemWriter):
         cleanup: str = "foreground",
         dir_busy="wait",
         snapshots: Any = True,
+        allow_pickle: bool = False,
     ) -> None:
         # torch's transforms object is built from _extensions; ours are
         # applied natively, so it gets none.
@@ -246,6 +254,9 @@ class FileSystemWriter(_TorchFileSystemWriter):
         self._dir_lock: Optional[_lock.DirectoryLock] = None
         self._reference: Optional[str] = None  # the .metadata a save replaces, when it gives attributes
         self.non_blocking_stage = non_blocking_stage
+        if not isinstance(allow_pickle, bool):
+            raise TypeError(f"allow_pickle must be a bool, not {allow_pickle!r}")
+        self.allow_pickle = allow_pickle
         self._staged_events: List[Any] = []
         if not (isinstance(snapshots, (bool, _snapshot.Snapshots)) or snapshots is None):
             raise ValueError(f"snapshots must be True, False or a ckptio.Snapshots, not {snapshots!r}")
@@ -391,16 +402,31 @@ class FileSystemWriter(_TorchFileSystemWriter):
             t = t.contiguous()
         return t
 
+    def _byte_items(self, items: List[WriteItem], planner: SavePlanner) -> Dict[int, bytes]:
+        """The pickled bytes of every byte item of the plan (id(WriteItem) -> bytes), each checked
+        as the reader will check it (unless allow_pickle), before any file is written."""
+        out: Dict[int, bytes] = {}
+        for wi in items:
+            if wi.type != WriteItemType.BYTE_IO:
+                continue
+            data = planner.resolve_data(wi)
+            out[id(wi)] = raw = data.getvalue() if isinstance(data, io.BytesIO) else bytes(data)
+            if not self.allow_pickle:
+                _byte_items.check(raw, wi.index.fqn, _byte_items.lookup(planner, wi),
+                                  f"ckptio.dcp.FileSystemWriter({os.fspath(self.path)!r})", writer=True)
+        return out
+
     def _write(self, plan: SavePlan, planner: SavePlanner) -> List[WriteResult]:
         self._wait_staged()  # async save: the staging copies must be complete
         prefix = plan.storage_data.prefix
+        raws = self._byte_items(plan.items, planner)
         os.makedirs(self.path, exist_ok=True)
         # New data files take the attributes of the .metadata they will
         # replace (a checkpoint saved 0600 stays 0600). The coordinator holds
         # the directory's lock, so that file is stable until finish().
         self._reference = _commit.reference_stat(self.path, self._metadata_name())
         if self.serialization_format == SerializationFormat.SAFETENSORS:
-            return self._write_safetensors(plan, planner, prefix)
+            return self._write_safetensors(plan, planner, prefix, raws)
         flags = (_ckptio.DCP_ITEM_HASH if self.checksums else 0) | (_ckptio.DCP_ITEM_CRC32 if self.crc else 0)
         if self._descriptors:
             flags |= _ckptio.DCP_ITEM_ZSTD
@@ -419,10 +445,8 @@ class FileSystemWriter(_TorchFileSystemWriter):
                 names.append(name)
                 # As torch: the byte items of a file first, then its tensors.
                 for wi in [w for w in bucket if w.type == WriteItemType.BYTE_IO]:
-                    data = planner.resolve_data(wi)
-                    raw = data.getvalue() if isinstance(data, io.BytesIO) else bytes(data)
                     order.append(wi)
-                    payloads.append((f, flags & ~_ckptio.DCP_ITEM_CRC32, raw))
+                    payloads.append((f, flags & ~_ckptio.DCP_ITEM_CRC32, raws[id(wi)]))
                     keep.append(name)
                 for wi in [w for w in bucket if w.type != WriteItemType.BYTE_IO]:
                     t = self._resolve_tensor(planner, wi)
@@ -458,7 +482,8 @@ class FileSystemWriter(_TorchFileSystemWriter):
         if self._reference is not None:
             _commit.create_placeholder(self.path, name, self._reference)
 
-    def _write_safetensors(self, plan: SavePlan, planner: SavePlanner, prefix: str) -> List[WriteResult]:
+    def _write_safetensors(self, plan: SavePlan, planner: SavePlanner, prefix: str,
+                           raws: Dict[int, bytes]) -> List[WriteResult]:
         """torch's SAFETENSORS layout: every tensor of a file in one safetensors
         blob whose __metadata__ holds DCP_SHARDING_INFO; the tensors'
         _StorageInfo point at the blob (offset of its first byte, length =
@@ -518,9 +543,7 @@ class FileSystemWriter(_TorchFileSystemWriter):
             try:
                 payloads = []
                 for wi in byte_items:
-                    data = planner.resolve_data(wi)
-                    raw = data.getvalue() if isinstance(data, io.BytesIO) else bytes(data)
-                    payloads.append((f, _ckptio.DCP_ITEM_HASH if self.checksums else 0, raw))
+                    payloads.append((f, _ckptio.DCP_ITEM_HASH if self.checksums else 0, raws[id(wi)]))
                 placed = _ckptio.dcp_write(payloads, self.alignment, self.engine)
                 f.commit()
             finally:
@@ -653,7 +676,10 @@ class FileSystemWriter(_TorchFileSystemWriter):
             # and the kernels it launches next on that stream run after the
             # copies (values at save time). The background write waits for the
             # copies' events (_wait_staged) before touching the bytes.
-            staged = _copy_state_dict(state_dict, target, non_blocking=self.non_blocking_stage and pin)
+            # Non-tensor values (numpy arrays, scalars, ...) are deep-copied, as
+            # torch's own stager does: not every value DCP saves is a tensor.
+            staged = _copy_state_dict(state_dict, target, non_blocking=self.non_blocking_stage and pin,
+                                      type_check=False)
             self._staged_events = _record_copy_events(state_dict) if self.non_blocking_stage and pin else []
             return staged
         except BaseException:
