@@ -103,6 +103,10 @@ int ckpy_dcp_commit_add_to_module(PyObject *module);
 
 int ckpy_steps_add_to_module(PyObject *module);
 
+/* ---- snapshot pools (_ckptio_snapshot.c) ----------------------------------- */
+
+int ckpy_snapshot_add_to_module(PyObject *module);
+
 /* ---- GDS file API and CUDA queries (_ckptio_gds.c) ------------------------ */
 
 int ckpy_gds_add_to_module(PyObject *module);
