@@ -1025,8 +1025,9 @@ typedef enum ckptio_value_kind {
     CKPTIO_VALUE_TENSOR,  /* a tensor (or nn.Parameter); see ckptio_value_tensor */
     CKPTIO_VALUE_DTYPE,   /* a torch.dtype, e.g. torch.float32 */
     CKPTIO_VALUE_DEVICE,  /* a torch.device; its text ("cuda:0") via ckptio_value_str */
-    CKPTIO_VALUE_OBJECT   /* only from ckptio_pickle_parse_dcp_metadata() (ckptio_experimental.h):
-                           * an instance of an allowlisted class; see ckptio_value_object */
+    CKPTIO_VALUE_OBJECT   /* an instance of an allowlisted class; see ckptio_value_object
+                           * (ckptio_experimental.h): a DCP .metadata class, or in a torch.save
+                           * tree a numpy value ("numpy.ndarray", "numpy.generic", "numpy.dtype") */
 } ckptio_value_kind;
 
 /*! ckptio_value_kind_of() : @return the node's kind (NONE for NULL). */
@@ -1306,8 +1307,11 @@ CKPTIO_API ckptio_status ckptio_torch_save_tensors(ckptio_engine *engine, const 
  * values; `metadata` and `flags` (CKPTIO_SAFETENSORS_ALIGN_8) as there).
  * `tensors` lists tensor indices (NULL: all, `count` ignored). Each tensor
  * is read through the handle's engine (strided views gathered) into one
- * buffer of the largest tensor's size and written before the next is read:
- * memory stays bounded and the input is never memory-mapped, so an input
+ * buffer of the largest tensor's size and written before the next is read;
+ * a view reaching more bytes than its storage holds (strides of 0, torch's
+ * expand) is written in runs from its storage through an 8 MiB buffer
+ * instead, so the buffer never exceeds what the file holds. Memory stays
+ * bounded and the input is never memory-mapped, so an input
  * that shrinks meanwhile fails with CKPTIO_E_TRUNCATED naming it (never a
  * SIGBUS). On any failure nothing appears under `path` and an older file
  * there is kept. Views that share a storage are written as copies. */
@@ -1376,10 +1380,11 @@ typedef struct ckptio_dcp_bytes_info {
     ckptio_dcp_stored stored;
 } ckptio_dcp_bytes_info;
 
-/* Bounds on what a zstd-transformed item may decompress to, checked before
- * anything is decompressed or allocated (ckptio_zstd_decompressed_size_max
- * in ckptio_experimental.h), by this library and by ckptio.dcp's
- * FileSystemReader: a tensor item holds
+/* Bounds on what a zstd-transformed item may decompress to, enforced while it
+ * decompresses through a fixed buffer (ckptio_zstd_stream in
+ * ckptio_experimental.h; frames declaring more are refused from their
+ * headers), by this library and by ckptio.dcp's FileSystemReader: a tensor
+ * item holds
  * a torch.save archive of its chunk, so at most the chunk's bytes plus
  * CKPTIO_DCP_ARCHIVE_OVERHEAD_MAX (zip records, pickle, alignment); a byte
  * item (torch.save of a non-tensor object) at most CKPTIO_DCP_BYTE_ITEM_MAX. */
@@ -1393,7 +1398,8 @@ typedef struct ckptio_dcp_bytes_info {
  * allowlist, CKPTIO_E_FORMAT for a malformed object graph, chunks outside
  * their tensor, sizes that overflow, a relative_path that is absolute or
  * has '/' or "..", or a tensor chunk without storage; CKPTIO_E_UNSUPPORTED
- * for a transform other than stream.zstd/1. Data files are not opened yet.
+ * for a transform other than stream.zstd/1, or more than one (the message
+ * says which, or how many). Data files are not opened yet.
  * The engine is used for every later read and must outlive the handle. */
 CKPTIO_API ckptio_status ckptio_dcp_open(ckptio_engine *engine, const char *dir, ckptio_dcp **out);
 
@@ -1428,8 +1434,10 @@ CKPTIO_API ckptio_status ckptio_dcp_manifest(const ckptio_dcp *dcp, const char *
  * at dst (capacity >= nbytes, else CKPTIO_E_RANGE), in C order. Each chunk's
  * item is read through the engine and decoded by kind: a torch.save
  * archive (any strides), a SAFETENSORS blob, or a zstd frame around an
- * archive (bounded: CKPTIO_DCP_ARCHIVE_OVERHEAD_MAX). Host memory used besides dst: at most one stored item (plus
- * its decompressed bytes for zstd). Chunks that do not tile the tensor
+ * archive (bounded: CKPTIO_DCP_ARCHIVE_OVERHEAD_MAX). Host memory used besides dst: at most one storage;
+ * for a zstd item its stored frames plus its archive when that is at most 64 MiB, else 3 MiB (a larger
+ * archive is never held: its storage decompresses straight into dst, whatever .metadata or the frames
+ * declare). Chunks that do not tile the tensor
  * exactly (gaps, overlaps) are CKPTIO_E_FORMAT naming the tensor; an item
  * whose dtype or shape disagrees with .metadata, or that runs past the end
  * of its file (CKPTIO_E_TRUNCATED), names file, offset and tensor. */
@@ -1481,9 +1489,20 @@ CKPTIO_API ckptio_status ckptio_dcp_verify(ckptio_dcp *dcp, ckptio_dcp_verify_re
  * saving its own shards writes it and torch loads it back: report->partial
  * counts those tensors (ckptio.dcp's reader applies the same rule). Reading
  * such a tensor whole (ckptio_dcp_read_tensor) is still refused. zstd items are bounded as
- * CKPTIO_DCP_ARCHIVE_OVERHEAD_MAX says. Reads whole items (one at a time).
- * report may be NULL. */
+ * CKPTIO_DCP_ARCHIVE_OVERHEAD_MAX says and decompressed once through a fixed buffer (never held when
+ * over 64 MiB); an uncompressed storage is read through a 16 MiB buffer: memory stays bounded whatever
+ * the sizes .metadata declares. report may be NULL. */
 CKPTIO_API ckptio_status ckptio_dcp_check(ckptio_dcp *dcp, ckptio_dcp_verify_report *report);
+
+/*! ckptio_dcp_validate() :
+ * The rule `ckptio verify DIR` and ckptio.dcp.verify share: with a ckptio
+ * manifest (ckptio_dcp_manifest), ckptio_dcp_verify(); without one (torch or
+ * another writer saved the directory, or the manifest is gone),
+ * ckptio_dcp_check(), which is not a failure: *manifest (may be NULL)
+ * receives the manifest's name, or NULL when the structure was checked and
+ * the bytes were not compared with checksums. Errors as those two give. */
+CKPTIO_API ckptio_status ckptio_dcp_validate(ckptio_dcp *dcp, ckptio_dcp_verify_report *report,
+                                             const char **manifest);
 
 /*! ckptio_dcp_save_safetensors() :
  * Consolidates tensors of the checkpoint into one safetensors file at
@@ -1491,8 +1510,13 @@ CKPTIO_API ckptio_status ckptio_dcp_check(ckptio_dcp *dcp, ckptio_dcp_verify_rep
  * is NULL): the header is laid out as ckptio_safetensors_save() does
  * (flags: CKPTIO_SAFETENSORS_ALIGN_8 or 0, metadata pairs in order), then
  * each tensor is assembled (ckptio_dcp_read_tensor) into one reused host
- * buffer of the largest tensor's size and written, so memory stays bounded
- * whatever the checkpoint's size. The file is written atomically
+ * buffer of the largest such tensor's size and written, so memory stays
+ * bounded whatever the checkpoint's size. That buffer must be justified by
+ * bytes on disk: each uncompressed chunk's item holds at least the chunk's
+ * bytes and shares none with another chunk's (else CKPTIO_E_FORMAT naming
+ * them); a tensor over 64 MiB with zstd chunks is instead streamed from its
+ * frames to the file through an 8 MiB buffer (runs of zeros left unwritten,
+ * the new file reads as zeros there). The file is written atomically
  * (temporary, fsync, rename): on failure nothing appears under `path`. */
 CKPTIO_API ckptio_status ckptio_dcp_save_safetensors(ckptio_dcp *dcp, const char *path, const size_t *tensors,
                                                      size_t count, const ckptio_kv *metadata, size_t metadata_count,
@@ -1519,11 +1543,16 @@ CKPTIO_API ckptio_status ckptio_dcp_save_safetensors(ckptio_dcp *dcp, const char
  * whole directory is checked first (every entry a regular file under one
  * of their names, no subdirectory, nothing followed) and a directory
  * holding anything else is left whole, with the entry named.
+ * A step whose bytes hold up (marker, sizes, checksums) but which ckptio's
+ * reader refuses to load (a value outside the restricted unpickler's
+ * allowlist, or over one of its limits: CKPTIO_E_DISALLOWED, _UNSUPPORTED,
+ * _RANGE) is REFUSED: not damage, so nothing removes or replaces it.
  * Checks: CKPTIO_STEP_CHECK_MARKER reads only the marker; FAST also
  * compares .metadata with the size and XXH3-64 the marker recorded, parses
  * it and checks that every stored item lies inside its file (sizes, no
  * data read); FULL also hashes every byte against the ckptio manifest
- * (ckptio_dcp_verify). Functions that change ROOT (begin, commit, remove,
+ * (ckptio_dcp_verify; a step saved without checksums: ckptio_dcp_check).
+ * Functions that change ROOT (begin, commit, remove,
  * clean, retain) expect the caller to hold ROOT's lock
  * (ckptio_dcp_lock_acquire(ROOT, NULL, CKPTIO_DCP_LOCK_QUEUED, ...)) so
  * that two managers, or `ckptio clean` and a save, never work on one root
@@ -1544,7 +1573,8 @@ typedef enum ckptio_step_state {
     CKPTIO_STEP_COMPLETE = 0,
     CKPTIO_STEP_PARTIAL = 1,
     CKPTIO_STEP_DAMAGED = 2,
-    CKPTIO_STEP_FOREIGN = 3 /* no marker, no begun mark, not empty: not the manager's */
+    CKPTIO_STEP_FOREIGN = 3, /* no marker, no begun mark, not empty: not the manager's */
+    CKPTIO_STEP_REFUSED = 4  /* intact, but ckptio's reader refuses a value in it */
 } ckptio_step_state;
 
 typedef enum ckptio_step_check {
@@ -1558,7 +1588,7 @@ typedef struct ckptio_step_info {
     ckptio_step_state state;
     uint64_t bytes;      /* sizes of the regular files of the step directory */
     size_t files;        /* their count */
-    char reason[1024];   /* PARTIAL / DAMAGED / FOREIGN: why, in one line; COMPLETE: "", or why removal
+    char reason[1024];   /* PARTIAL / DAMAGED / FOREIGN / REFUSED: why, in one line; COMPLETE: "", or why removal
                           * leaves the step alone (it holds an entry the manager does not make) */
 } ckptio_step_info;
 
@@ -1808,6 +1838,83 @@ typedef struct ckptio_slice_target {
  * plan. Destinations must not overlap (CKPTIO_E_INVAL). On failure they
  * may be partly written. */
 CKPTIO_API ckptio_status ckptio_model_read(ckptio_model *model, const ckptio_slice_target *targets, size_t count);
+
+/* ------------------------------------------------------------------------ */
+/* Converting any checkpoint into any other                                 */
+/* ------------------------------------------------------------------------ */
+/* (docs/CLI.md "ckptio convert")
+ * Every pair of these converts, in both directions and each into itself
+ * (a re-layout, or resharding of a directory): a safetensors file, a
+ * Hugging Face directory (or its *.index.json), a torch.save file and a
+ * torch.distributed.checkpoint (DCP) directory. Tensors are read one at a
+ * time (DCP output: in batches of at most max(largest tensor, 64 MiB))
+ * through the engine, never memory-mapped, and written as their peers'
+ * writers write them. What the output cannot hold (non-tensor values of a
+ * torch.save file, byte items of a DCP directory going to a format without
+ * them, __metadata__ going to a format without it) is named in notes before
+ * anything is written; the tensors always arrive bit for bit. */
+
+/* What ckptio_convert() writes. */
+typedef enum ckptio_convert_to {
+    CKPTIO_CONVERT_AUTO = 0,        /* decided by OUT's name, see ckptio_convert() */
+    CKPTIO_CONVERT_SAFETENSORS = 1, /* one safetensors file */
+    CKPTIO_CONVERT_HF = 2,          /* a Hugging Face directory: model.safetensors, or shards
+                                     * model-0000k-of-0000n.safetensors + model.safetensors.index.json */
+    CKPTIO_CONVERT_TORCH = 3,       /* a torch.save file: a flat OrderedDict name -> tensor */
+    CKPTIO_CONVERT_DCP = 4          /* a DCP directory written as ckptio.dcp writes one (one process,
+                                     * each tensor one chunk, with a checksum manifest) */
+} ckptio_convert_to;
+
+/* Receives one line (no newline) saying what OUT will not hold; called
+ * before anything is written. The line may name tensors and keys taken from
+ * the input: quote it before showing it on a terminal. */
+typedef void (*ckptio_convert_note_fn)(const char *note, void *user);
+
+typedef struct ckptio_convert_options {
+    ckptio_convert_to to;
+    uint64_t shard_size;            /* CKPTIO_CONVERT_HF: the largest shard in bytes; 0 = 5 GB (5 x 10^9),
+                                     * huggingface_hub's default */
+    uint32_t storage_alignment;     /* CKPTIO_CONVERT_TORCH: 1..65536; 0 = 4096 */
+    ckptio_convert_note_fn note;    /* may be NULL */
+    void *user;
+} ckptio_convert_options;
+
+/* What a conversion did. */
+typedef struct ckptio_convert_report {
+    ckptio_format from;             /* SAFETENSORS, TORCH, DCP or HF_INDEX (any Hugging Face directory) */
+    ckptio_convert_to to;           /* what was written (AUTO resolved) */
+    size_t tensors;
+    uint64_t bytes;                 /* tensor bytes written */
+    size_t files;                   /* files of tensor data written (shards, DCP data files; 1 for a file) */
+    size_t byte_items;              /* DCP -> DCP: byte items carried */
+    size_t dropped;                 /* values, byte items and __metadata__ entries OUT does not hold */
+    size_t shared;                  /* torch.save input: tensors that shared a storage, written as copies */
+} ckptio_convert_report;
+
+/*! ckptio_convert() :
+ * Converts the checkpoint at `in` (its format detected as
+ * ckptio_format_detect() does; a directory without .metadata is opened as a
+ * Hugging Face directory, ckptio_model_open) into `out`.
+ * With CKPTIO_CONVERT_AUTO, OUT's name decides: "*.safetensors" a
+ * safetensors file; "*.pt", "*.pth", "*.bin", "*.ckpt" a torch.save file;
+ * a name ending in '/' or an existing directory a directory: the Hugging
+ * Face layout for a DCP input, else CKPTIO_E_INVAL (say CKPTIO_CONVERT_HF or
+ * CKPTIO_CONVERT_DCP); any other name the other kind of file (safetensors or
+ * a Hugging Face directory -> torch.save, torch.save -> safetensors) or, for
+ * a DCP input, a Hugging Face directory; shard_size > 0 means
+ * CKPTIO_CONVERT_HF.
+ * Checked before anything is written, each failing with a message that says
+ * why: the input parses (its tensors' table), every dtype exists in OUT's
+ * format (CKPTIO_E_UNSUPPORTED naming the tensor), a file OUT is not a
+ * directory, a directory OUT does not exist or is empty (CKPTIO_E_EXISTS:
+ * ckptio never writes into a directory holding other files). Output is
+ * atomic: a file through a temporary renamed over OUT (an older file OUT is
+ * replaced only on success); a directory is built in a new sibling
+ * ".OUT.ckptio-tmp-XXXXXX" and renamed to OUT at the end (fsyncs with
+ * CKPTIO_OPT_SYNC), removed on failure. `options` may be NULL, `report`
+ * too. Thread-safe for distinct outputs. */
+CKPTIO_API ckptio_status ckptio_convert(ckptio_engine *engine, const char *in, const char *out,
+                                        const ckptio_convert_options *options, ckptio_convert_report *report);
 
 
 #ifdef __cplusplus
