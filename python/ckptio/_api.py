@@ -73,7 +73,8 @@ def _detect(path: str) -> str:
     if kind == "dcp":
         raise _fail(_E_UNSUPPORTED, path, "is a torch.distributed.checkpoint directory, not a checkpoint file; "
                     "load it with torch.distributed.checkpoint and ckptio.dcp.FileSystemReader")
-    if kind in ("directory", "hf_index") and os.path.isdir(path):
+    if kind in ("directory", "hf_index") and (os.path.isdir(path) or (_ckptio.path_is_object(path) and
+                                                                       not path.endswith(".json"))):
         raise _fail(_E_UNSUPPORTED, path, "is a directory, not a checkpoint file")
     if kind == "hf_index":
         raise _fail(_E_UNSUPPORTED, path, "is a Hugging Face index (JSON), not a checkpoint file; open its shards")

@@ -103,6 +103,10 @@ int ckpy_dcp_commit_add_to_module(PyObject *module);
 
 int ckpy_steps_add_to_module(PyObject *module);
 
+/* _ckptio_object.c: objects in S3-compatible storage (stat, read, put,
+ * delete, list, abort unfinished uploads). */
+int ckpy_object_add_to_module(PyObject *module);
+
 /* ---- snapshot pools (_ckptio_snapshot.c) ----------------------------------- */
 
 int ckpy_snapshot_add_to_module(PyObject *module);

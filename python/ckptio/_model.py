@@ -31,7 +31,8 @@ def is_model_path(path: str) -> bool:
     directory that is not a DCP checkpoint (libckptio's detector decides,
     the same rule as the CLI; single files go through format detection)."""
     kind = _ckptio.format_detect(path)
-    return kind == "hf_index" or (kind == "directory" and os.path.isdir(path))
+    # An s3:// prefix is "directory" only when objects are under it.
+    return kind == "hf_index" or (kind == "directory" and (_ckptio.path_is_object(path) or os.path.isdir(path)))
 
 
 class SliceRequest(NamedTuple):
