@@ -727,6 +727,13 @@ CKPTIO_API ckptio_status ckptio_snapshot_pool_destroy(ckptio_snapshot_pool *pool
  * HTTP status and the server's Code and Message, and never a credential. */
 
 /*! ckptio_path_is_object() : 1 when `path` is an s3:// URL, else 0. */
+
+/*! ckptio_format_detect_engine() :
+ * ckptio_format_detect() with `engine`'s settings for the requests an
+ * s3:// path needs (retries, timeouts; ckptio_format_detect makes an engine
+ * of its own for them, from the environment). A local path, or a NULL
+ * engine: exactly ckptio_format_detect(). */
+CKPTIO_API ckptio_status ckptio_format_detect_engine(ckptio_engine *engine, const char *path, ckptio_format *out);
 CKPTIO_API int ckptio_path_is_object(const char *path);
 
 /* One entry of a listing. The strings are valid during the callback only. */

@@ -152,6 +152,13 @@ static ckptio_status probe_object(ckptio_engine *engine, const char *path, ckpti
     return st;
 }
 
+ckptio_status ckptio_format_detect_engine(ckptio_engine *engine, const char *path, ckptio_format *out) {
+    CKPTIO_RETURN_IF(!path || !out, CKPTIO_E_INVAL, "ckptio_format_detect_engine: path and out are required");
+    *out = CKPTIO_FORMAT_UNKNOWN;
+    if (!engine || !ckptio__s3_is_url(path)) return ckptio_format_detect(path, out);
+    return probe_object(engine, path, out);
+}
+
 /* Objects need an engine for the S3 settings (CKPTIO_S3_* from the environment): a temporary one. */
 static ckptio_status detect_object(const char *path, ckptio_format *out) {
     ckptio_engine *engine = NULL;

@@ -37,6 +37,9 @@ typedef struct ckptio__engine_link {
     /* Files opened with the engine: +1 at open, -1 at close
      * (ckptio_engine_destroy() refuses while any is open). */
     void (*file_ref)(ckptio_engine *engine, int delta);
+    /* A commit that waits for the server: whether to go on (CKPTIO_OK) or
+     * stop (CKPTIO_E_CANCELED, the progress callback's answer). */
+    ckptio_status (*commit_poll)(ckptio_engine *engine);
 } ckptio__engine_link;
 
 /* Registers the table (the same one every time; thread-safe). */
@@ -46,6 +49,7 @@ void ckptio__io_set_engine_link(const ckptio__engine_link *link);
 int64_t ckptio__io_engine_setting(const ckptio_engine *engine, ckptio_option option);
 void ckptio__io_engine_stats_add(ckptio_engine *engine, const ckptio_stats *delta);
 void ckptio__io_engine_file_ref(ckptio_engine *engine, int delta);
+ckptio_status ckptio__io_engine_commit_poll(ckptio_engine *engine);
 
 /* ---- files ------------------------------------------------------------- */
 

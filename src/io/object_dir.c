@@ -198,6 +198,13 @@ ckptio_status ckptio__object_stat(ckptio_engine *engine, const char *url, ckptio
     any_entry any = {0};
     st = ckptio__s3_list(c, bucket, prefix, "/", first_entry, &any);
     if (st == CKPTIO_OK && (any.found || !*key)) *kind = CKPTIO__PATH_DIR;
+    if (st != CKPTIO_OK && *key) { /* the listing names the bucket only: say which object was asked for */
+        char shown[400];
+        ckptio__s3_display(bucket, key, shown, sizeof shown);
+        st = ckptio__fail(st, __FILE__, __LINE__,
+                          &((ckptio__err_ctx){.operation = "open", .path = shown, .file_offset = -1, .verbatim = true}),
+                          "%s: %s", shown, ckptio_last_error_message());
+    }
     ckptio__free(prefix);
     release(c, bucket, key);
     return st;
