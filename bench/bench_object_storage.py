@@ -22,7 +22,7 @@ Methods:
                the same bytes by curl processes through the server's own API (no SigV4, no S3 layer)
 Each method runs in a process of its own (its peak RSS is its alone); the best of --reps runs is kept.
 Columns: GB/s (10^9 bytes of tensor data per second), ratio to the ceiling of the same direction, peak RSS
-of the process, the process's CPU seconds per GB, and the server's CPU seconds per GB (every process of the
+of the process and what of it the method added (over the interpreter, torch and the state dict it saves), the process's CPU seconds per GB, and the server's CPU seconds per GB (every process of the
 local server; only with scripts/s3_server.sh's). Results: $OUT/object_storage.json (bench/_common.py).
 """
 import argparse
@@ -50,6 +50,15 @@ def cpu_self():
     r = resource.getrusage(resource.RUSAGE_SELF)
     c = resource.getrusage(resource.RUSAGE_CHILDREN)
     return r.ru_utime + r.ru_stime + c.ru_utime + c.ru_stime
+
+
+def peak_rss_mib():
+    """This process's peak RSS (VmHWM: the address space's own, unlike ru_maxrss, which exec keeps)."""
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) / 1024
+    return 0.0
 
 
 def server_pids():
@@ -303,11 +312,12 @@ def run_one(work, method, prefix, size):
         import boto3  # noqa: F401
     elif method == "fsspec":
         import s3fs  # noqa: F401
+    base = peak_rss_mib()  # the interpreter, torch and (for saves and DCP loads) the state dict
     c0, s0, t0 = cpu_self(), server_cpu(), time.perf_counter()
     moved = fn(prefix, size, sd) if needs_sd else fn(prefix, size)
     wall = time.perf_counter() - t0
     print(json.dumps({"seconds": wall, "bytes": moved, "cpu": cpu_self() - c0, "server_cpu": server_cpu() - s0,
-                      "rss_MiB": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}), flush=True)
+                      "rss_MiB": peak_rss_mib(), "base_rss_MiB": base}), flush=True)
 
 
 def prepare(prefix, size):
@@ -341,6 +351,7 @@ def s3torch_save_dcp_to(path, sd):
 
 def ceiling(size, reps):
     """bench/s3_raw_ceiling.py on the same number of bytes: best GET and PUT GB/s and their CPU s/GB."""
+    s0 = server_cpu()
     out = subprocess.run([sys.executable, os.path.join(os.path.dirname(__file__), "s3_raw_ceiling.py"), "--mib",
                           str(size // MiB), "--concurrency", "16", "--reps", str(reps)], capture_output=True,
                          text=True, timeout=1800)
@@ -353,6 +364,9 @@ def ceiling(size, reps):
                 best[f[0]] = (gb, float(f[7]))
     if not best:
         _common.notes.append(f"the raw ceiling did not run: {out.stderr[-500:]}")
+    # The server's CPU over the whole script: one upload of the object, `reps` reads and writes of it.
+    moved = size * (1 + 2 * reps) / 1e9
+    best["server_cpu_s_per_GB"] = (server_cpu() - s0) / moved
     return best
 
 
@@ -405,23 +419,27 @@ def main():
     meta = _common.machine()
     meta.update({"size": size, "reps": a.reps, "endpoint": endpoint(), "server": "OpenStack Swift s3api "
                  "(scripts/s3_server.sh)" if server_pids() else "external",
-                 "ceiling": {k: {"GBps": v[0], "cpu_s_per_GB": v[1]} for k, v in ceil.items()}})
+                 "ceiling": {k: ({"GBps": v[0], "cpu_s_per_GB": v[1]} if isinstance(v, tuple) else v)
+                             for k, v in ceil.items()}, "proxy_workers": os.environ.get("CKPTIO_TEST_S3_WORKERS", "1")})
     for mod in ("runai_model_streamer", "s3torchconnector", "s3fs", "boto3"):
         try:
             meta[mod] = __import__(mod).__version__
         except Exception:  # noqa: BLE001
             pass
-    print(f"\n{'work':11s} {'method':8s} {'GB/s':>6s} {'ceil%':>6s} {'RSS MiB':>8s} {'CPU s/GB':>9s} "
+    print(f"\n{'work':11s} {'method':8s} {'GB/s':>6s} {'ceil%':>6s} {'RSS MiB':>8s} {'+MiB':>6s} {'CPU s/GB':>9s} "
           f"{'server s/GB':>11s}")
     for r in results:
         if "GBps" in r:
             ratio = f"{100 * r['ratio_to_ceiling']:5.0f}%" if "ratio_to_ceiling" in r else "     -"
             print(f"{r['work']:11s} {r['method']:8s} {r['GBps']:6.3f} {ratio} {r['rss_MiB']:8.0f} "
-                  f"{r['cpu_s_per_GB']:9.2f} {r['server_cpu_s_per_GB']:11.2f}")
+                  f"{r['rss_MiB'] - r['base_rss_MiB']:6.0f} {r['cpu_s_per_GB']:9.2f} {r['server_cpu_s_per_GB']:11.2f}")
         else:
             print(f"{r['work']:11s} {r['method']:8s} failed: {r['error']}")
     for k, v in ceil.items():
-        print(f"ceiling {k}: {v[0]:.3f} GB/s, {v[1]:.2f} client CPU s/GB")
+        if k != "server_cpu_s_per_GB":
+            print(f"ceiling {k}: {v[0]:.3f} GB/s, {v[1]:.2f} client CPU s/GB")
+    if "server_cpu_s_per_GB" in ceil:
+        print(f"ceiling: the server's CPU {ceil['server_cpu_s_per_GB']:.2f} s/GB (reads and writes together)")
     print("results:", _common.write_result("object_storage.json", meta, results))
     _common.print_notes()
 

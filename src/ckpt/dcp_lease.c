@@ -105,28 +105,20 @@ typedef struct seen {
     double server_now;
 } seen;
 
+/* One GET: the lease's bytes, when it was last written and the server's clock now. */
 static ckptio_status look(ckptio_engine *engine, const char *url, seen *out) {
     memset(out, 0, sizeof *out);
     double mtime = 0;
+    void *data = NULL;
+    size_t len = 0;
     ckptio__error_saved *saved = ckptio__error_save();
-    ckptio_status st = ckptio__object_info(engine, url, NULL, NULL, &mtime, &out->server_now);
+    ckptio_status st = ckptio__object_get_small(engine, url, LEASE_MAX, &data, &len, &mtime, &out->server_now);
     if (st == CKPTIO_E_NOT_FOUND) {
         ckptio__error_restore(saved);
         return CKPTIO_OK;
     }
-    ckptio__free(saved);
-    CKPTIO_FORWARD(st);
     out->exists = true;
     out->age = mtime > 0 ? out->server_now - mtime : 0;
-    void *data = NULL;
-    size_t len = 0;
-    saved = ckptio__error_save();
-    st = ckptio__object_read_all(engine, url, LEASE_MAX, &data, &len);
-    if (st == CKPTIO_E_NOT_FOUND) { /* released meanwhile */
-        ckptio__error_restore(saved);
-        out->exists = false;
-        return CKPTIO_OK;
-    }
     if (st == CKPTIO_E_FORMAT) { /* too large: not a lease of ours, but it holds the name */
         ckptio__error_restore(saved);
         return CKPTIO_OK;

@@ -453,6 +453,13 @@ ckptio_status ckptio__object_stat(ckptio_engine *engine, const char *url, ckptio
  * when larger. */
 ckptio_status ckptio__object_read_all(ckptio_engine *engine, const char *url, uint64_t max, void **data, size_t *len);
 
+/* A small object (at most `max` bytes) in one GET, with its Last-Modified
+ * and the server's clock of the answer (Date; this machine's without one),
+ * set also for a missing object (CKPTIO_E_NOT_FOUND). *data is
+ * NUL-terminated. */
+ckptio_status ckptio__object_get_small(ckptio_engine *engine, const char *url, size_t max, void **data, size_t *len,
+                                       double *mtime, double *server_now);
+
 /* Writes the object whole with one PUT (if_absent: If-None-Match: *). */
 ckptio_status ckptio__object_write_all(ckptio_engine *engine, const char *url, const void *data, size_t len,
                                        bool if_absent);

@@ -258,6 +258,41 @@ ckptio_status ckptio__object_remove(ckptio_engine *engine, const char *url) {
     return st;
 }
 
+ckptio_status ckptio__object_get_small(ckptio_engine *engine, const char *url, size_t max, void **data, size_t *len,
+                                       double *mtime, double *server_now) {
+    *data = NULL;
+    *len = 0;
+    ckptio__s3_client *c;
+    char *bucket, *key;
+    CKPTIO_FORWARD(client_for(engine, url, &c, &bucket, &key));
+    ckptio__s3_request r;
+    ckptio__s3_request_init(&r, c, "GET", bucket, key, "GET");
+    r.want_xml = true; /* the body, bounded, in r.xml */
+    r.allow_404 = true;
+    ckptio_status st = ckptio__s3_perform(&r);
+    if (server_now) *server_now = r.server_date > 0 ? r.server_date : (double)time(NULL);
+    if (mtime) *mtime = r.last_modified;
+    char shown[400];
+    ckptio__s3_display(bucket, key, shown, sizeof shown);
+    if (st == CKPTIO_OK && r.http == 404)
+        st = CKPTIO_FAIL_CTX(CKPTIO_E_NOT_FOUND, &((ckptio__err_ctx){.operation = "GET", .path = shown,
+                                                                    .file_offset = -1}),
+                             "no such object");
+    else if (st == CKPTIO_OK && r.xml.len > max)
+        st = CKPTIO_FAIL_CTX(CKPTIO_E_FORMAT, &((ckptio__err_ctx){.path = shown, .file_offset = -1}),
+                             "%zu bytes, more than the %zu a file of its kind may have", r.xml.len, max);
+    else if (st == CKPTIO_OK && !(*data = ckptio__malloc(r.xml.len + 1)))
+        st = CKPTIO_FAIL(CKPTIO_E_NOMEM, "out of memory");
+    if (st == CKPTIO_OK) {
+        if (r.xml.len) memcpy(*data, r.xml.data, r.xml.len);
+        ((char *)*data)[r.xml.len] = '\0';
+        *len = r.xml.len;
+    }
+    ckptio__s3_request_cleanup(&r);
+    release(c, bucket, key);
+    return st;
+}
+
 ckptio_status ckptio__object_info(ckptio_engine *engine, const char *url, uint64_t *size, char etag[128],
                                   double *mtime, double *server_now) {
     ckptio__s3_client *c;

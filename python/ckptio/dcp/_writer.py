@@ -611,15 +611,14 @@ class FileSystemWriter(_TorchFileSystemWriter):
         manifest_name = f"{MANIFEST_PREFIX}{token}.json" if token else None
         sync = bool(self.sync_files)
         reference = _commit.reference_stat(self.path, md_name)  # the .metadata this save replaces
-        # In object storage the directory's lock is a lease another save can
-        # take over once it lapses: a save that lost it commits nothing more.
-        self._check_lock()
         if manifest_name and self.checksums:
             _ckptio.dcp_manifest_write(os.fspath(self.path), md_name, files, manifest, reference, sync)
         _crash("manifest_written")
         import pickle
 
         md_bytes = pickle.dumps(metadata)
+        # In object storage the directory's lock is a lease another save can
+        # take over once it lapses: a save that lost it commits nothing more.
         self._check_lock()
         _commit.write_atomic(self.path, md_name, md_bytes, sync, reference)
         _crash("metadata_committed")
