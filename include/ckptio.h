@@ -1603,7 +1603,7 @@ CKPTIO_API ckptio_status ckptio_steps_begin(const char *root, uint64_t step, cha
  * After the step's DCP save finished (every rank's data files and
  * .metadata committed): fsyncs the step directory and ROOT, then writes
  * the marker (temporary, fsync, rename, directory fsync: as
- * ckptio_dcp_write_file) recording .metadata's size and XXH3-64. The step
+ * ckptio_dcp_commit() writes .metadata) recording .metadata's size and XXH3-64. The step
  * is COMPLETE from the rename on. No .metadata: CKPTIO_E_NOT_FOUND. */
 CKPTIO_API ckptio_status ckptio_steps_commit(const char *root, uint64_t step);
 

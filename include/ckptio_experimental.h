@@ -314,18 +314,16 @@ CKPTIO_API ckptio_status ckptio_dcp_header_close(ckptio_dcp_header *header);
  * current one, so that a crash at any point leaves either the old
  * checkpoint loadable or the new one complete, and two saves into one
  * directory never remove each other's files. ckptio.dcp's
- * FileSystemWriter runs exactly these (a C program that writes the pickled
- * .metadata itself would commit the same way):
+ * FileSystemWriter runs them between torch's hooks (a C program that
+ * writes the pickled .metadata itself commits the same way):
  *   0. ckptio_dcp_lock_acquire(DIR, ...), before any data file is written;
  *   1. the data files, under names new to the save (__{rank}_{token}_{n}.distcp,
  *      one 12-hex-digit token per save), each created first with
  *      ckptio_dcp_create_file() and written as an atomic file
  *      (ckptio_file_open(CKPTIO_OPEN_WRITE), ckptio_dcp_write(), ckptio_file_commit());
- *   2. ckptio_dcp_manifest_write() (optional: checksums for ckptio_dcp_verify);
- *   3. ckptio_dcp_write_file(DIR, ".metadata", pickled Metadata, ...): the
- *      new checkpoint is current from here on;
- *   4. ckptio_dcp_stale_files() then ckptio_dcp_remove_files(); then
- *      ckptio_dcp_lock_release().
+ *   2.-4. ckptio_dcp_commit(): the manifest, .metadata (the new checkpoint
+ *      is current from here on), the removal of what older saves left;
+ *      then ckptio_dcp_lock_release().
  * `reference`, wherever it appears, is the name of the metadata file in
  * DIR the save replaces (".metadata", or "__{rank}.metadata" for saves
  * without collectives): new files take its permission bits and, where
@@ -348,7 +346,10 @@ enum ckptio_dcp_commit_flags {
     CKPTIO_DCP_SYNC = 1u << 0,        /* fsync files before their rename, and the directory after it */
     CKPTIO_DCP_RECHECK = 1u << 1,     /* ckptio_dcp_remove_files: read the metadata files again first */
     CKPTIO_DCP_LOCK_SHARED = 1u << 2, /* ckptio_dcp_lock_acquire: shared (a save that removes nothing) */
-    CKPTIO_DCP_LOCK_QUEUED = 1u << 3  /* ckptio_dcp_lock_acquire: wait in turn (a holder asking again waits) */
+    CKPTIO_DCP_LOCK_QUEUED = 1u << 3, /* ckptio_dcp_lock_acquire: wait in turn (a holder asking again waits) */
+    CKPTIO_DCP_MANIFEST = 1u << 4,    /* ckptio_dcp_commit: write the checksum manifest (step 2) */
+    CKPTIO_DCP_CLEANUP = 1u << 5,     /* ckptio_dcp_commit: list and remove the files of older saves (step 4) */
+    CKPTIO_DCP_CLEANUP_LATER = 1u << 6 /* ckptio_dcp_commit: list them only, for a removal later (result.stale) */
 };
 
 /*! ckptio_temporary_create() :
@@ -369,22 +370,6 @@ CKPTIO_API ckptio_status ckptio_temporary_create(const char *dir, const char *na
  * when there is none (a missing name, a symlink, a directory). */
 CKPTIO_API ckptio_status ckptio_dcp_reference(const char *dir, const char *name, unsigned *mode);
 
-/*! ckptio_dcp_save_token() :
- * The token (12 hex digits and NUL) shared by `files`, the data file names
- * of one ckptio save (__{rank}_{token}_{n}.distcp); CKPTIO_E_NOT_FOUND
- * when they are not (another writer's names, two tokens, none). */
-CKPTIO_API ckptio_status ckptio_dcp_save_token(const char *const *files, size_t count, char token[13]);
-
-/*! ckptio_dcp_write_file() :
- * Writes `len` bytes as DIR/NAME atomically: a temporary
- * (ckptio_temporary_create), write (short writes resumed), fsync, rename
- * over NAME, fsync of the directory (the fsyncs with CKPTIO_DCP_SYNC). A
- * failure before the rename leaves NAME as it was and removes the
- * temporary; a failed directory fsync after it says that the new NAME is
- * in place but may not survive a power loss. */
-CKPTIO_API ckptio_status ckptio_dcp_write_file(const char *dir, const char *name, const void *data, size_t len,
-                                               const char *reference, unsigned flags);
-
 /*! ckptio_dcp_create_file() :
  * Before the atomic save of a data file NAME new to this save: creates
  * DIR/NAME empty (O_EXCL) with the reference's attributes, so that the
@@ -398,7 +383,9 @@ CKPTIO_API ckptio_status ckptio_dcp_create_file(const char *dir, const char *nam
  * `file` that .metadata names for tensor chunk `offset` (or byte item:
  * offset NULL) of `fqn`, with their XXH3-64 (`hashed`) or per-part hashes
  * (`parts`, which tile the range in order; see ckptio_dcp_part), or
- * neither (counted as unhashed by ckptio_dcp_verify). */
+ * neither (counted as unhashed by ckptio_dcp_verify). ckptio_dcp_commit()
+ * writes them to DIR/.ckptio-manifest-TOKEN.json (docs/DCP.md "Manifest and
+ * verify"). */
 typedef struct ckptio_dcp_manifest_item {
     const char *fqn;
     const int64_t *offset;        /* chunk offsets (ndim values); NULL for a byte item */
@@ -412,17 +399,6 @@ typedef struct ckptio_dcp_manifest_item {
     size_t nparts;
     unsigned transforms;          /* ckptio_dcp_transform flags of the stored item */
 } ckptio_dcp_manifest_item;
-
-/*! ckptio_dcp_manifest_write() :
- * Step 2: writes DIR/.ckptio-manifest-TOKEN.json (TOKEN from `files`, the
- * save's data files, which must be named as ckptio_dcp_save_token expects:
- * else CKPTIO_E_INVAL) as ckptio_dcp_write_file() writes a file. It lists
- * `files` and the items; `metadata_name` is the metadata file it belongs
- * to. ckptio_dcp_verify() checks a directory against it. */
-CKPTIO_API ckptio_status ckptio_dcp_manifest_write(const char *dir, const char *metadata_name,
-                                                   const char *const *files, size_t nfiles,
-                                                   const ckptio_dcp_manifest_item *items, size_t count,
-                                                   const char *reference, unsigned flags);
 
 /* What a save just committed: its metadata file's name and bytes and the
  * data files they reference. Lets step 4 recognise that file unread (it
@@ -469,6 +445,74 @@ CKPTIO_API void ckptio_dcp_names_free(char **names, size_t count);
 CKPTIO_API ckptio_status ckptio_dcp_remove_files(const char *dir, const char *const *names, size_t count,
                                                  unsigned flags, const ckptio_dcp_committed *committed,
                                                  size_t *removed, char *note, size_t note_cap);
+
+/* The steps of ckptio_dcp_commit(), in the order it runs them. */
+typedef enum ckptio_dcp_commit_step {
+    CKPTIO_DCP_STEP_MANIFEST = 0, /* DIR/.ckptio-manifest-TOKEN.json written atomically (step 2) */
+    CKPTIO_DCP_STEP_METADATA = 1, /* DIR/METADATA_NAME replaced atomically: the new checkpoint is current */
+    CKPTIO_DCP_STEP_LIST = 2,     /* the files of older saves listed (step 4) */
+    CKPTIO_DCP_STEP_REMOVE = 3    /* and removed, the directory fsynced */
+} ckptio_dcp_commit_step;
+
+/* Called by ckptio_dcp_commit() before each step it runs (done = 0) and
+ * after the step succeeded (done = 1), with the file the step writes (the
+ * directory for LIST and REMOVE). A non-zero return stops the commit right
+ * there: it fails with CKPTIO_E_CANCELED saying which step it stopped at
+ * and what that leaves (the old checkpoint before METADATA is done, the new
+ * one after). For progress reports, and for tests that stop or kill a save
+ * between two steps. */
+typedef int (*ckptio_dcp_commit_fn)(void *user, ckptio_dcp_commit_step step, const char *path, int done);
+
+/* What ckptio_dcp_commit() commits. */
+typedef struct ckptio_dcp_commit_options {
+    const char *metadata_name;    /* ".metadata", or "__{rank}.metadata" for a save without collectives */
+    const void *metadata;         /* the pickled Metadata */
+    size_t metadata_len;
+    const char *const *files;     /* every data file it references (relative_path), committed already */
+    size_t nfiles;
+    const ckptio_dcp_manifest_item *items; /* with CKPTIO_DCP_MANIFEST: the manifest's items */
+    size_t nitems;
+    unsigned flags;               /* CKPTIO_DCP_SYNC, _MANIFEST, _CLEANUP or _CLEANUP_LATER */
+    ckptio_dcp_commit_fn on_step; /* may be NULL */
+    void *user;
+} ckptio_dcp_commit_options;
+
+/* What ckptio_dcp_commit() did; filled also when it failed. */
+typedef struct ckptio_dcp_commit_result {
+    int committed;                /* 1 once METADATA is done: the new checkpoint is current */
+    char **stale;                 /* CKPTIO_DCP_CLEANUP_LATER: the files of older saves (sorted), to remove later
+                                   * with ckptio_dcp_remove_files(CKPTIO_DCP_RECHECK); free with
+                                   * ckptio_dcp_names_free. NULL otherwise. */
+    size_t nstale;
+    size_t removed;               /* CKPTIO_DCP_CLEANUP: the files removed */
+    char note[2048];              /* "" or why files of older saves were kept (a metadata file that cannot be
+                                   * read: see ckptio_dcp_stale_files); worth a warning */
+} ckptio_dcp_commit_result;
+
+/*! ckptio_dcp_commit() :
+ * Steps 2 to 4 of a save into DIR, in order, in one call, once every data
+ * file of `files` is committed (step 1) and while the caller holds DIR's
+ * lock (step 0, released by the caller after this returns, whatever it
+ * returns):
+ *  - with CKPTIO_DCP_MANIFEST and files named by one ckptio save
+ *    (__{rank}_{token}_{n}.distcp; other names: no manifest), the checksum
+ *    manifest of `items` (as ckptio_dcp_verify() reads it), atomically;
+ *  - METADATA_NAME (".metadata" or "__{rank}.metadata", else
+ *    CKPTIO_E_INVAL) replaced by `metadata`, atomically: from here on the
+ *    new checkpoint is the current one (result->committed = 1);
+ *  - with CKPTIO_DCP_CLEANUP (only a collective save's coordinator knows
+ *    every file of the checkpoint), ckptio_dcp_stale_files() keeping
+ *    `files`, METADATA_NAME and the manifest, then
+ *    ckptio_dcp_remove_files() of that list; with CKPTIO_DCP_CLEANUP_LATER
+ *    the list only, handed back in result->stale.
+ * New files take the attributes of the METADATA_NAME they replace (see
+ * "reference" above); the fsyncs run with CKPTIO_DCP_SYNC. The first
+ * failure ends the commit and is returned, with the error message of the
+ * step ("... is unchanged" before .metadata is replaced, "... committed"
+ * after). `on_step` is called around every step (ckptio_dcp_commit_fn).
+ * Thread-safe. */
+CKPTIO_API ckptio_status ckptio_dcp_commit(const char *dir, const ckptio_dcp_commit_options *options,
+                                           ckptio_dcp_commit_result *result);
 
 typedef struct ckptio_dcp_lock ckptio_dcp_lock;
 
