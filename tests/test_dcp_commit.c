@@ -1,5 +1,5 @@
 /*
- * test_dcp_commit.c - the DCP directory commit (include/ckptio.h "DCP
+ * test_dcp_commit.c - the DCP directory commit (include/ckptio/dcp.h "DCP
  * directory commit", src/ckpt/dcp_{commit,cleanup,lock,manifest_write,
  * names}.c), as ckptio.dcp's writer runs it.
  *

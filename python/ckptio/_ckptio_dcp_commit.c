@@ -1,6 +1,6 @@
 /*
  * _ckptio_dcp_commit.c - the DCP directory commit of libckptio (include/
- * ckptio_experimental.h "DCP directory commit") for ckptio.dcp's writer: the directory
+ * ckptio/dcp.h "DCP directory commit") for ckptio.dcp's writer: the directory
  * lock, the data files' placeholders, the commit itself (ckptio_dcp_commit:
  * manifest, .metadata, removal of what older saves left) and a later
  * removal. Thin: arguments in, the C call with the GIL released, results

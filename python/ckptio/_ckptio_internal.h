@@ -25,9 +25,9 @@
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 
+/* The package is built on the whole API, the experimental headers included (CKPTIO_EXPERIMENTAL, set
+ * by the build for everything that ships with the library). */
 #include "ckptio.h"
-/* The DCP writer, item reader and directory commit of ckptio.dcp are built on the experimental API. */
-#include "ckptio_experimental.h"
 
 #include <stdatomic.h>
 #include <stdint.h>

@@ -1,5 +1,5 @@
 /*
- * _ckptio_steps.c - the checkpoint manager's steps (include/ckptio.h
+ * _ckptio_steps.c - the checkpoint manager's steps (include/ckptio/steps.h
  * "Checkpoint manager") for ckptio.CheckpointManager and `ckptio`'s
  * Python face: scan, check, latest, begin, commit, remove, clean, retain,
  * pin.

@@ -1,7 +1,8 @@
-/* consumer.c - a program outside the tree that uses an installed ckptio, both of its headers:
- * built by scripts/test.sh through pkg-config and through find_package(ckptio). */
+/* consumer.c - a program outside the tree that uses an installed ckptio, its stable core and (opting
+ * in) its experimental headers: built by scripts/test.sh through pkg-config and through
+ * find_package(ckptio). */
+#define CKPTIO_EXPERIMENTAL
 #include <ckptio.h>
-#include <ckptio_experimental.h>
 #include <stdio.h>
 #include <string.h>
 

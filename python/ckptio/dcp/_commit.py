@@ -1,5 +1,5 @@
 """The directory commit of a DCP save, as libckptio runs it
-(include/ckptio_experimental.h "DCP directory commit", src/ckpt/dcp_*.c): the attributes
+(include/ckptio/dcp.h "DCP directory commit", src/ckpt/dcp_*.c): the attributes
 new files take, the data files' placeholders, then the commit in one call
 (ckptio_dcp_commit: the manifest, .metadata atomically, the removal of what
 older saves left behind: only what no metadata file references and no live

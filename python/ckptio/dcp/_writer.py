@@ -13,7 +13,7 @@ point leaves either the old checkpoint loadable or the new one complete.
 Saves of one directory are serialized by a lock that the coordinator takes
 before any rank writes data and keeps until the cleanup; new files take the
 mode and owner of the ``.metadata`` they replace. The commit is libckptio's
-(include/ckptio_experimental.h "DCP directory commit"): the lock, taken in
+(include/ckptio/dcp.h "DCP directory commit"): the lock, taken in
 prepare_global_plan and released after finish, and the commit itself in one
 call (ckptio_dcp_commit: the manifest, the atomic .metadata, the cleanup);
 this class marshals torch's plans and results for it (_commit.py, _lock.py).

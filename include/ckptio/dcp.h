@@ -1,50 +1,196 @@
 /*
- * ckptio_experimental.h - the rest of libckptio's API: what the ckptio Python
- * package is built on beyond ckptio.h (the ckptio command needs only ckptio.h).
+ * ckptio/dcp.h - torch.distributed.checkpoint (DCP) directories: reading and
+ * checking a whole directory, the .metadata object tree, data files, single
+ * stored items, and the directory commit of a save (docs/DCP.md).
  *
- * ckptio.h is the stable API for users. The functions here are exported and
- * documented like those, follow the same conventions (ckptio.h's first
- * comment) and are tested as thoroughly, but they are building blocks of
- * ckptio's own front end, shaped by what it needs: they may change or go
- * in any minor version, without the deprecation ckptio.h's functions get.
- * What is here:
- *  - the pieces of torch.distributed.checkpoint support that need a Python
- *    pickler around them: the .metadata unpickler's object tree, the data
- *    file writer (ckptio_dcp_write), the decoding of single stored items
- *    (ckptio_dcp_header_*, zstd), and the directory commit protocol (locks,
- *    temporaries, manifests, removal of stale files) that ckptio.dcp's
- *    FileSystemWriter runs step by step. Reading a whole DCP directory from
- *    C (ckptio_dcp_open, ckptio_dcp_read_tensor, ...) is in ckptio.h;
- *  - ckptio_inherit_mode, for writers that commit files of their own;
- *  - objects in S3-compatible storage: listing, deleting, small
- *    conditional writes and the cleanup of unfinished uploads, for the
- *    code that keeps checkpoint directories there.
- * docs/API.md says which header holds what and why.
+ * Experimental before ckptio 1.0 (docs/API.md): what is declared here may
+ * change or go in any minor version. It is seen only where CKPTIO_EXPERIMENTAL
+ * is defined before ckptio.h (or this header) is included. The conventions
+ * are those of ckptio/core.h.
  */
-#ifndef CKPTIO_EXPERIMENTAL_H
-#define CKPTIO_EXPERIMENTAL_H
+#ifndef CKPTIO_DCP_H
+#define CKPTIO_DCP_H
 
-#include "ckptio.h"
+#include "torch.h"
+
+#ifndef CKPTIO_EXPERIMENTAL
+#error "ckptio/dcp.h is experimental before 1.0: define CKPTIO_EXPERIMENTAL to use it (docs/API.md)"
+#endif
 
 #ifdef __cplusplus
 extern "C" {
 #endif
 
 /* ------------------------------------------------------------------------ */
-/* Files written by the caller                                              */
+/* DCP checkpoint directories                                               */
 /* ------------------------------------------------------------------------ */
+/* (docs/DCP.md "C API and CLI for DCP directories")
+ * A whole torch.distributed.checkpoint directory, read without Python:
+ * DIR/.metadata goes through the restricted unpickler
+ * (ckptio_pickle_parse_dcp_metadata, below) and becomes a table of tensors (global
+ * shape, chunks, where each chunk is stored) and byte items. Tensors are
+ * assembled from their chunks into host memory; items are checked against
+ * the ckptio manifest (.ckptio-manifest-<token>.json) when there is one. */
 
-/*! ckptio_inherit_mode() :
- * For writers that replace `path` by renaming a file of their own over it
- * (ckptio_file_commit does this itself): if `path` names a regular file
- * (symlinks followed), gives the open file `fd` its permission bits (0777
- * only: no set-id or sticky bits) and, where the kernel permits (root, or
- * a group the caller belongs to), its owner and group; EPERM there is not
- * an error. Call it before the fsync and the rename. A missing `path` (a
- * new file) leaves fd as created (0666 & ~umask). @return CKPTIO_OK; an
- * fstat/fchown I/O error; or, when the mode cannot be set and fd would be
- * accessible to more than `path` was, the fchmod error. Thread-safe. */
-CKPTIO_API ckptio_status ckptio_inherit_mode(int fd, const char *path);
+typedef struct ckptio_dcp ckptio_dcp;
+
+/* Transforms applied to a stored item (its _StorageInfo.transform_descriptors). */
+enum ckptio_dcp_transform {
+    CKPTIO_DCP_TRANSFORM_ZSTD = 1u << 0  /* "stream.zstd/1": the item is zstd-compressed */
+};
+
+/* Where an item's bytes are. */
+typedef struct ckptio_dcp_stored {
+    const char *file;         /* relative path inside the directory (a plain name) */
+    uint64_t offset;          /* first byte of the item in that file */
+    uint64_t length;          /* stored bytes */
+    unsigned transforms;      /* ckptio_dcp_transform flags */
+} ckptio_dcp_stored;
+
+/* A tensor of the checkpoint (its global view). */
+typedef struct ckptio_dcp_tensor_info {
+    const char *fqn;          /* "layer.0.weight" */
+    ckptio_dtype dtype;
+    uint32_t ndim;
+    const int64_t *shape;     /* ndim entries: the global shape */
+    uint64_t nbytes;          /* bytes of the whole tensor in C order */
+    size_t chunks;            /* chunks it was saved in (ckptio_dcp_chunk) */
+} ckptio_dcp_tensor_info;
+
+/* One saved chunk of a tensor: the box [offsets, offsets + sizes). */
+typedef struct ckptio_dcp_chunk_info {
+    const int64_t *offsets;   /* ndim entries */
+    const int64_t *sizes;     /* ndim entries */
+    ckptio_dcp_stored stored;
+} ckptio_dcp_chunk_info;
+
+/* A non-tensor leaf (saved with torch.save(obj), possibly zstd-compressed). */
+typedef struct ckptio_dcp_bytes_info {
+    const char *fqn;
+    ckptio_dcp_stored stored;
+} ckptio_dcp_bytes_info;
+
+/* Bounds on what a zstd-transformed item may decompress to, checked before
+ * anything is decompressed or allocated (ckptio_zstd_decompressed_size_max
+ * below), by this library and by ckptio.dcp's
+ * FileSystemReader: a tensor item holds
+ * a torch.save archive of its chunk, so at most the chunk's bytes plus
+ * CKPTIO_DCP_ARCHIVE_OVERHEAD_MAX (zip records, pickle, alignment); a byte
+ * item (torch.save of a non-tensor object) at most CKPTIO_DCP_BYTE_ITEM_MAX. */
+#define CKPTIO_DCP_ARCHIVE_OVERHEAD_MAX ((uint64_t)64 << 20)
+#define CKPTIO_DCP_BYTE_ITEM_MAX ((uint64_t)1 << 30)
+
+/*! ckptio_dcp_open() :
+ * Reads DIR/.metadata and builds the table. Errors name the file and the
+ * field ("DIR/.metadata: state_dict_metadata['x']: chunk 2 has 3 offsets
+ * for a 2-d tensor"): CKPTIO_E_DISALLOWED for globals outside the DCP
+ * allowlist, CKPTIO_E_FORMAT for a malformed object graph, chunks outside
+ * their tensor, sizes that overflow, a relative_path that is absolute or
+ * has '/' or "..", or a tensor chunk without storage; CKPTIO_E_UNSUPPORTED
+ * for a transform other than stream.zstd/1. Data files are not opened yet.
+ * The engine is used for every later read and must outlive the handle. */
+CKPTIO_API ckptio_status ckptio_dcp_open(ckptio_engine *engine, const char *dir, ckptio_dcp **out);
+
+/*! ckptio_dcp_close() : accepts NULL. */
+CKPTIO_API ckptio_status ckptio_dcp_close(ckptio_dcp *dcp);
+
+/*! Counts: tensors, byte items, distinct data files. */
+CKPTIO_API ckptio_status ckptio_dcp_tensor_count(const ckptio_dcp *dcp, size_t *out);
+CKPTIO_API ckptio_status ckptio_dcp_bytes_count(const ckptio_dcp *dcp, size_t *out);
+CKPTIO_API ckptio_status ckptio_dcp_file_count(const ckptio_dcp *dcp, size_t *out);
+
+/*! ckptio_dcp_tensor() / ckptio_dcp_chunk() / ckptio_dcp_bytes() /
+ * ckptio_dcp_file() : table rows, in .metadata order (files sorted by
+ * name). Pointers live as long as the handle. */
+CKPTIO_API ckptio_status ckptio_dcp_tensor(const ckptio_dcp *dcp, size_t index, ckptio_dcp_tensor_info *out);
+CKPTIO_API ckptio_status ckptio_dcp_chunk(const ckptio_dcp *dcp, size_t tensor, size_t chunk,
+                                          ckptio_dcp_chunk_info *out);
+CKPTIO_API ckptio_status ckptio_dcp_bytes(const ckptio_dcp *dcp, size_t index, ckptio_dcp_bytes_info *out);
+CKPTIO_API ckptio_status ckptio_dcp_file(const ckptio_dcp *dcp, size_t index, const char **name);
+
+/*! ckptio_dcp_find() : index of the tensor `fqn`, or CKPTIO_E_NOT_FOUND. */
+CKPTIO_API ckptio_status ckptio_dcp_find(const ckptio_dcp *dcp, const char *fqn, size_t *index);
+
+/*! ckptio_dcp_manifest() : *name = the ckptio manifest's file name
+ * (".ckptio-manifest-<token>.json", owned by the handle) when it exists
+ * in the directory; CKPTIO_E_NOT_FOUND (message says why) when the data
+ * files carry no ckptio save token or the file is missing. */
+CKPTIO_API ckptio_status ckptio_dcp_manifest(const ckptio_dcp *dcp, const char **name);
+
+/*! ckptio_dcp_read_tensor() :
+ * Assembles the whole tensor `index` from all its chunks into host memory
+ * at dst (capacity >= nbytes, else CKPTIO_E_RANGE), in C order. Each chunk's
+ * item is read through the engine and decoded by kind: a torch.save
+ * archive (any strides), a SAFETENSORS blob, or a zstd frame around an
+ * archive (bounded: CKPTIO_DCP_ARCHIVE_OVERHEAD_MAX). Host memory used besides dst: at most one stored item (plus
+ * its decompressed bytes for zstd). Chunks that do not tile the tensor
+ * exactly (gaps, overlaps) are CKPTIO_E_FORMAT naming the tensor; an item
+ * whose dtype or shape disagrees with .metadata, or that runs past the end
+ * of its file (CKPTIO_E_TRUNCATED), names file, offset and tensor. */
+CKPTIO_API ckptio_status ckptio_dcp_read_tensor(ckptio_dcp *dcp, size_t index, void *dst, uint64_t capacity);
+
+/*! ckptio_dcp_read_bytes() :
+ * The bytes of byte item `index` (decompressed when zstd, at most
+ * CKPTIO_DCP_BYTE_ITEM_MAX), i.e. what torch.save(obj) produced. They are
+ * untrusted: parse them with ckptio_torch_parse() (the restricted
+ * unpickler), never with an unrestricted one. *len receives their count;
+ * CKPTIO_E_RANGE (with *len set) when capacity is too small. */
+CKPTIO_API ckptio_status ckptio_dcp_read_bytes(ckptio_dcp *dcp, size_t index, void *dst, uint64_t capacity,
+                                               uint64_t *len);
+
+/* What ckptio_dcp_verify() / ckptio_dcp_check() covered (up to a failure). */
+typedef struct ckptio_dcp_verify_report {
+    size_t items;             /* stored items examined */
+    size_t checked;           /* verify: items whose XXH3-64 (whole or every part) matched;
+                               * check: items whose structure was validated */
+    size_t unhashed;          /* verify: manifest items without a hash (not an error) */
+    uint64_t bytes;           /* bytes hashed (verify) or items' stored bytes (check) */
+    size_t partial;           /* tensors saved in part: their chunks do not tile them, which only a save
+                               * that is not several ranks' may hold (one process saving its own shards;
+                               * torch loads them back) */
+} ckptio_dcp_verify_report;
+
+/*! ckptio_dcp_verify() :
+ * Checks every stored item against the ckptio manifest: the XXH3-64 of
+ * file bytes [data_offset, +nbytes), or with "parts" of each part. Items are
+ * hashed in pieces of at most 64 MiB (bounded memory). No manifest:
+ * CKPTIO_E_NOT_FOUND (e.g. written by torch: use ckptio_dcp_check). A
+ * manifest that does not describe the items of .metadata: CKPTIO_E_FORMAT.
+ * Mismatch: CKPTIO_E_CHECKSUM naming file, offset and fqn. Chunks are
+ * held to the rule of ckptio_dcp_check() (tiling when several ranks saved),
+ * before any item is hashed. Then every byte
+ * item is parsed by the restricted unpickler (a matching hash does not make
+ * a pickle safe): CKPTIO_E_DISALLOWED naming file, offset, item and global.
+ * report may be NULL. */
+CKPTIO_API ckptio_status ckptio_dcp_verify(ckptio_dcp *dcp, ckptio_dcp_verify_report *report);
+
+/*! ckptio_dcp_check() :
+ * Structural check without checksums: every item lies inside its file,
+ * every archive / SAFETENSORS blob / zstd frame parses and matches the
+ * dtype and chunk shape of .metadata, every byte item passes the restricted
+ * unpickler (CKPTIO_E_DISALLOWED naming the global), and, when the data
+ * files are several ranks' (ckptio_dcp_saved_by_ranks()), every tensor's
+ * chunks tile it (CKPTIO_E_FORMAT naming the overlap or gap; checked in
+ * O(chunks x ndim)). Otherwise a tensor may be saved in part, as one process
+ * saving its own shards writes it and torch loads it back: report->partial
+ * counts those tensors (ckptio.dcp's reader applies the same rule). Reading
+ * such a tensor whole (ckptio_dcp_read_tensor) is still refused. zstd items are bounded as
+ * CKPTIO_DCP_ARCHIVE_OVERHEAD_MAX says. Reads whole items (one at a time).
+ * report may be NULL. */
+CKPTIO_API ckptio_status ckptio_dcp_check(ckptio_dcp *dcp, ckptio_dcp_verify_report *report);
+
+/*! ckptio_dcp_save_safetensors() :
+ * Consolidates tensors of the checkpoint into one safetensors file at
+ * `path` (tensor indices `tensors[0..count)`, or every tensor when tensors
+ * is NULL): the header is laid out as ckptio_safetensors_save() does
+ * (flags: CKPTIO_SAFETENSORS_ALIGN_8 or 0, metadata pairs in order), then
+ * each tensor is assembled (ckptio_dcp_read_tensor) into one reused host
+ * buffer of the largest tensor's size and written, so memory stays bounded
+ * whatever the checkpoint's size. The file is written atomically
+ * (temporary, fsync, rename): on failure nothing appears under `path`. */
+CKPTIO_API ckptio_status ckptio_dcp_save_safetensors(ckptio_dcp *dcp, const char *path, const size_t *tensors,
+                                                     size_t count, const ckptio_kv *metadata, size_t metadata_count,
+                                                     unsigned flags);
 
 /* ------------------------------------------------------------------------ */
 /* torch.distributed.checkpoint .metadata: the unpickled object tree        */
@@ -176,15 +322,12 @@ CKPTIO_API ckptio_status ckptio_dcp_write(ckptio_engine *engine, ckptio_dcp_item
  * NULL / 0). Accepts NULL items with count 0. */
 CKPTIO_API void ckptio_dcp_items_release(ckptio_dcp_item *items, size_t count);
 
-/*! ckptio_zstd_decompressed_size() :
- * Total decompressed size of the zstd frames in (src, len). Frames without
- * a recorded content size (streaming writers such as python-zstandard's
- * stream_writer) are decompressed once to count. @return CKPTIO_E_FORMAT
- * naming the offset of a corrupt frame. */
-CKPTIO_API ckptio_status ckptio_zstd_decompressed_size(const void *src, size_t len, uint64_t *out);
-
 /*! ckptio_zstd_decompressed_size_max() :
- * The same, bounded for untrusted input: CKPTIO_E_FORMAT ("decompression
+ * Total decompressed size of the zstd frames in (src, len), bounded for
+ * untrusted input: frames without a recorded content size (streaming
+ * writers such as python-zstandard's stream_writer) are decompressed once
+ * to count; CKPTIO_E_FORMAT naming the offset of a corrupt frame, or
+ * CKPTIO_E_FORMAT ("decompression
  * bomb") as soon as the frames' declared sizes sum to more than `limit`, or,
  * for frames without a declared size, as soon as counting passes `limit`
  * (time and scratch memory bounded by `limit`, nothing allocated for the
@@ -204,7 +347,7 @@ CKPTIO_API ckptio_status ckptio_zstd_decompress(const void *src, size_t len, voi
 /* DCP stored items: one data file, one item                                */
 /* ------------------------------------------------------------------------ */
 /* (docs/DCP.md) What ckptio.dcp's FileSystemReader decodes itself, item by
- * item, where ckptio_dcp_read_tensor() (ckptio.h) assembles whole tensors. */
+ * item, where ckptio_dcp_read_tensor() (above) assembles whole tensors. */
 
 /*! ckptio_dcp_file_open() :
  * Opens the data file `relative_path` (a _StorageInfo.relative_path) of the
@@ -560,81 +703,8 @@ CKPTIO_API ckptio_status ckptio_dcp_lock_query(const ckptio_dcp_lock *lock, ckpt
 /*! ckptio_dcp_lock_release() : unlocks (LOCK_UN) and closes; accepts NULL. */
 CKPTIO_API ckptio_status ckptio_dcp_lock_release(ckptio_dcp_lock *lock);
 
-/* ------------------------------------------------------------------------ */
-/* Objects in S3-compatible storage (s3://BUCKET/KEY)                       */
-/* ------------------------------------------------------------------------ */
-
-/* ckptio_file_open() takes "s3://BUCKET/KEY" wherever it takes a path: the
- * engine reads such a file with ranged GETs and writes it as a multipart
- * upload that appears at ckptio_file_commit(), whole or not at all
- * (docs/OBJECT_STORAGE.md: endpoint, credentials, commit protocol,
- * settings). The functions here are what directory-level code (DCP
- * checkpoints, checkpoint steps, cleaners) needs beyond single objects.
- * Endpoint, region and credentials come from the AWS environment variables
- * and files; retries, timeouts and concurrency from `engine`'s
- * CKPTIO_OPT_S3_* settings. Errors name the operation, s3://BUCKET/KEY, the
- * HTTP status and the server's Code and Message, and never a credential. */
-
-/*! ckptio_path_is_object() : 1 when `path` is an s3:// URL, else 0. */
-CKPTIO_API int ckptio_path_is_object(const char *path);
-
-/* One entry of a listing. The strings are valid during the callback only. */
-typedef struct ckptio_object_info {
-    const char *key;       /* the whole key (not only the part after the prefix) */
-    uint64_t size;         /* bytes; 0 for a common prefix or an upload */
-    const char *etag;      /* as the server sent it (quoted), "" for a prefix */
-    const char *time;      /* LastModified, or an upload's Initiated (ISO 8601), or "" */
-    const char *upload_id; /* an unfinished multipart upload's id, else "" */
-    int is_prefix;         /* a common prefix (listing with a delimiter) */
-} ckptio_object_info;
-
-/* Called for each entry; a non-zero return stops the listing (not an error). */
-typedef int (*ckptio_object_fn)(void *user, const ckptio_object_info *info);
-
-/*! ckptio_object_list() :
- * Lists the objects of s3://BUCKET/PREFIX (PREFIX may be empty), every page,
- * in the server's order (UTF-8 binary order on S3). With a `delimiter`
- * (usually "/"), keys with the delimiter after the prefix are rolled up
- * into common prefixes, reported once each with is_prefix = 1. Keys come
- * back decoded (the listing is asked URL-encoded, so any byte survives).
- * @return CKPTIO_OK (also when fn stopped it), or the failed request's
- * error (CKPTIO_E_NOT_FOUND for a missing bucket). */
-CKPTIO_API ckptio_status ckptio_object_list(ckptio_engine *engine, const char *url, const char *delimiter,
-                                            ckptio_object_fn fn, void *user);
-
-/*! ckptio_object_delete() :
- * Deletes s3://BUCKET/KEY; a missing object is no error (a missing bucket
- * is CKPTIO_E_NOT_FOUND). */
-CKPTIO_API ckptio_status ckptio_object_delete(ckptio_engine *engine, const char *url);
-
-/*! ckptio_object_put() :
- * Writes data[0..len) as the whole object s3://BUCKET/KEY with one request
- * (markers, small metadata files). With `if_absent`, only if no object of
- * that key exists, atomically on the server (If-None-Match: *):
- * CKPTIO_E_EXISTS when one does, CKPTIO_E_UNSUPPORTED where the server has
- * no conditional writes (OpenStack Swift's s3api). */
-CKPTIO_API ckptio_status ckptio_object_put(ckptio_engine *engine, const char *url, const void *data, size_t len,
-                                           int if_absent);
-
-/*! ckptio_object_list_uploads() :
- * Lists the unfinished multipart uploads of keys under s3://BUCKET/PREFIX
- * (each with key, upload_id and time): what a save that was killed before
- * its commit leaves on the server, billed but invisible. */
-CKPTIO_API ckptio_status ckptio_object_list_uploads(ckptio_engine *engine, const char *url, ckptio_object_fn fn,
-                                                    void *user);
-
-/*! ckptio_object_abort_uploads() :
- * Aborts the unfinished multipart uploads under s3://BUCKET/PREFIX that
- * were started at least `older_than_seconds` ago (by the server's clock
- * against this machine's; 0: all, including a save running now, which then
- * fails at its next part or at commit). *aborted (may be NULL) receives
- * how many were aborted. Objects are never touched. @return CKPTIO_OK, or
- * the first failure (the uploads before it stay aborted). */
-CKPTIO_API ckptio_status ckptio_object_abort_uploads(ckptio_engine *engine, const char *url,
-                                                     double older_than_seconds, uint64_t *aborted);
-
 #ifdef __cplusplus
 }
 #endif
 
-#endif /* CKPTIO_EXPERIMENTAL_H */
+#endif /* CKPTIO_DCP_H */
