@@ -8,7 +8,9 @@
  */
 #include "helpers.h"
 
+#include <fcntl.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <unistd.h>
 
 #define N 3
@@ -145,11 +147,80 @@ static void test_input_truncated_between_tensors(void) {
     check_truncated_input(true);
 }
 
+static long max_rss_kib(void) {
+    struct rusage ru;
+    getrusage(RUSAGE_SELF, &ru);
+    return ru.ru_maxrss;
+}
+
+static void test_expanded_views_are_written_in_bounded_memory(void) {
+    /* A few hundred bytes of storage viewed with stride 0 as 128 MiB (torch's
+     * expand): the output holds the 128 MiB, memory does not. */
+    enum { COLS = 64 };
+    const int64_t rows = (int64_t)1 << 19;
+    static float row[COLS];
+    for (int j = 0; j < COLS; j++) row[j] = (float)j + 0.5f;
+    ckptio_torch_writer *w = NULL;
+    size_t sid;
+    ckptio_value *dict, *key, *a, *b;
+    T_OK(ckptio_torch_writer_create(&w));
+    T_OK(ckptio_torch_writer_storage(w, CKPTIO_DTYPE_F32, sizeof row, "cpu", row, CKPTIO_MEM_HOST, &sid));
+    const int64_t shape[2] = {rows, COLS}, stride[2] = {0, 1};
+    ckptio_torch_tensor_spec spec = {.storage = sid, .dtype = CKPTIO_DTYPE_F32, .ndim = 2, .shape = shape,
+                                     .stride = stride};
+    T_OK(ckptio_torch_writer_tensor(w, &spec, &a));
+    const int64_t small = 3; /* and an ordinary tensor beside it, filled as before */
+    ckptio_torch_tensor_spec plain = {.storage = sid, .dtype = CKPTIO_DTYPE_F32, .ndim = 1, .shape = &small,
+                                      .storage_offset = 5};
+    T_OK(ckptio_torch_writer_tensor(w, &plain, &b));
+    T_OK(ckptio_torch_writer_container(w, CKPTIO_VALUE_DICT, 1, &dict));
+    T_OK(ckptio_torch_writer_str(w, "expanded", 8, &key));
+    T_OK(ckptio_torch_writer_set_item(w, dict, key, a));
+    T_OK(ckptio_torch_writer_str(w, "plain", 5, &key));
+    T_OK(ckptio_torch_writer_set_item(w, dict, key, b));
+    T_OK(ckptio_torch_writer_set_root(w, dict));
+    const char *in = t_path("expanded.pt"), *out = t_path("expanded.safetensors");
+    T_OK(ckptio_torch_save(engine, in, w, NULL));
+    ckptio_torch_writer_destroy(w);
+    ckptio_torch *t = NULL;
+    T_OK(ckptio_torch_open(engine, in, &t));
+    const long rss = max_rss_kib();
+    T_OK(ckptio_torch_save_safetensors(t, out, NULL, 0, NULL, 0, 0));
+    T_ASSERT_MSG(max_rss_kib() - rss < (48 << 10), "peak RSS grew by %ld KiB for a 128 MiB view",
+                 max_rss_kib() - rss);
+    ckptio_torch_close(t);
+    ckptio_safetensors *st = NULL;
+    size_t idx = 0;
+    ckptio_tensor_info ti;
+    T_OK(ckptio_safetensors_open(engine, out, &st));
+    T_OK(ckptio_safetensors_find(st, "expanded", &idx));
+    T_OK(ckptio_safetensors_tensor(st, idx, &ti));
+    T_ASSERT(ti.nbytes == (uint64_t)rows * sizeof row && ti.shape[0] == rows && ti.shape[1] == COLS);
+    float got[COLS];
+    const int64_t samples[] = {0, 1, 12345, rows - 1};
+    const int fd = open(out, O_RDONLY | O_CLOEXEC);
+    T_ASSERT(fd >= 0);
+    for (size_t k = 0; k < 4; k++) {
+        T_ASSERT(pread(fd, got, sizeof got, (off_t)(ti.file_offset + (uint64_t)samples[k] * sizeof row)) ==
+                 (ssize_t)sizeof got);
+        T_ASSERT_MSG(memcmp(got, row, sizeof row) == 0, "row %lld differs", (long long)samples[k]);
+    }
+    close(fd);
+    T_OK(ckptio_safetensors_find(st, "plain", &idx));
+    float three[3];
+    ckptio_tensor_target tg = {.index = idx, .data = three, .capacity = sizeof three, .mem_kind = CKPTIO_MEM_HOST};
+    T_OK(ckptio_safetensors_read(st, &tg, 1));
+    T_ASSERT(three[0] == row[5] && three[2] == row[7]);
+    ckptio_safetensors_close(st);
+    unlink(out);
+}
+
 int main(void) {
     T_OK(ckptio_engine_create(&engine));
     T_RUN(test_torch_to_safetensors_matches_the_writer);
     T_RUN(test_safetensors_to_torch_reads_back);
     T_RUN(test_input_truncated_between_tensors);
+    T_RUN(test_expanded_views_are_written_in_bounded_memory);
     ckptio_engine_destroy(engine);
     return T_EXIT_PASS;
 }

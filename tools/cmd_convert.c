@@ -49,8 +49,40 @@ static const cli_usage usage = {
     "\nexit status: 0 converted, 1 invalid input or failed write, 2 bad command line\n",
 };
 
+/* Containers already counted. A pickle shares containers (its memo) and a
+ * few hundred bytes can reach one along 3^60 paths: each is counted once, so
+ * the count costs what the file holds, not the tree it expands to. */
+typedef struct seen_set {
+    const void **slots;
+    size_t cap, count;  /* cap: a power of two, or 0 */
+} seen_set;
+
+/* True the first time `p` is added (and when memory runs out: then counted again). */
+static bool seen_first(seen_set *s, const void *p) {
+    if (2 * (s->count + 1) > s->cap) {
+        const size_t ncap = s->cap ? 2 * s->cap : 256;
+        const void **grown = calloc(ncap, sizeof *grown);
+        if (!grown) return true;
+        for (size_t i = 0; i < s->cap; i++) {
+            if (!s->slots[i]) continue;
+            size_t j = ((uintptr_t)s->slots[i] >> 4) & (ncap - 1);
+            while (grown[j]) j = (j + 1) & (ncap - 1);
+            grown[j] = s->slots[i];
+        }
+        free(s->slots);
+        s->slots = grown;
+        s->cap = ncap;
+    }
+    size_t i = ((uintptr_t)p >> 4) & (s->cap - 1);
+    for (; s->slots[i]; i = (i + 1) & (s->cap - 1))
+        if (s->slots[i] == p) return false;
+    s->slots[i] = p;
+    s->count++;
+    return true;
+}
+
 /* Counts the non-tensor leaves of the object tree (what safetensors loses). */
-static size_t count_values(const ckptio_value *v, unsigned depth) {
+static size_t count_values(const ckptio_value *v, unsigned depth, seen_set *seen) {
     if (depth > 600) return 0; /* the reader bounds nesting; this is belt and braces */
     size_t n = 0, len = 0;
     switch (ckptio_value_kind_of(v)) {
@@ -58,17 +90,19 @@ static size_t count_values(const ckptio_value *v, unsigned depth) {
     case CKPTIO_VALUE_LIST:
     case CKPTIO_VALUE_TUPLE:
     case CKPTIO_VALUE_SET:
+        if (!seen_first(seen, v)) return 0;
         ckptio_value_len(v, &len);
         for (size_t i = 0; i < len; i++) {
             const ckptio_value *item;
-            if (ckptio_value_item(v, i, &item) == CKPTIO_OK) n += count_values(item, depth + 1);
+            if (ckptio_value_item(v, i, &item) == CKPTIO_OK) n += count_values(item, depth + 1, seen);
         }
         return n;
     case CKPTIO_VALUE_DICT: {
+        if (!seen_first(seen, v)) return 0;
         ckptio_value_len(v, &len);
         for (size_t i = 0; i < len; i++) {
             const ckptio_value *key, *item;
-            if (ckptio_value_dict_item(v, i, &key, &item) == CKPTIO_OK) n += count_values(item, depth + 1);
+            if (ckptio_value_dict_item(v, i, &key, &item) == CKPTIO_OK) n += count_values(item, depth + 1, seen);
         }
         const ckptio_value *attrs = NULL;
         if (ckptio_value_dict_attrs(v, &attrs) == CKPTIO_OK && attrs) n += 1;
@@ -114,7 +148,9 @@ static int torch_to_safetensors(ckptio_engine *engine, const char *in, const cha
     }
     const ckptio_value *root = NULL;
     ckptio_torch_root(t, &root);
-    const size_t dropped = count_values(root, 0);
+    seen_set seen = {0};
+    const size_t dropped = count_values(root, 0, &seen);
+    free(seen.slots);
     if (!quiet && shared)
         cli_warning("%zu tensors share a storage with another tensor; safetensors cannot share bytes, so each is "
                     "written as its own copy", shared);

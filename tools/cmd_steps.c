@@ -1,7 +1,7 @@
 /*
  * cmd_steps.c - `ckptio inspect|verify|clean ROOT` for the root of a
  * checkpoint manager (ckptio.CheckpointManager): its steps, their states
- * (complete, partial, damaged, foreign) and sizes; which step a restarted
+ * (complete, partial, damaged, foreign, refused) and sizes; which step a restarted
  * job would resume from; removing what crashed saves left, and saying what
  * was left alone and why.
  */
@@ -18,6 +18,7 @@ static const char *state_name(ckptio_step_state s) {
     return s == CKPTIO_STEP_COMPLETE  ? "complete"
            : s == CKPTIO_STEP_PARTIAL ? "partial"
            : s == CKPTIO_STEP_FOREIGN ? "foreign"
+           : s == CKPTIO_STEP_REFUSED ? "refused"
                                       : "damaged";
 }
 
@@ -73,7 +74,7 @@ static int print_json(const char *root, const ckptio_step_info *steps, size_t n)
 
 int cli_steps_inspect(ckptio_engine *engine, const char *root, bool json) {
     ckptio_step_info *steps = NULL;
-    size_t n = 0, counts[4] = {0};
+    size_t n = 0, counts[5] = {0};
     uint64_t total = 0;
     if (check_all(engine, root, CKPTIO_STEP_CHECK_FAST, &steps, &n) != CLI_EXIT_OK) return CLI_EXIT_FAIL;
     if (json) {
@@ -92,13 +93,15 @@ int cli_steps_inspect(ckptio_engine *engine, const char *root, bool json) {
         cli_format_bytes(steps[i].bytes, size, sizeof size);
         const char *cells[] = {step, state_name(steps[i].state), files, size, cli_q(steps[i].reason)};
         if (cli_table_add(&table, cells) != 0) rc = CLI_EXIT_FAIL;
-        if ((unsigned)steps[i].state < 4) counts[steps[i].state]++;
+        if ((unsigned)steps[i].state < 5) counts[steps[i].state]++;
         total += steps[i].bytes;
     }
     char size[32];
-    printf("%s: checkpoint manager root, %zu step%s (%zu complete, %zu partial, %zu damaged, %zu foreign), %s\n",
+    char refused[48] = ""; /* shown when there are any */
+    if (counts[CKPTIO_STEP_REFUSED]) snprintf(refused, sizeof refused, ", %zu refused", counts[CKPTIO_STEP_REFUSED]);
+    printf("%s: checkpoint manager root, %zu step%s (%zu complete, %zu partial, %zu damaged, %zu foreign%s), %s\n",
            cli_q(root), n, n == 1 ? "" : "s", counts[CKPTIO_STEP_COMPLETE], counts[CKPTIO_STEP_PARTIAL],
-           counts[CKPTIO_STEP_DAMAGED], counts[CKPTIO_STEP_FOREIGN], cli_format_bytes(total, size, sizeof size));
+           counts[CKPTIO_STEP_DAMAGED], counts[CKPTIO_STEP_FOREIGN], refused, cli_format_bytes(total, size, sizeof size));
     cli_table_print(&table, stdout, "  ");
     cli_table_cleanup(&table);
     ckptio_steps_free(steps);
@@ -135,7 +138,8 @@ int cli_steps_verify(ckptio_engine *engine, const char *root, bool latest, bool 
             if (!quiet) printf("%s: step %llu: %s (%s)\n", cli_q(root), (unsigned long long)steps[i].step,
                                state_name(steps[i].state), cli_q(steps[i].reason));
         } else {
-            cli_error("%s: step %llu: damaged: %s", root, (unsigned long long)steps[i].step, steps[i].reason);
+            cli_error("%s: step %llu: %s: %s", root, (unsigned long long)steps[i].step, state_name(steps[i].state),
+                      steps[i].reason);
             rc = CLI_EXIT_FAIL;
         }
     }

@@ -70,11 +70,11 @@ typedef struct ckptio_dcp_bytes_info {
     ckptio_dcp_stored stored;
 } ckptio_dcp_bytes_info;
 
-/* Bounds on what a zstd-transformed item may decompress to, checked before
- * anything is decompressed or allocated (ckptio_zstd_decompressed_size_max
- * below), by this library and by ckptio.dcp's
- * FileSystemReader: a tensor item holds
- * a torch.save archive of its chunk, so at most the chunk's bytes plus
+/* Bounds on what a zstd-transformed item may decompress to, enforced while it
+ * decompresses through a fixed buffer (ckptio_zstd_stream below; frames
+ * declaring more are refused from their headers), by this library and by
+ * ckptio.dcp's FileSystemReader: a tensor item holds a torch.save archive
+ * of its chunk, so at most the chunk's bytes plus
  * CKPTIO_DCP_ARCHIVE_OVERHEAD_MAX (zip records, pickle, alignment); a byte
  * item (torch.save of a non-tensor object) at most CKPTIO_DCP_BYTE_ITEM_MAX. */
 #define CKPTIO_DCP_ARCHIVE_OVERHEAD_MAX ((uint64_t)64 << 20)
@@ -87,7 +87,8 @@ typedef struct ckptio_dcp_bytes_info {
  * allowlist, CKPTIO_E_FORMAT for a malformed object graph, chunks outside
  * their tensor, sizes that overflow, a relative_path that is absolute or
  * has '/' or "..", or a tensor chunk without storage; CKPTIO_E_UNSUPPORTED
- * for a transform other than stream.zstd/1. Data files are not opened yet.
+ * for a transform other than stream.zstd/1, or more than one (the message
+ * says which, or how many). Data files are not opened yet.
  * The engine is used for every later read and must outlive the handle. */
 CKPTIO_API ckptio_status ckptio_dcp_open(ckptio_engine *engine, const char *dir, ckptio_dcp **out);
 
@@ -122,8 +123,10 @@ CKPTIO_API ckptio_status ckptio_dcp_manifest(const ckptio_dcp *dcp, const char *
  * at dst (capacity >= nbytes, else CKPTIO_E_RANGE), in C order. Each chunk's
  * item is read through the engine and decoded by kind: a torch.save
  * archive (any strides), a SAFETENSORS blob, or a zstd frame around an
- * archive (bounded: CKPTIO_DCP_ARCHIVE_OVERHEAD_MAX). Host memory used besides dst: at most one stored item (plus
- * its decompressed bytes for zstd). Chunks that do not tile the tensor
+ * archive (bounded: CKPTIO_DCP_ARCHIVE_OVERHEAD_MAX). Host memory used besides dst: at most one storage;
+ * for a zstd item its stored frames plus its archive when that is at most 64 MiB, else 3 MiB (a larger
+ * archive is never held: its storage decompresses straight into dst, whatever .metadata or the frames
+ * declare). Chunks that do not tile the tensor
  * exactly (gaps, overlaps) are CKPTIO_E_FORMAT naming the tensor; an item
  * whose dtype or shape disagrees with .metadata, or that runs past the end
  * of its file (CKPTIO_E_TRUNCATED), names file, offset and tensor. */
@@ -175,8 +178,9 @@ CKPTIO_API ckptio_status ckptio_dcp_verify(ckptio_dcp *dcp, ckptio_dcp_verify_re
  * saving its own shards writes it and torch loads it back: report->partial
  * counts those tensors (ckptio.dcp's reader applies the same rule). Reading
  * such a tensor whole (ckptio_dcp_read_tensor) is still refused. zstd items are bounded as
- * CKPTIO_DCP_ARCHIVE_OVERHEAD_MAX says. Reads whole items (one at a time).
- * report may be NULL. */
+ * CKPTIO_DCP_ARCHIVE_OVERHEAD_MAX says and decompressed once through a fixed buffer (never held when
+ * over 64 MiB); an uncompressed storage is read through a 16 MiB buffer: memory stays bounded whatever
+ * the sizes .metadata declares. report may be NULL. */
 CKPTIO_API ckptio_status ckptio_dcp_check(ckptio_dcp *dcp, ckptio_dcp_verify_report *report);
 
 /*! ckptio_dcp_save_safetensors() :
@@ -185,8 +189,13 @@ CKPTIO_API ckptio_status ckptio_dcp_check(ckptio_dcp *dcp, ckptio_dcp_verify_rep
  * is NULL): the header is laid out as ckptio_safetensors_save() does
  * (flags: CKPTIO_SAFETENSORS_ALIGN_8 or 0, metadata pairs in order), then
  * each tensor is assembled (ckptio_dcp_read_tensor) into one reused host
- * buffer of the largest tensor's size and written, so memory stays bounded
- * whatever the checkpoint's size. The file is written atomically
+ * buffer of the largest such tensor's size and written, so memory stays
+ * bounded whatever the checkpoint's size. That buffer must be justified by
+ * bytes on disk: each uncompressed chunk's item holds at least the chunk's
+ * bytes and shares none with another chunk's (else CKPTIO_E_FORMAT naming
+ * them); a tensor over 64 MiB with zstd chunks is instead streamed from its
+ * frames to the file through an 8 MiB buffer (runs of zeros left unwritten,
+ * the new file reads as zeros there). The file is written atomically
  * (temporary, fsync, rename): on failure nothing appears under `path`. */
 CKPTIO_API ckptio_status ckptio_dcp_save_safetensors(ckptio_dcp *dcp, const char *path, const size_t *tensors,
                                                      size_t count, const ckptio_kv *metadata, size_t metadata_count,
@@ -230,7 +239,12 @@ CKPTIO_API ckptio_status ckptio_pickle_close(ckptio_pickle *p);
  * class as "module.Name" (static storage), *args the constructor arguments
  * (a TUPLE: REDUCE's args, or NEWOBJ's for cls.__new__) and *state what
  * BUILD set (a DICT of fields, a TUPLE for __setstate__, or NULL when the
- * pickle had no BUILD). Any output may be NULL. */
+ * pickle had no BUILD). Any output may be NULL. numpy values of a torch.save
+ * tree are OBJECT nodes rebuilt as data, with no state: "numpy.dtype" with
+ * args (descr) such as "<f8", "|b1", ">i4"; "numpy.ndarray" with args
+ * (dtype, shape: a TUPLE of INTs, fortran: a BOOL, data: BYTES of exactly
+ * the shape's elements); "numpy.generic" (a scalar) with args (dtype, data
+ * of one element). Only bool, int, uint, float and complex dtypes occur. */
 CKPTIO_API ckptio_status ckptio_value_object(const ckptio_value *value, const char **class_name,
                                              const ckptio_value **args, const ckptio_value **state);
 
@@ -343,6 +357,24 @@ CKPTIO_API ckptio_status ckptio_zstd_decompressed_size_max(const void *src, size
 CKPTIO_API ckptio_status ckptio_zstd_decompress(const void *src, size_t len, void *dst, size_t capacity,
                                                 size_t *out_len);
 
+/* Receives the decompressed output of ckptio_zstd_stream() piece by piece,
+ * in order: `offset` is where data[0] lies in the whole output. A status
+ * other than CKPTIO_OK stops the stream and is returned as it is. */
+typedef ckptio_status (*ckptio_zstd_sink)(void *ctx, const void *data, size_t len, uint64_t offset);
+
+/*! ckptio_zstd_stream() :
+ * Decompresses all zstd frames of (src, len) through one fixed buffer of
+ * 1 MiB, handing each piece to sink(ctx, ...) (sink may be NULL: only
+ * count). Memory is that buffer plus libzstd's context (its window, which
+ * libzstd bounds at 128 MiB), never the size the frames declare; time is
+ * bounded by `limit`: once the output passes it, CKPTIO_E_FORMAT
+ * ("decompression bomb") and nothing more is decompressed. A corrupt or
+ * truncated frame, or one whose output differs from the size its header
+ * declares, is CKPTIO_E_FORMAT naming the frame's offset in src and the
+ * size it declares. *total (may be NULL) receives the bytes produced. */
+CKPTIO_API ckptio_status ckptio_zstd_stream(const void *src, size_t len, uint64_t limit, ckptio_zstd_sink sink,
+                                            void *ctx, uint64_t *total);
+
 /* ------------------------------------------------------------------------ */
 /* DCP stored items: one data file, one item                                */
 /* ------------------------------------------------------------------------ */
@@ -434,6 +466,36 @@ CKPTIO_API ckptio_status ckptio_dcp_header_read(ckptio_file *file, uint64_t offs
  * errors. The data must outlive the header. */
 CKPTIO_API ckptio_status ckptio_dcp_header_parse(const void *data, size_t len, const char *origin, uint64_t offset,
                                                  const char *subject, ckptio_dcp_header **out);
+
+/*! ckptio_dcp_header_zstd() :
+ * The header of a zstd-transformed tensor item whose stored frames are
+ * (src, len) in memory: a torch.save archive of one tensor, as
+ * ckptio_dcp_header_parse() parses one. The frames are decompressed once,
+ * through a fixed buffer: an archive of at most 64 MiB is kept in the header
+ * (its storage is then read from memory); a larger one is not held at all,
+ * only its first and last MiB, where torch.save puts every record but the
+ * storage, and its storage is decompressed again when it is read
+ * (ckptio_dcp_header_read_box). Memory is bounded whatever the frames or
+ * .metadata declare; the output stops at `limit` bytes (CKPTIO_E_FORMAT,
+ * "decompression bomb": pass the chunk's bytes plus
+ * CKPTIO_DCP_ARCHIVE_OVERHEAD_MAX), and a decoded item that does not start as
+ * an archive is refused on its first bytes. `origin`, `offset` and `subject`
+ * name the stored item in errors. src must outlive the header. */
+CKPTIO_API ckptio_status ckptio_dcp_header_zstd(const void *src, size_t len, uint64_t limit, const char *origin,
+                                                uint64_t offset, const char *subject, ckptio_dcp_header **out);
+
+/*! ckptio_dcp_header_read_box() :
+ * Copies the box [offsets, offsets + sizes) of the stored tensor `fqn` (its
+ * ckptio_dcp_header_layout) into host memory: element (i0, i1, ...) of the box
+ * goes to dst + sum(i_k * dst_strides[k]) * element size, within `capacity`
+ * bytes (else CKPTIO_E_RANGE). For headers from ckptio_dcp_header_parse() and
+ * ckptio_dcp_header_zstd() (an untransformed item's bytes are in its file:
+ * CKPTIO_E_INVAL). A large zstd item is decompressed once more through a fixed
+ * buffer, so no memory besides dst is taken; its storage's strides must not
+ * overlap (any layout torch.save writes), else CKPTIO_E_UNSUPPORTED. */
+CKPTIO_API ckptio_status ckptio_dcp_header_read_box(const ckptio_dcp_header *header, const char *fqn,
+                                                    const int64_t *offsets, const int64_t *sizes, void *dst,
+                                                    const int64_t *dst_strides, uint64_t capacity);
 
 /*! ckptio_dcp_header_layout() :
  * Where tensor `fqn` is stored (an archive's one tensor, whatever `fqn`;

@@ -41,11 +41,16 @@ extern "C" {
  * whole directory is checked first (every entry a regular file under one
  * of their names, no subdirectory, nothing followed) and a directory
  * holding anything else is left whole, with the entry named.
+ * A step whose bytes hold up (marker, sizes, checksums) but which ckptio's
+ * reader refuses to load (a value outside the restricted unpickler's
+ * allowlist, or over one of its limits: CKPTIO_E_DISALLOWED, _UNSUPPORTED,
+ * _RANGE) is REFUSED: not damage, so nothing removes or replaces it.
  * Checks: CKPTIO_STEP_CHECK_MARKER reads only the marker; FAST also
  * compares .metadata with the size and XXH3-64 the marker recorded, parses
  * it and checks that every stored item lies inside its file (sizes, no
  * data read); FULL also hashes every byte against the ckptio manifest
- * (ckptio_dcp_verify). Functions that change ROOT (begin, commit, remove,
+ * (ckptio_dcp_verify; a step saved without checksums: ckptio_dcp_check).
+ * Functions that change ROOT (begin, commit, remove,
  * clean, retain) expect the caller to hold ROOT's lock
  * (ckptio_dcp_lock_acquire(ROOT, NULL, CKPTIO_DCP_LOCK_QUEUED, ...)) so
  * that two managers, or `ckptio clean` and a save, never work on one root
@@ -66,7 +71,8 @@ typedef enum ckptio_step_state {
     CKPTIO_STEP_COMPLETE = 0,
     CKPTIO_STEP_PARTIAL = 1,
     CKPTIO_STEP_DAMAGED = 2,
-    CKPTIO_STEP_FOREIGN = 3 /* no marker, no begun mark, not empty: not the manager's */
+    CKPTIO_STEP_FOREIGN = 3, /* no marker, no begun mark, not empty: not the manager's */
+    CKPTIO_STEP_REFUSED = 4  /* intact, but ckptio's reader refuses a value in it */
 } ckptio_step_state;
 
 typedef enum ckptio_step_check {
@@ -80,7 +86,7 @@ typedef struct ckptio_step_info {
     ckptio_step_state state;
     uint64_t bytes;      /* sizes of the regular files of the step directory */
     size_t files;        /* their count */
-    char reason[1024];   /* PARTIAL / DAMAGED / FOREIGN: why, in one line; COMPLETE: "", or why removal
+    char reason[1024];   /* PARTIAL / DAMAGED / FOREIGN / REFUSED: why, in one line; COMPLETE: "", or why removal
                           * leaves the step alone (it holds an entry the manager does not make) */
 } ckptio_step_info;
 

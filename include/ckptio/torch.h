@@ -56,8 +56,9 @@ typedef enum ckptio_value_kind {
     CKPTIO_VALUE_TENSOR,  /* a tensor (or nn.Parameter); see ckptio_value_tensor */
     CKPTIO_VALUE_DTYPE,   /* a torch.dtype, e.g. torch.float32 */
     CKPTIO_VALUE_DEVICE,  /* a torch.device; its text ("cuda:0") via ckptio_value_str */
-    CKPTIO_VALUE_OBJECT   /* only from ckptio_pickle_parse_dcp_metadata() (ckptio/dcp.h):
-                           * an instance of an allowlisted class; see ckptio_value_object */
+    CKPTIO_VALUE_OBJECT   /* an instance of an allowlisted class; see ckptio_value_object
+                           * (ckptio/dcp.h): a DCP .metadata class, or in a torch.save
+                           * tree a numpy value ("numpy.ndarray", "numpy.generic", "numpy.dtype") */
 } ckptio_value_kind;
 
 /*! ckptio_value_kind_of() : @return the node's kind (NONE for NULL). */
@@ -337,8 +338,11 @@ CKPTIO_API ckptio_status ckptio_torch_save_tensors(ckptio_engine *engine, const 
  * values; `metadata` and `flags` (CKPTIO_SAFETENSORS_ALIGN_8) as there).
  * `tensors` lists tensor indices (NULL: all, `count` ignored). Each tensor
  * is read through the handle's engine (strided views gathered) into one
- * buffer of the largest tensor's size and written before the next is read:
- * memory stays bounded and the input is never memory-mapped, so an input
+ * buffer of the largest tensor's size and written before the next is read;
+ * a view reaching more bytes than its storage holds (strides of 0, torch's
+ * expand) is written in runs from its storage through an 8 MiB buffer
+ * instead, so the buffer never exceeds what the file holds. Memory stays
+ * bounded and the input is never memory-mapped, so an input
  * that shrinks meanwhile fails with CKPTIO_E_TRUNCATED naming it (never a
  * SIGBUS). On any failure nothing appears under `path` and an older file
  * there is kept. Views that share a storage are written as copies. */

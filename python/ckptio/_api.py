@@ -368,7 +368,29 @@ def build_torch_object(reader, dev: "_adapt.Device") -> Any:
         for k, v in attrs.items():
             setattr(obj, k, v)
 
-    return reader.tree(make_tensor, make_dict, make_dtype, torch.device, set_attrs, torch.Size)
+    return reader.tree(make_tensor, make_dict, make_dtype, torch.device, set_attrs, torch.Size, numpy_value)
+
+
+def numpy_value(cls: str, args: tuple) -> Any:
+    """The numpy value of a node the restricted unpickler checked and built as
+    data (src/format/pickle_numpy.c): a dtype from its text ("<f8"), an array
+    or scalar copied out of its bytes with np.frombuffer. numpy's own
+    unpickling is never run; the result is what it gives (an array in native
+    byte order, as numpy swaps one pickled in the other)."""
+    try:
+        import numpy as np
+    except ImportError:
+        raise ModuleNotFoundError("this checkpoint holds numpy values: install numpy to load them") from None
+    if cls == "numpy.dtype":
+        return np.dtype(args[0])
+    if cls == "numpy.ndarray":
+        dtype, shape, fortran, data = args
+        array = np.frombuffer(data, dtype=dtype).reshape(shape, order="F" if fortran else "C")
+        return array.astype(dtype.newbyteorder("="), order="K")  # a copy, writable, in native byte order
+    if cls == "numpy.generic":
+        dtype, data = args
+        return np.frombuffer(data, dtype=dtype)[0]
+    raise TypeError(f"ckptio: no numpy value of class {cls!r}")
 
 
 def open(path: PathLike, framework: str = "pt", device: Any = "cpu", *, engine=None,
@@ -562,9 +584,11 @@ def _torch_tree(obj: Any, path: str):
         elif isinstance(o, bytearray):
             r = bytes(o)
         else:
+            hint = ("; for numpy values: torch.from_numpy(a) or a.tolist(), or torch.save, whose numpy arrays "
+                    "and scalars ckptio.load reads" if type(o).__module__.split(".")[0] == "numpy" else "")
             raise TypeError(f"{path}: cannot save {type(o).__module__}.{type(o).__qualname__} at "
                             f"'{where or '<root>'}' in a torch checkpoint (ckptio writes tensors, dtypes, "
-                            "containers, str, bytes, int, float, bool and None)")
+                            f"containers, str, bytes, int, float, bool and None{hint})")
         memo[id(o)] = r
         keep.append(o)
         return r

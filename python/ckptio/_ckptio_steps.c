@@ -14,6 +14,7 @@ static const char *state_name(ckptio_step_state s) {
     return s == CKPTIO_STEP_COMPLETE  ? "complete"
            : s == CKPTIO_STEP_PARTIAL ? "partial"
            : s == CKPTIO_STEP_FOREIGN ? "foreign"
+           : s == CKPTIO_STEP_REFUSED ? "refused"
                                       : "damaged";
 }
 

@@ -179,6 +179,14 @@ class CheckpointManager:
         lock = None
         error = None
         step_dir = None
+        try:  # a value the reader would refuse fails the save here, before the root is touched
+            from .dcp import _byte_items
+
+            state_dict = _byte_items.plain_state_dict(state_dict)  # Stateful values: state_dict() once
+            _byte_items.check_state_dict(state_dict, f"CheckpointManager({self.root!r}).save(step {step})")
+        except Exception as e:  # noqa: BLE001 - handed to every rank
+            error = e
+        self._agree(error, f"CheckpointManager.save(step {step})")
         if self._rank == 0:
             try:
                 lock = _lock(_ensure_root(self.root))

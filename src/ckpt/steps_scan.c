@@ -226,6 +226,18 @@ static bool item_inside(ckptio_dcp *h, const char *dir, const uint64_t *sizes, s
     return false;
 }
 
+/* A failed read of a step's .metadata or items: REFUSED when ckptio's
+ * reader refuses something the bytes hold (a value outside the allowlist, a
+ * limit; the bytes are what was saved), DAMAGED otherwise. Only what is
+ * proven broken may ever be replaced or removed as damage. */
+static void set_failure(ckptio_step_info *out, ckptio_status st) {
+    if (st == CKPTIO_E_DISALLOWED || st == CKPTIO_E_UNSUPPORTED || st == CKPTIO_E_RANGE)
+        set_state(out, CKPTIO_STEP_REFUSED, "ckptio's reader refuses it (not damage; the step is kept): %s",
+                  ckptio_last_error_message());
+    else
+        set_state(out, CKPTIO_STEP_DAMAGED, "%s", ckptio_last_error_message());
+}
+
 /* FAST (and FULL) on a step whose marker is good. */
 static void data_check(ckptio_engine *engine, const char *dir, const ckptio__step_marker *m, ckptio_step_check check,
                        ckptio_step_info *out) {
@@ -246,8 +258,9 @@ static void data_check(ckptio_engine *engine, const char *dir, const ckptio__ste
     uint64_t *sizes = NULL;
     size_t nfiles = 0, ntensors = 0, nbytes = 0;
     const char *manifest = NULL;
-    if (ckptio_dcp_open(engine, dir, &h) != CKPTIO_OK) {
-        set_state(out, CKPTIO_STEP_DAMAGED, "%s", ckptio_last_error_message());
+    const ckptio_status opened = ckptio_dcp_open(engine, dir, &h);
+    if (opened != CKPTIO_OK) {
+        set_failure(out, opened);
         return;
     }
     ckptio_dcp_file_count(h, &nfiles);
@@ -282,8 +295,12 @@ static void data_check(ckptio_engine *engine, const char *dir, const ckptio__ste
         ckptio_dcp_bytes(h, b, &bi);
         if (!item_inside(h, dir, sizes, nfiles, bi.fqn, &bi.stored, out)) goto out;
     }
-    if (check == CKPTIO_STEP_CHECK_FULL && ckptio_dcp_verify(h, NULL) != CKPTIO_OK)
-        set_state(out, CKPTIO_STEP_DAMAGED, "%s", ckptio_last_error_message());
+    if (check == CKPTIO_STEP_CHECK_FULL) {
+        /* A step saved without checksums has no manifest to verify against:
+         * its structure and byte items are checked instead. */
+        const ckptio_status st = manifest ? ckptio_dcp_verify(h, NULL) : ckptio_dcp_check(h, NULL);
+        if (st != CKPTIO_OK) set_failure(out, st);
+    }
 out:
     ckptio__free(sizes);
     ckptio_dcp_close(h);

@@ -182,6 +182,26 @@ def test_overlapping_zip_records_are_refused(tmp_path):
     assert run("verify", corpus).returncode == 1
 
 
+def test_shared_dict_with_a_long_key_is_refused_in_bounded_memory(tmp_path):
+    # torch.save memoizes the dict: 100 KB of file name one 60 KB key under 20000 paths, 1.2 GB of
+    # names (2.3 GB peak and 10 s in `ckptio inspect` before). Names are bounded by the pickle's size.
+    path = tmp_path / "names.pt"
+    torch.save([{"k" * 60000: torch.zeros(1)}] * 20000, path)
+    assert path.stat().st_size < 200_000
+    runner = ("import resource, subprocess, sys; r = subprocess.run(sys.argv[1:], capture_output=True, text=True);"
+              "print(resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss); sys.stderr.write(r.stderr)")
+    r = subprocess.run([os.sys.executable, "-c", runner, CKPTIO_CLI, "inspect", str(path)], capture_output=True,
+                       text=True, timeout=120)
+    assert "the names of" in r.stderr and "take more than" in r.stderr and "shared objects" in r.stderr, r.stderr
+    assert int(r.stdout.strip()) < 300 << 10, r.stdout
+    with pytest.raises(ckptio.CkptioError, match="shared objects naming long keys"):
+        ckptio.load(path)
+    # An honest nested state dict of the same tensors, each under its own short path, loads.
+    honest = tmp_path / "honest.pt"
+    torch.save([{"k" * 60: torch.zeros(1)} for _ in range(2000)], honest)
+    assert run("inspect", honest).returncode == 0
+
+
 # ---- an input truncated during convert ---------------------------------------------------------
 
 

@@ -45,7 +45,7 @@ from torch.futures import Future
 
 from .. import _adapt, _ckptio
 from .._ckptio import Engine
-from . import _commit, _lock
+from . import _byte_items, _commit, _lock
 
 ZSTD_DESCRIPTOR = "stream.zstd/1"
 MANIFEST_PREFIX = ".ckptio-manifest-"
@@ -178,6 +178,13 @@ class FileSystemWriter(_TorchFileSystemWriter):
       current one could be staged with its new values: pass False to block
       until the copies are done.
 
+    * ``allow_pickle`` (default False): a non-tensor value that
+      ``FileSystemReader`` would refuse (an ``argparse.Namespace``, an
+      instance of a user class) fails the save with TypeError naming its
+      key, before any data file is written. True saves it as torch does;
+      then only ``FileSystemReader(..., allow_pickle=True)`` or torch's own
+      reader loads the checkpoint.
+
     ``_extensions`` may hold ``ckptio.dcp.ZStandard()`` or torch's
     ``ZStandard()`` (compression runs in libckptio; neither the zstandard nor
     the pyzstd module is needed to write or read).
@@ -203,6 +210,7 @@ class FileSystemWriter(_TorchFileSystemWriter):
         non_blocking_stage: bool = True,
         cleanup: str = "foreground",
         dir_busy="wait",
+        allow_pickle: bool = False,
     ) -> None:
         # torch's transforms object is built from _extensions; ours are
         # applied natively, so it gets none.
@@ -242,6 +250,9 @@ class FileSystemWriter(_TorchFileSystemWriter):
         self._dir_lock: Optional[_lock.DirectoryLock] = None
         self._reference: Optional[str] = None  # the .metadata a save replaces, when it gives attributes
         self.non_blocking_stage = non_blocking_stage
+        if not isinstance(allow_pickle, bool):
+            raise TypeError(f"allow_pickle must be a bool, not {allow_pickle!r}")
+        self.allow_pickle = allow_pickle
         self._staged_events: List[Any] = []
         self._token: Optional[str] = None
         # In-flight tracking of async saves (see stage()): the generation
@@ -383,16 +394,31 @@ class FileSystemWriter(_TorchFileSystemWriter):
             t = t.contiguous()
         return t
 
+    def _byte_items(self, items: List[WriteItem], planner: SavePlanner) -> Dict[int, bytes]:
+        """The pickled bytes of every byte item of the plan (id(WriteItem) -> bytes), each checked
+        as the reader will check it (unless allow_pickle), before any file is written."""
+        out: Dict[int, bytes] = {}
+        for wi in items:
+            if wi.type != WriteItemType.BYTE_IO:
+                continue
+            data = planner.resolve_data(wi)
+            out[id(wi)] = raw = data.getvalue() if isinstance(data, io.BytesIO) else bytes(data)
+            if not self.allow_pickle:
+                _byte_items.check(raw, wi.index.fqn, _byte_items.lookup(planner, wi),
+                                  f"ckptio.dcp.FileSystemWriter({os.fspath(self.path)!r})", writer=True)
+        return out
+
     def _write(self, plan: SavePlan, planner: SavePlanner) -> List[WriteResult]:
         self._wait_staged()  # async save: the staging copies must be complete
         prefix = plan.storage_data.prefix
+        raws = self._byte_items(plan.items, planner)
         os.makedirs(self.path, exist_ok=True)
         # New data files take the attributes of the .metadata they will
         # replace (a checkpoint saved 0600 stays 0600). The coordinator holds
         # the directory's lock, so that file is stable until finish().
         self._reference = _commit.reference_stat(self.path, self._metadata_name())
         if self.serialization_format == SerializationFormat.SAFETENSORS:
-            return self._write_safetensors(plan, planner, prefix)
+            return self._write_safetensors(plan, planner, prefix, raws)
         flags = (_ckptio.DCP_ITEM_HASH if self.checksums else 0) | (_ckptio.DCP_ITEM_CRC32 if self.crc else 0)
         if self._descriptors:
             flags |= _ckptio.DCP_ITEM_ZSTD
@@ -411,10 +437,8 @@ class FileSystemWriter(_TorchFileSystemWriter):
                 names.append(name)
                 # As torch: the byte items of a file first, then its tensors.
                 for wi in [w for w in bucket if w.type == WriteItemType.BYTE_IO]:
-                    data = planner.resolve_data(wi)
-                    raw = data.getvalue() if isinstance(data, io.BytesIO) else bytes(data)
                     order.append(wi)
-                    payloads.append((f, flags & ~_ckptio.DCP_ITEM_CRC32, raw))
+                    payloads.append((f, flags & ~_ckptio.DCP_ITEM_CRC32, raws[id(wi)]))
                     keep.append(name)
                 for wi in [w for w in bucket if w.type != WriteItemType.BYTE_IO]:
                     t = self._resolve_tensor(planner, wi)
@@ -450,7 +474,8 @@ class FileSystemWriter(_TorchFileSystemWriter):
         if self._reference is not None:
             _commit.create_placeholder(self.path, name, self._reference)
 
-    def _write_safetensors(self, plan: SavePlan, planner: SavePlanner, prefix: str) -> List[WriteResult]:
+    def _write_safetensors(self, plan: SavePlan, planner: SavePlanner, prefix: str,
+                           raws: Dict[int, bytes]) -> List[WriteResult]:
         """torch's SAFETENSORS layout: every tensor of a file in one safetensors
         blob whose __metadata__ holds DCP_SHARDING_INFO; the tensors'
         _StorageInfo point at the blob (offset of its first byte, length =
@@ -510,9 +535,7 @@ class FileSystemWriter(_TorchFileSystemWriter):
             try:
                 payloads = []
                 for wi in byte_items:
-                    data = planner.resolve_data(wi)
-                    raw = data.getvalue() if isinstance(data, io.BytesIO) else bytes(data)
-                    payloads.append((f, _ckptio.DCP_ITEM_HASH if self.checksums else 0, raw))
+                    payloads.append((f, _ckptio.DCP_ITEM_HASH if self.checksums else 0, raws[id(wi)]))
                 placed = _ckptio.dcp_write(payloads, self.alignment, self.engine)
                 f.commit()
             finally:
@@ -629,7 +652,10 @@ class FileSystemWriter(_TorchFileSystemWriter):
             # and the kernels it launches next on that stream run after the
             # copies (values at save time). The background write waits for the
             # copies' events (_wait_staged) before touching the bytes.
-            staged = _copy_state_dict(state_dict, target, non_blocking=self.non_blocking_stage and pin)
+            # Non-tensor values (numpy arrays, scalars, ...) are deep-copied, as
+            # torch's own stager does: not every value DCP saves is a tensor.
+            staged = _copy_state_dict(state_dict, target, non_blocking=self.non_blocking_stage and pin,
+                                      type_check=False)
             self._staged_events = _record_copy_events(state_dict) if self.non_blocking_stage and pin else []
             return staged
         except BaseException:
