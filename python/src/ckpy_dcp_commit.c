@@ -1,12 +1,13 @@
 /*
- * _ckptio_dcp_commit.c - the DCP directory commit of libckptio (include/
+ * ckpy_dcp_commit.c - the DCP directory commit of libckptio (include/
  * ckptio/dcp.h "DCP directory commit") for ckptio.dcp's writer: the directory
  * lock, the data files' placeholders, the commit itself (ckptio_dcp_commit:
  * manifest, .metadata, removal of what older saves left) and a later
  * removal. Thin: arguments in, the C call with the GIL released, results
  * out; failures become exceptions through ckpy_raise (ckptio._errors).
  */
-#include "_ckptio_internal.h"
+#include "ckpy_convert.h"
+#include "ckpy_parts.h"
 
 #include <string.h>
 
