@@ -215,6 +215,15 @@ def file_cycles(uses):
     return cycles
 
 
+def loops(uses):
+    """One problem line per loop of files in `uses` {(a, b): (what, line)}."""
+    out = []
+    for cycle in file_cycles(uses):
+        steps = [f"{a}:{uses[(a, b)][1]} uses {uses[(a, b)][0]} of {b}" for a, b in zip(cycle, cycle[1:] + cycle[:1])]
+        out.append("files in a loop: " + "; ".join(steps))
+    return out
+
+
 # The extension's bottom and top (rule 5).
 EXT_DIR = os.path.join("python", "src")
 EXT_BOTTOM, EXT_TOP = "ckpy_convert.c", "ckpy_module.c"
@@ -257,12 +266,7 @@ def one_way(repo, top, public, problems):
             if homes and len(homes) == 1 and unit(n) not in homes:
                 uses.setdefault((unit(n), next(iter(homes))), (name, line))
     graph_uses = {(os.path.join(top, a), os.path.join(top, b)): v for (a, b), v in uses.items()}
-    for cycle in file_cycles(graph_uses):
-        steps = []
-        for a, b in zip(cycle, cycle[1:] + cycle[:1]):
-            what, line = graph_uses[(a, b)]
-            steps.append(f"{a}:{line} uses {what} of {b}")
-        problems.append("files in a loop: " + "; ".join(steps))
+    problems += loops(graph_uses)
     if top == EXT_DIR and EXT_TOP in texts:
         for (a, b), (what, line) in sorted(uses.items()):
             if a == EXT_BOTTOM:
@@ -396,12 +400,7 @@ def main():
             uses.setdefault((rel, home), (name, line))
             if RANK[layer_of(home)] > RANK[layer]:
                 problems.append(f"{rel}:{line}: {layer} uses {name}() of {home}, a higher layer")
-    for cycle in file_cycles(uses):
-        steps = []
-        for a, b in zip(cycle, cycle[1:] + cycle[:1]):
-            name, line = uses[(a, b)]
-            steps.append(f"{a}:{line} uses {name} of {b}")
-        problems.append("files in a loop: " + "; ".join(steps))
+    problems += loops(uses)
 
     # 4. and 5. tools/ and the extension's C: public headers only, one way
     side_uses = {}
