@@ -12,6 +12,7 @@
  *   ckptio/model.h        models (Hugging Face directories), slices    experimental
  *   ckptio/steps.h        a checkpoint manager's steps                 experimental
  *   ckptio/object.h       s3:// objects                                experimental
+ *   ckptio/convert.h      any of these checkpoints into any other      experimental
  *
  * Only ckptio/core.h is declared stable before ckptio 1.0. The experimental
  * headers may change in any minor version, so a program opts in to them
@@ -33,6 +34,7 @@
 #include "ckptio/model.h"
 #include "ckptio/steps.h"
 #include "ckptio/object.h"
+#include "ckptio/convert.h"
 #endif
 
 #endif /* CKPTIO_H */

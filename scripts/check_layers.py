@@ -23,7 +23,7 @@ Checked, from the source text alone (no build needed):
      src/ (only the public headers of include/ and their own).
   5. Within tools/ and within python/src/, files depend one way: no loop of
      files, counting both calls and includes (including X.h is using X.c).
-     In the extension the converters are the bottom (ckpy_convert.c uses no
+     In the extension the converters are the bottom (ckpy_values.c uses no
      other file of it) and the module the top (no file uses ckpy_module.c).
   6. The Python package (python/ckptio/) imports no module in a loop,
      counting imports inside functions too: shared pieces live in a lower
@@ -226,7 +226,7 @@ def loops(uses):
 
 # The extension's bottom and top (rule 5).
 EXT_DIR = os.path.join("python", "src")
-EXT_BOTTOM, EXT_TOP = "ckpy_convert.c", "ckpy_module.c"
+EXT_BOTTOM, EXT_TOP = "ckpy_values.c", "ckpy_module.c"
 
 
 def one_way(repo, top, public, problems):

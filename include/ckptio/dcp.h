@@ -183,6 +183,16 @@ CKPTIO_API ckptio_status ckptio_dcp_verify(ckptio_dcp *dcp, ckptio_dcp_verify_re
  * the sizes .metadata declares. report may be NULL. */
 CKPTIO_API ckptio_status ckptio_dcp_check(ckptio_dcp *dcp, ckptio_dcp_verify_report *report);
 
+/*! ckptio_dcp_validate() :
+ * The rule `ckptio verify DIR` and ckptio.dcp.verify share: with a ckptio
+ * manifest (ckptio_dcp_manifest), ckptio_dcp_verify(); without one (torch or
+ * another writer saved the directory, or the manifest is gone),
+ * ckptio_dcp_check(), which is not a failure: *manifest (may be NULL)
+ * receives the manifest's name, or NULL when the structure was checked and
+ * the bytes were not compared with checksums. Errors as those two give. */
+CKPTIO_API ckptio_status ckptio_dcp_validate(ckptio_dcp *dcp, ckptio_dcp_verify_report *report,
+                                             const char **manifest);
+
 /*! ckptio_dcp_save_safetensors() :
  * Consolidates tensors of the checkpoint into one safetensors file at
  * `path` (tensor indices `tensors[0..count)`, or every tensor when tensors

@@ -2,6 +2,7 @@
 from os import PathLike
 from typing import Any, Callable, Dict, Iterable, Iterator, List, Mapping, NamedTuple, Optional, Set, Tuple, Union
 
+from . import dcp as dcp
 from ._ckptio import Engine as Engine, default_engine as default_engine
 from ._errors import (CkptioError as CkptioError, CkptioFileExistsError as CkptioFileExistsError,
                       CkptioFileNotFoundError as CkptioFileNotFoundError,
@@ -110,6 +111,8 @@ def save_torch(obj: Any, path: _Path, *, align: Optional[int] = ..., crc: bool =
                engine: Optional[Engine] = ...) -> List[Optional[Tuple[int, str]]]: ...
 def prepare_gpu(device: _Device = ..., *, engine: Optional[Engine] = ...) -> None: ...
 def option_names() -> List[str]: ...
+def convert(src: _Path, dst: _Path, *, to: Optional[str] = ..., shard_size: Optional[int] = ...,
+            alignment: Optional[int] = ..., engine: Optional[Engine] = ...) -> Dict[str, Any]: ...
 
 class CheckpointManager:
     root: str

@@ -6,7 +6,7 @@
 #ifndef CKPY_CALL_H
 #define CKPY_CALL_H
 
-#include "ckpy_convert.h"
+#include "ckpy_values.h"
 
 #include <pthread.h>
 

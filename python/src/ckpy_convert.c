@@ -1,259 +1,87 @@
 /*
- * ckpy_convert.c - the bottom of the ckptio._ckptio extension: a failed C
- * call as the ckptio exception (built by ckptio._errors.make_error from
- * ckptio_last_error()), and Python values to C arguments and back (paths,
- * integers, memory kinds, dtypes, shapes, read targets, extents, the bytes
- * of pickle values). It uses no other file of the extension.
+ * ckpy_convert.c - ckptio.convert: ckptio_convert() with the GIL released.
  *
- * Everything here goes through the public C API (ckptio.h) only.
+ * The notes (what OUT will not hold) are collected while the library runs
+ * without the GIL and handed back with the result, or attached to nothing
+ * when the conversion fails (its error says what went wrong).
  */
-#include "ckpy_convert.h"
+#include "ckpy_engine.h"
+#include "ckpy_parts.h"
 
-#include <stdarg.h>
-#include <stdio.h>
 #include <string.h>
 
-/* ckptio._errors.make_error, resolved at module init. */
-static PyObject *make_error_fn = NULL;
+typedef struct convert_call {
+    const char *in, *out;
+    ckptio_convert_options options;
+    ckptio_convert_report report;
+    char notes[8192]; /* lines separated by '\n' */
+    size_t used;
+} convert_call;
 
-/* ---- errors ------------------------------------------------------------- */
-
-int ckpy_errors_init(void) {
-    PyObject *errors = PyImport_ImportModule("ckptio._errors");
-    if (!errors) return -1;
-    Py_XDECREF(make_error_fn);
-    make_error_fn = PyObject_GetAttrString(errors, "make_error");
-    Py_DECREF(errors);
-    return make_error_fn ? 0 : -1;
+static void collect_note(const char *note, void *user) {
+    convert_call *c = user;
+    const size_t n = strlen(note);
+    if (c->used + n + 2 > sizeof c->notes) return; /* the first notes are the ones that matter */
+    memcpy(c->notes + c->used, note, n);
+    c->used += n;
+    c->notes[c->used++] = '\n';
+    c->notes[c->used] = '\0';
 }
 
-void ckpy_errors_free(void) { Py_CLEAR(make_error_fn); }
-
-PyObject *ckpy_str_or_none(const char *s) {
-    if (!s || !s[0]) Py_RETURN_NONE;
-    return PyUnicode_DecodeFSDefault(s);
+static ckptio_status do_convert(ckptio_engine *engine, void *arg) {
+    convert_call *c = arg;
+    return ckptio_convert(engine, c->in, c->out, &c->options, &c->report);
 }
 
-/* Builds the exception with ckptio._errors.make_error(...) and raises it. */
-static PyObject *raise_record(ckptio_status status, int sys_errno, int cuda_result, const char *operation,
-                              const char *path, int64_t offset, const char *subject, const char *message,
-                              const char *source_file, int source_line) {
-    PyObject *exc = NULL;
-    if (!make_error_fn) {
-        PyErr_Format(PyExc_RuntimeError, "ckptio: %s", message ? message : ckptio_strerror(status));
+static const char *const to_names[] = {"auto", "safetensors", "hf", "torch", "dcp"};
+static const char *const from_names[] = {"unknown", "safetensors", "torch", "torch", "dcp", "hf", "directory"};
+
+static PyObject *mod_convert(PyObject *module, PyObject *args, PyObject *kwargs) {
+    static char *kwlist[] = {"src", "dst", "to", "shard_size", "alignment", "engine", NULL};
+    PyObject *src_arg, *dst_arg, *engine_arg = Py_None;
+    const char *to = "auto";
+    unsigned long long shard_size = 0;
+    unsigned int alignment = 0;
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OO|sKIO:convert", kwlist, &src_arg, &dst_arg, &to, &shard_size,
+                                     &alignment, &engine_arg))
         return NULL;
+    convert_call *c = PyMem_Calloc(1, sizeof *c);
+    if (!c) return PyErr_NoMemory();
+    int kind = -1;
+    for (int k = 0; k < 5; k++)
+        if (strcmp(to, to_names[k]) == 0) kind = k;
+    PyObject *src = NULL, *dst = NULL, *result = NULL;
+    ckpy_engine *engine = NULL;
+    if (kind < 0) {
+        PyErr_Format(PyExc_ValueError, "to must be 'safetensors', 'hf', 'torch', 'dcp' or None, not '%s'", to);
+        goto out;
     }
-    PyObject *op = ckpy_str_or_none(operation), *p = ckpy_str_or_none(path), *subj = ckpy_str_or_none(subject);
-    PyObject *msg = PyUnicode_DecodeUTF8(message ? message : "", message ? (Py_ssize_t)strlen(message) : 0,
-                                         "replace");
-    PyObject *src = NULL;
-    if (source_file && source_file[0]) src = PyUnicode_FromFormat("%s:%d", source_file, source_line);
-    else {
-        src = Py_None;
-        Py_INCREF(src);
-    }
-    if (op && p && subj && msg && src) {
-        exc = PyObject_CallFunction(make_error_fn, "isiiOOLOOO", (int)status, ckptio_status_name(status),
-                                    sys_errno, cuda_result, op, p, (long long)offset, subj, msg, src);
-    }
-    Py_XDECREF(op);
-    Py_XDECREF(p);
-    Py_XDECREF(subj);
-    Py_XDECREF(msg);
+    if (!(src = ckpy_path_bytes(src_arg)) || !(dst = ckpy_path_bytes(dst_arg))) goto out;
+    c->in = PyBytes_AsString(src);
+    c->out = PyBytes_AsString(dst);
+    c->options = (ckptio_convert_options){.to = (ckptio_convert_to)kind, .shard_size = shard_size,
+                                          .storage_alignment = alignment, .note = collect_note, .user = c};
+    if (!(engine = ckpy_engine_resolve(engine_arg)) || ckpy_engine_run(engine, do_convert, c) != 0) goto out;
+    const ckptio_convert_report *r = &c->report;
+    result = Py_BuildValue("{s:s,s:s,s:n,s:K,s:n,s:n,s:n,s:n,s:s#}", "from",
+                           from_names[(unsigned)r->from < 7 ? r->from : 0], "to", to_names[r->to], "tensors",
+                           (Py_ssize_t)r->tensors, "bytes", (unsigned long long)r->bytes, "files", (Py_ssize_t)r->files,
+                           "byte_items", (Py_ssize_t)r->byte_items, "dropped", (Py_ssize_t)r->dropped, "shared",
+                           (Py_ssize_t)r->shared, "notes", c->notes, (Py_ssize_t)c->used);
+out:
+    Py_XDECREF(engine);
     Py_XDECREF(src);
-    if (!exc) return NULL;
-    PyErr_SetObject((PyObject *)Py_TYPE(exc), exc);
-    Py_DECREF(exc);
-    return NULL;
+    Py_XDECREF(dst);
+    PyMem_Free(c);
+    return result;
 }
 
-PyObject *ckpy_raise(ckptio_status status) {
-    const ckptio_error_info *info = ckptio_last_error();
-    if (!info || info->status != status || !info->message || !info->message[0]) {
-        /* The record belongs to some other failure: report the code alone
-         * rather than a misleading message. */
-        char text[160];
-        snprintf(text, sizeof text, "ckptio call failed: %s (%s)", ckptio_strerror(status),
-                 ckptio_status_name(status));
-        return raise_record(status, 0, 0, NULL, NULL, -1, NULL, text, NULL, 0);
-    }
-    return raise_record(status, info->sys_errno, info->cuda_result, info->operation, info->path,
-                        info->file_offset, info->subject, info->message, info->source_file, info->source_line);
-}
+static PyMethodDef convert_methods[] = {
+    {"convert", (PyCFunction)(void (*)(void))mod_convert, METH_VARARGS | METH_KEYWORDS,
+     "convert(src, dst, to='auto', shard_size=0, alignment=0, engine=None) -> {from, to, tensors, bytes, files,\n"
+     "byte_items, dropped, shared, notes}: ckptio_convert (any of safetensors / Hugging Face / torch.save / DCP\n"
+     "into any); notes: the lines saying what dst does not hold. GIL released."},
+    {NULL, NULL, 0, NULL},
+};
 
-PyObject *ckpy_raise_custom(ckptio_status status, int sys_errno, const char *operation, const char *path,
-                            int64_t offset, const char *fmt, ...) {
-    char body[1024];
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(body, sizeof body, fmt, ap);
-    va_end(ap);
-    /* Same shape as the library's messages: "PATH: OPERATION at offset N: text: strerror". */
-    char text[4096];
-    size_t n = 0;
-    if (path && path[0]) n += (size_t)snprintf(text + n, sizeof text - n, "%s: ", path);
-    if (operation && operation[0] && n < sizeof text) {
-        n += (size_t)snprintf(text + n, sizeof text - n, "%s", operation);
-        if (offset >= 0 && n < sizeof text) n += (size_t)snprintf(text + n, sizeof text - n, " at offset %lld",
-                                                                   (long long)offset);
-        if (n < sizeof text) n += (size_t)snprintf(text + n, sizeof text - n, ": ");
-    }
-    if (n < sizeof text) n += (size_t)snprintf(text + n, sizeof text - n, "%s", body);
-    if (sys_errno && n < sizeof text) snprintf(text + n, sizeof text - n, ": %s", strerror(sys_errno));
-    return raise_record(status, sys_errno, 0, operation, path, offset, NULL, text, __FILE__, __LINE__);
-}
-
-/* ---- helpers ------------------------------------------------------------- */
-
-PyObject *ckpy_path_bytes(PyObject *path) {
-    PyObject *out = NULL;
-    if (!PyUnicode_FSConverter(path, &out)) return NULL;
-    return out;
-}
-
-int ckpy_u64(PyObject *obj, const char *what, uint64_t *out) {
-    if (!PyLong_Check(obj)) {
-        PyErr_Format(PyExc_TypeError, "%s must be an int, not %R", what, (PyObject *)Py_TYPE(obj));
-        return -1;
-    }
-    unsigned long long v = PyLong_AsUnsignedLongLong(obj);
-    if (v == (unsigned long long)-1 && PyErr_Occurred()) {
-        PyErr_Clear();
-        PyErr_Format(PyExc_ValueError, "%s must be a non-negative integer below 2**64", what);
-        return -1;
-    }
-    *out = (uint64_t)v;
-    return 0;
-}
-
-int ckpy_mem_kind(PyObject *obj, ckptio_mem_kind *out) {
-    long v = PyLong_AsLong(obj);
-    if (v == -1 && PyErr_Occurred()) return -1;
-    if (v < CKPTIO_MEM_HOST || v > CKPTIO_MEM_AUTO) {
-        PyErr_Format(PyExc_ValueError, "memory kind must be 0 (host), 1 (pinned), 2 (cuda) or 3 (auto), not %ld", v);
-        return -1;
-    }
-    *out = (ckptio_mem_kind)v;
-    return 0;
-}
-
-int ckpy_dtype(PyObject *obj, ckptio_dtype *out) {
-    if (PyLong_Check(obj)) {
-        long v = PyLong_AsLong(obj);
-        if (v == -1 && PyErr_Occurred()) return -1;
-        if (v < 0 || v >= CKPTIO_DTYPE_COUNT_) {
-            PyErr_Format(PyExc_ValueError, "dtype code %ld is out of range", v);
-            return -1;
-        }
-        *out = (ckptio_dtype)v;
-        return 0;
-    }
-    PyObject *b = PyUnicode_AsUTF8String(obj);
-    if (!b) return -1;
-    ckptio_status st = ckptio_dtype_from_name(PyBytes_AsString(b), out);
-    Py_DECREF(b);
-    if (st != CKPTIO_OK) {
-        ckpy_raise(st);
-        return -1;
-    }
-    return 0;
-}
-
-void ckpy_free_object(PyObject *self) {
-    PyTypeObject *tp = Py_TYPE(self);
-    freefunc tp_free = (freefunc)PyType_GetSlot(tp, Py_tp_free);
-    tp_free(self);
-    Py_DECREF(tp);
-}
-
-void ckpy_lock_nogil(PyThread_type_lock lock) {
-    PyThread_acquire_lock(lock, WAIT_LOCK);
-}
-
-/* ---- sequences ---------------------------------------------------------- */
-
-PyObject *ckpy_int64_tuple(const int64_t *v, uint32_t n) {
-    PyObject *t = PyTuple_New((Py_ssize_t)n);
-    if (!t) return NULL;
-    for (uint32_t i = 0; i < n; i++) {
-        PyObject *x = PyLong_FromLongLong((long long)v[i]);
-        if (!x) {
-            Py_DECREF(t);
-            return NULL;
-        }
-        PyTuple_SetItem(t, (Py_ssize_t)i, x);
-    }
-    return t;
-}
-
-/* A BYTES, STR or BIGINT node of a pickle value tree as bytes, str or int. */
-PyObject *ckpy_value_bytes_like(const ckptio_value *v, ckptio_value_kind kind) {
-    const char *data = NULL;
-    size_t len = 0;
-    ckptio_status st = ckptio_value_bytes(v, &data, &len);
-    if (st != CKPTIO_OK) return ckpy_raise(st);
-    if (kind == CKPTIO_VALUE_BYTES) return PyBytes_FromStringAndSize(data, (Py_ssize_t)len);
-    if (kind == CKPTIO_VALUE_BIGINT) {
-        /* int.from_bytes(data, "little", signed=True) */
-        PyObject *b = PyBytes_FromStringAndSize(data, (Py_ssize_t)len);
-        PyObject *fn = b ? PyObject_GetAttrString((PyObject *)&PyLong_Type, "from_bytes") : NULL;
-        PyObject *a = fn ? Py_BuildValue("(Os)", b, "little") : NULL;
-        PyObject *kw = a ? Py_BuildValue("{sO}", "signed", Py_True) : NULL;
-        PyObject *r = kw ? PyObject_Call(fn, a, kw) : NULL;
-        Py_XDECREF(b);
-        Py_XDECREF(fn);
-        Py_XDECREF(a);
-        Py_XDECREF(kw);
-        return r;
-    }
-    /* pickle's own decoding (torch.load's): lone surrogates pass. */
-    return PyUnicode_DecodeUTF8(data, (Py_ssize_t)len, "surrogatepass");
-}
-
-/* ---- parsing ------------------------------------------------------------------ */
-
-ckptio_tensor_target *ckpy_parse_targets(PyObject *seq, const char *not_sequence, size_t *count) {
-    if (!PySequence_Check(seq)) {
-        PyErr_SetString(PyExc_TypeError, not_sequence);
-        return NULL;
-    }
-    Py_ssize_t n = PySequence_Size(seq);
-    if (n < 0) return NULL;
-    ckptio_tensor_target *targets = PyMem_Calloc(n ? (size_t)n : 1, sizeof *targets);
-    if (!targets) {
-        PyErr_NoMemory();
-        return NULL;
-    }
-    for (Py_ssize_t i = 0; i < n; i++) {
-        PyObject *item = PySequence_GetItem(seq, i);
-        if (!item) goto fail;
-        PyObject *index_o, *addr_o, *cap_o, *kind_o;
-        uint64_t index, addr, cap;
-        int ok = PyArg_ParseTuple(item, "OOOO:read target", &index_o, &addr_o, &cap_o, &kind_o) &&
-                 ckpy_u64(index_o, "target index", &index) == 0 && ckpy_u64(addr_o, "target address", &addr) == 0 &&
-                 ckpy_u64(cap_o, "target capacity", &cap) == 0 && ckpy_mem_kind(kind_o, &targets[i].mem_kind) == 0;
-        Py_DECREF(item);
-        if (!ok) goto fail;
-        targets[i].index = (size_t)index;
-        targets[i].data = (void *)(uintptr_t)addr;
-        targets[i].capacity = cap;
-    }
-    *count = (size_t)n;
-    return targets;
-fail:
-    PyMem_Free(targets);
-    return NULL;
-}
-
-int ckpy_parse_extent(PyObject *addr_o, PyObject *len_o, PyObject *off_o, PyObject *kind_o, ckptio_extent *e) {
-    uint64_t addr;
-    if (ckpy_u64(addr_o, "address", &addr) < 0 || ckpy_u64(len_o, "nbytes", &e->length) < 0 ||
-        ckpy_u64(off_o, "file offset", &e->file_offset) < 0 || ckpy_mem_kind(kind_o, &e->mem_kind) < 0)
-        return -1;
-    if (addr == 0 && e->length != 0) {
-        PyErr_SetString(PyExc_ValueError, "address 0 with a non-zero length");
-        return -1;
-    }
-    e->memory = (void *)(uintptr_t)addr;
-    return 0;
-}
+int ckpy_convert_add_to_module(PyObject *module) { return PyModule_AddFunctions(module, convert_methods); }

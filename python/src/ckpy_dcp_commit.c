@@ -6,7 +6,7 @@
  * removal. Thin: arguments in, the C call with the GIL released, results
  * out; failures become exceptions through ckpy_raise (ckptio._errors).
  */
-#include "ckpy_convert.h"
+#include "ckpy_values.h"
 #include "ckpy_parts.h"
 
 #include <string.h>

@@ -6,12 +6,12 @@
  *
  *   ckpy_module.c                     the module: gathers the parts (ckpy_parts.h)
  *   ckpy_safetensors.c, ckpy_torch*.c, ckpy_pickle.c, ckpy_model.c, ckpy_gds.c,
- *   ckpy_steps.c, ckpy_dcp.c, ckpy_dcp_commit.c        the parts, one per area
+ *   ckpy_steps.c, ckpy_dcp.c, ckpy_dcp_commit.c, ckpy_convert.c   the parts, one per area
  *   ckpy_file.c                       File objects (ckpy_file.h: for ckpy_dcp.c)
  *   ckpy_handle.c                     objects wrapping one C handle
  *   ckpy_engine.c                     Engine objects, the default engine
  *   ckpy_call.c                       a C call: GIL released, locks, signals, fork
- *   ckpy_convert.c                    errors as exceptions, Python <-> C values
+ *   ckpy_values.c                     errors as exceptions, Python <-> C values
  *
  * The extension is built against CPython's stable ABI (Py_LIMITED_API
  * 3.8, an abi3 module), so one binary imports on every CPython >= 3.8. That

@@ -18,6 +18,7 @@ int ckpy_model_add_to_module(PyObject *module);       /* ckpy_model.c */
 int ckpy_dcp_add_to_module(PyObject *module);         /* ckpy_dcp.c: torch.distributed.checkpoint items */
 int ckpy_dcp_commit_add_to_module(PyObject *module);  /* ckpy_dcp_commit.c: the DCP directory commit */
 int ckpy_steps_add_to_module(PyObject *module);       /* ckpy_steps.c: the checkpoint manager's steps */
+int ckpy_convert_add_to_module(PyObject *module);     /* ckpy_convert.c: any checkpoint into any format */
 
 /* Module-level functions of the parts, listed in ckpy_module.c's table. */
 PyObject *ckpy_safetensors_save(PyObject *self, PyObject *args, PyObject *kwargs); /* ckpy_safetensors.c */

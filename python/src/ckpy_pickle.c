@@ -17,7 +17,7 @@
  * A node shared through the pickle memo becomes one shared Python object, so
  * hostile sharing cannot blow the result up exponentially.
  */
-#include "ckpy_convert.h"
+#include "ckpy_values.h"
 #include "ckpy_parts.h"
 
 #include <stdarg.h>

@@ -38,9 +38,9 @@ BASE = {
                            'int ckptio__engine(void) { return helper(); }\n',
     "include/ckptio/core.h": "int ckptio_core(void);\n",
     "tools/cli.c": '#include "ckptio.h"\n#include "ckptio/core.h"\nint main(void) { return ckptio_public(); }\n',
-    "python/src/ckpy_convert.h": '#include "ckptio.h"\nint ckpy_raise(int st);\n',
-    "python/src/ckpy_convert.c": '#include "ckpy_convert.h"\nint ckpy_raise(int st) { return st; }\n',
-    "python/src/ckpy_engine.h": '#include "ckpy_convert.h"\nint ckpy_engine_run(void);\n',
+    "python/src/ckpy_values.h": '#include "ckptio.h"\nint ckpy_raise(int st);\n',
+    "python/src/ckpy_values.c": '#include "ckpy_values.h"\nint ckpy_raise(int st) { return st; }\n',
+    "python/src/ckpy_engine.h": '#include "ckpy_values.h"\nint ckpy_engine_run(void);\n',
     "python/src/ckpy_engine.c": '#include "ckpy_engine.h"\nint ckpy_engine_run(void) { return ckpy_raise(1); }\n',
     "python/src/ckpy_module.c": '#include "ckpy_engine.h"\nint ckpy_init(void) { return ckpy_engine_run(); }\n',
     "python/ckptio/__init__.py": "from . import _api\n",
@@ -110,10 +110,10 @@ def test_a_ring_in_tools_fails(tmp_path):
 
 def test_the_extension_runs_from_its_converters_to_its_module(tmp_path):
     # An upward include and call from the converters: a loop, and the bottom broken.
-    fails_with(tmp_path, {"python/src/ckpy_convert.c": '#include "ckpy_engine.h"\n'
+    fails_with(tmp_path, {"python/src/ckpy_values.c": '#include "ckpy_engine.h"\n'
                                                        'int ckpy_raise(int st) { return st ? ckpy_engine_run() : 0; }\n'},
-               "files in a loop: python/src/ckpy_convert.c:1 uses #include ckpy_engine.h of python/src/ckpy_engine.c",
-               "python/src/ckpy_convert.c:1: uses #include ckpy_engine.h of python/src/ckpy_engine.c: ckpy_convert.c "
+               "files in a loop: python/src/ckpy_values.c:1 uses #include ckpy_engine.h of python/src/ckpy_engine.c",
+               "python/src/ckpy_values.c:1: uses #include ckpy_engine.h of python/src/ckpy_engine.c: ckpy_values.c "
                "is the bottom of the extension")
     # A part that calls the module: the top broken.
     fails_with(tmp_path, {"python/src/ckpy_engine.c": '#include "ckpy_engine.h"\nint ckpy_init(void);\n'

@@ -1,9 +1,9 @@
 /*
- * ckpy_convert.h - errors as exceptions and Python values as C arguments
- * (ckpy_convert.c, the bottom of the extension: it uses no other file).
+ * ckpy_values.h - errors as exceptions and Python values as C arguments
+ * (ckpy_values.c, the bottom of the extension: it uses no other file).
  */
-#ifndef CKPY_CONVERT_H
-#define CKPY_CONVERT_H
+#ifndef CKPY_VALUES_H
+#define CKPY_VALUES_H
 
 #include "ckpy_internal.h"
 
@@ -70,4 +70,4 @@ ckptio_tensor_target *ckpy_parse_targets(PyObject *seq, const char *not_sequence
  * (address, nbytes, file offset, mem_kind); -1 with an error. */
 int ckpy_parse_extent(PyObject *addr_o, PyObject *len_o, PyObject *off_o, PyObject *kind_o, ckptio_extent *e);
 
-#endif /* CKPY_CONVERT_H */
+#endif /* CKPY_VALUES_H */
