@@ -112,7 +112,8 @@ def test_the_extension_runs_from_its_converters_to_its_module(tmp_path):
     # An upward include and call from the converters: a loop, and the bottom broken.
     fails_with(tmp_path, {"python/src/ckpy_values.c": '#include "ckpy_engine.h"\n'
                                                        'int ckpy_raise(int st) { return st ? ckpy_engine_run() : 0; }\n'},
-               "files in a loop: python/src/ckpy_values.c:1 uses #include ckpy_engine.h of python/src/ckpy_engine.c",
+               "files in a loop: python/src/ckpy_engine.c:2 uses ckpy_raise of python/src/ckpy_values.c; "
+               "python/src/ckpy_values.c:1 uses #include ckpy_engine.h of python/src/ckpy_engine.c",
                "python/src/ckpy_values.c:1: uses #include ckpy_engine.h of python/src/ckpy_engine.c: ckpy_values.c "
                "is the bottom of the extension")
     # A part that calls the module: the top broken.
