@@ -126,7 +126,9 @@ DOUBLES = [b"ckptio__gpu_sim_", b"ckptio__io_inject", b"simulated", b"gpu_sim.c"
 
 
 def clean(source_dir: str, binaries):
-    absolute_source = re.compile(rb"/[\w.+-]+(?:/[\w.+-]+)*/(?:src|python|tools)/[\w/]+\.[ch]\b")
+    # An absolute path ending in a source file: "/home/u/ckptio/src/io/file.c". The relative names that
+    # -ffile-prefix-map gives ("./python/src/ckpy_values.c") start with a dot and are not one.
+    absolute_source = re.compile(rb"(?<![\w.])/[\w.+-]+(?:/[\w.+-]+)*/(?:src|python|tools)/[\w/]+\.[ch]\b")
     root = str(Path(source_dir).resolve()).encode()
     for b in binaries:
         data = Path(b).read_bytes()
