@@ -12,6 +12,7 @@
  *   ckptio/model.h        models (Hugging Face directories), slices    experimental
  *   ckptio/steps.h        a checkpoint manager's steps                 experimental
  *   ckptio/object.h       s3:// objects                                experimental
+ *   ckptio/snapshot.h     training state copied into a pinned pool     experimental
  *   ckptio/convert.h      any of these checkpoints into any other      experimental
  *
  * Only ckptio/core.h is declared stable before ckptio 1.0. The experimental
@@ -34,6 +35,7 @@
 #include "ckptio/model.h"
 #include "ckptio/steps.h"
 #include "ckptio/object.h"
+#include "ckptio/snapshot.h"
 #include "ckptio/convert.h"
 #endif
 

@@ -36,6 +36,7 @@ from ._model import Slice, SliceRequest
 from ._distributed import LoadStats, last_load_stats
 from ._safe_open import safe_open
 from ._manager import CheckpointManager
+from ._snapshot import Snapshot, Snapshots
 from ._convert import convert
 
 __version__: str = _ckptio.version()
@@ -74,6 +75,8 @@ __all__ = [
     "save_model",
     "load_model",
     "CheckpointManager",
+    "Snapshots",
+    "Snapshot",
     "convert",
     "GdsFile",
     "gds_register_buffer",

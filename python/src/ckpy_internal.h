@@ -6,7 +6,8 @@
  *
  *   ckpy_module.c                     the module: gathers the parts (ckpy_parts.h)
  *   ckpy_safetensors.c, ckpy_torch*.c, ckpy_pickle.c, ckpy_model.c, ckpy_gds.c,
- *   ckpy_steps.c, ckpy_dcp.c, ckpy_dcp_commit.c, ckpy_convert.c   the parts, one per area
+ *   ckpy_steps.c, ckpy_dcp.c, ckpy_dcp_commit.c, ckpy_convert.c,
+ *   ckpy_snapshot.c                   the parts, one per area
  *   ckpy_file.c                       File objects (ckpy_file.h: for ckpy_dcp.c)
  *   ckpy_handle.c                     objects wrapping one C handle
  *   ckpy_engine.c                     Engine objects, the default engine
