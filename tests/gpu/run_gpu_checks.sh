@@ -28,10 +28,12 @@ build() {
     set -e
     cmake -S . -B "$B" -DCMAKE_BUILD_TYPE=Release -DCKPTIO_TESTS=OFF >/dev/null
     cmake --build "$B" -j2 --target ckptio ckptio_static
-    ${CC:-cc} -std=gnu11 -O2 -g -D_GNU_SOURCE -Wall -Wextra -Werror -Iinclude -Isrc/common -Isrc/gpu \
+    ${CC:-cc} -std=gnu11 -O2 -g -D_GNU_SOURCE -DCKPTIO_EXPERIMENTAL -Wall -Wextra -Werror -Iinclude -Isrc/common \
+        -Isrc/objstore -Isrc/io -Isrc/engine -Isrc/gpu \
         tests/gpu/gpu_check.c "$B/libckptio.a" -o "$B/gpu_check" \
         -luring -ljansson -lzstd -lxxhash -ldl -lpthread -lm
-    ${CC:-cc} -std=gnu11 -O2 -g -D_GNU_SOURCE -Wall -Wextra -Werror -Iinclude -Isrc/common -Isrc/gpu \
+    ${CC:-cc} -std=gnu11 -O2 -g -D_GNU_SOURCE -DCKPTIO_EXPERIMENTAL -Wall -Wextra -Werror -Iinclude -Isrc/common \
+        -Isrc/objstore -Isrc/io -Isrc/engine -Isrc/gpu \
         tests/gpu/fork_check.c "$B/libckptio.a" -o "$B/fork_check" \
         -luring -ljansson -lzstd -lxxhash -ldl -lpthread -lm
     mkdir -p "$B/lib"
