@@ -9,7 +9,7 @@
  * lease). A broken invariant traps.
  */
 #include "fuzz_check.h"
-#include "ckptio_experimental.h"
+#include "ckptio.h"
 #include "dcp_commit_internal.h"
 
 #include <stdint.h>

@@ -195,7 +195,7 @@ static void test_dcp_commit_steps(void) {
     ckptio_engine *e = s3_test_engine();
     const char *dir = s3_url("dcp-commit");
     /* Small files: one PUT each, no temporary, no attributes. */
-    T_OK(ckptio_dcp_write_file(dir, ".metadata", "old", 3, NULL, CKPTIO_DCP_SYNC));
+    T_OK(ckptio__dcp_write_file(dir, ".metadata", "old", 3, NULL, CKPTIO_DCP_SYNC));
     T_ASSERT(exists(e, in(dir, ".metadata")));
     unsigned mode = 0;
     T_ASSERT(ckptio_dcp_reference(dir, ".metadata", &mode) == CKPTIO_E_NOT_FOUND);

@@ -10,7 +10,7 @@
 #include "cli.h"
 #include "cli_steps.h"
 
-#include "ckptio_experimental.h" /* ckptio_object_abort_uploads */
+#include "ckptio.h" /* ckptio_object_abort_uploads (ckptio/object.h) */
 
 #include <stdlib.h>
 #include <string.h>

@@ -1,11 +1,12 @@
 /*
- * _ckptio_object.c - objects in S3-compatible storage beyond files
+ * ckpy_object.c - objects in S3-compatible storage beyond files
  * (ckptio_experimental.h): what an s3:// path is, small objects read and
  * written whole, deletes, listings and the cleanup of unfinished uploads,
  * for ckptio.dcp's writer and reader on object storage. Every call runs on
  * an engine (its CKPTIO_S3_* settings) with the GIL released.
  */
-#include "_ckptio_internal.h"
+#include "ckpy_engine.h"
+#include "ckpy_parts.h"
 
 #include <stdlib.h>
 #include <string.h>
