@@ -420,7 +420,8 @@ def main():
     meta.update({"size": size, "reps": a.reps, "endpoint": endpoint(), "server": "OpenStack Swift s3api "
                  "(scripts/s3_server.sh)" if server_pids() else "external",
                  "ceiling": {k: ({"GBps": v[0], "cpu_s_per_GB": v[1]} if isinstance(v, tuple) else v)
-                             for k, v in ceil.items()}, "proxy_workers": os.environ.get("CKPTIO_TEST_S3_WORKERS", "1")})
+                             for k, v in ceil.items()}, "proxy_workers": os.environ.get("CKPTIO_TEST_S3_WORKERS", "1"),
+                 "ckptio_sign_payload": os.environ.get("CKPTIO_S3_SIGN_PAYLOAD", "auto")})
     for mod in ("runai_model_streamer", "s3torchconnector", "s3fs", "boto3"):
         try:
             meta[mod] = __import__(mod).__version__

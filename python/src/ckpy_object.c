@@ -1,6 +1,6 @@
 /*
  * ckpy_object.c - objects in S3-compatible storage beyond files
- * (ckptio_experimental.h): what an s3:// path is, small objects read and
+ * (include/ckptio/object.h): what an s3:// path is, small objects read and
  * written whole, deletes, listings and the cleanup of unfinished uploads,
  * for ckptio.dcp's writer and reader on object storage. Every call runs on
  * an engine (its CKPTIO_S3_* settings) with the GIL released.

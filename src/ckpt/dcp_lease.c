@@ -290,6 +290,20 @@ static ckptio_status try_take(ckptio__dcp_lease *l, const seen *s, bool *won) {
     return CKPTIO_OK;
 }
 
+/* The end of taking a lease or a pin: renewed from now on when written
+ * (`st` OK), else deleted again and freed. */
+static ckptio_status hand_over(lease_t *l, ckptio_status st, lease_t **out) {
+    if (st == CKPTIO_OK && l->held && (st = start_renewing(l)) != CKPTIO_OK) ckptio__object_remove(l->engine, l->url);
+    if (st != CKPTIO_OK) {
+        ckptio__error_saved *saved = ckptio__error_save();
+        lease_free(l);
+        ckptio__error_restore(saved);
+        return st;
+    }
+    *out = l;
+    return CKPTIO_OK;
+}
+
 ckptio_status ckptio__dcp_lease_acquire(const char *dir, bool shared, double timeout, ckptio_dcp_lock_wait_fn on_wait,
                                         void *user, ckptio__dcp_lease **out) {
     *out = NULL;
@@ -343,15 +357,7 @@ ckptio_status ckptio__dcp_lease_acquire(const char *dir, bool shared, double tim
         nanosleep(&ts, NULL);
         pause = pause * 2 > 1.0 ? 1.0 : pause * 2;
     }
-    if (st == CKPTIO_OK && l->held && (st = start_renewing(l)) != CKPTIO_OK) ckptio__object_remove(l->engine, l->url);
-    if (st != CKPTIO_OK) {
-        ckptio__error_saved *saved = ckptio__error_save();
-        lease_free(l);
-        ckptio__error_restore(saved);
-        return st;
-    }
-    *out = l;
-    return CKPTIO_OK;
+    return hand_over(l, st, out);
 }
 
 ckptio_status ckptio__dcp_lease_check(ckptio__dcp_lease *l) {
@@ -445,15 +451,7 @@ ckptio_status ckptio__dcp_pin_take(ckptio_engine *engine, const char *dir, ckpti
         l->len = ckptio__lease_format(&l->mine, l->text, sizeof l->text);
         st = ckptio__object_write_all(l->engine, l->url, l->text, l->len, false);
     }
-    if (st == CKPTIO_OK && (st = start_renewing(l)) != CKPTIO_OK) ckptio__object_remove(l->engine, l->url);
-    if (st != CKPTIO_OK) {
-        ckptio__error_saved *saved = ckptio__error_save();
-        lease_free(l);
-        ckptio__error_restore(saved);
-        return st;
-    }
-    *out = l;
-    return CKPTIO_OK;
+    return hand_over(l, st, out);
 }
 
 bool ckptio__dcp_pin_live(ckptio_engine *engine, const char *url, double server_now, double mtime) {
