@@ -1,0 +1,206 @@
+"""CheckpointManager while a save is still writing (docs/SNAPSHOTS.md, docs/MANAGER.md): async_busy="skip"
+never holds the caller, says which step was not saved (the Future's SkippedSave, a WARNING line) and the
+next save after the write proceeds; the saves it does start hold exactly the state of their step; retention
+and markers only ever see the steps saved; "wait" saves every step; a per-call override; the save-time
+check of values the reader would refuse costs a training loop's state no pickling on the caller's thread."""
+import argparse
+import logging
+import os
+import threading
+import time
+import warnings
+
+import pytest
+
+torch = pytest.importorskip("torch")
+from torch.distributed.checkpoint.state_dict import get_state_dict  # noqa: E402
+
+import ckptio  # noqa: E402
+from ckptio.dcp import _writer  # noqa: E402
+
+
+def _model():
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(32, 24), torch.nn.GELU(), torch.nn.Linear(24, 8))
+    opt = torch.optim.AdamW(model.parameters(), lr=0.01)
+    _train(model, opt)
+    return model, opt
+
+
+def _train(model, opt):
+    model(torch.randn(8, 32)).square().mean().backward()
+    opt.step()
+    opt.zero_grad()
+
+
+def _state(model, opt, step):
+    msd, osd = get_state_dict(model, opt)
+    return {"model": msd, "optim": osd, "extra": {"step": step, "rng": torch.get_rng_state(), "pos": [step, 0]}}
+
+
+def _clone(v):
+    if isinstance(v, torch.Tensor):
+        return v.detach().clone()
+    if isinstance(v, dict):
+        return type(v)((k, _clone(x)) for k, x in v.items())
+    if isinstance(v, (list, tuple)):
+        return type(v)(_clone(x) for x in v)
+    return v
+
+
+def _assert_same(a, b, where):
+    if isinstance(a, torch.Tensor):
+        assert isinstance(b, torch.Tensor) and a.dtype == b.dtype and a.shape == b.shape, where
+        assert torch.equal(a, b), where
+    elif isinstance(a, dict):
+        assert list(a) == list(b), where
+        for k in a:
+            _assert_same(a[k], b[k], f"{where}.{k}")
+    elif isinstance(a, (list, tuple)):
+        assert len(a) == len(b), where
+        for i, (x, y) in enumerate(zip(a, b)):
+            _assert_same(x, y, f"{where}[{i}]")
+    else:
+        assert a == b, (where, a, b)
+
+
+def _gated_writes(monkeypatch):
+    """The writer's data writes wait for the returned event: a save stays in flight until it is set."""
+    gate = threading.Event()
+    real = _writer.FileSystemWriter._write
+
+    def slow(self, plan, planner):
+        assert gate.wait(60)
+        return real(self, plan, planner)
+
+    monkeypatch.setattr(_writer.FileSystemWriter, "_write", slow)
+    return gate
+
+
+def _loaded(mgr, template, step):
+    got = _clone(template)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        assert mgr.load(got, step=step) == step
+    return got
+
+
+def test_skip_never_waits_and_saves_exactly_the_steps_it_starts(tmp_path, monkeypatch, caplog):
+    model, opt = _model()
+    gate = _gated_writes(monkeypatch)
+    root = tmp_path / "run"
+    mgr = ckptio.CheckpointManager(root, keep_last=2, async_busy="skip")
+    assert mgr.load(_state(model, opt, 0)) is None  # the pool pinned for this state
+    wanted, results = {}, {}
+    caplog.set_level(logging.WARNING, logger="ckptio.manager")
+    for step in (10, 20, 30, 40, 50):
+        state = _state(model, opt, step)
+        wanted[step] = _clone(state)
+        t0 = time.monotonic()
+        results[step] = mgr.save(step, state)
+        assert time.monotonic() - t0 < 5  # never waits for the gate (a wait would last until it opens)
+        _train(model, opt)  # training changes the live state right after the call
+        state["extra"]["pos"].append(-1)
+        if step == 20:
+            # 10 is still writing: 20 was skipped, at once, with a result that says so.
+            skipped = results[20].result(timeout=0)
+            assert isinstance(skipped, ckptio.SkippedSave) and (skipped.step, skipped.writing) == (20, 10)
+            assert str(skipped) == "skipped: step 10's save was still writing; step 20 was not saved"
+            assert any("skipped: step 10's save was still writing" in r.getMessage() and str(root) in r.getMessage()
+                       for r in caplog.records)
+            gate.set()
+            assert results[10].result(timeout=60) == 10
+        if step == 30:
+            assert results[30].result(timeout=60) == 30  # the first save after the write: proceeds
+        if step == 40:
+            gate.clear()  # 40 stays in flight: 50 is skipped
+        if step == 50:
+            assert isinstance(results[50].result(timeout=0), ckptio.SkippedSave)
+            gate.set()
+    mgr.wait()
+    assert [results[s].result() for s in (10, 30, 40)] == [10, 30, 40]
+    # Retention counted only the steps saved (keep_last=2); nothing of a skipped step is on disk.
+    assert mgr.all_steps() == [30, 40]
+    assert sorted(n for n in os.listdir(root) if n.startswith("step_")) == ["step_00000030", "step_00000040"]
+    assert [(s[0], s[1]) for s in ckptio._ckptio.steps_scan(str(root))] == [(30, "complete"), (40, "complete")]
+    for step in (30, 40):  # each the state at its request, bit for bit, though training went on
+        _assert_same(_loaded(mgr, wanted[step], step), wanted[step], f"step {step}")
+    mgr.close()
+
+
+def test_wait_saves_every_step_and_a_call_overrides_the_policy(tmp_path, monkeypatch):
+    model, opt = _model()
+    gate = _gated_writes(monkeypatch)
+    mgr = ckptio.CheckpointManager(tmp_path / "run", async_busy="skip")
+    mgr.prepare(_state(model, opt, 0))
+    first = _state(model, opt, 1)
+    wanted = {1: _clone(first)}
+    f1 = mgr.save(1, first)
+    _train(model, opt)
+    # The last save of a run must not be skipped: "wait" for this call.
+    second = _state(model, opt, 2)
+    wanted[2] = _clone(second)
+    threading.Timer(0.3, gate.set).start()
+    t0 = time.monotonic()
+    f2 = mgr.save(2, second, async_busy="wait")
+    assert time.monotonic() - t0 >= 0.25 and f1.done() and f1.result() == 1
+    _train(model, opt)
+    assert f2.result(timeout=60) == 2
+    assert mgr.all_steps() == [1, 2]
+    for step in (1, 2):
+        _assert_same(_loaded(mgr, wanted[step], step), wanted[step], f"step {step}")
+    # A manager that waits, skipping for one call.
+    gate.clear()
+    waiting = ckptio.CheckpointManager(tmp_path / "run2")
+    waiting.prepare(_state(model, opt, 0))
+    g1 = waiting.save(1, _state(model, opt, 1))
+    g2 = waiting.save(2, _state(model, opt, 2), async_busy="skip")
+    assert isinstance(g2.result(timeout=0), ckptio.SkippedSave)
+    with pytest.raises(ValueError, match="async_busy"):
+        waiting.save(3, _state(model, opt, 3), async_busy="later")
+    gate.set()
+    assert g1.result(timeout=60) == 1
+    waiting.close()
+    assert waiting.all_steps() == [1]
+    mgr.close()
+
+
+def test_skip_in_a_synchronous_manager_saves_every_step(tmp_path):
+    model, opt = _model()
+    mgr = ckptio.CheckpointManager(tmp_path / "run", async_save=False, async_busy="skip")
+    for step in (1, 2, 3):
+        assert mgr.save(step, _state(model, opt, step)).result() == step
+    assert mgr.all_steps() == [1, 2, 3]
+
+
+def test_the_save_time_check_pickles_nothing_of_a_training_state(tmp_path, monkeypatch):
+    """A training loop's state (tensors, optimizer hyper-parameters, ints, strs, RNG state as a tensor) is
+    checked without pickling anything on the caller's thread; a value the reader would refuse is still
+    refused there, before the root exists."""
+    model, opt = _model()
+    caller = threading.get_ident()
+    pickled = []
+    real = torch.save
+
+    def counting(obj, f, *a, **k):
+        if threading.get_ident() == caller:
+            pickled.append(type(obj).__name__)
+        return real(obj, f, *a, **k)
+
+    monkeypatch.setattr(torch, "save", counting)
+    root = tmp_path / "run"
+    mgr = ckptio.CheckpointManager(root, async_busy="wait")
+    state = _state(model, opt, 5)
+    state["extra"]["name"] = "run-1"
+    state["extra"]["sched"] = {"milestones": (10, 20), "gamma": 0.5, "last": None}
+    mgr.save(5, state)
+    assert pickled == []
+    mgr.wait()
+    # Refused values still fail at the call, nothing written, also inside a tuple of plain values.
+    for bad, key in ((argparse.Namespace(lr=0.1), "args"), ((1, "a", argparse.Namespace(lr=0.1)), "cfg")):
+        other = tmp_path / f"bad-{key}"
+        with pytest.raises(TypeError, match=f"cannot save '{key}'"):
+            ckptio.CheckpointManager(other).save(1, {"w": torch.ones(2), key: bad})
+        assert not os.path.exists(other)
+    mgr.close()
+
