@@ -399,7 +399,6 @@ def ceilings(args) -> dict:
     gb = args.state_gb
     out = {"tmpfs_1_file_fresh": _dd(args.tmpfs + "/dd", 1, gb, False),
            f"tmpfs_{args.files}_files": _dd(args.tmpfs + "/dd", args.files, gb, False),
-           "tmpfs_1_file_again": _dd(args.tmpfs + "/dd", 1, gb, False),
            "disk_1_file_direct": _dd(args.disk + "/dd", 1, min(gb, 4.0), True),
            f"disk_{args.files}_files_direct": _dd(args.disk + "/dd", args.files, min(gb, 4.0), True)}
     print("write ceilings GB/s:", json.dumps(out), flush=True)
@@ -525,10 +524,15 @@ def main() -> None:
         args.runs = "tmpfs:2:2:" + ",".join(METHODS)
         args.run_seconds, args.step_seconds, args.ceilings = 15.0, 0.01, False
         args.tmpfs = args.tmpfs.rstrip("/") + "-smoke"
-        failed = parent(args)
-        print("smoke:", "every method ran end to end, every checkpoint exact" if not failed else
-              f"{len(failed)} run(s) failed: {[x['method'] for x in failed]}", flush=True)
-        sys.exit(1 if failed else 0)
+        failed, results = parent(args), []
+        if os.path.exists(os.path.join(args.outdir, "training_loop.json")):
+            with open(os.path.join(args.outdir, "training_loop.json")) as f:
+                results = json.load(f)["results"]
+        ran = [x["method"] for x in results if "step_ms" in x]
+        missing = [m for m in METHODS if m not in ran]
+        print("smoke:", f"{len(failed)} run(s) failed: {[x['method'] for x in failed]}" if failed else
+              f"not run: {missing}" if missing else "every method ran end to end, every checkpoint exact", flush=True)
+        sys.exit(1 if failed or missing else 0)
     if args.child:
         print(json.dumps(child(args)), flush=True)
         os._exit(0)  # a thread of torch's executors may linger

@@ -30,17 +30,19 @@ build() {
     cmake --build "$B" -j2 --target ckptio ckptio_static
     ${CC:-cc} -std=gnu11 -O2 -g -D_GNU_SOURCE -Wall -Wextra -Werror -Iinclude -Isrc/common -Isrc/gpu \
         tests/gpu/gpu_check.c "$B/libckptio.a" -o "$B/gpu_check" \
-        -luring -ljansson -lzstd -lxxhash -ldl -lpthread -lm
+        -luring -ljansson -lzstd -lxxhash -lz -lcurl -lcrypto -ldl -lpthread -lm
     ${CC:-cc} -std=gnu11 -O2 -g -D_GNU_SOURCE -Wall -Wextra -Werror -Iinclude -Isrc/common -Isrc/gpu \
         tests/gpu/fork_check.c "$B/libckptio.a" -o "$B/fork_check" \
-        -luring -ljansson -lzstd -lxxhash -ldl -lpthread -lm
+        -luring -ljansson -lzstd -lxxhash -lz -lcurl -lcrypto -ldl -lpthread -lm
     mkdir -p "$B/lib"
-    for so in liburing.so.2 libjansson.so.4 libzstd.so.1 libxxhash.so.0; do
-        # awk reads to the end: an early exit would leave ldconfig writing into a closed pipe (SIGPIPE, 141,
-        # fatal under pipefail and set -e: seen 2026-11-27).
-        path=$(ldconfig -p | awk -v n="$so" '$1 == n && /x86-64/ && !found {print $NF; found = 1}')
-        [ -n "$path" ] || { echo "cannot find $so"; exit 1; }
-        cp -L "$path" "$B/lib/$so"
+    # Every shared library the programs and libckptio.so load, but glibc's own: libcurl brings a few dozen
+    # (TLS, HTTP/2, Kerberos...), which the GPU machine need not have.
+    for so in $( (ldd "$B/gpu_check"; ldd "$B/fork_check"; ldd "$B/libckptio.so") |
+        awk '$2 == "=>" && $3 ~ /^\// {print $3}' | sort -u); do
+        case "$(basename "$so")" in
+        libc.so.* | libm.so.* | libpthread.so.* | libdl.so.* | librt.so.* | libresolv.so.* | ld-linux*) continue ;;
+        esac
+        cp -L "$so" "$B/lib/"
     done
     # libckptio.so.0 is what dlopen/ctypes users load; keep a plain copy too.
     cp -L "$B/libckptio.so" "$B/lib/libckptio.so"
