@@ -421,8 +421,8 @@ def parent(args) -> None:
     print(f"{len(runs)} runs, estimated {estimate:.0f} s (a run: {args.run_seconds:.0f} s + its steps at "
           f"{args.step_seconds} s), deadline {args.deadline:.0f} s:", flush=True)
     for target, every, method, steps in runs:
-        print(f"  {target:5} every {every:3} {method:20} {steps:4} steps  ~{args.run_seconds + steps * args.step_seconds:4.0f} s",
-              flush=True)
+        cost = args.run_seconds + steps * args.step_seconds
+        print(f"  {target:5} every {every:3} {method:20} {steps:4} steps  ~{cost:4.0f} s", flush=True)
     for target, every, method, steps in runs:
         left = args.deadline - (time.monotonic() - t_start)
         budget = args.run_seconds + steps * args.step_seconds

@@ -174,8 +174,9 @@ for r in doc["results"]:
                                                                      else "FAILED"))
         continue
     later = [round(v - base, 1) for v in s["later_saves_ms"]]
+    durable = [round(v, 1) for v in s["durable_s"]]
     print(f"{r['method']:20} {r['target']:6} {r['every']:>5} {s['mean_overhead_pct']:7.2f} "
-          f"{s['first_save_over_plain_ms'] or 0:+11.1f} {str(later):24} {str([round(v, 1) for v in s['durable_s']]):18} "
+          f"{s['first_save_over_plain_ms'] or 0:+11.1f} {str(later):24} {str(durable):18} "
           f"{str(s['skipped_steps']):10} {s['exact']}")
 EOF
 fi
