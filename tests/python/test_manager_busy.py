@@ -16,7 +16,7 @@ torch = pytest.importorskip("torch")
 from torch.distributed.checkpoint.state_dict import get_state_dict  # noqa: E402
 
 import ckptio  # noqa: E402
-from ckptio.dcp import _writer  # noqa: E402
+from test_snapshot import _assert_same, _clone, _slow_writes as _gated_writes  # noqa: E402
 
 
 def _model():
@@ -36,45 +36,6 @@ def _train(model, opt):
 def _state(model, opt, step):
     msd, osd = get_state_dict(model, opt)
     return {"model": msd, "optim": osd, "extra": {"step": step, "rng": torch.get_rng_state(), "pos": [step, 0]}}
-
-
-def _clone(v):
-    if isinstance(v, torch.Tensor):
-        return v.detach().clone()
-    if isinstance(v, dict):
-        return type(v)((k, _clone(x)) for k, x in v.items())
-    if isinstance(v, (list, tuple)):
-        return type(v)(_clone(x) for x in v)
-    return v
-
-
-def _assert_same(a, b, where):
-    if isinstance(a, torch.Tensor):
-        assert isinstance(b, torch.Tensor) and a.dtype == b.dtype and a.shape == b.shape, where
-        assert torch.equal(a, b), where
-    elif isinstance(a, dict):
-        assert list(a) == list(b), where
-        for k in a:
-            _assert_same(a[k], b[k], f"{where}.{k}")
-    elif isinstance(a, (list, tuple)):
-        assert len(a) == len(b), where
-        for i, (x, y) in enumerate(zip(a, b)):
-            _assert_same(x, y, f"{where}[{i}]")
-    else:
-        assert a == b, (where, a, b)
-
-
-def _gated_writes(monkeypatch):
-    """The writer's data writes wait for the returned event: a save stays in flight until it is set."""
-    gate = threading.Event()
-    real = _writer.FileSystemWriter._write
-
-    def slow(self, plan, planner):
-        assert gate.wait(60)
-        return real(self, plan, planner)
-
-    monkeypatch.setattr(_writer.FileSystemWriter, "_write", slow)
-    return gate
 
 
 def _loaded(mgr, template, step):
