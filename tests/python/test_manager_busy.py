@@ -1,14 +1,19 @@
 """CheckpointManager while a save is still writing (docs/SNAPSHOTS.md, docs/MANAGER.md): async_busy="skip"
 never holds the caller, says which step was not saved (the Future's SkippedSave, a WARNING line) and the
 next save after the write proceeds; the saves it does start hold exactly the state of their step; retention
-and markers only ever see the steps saved; "wait" saves every step; a per-call override; the save-time
-check of values the reader would refuse costs a training loop's state no pickling on the caller's thread."""
+and markers only ever see the steps saved; ranks skip together; "wait" saves every step; a per-call
+override; the save-time check of values the reader would refuse costs a training loop's state no pickling on
+the caller's thread."""
 import argparse
 import logging
 import os
+import subprocess
+import sys
+import textwrap
 import threading
 import time
 import warnings
+from pathlib import Path
 
 import pytest
 
@@ -165,3 +170,50 @@ def test_the_save_time_check_pickles_nothing_of_a_training_state(tmp_path, monke
         assert not os.path.exists(other)
     mgr.close()
 
+
+
+_TWO_RANKS_SKIP = textwrap.dedent("""
+    import os, sys, time
+    import torch, torch.distributed as dist
+    import ckptio
+    from ckptio import _manager
+    rank, init, root = int(sys.argv[1]), sys.argv[2], sys.argv[3]
+    dist.init_process_group("gloo", init_method=f"file://{init}", rank=rank, world_size=2)
+    if rank == 0:  # rank 0's commit is slow: its save of step 1 is still in flight when rank 1's is done
+        real = _manager._ckptio
+
+        class Slow:
+            def __getattr__(self, name):
+                if name != "steps_commit":
+                    return getattr(real, name)
+                return lambda *a, **k: (time.sleep(2.0), real.steps_commit(*a, **k))[1]
+
+        _manager._ckptio = Slow()
+    mgr = ckptio.CheckpointManager(root, async_busy="skip")
+    state = lambda s: {"x": torch.full((100,), float(s)), f"r{rank}": torch.full((10,), float(rank)), "step": s}
+    f1 = mgr.save(1, state(1))
+    if rank == 1:
+        assert f1.result(timeout=60) == 1  # done here; still committing on rank 0
+    f2 = mgr.save(2, state(2))  # every rank skips, or a lone rank would start a save the other never joins
+    r2 = f2.result(timeout=0)
+    print("SKIPPED", type(r2).__name__, getattr(r2, "step", None), getattr(r2, "writing", None), flush=True)
+    mgr.wait()
+    assert mgr.save(3, state(3)).result(timeout=60) == 3
+    assert mgr.all_steps() == [1, 3], mgr.all_steps()
+    mgr.close()
+    dist.destroy_process_group()
+    print("OK", flush=True)
+    os._exit(0)  # as the other multi-rank workers: gloo's teardown now and then aborts after the checks
+""")
+
+
+def test_ranks_skip_together(tmp_path):
+    script = tmp_path / "two.py"
+    script.write_text(_TWO_RANKS_SKIP)
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join([str(Path(ckptio.__file__).parent.parent)] + sys.path)
+    procs = [subprocess.Popen([sys.executable, str(script), str(r), str(tmp_path / "init"), str(tmp_path / "run")],
+                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env) for r in range(2)]
+    outs = [p.communicate(timeout=240)[0] for p in procs]
+    for p, out in zip(procs, outs):
+        assert p.returncode == 0 and "SKIPPED SkippedSave 2 1" in out and "OK" in out, out
