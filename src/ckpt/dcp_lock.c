@@ -102,25 +102,39 @@ static bool lock_unsupported(int err) {
     return err == ENOLCK || err == EOPNOTSUPP || err == ENOTSUP || err == ENOSYS || err == EINVAL || err == EBADF;
 }
 
+/* An existing lock file: only a regular file is opened (a FIFO or device
+ * under the name is refused, never waited on). */
+static ckptio_status open_existing_lock(const char *path, int acc, int *fd) {
+    struct stat sb;
+    mode_t type = 0;
+    *fd = ckptio__open_regular(AT_FDCWD, path, acc | O_NOFOLLOW, &sb, &type);
+    if (*fd >= 0) return CKPTIO_OK;
+    if (type)
+        return CKPTIO_FAIL_CTX(CKPTIO_E_INVAL,
+                               &((ckptio__err_ctx){.operation = "open", .path = path, .file_offset = -1,
+                                                   .verbatim = true}),
+                               "%s: open: is %s, not a regular file: refused without opening it (" OPEN_NOTE ")", path,
+                               ckptio__file_type_name(type));
+    return CKPTIO_FAIL_SYS_NOTE(errno, "open", path, OPEN_NOTE);
+}
+
 static ckptio_status open_lock_file(const char *dir, const char *path, const char *reference, int *out) {
-    struct stat ref, sb;
+    struct stat ref;
     const bool has_ref = ckptio__reference_stat(dir, reference, &ref);
-    const int flags = O_CREAT | O_NOFOLLOW | O_CLOEXEC | O_NONBLOCK;
-    int fd = ckptio__open(path, O_RDWR | flags, has_ref ? ref.st_mode & 0777 : 0666);
-    if (fd < 0 && (errno == EACCES || errno == EPERM)) {
+    int fd = ckptio__open(path, O_RDWR | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, has_ref ? ref.st_mode & 0777 : 0666);
+    if (fd < 0 && errno == EEXIST) {
+        ckptio_status st = open_existing_lock(path, O_RDWR, &fd);
+        if (st != CKPTIO_OK && ckptio_last_error()->sys_errno != EACCES && ckptio_last_error()->sys_errno != EPERM)
+            return st;
         /* Someone else's lock file we may not write: flock needs only an
          * open descriptor locally (NFS needs write access, see above). */
-        fd = ckptio__open(path, O_RDONLY | O_NOFOLLOW | O_CLOEXEC | O_NONBLOCK, 0);
-        if (fd < 0) return CKPTIO_FAIL_SYS_NOTE(errno, "open", path, OPEN_NOTE);
-        *out = fd;
-        return CKPTIO_OK;
+        if (st != CKPTIO_OK) {
+            if ((st = open_existing_lock(path, O_RDONLY, &fd)) != CKPTIO_OK) return st;
+            *out = fd;
+            return CKPTIO_OK;
+        }
     }
     if (fd < 0) return CKPTIO_FAIL_SYS_NOTE(errno, "open", path, OPEN_NOTE);
-    const int err = fstat(fd, &sb) < 0 ? errno : !S_ISREG(sb.st_mode) ? EINVAL : 0;
-    if (err) {
-        close(fd);
-        return CKPTIO_FAIL_SYS_NOTE(err, "open", path, OPEN_NOTE);
-    }
     if (has_ref) {
         /* Follows the checkpoint's attributes; it is empty, so a refusal
          * exposes nothing and is not worth failing the save for. */

@@ -103,9 +103,14 @@ static void marker_state(const char *dir, uint64_t step, ckptio__step_marker *m,
         set_state(out, CKPTIO_STEP_DAMAGED, "out of memory reading the marker");
         return;
     }
-    const int fd = ckptio__open(path, O_RDONLY | O_NOFOLLOW | O_CLOEXEC, 0);
+    struct stat sb;
+    mode_t type = 0;
+    const int fd = ckptio__open_regular(AT_FDCWD, path, O_RDONLY | O_NOFOLLOW, &sb, &type);
     if (fd < 0) {
-        if (errno == ENOENT)
+        if (type)
+            set_state(out, CKPTIO_STEP_DAMAGED, "%s: open: is %s, not a regular file: refused without opening it",
+                      path, ckptio__file_type_name(type));
+        else if (errno == ENOENT)
             set_state(out, CKPTIO_STEP_PARTIAL,
                       "no commit marker (" CKPTIO_STEP_MARKER "): the save did not finish, or a removal stopped");
         else

@@ -93,15 +93,6 @@ static ckptio_status create_temporary(ckptio_file *f) {
     return st;
 }
 
-static ckptio_status check_regular(ckptio_file *f) {
-    struct stat st;
-    if (fstat(f->fd, &st) < 0) return CKPTIO_FAIL_SYS(errno, "fstat", f->path, -1, "checking the file type");
-    if (!S_ISREG(st.st_mode))
-        return CKPTIO_FAIL_CTX(CKPTIO_E_INVAL, &((ckptio__err_ctx){.operation = "open", .path = f->path, .file_offset = -1}),
-                               "not a regular file");
-    return CKPTIO_OK;
-}
-
 static ckptio_status open_in_place(ckptio_file *f) {
     const bool exclusive = f->flags & CKPTIO_OPEN_EXCLUSIVE;
     /* Try to create first so that commit knows whether the directory
@@ -115,9 +106,7 @@ static ckptio_status open_in_place(ckptio_file *f) {
         return CKPTIO_FAIL_CTX(CKPTIO_E_EXISTS, &((ckptio__err_ctx){.operation = "open", .path = f->path, .file_offset = -1}),
                                "the file already exists and CKPTIO_OPEN_EXCLUSIVE was given");
     if (errno != EEXIST) return CKPTIO_FAIL_SYS(errno, "open", f->path, -1, "creating the file for writing");
-    f->fd = ckptio__open(f->path, O_RDWR | O_CLOEXEC, 0);
-    if (f->fd < 0) return CKPTIO_FAIL_SYS(errno, "open", f->path, -1, "opening for writing in place");
-    return check_regular(f);
+    return ckptio__open_regular_or_fail(f->path, O_RDWR, CKPTIO_E_INVAL, "opening for writing in place", &f->fd, NULL);
 }
 
 ckptio_status ckptio_file_open(ckptio_engine *engine, const char *path, unsigned flags, ckptio_file **out) {
@@ -151,12 +140,7 @@ ckptio_status ckptio_file_open(ckptio_engine *engine, const char *path, unsigned
     }
 
     if (!f->writable) {
-        f->fd = ckptio__open(path, O_RDONLY | O_CLOEXEC, 0);
-        if (f->fd < 0) {
-            st = CKPTIO_FAIL_SYS(errno, "open", path, -1, "opening for reading");
-            goto out;
-        }
-        st = check_regular(f);
+        st = ckptio__open_regular_or_fail(path, O_RDONLY, CKPTIO_E_INVAL, "opening for reading", &f->fd, NULL);
     } else if (flags & CKPTIO_OPEN_IN_PLACE) {
         st = open_in_place(f);
     } else {

@@ -154,6 +154,42 @@ uint64_t ckptio__mem_available(void);
 /* Test hook: ckptio__mem_available() answers `bytes` (0: the real value). */
 void ckptio__read_policy_set_mem_available(uint64_t bytes);
 
+/* ---- opening what a checkpoint names (open_regular.c) ------------------ */
+
+/* The one way to open an existing file whose name comes from a checkpoint
+ * (markers, .metadata, manifests, data files, indexes, shards, lock files,
+ * temporaries): a FIFO, device, socket or directory under the name is
+ * refused without being opened (no wait, no driver's open runs). */
+
+/* "a FIFO", "a directory", "a character device", ... for messages. */
+const char *ckptio__file_type_name(mode_t mode);
+
+/* Opens `path` (relative to `dirfd` as openat(2) does; AT_FDCWD) with
+ * O_PATH (O_NOFOLLOW from `flags`: a symlink is then the object itself) and
+ * fstat()s it into *sb: no driver's open runs, nothing waits. The
+ * descriptor serves fstatat() and ckptio__reopen_regular(); -1 with errno
+ * on failure. */
+int ckptio__open_path(int dirfd, const char *path, int flags, struct stat *sb);
+
+/* Opens for I/O the regular file `path_fd` (an O_PATH descriptor of
+ * dirfd/path whose fstat is *sb) with the access mode of `flags` (O_RDONLY,
+ * O_RDWR), O_CLOEXEC, blocking: through /proc/self/fd, else by name
+ * (O_NOFOLLOW from `flags`). -1 with errno on failure, ESTALE when what
+ * opened is no longer the inode of *sb. */
+int ckptio__reopen_regular(int path_fd, int dirfd, const char *path, int flags, const struct stat *sb);
+
+/* Both: the descriptor and *sb, or -1 with errno. A name that is not a
+ * regular file gives -1 with *type its S_IFMT type (errno ELOOP for a
+ * symlink under O_NOFOLLOW, EISDIR, else EINVAL); *type is 0 otherwise. */
+int ckptio__open_regular(int dirfd, const char *path, int flags, struct stat *sb, mode_t *type);
+
+/* The same with the failure recorded: "PATH: open: is a FIFO, not a regular
+ * file (NOTE): refused without opening it" with status `refuse`, or the
+ * errno's status and text. `note` (may be NULL) says what the file is opened
+ * for; `sb` may be NULL. */
+ckptio_status ckptio__open_regular_or_fail(const char *path, int flags, ckptio_status refuse, const char *note,
+                                           int *fd, struct stat *sb);
+
 /* ---- the kernel's small status files (kernel_files.c) ------------------ */
 
 /* Reads up to cap - 1 bytes of the file at `path` into buf, NUL-terminated
@@ -375,11 +411,13 @@ bool ckptio__io_fault(ckptio__io_kind kind, int *err, uint64_t *len);
 /* ---- system calls of the commit protocols (syscalls.c) ------------------ */
 
 /* Each behaves as the system call of its name (-1 or NULL with errno on
- * failure, EINTR retried) but fails where a fault of its kind is injected:
+ * failure; EINTR retried unless ckptio_interrupt() asked to stop, then it is
+ * the failure) but fails where a fault of its kind is injected:
  * open (CKPTIO__IO_OPEN), fsync of files and directories (FSYNC), rename
  * (RENAME), unlink (UNLINK), opendir (LISTDIR); write and read (WRITE, READ)
  * may also be cut short by an injected short transfer. */
 int ckptio__open(const char *path, int flags, mode_t mode);
+int ckptio__openat(int dirfd, const char *path, int flags, mode_t mode);
 int ckptio__fsync(int fd);
 int ckptio__rename(const char *from, const char *to);
 int ckptio__unlink(const char *path);
