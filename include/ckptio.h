@@ -1747,6 +1747,15 @@ typedef struct ckptio_slice_target {
  * may be partly written. */
 CKPTIO_API ckptio_status ckptio_model_read(ckptio_model *model, const ckptio_slice_target *targets, size_t count);
 
+/*! ckptio_model_save_torch() :
+ * Writes every tensor of the model, in model order, as one torch.save file
+ * at `path`, atomically, as ckptio_safetensors_save_torch does for one file
+ * (a flat OrderedDict; `options` as for ckptio_torch_save_tensors): tensors
+ * are read one at a time through the model's engine into one buffer of the
+ * largest tensor's size. The shards' __metadata__ is not carried. */
+CKPTIO_API ckptio_status ckptio_model_save_torch(ckptio_model *model, const char *path,
+                                                 const ckptio_torch_save_options *options);
+
 
 #ifdef __cplusplus
 }

@@ -9,11 +9,6 @@
 
 #include "cli.h"
 
-/* The index file of `path`, which ckptio_format_detect called
- * CKPTIO_FORMAT_HF_INDEX: the path itself, or DIR/model.safetensors.index.json
- * for a directory. *index receives it (cap bytes); false when it does not fit. */
-bool cli_hf_index_path(const char *path, char *index, size_t cap);
-
 /* `ckptio inspect DIR [--json]` (cmd_dcp_dir.c). */
 int cli_dcp_inspect(ckptio_engine *engine, const char *dir, bool json);
 
@@ -27,9 +22,18 @@ int cli_dcp_verify(ckptio_engine *engine, const char *dir, bool quiet);
  * directory OUT means 5 GB. */
 int cli_dcp_convert(ckptio_engine *engine, const char *dir, const char *out, uint64_t shard_size, bool quiet);
 
-/* `ckptio inspect` / `ckptio verify` on a Hugging Face index: tensors across
+/* Whether inspect, verify and convert take a path of format `format`
+ * (ckptio_format_detect) as a model: a Hugging Face index, or a directory
+ * that is not DCP (the rule ckptio.load follows; ckptio_model_open then
+ * decides what the directory holds: model.safetensors, an index, or its
+ * *.safetensors files). */
+bool cli_is_model(ckptio_format format);
+
+/* `ckptio inspect` / `ckptio verify` / `ckptio convert` on a model (a
+ * directory, an index, as ckptio_model_open opens them): tensors across
  * shards, each shard validated and read (cmd_hf_index.c). */
-int cli_hf_inspect(ckptio_engine *engine, const char *index, bool json);
-int cli_hf_verify(ckptio_engine *engine, const char *index, bool quiet);
+int cli_hf_inspect(ckptio_engine *engine, const char *model, bool json);
+int cli_hf_verify(ckptio_engine *engine, const char *model, bool quiet);
+int cli_hf_convert(ckptio_engine *engine, const char *model, const char *out, uint32_t alignment, bool quiet);
 
 #endif /* CKPTIO_CLI_DCP_H */

@@ -10,6 +10,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 
 volatile sig_atomic_t cli_interrupted = 0;
 
@@ -176,9 +177,15 @@ double cli_now(void) {
 
 /* ---- interruption ---------------------------------------------------------- */
 
+/* The first SIGINT/SIGTERM asks the work in flight to stop (the library
+ * cancels its transfers and gives up a system call the signal interrupted:
+ * ckptio_interrupt) so that the command ends with its cleanup done; a
+ * second one ends the process at once. No SA_RESTART: a blocking call
+ * returns EINTR instead of waiting on. */
 static void on_interrupt(int sig) {
-    (void)sig;
-    cli_interrupted = 1;
+    if (cli_interrupted) _exit(128 + sig);
+    cli_interrupted = sig;
+    ckptio_interrupt(1);
 }
 
 void cli_catch_interrupts(void) {
@@ -186,6 +193,14 @@ void cli_catch_interrupts(void) {
     memset(&sa, 0, sizeof sa);
     sa.sa_handler = on_interrupt;
     sigemptyset(&sa.sa_mask);
+    sigaddset(&sa.sa_mask, SIGINT);
+    sigaddset(&sa.sa_mask, SIGTERM);
     sigaction(SIGINT, &sa, NULL);
     sigaction(SIGTERM, &sa, NULL);
+}
+
+int cli_interrupted_status(void) {
+    const int sig = cli_interrupted;
+    cli_error("interrupted by %s", sig == SIGINT ? "SIGINT" : sig == SIGTERM ? "SIGTERM" : "a signal");
+    return 128 + sig;
 }

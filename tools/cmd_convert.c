@@ -24,7 +24,7 @@
 
 static const cli_usage usage = {
     "convert",
-    "usage: ckptio convert [--alignment N] [--quiet] IN OUT\n"
+    "usage: ckptio convert [--alignment N] [--quiet] IN|MODEL_DIR OUT\n"
     "       ckptio convert [--shard-size SIZE] [--quiet] DCP_DIR OUT.safetensors|OUT_DIR\n",
     "\nConverts a torch.save checkpoint to safetensors or a safetensors file to a\n"
     "torch.save checkpoint (the direction follows IN's format). OUT is written\n"
@@ -35,6 +35,9 @@ static const cli_usage usage = {
     "Non-tensor values (numbers, strings, _metadata) are dropped with a warning.\n"
     "safetensors -> torch.save: a flat OrderedDict of the tensors, which\n"
     "torch.load(..., weights_only=True) loads; metadata is dropped with a warning.\n"
+    "A model directory (model.safetensors, a Hugging Face index and its shards, or\n"
+    "*.safetensors files: what ckptio.load opens) or an index -> one torch.save file\n"
+    "of every tensor of every shard, read one tensor at a time.\n"
     "DCP_DIR (torch.distributed.checkpoint) -> safetensors: every tensor is assembled\n"
     "from its chunks, one at a time (memory: the largest tensor), into OUT.safetensors;\n"
     "with --shard-size, or an OUT without the .safetensors suffix, into the Hugging Face\n"
@@ -213,6 +216,13 @@ int cli_cmd_convert(int argc, char **argv) {
         return rc;
     }
     if (shard_size) return cli_usage_error(&usage, "--shard-size applies to a DCP directory IN only");
+    if (cli_is_model(format)) {
+        ckptio_engine *engine = cli_engine_create();
+        if (!engine) return CLI_EXIT_FAIL;
+        const int rc = cli_hf_convert(engine, in, out, (uint32_t)alignment, quiet);
+        ckptio_engine_destroy(engine);
+        return rc;
+    }
     if (format != CKPTIO_FORMAT_SAFETENSORS && format != CKPTIO_FORMAT_TORCH && format != CKPTIO_FORMAT_TORCH_LEGACY)
         return cli_refuse_format(in, format);
 

@@ -296,7 +296,6 @@ int cli_cmd_inspect(int argc, char **argv) {
     if (engine == NULL) return CLI_EXIT_FAIL;
     cli_view view;
     int rc = CLI_EXIT_FAIL;
-    char index[4096];
     ckptio_format format;
     if (cli_steps_is_root(path)) {
         rc = cli_steps_inspect(engine, path, json);
@@ -304,9 +303,8 @@ int cli_cmd_inspect(int argc, char **argv) {
         rc = CLI_EXIT_FAIL;
     } else if (format == CKPTIO_FORMAT_DCP) {
         rc = cli_dcp_inspect(engine, path, json);
-    } else if (format == CKPTIO_FORMAT_HF_INDEX) {
-        rc = cli_hf_index_path(path, index, sizeof index) ? cli_hf_inspect(engine, index, json)
-                                                          : (cli_error("%s: path too long", path), CLI_EXIT_FAIL);
+    } else if (cli_is_model(format)) {
+        rc = cli_hf_inspect(engine, path, json);
     } else if (cli_view_open(engine, path, &view) == 0) {
         rc = json ? print_json(&view) : print_text(&view);
         cli_view_close(&view);

@@ -12,6 +12,7 @@
  */
 #include "convert_internal.h"
 #include "engine_internal.h"
+#include "model_internal.h"
 #include "safetensors_internal.h"
 #include "torch_internal.h"
 
@@ -141,6 +142,32 @@ ckptio_status ckptio_safetensors_save_torch(ckptio_safetensors *st, const char *
     }
     if ((status = ckptio__torch_flat_writer(path, src, st->count, &w)) == CKPTIO_OK)
         status = ckptio__torch_save_streamed(st->engine, path, w, options, fill_from_safetensors, st);
+    ckptio_torch_writer_destroy(w);
+    ckptio__free(src);
+    return status;
+}
+
+/* ---- model -> torch.save --------------------------------------------------------------- */
+
+static ckptio_status fill_from_model(void *ctx, size_t i, void *buf, uint64_t nbytes) {
+    const ckptio_slice_target tg = {.index = i, .data = buf, .capacity = nbytes, .mem_kind = CKPTIO_MEM_HOST};
+    return ckptio_model_read(ctx, &tg, 1);
+}
+
+ckptio_status ckptio_model_save_torch(ckptio_model *m, const char *path, const ckptio_torch_save_options *options) {
+    CKPTIO_RETURN_IF(!m || !path, CKPTIO_E_INVAL, "ckptio_model_save_torch: model and path are required");
+    ckptio_torch_writer *w = NULL;
+    ckptio_status status = CKPTIO_OK;
+    ckptio_tensor_source *src = ckptio__calloc(m->count + 1, sizeof *src);
+    if (!src) return CKPTIO_FAIL(CKPTIO_E_NOMEM, "out of memory for %zu tensors", m->count);
+    /* Storage id i is model tensor i (ckptio__torch_flat_writer). */
+    for (size_t i = 0; i < m->count; i++) {
+        const ckptio_tensor_info *ti = ckptio__model_info(m, i);
+        src[i] = (ckptio_tensor_source){.name = ti->name, .dtype = ti->dtype, .ndim = ti->ndim, .shape = ti->shape,
+                                        .nbytes = ti->nbytes, .mem_kind = CKPTIO_MEM_HOST};
+    }
+    if ((status = ckptio__torch_flat_writer(path, src, m->count, &w)) == CKPTIO_OK)
+        status = ckptio__torch_save_streamed(m->engine, path, w, options, fill_from_model, m);
     ckptio_torch_writer_destroy(w);
     ckptio__free(src);
     return status;

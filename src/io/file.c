@@ -297,6 +297,13 @@ ckptio_status ckptio__file_io(ckptio_file *file, ckptio_direction dir, void *buf
                                "range at offset %llu of %llu bytes is beyond the largest file offset",
                                (unsigned long long)offset, (unsigned long long)len);
     if (len == 0) return CKPTIO_OK;
+    /* The loops of small reads outside the engine (headers, archives,
+     * checksums) stop here once the program asked to (ckptio_interrupt). */
+    if (ckptio__interrupt_requested())
+        return CKPTIO_FAIL_CTX(CKPTIO_E_CANCELED,
+                               &((ckptio__err_ctx){.operation = dir == CKPTIO_READ ? "read" : "write",
+                                                   .path = file->path, .file_offset = (int64_t)offset}),
+                               "interrupted");
     CKPTIO_FORWARD(ckptio__file_prepare_direct(file));
     ckptio__io_op op;
     ckptio__file_op_init(&op, file, dir, buf, len, offset);
