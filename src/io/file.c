@@ -140,7 +140,13 @@ ckptio_status ckptio_file_open(ckptio_engine *engine, const char *path, unsigned
     }
 
     if (!f->writable) {
-        st = ckptio__open_regular_or_fail(path, O_RDONLY, CKPTIO_E_INVAL, "opening for reading", &f->fd, NULL);
+        struct stat sb;
+        st = ckptio__open_regular_or_fail(path, O_RDONLY, CKPTIO_E_INVAL, "opening for reading", &f->fd, &sb);
+        if (st == CKPTIO_OK) {
+            f->dev = sb.st_dev;
+            f->ino = sb.st_ino;
+            f->opened_size = sb.st_size > 0 ? (uint64_t)sb.st_size : 0;
+        }
     } else if (flags & CKPTIO_OPEN_IN_PLACE) {
         st = open_in_place(f);
     } else {
@@ -156,7 +162,9 @@ ckptio_status ckptio_file_open(ckptio_engine *engine, const char *path, unsigned
         st = create_temporary(f);
     }
     if (st != CKPTIO_OK) goto out;
-    st = ckptio__file_prepare_direct(f);
+    /* In mode ON a refusal of O_DIRECT is reported here; otherwise the
+     * descriptor opens when a transfer first wants it. */
+    if (ckptio__io_engine_setting(engine, CKPTIO_OPT_DIRECT) == CKPTIO_DIRECT_ON) st = ckptio__file_prepare_direct(f);
     if (st != CKPTIO_OK) goto out;
     ckptio__io_engine_file_ref(engine, +1);
     *out = f;
@@ -174,9 +182,33 @@ out:
     return st;
 }
 
+void ckptio__file_release(ckptio_file *f) {
+    if (!f || f->writable || f->fd < 0) return;
+    if (f->direct_fd >= 0) close(f->direct_fd);
+    close(f->fd);
+    f->fd = f->direct_fd = -1;
+    atomic_store(&f->direct_state, 0);
+}
+
+bool ckptio__file_is_open(const ckptio_file *f) { return f->fd >= 0; }
+
+ckptio_status ckptio__file_acquire(ckptio_file *f) {
+    if (f->fd >= 0) return CKPTIO_OK;
+    struct stat sb;
+    CKPTIO_FORWARD(ckptio__open_regular_or_fail(f->path, O_RDONLY, CKPTIO_E_INVAL, "opening for reading again", &f->fd,
+                                                &sb));
+    if (sb.st_dev == f->dev && sb.st_ino == f->ino) return CKPTIO_OK;
+    close(f->fd);
+    f->fd = -1;
+    return CKPTIO_FAIL_CTX(CKPTIO_E_DISALLOWED,
+                           &((ckptio__err_ctx){.operation = "open", .path = f->path, .file_offset = -1}),
+                           "opening for reading again: the file was replaced since it was opened and checked");
+}
+
 ckptio_status ckptio__file_prepare_direct(ckptio_file *f) {
     const int64_t mode = ckptio__io_engine_setting(f->engine, CKPTIO_OPT_DIRECT);
     if (mode == CKPTIO_DIRECT_OFF) return CKPTIO_OK;
+    CKPTIO_FORWARD(ckptio__file_acquire(f));
     if (atomic_load_explicit(&f->direct_state, memory_order_acquire) == 0) {
         pthread_mutex_lock(&f->lock);
         if (atomic_load(&f->direct_state) == 0) {
@@ -257,14 +289,14 @@ static ckptio_status check_writable(const ckptio_file *f, const char *what, cons
     return CKPTIO_OK;
 }
 
-ckptio_status ckptio__file_check_transfer(const ckptio_file *f, ckptio_direction dir, const char *subject) {
+ckptio_status ckptio__file_check_transfer(ckptio_file *f, ckptio_direction dir, const char *subject) {
     if (dir == CKPTIO_WRITE) return check_writable(f, "write", subject);
     if (!(f->flags & CKPTIO_OPEN_READ) && !f->writable)
         return CKPTIO_FAIL_CTX(CKPTIO_E_INVAL,
                                &((ckptio__err_ctx){.operation = "read", .path = f->path, .file_offset = -1,
                                                    .subject = subject}),
                                "the file was not opened for reading");
-    return CKPTIO_OK;
+    return ckptio__file_acquire(f);
 }
 
 void ckptio__file_op_init(ckptio__io_op *op, ckptio_file *file, ckptio_direction dir, void *buf, uint64_t len,
@@ -433,6 +465,7 @@ ckptio_status ckptio_file_close(ckptio_file *f) {
 
 ckptio_status ckptio_file_size(ckptio_file *f, uint64_t *out) {
     CKPTIO_RETURN_IF(!f || !out, CKPTIO_E_INVAL, "ckptio_file_size: file and out are required");
+    CKPTIO_FORWARD(ckptio__file_acquire(f));
     struct stat sb;
     if (fstat(f->fd, &sb) < 0) return CKPTIO_FAIL_SYS(errno, "fstat", f->path, -1, "reading the file size");
     *out = (uint64_t)sb.st_size;

@@ -15,7 +15,6 @@
 
 #include <errno.h>
 #include <fcntl.h>
-#include <stdio.h>
 #include <unistd.h>
 
 const char *ckptio__file_type_name(mode_t mode) {
@@ -44,18 +43,24 @@ int ckptio__open_path(int dirfd, const char *path, int flags, struct stat *sb) {
 }
 
 int ckptio__reopen_regular(int path_fd, int dirfd, const char *path, int flags, const struct stat *sb) {
-    const int acc = (flags & O_ACCMODE) | O_CLOEXEC | O_NOCTTY | O_NONBLOCK;
-    char proc[64];
-    snprintf(proc, sizeof proc, "/proc/self/fd/%d", path_fd);
+    const int acc = (flags & O_ACCMODE) | O_CLOEXEC | O_NOCTTY;
+    /* /proc/self/fd/N opens the very inode `path_fd` holds, checked. */
+    char proc[32] = "/proc/self/fd/", digits[16];
+    size_t n = 0;
+    for (unsigned v = (unsigned)path_fd; n == 0 || v; v /= 10) digits[n++] = (char)('0' + v % 10);
+    for (size_t i = 0; i < n; i++) proc[14 + i] = digits[n - 1 - i];
+    proc[14 + n] = '\0';
     int fd = ckptio__open(proc, acc, 0);
-    if (fd < 0 && errno == ENOENT) fd = ckptio__openat(dirfd, path, acc | (flags & O_NOFOLLOW), 0);
-    if (fd < 0) return -1;
+    if (fd >= 0 || errno != ENOENT) return fd;
+    /* No /proc: by name, which may hold something else by now; O_NONBLOCK
+     * so that a FIFO swapped in is not waited on, then checked. */
+    if ((fd = ckptio__openat(dirfd, path, acc | O_NONBLOCK | (flags & O_NOFOLLOW), 0)) < 0) return -1;
     struct stat now;
     int err = 0;
     if (fstat(fd, &now) != 0) err = errno;
     else if (!S_ISREG(now.st_mode) || now.st_dev != sb->st_dev || now.st_ino != sb->st_ino) err = ESTALE;
-    /* O_NONBLOCK was for the open alone: reads of a regular file never
-     * wait on it, but the descriptor is handed on as a blocking one. */
+    /* The descriptor is handed on as a blocking one (io_uring would answer
+     * EAGAIN for a non-blocking one instead of waiting for the disk). */
     else if (fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) & ~O_NONBLOCK) != 0) err = errno;
     if (err) {
         close(fd);
