@@ -27,7 +27,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/resource.h>
 #include <sys/stat.h>
 
 #define HF_INDEX_NAME "model.safetensors.index.json"
@@ -54,19 +53,6 @@ static bool ends_with(const char *s, const char *suffix) {
 static int cmp_str(const void *a, const void *b) { return strcmp(*(char *const *)a, *(char *const *)b); }
 
 /* ---- shards ------------------------------------------------------------------ */
-
-/* Shards open at once in a model that has more than this many. */
-#define SHARD_WINDOW_MAX 256
-
-size_t ckptio__model_window(size_t nshards) {
-    size_t w = SHARD_WINDOW_MAX;
-    struct rlimit rl;
-    /* Two descriptors per shard at most (buffered, O_DIRECT), and the
-     * process needs most of its limit for itself. */
-    if (getrlimit(RLIMIT_NOFILE, &rl) == 0 && rl.rlim_cur != RLIM_INFINITY && rl.rlim_cur / 16 < w)
-        w = rl.rlim_cur / 16 < 4 ? 4 : (size_t)(rl.rlim_cur / 16);
-    return nshards > w ? w : 0;
-}
 
 void ckptio__model_release_shards(const ckptio_model *m, size_t keep) {
     if (!m->fd_window) return;
@@ -149,7 +135,7 @@ static ckptio_status open_shard(ckptio_model *m, const char *name, const shard_o
 }
 
 static ckptio_status reserve_shards(ckptio_model *m, size_t n) {
-    m->fd_window = ckptio__model_window(n);
+    m->fd_window = ckptio__file_window(n);
     m->shard_paths = ckptio__calloc(n ? n : 1, sizeof *m->shard_paths);
     m->shards = ckptio__calloc(n ? n : 1, sizeof *m->shards);
     if (!m->shard_paths || !m->shards) return CKPTIO_FAIL(CKPTIO_E_NOMEM, "out of memory opening %zu shards", n);

@@ -26,17 +26,13 @@ struct ckptio_model {
     size_t *by_name;          /* tensor indices sorted by name (strcmp) */
     size_t nmeta;
     ckptio_kv *meta;          /* merged __metadata__ (strings owned by the shards) */
-    /* Shards whose descriptors are open at once, at most; 0: all of them.
-     * A model of more shards than ckptio__model_window() releases each
-     * shard's descriptors once its header is read (ckptio__file_release);
-     * reads reopen them a window at a time, and ckptio_model_read() and
-     * ckptio_model_shard() release what the previous call opened. */
+    /* Shards whose descriptors are open at once, at most; 0: all of them
+     * (ckptio__file_window). Past the first window each shard's descriptors
+     * go once its header is read (ckptio__file_release); reads reopen them a
+     * window at a time and release them after, and ckptio_model_shard()
+     * releases the others' when it hands out a shard's handle. */
     size_t fd_window;
 };
-
-/* The window for a model of `nshards` shards: 0 (keep every shard open)
- * up to min(64, RLIMIT_NOFILE / 16) shards, else that (at least 4). */
-size_t ckptio__model_window(size_t nshards);
 
 /* With a window: releases the descriptors of every shard but `keep`
  * (SIZE_MAX: all of them). No transfer of the model may be in flight. */

@@ -22,6 +22,7 @@
 #include <stdio.h>
 #include <string.h>
 #include <sys/file.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
@@ -191,6 +192,19 @@ void ckptio__file_release(ckptio_file *f) {
 }
 
 bool ckptio__file_is_open(const ckptio_file *f) { return f->fd >= 0; }
+
+/* Files a reader keeps open at once when it has more than this many. */
+#define FILE_WINDOW_MAX 256
+
+size_t ckptio__file_window(size_t nfiles) {
+    size_t w = FILE_WINDOW_MAX;
+    struct rlimit rl;
+    /* Up to two descriptors a file, and the process needs most of its limit
+     * for everything else it has open. */
+    if (getrlimit(RLIMIT_NOFILE, &rl) == 0 && rl.rlim_cur != RLIM_INFINITY && rl.rlim_cur / 16 < w)
+        w = rl.rlim_cur / 16 < 4 ? 4 : (size_t)(rl.rlim_cur / 16);
+    return nfiles > w ? w : 0;
+}
 
 ckptio_status ckptio__file_acquire(ckptio_file *f) {
     if (f->fd >= 0) return CKPTIO_OK;

@@ -130,6 +130,12 @@ ckptio_status ckptio__file_acquire(ckptio_file *file);
 /* Whether `file` holds its descriptor now (not released). */
 bool ckptio__file_is_open(const ckptio_file *file);
 
+/* How many of its files a reader of `nfiles` files (a model's shards, a DCP
+ * directory's data files) keeps open at once: 0 (all of them) when nfiles
+ * is at most min(256, RLIMIT_NOFILE / 16), else that bound (at least 4).
+ * Each open file takes one descriptor, two while O_DIRECT is in use. */
+size_t ckptio__file_window(size_t nfiles);
+
 /* Makes the commit of an atomic write take mode and owner from `path`
  * instead of the file it replaces (a manifest follows its data file). */
 ckptio_status ckptio__file_set_mode_source(ckptio_file *file, const char *path);
