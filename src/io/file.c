@@ -18,6 +18,8 @@
 #include "io_internal.h"
 
 #include <errno.h>
+#include <signal.h>
+#include <stdint.h>
 #include <fcntl.h>
 #include <stdio.h>
 #include <string.h>
@@ -457,14 +459,52 @@ ckptio_status ckptio_file_commit(ckptio_file *f) {
     return st;
 }
 
+static void *close_fd(void *arg) {
+    close((int)(intptr_t)arg);
+    return NULL;
+}
+
+/* Temporaries larger than this that a close discards are closed on a thread
+ * of their own. */
+#define DISCARD_IN_BACKGROUND ((uint64_t)64 << 20)
+
+/* Closes the last descriptor of an unlinked temporary. Its name is gone;
+ * the close is where the file system frees its blocks, which takes a while
+ * for a large file (docs/RELIABILITY.md "Signals"): a canceled or failed
+ * save returns without waiting for that, which a detached thread that
+ * blocks every signal does instead. Without a thread, here. */
+static void discard(int fd) {
+    struct stat sb;
+    if (fstat(fd, &sb) == 0 && (uint64_t)sb.st_blocks * 512 >= DISCARD_IN_BACKGROUND) {
+        sigset_t all, old;
+        sigfillset(&all);
+        pthread_attr_t attr;
+        pthread_t t;
+        if (pthread_attr_init(&attr) == 0) {
+            pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
+            pthread_sigmask(SIG_SETMASK, &all, &old);
+            const int rc = pthread_create(&t, &attr, close_fd, (void *)(intptr_t)fd);
+            pthread_sigmask(SIG_SETMASK, &old, NULL);
+            pthread_attr_destroy(&attr);
+            if (rc == 0) return;
+        }
+    }
+    close(fd);
+}
+
 ckptio_status ckptio_file_close(ckptio_file *f) {
     if (!f) return CKPTIO_OK;
     ckptio_status st = CKPTIO_OK;
+    bool unlinked = false;
     if (f->tmp_path && unlink(f->tmp_path) < 0 && errno != ENOENT)
         st = CKPTIO_FAIL_SYS(errno, "unlink", f->path, -1, "removing the uncommitted temporary %s", f->tmp_path);
+    else if (f->tmp_path)
+        unlinked = true;
     if (f->direct_fd >= 0) close(f->direct_fd);
-    /* close() can report a deferred write error (NFS); keep the first. */
-    if (f->fd >= 0 && close(f->fd) < 0 && st == CKPTIO_OK && errno != EINTR)
+    /* close() can report a deferred write error (NFS); keep the first. An
+     * unlinked temporary's data is discarded anyway. */
+    if (unlinked && f->fd >= 0) discard(f->fd);
+    else if (f->fd >= 0 && close(f->fd) < 0 && st == CKPTIO_OK && errno != EINTR)
         st = CKPTIO_FAIL_SYS(errno, "close", f->path, -1, "closing the file");
     ckptio__io_engine_file_ref(f->engine, -1);
     pthread_mutex_destroy(&f->lock);
