@@ -242,7 +242,12 @@ int cli_dcp_verify(ckptio_engine *engine, const char *dir, bool quiet) {
     char size[32];
     int rc = CLI_EXIT_OK;
     char coverage[128];
-    if (ckptio_dcp_manifest(h, &manifest) == CKPTIO_OK) {
+    const ckptio_status has = ckptio_dcp_manifest(h, &manifest);
+    if (has != CKPTIO_OK && has != CKPTIO_E_NOT_FOUND) {
+        /* A manifest that is there but cannot be read (a FIFO, a directory)
+         * is damage, not a checkpoint saved without checksums. */
+        rc = cli_error_lib(dir, has);
+    } else if (has == CKPTIO_OK) {
         if ((st = ckptio_dcp_verify(h, &r)) != CKPTIO_OK) rc = cli_error_lib(dir, st);
         else if (!quiet)
             printf("%s: ok (DCP, %zu tensor%s, %zu byte item%s; %zu of %zu items matched their XXH3-64 in %s, "

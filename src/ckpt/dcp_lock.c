@@ -121,7 +121,8 @@ static ckptio_status open_existing_lock(const char *path, int acc, int *fd) {
 static ckptio_status open_lock_file(const char *dir, const char *path, const char *reference, int *out) {
     struct stat ref;
     const bool has_ref = ckptio__reference_stat(dir, reference, &ref);
-    int fd = ckptio__open(path, O_RDWR | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, has_ref ? ref.st_mode & 0777 : 0666);
+    const mode_t mode = has_ref ? ref.st_mode & 0777 : 0666;
+    int fd = ckptio__open(path, O_RDWR | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, mode);
     if (fd < 0 && errno == EEXIST) {
         ckptio_status st = open_existing_lock(path, O_RDWR, &fd);
         if (st != CKPTIO_OK && ckptio_last_error()->sys_errno != EACCES && ckptio_last_error()->sys_errno != EPERM)

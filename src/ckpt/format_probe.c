@@ -19,7 +19,9 @@
 #include <unistd.h>
 
 /* Directory layouts, in the order they are tried: the first entry present
- * as a regular file names the format. */
+ * names the format, whatever the entry is (the format's reader then refuses
+ * a FIFO or a directory there with its type; a layout never turns into
+ * another one because of what its key file has become). */
 static const struct {
     const char *entry;
     ckptio_format format;
@@ -31,7 +33,7 @@ static const struct {
 static ckptio_format probe_directory(int dirfd) {
     for (size_t i = 0; i < sizeof dir_probes / sizeof dir_probes[0]; i++) {
         struct stat sb;
-        if (fstatat(dirfd, dir_probes[i].entry, &sb, 0) == 0 && S_ISREG(sb.st_mode)) return dir_probes[i].format;
+        if (fstatat(dirfd, dir_probes[i].entry, &sb, AT_SYMLINK_NOFOLLOW) == 0) return dir_probes[i].format;
     }
     return CKPTIO_FORMAT_DIRECTORY;
 }

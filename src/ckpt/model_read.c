@@ -259,7 +259,8 @@ static ckptio_status read_windows(ckptio_model *m, const ckptio_slice_target *t,
     ckptio_status st = CKPTIO_OK;
     extent_list all = {0};
     /* Shard order; a counting sort keeps each shard's targets in the caller's order. */
-    size_t *start = ckptio__calloc(m->nshards + 1, sizeof *start), *sorted = ckptio__malloc((count ? count : 1) * sizeof *sorted);
+    size_t *start = ckptio__calloc(m->nshards + 1, sizeof *start);
+    size_t *sorted = ckptio__malloc((count ? count : 1) * sizeof *sorted);
     if (!start || !sorted) {
         st = CKPTIO_FAIL(CKPTIO_E_NOMEM, "out of memory planning %zu targets", count);
         goto out;

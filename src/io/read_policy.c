@@ -128,7 +128,8 @@ void ckptio__read_policy_hold(ckptio_engine *engine, const ckptio_extent *ext, s
 void ckptio__read_policy_unhold(const ckptio_extent *ext, size_t count) {
     for (size_t i = 0; i < count; i++) {
         const int d = atomic_load_explicit(&ext[i].file->read_cache, memory_order_relaxed);
-        if (ext[i].length && abs(d) == HELD) atomic_store_explicit(&ext[i].file->read_cache, d / HELD, memory_order_relaxed);
+        if (ext[i].length && abs(d) == HELD)
+            atomic_store_explicit(&ext[i].file->read_cache, d / HELD, memory_order_relaxed);
     }
 }
 

@@ -34,7 +34,7 @@ from torch.distributed.checkpoint import FileSystemReader as _TorchFileSystemRea
 from torch.distributed.checkpoint.planner import LoadItemType, LoadPlan, LoadPlanner, ReadItem
 from torch.futures import Future
 
-from .. import _adapt, _ckptio
+from .. import _adapt, _ckptio, _files
 from .._api import build_torch_object
 from .._ckptio import Engine
 from .._errors import CkptioError, make_error
@@ -211,8 +211,8 @@ class FileSystemReader(_TorchFileSystemReader):
         getter = getattr(self, "_get_metadata_path", None)  # not in every torch 2.x
         name = ".metadata" if rank is None else f"__{rank}.metadata"
         path = getter(rank) if getter is not None else self.fs.concat_path(self.path, name)
-        with self.fs.create_stream(path, "rb") as f:
-            data = f.read()
+        # Through libckptio: a FIFO or device under the name is refused at once, never waited on.
+        data = _files.read_file(os.fspath(path), self.engine)
         metadata = metadata_from_bytes(data, os.fspath(path), whole=rank is None)
         if getattr(metadata, "storage_meta", None) is None:
             from torch.distributed.checkpoint.metadata import StorageMeta
