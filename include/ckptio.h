@@ -341,7 +341,7 @@ CKPTIO_API ckptio_status ckptio_engine_set_progress(ckptio_engine *engine, ckpti
  * the call and the file instead of being retried. on == 0 withdraws the
  * request. Without it, EINTR is retried as SA_RESTART would. What the kernel
  * holds (an fsync, a read from a hung network file system) ends when the
- * kernel returns: docs/RELIABILITY.md "Signals". */
+ * kernel returns (docs/CLI.md "Signals"). */
 CKPTIO_API ckptio_status ckptio_interrupt(int on);
 
 /* Counters, cumulative since engine creation (like torch.cuda.memory_stats). */

@@ -470,7 +470,7 @@ static void *close_fd(void *arg) {
 
 /* Closes the last descriptor of an unlinked temporary. Its name is gone;
  * the close is where the file system frees its blocks, which takes a while
- * for a large file (docs/RELIABILITY.md "Signals"): a canceled or failed
+ * for a large file (docs/ENGINE.md section 4): a canceled or failed
  * save returns without waiting for that, which a detached thread that
  * blocks every signal does instead. Without a thread, here. */
 static void discard(int fd) {
