@@ -117,7 +117,35 @@ out:
     return st;
 }
 
-/* ---- safetensors -> torch.save ------------------------------------------------------- */
+/* ---- safetensors files and models -> torch.save ------------------------------------------- */
+
+/* The tensor descriptions of a source of `count` tensors: info(source, i). */
+typedef const ckptio_tensor_info *(*info_fn)(const void *source, size_t i);
+
+/* A flat torch.save of `count` tensors described by info(source, i) and
+ * filled by fill(source, i, ...): storage id i is tensor i
+ * (ckptio__torch_flat_writer). No data is bound: it is filled. */
+static ckptio_status save_flat_torch(ckptio_engine *engine, const char *path, size_t count, info_fn info,
+                                     ckptio__fill_fn fill, void *source, const ckptio_torch_save_options *options) {
+    ckptio_torch_writer *w = NULL;
+    ckptio_status status = CKPTIO_OK;
+    ckptio_tensor_source *src = ckptio__calloc(count + 1, sizeof *src);
+    if (!src) return CKPTIO_FAIL(CKPTIO_E_NOMEM, "out of memory for %zu tensors", count);
+    for (size_t i = 0; i < count; i++) {
+        const ckptio_tensor_info *ti = info(source, i);
+        src[i] = (ckptio_tensor_source){.name = ti->name, .dtype = ti->dtype, .ndim = ti->ndim, .shape = ti->shape,
+                                        .nbytes = ti->nbytes, .mem_kind = CKPTIO_MEM_HOST};
+    }
+    if ((status = ckptio__torch_flat_writer(path, src, count, &w)) == CKPTIO_OK)
+        status = ckptio__torch_save_streamed(engine, path, w, options, fill, source);
+    ckptio_torch_writer_destroy(w);
+    ckptio__free(src);
+    return status;
+}
+
+static const ckptio_tensor_info *safetensors_info(const void *st, size_t i) {
+    return &((const ckptio_safetensors *)st)->tensors[i];
+}
 
 static ckptio_status fill_from_safetensors(void *ctx, size_t i, void *buf, uint64_t nbytes) {
     const ckptio_tensor_target tg = {.index = i, .data = buf, .capacity = nbytes, .mem_kind = CKPTIO_MEM_HOST};
@@ -129,25 +157,10 @@ ckptio_status ckptio_safetensors_save_torch(ckptio_safetensors *st, const char *
     CKPTIO_RETURN_IF(!st || !path, CKPTIO_E_INVAL, "ckptio_safetensors_save_torch: handle and path are required");
     CKPTIO_RETURN_IF(!st->engine, CKPTIO_E_INVAL,
                      "ckptio_safetensors_save_torch: the handle was made by ckptio_safetensors_parse and has no file");
-    ckptio_torch_writer *w = NULL;
-    ckptio_status status = CKPTIO_OK;
-    ckptio_tensor_source *src = ckptio__calloc(st->count + 1, sizeof *src);
-    if (!src) return CKPTIO_FAIL(CKPTIO_E_NOMEM, "out of memory for %zu tensors", st->count);
-    /* Storage id i is tensor i (ckptio__torch_flat_writer), so the fill
-     * reads safetensors tensor i. No data is bound: it is filled. */
-    for (size_t i = 0; i < st->count; i++) {
-        const ckptio_tensor_info *ti = &st->tensors[i];
-        src[i] = (ckptio_tensor_source){.name = ti->name, .dtype = ti->dtype, .ndim = ti->ndim, .shape = ti->shape,
-                                        .nbytes = ti->nbytes, .mem_kind = CKPTIO_MEM_HOST};
-    }
-    if ((status = ckptio__torch_flat_writer(path, src, st->count, &w)) == CKPTIO_OK)
-        status = ckptio__torch_save_streamed(st->engine, path, w, options, fill_from_safetensors, st);
-    ckptio_torch_writer_destroy(w);
-    ckptio__free(src);
-    return status;
+    return save_flat_torch(st->engine, path, st->count, safetensors_info, fill_from_safetensors, st, options);
 }
 
-/* ---- model -> torch.save --------------------------------------------------------------- */
+static const ckptio_tensor_info *model_info(const void *m, size_t i) { return ckptio__model_info(m, i); }
 
 static ckptio_status fill_from_model(void *ctx, size_t i, void *buf, uint64_t nbytes) {
     const ckptio_slice_target tg = {.index = i, .data = buf, .capacity = nbytes, .mem_kind = CKPTIO_MEM_HOST};
@@ -156,19 +169,5 @@ static ckptio_status fill_from_model(void *ctx, size_t i, void *buf, uint64_t nb
 
 ckptio_status ckptio_model_save_torch(ckptio_model *m, const char *path, const ckptio_torch_save_options *options) {
     CKPTIO_RETURN_IF(!m || !path, CKPTIO_E_INVAL, "ckptio_model_save_torch: model and path are required");
-    ckptio_torch_writer *w = NULL;
-    ckptio_status status = CKPTIO_OK;
-    ckptio_tensor_source *src = ckptio__calloc(m->count + 1, sizeof *src);
-    if (!src) return CKPTIO_FAIL(CKPTIO_E_NOMEM, "out of memory for %zu tensors", m->count);
-    /* Storage id i is model tensor i (ckptio__torch_flat_writer). */
-    for (size_t i = 0; i < m->count; i++) {
-        const ckptio_tensor_info *ti = ckptio__model_info(m, i);
-        src[i] = (ckptio_tensor_source){.name = ti->name, .dtype = ti->dtype, .ndim = ti->ndim, .shape = ti->shape,
-                                        .nbytes = ti->nbytes, .mem_kind = CKPTIO_MEM_HOST};
-    }
-    if ((status = ckptio__torch_flat_writer(path, src, m->count, &w)) == CKPTIO_OK)
-        status = ckptio__torch_save_streamed(m->engine, path, w, options, fill_from_model, m);
-    ckptio_torch_writer_destroy(w);
-    ckptio__free(src);
-    return status;
+    return save_flat_torch(m->engine, path, m->count, model_info, fill_from_model, m, options);
 }
