@@ -121,6 +121,14 @@ void cli_catch_interrupts(void);
  * conventional status 128 + the signal's number (130, 143). */
 int cli_interrupted_status(void);
 
+/* ---- files (cli_util.c) ---------------------------------------------------- */
+
+/* Opens the regular file `path` for reading (extra open `flags`, e.g.
+ * O_DIRECT), blocking, close-on-exec; what is not a regular file (a FIFO
+ * swapped in for a shard the library checked) is EINVAL without waiting.
+ * For the files the bench reads by name. -1 with errno on failure. */
+int cli_open_regular(const char *path, int flags);
+
 /* ---- tables (cli_table.c) ------------------------------------------------ */
 
 /* A text table whose columns size themselves to their widest cell. */

@@ -5,10 +5,12 @@
 #include "cli.h"
 
 #include <errno.h>
+#include <fcntl.h>
 #include <math.h>
 #include <stdarg.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -203,4 +205,22 @@ int cli_interrupted_status(void) {
     const int sig = cli_interrupted;
     cli_error("interrupted by %s", sig == SIGINT ? "SIGINT" : sig == SIGTERM ? "SIGTERM" : "a signal");
     return 128 + sig;
+}
+
+/* ---- files --------------------------------------------------------------------- */
+
+int cli_open_regular(const char *path, int flags) {
+    const int fd = open(path, O_RDONLY | O_CLOEXEC | O_NOCTTY | O_NONBLOCK | flags);
+    if (fd < 0) return -1;
+    struct stat sb;
+    int err = 0;
+    if (fstat(fd, &sb) != 0) err = errno;
+    else if (!S_ISREG(sb.st_mode)) err = EINVAL;
+    else if (fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) & ~O_NONBLOCK) != 0) err = errno;
+    if (err) {
+        close(fd);
+        errno = err;
+        return -1;
+    }
+    return fd;
 }
