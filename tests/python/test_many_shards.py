@@ -2,8 +2,9 @@
 
 A Hugging Face directory of 1,500 shards loads, through ckptio.load, ckptio.safe_open and the CLI,
 in a process limited to 256 descriptors (RLIMIT_NOFILE, set in a subprocess): every value is
-checked. A DCP directory of 100 data files verifies under a limit of 48. Before, each open shard
-held two descriptors for the life of the model, so ~510 shards exhausted the usual 1,024.
+checked. A DCP directory of 100 data files verifies (CLI) and loads (ckptio.dcp's reader) under a
+limit of 48. Before, each open shard held two descriptors for the life of the model, so ~510 shards
+exhausted the usual 1,024, and a DCP reader opened every data file of a load at once.
 """
 import json
 import os
@@ -84,3 +85,17 @@ def test_cli_under_a_low_descriptor_limit(many_shards, tmp_path):
     r = subprocess.run([CKPTIO_CLI, "verify", str(d)], capture_output=True, text=True, timeout=300,
                        preexec_fn=_limited(48))
     assert r.returncode == 0 and "200 of 200 items matched" in r.stdout, r.stderr
+    # And ckptio.dcp's reader loads it there, every value checked.
+    script = textwrap.dedent("""
+        import sys, warnings
+        warnings.filterwarnings("ignore")
+        import torch, ckptio.dcp
+        import torch.distributed.checkpoint as dcp
+        sd = {f"t{i}": torch.zeros(16) for i in range(200)}
+        dcp.load(sd, storage_reader=ckptio.dcp.FileSystemReader(sys.argv[1]), no_dist=True)
+        assert all(torch.equal(sd[f"t{i}"], torch.full((16,), float(i))) for i in range(200))
+        print("ok")
+    """)
+    p = subprocess.run([sys.executable, "-c", script, str(d)], capture_output=True, text=True, timeout=300,
+                       preexec_fn=_limited(48))
+    assert p.returncode == 0 and p.stdout.strip() == "ok", p.stderr[-3000:]
