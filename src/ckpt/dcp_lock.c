@@ -182,7 +182,7 @@ static ckptio_status busy(const char *dir, const char *path, const struct stat *
 static void pause_for(double seconds) {
     if (seconds <= 0) return;
     struct timespec ts = {.tv_sec = (time_t)seconds, .tv_nsec = (long)((seconds - (double)(time_t)seconds) * 1e9)};
-    while (nanosleep(&ts, &ts) < 0 && errno == EINTR) {
+    while (nanosleep(&ts, &ts) < 0 && errno == EINTR && !ckptio__interrupt_requested()) {
     }
 }
 
@@ -228,7 +228,7 @@ ckptio_status ckptio_dcp_lock_acquire(const char *dir, const char *reference, un
         if (ret < 0 && errno == EWOULDBLOCK) {
             close(fd);
             const double now = ckptio__now();
-            if (on_wait && on_wait(now - start, user) != 0) {
+            if ((on_wait && on_wait(now - start, user) != 0) || ckptio__interrupt_requested()) {
                 st = CKPTIO_FAIL_CTX(CKPTIO_E_CANCELED,
                                      &((ckptio__err_ctx){.operation = "lock", .path = path, .file_offset = -1}),
                                      "waiting for another save of %s was canceled; the checkpoint is unchanged", dir);

@@ -544,7 +544,7 @@ ckptio_status ckptio_file_truncate(ckptio_file *f, uint64_t size) {
                                "size %llu is beyond the largest file size", (unsigned long long)size);
     int ret;
     do ret = ftruncate(f->fd, (off_t)size);
-    while (ret < 0 && errno == EINTR);
+    while (ret < 0 && errno == EINTR && !ckptio__interrupt_requested());
     if (ret < 0) return CKPTIO_FAIL_SYS(errno, "truncate", f->path, (int64_t)size, "setting the file size");
     return CKPTIO_OK;
 }
