@@ -267,26 +267,33 @@ static void test_release_and_reacquire(void) {
 }
 
 #define NSHARDS 120
-#define PER 257 /* floats per shard tensor: reads of every alignment */
+#define PER 257   /* floats per shard tensor: reads of every alignment */
+#define ROWS 4100 /* a [ROWS, 2] matrix per shard: a column is more runs than are read one by one */
 
 /* A directory of NSHARDS safetensors files opens and reads under a limit of
- * a few dozen descriptors; every value checked. */
+ * a few dozen descriptors, whole tensors and gathered column slices of every
+ * shard; every value checked. */
 static void test_many_shards_few_descriptors(void) {
     ckptio_engine *e;
     T_OK(ckptio_engine_create(&e));
     T_OK(ckptio_engine_set(e, CKPTIO_OPT_THREADS, 2));
     const char *dir = t_path("shards");
     T_ASSERT(mkdir(dir, 0700) == 0);
-    static float data[NSHARDS][PER];
-    const int64_t shape[] = {PER};
+    static float data[NSHARDS][PER], matrix[NSHARDS][ROWS][2];
+    const int64_t shape[] = {PER}, mshape[] = {ROWS, 2};
     for (int s = 0; s < NSHARDS; s++) {
-        char name[64], path[512];
+        char name[64], mname[64], path[512];
         for (int i = 0; i < PER; i++) data[s][i] = (float)(s * 1000 + i);
+        for (int r = 0; r < ROWS; r++) matrix[s][r][0] = -(matrix[s][r][1] = (float)(s * 10000 + r));
         snprintf(name, sizeof name, "t%03d", s);
+        snprintf(mname, sizeof mname, "m%03d", s);
         snprintf(path, sizeof path, "%s/model-%05d-of-%05d.safetensors", dir, s + 1, NSHARDS);
-        const ckptio_tensor_source t = {.name = name, .dtype = CKPTIO_DTYPE_F32, .ndim = 1, .shape = shape,
-                                        .data = data[s], .nbytes = sizeof data[s], .mem_kind = CKPTIO_MEM_HOST};
-        T_OK(ckptio_safetensors_save(e, path, &t, 1, NULL, 0, 0));
+        const ckptio_tensor_source t[] = {
+            {.name = name, .dtype = CKPTIO_DTYPE_F32, .ndim = 1, .shape = shape, .data = data[s],
+             .nbytes = sizeof data[s], .mem_kind = CKPTIO_MEM_HOST},
+            {.name = mname, .dtype = CKPTIO_DTYPE_F32, .ndim = 2, .shape = mshape, .data = matrix[s],
+             .nbytes = sizeof matrix[s], .mem_kind = CKPTIO_MEM_HOST}};
+        T_OK(ckptio_safetensors_save(e, path, t, 2, NULL, 0, 0));
     }
     struct rlimit old, low;
     T_ASSERT(getrlimit(RLIMIT_NOFILE, &old) == 0);
@@ -298,26 +305,37 @@ static void test_many_shards_few_descriptors(void) {
     T_OK(ckptio_model_open(e, dir, 0, &m));
     size_t n = 0;
     T_OK(ckptio_model_count(m, &n));
-    T_ASSERT(n == NSHARDS);
-    static float got[NSHARDS][PER];
-    ckptio_slice_target targets[NSHARDS];
+    T_ASSERT(n == 2 * NSHARDS);
+    static float got[NSHARDS][PER], column[NSHARDS][ROWS];
+    static ckptio_slice_target targets[2 * NSHARDS];
+    const int64_t col_start[] = {0, 1}, col_stop[] = {ROWS, 2};
     for (size_t i = 0; i < n; i++) {
         ckptio_tensor_info ti;
         T_OK(ckptio_model_tensor(m, i, &ti, NULL));
         const int s = atoi(ti.name + 1);
-        targets[i] = (ckptio_slice_target){.index = i, .data = got[s], .capacity = sizeof got[s],
-                                           .mem_kind = CKPTIO_MEM_HOST};
+        targets[i] = ti.name[0] == 't'
+                         ? (ckptio_slice_target){.index = i, .data = got[s], .capacity = sizeof got[s],
+                                                 .mem_kind = CKPTIO_MEM_HOST}
+                         : (ckptio_slice_target){.index = i, .start = col_start, .stop = col_stop,
+                                                 .data = column[s], .capacity = sizeof column[s],
+                                                 .mem_kind = CKPTIO_MEM_HOST};
     }
     memset(got, 0, sizeof got);
     T_OK(ckptio_model_read(m, targets, n));
     T_ASSERT(memcmp(got, data, sizeof data) == 0);
+    for (int s = 0; s < NSHARDS; s++)
+        for (int r = 0; r < ROWS; r++) T_ASSERT(column[s][r] == matrix[s][r][1]);
     T_ASSERT(open_descriptors() <= base + 40);
     /* Every shard's own handle, one after another. */
     for (size_t s = 0; s < NSHARDS; s++) {
         ckptio_safetensors *st = NULL;
         T_OK(ckptio_model_shard(m, s, NULL, &st));
         float one[PER];
-        const ckptio_tensor_target tg = {.index = 0, .data = one, .capacity = sizeof one, .mem_kind = CKPTIO_MEM_HOST};
+        size_t at = 0;
+        char name[16];
+        snprintf(name, sizeof name, "t%03zu", s);
+        T_OK(ckptio_safetensors_find(st, name, &at));
+        const ckptio_tensor_target tg = {.index = at, .data = one, .capacity = sizeof one, .mem_kind = CKPTIO_MEM_HOST};
         T_OK(ckptio_safetensors_read(st, &tg, 1));
         T_ASSERT(memcmp(one, data[s], sizeof one) == 0);
     }

@@ -205,8 +205,10 @@ static ckptio_status plan_pieces(const ckptio_slice_target *t, prepared *p, size
             (*next)++;
             continue;
         }
-        if (window && q->file != last) { /* targets of one shard are next to each other when sorted; a */
-            if (nfiles == window) break; /* shard met again only costs a window place more */
+        /* A file met again after another counts again: the count can only
+         * overstate the files of the round. */
+        if (window && q->file != last) {
+            if (nfiles == window) break;
             nfiles++;
             last = q->file;
         }
@@ -266,8 +268,11 @@ static ckptio_status read_windows(ckptio_model *m, const ckptio_slice_target *t,
         goto out;
     }
     size_t n = 0;
-    for (size_t i = 0; i < count; i++)
-        if (!p[i].gather && p[i].r.nbytes) start[shard_of(m, &t[i]) + 1]++, n++;
+    for (size_t i = 0; i < count; i++) {
+        if (p[i].gather || !p[i].r.nbytes) continue;
+        start[shard_of(m, &t[i]) + 1]++;
+        n++;
+    }
     for (size_t s = 0; s < m->nshards; s++) start[s + 1] += start[s];
     for (size_t i = 0; i < count; i++)
         if (!p[i].gather && p[i].r.nbytes) sorted[start[shard_of(m, &t[i])]++] = i;
