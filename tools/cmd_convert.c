@@ -49,7 +49,8 @@ static const cli_usage usage = {
     "  --shard-size SIZE  largest shard of a sharded OUT (e.g. 5GB = 5*10^9, 2GiB; default 5GB)\n"
     "  -q, --quiet    no warnings and no summary line\n"
     "  -h, --help     show this help\n"
-    "\nexit status: 0 converted, 1 invalid input or failed write, 2 bad command line\n",
+    "\nexit status: 0 converted, 1 invalid input or failed write, 2 bad command line,\n"
+    "130/143 interrupted by SIGINT/SIGTERM (no OUT written, an older OUT kept)\n",
 };
 
 /* Counts the non-tensor leaves of the object tree (what safetensors loses). */

@@ -25,7 +25,8 @@ static const cli_usage usage = {
     "DIR: a torch.distributed.checkpoint directory (.metadata: tensors with global\n"
     "shapes and chunks, byte items, data files, ckptio manifest) or a Hugging Face\n"
     "sharded checkpoint (model.safetensors.index.json, or the index file itself)\n"
-    "exit status: 0 ok, 1 unreadable or invalid file, 2 bad command line\n",
+    "exit status: 0 ok, 1 unreadable or invalid file, 2 bad command line,\n"
+    "130/143 interrupted by SIGINT/SIGTERM\n",
 };
 
 /* Bytes and tensor counts per dtype, in dtype enum order. */

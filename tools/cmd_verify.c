@@ -41,7 +41,7 @@ static const cli_usage usage = {
     "  -l, --latest for a ROOT: check the newest complete step that verifies\n"
     "  -h, --help   show this help\n"
     "\nexit status: 0 every file valid, 1 some file invalid or unreadable,\n"
-    "2 bad command line\n",
+    "2 bad command line, 130/143 interrupted by SIGINT/SIGTERM\n",
 };
 
 static int verify_one(ckptio_engine *engine, const char *path, bool quiet, bool latest) {
