@@ -1,6 +1,7 @@
 #!/usr/bin/env python3
 """bench_cpu.py - ckptio against the disk's raw ceilings and against its CPU
-peers (safetensors.numpy, numpy tofile/fromfile), in one run, host memory only.
+peers (safetensors.numpy, numpy tofile/fromfile), in one run, host memory only
+(BENCHMARKS.md, "CPU only").
 
 For each repetition, in this order:
   1. `ckptio bench --json` (the CLI): raw ceilings measured in that process -
@@ -18,6 +19,7 @@ ratios to the ceilings and ckptio / safetensors.
 
 Usage: python3 bench/bench_cpu.py [--size 1G] [--tensors 16] [--repeat 3]
                                   [--dir /var/tmp] [--ckptio PATH] [--json FILE]
+--json writes {"meta": the machine, "results": the samples, medians and ceilings}.
 This is a benchmark, not a test: it is not run by scripts/test.sh.
 """
 import argparse
@@ -33,26 +35,21 @@ from pathlib import Path
 
 import numpy as np
 
+import _common as common
+from _common import GB, fsync_path, parse_size
+
 REPO = Path(__file__).resolve().parents[1]
-GB = 1e9
-
-
-def parse_size(text):
-    units = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
-    t = text.strip().upper().removesuffix("IB").removesuffix("B")
-    unit = t[-1] if t and t[-1] in units else ""
-    return int(float(t[: len(t) - len(unit)]) * units[unit])
 
 
 def find_ckptio(explicit):
     candidates = [explicit] if explicit else []
-    if os.environ.get("CKPTIO_BUILD_DIR"):
-        candidates.append(os.path.join(os.environ["CKPTIO_BUILD_DIR"], "ckptio"))
+    if os.environ.get("CKPTIO_TEST_BUILD_DIR"):
+        candidates.append(os.path.join(os.environ["CKPTIO_TEST_BUILD_DIR"], "ckptio"))
     candidates += [str(REPO / "build" / "ckptio"), shutil.which("ckptio")]
     for c in candidates:
         if c and os.path.isfile(c) and os.access(c, os.X_OK):
             return c
-    sys.exit("bench_cpu.py: no ckptio binary (build it, or pass --ckptio / set CKPTIO_BUILD_DIR)")
+    sys.exit("bench_cpu.py: no ckptio binary (build it, or pass --ckptio / set CKPTIO_TEST_BUILD_DIR)")
 
 
 # ---- page cache -----------------------------------------------------------------
@@ -63,34 +60,11 @@ DROP_METHOD = "posix_fadvise(DONTNEED)"
 def drop_cache(path):
     """Make the next read of `path` come from the disk."""
     global DROP_METHOD
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-    finally:
-        os.close(fd)
-    if os.geteuid() == 0 and os.access("/proc/sys/vm/drop_caches", os.W_OK):
-        os.sync()
-        try:
-            with open("/proc/sys/vm/drop_caches", "w") as f:
-                f.write("1\n")
-            DROP_METHOD = "posix_fadvise(DONTNEED) + /proc/sys/vm/drop_caches"
-        except OSError:
-            pass
+    DROP_METHOD = common.drop_caches(path)
 
 
 def prime_cache(path):
-    with open(path, "rb", buffering=0) as f:
-        while f.read(8 << 20):
-            pass
-
-
-def fsync_path(path):
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
+    common.warm(path)
 
 
 # ---- the peers ------------------------------------------------------------------
@@ -198,7 +172,7 @@ def main():
     ap.add_argument("--tensors", type=int, default=16)
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--dir", default="/var/tmp", help="a directory on the disk to measure (default /var/tmp)")
-    ap.add_argument("--ckptio", help="the ckptio binary (default: $CKPTIO_BUILD_DIR, build/, $PATH)")
+    ap.add_argument("--ckptio", help="the ckptio binary (default: $CKPTIO_TEST_BUILD_DIR, build/, $PATH)")
     ap.add_argument("--json", help="also write all samples and medians to this file")
     args = ap.parse_args()
 
@@ -298,6 +272,7 @@ def main():
 
     if args.json:
         out = {
+            "meta": dict(common.machine(args.dir), command=" ".join(sys.argv)),
             "size_bytes": nbytes,
             "tensors": args.tensors,
             "repeat": args.repeat,

@@ -1,4 +1,5 @@
-"""Reading a large DCP .metadata: ckptio's restricted path against pickle.loads (what torch's reader runs).
+"""Reading a large DCP .metadata: ckptio's restricted path against pickle.loads (what torch's reader runs)
+(BENCHMARKS.md, "DCP").
 
     python3 bench/bench_dcp_metadata.py [TENSORS] [CHUNKS]      # default 1000 x 100: 100k chunks, ~14 MB
 

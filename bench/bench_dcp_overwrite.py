@@ -1,4 +1,5 @@
-"""bench_dcp_overwrite.py - saving a DCP checkpoint over the previous one in the same directory.
+"""bench_dcp_overwrite.py - saving a DCP checkpoint over the previous one in the same directory (BENCHMARKS.md,
+"DCP").
 
 Durable dcp.save of a host-memory state dict (SIZE_MIB of bf16 in 8 tensors, thread_count 8) into a
 directory that already holds a checkpoint of the same size, page cache dropped before each save:
@@ -19,18 +20,13 @@ import warnings
 import torch
 import torch.distributed.checkpoint as dcp
 
+import _common as common
 import ckptio.dcp as cdcp
 
 warnings.filterwarnings("ignore")
 SIZE = int(os.environ.get("SIZE_MIB", "512")) << 20
 REPEAT = int(os.environ.get("REPEAT", "4"))
 D = os.environ.get("DIR", "/var/tmp/ckptio-overwrite")
-
-
-def drop():
-    os.sync()
-    with open("/proc/sys/vm/drop_caches", "w") as f:
-        f.write("3\n")
 
 
 def main():
@@ -54,7 +50,7 @@ def main():
                 shutil.rmtree(path, ignore_errors=True)
             elif not os.path.exists(path):
                 dcp.save(sd, storage_writer=make(path), no_dist=True)
-            drop()
+            common.drop_caches()
             writer = make(path)
             t0 = time.perf_counter()
             dcp.save(sd, storage_writer=writer, no_dist=True)
@@ -62,6 +58,7 @@ def main():
             getattr(writer, "wait_cleanup", lambda: None)()
             res[name].append(nbytes / el / 1e9)
     shutil.rmtree(D, ignore_errors=True)
+    print(common.machine(os.path.dirname(D)))
     print(f"{nbytes / 2**20:.0f} MiB, {REPEAT} rounds, durable save GB/s (median; all)")
     for name, v in res.items():
         print(f"  {name:<13} {statistics.median(v):6.2f}   {', '.join(f'{x:.2f}' for x in v)}")

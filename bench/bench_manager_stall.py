@@ -1,5 +1,5 @@
 """The stall a training job pays for ckptio.CheckpointManager's async saves
-from GPU memory (docs/MANAGER.md "On the GPU").
+from GPU memory (BENCHMARKS.md, "Checkpoint manager in a training loop").
 
 A GPU model (a stack of Linear + GELU layers, fp32, AdamW) trains STEPS
 steps without saves, then STEPS steps with ``manager.save`` (async) every

@@ -1,31 +1,35 @@
-"""One GPU, one Hugging Face model directory: ckptio beside the loaders people use, same run.
+"""One GPU, one Hugging Face model directory: ckptio beside the loaders people use, same run (BENCHMARKS.md, "Load
+to one GPU").
 
-A Llama-shaped bf16 model (GIB GiB, default 16, in 4 shards written by safetensors.torch.save_file, so
-its data is not 4 KiB aligned) is loaded to cuda:0 from three places: cold (pages dropped with
-posix_fadvise), warm (page cache) and tmpfs (/dev/shm). Every load's tensors are compared with
+A Llama-shaped bf16 model (GIB GiB, default 16: 14.21 GB of tensors in 4 shards written by
+safetensors.torch.save_file, so its data is not 4 KiB aligned; _common.make_model) is loaded to cuda:0 from three
+places: cold (pages dropped), warm (page cache) and tmpfs (/dev/shm). Every load's tensors are compared with
 safetensors' own load of the same files; a loader that differs is reported, not timed.
 
-Loaders: ckptio.load(directory) (one plan over all shards; its default path, and CKPTIO_GPU_PATH=staged,
-the pinned-staging pipeline alone), ckptio.load(..., out=) into existing tensors, InstantTensor 0.2.2
-(default backend, BUFFERED; copy=True default, so its tensors are its own), fastsafetensors (one GPU, no
-GDS), Run:ai Model Streamer (host tensors moved to the GPU), safetensors.torch.load_file(device=...).
-Ceilings beside them: pinned host-to-device (torch), page-cache read (16 threads), O_DIRECT read.
-For each: GB/s, CPU seconds per GB (user+system of the process), and the GPU memory the load took
-beyond its destination tensors (peak of cuMemGetInfo-used during the load, sampled every 2 ms, minus
-used after it with the tensors held).
+Loaders: ckptio.load(directory) (one plan over all shards; its default path, CKPTIO_GPU_PATH=pipeline and
+CKPTIO_READ_CACHE=off), ckptio.load(..., out=) into existing tensors, InstantTensor 0.2.2 (default backend,
+BUFFERED; copy=True default, so its tensors are its own), fastsafetensors (one GPU, no GDS), Run:ai Model Streamer
+(host tensors moved to the GPU), safetensors.torch.load_file(device=...). Ceilings beside them: pinned
+host-to-device (torch), page-cache read (16 threads), O_DIRECT read (before and after the cold loaders).
+For each: GB/s, CPU seconds per GB (user+system of the process), and the GPU memory the load took beyond its
+destination tensors (peak of cuMemGetInfo-used during the load, sampled every 2 ms, minus used after it with the
+tensors held).
+
+The case columns (page cache): one rank's column slices [:, r*c:(r+1)*c] of every matrix for TP ranks 0 and TP-1,
+what a loader that gives each rank only its part reads (vLLM's per-rank get_slice): ckptio.open(dir).get_slices()
+in one plan beside safetensors' get_slice on the host and .to(device); best of REPS, every slice compared.
 
     python3 bench/bench_model_gpu.py            # writes $OUT/bench_model_gpu.json and prints a table
-Environment: GIB (model size), MODEL_DIR (default /var/tmp/ckptio-model), REPS (default 2),
-CASES (comma list of cold,warm,tmpfs), SWEEP=1 (ckptio's staging geometry; SWEEP_SETTINGS="threads:MiB,..."),
-FIRST=1 (each loader's first load in a fresh process, as a model server meets it: its pinned buffers,
-streams and threads are made inside the timed load; CUDA is initialised before the clock starts),
+Environment: GIB (model size), MODEL_DIR (default /var/tmp/ckptio-model), REPS (default 2), CASES (comma list of
+cold,warm,tmpfs,columns), PEERS=0 (ckptio only) or PEERS=it (InstantTensor only), TP (columns: 2,4,8),
+FIRST=1 (each loader's first load in a fresh process, as a model server meets it: its pinned buffers, streams and
+threads are made inside the timed load; CUDA is initialised before the clock starts; FIRST_WHICH picks loaders of
+FIRST_KEYS, FIRST_ONLY=1 leaves out the loads in this process),
+SECOND=reuse (FIRST=1: the second load reuses the blocks torch's allocator kept, as a server replacing its weights
+does; default fresh: they were given back with torch.cuda.empty_cache(), the driver's slower case),
 MEMWATCH=0 (no sampling of GPU memory during the loads: extra GPU memory is then not reported),
-SECOND_PAUSE=S (FIRST=1: sleep S seconds between a process's first and second loads),
-SECOND=reuse (FIRST=1: the second load reuses the blocks torch's allocator kept; default fresh: they were given
-back with torch.cuda.empty_cache(), the driver's slower case),
-COLD_ROTATE=N (cold: the ckptio loaders' order rotated by N).
+COLD_ROTATE=N (cold: the ckptio loaders' order rotated by N), BENCH_JSON (the result's file name).
 """
-import glob
 import json
 import os
 import shutil
@@ -36,9 +40,9 @@ import time
 
 import torch
 
-OUT = os.environ.get("OUT", ".")
-GiB = 1 << 30
-MiB = 1 << 20
+import _common as c
+from _common import GiB, make_model, shard_files, tensor_bytes
+
 REPS = int(os.environ.get("REPS", "2"))
 results = []
 
@@ -47,69 +51,12 @@ def log(*a):
     print(*a, flush=True)
 
 
-def make_model(d, total_gib, shards=4):
-    """A Llama-70B-like layer stack (hidden 8192, MLP 28672) cut to total_gib, safetensors.torch.save_file."""
-    from safetensors.torch import save_file
-    os.makedirs(d, exist_ok=True)
-    hidden, inter = 8192, 28672
-    per_layer = (4 * hidden * hidden + 3 * hidden * inter) * 2 + 2 * hidden * 2
-    layers = max(1, int(total_gib * GiB // per_layer))
-    names = [("model.embed_tokens.weight", (32000, hidden))]
-    for layer in range(layers):
-        p = f"model.layers.{layer}."
-        names += [(p + "self_attn.q_proj.weight", (hidden, hidden)), (p + "self_attn.k_proj.weight", (hidden // 8, hidden)),
-                  (p + "self_attn.v_proj.weight", (hidden // 8, hidden)), (p + "self_attn.o_proj.weight", (hidden, hidden)),
-                  (p + "mlp.gate_proj.weight", (inter, hidden)), (p + "mlp.up_proj.weight", (inter, hidden)),
-                  (p + "mlp.down_proj.weight", (hidden, inter)), (p + "input_layernorm.weight", (hidden,)),
-                  (p + "post_attention_layernorm.weight", (hidden,))]
-    names += [("model.norm.weight", (hidden,))]
-    per = (len(names) + shards - 1) // shards
-    g = torch.Generator(device="cuda").manual_seed(0)
-    weight_map = {}
-    for s in range(shards):
-        fname = f"model-{s + 1:05d}-of-{shards:05d}.safetensors"
-        sd = {n: torch.randn(shape, dtype=torch.bfloat16, device="cuda", generator=g).cpu()
-              for n, shape in names[s * per:(s + 1) * per]}
-        save_file(sd, os.path.join(d, fname), metadata={"format": "pt"})
-        weight_map.update({n: fname for n in sd})
-        del sd
-    total = sum(os.path.getsize(f) for f in glob.glob(d + "/*.safetensors"))
-    with open(os.path.join(d, "model.safetensors.index.json"), "w") as f:
-        json.dump({"metadata": {"total_size": total}, "weight_map": weight_map}, f)
-    os.sync()
-
-
-def shard_files(d):
-    return sorted(glob.glob(os.path.join(d, "*.safetensors")))
-
-
-def tensor_bytes(files):
-    import struct
-    n = 0
-    for f in files:
-        with open(f, "rb") as fh:
-            hl = struct.unpack("<Q", fh.read(8))[0]
-            hdr = json.loads(fh.read(hl))
-        n += sum(v["data_offsets"][1] - v["data_offsets"][0] for k, v in hdr.items() if k != "__metadata__")
-    return n
-
-
 def drop_cache(files):
-    os.sync()
-    for f in files:
-        fd = os.open(f, os.O_RDONLY)
-        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-        os.close(fd)
-    try:
-        with open("/proc/sys/vm/drop_caches", "w") as f:
-            f.write("1\n")
-    except OSError:
-        pass
+    c.drop_caches(*files)
 
 
 def warm_cache(files):
-    for f in files:
-        subprocess.run(["cat", f], stdout=subprocess.DEVNULL, check=True)
+    c.warm(*files)
 
 
 class GpuMemWatch:
@@ -151,7 +98,6 @@ def timed(case, loader, nbytes, fn, reference, note="", give_back=True):
     """Runs fn() -> {name: tensor} (or None for ceilings), checks it, records GB/s, CPU s/GB, extra GPU memory.
     give_back: torch.cuda.empty_cache() after the result is freed (its memory goes back to the driver)."""
     torch.cuda.synchronize()
-    used_before = torch.cuda.mem_get_info(0)[1] - torch.cuda.mem_get_info(0)[0]
     with GpuMemWatch() as w:
         c0 = os.times()
         t0 = time.perf_counter()
@@ -176,7 +122,6 @@ def timed(case, loader, nbytes, fn, reference, note="", give_back=True):
     del out
     if give_back:
         torch.cuda.empty_cache()
-    _ = used_before
     return row
 
 
@@ -194,37 +139,13 @@ def ceiling_h2d():
 
 
 def ceiling_read(case, files, direct, threads=16, note=""):
-    bs = 8 * MiB
-    jobs = [(f, o) for f in files for o in range(0, os.path.getsize(f) // 4096 * 4096, bs)]
-    total = sum(min(bs, (os.path.getsize(f) // 4096 * 4096) - o) for f, o in jobs)
-    lock = threading.Lock()
-    idx = [0]
-
-    def worker():
-        import mmap
-        buf = mmap.mmap(-1, bs)
-        fds = {}
-        while True:
-            with lock:
-                if idx[0] >= len(jobs):
-                    break
-                f, o = jobs[idx[0]]
-                idx[0] += 1
-            if f not in fds:
-                fds[f] = os.open(f, os.O_RDONLY | (os.O_DIRECT if direct else 0))
-            n = min(bs, (os.path.getsize(f) // 4096 * 4096) - o)
-            os.preadv(fds[f], [memoryview(buf)[:n]], o)
-        for fd in fds.values():
-            os.close(fd)
-
-    def run():
-        th = [threading.Thread(target=worker) for _ in range(threads)]
-        for t in th:
-            t.start()
-        for t in th:
-            t.join()
+    nbytes, seconds = c.read_files_ceiling(files, direct, threads)
     label = f"ceiling: {'O_DIRECT' if direct else 'page-cache'} read ({threads} threads)"
-    timed(case, label, total, run, None, note)
+    row = {"case": case, "loader": label, "seconds": round(seconds, 3), "GBps": round(c.gbps(nbytes, seconds), 2),
+           "note": note}
+    results.append(row)
+    log(f"{case:6s} {label:55s} {row['GBps']:7.2f} GB/s {seconds:7.3f} s  {note}")
+    return row
 
 
 # ---- loaders ----------------------------------------------------------------------------
@@ -351,11 +272,6 @@ def first_load_child(label, d):
         import ckptio
         engine_stats = ckptio.default_engine().stats
     before = engine_stats() if engine_stats else None
-    # SECOND_PAUSE=S: wait S seconds before the second load (the first one's tensors were freed and
-    # torch.cuda.empty_cache() returned their memory to the driver: is memory just freed slower?).
-    pause = float(os.environ.get("SECOND_PAUSE", "0"))
-    if pause > 0:
-        time.sleep(pause)
     row2 = timed(os.environ["FIRST_CASE"], label, nbytes, fn, None,
                  "second load, same process" + (" (the allocator's cached blocks)" if reuse else ""))
     if engine_stats:
@@ -376,7 +292,7 @@ def first_load_child(label, d):
         st = ckptio.default_engine().stats()
         # bytes_direct/bytes_buffered: whether the file reads went O_DIRECT or through the page cache
         # (tmpfs included), all three loads together.
-        row["ckptio_stats"] = {k: st.get(k) for k in ("bytes_h2d", "bytes_h2d_mapped", "mapped_fallbacks",
+        row["ckptio_stats"] = {k: st.get(k) for k in ("bytes_h2d",
                                                       "staging_reserved", "bytes_direct", "bytes_buffered")}
         row["env"] = {k: v for k, v in os.environ.items() if k.startswith("CKPTIO_")}
     print("FIRSTROW " + json.dumps([row, row2]), flush=True)
@@ -390,7 +306,7 @@ FIRST_KEYS = {"ckptio": "ckptio.load(dir) [default]", "ckptio-out": "ckptio.load
 def run_first_loads(case, d):
     """Each loader's first load in a process of its own (FIRST=1; FIRST_WHICH: comma list of FIRST_KEYS).
     From the page cache, InstantTensor's default backend (O_DIRECT: it reads the disk whatever the page
-    cache holds, 1.3 GB/s in the runs of 2026-11-26) is left out: its BUFFERED backend is its warm path."""
+    cache holds) is left out: its BUFFERED backend is its warm path."""
     which = os.environ.get("FIRST_WHICH", ",".join(FIRST_KEYS)).split(",")
     for key in which:
         label = FIRST_KEYS[key]
@@ -416,7 +332,7 @@ def run_case(case, d, nbytes, reference):
     files = shard_files(d)
     loaders = [
         ("ckptio.load(dir) [default]", *load_ckptio(d)),
-        ("ckptio.load(dir) [CKPTIO_GPU_PATH=staged]", *load_ckptio(d, gpu_path="staged")),
+        ("ckptio.load(dir) [CKPTIO_GPU_PATH=pipeline]", *load_ckptio(d, gpu_path="pipeline")),
         ("ckptio.load(dir) [CKPTIO_READ_CACHE=off]", *load_ckptio(d, read_cache="off")),
     ]
     peers = [("ckptio.load(dir, out=existing tensors)", lambda: load_ckptio_out(d, reference), None),
@@ -426,11 +342,8 @@ def run_case(case, d, nbytes, reference):
              ("runai-model-streamer 0.16.1 (+ .to(cuda))", lambda: load_runai(files), None),
              ("safetensors.torch.load_file(device=cuda)", lambda: load_safetensors(files), None)]
     if case == "cold":
-        # On the GPU hosts the disk reads faster as a cold run goes on, whoever reads (2026-11-27, H200,
-        # five runs, BENCHMARKS.md: the O_DIRECT ceiling 1.30 -> 1.80 and 1.45 -> 1.60 GB/s from a run's
-        # start to its end; the first ckptio loader 1.08-1.34 whichever it was, the third 1.38-1.82;
-        # neither an O_DIRECT pass right after the first drop nor 30 s of waiting changed it). So the
-        # ceiling is measured at both ends, and COLD_ROTATE=N rotates the ckptio loaders' order.
+        # The measured disks read faster as a cold run goes on, whoever reads (BENCHMARKS.md, "Load to one GPU"):
+        # the ceiling is measured at both ends, and COLD_ROTATE=N rotates the ckptio loaders' order.
         drop_cache(files)
         ceiling_read(case, files, direct=True)
     else:  # warm, tmpfs: every page read once before the first loader, so none pays first touches
@@ -454,7 +367,7 @@ def run_case(case, d, nbytes, reference):
                 drop_cache(files)
             row = timed(case, label, nbytes, fn, reference, f"r{rep}")
             st = holder.get("stats", {})
-            row["ckptio_stats"] = {k: st.get(k) for k in ("bytes_h2d", "bytes_h2d_mapped", "mapped_fallbacks",
+            row["ckptio_stats"] = {k: st.get(k) for k in ("bytes_h2d",
                                                          "bytes_direct", "bytes_buffered", "staging_peak")}
             log("       ckptio stats:", row["ckptio_stats"])
         for label, make, _ in peers:
@@ -474,17 +387,63 @@ def run_case(case, d, nbytes, reference):
                 results.append({"case": case, "loader": label, "error": repr(ex)})
     if case == "cold":
         ceiling_read(case, files, direct=True, note="again, after the loaders")
-    if os.environ.get("SWEEP") == "1" and case != "cold":
-        # ckptio's staging geometry (threads x staging bytes: slots are staging / (threads x 4)), each
-        # with an engine of its own: r0 includes allocating the pinned slots, r1 reuses them.
-        spec = os.environ.get("SWEEP_SETTINGS", "16:64,16:128,16:256,24:192,8:128")
-        for threads, staging in [(int(t), int(m) * MiB) for t, m in (x.split(":") for x in spec.split(","))]:
-            settings = {"threads": threads, "staging_bytes": staging}
-            fn, holder = load_ckptio(d, **settings)
-            for rep in range(2):
-                row = timed(case, f"ckptio sweep threads={threads} staging={staging >> 20} MiB", nbytes, fn,
-                            reference, f"r{rep}")
-                row["settings"] = settings
+
+def column_requests(shapes, tp, rank):
+    """{name: index} of rank's column slice of every matrix whose columns split evenly over tp ranks."""
+    out = {}
+    for name, shape in shapes.items():
+        if len(shape) == 2 and shape[1] % tp == 0:
+            w = shape[1] // tp
+            out[name] = (slice(None), slice(rank * w, (rank + 1) * w))
+    return out
+
+
+def run_columns(d, reference):
+    """One rank's column slices to its GPU, ranks 0 and TP-1 of each TP degree, from the page cache: ckptio's
+    get_slices (one plan) and safetensors' get_slice on the host then .to(device); best of REPS per loader."""
+    import ckptio
+    from safetensors import safe_open
+    files = shard_files(d)
+    warm_cache(files)
+    shapes = {k: tuple(v.shape) for k, v in reference.items()}
+
+    def load_ckptio(req):
+        with ckptio.open(d, device="cuda:0") as f:
+            return f.get_slices(req)
+
+    def load_safetensors(req):
+        out = {}
+        for p in files:
+            with safe_open(p, framework="pt", device="cpu") as f:
+                for k in f.keys():
+                    if k in req:
+                        out[k] = f.get_slice(k)[req[k]].to("cuda:0")
+        return out
+    if os.environ.get("PEERS") == "0":
+        loaders = [("ckptio.open(dir).get_slices(columns)", load_ckptio)]
+    else:
+        loaders = [("ckptio.open(dir).get_slices(columns)", load_ckptio),
+                   ("safetensors get_slice(columns) + .to(cuda)", load_safetensors)]
+    for tp in [int(x) for x in os.environ.get("TP", "2,4,8").split(",")]:
+        for rank in (0, tp - 1):
+            req = column_requests(shapes, tp, rank)
+            want = {k: reference[k][idx] for k, idx in req.items()}
+            nbytes = sum(t.numel() * t.element_size() for t in want.values())
+            for label, load in loaders:
+                best = None
+                for rep in range(REPS):
+                    seconds, out, cpu = c.timed(lambda: load(req), cuda=True)
+                    ok = all(torch.equal(out[k], v) for k, v in want.items())
+                    del out
+                    if best is None or seconds < best[0]:
+                        best = (seconds, cpu, ok)
+                row = {"case": "columns", "loader": label, "tp": tp, "rank": rank, "tensors": len(req),
+                       "bytes": nbytes, "seconds": round(best[0], 4), "GBps": round(c.gbps(nbytes, best[0]), 2),
+                       "cpu_s_per_GB": round(best[1] / (nbytes / c.GB), 3), "bytes_equal": best[2],
+                       "note": f"best of {REPS}"}
+                results.append(row)
+                log(f"columns TP {tp} rank {rank} {label:45s} {row['GBps']:7.2f} GB/s {row['seconds']:7.3f} s  "
+                    f"equal={row['bytes_equal']}")
 
 
 def main():
@@ -497,40 +456,36 @@ def main():
     files = shard_files(d)
     nbytes = tensor_bytes(files)
     log(f"model: {len(files)} shards, {nbytes / 1e9:.2f} GB of tensors, {sum(map(os.path.getsize, files)) / 1e9:.2f} GB")
-    log(subprocess.run("nvidia-smi --query-gpu=name,driver_version,pcie.link.gen.max,pcie.link.width.max "
-                       "--format=csv,noheader; nproc; free -g | head -2; df -hT /var/tmp /dev/shm | tail -2",
-                       shell=True, capture_output=True, text=True).stdout)
-    import ckptio
-    log("ckptio", ckptio.__version__, ckptio.__file__, "CKPTIO_PINNED =", os.environ.get("CKPTIO_PINNED", "alloc"))
+    meta = c.machine(d)
+    meta.update(gpu=torch.cuda.get_device_name(0), model_bytes=nbytes, shards=len(files), command=" ".join(sys.argv),
+                env={k: v for k, v in os.environ.items() if k in ("CASES", "REPS", "FIRST", "FIRST_ONLY",
+                                                                  "FIRST_WHICH", "SECOND", "PEERS", "TP", "GIB")})
+    log("machine:", meta)
     from safetensors.torch import load_file
     reference = {}
     for f in files:
         reference.update(load_file(f, device="cuda:0"))
     ceiling_h2d()
-    meta = {"date": time.strftime("%Y-%m-%d"), "gpu": torch.cuda.get_device_name(0), "torch": torch.__version__,
-            "model_bytes": nbytes, "shards": len(files), "command": " ".join(sys.argv),
-            "pinned": os.environ.get("CKPTIO_PINNED", "alloc")}
 
     def dump():
-        with open(os.path.join(OUT, os.environ.get("BENCH_JSON", "bench_model_gpu.json")), "w") as f:
-            json.dump({"meta": meta, "results": results}, f, indent=1)
-    cases = os.environ.get("CASES", "cold,warm,tmpfs").split(",")
-    for case in cases:
-        if case not in ("cold", "warm", "tmpfs"):
-            continue
+        c.write_result(os.environ.get("BENCH_JSON", "bench_model_gpu.json"), meta, results)
+    for case in os.environ.get("CASES", "cold,warm,tmpfs").split(","):
         if case == "tmpfs":
             shm = "/dev/shm/ckptio-model"
             shutil.rmtree(shm, ignore_errors=True)
             shutil.copytree(d, shm)
             run_case(case, shm, nbytes, reference)
             shutil.rmtree(shm, ignore_errors=True)
-        else:
+        elif case in ("cold", "warm"):
             run_case(case, d, nbytes, reference)
+        elif case == "columns":
+            run_columns(d, reference)
+        else:
+            continue
         dump()
     bad = [r for r in results if r.get("bytes_equal") is False]
     if bad:
         log("LOADERS WITH WRONG BYTES:", [r["loader"] for r in bad])
-
 
 if __name__ == "__main__":
     if len(sys.argv) == 4 and sys.argv[1] == "--first":

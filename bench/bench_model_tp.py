@@ -1,9 +1,10 @@
-"""A node's GPUs loading one Hugging Face model directory, tensor parallel: ckptio beside its peers, same run.
+"""A node's GPUs loading one Hugging Face model directory, tensor parallel and as replicas: ckptio beside its peers,
+same run (BENCHMARKS.md, "A node's GPUs").
 
     torchrun --standalone --nproc_per_node=2 bench/bench_model_tp.py     # $OUT/bench_model_tp.json + a table
 
-The model is bench_model_gpu.py's (a Llama-70B-like layer stack, bf16, GIB GiB, default 16, in 4 shards
-written by safetensors.torch.save_file: data not 4 KiB aligned), written once by rank 0 into MODEL_DIR.
+The model is bench_model_gpu.py's (_common.make_model: a Llama-70B-like layer stack, bf16, GIB GiB, default 16, in 4
+shards written by safetensors.torch.save_file: data not 4 KiB aligned), written once by rank 0 into MODEL_DIR.
 Tensor parallelism over all ranks: rank r takes torch.tensor_split(t, world, 0)[r] of every 2-D weight and
 every 1-D weight whole. The time is from a barrier until every rank holds its slices on its own GPU
 (torch.cuda.synchronize, barrier). Every rank's result is compared on its GPU with its cut of
@@ -12,7 +13,7 @@ safetensors' own load of the same files; a loader that differs is reported as by
 Loaders:
   ckptio read-once   ckptio.load(dir, device=cuda:r, process_group=pg, tp_dim=0): each byte the ranks need
                      is read from storage once across the node and the rest travels over NCCL
-  ckptio per rank    every rank ckptio.load(dir, device=cuda:r) of the whole model, then slices (the old way)
+  ckptio per rank    every rank ckptio.load(dir, device=cuda:r) of the whole model, then slices
   safetensors        safe_open(file, "pt", device=cuda:r).get_slice(name)[rows] per rank
   fastsafetensors    SafeTensorsFileLoader(pg, cuda:r, nogds=True), files split over the ranks,
                      get_sharded(name, 0) / get_tensor(name) (scattered / broadcast over NCCL)
@@ -27,7 +28,6 @@ LOADERS (comma list: only the loaders whose label holds one of these, e.g. "read
 VARIANTS=0 (no runs of ckptio with other settings: cold, 8 threads and buffered reads; warm replicas, other batch
 sizes).
 """
-import json
 import os
 import sys
 import time
@@ -36,11 +36,9 @@ import warnings
 import torch
 import torch.distributed as dist
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import bench_model_gpu as one  # noqa: E402  (model, cache control, ceilings)
+import _common as c
 
 warnings.filterwarnings("ignore")
-OUT = os.environ.get("OUT", ".")
 results = []
 
 
@@ -58,12 +56,11 @@ def log0(*a):
 
 def read_ceiling(case, files, direct):
     """Rank 0: a read ceiling over the model's files (16 threads, one process), recorded in results; its GB/s."""
-    one.results.clear()
-    one.ceiling_read(case, files, direct=direct)
-    c = one.results[-1]
+    nbytes, seconds = c.read_files_ceiling(files, direct)
+    gbps = round(c.gbps(nbytes, seconds), 2)
     results.append({"case": case, "loader": f"ceiling: {'O_DIRECT' if direct else 'page-cache'} read "
-                    "(16 threads, one process)", "seconds": c["seconds"], "GBps": c["GBps"]})
-    return c["GBps"]
+                    "(16 threads, one process)", "seconds": round(seconds, 3), "GBps": gbps})
+    return gbps
 
 
 def warm_ceilings(files, dev, world, rank):
@@ -145,18 +142,11 @@ def timed(case, label, nbytes, fn, ref, note=""):
 
 def ckptio_read_once(d, dev, pg, batch_bytes=None, **settings):
     import ckptio
-    from ckptio import _distributed
     engine = ckptio.Engine(**settings) if settings else None
     tp = 0 if MODE == "tp" else None
 
     def fn():
-        default = _distributed.BATCH_BYTES
-        if batch_bytes:  # the shared tensors' batch size (no load() argument: the module's default)
-            _distributed.BATCH_BYTES = batch_bytes
-        try:
-            return ckptio.load(d, device=dev, process_group=pg, tp_dim=tp, engine=engine)
-        finally:
-            _distributed.BATCH_BYTES = default
+        return ckptio.load(d, device=dev, process_group=pg, tp_dim=tp, engine=engine, batch_bytes=batch_bytes)
     return fn
 
 
@@ -165,8 +155,8 @@ def ckptio_per_rank(d, dev, rank, world):
 
     def fn():
         whole = ckptio.load(d, device=dev)
-        # A slice is cloned so that the whole tensor can go; a replica is the tensor itself (a clone of
-        # it held two models beside the reference: 84 GB for the 28 GB model on 80 GB H100s, 2026-11-27).
+        # A slice is cloned so that the whole tensor can go; a replica is the tensor itself (a clone of it
+        # would hold two models beside the reference, more than an 80 GB GPU has for a 28 GB model).
         return {k: (cut(v, rank, world).clone() if MODE == "tp" and v.dim() >= 2 else v) for k, v in whole.items()}
     return fn
 
@@ -192,14 +182,7 @@ def safetensors_slices(files, dev, rank, world):
 
 def fastsafetensors_pg_dims(files, dev, pg, rank, world):
     """fastsafetensors needs each tensor's rank to pick scatter or broadcast; read from the headers."""
-    import struct
-    dims = {}
-    for f in files:
-        with open(f, "rb") as fh:
-            n = struct.unpack("<Q", fh.read(8))[0]
-            for k, v in json.loads(fh.read(n)).items():
-                if k != "__metadata__":
-                    dims[k] = len(v["shape"])
+    dims = {k: len(v["shape"]) for f in files for k, v in c.safetensors_header(f).items()}
     from fastsafetensors import SafeTensorsFileLoader
 
     def fn():
@@ -224,18 +207,19 @@ def main():
     dev = f"cuda:{rank}"
     pg = dist.group.WORLD
     d = os.environ.get("MODEL_DIR", "/var/tmp/ckptio-model")
-    if rank == 0 and not one.shard_files(d):
+    if rank == 0 and not c.shard_files(d):
         t0 = time.perf_counter()
-        one.make_model(d, float(os.environ.get("GIB", "16")))
+        c.make_model(d, float(os.environ.get("GIB", "16")))
         print(f"model written in {time.perf_counter() - t0:.1f} s", flush=True)
     dist.barrier()
-    files = one.shard_files(d)
-    nbytes = one.tensor_bytes(files)
+    files = c.shard_files(d)
+    nbytes = c.tensor_bytes(files)
     import ckptio
     log0(f"model: {len(files)} shards, {nbytes / 1e9:.2f} GB of tensors; {world} ranks, "
          f"{torch.cuda.get_device_name(0)}; ckptio {ckptio.__version__} from {ckptio.__file__}")
-    meta = {"date": time.strftime("%Y-%m-%d"), "gpu": torch.cuda.get_device_name(0), "world": world,
-            "torch": torch.__version__, "model_bytes": nbytes, "shards": len(files), "command": " ".join(sys.argv)}
+    meta = c.machine(d)
+    meta.update(gpu=torch.cuda.get_device_name(0), world=world, model_bytes=nbytes, shards=len(files),
+                command=" ".join(sys.argv))
     global MODE
     warm_ceilings_done = False
     for MODE in os.environ.get("MODES", "tp,replicas").split(","):
@@ -264,7 +248,7 @@ def main():
         for case in os.environ.get("CASES", "cold,warm").split(","):
             if case != "cold":
                 if rank == 0:
-                    one.warm_cache(files)
+                    c.warm(*files)
                 if not warm_ceilings_done:
                     warm_ceilings(files, dev, world, rank)
                     warm_ceilings_done = True
@@ -279,7 +263,7 @@ def main():
                 for label, fn in runs:
                     if case == "cold":
                         if rank == 0:
-                            one.drop_cache(files)
+                            c.drop_caches(*files)
                         dist.barrier()
                     row = timed(case, label, nbytes, fn, ref, f"r{rep}")
                     row["mode"] = MODE
@@ -293,8 +277,7 @@ def main():
             if case == "cold":
                 cold_ceiling()
             if rank == 0:
-                with open(os.path.join(OUT, "bench_model_tp.json"), "w") as f:
-                    json.dump({"meta": meta, "results": results}, f, indent=1)
+                c.write_result("bench_model_tp.json", meta, results)
         del ref
         torch.cuda.empty_cache()
     bad = [r["loader"] for r in results if r.get("bytes_equal") is False]

@@ -1,8 +1,7 @@
 #!/usr/bin/env python3
-"""bench_reload.py - loading the same checkpoint twice on the CPU path:
-ckptio (default read policy, and CKPTIO_READ_CACHE=off, which is what
-ckptio did before the policy existed: O_DIRECT every time) beside torch.load
-and safetensors.torch.load_file.
+"""bench_reload.py - loading the same checkpoint twice (BENCHMARKS.md, "Loading
+the same file twice"): ckptio (default read policy, and CKPTIO_READ_CACHE=off:
+O_DIRECT every time) beside torch.load and safetensors.torch.load_file.
 
 For each repetition and each loader: the file is evicted from the page cache
 (fsync, posix_fadvise(DONTNEED), and /proc/sys/vm/drop_caches when root),
@@ -30,31 +29,13 @@ from pathlib import Path
 
 import torch
 
+import _common as common
 import ckptio
-
-GB = 1e9
-
-
-def parse_size(text):
-    units = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
-    t = text.strip().upper().removesuffix("IB").removesuffix("B")
-    unit = t[-1] if t and t[-1] in units else ""
-    return int(float(t[: len(t) - len(unit)]) * units[unit])
+from _common import GB, parse_size
 
 
 def evict(path):
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-    finally:
-        os.close(fd)
-    if os.geteuid() == 0:
-        try:
-            with open("/proc/sys/vm/drop_caches", "w") as f:
-                f.write("1\n")
-        except OSError:
-            pass
+    common.drop_caches(path)
 
 
 def state_dict(size, tensors):
@@ -127,8 +108,8 @@ def main():
         print(f"{name:34s} {first:8.3f} {nbytes / first / GB:6.2f} {second:9.3f} {nbytes / second / GB:6.2f}")
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"bytes": nbytes, "tensors": args.tensors, "repeat": args.repeat, "device": dev,
-                       "results": rows}, f, indent=1)
+            json.dump({"meta": common.machine(args.dir), "bytes": nbytes, "tensors": args.tensors,
+                       "repeat": args.repeat, "device": dev, "results": rows}, f, indent=1)
 
 
 if __name__ == "__main__":

@@ -2,15 +2,13 @@
 
     python3 bench/plot_first_loads.py OUT.png LABEL=JSON[,JSON...] [LABEL=JSON...]
 
-Each LABEL names a build (e.g. new, base); its JSON files are rounds of the same run, drawn as the
-range of the rounds (bar: mean, whisker: min..max). Bars are grouped by case (warm, tmpfs) and load
-(first, second); one colour per loader and build. The pinned host-to-device ceiling of the first JSON
-is drawn as a line, and 90% of it (issue 17's goal).
+Each LABEL names a build or a run; its JSON files are rounds of the same run, drawn as the range of the rounds
+(bar: mean, whisker: min..max). Bars are grouped by case (warm, tmpfs) and load (first, second); one colour per
+loader and label. The pinned host-to-device ceiling of the first JSON is drawn as a line, and 90% of it.
 
-A JSON of the benchmark's default mode (every loader REPS times in one process, its memory given back
-with torch.cuda.empty_cache() after each load) adds a third group per case, "after empty_cache", for
-ckptio's plain and out= loads and InstantTensor (its default backend only on tmpfs: on disk it is
-O_DIRECT).
+A JSON of the benchmark's default mode (every loader REPS times in one process, its memory given back with
+torch.cuda.empty_cache() after each load) adds a third group per case, "after empty_cache", for ckptio's plain and
+out= loads and InstantTensor (its default backend only on tmpfs: on disk it is O_DIRECT).
 """
 import json
 import sys

@@ -222,13 +222,18 @@ typedef enum ckptio_direct_mode {
 typedef enum ckptio_gpu_path {
     CKPTIO_GPU_PATH_AUTO = 0,     /* cuFile where it accepts the file and is faster, else pipeline */
     CKPTIO_GPU_PATH_CUFILE = 1,   /* force cuFile (error if it refuses) */
-    /* force ckptio's pipeline: pinned staging; with the environment
-     * variable CKPTIO_GPU_MAP_WORKERS=N (experimental, off by default: it
-     * measured slower, docs/GPU.md), N workers copy windows already in
-     * memory (page cache, tmpfs) straight from their mapped file pages */
-    CKPTIO_GPU_PATH_PIPELINE = 2,
-    CKPTIO_GPU_PATH_STAGED = 3    /* the pipeline, every byte through pinned staging, never mapped */
+    CKPTIO_GPU_PATH_PIPELINE = 2  /* force ckptio's pipeline: every byte through pinned staging */
 } ckptio_gpu_path;
+
+/* Whether the GPU pipeline's pinned staging slots use transparent huge
+ * pages (docs/GPU.md#huge-slots). AUTO: while THP is enabled and the
+ * kernel's free 2 MiB blocks cover twice what a load may pin, so that the
+ * slots' page faults never wait for the kernel to compact memory. */
+typedef enum ckptio_huge_slots {
+    CKPTIO_HUGE_SLOTS_AUTO = 0,
+    CKPTIO_HUGE_SLOTS_OFF = 1,
+    CKPTIO_HUGE_SLOTS_ON = 2      /* whatever the free blocks (THP must still be enabled to get any) */
+} ckptio_huge_slots;
 
 /* Cold reads and the page cache, in CKPTIO_DIRECT_AUTO mode (ON forces
  * O_DIRECT, OFF the page cache; in every mode a range the page cache already
@@ -245,8 +250,10 @@ typedef enum ckptio_read_cache {
 } ckptio_read_cache;
 
 /* Engine settings. Each has an environment variable read once at
- * ckptio_engine_create() (named in the comment), a getter and a setter, and
- * bounds from ckptio_option_bounds(). */
+ * ckptio_engine_create() (CKPTIO_ and the name after CKPTIO_OPT_, e.g.
+ * CKPTIO_THREADS), a getter and a setter, and bounds from
+ * ckptio_option_bounds(); docs/ENGINE.md#5-settings lists defaults and
+ * bounds. */
 typedef enum ckptio_option {
     CKPTIO_OPT_BACKEND = 0,        /* ckptio_backend; CKPTIO_BACKEND=auto|pread|io_uring */
     CKPTIO_OPT_THREADS,            /* I/O worker threads, 0 = run inline; CKPTIO_THREADS */
@@ -256,8 +263,17 @@ typedef enum ckptio_option {
     CKPTIO_OPT_DIRECT,             /* ckptio_direct_mode; CKPTIO_DIRECT=auto|off|on */
     CKPTIO_OPT_DIRECT_MIN_BYTES,   /* below this, transfers use buffered I/O; CKPTIO_DIRECT_MIN_BYTES */
     CKPTIO_OPT_SYNC,               /* 1: fsync files and directories on commit (default); CKPTIO_SYNC */
-    CKPTIO_OPT_GPU_PATH,           /* ckptio_gpu_path; CKPTIO_GPU_PATH=auto|cufile|pipeline|staged */
+    CKPTIO_OPT_GPU_PATH,           /* ckptio_gpu_path; CKPTIO_GPU_PATH=auto|cufile|pipeline */
     CKPTIO_OPT_READ_CACHE,         /* ckptio_read_cache; CKPTIO_READ_CACHE=auto|on|off */
+    CKPTIO_OPT_GPU_HUGE_SLOTS,     /* ckptio_huge_slots; CKPTIO_GPU_HUGE_SLOTS=auto|off|on */
+    CKPTIO_OPT_NVTX,               /* 1: NVTX ranges around GPU transfers where libnvToolsExt loads; CKPTIO_NVTX */
+    /* s3:// objects (docs/OBJECT_STORAGE.md) */
+    CKPTIO_OPT_S3_CONCURRENCY,     /* requests in flight for one object transfer; CKPTIO_S3_CONCURRENCY */
+    CKPTIO_OPT_S3_PART_BYTES,      /* smallest multipart part (grows with the object); CKPTIO_S3_PART_BYTES */
+    CKPTIO_OPT_S3_RETRIES,         /* retries of a failed request; CKPTIO_S3_RETRIES */
+    CKPTIO_OPT_S3_TIMEOUT_MS,      /* an attempt with no progress for this long fails; CKPTIO_S3_TIMEOUT_MS */
+    CKPTIO_OPT_S3_DEADLINE_MS,     /* one request, all attempts together; CKPTIO_S3_DEADLINE_MS */
+    CKPTIO_OPT_S3_BACKOFF_MS,      /* first retry waits up to this (doubling, 20 s at most); CKPTIO_S3_BACKOFF_MS */
     CKPTIO_OPT_COUNT_
 } ckptio_option;
 
@@ -293,13 +309,21 @@ CKPTIO_API ckptio_status ckptio_option_bounds(ckptio_option option, int64_t *min
 /*! ckptio_option_name() : "threads", "chunk_bytes", ... (static), NULL if invalid. */
 CKPTIO_API const char *ckptio_option_name(ckptio_option option);
 
+/*! ckptio_option_value_name() :
+ * The name of `value` of a setting that takes names ("io_uring" for
+ * CKPTIO_OPT_BACKEND and CKPTIO_BACKEND_IO_URING; the names its
+ * environment variable accepts), static; NULL when the setting takes
+ * numbers or `value` is outside its bounds. */
+CKPTIO_API const char *ckptio_option_value_name(ckptio_option option, int64_t value);
+
 /*! ckptio_env_check() :
  * Finds environment variables named CKPTIO_* that ckptio does not read,
  * such as a misspelt setting (CKPTIO_THREDS=4 is otherwise ignored without
- * a word). Known: every setting's variable, the library's other variables
- * (CKPTIO_CUDA_LIBRARY, CKPTIO_CUFILE_LIBRARY, CKPTIO_NVTX,
- * CKPTIO_NO_PROGRESS) and those of ckptio's own build and test scripts
- * (docs/ENGINE.md). For each unknown name one line goes into `message`
+ * a word). Known: every setting's variable, the library's process-wide
+ * variables (CKPTIO_CUDA_LIBRARY, CKPTIO_CUFILE_LIBRARY), the CLI's
+ * CKPTIO_NO_PROGRESS (docs/ENGINE.md#5-settings lists them all); names
+ * starting with CKPTIO_TEST_, which ckptio's own tests and benchmarks use,
+ * are never reported. For each unknown name one line goes into `message`
  * (NUL-terminated, cut at `capacity`; may be NULL when capacity is 0):
  * "CKPTIO_THREDS is not a ckptio setting: did you mean CKPTIO_THREADS?\n",
  * naming the closest known variable where one is close. The library never
@@ -362,8 +386,6 @@ typedef struct ckptio_stats {
     double seconds_io;              /* wall time inside transfers */
     double seconds_fsync;           /* wall time in fsync/fdatasync */
     double seconds_copy;            /* wall time waiting on GPU copies */
-    uint64_t bytes_h2d_mapped;      /* of bytes_h2d, copied from mapped page-cache/tmpfs pages, no CPU copy */
-    uint64_t mapped_fallbacks;      /* resident windows staged because mapping or registering failed */
 } ckptio_stats;
 
 /*! ckptio_engine_stats() : copies the counters. Thread-safe. */
@@ -832,12 +854,11 @@ typedef enum ckptio_io_path {
     CKPTIO_IO_PATH_CUFILE_DIRECT = 1, /* cuFile with GPUDirect Storage (nvidia-fs) */
     CKPTIO_IO_PATH_CUFILE_COMPAT = 2, /* cuFile in its POSIX compatibility mode */
     CKPTIO_IO_PATH_PIPELINE = 3,      /* ckptio's pinned-staging pipeline */
-    CKPTIO_IO_PATH_HOST = 4,          /* host memory: plain file I/O, no GPU */
-    CKPTIO_IO_PATH_MAPPED = 5         /* the pipeline, every byte from mapped page-cache/tmpfs pages */
+    CKPTIO_IO_PATH_HOST = 4           /* host memory: plain file I/O, no GPU */
 } ckptio_io_path;
 
 /*! ckptio_io_path_name() : "none", "cufile_direct", "cufile_compat",
- * "pipeline", "host" or "mapped" (static), NULL if invalid. */
+ * "pipeline" or "host" (static), NULL if invalid. */
 CKPTIO_API const char *ckptio_io_path_name(ckptio_io_path path);
 
 /*! ckptio_cuda_available() :
@@ -871,16 +892,14 @@ CKPTIO_API ckptio_status ckptio_engine_gpu_path(ckptio_engine *engine, ckptio_io
  * engine's loads to CUDA device `device` will use (the engine keeps it for
  * later transfers; 2 slots of up to 4 MiB per worker thread: 128 MiB with
  * 16), and returns at once.
- * A process's first load otherwise pins it as it goes (0.55-0.61 s per GiB;
- * docs/GPU.md): a model server calls this while it builds its model, so
- * the load that follows starts with its staging ready. The driver pins and
- * allocates device memory one at a time: GPU allocations made meanwhile
- * wait for the pinning (on an H200, tensors allocated right after this
- * call took 49-85 ms instead of 5-7), so call it ahead of work that does not
- * allocate GPU memory. A transfer that starts meanwhile stops the pinning
- * and pins the rest itself; an error
- * while pinning ends it silently (the transfer that needs the memory
- * reports it). Slots of another size (after a save with checksums) are
+ * A process's first load otherwise pins it as it goes, which slows it
+ * (docs/GPU.md#pinning): a model server calls this while it
+ * builds its model, so the load that follows starts with its staging
+ * ready. The driver pins and allocates device memory one at a time: GPU
+ * allocations made meanwhile wait for the pinning, so call it ahead of work
+ * that does not allocate GPU memory. A transfer that starts meanwhile stops
+ * the pinning and pins the rest itself; an error while pinning ends it
+ * silently (the transfer that needs the memory reports it). Slots of another size (after a save with checksums) are
  * kept, and nothing is pinned then. The engine's destruction waits for the
  * thread. Thread-safe.
  * @return CKPTIO_OK; CKPTIO_E_INVAL (NULL engine, negative device), the
@@ -904,8 +923,10 @@ typedef struct ckptio_gds_request ckptio_gds_request;
  * Opens `path` with the POSIX open flags `oflags` (O_RDONLY, O_WRONLY or
  * O_RDWR, optionally O_CREAT, O_EXCL, O_TRUNC), O_DIRECT added where the
  * file system accepts it (writes go to the file in place, not atomically),
- * and registers the handle (ckptio_gds_register_handle). `mode` is used
- * with O_CREAT. The engine must outlive the file. */
+ * and registers the handle (ckptio_gds_register_handle). `mode` is the
+ * permission bits of a file O_CREAT creates, narrowed by the umask as
+ * open(2)'s are (0: 0666); an existing file keeps its mode. The engine
+ * must outlive the file. */
 CKPTIO_API ckptio_status ckptio_gds_open(ckptio_engine *engine, const char *path, int oflags, unsigned mode,
                                          ckptio_gds_file **out);
 
@@ -1013,8 +1034,9 @@ typedef enum ckptio_value_kind {
     CKPTIO_VALUE_TENSOR,  /* a tensor (or nn.Parameter); see ckptio_value_tensor */
     CKPTIO_VALUE_DTYPE,   /* a torch.dtype, e.g. torch.float32 */
     CKPTIO_VALUE_DEVICE,  /* a torch.device; its text ("cuda:0") via ckptio_value_str */
-    CKPTIO_VALUE_OBJECT   /* only from ckptio_pickle_parse_dcp_metadata() (ckptio_experimental.h):
-                           * an instance of an allowlisted class; see ckptio_value_object */
+    CKPTIO_VALUE_OBJECT   /* an instance of an allowlisted class; see ckptio_value_object
+                           * (ckptio_experimental.h): a DCP .metadata class, or in a torch.save
+                           * tree a numpy value ("numpy.ndarray", "numpy.generic", "numpy.dtype") */
 } ckptio_value_kind;
 
 /*! ckptio_value_kind_of() : @return the node's kind (NONE for NULL). */
@@ -1294,8 +1316,11 @@ CKPTIO_API ckptio_status ckptio_torch_save_tensors(ckptio_engine *engine, const 
  * values; `metadata` and `flags` (CKPTIO_SAFETENSORS_ALIGN_8) as there).
  * `tensors` lists tensor indices (NULL: all, `count` ignored). Each tensor
  * is read through the handle's engine (strided views gathered) into one
- * buffer of the largest tensor's size and written before the next is read:
- * memory stays bounded and the input is never memory-mapped, so an input
+ * buffer of the largest tensor's size and written before the next is read;
+ * a view reaching more bytes than its storage holds (strides of 0, torch's
+ * expand) is written in runs from its storage through an 8 MiB buffer
+ * instead, so the buffer never exceeds what the file holds. Memory stays
+ * bounded and the input is never memory-mapped, so an input
  * that shrinks meanwhile fails with CKPTIO_E_TRUNCATED naming it (never a
  * SIGBUS). On any failure nothing appears under `path` and an older file
  * there is kept. Views that share a storage are written as copies. */
@@ -1364,10 +1389,11 @@ typedef struct ckptio_dcp_bytes_info {
     ckptio_dcp_stored stored;
 } ckptio_dcp_bytes_info;
 
-/* Bounds on what a zstd-transformed item may decompress to, checked before
- * anything is decompressed or allocated (ckptio_zstd_decompressed_size_max
- * in ckptio_experimental.h), by this library and by ckptio.dcp's
- * FileSystemReader: a tensor item holds
+/* Bounds on what a zstd-transformed item may decompress to, enforced while it
+ * decompresses through a fixed buffer (ckptio_zstd_stream in
+ * ckptio_experimental.h; frames declaring more are refused from their
+ * headers), by this library and by ckptio.dcp's FileSystemReader: a tensor
+ * item holds
  * a torch.save archive of its chunk, so at most the chunk's bytes plus
  * CKPTIO_DCP_ARCHIVE_OVERHEAD_MAX (zip records, pickle, alignment); a byte
  * item (torch.save of a non-tensor object) at most CKPTIO_DCP_BYTE_ITEM_MAX. */
@@ -1381,7 +1407,8 @@ typedef struct ckptio_dcp_bytes_info {
  * allowlist, CKPTIO_E_FORMAT for a malformed object graph, chunks outside
  * their tensor, sizes that overflow, a relative_path that is absolute or
  * has '/' or "..", or a tensor chunk without storage; CKPTIO_E_UNSUPPORTED
- * for a transform other than stream.zstd/1. Data files are not opened yet.
+ * for a transform other than stream.zstd/1, or more than one (the message
+ * says which, or how many). Data files are not opened yet.
  * The engine is used for every later read and must outlive the handle. */
 CKPTIO_API ckptio_status ckptio_dcp_open(ckptio_engine *engine, const char *dir, ckptio_dcp **out);
 
@@ -1416,8 +1443,10 @@ CKPTIO_API ckptio_status ckptio_dcp_manifest(const ckptio_dcp *dcp, const char *
  * at dst (capacity >= nbytes, else CKPTIO_E_RANGE), in C order. Each chunk's
  * item is read through the engine and decoded by kind: a torch.save
  * archive (any strides), a SAFETENSORS blob, or a zstd frame around an
- * archive (bounded: CKPTIO_DCP_ARCHIVE_OVERHEAD_MAX). Host memory used besides dst: at most one stored item (plus
- * its decompressed bytes for zstd). Chunks that do not tile the tensor
+ * archive (bounded: CKPTIO_DCP_ARCHIVE_OVERHEAD_MAX). Host memory used besides dst: at most one storage;
+ * for a zstd item its stored frames plus its archive when that is at most 64 MiB, else 3 MiB (a larger
+ * archive is never held: its storage decompresses straight into dst, whatever .metadata or the frames
+ * declare). Chunks that do not tile the tensor
  * exactly (gaps, overlaps) are CKPTIO_E_FORMAT naming the tensor; an item
  * whose dtype or shape disagrees with .metadata, or that runs past the end
  * of its file (CKPTIO_E_TRUNCATED), names file, offset and tensor. */
@@ -1469,9 +1498,22 @@ CKPTIO_API ckptio_status ckptio_dcp_verify(ckptio_dcp *dcp, ckptio_dcp_verify_re
  * saving its own shards writes it and torch loads it back: report->partial
  * counts those tensors (ckptio.dcp's reader applies the same rule). Reading
  * such a tensor whole (ckptio_dcp_read_tensor) is still refused. zstd items are bounded as
- * CKPTIO_DCP_ARCHIVE_OVERHEAD_MAX says. Reads whole items (one at a time).
- * report may be NULL. */
+ * CKPTIO_DCP_ARCHIVE_OVERHEAD_MAX says and decompressed once through a fixed buffer (never held when
+ * over 64 MiB); an uncompressed storage is read through a 16 MiB buffer: memory stays bounded whatever
+ * the sizes .metadata declares. report may be NULL. */
 CKPTIO_API ckptio_status ckptio_dcp_check(ckptio_dcp *dcp, ckptio_dcp_verify_report *report);
+
+/*! ckptio_dcp_validate() :
+ * The rule `ckptio verify DIR` and ckptio.dcp.verify share: with a ckptio
+ * manifest (ckptio_dcp_manifest), ckptio_dcp_verify(); without one (torch or
+ * another writer saved the directory, or the manifest is gone),
+ * ckptio_dcp_check(), which is not a failure: *manifest (may be NULL)
+ * receives the manifest's name, or NULL when the structure was checked and
+ * the bytes were not compared with checksums. A manifest that is there but
+ * is not a regular file fails as ckptio_dcp_manifest() says (CKPTIO_E_FORMAT
+ * naming it), never taken as absent. Errors as those two give. */
+CKPTIO_API ckptio_status ckptio_dcp_validate(ckptio_dcp *dcp, ckptio_dcp_verify_report *report,
+                                             const char **manifest);
 
 /*! ckptio_dcp_save_safetensors() :
  * Consolidates tensors of the checkpoint into one safetensors file at
@@ -1479,8 +1521,13 @@ CKPTIO_API ckptio_status ckptio_dcp_check(ckptio_dcp *dcp, ckptio_dcp_verify_rep
  * is NULL): the header is laid out as ckptio_safetensors_save() does
  * (flags: CKPTIO_SAFETENSORS_ALIGN_8 or 0, metadata pairs in order), then
  * each tensor is assembled (ckptio_dcp_read_tensor) into one reused host
- * buffer of the largest tensor's size and written, so memory stays bounded
- * whatever the checkpoint's size. The file is written atomically
+ * buffer of the largest such tensor's size and written, so memory stays
+ * bounded whatever the checkpoint's size. That buffer must be justified by
+ * bytes on disk: each uncompressed chunk's item holds at least the chunk's
+ * bytes and shares none with another chunk's (else CKPTIO_E_FORMAT naming
+ * them); a tensor over 64 MiB with zstd chunks is instead streamed from its
+ * frames to the file through an 8 MiB buffer (runs of zeros left unwritten,
+ * the new file reads as zeros there). The file is written atomically
  * (temporary, fsync, rename): on failure nothing appears under `path`. */
 CKPTIO_API ckptio_status ckptio_dcp_save_safetensors(ckptio_dcp *dcp, const char *path, const size_t *tensors,
                                                      size_t count, const ckptio_kv *metadata, size_t metadata_count,
@@ -1494,30 +1541,51 @@ CKPTIO_API ckptio_status ckptio_dcp_save_safetensors(ckptio_dcp *dcp, const char
  * step number in decimal, zero-padded to at least 8 digits; other names
  * are not steps and are left alone). A step is COMPLETE only once its
  * commit marker (CKPTIO_STEP_MARKER, written last, atomically, after the
- * step's files and the root are fsynced) names it; a step directory
- * without one is PARTIAL (a save in progress, or one that crashed, or a
- * removal that stopped half-way); a marker that does not parse, names
- * another step, or whose step fails the check asked for is DAMAGED.
+ * step's files and the root are fsynced) names it; a marker that does not
+ * parse, names another step, or whose step fails the check asked for is
+ * DAMAGED. A step directory without a marker is PARTIAL when the manager
+ * began it (CKPTIO_STEP_BEGUN, made before anything else is written into
+ * it and removed last) or when it is empty: a save in progress, one that
+ * crashed, or a removal that stopped half-way. Any other step directory is
+ * FOREIGN: another writer's (torch's own DCP writer, a copy, a save of a
+ * ckptio release that made no begun mark): listed with its reason, never
+ * removed, never reused, never resumed from.
+ * Removal only ever removes what the manager and the DCP writer make: the
+ * whole directory is checked first (every entry a regular file under one
+ * of their names, no subdirectory, nothing followed) and a directory
+ * holding anything else is left whole, with the entry named.
+ * A step whose bytes hold up (marker, sizes, checksums) but which ckptio's
+ * reader refuses to load (a value outside the restricted unpickler's
+ * allowlist, or over one of its limits: CKPTIO_E_DISALLOWED, _UNSUPPORTED,
+ * _RANGE) is REFUSED: not damage, so nothing removes or replaces it.
  * Checks: CKPTIO_STEP_CHECK_MARKER reads only the marker; FAST also
  * compares .metadata with the size and XXH3-64 the marker recorded, parses
  * it and checks that every stored item lies inside its file (sizes, no
  * data read); FULL also hashes every byte against the ckptio manifest
- * (ckptio_dcp_verify). Functions that change ROOT (begin, commit, remove,
+ * (ckptio_dcp_verify; a step saved without checksums: ckptio_dcp_check).
+ * Functions that change ROOT (begin, commit, remove,
  * clean, retain) expect the caller to hold ROOT's lock
- * (ckptio_dcp_lock_acquire(ROOT)) so that two managers, or `ckptio clean`
- * and a save, never work on one root at once. Failures name the step and
- * the operation: "step 100 (ROOT/step_00000100): commit: <cause>". */
+ * (ckptio_dcp_lock_acquire(ROOT, NULL, CKPTIO_DCP_LOCK_QUEUED, ...)) so
+ * that two managers, or `ckptio clean` and a save, never work on one root
+ * at once; a reader pins the step it reads (ckptio_steps_pin) so that
+ * retention leaves it for later. Failures name the step and the
+ * operation: "step 100 (ROOT/step_00000100): commit: <cause>". */
 
 /* The commit marker inside a step directory: three lines of text,
  * "ckptio-step 1\nstep N\nmetadata SIZE XXH3HEX\n". */
 #define CKPTIO_STEP_MARKER ".ckptio-step"
+/* The begun mark: an empty file ckptio_steps_begin creates in a new step
+ * directory (durably) before anything is written into it. */
+#define CKPTIO_STEP_BEGUN ".ckptio-step-begun"
 /* The largest step number. */
 #define CKPTIO_STEP_MAX 999999999999999999ull
 
 typedef enum ckptio_step_state {
     CKPTIO_STEP_COMPLETE = 0,
     CKPTIO_STEP_PARTIAL = 1,
-    CKPTIO_STEP_DAMAGED = 2
+    CKPTIO_STEP_DAMAGED = 2,
+    CKPTIO_STEP_FOREIGN = 3, /* no marker, no begun mark, not empty: not the manager's */
+    CKPTIO_STEP_REFUSED = 4  /* intact, but ckptio's reader refuses a value in it */
 } ckptio_step_state;
 
 typedef enum ckptio_step_check {
@@ -1531,7 +1599,8 @@ typedef struct ckptio_step_info {
     ckptio_step_state state;
     uint64_t bytes;      /* sizes of the regular files of the step directory */
     size_t files;        /* their count */
-    char reason[1024];   /* PARTIAL / DAMAGED: why, in one line; "" when COMPLETE */
+    char reason[1024];   /* PARTIAL / DAMAGED / FOREIGN / REFUSED: why, in one line; COMPLETE: "", or why removal
+                          * leaves the step alone (it holds an entry the manager does not make) */
 } ckptio_step_info;
 
 /*! ckptio_steps_dir_name() : "step_%08llu" of `step` into out[0..cap)
@@ -1540,7 +1609,8 @@ CKPTIO_API ckptio_status ckptio_steps_dir_name(uint64_t step, char *out, size_t 
 
 /*! ckptio_steps_scan() :
  * The step directories of ROOT, ascending, each classified at
- * CKPTIO_STEP_CHECK_MARKER with its size. A missing ROOT has no steps
+ * CKPTIO_STEP_CHECK_MARKER (a directory without a marker is PARTIAL or
+ * FOREIGN from what it holds) with its size. A missing ROOT has no steps
  * (*count = 0). Symlinks named like steps are not steps. Free *steps with
  * ckptio_steps_free. */
 CKPTIO_API ckptio_status ckptio_steps_scan(const char *root, ckptio_step_info **steps, size_t *count);
@@ -1567,10 +1637,13 @@ CKPTIO_API ckptio_status ckptio_steps_latest(ckptio_engine *engine, const char *
 
 /*! ckptio_steps_begin() :
  * Before a save of `step`: creates ROOT (one level) if needed, removes the
- * PARTIAL steps (what crashed saves left; as ckptio_steps_clean), and
- * creates the empty step directory, the root fsynced after. A step
- * directory that holds a marker (complete or damaged) is never reused:
- * CKPTIO_E_EXISTS. dir[0..cap) receives "ROOT/step_NNNNNNNN". */
+ * PARTIAL steps (what crashed saves left; as ckptio_steps_clean), creates
+ * the step directory and in it the begun mark (CKPTIO_STEP_BEGUN), the
+ * directory and ROOT fsynced after, so the step is recognisably the
+ * manager's before anything is written into it. A step directory that
+ * holds a marker (complete or damaged), a FOREIGN one, or a partial one
+ * that removal had to leave alone is never reused: CKPTIO_E_EXISTS saying
+ * which. dir[0..cap) receives "ROOT/step_NNNNNNNN". */
 CKPTIO_API ckptio_status ckptio_steps_begin(const char *root, uint64_t step, char *dir, size_t cap);
 
 /*! ckptio_steps_commit() :
@@ -1582,16 +1655,25 @@ CKPTIO_API ckptio_status ckptio_steps_begin(const char *root, uint64_t step, cha
 CKPTIO_API ckptio_status ckptio_steps_commit(const char *root, uint64_t step);
 
 /*! ckptio_steps_remove() :
- * Removes step `step`: the marker first (and the directory fsynced, so
- * that a crash can only leave a PARTIAL step, never a complete-looking one
- * with files missing), then its files, then the directory, ROOT fsynced.
- * A subdirectory inside is refused (CKPTIO_E_UNSUPPORTED): a step is flat. */
+ * Removes step `step` when it is the manager's (a marker, a begun mark, or
+ * empty) and holds nothing else than the manager and the DCP writer make:
+ * the whole directory is checked first, and a FOREIGN step, a
+ * subdirectory, a symlink, a FIFO or a name they do not make inside leave
+ * it whole (CKPTIO_E_UNSUPPORTED naming the entry; nothing is removed); a
+ * step pinned by a reader (ckptio_steps_pin) too (CKPTIO_E_BUSY). Then,
+ * in order: the begun mark is made if the step has none (a step of an
+ * earlier release), the marker goes (the directory fsynced, so that a crash
+ * can only leave a PARTIAL step, never a complete-looking one with files
+ * missing), the other files, the begun mark last, the directory, ROOT
+ * fsynced. A failure half-way says what was removed and what is left. */
 CKPTIO_API ckptio_status ckptio_steps_remove(const char *root, uint64_t step);
 
 /*! ckptio_steps_clean() :
- * Removes every PARTIAL step of ROOT (ckptio_steps_remove). *removed
- * (may be NULL; free with ckptio_steps_list_free) lists them, *nremoved
- * counts them (also after a failure: those removed before it). */
+ * Removes the PARTIAL steps of ROOT (ckptio_steps_remove); a partial step
+ * that holds an entry removal refuses is left whole (ckptio_steps_scan's
+ * reason names the entry); FOREIGN steps are never touched. *removed (may
+ * be NULL; free with ckptio_steps_list_free) lists the removed steps,
+ * *nremoved counts them (also after a failure: those removed before it). */
 CKPTIO_API ckptio_status ckptio_steps_clean(const char *root, uint64_t **removed, size_t *nremoved);
 
 /*! ckptio_steps_retain() :
@@ -1599,10 +1681,28 @@ CKPTIO_API ckptio_status ckptio_steps_clean(const char *root, uint64_t **removed
  * newest `keep_last` (0 = keep all), every step that is a multiple of
  * `keep_every` (0 = none), and always the newest step that passes the FAST
  * check (so damage to the newest steps never costs the last good one);
- * removes the others, oldest first. PARTIAL steps are not touched (see
- * ckptio_steps_clean). *removed / *nremoved as for ckptio_steps_clean. */
+ * removes the others, oldest first. A step a reader pins, or one holding
+ * an entry removal refuses, is kept this time. PARTIAL and FOREIGN steps
+ * are not touched (see ckptio_steps_clean). *removed / *nremoved as for
+ * ckptio_steps_clean. */
 CKPTIO_API ckptio_status ckptio_steps_retain(ckptio_engine *engine, const char *root, uint64_t keep_last,
                                              uint64_t keep_every, uint64_t **removed, size_t *nremoved);
+
+typedef struct ckptio_step_pin ckptio_step_pin;
+
+/*! ckptio_steps_pin() :
+ * A reader's hold on step `step` while it reads it: a shared flock on the
+ * step's marker, which removal (retention, clean, replacement) asks for
+ * exclusively first and so leaves a pinned step alone (retention removes
+ * it at a later commit). CKPTIO_E_NOT_FOUND when the step has no marker
+ * now or a removal holds it (pick another step). On a file system without
+ * flock the pin holds nothing (the reader must cope with the step going
+ * away). Readers never block a save: a pin takes no root lock. Release
+ * with ckptio_steps_unpin. */
+CKPTIO_API ckptio_status ckptio_steps_pin(const char *root, uint64_t step, ckptio_step_pin **out);
+
+/*! ckptio_steps_unpin() : releases a pin (LOCK_UN, close); accepts NULL. */
+CKPTIO_API void ckptio_steps_unpin(ckptio_step_pin *pin);
 
 /*! ckptio_steps_list_free() : frees a list of step numbers; accepts NULL. */
 CKPTIO_API void ckptio_steps_list_free(uint64_t *steps);
@@ -1750,14 +1850,82 @@ typedef struct ckptio_slice_target {
  * may be partly written. */
 CKPTIO_API ckptio_status ckptio_model_read(ckptio_model *model, const ckptio_slice_target *targets, size_t count);
 
-/*! ckptio_model_save_torch() :
- * Writes every tensor of the model, in model order, as one torch.save file
- * at `path`, atomically, as ckptio_safetensors_save_torch does for one file
- * (a flat OrderedDict; `options` as for ckptio_torch_save_tensors): tensors
- * are read one at a time through the model's engine into one buffer of the
- * largest tensor's size. The shards' __metadata__ is not carried. */
-CKPTIO_API ckptio_status ckptio_model_save_torch(ckptio_model *model, const char *path,
-                                                 const ckptio_torch_save_options *options);
+/* ------------------------------------------------------------------------ */
+/* Converting any checkpoint into any other                                 */
+/* ------------------------------------------------------------------------ */
+/* (docs/CLI.md "ckptio convert")
+ * Every pair of these converts, in both directions and each into itself
+ * (a re-layout, or resharding of a directory): a safetensors file, a
+ * Hugging Face directory (or its *.index.json), a torch.save file and a
+ * torch.distributed.checkpoint (DCP) directory. Tensors are read one at a
+ * time (DCP output: in batches of at most max(largest tensor, 64 MiB))
+ * through the engine, never memory-mapped, and written as their peers'
+ * writers write them. What the output cannot hold (non-tensor values of a
+ * torch.save file, byte items of a DCP directory going to a format without
+ * them, __metadata__ going to a format without it) is named in notes before
+ * anything is written; the tensors always arrive bit for bit. */
+
+/* What ckptio_convert() writes. */
+typedef enum ckptio_convert_to {
+    CKPTIO_CONVERT_AUTO = 0,        /* decided by OUT's name, see ckptio_convert() */
+    CKPTIO_CONVERT_SAFETENSORS = 1, /* one safetensors file */
+    CKPTIO_CONVERT_HF = 2,          /* a Hugging Face directory: model.safetensors, or shards
+                                     * model-0000k-of-0000n.safetensors + model.safetensors.index.json */
+    CKPTIO_CONVERT_TORCH = 3,       /* a torch.save file: a flat OrderedDict name -> tensor */
+    CKPTIO_CONVERT_DCP = 4          /* a DCP directory written as ckptio.dcp writes one (one process,
+                                     * each tensor one chunk, with a checksum manifest) */
+} ckptio_convert_to;
+
+/* Receives one line (no newline) saying what OUT will not hold; called
+ * before anything is written. The line may name tensors and keys taken from
+ * the input: quote it before showing it on a terminal. */
+typedef void (*ckptio_convert_note_fn)(const char *note, void *user);
+
+typedef struct ckptio_convert_options {
+    ckptio_convert_to to;
+    uint64_t shard_size;            /* CKPTIO_CONVERT_HF: the largest shard in bytes; 0 = 5 GB (5 x 10^9),
+                                     * huggingface_hub's default */
+    uint32_t storage_alignment;     /* CKPTIO_CONVERT_TORCH: 1..65536; 0 = 4096 */
+    ckptio_convert_note_fn note;    /* may be NULL */
+    void *user;
+} ckptio_convert_options;
+
+/* What a conversion did. */
+typedef struct ckptio_convert_report {
+    ckptio_format from;             /* SAFETENSORS, TORCH, DCP or HF_INDEX (any Hugging Face directory) */
+    ckptio_convert_to to;           /* what was written (AUTO resolved) */
+    size_t tensors;
+    uint64_t bytes;                 /* tensor bytes written */
+    size_t files;                   /* files of tensor data written (shards, DCP data files; 1 for a file) */
+    size_t byte_items;              /* DCP -> DCP: byte items carried */
+    size_t dropped;                 /* values, byte items and __metadata__ entries OUT does not hold */
+    size_t shared;                  /* torch.save input: tensors that shared a storage, written as copies */
+} ckptio_convert_report;
+
+/*! ckptio_convert() :
+ * Converts the checkpoint at `in` (its format detected as
+ * ckptio_format_detect() does; a directory without .metadata is opened as a
+ * Hugging Face directory, ckptio_model_open) into `out`.
+ * With CKPTIO_CONVERT_AUTO, OUT's name decides: "*.safetensors" a
+ * safetensors file; "*.pt", "*.pth", "*.bin", "*.ckpt" a torch.save file;
+ * a name ending in '/' or an existing directory a directory: the Hugging
+ * Face layout for a DCP input, else CKPTIO_E_INVAL (say CKPTIO_CONVERT_HF or
+ * CKPTIO_CONVERT_DCP); any other name the other kind of file (safetensors or
+ * a Hugging Face directory -> torch.save, torch.save -> safetensors) or, for
+ * a DCP input, a Hugging Face directory; shard_size > 0 means
+ * CKPTIO_CONVERT_HF.
+ * Checked before anything is written, each failing with a message that says
+ * why: the input parses (its tensors' table), every dtype exists in OUT's
+ * format (CKPTIO_E_UNSUPPORTED naming the tensor), a file OUT is not a
+ * directory, a directory OUT does not exist or is empty (CKPTIO_E_EXISTS:
+ * ckptio never writes into a directory holding other files). Output is
+ * atomic: a file through a temporary renamed over OUT (an older file OUT is
+ * replaced only on success); a directory is built in a new sibling
+ * ".OUT.ckptio-tmp-XXXXXX" and renamed to OUT at the end (fsyncs with
+ * CKPTIO_OPT_SYNC), removed on failure. `options` may be NULL, `report`
+ * too. Thread-safe for distinct outputs. */
+CKPTIO_API ckptio_status ckptio_convert(ckptio_engine *engine, const char *in, const char *out,
+                                        const ckptio_convert_options *options, ckptio_convert_report *report);
 
 
 #ifdef __cplusplus

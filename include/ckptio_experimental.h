@@ -15,7 +15,13 @@
  *    temporaries, manifests, removal of stale files) that ckptio.dcp's
  *    FileSystemWriter runs step by step. Reading a whole DCP directory from
  *    C (ckptio_dcp_open, ckptio_dcp_read_tensor, ...) is in ckptio.h;
- *  - ckptio_inherit_mode, for writers that commit files of their own.
+ *  - ckptio_inherit_mode, for writers that commit files of their own;
+ *  - snapshot pools (ckptio_snapshot_*): copies of training state into
+ *    reused pinned memory on ckptio's own streams, for the async saves of
+ *    ckptio.dcp and ckptio.CheckpointManager;
+ *  - objects in S3-compatible storage: listing, deleting, small
+ *    conditional writes and the cleanup of unfinished uploads, for the
+ *    code that keeps checkpoint directories there.
  * docs/API.md says which header holds what and why.
  */
 #ifndef CKPTIO_EXPERIMENTAL_H
@@ -81,7 +87,12 @@ CKPTIO_API ckptio_status ckptio_pickle_close(ckptio_pickle *p);
  * class as "module.Name" (static storage), *args the constructor arguments
  * (a TUPLE: REDUCE's args, or NEWOBJ's for cls.__new__) and *state what
  * BUILD set (a DICT of fields, a TUPLE for __setstate__, or NULL when the
- * pickle had no BUILD). Any output may be NULL. */
+ * pickle had no BUILD). Any output may be NULL. numpy values of a torch.save
+ * tree are OBJECT nodes rebuilt as data, with no state: "numpy.dtype" with
+ * args (descr) such as "<f8", "|b1", ">i4"; "numpy.ndarray" with args
+ * (dtype, shape: a TUPLE of INTs, fortran: a BOOL, data: BYTES of exactly
+ * the shape's elements); "numpy.generic" (a scalar) with args (dtype, data
+ * of one element). Only bool, int, uint, float and complex dtypes occur. */
 CKPTIO_API ckptio_status ckptio_value_object(const ckptio_value *value, const char **class_name,
                                              const ckptio_value **args, const ckptio_value **state);
 
@@ -197,6 +208,24 @@ CKPTIO_API ckptio_status ckptio_zstd_decompressed_size_max(const void *src, size
 CKPTIO_API ckptio_status ckptio_zstd_decompress(const void *src, size_t len, void *dst, size_t capacity,
                                                 size_t *out_len);
 
+/* Receives the decompressed output of ckptio_zstd_stream() piece by piece,
+ * in order: `offset` is where data[0] lies in the whole output. A status
+ * other than CKPTIO_OK stops the stream and is returned as it is. */
+typedef ckptio_status (*ckptio_zstd_sink)(void *ctx, const void *data, size_t len, uint64_t offset);
+
+/*! ckptio_zstd_stream() :
+ * Decompresses all zstd frames of (src, len) through one fixed buffer of
+ * 1 MiB, handing each piece to sink(ctx, ...) (sink may be NULL: only
+ * count). Memory is that buffer plus libzstd's context (its window, which
+ * libzstd bounds at 128 MiB), never the size the frames declare; time is
+ * bounded by `limit`: once the output passes it, CKPTIO_E_FORMAT
+ * ("decompression bomb") and nothing more is decompressed. A corrupt or
+ * truncated frame, or one whose output differs from the size its header
+ * declares, is CKPTIO_E_FORMAT naming the frame's offset in src and the
+ * size it declares. *total (may be NULL) receives the bytes produced. */
+CKPTIO_API ckptio_status ckptio_zstd_stream(const void *src, size_t len, uint64_t limit, ckptio_zstd_sink sink,
+                                            void *ctx, uint64_t *total);
+
 /* ------------------------------------------------------------------------ */
 /* DCP stored items: one data file, one item                                */
 /* ------------------------------------------------------------------------ */
@@ -289,6 +318,36 @@ CKPTIO_API ckptio_status ckptio_dcp_header_read(ckptio_file *file, uint64_t offs
 CKPTIO_API ckptio_status ckptio_dcp_header_parse(const void *data, size_t len, const char *origin, uint64_t offset,
                                                  const char *subject, ckptio_dcp_header **out);
 
+/*! ckptio_dcp_header_zstd() :
+ * The header of a zstd-transformed tensor item whose stored frames are
+ * (src, len) in memory: a torch.save archive of one tensor, as
+ * ckptio_dcp_header_parse() parses one. The frames are decompressed once,
+ * through a fixed buffer: an archive of at most 64 MiB is kept in the header
+ * (its storage is then read from memory); a larger one is not held at all,
+ * only its first and last MiB, where torch.save puts every record but the
+ * storage, and its storage is decompressed again when it is read
+ * (ckptio_dcp_header_read_box). Memory is bounded whatever the frames or
+ * .metadata declare; the output stops at `limit` bytes (CKPTIO_E_FORMAT,
+ * "decompression bomb": pass the chunk's bytes plus
+ * CKPTIO_DCP_ARCHIVE_OVERHEAD_MAX), and a decoded item that does not start as
+ * an archive is refused on its first bytes. `origin`, `offset` and `subject`
+ * name the stored item in errors. src must outlive the header. */
+CKPTIO_API ckptio_status ckptio_dcp_header_zstd(const void *src, size_t len, uint64_t limit, const char *origin,
+                                                uint64_t offset, const char *subject, ckptio_dcp_header **out);
+
+/*! ckptio_dcp_header_read_box() :
+ * Copies the box [offsets, offsets + sizes) of the stored tensor `fqn` (its
+ * ckptio_dcp_header_layout) into host memory: element (i0, i1, ...) of the box
+ * goes to dst + sum(i_k * dst_strides[k]) * element size, within `capacity`
+ * bytes (else CKPTIO_E_RANGE). For headers from ckptio_dcp_header_parse() and
+ * ckptio_dcp_header_zstd() (an untransformed item's bytes are in its file:
+ * CKPTIO_E_INVAL). A large zstd item is decompressed once more through a fixed
+ * buffer, so no memory besides dst is taken; its storage's strides must not
+ * overlap (any layout torch.save writes), else CKPTIO_E_UNSUPPORTED. */
+CKPTIO_API ckptio_status ckptio_dcp_header_read_box(const ckptio_dcp_header *header, const char *fqn,
+                                                    const int64_t *offsets, const int64_t *sizes, void *dst,
+                                                    const int64_t *dst_strides, uint64_t capacity);
+
 /*! ckptio_dcp_header_layout() :
  * Where tensor `fqn` is stored (an archive's one tensor, whatever `fqn`;
  * a blob's tensor of that name, else CKPTIO_E_FORMAT). A blob's float4
@@ -338,11 +397,14 @@ CKPTIO_API ckptio_status ckptio_dcp_header_close(ckptio_dcp_header *header);
 
 /* The lock file of a checkpoint directory (empty, never removed). */
 #define CKPTIO_DCP_LOCK_NAME ".ckptio-dcp.lock"
+/* The turn file of CKPTIO_DCP_LOCK_QUEUED acquisitions (empty, never removed). */
+#define CKPTIO_DCP_LOCK_QUEUE_NAME ".ckptio-dcp.queue"
 
 enum ckptio_dcp_commit_flags {
     CKPTIO_DCP_SYNC = 1u << 0,        /* fsync files before their rename, and the directory after it */
     CKPTIO_DCP_RECHECK = 1u << 1,     /* ckptio_dcp_remove_files: read the metadata files again first */
-    CKPTIO_DCP_LOCK_SHARED = 1u << 2  /* ckptio_dcp_lock_acquire: shared (a save that removes nothing) */
+    CKPTIO_DCP_LOCK_SHARED = 1u << 2, /* ckptio_dcp_lock_acquire: shared (a save that removes nothing) */
+    CKPTIO_DCP_LOCK_QUEUED = 1u << 3  /* ckptio_dcp_lock_acquire: wait in turn (a holder asking again waits) */
 };
 
 /*! ckptio_temporary_create() :
@@ -489,7 +551,13 @@ typedef int (*ckptio_dcp_lock_wait_fn)(double waited_seconds, void *user);
  * save holds the directory (lock .ckptio-dcp.lock, held by pid N) [after
  * waiting S s]: this save wrote nothing and the checkpoint is unchanged;
  * ..."; the pids from /proc/locks, local holders only). `on_wait` (may be
- * NULL) runs at each busy check. A file system without flock: CKPTIO_OK
+ * NULL) runs at each busy check. With CKPTIO_DCP_LOCK_QUEUED the
+ * acquisition first takes the turn, an exclusive flock on
+ * DIR/CKPTIO_DCP_LOCK_QUEUE_NAME held while it waits and released once it
+ * has the lock: a holder that releases and asks again at once (a
+ * checkpoint manager saving in a loop) then waits behind a waiter, so two
+ * contenders alternate (flock alone is not fair); the timeout covers both.
+ * A file system without flock: CKPTIO_OK
  * with a lock whose info says locked = 0. A child fork()ed while the lock
  * is held closes its copy of the descriptor at once (without unlocking), so
  * the lock ends with the save that took it. Release with
@@ -503,6 +571,202 @@ CKPTIO_API ckptio_status ckptio_dcp_lock_query(const ckptio_dcp_lock *lock, ckpt
 
 /*! ckptio_dcp_lock_release() : unlocks (LOCK_UN) and closes; accepts NULL. */
 CKPTIO_API ckptio_status ckptio_dcp_lock_release(ckptio_dcp_lock *lock);
+
+/* ------------------------------------------------------------------------ */
+/* Snapshots of training state that overlap compute                        */
+/* ------------------------------------------------------------------------ */
+/* (docs/SNAPSHOTS.md)
+ * A snapshot pool is one block of page-locked host memory, sized once,
+ * pinned on a background thread and reused, holding one snapshot at a
+ * time: copies of tensors (GPU or host memory) at pool offsets the caller
+ * chooses. Device-to-host copies run on ckptio's own copy stream per
+ * device, never on the caller's, ordered after the work the caller's stream
+ * had queued when the snapshot was taken (an event), so that compute that
+ * only reads the tensors (a forward and backward pass) runs beside them;
+ * whoever is about to change the tensors makes its stream wait for the
+ * copies first, on the device (ckptio_snapshot_before_update). */
+
+typedef struct ckptio_snapshot_pool ckptio_snapshot_pool;
+
+/* One tensor's bytes to copy: [src, src + nbytes) to the pool at `offset`. */
+typedef struct ckptio_snapshot_copy {
+    const void *src;      /* device memory of `device`, or host memory (device -1) */
+    uint64_t offset;      /* where they go in the pool */
+    uint64_t nbytes;
+    int device;           /* CUDA device ordinal of src, or -1: host memory, copied during the call */
+    unsigned flags;       /* CKPTIO_SNAPSHOT_EARLY or 0 */
+} ckptio_snapshot_copy;
+
+/* Copied before the device's other copies, and the caller's stream waits
+ * for these at once (on the device): for tensors that work the caller
+ * queues next may change (buffers a forward pass updates), which no
+ * ckptio_snapshot_before_update guards. */
+#define CKPTIO_SNAPSHOT_EARLY 1u
+
+/* The caller's stream on `device` (a CUstream as an integer; 0 is the
+ * legacy default stream): the snapshot holds the values the work queued
+ * on it so far leaves. */
+typedef struct ckptio_snapshot_stream {
+    int device;
+    uintptr_t stream;
+} ckptio_snapshot_stream;
+
+typedef struct ckptio_snapshot_pool_info {
+    void *base;            /* the pool's first byte; valid until the pool is destroyed */
+    uint64_t bytes;        /* its size: the bytes asked for, rounded up to whole pieces */
+    uint64_t ready_bytes;  /* bytes from base pinned so far (host pool: faulted in) */
+    uint64_t piece_bytes;  /* pinned one registration at a time, in address order */
+    int device;            /* the device whose context pins it, or -1 for a host pool */
+    int pinned;            /* 1: page-locked for CUDA; 0: plain host memory */
+    int held;              /* 1 while a snapshot is taken and not released */
+} ckptio_snapshot_pool_info;
+
+/*! ckptio_snapshot_pool_create() :
+ * Reserves `bytes` of host memory (rounded up to whole 64 MiB pieces; a
+ * pool under 64 MiB is one piece of whole 2 MiB pages) and
+ * returns at once; a background thread faults the pieces in and page-locks
+ * them for CUDA (portable, device-mapped) in the primary context of
+ * `device`, in address order. `device` -1 makes a host pool: plain memory,
+ * for host tensors, no driver needed. Transparent huge pages are asked for
+ * wherever the kernel gives them, unless `engine`'s CKPTIO_OPT_GPU_HUGE_SLOTS
+ * says off (`engine` may be NULL: the defaults; docs/SNAPSHOTS.md). The memory is held until
+ * ckptio_snapshot_pool_destroy(). @return CKPTIO_E_NO_CUDA without a driver
+ * (device >= 0), CKPTIO_E_INVAL for 0 bytes, CKPTIO_E_NOMEM when the
+ * address space or the thread cannot be had. */
+CKPTIO_API ckptio_status ckptio_snapshot_pool_create(const ckptio_engine *engine, uint64_t bytes, int device,
+                                                     ckptio_snapshot_pool **out);
+
+/*! ckptio_snapshot_pool_query() : size, base, how much is pinned, whether a
+ * snapshot is held. Thread-safe. */
+CKPTIO_API ckptio_status ckptio_snapshot_pool_query(ckptio_snapshot_pool *pool, ckptio_snapshot_pool_info *out);
+
+/*! ckptio_snapshot_pool_wait_ready() :
+ * Blocks until the pool's first `bytes` are pinned (all of it: its size).
+ * If pinning failed before that (the driver refused to page-lock memory),
+ * fails with that error, naming the piece, every time it is asked.
+ * CKPTIO_E_RANGE for more bytes than the pool has. */
+CKPTIO_API ckptio_status ckptio_snapshot_pool_wait_ready(ckptio_snapshot_pool *pool, uint64_t bytes);
+
+/*! ckptio_snapshot_take() :
+ * Takes a snapshot: for each device with copies, records an event on that
+ * device's stream in `streams` (which must name every device in
+ * `copies`), makes the pool's copy stream for the device wait for it, queues
+ * the device's EARLY copies, makes the caller's stream wait for them, then
+ * queues the others; copies of host memory are made during the call, after
+ * the device copies are queued. Copies are cut where the pool's pieces
+ * meet. Returns once everything is queued: the caller's stream goes on at
+ * once (after the EARLY copies), the rest run beside it. Waits first for
+ * the pool's memory up to the last byte written to be pinned (normally done
+ * long before). CKPTIO_E_BUSY while the pool holds a snapshot not
+ * released; CKPTIO_E_RANGE for a copy past the pool's end; CKPTIO_E_INVAL for
+ * device memory without a stream for its device, or into a host pool. On a
+ * failure no copy is left running into the pool and none is held. */
+CKPTIO_API ckptio_status ckptio_snapshot_take(ckptio_snapshot_pool *pool, const ckptio_snapshot_copy *copies,
+                                              size_t count, const ckptio_snapshot_stream *streams, size_t nstreams);
+
+/*! ckptio_snapshot_before_update() :
+ * Call before queueing work on `stream` (of `device`) that changes tensors
+ * the held snapshot copies: the stream waits, on the device, for the end of
+ * the snapshot's copies from that device (cuStreamWaitEvent); the caller
+ * does not block. Nothing to do (CKPTIO_OK) when no snapshot is held, it
+ * copies nothing from `device`, or those copies are known complete.
+ * Thread-safe. */
+CKPTIO_API ckptio_status ckptio_snapshot_before_update(ckptio_snapshot_pool *pool, int device, uintptr_t stream);
+
+/*! ckptio_snapshot_copied() : 1 when the held snapshot's copies have all
+ * completed (or none is held), 0 while some still run; never blocks. */
+CKPTIO_API int ckptio_snapshot_copied(ckptio_snapshot_pool *pool);
+
+/*! ckptio_snapshot_wait() :
+ * Blocks until the held snapshot's copies have completed: then its bytes in
+ * the pool are the tensors' values at the point of the take. Reports a copy
+ * that failed on the device (CKPTIO_E_CUDA with the driver's error). */
+CKPTIO_API ckptio_status ckptio_snapshot_wait(ckptio_snapshot_pool *pool);
+
+/*! ckptio_snapshot_release() :
+ * Ends the held snapshot (waiting for its copies first, and reporting
+ * their failure as ckptio_snapshot_wait does): the pool takes the next one.
+ * The caller is done reading it. CKPTIO_OK when none is held. */
+CKPTIO_API ckptio_status ckptio_snapshot_release(ckptio_snapshot_pool *pool);
+
+/*! ckptio_snapshot_pool_destroy() :
+ * Releases the held snapshot (waiting for its copies), stops the pinning,
+ * destroys the copy streams and events, unpins (which synchronises the
+ * device) and frees the memory. Accepts NULL. @return the release's status. */
+CKPTIO_API ckptio_status ckptio_snapshot_pool_destroy(ckptio_snapshot_pool *pool);
+
+/* ------------------------------------------------------------------------ */
+/* Objects in S3-compatible storage (s3://BUCKET/KEY)                       */
+/* ------------------------------------------------------------------------ */
+
+/* ckptio_file_open() takes "s3://BUCKET/KEY" wherever it takes a path: the
+ * engine reads such a file with ranged GETs and writes it as a multipart
+ * upload that appears at ckptio_file_commit(), whole or not at all
+ * (docs/OBJECT_STORAGE.md: endpoint, credentials, commit protocol,
+ * settings). The functions here are what directory-level code (DCP
+ * checkpoints, checkpoint steps, cleaners) needs beyond single objects.
+ * Endpoint, region and credentials come from the AWS environment variables
+ * and files; retries, timeouts and concurrency from `engine`'s
+ * CKPTIO_OPT_S3_* settings. Errors name the operation, s3://BUCKET/KEY, the
+ * HTTP status and the server's Code and Message, and never a credential. */
+
+/*! ckptio_path_is_object() : 1 when `path` is an s3:// URL, else 0. */
+CKPTIO_API int ckptio_path_is_object(const char *path);
+
+/* One entry of a listing. The strings are valid during the callback only. */
+typedef struct ckptio_object_info {
+    const char *key;       /* the whole key (not only the part after the prefix) */
+    uint64_t size;         /* bytes; 0 for a common prefix or an upload */
+    const char *etag;      /* as the server sent it (quoted), "" for a prefix */
+    const char *time;      /* LastModified, or an upload's Initiated (ISO 8601), or "" */
+    const char *upload_id; /* an unfinished multipart upload's id, else "" */
+    int is_prefix;         /* a common prefix (listing with a delimiter) */
+} ckptio_object_info;
+
+/* Called for each entry; a non-zero return stops the listing (not an error). */
+typedef int (*ckptio_object_fn)(void *user, const ckptio_object_info *info);
+
+/*! ckptio_object_list() :
+ * Lists the objects of s3://BUCKET/PREFIX (PREFIX may be empty), every page,
+ * in the server's order (UTF-8 binary order on S3). With a `delimiter`
+ * (usually "/"), keys with the delimiter after the prefix are rolled up
+ * into common prefixes, reported once each with is_prefix = 1. Keys come
+ * back decoded (the listing is asked URL-encoded, so any byte survives).
+ * @return CKPTIO_OK (also when fn stopped it), or the failed request's
+ * error (CKPTIO_E_NOT_FOUND for a missing bucket). */
+CKPTIO_API ckptio_status ckptio_object_list(ckptio_engine *engine, const char *url, const char *delimiter,
+                                            ckptio_object_fn fn, void *user);
+
+/*! ckptio_object_delete() :
+ * Deletes s3://BUCKET/KEY; a missing object is no error (a missing bucket
+ * is CKPTIO_E_NOT_FOUND). */
+CKPTIO_API ckptio_status ckptio_object_delete(ckptio_engine *engine, const char *url);
+
+/*! ckptio_object_put() :
+ * Writes data[0..len) as the whole object s3://BUCKET/KEY with one request
+ * (markers, small metadata files). With `if_absent`, only if no object of
+ * that key exists, atomically on the server (If-None-Match: *):
+ * CKPTIO_E_EXISTS when one does, CKPTIO_E_UNSUPPORTED where the server has
+ * no conditional writes (OpenStack Swift's s3api). */
+CKPTIO_API ckptio_status ckptio_object_put(ckptio_engine *engine, const char *url, const void *data, size_t len,
+                                           int if_absent);
+
+/*! ckptio_object_list_uploads() :
+ * Lists the unfinished multipart uploads of keys under s3://BUCKET/PREFIX
+ * (each with key, upload_id and time): what a save that was killed before
+ * its commit leaves on the server, billed but invisible. */
+CKPTIO_API ckptio_status ckptio_object_list_uploads(ckptio_engine *engine, const char *url, ckptio_object_fn fn,
+                                                    void *user);
+
+/*! ckptio_object_abort_uploads() :
+ * Aborts the unfinished multipart uploads under s3://BUCKET/PREFIX that
+ * were started at least `older_than_seconds` ago (by the server's clock
+ * against this machine's; 0: all, including a save running now, which then
+ * fails at its next part or at commit). *aborted (may be NULL) receives
+ * how many were aborted. Objects are never touched. @return CKPTIO_OK, or
+ * the first failure (the uploads before it stay aborted). */
+CKPTIO_API ckptio_status ckptio_object_abort_uploads(ckptio_engine *engine, const char *url,
+                                                     double older_than_seconds, uint64_t *aborted);
 
 #ifdef __cplusplus
 }

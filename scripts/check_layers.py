@@ -3,7 +3,7 @@
 
 The library's directories form a stack (docs/ARCHITECTURE.md draws it):
 
-    common -> io -> engine -> gpu -> format -> ckpt
+    common -> objstore -> io -> engine -> gpu -> format -> ckpt
 
 A file may use what its own directory or a lower one offers, never what a
 higher one offers. The engine reaches the GPU layer only through tables it
@@ -30,7 +30,7 @@ import os
 import re
 import sys
 
-LAYERS = ["common", "io", "engine", "gpu", "format", "ckpt"]
+LAYERS = ["common", "objstore", "io", "engine", "gpu", "format", "ckpt"]
 RANK = {name: i for i, name in enumerate(LAYERS)}
 
 TOKEN = re.compile(

@@ -4,7 +4,7 @@
 #   scripts/gpu_wheel.sh build        on the development machine:
 #       .whl/ckptio-V-cp38-abi3-manylinux_*.whl  the release wheel (scripts/build_wheel.sh)
 #       build-gpu/                               the C side, which no wheel carries: gpu_check and the
-#                                                libckptio.so that bench/bench_gpu.py drives through
+#                                                libckptio.so that bench/bench_save_load_gpu.py drives through
 #                                                ctypes, with their shared libraries
 #                                                (tests/gpu/run_gpu_checks.sh build)
 #     Carry .whl and build-gpu to the GPU machine with the working tree.
@@ -14,7 +14,7 @@
 #     on PATH, then runs each STEP against that installation (default: pytest gpu dcp):
 #       pytest  the whole Python suite, CUDA tests included, as CI runs it (CKPTIO_TEST_INSTALLED=1);
 #               PYTEST_SHARD=K/N: every N-th test file from the K-th (the suite outlasts one device call)
-#       gpu     tests/gpu/run_gpu_checks.sh run: gpu_check, then bench/bench_gpu.py (BENCH=0: skip it)
+#       gpu     tests/gpu/run_gpu_checks.sh run: gpu_check, then bench/bench_save_load_gpu.py (BENCH=0: skip it)
 #       dcp     tests/gpu/run_dcp_checks.sh: DCP suites, the NCCL check on 2+ GPUs, BENCH=1: the DCP
 #               benchmark
 #       scale-model, scale-dcp  tests/gpu/run_scale.sh model|dcp: the scale run on 4 or 8 GPUs (one call each)
@@ -63,7 +63,7 @@ run)
             fi
             echo "== pytest: ${#files[@]} test files of the Python suite against the installed wheel"
             run=$(mktemp -d)
-            (cd "$run" && CKPTIO_BUILD_DIR="$repo/build-gpu" python3 -m pytest -q -p no:cacheprovider -rs \
+            (cd "$run" && CKPTIO_TEST_BUILD_DIR="$repo/build-gpu" python3 -m pytest -q -p no:cacheprovider -rs \
                 "${files[@]}" 2>&1) | tee "$OUT/pytest.log" | tail -25
             [ "${PIPESTATUS[0]}" = 0 ] || status=1
             ;;

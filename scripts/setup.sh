@@ -7,15 +7,19 @@
 #                               imports it from python/ (a development install: rebuild with
 #                               `cmake --build build`), with the test and benchmark packages (torch,
 #                               safetensors, numpy, pytest) and the wheel tools (build, auditwheel)
+#   scripts/setup.sh --wheel-tools  system packages + a .venv with the wheel tools only
+#                               (python/requirements-build.txt): what scripts/build_wheel.sh needs
 #
 # Safe to run again: installed packages are skipped, pip reuses its cache.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 want_python=0
+want_wheel_tools=0
 for arg in "$@"; do
     case "$arg" in
     --python) want_python=1 ;;
+    --wheel-tools) want_wheel_tools=1 ;;
     *) echo "setup.sh: unknown option $arg" >&2; exit 2 ;;
     esac
 done
@@ -23,8 +27,10 @@ done
 SUDO=""
 if [ "$(id -u)" != 0 ]; then SUDO="sudo"; fi
 
+# libcurl4-openssl-dev, libssl-dev: HTTP and SHA-256/HMAC for s3:// objects (src/objstore). The S3 server the
+# tests run against (OpenStack Swift) is installed by scripts/s3_server.sh when it starts.
 debian_packages=(build-essential cmake pkg-config liburing-dev libjansson-dev libzstd-dev libxxhash-dev zlib1g-dev
-                 clang libclang-rt-dev python3 python3-venv python3-dev)
+                 libcurl4-openssl-dev libssl-dev clang libclang-rt-dev python3 python3-venv python3-dev)
 missing=()
 for p in "${debian_packages[@]}"; do
     dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
@@ -40,6 +46,14 @@ if [ ${#missing[@]} -gt 0 ]; then
     echo "== installing Debian packages: ${missing[*]}"
     $SUDO apt-get update -qq
     DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq "${missing[@]}" >/dev/null
+fi
+
+if [ "$want_wheel_tools" = 1 ] && [ "$want_python" = 0 ]; then
+    # The wheel is built from the sdist in an isolated environment: no build/ needed here.
+    [ -x .venv/bin/python ] || { echo "== creating .venv"; python3 -m venv --system-site-packages .venv; }
+    echo "== installing the wheel tools (python/requirements-build.txt)"
+    .venv/bin/python -m pip install -q --disable-pip-version-check -r python/requirements-build.txt
+    exit 0
 fi
 
 echo "== building (build/)"

@@ -116,6 +116,23 @@ void t_write_file(const char *path, const void *data, size_t len) {
 
 bool t_file_exists(const char *path) { return access(path, F_OK) == 0; }
 
+void t_unsetenv_prefix(const char *prefix, const char *keep) {
+    extern char **environ;
+    for (char **env = environ; *env;) {
+        if (strncmp(*env, prefix, strlen(prefix)) != 0 || (keep && strncmp(*env, keep, strlen(keep)) == 0)) {
+            env++;
+            continue;
+        }
+        char name[256];
+        const size_t n = strcspn(*env, "=");
+        if (n >= sizeof name) t_fail_at(__FILE__, __LINE__, "an environment variable's name is too long: %s", *env);
+        memcpy(name, *env, n);
+        name[n] = '\0';
+        unsetenv(name);
+        env = environ; /* unsetenv moved the entries */
+    }
+}
+
 int t_count_entries(const char *dir, const char *needle) {
     DIR *d = opendir(dir);
     if (!d) return -1;

@@ -77,6 +77,10 @@ void *t_read_file(const char *path, size_t *len);
 void t_write_file(const char *path, const void *data, size_t len);
 bool t_file_exists(const char *path);
 
+/* Unsets every environment variable whose name starts with `prefix`, except
+ * those starting with `keep` (NULL: none). */
+void t_unsetenv_prefix(const char *prefix, const char *keep);
+
 /* Count directory entries whose name contains `needle` (e.g. temporaries). */
 int t_count_entries(const char *dir, const char *needle);
 

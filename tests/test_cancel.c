@@ -87,9 +87,6 @@ static ckptio_engine *new_engine(int64_t threads, int64_t chunk, watch *w) {
     T_OK(ckptio_engine_set(e, CKPTIO_OPT_THREADS, threads));
     T_OK(ckptio_engine_set(e, CKPTIO_OPT_CHUNK_BYTES, chunk));
     T_OK(ckptio_engine_set(e, CKPTIO_OPT_SYNC, 0));
-    /* The injected delay slows read calls: GPU reads must make them (a file
-     * just written is cached, and would otherwise go mapped, with no read). */
-    T_OK(ckptio_engine_set(e, CKPTIO_OPT_GPU_PATH, CKPTIO_GPU_PATH_STAGED));
     T_OK(ckptio_engine_set_progress(e, on_progress, w));
     return e;
 }

@@ -4,11 +4,18 @@
  * writers, strided views are gathered, and an input truncated between two
  * tensors (by the engine's progress callback, at the end of the first
  * tensor's read: deterministic) fails with CKPTIO_E_TRUNCATED naming the
- * input and leaves neither the output nor a temporary (issue 16 item 13).
+ * input and leaves neither the output nor a temporary. ckptio_convert:
+ * a chain through every kind of output (DCP, Hugging Face, torch.save,
+ * safetensors) brings back every byte, each output read by ckptio's own
+ * reader of that kind (the peers read them in tests/python/test_convert_matrix.py),
+ * and what cannot be written is refused before anything is.
  */
 #include "helpers.h"
 
+#include <fcntl.h>
 #include <string.h>
+#include <sys/resource.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #define N 3
@@ -145,11 +152,175 @@ static void test_input_truncated_between_tensors(void) {
     check_truncated_input(true);
 }
 
+/* Every tensor of `path` (a model: safetensors file or directory) equals data[]. */
+static void check_model(const char *path) {
+    ckptio_model *m = NULL;
+    T_OK(ckptio_model_open(engine, path, 0, &m));
+    size_t count = 0;
+    T_OK(ckptio_model_count(m, &count));
+    T_ASSERT(count == N);
+    static float got[ELEMS];
+    for (int i = 0; i < N; i++) {
+        size_t idx;
+        T_OK(ckptio_model_find(m, names[i], &idx));
+        const ckptio_slice_target tg = {.index = idx, .data = got, .capacity = sizeof got, .mem_kind = CKPTIO_MEM_HOST};
+        T_OK(ckptio_model_read(m, &tg, 1));
+        T_ASSERT(memcmp(got, data[i], sizeof got) == 0);
+    }
+    ckptio_model_close(m);
+}
+
+static void test_convert_chain_through_every_kind(void) {
+    ckptio_tensor_source src[N];
+    int64_t shape;
+    sources(src, &shape);
+    const char *in = t_path("chain.safetensors"), *dcp = t_path("chain_dcp"), *hf = t_path("chain_hf");
+    const char *pt = t_path("chain.pt"), *back = t_path("back.safetensors");
+    T_OK(ckptio_safetensors_save(engine, in, src, N, NULL, 0, 0));
+    ckptio_convert_report r;
+    ckptio_convert_options o = {.to = CKPTIO_CONVERT_DCP};
+    T_OK(ckptio_convert(engine, in, dcp, &o, &r));
+    T_ASSERT(r.from == CKPTIO_FORMAT_SAFETENSORS && r.to == CKPTIO_CONVERT_DCP && r.tensors == N && r.files == 1);
+    /* ckptio's DCP reader takes it, the manifest matches every item. */
+    ckptio_dcp *h = NULL;
+    T_OK(ckptio_dcp_open(engine, dcp, &h));
+    ckptio_dcp_verify_report vr;
+    const char *manifest = NULL;
+    T_OK(ckptio_dcp_validate(h, &vr, &manifest));
+    T_ASSERT(manifest != NULL && vr.checked == N && vr.items == N);
+    static float got[ELEMS];
+    for (int i = 0; i < N; i++) {
+        size_t idx;
+        T_OK(ckptio_dcp_find(h, names[i], &idx));
+        T_OK(ckptio_dcp_read_tensor(h, idx, got, sizeof got));
+        T_ASSERT(memcmp(got, data[i], sizeof got) == 0);
+    }
+    ckptio_dcp_close(h);
+    /* DCP -> Hugging Face in 3 shards (one tensor each) with an index. */
+    o = (ckptio_convert_options){.shard_size = sizeof data[0]};
+    T_OK(ckptio_convert(engine, dcp, hf, &o, &r));
+    T_ASSERT(r.to == CKPTIO_CONVERT_HF && r.files == 3 && r.from == CKPTIO_FORMAT_DCP);
+    T_ASSERT(t_count_entries(hf, ".safetensors") == 4); /* 3 shards + the index's name */
+    check_model(hf);
+    /* Hugging Face -> torch.save (by the name) -> safetensors. */
+    T_OK(ckptio_convert(engine, hf, pt, NULL, &r));
+    T_ASSERT(r.to == CKPTIO_CONVERT_TORCH && r.from == CKPTIO_FORMAT_HF_INDEX);
+    T_OK(ckptio_convert(engine, pt, back, NULL, &r));
+    T_ASSERT(r.to == CKPTIO_CONVERT_SAFETENSORS && r.from == CKPTIO_FORMAT_TORCH);
+    check_model(back);
+}
+
+static int notes;
+static void count_note(const char *note, void *user) {
+    (void)note;
+    (void)user;
+    notes++;
+}
+
+static void test_convert_refuses_before_writing(void) {
+    ckptio_tensor_source src[N];
+    int64_t shape;
+    sources(src, &shape);
+    const char *in = t_path("r.safetensors"), *full = t_path("full");
+    const ckptio_kv meta[] = {{"format", "pt"}, {"author", "someone"}};
+    T_OK(ckptio_safetensors_save(engine, in, src, N, meta, 2, 0));
+    T_ASSERT(mkdir(full, 0777) == 0);
+    t_write_file(t_path("full/keep.txt"), "mine", 4);
+    ckptio_convert_options o = {.to = CKPTIO_CONVERT_DCP, .note = count_note};
+    T_STATUS(ckptio_convert(engine, in, full, &o, NULL), CKPTIO_E_EXISTS);
+    T_MESSAGE_HAS("exists and is not empty");
+    T_ASSERT(notes == 0 && t_count_entries(full, "") == 1);
+    T_ASSERT(t_count_entries(t_tmpdir(), "ckptio-tmp") == 0);
+    /* A directory OUT for a file input: the layout must be said. */
+    T_STATUS(ckptio_convert(engine, in, t_path("new_dir/"), NULL, NULL), CKPTIO_E_INVAL);
+    T_MESSAGE_HAS("say which layout");
+    T_ASSERT(!t_file_exists(t_path("new_dir")));
+    o = (ckptio_convert_options){.to = CKPTIO_CONVERT_TORCH, .shard_size = 1000};
+    T_STATUS(ckptio_convert(engine, in, t_path("x.pt"), &o, NULL), CKPTIO_E_INVAL);
+    T_MESSAGE_HAS("shard size");
+    /* The author entry cannot go into torch.save: one note ("format" tags the writer only). */
+    o = (ckptio_convert_options){.note = count_note};
+    ckptio_convert_report r;
+    T_OK(ckptio_convert(engine, in, t_path("m.pt"), &o, &r));
+    T_ASSERT(notes == 1 && r.dropped == 1);
+}
+
+static long max_rss_kib(void) {
+    struct rusage ru;
+    getrusage(RUSAGE_SELF, &ru);
+    return ru.ru_maxrss;
+}
+
+static void test_expanded_views_are_written_in_bounded_memory(void) {
+    /* A few hundred bytes of storage viewed with stride 0 as 128 MiB (torch's
+     * expand): the output holds the 128 MiB, memory does not. */
+    enum { COLS = 64 };
+    const int64_t rows = (int64_t)1 << 19;
+    static float row[COLS];
+    for (int j = 0; j < COLS; j++) row[j] = (float)j + 0.5f;
+    ckptio_torch_writer *w = NULL;
+    size_t sid;
+    ckptio_value *dict, *key, *a, *b;
+    T_OK(ckptio_torch_writer_create(&w));
+    T_OK(ckptio_torch_writer_storage(w, CKPTIO_DTYPE_F32, sizeof row, "cpu", row, CKPTIO_MEM_HOST, &sid));
+    const int64_t shape[2] = {rows, COLS}, stride[2] = {0, 1};
+    ckptio_torch_tensor_spec spec = {.storage = sid, .dtype = CKPTIO_DTYPE_F32, .ndim = 2, .shape = shape,
+                                     .stride = stride};
+    T_OK(ckptio_torch_writer_tensor(w, &spec, &a));
+    const int64_t small = 3; /* and an ordinary tensor beside it, filled as before */
+    ckptio_torch_tensor_spec plain = {.storage = sid, .dtype = CKPTIO_DTYPE_F32, .ndim = 1, .shape = &small,
+                                      .storage_offset = 5};
+    T_OK(ckptio_torch_writer_tensor(w, &plain, &b));
+    T_OK(ckptio_torch_writer_container(w, CKPTIO_VALUE_DICT, 1, &dict));
+    T_OK(ckptio_torch_writer_str(w, "expanded", 8, &key));
+    T_OK(ckptio_torch_writer_set_item(w, dict, key, a));
+    T_OK(ckptio_torch_writer_str(w, "plain", 5, &key));
+    T_OK(ckptio_torch_writer_set_item(w, dict, key, b));
+    T_OK(ckptio_torch_writer_set_root(w, dict));
+    const char *in = t_path("expanded.pt"), *out = t_path("expanded.safetensors");
+    T_OK(ckptio_torch_save(engine, in, w, NULL));
+    ckptio_torch_writer_destroy(w);
+    ckptio_torch *t = NULL;
+    T_OK(ckptio_torch_open(engine, in, &t));
+    const long rss = max_rss_kib();
+    T_OK(ckptio_torch_save_safetensors(t, out, NULL, 0, NULL, 0, 0));
+    T_ASSERT_MSG(max_rss_kib() - rss < (48 << 10), "peak RSS grew by %ld KiB for a 128 MiB view",
+                 max_rss_kib() - rss);
+    ckptio_torch_close(t);
+    ckptio_safetensors *st = NULL;
+    size_t idx = 0;
+    ckptio_tensor_info ti;
+    T_OK(ckptio_safetensors_open(engine, out, &st));
+    T_OK(ckptio_safetensors_find(st, "expanded", &idx));
+    T_OK(ckptio_safetensors_tensor(st, idx, &ti));
+    T_ASSERT(ti.nbytes == (uint64_t)rows * sizeof row && ti.shape[0] == rows && ti.shape[1] == COLS);
+    float got[COLS];
+    const int64_t samples[] = {0, 1, 12345, rows - 1};
+    const int fd = open(out, O_RDONLY | O_CLOEXEC);
+    T_ASSERT(fd >= 0);
+    for (size_t k = 0; k < 4; k++) {
+        T_ASSERT(pread(fd, got, sizeof got, (off_t)(ti.file_offset + (uint64_t)samples[k] * sizeof row)) ==
+                 (ssize_t)sizeof got);
+        T_ASSERT_MSG(memcmp(got, row, sizeof row) == 0, "row %lld differs", (long long)samples[k]);
+    }
+    close(fd);
+    T_OK(ckptio_safetensors_find(st, "plain", &idx));
+    float three[3];
+    ckptio_tensor_target tg = {.index = idx, .data = three, .capacity = sizeof three, .mem_kind = CKPTIO_MEM_HOST};
+    T_OK(ckptio_safetensors_read(st, &tg, 1));
+    T_ASSERT(three[0] == row[5] && three[2] == row[7]);
+    ckptio_safetensors_close(st);
+    unlink(out);
+}
+
 int main(void) {
     T_OK(ckptio_engine_create(&engine));
+    T_RUN(test_convert_chain_through_every_kind);
+    T_RUN(test_convert_refuses_before_writing);
     T_RUN(test_torch_to_safetensors_matches_the_writer);
     T_RUN(test_safetensors_to_torch_reads_back);
     T_RUN(test_input_truncated_between_tensors);
+    T_RUN(test_expanded_views_are_written_in_bounded_memory);
     ckptio_engine_destroy(engine);
     return T_EXIT_PASS;
 }

@@ -741,7 +741,11 @@ static void test_zstd_bomb(void) {
         const long rss = max_rss_kib();
         const double t0 = now_seconds();
         T_STATUS(ckptio_dcp_check(h, &r), CKPTIO_E_FORMAT);
-        T_MESSAGE_HAS("decompression bomb");
+        /* A frame of zeros without a declared size, for a tensor item, is
+         * refused on its first decoded bytes (no zip header), before the
+         * bound is reached. */
+        const char *why = i == 1 ? "not a torch.save archive" : "decompression bomb";
+        T_MESSAGE_HAS(why);
         T_MESSAGE_HAS("bomb.distcp");
         T_MESSAGE_HAS(i < 2 ? "w: zstd item" : "step: zstd byte item");
         /* Refused from the header, or after counting at most the item's bound
@@ -753,7 +757,7 @@ static void test_zstd_bomb(void) {
             size_t w = 0;
             T_OK(ckptio_dcp_find(h, "w", &w));
             T_STATUS(ckptio_dcp_read_tensor(h, w, out, sizeof out), CKPTIO_E_FORMAT);
-            T_MESSAGE_HAS("decompression bomb");
+            T_MESSAGE_HAS(why);
         }
         ckptio_dcp_close(h);
     }

@@ -7,23 +7,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-extern char **environ;
-
-/* Starts from an environment without CKPTIO_* names (the test runner's
- * own, such as CKPTIO_BUILD_DIR, are known anyway). */
-static void clear_ckptio_env(void) {
-    for (;;) {
-        char **env = environ;
-        while (*env && strncmp(*env, "CKPTIO_", 7) != 0) env++;
-        if (!*env) return;
-        char name[256];
-        const size_t n = strcspn(*env, "=");
-        T_ASSERT(n < sizeof name);
-        memcpy(name, *env, n);
-        name[n] = '\0';
-        unsetenv(name);
-    }
-}
+/* Starts from an environment without CKPTIO_* names. */
+static void clear_ckptio_env(void) { t_unsetenv_prefix("CKPTIO_", NULL); }
 
 static void check(const char *var, const char *want_line) {
     clear_ckptio_env();
@@ -53,13 +38,50 @@ static void test_typos_name_the_setting(void) {
 
 static void test_known_names_are_quiet(void) {
     const char *known[] = {"CKPTIO_THREADS", "CKPTIO_READ_CACHE", "CKPTIO_GPU_PATH", "CKPTIO_NVTX",
-                           "CKPTIO_CUDA_LIBRARY", "CKPTIO_NO_PROGRESS", "CKPTIO_BUILD_DIR", "CKPTIO_TEST_DATA",
-                           "CKPTIO_TEST_ANYTHING", "CKPTIONAL", "ckptio_threads",
-                           /* the GPU pipeline's experiment knobs and huge-slot switch */
-                           "CKPTIO_GPU_READ_SLOTS", "CKPTIO_GPU_READ_WORKERS", "CKPTIO_GPU_SLOT_MAX_BYTES",
-                           "CKPTIO_GPU_HUGE_SLOTS", "CKPTIO_GPU_MAP_WORKERS", "CKPTIO_GPU_MAP_BATCH_BYTES",
-                           "CKPTIO_SCATTER" /* the Python package's group loads */};
+                           "CKPTIO_GPU_HUGE_SLOTS", "CKPTIO_CUDA_LIBRARY", "CKPTIO_CUFILE_LIBRARY",
+                           "CKPTIO_NO_PROGRESS", "CKPTIONAL", "ckptio_threads"};
     for (size_t i = 0; i < sizeof known / sizeof *known; i++) check(known[i], NULL);
+}
+
+/* Tests and benchmarks name their variables CKPTIO_TEST_*: never reported,
+ * whatever follows the prefix, while a name merely like it is, and so is a
+ * misspelt setting beside them. */
+static void test_test_prefix_is_never_reported(void) {
+    const char *quiet[] = {"CKPTIO_TEST_DATA", "CKPTIO_TEST_BUILD_DIR", "CKPTIO_TEST_SOAK_SECONDS",
+                           "CKPTIO_TEST_THREDS", "CKPTIO_TEST_"};
+    for (size_t i = 0; i < sizeof quiet / sizeof *quiet; i++) check(quiet[i], NULL);
+    check("CKPTIO_TESTS_DATA",
+          "CKPTIO_TESTS_DATA is not a ckptio setting (docs/ENGINE.md lists them: CKPTIO_THREADS, CKPTIO_DIRECT, "
+          "...)\n");
+    check("CKPTIO_TEST", "CKPTIO_TEST is not a ckptio setting (docs/ENGINE.md lists them: CKPTIO_THREADS, "
+                         "CKPTIO_DIRECT, ...)\n");
+    clear_ckptio_env();
+    setenv("CKPTIO_TEST_SOAK_SECONDS", "5", 1);
+    setenv("CKPTIO_THREDS", "4", 1);
+    char msg[512];
+    size_t unknown = 0;
+    T_OK(ckptio_env_check(msg, sizeof msg, &unknown));
+    const char *want = "CKPTIO_THREDS is not a ckptio setting: did you mean CKPTIO_THREADS?\n";
+    T_ASSERT_MSG(unknown == 1 && strcmp(msg, want) == 0, "%zu: %s", unknown, msg);
+    clear_ckptio_env();
+}
+
+/* Variables ckptio no longer reads, and test variables outside the prefix,
+ * are reported like any other unknown name. */
+static void test_names_ckptio_does_not_read_are_reported(void) {
+    const char *unknown[] = {"CKPTIO_GPU_MAP_WORKERS", "CKPTIO_GPU_READ_SLOTS", "CKPTIO_GPU_PACK", "CKPTIO_SCATTER",
+                             "CKPTIO_SOAK_SECONDS", "CKPTIO_PINNED", "CKPTIO_BUILD_DIR"};
+    for (size_t i = 0; i < sizeof unknown / sizeof *unknown; i++) {
+        clear_ckptio_env();
+        setenv(unknown[i], "1", 1);
+        char msg[512];
+        size_t n = 0;
+        T_OK(ckptio_env_check(msg, sizeof msg, &n));
+        T_ASSERT_MSG(n == 1 && strncmp(msg, unknown[i], strlen(unknown[i])) == 0 &&
+                         strstr(msg, " is not a ckptio setting"),
+                     "%s: %zu reported: %s", unknown[i], n, msg);
+    }
+    clear_ckptio_env();
 }
 
 static void test_several_and_truncation(void) {
@@ -91,6 +113,8 @@ static void test_several_and_truncation(void) {
 int main(void) {
     T_RUN(test_typos_name_the_setting);
     T_RUN(test_known_names_are_quiet);
+    T_RUN(test_test_prefix_is_never_reported);
+    T_RUN(test_names_ckptio_does_not_read_are_reported);
     T_RUN(test_several_and_truncation);
     return T_EXIT_PASS;
 }

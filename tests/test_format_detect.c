@@ -43,7 +43,7 @@ static ckptio_format detect_path(const char *path) {
     return f;
 }
 
-/* Issue 16 item 7: a header length of 128 mod 256 starts the file with
+/* One format detector: a header length of 128 mod 256 starts the file with
  * 0x80, the first byte of a pickle; every residue must read as safetensors,
  * from the probe bytes and from the path, and open with the reader. */
 static void test_every_header_length_residue(void) {

@@ -94,8 +94,6 @@ static ckptio_engine *make_engine(int64_t threads, int64_t backend, int64_t dire
     T_OK(ckptio_engine_set(e, CKPTIO_OPT_CHUNK_BYTES, 8 * MIB));
     T_OK(ckptio_engine_set(e, CKPTIO_OPT_BACKEND, backend));
     T_OK(ckptio_engine_set(e, CKPTIO_OPT_DIRECT, direct));
-    /* Staged: the files were just written, so AUTO could map them. */
-    T_OK(ckptio_engine_set(e, CKPTIO_OPT_GPU_PATH, CKPTIO_GPU_PATH_STAGED));
     return e;
 }
 

@@ -1,7 +1,8 @@
 /*
  * test_gpu_nodriver.c - without a CUDA driver, GPU calls fail with
  * CKPTIO_E_NO_CUDA and a message saying why, memory is classified as host,
- * and host transfers through the GDS file API keep working. The driver is
+ * and host transfers through the GDS file API keep working (a file it
+ * creates gets its mode narrowed by the umask). The driver is
  * made unavailable with CKPTIO_CUDA_LIBRARY pointing at a missing file, so
  * the test means the same on machines that have a GPU.
  */
@@ -10,6 +11,7 @@
 
 #include <fcntl.h>
 #include <string.h>
+#include <sys/stat.h>
 
 int main(void) {
     setenv("CKPTIO_CUDA_LIBRARY", "/nonexistent/ckptio-test/libcuda.so.1", 1);
@@ -67,6 +69,32 @@ int main(void) {
     T_ASSERT(got == 100 && memcmp(buf, data, 100) == 0);
     T_OK(ckptio_gds_request_destroy(r));
     T_OK(ckptio_gds_close(g));
+
+    /* A file ckptio_gds_open creates gets `mode` narrowed by the umask, as
+     * open(2) gives it (0: 0666); a file that exists keeps its mode. */
+    static const struct {
+        mode_t umask;
+        unsigned mode, want;
+    } modes[] = {{022, 0666, 0644}, {077, 0666, 0600}, {077, 0640, 0600}, {022, 0, 0644}, {027, 0660, 0640}};
+    for (size_t i = 0; i < sizeof modes / sizeof *modes; i++) {
+        char name[64];
+        snprintf(name, sizeof name, "created-%zu.bin", i);
+        const char *created = t_path(name);
+        const mode_t old = umask(modes[i].umask);
+        const ckptio_status st = ckptio_gds_open(e, created, O_RDWR | O_CREAT, modes[i].mode, &g);
+        umask(old);
+        T_OK(st);
+        T_OK(ckptio_gds_close(g));
+        struct stat sb;
+        T_ASSERT(stat(created, &sb) == 0);
+        T_ASSERT_MSG((sb.st_mode & 0777) == modes[i].want, "umask %03o, mode %03o: %03o, expected %03o",
+                     (unsigned)modes[i].umask, modes[i].mode, (unsigned)(sb.st_mode & 0777), modes[i].want);
+    }
+    T_ASSERT(chmod(path, 0604) == 0);
+    T_OK(ckptio_gds_open(e, path, O_RDWR | O_CREAT, 0600, &g));
+    T_OK(ckptio_gds_close(g));
+    struct stat psb;
+    T_ASSERT(stat(path, &psb) == 0 && (psb.st_mode & 0777) == 0604);
 
     /* Forcing cuFile without a driver names the missing driver. */
     T_OK(ckptio_engine_set(e, CKPTIO_OPT_GPU_PATH, CKPTIO_GPU_PATH_CUFILE));

@@ -2,11 +2,8 @@
  * test_gpu_pipeline.c - the GPU staging pipeline and the GDS file API on the
  * simulated device (tests/doubles/gpu_sim.c): bytes, ordering (no staging slot
  * reused before its copy completed), overlap, unaligned offsets, staging
- * bounds, error paths and stream-ordered requests; and the zero-copy reads
- * of resident data (mapped, registered file pages): bytes, every mapping
- * released, fallbacks counted, truncation an error. Runs without a GPU.
- * The staging tests set CKPTIO_GPU_PATH=staged: their files were just
- * written, so the page cache holds them and AUTO would map them.
+ * bounds, slot geometry and pinning, error paths and stream-ordered
+ * requests. Runs without a GPU.
  */
 #include "engine_internal.h"
 #include "gpu_internal.h"
@@ -22,8 +19,6 @@
 #include <sys/mman.h>
 #include <sys/resource.h>
 #include <sys/stat.h>
-#include <sys/vfs.h>
-#include <linux/magic.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -40,9 +35,9 @@ static ckptio_engine *make_engine_path(int64_t threads, int64_t staging, int64_t
     return e;
 }
 
-/* The staging path, whatever the page cache holds. */
+/* The staging pipeline (the simulated device has no cuFile anyway). */
 static ckptio_engine *make_engine(int64_t threads, int64_t staging, int64_t chunk) {
-    return make_engine_path(threads, staging, chunk, CKPTIO_GPU_PATH_STAGED);
+    return make_engine_path(threads, staging, chunk, CKPTIO_GPU_PATH_PIPELINE);
 }
 
 static void sim_reset(unsigned delay_us) {
@@ -221,28 +216,20 @@ static uint64_t proc_rchar(void) {
     return v;
 }
 
-/* How column_slice_case runs: the knobs (NULL: unset) and where rows land. */
-typedef struct column_knobs {
-    const char *copy_2d, *pack; /* CKPTIO_GPU_COPY_2D, CKPTIO_GPU_PACK */
+/* Where column_slice_case's rows land. */
+typedef struct column_layout {
     size_t piece;               /* device memory mapped in pieces of this size (0: one allocation) */
     size_t dev_stride;          /* row i lands at i * dev_stride (0: width, back to back) */
-} column_knobs;
-
-static void set_knob(const char *name, const char *value) {
-    if (value) setenv(name, value, 1);
-    else unsetenv(name);
-}
+} column_layout;
 
 /* Rows of a row-major matrix in a file; every row's columns [col, col + width)
  * go to `dev`, one row after the other (a column slice), except row `odd_row`,
  * which lands elsewhere (the stride breaks there). Returns the copies queued
  * (*copies_2d: of them pitched; *bytes_read: what the read calls moved, gaps
  * included) and checks every device byte. */
-static uint64_t column_slice_case(column_knobs kn, size_t col, size_t width, uint64_t *copies_2d,
+static uint64_t column_slice_case(column_layout kn, size_t col, size_t width, uint64_t *copies_2d,
                                   uint64_t *bytes_read) {
     sim_reset(50);
-    set_knob("CKPTIO_GPU_COPY_2D", kn.copy_2d);
-    set_knob("CKPTIO_GPU_PACK", kn.pack);
     const size_t stride = kn.dev_stride ? kn.dev_stride : width;
     enum { ROWS = 512, ODD_ROW = 200 };
     const size_t row = 16 * KIB, fsize = ROWS * row + 123;
@@ -280,39 +267,32 @@ static uint64_t column_slice_case(column_knobs kn, size_t col, size_t width, uin
     ckptio_file_close(f);
     ckptio__gpu_sim_device_free(dev);
     T_OK(ckptio_engine_destroy(e));
-    unsetenv("CKPTIO_GPU_COPY_2D");
-    unsetenv("CKPTIO_GPU_PACK");
     free(expect);
     free(want);
     return s.copies;
 }
 
 static void test_column_slice_in_pitched_copies(void) {
-    /* 4 KiB columns at 4 KiB (a quarter of the row), then 6 bytes at byte
-     * 10 (three bf16 columns, unaligned everywhere), then a width that a
-     * window boundary cuts. 16 windows of 32 rows, one row elsewhere. The
-     * span read (CKPTIO_GPU_PACK=0): the file was just written, so the page
-     * cache holds it and the first case would be read packed. */
-    const size_t cases[][2] = {{4 * KIB, 4 * KIB}, {10, 6}, {5000, 9000}};
+    /* 12 KiB columns at 4 KiB (three quarters of the row, aligned), then 6
+     * bytes at byte 10 (three bf16 columns, unaligned everywhere), then a
+     * width that a window boundary cuts. 16 windows of 32 rows, one row
+     * elsewhere. Each is read by span: more than half of each row, or
+     * pieces too small to be read one by one (a quarter of the row would be
+     * read packed: test_column_slice_packed_from_memory). */
+    const size_t cases[][2] = {{4 * KIB, 12 * KIB}, {10, 6}, {5000, 9000}};
     for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
-        uint64_t pitched = 0, none = 0, read = 0;
-        const uint64_t copies = column_slice_case((column_knobs){.pack = "0"}, cases[c][0], cases[c][1], &pitched,
-                                                  &read);
+        uint64_t pitched = 0, read = 0;
+        const uint64_t copies = column_slice_case((column_layout){0}, cases[c][0], cases[c][1], &pitched, &read);
         T_ASSERT_MSG(read >= 512 * 16 * KIB - 16 * KIB, "col %zu: the span read only %llu bytes", cases[c][0],
                      (unsigned long long)read);
         T_ASSERT_MSG(copies <= 3 * 16 + 4, "col %zu: %llu copies for 16 windows", cases[c][0],
                      (unsigned long long)copies);
         T_ASSERT_MSG(pitched >= 14, "col %zu: only %llu pitched copies", cases[c][0], (unsigned long long)pitched);
-        /* The knob off: one copy per row, as before. */
-        const uint64_t rows =
-            column_slice_case((column_knobs){.copy_2d = "0", .pack = "0"}, cases[c][0], cases[c][1], &none, &read);
-        T_ASSERT_MSG(rows >= 512 && none == 0, "col %zu, knob off: %llu copies, %llu pitched", cases[c][0],
-                     (unsigned long long)rows, (unsigned long long)none);
         /* Destinations mapped in pieces of about 10 rows, some rows across
          * two: no pitched copy leaves its piece (the simulator refuses one
          * that does), so more copies. */
         uint64_t in_pieces = 0;
-        const uint64_t split = column_slice_case((column_knobs){.pack = "0", .piece = 10 * cases[c][1] + 3},
+        const uint64_t split = column_slice_case((column_layout){.piece = 10 * cases[c][1] + 3},
                                                  cases[c][0], cases[c][1], &in_pieces, &read);
         T_ASSERT_MSG(split > copies && in_pieces >= 1, "col %zu, in pieces: %llu copies, %llu pitched", cases[c][0],
                      (unsigned long long)split, (unsigned long long)in_pieces);
@@ -326,19 +306,19 @@ static void test_column_slice_in_pitched_copies(void) {
  * not worth a read each: the span. */
 static void test_column_slice_packed_from_memory(void) {
     uint64_t pitched = 0, read = 0;
-    uint64_t copies = column_slice_case((column_knobs){0}, 4 * KIB, 4 * KIB, &pitched, &read);
+    uint64_t copies = column_slice_case((column_layout){0}, 4 * KIB, 4 * KIB, &pitched, &read);
     T_ASSERT_MSG(read >= 512 * 4 * KIB && read < 512 * 5 * KIB, "packed: %llu bytes read for a 2 MiB slice",
                  (unsigned long long)read);
     /* 2 MiB in 512 KiB slots: 4 windows, one copy each, and the stray row (two more). */
     T_ASSERT_MSG(copies <= 8 && pitched == 0, "packed: %llu copies, %llu pitched", (unsigned long long)copies,
                  (unsigned long long)pitched);
-    copies = column_slice_case((column_knobs){.dev_stride = 5 * KIB}, 4 * KIB, 4 * KIB, &pitched, &read);
+    copies = column_slice_case((column_layout){.dev_stride = 5 * KIB}, 4 * KIB, 4 * KIB, &pitched, &read);
     T_ASSERT_MSG(read < 512 * 5 * KIB && copies <= 8 && pitched >= 4,
                  "packed, rows apart on the device: %llu read, %llu copies, %llu pitched", (unsigned long long)read,
                  (unsigned long long)copies, (unsigned long long)pitched);
-    copies = column_slice_case((column_knobs){.piece = 41 * KIB + 3}, 4 * KIB, 4 * KIB, &pitched, &read);
+    copies = column_slice_case((column_layout){.piece = 41 * KIB + 3}, 4 * KIB, 4 * KIB, &pitched, &read);
     T_ASSERT_MSG(read < 512 * 5 * KIB, "packed, destinations in pieces: %llu read", (unsigned long long)read);
-    copies = column_slice_case((column_knobs){0}, 10, 6, &pitched, &read);
+    copies = column_slice_case((column_layout){0}, 10, 6, &pitched, &read);
     T_ASSERT_MSG(read >= 512 * 16 * KIB - 16 * KIB, "6-byte pieces: %llu bytes read, expected the span",
                  (unsigned long long)read);
 }
@@ -560,16 +540,11 @@ static void test_slots_pinned_on_demand(void) {
     const char *path = t_path("demand.bin");
     unsigned char *want = make_file(path, 2 * MIB, 23);
     unsigned char *dev = ckptio__gpu_sim_device_alloc(2 * MIB);
-    /* The last two: the experiment knob CKPTIO_GPU_READ_SLOTS (1-4) sets
-     * the ring; a value out of range keeps the default. */
-    const bool settle[] = {true, false, false, false};
-    const char *knob[] = {NULL, NULL, "4", "9"};
-    const uint64_t expect[] = {1, CKPTIO_GPU_READ_SLOTS, 4, CKPTIO_GPU_READ_SLOTS};
-    for (int k = 0; k < 4; k++) {
+    const bool settle[] = {true, false};
+    const uint64_t expect[] = {1, CKPTIO_GPU_READ_SLOTS};
+    for (int k = 0; k < 2; k++) {
         ckptio__gpu_sim_config cfg = {.copy_delay_us = 30, .events_settle = settle[k], .events_busy = !settle[k]};
         ckptio__gpu_sim_configure(&cfg);
-        if (knob[k]) setenv("CKPTIO_GPU_READ_SLOTS", knob[k], 1);
-        else unsetenv("CKPTIO_GPU_READ_SLOTS");
         ckptio_engine *e = make_engine(1, 1 * MIB, 8 * MIB); /* 1 worker, 256 KiB slots: 8 windows */
         ckptio_file *f = NULL;
         T_OK(ckptio_file_open(e, path, CKPTIO_OPEN_READ, &f));
@@ -579,51 +554,41 @@ static void test_slots_pinned_on_demand(void) {
         T_ASSERT(memcmp(dev, want, 2 * MIB) == 0);
         ckptio__gpu_sim_stats s;
         ckptio__gpu_sim_get_stats(&s);
-        T_ASSERT_MSG(s.pinned_allocs == expect[k], "%s device, CKPTIO_GPU_READ_SLOTS=%s: %llu slots pinned for 8 "
-                     "windows, want %llu", settle[k] ? "fast" : "slow", knob[k] ? knob[k] : "(unset)",
-                     (unsigned long long)s.pinned_allocs, (unsigned long long)expect[k]);
+        T_ASSERT_MSG(s.pinned_allocs == expect[k], "%s device: %llu slots pinned for 8 windows, want %llu",
+                     settle[k] ? "fast" : "slow", (unsigned long long)s.pinned_allocs, (unsigned long long)expect[k]);
         check_sim_clean(1 * MIB);
         ckptio_file_close(f);
         T_OK(ckptio_engine_destroy(e));
     }
-    unsetenv("CKPTIO_GPU_READ_SLOTS");
     ckptio__gpu_sim_device_free(dev);
     free(want);
 }
 
-/* The experiment knob CKPTIO_GPU_SLOT_MAX_BYTES caps the slots, rounded
- * down to 4 KiB like every slot; the bytes still arrive whole. Its value is
- * a byte count in the library's syntax: "292K" is 299008, as is 300000
- * rounded down. */
-static void test_slot_max_knob(void) {
-    const char *values[] = {"300000", "292K"};
-    for (size_t v = 0; v < sizeof values / sizeof *values; v++) {
-        sim_reset(0);
-        setenv("CKPTIO_GPU_SLOT_MAX_BYTES", values[v], 1);
-        const size_t n = 2 * MIB + 333;
-        const char *path = t_path("slot_max.bin");
-        unsigned char *want = make_file(path, n, 29);
-        /* Without the knob: 8 MiB slots (the chunk), capped at 4 MiB. */
-        ckptio_engine *e = make_engine(1, 64 * MIB, 8 * MIB);
-        ckptio_file *f = NULL;
-        T_OK(ckptio_file_open(e, path, CKPTIO_OPEN_READ, &f));
-        unsigned char *dev = ckptio__gpu_sim_device_alloc(n);
-        ckptio_extent ex = {.file = f, .length = n, .memory = dev, .mem_kind = CKPTIO_MEM_CUDA};
-        T_OK(ckptio__gpu_execute(e, CKPTIO_READ, &ex, 1));
-        T_ASSERT(memcmp(dev, want, n) == 0);
-        ckptio_stats st;
-        T_OK(ckptio_engine_stats(e, &st));
-        const uint64_t slot = 300000 / 4096 * 4096;
-        T_ASSERT_MSG(st.staging_reserved > 0 && st.staging_reserved % slot == 0 &&
-                         st.staging_reserved <= CKPTIO_GPU_READ_SLOTS * slot,
-                     "CKPTIO_GPU_SLOT_MAX_BYTES=%s: %llu bytes pinned, want 1 or %d slots of %llu", values[v],
-                     (unsigned long long)st.staging_reserved, CKPTIO_GPU_READ_SLOTS, (unsigned long long)slot);
-        unsetenv("CKPTIO_GPU_SLOT_MAX_BYTES");
-        ckptio_file_close(f);
-        T_OK(ckptio_engine_destroy(e));
-        ckptio__gpu_sim_device_free(dev);
-        free(want);
-    }
+/* Slots (and so windows) are at most CKPTIO_GPU_SLOT_MAX, whatever the
+ * chunk and staging settings would allow; a read pins at most its read
+ * slots of that size, and the bytes arrive whole. */
+static void test_slot_size_is_capped(void) {
+    sim_reset(0);
+    const size_t n = 9 * MIB + 333;
+    const char *path = t_path("slot_cap.bin");
+    unsigned char *want = make_file(path, n, 29);
+    ckptio_engine *e = make_engine(1, 64 * MIB, 64 * MIB); /* 16 MiB slots if nothing capped them */
+    ckptio_file *f = NULL;
+    T_OK(ckptio_file_open(e, path, CKPTIO_OPEN_READ, &f));
+    unsigned char *dev = ckptio__gpu_sim_device_alloc(n);
+    ckptio_extent ex = {.file = f, .length = n, .memory = dev, .mem_kind = CKPTIO_MEM_CUDA};
+    T_OK(ckptio__gpu_execute(e, CKPTIO_READ, &ex, 1));
+    T_ASSERT(memcmp(dev, want, n) == 0);
+    ckptio_stats st;
+    T_OK(ckptio_engine_stats(e, &st));
+    T_ASSERT_MSG(st.staging_reserved > 0 && st.staging_reserved % CKPTIO_GPU_SLOT_MAX == 0 &&
+                     st.staging_reserved <= CKPTIO_GPU_READ_SLOTS * (uint64_t)CKPTIO_GPU_SLOT_MAX,
+                 "%llu bytes pinned, want 1 or %d slots of %u", (unsigned long long)st.staging_reserved,
+                 CKPTIO_GPU_READ_SLOTS, CKPTIO_GPU_SLOT_MAX);
+    ckptio_file_close(f);
+    T_OK(ckptio_engine_destroy(e));
+    ckptio__gpu_sim_device_free(dev);
+    free(want);
 }
 
 /* The engine's GPU state on the simulated device, with its lock held and
@@ -761,42 +726,35 @@ static void read_whole_file(ckptio_engine *e, const char *path, unsigned char *d
     ckptio_file_close(f);
 }
 
-/* The experiment knob CKPTIO_GPU_READ_WORKERS (1-64) caps the workers a
- * read runs below the engine's threads (12 of 16 here), and prepare pins
- * only their slots; unset or out of range, all 16 run. */
-static void test_read_workers_knob(void) {
+/* prepare pins exactly the read slots of the workers a load runs, one per
+ * engine thread (16 here); the load that follows runs those workers and
+ * pins nothing more. */
+static void test_prepare_pins_what_a_load_uses(void) {
     const char *path = t_path("read_workers.bin");
     unsigned char *want = make_file(path, 32 * MIB, 49);
     unsigned char *dev = ckptio__gpu_sim_device_alloc(32 * MIB);
-    const char *knob[] = {NULL, "12", "0", "65"};
-    const uint64_t workers[] = {16, 12, 16, 16};
-    for (int k = 0; k < 4; k++) {
-        if (knob[k]) setenv("CKPTIO_GPU_READ_WORKERS", knob[k], 1);
-        else unsetenv("CKPTIO_GPU_READ_WORKERS");
-        sim_reset(0);
-        ckptio_engine *e = make_engine(16, 64 * MIB, 8 * MIB); /* 16 threads x 4 slots of 1 MiB */
-        const uint64_t slots = workers[k] * CKPTIO_GPU_READ_SLOTS;
-        T_OK(ckptio_engine_gpu_prepare(e, 0));
-        T_ASSERT(wait_pinned_allocs(slots) == slots);
-        struct timespec ts = {0, 20000000};
-        nanosleep(&ts, NULL);
-        ckptio__gpu_sim_stats s;
-        ckptio__gpu_sim_get_stats(&s);
-        T_ASSERT_MSG(s.pinned_allocs == slots, "CKPTIO_GPU_READ_WORKERS=%s: prepare pinned %llu slots, want %llu",
-                     knob[k] ? knob[k] : "(unset)", (unsigned long long)s.pinned_allocs, (unsigned long long)slots);
-        /* A read whose copies never seem done (counters reset): each worker
-         * that runs takes a stream and would pin a slot prepare did not. */
-        ckptio__gpu_sim_config busy = {.copy_delay_us = 20, .events_busy = true};
-        ckptio__gpu_sim_configure(&busy);
-        read_whole_file(e, path, dev, want, 32 * MIB);
-        ckptio__gpu_sim_get_stats(&s);
-        T_ASSERT_MSG(s.streams_live <= workers[k] && s.pinned_allocs == 0,
-                     "CKPTIO_GPU_READ_WORKERS=%s: %llu workers ran the read (at most %llu) and pinned %llu more slots",
-                     knob[k] ? knob[k] : "(unset)", (unsigned long long)s.streams_live,
-                     (unsigned long long)workers[k], (unsigned long long)s.pinned_allocs);
-        T_OK(ckptio_engine_destroy(e));
-    }
-    unsetenv("CKPTIO_GPU_READ_WORKERS");
+    const uint64_t workers = 16;
+    sim_reset(0);
+    ckptio_engine *e = make_engine(16, 64 * MIB, 8 * MIB); /* 16 threads x 4 slots of 1 MiB */
+    const uint64_t slots = workers * CKPTIO_GPU_READ_SLOTS;
+    T_OK(ckptio_engine_gpu_prepare(e, 0));
+    T_ASSERT(wait_pinned_allocs(slots) == slots);
+    struct timespec ts = {0, 20000000};
+    nanosleep(&ts, NULL);
+    ckptio__gpu_sim_stats s;
+    ckptio__gpu_sim_get_stats(&s);
+    T_ASSERT_MSG(s.pinned_allocs == slots, "prepare pinned %llu slots, want %llu", (unsigned long long)s.pinned_allocs,
+                 (unsigned long long)slots);
+    /* A read whose copies never seem done (counters reset): each worker
+     * that runs takes a stream and would pin a slot prepare did not. */
+    ckptio__gpu_sim_config busy = {.copy_delay_us = 20, .events_busy = true};
+    ckptio__gpu_sim_configure(&busy);
+    read_whole_file(e, path, dev, want, 32 * MIB);
+    ckptio__gpu_sim_get_stats(&s);
+    T_ASSERT_MSG(s.streams_live <= workers && s.pinned_allocs == 0,
+                 "%llu workers ran the read (at most %llu) and pinned %llu more slots",
+                 (unsigned long long)s.streams_live, (unsigned long long)workers, (unsigned long long)s.pinned_allocs);
+    T_OK(ckptio_engine_destroy(e));
     ckptio__gpu_sim_device_free(dev);
     free(want);
 }
@@ -815,13 +773,14 @@ static void write_buddyinfo(const char *path, unsigned order2m, uint64_t blocks,
     t_write_file(path, text, (size_t)n);
 }
 
-/* CKPTIO_GPU_HUGE_SLOTS: 1 asks the device for huge-page slots, for a
- * load's own pinning and for prepare's; 0 never does; unset, or any other
- * value, does while THP is enabled and the free blocks of 2 MiB and more
+/* CKPTIO_OPT_GPU_HUGE_SLOTS: ON asks the device for huge-page slots, for a
+ * load's own pinning and for prepare's; OFF never does; AUTO (the default)
+ * does while THP is enabled and the free blocks of 2 MiB and more
  * (/proc/buddyinfo) cover twice what the call may pin (4 MiB here: 4
  * workers x 2 read slots x 256 KiB, for the load and for prepare alike).
+ * Set through the engine, or through CKPTIO_GPU_HUGE_SLOTS at its creation.
  * The guard's files come from the test hook: never this host's. */
-static void test_huge_slots_knob(void) {
+static void test_huge_slots_setting(void) {
     const char *path = t_path("huge.bin");
     unsigned char *want = make_file(path, 4 * MIB, 53);
     unsigned char *dev = ckptio__gpu_sim_device_alloc(4 * MIB);
@@ -839,28 +798,32 @@ static void test_huge_slots_knob(void) {
         T_OK(ckptio_engine_destroy(e));
     }
     static const struct {
-        const char *value;  /* CKPTIO_GPU_HUGE_SLOTS; NULL: unset */
+        const char *env;    /* CKPTIO_GPU_HUGE_SLOTS at the engine's creation; NULL: unset */
+        int64_t set;        /* -1, or the value set on the engine after that */
         const char *thp;    /* the THP `enabled` file; NULL: missing */
         uint64_t blocks;    /* free 2 MiB blocks */
         uint64_t blocks4m;  /* free 4 MiB blocks */
         bool huge;
     } cases[] = {
-        {"1", "always madvise [never]\n", 0, 0, true}, /* forced: no guard */
-        {"0", "always [madvise] never\n", 1000, 1000, false},
-        {"2", "always [madvise] never\n", 1000, 1000, true},
-        {"", "always [madvise] never\n", 1000, 1000, true},
-        {NULL, "always [madvise] never\n", 1000, 1000, true},
-        {NULL, "[always] madvise never\n", 1000, 0, true},
-        {NULL, "always [madvise] never\n", 2, 0, true},  /* exactly 4 MiB */
-        {NULL, "always [madvise] never\n", 0, 1, true},  /* one 4 MiB block */
-        {NULL, "always [madvise] never\n", 1, 0, false}, /* 2 MiB: too few */
-        {NULL, "always [madvise] never\n", 0, 0, false},
-        {"2", "always [madvise] never\n", 1, 0, false},
-        {NULL, "always madvise [never]\n", 1000, 1000, false},
-        {NULL, NULL, 1000, 1000, false},
+        {NULL, CKPTIO_HUGE_SLOTS_ON, "always madvise [never]\n", 0, 0, true}, /* forced: no guard */
+        {"on", -1, "always madvise [never]\n", 0, 0, true},
+        {"1", -1, "always madvise [never]\n", 0, 0, true},
+        {NULL, CKPTIO_HUGE_SLOTS_OFF, "always [madvise] never\n", 1000, 1000, false},
+        {"off", -1, "always [madvise] never\n", 1000, 1000, false},
+        {"0", -1, "always [madvise] never\n", 1000, 1000, false},
+        {"off", CKPTIO_HUGE_SLOTS_AUTO, "always [madvise] never\n", 1000, 1000, true},
+        {"auto", -1, "always [madvise] never\n", 1000, 1000, true},
+        {NULL, -1, "always [madvise] never\n", 1000, 1000, true},
+        {NULL, -1, "[always] madvise never\n", 1000, 0, true},
+        {NULL, -1, "always [madvise] never\n", 2, 0, true},  /* exactly 4 MiB */
+        {NULL, -1, "always [madvise] never\n", 0, 1, true},  /* one 4 MiB block */
+        {NULL, -1, "always [madvise] never\n", 1, 0, false}, /* 2 MiB: too few */
+        {NULL, -1, "always [madvise] never\n", 0, 0, false},
+        {NULL, -1, "always madvise [never]\n", 1000, 1000, false},
+        {NULL, -1, NULL, 1000, 1000, false},
     };
     for (size_t k = 0; k < sizeof cases / sizeof *cases; k++) {
-        if (cases[k].value) setenv("CKPTIO_GPU_HUGE_SLOTS", cases[k].value, 1);
+        if (cases[k].env) setenv("CKPTIO_GPU_HUGE_SLOTS", cases[k].env, 1);
         else unsetenv("CKPTIO_GPU_HUGE_SLOTS");
         write_buddyinfo(buddy, order2m, cases[k].blocks, cases[k].blocks4m);
         unlink(thp);
@@ -870,6 +833,7 @@ static void test_huge_slots_knob(void) {
         for (int by_prepare = 0; by_prepare < 2; by_prepare++) {
             sim_reset(0);
             ckptio_engine *e = make_engine(4, 4 * MIB, 8 * MIB);
+            if (cases[k].set >= 0) T_OK(ckptio_engine_set(e, CKPTIO_OPT_GPU_HUGE_SLOTS, cases[k].set));
             if (by_prepare) {
                 T_OK(ckptio_engine_gpu_prepare(e, 0));
                 T_ASSERT(wait_pinned_allocs(4 * CKPTIO_GPU_READ_SLOTS) == 4 * CKPTIO_GPU_READ_SLOTS);
@@ -880,9 +844,10 @@ static void test_huge_slots_knob(void) {
             ckptio__gpu_sim_get_stats(&s);
             const uint64_t want_huge = cases[k].huge ? s.pinned_allocs : 0;
             T_ASSERT_MSG(s.pinned_allocs > 0 && s.pinned_huge_allocs == want_huge,
-                         "%s, CKPTIO_GPU_HUGE_SLOTS=%s, THP %s, %llu free 2 MiB and %llu 4 MiB blocks: "
+                         "%s, CKPTIO_GPU_HUGE_SLOTS=%s, set %lld, THP %s, %llu free 2 MiB and %llu 4 MiB blocks: "
                          "%llu of %llu slots huge",
-                         by_prepare ? "prepare" : "load", cases[k].value ? cases[k].value : "(unset)",
+                         by_prepare ? "prepare" : "load", cases[k].env ? cases[k].env : "(unset)",
+                         (long long)cases[k].set,
                          cases[k].thp ? cases[k].thp : "(missing)\n", (unsigned long long)cases[k].blocks,
                          (unsigned long long)cases[k].blocks4m, (unsigned long long)s.pinned_huge_allocs,
                          (unsigned long long)s.pinned_allocs);
@@ -1430,9 +1395,7 @@ static void test_gds_file_sync(void) {
     T_OK(ckptio_gds_read(g, dst, n, 3, 5, &done));
     T_ASSERT(done == n);
     T_OK(ckptio_gds_file_path(g, &p));
-    /* Written with O_DIRECT where the file system has it (then not cached:
-     * staged), else through the page cache (then mapped). */
-    T_ASSERT(p == CKPTIO_IO_PATH_PIPELINE || p == CKPTIO_IO_PATH_MAPPED);
+    T_ASSERT(p == CKPTIO_IO_PATH_PIPELINE);
     T_ASSERT(memcmp(dst + 5, src + 17, n) == 0);
     T_ASSERT(dst[4] == 0xEE && dst[5 + n] == 0xEE);
     /* short read at end of file, like cuFileRead; and nothing past it */
@@ -1630,188 +1593,16 @@ static void test_engine_and_safetensors(void) {
     T_OK(ckptio_engine_destroy(e));
 }
 
-/* ---- zero-copy reads of resident data ---------------------------------------- */
+/* ---- files that change under a transfer -------------------------------------- */
 
-typedef struct read_spec {
-    uint64_t off, len, dev_off;
-} read_spec;
-
-/* Reads spec's extents of f into fresh device memory, checks every byte
- * (untouched bytes keep their 0xEE) and returns the extent bytes. */
-static uint64_t read_checked(ckptio_engine *e, ckptio_file *f, const unsigned char *want, const read_spec *spec,
-                             size_t n, size_t dsize) {
-    unsigned char *dev = ckptio__gpu_sim_device_alloc(dsize);
-    T_ASSERT(dev);
-    memset(dev, 0xEE, dsize);
-    ckptio_extent ext[16];
-    T_ASSERT(n <= 16);
-    unsigned char *expect = malloc(dsize);
-    memset(expect, 0xEE, dsize);
-    uint64_t total = 0;
-    for (size_t i = 0; i < n; i++) {
-        ext[i] = (ckptio_extent){.file = f, .file_offset = spec[i].off, .length = spec[i].len,
-                                 .memory = dev + spec[i].dev_off, .mem_kind = CKPTIO_MEM_CUDA};
-        memcpy(expect + spec[i].dev_off, want + spec[i].off, spec[i].len);
-        total += spec[i].len;
-    }
-    T_OK(ckptio__gpu_execute(e, CKPTIO_READ, ext, n));
-    for (size_t i = 0; i < dsize; i++)
-        T_ASSERT_MSG(dev[i] == expect[i], "device byte %zu is 0x%02x, expected 0x%02x", i, dev[i], expect[i]);
-    free(expect);
-    ckptio__gpu_sim_device_free(dev);
-    return total;
-}
-
-static const read_spec mixed_spec[] = {
-    {0, 4096, 0},          {4096, 1, 8192},          {4097, 3 * MIB + 5, 8193},
-    {3 * MIB + 10000, 65537, 4 * MIB + 3}, {4 * MIB + 1, 100, 4 * MIB + 70000},
-    {5 * MIB + 777 - 12345, 12345, 5 * MIB + 11}, {777, 0, 5 * MIB + 50000},
-};
-#define MIXED_FILE_SIZE (5 * MIB + 777)
-#define MIXED_N (sizeof mixed_spec / sizeof mixed_spec[0])
-
-/* Every registration undone, no copy read a mapping after it was
- * released, contexts balanced. */
-static void check_mappings_released(void) {
-    ckptio__gpu_sim_stats s;
-    ckptio__gpu_sim_get_stats(&s);
-    T_ASSERT_MSG(s.registered_now == 0, "%llu registered bytes left after the transfer",
-                 (unsigned long long)s.registered_now);
-    T_ASSERT_MSG(s.violations == 0, "%llu copies read memory released or reused too early",
-                 (unsigned long long)s.violations);
-    T_ASSERT(s.ctx_depth == 0);
-}
-
-static ckptio_io_path last_path(ckptio_engine *e) {
-    ckptio_io_path p;
-    T_OK(ckptio_engine_gpu_path(e, &p));
-    return p;
-}
-
-/* Every worker maps, 1 MiB per registration (several per file). */
-static void map_everywhere(void) {
-    setenv("CKPTIO_GPU_MAP_WORKERS", "64", 1);
-    setenv("CKPTIO_GPU_MAP_BATCH_BYTES", "1048576", 1);
-}
-
-static void map_default(void) {
-    unsetenv("CKPTIO_GPU_MAP_WORKERS");
-    unsetenv("CKPTIO_GPU_MAP_BATCH_BYTES");
-}
-
-/* A file the page cache holds (just written): every window mapped, no
- * staging used, the same bytes. */
-static void test_mapped_read(void) {
-    map_everywhere();
-    for (int threads = 1; threads <= 4; threads += 3) {
-        sim_reset(100);
-        const char *path = t_path("mapped.bin");
-        unsigned char *want = make_file(path, MIXED_FILE_SIZE, 31);
-        ckptio_engine *e = make_engine_path(threads, 2 * MIB, 8 * MIB, CKPTIO_GPU_PATH_AUTO);
-        ckptio_file *f = NULL;
-        T_OK(ckptio_file_open(e, path, CKPTIO_OPEN_READ, &f));
-        const uint64_t total = read_checked(e, f, want, mixed_spec, MIXED_N, 6 * MIB);
-        ckptio_stats st;
-        T_OK(ckptio_engine_stats(e, &st));
-        T_ASSERT_MSG(st.bytes_h2d == total && st.bytes_h2d_mapped == total,
-                     "bytes_h2d %llu, mapped %llu, want %llu", (unsigned long long)st.bytes_h2d,
-                     (unsigned long long)st.bytes_h2d_mapped, (unsigned long long)total);
-        T_ASSERT_MSG(st.staging_peak == 0, "staging used (%llu bytes) by a mapped read",
-                     (unsigned long long)st.staging_peak);
-        T_ASSERT(st.mapped_fallbacks == 0);
-        T_ASSERT(st.bytes_read >= total && st.bytes_buffered >= total);
-        T_ASSERT(last_path(e) == CKPTIO_IO_PATH_MAPPED);
-        T_ASSERT(strcmp(ckptio_io_path_name(CKPTIO_IO_PATH_MAPPED), "mapped") == 0);
-        ckptio__gpu_sim_stats s;
-        ckptio__gpu_sim_get_stats(&s);
-        T_ASSERT_MSG(s.registers >= 3, "only %llu registrations", (unsigned long long)s.registers);
-        T_ASSERT(s.registered_peak > 0 && s.registered_peak <= MIXED_FILE_SIZE + (uint64_t)threads * 8192);
-        check_mappings_released();
-        ckptio_file_close(f);
-        T_OK(ckptio_engine_destroy(e));
-        free(want);
-    }
-}
-
-/* A registration that fails: that window is staged, counted, bytes right. */
-static void test_mapped_fallback(void) {
-    map_everywhere();
-    ckptio__gpu_sim_configure(&(ckptio__gpu_sim_config){.copy_delay_us = 50, .fail_register_at = 2});
-    const char *path = t_path("fallback.bin");
-    unsigned char *want = make_file(path, MIXED_FILE_SIZE, 32);
-    ckptio_engine *e = make_engine_path(2, 2 * MIB, 8 * MIB, CKPTIO_GPU_PATH_AUTO);
-    /* Staged with O_DIRECT: the read policy would read this small file
-     * through the page cache (test_read_policy.c). */
-    T_OK(ckptio_engine_set(e, CKPTIO_OPT_READ_CACHE, CKPTIO_READ_CACHE_OFF));
-    ckptio_file *f = NULL;
-    T_OK(ckptio_file_open(e, path, CKPTIO_OPEN_READ, &f));
-    const uint64_t total = read_checked(e, f, want, mixed_spec, MIXED_N, 6 * MIB);
-    ckptio_stats st;
-    T_OK(ckptio_engine_stats(e, &st));
-    T_ASSERT_MSG(st.mapped_fallbacks == 1, "mapped_fallbacks %llu", (unsigned long long)st.mapped_fallbacks);
-    T_ASSERT(st.bytes_h2d == total && st.bytes_h2d_mapped > 0 && st.bytes_h2d_mapped < total);
-    T_ASSERT(st.staging_peak > 0 && st.staging_in_use == 0);
-    T_ASSERT(last_path(e) == CKPTIO_IO_PATH_PIPELINE); /* some bytes staged */
-    check_mappings_released();
-    ckptio_file_close(f);
-    T_OK(ckptio_engine_destroy(e));
-    free(want);
-}
-
-/* A device that cannot register read-only memory: all staged, said so in
- * the statistics, tried once per worker at most. */
-static void test_mapped_unsupported(void) {
-    map_everywhere();
-    ckptio__gpu_sim_configure(&(ckptio__gpu_sim_config){.no_register = true});
-    const char *path = t_path("unsupported.bin");
-    unsigned char *want = make_file(path, MIXED_FILE_SIZE, 33);
-    ckptio_engine *e = make_engine_path(2, 2 * MIB, 8 * MIB, CKPTIO_GPU_PATH_AUTO);
-    /* Staged with O_DIRECT: the read policy would read this small file
-     * through the page cache (test_read_policy.c). */
-    T_OK(ckptio_engine_set(e, CKPTIO_OPT_READ_CACHE, CKPTIO_READ_CACHE_OFF));
-    ckptio_file *f = NULL;
-    T_OK(ckptio_file_open(e, path, CKPTIO_OPEN_READ, &f));
-    const uint64_t total = read_checked(e, f, want, mixed_spec, MIXED_N, 6 * MIB);
-    ckptio_stats st;
-    T_OK(ckptio_engine_stats(e, &st));
-    T_ASSERT(st.bytes_h2d == total && st.bytes_h2d_mapped == 0);
-    T_ASSERT_MSG(st.mapped_fallbacks >= 1 && st.mapped_fallbacks <= 2, "mapped_fallbacks %llu",
-                 (unsigned long long)st.mapped_fallbacks);
-    T_ASSERT(last_path(e) == CKPTIO_IO_PATH_PIPELINE);
-    check_mappings_released();
-    ckptio_file_close(f);
-    T_OK(ckptio_engine_destroy(e));
-    free(want);
-}
-
-/* CKPTIO_GPU_PATH=staged never maps. */
-static void test_staged_setting(void) {
-    sim_reset(0);
-    ckptio_engine *e = make_engine(2, 2 * MIB, 8 * MIB);
-    const char *path = t_path("staged.bin");
-    ckptio_file *f = NULL;
-    unsigned char *want = open_made_file(e, path, MIXED_FILE_SIZE, 34, &f);
-    read_checked(e, f, want, mixed_spec, MIXED_N, 6 * MIB);
-    ckptio_stats st;
-    T_OK(ckptio_engine_stats(e, &st));
-    ckptio__gpu_sim_stats s;
-    ckptio__gpu_sim_get_stats(&s);
-    T_ASSERT(st.bytes_h2d_mapped == 0 && s.registers == 0 && st.mapped_fallbacks == 0);
-    ckptio_file_close(f);
-    T_OK(ckptio_engine_destroy(e));
-    free(want);
-}
-
-/* A file that shrank after it was opened: the windows past its new end
- * cannot be registered (their pages do not exist), are staged, and the
- * staged read says the file is truncated: an error naming the file, never
- * SIGBUS, nothing left registered. */
-static void test_mapped_truncated(void) {
-    map_everywhere();
+/* A file that shrank after it was opened: the staged read of the windows
+ * past its new end says the file is truncated, an error naming the file;
+ * no staging stays in use, and what is still there reads correctly. */
+static void test_file_shrunk_after_open(void) {
     sim_reset(20);
     const char *path = t_path("shrinks.bin");
     unsigned char *want = make_file(path, 3 * MIB, 35);
-    ckptio_engine *e = make_engine_path(2, 2 * MIB, 8 * MIB, CKPTIO_GPU_PATH_AUTO);
+    ckptio_engine *e = make_engine(2, 2 * MIB, 8 * MIB);
     ckptio_file *f = NULL;
     T_OK(ckptio_file_open(e, path, CKPTIO_OPEN_READ, &f));
     T_ASSERT(truncate(path, 1 * MIB + 100) == 0);
@@ -1822,101 +1613,15 @@ static void test_mapped_truncated(void) {
     ckptio_stats st;
     T_OK(ckptio_engine_stats(e, &st));
     T_ASSERT(st.staging_in_use == 0);
-    check_mappings_released();
-    /* What is still there reads correctly, mapped. */
+    check_sim_clean(2 * MIB);
     ckptio_extent head = {.file = f, .file_offset = 0, .length = 1 * MIB, .memory = dev,
                           .mem_kind = CKPTIO_MEM_CUDA};
     T_OK(ckptio__gpu_execute(e, CKPTIO_READ, &head, 1));
     T_ASSERT(memcmp(dev, want, 1 * MIB) == 0);
-    check_mappings_released();
     ckptio_file_close(f);
     ckptio__gpu_sim_device_free(dev);
     T_OK(ckptio_engine_destroy(e));
     free(want);
-}
-
-static bool on_memory_fs(const char *path) {
-    struct statfs sb;
-    return statfs(path, &sb) == 0 && (sb.f_type == TMPFS_MAGIC || sb.f_type == RAMFS_MAGIC);
-}
-
-/* Cold data is staged (O_DIRECT beats faulting pages in one by one), except
- * on tmpfs, whose pages are memory. */
-static void test_cold_file_is_staged(void) {
-    map_everywhere();
-    sim_reset(0);
-    const char *path = t_path("cold.bin");
-    unsigned char *want = make_file(path, MIXED_FILE_SIZE, 36);
-    const bool memfs = on_memory_fs(path);
-    int fd = open(path, O_RDONLY);
-    T_ASSERT(fd >= 0);
-    T_ASSERT(fdatasync(fd) == 0 || errno == EINVAL);
-    posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED);
-    uint64_t cached = 0, pages = 0;
-    const bool known = ckptio__range_cached_pages(fd, 0, MIXED_FILE_SIZE, &cached, &pages);
-    close(fd);
-    if (!memfs && (!known || cached > pages / 2)) {
-        printf("# the page cache kept the file (%llu of %llu pages): cold case skipped\n",
-               (unsigned long long)cached, (unsigned long long)pages);
-        free(want);
-        return;
-    }
-    ckptio_engine *e = make_engine_path(2, 2 * MIB, 8 * MIB, CKPTIO_GPU_PATH_AUTO);
-    /* Staged with O_DIRECT: the read policy would read this small file
-     * through the page cache (test_read_policy.c). */
-    T_OK(ckptio_engine_set(e, CKPTIO_OPT_READ_CACHE, CKPTIO_READ_CACHE_OFF));
-    ckptio_file *f = NULL;
-    T_OK(ckptio_file_open(e, path, CKPTIO_OPEN_READ, &f));
-    const uint64_t total = read_checked(e, f, want, mixed_spec, MIXED_N, 6 * MIB);
-    ckptio_stats st;
-    T_OK(ckptio_engine_stats(e, &st));
-    if (memfs) T_ASSERT(st.bytes_h2d_mapped == total && last_path(e) == CKPTIO_IO_PATH_MAPPED);
-    else T_ASSERT(st.bytes_h2d_mapped == 0 && st.mapped_fallbacks == 0 && last_path(e) == CKPTIO_IO_PATH_PIPELINE);
-    check_mappings_released();
-    ckptio_file_close(f);
-    T_OK(ckptio_engine_destroy(e));
-    free(want);
-}
-
-/* Two workers map while the others stage, both at once; the GDS file API
- * never maps (its requests may run while a stream waits on them, and
- * unregistering synchronises the device). */
-static void test_mapping_beside_staging(void) {
-    map_default();
-    setenv("CKPTIO_GPU_MAP_WORKERS", "2", 1);
-    setenv("CKPTIO_GPU_MAP_BATCH_BYTES", "524288", 1);
-    ckptio__gpu_sim_configure(&(ckptio__gpu_sim_config){.copy_delay_us = 50, .register_delay_us = 3000});
-    const size_t size = 24 * MIB + 12345;
-    const char *path = t_path("hybrid.bin");
-    unsigned char *want = make_file(path, size, 37);
-    ckptio_engine *e = make_engine_path(4, 4 * MIB, 8 * MIB, CKPTIO_GPU_PATH_AUTO);
-    ckptio_file *f = NULL;
-    T_OK(ckptio_file_open(e, path, CKPTIO_OPEN_READ, &f));
-    const read_spec whole[] = {{0, size, 3}};
-    const uint64_t total = read_checked(e, f, want, whole, 1, size + 3);
-    ckptio_stats st;
-    T_OK(ckptio_engine_stats(e, &st));
-    T_ASSERT_MSG(st.bytes_h2d == total && st.bytes_h2d_mapped > 0 && st.bytes_h2d_mapped < total,
-                 "mapped %llu of %llu", (unsigned long long)st.bytes_h2d_mapped, (unsigned long long)total);
-    T_ASSERT(st.staging_peak > 0 && st.staging_in_use == 0);
-    check_mappings_released();
-    ckptio_file_close(f);
-    /* The GDS API: staged. */
-    sim_reset(0);
-    ckptio_gds_file *g = NULL;
-    T_OK(ckptio_gds_open(e, path, O_RDONLY, 0, &g));
-    unsigned char *dev = ckptio__gpu_sim_device_alloc(size);
-    uint64_t done = 0;
-    T_OK(ckptio_gds_read(g, dev, size, 0, 0, &done));
-    T_ASSERT(done == size && memcmp(dev, want, size) == 0);
-    ckptio__gpu_sim_stats s;
-    ckptio__gpu_sim_get_stats(&s);
-    T_ASSERT(s.register_calls == 0);
-    T_OK(ckptio_gds_close(g));
-    ckptio__gpu_sim_device_free(dev);
-    T_OK(ckptio_engine_destroy(e));
-    free(want);
-    map_default();
 }
 
 /* Reads and writes share the pinned slots: a read's smaller windows never
@@ -1954,24 +1659,6 @@ static void test_reads_and_writes_share_slots(void) {
     free(want);
 }
 
-/* By default nothing is mapped: staging measured faster (gpu_pipeline.h). */
-static void test_default_stages(void) {
-    map_default();
-    sim_reset(0);
-    const char *path = t_path("default.bin");
-    unsigned char *want = make_file(path, MIXED_FILE_SIZE, 38);
-    ckptio_engine *e = make_engine_path(4, 4 * MIB, 8 * MIB, CKPTIO_GPU_PATH_AUTO);
-    ckptio_file *f = NULL;
-    T_OK(ckptio_file_open(e, path, CKPTIO_OPEN_READ, &f));
-    read_checked(e, f, want, mixed_spec, MIXED_N, 6 * MIB);
-    ckptio__gpu_sim_stats s;
-    ckptio__gpu_sim_get_stats(&s);
-    T_ASSERT(s.register_calls == 0 && last_path(e) == CKPTIO_IO_PATH_PIPELINE);
-    ckptio_file_close(f);
-    T_OK(ckptio_engine_destroy(e));
-    free(want);
-}
-
 int main(int argc, char **argv) {
     ckptio__gpu_set_ops(ckptio__gpu_sim_ops());
     self_path = argv[0];
@@ -1990,7 +1677,7 @@ int main(int argc, char **argv) {
     T_RUN(test_copy_fails_asynchronously);
     T_RUN(test_slots_allocated_on_first_use);
     T_RUN(test_slots_pinned_on_demand);
-    T_RUN(test_slot_max_knob);
+    T_RUN(test_slot_size_is_capped);
     T_RUN(test_slot_allocation_fails);
     T_RUN(test_slot_pinning_never_waits_without_need);
     T_RUN(test_first_windows_are_read_while_another_worker_pins);
@@ -1998,10 +1685,10 @@ int main(int argc, char **argv) {
     T_RUN(test_slots_without_a_range);
     T_RUN(test_prepare_pins_ahead);
     T_RUN(test_prefill_faults_in_unpinned_slots);
-    T_RUN(test_read_workers_knob);
+    T_RUN(test_prepare_pins_what_a_load_uses);
     T_RUN(test_prepare_races_transfers_and_destroy);
     T_RUN(test_prepare_yields_to_a_transfer);
-    T_RUN(test_huge_slots_knob);
+    T_RUN(test_huge_slots_setting);
     T_RUN(test_prepare_refusals_and_failures);
     T_RUN(test_read_fails_midway);
     T_RUN(test_bad_device_memory);
@@ -2009,14 +1696,7 @@ int main(int argc, char **argv) {
     T_RUN(test_engine_and_safetensors);
     T_RUN(test_gds_file_sync);
     T_RUN(test_gds_stream_ordered);
-    T_RUN(test_mapped_read);
-    T_RUN(test_mapped_fallback);
-    T_RUN(test_mapped_unsupported);
-    T_RUN(test_staged_setting);
-    T_RUN(test_mapped_truncated);
-    T_RUN(test_cold_file_is_staged);
-    T_RUN(test_mapping_beside_staging);
-    T_RUN(test_default_stages);
+    T_RUN(test_file_shrunk_after_open);
     T_RUN(test_reads_and_writes_share_slots);
     return T_EXIT_PASS;
 }

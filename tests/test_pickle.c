@@ -187,9 +187,9 @@ static void test_hostile(void) {
     T_STATUS(RUN(&root, 0x80, 2, 'h', 3, '.'), CKPTIO_E_FORMAT);
     T_MESSAGE_HAS("memo slot 3 was never stored");
     /* Cycles: a list appended to itself, and two lists holding each other. */
-    T_STATUS(RUN(&root, 0x80, 2, ']', 'q', 0, 'h', 0, 'a', '.'), CKPTIO_E_FORMAT);
+    T_STATUS(RUN(&root, 0x80, 2, ']', 'q', 0, 'h', 0, 'a', '.'), CKPTIO_E_UNSUPPORTED);
     T_MESSAGE_HAS("itself");
-    T_STATUS(RUN(&root, 0x80, 2, ']', 'q', 0, ']', 'q', 1, 'h', 0, 'a', 'a', '.'), CKPTIO_E_FORMAT);
+    T_STATUS(RUN(&root, 0x80, 2, ']', 'q', 0, ']', 'q', 1, 'h', 0, 'a', 'a', '.'), CKPTIO_E_UNSUPPORTED);
     T_MESSAGE_HAS("recursive structure");
     /* Stack abuse. */
     T_STATUS(RUN(&root, 0x80, 2, 'a', '.'), CKPTIO_E_FORMAT);
@@ -377,9 +377,16 @@ static void test_dcp_hostile(void) {
     T_STATUS(DCP(&root, "\x80\x02" "ctorch\nSize\nctorch\nSize\n\x85\x85R."), CKPTIO_E_FORMAT);
     T_MESSAGE_HAS("hold a class or global");
     /* BUILD twice, or after the object was stored in a container (no cycles). */
-    T_STATUS(DCP(&root, "\x80\x02" "cpathlib\nPosixPath\n)\x81}b}b."), CKPTIO_E_UNSUPPORTED);
-    T_MESSAGE_HAS("second BUILD of the same pathlib.PosixPath");
-    T_STATUS(DCP(&root, "\x80\x02" "cpathlib\nPosixPath\n)\x81q\x00]h\x00" "a0}b."), CKPTIO_E_FORMAT);
+    T_STATUS(DCP(&root, "\x80\x02" "ctorch.distributed.checkpoint.metadata\nMetadataIndex\n)\x81}b}b."),
+             CKPTIO_E_UNSUPPORTED);
+    T_MESSAGE_HAS("second BUILD of the same torch.distributed.checkpoint.metadata.MetadataIndex");
+    T_STATUS(DCP(&root, "\x80\x02" "ctorch.distributed.checkpoint.metadata\nMetadataIndex\n)\x81q\x00]h\x00" "a0}b."),
+             CKPTIO_E_UNSUPPORTED);
+    /* What the reader does not build, verify does not pass: state on a class that takes none, a dict's attributes. */
+    T_STATUS(DCP(&root, "\x80\x02" "cpathlib\nPosixPath\n)\x81}b."), CKPTIO_E_FORMAT);
+    T_MESSAGE_HAS("pathlib.PosixPath with BUILD state (the class takes none)");
+    T_STATUS(DCP(&root, "\x80\x02" "ccollections\nOrderedDict\n)R}X\x01\x00\x00\x00xK\x01sb."), CKPTIO_E_FORMAT);
+    T_MESSAGE_HAS("a dict with attributes (BUILD state) does not occur in DCP metadata");
     /* Allowed: REDUCE/NEWOBJ + BUILD, OrderedDict, dtypes; pathlib._local is the 3.13 name. */
     T_OK(DCP(&root, "\x80\x02" "cpathlib._local\nPosixPath\nX\x01\x00\x00\x00/\x85R."));
     expect_class(root, "pathlib.PosixPath");

@@ -1,8 +1,8 @@
 /*
- * test_writer_limits.c - what ckptio writes it can read (issue 16 items 9
- * and 15): every limit of the torch and safetensors readers is enforced by
- * the writers too, at the boundary (one under the limit saves and loads,
- * one over is refused by the writer), and a torch tree whose keys collide
+ * test_writer_limits.c - what ckptio writes it can read: every limit of the
+ * torch and safetensors readers is enforced by the writers too, at the
+ * boundary (one under the limit saves and loads, one over is refused by the
+ * writer), and a torch tree whose keys collide
  * once flattened ('a.b' beside a -> b, 1 beside '1') is refused by both,
  * naming both paths, unless both paths hold the same tensor.
  */
@@ -54,7 +54,7 @@ static ckptio_status save_then_open(ckptio_torch_writer *w, const char *name) {
     return st;
 }
 
-/* Issue 16 item 9: a 1 MiB key saved, then the reader refused it. */
+/* A 1 MiB key: the reader refuses it, so the writer does too. */
 static void test_torch_name_length(void) {
     ckptio_value *root;
     size_t s;
@@ -112,7 +112,7 @@ static void test_torch_depth(void) {
     T_ASSERT(saved > 0 && refused > 0);
 }
 
-/* Issue 16 item 15: {'a.b': x, 'a': {'b': y}} and {1: x, '1': y}. */
+/* Keys that collide once flattened: {'a.b': x, 'a': {'b': y}} and {1: x, '1': y}. */
 static void test_torch_collisions(void) {
     ckptio_value *root, *inner, *key;
     size_t s;

@@ -228,7 +228,7 @@ static void test_zip64_layout(void) {
     free(tail);
 }
 
-/* Records must not share bytes (issue 16 item 12): a local header inside
+/* Records must not share bytes: a local header inside
  * another record's data is how 400 records of 1 MiB fit in 1.1 MB. */
 static void test_overlapping_records_refused(void) {
     ckptio__zip_entry e[3] = {entry("m/data/0", 100), entry("m/data/1", 100), entry("m/data/2", 0)};

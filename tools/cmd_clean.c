@@ -19,8 +19,11 @@ static const cli_usage usage = {
     "(.NAME.ckptio-tmp-XXXXXX) that no running save holds: those left by a save\n"
     "that crashed or was killed. A save in progress keeps its temporary.\n"
     "A checkpoint manager's ROOT (step_NNNNNNNN directories) also has its partial\n"
-    "steps removed (saves that crashed before their commit marker), unless a save\n"
-    "holds the root's lock (then nothing is removed and the exit status is 1).\n"
+    "steps removed (saves the manager began that crashed before their commit\n"
+    "marker), unless a save holds the root's lock (then nothing is removed and the\n"
+    "exit status is 1). Step directories the manager did not begin (torch's own\n"
+    "DCP writer's, copies) and steps holding anything the manager does not write\n"
+    "are never removed: each is listed with the reason it was left alone.\n"
     "Prints one line per DIR: removed, bytes freed, and what was kept.\n"
     "\noptions:\n"
     "  -a, --min-age SECONDS  also keep temporaries modified less than SECONDS ago\n"
@@ -58,8 +61,11 @@ int cli_cmd_clean(int argc, char **argv) {
         ckptio_cleanup_report r;
         const ckptio_status st = ckptio_cleanup_temporaries(argv[i], NULL, (double)min_age, &r);
         if (st != CKPTIO_OK) {
+            /* A directory that could not be read: the error is the whole answer.
+             * A scan that removed some files before one failed also says what it did. */
             cli_error_lib(argv[i], st);
             rc = CLI_EXIT_FAIL;
+            if (r.removed == 0) continue;
         }
         if (!quiet || st != CKPTIO_OK) {
             char freed[32];

@@ -1,5 +1,5 @@
 /*
- * cmd_hf_index.c - `ckptio inspect`, `verify` and `convert` on a model: a
+ * cmd_hf_index.c - `ckptio inspect` and `ckptio verify` on a model: a
  * Hugging Face directory (model.safetensors, or model.safetensors.index.json
  * ({"metadata": {"total_size"}, "weight_map": {tensor: shard file}}) and its
  * shards beside it, or *.safetensors files), or the index file itself.
@@ -211,40 +211,6 @@ lib_error:
     cli_error_lib(model, ckptio_last_error()->status);
 out:
     free(tensors);
-    hf_close(&x);
-    return rc;
-}
-
-int cli_hf_convert(ckptio_engine *engine, const char *model, const char *out, uint32_t alignment, bool quiet) {
-    hf_index x;
-    int rc = CLI_EXIT_FAIL;
-    size_t count = 0, nmeta = 0;
-    if (hf_open(engine, model, &x) != 0 || ckptio_model_count(x.m, &count) != CKPTIO_OK) goto out;
-    ckptio_model_metadata_count(x.m, &nmeta);
-    for (size_t i = 0; i < count; i++) {
-        ckptio_tensor_info t;
-        const char *shard;
-        if (hf_tensor(&x, model, i, &t, &shard) != 0) goto out;
-        if (!ckptio_dtype_torch_name(t.dtype)) {
-            cli_error("%s: tensor '%s' (shard %s) has dtype %s, which torch cannot store", model, t.name, shard,
-                      ckptio_dtype_name(t.dtype));
-            goto out;
-        }
-    }
-    if (!quiet && nmeta)
-        cli_warning("%zu __metadata__ entr%s of %s %s not carried into the torch.save file", nmeta,
-                    nmeta == 1 ? "y" : "ies", model, nmeta == 1 ? "is" : "are");
-    ckptio_torch_save_options opts = {.storage_alignment = alignment};
-    const ckptio_status st = ckptio_model_save_torch(x.m, out, &opts);
-    if (st != CKPTIO_OK) {
-        cli_error_lib(NULL, st);
-        goto out;
-    }
-    if (!quiet)
-        printf("%s -> %s: %zu tensors from %zu shard%s (safetensors -> torch.save, alignment %u)\n", cli_q(model),
-               cli_q(out), count, x.nshards, x.nshards == 1 ? "" : "s", alignment);
-    rc = CLI_EXIT_OK;
-out:
     hf_close(&x);
     return rc;
 }

@@ -1,8 +1,9 @@
 /*
  * cmd_steps.c - `ckptio inspect|verify|clean ROOT` for the root of a
  * checkpoint manager (ckptio.CheckpointManager): its steps, their states
- * (complete, partial, damaged) and sizes; which step a restarted job would
- * resume from; removing what crashed saves left.
+ * (complete, partial, damaged, foreign, refused) and sizes; which step a restarted
+ * job would resume from; removing what crashed saves left, and saying what
+ * was left alone and why.
  */
 #include "cli_steps.h"
 #include "ckptio_experimental.h" /* the root's lock: ckptio_dcp_lock_acquire, _release */
@@ -15,7 +16,11 @@
 #include <sys/stat.h>
 
 static const char *state_name(ckptio_step_state s) {
-    return s == CKPTIO_STEP_COMPLETE ? "complete" : s == CKPTIO_STEP_PARTIAL ? "partial" : "damaged";
+    return s == CKPTIO_STEP_COMPLETE  ? "complete"
+           : s == CKPTIO_STEP_PARTIAL ? "partial"
+           : s == CKPTIO_STEP_FOREIGN ? "foreign"
+           : s == CKPTIO_STEP_REFUSED ? "refused"
+                                      : "damaged";
 }
 
 bool cli_steps_is_root(const char *path) {
@@ -74,7 +79,7 @@ static int print_json(const char *root, const ckptio_step_info *steps, size_t n)
 
 int cli_steps_inspect(ckptio_engine *engine, const char *root, bool json) {
     ckptio_step_info *steps = NULL;
-    size_t n = 0, counts[3] = {0};
+    size_t n = 0, counts[5] = {0};
     uint64_t total = 0;
     if (check_all(engine, root, CKPTIO_STEP_CHECK_FAST, &steps, &n) != CLI_EXIT_OK) return CLI_EXIT_FAIL;
     if (json) {
@@ -93,13 +98,15 @@ int cli_steps_inspect(ckptio_engine *engine, const char *root, bool json) {
         cli_format_bytes(steps[i].bytes, size, sizeof size);
         const char *cells[] = {step, state_name(steps[i].state), files, size, cli_q(steps[i].reason)};
         if (cli_table_add(&table, cells) != 0) rc = CLI_EXIT_FAIL;
-        counts[steps[i].state]++;
+        if ((unsigned)steps[i].state < 5) counts[steps[i].state]++;
         total += steps[i].bytes;
     }
     char size[32];
-    printf("%s: checkpoint manager root, %zu step%s (%zu complete, %zu partial, %zu damaged), %s\n", cli_q(root), n,
-           n == 1 ? "" : "s", counts[CKPTIO_STEP_COMPLETE], counts[CKPTIO_STEP_PARTIAL], counts[CKPTIO_STEP_DAMAGED],
-           cli_format_bytes(total, size, sizeof size));
+    char refused[48] = ""; /* shown when there are any */
+    if (counts[CKPTIO_STEP_REFUSED]) snprintf(refused, sizeof refused, ", %zu refused", counts[CKPTIO_STEP_REFUSED]);
+    printf("%s: checkpoint manager root, %zu step%s (%zu complete, %zu partial, %zu damaged, %zu foreign%s), %s\n",
+           cli_q(root), n, n == 1 ? "" : "s", counts[CKPTIO_STEP_COMPLETE], counts[CKPTIO_STEP_PARTIAL],
+           counts[CKPTIO_STEP_DAMAGED], counts[CKPTIO_STEP_FOREIGN], refused, cli_format_bytes(total, size, sizeof size));
     cli_table_print(&table, stdout, "  ");
     cli_table_cleanup(&table);
     ckptio_steps_free(steps);
@@ -135,12 +142,13 @@ int cli_steps_verify(ckptio_engine *engine, const char *root, bool latest, bool 
         if (steps[i].state == CKPTIO_STEP_COMPLETE) {
             good++;
             if (!quiet) printf("%s: step %llu: ok\n", cli_q(root), (unsigned long long)steps[i].step);
-        } else if (steps[i].state == CKPTIO_STEP_PARTIAL) {
-            /* A save in progress or one that crashed: not damage. */
-            if (!quiet) printf("%s: step %llu: partial (%s)\n", cli_q(root), (unsigned long long)steps[i].step,
-                               cli_q(steps[i].reason));
+        } else if (steps[i].state == CKPTIO_STEP_PARTIAL || steps[i].state == CKPTIO_STEP_FOREIGN) {
+            /* A save in progress, one that crashed, another writer's directory: not damage. */
+            if (!quiet) printf("%s: step %llu: %s (%s)\n", cli_q(root), (unsigned long long)steps[i].step,
+                               state_name(steps[i].state), cli_q(steps[i].reason));
         } else {
-            cli_error("%s: step %llu: damaged: %s", root, (unsigned long long)steps[i].step, steps[i].reason);
+            cli_error("%s: step %llu: %s: %s", root, (unsigned long long)steps[i].step, state_name(steps[i].state),
+                      steps[i].reason);
             rc = CLI_EXIT_FAIL;
         }
     }
@@ -151,18 +159,31 @@ int cli_steps_verify(ckptio_engine *engine, const char *root, bool latest, bool 
 
 int cli_steps_clean(const char *root, bool quiet) {
     ckptio_dcp_lock *lock = NULL;
-    ckptio_status st = ckptio_dcp_lock_acquire(root, NULL, 0, 0.0, NULL, NULL, &lock);
+    ckptio_status st = ckptio_dcp_lock_acquire(root, NULL, CKPTIO_DCP_LOCK_QUEUED, 0.0, NULL, NULL, &lock);
     if (st != CKPTIO_OK) return cli_error_lib(root, st);
     uint64_t *removed = NULL;
-    size_t n = 0;
+    size_t n = 0, nleft = 0;
     st = ckptio_steps_clean(root, &removed, &n);
+    /* What is left that is not complete, as the root holds it now (under the lock): never removed without a
+     * reason said. */
+    ckptio_step_info *left = NULL;
+    const ckptio_status scanned = st == CKPTIO_OK ? ckptio_steps_scan(root, &left, &nleft) : st;
     ckptio_dcp_lock_release(lock);
     if (st != CKPTIO_OK) cli_error_lib(root, st);
+    else if (scanned != CKPTIO_OK) cli_error_lib(root, scanned);
     if (!quiet || st != CKPTIO_OK) {
         printf("%s: removed %zu partial step%s", cli_q(root), n, n == 1 ? "" : "s");
         for (size_t i = 0; i < n; i++) printf("%s%llu", i ? ", " : " (", (unsigned long long)removed[i]);
         printf("%s\n", n ? ")" : "");
     }
+    for (size_t i = 0; !quiet && i < nleft; i++) {
+        /* Partial steps still here, other writers' directories, complete steps holding something else. */
+        const ckptio_step_state s = left[i].state;
+        if (s == CKPTIO_STEP_PARTIAL || s == CKPTIO_STEP_FOREIGN || (s == CKPTIO_STEP_COMPLETE && left[i].reason[0]))
+            printf("%s: left step %llu alone (%s): %s\n", cli_q(root), (unsigned long long)left[i].step,
+                   state_name(s), cli_q(left[i].reason));
+    }
+    ckptio_steps_free(left);
     ckptio_steps_list_free(removed);
-    return st == CKPTIO_OK ? CLI_EXIT_OK : CLI_EXIT_FAIL;
+    return st == CKPTIO_OK && scanned == CKPTIO_OK ? CLI_EXIT_OK : CLI_EXIT_FAIL;
 }

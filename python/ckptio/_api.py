@@ -233,7 +233,7 @@ class CheckpointFile:
             result[name] = t.value
             targets.append((e.index, t.address, t.capacity, t.mem_kind))
         _adapt.sync_current_stream(cuda_devices)
-        with _progress.reporting(progress, f"load {os.path.basename(self._path)}"):
+        with _progress.reporting(progress, f"load {self._path}"):
             self._reader.read(targets)
         for name, d in moves.items():
             result[name] = result[name].to(str(d))
@@ -294,7 +294,7 @@ class CheckpointFile:
         dev = self._device if device is None else _adapt.parse_device(device)
         if dev.kind == "cuda":
             dev = _adapt.resolve_cuda(dev)
-        with _progress.reporting(progress, f"load {os.path.basename(self._path)}"):
+        with _progress.reporting(progress, f"load {self._path}"):
             return build_torch_object(self._reader, dev)
 
     def verify(self) -> Dict[str, int]:
@@ -368,7 +368,29 @@ def build_torch_object(reader, dev: "_adapt.Device") -> Any:
         for k, v in attrs.items():
             setattr(obj, k, v)
 
-    return reader.tree(make_tensor, make_dict, make_dtype, torch.device, set_attrs, torch.Size)
+    return reader.tree(make_tensor, make_dict, make_dtype, torch.device, set_attrs, torch.Size, numpy_value)
+
+
+def numpy_value(cls: str, args: tuple) -> Any:
+    """The numpy value of a node the restricted unpickler checked and built as
+    data (src/format/pickle_numpy.c): a dtype from its text ("<f8"), an array
+    or scalar copied out of its bytes with np.frombuffer. numpy's own
+    unpickling is never run; the result is what it gives (an array in native
+    byte order, as numpy swaps one pickled in the other)."""
+    try:
+        import numpy as np
+    except ImportError:
+        raise ModuleNotFoundError("this checkpoint holds numpy values: install numpy to load them") from None
+    if cls == "numpy.dtype":
+        return np.dtype(args[0])
+    if cls == "numpy.ndarray":
+        dtype, shape, fortran, data = args
+        array = np.frombuffer(data, dtype=dtype).reshape(shape, order="F" if fortran else "C")
+        return array.astype(dtype.newbyteorder("="), order="K")  # a copy, writable, in native byte order
+    if cls == "numpy.generic":
+        dtype, data = args
+        return np.frombuffer(data, dtype=dtype)[0]
+    raise TypeError(f"ckptio: no numpy value of class {cls!r}")
 
 
 def open(path: PathLike, framework: str = "pt", device: Any = "cpu", *, engine=None,
@@ -442,8 +464,10 @@ def load(path: Union[PathLike, bytes, bytearray, memoryview, Any], device: Any =
         with CheckpointFile(path, framework, device, engine=engine, allow_symlinks=allow_symlinks) as f:
             return f.get_slices(slices)
     if _memory.is_memory(path):
-        with _memory.readable_path(path) as mpath:
-            return load(mpath, device, keys, framework=framework, out=out, engine=engine, progress=progress)
+        # The bar is named after what the caller gave, not the memory file's /proc name.
+        label = "load bytes" if isinstance(path, (bytes, bytearray, memoryview)) else "load stream"
+        with _progress.reporting(progress, label), _memory.readable_path(path) as mpath:
+            return load(mpath, device, keys, framework=framework, out=out, engine=engine)
     with CheckpointFile(path, framework, device, engine=engine, allow_symlinks=allow_symlinks) as f:
         if f.format == "torch" and keys is None and out is None and f._framework == "pt":
             return f.load_object(progress=progress)
@@ -455,16 +479,14 @@ def prepare_gpu(device: Any = "cuda", *, engine=None) -> None:
     on a background thread, and returns at once.
 
     A process's first GPU load otherwise pins its staging as it goes (the
-    slots it needs, up to 2 of 4 MiB per worker thread; 0.55-0.61 s per
-    GiB): this pins all of them (128 MiB with 16 threads). A model server
-    calls it while it builds its model, so that the load which follows
-    starts with its staging ready (on an H200, a 14.2 GB first load ran at
-    49.9 GB/s 0.5 s after this call against 47.5 without it). The CUDA driver
-    pins and allocates GPU memory one at a time, so GPU allocations made
-    meanwhile wait for the pinning (tensors allocated right after the call
-    took 49-85 ms instead of 5-7): call it ahead of work that does not
-    allocate GPU memory (reading configs, building the model on the meta
-    device). A load that starts meanwhile stops the pinning and pins what
+    slots it needs, up to 2 of 4 MiB per worker thread), which slows it:
+    this pins all of them (128 MiB with 16 threads). A model server calls it
+    while it builds its model, so that the load which follows starts with
+    its staging ready (docs/GPU.md#pinning has the measurements).
+    The CUDA driver pins and allocates GPU memory one at a time, so GPU
+    allocations made meanwhile wait for the pinning: call it ahead of work
+    that does not allocate GPU memory (reading configs, building the model
+    on the meta device). A load that starts meanwhile stops the pinning and pins what
     it needs itself. The memory stays with the engine for later transfers.
 
     Args:
@@ -564,9 +586,11 @@ def _torch_tree(obj: Any, path: str):
         elif isinstance(o, bytearray):
             r = bytes(o)
         else:
+            hint = ("; for numpy values: torch.from_numpy(a) or a.tolist(), or torch.save, whose numpy arrays "
+                    "and scalars ckptio.load reads" if type(o).__module__.split(".")[0] == "numpy" else "")
             raise TypeError(f"{path}: cannot save {type(o).__module__}.{type(o).__qualname__} at "
                             f"'{where or '<root>'}' in a torch checkpoint (ckptio writes tensors, dtypes, "
-                            "containers, str, bytes, int, float, bool and None)")
+                            f"containers, str, bytes, int, float, bool and None{hint})")
         memo[id(o)] = r
         keep.append(o)
         return r
@@ -649,11 +673,25 @@ def save(state_dict: Any, path: Optional[PathLike] = None, format: Optional[str]
     return None
 
 
+def _check_only_tensors(flat: Dict[str, Any], spath: str) -> None:
+    """safetensors holds tensors only; a training state often holds a step
+    counter or a config too: say which key, and which format keeps it."""
+    for name, value in flat.items():
+        if _adapt.is_torch_tensor(value) or _adapt.is_numpy_array(value):
+            continue
+        cls = type(value)
+        kind = cls.__qualname__ if cls.__module__ == "builtins" else f"{cls.__module__}.{cls.__qualname__}"
+        what = "None" if value is None else f"{'an' if kind[0] in 'aeiouAEIOU' else 'a'} {kind}"
+        raise TypeError(f"{spath}: '{name}' is {what}, not a tensor, and safetensors stores only tensors: save "
+                        "it in the torch.save format (a path ending in .pt, or format='torch'), which keeps such "
+                        "values, or leave it out")
+
+
 def _save(state_dict: Any, spath: str, format: Optional[str], metadata: Optional[Mapping[str, str]],
           align: Optional[int], crc: bool, checksums: bool, engine, progress: "_progress.Progress",
           in_place: bool) -> None:
     fmt = format_for_path(spath if not in_place else None, format)
-    what = "save" if in_place else f"save {os.path.basename(spath)}"
+    what = "save bytes" if in_place else f"save {spath}"
     if checksums and fmt != "safetensors":
         raise ValueError(f"{spath}: checksums=True is for safetensors; torch.save files carry CRC-32s (crc=True)")
     if fmt in ("torch", "pt", "pytorch"):
@@ -666,6 +704,7 @@ def _save(state_dict: Any, spath: str, format: Optional[str], metadata: Optional
     if fmt != "safetensors":
         raise ValueError(f"format must be 'safetensors' or 'torch', not {format!r}")
     flat = _adapt.flatten(state_dict)
+    _check_only_tensors(flat, spath)
     _adapt.check_state_dict(flat, spath)
     overlaps = _adapt.find_overlaps(flat)
     if overlaps:

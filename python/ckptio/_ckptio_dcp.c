@@ -264,6 +264,64 @@ static PyObject *mod_header_parse(PyObject *module, PyObject *args) {
     return header_capsule(h);
 }
 
+static PyObject *mod_header_zstd(PyObject *module, PyObject *args) {
+    unsigned long long addr, len, limit, offset;
+    PyObject *origin_o;
+    const char *subject = NULL;
+    if (!PyArg_ParseTuple(args, "KKKOK|z:dcp_header_zstd", &addr, &len, &limit, &origin_o, &offset, &subject))
+        return NULL;
+    PyObject *origin = ckpy_path_bytes(origin_o);
+    if (!origin) return NULL;
+    ckptio_dcp_header *h = NULL;
+    ckptio_status st;
+    Py_BEGIN_ALLOW_THREADS
+    st = ckptio_dcp_header_zstd((const void *)(uintptr_t)addr, (size_t)len, (uint64_t)limit, PyBytes_AsString(origin),
+                                offset, subject, &h);
+    Py_END_ALLOW_THREADS
+    Py_DECREF(origin);
+    if (st != CKPTIO_OK) return ckpy_raise(st);
+    return header_capsule(h);
+}
+
+static PyObject *mod_header_read_box(PyObject *module, PyObject *args) {
+    PyObject *capsule, *offsets_o, *sizes_o, *strides_o;
+    const char *fqn;
+    unsigned long long addr, capacity;
+    if (!PyArg_ParseTuple(args, "OsOOKOK:dcp_header_read_box", &capsule, &fqn, &offsets_o, &sizes_o, &addr,
+                          &strides_o, &capacity))
+        return NULL;
+    const ckptio_dcp_header *h = PyCapsule_GetPointer(capsule, HEADER_CAPSULE);
+    if (!h) return NULL;
+    ckptio_dcp_layout lay;
+    ckptio_status st = ckptio_dcp_header_layout(h, fqn, &lay);
+    if (st != CKPTIO_OK) return ckpy_raise(st);
+    int64_t *offsets = NULL, *sizes = NULL, *strides = NULL;
+    uint32_t n0 = 0, n1 = 0, n2 = 0;
+    PyObject *result = NULL;
+    if (int64_array(offsets_o, &offsets, &n0) < 0 || int64_array(sizes_o, &sizes, &n1) < 0 ||
+        int64_array(strides_o, &strides, &n2) < 0)
+        goto out;
+    if (n0 != lay.ndim || n1 != lay.ndim || n2 != lay.ndim) {
+        PyErr_Format(PyExc_ValueError, "dcp_header_read_box: a box of %u/%u/%u values for a tensor of %u dimensions",
+                     n0, n1, n2, lay.ndim);
+        goto out;
+    }
+    Py_BEGIN_ALLOW_THREADS
+    st = ckptio_dcp_header_read_box(h, fqn, offsets, sizes, (void *)(uintptr_t)addr, strides, (uint64_t)capacity);
+    Py_END_ALLOW_THREADS
+    if (st != CKPTIO_OK) {
+        ckpy_raise(st);
+        goto out;
+    }
+    result = Py_None;
+    Py_INCREF(result);
+out:
+    PyMem_Free(offsets);
+    PyMem_Free(sizes);
+    PyMem_Free(strides);
+    return result;
+}
+
 static PyObject *mod_header_layout(PyObject *module, PyObject *args) {
     PyObject *capsule;
     const char *fqn;
@@ -303,10 +361,11 @@ static PyObject *mod_zstd_decompress(PyObject *module, PyObject *args) {
     const void *src = (const void *)(uintptr_t)addr;
     uint64_t size = 0;
     ckptio_status st;
-    /* Bounded before the output buffer exists: a small frame declaring
-     * gigabytes is refused from its header. */
+    /* Counted by decompressing through a fixed buffer (stopping past the
+     * limit; a frame declaring more is refused from its header) before the
+     * output exists: it is sized by the bytes the frames really make. */
     Py_BEGIN_ALLOW_THREADS
-    st = ckptio_zstd_decompressed_size_max(src, (size_t)len, (uint64_t)limit, &size);
+    st = ckptio_zstd_stream(src, (size_t)len, (uint64_t)limit, NULL, NULL, &size);
     Py_END_ALLOW_THREADS
     if (st != CKPTIO_OK) return ckpy_raise(st);
     if (size > (uint64_t)PY_SSIZE_T_MAX) return PyErr_NoMemory();
@@ -327,18 +386,21 @@ static PyObject *mod_zstd_decompress(PyObject *module, PyObject *args) {
     return out;
 }
 
-/* ---- verifying a directory against its manifest ---------------------------------- */
+/* ---- verifying a directory: its manifest, or its structure ---------------------- */
 
 typedef struct verify_call {
     const char *dir;
     ckptio_dcp_verify_report report;
+    char manifest[256]; /* "" when there was none: the structure was checked */
 } verify_call;
 
 static ckptio_status do_verify(ckptio_engine *engine, void *arg) {
     verify_call *c = arg;
     ckptio_dcp *h = NULL;
+    const char *manifest = NULL;
     ckptio_status st = ckptio_dcp_open(engine, c->dir, &h);
-    if (st == CKPTIO_OK) st = ckptio_dcp_verify(h, &c->report);
+    if (st == CKPTIO_OK) st = ckptio_dcp_validate(h, &c->report, &manifest);
+    if (st == CKPTIO_OK && manifest) snprintf(c->manifest, sizeof c->manifest, "%s", manifest);
     ckptio_dcp_close(h); /* keeps the error of a failed verify */
     return st;
 }
@@ -352,10 +414,16 @@ static PyObject *mod_dcp_verify(PyObject *module, PyObject *args, PyObject *kwar
     PyObject *result = NULL;
     ckpy_engine *engine = ckpy_engine_resolve(engine_arg);
     verify_call c = {.dir = PyBytes_AsString(dir)};
-    if (engine && ckpy_engine_run(engine, do_verify, &c) == 0)
-        result = Py_BuildValue("{s:n,s:n,s:n,s:K,s:n}", "items", (Py_ssize_t)c.report.items, "checked",
-                               (Py_ssize_t)c.report.checked, "unhashed", (Py_ssize_t)c.report.unhashed, "bytes",
-                               (unsigned long long)c.report.bytes, "partial", (Py_ssize_t)c.report.partial);
+    if (engine && ckpy_engine_run(engine, do_verify, &c) == 0) {
+        PyObject *manifest = Py_None;
+        if (c.manifest[0]) manifest = PyUnicode_DecodeFSDefault(c.manifest);
+        else Py_INCREF(manifest);
+        if (manifest)
+            result = Py_BuildValue("{s:n,s:n,s:n,s:K,s:n,s:N,s:O}", "items", (Py_ssize_t)c.report.items, "checked",
+                                   (Py_ssize_t)c.report.checked, "unhashed", (Py_ssize_t)c.report.unhashed, "bytes",
+                                   (unsigned long long)c.report.bytes, "partial", (Py_ssize_t)c.report.partial,
+                                   "manifest", manifest, "checksums", c.manifest[0] ? Py_True : Py_False);
+    }
     Py_XDECREF(engine);
     Py_DECREF(dir);
     return result;
@@ -374,8 +442,9 @@ static PyMethodDef dcp_methods[] = {
      "dcp_file_open(dir, relative_path, engine=None) -> File: a data file of a DCP directory, read-only\n"
      "(ckptio_dcp_file_open: a relative_path that leaves the directory is refused, E_FORMAT)."},
     {"dcp_verify", (PyCFunction)(void (*)(void))mod_dcp_verify, METH_VARARGS | METH_KEYWORDS,
-     "dcp_verify(dir, engine=None) -> {items, checked, unhashed, bytes, partial}: ckptio_dcp_open +\n"
-     "ckptio_dcp_verify (the checkpoint directory against its ckptio manifest; bounded memory). GIL released."},
+     "dcp_verify(dir, engine=None) -> {items, checked, unhashed, bytes, partial, manifest, checksums}:\n"
+     "ckptio_dcp_open + ckptio_dcp_validate (against the ckptio manifest, or without one the structure;\n"
+     "bounded memory). GIL released."},
     {"dcp_write", (PyCFunction)(void (*)(void))mod_dcp_write, METH_VARARGS | METH_KEYWORDS,
      "dcp_write(items, alignment=0, engine=None) -> [(offset, length, xxh3 or None, parts or None)]\n\n"
      "Writes .distcp items (ckptio_dcp_write): each (File, flags, payload) where payload is bytes\n"
@@ -393,6 +462,14 @@ static PyMethodDef dcp_methods[] = {
     {"dcp_header_parse", mod_header_parse, METH_VARARGS,
      "dcp_header_parse(address, length, origin, offset) -> header: the same for a decoded item in memory\n"
      "(a torch.save archive; the memory must outlive the header)."},
+    {"dcp_header_zstd", mod_header_zstd, METH_VARARGS,
+     "dcp_header_zstd(address, length, limit, origin, offset, subject=None) -> header: the same for a zstd\n"
+     "item's stored frames in memory (ckptio_dcp_header_zstd: decompressed through a fixed buffer, at most\n"
+     "`limit` bytes, held only when small; the frames' memory must outlive the header)."},
+    {"dcp_header_read_box", mod_header_read_box, METH_VARARGS,
+     "dcp_header_read_box(header, fqn, offsets, sizes, address, strides, capacity): copies the box of the stored\n"
+     "tensor into host memory at `address` with element `strides` (ckptio_dcp_header_read_box; a large zstd item\n"
+     "is decompressed again through a fixed buffer). Releases the GIL."},
     {"dcp_header_layout", mod_header_layout, METH_VARARGS,
      "dcp_header_layout(header, fqn) -> (dtype, shape, stride, storage_offset, storage_start,\n"
      "storage_nbytes): where the tensor's storage is (ckptio_dcp_header_layout)."},

@@ -1,6 +1,6 @@
 /*
  * _ckptio_dcp_commit.c - the DCP directory commit of libckptio (include/
- * ckptio.h "DCP directory commit") for ckptio.dcp's writer: the directory
+ * ckptio_experimental.h "DCP directory commit") for ckptio.dcp's writer: the directory
  * lock, atomic small files, the manifest, and the removal of what older
  * saves left. Thin: arguments in, the C call with the GIL released, results
  * out; failures become exceptions through ckpy_raise (ckptio._errors).
@@ -447,9 +447,10 @@ static int on_wait(double waited, void *user) {
 
 static PyObject *mod_lock_acquire(PyObject *module, PyObject *args) {
     PyObject *dir_o, *ref_o, *fn = Py_None, *dir = NULL, *ref = NULL;
-    int shared;
+    int shared, queued = 0;
     double timeout;
-    if (!PyArg_ParseTuple(args, "OOpd|O:dcp_lock_acquire", &dir_o, &ref_o, &shared, &timeout, &fn)) return NULL;
+    if (!PyArg_ParseTuple(args, "OOpd|Op:dcp_lock_acquire", &dir_o, &ref_o, &shared, &timeout, &fn, &queued))
+        return NULL;
     const char *reference;
     if (!(dir = ckpy_path_bytes(dir_o)) || optional_name(ref_o, &ref, &reference) < 0) {
         Py_XDECREF(dir);
@@ -459,7 +460,8 @@ static PyObject *mod_lock_acquire(PyObject *module, PyObject *args) {
     ckptio_dcp_lock *lock = NULL;
     ckptio_status st;
     Py_BEGIN_ALLOW_THREADS
-    st = ckptio_dcp_lock_acquire(PyBytes_AsString(dir), reference, shared ? CKPTIO_DCP_LOCK_SHARED : 0, timeout,
+    st = ckptio_dcp_lock_acquire(PyBytes_AsString(dir), reference,
+                                 (shared ? CKPTIO_DCP_LOCK_SHARED : 0) | (queued ? CKPTIO_DCP_LOCK_QUEUED : 0), timeout,
                                  ctx.fn ? on_wait : NULL, &ctx, &lock);
     Py_END_ALLOW_THREADS
     Py_DECREF(dir);
@@ -533,9 +535,10 @@ static PyMethodDef commit_methods[] = {
      "dcp_remove_files(dir, names, sync, recheck, committed) -> (removed, note or None)\n"
      "(ckptio_dcp_remove_files). GIL released."},
     {"dcp_lock_acquire", mod_lock_acquire, METH_VARARGS,
-     "dcp_lock_acquire(dir, reference, shared, timeout, on_wait=None) -> lock (ckptio_dcp_lock_acquire):\n"
-     "timeout < 0 waits, 0 fails at once (E_BUSY); on_wait(waited_seconds) runs at each busy check and\n"
-     "ends the wait by raising. GIL released while waiting."},
+     "dcp_lock_acquire(dir, reference, shared, timeout, on_wait=None, queued=False) -> lock\n"
+     "(ckptio_dcp_lock_acquire): timeout < 0 waits, 0 fails at once (E_BUSY); on_wait(waited_seconds) runs\n"
+     "at each busy check and ends the wait by raising; queued waits in turn (CKPTIO_DCP_LOCK_QUEUED).\n"
+     "GIL released while waiting."},
     {"dcp_lock_info", mod_lock_info, METH_O,
      "dcp_lock_info(lock) -> (locked, errno, st_dev, st_ino) of the lock file (ckptio_dcp_lock_query)."},
     {"dcp_lock_release", mod_lock_release, METH_O,

@@ -10,20 +10,10 @@
 PyTypeObject *ckpy_engine_type = NULL;
 static ckpy_engine *default_engine = NULL;
 
-/* Names accepted for the enum-valued settings, indexed by value. */
-static const char *const backend_values[] = {"auto", "pread", "io_uring", NULL};
-static const char *const direct_values[] = {"auto", "off", "on", NULL};
-static const char *const gpu_path_values[] = {"auto", "cufile", "pipeline", "staged", NULL};
-static const char *const read_cache_values[] = {"auto", "on", "off", NULL};
-
-static const char *const *enum_values(ckptio_option option) {
-    switch (option) {
-    case CKPTIO_OPT_BACKEND: return backend_values;
-    case CKPTIO_OPT_DIRECT: return direct_values;
-    case CKPTIO_OPT_GPU_PATH: return gpu_path_values;
-    case CKPTIO_OPT_READ_CACHE: return read_cache_values;
-    default: return NULL;
-    }
+/* Whether a setting takes names (the library's table says: its lowest value has one). */
+static int takes_names(ckptio_option option) {
+    int64_t lo = 0;
+    return ckptio_option_bounds(option, &lo, NULL) == CKPTIO_OK && ckptio_option_value_name(option, lo) != NULL;
 }
 
 static int option_from_name(PyObject *name, ckptio_option *out) {
@@ -45,17 +35,17 @@ static int option_from_name(PyObject *name, ckptio_option *out) {
 
 /* An option value: an int, a bool, or for enum settings one of their names. */
 static int option_value(ckptio_option option, PyObject *value, int64_t *out) {
-    const char *const *names = enum_values(option);
     if (PyUnicode_Check(value)) {
-        if (!names) {
+        if (!takes_names(option)) {
             PyErr_Format(PyExc_TypeError, "engine option '%s' takes an int", ckptio_option_name(option));
             return -1;
         }
         PyObject *b = PyUnicode_AsUTF8String(value);
         if (!b) return -1;
         const char *s = PyBytes_AsString(b);
-        for (int i = 0; names[i]; i++) {
-            if (strcmp(names[i], s) == 0) {
+        const char *name;
+        for (int64_t i = 0; (name = ckptio_option_value_name(option, i)) != NULL; i++) {
+            if (strcmp(name, s) == 0) {
                 Py_DECREF(b);
                 *out = i;
                 return 0;
@@ -117,13 +107,23 @@ static int warn_unknown_env_once(void) {
     char text[2048];
     size_t unknown = 0;
     if (ckptio_env_check(text, sizeof text, &unknown) != CKPTIO_OK || unknown == 0) return 0;
-    for (char *line = text, *nl; *line; line = nl + 1) {
+    /* ckptio._warn.warn attributes each to the user's line, not to the
+     * package's own code that happened to make the first engine. */
+    PyObject *mod = PyImport_ImportModule("ckptio._warn");
+    PyObject *warn = mod ? PyObject_GetAttrString(mod, "warn") : NULL;
+    Py_XDECREF(mod);
+    if (!warn) return -1;
+    int rc = 0;
+    for (char *line = text, *nl; rc == 0 && *line; line = nl + 1) {
         nl = strchr(line, '\n');
         if (!nl) break; /* cut short: the rest did not fit */
         *nl = '\0';
-        if (PyErr_WarnEx(PyExc_RuntimeWarning, line, 1) < 0) return -1;
+        PyObject *r = PyObject_CallFunction(warn, "sO", line, PyExc_RuntimeWarning);
+        if (!r) rc = -1;
+        Py_XDECREF(r);
     }
-    return 0;
+    Py_DECREF(warn);
+    return rc;
 }
 
 static ckpy_engine *engine_alloc(PyTypeObject *type) {
@@ -194,13 +194,9 @@ static PyObject *engine_get(PyObject *obj, PyObject *name) {
     if (option_from_name(name, &option) < 0) return NULL;
     option_call c = {option, 0};
     if (ckpy_engine_run(self, do_get, &c) < 0) return NULL;
-    const int64_t v = c.value;
-    const char *const *names = enum_values(option);
-    if (names) {
-        for (int64_t i = 0; names[i]; i++)
-            if (i == v) return PyUnicode_FromString(names[i]);
-    }
-    return PyLong_FromLongLong((long long)v);
+    const char *value_name = ckptio_option_value_name(option, c.value);
+    if (value_name) return PyUnicode_FromString(value_name);
+    return PyLong_FromLongLong((long long)c.value);
 }
 
 static PyObject *engine_options(PyObject *obj, PyObject *unused) {
@@ -255,8 +251,6 @@ static PyObject *engine_stats(PyObject *obj, PyObject *unused) {
     DBL_(seconds_io)
     DBL_(seconds_fsync)
     DBL_(seconds_copy)
-    U64_(bytes_h2d_mapped)
-    U64_(mapped_fallbacks)
 #undef U64_
 #undef DBL_
     return d;

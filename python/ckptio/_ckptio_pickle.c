@@ -12,8 +12,8 @@
  * when it is one of the dataclasses (cls.__new__(cls), then the state's fields
  * into its __dict__, as pickle's BUILD does) or a torch.Size of one tuple of
  * ints; any other object goes to the callback with its arguments and state
- * already built. These are most of a large checkpoint's millions of nodes
- * (100k chunks: 3.3 s through a Python builder, bench/bench_dcp_metadata.py).
+ * already built. These are most of a large checkpoint's millions of nodes,
+ * which a builder in Python made several times slower (docs/DCP.md#measured).
  * A node shared through the pickle memo becomes one shared Python object, so
  * hostile sharing cannot blow the result up exponentially.
  */

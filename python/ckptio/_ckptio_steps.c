@@ -1,7 +1,8 @@
 /*
  * _ckptio_steps.c - the checkpoint manager's steps (include/ckptio.h
  * "Checkpoint manager") for ckptio.CheckpointManager and `ckptio`'s
- * Python face: scan, check, latest, begin, commit, remove, clean, retain.
+ * Python face: scan, check, latest, begin, commit, remove, clean, retain,
+ * pin.
  * Thin: arguments in, the C call with the GIL released (through the
  * engine's lock where an engine is used), results out.
  */
@@ -10,7 +11,11 @@
 #include <string.h>
 
 static const char *state_name(ckptio_step_state s) {
-    return s == CKPTIO_STEP_COMPLETE ? "complete" : s == CKPTIO_STEP_PARTIAL ? "partial" : "damaged";
+    return s == CKPTIO_STEP_COMPLETE  ? "complete"
+           : s == CKPTIO_STEP_PARTIAL ? "partial"
+           : s == CKPTIO_STEP_FOREIGN ? "foreign"
+           : s == CKPTIO_STEP_REFUSED ? "refused"
+                                      : "damaged";
 }
 
 /* (step, state, bytes, files, reason) */
@@ -193,6 +198,63 @@ static PyObject *mod_steps_begin(PyObject *m, PyObject *args) { return one_step(
 static PyObject *mod_steps_commit(PyObject *m, PyObject *args) { return one_step(args, "OK:steps_commit", 1); }
 static PyObject *mod_steps_remove(PyObject *m, PyObject *args) { return one_step(args, "OK:steps_remove", 2); }
 
+/* ---- pins ------------------------------------------------------------------------------ */
+
+#define PIN_CAPSULE "ckptio.step_pin"
+
+/* The capsule holds a box so that unpin can empty it (a capsule's pointer
+ * cannot be NULL); the destructor unpins what is still pinned. */
+typedef struct pin_box {
+    ckptio_step_pin *pin;
+} pin_box;
+
+static void pin_capsule_free(PyObject *capsule) {
+    pin_box *box = PyCapsule_GetPointer(capsule, PIN_CAPSULE);
+    if (!box) {
+        PyErr_Clear();
+        return;
+    }
+    ckptio_steps_unpin(box->pin);
+    PyMem_Free(box);
+}
+
+static PyObject *mod_steps_pin(PyObject *m, PyObject *args) {
+    PyObject *root_o;
+    unsigned long long step;
+    if (!PyArg_ParseTuple(args, "OK:steps_pin", &root_o, &step)) return NULL;
+    PyObject *root = ckpy_path_bytes(root_o);
+    if (!root) return NULL;
+    ckptio_step_pin *pin = NULL;
+    ckptio_status st;
+    Py_BEGIN_ALLOW_THREADS
+    st = ckptio_steps_pin(PyBytes_AsString(root), step, &pin);
+    Py_END_ALLOW_THREADS
+    Py_DECREF(root);
+    if (st == CKPTIO_E_NOT_FOUND) Py_RETURN_NONE;
+    if (st != CKPTIO_OK) return ckpy_raise(st);
+    pin_box *box = PyMem_Malloc(sizeof *box);
+    if (!box) {
+        ckptio_steps_unpin(pin);
+        return PyErr_NoMemory();
+    }
+    box->pin = pin;
+    PyObject *capsule = PyCapsule_New(box, PIN_CAPSULE, pin_capsule_free);
+    if (!capsule) {
+        ckptio_steps_unpin(pin);
+        PyMem_Free(box);
+    }
+    return capsule;
+}
+
+static PyObject *mod_steps_unpin(PyObject *m, PyObject *capsule) {
+    pin_box *box = PyCapsule_GetPointer(capsule, PIN_CAPSULE);
+    if (!box) return NULL;
+    ckptio_step_pin *pin = box->pin;
+    box->pin = NULL;
+    ckptio_steps_unpin(pin);
+    Py_RETURN_NONE;
+}
+
 static PyObject *mod_steps_dir_name(PyObject *m, PyObject *arg) {
     const unsigned long long step = PyLong_AsUnsignedLongLong(arg);
     if (PyErr_Occurred()) return NULL;
@@ -214,17 +276,22 @@ static PyMethodDef steps_methods[] = {
      "steps_latest(root, check='full', engine=None) -> (step or None, [skipped (step, state, bytes, files,\n"
      "reason)], newest first) (ckptio_steps_latest)."},
     {"steps_begin", mod_steps_begin, METH_VARARGS,
-     "steps_begin(root, step) -> step directory: partial steps removed, the directory created\n"
-     "(ckptio_steps_begin; hold the root's lock)."},
+     "steps_begin(root, step) -> step directory: partial steps removed, the directory created with its\n"
+     "begun mark (ckptio_steps_begin; hold the root's lock)."},
     {"steps_commit", mod_steps_commit, METH_VARARGS, "steps_commit(root, step): the step's marker (ckptio_steps_commit)."},
     {"steps_remove", mod_steps_remove, METH_VARARGS, "steps_remove(root, step) (ckptio_steps_remove)."},
     {"steps_clean", mod_steps_clean, METH_O, "steps_clean(root) -> [removed steps] (ckptio_steps_clean)."},
     {"steps_retain", (PyCFunction)(void (*)(void))mod_steps_retain, METH_VARARGS | METH_KEYWORDS,
      "steps_retain(root, keep_last, keep_every, engine=None) -> [removed steps] (ckptio_steps_retain)."},
+    {"steps_pin", mod_steps_pin, METH_VARARGS,
+     "steps_pin(root, step) -> pin, or None when the step has no marker now or a removal holds it\n"
+     "(ckptio_steps_pin): retention leaves a pinned step for later."},
+    {"steps_unpin", mod_steps_unpin, METH_O, "steps_unpin(pin): releases it; a second call does nothing."},
     {NULL, NULL, 0, NULL},
 };
 
 int ckpy_steps_add_to_module(PyObject *module) {
     if (PyModule_AddFunctions(module, steps_methods) < 0) return -1;
+    if (PyModule_AddStringConstant(module, "STEP_BEGUN", CKPTIO_STEP_BEGUN) < 0) return -1;
     return PyModule_AddStringConstant(module, "STEP_MARKER", CKPTIO_STEP_MARKER);
 }

@@ -152,6 +152,7 @@ typedef struct tree_ctx {
     PyObject *make_device; /* (text) -> torch.device */
     PyObject *set_attrs;   /* (obj, attrs dict) -> None */
     PyObject *make_size;   /* (tuple) -> torch.Size, or NULL: tuples stay tuples */
+    PyObject *make_numpy;  /* (class name, args tuple) -> numpy value, or NULL: numpy values are refused */
 } tree_ctx;
 
 static PyObject *convert(tree_ctx *c, const ckptio_value *v, int depth);
@@ -262,7 +263,20 @@ static PyObject *convert_uncached(tree_ctx *c, const ckptio_value *v, int depth)
         if (st != CKPTIO_OK) return value_error(st);
         return PyObject_CallFunction(c->make_tensor, "n", (Py_ssize_t)index);
     }
-    case CKPTIO_VALUE_OBJECT: break; /* only in DCP metadata trees (_ckptio_pickle.c) */
+    case CKPTIO_VALUE_OBJECT: { /* here: a numpy value (ckptio_value_object; DCP metadata: _ckptio_pickle.c) */
+        const char *cls = NULL;
+        const ckptio_value *args = NULL;
+        st = ckptio_value_object(v, &cls, &args, NULL);
+        if (st != CKPTIO_OK) return value_error(st);
+        if (!c->make_numpy) {
+            PyErr_Format(PyExc_TypeError, "ckptio: the object tree holds a %s and no make_numpy was given", cls);
+            return NULL;
+        }
+        PyObject *pargs = convert(c, args, depth + 1);
+        PyObject *r = pargs ? PyObject_CallFunction(c->make_numpy, "sO", cls, pargs) : NULL;
+        Py_XDECREF(pargs);
+        return r;
+    }
     case CKPTIO_VALUE_DTYPE:
     case CKPTIO_VALUE_DEVICE: {
         PyObject *text = ckpy_value_bytes_like(v, CKPTIO_VALUE_STR);
@@ -297,13 +311,15 @@ static PyObject *convert(tree_ctx *c, const ckptio_value *v, int depth) {
 
 static PyObject *reader_tree(PyObject *obj, PyObject *args, PyObject *kwargs) {
     ckpy_torch_reader *self = (ckpy_torch_reader *)obj;
-    static char *kwlist[] = {"make_tensor", "make_dict", "make_dtype", "make_device", "set_attrs", "make_size", NULL};
+    static char *kwlist[] = {"make_tensor", "make_dict", "make_dtype", "make_device", "set_attrs", "make_size",
+                             "make_numpy", NULL};
     tree_ctx c;
     memset(&c, 0, sizeof c);
-    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OOOOO|O:tree", kwlist, &c.make_tensor, &c.make_dict, &c.make_dtype,
-                                     &c.make_device, &c.set_attrs, &c.make_size))
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OOOOO|OO:tree", kwlist, &c.make_tensor, &c.make_dict,
+                                     &c.make_dtype, &c.make_device, &c.set_attrs, &c.make_size, &c.make_numpy))
         return NULL;
     if (c.make_size == Py_None) c.make_size = NULL;
+    if (c.make_numpy == Py_None) c.make_numpy = NULL;
     if (!self->h.handle) return ckpy_handle_closed_error(&self->h);
     const ckptio_value *root = NULL;
     ckptio_status st = ckptio_torch_root(self->h.handle, &root);
@@ -391,8 +407,9 @@ static PyGetSetDef reader_getset[] = {
 
 static PyMethodDef reader_methods[] = {
     {"tree", (PyCFunction)(void (*)(void))reader_tree, METH_VARARGS | METH_KEYWORDS,
-     "tree(make_tensor, make_dict, make_dtype, make_device, set_attrs, make_size=None) -> object: the\n"
-     "unpickled object (make_size(tuple) rebuilds torch.Size values; without it they stay tuples)."},
+     "tree(make_tensor, make_dict, make_dtype, make_device, set_attrs, make_size=None, make_numpy=None) -> object:\n"
+     "the unpickled object (make_size(tuple) rebuilds torch.Size values; without it they stay tuples;\n"
+     "make_numpy(class_name, args) builds a numpy value from the node ckptio_value_object describes)."},
     {"read", reader_read, METH_O,
      "read(targets): tensors (C order) into memory; targets: (tensor index, address, capacity, mem_kind)."},
     {"read_storages", reader_read_storages, METH_O,

@@ -45,10 +45,9 @@ DIRECT_RUN_MIN = 1 << 20
 # Bytes of shared tensors per batch (a larger tensor is a batch alone, a
 # larger replicated one is cut into row parts of batch/world). A rank's
 # exchange buffers hold about two batches, plus the pieces a scatter sends and
-# receives (on the load's GPU with NCCL). Each batch costs about 1.3 ms of
-# exchange that the reads do not hide: measured on 2 x H100 (14.2 GB model,
-# replicas, page cache) 0.62-0.70 s with 64 MiB batches, 0.41-0.43 s with
-# 256 MiB, 0.30-0.32 s with 1 GiB.
+# receives (on the load's GPU with NCCL). Each batch costs an exchange that
+# the reads do not hide, so batches are large
+# (docs/MODELS.md#every-byte-read-once-several-ranks has the measurements).
 BATCH_BYTES = 1 << 30
 
 TpRule = Union[int, Mapping[str, Optional[int]], Callable[[str, Tuple[int, ...]], Optional[int]]]

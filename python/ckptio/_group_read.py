@@ -47,7 +47,6 @@ The caller's ``source`` object says what the segments are (duck-typed):
 
 from __future__ import annotations
 
-import os
 from typing import Any, Dict, List, Optional, Sequence
 
 try:
@@ -236,26 +235,18 @@ def check_status(group, device, error: Optional[BaseException], what: str) -> No
 # ---- the batches -------------------------------------------------------------------------------
 
 
-# The largest group whose scatters travel whole (scatter_whole): measured on 2 and 4 GPUs of one host.
+# The largest group whose scatters travel whole (scatter_whole): the groups it was measured with
+# (docs/MODELS.md#every-byte-read-once-several-ranks).
 SCATTER_WHOLE_MAX_RANKS = 4
 
 
 def scatter_whole(world: int) -> bool:
     """Whether scatter segments travel whole, by the owner's broadcast, each rank cutting its own pieces out,
     rather than cut by the owner and sent by one all_to_all_single. NCCL connects a process's point-to-point
-    peers lazily, in its first all_to_all, while broadcasts use the ring the status exchanges have connected:
-    - 2 x H200, 4.19 GB: the scatter of a process's first tensor-parallel load took 0.21-0.25 s of its
-      0.29-0.35 s by all_to_all; sent whole, that load took 0.11-0.15 s, later ones level (0.079-0.101
-      against 0.080-0.092 s);
-    - 4 x H200 (NVLink), 8.55 GB: first loads 1.30-1.49 s by all_to_all (its scatter 1.14-1.30 s), 0.21-0.27
-      s whole; later loads level (0.150-0.191 against 0.142-0.201 s; BENCHMARKS.md "Four GPUs").
-    Whole segments carry every rank's pieces to every rank (world x the bytes a rank needs), which over NVLink
-    costs less than NCCL's first point-to-point set-up; larger groups (8 GPUs, or groups spanning hosts, where
-    those bytes cross the network) are not measured and keep all_to_all.
-    CKPTIO_SCATTER=broadcast / all_to_all forces either (an experiment knob)."""
-    forced = os.environ.get("CKPTIO_SCATTER")
-    if forced in ("broadcast", "all_to_all"):
-        return forced == "broadcast"
+    peers lazily, in its first all_to_all, while broadcasts use the ring the status exchanges have connected,
+    so in small groups on one host the whole segments (world x the bytes a rank needs) cost less than that
+    first set-up; larger groups, where those bytes may cross the network, keep all_to_all
+    (docs/MODELS.md#every-byte-read-once-several-ranks has the measurements)."""
     return world <= SCATTER_WHOLE_MAX_RANKS
 
 
@@ -271,7 +262,7 @@ def run(source, batches: List[Sequence], group, device: torch.device, error: Opt
     dist = dist_module()
     world, me = dist.get_world_size(group), dist.get_rank(group)
     arenas = [_Arena(device), _Arena(device)]
-    whole_scatter = scatter_whole(world)  # the same on every rank: world and environment alike
+    whole_scatter = scatter_whole(world)  # the same on every rank
     pool = ThreadPoolExecutor(1, thread_name_prefix="ckptio-group-read") if len(batches) > 1 else None
     ahead: Optional[_OwnerReads] = None
     try:

@@ -6,10 +6,12 @@ steps exist and in what state, the commit marker that makes a step
 complete, retention and cleaning are C (src/ckpt/steps_*.c); each step's
 data is one ckptio.dcp checkpoint directory. What stays here is the order of
 the calls and, with torch.distributed, the agreement between ranks: rank 0
-takes the root's lock, starts the step, commits its marker once every rank's
-data and .metadata are committed (the DCP writer's coordinator commit ends
-before the save returns), applies retention and picks the step to load; every
-other rank follows its decision, and an error on any rank is raised on all.
+takes the root's lock (in turn, so two managers on one root alternate),
+starts the step, commits its marker once every rank's data and .metadata are
+committed (the DCP writer's coordinator commit ends before the save returns),
+applies retention, picks the step to load and pins it while it is read;
+every other rank follows its decision, and an error on any rank is raised on
+all.
 """
 
 from __future__ import annotations
@@ -18,17 +20,21 @@ import concurrent.futures
 import logging
 import os
 import threading
-from typing import Any, List, Optional
+from typing import Any, List, Optional, Tuple
 
 # torch is imported where it is used: `import ckptio` (and with it the `ckptio` command, whose console
 # script imports the package) must not pay torch's import time.
 from . import _ckptio
 from ._ckptio import Engine
-from ._errors import make_error
+from . import _manager_async
+from ._errors import CkptioError, make_error
+from ._snapshot import Snapshots
 
 _log = logging.getLogger("ckptio.manager")
 
 _CHECKS = ("full", "fast", "marker")
+# How often load takes another step when the one it reads goes away.
+_LOAD_ATTEMPTS = 5
 
 
 def _dist():
@@ -45,8 +51,11 @@ class CheckpointManager:
       are removed after a newer step is committed, never the newest step that
       passes the fast check.
     * ``keep_every``: also keep every step that is a multiple of N.
-    * ``async_save`` (default True): ``save`` stages the state and returns;
-      the data is written on a thread, the step committed after it.
+    * ``async_save`` (default True): ``save`` snapshots the state into a
+      pinned pool of the manager's (``ckptio.Snapshots``: copied on ckptio's
+      own stream while training goes on; ``prepare``/``load`` pin it ahead)
+      and returns; the data is written on a thread, the step committed after
+      it. ``writer_options={"snapshots": False}`` stages as torch does.
     * ``async_busy``: a ``save`` while the previous one is in flight
       ``"wait"``s for it (default) or raises RuntimeError (``"error"``).
     * ``check``: how ``load(step=None)`` checks the steps it considers,
@@ -95,6 +104,8 @@ class CheckpointManager:
                                                     if process_group is not None else None, backend="gloo")
         self._pending: Optional[concurrent.futures.Future] = None
         self._closed = False
+        # Async saves snapshot the state into a pinned pool of the manager's (docs/SNAPSHOTS.md), freed by close().
+        self._snapshots = Snapshots() if async_save and self.writer_options.get("snapshots", True) is True else None
         # A job killed between a step's commit and its retention left one
         # step too many: a restarted job starts from a root within bounds.
         self._decide(self._retain_existing, "CheckpointManager")
@@ -102,7 +113,7 @@ class CheckpointManager:
     def _retain_existing(self) -> None:
         if (self.keep_last is None and self.keep_every is None) or not os.path.isdir(self.root):
             return
-        lock = _ckptio.dcp_lock_acquire(self.root, None, False, -1.0, None)
+        lock = _lock(self.root)
         try:
             _ckptio.steps_retain(self.root, self.keep_last or 0, self.keep_every or 0, engine=self.engine)
         finally:
@@ -175,9 +186,17 @@ class CheckpointManager:
         lock = None
         error = None
         step_dir = None
+        try:  # a value the reader would refuse fails the save here, before the root is touched
+            from .dcp import _byte_items
+
+            state_dict = _byte_items.plain_state_dict(state_dict)  # Stateful values: state_dict() once
+            _byte_items.check_state_dict(state_dict, f"CheckpointManager({self.root!r}).save(step {step})")
+        except Exception as e:  # noqa: BLE001 - handed to every rank
+            error = e
+        self._agree(error, f"CheckpointManager.save(step {step})")
         if self._rank == 0:
             try:
-                lock = _ckptio.dcp_lock_acquire(_ensure_root(self.root), None, False, -1.0, None)
+                lock = _lock(_ensure_root(self.root))
                 self._replace_if_damaged(step)
                 step_dir = _ckptio.steps_begin(self.root, step)
             except Exception as e:  # noqa: BLE001 - handed to every rank
@@ -205,6 +224,11 @@ class CheckpointManager:
             self._pending = done
             self.wait()
             return done
+        if self._snapshots is not None and self._dist is None:  # one process: the snapshot, the rest on a thread
+            snapshot_done = _manager_async.save(self, step, state_dict, writer, lock)
+            if snapshot_done is not None:
+                self._pending = snapshot_done
+                return snapshot_done
         try:
             saving = dcp.async_save(state_dict, **kwargs)
         except BaseException:
@@ -240,7 +264,10 @@ class CheckpointManager:
     def _writer(self, step_dir: str):
         from .dcp import FileSystemWriter
 
-        options = {"sync_files": True, "engine": self.engine}
+        # Files written side by side: the kernel lets one writer into a tmpfs file at a time (docs/ENGINE.md).
+        options = {"sync_files": True, "engine": self.engine, "thread_count": min(8, os.cpu_count() or 1)}
+        if self._snapshots is not None:
+            options["snapshots"] = self._snapshots
         options.update(self.writer_options)
         return FileSystemWriter(step_dir, **options)
 
@@ -259,6 +286,13 @@ class CheckpointManager:
                     _log.info("%s: retention removed step(s) %s", self.root, removed)
         finally:
             _release(lock)
+
+    def prepare(self, state_dict) -> None:
+        """Sizes the async saves' snapshot pool for state_dict and pins it in
+        the background, so that the first save does not wait for it (``load``
+        does this with the state it loads into)."""
+        if self._snapshots is not None:
+            self._snapshots.prepare(state_dict)
 
     def wait(self) -> None:
         """Waits until the save in flight (if any) is committed; raises its
@@ -281,39 +315,109 @@ class CheckpointManager:
         """Loads step `step` into `state_dict` in place (torch DCP's load);
         None: the newest step that passes `check` (default: the manager's),
         logging one line for each newer step skipped and why. Returns the
-        step loaded, or None when there is none to load."""
+        step loaded, or None when there is none to load.
+
+        The step is pinned while it is read (retention elsewhere leaves it
+        for later). A step that goes away all the same (removed by something
+        that ignores pins) is replaced by the newest step left, up to five
+        times; a `step` asked for raises CkptioError naming it. A step the
+        manager did not write (foreign) is loaded only when asked for."""
         check = self.check if check is None else check
         if check not in _CHECKS:
             raise ValueError(f"check must be one of {_CHECKS}, not {check!r}")
         self.wait()
+        pin: List[Any] = [None]  # rank 0's pin on the step being read
+        logged: set = set()
 
-        def pick() -> Optional[int]:
+        def pick() -> Optional[Tuple[int, bool]]:
+            """(step, marked): the step to read, pinned; marked: it holds the manager's marker."""
             if step is not None:
-                info = _ckptio.steps_check(self.root, step, check, engine=self.engine)
-                if info[1] != "complete":
-                    raise make_error(_ckptio.E_FORMAT, "E_FORMAT", 0, 0, "load", self.step_dir(step), -1, None,
-                                     f"step {step} ({self.step_dir(step)}) is {info[1]}: {info[4]}", None)
-                return step
-            chosen, skipped = _ckptio.steps_latest(self.root, check, engine=self.engine)
-            for s, state, _, _, reason in skipped:
-                _log.warning("%s: skipping step %d (%s): %s", self.root, s, state, reason)
-            return chosen
+                return self._pick_named(step, check, pin)
+            for _ in range(_LOAD_ATTEMPTS):
+                chosen, skipped = _ckptio.steps_latest(self.root, check, engine=self.engine)
+                for s, state, _, _, reason in skipped:
+                    if (s, state) not in logged:
+                        logged.add((s, state))
+                        _log.warning("%s: skipping step %d (%s): %s", self.root, s, state, reason)
+                if chosen is None:
+                    return None
+                pin[0] = _ckptio.steps_pin(self.root, chosen)
+                if pin[0] is not None:
+                    return chosen, True
+                _log.warning("%s: step %d was removed before it could be read; taking the newest step left",
+                             self.root, chosen)
+            raise make_error(_ckptio.E_BUSY, "E_BUSY", 0, 0, "load", self.root, -1, None,
+                             f"{self.root}: the chosen step was removed before it could be read, "
+                             f"{_LOAD_ATTEMPTS} times", None)
 
-        chosen = self._decide(pick, "CheckpointManager.load")
-        if chosen is None:
-            return None
         import torch.distributed.checkpoint as dcp
+        from torch.distributed.checkpoint.api import CheckpointException
 
         from .dcp import FileSystemReader
 
-        error = None
+        failures = (Exception, CheckpointException)  # torch's is a BaseException
+        for _ in range(_LOAD_ATTEMPTS):
+            picked = self._decide(pick, "CheckpointManager.load")
+            if picked is None:
+                self.prepare(state_dict)  # the async saves' pool, pinned in the background for this state
+                return None
+            chosen, marked = picked
+            error = None
+            try:
+                dcp.load(state_dict, storage_reader=FileSystemReader(self.step_dir(chosen), engine=self.engine),
+                         process_group=self._group, no_dist=self._dist is None)
+            except failures as e:  # noqa: BLE001 - agreed below
+                error = e
+            try:
+                self._agree(error, f"CheckpointManager.load(step {chosen})")
+                self.prepare(state_dict)
+                return chosen
+            except failures as failed:  # noqa: BLE001 - raised below unless the step went away
+                if self._rank == 0 and pin[0] is not None:
+                    _ckptio.steps_unpin(pin[0])
+                    pin[0] = None
+                if not self._decide(lambda: self._went_away(chosen, marked), "CheckpointManager.load"):
+                    raise
+                if step is not None:
+                    raise make_error(_ckptio.E_NOT_FOUND, "E_NOT_FOUND", 0, 0, "load", self.step_dir(step), -1,
+                                     None, f"step {step} ({self.step_dir(step)}) was removed while it was being "
+                                     f"loaded ({failed}); the state may be partly loaded", None) from failed
+                _log.warning("%s: step %d was removed while it was being loaded (%s); loading the newest step left",
+                             self.root, chosen, failed)
+            finally:
+                if self._rank == 0 and pin[0] is not None:
+                    _ckptio.steps_unpin(pin[0])
+                    pin[0] = None
+        raise make_error(_ckptio.E_BUSY, "E_BUSY", 0, 0, "load", self.root, -1, None,
+                         f"{self.root}: the step being loaded was removed, {_LOAD_ATTEMPTS} times; the state may be "
+                         "partly loaded", None)
+
+    def _pick_named(self, step: int, check: str, pin: List[Any]) -> Tuple[int, bool]:
+        """Rank 0: step `step` checked and pinned, or the reason it cannot be loaded."""
+        info = _ckptio.steps_check(self.root, step, check, engine=self.engine)
+        if info[1] == "foreign":
+            # Asked for by number: loaded through the reader, which checks what it reads. Never picked by
+            # load(step=None): without the manager's marker nothing says its save finished.
+            _log.warning("%s: loading step %d, which this manager did not write: %s", self.root, step, info[4])
+            return step, False
+        if info[1] != "complete":
+            raise make_error(_ckptio.E_FORMAT, "E_FORMAT", 0, 0, "load", self.step_dir(step), -1, None,
+                             f"step {step} ({self.step_dir(step)}) is {info[1]}: {info[4]}", None)
+        pin[0] = _ckptio.steps_pin(self.root, step)
+        if pin[0] is None:
+            raise make_error(_ckptio.E_NOT_FOUND, "E_NOT_FOUND", 0, 0, "load", self.step_dir(step), -1, None,
+                             f"step {step} ({self.step_dir(step)}) was removed before it could be read", None)
+        return step, True
+
+    def _went_away(self, step: int, marked: bool) -> bool:
+        """Rank 0, after a failed load: whether the step is gone (or no longer complete) rather than unreadable."""
         try:
-            dcp.load(state_dict, storage_reader=FileSystemReader(self.step_dir(chosen), engine=self.engine),
-                     process_group=self._group, no_dist=self._dist is None)
-        except Exception as e:  # noqa: BLE001 - agreed below
-            error = e
-        self._agree(error, f"CheckpointManager.load(step {chosen})")
-        return chosen
+            info = _ckptio.steps_check(self.root, step, "marker")
+        except CkptioError as e:
+            if e.status == _ckptio.E_NOT_FOUND:
+                return True
+            raise
+        return marked and info[1] != "complete"
 
     # ---- lifetime ----------------------------------------------------------------------------
 
@@ -321,7 +425,13 @@ class CheckpointManager:
         """Waits for the save in flight; the manager takes no more saves."""
         if not self._closed:
             self._closed = True
-            self.wait()
+            try:
+                self.wait()
+            finally:
+                if getattr(self, "_save_thread", None) is not None:
+                    self._save_thread.stop()
+                if self._snapshots is not None:
+                    self._snapshots.close()
 
     def __enter__(self) -> "CheckpointManager":
         return self
@@ -334,6 +444,14 @@ class CheckpointManager:
             pending = self._pending
             if pending is not None:
                 concurrent.futures.wait([pending])
+            if self._snapshots is not None:
+                self._snapshots.close()
+
+
+def _lock(root: str):
+    """The root's lock, waiting in turn: a manager that saves in a loop
+    never keeps a second one (or `ckptio clean`) out."""
+    return _ckptio.dcp_lock_acquire(root, None, False, -1.0, None, True)
 
 
 def _ensure_root(root: str) -> str:

@@ -6,11 +6,13 @@
  * SAFETENSORS blob (all tensors of a rank's file share it, so its parsed
  * header is kept), or a zstd frame around an archive; dcp_item.c tells
  * which and where the tensor's storage lies. Only that storage is read,
- * through the engine, one chunk at a time (a zstd item is read and
- * decompressed whole): host memory besides the destination is at most one
- * storage, or one compressed item plus its decompressed bytes. A chunk
- * that is the whole tensor, stored dense, is read straight into the
- * destination.
+ * through the engine, one chunk at a time: host memory besides the
+ * destination is at most one storage (read through a 16 MiB buffer when it
+ * is only checked). A zstd item's stored frames are read whole and
+ * decompressed through a fixed buffer (dcp_item.c, dcp_box.c), straight
+ * into the destination when the archive is over 64 MiB: nothing is sized by
+ * what .metadata or the frames declare. A chunk that is the whole tensor,
+ * stored dense, is read straight into the destination.
  */
 #include "dcp_dir_internal.h"
 #include "engine_internal.h"
@@ -23,19 +25,21 @@
                                                    .file_offset = (int64_t)(offset_), .subject = (fqn_)}),  \
                     __VA_ARGS__)
 
-/* A decoded chunk: a strided view of a storage held in memory. */
+/* A decoded chunk: a strided view of a storage held in memory, or the
+ * header of a zstd item whose storage is read from its frames. */
 typedef struct dcp_view {
     const uint8_t *storage;
     ckptio_dcp_layout layout;
     bool direct;               /* already read into the caller's destination */
-    void *item;                /* buffers owned by the view */
-    void *raw;
+    void *item;                /* buffer owned by the view: the storage, or a zstd item's frames */
+    ckptio_dcp_header *zstd;   /* a zstd item: read with ckptio__dcp_header_emit_box (frames in item) */
 } dcp_view;
 
 static void view_free(dcp_view *v) {
+    ckptio_dcp_header_close(v->zstd);
     ckptio__free(v->item);
-    ckptio__free(v->raw);
-    v->item = v->raw = NULL;
+    v->item = NULL;
+    v->zstd = NULL;
 }
 
 static ckptio_status read_range(ckptio_file *f, void *buf, uint64_t len, uint64_t offset) {
@@ -48,6 +52,22 @@ static ckptio_status read_item(ckptio_file *f, const ckptio_dcp_stored *s, const
         return IFAIL(CKPTIO_E_NOMEM, ckptio_file_path(f), s->offset, fqn, "out of memory for an item of %llu bytes",
                      (unsigned long long)s->length);
     return read_range(f, *out, s->length, s->offset);
+}
+
+/* Bytes read at a time when a storage is only checked for being readable. */
+#define CHECK_PIECE ((uint64_t)16 << 20)
+
+/* Reads [offset, +len) of f through one buffer of at most CHECK_PIECE bytes:
+ * truncation and unreadable sectors show, memory stays bounded. */
+static ckptio_status read_through(ckptio_file *f, uint64_t len, uint64_t offset) {
+    const uint64_t piece = len < CHECK_PIECE ? len : CHECK_PIECE;
+    void *buf = ckptio__malloc(piece ? piece : 1);
+    if (!buf) return CKPTIO_FAIL(CKPTIO_E_NOMEM, "out of memory for %llu bytes", (unsigned long long)piece);
+    ckptio_status st = CKPTIO_OK;
+    for (uint64_t done = 0; done < len && st == CKPTIO_OK; done += piece)
+        st = read_range(f, buf, len - done < piece ? len - done : piece, offset + done);
+    ckptio__free(buf);
+    return st;
 }
 
 /* Re-raises the last error with the item's file, offset and tensor in front
@@ -89,10 +109,20 @@ static ckptio_status item_header(ckptio_dcp *h, ckptio_file *f, const ckptio_dcp
     return CKPTIO_OK;
 }
 
+/* What decode() does with the chunk's storage. */
+typedef enum decode_mode {
+    DECODE_READ,   /* into memory (or straight into `direct`); a zstd item keeps its header to be read */
+    DECODE_CHECK,  /* only checked: read through a bounded buffer, a zstd item decompressed once */
+} decode_mode;
+
 /* Decodes chunk c of tensor t into a view of its storage. With `direct`
  * (the tensor's destination) a chunk that is the whole tensor, stored
- * contiguous, is read straight into it. */
-static ckptio_status decode(ckptio_dcp *h, const ckptio__dcp_tensor *t, size_t c, void *direct, dcp_view *v) {
+ * contiguous, is read straight into it. A zstd item is decompressed through
+ * a fixed buffer, never held whole unless small (ckptio_dcp_header_zstd): its
+ * archive may hold at most the chunk's bytes plus
+ * CKPTIO_DCP_ARCHIVE_OVERHEAD_MAX, which stops a bomb early. */
+static ckptio_status decode(ckptio_dcp *h, const ckptio__dcp_tensor *t, size_t c, void *direct, decode_mode mode,
+                            dcp_view *v) {
     memset(v, 0, sizeof *v);
     const ckptio_dcp_stored *s = &t->stored[c];
     ckptio_file *f = NULL;
@@ -102,26 +132,10 @@ static ckptio_status decode(ckptio_dcp *h, const ckptio__dcp_tensor *t, size_t c
     for (uint32_t d = 0; d < t->ndim; d++) chunk_bytes *= (uint64_t)t->sizes[c * t->ndim + d]; /* <= nbytes */
     ckptio_dcp_layout *lay = &v->layout;
     if (s->transforms & CKPTIO_DCP_TRANSFORM_ZSTD) {
-        CKPTIO_FORWARD(read_item(f, s, t->fqn, &v->item));
-        uint64_t raw_len = 0;
-        /* An archive of the chunk: its bytes plus bounded overhead. Checked on
-         * the frames' headers, before anything is decompressed or allocated. */
-        ckptio_status st = ckptio_zstd_decompressed_size_max(v->item, s->length,
-                                                             chunk_bytes + CKPTIO_DCP_ARCHIVE_OVERHEAD_MAX, &raw_len);
-        if (st != CKPTIO_OK) return wrap(st, f, s->offset, t->fqn, "zstd item");
-        if (!(v->raw = ckptio__malloc(raw_len ? raw_len : 1)))
-            return CKPTIO_FAIL(CKPTIO_E_NOMEM, "out of memory decompressing %llu bytes", (unsigned long long)raw_len);
-        size_t got = 0;
-        if ((st = ckptio_zstd_decompress(v->item, s->length, v->raw, raw_len, &got)) != CKPTIO_OK)
-            return wrap(st, f, s->offset, t->fqn, "zstd item");
-        ckptio__free(v->item);
-        v->item = NULL;
-        ckptio_dcp_header *hd = NULL;
-        CKPTIO_FORWARD(ckptio_dcp_header_parse(v->raw, got, path, s->offset, t->fqn, &hd));
-        st = ckptio_dcp_header_layout(hd, t->fqn, lay);
-        ckptio_dcp_header_close(hd);
-        CKPTIO_FORWARD(st);
-        v->storage = (const uint8_t *)v->raw + lay->storage_start;
+        CKPTIO_FORWARD(read_item(f, s, t->fqn, &v->item)); /* the stored frames: inside the file */
+        CKPTIO_FORWARD(ckptio_dcp_header_zstd(v->item, s->length, chunk_bytes + CKPTIO_DCP_ARCHIVE_OVERHEAD_MAX, path,
+                                              s->offset, t->fqn, &v->zstd));
+        CKPTIO_FORWARD(ckptio_dcp_header_layout(v->zstd, t->fqn, lay));
     } else {
         ckptio_dcp_header *hd = NULL;
         bool owned = false;
@@ -133,16 +147,20 @@ static ckptio_status decode(ckptio_dcp *h, const ckptio__dcp_tensor *t, size_t c
         bool dense = lay->storage_offset == 0;
         for (uint32_t d = lay->ndim, acc = 1; dense && d-- > 0; acc *= (uint32_t)lay->shape[d])
             dense = lay->shape[d] == 1 || lay->stride[d] == (int64_t)acc;
-        if (direct && dense && lay->storage_nbytes == t->nbytes && t->nchunks == 1 && lay->dtype == t->dtype) {
-            v->direct = true;
-            v->storage = direct;
+        if (mode == DECODE_CHECK) {
+            CKPTIO_FORWARD(read_through(f, lay->storage_nbytes, lay->storage_start));
         } else {
-            if (!(v->item = ckptio__malloc(lay->storage_nbytes ? lay->storage_nbytes : 1)))
-                return CKPTIO_FAIL(CKPTIO_E_NOMEM, "out of memory for %llu bytes",
-                                   (unsigned long long)lay->storage_nbytes);
-            v->storage = v->item;
+            if (direct && dense && lay->storage_nbytes == t->nbytes && t->nchunks == 1 && lay->dtype == t->dtype) {
+                v->direct = true;
+                v->storage = direct;
+            } else {
+                if (!(v->item = ckptio__malloc(lay->storage_nbytes ? lay->storage_nbytes : 1)))
+                    return CKPTIO_FAIL(CKPTIO_E_NOMEM, "out of memory for %llu bytes",
+                                       (unsigned long long)lay->storage_nbytes);
+                v->storage = v->item;
+            }
+            CKPTIO_FORWARD(read_range(f, (void *)v->storage, lay->storage_nbytes, lay->storage_start));
         }
-        CKPTIO_FORWARD(read_range(f, (void *)v->storage, lay->storage_nbytes, lay->storage_start));
     }
     /* The stored tensor must be the chunk .metadata describes. */
     if (lay->dtype != t->dtype)
@@ -154,6 +172,19 @@ static ckptio_status decode(ckptio_dcp *h, const ckptio__dcp_tensor *t, size_t c
         return IFAIL(CKPTIO_E_FORMAT, path, s->offset, t->fqn,
                      "chunk %zu is stored with another shape (%u dims) than .metadata gives it", c, lay->ndim);
     return CKPTIO_OK;
+}
+
+/* C-order strides (elements) of tensor t, and the element where chunk c's
+ * box starts. */
+static uint64_t chunk_base(const ckptio__dcp_tensor *t, size_t c, int64_t *gstride) {
+    int64_t acc = 1;
+    uint64_t base = 0;
+    for (uint32_t d = t->ndim; d-- > 0;) {
+        gstride[d] = acc;
+        base += (uint64_t)t->offsets[c * t->ndim + d] * (uint64_t)acc;
+        acc *= t->shape[d];
+    }
+    return base;
 }
 
 /* Copies the chunk box [off, off + size) from the view into the C-order
@@ -209,10 +240,52 @@ ckptio_status ckptio_dcp_read_tensor(ckptio_dcp *h, size_t index, void *dst, uin
                                "destination holds %llu bytes, the tensor needs %llu", (unsigned long long)capacity,
                                (unsigned long long)t->nbytes);
     CKPTIO_FORWARD(ckptio__dcp_check_tiling(h, t));
+    const uint64_t es = ckptio__dcp_element_size(t->dtype);
     for (size_t c = 0; c < t->nchunks; c++) {
         dcp_view v;
-        ckptio_status st = decode(h, t, c, dst, &v);
-        if (st == CKPTIO_OK && !v.direct) scatter(t, c, &v, dst);
+        ckptio_status st = decode(h, t, c, dst, DECODE_READ, &v);
+        if (st == CKPTIO_OK && v.zstd) { /* straight from the frames into the box */
+            int64_t gstride[CKPTIO_DCP_MAX_NDIM];
+            const int64_t zeros[CKPTIO_DCP_MAX_NDIM] = {0};
+            const uint64_t base = chunk_base(t, c, gstride) * es;
+            st = ckptio_dcp_header_read_box(v.zstd, t->fqn, zeros, t->sizes + c * t->ndim, (uint8_t *)dst + base,
+                                            gstride, t->nbytes - base);
+        } else if (st == CKPTIO_OK && !v.direct) {
+            scatter(t, c, &v, dst);
+        }
+        view_free(&v);
+        if (st != CKPTIO_OK) return st;
+    }
+    return CKPTIO_OK;
+}
+
+/* Hands a chunk's bytes on at their offset in the tensor. */
+typedef struct shifted_emit {
+    ckptio__dcp_emit_fn emit;
+    void *ctx;
+    uint64_t base;
+} shifted_emit;
+
+static ckptio_status emit_shifted(void *ctx, uint64_t dst, const void *data, size_t n) {
+    const shifted_emit *e = ctx;
+    return e->emit(e->ctx, e->base + dst, data, n);
+}
+
+ckptio_status ckptio__dcp_emit_tensor(ckptio_dcp *h, size_t index, ckptio__dcp_emit_fn emit, void *ctx) {
+    const ckptio__dcp_tensor *t = &h->tensors[index];
+    CKPTIO_FORWARD(ckptio__dcp_check_tiling(h, t));
+    const uint64_t es = ckptio__dcp_element_size(t->dtype);
+    const int64_t zeros[CKPTIO_DCP_MAX_NDIM] = {0};
+    for (size_t c = 0; c < t->nchunks; c++) {
+        dcp_view v;
+        int64_t gstride[CKPTIO_DCP_MAX_NDIM];
+        shifted_emit e = {.emit = emit, .ctx = ctx, .base = chunk_base(t, c, gstride) * es};
+        const int64_t *size = t->sizes + c * t->ndim;
+        ckptio_status st = decode(h, t, c, NULL, DECODE_READ, &v);
+        if (st == CKPTIO_OK && v.zstd)
+            st = ckptio__dcp_header_emit_box(v.zstd, t->fqn, zeros, size, gstride, emit_shifted, &e);
+        else if (st == CKPTIO_OK)
+            st = ckptio__dcp_emit_box_memory(&v.layout, v.storage, zeros, size, gstride, emit_shifted, &e);
         view_free(&v);
         if (st != CKPTIO_OK) return st;
     }
@@ -233,7 +306,10 @@ ckptio_status ckptio__dcp_load_bytes(ckptio_dcp *h, size_t index, void **out, ui
     }
     uint64_t raw_len = 0;
     size_t got = 0;
-    ckptio_status st = ckptio_zstd_decompressed_size_max(item, b->stored.length, CKPTIO_DCP_BYTE_ITEM_MAX, &raw_len);
+    /* Counted by decompressing (through a fixed buffer, stopping past the
+     * bound) before the output is allocated: never sized by what the frames
+     * declare. */
+    ckptio_status st = ckptio_zstd_stream(item, b->stored.length, CKPTIO_DCP_BYTE_ITEM_MAX, NULL, NULL, &raw_len);
     if (st != CKPTIO_OK) st = wrap(st, f, b->stored.offset, b->fqn, "zstd byte item");
     else if (!(*out = ckptio__malloc(raw_len ? raw_len : 1)))
         st = CKPTIO_FAIL(CKPTIO_E_NOMEM, "out of memory decompressing %llu bytes", (unsigned long long)raw_len);
@@ -302,7 +378,7 @@ ckptio_status ckptio_dcp_check(ckptio_dcp *h, ckptio_dcp_verify_report *report) 
         for (size_t c = 0; c < t->nchunks && st == CKPTIO_OK; c++) {
             dcp_view v;
             r.items++;
-            if ((st = decode(h, t, c, NULL, &v)) == CKPTIO_OK) {
+            if ((st = decode(h, t, c, NULL, DECODE_CHECK, &v)) == CKPTIO_OK) {
                 r.checked++;
                 r.bytes += t->stored[c].length;
             }

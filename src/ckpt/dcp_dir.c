@@ -348,17 +348,28 @@ static ckptio_status storage_info(ckptio_dcp *h, const char *subj, const ckptio_
         size_t n = 0;
         if ((tk != CKPTIO_VALUE_LIST && tk != CKPTIO_VALUE_TUPLE) || ckptio_value_len(tds, &n) != CKPTIO_OK)
             return MDFAIL(CKPTIO_E_FORMAT, h, subj, "transform_descriptors is not a list");
+        /* ckptio applies stream.zstd/1 (or a compatible 1.x) and nothing else,
+         * at most once: the whole list is looked at first (one pass), so the
+         * error says what is wrong with it rather than with one descriptor. */
+        size_t nzstd = 0;
         for (size_t i = 0; i < n; i++) {
             const ckptio_value *d;
             ckptio_value_item(tds, i, &d);
             const char *s = ckptio__dcp_str_of(d, NULL);
             if (!s) return MDFAIL(CKPTIO_E_FORMAT, h, subj, "transform descriptor %zu is not a string", i);
-            /* stream.zstd/1 or a compatible minor version (1.x), once. */
-            const bool zstd = strncmp(s, "stream.zstd/1", 13) == 0 && (s[13] == '\0' || s[13] == '.');
-            if (!zstd || (out->transforms & CKPTIO_DCP_TRANSFORM_ZSTD))
-                return MDFAIL(CKPTIO_E_UNSUPPORTED, h, subj, "unsupported transform '%s' (ckptio reads stream.zstd/1)", s);
-            out->transforms |= CKPTIO_DCP_TRANSFORM_ZSTD;
+            if (strncmp(s, "stream.zstd/1", 13) == 0 && (s[13] == '\0' || s[13] == '.')) {
+                nzstd++;
+                continue;
+            }
+            return MDFAIL(CKPTIO_E_UNSUPPORTED, h, subj,
+                          "unsupported transform '%s' (descriptor %zu of %zu): ckptio reads only 'stream.zstd/1'", s,
+                          i + 1, n);
         }
+        if (nzstd > 1)
+            return MDFAIL(CKPTIO_E_UNSUPPORTED, h, subj,
+                          "the item has %zu transforms, all 'stream.zstd/1'; ckptio reads at most one 'stream.zstd/1'",
+                          n);
+        if (nzstd) out->transforms |= CKPTIO_DCP_TRANSFORM_ZSTD;
     }
     out->file = path; /* borrowed from the pickle; collect_files() makes it the table's copy */
     return CKPTIO_OK;

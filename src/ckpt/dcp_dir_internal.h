@@ -133,6 +133,65 @@ ckptio_status ckptio__dcp_check_bytes(ckptio_dcp *h, size_t index);
 size_t ckptio__dcp_tensor_index(const ckptio_dcp *dcp, const char *fqn);
 size_t ckptio__dcp_bytes_index(const ckptio_dcp *dcp, const char *fqn);
 
+/* ---- zstd items and boxes of stored tensors (dcp_item.c, dcp_box.c) ---------- */
+
+/* A zstd item whose archive decompresses to at most this is held decoded in
+ * memory; a larger one is never held: its first and last MiB are kept to
+ * parse it and its storage is decompressed again, through a fixed buffer,
+ * each time it is read (docs/DCP.md "Hostile sizes"). */
+#define CKPTIO__DCP_ZSTD_INLINE_MAX ((uint64_t)64 << 20)
+
+/* ckptio_dcp_header_zstd() with the size up to which the archive is held
+ * whole as a parameter (tests take the streaming path with small items). */
+ckptio_status ckptio__dcp_header_zstd_inline(const void *src, size_t len, uint64_t limit, uint64_t inline_max,
+                                             const char *origin, uint64_t offset, const char *subject,
+                                             ckptio_dcp_header **out);
+
+/* Where the decoded archive of a header made by ckptio_dcp_header_parse or
+ * ckptio_dcp_header_zstd is: `data` (all `len` bytes, in memory) or else the
+ * stored frames to decompress again (zsrc, zlen, at most zlimit bytes). */
+typedef struct ckptio__dcp_archive {
+    const uint8_t *data;
+    uint64_t len;
+    const uint8_t *zsrc;
+    size_t zlen;
+    uint64_t zlimit;
+    const char *path;           /* the stored item, for messages */
+    uint64_t offset;
+} ckptio__dcp_archive;
+
+/* CKPTIO_E_INVAL for the header of an untransformed item (its bytes are in
+ * its file). */
+ckptio_status ckptio__dcp_header_archive(const ckptio_dcp_header *h, ckptio__dcp_archive *out);
+
+/* Receives the bytes of a box of a stored tensor: n bytes that belong at byte
+ * `dst` of the destination (its element strides given to the box). */
+typedef ckptio_status (*ckptio__dcp_emit_fn)(void *ctx, uint64_t dst, const void *data, size_t n);
+
+/* Every element of the box [offsets, +sizes) of tensor `fqn` of a header made
+ * by ckptio_dcp_header_parse or ckptio_dcp_header_zstd, handed to emit in
+ * runs contiguous in the storage and in the destination (element i of the
+ * box belongs at byte sum(i_k * dst_strides[k]) * element size). A large zstd
+ * item is decompressed once more, through a fixed buffer, and its runs are
+ * handed over as they pass: the storage's elements must then lie in an order
+ * that some order of the dimensions visits increasingly (any layout torch
+ * writes; overlapping strides are CKPTIO_E_UNSUPPORTED). */
+ckptio_status ckptio__dcp_header_emit_box(const ckptio_dcp_header *h, const char *fqn, const int64_t *offsets,
+                                          const int64_t *sizes, const int64_t *dst_strides, ckptio__dcp_emit_fn emit,
+                                          void *ctx);
+
+/* The same for a stored tensor whose storage bytes [lay->storage_start,
+ * + lay->storage_nbytes) are all in memory at `storage` (dcp_box.c). */
+ckptio_status ckptio__dcp_emit_box_memory(const ckptio_dcp_layout *lay, const uint8_t *storage,
+                                          const int64_t *offsets, const int64_t *sizes, const int64_t *dst_strides,
+                                          ckptio__dcp_emit_fn emit, void *ctx);
+
+/* Hands every byte of tensor `index` to emit (its byte offset in the tensor
+ * in C order) chunk by chunk, in bounded memory: zstd chunks as their frames
+ * decompress (ckptio__dcp_header_emit_box), others from their storage read
+ * into memory. Chunks must tile the tensor (dcp_assemble.c). */
+ckptio_status ckptio__dcp_emit_tensor(ckptio_dcp *h, size_t index, ckptio__dcp_emit_fn emit, void *ctx);
+
 /* ---- the ckptio manifest (dcp_manifest_verify.c) ---------------------------- */
 
 typedef struct ckptio__dcp_mpart {

@@ -12,7 +12,10 @@
  * so callers keep the parsed header for the blob's other tensors). Only
  * headers are read, through the file's engine: the archive's zip records
  * and pickle, or the blob's length prefix and JSON header. A decoded
- * (decompressed) item held in memory must be an archive.
+ * (decompressed) item must be an archive: held in memory when small, else
+ * only its first and last MiB are kept while it decompresses through a
+ * fixed buffer (ckptio_dcp_header_zstd), and its storage is decompressed
+ * again when a box of it is read (dcp_box.c).
  */
 #include "dcp_dir_internal.h"
 #include "engine_internal.h"
@@ -30,6 +33,14 @@ struct ckptio_dcp_header {
     uint64_t base;                 /* where the item starts: file offset, or 0 in memory */
     char *path;                    /* for messages */
     uint64_t offset;
+    /* A zstd item (ckptio_dcp_header_zstd): the whole archive when it is
+     * small, else its edges and the stored frames to decompress again. */
+    uint8_t *decoded;              /* owned: the archive (small), or its first and last bytes */
+    const uint8_t *archive;        /* all archive_len bytes in memory (parse, small zstd item), or NULL */
+    uint64_t archive_len;          /* the decoded archive's size */
+    const uint8_t *zsrc;           /* the stored frames (the caller's) */
+    size_t zlen;
+    uint64_t zlimit;
 };
 
 #define IFAIL(op_, status_, path_, offset_, subject_, ...)                                                  \
@@ -161,7 +172,156 @@ ckptio_status ckptio_dcp_header_parse(const void *data, size_t len, const char *
     ckptio_status st = ckptio_torch_parse(data, len, &h->torch);
     if (st != CKPTIO_OK) st = wrap(st, "read DCP item", origin, offset, subject, "torch.save item");
     else st = check_one_tensor(h, subject);
+    h->archive = data;
+    h->archive_len = len;
     return finish(h, st, out);
+}
+
+/* ---- zstd items ------------------------------------------------------------------ */
+
+/* Bytes of a large decoded archive kept at each end while it streams past: a
+ * torch.save archive of one tensor has its zip records and pickle there (the
+ * local headers and pickle first, the central directory last) and its storage
+ * in between, which is never held. */
+#define ZSTD_EDGE ((size_t)1 << 20)
+
+/* What the first pass over a zstd item keeps (a ckptio_zstd_sink). */
+typedef struct zstd_capture {
+    uint8_t *buf;          /* the archive while it is at most inline_max bytes; then its first ZSTD_EDGE */
+    size_t len, cap;
+    uint64_t inline_max;
+    uint8_t *ring;         /* once the archive is larger: its last ZSTD_EDGE bytes, circular */
+    size_t ring_pos;
+    uint64_t total;
+    bool magic_checked;
+    bool failed;           /* the sink refused the item (its error names it already) */
+    const char *path, *subject;
+    uint64_t offset;
+} zstd_capture;
+
+static void ring_put(zstd_capture *c, const uint8_t *p, size_t n) {
+    if (n == 0) return;
+    if (n >= ZSTD_EDGE) {
+        memcpy(c->ring, p + n - ZSTD_EDGE, ZSTD_EDGE);
+        c->ring_pos = 0;
+        return;
+    }
+    const size_t first = n < ZSTD_EDGE - c->ring_pos ? n : ZSTD_EDGE - c->ring_pos;
+    memcpy(c->ring + c->ring_pos, p, first);
+    memcpy(c->ring, p + first, n - first);
+    c->ring_pos = (c->ring_pos + n) % ZSTD_EDGE;
+}
+
+static ckptio_status capture_sink(void *ctx, const void *data, size_t n, uint64_t offset) {
+    zstd_capture *c = ctx;
+    const uint8_t *p = data;
+    c->total = offset + n;
+    if (!c->ring && c->len + n <= c->inline_max) { /* still small: keep it all */
+        if (c->len + n > c->cap) {
+            uint64_t cap = c->cap ? c->cap : (uint64_t)64 << 10;
+            while (cap < c->len + n) cap *= 2;
+            if (cap > c->inline_max) cap = c->inline_max;
+            uint8_t *grown = ckptio__realloc(c->buf, (size_t)cap);
+            if (!grown) return CKPTIO_FAIL(CKPTIO_E_NOMEM, "out of memory for a decoded item of %llu bytes",
+                                           (unsigned long long)(c->len + n));
+            c->buf = grown;
+            c->cap = (size_t)cap;
+        }
+        memcpy(c->buf + c->len, p, n);
+        c->len += n;
+    } else {
+        if (!c->ring) { /* past inline_max: keep the first and the last ZSTD_EDGE bytes only */
+            if (!(c->ring = ckptio__malloc(ZSTD_EDGE)))
+                return CKPTIO_FAIL(CKPTIO_E_NOMEM, "out of memory for the end of a decoded item");
+            ring_put(c, c->buf, c->len);
+            uint8_t *head = ckptio__realloc(c->buf, ZSTD_EDGE);
+            if (!head) return CKPTIO_FAIL(CKPTIO_E_NOMEM, "out of memory for the start of a decoded item");
+            c->buf = head;
+            c->cap = ZSTD_EDGE;
+            if (c->len > ZSTD_EDGE) c->len = ZSTD_EDGE;
+        }
+        if (c->len < ZSTD_EDGE) {
+            const size_t take = n < ZSTD_EDGE - c->len ? n : ZSTD_EDGE - c->len;
+            memcpy(c->buf + c->len, p, take);
+            c->len += take;
+        }
+        ring_put(c, p, n);
+    }
+    /* An archive starts with a zip local header: anything else is refused on
+     * its first bytes, not after decompressing all of it. */
+    if (!c->magic_checked && c->len >= 4) {
+        c->magic_checked = true;
+        c->failed = memcmp(c->buf, "PK\x03\x04", 4) != 0;
+        if (c->failed)
+            return IFAIL("read DCP item", CKPTIO_E_FORMAT, c->path, c->offset, c->subject,
+                         "zstd item: the decoded item is not a torch.save archive (it starts with %02x %02x %02x "
+                         "%02x, not a zip local header)",
+                         c->buf[0], c->buf[1], c->buf[2], c->buf[3]);
+    }
+    return CKPTIO_OK;
+}
+
+ckptio_status ckptio__dcp_header_zstd_inline(const void *src, size_t len, uint64_t limit, uint64_t inline_max,
+                                             const char *origin, uint64_t offset, const char *subject,
+                                             ckptio_dcp_header **out) {
+    if (out) *out = NULL;
+    CKPTIO_RETURN_IF(!out || (!src && len), CKPTIO_E_INVAL, "ckptio_dcp_header_zstd: src and out are required");
+    if (!origin) origin = "<memory>";
+    zstd_capture c = {.inline_max = inline_max, .path = origin, .subject = subject, .offset = offset};
+    ckptio_dcp_header *h = header_new(origin, offset, 0);
+    if (!h) return CKPTIO_FAIL(CKPTIO_E_NOMEM, "out of memory");
+    ckptio_status st = ckptio_zstd_stream(src, len, limit, capture_sink, &c, NULL);
+    if (st != CKPTIO_OK) {
+        if (!c.failed) st = wrap(st, "read DCP item", origin, offset, subject, "zstd item"); /* the codec's */
+    } else if (!c.ring) { /* small: parsed, and read later, from memory */
+        h->decoded = c.buf;
+        c.buf = NULL;
+        h->archive = h->decoded ? h->decoded : (const uint8_t *)"";
+        h->archive_len = c.total;
+        if ((st = ckptio_torch_parse(h->archive, (size_t)c.total, &h->torch)) != CKPTIO_OK)
+            st = wrap(st, "read DCP item", origin, offset, subject, "zstd item: torch.save item");
+    } else { /* large: its records from the edges; its storage streams again when it is read */
+        const size_t tail_len = c.total < ZSTD_EDGE ? (size_t)c.total : ZSTD_EDGE;
+        h->archive_len = c.total;
+        if (!(h->decoded = ckptio__malloc(c.len + tail_len))) {
+            st = CKPTIO_FAIL(CKPTIO_E_NOMEM, "out of memory for the edges of a decoded item");
+        } else {
+            memcpy(h->decoded, c.buf, c.len);
+            uint8_t *tail = h->decoded + c.len;
+            if (c.total < ZSTD_EDGE) {
+                memcpy(tail, c.ring, tail_len);
+            } else {
+                memcpy(tail, c.ring + c.ring_pos, ZSTD_EDGE - c.ring_pos);
+                memcpy(tail + ZSTD_EDGE - c.ring_pos, c.ring, c.ring_pos);
+            }
+            if ((st = ckptio__torch_parse_windows(h->decoded, c.len, tail, tail_len, c.total, &h->torch)) != CKPTIO_OK)
+                st = wrap(st, "read DCP item", origin, offset, subject, "zstd item: torch.save item");
+        }
+    }
+    if (st == CKPTIO_OK) st = check_one_tensor(h, subject);
+    h->zsrc = src;
+    h->zlen = len;
+    h->zlimit = limit;
+    ckptio__free(c.buf);
+    ckptio__free(c.ring);
+    return finish(h, st, out);
+}
+
+ckptio_status ckptio_dcp_header_zstd(const void *src, size_t len, uint64_t limit, const char *origin,
+                                     uint64_t offset, const char *subject, ckptio_dcp_header **out) {
+    return ckptio__dcp_header_zstd_inline(src, len, limit, CKPTIO__DCP_ZSTD_INLINE_MAX, origin, offset, subject,
+                                          out);
+}
+
+ckptio_status ckptio__dcp_header_archive(const ckptio_dcp_header *h, ckptio__dcp_archive *out) {
+    CKPTIO_RETURN_IF(!h || !out, CKPTIO_E_INVAL, "ckptio__dcp_header_archive: header and out are required");
+    CKPTIO_RETURN_IF(!h->archive && !h->zsrc, CKPTIO_E_INVAL,
+                     "%s at offset %llu: the header of an untransformed item describes bytes in its file; read "
+                     "them from there (ckptio_dcp_header_layout)",
+                     h->path, (unsigned long long)h->offset);
+    *out = (ckptio__dcp_archive){.data = h->archive, .len = h->archive_len, .zsrc = h->zsrc, .zlen = h->zlen,
+                                 .zlimit = h->zlimit, .path = h->path, .offset = h->offset};
+    return CKPTIO_OK;
 }
 
 ckptio_status ckptio_dcp_header_layout(const ckptio_dcp_header *h, const char *fqn, ckptio_dcp_layout *out) {
@@ -222,6 +382,7 @@ ckptio_status ckptio_dcp_header_close(ckptio_dcp_header *h) {
     if (!h) return CKPTIO_OK;
     ckptio_torch_close(h->torch);
     ckptio_safetensors_close(h->blob);
+    ckptio__free(h->decoded);
     ckptio__free(h->path);
     ckptio__free(h);
     return CKPTIO_OK;

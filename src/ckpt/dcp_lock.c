@@ -23,6 +23,14 @@
  * file system without flock keeps working, unserialized: the lock then
  * says so (ckptio_dcp_lock_info) and the caller warns.
  *
+ * flock is not fair: a holder that releases the lock and asks for it again
+ * at once (a checkpoint manager saving in a loop) takes it back before a
+ * waiter's next poll, every time. With CKPTIO_DCP_LOCK_QUEUED an
+ * acquisition first takes a second lock, the turn (DIR/.ckptio-dcp.queue,
+ * empty, never removed), holds it while it waits for the lock and gives it
+ * up once it has the lock: the holder that asks again then waits for the
+ * turn, which the waiter holds, so two contenders alternate.
+ *
  * A child forked while a save holds the lock (a DataLoader worker) shares
  * the open file description and so the lock: the fork handler below closes
  * the child's copies (without LOCK_UN, which would release the parent's
@@ -199,68 +207,104 @@ static ckptio_status make_lock(int fd, const struct stat *sb, bool locked, int e
     return CKPTIO_OK;
 }
 
-ckptio_status ckptio_dcp_lock_acquire(const char *dir, const char *reference, unsigned flags, double timeout_seconds,
-                                      ckptio_dcp_lock_wait_fn on_wait, void *user, ckptio_dcp_lock **out) {
-    if (out) *out = NULL;
-    CKPTIO_RETURN_IF(!dir || !*dir || !out, CKPTIO_E_INVAL, "ckptio_dcp_lock_acquire: dir and out are required");
-    CKPTIO_RETURN_IF(flags & ~(unsigned)CKPTIO_DCP_LOCK_SHARED, CKPTIO_E_INVAL,
-                     "ckptio_dcp_lock_acquire: unknown flags 0x%x", flags);
-    CKPTIO_RETURN_IF(timeout_seconds != timeout_seconds, CKPTIO_E_INVAL, "ckptio_dcp_lock_acquire: timeout is NaN");
-    pthread_once(&fork_once, watch_forks);
-    char *path = ckptio__dcp_join(dir, CKPTIO_DCP_LOCK_NAME);
-    if (!path) return CKPTIO_FAIL(CKPTIO_E_NOMEM, "out of memory");
-    const int op = (flags & CKPTIO_DCP_LOCK_SHARED) ? LOCK_SH : LOCK_EX;
-    const double start = ckptio__now();
+/* How an acquisition waits: its directory, deadline and callback. */
+typedef struct waiting {
+    const char *dir;
+    double timeout_seconds, start;
+    ckptio_dcp_lock_wait_fn on_wait;
+    void *user;
+} waiting;
+
+/* Takes flock `op` on the lock file PATH, polling with a backoff up to
+ * `max_pause` s until it is free, the deadline passes (busy, with the
+ * holders of the file BUSY_PATH) or on_wait cancels. *fd receives the
+ * locked descriptor and *sb its stat; *unsupported the errno of a file
+ * system that cannot flock (then *fd is open, unlocked). */
+static ckptio_status take(const waiting *w, const char *path, const char *reference, int op, double max_pause,
+                          const char *busy_path, int *fd_out, struct stat *sb_out, int *unsupported) {
     double pause = 0.002;
-    ckptio_status st = CKPTIO_OK;
+    *unsupported = 0;
     for (;;) {
         int fd = -1;
         struct stat sb, named;
-        if ((st = open_lock_file(dir, path, reference, &fd)) != CKPTIO_OK) break;
+        ckptio_status st = open_lock_file(w->dir, path, reference, &fd);
+        if (st != CKPTIO_OK) return st;
         if (fstat(fd, &sb) < 0) {
             st = CKPTIO_FAIL_SYS_NOTE(errno, "open", path, OPEN_NOTE);
             close(fd);
-            break;
+            return st;
         }
         int ret;
         do ret = flock(fd, op | LOCK_NB);
-        while (ret < 0 && errno == EINTR);
+        while (ret < 0 && errno == EINTR && !ckptio__interrupt_requested());
         if (ret < 0 && errno == EWOULDBLOCK) {
             close(fd);
             const double now = ckptio__now();
-            if ((on_wait && on_wait(now - start, user) != 0) || ckptio__interrupt_requested()) {
-                st = CKPTIO_FAIL_CTX(CKPTIO_E_CANCELED,
-                                     &((ckptio__err_ctx){.operation = "lock", .path = path, .file_offset = -1}),
-                                     "waiting for another save of %s was canceled; the checkpoint is unchanged", dir);
-                break;
+            if ((w->on_wait && w->on_wait(now - w->start, w->user) != 0) || ckptio__interrupt_requested())
+                return CKPTIO_FAIL_CTX(CKPTIO_E_CANCELED,
+                                       &((ckptio__err_ctx){.operation = "lock", .path = path, .file_offset = -1}),
+                                       "waiting for another save of %s was canceled; the checkpoint is unchanged",
+                                       w->dir);
+            const double left = w->start + w->timeout_seconds - now;
+            if (w->timeout_seconds >= 0 && left <= 0) {
+                struct stat locked;
+                if (strcmp(busy_path, path) != 0 && stat(busy_path, &locked) == 0) sb = locked;
+                return busy(w->dir, busy_path, &sb, w->timeout_seconds > 0 ? now - w->start : -1);
             }
-            if (timeout_seconds >= 0 && now - start >= timeout_seconds) {
-                st = busy(dir, path, &sb, timeout_seconds > 0 ? now - start : -1);
-                break;
-            }
-            /* A backoff up to 50 ms: prompt when the other save ends, cheap while it runs. */
-            pause_for(timeout_seconds < 0 ? pause : (pause < start + timeout_seconds - now ? pause
-                                                                                           : start + timeout_seconds - now));
-            pause = pause * 2 < 0.05 ? pause * 2 : 0.05;
+            /* A backoff up to max_pause: prompt when the other save ends, cheap while it runs. */
+            pause_for(w->timeout_seconds < 0 || pause < left ? pause : left);
+            pause = pause * 2 < max_pause ? pause * 2 : max_pause;
             continue;
         }
         if (ret < 0) {
             const int err = errno;
             if (lock_unsupported(err)) {
-                st = make_lock(fd, &sb, false, err, out);
-                break;
+                *unsupported = err;
+                *fd_out = fd;
+                *sb_out = sb;
+                return CKPTIO_OK;
             }
             close(fd);
-            st = CKPTIO_FAIL_SYS_NOTE(err, "flock", path, OPEN_NOTE);
-            break;
+            return CKPTIO_FAIL_SYS_NOTE(err, "flock", path, OPEN_NOTE);
         }
         if (lstat(path, &named) < 0 || named.st_dev != sb.st_dev || named.st_ino != sb.st_ino) {
             close(fd); /* removed or replaced while we waited: lock the file that is there now */
             continue;
         }
-        st = make_lock(fd, &sb, true, 0, out);
-        break;
+        *fd_out = fd;
+        *sb_out = sb;
+        return CKPTIO_OK;
     }
+}
+
+ckptio_status ckptio_dcp_lock_acquire(const char *dir, const char *reference, unsigned flags, double timeout_seconds,
+                                      ckptio_dcp_lock_wait_fn on_wait, void *user, ckptio_dcp_lock **out) {
+    if (out) *out = NULL;
+    CKPTIO_RETURN_IF(!dir || !*dir || !out, CKPTIO_E_INVAL, "ckptio_dcp_lock_acquire: dir and out are required");
+    CKPTIO_RETURN_IF(flags & ~(unsigned)(CKPTIO_DCP_LOCK_SHARED | CKPTIO_DCP_LOCK_QUEUED), CKPTIO_E_INVAL,
+                     "ckptio_dcp_lock_acquire: unknown flags 0x%x", flags);
+    CKPTIO_RETURN_IF(timeout_seconds != timeout_seconds, CKPTIO_E_INVAL, "ckptio_dcp_lock_acquire: timeout is NaN");
+    pthread_once(&fork_once, watch_forks);
+    char *path = ckptio__dcp_join(dir, CKPTIO_DCP_LOCK_NAME);
+    char *queue = (flags & CKPTIO_DCP_LOCK_QUEUED) ? ckptio__dcp_join(dir, CKPTIO_DCP_LOCK_QUEUE_NAME) : NULL;
+    ckptio_status st = CKPTIO_OK;
+    if (!path || ((flags & CKPTIO_DCP_LOCK_QUEUED) && !queue)) st = CKPTIO_FAIL(CKPTIO_E_NOMEM, "out of memory");
+    const waiting w = {dir, timeout_seconds, ckptio__now(), on_wait, user};
+    const int op = (flags & CKPTIO_DCP_LOCK_SHARED) ? LOCK_SH : LOCK_EX;
+    int queue_fd = -1, fd = -1, unsupported = 0;
+    struct stat qsb, sb;
+    /* Queued: the turn first. Whoever waits for the lock holds the turn, so
+     * a holder that releases the lock and asks again at once waits behind
+     * it instead of taking the lock back before the waiter's next poll. */
+    if (st == CKPTIO_OK && queue) st = take(&w, queue, reference, LOCK_EX, 0.05, path, &queue_fd, &qsb, &unsupported);
+    /* Holding the turn, nobody else asks for the lock: poll it often. */
+    if (st == CKPTIO_OK) st = take(&w, path, reference, op, queue_fd >= 0 ? 0.005 : 0.05, path, &fd, &sb, &unsupported);
+    if (queue_fd >= 0) {
+        flock(queue_fd, LOCK_UN);
+        close(queue_fd);
+    }
+    if (st == CKPTIO_OK) st = make_lock(fd, &sb, unsupported == 0, unsupported, out);
+    ckptio__free(queue);
     ckptio__free(path);
     return st;
 }

@@ -22,8 +22,9 @@
  * the same pairs and gets the same answer.
  *
  * Hashing costs no save time for host memory: one helper thread hashes
- * (XXH3 runs at about 20 GB/s per core, several times any disk) while the
- * engine writes the same, read-only, bytes. GPU memory is hashed on the
+ * (XXH3 on one core is several times faster than any disk:
+ * docs/RELIABILITY.md#4-integrity-checksums) while the engine writes the
+ * same, read-only, bytes. GPU memory is hashed on the
  * pinned staging copies by the data plan's observer
  * (ckptio__plan_set_observer with the manifest's block size), as the bytes
  * pass to the file: no second pass over the device or the disk. Only a

@@ -1,7 +1,8 @@
 /*
  * steps_internal.h - what the checkpoint manager's files share
  * (steps_marker.c: the commit marker; steps_scan.c: finding and
- * classifying steps; steps_remove.c: removal, cleaning, retention).
+ * classifying steps; steps_remove.c: removal, cleaning, retention;
+ * steps_pin.c: a reader's pin on a step).
  */
 #ifndef CKPTIO_STEPS_INTERNAL_H
 #define CKPTIO_STEPS_INTERNAL_H
@@ -39,6 +40,31 @@ char *ckptio__step_dir(const char *root, uint64_t step);
 /* Re-raises the current error prefixed with "step N (DIR): OP: ", keeping
  * its status and errno. Returns the status. */
 ckptio_status ckptio__step_fail(const char *root, uint64_t step, const char *op);
+
+/* What one step directory holds, from one listing (lstat of every entry,
+ * nothing followed). */
+typedef struct ckptio__step_entries {
+    bool marker;           /* an entry named CKPTIO_STEP_MARKER */
+    bool begun;            /* an entry named CKPTIO_STEP_BEGUN */
+    bool metadata;         /* an entry named .metadata */
+    size_t count;          /* entries but . and .. */
+    size_t files;          /* regular files among them */
+    uint64_t bytes;        /* and their sizes */
+    char alien[256];       /* the first entry removal refuses ("" when none) */
+    const char *alien_why; /* what it is ("a directory", "a symlink", ...) */
+    char **names;          /* with keep_names: every entry (free with ckptio__step_entries_free) */
+} ckptio__step_entries;
+
+/* Lists DIR into *out. `for_removal`: through ckptio__opendir (a request
+ * fault injection can fail) and every name kept in out->names. Errors:
+ * the opendir's (ENOENT included), out of memory. */
+ckptio_status ckptio__step_entries_read(const char *dir, bool for_removal, ckptio__step_entries *out);
+void ckptio__step_entries_free(ckptio__step_entries *e);
+
+/* Whether `name` is one the manager or a DCP writer gives a file of a step
+ * directory (the marker, the begun mark, its temporaries, the DCP lock,
+ * metadata files, data files, manifests, temporaries). */
+bool ckptio__step_own_name(const char *name);
 
 /* Size and XXH3-64 of DIR/.metadata. */
 ckptio_status ckptio__step_metadata_hash(const char *dir, uint64_t *size, uint64_t *hash);

@@ -2,13 +2,20 @@
  * steps_remove.c - starting a step, removing steps, cleaning what crashed
  * saves left, and retention.
  *
- * Removal takes the marker away first and makes that durable before any
- * data file goes: a crash in the middle leaves a PARTIAL step (which the
- * next save or `ckptio clean` removes), never a step that looks complete
- * with files missing. Retention counts only steps that hold a marker, runs
- * after a newer step's marker is durable, and always keeps the newest step
- * that passes the FAST check, so damage to the newest steps never costs
- * the last good one.
+ * Only what the manager itself started is ever removed: a step directory
+ * holding its marker or its begun mark (made when the step began, before
+ * anything else), or an empty one; and only when every entry in it is a
+ * regular file under a name the manager or the DCP writer gives. The whole
+ * directory is checked before the first unlink, so a refusal removes
+ * nothing. Removal takes the marker away first and makes that durable
+ * before any data file goes, and the begun mark last: a crash in the
+ * middle leaves a PARTIAL step (which the next save or `ckptio clean`
+ * removes), never a step that looks complete with files missing, nor one
+ * that no longer looks like the manager's. Retention counts only steps
+ * that hold a marker, runs after a newer step's marker is durable, always
+ * keeps the newest step that passes the FAST check, so damage to the
+ * newest steps never costs the last good one, and keeps for later a step
+ * a reader pins.
  */
 #include "dcp_commit_internal.h"
 #include "io_internal.h"
@@ -19,59 +26,173 @@
 #include <fcntl.h>
 #include <stdio.h>
 #include <string.h>
+#include <sys/file.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
-/* Unlinks every entry of DIR but subdirectories (refused). */
-static ckptio_status remove_files(const char *dir) {
-    DIR *d = ckptio__opendir(dir);
-    if (!d) return CKPTIO_FAIL_SYS_NOTE(errno, "opendir", dir, "listing the step's files to remove them");
+/* How far a removal got, for its messages: a failure half-way says what
+ * was removed and what is left. */
+typedef struct removal {
+    const char *dir;
+    bool marker;         /* the step had a marker */
+    bool marker_gone;    /* and it is removed */
+    size_t files;        /* the other entries but the begun mark */
+    size_t files_gone;   /* removed of them */
+    bool begun_gone;     /* the begun mark is removed */
+} removal;
+
+/* "the marker and 2 of 5 files are removed; 3 files, the begun mark and
+ * the directory are left: the step is partial (...)" */
+static const char *progress(const removal *r, char *out, size_t cap) {
+    const size_t left = r->files - r->files_gone;
+    snprintf(out, cap,
+             "%s%zu of %zu file%s removed; %zu file%s, %sthe directory left: the step is partial (ckptio clean or "
+             "the next save removes it)",
+             r->marker_gone ? "the marker and " : "", r->files_gone, r->files, r->files == 1 ? "" : "s", left,
+             left == 1 ? "" : "s", r->begun_gone ? "" : "the begun mark and ");
+    return out;
+}
+
+/* Makes the begun mark of a step that holds a marker but none (saved by a
+ * release without begun marks): a removal that stops after the marker is
+ * gone must still leave a step recognisably the manager's. */
+static ckptio_status make_begun(const char *dir) {
+    char *path = ckptio__dcp_join(dir, CKPTIO_STEP_BEGUN);
+    if (!path) return CKPTIO_FAIL(CKPTIO_E_NOMEM, "out of memory");
     ckptio_status st = CKPTIO_OK;
-    for (struct dirent *e; st == CKPTIO_OK && (e = readdir(d)) != NULL;) {
-        if (!strcmp(e->d_name, ".") || !strcmp(e->d_name, "..")) continue;
-        struct stat sb;
-        if (fstatat(dirfd(d), e->d_name, &sb, AT_SYMLINK_NOFOLLOW) == 0 && S_ISDIR(sb.st_mode)) {
-            st = CKPTIO_FAIL_CTX(CKPTIO_E_UNSUPPORTED, &((ckptio__err_ctx){.path = dir, .file_offset = -1}),
-                                 "'%s' is a directory: a step holds only files; nothing inside it is removed", e->d_name);
-            break;
-        }
-        char *path = ckptio__dcp_join(dir, e->d_name);
-        if (!path) {
-            st = CKPTIO_FAIL(CKPTIO_E_NOMEM, "out of memory");
-        } else if (ckptio__unlink(path) != 0 && errno != ENOENT) {
-            st = CKPTIO_FAIL_SYS_NOTE(errno, "unlink", path, "removing the step's files; the step is partial");
-        }
-        ckptio__free(path);
-    }
-    closedir(d);
+    int err = 0;
+    const int fd = ckptio__open(path, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0666);
+    if (fd < 0)
+        st = CKPTIO_FAIL_SYS_NOTE(errno, "open", path, "making the begun mark before the step's removal; nothing is "
+                                  "removed");
+    else if (close(fd), (err = ckptio__dcp_fsync_dir(dir)) != 0)
+        st = CKPTIO_FAIL_SYS_NOTE(err, "fsync", dir, "making the begun mark durable before the step's removal; "
+                                  "nothing else is removed");
+    ckptio__free(path);
     return st;
 }
 
+/* Holds the marker exclusively for the removal (a reader's pin holds it
+ * shared): *fd stays open until the removal ends. */
+static ckptio_status lock_marker(const char *dir, uint64_t step, int *fd) {
+    char *path = ckptio__dcp_join(dir, CKPTIO_STEP_MARKER);
+    if (!path) return CKPTIO_FAIL(CKPTIO_E_NOMEM, "out of memory");
+    ckptio_status st = CKPTIO_OK;
+    struct stat sb;
+    mode_t type = 0;
+    /* The checked open (open_regular.c): never a FIFO's wait or a device's open. */
+    *fd = ckptio__open_regular(AT_FDCWD, path, O_RDONLY | O_NOFOLLOW, &sb, &type);
+    int ret = -1;
+    if (*fd < 0 && type) {
+        st = CKPTIO_FAIL_CTX(CKPTIO_E_UNSUPPORTED, &((ckptio__err_ctx){.path = path, .file_offset = -1}),
+                             "the commit marker is %s, not a regular file: refused without opening it; nothing is "
+                             "removed",
+                             ckptio__file_type_name(type));
+    } else if (*fd < 0) {
+        st = CKPTIO_FAIL_SYS_NOTE(errno, "open", path, "locking the marker before the step's removal; nothing is "
+                                  "removed");
+    } else {
+        do ret = flock(*fd, LOCK_EX | LOCK_NB);
+        while (ret < 0 && errno == EINTR && !ckptio__interrupt_requested());
+        if (ret < 0 && errno == EWOULDBLOCK)
+            st = CKPTIO_FAIL_CTX(CKPTIO_E_BUSY, &((ckptio__err_ctx){.path = path, .file_offset = -1}),
+                                 "a reader holds step %llu (ckptio_steps_pin): nothing is removed",
+                                 (unsigned long long)step);
+        else if (ret < 0 && errno == EINTR) /* the program asked to stop: CKPTIO_E_CANCELED */
+            st = CKPTIO_FAIL_SYS_NOTE(EINTR, "flock", path, "locking the marker before the step's removal; nothing "
+                                      "is removed");
+        /* A file system without flock: readers cannot pin, nothing to wait for. */
+    }
+    if (st != CKPTIO_OK && *fd >= 0) {
+        close(*fd);
+        *fd = -1;
+    }
+    ckptio__free(path);
+    return st;
+}
+
+static ckptio_status unlink_in(const char *dir, const char *name, const char *note) {
+    char *path = ckptio__dcp_join(dir, name);
+    if (!path) return CKPTIO_FAIL(CKPTIO_E_NOMEM, "out of memory");
+    ckptio_status st = CKPTIO_OK;
+    if (ckptio__unlink(path) != 0 && errno != ENOENT) st = CKPTIO_FAIL_SYS_NOTE(errno, "unlink", path, "%s", note);
+    ckptio__free(path);
+    return st;
+}
+
+/* Removes the files of a step whose entries `e` were all checked: the
+ * marker first (made durable), the begun mark last, then the directory. */
+static ckptio_status remove_checked(const char *root, const char *dir, const ckptio__step_entries *e) {
+    removal r = {.dir = dir, .marker = e->marker, .files = e->count - e->marker - e->begun};
+    char note[512];
+    int err = 0;
+    ckptio_status st = CKPTIO_OK;
+    if (e->marker) {
+        if ((st = unlink_in(dir, CKPTIO_STEP_MARKER, "the step is unchanged")) != CKPTIO_OK) return st;
+        r.marker_gone = true;
+        if ((err = ckptio__dcp_fsync_dir(dir)) != 0)
+            return CKPTIO_FAIL_SYS_NOTE(err, "fsync", dir, "making the marker's removal durable; %s",
+                                        progress(&r, note, sizeof note));
+    }
+    for (size_t i = 0; i < e->count; i++) {
+        const char *name = e->names[i];
+        if (!strcmp(name, CKPTIO_STEP_MARKER) || !strcmp(name, CKPTIO_STEP_BEGUN)) continue;
+        if ((st = unlink_in(dir, name, progress(&r, note, sizeof note))) != CKPTIO_OK) return st;
+        r.files_gone++;
+    }
+    if ((st = unlink_in(dir, CKPTIO_STEP_BEGUN, progress(&r, note, sizeof note))) != CKPTIO_OK) return st;
+    r.begun_gone = true;
+    if (rmdir(dir) != 0 && errno != ENOENT) {
+        if (errno == ENOTEMPTY || errno == EEXIST)
+            return CKPTIO_FAIL_SYS_NOTE(errno, "rmdir", dir, "every file it held is removed, but an entry appeared "
+                                        "meanwhile: the directory is left with it");
+        return CKPTIO_FAIL_SYS_NOTE(errno, "rmdir", dir, "every file it held is removed; the empty directory is left "
+                                    "(partial: ckptio clean or the next save removes it)");
+    }
+    if ((err = ckptio__dcp_fsync_dir(root)) != 0)
+        return CKPTIO_FAIL_SYS_NOTE(err, "fsync", root, "the step is removed but its removal may not survive a power "
+                                    "loss");
+    return CKPTIO_OK;
+}
+
+/* The removal of one step (ckptio_steps_remove): nothing is removed unless
+ * the whole directory is the manager's and the DCP writer's. */
 static ckptio_status remove_step(const char *root, uint64_t step) {
-    char *dir = ckptio__step_dir(root, step), *marker = NULL;
+    char *dir = ckptio__step_dir(root, step);
     if (!dir) return ckptio_last_error()->status;
     ckptio_status st = CKPTIO_OK;
-    int err = 0;
+    ckptio__step_entries e = {0};
+    int marker_fd = -1;
     struct stat sb;
-    if (lstat(dir, &sb) == 0 && !S_ISDIR(sb.st_mode)) {
+    if (lstat(dir, &sb) != 0) {
+        st = errno == ENOENT ? CKPTIO_FAIL_CTX(CKPTIO_E_NOT_FOUND, &((ckptio__err_ctx){.path = dir, .file_offset = -1}),
+                                               "no step directory; nothing is removed")
+                             : CKPTIO_FAIL_SYS_NOTE(errno, "lstat", dir, "nothing is removed");
+    } else if (!S_ISDIR(sb.st_mode)) {
         /* A symlink named like a step could lead the removal out of the root: nothing is followed. */
         st = CKPTIO_FAIL_CTX(CKPTIO_E_UNSUPPORTED, &((ckptio__err_ctx){.path = dir, .file_offset = -1}),
                              "not a directory (%s): not a step; nothing is removed",
                              S_ISLNK(sb.st_mode) ? "a symlink" : "a file");
-    } else if (!(marker = ckptio__dcp_join(dir, CKPTIO_STEP_MARKER))) {
-        st = CKPTIO_FAIL(CKPTIO_E_NOMEM, "out of memory");
-    } else if (ckptio__unlink(marker) == 0) {
-        if ((err = ckptio__dcp_fsync_dir(dir)) != 0)
-            st = CKPTIO_FAIL_SYS_NOTE(err, "fsync", dir, "making the marker's removal durable; the step is partial");
-    } else if (errno != ENOENT) {
-        st = CKPTIO_FAIL_SYS_NOTE(errno, "unlink", marker, "the step is unchanged");
+    } else if ((st = ckptio__step_entries_read(dir, true, &e)) != CKPTIO_OK) {
+        /* the listing's error; nothing is removed */
+    } else if (e.alien[0]) {
+        st = CKPTIO_FAIL_CTX(CKPTIO_E_UNSUPPORTED, &((ckptio__err_ctx){.path = dir, .file_offset = -1}),
+                             "'%s' is %s: a step holds only the files the manager and the DCP writer make; nothing "
+                             "in the step is removed",
+                             e.alien, e.alien_why);
+    } else if (!e.marker && !e.begun && e.count > 0) {
+        st = CKPTIO_FAIL_CTX(CKPTIO_E_UNSUPPORTED, &((ckptio__err_ctx){.path = dir, .file_offset = -1}),
+                             "not the manager's step (no commit marker " CKPTIO_STEP_MARKER ", no begun mark "
+                             CKPTIO_STEP_BEGUN "): another writer's; nothing is removed");
+    } else if (e.marker && (st = lock_marker(dir, step, &marker_fd)) != CKPTIO_OK) {
+        /* pinned by a reader, or the marker could not be opened; nothing is removed */
+    } else if (!e.begun && e.count > 0 && (st = make_begun(dir)) != CKPTIO_OK) {
+        /* nothing is removed */
+    } else {
+        st = remove_checked(root, dir, &e);
     }
-    if (st == CKPTIO_OK) st = remove_files(dir);
-    if (st == CKPTIO_OK && rmdir(dir) != 0 && errno != ENOENT)
-        st = CKPTIO_FAIL_SYS_NOTE(errno, "rmdir", dir, "its files are removed; the step is partial");
-    if (st == CKPTIO_OK && (err = ckptio__dcp_fsync_dir(root)) != 0)
-        st = CKPTIO_FAIL_SYS_NOTE(err, "fsync", root, "the step is removed but its removal may not survive a power loss");
-    ckptio__free(marker);
+    if (marker_fd >= 0) close(marker_fd);
+    ckptio__step_entries_free(&e);
     ckptio__free(dir);
     return st == CKPTIO_OK ? st : ckptio__step_fail(root, step, "remove");
 }
@@ -107,6 +228,13 @@ static void hand_over(removed_list *l, uint64_t **removed, size_t *nremoved) {
 
 void ckptio_steps_list_free(uint64_t *steps) { ckptio__free(steps); }
 
+/* Whether a removal's failure only means "left alone": the step holds
+ * something removal refuses (E_UNSUPPORTED), a reader pins it (E_BUSY),
+ * or it went meanwhile (E_NOT_FOUND). Nothing was removed then. */
+static bool left_alone(ckptio_status st) {
+    return st == CKPTIO_E_UNSUPPORTED || st == CKPTIO_E_BUSY || st == CKPTIO_E_NOT_FOUND;
+}
+
 static ckptio_status clean(const char *root, removed_list *l) {
     ckptio_step_info *steps = NULL;
     size_t n = 0;
@@ -116,6 +244,7 @@ static ckptio_status clean(const char *root, removed_list *l) {
         if (steps[i].state != CKPTIO_STEP_PARTIAL) continue;
         st = remove_step(root, steps[i].step);
         if (st == CKPTIO_OK) st = note_removed(l, steps[i].step);
+        else if (left_alone(st)) st = CKPTIO_OK; /* the scan's reason says why */
     }
     ckptio_steps_free(steps);
     return st;
@@ -131,12 +260,50 @@ ckptio_status ckptio_steps_clean(const char *root, uint64_t **removed, size_t *n
     return st;
 }
 
+/* Why begin cannot use the step directory PATH that exists after the
+ * clean: the error, saying what the directory is. */
+static ckptio_status exists_error(const char *root, uint64_t step, const char *path) {
+    ckptio_step_info info;
+    const ckptio_status st = ckptio_steps_check(NULL, root, step, CKPTIO_STEP_CHECK_MARKER, &info);
+    const ckptio__err_ctx ctx = {.path = path, .file_offset = -1};
+    if (st != CKPTIO_OK)
+        return CKPTIO_FAIL_CTX(CKPTIO_E_EXISTS, &ctx, "something that is not a step directory has its name; it is "
+                               "left alone");
+    if (info.state == CKPTIO_STEP_FOREIGN)
+        return CKPTIO_FAIL_CTX(CKPTIO_E_EXISTS, &ctx, "the directory is not the manager's (%s); save under another "
+                               "step number, or move it away", info.reason);
+    if (info.state == CKPTIO_STEP_PARTIAL)
+        return CKPTIO_FAIL_CTX(CKPTIO_E_EXISTS, &ctx, "a partial step that removal leaves whole (%s); it is not "
+                               "reused", info.reason);
+    return CKPTIO_FAIL_CTX(CKPTIO_E_EXISTS, &ctx,
+                           "the step was saved before (it holds a commit marker); a step is never overwritten");
+}
+
+/* The new step directory's begun mark, made durable with the directory's
+ * entry in ROOT before anything else is written into it. */
+static ckptio_status mark_begun(const char *root, const char *path) {
+    char *mark = ckptio__dcp_join(path, CKPTIO_STEP_BEGUN);
+    if (!mark) return CKPTIO_FAIL(CKPTIO_E_NOMEM, "out of memory");
+    ckptio_status st = CKPTIO_OK;
+    int err = 0;
+    const int fd = ckptio__open(mark, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0666);
+    if (fd < 0) {
+        st = CKPTIO_FAIL_SYS_NOTE(errno, "open", mark, "making the step's begun mark; nothing was written");
+        (void)rmdir(path); /* empty: nothing of anyone's is lost */
+    } else if (close(fd), (err = ckptio__dcp_fsync_dir(path)) != 0) {
+        st = CKPTIO_FAIL_SYS_NOTE(err, "fsync", path, "flushing the begun mark; nothing else was written");
+    } else if ((err = ckptio__dcp_fsync_dir(root)) != 0) {
+        st = CKPTIO_FAIL_SYS_NOTE(err, "fsync", root, "flushing the new step directory's entry; nothing was written");
+    }
+    ckptio__free(mark);
+    return st;
+}
+
 ckptio_status ckptio_steps_begin(const char *root, uint64_t step, char *dir, size_t cap) {
     CKPTIO_RETURN_IF(!root || !*root || !dir, CKPTIO_E_INVAL, "ckptio_steps_begin: root and dir are required");
     char *path = ckptio__step_dir(root, step);
     if (!path) return ckptio__step_fail(root, step, "begin");
     ckptio_status st = CKPTIO_OK;
-    int err = 0;
     if (strlen(path) >= cap) st = CKPTIO_FAIL(CKPTIO_E_RANGE, "ckptio_steps_begin: %zu bytes is too small", cap);
     else snprintf(dir, cap, "%s", path);
     if (st == CKPTIO_OK && mkdir(root, 0777) != 0 && errno != EEXIST)
@@ -147,14 +314,10 @@ ckptio_status ckptio_steps_begin(const char *root, uint64_t step, char *dir, siz
         ckptio__free(l.steps);
     }
     if (st == CKPTIO_OK && mkdir(path, 0777) != 0) {
-        if (errno == EEXIST)
-            st = CKPTIO_FAIL_CTX(CKPTIO_E_EXISTS, &((ckptio__err_ctx){.path = path, .file_offset = -1}),
-                                 "the step was saved before (it holds a commit marker); a step is never overwritten");
-        else
-            st = CKPTIO_FAIL_SYS_NOTE(errno, "mkdir", path, "creating the step directory; nothing was written");
+        if (errno == EEXIST) st = exists_error(root, step, path);
+        else st = CKPTIO_FAIL_SYS_NOTE(errno, "mkdir", path, "creating the step directory; nothing was written");
     }
-    if (st == CKPTIO_OK && (err = ckptio__dcp_fsync_dir(root)) != 0)
-        st = CKPTIO_FAIL_SYS_NOTE(err, "fsync", root, "flushing the new step directory's entry; nothing was written");
+    if (st == CKPTIO_OK) st = mark_begun(root, path);
     ckptio__free(path);
     return st == CKPTIO_OK ? st : ckptio__step_fail(root, step, "begin");
 }
@@ -173,7 +336,7 @@ static ckptio_status retain(ckptio_engine *engine, const char *root, uint64_t ke
     size_t n = 0, marked = 0;
     CKPTIO_FORWARD(ckptio_steps_scan(root, &steps, &n));
     for (size_t i = 0; i < n; i++) /* keep the steps holding a marker, in order */
-        if (steps[i].state != CKPTIO_STEP_PARTIAL) steps[marked++] = steps[i];
+        if (steps[i].state == CKPTIO_STEP_COMPLETE || steps[i].state == CKPTIO_STEP_DAMAGED) steps[marked++] = steps[i];
     ckptio_status st = CKPTIO_OK;
     uint64_t newest_good = 0;
     bool have_good = false;
@@ -189,6 +352,7 @@ static ckptio_status retain(ckptio_engine *engine, const char *root, uint64_t ke
         if (retained(steps, marked, i, keep_last, keep_every, newest_good, have_good)) continue;
         st = remove_step(root, steps[i].step);
         if (st == CKPTIO_OK) st = note_removed(l, steps[i].step);
+        else if (left_alone(st)) st = CKPTIO_OK; /* pinned, or holding what removal refuses: kept this time */
     }
     ckptio_steps_free(steps);
     return st;

@@ -4,9 +4,12 @@
  *
  * The states come from the disk alone, so a job restarted after any crash
  * (or `ckptio inspect ROOT`) sees what the saves left: PARTIAL is a step
- * without its commit marker (a save that did not finish, or a removal that
- * stopped half-way: both remove the marker first / write it last); DAMAGED
- * is a step whose marker or data does not hold up to the check asked for.
+ * the manager began (its begun mark, made before anything else and removed
+ * last) without its commit marker (a save that did not finish, or a removal
+ * that stopped half-way: both remove the marker first / write it last), or
+ * an empty one; FOREIGN is any other step directory without a marker (not
+ * the manager's: never removed); DAMAGED is a step whose marker or data
+ * does not hold up to the check asked for.
  * A damaged step is a result reported with its reason, never an error: the
  * caller goes on to the next older step.
  */
@@ -78,21 +81,74 @@ static ckptio_status list_steps(const char *root, uint64_t **steps, size_t *coun
     return CKPTIO_OK;
 }
 
-/* Regular files of DIR and their sizes (best effort: for display). */
-static void dir_size(const char *dir, uint64_t *bytes, size_t *files) {
-    *bytes = 0;
-    *files = 0;
-    DIR *d = opendir(dir);
-    if (!d) return;
-    for (struct dirent *e; (e = readdir(d)) != NULL;) {
+/* ---- what a step directory holds ------------------------------------------------------ */
+
+bool ckptio__step_own_name(const char *name) {
+    return !strcmp(name, CKPTIO_STEP_MARKER) || !strcmp(name, CKPTIO_STEP_BEGUN) ||
+           !strcmp(name, CKPTIO_DCP_LOCK_NAME) || ckptio__dcp_metadata_name(name) || ckptio__dcp_stale_name(name);
+}
+
+void ckptio__step_entries_free(ckptio__step_entries *e) {
+    for (size_t i = 0; e->names && i < e->count; i++) ckptio__free(e->names[i]);
+    ckptio__free(e->names);
+    e->names = NULL;
+}
+
+/* Why removal refuses the entry NAME of type MODE, or NULL. */
+static const char *refused(const char *name, mode_t mode) {
+    if (S_ISDIR(mode)) return "a directory";
+    if (S_ISLNK(mode)) return "a symlink";
+    if (!S_ISREG(mode)) return "not a regular file";
+    if (!ckptio__step_own_name(name)) return "a name neither the manager nor the DCP writer gives a file";
+    return NULL;
+}
+
+static ckptio_status keep_name(ckptio__step_entries *e, size_t *cap, const char *name) {
+    if (e->count == *cap) {
+        const size_t grown_cap = *cap ? *cap * 2 : 16;
+        char **grown = ckptio__realloc(e->names, grown_cap * sizeof *grown);
+        if (!grown) return CKPTIO_FAIL(CKPTIO_E_NOMEM, "out of memory");
+        e->names = grown;
+        *cap = grown_cap;
+    }
+    if (!(e->names[e->count] = ckptio__strdup(name))) return CKPTIO_FAIL(CKPTIO_E_NOMEM, "out of memory");
+    return CKPTIO_OK;
+}
+
+ckptio_status ckptio__step_entries_read(const char *dir, bool for_removal, ckptio__step_entries *out) {
+    memset(out, 0, sizeof *out);
+    DIR *d = for_removal ? ckptio__opendir(dir) : opendir(dir);
+    if (!d) return CKPTIO_FAIL_SYS_NOTE(errno, "opendir", dir, "listing the step's files");
+    ckptio_status st = CKPTIO_OK;
+    size_t cap = 0;
+    for (struct dirent *e; st == CKPTIO_OK && (e = readdir(d)) != NULL;) {
+        if (!strcmp(e->d_name, ".") || !strcmp(e->d_name, "..")) continue;
         struct stat sb;
-        if (fstatat(dirfd(d), e->d_name, &sb, AT_SYMLINK_NOFOLLOW) == 0 && S_ISREG(sb.st_mode)) {
-            *bytes += (uint64_t)sb.st_size;
-            (*files)++;
+        if (fstatat(dirfd(d), e->d_name, &sb, AT_SYMLINK_NOFOLLOW) != 0) {
+            if (errno == ENOENT) continue; /* removed meanwhile */
+            sb.st_mode = 0;                /* unknown: refused below as not a regular file */
+        }
+        if (for_removal && (st = keep_name(out, &cap, e->d_name)) != CKPTIO_OK) break;
+        out->count++;
+        out->marker |= !strcmp(e->d_name, CKPTIO_STEP_MARKER);
+        out->begun |= !strcmp(e->d_name, CKPTIO_STEP_BEGUN);
+        out->metadata |= !strcmp(e->d_name, ".metadata");
+        if (S_ISREG(sb.st_mode)) {
+            out->files++;
+            out->bytes += (uint64_t)sb.st_size;
+        }
+        const char *why = refused(e->d_name, sb.st_mode);
+        if (why && !out->alien[0]) {
+            snprintf(out->alien, sizeof out->alien, "%s", e->d_name);
+            out->alien_why = why;
         }
     }
     closedir(d);
+    if (st != CKPTIO_OK) ckptio__step_entries_free(out);
+    return st;
 }
+
+#define PARTIAL_REASON "no commit marker (" CKPTIO_STEP_MARKER "): the save did not finish, or a removal stopped"
 
 /* The marker-level state of the step in DIR; *m receives the marker when
  * the state is COMPLETE. */
@@ -111,8 +167,7 @@ static void marker_state(const char *dir, uint64_t step, ckptio__step_marker *m,
             set_state(out, CKPTIO_STEP_DAMAGED, "%s: open: is %s, not a regular file: refused without opening it",
                       path, ckptio__file_type_name(type));
         else if (errno == ENOENT)
-            set_state(out, CKPTIO_STEP_PARTIAL,
-                      "no commit marker (" CKPTIO_STEP_MARKER "): the save did not finish, or a removal stopped");
+            set_state(out, CKPTIO_STEP_PARTIAL, "%s", PARTIAL_REASON);
         else
             set_state(out, CKPTIO_STEP_DAMAGED, "%s: open: %s", path, strerror(errno));
         ckptio__free(path);
@@ -176,6 +231,18 @@ static bool item_inside(ckptio_dcp *h, const char *dir, const uint64_t *sizes, s
     return false;
 }
 
+/* A failed read of a step's .metadata or items: REFUSED when ckptio's
+ * reader refuses something the bytes hold (a value outside the allowlist, a
+ * limit; the bytes are what was saved), DAMAGED otherwise. Only what is
+ * proven broken may ever be replaced or removed as damage. */
+static void set_failure(ckptio_step_info *out, ckptio_status st) {
+    if (st == CKPTIO_E_DISALLOWED || st == CKPTIO_E_UNSUPPORTED || st == CKPTIO_E_RANGE)
+        set_state(out, CKPTIO_STEP_REFUSED, "ckptio's reader refuses it (not damage; the step is kept): %s",
+                  ckptio_last_error_message());
+    else
+        set_state(out, CKPTIO_STEP_DAMAGED, "%s", ckptio_last_error_message());
+}
+
 /* FAST (and FULL) on a step whose marker is good. */
 static void data_check(ckptio_engine *engine, const char *dir, const ckptio__step_marker *m, ckptio_step_check check,
                        ckptio_step_info *out) {
@@ -196,8 +263,9 @@ static void data_check(ckptio_engine *engine, const char *dir, const ckptio__ste
     uint64_t *sizes = NULL;
     size_t nfiles = 0, ntensors = 0, nbytes = 0;
     const char *manifest = NULL;
-    if (ckptio_dcp_open(engine, dir, &h) != CKPTIO_OK) {
-        set_state(out, CKPTIO_STEP_DAMAGED, "%s", ckptio_last_error_message());
+    const ckptio_status opened = ckptio_dcp_open(engine, dir, &h);
+    if (opened != CKPTIO_OK) {
+        set_failure(out, opened);
         return;
     }
     ckptio_dcp_file_count(h, &nfiles);
@@ -232,11 +300,43 @@ static void data_check(ckptio_engine *engine, const char *dir, const ckptio__ste
         ckptio_dcp_bytes(h, b, &bi);
         if (!item_inside(h, dir, sizes, nfiles, bi.fqn, &bi.stored, out)) goto out;
     }
-    if (check == CKPTIO_STEP_CHECK_FULL && ckptio_dcp_verify(h, NULL) != CKPTIO_OK)
-        set_state(out, CKPTIO_STEP_DAMAGED, "%s", ckptio_last_error_message());
+    if (check == CKPTIO_STEP_CHECK_FULL) {
+        /* A step saved without checksums has no manifest to verify against:
+         * its structure and byte items are checked instead. */
+        const ckptio_status st = manifest ? ckptio_dcp_verify(h, NULL) : ckptio_dcp_check(h, NULL);
+        if (st != CKPTIO_OK) set_failure(out, st);
+    }
 out:
     ckptio__free(sizes);
     ckptio_dcp_close(h);
+}
+
+/* The state of a step directory without a marker, from what it holds:
+ * only what the manager began (its begun mark) or an empty directory is
+ * partial; anything else is another writer's. */
+static void unmarked_state(const ckptio__step_entries *e, bool listed, const char *why_unlisted,
+                           ckptio_step_info *out) {
+    if (!listed)
+        set_state(out, CKPTIO_STEP_FOREIGN, "no commit marker, and the directory cannot be listed (%s): not known "
+                  "to be the manager's; left alone", why_unlisted);
+    else if (e->begun)
+        set_state(out, CKPTIO_STEP_PARTIAL, "%s", PARTIAL_REASON);
+    else if (e->count == 0)
+        set_state(out, CKPTIO_STEP_PARTIAL, "empty: a save that stopped before its first file, or a removal that "
+                  "stopped before removing the directory");
+    else
+        set_state(out, CKPTIO_STEP_FOREIGN, "no commit marker (" CKPTIO_STEP_MARKER ") and no begun mark ("
+                  CKPTIO_STEP_BEGUN "): not started by this manager (another writer's%s, or a save of a ckptio "
+                  "release without begun marks that did not finish); never removed or reused by the manager",
+                  e->metadata ? " DCP checkpoint, e.g. torch's own writer's" : "");
+}
+
+/* Appends to the reason why removal leaves the step alone. */
+static void note_alien(const ckptio__step_entries *e, ckptio_step_info *out) {
+    if (!e->alien[0] || out->state == CKPTIO_STEP_FOREIGN) return;
+    const size_t len = strlen(out->reason);
+    snprintf(out->reason + len, sizeof out->reason - len, "%sholds '%s' (%s), which the manager does not make: "
+             "removal leaves this step whole", len ? "; " : "", e->alien, e->alien_why);
 }
 
 static ckptio_status check_step(ckptio_engine *engine, const char *root, uint64_t step, ckptio_step_check check,
@@ -255,9 +355,40 @@ static ckptio_status check_step(ckptio_engine *engine, const char *root, uint64_
                                "step %llu: no step directory", (unsigned long long)step);
     }
     ckptio__step_marker m;
-    dir_size(dir, &out->bytes, &out->files);
+    ckptio__step_entries e;
+    char why_unlisted[256] = "";
+    const bool listed = ckptio__step_entries_read(dir, false, &e) == CKPTIO_OK;
+    if (!listed) {
+        snprintf(why_unlisted, sizeof why_unlisted, "%s", strerror(ckptio_last_error()->sys_errno));
+        if (ckptio_last_error()->sys_errno == ENOENT) { /* removed meanwhile */
+            ckptio__free(dir);
+            return CKPTIO_FAIL_CTX(CKPTIO_E_NOT_FOUND, &((ckptio__err_ctx){.path = root, .file_offset = -1}),
+                                   "step %llu: no step directory", (unsigned long long)step);
+        }
+    }
+    out->bytes = e.bytes;
+    out->files = e.files;
     marker_state(dir, step, &m, out);
-    if (out->state == CKPTIO_STEP_COMPLETE && check != CKPTIO_STEP_CHECK_MARKER) data_check(engine, dir, &m, check, out);
+    if (out->state == CKPTIO_STEP_PARTIAL) unmarked_state(&e, listed, why_unlisted, out);
+    if (out->state == CKPTIO_STEP_COMPLETE && check != CKPTIO_STEP_CHECK_MARKER) {
+        data_check(engine, dir, &m, check, out);
+        char *marker = ckptio__dcp_join(dir, CKPTIO_STEP_MARKER);
+        struct stat msb;
+        if (out->state == CKPTIO_STEP_DAMAGED && marker && lstat(marker, &msb) != 0 && errno == ENOENT) {
+            /* The marker went while the data was read: a removal, not damage. */
+            const bool gone = lstat(dir, &sb) != 0;
+            ckptio__free(marker);
+            ckptio__free(dir);
+            if (gone)
+                return CKPTIO_FAIL_CTX(CKPTIO_E_NOT_FOUND, &((ckptio__err_ctx){.path = root, .file_offset = -1}),
+                                       "step %llu: removed while it was checked", (unsigned long long)step);
+            set_state(out, CKPTIO_STEP_PARTIAL, "its commit marker was removed while it was checked: a removal in "
+                      "progress");
+            return CKPTIO_OK;
+        }
+        ckptio__free(marker);
+    }
+    if (listed) note_alien(&e, out);
     ckptio__free(dir);
     return CKPTIO_OK;
 }

@@ -15,12 +15,36 @@
                                                   .file_offset = (int64_t)(offset)}),                       \
                     __VA_ARGS__)
 
+/* For an archive held only at its edges (ckptio__torch_parse_windows): the
+ * bytes [offset, +len) must lie in one of them. Checked before anything is
+ * allocated for them. */
+static ckptio_status window_check(const ckptio_torch *t, uint64_t len, uint64_t offset) {
+    const uint64_t past_head = offset > t->head_len ? offset : t->head_len; /* first byte not in the head */
+    if (!t->tail || (len <= t->head_len && offset <= t->head_len - len) || past_head >= t->tail_offset)
+        return CKPTIO_OK;
+    return CKPTIO_FAIL_CTX(CKPTIO_E_UNSUPPORTED,
+                           &((ckptio__err_ctx){.operation = "read", .path = t->path, .file_offset = (int64_t)offset}),
+                           "a record of %llu bytes lies between the first %llu and the last %llu bytes of this "
+                           "%llu-byte archive, which are all that is held of it (torch.save puts every record but "
+                           "the storage there)",
+                           (unsigned long long)len, (unsigned long long)t->head_len,
+                           (unsigned long long)(t->file_size - t->tail_offset), (unsigned long long)t->file_size);
+}
+
 static ckptio_status torch_pread(ckptio_torch *t, void *buf, uint64_t len, uint64_t offset) {
     if (offset > t->file_size || len > t->file_size - offset)
         return CKPTIO_FAIL_CTX(CKPTIO_E_TRUNCATED,
                                &((ckptio__err_ctx){.operation = "read", .path = t->path, .file_offset = (int64_t)offset}),
                                "%llu bytes requested past the end of the file (%llu bytes)", (unsigned long long)len,
                                (unsigned long long)t->file_size);
+    if (t->memory && t->tail) { /* an archive of which only the first and last bytes are held */
+        CKPTIO_FORWARD(window_check(t, len, offset));
+        const uint64_t from_head = offset >= t->head_len ? 0 : len < t->head_len - offset ? len : t->head_len - offset;
+        if (from_head) memcpy(buf, t->memory + offset, from_head);
+        if (len > from_head)
+            memcpy((uint8_t *)buf + from_head, t->tail + (offset + from_head - t->tail_offset), len - from_head);
+        return CKPTIO_OK;
+    }
     if (t->memory) {
         memcpy(buf, t->memory + offset, len);
         return CKPTIO_OK;
@@ -93,6 +117,7 @@ static ckptio_status load(ckptio_torch *t) {
     }
     if (st) goto out;
     /* Central directory: its size is bounded by the file size (checked). */
+    if ((st = window_check(t, dir.cd_size, dir.cd_offset))) goto out;
     if (!(cd = ckptio__malloc(dir.cd_size ? dir.cd_size : 1))) {
         st = OPEN_FAIL(t, CKPTIO_E_NOMEM, dir.cd_offset, "no memory for a central directory of %llu bytes",
                        (unsigned long long)dir.cd_size);
@@ -129,6 +154,7 @@ static ckptio_status load(ckptio_torch *t) {
                              (unsigned long long)CKPTIO__TORCH_MAX_PICKLE);
         goto out;
     }
+    if ((st = window_check(t, pk->size, pk->data_offset))) goto out;
     if (!(pickle = ckptio__malloc(pk->size ? pk->size : 1))) {
         st = CKPTIO_FAIL(CKPTIO_E_NOMEM, "%s: no memory for a %llu-byte pickle", t->path, (unsigned long long)pk->size);
         goto out;
@@ -203,6 +229,30 @@ ckptio_status ckptio_torch_parse(const void *bytes, size_t len, ckptio_torch **o
     }
     t->memory = bytes ? bytes : (const uint8_t *)"";
     t->file_size = len;
+    ckptio_status st = load(t);
+    if (st) {
+        torch_destroy(t);
+        return st;
+    }
+    *out = t;
+    return CKPTIO_OK;
+}
+
+ckptio_status ckptio__torch_parse_windows(const uint8_t *head, size_t head_len, const uint8_t *tail, size_t tail_len,
+                                          uint64_t size, ckptio_torch **out) {
+    *out = NULL;
+    CKPTIO_RETURN_IF(head_len > size || tail_len > size || !head || !tail, CKPTIO_E_INVAL,
+                     "ckptio__torch_parse_windows: windows larger than the archive");
+    ckptio_torch *t = ckptio__calloc(1, sizeof *t);
+    if (!t || !(t->path = ckptio__strdup("<memory>"))) {
+        ckptio__free(t);
+        return CKPTIO_FAIL(CKPTIO_E_NOMEM, "no memory to parse a torch file");
+    }
+    t->memory = head;
+    t->head_len = head_len;
+    t->tail = tail;
+    t->tail_offset = size - tail_len;
+    t->file_size = size;
     ckptio_status st = load(t);
     if (st) {
         torch_destroy(t);

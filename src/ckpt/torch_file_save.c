@@ -27,10 +27,9 @@
 
 /* Sets the CRC-32 of the small records; storages' records get 0 here and
  * their real CRC from the data plan's observer (finish_crcs), unless CRCs
- * are off. Measured on the 2-core development machine, Release, 512 MiB of
- * host storages (best of 3): a separate parallel CRC pass before the write
- * saved at 1.40 GB/s (page cache) / 1.19 GB/s (fsync), CRCs in the observer
- * overlapping the writes 1.63 / 1.8 GB/s, no CRC at all 2.3 / 1.9 GB/s. */
+ * are off: computed as the bytes pass to the file, the CRCs overlap the
+ * writes, where a separate pass before them made saves slower
+ * (docs/TORCH_FORMAT.md#measured). */
 static void compute_crcs(ckptio_torch_writer *w) {
     for (size_t i = 0; i < w->nentries; i++) {
         ckptio__zip_entry *e = &w->entries[i];

@@ -1,190 +1,13 @@
 /*
- * engine.c - ckptio_engine: settings (defaults, environment, bounds),
- * lifetime, statistics, progress, and the hooks the GPU layer uses.
- *
- * Defaults were measured (docs/ENGINE.md has the numbers): 8 MiB requests,
- * 16 requests in flight per io_uring worker, min(cores, 16) threads but at
- * least 2, 256 MiB of bounce staging in all (16 MiB per thread at 16).
+ * engine.c - ckptio_engine: lifetime (its settings come from settings.c),
+ * statistics, progress, and the hooks the GPU layer uses.
  */
 #include "engine_private.h"
 
-#include <errno.h>
-#include <limits.h>
-#include <sched.h>
-#include <stdlib.h>
 #include <string.h>
-#include <strings.h>
-
-#define KIB (1ll << 10)
-#define MIB (1ll << 20)
-#define GIB (1ll << 30)
 
 /* Progress callbacks come at most this often (plus first and last). */
 #define CKPTIO_PROGRESS_INTERVAL 0.010
-
-typedef enum option_kind { KIND_INT, KIND_SIZE, KIND_ENUM, KIND_BOOL } option_kind;
-
-typedef struct option_def {
-    const char *name;
-    const char *env;
-    option_kind kind;
-    int64_t min, max;
-    const char *const *names; /* KIND_ENUM: value i is names[i] */
-} option_def;
-
-static const char *const backend_names[] = {"auto", "pread", "io_uring", NULL};
-static const char *const direct_names[] = {"auto", "off", "on", NULL};
-static const char *const gpu_path_names[] = {"auto", "cufile", "pipeline", "staged", NULL};
-static const char *const read_cache_names[] = {"auto", "on", "off", NULL};
-
-static const option_def options[CKPTIO_OPT_COUNT_] = {
-    [CKPTIO_OPT_BACKEND] = {"backend", "CKPTIO_BACKEND", KIND_ENUM, 0, 2, backend_names},
-    [CKPTIO_OPT_THREADS] = {"threads", "CKPTIO_THREADS", KIND_INT, 0, 256, NULL},
-    [CKPTIO_OPT_CHUNK_BYTES] = {"chunk_bytes", "CKPTIO_CHUNK_BYTES", KIND_SIZE, 4 * KIB, 1 * GIB, NULL},
-    [CKPTIO_OPT_QUEUE_DEPTH] = {"queue_depth", "CKPTIO_QUEUE_DEPTH", KIND_INT, 1, 1024, NULL},
-    [CKPTIO_OPT_STAGING_BYTES] = {"staging_bytes", "CKPTIO_STAGING_BYTES", KIND_SIZE, 1 * MIB, 1024 * GIB, NULL},
-    [CKPTIO_OPT_DIRECT] = {"direct", "CKPTIO_DIRECT", KIND_ENUM, 0, 2, direct_names},
-    [CKPTIO_OPT_DIRECT_MIN_BYTES] = {"direct_min_bytes", "CKPTIO_DIRECT_MIN_BYTES", KIND_SIZE, 0, 1024 * GIB, NULL},
-    [CKPTIO_OPT_SYNC] = {"sync", "CKPTIO_SYNC", KIND_BOOL, 0, 1, NULL},
-    [CKPTIO_OPT_GPU_PATH] = {"gpu_path", "CKPTIO_GPU_PATH", KIND_ENUM, 0, 3, gpu_path_names},
-    [CKPTIO_OPT_READ_CACHE] = {"read_cache", "CKPTIO_READ_CACHE", KIND_ENUM, 0, 2, read_cache_names},
-};
-
-/* Threads: one per core up to 16, at least 2. Measured on the 16-core GPU
- * host (docs/ENGINE.md): page-cache reads scale with threads (5.2, 9.6,
- * 17.6, 23.9 GB/s at 2, 4, 8, 16), while disk-bound transfers are flat from
- * 1 to 16 threads, so more threads cost nothing there; 2 keeps one request
- * queued behind the running one on small machines. */
-static int64_t default_threads(void) {
-    cpu_set_t set;
-    long n = 0;
-    if (sched_getaffinity(0, sizeof set, &set) == 0) n = CPU_COUNT(&set);
-    if (n <= 0) n = 2;
-    return n < 2 ? 2 : n > 16 ? 16 : n;
-}
-
-static void set_defaults(ckptio_engine *e) {
-    e->settings[CKPTIO_OPT_BACKEND] = CKPTIO_BACKEND_AUTO;
-    e->settings[CKPTIO_OPT_THREADS] = default_threads();
-    e->settings[CKPTIO_OPT_CHUNK_BYTES] = 8 * MIB;
-    e->settings[CKPTIO_OPT_QUEUE_DEPTH] = 16;
-    e->settings[CKPTIO_OPT_STAGING_BYTES] = 256 * MIB;
-    e->settings[CKPTIO_OPT_DIRECT] = CKPTIO_DIRECT_AUTO;
-    e->settings[CKPTIO_OPT_DIRECT_MIN_BYTES] = 1 * MIB;
-    e->settings[CKPTIO_OPT_SYNC] = 1;
-    e->settings[CKPTIO_OPT_GPU_PATH] = CKPTIO_GPU_PATH_AUTO;
-    e->settings[CKPTIO_OPT_READ_CACHE] = CKPTIO_READ_CACHE_AUTO;
-}
-
-const char *ckptio_option_name(ckptio_option option) {
-    if ((unsigned)option >= CKPTIO_OPT_COUNT_) return NULL;
-    return options[option].name;
-}
-
-const char *ckptio_backend_name(ckptio_backend backend) {
-    if ((unsigned)backend > CKPTIO_BACKEND_IO_URING) return "unknown";
-    return backend_names[backend];
-}
-
-ckptio_status ckptio_option_bounds(ckptio_option option, int64_t *min, int64_t *max) {
-    CKPTIO_RETURN_IF((unsigned)option >= CKPTIO_OPT_COUNT_, CKPTIO_E_INVAL, "unknown engine option %d", (int)option);
-    if (min) *min = options[option].min;
-    if (max) *max = options[option].max;
-    return CKPTIO_OK;
-}
-
-/* Resolves AUTO and checks a forced backend; stores the result. */
-static ckptio_status resolve_backend(ckptio_engine *e, int64_t value) {
-    const char *why = "";
-    const int err = ckptio__io_uring_probe(&why);
-    if (value == CKPTIO_BACKEND_IO_URING && err)
-        return CKPTIO_FAIL_CTX(CKPTIO_E_UNSUPPORTED,
-                               &((ckptio__err_ctx){.operation = "io_uring_queue_init", .file_offset = -1,
-                                                   .sys_errno = err}),
-                               "the io_uring backend was requested but cannot run: %s", why);
-    e->backend = value == CKPTIO_BACKEND_PREAD || err ? CKPTIO_BACKEND_PREAD : CKPTIO_BACKEND_IO_URING;
-    return CKPTIO_OK;
-}
-
-ckptio_status ckptio_engine_set(ckptio_engine *e, ckptio_option option, int64_t value) {
-    CKPTIO_RETURN_IF(!e, CKPTIO_E_INVAL, "ckptio_engine_set: engine is NULL");
-    CKPTIO_RETURN_IF((unsigned)option >= CKPTIO_OPT_COUNT_, CKPTIO_E_INVAL, "unknown engine option %d", (int)option);
-    const option_def *d = &options[option];
-    if (value < d->min || value > d->max)
-        return CKPTIO_FAIL(CKPTIO_E_RANGE, "engine option %s: %lld is outside [%lld, %lld]", d->name, (long long)value,
-                           (long long)d->min, (long long)d->max);
-    if (option == CKPTIO_OPT_CHUNK_BYTES && value % CKPTIO_DIRECT_ALIGN != 0)
-        return CKPTIO_FAIL(CKPTIO_E_RANGE, "engine option %s: %lld is not a multiple of %u", d->name, (long long)value,
-                           CKPTIO_DIRECT_ALIGN);
-    if (option == CKPTIO_OPT_BACKEND) CKPTIO_FORWARD(resolve_backend(e, value));
-    e->settings[option] = value;
-    return CKPTIO_OK;
-}
-
-ckptio_status ckptio_engine_get(const ckptio_engine *e, ckptio_option option, int64_t *value) {
-    CKPTIO_RETURN_IF(!e || !value, CKPTIO_E_INVAL, "ckptio_engine_get: engine and value are required");
-    CKPTIO_RETURN_IF((unsigned)option >= CKPTIO_OPT_COUNT_, CKPTIO_E_INVAL, "unknown engine option %d", (int)option);
-    *value = e->settings[option];
-    return CKPTIO_OK;
-}
-
-int64_t ckptio__engine_setting(const ckptio_engine *e, ckptio_option option) { return e->settings[option]; }
-
-const char *ckptio__option_env(ckptio_option option) { return options[option].env; }
-
-/* Parses one environment value for `d`. */
-static bool parse_env(const option_def *d, const char *text, int64_t *out) {
-    switch (d->kind) {
-    case KIND_ENUM:
-        for (int64_t i = 0; d->names[i]; i++)
-            if (strcasecmp(text, d->names[i]) == 0) return *out = i, true;
-        return false;
-    case KIND_BOOL:
-        if (!strcasecmp(text, "1") || !strcasecmp(text, "on") || !strcasecmp(text, "true") || !strcasecmp(text, "yes"))
-            return *out = 1, true;
-        if (!strcasecmp(text, "0") || !strcasecmp(text, "off") || !strcasecmp(text, "false") || !strcasecmp(text, "no"))
-            return *out = 0, true;
-        return false;
-    case KIND_SIZE: {
-        uint64_t v;
-        if (!ckptio__parse_size(text, &v) || v > (uint64_t)INT64_MAX) return false;
-        return *out = (int64_t)v, true;
-    }
-    case KIND_INT: {
-        char *end = NULL;
-        errno = 0;
-        long long v = strtoll(text, &end, 10);
-        if (errno || end == text || *end) return false;
-        return *out = v, true;
-    }
-    }
-    return false;
-}
-
-static ckptio_status apply_env(ckptio_engine *e) {
-    for (int i = 0; i < CKPTIO_OPT_COUNT_; i++) {
-        const option_def *d = &options[i];
-        const char *text = getenv(d->env);
-        if (!text || !*text) continue;
-        int64_t v;
-        if (!parse_env(d, text, &v)) {
-            const char *expect = d->kind == KIND_ENUM   ? "one of the names in ckptio.h"
-                                 : d->kind == KIND_BOOL ? "0/1, on/off, true/false or yes/no"
-                                 : d->kind == KIND_SIZE ? "a byte count such as 4096, 64K or 8M"
-                                                        : "an integer";
-            if (d->kind == KIND_ENUM)
-                return CKPTIO_FAIL_CTX(CKPTIO_E_INVAL, &((ckptio__err_ctx){.subject = d->env, .file_offset = -1}),
-                                       "\"%s\" is not one of %s|%s|%s", text, d->names[0], d->names[1], d->names[2]);
-            return CKPTIO_FAIL_CTX(CKPTIO_E_INVAL, &((ckptio__err_ctx){.subject = d->env, .file_offset = -1}),
-                                   "\"%s\" is not %s", text, expect);
-        }
-        ckptio_status st = ckptio_engine_set(e, (ckptio_option)i, v);
-        if (st != CKPTIO_OK)
-            return CKPTIO_FAIL_CTX(st, &((ckptio__err_ctx){.subject = d->env, .file_offset = -1}), "%s",
-                                   ckptio_last_error_message());
-    }
-    return CKPTIO_OK;
-}
 
 static void engine_file_ref(ckptio_engine *e, int delta) {
     if (e) atomic_fetch_add(&e->open_files, delta);
@@ -206,9 +29,7 @@ ckptio_status ckptio__engine_create(const ckptio__device_provider *device, ckpti
     e->device = device;
     pthread_mutex_init(&e->lock, NULL);
     atomic_init(&e->generation, ckptio__fork_generation());
-    set_defaults(e);
-    ckptio_status st = resolve_backend(e, CKPTIO_BACKEND_AUTO);
-    if (st == CKPTIO_OK) st = apply_env(e);
+    ckptio_status st = ckptio__settings_init(e);
     if (st != CKPTIO_OK) {
         pthread_mutex_destroy(&e->lock);
         ckptio__free(e);
@@ -255,12 +76,6 @@ ckptio_status ckptio_engine_destroy(ckptio_engine *e) {
     if (e->gpu_state && e->gpu_state_destroy) e->gpu_state_destroy(e->gpu_state);
     pthread_mutex_destroy(&e->lock);
     ckptio__free(e);
-    return CKPTIO_OK;
-}
-
-ckptio_status ckptio_engine_backend(ckptio_engine *e, ckptio_backend *out) {
-    CKPTIO_RETURN_IF(!e || !out, CKPTIO_E_INVAL, "ckptio_engine_backend: engine and out are required");
-    *out = e->backend;
     return CKPTIO_OK;
 }
 
@@ -350,8 +165,6 @@ void ckptio__engine_stats_add(ckptio_engine *e, const ckptio_stats *d) {
     s->seconds_io += d->seconds_io;
     s->seconds_fsync += d->seconds_fsync;
     s->seconds_copy += d->seconds_copy;
-    s->bytes_h2d_mapped += d->bytes_h2d_mapped;
-    s->mapped_fallbacks += d->mapped_fallbacks;
     pthread_mutex_unlock(&e->lock);
 }
 

@@ -15,8 +15,15 @@
 typedef void (*ckptio__worker_fn)(void *arg, unsigned worker);
 ckptio_status ckptio__engine_parallel(ckptio_engine *engine, unsigned nworkers, ckptio__worker_fn fn, void *arg);
 
-/* Reads a setting without the status dance (option must be valid). */
+/* Reads a setting without the status dance (option must be valid). The
+ * engine's settings are the only tunables of a transfer: nothing below or
+ * above reads the environment for one (docs/ENGINE.md#5-settings). */
 int64_t ckptio__engine_setting(const ckptio_engine *engine, ckptio_option option);
+
+/* The process-wide variables naming the driver libraries src/gpu loads
+ * (read once, when the library is first needed; settings.c documents them). */
+#define CKPTIO__ENV_CUDA_LIBRARY "CKPTIO_CUDA_LIBRARY"
+#define CKPTIO__ENV_CUFILE_LIBRARY "CKPTIO_CUFILE_LIBRARY"
 
 /* Adds to the engine's counters (thread-safe). Only non-zero fields of
  * `delta` matter; staging_* are maintained with ckptio__engine_staging(). */

@@ -1,7 +1,8 @@
 /*
  * engine_private.h - the engine's own structures, shared by the files of
- * src/engine only (engine.c: settings and lifetime; pool.c: threads;
- * plan.c: plans and their validation; exec.c: running a plan).
+ * src/engine only (settings.c: the settings table; engine.c: lifetime,
+ * statistics, progress; pool.c: threads; plan.c: plans and their
+ * validation; exec.c: running a plan).
  */
 #ifndef CKPTIO_ENGINE_PRIVATE_H
 #define CKPTIO_ENGINE_PRIVATE_H
@@ -63,8 +64,48 @@ struct ckptio_plan {
  * overlaps, end of file for reads). Errors name the extent indices. */
 ckptio_status ckptio__plan_validate(ckptio_engine *engine, const ckptio_plan *plan);
 
+/* ---- settings (settings.c: the table) ---------------------------------- */
+
+typedef enum ckptio__setting_kind {
+    CKPTIO__SETTING_INT,  /* a decimal integer */
+    CKPTIO__SETTING_SIZE, /* a byte count in ckptio__parse_size's syntax ("8M") */
+    CKPTIO__SETTING_ENUM, /* one of `names`, value i being names[i] */
+    CKPTIO__SETTING_BOOL  /* 0/1, on/off, true/false, yes/no */
+} ckptio__setting_kind;
+
+/* One setting: a row of the table in settings.c. */
+typedef struct ckptio__setting {
+    const char *name;              /* ckptio_option_name(): "threads" */
+    const char *env;               /* its environment variable: "CKPTIO_THREADS" */
+    ckptio__setting_kind kind;
+    int64_t def;                   /* the default, unless `compute` gives it */
+    int64_t (*compute)(void);      /* NULL, or the default computed when an engine is created */
+    const char *compute_doc;       /* how `compute` decides, for the docs */
+    int64_t min, max;              /* ckptio_option_bounds() */
+    int64_t multiple;              /* 0, or values must be a multiple of this */
+    const char *const *names;      /* CKPTIO__SETTING_ENUM: the value names, NULL-terminated */
+    const char *doc;               /* one line for docs/ENGINE.md */
+} ckptio__setting;
+
+/* A CKPTIO_* variable read outside the settings: once per process, or by the CLI. */
+typedef struct ckptio__variable {
+    const char *env;
+    const char *doc;
+} ckptio__variable;
+
+/* The table row of `option`; NULL if invalid. */
+const ckptio__setting *ckptio__setting_def(ckptio_option option);
+
+/* The i-th variable read outside the settings; NULL past the last. */
+const ckptio__variable *ckptio__variable_def(size_t i);
+
 /* The environment variable of a setting ("CKPTIO_THREADS"); `option` valid. */
 const char *ckptio__option_env(ckptio_option option);
+
+/* Gives a new engine its settings: the defaults, the backend they resolve
+ * to, then every setting's environment variable (a malformed or refused
+ * value fails, naming the variable). */
+ckptio_status ckptio__settings_init(ckptio_engine *engine);
 
 /* ---- the engine -------------------------------------------------------- */
 

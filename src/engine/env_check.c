@@ -1,12 +1,13 @@
 /*
  * env_check.c - CKPTIO_* environment variables that ckptio does not read.
  *
- * Settings come from the environment (engine.c reads each setting's
+ * Settings come from the environment (settings.c reads each setting's
  * variable once per engine), so a misspelt name, CKPTIO_THREDS=4, would be
  * ignored without a word. ckptio_env_check() lists such names with the
- * closest name ckptio does read; the library itself never prints: the Python
- * package turns each line into a warning at its first engine and the CLI prints them
- * on stderr.
+ * closest name ckptio does read, both taken from the settings table; names
+ * starting with CKPTIO_TEST_ (the project's tests and benchmarks) are never
+ * listed. The library itself never prints: the Python package turns each
+ * line into a warning at its first engine and the CLI prints them on stderr.
  *
  * "Closest": the optimal-string-alignment distance (insertions, deletions,
  * substitutions, transpositions of neighbours) of the parts after CKPTIO_,
@@ -25,41 +26,24 @@ extern char **environ;
 #define PREFIX "CKPTIO_"
 #define MAX_NAME 64 /* longer names get no suggestion */
 
-/* Variables ckptio reads besides the engine settings (engine.c). */
-static const char *const library_names[] = {
-    "CKPTIO_CUDA_LIBRARY",   /* src/gpu/cuda_shim.c: libcuda to dlopen */
-    "CKPTIO_CUFILE_LIBRARY", /* src/gpu/cufile_shim.c: libcufile to dlopen */
-    "CKPTIO_NVTX",           /* src/gpu/cuda_shim.c: NVTX ranges */
-    "CKPTIO_NO_PROGRESS",    /* the CLI: no progress bars */
-    /* src/gpu/gpu_geometry.c, gpu_pipeline.c: the GPU pipeline's experiment knobs, and the switch of its huge-page
-     * slots (0 off, 1 forced, else guarded: docs/GPU.md) */
-    "CKPTIO_GPU_READ_SLOTS", "CKPTIO_GPU_READ_WORKERS", "CKPTIO_GPU_SLOT_MAX_BYTES", "CKPTIO_GPU_HUGE_SLOTS",
-    "CKPTIO_GPU_MAP_WORKERS", "CKPTIO_GPU_MAP_BATCH_BYTES", "CKPTIO_GPU_COPY_2D", "CKPTIO_GPU_PACK",
-    "CKPTIO_SCATTER", /* python/ckptio/_group_read.py: how scattered tensors travel (an experiment knob) */
-    NULL,
-};
+/* Never reported: the prefix of the variables ckptio's own tests and
+ * benchmarks use (the library reads none of them). */
+#define TEST_PREFIX "CKPTIO_TEST_"
 
-/* Variables of this project's build and test scripts (scripts/, tests/):
- * not settings, but set wherever its tests run. */
-static const char *const script_names[] = {
-    "CKPTIO_BUILD_DIR", "CKPTIO_LIB", "CKPTIO_PYTHON", "CKPTIO_GPU_BUILD", "CKPTIO_FUZZ_SECONDS",
-    "CKPTIO_OLD_TORCH_PYTHON", NULL,
-};
-#define SCRIPT_PREFIX "CKPTIO_TEST_"
-
-static bool listed(const char *name, size_t len, const char *const *names) {
-    for (size_t i = 0; names[i]; i++)
-        if (strlen(names[i]) == len && memcmp(names[i], name, len) == 0) return true;
-    return false;
+/* Names ckptio reads: the settings, then the variables read outside them
+ * (settings.c has both); NULL past the end. */
+static const char *candidate(size_t i) {
+    if (i < CKPTIO_OPT_COUNT_) return ckptio__option_env((ckptio_option)i);
+    const ckptio__variable *v = ckptio__variable_def(i - CKPTIO_OPT_COUNT_);
+    return v ? v->env : NULL;
 }
 
 static bool known(const char *name, size_t len) {
-    for (int o = 0; o < CKPTIO_OPT_COUNT_; o++) {
-        const char *env = ckptio__option_env((ckptio_option)o);
-        if (strlen(env) == len && memcmp(env, name, len) == 0) return true;
-    }
-    return listed(name, len, library_names) || listed(name, len, script_names) ||
-           (len > sizeof SCRIPT_PREFIX - 1 && memcmp(name, SCRIPT_PREFIX, sizeof SCRIPT_PREFIX - 1) == 0);
+    if (len >= sizeof TEST_PREFIX - 1 && memcmp(name, TEST_PREFIX, sizeof TEST_PREFIX - 1) == 0) return true;
+    const char *c;
+    for (size_t i = 0; (c = candidate(i)) != NULL; i++)
+        if (strlen(c) == len && memcmp(c, name, len) == 0) return true;
+    return false;
 }
 
 /* Optimal string alignment distance of a[0..n) and b[0..m), case ignored. */
@@ -90,14 +74,6 @@ static bool starts_with_nocase(const char *s, size_t n, const char *prefix, size
     for (size_t i = 0; i < p; i++)
         if (toupper((unsigned char)s[i]) != toupper((unsigned char)prefix[i])) return false;
     return true;
-}
-
-/* Names a suggestion may point to: the settings, then the library's other
- * variables; NULL past the end. */
-static const char *candidate(size_t i) {
-    if (i < CKPTIO_OPT_COUNT_) return ckptio__option_env((ckptio_option)i);
-    i -= CKPTIO_OPT_COUNT_;
-    return i < sizeof library_names / sizeof *library_names ? library_names[i] : NULL;
 }
 
 /* The known name closest to `name` (its first `len` characters), or NULL. */

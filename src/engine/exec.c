@@ -254,7 +254,7 @@ static int next_op(worker *w, xop *op) {
     const int fd = e->file->fd;
     const uint64_t pos = c->pos, end = c->end;
     uint64_t take;
-    *op = (xop){.io = {.fd = fd, .buffered_fd = fd, .dir = x->dir, .buf_index = -1,
+    *op = (xop){.io = {.fd = fd, .buffered_fd = fd, .dir = x->dir, .buf_index = -1, .object = e->file->object,
                        .turn = x->dir == CKPTIO_WRITE ? ckptio__file_write_turn(e->file) : NULL},
                 .extent = c->extent, .slot = -1};
     ckptio__io_op *io = &op->io;
@@ -436,6 +436,16 @@ static ckptio_status run_host(exec *x) {
     x->ntasks = n;
 
     const unsigned nworkers = threads == 0 ? 1 : (uint64_t)threads < n ? threads : (unsigned)n;
+    /* s3:// objects: each worker keeps its share of the S3 concurrency in
+     * flight as ranged GETs (io_object.c). */
+    for (size_t i = 0; i < x->nhost; i++)
+        if (p->ext[x->host[i]].file->object) {
+            const unsigned c = (unsigned)ckptio__engine_setting(e, CKPTIO_OPT_S3_CONCURRENCY);
+            x->backend = &ckptio__backend_object;
+            x->backend_forced = false;
+            x->depth = (c + nworkers - 1) / nworkers;
+            break;
+        }
     const unsigned depth = x->backend == &ckptio__backend_pread ? 1 : x->depth;
     /* Staging bound: every worker of a full-width transfer together holds
      * at most CKPTIO_OPT_STAGING_BYTES; more than chunk x depth per worker
@@ -468,10 +478,9 @@ static ckptio_status run_host(exec *x) {
 /* Sets each written file's size to the end of its last extent before any
  * data moves. On ext4 (and XFS) an O_DIRECT write that extends the file
  * updates the size under the inode's exclusive lock, which serialises the
- * workers; writes inside the size run in parallel (measured on the H200
- * machine: 1.8 GB/s appending vs 2.7 GB/s for the raw ceiling that
- * truncates first). Writes only ever grow a file, so the result is what
- * the writes alone would have left. */
+ * workers; writes inside the size run in parallel
+ * (docs/ENGINE.md#sized-first). Writes only ever grow a file, so the
+ * result is what the writes alone would have left. */
 static ckptio_status extend_written_files(const ckptio_plan *p) {
     enum { MAX_FILES = 64 }; /* beyond that, files simply grow as written */
     ckptio_file *files[MAX_FILES];
@@ -480,6 +489,7 @@ static ckptio_status extend_written_files(const ckptio_plan *p) {
     for (size_t i = 0; i < p->count; i++) {
         const ckptio_extent *ex = &p->ext[i];
         if (!ex->length) continue;
+        if (ex->file->object) continue; /* an object grows as it is written */
         const uint64_t end = ex->file_offset + ex->length; /* validated: no overflow */
         size_t k = 0;
         while (k < nfiles && files[k] != ex->file) k++;

@@ -153,7 +153,9 @@ ckptio_status ckptio__plan_validate(ckptio_engine *engine, const ckptio_plan *p)
         char subject[48];
         snprintf(subject, sizeof subject, "extent %zu", i);
         CKPTIO_FORWARD(ckptio__file_check_transfer(x->file, p->dir, subject));
-        if (p->dir == CKPTIO_READ) {
+        if (p->dir == CKPTIO_READ && x->file->object) {
+            CKPTIO_FORWARD(ckptio_file_size(x->file, &size));
+        } else if (p->dir == CKPTIO_READ) {
             struct stat sb;
             if (fstat(x->file->fd, &sb) < 0)
                 return CKPTIO_FAIL_SYS(errno, "fstat", x->file->path, -1, "extent %zu: reading the file size", i);

@@ -52,6 +52,14 @@ static const dcp_class_row dcp_classes[] = {
     {"pathlib._local", "PosixPath", posix_path},
 };
 
+bool ckptio__dcp_class_takes_state(const char *canonical) {
+    static const char *const stateless[] = {"torch.Size", "torch.serialization._get_layout", posix_path,
+                                            mem_format_encoding};
+    for (size_t i = 0; i < sizeof stateless / sizeof stateless[0]; i++)
+        if (strcmp(canonical, stateless[i]) == 0) return false;
+    return true;
+}
+
 const char *ckptio__dcp_class(const char *module, const char *name) {
     for (size_t i = 0; i < sizeof dcp_classes / sizeof dcp_classes[0]; i++)
         if (strcmp(module, dcp_classes[i].module) == 0 && strcmp(name, dcp_classes[i].name) == 0)

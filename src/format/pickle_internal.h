@@ -16,7 +16,8 @@ enum {
     CKPTIO__VALUE_GLOBAL = 100, /* an allowlisted global; u.global */
     CKPTIO__VALUE_STORAGE,      /* a persistent storage reference; u.storage */
     CKPTIO__VALUE_STORAGE_CLASS,/* torch.<X>Storage or UntypedStorage; u.dtype */
-    CKPTIO__VALUE_CLASS         /* DCP mode: an allowlisted class; u.s.data its "module.Name" (static) */
+    CKPTIO__VALUE_CLASS,        /* DCP mode: an allowlisted class; u.s.data its "module.Name" (static) */
+    CKPTIO__VALUE_NUMPY_PENDING /* a numpy array or dtype awaiting its BUILD state; u.obj (pickle_numpy.c) */
 };
 
 /* Node flags. */
@@ -27,7 +28,8 @@ enum {
     CKPTIO__VFLAG_GRAD = 1u << 3,     /* tensor: requires_grad */
     CKPTIO__VFLAG_UNTYPED = 1u << 4,  /* storage class: UntypedStorage */
     CKPTIO__VFLAG_HOLDS_GLOBAL = 1u << 5, /* DCP mode: tuple holding a global or class at some depth */
-    CKPTIO__VFLAG_TORCH_SIZE = 1u << 6    /* tuple: made by torch.Size(...) */
+    CKPTIO__VFLAG_TORCH_SIZE = 1u << 6,   /* tuple: made by torch.Size(...) */
+    CKPTIO__VFLAG_UNHASHABLE = 1u << 7    /* tuple: holds a list, dict, set or array at some depth */
 };
 
 /* The allowlisted globals (docs/FORMATS.md section 2; torch/_weights_only_unpickler.py). */
@@ -43,7 +45,12 @@ typedef enum ckptio__global {
     CKPTIO__G_REBUILD_PARAMETER_WITH_STATE,
     CKPTIO__G_REBUILD_FROM_TYPE_V2,
     CKPTIO__G_TORCH_TENSOR,
-    CKPTIO__G_PARAMETER
+    CKPTIO__G_PARAMETER,
+    CKPTIO__G_BUILTINS_BYTES,   /* builtins.bytes(): protocol 2 pickles b'' so (an empty array's data) */
+    CKPTIO__G_NP_RECONSTRUCT,   /* numpy.core.multiarray._reconstruct (or numpy._core.) */
+    CKPTIO__G_NP_NDARRAY,       /* numpy.ndarray: only as _reconstruct's first argument */
+    CKPTIO__G_NP_DTYPE,         /* numpy.dtype */
+    CKPTIO__G_NP_SCALAR         /* numpy.core.multiarray.scalar (or numpy._core.) */
 } ckptio__global;
 
 typedef struct ckptio__storage_ref {
@@ -106,11 +113,55 @@ ckptio_status ckptio__value_push(ckptio_value *seq, ckptio_value *item);
 /* Marks item as held by a container and updates parent's height; refuses
  * inserting into a frozen container (so no cycles can form). */
 ckptio_status ckptio__value_adopt(ckptio_value *parent, ckptio_value *item);
+/* True when v may be a dict key or set item (as hash(v) succeeds in Python):
+ * not a list, dict, set, array, nor a tuple holding one. */
+bool ckptio__value_hashable(const ckptio_value *v);
+/* "list", "dict", ... of a public kind, for messages ("internal" otherwise). */
+const char *ckptio__value_kind_name(int kind);
 
 /* True when s[0..n) is UTF-8 as pickle's BINUNICODE reads it ('surrogatepass':
  * encoded surrogates pass, overlongs and code points past U+10FFFF do not).
  * The unpickler refuses other strs; the writer too. */
 bool ckptio__pickle_utf8_valid(const uint8_t *s, size_t n);
+
+/* ---- names a pickle may use (pickle_names.c) ----------------------------- */
+
+/* The tag of an allowlisted global of a state-dict pickle; false if none. */
+bool ckptio__pickle_global_tag(const char *module, const char *name, ckptio__global *tag);
+/* "module.name" of a tag, for messages (static). */
+const char *ckptio__pickle_global_name(ckptio__global tag);
+/* Globals torch's weights_only unpickler allows that ckptio does not implement. */
+bool ckptio__pickle_torch_allows(const char *module, const char *name);
+/* Checks a torch.device's text ("cuda", "cuda:1") as torch.device() would
+ * parse it: a known device type and an index 0..127 without leading zeros.
+ * CKPTIO_E_FORMAT naming what is wrong (no context). */
+ckptio_status ckptio__pickle_check_device(const char *text, size_t len);
+/* Checks an attribute name BUILD sets on an OrderedDict: an ASCII identifier
+ * that neither starts with "__" nor names a method of OrderedDict, so the
+ * object the reader builds behaves (and pickles again) as a dict.
+ * CKPTIO_E_FORMAT / CKPTIO_E_UNSUPPORTED naming it (no context). */
+ckptio_status ckptio__pickle_check_attr_name(const ckptio_value *key);
+
+/* ---- numpy values (pickle_numpy.c) ---------------------------------------- */
+
+/* Class names of the finished numpy nodes (CKPTIO_VALUE_OBJECT), static:
+ *   "numpy.dtype"   args (descr,): "<f8", ">i4", "|b1", ...
+ *   "numpy.ndarray" args (dtype, shape, fortran, data): a dtype node, a tuple
+ *                   of ints, a bool (data in Fortran order), bytes of
+ *                   exactly prod(shape) elements
+ *   "numpy.generic" args (dtype, data): a numpy scalar, data one element
+ * Only bool, int, uint, float and complex dtypes are built. */
+extern const char ckptio__numpy_dtype[], ckptio__numpy_ndarray[], ckptio__numpy_generic[];
+
+/* REDUCE of a numpy tag: a pending array (_reconstruct) or dtype, or a
+ * finished scalar. Errors have no context (the caller adds the offset). */
+ckptio_status ckptio__numpy_reduce(ckptio__value_pool *pool, ckptio__global fn, ckptio_value *args,
+                                   ckptio_value **out);
+/* BUILD of a numpy node `target` with `state`: a pending dtype or array
+ * becomes a finished one; anything else is refused. */
+ckptio_status ckptio__numpy_build(ckptio__value_pool *pool, ckptio_value *target, ckptio_value *state);
+/* True for a finished or pending numpy node. */
+bool ckptio__numpy_node(const ckptio_value *v);
 
 /* ---- pickle writer (protocol 2) ------------------------------------------ */
 
@@ -133,6 +184,23 @@ void ckptio__pickle_str(ckptio__pickle_buf *b, const char *s, size_t len);
 /* bytes as torch.save writes them: _codecs.encode(latin-1 text, 'latin1'). */
 void ckptio__pickle_bytes(ckptio__pickle_buf *b, const uint8_t *data, size_t len);
 void ckptio__pickle_bool(ckptio__pickle_buf *b, bool v);
+
+/* One entry of a DCP .metadata written whole: a tensor stored as one chunk
+ * (its global shape in torch's terms) or a byte item, at [offset, +length)
+ * of data file `file`. */
+typedef struct ckptio__dcp_md_item {
+    const char *fqn;
+    int is_bytes;
+    ckptio_dtype dtype;
+    uint32_t ndim;
+    const int64_t *shape;
+    const char *file;
+    uint64_t offset, length;
+} ckptio__dcp_md_item;
+
+/* Appends the pickled Metadata of `items` (in order) to b, as torch's writer
+ * pickles it (pickle_dcp_write.c). */
+ckptio_status ckptio__dcp_metadata_pickle(const ckptio__dcp_md_item *items, size_t count, ckptio__pickle_buf *b);
 
 /* Pickle opcodes used by the writer and the reader. */
 enum {
@@ -173,6 +241,10 @@ ckptio_status ckptio__unpickle_mode(const uint8_t *data, size_t len, const char 
 /* The canonical "module.Name" (static) of a class allowed in DCP metadata,
  * or NULL (pickle_dcp_classes.c). */
 const char *ckptio__dcp_class(const char *module, const char *name);
+/* Whether instances of that class (a canonical name) take a BUILD state:
+ * the dataclasses and TensorProperties do; torch.Size, PosixPath, the
+ * memory-format enum and _get_layout are made whole by their call. */
+bool ckptio__dcp_class_takes_state(const char *canonical);
 /* The dtype whose torch name (without "torch.") is `name` (torch_dtype.c). */
 bool ckptio__dtype_from_torch_name(const char *name, ckptio_dtype *out);
 

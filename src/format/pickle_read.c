@@ -89,6 +89,18 @@ static ckptio_status pop_mark(vm *m, size_t *start) {
 static ckptio_value *new_node(vm *m, int kind) { return ckptio__value_new(m->pool, kind); }
 
 static ckptio_status adopt(vm *m, ckptio_value *parent, ckptio_value *item) {
+    if (item->kind == CKPTIO__VALUE_NUMPY_PENDING)
+        return vfail_at(m, CKPTIO_E_FORMAT, "a %s is used before BUILD gave it its state", item->u.obj.cls);
+    /* What Python could not build: an unhashable dict key or set item (the
+     * reader would fail with a TypeError where verify passed). */
+    const bool hashable = ckptio__value_hashable(item);
+    const bool keyed =
+        parent->kind == CKPTIO_VALUE_SET || (parent->kind == CKPTIO_VALUE_DICT && parent->u.seq.len % 2 == 0);
+    if (!hashable && keyed)
+        return vfail_at(m, CKPTIO_E_FORMAT, "a %s as a %s: unhashable (Python cannot build this)",
+                        item->kind == CKPTIO_VALUE_OBJECT ? "numpy array" : ckptio__value_kind_name(item->kind),
+                        parent->kind == CKPTIO_VALUE_SET ? "set item" : "dict key");
+    if (!hashable && parent->kind == CKPTIO_VALUE_TUPLE) parent->flags |= CKPTIO__VFLAG_UNHASHABLE;
     const bool holds = item->kind >= CKPTIO__VALUE_GLOBAL || (item->flags & CKPTIO__VFLAG_HOLDS_GLOBAL);
     if ((item->kind >= CKPTIO__VALUE_GLOBAL || (m->mode && holds)) && parent->kind != CKPTIO_VALUE_TUPLE)
         return vfail_at(m, CKPTIO_E_FORMAT, "a global or storage cannot be stored in a container");
@@ -122,29 +134,6 @@ static ckptio_status memo_put(vm *m, size_t idx) {
 static ckptio_status memo_get(vm *m, size_t idx) {
     if (idx >= m->memo_cap || !m->memo[idx]) return vfail_at(m, CKPTIO_E_FORMAT, "memo slot %zu was never stored", idx);
     return push(m, m->memo[idx]);
-}
-
-bool ckptio__pickle_utf8_valid(const uint8_t *s, size_t n) {
-    size_t i = 0;
-    while (i < n) {
-        uint8_t c = s[i];
-        size_t k;
-        uint32_t cp;
-        if (c < 0x80) { i++; continue; }
-        if ((c & 0xE0) == 0xC0) k = 1, cp = c & 0x1F;
-        else if ((c & 0xF0) == 0xE0) k = 2, cp = c & 0x0F;
-        else if ((c & 0xF8) == 0xF0) k = 3, cp = c & 0x07;
-        else return false;
-        if (n - i <= k) return false;
-        for (size_t j = 1; j <= k; j++) {
-            if ((s[i + j] & 0xC0) != 0x80) return false;
-            cp = cp << 6 | (s[i + j] & 0x3F);
-        }
-        if ((k == 1 && cp < 0x80) || (k == 2 && cp < 0x800) || (k == 3 && (cp < 0x10000 || cp > 0x10FFFF)))
-            return false;
-        i += k + 1;
-    }
-    return true;
 }
 
 static ckptio_status push_string(vm *m, int kind, size_t n) {
@@ -182,53 +171,6 @@ static ckptio_status push_long(vm *m, size_t n) {
 
 /* ---- globals ------------------------------------------------------------------ */
 
-typedef struct global_row {
-    const char *module, *name;
-    ckptio__global tag;
-} global_row;
-
-static const global_row global_table[] = {
-    {"collections", "OrderedDict", CKPTIO__G_ORDERED_DICT},
-    {"_codecs", "encode", CKPTIO__G_CODECS_ENCODE},
-    {"torch", "Size", CKPTIO__G_TORCH_SIZE},
-    {"torch", "device", CKPTIO__G_TORCH_DEVICE},
-    {"builtins", "set", CKPTIO__G_BUILTINS_SET},
-    {"torch._utils", "_rebuild_tensor_v2", CKPTIO__G_REBUILD_TENSOR_V2},
-    {"torch._utils", "_rebuild_tensor_v3", CKPTIO__G_REBUILD_TENSOR_V3},
-    {"torch._utils", "_rebuild_parameter", CKPTIO__G_REBUILD_PARAMETER},
-    {"torch._utils", "_rebuild_parameter_with_state", CKPTIO__G_REBUILD_PARAMETER_WITH_STATE},
-    {"torch._tensor", "_rebuild_from_type_v2", CKPTIO__G_REBUILD_FROM_TYPE_V2},
-    {"torch", "Tensor", CKPTIO__G_TORCH_TENSOR},
-    {"torch.nn.parameter", "Parameter", CKPTIO__G_PARAMETER},
-};
-
-static const char *global_name(ckptio__global tag) {
-    for (size_t i = 0; i < sizeof global_table / sizeof global_table[0]; i++)
-        if (global_table[i].tag == tag) return global_table[i].name;
-    return "?";
-}
-
-/* Globals torch's weights_only allows but ckptio does not implement. */
-static bool torch_allows(const char *module, const char *name) {
-    static const char *const known[] = {"collections.Counter", "torch.serialization._get_layout",
-                                        "builtins.bytearray", "builtins.complex", "torch.storage.TypedStorage",
-                                        "torch._utils._rebuild_tensor", "torch._utils._rebuild_qtensor",
-                                        "torch._utils._rebuild_sparse_tensor",
-                                        "torch._utils._rebuild_meta_tensor_no_storage",
-                                        "torch._utils._rebuild_wrapper_subclass",
-                                        "torch._utils._rebuild_device_tensor_from_numpy",
-                                        "torch._utils._rebuild_device_tensor_from_cpu_tensor",
-                                        "torch._utils._rebuild_nested_tensor"};
-    char full[256];
-    snprintf(full, sizeof full, "%s.%s", module, name);
-    for (size_t i = 0; i < sizeof known / sizeof known[0]; i++)
-        if (strcmp(full, known[i]) == 0) return true;
-    return strcmp(module, "torch") == 0 && (strstr(name, "Storage") || strncmp(name, "int", 3) == 0 ||
-                                            strncmp(name, "uint", 4) == 0 || strncmp(name, "per_", 4) == 0 ||
-                                            strncmp(name, "q", 1) == 0 || strncmp(name, "float", 5) == 0 ||
-                                            strncmp(name, "bits", 4) == 0 || strncmp(name, "complex", 7) == 0);
-}
-
 static ckptio_status push_dcp_global(vm *m, const char *module, const char *name) {
     const char *cls = ckptio__dcp_class(module, name);
     ckptio_value *v;
@@ -253,12 +195,11 @@ static ckptio_status push_global(vm *m, const char *module, const char *name) {
     /* Python's protocol-2 pickler writes Python 2 module names (fix_imports). */
     if (strcmp(module, "__builtin__") == 0) module = "builtins";
     if (m->mode == CKPTIO__UNPICKLE_DCP_METADATA) return push_dcp_global(m, module, name);
-    for (size_t i = 0; i < sizeof global_table / sizeof global_table[0]; i++) {
-        if (strcmp(module, global_table[i].module) == 0 && strcmp(name, global_table[i].name) == 0) {
-            ckptio_value *v = new_node(m, CKPTIO__VALUE_GLOBAL);
-            if (v) v->u.global = global_table[i].tag;
-            return push(m, v);
-        }
+    ckptio__global tag;
+    if (ckptio__pickle_global_tag(module, name, &tag)) {
+        ckptio_value *v = new_node(m, CKPTIO__VALUE_GLOBAL);
+        if (v) v->u.global = tag;
+        return push(m, v);
     }
     ckptio_dtype dtype;
     if (strcmp(module, "torch") == 0 && ckptio__torch_storage_class_dtype(name, &dtype)) {
@@ -276,12 +217,12 @@ static ckptio_status push_global(vm *m, const char *module, const char *name) {
         if (v) v->u.dtype = dtype;
         return push(m, v);
     }
-    if (torch_allows(module, name))
+    if (ckptio__pickle_torch_allows(module, name))
         return vfail_at(m, CKPTIO_E_UNSUPPORTED, "global '%s.%s' is allowed by torch but not supported by ckptio",
                         module, name);
     return vfail_at(m, CKPTIO_E_DISALLOWED,
                     "global '%s.%s' is not in the allowlist (only state-dict types: OrderedDict, tensors, "
-                    "storages, dtypes, torch.Size, torch.device, bytes, set)",
+                    "storages, dtypes, torch.Size, torch.device, bytes, set, numpy arrays and scalars)",
                     module, name);
 }
 
@@ -350,6 +291,18 @@ static ckptio_status int_tuple(vm *m, const ckptio_value *v, const char *what, i
     return CKPTIO_OK;
 }
 
+/* torch lets only floating point and complex tensors require gradients
+ * (torch.load itself fails on any other). */
+static ckptio_status check_grad(vm *m, ckptio_dtype dtype) {
+    switch (dtype) {
+    case CKPTIO_DTYPE_BOOL: case CKPTIO_DTYPE_U8: case CKPTIO_DTYPE_I8: case CKPTIO_DTYPE_U16: case CKPTIO_DTYPE_I16:
+    case CKPTIO_DTYPE_U32: case CKPTIO_DTYPE_I32: case CKPTIO_DTYPE_U64: case CKPTIO_DTYPE_I64:
+        return vfail_at(m, CKPTIO_E_FORMAT, "a %s tensor that requires grad (torch only lets floating point and "
+                        "complex tensors require grad)", ckptio_dtype_torch_name(dtype));
+    default: return CKPTIO_OK;
+    }
+}
+
 /* _rebuild_tensor_v2(storage, offset, size, stride, requires_grad, hooks[, metadata])
  * _rebuild_tensor_v3(storage, offset, size, stride, requires_grad, hooks, dtype[, metadata]) */
 static ckptio_status rebuild_tensor(vm *m, const ckptio_value *args, bool v3, ckptio_value **out) {
@@ -388,7 +341,10 @@ static ckptio_status rebuild_tensor(vm *m, const ckptio_value *args, bool v3, ck
     t->u.tensor.dtype = dtype;
     t->u.tensor.storage_offset = (uint64_t)offset->u.i;
     t->u.tensor.index = SIZE_MAX;
-    if (grad->u.b) t->flags |= CKPTIO__VFLAG_GRAD;
+    if (grad->u.b) {
+        CKPTIO_FORWARD(check_grad(m, dtype));
+        t->flags |= CKPTIO__VFLAG_GRAD;
+    }
     *out = t;
     return CKPTIO_OK;
 }
@@ -400,7 +356,10 @@ static ckptio_status as_parameter(vm *m, const ckptio_value *tensor, const ckpti
     if (!p) return refail(m, CKPTIO_E_NOMEM);
     p->u.tensor = tensor->u.tensor;
     p->flags = (tensor->flags & ~(CKPTIO__VFLAG_FROZEN | CKPTIO__VFLAG_GRAD)) | CKPTIO__VFLAG_PARAMETER;
-    if (grad ? grad->u.b : (tensor->flags & CKPTIO__VFLAG_GRAD) != 0) p->flags |= CKPTIO__VFLAG_GRAD;
+    if (grad ? grad->u.b : (tensor->flags & CKPTIO__VFLAG_GRAD) != 0) {
+        CKPTIO_FORWARD(check_grad(m, tensor->u.tensor.dtype));
+        p->flags |= CKPTIO__VFLAG_GRAD;
+    }
     *out = p;
     return CKPTIO_OK;
 }
@@ -471,6 +430,12 @@ static ckptio_status apply(vm *m, const ckptio_value *fn, const ckptio_value *ar
         }
         return vfail_at(m, CKPTIO_E_UNSUPPORTED, "_codecs.encode with encoding '%s'", enc);
     }
+    case CKPTIO__G_BUILTINS_BYTES:
+        /* Only the empty bytes: torch's allowlist has no bytes(); b'' is all it makes without arguments. */
+        if (n != 0) return vfail_at(m, CKPTIO_E_UNSUPPORTED, "builtins.bytes called with arguments");
+        if (!(*out = new_node(m, CKPTIO_VALUE_BYTES)) || !((*out)->u.s.data = ckptio__value_strdup(m->pool, "", 0)))
+            return refail(m, CKPTIO_E_NOMEM);
+        return CKPTIO_OK;
     case CKPTIO__G_TORCH_SIZE:
     case CKPTIO__G_BUILTINS_SET: {
         const bool set = fn->u.global == CKPTIO__G_BUILTINS_SET;
@@ -492,9 +457,16 @@ static ckptio_status apply(vm *m, const ckptio_value *fn, const ckptio_value *ar
         if (n < 1 || n > 2 || arg(args, 0)->kind != CKPTIO_VALUE_STR ||
             (n == 2 && arg(args, 1)->kind != CKPTIO_VALUE_INT))
             return vfail_at(m, CKPTIO_E_FORMAT, "torch.device takes (str[, int])");
+        const ckptio_value *type = arg(args, 0);
+        if (type->u.s.len > 100 || strlen(type->u.s.data) != type->u.s.len ||
+            (n == 2 && (memchr(type->u.s.data, ':', type->u.s.len) || arg(args, 1)->u.i < 0)))
+            return vfail_at(m, CKPTIO_E_FORMAT, "torch.device with a malformed type or index (torch.device() "
+                            "refuses it)");
         char text[160];
-        if (n == 2) snprintf(text, sizeof text, "%.100s:%lld", arg(args, 0)->u.s.data, (long long)arg(args, 1)->u.i);
-        else snprintf(text, sizeof text, "%.100s", arg(args, 0)->u.s.data);
+        if (n == 2) snprintf(text, sizeof text, "%s:%lld", type->u.s.data, (long long)arg(args, 1)->u.i);
+        else snprintf(text, sizeof text, "%s", type->u.s.data);
+        /* What the reader's torch.device(text) accepts, so verify and the reader agree. */
+        if (ckptio__pickle_check_device(text, strlen(text)) != CKPTIO_OK) return refail(m, CKPTIO_E_FORMAT);
         if (!(*out = new_node(m, CKPTIO_VALUE_DEVICE))) return refail(m, CKPTIO_E_NOMEM);
         (*out)->u.s.len = strlen(text);
         if (!((*out)->u.s.data = ckptio__value_strdup(m->pool, text, strlen(text)))) return refail(m, CKPTIO_E_NOMEM);
@@ -506,7 +478,8 @@ static ckptio_status apply(vm *m, const ckptio_value *fn, const ckptio_value *ar
     case CKPTIO__G_REBUILD_PARAMETER_WITH_STATE: {
         const bool with_state = fn->u.global == CKPTIO__G_REBUILD_PARAMETER_WITH_STATE;
         if (n != (with_state ? 4u : 3u))
-            return vfail_at(m, CKPTIO_E_FORMAT, "%s takes %d arguments, got %zu", global_name(fn->u.global),
+            return vfail_at(m, CKPTIO_E_FORMAT, "%s takes %d arguments, got %zu",
+                            ckptio__pickle_global_name(fn->u.global),
                             with_state ? 4 : 3, n);
         if (with_state && !is_empty_state(arg(args, 3)))
             return vfail_at(m, CKPTIO_E_UNSUPPORTED, "Parameter with Python attributes (state) is not supported");
@@ -518,7 +491,7 @@ static ckptio_status apply(vm *m, const ckptio_value *fn, const ckptio_value *ar
         const ckptio__global type = arg(args, 1)->u.global;
         if (type != CKPTIO__G_TORCH_TENSOR && type != CKPTIO__G_PARAMETER)
             return vfail_at(m, CKPTIO_E_DISALLOWED, "_rebuild_from_type_v2 to type '%s' (only torch.Tensor, Parameter)",
-                            global_name(type));
+                            ckptio__pickle_global_name(type));
         if (!is_empty_state(arg(args, 3)))
             return vfail_at(m, CKPTIO_E_UNSUPPORTED, "tensor with Python attributes (state) is not supported");
         const ckptio_value *inner = arg(args, 0);
@@ -534,7 +507,15 @@ static ckptio_status apply(vm *m, const ckptio_value *fn, const ckptio_value *ar
     }
     case CKPTIO__G_TORCH_TENSOR:
     case CKPTIO__G_PARAMETER:
-        return vfail_at(m, CKPTIO_E_UNSUPPORTED, "calling %s directly is not supported", global_name(fn->u.global));
+        return vfail_at(m, CKPTIO_E_UNSUPPORTED, "calling %s directly is not supported",
+                        ckptio__pickle_global_name(fn->u.global));
+    case CKPTIO__G_NP_RECONSTRUCT:
+    case CKPTIO__G_NP_NDARRAY:
+    case CKPTIO__G_NP_DTYPE:
+    case CKPTIO__G_NP_SCALAR:
+        if (ckptio__numpy_reduce(m->pool, fn->u.global, (ckptio_value *)args, out) != CKPTIO_OK)
+            return refail(m, ckptio_last_error()->status);
+        return CKPTIO_OK;
     }
     return vfail_at(m, CKPTIO_E_INTERNAL, "unknown global tag %d", (int)fn->u.global);
 }
@@ -734,16 +715,31 @@ static ckptio_status step(vm *m, uint8_t op, bool *stop) {
     case CKPTIO__OP_BUILD:
         CKPTIO_FORWARD(pop(m, &a));
         CKPTIO_FORWARD(top(m, &b));
+        if (ckptio__numpy_node(b)) {
+            if (ckptio__numpy_build(m->pool, b, a) != CKPTIO_OK) return refail(m, ckptio_last_error()->status);
+            return CKPTIO_OK;
+        }
         if (b->kind == CKPTIO_VALUE_DICT && (b->flags & CKPTIO__VFLAG_ORDERED)) {
             if (a->kind != CKPTIO_VALUE_DICT) return vfail_at(m, CKPTIO_E_UNSUPPORTED, "BUILD of an OrderedDict with a non-dict state");
+            if (m->mode == CKPTIO__UNPICKLE_DCP_METADATA)
+                return vfail_at(m, CKPTIO_E_FORMAT,
+                                "a dict with attributes (BUILD state) does not occur in DCP metadata");
             if (b->attrs) return vfail_at(m, CKPTIO_E_UNSUPPORTED, "second BUILD of the same OrderedDict");
             if (b->flags & CKPTIO__VFLAG_FROZEN)
                 return vfail_at(m, CKPTIO_E_FORMAT, "BUILD of an OrderedDict already stored elsewhere");
+            /* The reader sets these as attributes: a name setattr refuses or one that breaks the object is
+             * refused here, so that whatever verify passes the reader builds. */
+            for (size_t i = 0; i < a->u.seq.len; i += 2)
+                if (ckptio__pickle_check_attr_name(a->u.seq.items[i]) != CKPTIO_OK)
+                    return refail(m, ckptio_last_error()->status);
             if (ckptio__value_adopt(b, a) != CKPTIO_OK) return refail(m, ckptio_last_error()->status);
             b->attrs = a;
             return CKPTIO_OK;
         }
         if (b->kind == CKPTIO_VALUE_OBJECT) {
+            /* What ckptio.dcp's reader refuses to build, verify refuses here too. */
+            if (!ckptio__dcp_class_takes_state(b->u.obj.cls))
+                return vfail_at(m, CKPTIO_E_FORMAT, "%s with BUILD state (the class takes none)", b->u.obj.cls);
             if (b->u.obj.state) return vfail_at(m, CKPTIO_E_UNSUPPORTED, "second BUILD of the same %s", b->u.obj.cls);
             if (a->flags & CKPTIO__VFLAG_HOLDS_GLOBAL || a->kind >= CKPTIO__VALUE_GLOBAL)
                 return vfail_at(m, CKPTIO_E_FORMAT, "BUILD state of %s holds a class or global", b->u.obj.cls);
@@ -784,6 +780,10 @@ ckptio_status ckptio__unpickle_mode(const uint8_t *data, size_t len, const char 
     if (m.nmarks || m.sp != 1) {
         st = vfail_at(&m, CKPTIO_E_FORMAT, "STOP with %zu values and %zu marks on the stack (expected 1 and 0)", m.sp,
                       m.nmarks);
+        goto out;
+    }
+    if (m.stack[0]->kind == CKPTIO__VALUE_NUMPY_PENDING) {
+        st = vfail_at(&m, CKPTIO_E_FORMAT, "the pickled object is a %s without its BUILD state", m.stack[0]->u.obj.cls);
         goto out;
     }
     if (m.stack[0]->kind >= CKPTIO__VALUE_GLOBAL || (m.stack[0]->flags & CKPTIO__VFLAG_HOLDS_GLOBAL)) {

@@ -90,11 +90,14 @@ ckptio_status ckptio__value_push(ckptio_value *seq, ckptio_value *item) {
  * nothing and makes cycles impossible: a frozen container's height is final,
  * so the parent's height is exact and bounds recursion in every walker. */
 ckptio_status ckptio__value_adopt(ckptio_value *parent, ckptio_value *item) {
+    /* Python builds recursive structures (torch loads them): refusing one is
+     * a policy, so it is E_UNSUPPORTED, not a malformed stream. */
     if (parent->flags & CKPTIO__VFLAG_FROZEN)
-        return CKPTIO_FAIL(CKPTIO_E_FORMAT,
+        return CKPTIO_FAIL(CKPTIO_E_UNSUPPORTED,
                            "container modified after it was stored inside another object "
                            "(a recursive structure; refused)");
-    if (item == parent) return CKPTIO_FAIL(CKPTIO_E_FORMAT, "container inserted into itself (recursive structure)");
+    if (item == parent)
+        return CKPTIO_FAIL(CKPTIO_E_UNSUPPORTED, "container inserted into itself (recursive structure; refused)");
     item->flags |= CKPTIO__VFLAG_FROZEN;
     if (item->height + 1 > parent->height) parent->height = item->height + 1;
     if (parent->height > CKPTIO__VALUE_MAX_DEPTH)
@@ -102,9 +105,48 @@ ckptio_status ckptio__value_adopt(ckptio_value *parent, ckptio_value *item) {
     return CKPTIO_OK;
 }
 
+/* The classes of numpy nodes (pickle_numpy.c builds them): compared by address. */
+const char ckptio__numpy_dtype[] = "numpy.dtype";
+const char ckptio__numpy_ndarray[] = "numpy.ndarray";
+const char ckptio__numpy_generic[] = "numpy.generic";
+
+bool ckptio__value_hashable(const ckptio_value *v) {
+    switch (v->kind) {
+    case CKPTIO_VALUE_LIST:
+    case CKPTIO_VALUE_DICT:
+    case CKPTIO_VALUE_SET: return false;
+    case CKPTIO_VALUE_TUPLE: return !(v->flags & CKPTIO__VFLAG_UNHASHABLE);
+    case CKPTIO_VALUE_OBJECT: return v->u.obj.cls != ckptio__numpy_ndarray;
+    default: return true;
+    }
+}
+
+bool ckptio__pickle_utf8_valid(const uint8_t *s, size_t n) {
+    size_t i = 0;
+    while (i < n) {
+        uint8_t c = s[i];
+        size_t k;
+        uint32_t cp;
+        if (c < 0x80) { i++; continue; }
+        if ((c & 0xE0) == 0xC0) k = 1, cp = c & 0x1F;
+        else if ((c & 0xF0) == 0xE0) k = 2, cp = c & 0x0F;
+        else if ((c & 0xF8) == 0xF0) k = 3, cp = c & 0x07;
+        else return false;
+        if (n - i <= k) return false;
+        for (size_t j = 1; j <= k; j++) {
+            if ((s[i + j] & 0xC0) != 0x80) return false;
+            cp = cp << 6 | (s[i + j] & 0x3F);
+        }
+        if ((k == 1 && cp < 0x80) || (k == 2 && cp < 0x800) || (k == 3 && (cp < 0x10000 || cp > 0x10FFFF)))
+            return false;
+        i += k + 1;
+    }
+    return true;
+}
+
 /* ---- public accessors -------------------------------------------------------- */
 
-static const char *kind_name(int kind) {
+const char *ckptio__value_kind_name(int kind) {
     static const char *const names[] = {"None", "bool", "int", "bigint", "float", "str", "bytes",
                                         "list", "tuple", "dict", "set", "tensor", "dtype", "device", "object"};
     if (kind >= 0 && kind <= CKPTIO_VALUE_OBJECT) return names[kind];
@@ -114,7 +156,8 @@ static const char *kind_name(int kind) {
 static ckptio_status want(const ckptio_value *v, int kind) {
     if (!v) return CKPTIO_FAIL(CKPTIO_E_INVAL, "value must not be NULL");
     if (v->kind != kind)
-        return CKPTIO_FAIL(CKPTIO_E_INVAL, "value is a %s, not a %s", kind_name(v->kind), kind_name(kind));
+        return CKPTIO_FAIL(CKPTIO_E_INVAL, "value is a %s, not a %s", ckptio__value_kind_name(v->kind),
+                           ckptio__value_kind_name(kind));
     return CKPTIO_OK;
 }
 
@@ -162,7 +205,7 @@ ckptio_status ckptio_value_bytes(const ckptio_value *value, const char **data, s
         *len = strlen(*data);
         return CKPTIO_OK;
     default:
-        return CKPTIO_FAIL(CKPTIO_E_INVAL, "value is a %s, which has no bytes", kind_name(value->kind));
+        return CKPTIO_FAIL(CKPTIO_E_INVAL, "value is a %s, which has no bytes", ckptio__value_kind_name(value->kind));
     }
 }
 
@@ -184,7 +227,7 @@ ckptio_status ckptio_value_len(const ckptio_value *value, size_t *out) {
 ckptio_status ckptio_value_item(const ckptio_value *value, size_t index, const ckptio_value **out) {
     if (!is_seq(value))
         return CKPTIO_FAIL(CKPTIO_E_INVAL, "value is a %s, not a list, tuple or set",
-                           value ? kind_name(value->kind) : "NULL");
+                           value ? ckptio__value_kind_name(value->kind) : "NULL");
     if (!out) return CKPTIO_FAIL(CKPTIO_E_INVAL, "output must not be NULL");
     if (index >= value->u.seq.len)
         return CKPTIO_FAIL(CKPTIO_E_RANGE, "index %zu out of range (%zu items)", index, value->u.seq.len);

@@ -21,8 +21,8 @@
 
 /* Most JSON values (counted as commas plus containers) a header may hold.
  * jansson spends about 24 bytes of memory per header byte on a header of
- * small numbers (measured: 245 MB for 10 MB); this bounds that at about
- * 1 GB, while real files stay far below it (100,000 tensors are about
+ * small numbers (docs/SAFETENSORS.md#reading-rules-enforced); this bounds
+ * that at about 1 GB, while real files stay far below it (100,000 tensors are about
  * 1.2 million values). The reference has no such limit: ckptio is stricter. */
 #define CKPTIO__ST_MAX_VALUES (1u << 24)
 

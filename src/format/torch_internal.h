@@ -19,6 +19,12 @@ bool ckptio__torch_storage_class_dtype(const char *name, ckptio_dtype *out);
 #define CKPTIO__TORCH_MAX_PICKLE (1ull << 30)
 /* Largest number of tensor paths the reader lists (shared-node blowup guard). */
 #define CKPTIO__TORCH_MAX_PATHS (1ull << 22)
+/* Bytes of tensor names the reader keeps at most: this plus
+ * CKPTIO__TORCH_NAME_BYTES_PER_PICKLE_BYTE per byte of data.pkl. Honest names
+ * repeat a key's bytes once per tensor below it; shared objects let a 100 KB
+ * pickle name one dict with a 60 KB key under 20000 paths (1.2 GB). */
+#define CKPTIO__TORCH_NAME_BYTES_BASE ((uint64_t)64 << 20)
+#define CKPTIO__TORCH_NAME_BYTES_PER_PICKLE_BYTE 16u
 
 typedef struct ckptio__torch_storage {
     ckptio__storage_ref *ref;     /* first reference in the pickle */
@@ -37,7 +43,9 @@ struct ckptio_torch {
     bool file_borrowed;           /* an archive inside a file the caller owns (a DCP item) */
     uint64_t base;                /* file offset of the archive's first byte (0 but for DCP items) */
     uint64_t bytes_read;          /* bytes read from `file` (headers, pickle) */
-    const uint8_t *memory;        /* ckptio_torch_parse: the whole file */
+    const uint8_t *memory;        /* ckptio_torch_parse: the whole file; parse_windows: its first head_len bytes */
+    const uint8_t *tail;          /* parse_windows: bytes [tail_offset, file_size) */
+    uint64_t head_len, tail_offset;
     char *path;                   /* for messages ("<memory>" for parse) */
     uint64_t file_size;           /* the archive's size */
     char *prefix;                 /* record prefix without the slash */
@@ -50,6 +58,7 @@ struct ckptio_torch {
     size_t nstorages;
     ckptio__torch_tensor *tensors;
     size_t ntensors, tensor_cap;
+    uint64_t name_bytes, name_budget; /* of the tensors' names (CKPTIO__TORCH_NAME_BYTES_BASE) */
 };
 
 /* Records of the archive the reader looks at (index into the ids array). */
@@ -83,6 +92,16 @@ ckptio_status ckptio__torch_build(ckptio_torch *t, const uint8_t *pickle, size_t
  * file stays the caller's (closing the handle leaves it open) and offsets in
  * the tables count from the archive's first byte. Messages name "<item>". */
 ckptio_status ckptio__torch_open_range(ckptio_file *file, uint64_t offset, uint64_t length, ckptio_torch **out);
+
+/* (src/ckpt/torch_file.c) An archive of `size` bytes of which only the first
+ * head_len and the last tail_len bytes are in memory (a large decoded DCP
+ * item, whose storage streamed past): parsed as ckptio_torch_parse parses a
+ * whole one, which succeeds when every record but the storages' lies in
+ * those bytes (as torch.save lays out an archive of one tensor); a record
+ * outside them is CKPTIO_E_UNSUPPORTED. Storages cannot be read through the
+ * handle. Both windows must outlive it. Messages name "<memory>". */
+ckptio_status ckptio__torch_parse_windows(const uint8_t *head, size_t head_len, const uint8_t *tail, size_t tail_len,
+                                          uint64_t size, ckptio_torch **out);
 
 /* Bytes per element as torch counts them (float4_e2m1fn_x2: 1), 0 if torch
  * has no such dtype. */

@@ -26,11 +26,35 @@
 
 /* Longest spelled-out path ("['a']['b'][0]") kept for messages. */
 #define MAX_SPELLED (1u << 20)
+/* Bytes of all tensor names together (a tensor shared along many paths has a
+ * name per path: the flat view's size, bounded before it is built). */
+#define MAX_NAME_BYTES (256ull << 20)
+/* Tensor paths allowed per reference to a tensor in the pickle (plus 1024):
+ * the expanded tree stays within a small multiple of the graph. */
+#define SHARED_PATHS_PER_REF 16u
+/* Longest path kept to name where pass 1 refused something. */
+#define WHERE_MAX 1024u
 
 typedef struct text {
     char *s;
     size_t len, cap;
 } text;
+
+/* A container's entry in the walk's memo: the tensor paths below it
+ * (saturated past CKPTIO__TORCH_MAX_PATHS) and the positions of its items
+ * that have any (dict: 2i key, 2i+1 value; ATTRS_POS the attributes). */
+#define ATTRS_POS SIZE_MAX
+typedef struct node_entry {
+    const ckptio_value *node;
+    uint64_t paths;
+    size_t *live;
+    size_t nlive;
+} node_entry;
+
+typedef struct node_memo {
+    node_entry *slots;
+    size_t cap, count;          /* cap: a power of two */
+} node_memo;
 
 typedef struct namer {
     const char *origin, *operation;
@@ -38,8 +62,11 @@ typedef struct namer {
     void *ctx;
     text dotted;
     text spelled;                 /* only when spelling paths (collision messages) */
+    text where;                   /* pass 1: the path being checked, cut at WHERE_MAX (messages) */
     bool spell;
-    uint64_t visits, tensors;
+    uint64_t tensors, name_bytes;
+    uint64_t tensor_refs;         /* pass 1: references to tensors in the graph (items of containers) */
+    node_memo memo;
 } namer;
 
 static ckptio_status text_put(namer *n, text *t, size_t limit, const char *a, size_t alen, const char *b, size_t blen,
@@ -64,6 +91,153 @@ static ckptio_status text_put(namer *n, text *t, size_t limit, const char *a, si
     return CKPTIO_OK;
 }
 
+/* ---- the memo: one entry per container, so shared nodes cost once ---------------- */
+
+static size_t slot_of(const node_memo *m, const ckptio_value *v) {
+    size_t h = (size_t)((uintptr_t)v >> 4) * (size_t)0x9E3779B97F4A7C15ull;
+    size_t i = h & (m->cap - 1);
+    while (m->slots[i].node && m->slots[i].node != v) i = (i + 1) & (m->cap - 1);
+    return i;
+}
+
+static const node_entry *memo_find(const node_memo *m, const ckptio_value *v) {
+    if (!m->cap) return NULL;
+    const node_entry *e = &m->slots[slot_of(m, v)];
+    return e->node ? e : NULL;
+}
+
+static ckptio_status memo_add(node_memo *m, const node_entry *e) {
+    if (2 * (m->count + 1) > m->cap) {
+        node_memo grown = {.cap = m->cap ? 2 * m->cap : 64};
+        if (!(grown.slots = ckptio__calloc(grown.cap, sizeof *grown.slots)))
+            return CKPTIO_FAIL(CKPTIO_E_NOMEM, "no memory to walk the object tree");
+        for (size_t i = 0; i < m->cap; i++)
+            if (m->slots[i].node) grown.slots[slot_of(&grown, m->slots[i].node)] = m->slots[i];
+        grown.count = m->count;
+        ckptio__free(m->slots);
+        *m = grown;
+    }
+    m->slots[slot_of(m, e->node)] = *e;
+    m->count++;
+    return CKPTIO_OK;
+}
+
+static void memo_free(node_memo *m) {
+    for (size_t i = 0; i < m->cap; i++) ckptio__free(m->slots[i].live);
+    ckptio__free(m->slots);
+}
+
+/* The name segment of dict item `pos` (a value: odd) keyed by k: the key's
+ * text for str, int, bool, None and float keys, "#i" for others. */
+typedef struct segment {
+    char buf[64];
+    const char *text, *pre, *post;
+    size_t len;
+} segment;
+
+static void key_segment(const ckptio_value *k, size_t pos, segment *g) {
+    g->text = g->buf, g->pre = "[", g->post = "]";
+    switch (k->kind) {
+    case CKPTIO_VALUE_STR: g->text = k->u.s.data, g->len = k->u.s.len, g->pre = "['", g->post = "']"; break;
+    case CKPTIO_VALUE_INT: g->len = (size_t)snprintf(g->buf, sizeof g->buf, "%lld", (long long)k->u.i); break;
+    case CKPTIO_VALUE_BOOL: g->len = (size_t)snprintf(g->buf, sizeof g->buf, "%s", k->u.b ? "True" : "False"); break;
+    case CKPTIO_VALUE_NONE: g->len = (size_t)snprintf(g->buf, sizeof g->buf, "None"); break;
+    case CKPTIO_VALUE_FLOAT: g->len = (size_t)snprintf(g->buf, sizeof g->buf, "%.17g", k->u.f); break;
+    default:
+        g->len = (size_t)snprintf(g->buf, sizeof g->buf, "#%zu", pos / 2);
+        g->pre = "[<key ", g->post = ">]";
+        break;
+    }
+}
+
+/* ---- pass 1: check every node once and count the tensor paths ----------------------- */
+
+static bool is_container(const ckptio_value *v) {
+    return v->kind == CKPTIO_VALUE_LIST || v->kind == CKPTIO_VALUE_TUPLE || v->kind == CKPTIO_VALUE_SET ||
+           v->kind == CKPTIO_VALUE_DICT;
+}
+
+static ckptio_status count_paths(namer *n, const ckptio_value *v, uint64_t *paths);
+
+/* Counts item `pos` of container v into e (its paths, and its position when it has any). */
+static ckptio_status count_item(namer *n, const ckptio_value *v, size_t pos, node_entry *e, size_t *cap) {
+    const ckptio_value *item = pos == ATTRS_POS ? v->attrs : v->u.seq.items[pos];
+    segment g = {.text = "__attrs__", .len = 9};
+    if (pos != ATTRS_POS && v->kind == CKPTIO_VALUE_DICT && pos % 2) key_segment(v->u.seq.items[pos - 1], pos, &g);
+    else if (pos != ATTRS_POS && v->kind != CKPTIO_VALUE_DICT)
+        g.text = g.buf, g.len = (size_t)snprintf(g.buf, sizeof g.buf, "%zu", pos);
+    else if (pos != ATTRS_POS) g.len = 0; /* a key: checked under the dict's path */
+    const size_t saved = n->where.len;
+    if (g.len && saved + g.len + 1 < WHERE_MAX) {
+        ckptio_status st = text_put(n, &n->where, WHERE_MAX, ".", saved ? 1 : 0, g.text, g.len, "", 0);
+        if (st != CKPTIO_OK) return st;
+    }
+    uint64_t p = 0;
+    if (item->kind == CKPTIO_VALUE_TENSOR) n->tensor_refs++;
+    ckptio_status st = count_paths(n, item, &p);
+    n->where.len = saved;
+    if (n->where.s) n->where.s[saved] = '\0';
+    CKPTIO_FORWARD(st);
+    if (!p) return CKPTIO_OK;
+    if (e->nlive == *cap) {
+        *cap = *cap ? 2 * *cap : 4;
+        size_t *grown = ckptio__realloc(e->live, *cap * sizeof *grown);
+        if (!grown) return CKPTIO_FAIL(CKPTIO_E_NOMEM, "no memory to walk the object tree");
+        e->live = grown;
+    }
+    e->live[e->nlive++] = pos;
+    e->paths = e->paths + p > CKPTIO__TORCH_MAX_PATHS ? CKPTIO__TORCH_MAX_PATHS + 1 : e->paths + p;
+    return CKPTIO_OK;
+}
+
+/* Checks v and everything below it (what neither the reader nor the writer
+ * accepts) and sets *paths to the number of tensor paths below it. Each
+ * container is checked once however often it is shared (the memo), so this
+ * is linear in the size of the graph, not of the tree it expands to.
+ * Messages name the first path that reached v. */
+static ckptio_status count_paths(namer *n, const ckptio_value *v, uint64_t *paths) {
+    const char *where = n->where.len ? n->where.s : "(root)";
+    *paths = 0;
+    if (v->kind == CKPTIO_VALUE_TENSOR) {
+        *paths = 1;
+        return CKPTIO_OK;
+    }
+    if (v->kind == CKPTIO__VALUE_GLOBAL || v->kind == CKPTIO__VALUE_STORAGE || v->kind == CKPTIO__VALUE_STORAGE_CLASS)
+        return NFAIL(n, CKPTIO_E_UNSUPPORTED, where, "the object tree holds a bare %s, which ckptio cannot represent",
+                     v->kind == CKPTIO__VALUE_GLOBAL ? "global" : "storage");
+    if (!is_container(v)) return CKPTIO_OK;
+    const node_entry *seen = memo_find(&n->memo, v);
+    if (seen) {
+        *paths = seen->paths;
+        return CKPTIO_OK;
+    }
+    node_entry e = {.node = v};
+    size_t cap = 0;
+    ckptio_status st = CKPTIO_OK;
+    if (v->kind != CKPTIO_VALUE_DICT) {
+        for (size_t i = 0; i < v->u.seq.len && st == CKPTIO_OK; i++) st = count_item(n, v, i, &e, &cap);
+    } else {
+        for (size_t i = 0; i + 1 < v->u.seq.len && st == CKPTIO_OK; i += 2) {
+            const ckptio_value *k = v->u.seq.items[i];
+            if (k->kind >= CKPTIO__VALUE_GLOBAL || k->kind == CKPTIO_VALUE_TENSOR)
+                st = NFAIL(n, CKPTIO_E_UNSUPPORTED, where, "dict key is a %s",
+                           k->kind == CKPTIO_VALUE_TENSOR ? "tensor" : "global or storage");
+            if (st == CKPTIO_OK) st = count_item(n, v, i, &e, &cap); /* checks nested keys (tuples) */
+            if (st == CKPTIO_OK) st = count_item(n, v, i + 1, &e, &cap);
+        }
+        if (st == CKPTIO_OK && v->attrs) st = count_item(n, v, ATTRS_POS, &e, &cap);
+    }
+    if (st == CKPTIO_OK) st = memo_add(&n->memo, &e);
+    if (st != CKPTIO_OK) {
+        ckptio__free(e.live);
+        return st;
+    }
+    *paths = e.paths;
+    return CKPTIO_OK;
+}
+
+/* ---- pass 2: name the tensors, along the items that hold any --------------------------- */
+
 static ckptio_status walk(namer *n, ckptio_value *v);
 
 /* Walks `child` with `seg` appended to the dotted name and, when spelling,
@@ -82,64 +256,56 @@ static ckptio_status walk_child(namer *n, ckptio_value *child, const char *seg, 
     return st;
 }
 
+/* Item `pos` of dict v under its key's name. */
+static ckptio_status walk_dict_item(namer *n, ckptio_value *v, size_t pos) {
+    if (pos == ATTRS_POS) return walk_child(n, v->attrs, "__attrs__", 9, ".", "");
+    if (pos % 2 == 0) return walk(n, v->u.seq.items[pos]); /* tensors inside a tuple key: the dict's name */
+    segment g;
+    key_segment(v->u.seq.items[pos - 1], pos, &g);
+    return walk_child(n, v->u.seq.items[pos], g.text, g.len, g.pre, g.post);
+}
+
 static ckptio_status walk(namer *n, ckptio_value *v) {
-    /* Shared nodes are walked once per path; a pickle that shares nodes to
-     * multiply paths exponentially is memo abuse. */
-    if (++n->visits > 16 * CKPTIO__TORCH_MAX_PATHS)
-        return NFAIL(n, CKPTIO_E_FORMAT, NULL, "shared objects in the pickle expand to more than %llu paths (memo abuse)",
-                     (unsigned long long)(16 * CKPTIO__TORCH_MAX_PATHS));
-    char seg[64];
-    switch (v->kind) {
-    case CKPTIO_VALUE_TENSOR:
+    if (v->kind == CKPTIO_VALUE_TENSOR) {
         if (++n->tensors > CKPTIO__TORCH_MAX_PATHS)
             return NFAIL(n, CKPTIO_E_RANGE, NULL, "more than %llu tensor paths", (unsigned long long)CKPTIO__TORCH_MAX_PATHS);
+        n->name_bytes += n->dotted.len + 1;
+        if (n->name_bytes > MAX_NAME_BYTES)
+            return NFAIL(n, CKPTIO_E_RANGE, NULL, "the names of the %llu tensor paths take more than %llu MiB "
+                         "(a tensor shared along many long paths)", (unsigned long long)n->tensors,
+                         (unsigned long long)(MAX_NAME_BYTES >> 20));
         return n->fn(n->ctx, n->spell ? n->spelled.s : (n->dotted.s ? n->dotted.s : ""), n->dotted.s ? n->dotted.s : "", v);
-    case CKPTIO_VALUE_LIST:
-    case CKPTIO_VALUE_TUPLE:
-    case CKPTIO_VALUE_SET:
-        for (size_t i = 0; i < v->u.seq.len; i++) {
-            const int len = snprintf(seg, sizeof seg, "%zu", i);
-            CKPTIO_FORWARD(walk_child(n, v->u.seq.items[i], seg, (size_t)len, "[", "]"));
-        }
-        return CKPTIO_OK;
-    case CKPTIO_VALUE_DICT:
-        for (size_t i = 0; i + 1 < v->u.seq.len; i += 2) {
-            const ckptio_value *k = v->u.seq.items[i];
-            const char *key = seg, *pre = "[", *post = "]";
-            size_t len;
-            switch (k->kind) {
-            case CKPTIO_VALUE_STR: key = k->u.s.data, len = k->u.s.len, pre = "['", post = "']"; break;
-            case CKPTIO_VALUE_INT: len = (size_t)snprintf(seg, sizeof seg, "%lld", (long long)k->u.i); break;
-            case CKPTIO_VALUE_BOOL: len = (size_t)snprintf(seg, sizeof seg, "%s", k->u.b ? "True" : "False"); break;
-            case CKPTIO_VALUE_NONE: len = (size_t)snprintf(seg, sizeof seg, "None"); break;
-            case CKPTIO_VALUE_FLOAT: len = (size_t)snprintf(seg, sizeof seg, "%.17g", k->u.f); break;
-            default:
-                if (k->kind >= CKPTIO__VALUE_GLOBAL || k->kind == CKPTIO_VALUE_TENSOR)
-                    return NFAIL(n, CKPTIO_E_UNSUPPORTED, n->dotted.s, "dict key is a %s",
-                                 k->kind == CKPTIO_VALUE_TENSOR ? "tensor" : "global or storage");
-                CKPTIO_FORWARD(walk(n, (ckptio_value *)k)); /* validates nested keys (tuples) */
-                len = (size_t)snprintf(seg, sizeof seg, "#%zu", i / 2);
-                pre = "[<key ", post = ">]";
-                break;
-            }
-            CKPTIO_FORWARD(walk_child(n, v->u.seq.items[i + 1], key, len, pre, post));
-        }
-        if (v->attrs) CKPTIO_FORWARD(walk_child(n, v->attrs, "__attrs__", 9, ".", ""));
-        return CKPTIO_OK;
-    case CKPTIO__VALUE_GLOBAL:
-    case CKPTIO__VALUE_STORAGE:
-    case CKPTIO__VALUE_STORAGE_CLASS:
-        return NFAIL(n, CKPTIO_E_UNSUPPORTED, n->dotted.len ? n->dotted.s : "(root)",
-                     "the object tree holds a bare %s, which ckptio cannot represent",
-                     v->kind == CKPTIO__VALUE_GLOBAL ? "global" : "storage");
-    default: return CKPTIO_OK;
     }
+    const node_entry *e = memo_find(&n->memo, v);
+    for (size_t j = 0; e && j < e->nlive; j++) {
+        const size_t pos = e->live[j];
+        if (v->kind == CKPTIO_VALUE_DICT) {
+            CKPTIO_FORWARD(walk_dict_item(n, v, pos));
+        } else {
+            char seg[32];
+            const int len = snprintf(seg, sizeof seg, "%zu", pos);
+            CKPTIO_FORWARD(walk_child(n, v->u.seq.items[pos], seg, (size_t)len, "[", "]"));
+        }
+    }
+    return CKPTIO_OK;
 }
 
 static ckptio_status run(ckptio_value *root, const char *origin, const char *operation, bool spell,
                          ckptio__torch_name_fn fn, void *ctx) {
     namer n = {.origin = origin, .operation = operation, .fn = fn, .ctx = ctx, .spell = spell};
-    const ckptio_status st = walk(&n, root);
+    uint64_t paths = 0;
+    ckptio_status st = count_paths(&n, root, &paths);
+    /* Sharing a container names its tensors once per path; a pickle does that
+     * a few times at most, not 2^k times for k shared levels. */
+    if (st == CKPTIO_OK && (paths > CKPTIO__TORCH_MAX_PATHS || paths > SHARED_PATHS_PER_REF * n.tensor_refs + 1024))
+        st = NFAIL(&n, CKPTIO_E_RANGE, NULL, "shared objects in the pickle name its %llu tensor references along "
+                   "%s%llu paths (at most %u per reference and %llu in all)", (unsigned long long)n.tensor_refs,
+                   paths > CKPTIO__TORCH_MAX_PATHS ? "more than " : "",
+                   (unsigned long long)(paths > CKPTIO__TORCH_MAX_PATHS ? CKPTIO__TORCH_MAX_PATHS : paths),
+                   SHARED_PATHS_PER_REF, (unsigned long long)CKPTIO__TORCH_MAX_PATHS);
+    if (st == CKPTIO_OK) st = walk(&n, root);
+    memo_free(&n.memo);
+    ckptio__free(n.where.s);
     ckptio__free(n.dotted.s);
     ckptio__free(n.spelled.s);
     return st;

@@ -81,6 +81,12 @@ static ckptio_status add_tensor(void *ctx, const char *spelled, const char *path
         t->tensors = grown;
         t->tensor_cap = ncap;
     }
+    t->name_bytes += strlen(path) + 1;
+    if (t->name_bytes > t->name_budget)
+        return TFAIL(t, CKPTIO_E_FORMAT, -1, NULL,
+                     "the names of %zu tensors take more than %llu bytes for a pickle this size (shared objects "
+                     "naming long keys under many paths)",
+                     t->ntensors + 1, (unsigned long long)t->name_budget);
     char *name = ckptio__strdup(path);
     if (!name) return CKPTIO_FAIL(CKPTIO_E_NOMEM, "no memory for a tensor name");
     if (node->u.tensor.index == SIZE_MAX) node->u.tensor.index = t->ntensors;
@@ -231,6 +237,7 @@ ckptio_status ckptio__torch_build(ckptio_torch *t, const uint8_t *pickle, size_t
     char record[300];
     snprintf(record, sizeof record, "%.200s/data.pkl", t->prefix);
     CKPTIO_FORWARD(ckptio__unpickle(pickle, pickle_len, t->path, record, pickle_offset, &t->pool, &t->root));
+    t->name_budget = CKPTIO__TORCH_NAME_BYTES_BASE + (uint64_t)pickle_len * CKPTIO__TORCH_NAME_BYTES_PER_PICKLE_BYTE;
     CKPTIO_FORWARD(ckptio__torch_walk_names(t->root, t->path, "load torch file", add_tensor, t));
     CKPTIO_FORWARD(ckptio__torch_check_unique_names(t->root, t->tensors, t->ntensors, t->path, "load torch file"));
     return resolve(t);

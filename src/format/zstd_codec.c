@@ -1,7 +1,9 @@
 /*
  * zstd_codec.c - decompression of zstd-transformed items (the
  * "stream.zstd/1" transform of torch.distributed.checkpoint) with libzstd:
- * one or more frames, with or without a recorded content size.
+ * one or more frames, with or without a recorded content size, into a
+ * buffer the caller sized, or streamed through a fixed one to a sink
+ * (ckptio_zstd_stream), so that nothing is sized by what frames declare.
  */
 #include "common_internal.h"
 
@@ -20,10 +22,11 @@ static ckptio_status corrupt(size_t offset, const char *what) {
  * output buffer exists. */
 static ckptio_status too_large(uint64_t size, uint64_t limit, bool declared) {
     return CKPTIO_FAIL_CTX(CKPTIO_E_FORMAT, &((ckptio__err_ctx){.operation = "zstd decompress", .file_offset = -1}),
-                           "zstd data %s %llu bytes, more than the %llu this item may hold (refused before "
-                           "decompressing it: a decompression bomb or a lying frame header)",
+                           "zstd data %s %llu bytes, more than the %llu this item may hold (%s: a decompression "
+                           "bomb or a lying frame header)",
                            declared ? "declares" : "decompresses to over", (unsigned long long)size,
-                           (unsigned long long)limit);
+                           (unsigned long long)limit,
+                           declared ? "refused before decompressing it" : "refused there, nothing more decompressed");
 }
 
 /* Streams (src, len) through the decompressor, into dst when it is not
@@ -71,6 +74,90 @@ static ckptio_status run(const void *src, size_t len, void *dst, size_t capacity
     }
 out:
     ckptio__free(scratch);
+    ZSTD_freeDCtx(dctx);
+    return st;
+}
+
+/* Output handed to a sink per call: bounded memory whatever the frames hold
+ * (libzstd's own window, at most 128 MiB by its default limit, aside). */
+#define STREAM_PIECE ((size_t)1 << 20)
+
+/* A corrupt frame named by where it starts and, when its header records one,
+ * the size it declares: a frame that decompresses to more or less than that
+ * is refused by libzstd ("Data corruption detected"). */
+static ckptio_status frame_corrupt(size_t frame_start, unsigned long long declared, uint64_t frame_out,
+                                   const char *what) {
+    const ckptio__err_ctx at = {.operation = "zstd decompress", .file_offset = (int64_t)frame_start};
+    if (declared == ZSTD_CONTENTSIZE_UNKNOWN || declared == ZSTD_CONTENTSIZE_ERROR)
+        return CKPTIO_FAIL_CTX(CKPTIO_E_FORMAT, &at,
+                               "corrupt zstd data: %s (the frame starting here, after %llu bytes of its output)",
+                               what, (unsigned long long)frame_out);
+    return CKPTIO_FAIL_CTX(CKPTIO_E_FORMAT, &at,
+                           "corrupt zstd data: %s (the frame starting here declares %llu bytes; %llu decompressed "
+                           "before the error)",
+                           what, declared, (unsigned long long)frame_out);
+}
+
+ckptio_status ckptio_zstd_stream(const void *src, size_t len, uint64_t limit, ckptio_zstd_sink sink, void *ctx,
+                                 uint64_t *total) {
+    if (total) *total = 0;
+    if (!src && len) return CKPTIO_FAIL(CKPTIO_E_INVAL, "ckptio_zstd_stream: bad arguments");
+    if (len == 0) return corrupt(0, "no frame");
+    /* Frame headers cost nothing to read: sizes they declare past the limit
+     * are refused before anything is decompressed (a corrupt frame is left
+     * for the decoder to name). */
+    uint64_t declared_sum = 0;
+    for (size_t pos = 0; pos < len;) {
+        const unsigned long long size = ZSTD_getFrameContentSize((const uint8_t *)src + pos, len - pos);
+        const size_t frame = ZSTD_findFrameCompressedSize((const uint8_t *)src + pos, len - pos);
+        if (size == ZSTD_CONTENTSIZE_ERROR || ZSTD_isError(frame)) break;
+        if (size != ZSTD_CONTENTSIZE_UNKNOWN) {
+            if (size > limit - declared_sum) return too_large(declared_sum + size, limit, true);
+            declared_sum += size;
+        }
+        pos += frame;
+    }
+    ckptio_status st = CKPTIO_OK;
+    ZSTD_DCtx *dctx = ZSTD_createDCtx();
+    uint8_t *piece = ckptio__malloc(STREAM_PIECE);
+    if (!dctx || !piece) {
+        st = CKPTIO_FAIL(CKPTIO_E_NOMEM, "no memory for zstd decompression");
+        goto out;
+    }
+    ZSTD_inBuffer in = {src, len, 0};
+    uint64_t produced = 0, frame_out = 0;
+    size_t frame_start = 0;
+    unsigned long long declared = ZSTD_CONTENTSIZE_UNKNOWN;
+    size_t last = 0; /* 0 between frames */
+    while (in.pos < in.size || last != 0) {
+        if (last == 0) { /* a frame starts here */
+            frame_start = in.pos;
+            frame_out = 0;
+            declared = ZSTD_getFrameContentSize((const uint8_t *)src + in.pos, len - in.pos);
+        }
+        ZSTD_outBuffer out = {piece, STREAM_PIECE, 0};
+        const size_t before = in.pos;
+        last = ZSTD_decompressStream(dctx, &out, &in);
+        if (ZSTD_isError(last)) {
+            st = frame_corrupt(frame_start, declared, frame_out, ZSTD_getErrorName(last));
+            goto out;
+        }
+        if (out.pos > limit - produced) {
+            st = too_large(produced + out.pos, limit, false);
+            goto out;
+        }
+        if (out.pos && sink && (st = sink(ctx, piece, out.pos, produced)) != CKPTIO_OK) goto out;
+        produced += out.pos;
+        frame_out += out.pos;
+        if (in.pos == before && out.pos == 0) {
+            st = in.pos == in.size ? frame_corrupt(frame_start, declared, frame_out, "the frame is truncated")
+                                   : corrupt(in.pos, "the decoder makes no progress");
+            goto out;
+        }
+    }
+    if (total) *total = produced;
+out:
+    ckptio__free(piece);
     ZSTD_freeDCtx(dctx);
     return st;
 }

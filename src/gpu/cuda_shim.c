@@ -4,6 +4,7 @@
  * toolkit (see cuda_shim.h for where the declarations come from).
  */
 #include "cuda_shim.h"
+#include "engine_internal.h"
 
 #include <dlfcn.h>
 #include <pthread.h>
@@ -37,7 +38,6 @@ const ckptio__cuda_abi_value ckptio__cuda_abi_values[] = {
     {"CU_MEMORYTYPE_UNIFIED", (long long)CU_MEMORYTYPE_UNIFIED},
     {"CU_MEMHOSTALLOC_PORTABLE", (long long)CU_MEMHOSTALLOC_PORTABLE},
     {"CU_MEMHOSTALLOC_DEVICEMAP", (long long)CU_MEMHOSTALLOC_DEVICEMAP},
-    {"CU_MEMHOSTREGISTER_READ_ONLY", (long long)CU_MEMHOSTREGISTER_READ_ONLY},
     {"CU_STREAM_NON_BLOCKING", (long long)CU_STREAM_NON_BLOCKING},
     {"CU_EVENT_BLOCKING_SYNC", (long long)CU_EVENT_BLOCKING_SYNC},
     {"CU_EVENT_DISABLE_TIMING", (long long)CU_EVENT_DISABLE_TIMING},
@@ -45,8 +45,6 @@ const ckptio__cuda_abi_value ckptio__cuda_abi_values[] = {
     {"CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT", (long long)CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT},
     {"CU_DEVICE_ATTRIBUTE_PCI_BUS_ID", (long long)CU_DEVICE_ATTRIBUTE_PCI_BUS_ID},
     {"CU_DEVICE_ATTRIBUTE_UNIFIED_ADDRESSING", (long long)CU_DEVICE_ATTRIBUTE_UNIFIED_ADDRESSING},
-    {"CU_DEVICE_ATTRIBUTE_READ_ONLY_HOST_REGISTER_SUPPORTED",
-     (long long)CU_DEVICE_ATTRIBUTE_READ_ONLY_HOST_REGISTER_SUPPORTED},
     {"sizeof(CUdeviceptr)", (long long)sizeof(CUdeviceptr)},
     {"sizeof(CUDA_MEMCPY2D)", (long long)sizeof(CUDA_MEMCPY2D)},
     {"offsetof(CUDA_MEMCPY2D, srcPitch)", (long long)offsetof(CUDA_MEMCPY2D, srcPitch)},
@@ -75,7 +73,7 @@ static bool resolve(void *lib, const char *name, void *slot, bool required) {
 }
 
 static void load_driver(void) {
-    const char *name = getenv("CKPTIO_CUDA_LIBRARY");
+    const char *name = getenv(CKPTIO__ENV_CUDA_LIBRARY); /* process-wide, read once: settings.c */
     if (!name || !name[0]) name = "libcuda.so.1";
     void *lib = dlopen(name, RTLD_NOW | RTLD_LOCAL);
     if (!lib) {
@@ -219,8 +217,6 @@ static int (*nvtx_push_fn)(const char *);
 static int (*nvtx_pop_fn)(void);
 
 static void load_nvtx(void) {
-    const char *env = getenv("CKPTIO_NVTX");
-    if (env && strcmp(env, "0") == 0) return;
     static const char *const names[] = {"libnvToolsExt.so.1", "libnvToolsExt.so"};
     for (size_t i = 0; i < sizeof names / sizeof names[0]; i++) {
         void *lib = dlopen(names[i], RTLD_NOW | RTLD_LOCAL);
@@ -236,12 +232,14 @@ static void load_nvtx(void) {
     }
 }
 
-void ckptio__nvtx_push(const char *name) {
+void ckptio__nvtx_push(bool on, const char *name) {
+    if (!on) return;
     pthread_once(&nvtx_once, load_nvtx);
     if (nvtx_push_fn) nvtx_push_fn(name);
 }
 
-void ckptio__nvtx_pop(void) {
+void ckptio__nvtx_pop(bool on) {
+    if (!on) return;
     pthread_once(&nvtx_once, load_nvtx);
     if (nvtx_pop_fn) nvtx_pop_fn();
 }

@@ -89,7 +89,6 @@ typedef struct CUDA_MEMCPY2D_st {
 #define CU_MEMHOSTALLOC_DEVICEMAP 0x02u
 #define CU_MEMHOSTREGISTER_PORTABLE 0x01u
 #define CU_MEMHOSTREGISTER_DEVICEMAP 0x02u
-#define CU_MEMHOSTREGISTER_READ_ONLY 0x08u
 #define CU_STREAM_NON_BLOCKING 0x1u
 #define CU_EVENT_BLOCKING_SYNC 0x1u
 #define CU_EVENT_DISABLE_TIMING 0x2u
@@ -99,8 +98,7 @@ typedef struct CUDA_MEMCPY2D_st {
 enum {
     CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT = 16,
     CU_DEVICE_ATTRIBUTE_PCI_BUS_ID = 33,
-    CU_DEVICE_ATTRIBUTE_UNIFIED_ADDRESSING = 41,
-    CU_DEVICE_ATTRIBUTE_READ_ONLY_HOST_REGISTER_SUPPORTED = 113
+    CU_DEVICE_ATTRIBUTE_UNIFIED_ADDRESSING = 41
 };
 
 /* The values above by name, for tests/test_gpu_abi.c (NULL-terminated). */
@@ -195,9 +193,10 @@ ckptio_status ckptio__cuda_fail(CUresult result, const char *src_file, int src_l
 
 #define CKPTIO_CUDA_FAIL(result, ...) ckptio__cuda_fail((result), __FILE__, __LINE__, NULL, __VA_ARGS__)
 
-/* NVTX ranges around I/O phases: pushes/pops a named range when an NVTX
- * library (libnvToolsExt.so.1) can be loaded, does nothing otherwise. */
-void ckptio__nvtx_push(const char *name);
-void ckptio__nvtx_pop(void);
+/* NVTX ranges around I/O phases: with `on` (the engine's CKPTIO_OPT_NVTX),
+ * pushes/pops a named range when an NVTX library (libnvToolsExt.so.1) can
+ * be loaded; does nothing otherwise. Pass a pop the push's `on`. */
+void ckptio__nvtx_push(bool on, const char *name);
+void ckptio__nvtx_pop(bool on);
 
 #endif /* CKPTIO_CUDA_SHIM_H */

@@ -5,6 +5,7 @@
  * fallback to the pipeline (AUTO).
  */
 #include "cufile_shim.h"
+#include "engine_internal.h"
 
 #include <dlfcn.h>
 #include <errno.h>
@@ -64,7 +65,7 @@ static bool sym(void *lib, const char *name, void *slot) {
 }
 
 static void load(void) {
-    const char *name = getenv("CKPTIO_CUFILE_LIBRARY");
+    const char *name = getenv(CKPTIO__ENV_CUFILE_LIBRARY); /* process-wide, read once: settings.c */
     if (!name || !name[0]) name = "libcufile.so.0";
     void *lib = dlopen(name, RTLD_NOW | RTLD_LOCAL);
     if (!lib) {

@@ -46,11 +46,10 @@ ckptio_status ckptio_gds_open(ckptio_engine *engine, const char *path, int oflag
     atomic_init(&f->last_path, CKPTIO_IO_PATH_NONE);
     pthread_mutex_init(&f->lock, NULL);
     pthread_cond_init(&f->cond, NULL);
-    if ((st = ckptio_file_open(engine, path, flags, &f->file)) != CKPTIO_OK) goto fail;
-    if (f->file->created && mode && fchmod(f->file->fd, (mode_t)(mode & 07777)) < 0) {
-        st = CKPTIO_FAIL_SYS(errno, "fchmod", path, -1, "applying mode %o to the new file", mode);
-        goto fail;
-    }
+    /* The mode goes to the open that creates the file, as open(2)'s does:
+     * the umask narrows it (a chmod after the creation would not). */
+    const mode_t create_mode = mode ? (mode_t)(mode & 0777) : 0666;
+    if ((st = ckptio__file_open_created(engine, path, flags, create_mode, &f->file)) != CKPTIO_OK) goto fail;
     if ((oflags & O_TRUNC) && (st = ckptio_file_truncate(f->file, 0)) != CKPTIO_OK) goto fail;
     if ((st = ckptio_gds_register_handle(f)) != CKPTIO_OK) goto fail;
     *out = f;
@@ -90,9 +89,8 @@ ckptio_status ckptio_gds_register_handle(ckptio_gds_file *f) {
     const ckptio__gpu_ops *ops = ckptio__gpu_ops_try();
     const bool real = ops == ckptio__gpu_cuda_ops();
     f->refusal[0] = '\0';
-    if (mode == CKPTIO_GPU_PATH_PIPELINE || mode == CKPTIO_GPU_PATH_STAGED) {
-        snprintf(f->refusal, sizeof f->refusal, "CKPTIO_OPT_GPU_PATH is %s",
-                 mode == CKPTIO_GPU_PATH_STAGED ? "staged" : "pipeline");
+    if (mode == CKPTIO_GPU_PATH_PIPELINE) {
+        snprintf(f->refusal, sizeof f->refusal, "CKPTIO_OPT_GPU_PATH is pipeline");
         return CKPTIO_OK;
     }
     if (!real) {

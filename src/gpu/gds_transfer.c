@@ -47,9 +47,10 @@ ckptio_status ckptio__gds_transfer(ckptio_gds_file *f, ckptio_direction dir, voi
         if (st == CKPTIO_OK) atomic_store(&f->last_path, CKPTIO_IO_PATH_HOST);
     } else if (f->registered) {
         uint64_t done = 0;
-        ckptio__nvtx_push(dir == CKPTIO_READ ? "ckptio: cuFileRead" : "ckptio: cuFileWrite");
+        const bool nvtx = ckptio__engine_setting(f->engine, CKPTIO_OPT_NVTX) != 0;
+        ckptio__nvtx_push(nvtx, dir == CKPTIO_READ ? "ckptio: cuFileRead" : "ckptio: cuFileWrite");
         st = ckptio__cufile_transfer(f->handle, dir, buf, size, file_offset, buf_offset, path, &done);
-        ckptio__nvtx_pop();
+        ckptio__nvtx_pop(nvtx);
         ckptio__engine_stats_add(f->engine, &(ckptio_stats){.bytes_cufile = done});
         if (st == CKPTIO_OK)
             atomic_store(&f->last_path, ckptio__cufile_direct_mode() ? CKPTIO_IO_PATH_CUFILE_DIRECT
@@ -62,9 +63,8 @@ ckptio_status ckptio__gds_transfer(ckptio_gds_file *f, ckptio_direction dir, voi
         if (st == CKPTIO_OK) {
             ckptio__engine_progress_done(f->engine, size);
             ckptio__gpu_state *gs = ckptio__engine_gpu_state(f->engine);
-            const int moved_by = gs && gs->last_run_mapped == 2 ? CKPTIO_IO_PATH_MAPPED : CKPTIO_IO_PATH_PIPELINE;
-            atomic_store(&f->last_path, moved_by);
-            if (gs) gs->last_path = moved_by;
+            atomic_store(&f->last_path, CKPTIO_IO_PATH_PIPELINE);
+            if (gs) gs->last_path = CKPTIO_IO_PATH_PIPELINE;
         }
     }
     if (st == CKPTIO_OK) *bytes = size;

@@ -126,30 +126,27 @@ static ckptio_status cuda_mem_info(int device, uint64_t *free_bytes, uint64_t *t
 
 /* Pinned staging is anonymous memory that the kernel fills in one go
  * (MAP_POPULATE) and the driver then page-locks (cuMemHostRegister), rather
- * than cuMemHostAlloc: on an H200 host a process's first load from the page
- * cache ran at 42-44 GB/s this way against 39-40 with cuMemHostAlloc, though
- * pinning alone costs about the same either way (BENCHMARKS.md, "The first
- * load in a process, again"); our reading is that the driver is held for
- * less of the time the load's copies need it when the pages already exist
- * before the call. The page before
- * the slot holds the mapping's address and length for the free. MADV_DONTFORK: a child
- * forked later (a DataLoader worker) neither inherits nor copies it; it
- * cannot use CUDA anyway. Where the driver cannot register host memory, the
- * process uses cuMemHostAlloc from its first allocation on.
+ * than cuMemHostAlloc: a process's first load runs faster this way, though
+ * pinning alone costs about the same; our reading is that the driver is
+ * held for less of the time the load's copies need it when the pages
+ * already exist before the call (docs/GPU.md#pinning).
+ * The page before the slot holds the mapping's address and length for the
+ * free. MADV_DONTFORK: a child forked later (a DataLoader worker) neither
+ * inherits nor copies it; it cannot use CUDA anyway. Where the driver
+ * cannot register host memory, the process uses cuMemHostAlloc from its
+ * first allocation on.
  * Huge slots (`huge`, the default where ckptio__gpu_huge_slots allows):
  * the slot starts on a 2 MiB boundary of a larger reservation and is
  * advised MADV_HUGEPAGE before it is faulted in (ckptio__slot_range_fill),
- * so that the driver pins 2 MiB pages. Measured (docs/GPU.md): first loads
- * 49.1 GB/s against 47.7 on an H200, 46.3 against 44.7 on an H100 (5 rounds
- * alternating; the host's thp_fault_alloc rose by 64 per process, 128 MiB
- * of huge pages), later loads level. The guard: with THP's defrag in
- * madvise mode a fault in an advised range that finds no free 2 MiB block
- * compacts memory first, a stall a busy host would pay on its first load;
- * so the pipeline asks for huge slots only while THP is enabled and the
- * kernel's free blocks of 2 MiB and more cover twice what the call may pin
- * (src/io/huge_pages.c). CKPTIO_GPU_HUGE_SLOTS=0 turns them off, =1 forces
- * them. Where the kernel gives no huge page, the advice is ignored and the
- * slot is on 4 KiB pages, filled all the same.
+ * so that the driver pins 2 MiB pages, which makes first loads faster
+ * (docs/GPU.md#huge-slots). The guard: with THP's defrag in madvise
+ * mode a fault in an advised range that finds no free 2 MiB block compacts
+ * memory first, a stall a busy host would pay on its first load; so the
+ * pipeline asks for huge slots only while THP is enabled and the kernel's
+ * free blocks of 2 MiB and more cover twice what the call may pin
+ * (src/io/huge_pages.c), unless the engine's CKPTIO_OPT_GPU_HUGE_SLOTS says
+ * off or on. Where the kernel gives no huge page, the advice is ignored and
+ * the slot is on 4 KiB pages, filled all the same.
  * The pipeline's slots are made this way (one mapping each) only where no
  * range could be reserved for them or the driver refused a slot there:
  * gpu_staging.c places them in one reserved range and pins them with
@@ -312,6 +309,14 @@ static ckptio_status cuda_event_record(void *event, void *stream) {
     return CKPTIO_OK;
 }
 
+static ckptio_status cuda_stream_wait_event(void *stream, void *event) {
+    const ckptio__cuda_api *cu;
+    CKPTIO_FORWARD(need_api(&cu));
+    CUresult r = cu->cuStreamWaitEvent((CUstream)stream, (CUevent)event, 0);
+    if (r != CUDA_SUCCESS) return CKPTIO_CUDA_FAIL(r, "cuStreamWaitEvent(stream %p)", stream);
+    return CKPTIO_OK;
+}
+
 static ckptio_status cuda_event_sync(void *event) {
     const ckptio__cuda_api *cu;
     CKPTIO_FORWARD(need_api(&cu));
@@ -391,46 +396,6 @@ static ckptio_status cuda_wait_word(void *stream, volatile uint32_t *word, uint3
     return CKPTIO_OK;
 }
 
-/* Whether `device` can page-lock read-only memory (a PROT_READ file
- * mapping): asked once per device. 1 yes, -1 no, 0 not asked yet. */
-static _Atomic int read_only_register[MAX_DEVICES];
-
-static bool read_only_register_supported(const ckptio__cuda_api *cu, int device) {
-    if (device < 0 || device >= MAX_DEVICES) return false;
-    int known = atomic_load(&read_only_register[device]);
-    if (!known) {
-        CUdevice dev;
-        int value = 0;
-        if (cu->cuDeviceGet(&dev, device) != CUDA_SUCCESS ||
-            cu->cuDeviceGetAttribute(&value, CU_DEVICE_ATTRIBUTE_READ_ONLY_HOST_REGISTER_SUPPORTED, dev) !=
-                CUDA_SUCCESS)
-            value = 0;
-        known = value ? 1 : -1;
-        atomic_store(&read_only_register[device], known);
-    }
-    return known > 0;
-}
-
-static ckptio_status cuda_host_register(int device, void *ptr, size_t bytes) {
-    const ckptio__cuda_api *cu;
-    CKPTIO_FORWARD(need_api(&cu));
-    if (!cu->cuMemHostRegister || !cu->cuMemHostUnregister)
-        return CKPTIO_FAIL(CKPTIO_E_UNSUPPORTED, "the CUDA driver lacks cuMemHostRegister_v2/cuMemHostUnregister");
-    if (!read_only_register_supported(cu, device))
-        return CKPTIO_FAIL(CKPTIO_E_UNSUPPORTED,
-                           "CUDA device %d cannot register read-only host memory "
-                           "(CU_DEVICE_ATTRIBUTE_READ_ONLY_HOST_REGISTER_SUPPORTED is 0)",
-                           device);
-    CUresult r = cu->cuMemHostRegister(ptr, bytes, CU_MEMHOSTREGISTER_READ_ONLY);
-    if (r != CUDA_SUCCESS) return CKPTIO_CUDA_FAIL(r, "cuMemHostRegister(%p, %zu bytes, READ_ONLY)", ptr, bytes);
-    return CKPTIO_OK;
-}
-
-static void cuda_host_unregister(void *ptr) {
-    const ckptio__cuda_api *cu = ckptio__cuda_try();
-    if (cu && cu->cuMemHostUnregister && ptr) cu->cuMemHostUnregister(ptr);
-}
-
 static bool cuda_event_done(void *event) {
     const ckptio__cuda_api *cu = ckptio__cuda_try();
     return !cu || cu->cuEventQuery((CUevent)event) != CUDA_ERROR_NOT_READY;
@@ -454,6 +419,7 @@ static const ckptio__gpu_ops cuda_ops = {
     .event_create = cuda_event_create,
     .event_destroy = cuda_event_destroy,
     .event_record = cuda_event_record,
+    .stream_wait_event = cuda_stream_wait_event,
     .event_sync = cuda_event_sync,
     .event_done = cuda_event_done,
     .h2d_async = cuda_h2d,
@@ -461,8 +427,6 @@ static const ckptio__gpu_ops cuda_ops = {
     .h2d_2d_async = cuda_h2d_2d,
     .d2h_2d_async = cuda_d2h_2d,
     .stream_wait_word = cuda_wait_word,
-    .host_register = cuda_host_register,
-    .host_unregister = cuda_host_unregister,
 };
 
 const ckptio__gpu_ops *ckptio__gpu_cuda_ops(void) { return &cuda_ops; }

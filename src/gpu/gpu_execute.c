@@ -20,7 +20,6 @@ const char *ckptio_io_path_name(ckptio_io_path path) {
     case CKPTIO_IO_PATH_CUFILE_COMPAT: return "cufile_compat";
     case CKPTIO_IO_PATH_PIPELINE: return "pipeline";
     case CKPTIO_IO_PATH_HOST: return "host";
-    case CKPTIO_IO_PATH_MAPPED: return "mapped";
     }
     return NULL;
 }
@@ -208,9 +207,10 @@ ckptio_status ckptio__gpu_execute_observed(ckptio_engine *engine, ckptio_directi
             st = CKPTIO_FAIL(CKPTIO_E_UNSUPPORTED, "cuFile cannot run on the %s device", ops->name);
             goto out;
         }
-        ckptio__nvtx_push("ckptio: cuFile");
+        const bool nvtx = ckptio__engine_setting(engine, CKPTIO_OPT_NVTX) != 0;
+        ckptio__nvtx_push(nvtx, "ckptio: cuFile");
         st = cufile_extents(dir, extents, count);
-        ckptio__nvtx_pop();
+        ckptio__nvtx_pop(nvtx);
         if (st == CKPTIO_OK) {
             gs->last_path = ckptio__cufile_direct_mode() ? CKPTIO_IO_PATH_CUFILE_DIRECT : CKPTIO_IO_PATH_CUFILE_COMPAT;
             goto out;
@@ -220,7 +220,7 @@ ckptio_status ckptio__gpu_execute_observed(ckptio_engine *engine, ckptio_directi
     }
 
     if (!several) {
-        st = ckptio__gpu_pipeline_run_observed(engine, ops, first_device, dir, extents, count, false, obs, true);
+        st = ckptio__gpu_pipeline_run_observed(engine, ops, first_device, dir, extents, count, false, obs);
     } else {
         /* One device at a time; other devices' extents are hidden by a zero
          * length so that extent numbers in messages stay the caller's. */
@@ -239,11 +239,11 @@ ckptio_status ckptio__gpu_execute_observed(ckptio_engine *engine, ckptio_directi
                 else if (j >= i) devices[j] = -1; /* done after this round */
                 bytes += subset[j].length;
             }
-            st = ckptio__gpu_pipeline_run_observed(engine, ops, dev, dir, subset, count, false, obs, true);
+            st = ckptio__gpu_pipeline_run_observed(engine, ops, dev, dir, subset, count, false, obs);
             ckptio__engine_progress_advance(engine, bytes);
         }
     }
-    if (st == CKPTIO_OK) gs->last_path = gs->last_run_mapped == 2 ? CKPTIO_IO_PATH_MAPPED : CKPTIO_IO_PATH_PIPELINE;
+    if (st == CKPTIO_OK) gs->last_path = CKPTIO_IO_PATH_PIPELINE;
 out:
     ckptio__free(subset);
     ckptio__free(devices);

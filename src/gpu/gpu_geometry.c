@@ -1,45 +1,22 @@
 /*
  * gpu_geometry.c - how a GPU transfer is laid out before it runs: how many
  * workers, how large their staging slots (and so the windows), whether the
- * slots use huge pages, with the experiment knobs that change them
- * (CKPTIO_GPU_READ_SLOTS, _READ_WORKERS, _SLOT_MAX_BYTES, _HUGE_SLOTS;
- * docs/GPU.md) and the reader of every GPU knob, ckptio__gpu_env_size.
- * Everything here reads the engine's settings or the environment: call it
- * on a caller's thread, never on a pipeline worker, which could race a
- * setenv.
+ * slots use huge pages. Everything here comes from the engine's settings
+ * (and, for huge pages, the kernel's free memory): call it on a caller's
+ * thread, before the workers start.
  */
 #include "engine_internal.h"
 #include "gpu_pipeline.h"
 #include "io_internal.h"
 
 #include <stdint.h>
-#include <stdlib.h>
 
 #define ALIGN ((uint64_t)CKPTIO_DIRECT_ALIGN)
 
-size_t ckptio__gpu_env_size(const char *name, size_t fallback) {
-    uint64_t n;
-    return ckptio__parse_size(getenv(name), &n) && n <= SIZE_MAX ? (size_t)n : fallback;
-}
-
-/* An experiment knob: the variable's value when it is 1..max, else `fallback`. */
-static unsigned env_knob(const char *name, unsigned max, unsigned fallback) {
-    const size_t n = ckptio__gpu_env_size(name, fallback);
-    return n >= 1 && n <= max ? (unsigned)n : fallback;
-}
-
-unsigned ckptio__gpu_read_slots(void) {
-    return env_knob("CKPTIO_GPU_READ_SLOTS", CKPTIO_GPU_NSLOTS, CKPTIO_GPU_READ_SLOTS);
-}
-
-unsigned ckptio__gpu_read_workers(void) {
-    return env_knob("CKPTIO_GPU_READ_WORKERS", CKPTIO_GPU_MAX_WORKERS, CKPTIO_GPU_MAX_WORKERS);
-}
-
-bool ckptio__gpu_huge_slots(uint64_t pin_bytes) {
-    switch (ckptio__gpu_env_size("CKPTIO_GPU_HUGE_SLOTS", 2)) { /* unset, empty or not a number: 2, auto */
-    case 0: return false;
-    case 1: return true;
+bool ckptio__gpu_huge_slots(ckptio_engine *engine, uint64_t pin_bytes) {
+    switch (ckptio__engine_setting(engine, CKPTIO_OPT_GPU_HUGE_SLOTS)) {
+    case CKPTIO_HUGE_SLOTS_OFF: return false;
+    case CKPTIO_HUGE_SLOTS_ON: return true;
     default: break;
     }
     /* Free 2 MiB blocks for twice what may be pinned: the slots' faults take
@@ -52,17 +29,12 @@ bool ckptio__gpu_huge_slots(uint64_t pin_bytes) {
  * direction), so that the pinned slots are reused call after call: changing
  * them frees pinned memory, and cuMemFreeHost synchronises the device,
  * which deadlocks a GDS request whose caller's stream waits on it.
- * Slots (and so windows) are at most 4 MiB, and a read worker rotates
- * through 2 of its 4 (CKPTIO_GPU_READ_SLOTS). Measured from the page cache
- * and tmpfs on an H200 host with 300 MiB of L3 (bench/probe_pipeline.c,
- * docs/GPU.md): the copies to the GPU reach 51 GB/s in 2 MiB pieces and 53
- * in 4 MiB ones, and the CPU copies into the slots keep pace only while
- * all slots together stay in the CPU caches: 16 workers x 2 slots x 4 MiB
- * (128 MiB) staged at 53.1 GB/s, x 4 slots x 2 MiB (128 MiB) at 51.3,
- * x 4 slots x 4 MiB (256 MiB) at 42.5. A process's first load pins those
- * 128 MiB, as before. Writes queue up to 4 copies ahead in 4 slots. (12
- * read workers matched 16 in the probe with a quarter less CPU; in ckptio
- * they lost 3% from tmpfs: CKPTIO_GPU_READ_WORKERS is there to measure.) */
+ * Slots (and so windows) are at most CKPTIO_GPU_SLOT_MAX, and a read worker
+ * rotates through CKPTIO_GPU_READ_SLOTS of its CKPTIO_GPU_NSLOTS: large
+ * enough pieces for the copies to reach the link's speed, few enough slots
+ * for all of them to stay in the CPU's caches while the workers fill them
+ * (docs/GPU.md#slot-geometry). Writes queue up to CKPTIO_GPU_NSLOTS copies
+ * ahead. */
 void ckptio__gpu_geometry(ckptio_engine *engine, bool inline_only, uint64_t block, unsigned *nworkers,
                          uint64_t *slot) {
     int64_t threads = ckptio__engine_setting(engine, CKPTIO_OPT_THREADS);
@@ -72,14 +44,11 @@ void ckptio__gpu_geometry(ckptio_engine *engine, bool inline_only, uint64_t bloc
     const uint64_t staging = (uint64_t)ckptio__engine_setting(engine, CKPTIO_OPT_STAGING_BYTES);
     uint64_t chunk = (uint64_t)ckptio__engine_setting(engine, CKPTIO_OPT_CHUNK_BYTES);
     chunk = chunk < ALIGN ? ALIGN : ckptio__align_down(chunk, ALIGN);
-    /* CKPTIO_GPU_SLOT_MAX_BYTES: an experiment knob, kept 4 KiB-aligned like every slot. */
-    const uint64_t slot_max =
-        ckptio__align_down(ckptio__gpu_env_size("CKPTIO_GPU_SLOT_MAX_BYTES", CKPTIO_GPU_SLOT_MAX), ALIGN);
     uint64_t s;
     for (;;) {
         s = ckptio__align_down(staging / ((uint64_t)n * CKPTIO_GPU_NSLOTS), ALIGN);
         if (s > chunk) s = chunk;
-        if (s > slot_max) s = slot_max;
+        if (s > CKPTIO_GPU_SLOT_MAX) s = CKPTIO_GPU_SLOT_MAX;
         if (s >= CKPTIO_GPU_MIN_SLOT || s >= chunk || n == 1) break;
         n--;
     }
@@ -99,12 +68,6 @@ void ckptio__gpu_geometry(ckptio_engine *engine, bool inline_only, uint64_t bloc
     *slot = s;
 }
 
-unsigned ckptio__gpu_read_worker_cap(unsigned nworkers) {
-    const unsigned cap = ckptio__gpu_read_workers();
-    return nworkers > cap ? cap : nworkers;
-}
-
 void ckptio__gpu_load_geometry(ckptio_engine *engine, unsigned *nworkers, uint64_t *slot) {
     ckptio__gpu_geometry(engine, false, 0, nworkers, slot);
-    *nworkers = ckptio__gpu_read_worker_cap(*nworkers);
 }

@@ -41,8 +41,8 @@ typedef struct ckptio__gpu_ops {
     /* Page-locked host memory, usable from every context and mapped for
      * the device (stream_wait_word needs that). `huge`: back it with
      * transparent huge pages where the kernel gives them (the default
-     * while free 2 MiB blocks allow; CKPTIO_GPU_HUGE_SLOTS:
-     * ckptio__gpu_huge_slots, gpu_pipeline.h). */
+     * while free 2 MiB blocks allow: ckptio__gpu_huge_slots,
+     * gpu_pipeline.h). */
     ckptio_status (*pinned_alloc)(size_t bytes, bool huge, void **out);
     void (*pinned_free)(void *ptr);
     /* Page-locks host memory the caller made and filled (a staging slot in
@@ -59,6 +59,10 @@ typedef struct ckptio__gpu_ops {
     ckptio_status (*event_create)(void **out);
     void (*event_destroy)(void *event);
     ckptio_status (*event_record)(void *event, void *stream);
+    /* Makes `stream` wait, on the device (the caller does not block), until
+     * the work captured by the last record of `event` completed
+     * (cuStreamWaitEvent); work queued on `stream` afterwards runs after it. */
+    ckptio_status (*stream_wait_event)(void *stream, void *event);
     /* Blocks until the work captured by the last record completed; an
      * asynchronous failure of that work is reported here. */
     ckptio_status (*event_sync)(void *event);
@@ -81,16 +85,6 @@ typedef struct ckptio__gpu_ops {
      * pinned_alloc, written by a host thread). CKPTIO_E_UNSUPPORTED when
      * the driver cannot (callers then fall back to synchronising). */
     ckptio_status (*stream_wait_word)(void *stream, volatile uint32_t *word, uint32_t value);
-    /* Page-locks `bytes` of existing host memory at `ptr` (page-aligned,
-     * e.g. a read-only file mapping) so that device copies read it by DMA
-     * without a CPU copy (cuMemHostRegister with the read-only flag), on
-     * the calling thread's current device. Faults the pages in: a page
-     * past the end of a mapped file fails here, never later with SIGBUS.
-     * CKPTIO_E_UNSUPPORTED when the device or driver cannot register
-     * read-only memory. host_unregister undoes it (the copies reading the
-     * memory must have completed). */
-    ckptio_status (*host_register)(int device, void *ptr, size_t bytes);
-    void (*host_unregister)(void *ptr);
 } ckptio__gpu_ops;
 
 /* The real driver's operations (they fail with CKPTIO_E_NO_CUDA when the

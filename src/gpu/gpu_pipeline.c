@@ -20,15 +20,9 @@
  * host plans. A window's two or three operations (aligned body, buffered
  * head and tail) are in flight together on io_uring, one after the other
  * on pread, where the common window is a single pread into the slot.
- * In BACKEND=AUTO the stage uses pread: the GPU loads were measured with it
- * (docs/GPU.md); BACKEND=io_uring or pread applies as set.
- *
- * Resident data (reads): a window whose pages are in memory (tmpfs, or held
- * by the page cache) is not read into its slot: its pages are mapped and
- * registered and the device copies read them there (gpu_mapped.h). The
- * slot's event then guards the mapping instead of the staging memory, and
- * the mapping is released when the event completes. A window that cannot
- * be mapped is staged as any other.
+ * In BACKEND=AUTO the stage uses pread, the backend the GPU loads were
+ * tuned with (docs/GPU.md#file-stage); BACKEND=io_uring or pread applies as
+ * set.
  *
  * Progress and cancel: workers count the extents' bytes of each window
  * they finish (holes a read spans are not counted); the calling thread reports them through the engine's progress
@@ -39,7 +33,6 @@
 #include "cuda_shim.h"
 #include "engine_internal.h"
 #include "gpu_device_range.h"
-#include "gpu_mapped.h"
 #include "gpu_pipeline.h"
 #include "gpu_windows.h"
 #include "io_internal.h"
@@ -80,15 +73,9 @@ typedef struct pipe {
     ckptio_status status;
     ckptio__error_saved *err;
     uint64_t bytes_copied;
-    uint64_t bytes_mapped;        /* of bytes_copied, from mapped pages */
-    uint64_t map_fallbacks;       /* windows staged after a mapping failed */
     double seconds_copy;
-    _Atomic int map_unsupported;  /* the device cannot register: stop trying */
-    unsigned map_workers;         /* workers [0, map_workers) map resident windows */
-    size_t map_batch;             /* windows a mapping worker claims (and registers) at once */
-    bool join_strides;            /* strided pieces as one pitched copy (CKPTIO_GPU_COPY_2D=0: not) */
     device_alloc *alloc;          /* per extent: the device allocation it lies in */
-    unsigned read_slots;          /* slots a read worker rotates through (read once, on the caller's thread) */
+    bool nvtx;                    /* NVTX ranges (the engine's CKPTIO_OPT_NVTX, read once per run) */
 } pipe;
 
 /* ---- errors: workers record the first one for the caller's thread ----------- */
@@ -351,7 +338,7 @@ static ckptio_status queue_run(pipe *p, const strided_run *g, void *stream) {
 }
 
 /* Queues the copies between window `w` and host memory `host`, which holds
- * the file's bytes from offset `a` on (a staging slot, or a mapping), or,
+ * the file's bytes from offset `a` on (a staging slot), or,
  * for a packed window, its pieces back to back from `host` on:
  * pieces at a fixed stride on both sides go as one copy (strided_run).
  * Returns how many bytes were queued in *queued even on failure (the caller
@@ -369,7 +356,7 @@ static ckptio_status queue_copies(pipe *p, const window *w, unsigned char *host,
         unsigned char *src = w->packed ? host + packed : host + (lo - a);
         const size_t width = (size_t)(hi - lo);
         packed += width;
-        if (g.rows && p->join_strides && continues(&g, src, dev, width, &p->alloc[idx])) {
+        if (g.rows && continues(&g, src, dev, width, &p->alloc[idx])) {
             if (g.rows++ == 1) {
                 g.host_pitch = (size_t)(src - g.host);
                 g.dev_pitch = (size_t)(dev - g.dev);
@@ -414,10 +401,9 @@ static ckptio_status wait_slot(pipe *p, ckptio__gpu_worker_res *r, unsigned s, c
     return CKPTIO_OK;
 }
 
-static void add_copied(pipe *p, uint64_t bytes, bool mapped) {
+static void add_copied(pipe *p, uint64_t bytes) {
     pthread_mutex_lock(&p->lock);
     p->bytes_copied += bytes;
-    if (mapped) p->bytes_mapped += bytes;
     pthread_mutex_unlock(&p->lock);
 }
 
@@ -432,9 +418,9 @@ typedef struct read_slot {
 /* The pinned slots a read worker rotates through, the one holding its
  * oldest copies first (one stream per worker: its copies complete in order).
  * A worker starts with the slots it has and pins another only when that
- * oldest one is still copying, so a process's first load pins (~0.6 s per
- * GiB, slowing the copies beside it) when the pipeline would otherwise
- * wait, not before its copies start. */
+ * oldest one is still copying, so a process's first load pins (slow, and
+ * slowing the copies beside it: docs/GPU.md#pinning) when the
+ * pipeline would otherwise wait, not before its copies start. */
 typedef struct slot_ring {
     unsigned order[CKPTIO_GPU_NSLOTS];
     unsigned n, pos, max;
@@ -484,11 +470,9 @@ static ckptio_status read_into(pipe *p, file_stage *fs, const window *w, unsigne
  * holds the pinning lock, `w` is read into the slot's pages, faulted in but
  * not yet pinned, before this worker waits for the lock (*read true): a
  * process's first load has its workers pin their first slots one after
- * another, each registration ~0.35 ms beside the others' copies (H100 host,
- * fifteenth session), and the read (~0.9 ms) then runs during that wait
- * instead of after it. The registration keeps the bytes in the pages.
- * Measured (two H200 hosts, sixteenth session): first loads from tmpfs
- * +0.6-1.2 GB/s median, from the page cache level. */
+ * another, and the read, longer than a registration, then runs during that
+ * wait instead of after it. The registration keeps the bytes in the pages
+ * (docs/GPU.md#first-window). */
 static ckptio_status first_slot(pipe *p, unsigned index, file_stage *fs, slot_ring *q, const window *w,
                                 uint64_t used, unsigned *out, bool *read) {
     *read = false;
@@ -542,7 +526,7 @@ static ckptio_status stage_window(pipe *p, unsigned index, file_stage *fs, read_
     if (rec == CKPTIO_OK) {
         rs->pending = true;
         rs->w = w;
-        add_copied(p, queued, false);
+        add_copied(p, queued);
     } else {
         /* Without an event we cannot know when the slot is free: drain. */
         ckptio__engine_staging(p->engine, 0, -(int64_t)rs->used);
@@ -554,92 +538,18 @@ static ckptio_status stage_window(pipe *p, unsigned index, file_stage *fs, read_
     return CKPTIO_OK;
 }
 
-/* The mappings a worker registered. Unregistering page-locked memory
- * synchronises the whole device (as cudaHostUnregister does), so they are
- * all released once, when the worker's copies are done, never per window. */
-typedef struct held_maps {
-    ckptio__gpu_mapping *v;
-    size_t n, cap;
-} held_maps;
-
-static void release_maps(pipe *p, held_maps *h) {
-    for (size_t i = 0; i < h->n; i++) ckptio__gpu_unmap(p->ops, &h->v[i]);
-    ckptio__free(h->v);
-    *h = (held_maps){0};
-}
-
-/* Maps windows [first, last] (consecutive, one run) as one registration
- * when the run allows and the pages are in memory; false: stage them. A
- * failure is counted; a device that cannot register stops all tries. */
-static bool map_windows(pipe *p, size_t first, size_t last, held_maps *h) {
-    const run *rn = &p->plan.runs[p->plan.wins[first].run];
-    if (rn->map == CKPTIO__MAP_NEVER || atomic_load(&p->map_unsupported)) return false;
-    if (h->n == h->cap) {
-        const size_t cap = h->cap ? 2 * h->cap : 16;
-        ckptio__gpu_mapping *v = ckptio__realloc(h->v, cap * sizeof *v);
-        if (!v) return false;
-        h->v = v;
-        h->cap = cap;
-    }
-    bool failed = false, unsupported = false;
-    if (ckptio__gpu_map(p->ops, p->device, rn->map, rn->file, p->plan.wins[first].start, p->plan.wins[last].end,
-                        &h->v[h->n], &failed, &unsupported)) {
-        h->n++;
-        return true;
-    }
-    if (unsupported) atomic_store(&p->map_unsupported, 1);
-    if (failed) {
-        pthread_mutex_lock(&p->lock);
-        p->map_fallbacks++;
-        pthread_mutex_unlock(&p->lock);
-    }
-    return false;
-}
-
-/* Queues the copies of window `w` from mapping `m` (no slot: the mapping
- * stays registered until the worker ends). */
-static ckptio_status copy_mapped(pipe *p, ckptio__gpu_worker_res *r, const ckptio__gpu_mapping *m, const window *w) {
-    uint64_t queued = 0;
-    ckptio_status st = queue_copies(p, w, m->addr, m->offset, r->stream, &queued);
-    add_copied(p, queued, true);
-    CKPTIO_FORWARD(st);
-    window_done(p, queued, p->inline_run);
-    return CKPTIO_OK;
-}
-
-/* A read worker. Workers below p->map_workers claim p->map_batch windows
- * at a time and copy the resident ones straight from their mapped pages
- * (one registration per batch); the others, and every window that cannot
- * be mapped, go through the staging slots. Mixing both keeps the CPU
- * copies of the staging workers and the registrations of the mapping
- * workers busy at once. */
-static void worker_read(pipe *p, ckptio__gpu_worker_res *r, file_stage *fs, unsigned index) {
+/* A read worker: claims windows one by one and stages each through its
+ * slots, the read of one overlapping the copies of the ones before. */
+static void worker_read(pipe *p, file_stage *fs, unsigned index) {
     read_slot slots[CKPTIO_GPU_NSLOTS] = {0};
-    held_maps held = {0};
+    ckptio__gpu_worker_res *r = &p->st->workers[index];
     slot_ring ring;
-    ring_init(r, p->read_slots, &ring);
-    const size_t batch = index < p->map_workers ? p->map_batch : 1;
-    const window *last_mapped = NULL; /* for the message of a failed copy */
+    ring_init(r, CKPTIO_GPU_READ_SLOTS, &ring);
     ckptio_status st = CKPTIO_OK;
     while (st == CKPTIO_OK && !atomic_load(&p->failed)) {
-        const size_t wi = atomic_fetch_add(&p->next, batch);
+        const size_t wi = atomic_fetch_add(&p->next, 1);
         if (wi >= p->plan.nwin) break;
-        const size_t end = wi + batch < p->plan.nwin ? wi + batch : p->plan.nwin;
-        /* One registration per run the claim touches. */
-        for (size_t first = wi; first < end && st == CKPTIO_OK && !atomic_load(&p->failed);) {
-            size_t last = first;
-            while (last + 1 < end && p->plan.wins[last + 1].run == p->plan.wins[first].run) last++;
-            const bool mapped = batch > 1 && map_windows(p, first, last, &held);
-            for (size_t k = first; k <= last && st == CKPTIO_OK && !atomic_load(&p->failed); k++) {
-                if (mapped) {
-                    st = copy_mapped(p, r, &held.v[held.n - 1], &p->plan.wins[k]);
-                    last_mapped = &p->plan.wins[k];
-                } else {
-                    st = stage_window(p, index, fs, slots, &ring, &p->plan.wins[k]);
-                }
-            }
-            first = last + 1;
-        }
+        st = stage_window(p, index, fs, slots, &ring, &p->plan.wins[wi]);
     }
     if (st != CKPTIO_OK) set_error(p, st);
     for (unsigned i = 0; i < CKPTIO_GPU_NSLOTS; i++) {
@@ -648,18 +558,6 @@ static void worker_read(pipe *p, ckptio__gpu_worker_res *r, file_stage *fs, unsi
         ckptio_status ws = wait_slot(p, r, i, slots[i].w, slots[i].used);
         if (ws != CKPTIO_OK) set_error(p, ws);
     }
-    if (held.n) {
-        /* Every copy reading a mapping completes before it is released. */
-        const double t0 = ckptio__now();
-        ckptio_status ss = p->ops->stream_sync(r->stream);
-        pthread_mutex_lock(&p->lock);
-        p->seconds_copy += ckptio__now() - t0;
-        pthread_mutex_unlock(&p->lock);
-        if (ss != CKPTIO_OK && last_mapped)
-            ss = annotate(ss, p->plan.runs[last_mapped->run].file, last_mapped->start, "copy to GPU", "mapped windows");
-        if (ss != CKPTIO_OK) set_error(p, ss);
-    }
-    release_maps(p, &held);
 }
 
 static void worker_write(pipe *p, unsigned index, file_stage *fs) {
@@ -700,7 +598,7 @@ static void worker_write(pipe *p, unsigned index, file_stage *fs) {
             pw[s] = w;
             data[s] = queued;
             count++;
-            add_copied(p, queued, false);
+            add_copied(p, queued);
             if (st != CKPTIO_OK) {
                 set_error(p, st);
                 break;
@@ -728,7 +626,7 @@ static void worker_main(void *arg, unsigned w) {
         set_error(p, st);
         return;
     }
-    ckptio__nvtx_push(p->dir == CKPTIO_READ ? "ckptio: file -> GPU worker" : "ckptio: GPU -> file worker");
+    ckptio__nvtx_push(p->nvtx, p->dir == CKPTIO_READ ? "ckptio: file -> GPU worker" : "ckptio: GPU -> file worker");
     ckptio__gpu_worker_res *r = &p->st->workers[w];
     file_stage fs;
     st = ckptio__gpu_worker_ready(p->st, w, p->device);
@@ -736,7 +634,7 @@ static void worker_main(void *arg, unsigned w) {
     if (st != CKPTIO_OK) {
         set_error(p, st);
     } else {
-        if (p->dir == CKPTIO_READ) worker_read(p, r, &fs, w);
+        if (p->dir == CKPTIO_READ) worker_read(p, &fs, w);
         else worker_write(p, w, &fs);
         ckptio__engine_stats_add(p->engine, &fs.st);
         if (fs.broken) {
@@ -745,7 +643,7 @@ static void worker_main(void *arg, unsigned w) {
             r->queue = NULL;
         }
     }
-    ckptio__nvtx_pop();
+    ckptio__nvtx_pop(p->nvtx);
     p->ops->ctx_leave(p->device);
 }
 
@@ -756,31 +654,18 @@ ckptio_status ckptio__gpu_pipeline_run(ckptio_engine *engine, const ckptio__gpu_
                                        bool inline_only) {
     const double t0 = ckptio__now();
     ckptio_status st =
-        ckptio__gpu_pipeline_run_observed(engine, ops, device, dir, extents, count, inline_only, NULL, false);
+        ckptio__gpu_pipeline_run_observed(engine, ops, device, dir, extents, count, inline_only, NULL);
     ckptio__engine_stats_add(engine, &(ckptio_stats){.seconds_io = ckptio__now() - t0});
     return st;
 }
 
-/* How many workers map resident windows (`workers`: CKPTIO_GPU_MAP_WORKERS,
- * which the entry reads once for this and for packed reads) and how many
- * windows each claims at once (CKPTIO_GPU_MAP_BATCH_BYTES; see docs/GPU.md
- * for the measurements behind the defaults). */
-static void map_geometry(pipe *p, bool may_map, size_t workers, unsigned nworkers, uint64_t slot) {
-    p->map_workers = 0;
-    p->map_batch = 1;
-    if (!may_map || p->dir != CKPTIO_READ) return;
-    const size_t batch_bytes = ckptio__gpu_env_size("CKPTIO_GPU_MAP_BATCH_BYTES", CKPTIO_GPU_MAP_BATCH_DEFAULT);
-    p->map_workers = (unsigned)(workers < nworkers ? workers : nworkers);
-    p->map_batch = batch_bytes / slot > 1 ? batch_bytes / slot : 2; /* slot: the window size */
-}
-
 ckptio_status ckptio__gpu_pipeline_run_observed(ckptio_engine *engine, const ckptio__gpu_ops *ops, int device,
                                                 ckptio_direction dir, const ckptio_extent *extents, size_t count,
-                                                bool inline_only, const ckptio__observer *obs, bool may_map) {
+                                                bool inline_only, const ckptio__observer *obs) {
     ckptio_status st = CKPTIO_OK;
     if (dir != CKPTIO_WRITE) obs = NULL;
     pipe p = {.engine = engine, .ops = ops, .device = device, .dir = dir, .plan = {.ext = extents}, .obs = obs,
-              .status = CKPTIO_OK};
+              .status = CKPTIO_OK, .nvtx = ckptio__engine_setting(engine, CKPTIO_OPT_NVTX) != 0};
     pthread_mutex_init(&p.lock, NULL);
     bool locked = false;
     p.alloc = ckptio__calloc(count ? count : 1, sizeof *p.alloc);
@@ -807,27 +692,19 @@ ckptio_status ckptio__gpu_pipeline_run_observed(ckptio_engine *engine, const ckp
             if ((st = ckptio__file_check_transfer(p.plan.runs[r].file, dir, NULL)) != CKPTIO_OK) goto out;
             if ((st = ckptio__file_prepare_direct(p.plan.runs[r].file)) != CKPTIO_OK) goto out;
             if ((st = ckptio_file_size(p.plan.runs[r].file, &p.plan.runs[r].file_size)) != CKPTIO_OK) goto out;
-            p.plan.runs[r].map = ckptio__gpu_map_policy(engine, dir, p.plan.runs[r].file);
         } else {
             p.plan.runs[r].file_size = p.plan.runs[r - 1].file_size;
-            p.plan.runs[r].map = p.plan.runs[r - 1].map;
         }
     }
-    /* Packed reads: not beside mapped windows (a mapping worker claims
-     * windows by span), nor when the user asked for O_DIRECT. The
-     * environment is read here, on the caller's thread. */
-    const size_t map_workers = ckptio__gpu_env_size("CKPTIO_GPU_MAP_WORKERS", CKPTIO_GPU_MAP_WORKERS_DEFAULT);
-    const bool may_pack = dir == CKPTIO_READ && !inline_only && ckptio__gpu_env_size("CKPTIO_GPU_PACK", 1) != 0 &&
-                          map_workers == 0 &&
-                          ckptio__engine_setting(engine, CKPTIO_OPT_DIRECT) != CKPTIO_DIRECT_ON;
+    /* Packed reads (gpu_windows.c): not when the user asked for O_DIRECT. */
+    const bool may_pack =
+        dir == CKPTIO_READ && !inline_only && ckptio__engine_setting(engine, CKPTIO_OPT_DIRECT) != CKPTIO_DIRECT_ON;
     for (size_t r = 0; r < p.plan.nruns && may_pack; r++)
         p.plan.runs[r].packed = ckptio__gpu_run_packs(&p.plan, &p.plan.runs[r]);
     if ((st = ckptio__gpu_plan_windows(&p.plan, window_bytes, obs ? obs->block : 0)) != CKPTIO_OK) goto out;
-    if (dir == CKPTIO_READ && !inline_only)
-        nworkers = ckptio__gpu_read_worker_cap(nworkers); /* getenv: the caller's thread */
     if (nworkers > p.plan.nwin) nworkers = (unsigned)p.plan.nwin;
     /* The file stage: AUTO keeps pread, the backend the GPU loads were
-     * measured with (docs/GPU.md); a backend set explicitly applies. */
+     * tuned with (docs/GPU.md#file-stage); a backend set explicitly applies. */
     p.backend_forced = ckptio__engine_setting(engine, CKPTIO_OPT_BACKEND) == CKPTIO_BACKEND_IO_URING;
     p.backend = p.backend_forced ? &ckptio__backend_io_uring : &ckptio__backend_pread;
     p.depth = 1;
@@ -835,13 +712,6 @@ ckptio_status ckptio__gpu_pipeline_run_observed(ckptio_engine *engine, const ckp
         const int64_t qd = ckptio__engine_setting(engine, CKPTIO_OPT_QUEUE_DEPTH);
         p.depth = qd < WINDOW_OPS_MAX ? (unsigned)qd : WINDOW_OPS_MAX;
     }
-    /* Not for background callers (inline_only: the GDS request thread,
-     * whose caller's stream may wait on a word this thread has yet to
-     * write, while registering and unregistering synchronise the device). */
-    map_geometry(&p, may_map && !inline_only, map_workers, nworkers, window_bytes);
-    p.read_slots = ckptio__gpu_read_slots(); /* getenv here, never on a worker: setenv may run meanwhile */
-    /* An experiment knob, read here like the others. */
-    p.join_strides = ckptio__gpu_env_size("CKPTIO_GPU_COPY_2D", 1) != 0;
     if ((st = ckptio__gpu_state_get(engine, ops, &p.st)) != CKPTIO_OK) goto out;
     atomic_fetch_add(&p.st->transfers_waiting, 1); /* a prepare thread yields (gpu_pipeline.h) */
     pthread_mutex_lock(&p.st->lock);
@@ -849,15 +719,16 @@ ckptio_status ckptio__gpu_pipeline_run_observed(ckptio_engine *engine, const ckp
     locked = true;
     ckptio__gpu_state_set_slot_bytes(p.st, (size_t)slot);
     /* What this call may pin: each worker's slots (a read's rotate through
-     * read_slots, a write's through all). Only when some are missing: the
-     * decision reads /proc (~13 us), which a stream of small GDS requests
-     * on pinned slots should not pay each time. Still the caller's thread. */
-    const unsigned worker_slots = dir == CKPTIO_READ ? p.read_slots : CKPTIO_GPU_NSLOTS;
+     * CKPTIO_GPU_READ_SLOTS, a write's through all). Only when some are
+     * missing: the decision reads /proc, which a stream of small GDS
+     * requests on pinned slots should not pay each time. Still the caller's
+     * thread. */
+    const unsigned worker_slots = dir == CKPTIO_READ ? CKPTIO_GPU_READ_SLOTS : CKPTIO_GPU_NSLOTS;
     if (ckptio__gpu_pinned_slots(p.st, nworkers, worker_slots) < nworkers * worker_slots) {
-        p.st->huge_slots = ckptio__gpu_huge_slots((uint64_t)nworkers * worker_slots * slot);
+        p.st->huge_slots = ckptio__gpu_huge_slots(engine, (uint64_t)nworkers * worker_slots * slot);
         ckptio__gpu_slot_range_ready(p.st);
     }
-    ckptio__nvtx_push(dir == CKPTIO_READ ? "ckptio: file -> GPU" : "ckptio: GPU -> file");
+    ckptio__nvtx_push(p.nvtx, dir == CKPTIO_READ ? "ckptio: file -> GPU" : "ckptio: GPU -> file");
     for (size_t i = 0; i < count; i++) p.total += extents[i].length;
     /* A background caller (inline_only) is not the thread progress belongs to. */
     p.report = !inline_only;
@@ -865,22 +736,17 @@ ckptio_status ckptio__gpu_pipeline_run_observed(ckptio_engine *engine, const ckp
     if (p.inline_run) worker_main(&p, 0);
     else if (p.report) st = ckptio__engine_parallel_progress(engine, nworkers, worker_main, &p, &p.done, p.total, &p.failed);
     else st = ckptio__engine_parallel(engine, nworkers, worker_main, &p);
-    ckptio__nvtx_pop();
+    ckptio__nvtx_pop(p.nvtx);
     if (p.status != CKPTIO_OK) {
         /* A worker's error is the first one: it beats a pool-level status. */
         ckptio__error_restore(p.err);
         p.err = NULL;
         st = p.status;
     }
-    /* Mapped bytes came from the page cache without a read call: count
-     * them as buffered reads here (staged reads count themselves). */
-    ckptio_stats delta = {.seconds_copy = p.seconds_copy, .bytes_h2d_mapped = p.bytes_mapped,
-                          .mapped_fallbacks = p.map_fallbacks, .bytes_read = p.bytes_mapped,
-                          .bytes_buffered = p.bytes_mapped};
+    ckptio_stats delta = {.seconds_copy = p.seconds_copy};
     if (dir == CKPTIO_READ) delta.bytes_h2d = p.bytes_copied;
     else delta.bytes_d2h = p.bytes_copied;
     ckptio__engine_stats_add(engine, &delta);
-    p.st->last_run_mapped = p.bytes_mapped == 0 ? 0 : p.bytes_mapped == p.bytes_copied ? 2 : 1;
 out:
     if (locked) pthread_mutex_unlock(&p.st->lock);
     pthread_mutex_destroy(&p.lock);

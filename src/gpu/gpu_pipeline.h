@@ -25,18 +25,12 @@
 #include <pthread.h>
 #include <stdatomic.h>
 
+/* The geometry's constants (gpu_geometry.c; docs/GPU.md#slot-geometry says why these). */
 #define CKPTIO_GPU_NSLOTS 4              /* staging slots per worker (writes queue this many copies) */
 #define CKPTIO_GPU_READ_SLOTS 2          /* of them, the slots a read worker rotates through */
 #define CKPTIO_GPU_MIN_SLOT (256u << 10) /* below this, use fewer workers instead */
 #define CKPTIO_GPU_MAX_WORKERS 64
-#define CKPTIO_GPU_SLOT_MAX (4u << 20)   /* slots (and windows): at most 4 MiB (gpu_geometry.c) */
-/* Workers that map resident windows: none by default. Measured on an H200
- * (docs/GPU.md, BENCHMARKS.md): copies from registered page-cache pages
- * plus registration ran at 6-25 GB/s where staging ran at 24-47 GB/s, and
- * unregistering synchronises the device; CKPTIO_GPU_MAP_WORKERS=N turns
- * it on for experiments. */
-#define CKPTIO_GPU_MAP_WORKERS_DEFAULT 0
-#define CKPTIO_GPU_MAP_BATCH_DEFAULT (256u << 20)  /* bytes one of them registers at once */
+#define CKPTIO_GPU_SLOT_MAX (4u << 20)   /* slots (and windows): at most 4 MiB */
 
 /* One worker's GPU resources, kept across calls. */
 typedef struct ckptio__gpu_worker_res {
@@ -84,35 +78,22 @@ typedef struct ckptio__gpu_state {
      * (test_prepare_yields_to_a_transfer: 9 of 16 slots without this). */
     _Atomic unsigned transfers_waiting;
     int last_path;                       /* ckptio_io_path of the last GPU transfer */
-    int last_run_mapped;                 /* last pipeline run's bytes: 0 none, 1 some, 2 all mapped */
 } ckptio__gpu_state;
 
 /* The engine's GPU state, created on first use. */
 ckptio_status ckptio__gpu_state_get(ckptio_engine *engine, const ckptio__gpu_ops *ops, ckptio__gpu_state **out);
 
-/* Slots a read worker rotates through: CKPTIO_GPU_READ_SLOTS, or 1 to
- * CKPTIO_GPU_NSLOTS set by the environment variable CKPTIO_GPU_READ_SLOTS
- * (an experiment knob, docs/GPU.md). It reads the environment: call it on
- * a caller's thread, never on a pipeline worker, which could race a setenv. */
-unsigned ckptio__gpu_read_slots(void);
-
-/* The most workers a read runs: the experiment knob CKPTIO_GPU_READ_WORKERS
- * (1-64), else no cap below the engine's threads (docs/GPU.md: 12 of 16
- * saved CPU from the page cache and lost speed from tmpfs). Same rule:
- * read on a caller's thread. */
-unsigned ckptio__gpu_read_workers(void);
-
 /* Whether staging slots pinned from now on use transparent huge pages
- * (first loads ~3% faster: docs/GPU.md). CKPTIO_GPU_HUGE_SLOTS=0 turns them
- * off, =1 forces them; otherwise (unset, any other value) they are used
- * while THP is enabled ([always] or [madvise]) and the kernel's free blocks
- * of 2 MiB and more cover twice `pin_bytes`, what the calling transfer or
- * prepare may pin (src/io/huge_pages.c): with THP's defrag in madvise mode a
- * fault in an advised range that finds no free 2 MiB block compacts memory
- * first, a stall on a busy host's first load; with that margin the faults
- * take free blocks. Same rule: read on a caller's thread (getenv, and
- * /proc/buddyinfo, /sys/kernel/mm/transparent_hugepage/enabled). */
-bool ckptio__gpu_huge_slots(uint64_t pin_bytes);
+ * (docs/GPU.md#huge-slots): the engine's CKPTIO_OPT_GPU_HUGE_SLOTS;
+ * under AUTO, while THP is enabled ([always] or [madvise]) and the kernel's
+ * free blocks of 2 MiB and more cover twice `pin_bytes`, what the calling
+ * transfer or prepare may pin (src/io/huge_pages.c): with THP's defrag in
+ * madvise mode a fault in an advised range that finds no free 2 MiB block
+ * compacts memory first, a stall on a busy host's first load; with that
+ * margin the faults take free blocks. Reads /proc/buddyinfo and
+ * /sys/kernel/mm/transparent_hugepage/enabled: call it on a caller's
+ * thread, once per transfer. */
+bool ckptio__gpu_huge_slots(ckptio_engine *engine, uint64_t pin_bytes);
 
 /* Workers and slot size a load (no observer) runs with under the engine's
  * settings: what ckptio_engine_gpu_prepare pins ahead. */
@@ -125,15 +106,6 @@ void ckptio__gpu_load_geometry(ckptio_engine *engine, unsigned *nworkers, uint64
  * slots large enough for a whole block at any alignment (gpu_geometry.c). */
 void ckptio__gpu_geometry(ckptio_engine *engine, bool inline_only, uint64_t block, unsigned *nworkers,
                           uint64_t *slot);
-
-/* `nworkers` capped at ckptio__gpu_read_workers(): reads only; the slot size
- * stays the one the engine's threads give (writes share the slots). */
-unsigned ckptio__gpu_read_worker_cap(unsigned nworkers);
-
-/* The environment variable `name` as a byte count in the library's one
- * syntax (ckptio__parse_size: "4194304", "4M", "4 MiB"), or `fallback` when
- * it is unset, empty or not one: the pipeline's experiment knobs. */
-size_t ckptio__gpu_env_size(const char *name, size_t fallback);
 
 /* Starts pinning the slots a load to `device` will use, in the background
  * (ckptio_engine_gpu_prepare). */
@@ -194,14 +166,13 @@ ckptio_status ckptio__gpu_pipeline_run(ckptio_engine *engine, const ckptio__gpu_
                                        bool inline_only);
 
 /* The same with a write observer (NULL: none; engine_internal.h has the
- * contract) and, with `may_map`, reads of resident windows straight from
- * their mapped pages (gpu_mapped.h; the engine's plans, not the GDS API): each window's bytes are observed in its pinned slot after the
+ * contract): each window's bytes are observed in its pinned slot after the
  * device-to-host copy completed and before the slot is written out and
  * refilled. With obs->block, windows end at block boundaries where a block
  * fits, and slots are made large enough for a block plus 4 KiB of alignment
  * when the staging bound allows (fewer workers if need be). */
 ckptio_status ckptio__gpu_pipeline_run_observed(ckptio_engine *engine, const ckptio__gpu_ops *ops, int device,
                                                 ckptio_direction dir, const ckptio_extent *extents, size_t count,
-                                                bool inline_only, const ckptio__observer *obs, bool may_map);
+                                                bool inline_only, const ckptio__observer *obs);
 
 #endif /* CKPTIO_GPU_PIPELINE_H */

@@ -36,10 +36,9 @@ static void *prepare_main(void *arg) {
     const ckptio__gpu_ops *ops = job.ops;
     if (ops->ctx_enter(job.device) != CKPTIO_OK) return NULL;
     /* The kernel's part first, for every slot at once and side by side: the
-     * registrations below then take the driver for 3-6 ms in all rather than
-     * this thread taking 20-33 ms (bench/probe_pin.c, H200), during which a
-     * caller's cudaMallocs wait (prepare_gpu right before a load made them
-     * take 27-34 ms, not 5). */
+     * registrations below then hold the driver for a fraction of the time
+     * this thread would take alone, and a caller's cudaMallocs wait for the
+     * driver meanwhile (docs/GPU.md#pinning). */
     if (!lock_for_next_step(st)) goto out;
     /* Slots of another size by now (a transfer ran in between): left alone, as below. */
     if (st->slot_bytes == job.slot && st->ops == ops) ckptio__gpu_slots_prefill(st, job.workers, job.slots);
@@ -78,7 +77,7 @@ ckptio_status ckptio__gpu_prepare(ckptio_engine *engine, const ckptio__gpu_ops *
     /* A transfer running now pins what it needs itself. Slots of another
      * size are left alone: freeing pinned memory synchronises the device. */
     bool start = false;
-    const unsigned slots = ckptio__gpu_read_slots();
+    const unsigned slots = CKPTIO_GPU_READ_SLOTS;
     if (pthread_mutex_trylock(&st->lock) == 0) {
         /* Every slot already pinned (a server calling it before each load): no thread. */
         start = st->slot_bytes != slot || ckptio__gpu_pinned_slots(st, workers, slots) < workers * slots;
@@ -87,7 +86,7 @@ ckptio_status ckptio__gpu_prepare(ckptio_engine *engine, const ckptio__gpu_ops *
             else ckptio__gpu_state_set_slot_bytes(st, slot); /* none pinned: frees nothing */
         }
         if (start) {
-            st->huge_slots = ckptio__gpu_huge_slots((uint64_t)workers * slots * slot);
+            st->huge_slots = ckptio__gpu_huge_slots(engine, (uint64_t)workers * slots * slot);
             ckptio__gpu_slot_range_ready(st);
         }
         pthread_mutex_unlock(&st->lock);

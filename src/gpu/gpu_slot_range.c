@@ -5,12 +5,10 @@
  * driver then registers. With a mapping per slot, mmap and
  * madvise(MADV_HUGEPAGE) take the process's mmap lock for writing, which
  * waits for every fault in progress and holds off new ones, so workers
- * faulting their slots in at once ran one after the other: 32 slots of
- * 4 MiB on huge pages, 16 threads, took 19-22 ms to fill, no faster than
- * one thread; in one range reserved and advised beforehand, 3.9-4.2 ms, and
- * the whole pinning (fills beside each other, registrations one at a time)
- * 7.0-9.5 ms against 25-39 ms (H100 hosts, Linux 6.18, bench/probe_pin.c,
- * 2026-11-27). Faulting in takes the lock for reading only.
+ * faulting their slots in at once would run one after the other, no faster
+ * than one thread. In one range reserved and advised beforehand, faulting
+ * in takes the lock for reading only, and the workers' fills run side by
+ * side (docs/GPU.md#slot-range has the measurements).
  */
 #include "gpu_slot_range.h"
 
@@ -45,13 +43,11 @@ void ckptio__slot_range_advise(unsigned char *range, size_t bytes, bool huge) {
 
 void ckptio__slot_range_fill(unsigned char *addr, size_t bytes) {
     /* One write per 4 KiB page faults the slot in (a whole huge page at its
-     * first write). Not MADV_POPULATE_WRITE: with 16 workers filling their
-     * slots at once, 128 MiB took 15-21 ms that way against 3 ms by
-     * touching, and 6-7 ms either way with 4 (H200 host, Linux 6.18.44,
-     * bench/probe_new_memory.c, 2026-11-27, fifteenth session): a first
-     * load's workers started copying one after another. The price: where
-     * the kernel has no page to give, the OOM killer acts, as for any page
-     * the process touches; the madvise returned ENOMEM. */
+     * first write). Not MADV_POPULATE_WRITE, which stops scaling with many
+     * workers filling their slots at once, so that a first load's workers
+     * would start copying one after another (docs/GPU.md#faulting-slots).
+     * The price: where the kernel has no page to give, the OOM killer acts,
+     * as for any page the process touches; the madvise returned ENOMEM. */
     for (size_t off = 0; off < bytes; off += 4096) ((volatile unsigned char *)addr)[off] = 0;
 }
 

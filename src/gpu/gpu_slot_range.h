@@ -1,7 +1,7 @@
 /*
  * gpu_slot_range.h - the address range the staging slots of an engine live
  * in (gpu_staging.c): reserved once, so that workers fault their slots in at
- * the same time (measured in gpu_slot_range.c's comment).
+ * the same time (gpu_slot_range.c says why).
  */
 #ifndef CKPTIO_GPU_SLOT_RANGE_H
 #define CKPTIO_GPU_SLOT_RANGE_H

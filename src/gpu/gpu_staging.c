@@ -1,7 +1,7 @@
 /*
  * gpu_staging.c - the per-engine pinned staging pool and per-worker streams
- * and events, kept across calls (pinning costs 0.55-0.61 s per GiB, far too
- * much to pay per transfer) and released with the engine. A slot is pinned
+ * and events, kept across calls (pinning costs far too much to pay per
+ * transfer: docs/GPU.md#the-pipeline) and released with the engine. A slot is pinned
  * when its worker needs one (gpu_pipeline.c, next_slot), not when the worker
  * starts: the first load of a process starts copying after one allocation
  * per worker, and pins further slots only while the older ones are still
@@ -175,12 +175,11 @@ void ckptio__gpu_slots_prefill(ckptio__gpu_state *st, unsigned workers, unsigned
     for (unsigned s = 0; s < slots && s < CKPTIO_GPU_NSLOTS; s++)
         for (unsigned w = 0; w < workers && w < CKPTIO_GPU_MAX_WORKERS; w++)
             if (!st->workers[w].mem[s]) addr[n++] = slot_addr(st, w, s);
-    /* Pinning on one thread spends most of its time faulting pages in (32
-     * slots of 4 MiB on huge pages: fills 16-23 ms, registrations 4-10 ms,
-     * H200, bench/probe_pin.c serial); the faults run side by side in the
-     * range. Threads of its own, not the engine's pool: the caller is
-     * prepare's thread, which ckptio_engine_destroy joins only after it has
-     * destroyed the pool. */
+    /* Pinning on one thread spends most of its time faulting pages in, not
+     * registering them (docs/GPU.md#pinning); the faults run side
+     * by side in the range. Threads of its own, not the engine's pool: the
+     * caller is prepare's thread, which ckptio_engine_destroy joins only
+     * after it has destroyed the pool. */
     pthread_t tid[CKPTIO__PREFILL_THREADS];
     prefill_job jobs[CKPTIO__PREFILL_THREADS];
     const unsigned k = n < CKPTIO__PREFILL_THREADS ? (unsigned)n : CKPTIO__PREFILL_THREADS;
@@ -238,10 +237,10 @@ ckptio_status ckptio__gpu_slot_pin(ckptio__gpu_state *st, unsigned w, unsigned s
     ckptio__gpu_worker_res *r = &st->workers[w];
     *out = r->mem[s];
     if (*out) return CKPTIO_OK;
-    /* The driver pins one allocation at a time (measured: 64 allocations of
-     * 4 MiB took 0.11-0.15 s on one thread, 0.14 s on 16), so a worker that
-     * could reuse a slot it has does so rather than queue behind another's;
-     * the pages it filled stay for its next try. */
+    /* The driver pins one allocation at a time, however many threads ask
+     * (docs/GPU.md#pinning), so a worker that could reuse a slot
+     * it has does so rather than queue behind another's; the pages it
+     * filled stay for its next try. */
     if (wait) pthread_mutex_lock(&st->pin_lock);
     else if (pthread_mutex_trylock(&st->pin_lock) != 0) return CKPTIO_OK;
     ckptio_status rc = CKPTIO_E_UNSUPPORTED;

@@ -127,16 +127,26 @@ ckptio_status ckptio__gpu_plan_windows(ckptio__gpu_plan *pl, uint64_t slot, uint
     return CKPTIO_OK;
 }
 
+/* A range is in memory when the page cache holds all its pages but this
+ * fraction (1/64): reading piece by piece would fetch the missing ones from
+ * the disk in small requests. */
+#define MISSING_PAGES_MAX_SHIFT 6
+
+static bool range_resident(int fd, uint64_t start, uint64_t len) {
+    uint64_t cached = 0, pages = 0;
+    if (!ckptio__range_cached_pages(fd, start, len, &cached, &pages)) return false;
+    return pages - (cached < pages ? cached : pages) <= pages >> MISSING_PAGES_MAX_SHIFT;
+}
+
 /* Whether run `rn` of a read is read piece by piece into packed slots: its
  * extents cover at most half of the span it bridges (a column slice: one
  * run per row, TP 2 and more), in pieces of PACK_PIECE_MIN bytes or more
  * on average, none overlapping, and its pages are in memory (tmpfs, or all
- * but 1/64 in the page cache). Reading the span copies the gaps too: a TP-8
- * column slice 8x its bytes. On an H200 host, 16 threads copying from the
- * page cache (bench/probe_compact_reads.c): rows of 56 KiB, a quarter of
- * each, 46 GB/s piece by piece against 15 by span; rows of 16 KiB, 19
- * against 16. From the disk the span stays: one request per row would be
- * slower than the bytes between. */
+ * but 1/64 in the page cache). Reading the span copies the gaps too (a TP-8
+ * column slice 8x its bytes), and from memory the pieces' own reads cost
+ * less than the gaps' bytes do; from the disk the span stays, since one
+ * request per row would be slower than the bytes between
+ * (docs/GPU.md#packed-reads). */
 #define PACK_PIECE_MIN 1024u
 bool ckptio__gpu_run_packs(const ckptio__gpu_plan *pl, const ckptio__gpu_run *rn) {
     uint64_t data = 0, prev_end = 0;
@@ -150,5 +160,5 @@ bool ckptio__gpu_run_packs(const ckptio__gpu_plan *pl, const ckptio__gpu_run *rn
     if (data > span / 2 || data / rn->count < PACK_PIECE_MIN) return false;
     if (ckptio__file_in_memory(rn->file)) return true;
     const uint64_t a = ckptio__align_down(rn->start, ALIGN);
-    return ckptio__gpu_range_resident(rn->file->fd, a, ckptio__align_up(rn->end, ALIGN) - a);
+    return range_resident(rn->file->fd, a, ckptio__align_up(rn->end, ALIGN) - a);
 }

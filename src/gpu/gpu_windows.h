@@ -7,7 +7,6 @@
 #ifndef CKPTIO_GPU_WINDOWS_H
 #define CKPTIO_GPU_WINDOWS_H
 
-#include "gpu_mapped.h"
 #include "io_internal.h"
 
 #include <stdbool.h>
@@ -18,7 +17,6 @@ typedef struct ckptio__gpu_run {
     ckptio_file *file;
     uint64_t start, end, file_size;
     size_t first, count; /* positions in the sorted order */
-    ckptio__map_policy map;
     bool packed;         /* read piece by piece into packed slots (ckptio__gpu_run_packs) */
 } ckptio__gpu_run;
 

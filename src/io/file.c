@@ -96,11 +96,12 @@ static ckptio_status create_temporary(ckptio_file *f) {
     return st;
 }
 
-static ckptio_status open_in_place(ckptio_file *f) {
+static ckptio_status open_in_place(ckptio_file *f, mode_t create_mode) {
     const bool exclusive = f->flags & CKPTIO_OPEN_EXCLUSIVE;
     /* Try to create first so that commit knows whether the directory
-     * entry is new (and must be made durable with a directory fsync). */
-    f->fd = ckptio__open(f->path, O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0666);
+     * entry is new (and must be made durable with a directory fsync). The
+     * kernel applies the umask to create_mode. */
+    f->fd = ckptio__open(f->path, O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, create_mode);
     if (f->fd >= 0) {
         f->created = true;
         return CKPTIO_OK;
@@ -113,6 +114,11 @@ static ckptio_status open_in_place(ckptio_file *f) {
 }
 
 ckptio_status ckptio_file_open(ckptio_engine *engine, const char *path, unsigned flags, ckptio_file **out) {
+    return ckptio__file_open_created(engine, path, flags, 0666, out);
+}
+
+ckptio_status ckptio__file_open_created(ckptio_engine *engine, const char *path, unsigned flags, mode_t create_mode,
+                                        ckptio_file **out) {
     const unsigned known = CKPTIO_OPEN_READ | CKPTIO_OPEN_WRITE | CKPTIO_OPEN_IN_PLACE | CKPTIO_OPEN_EXCLUSIVE;
     CKPTIO_RETURN_IF(!engine || !path || !out, CKPTIO_E_INVAL, "ckptio_file_open: engine, path and out are required");
     *out = NULL;
@@ -122,6 +128,7 @@ ckptio_status ckptio_file_open(ckptio_engine *engine, const char *path, unsigned
                      "%s: open flags need CKPTIO_OPEN_READ or CKPTIO_OPEN_WRITE", path);
     CKPTIO_RETURN_IF((flags & (CKPTIO_OPEN_IN_PLACE | CKPTIO_OPEN_EXCLUSIVE)) && !(flags & CKPTIO_OPEN_WRITE),
                      CKPTIO_E_INVAL, "%s: CKPTIO_OPEN_IN_PLACE and CKPTIO_OPEN_EXCLUSIVE need CKPTIO_OPEN_WRITE", path);
+    if (ckptio__s3_is_url(path)) return ckptio__object_open(engine, path, flags, out); /* object_file.c */
 
     ckptio_status st = CKPTIO_OK;
     ckptio_file *f = ckptio__calloc(1, sizeof *f);
@@ -151,7 +158,7 @@ ckptio_status ckptio_file_open(ckptio_engine *engine, const char *path, unsigned
             f->opened_size = sb.st_size > 0 ? (uint64_t)sb.st_size : 0;
         }
     } else if (flags & CKPTIO_OPEN_IN_PLACE) {
-        st = open_in_place(f);
+        st = open_in_place(f, create_mode);
     } else {
         struct stat sb;
         /* Early, friendly refusal; commit re-checks atomically. lstat: a
@@ -186,14 +193,14 @@ out:
 }
 
 void ckptio__file_release(ckptio_file *f) {
-    if (!f || f->writable || f->fd < 0) return;
+    if (!f || f->writable || f->object || f->fd < 0) return;
     if (f->direct_fd >= 0) close(f->direct_fd);
     close(f->fd);
     f->fd = f->direct_fd = -1;
     atomic_store(&f->direct_state, 0);
 }
 
-bool ckptio__file_is_open(const ckptio_file *f) { return f->fd >= 0; }
+bool ckptio__file_is_open(const ckptio_file *f) { return f->object || f->fd >= 0; }
 
 /* Files a reader keeps open at once when it has more than this many. */
 #define FILE_WINDOW_MAX 256
@@ -209,7 +216,7 @@ size_t ckptio__file_window(size_t nfiles) {
 }
 
 ckptio_status ckptio__file_acquire(ckptio_file *f) {
-    if (f->fd >= 0) return CKPTIO_OK;
+    if (f->object || f->fd >= 0) return CKPTIO_OK; /* an object has no descriptor to release */
     struct stat sb;
     CKPTIO_FORWARD(ckptio__open_regular_or_fail(f->path, O_RDONLY, CKPTIO_E_INVAL, "opening for reading again", &f->fd,
                                                 &sb));
@@ -222,6 +229,7 @@ ckptio_status ckptio__file_acquire(ckptio_file *f) {
 }
 
 ckptio_status ckptio__file_prepare_direct(ckptio_file *f) {
+    if (f->object) return CKPTIO_OK; /* no descriptor: never a local path */
     const int64_t mode = ckptio__io_engine_setting(f->engine, CKPTIO_OPT_DIRECT);
     if (mode == CKPTIO_DIRECT_OFF) return CKPTIO_OK;
     CKPTIO_FORWARD(ckptio__file_acquire(f));
@@ -279,6 +287,11 @@ int ckptio__file_direct_fd(const ckptio_file *f) {
 ckptio_engine *ckptio__file_engine(const ckptio_file *file) { return file ? file->engine : NULL; }
 
 ckptio_status ckptio__file_op_status(const ckptio_file *f, const ckptio__io_op *op, const char *what) {
+    if (op->failure) { /* an object's: the request's own message */
+        ckptio__error_restore(op->failure);
+        ((ckptio__io_op *)op)->failure = NULL;
+        return ckptio_last_error()->status;
+    }
     char note[300];
     ckptio__file_tmp_note(f, note, sizeof note);
     const char *opname = op->dir == CKPTIO_READ ? "read" : "write";
@@ -327,7 +340,7 @@ void ckptio__file_op_init(ckptio__io_op *op, ckptio_file *file, ckptio_direction
         ckptio__read_buffered(file, offset, len))
         direct = false;
     *op = (ckptio__io_op){.fd = direct ? dfd : file->fd, .buffered_fd = file->fd, .direct = direct, .dir = dir,
-                          .buf = buf, .len = len, .need = len, .offset = offset, .buf_index = -1,
+                          .buf = buf, .len = len, .need = len, .offset = offset, .buf_index = -1, .object = file->object,
                           .turn = dir == CKPTIO_WRITE ? ckptio__file_write_turn(file) : NULL};
 }
 
@@ -388,6 +401,7 @@ static int rename_noreplace(const char *tmp, const char *path) {
 ckptio_status ckptio_file_commit(ckptio_file *f) {
     CKPTIO_RETURN_IF(!f, CKPTIO_E_INVAL, "ckptio_file_commit: file is NULL");
     CKPTIO_FORWARD(check_writable(f, "commit", NULL));
+    if (f->object) return ckptio__object_commit(f);
     /* Whatever happens now, no more writes: a failed fsync must not be
      * retried as if it had succeeded (the kernel may have dropped the
      * dirty pages and cleared the error). */
@@ -494,6 +508,7 @@ static void discard(int fd) {
 
 ckptio_status ckptio_file_close(ckptio_file *f) {
     if (!f) return CKPTIO_OK;
+    if (f->object) return ckptio__object_close(f);
     ckptio_status st = CKPTIO_OK;
     bool unlinked = false;
     if (f->tmp_path && unlink(f->tmp_path) < 0 && errno != ENOENT)
@@ -519,6 +534,7 @@ ckptio_status ckptio_file_close(ckptio_file *f) {
 
 ckptio_status ckptio_file_size(ckptio_file *f, uint64_t *out) {
     CKPTIO_RETURN_IF(!f || !out, CKPTIO_E_INVAL, "ckptio_file_size: file and out are required");
+    if (f->object) return ckptio__object_size(f, out);
     CKPTIO_FORWARD(ckptio__file_acquire(f));
     struct stat sb;
     if (fstat(f->fd, &sb) < 0) return CKPTIO_FAIL_SYS(errno, "fstat", f->path, -1, "reading the file size");
@@ -539,6 +555,7 @@ ckptio_status ckptio_file_is_direct(ckptio_file *f, int *out) {
 ckptio_status ckptio_file_truncate(ckptio_file *f, uint64_t size) {
     CKPTIO_RETURN_IF(!f, CKPTIO_E_INVAL, "ckptio_file_truncate: file is NULL");
     CKPTIO_FORWARD(check_writable(f, "truncate", NULL));
+    if (f->object) return ckptio__object_truncate(f, size);
     if (size > (uint64_t)INT64_MAX)
         return CKPTIO_FAIL_CTX(CKPTIO_E_RANGE, &((ckptio__err_ctx){.operation = "truncate", .path = f->path, .file_offset = -1}),
                                "size %llu is beyond the largest file size", (unsigned long long)size);

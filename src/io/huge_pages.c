@@ -3,8 +3,8 @@
  * without a stall?
  *
  * The GPU pipeline backs its pinned staging slots with transparent huge
- * pages (MADV_HUGEPAGE; src/gpu/gpu_cuda_ops.c): a process's first load ran
- * ~3% faster that way (docs/GPU.md). The risk: with THP's `defrag` in
+ * pages (MADV_HUGEPAGE; src/gpu/gpu_cuda_ops.c): a process's first load
+ * runs faster that way (docs/GPU.md#huge-slots). The risk: with THP's `defrag` in
  * `madvise` mode (the kernel's default), a fault in an advised range that
  * finds no free 2 MiB block compacts memory first, a stall a busy host
  * would pay on its first load. So the slots are advised only while

@@ -13,6 +13,7 @@
 #define CKPTIO_IO_INTERNAL_H
 
 #include "common_internal.h"
+#include "objstore_internal.h"
 
 #include <dirent.h>
 #include <pthread.h>
@@ -48,6 +49,9 @@ void ckptio__io_engine_file_ref(ckptio_engine *engine, int delta);
 
 /* ---- files ------------------------------------------------------------- */
 
+/* An s3:// object opened as a file (object_file.c). */
+typedef struct ckptio__object ckptio__object;
+
 struct ckptio_file {
     ckptio_engine *engine;
     char *path;             /* final name, as given */
@@ -77,11 +81,13 @@ struct ckptio_file {
     pthread_mutex_t lock;
     /* Writes to a file on tmpfs or ramfs take turns (ckptio__file_op_init):
      * the kernel lets one writer of an inode in at a time anyway, and its
-     * waiters spin. Saving 8 GiB to one tmpfs file ran at 2.0-2.9 GB/s with
-     * 1 to 16 writers (each run's first save, 1.5-1.6, left out), at
-     * 0.4-0.55 CPU s/GB with one and 2.3-6.2 with 16
-     * (bench/probe_tmpfs_save.py, H200 host, 16 cores). */
+     * waiters spin, so more writers only burn CPU for the same speed
+     * (docs/ENGINE.md#write-turns). */
     pthread_mutex_t write_turn;
+    /* s3://BUCKET/KEY: the object behind the file, NULL for a local file.
+     * An object file has no descriptors (fd and direct_fd are -1); every
+     * transfer and the commit go through object_file.c. */
+    ckptio__object *object;
 };
 
 /* Blocking, complete transfer of [offset, offset + len) between `file` and
@@ -92,6 +98,12 @@ struct ckptio_file {
  * file. Errors name the file, operation and offset. Updates engine stats. */
 ckptio_status ckptio__file_io(ckptio_file *file, ckptio_direction dir, void *buf, uint64_t len,
                               uint64_t offset);
+
+/* ckptio_file_open, where a CKPTIO_OPEN_IN_PLACE write that creates the
+ * file creates it with `create_mode` (& ~umask, by the kernel) instead of
+ * 0666. */
+ckptio_status ckptio__file_open_created(ckptio_engine *engine, const char *path, unsigned flags, mode_t create_mode,
+                                        ckptio_file **out);
 
 /* The engine a file was opened with. */
 ckptio_engine *ckptio__file_engine(const ckptio_file *file);
@@ -338,6 +350,10 @@ typedef struct ckptio__io_op {
     bool eof;               /* a read returned 0 before `need` bytes */
     uint32_t requests;      /* system calls / submissions issued */
     uint32_t retries;       /* EINTR, EAGAIN and short transfers resumed */
+    /* s3:// objects: the file's object (in), and a failure's error record
+     * (out; err is EIO then), which ckptio__file_op_status() reports. */
+    ckptio__object *object;
+    ckptio__error_saved *failure;
 } ckptio__io_op;
 
 /* Fills `op` for moving [offset, offset + len) of `file` to or from `buf`,
@@ -391,6 +407,10 @@ typedef struct ckptio__backend_ops {
 
 extern const ckptio__backend_ops ckptio__backend_pread;
 extern const ckptio__backend_ops ckptio__backend_io_uring;
+/* Plans that move bytes of s3:// objects (io_object.c): each worker's
+ * queue keeps up to `depth` ranged GETs in flight on one curl multi
+ * handle; writes, and operations on local files, run synchronously. */
+extern const ckptio__backend_ops ckptio__backend_object;
 
 /* Creates one worker's queue of *backend with room for *depth operations
  * (pread: 1), for every executor of the engine (io_queue.c). An io_uring
@@ -413,6 +433,44 @@ int ckptio__io_uring_probe(const char **why);
 
 /* Test hook: pretend io_uring is refused with `err` (0 restores the probe). */
 void ckptio__io_uring_force_refusal(int err);
+
+/* ---- s3:// objects as files (object_file.c) ------------------------------- */
+
+/* Opens s3://BUCKET/KEY (ckptio_file_open's flags): READ asks the server
+ * for its size and ETag (later reads refuse an object that changed:
+ * CKPTIO_E_STALE); WRITE starts an upload that appears at commit, whole or
+ * not at all (IN_PLACE is refused: an object is never modified in place;
+ * EXCLUSIVE checks that no object exists at open and again at commit, which
+ * servers without conditional writes cannot make atomic). */
+ckptio_status ckptio__object_open(ckptio_engine *engine, const char *path, unsigned flags, ckptio_file **out);
+
+/* ckptio_file_size, _truncate, _commit and _close of an object file. */
+ckptio_status ckptio__object_size(ckptio_file *f, uint64_t *out);
+ckptio_status ckptio__object_truncate(ckptio_file *f, uint64_t size);
+ckptio_status ckptio__object_commit(ckptio_file *f);
+ckptio_status ckptio__object_close(ckptio_file *f);
+
+/* Moves one operation of an object file, blocking: a read is a ranged GET
+ * (retried as the settings say), a write is copied into the upload's part
+ * buffers. Fills op->done, or op->err = EIO and op->failure. */
+void ckptio__object_io(ckptio__io_op *op);
+
+/* For the object backend: whether op is a read of an object that can go to
+ * the network asynchronously; then fills *req for it (a ranged GET into
+ * op's buffer). ckptio__object_io_done() takes in the request's outcome
+ * and cleans it up. */
+bool ckptio__object_async_read(ckptio__io_op *op, ckptio__s3_request *req);
+void ckptio__object_io_done(ckptio__io_op *op, ckptio__s3_request *req);
+
+/* An object being written: the most bytes its part buffers held at once,
+ * and their bound (0, 0 for other files); for tests. */
+void ckptio__object_buffers(ckptio_file *f, uint64_t *peak, uint64_t *bound);
+
+/* The objstore settings of an engine (its CKPTIO_OPT_S3_* values). */
+void ckptio__object_settings(const ckptio_engine *engine, ckptio__s3_settings *out);
+
+/* A client for `bucket` with the engine's settings (s3_config.c's chain). */
+ckptio_status ckptio__object_client(const ckptio_engine *engine, const char *bucket, ckptio__s3_client **out);
 
 /* ---- fault hook (tests) ------------------------------------------------- */
 

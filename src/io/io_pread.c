@@ -60,6 +60,10 @@ static void io_sync_calls(ckptio__io_op *op) {
 }
 
 void ckptio__io_sync(ckptio__io_op *op) {
+    if (op->object) { /* s3:// (object_file.c) */
+        ckptio__object_io(op);
+        return;
+    }
     if (op->turn) pthread_mutex_lock(op->turn);
     io_sync_calls(op);
     if (op->turn) pthread_mutex_unlock(op->turn);

@@ -3,8 +3,9 @@
  *
  * O_DIRECT is right for cold data (no double copy, no cache pollution) but
  * wrong for data the page cache already holds: an O_DIRECT read goes to the
- * disk again, at a few GB/s, where a buffered read copies from memory at
- * tens of GB/s. So reads in DIRECT=AUTO mode ask first. cachestat(2)
+ * disk again, where a buffered read copies from memory, an order of
+ * magnitude faster (docs/ENGINE.md#page-cache-probe). So reads in DIRECT=AUTO mode
+ * ask first. cachestat(2)
  * (Linux 6.5+) answers for a descriptor range in one call; older kernels get
  * mincore(2) over a temporary mapping. Any failure answers "not cached",
  * which keeps the O_DIRECT behaviour.
@@ -38,11 +39,8 @@ static _Atomic int cachestat_missing = 0;
 
 /* A file on tmpfs or ramfs is in memory by definition (shmem pages that
  * were swapped out come back through the same buffered read), and asking
- * there costs the most: cachestat over each 4 MiB window took 9-15% of
- * the time of reading it on tmpfs against 3-7% on the page cache of ext4
- * (bench/probe_cachestat.c, one thread, Linux 6.18). So the answer is
- * fixed once per file (GPU loads from tmpfs did not measurably speed up on
- * an H200: docs/ENGINE.md). */
+ * there costs the most, relative to a read that fast
+ * (docs/ENGINE.md#page-cache-probe). So the answer is fixed once per file. */
 bool ckptio__file_in_memory(ckptio_file *f) {
     int known = atomic_load_explicit(&f->in_memory, memory_order_relaxed);
     if (known == 0) {

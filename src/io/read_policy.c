@@ -16,11 +16,10 @@
  * own first pages before the next load could use them, and the copy through
  * it is pure overhead. A plan whose files are bigger keeps O_DIRECT (and
  * still reads ranges the page cache happens to hold from it: page_cache.c).
- * So does a plan whose bytes go mostly to GPU memory: measured on the H200
- * machine, a 14.2 GB model loaded cold to the GPU at 1.44 GB/s through the
- * page cache against 1.59 with O_DIRECT (ceiling 1.62), at 2.3 CPU s/GB
- * against 0.11 (the CPU copies into the page cache and out again), and the
- * cold start of a model server is the load that counts there.
+ * So does a plan whose bytes go mostly to GPU memory: through the page
+ * cache it runs slower and costs many times the CPU (every byte is copied
+ * into the page cache and out again), and the cold start of a model server
+ * is the load that counts there (docs/ENGINE.md#read-policy).
  * CKPTIO_OPT_READ_CACHE forces either way.
  *
  * The decision is made per plan (ckptio_engine_execute, over all the plan's

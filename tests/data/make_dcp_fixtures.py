@@ -15,12 +15,12 @@ Writes into tests/data/dcp/:
                    made as torch's TestDCPCompatbility.test_sharded_tensor_dependency
                    makes one: this torch's writer with the old class patched in
   legacy_torch22/  the same state dict written by torch 2.2.2 itself, when
-                   CKPTIO_OLD_TORCH_PYTHON names an interpreter that imports it
+                   CKPTIO_TEST_OLD_TORCH_PYTHON names an interpreter that imports it
                    (otherwise the committed directory is kept), e.g.
                      pip download --no-deps torch==2.2.2 + its nvidia-*-cu12 pins,
                      pip install --no-deps --target /tmp/t22 (those wheels) "numpy<2"
                        sympy networkx jinja2 filelock fsspec typing-extensions
-                     CKPTIO_OLD_TORCH_PYTHON="env PYTHONPATH=/tmp/t22 python3.11"
+                     CKPTIO_TEST_OLD_TORCH_PYTHON="env PYTHONPATH=/tmp/t22 python3.11"
 and NAME.expected.safetensors: the full state dict's tensors, for comparing
 assembled bytes; bad_*.metadata: broken variants of ts/, sharded/ and
 legacy_torch22/ .metadata (the test copies the directory and swaps the file
@@ -104,7 +104,7 @@ dist.destroy_process_group()
 '''
 
 
-# Run by an old torch (CKPTIO_OLD_TORCH_PYTHON): single_state() saved with its
+# Run by an old torch (CKPTIO_TEST_OLD_TORCH_PYTHON): single_state() saved with its
 # own FileSystemWriter (the source of single_state is prepended).
 OLD_TORCH_WORKER = r'''
 import sys, warnings
@@ -131,7 +131,7 @@ def legacy():
     with contextlib.chdir(OUT), patch("torch.distributed.checkpoint.metadata.TensorProperties", legacy_props):
         dcp.save(sd, storage_writer=dcp.FileSystemWriter("legacy_compat"), no_dist=True)
     names = ["legacy_compat"]
-    old = os.environ.get("CKPTIO_OLD_TORCH_PYTHON")
+    old = os.environ.get("CKPTIO_TEST_OLD_TORCH_PYTHON")
     if old:
         with tempfile.TemporaryDirectory() as tmp:
             script = os.path.join(tmp, "old_torch_worker.py")
@@ -140,10 +140,10 @@ def legacy():
             out = subprocess.run(shlex.split(old) + [script, fresh("legacy_torch22")], check=True,
                                  capture_output=True, text=True).stdout
             if not out.strip().startswith("2.2."):
-                raise SystemExit(f"CKPTIO_OLD_TORCH_PYTHON runs torch {out.strip()}, not 2.2")
+                raise SystemExit(f"CKPTIO_TEST_OLD_TORCH_PYTHON runs torch {out.strip()}, not 2.2")
         names.append("legacy_torch22")
     else:
-        print("CKPTIO_OLD_TORCH_PYTHON not set: legacy_torch22/ kept as committed")
+        print("CKPTIO_TEST_OLD_TORCH_PYTHON not set: legacy_torch22/ kept as committed")
     for name in names:
         with open(os.path.join(OUT, name, ".metadata"), "rb") as f:
             data = f.read()

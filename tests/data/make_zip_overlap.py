@@ -1,4 +1,4 @@
-"""A hostile torch.save zip whose stored records overlap (issue 16 item 12).
+"""A hostile torch.save zip whose stored records overlap.
 
 Record k's local header sits inside the data of records 0..k-1, so n records
 of S bytes each fit in about S + 46 n bytes of file while describing n * S

@@ -24,8 +24,6 @@ typedef struct sim_alloc {
     uintptr_t owner;   /* the buffer it is part of (its own base, or the first piece's) */
     bool mapped;       /* a piece of a reservation (cuMemMap), not a cudaMalloc allocation */
     ckptio_mem_kind kind;
-    bool registered;   /* host memory of the caller's, page-locked by host_register */
-    uint64_t inflight; /* registered: queued copies reading it */
     struct sim_alloc *next;
 } sim_alloc;
 
@@ -36,7 +34,7 @@ typedef struct sim_event {
     uint64_t failed_copy;
 } sim_event;
 
-enum op_kind { OP_COPY, OP_EVENT, OP_WAIT_WORD, OP_FN };
+enum op_kind { OP_COPY, OP_EVENT, OP_WAIT_WORD, OP_WAIT_EVENT, OP_FN };
 
 typedef struct sim_op {
     enum op_kind kind;
@@ -50,6 +48,7 @@ typedef struct sim_op {
     sim_event *event;
     volatile uint32_t *word;
     uint32_t value;
+    uint64_t target;     /* OP_WAIT_EVENT: the event's record count to wait for */
     void (*fn)(void *);
     void *arg;
     struct sim_op *next;
@@ -76,7 +75,6 @@ void ckptio__gpu_sim_configure(const ckptio__gpu_sim_config *cfg) {
     config = cfg ? *cfg : (ckptio__gpu_sim_config){0};
     if (!config.device_free) config.device_free = 1ull << 30;
     uint64_t pinned = stats.pinned_now, streams = stats.streams_live, events = stats.events_live;
-    uint64_t registered = stats.registered_now;
     int64_t depth = stats.ctx_depth;
     memset(&stats, 0, sizeof stats);
     /* Live resources survive a reset: they are still allocated. */
@@ -84,7 +82,6 @@ void ckptio__gpu_sim_configure(const ckptio__gpu_sim_config *cfg) {
     stats.streams_live = streams;
     stats.events_live = events;
     stats.ctx_depth = depth;
-    stats.registered_now = stats.registered_peak = registered;
     pthread_mutex_unlock(&lock);
 }
 
@@ -312,13 +309,7 @@ static void run_copy(sim_stream *s, sim_op *op, unsigned delay_us, uint64_t fail
     if (s->failed) return; /* a failed stream executes nothing more, like a faulted context */
     for (size_t i = 0; i < op->rows; i++)
         memcpy((char *)op->dst + i * op->dpitch, (const char *)op->src + i * op->spitch, op->bytes);
-    pthread_mutex_lock(&lock);
-    const sim_alloc *a = find_alloc((uintptr_t)op->src);
-    const bool registered = a && a->registered;
-    pthread_mutex_unlock(&lock);
-    /* Registered memory is the caller's (a read-only file mapping): only
-     * staging is poisoned after use. */
-    if (op->h2d && !registered)
+    if (op->h2d)
         for (size_t i = 0; i < op->rows; i++)
             memset((char *)(uintptr_t)op->src + i * op->spitch, CKPTIO_SIM_POISON_USED, op->bytes);
 }
@@ -341,17 +332,18 @@ static void *stream_main(void *arg) {
                 nanosleep(&ts, NULL);
             }
             break;
+        case OP_WAIT_EVENT:
+            pthread_mutex_lock(&lock);
+            while (op->event->done < op->target) pthread_cond_wait(&cond, &lock);
+            pthread_mutex_unlock(&lock);
+            break;
         case OP_FN:
             if (!s->failed) op->fn(op->arg);
             break;
         case OP_EVENT: break;
         }
         pthread_mutex_lock(&lock);
-        if (op->kind == OP_COPY) {
-            pending--;
-            sim_alloc *a = op->h2d ? find_alloc((uintptr_t)op->src) : NULL;
-            if (a && a->registered && a->inflight) a->inflight--;
-        }
+        if (op->kind == OP_COPY) pending--;
         if (op->kind == OP_EVENT) complete_event(s, op->event);
         s->head = op->next;
         if (!s->head) s->tail = NULL;
@@ -442,6 +434,19 @@ static ckptio_status sim_event_record(void *event, void *stream) {
     return enqueue(stream, op);
 }
 
+/* Waits for the record the event had when the wait was queued, as cuStreamWaitEvent does. */
+static ckptio_status sim_stream_wait_event(void *stream, void *event) {
+    sim_op *op = ckptio__calloc(1, sizeof *op);
+    if (!op) return CKPTIO_FAIL(CKPTIO_E_NOMEM, "simulated stream wait");
+    op->kind = OP_WAIT_EVENT;
+    op->event = event;
+    pthread_mutex_lock(&lock);
+    op->target = ((sim_event *)event)->recorded;
+    stats.stream_waits++;
+    pthread_mutex_unlock(&lock);
+    return enqueue(stream, op);
+}
+
 static bool sim_event_done(void *event) {
     sim_event *e = event;
     pthread_mutex_lock(&lock);
@@ -490,8 +495,6 @@ static ckptio_status sim_copy_rows(bool h2d, void *dst, size_t dpitch, const voi
     pthread_mutex_lock(&lock);
     if (h2d) stats.bytes_h2d += bytes * rows;
     else stats.bytes_d2h += bytes * rows;
-    sim_alloc *reg = h2d ? find_alloc((uintptr_t)src) : NULL;
-    if (reg && reg->registered) reg->inflight++;
     if (++pending > stats.max_pending) stats.max_pending = pending;
     pthread_mutex_unlock(&lock);
     return enqueue(stream, op);
@@ -550,58 +553,6 @@ ckptio_status ckptio__gpu_sim_launch(void *stream, void (*fn)(void *arg), void *
     return enqueue(stream, op);
 }
 
-static ckptio_status sim_host_register(int device, void *ptr, size_t bytes) {
-    (void)device;
-    pthread_mutex_lock(&lock);
-    const uint64_t index = ++stats.register_calls;
-    const bool fail = config.fail_register_at && index == config.fail_register_at;
-    const bool unsupported = config.no_register;
-    const unsigned delay_us = config.register_delay_us;
-    pthread_mutex_unlock(&lock);
-    if (delay_us) {
-        struct timespec ts = {(time_t)(delay_us / 1000000), (long)(delay_us % 1000000) * 1000};
-        nanosleep(&ts, NULL);
-    }
-    if (unsupported)
-        return CKPTIO_FAIL(CKPTIO_E_UNSUPPORTED, "simulated device %d cannot register read-only host memory", device);
-    if (fail || (uintptr_t)ptr % 4096 || !bytes)
-        return CKPTIO_FAIL_CTX(CKPTIO_E_CUDA, &((ckptio__err_ctx){.file_offset = -1, .cuda_result = 1}),
-                               "cuMemHostRegister(%p, %zu bytes, READ_ONLY): simulated failure: "
-                               "CUDA_ERROR_INVALID_VALUE", ptr, bytes);
-    /* Pinning faults every page in: one past the end of a mapped file
-     * fails, as it does for the driver (EFAULT, no SIGBUS). */
-    if (madvise(ptr, bytes, MADV_POPULATE_READ) != 0)
-        return CKPTIO_FAIL_CTX(CKPTIO_E_CUDA, &((ckptio__err_ctx){.file_offset = -1, .cuda_result = 1}),
-                               "cuMemHostRegister(%p, %zu bytes, READ_ONLY): simulated, the pages cannot be faulted "
-                               "in (%s): CUDA_ERROR_INVALID_VALUE", ptr, bytes, strerror(errno));
-    sim_alloc *a = ckptio__malloc(sizeof *a);
-    if (!a) return CKPTIO_FAIL(CKPTIO_E_NOMEM, "simulated registration");
-    *a = (sim_alloc){.base = (uintptr_t)ptr, .size = bytes, .kind = CKPTIO_MEM_PINNED, .registered = true};
-    pthread_mutex_lock(&lock);
-    a->next = allocs;
-    allocs = a;
-    stats.registers++;
-    stats.registered_now += bytes;
-    if (stats.registered_now > stats.registered_peak) stats.registered_peak = stats.registered_now;
-    pthread_mutex_unlock(&lock);
-    return CKPTIO_OK;
-}
-
-static void sim_host_unregister(void *ptr) {
-    pthread_mutex_lock(&lock);
-    for (sim_alloc **pp = &allocs; *pp; pp = &(*pp)->next) {
-        sim_alloc *a = *pp;
-        if (a->registered && a->base == (uintptr_t)ptr) {
-            if (a->inflight) stats.violations++; /* a queued copy still reads it */
-            stats.registered_now -= a->size;
-            *pp = a->next;
-            ckptio__free(a);
-            break;
-        }
-    }
-    pthread_mutex_unlock(&lock);
-}
-
 static const ckptio__gpu_ops sim_ops = {
     .name = "simulated", /* "cuFile cannot run on the simulated device" */
     .classify = sim_classify,
@@ -620,6 +571,7 @@ static const ckptio__gpu_ops sim_ops = {
     .event_create = sim_event_create,
     .event_destroy = sim_event_destroy,
     .event_record = sim_event_record,
+    .stream_wait_event = sim_stream_wait_event,
     .event_sync = sim_event_sync,
     .event_done = sim_event_done,
     .h2d_async = sim_h2d,
@@ -627,8 +579,6 @@ static const ckptio__gpu_ops sim_ops = {
     .h2d_2d_async = sim_h2d_2d,
     .d2h_2d_async = sim_d2h_2d,
     .stream_wait_word = sim_wait_word,
-    .host_register = sim_host_register,
-    .host_unregister = sim_host_unregister,
 };
 
 const ckptio__gpu_ops *ckptio__gpu_sim_ops(void) { return &sim_ops; }

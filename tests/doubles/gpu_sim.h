@@ -14,12 +14,7 @@
  *    that reads staging memory before the copy finished, or after it was
  *    consumed, moves poison bytes that byte comparisons catch;
  *  - copy failures can be injected at queue time or at run time (the latter
- *    surfaces at event_sync, like a real asynchronous error);
- *  - host_register faults the range in with MADV_POPULATE_READ (a page
- *    past the end of a mapped file fails there, as the driver's pinning
- *    does) and tracks it: copies from a registered range do not poison it
- *    (it may be a read-only file mapping), and unregistering a range while
- *    a copy from it is still queued counts a violation.
+ *    surfaces at event_sync, like a real asynchronous error).
  * Install it with ckptio__gpu_set_ops(ckptio__gpu_sim_ops()).
  */
 #ifndef CKPTIO_GPU_SIM_H
@@ -35,9 +30,7 @@ typedef struct ckptio__gpu_sim_config {
     uint64_t fail_enqueue_at;  /* the n-th copy (1-based) fails when queued; 0 = never */
     uint64_t fail_run_at;      /* the n-th copy fails when it runs; 0 = never */
     uint64_t device_free;      /* what mem_info reports free (default 1 GiB) */
-    uint64_t fail_register_at; /* the n-th host_register fails (CUDA error); 0 = never */
-    bool no_register;          /* host_register and slot_pin are CKPTIO_E_UNSUPPORTED (a device without it) */
-    unsigned register_delay_us; /* each host_register takes this long (pinning is not free) */
+    bool no_register;          /* slot_pin is CKPTIO_E_UNSUPPORTED (a device that cannot register host memory) */
     unsigned pinned_delay_us;  /* each pinned allocation takes this long */
     uint64_t fail_pinned_at;   /* the n-th pinned allocation (1-based) fails; 0 = never */
     bool events_busy;          /* event_done says "not yet" whatever the copies did (a slow device) */
@@ -56,9 +49,7 @@ typedef struct ckptio__gpu_sim_stats {
     uint64_t pinned_frees;       /* pinned allocations freed */
     int64_t ctx_depth;           /* ctx_enter minus ctx_leave (0 when balanced) */
     uint64_t streams_live, events_live;
-    uint64_t register_calls;     /* host_register calls */
-    uint64_t registers;          /* of those, successful */
-    uint64_t registered_now, registered_peak; /* registered host bytes */
+    uint64_t stream_waits;       /* stream_wait_event calls (a stream made to wait for an event) */
 } ckptio__gpu_sim_stats;
 
 /* The simulated device's operations table, for ckptio__gpu_set_ops(). */

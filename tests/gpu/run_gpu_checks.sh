@@ -10,19 +10,19 @@
 #   tests/gpu/run_gpu_checks.sh run     on the GPU machine: gpu_check (every
 #                                       byte compared, ~1-2 min), fork_check
 #                                       (CUDA in fork()ed children, seconds),
-#                                       then bench/bench_gpu.py (~6 min); logs in $OUT
+#                                       then bench/bench_save_load_gpu.py (~6 min); logs in $OUT
 #   tests/gpu/run_gpu_checks.sh         build if build-gpu/gpu_check is missing, then run
-# bench_gpu.py's Python-package rows use the ckptio that python3 imports:
+# bench_save_load_gpu.py's Python-package rows use the ckptio that python3 imports:
 # scripts/gpu_wheel.sh (build, then run gpu) installs the wheel first and runs
 # this script with it.
 # Environment: OUT (log directory, default ./gpu-out), SCRATCH (directory for
-# test files, default /tmp; needs ~10 GiB free), CKPTIO_GPU_BUILD (build dir),
+# test files, default /tmp; needs ~10 GiB free), CKPTIO_TEST_GPU_BUILD (build dir),
 # QUICK=1 (gpu_check without the >4 GiB case), BENCH=0 (skip the benchmark).
 # Exit status: that of gpu_check, or 1 if fork_check failed (0 pass, 77 no GPU); the benchmark's
 # failures are reported in its log.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
-B=${CKPTIO_GPU_BUILD:-build-gpu}
+B=${CKPTIO_TEST_GPU_BUILD:-build-gpu}
 
 build() {
     set -e
@@ -68,10 +68,10 @@ run() {
     echo "fork_check exit $frc" | tee -a "$OUT/fork_check.log"
     [ "$frc" = 1 ] && rc=1
     if [ "${BENCH:-1}" != 0 ]; then
-        echo "== bench_gpu.py"
-        CKPTIO_LIB="$PWD/$B/lib/libckptio.so" DIR="$SCRATCH/ckptio-bench" \
-            timeout 480 python3 bench/bench_gpu.py 2>&1 | tee "$OUT/bench_gpu.log"
-        echo "bench exit ${PIPESTATUS[0]}" | tee -a "$OUT/bench_gpu.log"
+        echo "== bench_save_load_gpu.py"
+        CKPTIO_TEST_LIB="$PWD/$B/lib/libckptio.so" DIR="$SCRATCH/ckptio-bench" \
+            timeout 480 python3 bench/bench_save_load_gpu.py 2>&1 | tee "$OUT/bench_save_load_gpu.log"
+        echo "bench exit ${PIPESTATUS[0]}" | tee -a "$OUT/bench_save_load_gpu.log"
     fi
     return "$rc"
 }

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# run_scale.sh - the scale run on every GPU of one host (4 or 8; issue 13), in two parts that each fit
+# run_scale.sh - the scale run on every GPU of one host (4 or 8), in two parts that each fit
 # one device call. Runs the ckptio that python3 imports: `scripts/gpu_wheel.sh run scale-model` and
 # `... run scale-dcp` install the wheel first, as for the other steps.
 #

@@ -6,10 +6,10 @@ The tests use the ckptio package that Python imports, never one they find themse
   environment and set CKPTIO_TEST_INSTALLED=1: the package and the ``ckptio`` command must then come from
   that installation (tests/python/test_installed.py checks it), and the CLI is the ``ckptio`` on PATH;
 * in a development tree, PYTHONPATH=python (or scripts/setup.sh --python's .venv) imports the package
-  built in place (-DCKPTIO_PYTHON=ON), and the CLI is $CKPTIO_BUILD_DIR/ckptio, then the ``ckptio`` on
+  built in place (-DCKPTIO_PYTHON=ON), and the CLI is $CKPTIO_TEST_BUILD_DIR/ckptio, then the ``ckptio`` on
   PATH, then build/ckptio.
 
-CKPTIO_BUILD_DIR also names where C test programs used as helpers live (test_crash_cli.py).
+CKPTIO_TEST_BUILD_DIR also names where C test programs used as helpers live (test_crash_cli.py).
 """
 import os
 import struct
@@ -27,7 +27,7 @@ def _find_cli():
 
     if INSTALLED:
         return shutil.which("ckptio")
-    build = os.environ.get("CKPTIO_BUILD_DIR")
+    build = os.environ.get("CKPTIO_TEST_BUILD_DIR")
     if build and (Path(build) / "ckptio").is_file():
         return str(Path(build) / "ckptio")
     found = shutil.which("ckptio")

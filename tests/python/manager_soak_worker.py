@@ -16,7 +16,7 @@ that the driver reads:
 Any violation exits with status 3 and a message. Then it prints READY and
 trains until killed (or until TOTAL steps, then DONE).
 
-CKPTIO_SOAK_DEVICE=cuda trains on the GPU (async saves from GPU memory).
+CKPTIO_TEST_SOAK_DEVICE=cuda trains on the GPU (async saves from GPU memory).
 
 usage: manager_soak_worker.py - - RANK WORLD INIT_FILE TOTAL SAVE_EVERY, then on stdin the lines
 GO, ROOT, REFS (the driver starts ranks ahead of time and lets them go)
@@ -91,7 +91,7 @@ def main() -> None:
     root, refs = sys.stdin.readline().rstrip("\n"), sys.stdin.readline().rstrip("\n")
     if world > 1:
         dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world)
-    device = torch.device(os.environ.get("CKPTIO_SOAK_DEVICE", "cpu"))
+    device = torch.device(os.environ.get("CKPTIO_TEST_SOAK_DEVICE", "cpu"))
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(16, 64), torch.nn.GELU(), torch.nn.Linear(64, 64), torch.nn.GELU(),
                                 torch.nn.Linear(64, 1)).to(device)

@@ -1,4 +1,4 @@
-"""Issue 16 items 7, 9, 10, 12, 13 and 15, through the CLI and the package.
+"""Hostile and unusual inputs and names, through the CLI and the package.
 
 - one format detector: every valid safetensors file is one, whatever its
   header length (N = 128 mod 256 starts the file with 0x80, like a pickle);
@@ -25,7 +25,7 @@ import torch
 import ckptio
 from conftest import CKPTIO_CLI, REPO
 
-pytestmark = pytest.mark.skipif(CKPTIO_CLI is None, reason="ckptio binary not built (set CKPTIO_BUILD_DIR)")
+pytestmark = pytest.mark.skipif(CKPTIO_CLI is None, reason="ckptio binary not built (set CKPTIO_TEST_BUILD_DIR)")
 
 
 def run(*args, env=None):
@@ -37,7 +37,7 @@ def _temporaries(d: Path):
     return [p.name for p in d.iterdir() if ".ckptio-tmp-" in p.name]
 
 
-# ---- item 7: one format detector --------------------------------------------------------------
+# ---- one format detector ----------------------------------------------------------------------
 
 TENSOR = np.arange(4, dtype=np.float32)
 
@@ -96,7 +96,7 @@ def test_unknown_and_directory_messages(tmp_path):
     assert r.returncode == 1 and "not a regular file or a directory" in r.stderr
 
 
-# ---- item 9: writers refuse what readers refuse ------------------------------------------------
+# ---- writers refuse what readers refuse --------------------------------------------------------
 
 
 def test_torch_writer_refuses_names_the_reader_refuses(tmp_path):
@@ -111,7 +111,7 @@ def test_torch_writer_refuses_names_the_reader_refuses(tmp_path):
     assert r.returncode == 0, r.stderr
 
 
-# ---- item 10: quoted human output ---------------------------------------------------------------
+# ---- quoted human output ------------------------------------------------------------------------
 
 HOSTILE_NAME = "evil\x1b]0;pwned\x07\n\x1b[31mred\u009b2J\u202eend"
 QUOTED_NAME = "evil\\x1b]0;pwned\\x07\\n\\x1b[31mred\\u009b2J\\u202eend"
@@ -157,7 +157,7 @@ def test_errors_quote_names(tmp_path):
     assert QUOTED_NAME in r.stderr and not _has_raw_controls(r.stderr.rstrip("\n")), r.stderr
 
 
-# ---- item 12: overlapping zip records ----------------------------------------------------------
+# ---- overlapping zip records -------------------------------------------------------------------
 
 
 def _overlap_module():
@@ -182,11 +182,32 @@ def test_overlapping_zip_records_are_refused(tmp_path):
     assert run("verify", corpus).returncode == 1
 
 
-# ---- item 13: an input truncated during convert ------------------------------------------------
+def test_shared_dict_with_a_long_key_is_refused_in_bounded_memory(tmp_path):
+    # torch.save memoizes the dict: 100 KB of file name one 60 KB key under 20000 paths, 1.2 GB of
+    # names (2.3 GB peak and 10 s in `ckptio inspect` before). Names are bounded by the pickle's size.
+    path = tmp_path / "names.pt"
+    torch.save([{"k" * 60000: torch.zeros(1)}] * 20000, path)
+    assert path.stat().st_size < 200_000
+    runner = ("import resource, subprocess, sys; r = subprocess.run(sys.argv[1:], capture_output=True, text=True);"
+              "print(resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss); sys.stderr.write(r.stderr)")
+    r = subprocess.run([os.sys.executable, "-c", runner, CKPTIO_CLI, "inspect", str(path)], capture_output=True,
+                       text=True, timeout=120)
+    # Refused by the count of paths a shared tensor is named along, or failing that by the names' budget.
+    assert "shared objects" in r.stderr and ("along 20000 paths" in r.stderr or "take more than" in r.stderr), r.stderr
+    assert int(r.stdout.strip()) < 300 << 10, r.stdout
+    with pytest.raises(ckptio.CkptioError, match="shared objects"):
+        ckptio.load(path)
+    # An honest nested state dict of the same tensors, each under its own short path, loads.
+    honest = tmp_path / "honest.pt"
+    torch.save([{"k" * 60: torch.zeros(1)} for _ in range(2000)], honest)
+    assert run("inspect", honest).returncode == 0
+
+
+# ---- an input truncated during convert ---------------------------------------------------------
 
 
 def _shim():
-    build = Path(os.environ.get("CKPTIO_BUILD_DIR", REPO / "build"))
+    build = Path(os.environ.get("CKPTIO_TEST_BUILD_DIR", REPO / "build"))
     shim = build / "libckptio_test_truncate_shim.so"
     if not shim.is_file():
         pytest.skip("tests/shim/truncate_on_create.c not built")
@@ -246,7 +267,7 @@ def test_convert_streams_both_directions(tmp_path):
     assert torch.equal(got["t"], base.t().contiguous()) and torch.equal(got["row"], base[1])
 
 
-# ---- item 15: keys that collide once flattened -------------------------------------------------
+# ---- keys that collide once flattened ----------------------------------------------------------
 
 
 @pytest.mark.parametrize("tree,paths", [

@@ -19,7 +19,7 @@ import pytest
 
 from conftest import CKPTIO_CLI as CKPTIO
 
-pytestmark = pytest.mark.skipif(CKPTIO is None, reason="ckptio binary not built (set CKPTIO_BUILD_DIR)")
+pytestmark = pytest.mark.skipif(CKPTIO is None, reason="ckptio binary not built (set CKPTIO_TEST_BUILD_DIR)")
 
 SAVER = r"""
 import sys, numpy as np, ckptio
@@ -83,7 +83,7 @@ def test_clean_removes_what_a_killed_save_left(tmp_path):
 
 
 def _save_with_checksums(directory: Path) -> Path:
-    build = os.environ.get("CKPTIO_BUILD_DIR") or str(Path(CKPTIO).parent)
+    build = os.environ.get("CKPTIO_TEST_BUILD_DIR") or str(Path(CKPTIO).parent)
     helper = Path(build) / "test_crash"
     if not helper.is_file():
         pytest.skip("test_crash helper program not built")

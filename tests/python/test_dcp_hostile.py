@@ -1,4 +1,4 @@
-"""ckptio.dcp's reader on hostile and unusual DCP directories (issues 16 and 20).
+"""ckptio.dcp's reader on hostile and unusual DCP directories.
 
 * Byte items (torch.save of non-tensor values) pass libckptio's restricted
   unpickler before torch's planner sees them: a __reduce__ payload is refused
@@ -9,6 +9,11 @@
 * Data files are opened through libckptio: a relative_path that leaves the
   directory is refused; a zstd item declaring gigabytes is refused from its
   frame header, in bounded time and memory.
+* Sizes .metadata declares and honest zstd frames hold (4 GiB in 130 KB):
+  `ckptio verify`, `ckptio convert` and the reader stay in bounded memory
+  (peak RSS of the child measured), real values over 64 MiB stream back
+  exactly, chunks sharing stored bytes are refused by convert, and a list
+  of 100000 zstd descriptors is named as such.
 * Stream transforms other than zstd are applied through the caller's
   extension registry (torch's Rot13 test extension); without it the load is
   refused while it is planned (E_UNSUPPORTED).
@@ -16,6 +21,8 @@
 """
 import collections
 import copy
+import dataclasses
+import importlib.util
 import io
 import json
 import math
@@ -40,7 +47,7 @@ from torch.distributed.checkpoint._extension import ExtensionRegistry, StreamTra
 
 import ckptio  # noqa: E402
 import ckptio.dcp as cdcp  # noqa: E402
-from conftest import CKPTIO_CLI, requires_cli  # noqa: E402
+from conftest import CKPTIO_CLI, REPO, requires_cli  # noqa: E402
 
 PKG_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(ckptio.__file__)))
 pytestmark = pytest.mark.filterwarnings("ignore")
@@ -133,10 +140,12 @@ def payload(how, marker):
     return _Payload(open, str(marker), "w"), f"{open.__module__}.open"
 
 
+# ckptio's writer refuses such values unless told to save them as torch does (allow_pickle=True): the reader
+# must still refuse them in checkpoints that hold them.
 WRITERS = {
     "torch": lambda p: dcp.FileSystemWriter(p),
-    "ckptio": lambda p: cdcp.FileSystemWriter(p),
-    "ckptio-zstd": lambda p: cdcp.FileSystemWriter(p, _extensions=[cdcp.ZStandard()]),
+    "ckptio": lambda p: cdcp.FileSystemWriter(p, allow_pickle=True),
+    "ckptio-zstd": lambda p: cdcp.FileSystemWriter(p, _extensions=[cdcp.ZStandard()], allow_pickle=True),
 }
 TEMPLATE = {"w": torch.zeros(4), "step": 0}
 
@@ -353,7 +362,10 @@ def test_zstd_bomb_is_refused_at_once_in_bounded_memory(tmp_path, fqn, declare):
     assert r.returncode == 0, r.stderr[-3000:]
     out = json.loads(r.stdout.strip().splitlines()[-1])
     assert out["status"] == "E_FORMAT", out
-    assert "decompression bomb" in out["error"] and f"{fqn}: zstd" in out["error"], out
+    # A tensor item's frame of zeros without a declared size is refused on its first decoded bytes (no zip
+    # header), before the bound is reached.
+    why = "not a torch.save archive" if fqn == "w" and not declare else "decompression bomb"
+    assert why in out["error"] and f"{fqn}: zstd" in out["error"], out
     assert "bomb.distcp" in out["error"], out
     # Refused from the header (declared) or after counting at most the
     # item's bound (64 MiB + the chunk for a tensor item, 1 GiB for a byte
@@ -362,7 +374,198 @@ def test_zstd_bomb_is_refused_at_once_in_bounded_memory(tmp_path, fqn, declare):
     assert out["rss_growth_kib"] < 256 << 10, out
     if CKPTIO_CLI is not None:  # the C directory reader refuses the same item
         r = run_cli("verify", path)
-        assert r.returncode != 0 and "decompression bomb" in r.stderr, r.stderr
+        assert r.returncode != 0 and why in r.stderr, r.stderr
+
+
+def _seeds():
+    """tests/data/make_zstd_seeds.py: zstd frames written by hand, archive edges."""
+    spec = importlib.util.spec_from_file_location("make_zstd_seeds", REPO / "tests" / "data" / "make_zstd_seeds.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def declared_large_checkpoint(tmp_path, numel: int):
+    """A DCP directory of ~150 KB whose .metadata declares tensor 'w' of `numel`
+    float32 stored as one zstd frame: an honest torch.save archive of that many
+    zeros (its storage in RLE blocks). No ckptio manifest, so `ckptio verify`
+    checks every item's structure."""
+    path = tmp_path / "declared"
+    save({"w": torch.arange(4.0), "step": 5}, cdcp.FileSystemWriter(path, _extensions=[cdcp.ZStandard()]))
+    for manifest in path.glob(".ckptio-manifest-*.json"):
+        manifest.unlink()
+    seeds = _seeds()
+    head, nbytes, tail = seeds.zeros_archive_edges(numel, str(tmp_path / "edges.pt"))
+    frame = seeds.frame([head, nbytes, tail])
+    (path / "bomb.distcp").write_bytes(frame)
+    md = metadata(path)
+    tmd = md.state_dict_metadata["w"]
+    tmd.size = torch.Size([numel])
+    tmd.chunks[0].sizes = torch.Size([numel])
+    info = info_of(md, "w")
+    info.relative_path, info.offset, info.length = "bomb.distcp", 0, len(frame)
+    write_metadata(path, md)
+    return path, len(frame)
+
+
+CHILD_RUNNER = textwrap.dedent(
+    """
+    import json, resource, subprocess, sys, time
+    t = time.monotonic()
+    r = subprocess.run(sys.argv[1:], capture_output=True, text=True, timeout=300)
+    print(json.dumps({"rc": r.returncode, "stdout": r.stdout, "stderr": r.stderr, "seconds": time.monotonic() - t,
+                      "maxrss_kib": resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss}))
+    """
+)
+
+
+def measured(tmp_path, *args):
+    """Runs the ckptio command in a child of a fresh runner: its exit status,
+    output, seconds and peak RSS (ru_maxrss of the runner's children)."""
+    runner = tmp_path / "child_runner.py"
+    runner.write_text(CHILD_RUNNER)
+    r = subprocess.run([sys.executable, str(runner), CKPTIO_CLI, *map(str, args)], capture_output=True, text=True,
+                       timeout=400)
+    assert r.returncode == 0, r.stderr[-3000:]
+    return json.loads(r.stdout.strip().splitlines()[-1])
+
+
+@requires_cli
+def test_declared_large_zstd_tensor_is_verified_and_converted_in_bounded_memory(tmp_path):
+    # 4 GiB declared and honestly held by 130 KB of frames: verify decompresses it through a fixed buffer
+    # (twice the 4 GB and 11 s before), convert streams it to the output (8.4 GB and 17 s before).
+    numel = 1 << 30
+    path, stored = declared_large_checkpoint(tmp_path, numel)
+    assert stored < 200 << 10
+    out = measured(tmp_path, "verify", path)
+    assert out["rc"] == 0 and "ok (DCP, 1 tensor" in out["stdout"], out
+    assert out["maxrss_kib"] < 300 << 10, out
+    assert out["seconds"] < 20, out
+    dest = tmp_path / "out.safetensors"
+    out = measured(tmp_path, "convert", path, dest)
+    assert out["rc"] == 0, out
+    assert out["maxrss_kib"] < 300 << 10, out
+    assert out["seconds"] < 30, out
+    with open(dest, "rb") as f:
+        (n,) = struct.unpack("<Q", f.read(8))
+        header = json.loads(f.read(n))
+        assert header["w"]["shape"] == [numel] and header["w"]["data_offsets"] == [0, 4 * numel], header
+        for at in (8 + n, 8 + n + 4 * numel - (1 << 20)):
+            f.seek(at)
+            assert f.read(1 << 20) == bytes(1 << 20)
+    st = os.stat(dest)
+    assert st.st_size == 8 + n + 4 * numel
+    # Pieces of zeros are not written (the new file reads as zeros there): 4 GiB of output, no 4 GiB of disk.
+    assert st.st_blocks * 512 < 64 << 20, st.st_blocks
+
+
+LOAD_RUNNER = textwrap.dedent(
+    """
+    import json, resource, sys, time, warnings
+    warnings.simplefilter("ignore")
+    import torch, torch.distributed.checkpoint as dcp
+    import ckptio.dcp as cdcp
+    path, numel = sys.argv[1], int(sys.argv[2])
+    sd = {"w": torch.ones(numel), "step": 0}  # the caller's memory, touched before measuring
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    t = time.monotonic()
+    dcp.load(sd, storage_reader=cdcp.FileSystemReader(path), no_dist=True)
+    print(json.dumps({"seconds": time.monotonic() - t, "zeros": bool((sd["w"] == 0).all()), "step": sd["step"],
+                      "rss_growth_kib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before}))
+    """
+)
+
+
+def test_declared_large_zstd_tensor_loads_into_the_callers_tensor_only(tmp_path):
+    # 256 MiB declared: the caller's tensor is the only memory of that size; the reader decompresses the
+    # frames straight into it (before: the decoded archive and a copy of it, 512 MiB more).
+    numel = 1 << 26
+    path, _ = declared_large_checkpoint(tmp_path, numel)
+    (tmp_path / "load_runner.py").write_text(LOAD_RUNNER)
+    env = dict(os.environ, PYTHONPATH=PKG_ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    r = subprocess.run([sys.executable, str(tmp_path / "load_runner.py"), str(path), str(numel)],
+                       capture_output=True, text=True, env=env, timeout=300)
+    assert r.returncode == 0, r.stderr[-3000:]
+    out = json.loads(r.stdout.strip().splitlines()[-1])
+    assert out["zeros"] and out["step"] == 5, out
+    assert out["rss_growth_kib"] < 96 << 10, out
+    assert out["seconds"] < 20, out
+
+
+def test_large_zstd_items_stream_their_real_values(tmp_path):
+    # Above the 64 MiB held in memory, a zstd item is read from its frames as they decompress: the values
+    # (not zeros) come back exactly through the reader, `ckptio convert` and `ckptio verify`. "w" (80 MiB) is
+    # streamed to the converted file; "m" (64 MiB, an archive just over 64 MiB) is assembled by
+    # ckptio_dcp_read_tensor from its frames as they pass.
+    w = torch.arange(20 << 20, dtype=torch.float32).reshape(5 << 10, 4 << 10)
+    m = -torch.arange(16 << 20, dtype=torch.float32).reshape(4 << 10, 4 << 10)
+    sd = {"w": w, "m": m, "b": torch.arange(1000, dtype=torch.int64), "step": 7}
+    path = tmp_path / "real"
+    save(sd, cdcp.FileSystemWriter(path, _extensions=[cdcp.ZStandard()]))
+    back = load({"w": torch.zeros_like(w), "m": torch.zeros_like(m), "b": torch.zeros(1000, dtype=torch.int64),
+                 "step": 0}, cdcp.FileSystemReader(path))
+    assert torch.equal(back["w"], w) and torch.equal(back["m"], m) and torch.equal(back["b"], sd["b"])
+    assert back["step"] == 7
+    if CKPTIO_CLI is not None:
+        r = run_cli("verify", path)
+        assert r.returncode == 0, r.stderr
+        r = run_cli("convert", path, tmp_path / "real.safetensors")
+        assert r.returncode == 0, r.stderr
+        from safetensors.torch import load_file
+        got = load_file(str(tmp_path / "real.safetensors"))
+        assert torch.equal(got["w"], w) and torch.equal(got["m"], m) and torch.equal(got["b"], sd["b"])
+
+
+@requires_cli
+def test_convert_refuses_chunks_that_share_stored_bytes(tmp_path):
+    # Two chunks of one tensor stored in the same bytes: one stored range would stand for many chunks, and the
+    # conversion's buffer for the tensor would not be justified by bytes on disk.
+    path = tmp_path / "shared"
+    save({"w": torch.arange(8.0)}, dcp.FileSystemWriter(path))
+    md = metadata(path)
+    from torch.distributed.checkpoint.metadata import ChunkStorageMetadata, MetadataIndex
+    tmd = md.state_dict_metadata["w"]
+    tmd.size = torch.Size([16])
+    tmd.chunks = [ChunkStorageMetadata(offsets=torch.Size([0]), sizes=torch.Size([8])),
+                  ChunkStorageMetadata(offsets=torch.Size([8]), sizes=torch.Size([8]))]
+    info = info_of(md, "w")
+    md.storage_data = {k: v for k, v in md.storage_data.items() if k.fqn != "w"}
+    md.storage_data[MetadataIndex("w", torch.Size([0]))] = info
+    md.storage_data[MetadataIndex("w", torch.Size([8]))] = dataclasses.replace(info)
+    write_metadata(path, md)
+    r = run_cli("convert", path, tmp_path / "out.safetensors")
+    assert r.returncode != 0, r.stdout
+    assert "w: chunks 0 and 1 are stored in overlapping bytes of the file" in r.stderr, r.stderr
+    assert not (tmp_path / "out.safetensors").exists()
+
+
+def test_a_chain_of_many_zstd_transforms_says_what_is_wrong(tmp_path):
+    path = tmp_path / "chain"
+    save({"w": torch.arange(4.0), "step": 5}, cdcp.FileSystemWriter(path, _extensions=[cdcp.ZStandard()]))
+    md = metadata(path)
+    info_of(md, "w").transform_descriptors = ["stream.zstd/1"] * 100_000
+    write_metadata(path, md)
+    t = time.monotonic()
+    err = load_error(TEMPLATE, cdcp.FileSystemReader(path))
+    assert isinstance(err, ckptio.CkptioError) and err.status_name == "E_UNSUPPORTED", repr(err)
+    assert "item 'w' has 100000 transforms (100000 of them stream.zstd); ckptio reads at most one " \
+           "'stream.zstd/1'" in str(err), err
+    assert time.monotonic() - t < 10
+    if CKPTIO_CLI is not None:
+        for command in ("verify", "inspect"):
+            t = time.monotonic()
+            r = run_cli(command, path)
+            assert r.returncode != 0, r.stdout
+            assert "the item has 100000 transforms, all 'stream.zstd/1'; ckptio reads at most one 'stream.zstd/1'" \
+                in r.stderr, r.stderr
+            assert "storage_data['w'" in r.stderr, r.stderr
+            assert time.monotonic() - t < 10
+        # One that is not zstd is named with its place in the list.
+        info_of(md, "w").transform_descriptors = ["stream.zstd/1", "stream.rot13/1"]
+        write_metadata(path, md)
+        r = run_cli("verify", path)
+        assert "unsupported transform 'stream.rot13/1' (descriptor 2 of 2): ckptio reads only 'stream.zstd/1'" \
+            in r.stderr, r.stderr
 
 
 # ---- custom stream transforms --------------------------------------------------------------
@@ -530,7 +733,7 @@ def test_broadcast_path_checks_byte_items(tmp_path):
     good, bad = tmp_path / "good", tmp_path / "bad"
     save({"w": torch.arange(4.0), "step": 9, "misc": (torch.Size([3]), "x")}, cdcp.FileSystemWriter(good))
     save({"w": torch.arange(4.0), "step": 9, "misc": _Payload(os.system, f"touch {marker}")},
-         cdcp.FileSystemWriter(bad))
+         cdcp.FileSystemWriter(bad, allow_pickle=True))
     (tmp_path / "worker.py").write_text(WORKER)
     env = dict(os.environ, PYTHONPATH=PKG_ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""),
                OMP_NUM_THREADS="1")

@@ -46,8 +46,8 @@ def test_save_load_retention(tmp_path, async_save):
         # keep_last 2 (40, 50), keep_every 30 (0, 30)
         assert mgr.all_steps() == [0, 30, 40, 50]
         assert mgr.latest_step() == 50
-        assert sorted(os.listdir(root)) == [".ckptio-dcp.lock", "step_00000000", "step_00000030", "step_00000040",
-                                            "step_00000050"]
+        assert sorted(os.listdir(root)) == [".ckptio-dcp.lock", ".ckptio-dcp.queue", "step_00000000",
+                                            "step_00000030", "step_00000040", "step_00000050"]
         sd = _blank()
         assert mgr.load(sd) == 50
         assert sd["step"] == 50 and torch.equal(sd["w"], torch.full((64, 32), 50.0))
@@ -205,8 +205,8 @@ def test_cli_on_a_root(tmp_path):
 
     r = cli("inspect", str(root))
     assert r.returncode == 0, r.stderr
-    assert "4 steps (3 complete, 1 partial, 0 damaged)" in r.stdout
-    assert "no commit marker" in r.stdout
+    assert "4 steps (3 complete, 1 partial, 0 damaged, 0 foreign)" in r.stdout
+    assert "empty: a save that stopped before its first file" in r.stdout
     r = cli("inspect", "--json", str(root))
     import json
 
@@ -257,6 +257,29 @@ _TWO_RANKS = textwrap.dedent("""
         mgr.load(sd, step=3)
     except ckptio.CkptioError as e:
         print(f"RAISED {'step 3' in str(e)}", flush=True)
+    # The step being loaded goes away (removed on rank 0 by something that ignores pins): both ranks
+    # follow rank 0 to the newest step left.
+    for s in (4, 5):
+        mgr.save(s, {"x": torch.full((100,), float(s)), f"rank{rank}": torch.full((50,), float(s + rank)), "step": s})
+    mgr.wait()
+    import shutil
+    import ckptio.dcp
+    real, removed = ckptio.dcp.FileSystemReader, []
+
+    class Reader(real):
+        def read_metadata(self, *a, **k):
+            if rank == 0 and not removed:
+                removed.append(str(self.path))
+                shutil.rmtree(self.path)
+            return super().read_metadata(*a, **k)
+
+    ckptio.dcp.FileSystemReader = Reader
+    dist.barrier()
+    sd = {"x": torch.zeros(100), f"rank{rank}": torch.zeros(50), "step": -1}
+    got = mgr.load(sd)
+    ckptio.dcp.FileSystemReader = real
+    assert got == 4 and sd["step"] == 4 and torch.equal(sd[f"rank{rank}"], torch.full((50,), 4.0 + rank)), (got, sd)
+    print("RETRIED", got, flush=True)
     mgr.close()
     dist.destroy_process_group()
     print("OK", flush=True)
@@ -277,7 +300,8 @@ def test_two_gloo_ranks(tmp_path):
     outs = [p.communicate(timeout=240)[0] for p in procs]
     for p, out in zip(procs, outs):
         assert p.returncode == 0, out
-        assert "RAISED True" in out and "OK" in out, out
+        assert "RAISED True" in out and "RETRIED 4" in out and "OK" in out, out
     assert "skipping step 3 (damaged)" in outs[0]
+    assert "step 5 was removed while it was being loaded" in outs[0]
     # Only rank 0 decided, logged and committed.
     assert "skipping" not in outs[1]

@@ -11,9 +11,9 @@ partial; here, after every kill, that the root holds at most 3 + 1 complete
 steps (a kill between a commit and its retention; the restart removes the
 extra one) and at most one partial.
 
-CI runs as many kills as fit in CKPTIO_SOAK_SECONDS (default 50 per rank
+CI runs as many kills as fit in CKPTIO_TEST_SOAK_SECONDS (default 50 per rank
 count: about two minutes in all); set it higher for a long run, e.g.
-CKPTIO_SOAK_SECONDS=600. The numbers are printed (pytest -s) and recorded in
+CKPTIO_TEST_SOAK_SECONDS=600. The numbers are printed (pytest -s) and recorded in
 docs/MANAGER.md.
 """
 import os
@@ -164,8 +164,8 @@ def soak(tmp_path: Path, world: int, seconds: float, rng: random.Random):
 
 @pytest.mark.parametrize("world", [1, 2])
 def test_soak_sigkill(tmp_path, world):
-    seconds = float(os.environ.get("CKPTIO_SOAK_SECONDS", "50"))
-    rng = random.Random(int(os.environ.get("CKPTIO_SOAK_SEED", "1234")) + world)
+    seconds = float(os.environ.get("CKPTIO_TEST_SOAK_SECONDS", "50"))
+    rng = random.Random(int(os.environ.get("CKPTIO_TEST_SOAK_SEED", "1234")) + world)
     t0 = time.monotonic()
     kills, restarts, resumed, finished = soak(tmp_path, world, seconds, rng)
     print(f"\nsoak: {world} rank(s): {kills} SIGKILLs, {restarts} restarts ({resumed} resumed from a saved step, "

@@ -90,7 +90,7 @@ WORKER = textwrap.dedent(
     import torch, torch.distributed as dist
     from safetensors import safe_open
     import ckptio
-    from ckptio import _distributed, _errors
+    from ckptio import _distributed, _errors, _group_read
 
     rank, world, store, cfg = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3], json.loads(sys.argv[4])
     dist.init_process_group("gloo", init_method="file://" + store, rank=rank, world_size=world,
@@ -223,11 +223,10 @@ WORKER = textwrap.dedent(
                     _distributed._read_boxes = real
         raise ValueError(kind)
 
+    whole_max = _group_read.SCATTER_WHOLE_MAX_RANKS
     for sc in cfg["scenarios"]:
-        if sc.get("scatter"):  # _group_read.scatter_whole reads it at each load
-            os.environ["CKPTIO_SCATTER"] = sc["scatter"]
-        else:
-            os.environ.pop("CKPTIO_SCATTER", None)
+        # _group_read.scatter_whole reads the bound at each load: 0 sends every scatter by all_to_all.
+        _group_read.SCATTER_WHOLE_MAX_RANKS = 0 if sc.get("scatter") == "all_to_all" else whole_max
         try:
             bad = scenario(sc)
             res = {"ok": True, "bad": bad if isinstance(bad, list) else []}
@@ -501,14 +500,7 @@ def test_batch_bytes_needs_a_process_group(model):
         ckptio.load(f.path, batch_bytes=1 << 20)
 
 
-def test_scatter_whole_up_to_four_ranks(monkeypatch):
+def test_scatter_whole_up_to_four_ranks():
     from ckptio import _group_read
 
-    monkeypatch.delenv("CKPTIO_SCATTER", raising=False)
     assert [_group_read.scatter_whole(w) for w in (2, 3, 4, 5, 8)] == [True, True, True, False, False]
-    monkeypatch.setenv("CKPTIO_SCATTER", "all_to_all")
-    assert not _group_read.scatter_whole(2)
-    monkeypatch.setenv("CKPTIO_SCATTER", "broadcast")
-    assert _group_read.scatter_whole(8)
-    monkeypatch.setenv("CKPTIO_SCATTER", "neither")  # not a value the knob takes: the default
-    assert _group_read.scatter_whole(4) and not _group_read.scatter_whole(5)

@@ -70,6 +70,31 @@ def test_engine_settings(tmp_path):
     assert eng.backend() == "pread"
 
 
+def test_every_setting_reads_and_writes_by_its_names():
+    """Settings that take names take and give the library's names (ckptio_option_value_name), and only those;
+    the others take numbers."""
+    eng = ckptio.Engine(gpu_huge_slots="off", nvtx=0, gpu_path="pipeline")
+    opts = eng.options()
+    assert set(opts) == set(ckptio.option_names())
+    assert opts["gpu_huge_slots"] == "off" and opts["nvtx"] == 0 and opts["gpu_path"] == "pipeline"
+    names = {"backend": ["auto", "pread", "io_uring"], "direct": ["auto", "off", "on"],
+             "gpu_path": ["auto", "cufile", "pipeline"], "read_cache": ["auto", "on", "off"],
+             "gpu_huge_slots": ["auto", "off", "on"]}
+    for name, values in names.items():
+        assert ckptio.Engine.bounds(name) == (0, len(values) - 1)
+        for v in values:
+            if name == "backend" and v == "io_uring":
+                continue  # the kernel may refuse io_uring
+            eng.set(name, v)
+            assert eng.get(name) == v
+        with pytest.raises(ValueError, match="does not take 'staged'"):
+            eng.set(name, "staged")
+    for name in set(opts) - set(names):
+        assert isinstance(opts[name], int), name
+        with pytest.raises(TypeError, match="takes an int"):
+            eng.set(name, "on")
+
+
 def test_engine_stats_count_the_bytes(tmp_path, engine):
     t = torch.arange(1 << 18, dtype=torch.float32)  # 1 MiB
     path = tmp_path / "s.safetensors"
@@ -252,3 +277,24 @@ def test_prepare_gpu_refuses_what_it_cannot_prepare():
         with pytest.raises(ckptio.CkptioError) as err:
             ckptio.Engine().prepare_gpu(0)
         assert "CUDA" in str(err.value) or "cuda" in str(err.value)
+
+
+def test_ckptio_dcp_is_there_after_import_ckptio_and_torch_is_not_imported_before():
+    """ckptio.dcp needs torch: `import ckptio` does not import it (the `ckptio` command's launcher imports
+    the package), the first use of ckptio.dcp does."""
+    import subprocess
+    import sys
+
+    code = ("import sys, ckptio\n"
+            "before = 'torch' in sys.modules\n"
+            "d = ckptio.dcp\n"
+            "print(before, d is sys.modules['ckptio.dcp'], d.FileSystemWriter.__name__, callable(d.verify))\n")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.split() == ["False", "True", "FileSystemWriter", "True"]
+    r = subprocess.run([sys.executable, "-X", "importtime", "-c", "import ckptio"], capture_output=True, text=True,
+                       timeout=120)
+    imported = [line.rsplit("|", 1)[-1].strip() for line in r.stderr.splitlines() if line.startswith("import time:")]
+    assert "ckptio" in imported and not [m for m in imported if m.split(".")[0] == "torch"], imported
+    with pytest.raises(AttributeError, match="has no attribute 'nothing'"):
+        ckptio.nothing

@@ -144,13 +144,12 @@ def _column_slice_case(path, env):
     assert r.returncode == 0, r.stderr[-2000:]
 
 
-@pytest.mark.parametrize("env", [{}, {"CKPTIO_GPU_COPY_2D": "0"},
-                                 {"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True"}],
-                         ids=["pitched", "row-by-row", "expandable-segments"])
+@pytest.mark.parametrize("env", [{}, {"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True"}],
+                         ids=["pitched", "expandable-segments"])
 def test_column_slices_to_cuda(tmp_path, env):
-    """A column slice is one run per row, copied to the GPU as one pitched copy per staging window (row by row
-    with CKPTIO_GPU_COPY_2D=0; under expandable segments no pitched copy leaves a mapped piece): every byte as
-    safetensors gives it, for windows of many rows, unaligned widths, a single column and a 3-D inner box."""
+    """A column slice is one run per row, copied to the GPU as one pitched copy per staging window (under
+    expandable segments no pitched copy leaves a mapped piece): every byte as safetensors gives it, for
+    windows of many rows, unaligned widths, a single column and a 3-D inner box."""
     ref = {"m": random_tensor(torch.bfloat16, (4096, 3000), seed=1),
            "q": random_tensor(torch.float32, (1024, 4096), seed=2),
            "c": random_tensor(torch.int8, (33, 70, 17), seed=3)}
@@ -202,7 +201,7 @@ def test_prepare_gpu_pins_the_staging_a_load_then_uses(tmp_path):
     sd = {"w": random_tensor(torch.bfloat16, (4096, 4096), seed=5)}
     path = tmp_path / "m.safetensors"
     st_save_file(sd, str(path))
-    e = ckptio.Engine(gpu_path="staged")
+    e = ckptio.Engine(gpu_path="pipeline")
     ckptio.prepare_gpu(torch.cuda.current_device(), engine=e)
     # Done when the pinned bytes stop growing (0.3 s unchanged, after some).
     deadline, reserved, still = time.monotonic() + 30, -1, 0.0

@@ -7,7 +7,7 @@ save; ckptio.load, ckptio.safe_open, ckptio.dcp's reader and verify) answers at 
 such a file with an error that names it and what it is, or skipping a step it damages with that
 reason. Each layout runs in a subprocess with a timeout, so that a regression fails instead of
 hanging the suite. The CLI ends at SIGINT and SIGTERM with 130 / 143, also on such a root; it
-takes a directory holding model.safetensors as ckptio.load does (docs/RELIABILITY.md section 10).
+takes a directory holding model.safetensors as ckptio.load does (docs/RELIABILITY.md section 12).
 """
 import json
 import os

@@ -1,5 +1,5 @@
 """Directory-level commit steps of a DCP save, as libckptio runs them
-(include/ckptio.h "DCP directory commit", src/ckpt/dcp_*.c): atomic small
+(include/ckptio_experimental.h "DCP directory commit", src/ckpt/dcp_*.c): atomic small
 files, the save token in data file names, the attributes new files take,
 and removal of what older saves left behind (only what no metadata file
 references and no live writer holds).

@@ -216,9 +216,8 @@ def metadata_from_bytes(data: bytes, origin: str = "<memory>", whole: bool = Tru
     not a rank's own __RANK.metadata) and data files of several ranks, not
     tiling it."""
     # The objects are millions of new containers for a large checkpoint,
-    # none of them garbage: the cyclic collector's passes over them took
-    # most of the time (100k chunks on the 2-core VM: 12 s before this and
-    # unshared scalars, under 4 s after; bench/bench_dcp_metadata.py).
+    # none of them garbage: the cyclic collector's passes over them would
+    # take most of the time (docs/DCP.md#measured).
     paused = gc.isenabled()
     gc.disable()
     try:

@@ -14,11 +14,12 @@ broadcast (``broadcast=``, ckptio.dcp._broadcast).
 
 A checkpoint is untrusted data. Data files are opened through libckptio
 (ckptio_dcp_file_open: a relative_path must stay inside the directory),
-zstd items are decompressed by libckptio with the size bounded before
-anything is allocated, and byte items (torch.save of non-tensor values)
-pass libckptio's restricted unpickler before torch's planner sees them: the
-planner gets a fresh torch.save of the allowlisted objects they hold, never
-the stored pickle (``allow_pickle=True`` opts out for trusted checkpoints).
+zstd items are decompressed by libckptio through a fixed buffer (never into
+memory sized by what the item or .metadata declares: a large archive is not
+held, its slices decompress straight into their targets), and byte items
+(torch.save of non-tensor values) pass libckptio's restricted unpickler
+before torch's planner sees them: the planner gets a fresh torch.save of
+the allowlisted objects they hold, never the stored pickle (``allow_pickle=True`` opts out for trusted checkpoints).
 """
 
 from __future__ import annotations
@@ -44,6 +45,9 @@ from ._metadata import metadata_from_bytes
 ZSTD_DESCRIPTOR = "stream.zstd/1"
 # A step of a transform chain that libckptio applies itself (zstd).
 ZSTD_STEP = "zstd"
+# Longest transform chain an item may have (torch's writer records one
+# descriptor per extension it was given).
+MAX_TRANSFORMS = 16
 
 
 def _error(status: int, path: str, offset: int, message: str, subject: Optional[str] = None):
@@ -81,11 +85,11 @@ def _read_limited(stream, limit: int, path: str, offset: int, fqn: str, step: st
 
 class _Stored:
     """A stored chunk as bytes: dtype, shape, strides (elements) and where its
-    storage starts (absolute file offset, or inside an in-memory buffer)."""
+    storage starts (absolute file offset, or inside a decoded item)."""
 
-    __slots__ = ("code", "dtype", "shape", "stride", "storage_offset", "base", "storage_nbytes", "memory")
+    __slots__ = ("code", "dtype", "shape", "stride", "storage_offset", "base", "storage_nbytes", "decoded", "keep")
 
-    def __init__(self, code, shape, stride, storage_offset, base, storage_nbytes, memory=None):
+    def __init__(self, code, shape, stride, storage_offset, base, storage_nbytes, decoded=None, keep=None):
         self.code = code
         self.dtype = _adapt.torch_dtype(code, "stored tensor")
         self.shape = tuple(shape)
@@ -93,7 +97,10 @@ class _Stored:
         self.storage_offset = storage_offset
         self.base = base
         self.storage_nbytes = storage_nbytes
-        self.memory = memory  # a torch uint8 tensor holding the storage (decompressed items)
+        # A transformed item: libckptio's header of the decoded archive (read with dcp_header_read_box),
+        # and the bytes it reads from (the stored zstd frames, or the decoded archive), kept alive.
+        self.decoded = decoded
+        self.keep = keep
 
     def contiguous(self) -> bool:
         expect = 1
@@ -238,6 +245,12 @@ class FileSystemReader(_TorchFileSystemReader):
         from torch.distributed.checkpoint._extension import ExtensionRegistry, StreamTransformExtension
 
         registry = self._registry if self._registry is not None else ExtensionRegistry()
+        zstd = sum(1 for d in descriptors if d.partition("/")[0] == "stream.zstd")
+        if len(descriptors) > MAX_TRANSFORMS or zstd > 1:
+            # What is wrong, said in bounded time whatever the list's length.
+            raise _error(_ckptio.E_UNSUPPORTED, where, info.offset,
+                         f"item '{fqn}' has {len(descriptors)} transforms ({zstd} of them stream.zstd); ckptio reads "
+                         f"at most one 'stream.zstd/1' and at most {MAX_TRANSFORMS} transforms per item", fqn)
         decoded = []
         # torch's writer records the extensions in the order they were applied
         # to the data (the last one is outermost in the file), so they are
@@ -262,11 +275,12 @@ class FileSystemReader(_TorchFileSystemReader):
         steps = self._chains[descriptors] = tuple(decoded)
         return steps
 
-    def _decode(self, packed: torch.Tensor, info, fqn: str, path: str, limit: int) -> bytes:
+    def _decode(self, packed: torch.Tensor, info, fqn: str, path: str, limit: int, steps=None) -> Any:
         """The stored bytes of an item (a host uint8 tensor) with every transform
-        undone; each step's output is bounded by `limit` before it is kept."""
+        undone (or those of `steps`); each step's output is bounded by `limit`
+        before it is kept."""
         data: Any = packed
-        for step in self._chain(info, fqn):
+        for step in self._chain(info, fqn) if steps is None else steps:
             if step == ZSTD_STEP:
                 if isinstance(data, torch.Tensor):
                     src = data
@@ -282,6 +296,8 @@ class FileSystemReader(_TorchFileSystemReader):
                 d, ext = step
                 raw = data.numpy().tobytes() if isinstance(data, torch.Tensor) else data
                 data = _read_limited(ext.transform_from(io.BytesIO(raw)), limit, path, info.offset, fqn, d)
+        if steps is not None:
+            return data
         return data.numpy().tobytes() if isinstance(data, torch.Tensor) else data
 
     def byte_item(self, packed: torch.Tensor, info, fqn: str, path: str) -> io.BytesIO:
@@ -356,16 +372,25 @@ class FileSystemReader(_TorchFileSystemReader):
     def stored_from_bytes(self, packed: torch.Tensor, info, key, path: str) -> _Stored:
         """Undoes a transformed tensor item held in host memory and describes
         the archive it holds (at most its chunk's bytes plus the archive's
-        bounded overhead)."""
+        bounded overhead). When zstd is the last step, libckptio decompresses
+        the frames through a fixed buffer and keeps the archive only when it
+        is small (ckptio_dcp_header_zstd): a large one is never held, its
+        slices are decompressed again straight into their targets."""
         limit = self._chunk_bytes(key, path, info.offset) + _ckptio.DCP_ARCHIVE_OVERHEAD_MAX
+        steps = self._chain(info, key.fqn)
+        if steps and steps[-1] == ZSTD_STEP:
+            frames = self._decode(packed, info, key.fqn, path, limit, steps[:-1]) if len(steps) > 1 else packed
+            if not isinstance(frames, torch.Tensor):
+                frames = torch.frombuffer(bytearray(frames), dtype=torch.uint8) if frames else \
+                    torch.empty(0, dtype=torch.uint8)
+            header = _ckptio.dcp_header_zstd(frames.data_ptr(), frames.numel(), limit, path, info.offset, key.fqn)
+            return _Stored(*_ckptio.dcp_header_layout(header, key.fqn), decoded=header, keep=frames)
         raw = bytearray(self._decode(packed, info, key.fqn, path, limit))
-        # A uint8 tensor over the bytes (they stay referenced by the tensor's
-        # _Stored below; torch.frombuffer does not keep them alive).
+        # A uint8 tensor over the bytes (it keeps them referenced; torch.frombuffer does not).
         mem = torch.frombuffer(raw, dtype=torch.uint8) if raw else torch.empty(0, dtype=torch.uint8)
-        mem._ckptio_keep = raw
         # libckptio says what the decoded bytes are (dcp_item.c), as its own reader does.
         header = _ckptio.dcp_header_parse(mem.data_ptr(), mem.numel(), path, info.offset)
-        return _Stored(*_ckptio.dcp_header_layout(header, key.fqn), memory=mem)
+        return _Stored(*_ckptio.dcp_header_layout(header, key.fqn), decoded=header, keep=(mem, raw))
 
     def stored_chunk(self, df: _DataFile, info, key, cache: Dict) -> _Stored:
         """Where the stored chunk `key` (its _StorageInfo `info`) lies in `df`
@@ -500,16 +525,18 @@ class FileSystemReader(_TorchFileSystemReader):
             raise _format_error(df.path, stored.base, f"slice offsets {list(offs)} lengths {list(lens)} lie outside "
                                 f"the stored chunk of shape {list(stored.shape)}")
         esize = torch.empty((), dtype=stored.dtype).element_size()
-        if stored.memory is not None:
-            # Decompressed item: cut the slice out of memory.
-            mem = stored.memory[stored.base:stored.base + stored.storage_nbytes]
-            typed = mem.view(stored.dtype)  # as_strided counts from the storage's start, not the view's
-            view = typed.as_strided(stored.shape, stored.stride, typed.storage_offset() + stored.storage_offset)
-            for d, (o, n) in enumerate(zip(offs, lens)):
-                view = view.narrow(d, o, n)
-            return view
         if any(n == 0 for n in lens):
             return None
+        if stored.decoded is not None:
+            # A decoded (transformed) item: libckptio copies the slice out of it, from memory or from the
+            # zstd frames as they decompress, into the target when it is in host memory with the stored dtype,
+            # else into a temporary of the slice's size.
+            direct = target.device.type == "cpu" and target.dtype == stored.dtype
+            dest = target if direct else torch.empty(lens, dtype=stored.dtype)
+            reach = sum((n - 1) * st for n, st in zip(dest.shape, dest.stride()))
+            _ckptio.dcp_header_read_box(stored.decoded, req.storage_index.fqn, offs, lens, dest.data_ptr(),
+                                        dest.stride(), (reach + 1) * esize)
+            return None if direct else dest
         first = stored.storage_offset + sum(o * st for o, st in zip(offs, stored.stride))
         last = first + sum((n - 1) * st for n, st in zip(lens, stored.stride))
         if (last + 1) * esize > stored.storage_nbytes:

@@ -13,7 +13,7 @@ point leaves either the old checkpoint loadable or the new one complete.
 Saves of one directory are serialized by a lock that the coordinator takes
 before any rank writes data and keeps until the cleanup; new files take the
 mode and owner of the ``.metadata`` they replace. Every step of that commit
-is libckptio's (include/ckptio.h "DCP directory commit": the lock, the
+is libckptio's (include/ckptio_experimental.h "DCP directory commit": the lock, the
 manifest, the atomic .metadata, the cleanup); this class calls them in order
 between torch's hooks (_commit.py, _lock.py).
 """
@@ -23,6 +23,7 @@ from __future__ import annotations
 import dataclasses
 import io
 import json
+import logging
 import os
 import threading
 import uuid
@@ -42,9 +43,11 @@ from torch.distributed.checkpoint.planner import SavePlan, SavePlanner, WriteIte
 from torch.distributed.checkpoint.storage import WriteResult
 from torch.futures import Future
 
-from .. import _adapt, _ckptio, _files
+from .. import _adapt, _ckptio, _files, _snapshot
 from .._ckptio import Engine
-from . import _commit, _lock
+from . import _byte_items, _commit, _lock
+
+_log = logging.getLogger("ckptio.dcp")
 
 ZSTD_DESCRIPTOR = "stream.zstd/1"
 MANIFEST_PREFIX = ".ckptio-manifest-"
@@ -167,7 +170,22 @@ class FileSystemWriter(_TorchFileSystemWriter):
       stream is ordered after them, and the background write waits for them.
       A tensor changed from another stream without synchronising with the
       current one could be staged with its new values: pass False to block
-      until the copies are done.
+      until the copies are done. Applies with ``snapshots=False`` only.
+    * ``snapshots`` (default True): ``stage()`` takes a snapshot
+      (:class:`ckptio.Snapshots`, docs/SNAPSHOTS.md): GPU tensors are copied
+      into one pinned pool, sized once and reused by every writer of the
+      process, on ckptio's own copy stream while training goes on; the next
+      optimizer step waits for the copy on the GPU. A
+      :class:`ckptio.Snapshots` uses that one instead; False stages as
+      torch does (``cache_staged_state_dict``, ``non_blocking_stage``).
+      :meth:`prepare` pins the pool ahead of the first save.
+
+    * ``allow_pickle`` (default False): a non-tensor value that
+      ``FileSystemReader`` would refuse (an ``argparse.Namespace``, an
+      instance of a user class) fails the save with TypeError naming its
+      key, before any data file is written. True saves it as torch does;
+      then only ``FileSystemReader(..., allow_pickle=True)`` or torch's own
+      reader loads the checkpoint.
 
     ``_extensions`` may hold ``ckptio.dcp.ZStandard()`` or torch's
     ``ZStandard()`` (compression runs in libckptio; neither the zstandard nor
@@ -194,6 +212,8 @@ class FileSystemWriter(_TorchFileSystemWriter):
         non_blocking_stage: bool = True,
         cleanup: str = "foreground",
         dir_busy="wait",
+        snapshots: Any = True,
+        allow_pickle: bool = False,
     ) -> None:
         # torch's transforms object is built from _extensions; ours are
         # applied natively, so it gets none.
@@ -233,7 +253,14 @@ class FileSystemWriter(_TorchFileSystemWriter):
         self._dir_lock: Optional[_lock.DirectoryLock] = None
         self._reference: Optional[str] = None  # the .metadata a save replaces, when it gives attributes
         self.non_blocking_stage = non_blocking_stage
+        if not isinstance(allow_pickle, bool):
+            raise TypeError(f"allow_pickle must be a bool, not {allow_pickle!r}")
+        self.allow_pickle = allow_pickle
         self._staged_events: List[Any] = []
+        if not (isinstance(snapshots, (bool, _snapshot.Snapshots)) or snapshots is None):
+            raise ValueError(f"snapshots must be True, False or a ckptio.Snapshots, not {snapshots!r}")
+        self._snapshots_option = snapshots
+        self._snapshot: Optional[_snapshot.Snapshot] = None  # the staged state of the save in flight
         self._token: Optional[str] = None
         # In-flight tracking of async saves (see stage()): the generation
         # stage() marked (0: none), the one the running save claimed in reset(),
@@ -374,16 +401,31 @@ class FileSystemWriter(_TorchFileSystemWriter):
             t = t.contiguous()
         return t
 
+    def _byte_items(self, items: List[WriteItem], planner: SavePlanner) -> Dict[int, bytes]:
+        """The pickled bytes of every byte item of the plan (id(WriteItem) -> bytes), each checked
+        as the reader will check it (unless allow_pickle), before any file is written."""
+        out: Dict[int, bytes] = {}
+        for wi in items:
+            if wi.type != WriteItemType.BYTE_IO:
+                continue
+            data = planner.resolve_data(wi)
+            out[id(wi)] = raw = data.getvalue() if isinstance(data, io.BytesIO) else bytes(data)
+            if not self.allow_pickle:
+                _byte_items.check(raw, wi.index.fqn, _byte_items.lookup(planner, wi),
+                                  f"ckptio.dcp.FileSystemWriter({os.fspath(self.path)!r})", writer=True)
+        return out
+
     def _write(self, plan: SavePlan, planner: SavePlanner) -> List[WriteResult]:
         self._wait_staged()  # async save: the staging copies must be complete
         prefix = plan.storage_data.prefix
+        raws = self._byte_items(plan.items, planner)
         os.makedirs(self.path, exist_ok=True)
         # New data files take the attributes of the .metadata they will
         # replace (a checkpoint saved 0600 stays 0600). The coordinator holds
         # the directory's lock, so that file is stable until finish().
         self._reference = _commit.reference_stat(self.path, self._metadata_name())
         if self.serialization_format == SerializationFormat.SAFETENSORS:
-            return self._write_safetensors(plan, planner, prefix)
+            return self._write_safetensors(plan, planner, prefix, raws)
         flags = (_ckptio.DCP_ITEM_HASH if self.checksums else 0) | (_ckptio.DCP_ITEM_CRC32 if self.crc else 0)
         if self._descriptors:
             flags |= _ckptio.DCP_ITEM_ZSTD
@@ -402,10 +444,8 @@ class FileSystemWriter(_TorchFileSystemWriter):
                 names.append(name)
                 # As torch: the byte items of a file first, then its tensors.
                 for wi in [w for w in bucket if w.type == WriteItemType.BYTE_IO]:
-                    data = planner.resolve_data(wi)
-                    raw = data.getvalue() if isinstance(data, io.BytesIO) else bytes(data)
                     order.append(wi)
-                    payloads.append((f, flags & ~_ckptio.DCP_ITEM_CRC32, raw))
+                    payloads.append((f, flags & ~_ckptio.DCP_ITEM_CRC32, raws[id(wi)]))
                     keep.append(name)
                 for wi in [w for w in bucket if w.type != WriteItemType.BYTE_IO]:
                     t = self._resolve_tensor(planner, wi)
@@ -441,7 +481,8 @@ class FileSystemWriter(_TorchFileSystemWriter):
         if self._reference is not None:
             _commit.create_placeholder(self.path, name, self._reference)
 
-    def _write_safetensors(self, plan: SavePlan, planner: SavePlanner, prefix: str) -> List[WriteResult]:
+    def _write_safetensors(self, plan: SavePlan, planner: SavePlanner, prefix: str,
+                           raws: Dict[int, bytes]) -> List[WriteResult]:
         """torch's SAFETENSORS layout: every tensor of a file in one safetensors
         blob whose __metadata__ holds DCP_SHARDING_INFO; the tensors'
         _StorageInfo point at the blob (offset of its first byte, length =
@@ -501,9 +542,7 @@ class FileSystemWriter(_TorchFileSystemWriter):
             try:
                 payloads = []
                 for wi in byte_items:
-                    data = planner.resolve_data(wi)
-                    raw = data.getvalue() if isinstance(data, io.BytesIO) else bytes(data)
-                    payloads.append((f, _ckptio.DCP_ITEM_HASH if self.checksums else 0, raw))
+                    payloads.append((f, _ckptio.DCP_ITEM_HASH if self.checksums else 0, raws[id(wi)]))
                 placed = _ckptio.dcp_write(payloads, self.alignment, self.engine)
                 f.commit()
             finally:
@@ -592,12 +631,14 @@ class FileSystemWriter(_TorchFileSystemWriter):
 
     # ---- async staging ------------------------------------------------------------------
     def stage(self, state_dict: STATE_DICT_TYPE) -> STATE_DICT_TYPE:
-        """Copies the state dict into host staging memory (pinned when CUDA is
-        available), reused across saves with cache_staged_state_dict=True. The
-        caller of dcp.async_save is blocked only while the copies are enqueued
-        (GPU tensors, non_blocking_stage) or made (host tensors); while the
-        staged data of an earlier save is still being written, this waits or
-        raises (``async_busy``)."""
+        """Copies the state dict into host staging memory: by default a
+        snapshot (``snapshots``: GPU tensors copied on ckptio's own stream
+        into the reused pinned pool while training goes on, host tensors and
+        other values during the call); with ``snapshots=False`` as torch does
+        (pinned when CUDA is available, reused with cache_staged_state_dict,
+        the copies queued on each device's current stream with
+        non_blocking_stage). While the staged data of an earlier save is still
+        being written, this waits or raises (``async_busy``)."""
         from torch.distributed._state_dict_utils import _copy_state_dict, _create_cpu_state_dict
 
         with self._inflight_cv:
@@ -615,6 +656,13 @@ class FileSystemWriter(_TorchFileSystemWriter):
             self._handed_off = False
         try:
             self.per_thread_copy_ahead = 0  # as torch: staged data is already on the host
+            snapshots = self._resolve_snapshots()
+            if snapshots is not None:
+                try:
+                    self._snapshot = snapshots.take(state_dict)
+                    return self._snapshot.state_dict
+                except _snapshot.SnapshotUnsupported as e:
+                    _log.info("%s: staged as torch does: %s", os.fspath(self.path), e)
             pin = torch.cuda.is_available()
             if not self.cache_staged_state_dict:
                 target = _create_cpu_state_dict(state_dict, pin_memory=pin)
@@ -627,17 +675,43 @@ class FileSystemWriter(_TorchFileSystemWriter):
             # and the kernels it launches next on that stream run after the
             # copies (values at save time). The background write waits for the
             # copies' events (_wait_staged) before touching the bytes.
-            staged = _copy_state_dict(state_dict, target, non_blocking=self.non_blocking_stage and pin)
+            # Non-tensor values (numpy arrays, scalars, ...) are deep-copied, as
+            # torch's own stager does: not every value DCP saves is a tensor.
+            staged = _copy_state_dict(state_dict, target, non_blocking=self.non_blocking_stage and pin,
+                                      type_check=False)
             self._staged_events = _record_copy_events(state_dict) if self.non_blocking_stage and pin else []
             return staged
         except BaseException:
             self._release_staging()
             raise
 
+    def _resolve_snapshots(self) -> Optional["_snapshot.Snapshots"]:
+        option = self._snapshots_option
+        if option is True:
+            return _snapshot.shared()
+        return option if isinstance(option, _snapshot.Snapshots) else None
+
+    def prepare(self, state_dict: STATE_DICT_TYPE) -> None:
+        """Sizes the snapshot pool for state_dict and starts pinning it in the
+        background, so that the first ``dcp.async_save`` does not wait for it
+        (with ``snapshots=False``: nothing)."""
+        snapshots = self._resolve_snapshots()
+        if snapshots is not None:
+            snapshots.prepare(state_dict)
+
     def _wait_staged(self) -> None:
         events, self._staged_events = self._staged_events, []
         for ev in events:
             ev.synchronize()
+        snap = self._snapshot
+        if snap is not None:
+            snap.wait()
+
+    def _drop_snapshot(self) -> None:
+        """The save in flight is over: its snapshot's pool takes the next one."""
+        snap, self._snapshot = self._snapshot, None
+        if snap is not None:
+            snap.release()
 
     def _release_staging(self) -> None:
         """Ends the in-flight mark of the running save (a save that stage() did
@@ -646,6 +720,7 @@ class FileSystemWriter(_TorchFileSystemWriter):
             if self._inflight and self._save_gen in (self._inflight, 0):
                 self._inflight = 0
                 self._save_gen = 0
+                self._drop_snapshot()
                 self._inflight_cv.notify_all()
 
     def _busy_locked(self) -> bool:
@@ -663,6 +738,7 @@ class FileSystemWriter(_TorchFileSystemWriter):
         if ended:
             self._inflight = 0
             self._save_gen = 0
+            self._drop_snapshot()
             self._inflight_cv.notify_all()
         return not ended
 

@@ -1,0 +1,225 @@
+/*
+ * object_file.c - s3://BUCKET/KEY opened as a ckptio_file.
+ *
+ * Reading: open asks the server for the object's size and ETag (HEAD);
+ * every read is a ranged GET into the caller's memory that names that ETag
+ * (If-Match), so an object replaced while it is read fails with
+ * CKPTIO_E_STALE instead of mixing two versions. The engine's workers keep
+ * many GETs in flight (io_object.c); ckptio__file_io() reads synchronously.
+ *
+ * Writing: the object's commit protocol is the multipart upload's
+ * (src/objstore/s3_upload.c): writes fill part buffers that are uploaded in
+ * parallel, ckptio_file_commit() completes the upload and only then does
+ * the object exist (or, replaced, change) on the server; an error, a cancel
+ * of the engine's transfer and a close without commit abort the upload, so
+ * the object and any older version of it stay as they were. There is no
+ * temporary name and no rename: the server makes the object appear at once.
+ *
+ * Local files pay nothing for this: file.c branches on `object` only in
+ * open, commit, close, size and truncate, and the backends only look at
+ * op->object.
+ */
+#include "io_internal.h"
+
+#include <errno.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <string.h>
+
+struct ckptio__object {
+    ckptio__s3_client *client;
+    char *bucket, *key;
+    bool write;
+    uint64_t size;     /* read: the object's size */
+    char etag[128];    /* read: the ETag at open */
+    ckptio__s3_upload *upload;
+    bool exclusive;    /* write: no object may exist at commit */
+};
+
+void ckptio__object_settings(const ckptio_engine *engine, ckptio__s3_settings *out) {
+    *out = (ckptio__s3_settings){
+        .concurrency = (unsigned)ckptio__io_engine_setting(engine, CKPTIO_OPT_S3_CONCURRENCY),
+        .part_bytes = (uint64_t)ckptio__io_engine_setting(engine, CKPTIO_OPT_S3_PART_BYTES),
+        .retries = (unsigned)ckptio__io_engine_setting(engine, CKPTIO_OPT_S3_RETRIES),
+        .timeout_ms = (unsigned)ckptio__io_engine_setting(engine, CKPTIO_OPT_S3_TIMEOUT_MS),
+        .deadline_ms = (unsigned)ckptio__io_engine_setting(engine, CKPTIO_OPT_S3_DEADLINE_MS),
+        .backoff_ms = (unsigned)ckptio__io_engine_setting(engine, CKPTIO_OPT_S3_BACKOFF_MS),
+    };
+}
+
+ckptio_status ckptio__object_client(const ckptio_engine *engine, const char *bucket, ckptio__s3_client **out) {
+    ckptio__s3_settings s;
+    ckptio__object_settings(engine, &s);
+    return ckptio__s3_client_create(&s, bucket, out);
+}
+
+static void object_free(ckptio__object *o) {
+    if (!o) return;
+    ckptio__s3_client_destroy(o->client);
+    ckptio__free(o->bucket);
+    ckptio__free(o->key);
+    ckptio__free(o);
+}
+
+/* Whether an object exists now (a failure to tell is an error). */
+static ckptio_status object_exists(const ckptio__object *o, bool *exists) {
+    uint64_t size;
+    char etag[128];
+    ckptio__error_saved *saved = ckptio__error_save();
+    const ckptio_status st = ckptio__s3_head(o->client, o->bucket, o->key, &size, etag);
+    *exists = st == CKPTIO_OK;
+    if (st == CKPTIO_E_NOT_FOUND) {
+        ckptio__error_restore(saved);
+        return CKPTIO_OK;
+    }
+    ckptio__free(saved);
+    return st == CKPTIO_OK ? CKPTIO_OK : st;
+}
+
+ckptio_status ckptio__object_open(ckptio_engine *engine, const char *path, unsigned flags, ckptio_file **out) {
+    *out = NULL;
+    if (flags & CKPTIO_OPEN_IN_PLACE)
+        return CKPTIO_FAIL_CTX(CKPTIO_E_UNSUPPORTED, &((ckptio__err_ctx){.operation = "open", .path = path,
+                                                                       .file_offset = -1}),
+                               "objects are never written in place (CKPTIO_OPEN_IN_PLACE): they are replaced whole "
+                               "at commit");
+    ckptio__object *o = ckptio__calloc(1, sizeof *o);
+    ckptio_file *f = ckptio__calloc(1, sizeof *f);
+    ckptio_status st = CKPTIO_OK;
+    if (!o || !f || !(f->path = ckptio__strdup(path))) {
+        st = CKPTIO_FAIL(CKPTIO_E_NOMEM, "out of memory opening an object");
+        goto fail;
+    }
+    if ((st = ckptio__s3_parse_url(path, false, &o->bucket, &o->key)) != CKPTIO_OK) goto fail;
+    if ((st = ckptio__object_client(engine, o->bucket, &o->client)) != CKPTIO_OK) goto fail;
+    o->write = flags & CKPTIO_OPEN_WRITE;
+    if (!o->write) {
+        if ((st = ckptio__s3_head(o->client, o->bucket, o->key, &o->size, o->etag)) != CKPTIO_OK) goto fail;
+    } else {
+        o->exclusive = flags & CKPTIO_OPEN_EXCLUSIVE;
+        if (o->exclusive) {
+            bool exists;
+            if ((st = object_exists(o, &exists)) != CKPTIO_OK) goto fail;
+            if (exists) {
+                char shown[400];
+                ckptio__s3_display(o->bucket, o->key, shown, sizeof shown);
+                st = CKPTIO_FAIL_CTX(CKPTIO_E_EXISTS, &((ckptio__err_ctx){.operation = "open", .path = shown,
+                                                                          .file_offset = -1}),
+                                     "the object already exists and CKPTIO_OPEN_EXCLUSIVE was given");
+                goto fail;
+            }
+        }
+        /* Part buffers: the uploads in flight, two more, and what the
+         * engine's workers may be filling at once (threads x chunk). */
+        const ckptio__s3_settings *s = &o->client->settings;
+        const uint64_t threads = (uint64_t)ckptio__io_engine_setting(engine, CKPTIO_OPT_THREADS);
+        const uint64_t chunk = (uint64_t)ckptio__io_engine_setting(engine, CKPTIO_OPT_CHUNK_BYTES);
+        const uint64_t bound = (s->concurrency + 2) * s->part_bytes + (threads ? threads : 1) * chunk;
+        if ((st = ckptio__s3_upload_open(o->client, o->bucket, o->key, bound, &o->upload)) != CKPTIO_OK) goto fail;
+    }
+    f->engine = engine;
+    f->flags = flags;
+    f->fd = f->direct_fd = -1;
+    f->writable = o->write;
+    f->object = o;
+    atomic_init(&f->direct_state, -1);
+    atomic_init(&f->read_cache, -1);
+    atomic_init(&f->in_memory, -1);
+    pthread_mutex_init(&f->lock, NULL);
+    pthread_mutex_init(&f->write_turn, NULL);
+    ckptio__io_engine_file_ref(engine, +1);
+    *out = f;
+    return CKPTIO_OK;
+fail:
+    if (f) ckptio__free(f->path);
+    ckptio__free(f);
+    object_free(o);
+    return st;
+}
+
+ckptio_status ckptio__object_size(ckptio_file *f, uint64_t *out) {
+    *out = f->object->write ? ckptio__s3_upload_size(f->object->upload) : f->object->size;
+    return CKPTIO_OK;
+}
+
+ckptio_status ckptio__object_truncate(ckptio_file *f, uint64_t size) {
+    return ckptio__s3_upload_set_size(f->object->upload, size);
+}
+
+ckptio_status ckptio__object_commit(ckptio_file *f) {
+    ckptio__object *o = f->object;
+    f->closed_for_write = true;
+    if (o->exclusive) {
+        bool exists;
+        CKPTIO_FORWARD(object_exists(o, &exists));
+        if (exists) {
+            char shown[400];
+            ckptio__s3_display(o->bucket, o->key, shown, sizeof shown);
+            return CKPTIO_FAIL_CTX(CKPTIO_E_EXISTS, &((ckptio__err_ctx){.operation = "commit", .path = shown,
+                                                                        .file_offset = -1}),
+                                   "the object appeared while it was being written and CKPTIO_OPEN_EXCLUSIVE was "
+                                   "given");
+        }
+    }
+    CKPTIO_FORWARD(ckptio__s3_upload_commit(o->upload));
+    f->committed = true;
+    return CKPTIO_OK;
+}
+
+ckptio_status ckptio__object_close(ckptio_file *f) {
+    ckptio__object *o = f->object;
+    ckptio_status st = o->upload ? ckptio__s3_upload_close(o->upload) : CKPTIO_OK;
+    ckptio__io_engine_file_ref(f->engine, -1);
+    object_free(o);
+    pthread_mutex_destroy(&f->lock);
+    pthread_mutex_destroy(&f->write_turn);
+    ckptio__free(f->mode_from);
+    ckptio__free(f->path);
+    ckptio__free(f);
+    return st;
+}
+
+void ckptio__object_buffers(ckptio_file *f, uint64_t *peak, uint64_t *bound) {
+    *peak = *bound = 0;
+    if (f->object && f->object->upload) ckptio__s3_upload_buffers(f->object->upload, peak, bound);
+}
+
+static void op_failed(ckptio__io_op *op) {
+    op->err = EIO;
+    op->failure = ckptio__error_save();
+}
+
+void ckptio__object_io(ckptio__io_op *op) {
+    ckptio__object *o = op->object;
+    const uint64_t len = op->len - op->done;
+    unsigned char *buf = op->buf + op->done;
+    const uint64_t at = op->offset + op->done;
+    ckptio_status st;
+    op->requests++;
+    if (op->dir == CKPTIO_WRITE) st = ckptio__s3_upload_write(o->upload, at, buf, len);
+    else if (o->write) st = ckptio__s3_upload_read(o->upload, at, buf, len);
+    else st = ckptio__s3_get(o->client, o->bucket, o->key, o->etag, at, len, buf);
+    if (st != CKPTIO_OK) op_failed(op);
+    else op->done = op->len;
+}
+
+bool ckptio__object_async_read(ckptio__io_op *op, ckptio__s3_request *r) {
+    ckptio__object *o = op->object;
+    if (!o || o->write || op->dir != CKPTIO_READ || op->done >= op->len) return false;
+    ckptio__s3_request_init(r, o->client, "GET", o->bucket, o->key, "GET");
+    r->ranged = true;
+    r->range_off = op->offset + op->done;
+    r->range_len = op->len - op->done;
+    r->dst = op->buf + op->done;
+    r->dst_len = r->range_len;
+    r->if_match = o->etag[0] ? o->etag : NULL;
+    op->requests++;
+    return true;
+}
+
+void ckptio__object_io_done(ckptio__io_op *op, ckptio__s3_request *r) {
+    if (r->attempts > 1) op->retries += r->attempts - 1;
+    if (ckptio__s3_request_fail(r) != CKPTIO_OK) op_failed(op);
+    else op->done = op->len;
+    ckptio__s3_request_cleanup(r);
+}

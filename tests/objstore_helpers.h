@@ -1,0 +1,82 @@
+/*
+ * objstore_helpers.h - what the tests against a real S3 server share: the
+ * server from the environment (scripts/s3_server.sh start prints it; no
+ * server: the test exits 77, skipped), unique key prefixes per run, and the
+ * check that no message ever holds a credential.
+ */
+#ifndef CKPTIO_TEST_OBJSTORE_HELPERS_H
+#define CKPTIO_TEST_OBJSTORE_HELPERS_H
+
+#include "helpers.h"
+#include "io_internal.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+/* The test bucket, or a skip when no server is configured. */
+static inline const char *s3_test_bucket(void) {
+    const char *endpoint = getenv("AWS_ENDPOINT_URL");
+    const char *bucket = getenv("CKPTIO_TEST_S3_BUCKET");
+    if (!endpoint || !*endpoint || !bucket || !*bucket || !getenv("AWS_ACCESS_KEY_ID"))
+        t_skip("no S3 server: eval \"$(scripts/s3_server.sh start)\" first");
+    return bucket;
+}
+
+/* "s3://BUCKET/t-PID-RAND/NAME" (a static buffer per call, 8 in turn). */
+static inline const char *s3_url(const char *name) {
+    static char bufs[8][1400];
+    static int next;
+    static char run[32];
+    if (!run[0]) {
+        unsigned r;
+        t_fill_random(&r, sizeof r, (uint64_t)getpid() * 7919u + (uint64_t)time(NULL));
+        snprintf(run, sizeof run, "t-%d-%08x", (int)getpid(), r);
+    }
+    char *b = bufs[next++ % 8];
+    snprintf(b, sizeof bufs[0], "s3://%s/%s/%s", s3_test_bucket(), run, name);
+    return b;
+}
+
+/* The key part of an s3_url(). */
+static inline const char *s3_key_of(const char *url) { return strchr(url + 5, '/') + 1; }
+
+/* Fails when the thread's last error message holds a credential. */
+static inline void s3_no_secret_in_message(void) {
+    const char *m = ckptio_last_error_message();
+    const char *names[] = {"AWS_SECRET_ACCESS_KEY", "AWS_ACCESS_KEY_ID", "AWS_SESSION_TOKEN"};
+    for (size_t i = 0; i < 3; i++) {
+        const char *v = getenv(names[i]);
+        if (v && strlen(v) >= 4) T_ASSERT_MSG(!strstr(m, v), "the message holds %s: %s", names[i], m);
+    }
+    T_ASSERT_MSG(!strstr(m, "Signature=") && !strstr(m, "Credential="), "the message holds a signature: %s", m);
+}
+
+/* A client for the test bucket with default settings, `retries` retries
+ * and a short backoff (tests wait seconds, not minutes). */
+static inline ckptio__s3_client *s3_test_client(unsigned retries) {
+    ckptio__s3_settings s;
+    ckptio__s3_settings_default(&s);
+    s.retries = retries;
+    s.backoff_ms = 20;
+    s.timeout_ms = 5000;
+    s.deadline_ms = 60000;
+    s.part_bytes = CKPTIO__S3_MIN_PART;
+    ckptio__s3_client *c = NULL;
+    T_OK(ckptio__s3_client_create(&s, s3_test_bucket(), &c));
+    return c;
+}
+
+/* An engine with small parts and a short backoff. */
+static inline ckptio_engine *s3_test_engine(void) {
+    ckptio_engine *e;
+    T_OK(ckptio_engine_create(&e));
+    T_OK(ckptio_engine_set(e, CKPTIO_OPT_S3_PART_BYTES, 5 << 20));
+    T_OK(ckptio_engine_set(e, CKPTIO_OPT_S3_BACKOFF_MS, 20));
+    T_OK(ckptio_engine_set(e, CKPTIO_OPT_S3_TIMEOUT_MS, 5000));
+    T_OK(ckptio_engine_set(e, CKPTIO_OPT_SYNC, 0));
+    return e;
+}
+
+#endif

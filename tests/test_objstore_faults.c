@@ -1,0 +1,333 @@
+/*
+ * test_objstore_faults.c - the retry, give-up and abort paths of s3:// objects,
+ * with tests/s3_fault_proxy.py between ckptio and a real S3 server (skipped,
+ * exit 77, without one): reads and uploads that meet 503 SlowDown, 500s,
+ * dropped and reset connections, stalls and truncated bodies succeed
+ * bit-exact after N faults; past the retry budget or the deadline they fail
+ * with a message naming the bucket, the key and the last cause; a failed or
+ * killed upload leaves no object, no unfinished multipart upload, and the
+ * older object as it was.
+ */
+#include "objstore_helpers.h"
+
+#include <errno.h>
+#include <signal.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+
+static char upstream[512];
+static pid_t proxy_pid;
+static char proxy_log[1024];
+
+/* Starts the proxy with `rules` (NULL-terminated) and points AWS_ENDPOINT_URL at it. */
+static void proxy_start(const char *const *rules) {
+    static int serial;
+    const char *data = getenv("CKPTIO_TEST_DATA");
+    char script[1200], port_file[1024];
+    snprintf(script, sizeof script, "%s/../s3_fault_proxy.py", data ? data : "tests/data");
+    snprintf(port_file, sizeof port_file, "%s/proxy-%d.port", t_tmpdir(), serial);
+    snprintf(proxy_log, sizeof proxy_log, "%s/proxy-%d.log", t_tmpdir(), serial++);
+    const char *argv[32] = {"python3", script, "--upstream", upstream, "--port-file", port_file,
+                            "--log", proxy_log, "--max-seconds", "120"};
+    int argc = 10;
+    for (int i = 0; rules[i] && argc < 30; i++) {
+        argv[argc++] = "--rule";
+        argv[argc++] = rules[i];
+    }
+    argv[argc] = NULL;
+    fflush(NULL);
+    proxy_pid = fork();
+    T_ASSERT(proxy_pid >= 0);
+    if (proxy_pid == 0) {
+        execvp("python3", (char *const *)argv);
+        _exit(127);
+    }
+    char port[32] = "";
+    for (int i = 0; i < 200 && !port[0]; i++) {
+        FILE *f = fopen(port_file, "r");
+        if (f) {
+            if (!fgets(port, sizeof port, f)) port[0] = '\0';
+            fclose(f);
+        }
+        if (!port[0]) usleep(50 * 1000);
+    }
+    T_ASSERT_MSG(port[0], "the fault proxy did not start (%s)", script);
+    char url[128];
+    snprintf(url, sizeof url, "http://127.0.0.1:%s", port);
+    setenv("AWS_ENDPOINT_URL", url, 1);
+}
+
+/* Stops the proxy; returns how many requests met `action`. */
+static int proxy_stop(const char *action) {
+    kill(proxy_pid, SIGTERM);
+    int status;
+    waitpid(proxy_pid, &status, 0);
+    setenv("AWS_ENDPOINT_URL", upstream, 1);
+    size_t len = 0;
+    char *raw = t_read_file(proxy_log, &len), *log = calloc(1, len + 1);
+    if (raw && log) memcpy(log, raw, len);
+    free(raw);
+    char needle[64];
+    snprintf(needle, sizeof needle, "\"action\": \"%s\"", action);
+    int n = 0;
+    for (char *p = log; p && *p && (p = strstr(p, needle)); p += strlen(needle)) n++;
+    free(log);
+    return n;
+}
+
+static unsigned char *random_bytes(size_t n, uint64_t seed) {
+    unsigned char *b = malloc(n);
+    T_ASSERT(b);
+    t_fill_random(b, n, seed);
+    return b;
+}
+
+/* An engine through the proxy: 5 MiB parts, 4 retries, 1 s stall timeout. */
+static ckptio_engine *fault_engine(unsigned retries) {
+    ckptio_engine *e = s3_test_engine();
+    T_OK(ckptio_engine_set(e, CKPTIO_OPT_S3_RETRIES, retries));
+    T_OK(ckptio_engine_set(e, CKPTIO_OPT_S3_TIMEOUT_MS, 1000));
+    T_OK(ckptio_engine_set(e, CKPTIO_OPT_S3_CONCURRENCY, 4));
+    T_OK(ckptio_engine_set(e, CKPTIO_OPT_CHUNK_BYTES, 2 << 20));
+    return e;
+}
+
+static void put_direct(const char *url, const void *data, size_t n) {
+    ckptio_engine *e = s3_test_engine();
+    ckptio_file *f;
+    T_OK(ckptio_file_open(e, url, CKPTIO_OPEN_WRITE, &f));
+    if (n) T_OK(ckptio__file_io(f, CKPTIO_WRITE, (void *)data, n, 0));
+    T_OK(ckptio_file_commit(f));
+    T_OK(ckptio_file_close(f));
+    T_OK(ckptio_engine_destroy(e));
+}
+
+/* Reads the whole object through the engine (many ranged GETs in flight). */
+static ckptio_status read_all(ckptio_engine *e, const char *url, unsigned char *out, size_t n) {
+    ckptio_file *f;
+    CKPTIO_FORWARD(ckptio_file_open(e, url, CKPTIO_OPEN_READ, &f));
+    const ckptio_extent x = {.file = f, .file_offset = 0, .length = n, .memory = out, .mem_kind = CKPTIO_MEM_HOST};
+    ckptio_status st = ckptio_engine_execute_extents(e, CKPTIO_READ, &x, 1);
+    ckptio_error_info saved = *ckptio_last_error();
+    char message[2048];
+    snprintf(message, sizeof message, "%s", saved.message);
+    T_OK(ckptio_file_close(f));
+    if (st != CKPTIO_OK)
+        return CKPTIO_FAIL_CTX(st, &((ckptio__err_ctx){.verbatim = true, .file_offset = -1}), "%s", message);
+    return st;
+}
+
+static void test_reads_retry(void) {
+    const char *url = s3_url("read.bin");
+    const size_t n = 9u << 20;
+    unsigned char *data = random_bytes(n, 11), *back = malloc(n);
+    put_direct(url, data, n);
+    struct {
+        const char *rule, *action;
+        int want;
+    } cases[] = {
+        {"GET:read.bin:slowdown:3", "slowdown", 3},
+        {"GET:read.bin:error:500:2", "error", 2},
+        {"GET:read.bin:drop:2", "drop", 2},
+        {"GET:read.bin:reset:2", "reset", 2},
+        {"GET:read.bin:truncate:100000:3", "truncate", 3}, /* resumed where the bytes stopped */
+        {"GET:read.bin:stall:4:1", "stall", 1},            /* no byte for 1 s: that attempt fails */
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
+        const char *rules[] = {cases[i].rule, NULL};
+        proxy_start(rules);
+        ckptio_engine *e = fault_engine(4);
+        memset(back, 0, n);
+        ckptio_stats st0, st1;
+        T_OK(ckptio_engine_stats(e, &st0));
+        T_OK(read_all(e, url, back, n));
+        T_OK(ckptio_engine_stats(e, &st1));
+        T_ASSERT_MSG(memcmp(back, data, n) == 0, "%s: bytes differ", cases[i].rule);
+        T_ASSERT_MSG(st1.retries - st0.retries >= (uint64_t)cases[i].want, "%s: %llu retries counted",
+                     cases[i].rule, (unsigned long long)(st1.retries - st0.retries));
+        T_OK(ckptio_engine_destroy(e));
+        const int got = proxy_stop(cases[i].action);
+        T_ASSERT_MSG(got == cases[i].want, "%s: %d faults injected", cases[i].rule, got);
+    }
+    free(data);
+    free(back);
+}
+
+static int count_fn(void *user, const ckptio_object_info *info) {
+    (*(int *)user)++;
+    return 0;
+}
+
+static int uploads_of(const char *url) {
+    ckptio_engine *e = s3_test_engine();
+    int n = 0;
+    T_OK(ckptio_object_list_uploads(e, url, count_fn, &n));
+    T_OK(ckptio_engine_destroy(e));
+    return n;
+}
+
+static ckptio_status write_object(ckptio_engine *e, const char *url, const unsigned char *data, size_t n) {
+    ckptio_file *f;
+    CKPTIO_FORWARD(ckptio_file_open(e, url, CKPTIO_OPEN_WRITE, &f));
+    ckptio_status st = ckptio_file_truncate(f, n);
+    const ckptio_extent x = {.file = f, .file_offset = 0, .length = n, .memory = (void *)data,
+                             .mem_kind = CKPTIO_MEM_HOST};
+    if (st == CKPTIO_OK) st = ckptio_engine_execute_extents(e, CKPTIO_WRITE, &x, 1);
+    if (st == CKPTIO_OK) st = ckptio_file_commit(f);
+    ckptio__error_saved *saved = ckptio__error_save();
+    T_OK(ckptio_file_close(f)); /* aborts the upload when the commit did not happen */
+    ckptio__error_restore(saved);
+    return st;
+}
+
+static void test_uploads_retry(void) {
+    const char *url = s3_url("upload.bin");
+    const size_t n = (17u << 20) + 3;
+    unsigned char *data = random_bytes(n, 12), *back = malloc(n);
+    struct {
+        const char *rule, *action;
+        int want;
+    } cases[] = {
+        {"PUT:partNumber:slowdown:3", "slowdown", 3},
+        {"PUT:partNumber:reset:2", "reset", 2},
+        {"PUT:partNumber:drop:2:1", "drop", 2},
+        {"POST:[?]uploads:error:503:2", "error", 2},     /* CreateMultipartUpload */
+        {"POST:uploadId:slowdown:2", "slowdown", 2},      /* CompleteMultipartUpload */
+        {"POST:uploadId:lose:1", "lose", 1},              /* completed, answer lost: the ETag check */
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
+        const char *rules[] = {cases[i].rule, NULL};
+        proxy_start(rules);
+        ckptio_engine *e = fault_engine(4);
+        data[0] = (unsigned char)i;
+        T_OK(write_object(e, url, data, n));
+        T_OK(ckptio_engine_destroy(e));
+        const int got = proxy_stop(cases[i].action);
+        T_ASSERT_MSG(got == cases[i].want, "%s: %d faults injected", cases[i].rule, got);
+        e = s3_test_engine();
+        memset(back, 0, n);
+        T_OK(read_all(e, url, back, n));
+        T_ASSERT_MSG(memcmp(back, data, n) == 0, "%s: bytes differ", cases[i].rule);
+        T_OK(ckptio_engine_destroy(e));
+        T_ASSERT_MSG(uploads_of(url) == 0, "%s: an upload was left", cases[i].rule);
+    }
+    /* A single PUT (one part) retries too. */
+    const char *small = s3_url("small-put.bin");
+    const char *rules[] = {"PUT:small-put:slowdown:2", NULL};
+    proxy_start(rules);
+    ckptio_engine *e = fault_engine(4);
+    T_OK(write_object(e, small, data, 1000));
+    T_OK(ckptio_engine_destroy(e));
+    T_ASSERT(proxy_stop("slowdown") == 2);
+    free(data);
+    free(back);
+}
+
+static void test_give_up(void) {
+    const char *url = s3_url("giveup.bin");
+    const size_t n = 3u << 20;
+    unsigned char *data = random_bytes(n, 13), *back = malloc(n);
+    put_direct(url, data, n);
+    /* Past the retry budget: the last cause, the attempts, bucket and key. */
+    const char *rules[] = {"GET:giveup:slowdown:1000", NULL};
+    proxy_start(rules);
+    ckptio_engine *e = fault_engine(2);
+    const double t0 = ckptio__now();
+    T_STATUS(read_all(e, url, back, n), CKPTIO_E_IO);
+    T_ASSERT(ckptio__now() - t0 < 30);
+    T_MESSAGE_HAS("SlowDown");
+    T_MESSAGE_HAS("gave up after 3 attempts");
+    T_MESSAGE_HAS(s3_test_bucket());
+    T_MESSAGE_HAS(s3_key_of(url));
+    s3_no_secret_in_message();
+    T_OK(ckptio_engine_destroy(e));
+    proxy_stop("slowdown");
+    /* Past the deadline: stalls of 10 s against a 3 s deadline. */
+    const char *stall[] = {"GET:giveup:stall:10:1000", NULL};
+    proxy_start(stall);
+    e = fault_engine(50);
+    T_OK(ckptio_engine_set(e, CKPTIO_OPT_S3_DEADLINE_MS, 3000));
+    const double t1 = ckptio__now();
+    T_STATUS(read_all(e, url, back, n), CKPTIO_E_IO);
+    const double took = ckptio__now() - t1;
+    T_ASSERT_MSG(took < 8, "gave up after %.1f s", took);
+    T_MESSAGE_HAS("deadline 3 s");
+    T_MESSAGE_HAS(s3_key_of(url));
+    T_OK(ckptio_engine_destroy(e));
+    proxy_stop("stall");
+    /* The server gone: connection refused, retried, then a clear error. */
+    setenv("AWS_ENDPOINT_URL", "http://127.0.0.1:1", 1);
+    e = fault_engine(1);
+    ckptio_file *f;
+    T_STATUS(ckptio_file_open(e, url, CKPTIO_OPEN_READ, &f), CKPTIO_E_IO);
+    T_MESSAGE_HAS("HEAD");
+    T_MESSAGE_HAS(s3_key_of(url));
+    T_MESSAGE_HAS("gave up after 2 attempts");
+    T_OK(ckptio_engine_destroy(e));
+    setenv("AWS_ENDPOINT_URL", upstream, 1);
+    free(data);
+    free(back);
+}
+
+static void test_failed_upload_leaves_nothing(void) {
+    const char *url = s3_url("precious.bin");
+    const size_t old_n = 2u << 20, n = 21u << 20;
+    unsigned char *old = random_bytes(old_n, 14), *data = random_bytes(n, 15), *back = malloc(old_n);
+    put_direct(url, old, old_n);
+    /* Every part upload reset: the save fails, naming the key; the upload is aborted. */
+    const char *rules[] = {"PUT:partNumber:reset:100000", NULL};
+    proxy_start(rules);
+    ckptio_engine *e = fault_engine(2);
+    const ckptio_status st = write_object(e, url, data, n);
+    T_ASSERT_MSG(st == CKPTIO_E_IO, "status %d", st);
+    T_MESSAGE_HAS("UploadPart");
+    T_MESSAGE_HAS(s3_key_of(url));
+    s3_no_secret_in_message();
+    T_OK(ckptio_engine_destroy(e));
+    T_ASSERT(proxy_stop("reset") >= 3);
+    T_ASSERT(uploads_of(url) == 0);
+    e = s3_test_engine();
+    ckptio_file *f;
+    uint64_t size;
+    T_OK(ckptio_file_open(e, url, CKPTIO_OPEN_READ, &f));
+    T_OK(ckptio_file_size(f, &size));
+    T_ASSERT(size == old_n);
+    T_OK(ckptio__file_io(f, CKPTIO_READ, back, old_n, 0));
+    T_ASSERT(memcmp(back, old, old_n) == 0);
+    T_OK(ckptio_file_close(f));
+    /* The complete refused for good (a 400 is not retried): aborted too. */
+    const char *refuse[] = {"POST:uploadId:error:400:1", NULL};
+    proxy_start(refuse);
+    T_STATUS(write_object(e, url, data, n), CKPTIO_E_INVAL);
+    T_MESSAGE_HAS("CompleteMultipartUpload");
+    T_ASSERT(proxy_stop("error") == 1);
+    T_ASSERT(uploads_of(url) == 0);
+    T_OK(ckptio_file_open(e, url, CKPTIO_OPEN_READ, &f));
+    T_OK(ckptio_file_size(f, &size));
+    T_ASSERT(size == old_n);
+    T_OK(ckptio_file_close(f));
+    /* A download that breaks for good leaves the caller an error, not partial bytes presented as whole. */
+    const char *cut[] = {"GET:precious:truncate:1000:100000", NULL};
+    proxy_start(cut);
+    ckptio_engine *e2 = fault_engine(2);
+    T_STATUS(read_all(e2, url, back, old_n), CKPTIO_E_IO);
+    T_MESSAGE_HAS("cut short");
+    T_OK(ckptio_engine_destroy(e2));
+    proxy_stop("truncate");
+    T_OK(ckptio_object_delete(e, url));
+    T_OK(ckptio_engine_destroy(e));
+    free(old);
+    free(data);
+    free(back);
+}
+
+int main(void) {
+    s3_test_bucket();
+    snprintf(upstream, sizeof upstream, "%s", getenv("AWS_ENDPOINT_URL"));
+    signal(SIGPIPE, SIG_IGN);
+    T_RUN(test_reads_retry);
+    T_RUN(test_uploads_retry);
+    T_RUN(test_give_up);
+    T_RUN(test_failed_upload_leaves_nothing);
+    return T_EXIT_PASS;
+}
