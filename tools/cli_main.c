@@ -42,7 +42,8 @@ static void print_help(void) {
           "  -h, --help     show this help (or 'ckptio COMMAND --help' for a command)\n"
           "  -V, --version  show the version of ckptio and of the library it runs\n"
           "\nexit status: 0 success, 1 failure (invalid file, I/O error), 2 bad command line,\n"
-          "130 / 143 interrupted by SIGINT / SIGTERM (the work in flight canceled and cleaned up).\n"
+          "130 / 143 interrupted by SIGINT / SIGTERM (the work in flight canceled and\n"
+          "cleaned up).\n"
           "Engine settings come from the environment: CKPTIO_THREADS, CKPTIO_BACKEND,\n"
           "CKPTIO_DIRECT, CKPTIO_CHUNK_BYTES, ... (docs/CLI.md).\n",
           stdout);

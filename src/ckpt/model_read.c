@@ -353,7 +353,7 @@ ckptio_status ckptio_model_read(ckptio_model *m, const ckptio_slice_target *targ
                                      &npieces)) != CKPTIO_OK)
             goto out;
         size_t extents = 0;
-        ckptio_plan_count(plan, &extents);
+        ckptio__plan_count(plan, &extents);
         if (extents && (st = ckptio_engine_execute(m->engine, plan)) != CKPTIO_OK) goto out;
         scatter_pieces(targets, p, buf, pieces, npieces);
         ckptio_plan_destroy(plan);

@@ -275,7 +275,15 @@ static void data_check(ckptio_engine *engine, const char *dir, const ckptio__ste
         set_state(out, CKPTIO_STEP_DAMAGED, "out of memory checking %s", dir);
         goto out;
     }
-    if (ckptio_dcp_manifest(h, &manifest) == CKPTIO_OK) {
+    /* Only a manifest that is not there means "saved without checksums"
+     * (ckptio_dcp_validate's rule); one that is there but is not a regular
+     * file (a FIFO, a device) is damage. */
+    const ckptio_status has = ckptio_dcp_manifest(h, &manifest);
+    if (has != CKPTIO_OK && has != CKPTIO_E_NOT_FOUND) {
+        set_state(out, CKPTIO_STEP_DAMAGED, "%s", ckptio_last_error_message());
+        goto out;
+    }
+    if (has == CKPTIO_OK) {
         struct stat sb;
         char *path = ckptio__dcp_join(dir, manifest);
         const bool present = path && lstat(path, &sb) == 0 && S_ISREG(sb.st_mode);

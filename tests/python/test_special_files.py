@@ -133,8 +133,10 @@ def test_manager_root(manager_root, tmp_path, kind):
             save = got[(name, "save")]["outcome"]
             assert refused(save, kind) and ".ckptio-dcp.lock" in save, save
             assert got[(name, "load")]["outcome"] == "ok 200"
-        elif name == ".ckptio-dcp.lock":  # a step's own lock file is not read back
+        elif name in (".ckptio-dcp.lock", ".ckptio-step-begun"):
+            # Never read back: a step's own lock file, and its begun mark (only its presence counts).
             assert got[(name, "load")]["outcome"] == "ok 200"
+            assert got[(name, "save")]["outcome"] == "ok 300", (name, got[(name, "save")])
         else:
             # The step is damaged: skipped (the reason is logged), the older one loads.
             assert got[(name, "load")]["outcome"] == "ok 100", (name, got[(name, "load")])
@@ -151,6 +153,12 @@ def test_manager_root(manager_root, tmp_path, kind):
         elif name == "ROOT/.ckptio-dcp.lock":
             assert ins.returncode == 0 and ver.returncode == 0, (ins, ver)
             assert cln.returncode == 1 and refused(cln.stderr, kind) and ".ckptio-dcp.lock" in cln.stderr, cln
+            continue
+        elif name == ".ckptio-step-begun":
+            # The step is whole, but removal refuses what the manager does not make: it is left alone.
+            assert ins.returncode == 0 and name in ins.stdout and "removal leaves this step whole" in ins.stdout, ins
+            assert ver.returncode == 0 and "step 200: ok" in ver.stdout, ver
+            assert cln.returncode == 0 and "left step 200 alone" in cln.stdout and name in cln.stdout, cln
             continue
         elif name != ".ckptio-dcp.lock":
             assert ver.returncode == 1 and "step 200: damaged" in ver.stderr and name in ver.stderr, ver
