@@ -155,7 +155,17 @@ static ckptio_status open_lock_file(const char *dir, const char *path, const cha
     return CKPTIO_OK;
 }
 
-/* ", held by pid N[, M]" from /proc/locks for the lock file, or "". */
+/* Whether `pid` is among the pids listed in `out` so far (", held by pid N, M"). */
+static bool listed(const char *out, const char *pid) {
+    const size_t n = strlen(pid);
+    for (const char *at = strstr(out, pid); at; at = strstr(at + 1, pid))
+        if (at[-1] == ' ' && (at[n] == ',' || at[n] == '\0')) return true;
+    return false;
+}
+
+/* ", held by pid N[, M]" from /proc/locks for the lock file, or "". Each
+ * pid once: /proc/locks is read in pieces, and a list that changes between
+ * them (other processes' locks) can show an entry twice. */
 static void holders(const struct stat *sb, char *out, size_t cap) {
     out[0] = '\0';
     char key[64], line[256];
@@ -167,7 +177,7 @@ static void holders(const struct stat *sb, char *out, size_t cap) {
         /* "1: FLOCK  ADVISORY  WRITE 1234 08:01:5678 0 EOF" ("->" marks waiters) */
         char id[32], type[32], adv[32], mode[32], pid[32], where[64];
         if (sscanf(line, "%31s %31s %31s %31s %31s %63s", id, type, adv, mode, pid, where) != 6) continue;
-        if (strcmp(type, "FLOCK") != 0 || strcmp(where, key) != 0) continue;
+        if (strcmp(type, "FLOCK") != 0 || strcmp(where, key) != 0 || (pos && listed(out, pid))) continue;
         const int n = snprintf(out + pos, cap - pos, "%s%s", pos ? ", " : ", held by pid ", pid);
         if (n < 0 || (size_t)n >= cap - pos) break;
         pos += (size_t)n;
