@@ -189,7 +189,9 @@ CKPTIO_API ckptio_status ckptio_dcp_check(ckptio_dcp *dcp, ckptio_dcp_verify_rep
  * another writer saved the directory, or the manifest is gone),
  * ckptio_dcp_check(), which is not a failure: *manifest (may be NULL)
  * receives the manifest's name, or NULL when the structure was checked and
- * the bytes were not compared with checksums. Errors as those two give. */
+ * the bytes were not compared with checksums. A manifest that is there but
+ * is not a regular file fails as ckptio_dcp_manifest() says (CKPTIO_E_FORMAT
+ * naming it), never taken as absent. Errors as those two give. */
 CKPTIO_API ckptio_status ckptio_dcp_validate(ckptio_dcp *dcp, ckptio_dcp_verify_report *report,
                                              const char **manifest);
 
@@ -285,14 +287,14 @@ enum ckptio_dcp_item_flags {
     CKPTIO_DCP_ITEM_HASH = 1u << 2
 };
 
-/* Block size of the parts of an item hashed from GPU memory. */
+/* Block size of the parts of an item hashed in parts (GPU storages, large host storages). */
 #define CKPTIO_DCP_PART_BYTES (4u << 20)
 
 /* One hashed range of an item: XXH3-64 of the stored bytes
  * [item offset + offset, + length). The parts of an item tile its stored
- * bytes in order: each host piece of the archive (zip headers, pickle,
- * directory) is one part, a GPU storage is cut into CKPTIO_DCP_PART_BYTES
- * blocks counted from the storage's first byte. */
+ * bytes in order: each metadata piece of the archive (zip headers, pickle,
+ * directory) is one part, a storage hashed in blocks is cut into
+ * CKPTIO_DCP_PART_BYTES blocks counted from the storage's first byte. */
 typedef struct ckptio_dcp_part {
     uint64_t offset;              /* from the item's first stored byte */
     uint64_t length;
@@ -311,8 +313,9 @@ typedef struct ckptio_dcp_item {
     uint64_t length;              /* stored bytes (the compressed size with ZSTD) */
     uint64_t hash;                /* XXH3-64 of the stored bytes when hashed */
     int hashed;
-    /* Instead of `hash`, for an archive with HASH whose storage is in GPU
-     * memory: nparts hashed ranges (library memory, freed by
+    /* Instead of `hash`, for an archive with HASH (without ZSTD) whose
+     * storage is in GPU memory, or whose host storages hold at least
+     * 2 x CKPTIO_DCP_PART_BYTES: nparts hashed ranges (library memory, freed by
      * ckptio_dcp_items_release() or by the next ckptio_dcp_write() on the
      * same items). NULL / 0 otherwise. Zero-initialise items before the
      * first call. */
@@ -332,8 +335,10 @@ typedef struct ckptio_dcp_item {
  * be bound and stay valid until the call returns. Each file is truncated
  * to the end of its last item but not committed: the caller commits it
  * (ckptio_file_commit).
- * Parts of GPU items are hashed by the plan's observer on the staging
- * copies; a block the staging could not hold whole (CKPTIO_OPT_STAGING_BYTES
+ * Parts are hashed by the plan's observer: blocks of a large host storage
+ * by the worker that writes them, right after handing them to the kernel
+ * (so hashing overlaps the other workers' writes), those of GPU items on
+ * the staging copies; a block the staging could not hold whole (CKPTIO_OPT_STAGING_BYTES
  * below 4 x (CKPTIO_DCP_PART_BYTES + 4 KiB)) is hashed by reading it back
  * from the (uncommitted) file.
  * @return CKPTIO_OK with offset/length/hash (or parts) filled; on failure the error

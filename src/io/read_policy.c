@@ -70,12 +70,15 @@ bool ckptio__read_policy_cache(const ckptio_engine *engine, uint64_t footprint) 
     return available != 0 && footprint <= available / CACHE_SHARE;
 }
 
+/* A released file (ckptio__file_release) counts by its size at open. */
 static uint64_t file_size(const ckptio_file *f) {
     struct stat sb;
+    if (f->fd < 0) return f->opened_size;
     return fstat(f->fd, &sb) == 0 && sb.st_size > 0 ? (uint64_t)sb.st_size : 0;
 }
 
-void ckptio__read_policy_apply(ckptio_engine *engine, const ckptio_extent *ext, size_t count) {
+/* 1: the cold reads of these extents go through the page cache; -1: O_DIRECT. */
+static int decide(ckptio_engine *engine, const ckptio_extent *ext, size_t count) {
     enum { MAX_FILES = 64 }; /* beyond that, further files count by the bytes read */
     ckptio_file *files[MAX_FILES];
     size_t nfiles = 0;
@@ -97,10 +100,36 @@ void ckptio__read_policy_apply(ckptio_engine *engine, const ckptio_extent *ext, 
     }
     const bool mostly_gpu = gpu_bytes * 2 > all_bytes;
     const bool forced_on = ckptio__io_engine_setting(engine, CKPTIO_OPT_READ_CACHE) == CKPTIO_READ_CACHE_ON;
-    const int cache =
-        (forced_on || !mostly_gpu) && ckptio__read_policy_cache(engine, footprint + overflow_bytes) ? 1 : -1;
+    return (forced_on || !mostly_gpu) && ckptio__read_policy_cache(engine, footprint + overflow_bytes) ? 1 : -1;
+}
+
+static void store(const ckptio_extent *ext, size_t count, int cache) {
     for (size_t i = 0; i < count; i++)
         if (ext[i].length) atomic_store_explicit(&ext[i].file->read_cache, cache, memory_order_relaxed);
+}
+
+/* A decision held for a read of several plans: +-2 (+-1 once released). */
+#define HELD 2
+
+void ckptio__read_policy_apply(ckptio_engine *engine, const ckptio_extent *ext, size_t count) {
+    bool held = true;
+    for (size_t i = 0; held && i < count; i++)
+        if (ext[i].length) held = abs(atomic_load_explicit(&ext[i].file->read_cache, memory_order_relaxed)) == HELD;
+    if (!held) store(ext, count, decide(engine, ext, count));
+}
+
+void ckptio__read_policy_hold(ckptio_engine *engine, const ckptio_extent *ext, size_t count, uint64_t total) {
+    if (ckptio__io_engine_setting(engine, CKPTIO_OPT_DIRECT) == CKPTIO_DIRECT_AUTO &&
+        total >= (uint64_t)ckptio__io_engine_setting(engine, CKPTIO_OPT_DIRECT_MIN_BYTES))
+        store(ext, count, HELD * decide(engine, ext, count));
+}
+
+void ckptio__read_policy_unhold(const ckptio_extent *ext, size_t count) {
+    for (size_t i = 0; i < count; i++) {
+        const int d = atomic_load_explicit(&ext[i].file->read_cache, memory_order_relaxed);
+        if (ext[i].length && abs(d) == HELD)
+            atomic_store_explicit(&ext[i].file->read_cache, d / HELD, memory_order_relaxed);
+    }
 }
 
 bool ckptio__read_buffered(ckptio_file *f, uint64_t offset, uint64_t len) {

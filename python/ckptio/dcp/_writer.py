@@ -44,7 +44,7 @@ from torch.distributed.checkpoint.planner import SavePlan, SavePlanner, WriteIte
 from torch.distributed.checkpoint.storage import WriteResult
 from torch.futures import Future
 
-from .. import _adapt, _ckptio, _snapshot
+from .. import _adapt, _ckptio, _files, _snapshot
 from .._ckptio import Engine
 from . import _byte_items, _commit, _lock, _objects
 
@@ -132,8 +132,7 @@ def _take_block_hashes(path: str, engine=None) -> Dict[str, List[tuple]]:
         doc = json.loads(_objects.read(manifest, engine))
         _objects.remove(manifest, engine)  # a crash before this leaves an object remove_stale() recognises
     else:
-        with open(manifest, "rb") as f:
-            doc = json.load(f)
+        doc = json.loads(_files.read_file(manifest))
         os.unlink(manifest)  # a crash before this leaves a file remove_stale() recognises
     block = int(doc["block_bytes"])
     out: Dict[str, List[tuple]] = {}
