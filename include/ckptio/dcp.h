@@ -777,7 +777,23 @@ CKPTIO_API ckptio_status ckptio_dcp_lock_acquire(const char *dir, const char *re
 /*! ckptio_dcp_lock_query() : what `lock` holds. */
 CKPTIO_API ckptio_status ckptio_dcp_lock_query(const ckptio_dcp_lock *lock, ckptio_dcp_lock_info *out);
 
-/*! ckptio_dcp_lock_release() : unlocks (LOCK_UN) and closes; accepts NULL. */
+/*! ckptio_dcp_lock_check() :
+ * CKPTIO_OK while `lock` still holds its directory. A flock is held until
+ * released (always CKPTIO_OK). A directory in object storage
+ * ("s3://BUCKET/PREFIX") has no flock: ckptio_dcp_lock_acquire() takes a
+ * lease there instead, the object PREFIX/.ckptio-dcp.lock that a thread
+ * renews while it is held (lapsing CKPTIO_OPT_S3_LEASE_MS after its last
+ * renewal), created with If-None-Match where the server has conditional
+ * writes and else written and read back (docs/OBJECT_STORAGE.md). This
+ * reads it again: CKPTIO_E_BUSY once another save took it over or it
+ * lapsed; a save calls it right before its .metadata and before removing
+ * older saves' files, and stops when it fails. A shared acquisition on an
+ * object store only waits until no exclusive lease is held and holds
+ * nothing; CKPTIO_DCP_LOCK_QUEUED has no turn there. */
+CKPTIO_API ckptio_status ckptio_dcp_lock_check(ckptio_dcp_lock *lock);
+
+/*! ckptio_dcp_lock_release() : unlocks (LOCK_UN) and closes (a lease: stops
+ * renewing it and deletes it when it is still this holder's); accepts NULL. */
 CKPTIO_API ckptio_status ckptio_dcp_lock_release(ckptio_dcp_lock *lock);
 
 #ifdef __cplusplus

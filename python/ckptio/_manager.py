@@ -137,7 +137,7 @@ class CheckpointManager:
         self._decide(self._retain_existing, "CheckpointManager")
 
     def _retain_existing(self) -> None:
-        if (self.keep_last is None and self.keep_every is None) or not os.path.isdir(self.root):
+        if (self.keep_last is None and self.keep_every is None) or not _is_dir(self.root):
             return
         lock = _lock(self.root)
         try:
@@ -304,7 +304,7 @@ class CheckpointManager:
         """A job that resumed from an older step past a damaged one saves
         that step number again: the damaged step goes (a complete one is
         never replaced: steps_begin refuses it)."""
-        if not os.path.isdir(self.step_dir(step)):
+        if not _is_dir(self.step_dir(step)):
             return
         info = _ckptio.steps_check(self.root, step, self.check, engine=self.engine)
         if info[1] == "damaged":
@@ -510,8 +510,16 @@ def _lock(root: str):
     return _ckptio.dcp_lock_acquire(root, None, False, -1.0, None, True)
 
 
+def _is_dir(path: str) -> bool:
+    """A local directory, or a prefix in object storage with objects under it."""
+    if _ckptio.path_is_object(path):
+        return _ckptio.object_stat(path + "/")[0] == "directory"
+    return os.path.isdir(path)
+
+
 def _ensure_root(root: str) -> str:
-    os.makedirs(root, exist_ok=True)
+    if not _ckptio.path_is_object(root):  # a prefix in object storage needs no creating
+        os.makedirs(root, exist_ok=True)
     return root
 
 
