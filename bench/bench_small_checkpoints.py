@@ -210,11 +210,16 @@ def two_ranks(size, reps, base):
     import torch.multiprocessing as mp
     ctx = mp.get_context("spawn")
     queue = ctx.Queue()
-    store = os.path.join(base, "store")
+    store = os.path.join(base, f"store_{size}")  # a FileStore's file serves one process group only
     procs = [ctx.Process(target=_rank_main, args=(r, 2, store, base, size, reps, queue)) for r in range(2)]
     for p in procs:
         p.start()
-    result = queue.get(timeout=600)
+    try:
+        result = queue.get(timeout=600)
+    except Exception:
+        for p in procs:
+            p.kill()
+        raise
     for p in procs:
         p.join(60)
     return result

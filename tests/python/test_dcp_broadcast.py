@@ -200,6 +200,14 @@ def save_plain(path, fmt="torch_save"):
         dcp.save(make_state(), storage_writer=cdcp.FileSystemWriter(path, **kw), no_dist=True)
 
 
+def save_columns(path):
+    state_py = {}
+    exec(STATE, state_py)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        dcp.save(state_py["columns"](), storage_writer=cdcp.FileSystemWriter(path), no_dist=True)
+
+
 @pytest.mark.parametrize("world,fmt,budget", [(2, "torch_save", 1 << 30), (3, "safetensors", 1 << 30),
                                               (3, "zstd", 1 << 30), (2, "torch_save", 50_000)])
 def test_replicated_load_reads_storage_once(tmp_path, world, fmt, budget):
@@ -223,11 +231,7 @@ def test_columns_read_as_spans_are_read_once(tmp_path, broadcast, budget):
     row pieces, each rank's columns cut from each); D's halves (64 runs each) stay direct. With
     broadcast=False both ranks read all of C."""
     path = tmp_path / "cols"
-    state_py = {}
-    exec(STATE, state_py)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        dcp.save(state_py["columns"](), storage_writer=cdcp.FileSystemWriter(path), no_dist=True)
+    save_columns(path)
     stats = stats_of(run_ranks(tmp_path, 2, path, {"mode": "columns", "broadcast": broadcast, "budget": budget}))
     total, c_bytes = stored_bytes(path), 5000 * 8 * 4
     if broadcast is False:  # each rank: D's half directly, C's span from its first column to its last
@@ -274,11 +278,7 @@ def test_auto_on_gloo_reads_its_own(tmp_path):
     assert [s["bytes_read"] for s in stats] == [total, total]
     assert all(s["items_shared"] == 0 and s["bytes_received"] == s["bytes_broadcast_sent"] == 0 for s in stats)
     cols = tmp_path / "cols"
-    state_py = {}
-    exec(STATE, state_py)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        dcp.save(state_py["columns"](), storage_writer=cdcp.FileSystemWriter(cols), no_dist=True)
+    save_columns(cols)
     stats = stats_of(run_ranks(tmp_path, 2, cols, {"mode": "columns", "broadcast": "auto"}))
     assert all(s["items_shared"] == 0 and s["bytes_received"] == 0 for s in stats)
 
