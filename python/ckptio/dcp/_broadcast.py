@@ -57,9 +57,9 @@ def auto_shares(backend: str, cuda: bool, remote: bool) -> bool:
     collective. Over NCCL (the backend includes it and CUDA is there) the bytes
     move between GPUs faster than storage gives them. Over any other backend
     (gloo: host memory through TCP, one thread per collective) a broadcast is
-    slower than each rank reading a local or page-cached file: measured 3-7x
-    slower on gloo (BENCHMARKS.md, "Small checkpoints (DCP)"), so every rank
-    reads its own bytes. The same on every rank (one backend, one path)."""
+    slower than each rank reading a local or page-cached file (BENCHMARKS.md,
+    "Small checkpoints (DCP)"), so every rank reads its own bytes. The same on
+    every rank (one backend, one path)."""
     return remote or ("nccl" in backend.lower() and cuda)
 
 
