@@ -546,11 +546,11 @@ static ckptio_status run_host(exec *x) {
     if (per > x->chunk * depth) per = x->chunk * depth;
     per = ckptio__align_down(per, ALIGN);
     x->bounce_limit = per < ALIGN ? ALIGN : (size_t)per;
-    /* A small plan never needs more bounce than its own bytes (one block per operation at least): a
-     * buffer sized to the bound would be faulted in and pinned for nothing, the fixed cost of a fresh
-     * engine's first small transfer. */
-    const uint64_t need = ckptio__align_up(x->host_bytes, ALIGN) > (uint64_t)depth * ALIGN
-                              ? ckptio__align_up(x->host_bytes, ALIGN) : (uint64_t)depth * ALIGN;
+    /* A small plan never needs more bounce per worker than its share of the bytes (one block per
+     * operation at least): a buffer sized to the bound would be faulted in and pinned for nothing, the
+     * fixed cost of a fresh engine's first small transfer. */
+    const uint64_t share = ckptio__align_up((x->host_bytes + nworkers - 1) / nworkers, ALIGN);
+    const uint64_t need = share > (uint64_t)depth * ALIGN ? share : (uint64_t)depth * ALIGN;
     x->bounce_size = need < x->bounce_limit ? (size_t)need : x->bounce_limit;
     CKPTIO_FORWARD(ckptio__engine_reserve_slots(e, nworkers));
 
