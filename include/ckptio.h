@@ -1823,6 +1823,52 @@ typedef struct ckptio_slice_target {
  * may be partly written. */
 CKPTIO_API ckptio_status ckptio_model_read(ckptio_model *model, const ckptio_slice_target *targets, size_t count);
 
+/* ---- mapped loads ------------------------------------------------------------
+ * A checkpoint file mapped into memory: tensors read in place, zero-copy, as
+ * safetensors' safe_open and torch.load(mmap=True) give them to the CPU. The
+ * mapping is private (MAP_PRIVATE): readable and writable, writes copy the
+ * page and never reach the file. It keeps the bytes of the file it was made
+ * from when another file is renamed over that name. A file truncated in
+ * place takes the pages away: ckptio's plans check the mappings their memory
+ * lies in (CKPTIO_E_TRUNCATED naming the file) and what ckptio copies or
+ * hashes itself is guarded against SIGBUS; code outside ckptio touching such
+ * a page gets the signal (docs/RELIABILITY.md, "Mapped loads"). */
+typedef struct ckptio_mapping ckptio_mapping;
+
+/*! ckptio_model_map() :
+ * Maps shard `shard` of `model` (the whole file; a tensor is at
+ * data + its file_offset). The file must still have the size it had at
+ * open (else CKPTIO_E_STALE); s3:// objects cannot be mapped
+ * (CKPTIO_E_UNSUPPORTED). The mapping outlives the model: release it with
+ * ckptio_mapping_release(). Thread-safe against other calls on the model. */
+CKPTIO_API ckptio_status ckptio_model_map(ckptio_model *model, size_t shard, ckptio_mapping **out);
+
+/*! ckptio_torch_map() :
+ * Maps the torch.save file of `t` (a storage is at data + its offset), as
+ * ckptio_model_map() does. Handles made by ckptio_torch_parse() or for an
+ * archive inside another file have none: CKPTIO_E_INVAL. */
+CKPTIO_API ckptio_status ckptio_torch_map(ckptio_torch *t, ckptio_mapping **out);
+
+/*! ckptio_mapping_data() :
+ * The mapped bytes: *data (NULL for an empty file) and *length, the file's
+ * size when it was mapped. */
+CKPTIO_API ckptio_status ckptio_mapping_data(const ckptio_mapping *mapping, void **data, uint64_t *length);
+
+/*! ckptio_mapping_path() :
+ * The path of the mapped file (owned by the mapping), NULL for NULL. */
+CKPTIO_API const char *ckptio_mapping_path(const ckptio_mapping *mapping);
+
+/*! ckptio_mapping_check() :
+ * CKPTIO_E_TRUNCATED, naming the file and offset, when part of
+ * [memory, memory + length) lies in a live ckptio mapping whose file no
+ * longer holds those bytes (truncated in place); CKPTIO_OK otherwise, also
+ * for memory no mapping covers. Every plan runs this on its memory. */
+CKPTIO_API ckptio_status ckptio_mapping_check(const void *memory, uint64_t length);
+
+/*! ckptio_mapping_release() :
+ * Unmaps: tensors over the mapping must be gone. Accepts NULL. */
+CKPTIO_API ckptio_status ckptio_mapping_release(ckptio_mapping *mapping);
+
 
 #ifdef __cplusplus
 }

@@ -103,6 +103,13 @@ int ckpy_steps_add_to_module(PyObject *module);
 
 int ckpy_gds_add_to_module(PyObject *module);
 
+/* ---- mapped files (_ckptio_mapping.c) ------------------------------------ */
+
+int ckpy_mapping_add_to_module(PyObject *module);
+
+/* A Mapping object owning `mapping` (released on failure too). */
+PyObject *ckpy_mapping_wrap(ckptio_mapping *mapping);
+
 /* ---- torch.save checkpoints (_ckptio_torch.c, _ckptio_torch_save.c) ------- */
 
 int ckpy_torch_add_to_module(PyObject *module);

@@ -16,6 +16,8 @@
  * read as their covering range, in pieces through a bounded host buffer,
  * and gathered with memcpy.
  */
+#include "engine_internal.h"
+#include "io_internal.h"
 #include "model_internal.h"
 #include "slice_internal.h"
 
@@ -35,9 +37,11 @@ ckptio_status ckptio_slice_bytes(const ckptio_slice *slice, uint64_t *nbytes, ui
     return CKPTIO_OK;
 }
 
-/* Appends the runs of `r` (a tensor at `base` in `file`) as extents. */
+/* Appends the runs of `r` (a tensor at `base` in `file`) as extents;
+ * `merge`: a run continuing the plan's last extent in file and memory
+ * lengthens it (ckptio__plan_add_merged). */
 static ckptio_status add_runs(ckptio_plan *plan, ckptio_file *file, uint64_t base, const ckptio__slice_runs *r,
-                              unsigned char *memory, ckptio_mem_kind kind, size_t *added) {
+                              unsigned char *memory, ckptio_mem_kind kind, bool merge, size_t *added) {
     ckptio__slice_cursor c;
     ckptio__slice_cursor_init(r, &c);
     if (!r->run_bytes) return CKPTIO_OK;
@@ -48,7 +52,7 @@ static ckptio_status add_runs(ckptio_plan *plan, ckptio_file *file, uint64_t bas
                                (unsigned long long)k);
         const ckptio_extent e = {.file = file, .file_offset = at, .length = r->run_bytes,
                                  .memory = memory + k * r->run_bytes, .mem_kind = kind};
-        CKPTIO_FORWARD(ckptio_plan_add(plan, &e));
+        CKPTIO_FORWARD(merge ? ckptio__plan_add_merged(plan, &e) : ckptio_plan_add(plan, &e));
         if (added) (*added)++;
     }
     return CKPTIO_OK;
@@ -62,7 +66,7 @@ ckptio_status ckptio_plan_add_slice(ckptio_plan *plan, ckptio_file *file, uint64
     CKPTIO_FORWARD(ckptio__slice_layout(slice, NULL, &r));
     CKPTIO_RETURN_IF(!memory && r.nbytes, CKPTIO_E_INVAL, "ckptio_plan_add_slice: memory is NULL for %llu bytes",
                      (unsigned long long)r.nbytes);
-    return add_runs(plan, file, file_offset, &r, memory, mem_kind, added);
+    return add_runs(plan, file, file_offset, &r, memory, mem_kind, false, added);
 }
 
 /* ---- ckptio_model_read ------------------------------------------------------------- */
@@ -80,7 +84,8 @@ typedef struct span {
     size_t target;
 } span;
 
-static int cmp_span(const void *a, const void *b) {
+static int cmp_span(const void *a, const void *b, void *unused) {
+    (void)unused;
     const span *x = a, *y = b;
     return x->start < y->start ? -1 : x->start > y->start;
 }
@@ -95,7 +100,7 @@ static ckptio_status check_disjoint(const ckptio_model *m, const ckptio_slice_ta
     for (size_t i = 0; i < count; i++)
         if (p[i].r.nbytes)
             s[n++] = (span){(uintptr_t)t[i].data, (uintptr_t)t[i].data + p[i].r.nbytes, i};
-    qsort(s, n, sizeof *s, cmp_span);
+    ckptio__sort(s, n, sizeof *s, cmp_span, NULL); /* in memory order already when read back to back */
     ckptio_status st = CKPTIO_OK;
     size_t reach = 0;
     for (size_t i = 1; i < n; i++) {
@@ -119,11 +124,17 @@ static ckptio_status prepare(const ckptio_model *m, const ckptio_slice_target *t
                                m->count);
     const ckptio_tensor_info *info = ckptio__model_info(m, t->index);
     const ckptio_safetensors *shard = m->shards[m->tensors[t->index].shard];
+    /* What the messages call the target: formatted only when there is one
+     * to write (a load of 100,000 small tensors pays for none). */
     char what[300];
-    snprintf(what, sizeof what, "target %zu, tensor '%.256s'", i, info->name);
     const ckptio_slice s = {.dtype = info->dtype, .ndim = info->ndim, .shape = info->shape, .start = t->start,
                             .stop = t->stop};
-    ckptio_status st = ckptio__slice_layout(&s, what, &p->r);
+    ckptio_status st = ckptio__slice_layout(&s, NULL, &p->r);
+    const bool bad = st != CKPTIO_OK || t->capacity < p->r.nbytes || (!t->data && p->r.nbytes);
+    if (bad) {
+        snprintf(what, sizeof what, "target %zu, tensor '%.256s'", i, info->name);
+        if (st != CKPTIO_OK) st = ckptio__slice_layout(&s, what, &p->r);
+    }
     if (st != CKPTIO_OK) {
         /* Re-raise with the shard's path in front. */
         const ckptio_error_info *e = ckptio_last_error();
@@ -188,8 +199,8 @@ static ckptio_status plan_pieces(const ckptio_slice_target *t, prepared *p, size
     return CKPTIO_OK;
 }
 
-static void scatter_pieces(const ckptio_slice_target *t, const prepared *p, const unsigned char *buf,
-                           const piece *pieces, size_t n) {
+static ckptio_status scatter_pieces(const ckptio_slice_target *t, const prepared *p, const unsigned char *buf,
+                                    const piece *pieces, size_t n) {
     for (size_t i = 0; i < n; i++) {
         const piece *pc = &pieces[i];
         const prepared *q = &p[pc->target];
@@ -206,9 +217,12 @@ static void scatter_pieces(const ckptio_slice_target *t, const prepared *p, cons
         unsigned char *dst = (unsigned char *)t[pc->target].data + pc->first_run * q->r.run_bytes;
         for (uint64_t r = 0; r < pc->nruns; r++, dst += q->r.run_bytes) {
             const uint64_t off = ckptio__slice_cursor_next(&q->r, &c);
-            memcpy(dst, buf + pc->buf_offset + (off - pc->start), q->r.run_bytes);
+            /* The destination may be a mapped file (ckptio__guarded_copy). */
+            CKPTIO_FORWARD(ckptio__guarded_copy(dst, buf + pc->buf_offset + (off - pc->start), q->r.run_bytes,
+                                                "a gathered slice"));
         }
     }
+    return CKPTIO_OK;
 }
 
 ckptio_status ckptio_model_read(ckptio_model *m, const ckptio_slice_target *targets, size_t count) {
@@ -247,7 +261,7 @@ ckptio_status ckptio_model_read(ckptio_model *m, const ckptio_slice_target *targ
         if ((st = ckptio_plan_create(CKPTIO_READ, &plan)) != CKPTIO_OK) goto out;
         for (size_t i = 0; first && i < count; i++)
             if (!p[i].gather &&
-                (st = add_runs(plan, p[i].file, p[i].base, &p[i].r, targets[i].data, targets[i].mem_kind, NULL)) !=
+                (st = add_runs(plan, p[i].file, p[i].base, &p[i].r, targets[i].data, targets[i].mem_kind, true, NULL)) !=
                     CKPTIO_OK)
                 goto out;
         size_t npieces = 0;
@@ -256,7 +270,7 @@ ckptio_status ckptio_model_read(ckptio_model *m, const ckptio_slice_target *targ
         size_t extents = 0;
         ckptio_plan_count(plan, &extents);
         if (extents && (st = ckptio_engine_execute(m->engine, plan)) != CKPTIO_OK) goto out;
-        scatter_pieces(targets, p, buf, pieces, npieces);
+        if ((st = scatter_pieces(targets, p, buf, pieces, npieces)) != CKPTIO_OK) goto out;
         ckptio_plan_destroy(plan);
         plan = NULL;
         if (!npieces) break;
@@ -267,4 +281,16 @@ out:
     ckptio__free(buf);
     ckptio__free(p);
     return st;
+}
+
+/* ---- ckptio_model_map ----------------------------------------------------------------- */
+
+ckptio_status ckptio_model_map(ckptio_model *m, size_t shard, ckptio_mapping **out) {
+    CKPTIO_RETURN_IF(!m || !out, CKPTIO_E_INVAL, "ckptio_model_map: model and out are required");
+    *out = NULL;
+    if (shard >= m->nshards)
+        return CKPTIO_FAIL_CTX(CKPTIO_E_RANGE, &((ckptio__err_ctx){.path = m->path, .file_offset = -1}),
+                               "shard %zu out of range (the model has %zu)", shard, m->nshards);
+    const ckptio_safetensors *st = m->shards[shard];
+    return ckptio__file_map(st->file, st->file_size, out);
 }

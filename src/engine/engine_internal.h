@@ -112,6 +112,13 @@ typedef struct ckptio__observer {
 
 ckptio_status ckptio__plan_set_observer(ckptio_plan *plan, ckptio__observe_fn fn, void *user, uint64_t block);
 
+/* ckptio_plan_add, except that an extent continuing the plan's last one -
+ * same file and memory kind, the next bytes of both the file and the memory
+ * - lengthens that one instead: tensors read back to back into one buffer
+ * become one extent, and the engine's cost per extent is paid once. For
+ * read plans (their extents have no identity an observer would see). */
+ckptio_status ckptio__plan_add_merged(ckptio_plan *plan, const ckptio_extent *extent);
+
 /* Calls obs->fn for the file range [lo, hi) of extent `index` (plan index
  * `obs->index[index]` if mapped), whose bytes are at `bytes`, cut at the
  * observer's block boundaries. */

@@ -166,6 +166,38 @@ uint64_t ckptio__mem_available(void);
 /* Test hook: ckptio__mem_available() answers `bytes` (0: the real value). */
 void ckptio__read_policy_set_mem_available(uint64_t bytes);
 
+/* ---- files mapped into memory (file_map.c) ---------------- */
+
+/* Maps all of `file` (a local file open for reading) privately: readable,
+ * writable copy-on-write, the file never written. `expect_size` is the size
+ * the caller validated at open; a file of another size now is
+ * CKPTIO_E_STALE. The mapping is registered for the checks below and keeps a
+ * descriptor of its own: it outlives `file`. */
+ckptio_status ckptio__file_map(ckptio_file *file, uint64_t expect_size, ckptio_mapping **out);
+
+/* CKPTIO_E_TRUNCATED naming the file when part of [memory, memory + length)
+ * lies in a registered mapping whose file no longer holds those bytes (one
+ * atomic load when nothing is mapped). `subject` (may be NULL) names what
+ * the memory is ("extent 3"). */
+ckptio_status ckptio__mapped_check(const void *memory, uint64_t length, const char *subject);
+
+/* Records CKPTIO_E_TRUNCATED for a SIGBUS at `address`, naming the mapped
+ * file and offset when ckptio mapped it. */
+ckptio_status ckptio__mapped_lost(const void *address, const char *subject);
+
+/* Installs the SIGBUS handler of the guards below (once per process). */
+ckptio_status ckptio__mapped_guard_install(void);
+
+/* memcpy(dst, src, n), or CKPTIO_E_TRUNCATED (ckptio__mapped_lost) when a
+ * page of either side is gone from a truncated mapped file. */
+ckptio_status ckptio__guarded_copy(void *dst, const void *src, size_t n, const char *subject);
+
+/* fn(arg), which reads [memory, memory + length) and nothing else that may
+ * be mapped, or CKPTIO_E_TRUNCATED as above (fn is abandoned half-way: it
+ * must hold no lock and own nothing while it touches that memory). */
+ckptio_status ckptio__guarded_call(void (*fn)(void *arg), void *arg, const void *memory, uint64_t length,
+                                   const char *subject);
+
 /* ---- the kernel's small status files (kernel_files.c) ------------------ */
 
 /* Reads up to cap - 1 bytes of the file at `path` into buf, NUL-terminated
