@@ -337,7 +337,15 @@ static void finish(worker *w, xop *op) {
         snprintf(what, sizeof what, "extent %zu (%s, %s)", op->extent, w->be->name,
                  op->slot >= 0 ? "O_DIRECT through a bounce buffer" : io->direct ? "O_DIRECT" : "buffered");
         if (!io->err) io->eof = true;
-        record_error(x, ckptio__file_op_status(x->plan->ext[op->extent].file, io, what));
+        const ckptio_extent *e = &x->plan->ext[op->extent];
+        /* The kernel's copy from or to a mapped file that lost its pages:
+         * EFAULT, said as what it is when a ckptio mapping holds the memory. */
+        char subject[48];
+        extent_subject(subject, sizeof subject, op->extent);
+        if (io->err != EFAULT || ckptio__mapped_check(e->memory, e->length, subject) == CKPTIO_OK)
+            record_error(x, ckptio__file_op_status(e->file, io, what));
+        else
+            record_error(x, CKPTIO_E_TRUNCATED);
     } else {
         if (op->user) {
             char subject[48];
