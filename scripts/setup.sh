@@ -7,15 +7,19 @@
 #                               imports it from python/ (a development install: rebuild with
 #                               `cmake --build build`), with the test and benchmark packages (torch,
 #                               safetensors, numpy, pytest) and the wheel tools (build, auditwheel)
+#   scripts/setup.sh --wheel-tools  system packages + a .venv with the wheel tools only
+#                               (python/requirements-build.txt): what scripts/build_wheel.sh needs
 #
 # Safe to run again: installed packages are skipped, pip reuses its cache.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 want_python=0
+want_wheel_tools=0
 for arg in "$@"; do
     case "$arg" in
     --python) want_python=1 ;;
+    --wheel-tools) want_wheel_tools=1 ;;
     *) echo "setup.sh: unknown option $arg" >&2; exit 2 ;;
     esac
 done
@@ -42,6 +46,14 @@ if [ ${#missing[@]} -gt 0 ]; then
     echo "== installing Debian packages: ${missing[*]}"
     $SUDO apt-get update -qq
     DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq "${missing[@]}" >/dev/null
+fi
+
+if [ "$want_wheel_tools" = 1 ] && [ "$want_python" = 0 ]; then
+    # The wheel is built from the sdist in an isolated environment: no build/ needed here.
+    [ -x .venv/bin/python ] || { echo "== creating .venv"; python3 -m venv --system-site-packages .venv; }
+    echo "== installing the wheel tools (python/requirements-build.txt)"
+    .venv/bin/python -m pip install -q --disable-pip-version-check -r python/requirements-build.txt
+    exit 0
 fi
 
 echo "== building (build/)"

@@ -4,13 +4,18 @@
  * writers, strided views are gathered, and an input truncated between two
  * tensors (by the engine's progress callback, at the end of the first
  * tensor's read: deterministic) fails with CKPTIO_E_TRUNCATED naming the
- * input and leaves neither the output nor a temporary.
+ * input and leaves neither the output nor a temporary. ckptio_convert:
+ * a chain through every kind of output (DCP, Hugging Face, torch.save,
+ * safetensors) brings back every byte, each output read by ckptio's own
+ * reader of that kind (the peers read them in tests/python/test_convert_matrix.py),
+ * and what cannot be written is refused before anything is.
  */
 #include "helpers.h"
 
 #include <fcntl.h>
 #include <string.h>
 #include <sys/resource.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #define N 3
@@ -147,6 +152,99 @@ static void test_input_truncated_between_tensors(void) {
     check_truncated_input(true);
 }
 
+/* Every tensor of `path` (a model: safetensors file or directory) equals data[]. */
+static void check_model(const char *path) {
+    ckptio_model *m = NULL;
+    T_OK(ckptio_model_open(engine, path, 0, &m));
+    size_t count = 0;
+    T_OK(ckptio_model_count(m, &count));
+    T_ASSERT(count == N);
+    static float got[ELEMS];
+    for (int i = 0; i < N; i++) {
+        size_t idx;
+        T_OK(ckptio_model_find(m, names[i], &idx));
+        const ckptio_slice_target tg = {.index = idx, .data = got, .capacity = sizeof got, .mem_kind = CKPTIO_MEM_HOST};
+        T_OK(ckptio_model_read(m, &tg, 1));
+        T_ASSERT(memcmp(got, data[i], sizeof got) == 0);
+    }
+    ckptio_model_close(m);
+}
+
+static void test_convert_chain_through_every_kind(void) {
+    ckptio_tensor_source src[N];
+    int64_t shape;
+    sources(src, &shape);
+    const char *in = t_path("chain.safetensors"), *dcp = t_path("chain_dcp"), *hf = t_path("chain_hf");
+    const char *pt = t_path("chain.pt"), *back = t_path("back.safetensors");
+    T_OK(ckptio_safetensors_save(engine, in, src, N, NULL, 0, 0));
+    ckptio_convert_report r;
+    ckptio_convert_options o = {.to = CKPTIO_CONVERT_DCP};
+    T_OK(ckptio_convert(engine, in, dcp, &o, &r));
+    T_ASSERT(r.from == CKPTIO_FORMAT_SAFETENSORS && r.to == CKPTIO_CONVERT_DCP && r.tensors == N && r.files == 1);
+    /* ckptio's DCP reader takes it, the manifest matches every item. */
+    ckptio_dcp *h = NULL;
+    T_OK(ckptio_dcp_open(engine, dcp, &h));
+    ckptio_dcp_verify_report vr;
+    const char *manifest = NULL;
+    T_OK(ckptio_dcp_validate(h, &vr, &manifest));
+    T_ASSERT(manifest != NULL && vr.checked == N && vr.items == N);
+    static float got[ELEMS];
+    for (int i = 0; i < N; i++) {
+        size_t idx;
+        T_OK(ckptio_dcp_find(h, names[i], &idx));
+        T_OK(ckptio_dcp_read_tensor(h, idx, got, sizeof got));
+        T_ASSERT(memcmp(got, data[i], sizeof got) == 0);
+    }
+    ckptio_dcp_close(h);
+    /* DCP -> Hugging Face in 3 shards (one tensor each) with an index. */
+    o = (ckptio_convert_options){.shard_size = sizeof data[0]};
+    T_OK(ckptio_convert(engine, dcp, hf, &o, &r));
+    T_ASSERT(r.to == CKPTIO_CONVERT_HF && r.files == 3 && r.from == CKPTIO_FORMAT_DCP);
+    T_ASSERT(t_count_entries(hf, ".safetensors") == 4); /* 3 shards + the index's name */
+    check_model(hf);
+    /* Hugging Face -> torch.save (by the name) -> safetensors. */
+    T_OK(ckptio_convert(engine, hf, pt, NULL, &r));
+    T_ASSERT(r.to == CKPTIO_CONVERT_TORCH && r.from == CKPTIO_FORMAT_HF_INDEX);
+    T_OK(ckptio_convert(engine, pt, back, NULL, &r));
+    T_ASSERT(r.to == CKPTIO_CONVERT_SAFETENSORS && r.from == CKPTIO_FORMAT_TORCH);
+    check_model(back);
+}
+
+static int notes;
+static void count_note(const char *note, void *user) {
+    (void)note;
+    (void)user;
+    notes++;
+}
+
+static void test_convert_refuses_before_writing(void) {
+    ckptio_tensor_source src[N];
+    int64_t shape;
+    sources(src, &shape);
+    const char *in = t_path("r.safetensors"), *full = t_path("full");
+    const ckptio_kv meta[] = {{"format", "pt"}, {"author", "someone"}};
+    T_OK(ckptio_safetensors_save(engine, in, src, N, meta, 2, 0));
+    T_ASSERT(mkdir(full, 0777) == 0);
+    t_write_file(t_path("full/keep.txt"), "mine", 4);
+    ckptio_convert_options o = {.to = CKPTIO_CONVERT_DCP, .note = count_note};
+    T_STATUS(ckptio_convert(engine, in, full, &o, NULL), CKPTIO_E_EXISTS);
+    T_MESSAGE_HAS("exists and is not empty");
+    T_ASSERT(notes == 0 && t_count_entries(full, "") == 1);
+    T_ASSERT(t_count_entries(t_tmpdir(), "ckptio-tmp") == 0);
+    /* A directory OUT for a file input: the layout must be said. */
+    T_STATUS(ckptio_convert(engine, in, t_path("new_dir/"), NULL, NULL), CKPTIO_E_INVAL);
+    T_MESSAGE_HAS("say which layout");
+    T_ASSERT(!t_file_exists(t_path("new_dir")));
+    o = (ckptio_convert_options){.to = CKPTIO_CONVERT_TORCH, .shard_size = 1000};
+    T_STATUS(ckptio_convert(engine, in, t_path("x.pt"), &o, NULL), CKPTIO_E_INVAL);
+    T_MESSAGE_HAS("shard size");
+    /* The author entry cannot go into torch.save: one note ("format" tags the writer only). */
+    o = (ckptio_convert_options){.note = count_note};
+    ckptio_convert_report r;
+    T_OK(ckptio_convert(engine, in, t_path("m.pt"), &o, &r));
+    T_ASSERT(notes == 1 && r.dropped == 1);
+}
+
 static long max_rss_kib(void) {
     struct rusage ru;
     getrusage(RUSAGE_SELF, &ru);
@@ -217,6 +315,8 @@ static void test_expanded_views_are_written_in_bounded_memory(void) {
 
 int main(void) {
     T_OK(ckptio_engine_create(&engine));
+    T_RUN(test_convert_chain_through_every_kind);
+    T_RUN(test_convert_refuses_before_writing);
     T_RUN(test_torch_to_safetensors_matches_the_writer);
     T_RUN(test_safetensors_to_torch_reads_back);
     T_RUN(test_input_truncated_between_tensors);

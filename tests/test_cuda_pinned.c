@@ -11,7 +11,10 @@
  *    but one that refused after registering slots is an error, never a
  *    switch that would free registered slots with cuMemFreeHost;
  *  - pitched copies reach cuMemcpy2DAsync, and a driver without it gets
- *    the same bytes row by row.
+ *    the same bytes row by row;
+ *  - a snapshot pool is registered piece by piece (portable, device-mapped)
+ *    and unregistered on destroy; its copy stream and the caller's wait on
+ *    events through cuStreamWaitEvent.
  */
 #include "gpu_ops.h"
 #include "gpu_slot_range.h"
@@ -249,6 +252,42 @@ static void test_pitched_copies_on_an_older_driver(void) {
     T_ASSERT_MSG(code == 0, "the old-driver process ended with exit code %d (-1: not normally)", code);
 }
 
+static void test_a_snapshot_pool_on_the_driver(void) {
+    int *waits = sym(dlopen(getenv("CKPTIO_TEST_FAKE_CUDA"), RTLD_NOW | RTLD_NOLOAD), "fake_cuda_stream_waits");
+    void **waiting = sym(dlopen(getenv("CKPTIO_TEST_FAKE_CUDA"), RTLD_NOW | RTLD_NOLOAD),
+                         "fake_cuda_last_waiting_stream");
+    *register_result = 0;
+    const int reg0 = *register_calls, unreg0 = *unregister_calls;
+    ckptio_snapshot_pool *pool = NULL;
+    T_OK(ckptio_snapshot_pool_create(NULL, 65 * MIB, 0, &pool));
+    T_OK(ckptio_snapshot_pool_wait_ready(pool, 128 * MIB));
+    T_ASSERT_MSG(*register_calls - reg0 == 2, "%d registrations", *register_calls - reg0);
+    T_ASSERT(*last_registered_bytes == 64 * MIB && (*last_register_flags & 3u) == 3u);
+    ckptio_snapshot_pool_info info;
+    T_OK(ckptio_snapshot_pool_query(pool, &info));
+    T_ASSERT(info.pinned && info.ready_bytes == 128 * MIB && *last_registered == (char *)info.base + 64 * MIB);
+    unsigned char *dev = malloc(2 * MIB), *small = malloc(4096); /* the fake driver copies with memcpy */
+    T_ASSERT(dev && small);
+    t_fill_random(dev, 2 * MIB, 5);
+    t_fill_random(small, 4096, 6);
+    const ckptio_snapshot_copy copies[] = {{.src = dev, .offset = 63 * MIB, .nbytes = 2 * MIB, .device = 0},
+                                           {.src = small, .offset = 0, .nbytes = 4096, .device = 0,
+                                            .flags = CKPTIO_SNAPSHOT_EARLY}};
+    void *caller = (void *)(uintptr_t)0x5150;
+    const ckptio_snapshot_stream s = {.device = 0, .stream = (uintptr_t)caller};
+    const int w0 = *waits;
+    T_OK(ckptio_snapshot_take(pool, copies, 2, &s, 1));
+    T_ASSERT_MSG(*waits - w0 == 2 && *waiting == caller, "%d stream waits", *waits - w0); /* copy stream, caller */
+    T_OK(ckptio_snapshot_before_update(pool, 0, (uintptr_t)caller)); /* the copies are done: no wait queued */
+    T_ASSERT(*waits - w0 == 2 && ckptio_snapshot_copied(pool));
+    T_OK(ckptio_snapshot_release(pool));
+    T_ASSERT(memcmp((char *)info.base + 63 * MIB, dev, 2 * MIB) == 0 && memcmp(info.base, small, 4096) == 0);
+    T_OK(ckptio_snapshot_pool_destroy(pool));
+    T_ASSERT_MSG(*unregister_calls - unreg0 == 2, "%d unregistrations", *unregister_calls - unreg0);
+    free(dev);
+    free(small);
+}
+
 static void test_a_driver_without_registration_gets_host_alloc(void) {
     const int code = t_run_self(self, "fallback");
     T_ASSERT_MSG(code == 0, "the fallback process ended with exit code %d (-1: not normally)", code);
@@ -276,6 +315,7 @@ int main(int argc, char **argv) {
     T_RUN(test_a_slot_range);
     T_RUN(test_pitched_copies_reach_the_driver);
     T_RUN(test_pitched_copies_on_an_older_driver);
+    T_RUN(test_a_snapshot_pool_on_the_driver);
     T_RUN(test_a_driver_without_registration_gets_host_alloc);
     return T_EXIT_PASS;
 }

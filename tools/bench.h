@@ -44,6 +44,7 @@ typedef struct bench_run {
     uint64_t raw_block;
     char dir[4096];           /* the temporary directory */
     const char *fs_note;      /* NULL, or why the directory is not a disk */
+    char virtual_disk[32];    /* "" or the virtio disk the directory is on ("vda") */
     /* the engine as it ran */
     const char *backend;
     int64_t threads, chunk_bytes, direct, read_cache;
@@ -97,6 +98,10 @@ int bench_drop_cache(const char *path, const char **method, double *resident);
  * *resident is the fraction cached afterwards. Returns 0 or -1 (printed). */
 int bench_prime_cache(const char *path, double *resident);
 
+/* True when `dir` is on a virtio block device (a virtual machine's disk,
+ * which the host may cache): `name` receives the disk's name ("vda"). */
+bool bench_virtual_disk(const char *dir, char *name, size_t cap);
+
 /* Fills `buf` with pseudo-random bytes (incompressible, never all zero). */
 void bench_fill(void *buf, uint64_t size, uint64_t seed);
 
@@ -111,6 +116,10 @@ int bench_model_run(ckptio_engine *engine, const char *path, unsigned repeat, un
 /* ---- output (bench_report.c) ---------------------------------------------- */
 
 void bench_print_table(const bench_run *run, FILE *out);
+/* Why ratios above 100% happened, when some did: the rows and the causes
+ * that apply to this run, in one paragraph (no newline at the end) in
+ * buf; "" when every ratio is at most 100%. Returns buf. */
+char *bench_ceiling_note(const bench_run *run, char *buf, size_t cap);
 /* Returns 0, or -1 when out of memory (printed). */
 int bench_print_json(const bench_run *run, FILE *out);
 

@@ -12,10 +12,12 @@
 #include <fcntl.h>
 #include <pthread.h>
 #include <stdatomic.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
+#include <sys/sysmacros.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -151,7 +153,7 @@ int bench_raw_transfer(const char *path, bool write, bool direct, void *buf, uin
     pthread_mutex_unlock(&job->lock);
     for (unsigned i = 0; i < started; i++) pthread_join(threads[i], NULL);
     started = 0;
-    cli_progress_finish(&progress);
+    cli_progress_finish(&progress, !spawn_failed && atomic_load(&job->bytes_done) == size);
     if (spawn_failed) {
         cli_error("cannot start %u raw %s threads", nthreads, what);
         goto out;
@@ -184,7 +186,7 @@ int bench_raw_transfer(const char *path, bool write, bool direct, void *buf, uin
 out:
     for (unsigned i = 0; i < started; i++) pthread_join(threads[i], NULL);
     if (fd >= 0) close(fd);
-    cli_progress_finish(&progress);
+    cli_progress_finish(&progress, false);
     pthread_cond_destroy(&job->cond);
     pthread_mutex_destroy(&job->lock);
     free(threads);
@@ -293,4 +295,17 @@ void bench_fill(void *buf, uint64_t size, uint64_t seed) {
         memcpy(p + i, &v, 8);
     }
     for (; i < size; i++) p[i] = (unsigned char)(i * 131u + 7u);
+}
+
+bool bench_virtual_disk(const char *dir, char *name, size_t cap) {
+    struct stat sb;
+    char link[64], real[4096];
+    if (cap == 0 || stat(dir, &sb) != 0) return false;
+    snprintf(link, sizeof link, "/sys/dev/block/%u:%u", major(sb.st_dev), minor(sb.st_dev));
+    if (!realpath(link, real) || !strstr(real, "/virtio")) return false;
+    /* .../virtio1/block/vda or .../block/vda/vda1: the disk is the name after "block/". */
+    const char *b = strstr(real, "/block/");
+    b = b ? b + 7 : strrchr(real, '/') + 1;
+    snprintf(name, cap, "%.*s", (int)strcspn(b, "/"), b);
+    return true;
 }

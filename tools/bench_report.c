@@ -86,6 +86,73 @@ static double percent_of(uint64_t part, uint64_t whole) {
     return whole ? 100.0 * (double)part / (double)whole : 0.0;
 }
 
+static double ratio_of(const bench_run *run, bench_row row) {
+    const bench_row c = bench_ceiling_of(run, row);
+    const double base = c == BENCH_ROW_COUNT ? 0.0 : bench_gbps(run, c);
+    return base > 0 ? bench_gbps(run, row) / base : 0.0;
+}
+
+/* A ratio above 100% says the ceiling was not the disk's limit; which reasons
+ * apply depends on the rows and the machine, so the note names them. */
+char *bench_ceiling_note(const bench_run *run, char *buf, size_t cap) {
+    size_t used = 0;
+    bool cold = false, save = false, warm = false;
+    buf[0] = '\0';
+#define NOTE_ADD(...)                                                                         \
+    do {                                                                                      \
+        int n_ = snprintf(buf + used, used < cap ? cap - used : 0, __VA_ARGS__);              \
+        if (n_ > 0) used = used + (size_t)n_ < cap ? used + (size_t)n_ : cap - 1;             \
+    } while (0)
+    for (int r = BENCH_SAVE; r < BENCH_ROW_COUNT; r++) {
+        if (!bench_row_measured(run, (bench_row)r) || ratio_of(run, (bench_row)r) <= 1.0) continue;
+        NOTE_ADD("%s%s %.0f%%", used ? "; " : "ratios above 100% (", bench_row_label(run, (bench_row)r),
+                 100.0 * ratio_of(run, (bench_row)r));
+        save |= r == BENCH_SAVE;
+        warm |= r == BENCH_LOAD_WARM;
+        cold |= r == BENCH_LOAD_COLD || r == BENCH_LOAD_COLD_DIRECT;
+    }
+    if (!used) return buf;
+    char block[32];
+    cli_format_bytes(run->raw_block, block, sizeof block);
+    NOTE_ADD(") do not mean ckptio beat the disk. ");
+    if (save || cold)
+        NOTE_ADD("A raw ceiling is one access pattern, measured once on another file: %u threads moving %s blocks "
+                 "in order; ckptio's engine (%lld threads, its own chunks and queue depth) drove this disk harder "
+                 "than that pattern. ", run->raw_threads, block, (long long)run->threads);
+    if ((cold || save) && run->virtual_disk[0])
+        NOTE_ADD("The directory is on the virtio disk %s, whose host may cache it: a write can be done before it "
+                 "reaches the host's disk, and data written moments before can come back faster than a cold disk "
+                 "gives it. ", run->virtual_disk);
+    if (warm)
+        NOTE_ADD("The page-cache ceiling is the faster of one and %u copying threads; ckptio's workers copy in "
+                 "parallel chunks of their own. ", run->raw_threads);
+    if (run->done == 1) NOTE_ADD("One run: --repeat 5 reports medians. ");
+    NOTE_ADD("Read such a ratio as \"at the ceiling\".");
+#undef NOTE_ADD
+    return buf;
+}
+
+/* "PREFIX text" wrapped at `width` columns. */
+static void print_wrapped(FILE *out, const char *prefix, const char *text, size_t width) {
+    size_t col = strlen(prefix);
+    fputs(prefix, out);
+    while (*text) {
+        const size_t word = strcspn(text, " ");
+        if (col > 0 && col + 1 + word > width) {
+            fputc('\n', out);
+            col = 0;
+        } else if (col > 0) {
+            fputc(' ', out);
+            col++;
+        }
+        fwrite(text, 1, word, out);
+        col += word;
+        text += word;
+        while (*text == ' ') text++;
+    }
+    fputc('\n', out);
+}
+
 void bench_print_table(const bench_run *run, FILE *out) {
     char size[32], tsize[32], block[32], chunk[32];
     cli_format_bytes(run->size, size, sizeof size);
@@ -123,6 +190,11 @@ void bench_print_table(const bench_run *run, FILE *out) {
     }
     cli_table_print(&table, out, "  ");
     cli_table_cleanup(&table);
+    char note[2048];
+    if (bench_ceiling_note(run, note, sizeof note)[0]) {
+        fputc('\n', out);
+        print_wrapped(out, "note:", note, 100);
+    }
 
     const bench_phase_stats *ps = run->phase;
     char cold_direct[64] = "";
@@ -219,6 +291,9 @@ int bench_print_json(const bench_run *run, FILE *out) {
         }
         set(root, "cache", cache, &oom);
         set(root, "note", run->fs_note ? json_string(run->fs_note) : json_null(), &oom);
+        char cnote[2048];
+        set(root, "ceiling_note", bench_ceiling_note(run, cnote, sizeof cnote)[0] ? json_string(cnote) : json_null(),
+            &oom);
         json_t *results = json_object();
         for (int r = 0; results != NULL && r < BENCH_ROW_COUNT; r++)
             if (bench_row_measured(run, (bench_row)r))

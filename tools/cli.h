@@ -29,7 +29,7 @@ enum {
 
 /* One prototype per subcommand: int cli_cmd_<name>(int argc, char **argv).
  * argv[0] is the subcommand's name; options follow. */
-#define CLI_X_PROTO_(name, summary) int cli_cmd_##name(int argc, char **argv);
+#define CLI_X_PROTO_(name, operands, summary) int cli_cmd_##name(int argc, char **argv);
 CLI_COMMAND_LIST(CLI_X_PROTO_)
 #undef CLI_X_PROTO_
 
@@ -136,20 +136,25 @@ void cli_table_cleanup(cli_table *table);
 
 /* ---- progress display (cli_progress.c) ----------------------------------- */
 
-/* A one-line bar on stderr, redrawn at most every 100 ms; silent unless
- * stderr is a terminal (and CKPTIO_NO_PROGRESS is unset). */
+/* A one-line bar on stderr, redrawn at most every 100 ms, drawn only when
+ * stderr is a terminal (and CKPTIO_NO_PROGRESS is unset); a finished
+ * transfer leaves one line (cli_progress.c has the rule). */
 typedef struct cli_progress {
     bool enabled;
     bool drawn;
-    const char *label;
+    char label[256];            /* quoted copy */
     double start;
     double last_draw;
+    uint64_t done, total;       /* at the last draw */
 } cli_progress;
 
+/* `label` says what moves (for a file: its path). */
 void cli_progress_init(cli_progress *progress, const char *label);
 void cli_progress_update(cli_progress *progress, uint64_t done, uint64_t total);
-/* Erases the bar (the caller prints the result line). */
-void cli_progress_finish(cli_progress *progress);
+/* Ends the bar: with ok, when it was drawn, it becomes the final line
+ * "LABEL: SIZE in S s (R GB/s)"; otherwise it is erased (an error follows).
+ * A second call does nothing. */
+void cli_progress_finish(cli_progress *progress, bool ok);
 /* Erases whatever bar is drawn (cli_error() calls it first). */
 void cli_progress_clear(void);
 /* A ckptio_progress_fn: `user` is a cli_progress. Returns non-zero (cancel)

@@ -7,16 +7,18 @@
  * so nothing else needs editing. Order here is the order `ckptio --help`
  * prints.
  *
- * X(name, one-line summary)
+ * X(name, operands, one-line summary): the operands as the command's own
+ * usage line ends them, and a summary that fits an 80-column line
+ * (tests/python/test_cli.py checks both).
  */
 #ifndef CKPTIO_CLI_COMMANDS_H
 #define CKPTIO_CLI_COMMANDS_H
 
-#define CLI_COMMAND_LIST(X)                                                          \
-    X(inspect, "list the tensors, dtypes, shapes, sizes, offsets and metadata of a file") \
-    X(verify, "check a file's structure and read all of its data")                  \
-    X(convert, "convert between torch.save and safetensors files")                  \
-    X(clean, "remove temporaries that crashed saves left in a directory")           \
-    X(bench, "measure save/load speed against the disk's raw ceilings")
+#define CLI_COMMAND_LIST(X)                                                              \
+    X(inspect, "FILE|DIR", "list tensors, dtypes, shapes, offsets and metadata")      \
+    X(verify, "FILE|DIR|ROOT...", "check structure and read every byte (checksums)")  \
+    X(convert, "IN OUT", "any pair of safetensors, torch.save, HF and DCP")            \
+    X(clean, "DIR...", "remove what crashed saves left behind")                       \
+    X(bench, "[OPTIONS]", "measure save/load speed against the disk's ceilings")
 
 #endif /* CKPTIO_CLI_COMMANDS_H */

@@ -2,7 +2,8 @@
  * cli_dcp.h - the `ckptio` subcommands' branches for checkpoint
  * directories: torch.distributed.checkpoint (DCP) directories (a .metadata
  * inside) and Hugging Face sharded safetensors (model.safetensors.index.json).
- * inspect, verify and convert call these when their operand is one.
+ * inspect and verify call these when their operand is one (convert is
+ * ckptio_convert's, for every format).
  */
 #ifndef CKPTIO_CLI_DCP_H
 #define CKPTIO_CLI_DCP_H
@@ -20,12 +21,6 @@ int cli_dcp_inspect(ckptio_engine *engine, const char *dir, bool json);
 /* `ckptio verify DIR`: checksums against the ckptio manifest, or without
  * one a structural check, said so in the result line (cmd_dcp_dir.c). */
 int cli_dcp_verify(ckptio_engine *engine, const char *dir, bool quiet);
-
-/* `ckptio convert DIR OUT`: one safetensors file, or with shard_size > 0
- * (or an OUT without the .safetensors suffix) the Hugging Face sharded
- * layout in directory OUT (cmd_dcp_convert.c). shard_size 0 with a
- * directory OUT means 5 GB. */
-int cli_dcp_convert(ckptio_engine *engine, const char *dir, const char *out, uint64_t shard_size, bool quiet);
 
 /* `ckptio inspect` / `ckptio verify` on a Hugging Face index: tensors across
  * shards, each shard validated and read (cmd_hf_index.c). */

@@ -11,12 +11,13 @@
 
 typedef struct cli_command {
     const char *name;
+    const char *operands;
     const char *summary;
     int (*run)(int argc, char **argv);
 } cli_command;
 
 static const cli_command commands[] = {
-#define CLI_X_ENTRY_(name, summary) {#name, summary, cli_cmd_##name},
+#define CLI_X_ENTRY_(name, operands, summary) {#name, operands, summary, cli_cmd_##name},
     CLI_COMMAND_LIST(CLI_X_ENTRY_)
 #undef CLI_X_ENTRY_
 };
@@ -33,8 +34,11 @@ static void print_help(void) {
           "\ncommands:\n",
           stdout);
     for (size_t i = 0; i < sizeof commands / sizeof commands[0]; i++)
-        printf("  %-10s %s\n", commands[i].name, commands[i].summary);
-    fputs("\noptions:\n"
+        printf("  %-8s %-17s %s\n", commands[i].name, commands[i].operands, commands[i].summary);
+    fputs("\nFILE: a safetensors or torch.save file; DIR: a torch.distributed.checkpoint\n"
+          "(DCP) directory or a Hugging Face directory; ROOT: a checkpoint manager's root\n"
+          "(step_NNNNNNNN directories); IN, OUT: any FILE or DIR.\n"
+          "\noptions:\n"
           "  -h, --help     show this help (or 'ckptio COMMAND --help' for a command)\n"
           "  -V, --version  show the version of ckptio and of the library it runs\n"
           "\nexit status: 0 success, 1 failure (invalid file, I/O error), 2 bad command line.\n"

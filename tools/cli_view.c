@@ -133,7 +133,7 @@ int cli_view_read_all(ckptio_engine *engine, const cli_view *view, uint64_t wind
     void *buf = NULL;
     uint64_t total = 0, done = 0, used = 0;
     cli_progress progress;
-    cli_progress_init(&progress, "verify");
+    cli_progress_init(&progress, view->path);
 
     for (size_t i = 0; i < view->count; i++) total += view->tensors[i].nbytes;
     /* A small file needs no more memory than its data (in whole 4 KiB pages). */
@@ -178,7 +178,7 @@ int cli_view_read_all(ckptio_engine *engine, const cli_view *view, uint64_t wind
     if (used > 0 && flush_window(engine, view, &plan) != 0) goto out;
     rc = 0;
 out:
-    cli_progress_finish(&progress);
+    cli_progress_finish(&progress, rc == 0);
     ckptio_plan_destroy(plan);
     ckptio_file_close(file);
     free(buf);

@@ -118,7 +118,7 @@ static int phase_save(bench_ctx *ctx, unsigned rep) {
     ckptio_status st = ckptio_safetensors_save(ctx->engine, ctx->st_path, ctx->sources, run->tensors, NULL, 0,
                                                CKPTIO_SAFETENSORS_ALIGN_4K);
     double t1 = cli_now();
-    cli_progress_finish(&ctx->progress);
+    cli_progress_finish(&ctx->progress, st == CKPTIO_OK);
     if (st != CKPTIO_OK) return cli_error_lib(ctx->st_path, st), -1;
     if (take_stats(ctx, &after) != 0) return -1;
     run->seconds[BENCH_SAVE][rep] = t1 - t0;
@@ -182,7 +182,7 @@ static int phase_load(bench_ctx *ctx, bench_row row, unsigned rep) {
     if (s == CKPTIO_OK) s = ckptio_safetensors_data_offset(st, &data_offset);
     if (s == CKPTIO_OK) s = ckptio_safetensors_read_all(st, ctx->dst, run->size, CKPTIO_MEM_HOST);
     double t1 = cli_now();
-    cli_progress_finish(&ctx->progress);
+    cli_progress_finish(&ctx->progress, s == CKPTIO_OK);
     if (s != CKPTIO_OK) {
         cli_error_lib(ctx->st_path, s);
         goto out;
@@ -353,6 +353,7 @@ static int run_bench(const bench_options *opt, bench_run *run) {
     struct statfs fs;
     if (statfs(run->dir, &fs) == 0 && (fs.f_type == TMPFS_MAGIC || fs.f_type == RAMFS_MAGIC))
         run->fs_note = "the directory is in memory (tmpfs/ramfs), not on a disk: use --dir on a disk";
+    bench_virtual_disk(run->dir, run->virtual_disk, sizeof run->virtual_disk);
 
     if (posix_memalign((void **)&ctx.src, BENCH_ALIGN, (size_t)run->size) != 0 ||
         posix_memalign((void **)&ctx.dst, BENCH_ALIGN, (size_t)run->size) != 0) {
@@ -377,7 +378,7 @@ static int run_bench(const bench_options *opt, bench_run *run) {
     }
     rc = CLI_EXIT_OK;
 out:
-    cli_progress_finish(&ctx.progress);
+    cli_progress_finish(&ctx.progress, false);
     ckptio_engine_destroy(ctx.engine);
     free(ctx.src);
     free(ctx.dst);
@@ -471,8 +472,10 @@ int cli_cmd_bench(int argc, char **argv) {
         case O_MODEL: opt.model = optarg; break;
         case O_DEVICE:
             if (strcmp(optarg, "cpu") != 0)
-                return cli_usage_error(&usage, "--device: '%s': the CLI loads to host memory (cpu) so far; GPU "
-                                       "loads are measured by bench/bench_gpu.py", optarg);
+                return cli_usage_error(&usage, "--device: '%s': the CLI loads to host memory (cpu) only. To time "
+                                       "a GPU load, time ckptio.load(path, device=\"cuda\") in Python (the "
+                                       "source repository's bench/bench_model_gpu.py measures it beside its peers)",
+                                       optarg);
             break;
         default: return CLI_EXIT_USAGE;
         }

@@ -61,8 +61,11 @@ int cli_cmd_clean(int argc, char **argv) {
         ckptio_cleanup_report r;
         const ckptio_status st = ckptio_cleanup_temporaries(argv[i], NULL, (double)min_age, &r);
         if (st != CKPTIO_OK) {
+            /* A directory that could not be read: the error is the whole answer.
+             * A scan that removed some files before one failed also says what it did. */
             cli_error_lib(argv[i], st);
             rc = CLI_EXIT_FAIL;
+            if (r.removed == 0) continue;
         }
         if (!quiet || st != CKPTIO_OK) {
             char freed[32];

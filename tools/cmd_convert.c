@@ -1,227 +1,102 @@
 /*
- * cmd_convert.c - `ckptio convert IN OUT`: torch.save <-> safetensors.
+ * cmd_convert.c - `ckptio convert IN OUT`: any checkpoint ckptio reads
+ * (safetensors file, Hugging Face directory, torch.save file, DCP
+ * directory) into any of those.
  *
- * The direction follows IN's format (ckptio_format_detect). The library
- * converts tensor by tensor through the engine in bounded memory (the
- * largest tensor); IN is never memory-mapped, so an IN that is truncated
- * while it is read is an error naming it, not a SIGBUS, and OUT is never
- * left half-written.
- *
- * torch.save -> safetensors: safetensors cannot share bytes between
- * tensors, so every tensor (including views of a shared storage and tied
- * weights) is written as its own copy, with a warning that says how many
- * tensors shared a storage. Non-tensor values (ints, strings, the
- * _metadata of a module state_dict) cannot be stored and are reported.
- * Tensor names are their dotted paths in the object tree.
- * safetensors -> torch.save: a flat OrderedDict name -> tensor, each tensor
- * its own storage, storages aligned to --alignment (default 4096).
+ * The library does the work (ckptio_convert): tensor by tensor through the
+ * engine in bounded memory, IN never memory-mapped, OUT atomic; everything
+ * it can check before writing (IN parses, OUT's kind, dtypes, OUT's path)
+ * fails before anything is written, and what OUT cannot hold comes back as
+ * notes, printed here as warnings before the work starts.
  */
 #include "cli.h"
-#include "cli_dcp.h"
 
-#include <stdlib.h>
 #include <string.h>
 
 static const cli_usage usage = {
     "convert",
-    "usage: ckptio convert [--alignment N] [--quiet] IN OUT\n"
-    "       ckptio convert [--shard-size SIZE] [--quiet] DCP_DIR OUT.safetensors|OUT_DIR\n",
-    "\nConverts a torch.save checkpoint to safetensors or a safetensors file to a\n"
-    "torch.save checkpoint (the direction follows IN's format). OUT is written\n"
-    "atomically: on failure no OUT exists and an older OUT is left untouched.\n"
-    "\ntorch.save -> safetensors: every tensor is written as its own copy, named by\n"
-    "its dotted path (e.g. 'layer.0.weight'); tensors that shared a storage (views,\n"
-    "tied weights) are copied with a warning, because safetensors cannot share bytes.\n"
-    "Non-tensor values (numbers, strings, _metadata) are dropped with a warning.\n"
-    "safetensors -> torch.save: a flat OrderedDict of the tensors, which\n"
-    "torch.load(..., weights_only=True) loads; metadata is dropped with a warning.\n"
-    "DCP_DIR (torch.distributed.checkpoint) -> safetensors: every tensor is assembled\n"
-    "from its chunks, one at a time (memory: the largest tensor), into OUT.safetensors;\n"
-    "with --shard-size, or an OUT without the .safetensors suffix, into the Hugging Face\n"
-    "sharded layout in directory OUT (model-00001-of-0000N.safetensors and\n"
-    "model.safetensors.index.json; one shard: model.safetensors). Byte items\n"
-    "(non-tensor values) are skipped with a warning naming them.\n"
+    "usage: ckptio convert [--to FORMAT] [--shard-size SIZE] [--alignment N] [--quiet] IN OUT\n",
+    "\nConverts IN, any of\n"
+    "  - a safetensors file,\n"
+    "  - a Hugging Face directory (model.safetensors, or shards and\n"
+    "    model.safetensors.index.json; or the index file itself),\n"
+    "  - a torch.save file,\n"
+    "  - a torch.distributed.checkpoint (DCP) directory (chunks assembled),\n"
+    "into OUT, any of the same. IN's format is detected from its bytes. OUT's\n"
+    "follows --to, else OUT's name:\n"
+    "  *.safetensors                      a safetensors file\n"
+    "  *.pt *.pth *.bin *.ckpt            a torch.save file (a flat dict of tensors)\n"
+    "  DIR/ or an existing directory      a Hugging Face directory for a DCP IN;\n"
+    "                                     otherwise say --to hf or --to dcp\n"
+    "  any other name                     the other kind: torch.save for safetensors\n"
+    "                                     and Hugging Face IN, safetensors for\n"
+    "                                     torch.save IN, a Hugging Face directory\n"
+    "                                     for DCP IN\n"
+    "--shard-size means --to hf. Every pair converts, each format into itself too\n"
+    "(a re-layout, or resharding); tensors arrive bit for bit.\n"
+    "\nOUT is written atomically: a file through a temporary renamed over it (on\n"
+    "failure no new OUT exists and an older one is left untouched); a directory\n"
+    "is built beside OUT and renamed to it when complete. A directory OUT must not\n"
+    "exist or be empty: ckptio never writes into a directory holding other files.\n"
+    "\nWhat OUT cannot hold is named in a warning before anything is written:\n"
+    "non-tensor values of a torch.save file (numbers, strings, _metadata), byte\n"
+    "items of a DCP directory (except into DCP, which carries them), the\n"
+    "__metadata__ of safetensors (into torch.save or DCP). Tensors that shared a\n"
+    "storage (views, tied weights) are written as copies, with a warning.\n"
+    "A Hugging Face OUT is split as huggingface_hub splits (tensors in order, a\n"
+    "new shard when the next would pass SIZE, a larger tensor alone); one shard is\n"
+    "model.safetensors without an index. A DCP OUT is what ckptio.dcp writes for\n"
+    "one process: each tensor whole, one data file, a checksum manifest.\n"
     "\noptions:\n"
-    "  --alignment N  storage alignment of a torch.save OUT, 1..65536 (default 4096)\n"
-    "  --shard-size SIZE  largest shard of a sharded OUT (e.g. 5GB = 5*10^9, 2GiB; default 5GB)\n"
-    "  -q, --quiet    no warnings and no summary line\n"
-    "  -h, --help     show this help\n"
+    "  --to FORMAT        safetensors, hf, torch or dcp\n"
+    "  --shard-size SIZE  largest shard of a Hugging Face OUT (e.g. 5GB = 5*10^9,\n"
+    "                     2GiB; default 5GB)\n"
+    "  --alignment N      storage alignment of a torch.save OUT, 1..65536 (default 4096)\n"
+    "  -q, --quiet        no warnings and no summary line\n"
+    "  -h, --help         show this help\n"
     "\nexit status: 0 converted, 1 invalid input or failed write, 2 bad command line\n",
 };
 
-/* Containers already counted. A pickle shares containers (its memo) and a
- * few hundred bytes can reach one along 3^60 paths: each is counted once, so
- * the count costs what the file holds, not the tree it expands to. */
-typedef struct seen_set {
-    const void **slots;
-    size_t cap, count;  /* cap: a power of two, or 0 */
-} seen_set;
+static const char *const to_names[] = {"", "safetensors", "hf", "torch", "dcp"};
 
-/* True the first time `p` is added (and when memory runs out: then counted again). */
-static bool seen_first(seen_set *s, const void *p) {
-    if (2 * (s->count + 1) > s->cap) {
-        const size_t ncap = s->cap ? 2 * s->cap : 256;
-        const void **grown = calloc(ncap, sizeof *grown);
-        if (!grown) return true;
-        for (size_t i = 0; i < s->cap; i++) {
-            if (!s->slots[i]) continue;
-            size_t j = ((uintptr_t)s->slots[i] >> 4) & (ncap - 1);
-            while (grown[j]) j = (j + 1) & (ncap - 1);
-            grown[j] = s->slots[i];
-        }
-        free(s->slots);
-        s->slots = grown;
-        s->cap = ncap;
-    }
-    size_t i = ((uintptr_t)p >> 4) & (s->cap - 1);
-    for (; s->slots[i]; i = (i + 1) & (s->cap - 1))
-        if (s->slots[i] == p) return false;
-    s->slots[i] = p;
-    s->count++;
-    return true;
-}
-
-/* Counts the non-tensor leaves of the object tree (what safetensors loses). */
-static size_t count_values(const ckptio_value *v, unsigned depth, seen_set *seen) {
-    if (depth > 600) return 0; /* the reader bounds nesting; this is belt and braces */
-    size_t n = 0, len = 0;
-    switch (ckptio_value_kind_of(v)) {
-    case CKPTIO_VALUE_TENSOR: return 0;
-    case CKPTIO_VALUE_LIST:
-    case CKPTIO_VALUE_TUPLE:
-    case CKPTIO_VALUE_SET:
-        if (!seen_first(seen, v)) return 0;
-        ckptio_value_len(v, &len);
-        for (size_t i = 0; i < len; i++) {
-            const ckptio_value *item;
-            if (ckptio_value_item(v, i, &item) == CKPTIO_OK) n += count_values(item, depth + 1, seen);
-        }
-        return n;
-    case CKPTIO_VALUE_DICT: {
-        if (!seen_first(seen, v)) return 0;
-        ckptio_value_len(v, &len);
-        for (size_t i = 0; i < len; i++) {
-            const ckptio_value *key, *item;
-            if (ckptio_value_dict_item(v, i, &key, &item) == CKPTIO_OK) n += count_values(item, depth + 1, seen);
-        }
-        const ckptio_value *attrs = NULL;
-        if (ckptio_value_dict_attrs(v, &attrs) == CKPTIO_OK && attrs) n += 1;
-        return n;
-    }
-    default: return 1;
+static const char *format_words(ckptio_format f) {
+    switch (f) {
+    case CKPTIO_FORMAT_SAFETENSORS: return "safetensors";
+    case CKPTIO_FORMAT_TORCH: return "torch.save";
+    case CKPTIO_FORMAT_DCP: return "DCP";
+    case CKPTIO_FORMAT_HF_INDEX: return "Hugging Face";
+    default: return "?";
     }
 }
 
-static int torch_to_safetensors(ckptio_engine *engine, const char *in, const char *out, bool quiet) {
-    int rc = CLI_EXIT_FAIL;
-    ckptio_torch *t = NULL;
-    size_t n = 0, nstorages = 0;
-    size_t *users = NULL;
-    ckptio_status st = ckptio_torch_open(engine, in, &t);
-    if (st != CKPTIO_OK) return cli_error_lib(in, st);
-    ckptio_torch_count(t, &n);
-    ckptio_torch_storage_count(t, &nstorages);
-    if (!(users = calloc(nstorages ? nstorages : 1, sizeof *users))) {
-        cli_error("out of memory");
-        goto out;
+static const char *to_words(ckptio_convert_to to) {
+    switch (to) {
+    case CKPTIO_CONVERT_SAFETENSORS: return "safetensors";
+    case CKPTIO_CONVERT_HF: return "Hugging Face";
+    case CKPTIO_CONVERT_TORCH: return "torch.save";
+    case CKPTIO_CONVERT_DCP: return "DCP";
+    default: return "?";
     }
-    size_t strided = 0, shared = 0;
-    for (size_t i = 0; i < n; i++) {
-        ckptio_torch_tensor_info ti;
-        if ((st = ckptio_torch_tensor(t, i, &ti)) != CKPTIO_OK) {
-            cli_error_lib(in, st);
-            goto out;
-        }
-        const char *stname = ckptio_dtype_name(ti.dtype);
-        if (!stname || !stname[0]) {
-            cli_error("%s: tensor '%s' has dtype %s, which safetensors cannot store", in, ti.name,
-                      ckptio_dtype_torch_name(ti.dtype));
-            goto out;
-        }
-        users[ti.storage]++;
-        strided += !ti.is_contiguous;
-    }
-    for (size_t i = 0; i < n; i++) {
-        ckptio_torch_tensor_info ti;
-        ckptio_torch_tensor(t, i, &ti);
-        if (users[ti.storage] > 1) shared++;
-    }
-    const ckptio_value *root = NULL;
-    ckptio_torch_root(t, &root);
-    seen_set seen = {0};
-    const size_t dropped = count_values(root, 0, &seen);
-    free(seen.slots);
-    if (!quiet && shared)
-        cli_warning("%zu tensors share a storage with another tensor; safetensors cannot share bytes, so each is "
-                    "written as its own copy", shared);
-    if (!quiet && dropped)
-        cli_warning("%zu non-tensor value%s (numbers, strings, _metadata, ...) cannot be stored in safetensors and %s "
-                    "dropped", dropped, dropped == 1 ? "" : "s", dropped == 1 ? "is" : "are");
-    /* Tensor by tensor through the engine, never a mapping of IN: an IN
-     * that shrinks meanwhile is an error naming it, and OUT is not left. */
-    const ckptio_kv meta[] = {{"format", "pt"}};
-    if ((st = ckptio_torch_save_safetensors(t, out, NULL, 0, meta, 1, 0)) != CKPTIO_OK) {
-        cli_error_lib(NULL, st);
-        goto out;
-    }
-    if (!quiet)
-        printf("%s -> %s: %zu tensors (torch.save -> safetensors, %zu gathered from strided views)\n", cli_q(in),
-               cli_q(out), n, strided);
-    rc = CLI_EXIT_OK;
-out:
-    free(users);
-    ckptio_torch_close(t);
-    return rc;
 }
 
-static int safetensors_to_torch(ckptio_engine *engine, const char *in, const char *out, uint32_t alignment, bool quiet) {
-    int rc = CLI_EXIT_FAIL;
-    ckptio_safetensors *s = NULL;
-    size_t n = 0, nmeta = 0;
-    ckptio_status st = ckptio_safetensors_open(engine, in, &s);
-    if (st != CKPTIO_OK) return cli_error_lib(in, st);
-    ckptio_safetensors_count(s, &n);
-    ckptio_safetensors_metadata_count(s, &nmeta);
-    for (size_t i = 0; i < n; i++) {
-        ckptio_tensor_info ti;
-        if ((st = ckptio_safetensors_tensor(s, i, &ti)) != CKPTIO_OK) {
-            cli_error_lib(in, st);
-            goto out;
-        }
-        if (!ckptio_dtype_torch_name(ti.dtype)) {
-            cli_error("%s: tensor '%s' has dtype %s, which torch cannot store", in, ti.name, ckptio_dtype_name(ti.dtype));
-            goto out;
-        }
-    }
-    if (!quiet && nmeta)
-        cli_warning("%zu __metadata__ entr%s of %s %s not carried into the torch.save file", nmeta,
-                    nmeta == 1 ? "y" : "ies", in, nmeta == 1 ? "is" : "are");
-    /* Tensor by tensor through the engine (see torch_to_safetensors). */
-    ckptio_torch_save_options opts = {.storage_alignment = alignment};
-    if ((st = ckptio_safetensors_save_torch(s, out, &opts)) != CKPTIO_OK) {
-        cli_error_lib(NULL, st);
-        goto out;
-    }
-    if (!quiet)
-        printf("%s -> %s: %zu tensors (safetensors -> torch.save, alignment %u)\n", cli_q(in), cli_q(out), n,
-               alignment);
-    rc = CLI_EXIT_OK;
-out:
-    ckptio_safetensors_close(s);
-    return rc;
+static void print_note(const char *note, void *user) {
+    (void)user;
+    cli_warning("%s", note);
 }
 
 int cli_cmd_convert(int argc, char **argv) {
-    enum { OPT_ALIGNMENT = 256, OPT_SHARD_SIZE };
+    enum { OPT_ALIGNMENT = 256, OPT_SHARD_SIZE, OPT_TO };
     static const struct option longopts[] = {
         {"alignment", required_argument, NULL, OPT_ALIGNMENT},
         {"shard-size", required_argument, NULL, OPT_SHARD_SIZE},
+        {"to", required_argument, NULL, OPT_TO},
         {"quiet", no_argument, NULL, 'q'},
         {"help", no_argument, NULL, 'h'},
         {NULL, 0, NULL, 0},
     };
     bool quiet = false;
     uint64_t alignment = 4096, shard_size = 0;
+    ckptio_convert_to to = CKPTIO_CONVERT_AUTO;
     for (int c; (c = cli_next_option(argc, argv, "hq", longopts, &usage)) != CLI_OPT_END;) {
         switch (c) {
         case 'h': cli_usage_print(&usage); return CLI_EXIT_OK;
@@ -234,29 +109,41 @@ int cli_cmd_convert(int argc, char **argv) {
             if (cli_parse_size(optarg, &shard_size) != 0 || shard_size == 0)
                 return cli_usage_error(&usage, "--shard-size must be a positive size such as 5GB, not '%s'", optarg);
             break;
+        case OPT_TO:
+            to = CKPTIO_CONVERT_AUTO;
+            for (int k = CKPTIO_CONVERT_SAFETENSORS; k <= CKPTIO_CONVERT_DCP; k++)
+                if (strcmp(optarg, to_names[k]) == 0) to = (ckptio_convert_to)k;
+            if (to == CKPTIO_CONVERT_AUTO)
+                return cli_usage_error(&usage, "--to must be safetensors, hf, torch or dcp, not '%s'", optarg);
+            break;
         default: return CLI_EXIT_USAGE;
         }
     }
     if (argc - optind != 2) return cli_usage_error(&usage, "expected IN and OUT");
     const char *in = argv[optind], *out = argv[optind + 1];
+    if (shard_size && to != CKPTIO_CONVERT_AUTO && to != CKPTIO_CONVERT_HF)
+        return cli_usage_error(&usage, "--shard-size applies to a Hugging Face OUT (--to hf) only");
+
+    /* An unreadable IN gets the words every command gives it. */
     ckptio_format format;
     if (cli_detect(in, &format) != 0) return CLI_EXIT_FAIL;
-    if (format == CKPTIO_FORMAT_DCP) {
-        ckptio_engine *engine = cli_engine_create();
-        if (!engine) return CLI_EXIT_FAIL;
-        const int rc = cli_dcp_convert(engine, in, out, shard_size, quiet);
-        ckptio_engine_destroy(engine);
-        return rc;
-    }
-    if (shard_size) return cli_usage_error(&usage, "--shard-size applies to a DCP directory IN only");
-    if (format != CKPTIO_FORMAT_SAFETENSORS && format != CKPTIO_FORMAT_TORCH && format != CKPTIO_FORMAT_TORCH_LEGACY)
-        return cli_refuse_format(in, format);
-
     ckptio_engine *engine = cli_engine_create();
     if (!engine) return CLI_EXIT_FAIL;
-    /* A legacy torch file goes to the torch reader, which says why it refuses it. */
-    int rc = format == CKPTIO_FORMAT_SAFETENSORS ? safetensors_to_torch(engine, in, out, (uint32_t)alignment, quiet)
-                                                 : torch_to_safetensors(engine, in, out, quiet);
+    const ckptio_convert_options opts = {.to = to, .shard_size = shard_size, .storage_alignment = (uint32_t)alignment,
+                                         .note = quiet ? NULL : print_note};
+    ckptio_convert_report r;
+    const ckptio_status st = ckptio_convert(engine, in, out, &opts, &r);
     ckptio_engine_destroy(engine);
-    return rc;
+    if (st != CKPTIO_OK) return cli_error_lib(NULL, st);
+    if (!quiet) {
+        char size[32], files[64] = "";
+        if (r.to == CKPTIO_CONVERT_HF)
+            snprintf(files, sizeof files, " in %zu shard%s%s", r.files, r.files == 1 ? "" : "s",
+                     r.files > 1 ? " + model.safetensors.index.json" : " (model.safetensors)");
+        else if (r.to == CKPTIO_CONVERT_DCP && r.byte_items)
+            snprintf(files, sizeof files, " and %zu byte item%s", r.byte_items, r.byte_items == 1 ? "" : "s");
+        printf("%s -> %s: %zu tensor%s%s, %s (%s -> %s)\n", cli_q(in), cli_q(out), r.tensors, r.tensors == 1 ? "" : "s",
+               files, cli_format_bytes(r.bytes, size, sizeof size), format_words(r.from), to_words(r.to));
+    }
+    return CLI_EXIT_OK;
 }

@@ -242,17 +242,18 @@ int cli_dcp_verify(ckptio_engine *engine, const char *dir, bool quiet) {
     char size[32];
     int rc = CLI_EXIT_OK;
     char coverage[128];
-    if (ckptio_dcp_manifest(h, &manifest) == CKPTIO_OK) {
-        if ((st = ckptio_dcp_verify(h, &r)) != CKPTIO_OK) rc = cli_error_lib(dir, st);
-        else if (!quiet)
+    /* One rule with ckptio.dcp.verify: checksums when there is a manifest, else the structure. */
+    if ((st = ckptio_dcp_validate(h, &r, &manifest)) != CKPTIO_OK) {
+        rc = cli_error_lib(dir, st);
+    } else if (manifest) {
+        if (!quiet)
             printf("%s: ok (DCP, %zu tensor%s, %zu byte item%s; %zu of %zu items matched their XXH3-64 in %s, "
                    "%zu without a checksum; %s; %s read)\n",
                    cli_q(dir), nt, nt == 1 ? "" : "s", nb, nb == 1 ? "" : "s", r.checked, r.items, cli_q(manifest), r.unhashed,
                    describe_coverage(&r, coverage, sizeof coverage), cli_format_bytes(r.bytes, size, sizeof size));
     } else {
         /* No manifest (torch wrote it): what can be checked without checksums. */
-        if ((st = ckptio_dcp_check(h, &r)) != CKPTIO_OK) rc = cli_error_lib(dir, st);
-        else if (!quiet)
+        if (!quiet)
             printf("%s: ok (DCP, %zu tensor%s, %zu byte item%s; no ckptio manifest, so no checksums: structure "
                    "checked instead, %zu items parsed, %s; %s read)\n",
                    cli_q(dir), nt, nt == 1 ? "" : "s", nb, nb == 1 ? "" : "s", r.checked,

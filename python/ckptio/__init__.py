@@ -13,6 +13,7 @@ tensors and numpy arrays.
     with ckptio.open("model.safetensors") as f:
         w = f.get_tensor("layer.0.weight", device="cuda:0")
     sd = ckptio.load("model_dir/", device="cuda")           # Hugging Face directory, all shards
+    ckptio.convert("ckpt/step100", "model_dir/", to="hf")    # any format into any other
     with ckptio.safe_open("model_dir/", framework="pt") as f:  # drop-in for safetensors.safe_open
         part = f.get_slice("embed.weight")[:, :1024]         # reads only those bytes
 
@@ -35,8 +36,20 @@ from ._model import Slice, SliceRequest
 from ._distributed import LoadStats, last_load_stats
 from ._safe_open import safe_open
 from ._manager import CheckpointManager
+from ._snapshot import Snapshot, Snapshots
+from ._convert import convert
 
 __version__: str = _ckptio.version()
+
+
+def __getattr__(name: str):
+    # ckptio.dcp builds on torch.distributed: it is imported on first use, so
+    # `import ckptio` (and the `ckptio` command's launcher) never imports torch.
+    if name == "dcp":
+        import importlib
+
+        return importlib.import_module(".dcp", __name__)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def option_names() -> list:
@@ -62,6 +75,9 @@ __all__ = [
     "save_model",
     "load_model",
     "CheckpointManager",
+    "Snapshots",
+    "Snapshot",
+    "convert",
     "GdsFile",
     "gds_register_buffer",
     "gds_deregister_buffer",

@@ -230,7 +230,7 @@ class CheckpointFile:
             dev = _adapt.resolve_cuda(dev)
         st = self.format == "safetensors"
         if dev.kind == "cpu" and out is None and (self._mmap or (st and self._framework == "pt")):
-            with _progress.reporting(progress, f"load {os.path.basename(self._path)}"):
+            with _progress.reporting(progress, f"load {self._path}"):
                 return self._get_cpu(names)
         result: Dict[str, Any] = {}
         moves: Dict[str, Any] = {}
@@ -256,7 +256,7 @@ class CheckpointFile:
             result[name] = t.value
             targets.append((e.index, t.address, t.capacity, t.mem_kind))
         _adapt.sync_current_stream(cuda_devices)
-        with _progress.reporting(progress, f"load {os.path.basename(self._path)}"):
+        with _progress.reporting(progress, f"load {self._path}"):
             self._reader.read(targets)
         for name, d in moves.items():
             result[name] = result[name].to(str(d))
@@ -342,7 +342,7 @@ class CheckpointFile:
         dev = self._device if device is None else _adapt.parse_device(device)
         if dev.kind == "cuda":
             dev = _adapt.resolve_cuda(dev)
-        with _progress.reporting(progress, f"load {os.path.basename(self._path)}"):
+        with _progress.reporting(progress, f"load {self._path}"):
             return build_torch_object(self._reader, dev, self._mapping() if self._mmap else None)
 
     def verify(self) -> Dict[str, int]:
@@ -454,9 +454,10 @@ def load(path: Union[PathLike, bytes, bytearray, memoryview, Any], device: Any =
         with CheckpointFile(path, framework, device, engine=engine, allow_symlinks=allow_symlinks) as f:
             return f.get_slices(slices)
     if _memory.is_memory(path):
-        with _memory.readable_path(path) as mpath:
-            return load(mpath, device, keys, framework=framework, out=out, engine=engine, progress=progress,
-                        mmap=mmap)
+        # The bar is named after what the caller gave, not the memory file's /proc name.
+        label = "load bytes" if isinstance(path, (bytes, bytearray, memoryview)) else "load stream"
+        with _progress.reporting(progress, label), _memory.readable_path(path) as mpath:
+            return load(mpath, device, keys, framework=framework, out=out, engine=engine, mmap=mmap)
     with CheckpointFile(path, framework, device, engine=engine, allow_symlinks=allow_symlinks, mmap=mmap) as f:
         if f.format == "torch" and keys is None and out is None and f._framework == "pt":
             return f.load_object(progress=progress)
@@ -662,11 +663,25 @@ def save(state_dict: Any, path: Optional[PathLike] = None, format: Optional[str]
     return None
 
 
+def _check_only_tensors(flat: Dict[str, Any], spath: str) -> None:
+    """safetensors holds tensors only; a training state often holds a step
+    counter or a config too: say which key, and which format keeps it."""
+    for name, value in flat.items():
+        if _adapt.is_torch_tensor(value) or _adapt.is_numpy_array(value):
+            continue
+        cls = type(value)
+        kind = cls.__qualname__ if cls.__module__ == "builtins" else f"{cls.__module__}.{cls.__qualname__}"
+        what = "None" if value is None else f"{'an' if kind[0] in 'aeiouAEIOU' else 'a'} {kind}"
+        raise TypeError(f"{spath}: '{name}' is {what}, not a tensor, and safetensors stores only tensors: save "
+                        "it in the torch.save format (a path ending in .pt, or format='torch'), which keeps such "
+                        "values, or leave it out")
+
+
 def _save(state_dict: Any, spath: str, format: Optional[str], metadata: Optional[Mapping[str, str]],
           align: Optional[int], crc: bool, checksums: bool, engine, progress: "_progress.Progress",
           in_place: bool) -> None:
     fmt = format_for_path(spath if not in_place else None, format)
-    what = "save" if in_place else f"save {os.path.basename(spath)}"
+    what = "save bytes" if in_place else f"save {spath}"
     if checksums and fmt != "safetensors":
         raise ValueError(f"{spath}: checksums=True is for safetensors; torch.save files carry CRC-32s (crc=True)")
     if fmt in ("torch", "pt", "pytorch"):
@@ -679,6 +694,7 @@ def _save(state_dict: Any, spath: str, format: Optional[str], metadata: Optional
     if fmt != "safetensors":
         raise ValueError(f"format must be 'safetensors' or 'torch', not {format!r}")
     flat = _adapt.flatten(state_dict)
+    _check_only_tensors(flat, spath)
     _adapt.check_state_dict(flat, spath)
     overlaps = _adapt.find_overlaps(flat)
     if overlaps:

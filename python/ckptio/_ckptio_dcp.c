@@ -386,18 +386,21 @@ static PyObject *mod_zstd_decompress(PyObject *module, PyObject *args) {
     return out;
 }
 
-/* ---- verifying a directory against its manifest ---------------------------------- */
+/* ---- verifying a directory: its manifest, or its structure ---------------------- */
 
 typedef struct verify_call {
     const char *dir;
     ckptio_dcp_verify_report report;
+    char manifest[256]; /* "" when there was none: the structure was checked */
 } verify_call;
 
 static ckptio_status do_verify(ckptio_engine *engine, void *arg) {
     verify_call *c = arg;
     ckptio_dcp *h = NULL;
+    const char *manifest = NULL;
     ckptio_status st = ckptio_dcp_open(engine, c->dir, &h);
-    if (st == CKPTIO_OK) st = ckptio_dcp_verify(h, &c->report);
+    if (st == CKPTIO_OK) st = ckptio_dcp_validate(h, &c->report, &manifest);
+    if (st == CKPTIO_OK && manifest) snprintf(c->manifest, sizeof c->manifest, "%s", manifest);
     ckptio_dcp_close(h); /* keeps the error of a failed verify */
     return st;
 }
@@ -411,10 +414,16 @@ static PyObject *mod_dcp_verify(PyObject *module, PyObject *args, PyObject *kwar
     PyObject *result = NULL;
     ckpy_engine *engine = ckpy_engine_resolve(engine_arg);
     verify_call c = {.dir = PyBytes_AsString(dir)};
-    if (engine && ckpy_engine_run(engine, do_verify, &c) == 0)
-        result = Py_BuildValue("{s:n,s:n,s:n,s:K,s:n}", "items", (Py_ssize_t)c.report.items, "checked",
-                               (Py_ssize_t)c.report.checked, "unhashed", (Py_ssize_t)c.report.unhashed, "bytes",
-                               (unsigned long long)c.report.bytes, "partial", (Py_ssize_t)c.report.partial);
+    if (engine && ckpy_engine_run(engine, do_verify, &c) == 0) {
+        PyObject *manifest = Py_None;
+        if (c.manifest[0]) manifest = PyUnicode_DecodeFSDefault(c.manifest);
+        else Py_INCREF(manifest);
+        if (manifest)
+            result = Py_BuildValue("{s:n,s:n,s:n,s:K,s:n,s:N,s:O}", "items", (Py_ssize_t)c.report.items, "checked",
+                                   (Py_ssize_t)c.report.checked, "unhashed", (Py_ssize_t)c.report.unhashed, "bytes",
+                                   (unsigned long long)c.report.bytes, "partial", (Py_ssize_t)c.report.partial,
+                                   "manifest", manifest, "checksums", c.manifest[0] ? Py_True : Py_False);
+    }
     Py_XDECREF(engine);
     Py_DECREF(dir);
     return result;
@@ -433,8 +442,9 @@ static PyMethodDef dcp_methods[] = {
      "dcp_file_open(dir, relative_path, engine=None) -> File: a data file of a DCP directory, read-only\n"
      "(ckptio_dcp_file_open: a relative_path that leaves the directory is refused, E_FORMAT)."},
     {"dcp_verify", (PyCFunction)(void (*)(void))mod_dcp_verify, METH_VARARGS | METH_KEYWORDS,
-     "dcp_verify(dir, engine=None) -> {items, checked, unhashed, bytes, partial}: ckptio_dcp_open +\n"
-     "ckptio_dcp_verify (the checkpoint directory against its ckptio manifest; bounded memory). GIL released."},
+     "dcp_verify(dir, engine=None) -> {items, checked, unhashed, bytes, partial, manifest, checksums}:\n"
+     "ckptio_dcp_open + ckptio_dcp_validate (against the ckptio manifest, or without one the structure;\n"
+     "bounded memory). GIL released."},
     {"dcp_write", (PyCFunction)(void (*)(void))mod_dcp_write, METH_VARARGS | METH_KEYWORDS,
      "dcp_write(items, alignment=0, engine=None) -> [(offset, length, xxh3 or None, parts or None)]\n\n"
      "Writes .distcp items (ckptio_dcp_write): each (File, flags, payload) where payload is bytes\n"

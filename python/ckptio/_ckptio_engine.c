@@ -107,13 +107,23 @@ static int warn_unknown_env_once(void) {
     char text[2048];
     size_t unknown = 0;
     if (ckptio_env_check(text, sizeof text, &unknown) != CKPTIO_OK || unknown == 0) return 0;
-    for (char *line = text, *nl; *line; line = nl + 1) {
+    /* ckptio._warn.warn attributes each to the user's line, not to the
+     * package's own code that happened to make the first engine. */
+    PyObject *mod = PyImport_ImportModule("ckptio._warn");
+    PyObject *warn = mod ? PyObject_GetAttrString(mod, "warn") : NULL;
+    Py_XDECREF(mod);
+    if (!warn) return -1;
+    int rc = 0;
+    for (char *line = text, *nl; rc == 0 && *line; line = nl + 1) {
         nl = strchr(line, '\n');
         if (!nl) break; /* cut short: the rest did not fit */
         *nl = '\0';
-        if (PyErr_WarnEx(PyExc_RuntimeWarning, line, 1) < 0) return -1;
+        PyObject *r = PyObject_CallFunction(warn, "sO", line, PyExc_RuntimeWarning);
+        if (!r) rc = -1;
+        Py_XDECREF(r);
     }
-    return 0;
+    Py_DECREF(warn);
+    return rc;
 }
 
 static ckpy_engine *engine_alloc(PyTypeObject *type) {

@@ -91,6 +91,10 @@ PyObject *ckpy_file_open_dcp(PyObject *dir_arg, PyObject *relative_path, PyObjec
 
 int ckpy_dcp_add_to_module(PyObject *module);
 
+/* ---- any checkpoint into any format (_ckptio_convert.c) ------------------- */
+
+int ckpy_convert_add_to_module(PyObject *module);
+
 /* ---- the DCP directory commit (_ckptio_dcp_commit.c) ---------------------- */
 
 int ckpy_dcp_commit_add_to_module(PyObject *module);
@@ -98,6 +102,10 @@ int ckpy_dcp_commit_add_to_module(PyObject *module);
 /* ---- the checkpoint manager's steps (_ckptio_steps.c) -------------------- */
 
 int ckpy_steps_add_to_module(PyObject *module);
+
+/* ---- snapshot pools (_ckptio_snapshot.c) ----------------------------------- */
+
+int ckpy_snapshot_add_to_module(PyObject *module);
 
 /* ---- GDS file API and CUDA queries (_ckptio_gds.c) ------------------------ */
 

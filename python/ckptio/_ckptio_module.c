@@ -351,7 +351,8 @@ PyMODINIT_FUNC PyInit__ckptio(void) {
     if (ckpy_engine_add_to_module(m) < 0 || ckpy_safetensors_add_to_module(m) < 0 ||
         ckpy_file_add_to_module(m) < 0 || ckpy_gds_add_to_module(m) < 0 || ckpy_torch_add_to_module(m) < 0 ||
         ckpy_dcp_add_to_module(m) < 0 || ckpy_dcp_commit_add_to_module(m) < 0 || ckpy_pickle_add_to_module(m) < 0 || ckpy_model_add_to_module(m) < 0 ||
-        ckpy_steps_add_to_module(m) < 0 || ckpy_mapping_add_to_module(m) < 0)
+        ckpy_steps_add_to_module(m) < 0 || ckpy_convert_add_to_module(m) < 0 || ckpy_snapshot_add_to_module(m) < 0 ||
+        ckpy_mapping_add_to_module(m) < 0)
         goto fail;
     if (PyModule_AddIntConstant(m, "MEM_HOST", CKPTIO_MEM_HOST) < 0 ||
         PyModule_AddIntConstant(m, "MEM_PINNED", CKPTIO_MEM_PINNED) < 0 ||

@@ -26,7 +26,9 @@ from typing import Any, List, Optional, Tuple
 # script imports the package) must not pay torch's import time.
 from . import _ckptio
 from ._ckptio import Engine
+from . import _manager_async
 from ._errors import CkptioError, make_error
+from ._snapshot import Snapshots
 
 _log = logging.getLogger("ckptio.manager")
 
@@ -49,8 +51,11 @@ class CheckpointManager:
       are removed after a newer step is committed, never the newest step that
       passes the fast check.
     * ``keep_every``: also keep every step that is a multiple of N.
-    * ``async_save`` (default True): ``save`` stages the state and returns;
-      the data is written on a thread, the step committed after it.
+    * ``async_save`` (default True): ``save`` snapshots the state into a
+      pinned pool of the manager's (``ckptio.Snapshots``: copied on ckptio's
+      own stream while training goes on; ``prepare``/``load`` pin it ahead)
+      and returns; the data is written on a thread, the step committed after
+      it. ``writer_options={"snapshots": False}`` stages as torch does.
     * ``async_busy``: a ``save`` while the previous one is in flight
       ``"wait"``s for it (default) or raises RuntimeError (``"error"``).
     * ``check``: how ``load(step=None)`` checks the steps it considers,
@@ -99,6 +104,8 @@ class CheckpointManager:
                                                     if process_group is not None else None, backend="gloo")
         self._pending: Optional[concurrent.futures.Future] = None
         self._closed = False
+        # Async saves snapshot the state into a pinned pool of the manager's (docs/SNAPSHOTS.md), freed by close().
+        self._snapshots = Snapshots() if async_save and self.writer_options.get("snapshots", True) is True else None
         # A job killed between a step's commit and its retention left one
         # step too many: a restarted job starts from a root within bounds.
         self._decide(self._retain_existing, "CheckpointManager")
@@ -217,6 +224,11 @@ class CheckpointManager:
             self._pending = done
             self.wait()
             return done
+        if self._snapshots is not None and self._dist is None:  # one process: the snapshot, the rest on a thread
+            snapshot_done = _manager_async.save(self, step, state_dict, writer, lock)
+            if snapshot_done is not None:
+                self._pending = snapshot_done
+                return snapshot_done
         try:
             saving = dcp.async_save(state_dict, **kwargs)
         except BaseException:
@@ -252,7 +264,10 @@ class CheckpointManager:
     def _writer(self, step_dir: str):
         from .dcp import FileSystemWriter
 
-        options = {"sync_files": True, "engine": self.engine}
+        # Files written side by side: the kernel lets one writer into a tmpfs file at a time (docs/ENGINE.md).
+        options = {"sync_files": True, "engine": self.engine, "thread_count": min(8, os.cpu_count() or 1)}
+        if self._snapshots is not None:
+            options["snapshots"] = self._snapshots
         options.update(self.writer_options)
         return FileSystemWriter(step_dir, **options)
 
@@ -271,6 +286,13 @@ class CheckpointManager:
                     _log.info("%s: retention removed step(s) %s", self.root, removed)
         finally:
             _release(lock)
+
+    def prepare(self, state_dict) -> None:
+        """Sizes the async saves' snapshot pool for state_dict and pins it in
+        the background, so that the first save does not wait for it (``load``
+        does this with the state it loads into)."""
+        if self._snapshots is not None:
+            self._snapshots.prepare(state_dict)
 
     def wait(self) -> None:
         """Waits until the save in flight (if any) is committed; raises its
@@ -337,6 +359,7 @@ class CheckpointManager:
         for _ in range(_LOAD_ATTEMPTS):
             picked = self._decide(pick, "CheckpointManager.load")
             if picked is None:
+                self.prepare(state_dict)  # the async saves' pool, pinned in the background for this state
                 return None
             chosen, marked = picked
             error = None
@@ -347,6 +370,7 @@ class CheckpointManager:
                 error = e
             try:
                 self._agree(error, f"CheckpointManager.load(step {chosen})")
+                self.prepare(state_dict)
                 return chosen
             except failures as failed:  # noqa: BLE001 - raised below unless the step went away
                 if self._rank == 0 and pin[0] is not None:
@@ -401,7 +425,13 @@ class CheckpointManager:
         """Waits for the save in flight; the manager takes no more saves."""
         if not self._closed:
             self._closed = True
-            self.wait()
+            try:
+                self.wait()
+            finally:
+                if getattr(self, "_save_thread", None) is not None:
+                    self._save_thread.stop()
+                if self._snapshots is not None:
+                    self._snapshots.close()
 
     def __enter__(self) -> "CheckpointManager":
         return self
@@ -414,6 +444,8 @@ class CheckpointManager:
             pending = self._pending
             if pending is not None:
                 concurrent.futures.wait([pending])
+            if self._snapshots is not None:
+                self._snapshots.close()
 
 
 def _lock(root: str):

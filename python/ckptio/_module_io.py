@@ -192,8 +192,9 @@ def load_model(model, path, strict: bool = True, device: Any = "cpu", *, engine=
     `path`: a file, a Hugging Face directory, bytes or a file object.
     """
     if _api._memory.is_memory(path):
-        with _api._memory.readable_path(path) as mpath:
-            return load_model(model, mpath, strict, device, engine=engine, progress=progress)
+        label = "load bytes" if isinstance(path, (bytes, bytearray, memoryview)) else "load stream"
+        with _api._progress.reporting(progress, label), _api._memory.readable_path(path) as mpath:
+            return load_model(model, mpath, strict, device, engine=engine)
     model_sd = model.state_dict()
     with _api.CheckpointFile(path, "pt", device, engine=engine) as f:
         file_names = f.keys()

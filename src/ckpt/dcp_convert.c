@@ -111,6 +111,12 @@ static ckptio_status plan_tensor(ckptio_dcp *h, const ckptio__dcp_tensor *t, boo
     return st;
 }
 
+ckptio_status ckptio__dcp_convert_plan(ckptio_dcp *h, size_t index, bool *streamed) {
+    CKPTIO_RETURN_IF(index >= h->ntensors, CKPTIO_E_RANGE, "tensor index %zu out of range (%zu tensors)", index,
+                     h->ntensors);
+    return plan_tensor(h, &h->tensors[index], streamed);
+}
+
 ckptio_status ckptio_dcp_save_safetensors(ckptio_dcp *h, const char *path, const size_t *tensors, size_t count,
                                           const ckptio_kv *metadata, size_t metadata_count, unsigned flags) {
     CKPTIO_RETURN_IF(!h || !path, CKPTIO_E_INVAL, "ckptio_dcp_save_safetensors: handle and path are required");

@@ -10,6 +10,7 @@
  * observer, on the pinned staging copies the bytes pass through: XXH3 has
  * no combine step, and the pipeline moves one tensor's blocks out of order.
  */
+#include "convert_internal.h"
 #include "engine_internal.h"
 #include "gpu_internal.h"
 #include "torch_internal.h"
@@ -294,7 +295,8 @@ static size_t extent_count(const item_job *jobs, size_t count) {
     return n;
 }
 
-static ckptio_status place_and_write(ckptio_engine *engine, item_job *jobs, size_t count, uint32_t alignment) {
+static ckptio_status place_and_write(ckptio_engine *engine, item_job *jobs, size_t count, uint32_t alignment,
+                                     uint64_t start) {
     ckptio_status st = CKPTIO_OK;
     file_end *ends = ckptio__calloc(count ? count : 1, sizeof *ends);
     ckptio_plan *plan = NULL;
@@ -313,7 +315,7 @@ static ckptio_status place_and_write(ckptio_engine *engine, item_job *jobs, size
         ckptio_dcp_item *it = j->item;
         size_t f = 0;
         while (f < nfiles && ends[f].file != it->file) f++;
-        if (f == nfiles) ends[nfiles++] = (file_end){.file = it->file, .end = 0};
+        if (f == nfiles) ends[nfiles++] = (file_end){.file = it->file, .end = start};
         it->offset = align_up(ends[f].end, alignment);
         ends[f].end = it->offset + it->length;
         ckptio_extent ex = {.file = it->file, .file_offset = it->offset, .mem_kind = CKPTIO_MEM_HOST};
@@ -359,6 +361,11 @@ out:
 
 ckptio_status ckptio_dcp_write(ckptio_engine *engine, ckptio_dcp_item *items, size_t count,
                                const ckptio_torch_save_options *options) {
+    return ckptio__dcp_write_from(engine, items, count, options, 0);
+}
+
+ckptio_status ckptio__dcp_write_from(ckptio_engine *engine, ckptio_dcp_item *items, size_t count,
+                                     const ckptio_torch_save_options *options, uint64_t start) {
     if (!engine || (count && !items))
         return CKPTIO_FAIL(CKPTIO_E_INVAL, "ckptio_dcp_write: engine and items are required");
     if (count == 0) return CKPTIO_OK;
@@ -389,7 +396,7 @@ ckptio_status ckptio_dcp_write(ckptio_engine *engine, ckptio_dcp_item *items, si
             goto out;
         }
     }
-    st = place_and_write(engine, list.jobs, count, alignment);
+    st = place_and_write(engine, list.jobs, count, alignment, start);
 out:
     if (st != CKPTIO_OK) ckptio_dcp_items_release(items, count);
     for (size_t i = 0; list.jobs && i < count; i++) {

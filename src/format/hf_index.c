@@ -177,3 +177,31 @@ out:
     *out = x;
     return CKPTIO_OK;
 }
+
+/* ---- writing --------------------------------------------------------------------------- */
+
+char *ckptio__hf_index_json(const char *const *names, const char *const *shards, size_t count, uint64_t total_size) {
+    json_t *root = json_object(), *md = json_object(), *wmap = json_object();
+    char *text = NULL;
+    bool ok = root && md && wmap && total_size <= (uint64_t)INT64_MAX &&
+              json_object_set_new(md, "total_size", json_integer((json_int_t)total_size)) == 0;
+    for (size_t i = 0; ok && i < count; i++) {
+        json_t *shard = json_string(shards[i]);
+        ok = shard && json_object_set_new(wmap, names[i], shard) == 0;
+    }
+    if (ok && json_object_set(root, "metadata", md) == 0 && json_object_set(root, "weight_map", wmap) == 0) {
+        /* json.dumps(index, indent=2, sort_keys=True) + "\n", as transformers writes it. */
+        char *body = json_dumps(root, JSON_INDENT(2) | JSON_SORT_KEYS | JSON_ENSURE_ASCII);
+        const size_t n = body ? strlen(body) : 0;
+        if (body && (text = ckptio__malloc(n + 2))) {
+            memcpy(text, body, n);
+            memcpy(text + n, "\n", 2);
+        }
+        free(body);
+    }
+    json_decref(root);
+    json_decref(md);
+    json_decref(wmap);
+    if (!text) CKPTIO_FAIL(CKPTIO_E_NOMEM, "out of memory for the index of %zu tensors", count);
+    return text;
+}

@@ -185,6 +185,23 @@ void ckptio__pickle_str(ckptio__pickle_buf *b, const char *s, size_t len);
 void ckptio__pickle_bytes(ckptio__pickle_buf *b, const uint8_t *data, size_t len);
 void ckptio__pickle_bool(ckptio__pickle_buf *b, bool v);
 
+/* One entry of a DCP .metadata written whole: a tensor stored as one chunk
+ * (its global shape in torch's terms) or a byte item, at [offset, +length)
+ * of data file `file`. */
+typedef struct ckptio__dcp_md_item {
+    const char *fqn;
+    int is_bytes;
+    ckptio_dtype dtype;
+    uint32_t ndim;
+    const int64_t *shape;
+    const char *file;
+    uint64_t offset, length;
+} ckptio__dcp_md_item;
+
+/* Appends the pickled Metadata of `items` (in order) to b, as torch's writer
+ * pickles it (pickle_dcp_write.c). */
+ckptio_status ckptio__dcp_metadata_pickle(const ckptio__dcp_md_item *items, size_t count, ckptio__pickle_buf *b);
+
 /* Pickle opcodes used by the writer and the reader. */
 enum {
     CKPTIO__OP_MARK = '(', CKPTIO__OP_STOP = '.', CKPTIO__OP_POP = '0', CKPTIO__OP_POP_MARK = '1',

@@ -309,6 +309,14 @@ static ckptio_status cuda_event_record(void *event, void *stream) {
     return CKPTIO_OK;
 }
 
+static ckptio_status cuda_stream_wait_event(void *stream, void *event) {
+    const ckptio__cuda_api *cu;
+    CKPTIO_FORWARD(need_api(&cu));
+    CUresult r = cu->cuStreamWaitEvent((CUstream)stream, (CUevent)event, 0);
+    if (r != CUDA_SUCCESS) return CKPTIO_CUDA_FAIL(r, "cuStreamWaitEvent(stream %p)", stream);
+    return CKPTIO_OK;
+}
+
 static ckptio_status cuda_event_sync(void *event) {
     const ckptio__cuda_api *cu;
     CKPTIO_FORWARD(need_api(&cu));
@@ -411,6 +419,7 @@ static const ckptio__gpu_ops cuda_ops = {
     .event_create = cuda_event_create,
     .event_destroy = cuda_event_destroy,
     .event_record = cuda_event_record,
+    .stream_wait_event = cuda_stream_wait_event,
     .event_sync = cuda_event_sync,
     .event_done = cuda_event_done,
     .h2d_async = cuda_h2d,

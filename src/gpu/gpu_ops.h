@@ -59,6 +59,10 @@ typedef struct ckptio__gpu_ops {
     ckptio_status (*event_create)(void **out);
     void (*event_destroy)(void *event);
     ckptio_status (*event_record)(void *event, void *stream);
+    /* Makes `stream` wait, on the device (the caller does not block), until
+     * the work captured by the last record of `event` completed
+     * (cuStreamWaitEvent); work queued on `stream` afterwards runs after it. */
+    ckptio_status (*stream_wait_event)(void *stream, void *event);
     /* Blocks until the work captured by the last record completed; an
      * asynchronous failure of that work is reported here. */
     ckptio_status (*event_sync)(void *event);

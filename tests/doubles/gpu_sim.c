@@ -34,7 +34,7 @@ typedef struct sim_event {
     uint64_t failed_copy;
 } sim_event;
 
-enum op_kind { OP_COPY, OP_EVENT, OP_WAIT_WORD, OP_FN };
+enum op_kind { OP_COPY, OP_EVENT, OP_WAIT_WORD, OP_WAIT_EVENT, OP_FN };
 
 typedef struct sim_op {
     enum op_kind kind;
@@ -48,6 +48,7 @@ typedef struct sim_op {
     sim_event *event;
     volatile uint32_t *word;
     uint32_t value;
+    uint64_t target;     /* OP_WAIT_EVENT: the event's record count to wait for */
     void (*fn)(void *);
     void *arg;
     struct sim_op *next;
@@ -331,6 +332,11 @@ static void *stream_main(void *arg) {
                 nanosleep(&ts, NULL);
             }
             break;
+        case OP_WAIT_EVENT:
+            pthread_mutex_lock(&lock);
+            while (op->event->done < op->target) pthread_cond_wait(&cond, &lock);
+            pthread_mutex_unlock(&lock);
+            break;
         case OP_FN:
             if (!s->failed) op->fn(op->arg);
             break;
@@ -424,6 +430,19 @@ static ckptio_status sim_event_record(void *event, void *stream) {
     op->event = event;
     pthread_mutex_lock(&lock);
     ((sim_event *)event)->recorded++;
+    pthread_mutex_unlock(&lock);
+    return enqueue(stream, op);
+}
+
+/* Waits for the record the event had when the wait was queued, as cuStreamWaitEvent does. */
+static ckptio_status sim_stream_wait_event(void *stream, void *event) {
+    sim_op *op = ckptio__calloc(1, sizeof *op);
+    if (!op) return CKPTIO_FAIL(CKPTIO_E_NOMEM, "simulated stream wait");
+    op->kind = OP_WAIT_EVENT;
+    op->event = event;
+    pthread_mutex_lock(&lock);
+    op->target = ((sim_event *)event)->recorded;
+    stats.stream_waits++;
     pthread_mutex_unlock(&lock);
     return enqueue(stream, op);
 }
@@ -552,6 +571,7 @@ static const ckptio__gpu_ops sim_ops = {
     .event_create = sim_event_create,
     .event_destroy = sim_event_destroy,
     .event_record = sim_event_record,
+    .stream_wait_event = sim_stream_wait_event,
     .event_sync = sim_event_sync,
     .event_done = sim_event_done,
     .h2d_async = sim_h2d,

@@ -49,6 +49,7 @@ typedef struct ckptio__gpu_sim_stats {
     uint64_t pinned_frees;       /* pinned allocations freed */
     int64_t ctx_depth;           /* ctx_enter minus ctx_leave (0 when balanced) */
     uint64_t streams_live, events_live;
+    uint64_t stream_waits;       /* stream_wait_event calls (a stream made to wait for an event) */
 } ckptio__gpu_sim_stats;
 
 /* The simulated device's operations table, for ckptio__gpu_set_ops(). */

@@ -7,6 +7,7 @@ file header independently in Python, never from ckptio itself.
 """
 import json
 import os
+import re
 import shutil
 import struct
 import subprocess
@@ -481,3 +482,105 @@ def test_importing_the_package_leaves_torch_unimported():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
                          cwd=os.path.dirname(os.path.abspath(__file__)) + "/..").stdout
     assert "torch" not in out, out
+
+
+def _help_rows():
+    """(name, operands, summary) of each command row of `ckptio --help`."""
+    out = run("--help").stdout
+    block = out.split("\ncommands:\n", 1)[1].split("\n\n", 1)[0]
+    rows = []
+    for line in block.splitlines():  # "  NAME     OPERANDS          SUMMARY": columns of 8 and 17
+        rows.append((line[2:10].strip(), line[11:28].strip(), line[29:]))
+    return out, rows
+
+
+def test_main_help_says_what_each_command_takes():
+    """Each command's row names the operands its own usage line ends with, in 80 columns, and says which
+    formats it handles where the command's help does (convert: all four, DCP among them)."""
+    out, rows = _help_rows()
+    assert [r[0] for r in rows] == ["inspect", "verify", "convert", "clean", "bench"]
+    assert all(len(line) <= 80 for line in out.splitlines()), out
+    for name, operands, _ in rows:
+        synopsis = run(name, "--help").stdout.splitlines()[0]
+        if operands == "[OPTIONS]":  # a command that takes options only
+            assert re.sub(r"\[[^]]*\]", "", synopsis).split() == ["usage:", "ckptio", name], synopsis
+        else:
+            assert synopsis.endswith(" " + operands), (name, operands, synopsis)
+    convert = dict((r[0], r[2]) for r in rows)["convert"]
+    details = run("convert", "--help").stdout
+    for fmt, spelled in (("safetensors", "safetensors"), ("torch.save", "torch.save"), ("HF", "Hugging Face"),
+                         ("DCP", "DCP")):
+        assert fmt in convert and spelled in details, (fmt, convert)
+    for word in ("FILE:", "DIR:", "ROOT:", "IN, OUT:"):  # the operands are explained below the table
+        assert word in out
+
+
+def test_clean_of_a_missing_directory_is_an_error_only(tmp_path):
+    missing = tmp_path / "nope"
+    r = run("clean", missing)
+    assert r.returncode == 1
+    assert r.stdout == "", "a count of what was removed from a directory that could not be read"
+    assert r.stderr.startswith(f"ckptio: {missing}: ") and "No such file or directory" in r.stderr, r.stderr
+    r = run("clean", tmp_path)
+    assert r.returncode == 0 and r.stdout.startswith(f"{tmp_path}: removed 0 stale temporaries")
+
+
+def test_bench_says_why_a_ratio_passes_100_percent(disk_dir):
+    """A ratio above 100% comes with the reasons that apply to the run, in the table and in --json; none
+    without such a ratio."""
+    r = run("bench", "--size", "8M", "--tensors", "2", "--dir", disk_dir, "--json", timeout=300)
+    assert r.returncode == 0, r.stderr
+    doc = json.loads(r.stdout)
+    above = [row["label"] for row in doc["results"].values() if row.get("ratio", 0) > 1.0]
+    note = doc["ceiling_note"]
+    if above:
+        assert note.startswith("ratios above 100% (") and "do not mean ckptio beat the disk" in note, note
+        assert all(label in note for label in above), (above, note)
+        assert "One run: --repeat 5 reports medians" in note
+    else:
+        assert note is None
+    r = run("bench", "--size", "8M", "--tensors", "2", "--dir", disk_dir, timeout=300)
+    table_above = [ln for ln in r.stdout.splitlines() if ln.strip().startswith("ckptio")
+                   and any(w.endswith("%") and float(w[:-1]) > 100.0 for w in ln.split())]
+    assert bool(table_above) == ("\nnote: ratios above 100% (" in r.stdout), r.stdout
+
+
+def test_bench_device_points_at_python(tmp_path):
+    r = run("bench", "--model", tmp_path, "--device", "cuda")
+    assert r.returncode == 2
+    assert 'ckptio.load(path, device="cuda")' in r.stderr and "bench/bench_model_gpu.py" in r.stderr
+    assert "bench_gpu.py" not in r.stderr.replace("bench_model_gpu.py", "")
+
+
+def test_verify_bar_on_a_terminal_ends_as_one_line(tmp_path):
+    """On a terminal the bar is labelled with the file and, finished, stays as one line; without a terminal
+    nothing of it is written (test_bench_table)."""
+    import pty
+    import select
+
+    path = tmp_path / "big.safetensors"
+    np_save_file({"a": np.ones(20 << 20, dtype=np.float32)}, str(path))  # 80 MiB: two 64 MiB windows
+    master, slave = pty.openpty()
+    env = dict(os.environ, CKPTIO_THREADS="1")
+    env.pop("CKPTIO_NO_PROGRESS", None)
+    proc = subprocess.Popen([CKPTIO, "verify", str(path)], stdout=subprocess.PIPE, stderr=slave, env=env)
+    os.close(slave)
+    out = b""
+    while True:
+        ready, _, _ = select.select([master], [], [], 60)
+        if not ready:
+            break
+        try:
+            chunk = os.read(master, 65536)
+        except OSError:  # the terminal closed with the process
+            break
+        if not chunk:
+            break
+        out += chunk
+    assert proc.wait(60) == 0
+    os.close(master)
+    text = out.decode()
+    assert f"\r\033[K{path} " in text and "%  64.00 MiB / 80.00 MiB" in text, repr(text)
+    final = text.rsplit("\033[K", 1)[-1]
+    assert final.startswith(f"{path}: 80.00 MiB in ") and final.rstrip().endswith("GB/s)"), repr(final)
+    assert final.endswith("\r\n"), "the final line is kept, ended by a newline"

@@ -192,9 +192,10 @@ def test_shared_dict_with_a_long_key_is_refused_in_bounded_memory(tmp_path):
               "print(resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss); sys.stderr.write(r.stderr)")
     r = subprocess.run([os.sys.executable, "-c", runner, CKPTIO_CLI, "inspect", str(path)], capture_output=True,
                        text=True, timeout=120)
-    assert "the names of" in r.stderr and "take more than" in r.stderr and "shared objects" in r.stderr, r.stderr
+    # Refused by the count of paths a shared tensor is named along, or failing that by the names' budget.
+    assert "shared objects" in r.stderr and ("along 20000 paths" in r.stderr or "take more than" in r.stderr), r.stderr
     assert int(r.stdout.strip()) < 300 << 10, r.stdout
-    with pytest.raises(ckptio.CkptioError, match="shared objects naming long keys"):
+    with pytest.raises(ckptio.CkptioError, match="shared objects"):
         ckptio.load(path)
     # An honest nested state dict of the same tensors, each under its own short path, loads.
     honest = tmp_path / "honest.pt"

@@ -22,6 +22,7 @@ from torch.distributed.checkpoint.filesystem import SerializationFormat  # noqa:
 
 import ckptio  # noqa: E402
 import ckptio.dcp as cdcp  # noqa: E402
+from conftest import CKPTIO_CLI  # noqa: E402
 
 try:
     import zstandard  # noqa: F401
@@ -319,7 +320,7 @@ def test_save_on_two_ranks_load_on_three_and_one(tmp_path):
 
 def test_async_save_holds_values_at_save_time(tmp_path):
     sd = {"w": torch.arange(100000, dtype=torch.float32), "step": 1}
-    writer = cdcp.FileSystemWriter(tmp_path / "a1", cache_staged_state_dict=True)
+    writer = cdcp.FileSystemWriter(tmp_path / "a1", cache_staged_state_dict=True, snapshots=False)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         fut = dcp.async_save(sd, storage_writer=writer, no_dist=True)
@@ -450,10 +451,33 @@ def test_verify_names_the_corrupt_item(tmp_path):
     assert {i["fqn"] for i in doc["items"]} == {"w", "v"}
 
 
-def test_verify_without_manifest(tmp_path):
-    save({"w": torch.ones(3)}, dcp.FileSystemWriter(tmp_path / "t"))
-    with pytest.raises(ckptio.CkptioError, match="no ckptio manifest"):
+def test_verify_without_manifest_checks_the_structure(tmp_path):
+    """A checkpoint torch wrote has no manifest: ckptio.dcp.verify checks its structure and says the bytes were
+    not compared with checksums, as `ckptio verify DIR` does (one C call, ckptio_dcp_validate); not an error."""
+    save({"w": torch.ones(3), "step": 7}, dcp.FileSystemWriter(tmp_path / "t"))
+    report = cdcp.verify(tmp_path / "t")
+    assert report["manifest"] is None and report["checksums"] is False
+    assert report["items"] == report["checked"] == 2 and report["partial"] == 0
+    mine = cdcp.verify(_ckptio_saved(tmp_path / "m"))
+    assert mine["checksums"] is True and mine["manifest"].startswith(".ckptio-manifest-")
+    if CKPTIO_CLI is not None:
+        r = run_cli("verify", tmp_path / "t")
+        assert r.returncode == 0 and "no ckptio manifest" in r.stdout and "structure checked" in r.stdout
+        assert f"{report['checked']} items parsed" in r.stdout, r.stdout
+    # Damage is still damage: an item cut short fails the structural check, here as there.
+    data = tmp_path / "t" / "__0_0.distcp"
+    data.write_bytes(data.read_bytes()[:100])
+    with pytest.raises(ckptio.CkptioError, match="__0_0.distcp"):
         cdcp.verify(tmp_path / "t")
+
+
+def run_cli(*args):
+    return subprocess.run([CKPTIO_CLI, *map(str, args)], capture_output=True, text=True, timeout=120)
+
+
+def _ckptio_saved(path):
+    save({"w": torch.ones(3)}, cdcp.FileSystemWriter(path))
+    return path
 
 
 def test_truncated_data_file_is_reported(tmp_path):

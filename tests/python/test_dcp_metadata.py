@@ -642,10 +642,10 @@ def test_legacy_checkpoint_loads_like_torch(name):
     for k, t in expected.items():
         assert flat_want[k].dtype == t.dtype and torch.equal(flat_want[k], t), k
         assert flat_got[k].dtype == t.dtype and torch.equal(flat_got[k], t), k
-    # No manifest (torch wrote it), but .metadata passed: verify says so, not E_DISALLOWED.
-    with pytest.raises(ckptio.CkptioError) as ei:
-        cdcp.verify(d)
-    assert ei.value.status_name == "E_NOT_FOUND" and "no ckptio manifest" in str(ei.value)
+    # No manifest (torch wrote it), but .metadata passed: verify checks the structure and says the bytes were
+    # not compared with checksums, not E_DISALLOWED.
+    report = cdcp.verify(d)
+    assert report["manifest"] is None and report["checksums"] is False and report["checked"] == report["items"]
 
 
 def test_legacy_memory_format_out_of_range_is_refused(tmp_path):

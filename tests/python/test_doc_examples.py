@@ -1,7 +1,9 @@
 """Every ```python block of README.md and docs/*.md runs as written.
 
 Each block runs on its own, in a fresh interpreter, in an empty temporary
-directory (a reader copies one block, not the page). Blocks pick the GPU
+directory (a reader copies one block, not the page). README.md's ```sh block
+of `ckptio` commands runs too, line by line, in the folder README.md's Python
+examples leave (its paths are theirs). Blocks pick the GPU
 when there is one (`device = "cuda" if torch.cuda.is_available() else
 "cpu"`), so they run on both machines; a block that only makes sense on a
 GPU starts with the line `# requires: cuda` and is skipped without one (the
@@ -17,7 +19,7 @@ from pathlib import Path
 import pytest
 
 import ckptio
-from conftest import cuda_available
+from conftest import CKPTIO_CLI, cuda_available, requires_cli
 
 REPO = Path(__file__).resolve().parents[2]
 DOCS = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
@@ -54,3 +56,29 @@ def test_python_block_runs(tmp_path, code):
         if missing and missing.group(1).split(".")[0] in OPTIONAL:
             pytest.skip(f"needs {missing.group(1)}")
     assert proc.returncode == 0, f"the block failed:\n{code}\n--- stderr ---\n{proc.stderr[-4000:]}"
+
+
+def _python_env():
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join([str(Path(ckptio.__file__).parents[1]), env.get("PYTHONPATH", "")])
+    return env
+
+
+@requires_cli
+def test_readme_cli_block_runs_after_the_python_examples(tmp_path):
+    """The command-line block of README.md, run as written in the folder the README's Python blocks (in
+    order) leave: every line exits 0. One change: a bare `ckptio bench` measures 8 MiB in tmp_path (its
+    1 GiB default takes a minute)."""
+    text = (REPO / "README.md").read_text()
+    for m in BLOCK.finditer(text):
+        proc = subprocess.run([sys.executable, "-c", m.group(1)], cwd=tmp_path, capture_output=True, text=True,
+                              env=_python_env(), timeout=600)
+        assert proc.returncode == 0, f"the block failed:\n{m.group(1)}\n--- stderr ---\n{proc.stderr[-4000:]}"
+    blocks = [b for b in re.findall(r"^```sh\n(.*?)^```", text, re.S | re.M) if b.startswith("ckptio inspect")]
+    assert len(blocks) == 1, "README.md has one block of ckptio commands"
+    lines = [line.split("#", 1)[0].split() for line in blocks[0].splitlines()]
+    assert len(lines) >= 10 and all(cmd[0] == "ckptio" for cmd in lines), blocks[0]
+    for cmd in lines:
+        args = cmd[1:] + (["--size", "8M", "--dir", str(tmp_path)] if cmd[1:] == ["bench"] else [])
+        r = subprocess.run([CKPTIO_CLI, *args], cwd=tmp_path, capture_output=True, text=True, timeout=600)
+        assert r.returncode == 0, f"`{' '.join(cmd)}` failed ({r.returncode}):\n{r.stderr[-3000:]}"

@@ -277,3 +277,24 @@ def test_prepare_gpu_refuses_what_it_cannot_prepare():
         with pytest.raises(ckptio.CkptioError) as err:
             ckptio.Engine().prepare_gpu(0)
         assert "CUDA" in str(err.value) or "cuda" in str(err.value)
+
+
+def test_ckptio_dcp_is_there_after_import_ckptio_and_torch_is_not_imported_before():
+    """ckptio.dcp needs torch: `import ckptio` does not import it (the `ckptio` command's launcher imports
+    the package), the first use of ckptio.dcp does."""
+    import subprocess
+    import sys
+
+    code = ("import sys, ckptio\n"
+            "before = 'torch' in sys.modules\n"
+            "d = ckptio.dcp\n"
+            "print(before, d is sys.modules['ckptio.dcp'], d.FileSystemWriter.__name__, callable(d.verify))\n")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.split() == ["False", "True", "FileSystemWriter", "True"]
+    r = subprocess.run([sys.executable, "-X", "importtime", "-c", "import ckptio"], capture_output=True, text=True,
+                       timeout=120)
+    imported = [line.rsplit("|", 1)[-1].strip() for line in r.stderr.splitlines() if line.startswith("import time:")]
+    assert "ckptio" in imported and not [m for m in imported if m.split(".")[0] == "torch"], imported
+    with pytest.raises(AttributeError, match="has no attribute 'nothing'"):
+        ckptio.nothing

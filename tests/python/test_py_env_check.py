@@ -86,3 +86,16 @@ def test_cli_prints_the_warning(tmp_path):
     assert r.stderr == "ckptio: warning: CKPTIO_BAKEND is not a ckptio setting: did you mean CKPTIO_BACKEND?\n"
     r = subprocess.run([CKPTIO_CLI, "inspect", str(path)], capture_output=True, text=True, env=_env(), timeout=60)
     assert r.returncode == 0 and r.stderr == ""
+
+
+def test_the_warning_points_at_the_callers_line():
+    """The first engine is made inside ckptio (here by save): the warning names the user's line, the one
+    warnings.catch_warnings records and filters match, not ckptio's own file."""
+    code = ("import warnings, ckptio, torch\n"
+            "with warnings.catch_warnings(record=True) as caught:\n"
+            "    warnings.simplefilter('always')\n"
+            "    ckptio.save({'a': torch.ones(2)})\n"
+            "print(repr([(w.filename, w.lineno, w.category.__name__) for w in caught]))\n")
+    r = _python(code, CKPTIO_THREDS="4")
+    assert r.returncode == 0, r.stderr
+    assert eval(r.stdout) == [("<string>", 4, "RuntimeWarning")], r.stdout

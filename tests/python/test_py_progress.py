@@ -1,9 +1,13 @@
 """progress= on save, load, CheckpointFile.get_tensors and load_object
 (docs/PYTHON.md, "Progress"): a callable gets (done, total) bytes, first,
-every few tens of milliseconds and last; True draws a bar (tqdm, or one
-line on stderr without it); an exception from the callable cancels the call
-with the usual guarantees: no file appears, an older one stays intact, no
-temporary is left, a load returns nothing."""
+every few tens of milliseconds and last; True draws a bar by the rule the
+CLI's bars follow (labelled with what moves, made with its total, redrawn in
+place on a terminal and kept there as one final line, one line at the end
+and no carriage returns elsewhere); an exception from the callable cancels
+the call with the usual guarantees: no file appears, an older one stays
+intact, no temporary is left, a load returns nothing."""
+import io
+import re
 import sys
 import threading
 
@@ -148,22 +152,77 @@ def test_raising_cancels_a_load(tmp_path, fmt):
     assert torch.equal(ckptio.load(path, engine=eng)["a"], torch.ones(N))
 
 
-def test_progress_true_without_tqdm_draws_one_line(tmp_path, monkeypatch, capsys):
+class Terminal(io.StringIO):
+    """stderr as a terminal: the bar is drawn in place."""
+
+    def isatty(self):
+        return True
+
+
+def _no_tqdm(monkeypatch):
     monkeypatch.setitem(sys.modules, "tqdm", None)
     monkeypatch.setitem(sys.modules, "tqdm.auto", None)
+
+
+FINAL = re.compile(r"^(save|load) (\S+): 32\.00 MiB in [0-9.]+ m?s \([0-9.]+ GB/s\)$")
+
+
+def test_progress_true_off_a_terminal_writes_one_line_at_the_end(tmp_path, monkeypatch, capsys):
+    """A log or a pipe gets no carriage returns and no redraws: one line per transfer when it ends, labelled
+    with the path; tqdm, installed or not, is not used there."""
+    monkeypatch.delenv("CKPTIO_NO_PROGRESS", raising=False)
     path = tmp_path / "m.safetensors"
     ckptio.save({"a": torch.ones(N)}, path, progress=True, engine=_slow_engine())
     ckptio.load(path, progress=True, engine=_slow_engine())
     err = capsys.readouterr().err
-    lines = err.split("\n")
-    assert lines[-1] == "" and len(lines) == 3, repr(err[-300:])
-    assert lines[0].startswith("\rsave m.safetensors [") and lines[0].rsplit("\r", 1)[-1].startswith(
-        "save m.safetensors [" + "#" * 30 + "] 100%"), repr(lines[0][-200:])
-    assert lines[1].rsplit("\r", 1)[-1].startswith("load m.safetensors [" + "#" * 30 + "] 100%  32.0 MiB / 32.0 MiB")
+    assert "\r" not in err and "\033" not in err, repr(err[:300])
+    lines = err.splitlines()
+    assert len(lines) == 2, lines
+    assert lines[0].startswith(f"save {path}: ") and re.match(r"^save .*: 32\.00 MiB in", lines[0])
+    m = FINAL.match(lines[1])
+    assert m and m.group(1) == "load" and m.group(2) == str(path), lines[1]
 
 
-def test_progress_true_uses_tqdm(tmp_path, monkeypatch):
+def test_progress_true_on_a_terminal_keeps_the_finished_bar(tmp_path, monkeypatch):
+    _no_tqdm(monkeypatch)
+    monkeypatch.delenv("CKPTIO_NO_PROGRESS", raising=False)
+    term = Terminal()
+    monkeypatch.setattr(sys, "stderr", term)
+    path = tmp_path / "m.safetensors"
+    ckptio.save({"a": torch.ones(N)}, path)
+    ckptio.load(path, progress=True, engine=_slow_reader())
+    out = term.getvalue()
+    draws = out.split("\r\033[K")[1:]
+    assert len(draws) >= 3, "no redraw between first and last"
+    assert draws[0].startswith(f"load {path} [" + "." * 30 + "]   0%  0 B / 32.00 MiB"), draws[0]
+    assert all(d.startswith(f"load {path} [") for d in draws[:-1])
+    assert FINAL.match(draws[-1].rstrip("\n")) and draws[-1].endswith("\n"), draws[-1]
+    assert out.count("\n") == 1, "one line stays"
+
+
+def test_in_memory_transfers_are_labelled_bytes_or_stream(monkeypatch, capsys):
+    monkeypatch.delenv("CKPTIO_NO_PROGRESS", raising=False)
+    data = ckptio.save({"a": torch.ones(N)}, progress=True, engine=_slow_engine())
+    ckptio.load(data, progress=True)
+    ckptio.load(io.BytesIO(data), progress=True)
+    lines = capsys.readouterr().err.splitlines()
+    assert [ln.split(":")[0] for ln in lines] == ["save bytes", "load bytes", "load stream"], lines
+    assert all(" in " in ln and ln.endswith("GB/s)") for ln in lines), lines
+    assert "32.00 MiB" in lines[1] and "32.00 MiB" in lines[2]
+
+
+def test_no_progress_setting_draws_nothing(tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("CKPTIO_NO_PROGRESS", "1")
+    monkeypatch.setattr(sys, "stderr", Terminal())
+    seen = []
+    ckptio.save({"a": torch.ones(10)}, tmp_path / "m.safetensors", progress=True)
+    ckptio.load(tmp_path / "m.safetensors", progress=lambda d, t: seen.append((d, t)))
+    assert sys.stderr.getvalue() == "" and seen[-1] == (40, 40)  # a callable still gets its reports
+
+
+def test_progress_true_uses_tqdm_on_a_terminal(tmp_path, monkeypatch):
     tqdm_auto = pytest.importorskip("tqdm.auto")
+    monkeypatch.delenv("CKPTIO_NO_PROGRESS", raising=False)
     made = []
 
     class Recorder:
@@ -178,11 +237,14 @@ def test_progress_true_uses_tqdm(tmp_path, monkeypatch):
             self.closed = True
 
     monkeypatch.setattr(tqdm_auto, "tqdm", Recorder)
+    monkeypatch.setattr(sys, "stderr", Terminal())
     path = tmp_path / "m.safetensors"
     ckptio.save({"a": torch.ones(N)}, path, progress=True)
     (bar,) = made
+    # Made with its total (never a bar of unknown size), left on screen when done.
+    assert bar.kwargs["total"] == path.stat().st_size and bar.kwargs["leave"] is True
     assert bar.closed and bar.n == bar.total == path.stat().st_size
-    assert bar.kwargs["unit"] == "B" and bar.kwargs["desc"] == "save m.safetensors"
+    assert bar.kwargs["unit"] == "B" and bar.kwargs["desc"] == f"save {path}"
 
 
 def test_bad_progress_is_a_type_error(tmp_path):

@@ -333,3 +333,20 @@ def test_wrong_devices_are_refused(tmp_path):
             ckptio.load(path, device=torch.cuda.device_count())
     with pytest.raises(ValueError, match="meta"):
         ckptio.save({"m": torch.empty(2, device="meta")}, tmp_path / "meta.safetensors")
+
+
+def test_a_non_tensor_value_names_its_key_and_the_format_that_keeps_it(tmp_path):
+    path = tmp_path / "state.safetensors"
+    sd = {"w": torch.ones(2), "step": 5, "opt": {"lr": 0.1}}
+    with pytest.raises(TypeError) as exc:
+        ckptio.save(sd, path)
+    msg = str(exc.value)
+    assert msg.startswith(f"{path}: 'step' is an int, not a tensor, and safetensors stores only tensors")
+    assert "a path ending in .pt, or format='torch'" in msg
+    assert not path.exists()
+    with pytest.raises(TypeError, match=r"^<bytes>: 'opt.lr' is a float, not a tensor"):
+        ckptio.save({"w": torch.ones(2), "opt": {"lr": 0.1}})
+    # The suggestion works.
+    ckptio.save(sd, tmp_path / "state.pt")
+    back = ckptio.load(tmp_path / "state.pt")
+    assert back["step"] == 5 and back["opt"] == {"lr": 0.1} and torch.equal(back["w"], sd["w"])

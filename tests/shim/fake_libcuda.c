@@ -144,7 +144,15 @@ static int handle; /* streams and events: every copy is already done */
 CUresult cuStreamCreate(void **s, unsigned flags) { (void)flags; *s = &handle; return OK; }
 CUresult cuStreamDestroy_v2(void *s) { (void)s; return OK; }
 CUresult cuStreamSynchronize(void *s) { (void)s; return OK; }
-CUresult cuStreamWaitEvent(void *s, void *e, unsigned flags) { (void)s; (void)e; (void)flags; return OK; }
+int fake_cuda_stream_waits;           /* cuStreamWaitEvent calls */
+void *fake_cuda_last_waiting_stream;  /* the stream of the last one */
+CUresult cuStreamWaitEvent(void *s, void *e, unsigned flags) {
+    (void)e;
+    (void)flags;
+    fake_cuda_stream_waits++;
+    fake_cuda_last_waiting_stream = s;
+    return OK;
+}
 CUresult cuEventCreate(void **e, unsigned flags) { (void)flags; *e = &handle; return OK; }
 CUresult cuEventDestroy_v2(void *e) { (void)e; return OK; }
 CUresult cuEventRecord(void *e, void *s) { (void)e; (void)s; return OK; }

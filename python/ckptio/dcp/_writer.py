@@ -23,6 +23,7 @@ from __future__ import annotations
 import dataclasses
 import io
 import json
+import logging
 import os
 import threading
 import uuid
@@ -42,9 +43,11 @@ from torch.distributed.checkpoint.planner import SavePlan, SavePlanner, WriteIte
 from torch.distributed.checkpoint.storage import WriteResult
 from torch.futures import Future
 
-from .. import _adapt, _ckptio
+from .. import _adapt, _ckptio, _snapshot
 from .._ckptio import Engine
 from . import _byte_items, _commit, _lock
+
+_log = logging.getLogger("ckptio.dcp")
 
 ZSTD_DESCRIPTOR = "stream.zstd/1"
 MANIFEST_PREFIX = ".ckptio-manifest-"
@@ -168,7 +171,15 @@ class FileSystemWriter(_TorchFileSystemWriter):
       stream is ordered after them, and the background write waits for them.
       A tensor changed from another stream without synchronising with the
       current one could be staged with its new values: pass False to block
-      until the copies are done.
+      until the copies are done. Applies with ``snapshots=False`` only.
+    * ``snapshots`` (default True): ``stage()`` takes a snapshot
+      (:class:`ckptio.Snapshots`, docs/SNAPSHOTS.md): GPU tensors are copied
+      into one pinned pool, sized once and reused by every writer of the
+      process, on ckptio's own copy stream while training goes on; the next
+      optimizer step waits for the copy on the GPU. A
+      :class:`ckptio.Snapshots` uses that one instead; False stages as
+      torch does (``cache_staged_state_dict``, ``non_blocking_stage``).
+      :meth:`prepare` pins the pool ahead of the first save.
 
     * ``allow_pickle`` (default False): a non-tensor value that
       ``FileSystemReader`` would refuse (an ``argparse.Namespace``, an
@@ -202,6 +213,7 @@ class FileSystemWriter(_TorchFileSystemWriter):
         non_blocking_stage: bool = True,
         cleanup: str = "foreground",
         dir_busy="wait",
+        snapshots: Any = True,
         allow_pickle: bool = False,
     ) -> None:
         # torch's transforms object is built from _extensions; ours are
@@ -246,6 +258,10 @@ class FileSystemWriter(_TorchFileSystemWriter):
             raise TypeError(f"allow_pickle must be a bool, not {allow_pickle!r}")
         self.allow_pickle = allow_pickle
         self._staged_events: List[Any] = []
+        if not (isinstance(snapshots, (bool, _snapshot.Snapshots)) or snapshots is None):
+            raise ValueError(f"snapshots must be True, False or a ckptio.Snapshots, not {snapshots!r}")
+        self._snapshots_option = snapshots
+        self._snapshot: Optional[_snapshot.Snapshot] = None  # the staged state of the save in flight
         self._token: Optional[str] = None
         # In-flight tracking of async saves (see stage()): the generation
         # stage() marked (0: none), the one the running save claimed in reset(),
@@ -616,12 +632,14 @@ class FileSystemWriter(_TorchFileSystemWriter):
 
     # ---- async staging ------------------------------------------------------------------
     def stage(self, state_dict: STATE_DICT_TYPE) -> STATE_DICT_TYPE:
-        """Copies the state dict into host staging memory (pinned when CUDA is
-        available), reused across saves with cache_staged_state_dict=True. The
-        caller of dcp.async_save is blocked only while the copies are enqueued
-        (GPU tensors, non_blocking_stage) or made (host tensors); while the
-        staged data of an earlier save is still being written, this waits or
-        raises (``async_busy``)."""
+        """Copies the state dict into host staging memory: by default a
+        snapshot (``snapshots``: GPU tensors copied on ckptio's own stream
+        into the reused pinned pool while training goes on, host tensors and
+        other values during the call); with ``snapshots=False`` as torch does
+        (pinned when CUDA is available, reused with cache_staged_state_dict,
+        the copies queued on each device's current stream with
+        non_blocking_stage). While the staged data of an earlier save is still
+        being written, this waits or raises (``async_busy``)."""
         from torch.distributed._state_dict_utils import _copy_state_dict, _create_cpu_state_dict
 
         with self._inflight_cv:
@@ -639,6 +657,13 @@ class FileSystemWriter(_TorchFileSystemWriter):
             self._handed_off = False
         try:
             self.per_thread_copy_ahead = 0  # as torch: staged data is already on the host
+            snapshots = self._resolve_snapshots()
+            if snapshots is not None:
+                try:
+                    self._snapshot = snapshots.take(state_dict)
+                    return self._snapshot.state_dict
+                except _snapshot.SnapshotUnsupported as e:
+                    _log.info("%s: staged as torch does: %s", os.fspath(self.path), e)
             pin = torch.cuda.is_available()
             if not self.cache_staged_state_dict:
                 target = _create_cpu_state_dict(state_dict, pin_memory=pin)
@@ -661,10 +686,33 @@ class FileSystemWriter(_TorchFileSystemWriter):
             self._release_staging()
             raise
 
+    def _resolve_snapshots(self) -> Optional["_snapshot.Snapshots"]:
+        option = self._snapshots_option
+        if option is True:
+            return _snapshot.shared()
+        return option if isinstance(option, _snapshot.Snapshots) else None
+
+    def prepare(self, state_dict: STATE_DICT_TYPE) -> None:
+        """Sizes the snapshot pool for state_dict and starts pinning it in the
+        background, so that the first ``dcp.async_save`` does not wait for it
+        (with ``snapshots=False``: nothing)."""
+        snapshots = self._resolve_snapshots()
+        if snapshots is not None:
+            snapshots.prepare(state_dict)
+
     def _wait_staged(self) -> None:
         events, self._staged_events = self._staged_events, []
         for ev in events:
             ev.synchronize()
+        snap = self._snapshot
+        if snap is not None:
+            snap.wait()
+
+    def _drop_snapshot(self) -> None:
+        """The save in flight is over: its snapshot's pool takes the next one."""
+        snap, self._snapshot = self._snapshot, None
+        if snap is not None:
+            snap.release()
 
     def _release_staging(self) -> None:
         """Ends the in-flight mark of the running save (a save that stage() did
@@ -673,6 +721,7 @@ class FileSystemWriter(_TorchFileSystemWriter):
             if self._inflight and self._save_gen in (self._inflight, 0):
                 self._inflight = 0
                 self._save_gen = 0
+                self._drop_snapshot()
                 self._inflight_cv.notify_all()
 
     def _busy_locked(self) -> bool:
@@ -690,6 +739,7 @@ class FileSystemWriter(_TorchFileSystemWriter):
         if ended:
             self._inflight = 0
             self._save_gen = 0
+            self._drop_snapshot()
             self._inflight_cv.notify_all()
         return not ended
 
