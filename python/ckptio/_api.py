@@ -269,7 +269,7 @@ class CheckpointFile:
             index = [self._index[name] for name in names]
         except KeyError as exc:
             raise KeyError(f"{self._path}: no tensor named {exc.args[0]!r}") from None
-        with _bulk.no_gc():
+        with _bulk.no_gc(len(index)):
             if self.format == "torch":
                 if self._framework != "pt":
                     raise ValueError(f"{self._path}: mmap=True maps torch files for framework='pt' only")
@@ -454,6 +454,11 @@ def load(path: Union[PathLike, bytes, bytearray, memoryview, Any], device: Any =
         with CheckpointFile(path, framework, device, engine=engine, allow_symlinks=allow_symlinks) as f:
             return f.get_slices(slices)
     if _memory.is_memory(path):
+        dev = _adapt.parse_device(device)
+        if progress is None and out is None and framework == "pt" and dev.kind == "cpu":
+            got = _memory.load_in_memory(path, keys)
+            if got is not None:
+                return got
         # The bar is named after what the caller gave, not the memory file's /proc name.
         label = "load bytes" if isinstance(path, (bytes, bytearray, memoryview)) else "load stream"
         with _progress.reporting(progress, label), _memory.readable_path(path) as mpath:
@@ -657,6 +662,12 @@ def save(state_dict: Any, path: Optional[PathLike] = None, format: Optional[str]
     if path is None:
         if checksums:
             raise ValueError("checksums=True writes a manifest beside a file; saving to bytes has no file")
+        if progress is None:
+            # Host tensors to safetensors: laid out and copied straight into the bytes object.
+            data = _save(state_dict, _memory.NAME, format, metadata, align, crc, False, engine, None, True,
+                         to_bytes=True)
+            if data is not None:
+                return data
         return _memory.save_to_bytes(
             lambda mpath: _save(state_dict, mpath, format, metadata, align, crc, False, engine, progress, True))
     _save(state_dict, os.fspath(path), format, metadata, align, crc, checksums, engine, progress, False)
@@ -679,11 +690,15 @@ def _check_only_tensors(flat: Dict[str, Any], spath: str) -> None:
 
 def _save(state_dict: Any, spath: str, format: Optional[str], metadata: Optional[Mapping[str, str]],
           align: Optional[int], crc: bool, checksums: bool, engine, progress: "_progress.Progress",
-          in_place: bool) -> None:
+          in_place: bool, to_bytes: bool = False) -> Optional[bytes]:
+    """Saves to `spath`; with `to_bytes`, returns the safetensors file of host
+    tensors as bytes instead, or None (nothing done) for the other cases."""
     fmt = format_for_path(spath if not in_place else None, format)
     what = "save bytes" if in_place else f"save {spath}"
     if checksums and fmt != "safetensors":
         raise ValueError(f"{spath}: checksums=True is for safetensors; torch.save files carry CRC-32s (crc=True)")
+    if to_bytes and fmt != "safetensors":
+        return None
     if fmt in ("torch", "pt", "pytorch"):
         if metadata:
             raise ValueError(f"{spath}: metadata is a safetensors feature; torch.save files have none")
@@ -709,6 +724,11 @@ def _save(state_dict: Any, spath: str, format: Optional[str], metadata: Optional
             _adapt.check_utf8(k, "metadata key", spath)
             _adapt.check_utf8(v, f"metadata value of {k!r}:", spath)
     sources = [_adapt.tensor_source(name, value, safetensors=True, path=spath) for name, value in flat.items()]
+    if to_bytes:
+        if any(s.mem_kind == _adapt.MEM_CUDA for s in sources):
+            return None
+        return _ckptio.safetensors_serialize([(s.name, s.code, s.shape, s.address, s.nbytes, s.mem_kind)
+                                              for s in sources], metadata, 4096 if align is None else align)
     _adapt.sync_current_stream({s.cuda_index for s in sources if s.mem_kind == _adapt.MEM_CUDA})
     with _progress.reporting(progress, what):
         _ckptio.safetensors_save(
@@ -721,6 +741,7 @@ def _save(state_dict: Any, spath: str, format: Optional[str], metadata: Optional
             in_place,
         )
     del sources  # the memory had to stay alive until here
+    return None
 
 
 def save_torch(obj: Any, path: PathLike, *, align: Optional[int] = None, crc: bool = True,

@@ -20,12 +20,11 @@ of its element size cannot be a view: it is read into memory of its own.
 
 from __future__ import annotations
 
-import contextlib
 import ctypes
 import gc
-from typing import Any, Dict, Iterator, List, NamedTuple, Optional, Sequence, Tuple
+from typing import Any, Dict, List, NamedTuple, Optional, Sequence, Tuple
 
-from . import _adapt
+from . import _adapt, _ckptio
 
 PACK_TENSOR_MAX = 1 << 16
 PACK_BYTES = 16 << 20
@@ -54,17 +53,23 @@ def _itemsize(code: int) -> int:
     return max(1, _BITS[code] // 8)
 
 
-@contextlib.contextmanager
-def no_gc() -> Iterator[None]:
-    """Python's cyclic collector off while many tensors are made: each
-    collection walks every object alive, the tensors made so far included,
-    which made building 100,000 tensors take twice as long."""
-    was = gc.isenabled()
-    gc.disable()
-    try:
-        yield
-    finally:
-        if was:
+class no_gc:
+    """Python's cyclic collector off while many tensors (`count`) are made:
+    each collection walks every object alive, the tensors made so far
+    included, which made building 100,000 tensors take twice as long. A few
+    tensors are not worth the switch."""
+
+    __slots__ = ("_off",)
+
+    def __init__(self, count: int) -> None:
+        self._off = count >= 1000 and gc.isenabled()
+
+    def __enter__(self) -> None:
+        if self._off:
+            gc.disable()
+
+    def __exit__(self, *exc: Any) -> None:
+        if self._off:
             gc.enable()
 
 
@@ -244,4 +249,27 @@ def numpy_mapped(items: Sequence[Item], mapping_of) -> Dict[int, Any]:
             whole = arrays[it[SHARD]] = mapped_numpy(mapping_of(it[SHARD]))
         dt = _adapt.numpy_dtype(it[CODE], f"tensor '{it[NAME]}'")
         out[it[INDEX]] = whole[it[OFFSET]:it[OFFSET] + it[NBYTES]].view(dt).reshape(it[SHAPE])
+    return out
+
+
+def copy_from(base: int, items: Sequence[Item]) -> Dict[int, Any]:
+    """Tensors copied out of memory at `base` (file byte k at base + k: a
+    checkpoint held in memory), small ones packed; one copy each, by one
+    thread (torch's clone() starts its thread pool, which on a busy machine
+    costs more than the copy)."""
+    torch = _adapt.torch_module()
+    out: Dict[int, Any] = {}
+    kinds: Dict[Any, Any] = {}
+    for start, end, members in _groups(items):
+        if len(members) == 1:
+            it = members[0]
+            dt, tshape, _, _ = _kind(kinds, it[CODE], it[SHAPE], it[NAME])
+            t = out[it[INDEX]] = torch.empty(tshape, dtype=dt)
+            if end > start:
+                _ckptio.copy(t.data_ptr(), base + start, end - start)
+            continue
+        buf = torch.empty(end - start, dtype=torch.uint8)
+        _ckptio.copy(buf.data_ptr(), base + start, end - start)
+        left = _views(buf, start, members, out, kinds)
+        assert not left  # a new buffer starting at the tensor is aligned for every dtype
     return out

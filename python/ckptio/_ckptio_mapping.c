@@ -102,7 +102,39 @@ static PyObject *module_mapping_check(PyObject *module, PyObject *args) {
     Py_RETURN_NONE;
 }
 
+/* copy(dst, src, n): ckptio_mapping_copy with the GIL released. */
+static PyObject *module_copy(PyObject *module, PyObject *args) {
+    PyObject *dst_o, *src_o, *n_o;
+    uint64_t dst, src, n;
+    if (!PyArg_ParseTuple(args, "OOO:copy", &dst_o, &src_o, &n_o) || ckpy_u64(dst_o, "dst", &dst) < 0 ||
+        ckpy_u64(src_o, "src", &src) < 0 || ckpy_u64(n_o, "n", &n) < 0)
+        return NULL;
+    ckptio_status st;
+    Py_BEGIN_ALLOW_THREADS
+    st = ckptio_mapping_copy((void *)(uintptr_t)dst, (const void *)(uintptr_t)src, (size_t)n);
+    Py_END_ALLOW_THREADS
+    if (st != CKPTIO_OK) return ckpy_raise(st);
+    Py_RETURN_NONE;
+}
+
+/* memory_of(obj) -> (address, length) of a bytes or bytearray object's
+ * contents (no copy; valid while obj lives and, for a bytearray, is not
+ * resized); TypeError for other objects. */
+static PyObject *module_memory_of(PyObject *module, PyObject *obj) {
+    if (PyBytes_Check(obj))
+        return Py_BuildValue("(Kn)", (unsigned long long)(uintptr_t)PyBytes_AsString(obj), PyBytes_Size(obj));
+    if (PyByteArray_Check(obj))
+        return Py_BuildValue("(Kn)", (unsigned long long)(uintptr_t)PyByteArray_AsString(obj), PyByteArray_Size(obj));
+    PyErr_Format(PyExc_TypeError, "memory_of() takes bytes or bytearray, not %R", (PyObject *)Py_TYPE(obj));
+    return NULL;
+}
+
 static PyMethodDef module_methods[] = {
+    {"memory_of", module_memory_of, METH_O,
+     "memory_of(bytes_or_bytearray) -> (address, length) of its contents, without a copy."},
+    {"copy", module_copy, METH_VARARGS,
+     "copy(dst, src, n): n bytes from address src to address dst, one thread, GIL released (memory in a\n"
+     "mapped file that lost its bytes: CkptioError E_TRUNCATED, never SIGBUS)."},
     {"mapping_check", module_mapping_check, METH_VARARGS,
      "mapping_check(address, length): CkptioError (E_TRUNCATED) when part of that memory lies in a ckptio\n"
      "mapping whose file was truncated since; None otherwise."},

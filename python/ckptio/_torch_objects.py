@@ -6,7 +6,7 @@ makes them: each storage its byte range of the mapping)."""
 from __future__ import annotations
 
 import collections
-from typing import Any, Dict, List
+from typing import Any, Dict, List, Optional
 
 from . import _adapt, _bulk
 
@@ -34,15 +34,18 @@ def mapped_tensors(reader, mapping, indices: List[int]) -> Dict[int, Any]:
     return out
 
 
-def build_torch_object(reader, dev: "_adapt.Device", mapping=None) -> Any:
+def build_torch_object(reader, dev: "_adapt.Device", mapping=None, storages: Optional[List[Any]] = None) -> Any:
     """The object a ``_ckptio.TorchReader`` holds, as ``torch.load`` returns it
     (tensors on `dev`, views sharing their storages, torch.Size kept): the
     restricted unpickler's value tree made into Python objects. Shared by
     :meth:`CheckpointFile.load_object` and ckptio.dcp's byte items. With a
-    `mapping` (of the reader's file) the storages are views of it."""
+    `mapping` (of the reader's file) the storages are views of it; with
+    `storages`, those (one per record, in the reader's order)."""
     torch = _adapt.torch_module()
     tdev = str(dev)
-    if mapping is not None:
+    if storages is not None:
+        pass
+    elif mapping is not None:
         storages = mapped_storages(reader, mapping)
     else:
         rows = reader.storages

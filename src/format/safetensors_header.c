@@ -420,11 +420,23 @@ out:
     return status;
 }
 
+/* `len` less the blanks that end the text: writers pad the header with
+ * spaces to align the data (4 KiB with ckptio's default), and the padding
+ * holds no value. Eight spaces at a time. */
+static size_t without_padding(const char *json, size_t len) {
+    static const uint64_t spaces = 0x2020202020202020ull;
+    uint64_t word;
+    while (len >= 8 && (memcpy(&word, json + len - 8, 8), word == spaces)) len -= 8;
+    while (len && (json[len - 1] == ' ' || json[len - 1] == '\n' || json[len - 1] == '\r' || json[len - 1] == '\t'))
+        len--;
+    return len;
+}
+
 ckptio_status ckptio__st_index_with(ckptio_safetensors *st, const char *json, bool fast) {
-    const size_t len = (size_t)st->header_len;
-    CKPTIO_FORWARD(ckptio__st_scan(json, len, st->path));
+    const size_t len = (size_t)st->header_len, used = without_padding(json, len);
+    CKPTIO_FORWARD(ckptio__st_scan(json, used, st->path));
     ckptio__st_parsed p;
-    const ckptio__st_fast how = fast ? ckptio__st_parse_fast(json, len, &p) : CKPTIO__ST_FAST_NOT_MINE;
+    const ckptio__st_fast how = fast ? ckptio__st_parse_fast(json, used, &p) : CKPTIO__ST_FAST_NOT_MINE;
     if (how == CKPTIO__ST_FAST_NO_MEMORY) return CKPTIO_E_NOMEM;
     if (how == CKPTIO__ST_FAST_PARSED) {
         bool duplicate = false;

@@ -367,6 +367,11 @@ ckptio_status ckptio_mapping_check(const void *memory, uint64_t length) {
     return ckptio__mapped_check(memory, length, NULL);
 }
 
+ckptio_status ckptio_mapping_copy(void *dst, const void *src, size_t n) {
+    CKPTIO_RETURN_IF((!dst || !src) && n, CKPTIO_E_INVAL, "ckptio_mapping_copy: NULL buffer of %zu bytes", n);
+    return ckptio__guarded_copy(dst, src, n, NULL);
+}
+
 ckptio_status ckptio_mapping_release(ckptio_mapping *m) {
     if (!m) return CKPTIO_OK;
     if (m->data) {
