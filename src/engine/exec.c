@@ -238,6 +238,10 @@ static bool claim(worker *w) {
     if (c->dfd >= 0 && x->dir == CKPTIO_READ && x->direct_mode == CKPTIO_DIRECT_AUTO &&
         ckptio__read_buffered(e->file, c->pos, c->end - c->pos))
         c->dfd = -1;
+    /* Small saves stay in the page cache for the load that follows (read_policy.c). */
+    if (c->dfd >= 0 && x->dir == CKPTIO_WRITE && x->direct_mode == CKPTIO_DIRECT_AUTO &&
+        ckptio__write_buffered(e->file))
+        c->dfd = -1;
     return true;
 }
 
@@ -600,6 +604,8 @@ ckptio_status ckptio_engine_execute(ckptio_engine *e, const ckptio_plan *p) {
     if (p->dir == CKPTIO_WRITE) {
         st = extend_written_files(p);
         if (st != CKPTIO_OK) goto out;
+        if (ckptio__engine_setting(e, CKPTIO_OPT_DIRECT) == CKPTIO_DIRECT_AUTO)
+            ckptio__write_policy_apply(e, p->ext, p->count);
     }
     if (x.nhost) {
         st = run_host(&x);

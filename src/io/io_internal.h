@@ -68,6 +68,9 @@ struct ckptio_file {
     /* Cold reads (read_policy.c): 1 through the page cache, -1 O_DIRECT,
      * 0 not decided yet. Set by the caller's thread before workers run. */
     _Atomic int read_cache;
+    /* Writes (read_policy.c, the write half): 1 through the page cache, -1
+     * O_DIRECT, 0 not decided yet. Set by the caller's thread before workers run. */
+    _Atomic int write_cache;
     /* On tmpfs or ramfs (page_cache.c): 1 yes, -1 no, 0 not asked yet. */
     _Atomic int in_memory;
     bool writable;          /* opened with CKPTIO_OPEN_WRITE */
@@ -159,6 +162,21 @@ void ckptio__read_policy_apply(ckptio_engine *engine, const ckptio_extent *ext, 
  * cold reads do (decided by its plan, else now by its own size) or when the
  * page cache already holds most of the range (ckptio__range_cached). */
 bool ckptio__read_buffered(ckptio_file *f, uint64_t offset, uint64_t len);
+
+/* Decides for a write plan whether its files are written through the page
+ * cache (CKPTIO_OPT_WRITE_CACHE; AUTO: their sizes together at most
+ * CKPTIO__WRITE_CACHE_MAX and a quarter of MemAvailable); the answer is
+ * stored on each file. Caller's thread, before any worker runs, after the
+ * files were sized. */
+void ckptio__write_policy_apply(ckptio_engine *engine, const ckptio_extent *ext, size_t count);
+
+/* Largest write plan (its files together) AUTO writes through the page cache. */
+#define CKPTIO__WRITE_CACHE_MAX ((uint64_t)128 << 20)
+
+/* Should a write to `f` that could use O_DIRECT (CKPTIO_DIRECT_AUTO) go
+ * through the page cache? What its plan decided; outside a plan, by the
+ * file's own size. */
+bool ckptio__write_buffered(ckptio_file *f);
 
 /* MemAvailable of /proc/meminfo in bytes; 0 when unknown. */
 uint64_t ckptio__mem_available(void);

@@ -27,8 +27,17 @@
  * file, where the engine's host workers, the GPU pipeline's workers and
  * ckptio__file_io (header and manifest reads) find it, through
  * ckptio__file_op_init; a file read outside any
- * plan is judged by its own size. Writes are not affected: durable writes
- * through the page cache are much slower than O_DIRECT (docs/ENGINE.md).
+ * plan is judged by its own size.
+ *
+ * Writes have the same question the other way round: an O_DIRECT save leaves
+ * nothing in the page cache, so the first load after it reads the disk, where
+ * torch.save and safetensors files are found in memory. Durable writes
+ * through the page cache cost what O_DIRECT writes cost up to a few hundred
+ * MiB and several times more for large files (docs/ENGINE.md, "The cache
+ * after a save"), so in CKPTIO_DIRECT_AUTO mode a write plan goes through the
+ * page cache when its files together take at most CKPTIO__WRITE_CACHE_MAX
+ * and a quarter of MemAvailable; larger saves - a GPU host's, durable at the
+ * disk's speed - keep O_DIRECT. CKPTIO_OPT_WRITE_CACHE forces either way.
  */
 #include "io_internal.h"
 
@@ -72,7 +81,49 @@ bool ckptio__read_policy_cache(const ckptio_engine *engine, uint64_t footprint) 
 
 static uint64_t file_size(const ckptio_file *f) {
     struct stat sb;
-    return fstat(f->fd, &sb) == 0 && sb.st_size > 0 ? (uint64_t)sb.st_size : 0;
+    return f->fd >= 0 && fstat(f->fd, &sb) == 0 && sb.st_size > 0 ? (uint64_t)sb.st_size : 0;
+}
+
+static bool write_policy_cache(const ckptio_engine *engine, uint64_t footprint) {
+    switch (ckptio__io_engine_setting(engine, CKPTIO_OPT_WRITE_CACHE)) {
+    case CKPTIO_WRITE_CACHE_ON: return true;
+    case CKPTIO_WRITE_CACHE_OFF: return false;
+    default: break;
+    }
+    const uint64_t available = ckptio__mem_available();
+    return footprint <= CKPTIO__WRITE_CACHE_MAX && available != 0 && footprint <= available / CACHE_SHARE;
+}
+
+void ckptio__write_policy_apply(ckptio_engine *engine, const ckptio_extent *ext, size_t count) {
+    enum { MAX_FILES = 64 }; /* beyond that, further files count by the bytes written */
+    ckptio_file *files[MAX_FILES];
+    size_t nfiles = 0;
+    uint64_t footprint = 0;
+    for (size_t i = 0; i < count; i++) {
+        ckptio_file *f = ext[i].file;
+        if (!ext[i].length) continue;
+        size_t k = 0;
+        while (k < nfiles && files[k] != f) k++;
+        if (k < nfiles) continue;
+        if (nfiles == MAX_FILES) {
+            footprint += ext[i].length;
+            continue;
+        }
+        files[nfiles++] = f;
+        footprint += file_size(f);
+    }
+    const int cache = write_policy_cache(engine, footprint) ? 1 : -1;
+    for (size_t i = 0; i < count; i++)
+        if (ext[i].length) atomic_store_explicit(&ext[i].file->write_cache, cache, memory_order_relaxed);
+}
+
+bool ckptio__write_buffered(ckptio_file *f) {
+    int decided = atomic_load_explicit(&f->write_cache, memory_order_relaxed);
+    if (decided == 0) {
+        decided = write_policy_cache(f->engine, file_size(f)) ? 1 : -1;
+        atomic_store_explicit(&f->write_cache, decided, memory_order_relaxed);
+    }
+    return decided > 0;
 }
 
 void ckptio__read_policy_apply(ckptio_engine *engine, const ckptio_extent *ext, size_t count) {
