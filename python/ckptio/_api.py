@@ -122,7 +122,7 @@ class CheckpointFile:
             self._shards = self._reader.shards
             self._rows = self._reader.tensors
             self._index = {row[0]: i for i, row in enumerate(self._rows)}
-            self._order = [row[0] for row in self._rows]
+            self._order = None  # the rows' order: offset_keys() lists it when asked
             self._metadata = self._reader.metadata
             self._has_metadata = self._reader.has_metadata
         else:
@@ -154,7 +154,7 @@ class CheckpointFile:
 
     def offset_keys(self) -> List[str]:
         """Tensor names in file order (by data offset; a directory: shard by shard)."""
-        return list(self._order)
+        return [row[0] for row in self._rows] if self._order is None else list(self._order)
 
     def metadata(self) -> Dict[str, str]:
         """The safetensors ``__metadata__`` dict ({} when absent and for torch files)."""
