@@ -169,7 +169,7 @@ class TensorInfo(ctypes.Structure):
 
 
 class Stats(ctypes.Structure):
-    """ckptio_stats (include/ckptio.h), the fields read here, then room for any the library has beyond them: it
+    """ckptio_stats (include/ckptio/core.h), the fields read here, then room for any the library has beyond them: it
     writes the whole struct it knows."""
     _fields_ = [(n, ctypes.c_uint64) for n in (
         "bytes_read", "bytes_written", "bytes_direct", "bytes_buffered", "bytes_bounced", "bytes_h2d", "bytes_d2h",

@@ -12,7 +12,8 @@
  * settings from CKPTIO_* (CKPTIO_S3_CONCURRENCY, CKPTIO_S3_PART_BYTES,
  * CKPTIO_THREADS, CKPTIO_CHUNK_BYTES). The object is deleted at the end.
  */
-#include "../include/ckptio_experimental.h"
+#define CKPTIO_EXPERIMENTAL /* s3:// objects: ckptio/object.h */
+#include "../include/ckptio.h"
 
 #include <stdio.h>
 #include <stdlib.h>

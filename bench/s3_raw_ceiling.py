@@ -66,7 +66,7 @@ def main():
     ap.add_argument("--boto3", action="store_true")
     a = ap.parse_args()
     endpoint = os.environ["AWS_ENDPOINT_URL"]
-    bucket = os.environ.get("CKPTIO_S3_TEST_BUCKET", "ckptio-test")
+    bucket = os.environ.get("CKPTIO_TEST_S3_BUCKET", "ckptio-test")
     size = a.mib * MIB
     data = bytes(range(256)) * (size // 256)
     token, storage = swift_token(endpoint, os.environ["AWS_ACCESS_KEY_ID"], os.environ["AWS_SECRET_ACCESS_KEY"])

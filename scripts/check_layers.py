@@ -19,13 +19,21 @@ Checked, from the source text alone (no build needed):
   3. No .c files of src/ reference each other in a loop (a pair that calls
      each other, or a longer ring): calls between files go one way, shared
      parts live in a lower file.
-  4. tools/ and python/ include nothing of src/ (only include/ and their own
-     headers).
+  4. tools/ and the Python extension's C (python/src/) include nothing of
+     src/ (only the public headers of include/ and their own).
+  5. Within tools/ and within python/src/, files depend one way: no loop of
+     files, counting both calls and includes (including X.h is using X.c).
+     In the extension the converters are the bottom (ckpy_values.c uses no
+     other file of it) and the module the top (no file uses ckpy_module.c).
+  6. The Python package (python/ckptio/) imports no module in a loop,
+     counting imports inside functions too: shared pieces live in a lower
+     module.
 Prints every violation with file, line and what it reaches, and exits 1 if
 there was any; exit 0 and a one-line summary otherwise.
 
 Usage: scripts/check_layers.py [REPO]   (REPO defaults to this script's checkout)
 """
+import ast
 import os
 import re
 import sys
@@ -207,6 +215,116 @@ def file_cycles(uses):
     return cycles
 
 
+def loops(uses):
+    """One problem line per loop of files in `uses` {(a, b): (what, line)}."""
+    out = []
+    for cycle in file_cycles(uses):
+        steps = [f"{a}:{uses[(a, b)][1]} uses {uses[(a, b)][0]} of {b}" for a, b in zip(cycle, cycle[1:] + cycle[:1])]
+        out.append("files in a loop: " + "; ".join(steps))
+    return out
+
+
+# The extension's bottom and top (rule 5).
+EXT_DIR = os.path.join("python", "src")
+EXT_BOTTOM, EXT_TOP = "ckpy_values.c", "ckpy_module.c"
+
+
+def one_way(repo, top, public, problems):
+    """Rules 4 and 5 for the C files of one directory (tools/ or python/src/):
+    only public and own headers, no loop of files. Returns the uses {(a, b): (what, line)}."""
+    base = os.path.join(repo, top)
+    if not os.path.isdir(base):
+        return {}
+    names = sorted(n for n in os.listdir(base) if n.endswith((".c", ".h")))
+    texts = {}
+    for n in names:
+        with open(os.path.join(base, n), encoding="utf-8", errors="replace") as f:
+            texts[n] = f.read()
+    own = {n for n in names if n.endswith(".h")}
+    definer, refs, uses = {}, {}, {}
+    for n, text in texts.items():
+        defined, refs[n] = scan(text)
+        if n.endswith(".c"):
+            for name in defined:
+                definer.setdefault(name, set()).add(n)
+
+    def unit(n):  # a header stands for its .c file, when it has one
+        c = n[:-2] + ".c"
+        return c if n.endswith(".h") and c in texts else n
+
+    for n, text in texts.items():
+        for m in INCLUDE.finditer(text):
+            inc, line = m.group(1), text.count("\n", 0, m.start()) + 1
+            if inc in public or os.path.basename(inc) in public:
+                continue
+            if os.path.basename(inc) not in own:
+                problems.append(f"{top}/{n}:{line}: includes {inc}, not a public header")
+            elif unit(os.path.basename(inc)).endswith(".c") and unit(os.path.basename(inc)) != unit(n):
+                uses.setdefault((unit(n), unit(os.path.basename(inc))), (f"#include {inc}", line))
+        for name, line in refs[n].items():
+            homes = definer.get(name)
+            if homes and len(homes) == 1 and unit(n) not in homes:
+                uses.setdefault((unit(n), next(iter(homes))), (name, line))
+    graph_uses = {(os.path.join(top, a), os.path.join(top, b)): v for (a, b), v in uses.items()}
+    problems += loops(graph_uses)
+    if top == EXT_DIR and EXT_TOP in texts:
+        for (a, b), (what, line) in sorted(uses.items()):
+            if a == EXT_BOTTOM:
+                problems.append(f"{top}/{a}:{line}: uses {what} of {top}/{b}: {EXT_BOTTOM} is the bottom of the "
+                                "extension and uses no other file of it")
+            if b == EXT_TOP:
+                problems.append(f"{top}/{a}:{line}: uses {what} of {top}/{b}: {EXT_TOP} is the top of the "
+                                "extension and no file uses it")
+    return graph_uses
+
+
+def python_imports(repo, problems):
+    """Rule 6: the modules of python/ckptio and the modules each imports
+    (at the top or inside a function); a loop among them is a problem.
+    Returns the number of import edges."""
+    root = os.path.join(repo, "python")
+    pkg = os.path.join(root, "ckptio")
+    if not os.path.isdir(pkg):
+        return 0
+    modules = {}
+    for dirpath, _, names in os.walk(pkg):
+        for n in names:
+            path = os.path.join(dirpath, n)
+            stem, ext = os.path.splitext(os.path.relpath(path, root))
+            if ext not in (".py", ".so", ".pyi"):
+                continue
+            # "ckptio/_ckptio.abi3.so" and its stub are the extension module ckptio._ckptio: a leaf.
+            name = stem.split(".")[0].replace(os.sep, ".")
+            name = name[: -len(".__init__")] if name.endswith(".__init__") else name
+            if ext == ".py" or name not in modules:
+                modules[name] = path if ext == ".py" else None
+    edges = {}
+    for mod, path in modules.items():
+        if path is None:
+            continue
+        with open(path, encoding="utf-8") as f:
+            tree = ast.parse(f.read(), path)
+        package = mod.split(".") if path.endswith("__init__.py") else mod.split(".")[:-1]
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ImportFrom):
+                base = package[: len(package) - node.level + 1] if node.level else []
+                target = ".".join(base + ([node.module] if node.module else []))
+                found = [f"{target}.{a.name}" if f"{target}.{a.name}" in modules else target for a in node.names]
+            elif isinstance(node, ast.Import):
+                found = [a.name for a in node.names]
+            else:
+                continue
+            for t in found:
+                if t in modules and t != mod:
+                    edges.setdefault((mod, t), node.lineno)
+    rel = {m: os.path.relpath(p, repo) if p else m for m, p in modules.items()}
+    for cycle in file_cycles({(f"{a}.c", f"{b}.c"): 0 for a, b in edges}):
+        mods = [c[:-2] for c in cycle]
+        steps = [f"{rel[a]}:{edges[(a, b)]} imports {b}" for a, b in zip(mods, mods[1:] + mods[:1])]
+        problems.append("modules in an import loop: " + "; ".join(steps))
+    return len(edges)
+
+
 def layer_of(rel):
     """'src/io/file.c' -> 'io'; None outside src/<dir>/."""
     parts = rel.split("/")
@@ -222,7 +340,11 @@ def main():
             if n.endswith((".c", ".h")):
                 src_files.append(os.path.relpath(os.path.join(dirpath, n), repo))
     src_files.sort()
-    public = set(os.listdir(os.path.join(repo, "include"))) if os.path.isdir(os.path.join(repo, "include")) else set()
+    public = set()  # the public headers, as included: "ckptio.h", "ckptio/core.h"
+    for dirpath, _, names in os.walk(os.path.join(repo, "include")):
+        for n in names:
+            if n.endswith(".h"):
+                public.add(os.path.relpath(os.path.join(dirpath, n), os.path.join(repo, "include")))
 
     header_home = {}
     for rel in src_files:
@@ -248,7 +370,7 @@ def main():
             name = os.path.basename(m.group(1))
             line = text.count("\n", 0, m.start()) + 1
             nincludes += 1
-            if name in public and name not in header_home:
+            if (m.group(1) in public or name in public) and name not in header_home:
                 continue
             home = header_home.get(name)
             if home is None:
@@ -278,29 +400,14 @@ def main():
             uses.setdefault((rel, home), (name, line))
             if RANK[layer_of(home)] > RANK[layer]:
                 problems.append(f"{rel}:{line}: {layer} uses {name}() of {home}, a higher layer")
-    for cycle in file_cycles(uses):
-        steps = []
-        for a, b in zip(cycle, cycle[1:] + cycle[:1]):
-            name, line = uses[(a, b)]
-            steps.append(f"{a}:{line} uses {name} of {b}")
-        problems.append("files in a loop: " + "; ".join(steps))
+    problems += loops(uses)
 
-    # 4. tools/ and python/ see only the public headers
-    for top in ("tools", os.path.join("python", "ckptio")):
-        base = os.path.join(repo, top)
-        if not os.path.isdir(base):
-            continue
-        own = {n for n in os.listdir(base) if n.endswith(".h")}
-        for n in sorted(os.listdir(base)):
-            if not n.endswith((".c", ".h")):
-                continue
-            with open(os.path.join(base, n), encoding="utf-8", errors="replace") as f:
-                text = f.read()
-            for m in INCLUDE.finditer(text):
-                name = os.path.basename(m.group(1))
-                if name not in own and name not in public:
-                    line = text.count("\n", 0, m.start()) + 1
-                    problems.append(f"{top}/{n}:{line}: includes {m.group(1)}, not a public header")
+    # 4. and 5. tools/ and the extension's C: public headers only, one way
+    side_uses = {}
+    for top in ("tools", EXT_DIR):
+        side_uses.update(one_way(repo, top, public, problems))
+    # 6. the Python package imports one way
+    nimports = python_imports(repo, problems)
 
     for p in problems:
         print(p)
@@ -309,7 +416,8 @@ def main():
         print(f"check_layers: {len(problems)} problem(s)")
         return 1
     print(f"check_layers: ok ({len(src_files)} files, {nincludes} includes, {len(uses)} file-to-file uses "
-          f"over {nedges} directory pairs, all downward, no files in a loop)")
+          f"over {nedges} directory pairs, all downward, no files in a loop; tools/ and python/src/: "
+          f"{len(side_uses)} uses one way; python/ckptio: {nimports} imports, no loop)")
     return 0
 
 

@@ -9,18 +9,18 @@
 #   scripts/s3_server.sh env     print the `export` lines of the running server (exit 1 if none)
 #   scripts/s3_server.sh stop    end every process it started and remove its state
 #
-# Settings (environment): CKPTIO_S3_PORT (the S3 endpoint's port, default 18480; the account,
-# container and object servers and memcached take the next four), CKPTIO_S3_DIR (state, rings, data and logs;
-# default ${TMPDIR:-/tmp}/ckptio-s3-UID-PORT), CKPTIO_S3_WORKERS (proxy processes, default 1:
-# start-up time matters more than throughput in tests), CKPTIO_S3_BUCKETS (buckets to create,
+# Settings (environment): CKPTIO_TEST_S3_PORT (the S3 endpoint's port, default 18480; the account,
+# container and object servers and memcached take the next four), CKPTIO_TEST_S3_DIR (state, rings, data and logs;
+# default ${TMPDIR:-/tmp}/ckptio-s3-UID-PORT), CKPTIO_TEST_S3_WORKERS (proxy processes, default 1:
+# start-up time matters more than throughput in tests), CKPTIO_TEST_S3_BUCKETS (buckets to create,
 # default "ckptio-test ckptio-test2").
 # What Swift 2.30's s3api does and does not do: docs/OBJECT_STORAGE.md.
 set -euo pipefail
 
-port=${CKPTIO_S3_PORT:-18480}
-dir=${CKPTIO_S3_DIR:-${TMPDIR:-/tmp}/ckptio-s3-$(id -u)-$port}
-workers=${CKPTIO_S3_WORKERS:-1}
-buckets=${CKPTIO_S3_BUCKETS:-"ckptio-test ckptio-test2"}
+port=${CKPTIO_TEST_S3_PORT:-18480}
+dir=${CKPTIO_TEST_S3_DIR:-${TMPDIR:-/tmp}/ckptio-s3-$(id -u)-$port}
+workers=${CKPTIO_TEST_S3_WORKERS:-1}
+buckets=${CKPTIO_TEST_S3_BUCKETS:-"ckptio-test ckptio-test2"}
 access_key="test:tester"
 secret_key="testing"
 region="us-east-1"
@@ -33,7 +33,7 @@ print_env() {
     echo "export AWS_ACCESS_KEY_ID='$access_key'"
     echo "export AWS_SECRET_ACCESS_KEY='$secret_key'"
     echo "export AWS_REGION=$region"
-    echo "export CKPTIO_S3_TEST_BUCKET=${buckets%% *}"
+    echo "export CKPTIO_TEST_S3_BUCKET=${buckets%% *}"
 }
 
 install_missing() {

@@ -18,7 +18,7 @@
 /* The test bucket, or a skip when no server is configured. */
 static inline const char *s3_test_bucket(void) {
     const char *endpoint = getenv("AWS_ENDPOINT_URL");
-    const char *bucket = getenv("CKPTIO_S3_TEST_BUCKET");
+    const char *bucket = getenv("CKPTIO_TEST_S3_BUCKET");
     if (!endpoint || !*endpoint || !bucket || !*bucket || !getenv("AWS_ACCESS_KEY_ID"))
         t_skip("no S3 server: eval \"$(scripts/s3_server.sh start)\" first");
     return bucket;

@@ -222,7 +222,7 @@ static void test_mixed_plan_cancels_in_gpu_part(void) {
 /* Six manifest blocks (4 MiB each). A save with checksums from GPU memory
  * stages whole blocks: one window per block, one to three write requests
  * each. With one block the window's only progress call is the final one,
- * whose answer is ignored (ckptio.h); with two, two workers could write
+ * whose answer is ignored (ckptio/core.h); with two, two workers could write
  * both before any call. With six, the STEP requests the hold lets through
  * finish at most four windows before a progress call, which cancels. */
 #define SAVE_BYTES (6 * BYTES)

@@ -1,5 +1,5 @@
 /*
- * test_dcp_commit.c - the DCP directory commit (include/ckptio.h "DCP
+ * test_dcp_commit.c - the DCP directory commit (include/ckptio/dcp.h "DCP
  * directory commit", src/ckpt/dcp_{commit,cleanup,lock,manifest_write,
  * names}.c), as ckptio.dcp's writer runs it.
  *
@@ -30,6 +30,7 @@
  *    parent's lock alive.
  */
 #include "helpers.h"
+#include "dcp_commit_internal.h"
 #include "io_inject.h"
 
 #include <dirent.h>
@@ -185,26 +186,26 @@ static ckptio_dcp_committed committed(void) {
     return (ckptio_dcp_committed){".metadata", new_md, new_md_len, new_files, 1};
 }
 
-/* Steps 0 and 2-4 as ckptio.dcp's writer runs them; the first failure ends
- * it (the lock is released either way). */
-static ckptio_status commit(const char *dir, unsigned flags) {
+/* Steps 0 and 2-4 as ckptio.dcp's writer runs them: the lock, then
+ * ckptio_dcp_commit() with `extra` flags; the first failure ends it (the lock
+ * is released either way). */
+static ckptio_status commit_with(const char *dir, unsigned flags, ckptio_dcp_commit_fn on_step, void *user,
+                                 ckptio_dcp_commit_result *r) {
     ckptio_dcp_lock *lock = NULL;
     ckptio_status st = ckptio_dcp_lock_acquire(dir, ".metadata", 0, 0.0, NULL, NULL, &lock);
-    if (st == CKPTIO_OK) st = ckptio_dcp_manifest_write(dir, ".metadata", new_files, 1, items, nitems, ".metadata", flags);
-    if (st == CKPTIO_OK) st = ckptio_dcp_write_file(dir, ".metadata", new_md, new_md_len, ".metadata", flags);
-    char **stale = NULL, note[1024];
-    size_t nstale = 0;
-    const ckptio_dcp_committed c = committed();
-    const char *const keep[] = {NEW_DATA, ".metadata", NEW_MANIFEST};
-    if (st == CKPTIO_OK) st = ckptio_dcp_stale_files(dir, keep, 3, &c, &stale, &nstale, note, sizeof note);
-    if (st == CKPTIO_OK) {
-        T_ASSERT_MSG(note[0] == '\0', "unexpected note: %s", note);
-        st = ckptio_dcp_remove_files(dir, (const char *const *)stale, nstale, flags, &c, NULL, note, sizeof note);
-    }
-    ckptio_dcp_names_free(stale, nstale);
+    const ckptio_dcp_commit_options o = {".metadata", new_md, new_md_len, new_files, 1, items, nitems,
+                                         flags | CKPTIO_DCP_MANIFEST, on_step, user};
+    if (st == CKPTIO_OK) st = ckptio_dcp_commit(dir, &o, r);
     ckptio__error_saved *saved = ckptio__error_save();
     T_OK(ckptio_dcp_lock_release(lock));
     ckptio__error_restore(saved);
+    return st;
+}
+
+static ckptio_status commit(const char *dir, unsigned flags) {
+    ckptio_dcp_commit_result r;
+    const ckptio_status st = commit_with(dir, flags | CKPTIO_DCP_CLEANUP, NULL, NULL, &r);
+    if (st == CKPTIO_OK) T_ASSERT_MSG(r.note[0] == '\0' && !r.stale, "unexpected note: %s", r.note);
     return st;
 }
 
@@ -253,6 +254,101 @@ static void test_commit_replaces_torch_checkpoint(void) {
     /* Again over itself: nothing to remove, the same result. */
     T_OK(commit(dir, 0));
     check_clean(dir, "a second commit");
+}
+
+/* ---- the order of the steps ------------------------------------------------------------ */
+
+/* What the step callback saw: "step:done" for each call, and the state of
+ * the directory at each. */
+typedef struct seen {
+    const char *dir, *md; /* the directory, its metadata file (NULL: .metadata) */
+    char calls[256];
+    int stop_step, stop_done; /* stop at this call (-1: never) */
+} seen;
+
+static int record(void *user, ckptio_dcp_commit_step step, const char *path, int done) {
+    seen *s = user;
+    static const char *const names[] = {"manifest", "metadata", "list", "remove"};
+    char one[32];
+    snprintf(one, sizeof one, "%s%s:%d", s->calls[0] ? " " : "", names[step], done);
+    strcat(s->calls, one);
+    const char *dir = s->dir, *md = s->md ? s->md : ".metadata";
+    const bool manifest = t_file_exists(in(dir, NEW_MANIFEST)) || s->md,
+               new_md_in = same_file(in(dir, md), new_md, new_md_len), old_data_in = t_file_exists(in(dir, OLD_DATA));
+    switch (step) { /* each step runs after the one before it finished, never before */
+    case CKPTIO_DCP_STEP_MANIFEST:
+        T_ASSERT_MSG(strcmp(path, in(dir, NEW_MANIFEST)) == 0 && manifest == done && !new_md_in, "%s", s->calls);
+        break;
+    case CKPTIO_DCP_STEP_METADATA:
+        T_ASSERT_MSG(strcmp(path, in(dir, md)) == 0 && manifest && new_md_in == done, "%s", s->calls);
+        break;
+    case CKPTIO_DCP_STEP_LIST:
+        T_ASSERT_MSG(strcmp(path, dir) == 0 && new_md_in && old_data_in, "%s", s->calls);
+        break;
+    case CKPTIO_DCP_STEP_REMOVE:
+        T_ASSERT_MSG(strcmp(path, dir) == 0 && new_md_in && old_data_in != done, "%s", s->calls);
+        break;
+    }
+    return (int)step == s->stop_step && done == s->stop_done;
+}
+
+static void test_commit_runs_its_steps_in_order(void) {
+    const char *dir = setup("order");
+    seen s = {dir, NULL, "", -1, 0};
+    ckptio_dcp_commit_result r;
+    T_OK(commit_with(dir, CKPTIO_DCP_SYNC | CKPTIO_DCP_CLEANUP, record, &s, &r));
+    T_ASSERT_MSG(strcmp(s.calls, "manifest:0 manifest:1 metadata:0 metadata:1 list:0 list:1 remove:0 remove:1") == 0,
+                 "%s", s.calls);
+    T_ASSERT(r.committed == 1 && r.removed == 1 && !r.stale && r.note[0] == '\0');
+    check_clean(dir, "in order");
+    /* A save without collectives: its own __RANK.metadata, no cleanup (it
+     * does not know the other ranks' files); without MANIFEST, no manifest. */
+    dir = setup("per-rank");
+    s = (seen){dir, "__0.metadata", "", -1, 0};
+    const ckptio_dcp_commit_options o = {"__0.metadata", new_md, new_md_len, new_files, 1, items, nitems,
+                                         CKPTIO_DCP_SYNC, record, &s};
+    T_OK(ckptio_dcp_commit(dir, &o, &r));
+    T_ASSERT_MSG(strcmp(s.calls, "metadata:0 metadata:1") == 0, "%s", s.calls);
+    T_ASSERT(r.committed == 1 && same_file(in(dir, "__0.metadata"), new_md, new_md_len));
+    T_ASSERT(same_file(in(dir, ".metadata"), old_md, old_md_len) && t_file_exists(in(dir, OLD_DATA)) &&
+             !t_file_exists(in(dir, NEW_MANIFEST)));
+    /* CLEANUP_LATER: the list comes back, nothing is removed; removing it
+     * later (re-checked) leaves the new checkpoint alone. */
+    dir = setup("later");
+    T_OK(commit_with(dir, CKPTIO_DCP_CLEANUP_LATER, NULL, NULL, &r));
+    T_ASSERT_MSG(r.nstale == 1 && strcmp(r.stale[0], OLD_DATA) == 0 && r.removed == 0, "%zu stale", r.nstale);
+    T_ASSERT(t_file_exists(in(dir, OLD_DATA)));
+    const ckptio_dcp_committed c = committed();
+    size_t removed = 0;
+    char note[256];
+    T_OK(ckptio_dcp_remove_files(dir, (const char *const *)r.stale, r.nstale, CKPTIO_DCP_RECHECK, &c, &removed, note,
+                                 sizeof note));
+    ckptio_dcp_names_free(r.stale, r.nstale);
+    T_ASSERT(removed == 1);
+    check_clean(dir, "listed, removed later");
+}
+
+/* The callback stops the commit before or after any step: the old
+ * checkpoint stays until .metadata is replaced, the new one is whole after;
+ * the error says where it stopped and what that leaves. */
+static void test_commit_stops_where_the_callback_says(void) {
+    for (int step = 0; step < 4; step++) {
+        for (int done = 0; done < 2; done++) {
+            char what[64];
+            snprintf(what, sizeof what, "stopped at step %d done %d", step, done);
+            const char *dir = setup("stop");
+            seen s = {dir, NULL, "", step, done};
+            ckptio_dcp_commit_result r;
+            T_STATUS(commit_with(dir, CKPTIO_DCP_SYNC | CKPTIO_DCP_CLEANUP, record, &s, &r), CKPTIO_E_CANCELED);
+            const bool after = step > CKPTIO_DCP_STEP_METADATA || (step == CKPTIO_DCP_STEP_METADATA && done);
+            T_ASSERT_MSG(r.committed == after && check_state(dir, what) == after, "%s: %s", what, s.calls);
+            T_MESSAGE_HAS(done ? "the commit stopped after the step" : "the commit stopped before the step");
+            T_MESSAGE_HAS(after ? "the new checkpoint is committed" : "the checkpoint is unchanged");
+            T_ASSERT_MSG(strcmp(ckptio_last_error()->path, dir) == 0, "%s: %s", what, ckptio_last_error()->path);
+            T_OK(commit(dir, CKPTIO_DCP_SYNC));
+            check_clean(dir, what);
+        }
+    }
 }
 
 /* ---- faults -------------------------------------------------------------------------- */
@@ -492,7 +588,7 @@ static void test_new_files_take_the_checkpoints_mode(void) {
     T_STATUS(ckptio_dcp_reference(dir, "link", &mode), CKPTIO_E_NOT_FOUND);
     T_OK(ckptio_dcp_create_file(dir, "__0_0123456789ab_1.distcp", "missing"));
     T_ASSERT(!t_file_exists(in(dir, "__0_0123456789ab_1.distcp")));
-    T_OK(ckptio_dcp_write_file(dir, "fresh", "x", 1, "link", 0));
+    T_OK(ckptio__dcp_write_file(dir, "fresh", "x", 1, "link", 0));
     T_ASSERT(mode_of(in(dir, "fresh")) == 0644);
     unlink(in(dir, "link"));
     umask(old_umask);
@@ -500,17 +596,30 @@ static void test_new_files_take_the_checkpoints_mode(void) {
 
 static void test_bad_arguments(void) {
     const char *dir = setup("args");
-    T_STATUS(ckptio_dcp_write_file(dir, "a/b", "x", 1, NULL, 0), CKPTIO_E_INVAL);
-    T_STATUS(ckptio_dcp_write_file(dir, "a", "x", 1, NULL, 1u << 9), CKPTIO_E_INVAL);
+    T_STATUS(ckptio__dcp_write_file(dir, "a/b", "x", 1, NULL, 0), CKPTIO_E_INVAL);
+    T_STATUS(ckptio__dcp_write_file(dir, "a", "x", 1, NULL, 1u << 9), CKPTIO_E_INVAL);
     T_STATUS(ckptio_dcp_remove_files(dir, (const char *const[]){"../x"}, 1, 0, NULL, NULL, NULL, 0), CKPTIO_E_INVAL);
     const char *const other[] = {OLD_DATA};
-    T_STATUS(ckptio_dcp_manifest_write(dir, ".metadata", other, 1, items, nitems, NULL, 0), CKPTIO_E_INVAL);
+    T_STATUS(ckptio__dcp_manifest_write(dir, ".metadata", other, 1, items, nitems, NULL, 0), CKPTIO_E_INVAL);
     char token[13];
-    T_OK(ckptio_dcp_save_token(new_files, 1, token));
-    T_ASSERT(strcmp(token, "ee16d53c3f1b") == 0);
+    T_ASSERT(ckptio__dcp_token(new_files, 1, token) && strcmp(token, "ee16d53c3f1b") == 0);
     const char *const two[] = {NEW_DATA, "__1_0123456789ab_0.distcp"};
-    T_STATUS(ckptio_dcp_save_token(two, 2, token), CKPTIO_E_NOT_FOUND);
-    T_STATUS(ckptio_dcp_save_token(other, 1, token), CKPTIO_E_NOT_FOUND);
+    T_ASSERT(!ckptio__dcp_token(two, 2, token) && !ckptio__dcp_token(other, 1, token));
+    /* The commit's own checks, before anything is written. */
+    ckptio_dcp_commit_result r;
+    ckptio_dcp_commit_options o = {"model.bin", new_md, new_md_len, new_files, 1, NULL, 0, 0, NULL, NULL};
+    T_STATUS(ckptio_dcp_commit(dir, &o, &r), CKPTIO_E_INVAL);
+    T_MESSAGE_HAS("must be .metadata or __RANK.metadata, not 'model.bin'");
+    o.metadata_name = ".metadata";
+    o.flags = CKPTIO_DCP_CLEANUP | CKPTIO_DCP_CLEANUP_LATER;
+    T_STATUS(ckptio_dcp_commit(dir, &o, &r), CKPTIO_E_INVAL);
+    o.flags = 1u << 12;
+    T_STATUS(ckptio_dcp_commit(dir, &o, &r), CKPTIO_E_INVAL);
+    o.flags = 0;
+    o.files = (const char *const[]){"../x"};
+    T_STATUS(ckptio_dcp_commit(dir, &o, &r), CKPTIO_E_INVAL);
+    T_STATUS(ckptio_dcp_commit(dir, NULL, &r), CKPTIO_E_INVAL);
+    T_ASSERT(same_file(in(dir, ".metadata"), old_md, old_md_len) && r.committed == 0);
     /* A missing directory: the listing fails, naming it. */
     char **names = NULL;
     size_t n = 0;
@@ -654,6 +763,8 @@ int main(void) {
     T_OK(ckptio_engine_create(&engine));
     load_fixtures();
     T_RUN(test_commit_replaces_torch_checkpoint);
+    T_RUN(test_commit_runs_its_steps_in_order);
+    T_RUN(test_commit_stops_where_the_callback_says);
     T_RUN(test_every_commit_call_fails_once);
     T_RUN(test_short_writes_are_resumed);
     T_RUN(test_stale_files);

@@ -185,8 +185,8 @@ static void test_many_small_extents(void) {
     for (size_t k = 0; k < N; k++) add(p, f, off[order[k]], len[order[k]], src + moff[order[k]]);
     size_t count;
     uint64_t total, sum = 0;
-    T_OK(ckptio_plan_count(p, &count));
-    T_OK(ckptio_plan_total_bytes(p, &total));
+    T_OK(ckptio__plan_count(p, &count));
+    T_OK(ckptio__plan_total_bytes(p, &total));
     for (size_t i = 0; i < N; i++) sum += len[i];
     T_ASSERT(count == N && total == sum);
     T_OK(ckptio_engine_execute(e, p));

@@ -34,7 +34,7 @@ int main(void) {
     T_ASSERT(ckptio__gpu_classify(host) == CKPTIO_MEM_HOST);
 
     uint64_t fr = 0, tot = 0;
-    T_STATUS(ckptio_gpu_mem_info(0, &fr, &tot), CKPTIO_E_NO_CUDA);
+    T_STATUS(ckptio__gpu_mem_info(0, &fr, &tot), CKPTIO_E_NO_CUDA);
     T_MESSAGE_HAS("no CUDA driver");
     T_STATUS(ckptio_gpu_check_free(0, 1, NULL), CKPTIO_E_NO_CUDA);
 

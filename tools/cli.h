@@ -54,6 +54,11 @@ size_t cli_quote(const char *text, size_t len, char *out, size_t cap);
 const char *cli_q(const char *s);
 const char *cli_qn(const char *s, size_t len);
 
+/* stderr's current line: cli_line_taken() says a progress bar is on it,
+ * cli_line_clear() erases it if so (every message calls it first). */
+void cli_line_taken(void);
+void cli_line_clear(void);
+
 /* Prints the library's last error as "ckptio: <message>", putting `path`
  * in front when the message does not already name it. Returns
  * CLI_EXIT_FAIL so callers can `return cli_error_lib(...)`. */
@@ -155,7 +160,7 @@ void cli_progress_update(cli_progress *progress, uint64_t done, uint64_t total);
  * "LABEL: SIZE in S s (R GB/s)"; otherwise it is erased (an error follows).
  * A second call does nothing. */
 void cli_progress_finish(cli_progress *progress, bool ok);
-/* Erases whatever bar is drawn (cli_error() calls it first). */
+/* Erases whatever bar is drawn (cli_line_clear()). */
 void cli_progress_clear(void);
 /* A ckptio_progress_fn: `user` is a cli_progress. Returns non-zero (cancel)
  * once cli_interrupted is set. */

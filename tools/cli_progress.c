@@ -18,17 +18,7 @@
 
 #define CLI_PROGRESS_INTERVAL 0.1
 
-/* Whether a bar is on the terminal's current line, so that an error message
- * printed meanwhile starts on a clean line. */
-static bool line_dirty = false;
-
-void cli_progress_clear(void) {
-    if (line_dirty) {
-        fputs("\r\033[K", stderr);
-        fflush(stderr);
-        line_dirty = false;
-    }
-}
+void cli_progress_clear(void) { cli_line_clear(); }
 
 void cli_progress_init(cli_progress *progress, const char *label) {
     memset(progress, 0, sizeof *progress);
@@ -82,7 +72,7 @@ void cli_progress_update(cli_progress *progress, uint64_t done, uint64_t total) 
     else
         fprintf(stderr, "\r\033[K%s%s", progress->label, tail);
     fflush(stderr);
-    line_dirty = true;
+    cli_line_taken(); /* an error message printed meanwhile erases the bar first (cli_quote.c) */
 }
 
 /* "12.50 s" or, under a second, "340.0 ms". */

@@ -109,11 +109,26 @@ const char *cli_qn(const char *s, size_t len) {
 
 const char *cli_q(const char *s) { return s ? cli_qn(s, strlen(s)) : "(null)"; }
 
+/* Whether a progress bar (cli_progress.c) is on stderr's current line. The
+ * messages own this state, since they are what prints over the bar: a
+ * message erases it first and starts on a clean line. */
+static bool bar_on_line = false;
+
+void cli_line_taken(void) { bar_on_line = true; }
+
+void cli_line_clear(void) {
+    if (bar_on_line) {
+        fputs("\r\033[K", stderr);
+        fflush(stderr);
+        bar_on_line = false;
+    }
+}
+
 /* "ckptio: [warning: ]MESSAGE\n" on stderr, the message quoted whole. */
 void cli_vreport(const char *kind, const char *fmt, va_list ap) {
     char *msg = NULL;
     if (vasprintf(&msg, fmt, ap) < 0) msg = NULL;
-    cli_progress_clear();
+    cli_line_clear();
     fprintf(stderr, "ckptio: %s%s\n", kind, msg ? cli_q(msg) : "(out of memory formatting a message)");
     free(msg);
 }

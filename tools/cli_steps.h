@@ -1,6 +1,6 @@
 /*
  * cli_steps.h - the `ckptio` subcommands' branches for a checkpoint
- * manager's root (step_NNNNNNNN directories, include/ckptio.h "Checkpoint
+ * manager's root (step_NNNNNNNN directories, include/ckptio/steps.h "Checkpoint
  * manager"): inspect, verify and clean call these when their operand is one.
  */
 #ifndef CKPTIO_CLI_STEPS_H

@@ -6,7 +6,6 @@
  * was left alone and why.
  */
 #include "cli_steps.h"
-#include "ckptio_experimental.h" /* the root's lock: ckptio_dcp_lock_acquire, _release */
 
 #include <errno.h>
 #include <jansson.h>

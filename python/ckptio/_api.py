@@ -442,8 +442,10 @@ def load(path: Union[PathLike, bytes, bytearray, memoryview, Any], device: Any =
         if out is not None or progress is not None or framework != "pt" or _memory.is_memory(path):
             raise ValueError("load(..., process_group=) reads a path into new torch tensors: out=, progress=, "
                              "framework='numpy' and in-memory checkpoints are not supported with it")
-        return _distributed.load(path, device, keys, slices=slices, tp_dim=tp_dim, process_group=process_group,
-                                 engine=engine, allow_symlinks=allow_symlinks, batch_bytes=batch_bytes)
+        return _distributed.load(path, lambda: CheckpointFile(path, "pt", device, engine=engine,
+                                                              allow_symlinks=allow_symlinks),
+                                 device, keys, slices=slices, tp_dim=tp_dim, process_group=process_group,
+                                 batch_bytes=batch_bytes)
     if batch_bytes is not None:
         raise ValueError("batch_bytes= sizes the exchange of a load with process_group=: pass process_group=")
     if tp_dim is not None:

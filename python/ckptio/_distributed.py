@@ -445,21 +445,21 @@ def get_slices(f, requests, device: Any, process_group, batch_bytes: Optional[in
     return read(f, reqs, device, process_group, error, f.path, batch_bytes)
 
 
-def load(path, device: Any, keys, *, slices, tp_dim: Optional[TpRule], process_group, engine,
-         allow_symlinks: bool, batch_bytes: Optional[int] = None):
+def load(path, open_file: Callable[[], Any], device: Any, keys, *, slices, tp_dim: Optional[TpRule],
+         process_group, batch_bytes: Optional[int] = None):
     """``ckptio.load(path, ..., process_group=pg)``: opens the model on every
-    rank (a failure to open is exchanged like any other) and reads what this
-    rank asks for: every tensor (or `keys`) whole, this rank's tensor-parallel
-    part of each (`tp_dim`), or `slices` ({name: index} or [(name, index)])."""
-    from ._api import CheckpointFile
-
+    rank with `open_file()` (a CheckpointFile of `path`: the caller's, this
+    module sits below the API; a failure to open is exchanged like any other)
+    and reads what this rank asks for: every tensor (or `keys`) whole, this
+    rank's tensor-parallel part of each (`tp_dim`), or `slices` ({name:
+    index} or [(name, index)])."""
     f = None
     error: Optional[BaseException] = None
     requests = None
     try:
         if slices is not None and (keys is not None or tp_dim is not None):
             raise ValueError("slices= names its own tensors: pass keys= and tp_dim= without it")
-        f = CheckpointFile(path, "pt", device, engine=engine, allow_symlinks=allow_symlinks)
+        f = open_file()
         if slices is not None:
             requests = _model.plan_requests(f, slices)
         else:

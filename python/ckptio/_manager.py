@@ -1,7 +1,7 @@
 """ckptio.CheckpointManager: the steps of a training run under one root,
 resumed from the newest step that verifies (docs/MANAGER.md).
 
-Thin over libckptio's steps (include/ckptio.h "Checkpoint manager"): which
+Thin over libckptio's steps (include/ckptio/steps.h): which
 steps exist and in what state, the commit marker that makes a step
 complete, retention and cleaning are C (src/ckpt/steps_*.c); each step's
 data is one ckptio.dcp checkpoint directory. What stays here is the order of
@@ -459,6 +459,4 @@ def _ensure_root(root: str) -> str:
     return root
 
 
-def _release(lock) -> None:
-    if lock is not None:
-        _ckptio.dcp_lock_release(lock)
+_release = _manager_async.release_lock

@@ -19,6 +19,13 @@ from . import _ckptio
 from ._snapshot import SnapshotUnsupported
 
 
+def release_lock(lock) -> None:
+    """Releases the root's lock a save holds (None: none is held). Here, below the manager, so that both
+    the manager and the saves it starts here release it the same way."""
+    if lock is not None:
+        _ckptio.dcp_lock_release(lock)
+
+
 class _SaveThread:
     """One daemon thread running the manager's saves in order (a thread per save cost its start on the
     caller's thread)."""
@@ -46,14 +53,12 @@ def save(mgr, step: int, state_dict: Any, writer, lock) -> Optional[concurrent.f
     """Saves `step` of a one-process manager from a snapshot, the step begun and the root's `lock` held
     (released when the save ends, or here on a failure to start it); None when the state cannot be snapshot
     (the manager then stages it as torch does, the lock still its own)."""
-    from ._manager import _release
-
     try:
         snap = mgr._snapshots.take(state_dict)
     except SnapshotUnsupported:
         return None
     except BaseException:
-        _release(lock)
+        release_lock(lock)
         raise
     done: concurrent.futures.Future = concurrent.futures.Future()
 
@@ -69,7 +74,7 @@ def save(mgr, step: int, state_dict: Any, writer, lock) -> Optional[concurrent.f
             mgr._finish(step, lock)  # releases the lock, whatever happens
             done.set_result(step)
         except BaseException as e:  # noqa: BLE001 - the future carries it
-            _release(held)
+            release_lock(held)
             done.set_exception(e)
         finally:
             snap.release()

@@ -2,7 +2,7 @@
 
 The extension reports a call's bytes (done, total) to the callable this
 thread put in place with ``_ckptio.set_progress`` (the same engine progress
-callback that makes calls interruptible by Ctrl-C: _ckptio_common.c), on the
+callback that makes calls interruptible by Ctrl-C: python/src/ckpy_call.c), on the
 calling thread, first, at most every 20 ms, and last. An exception the
 callable raises cancels the transfer with the usual guarantees (a save leaves
 no temporary and the older file untouched) and is what the call raises.

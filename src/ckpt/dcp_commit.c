@@ -68,11 +68,11 @@ static ckptio_status write_all(int fd, const char *tmp, const char *final, const
     return CKPTIO_OK;
 }
 
-ckptio_status ckptio_dcp_write_file(const char *dir, const char *name, const void *data, size_t len,
+ckptio_status ckptio__dcp_write_file(const char *dir, const char *name, const void *data, size_t len,
                                     const char *reference, unsigned flags) {
     CKPTIO_RETURN_IF(!dir || !*dir || !name || !*name || strchr(name, '/') || (!data && len), CKPTIO_E_INVAL,
-                     "ckptio_dcp_write_file: dir, a file name without '/' and the data are required");
-    CKPTIO_RETURN_IF(flags & ~(unsigned)CKPTIO_DCP_SYNC, CKPTIO_E_INVAL, "ckptio_dcp_write_file: unknown flags 0x%x",
+                     "ckptio__dcp_write_file: dir, a file name without '/' and the data are required");
+    CKPTIO_RETURN_IF(flags & ~(unsigned)CKPTIO_DCP_SYNC, CKPTIO_E_INVAL, "ckptio__dcp_write_file: unknown flags 0x%x",
                      flags & ~(unsigned)CKPTIO_DCP_SYNC);
     const bool sync = flags & CKPTIO_DCP_SYNC;
     char *final = ckptio__dcp_join(dir, name), tmp[4096];

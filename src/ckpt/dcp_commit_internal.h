@@ -26,7 +26,7 @@ bool ckptio__dcp_data_name(const char *name, char token[13]);
 bool ckptio__dcp_several_ranks(const char *const *files, size_t count);
 
 /* The token all of `files` share as ckptio data file names (what
- * ckptio_dcp_save_token() returns), or false without touching the error. */
+ * the manifest's name carries), or false without touching the error. */
 bool ckptio__dcp_token(const char *const *files, size_t count, char token[13]);
 
 /* .metadata (a collective save) or __{rank}.metadata (a save without
@@ -54,6 +54,26 @@ int ckptio__dcp_fsync_dir(const char *dir);
  * string relative_path: the caller cannot tell what it references. */
 ckptio_status ckptio__dcp_referenced_files(const void *bytes, size_t len, const char *origin, char ***files,
                                            size_t *count);
+
+/* Writes `len` bytes as DIR/NAME atomically: a temporary
+ * (ckptio_temporary_create, with the reference's attributes), write (short
+ * writes resumed), fsync, rename over NAME, fsync of the directory (the
+ * fsyncs with CKPTIO_DCP_SYNC, the only flag). A failure before the rename
+ * leaves NAME as it was and removes the temporary; a failed directory fsync
+ * after it says that the new NAME is in place but may not survive a power
+ * loss. (dcp_commit.c; the step markers of src/ckpt/steps_marker.c too.) */
+ckptio_status ckptio__dcp_write_file(const char *dir, const char *name, const void *data, size_t len,
+                                     const char *reference, unsigned flags);
+
+/* Step 2: writes DIR/.ckptio-manifest-TOKEN.json (TOKEN from `files`, the
+ * save's data files, which must be ckptio data file names of one save: else
+ * CKPTIO_E_INVAL) as ckptio__dcp_write_file() writes a file. It lists
+ * `files` and the items; `metadata_name` is the metadata file it belongs
+ * to. ckptio_dcp_verify() checks a directory against it.
+ * (dcp_manifest_write.c) */
+ckptio_status ckptio__dcp_manifest_write(const char *dir, const char *metadata_name, const char *const *files,
+                                         size_t nfiles, const ckptio_dcp_manifest_item *items, size_t count,
+                                         const char *reference, unsigned flags);
 
 /* "DIR/NAME" (ckptio__malloc'ed), or NULL when out of memory. */
 char *ckptio__dcp_join(const char *dir, const char *name);

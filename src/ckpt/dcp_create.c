@@ -167,12 +167,14 @@ static ckptio_status write_metadata(const dcp_out *o, const char *dir, const ckp
             man[i].ndim = tensors[i].ndim;
         }
     }
-    if (n > 0) {
-        const char *files[] = {o->file_name};
-        if ((st = ckptio_dcp_manifest_write(dir, ".metadata", files, 1, man, n, NULL, flags)) != CKPTIO_OK) goto out;
-    }
     if ((st = ckptio__dcp_metadata_pickle(md, n, &pk)) != CKPTIO_OK) goto out;
-    st = ckptio_dcp_write_file(dir, ".metadata", pk.data, pk.len, NULL, flags);
+    /* The manifest (when there is an item), then .metadata: a save's commit (a new directory: nothing to
+     * clean up, no attributes to take). */
+    const char *files[] = {o->file_name};
+    const ckptio_dcp_commit_options commit = {".metadata", pk.data, pk.len, files, n > 0, man, n,
+                                              flags | (n > 0 ? CKPTIO_DCP_MANIFEST : 0), NULL, NULL};
+    ckptio_dcp_commit_result result;
+    st = ckptio_dcp_commit(dir, &commit, &result);
 out:
     ckptio__pickle_buf_free(&pk);
     ckptio__free(man);

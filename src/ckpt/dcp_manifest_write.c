@@ -67,17 +67,17 @@ static bool item_valid(const ckptio_dcp_manifest_item *it) {
            it->data_offset <= INT64_MAX && it->nbytes <= INT64_MAX - it->data_offset;
 }
 
-ckptio_status ckptio_dcp_manifest_write(const char *dir, const char *metadata_name, const char *const *files,
+ckptio_status ckptio__dcp_manifest_write(const char *dir, const char *metadata_name, const char *const *files,
                                         size_t nfiles, const ckptio_dcp_manifest_item *items, size_t count,
                                         const char *reference, unsigned flags) {
     CKPTIO_RETURN_IF(!dir || !metadata_name || (!files && nfiles) || (!items && count), CKPTIO_E_INVAL,
-                     "ckptio_dcp_manifest_write: dir, metadata_name, files and items are required");
+                     "ckptio__dcp_manifest_write: dir, metadata_name, files and items are required");
     char token[13];
     if (!ckptio__dcp_token(files, nfiles, token))
-        return CKPTIO_FAIL(CKPTIO_E_INVAL, "ckptio_dcp_manifest_write: the %zu files are not the data files of one "
+        return CKPTIO_FAIL(CKPTIO_E_INVAL, "ckptio__dcp_manifest_write: the %zu files are not the data files of one "
                            "ckptio save (__RANK_TOKEN_N.distcp with one TOKEN)", nfiles);
     for (size_t i = 0; i < count; i++)
-        CKPTIO_RETURN_IF(!item_valid(&items[i]), CKPTIO_E_INVAL, "ckptio_dcp_manifest_write: item %zu is incomplete "
+        CKPTIO_RETURN_IF(!item_valid(&items[i]), CKPTIO_E_INVAL, "ckptio__dcp_manifest_write: item %zu is incomplete "
                          "or out of range", i);
     bool ok = true;
     json_t *root = json_object(), *list = json_array(), *arr = json_array();
@@ -101,11 +101,11 @@ ckptio_status ckptio_dcp_manifest_write(const char *dir, const char *metadata_na
     json_decref(root);
     if (!text)
         return CKPTIO_FAIL(ok ? CKPTIO_E_NOMEM : CKPTIO_E_INVAL,
-                           "ckptio_dcp_manifest_write: cannot build the manifest of %s (out of memory, or a name that "
+                           "ckptio__dcp_manifest_write: cannot build the manifest of %s (out of memory, or a name that "
                            "is not UTF-8)", dir);
     char name[sizeof CKPTIO__DCP_MANIFEST_PREFIX + 12 + sizeof ".json"];
     snprintf(name, sizeof name, CKPTIO__DCP_MANIFEST_PREFIX "%s.json", token);
-    const ckptio_status st = ckptio_dcp_write_file(dir, name, text, strlen(text), reference, flags);
+    const ckptio_status st = ckptio__dcp_write_file(dir, name, text, strlen(text), reference, flags);
     free(text);
     return st;
 }

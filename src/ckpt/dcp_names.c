@@ -50,14 +50,6 @@ bool ckptio__dcp_token(const char *const *files, size_t count, char token[13]) {
     return token[0] != '\0';
 }
 
-ckptio_status ckptio_dcp_save_token(const char *const *files, size_t count, char token[13]) {
-    CKPTIO_RETURN_IF(!token || (!files && count), CKPTIO_E_INVAL, "ckptio_dcp_save_token: files and token are required");
-    if (!ckptio__dcp_token(files, count, token))
-        return CKPTIO_FAIL(CKPTIO_E_NOT_FOUND, "the %zu data files are not those of one ckptio save "
-                           "(__RANK_TOKEN_N.distcp with one TOKEN)", count);
-    return CKPTIO_OK;
-}
-
 /* The rank in a data file name __{rank}_... (torch's and ckptio's), as the
  * digits' length; 0 when the name has none. */
 static size_t rank_digits(const char *name) {

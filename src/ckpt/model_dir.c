@@ -1,6 +1,6 @@
 /*
  * model_dir.c - ckptio_model: a single safetensors file, a Hugging Face
- * directory or its index, opened as one handle (rules in ckptio.h and
+ * directory or its index, opened as one handle (rules in ckptio/model.h and
  * docs/MODELS.md).
  *
  * The index is parsed by src/format/hf_index.c; this file finds it, opens

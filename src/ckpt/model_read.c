@@ -17,7 +17,6 @@
  * and gathered with memcpy.
  */
 #include "engine_internal.h"
-#include "io_internal.h"
 #include "model_internal.h"
 #include "slice_internal.h"
 
@@ -268,7 +267,7 @@ ckptio_status ckptio_model_read(ckptio_model *m, const ckptio_slice_target *targ
         if (buf && (st = plan_pieces(targets, p, count, &next, plan, buf, cap, pieces, maxp, &npieces)) != CKPTIO_OK)
             goto out;
         size_t extents = 0;
-        ckptio_plan_count(plan, &extents);
+        ckptio__plan_count(plan, &extents);
         if (extents && (st = ckptio_engine_execute(m->engine, plan)) != CKPTIO_OK) goto out;
         if ((st = scatter_pieces(targets, p, buf, pieces, npieces)) != CKPTIO_OK) goto out;
         ckptio_plan_destroy(plan);

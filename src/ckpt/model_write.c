@@ -12,6 +12,7 @@
  * finds an index naming a shard that is not complete.
  */
 #include "convert_internal.h"
+#include "dcp_commit_internal.h"
 #include "hf_index_internal.h"
 
 #include <stdio.h>
@@ -90,7 +91,7 @@ ckptio_status ckptio__hf_save(const char *dir, const ckptio_tensor_source *tenso
             goto out;
         }
         /* The library's one writer of a small file committed atomically beside others. */
-        if ((st = ckptio_dcp_write_file(dir, INDEX_NAME, index, strlen(index), NULL, sync_flags)) != CKPTIO_OK)
+        if ((st = ckptio__dcp_write_file(dir, INDEX_NAME, index, strlen(index), NULL, sync_flags)) != CKPTIO_OK)
             goto out;
     }
     if (nshards_out) *nshards_out = nshards;

@@ -10,7 +10,7 @@
  * step) and .metadata's size and XXH3-64 (a .metadata replaced or damaged
  * after the commit is caught without reading any data). The marker is
  * written by the DCP commit's own atomic small-file writer
- * (ckptio_dcp_write_file): there is one copy of that protocol.
+ * (ckptio__dcp_write_file): there is one copy of that protocol.
  */
 #include "dcp_commit_internal.h"
 #include "io_internal.h"
@@ -208,7 +208,7 @@ ckptio_status ckptio_steps_commit(const char *root, uint64_t step) {
         st = CKPTIO_FAIL_SYS_NOTE(err, "fsync", root, "flushing the root before the step's marker; the step is not "
                                                       "committed");
     const size_t len = ckptio__step_marker_format(&m, text, sizeof text);
-    if (st == CKPTIO_OK) st = ckptio_dcp_write_file(dir, CKPTIO_STEP_MARKER, text, len, ".metadata", CKPTIO_DCP_SYNC);
+    if (st == CKPTIO_OK) st = ckptio__dcp_write_file(dir, CKPTIO_STEP_MARKER, text, len, ".metadata", CKPTIO_DCP_SYNC);
     ckptio__free(dir);
     return st == CKPTIO_OK ? st : ckptio__step_fail(root, step, "commit");
 }

@@ -199,7 +199,7 @@ static ckptio_status write_file(ckptio_engine *engine, ckptio_torch_writer *w, c
         if ((st = ckptio__plan_set_observer(plan, crc_observe, &o, 0))) goto out;
         /* Progress sees one save, not a data plan then a directory plan. */
         uint64_t total = 0;
-        if ((st = ckptio_plan_total_bytes(plan, &total))) goto out;
+        if ((st = ckptio__plan_total_bytes(plan, &total))) goto out;
         for (size_t k = 0; k < nd; k++) total += d[k].length;
         ckptio__engine_progress_span_begin(engine, total);
         span = true;

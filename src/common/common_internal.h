@@ -6,7 +6,6 @@
 #define CKPTIO_COMMON_INTERNAL_H
 
 #include "ckptio.h"
-#include "ckptio_experimental.h"
 
 #include <stdarg.h>
 #include <stdbool.h>

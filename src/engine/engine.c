@@ -203,7 +203,7 @@ ckptio_status ckptio__engine_report(ckptio_engine *e, uint64_t done, uint64_t to
         total = e->span_total;
     }
     /* done == total is the final report's alone, made after the transfer,
-     * whose answer cannot cancel (ckptio.h). A periodic one can see every
+     * whose answer cannot cancel (ckptio/core.h). A periodic one can see every
      * byte counted while the workers are still finishing: reported, a
      * callback that stops at the end canceled a save that had moved every
      * byte, and no file was written. */

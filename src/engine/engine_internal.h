@@ -119,6 +119,10 @@ ckptio_status ckptio__plan_set_observer(ckptio_plan *plan, ckptio__observe_fn fn
  * read plans (their extents have no identity an observer would see). */
 ckptio_status ckptio__plan_add_merged(ckptio_plan *plan, const ckptio_extent *extent);
 
+/* The number of extents of a plan, and their bytes together. */
+ckptio_status ckptio__plan_count(const ckptio_plan *plan, size_t *out);
+ckptio_status ckptio__plan_total_bytes(const ckptio_plan *plan, uint64_t *out);
+
 /* Calls obs->fn for the file range [lo, hi) of extent `index` (plan index
  * `obs->index[index]` if mapped), whose bytes are at `bytes`, cut at the
  * observer's block boundaries. */

@@ -78,14 +78,14 @@ ckptio_status ckptio__plan_add_merged(ckptio_plan *p, const ckptio_extent *x) {
     return ckptio_plan_add(p, x);
 }
 
-ckptio_status ckptio_plan_count(const ckptio_plan *p, size_t *out) {
-    CKPTIO_RETURN_IF(!p || !out, CKPTIO_E_INVAL, "ckptio_plan_count: plan and out are required");
+ckptio_status ckptio__plan_count(const ckptio_plan *p, size_t *out) {
+    CKPTIO_RETURN_IF(!p || !out, CKPTIO_E_INVAL, "ckptio__plan_count: plan and out are required");
     *out = p->count;
     return CKPTIO_OK;
 }
 
-ckptio_status ckptio_plan_total_bytes(const ckptio_plan *p, uint64_t *out) {
-    CKPTIO_RETURN_IF(!p || !out, CKPTIO_E_INVAL, "ckptio_plan_total_bytes: plan and out are required");
+ckptio_status ckptio__plan_total_bytes(const ckptio_plan *p, uint64_t *out) {
+    CKPTIO_RETURN_IF(!p || !out, CKPTIO_E_INVAL, "ckptio__plan_total_bytes: plan and out are required");
     *out = p->total;
     return CKPTIO_OK;
 }

@@ -5,7 +5,7 @@
  * resolves to), and the list of names the misspelling check (env_check.c)
  * knows.
  *
- * Adding a setting: its value at the end of ckptio_option (ckptio.h) and
+ * Adding a setting: its value at the end of ckptio_option (ckptio/core.h) and
  * one ROW below; docs/ENGINE.md#5-settings then needs the row that
  * tests/test_engine_settings.c prints for it until it is there.
  */

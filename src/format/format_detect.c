@@ -1,7 +1,7 @@
 /*
  * format_detect.c - which checkpoint format a file's first bytes are: the one
  * rule the library, the CLI and the Python package all use
- * (ckptio_format_detect_bytes in include/ckptio.h states it).
+ * (ckptio_format_detect_bytes in include/ckptio/file.h states it).
  *
  * The order matters. A safetensors file begins with its header length N as
  * a little-endian u64, so its first byte can be anything: N = 128 mod 256

@@ -63,7 +63,7 @@ ckptio_status ckptio__st_fail(ckptio_status status, const char *src_file, int li
 ckptio_status ckptio__st_check_prefix(const unsigned char prefix[8], uint64_t file_size, const char *path,
                                       uint64_t *header_len);
 
-/* The safetensors rule of ckptio_format_detect_bytes (include/ckptio.h) on
+/* The safetensors rule of ckptio_format_detect_bytes (include/ckptio/file.h) on
  * the first `len` bytes of a file of `file_size` bytes: the prefix is within
  * the limits of ckptio__st_check_prefix, N >= 2, and the header's first
  * non-blank byte is '{' (YES) or something else (NO); MORE when `head` ends

@@ -163,7 +163,7 @@ out:
 }
 
 ckptio_status ckptio_zstd_decompressed_size_max(const void *src, size_t len, uint64_t limit, uint64_t *out) {
-    if (!out || (!src && len)) return CKPTIO_FAIL(CKPTIO_E_INVAL, "ckptio_zstd_decompressed_size: bad arguments");
+    if (!out || (!src && len)) return CKPTIO_FAIL(CKPTIO_E_INVAL, "ckptio_zstd_decompressed_size_max: bad arguments");
     *out = 0;
     if (len == 0) return corrupt(0, "no frame");
     /* Sum the frames' recorded sizes, refusing as soon as the sum passes the
@@ -185,10 +185,6 @@ ckptio_status ckptio_zstd_decompressed_size_max(const void *src, size_t len, uin
     }
     *out = total;
     return CKPTIO_OK;
-}
-
-ckptio_status ckptio_zstd_decompressed_size(const void *src, size_t len, uint64_t *out) {
-    return ckptio_zstd_decompressed_size_max(src, len, UINT64_MAX, out);
 }
 
 ckptio_status ckptio_zstd_decompress(const void *src, size_t len, void *dst, size_t capacity, size_t *out_len) {

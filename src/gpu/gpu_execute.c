@@ -52,8 +52,8 @@ ckptio_status ckptio_cuda_available(int *device_count) {
     return CKPTIO_OK;
 }
 
-ckptio_status ckptio_gpu_mem_info(int device, uint64_t *free_bytes, uint64_t *total_bytes) {
-    CKPTIO_RETURN_IF(!free_bytes || !total_bytes, CKPTIO_E_INVAL, "ckptio_gpu_mem_info: NULL output");
+ckptio_status ckptio__gpu_mem_info(int device, uint64_t *free_bytes, uint64_t *total_bytes) {
+    CKPTIO_RETURN_IF(!free_bytes || !total_bytes, CKPTIO_E_INVAL, "ckptio__gpu_mem_info: NULL output");
     const ckptio__gpu_ops *ops;
     CKPTIO_FORWARD(ckptio__gpu_ops_get(&ops));
     return ops->mem_info(device, free_bytes, total_bytes);
@@ -61,7 +61,7 @@ ckptio_status ckptio_gpu_mem_info(int device, uint64_t *free_bytes, uint64_t *to
 
 ckptio_status ckptio_gpu_check_free(int device, uint64_t needed, const char *what) {
     uint64_t free_bytes = 0, total = 0;
-    CKPTIO_FORWARD(ckptio_gpu_mem_info(device, &free_bytes, &total));
+    CKPTIO_FORWARD(ckptio__gpu_mem_info(device, &free_bytes, &total));
     if (needed > free_bytes)
         return CKPTIO_FAIL_CTX(CKPTIO_E_DEVICE_OOM,
                                &((ckptio__err_ctx){.operation = "check GPU memory", .path = what, .file_offset = -1}),

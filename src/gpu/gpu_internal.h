@@ -28,4 +28,7 @@ ckptio_status ckptio__gpu_execute_observed(ckptio_engine *engine, ckptio_directi
  * or CKPTIO_MEM_HOST (also when no CUDA driver is present). */
 ckptio_mem_kind ckptio__gpu_classify(const void *ptr);
 
+/* Free and total memory of a device (cuMemGetInfo); what ckptio_gpu_check_free() compares. */
+ckptio_status ckptio__gpu_mem_info(int device, uint64_t *free_bytes, uint64_t *total_bytes);
+
 #endif /* CKPTIO_GPU_INTERNAL_H */

@@ -1,6 +1,6 @@
 /*
  * gpu_snapshot.c - snapshots of training state that overlap compute
- * (ckptio_snapshot_*, include/ckptio_experimental.h; docs/SNAPSHOTS.md).
+ * (ckptio_snapshot_*, include/ckptio/snapshot.h; docs/SNAPSHOTS.md).
  *
  * A pool holds one snapshot at a time. Taking one, per device: an event
  * recorded on the caller's stream marks the end of the work it has queued

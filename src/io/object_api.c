@@ -1,6 +1,6 @@
 /*
  * object_api.c - the public functions on objects beyond files
- * (ckptio_experimental.h): listing, deleting, small conditional writes, and
+ * (ckptio/object.h): listing, deleting, small conditional writes, and
  * the cleanup of multipart uploads that killed saves left unfinished.
  */
 #include "io_internal.h"

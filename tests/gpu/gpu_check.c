@@ -15,6 +15,7 @@
  */
 #include "ckptio.h"
 #include "cuda_shim.h"
+#include "gpu_internal.h" /* ckptio__gpu_mem_info */
 
 #include <fcntl.h>
 #include <stdarg.h>
@@ -368,7 +369,7 @@ static bool check_errors(ckptio_engine *e) {
     ckptio_plan_destroy(p);
     OK(ckptio_file_close(f));
     uint64_t fr = 0, tot = 0;
-    OK(ckptio_gpu_mem_info(0, &fr, &tot));
+    OK(ckptio__gpu_mem_info(0, &fr, &tot));
     st = ckptio_gpu_check_free(0, tot + 1, path);
     CHECK(st == CKPTIO_E_DEVICE_OOM, "check_free gave %s", ckptio_status_name(st));
     printf("ok %s\n", ckptio_last_error_message());

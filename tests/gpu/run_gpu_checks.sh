@@ -28,19 +28,22 @@ build() {
     set -e
     cmake -S . -B "$B" -DCMAKE_BUILD_TYPE=Release -DCKPTIO_TESTS=OFF >/dev/null
     cmake --build "$B" -j2 --target ckptio ckptio_static
-    ${CC:-cc} -std=gnu11 -O2 -g -D_GNU_SOURCE -Wall -Wextra -Werror -Iinclude -Isrc/common -Isrc/gpu \
+    ${CC:-cc} -std=gnu11 -O2 -g -D_GNU_SOURCE -DCKPTIO_EXPERIMENTAL -Wall -Wextra -Werror -Iinclude -Isrc/common \
+        -Isrc/objstore -Isrc/io -Isrc/engine -Isrc/gpu \
         tests/gpu/gpu_check.c "$B/libckptio.a" -o "$B/gpu_check" \
-        -luring -ljansson -lzstd -lxxhash -ldl -lpthread -lm
-    ${CC:-cc} -std=gnu11 -O2 -g -D_GNU_SOURCE -Wall -Wextra -Werror -Iinclude -Isrc/common -Isrc/gpu \
+        -luring -ljansson -lzstd -lxxhash -lcurl -lcrypto -lz -ldl -lpthread -lm
+    ${CC:-cc} -std=gnu11 -O2 -g -D_GNU_SOURCE -DCKPTIO_EXPERIMENTAL -Wall -Wextra -Werror -Iinclude -Isrc/common \
+        -Isrc/objstore -Isrc/io -Isrc/engine -Isrc/gpu \
         tests/gpu/fork_check.c "$B/libckptio.a" -o "$B/fork_check" \
-        -luring -ljansson -lzstd -lxxhash -ldl -lpthread -lm
+        -luring -ljansson -lzstd -lxxhash -lcurl -lcrypto -lz -ldl -lpthread -lm
     mkdir -p "$B/lib"
-    for so in liburing.so.2 libjansson.so.4 libzstd.so.1 libxxhash.so.0; do
-        # awk reads to the end: an early exit would leave ldconfig writing into a closed pipe (SIGPIPE, 141,
-        # fatal under pipefail and set -e: seen 2026-11-27).
-        path=$(ldconfig -p | awk -v n="$so" '$1 == n && /x86-64/ && !found {print $NF; found = 1}')
-        [ -n "$path" ] || { echo "cannot find $so"; exit 1; }
-        cp -L "$path" "$B/lib/$so"
+    # Every shared library libckptio needs beyond glibc (liburing, jansson, zstd, xxhash, libcurl and
+    # OpenSSL with what they link), since the GPU machine has no compiler packages.
+    ldd "$B/libckptio.so" | awk '$2 == "=>" && $3 ~ /^\// {print $3}' | while read -r path; do
+        case "$(basename "$path")" in
+        libc.so.*|libm.so.*|libdl.so.*|libpthread.so.*|librt.so.*|libresolv.so.*|ld-linux*) ;;
+        *) cp -L "$path" "$B/lib/" ;;
+        esac
     done
     # libckptio.so.0 is what dlopen/ctypes users load; keep a plain copy too.
     cp -L "$B/libckptio.so" "$B/lib/libckptio.so"

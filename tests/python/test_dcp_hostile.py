@@ -654,7 +654,7 @@ def test_two_custom_transforms_are_undone_in_reverse(tmp_path):
     same(load({"w": torch.zeros(10), "name": None}, cdcp.FileSystemReader(path, _extension_registry=registry)), sd)
 
 
-def test_writer_still_refuses_custom_transforms(tmp_path):
+def test_writer_refuses_custom_transforms(tmp_path):
     from torch.testing._internal.distributed.checkpoint_utils import Rot13Example
 
     with pytest.raises(ValueError, match="zstd"):

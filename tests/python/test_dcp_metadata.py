@@ -273,7 +273,7 @@ UNPICKLER = "unpickler: "  # a message of libckptio's unpickler, with the opcode
         "size-two-args", "dict-attrs"])
 def test_object_graphs_metadata_does_not_have_are_refused(value, message):
     """Allowlisted classes built the ways a .metadata never builds them: E_FORMAT naming the file and what was
-    wrong (_ckptio_pickle.c builds these objects; _metadata._other the rarer ones)."""
+    wrong (python/src/ckpy_pickle.c builds these objects; _metadata._other the rarer ones)."""
     from torch.distributed.checkpoint import metadata as md
 
     data = pickle.dumps(md.Metadata(state_dict_metadata={}, planner_data=value(md)))

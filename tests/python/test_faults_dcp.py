@@ -11,8 +11,10 @@ in place of ``_ckptio`` in ckptio.dcp's _writer, _commit and _lock:
 - the data path: File(...) open, dcp_write, File.commit, safetensors_save,
   SafetensorsReader;
 - the directory commit (src/ckpt/dcp_*.c): dcp_lock_acquire,
-  dcp_create_file (the data files' placeholders), dcp_manifest_write,
-  dcp_write_file (.metadata), dcp_stale_files, dcp_remove_files;
+  dcp_create_file (the data files' placeholders), then the steps of
+  ckptio_dcp_commit, through its step callback: the manifest
+  (dcp_manifest_write), .metadata (dcp_write_file), the list of stale files
+  (dcp_stale_files) and their removal (dcp_remove_files);
 
 faults ENOSPC and EIO raised before the call (as a failed write, fsync or
 rename does: nothing is committed), and EIO after a call that did commit
@@ -72,6 +74,10 @@ DATA_OPS = ("File", "dcp_write", "File.commit", "safetensors_save", "Safetensors
 COMMIT_OPS = ("dcp_lock_acquire", "dcp_create_file", "dcp_manifest_write", "dcp_write_file", "dcp_stale_files",
               "dcp_remove_files")
 NATIVE_OPS = DATA_OPS + COMMIT_OPS
+# The steps of libckptio's commit (ckptio_dcp_commit, one call: faults go in
+# through its step callback), by the name of what each does.
+COMMIT_STEPS = {_ckptio.DCP_STEP_MANIFEST: "dcp_manifest_write", _ckptio.DCP_STEP_METADATA: "dcp_write_file",
+                _ckptio.DCP_STEP_LIST: "dcp_stale_files", _ckptio.DCP_STEP_REMOVE: "dcp_remove_files"}
 # Steps that commit something: a fault after them is a failure found after
 # the rename (the directory fsync).
 AFTER_OPS = ("File.commit", "safetensors_save", "dcp_manifest_write", "dcp_write_file", "dcp_remove_files")
@@ -205,18 +211,26 @@ class _Native:
         return self._call("dcp_create_file", os.path.join(dirpath, name), _ckptio.dcp_create_file, dirpath, name,
                           *args)
 
-    def dcp_manifest_write(self, dirpath, *args):
-        return self._call("dcp_manifest_write", os.fspath(dirpath), _ckptio.dcp_manifest_write, dirpath, *args)
+    def dcp_commit(self, dirpath, metadata_name, metadata, files, items, sync, cleanup, on_step=None):
+        """The commit is one libckptio call: its steps fail through the step
+        callback, before the step or after it (the step done)."""
+        pending = {}
 
-    def dcp_write_file(self, dirpath, name, *args):
-        return self._call("dcp_write_file", os.path.join(dirpath, name), _ckptio.dcp_write_file, dirpath, name,
-                          *args)
+        def step(n, path, done):
+            op = COMMIT_STEPS[n]
+            if not done:
+                kind = pending[n] = self._f.hit(op, path)
+                if kind in ("ENOSPC", "EIO"):
+                    raise _native_error(kind, op, path)
+            else:
+                if n == _ckptio.DCP_STEP_METADATA and os.path.basename(path) == ".metadata":
+                    self._f.metadata_replaced = True
+                if pending.get(n) == "EIO-after":
+                    raise _native_error("EIO-after", op, path)
+            if on_step is not None:
+                on_step(n, path, done)
 
-    def dcp_stale_files(self, dirpath, *args):
-        return self._call("dcp_stale_files", os.fspath(dirpath), _ckptio.dcp_stale_files, dirpath, *args)
-
-    def dcp_remove_files(self, dirpath, *args):
-        return self._call("dcp_remove_files", os.fspath(dirpath), _ckptio.dcp_remove_files, dirpath, *args)
+        return _ckptio.dcp_commit(dirpath, metadata_name, metadata, files, items, sync, cleanup, step)
 
 
 class injected:
@@ -258,9 +272,10 @@ def token_of_dir(path):
     with open(os.path.join(path, ".metadata"), "rb") as f:
         md = pickle.load(f)
     files = {info.relative_path for info in md.storage_data.values()}
-    token = _commit.token_of(files)
-    assert token, f"{path}: .metadata references {sorted(files)}, not one ckptio save"
-    return files, token, len(md.storage_data)
+    tokens = {m.group(1) for m in map(DATA_RE.match, files) if m}
+    assert len(tokens) == 1 and all(map(DATA_RE.match, files)), \
+        f"{path}: .metadata references {sorted(files)}, not one ckptio save"
+    return files, tokens.pop(), len(md.storage_data)
 
 
 def check_directory(path, fmt, versions, old_token, what):

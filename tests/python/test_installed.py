@@ -4,7 +4,7 @@
   (type stubs, py.typed) is there with the checkout's bytes: a wheel that misses one fails here;
 - the ``ckptio`` command and ``python -m ckptio`` run the CLI shipped in the package: same output,
   same exit status as the program itself;
-- one version: include/ckptio.h's, the library's, the CLI's, ``ckptio.__version__`` and the installed
+- one version: include/ckptio/core.h's, the library's, the CLI's, ``ckptio.__version__`` and the installed
   distribution's metadata agree;
 - installed mode (CKPTIO_TEST_INSTALLED=1: scripts/test.sh, scripts/gpu_wheel.sh): the package, the
   CLI and the distribution come from the virtual environment the wheel was installed into, nothing
@@ -72,7 +72,7 @@ def test_every_data_file_is_in_the_package(rel):
 
 
 def _header_version():
-    text = (REPO / "include" / "ckptio.h").read_text()
+    text = (REPO / "include" / "ckptio" / "core.h").read_text()
     parts = [re.search(rf"^#define CKPTIO_VERSION_{k} (\d+)$", text, re.M).group(1) for k in ("MAJOR", "MINOR", "PATCH")]
     return ".".join(parts)
 

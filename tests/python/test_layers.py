@@ -1,6 +1,9 @@
 """scripts/check_layers.py: the library's directories depend one way and no source files call each
-other in a loop. The checker runs on this checkout, and on small made-up trees to prove it catches what
-it must (an upward #include, an upward call, a loop of files, a private header used by tools/)."""
+other in a loop; tools/ and the Python extension's C (python/src/) use only the public headers and
+depend one way too (the extension from its converters up to its module); the Python package imports no
+module in a loop. The checker runs on this checkout, and on small made-up trees to prove it catches what
+it must (an upward #include, an upward call, a loop of files, a private header used by tools/, a ring
+in tools/ or in the extension, an import loop)."""
 import subprocess
 import sys
 from pathlib import Path
@@ -33,7 +36,17 @@ BASE = {
                            '/* ckptio__engine_helper() is named in a comment only */\n'
                            'static int helper(void) { return ckptio__io(); }\n'
                            'int ckptio__engine(void) { return helper(); }\n',
-    "tools/cli.c": '#include "ckptio.h"\nint main(void) { return ckptio_public(); }\n',
+    "include/ckptio/core.h": "int ckptio_core(void);\n",
+    "tools/cli.c": '#include "ckptio.h"\n#include "ckptio/core.h"\nint main(void) { return ckptio_public(); }\n',
+    "python/src/ckpy_values.h": '#include "ckptio.h"\nint ckpy_raise(int st);\n',
+    "python/src/ckpy_values.c": '#include "ckpy_values.h"\nint ckpy_raise(int st) { return st; }\n',
+    "python/src/ckpy_engine.h": '#include "ckpy_values.h"\nint ckpy_engine_run(void);\n',
+    "python/src/ckpy_engine.c": '#include "ckpy_engine.h"\nint ckpy_engine_run(void) { return ckpy_raise(1); }\n',
+    "python/src/ckpy_module.c": '#include "ckpy_engine.h"\nint ckpy_init(void) { return ckpy_engine_run(); }\n',
+    "python/ckptio/__init__.py": "from . import _api\n",
+    "python/ckptio/_api.py": "from . import _model, _ckptio\n",
+    "python/ckptio/_model.py": "from ._ckptio import E_FORMAT\n",
+    "python/ckptio/_ckptio.pyi": "E_FORMAT: int\n",
 }
 
 
@@ -84,3 +97,38 @@ def test_tools_see_only_public_headers(tmp_path):
 def test_an_unknown_directory_must_be_placed(tmp_path):
     fails_with(tmp_path, {"src/extra/x.c": "int ckptio__x(void) { return 0; }\n"},
                "src/extra/x.c: directory is not a layer")
+
+
+def test_a_ring_in_tools_fails(tmp_path):
+    fails_with(tmp_path, {
+        "tools/cli.h": '#include "ckptio.h"\nvoid cli_error(void);\nvoid cli_clear(void);\n',
+        "tools/cli_quote.c": '#include "cli.h"\nvoid cli_error(void) { cli_clear(); }\n',
+        "tools/cli_progress.c": '#include "cli.h"\nvoid cli_clear(void) { cli_error(); }\n',
+    }, "files in a loop: tools/cli_progress.c:2 uses cli_error of tools/cli_quote.c; "
+       "tools/cli_quote.c:2 uses cli_clear of tools/cli_progress.c")
+
+
+def test_the_extension_runs_from_its_converters_to_its_module(tmp_path):
+    # An upward include and call from the converters: a loop, and the bottom broken.
+    fails_with(tmp_path, {"python/src/ckpy_values.c": '#include "ckpy_engine.h"\n'
+                                                       'int ckpy_raise(int st) { return st ? ckpy_engine_run() : 0; }\n'},
+               "files in a loop: python/src/ckpy_engine.c:2 uses ckpy_raise of python/src/ckpy_values.c; "
+               "python/src/ckpy_values.c:1 uses #include ckpy_engine.h of python/src/ckpy_engine.c",
+               "python/src/ckpy_values.c:1: uses #include ckpy_engine.h of python/src/ckpy_engine.c: ckpy_values.c "
+               "is the bottom of the extension")
+    # A part that calls the module: the top broken.
+    fails_with(tmp_path, {"python/src/ckpy_engine.c": '#include "ckpy_engine.h"\nint ckpy_init(void);\n'
+                                                      'int ckpy_engine_run(void) { return ckpy_init(); }\n'},
+               "python/src/ckpy_engine.c:3: uses ckpy_init of python/src/ckpy_module.c: ckpy_module.c is the top")
+
+
+def test_the_extension_sees_only_public_headers(tmp_path):
+    fails_with(tmp_path, {"python/src/ckpy_engine.c": '#include "ckpy_engine.h"\n#include "engine_internal.h"\n'
+                                                      'int ckpy_engine_run(void) { return ckpy_raise(1); }\n'},
+               "python/src/ckpy_engine.c:2: includes engine_internal.h, not a public header")
+
+
+def test_an_import_loop_fails_even_inside_a_function(tmp_path):
+    fails_with(tmp_path, {"python/ckptio/_model.py": "def load():\n    from ._api import load\n    return load\n"},
+               "modules in an import loop: python/ckptio/_api.py:1 imports ckptio._model; "
+               "python/ckptio/_model.py:2 imports ckptio._api")

@@ -15,7 +15,7 @@ from conftest import TORCH_DTYPES, random_tensor, tensor_bytes
 
 
 def test_version_matches_the_c_header():
-    header = open(os.path.join(os.path.dirname(__file__), "..", "..", "include", "ckptio.h")).read()
+    header = open(os.path.join(os.path.dirname(__file__), "..", "..", "include", "ckptio", "core.h")).read()
     parts = []
     for k in ("MAJOR", "MINOR", "PATCH"):
         line = next(l for l in header.splitlines() if l.startswith(f"#define CKPTIO_VERSION_{k} "))

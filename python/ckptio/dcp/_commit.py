@@ -1,8 +1,9 @@
-"""Directory-level commit steps of a DCP save, as libckptio runs them
-(include/ckptio_experimental.h "DCP directory commit", src/ckpt/dcp_*.c): atomic small
-files, the save token in data file names, the attributes new files take,
-and removal of what older saves left behind (only what no metadata file
-references and no live writer holds).
+"""The directory commit of a DCP save, as libckptio runs it
+(include/ckptio/dcp.h "DCP directory commit", src/ckpt/dcp_*.c): the attributes
+new files take, the data files' placeholders, then the commit in one call
+(ckptio_dcp_commit: the manifest, .metadata atomically, the removal of what
+older saves left behind: only what no metadata file references and no live
+writer holds).
 
 Every failure is a CkptioError naming the operation ("open", "write",
 "fsync", "rename", "listdir", "unlink"), the file or directory, the errno,
@@ -18,11 +19,6 @@ import threading
 from typing import Iterable, List, Optional, Set
 
 from .. import _ckptio
-
-
-def token_of(files: Iterable[str]) -> Optional[str]:
-    """The save token shared by ckptio-named data files, else None."""
-    return _ckptio.dcp_save_token(list(files))
 
 
 def reference_stat(dirpath, name: str) -> Optional[str]:
@@ -48,13 +44,21 @@ def _create_temporary(dirpath: str, name: str, final: str, reference: Optional[s
     return _ckptio.dcp_temporary_create(os.fspath(dirpath), name, reference)
 
 
-def write_atomic(dirpath, name: str, data: bytes, sync: bool, reference: Optional[str] = None) -> None:
-    """Writes dirpath/name through a temporary: write, fsync, rename, fsync the
-    directory (without sync: no fsyncs). A failure before the rename leaves the
-    old file untouched and removes the temporary; a failure of the directory
-    fsync after it says the new file is in place but may not survive a power
-    loss. The file gets the attributes of `reference` (reference_stat)."""
-    _ckptio.dcp_write_file(os.fspath(dirpath), name, bytes(data), reference, bool(sync))
+def commit(dirpath, metadata_name: str, metadata: bytes, files: Iterable[str], items, sync: bool,
+           cleanup: Optional[str], on_step=None) -> Optional[List[str]]:
+    """Commits a save whose data files are committed, under the directory's
+    lock, in one libckptio call: the checksum manifest of `items` (None:
+    none), `metadata_name` replaced atomically by `metadata` (the new
+    checkpoint is current from then on), and with `cleanup` "now" the files
+    of older saves removed, with "later" only listed: the list is returned
+    (None otherwise) for a BackgroundRemoval. `on_step(step, path, done)`
+    runs around every step (_ckptio.DCP_STEP_*); raising in it stops the
+    commit there and the exception propagates."""
+    mode = {None: 0, "now": 1, "later": 2}[cleanup]
+    stale, _, note = _ckptio.dcp_commit(os.fspath(dirpath), metadata_name, bytes(metadata), sorted(files), items,
+                                        bool(sync), mode, on_step)
+    _warn(note)
+    return stale
 
 
 class Committed:

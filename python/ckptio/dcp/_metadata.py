@@ -9,7 +9,7 @@ objects are then built by an explicit table of classes: nothing is looked up
 by a name taken from the file, and state is applied the way pickle's BUILD
 applies it (instance ``__dict__`` update, ``TensorProperties.__setstate__``
 with checked values). The containers, the dataclasses and ``torch.Size`` are
-built in C (_ckptio_pickle.c, from the tables below); the rarer classes by
+built in C (python/src/ckpy_pickle.c, from the tables below); the rarer classes by
 ``_other`` here.
 
 Files from torch <= 2.2 name TensorProperties and MEM_FORMAT_ENCODING under

@@ -12,10 +12,11 @@ atomically; only after that are files of older saves deleted. A crash at any
 point leaves either the old checkpoint loadable or the new one complete.
 Saves of one directory are serialized by a lock that the coordinator takes
 before any rank writes data and keeps until the cleanup; new files take the
-mode and owner of the ``.metadata`` they replace. Every step of that commit
-is libckptio's (include/ckptio_experimental.h "DCP directory commit": the lock, the
-manifest, the atomic .metadata, the cleanup); this class calls them in order
-between torch's hooks (_commit.py, _lock.py).
+mode and owner of the ``.metadata`` they replace. The commit is libckptio's
+(include/ckptio/dcp.h "DCP directory commit"): the lock, taken in
+prepare_global_plan and released after finish, and the commit itself in one
+call (ckptio_dcp_commit: the manifest, the atomic .metadata, the cleanup);
+this class marshals torch's plans and results for it (_commit.py, _lock.py).
 """
 
 from __future__ import annotations
@@ -57,13 +58,20 @@ _ST_VERSION_KEY = "DCP_VERSION"
 _ST_FORMAT_KEY = "format"
 
 # Test hook: called with a stage name ("data_committed", "manifest_written",
-# "metadata_committed") so that tests can inject a crash between steps.
+# "metadata_committed") so that tests can inject a crash between steps. The
+# last two are the points between libckptio's commit steps (its step callback).
 _crash_point = None
 
 
 def _crash(stage: str) -> None:
     if _crash_point is not None:
         _crash_point(stage)
+
+
+def _commit_stage(step: int, path: str, done: bool) -> None:
+    """The step callback of the commit: the stages around .metadata."""
+    if step == _ckptio.DCP_STEP_METADATA:
+        _crash("metadata_committed" if done else "manifest_written")
 
 
 @dataclasses.dataclass
@@ -567,7 +575,7 @@ class FileSystemWriter(_TorchFileSystemWriter):
 
         metadata.version = CURRENT_DCP_VERSION
         storage_md: Dict[Any, _StorageInfo] = {}
-        manifest: List[tuple] = []  # ckptio_dcp_manifest_item rows (see _ckptio.dcp_manifest_write)
+        manifest: List[tuple] = []  # ckptio_dcp_manifest_item rows (see _ckptio.dcp_commit)
         for wr_list in results:
             for wr in wr_list:
                 info = wr.storage_data
@@ -581,32 +589,25 @@ class FileSystemWriter(_TorchFileSystemWriter):
         metadata.storage_data = storage_md
         metadata.storage_meta = self.storage_meta()
         files = sorted({info.relative_path for info in storage_md.values()})
-        token = _commit.token_of(files)
-        per_rank = self._per_rank()
         md_name = self._metadata_name()
-        manifest_name = f"{MANIFEST_PREFIX}{token}.json" if token else None
         sync = bool(self.sync_files)
-        reference = _commit.reference_stat(self.path, md_name)  # the .metadata this save replaces
-        if manifest_name and self.checksums:
-            _ckptio.dcp_manifest_write(os.fspath(self.path), md_name, files, manifest, reference, sync)
-        _crash("manifest_written")
         import pickle
 
         md_bytes = pickle.dumps(metadata)
-        _commit.write_atomic(self.path, md_name, md_bytes, sync, reference)
-        _crash("metadata_committed")
-        if not per_rank:
+        cleanup = None
+        if not self._per_rank():
             # Only the coordinator of a collective save knows every file of
             # the new checkpoint; then older saves' files can go (those no
             # metadata file references, under the directory's lock).
-            keep = set(files) | {md_name} | ({manifest_name} if manifest_name else set())
-            committed = _commit.Committed(md_name, md_bytes, set(files))
-            self._join_previous_cleanup()  # one removal at a time; its files are listed again below
-            victims = _commit.stale_files(self.path, keep, committed)
-            if self.cleanup == "background" and victims:
-                self._cleanup = _commit.BackgroundRemoval(self.path, victims, sync, committed)
-            else:
-                _commit.remove_files(self.path, victims, sync, committed)
+            self._join_previous_cleanup()  # one removal at a time; the commit lists its files again
+            cleanup = "later" if self.cleanup == "background" else "now"
+        # The manifest, .metadata (the new checkpoint is current from then
+        # on) and the cleanup: one libckptio call, in that order.
+        victims = _commit.commit(self.path, md_name, md_bytes, files, manifest if self.checksums else None, sync,
+                                 cleanup, _commit_stage if _crash_point is not None else None)
+        if victims:
+            self._cleanup = _commit.BackgroundRemoval(self.path, victims, sync,
+                                                      _commit.Committed(md_name, md_bytes, set(files)))
 
     def _join_previous_cleanup(self) -> None:
         try:

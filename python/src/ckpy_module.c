@@ -1,165 +1,15 @@
 /*
- * _ckptio_module.c - the ckptio._ckptio extension module: module setup,
- * exceptions built from ckptio_last_error(), argument helpers, the dtype
- * table and format detection.
+ * ckpy_module.c - the top of the ckptio._ckptio extension: the module
+ * (PyInit__ckptio gathers every part's functions and types, ckpy_parts.h),
+ * its own small functions (version, statuses, the dtype table, settings'
+ * names, the environment check, format detection) and its teardown.
  *
  * Everything here goes through the public C API (ckptio.h) only.
  */
-#include "_ckptio_internal.h"
-
-#include <errno.h>
-#include <fcntl.h>
-#include <stdarg.h>
-#include <stdio.h>
-#include <string.h>
-#include <sys/stat.h>
-#include <unistd.h>
-
-/* ckptio._errors.make_error, resolved at module init. */
-static PyObject *make_error_fn = NULL;
-
-/* ---- errors ------------------------------------------------------------- */
-
-static PyObject *str_or_none(const char *s) {
-    if (!s || !s[0]) Py_RETURN_NONE;
-    return PyUnicode_DecodeFSDefault(s);
-}
-
-/* Builds the exception with ckptio._errors.make_error(...) and raises it. */
-static PyObject *raise_record(ckptio_status status, int sys_errno, int cuda_result, const char *operation,
-                              const char *path, int64_t offset, const char *subject, const char *message,
-                              const char *source_file, int source_line) {
-    PyObject *exc = NULL;
-    if (!make_error_fn) {
-        PyErr_Format(PyExc_RuntimeError, "ckptio: %s", message ? message : ckptio_strerror(status));
-        return NULL;
-    }
-    PyObject *op = str_or_none(operation), *p = str_or_none(path), *subj = str_or_none(subject);
-    PyObject *msg = PyUnicode_DecodeUTF8(message ? message : "", message ? (Py_ssize_t)strlen(message) : 0,
-                                         "replace");
-    PyObject *src = NULL;
-    if (source_file && source_file[0]) src = PyUnicode_FromFormat("%s:%d", source_file, source_line);
-    else {
-        src = Py_None;
-        Py_INCREF(src);
-    }
-    if (op && p && subj && msg && src) {
-        exc = PyObject_CallFunction(make_error_fn, "isiiOOLOOO", (int)status, ckptio_status_name(status),
-                                    sys_errno, cuda_result, op, p, (long long)offset, subj, msg, src);
-    }
-    Py_XDECREF(op);
-    Py_XDECREF(p);
-    Py_XDECREF(subj);
-    Py_XDECREF(msg);
-    Py_XDECREF(src);
-    if (!exc) return NULL;
-    PyErr_SetObject((PyObject *)Py_TYPE(exc), exc);
-    Py_DECREF(exc);
-    return NULL;
-}
-
-PyObject *ckpy_raise(ckptio_status status) {
-    const ckptio_error_info *info = ckptio_last_error();
-    if (!info || info->status != status || !info->message || !info->message[0]) {
-        /* The record belongs to some other failure: report the code alone
-         * rather than a misleading message. */
-        char text[160];
-        snprintf(text, sizeof text, "ckptio call failed: %s (%s)", ckptio_strerror(status),
-                 ckptio_status_name(status));
-        return raise_record(status, 0, 0, NULL, NULL, -1, NULL, text, NULL, 0);
-    }
-    return raise_record(status, info->sys_errno, info->cuda_result, info->operation, info->path,
-                        info->file_offset, info->subject, info->message, info->source_file, info->source_line);
-}
-
-PyObject *ckpy_raise_custom(ckptio_status status, int sys_errno, const char *operation, const char *path,
-                            int64_t offset, const char *fmt, ...) {
-    char body[1024];
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(body, sizeof body, fmt, ap);
-    va_end(ap);
-    /* Same shape as the library's messages: "PATH: OPERATION at offset N: text: strerror". */
-    char text[4096];
-    size_t n = 0;
-    if (path && path[0]) n += (size_t)snprintf(text + n, sizeof text - n, "%s: ", path);
-    if (operation && operation[0] && n < sizeof text) {
-        n += (size_t)snprintf(text + n, sizeof text - n, "%s", operation);
-        if (offset >= 0 && n < sizeof text) n += (size_t)snprintf(text + n, sizeof text - n, " at offset %lld",
-                                                                   (long long)offset);
-        if (n < sizeof text) n += (size_t)snprintf(text + n, sizeof text - n, ": ");
-    }
-    if (n < sizeof text) n += (size_t)snprintf(text + n, sizeof text - n, "%s", body);
-    if (sys_errno && n < sizeof text) snprintf(text + n, sizeof text - n, ": %s", strerror(sys_errno));
-    return raise_record(status, sys_errno, 0, operation, path, offset, NULL, text, __FILE__, __LINE__);
-}
-
-/* ---- helpers ------------------------------------------------------------- */
-
-PyObject *ckpy_path_bytes(PyObject *path) {
-    PyObject *out = NULL;
-    if (!PyUnicode_FSConverter(path, &out)) return NULL;
-    return out;
-}
-
-int ckpy_u64(PyObject *obj, const char *what, uint64_t *out) {
-    if (!PyLong_Check(obj)) {
-        PyErr_Format(PyExc_TypeError, "%s must be an int, not %R", what, (PyObject *)Py_TYPE(obj));
-        return -1;
-    }
-    unsigned long long v = PyLong_AsUnsignedLongLong(obj);
-    if (v == (unsigned long long)-1 && PyErr_Occurred()) {
-        PyErr_Clear();
-        PyErr_Format(PyExc_ValueError, "%s must be a non-negative integer below 2**64", what);
-        return -1;
-    }
-    *out = (uint64_t)v;
-    return 0;
-}
-
-int ckpy_mem_kind(PyObject *obj, ckptio_mem_kind *out) {
-    long v = PyLong_AsLong(obj);
-    if (v == -1 && PyErr_Occurred()) return -1;
-    if (v < CKPTIO_MEM_HOST || v > CKPTIO_MEM_AUTO) {
-        PyErr_Format(PyExc_ValueError, "memory kind must be 0 (host), 1 (pinned), 2 (cuda) or 3 (auto), not %ld", v);
-        return -1;
-    }
-    *out = (ckptio_mem_kind)v;
-    return 0;
-}
-
-int ckpy_dtype(PyObject *obj, ckptio_dtype *out) {
-    if (PyLong_Check(obj)) {
-        long v = PyLong_AsLong(obj);
-        if (v == -1 && PyErr_Occurred()) return -1;
-        if (v < 0 || v >= CKPTIO_DTYPE_COUNT_) {
-            PyErr_Format(PyExc_ValueError, "dtype code %ld is out of range", v);
-            return -1;
-        }
-        *out = (ckptio_dtype)v;
-        return 0;
-    }
-    PyObject *b = PyUnicode_AsUTF8String(obj);
-    if (!b) return -1;
-    ckptio_status st = ckptio_dtype_from_name(PyBytes_AsString(b), out);
-    Py_DECREF(b);
-    if (st != CKPTIO_OK) {
-        ckpy_raise(st);
-        return -1;
-    }
-    return 0;
-}
-
-void ckpy_free_object(PyObject *self) {
-    PyTypeObject *tp = Py_TYPE(self);
-    freefunc tp_free = (freefunc)PyType_GetSlot(tp, Py_tp_free);
-    tp_free(self);
-    Py_DECREF(tp);
-}
-
-void ckpy_lock_nogil(PyThread_type_lock lock) {
-    PyThread_acquire_lock(lock, WAIT_LOCK);
-}
+#include "ckpy_values.h"
+#include "ckpy_call.h"
+#include "ckpy_engine.h"
+#include "ckpy_parts.h"
 
 /* ---- module functions ------------------------------------------------------ */
 
@@ -206,7 +56,7 @@ static PyObject *mod_dtypes(PyObject *self, PyObject *unused) {
         const char *torch_name = ckptio_dtype_torch_name((ckptio_dtype)i);
         PyObject *row = Py_BuildValue("(iOOI)", i, Py_None, Py_None, ckptio_dtype_bits((ckptio_dtype)i));
         if (!row) goto fail;
-        PyObject *a = str_or_none(st_name), *b = str_or_none(torch_name);
+        PyObject *a = ckpy_str_or_none(st_name), *b = ckpy_str_or_none(torch_name);
         if (!a || !b) {
             Py_XDECREF(a);
             Py_XDECREF(b);
@@ -335,7 +185,7 @@ static PyMethodDef module_methods[] = {
 
 static void module_free(void *module) {
     ckpy_engine_module_free();
-    Py_CLEAR(make_error_fn);
+    ckpy_errors_free();
 }
 
 static struct PyModuleDef module_def = {
@@ -351,24 +201,17 @@ static struct PyModuleDef module_def = {
 };
 
 PyMODINIT_FUNC PyInit__ckptio(void);
-int ckpy_pickle_add_to_module(PyObject *module); /* _ckptio_pickle.c */
-int ckpy_model_add_to_module(PyObject *module);  /* _ckptio_model.c */
 
 PyMODINIT_FUNC PyInit__ckptio(void) {
-    PyObject *errors = PyImport_ImportModule("ckptio._errors");
-    if (!errors) return NULL;
-    Py_XDECREF(make_error_fn);
-    make_error_fn = PyObject_GetAttrString(errors, "make_error");
-    Py_DECREF(errors);
-    if (!make_error_fn) return NULL;
+    if (ckpy_errors_init() < 0) return NULL;
 
     PyObject *m = PyModule_Create(&module_def);
     if (!m) return NULL;
     if (ckpy_engine_add_to_module(m) < 0 || ckpy_safetensors_add_to_module(m) < 0 ||
         ckpy_file_add_to_module(m) < 0 || ckpy_gds_add_to_module(m) < 0 || ckpy_torch_add_to_module(m) < 0 ||
-        ckpy_dcp_add_to_module(m) < 0 || ckpy_dcp_commit_add_to_module(m) < 0 || ckpy_pickle_add_to_module(m) < 0 || ckpy_model_add_to_module(m) < 0 ||
-        ckpy_steps_add_to_module(m) < 0 || ckpy_convert_add_to_module(m) < 0 || ckpy_snapshot_add_to_module(m) < 0 ||
-        ckpy_mapping_add_to_module(m) < 0)
+        ckpy_dcp_add_to_module(m) < 0 || ckpy_dcp_commit_add_to_module(m) < 0 || ckpy_pickle_add_to_module(m) < 0 ||
+        ckpy_model_add_to_module(m) < 0 || ckpy_steps_add_to_module(m) < 0 || ckpy_convert_add_to_module(m) < 0 ||
+        ckpy_snapshot_add_to_module(m) < 0 || ckpy_mapping_add_to_module(m) < 0)
         goto fail;
     if (PyModule_AddIntConstant(m, "MEM_HOST", CKPTIO_MEM_HOST) < 0 ||
         PyModule_AddIntConstant(m, "MEM_PINNED", CKPTIO_MEM_PINNED) < 0 ||

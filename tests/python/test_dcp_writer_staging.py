@@ -1,6 +1,7 @@
-"""ckptio.dcp.FileSystemWriter: per_thread_copy_ahead sizes the engine's
-staging, and a save that fails anywhere (in this writer's hooks or in
-torch's code between them) no longer leaves the writer "in flight"."""
+"""ckptio.dcp.FileSystemWriter's staging: per_thread_copy_ahead sizes the
+engine's staging memory, and a save that fails anywhere (in this writer's
+hooks or in torch's code between them) leaves the writer free for the next
+save, not "in flight" with data it will never write."""
 import threading
 import warnings
 

@@ -1,11 +1,12 @@
 /*
- * _ckptio_convert.c - ckptio.convert: ckptio_convert() with the GIL released.
+ * ckpy_convert.c - ckptio.convert: ckptio_convert() with the GIL released.
  *
  * The notes (what OUT will not hold) are collected while the library runs
  * without the GIL and handed back with the result, or attached to nothing
  * when the conversion fails (its error says what went wrong).
  */
-#include "_ckptio_internal.h"
+#include "ckpy_engine.h"
+#include "ckpy_parts.h"
 
 #include <string.h>
 

@@ -1,5 +1,5 @@
 /*
- * _ckptio_mapping.c - Mapping: a checkpoint file mapped into memory
+ * ckpy_mapping.c - Mapping: a checkpoint file mapped into memory
  * (ckptio_mapping), which ModelReader.map() and TorchReader.map() return.
  *
  * The object only owns the mapping: Python code makes tensors over
@@ -7,7 +7,9 @@
  * torch.frombuffer), so the file stays mapped while any tensor over it
  * lives, and is unmapped when the last one goes (dealloc).
  */
-#include "_ckptio_internal.h"
+#include "ckpy_mapping.h"
+#include "ckpy_parts.h"
+#include "ckpy_values.h"
 
 typedef struct ckpy_mapping {
     PyObject_HEAD

@@ -1,11 +1,13 @@
 /*
- * _ckptio_dcp_commit.c - the DCP directory commit of libckptio (include/
- * ckptio_experimental.h "DCP directory commit") for ckptio.dcp's writer: the directory
- * lock, atomic small files, the manifest, and the removal of what older
- * saves left. Thin: arguments in, the C call with the GIL released, results
+ * ckpy_dcp_commit.c - the DCP directory commit of libckptio (include/
+ * ckptio/dcp.h "DCP directory commit") for ckptio.dcp's writer: the directory
+ * lock, the data files' placeholders, the commit itself (ckptio_dcp_commit:
+ * manifest, .metadata, removal of what older saves left) and a later
+ * removal. Thin: arguments in, the C call with the GIL released, results
  * out; failures become exceptions through ckpy_raise (ckptio._errors).
  */
-#include "_ckptio_internal.h"
+#include "ckpy_values.h"
+#include "ckpy_parts.h"
 
 #include <string.h>
 
@@ -175,33 +177,6 @@ static PyObject *mod_reference(PyObject *module, PyObject *args) {
     return PyLong_FromUnsignedLong(mode);
 }
 
-static PyObject *mod_save_token(PyObject *module, PyObject *arg) {
-    names_arg files;
-    if (names_parse(arg, &files) < 0) return NULL;
-    char token[13];
-    const ckptio_status st = ckptio_dcp_save_token(files.v, files.n, token);
-    names_free(&files);
-    if (st == CKPTIO_E_NOT_FOUND) Py_RETURN_NONE;
-    if (st != CKPTIO_OK) return ckpy_raise(st);
-    return PyUnicode_FromString(token);
-}
-
-static PyObject *mod_write_file(PyObject *module, PyObject *args) {
-    PyObject *dir_o, *name_o, *data, *ref_o;
-    int sync;
-    file_args a;
-    if (!PyArg_ParseTuple(args, "OOSOp:dcp_write_file", &dir_o, &name_o, &data, &ref_o, &sync) ||
-        file_args_parse(dir_o, name_o, ref_o, &a) < 0)
-        return NULL;
-    ckptio_status st;
-    Py_BEGIN_ALLOW_THREADS /* `data` is immutable bytes, kept alive by the caller's tuple */
-    st = ckptio_dcp_write_file(a.d, a.n, PyBytes_AsString(data), (size_t)PyBytes_Size(data), a.reference,
-                               sync ? CKPTIO_DCP_SYNC : 0);
-    Py_END_ALLOW_THREADS
-    file_args_free(&a);
-    return none_or_raise(st);
-}
-
 static PyObject *mod_create_file(PyObject *module, PyObject *args) {
     PyObject *dir_o, *name_o, *ref_o;
     file_args a;
@@ -298,39 +273,6 @@ static int manifest_items(PyObject *seq, PyObject *keep, ckptio_dcp_manifest_ite
     return rc;
 }
 
-static PyObject *mod_manifest_write(PyObject *module, PyObject *args) {
-    PyObject *dir_o, *md_o, *files_o, *items_o, *ref_o, *dir = NULL, *md = NULL, *ref = NULL, *result = NULL;
-    int sync;
-    if (!PyArg_ParseTuple(args, "OOOOOp:dcp_manifest_write", &dir_o, &md_o, &files_o, &items_o, &ref_o, &sync))
-        return NULL;
-    names_arg files = {0};
-    PyObject *keep = PyList_New(0);
-    ckptio_dcp_manifest_item *items = NULL;
-    void **mem = NULL;
-    size_t count = 0, nmem = 0;
-    const char *reference;
-    if (!keep || !(dir = ckpy_path_bytes(dir_o)) || !(md = ckpy_path_bytes(md_o)) ||
-        optional_name(ref_o, &ref, &reference) < 0 || names_parse(files_o, &files) < 0 ||
-        manifest_items(items_o, keep, &items, &count, &mem, &nmem) < 0)
-        goto out;
-    ckptio_status st;
-    Py_BEGIN_ALLOW_THREADS
-    st = ckptio_dcp_manifest_write(PyBytes_AsString(dir), PyBytes_AsString(md), files.v, files.n, items, count,
-                                   reference, sync ? CKPTIO_DCP_SYNC : 0);
-    Py_END_ALLOW_THREADS
-    result = none_or_raise(st);
-out:
-    for (size_t i = 0; i < nmem; i++) PyMem_Free(mem[i]);
-    PyMem_Free(mem);
-    PyMem_Free(items);
-    names_free(&files);
-    Py_XDECREF(keep);
-    Py_XDECREF(dir);
-    Py_XDECREF(md);
-    Py_XDECREF(ref);
-    return result;
-}
-
 /* ---- removing what older saves left ------------------------------------------------- */
 
 #define NOTE_CAP 4096
@@ -404,6 +346,77 @@ static PyObject *mod_remove_files(PyObject *module, PyObject *args) {
     cleanup_args_free(&a);
     if (st != CKPTIO_OK) return ckpy_raise(st);
     return Py_BuildValue("(ns)", (Py_ssize_t)removed, note[0] ? note : NULL);
+}
+
+/* ---- the commit ---------------------------------------------------------------------- */
+
+/* The on_step callback: calls the Python callable with the GIL taken for
+ * that moment; an exception (a test's injected fault, KeyboardInterrupt)
+ * stops the commit and is raised once the C call returns. */
+typedef struct step_ctx {
+    PyObject *fn;
+    PyObject *type, *value, *tb;
+} step_ctx;
+
+static int on_step(void *user, ckptio_dcp_commit_step step, const char *path, int done) {
+    step_ctx *c = user;
+    PyGILState_STATE g = PyGILState_Ensure();
+    PyObject *r = PyObject_CallFunction(c->fn, "iNO", (int)step, PyUnicode_DecodeFSDefault(path),
+                                        done ? Py_True : Py_False);
+    const int stop = r == NULL;
+    if (stop) PyErr_Fetch(&c->type, &c->value, &c->tb);
+    Py_XDECREF(r);
+    PyGILState_Release(g);
+    return stop;
+}
+
+static PyObject *mod_commit(PyObject *module, PyObject *args) {
+    PyObject *dir_o, *md_o, *data, *files_o, *items_o, *fn = Py_None, *dir = NULL, *md = NULL, *result = NULL;
+    int sync, cleanup;
+    if (!PyArg_ParseTuple(args, "OOSOOpi|O:dcp_commit", &dir_o, &md_o, &data, &files_o, &items_o, &sync, &cleanup,
+                          &fn))
+        return NULL;
+    if (cleanup < 0 || cleanup > 2) {
+        PyErr_Format(PyExc_ValueError, "dcp_commit: cleanup must be 0 (none), 1 (now) or 2 (later), not %d", cleanup);
+        return NULL;
+    }
+    names_arg files = {0};
+    PyObject *keep = PyList_New(0);
+    ckptio_dcp_manifest_item *items = NULL;
+    void **mem = NULL;
+    size_t count = 0, nmem = 0;
+    if (!keep || !(dir = ckpy_path_bytes(dir_o)) || !(md = ckpy_path_bytes(md_o)) || names_parse(files_o, &files) < 0 ||
+        (items_o != Py_None && manifest_items(items_o, keep, &items, &count, &mem, &nmem) < 0))
+        goto out;
+    static const unsigned cleanup_flags[] = {0, CKPTIO_DCP_CLEANUP, CKPTIO_DCP_CLEANUP_LATER};
+    step_ctx ctx = {fn != Py_None ? fn : NULL, NULL, NULL, NULL};
+    const ckptio_dcp_commit_options o = {
+        PyBytes_AsString(md), PyBytes_AsString(data), (size_t)PyBytes_Size(data), files.v, files.n, items, count,
+        (sync ? CKPTIO_DCP_SYNC : 0) | (items_o != Py_None ? CKPTIO_DCP_MANIFEST : 0) | cleanup_flags[cleanup],
+        ctx.fn ? on_step : NULL, &ctx};
+    ckptio_dcp_commit_result r;
+    ckptio_status st;
+    Py_BEGIN_ALLOW_THREADS /* `data` is immutable bytes, kept alive by the caller's tuple */
+    st = ckptio_dcp_commit(PyBytes_AsString(dir), &o, &r);
+    Py_END_ALLOW_THREADS
+    if (ctx.type) {
+        PyErr_Restore(ctx.type, ctx.value, ctx.tb);
+    } else if (st != CKPTIO_OK) {
+        ckpy_raise(st);
+    } else {
+        PyObject *stale = cleanup == 2 ? names_list(r.stale, r.nstale) : (Py_INCREF(Py_None), Py_None);
+        if (stale) result = Py_BuildValue("(Nns)", stale, (Py_ssize_t)r.removed, r.note[0] ? r.note : NULL);
+    }
+    ckptio_dcp_names_free(r.stale, r.nstale);
+out:
+    for (size_t i = 0; i < nmem; i++) PyMem_Free(mem[i]);
+    PyMem_Free(mem);
+    PyMem_Free(items);
+    names_free(&files);
+    Py_XDECREF(keep);
+    Py_XDECREF(dir);
+    Py_XDECREF(md);
+    return result;
 }
 
 /* ---- the directory lock ------------------------------------------------------------- */
@@ -516,18 +529,16 @@ static PyMethodDef commit_methods[] = {
     {"dcp_reference", mod_reference, METH_VARARGS,
      "dcp_reference(dir, name) -> int or None: the permission bits new files of a save take from the\n"
      "regular file dir/name, None when there is none (ckptio_dcp_reference)."},
-    {"dcp_save_token", mod_save_token, METH_O,
-     "dcp_save_token(files) -> str or None: the token of one ckptio save's data file names."},
-    {"dcp_write_file", mod_write_file, METH_VARARGS,
-     "dcp_write_file(dir, name, data, reference, sync): dir/name written atomically\n"
-     "(ckptio_dcp_write_file). GIL released."},
     {"dcp_create_file", mod_create_file, METH_VARARGS,
      "dcp_create_file(dir, name, reference): an empty data file with the reference's attributes\n"
      "(ckptio_dcp_create_file)."},
-    {"dcp_manifest_write", mod_manifest_write, METH_VARARGS,
-     "dcp_manifest_write(dir, metadata_name, files, items, reference, sync): the checksum manifest\n"
-     "(ckptio_dcp_manifest_write); items: (fqn, offsets or None, file, data_offset, nbytes, xxh3 or\n"
-     "None, [(offset, length, xxh3)] or None, transforms). GIL released."},
+    {"dcp_commit", mod_commit, METH_VARARGS,
+     "dcp_commit(dir, metadata_name, metadata, files, items, sync, cleanup, on_step=None)\n"
+     "-> (stale or None, removed, note or None): steps 2-4 of a DCP save in one call (ckptio_dcp_commit).\n"
+     "items: None (no manifest) or (fqn, offsets or None, file, data_offset, nbytes, xxh3 or None,\n"
+     "[(offset, length, xxh3)] or None, transforms); cleanup: 0 none, 1 now, 2 list only (stale);\n"
+     "on_step(step, path, done) runs around every step (DCP_STEP_*) and stops the commit by raising.\n"
+     "GIL released."},
     {"dcp_stale_files", mod_stale_files, METH_VARARGS,
      "dcp_stale_files(dir, keep, committed) -> (names, note or None) (ckptio_dcp_stale_files);\n"
      "committed: None or (metadata_name, metadata bytes, files). GIL released."},
@@ -548,6 +559,11 @@ static PyMethodDef commit_methods[] = {
 
 int ckpy_dcp_commit_add_to_module(PyObject *module) {
     if (PyModule_AddFunctions(module, commit_methods) < 0) return -1;
-    if (PyModule_AddIntConstant(module, "DCP_TRANSFORM_ZSTD", CKPTIO_DCP_TRANSFORM_ZSTD) < 0) return -1;
+    if (PyModule_AddIntConstant(module, "DCP_TRANSFORM_ZSTD", CKPTIO_DCP_TRANSFORM_ZSTD) < 0 ||
+        PyModule_AddIntConstant(module, "DCP_STEP_MANIFEST", CKPTIO_DCP_STEP_MANIFEST) < 0 ||
+        PyModule_AddIntConstant(module, "DCP_STEP_METADATA", CKPTIO_DCP_STEP_METADATA) < 0 ||
+        PyModule_AddIntConstant(module, "DCP_STEP_LIST", CKPTIO_DCP_STEP_LIST) < 0 ||
+        PyModule_AddIntConstant(module, "DCP_STEP_REMOVE", CKPTIO_DCP_STEP_REMOVE) < 0)
+        return -1;
     return PyModule_AddStringConstant(module, "DCP_LOCK_NAME", CKPTIO_DCP_LOCK_NAME);
 }

@@ -1,12 +1,13 @@
 /*
- * _ckptio_steps.c - the checkpoint manager's steps (include/ckptio.h
+ * ckpy_steps.c - the checkpoint manager's steps (include/ckptio/steps.h
  * "Checkpoint manager") for ckptio.CheckpointManager and `ckptio`'s
  * Python face: scan, check, latest, begin, commit, remove, clean, retain,
  * pin.
  * Thin: arguments in, the C call with the GIL released (through the
  * engine's lock where an engine is used), results out.
  */
-#include "_ckptio_internal.h"
+#include "ckpy_engine.h"
+#include "ckpy_parts.h"
 
 #include <string.h>
 

@@ -1,5 +1,5 @@
 /*
- * _ckptio_torch_save.c - ckptio._ckptio.torch_save: writes a torch.save zip
+ * ckpy_torch_save.c - ckptio._ckptio.torch_save: writes a torch.save zip
  * checkpoint through ckptio_torch_writer_* and ckptio_torch_save.
  *
  * The Python layer hands over the object tree with every tensor replaced by
@@ -9,7 +9,8 @@
  * address, mem_kind). Containers reached twice become one shared node, as
  * pickle's memo does.
  */
-#include "_ckptio_internal.h"
+#include "ckpy_engine.h"
+#include "ckpy_parts.h"
 
 #include <string.h>
 

@@ -1,5 +1,5 @@
 /*
- * _ckptio_model.c - ModelReader: a safetensors file, a Hugging Face
+ * ckpy_model.c - ModelReader: a safetensors file, a Hugging Face
  * directory or its index as one handle (ckptio_model_open/_read/_close).
  *
  * Like SafetensorsReader, the description (tensors with their shard, shard
@@ -8,7 +8,9 @@
  * whole-tensor targets in SafetensorsReader's form; read_slices() takes
  * boxes, all read in one ckptio_model_read() call (one engine plan).
  */
-#include "_ckptio_internal.h"
+#include "ckpy_handle.h"
+#include "ckpy_mapping.h"
+#include "ckpy_parts.h"
 
 #include <string.h>
 

@@ -1,9 +1,9 @@
 /*
- * _ckptio_engine.c - ckptio._ckptio.Engine: a ckptio_engine (worker threads,
+ * ckpy_engine.c - ckptio._ckptio.Engine: a ckptio_engine (worker threads,
  * staging memory, settings, statistics) plus the lock that keeps it to one
  * thread at a time, and the module's lazily created default engine.
  */
-#include "_ckptio_internal.h"
+#include "ckpy_engine.h"
 
 #include <string.h>
 

@@ -1,6 +1,6 @@
 /*
- * _ckptio_snapshot.c - ckptio._ckptio.SnapshotPool: a snapshot pool
- * (ckptio_snapshot_*, include/ckptio_experimental.h), what ckptio.Snapshots
+ * ckpy_snapshot.c - ckptio._ckptio.SnapshotPool: a snapshot pool
+ * (ckptio_snapshot_*, include/ckptio/snapshot.h), what ckptio.Snapshots
  * runs on. Tensors are passed as integer addresses, streams as the integer
  * handles torch gives (torch.cuda.Stream.cuda_stream).
  *
@@ -9,7 +9,8 @@
  * call in progress keeps the pool alive: close() waits for the calls that
  * started before it, then destroys the pool.
  */
-#include "_ckptio_internal.h"
+#include "ckpy_engine.h"
+#include "ckpy_parts.h"
 
 #include <time.h>
 

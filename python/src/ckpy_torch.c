@@ -1,5 +1,5 @@
 /*
- * _ckptio_torch.c - ckptio._ckptio.TorchReader: torch.save zip checkpoints
+ * ckpy_torch.c - ckptio._ckptio.TorchReader: torch.save zip checkpoints
  * read through the C API (ckptio_torch_open/_read/_read_storages).
  *
  * The pickled object tree is rebuilt by tree(): containers and scalars
@@ -7,7 +7,9 @@
  * made by callbacks from the Python layer (which knows torch). A node
  * reachable along several paths becomes one Python object, as in pickle.
  */
-#include "_ckptio_internal.h"
+#include "ckpy_handle.h"
+#include "ckpy_mapping.h"
+#include "ckpy_parts.h"
 
 #include <string.h>
 
@@ -263,7 +265,7 @@ static PyObject *convert_uncached(tree_ctx *c, const ckptio_value *v, int depth)
         if (st != CKPTIO_OK) return value_error(st);
         return PyObject_CallFunction(c->make_tensor, "n", (Py_ssize_t)index);
     }
-    case CKPTIO_VALUE_OBJECT: { /* here: a numpy value (ckptio_value_object; DCP metadata: _ckptio_pickle.c) */
+    case CKPTIO_VALUE_OBJECT: { /* here: a numpy value (ckptio_value_object; DCP metadata: ckpy_pickle.c) */
         const char *cls = NULL;
         const ckptio_value *args = NULL;
         st = ckptio_value_object(v, &cls, &args, NULL);

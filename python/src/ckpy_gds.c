@@ -1,5 +1,5 @@
 /*
- * _ckptio_gds.c - ckptio._ckptio.GdsHandle: the GDS file API
+ * ckpy_gds.c - ckptio._ckptio.GdsHandle: the GDS file API
  * (ckptio_gds_*), what ckptio.GdsFile runs on, plus the CUDA queries of the
  * GPU section (cuda_available, mem_classify, gpu_check_free).
  *
@@ -8,7 +8,8 @@
  * with the GIL released: the bytes are ordered after the work already queued
  * on that stream and are in place when the call returns.
  */
-#include "_ckptio_internal.h"
+#include "ckpy_handle.h"
+#include "ckpy_parts.h"
 
 #include <string.h>
 

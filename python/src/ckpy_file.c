@@ -1,10 +1,11 @@
 /*
- * _ckptio_file.c - ckptio._ckptio.File: a ckptio_file and transfers of
+ * ckpy_file.c - ckptio._ckptio.File: a ckptio_file and transfers of
  * extents (file range <-> host or GPU memory) through a plan executed by the
  * file's engine. This is what ckptio.GdsFile's load_storage/save_storage run
  * on: the engine picks O_DIRECT, bounce buffers and the GPU path.
  */
-#include "_ckptio_internal.h"
+#include "ckpy_file.h"
+#include "ckpy_parts.h"
 
 #include <string.h>
 

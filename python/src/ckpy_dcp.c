@@ -1,12 +1,13 @@
 /*
- * _ckptio_dcp.c - what ckptio.dcp (torch.distributed.checkpoint storage)
+ * ckpy_dcp.c - what ckptio.dcp (torch.distributed.checkpoint storage)
  * needs from C: writing the items of .distcp files (ckptio_dcp_write: one
  * engine plan for every item of every file of a rank), reading extents of
  * several files in one plan, describing stored items (ckptio_dcp_header_*:
  * only their headers are read; the tensor bytes are then read with the
  * engine), XXH3-64 hashes and zstd decompression.
  */
-#include "_ckptio_internal.h"
+#include "ckpy_file.h"
+#include "ckpy_parts.h"
 
 #include <string.h>
 

@@ -1,5 +1,5 @@
 /*
- * _ckptio_pickle.c - dcp_metadata_objects(): a DCP .metadata pickle through
+ * ckpy_pickle.c - dcp_metadata_objects(): a DCP .metadata pickle through
  * libckptio's restricted unpickler (ckptio_pickle_parse_dcp_metadata), made
  * into torch's objects. Nothing named by the file is imported or called: a
  * class name from the file is only a key into tables ckptio/dcp/_metadata.py
@@ -17,7 +17,8 @@
  * A node shared through the pickle memo becomes one shared Python object, so
  * hostile sharing cannot blow the result up exponentially.
  */
-#include "_ckptio_internal.h"
+#include "ckpy_values.h"
+#include "ckpy_parts.h"
 
 #include <stdarg.h>
 #include <string.h>

@@ -1,53 +1,215 @@
 /*
- * ckptio_experimental.h - the rest of libckptio's API: what the ckptio Python
- * package is built on beyond ckptio.h (the ckptio command needs only ckptio.h).
+ * ckptio/dcp.h - torch.distributed.checkpoint (DCP) directories: reading and
+ * checking a whole directory, the .metadata object tree, data files, single
+ * stored items, and the directory commit of a save (docs/DCP.md).
  *
- * ckptio.h is the stable API for users. The functions here are exported and
- * documented like those, follow the same conventions (ckptio.h's first
- * comment) and are tested as thoroughly, but they are building blocks of
- * ckptio's own front end, shaped by what it needs: they may change or go
- * in any minor version, without the deprecation ckptio.h's functions get.
- * What is here:
- *  - the pieces of torch.distributed.checkpoint support that need a Python
- *    pickler around them: the .metadata unpickler's object tree, the data
- *    file writer (ckptio_dcp_write), the decoding of single stored items
- *    (ckptio_dcp_header_*, zstd), and the directory commit protocol (locks,
- *    temporaries, manifests, removal of stale files) that ckptio.dcp's
- *    FileSystemWriter runs step by step. Reading a whole DCP directory from
- *    C (ckptio_dcp_open, ckptio_dcp_read_tensor, ...) is in ckptio.h;
- *  - ckptio_inherit_mode, for writers that commit files of their own;
- *  - snapshot pools (ckptio_snapshot_*): copies of training state into
- *    reused pinned memory on ckptio's own streams, for the async saves of
- *    ckptio.dcp and ckptio.CheckpointManager;
- *  - objects in S3-compatible storage: listing, deleting, small
- *    conditional writes and the cleanup of unfinished uploads, for the
- *    code that keeps checkpoint directories there.
- * docs/API.md says which header holds what and why.
+ * Experimental before ckptio 1.0 (docs/API.md): what is declared here may
+ * change or go in any minor version. It is seen only where CKPTIO_EXPERIMENTAL
+ * is defined before ckptio.h (or this header) is included. The conventions
+ * are those of ckptio/core.h.
  */
-#ifndef CKPTIO_EXPERIMENTAL_H
-#define CKPTIO_EXPERIMENTAL_H
+#ifndef CKPTIO_DCP_H
+#define CKPTIO_DCP_H
 
-#include "ckptio.h"
+#include "torch.h"
+
+#ifndef CKPTIO_EXPERIMENTAL
+#error "ckptio/dcp.h is experimental before 1.0: define CKPTIO_EXPERIMENTAL to use it (docs/API.md)"
+#endif
 
 #ifdef __cplusplus
 extern "C" {
 #endif
 
 /* ------------------------------------------------------------------------ */
-/* Files written by the caller                                              */
+/* DCP checkpoint directories                                               */
 /* ------------------------------------------------------------------------ */
+/* (docs/DCP.md "C API and CLI for DCP directories")
+ * A whole torch.distributed.checkpoint directory, read without Python:
+ * DIR/.metadata goes through the restricted unpickler
+ * (ckptio_pickle_parse_dcp_metadata, below) and becomes a table of tensors (global
+ * shape, chunks, where each chunk is stored) and byte items. Tensors are
+ * assembled from their chunks into host memory; items are checked against
+ * the ckptio manifest (.ckptio-manifest-<token>.json) when there is one. */
 
-/*! ckptio_inherit_mode() :
- * For writers that replace `path` by renaming a file of their own over it
- * (ckptio_file_commit does this itself): if `path` names a regular file
- * (symlinks followed), gives the open file `fd` its permission bits (0777
- * only: no set-id or sticky bits) and, where the kernel permits (root, or
- * a group the caller belongs to), its owner and group; EPERM there is not
- * an error. Call it before the fsync and the rename. A missing `path` (a
- * new file) leaves fd as created (0666 & ~umask). @return CKPTIO_OK; an
- * fstat/fchown I/O error; or, when the mode cannot be set and fd would be
- * accessible to more than `path` was, the fchmod error. Thread-safe. */
-CKPTIO_API ckptio_status ckptio_inherit_mode(int fd, const char *path);
+typedef struct ckptio_dcp ckptio_dcp;
+
+/* Transforms applied to a stored item (its _StorageInfo.transform_descriptors). */
+enum ckptio_dcp_transform {
+    CKPTIO_DCP_TRANSFORM_ZSTD = 1u << 0  /* "stream.zstd/1": the item is zstd-compressed */
+};
+
+/* Where an item's bytes are. */
+typedef struct ckptio_dcp_stored {
+    const char *file;         /* relative path inside the directory (a plain name) */
+    uint64_t offset;          /* first byte of the item in that file */
+    uint64_t length;          /* stored bytes */
+    unsigned transforms;      /* ckptio_dcp_transform flags */
+} ckptio_dcp_stored;
+
+/* A tensor of the checkpoint (its global view). */
+typedef struct ckptio_dcp_tensor_info {
+    const char *fqn;          /* "layer.0.weight" */
+    ckptio_dtype dtype;
+    uint32_t ndim;
+    const int64_t *shape;     /* ndim entries: the global shape */
+    uint64_t nbytes;          /* bytes of the whole tensor in C order */
+    size_t chunks;            /* chunks it was saved in (ckptio_dcp_chunk) */
+} ckptio_dcp_tensor_info;
+
+/* One saved chunk of a tensor: the box [offsets, offsets + sizes). */
+typedef struct ckptio_dcp_chunk_info {
+    const int64_t *offsets;   /* ndim entries */
+    const int64_t *sizes;     /* ndim entries */
+    ckptio_dcp_stored stored;
+} ckptio_dcp_chunk_info;
+
+/* A non-tensor leaf (saved with torch.save(obj), possibly zstd-compressed). */
+typedef struct ckptio_dcp_bytes_info {
+    const char *fqn;
+    ckptio_dcp_stored stored;
+} ckptio_dcp_bytes_info;
+
+/* Bounds on what a zstd-transformed item may decompress to, enforced while it
+ * decompresses through a fixed buffer (ckptio_zstd_stream below; frames
+ * declaring more are refused from their headers), by this library and by
+ * ckptio.dcp's FileSystemReader: a tensor item holds a torch.save archive
+ * of its chunk, so at most the chunk's bytes plus
+ * CKPTIO_DCP_ARCHIVE_OVERHEAD_MAX (zip records, pickle, alignment); a byte
+ * item (torch.save of a non-tensor object) at most CKPTIO_DCP_BYTE_ITEM_MAX. */
+#define CKPTIO_DCP_ARCHIVE_OVERHEAD_MAX ((uint64_t)64 << 20)
+#define CKPTIO_DCP_BYTE_ITEM_MAX ((uint64_t)1 << 30)
+
+/*! ckptio_dcp_open() :
+ * Reads DIR/.metadata and builds the table. Errors name the file and the
+ * field ("DIR/.metadata: state_dict_metadata['x']: chunk 2 has 3 offsets
+ * for a 2-d tensor"): CKPTIO_E_DISALLOWED for globals outside the DCP
+ * allowlist, CKPTIO_E_FORMAT for a malformed object graph, chunks outside
+ * their tensor, sizes that overflow, a relative_path that is absolute or
+ * has '/' or "..", or a tensor chunk without storage; CKPTIO_E_UNSUPPORTED
+ * for a transform other than stream.zstd/1, or more than one (the message
+ * says which, or how many). Data files are not opened yet.
+ * The engine is used for every later read and must outlive the handle. */
+CKPTIO_API ckptio_status ckptio_dcp_open(ckptio_engine *engine, const char *dir, ckptio_dcp **out);
+
+/*! ckptio_dcp_close() : accepts NULL. */
+CKPTIO_API ckptio_status ckptio_dcp_close(ckptio_dcp *dcp);
+
+/*! Counts: tensors, byte items, distinct data files. */
+CKPTIO_API ckptio_status ckptio_dcp_tensor_count(const ckptio_dcp *dcp, size_t *out);
+CKPTIO_API ckptio_status ckptio_dcp_bytes_count(const ckptio_dcp *dcp, size_t *out);
+CKPTIO_API ckptio_status ckptio_dcp_file_count(const ckptio_dcp *dcp, size_t *out);
+
+/*! ckptio_dcp_tensor() / ckptio_dcp_chunk() / ckptio_dcp_bytes() /
+ * ckptio_dcp_file() : table rows, in .metadata order (files sorted by
+ * name). Pointers live as long as the handle. */
+CKPTIO_API ckptio_status ckptio_dcp_tensor(const ckptio_dcp *dcp, size_t index, ckptio_dcp_tensor_info *out);
+CKPTIO_API ckptio_status ckptio_dcp_chunk(const ckptio_dcp *dcp, size_t tensor, size_t chunk,
+                                          ckptio_dcp_chunk_info *out);
+CKPTIO_API ckptio_status ckptio_dcp_bytes(const ckptio_dcp *dcp, size_t index, ckptio_dcp_bytes_info *out);
+CKPTIO_API ckptio_status ckptio_dcp_file(const ckptio_dcp *dcp, size_t index, const char **name);
+
+/*! ckptio_dcp_find() : index of the tensor `fqn`, or CKPTIO_E_NOT_FOUND. */
+CKPTIO_API ckptio_status ckptio_dcp_find(const ckptio_dcp *dcp, const char *fqn, size_t *index);
+
+/*! ckptio_dcp_manifest() : *name = the ckptio manifest's file name
+ * (".ckptio-manifest-<token>.json", owned by the handle) when it exists
+ * in the directory; CKPTIO_E_NOT_FOUND (message says why) when the data
+ * files carry no ckptio save token or the file is missing. */
+CKPTIO_API ckptio_status ckptio_dcp_manifest(const ckptio_dcp *dcp, const char **name);
+
+/*! ckptio_dcp_read_tensor() :
+ * Assembles the whole tensor `index` from all its chunks into host memory
+ * at dst (capacity >= nbytes, else CKPTIO_E_RANGE), in C order. Each chunk's
+ * item is read through the engine and decoded by kind: a torch.save
+ * archive (any strides), a SAFETENSORS blob, or a zstd frame around an
+ * archive (bounded: CKPTIO_DCP_ARCHIVE_OVERHEAD_MAX). Host memory used besides dst: at most one storage;
+ * for a zstd item its stored frames plus its archive when that is at most 64 MiB, else 3 MiB (a larger
+ * archive is never held: its storage decompresses straight into dst, whatever .metadata or the frames
+ * declare). Chunks that do not tile the tensor
+ * exactly (gaps, overlaps) are CKPTIO_E_FORMAT naming the tensor; an item
+ * whose dtype or shape disagrees with .metadata, or that runs past the end
+ * of its file (CKPTIO_E_TRUNCATED), names file, offset and tensor. */
+CKPTIO_API ckptio_status ckptio_dcp_read_tensor(ckptio_dcp *dcp, size_t index, void *dst, uint64_t capacity);
+
+/*! ckptio_dcp_read_bytes() :
+ * The bytes of byte item `index` (decompressed when zstd, at most
+ * CKPTIO_DCP_BYTE_ITEM_MAX), i.e. what torch.save(obj) produced. They are
+ * untrusted: parse them with ckptio_torch_parse() (the restricted
+ * unpickler), never with an unrestricted one. *len receives their count;
+ * CKPTIO_E_RANGE (with *len set) when capacity is too small. */
+CKPTIO_API ckptio_status ckptio_dcp_read_bytes(ckptio_dcp *dcp, size_t index, void *dst, uint64_t capacity,
+                                               uint64_t *len);
+
+/* What ckptio_dcp_verify() / ckptio_dcp_check() covered (up to a failure). */
+typedef struct ckptio_dcp_verify_report {
+    size_t items;             /* stored items examined */
+    size_t checked;           /* verify: items whose XXH3-64 (whole or every part) matched;
+                               * check: items whose structure was validated */
+    size_t unhashed;          /* verify: manifest items without a hash (not an error) */
+    uint64_t bytes;           /* bytes hashed (verify) or items' stored bytes (check) */
+    size_t partial;           /* tensors saved in part: their chunks do not tile them, which only a save
+                               * that is not several ranks' may hold (one process saving its own shards;
+                               * torch loads them back) */
+} ckptio_dcp_verify_report;
+
+/*! ckptio_dcp_verify() :
+ * Checks every stored item against the ckptio manifest: the XXH3-64 of
+ * file bytes [data_offset, +nbytes), or with "parts" of each part. Items are
+ * hashed in pieces of at most 64 MiB (bounded memory). No manifest:
+ * CKPTIO_E_NOT_FOUND (e.g. written by torch: use ckptio_dcp_check). A
+ * manifest that does not describe the items of .metadata: CKPTIO_E_FORMAT.
+ * Mismatch: CKPTIO_E_CHECKSUM naming file, offset and fqn. Chunks are
+ * held to the rule of ckptio_dcp_check() (tiling when several ranks saved),
+ * before any item is hashed. Then every byte
+ * item is parsed by the restricted unpickler (a matching hash does not make
+ * a pickle safe): CKPTIO_E_DISALLOWED naming file, offset, item and global.
+ * report may be NULL. */
+CKPTIO_API ckptio_status ckptio_dcp_verify(ckptio_dcp *dcp, ckptio_dcp_verify_report *report);
+
+/*! ckptio_dcp_check() :
+ * Structural check without checksums: every item lies inside its file,
+ * every archive / SAFETENSORS blob / zstd frame parses and matches the
+ * dtype and chunk shape of .metadata, every byte item passes the restricted
+ * unpickler (CKPTIO_E_DISALLOWED naming the global), and, when the data
+ * files are several ranks' (ckptio_dcp_saved_by_ranks()), every tensor's
+ * chunks tile it (CKPTIO_E_FORMAT naming the overlap or gap; checked in
+ * O(chunks x ndim)). Otherwise a tensor may be saved in part, as one process
+ * saving its own shards writes it and torch loads it back: report->partial
+ * counts those tensors (ckptio.dcp's reader applies the same rule). Reading
+ * such a tensor whole (ckptio_dcp_read_tensor) is still refused. zstd items are bounded as
+ * CKPTIO_DCP_ARCHIVE_OVERHEAD_MAX says and decompressed once through a fixed buffer (never held when
+ * over 64 MiB); an uncompressed storage is read through a 16 MiB buffer: memory stays bounded whatever
+ * the sizes .metadata declares. report may be NULL. */
+CKPTIO_API ckptio_status ckptio_dcp_check(ckptio_dcp *dcp, ckptio_dcp_verify_report *report);
+
+/*! ckptio_dcp_validate() :
+ * The rule `ckptio verify DIR` and ckptio.dcp.verify share: with a ckptio
+ * manifest (ckptio_dcp_manifest), ckptio_dcp_verify(); without one (torch or
+ * another writer saved the directory, or the manifest is gone),
+ * ckptio_dcp_check(), which is not a failure: *manifest (may be NULL)
+ * receives the manifest's name, or NULL when the structure was checked and
+ * the bytes were not compared with checksums. Errors as those two give. */
+CKPTIO_API ckptio_status ckptio_dcp_validate(ckptio_dcp *dcp, ckptio_dcp_verify_report *report,
+                                             const char **manifest);
+
+/*! ckptio_dcp_save_safetensors() :
+ * Consolidates tensors of the checkpoint into one safetensors file at
+ * `path` (tensor indices `tensors[0..count)`, or every tensor when tensors
+ * is NULL): the header is laid out as ckptio_safetensors_save() does
+ * (flags: CKPTIO_SAFETENSORS_ALIGN_8 or 0, metadata pairs in order), then
+ * each tensor is assembled (ckptio_dcp_read_tensor) into one reused host
+ * buffer of the largest such tensor's size and written, so memory stays
+ * bounded whatever the checkpoint's size. That buffer must be justified by
+ * bytes on disk: each uncompressed chunk's item holds at least the chunk's
+ * bytes and shares none with another chunk's (else CKPTIO_E_FORMAT naming
+ * them); a tensor over 64 MiB with zstd chunks is instead streamed from its
+ * frames to the file through an 8 MiB buffer (runs of zeros left unwritten,
+ * the new file reads as zeros there). The file is written atomically
+ * (temporary, fsync, rename): on failure nothing appears under `path`. */
+CKPTIO_API ckptio_status ckptio_dcp_save_safetensors(ckptio_dcp *dcp, const char *path, const size_t *tensors,
+                                                     size_t count, const ckptio_kv *metadata, size_t metadata_count,
+                                                     unsigned flags);
 
 /* ------------------------------------------------------------------------ */
 /* torch.distributed.checkpoint .metadata: the unpickled object tree        */
@@ -184,15 +346,12 @@ CKPTIO_API ckptio_status ckptio_dcp_write(ckptio_engine *engine, ckptio_dcp_item
  * NULL / 0). Accepts NULL items with count 0. */
 CKPTIO_API void ckptio_dcp_items_release(ckptio_dcp_item *items, size_t count);
 
-/*! ckptio_zstd_decompressed_size() :
- * Total decompressed size of the zstd frames in (src, len). Frames without
- * a recorded content size (streaming writers such as python-zstandard's
- * stream_writer) are decompressed once to count. @return CKPTIO_E_FORMAT
- * naming the offset of a corrupt frame. */
-CKPTIO_API ckptio_status ckptio_zstd_decompressed_size(const void *src, size_t len, uint64_t *out);
-
 /*! ckptio_zstd_decompressed_size_max() :
- * The same, bounded for untrusted input: CKPTIO_E_FORMAT ("decompression
+ * Total decompressed size of the zstd frames in (src, len), bounded for
+ * untrusted input: frames without a recorded content size (streaming
+ * writers such as python-zstandard's stream_writer) are decompressed once
+ * to count; CKPTIO_E_FORMAT naming the offset of a corrupt frame, or
+ * CKPTIO_E_FORMAT ("decompression
  * bomb") as soon as the frames' declared sizes sum to more than `limit`, or,
  * for frames without a declared size, as soon as counting passes `limit`
  * (time and scratch memory bounded by `limit`, nothing allocated for the
@@ -230,7 +389,7 @@ CKPTIO_API ckptio_status ckptio_zstd_stream(const void *src, size_t len, uint64_
 /* DCP stored items: one data file, one item                                */
 /* ------------------------------------------------------------------------ */
 /* (docs/DCP.md) What ckptio.dcp's FileSystemReader decodes itself, item by
- * item, where ckptio_dcp_read_tensor() (ckptio.h) assembles whole tensors. */
+ * item, where ckptio_dcp_read_tensor() (above) assembles whole tensors. */
 
 /*! ckptio_dcp_file_open() :
  * Opens the data file `relative_path` (a _StorageInfo.relative_path) of the
@@ -370,18 +529,16 @@ CKPTIO_API ckptio_status ckptio_dcp_header_close(ckptio_dcp_header *header);
  * current one, so that a crash at any point leaves either the old
  * checkpoint loadable or the new one complete, and two saves into one
  * directory never remove each other's files. ckptio.dcp's
- * FileSystemWriter runs exactly these (a C program that writes the pickled
- * .metadata itself would commit the same way):
+ * FileSystemWriter runs them between torch's hooks (a C program that
+ * writes the pickled .metadata itself commits the same way):
  *   0. ckptio_dcp_lock_acquire(DIR, ...), before any data file is written;
  *   1. the data files, under names new to the save (__{rank}_{token}_{n}.distcp,
  *      one 12-hex-digit token per save), each created first with
  *      ckptio_dcp_create_file() and written as an atomic file
  *      (ckptio_file_open(CKPTIO_OPEN_WRITE), ckptio_dcp_write(), ckptio_file_commit());
- *   2. ckptio_dcp_manifest_write() (optional: checksums for ckptio_dcp_verify);
- *   3. ckptio_dcp_write_file(DIR, ".metadata", pickled Metadata, ...): the
- *      new checkpoint is current from here on;
- *   4. ckptio_dcp_stale_files() then ckptio_dcp_remove_files(); then
- *      ckptio_dcp_lock_release().
+ *   2.-4. ckptio_dcp_commit(): the manifest, .metadata (the new checkpoint
+ *      is current from here on), the removal of what older saves left;
+ *      then ckptio_dcp_lock_release().
  * `reference`, wherever it appears, is the name of the metadata file in
  * DIR the save replaces (".metadata", or "__{rank}.metadata" for saves
  * without collectives): new files take its permission bits and, where
@@ -404,7 +561,10 @@ enum ckptio_dcp_commit_flags {
     CKPTIO_DCP_SYNC = 1u << 0,        /* fsync files before their rename, and the directory after it */
     CKPTIO_DCP_RECHECK = 1u << 1,     /* ckptio_dcp_remove_files: read the metadata files again first */
     CKPTIO_DCP_LOCK_SHARED = 1u << 2, /* ckptio_dcp_lock_acquire: shared (a save that removes nothing) */
-    CKPTIO_DCP_LOCK_QUEUED = 1u << 3  /* ckptio_dcp_lock_acquire: wait in turn (a holder asking again waits) */
+    CKPTIO_DCP_LOCK_QUEUED = 1u << 3, /* ckptio_dcp_lock_acquire: wait in turn (a holder asking again waits) */
+    CKPTIO_DCP_MANIFEST = 1u << 4,    /* ckptio_dcp_commit: write the checksum manifest (step 2) */
+    CKPTIO_DCP_CLEANUP = 1u << 5,     /* ckptio_dcp_commit: list and remove the files of older saves (step 4) */
+    CKPTIO_DCP_CLEANUP_LATER = 1u << 6 /* ckptio_dcp_commit: list them only, for a removal later (result.stale) */
 };
 
 /*! ckptio_temporary_create() :
@@ -425,22 +585,6 @@ CKPTIO_API ckptio_status ckptio_temporary_create(const char *dir, const char *na
  * when there is none (a missing name, a symlink, a directory). */
 CKPTIO_API ckptio_status ckptio_dcp_reference(const char *dir, const char *name, unsigned *mode);
 
-/*! ckptio_dcp_save_token() :
- * The token (12 hex digits and NUL) shared by `files`, the data file names
- * of one ckptio save (__{rank}_{token}_{n}.distcp); CKPTIO_E_NOT_FOUND
- * when they are not (another writer's names, two tokens, none). */
-CKPTIO_API ckptio_status ckptio_dcp_save_token(const char *const *files, size_t count, char token[13]);
-
-/*! ckptio_dcp_write_file() :
- * Writes `len` bytes as DIR/NAME atomically: a temporary
- * (ckptio_temporary_create), write (short writes resumed), fsync, rename
- * over NAME, fsync of the directory (the fsyncs with CKPTIO_DCP_SYNC). A
- * failure before the rename leaves NAME as it was and removes the
- * temporary; a failed directory fsync after it says that the new NAME is
- * in place but may not survive a power loss. */
-CKPTIO_API ckptio_status ckptio_dcp_write_file(const char *dir, const char *name, const void *data, size_t len,
-                                               const char *reference, unsigned flags);
-
 /*! ckptio_dcp_create_file() :
  * Before the atomic save of a data file NAME new to this save: creates
  * DIR/NAME empty (O_EXCL) with the reference's attributes, so that the
@@ -454,7 +598,9 @@ CKPTIO_API ckptio_status ckptio_dcp_create_file(const char *dir, const char *nam
  * `file` that .metadata names for tensor chunk `offset` (or byte item:
  * offset NULL) of `fqn`, with their XXH3-64 (`hashed`) or per-part hashes
  * (`parts`, which tile the range in order; see ckptio_dcp_part), or
- * neither (counted as unhashed by ckptio_dcp_verify). */
+ * neither (counted as unhashed by ckptio_dcp_verify). ckptio_dcp_commit()
+ * writes them to DIR/.ckptio-manifest-TOKEN.json (docs/DCP.md "Manifest and
+ * verify"). */
 typedef struct ckptio_dcp_manifest_item {
     const char *fqn;
     const int64_t *offset;        /* chunk offsets (ndim values); NULL for a byte item */
@@ -468,17 +614,6 @@ typedef struct ckptio_dcp_manifest_item {
     size_t nparts;
     unsigned transforms;          /* ckptio_dcp_transform flags of the stored item */
 } ckptio_dcp_manifest_item;
-
-/*! ckptio_dcp_manifest_write() :
- * Step 2: writes DIR/.ckptio-manifest-TOKEN.json (TOKEN from `files`, the
- * save's data files, which must be named as ckptio_dcp_save_token expects:
- * else CKPTIO_E_INVAL) as ckptio_dcp_write_file() writes a file. It lists
- * `files` and the items; `metadata_name` is the metadata file it belongs
- * to. ckptio_dcp_verify() checks a directory against it. */
-CKPTIO_API ckptio_status ckptio_dcp_manifest_write(const char *dir, const char *metadata_name,
-                                                   const char *const *files, size_t nfiles,
-                                                   const ckptio_dcp_manifest_item *items, size_t count,
-                                                   const char *reference, unsigned flags);
 
 /* What a save just committed: its metadata file's name and bytes and the
  * data files they reference. Lets step 4 recognise that file unread (it
@@ -526,6 +661,74 @@ CKPTIO_API ckptio_status ckptio_dcp_remove_files(const char *dir, const char *co
                                                  unsigned flags, const ckptio_dcp_committed *committed,
                                                  size_t *removed, char *note, size_t note_cap);
 
+/* The steps of ckptio_dcp_commit(), in the order it runs them. */
+typedef enum ckptio_dcp_commit_step {
+    CKPTIO_DCP_STEP_MANIFEST = 0, /* DIR/.ckptio-manifest-TOKEN.json written atomically (step 2) */
+    CKPTIO_DCP_STEP_METADATA = 1, /* DIR/METADATA_NAME replaced atomically: the new checkpoint is current */
+    CKPTIO_DCP_STEP_LIST = 2,     /* the files of older saves listed (step 4) */
+    CKPTIO_DCP_STEP_REMOVE = 3    /* and removed, the directory fsynced */
+} ckptio_dcp_commit_step;
+
+/* Called by ckptio_dcp_commit() before each step it runs (done = 0) and
+ * after the step succeeded (done = 1), with the file the step writes (the
+ * directory for LIST and REMOVE). A non-zero return stops the commit right
+ * there: it fails with CKPTIO_E_CANCELED saying which step it stopped at
+ * and what that leaves (the old checkpoint before METADATA is done, the new
+ * one after). For progress reports, and for tests that stop or kill a save
+ * between two steps. */
+typedef int (*ckptio_dcp_commit_fn)(void *user, ckptio_dcp_commit_step step, const char *path, int done);
+
+/* What ckptio_dcp_commit() commits. */
+typedef struct ckptio_dcp_commit_options {
+    const char *metadata_name;    /* ".metadata", or "__{rank}.metadata" for a save without collectives */
+    const void *metadata;         /* the pickled Metadata */
+    size_t metadata_len;
+    const char *const *files;     /* every data file it references (relative_path), committed already */
+    size_t nfiles;
+    const ckptio_dcp_manifest_item *items; /* with CKPTIO_DCP_MANIFEST: the manifest's items */
+    size_t nitems;
+    unsigned flags;               /* CKPTIO_DCP_SYNC, _MANIFEST, _CLEANUP or _CLEANUP_LATER */
+    ckptio_dcp_commit_fn on_step; /* may be NULL */
+    void *user;
+} ckptio_dcp_commit_options;
+
+/* What ckptio_dcp_commit() did; filled also when it failed. */
+typedef struct ckptio_dcp_commit_result {
+    int committed;                /* 1 once METADATA is done: the new checkpoint is current */
+    char **stale;                 /* CKPTIO_DCP_CLEANUP_LATER: the files of older saves (sorted), to remove later
+                                   * with ckptio_dcp_remove_files(CKPTIO_DCP_RECHECK); free with
+                                   * ckptio_dcp_names_free. NULL otherwise. */
+    size_t nstale;
+    size_t removed;               /* CKPTIO_DCP_CLEANUP: the files removed */
+    char note[2048];              /* "" or why files of older saves were kept (a metadata file that cannot be
+                                   * read: see ckptio_dcp_stale_files); worth a warning */
+} ckptio_dcp_commit_result;
+
+/*! ckptio_dcp_commit() :
+ * Steps 2 to 4 of a save into DIR, in order, in one call, once every data
+ * file of `files` is committed (step 1) and while the caller holds DIR's
+ * lock (step 0, released by the caller after this returns, whatever it
+ * returns):
+ *  - with CKPTIO_DCP_MANIFEST and files named by one ckptio save
+ *    (__{rank}_{token}_{n}.distcp; other names: no manifest), the checksum
+ *    manifest of `items` (as ckptio_dcp_verify() reads it), atomically;
+ *  - METADATA_NAME (".metadata" or "__{rank}.metadata", else
+ *    CKPTIO_E_INVAL) replaced by `metadata`, atomically: from here on the
+ *    new checkpoint is the current one (result->committed = 1);
+ *  - with CKPTIO_DCP_CLEANUP (only a collective save's coordinator knows
+ *    every file of the checkpoint), ckptio_dcp_stale_files() keeping
+ *    `files`, METADATA_NAME and the manifest, then
+ *    ckptio_dcp_remove_files() of that list; with CKPTIO_DCP_CLEANUP_LATER
+ *    the list only, handed back in result->stale.
+ * New files take the attributes of the METADATA_NAME they replace (see
+ * "reference" above); the fsyncs run with CKPTIO_DCP_SYNC. The first
+ * failure ends the commit and is returned, with the error message of the
+ * step ("... is unchanged" before .metadata is replaced, "... committed"
+ * after). `on_step` is called around every step (ckptio_dcp_commit_fn).
+ * Thread-safe. */
+CKPTIO_API ckptio_status ckptio_dcp_commit(const char *dir, const ckptio_dcp_commit_options *options,
+                                           ckptio_dcp_commit_result *result);
+
 typedef struct ckptio_dcp_lock ckptio_dcp_lock;
 
 /* What a lock holds. */
@@ -572,204 +775,8 @@ CKPTIO_API ckptio_status ckptio_dcp_lock_query(const ckptio_dcp_lock *lock, ckpt
 /*! ckptio_dcp_lock_release() : unlocks (LOCK_UN) and closes; accepts NULL. */
 CKPTIO_API ckptio_status ckptio_dcp_lock_release(ckptio_dcp_lock *lock);
 
-/* ------------------------------------------------------------------------ */
-/* Snapshots of training state that overlap compute                        */
-/* ------------------------------------------------------------------------ */
-/* (docs/SNAPSHOTS.md)
- * A snapshot pool is one block of page-locked host memory, sized once,
- * pinned on a background thread and reused, holding one snapshot at a
- * time: copies of tensors (GPU or host memory) at pool offsets the caller
- * chooses. Device-to-host copies run on ckptio's own copy stream per
- * device, never on the caller's, ordered after the work the caller's stream
- * had queued when the snapshot was taken (an event), so that compute that
- * only reads the tensors (a forward and backward pass) runs beside them;
- * whoever is about to change the tensors makes its stream wait for the
- * copies first, on the device (ckptio_snapshot_before_update). */
-
-typedef struct ckptio_snapshot_pool ckptio_snapshot_pool;
-
-/* One tensor's bytes to copy: [src, src + nbytes) to the pool at `offset`. */
-typedef struct ckptio_snapshot_copy {
-    const void *src;      /* device memory of `device`, or host memory (device -1) */
-    uint64_t offset;      /* where they go in the pool */
-    uint64_t nbytes;
-    int device;           /* CUDA device ordinal of src, or -1: host memory, copied during the call */
-    unsigned flags;       /* CKPTIO_SNAPSHOT_EARLY or 0 */
-} ckptio_snapshot_copy;
-
-/* Copied before the device's other copies, and the caller's stream waits
- * for these at once (on the device): for tensors that work the caller
- * queues next may change (buffers a forward pass updates), which no
- * ckptio_snapshot_before_update guards. */
-#define CKPTIO_SNAPSHOT_EARLY 1u
-
-/* The caller's stream on `device` (a CUstream as an integer; 0 is the
- * legacy default stream): the snapshot holds the values the work queued
- * on it so far leaves. */
-typedef struct ckptio_snapshot_stream {
-    int device;
-    uintptr_t stream;
-} ckptio_snapshot_stream;
-
-typedef struct ckptio_snapshot_pool_info {
-    void *base;            /* the pool's first byte; valid until the pool is destroyed */
-    uint64_t bytes;        /* its size: the bytes asked for, rounded up to whole pieces */
-    uint64_t ready_bytes;  /* bytes from base pinned so far (host pool: faulted in) */
-    uint64_t piece_bytes;  /* pinned one registration at a time, in address order */
-    int device;            /* the device whose context pins it, or -1 for a host pool */
-    int pinned;            /* 1: page-locked for CUDA; 0: plain host memory */
-    int held;              /* 1 while a snapshot is taken and not released */
-} ckptio_snapshot_pool_info;
-
-/*! ckptio_snapshot_pool_create() :
- * Reserves `bytes` of host memory (rounded up to whole 64 MiB pieces; a
- * pool under 64 MiB is one piece of whole 2 MiB pages) and
- * returns at once; a background thread faults the pieces in and page-locks
- * them for CUDA (portable, device-mapped) in the primary context of
- * `device`, in address order. `device` -1 makes a host pool: plain memory,
- * for host tensors, no driver needed. Transparent huge pages are asked for
- * wherever the kernel gives them, unless `engine`'s CKPTIO_OPT_GPU_HUGE_SLOTS
- * says off (`engine` may be NULL: the defaults; docs/SNAPSHOTS.md). The memory is held until
- * ckptio_snapshot_pool_destroy(). @return CKPTIO_E_NO_CUDA without a driver
- * (device >= 0), CKPTIO_E_INVAL for 0 bytes, CKPTIO_E_NOMEM when the
- * address space or the thread cannot be had. */
-CKPTIO_API ckptio_status ckptio_snapshot_pool_create(const ckptio_engine *engine, uint64_t bytes, int device,
-                                                     ckptio_snapshot_pool **out);
-
-/*! ckptio_snapshot_pool_query() : size, base, how much is pinned, whether a
- * snapshot is held. Thread-safe. */
-CKPTIO_API ckptio_status ckptio_snapshot_pool_query(ckptio_snapshot_pool *pool, ckptio_snapshot_pool_info *out);
-
-/*! ckptio_snapshot_pool_wait_ready() :
- * Blocks until the pool's first `bytes` are pinned (all of it: its size).
- * If pinning failed before that (the driver refused to page-lock memory),
- * fails with that error, naming the piece, every time it is asked.
- * CKPTIO_E_RANGE for more bytes than the pool has. */
-CKPTIO_API ckptio_status ckptio_snapshot_pool_wait_ready(ckptio_snapshot_pool *pool, uint64_t bytes);
-
-/*! ckptio_snapshot_take() :
- * Takes a snapshot: for each device with copies, records an event on that
- * device's stream in `streams` (which must name every device in
- * `copies`), makes the pool's copy stream for the device wait for it, queues
- * the device's EARLY copies, makes the caller's stream wait for them, then
- * queues the others; copies of host memory are made during the call, after
- * the device copies are queued. Copies are cut where the pool's pieces
- * meet. Returns once everything is queued: the caller's stream goes on at
- * once (after the EARLY copies), the rest run beside it. Waits first for
- * the pool's memory up to the last byte written to be pinned (normally done
- * long before). CKPTIO_E_BUSY while the pool holds a snapshot not
- * released; CKPTIO_E_RANGE for a copy past the pool's end; CKPTIO_E_INVAL for
- * device memory without a stream for its device, or into a host pool. On a
- * failure no copy is left running into the pool and none is held. */
-CKPTIO_API ckptio_status ckptio_snapshot_take(ckptio_snapshot_pool *pool, const ckptio_snapshot_copy *copies,
-                                              size_t count, const ckptio_snapshot_stream *streams, size_t nstreams);
-
-/*! ckptio_snapshot_before_update() :
- * Call before queueing work on `stream` (of `device`) that changes tensors
- * the held snapshot copies: the stream waits, on the device, for the end of
- * the snapshot's copies from that device (cuStreamWaitEvent); the caller
- * does not block. Nothing to do (CKPTIO_OK) when no snapshot is held, it
- * copies nothing from `device`, or those copies are known complete.
- * Thread-safe. */
-CKPTIO_API ckptio_status ckptio_snapshot_before_update(ckptio_snapshot_pool *pool, int device, uintptr_t stream);
-
-/*! ckptio_snapshot_copied() : 1 when the held snapshot's copies have all
- * completed (or none is held), 0 while some still run; never blocks. */
-CKPTIO_API int ckptio_snapshot_copied(ckptio_snapshot_pool *pool);
-
-/*! ckptio_snapshot_wait() :
- * Blocks until the held snapshot's copies have completed: then its bytes in
- * the pool are the tensors' values at the point of the take. Reports a copy
- * that failed on the device (CKPTIO_E_CUDA with the driver's error). */
-CKPTIO_API ckptio_status ckptio_snapshot_wait(ckptio_snapshot_pool *pool);
-
-/*! ckptio_snapshot_release() :
- * Ends the held snapshot (waiting for its copies first, and reporting
- * their failure as ckptio_snapshot_wait does): the pool takes the next one.
- * The caller is done reading it. CKPTIO_OK when none is held. */
-CKPTIO_API ckptio_status ckptio_snapshot_release(ckptio_snapshot_pool *pool);
-
-/*! ckptio_snapshot_pool_destroy() :
- * Releases the held snapshot (waiting for its copies), stops the pinning,
- * destroys the copy streams and events, unpins (which synchronises the
- * device) and frees the memory. Accepts NULL. @return the release's status. */
-CKPTIO_API ckptio_status ckptio_snapshot_pool_destroy(ckptio_snapshot_pool *pool);
-
-/* ------------------------------------------------------------------------ */
-/* Objects in S3-compatible storage (s3://BUCKET/KEY)                       */
-/* ------------------------------------------------------------------------ */
-
-/* ckptio_file_open() takes "s3://BUCKET/KEY" wherever it takes a path: the
- * engine reads such a file with ranged GETs and writes it as a multipart
- * upload that appears at ckptio_file_commit(), whole or not at all
- * (docs/OBJECT_STORAGE.md: endpoint, credentials, commit protocol,
- * settings). The functions here are what directory-level code (DCP
- * checkpoints, checkpoint steps, cleaners) needs beyond single objects.
- * Endpoint, region and credentials come from the AWS environment variables
- * and files; retries, timeouts and concurrency from `engine`'s
- * CKPTIO_OPT_S3_* settings. Errors name the operation, s3://BUCKET/KEY, the
- * HTTP status and the server's Code and Message, and never a credential. */
-
-/*! ckptio_path_is_object() : 1 when `path` is an s3:// URL, else 0. */
-CKPTIO_API int ckptio_path_is_object(const char *path);
-
-/* One entry of a listing. The strings are valid during the callback only. */
-typedef struct ckptio_object_info {
-    const char *key;       /* the whole key (not only the part after the prefix) */
-    uint64_t size;         /* bytes; 0 for a common prefix or an upload */
-    const char *etag;      /* as the server sent it (quoted), "" for a prefix */
-    const char *time;      /* LastModified, or an upload's Initiated (ISO 8601), or "" */
-    const char *upload_id; /* an unfinished multipart upload's id, else "" */
-    int is_prefix;         /* a common prefix (listing with a delimiter) */
-} ckptio_object_info;
-
-/* Called for each entry; a non-zero return stops the listing (not an error). */
-typedef int (*ckptio_object_fn)(void *user, const ckptio_object_info *info);
-
-/*! ckptio_object_list() :
- * Lists the objects of s3://BUCKET/PREFIX (PREFIX may be empty), every page,
- * in the server's order (UTF-8 binary order on S3). With a `delimiter`
- * (usually "/"), keys with the delimiter after the prefix are rolled up
- * into common prefixes, reported once each with is_prefix = 1. Keys come
- * back decoded (the listing is asked URL-encoded, so any byte survives).
- * @return CKPTIO_OK (also when fn stopped it), or the failed request's
- * error (CKPTIO_E_NOT_FOUND for a missing bucket). */
-CKPTIO_API ckptio_status ckptio_object_list(ckptio_engine *engine, const char *url, const char *delimiter,
-                                            ckptio_object_fn fn, void *user);
-
-/*! ckptio_object_delete() :
- * Deletes s3://BUCKET/KEY; a missing object is no error (a missing bucket
- * is CKPTIO_E_NOT_FOUND). */
-CKPTIO_API ckptio_status ckptio_object_delete(ckptio_engine *engine, const char *url);
-
-/*! ckptio_object_put() :
- * Writes data[0..len) as the whole object s3://BUCKET/KEY with one request
- * (markers, small metadata files). With `if_absent`, only if no object of
- * that key exists, atomically on the server (If-None-Match: *):
- * CKPTIO_E_EXISTS when one does, CKPTIO_E_UNSUPPORTED where the server has
- * no conditional writes (OpenStack Swift's s3api). */
-CKPTIO_API ckptio_status ckptio_object_put(ckptio_engine *engine, const char *url, const void *data, size_t len,
-                                           int if_absent);
-
-/*! ckptio_object_list_uploads() :
- * Lists the unfinished multipart uploads of keys under s3://BUCKET/PREFIX
- * (each with key, upload_id and time): what a save that was killed before
- * its commit leaves on the server, billed but invisible. */
-CKPTIO_API ckptio_status ckptio_object_list_uploads(ckptio_engine *engine, const char *url, ckptio_object_fn fn,
-                                                    void *user);
-
-/*! ckptio_object_abort_uploads() :
- * Aborts the unfinished multipart uploads under s3://BUCKET/PREFIX that
- * were started at least `older_than_seconds` ago (by the server's clock
- * against this machine's; 0: all, including a save running now, which then
- * fails at its next part or at commit). *aborted (may be NULL) receives
- * how many were aborted. Objects are never touched. @return CKPTIO_OK, or
- * the first failure (the uploads before it stay aborted). */
-CKPTIO_API ckptio_status ckptio_object_abort_uploads(ckptio_engine *engine, const char *url,
-                                                     double older_than_seconds, uint64_t *aborted);
-
 #ifdef __cplusplus
 }
 #endif
 
-#endif /* CKPTIO_EXPERIMENTAL_H */
+#endif /* CKPTIO_DCP_H */

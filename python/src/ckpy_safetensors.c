@@ -1,5 +1,5 @@
 /*
- * _ckptio_safetensors.c - safetensors through the C API:
+ * ckpy_safetensors.c - safetensors through the C API:
  * SafetensorsReader (ckptio_safetensors_open/_read/_close) and
  * safetensors_save (ckptio_safetensors_save).
  *
@@ -8,7 +8,8 @@
  * need neither the GIL-free path nor the handle's lock; only reads and close
  * touch the C handle.
  */
-#include "_ckptio_internal.h"
+#include "ckpy_handle.h"
+#include "ckpy_parts.h"
 
 #include <string.h>
 

@@ -1,0 +1,123 @@
+/*
+ * dcp_commit_run.c - ckptio_dcp_commit(): steps 2 to 4 of a DCP directory
+ * commit in their order, in one call (docs/DCP.md "Atomic commit and
+ * overwrite").
+ *
+ * The order is the protocol: the manifest before .metadata (a manifest never
+ * describes files that are not yet committed), .metadata replaced atomically
+ * (the one moment the new checkpoint becomes current), and only then the
+ * files of older saves listed and removed (never one the new checkpoint or
+ * another save still needs). Each step is a function of its own file
+ * (dcp_manifest_write.c, dcp_commit.c, dcp_cleanup.c); this one runs them,
+ * calls the caller's step callback around each, and says in the result how
+ * far it got.
+ */
+#include "dcp_commit_internal.h"
+
+#include <stdio.h>
+#include <string.h>
+
+/* The stop the step callback asked for, and what it leaves behind. */
+static ckptio_status stopped(const char *dir, const char *step, int done, int committed) {
+    return CKPTIO_FAIL_CTX(CKPTIO_E_CANCELED, &((ckptio__err_ctx){.path = dir, .file_offset = -1}),
+                           "the commit stopped %s the step '%s' (the step callback asked); %s",
+                           done ? "after" : "before", step,
+                           committed ? CKPTIO__DCP_COMMITTED : "the checkpoint is unchanged");
+}
+
+static const char *const step_names[] = {"manifest", "metadata", "list", "remove"};
+
+/* The callback around a step: CKPTIO_OK to go on. */
+static ckptio_status around(const char *dir, const ckptio_dcp_commit_options *o, const ckptio_dcp_commit_result *r,
+                            ckptio_dcp_commit_step step, const char *path, int done) {
+    if (o->on_step && o->on_step(o->user, step, path, done)) return stopped(dir, step_names[step], done, r->committed);
+    return CKPTIO_OK;
+}
+
+static ckptio_status check_options(const char *dir, const ckptio_dcp_commit_options *o) {
+    const unsigned known = CKPTIO_DCP_SYNC | CKPTIO_DCP_MANIFEST | CKPTIO_DCP_CLEANUP | CKPTIO_DCP_CLEANUP_LATER;
+    CKPTIO_RETURN_IF(!dir || !*dir || !o, CKPTIO_E_INVAL, "ckptio_dcp_commit: dir and options are required");
+    CKPTIO_RETURN_IF(o->flags & ~known, CKPTIO_E_INVAL, "ckptio_dcp_commit: unknown flags 0x%x", o->flags & ~known);
+    CKPTIO_RETURN_IF((o->flags & CKPTIO_DCP_CLEANUP) && (o->flags & CKPTIO_DCP_CLEANUP_LATER), CKPTIO_E_INVAL,
+                     "ckptio_dcp_commit: CKPTIO_DCP_CLEANUP and CKPTIO_DCP_CLEANUP_LATER exclude each other");
+    CKPTIO_RETURN_IF(!o->metadata_name || !ckptio__dcp_metadata_name(o->metadata_name), CKPTIO_E_INVAL,
+                     "ckptio_dcp_commit: the metadata file must be .metadata or __RANK.metadata, not '%s'",
+                     o->metadata_name ? o->metadata_name : "(null)");
+    CKPTIO_RETURN_IF(!o->metadata && o->metadata_len, CKPTIO_E_INVAL, "ckptio_dcp_commit: no metadata bytes");
+    CKPTIO_RETURN_IF(!o->files && o->nfiles, CKPTIO_E_INVAL, "ckptio_dcp_commit: no data file names");
+    CKPTIO_RETURN_IF(!o->items && o->nitems, CKPTIO_E_INVAL, "ckptio_dcp_commit: no manifest items");
+    for (size_t i = 0; i < o->nfiles; i++)
+        CKPTIO_RETURN_IF(!o->files[i] || !*o->files[i] || strchr(o->files[i], '/'), CKPTIO_E_INVAL,
+                         "ckptio_dcp_commit: data file %zu ('%s') is not a file name", i,
+                         o->files[i] ? o->files[i] : "(null)");
+    return CKPTIO_OK;
+}
+
+/* Step 4: the files of older saves, listed (and removed unless later). */
+static ckptio_status cleanup(const char *dir, const ckptio_dcp_commit_options *o, ckptio_dcp_commit_result *r,
+                             const char *manifest) {
+    const ckptio_dcp_committed committed = {o->metadata_name, o->metadata, o->metadata_len, o->files, o->nfiles};
+    const char **keep = ckptio__calloc(o->nfiles + 2, sizeof *keep);
+    if (!keep) return CKPTIO_FAIL(CKPTIO_E_NOMEM, "out of memory");
+    size_t nkeep = 0;
+    for (size_t i = 0; i < o->nfiles; i++) keep[nkeep++] = o->files[i];
+    keep[nkeep++] = o->metadata_name;
+    if (manifest[0]) keep[nkeep++] = manifest;
+    char **stale = NULL;
+    size_t nstale = 0;
+    ckptio_status st = around(dir, o, r, CKPTIO_DCP_STEP_LIST, dir, 0);
+    if (st == CKPTIO_OK)
+        st = ckptio_dcp_stale_files(dir, keep, nkeep, &committed, &stale, &nstale, r->note, sizeof r->note);
+    ckptio__free(keep);
+    if (st == CKPTIO_OK) st = around(dir, o, r, CKPTIO_DCP_STEP_LIST, dir, 1);
+    if (st == CKPTIO_OK && (o->flags & CKPTIO_DCP_CLEANUP_LATER)) {
+        r->stale = stale;
+        r->nstale = nstale;
+        return CKPTIO_OK;
+    }
+    if (st == CKPTIO_OK) st = around(dir, o, r, CKPTIO_DCP_STEP_REMOVE, dir, 0);
+    if (st == CKPTIO_OK) {
+        /* The list's note (a metadata file that cannot be read) is the one
+         * worth keeping: a removal without re-check adds none. */
+        char note[sizeof r->note];
+        st = ckptio_dcp_remove_files(dir, (const char *const *)stale, nstale, o->flags & CKPTIO_DCP_SYNC, &committed,
+                                     &r->removed, note, sizeof note);
+    }
+    ckptio_dcp_names_free(stale, nstale);
+    if (st == CKPTIO_OK) st = around(dir, o, r, CKPTIO_DCP_STEP_REMOVE, dir, 1);
+    return st;
+}
+
+ckptio_status ckptio_dcp_commit(const char *dir, const ckptio_dcp_commit_options *o, ckptio_dcp_commit_result *r) {
+    CKPTIO_RETURN_IF(!r, CKPTIO_E_INVAL, "ckptio_dcp_commit: result is required");
+    memset(r, 0, sizeof *r);
+    CKPTIO_FORWARD(check_options(dir, o));
+    const unsigned sync = o->flags & CKPTIO_DCP_SYNC;
+    /* New files take the attributes of the metadata file they replace (a
+     * missing one, or one that is no regular file, is no reference). */
+    const char *reference = o->metadata_name;
+    char token[13], manifest[sizeof CKPTIO__DCP_MANIFEST_PREFIX + 12 + sizeof ".json"] = "";
+    if (ckptio__dcp_token(o->files, o->nfiles, token))
+        snprintf(manifest, sizeof manifest, CKPTIO__DCP_MANIFEST_PREFIX "%s.json", token);
+    char *manifest_path = ckptio__dcp_join(dir, manifest), *metadata_path = ckptio__dcp_join(dir, o->metadata_name);
+    ckptio_status st = manifest_path && metadata_path ? CKPTIO_OK : CKPTIO_FAIL(CKPTIO_E_NOMEM, "out of memory");
+    if (st == CKPTIO_OK && manifest[0] && (o->flags & CKPTIO_DCP_MANIFEST)) {
+        st = around(dir, o, r, CKPTIO_DCP_STEP_MANIFEST, manifest_path, 0);
+        if (st == CKPTIO_OK)
+            st = ckptio__dcp_manifest_write(dir, o->metadata_name, o->files, o->nfiles, o->items, o->nitems,
+                                            reference, sync);
+        if (st == CKPTIO_OK) st = around(dir, o, r, CKPTIO_DCP_STEP_MANIFEST, manifest_path, 1);
+    }
+    if (st == CKPTIO_OK) st = around(dir, o, r, CKPTIO_DCP_STEP_METADATA, metadata_path, 0);
+    if (st == CKPTIO_OK)
+        st = ckptio__dcp_write_file(dir, o->metadata_name, o->metadata, o->metadata_len, reference, sync);
+    if (st == CKPTIO_OK) {
+        r->committed = 1;
+        st = around(dir, o, r, CKPTIO_DCP_STEP_METADATA, metadata_path, 1);
+    }
+    if (st == CKPTIO_OK && (o->flags & (CKPTIO_DCP_CLEANUP | CKPTIO_DCP_CLEANUP_LATER)))
+        st = cleanup(dir, o, r, manifest);
+    ckptio__free(manifest_path);
+    ckptio__free(metadata_path);
+    return st;
+}
