@@ -458,6 +458,8 @@ def load(path: Union[PathLike, bytes, bytearray, memoryview, Any], device: Any =
     if _memory.is_memory(path):
         dev = _adapt.parse_device(device)
         if progress is None and out is None and framework == "pt" and dev.kind == "cpu":
+            if engine is None:
+                _ckptio.default_engine()  # as for a save to bytes
             got = _memory.load_in_memory(path, keys)
             if got is not None:
                 return got
@@ -665,7 +667,11 @@ def save(state_dict: Any, path: Optional[PathLike] = None, format: Optional[str]
         if checksums:
             raise ValueError("checksums=True writes a manifest beside a file; saving to bytes has no file")
         if progress is None:
-            # Host tensors to safetensors: laid out and copied straight into the bytes object.
+            # Host tensors to safetensors: laid out and copied straight into the bytes object. No
+            # engine moves them, but the first save makes the default one all the same (its
+            # settings are checked then: the misspelling warning of the first save stays).
+            if engine is None:
+                _ckptio.default_engine()
             data = _save(state_dict, _memory.NAME, format, metadata, align, crc, False, engine, None, True,
                          to_bytes=True)
             if data is not None:
