@@ -321,7 +321,8 @@ static ckptio_status do_save(ckptio_engine *engine, void *arg) {
 /* The tensors and metadata of a save call into `s` (zeroed); -1 with an error. */
 static int parse_save(save_state *s, PyObject *seq, PyObject *metadata) {
     if (!PySequence_Check(seq)) {
-        PyErr_SetString(PyExc_TypeError, "tensors must be a sequence of (name, dtype, shape, address, nbytes, mem_kind)");
+        PyErr_SetString(PyExc_TypeError,
+                        "tensors must be a sequence of (name, dtype, shape, address, nbytes, mem_kind)");
         return -1;
     }
     const Py_ssize_t n = PySequence_Size(seq);

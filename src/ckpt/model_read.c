@@ -260,8 +260,8 @@ ckptio_status ckptio_model_read(ckptio_model *m, const ckptio_slice_target *targ
         if ((st = ckptio_plan_create(CKPTIO_READ, &plan)) != CKPTIO_OK) goto out;
         for (size_t i = 0; first && i < count; i++)
             if (!p[i].gather &&
-                (st = add_runs(plan, p[i].file, p[i].base, &p[i].r, targets[i].data, targets[i].mem_kind, true, NULL)) !=
-                    CKPTIO_OK)
+                (st = add_runs(plan, p[i].file, p[i].base, &p[i].r, targets[i].data, targets[i].mem_kind, true,
+                               NULL)) != CKPTIO_OK)
                 goto out;
         size_t npieces = 0;
         if (buf && (st = plan_pieces(targets, p, count, &next, plan, buf, cap, pieces, maxp, &npieces)) != CKPTIO_OK)

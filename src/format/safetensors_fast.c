@@ -150,7 +150,8 @@ static bool dims(cursor *c, ckptio__st_parsed *out, size_t *cap, uint32_t *ndim)
     if (take(c, ']')) return true;
     do {
         uint64_t d;
-        if (!small_uint(c, &d) || !reserve(out, (void **)&out->dims, cap, out->ndims + 1, sizeof *out->dims)) return false;
+        if (!small_uint(c, &d) || !reserve(out, (void **)&out->dims, cap, out->ndims + 1, sizeof *out->dims))
+            return false;
         out->dims[out->ndims++] = (int64_t)d;
         (*ndim)++;
     } while (take(c, ','));

@@ -94,13 +94,15 @@ static bool write_policy_cache(const ckptio_engine *engine, uint64_t footprint) 
     return footprint <= CKPTIO__WRITE_CACHE_MAX && available != 0 && footprint <= available / CACHE_SHARE;
 }
 
-void ckptio__write_policy_apply(ckptio_engine *engine, const ckptio_extent *ext, size_t count) {
-    enum { MAX_FILES = 64 }; /* beyond that, further files count by the bytes written */
-    ckptio_file *files[MAX_FILES];
+/* The bytes a plan's files take: each distinct file's size once (the
+ * first 64; further files count by the bytes the plan moves). */
+static uint64_t plan_footprint(const ckptio_extent *ext, size_t count) {
+    enum { MAX_FILES = 64 };
+    const ckptio_file *files[MAX_FILES];
     size_t nfiles = 0;
     uint64_t footprint = 0;
     for (size_t i = 0; i < count; i++) {
-        ckptio_file *f = ext[i].file;
+        const ckptio_file *f = ext[i].file;
         if (!ext[i].length) continue;
         size_t k = 0;
         while (k < nfiles && files[k] != f) k++;
@@ -112,9 +114,18 @@ void ckptio__write_policy_apply(ckptio_engine *engine, const ckptio_extent *ext,
         files[nfiles++] = f;
         footprint += file_size(f);
     }
-    const int cache = write_policy_cache(engine, footprint) ? 1 : -1;
+    return footprint;
+}
+
+static void store_decision(const ckptio_extent *ext, size_t count, bool write, int cache) {
     for (size_t i = 0; i < count; i++)
-        if (ext[i].length) atomic_store_explicit(&ext[i].file->write_cache, cache, memory_order_relaxed);
+        if (ext[i].length)
+            atomic_store_explicit(write ? &ext[i].file->write_cache : &ext[i].file->read_cache, cache,
+                                  memory_order_relaxed);
+}
+
+void ckptio__write_policy_apply(ckptio_engine *engine, const ckptio_extent *ext, size_t count) {
+    store_decision(ext, count, true, write_policy_cache(engine, plan_footprint(ext, count)) ? 1 : -1);
 }
 
 bool ckptio__write_buffered(ckptio_file *f) {
@@ -127,31 +138,15 @@ bool ckptio__write_buffered(ckptio_file *f) {
 }
 
 void ckptio__read_policy_apply(ckptio_engine *engine, const ckptio_extent *ext, size_t count) {
-    enum { MAX_FILES = 64 }; /* beyond that, further files count by the bytes read */
-    ckptio_file *files[MAX_FILES];
-    size_t nfiles = 0;
-    uint64_t footprint = 0, overflow_bytes = 0, gpu_bytes = 0, all_bytes = 0;
+    uint64_t gpu_bytes = 0, all_bytes = 0;
     for (size_t i = 0; i < count; i++) {
-        ckptio_file *f = ext[i].file;
-        if (!ext[i].length) continue;
         all_bytes += ext[i].length;
         if (ext[i].mem_kind == CKPTIO_MEM_CUDA) gpu_bytes += ext[i].length;
-        size_t k = 0;
-        while (k < nfiles && files[k] != f) k++;
-        if (k < nfiles) continue;
-        if (nfiles == MAX_FILES) {
-            overflow_bytes += ext[i].length;
-            continue;
-        }
-        files[nfiles++] = f;
-        footprint += file_size(f);
     }
     const bool mostly_gpu = gpu_bytes * 2 > all_bytes;
     const bool forced_on = ckptio__io_engine_setting(engine, CKPTIO_OPT_READ_CACHE) == CKPTIO_READ_CACHE_ON;
-    const int cache =
-        (forced_on || !mostly_gpu) && ckptio__read_policy_cache(engine, footprint + overflow_bytes) ? 1 : -1;
-    for (size_t i = 0; i < count; i++)
-        if (ext[i].length) atomic_store_explicit(&ext[i].file->read_cache, cache, memory_order_relaxed);
+    const bool cache = (forced_on || !mostly_gpu) && ckptio__read_policy_cache(engine, plan_footprint(ext, count));
+    store_decision(ext, count, false, cache ? 1 : -1);
 }
 
 bool ckptio__read_buffered(ckptio_file *f, uint64_t offset, uint64_t len) {
