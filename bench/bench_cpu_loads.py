@@ -232,13 +232,15 @@ def case_cache(work, repeat):
         sd = state(size)
         label = f"{size >> 20} MiB"
         p = os.path.join(work, "c.safetensors")
-        off = ckptio.Engine(write_cache="off")
+        off, on = ckptio.Engine(write_cache="off"), ckptio.Engine(write_cache="on")
         for name, save, load in [
                 ("ckptio.save (write_cache=auto), ckptio.load", lambda: ckptio.save(sd, p), lambda: ckptio.load(p)),
                 ("ckptio.save (write_cache=auto), ckptio.load(mmap=True) and read", lambda: ckptio.save(sd, p),
                  lambda: touch(ckptio.load(p, mmap=True))),
                 ("ckptio.save (write_cache=off), ckptio.load", lambda: ckptio.save(sd, p, engine=off),
                  lambda: ckptio.load(p)),
+                ("ckptio.save (write_cache=on), ckptio.load(mmap=True) and read",
+                 lambda: ckptio.save(sd, p, engine=on), lambda: touch(ckptio.load(p, mmap=True))),
                 ("safetensors save_file + fsync, load_file and read", durable(lambda: st.save_file(sd, p), p),
                  lambda: touch(st.load_file(p)))]:
             saves, loads, cpus = [], [], []
