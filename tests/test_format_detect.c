@@ -164,6 +164,10 @@ static void test_paths(void) {
     snprintf(entry, sizeof entry, "%s/.metadata", dir);
     t_write_file(entry, "", 0);
     T_ASSERT(detect_path(dir) == CKPTIO_FORMAT_DCP); /* DCP wins over an index beside it */
+    /* The key file decides by its name, whatever it has become: the DCP
+     * reader then refuses a FIFO there, naming it. */
+    T_ASSERT(unlink(entry) == 0 && mkfifo(entry, 0600) == 0);
+    T_ASSERT(detect_path(dir) == CKPTIO_FORMAT_DCP);
     /* The index rule needs the name and JSON; JSON under another name is unknown. */
     const char *json = t_path("weights.json");
     t_write_file(json, "{\"weight_map\": {}}", 18);
@@ -179,7 +183,7 @@ static void test_paths(void) {
     const char *fifo = t_path("fifo");
     T_ASSERT(mkfifo(fifo, 0600) == 0);
     T_STATUS(ckptio_format_detect(fifo, &f), CKPTIO_E_UNSUPPORTED);
-    T_MESSAGE_HAS("not a regular file or a directory");
+    T_MESSAGE_HAS("is a FIFO, not a regular file or a directory");
 }
 
 static void test_names(void) {

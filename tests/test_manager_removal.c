@@ -279,10 +279,11 @@ static void test_removal_failing_half_way(void) {
 
 /* ---- a removal while a check reads ---------------------------------------------------------- */
 
-/* What the open hook does at the check's second open (the first opens the
- * marker, the second .metadata, to hash it): another process's removal
- * takes the marker (and with `whole` the directory) away, and that open
- * fails. */
+/* What the open hook does at the check's first open of .metadata (to hash
+ * it), after the marker's: another process's removal takes the marker (and
+ * with `whole` the directory) away, and that open fails. Each file is opened
+ * by the checked open (open_regular.c) in two opens, O_PATH and the reopen
+ * for reading, so that is the third open. */
 static struct {
     const char *root;
     uint64_t step;
@@ -292,7 +293,7 @@ static struct {
 
 static bool remove_during_read(ckptio__io_kind kind, int *err, uint64_t *len) {
     (void)len;
-    if (kind != CKPTIO__IO_OPEN || atomic_fetch_add(&removal_at_read.opens, 1) != 1) return false;
+    if (kind != CKPTIO__IO_OPEN || atomic_fetch_add(&removal_at_read.opens, 1) != 2) return false;
     T_ASSERT(unlink(step_file(removal_at_read.root, removal_at_read.step, CKPTIO_STEP_MARKER)) == 0);
     if (removal_at_read.whole) {
         char dir[4200], moved[4300];
@@ -317,7 +318,7 @@ static void test_removal_during_a_check(void) {
     const ckptio_status st = ckptio_steps_check(engine, root, 20, CKPTIO_STEP_CHECK_FULL, &info);
     ckptio__io_set_fault_hook(NULL);
     T_OK(st);
-    T_ASSERT(atomic_load(&removal_at_read.opens) > 1);
+    T_ASSERT(atomic_load(&removal_at_read.opens) > 2);
     T_ASSERT_MSG(info.state == CKPTIO_STEP_PARTIAL && has(info.reason, "removed while it was checked"), "%d: %s",
                  (int)info.state, info.reason);
     removal_at_read.step = 10;
@@ -371,6 +372,7 @@ static void test_pins(void) {
     T_ASSERT(mkfifo(step_file(root, 40, CKPTIO_STEP_MARKER), 0600) == 0);
     T_STATUS(ckptio_steps_pin(root, 40, &pin), CKPTIO_E_NOT_FOUND);
     T_MESSAGE_HAS("not a regular file");
+    T_MESSAGE_HAS("the commit marker is a FIFO"); /* the checked open names the type, never opening it */
 }
 
 /* ---- two holders of one root ---------------------------------------------------------------- */

@@ -43,7 +43,7 @@ static int raw_block(const raw_job *job, uint64_t off, uint64_t len, int *err, u
     while (pos < len) {
         ssize_t n = job->write ? pwrite(job->fd, job->buf + off + pos, len - pos, (off_t)(off + pos))
                                : pread(job->fd, job->buf + off + pos, len - pos, (off_t)(off + pos));
-        if (n < 0 && errno == EINTR) continue;
+        if (n < 0 && errno == EINTR && !cli_interrupted) continue;
         if (n <= 0) {
             *err = n < 0 ? errno : 0;
             *err_offset = off + pos;
@@ -105,11 +105,11 @@ int bench_raw_transfer(const char *path, bool write, bool direct, void *buf, uin
 
     double t0 = cli_now();
     *used_direct = direct;
-    int fd = open(path, base | (direct ? O_DIRECT : 0), 0644);
+    int fd = write ? open(path, base | (direct ? O_DIRECT : 0), 0644) : cli_open_regular(path, direct ? O_DIRECT : 0);
     if (fd < 0 && direct && errno == EINVAL) {
         /* tmpfs and some FUSE file systems refuse O_DIRECT: measure buffered. */
         *used_direct = false;
-        fd = open(path, base, 0644);
+        fd = write ? open(path, base, 0644) : cli_open_regular(path, 0);
     }
     if (fd < 0) {
         cli_error("%s: cannot open for raw %s: %s", path, what, strerror(errno));
@@ -196,7 +196,7 @@ out:
 
 /* Fraction of the file's pages in the page cache, from mincore(2). */
 static int resident_fraction(const char *path, double *out) {
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    int fd = cli_open_regular(path, 0);
     if (fd < 0) return cli_error("%s: open: %s", path, strerror(errno)), -1;
     struct stat sb;
     if (fstat(fd, &sb) != 0) {
@@ -231,7 +231,7 @@ static int resident_fraction(const char *path, double *out) {
 }
 
 int bench_drop_cache(const char *path, const char **method, double *resident) {
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    int fd = cli_open_regular(path, 0);
     if (fd < 0) return cli_error("%s: open to drop its cached pages: %s", path, strerror(errno)), -1;
     /* Dirty pages cannot be dropped: write them back first. */
     int err = 0;
@@ -255,7 +255,7 @@ int bench_drop_cache(const char *path, const char **method, double *resident) {
 }
 
 int bench_prime_cache(const char *path, double *resident) {
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    int fd = cli_open_regular(path, 0);
     if (fd < 0) return cli_error("%s: open to cache it: %s", path, strerror(errno)), -1;
     size_t len = 8u << 20;
     char *buf = malloc(len);
@@ -267,7 +267,7 @@ int bench_prime_cache(const char *path, double *resident) {
     posix_fadvise(fd, 0, 0, POSIX_FADV_SEQUENTIAL);
     for (;;) {
         ssize_t n = read(fd, buf, len);
-        if (n < 0 && errno == EINTR) continue;
+        if (n < 0 && errno == EINTR && !cli_interrupted) continue;
         if (n < 0) {
             cli_error("%s: read to cache it: %s", path, strerror(errno));
             goto out;

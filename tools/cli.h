@@ -115,10 +115,24 @@ double cli_now(void);
 
 /* ---- interruption (cli_util.c) ------------------------------------------- */
 
-/* Set by SIGINT/SIGTERM once cli_catch_interrupts() ran; long operations
- * poll it, stop, clean up and exit 1. */
+/* The number of the first SIGINT/SIGTERM once cli_catch_interrupts() ran
+ * (main does, for every command), else 0. The handler also asks the library
+ * to stop (ckptio_interrupt); long operations poll the flag, stop and clean
+ * up; main then exits with cli_interrupted_status(). A second signal exits
+ * at once with 128 + its number. */
 extern volatile sig_atomic_t cli_interrupted;
 void cli_catch_interrupts(void);
+/* Prints "ckptio: interrupted by SIGINT" (or SIGTERM) and returns the
+ * conventional status 128 + the signal's number (130, 143). */
+int cli_interrupted_status(void);
+
+/* ---- files (cli_util.c) ---------------------------------------------------- */
+
+/* Opens the regular file `path` for reading (extra open `flags`, e.g.
+ * O_DIRECT), blocking, close-on-exec; what is not a regular file (a FIFO
+ * swapped in for a shard the library checked) is EINVAL without waiting.
+ * For the files the bench reads by name. -1 with errno on failure. */
+int cli_open_regular(const char *path, int flags);
 
 /* ---- tables (cli_table.c) ------------------------------------------------ */
 

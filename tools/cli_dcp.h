@@ -1,19 +1,14 @@
 /*
  * cli_dcp.h - the `ckptio` subcommands' branches for checkpoint
  * directories: torch.distributed.checkpoint (DCP) directories (a .metadata
- * inside) and Hugging Face sharded safetensors (model.safetensors.index.json).
- * inspect and verify call these when their operand is one (convert is
- * ckptio_convert's, for every format).
+ * inside) and models (Hugging Face directories and indexes, *.safetensors
+ * directories). inspect and verify call these when their operand is one
+ * (convert is ckptio_convert's, for every format).
  */
 #ifndef CKPTIO_CLI_DCP_H
 #define CKPTIO_CLI_DCP_H
 
 #include "cli.h"
-
-/* The index file of `path`, which ckptio_format_detect called
- * CKPTIO_FORMAT_HF_INDEX: the path itself, or DIR/model.safetensors.index.json
- * for a directory. *index receives it (cap bytes); false when it does not fit. */
-bool cli_hf_index_path(const char *path, char *index, size_t cap);
 
 /* `ckptio inspect DIR [--json]` (cmd_dcp_dir.c). */
 int cli_dcp_inspect(ckptio_engine *engine, const char *dir, bool json);
@@ -22,9 +17,17 @@ int cli_dcp_inspect(ckptio_engine *engine, const char *dir, bool json);
  * one a structural check, said so in the result line (cmd_dcp_dir.c). */
 int cli_dcp_verify(ckptio_engine *engine, const char *dir, bool quiet);
 
-/* `ckptio inspect` / `ckptio verify` on a Hugging Face index: tensors across
- * shards, each shard validated and read (cmd_hf_index.c). */
-int cli_hf_inspect(ckptio_engine *engine, const char *index, bool json);
-int cli_hf_verify(ckptio_engine *engine, const char *index, bool quiet);
+/* Whether inspect and verify take a path of format `format`
+ * (ckptio_format_detect) as a model: a Hugging Face index, or a directory
+ * that is not DCP (the rule ckptio.load and ckptio_convert follow;
+ * ckptio_model_open then decides what the directory holds: model.safetensors,
+ * an index, or its *.safetensors files). */
+bool cli_is_model(ckptio_format format);
+
+/* `ckptio inspect` / `ckptio verify` on a model (a directory, an index, as
+ * ckptio_model_open opens them): tensors across shards, each shard
+ * validated and read (cmd_hf_index.c). */
+int cli_hf_inspect(ckptio_engine *engine, const char *model, bool json);
+int cli_hf_verify(ckptio_engine *engine, const char *model, bool quiet);
 
 #endif /* CKPTIO_CLI_DCP_H */

@@ -41,7 +41,9 @@ static void print_help(void) {
           "\noptions:\n"
           "  -h, --help     show this help (or 'ckptio COMMAND --help' for a command)\n"
           "  -V, --version  show the version of ckptio and of the library it runs\n"
-          "\nexit status: 0 success, 1 failure (invalid file, I/O error), 2 bad command line.\n"
+          "\nexit status: 0 success, 1 failure (invalid file, I/O error), 2 bad command line,\n"
+          "130 / 143 interrupted by SIGINT / SIGTERM (the work in flight canceled and\n"
+          "cleaned up).\n"
           "Engine settings come from the environment: CKPTIO_THREADS, CKPTIO_BACKEND,\n"
           "CKPTIO_DIRECT, CKPTIO_CHUNK_BYTES, ... (docs/CLI.md).\n",
           stdout);
@@ -89,12 +91,13 @@ int main(int argc, char **argv) {
         if (strcmp(first, commands[i].name) == 0) {
             warn_unknown_env();
             cli_options_reset();
+            cli_catch_interrupts();
             int rc = commands[i].run(argc - 1, argv + 1);
             if (fflush(stdout) != 0 && rc == CLI_EXIT_OK) {
                 cli_error("writing to standard output failed");
                 rc = CLI_EXIT_FAIL;
             }
-            return rc;
+            return cli_interrupted ? cli_interrupted_status() : rc;
         }
     }
     return cli_usage_error(&main_usage, "unknown command '%s'", first);

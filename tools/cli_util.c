@@ -5,11 +5,14 @@
 #include "cli.h"
 
 #include <errno.h>
+#include <fcntl.h>
 #include <math.h>
 #include <stdarg.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <time.h>
+#include <unistd.h>
 
 volatile sig_atomic_t cli_interrupted = 0;
 
@@ -176,9 +179,15 @@ double cli_now(void) {
 
 /* ---- interruption ---------------------------------------------------------- */
 
+/* The first SIGINT/SIGTERM asks the work in flight to stop (the library
+ * cancels its transfers and gives up a system call the signal interrupted:
+ * ckptio_interrupt) so that the command ends with its cleanup done; a
+ * second one ends the process at once. No SA_RESTART: a blocking call
+ * returns EINTR instead of waiting on. */
 static void on_interrupt(int sig) {
-    (void)sig;
-    cli_interrupted = 1;
+    if (cli_interrupted) _exit(128 + sig);
+    cli_interrupted = sig;
+    ckptio_interrupt(1);
 }
 
 void cli_catch_interrupts(void) {
@@ -186,6 +195,32 @@ void cli_catch_interrupts(void) {
     memset(&sa, 0, sizeof sa);
     sa.sa_handler = on_interrupt;
     sigemptyset(&sa.sa_mask);
+    sigaddset(&sa.sa_mask, SIGINT);
+    sigaddset(&sa.sa_mask, SIGTERM);
     sigaction(SIGINT, &sa, NULL);
     sigaction(SIGTERM, &sa, NULL);
+}
+
+int cli_interrupted_status(void) {
+    const int sig = cli_interrupted;
+    cli_error("interrupted by %s", sig == SIGINT ? "SIGINT" : sig == SIGTERM ? "SIGTERM" : "a signal");
+    return 128 + sig;
+}
+
+/* ---- files --------------------------------------------------------------------- */
+
+int cli_open_regular(const char *path, int flags) {
+    const int fd = open(path, O_RDONLY | O_CLOEXEC | O_NOCTTY | O_NONBLOCK | flags);
+    if (fd < 0) return -1;
+    struct stat sb;
+    int err = 0;
+    if (fstat(fd, &sb) != 0) err = errno;
+    else if (!S_ISREG(sb.st_mode)) err = EINVAL;
+    else if (fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) & ~O_NONBLOCK) != 0) err = errno;
+    if (err) {
+        close(fd);
+        errno = err;
+        return -1;
+    }
+    return fd;
 }

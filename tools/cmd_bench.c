@@ -60,7 +60,8 @@ static const cli_usage usage = {
     "  --device DEV       where --model loads to: cpu (host memory; the only one so far)\n"
     "  -h, --help         show this help\n"
     "\nNeeds twice SIZE of host memory and twice SIZE of free space in DIR.\n"
-    "exit status: 0 ok, 1 failure (I/O error, wrong bytes loaded), 2 bad command line\n",
+    "exit status: 0 ok, 1 failure (I/O error, wrong bytes loaded), 2 bad command line,\n"
+    "130/143 interrupted by SIGINT/SIGTERM (temporary files removed)\n",
 };
 
 typedef struct bench_options {

@@ -31,7 +31,7 @@ static const cli_usage usage = {
     "  -q, --quiet            print nothing when all went well\n"
     "  -h, --help             show this help\n"
     "\nexit status: 0 done, 1 a directory could not be read or a temporary could not\n"
-    "be removed, 2 bad command line\n",
+    "be removed, 2 bad command line, 130/143 interrupted by SIGINT/SIGTERM\n",
 };
 
 int cli_cmd_clean(int argc, char **argv) {

@@ -19,7 +19,8 @@ static const cli_usage usage = {
     "\nConverts IN, any of\n"
     "  - a safetensors file,\n"
     "  - a Hugging Face directory (model.safetensors, or shards and\n"
-    "    model.safetensors.index.json; or the index file itself),\n"
+    "    model.safetensors.index.json, or *.safetensors files: what\n"
+    "    ckptio.load opens; or the index file itself),\n"
     "  - a torch.save file,\n"
     "  - a torch.distributed.checkpoint (DCP) directory (chunks assembled),\n"
     "into OUT, any of the same. IN's format is detected from its bytes. OUT's\n"
@@ -54,7 +55,8 @@ static const cli_usage usage = {
     "  --alignment N      storage alignment of a torch.save OUT, 1..65536 (default 4096)\n"
     "  -q, --quiet        no warnings and no summary line\n"
     "  -h, --help         show this help\n"
-    "\nexit status: 0 converted, 1 invalid input or failed write, 2 bad command line\n",
+    "\nexit status: 0 converted, 1 invalid input or failed write, 2 bad command line,\n"
+    "130/143 interrupted by SIGINT/SIGTERM (no OUT written, an older OUT kept)\n",
 };
 
 static const char *const to_names[] = {"", "safetensors", "hf", "torch", "dcp"};

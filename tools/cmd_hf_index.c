@@ -1,28 +1,24 @@
 /*
- * cmd_hf_index.c - `ckptio inspect` and `ckptio verify` on a Hugging Face
- * sharded safetensors checkpoint: model.safetensors.index.json
- * ({"metadata": {"total_size"}, "weight_map": {tensor: shard file}}) and
- * its shards beside it.
+ * cmd_hf_index.c - `ckptio inspect` and `ckptio verify` on a model: a
+ * Hugging Face directory (model.safetensors, or model.safetensors.index.json
+ * ({"metadata": {"total_size"}, "weight_map": {tensor: shard file}}) and its
+ * shards beside it, or *.safetensors files), or the index file itself.
  *
- * The index is opened with ckptio_model_open (src/format/hf_index.c parses
- * it): every shard validated like a single file, the index agreeing with the
- * shards (each mapped tensor in its shard, each shard tensor mapped to that
- * shard, shard names plain file names in the same directory, no symlink
- * leaving it). verify also reads every shard's data.
+ * The model is opened with ckptio_model_open, exactly as ckptio.load opens
+ * it (src/format/hf_index.c parses an index): every shard validated like a
+ * single file, the index agreeing with the shards (each mapped tensor in its
+ * shard, each shard tensor mapped to that shard, shard names plain file
+ * names in the same directory, no symlink leaving it). verify also reads
+ * every shard's data.
  */
 #include "cli_dcp.h"
 
 #include <jansson.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/stat.h>
 
-#define HF_INDEX_NAME "model.safetensors.index.json"
-
-bool cli_hf_index_path(const char *path, char *index, size_t cap) {
-    struct stat sb;
-    if (stat(path, &sb) == 0 && S_ISDIR(sb.st_mode)) return (size_t)snprintf(index, cap, "%s/%s", path, HF_INDEX_NAME) < cap;
-    return (size_t)snprintf(index, cap, "%s", path) < cap;
+bool cli_is_model(ckptio_format format) {
+    return format == CKPTIO_FORMAT_HF_INDEX || format == CKPTIO_FORMAT_DIRECTORY;
 }
 
 /* The model (ckptio_model_open validates the index against its shards:
@@ -32,6 +28,7 @@ typedef struct hf_index {
     ckptio_model *m;
     size_t nshards;
     const char **shards;        /* base names, shard order */
+    const char *index;          /* the index read, or NULL (model.safetensors, a directory of files) */
     uint64_t total_size;
     bool has_total;
 } hf_index;
@@ -42,32 +39,39 @@ static void hf_close(hf_index *x) {
     memset(x, 0, sizeof *x);
 }
 
-static int hf_open(ckptio_engine *engine, const char *index, hf_index *x) {
+static int hf_open(ckptio_engine *engine, const char *model, hf_index *x) {
     memset(x, 0, sizeof *x);
-    ckptio_status st = ckptio_model_open(engine, index, 0, &x->m);
-    if (st != CKPTIO_OK) return cli_error_lib(index, st), -1;
+    ckptio_status st = ckptio_model_open(engine, model, 0, &x->m);
+    if (st != CKPTIO_OK) return cli_error_lib(model, st), -1;
     const char *path = NULL;
     int64_t total = -1;
-    if ((st = ckptio_model_shard_count(x->m, &x->nshards)) != CKPTIO_OK ||
-        (st = ckptio_model_index(x->m, &path, &total)) != CKPTIO_OK)
-        return cli_error_lib(index, st), -1;
-    x->has_total = total >= 0;
+    if ((st = ckptio_model_shard_count(x->m, &x->nshards)) != CKPTIO_OK) return cli_error_lib(model, st), -1;
+    st = ckptio_model_index(x->m, &path, &total);
+    if (st != CKPTIO_OK && st != CKPTIO_E_NOT_FOUND) return cli_error_lib(model, st), -1;
+    x->index = st == CKPTIO_OK ? path : NULL;
+    x->has_total = x->index && total >= 0;
     x->total_size = x->has_total ? (uint64_t)total : 0;
     x->shards = calloc(x->nshards + 1, sizeof *x->shards);
     if (!x->shards) return cli_error("out of memory"), -1;
     for (size_t s = 0; s < x->nshards; s++) {
-        if ((st = ckptio_model_shard(x->m, s, &path, NULL)) != CKPTIO_OK) return cli_error_lib(index, st), -1;
+        if ((st = ckptio_model_shard(x->m, s, &path, NULL)) != CKPTIO_OK) return cli_error_lib(model, st), -1;
         const char *slash = strrchr(path, '/');
         x->shards[s] = slash ? slash + 1 : path;
     }
     return 0;
 }
 
+/* What the output calls the model: sharded with an index, or not. */
+static const char *model_kind(const hf_index *x, bool json) {
+    if (x->index) return json ? "hf-sharded-safetensors" : "Hugging Face sharded safetensors";
+    return json ? "hf-safetensors" : "Hugging Face safetensors directory";
+}
+
 /* Tensor i of the model and the base name of its shard. */
-static int hf_tensor(const hf_index *x, const char *index, size_t i, ckptio_tensor_info *t, const char **shard) {
+static int hf_tensor(const hf_index *x, const char *model, size_t i, ckptio_tensor_info *t, const char **shard) {
     size_t s = 0;
     ckptio_status st = ckptio_model_tensor(x->m, i, t, &s);
-    if (st != CKPTIO_OK) return cli_error_lib(index, st), -1;
+    if (st != CKPTIO_OK) return cli_error_lib(model, st), -1;
     *shard = x->shards[s];
     return 0;
 }
@@ -77,16 +81,16 @@ static const char *dtype_label(ckptio_dtype dtype) {
     return name && name[0] ? name : "?";
 }
 
-int cli_hf_inspect(ckptio_engine *engine, const char *index, bool json) {
+int cli_hf_inspect(ckptio_engine *engine, const char *model, bool json) {
     hf_index x;
     int rc = CLI_EXIT_FAIL;
     size_t count = 0;
     uint64_t all = 0;
-    if (hf_open(engine, index, &x) != 0 || ckptio_model_count(x.m, &count) != CKPTIO_OK) goto out;
+    if (hf_open(engine, model, &x) != 0 || ckptio_model_count(x.m, &count) != CKPTIO_OK) goto out;
     for (size_t i = 0; i < count; i++) {
         ckptio_tensor_info t;
         const char *shard;
-        if (hf_tensor(&x, index, i, &t, &shard) != 0) goto out;
+        if (hf_tensor(&x, model, i, &t, &shard) != 0) goto out;
         all += t.nbytes;
     }
     if (json) {
@@ -96,7 +100,7 @@ int cli_hf_inspect(ckptio_engine *engine, const char *index, bool json) {
         for (size_t i = 0; !oom && i < count; i++) {
             ckptio_tensor_info t;
             const char *shard;
-            if (hf_tensor(&x, index, i, &t, &shard) != 0) break;
+            if (hf_tensor(&x, model, i, &t, &shard) != 0) break;
             json_t *shape = json_array();
             for (uint32_t d = 0; shape && d < t.ndim; d++) json_array_append_new(shape, json_integer((json_int_t)t.shape[d]));
             json_t *o = json_pack("{s:s,s:s,s:o,s:I,s:s,s:I}", "name", t.name, "dtype", dtype_label(t.dtype), "shape",
@@ -105,8 +109,9 @@ int cli_hf_inspect(ckptio_engine *engine, const char *index, bool json) {
             oom |= !o || json_array_append_new(tensors, o) != 0;
         }
         if (!oom) {
-            json_object_set_new(root, "index", json_string(index));
-            json_object_set_new(root, "format", json_string("hf-sharded-safetensors"));
+            json_object_set_new(root, "path", json_string(model));
+            json_object_set_new(root, "index", x.index ? json_string(x.index) : json_null());
+            json_object_set_new(root, "format", json_string(model_kind(&x, true)));
             json_object_set_new(root, "total_size", x.has_total ? json_integer((json_int_t)x.total_size) : json_null());
             json_object_set_new(root, "shards", shards);
             json_object_set_new(root, "tensors", tensors);
@@ -126,8 +131,9 @@ int cli_hf_inspect(ckptio_engine *engine, const char *index, bool json) {
         free(text);
     } else {
         char a[32];
-        printf("index:      %s\n", cli_q(index));
-        printf("format:     Hugging Face sharded safetensors\n");
+        printf("path:       %s\n", cli_q(model));
+        if (x.index) printf("index:      %s\n", cli_q(x.index));
+        printf("format:     %s\n", model_kind(&x, false));
         printf("shards:     %zu\n", x.nshards);
         if (x.has_total) printf("total_size: %llu (from the index)\n", (unsigned long long)x.total_size);
         static const char *const headers[] = {"name", "dtype", "shape", "size", "shard"};
@@ -137,7 +143,7 @@ int cli_hf_inspect(ckptio_engine *engine, const char *index, bool json) {
             ckptio_tensor_info t;
             const char *shard;
             char shape[256], size[32];
-            if (hf_tensor(&x, index, i, &t, &shard) != 0) {
+            if (hf_tensor(&x, model, i, &t, &shard) != 0) {
                 cli_table_cleanup(&table);
                 goto out;
             }
@@ -162,13 +168,13 @@ out:
     return rc;
 }
 
-int cli_hf_verify(ckptio_engine *engine, const char *index, bool quiet) {
+int cli_hf_verify(ckptio_engine *engine, const char *model, bool quiet) {
     hf_index x;
     int rc = CLI_EXIT_FAIL;
     uint64_t all = 0;
     size_t count = 0;
     ckptio_tensor_info *tensors = NULL;
-    if (hf_open(engine, index, &x) != 0 || ckptio_model_count(x.m, &count) != CKPTIO_OK) goto out;
+    if (hf_open(engine, model, &x) != 0 || ckptio_model_count(x.m, &count) != CKPTIO_OK) goto out;
     if (!(tensors = calloc(count + 1, sizeof *tensors))) {
         cli_error("out of memory");
         goto out;
@@ -191,18 +197,18 @@ int cli_hf_verify(ckptio_engine *engine, const char *index, bool quiet) {
         i += n;
     }
     if (x.has_total && x.total_size != all) {
-        cli_error("%s: metadata.total_size is %llu, the shards hold %llu tensor bytes", index,
+        cli_error("%s: metadata.total_size is %llu, the shards hold %llu tensor bytes", x.index,
                   (unsigned long long)x.total_size, (unsigned long long)all);
         goto out;
     }
     char a[32];
     if (!quiet)
-        printf("%s: ok (Hugging Face sharded safetensors, %zu shard%s, %zu tensor%s, %s of data read)\n", cli_q(index),
+        printf("%s: ok (%s, %zu shard%s, %zu tensor%s, %s of data read)\n", cli_q(model), model_kind(&x, false),
                x.nshards, x.nshards == 1 ? "" : "s", count, count == 1 ? "" : "s", cli_format_bytes(all, a, sizeof a));
     rc = CLI_EXIT_OK;
     goto out;
 lib_error:
-    cli_error_lib(index, ckptio_last_error()->status);
+    cli_error_lib(model, ckptio_last_error()->status);
 out:
     free(tensors);
     hf_close(&x);

@@ -25,7 +25,8 @@ static const cli_usage usage = {
     "DIR: a torch.distributed.checkpoint directory (.metadata: tensors with global\n"
     "shapes and chunks, byte items, data files, ckptio manifest) or a Hugging Face\n"
     "sharded checkpoint (model.safetensors.index.json, or the index file itself)\n"
-    "exit status: 0 ok, 1 unreadable or invalid file, 2 bad command line\n",
+    "exit status: 0 ok, 1 unreadable or invalid file, 2 bad command line,\n"
+    "130/143 interrupted by SIGINT/SIGTERM\n",
 };
 
 /* Bytes and tensor counts per dtype, in dtype enum order. */
@@ -296,7 +297,6 @@ int cli_cmd_inspect(int argc, char **argv) {
     if (engine == NULL) return CLI_EXIT_FAIL;
     cli_view view;
     int rc = CLI_EXIT_FAIL;
-    char index[4096];
     ckptio_format format;
     if (cli_steps_is_root(path)) {
         rc = cli_steps_inspect(engine, path, json);
@@ -304,9 +304,8 @@ int cli_cmd_inspect(int argc, char **argv) {
         rc = CLI_EXIT_FAIL;
     } else if (format == CKPTIO_FORMAT_DCP) {
         rc = cli_dcp_inspect(engine, path, json);
-    } else if (format == CKPTIO_FORMAT_HF_INDEX) {
-        rc = cli_hf_index_path(path, index, sizeof index) ? cli_hf_inspect(engine, index, json)
-                                                          : (cli_error("%s: path too long", path), CLI_EXIT_FAIL);
+    } else if (cli_is_model(format)) {
+        rc = cli_hf_inspect(engine, path, json);
     } else if (cli_view_open(engine, path, &view) == 0) {
         rc = json ? print_json(&view) : print_text(&view);
         cli_view_close(&view);

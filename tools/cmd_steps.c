@@ -42,6 +42,10 @@ static int check_all(ckptio_engine *engine, const char *root, ckptio_step_check 
     for (size_t i = 0; i < *count; i++) {
         ckptio_step_info info;
         st = ckptio_steps_check(engine, root, (*out)[i].step, check, &info);
+        if (cli_interrupted) { /* a check the signal cut short says nothing about the step */
+            ckptio_steps_free(*out);
+            return CLI_EXIT_FAIL;
+        }
         if (st == CKPTIO_OK) (*out)[i] = info;
         else if (st != CKPTIO_E_NOT_FOUND) { /* removed meanwhile: keep what the scan saw */
             ckptio_steps_free(*out);
@@ -114,6 +118,10 @@ int cli_steps_verify(ckptio_engine *engine, const char *root, bool latest, bool 
         ckptio_step_info *skipped = NULL;
         size_t nskipped = 0;
         const ckptio_status st = ckptio_steps_latest(engine, root, CKPTIO_STEP_CHECK_FULL, &step, &skipped, &nskipped);
+        if (cli_interrupted) { /* checks the signal cut short say nothing about the steps */
+            ckptio_steps_free(skipped);
+            return CLI_EXIT_FAIL;
+        }
         for (size_t i = 0; i < nskipped; i++)
             cli_warning("%s: step %llu skipped (%s): %s", root, (unsigned long long)skipped[i].step,
                         state_name(skipped[i].state), skipped[i].reason);

@@ -41,21 +41,17 @@ static const cli_usage usage = {
     "  -l, --latest for a ROOT: check the newest complete step that verifies\n"
     "  -h, --help   show this help\n"
     "\nexit status: 0 every file valid, 1 some file invalid or unreadable,\n"
-    "2 bad command line\n",
+    "2 bad command line, 130/143 interrupted by SIGINT/SIGTERM\n",
 };
 
 static int verify_one(ckptio_engine *engine, const char *path, bool quiet, bool latest) {
-    char index[4096];
     ckptio_format format;
     if (cli_steps_is_root(path)) return cli_steps_verify(engine, path, latest, quiet);
     if (latest) return cli_error("%s: --latest applies to a checkpoint manager's root (step_NNNNNNNN directories)",
                                  path), CLI_EXIT_FAIL;
     if (cli_detect(path, &format) != 0) return CLI_EXIT_FAIL;
     if (format == CKPTIO_FORMAT_DCP) return cli_dcp_verify(engine, path, quiet);
-    if (format == CKPTIO_FORMAT_HF_INDEX) {
-        if (!cli_hf_index_path(path, index, sizeof index)) return cli_error("%s: path too long", path), CLI_EXIT_FAIL;
-        return cli_hf_verify(engine, index, quiet);
-    }
+    if (cli_is_model(format)) return cli_hf_verify(engine, path, quiet);
     cli_view view;
     if (cli_view_open(engine, path, &view) != 0) return CLI_EXIT_FAIL;
     int rc = CLI_EXIT_FAIL;
@@ -115,7 +111,6 @@ int cli_cmd_verify(int argc, char **argv) {
 
     ckptio_engine *engine = cli_engine_create();
     if (engine == NULL) return CLI_EXIT_FAIL;
-    cli_catch_interrupts();
     int rc = CLI_EXIT_OK;
     for (int i = optind; i < argc && !cli_interrupted; i++)
         if (verify_one(engine, argv[i], quiet, latest) != CLI_EXIT_OK) rc = CLI_EXIT_FAIL;

@@ -371,6 +371,18 @@ typedef int (*ckptio_progress_fn)(uint64_t bytes_done, uint64_t bytes_total, voi
  * progress callback for all following transfers on this engine. */
 CKPTIO_API ckptio_status ckptio_engine_set_progress(ckptio_engine *engine, ckptio_progress_fn fn, void *user);
 
+/*! ckptio_interrupt() :
+ * For a program's SIGINT/SIGTERM handler (async-signal-safe): on != 0 asks
+ * every ckptio call of the process, running or started later, to stop.
+ * Transfers cancel at their next progress check (CKPTIO_E_CANCELED, at most
+ * ~10 ms apart; a save leaves the older file and no temporary), and a system
+ * call that a signal interrupted (EINTR) fails with CKPTIO_E_CANCELED naming
+ * the call and the file instead of being retried. on == 0 withdraws the
+ * request. Without it, EINTR is retried as SA_RESTART would. What the kernel
+ * holds (an fsync, a read from a hung network file system) ends when the
+ * kernel returns (docs/CLI.md "Signals"). */
+CKPTIO_API ckptio_status ckptio_interrupt(int on);
+
 /* Counters, cumulative since engine creation (like torch.cuda.memory_stats). */
 typedef struct ckptio_stats {
     uint64_t bytes_read;            /* file -> memory, all paths */

@@ -189,7 +189,9 @@ CKPTIO_API ckptio_status ckptio_dcp_check(ckptio_dcp *dcp, ckptio_dcp_verify_rep
  * another writer saved the directory, or the manifest is gone),
  * ckptio_dcp_check(), which is not a failure: *manifest (may be NULL)
  * receives the manifest's name, or NULL when the structure was checked and
- * the bytes were not compared with checksums. Errors as those two give. */
+ * the bytes were not compared with checksums. A manifest that is there but
+ * is not a regular file fails as ckptio_dcp_manifest() says (CKPTIO_E_FORMAT
+ * naming it), never taken as absent. Errors as those two give. */
 CKPTIO_API ckptio_status ckptio_dcp_validate(ckptio_dcp *dcp, ckptio_dcp_verify_report *report,
                                              const char **manifest);
 

@@ -74,13 +74,16 @@ CKPTIO_API ckptio_status ckptio_format_detect_bytes(const void *head, size_t len
  * begins with much whitespace); a file whose name ends in ".index.json"
  * and whose first non-blank byte is '{', and that is neither safetensors
  * nor a torch file by its bytes, is CKPTIO_FORMAT_HF_INDEX. A directory:
- * CKPTIO_FORMAT_DCP when it holds a regular file ".metadata", else
+ * CKPTIO_FORMAT_DCP when it holds an entry ".metadata", else
  * CKPTIO_FORMAT_HF_INDEX when it holds "model.safetensors.index.json",
- * else CKPTIO_FORMAT_DIRECTORY. Symbolic links are followed. Anything else
- * (FIFO, device, socket) is CKPTIO_E_UNSUPPORTED, and is never opened for
- * reading. A path that cannot be opened or read fails with the errno's
- * status (CKPTIO_E_NOT_FOUND, CKPTIO_E_PERMISSION, ...) naming it.
- * Thread-safe. */
+ * else CKPTIO_FORMAT_DIRECTORY (the entry may be anything: the reader
+ * refuses a key file that is not a regular file, naming it). The ckptio
+ * command and ckptio.load take both of the last as a model
+ * (ckptio_model_open decides what the directory holds). Symbolic links are
+ * followed. Anything else (FIFO, device, socket) is CKPTIO_E_UNSUPPORTED
+ * naming its type, and is never opened (its driver's open never runs). A
+ * path that cannot be opened or read fails with the errno's status
+ * (CKPTIO_E_NOT_FOUND, CKPTIO_E_PERMISSION, ...) naming it. Thread-safe. */
 CKPTIO_API ckptio_status ckptio_format_detect(const char *path, ckptio_format *out);
 
 /*! ckptio_format_name() : @return "safetensors", "torch", "torch_legacy",

@@ -160,30 +160,22 @@ static ckptio_status read_metadata_file(const char *path, void **data, size_t *l
     *data = NULL;
     *len = 0;
     *outcome = READ_OK;
-    const int fd = ckptio__open(path, O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC, 0);
+    struct stat sb;
+    mode_t type = 0;
+    const int fd = ckptio__open_regular(AT_FDCWD, path, O_RDONLY | O_NOFOLLOW, &sb, &type);
+    if (fd < 0 && type) { /* a symlink (never followed), FIFO, device: never opened */
+        *outcome = READ_UNREADABLE;
+        *why = type == S_IFLNK ? "a symlink" : "not a regular file";
+        return CKPTIO_OK;
+    }
     if (fd < 0 && errno == ENOENT) {
         *outcome = READ_MISSING;
         return CKPTIO_OK;
     }
-    if (fd < 0 && errno == ELOOP) { /* O_NOFOLLOW met a symlink: never followed */
-        *outcome = READ_UNREADABLE;
-        *why = "a symlink";
-        return CKPTIO_OK;
-    }
     if (fd < 0) return CKPTIO_FAIL_SYS_NOTE(errno, "open", path, "%s", what);
     ckptio_status st = CKPTIO_OK;
-    struct stat sb;
     size_t cap = 0;
     char *buf = NULL;
-    if (fstat(fd, &sb) < 0) {
-        st = CKPTIO_FAIL_SYS_NOTE(errno, "read", path, "%s", what);
-        goto out;
-    }
-    if (!S_ISREG(sb.st_mode)) {
-        *outcome = READ_UNREADABLE;
-        *why = "not a regular file";
-        goto out;
-    }
     for (;;) {
         if (*len == cap) {
             cap = cap ? 2 * cap : (size_t)sb.st_size + 4096;
@@ -318,11 +310,12 @@ ckptio_status ckptio_dcp_stale_files(const char *dir, const char *const *keep, s
  * drops it when the writer dies). Returns 1 when removed, 0 when kept, -1
  * with errno when the unlink failed. */
 static int remove_temporary(const char *path) {
-    const int fd = open(path, O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_NOCTTY | O_CLOEXEC);
-    if (fd < 0) return 0; /* gone, a symlink, or not ours to check: keep */
-    int ret = 0;
     struct stat mine, named;
-    if (fstat(fd, &mine) == 0 && S_ISREG(mine.st_mode) && flock(fd, LOCK_EX | LOCK_NB) == 0 &&
+    mode_t type = 0;
+    const int fd = ckptio__open_regular(AT_FDCWD, path, O_RDONLY | O_NOFOLLOW, &mine, &type);
+    if (fd < 0) return 0; /* gone, a symlink, a FIFO or device, or not ours to check: keep */
+    int ret = 0;
+    if (flock(fd, LOCK_EX | LOCK_NB) == 0 &&
         lstat(path, &named) == 0 && named.st_dev == mine.st_dev && named.st_ino == mine.st_ino)
         ret = ckptio__unlink(path) == 0 ? 1 : -1;
     const int err = errno;

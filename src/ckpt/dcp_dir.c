@@ -453,6 +453,7 @@ static ckptio_status collect_files(ckptio_dcp *h) {
         h->nfiles = i + 1;
     }
     h->nfiles = distinct;
+    h->file_window = ckptio__file_window(distinct);
     stored_each(h, point_at_copy, NULL);
     return CKPTIO_OK;
 }
@@ -609,6 +610,15 @@ ckptio_status ckptio_dcp_file_open(ckptio_engine *engine, const char *dir, const
 }
 
 ckptio_status ckptio__dcp_file(ckptio_dcp *h, size_t index, ckptio_file **file, uint64_t *size) {
+    /* A directory of many data files keeps a bounded number open: every
+     * window's worth of files handed out, the others' descriptors go (a
+     * later read reopens them: ckptio__file_acquire). Nothing is in flight
+     * between two reads of the handle. */
+    if (h->file_window && ++h->handed_out > h->file_window) {
+        for (size_t i = 0; i < h->nfiles; i++)
+            if (i != index && h->handles[i]) ckptio__file_release(h->handles[i]);
+        h->handed_out = 0;
+    }
     if (!h->handles[index]) {
         ckptio_file *f = NULL;
         ckptio_status st = ckptio_dcp_file_open(h->engine, h->dir, h->files[index], &f);

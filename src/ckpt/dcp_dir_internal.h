@@ -46,6 +46,8 @@ struct ckptio_dcp {
     char **files;               /* distinct relative paths, sorted (bsearch) */
     size_t nfiles;
     ckptio_file **handles;      /* opened on first read */
+    size_t file_window;         /* ckptio__file_window(nfiles): 0, or files open at once */
+    size_t handed_out;          /* files handed out since the last release of the others */
     uint64_t *file_sizes;
     char *manifest_name;        /* from the save token, or NULL */
     ckptio__dcp_blob *blobs;

@@ -110,25 +110,40 @@ static bool lock_unsupported(int err) {
     return err == ENOLCK || err == EOPNOTSUPP || err == ENOTSUP || err == ENOSYS || err == EINVAL || err == EBADF;
 }
 
+/* An existing lock file: only a regular file is opened (a FIFO or device
+ * under the name is refused, never waited on). */
+static ckptio_status open_existing_lock(const char *path, int acc, int *fd) {
+    struct stat sb;
+    mode_t type = 0;
+    *fd = ckptio__open_regular(AT_FDCWD, path, acc | O_NOFOLLOW, &sb, &type);
+    if (*fd >= 0) return CKPTIO_OK;
+    if (type)
+        return CKPTIO_FAIL_CTX(CKPTIO_E_INVAL,
+                               &((ckptio__err_ctx){.operation = "open", .path = path, .file_offset = -1,
+                                                   .verbatim = true}),
+                               "%s: open: is %s, not a regular file: refused without opening it (" OPEN_NOTE ")", path,
+                               ckptio__file_type_name(type));
+    return CKPTIO_FAIL_SYS_NOTE(errno, "open", path, OPEN_NOTE);
+}
+
 static ckptio_status open_lock_file(const char *dir, const char *path, const char *reference, int *out) {
-    struct stat ref, sb;
+    struct stat ref;
     const bool has_ref = ckptio__reference_stat(dir, reference, &ref);
-    const int flags = O_CREAT | O_NOFOLLOW | O_CLOEXEC | O_NONBLOCK;
-    int fd = ckptio__open(path, O_RDWR | flags, has_ref ? ref.st_mode & 0777 : 0666);
-    if (fd < 0 && (errno == EACCES || errno == EPERM)) {
+    const mode_t mode = has_ref ? ref.st_mode & 0777 : 0666;
+    int fd = ckptio__open(path, O_RDWR | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, mode);
+    if (fd < 0 && errno == EEXIST) {
+        ckptio_status st = open_existing_lock(path, O_RDWR, &fd);
+        if (st != CKPTIO_OK && ckptio_last_error()->sys_errno != EACCES && ckptio_last_error()->sys_errno != EPERM)
+            return st;
         /* Someone else's lock file we may not write: flock needs only an
          * open descriptor locally (NFS needs write access, see above). */
-        fd = ckptio__open(path, O_RDONLY | O_NOFOLLOW | O_CLOEXEC | O_NONBLOCK, 0);
-        if (fd < 0) return CKPTIO_FAIL_SYS_NOTE(errno, "open", path, OPEN_NOTE);
-        *out = fd;
-        return CKPTIO_OK;
+        if (st != CKPTIO_OK) {
+            if ((st = open_existing_lock(path, O_RDONLY, &fd)) != CKPTIO_OK) return st;
+            *out = fd;
+            return CKPTIO_OK;
+        }
     }
     if (fd < 0) return CKPTIO_FAIL_SYS_NOTE(errno, "open", path, OPEN_NOTE);
-    const int err = fstat(fd, &sb) < 0 ? errno : !S_ISREG(sb.st_mode) ? EINVAL : 0;
-    if (err) {
-        close(fd);
-        return CKPTIO_FAIL_SYS_NOTE(err, "open", path, OPEN_NOTE);
-    }
     if (has_ref) {
         /* Follows the checkpoint's attributes; it is empty, so a refusal
          * exposes nothing and is not worth failing the save for. */
@@ -140,7 +155,17 @@ static ckptio_status open_lock_file(const char *dir, const char *path, const cha
     return CKPTIO_OK;
 }
 
-/* ", held by pid N[, M]" from /proc/locks for the lock file, or "". */
+/* Whether `pid` is among the pids listed in `out` so far (", held by pid N, M"). */
+static bool listed(const char *out, const char *pid) {
+    const size_t n = strlen(pid);
+    for (const char *at = strstr(out, pid); at; at = strstr(at + 1, pid))
+        if (at[-1] == ' ' && (at[n] == ',' || at[n] == '\0')) return true;
+    return false;
+}
+
+/* ", held by pid N[, M]" from /proc/locks for the lock file, or "". Each
+ * pid once: /proc/locks is read in pieces, and a list that changes between
+ * them (other processes' locks) can show an entry twice. */
 static void holders(const struct stat *sb, char *out, size_t cap) {
     out[0] = '\0';
     char key[64], line[256];
@@ -152,7 +177,7 @@ static void holders(const struct stat *sb, char *out, size_t cap) {
         /* "1: FLOCK  ADVISORY  WRITE 1234 08:01:5678 0 EOF" ("->" marks waiters) */
         char id[32], type[32], adv[32], mode[32], pid[32], where[64];
         if (sscanf(line, "%31s %31s %31s %31s %31s %63s", id, type, adv, mode, pid, where) != 6) continue;
-        if (strcmp(type, "FLOCK") != 0 || strcmp(where, key) != 0) continue;
+        if (strcmp(type, "FLOCK") != 0 || strcmp(where, key) != 0 || (pos && listed(out, pid))) continue;
         const int n = snprintf(out + pos, cap - pos, "%s%s", pos ? ", " : ", held by pid ", pid);
         if (n < 0 || (size_t)n >= cap - pos) break;
         pos += (size_t)n;
@@ -175,7 +200,7 @@ static ckptio_status busy(const char *dir, const char *path, const struct stat *
 static void pause_for(double seconds) {
     if (seconds <= 0) return;
     struct timespec ts = {.tv_sec = (time_t)seconds, .tv_nsec = (long)((seconds - (double)(time_t)seconds) * 1e9)};
-    while (nanosleep(&ts, &ts) < 0 && errno == EINTR) {
+    while (nanosleep(&ts, &ts) < 0 && errno == EINTR && !ckptio__interrupt_requested()) {
     }
 }
 
@@ -221,11 +246,11 @@ static ckptio_status take(const waiting *w, const char *path, const char *refere
         }
         int ret;
         do ret = flock(fd, op | LOCK_NB);
-        while (ret < 0 && errno == EINTR);
+        while (ret < 0 && errno == EINTR && !ckptio__interrupt_requested());
         if (ret < 0 && errno == EWOULDBLOCK) {
             close(fd);
             const double now = ckptio__now();
-            if (w->on_wait && w->on_wait(now - w->start, w->user) != 0)
+            if ((w->on_wait && w->on_wait(now - w->start, w->user) != 0) || ckptio__interrupt_requested())
                 return CKPTIO_FAIL_CTX(CKPTIO_E_CANCELED,
                                        &((ckptio__err_ctx){.operation = "lock", .path = path, .file_offset = -1}),
                                        "waiting for another save of %s was canceled; the checkpoint is unchanged",

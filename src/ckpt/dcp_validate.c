@@ -15,7 +15,11 @@ ckptio_status ckptio_dcp_validate(ckptio_dcp *dcp, ckptio_dcp_verify_report *rep
     CKPTIO_RETURN_IF(!dcp, CKPTIO_E_INVAL, "ckptio_dcp_validate: the handle is required");
     const char *name = NULL;
     if (manifest) *manifest = NULL;
-    if (ckptio_dcp_manifest(dcp, &name) != CKPTIO_OK) return ckptio_dcp_check(dcp, report);
+    /* Only a manifest that is not there means "saved without checksums"; one
+     * that is there but cannot be read (a FIFO, a directory) is damage. */
+    const ckptio_status has = ckptio_dcp_manifest(dcp, &name);
+    if (has == CKPTIO_E_NOT_FOUND) return ckptio_dcp_check(dcp, report);
+    if (has != CKPTIO_OK) return has;
     if (manifest) *manifest = name;
     return ckptio_dcp_verify(dcp, report);
 }

@@ -4,10 +4,12 @@
  *
  * A file's bytes are judged by ckptio_format_detect_bytes (format_detect.c),
  * a directory by the entries it holds (dir_probes below: add a layout there).
- * The path is opened once with O_NONBLOCK and everything after that is
- * asked of the descriptor, so a FIFO is never read from and a path swapped
- * between the checks cannot mislead them.
+ * The path is opened once with O_PATH (src/io/open_regular.c: no driver's
+ * open runs, nothing waits) and everything after that is asked of that
+ * descriptor, so a FIFO or a device is never opened or read from and a path
+ * swapped between the checks cannot mislead them.
  */
+#include "io_internal.h"
 #include "safetensors_internal.h"
 
 #include <errno.h>
@@ -17,7 +19,9 @@
 #include <unistd.h>
 
 /* Directory layouts, in the order they are tried: the first entry present
- * as a regular file names the format. */
+ * names the format, whatever the entry is (the format's reader then refuses
+ * a FIFO or a directory there with its type; a layout never turns into
+ * another one because of what its key file has become). */
 static const struct {
     const char *entry;
     ckptio_format format;
@@ -29,7 +33,7 @@ static const struct {
 static ckptio_format probe_directory(int dirfd) {
     for (size_t i = 0; i < sizeof dir_probes / sizeof dir_probes[0]; i++) {
         struct stat sb;
-        if (fstatat(dirfd, dir_probes[i].entry, &sb, 0) == 0 && S_ISREG(sb.st_mode)) return dir_probes[i].format;
+        if (fstatat(dirfd, dir_probes[i].entry, &sb, AT_SYMLINK_NOFOLLOW) == 0) return dir_probes[i].format;
     }
     return CKPTIO_FORMAT_DIRECTORY;
 }
@@ -38,7 +42,7 @@ static ckptio_status read_at(int fd, void *buf, size_t len, uint64_t offset, con
     ssize_t n;
     do {
         n = pread(fd, buf, len, (off_t)offset);
-    } while (n < 0 && errno == EINTR);
+    } while (n < 0 && errno == EINTR && !ckptio__interrupt_requested());
     if (n < 0) return CKPTIO_FAIL_SYS(errno, "pread", path, offset, "cannot read the first bytes");
     *got = (size_t)n;
     return CKPTIO_OK;
@@ -105,21 +109,25 @@ static ckptio_status probe_file(int fd, const struct stat *sb, const char *path,
 ckptio_status ckptio_format_detect(const char *path, ckptio_format *out) {
     CKPTIO_RETURN_IF(!path || !out, CKPTIO_E_INVAL, "ckptio_format_detect: path and out are required");
     *out = CKPTIO_FORMAT_UNKNOWN;
-    /* O_NONBLOCK: opening a FIFO must not wait for a writer (it is refused
-     * below without a read). */
-    const int fd = open(path, O_RDONLY | O_CLOEXEC | O_NOCTTY | O_NONBLOCK);
-    if (fd < 0) return CKPTIO_FAIL_SYS(errno, "open", path, -1, "cannot open the checkpoint");
-    ckptio_status st = CKPTIO_OK;
     struct stat sb;
-    if (fstat(fd, &sb) != 0)
-        st = CKPTIO_FAIL_SYS(errno, "fstat", path, -1, "cannot inspect the checkpoint");
-    else if (S_ISDIR(sb.st_mode))
-        *out = probe_directory(fd);
-    else if (S_ISREG(sb.st_mode))
-        st = probe_file(fd, &sb, path, out);
-    else
+    const int pfd = ckptio__open_path(AT_FDCWD, path, 0, &sb);
+    if (pfd < 0) return CKPTIO_FAIL_SYS(errno, "open", path, -1, "cannot open the checkpoint");
+    ckptio_status st = CKPTIO_OK;
+    if (S_ISDIR(sb.st_mode)) {
+        *out = probe_directory(pfd);
+    } else if (S_ISREG(sb.st_mode)) {
+        const int fd = ckptio__reopen_regular(pfd, AT_FDCWD, path, O_RDONLY, &sb);
+        if (fd < 0) {
+            st = CKPTIO_FAIL_SYS(errno, "open", path, -1, "cannot open the checkpoint");
+        } else {
+            st = probe_file(fd, &sb, path, out);
+            close(fd);
+        }
+    } else {
         st = CKPTIO_FAIL_CTX(CKPTIO_E_UNSUPPORTED, &((ckptio__err_ctx){.path = path, .file_offset = -1}),
-                             "not a regular file or a directory");
-    close(fd);
+                             "is %s, not a regular file or a directory: refused without opening it",
+                             ckptio__file_type_name(sb.st_mode));
+    }
+    close(pfd);
     return st;
 }

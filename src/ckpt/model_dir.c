@@ -11,6 +11,11 @@
  * unless the caller allows otherwise. After opening, the descriptor's inode
  * is compared with the file that was checked, so a name swapped in between
  * is refused rather than read.
+ *
+ * Descriptors stay bounded whatever the shard count: a model of more shards
+ * than its window keeps none open after its headers are read, and a read
+ * reopens them a window at a time (model_read.c); a reopen must find the
+ * inode that was checked (docs/MODELS.md "Many shards").
  */
 #include "hf_index_internal.h"
 #include "io_internal.h"
@@ -48,6 +53,12 @@ static bool ends_with(const char *s, const char *suffix) {
 static int cmp_str(const void *a, const void *b) { return strcmp(*(char *const *)a, *(char *const *)b); }
 
 /* ---- shards ------------------------------------------------------------------ */
+
+void ckptio__model_release_shards(const ckptio_model *m, size_t keep) {
+    if (!m->fd_window) return;
+    for (size_t s = 0; s < m->nshards; s++)
+        if (s != keep) ckptio__file_release(m->shards[s]->file);
+}
 
 /* Why a shard is opened, for its error messages. */
 typedef struct shard_origin {
@@ -117,10 +128,14 @@ static ckptio_status open_shard(ckptio_model *m, const char *name, const shard_o
         return CKPTIO_FAIL_CTX(CKPTIO_E_DISALLOWED,
                                &((ckptio__err_ctx){.operation = "open shard", .path = path, .file_offset = -1}),
                                "shard '%s' was replaced while it was being opened", name);
+    /* Past the first window (which a read takes first) the descriptors go:
+     * reads reopen them a window at a time. */
+    if (m->fd_window && m->nshards > m->fd_window) ckptio__file_release(st->file);
     return CKPTIO_OK;
 }
 
 static ckptio_status reserve_shards(ckptio_model *m, size_t n) {
+    m->fd_window = ckptio__file_window(n);
     m->shard_paths = ckptio__calloc(n ? n : 1, sizeof *m->shard_paths);
     m->shards = ckptio__calloc(n ? n : 1, sizeof *m->shards);
     if (!m->shard_paths || !m->shards) return CKPTIO_FAIL(CKPTIO_E_NOMEM, "out of memory opening %zu shards", n);
@@ -501,7 +516,12 @@ ckptio_status ckptio_model_shard(const ckptio_model *m, size_t index, const char
     CKPTIO_RETURN_IF(index >= m->nshards, CKPTIO_E_RANGE, "%s: shard index %zu, the model has %zu shards", m->path,
                      index, m->nshards);
     if (path) *path = m->shard_paths[index];
-    if (st) *st = m->shards[index];
+    if (st) {
+        /* The handle reopens its file when used; the others' descriptors go,
+         * so that a loop over every shard's handle holds one at a time. */
+        ckptio__model_release_shards(m, index);
+        *st = m->shards[index];
+    }
     return CKPTIO_OK;
 }
 

@@ -26,7 +26,17 @@ struct ckptio_model {
     size_t *by_name;          /* tensor indices sorted by name (strcmp) */
     size_t nmeta;
     ckptio_kv *meta;          /* merged __metadata__ (strings owned by the shards) */
+    /* Shards whose descriptors are open at once, at most; 0: all of them
+     * (ckptio__file_window). Past the first window each shard's descriptors
+     * go once its header is read (ckptio__file_release); reads reopen them a
+     * window at a time and release them after, and ckptio_model_shard()
+     * releases the others' when it hands out a shard's handle. */
+    size_t fd_window;
 };
+
+/* With a window: releases the descriptors of every shard but `keep`
+ * (SIZE_MAX: all of them). No transfer of the model may be in flight. */
+void ckptio__model_release_shards(const ckptio_model *m, size_t keep);
 
 /* The tensor description of model tensor `i` (owned by its shard). */
 static inline const ckptio_tensor_info *ckptio__model_info(const ckptio_model *m, size_t i) {

@@ -15,8 +15,15 @@
  * reading the range they span, so for host destinations such slices are
  * read as their covering range, in pieces through a bounded host buffer,
  * and gathered with memcpy.
+ *
+ * A model of more shards than its descriptor window (model_internal.h) is
+ * read a window of shards at a time instead: one plan per window, in shard
+ * order, each shard's descriptors released after its window. The read
+ * policy is decided once for the whole read, as for one plan, and progress
+ * reports the windows as one transfer.
  */
 #include "engine_internal.h"
+#include "io_internal.h"
 #include "model_internal.h"
 #include "slice_internal.h"
 
@@ -36,11 +43,44 @@ ckptio_status ckptio_slice_bytes(const ckptio_slice *slice, uint64_t *nbytes, ui
     return CKPTIO_OK;
 }
 
-/* Appends the runs of `r` (a tensor at `base` in `file`) as extents;
- * `merge`: a run continuing the plan's last extent in file and memory
- * lengthens it (ckptio__plan_add_merged). */
-static ckptio_status add_runs(ckptio_plan *plan, ckptio_file *file, uint64_t base, const ckptio__slice_runs *r,
-                              unsigned char *memory, ckptio_mem_kind kind, bool merge, size_t *added) {
+/* Extents collected outside a plan (a read split into windows of shards). */
+typedef struct extent_list {
+    ckptio_extent *v;
+    size_t n, cap;
+} extent_list;
+
+static ckptio_status list_push(extent_list *l, const ckptio_extent *e) {
+    if (l->n == l->cap) {
+        const size_t cap = l->cap ? 2 * l->cap : 64;
+        ckptio_extent *v = ckptio__realloc(l->v, cap * sizeof *v);
+        if (!v) return CKPTIO_FAIL(CKPTIO_E_NOMEM, "out of memory planning %zu extents", cap);
+        l->v = v;
+        l->cap = cap;
+    }
+    l->v[l->n++] = *e;
+    return CKPTIO_OK;
+}
+
+/* Appends `e` to a list of read extents; one continuing the last in file
+ * and memory lengthens it (as ckptio__plan_add_merged does in a plan). */
+static ckptio_status list_push_merged(extent_list *l, const ckptio_extent *e) {
+    ckptio_extent *last = l->n ? &l->v[l->n - 1] : NULL;
+    if (last && e->length && last->file == e->file && last->mem_kind == e->mem_kind &&
+        last->file_offset + last->length == e->file_offset &&
+        (const unsigned char *)last->memory + last->length == (const unsigned char *)e->memory) {
+        last->length += e->length;
+        return CKPTIO_OK;
+    }
+    return list_push(l, e);
+}
+
+/* Appends the runs of `r` (a tensor at `base` in `file`) as extents, to
+ * `plan` or, when it is NULL, to `list`; `merge` (reads): a run continuing
+ * the last extent in file and memory lengthens it, so tensors read back to
+ * back into one buffer cost the engine one extent. */
+static ckptio_status add_runs_to(ckptio_plan *plan, extent_list *list, ckptio_file *file, uint64_t base,
+                                 const ckptio__slice_runs *r, unsigned char *memory, ckptio_mem_kind kind,
+                                 bool merge, size_t *added) {
     ckptio__slice_cursor c;
     ckptio__slice_cursor_init(r, &c);
     if (!r->run_bytes) return CKPTIO_OK;
@@ -51,10 +91,16 @@ static ckptio_status add_runs(ckptio_plan *plan, ckptio_file *file, uint64_t bas
                                (unsigned long long)k);
         const ckptio_extent e = {.file = file, .file_offset = at, .length = r->run_bytes,
                                  .memory = memory + k * r->run_bytes, .mem_kind = kind};
-        CKPTIO_FORWARD(merge ? ckptio__plan_add_merged(plan, &e) : ckptio_plan_add(plan, &e));
+        CKPTIO_FORWARD(plan ? (merge ? ckptio__plan_add_merged(plan, &e) : ckptio_plan_add(plan, &e))
+                            : merge ? list_push_merged(list, &e) : list_push(list, &e));
         if (added) (*added)++;
     }
     return CKPTIO_OK;
+}
+
+static ckptio_status add_runs(ckptio_plan *plan, ckptio_file *file, uint64_t base, const ckptio__slice_runs *r,
+                              unsigned char *memory, ckptio_mem_kind kind, bool merge, size_t *added) {
+    return add_runs_to(plan, NULL, file, base, r, memory, kind, merge, added);
 }
 
 ckptio_status ckptio_plan_add_slice(ckptio_plan *plan, ckptio_file *file, uint64_t file_offset,
@@ -168,17 +214,26 @@ typedef struct piece {
 
 /* Adds to `plan` the next pieces of gathered slices that fit the buffer
  * (at least one), recording them in pieces[] (*npieces). *next is the first
- * gathered target with runs left. */
+ * gathered target with runs left. With a window (> 0), the pieces come from
+ * at most that many files. */
 static ckptio_status plan_pieces(const ckptio_slice_target *t, prepared *p, size_t count, size_t *next,
                                  ckptio_plan *plan, unsigned char *buf, size_t cap, piece *pieces, size_t maxp,
-                                 size_t *npieces) {
-    size_t used = 0;
+                                 size_t window, size_t *npieces) {
+    size_t used = 0, nfiles = 0;
+    const ckptio_file *last = NULL;
     *npieces = 0;
     while (*next < count && *npieces < maxp) {
         prepared *q = &p[*next];
         if (!q->gather || q->cursor.done == q->r.nruns) {
             (*next)++;
             continue;
+        }
+        /* A file met again after another counts again: the count can only
+         * overstate the files of the round. */
+        if (window && q->file != last) {
+            if (nfiles == window) break;
+            nfiles++;
+            last = q->file;
         }
         piece pc = {.target = *next, .first_run = q->cursor.done, .start = q->cursor.offset, .buf_offset = used};
         uint64_t end = pc.start;
@@ -224,6 +279,61 @@ static ckptio_status scatter_pieces(const ckptio_slice_target *t, const prepared
     return CKPTIO_OK;
 }
 
+static size_t shard_of(const ckptio_model *m, const ckptio_slice_target *t) { return m->tensors[t->index].shard; }
+
+/* The whole-tensor and run-by-run targets of a model with a window, a
+ * window of shards at a time (see the top of the file). */
+static ckptio_status read_windows(ckptio_model *m, const ckptio_slice_target *t, const prepared *p, size_t count) {
+    ckptio_status st = CKPTIO_OK;
+    extent_list all = {0};
+    /* Shard order; a counting sort keeps each shard's targets in the caller's order. */
+    size_t *start = ckptio__calloc(m->nshards + 1, sizeof *start);
+    size_t *sorted = ckptio__malloc((count ? count : 1) * sizeof *sorted);
+    if (!start || !sorted) {
+        st = CKPTIO_FAIL(CKPTIO_E_NOMEM, "out of memory planning %zu targets", count);
+        goto out;
+    }
+    size_t n = 0;
+    for (size_t i = 0; i < count; i++) {
+        if (p[i].gather || !p[i].r.nbytes) continue;
+        start[shard_of(m, &t[i]) + 1]++;
+        n++;
+    }
+    for (size_t s = 0; s < m->nshards; s++) start[s + 1] += start[s];
+    for (size_t i = 0; i < count; i++)
+        if (!p[i].gather && p[i].r.nbytes) sorted[start[shard_of(m, &t[i])]++] = i;
+    uint64_t total = 0;
+    for (size_t k = 0; k < n && st == CKPTIO_OK; k++) {
+        const size_t i = sorted[k];
+        st = add_runs_to(NULL, &all, p[i].file, p[i].base, &p[i].r, t[i].data, t[i].mem_kind, true, NULL);
+        total += p[i].r.nbytes;
+    }
+    if (st != CKPTIO_OK || !all.n) goto out;
+    /* Decided and reported as one plan of all of it would be. */
+    ckptio__read_policy_hold(m->engine, all.v, all.n, total);
+    ckptio__engine_progress_span_begin(m->engine, total);
+    for (size_t a = 0; a < all.n && st == CKPTIO_OK;) {
+        size_t b = a, files = 0; /* the next extents, from at most fd_window files */
+        const ckptio_file *last = NULL;
+        for (; b < all.n; b++) {
+            if (all.v[b].file == last) continue;
+            if (files == m->fd_window) break;
+            files++;
+            last = all.v[b].file;
+        }
+        st = ckptio_engine_execute_extents(m->engine, CKPTIO_READ, all.v + a, b - a);
+        for (size_t k = a; k < b; k++) ckptio__file_release(all.v[k].file);
+        a = b;
+    }
+    ckptio__engine_progress_span_end(m->engine);
+    ckptio__read_policy_unhold(all.v, all.n);
+out:
+    ckptio__free(all.v);
+    ckptio__free(sorted);
+    ckptio__free(start);
+    return st;
+}
+
 ckptio_status ckptio_model_read(ckptio_model *m, const ckptio_slice_target *targets, size_t count) {
     CKPTIO_RETURN_IF(!m, CKPTIO_E_INVAL, "ckptio_model_read: the model is NULL");
     CKPTIO_RETURN_IF(count && !targets, CKPTIO_E_INVAL, "ckptio_model_read: targets is NULL but count is %zu", count);
@@ -253,10 +363,11 @@ ckptio_status ckptio_model_read(ckptio_model *m, const ckptio_slice_target *targ
             goto out;
         }
     }
-    /* Round 0 holds every direct run and the first gather pieces; further
-     * rounds only gather pieces, while any are left. */
+    if (m->fd_window && (st = read_windows(m, targets, p, count)) != CKPTIO_OK) goto out;
+    /* Round 0 holds every direct run (without a window) and the first gather
+     * pieces; further rounds only gather pieces, while any are left. */
     size_t next = 0;
-    for (bool first = true;; first = false) {
+    for (bool first = !m->fd_window;; first = false) {
         if ((st = ckptio_plan_create(CKPTIO_READ, &plan)) != CKPTIO_OK) goto out;
         for (size_t i = 0; first && i < count; i++)
             if (!p[i].gather &&
@@ -264,7 +375,8 @@ ckptio_status ckptio_model_read(ckptio_model *m, const ckptio_slice_target *targ
                                NULL)) != CKPTIO_OK)
                 goto out;
         size_t npieces = 0;
-        if (buf && (st = plan_pieces(targets, p, count, &next, plan, buf, cap, pieces, maxp, &npieces)) != CKPTIO_OK)
+        if (buf && (st = plan_pieces(targets, p, count, &next, plan, buf, cap, pieces, maxp, m->fd_window,
+                                     &npieces)) != CKPTIO_OK)
             goto out;
         size_t extents = 0;
         ckptio__plan_count(plan, &extents);
@@ -272,9 +384,11 @@ ckptio_status ckptio_model_read(ckptio_model *m, const ckptio_slice_target *targ
         if ((st = scatter_pieces(targets, p, buf, pieces, npieces)) != CKPTIO_OK) goto out;
         ckptio_plan_destroy(plan);
         plan = NULL;
+        ckptio__model_release_shards(m, SIZE_MAX);
         if (!npieces) break;
     }
 out:
+    ckptio__model_release_shards(m, SIZE_MAX);
     ckptio_plan_destroy(plan);
     ckptio__free(pieces);
     ckptio__free(buf);

@@ -155,18 +155,13 @@ ckptio_status ckptio__step_metadata_hash(const char *dir, uint64_t *size, uint64
     ckptio_status st = CKPTIO_OK;
     XXH3_state_t *state = XXH3_createState();
     char *buf = ckptio__malloc(1 << 16);
-    const int fd = ckptio__open(path, O_RDONLY | O_NOFOLLOW | O_CLOEXEC, 0);
-    struct stat sb;
-    if (!state || !buf) {
+    int fd = -1;
+    if (!state || !buf)
         st = CKPTIO_FAIL(CKPTIO_E_NOMEM, "out of memory");
-    } else if (fd < 0) {
-        st = CKPTIO_FAIL_SYS_NOTE(errno, "open", path, "reading the step's .metadata");
-    } else if (fstat(fd, &sb) != 0) {
-        st = CKPTIO_FAIL_SYS_NOTE(errno, "fstat", path, "reading the step's .metadata");
-    } else if (!S_ISREG(sb.st_mode)) {
-        st = CKPTIO_FAIL_CTX(CKPTIO_E_FORMAT, &((ckptio__err_ctx){.path = path, .file_offset = -1}),
-                             "the step's .metadata is not a regular file");
-    } else {
+    else
+        st = ckptio__open_regular_or_fail(path, O_RDONLY | O_NOFOLLOW, CKPTIO_E_FORMAT, "reading the step's .metadata",
+                                          &fd, NULL);
+    if (st == CKPTIO_OK) {
         XXH3_64bits_reset(state);
         uint64_t total = 0;
         for (;;) {

@@ -17,6 +17,7 @@
 
 #include <errno.h>
 #include <fcntl.h>
+#include <stdio.h>
 #include <string.h>
 #include <sys/file.h>
 #include <sys/stat.h>
@@ -41,20 +42,25 @@ ckptio_status ckptio_steps_pin(const char *root, uint64_t step, ckptio_step_pin 
     if (!path) return CKPTIO_FAIL(CKPTIO_E_NOMEM, "out of memory");
     ckptio_status st = CKPTIO_OK;
     struct stat held, named;
-    /* O_NONBLOCK: a FIFO planted under the marker's name must not block. */
-    const int fd = ckptio__open(path, O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC, 0);
+    mode_t type = 0;
+    /* The checked open (open_regular.c): a FIFO or device planted under the
+     * marker's name is refused without being opened. */
+    const int fd = ckptio__open_regular(AT_FDCWD, path, O_RDONLY | O_NOFOLLOW, &held, &type);
     int ret = 0;
     if (fd < 0) {
-        st = errno == ENOENT || errno == ELOOP ? gone(path, step, "no commit marker")
-                                               : CKPTIO_FAIL_SYS_NOTE(errno, "open", path, "pinning step %llu",
-                                                                      (unsigned long long)step);
-    } else if (fstat(fd, &held) != 0 || !S_ISREG(held.st_mode)) {
-        st = gone(path, step, "the commit marker is not a regular file");
+        char why[96];
+        snprintf(why, sizeof why, "the commit marker is %s, not a regular file", ckptio__file_type_name(type));
+        st = errno == ENOENT || S_ISLNK(type) ? gone(path, step, "no commit marker")
+             : type                           ? gone(path, step, why)
+                                              : CKPTIO_FAIL_SYS_NOTE(errno, "open", path, "pinning step %llu",
+                                                                     (unsigned long long)step);
     } else {
         do ret = flock(fd, LOCK_SH | LOCK_NB);
-        while (ret < 0 && errno == EINTR);
+        while (ret < 0 && errno == EINTR && !ckptio__interrupt_requested());
         /* Without flock support the pin holds nothing: the reader copes with the step going away. */
         if (ret < 0 && errno == EWOULDBLOCK) st = gone(path, step, "a removal holds it");
+        else if (ret < 0 && errno == EINTR) /* the program asked to stop: CKPTIO_E_CANCELED */
+            st = CKPTIO_FAIL_SYS_NOTE(EINTR, "flock", path, "pinning step %llu", (unsigned long long)step);
         else if (lstat(path, &named) != 0 || named.st_dev != held.st_dev || named.st_ino != held.st_ino)
             st = gone(path, step, "its commit marker was removed meanwhile");
     }

@@ -78,18 +78,29 @@ static ckptio_status lock_marker(const char *dir, uint64_t step, int *fd) {
     char *path = ckptio__dcp_join(dir, CKPTIO_STEP_MARKER);
     if (!path) return CKPTIO_FAIL(CKPTIO_E_NOMEM, "out of memory");
     ckptio_status st = CKPTIO_OK;
-    *fd = ckptio__open(path, O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC, 0);
+    struct stat sb;
+    mode_t type = 0;
+    /* The checked open (open_regular.c): never a FIFO's wait or a device's open. */
+    *fd = ckptio__open_regular(AT_FDCWD, path, O_RDONLY | O_NOFOLLOW, &sb, &type);
     int ret = -1;
-    if (*fd < 0) {
+    if (*fd < 0 && type) {
+        st = CKPTIO_FAIL_CTX(CKPTIO_E_UNSUPPORTED, &((ckptio__err_ctx){.path = path, .file_offset = -1}),
+                             "the commit marker is %s, not a regular file: refused without opening it; nothing is "
+                             "removed",
+                             ckptio__file_type_name(type));
+    } else if (*fd < 0) {
         st = CKPTIO_FAIL_SYS_NOTE(errno, "open", path, "locking the marker before the step's removal; nothing is "
                                   "removed");
     } else {
         do ret = flock(*fd, LOCK_EX | LOCK_NB);
-        while (ret < 0 && errno == EINTR);
+        while (ret < 0 && errno == EINTR && !ckptio__interrupt_requested());
         if (ret < 0 && errno == EWOULDBLOCK)
             st = CKPTIO_FAIL_CTX(CKPTIO_E_BUSY, &((ckptio__err_ctx){.path = path, .file_offset = -1}),
                                  "a reader holds step %llu (ckptio_steps_pin): nothing is removed",
                                  (unsigned long long)step);
+        else if (ret < 0 && errno == EINTR) /* the program asked to stop: CKPTIO_E_CANCELED */
+            st = CKPTIO_FAIL_SYS_NOTE(EINTR, "flock", path, "locking the marker before the step's removal; nothing "
+                                      "is removed");
         /* A file system without flock: readers cannot pin, nothing to wait for. */
     }
     if (st != CKPTIO_OK && *fd >= 0) {

@@ -159,9 +159,14 @@ static void marker_state(const char *dir, uint64_t step, ckptio__step_marker *m,
         set_state(out, CKPTIO_STEP_DAMAGED, "out of memory reading the marker");
         return;
     }
-    const int fd = ckptio__open(path, O_RDONLY | O_NOFOLLOW | O_CLOEXEC, 0);
+    struct stat sb;
+    mode_t type = 0;
+    const int fd = ckptio__open_regular(AT_FDCWD, path, O_RDONLY | O_NOFOLLOW, &sb, &type);
     if (fd < 0) {
-        if (errno == ENOENT)
+        if (type)
+            set_state(out, CKPTIO_STEP_DAMAGED, "%s: open: is %s, not a regular file: refused without opening it",
+                      path, ckptio__file_type_name(type));
+        else if (errno == ENOENT)
             set_state(out, CKPTIO_STEP_PARTIAL, "%s", PARTIAL_REASON);
         else
             set_state(out, CKPTIO_STEP_DAMAGED, "%s: open: %s", path, strerror(errno));
@@ -270,7 +275,15 @@ static void data_check(ckptio_engine *engine, const char *dir, const ckptio__ste
         set_state(out, CKPTIO_STEP_DAMAGED, "out of memory checking %s", dir);
         goto out;
     }
-    if (ckptio_dcp_manifest(h, &manifest) == CKPTIO_OK) {
+    /* Only a manifest that is not there means "saved without checksums"
+     * (ckptio_dcp_validate's rule); one that is there but is not a regular
+     * file (a FIFO, a device) is damage. */
+    const ckptio_status has = ckptio_dcp_manifest(h, &manifest);
+    if (has != CKPTIO_OK && has != CKPTIO_E_NOT_FOUND) {
+        set_state(out, CKPTIO_STEP_DAMAGED, "%s", ckptio_last_error_message());
+        goto out;
+    }
+    if (has == CKPTIO_OK) {
         struct stat sb;
         char *path = ckptio__dcp_join(dir, manifest);
         const bool present = path && lstat(path, &sb) == 0 && S_ISREG(sb.st_mode);

@@ -123,6 +123,11 @@ void ckptio__sort(void *base, size_t n, size_t size, int (*cmp)(const void *, co
 /* Monotonic seconds. */
 double ckptio__now(void);
 
+/* Whether the program asked the library to stop (ckptio_interrupt,
+ * interrupt.c): a loop that retries EINTR gives up instead, and transfers
+ * cancel. */
+bool ckptio__interrupt_requested(void);
+
 /* zlib's CRC-32 of `len` bytes (any length: zlib's crc32 takes an unsigned
  * int, so longer buffers go in 1 GiB pieces) (hash.c). */
 uint32_t ckptio__crc32(const void *data, uint64_t len);

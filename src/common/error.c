@@ -68,7 +68,8 @@ ckptio_status ckptio__status_from_errno(int err) {
     case EINVAL:
     case ENAMETOOLONG: return CKPTIO_E_INVAL; /* a name no file system takes is a bad argument */
     case EBUSY: return CKPTIO_E_BUSY;
-    case ECANCELED: return CKPTIO_E_CANCELED;
+    case ECANCELED:
+    case EINTR: return CKPTIO_E_CANCELED; /* given up only once the program asked to stop */
     case EOPNOTSUPP: return CKPTIO_E_UNSUPPORTED;
     default: return CKPTIO_E_IO;
     }

@@ -195,6 +195,11 @@ void ckptio__engine_set_gpu_state(ckptio_engine *e, void *state, void (*destroy)
 /* ---- progress and parallel work ----------------------------------------- */
 
 ckptio_status ckptio__engine_report(ckptio_engine *e, uint64_t done, uint64_t total, bool force) {
+    /* The program asked the library to stop (ckptio_interrupt): every
+     * transfer cancels here, with or without a callback, before its end. */
+    if (done < total && ckptio__interrupt_requested())
+        return CKPTIO_FAIL(CKPTIO_E_CANCELED, "interrupted after %llu of %llu bytes", (unsigned long long)done,
+                           (unsigned long long)total);
     if (!e->progress) return CKPTIO_OK;
     if (e->span) {
         /* A later plan's first report would repeat the last one's end. */

@@ -448,11 +448,19 @@ static ckptio_status run_host(exec *x) {
 
     /* O_DIRECT descriptors are opened here, on the caller's thread, so that
      * a refusal in mode ON is reported before any byte moves. */
+    /* In mode AUTO only for files some extent of which may go O_DIRECT (see
+     * claim()): a file read through the page cache holds one descriptor. */
     if (x->direct_mode != CKPTIO_DIRECT_OFF) {
         const ckptio_file *prev = NULL;
         for (size_t i = 0; i < x->nhost; i++) {
-            ckptio_file *f = p->ext[x->host[i]].file;
-            if (f != prev) CKPTIO_FORWARD(ckptio__file_prepare_direct(f));
+            const ckptio_extent *ex = &p->ext[x->host[i]];
+            ckptio_file *f = ex->file;
+            if (f == prev) continue;
+            if (x->direct_mode == CKPTIO_DIRECT_AUTO &&
+                (ex->length < x->direct_min ||
+                 (x->dir == CKPTIO_READ && atomic_load_explicit(&f->read_cache, memory_order_relaxed) > 0)))
+                continue;
+            CKPTIO_FORWARD(ckptio__file_prepare_direct(f));
             prev = f;
         }
     }

@@ -179,7 +179,7 @@ ckptio_status ckptio__cufile_transfer(ckptio__cufile_handle h, ckptio_direction 
         ssize_t n = dir == CKPTIO_READ ? ckptio__cufile_read(h, base, want, foff, boff, &err)
                                        : ckptio__cufile_write(h, base, want, foff, boff, &err);
         if (n < 0) {
-            if (err == EINTR) continue;
+            if (err == EINTR && !ckptio__interrupt_requested()) continue;
             char t[96];
             return CKPTIO_FAIL_CTX(err >= 5000 ? CKPTIO_E_IO : ckptio__status_from_errno(err),
                                    &((ckptio__err_ctx){.operation = dir == CKPTIO_READ ? "cuFileRead" : "cuFileWrite",

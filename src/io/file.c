@@ -18,10 +18,13 @@
 #include "io_internal.h"
 
 #include <errno.h>
+#include <signal.h>
+#include <stdint.h>
 #include <fcntl.h>
 #include <stdio.h>
 #include <string.h>
 #include <sys/file.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
@@ -93,15 +96,6 @@ static ckptio_status create_temporary(ckptio_file *f) {
     return st;
 }
 
-static ckptio_status check_regular(ckptio_file *f) {
-    struct stat st;
-    if (fstat(f->fd, &st) < 0) return CKPTIO_FAIL_SYS(errno, "fstat", f->path, -1, "checking the file type");
-    if (!S_ISREG(st.st_mode))
-        return CKPTIO_FAIL_CTX(CKPTIO_E_INVAL, &((ckptio__err_ctx){.operation = "open", .path = f->path, .file_offset = -1}),
-                               "not a regular file");
-    return CKPTIO_OK;
-}
-
 static ckptio_status open_in_place(ckptio_file *f, mode_t create_mode) {
     const bool exclusive = f->flags & CKPTIO_OPEN_EXCLUSIVE;
     /* Try to create first so that commit knows whether the directory
@@ -116,9 +110,7 @@ static ckptio_status open_in_place(ckptio_file *f, mode_t create_mode) {
         return CKPTIO_FAIL_CTX(CKPTIO_E_EXISTS, &((ckptio__err_ctx){.operation = "open", .path = f->path, .file_offset = -1}),
                                "the file already exists and CKPTIO_OPEN_EXCLUSIVE was given");
     if (errno != EEXIST) return CKPTIO_FAIL_SYS(errno, "open", f->path, -1, "creating the file for writing");
-    f->fd = ckptio__open(f->path, O_RDWR | O_CLOEXEC, 0);
-    if (f->fd < 0) return CKPTIO_FAIL_SYS(errno, "open", f->path, -1, "opening for writing in place");
-    return check_regular(f);
+    return ckptio__open_regular_or_fail(f->path, O_RDWR, CKPTIO_E_INVAL, "opening for writing in place", &f->fd, NULL);
 }
 
 ckptio_status ckptio_file_open(ckptio_engine *engine, const char *path, unsigned flags, ckptio_file **out) {
@@ -159,12 +151,13 @@ ckptio_status ckptio__file_open_created(ckptio_engine *engine, const char *path,
     }
 
     if (!f->writable) {
-        f->fd = ckptio__open(path, O_RDONLY | O_CLOEXEC, 0);
-        if (f->fd < 0) {
-            st = CKPTIO_FAIL_SYS(errno, "open", path, -1, "opening for reading");
-            goto out;
+        struct stat sb;
+        st = ckptio__open_regular_or_fail(path, O_RDONLY, CKPTIO_E_INVAL, "opening for reading", &f->fd, &sb);
+        if (st == CKPTIO_OK) {
+            f->dev = sb.st_dev;
+            f->ino = sb.st_ino;
+            f->opened_size = sb.st_size > 0 ? (uint64_t)sb.st_size : 0;
         }
-        st = check_regular(f);
     } else if (flags & CKPTIO_OPEN_IN_PLACE) {
         st = open_in_place(f, create_mode);
     } else {
@@ -180,7 +173,9 @@ ckptio_status ckptio__file_open_created(ckptio_engine *engine, const char *path,
         st = create_temporary(f);
     }
     if (st != CKPTIO_OK) goto out;
-    st = ckptio__file_prepare_direct(f);
+    /* In mode ON a refusal of O_DIRECT is reported here; otherwise the
+     * descriptor opens when a transfer first wants it. */
+    if (ckptio__io_engine_setting(engine, CKPTIO_OPT_DIRECT) == CKPTIO_DIRECT_ON) st = ckptio__file_prepare_direct(f);
     if (st != CKPTIO_OK) goto out;
     ckptio__io_engine_file_ref(engine, +1);
     *out = f;
@@ -198,10 +193,47 @@ out:
     return st;
 }
 
+void ckptio__file_release(ckptio_file *f) {
+    if (!f || f->writable || f->object || f->fd < 0) return;
+    if (f->direct_fd >= 0) close(f->direct_fd);
+    close(f->fd);
+    f->fd = f->direct_fd = -1;
+    atomic_store(&f->direct_state, 0);
+}
+
+bool ckptio__file_is_open(const ckptio_file *f) { return f->object || f->fd >= 0; }
+
+/* Files a reader keeps open at once when it has more than this many. */
+#define FILE_WINDOW_MAX 256
+
+size_t ckptio__file_window(size_t nfiles) {
+    size_t w = FILE_WINDOW_MAX;
+    struct rlimit rl;
+    /* Up to two descriptors a file, and the process needs most of its limit
+     * for everything else it has open. */
+    if (getrlimit(RLIMIT_NOFILE, &rl) == 0 && rl.rlim_cur != RLIM_INFINITY && rl.rlim_cur / 16 < w)
+        w = rl.rlim_cur / 16 < 4 ? 4 : (size_t)(rl.rlim_cur / 16);
+    return nfiles > w ? w : 0;
+}
+
+ckptio_status ckptio__file_acquire(ckptio_file *f) {
+    if (f->object || f->fd >= 0) return CKPTIO_OK; /* an object has no descriptor to release */
+    struct stat sb;
+    CKPTIO_FORWARD(ckptio__open_regular_or_fail(f->path, O_RDONLY, CKPTIO_E_INVAL, "opening for reading again", &f->fd,
+                                                &sb));
+    if (sb.st_dev == f->dev && sb.st_ino == f->ino) return CKPTIO_OK;
+    close(f->fd);
+    f->fd = -1;
+    return CKPTIO_FAIL_CTX(CKPTIO_E_DISALLOWED,
+                           &((ckptio__err_ctx){.operation = "open", .path = f->path, .file_offset = -1}),
+                           "opening for reading again: the file was replaced since it was opened and checked");
+}
+
 ckptio_status ckptio__file_prepare_direct(ckptio_file *f) {
     if (f->object) return CKPTIO_OK; /* no descriptor: never a local path */
     const int64_t mode = ckptio__io_engine_setting(f->engine, CKPTIO_OPT_DIRECT);
     if (mode == CKPTIO_DIRECT_OFF) return CKPTIO_OK;
+    CKPTIO_FORWARD(ckptio__file_acquire(f));
     if (atomic_load_explicit(&f->direct_state, memory_order_acquire) == 0) {
         pthread_mutex_lock(&f->lock);
         if (atomic_load(&f->direct_state) == 0) {
@@ -287,14 +319,14 @@ static ckptio_status check_writable(const ckptio_file *f, const char *what, cons
     return CKPTIO_OK;
 }
 
-ckptio_status ckptio__file_check_transfer(const ckptio_file *f, ckptio_direction dir, const char *subject) {
+ckptio_status ckptio__file_check_transfer(ckptio_file *f, ckptio_direction dir, const char *subject) {
     if (dir == CKPTIO_WRITE) return check_writable(f, "write", subject);
     if (!(f->flags & CKPTIO_OPEN_READ) && !f->writable)
         return CKPTIO_FAIL_CTX(CKPTIO_E_INVAL,
                                &((ckptio__err_ctx){.operation = "read", .path = f->path, .file_offset = -1,
                                                    .subject = subject}),
                                "the file was not opened for reading");
-    return CKPTIO_OK;
+    return ckptio__file_acquire(f);
 }
 
 void ckptio__file_op_init(ckptio__io_op *op, ckptio_file *file, ckptio_direction dir, void *buf, uint64_t len,
@@ -326,6 +358,13 @@ ckptio_status ckptio__file_io(ckptio_file *file, ckptio_direction dir, void *buf
                                "range at offset %llu of %llu bytes is beyond the largest file offset",
                                (unsigned long long)offset, (unsigned long long)len);
     if (len == 0) return CKPTIO_OK;
+    /* The loops of small reads outside the engine (headers, archives,
+     * checksums) stop here once the program asked to (ckptio_interrupt). */
+    if (ckptio__interrupt_requested())
+        return CKPTIO_FAIL_CTX(CKPTIO_E_CANCELED,
+                               &((ckptio__err_ctx){.operation = dir == CKPTIO_READ ? "read" : "write",
+                                                   .path = file->path, .file_offset = (int64_t)offset}),
+                               "interrupted");
     CKPTIO_FORWARD(ckptio__file_prepare_direct(file));
     ckptio__io_op op;
     ckptio__file_op_init(&op, file, dir, buf, len, offset);
@@ -434,15 +473,53 @@ ckptio_status ckptio_file_commit(ckptio_file *f) {
     return st;
 }
 
+static void *close_fd(void *arg) {
+    close((int)(intptr_t)arg);
+    return NULL;
+}
+
+/* Temporaries larger than this that a close discards are closed on a thread
+ * of their own. */
+#define DISCARD_IN_BACKGROUND ((uint64_t)64 << 20)
+
+/* Closes the last descriptor of an unlinked temporary. Its name is gone;
+ * the close is where the file system frees its blocks, which takes a while
+ * for a large file (docs/ENGINE.md section 4): a canceled or failed
+ * save returns without waiting for that, which a detached thread that
+ * blocks every signal does instead. Without a thread, here. */
+static void discard(int fd) {
+    struct stat sb;
+    if (fstat(fd, &sb) == 0 && (uint64_t)sb.st_blocks * 512 >= DISCARD_IN_BACKGROUND) {
+        sigset_t all, old;
+        sigfillset(&all);
+        pthread_attr_t attr;
+        pthread_t t;
+        if (pthread_attr_init(&attr) == 0) {
+            pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
+            pthread_sigmask(SIG_SETMASK, &all, &old);
+            const int rc = pthread_create(&t, &attr, close_fd, (void *)(intptr_t)fd);
+            pthread_sigmask(SIG_SETMASK, &old, NULL);
+            pthread_attr_destroy(&attr);
+            if (rc == 0) return;
+        }
+    }
+    close(fd);
+}
+
 ckptio_status ckptio_file_close(ckptio_file *f) {
     if (!f) return CKPTIO_OK;
     if (f->object) return ckptio__object_close(f);
     ckptio_status st = CKPTIO_OK;
+    bool unlinked = false;
     if (f->tmp_path && unlink(f->tmp_path) < 0 && errno != ENOENT)
         st = CKPTIO_FAIL_SYS(errno, "unlink", f->path, -1, "removing the uncommitted temporary %s", f->tmp_path);
+    else if (f->tmp_path)
+        unlinked = true;
     if (f->direct_fd >= 0) close(f->direct_fd);
-    /* close() can report a deferred write error (NFS); keep the first. */
-    if (f->fd >= 0 && close(f->fd) < 0 && st == CKPTIO_OK && errno != EINTR)
+    /* close() can report a deferred write error (NFS); keep the first. An
+     * unlinked temporary's data is discarded anyway. */
+    if (unlinked && f->fd >= 0) discard(f->fd);
+    else if (f->fd >= 0 && close(f->fd) < 0 && st == CKPTIO_OK && errno != EINTR)
         st = CKPTIO_FAIL_SYS(errno, "close", f->path, -1, "closing the file");
     ckptio__io_engine_file_ref(f->engine, -1);
     pthread_mutex_destroy(&f->lock);
@@ -458,6 +535,7 @@ ckptio_status ckptio_file_close(ckptio_file *f) {
 ckptio_status ckptio_file_size(ckptio_file *f, uint64_t *out) {
     CKPTIO_RETURN_IF(!f || !out, CKPTIO_E_INVAL, "ckptio_file_size: file and out are required");
     if (f->object) return ckptio__object_size(f, out);
+    CKPTIO_FORWARD(ckptio__file_acquire(f));
     struct stat sb;
     if (fstat(f->fd, &sb) < 0) return CKPTIO_FAIL_SYS(errno, "fstat", f->path, -1, "reading the file size");
     *out = (uint64_t)sb.st_size;
@@ -483,7 +561,7 @@ ckptio_status ckptio_file_truncate(ckptio_file *f, uint64_t size) {
                                "size %llu is beyond the largest file size", (unsigned long long)size);
     int ret;
     do ret = ftruncate(f->fd, (off_t)size);
-    while (ret < 0 && errno == EINTR);
+    while (ret < 0 && errno == EINTR && !ckptio__interrupt_requested());
     if (ret < 0) return CKPTIO_FAIL_SYS(errno, "truncate", f->path, (int64_t)size, "setting the file size");
     return CKPTIO_OK;
 }

@@ -4,8 +4,8 @@
  *
  * A mapping is private (MAP_PRIVATE) and readable and writable: writes to it
  * copy the page first and never reach the file, as in torch's default. It
- * keeps a descriptor of its own (the file's size now, for the checks below)
- * and outlives the handle that made it.
+ * outlives the handle that made it and holds no descriptor (it finds its
+ * file by name, for the checks below).
  *
  * A file replaced by a rename keeps its old inode alive under the mapping,
  * which then still shows the old bytes. A file truncated in place takes its
@@ -37,6 +37,7 @@
 #include <setjmp.h>
 #include <signal.h>
 #include <stdatomic.h>
+#include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
@@ -45,7 +46,9 @@
 struct ckptio_mapping {
     unsigned char *data; /* NULL when the file is empty */
     uint64_t length;     /* the file's size when it was mapped */
-    int fd;              /* a descriptor of the file, for its size now */
+    char *where;         /* the file's absolute name when mapped (a later chdir cannot move it) */
+    dev_t dev;           /* the inode mapped: a name that still leads to it */
+    ino_t ino;           /* gives its size now */
     char *path;
 };
 
@@ -103,9 +106,15 @@ static size_t registry_first_after(uintptr_t addr) {
     return lo;
 }
 
+/* The mapped file's size now. No descriptor is kept (a model of a thousand
+ * shards maps a thousand files): the name tells while it leads to the mapped
+ * inode, which is how a file is truncated in place (open with O_TRUNC,
+ * truncate). Renamed over or removed, the inode is out of reach of names and
+ * keeps its bytes (a holder of a descriptor of it is not seen). */
 static uint64_t size_now(const ckptio_mapping *m) {
     struct stat sb;
-    return fstat(m->fd, &sb) == 0 && sb.st_size > 0 ? (uint64_t)sb.st_size : 0;
+    if (stat(m->where, &sb) != 0 || sb.st_dev != m->dev || sb.st_ino != m->ino) return m->length;
+    return sb.st_size > 0 ? (uint64_t)sb.st_size : 0;
 }
 
 static ckptio_status lost(const ckptio_mapping *m, uint64_t offset, uint64_t size, const char *subject) {
@@ -305,19 +314,20 @@ ckptio_status ckptio__file_map(ckptio_file *f, uint64_t expect_size, ckptio_mapp
     if (f->object)
         return CKPTIO_FAIL_CTX(CKPTIO_E_UNSUPPORTED, &((ckptio__err_ctx){.path = f->path, .file_offset = -1}),
                                "an s3:// object cannot be mapped into memory; load it without mmap");
+    /* A file a model released (its window of descriptors) opens again, the same inode or an error. */
+    CKPTIO_FORWARD(ckptio__file_acquire(f));
     ckptio_mapping *m = ckptio__calloc(1, sizeof *m);
-    if (!m || !(m->path = ckptio__strdup(f->path))) {
+    char *abs = realpath(f->path, NULL); /* libc's malloc */
+    if (!m || !(m->path = ckptio__strdup(f->path)) || !(m->where = ckptio__strdup(abs ? abs : f->path))) {
+        free(abs);
+        if (m) ckptio__free(m->path);
         ckptio__free(m);
         return CKPTIO_FAIL(CKPTIO_E_NOMEM, "out of memory mapping %s", f->path);
     }
-    m->fd = fcntl(f->fd, F_DUPFD_CLOEXEC, 0);
+    free(abs);
     ckptio_status st = CKPTIO_OK;
     struct stat sb;
-    if (m->fd < 0) {
-        st = CKPTIO_FAIL_SYS(errno, "dup", f->path, -1, "keeping a descriptor for the mapping");
-        goto fail;
-    }
-    if (fstat(m->fd, &sb) != 0) {
+    if (fstat(f->fd, &sb) != 0) {
         st = CKPTIO_FAIL_SYS(errno, "fstat", f->path, -1, "reading the size to map");
         goto fail;
     }
@@ -329,6 +339,8 @@ ckptio_status ckptio__file_map(ckptio_file *f, uint64_t expect_size, ckptio_mapp
                              (unsigned long long)sb.st_size, (unsigned long long)expect_size);
         goto fail;
     }
+    m->dev = sb.st_dev;
+    m->ino = sb.st_ino;
     m->length = expect_size;
     if (m->length) {
         if (m->length > SIZE_MAX) {
@@ -336,7 +348,7 @@ ckptio_status ckptio__file_map(ckptio_file *f, uint64_t expect_size, ckptio_mapp
                                  "%llu bytes do not fit the address space", (unsigned long long)m->length);
             goto fail;
         }
-        void *p = mmap(NULL, (size_t)m->length, PROT_READ | PROT_WRITE, MAP_PRIVATE, m->fd, 0);
+        void *p = mmap(NULL, (size_t)m->length, PROT_READ | PROT_WRITE, MAP_PRIVATE, f->fd, 0);
         if (p == MAP_FAILED) {
             st = CKPTIO_FAIL_SYS(errno, "mmap", f->path, -1, "mapping %llu bytes", (unsigned long long)m->length);
             goto fail;
@@ -348,8 +360,8 @@ ckptio_status ckptio__file_map(ckptio_file *f, uint64_t expect_size, ckptio_mapp
     return CKPTIO_OK;
 fail:
     if (m->data) munmap(m->data, (size_t)m->length);
-    if (m->fd >= 0) close(m->fd);
     ckptio__free(m->path);
+    ckptio__free(m->where);
     ckptio__free(m);
     return st;
 }
@@ -378,8 +390,8 @@ ckptio_status ckptio_mapping_release(ckptio_mapping *m) {
         registry_remove(m);
         munmap(m->data, (size_t)m->length);
     }
-    close(m->fd);
     ckptio__free(m->path);
+    ckptio__free(m->where);
     ckptio__free(m);
     return CKPTIO_OK;
 }

@@ -59,14 +59,18 @@ struct ckptio_file {
     char *dir_path;         /* directory of `path` (for its fsync), or NULL */
     char *mode_from;        /* file whose mode the commit copies; NULL: `path` */
     unsigned flags;         /* ckptio_open_flags */
-    int fd;                 /* buffered descriptor */
+    int fd;                 /* buffered descriptor; -1 while released */
     int direct_fd;          /* O_DIRECT descriptor, or -1 */
+    dev_t dev;              /* the inode opened for reading, which a reopen */
+    ino_t ino;              /* after ckptio__file_release() must find again */
+    uint64_t opened_size;   /* its size then (the read policy's, while released) */
     /* 0: O_DIRECT not tried yet; 1: open; -1: refused by the file system.
      * Guarded by `lock`; read with acquire ordering by workers. */
     _Atomic int direct_state;
     int direct_errno;       /* why O_DIRECT was refused */
     /* Cold reads (read_policy.c): 1 through the page cache, -1 O_DIRECT,
-     * 0 not decided yet. Set by the caller's thread before workers run. */
+     * 0 not decided yet; 2 and -2 held by a read of several plans. Set by
+     * the caller's thread before workers run. */
     _Atomic int read_cache;
     /* Writes (read_policy.c, the write half): 1 through the page cache, -1
      * O_DIRECT, 0 not decided yet. Set by the caller's thread before workers run. */
@@ -108,9 +112,11 @@ ckptio_status ckptio__file_open_created(ckptio_engine *engine, const char *path,
 ckptio_engine *ckptio__file_engine(const ckptio_file *file);
 
 /* Opens the O_DIRECT descriptor if the engine's direct mode asks for it and
- * it was not tried yet. Returns CKPTIO_OK also when the file system refuses
- * O_DIRECT in AUTO mode (the file then stays buffered); in ON mode a refusal
- * is CKPTIO_E_UNSUPPORTED naming the file. Call from the caller's thread. */
+ * it was not tried yet (a file opens it at open in mode ON only, so that a
+ * file read through the page cache holds one descriptor). Returns CKPTIO_OK
+ * also when the file system refuses O_DIRECT in AUTO mode (the file then
+ * stays buffered); in ON mode a refusal is CKPTIO_E_UNSUPPORTED naming the
+ * file. Reopens a released file first. Call from the caller's thread. */
 ckptio_status ckptio__file_prepare_direct(ckptio_file *file);
 
 /* The O_DIRECT descriptor for transfers now, or -1 (not open, refused, or
@@ -118,9 +124,32 @@ ckptio_status ckptio__file_prepare_direct(ckptio_file *file);
 int ckptio__file_direct_fd(const ckptio_file *file);
 
 /* Checks that `file` accepts transfers in direction `dir` (writes need an
- * uncommitted write file). `subject` (may be NULL) goes into the error,
- * e.g. "extent 3". */
-ckptio_status ckptio__file_check_transfer(const ckptio_file *file, ckptio_direction dir, const char *subject);
+ * uncommitted write file) and opens its descriptor again if it was released
+ * (ckptio__file_acquire). `subject` (may be NULL) goes into the error, e.g.
+ * "extent 3". Caller's thread, before any worker uses the file. */
+ckptio_status ckptio__file_check_transfer(ckptio_file *file, ckptio_direction dir, const char *subject);
+
+/* Closes the descriptors of a file opened for reading and keeps the rest
+ * (path, the inode, what the read policy decided); the next use reopens it
+ * (ckptio__file_acquire). A reader of many files (a model of many shards)
+ * thereby holds a bounded number of descriptors. No transfer of the file
+ * may be in flight; a file opened for writing is left as it is. */
+void ckptio__file_release(ckptio_file *file);
+
+/* Opens a released file again: the same inode (a name replaced meanwhile
+ * fails with CKPTIO_E_DISALLOWED naming it), through the one open of a
+ * checkpoint's files (open_regular.c). CKPTIO_OK at once when it is open.
+ * Caller's thread, before any worker uses the file. */
+ckptio_status ckptio__file_acquire(ckptio_file *file);
+
+/* Whether `file` holds its descriptor now (not released). */
+bool ckptio__file_is_open(const ckptio_file *file);
+
+/* How many of its files a reader of `nfiles` files (a model's shards, a DCP
+ * directory's data files) keeps open at once: 0 (all of them) when nfiles
+ * is at most min(256, RLIMIT_NOFILE / 16), else that bound (at least 4).
+ * Each open file takes one descriptor, two while O_DIRECT is in use. */
+size_t ckptio__file_window(size_t nfiles);
 
 /* Makes the commit of an atomic write take mode and owner from `path`
  * instead of the file it replaces (a manifest follows its data file). */
@@ -153,9 +182,17 @@ bool ckptio__file_in_memory(ckptio_file *f);
 bool ckptio__read_policy_cache(const ckptio_engine *engine, uint64_t footprint);
 
 /* Decides for a read plan: the sizes of its distinct files are the
- * footprint; the answer is stored on each file. Caller's thread, before
- * any worker runs. */
+ * footprint; the answer is stored on each file, unless every file holds
+ * the decision of a read that spans several plans (ckptio__read_policy_hold).
+ * Caller's thread, before any worker runs. */
 void ckptio__read_policy_apply(ckptio_engine *engine, const ckptio_extent *ext, size_t count);
+
+/* Decides once for a read made of several plans (a model read a window of
+ * shards at a time), as ckptio_engine_execute would for one plan of all the
+ * extents (`total` bytes), and holds the answer on each file until
+ * ckptio__read_policy_unhold(), so the plans' own decisions keep it. */
+void ckptio__read_policy_hold(ckptio_engine *engine, const ckptio_extent *ext, size_t count, uint64_t total);
+void ckptio__read_policy_unhold(const ckptio_extent *ext, size_t count);
 
 /* Should a read of [offset, offset + len) of `f` that could use O_DIRECT
  * (CKPTIO_DIRECT_AUTO) go through the page cache? True when the file's
@@ -184,13 +221,14 @@ uint64_t ckptio__mem_available(void);
 /* Test hook: ckptio__mem_available() answers `bytes` (0: the real value). */
 void ckptio__read_policy_set_mem_available(uint64_t bytes);
 
-/* ---- files mapped into memory (file_map.c) ---------------- */
+/* ---- files mapped into memory (file_map.c) ---------------------------- */
 
 /* Maps all of `file` (a local file open for reading) privately: readable,
  * writable copy-on-write, the file never written. `expect_size` is the size
  * the caller validated at open; a file of another size now is
- * CKPTIO_E_STALE. The mapping is registered for the checks below and keeps a
- * descriptor of its own: it outlives `file`. */
+ * CKPTIO_E_STALE (a released file is opened again first). The mapping is
+ * registered for the checks below and holds no descriptor: it outlives
+ * `file`. */
 ckptio_status ckptio__file_map(ckptio_file *file, uint64_t expect_size, ckptio_mapping **out);
 
 /* CKPTIO_E_TRUNCATED naming the file when part of [memory, memory + length)
@@ -215,6 +253,42 @@ ckptio_status ckptio__guarded_copy(void *dst, const void *src, size_t n, const c
  * must hold no lock and own nothing while it touches that memory). */
 ckptio_status ckptio__guarded_call(void (*fn)(void *arg), void *arg, const void *memory, uint64_t length,
                                    const char *subject);
+
+/* ---- opening what a checkpoint names (open_regular.c) ------------------ */
+
+/* The one way to open an existing file whose name comes from a checkpoint
+ * (markers, .metadata, manifests, data files, indexes, shards, lock files,
+ * temporaries): a FIFO, device, socket or directory under the name is
+ * refused without being opened (no wait, no driver's open runs). */
+
+/* "a FIFO", "a directory", "a character device", ... for messages. */
+const char *ckptio__file_type_name(mode_t mode);
+
+/* Opens `path` (relative to `dirfd` as openat(2) does; AT_FDCWD) with
+ * O_PATH (O_NOFOLLOW from `flags`: a symlink is then the object itself) and
+ * fstat()s it into *sb: no driver's open runs, nothing waits. The
+ * descriptor serves fstatat() and ckptio__reopen_regular(); -1 with errno
+ * on failure. */
+int ckptio__open_path(int dirfd, const char *path, int flags, struct stat *sb);
+
+/* Opens for I/O the regular file `path_fd` (an O_PATH descriptor of
+ * dirfd/path whose fstat is *sb) with the access mode of `flags` (O_RDONLY,
+ * O_RDWR), O_CLOEXEC, blocking: through /proc/self/fd, else by name
+ * (O_NOFOLLOW from `flags`). -1 with errno on failure, ESTALE when what
+ * opened is no longer the inode of *sb. */
+int ckptio__reopen_regular(int path_fd, int dirfd, const char *path, int flags, const struct stat *sb);
+
+/* Both: the descriptor and *sb, or -1 with errno. A name that is not a
+ * regular file gives -1 with *type its S_IFMT type (errno ELOOP for a
+ * symlink under O_NOFOLLOW, EISDIR, else EINVAL); *type is 0 otherwise. */
+int ckptio__open_regular(int dirfd, const char *path, int flags, struct stat *sb, mode_t *type);
+
+/* The same with the failure recorded: "PATH: open: is a FIFO, not a regular
+ * file (NOTE): refused without opening it" with status `refuse`, or the
+ * errno's status and text. `note` (may be NULL) says what the file is opened
+ * for; `sb` may be NULL. */
+ckptio_status ckptio__open_regular_or_fail(const char *path, int flags, ckptio_status refuse, const char *note,
+                                           int *fd, struct stat *sb);
 
 /* ---- the kernel's small status files (kernel_files.c) ------------------ */
 
@@ -483,11 +557,13 @@ bool ckptio__io_fault(ckptio__io_kind kind, int *err, uint64_t *len);
 /* ---- system calls of the commit protocols (syscalls.c) ------------------ */
 
 /* Each behaves as the system call of its name (-1 or NULL with errno on
- * failure, EINTR retried) but fails where a fault of its kind is injected:
+ * failure; EINTR retried unless ckptio_interrupt() asked to stop, then it is
+ * the failure) but fails where a fault of its kind is injected:
  * open (CKPTIO__IO_OPEN), fsync of files and directories (FSYNC), rename
  * (RENAME), unlink (UNLINK), opendir (LISTDIR); write and read (WRITE, READ)
  * may also be cut short by an injected short transfer. */
 int ckptio__open(const char *path, int flags, mode_t mode);
+int ckptio__openat(int dirfd, const char *path, int flags, mode_t mode);
 int ckptio__fsync(int fd);
 int ckptio__rename(const char *from, const char *to);
 int ckptio__unlink(const char *path);

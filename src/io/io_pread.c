@@ -40,7 +40,9 @@ static void io_sync_calls(ckptio__io_op *op) {
                                        : pwrite(fd, op->buf + op->done, (size_t)ask, (off_t)(op->offset + op->done));
         }
         if (n < 0) {
-            if (errno == EINTR || errno == EAGAIN) {
+            /* EINTR is given up once the program asked the library to stop
+             * (ckptio_interrupt); the operation then fails with it. */
+            if ((errno == EINTR && !ckptio__interrupt_requested()) || errno == EAGAIN) {
                 op->retries++;
                 continue;
             }

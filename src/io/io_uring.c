@@ -4,7 +4,10 @@
  * (one io_uring_enter for everything prepared since the last wait).
  *
  * Short transfers and -EINTR/-EAGAIN completions are resubmitted for the
- * remainder inside wait(), so the engine only ever sees finished operations.
+ * remainder inside wait(), so the engine only ever sees finished operations
+ * (-EINTR is the failure once ckptio_interrupt() asked to stop). Waiting for
+ * the completions of requests in the kernel goes on through signals: their
+ * buffers are the caller's until they complete.
  * The worker's bounce buffer can be registered as fixed buffer 0, which
  * saves the kernel pinning its pages on every request.
  */
@@ -201,7 +204,7 @@ static bool complete(ckptio__io_queue *q, ckptio__io_op *op, int res) {
         }
     }
     if (res < 0) {
-        if (res == -EINTR || res == -EAGAIN) {
+        if ((res == -EINTR && !ckptio__interrupt_requested()) || res == -EAGAIN) {
             op->retries++;
             prep(q, op);
             return false;

@@ -79,19 +79,11 @@ bool ckptio__read_policy_cache(const ckptio_engine *engine, uint64_t footprint) 
     return available != 0 && footprint <= available / CACHE_SHARE;
 }
 
+/* A released file (ckptio__file_release) counts by its size at open. */
 static uint64_t file_size(const ckptio_file *f) {
     struct stat sb;
-    return f->fd >= 0 && fstat(f->fd, &sb) == 0 && sb.st_size > 0 ? (uint64_t)sb.st_size : 0;
-}
-
-static bool write_policy_cache(const ckptio_engine *engine, uint64_t footprint) {
-    switch (ckptio__io_engine_setting(engine, CKPTIO_OPT_WRITE_CACHE)) {
-    case CKPTIO_WRITE_CACHE_ON: return true;
-    case CKPTIO_WRITE_CACHE_OFF: return false;
-    default: break;
-    }
-    const uint64_t available = ckptio__mem_available();
-    return footprint <= CKPTIO__WRITE_CACHE_MAX && available != 0 && footprint <= available / CACHE_SHARE;
+    if (f->fd < 0) return f->opened_size;
+    return fstat(f->fd, &sb) == 0 && sb.st_size > 0 ? (uint64_t)sb.st_size : 0;
 }
 
 /* The bytes a plan's files take: each distinct file's size once (the
@@ -117,27 +109,8 @@ static uint64_t plan_footprint(const ckptio_extent *ext, size_t count) {
     return footprint;
 }
 
-static void store_decision(const ckptio_extent *ext, size_t count, bool write, int cache) {
-    for (size_t i = 0; i < count; i++)
-        if (ext[i].length)
-            atomic_store_explicit(write ? &ext[i].file->write_cache : &ext[i].file->read_cache, cache,
-                                  memory_order_relaxed);
-}
-
-void ckptio__write_policy_apply(ckptio_engine *engine, const ckptio_extent *ext, size_t count) {
-    store_decision(ext, count, true, write_policy_cache(engine, plan_footprint(ext, count)) ? 1 : -1);
-}
-
-bool ckptio__write_buffered(ckptio_file *f) {
-    int decided = atomic_load_explicit(&f->write_cache, memory_order_relaxed);
-    if (decided == 0) {
-        decided = write_policy_cache(f->engine, file_size(f)) ? 1 : -1;
-        atomic_store_explicit(&f->write_cache, decided, memory_order_relaxed);
-    }
-    return decided > 0;
-}
-
-void ckptio__read_policy_apply(ckptio_engine *engine, const ckptio_extent *ext, size_t count) {
+/* 1: the cold reads of these extents go through the page cache; -1: O_DIRECT. */
+static int decide(ckptio_engine *engine, const ckptio_extent *ext, size_t count) {
     uint64_t gpu_bytes = 0, all_bytes = 0;
     for (size_t i = 0; i < count; i++) {
         all_bytes += ext[i].length;
@@ -145,8 +118,36 @@ void ckptio__read_policy_apply(ckptio_engine *engine, const ckptio_extent *ext, 
     }
     const bool mostly_gpu = gpu_bytes * 2 > all_bytes;
     const bool forced_on = ckptio__io_engine_setting(engine, CKPTIO_OPT_READ_CACHE) == CKPTIO_READ_CACHE_ON;
-    const bool cache = (forced_on || !mostly_gpu) && ckptio__read_policy_cache(engine, plan_footprint(ext, count));
-    store_decision(ext, count, false, cache ? 1 : -1);
+    return (forced_on || !mostly_gpu) && ckptio__read_policy_cache(engine, plan_footprint(ext, count)) ? 1 : -1;
+}
+
+static void store(const ckptio_extent *ext, size_t count, int cache) {
+    for (size_t i = 0; i < count; i++)
+        if (ext[i].length) atomic_store_explicit(&ext[i].file->read_cache, cache, memory_order_relaxed);
+}
+
+/* A decision held for a read of several plans: +-2 (+-1 once released). */
+#define HELD 2
+
+void ckptio__read_policy_apply(ckptio_engine *engine, const ckptio_extent *ext, size_t count) {
+    bool held = true;
+    for (size_t i = 0; held && i < count; i++)
+        if (ext[i].length) held = abs(atomic_load_explicit(&ext[i].file->read_cache, memory_order_relaxed)) == HELD;
+    if (!held) store(ext, count, decide(engine, ext, count));
+}
+
+void ckptio__read_policy_hold(ckptio_engine *engine, const ckptio_extent *ext, size_t count, uint64_t total) {
+    if (ckptio__io_engine_setting(engine, CKPTIO_OPT_DIRECT) == CKPTIO_DIRECT_AUTO &&
+        total >= (uint64_t)ckptio__io_engine_setting(engine, CKPTIO_OPT_DIRECT_MIN_BYTES))
+        store(ext, count, HELD * decide(engine, ext, count));
+}
+
+void ckptio__read_policy_unhold(const ckptio_extent *ext, size_t count) {
+    for (size_t i = 0; i < count; i++) {
+        const int d = atomic_load_explicit(&ext[i].file->read_cache, memory_order_relaxed);
+        if (ext[i].length && abs(d) == HELD)
+            atomic_store_explicit(&ext[i].file->read_cache, d / HELD, memory_order_relaxed);
+    }
 }
 
 bool ckptio__read_buffered(ckptio_file *f, uint64_t offset, uint64_t len) {
@@ -156,4 +157,31 @@ bool ckptio__read_buffered(ckptio_file *f, uint64_t offset, uint64_t len) {
         atomic_store_explicit(&f->read_cache, decided, memory_order_relaxed);
     }
     return decided > 0 || ckptio__file_in_memory(f) || ckptio__range_cached(f->fd, offset, len);
+}
+
+/* ---- writes ------------------------------------------------------------------------ */
+
+static bool write_policy_cache(const ckptio_engine *engine, uint64_t footprint) {
+    switch (ckptio__io_engine_setting(engine, CKPTIO_OPT_WRITE_CACHE)) {
+    case CKPTIO_WRITE_CACHE_ON: return true;
+    case CKPTIO_WRITE_CACHE_OFF: return false;
+    default: break;
+    }
+    const uint64_t available = ckptio__mem_available();
+    return footprint <= CKPTIO__WRITE_CACHE_MAX && available != 0 && footprint <= available / CACHE_SHARE;
+}
+
+void ckptio__write_policy_apply(ckptio_engine *engine, const ckptio_extent *ext, size_t count) {
+    const int cache = write_policy_cache(engine, plan_footprint(ext, count)) ? 1 : -1;
+    for (size_t i = 0; i < count; i++)
+        if (ext[i].length) atomic_store_explicit(&ext[i].file->write_cache, cache, memory_order_relaxed);
+}
+
+bool ckptio__write_buffered(ckptio_file *f) {
+    int decided = atomic_load_explicit(&f->write_cache, memory_order_relaxed);
+    if (decided == 0) {
+        decided = write_policy_cache(f->engine, file_size(f)) ? 1 : -1;
+        atomic_store_explicit(&f->write_cache, decided, memory_order_relaxed);
+    }
+    return decided > 0;
 }

@@ -1,7 +1,9 @@
 /*
  * syscalls.c - the system calls of ckptio's commit protocols (atomic files,
  * the DCP directory commit, temporaries), each one that tests can make fail
- * (io_inject.c) and each retried on EINTR, real or injected.
+ * (io_inject.c) and each retried on EINTR, real or injected, unless the
+ * program asked the library to stop (ckptio_interrupt): then the call fails
+ * with EINTR, so a signal that means "stop" is never swallowed by a retry.
  *
  * Kept apart from file.c so that every layer that commits files (src/io's
  * atomic file, src/ckpt's DCP directory commit) fails the same calls the
@@ -15,6 +17,9 @@
 #include <stdio.h>
 #include <unistd.h>
 
+/* Whether a call that failed with errno `err` is tried again. */
+static bool again(int err) { return err == EINTR && !ckptio__interrupt_requested(); }
+
 /* True (with errno set) where a fault of `kind` is injected for this call. */
 static bool injected(ckptio__io_kind kind) {
     int err = 0;
@@ -23,17 +28,19 @@ static bool injected(ckptio__io_kind kind) {
     return true;
 }
 
-int ckptio__open(const char *path, int flags, mode_t mode) {
+int ckptio__openat(int dirfd, const char *path, int flags, mode_t mode) {
     for (;;) {
-        const int fd = injected(CKPTIO__IO_OPEN) ? -1 : open(path, flags, mode);
-        if (fd >= 0 || errno != EINTR) return fd;
+        const int fd = injected(CKPTIO__IO_OPEN) ? -1 : openat(dirfd, path, flags, mode);
+        if (fd >= 0 || !again(errno)) return fd;
     }
 }
+
+int ckptio__open(const char *path, int flags, mode_t mode) { return ckptio__openat(AT_FDCWD, path, flags, mode); }
 
 int ckptio__fsync(int fd) {
     for (;;) {
         const int ret = injected(CKPTIO__IO_FSYNC) ? -1 : fsync(fd);
-        if (ret == 0 || errno != EINTR) return ret;
+        if (ret == 0 || !again(errno)) return ret;
     }
 }
 
@@ -44,7 +51,7 @@ int ckptio__rename(const char *from, const char *to) {
 int ckptio__unlink(const char *path) {
     for (;;) {
         const int ret = injected(CKPTIO__IO_UNLINK) ? -1 : unlink(path);
-        if (ret == 0 || errno != EINTR) return ret;
+        if (ret == 0 || !again(errno)) return ret;
     }
 }
 
@@ -63,7 +70,7 @@ static ssize_t transfer(ckptio__io_kind kind, int fd, void *buf, size_t len) {
         } else {
             ret = kind == CKPTIO__IO_WRITE ? write(fd, buf, (size_t)n) : read(fd, buf, (size_t)n);
         }
-        if (ret >= 0 || errno != EINTR) return ret;
+        if (ret >= 0 || !again(errno)) return ret;
     }
 }
 

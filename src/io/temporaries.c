@@ -167,24 +167,17 @@ static double seconds_since(const struct timespec *t) {
 /* Examines one matching entry and removes it if stale. Returns 0, or the
  * errno of a failed unlink. */
 static int clean_entry(int dfd, const char *entry, double min_age, ckptio_cleanup_report *r) {
-    /* O_NONBLOCK: a FIFO under such a name must not block the open. */
-    int fd = openat(dfd, entry, O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_NOCTTY | O_CLOEXEC);
+    /* Only a regular file is opened: a FIFO or device under such a name is
+     * never waited on, never removed. */
+    struct stat sb, now;
+    mode_t type = 0;
+    int fd = ckptio__open_regular(dfd, entry, O_RDONLY | O_NOFOLLOW, &sb, &type);
     if (fd < 0) {
-        if (errno == ENOENT) return 0; /* its writer committed or discarded it meanwhile */
-        if (errno == ELOOP) r->ignored++; /* a symlink: never followed, never removed */
-        else r->busy++;                   /* cannot be checked (permissions): keep */
-        return 0;
+        if (type) r->ignored++;             /* a symlink (never followed), FIFO, device: never removed */
+        else if (errno != ENOENT) r->busy++; /* cannot be checked (permissions): keep */
+        return 0;                           /* ENOENT: its writer committed or discarded it meanwhile */
     }
     int err = 0;
-    struct stat sb, now;
-    if (fstat(fd, &sb) < 0) {
-        r->busy++;
-        goto out;
-    }
-    if (!S_ISREG(sb.st_mode)) {
-        r->ignored++;
-        goto out;
-    }
     int ret;
     do ret = flock(fd, LOCK_EX | LOCK_NB);
     while (ret < 0 && errno == EINTR);

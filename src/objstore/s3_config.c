@@ -25,8 +25,11 @@ void ckptio__s3_settings_default(ckptio__s3_settings *out) {
 /* The AWS files are small; a larger one is not read (as if absent). */
 #define INI_MAX (1u << 20)
 
+/* Only a regular file is read: O_NONBLOCK so that a FIFO under the name is
+ * never waited on (its fstat then refuses it). An EINTR is retried unless
+ * the program asked the library to stop (ckptio_interrupt). */
 static char *read_small_file(const char *path) {
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    int fd = open(path, O_RDONLY | O_CLOEXEC | O_NOCTTY | O_NONBLOCK);
     if (fd < 0) return NULL;
     struct stat sb;
     char *text = NULL;
@@ -35,7 +38,7 @@ static char *read_small_file(const char *path) {
         size_t got = 0;
         while (text && got < (size_t)sb.st_size) {
             ssize_t n = read(fd, text + got, (size_t)sb.st_size - got);
-            if (n < 0 && errno == EINTR) continue;
+            if (n < 0 && errno == EINTR && !ckptio__interrupt_requested()) continue;
             if (n <= 0) break;
             got += (size_t)n;
         }

@@ -245,9 +245,10 @@ def test_inspect_errors(tmp_path):
     r = run("inspect", missing)
     assert r.returncode == 1
     assert r.stderr == f"ckptio: {missing}: cannot open: No such file or directory\n"
+    # A directory is a model directory, as for ckptio.load: this one holds none.
     r = run("inspect", tmp_path)
     assert r.returncode == 1
-    assert "is a directory" in r.stderr
+    assert f"{tmp_path}: no model.safetensors.index.json" in r.stderr and "no *.safetensors file" in r.stderr
 
 
 # ---- verify ---------------------------------------------------------------------

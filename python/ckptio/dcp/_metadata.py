@@ -39,7 +39,7 @@ import torch
 from torch.distributed.checkpoint import metadata as _md
 from torch.distributed.checkpoint.filesystem import _StorageInfo
 
-from .. import _ckptio
+from .. import _ckptio, _files
 from .._errors import make_error
 
 _MD = "torch.distributed.checkpoint.metadata."
@@ -238,8 +238,7 @@ def load_metadata(path) -> _md.Metadata:
     """Reads and unpickles the ``.metadata`` file at `path` (see metadata_from_bytes); a rank's own
     ``__RANK.metadata`` need not tile its tensors."""
     path = os.fspath(path)
-    with open(path, "rb") as f:
-        data = f.read()
+    data = _files.read_file(path)  # a FIFO or device under the name is refused, never waited on
     return metadata_from_bytes(data, path, whole=re.fullmatch(r"__\d+\.metadata", os.path.basename(path)) is None)
 
 

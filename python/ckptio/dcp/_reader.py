@@ -35,7 +35,7 @@ from torch.distributed.checkpoint import FileSystemReader as _TorchFileSystemRea
 from torch.distributed.checkpoint.planner import LoadItemType, LoadPlan, LoadPlanner, ReadItem
 from torch.futures import Future
 
-from .. import _adapt, _ckptio
+from .. import _adapt, _ckptio, _files
 from .._api import build_torch_object
 from .._ckptio import Engine
 from .._errors import CkptioError, make_error
@@ -218,8 +218,8 @@ class FileSystemReader(_TorchFileSystemReader):
         getter = getattr(self, "_get_metadata_path", None)  # not in every torch 2.x
         name = ".metadata" if rank is None else f"__{rank}.metadata"
         path = getter(rank) if getter is not None else self.fs.concat_path(self.path, name)
-        with self.fs.create_stream(path, "rb") as f:
-            data = f.read()
+        # Through libckptio: a FIFO or device under the name is refused at once, never waited on.
+        data = _files.read_file(os.fspath(path), self.engine)
         metadata = metadata_from_bytes(data, os.fspath(path), whole=rank is None)
         if getattr(metadata, "storage_meta", None) is None:
             from torch.distributed.checkpoint.metadata import StorageMeta
@@ -457,7 +457,32 @@ class FileSystemReader(_TorchFileSystemReader):
 
     def _read_direct(self, items: List[ReadItem], planner: LoadPlanner, files: Dict[str, _DataFile],
                      cache: Dict) -> None:
-        """Reads this rank's own items: one engine plan for all of them."""
+        """Reads this rank's own items: one engine plan for all of them or, when they lie in more data
+        files than a reader keeps open at once (_files.window), one plan per window of files, in file
+        order, each window's files closed after it: descriptors stay bounded whatever the file count."""
+        def rel(req: ReadItem):
+            return self.storage_data[req.storage_index].relative_path
+
+        window = _files.window(len({rel(r) for r in items}))
+        if not window:
+            self._read_window(items, planner, files, cache)
+            return
+        order = sorted(items, key=lambda r: str(rel(r)))
+        start = 0
+        while start < len(order):
+            names: set = set()
+            end = start
+            while end < len(order) and (rel(order[end]) in names or len(names) < window):
+                names.add(rel(order[end]))
+                end += 1
+            self._read_window(order[start:end], planner, files, cache)
+            for name in names:
+                files.pop(name).file.close()
+            start = end
+
+    def _read_window(self, items: List[ReadItem], planner: LoadPlanner, files: Dict[str, _DataFile],
+                     cache: Dict) -> None:
+        """Reads `items`, one engine plan for all of them."""
         extents: List[tuple] = []
         finish: List[Tuple[ReadItem, Any, Any]] = []  # (req, target, source to copy from or None)
         byte_reqs: List[Tuple[ReadItem, torch.Tensor, bool, str, int]] = []

@@ -44,7 +44,7 @@ from torch.distributed.checkpoint.planner import SavePlan, SavePlanner, WriteIte
 from torch.distributed.checkpoint.storage import WriteResult
 from torch.futures import Future
 
-from .. import _adapt, _ckptio, _snapshot
+from .. import _adapt, _ckptio, _files, _snapshot
 from .._ckptio import Engine
 from . import _byte_items, _commit, _lock
 
@@ -128,8 +128,7 @@ def _take_block_hashes(path: str) -> Dict[str, List[tuple]]:
     """Reads and deletes the manifest ckptio.save(checksums=True) left beside
     a safetensors blob: {tensor: [(offset in the tensor, length, XXH3-64)]}."""
     manifest = path + ".ckptio-manifest.json"
-    with open(manifest, "rb") as f:
-        doc = json.load(f)
+    doc = json.loads(_files.read_file(manifest))
     os.unlink(manifest)  # a crash before this leaves a file remove_stale() recognises
     block = int(doc["block_bytes"])
     out: Dict[str, List[tuple]] = {}

@@ -1,0 +1,37 @@
+"""Files a checkpoint names: reading a small one (a ``.metadata``, a manifest), and how many of
+them a reader keeps open at once.
+
+Python's ``open()`` of a FIFO waits for a writer forever, and of a device runs
+its driver's open. The file is opened through libckptio instead
+(``ckptio_file_open``, src/io/open_regular.c): only a regular file is ever
+opened, anything else under the name fails at once with a CkptioError naming
+the path and what it is.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import resource
+
+from . import _ckptio
+
+
+def read_file(path, engine=None) -> bytes:
+    """The whole content of the regular file `path`, read through `engine`
+    (default: the shared default engine)."""
+    with _ckptio.File(os.fspath(path), _ckptio.OPEN_READ, engine) as f:
+        size = f.size()
+        buf = bytearray(size)
+        if size:
+            f.read([(ctypes.addressof(ctypes.c_char.from_buffer(buf)), size, 0, _ckptio.MEM_HOST)])
+    return bytes(buf)
+
+
+def window(nfiles: int) -> int:
+    """How many of its files a reader of `nfiles` files keeps open at once: 0 (all of them) when
+    `nfiles` is at most min(256, RLIMIT_NOFILE / 16), else that bound (at least 4). The rule of
+    libckptio's own readers of many files (models, DCP directories: ckptio__file_window)."""
+    soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+    w = 256 if soft == resource.RLIM_INFINITY else min(256, max(4, soft // 16))
+    return w if nfiles > w else 0
