@@ -4,14 +4,20 @@
  * renamed over, and a file truncated under a mapping, which must be
  * CKPTIO_E_TRUNCATED naming the file in every path ckptio controls (plans
  * that read from the mapping, checksums, bounce copies, the kernel's
- * copies), never a SIGBUS.
+ * copies), never a SIGBUS. A mapping holds no descriptor: every shard of a
+ * model of more shards than its window maps under a low descriptor limit, a
+ * released shard opens again (the same inode, else refused) before it is
+ * mapped, and a mapping finds its file by its absolute name.
  */
 #include "helpers.h"
 
+#include <dirent.h>
 #include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #define COUNT 3
@@ -263,6 +269,91 @@ static void test_torch_files(void) {
     T_OK(ckptio_engine_destroy(e));
 }
 
+static int open_descriptors(void) {
+    DIR *d = opendir("/proc/self/fd");
+    T_ASSERT(d != NULL);
+    int n = 0;
+    while (readdir(d)) n++;
+    closedir(d);
+    return n - 3; /* ".", ".." and the directory's own descriptor */
+}
+
+#define MANY 64
+#define PER_SHARD 300 /* floats per shard */
+
+/* A directory of MANY shards, more than the model's window of descriptors
+ * under the limit set here: every shard maps and all mappings stay live,
+ * descriptors stay bounded, every byte is the file's. A released shard
+ * replaced by a rename is refused, not mapped; a shard truncated in place
+ * under its mapping is seen through the mapping's absolute name, also after
+ * a chdir away from the relative name it was opened by. */
+static void test_many_shards_mapped(void) {
+    ckptio_engine *e;
+    T_OK(ckptio_engine_create(&e));
+    T_OK(ckptio_engine_set(e, CKPTIO_OPT_THREADS, 2));
+    const char *dir = t_path("many");
+    T_ASSERT(mkdir(dir, 0700) == 0);
+    static float data[MANY][PER_SHARD];
+    const int64_t shape[] = {PER_SHARD};
+    for (int s = 0; s < MANY; s++) {
+        char name[16], path[512];
+        for (int i = 0; i < PER_SHARD; i++) data[s][i] = (float)(s * 1000 + i);
+        snprintf(name, sizeof name, "t%02d", s);
+        snprintf(path, sizeof path, "%s/model-%05d-of-%05d.safetensors", dir, s + 1, MANY);
+        const ckptio_tensor_source t = {.name = name, .dtype = CKPTIO_DTYPE_F32, .ndim = 1, .shape = shape,
+                                        .data = data[s], .nbytes = sizeof data[s], .mem_kind = CKPTIO_MEM_HOST};
+        T_OK(ckptio_safetensors_save(e, path, &t, 1, NULL, 0, 0));
+    }
+    char cwd[4096];
+    T_ASSERT(getcwd(cwd, sizeof cwd) != NULL);
+    T_ASSERT(chdir(dir) == 0); /* shards by relative names */
+    struct rlimit old, low;
+    T_ASSERT(getrlimit(RLIMIT_NOFILE, &old) == 0);
+    const int base = open_descriptors();
+    low = old;
+    low.rlim_cur = (rlim_t)base + 24; /* a window of a few shards, never all of them */
+    T_ASSERT(setrlimit(RLIMIT_NOFILE, &low) == 0);
+    ckptio_model *model;
+    T_OK(ckptio_model_open(e, ".", 0, &model));
+    static ckptio_mapping *maps[MANY];
+    for (size_t s = 0; s < MANY; s++) {
+        T_OK(ckptio_model_map(model, s, &maps[s]));
+        T_ASSERT(open_descriptors() <= base + 24);
+        void *p;
+        uint64_t len;
+        T_OK(ckptio_mapping_data(maps[s], &p, &len));
+        ckptio_tensor_info info;
+        T_OK(ckptio_model_tensor(model, s, &info, NULL));
+        T_ASSERT(info.nbytes == sizeof data[s] && memcmp((unsigned char *)p + info.file_offset, data[s],
+                                                         sizeof data[s]) == 0);
+    }
+    T_ASSERT(setrlimit(RLIMIT_NOFILE, &old) == 0);
+    /* The last shard was released after its mapping; another file under its name is refused. */
+    char last[64], other[80];
+    snprintf(last, sizeof last, "model-%05d-of-%05d.safetensors", MANY, MANY);
+    snprintf(other, sizeof other, "%s.new", last);
+    T_ASSERT(link("model-00001-of-00064.safetensors", other) == 0 && rename(other, last) == 0);
+    ckptio_mapping *again = NULL;
+    T_STATUS(ckptio_model_map(model, MANY - 1, &again), CKPTIO_E_DISALLOWED);
+    T_MESSAGE_HAS("replaced since it was opened");
+    T_ASSERT(again == NULL);
+    T_OK(ckptio_model_close(model));
+    /* Truncated in place after a chdir: found by the absolute name. */
+    T_ASSERT(chdir("/") == 0);
+    char first[600];
+    snprintf(first, sizeof first, "%s/model-00002-of-00064.safetensors", dir);
+    void *p;
+    uint64_t len;
+    T_OK(ckptio_mapping_data(maps[1], &p, &len));
+    T_OK(ckptio_mapping_check(p, len));
+    T_ASSERT(truncate(first, 8) == 0);
+    T_STATUS(ckptio_mapping_check(p, len), CKPTIO_E_TRUNCATED);
+    T_MESSAGE_HAS("model-00002-of-00064.safetensors");
+    T_ASSERT(chdir(cwd) == 0);
+    for (size_t s = 0; s < MANY; s++) T_OK(ckptio_mapping_release(maps[s]));
+    T_OK(ckptio_engine_destroy(e));
+}
+
 int main(void) {
     T_RUN(test_bytes_copy_on_write_and_lifetime);
     T_RUN(test_renamed_over_keeps_the_old_bytes);
@@ -271,5 +362,6 @@ int main(void) {
     T_RUN(test_truncated_during_a_save);
     T_RUN(test_read_into_a_truncated_mapping);
     T_RUN(test_torch_files);
+    T_RUN(test_many_shards_mapped);
     return 0;
 }

@@ -405,5 +405,10 @@ ckptio_status ckptio_model_map(ckptio_model *m, size_t shard, ckptio_mapping **o
         return CKPTIO_FAIL_CTX(CKPTIO_E_RANGE, &((ckptio__err_ctx){.path = m->path, .file_offset = -1}),
                                "shard %zu out of range (the model has %zu)", shard, m->nshards);
     const ckptio_safetensors *st = m->shards[shard];
-    return ckptio__file_map(st->file, st->file_size, out);
+    /* A mapping holds no descriptor: a shard released for the model's window
+     * of descriptors opens again to be mapped and goes again after. */
+    const bool was_open = ckptio__file_is_open(st->file);
+    const ckptio_status status = ckptio__file_map(st->file, st->file_size, out);
+    if (m->fd_window && !was_open) ckptio__file_release(st->file);
+    return status;
 }
