@@ -10,6 +10,7 @@
 #ifndef CKPTIO_MODEL_H
 #define CKPTIO_MODEL_H
 
+#include "file.h"
 #include "safetensors.h"
 
 #ifndef CKPTIO_EXPERIMENTAL
@@ -161,6 +162,18 @@ typedef struct ckptio_slice_target {
  * plan. Destinations must not overlap (CKPTIO_E_INVAL). On failure they
  * may be partly written. */
 CKPTIO_API ckptio_status ckptio_model_read(ckptio_model *model, const ckptio_slice_target *targets, size_t count);
+
+/*! ckptio_model_map() :
+ * Maps shard `shard` of `model` (the whole file; a tensor is at
+ * data + its file_offset). The file must still have the size it had at
+ * open (else CKPTIO_E_STALE); s3:// objects cannot be mapped
+ * (CKPTIO_E_UNSUPPORTED). The mapping outlives the model and holds no
+ * descriptor (a shard the model released is opened again to be mapped, and
+ * must still be the file checked at open, else CKPTIO_E_DISALLOWED): release
+ * it with ckptio_mapping_release(). It must not overlap another call on
+ * the same model (it may reopen and release a shard's descriptor, as reads
+ * of a model of many shards do). */
+CKPTIO_API ckptio_status ckptio_model_map(ckptio_model *model, size_t shard, ckptio_mapping **out);
 
 #ifdef __cplusplus
 }
