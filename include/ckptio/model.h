@@ -62,8 +62,11 @@ enum ckptio_model_open_flags {
  * naming the index, a tensor mapped to it and the shard) and is a valid
  * safetensors file, every tensor of the index is in its shard and every
  * tensor of a shard is mapped to that shard (CKPTIO_E_FORMAT naming the
- * index, the tensor and the shards). The engine must outlive the handle,
- * which keeps the shards open until ckptio_model_close(). */
+ * index, the tensor and the shards). The engine must outlive the handle.
+ * The handle keeps a bounded window of shards open (RLIMIT_NOFILE / 16, at
+ * least 4): a model of more shards releases each shard's descriptors once
+ * its header is read and reopens a shard when it is read or mapped
+ * (docs/MODELS.md#many-shards). */
 CKPTIO_API ckptio_status ckptio_model_open(ckptio_engine *engine, const char *path, unsigned flags,
                                            ckptio_model **out);
 
