@@ -61,7 +61,8 @@ typedef struct exec {
     const ckptio__backend_ops *backend;
     bool backend_forced;      /* io_uring was asked for explicitly */
     unsigned depth;           /* operations in flight per io_uring worker */
-    size_t bounce_size;       /* bounce bytes per worker */
+    size_t bounce_size;       /* bounce bytes per worker this plan can use */
+    size_t bounce_limit;      /* bounce bytes per worker the staging bound allows */
     bool inline_caller;       /* the calling thread is the only worker */
     _Atomic uint64_t next_task;
     _Atomic uint64_t bytes_done;
@@ -162,7 +163,8 @@ static ckptio_status worker_setup(worker *w) {
 static ckptio_status bounce_setup(worker *w) {
     exec *x = w->x;
     ckptio__worker_slot *s = w->slot;
-    if (s->bounce && s->bounce_size != x->bounce_size) {
+    /* A buffer left by an earlier plan is kept while it is large enough and within the staging bound. */
+    if (s->bounce && (s->bounce_size < x->bounce_size || s->bounce_size > x->bounce_limit)) {
         if (s->bounce_registered && s->backend->register_buffer) s->backend->register_buffer(s->queue, NULL, 0);
         s->bounce_registered = false;
         ckptio__free(s->bounce);
@@ -584,7 +586,13 @@ static ckptio_status run_host(exec *x) {
     uint64_t per = (uint64_t)ckptio__engine_setting(e, CKPTIO_OPT_STAGING_BYTES) / (threads ? threads : 1);
     if (per > x->chunk * depth) per = x->chunk * depth;
     per = ckptio__align_down(per, ALIGN);
-    x->bounce_size = per < ALIGN ? ALIGN : (size_t)per;
+    x->bounce_limit = per < ALIGN ? ALIGN : (size_t)per;
+    /* A small plan never needs more bounce per worker than its share of the bytes (one block per
+     * operation at least): a buffer sized to the bound would be faulted in and pinned for nothing, the
+     * fixed cost of a fresh engine's first small transfer. */
+    const uint64_t share = ckptio__align_up((x->host_bytes + nworkers - 1) / nworkers, ALIGN);
+    const uint64_t need = share > (uint64_t)depth * ALIGN ? share : (uint64_t)depth * ALIGN;
+    x->bounce_size = need < x->bounce_limit ? (size_t)need : x->bounce_limit;
     CKPTIO_FORWARD(ckptio__engine_reserve_slots(e, nworkers));
 
     if (threads == 0) {
