@@ -217,6 +217,7 @@ static bool only_regular_files(int dir, uint64_t *bytes) {
         if (fd >= 0) close(fd);
         return false;
     }
+    rewinddir(d); /* a dup shares its offset: an earlier scan of `dir` left it at the end */
     bool ok = true;
     *bytes = 0;
     for (struct dirent *e; ok && (e = readdir(d)) != NULL;) {
@@ -239,6 +240,7 @@ static int empty_temporary_dir(int dir) {
         if (fd >= 0) close(fd);
         return err;
     }
+    rewinddir(d); /* as in only_regular_files: the offset is shared with `dir` */
     int err = 0;
     for (struct dirent *e; !err && (e = readdir(d)) != NULL;) {
         if (!strcmp(e->d_name, ".") || !strcmp(e->d_name, "..") || !strcmp(e->d_name, CKPTIO__TMP_DIR_LOCK)) continue;
