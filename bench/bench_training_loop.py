@@ -13,12 +13,23 @@ disk:
                        StagingOptions(pinned, no shared memory, async staging on a stream of its own,
                        non-blocking copies)), one stager reused; before the next optimizer step the loop
                        waits for the staging to complete (torch's staging is not ordered against the training
-                       stream), and before the next save for the previous upload (its staging is reused)
+                       stream), and before the next save for the previous upload (its staging is reused).
+                       torch 2.11's DefaultStager closes its StateDictStager at the end of every stage, so a
+                       reused one fails its second save (KeyError: <class 'type'>: the deepcopy dispatch it
+                       cleared); later releases keep a stager the caller owns open. Here the per-stage close is
+                       a no-op and the real one runs at the end (_reusable_stager), as those releases do.
+  torch_cached         dcp.async_save with one torch FileSystemWriter(cache_staged_state_dict=True) reused
+                       (the writer stages: pinned memory allocated once, copies that block the call; on the
+                       CPU without the cache, which torch pins)
+  torch_process        as `torch`, with async_checkpointer_type=PROCESS (the write in a process of torch's,
+                       staging in shared memory; a 1-rank gloo group, which that executor needs)
   ckptio_main_manager  ckptio.CheckpointManager staging as torch does into one data file (writer_options=
                        {"snapshots": False, "thread_count": 1}): the manager as it was before snapshots
   ckptio_main_writer   dcp.async_save with one ckptio.dcp.FileSystemWriter(cache_staged_state_dict=True,
                        snapshots=False) reused: the writer as it was before snapshots
-  ckptio_manager       ckptio.CheckpointManager with snapshots (the default), prepare() before the warm-up
+  ckptio_manager       ckptio.CheckpointManager with snapshots (the default, async_busy="wait": a save asked
+                       for while the previous one writes waits for it), prepare() before the warm-up
+  ckptio_manager_skip  the same with async_busy="skip": such a save is not started (never waits)
   ckptio_writer        dcp.async_save with a new ckptio.dcp.FileSystemWriter(thread_count=FILES) per save
                        (snapshots: the pool the process's writers share), prepare() before the warm-up
 
@@ -30,9 +41,11 @@ last step, copies the state on the GPU right after that call as the reference, r
 for the save and loads it (ckptio.dcp.FileSystemReader, onto the GPU, timed) to compare bit for bit.
 
 usage: python bench/bench_training_loop.py OUTDIR [--runs "tmpfs:10:none,torch,...;disk:50:2:torch,..."]
-         [--saves N] [--deadline SECONDS] [--width W --depth D --batch B] [--device cpu]
-A run is TARGET:EVERY[:SAVES]:METHODS (EVERY * SAVES + 3 steps); runs that no longer fit in the deadline
-are skipped, in order, and said so.
+         [--saves N] [--deadline SECONDS] [--width W --depth D --batch B] [--device cpu] [--smoke]
+A run is TARGET:EVERY[:SAVES]:METHODS (EVERY * SAVES + 3 steps); the estimated time of each run is printed
+first; runs that no longer fit in the deadline are skipped, in order, and said so. --smoke: every method on
+a small model on the CPU (or the GPU when there is one), a save every 2 steps, in seconds: proves that each
+method runs end to end.
 Writes OUTDIR/training_loop.json (updated after each run) and OUTDIR/training_loop_*.png.
 """
 import argparse
@@ -45,7 +58,10 @@ import sys
 import threading
 import time
 
-METHODS = ["none", "torch", "ckptio_main_manager", "ckptio_main_writer", "ckptio_manager", "ckptio_writer"]
+METHODS = ["none", "torch", "torch_cached", "torch_process", "ckptio_main_manager", "ckptio_main_writer",
+           "ckptio_manager", "ckptio_manager_skip", "ckptio_writer"]
+MANAGERS = ("ckptio_manager", "ckptio_manager_skip", "ckptio_main_manager")
+SNAPSHOTS = ("ckptio_manager", "ckptio_manager_skip", "ckptio_writer")
 
 
 # ---- the child: one method, one target, one cadence -------------------------------------------------------
@@ -68,6 +84,36 @@ def _flat(v, out):
         for x in v:
             _flat(x, out)
     return out
+
+
+def _reusable_stager(options):
+    """A DefaultStager that can stage more than once on torch 2.11, whose DefaultStager._stage closes its
+    StateDictStager after every stage (clearing the deepcopy dispatch the next stage needs: KeyError <class
+    'type'>, and the cache of staging storages). Later releases leave a stager the caller owns open; so here:
+    the per-stage close does nothing, and close_stager() runs the real one at the end."""
+    from torch.distributed.checkpoint.staging import DefaultStager
+
+    stager = DefaultStager(options)
+    inner = getattr(stager, "_state_dict_stager", None)
+    if inner is not None and hasattr(inner, "close"):
+        inner.close = lambda: None  # an instance attribute: what DefaultStager._stage calls
+    return stager
+
+
+def _close_stager(stager) -> None:
+    inner = getattr(stager, "_state_dict_stager", None)
+    stager.close()
+    if inner is not None and "close" in vars(inner):
+        del inner.close
+        inner.close()
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
 
 
 class _Retention:
@@ -96,6 +142,13 @@ def child(args) -> dict:
     dev = torch.device(args.device)
     cuda = dev.type == "cuda"
     sync = torch.cuda.synchronize if cuda else (lambda: None)
+    method = args.method
+    if method == "torch_process":  # torch's process executor needs a process group: one rank of gloo
+        import torch.distributed as dist
+
+        os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+        os.environ["MASTER_PORT"] = str(_free_port())
+        dist.init_process_group("gloo", rank=0, world_size=1)
     torch.manual_seed(0)
     layers = []
     for _ in range(args.depth):
@@ -120,55 +173,67 @@ def child(args) -> dict:
     extra = {"step": 0, "rng": torch.get_rng_state(), "loader": {"epoch": 0, "index": 0}}
     if cuda:
         extra["cuda_rng"] = torch.cuda.get_rng_state()
-    # Plain dicts: torch 2.11's StateDictStager cannot copy an OrderedDict (KeyError: <class 'type'>).
     state = {"model": dict(msd), "optim": osd, "extra": extra}
     state_bytes = sum(t.numel() * t.element_size() for t in _flat(state, []))
     root = os.path.join(args.root, f"{args.method}")
     shutil.rmtree(root, ignore_errors=True)
     os.makedirs(root, exist_ok=True)
     keep = args.keep_last
-    method = args.method
-    durable, requested, futures = {}, {}, []
+    durable, requested, futures, skipped = {}, {}, [], []
     retention = _Retention(keep)
     t_setup = time.perf_counter()
     mgr = writer = stager = None
-    if method in ("ckptio_manager", "ckptio_main_manager"):
-        opts = {} if method == "ckptio_manager" else {"snapshots": False, "thread_count": 1}  # as before
-        mgr = ckptio.CheckpointManager(root, keep_last=keep, writer_options=opts)
-        if method == "ckptio_manager":
+    if method in MANAGERS:
+        opts = {"snapshots": False, "thread_count": 1} if method == "ckptio_main_manager" else {}  # as before
+        mgr = ckptio.CheckpointManager(root, keep_last=keep, writer_options=opts,
+                                       async_busy="skip" if method == "ckptio_manager_skip" else "wait")
+        if method in SNAPSHOTS:
             mgr.prepare(state)
     elif method == "ckptio_main_writer":
         writer = cdcp.FileSystemWriter(os.path.join(root, "w"), cache_staged_state_dict=True, snapshots=False)
     elif method == "ckptio_writer":
         cdcp.FileSystemWriter(root).prepare(state)
-    elif method == "torch":
-        from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions
+    elif method in ("torch", "torch_process"):
+        from torch.distributed.checkpoint.staging import StagingOptions
 
-        stager = DefaultStager(StagingOptions(use_pinned_memory=True, use_shared_memory=False,
-                                              use_async_staging=cuda, use_non_blocking_copy=cuda))
+        stager = _reusable_stager(StagingOptions(use_pinned_memory=cuda, use_shared_memory=method == "torch_process",
+                                                 use_async_staging=cuda, use_non_blocking_copy=cuda))
+    elif method == "torch_cached":
+        # torch pins the cached copy, which needs CUDA: the CPU smoke run stages without the cache.
+        writer = dcp.FileSystemWriter(os.path.join(root, "w"), thread_count=args.files, cache_staged_state_dict=cuda)
     for _ in range(3):  # warm-up (the snapshot pool is pinned meanwhile, as a job's start would let it)
         step()
     sync()
     last_upload = []
 
-    def save(i: int) -> None:
+    def save(i: int, final: bool = False) -> None:
         extra["step"] = i
         extra["loader"]["index"] = i * args.batch
         requested[i] = time.perf_counter()
         path = os.path.join(root, f"step_{i:08d}")
 
-        def mark(_f=None, i=i, path=path):
+        def mark(f, i=i, path=path):
+            if not f.exception() and isinstance(f.result(), ckptio.SkippedSave):
+                skipped.append(i)
+                return
             durable[i] = time.perf_counter()
             if mgr is None:
                 retention.durable(path)
 
         if mgr is not None:
-            f = mgr.save(i, state)
-        elif method == "torch":
+            f = mgr.save(i, state, async_busy="wait" if final else None)  # the exactness save is never skipped
+        elif method in ("torch", "torch_process", "torch_cached"):
             while last_upload:
                 last_upload.pop().result()  # its staging buffers are reused by this save
-            resp = dcp.async_save(state, storage_writer=dcp.FileSystemWriter(path, thread_count=args.files),
-                                  async_stager=stager, no_dist=True)
+            if method == "torch_cached":
+                resp = dcp.async_save(state, checkpoint_id=path, storage_writer=writer, no_dist=True)
+            else:
+                from torch.distributed.checkpoint.state_dict_saver import AsyncCheckpointerType
+
+                kind = AsyncCheckpointerType.PROCESS if method == "torch_process" else AsyncCheckpointerType.THREAD
+                resp = dcp.async_save(state, storage_writer=dcp.FileSystemWriter(path, thread_count=args.files),
+                                      async_stager=stager, async_checkpointer_type=kind,
+                                      no_dist=method != "torch_process")
             if hasattr(resp, "staging_completion"):
                 staging_wait.append(resp.staging_completion)
                 f = resp.upload_completion
@@ -194,7 +259,7 @@ def child(args) -> dict:
         step()
         sync()
         times.append(time.perf_counter() - t0)
-        if pool_ready_at is None and method in ("ckptio_manager", "ckptio_writer"):
+        if pool_ready_at is None and method in SNAPSHOTS:
             snaps = mgr._snapshots if mgr is not None else ckptio._snapshot.shared()
             info = snaps.info()
             if info and info["ready_bytes"] >= info["nbytes"]:
@@ -208,11 +273,11 @@ def child(args) -> dict:
     drain_s = time.perf_counter() - t0
     cpu_drain = _cpu_seconds() - cpu0 - cpu_loop
     pinned = None
-    if method in ("ckptio_manager", "ckptio_writer"):
+    if method in SNAPSHOTS:
         snaps = mgr._snapshots if mgr is not None else ckptio._snapshot.shared()
         pinned = snaps.info().get("nbytes")
-    elif method == "torch":
-        pinned = state_bytes  # its stager keeps a pinned copy of every tensor
+    elif method in ("torch", "torch_process", "torch_cached"):
+        pinned = state_bytes if cuda else 0  # its stager (or writer) keeps a pinned copy of every tensor
     elif method in ("ckptio_main_manager", "ckptio_main_writer"):
         pinned = state_bytes  # torch's _create_cpu_state_dict, pinned (the writer's cache / each save)
     out = {"method": method, "target": args.target, "every": args.every, "steps": args.steps,
@@ -221,13 +286,14 @@ def child(args) -> dict:
            "step_ms": [round(t * 1e3, 3) for t in times], "save_steps": save_steps,
            "save_call_ms": {str(k): round(v * 1e3, 3) for k, v in calls.items()},
            "durable_s": {str(k): round(durable[k] - requested[k], 3) for k in requested if k in durable},
+           "skipped_steps": sorted(skipped),
            "loop_s": round(loop_s, 3), "drain_s": round(drain_s, 3), "cpu_s_loop": round(cpu_loop, 3),
            "cpu_s_drain": round(cpu_drain, 3), "pinned_bytes": pinned,
            "pool_ready_s": None if pool_ready_at is None else round(pool_ready_at, 3)}
     # Exactness: one more save, the reference copied on the GPU right after the call, two more steps.
     if method != "none":
         final = args.steps
-        save(final)
+        save(final, final=True)
         ref = [t.detach().clone() for t in _flat(state, [])]
         step()
         step()
@@ -249,7 +315,11 @@ def child(args) -> dict:
     if mgr is not None:
         mgr.close()
     if stager is not None:
-        stager.close()
+        _close_stager(stager)
+    if method == "torch_process":
+        import torch.distributed as dist
+
+        dist.destroy_process_group()
     shutil.rmtree(root, ignore_errors=True)
     return out
 
@@ -273,6 +343,7 @@ def _stats(r: dict, base_ms: float) -> dict:
         "durable_s": durable, "cpu_s_loop": r["cpu_s_loop"], "cpu_s_drain": r["cpu_s_drain"],
         "pinned_gb": None if r.get("pinned_bytes") is None else round(r["pinned_bytes"] / 1e9, 2),
         "exact": r.get("exact"), "load_gbps": r.get("load_gbps"), "pool_ready_s": r.get("pool_ready_s"),
+        "skipped_steps": r.get("skipped_steps", []),
     }
 
 
@@ -328,7 +399,6 @@ def ceilings(args) -> dict:
     gb = args.state_gb
     out = {"tmpfs_1_file_fresh": _dd(args.tmpfs + "/dd", 1, gb, False),
            f"tmpfs_{args.files}_files": _dd(args.tmpfs + "/dd", args.files, gb, False),
-           "tmpfs_1_file_again": _dd(args.tmpfs + "/dd", 1, gb, False),
            "disk_1_file_direct": _dd(args.disk + "/dd", 1, min(gb, 4.0), True),
            f"disk_{args.files}_files_direct": _dd(args.disk + "/dd", args.files, min(gb, 4.0), True)}
     print("write ceilings GB/s:", json.dumps(out), flush=True)
@@ -347,6 +417,12 @@ def parent(args) -> None:
         target, every, methods = parts[0], int(parts[1]), parts[-1]
         saves = int(parts[2]) if len(parts) == 4 else args.saves
         runs += [(target, every, m, every * saves + 3) for m in methods.split(",")]
+    estimate = sum(args.run_seconds + steps * args.step_seconds for *_, steps in runs)
+    print(f"{len(runs)} runs, estimated {estimate:.0f} s (a run: {args.run_seconds:.0f} s + its steps at "
+          f"{args.step_seconds} s), deadline {args.deadline:.0f} s:", flush=True)
+    for target, every, method, steps in runs:
+        cost = args.run_seconds + steps * args.step_seconds
+        print(f"  {target:5} every {every:3} {method:20} {steps:4} steps  ~{cost:4.0f} s", flush=True)
     for target, every, method, steps in runs:
         left = args.deadline - (time.monotonic() - t_start)
         budget = args.run_seconds + steps * args.step_seconds
@@ -365,7 +441,7 @@ def parent(args) -> None:
         t0 = time.monotonic()
         try:
             p = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                               timeout=max(30, int(left)))
+                               timeout=max(10, int(min(left, 3 * budget + 30))))  # one hung run spends no more
             line = [ln for ln in p.stdout.splitlines() if ln.startswith("{")]
             r = json.loads(line[-1]) if p.returncode == 0 and line else \
                 {"method": method, "target": target, "every": every, "error": p.stderr[-3000:]}
@@ -388,18 +464,27 @@ def parent(args) -> None:
               + (json.dumps(summary) if summary else r.get("error", "")[-400:]), flush=True)
         with open(out_json, "w") as f:
             json.dump({"plain_step_ms": base_ms, "write_ceilings_gbps": measured, "results": results}, f, indent=1)
-    charts = _plot(results, args.outdir)
+    charts = _plot(results, args.outdir) if args.charts else []
     print("charts:", charts, flush=True)
     print("\nmethod               target every  mean%   worst-plain  first-save  later saves (ms)        durable s"
-          "        cpu s   pinned GB exact load GB/s")
+          "        cpu s   pinned GB exact load GB/s skipped")
+    failed = []
     for x in results:
         s = x.get("summary")
         if not s:
+            if "error" in x or (x.get("method") != "none" and "skipped" not in x):
+                failed.append(x)
+            print(f"{x['method']:20} {x['target']:6} {x['every']:5} "
+                  + (f"not run ({x['skipped']})" if "skipped" in x else "FAILED: " + x.get("error", "")[-300:]))
             continue
+        if x["method"] != "none" and not s["exact"]:
+            failed.append(x)
         print(f"{x['method']:20} {x['target']:6} {x['every']:5} {s['mean_overhead_pct']:6.2f} "
               f"{s['worst_over_plain_ms']:10.1f} {s['first_save_over_plain_ms'] or 0:10.1f}  "
               f"{str([round(v, 1) for v in s['later_saves_ms']]):24} {str([round(v, 1) for v in s['durable_s']]):16} "
-              f"{s['cpu_s_loop']:6.1f}+{s['cpu_s_drain']:<5.1f} {s['pinned_gb']} {s['exact']} {s['load_gbps']}")
+              f"{s['cpu_s_loop']:6.1f}+{s['cpu_s_drain']:<5.1f} {s['pinned_gb']} {s['exact']} {s['load_gbps']} "
+              f"{s['skipped_steps']}")
+    return failed
 
 
 def main() -> None:
@@ -428,7 +513,26 @@ def main() -> None:
                     "ckptio_writer, as the manager writes")
     ap.add_argument("--ceilings", action="store_true", help="measure the targets' write ceilings with dd first")
     ap.add_argument("--base-ms", type=float, help="a plain step's time, when no 'none' run is in this call")
+    ap.add_argument("--no-charts", dest="charts", action="store_false")
+    ap.add_argument("--smoke", action="store_true", help="every method, a small model, seconds: runs end to end")
     args = ap.parse_args()
+    if args.smoke and not args.child:
+        import torch
+
+        args.device = "cuda" if torch.cuda.is_available() else "cpu"
+        args.width, args.depth, args.batch, args.state_gb = 256, 2, 32, 0.002
+        args.runs = "tmpfs:2:2:" + ",".join(METHODS)
+        args.run_seconds, args.step_seconds, args.ceilings = 15.0, 0.01, False
+        args.tmpfs = args.tmpfs.rstrip("/") + "-smoke"
+        failed, results = parent(args), []
+        if os.path.exists(os.path.join(args.outdir, "training_loop.json")):
+            with open(os.path.join(args.outdir, "training_loop.json")) as f:
+                results = json.load(f)["results"]
+        ran = [x["method"] for x in results if "step_ms" in x]
+        missing = [m for m in METHODS if m not in ran]
+        print("smoke:", f"{len(failed)} run(s) failed: {[x['method'] for x in failed]}" if failed else
+              f"not run: {missing}" if missing else "every method ran end to end, every checkpoint exact", flush=True)
+        sys.exit(1 if failed or missing else 0)
     if args.child:
         print(json.dumps(child(args)), flush=True)
         os._exit(0)  # a thread of torch's executors may linger

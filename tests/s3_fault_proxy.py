@@ -16,6 +16,8 @@ ACTION, the rest pass again. Actions:
     stall:SECONDS   read the request, send nothing for SECONDS, then close (never forwarded)
     truncate:BYTES  forward, then send the answer's head and only BYTES of its body, and close
     lose            forward (the server acts on it), then close without passing the answer on
+    answer:FILE     answer 200 with FILE's bytes as the body (application/xml; never forwarded): a listing
+                    or any other document a hostile or broken server might send
 Each request is logged to --log as a JSON line {"method", "target", "action"} (action "pass" when
 forwarded untouched). Standard library only; exits after --max-seconds (default 300) whatever happens.
 """
@@ -47,8 +49,9 @@ class Rule:
         self.method, pattern, self.action = parts[0], parts[1], parts[2]
         rest = parts[3:]
         self.arg = None
-        if self.action in ("error", "stall", "truncate"):
-            self.arg = float(rest.pop(0)) if self.action == "stall" else int(rest.pop(0))
+        if self.action in ("error", "stall", "truncate", "answer"):
+            arg = rest.pop(0)
+            self.arg = float(arg) if self.action == "stall" else arg if self.action == "answer" else int(arg)
         self.times = int(rest[0])
         self.skip = int(rest[1]) if len(rest) > 1 else 0
         self.regex = re.compile(pattern)
@@ -151,6 +154,10 @@ class Handler(socketserver.BaseRequestHandler):
                     continue
                 if action == "error":
                     self.send_error_doc(rule.arg, b"Error", INTERNAL if rule.arg >= 500 else INVALID)
+                    continue
+                if action == "answer":
+                    with open(rule.arg, "rb") as f:
+                        self.send_error_doc(200, b"OK", f.read())
                     continue
                 if action == "drop":
                     sock.close()

@@ -171,12 +171,70 @@ static void test_errors(ckptio_engine *engine) {
     ckptio_torch_writer_destroy(w);
 }
 
+/* An archive of a large host tensor is hashed in CKPTIO_DCP_PART_BYTES blocks while it is written (by the
+ * plan's observer, on the worker that writes each block), not in a pass before the first byte: its parts tile
+ * the item, each the XXH3-64 of the bytes on disk, none read back; a small one keeps its one hash. */
+static void test_large_host_tensors_hashed_in_blocks_as_written(void) {
+    const int64_t n = (int64_t)(2 * CKPTIO_DCP_PART_BYTES + 12345) / 4; /* two whole blocks and a tail */
+    float *big = malloc((size_t)n * 4);
+    T_ASSERT(big);
+    t_fill_random(big, (size_t)n * 4, 5);
+    static float small[1000];
+    t_fill_random(small, sizeof small, 6);
+    const int threads[] = {0, 3};
+    for (size_t r = 0; r < sizeof threads / sizeof *threads; r++) {
+        ckptio_engine *e = NULL;
+        T_OK(ckptio_engine_create(&e));
+        T_OK(ckptio_engine_set(e, CKPTIO_OPT_THREADS, threads[r]));
+        T_OK(ckptio_engine_set(e, CKPTIO_OPT_CHUNK_BYTES, 1 << 20)); /* blocks span several tasks */
+        const char *path = t_path("blocks.distcp");
+        ckptio_file *file = NULL;
+        T_OK(ckptio_file_open(e, path, CKPTIO_OPEN_WRITE, &file));
+        ckptio_dcp_item items[2] = {
+            {.file = file, .archive = one_tensor_archive(big, n), .flags = CKPTIO_DCP_ITEM_HASH},
+            {.file = file, .archive = one_tensor_archive(small, 1000), .flags = CKPTIO_DCP_ITEM_HASH},
+        };
+        ckptio_stats before, after;
+        T_OK(ckptio_engine_stats(e, &before));
+        T_OK(ckptio_dcp_write(e, items, 2, NULL));
+        T_OK(ckptio_engine_stats(e, &after));
+        T_OK(ckptio_file_commit(file));
+        T_OK(ckptio_file_close(file));
+        T_ASSERT_MSG(after.bytes_read == before.bytes_read, "threads %d: %llu bytes read back", threads[r],
+                     (unsigned long long)(after.bytes_read - before.bytes_read));
+        size_t len = 0;
+        unsigned char *disk = t_read_file(path, &len);
+        const ckptio_dcp_item *it = &items[0];
+        T_ASSERT_MSG(!it->hashed && it->nparts >= 4, "threads %d: %zu parts", threads[r], it->nparts);
+        uint64_t at = 0, blocks = 0;
+        for (size_t k = 0; k < it->nparts; k++) {
+            const ckptio_dcp_part *pt = &it->parts[k];
+            T_ASSERT_MSG(pt->offset == at && pt->length > 0 && pt->length <= CKPTIO_DCP_PART_BYTES,
+                         "part %zu: offset %llu length %llu", k, (unsigned long long)pt->offset,
+                         (unsigned long long)pt->length);
+            T_ASSERT_MSG(pt->hash == XXH3_64bits(disk + it->offset + pt->offset, pt->length),
+                         "threads %d part %zu: the hash is not the file's bytes'", threads[r], k);
+            blocks += pt->length == CKPTIO_DCP_PART_BYTES;
+            at += pt->length;
+        }
+        T_ASSERT(at == it->length && blocks == 2);
+        T_ASSERT(items[1].hashed && items[1].nparts == 0 &&
+                 items[1].hash == XXH3_64bits(disk + items[1].offset, items[1].length));
+        free(disk);
+        for (size_t i = 0; i < 2; i++) ckptio_torch_writer_destroy(items[i].archive);
+        ckptio_dcp_items_release(items, 2);
+        T_OK(ckptio_engine_destroy(e));
+    }
+    free(big);
+}
+
 int main(void) {
     ckptio_engine *engine = NULL;
     T_OK(ckptio_engine_create(&engine));
     test_items_layout_and_hashes(engine);
     test_zstd_streamed_frames_and_corruption();
     test_errors(engine);
+    test_large_host_tensors_hashed_in_blocks_as_written();
     T_OK(ckptio_engine_destroy(engine));
     return T_EXIT_PASS;
 }

@@ -11,69 +11,7 @@
 #include "objstore_helpers.h"
 
 #include <errno.h>
-#include <signal.h>
 #include <sys/stat.h>
-#include <sys/wait.h>
-
-static char upstream[512];
-static pid_t proxy_pid;
-static char proxy_log[1024];
-
-/* Starts the proxy with `rules` (NULL-terminated) and points AWS_ENDPOINT_URL at it. */
-static void proxy_start(const char *const *rules) {
-    static int serial;
-    const char *data = getenv("CKPTIO_TEST_DATA");
-    char script[1200], port_file[1024];
-    snprintf(script, sizeof script, "%s/../s3_fault_proxy.py", data ? data : "tests/data");
-    snprintf(port_file, sizeof port_file, "%s/proxy-%d.port", t_tmpdir(), serial);
-    snprintf(proxy_log, sizeof proxy_log, "%s/proxy-%d.log", t_tmpdir(), serial++);
-    const char *argv[32] = {"python3", script, "--upstream", upstream, "--port-file", port_file,
-                            "--log", proxy_log, "--max-seconds", "120"};
-    int argc = 10;
-    for (int i = 0; rules[i] && argc < 30; i++) {
-        argv[argc++] = "--rule";
-        argv[argc++] = rules[i];
-    }
-    argv[argc] = NULL;
-    fflush(NULL);
-    proxy_pid = fork();
-    T_ASSERT(proxy_pid >= 0);
-    if (proxy_pid == 0) {
-        execvp("python3", (char *const *)argv);
-        _exit(127);
-    }
-    char port[32] = "";
-    for (int i = 0; i < 200 && !port[0]; i++) {
-        FILE *f = fopen(port_file, "r");
-        if (f) {
-            if (!fgets(port, sizeof port, f)) port[0] = '\0';
-            fclose(f);
-        }
-        if (!port[0]) usleep(50 * 1000);
-    }
-    T_ASSERT_MSG(port[0], "the fault proxy did not start (%s)", script);
-    char url[128];
-    snprintf(url, sizeof url, "http://127.0.0.1:%s", port);
-    setenv("AWS_ENDPOINT_URL", url, 1);
-}
-
-/* Stops the proxy; returns how many requests met `action`. */
-static int proxy_stop(const char *action) {
-    kill(proxy_pid, SIGTERM);
-    int status;
-    waitpid(proxy_pid, &status, 0);
-    setenv("AWS_ENDPOINT_URL", upstream, 1);
-    size_t len = 0;
-    char *raw = t_read_file(proxy_log, &len), *log = calloc(1, len + 1);
-    if (raw && log) memcpy(log, raw, len);
-    free(raw);
-    char needle[64];
-    snprintf(needle, sizeof needle, "\"action\": \"%s\"", action);
-    int n = 0;
-    for (char *p = log; p && *p && (p = strstr(p, needle)); p += strlen(needle)) n++;
-    free(log);
-    return n;
-}
 
 static unsigned char *random_bytes(size_t n, uint64_t seed) {
     unsigned char *b = malloc(n);

@@ -219,4 +219,19 @@ int cli_view_read_all(ckptio_engine *engine, const cli_view *view, uint64_t wind
  * NULL on failure. */
 ckptio_engine *cli_engine_create(void);
 
+/* Whether `path` is an object in S3-compatible storage ("s3://BUCKET/KEY"),
+ * which the library opens wherever it opens a file (docs/OBJECT_STORAGE.md). */
+bool cli_is_object(const char *path);
+
+/* Whether `path` is a directory: stat for a local path, the format probe for
+ * an object (a prefix with objects under it). */
+bool cli_is_dir(const char *path);
+
+/* The size of the file or object `path` (0 when it cannot be opened). */
+uint64_t cli_file_size(ckptio_engine *engine, const char *path);
+
+/* "DIR/NAME" into out[0..cap), without doubling a '/' that ends DIR (an
+ * object prefix given as "s3://b/run/"). Returns false when it does not fit. */
+bool cli_join(const char *dir, const char *name, char *out, size_t cap);
+
 #endif /* CKPTIO_CLI_H */

@@ -61,6 +61,40 @@ static int open_torch(ckptio_engine *engine, cli_view *view) {
     return 0;
 }
 
+bool cli_is_object(const char *path) { return strncmp(path, "s3://", 5) == 0; }
+
+bool cli_is_dir(const char *path) {
+    if (cli_is_object(path)) {
+        ckptio_format format;
+        if (ckptio_format_detect(path, &format) != CKPTIO_OK) return false;
+        const size_t n = strlen(path);
+        return format == CKPTIO_FORMAT_DCP || format == CKPTIO_FORMAT_DIRECTORY ||
+               (format == CKPTIO_FORMAT_HF_INDEX && !(n > 5 && strcmp(path + n - 5, ".json") == 0));
+    }
+    struct stat sb;
+    return stat(path, &sb) == 0 && S_ISDIR(sb.st_mode);
+}
+
+uint64_t cli_file_size(ckptio_engine *engine, const char *path) {
+    if (!cli_is_object(path)) {
+        struct stat sb;
+        return stat(path, &sb) == 0 ? (uint64_t)sb.st_size : 0;
+    }
+    ckptio_file *f = NULL;
+    uint64_t size = 0;
+    if (ckptio_file_open(engine, path, CKPTIO_OPEN_READ, &f) == CKPTIO_OK && ckptio_file_size(f, &size) != CKPTIO_OK)
+        size = 0;
+    ckptio_file_close(f);
+    return size;
+}
+
+bool cli_join(const char *dir, const char *name, char *out, size_t cap) {
+    const size_t n = strlen(dir);
+    const char *sep = n && dir[n - 1] == '/' ? "" : "/";
+    const int k = snprintf(out, cap, "%s%s%s", dir, sep, name);
+    return k >= 0 && (size_t)k < cap;
+}
+
 int cli_detect(const char *path, ckptio_format *format) {
     const ckptio_status st = ckptio_format_detect(path, format);
     if (st == CKPTIO_OK) return 0;
@@ -73,8 +107,15 @@ int cli_detect(const char *path, ckptio_format *format) {
 }
 
 int cli_refuse_format(const char *path, ckptio_format format) {
-    struct stat sb;
-    const bool dir = stat(path, &sb) == 0 && S_ISDIR(sb.st_mode);
+    struct stat sb = {0};
+    const bool object = cli_is_object(path);
+    const bool dir = object ? format == CKPTIO_FORMAT_DIRECTORY || format == CKPTIO_FORMAT_DCP
+                            : stat(path, &sb) == 0 && S_ISDIR(sb.st_mode);
+    if (object && !dir) {
+        ckptio_engine *engine = NULL;
+        if (ckptio_engine_create(&engine) == CKPTIO_OK) sb.st_size = (off_t)cli_file_size(engine, path);
+        ckptio_engine_destroy(engine);
+    }
     if (dir) cli_error("%s: is a directory, not a checkpoint file", path);
     else if (format == CKPTIO_FORMAT_HF_INDEX) cli_error("%s: is a Hugging Face index, not a checkpoint file", path);
     else
@@ -92,7 +133,8 @@ int cli_view_open(ckptio_engine *engine, const char *path, cli_view *view) {
     ckptio_format format;
     if (cli_detect(path, &format) != 0) return -1;
     struct stat sb;
-    if (stat(path, &sb) != 0) return cli_error("%s: cannot open: %s", path, strerror(errno)), -1;
+    if (cli_is_object(path)) sb.st_size = (off_t)cli_file_size(engine, path);
+    else if (stat(path, &sb) != 0) return cli_error("%s: cannot open: %s", path, strerror(errno)), -1;
     view->file_size = (uint64_t)sb.st_size;
     int rc;
     switch (format) {

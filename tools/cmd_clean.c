@@ -10,7 +10,40 @@
 #include "cli.h"
 #include "cli_steps.h"
 
+#include "ckptio.h" /* ckptio_object_abort_uploads (ckptio/object.h) */
+
 #include <stdlib.h>
+#include <string.h>
+
+/* An object store cannot tell a live upload from a dead one: by default
+ * only uploads begun this long ago are aborted (a save's upload that runs
+ * longer is aborted too: give --min-age when saves take longer). */
+#define OBJECT_MIN_AGE 3600.0
+
+/* `ckptio clean s3://BUCKET/PREFIX`: the unfinished multipart uploads under
+ * the prefix (killed saves' parts: invisible, billed) are aborted; objects
+ * are never touched. */
+static int clean_uploads(const char *url, double min_age, bool quiet) {
+    ckptio_engine *engine = cli_engine_create();
+    if (!engine) return CLI_EXIT_FAIL;
+    char prefix[4096];
+    const size_t n = strlen(url);
+    /* "s3://b/run" means the directory run/: not run2/ too */
+    const bool bucket_only = strchr(url + 5, '/') == NULL || strchr(url + 5, '/') == url + n - 1;
+    if ((size_t)snprintf(prefix, sizeof prefix, "%s%s", url, bucket_only || url[n - 1] == '/' ? "" : "/") >=
+        sizeof prefix) {
+        ckptio_engine_destroy(engine);
+        return cli_error("%s: too long", url), CLI_EXIT_FAIL;
+    }
+    uint64_t aborted = 0;
+    const ckptio_status st = ckptio_object_abort_uploads(engine, prefix, min_age, &aborted);
+    ckptio_engine_destroy(engine);
+    if (st != CKPTIO_OK) return cli_error_lib(url, st);
+    if (!quiet)
+        printf("%s: aborted %llu unfinished upload%s begun at least %.0f s ago (objects are not touched)\n", cli_q(url),
+               (unsigned long long)aborted, aborted == 1 ? "" : "s", min_age);
+    return CLI_EXIT_OK;
+}
 
 static const cli_usage usage = {
     "clean",
@@ -25,6 +58,12 @@ static const cli_usage usage = {
     "DCP writer's, copies) and steps holding anything the manager does not write\n"
     "are never removed: each is listed with the reason it was left alone.\n"
     "Prints one line per DIR: removed, bytes freed, and what was kept.\n"
+    "An object store prefix (s3://BUCKET/PREFIX) has the unfinished multipart\n"
+    "uploads under it aborted (what killed saves leave: invisible, billed) that\n"
+    "began at least --min-age seconds ago (default 3600 there: a store cannot tell\n"
+    "a live upload from a dead one); objects are never touched. A manager's ROOT\n"
+    "there has its partial steps removed (and their uploads aborted) under the\n"
+    "root's lease, as on a file system.\n"
     "\noptions:\n"
     "  -a, --min-age SECONDS  also keep temporaries modified less than SECONDS ago\n"
     "                         (default 0: liveness is decided by the writer's lock)\n"
@@ -41,7 +80,7 @@ int cli_cmd_clean(int argc, char **argv) {
         {"help", no_argument, NULL, 'h'},
         {NULL, 0, NULL, 0},
     };
-    bool quiet = false;
+    bool quiet = false, age_given = false;
     uint64_t min_age = 0;
     for (int c; (c = cli_next_option(argc, argv, "a:qh", longopts, &usage)) != CLI_OPT_END;) {
         switch (c) {
@@ -50,6 +89,7 @@ int cli_cmd_clean(int argc, char **argv) {
         case 'a':
             if (cli_parse_uint(optarg, 0, 100u * 365 * 86400, &min_age) != 0)
                 return cli_usage_error(&usage, "--min-age wants whole seconds, got '%s'", optarg);
+            age_given = true;
             break;
         default: return CLI_EXIT_USAGE;
         }
@@ -58,6 +98,11 @@ int cli_cmd_clean(int argc, char **argv) {
     int rc = CLI_EXIT_OK;
     for (int i = optind; i < argc; i++) {
         if (cli_steps_is_root(argv[i]) && cli_steps_clean(argv[i], quiet) != CLI_EXIT_OK) rc = CLI_EXIT_FAIL;
+        if (cli_is_object(argv[i])) {
+            if (clean_uploads(argv[i], age_given ? (double)min_age : OBJECT_MIN_AGE, quiet) != CLI_EXIT_OK)
+                rc = CLI_EXIT_FAIL;
+            continue;
+        }
         ckptio_cleanup_report r;
         const ckptio_status st = ckptio_cleanup_temporaries(argv[i], NULL, (double)min_age, &r);
         if (st != CKPTIO_OK) {

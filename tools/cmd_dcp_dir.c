@@ -22,16 +22,14 @@ static const char *dtype_label(ckptio_dtype dtype) {
     return name != NULL ? name : "?";
 }
 
-static uint64_t file_size(const char *dir, const char *name) {
+static uint64_t file_size(ckptio_engine *engine, const char *dir, const char *name) {
     char path[4096];
-    struct stat sb;
-    snprintf(path, sizeof path, "%s/%s", dir, name);
-    return stat(path, &sb) == 0 ? (uint64_t)sb.st_size : 0;
+    return cli_join(dir, name, path, sizeof path) ? cli_file_size(engine, path) : 0;
 }
 
 /* ---- text ------------------------------------------------------------------------- */
 
-static int print_text(ckptio_dcp *h, const char *dir) {
+static int print_text(ckptio_engine *engine, ckptio_dcp *h, const char *dir) {
     size_t nt = 0, nb = 0, nf = 0;
     const char *manifest = NULL;
     char a[32], b[64];
@@ -47,7 +45,7 @@ static int print_text(ckptio_dcp *h, const char *dir) {
     for (size_t i = 0; i < nf; i++) {
         const char *name = NULL;
         ckptio_dcp_file(h, i, &name);
-        const uint64_t size = file_size(dir, name);
+        const uint64_t size = file_size(engine, dir, name);
         data_bytes += size;
         printf("  %s  %s\n", cli_q(name), cli_format_bytes(size, a, sizeof a));
     }
@@ -117,7 +115,7 @@ static void add_stored(json_t *o, const ckptio_dcp_stored *s, bool *oom) {
     set(o, "transforms", tr, oom);
 }
 
-static json_t *build_json(ckptio_dcp *h, const char *dir, bool *oom) {
+static json_t *build_json(ckptio_engine *engine, ckptio_dcp *h, const char *dir, bool *oom) {
     size_t nt = 0, nb = 0, nf = 0;
     const char *manifest = NULL;
     ckptio_dcp_tensor_count(h, &nt);
@@ -135,7 +133,7 @@ static json_t *build_json(ckptio_dcp *h, const char *dir, bool *oom) {
         json_t *o = json_object();
         if (o) {
             set(o, "name", json_string(name), oom);
-            set(o, "size", json_integer((json_int_t)file_size(dir, name)), oom);
+            set(o, "size", json_integer((json_int_t)file_size(engine, dir, name)), oom);
         }
         append(files, o, oom);
     }
@@ -201,10 +199,10 @@ int cli_dcp_inspect(ckptio_engine *engine, const char *dir, bool json) {
     if (st != CKPTIO_OK) return cli_error_lib(dir, st);
     int rc = CLI_EXIT_FAIL;
     if (!json) {
-        rc = print_text(h, dir);
+        rc = print_text(engine, h, dir);
     } else {
         bool oom = false;
-        json_t *root = build_json(h, dir, &oom);
+        json_t *root = build_json(engine, h, dir, &oom);
         char *text = (root && !oom) ? json_dumps(root, JSON_INDENT(2) | JSON_PRESERVE_ORDER) : NULL;
         json_decref(root);
         if (!text) {

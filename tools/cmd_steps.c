@@ -25,8 +25,13 @@ static const char *state_name(ckptio_step_state s) {
 bool cli_steps_is_root(const char *path) {
     struct stat sb;
     char md[4096];
-    if (stat(path, &sb) != 0 || !S_ISDIR(sb.st_mode)) return false;
-    if (snprintf(md, sizeof md, "%s/.metadata", path) >= (int)sizeof md || lstat(md, &sb) == 0) return false;
+    ckptio_format format;
+    if (cli_is_object(path)) { /* a prefix (not a DCP checkpoint itself) with step_NNNNNNNN prefixes under it */
+        if (ckptio_format_detect(path, &format) != CKPTIO_OK || format != CKPTIO_FORMAT_DIRECTORY) return false;
+    } else {
+        if (stat(path, &sb) != 0 || !S_ISDIR(sb.st_mode)) return false;
+        if (snprintf(md, sizeof md, "%s/.metadata", path) >= (int)sizeof md || lstat(md, &sb) == 0) return false;
+    }
     ckptio_step_info *steps = NULL;
     size_t n = 0;
     const bool root = ckptio_steps_scan(path, &steps, &n) == CKPTIO_OK && n > 0;

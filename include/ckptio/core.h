@@ -274,6 +274,8 @@ typedef enum ckptio_option {
     CKPTIO_OPT_S3_TIMEOUT_MS,      /* an attempt with no progress for this long fails; CKPTIO_S3_TIMEOUT_MS */
     CKPTIO_OPT_S3_DEADLINE_MS,     /* one request, all attempts together; CKPTIO_S3_DEADLINE_MS */
     CKPTIO_OPT_S3_BACKOFF_MS,      /* first retry waits up to this (doubling, 20 s at most); CKPTIO_S3_BACKOFF_MS */
+    CKPTIO_OPT_S3_LEASE_MS,        /* a directory's save lease lapses this long after its holder stops renewing it;
+                                      CKPTIO_S3_LEASE_MS */
     CKPTIO_OPT_COUNT_
 } ckptio_option;
 

@@ -287,14 +287,14 @@ enum ckptio_dcp_item_flags {
     CKPTIO_DCP_ITEM_HASH = 1u << 2
 };
 
-/* Block size of the parts of an item hashed from GPU memory. */
+/* Block size of the parts of an item hashed in parts (GPU storages, large host storages). */
 #define CKPTIO_DCP_PART_BYTES (4u << 20)
 
 /* One hashed range of an item: XXH3-64 of the stored bytes
  * [item offset + offset, + length). The parts of an item tile its stored
- * bytes in order: each host piece of the archive (zip headers, pickle,
- * directory) is one part, a GPU storage is cut into CKPTIO_DCP_PART_BYTES
- * blocks counted from the storage's first byte. */
+ * bytes in order: each metadata piece of the archive (zip headers, pickle,
+ * directory) is one part, a storage hashed in blocks is cut into
+ * CKPTIO_DCP_PART_BYTES blocks counted from the storage's first byte. */
 typedef struct ckptio_dcp_part {
     uint64_t offset;              /* from the item's first stored byte */
     uint64_t length;
@@ -313,8 +313,9 @@ typedef struct ckptio_dcp_item {
     uint64_t length;              /* stored bytes (the compressed size with ZSTD) */
     uint64_t hash;                /* XXH3-64 of the stored bytes when hashed */
     int hashed;
-    /* Instead of `hash`, for an archive with HASH whose storage is in GPU
-     * memory: nparts hashed ranges (library memory, freed by
+    /* Instead of `hash`, for an archive with HASH (without ZSTD) whose
+     * storage is in GPU memory, or whose host storages hold at least
+     * 2 x CKPTIO_DCP_PART_BYTES: nparts hashed ranges (library memory, freed by
      * ckptio_dcp_items_release() or by the next ckptio_dcp_write() on the
      * same items). NULL / 0 otherwise. Zero-initialise items before the
      * first call. */
@@ -334,8 +335,10 @@ typedef struct ckptio_dcp_item {
  * be bound and stay valid until the call returns. Each file is truncated
  * to the end of its last item but not committed: the caller commits it
  * (ckptio_file_commit).
- * Parts of GPU items are hashed by the plan's observer on the staging
- * copies; a block the staging could not hold whole (CKPTIO_OPT_STAGING_BYTES
+ * Parts are hashed by the plan's observer: blocks of a large host storage
+ * by the worker that writes them, right after handing them to the kernel
+ * (so hashing overlaps the other workers' writes), those of GPU items on
+ * the staging copies; a block the staging could not hold whole (CKPTIO_OPT_STAGING_BYTES
  * below 4 x (CKPTIO_DCP_PART_BYTES + 4 KiB)) is hashed by reading it back
  * from the (uncommitted) file.
  * @return CKPTIO_OK with offset/length/hash (or parts) filled; on failure the error
@@ -778,7 +781,23 @@ CKPTIO_API ckptio_status ckptio_dcp_lock_acquire(const char *dir, const char *re
 /*! ckptio_dcp_lock_query() : what `lock` holds. */
 CKPTIO_API ckptio_status ckptio_dcp_lock_query(const ckptio_dcp_lock *lock, ckptio_dcp_lock_info *out);
 
-/*! ckptio_dcp_lock_release() : unlocks (LOCK_UN) and closes; accepts NULL. */
+/*! ckptio_dcp_lock_check() :
+ * CKPTIO_OK while `lock` still holds its directory. A flock is held until
+ * released (always CKPTIO_OK). A directory in object storage
+ * ("s3://BUCKET/PREFIX") has no flock: ckptio_dcp_lock_acquire() takes a
+ * lease there instead, the object PREFIX/.ckptio-dcp.lock that a thread
+ * renews while it is held (lapsing CKPTIO_OPT_S3_LEASE_MS after its last
+ * renewal), created with If-None-Match where the server has conditional
+ * writes and else written and read back (docs/OBJECT_STORAGE.md). This
+ * reads it again: CKPTIO_E_BUSY once another save took it over or it
+ * lapsed; a save calls it right before its .metadata and before removing
+ * older saves' files, and stops when it fails. A shared acquisition on an
+ * object store only waits until no exclusive lease is held and holds
+ * nothing; CKPTIO_DCP_LOCK_QUEUED has no turn there. */
+CKPTIO_API ckptio_status ckptio_dcp_lock_check(ckptio_dcp_lock *lock);
+
+/*! ckptio_dcp_lock_release() : unlocks (LOCK_UN) and closes (a lease: stops
+ * renewing it and deletes it when it is still this holder's); accepts NULL. */
 CKPTIO_API ckptio_status ckptio_dcp_lock_release(ckptio_dcp_lock *lock);
 
 #ifdef __cplusplus

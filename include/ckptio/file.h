@@ -83,7 +83,12 @@ CKPTIO_API ckptio_status ckptio_format_detect_bytes(const void *head, size_t len
  * followed. Anything else (FIFO, device, socket) is CKPTIO_E_UNSUPPORTED
  * naming its type, and is never opened (its driver's open never runs). A
  * path that cannot be opened or read fails with the errno's status
- * (CKPTIO_E_NOT_FOUND, CKPTIO_E_PERMISSION, ...) naming it. Thread-safe. */
+ * (CKPTIO_E_NOT_FOUND, CKPTIO_E_PERMISSION, ...) naming it.
+ * "s3://BUCKET/KEY": an object is judged by its first bytes as a file; a
+ * key with objects under KEY/ (or a URL ending in '/') is a directory,
+ * judged by the objects ".metadata" and "model.safetensors.index.json"
+ * under it; neither is CKPTIO_E_NOT_FOUND (docs/OBJECT_STORAGE.md).
+ * Thread-safe. */
 CKPTIO_API ckptio_status ckptio_format_detect(const char *path, ckptio_format *out);
 
 /*! ckptio_format_name() : @return "safetensors", "torch", "torch_legacy",

@@ -11,6 +11,7 @@
 #define CKPTIO_OBJECT_H
 
 #include "core.h"
+#include "file.h" /* ckptio_format */
 
 #ifndef CKPTIO_EXPERIMENTAL
 #error "ckptio/object.h is experimental before 1.0: define CKPTIO_EXPERIMENTAL to use it (docs/API.md)"
@@ -37,6 +38,13 @@ extern "C" {
 
 /*! ckptio_path_is_object() : 1 when `path` is an s3:// URL, else 0. */
 CKPTIO_API int ckptio_path_is_object(const char *path);
+
+/*! ckptio_format_detect_engine() :
+ * ckptio_format_detect() with `engine`'s settings for the requests an
+ * s3:// path needs (retries, timeouts; ckptio_format_detect makes an engine
+ * of its own for them, from the environment). A local path, or a NULL
+ * engine: exactly ckptio_format_detect(). */
+CKPTIO_API ckptio_status ckptio_format_detect_engine(ckptio_engine *engine, const char *path, ckptio_format *out);
 
 /* One entry of a listing. The strings are valid during the callback only. */
 typedef struct ckptio_object_info {

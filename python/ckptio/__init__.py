@@ -35,7 +35,7 @@ from ._module_io import load_model, save_model
 from ._model import Slice, SliceRequest
 from ._distributed import LoadStats, last_load_stats
 from ._safe_open import safe_open
-from ._manager import CheckpointManager
+from ._manager import CheckpointManager, SkippedSave
 from ._snapshot import Snapshot, Snapshots
 from ._convert import convert
 
@@ -75,6 +75,7 @@ __all__ = [
     "save_model",
     "load_model",
     "CheckpointManager",
+    "SkippedSave",
     "Snapshots",
     "Snapshot",
     "convert",

@@ -63,8 +63,9 @@ def _framework(framework: str) -> str:
     raise ValueError(f"framework must be 'pt' or 'numpy', not {framework!r}")
 
 
-def _detect(path: str) -> str:
-    kind = _ckptio.format_detect(path)
+def _detect(path: str, kind: Optional[str] = None) -> str:
+    if kind is None:
+        kind = _ckptio.format_detect(path)
     if kind in ("safetensors", "torch"):
         return kind
     if kind == "torch_legacy":
@@ -73,7 +74,8 @@ def _detect(path: str) -> str:
     if kind == "dcp":
         raise _fail(_E_UNSUPPORTED, path, "is a torch.distributed.checkpoint directory, not a checkpoint file; "
                     "load it with torch.distributed.checkpoint and ckptio.dcp.FileSystemReader")
-    if kind in ("directory", "hf_index") and os.path.isdir(path):
+    if kind in ("directory", "hf_index") and (os.path.isdir(path) or (_ckptio.path_is_object(path) and
+                                                                       not path.endswith(".json"))):
         raise _fail(_E_UNSUPPORTED, path, "is a directory, not a checkpoint file")
     if kind == "hf_index":
         raise _fail(_E_UNSUPPORTED, path, "is a Hugging Face index (JSON), not a checkpoint file; open its shards")
@@ -106,7 +108,8 @@ class CheckpointFile:
         if self._framework == "numpy" and self._device.kind != "cpu":
             raise ValueError(f"framework='numpy' loads to the cpu only, not {self._device}")
         # Directories and indexes are always safetensors models (libckptio's ckptio_model).
-        self.format = "safetensors" if _model.is_model_path(self._path) else _detect(self._path)
+        kind = _ckptio.format_detect(self._path, engine)  # an s3:// path's requests with the engine's settings
+        self.format = "safetensors" if _model.is_model_path(self._path, kind) else _detect(self._path, kind)
         self._index: Dict[str, _Entry] = {}
         self._order: List[str] = []
         self._has_metadata = False

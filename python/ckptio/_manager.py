@@ -33,8 +33,28 @@ from ._snapshot import Snapshots
 _log = logging.getLogger("ckptio.manager")
 
 _CHECKS = ("full", "fast", "marker")
+_BUSY = ("wait", "skip", "error")
 # How often load takes another step when the one it reads goes away.
 _LOAD_ATTEMPTS = 5
+
+
+class SkippedSave:
+    """What the Future of a ``CheckpointManager.save`` resolves to when
+    ``async_busy="skip"`` did not start it: step ``step`` was not saved
+    because the save of step ``writing`` was still in flight. Nothing of
+    ``step`` was written and retention did not run for it."""
+
+    __slots__ = ("step", "writing")
+
+    def __init__(self, step: int, writing: Optional[int]) -> None:
+        self.step = step
+        self.writing = writing
+
+    def __repr__(self) -> str:
+        return f"SkippedSave(step={self.step}, writing={self.writing})"
+
+    def __str__(self) -> str:
+        return f"skipped: step {self.writing}'s save was still writing; step {self.step} was not saved"
 
 
 def _dist():
@@ -56,8 +76,14 @@ class CheckpointManager:
       own stream while training goes on; ``prepare``/``load`` pin it ahead)
       and returns; the data is written on a thread, the step committed after
       it. ``writer_options={"snapshots": False}`` stages as torch does.
-    * ``async_busy``: a ``save`` while the previous one is in flight
-      ``"wait"``s for it (default) or raises RuntimeError (``"error"``).
+    * ``async_busy``: what a ``save`` does while the previous save is still
+      in flight (writing, committing, applying retention): ``"wait"``
+      (default) waits for it, so every step asked for is saved;
+      ``"skip"`` never waits: the step is not saved, its Future resolves at
+      once to a :class:`ckptio.SkippedSave` and a WARNING line says so (the
+      next ``save`` after the write completes proceeds); ``"error"`` raises
+      RuntimeError. ``save(..., async_busy=...)`` overrides it for one call
+      (e.g. ``"wait"`` for the last save of a run).
     * ``check``: how ``load(step=None)`` checks the steps it considers,
       newest first: ``"full"`` (every byte against its XXH3-64; default),
       ``"fast"`` (structure and sizes) or ``"marker"``.
@@ -80,8 +106,7 @@ class CheckpointManager:
         for name, value in (("keep_last", keep_last), ("keep_every", keep_every)):
             if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
                 raise ValueError(f"{name} must be None or an int >= 1, not {value!r}")
-        if async_busy not in ("wait", "error"):
-            raise ValueError(f"async_busy must be 'wait' or 'error', not {async_busy!r}")
+        _check_busy(async_busy)
         if check not in _CHECKS:
             raise ValueError(f"check must be one of {_CHECKS}, not {check!r}")
         self.root = os.fspath(root)
@@ -103,6 +128,7 @@ class CheckpointManager:
             self._save_group = self._dist.new_group(ranks=self._dist.get_process_group_ranks(process_group)
                                                     if process_group is not None else None, backend="gloo")
         self._pending: Optional[concurrent.futures.Future] = None
+        self._pending_step: Optional[int] = None
         self._closed = False
         # Async saves snapshot the state into a pinned pool of the manager's (docs/SNAPSHOTS.md), freed by close().
         self._snapshots = Snapshots() if async_save and self.writer_options.get("snapshots", True) is True else None
@@ -111,7 +137,7 @@ class CheckpointManager:
         self._decide(self._retain_existing, "CheckpointManager")
 
     def _retain_existing(self) -> None:
-        if (self.keep_last is None and self.keep_every is None) or not os.path.isdir(self.root):
+        if (self.keep_last is None and self.keep_every is None) or not _is_dir(self.root):
             return
         lock = _lock(self.root)
         try:
@@ -169,20 +195,36 @@ class CheckpointManager:
 
     # ---- saving ------------------------------------------------------------------------------
 
-    def save(self, step: int, state_dict) -> concurrent.futures.Future:
+    def save(self, step: int, state_dict, *, async_busy: Optional[str] = None) -> concurrent.futures.Future:
         """Saves `state_dict` as step `step` (a collective with several
         ranks). Returns a Future that resolves to `step` once the step is
-        committed and retention applied (already done without async_save);
-        its failure is also raised by the next ``save`` or ``wait``."""
+        committed and retention applied (already done without async_save),
+        or to a :class:`SkippedSave` when ``async_busy="skip"`` did not start
+        it; its failure is also raised by the next ``save`` or ``wait``.
+        ``async_busy`` overrides the manager's for this call."""
         if self._closed:
             raise RuntimeError("CheckpointManager is closed")
         if isinstance(step, bool) or not isinstance(step, int) or step < 0:
             raise ValueError(f"step must be an int >= 0, not {step!r}")
+        busy = self.async_busy if async_busy is None else _check_busy(async_busy)
         pending = self._pending
-        if pending is not None and not pending.done() and self.async_busy == "error":
+        running = pending is not None and not pending.done()
+        if self._dist is not None and busy != "wait":
+            running = self._any_rank(running)  # every rank skips (or raises) together
+        if running and busy == "error":
             raise RuntimeError(f"{self.root}: the save of an earlier step is still in flight; call wait() or "
                                "create the manager with async_busy='wait'")
+        if running and busy == "skip":
+            skipped = SkippedSave(step, self._pending_step)
+            _log.warning("%s: %s (async_busy='skip')", self.root, skipped)
+            done: concurrent.futures.Future = concurrent.futures.Future()
+            done.set_result(skipped)
+            return done
+        if running and _log.isEnabledFor(logging.INFO):
+            _log.info("%s: save(step %d) waits for step %s's save, still in flight (async_busy='wait'; "
+                      "'skip' never waits)", self.root, step, self._pending_step)
         self.wait()
+        self._pending_step = step
         lock = None
         error = None
         step_dir = None
@@ -250,11 +292,19 @@ class CheckpointManager:
         self._pending = done
         return done
 
+    def _any_rank(self, flag: bool) -> bool:
+        """Whether `flag` holds on any rank of the group (a collective)."""
+        import torch
+
+        t = torch.tensor([1 if flag else 0], dtype=torch.int32)
+        self._dist.all_reduce(t, op=self._dist.ReduceOp.MAX, group=self._group)
+        return bool(t.item())
+
     def _replace_if_damaged(self, step: int) -> None:
         """A job that resumed from an older step past a damaged one saves
         that step number again: the damaged step goes (a complete one is
         never replaced: steps_begin refuses it)."""
-        if not os.path.isdir(self.step_dir(step)):
+        if not _is_dir(self.step_dir(step)):
             return
         info = _ckptio.steps_check(self.root, step, self.check, engine=self.engine)
         if info[1] == "damaged":
@@ -449,14 +499,28 @@ class CheckpointManager:
                 self._snapshots.close()
 
 
+def _check_busy(value: str) -> str:
+    if value not in _BUSY:
+        raise ValueError(f"async_busy must be one of {_BUSY}, not {value!r}")
+    return value
+
+
 def _lock(root: str):
     """The root's lock, waiting in turn: a manager that saves in a loop
     never keeps a second one (or `ckptio clean`) out."""
     return _ckptio.dcp_lock_acquire(root, None, False, -1.0, None, True)
 
 
+def _is_dir(path: str) -> bool:
+    """A local directory, or a prefix in object storage with objects under it."""
+    if _ckptio.path_is_object(path):
+        return _ckptio.object_stat(path + "/")[0] == "directory"
+    return os.path.isdir(path)
+
+
 def _ensure_root(root: str) -> str:
-    os.makedirs(root, exist_ok=True)
+    if not _ckptio.path_is_object(root):  # a prefix in object storage needs no creating
+        os.makedirs(root, exist_ok=True)
     return root
 
 

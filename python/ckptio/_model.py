@@ -26,12 +26,14 @@ INDEX_SUFFIX = ".index.json"
 _BITS = {row[0]: row[3] for row in _adapt.DTYPES}
 
 
-def is_model_path(path: str) -> bool:
+def is_model_path(path: str, kind: Optional[str] = None) -> bool:
     """True for what only a model handle opens: a Hugging Face index, or a
     directory that is not a DCP checkpoint (libckptio's detector decides,
     the same rule as the CLI; single files go through format detection)."""
-    kind = _ckptio.format_detect(path)
-    return kind == "hf_index" or (kind == "directory" and os.path.isdir(path))
+    if kind is None:
+        kind = _ckptio.format_detect(path)
+    # An s3:// prefix is "directory" only when objects are under it.
+    return kind == "hf_index" or (kind == "directory" and (_ckptio.path_is_object(path) or os.path.isdir(path)))
 
 
 class SliceRequest(NamedTuple):

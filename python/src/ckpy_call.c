@@ -153,6 +153,7 @@ void ckpy_call_begin(ckpy_call *c) {
     Py_XINCREF(c->progress); /* the callable may replace the slot while it runs */
     c->reported = 0;
     c->base = c->last_done = c->last_total = 0;
+    c->told_done = c->told_total = UINT64_MAX;
     c->tstate = PyEval_SaveThread();
 }
 
@@ -182,13 +183,17 @@ int ckpy_progress(uint64_t done, uint64_t total, void *user) {
     c->last_total = total;
     done += c->base;
     total += c->base;
-    /* Python progress always sees the first and the last report. */
-    const int edge = c->progress && (!c->reported || done == total);
+    /* Python progress always sees the first and the last report, once: a
+     * commit that waits for the server repeats the last one, which only
+     * lets signals be checked. */
+    const int edge = c->progress && (!c->reported || (done == total && !(c->told_done == done && c->told_total == total)));
     if (!edge && monotonic_now() < c->next_check) return 0;
     PyEval_RestoreThread(c->tstate);
     if (c->watch_signals && PyErr_CheckSignals() < 0) c->interrupted = 1;
-    if (!c->interrupted && c->progress) {
+    if (!c->interrupted && c->progress && (edge || !(c->told_done == done && c->told_total == total))) {
         c->reported = 1;
+        c->told_done = done;
+        c->told_total = total;
         PyObject *r = PyObject_CallFunction(c->progress, "KK", (unsigned long long)done, (unsigned long long)total);
         if (r) Py_DECREF(r);
         else c->interrupted = 1;

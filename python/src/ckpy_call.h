@@ -24,6 +24,7 @@ struct ckpy_call {
      * archive's directory): their bytes add up, so Python sees one count. */
     uint64_t base;         /* bytes of the plans finished before this one */
     uint64_t last_done, last_total; /* the latest report, relative to its plan */
+    uint64_t told_done, told_total; /* what Python's progress was last called with */
 };
 
 typedef struct ckpy_engine {

@@ -522,6 +522,21 @@ static PyObject *mod_lock_release(PyObject *module, PyObject *capsule) {
     Py_RETURN_NONE;
 }
 
+static PyObject *mod_lock_check(PyObject *module, PyObject *capsule) {
+    lock_box *box = PyCapsule_GetPointer(capsule, LOCK_CAPSULE);
+    if (!box) return NULL;
+    if (!box->lock) {
+        PyErr_SetString(PyExc_ValueError, "the DCP directory lock was released");
+        return NULL;
+    }
+    ckptio_status st;
+    Py_BEGIN_ALLOW_THREADS
+    st = ckptio_dcp_lock_check(box->lock);
+    Py_END_ALLOW_THREADS
+    if (st != CKPTIO_OK) return ckpy_raise(st);
+    Py_RETURN_NONE;
+}
+
 static PyMethodDef commit_methods[] = {
     {"dcp_temporary_create", mod_temporary_create, METH_VARARGS,
      "dcp_temporary_create(dir, name, reference=None) -> (fd, path): a flocked temporary of dir/name\n"
@@ -552,6 +567,9 @@ static PyMethodDef commit_methods[] = {
      "GIL released while waiting."},
     {"dcp_lock_info", mod_lock_info, METH_O,
      "dcp_lock_info(lock) -> (locked, errno, st_dev, st_ino) of the lock file (ckptio_dcp_lock_query)."},
+    {"dcp_lock_check", mod_lock_check, METH_O,
+     "dcp_lock_check(lock): raises CkptioError E_BUSY once the lease of a directory in object storage is no\n"
+     "longer this save's (ckptio_dcp_lock_check); a flock always holds."},
     {"dcp_lock_release", mod_lock_release, METH_O,
      "dcp_lock_release(lock): unlocks and closes; a second call does nothing."},
     {NULL, NULL, 0, NULL},

@@ -117,19 +117,38 @@ static PyObject *mod_env_check(PyObject *self, PyObject *unused) {
 }
 
 /* The library's format detector: ckptio_format_name() of what `path` holds. */
-static PyObject *mod_format_detect(PyObject *self, PyObject *arg) {
+typedef struct detect_call {
+    const char *path;
+    ckptio_format format;
+} detect_call;
+
+static ckptio_status do_detect(ckptio_engine *e, void *arg) {
+    detect_call *c = arg;
+    return ckptio_format_detect_engine(e, c->path, &c->format);
+}
+
+static PyObject *mod_format_detect(PyObject *self, PyObject *args, PyObject *kwargs) {
     (void)self;
-    PyObject *pb = ckpy_path_bytes(arg);
+    static char *kwlist[] = {"path", "engine", NULL};
+    PyObject *path_o, *engine_o = Py_None;
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "O|O:format_detect", kwlist, &path_o, &engine_o)) return NULL;
+    PyObject *pb = ckpy_path_bytes(path_o);
     if (!pb) return NULL;
-    const char *path = PyBytes_AsString(pb);
-    ckptio_format format = CKPTIO_FORMAT_UNKNOWN;
+    detect_call c = {PyBytes_AsString(pb), CKPTIO_FORMAT_UNKNOWN};
+    if (engine_o != Py_None) { /* an s3:// path's requests with that engine's settings */
+        ckpy_engine *engine = ckpy_engine_resolve(engine_o);
+        const int rc = engine ? ckpy_engine_run(engine, do_detect, &c) : -1;
+        Py_XDECREF(engine);
+        Py_DECREF(pb);
+        return rc < 0 ? NULL : PyUnicode_FromString(ckptio_format_name(c.format));
+    }
     ckptio_status st;
     Py_BEGIN_ALLOW_THREADS
-    st = ckptio_format_detect(path, &format);
+    st = ckptio_format_detect(c.path, &c.format);
     Py_END_ALLOW_THREADS
     Py_DECREF(pb);
     if (st != CKPTIO_OK) return ckpy_raise(st);
-    return PyUnicode_FromString(ckptio_format_name(format));
+    return PyUnicode_FromString(ckptio_format_name(c.format));
 }
 
 static PyMethodDef module_methods[] = {
@@ -149,9 +168,10 @@ static PyMethodDef module_methods[] = {
      "inherit_mode(fd, path) -> None: gives the open file fd the permission bits (and, where permitted,\n"
      "owner and group) of the regular file at path, if there is one; call before fsync and rename\n"
      "when replacing path by a temporary of your own (ckptio_inherit_mode)."},
-    {"format_detect", mod_format_detect, METH_O,
-     "format_detect(path) -> str: 'safetensors', 'torch', 'torch_legacy', 'dcp', 'hf_index', 'directory' or\n"
-     "'unknown' (ckptio_format_detect: a file's first bytes, a directory's entries)."},
+    {"format_detect", (PyCFunction)(void (*)(void))mod_format_detect, METH_VARARGS | METH_KEYWORDS,
+     "format_detect(path, engine=None) -> str: 'safetensors', 'torch', 'torch_legacy', 'dcp', 'hf_index',\n"
+     "'directory' or 'unknown' (ckptio_format_detect: a file's first bytes, a directory's entries; with an\n"
+     "engine, an s3:// path's requests take its settings)."},
     {"safetensors_save", (PyCFunction)(void (*)(void))ckpy_safetensors_save, METH_VARARGS | METH_KEYWORDS,
      "safetensors_save(path, tensors, metadata=None, align=4096, engine=None)\n\n"
      "Writes a safetensors file atomically. `tensors` is a sequence of\n"
@@ -195,7 +215,7 @@ PyMODINIT_FUNC PyInit__ckptio(void) {
         ckpy_file_add_to_module(m) < 0 || ckpy_gds_add_to_module(m) < 0 || ckpy_torch_add_to_module(m) < 0 ||
         ckpy_dcp_add_to_module(m) < 0 || ckpy_dcp_commit_add_to_module(m) < 0 || ckpy_pickle_add_to_module(m) < 0 ||
         ckpy_model_add_to_module(m) < 0 || ckpy_steps_add_to_module(m) < 0 || ckpy_convert_add_to_module(m) < 0 ||
-        ckpy_snapshot_add_to_module(m) < 0)
+        ckpy_snapshot_add_to_module(m) < 0 || ckpy_object_add_to_module(m) < 0)
         goto fail;
     if (PyModule_AddIntConstant(m, "MEM_HOST", CKPTIO_MEM_HOST) < 0 ||
         PyModule_AddIntConstant(m, "MEM_PINNED", CKPTIO_MEM_PINNED) < 0 ||

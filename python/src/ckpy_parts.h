@@ -20,6 +20,7 @@ int ckpy_dcp_commit_add_to_module(PyObject *module);  /* ckpy_dcp_commit.c: the 
 int ckpy_steps_add_to_module(PyObject *module);       /* ckpy_steps.c: the checkpoint manager's steps */
 int ckpy_convert_add_to_module(PyObject *module);     /* ckpy_convert.c: any checkpoint into any format */
 int ckpy_snapshot_add_to_module(PyObject *module);    /* ckpy_snapshot.c: snapshot pools */
+int ckpy_object_add_to_module(PyObject *module);      /* ckpy_object.c: objects in S3-compatible storage */
 
 /* Module-level functions of the parts, listed in ckpy_module.c's table. */
 PyObject *ckpy_safetensors_save(PyObject *self, PyObject *args, PyObject *kwargs); /* ckpy_safetensors.c */

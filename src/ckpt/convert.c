@@ -34,7 +34,14 @@ static bool has_suffix(const char *s, const char *suffix) {
     return n >= m && strcmp(s + n - m, suffix) == 0;
 }
 
-static bool is_dir(const char *path) {
+static bool is_dir(ckptio_engine *engine, const char *path) {
+    if (ckptio__s3_is_url(path)) { /* a prefix with objects under it */
+        ckptio__path_kind kind = CKPTIO__PATH_MISSING;
+        ckptio__error_saved *saved = ckptio__error_save();
+        const bool yes = ckptio__object_stat(engine, path, &kind, NULL) == CKPTIO_OK && kind == CKPTIO__PATH_DIR;
+        ckptio__error_restore(saved);
+        return yes;
+    }
     struct stat sb;
     return stat(path, &sb) == 0 && S_ISDIR(sb.st_mode);
 }
@@ -50,15 +57,15 @@ static const char *target_name(ckptio_convert_to to) {
 }
 
 /* OUT's kind when the caller left it to OUT's name (rules in ckptio.h). */
-static ckptio_status resolve_to(const ckptio_convert_options *o, ckptio_format from, const char *out,
-                                ckptio_convert_to *to) {
+static ckptio_status resolve_to(ckptio_engine *engine, const ckptio_convert_options *o, ckptio_format from,
+                                const char *out, ckptio_convert_to *to) {
     if (o->to != CKPTIO_CONVERT_AUTO) {
         CKPTIO_RETURN_IF(o->to < CKPTIO_CONVERT_SAFETENSORS || o->to > CKPTIO_CONVERT_DCP, CKPTIO_E_INVAL,
                          "ckptio_convert: unknown output kind %d", (int)o->to);
         *to = o->to;
     } else if (o->shard_size > 0) {
         *to = CKPTIO_CONVERT_HF;
-    } else if (has_suffix(out, "/") || is_dir(out)) {
+    } else if (has_suffix(out, "/") || is_dir(engine, out)) {
         if (from != CKPTIO_FORMAT_DCP)
             return OUT_FAIL(CKPTIO_E_INVAL, out, "names a directory: say which layout to write into it, a Hugging Face "
                             "directory (sharded safetensors) or a torch.distributed.checkpoint directory "
@@ -95,8 +102,55 @@ static ckptio_status check_dtypes(const ckptio__convert_source *s, const char *i
     return CKPTIO_OK;
 }
 
+/* check_out for an object store: a file OUT must not be a prefix with
+ * objects under it; a directory OUT must be a prefix with nothing under it
+ * (and no object of its name). */
+static ckptio_status check_out_object(ckptio_engine *engine, const char *out, bool directory) {
+    ckptio__path_kind kind = CKPTIO__PATH_MISSING;
+    CKPTIO_FORWARD(ckptio__object_stat(engine, out, &kind, NULL));
+    if (!directory && (kind == CKPTIO__PATH_DIR || has_suffix(out, "/")))
+        return OUT_FAIL(CKPTIO_E_INVAL, out, "names a prefix with objects under it; the output is a file here: give "
+                        "an object name");
+    if (directory && kind == CKPTIO__PATH_FILE)
+        return OUT_FAIL(CKPTIO_E_EXISTS, out, "is an object; the output is a directory (a prefix): remove it or give "
+                        "another name (nothing was written)");
+    if (directory) {
+        char *asked = ckptio__path_join(out, "");
+        if (!asked) return CKPTIO_FAIL(CKPTIO_E_NOMEM, "out of memory");
+        const ckptio_status st = ckptio__object_stat(engine, asked, &kind, NULL);
+        ckptio__free(asked);
+        CKPTIO_FORWARD(st);
+        if (kind == CKPTIO__PATH_DIR)
+            return OUT_FAIL(CKPTIO_E_EXISTS, out, "has objects under it: ckptio writes a directory output only under "
+                            "a prefix that holds nothing; remove them or give another name (nothing was written)");
+    }
+    return CKPTIO_OK;
+}
+
+typedef struct written {
+    ckptio_engine *engine;
+    const char *dir;
+} written;
+
+static int remove_written(void *user, const ckptio__object_entry *e) {
+    const written *w = user;
+    if (e->kind != CKPTIO__PATH_FILE) return 0;
+    char *url = ckptio__path_join(w->dir, e->name);
+    if (url) ckptio__object_remove(w->engine, url); /* best effort: the conversion's own error is reported */
+    ckptio__free(url);
+    return 0;
+}
+
+/* A directory output in object storage has no temporary name to rename:
+ * it is written where it goes (into an empty prefix), the file that makes
+ * it a checkpoint last (the index, .metadata), and on failure whatever was
+ * written under the prefix is deleted again. */
+static ckptio_status write_object_dir(ckptio_engine *engine, ckptio__convert_source *s, const char *dir,
+                                      ckptio_convert_to to, const ckptio_convert_options *o, ckptio_convert_report *r);
+
 /* A file OUT must not be a directory; a directory OUT must be new or empty. */
-static ckptio_status check_out(const char *out, bool directory) {
+static ckptio_status check_out(ckptio_engine *engine, const char *out, bool directory) {
+    if (ckptio__s3_is_url(out)) return check_out_object(engine, out, directory);
     struct stat sb;
     if (stat(out, &sb) != 0) {
         if (errno == ENOENT && !(!directory && has_suffix(out, "/"))) return CKPTIO_OK;
@@ -309,6 +363,18 @@ out:
     return st;
 }
 
+static ckptio_status write_object_dir(ckptio_engine *engine, ckptio__convert_source *s, const char *dir,
+                                      ckptio_convert_to to, const ckptio_convert_options *o, ckptio_convert_report *r) {
+    const ckptio_status st = write_out(engine, s, dir, to, o, r);
+    if (st != CKPTIO_OK) {
+        ckptio__error_saved *saved = ckptio__error_save();
+        written w = {engine, dir};
+        ckptio__object_dir_list(engine, dir, remove_written, &w);
+        ckptio__error_restore(saved);
+    }
+    return st;
+}
+
 ckptio_status ckptio_convert(ckptio_engine *engine, const char *in, const char *out,
                              const ckptio_convert_options *options, ckptio_convert_report *report) {
     CKPTIO_RETURN_IF(!engine || !in || !out || !*out, CKPTIO_E_INVAL,
@@ -332,18 +398,22 @@ ckptio_status ckptio_convert(ckptio_engine *engine, const char *in, const char *
     }
     memcpy(final, out, n);
     final[n] = '\0';
-    if ((st = resolve_to(o, s.format, out, &to)) != CKPTIO_OK) goto out;
+    if ((st = resolve_to(engine, o, s.format, out, &to)) != CKPTIO_OK) goto out;
     const bool directory = to == CKPTIO_CONVERT_HF || to == CKPTIO_CONVERT_DCP;
     if ((st = check_dtypes(&s, in, to)) != CKPTIO_OK) goto out;
     /* A torch.save or DCP output holds each tensor whole: only where bytes on disk justify it. */
     if ((to == CKPTIO_CONVERT_TORCH || to == CKPTIO_CONVERT_DCP) &&
         (st = ckptio__convert_source_check_held(&s, in)) != CKPTIO_OK)
         goto out;
-    if ((st = check_out(directory ? final : out, directory)) != CKPTIO_OK) goto out;
+    if ((st = check_out(engine, directory ? final : out, directory)) != CKPTIO_OK) goto out;
     r = (ckptio_convert_report){.from = s.format, .to = to, .tensors = s.count, .bytes = s.total, .shared = s.shared};
     r.dropped = tell_losses(&s, in, to, o);
     if (!directory) {
         st = write_out(engine, &s, out, to, o, &r);
+        goto out;
+    }
+    if (ckptio__s3_is_url(final)) {
+        st = write_object_dir(engine, &s, final, to, o, &r);
         goto out;
     }
     int lock_fd = -1;

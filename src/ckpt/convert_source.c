@@ -11,6 +11,7 @@
  * it before anything is written.
  */
 #include "convert_internal.h"
+#include "io_internal.h"
 #include "dcp_dir_internal.h"
 
 #include <string.h>
@@ -194,7 +195,12 @@ ckptio_status ckptio__convert_source_open(ckptio_engine *engine, const char *pat
     default: {
         /* The words of ckptio's other commands for a file no reader takes. */
         struct stat sb;
-        const unsigned long long size = stat(path, &sb) == 0 ? (unsigned long long)sb.st_size : 0;
+        uint64_t object_size = 0;
+        ckptio__path_kind kind;
+        const unsigned long long size =
+            ckptio__s3_is_url(path) ? (ckptio__object_stat(engine, path, &kind, &object_size), object_size)
+            : stat(path, &sb) == 0  ? (unsigned long long)sb.st_size
+                                    : 0;
         st = CKPTIO_FAIL_CTX(CKPTIO_E_FORMAT, &((ckptio__err_ctx){.path = path, .file_offset = -1}),
                              "not a checkpoint ckptio can read: neither a safetensors file nor a torch.save archive "
                              "(%llu bytes), nor a DCP or Hugging Face directory", size);

@@ -76,8 +76,53 @@ void ckptio_dcp_names_free(char **list, size_t count) {
     ckptio__free(list);
 }
 
+/* ---- directories in object storage ----------------------------------------------- */
+
+/* A directory's objects as listed, for the cleanup. */
+typedef struct object_lister {
+    names *all;        /* every object's name */
+    names *young;      /* those written at or after `since` (another save's, or this one's) */
+    double since;
+    bool nomem;
+} object_lister;
+
+static int object_entry(void *user, const ckptio__object_entry *e) {
+    object_lister *l = user;
+    if (e->kind != CKPTIO__PATH_FILE) return 0; /* prefixes and names no file can have are never removed */
+    bool ok = names_add(l->all, e->name);
+    if (ok && l->young && l->since > 0 && (e->mtime == 0 || e->mtime >= l->since)) ok = names_add(l->young, e->name);
+    if (!ok) l->nomem = true;
+    return !ok;
+}
+
+/* The objects of the directory `dir` (an s3:// prefix); with `young`, also
+ * those not older than the lease held on it now (ckptio__dcp_lease_since),
+ * which the cleanup leaves to the save that holds it. */
+static ckptio_status list_objects(ckptio_engine *engine, const char *dir, names *out, names *young) {
+    object_lister l = {.all = out, .young = young};
+    if (young) CKPTIO_FORWARD(ckptio__dcp_lease_since(engine, dir, &l.since));
+    ckptio_status st = ckptio__object_dir_list(engine, dir, object_entry, &l);
+    if (st == CKPTIO_OK && l.nomem) st = CKPTIO_FAIL(CKPTIO_E_NOMEM, "out of memory listing %s", dir);
+    if (st != CKPTIO_OK)
+        return ckptio__fail(st, __FILE__, __LINE__,
+                            &((ckptio__err_ctx){.operation = "listdir", .path = dir, .file_offset = -1,
+                                                .verbatim = true}),
+                            "%s (looking for files of older saves; %s)", ckptio_last_error_message(),
+                            CKPTIO__DCP_COMMITTED);
+    if (young) names_sort(young);
+    return CKPTIO_OK;
+}
+
+/* An engine for the object store's settings (CKPTIO_S3_* from the
+ * environment), or NULL for a local directory. */
+static ckptio_status object_engine(const char *dir, ckptio_engine **engine) {
+    *engine = NULL;
+    return ckptio__s3_is_url(dir) ? ckptio_engine_create(engine) : CKPTIO_OK;
+}
+
 /* The entries of `dir` (without . and ..). */
-static ckptio_status list_dir(const char *dir, names *out) {
+static ckptio_status list_dir(ckptio_engine *engine, const char *dir, names *out) {
+    if (engine) return list_objects(engine, dir, out, NULL);
     DIR *d = ckptio__opendir(dir);
     if (!d)
         return CKPTIO_FAIL_SYS_NOTE(errno, "listdir", dir, "looking for files of older saves; %s",
@@ -156,13 +201,24 @@ typedef enum { READ_OK, READ_MISSING, READ_UNREADABLE } read_outcome;
 /* The bytes of metadata file `path`. A symlink, FIFO or other non-regular
  * file is READ_UNREADABLE with `why` (never followed or waited on); an I/O
  * error fails (nothing was removed yet). */
-static ckptio_status read_metadata_file(const char *path, void **data, size_t *len, read_outcome *outcome,
-                                        const char **why) {
+static ckptio_status read_metadata_file(ckptio_engine *engine, const char *path, void **data, size_t *len,
+                                        read_outcome *outcome, const char **why) {
     static const char what[] = "reading it to find the files it references: nothing was removed; "
                                CKPTIO__DCP_COMMITTED;
     *data = NULL;
     *len = 0;
     *outcome = READ_OK;
+    if (engine) { /* an object: no symlinks, no FIFOs */
+        ckptio__error_saved *saved = ckptio__error_save();
+        const ckptio_status st = ckptio__object_read_all(engine, path, (uint64_t)1 << 31, data, len);
+        if (st == CKPTIO_E_NOT_FOUND) {
+            ckptio__error_restore(saved);
+            *outcome = READ_MISSING;
+            return CKPTIO_OK;
+        }
+        ckptio__free(saved);
+        return st;
+    }
     struct stat sb;
     mode_t type = 0;
     const int fd = ckptio__open_regular(AT_FDCWD, path, O_RDONLY | O_NOFOLLOW, &sb, &type);
@@ -236,8 +292,9 @@ static void set_note(char *note, size_t cap, const char *dir, const char *name, 
 /* Adds to `out` every data file the metadata files among `entries` reference
  * now. *known = false (and the note says why) when one cannot be read: it
  * might reference any file. */
-static ckptio_status referenced_now(const char *dir, const names *entries, const ckptio_dcp_committed *committed,
-                                    names *out, bool *known, char *note, size_t note_cap) {
+static ckptio_status referenced_now(ckptio_engine *engine, const char *dir, const names *entries,
+                                    const ckptio_dcp_committed *committed, names *out, bool *known, char *note,
+                                    size_t note_cap) {
     *known = true;
     for (size_t i = 0; i < entries->n; i++) {
         const char *name = entries->v[i];
@@ -248,7 +305,7 @@ static ckptio_status referenced_now(const char *dir, const names *entries, const
         size_t len = 0;
         read_outcome outcome;
         const char *why = NULL;
-        ckptio_status st = read_metadata_file(path, &data, &len, &outcome, &why);
+        ckptio_status st = read_metadata_file(engine, path, &data, &len, &outcome, &why);
         if (st == CKPTIO_OK && outcome == READ_OK) {
             const bool same = committed && committed->metadata_name && strcmp(name, committed->metadata_name) == 0 &&
                               committed->metadata_len == len && (len == 0 || memcmp(committed->metadata, data, len) == 0);
@@ -289,26 +346,30 @@ ckptio_status ckptio_dcp_stale_files(const char *dir, const char *const *keep, s
     if (note && note_cap) note[0] = '\0';
     CKPTIO_RETURN_IF(!dir || !*dir || !out || !count || (!keep && nkeep), CKPTIO_E_INVAL,
                      "ckptio_dcp_stale_files: dir, out and count are required");
-    names entries = {0}, kept = {0}, candidates = {0}, referenced = {0};
-    ckptio_status st = list_dir(dir, &entries);
+    names entries = {0}, kept = {0}, candidates = {0}, referenced = {0}, young = {0};
+    ckptio_engine *engine = NULL;
+    ckptio_status st = object_engine(dir, &engine);
+    if (st == CKPTIO_OK) st = engine ? list_objects(engine, dir, &entries, &young) : list_dir(NULL, dir, &entries);
     for (size_t i = 0; st == CKPTIO_OK && i < nkeep; i++)
         if (!names_add(&kept, keep[i])) st = CKPTIO_FAIL(CKPTIO_E_NOMEM, "out of memory");
     if (st == CKPTIO_OK) names_sort(&kept);
     for (size_t i = 0; st == CKPTIO_OK && i < entries.n; i++) {
         const char *name = entries.v[i];
-        if (names_has(&kept, name) || !ckptio__dcp_stale_name(name)) continue;
-        const mode_t type = entry_type(dir, name);
-        if (!type) continue; /* gone meanwhile */
-        if (type != S_IFREG) {
-            /* Temporaries that are not regular files are the cleaner's rule to leave (temporaries.c). */
-            if (!ckptio__dcp_temporary_name(name)) note_left_alone(note, note_cap, dir, name, type);
-            continue;
+        if (names_has(&kept, name) || names_has(&young, name) || !ckptio__dcp_stale_name(name)) continue;
+        if (!engine) { /* on a file system (objects are all plain files) */
+            const mode_t type = entry_type(dir, name);
+            if (!type) continue; /* gone meanwhile */
+            if (type != S_IFREG) {
+                /* Temporaries that are not regular files are the cleaner's rule to leave (temporaries.c). */
+                if (!ckptio__dcp_temporary_name(name)) note_left_alone(note, note_cap, dir, name, type);
+                continue;
+            }
         }
         if (!names_add(&candidates, name)) st = CKPTIO_FAIL(CKPTIO_E_NOMEM, "out of memory");
     }
     bool known = true;
     if (st == CKPTIO_OK && candidates.n)
-        st = referenced_now(dir, &entries, committed, &referenced, &known, note, note_cap);
+        st = referenced_now(engine, dir, &entries, committed, &referenced, &known, note, note_cap);
     names victims = {0};
     for (size_t i = 0; st == CKPTIO_OK && i < candidates.n; i++) {
         const char *name = candidates.v[i];
@@ -328,6 +389,10 @@ ckptio_status ckptio_dcp_stale_files(const char *dir, const char *const *keep, s
     names_clear(&kept);
     names_clear(&candidates);
     names_clear(&referenced);
+    names_clear(&young);
+    ckptio__error_saved *saved = st != CKPTIO_OK ? ckptio__error_save() : NULL;
+    ckptio_engine_destroy(engine);
+    if (saved) ckptio__error_restore(saved);
     return st;
 }
 
@@ -366,15 +431,20 @@ ckptio_status ckptio_dcp_remove_files(const char *dir, const char *const *list, 
                          "ckptio_dcp_remove_files: '%s' is not a file name", list[i] ? list[i] : "(null)");
     names referenced = {0};
     bool known = true, recheck = false;
+    ckptio_engine *engine = NULL;
+    CKPTIO_FORWARD(object_engine(dir, &engine));
     for (size_t i = 0; (flags & CKPTIO_DCP_RECHECK) && i < count; i++)
         if (!ckptio__dcp_temporary_name(list[i])) recheck = true;
     if (recheck) {
         names entries = {0};
-        ckptio_status st = list_dir(dir, &entries);
-        if (st == CKPTIO_OK) st = referenced_now(dir, &entries, committed, &referenced, &known, note, note_cap);
+        ckptio_status st = list_dir(engine, dir, &entries);
+        if (st == CKPTIO_OK) st = referenced_now(engine, dir, &entries, committed, &referenced, &known, note, note_cap);
         names_clear(&entries);
         if (st != CKPTIO_OK) {
             names_clear(&referenced);
+            ckptio__error_saved *saved = ckptio__error_save();
+            ckptio_engine_destroy(engine);
+            ckptio__error_restore(saved);
             return st;
         }
     }
@@ -387,6 +457,18 @@ ckptio_status ckptio_dcp_remove_files(const char *dir, const char *const *list, 
         char *path = ckptio__dcp_join(dir, name);
         if (!path) {
             if (first == CKPTIO_OK) first = CKPTIO_FAIL(CKPTIO_E_NOMEM, "out of memory");
+            continue;
+        }
+        if (engine) { /* an object: no temporaries there (uploads appear whole at their commit) */
+            const ckptio_status ds = ckptio__object_remove(engine, path);
+            if (ds == CKPTIO_OK) removed++;
+            else if (first == CKPTIO_OK)
+                first = ckptio__fail(ds, __FILE__, __LINE__,
+                                     &((ckptio__err_ctx){.operation = "unlink", .path = path, .file_offset = -1,
+                                                         .verbatim = true}),
+                                     "%s (removing a file of an older save; %s)", ckptio_last_error_message(),
+                                     CKPTIO__DCP_COMMITTED);
+            ckptio__free(path);
             continue;
         }
         struct stat sb;
@@ -403,6 +485,32 @@ ckptio_status ckptio_dcp_remove_files(const char *dir, const char *const *list, 
     }
     names_clear(&referenced);
     if (removed_out) *removed_out = removed;
+    if (engine) {
+        /* Deletes are durable when answered: nothing to fsync. The uploads
+         * that killed saves left under the directory (billed, invisible) go
+         * too: those begun before the lease now held, whose saves are over. */
+        double since = 0;
+        if (first == CKPTIO_OK && ckptio__dcp_lease_since(engine, dir, &since) == CKPTIO_OK && since > 0) {
+            ckptio__error_saved *kept = ckptio__error_save();
+            char *prefix = ckptio__path_join(dir, ""); /* "DIR/": not DIR2/ too */
+            if (!prefix || ckptio__object_abort_uploads_before(engine, prefix, since, NULL) != CKPTIO_OK) {
+                if (!prefix) CKPTIO_FAIL(CKPTIO_E_NOMEM, "out of memory");
+                ckptio__free(kept);
+                first = ckptio__fail(ckptio_last_error()->status, __FILE__, __LINE__,
+                                     &((ckptio__err_ctx){.operation = "abort uploads", .path = dir, .file_offset = -1,
+                                                         .verbatim = true}),
+                                     "%s (aborting the uploads of older saves; %s)", ckptio_last_error_message(),
+                                     CKPTIO__DCP_COMMITTED);
+            } else {
+                ckptio__error_restore(kept);
+            }
+            ckptio__free(prefix);
+        }
+        ckptio__error_saved *saved = first != CKPTIO_OK ? ckptio__error_save() : NULL;
+        ckptio_engine_destroy(engine);
+        if (saved) ckptio__error_restore(saved);
+        return first;
+    }
     if (removed && (flags & CKPTIO_DCP_SYNC)) {
         /* Also after a failed unlink: what was removed must stay removed. */
         const int err = ckptio__dcp_fsync_dir(dir);

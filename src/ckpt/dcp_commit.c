@@ -35,6 +35,9 @@ ckptio_status ckptio_dcp_reference(const char *dir, const char *name, unsigned *
     CKPTIO_RETURN_IF(!dir || !name || !mode, CKPTIO_E_INVAL, "ckptio_dcp_reference: dir, name and mode are required");
     struct stat st;
     *mode = 0666;
+    if (ckptio__s3_is_url(dir)) /* objects carry no permission bits: the bucket's policy decides */
+        return CKPTIO_FAIL_CTX(CKPTIO_E_NOT_FOUND, &((ckptio__err_ctx){.path = dir, .file_offset = -1, .subject = name}),
+                               "objects have no file attributes to take");
     if (!ckptio__reference_stat(dir, name, &st))
         return CKPTIO_FAIL_CTX(CKPTIO_E_NOT_FOUND, &((ckptio__err_ctx){.path = dir, .file_offset = -1, .subject = name}),
                                "no regular file to take attributes from (new files get 0666 & ~umask)");
@@ -77,6 +80,16 @@ ckptio_status ckptio__dcp_write_file(const char *dir, const char *name, const vo
     const bool sync = flags & CKPTIO_DCP_SYNC;
     char *final = ckptio__dcp_join(dir, name), tmp[4096];
     if (!final) return CKPTIO_FAIL(CKPTIO_E_NOMEM, "out of memory");
+    if (ckptio__s3_is_url(dir)) { /* one PUT replaces the object whole: no temporary, no rename */
+        ckptio_engine *engine = NULL;
+        ckptio_status st = ckptio_engine_create(&engine);
+        if (st == CKPTIO_OK) st = ckptio__object_write_all(engine, final, data, len, false);
+        ckptio__error_saved *saved = st != CKPTIO_OK ? ckptio__error_save() : NULL;
+        ckptio_engine_destroy(engine);
+        if (saved) ckptio__error_restore(saved);
+        ckptio__free(final);
+        return st;
+    }
     int fd = -1;
     ckptio_status st = ckptio_temporary_create(dir, name, reference, &fd, tmp, sizeof tmp);
     if (st == CKPTIO_OK) st = write_all(fd, tmp, final, data, len);
@@ -105,6 +118,7 @@ ckptio_status ckptio__dcp_write_file(const char *dir, const char *name, const vo
 ckptio_status ckptio_dcp_create_file(const char *dir, const char *name, const char *reference) {
     CKPTIO_RETURN_IF(!dir || !*dir || !name || !*name || strchr(name, '/'), CKPTIO_E_INVAL,
                      "ckptio_dcp_create_file: dir and a file name without '/' are required");
+    if (ckptio__s3_is_url(dir)) return CKPTIO_OK; /* no attributes to keep on an object */
     struct stat ref;
     if (!ckptio__reference_stat(dir, reference, &ref)) return CKPTIO_OK; /* a new checkpoint: nothing to keep */
     char *path = ckptio__dcp_join(dir, name);

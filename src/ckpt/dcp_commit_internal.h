@@ -78,4 +78,57 @@ ckptio_status ckptio__dcp_manifest_write(const char *dir, const char *metadata_n
 /* "DIR/NAME" (ckptio__malloc'ed), or NULL when out of memory. */
 char *ckptio__dcp_join(const char *dir, const char *name);
 
+/* ---- the lock of a directory in object storage (dcp_lease.c) ---------------------------- */
+
+/* The text of DIR/.ckptio-dcp.lock on an object store:
+ * "ckptio-lease 1\nowner HEX32\nsince SECONDS\nttl_ms MILLISECONDS\n". */
+typedef struct ckptio__lease_text {
+    char owner[33];    /* 32 lowercase hex digits: who holds it */
+    uint64_t since;    /* the server's clock when it was taken (seconds since the epoch) */
+    uint64_t ttl_ms;   /* it lapses this long after its last write */
+} ckptio__lease_text;
+
+/* The lease's text into out[0..cap); its length (0 when it does not fit). */
+size_t ckptio__lease_format(const ckptio__lease_text *l, char *out, size_t cap);
+
+/* Parses a lease's bytes (untrusted; `origin` names them in errors):
+ * exactly the format above, decimal numbers without leading zeros.
+ * CKPTIO_E_FORMAT otherwise. */
+ckptio_status ckptio__lease_parse(const char *bytes, size_t len, const char *origin, ckptio__lease_text *out);
+
+typedef struct ckptio__dcp_lease ckptio__dcp_lease;
+
+/* Takes the lease of the directory s3://BUCKET/PREFIX (exclusive), or with
+ * `shared` only waits until no other save's lease holds it (saves that
+ * remove nothing take none). `timeout`, `on_wait` as for
+ * ckptio_dcp_lock_acquire; CKPTIO_E_BUSY names the holder. */
+ckptio_status ckptio__dcp_lease_acquire(const char *dir, bool shared, double timeout, ckptio_dcp_lock_wait_fn on_wait,
+                                        void *user, ckptio__dcp_lease **out);
+
+/* CKPTIO_OK while the lease is still this save's (read from the server);
+ * CKPTIO_E_BUSY once another save took it over or it lapsed. */
+ckptio_status ckptio__dcp_lease_check(ckptio__dcp_lease *l);
+
+/* Stops renewing and deletes the lease when it is still ours; accepts NULL. */
+void ckptio__dcp_lease_release(ckptio__dcp_lease *l);
+
+/* Whether `l` holds an exclusive lease. */
+bool ckptio__dcp_lease_held(const ckptio__dcp_lease *l);
+
+/* When the lease held on DIR now was taken (its `since`; 0: no lease of
+ * ckptio's there). Objects written after it belong to its holder's save. */
+ckptio_status ckptio__dcp_lease_since(ckptio_engine *engine, const char *dir, double *since);
+
+/* A reader's pin on a step in object storage: DIR/.ckptio-step-pin-OWNER,
+ * holding a lease's text, renewed by a thread while the pin is held and
+ * deleted by ckptio__dcp_lease_release. Removal leaves a step holding a
+ * live pin alone. `engine` (may be NULL) gives the lease time. */
+#define CKPTIO__STEP_PIN_PREFIX ".ckptio-step-pin-"
+ckptio_status ckptio__dcp_pin_take(ckptio_engine *engine, const char *dir, ckptio__dcp_lease **out);
+
+/* Whether the pin object `url`, last written at `mtime` (server's clock),
+ * still holds at `server_now`: within its lease time (an unreadable one:
+ * the engine's). */
+bool ckptio__dcp_pin_live(ckptio_engine *engine, const char *url, double server_now, double mtime);
+
 #endif /* CKPTIO_DCP_COMMIT_INTERNAL_H */

@@ -497,12 +497,10 @@ static ckptio_status open_handle(ckptio_engine *engine, const char *dir, const v
     ckptio_status st = CKPTIO_OK;
     if (!h) return CKPTIO_FAIL(CKPTIO_E_NOMEM, "out of memory for a DCP handle");
     h->engine = engine;
-    const size_t dl = strlen(dir);
-    if (!(h->dir = ckptio__strdup(dir)) || !(h->md_path = ckptio__malloc(dl + sizeof "/.metadata"))) {
+    if (!(h->dir = ckptio__strdup(dir)) || !(h->md_path = ckptio__path_join(dir, ".metadata"))) {
         st = CKPTIO_FAIL(CKPTIO_E_NOMEM, "out of memory");
         goto out;
     }
-    snprintf(h->md_path, dl + sizeof "/.metadata", "%s/.metadata", dir);
     if (!bytes && (st = read_metadata(h, &data, &len)) != CKPTIO_OK) goto out;
     if ((st = ckptio_pickle_parse_dcp_metadata(bytes ? bytes : data, len, h->md_path, &p)) != CKPTIO_OK) goto out;
     const ckptio_value *root = NULL;
@@ -600,10 +598,8 @@ ckptio_status ckptio_dcp_file_open(ckptio_engine *engine, const char *dir, const
                                                    .subject = relative_path}),
                                "relative_path '%s' leaves the checkpoint directory (absolute, '/', '..' or empty): "
                                "refused, nothing outside the directory is opened", relative_path);
-    const size_t n = strlen(dir) + strlen(relative_path) + 2;
-    char *path = ckptio__malloc(n);
+    char *path = ckptio__path_join(dir, relative_path);
     if (!path) return CKPTIO_FAIL(CKPTIO_E_NOMEM, "out of memory");
-    snprintf(path, n, "%s/%s", dir, relative_path);
     ckptio_status st = ckptio_file_open(engine, path, CKPTIO_OPEN_READ, out);
     ckptio__free(path);
     return st;
@@ -735,13 +731,23 @@ ckptio_status ckptio_dcp_manifest(const ckptio_dcp *h, const char **name) {
         return CKPTIO_FAIL_CTX(CKPTIO_E_NOT_FOUND, &((ckptio__err_ctx){.path = h->dir, .file_offset = -1}),
                                "no ckptio manifest for this checkpoint: its data files are not named "
                                "__{rank}_{token}_{n}.distcp with one save token (written by torch or another writer)");
-    const size_t n = strlen(h->dir) + strlen(h->manifest_name) + 2;
-    char *path = ckptio__malloc(n);
+    char *path = ckptio__path_join(h->dir, h->manifest_name);
     if (!path) return CKPTIO_FAIL(CKPTIO_E_NOMEM, "out of memory");
-    snprintf(path, n, "%s/%s", h->dir, h->manifest_name);
     struct stat sb;
-    const int rc = stat(path, &sb);
-    const int err = errno;
+    int rc, err;
+    if (ckptio__s3_is_url(path)) { /* the object's HEAD: there or not, never anything else */
+        ckptio__path_kind kind = CKPTIO__PATH_MISSING;
+        if (ckptio__object_stat(h->engine, path, &kind, NULL) != CKPTIO_OK) {
+            ckptio__free(path);
+            return ckptio_last_error()->status;
+        }
+        rc = kind == CKPTIO__PATH_FILE ? 0 : -1;
+        err = ENOENT;
+        sb.st_mode = S_IFREG;
+    } else {
+        rc = stat(path, &sb);
+        err = errno;
+    }
     ckptio_status st = CKPTIO_OK;
     if (rc != 0 && err == ENOENT)
         st = CKPTIO_FAIL_CTX(CKPTIO_E_NOT_FOUND, &((ckptio__err_ctx){.path = path, .file_offset = -1}),

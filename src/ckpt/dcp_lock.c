@@ -53,6 +53,7 @@
 
 struct ckptio_dcp_lock {
     int fd;                        /* -1 once closed (released, or in a forked child) */
+    ckptio__dcp_lease *lease;      /* a directory in object storage: its lease (dcp_lease.c), fd -1 */
     ckptio_dcp_lock_info info;
     struct ckptio_dcp_lock *next;  /* held locks, for the fork handler */
 };
@@ -294,6 +295,20 @@ ckptio_status ckptio_dcp_lock_acquire(const char *dir, const char *reference, un
     CKPTIO_RETURN_IF(flags & ~(unsigned)(CKPTIO_DCP_LOCK_SHARED | CKPTIO_DCP_LOCK_QUEUED), CKPTIO_E_INVAL,
                      "ckptio_dcp_lock_acquire: unknown flags 0x%x", flags);
     CKPTIO_RETURN_IF(timeout_seconds != timeout_seconds, CKPTIO_E_INVAL, "ckptio_dcp_lock_acquire: timeout is NaN");
+    if (ckptio__s3_is_url(dir)) { /* no flock on an object store: a lease (CKPTIO_DCP_LOCK_QUEUED has no turn there) */
+        ckptio_dcp_lock *l = ckptio__calloc(1, sizeof *l);
+        if (!l) return CKPTIO_FAIL(CKPTIO_E_NOMEM, "out of memory");
+        const ckptio_status st = ckptio__dcp_lease_acquire(dir, flags & CKPTIO_DCP_LOCK_SHARED, timeout_seconds,
+                                                           on_wait, user, &l->lease);
+        if (st != CKPTIO_OK) {
+            ckptio__free(l);
+            return st;
+        }
+        l->fd = -1;
+        l->info.locked = 1;
+        *out = l;
+        return CKPTIO_OK;
+    }
     pthread_once(&fork_once, watch_forks);
     char *path = ckptio__dcp_join(dir, CKPTIO_DCP_LOCK_NAME);
     char *queue = (flags & CKPTIO_DCP_LOCK_QUEUED) ? ckptio__dcp_join(dir, CKPTIO_DCP_LOCK_QUEUE_NAME) : NULL;
@@ -325,8 +340,18 @@ ckptio_status ckptio_dcp_lock_query(const ckptio_dcp_lock *lock, ckptio_dcp_lock
     return CKPTIO_OK;
 }
 
+ckptio_status ckptio_dcp_lock_check(ckptio_dcp_lock *lock) {
+    CKPTIO_RETURN_IF(!lock, CKPTIO_E_INVAL, "ckptio_dcp_lock_check: lock is required");
+    return lock->lease ? ckptio__dcp_lease_check(lock->lease) : CKPTIO_OK;
+}
+
 ckptio_status ckptio_dcp_lock_release(ckptio_dcp_lock *lock) {
     if (!lock) return CKPTIO_OK;
+    if (lock->lease) {
+        ckptio__dcp_lease_release(lock->lease);
+        ckptio__free(lock);
+        return CKPTIO_OK;
+    }
     const int fd = unhold(lock);
     if (fd >= 0) {
         /* LOCK_UN before close: should any other process still share the

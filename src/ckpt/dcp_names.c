@@ -116,9 +116,4 @@ bool ckptio__dcp_stale_name(const char *name) {
     return p != name + 2 && strcmp(p, ".metadata.tmp") == 0;
 }
 
-char *ckptio__dcp_join(const char *dir, const char *name) {
-    const size_t n = strlen(dir) + strlen(name) + 2;
-    char *out = ckptio__malloc(n);
-    if (out) snprintf(out, n, "%s/%s", dir, name);
-    return out;
-}
+char *ckptio__dcp_join(const char *dir, const char *name) { return ckptio__path_join(dir, name); }

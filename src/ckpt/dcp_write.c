@@ -9,6 +9,10 @@
  * pieces whole, the storage in CKPTIO_DCP_PART_BYTES blocks) by the plan's
  * observer, on the pinned staging copies the bytes pass through: XXH3 has
  * no combine step, and the pipeline moves one tensor's blocks out of order.
+ * So is an archive whose storages in host memory reach HOST_PARTS_MIN bytes:
+ * each block is hashed by the worker that writes it, beside the other
+ * workers' writes, instead of in a pass over the whole state before the
+ * first byte is written.
  */
 #include "convert_internal.h"
 #include "engine_internal.h"
@@ -22,10 +26,14 @@
 #include <xxhash.h>
 #include <zstd.h>
 
+/* Host storages of at least this many bytes in one archive are hashed in blocks as they are written. */
+#define HOST_PARTS_MIN (2 * (uint64_t)CKPTIO_DCP_PART_BYTES)
+
 typedef struct item_job {
     ckptio_dcp_item *item;
     ckptio_torch_writer *w;  /* the archive, or NULL for a byte item */
     bool host;               /* every byte of the item is in host memory */
+    bool host_blocks;        /* its host storages are hashed in blocks by the plan's observer */
     uint64_t size;           /* uncompressed item size */
     uint8_t *meta;           /* archive: metadata image (meta_len + scratch bytes) */
     uint8_t *image;          /* ZSTD archive: the whole uncompressed archive */
@@ -58,11 +66,17 @@ static bool piece_on_gpu(const ckptio_torch_writer *w, const struct ckptio__torc
     return pc->storage != SIZE_MAX && !storage_on_host(&w->storages[pc->storage]);
 }
 
+/* Whether piece pc is hashed in CKPTIO_DCP_PART_BYTES blocks by the plan's observer: a storage in GPU memory,
+ * or any storage of an item whose host storages are (host_blocks). */
+static bool piece_in_blocks(const item_job *j, const struct ckptio__torch_piece *pc) {
+    return pc->storage != SIZE_MAX && (j->host_blocks || piece_on_gpu(j->w, pc));
+}
+
 /* Parts of a piece when its item is hashed in parts: none when empty, one
- * for a host piece, one per CKPTIO_DCP_PART_BYTES block of a GPU piece. */
-static size_t piece_nparts(const ckptio_torch_writer *w, const struct ckptio__torch_piece *pc) {
+ * per block of a piece hashed in blocks, one for any other piece. */
+static size_t piece_nparts(const item_job *j, const struct ckptio__torch_piece *pc) {
     if (!pc->length) return 0;
-    return piece_on_gpu(w, pc) ? (size_t)((pc->length + CKPTIO_DCP_PART_BYTES - 1) / CKPTIO_DCP_PART_BYTES) : 1;
+    return piece_in_blocks(j, pc) ? (size_t)((pc->length + CKPTIO_DCP_PART_BYTES - 1) / CKPTIO_DCP_PART_BYTES) : 1;
 }
 
 /* CRCs, the metadata image, compression and the hash of one item. Runs on a
@@ -115,13 +129,13 @@ static void run_job(item_job *j) {
         it->hashed = 1;
         return;
     }
-    if (!j->host) {
-        /* Parts: the host pieces now; GPU blocks as they pass through staging. */
+    if (it->nparts) {
+        /* Parts: the other pieces now; blocks as they are written (GPU ones through staging). */
         size_t k = 0;
         for (size_t p = 0; p < w->npieces && k < it->nparts; p++) {
             const struct ckptio__torch_piece *pc = &w->pieces[p];
-            if (!pc->length || piece_on_gpu(w, pc)) {
-                k += piece_nparts(w, pc);
+            if (!pc->length || piece_in_blocks(j, pc)) {
+                k += piece_nparts(j, pc);
                 continue;
             }
             it->parts[k].hash = (uint64_t)XXH3_64bits(piece_bytes(j, pc), (size_t)pc->length);
@@ -166,13 +180,13 @@ static ckptio_status item_fail(ckptio_status status, size_t index, const ckptio_
                            "item %zu: %s", index, what);
 }
 
-/* The parts of an archive with a GPU storage, in file order: one per host
- * piece, one per block of a GPU piece. */
+/* The parts of an archive hashed in parts, in file order: one per block of
+ * a piece hashed in blocks, one per other piece. */
 static ckptio_status prepare_parts(item_job *j, size_t index) {
     ckptio_dcp_item *it = j->item;
     const ckptio_torch_writer *w = j->w;
     size_t n = 0;
-    for (size_t p = 0; p < w->npieces; p++) n += piece_nparts(w, &w->pieces[p]);
+    for (size_t p = 0; p < w->npieces; p++) n += piece_nparts(j, &w->pieces[p]);
     if (!(it->parts = ckptio__calloc(n ? n : 1, sizeof *it->parts)) || !(j->seen = ckptio__calloc(n ? n : 1, 1)))
         return item_fail(CKPTIO_E_NOMEM, index, it, "no memory for the hashes of %zu parts", n);
     it->nparts = n;
@@ -180,7 +194,7 @@ static ckptio_status prepare_parts(item_job *j, size_t index) {
     for (size_t p = 0; p < w->npieces; p++) {
         const struct ckptio__torch_piece *pc = &w->pieces[p];
         if (!pc->length) continue;
-        const uint64_t step = piece_on_gpu(w, pc) ? CKPTIO_DCP_PART_BYTES : pc->length;
+        const uint64_t step = piece_in_blocks(j, pc) ? CKPTIO_DCP_PART_BYTES : pc->length;
         for (uint64_t off = 0; off < pc->length; off += step) {
             it->parts[k].offset = pc->file_offset + off;
             it->parts[k].length = pc->length - off < step ? pc->length - off : step;
@@ -205,16 +219,19 @@ static ckptio_status prepare_job(item_job *j, size_t index, uint32_t alignment, 
     } else {
         ckptio_torch_writer *w = j->w;
         CKPTIO_FORWARD(ckptio__torch_writer_prepare(w, alignment, prefix));
+        uint64_t host_bytes = 0;
         for (size_t i = 0; i < w->nentries; i++) {
             const size_t id = w->entry_storage[i];
             if (id == SIZE_MAX) continue;
             if (w->storages[id].nbytes && !w->storages[id].data)
                 return item_fail(CKPTIO_E_INVAL, index, it, "storage %zu of the archive has no memory bound", id);
             if (!storage_on_host(&w->storages[id])) j->host = false;
+            else host_bytes += w->storages[id].nbytes;
         }
         j->size = w->file_size;
-        if (!j->host && (it->flags & CKPTIO_DCP_ITEM_HASH) && !(it->flags & CKPTIO_DCP_ITEM_ZSTD))
-            CKPTIO_FORWARD(prepare_parts(j, index));
+        const bool hashed = (it->flags & CKPTIO_DCP_ITEM_HASH) && !(it->flags & CKPTIO_DCP_ITEM_ZSTD);
+        j->host_blocks = hashed && host_bytes >= HOST_PARTS_MIN;
+        if (hashed && (!j->host || j->host_blocks)) CKPTIO_FORWARD(prepare_parts(j, index));
         if (!(j->meta = ckptio__malloc(w->meta_len + CKPTIO__TORCH_META_SCRATCH)))
             return item_fail(CKPTIO_E_NOMEM, index, it, "no memory for %llu bytes of archive metadata",
                              (unsigned long long)w->meta_len);
@@ -279,7 +296,7 @@ static ckptio_status hash_unseen_parts(item_job *jobs, size_t count) {
             if (!buf && !(buf = ckptio__aligned_alloc(CKPTIO_DIRECT_ALIGN, CKPTIO_DCP_PART_BYTES)))
                 return CKPTIO_FAIL(CKPTIO_E_NOMEM, "no memory for a %u-byte hash buffer", CKPTIO_DCP_PART_BYTES);
             ckptio_dcp_part *pt = &it->parts[k];
-            /* Host pieces are hashed by run_job; only GPU blocks get here, never longer than a block. */
+            /* Other pieces are hashed by run_job; only blocks get here, never longer than a block. */
             st = ckptio__file_io(it->file, CKPTIO_READ, buf, pt->length, it->offset + pt->offset);
             if (st == CKPTIO_OK) pt->hash = (uint64_t)XXH3_64bits(buf, (size_t)pt->length);
         }
@@ -338,9 +355,9 @@ static ckptio_status place_and_write(ckptio_engine *engine, item_job *jobs, size
                 ex.memory = (void *)piece_bytes(j, pc);
                 ex.mem_kind = pc->storage == SIZE_MAX ? CKPTIO_MEM_HOST : j->w->storages[pc->storage].mem_kind;
                 if (obs.refs) {
-                    const bool gpu = piece_on_gpu(j->w, pc);
-                    obs.refs[nextents++] = (part_ref){.job = it->nparts && gpu ? i : SIZE_MAX, .part = part};
-                    if (it->nparts) part += piece_nparts(j->w, pc);
+                    const bool blocks = piece_in_blocks(j, pc);
+                    obs.refs[nextents++] = (part_ref){.job = it->nparts && blocks ? i : SIZE_MAX, .part = part};
+                    if (it->nparts) part += piece_nparts(j, pc);
                 }
                 st = ckptio_plan_add(plan, &ex);
             }

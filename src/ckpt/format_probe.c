@@ -38,7 +38,21 @@ static ckptio_format probe_directory(int dirfd) {
     return CKPTIO_FORMAT_DIRECTORY;
 }
 
-static ckptio_status read_at(int fd, void *buf, size_t len, uint64_t offset, const char *path, size_t *got) {
+/* Where the probe reads: a descriptor, or an object through the file layer. */
+typedef struct source {
+    int fd;
+    ckptio_file *object;
+    uint64_t size;
+} source;
+
+static ckptio_status read_at(const source *src, void *buf, size_t len, uint64_t offset, const char *path,
+                             size_t *got) {
+    if (src->object) {
+        const uint64_t n = offset >= src->size ? 0 : src->size - offset < len ? src->size - offset : len;
+        *got = (size_t)n;
+        return n ? ckptio__file_io(src->object, CKPTIO_READ, buf, n, offset) : CKPTIO_OK;
+    }
+    const int fd = src->fd;
     ssize_t n;
     do {
         n = pread(fd, buf, len, (off_t)offset);
@@ -51,7 +65,7 @@ static ckptio_status read_at(int fd, void *buf, size_t len, uint64_t offset, con
 /* Past a blank start of a safetensors header longer than the probe: reads
  * on to its first non-blank byte (the header is at most 100 MB, the reads
  * stop at its end). */
-static ckptio_status blank_header_opens_object(int fd, const unsigned char *head, uint64_t from, const char *path,
+static ckptio_status blank_header_opens_object(const source *fd, const unsigned char *head, uint64_t from, const char *path,
                                                bool *yes) {
     uint64_t n = 0;
     for (int i = 7; i >= 0; i--) n = n << 8 | head[i];
@@ -87,9 +101,8 @@ static bool starts_json_object(const unsigned char *head, size_t len) {
     return false;
 }
 
-static ckptio_status probe_file(int fd, const struct stat *sb, const char *path, ckptio_format *out) {
+static ckptio_status probe_file(const source *fd, uint64_t size, const char *path, ckptio_format *out) {
     unsigned char head[CKPTIO_FORMAT_PROBE_BYTES];
-    const uint64_t size = (uint64_t)sb->st_size;
     const size_t want = size < sizeof head ? (size_t)size : sizeof head;
     size_t got = 0;
     CKPTIO_FORWARD(read_at(fd, head, want, 0, path, &got));
@@ -106,9 +119,64 @@ static ckptio_status probe_file(int fd, const struct stat *sb, const char *path,
     return CKPTIO_OK;
 }
 
+/* An object is judged by its first bytes like a file; a prefix with keys
+ * under it is a directory, judged by the objects dir_probes name. */
+static ckptio_status probe_object(ckptio_engine *engine, const char *path, ckptio_format *out) {
+    ckptio__path_kind kind;
+    uint64_t size = 0;
+    CKPTIO_FORWARD(ckptio__object_stat(engine, path, &kind, &size));
+    if (kind == CKPTIO__PATH_MISSING)
+        return CKPTIO_FAIL_CTX(CKPTIO_E_NOT_FOUND, &((ckptio__err_ctx){.operation = "open", .path = path,
+                                                                      .file_offset = -1}),
+                               "no object of that key and nothing under it as a prefix");
+    if (kind == CKPTIO__PATH_DIR) {
+        *out = CKPTIO_FORMAT_DIRECTORY;
+        for (size_t i = 0; i < sizeof dir_probes / sizeof dir_probes[0]; i++) {
+            char *entry = ckptio__path_join(path, dir_probes[i].entry);
+            if (!entry) return CKPTIO_FAIL(CKPTIO_E_NOMEM, "out of memory");
+            ckptio__path_kind k;
+            const ckptio_status st = ckptio__object_stat(engine, entry, &k, NULL);
+            ckptio__free(entry);
+            CKPTIO_FORWARD(st);
+            if (k == CKPTIO__PATH_FILE) {
+                *out = dir_probes[i].format;
+                break;
+            }
+        }
+        return CKPTIO_OK;
+    }
+    ckptio_file *f = NULL;
+    CKPTIO_FORWARD(ckptio_file_open(engine, path, CKPTIO_OPEN_READ, &f));
+    ckptio_status st = ckptio_file_size(f, &size);
+    if (st == CKPTIO_OK) st = probe_file(&((source){.fd = -1, .object = f, .size = size}), size, path, out);
+    ckptio__error_saved *saved = st != CKPTIO_OK ? ckptio__error_save() : NULL;
+    ckptio_file_close(f);
+    if (saved) ckptio__error_restore(saved);
+    return st;
+}
+
+ckptio_status ckptio_format_detect_engine(ckptio_engine *engine, const char *path, ckptio_format *out) {
+    CKPTIO_RETURN_IF(!path || !out, CKPTIO_E_INVAL, "ckptio_format_detect_engine: path and out are required");
+    *out = CKPTIO_FORMAT_UNKNOWN;
+    if (!engine || !ckptio__s3_is_url(path)) return ckptio_format_detect(path, out);
+    return probe_object(engine, path, out);
+}
+
+/* Objects need an engine for the S3 settings (CKPTIO_S3_* from the environment): a temporary one. */
+static ckptio_status detect_object(const char *path, ckptio_format *out) {
+    ckptio_engine *engine = NULL;
+    CKPTIO_FORWARD(ckptio_engine_create(&engine));
+    const ckptio_status st = probe_object(engine, path, out);
+    ckptio__error_saved *saved = st != CKPTIO_OK ? ckptio__error_save() : NULL;
+    ckptio_engine_destroy(engine);
+    if (saved) ckptio__error_restore(saved);
+    return st;
+}
+
 ckptio_status ckptio_format_detect(const char *path, ckptio_format *out) {
     CKPTIO_RETURN_IF(!path || !out, CKPTIO_E_INVAL, "ckptio_format_detect: path and out are required");
     *out = CKPTIO_FORMAT_UNKNOWN;
+    if (ckptio__s3_is_url(path)) return detect_object(path, out);
     struct stat sb;
     const int pfd = ckptio__open_path(AT_FDCWD, path, 0, &sb);
     if (pfd < 0) return CKPTIO_FAIL_SYS(errno, "open", path, -1, "cannot open the checkpoint");
@@ -120,7 +188,7 @@ ckptio_status ckptio_format_detect(const char *path, ckptio_format *out) {
         if (fd < 0) {
             st = CKPTIO_FAIL_SYS(errno, "open", path, -1, "cannot open the checkpoint");
         } else {
-            st = probe_file(fd, &sb, path, out);
+            st = probe_file(&((source){.fd = fd}), (uint64_t)sb.st_size, path, out);
             close(fd);
         }
     } else {

@@ -35,15 +35,7 @@
 #define SHARD_SUFFIX ".safetensors"
 #define LIST_MAX 4 /* names quoted in an error about several files */
 
-static char *join(const char *dir, const char *name) {
-    const size_t a = strlen(dir), b = strlen(name);
-    char *p = ckptio__malloc(a + b + 2);
-    if (!p) return NULL;
-    memcpy(p, dir, a);
-    p[a] = '/';
-    memcpy(p + a + 1, name, b + 1);
-    return p;
-}
+static char *join(const char *dir, const char *name) { return ckptio__path_join(dir, name); }
 
 static bool ends_with(const char *s, const char *suffix) {
     const size_t n = strlen(s), m = strlen(suffix);
@@ -116,15 +108,25 @@ static ckptio_status open_shard(ckptio_model *m, const char *name, const shard_o
     if (!path) return CKPTIO_FAIL(CKPTIO_E_NOMEM, "out of memory opening shard %s", name);
     struct stat want, got;
     ckptio_safetensors *st = NULL;
-    ckptio_status status = o->dir ? check_shard_path(path, name, o, flags, &want) : CKPTIO_OK;
+    /* An object has no symlinks and no inode: its key is the prefix's and the
+     * ETag read at open pins its bytes (ckptio_file_open). */
+    const bool local = o->dir && !ckptio__s3_is_url(path);
+    ckptio_status status = local ? check_shard_path(path, name, o, flags, &want) : CKPTIO_OK;
     if (status == CKPTIO_OK) status = ckptio_safetensors_open(m->engine, path, &st);
+    if (status == CKPTIO_E_NOT_FOUND && !local && o->dir && o->index) {
+        ckptio__free(path);
+        return CKPTIO_FAIL_CTX(CKPTIO_E_NOT_FOUND,
+                               &((ckptio__err_ctx){.operation = "open shard", .path = o->index, .file_offset = -1,
+                                                   .subject = "weight_map"}),
+                               "tensor '%s' is in shard '%s', which is missing from %s", o->tensor, name, o->dir);
+    }
     if (status != CKPTIO_OK) {
         ckptio__free(path);
         return status;
     }
     m->shard_paths[m->nshards] = path;
     m->shards[m->nshards++] = st;
-    if (o->dir && (fstat(st->file->fd, &got) != 0 || got.st_dev != want.st_dev || got.st_ino != want.st_ino))
+    if (local && (fstat(st->file->fd, &got) != 0 || got.st_dev != want.st_dev || got.st_ino != want.st_ino))
         return CKPTIO_FAIL_CTX(CKPTIO_E_DISALLOWED,
                                &((ckptio__err_ctx){.operation = "open shard", .path = path, .file_offset = -1}),
                                "shard '%s' was replaced while it was being opened", name);
@@ -264,58 +266,101 @@ static bool has_entry(const char *dir, const char *name) {
     return yes;
 }
 
-static ckptio_status open_dir(ckptio_model *m, const char *dir, unsigned flags) {
-    const shard_origin plain = {.dir = dir};
+/* What a directory holds that open_dir decides by. */
+typedef struct dir_view {
+    bool single, index;     /* model.safetensors, model.safetensors.index.json */
+    name_list indexes, files;
+} dir_view;
+
+static void view_free(dir_view *v) {
+    list_free(&v->indexes);
+    list_free(&v->files);
+}
+
+/* Hidden files, ckptio temporaries, "." and ".." are no shards or indexes. */
+static ckptio_status view_add(dir_view *v, const char *name) {
+    if (name[0] == '.') return CKPTIO_OK;
+    if (ends_with(name, SHARD_SUFFIX INDEX_SUFFIX)) return list_add(&v->indexes, name);
+    if (ends_with(name, SHARD_SUFFIX)) return list_add(&v->files, name);
+    return CKPTIO_OK;
+}
+
+static ckptio_status view_local(const char *dir, dir_view *v) {
     /* transformers' order: a single model.safetensors first, then its index. */
-    if (has_entry(dir, HF_SINGLE_NAME)) {
-        CKPTIO_FORWARD(reserve_shards(m, 1));
-        return open_shard(m, HF_SINGLE_NAME, &plain, flags);
-    }
-    name_list indexes = {0}, files = {0};
+    if ((v->single = has_entry(dir, HF_SINGLE_NAME))) return CKPTIO_OK;
+    v->index = has_entry(dir, HF_INDEX_NAME);
     ckptio_status st = CKPTIO_OK;
-    char *index = NULL;
     DIR *d = opendir(dir);
     if (!d) return CKPTIO_FAIL_SYS(errno, "opendir", dir, -1, "listing a model directory");
-    for (struct dirent *e; st == CKPTIO_OK && (errno = 0, e = readdir(d)) != NULL;) {
-        if (e->d_name[0] == '.') continue; /* hidden files, ckptio temporaries, "." and ".." */
-        if (ends_with(e->d_name, SHARD_SUFFIX INDEX_SUFFIX)) st = list_add(&indexes, e->d_name);
-        else if (ends_with(e->d_name, SHARD_SUFFIX)) st = list_add(&files, e->d_name);
-    }
+    for (struct dirent *e; st == CKPTIO_OK && (errno = 0, e = readdir(d)) != NULL;) st = view_add(v, e->d_name);
     if (st == CKPTIO_OK && errno) st = CKPTIO_FAIL_SYS(errno, "readdir", dir, -1, "listing a model directory");
     closedir(d);
+    return st;
+}
+
+typedef struct view_lister {
+    dir_view *v;
+    ckptio_status st;
+} view_lister;
+
+static int view_entry(void *user, const ckptio__object_entry *e) {
+    view_lister *l = user;
+    if (e->kind != CKPTIO__PATH_FILE) return 0; /* prefixes and names no file can have: never shards */
+    l->v->single |= !strcmp(e->name, HF_SINGLE_NAME);
+    l->v->index |= !strcmp(e->name, HF_INDEX_NAME);
+    l->st = view_add(l->v, e->name);
+    return l->st != CKPTIO_OK;
+}
+
+/* A prefix of an object store: one listing. */
+static ckptio_status view_object(ckptio_engine *engine, const char *dir, dir_view *v) {
+    view_lister l = {.v = v, .st = CKPTIO_OK};
+    CKPTIO_FORWARD(ckptio__object_dir_list(engine, dir, view_entry, &l));
+    return l.st;
+}
+
+static ckptio_status open_dir(ckptio_model *m, const char *dir, unsigned flags) {
+    const shard_origin plain = {.dir = dir};
+    const bool object = ckptio__s3_is_url(dir);
+    dir_view v = {0};
+    ckptio_status st = object ? view_object(m->engine, dir, &v) : view_local(dir, &v);
+    char *index = NULL;
     if (st != CKPTIO_OK) goto out;
-    if (indexes.count > 1) qsort(indexes.names, indexes.count, sizeof *indexes.names, cmp_str);
-    if (files.count > 1) qsort(files.names, files.count, sizeof *files.names, cmp_str);
+    if (v.single) {
+        if ((st = reserve_shards(m, 1)) == CKPTIO_OK) st = open_shard(m, HF_SINGLE_NAME, &plain, flags);
+        goto out;
+    }
+    if (v.indexes.count > 1) qsort(v.indexes.names, v.indexes.count, sizeof *v.indexes.names, cmp_str);
+    if (v.files.count > 1) qsort(v.files.names, v.files.count, sizeof *v.files.names, cmp_str);
     char names[600];
-    if (has_entry(dir, HF_INDEX_NAME) || indexes.count == 1) {
-        const char *name = has_entry(dir, HF_INDEX_NAME) ? HF_INDEX_NAME : indexes.names[0];
+    if (v.index || v.indexes.count == 1) {
+        const char *name = v.index ? HF_INDEX_NAME : v.indexes.names[0];
         struct stat sb;
         if (!(index = join(dir, name))) {
             st = CKPTIO_FAIL(CKPTIO_E_NOMEM, "out of memory opening %s", dir);
             goto out;
         }
         /* The index is a file of the directory too: the same rules. */
-        if ((st = check_shard_path(index, name, &plain, flags, &sb)) != CKPTIO_OK) goto out;
+        if (!object && (st = check_shard_path(index, name, &plain, flags, &sb)) != CKPTIO_OK) goto out;
         st = open_index(m, dir, index, flags);
-    } else if (indexes.count > 1) {
-        list_text(&indexes, names, sizeof names);
+    } else if (v.indexes.count > 1) {
+        list_text(&v.indexes, names, sizeof names);
         st = CKPTIO_FAIL_CTX(CKPTIO_E_FORMAT, &((ckptio__err_ctx){.path = dir, .file_offset = -1}),
-                             "%zu safetensors indexes (%s) and no %s: open one of them", indexes.count, names,
+                             "%zu safetensors indexes (%s) and no %s: open one of them", v.indexes.count, names,
                              HF_INDEX_NAME);
-    } else if (files.count == 0) {
+    } else if (v.files.count == 0) {
         st = CKPTIO_FAIL_CTX(CKPTIO_E_NOT_FOUND, &((ckptio__err_ctx){.path = dir, .file_offset = -1}),
                              "no %s, no *%s%s and no *%s file in the directory", HF_INDEX_NAME, SHARD_SUFFIX,
                              INDEX_SUFFIX, SHARD_SUFFIX);
     } else {
         /* No index: every .safetensors file is a shard; a name in two of
          * them is refused when the table is built. */
-        if ((st = reserve_shards(m, files.count)) != CKPTIO_OK) goto out;
-        for (size_t i = 0; st == CKPTIO_OK && i < files.count; i++) st = open_shard(m, files.names[i], &plain, flags);
+        if ((st = reserve_shards(m, v.files.count)) != CKPTIO_OK) goto out;
+        for (size_t i = 0; st == CKPTIO_OK && i < v.files.count; i++) st = open_shard(m, v.files.names[i], &plain, flags);
     }
 out:
     ckptio__free(index);
-    list_free(&indexes);
-    list_free(&files);
+    view_free(&v);
     return st;
 }
 
@@ -411,8 +456,19 @@ ckptio_status ckptio_model_open(ckptio_engine *engine, const char *path, unsigne
     m->total_size = -1;
     ckptio_status st;
     struct stat sb;
-    if (stat(path, &sb) != 0) {
-        st = CKPTIO_FAIL_SYS(errno, "stat", path, -1, "opening a model");
+    ckptio__path_kind kind = CKPTIO__PATH_MISSING;
+    if (ckptio__s3_is_url(path)) {
+        st = ckptio__object_stat(engine, path, &kind, NULL);
+        if (st == CKPTIO_OK && kind == CKPTIO__PATH_MISSING)
+            st = CKPTIO_FAIL_CTX(CKPTIO_E_NOT_FOUND, &((ckptio__err_ctx){.operation = "open", .path = path,
+                                                                        .file_offset = -1}),
+                                 "no object of that key and nothing under it as a prefix");
+        sb.st_mode = kind == CKPTIO__PATH_DIR ? S_IFDIR : S_IFREG;
+    } else {
+        st = stat(path, &sb) == 0 ? CKPTIO_OK : CKPTIO_FAIL_SYS(errno, "stat", path, -1, "opening a model");
+    }
+    if (st != CKPTIO_OK) {
+        /* the error is set */
     } else if (S_ISDIR(sb.st_mode)) {
         st = open_dir(m, path, flags);
     } else if (ends_with(path, INDEX_SUFFIX)) {
@@ -422,7 +478,9 @@ ckptio_status ckptio_model_open(ckptio_engine *engine, const char *path, unsigne
             st = CKPTIO_FAIL(CKPTIO_E_NOMEM, "out of memory opening %s", path);
         } else {
             char *slash = strrchr(dir, '/');
-            if (!slash) strcpy(dir, ".");
+            if (ckptio__s3_is_url(dir) && strchr(dir + 5, '/') == slash) /* "s3://B/x.index.json": the bucket's */
+                slash[1] = '\0';
+            else if (!slash) strcpy(dir, ".");
             else if (slash == dir) dir[1] = '\0';
             else *slash = '\0';
             st = open_index(m, dir, path, flags);

@@ -8,6 +8,7 @@
 #define CKPTIO_STEPS_INTERNAL_H
 
 #include "common_internal.h"
+#include "io_internal.h"
 
 /* Largest marker read: the three lines take under 80 bytes. */
 #define CKPTIO__STEP_MARKER_MAX 4096
@@ -53,6 +54,7 @@ typedef struct ckptio__step_entries {
     char alien[256];       /* the first entry removal refuses ("" when none) */
     const char *alien_why; /* what it is ("a directory", "a symlink", ...) */
     char **names;          /* with keep_names: every entry (free with ckptio__step_entries_free) */
+    size_t pins;           /* an object store's step: readers' live pins (a local step's are flocks) */
 } ckptio__step_entries;
 
 /* Lists DIR into *out. `for_removal`: through ckptio__opendir (a request
@@ -68,5 +70,37 @@ bool ckptio__step_own_name(const char *name);
 
 /* Size and XXH3-64 of DIR/.metadata. */
 ckptio_status ckptio__step_metadata_hash(const char *dir, uint64_t *size, uint64_t *hash);
+
+/* ---- a root in object storage (steps_object.c) ---------------------------------------- */
+
+/* The engine for ROOT's objects: `given`, or for an object root without
+ * one a temporary engine (*owned: hand it to ckptio__steps_engine_done);
+ * *use is NULL for a local root. */
+ckptio_status ckptio__steps_engine(ckptio_engine *given, const char *root, ckptio_engine **use, ckptio_engine **owned);
+void ckptio__steps_engine_done(ckptio_engine *owned);
+
+/* The step numbers of an object root (common prefixes named as steps), unsorted. */
+ckptio_status ckptio__steps_object_list(ckptio_engine *e, const char *root, uint64_t **steps, size_t *count);
+
+/* What an object step directory holds (as ckptio__step_entries_read; live
+ * readers' pins counted in `pins`, not refused). */
+ckptio_status ckptio__step_object_entries(ckptio_engine *e, const char *dir, bool keep_names, ckptio__step_entries *out);
+
+/* What `path` is in the object store (ckptio__object_stat). */
+ckptio_status ckptio__step_object_kind(ckptio_engine *e, const char *path, ckptio__path_kind *kind, uint64_t *size);
+
+/* A small object (at most cap bytes) into buf; CKPTIO_E_NOT_FOUND when missing. */
+ckptio_status ckptio__step_object_read(ckptio_engine *e, const char *path, char *buf, size_t cap, size_t *len);
+
+/* Size and XXH3-64 of the object DIR/.metadata. */
+ckptio_status ckptio__step_object_metadata_hash(ckptio_engine *e, const char *dir, uint64_t *size, uint64_t *hash);
+
+/* One PUT of DIR/NAME (durable when answered); one DELETE of it (a missing one is no error). */
+ckptio_status ckptio__step_object_put(ckptio_engine *e, const char *dir, const char *name, const void *data,
+                                      size_t len);
+ckptio_status ckptio__step_object_delete(ckptio_engine *e, const char *dir, const char *name);
+
+/* Aborts every unfinished upload under DIR/ (a removed step's killed save's). */
+ckptio_status ckptio__step_object_abort_uploads(ckptio_engine *e, const char *dir);
 
 #endif /* CKPTIO_STEPS_INTERNAL_H */

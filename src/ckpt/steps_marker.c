@@ -126,6 +126,11 @@ bool ckptio__step_from_name(const char *name, uint64_t *step) {
     return true;
 }
 
+bool ckptio__step_own_name(const char *name) {
+    return !strcmp(name, CKPTIO_STEP_MARKER) || !strcmp(name, CKPTIO_STEP_BEGUN) ||
+           !strcmp(name, CKPTIO_DCP_LOCK_NAME) || ckptio__dcp_metadata_name(name) || ckptio__dcp_stale_name(name);
+}
+
 char *ckptio__step_dir(const char *root, uint64_t step) {
     char name[32];
     if (ckptio_steps_dir_name(step, name, sizeof name) != CKPTIO_OK) return NULL;
@@ -191,7 +196,17 @@ ckptio_status ckptio_steps_commit(const char *root, uint64_t step) {
     if (!dir) return ckptio_last_error()->status;
     ckptio__step_marker m = {.step = step};
     char text[128];
-    ckptio_status st = ckptio__step_metadata_hash(dir, &m.metadata_size, &m.metadata_xxh3);
+    ckptio_engine *io, *owned;
+    ckptio_status st = ckptio__steps_engine(NULL, root, &io, &owned);
+    if (st == CKPTIO_OK && io) { /* objects: the marker is one PUT, durable when answered, after the data's */
+        st = ckptio__step_object_metadata_hash(io, dir, &m.metadata_size, &m.metadata_xxh3);
+        const size_t len = ckptio__step_marker_format(&m, text, sizeof text);
+        if (st == CKPTIO_OK) st = ckptio__step_object_put(io, dir, CKPTIO_STEP_MARKER, text, len);
+        ckptio__steps_engine_done(owned);
+        ckptio__free(dir);
+        return st == CKPTIO_OK ? st : ckptio__step_fail(root, step, "commit");
+    }
+    if (st == CKPTIO_OK) st = ckptio__step_metadata_hash(dir, &m.metadata_size, &m.metadata_xxh3);
     /* The step's files were fsynced by their save; their directory entries
      * and the step directory's own entry in ROOT become durable here, before
      * the marker that vouches for them. */

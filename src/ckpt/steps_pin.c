@@ -23,9 +23,43 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+static ckptio_status gone(const char *path, uint64_t step, const char *why);
+
 struct ckptio_step_pin {
     int fd;
+    ckptio__dcp_lease *object_pin; /* a step in object storage: its pin object, renewed (fd -1) */
 };
+
+/* A step in object storage: the pin is an object of its own in the step
+ * (renewed while held); removal, which deletes the marker first, leaves a
+ * step with a live pin alone. A pin taken while a removal deletes the
+ * marker finds the marker gone afterwards and is given back. */
+static ckptio_status pin_object(const char *root, uint64_t step, const char *dir, const char *marker,
+                                ckptio_step_pin **out) {
+    ckptio_engine *io, *owned;
+    CKPTIO_FORWARD(ckptio__steps_engine(NULL, root, &io, &owned));
+    ckptio__path_kind kind = CKPTIO__PATH_MISSING;
+    ckptio__dcp_lease *held = NULL;
+    ckptio_status st = ckptio__object_stat(io, marker, &kind, NULL);
+    if (st == CKPTIO_OK && kind != CKPTIO__PATH_FILE) st = gone(marker, step, "no commit marker");
+    if (st == CKPTIO_OK) st = ckptio__dcp_pin_take(io, dir, &held);
+    if (st == CKPTIO_OK && (st = ckptio__object_stat(io, marker, &kind, NULL)) == CKPTIO_OK &&
+        kind != CKPTIO__PATH_FILE)
+        st = gone(marker, step, "its commit marker was removed meanwhile");
+    ckptio_step_pin *pin = st == CKPTIO_OK ? ckptio__calloc(1, sizeof *pin) : NULL;
+    if (st == CKPTIO_OK && !pin) st = CKPTIO_FAIL(CKPTIO_E_NOMEM, "out of memory");
+    if (st != CKPTIO_OK) {
+        ckptio__error_saved *saved = ckptio__error_save();
+        ckptio__dcp_lease_release(held);
+        ckptio__error_restore(saved);
+    } else {
+        pin->fd = -1;
+        pin->object_pin = held;
+        *out = pin;
+    }
+    ckptio__steps_engine_done(owned);
+    return st;
+}
 
 static ckptio_status gone(const char *path, uint64_t step, const char *why) {
     return CKPTIO_FAIL_CTX(CKPTIO_E_NOT_FOUND, &((ckptio__err_ctx){.path = path, .file_offset = -1}),
@@ -38,6 +72,12 @@ ckptio_status ckptio_steps_pin(const char *root, uint64_t step, ckptio_step_pin 
     char *dir = ckptio__step_dir(root, step);
     if (!dir) return ckptio_last_error()->status;
     char *path = ckptio__dcp_join(dir, CKPTIO_STEP_MARKER);
+    if (path && ckptio__s3_is_url(root)) {
+        const ckptio_status st = pin_object(root, step, dir, path, out);
+        ckptio__free(dir);
+        ckptio__free(path);
+        return st;
+    }
     ckptio__free(dir);
     if (!path) return CKPTIO_FAIL(CKPTIO_E_NOMEM, "out of memory");
     ckptio_status st = CKPTIO_OK;
@@ -78,6 +118,11 @@ ckptio_status ckptio_steps_pin(const char *root, uint64_t step, ckptio_step_pin 
 
 void ckptio_steps_unpin(ckptio_step_pin *pin) {
     if (!pin) return;
+    if (pin->object_pin) {
+        ckptio__dcp_lease_release(pin->object_pin);
+        ckptio__free(pin);
+        return;
+    }
     /* LOCK_UN first: a forked child sharing the descriptor must not keep
      * the step pinned after its reader let go. */
     flock(pin->fd, LOCK_UN);

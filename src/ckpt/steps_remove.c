@@ -155,11 +155,79 @@ static ckptio_status remove_checked(const char *root, const char *dir, const ckp
     return CKPTIO_OK;
 }
 
+/* An object step whose entries `e` were all checked: the same order as
+ * remove_checked, each delete durable when answered; then the uploads its
+ * save left unfinished. */
+static ckptio_status remove_object_checked(ckptio_engine *io, const char *dir, const ckptio__step_entries *e) {
+    removal r = {.dir = dir, .marker = e->marker, .files = e->count - e->marker - e->begun};
+    char note[512];
+    ckptio_status st = CKPTIO_OK;
+    if (e->marker) {
+        if ((st = ckptio__step_object_delete(io, dir, CKPTIO_STEP_MARKER)) != CKPTIO_OK) return st;
+        r.marker_gone = true;
+    }
+    for (size_t i = 0; i < e->count; i++) {
+        const char *name = e->names[i];
+        if (!strcmp(name, CKPTIO_STEP_MARKER) || !strcmp(name, CKPTIO_STEP_BEGUN)) continue;
+        if ((st = ckptio__step_object_delete(io, dir, name)) != CKPTIO_OK)
+            return ckptio__fail(st, __FILE__, __LINE__,
+                                &((ckptio__err_ctx){.operation = "unlink", .path = dir, .file_offset = -1,
+                                                    .verbatim = true}),
+                                "%s (%s)", ckptio_last_error_message(), progress(&r, note, sizeof note));
+        r.files_gone++;
+    }
+    if ((st = ckptio__step_object_abort_uploads(io, dir)) != CKPTIO_OK ||
+        (st = ckptio__step_object_delete(io, dir, CKPTIO_STEP_BEGUN)) != CKPTIO_OK)
+        return ckptio__fail(st, __FILE__, __LINE__,
+                            &((ckptio__err_ctx){.operation = "unlink", .path = dir, .file_offset = -1,
+                                                .verbatim = true}),
+                            "%s (%s)", ckptio_last_error_message(), progress(&r, note, sizeof note));
+    return CKPTIO_OK;
+}
+
+/* remove_step for a step in object storage: the same checks, from one listing. */
+static ckptio_status remove_object_step(ckptio_engine *io, const char *root, uint64_t step, const char *dir) {
+    ckptio__step_entries e = {0};
+    ckptio_status st = ckptio__step_object_entries(io, dir, true, &e);
+    if (st != CKPTIO_OK) {
+        /* the listing's error; nothing is removed */
+    } else if (e.count == 0) {
+        st = CKPTIO_FAIL_CTX(CKPTIO_E_NOT_FOUND, &((ckptio__err_ctx){.path = dir, .file_offset = -1}),
+                             "no step directory; nothing is removed");
+    } else if (e.alien[0]) {
+        st = CKPTIO_FAIL_CTX(CKPTIO_E_UNSUPPORTED, &((ckptio__err_ctx){.path = dir, .file_offset = -1}),
+                             "'%s' is %s: a step holds only the files the manager and the DCP writer make; nothing "
+                             "in the step is removed",
+                             e.alien, e.alien_why);
+    } else if (!e.marker && !e.begun) {
+        st = CKPTIO_FAIL_CTX(CKPTIO_E_UNSUPPORTED, &((ckptio__err_ctx){.path = dir, .file_offset = -1}),
+                             "not the manager's step (no commit marker " CKPTIO_STEP_MARKER ", no begun mark "
+                             CKPTIO_STEP_BEGUN "): another writer's; nothing is removed");
+    } else if (e.pins) {
+        st = CKPTIO_FAIL_CTX(CKPTIO_E_BUSY, &((ckptio__err_ctx){.path = dir, .file_offset = -1}),
+                             "a reader holds step %llu (ckptio_steps_pin: %zu live pin%s): nothing is removed",
+                             (unsigned long long)step, e.pins, e.pins == 1 ? "" : "s");
+    } else if (!e.begun && (st = ckptio__step_object_put(io, dir, CKPTIO_STEP_BEGUN, "", 0)) != CKPTIO_OK) {
+        /* nothing is removed */
+    } else {
+        st = remove_object_checked(io, dir, &e);
+    }
+    ckptio__step_entries_free(&e);
+    (void)root;
+    return st;
+}
+
 /* The removal of one step (ckptio_steps_remove): nothing is removed unless
- * the whole directory is the manager's and the DCP writer's. */
-static ckptio_status remove_step(const char *root, uint64_t step) {
+ * the whole directory is the manager's and the DCP writer's. `io`: the
+ * engine of an object root, NULL for a local one. */
+static ckptio_status remove_step(ckptio_engine *io, const char *root, uint64_t step) {
     char *dir = ckptio__step_dir(root, step);
     if (!dir) return ckptio_last_error()->status;
+    if (io) {
+        const ckptio_status st = remove_object_step(io, root, step, dir);
+        ckptio__free(dir);
+        return st == CKPTIO_OK ? st : ckptio__step_fail(root, step, "remove");
+    }
     ckptio_status st = CKPTIO_OK;
     ckptio__step_entries e = {0};
     int marker_fd = -1;
@@ -199,7 +267,11 @@ static ckptio_status remove_step(const char *root, uint64_t step) {
 
 ckptio_status ckptio_steps_remove(const char *root, uint64_t step) {
     CKPTIO_RETURN_IF(!root || !*root, CKPTIO_E_INVAL, "ckptio_steps_remove: root is required");
-    return remove_step(root, step);
+    ckptio_engine *io, *owned;
+    CKPTIO_FORWARD(ckptio__steps_engine(NULL, root, &io, &owned));
+    const ckptio_status st = remove_step(io, root, step);
+    ckptio__steps_engine_done(owned);
+    return st;
 }
 
 /* A growing list of removed steps. */
@@ -235,14 +307,14 @@ static bool left_alone(ckptio_status st) {
     return st == CKPTIO_E_UNSUPPORTED || st == CKPTIO_E_BUSY || st == CKPTIO_E_NOT_FOUND;
 }
 
-static ckptio_status clean(const char *root, removed_list *l) {
+static ckptio_status clean(ckptio_engine *io, const char *root, removed_list *l) {
     ckptio_step_info *steps = NULL;
     size_t n = 0;
     CKPTIO_FORWARD(ckptio_steps_scan(root, &steps, &n));
     ckptio_status st = CKPTIO_OK;
     for (size_t i = 0; i < n && st == CKPTIO_OK; i++) {
         if (steps[i].state != CKPTIO_STEP_PARTIAL) continue;
-        st = remove_step(root, steps[i].step);
+        st = remove_step(io, root, steps[i].step);
         if (st == CKPTIO_OK) st = note_removed(l, steps[i].step);
         else if (left_alone(st)) st = CKPTIO_OK; /* the scan's reason says why */
     }
@@ -255,7 +327,10 @@ ckptio_status ckptio_steps_clean(const char *root, uint64_t **removed, size_t *n
     if (removed) *removed = NULL;
     if (nremoved) *nremoved = 0;
     removed_list l = {0};
-    const ckptio_status st = clean(root, &l);
+    ckptio_engine *io, *owned;
+    CKPTIO_FORWARD(ckptio__steps_engine(NULL, root, &io, &owned));
+    const ckptio_status st = clean(io, root, &l);
+    ckptio__steps_engine_done(owned);
     hand_over(&l, removed, nremoved);
     return st;
 }
@@ -299,6 +374,39 @@ static ckptio_status mark_begun(const char *root, const char *path) {
     return st;
 }
 
+/* ckptio_steps_begin on an object root: the step's prefix must hold
+ * nothing; the begun mark is its first object (created only if absent where
+ * the server can do that). */
+static ckptio_status begin_object(ckptio_engine *io, const char *root, uint64_t step, const char *path) {
+    removed_list l = {0};
+    ckptio_status st = clean(io, root, &l);
+    ckptio__free(l.steps);
+    if (st != CKPTIO_OK) return st;
+    char *asked = ckptio__path_join(path, "");
+    if (!asked) return CKPTIO_FAIL(CKPTIO_E_NOMEM, "out of memory");
+    ckptio__path_kind kind = CKPTIO__PATH_MISSING;
+    st = ckptio__step_object_kind(io, asked, &kind, NULL);
+    ckptio__free(asked);
+    if (st == CKPTIO_OK && kind != CKPTIO__PATH_MISSING) return exists_error(root, step, path);
+    char *mark = st == CKPTIO_OK ? ckptio__path_join(path, CKPTIO_STEP_BEGUN) : NULL;
+    if (st == CKPTIO_OK && !mark) st = CKPTIO_FAIL(CKPTIO_E_NOMEM, "out of memory");
+    if (st == CKPTIO_OK) {
+        ckptio__error_saved *saved = ckptio__error_save();
+        st = ckptio__object_write_all(io, mark, "", 0, true);
+        if (st == CKPTIO_E_UNSUPPORTED) { /* no conditional writes: the root's lease keeps other managers out */
+            ckptio__error_restore(saved);
+            st = ckptio__object_write_all(io, mark, "", 0, false);
+        } else if (st == CKPTIO_E_EXISTS) {
+            ckptio__free(saved);
+            st = exists_error(root, step, path);
+        } else {
+            ckptio__free(saved);
+        }
+    }
+    ckptio__free(mark);
+    return st;
+}
+
 ckptio_status ckptio_steps_begin(const char *root, uint64_t step, char *dir, size_t cap) {
     CKPTIO_RETURN_IF(!root || !*root || !dir, CKPTIO_E_INVAL, "ckptio_steps_begin: root and dir are required");
     char *path = ckptio__step_dir(root, step);
@@ -306,11 +414,19 @@ ckptio_status ckptio_steps_begin(const char *root, uint64_t step, char *dir, siz
     ckptio_status st = CKPTIO_OK;
     if (strlen(path) >= cap) st = CKPTIO_FAIL(CKPTIO_E_RANGE, "ckptio_steps_begin: %zu bytes is too small", cap);
     else snprintf(dir, cap, "%s", path);
+    ckptio_engine *io = NULL, *owned = NULL;
+    if (st == CKPTIO_OK) st = ckptio__steps_engine(NULL, root, &io, &owned);
+    if (st == CKPTIO_OK && io) {
+        st = begin_object(io, root, step, path);
+        ckptio__steps_engine_done(owned);
+        ckptio__free(path);
+        return st == CKPTIO_OK ? st : ckptio__step_fail(root, step, "begin");
+    }
     if (st == CKPTIO_OK && mkdir(root, 0777) != 0 && errno != EEXIST)
         st = CKPTIO_FAIL_SYS_NOTE(errno, "mkdir", root, "creating the root for the step");
     if (st == CKPTIO_OK) {
         removed_list l = {0};
-        st = clean(root, &l);
+        st = clean(NULL, root, &l);
         ckptio__free(l.steps);
     }
     if (st == CKPTIO_OK && mkdir(path, 0777) != 0) {
@@ -330,8 +446,8 @@ static bool retained(const ckptio_step_info *marked, size_t n, size_t i, uint64_
     return have_good && marked[i].step == newest_good;
 }
 
-static ckptio_status retain(ckptio_engine *engine, const char *root, uint64_t keep_last, uint64_t keep_every,
-                            removed_list *l) {
+static ckptio_status retain(ckptio_engine *engine, ckptio_engine *io, const char *root, uint64_t keep_last,
+                            uint64_t keep_every, removed_list *l) {
     ckptio_step_info *steps = NULL;
     size_t n = 0, marked = 0;
     CKPTIO_FORWARD(ckptio_steps_scan(root, &steps, &n));
@@ -350,7 +466,7 @@ static ckptio_status retain(ckptio_engine *engine, const char *root, uint64_t ke
     }
     for (size_t i = 0; i < marked && st == CKPTIO_OK; i++) {
         if (retained(steps, marked, i, keep_last, keep_every, newest_good, have_good)) continue;
-        st = remove_step(root, steps[i].step);
+        st = remove_step(io, root, steps[i].step);
         if (st == CKPTIO_OK) st = note_removed(l, steps[i].step);
         else if (left_alone(st)) st = CKPTIO_OK; /* pinned, or holding what removal refuses: kept this time */
     }
@@ -364,7 +480,10 @@ ckptio_status ckptio_steps_retain(ckptio_engine *engine, const char *root, uint6
     if (removed) *removed = NULL;
     if (nremoved) *nremoved = 0;
     removed_list l = {0};
-    const ckptio_status st = retain(engine, root, keep_last, keep_every, &l);
+    ckptio_engine *io, *owned;
+    CKPTIO_FORWARD(ckptio__steps_engine(engine, root, &io, &owned));
+    const ckptio_status st = retain(engine, io, root, keep_last, keep_every, &l);
+    ckptio__steps_engine_done(owned);
     hand_over(&l, removed, nremoved);
     return st;
 }

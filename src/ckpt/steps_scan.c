@@ -48,9 +48,14 @@ static int cmp_u64(const void *a, const void *b) {
 
 /* The step numbers of ROOT's step directories, ascending (a missing root
  * has none). */
-static ckptio_status list_steps(const char *root, uint64_t **steps, size_t *count) {
+static ckptio_status list_steps(ckptio_engine *io, const char *root, uint64_t **steps, size_t *count) {
     *steps = NULL;
     *count = 0;
+    if (io) { /* an object root */
+        CKPTIO_FORWARD(ckptio__steps_object_list(io, root, steps, count));
+        if (*count) qsort(*steps, *count, sizeof **steps, cmp_u64);
+        return CKPTIO_OK;
+    }
     DIR *d = ckptio__opendir(root);
     if (!d) {
         if (errno == ENOENT) return CKPTIO_OK;
@@ -86,17 +91,6 @@ static ckptio_status list_steps(const char *root, uint64_t **steps, size_t *coun
 }
 
 /* ---- what a step directory holds ------------------------------------------------------ */
-
-bool ckptio__step_own_name(const char *name) {
-    return !strcmp(name, CKPTIO_STEP_MARKER) || !strcmp(name, CKPTIO_STEP_BEGUN) ||
-           !strcmp(name, CKPTIO_DCP_LOCK_NAME) || ckptio__dcp_metadata_name(name) || ckptio__dcp_stale_name(name);
-}
-
-void ckptio__step_entries_free(ckptio__step_entries *e) {
-    for (size_t i = 0; e->names && i < e->count; i++) ckptio__free(e->names[i]);
-    ckptio__free(e->names);
-    e->names = NULL;
-}
 
 /* Why removal refuses the entry NAME of type MODE, or NULL. */
 static const char *refused(const char *name, mode_t mode) {
@@ -157,10 +151,30 @@ ckptio_status ckptio__step_entries_read(const char *dir, bool for_removal, ckpti
 /* The marker-level state of the step in DIR; *m receives the marker when
  * the state is COMPLETE. A marker that cannot be read for a reason other
  * than what it is (an I/O error, a permission) is an error, not damage. */
-static ckptio_status marker_state(const char *dir, uint64_t step, ckptio__step_marker *m, ckptio_step_info *out) {
+static ckptio_status marker_state(ckptio_engine *io, const char *dir, uint64_t step, ckptio__step_marker *m,
+                                  ckptio_step_info *out) {
     char *path = ckptio__dcp_join(dir, CKPTIO_STEP_MARKER);
     char buf[CKPTIO__STEP_MARKER_MAX + 1];
     if (!path) return CKPTIO_FAIL(CKPTIO_E_NOMEM, "out of memory reading the marker of %s", dir);
+    if (io) { /* an object: one GET */
+        size_t len = 0;
+        ckptio_status st = ckptio__step_object_read(io, path, buf, CKPTIO__STEP_MARKER_MAX + 1, &len);
+        if (st == CKPTIO_E_NOT_FOUND) {
+            set_state(out, CKPTIO_STEP_PARTIAL, "%s", PARTIAL_REASON);
+            st = CKPTIO_OK;
+        } else if (st != CKPTIO_OK) {
+            /* the GET failed: nothing proven about the step */
+        } else if (ckptio__step_marker_parse(buf, len, path, m) != CKPTIO_OK) {
+            set_state(out, CKPTIO_STEP_DAMAGED, "%s", ckptio_last_error_message());
+        } else if (m->step != step) {
+            set_state(out, CKPTIO_STEP_DAMAGED, "%s: the marker belongs to step %llu, not to this directory's", path,
+                      (unsigned long long)m->step);
+        } else {
+            set_state(out, CKPTIO_STEP_COMPLETE, "%s", "");
+        }
+        ckptio__free(path);
+        return st;
+    }
     struct stat sb;
     mode_t type = 0;
     const int fd = ckptio__open_regular(AT_FDCWD, path, O_RDONLY | O_NOFOLLOW, &sb, &type);
@@ -198,8 +212,8 @@ static ckptio_status marker_state(const char *dir, uint64_t step, ckptio__step_m
 /* Sizes of the data files .metadata names, by index (ckptio_dcp_file).
  * false with *st = CKPTIO_OK: damage (a file missing or not a regular
  * file), in *out; false with an error in *st: nothing proven. */
-static bool file_sizes(ckptio_dcp *h, const char *dir, uint64_t *sizes, size_t nfiles, ckptio_step_info *out,
-                       ckptio_status *st) {
+static bool file_sizes(ckptio_engine *io, ckptio_dcp *h, const char *dir, uint64_t *sizes, size_t nfiles,
+                       ckptio_step_info *out, ckptio_status *st) {
     for (size_t i = 0; i < nfiles; i++) {
         const char *name = NULL;
         struct stat sb;
@@ -209,16 +223,35 @@ static bool file_sizes(ckptio_dcp *h, const char *dir, uint64_t *sizes, size_t n
             *st = CKPTIO_FAIL(CKPTIO_E_NOMEM, "out of memory checking %s", dir);
             return false;
         }
-        const int rc = lstat(path, &sb), err = errno;
-        if (rc != 0 && err != ENOENT && err != ENOTDIR) {
-            *st = CKPTIO_FAIL_SYS_NOTE(err, "lstat", path, "the size of a data file named by .metadata");
-            ckptio__free(path);
-            return false;
+        int rc = 0, err = 0;
+        if (io) { /* an object: HEAD */
+            ckptio__path_kind kind = CKPTIO__PATH_MISSING;
+            uint64_t size = 0;
+            const ckptio_status got = ckptio__step_object_kind(io, path, &kind, &size);
+            if (got != CKPTIO_OK) { /* the HEAD failed: nothing proven */
+                *st = got;
+                ckptio__free(path);
+                return false;
+            }
+            if (kind != CKPTIO__PATH_FILE) {
+                rc = -1;
+                err = ENOENT;
+            }
+            sb.st_mode = S_IFREG;
+            sb.st_size = (off_t)size;
+        } else {
+            rc = lstat(path, &sb);
+            err = errno;
+            if (rc != 0 && err != ENOENT && err != ENOTDIR) {
+                *st = CKPTIO_FAIL_SYS_NOTE(err, "lstat", path, "the size of a data file named by .metadata");
+                ckptio__free(path);
+                return false;
+            }
         }
         ckptio__free(path);
         if (rc != 0 || !S_ISREG(sb.st_mode)) {
             set_state(out, CKPTIO_STEP_DAMAGED, "%s/%s: data file named by .metadata: %s", dir, name,
-                      rc != 0 ? strerror(err) : "not a regular file");
+                      rc != 0 ? (io ? "no such object" : strerror(err)) : "not a regular file");
             out->status = CKPTIO_E_NOT_FOUND;
             return false;
         }
@@ -275,10 +308,11 @@ static ckptio_status set_failure(ckptio_step_info *out, ckptio_status st) {
 
 /* FAST (and FULL) on a step whose marker is good: CKPTIO_OK with the
  * state in *out, or the error of a check that proved nothing. */
-static ckptio_status data_check(ckptio_engine *engine, const char *dir, const ckptio__step_marker *m,
-                                ckptio_step_check check, ckptio_step_info *out) {
+static ckptio_status data_check(ckptio_engine *engine, ckptio_engine *io, const char *dir,
+                                const ckptio__step_marker *m, ckptio_step_check check, ckptio_step_info *out) {
     uint64_t size = 0, hash = 0;
-    const ckptio_status hashed = ckptio__step_metadata_hash(dir, &size, &hash);
+    const ckptio_status hashed =
+        io ? ckptio__step_object_metadata_hash(io, dir, &size, &hash) : ckptio__step_metadata_hash(dir, &size, &hash);
     if (hashed != CKPTIO_OK) return set_failure(out, hashed);
     if (size != m->metadata_size || hash != m->metadata_xxh3) {
         set_state(out, CKPTIO_STEP_DAMAGED,
@@ -312,8 +346,20 @@ static ckptio_status data_check(ckptio_engine *engine, const char *dir, const ck
     if (has == CKPTIO_OK) {
         struct stat sb;
         char *path = ckptio__dcp_join(dir, manifest);
-        const int rc = path ? lstat(path, &sb) : -1, err = path ? errno : ENOMEM;
-        if (rc != 0 && err != ENOENT && err != ENOTDIR)
+        ckptio__path_kind kind = CKPTIO__PATH_MISSING;
+        int rc = -1, err = ENOMEM;
+        if (path && io) {
+            st = ckptio__step_object_kind(io, path, &kind, NULL); /* a failed HEAD proves nothing */
+            rc = st == CKPTIO_OK && kind == CKPTIO__PATH_FILE ? 0 : -1;
+            err = ENOENT;
+            sb.st_mode = S_IFREG;
+        } else if (path) {
+            rc = lstat(path, &sb);
+            err = errno;
+        }
+        if (st != CKPTIO_OK)
+            ;
+        else if (rc != 0 && err != ENOENT && err != ENOTDIR)
             st = path ? CKPTIO_FAIL_SYS_NOTE(err, "lstat", path, "looking for the save's checksum manifest")
                       : CKPTIO_FAIL(CKPTIO_E_NOMEM, "out of memory checking %s", dir);
         else if (rc != 0 || !S_ISREG(sb.st_mode)) {
@@ -323,7 +369,7 @@ static ckptio_status data_check(ckptio_engine *engine, const char *dir, const ck
         ckptio__free(path);
         if (st != CKPTIO_OK || out->state != CKPTIO_STEP_COMPLETE) goto out;
     }
-    if (!file_sizes(h, dir, sizes, nfiles, out, &st)) goto out;
+    if (!file_sizes(io, h, dir, sizes, nfiles, out, &st)) goto out;
     for (size_t t = 0; t < ntensors; t++) {
         ckptio_dcp_tensor_info ti;
         ckptio_dcp_tensor(h, t, &ti);
@@ -380,14 +426,44 @@ static void note_alien(const ckptio__step_entries *e, ckptio_step_info *out) {
              "removal leaves this step whole", len ? "; " : "", e->alien, e->alien_why);
 }
 
-static ckptio_status check_step(ckptio_engine *engine, const char *root, uint64_t step, ckptio_step_check check,
-                                ckptio_step_info *out) {
+/* Whether the step directory DIR (or, with `marker`, its marker) is there,
+ * locally (lstat: a symlink is not a step) or as objects under the prefix. */
+static ckptio_status present(ckptio_engine *io, const char *path, bool dir, bool *yes, int *err) {
+    *yes = false;
+    *err = 0;
+    if (io) {
+        char *asked = dir ? ckptio__path_join(path, "") : NULL; /* "DIR/": only ever a directory */
+        if (dir && !asked) return CKPTIO_FAIL(CKPTIO_E_NOMEM, "out of memory");
+        ckptio__path_kind kind = CKPTIO__PATH_MISSING;
+        const ckptio_status st = ckptio__step_object_kind(io, dir ? asked : path, &kind, NULL);
+        ckptio__free(asked);
+        CKPTIO_FORWARD(st);
+        *yes = kind == (dir ? CKPTIO__PATH_DIR : CKPTIO__PATH_FILE);
+        if (!*yes) *err = ENOENT;
+        return CKPTIO_OK;
+    }
+    struct stat sb;
+    const int rc = lstat(path, &sb);
+    *err = rc != 0 ? errno : 0;
+    *yes = rc == 0 && (!dir || S_ISDIR(sb.st_mode));
+    return CKPTIO_OK;
+}
+
+static ckptio_status check_step(ckptio_engine *engine, ckptio_engine *io, const char *root, uint64_t step,
+                                ckptio_step_check check, ckptio_step_info *out) {
     memset(out, 0, sizeof *out);
     out->step = step;
     char *dir = ckptio__step_dir(root, step);
     if (!dir) return ckptio_last_error()->status;
     struct stat sb;
-    const int rc = lstat(dir, &sb), err = errno;
+    bool there = false;
+    int err = 0;
+    if (present(io, dir, true, &there, &err) != CKPTIO_OK) {
+        ckptio__free(dir);
+        return ckptio_last_error()->status;
+    }
+    const int rc = there ? 0 : -1;
+    sb.st_mode = there ? S_IFDIR : 0;
     if (rc != 0 || !S_ISDIR(sb.st_mode)) {
         ckptio__free(dir);
         if (rc != 0 && err != ENOENT)
@@ -398,9 +474,16 @@ static ckptio_status check_step(ckptio_engine *engine, const char *root, uint64_
     ckptio__step_marker m;
     ckptio__step_entries e;
     char why_unlisted[256] = "";
-    const bool listed = ckptio__step_entries_read(dir, false, &e) == CKPTIO_OK;
+    const bool listed = (io ? ckptio__step_object_entries(io, dir, false, &e) : ckptio__step_entries_read(dir, false, &e)) ==
+                        CKPTIO_OK;
+    if (listed && io && e.count == 0) { /* a prefix with nothing under it is no directory: removed meanwhile */
+        ckptio__free(dir);
+        return CKPTIO_FAIL_CTX(CKPTIO_E_NOT_FOUND, &((ckptio__err_ctx){.path = root, .file_offset = -1}),
+                               "step %llu: no step directory", (unsigned long long)step);
+    }
     if (!listed) {
-        snprintf(why_unlisted, sizeof why_unlisted, "%s", strerror(ckptio_last_error()->sys_errno));
+        snprintf(why_unlisted, sizeof why_unlisted, "%s",
+                 io ? ckptio_last_error_message() : strerror(ckptio_last_error()->sys_errno));
         if (ckptio_last_error()->sys_errno == ENOENT) { /* removed meanwhile */
             ckptio__free(dir);
             return CKPTIO_FAIL_CTX(CKPTIO_E_NOT_FOUND, &((ckptio__err_ctx){.path = root, .file_offset = -1}),
@@ -409,16 +492,17 @@ static ckptio_status check_step(ckptio_engine *engine, const char *root, uint64_
     }
     out->bytes = e.bytes;
     out->files = e.files;
-    ckptio_status st = marker_state(dir, step, &m, out);
+    ckptio_status st = marker_state(io, dir, step, &m, out);
     if (st == CKPTIO_OK && out->state == CKPTIO_STEP_PARTIAL) unmarked_state(&e, listed, why_unlisted, out);
     if (st == CKPTIO_OK && out->state == CKPTIO_STEP_COMPLETE && check != CKPTIO_STEP_CHECK_MARKER) {
-        st = data_check(engine, dir, &m, check, out);
+        st = data_check(engine, io, dir, &m, check, out);
         char *marker = ckptio__dcp_join(dir, CKPTIO_STEP_MARKER);
-        struct stat msb;
-        if ((st != CKPTIO_OK || out->state == CKPTIO_STEP_DAMAGED) && marker && lstat(marker, &msb) != 0 &&
-            errno == ENOENT) {
+        bool marked = true, still = true;
+        int merr = 0;
+        if ((st != CKPTIO_OK || out->state == CKPTIO_STEP_DAMAGED) && marker &&
+            present(io, marker, false, &marked, &merr) == CKPTIO_OK && !marked && merr == ENOENT) {
             /* The marker went while the data was read: a removal, not damage. */
-            const bool gone = lstat(dir, &sb) != 0;
+            const bool gone = present(io, dir, true, &still, &merr) != CKPTIO_OK || !still;
             ckptio__free(marker);
             ckptio__free(dir);
             ckptio__step_entries_free(&e);
@@ -447,7 +531,11 @@ ckptio_status ckptio_steps_check(ckptio_engine *engine, const char *root, uint64
     CKPTIO_RETURN_IF(!root || !*root || !out, CKPTIO_E_INVAL, "ckptio_steps_check: root and out are required");
     CKPTIO_RETURN_IF(!valid_check(engine, check), CKPTIO_E_INVAL,
                      "ckptio_steps_check: check %d needs an engine (MARKER, FAST or FULL)", (int)check);
-    return check_step(engine, root, step, check, out);
+    ckptio_engine *io, *owned;
+    CKPTIO_FORWARD(ckptio__steps_engine(engine, root, &io, &owned));
+    const ckptio_status st = check_step(engine, io, root, step, check, out);
+    ckptio__steps_engine_done(owned);
+    return st;
 }
 
 ckptio_status ckptio_steps_scan(const char *root, ckptio_step_info **steps, size_t *count) {
@@ -457,23 +545,29 @@ ckptio_status ckptio_steps_scan(const char *root, ckptio_step_info **steps, size
     *count = 0;
     uint64_t *numbers = NULL;
     size_t n = 0;
-    CKPTIO_FORWARD(list_steps(root, &numbers, &n));
-    ckptio_step_info *info = ckptio__calloc(n + 1, sizeof *info);
-    if (!info) {
+    ckptio_engine *io, *owned;
+    CKPTIO_FORWARD(ckptio__steps_engine(NULL, root, &io, &owned));
+    ckptio_status ls = list_steps(io, root, &numbers, &n);
+    ckptio_step_info *info = ls == CKPTIO_OK ? ckptio__calloc(n + 1, sizeof *info) : NULL;
+    if (ls != CKPTIO_OK || !info) {
         ckptio__free(numbers);
-        return CKPTIO_FAIL(CKPTIO_E_NOMEM, "out of memory listing the steps of %s", root);
+        if (ls == CKPTIO_OK) ls = CKPTIO_FAIL(CKPTIO_E_NOMEM, "out of memory listing the steps of %s", root);
+        ckptio__steps_engine_done(owned);
+        return ls;
     }
     size_t kept = 0;
     for (size_t i = 0; i < n; i++) {
-        const ckptio_status st = check_step(NULL, root, numbers[i], CKPTIO_STEP_CHECK_MARKER, &info[kept]);
+        const ckptio_status st = check_step(NULL, io, root, numbers[i], CKPTIO_STEP_CHECK_MARKER, &info[kept]);
         if (st == CKPTIO_OK) kept++;
         else if (st != CKPTIO_E_NOT_FOUND) { /* removed meanwhile: not a step any more */
             ckptio__free(numbers);
             ckptio__free(info);
+            ckptio__steps_engine_done(owned);
             return st;
         }
     }
     ckptio__free(numbers);
+    ckptio__steps_engine_done(owned);
     *steps = info;
     *count = kept;
     return CKPTIO_OK;
@@ -490,12 +584,18 @@ ckptio_status ckptio_steps_latest(ckptio_engine *engine, const char *root, ckpti
     if (nskipped) *nskipped = 0;
     uint64_t *numbers = NULL;
     size_t n = 0, nskip = 0;
-    CKPTIO_FORWARD(list_steps(root, &numbers, &n));
+    ckptio_engine *io, *owned;
+    CKPTIO_FORWARD(ckptio__steps_engine(engine, root, &io, &owned));
+    const ckptio_status ls = list_steps(io, root, &numbers, &n);
+    if (ls != CKPTIO_OK) {
+        ckptio__steps_engine_done(owned);
+        return ls;
+    }
     ckptio_step_info *skip = ckptio__calloc(n + 1, sizeof *skip);
     ckptio_status st = skip ? CKPTIO_E_NOT_FOUND : CKPTIO_FAIL(CKPTIO_E_NOMEM, "out of memory");
     for (size_t i = n; skip && i-- > 0;) {
         ckptio_step_info info;
-        const ckptio_status cs = check_step(engine, root, numbers[i], check, &info);
+        const ckptio_status cs = check_step(engine, io, root, numbers[i], check, &info);
         if (cs == CKPTIO_E_NOT_FOUND) continue;
         if (cs != CKPTIO_OK) {
             st = cs;
@@ -509,6 +609,7 @@ ckptio_status ckptio_steps_latest(ckptio_engine *engine, const char *root, ckpti
         skip[nskip++] = info;
     }
     ckptio__free(numbers);
+    ckptio__steps_engine_done(owned);
     if (st == CKPTIO_E_NOT_FOUND)
         st = CKPTIO_FAIL_CTX(CKPTIO_E_NOT_FOUND, &((ckptio__err_ctx){.path = root, .file_offset = -1}),
                              "no complete step to resume from (%zu step%s skipped)", nskip, nskip == 1 ? "" : "s");

@@ -5,6 +5,7 @@
  * CRC-32. src/format/torch_read.c interprets the bytes read here.
  */
 #include "engine_internal.h"
+#include "io_internal.h"
 #include "torch_internal.h"
 
 #include <string.h>
@@ -31,6 +32,35 @@ static ckptio_status window_check(const ckptio_torch *t, uint64_t len, uint64_t 
                            (unsigned long long)(t->file_size - t->tail_offset), (unsigned long long)t->file_size);
 }
 
+/* Bytes an object archive's header read brings in at once (each GET costs a round trip). */
+#define READ_AHEAD ((uint64_t)64 << 10)
+
+/* A small read of an archive in object storage, from one of two windows of
+ * READ_AHEAD bytes (the one it misses is replaced: the head and the tail of
+ * an archive each stay in one). */
+static ckptio_status object_pread(ckptio_torch *t, void *buf, uint64_t len, uint64_t offset) {
+    for (unsigned w = 0; w < 2; w++)
+        if (t->ahead[w] && offset >= t->ahead_off[w] && offset + len <= t->ahead_off[w] + t->ahead_len[w]) {
+            memcpy(buf, t->ahead[w] + (offset - t->ahead_off[w]), len);
+            return CKPTIO_OK;
+        }
+    const unsigned w = t->ahead_next;
+    t->ahead_next ^= 1;
+    if (!t->ahead[w] && !(t->ahead[w] = ckptio__malloc(READ_AHEAD)))
+        return CKPTIO_FAIL(CKPTIO_E_NOMEM, "out of memory for a read-ahead window");
+    /* A read near the end takes the window that ends there (the tail's records come in one). */
+    uint64_t from = offset, n = READ_AHEAD;
+    if (t->file_size - from < n) from = t->file_size > n ? t->file_size - n : 0;
+    if (n > t->file_size - from) n = t->file_size - from;
+    t->ahead_len[w] = 0;
+    CKPTIO_FORWARD(ckptio__file_io(t->file, CKPTIO_READ, t->ahead[w], n, t->base + from));
+    t->bytes_read += n;
+    t->ahead_off[w] = from;
+    t->ahead_len[w] = n;
+    memcpy(buf, t->ahead[w] + (offset - from), len);
+    return CKPTIO_OK;
+}
+
 static ckptio_status torch_pread(ckptio_torch *t, void *buf, uint64_t len, uint64_t offset) {
     if (offset > t->file_size || len > t->file_size - offset)
         return CKPTIO_FAIL_CTX(CKPTIO_E_TRUNCATED,
@@ -49,6 +79,7 @@ static ckptio_status torch_pread(ckptio_torch *t, void *buf, uint64_t len, uint6
         memcpy(buf, t->memory + offset, len);
         return CKPTIO_OK;
     }
+    if (t->file->object && len <= READ_AHEAD) return object_pread(t, buf, len, offset);
     t->bytes_read += len;
     return ckptio__file_io(t->file, CKPTIO_READ, buf, len, t->base + offset);
 }
@@ -170,6 +201,8 @@ out:
 
 static void torch_destroy(ckptio_torch *t) {
     if (!t) return;
+    ckptio__free(t->ahead[0]);
+    ckptio__free(t->ahead[1]);
     ckptio__torch_free_tables(t);
     ckptio__free(t);
 }

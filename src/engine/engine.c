@@ -18,6 +18,7 @@ static const ckptio__engine_link io_link = {
     .setting = ckptio__engine_setting,
     .stats_add = ckptio__engine_stats_add,
     .file_ref = engine_file_ref,
+    .commit_poll = ckptio__engine_commit_poll,
 };
 
 ckptio_status ckptio__engine_create(const ckptio__device_provider *device, ckptio_engine **out) {
@@ -216,6 +217,8 @@ ckptio_status ckptio__engine_report(ckptio_engine *e, uint64_t done, uint64_t to
     const double now = ckptio__now();
     if (!force && now - e->progress_last < CKPTIO_PROGRESS_INTERVAL) return CKPTIO_OK;
     e->progress_last = now;
+    e->progress_done = done;
+    e->progress_total = total;
     if (e->progress(done, total, e->progress_user) != 0)
         return CKPTIO_FAIL(CKPTIO_E_CANCELED, "the progress callback canceled the transfer after %llu of %llu bytes",
                            (unsigned long long)done, (unsigned long long)total);
@@ -226,6 +229,17 @@ ckptio_status ckptio__engine_progress(ckptio_engine *e, uint64_t done, uint64_t 
     if (!e) return CKPTIO_OK;
     if (e->progress_rebase) return ckptio__engine_report(e, e->progress_base + done, e->progress_plan_total, false);
     return ckptio__engine_report(e, done, total, false);
+}
+
+ckptio_status ckptio__engine_commit_poll(ckptio_engine *e) {
+    if (!e || !e->progress) return CKPTIO_OK;
+    const double now = ckptio__now();
+    if (now - e->progress_last < CKPTIO_PROGRESS_INTERVAL) return CKPTIO_OK;
+    e->progress_last = now;
+    if (e->progress(e->progress_done, e->progress_total, e->progress_user) != 0)
+        return CKPTIO_FAIL(CKPTIO_E_CANCELED, "the progress callback canceled the transfer while its commit waited for "
+                           "the last bytes to reach the server");
+    return CKPTIO_OK;
 }
 
 void ckptio__engine_progress_done(ckptio_engine *e, uint64_t total) {

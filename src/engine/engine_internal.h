@@ -49,6 +49,12 @@ ckptio_status ckptio__engine_progress(ckptio_engine *engine, uint64_t done, uint
 /* The final report of a transfer made outside ckptio_engine_execute() (the
  * GDS file API): every byte moved, done == total; the callback's answer is
  * ignored. Inside ckptio_engine_execute() the plan makes its own. */
+/* While a commit waits for bytes a transfer has handed over (an object's
+ * last parts uploading), asks the progress callback again whether to go on,
+ * at most every CKPTIO_PROGRESS_INTERVAL, repeating its last report (a
+ * Ctrl-C is seen there); CKPTIO_E_CANCELED when it says stop. */
+ckptio_status ckptio__engine_commit_poll(ckptio_engine *e);
+
 void ckptio__engine_progress_done(ckptio_engine *engine, uint64_t total);
 
 /* One progress scale for a call made of several plans (a torch-format

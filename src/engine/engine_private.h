@@ -117,6 +117,7 @@ struct ckptio_engine {
     ckptio_progress_fn progress;
     void *progress_user;
     double progress_last;               /* time of the last callback */
+    uint64_t progress_done, progress_total; /* what the last callback was told */
     /* While execute() runs its GPU part, GPU progress is rebased on the
      * whole plan: reported = base + done, out of plan_total. */
     bool progress_rebase;

@@ -8,7 +8,9 @@
  *    aligned). Tasks are numbered; a worker claims the next number with one
  *    atomic add and finds its extent by binary search over prefix counts, so
  *    10,000 small extents cost no allocation per task and a 100 GiB extent
- *    does not need a task table.
+ *    does not need a task table. Writes to several files of which some take
+ *    turns (files in memory) are claimed in a dealt order instead: one task
+ *    of each file in turn (deal_across_files).
  * 3. A worker turns its task into operations for the backend, keeping up to
  *    queue-depth operations in flight (1 for pread):
  *      - buffered descriptor: one operation for the whole task;
@@ -33,7 +35,9 @@
 #include "engine_private.h"
 
 #include <errno.h>
+#include <stdint.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <sys/stat.h>
 #include <unistd.h>
 #include <string.h>
@@ -49,6 +53,7 @@ typedef struct exec {
     size_t nhost;
     uint64_t *first_task;     /* nhost + 1 prefix counts of tasks */
     uint64_t ntasks;
+    uint64_t *order;          /* claim number -> task number (dealt across files), or NULL: in order */
     uint64_t host_bytes;
     uint64_t chunk;
     uint64_t direct_min;
@@ -203,8 +208,9 @@ static void give_slot(worker *w, int slot) {
 
 static bool claim(worker *w) {
     exec *x = w->x;
-    const uint64_t t = atomic_fetch_add(&x->next_task, 1);
+    uint64_t t = atomic_fetch_add(&x->next_task, 1);
     if (t >= x->ntasks) return false;
+    if (x->order) t = x->order[t];
     size_t lo = 0, hi = x->nhost; /* first_task[lo] <= t < first_task[hi] */
     while (hi - lo > 1) {
         const size_t mid = lo + (hi - lo) / 2;
@@ -227,6 +233,9 @@ static bool claim(worker *w) {
     w->observe_lo = c->pos;
     c->dfd = ckptio__file_direct_fd(e->file);
     if (c->dfd >= 0 && x->direct_mode != CKPTIO_DIRECT_ON && e->length < x->direct_min) c->dfd = -1;
+    /* A file in memory gains nothing from O_DIRECT (tmpfs takes it since Linux 6.6 and copies through its
+     * pages all the same), and memory off a 4 KiB boundary would first be copied into a bounce buffer. */
+    if (c->dfd >= 0 && x->direct_mode != CKPTIO_DIRECT_ON && ckptio__file_in_memory(e->file)) c->dfd = -1;
     /* A chunk the page cache already holds is copied from memory, not
      * fetched from the disk again with O_DIRECT (warm loads); cold chunks
      * go through it where the read policy says so (read_policy.c). */
@@ -392,6 +401,86 @@ out:
     ckptio__free(w.free_slots);
 }
 
+/* ---- dealing write tasks across files -------------------------------------- */
+
+/* A host extent of a write plan: its file and its position in x->host. */
+typedef struct by_file {
+    const ckptio_file *file;
+    size_t pos;
+} by_file;
+
+static int by_file_cmp(const void *a, const void *b) {
+    const by_file *p = a, *q = b;
+    if (p->file != q->file) return (uintptr_t)p->file < (uintptr_t)q->file ? -1 : 1;
+    return p->pos < q->pos ? -1 : p->pos > q->pos;
+}
+
+/* One file's tasks while they are dealt. */
+typedef struct deal_hand {
+    size_t first;        /* its first extent's position in x->host: files are dealt in plan order */
+    size_t k, stop;      /* its current and past-the-last extent in the sorted by_file array */
+    uint64_t next, end;  /* its next task, the end of its current extent's tasks */
+} deal_hand;
+
+static int hand_cmp(const void *a, const void *b) {
+    const deal_hand *p = a, *q = b;
+    return p->first < q->first ? -1 : p->first > q->first;
+}
+
+/* A write plan into several files of which some take turns (files in memory, docs/ENGINE.md#write-turns) is
+ * claimed one task of each file in turn: in plan order every worker would queue for the first file's turn
+ * while the other files wait, and the plan would go at one writer's speed. A file's tasks keep their order.
+ * Without memory for the order the plan is claimed in order (slower, as correct). */
+static void deal_across_files(exec *x) {
+    if (x->dir != CKPTIO_WRITE || x->nhost < 2) return;
+    const ckptio_plan *p = x->plan;
+    bool several = false, turns = false;
+    for (size_t i = 0; i < x->nhost; i++) {
+        ckptio_file *f = p->ext[x->host[i]].file;
+        several |= f != p->ext[x->host[0]].file;
+        turns |= ckptio__file_write_turn(f) != NULL;
+    }
+    if (!several || !turns) return;
+    by_file *ext = ckptio__malloc(x->nhost * sizeof *ext);
+    deal_hand *hands = ckptio__malloc(x->nhost * sizeof *hands);
+    uint64_t *order = ckptio__malloc(x->ntasks * sizeof *order);
+    if (!ext || !hands || !order) goto out;
+    for (size_t i = 0; i < x->nhost; i++) ext[i] = (by_file){.file = p->ext[x->host[i]].file, .pos = i};
+    qsort(ext, x->nhost, sizeof *ext, by_file_cmp);
+    size_t nhands = 0;
+    for (size_t i = 0; i < x->nhost; i++) {
+        if (i && ext[i].file == ext[i - 1].file) {
+            hands[nhands - 1].stop = i + 1;
+            continue;
+        }
+        hands[nhands++] = (deal_hand){.first = ext[i].pos, .k = i, .stop = i + 1,
+                                      .next = x->first_task[ext[i].pos], .end = x->first_task[ext[i].pos + 1]};
+    }
+    qsort(hands, nhands, sizeof *hands, hand_cmp);
+    uint64_t n = 0;
+    for (size_t live = nhands; live;) {
+        size_t kept = 0;
+        for (size_t h = 0; h < live; h++) {
+            deal_hand d = hands[h];
+            order[n++] = d.next++;
+            if (d.next == d.end && ++d.k < d.stop) {
+                d.next = x->first_task[ext[d.k].pos];
+                d.end = x->first_task[ext[d.k].pos + 1];
+            }
+            if (d.next < d.end) hands[kept++] = d;
+        }
+        live = kept;
+    }
+    if (n == x->ntasks) {
+        x->order = order;
+        order = NULL;
+    }
+out:
+    ckptio__free(ext);
+    ckptio__free(hands);
+    ckptio__free(order);
+}
+
 /* ---- execute --------------------------------------------------------------- */
 
 static ckptio_status run_host(exec *x) {
@@ -434,6 +523,7 @@ static ckptio_status run_host(exec *x) {
     }
     x->first_task[x->nhost] = n;
     x->ntasks = n;
+    deal_across_files(x);
 
     const unsigned nworkers = threads == 0 ? 1 : (uint64_t)threads < n ? threads : (unsigned)n;
     /* s3:// objects: each worker keeps its share of the S3 concurrency in
@@ -594,6 +684,7 @@ out:
     }
     pthread_mutex_destroy(&x.lock);
     ckptio__free(x.first_task);
+    ckptio__free(x.order);
     ckptio__free(x.host);
     ckptio__free(gpu);
     ckptio__free(gpu_index);

@@ -78,6 +78,8 @@ static const ckptio__setting settings[CKPTIO_OPT_COUNT_] = {
         "one s3:// request, all its attempts together"),
     ROW(S3_BACKOFF_MS, "s3_backoff_ms", INT, 200, 1, 60 * 1000, 0, NULL,
         "first retry's backoff ceiling (doubling, 20 s at most)"),
+    ROW(S3_LEASE_MS, "s3_lease_ms", INT, 60 * 1000, 1000, 24 * 3600 * 1000, 0, NULL,
+        "an s3:// directory's save lease lapses this long after its holder stops renewing it"),
 };
 
 /* Variables read outside an engine's settings: once per process, before any engine may exist (the driver

@@ -59,6 +59,12 @@ struct ckptio_torch {
     ckptio__torch_tensor *tensors;
     size_t ntensors, tensor_cap;
     uint64_t name_bytes, name_budget; /* of the tensors' names (CKPTIO__TORCH_NAME_BYTES_BASE) */
+    /* An archive in object storage: the headers' small reads (tail, central
+     * directory, local headers, records, pickle) served from two read-ahead
+     * windows, so opening one takes a few GETs instead of one per record. */
+    uint8_t *ahead[2];
+    uint64_t ahead_off[2], ahead_len[2];
+    unsigned ahead_next;
 };
 
 /* Records of the archive the reader looks at (index into the ids array). */

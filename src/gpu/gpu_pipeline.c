@@ -44,6 +44,8 @@
 
 #define ALIGN ((uint64_t)CKPTIO_DIRECT_ALIGN)
 #define WINDOW_OPS_MAX 3         /* file operations of one window: head, body, tail */
+#define OBJECT_OPS_MAX 32        /* ranged GETs of one window of an s3:// object */
+#define OBJECT_PIECE_MIN ((uint64_t)1 << 20) /* smallest of them */
 
 typedef ckptio__gpu_run run;       /* the plan's (gpu_windows.h), by shorter names */
 typedef ckptio__gpu_window window;
@@ -224,9 +226,33 @@ static ckptio_status run_ops(const pipe *p, file_stage *fs, const window *w, ckp
  * operation, or, when it ends in the file's last partial block, the
  * aligned part and the rest buffered (a range past EOF fails as
  * truncated). */
+/* Reads window `w` of an s3:// object: its bytes cut into up to the
+ * stage's depth of ranged GETs (at least OBJECT_PIECE_MIN each), all in
+ * flight at once, so a worker keeps its share of CKPTIO_OPT_S3_CONCURRENCY
+ * busy as the host executor's workers do while its other slot is copied to
+ * the device. No alignment: an object has no O_DIRECT. */
+static ckptio_status read_object_window(const pipe *p, file_stage *fs, const window *w, unsigned char *slot,
+                                        uint64_t a) {
+    const run *rn = &p->plan.runs[w->run];
+    ckptio__io_op ops[OBJECT_OPS_MAX];
+    const uint64_t len = w->end - w->start;
+    uint64_t n = (len + OBJECT_PIECE_MIN - 1) / OBJECT_PIECE_MIN;
+    if (n > fs->depth) n = fs->depth;
+    if (n > OBJECT_OPS_MAX) n = OBJECT_OPS_MAX;
+    if (n == 0) n = 1;
+    const uint64_t piece = (len + n - 1) / n;
+    unsigned k = 0;
+    for (uint64_t at = w->start; at < w->end; at += piece, k++) {
+        const uint64_t m = w->end - at < piece ? w->end - at : piece;
+        ckptio__file_op_init(&ops[k], rn->file, CKPTIO_READ, slot + (at - a), m, at);
+    }
+    return run_ops(p, fs, w, ops, k);
+}
+
 static ckptio_status read_window(const pipe *p, file_stage *fs, const window *w, unsigned char *slot) {
     const run *rn = &p->plan.runs[w->run];
     const uint64_t a = ckptio__align_down(w->start, ALIGN);
+    if (rn->file->object) return read_object_window(p, fs, w, slot, a);
     const uint64_t ea = ckptio__align_up(w->end, ALIGN);
     ckptio__io_op ops[WINDOW_OPS_MAX];
     unsigned n = 0;
@@ -712,6 +738,17 @@ ckptio_status ckptio__gpu_pipeline_run_observed(ckptio_engine *engine, const ckp
         const int64_t qd = ckptio__engine_setting(engine, CKPTIO_OPT_QUEUE_DEPTH);
         p.depth = qd < WINDOW_OPS_MAX ? (unsigned)qd : WINDOW_OPS_MAX;
     }
+    /* s3:// objects: the object backend, each worker with its share of the
+     * S3 concurrency in flight (as the host executor's workers). */
+    for (size_t r = 0; r < p.plan.nruns; r++)
+        if (p.plan.runs[r].file->object) {
+            const unsigned c = (unsigned)ckptio__engine_setting(engine, CKPTIO_OPT_S3_CONCURRENCY);
+            const unsigned per = (c + nworkers - 1) / (nworkers ? nworkers : 1);
+            p.backend = &ckptio__backend_object;
+            p.backend_forced = false;
+            p.depth = per < WINDOW_OPS_MAX ? WINDOW_OPS_MAX : per > OBJECT_OPS_MAX ? OBJECT_OPS_MAX : per;
+            break;
+        }
     if ((st = ckptio__gpu_state_get(engine, ops, &p.st)) != CKPTIO_OK) goto out;
     atomic_fetch_add(&p.st->transfers_waiting, 1); /* a prepare thread yields (gpu_pipeline.h) */
     pthread_mutex_lock(&p.st->lock);

@@ -27,3 +27,5 @@ void ckptio__io_engine_stats_add(ckptio_engine *engine, const ckptio_stats *delt
 }
 
 void ckptio__io_engine_file_ref(ckptio_engine *engine, int delta) { current()->file_ref(engine, delta); }
+
+ckptio_status ckptio__io_engine_commit_poll(ckptio_engine *engine) { return current()->commit_poll(engine); }

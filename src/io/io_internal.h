@@ -37,6 +37,9 @@ typedef struct ckptio__engine_link {
     /* Files opened with the engine: +1 at open, -1 at close
      * (ckptio_engine_destroy() refuses while any is open). */
     void (*file_ref)(ckptio_engine *engine, int delta);
+    /* A commit that waits for the server: whether to go on (CKPTIO_OK) or
+     * stop (CKPTIO_E_CANCELED, the progress callback's answer). */
+    ckptio_status (*commit_poll)(ckptio_engine *engine);
 } ckptio__engine_link;
 
 /* Registers the table (the same one every time; thread-safe). */
@@ -46,6 +49,7 @@ void ckptio__io_set_engine_link(const ckptio__engine_link *link);
 int64_t ckptio__io_engine_setting(const ckptio_engine *engine, ckptio_option option);
 void ckptio__io_engine_stats_add(ckptio_engine *engine, const ckptio_stats *delta);
 void ckptio__io_engine_file_ref(ckptio_engine *engine, int delta);
+ckptio_status ckptio__io_engine_commit_poll(ckptio_engine *engine);
 
 /* ---- files ------------------------------------------------------------- */
 
@@ -490,6 +494,82 @@ void ckptio__object_settings(const ckptio_engine *engine, ckptio__s3_settings *o
 
 /* A client for `bucket` with the engine's settings (s3_config.c's chain). */
 ckptio_status ckptio__object_client(const ckptio_engine *engine, const char *bucket, ckptio__s3_client **out);
+
+/* ---- s3://BUCKET/PREFIX/ as a directory (object_dir.c) ------------------- */
+
+/* What a path names. */
+typedef enum ckptio__path_kind {
+    CKPTIO__PATH_MISSING = 0,
+    CKPTIO__PATH_FILE,  /* an object */
+    CKPTIO__PATH_DIR,   /* a prefix with objects under it (a common prefix of a listing) */
+    CKPTIO__PATH_OTHER  /* a name no file can have: '.', '..', empty, control bytes, '\\' */
+} ckptio__path_kind;
+
+/* One entry of a prefix. The strings are valid during the callback only. */
+typedef struct ckptio__object_entry {
+    const char *name;        /* the bytes after PREFIX/ (for a subdirectory, without its '/') */
+    ckptio__path_kind kind;  /* FILE, DIR or OTHER */
+    uint64_t size;           /* FILE: bytes */
+    const char *etag;        /* FILE: as the server sent it */
+    double mtime;            /* FILE: LastModified (the server's clock, seconds since the epoch), 0 unknown */
+} ckptio__object_entry;
+
+/* Called for each entry; a non-zero return stops the listing (not an error). */
+typedef int (*ckptio__object_entry_fn)(void *user, const ckptio__object_entry *e);
+
+/* "dir/name", without doubling a '/' that ends dir (ckptio__malloc'ed, NULL when out of memory). */
+char *ckptio__path_join(const char *dir, const char *name);
+
+/* Whether name[0..len) can name a file of a directory: not empty, not "."
+ * or "..", no '/', '\\' or control bytes. */
+bool ckptio__object_plain_name(const char *name, size_t len);
+
+/* "2026-11-29T02:27:53.000Z" (a listing's time) -> seconds since the epoch; -1 if not that. */
+double ckptio__iso_time(const char *text);
+
+/* The entries directly under the directory s3://BUCKET/PREFIX (a trailing
+ * '/' or none), from one listing with delimiter '/', every page. A key the
+ * server lists outside the prefix fails the listing (CKPTIO_E_FORMAT,
+ * naming it): nothing of such a listing reaches the caller past that key.
+ * A missing bucket is CKPTIO_E_NOT_FOUND; a prefix with nothing under it
+ * lists nothing. */
+ckptio_status ckptio__object_dir_list(ckptio_engine *engine, const char *dir, ckptio__object_entry_fn fn, void *user);
+
+/* What s3://BUCKET/KEY is: FILE (an object of that key; *size) or DIR
+ * (keys under KEY/; also the bucket itself), else MISSING. A URL ending in
+ * '/' is only ever a directory. Errors: the requests' (a missing bucket). */
+ckptio_status ckptio__object_stat(ckptio_engine *engine, const char *url, ckptio__path_kind *kind, uint64_t *size);
+
+/* A whole object of at most `max` bytes into *data (ckptio__malloc'ed,
+ * NUL-terminated) and *len. CKPTIO_E_NOT_FOUND when missing, CKPTIO_E_FORMAT
+ * when larger. */
+ckptio_status ckptio__object_read_all(ckptio_engine *engine, const char *url, uint64_t max, void **data, size_t *len);
+
+/* A small object (at most `max` bytes) in one GET, with its Last-Modified
+ * and the server's clock of the answer (Date; this machine's without one),
+ * set also for a missing object (CKPTIO_E_NOT_FOUND). *data is
+ * NUL-terminated. */
+ckptio_status ckptio__object_get_small(ckptio_engine *engine, const char *url, size_t max, void **data, size_t *len,
+                                       double *mtime, double *server_now);
+
+/* Writes the object whole with one PUT (if_absent: If-None-Match: *). */
+ckptio_status ckptio__object_write_all(ckptio_engine *engine, const char *url, const void *data, size_t len,
+                                       bool if_absent);
+
+/* Deletes the object (a missing one is no error). */
+ckptio_status ckptio__object_remove(ckptio_engine *engine, const char *url);
+
+/* Aborts the unfinished multipart uploads under s3://BUCKET/PREFIX started
+ * at or before `cutoff` (seconds since the epoch, compared with the
+ * server's Initiated; 0: all). *aborted (may be NULL) counts them. */
+ckptio_status ckptio__object_abort_uploads_before(ckptio_engine *engine, const char *url, double cutoff,
+                                                  uint64_t *aborted);
+
+/* HEAD: size, ETag and Last-Modified, and the server's clock when it
+ * answered (its Date; this machine's clock without one), set also when the
+ * object is missing (CKPTIO_E_NOT_FOUND). Any output may be NULL. */
+ckptio_status ckptio__object_info(ckptio_engine *engine, const char *url, uint64_t *size, char etag[128],
+                                  double *mtime, double *server_now);
 
 /* ---- fault hook (tests) ------------------------------------------------- */
 

@@ -88,14 +88,6 @@ ckptio_status ckptio_object_put(ckptio_engine *engine, const char *url, const vo
     return st;
 }
 
-/* "2026-11-29T02:27:53.000Z" -> seconds since the epoch; -1 if not that. */
-static double iso_time(const char *t) {
-    struct tm tm = {0};
-    const char *end = strptime(t, "%Y-%m-%dT%H:%M:%S", &tm);
-    if (!end) return -1;
-    return (double)timegm(&tm);
-}
-
 typedef struct upload_list {
     char **keys, **ids;
     size_t n, cap;
@@ -107,7 +99,7 @@ static int gather(void *user, const ckptio__s3_entry *e) {
     upload_list *l = user;
     if (e->is_prefix || !e->upload_id[0]) return 0;
     if (l->cutoff) {
-        const double t = iso_time(e->time);
+        const double t = ckptio__iso_time(e->time);
         if (t < 0 || t > l->cutoff) return 0; /* too young, or of unknown age: kept */
     }
     if (l->n == l->cap) {
@@ -135,10 +127,18 @@ ckptio_status ckptio_object_abort_uploads(ckptio_engine *engine, const char *url
     if (aborted) *aborted = 0;
     CKPTIO_RETURN_IF(!(older_than_seconds >= 0), CKPTIO_E_INVAL,
                      "ckptio_object_abort_uploads: older_than_seconds must be 0 or more");
+    return ckptio__object_abort_uploads_before(engine, url,
+                                               older_than_seconds > 0 ? (double)time(NULL) - older_than_seconds : 0,
+                                               aborted);
+}
+
+ckptio_status ckptio__object_abort_uploads_before(ckptio_engine *engine, const char *url, double cutoff,
+                                                  uint64_t *aborted) {
+    if (aborted) *aborted = 0;
     ckptio__s3_client *c;
     char *bucket, *prefix;
     CKPTIO_FORWARD(target(engine, url, true, "ckptio_object_abort_uploads", &c, &bucket, &prefix));
-    upload_list l = {.cutoff = older_than_seconds > 0 ? (double)time(NULL) - older_than_seconds : 0};
+    upload_list l = {.cutoff = cutoff};
     /* Listed first, aborted after: aborting while paging would move the markers. */
     ckptio_status st = ckptio__s3_list_uploads(c, bucket, prefix, gather, &l);
     if (st == CKPTIO_OK && l.nomem) st = CKPTIO_FAIL(CKPTIO_E_NOMEM, "out of memory listing uploads");

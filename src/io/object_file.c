@@ -146,6 +146,10 @@ ckptio_status ckptio__object_truncate(ckptio_file *f, uint64_t size) {
     return ckptio__s3_upload_set_size(f->object->upload, size);
 }
 
+/* While the commit waits for the last parts: the engine's progress callback
+ * may still stop it (Ctrl-C in Python): the upload is then aborted. */
+static ckptio_status commit_poll(void *engine) { return ckptio__io_engine_commit_poll(engine); }
+
 ckptio_status ckptio__object_commit(ckptio_file *f) {
     ckptio__object *o = f->object;
     f->closed_for_write = true;
@@ -161,7 +165,7 @@ ckptio_status ckptio__object_commit(ckptio_file *f) {
                                    "given");
         }
     }
-    CKPTIO_FORWARD(ckptio__s3_upload_commit(o->upload));
+    CKPTIO_FORWARD(ckptio__s3_upload_commit(o->upload, commit_poll, f->engine));
     f->committed = true;
     return CKPTIO_OK;
 }

@@ -132,6 +132,8 @@ ckptio_status ckptio_temporary_create(const char *dir, const char *name, const c
     if (fd) *fd = -1;
     CKPTIO_RETURN_IF(!dir || !*dir || !name || !*name || strchr(name, '/') || !fd || !path || !cap, CKPTIO_E_INVAL,
                      "ckptio_temporary_create: dir, a file name without '/', fd and path are required");
+    CKPTIO_RETURN_IF(ckptio__s3_is_url(dir), CKPTIO_E_UNSUPPORTED,
+                     "%s: an object store has no temporaries: objects are written whole (ckptio_file_open)", dir);
     struct stat ref;
     const bool has_ref = ckptio__reference_stat(dir, reference, &ref);
     char *tmp = NULL;

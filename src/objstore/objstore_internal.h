@@ -245,6 +245,8 @@ struct ckptio__s3_request {
     ckptio_status status;         /* CKPTIO_OK or the failure's status */
     long http;                    /* last HTTP status (0: none came) */
     char etag[128];               /* ETag header of the answer */
+    double last_modified;         /* its Last-Modified, seconds since the epoch (0: none) */
+    double server_date;           /* its Date: the server's clock (0: none) */
     uint64_t content_length;      /* Content-Length of the answer */
     uint64_t object_size;         /* from Content-Range's total, or Content-Length of a 200 */
     bool has_object_size;
@@ -396,10 +398,16 @@ ckptio_status ckptio__s3_upload_read(ckptio__s3_upload *u, uint64_t off, void *b
 /* The object's size so far: the set size, or the end of the last write. */
 uint64_t ckptio__s3_upload_size(ckptio__s3_upload *u);
 
+/* Asked every few milliseconds while a commit waits for its parts: non-zero
+ * stops the commit (CKPTIO_E_CANCELED, the error recorded by the callback
+ * kept), and the object is not made. */
+typedef ckptio_status (*ckptio__s3_poll_fn)(void *user);
+
 /* Sends what is left and makes the object appear: one PUT when it fits in
- * one part, else CompleteMultipartUpload. On failure the multipart upload
- * is aborted and the object is as it was before. */
-ckptio_status ckptio__s3_upload_commit(ckptio__s3_upload *u);
+ * one part, else CompleteMultipartUpload. On failure, or when `poll` (may be
+ * NULL) stops it, the multipart upload is aborted (at close) and the object
+ * is as it was before. */
+ckptio_status ckptio__s3_upload_commit(ckptio__s3_upload *u, ckptio__s3_poll_fn poll, void *user);
 
 /* Ends the upload: after a commit only frees; otherwise aborts the
  * multipart upload (nothing appears) and frees. Returns CKPTIO_OK, or the

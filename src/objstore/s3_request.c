@@ -121,6 +121,17 @@ static bool parse_u64n(const char *s, size_t n, uint64_t *out) {
     return true;
 }
 
+/* "Sun, 06 Nov 1994 08:49:37 GMT" (RFC 9110's IMF-fixdate) -> seconds since the epoch; 0 if not that. */
+static double http_date(const char *v, size_t n) {
+    char text[64];
+    struct tm tm = {0};
+    if (n >= sizeof text) return 0;
+    memcpy(text, v, n);
+    text[n] = '\0';
+    const char *end = strptime(text, "%a, %d %b %Y %H:%M:%S GMT", &tm);
+    return end && !*end ? (double)timegm(&tm) : 0;
+}
+
 static size_t on_header(char *line, size_t size, size_t nmemb, void *user) {
     ckptio__s3_request *r = user;
     const size_t n = size * nmemb;
@@ -132,6 +143,10 @@ static size_t on_header(char *line, size_t size, size_t nmemb, void *user) {
         r->content_length = 0;
     } else if (header_is(line, n, "ETag", &v, &vl)) {
         snprintf(r->etag, sizeof r->etag, "%.*s", (int)(vl < sizeof r->etag ? vl : sizeof r->etag - 1), v);
+    } else if (header_is(line, n, "Last-Modified", &v, &vl)) {
+        r->last_modified = http_date(v, vl);
+    } else if (header_is(line, n, "Date", &v, &vl)) {
+        r->server_date = http_date(v, vl);
     } else if (header_is(line, n, "x-amz-request-id", &v, &vl)) {
         snprintf(r->request_id, sizeof r->request_id, "%.*s", (int)(vl < 90 ? vl : 90), v);
     } else if (header_is(line, n, "Content-Length", &v, &vl)) {

@@ -24,6 +24,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #define MIB ((uint64_t)1 << 20)
 
@@ -493,7 +494,7 @@ static void zero_holes(part *p, uint64_t len) {
     if (at < len) memset(p->buf + at, 0, (size_t)(len - at));
 }
 
-ckptio_status ckptio__s3_upload_commit(ckptio__s3_upload *u) {
+ckptio_status ckptio__s3_upload_commit(ckptio__s3_upload *u, ckptio__s3_poll_fn poll, void *user) {
     ckptio_status st = CKPTIO_OK;
     char **etags = NULL;
     pthread_mutex_lock(&u->lock);
@@ -547,7 +548,22 @@ ckptio_status ckptio__s3_upload_commit(ckptio__s3_upload *u) {
             bool all = true;
             for (unsigned i = 0; i < n && all; i++) all = u->parts[i].state == P_DONE;
             if (all || u->fail_status != CKPTIO_OK) break;
-            pthread_cond_wait(&u->cond, &u->lock);
+            if (!poll) {
+                pthread_cond_wait(&u->cond, &u->lock);
+                continue;
+            }
+            struct timespec due;
+            clock_gettime(CLOCK_REALTIME, &due);
+            due.tv_nsec += 20 * 1000 * 1000;
+            if (due.tv_nsec >= 1000000000L) due.tv_sec++, due.tv_nsec -= 1000000000L;
+            pthread_cond_timedwait(&u->cond, &u->lock, &due);
+            pthread_mutex_unlock(&u->lock);
+            const ckptio_status ps = poll(user);
+            pthread_mutex_lock(&u->lock);
+            if (ps != CKPTIO_OK) {
+                set_failure(u, ps);
+                break;
+            }
         }
         if (u->fail_status != CKPTIO_OK) st = failure(u);
     }

@@ -1,7 +1,9 @@
 """Checksums of ckptio.dcp items: one XXH3-64 per item, or hashed parts
-(4 MiB blocks, computed on the staging copies) for items saved from GPU
-memory and for multi-block SAFETENSORS tensors. Every part is checked by
-ckptio.dcp.verify; a flipped byte in any part is named."""
+(4 MiB blocks) for items saved from GPU memory (computed on the staging
+copies), for torch.save items of at least two blocks of host tensors
+(computed by the worker that writes each block) and for multi-block
+SAFETENSORS tensors. Every part is checked by ckptio.dcp.verify; a flipped
+byte in any part is named."""
 import glob
 import json
 import os
@@ -83,12 +85,19 @@ def test_safetensors_format_items_are_hashed_in_parts(tmp_path):
     assert small["xxh3"] is not None and "parts" not in small
 
 
-def test_host_torch_save_items_have_one_hash(tmp_path):
+def test_host_torch_save_items_are_hashed_as_they_are_written(tmp_path):
+    """A host tensor of two blocks or more is hashed in parts while it is written; smaller items (and byte
+    items) keep one hash."""
     path = str(tmp_path / "ck")
-    dcp.save(big_state(), storage_writer=cdcp.FileSystemWriter(path))
+    roundtrip_and_flip(path, big_state(), SerializationFormat.TORCH_SAVE, "big")
     doc = manifest_of(path)
-    assert all(i["xxh3"] is not None and "parts" not in i for i in doc["items"])
-    assert cdcp.verify(path)["checked"] == len(doc["items"])
+    assert all(i["xxh3"] is not None and "parts" not in i for i in doc["items"] if i["fqn"] != "big")
+    out = {"big": torch.zeros(9 * BLOCK // 4 + 3), "small": torch.zeros(100), "step": 0}
+    path2 = str(tmp_path / "ck2")
+    dcp.save(big_state(), storage_writer=cdcp.FileSystemWriter(path2))
+    dcp.load(out, storage_reader=cdcp.FileSystemReader(path2))
+    want = big_state()
+    assert torch.equal(out["big"], want["big"]) and torch.equal(out["small"], want["small"]) and out["step"] == 7
 
 
 def test_verify_refuses_parts_that_do_not_tile(tmp_path):

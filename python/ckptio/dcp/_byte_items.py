@@ -70,10 +70,59 @@ def plain_state_dict(state_dict: Any) -> Any:
     return {k: v.state_dict() if isinstance(v, Stateful) else v for k, v in state_dict.items()}
 
 
+# Values the reader always loads, pickled by torch.save as they are: None, bool, int within int64, float, str,
+# and tuples, lists and dicts of them, kept well inside the reader's nesting limit (512) and small.
+_ATOMS = (type(None), bool, float, str)
+_PLAIN_DEPTH = 32
+_PLAIN_ITEMS = 4096
+_INT64 = (-(1 << 63), 1 << 63)
+
+
+def _plain(v: Any, depth: int) -> bool:
+    t = type(v)
+    if t in _ATOMS:
+        return True
+    if t is int:
+        return _INT64[0] <= v < _INT64[1]
+    if depth >= _PLAIN_DEPTH:
+        return False
+    if t is tuple or t is list:
+        return len(v) <= _PLAIN_ITEMS and all(_plain(x, depth + 1) for x in v)
+    if t is dict:
+        return len(v) <= _PLAIN_ITEMS and all((type(k) is str or type(k) is int) and _plain(x, depth + 1)
+                                              for k, x in v.items())
+    return False
+
+
+def _only_plain_values(v: Any, tensor: type, mapping: type, depth: int = 0) -> bool:
+    """True when every value of `v` that is not a tensor is plain (_plain): then no byte item dcp.save would
+    make of it can be refused, and nothing needs pickling. Walks as torch's planner flattens (mappings and
+    lists into their values); anything else is judged whole."""
+    if isinstance(v, tensor):
+        return True
+    if depth >= _PLAIN_DEPTH:
+        return False
+    if isinstance(v, mapping):
+        return all(_only_plain_values(x, tensor, mapping, depth + 1) for x in v.values())
+    if type(v) is list:
+        return all(_only_plain_values(x, tensor, mapping, depth + 1) for x in v)
+    return _plain(v, depth)
+
+
 def check_state_dict(state_dict: Any, where: str) -> None:
     """Runs `check` on every byte item torch's default planner would make of
     `state_dict` (after plain_state_dict; flattened as dcp.save flattens it),
-    without writing anything."""
+    without writing anything. A state whose only values besides tensors are
+    plain (None, bool, int, float, str and tuples, lists and dicts of them)
+    is accepted without pickling anything: a training loop's state passes in
+    well under a millisecond; any other value sends the whole state through
+    the planner and the reader's check."""
+    from collections.abc import Mapping
+
+    import torch
+
+    if _only_plain_values(state_dict, torch.Tensor, Mapping):
+        return
     from torch.distributed.checkpoint.default_planner import DefaultSavePlanner, create_default_local_save_plan
     from torch.distributed.checkpoint.planner import WriteItemType
 

@@ -64,7 +64,7 @@ class DirectoryLock:
 
     def __init__(self, dirpath: str, native, key: Tuple[int, int], locked: bool) -> None:
         self.dirpath = dirpath
-        self.path = os.path.join(dirpath, LOCK_NAME)
+        self.path = dirpath + LOCK_NAME if dirpath.endswith("/") else f"{dirpath}/{LOCK_NAME}"
         self._native = native
         self._key = key
         self.locked = locked
@@ -85,6 +85,14 @@ class DirectoryLock:
         _ckptio.dcp_lock_release(native)
         if why:
             _log.warning("%s: released the lock of the directory: %s", self.dirpath, why)
+
+    def check(self) -> None:
+        """Raises CkptioError E_BUSY once the lock no longer holds the
+        directory: a lease in object storage that another save took over or
+        that lapsed (a flock always holds)."""
+        native = self._native
+        if native is not None:
+            _ckptio.dcp_lock_check(native)
 
     def stale(self) -> bool:
         """The save that took it is over without releasing it: its thread is
@@ -170,6 +178,9 @@ def acquire(dirpath, exclusive: bool, busy: Union[str, float], reference: Option
         raise
     locked, err, dev, ino = _ckptio.dcp_lock_info(native)
     lock = DirectoryLock(dirpath, native, (dev, ino), locked)
+    if _ckptio.path_is_object(dirpath):  # a lease (no descriptor): watched, not keyed by an inode
+        threading.Thread(target=_watch, args=(weakref.ref(lock),), name="ckptio-dcp-lock-watch", daemon=True).start()
+        return lock
     if not locked:
         if dirpath not in _warned_unsupported:
             _warned_unsupported.add(dirpath)

@@ -39,7 +39,7 @@ from .. import _adapt, _ckptio, _files
 from .._api import build_torch_object
 from .._ckptio import Engine
 from .._errors import CkptioError, make_error
-from . import _broadcast, _spans
+from . import _broadcast, _objects, _spans
 from ._metadata import metadata_from_bytes
 
 ZSTD_DESCRIPTOR = "stream.zstd/1"
@@ -167,6 +167,8 @@ class FileSystemReader(_TorchFileSystemReader):
                  broadcast: Any = "auto", process_group: Any = None, broadcast_budget: int = 1 << 30,
                  allow_pickle: bool = False) -> None:
         super().__init__(path, _extension_registry)
+        self.engine = engine
+        self._use_store(path)
         if not isinstance(allow_pickle, bool):
             raise TypeError(f"allow_pickle must be True or False, not {allow_pickle!r}")
         self.allow_pickle = allow_pickle
@@ -186,6 +188,24 @@ class FileSystemReader(_TorchFileSystemReader):
         self._use_collectives = True
         self._header_bytes = 0
         self._data_bytes = 0
+
+    def _use_store(self, path) -> None:
+        """s3:// checkpoint ids go through an ObjectStore (torch's FileSystem
+        makes a pathlib.Path of them); local ones through torch's FileSystem."""
+        from torch.distributed.checkpoint.filesystem import FileSystem
+
+        store = _objects.store_for(path, self.engine)
+        self.fs = store if store is not None else FileSystem()
+        self.path = self.fs.init_path(path)
+
+    def reset(self, checkpoint_id=None) -> None:
+        if checkpoint_id:
+            self._use_store(checkpoint_id)
+        super().reset(checkpoint_id)
+
+    @classmethod
+    def validate_checkpoint_id(cls, checkpoint_id) -> bool:
+        return _objects.is_object(checkpoint_id) or super().validate_checkpoint_id(checkpoint_id)
 
     def set_up_storage_reader(self, metadata, is_coordinator: bool, *args: Any, **kwargs: Any) -> None:
         super().set_up_storage_reader(metadata, is_coordinator, *args, **kwargs)

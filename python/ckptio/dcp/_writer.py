@@ -46,7 +46,7 @@ from torch.futures import Future
 
 from .. import _adapt, _ckptio, _files, _snapshot
 from .._ckptio import Engine
-from . import _byte_items, _commit, _lock
+from . import _byte_items, _commit, _lock, _objects
 
 _log = logging.getLogger("ckptio.dcp")
 
@@ -124,12 +124,16 @@ def _record_copy_events(state_dict: Any) -> List[Any]:
     return events
 
 
-def _take_block_hashes(path: str) -> Dict[str, List[tuple]]:
+def _take_block_hashes(path: str, engine=None) -> Dict[str, List[tuple]]:
     """Reads and deletes the manifest ckptio.save(checksums=True) left beside
     a safetensors blob: {tensor: [(offset in the tensor, length, XXH3-64)]}."""
     manifest = path + ".ckptio-manifest.json"
-    doc = json.loads(_files.read_file(manifest))
-    os.unlink(manifest)  # a crash before this leaves a file remove_stale() recognises
+    if _objects.is_object(manifest):
+        doc = json.loads(_objects.read(manifest, engine))
+        _objects.remove(manifest, engine)  # a crash before this leaves an object remove_stale() recognises
+    else:
+        doc = json.loads(_files.read_file(manifest))
+        os.unlink(manifest)  # a crash before this leaves a file remove_stale() recognises
     block = int(doc["block_bytes"])
     out: Dict[str, List[tuple]] = {}
     for t in doc["tensors"]:
@@ -249,6 +253,7 @@ class FileSystemWriter(_TorchFileSystemWriter):
                 lo, hi = Engine.bounds("staging_bytes")
                 engine.set("staging_bytes", min(max(int(per_thread_copy_ahead) * workers, lo), hi))
         self.engine = engine
+        self._use_store(path)
         self.checksums = checksums
         self.crc = crc
         self.async_busy = async_busy
@@ -289,10 +294,26 @@ class FileSystemWriter(_TorchFileSystemWriter):
             self._handed_off = True
 
     # ---- planning ------------------------------------------------------------------
+    def _use_store(self, path) -> None:
+        """s3:// paths go through an ObjectStore (torch's FileSystem makes a
+        pathlib.Path of them); local ones through torch's FileSystem."""
+        from torch.distributed.checkpoint.filesystem import FileSystem
+
+        store = _objects.store_for(path, self.engine)
+        self._object = store is not None
+        self.fs = store if store is not None else FileSystem()
+        self.path = self.fs.init_path(path)
+
+    @classmethod
+    def validate_checkpoint_id(cls, checkpoint_id) -> bool:
+        return _objects.is_object(checkpoint_id) or super().validate_checkpoint_id(checkpoint_id)
+
     def reset(self, checkpoint_id=None) -> None:
         lock = self._dir_lock
         if lock is not None and lock.stale():  # an earlier save of this writer that died between hooks
             self._unlock_directory()
+        if checkpoint_id:
+            self._use_store(checkpoint_id)
         super().reset(checkpoint_id)
         self._token = None
         with self._inflight_cv:  # torch's save() starts here: it is the save stage() marked
@@ -334,10 +355,12 @@ class FileSystemWriter(_TorchFileSystemWriter):
                                    "another thread; a writer runs one save at a time")
             self._unlock_directory()
         md_name = self._metadata_name()
-        os.makedirs(self.path, exist_ok=True)
+        if not self._object:
+            os.makedirs(self.path, exist_ok=True)
         lock = _lock.acquire(self.path, exclusive=not self._per_rank(), busy=self.dir_busy,
                              reference=_commit.reference_stat(self.path, md_name))
-        if not self.overwrite and os.path.lexists(os.path.join(self.path, md_name)):
+        if not self.overwrite and (self.fs.exists(self.fs.concat_path(self.path, md_name)) if self._object
+                                   else os.path.lexists(os.path.join(self.path, md_name))):
             # torch checked this in prepare_local_plan, before the lock: a
             # save that committed meanwhile must not be overwritten either.
             lock.release()
@@ -427,7 +450,8 @@ class FileSystemWriter(_TorchFileSystemWriter):
         self._wait_staged()  # async save: the staging copies must be complete
         prefix = plan.storage_data.prefix
         raws = self._byte_items(plan.items, planner)
-        os.makedirs(self.path, exist_ok=True)
+        if not self._object:
+            os.makedirs(self.path, exist_ok=True)
         # New data files take the attributes of the .metadata they will
         # replace (a checkpoint saved 0600 stays 0600). The coordinator holds
         # the directory's lock, so that file is stable until finish().
@@ -533,7 +557,7 @@ class FileSystemWriter(_TorchFileSystemWriter):
                 where = {row[0]: (row[3], row[4]) for row in reader.tensors}
             finally:
                 reader.close()
-            blocks = _take_block_hashes(path) if self.checksums else {}
+            blocks = _take_block_hashes(path, self.engine) if self.checksums else {}
             for wi, src in sources:
                 data_offset, nbytes = where[src.name]
                 xxh3, parts = None, blocks.get(src.name)
@@ -603,10 +627,26 @@ class FileSystemWriter(_TorchFileSystemWriter):
         # The manifest, .metadata (the new checkpoint is current from then
         # on) and the cleanup: one libckptio call, in that order.
         victims = _commit.commit(self.path, md_name, md_bytes, files, manifest if self.checksums else None, sync,
-                                 cleanup, _commit_stage if _crash_point is not None else None)
+                                 cleanup, self._on_commit_step if self._object or _crash_point is not None else None)
         if victims:
             self._cleanup = _commit.BackgroundRemoval(self.path, victims, sync,
                                                       _commit.Committed(md_name, md_bytes, set(files)))
+
+    def _on_commit_step(self, step: int, path: str, done: bool) -> None:
+        """The commit's step callback. In object storage the directory's lock
+        is a lease another save can take over once it lapses: it is checked
+        right before .metadata and before the cleanup lists older saves'
+        objects, and a save that lost it commits nothing more (raising here
+        stops the commit)."""
+        if not done and step in (_ckptio.DCP_STEP_METADATA, _ckptio.DCP_STEP_LIST):
+            self._check_lock()
+        if _crash_point is not None:
+            _commit_stage(step, path, done)
+
+    def _check_lock(self) -> None:
+        lock = self._dir_lock
+        if lock is not None:
+            lock.check()
 
     def _join_previous_cleanup(self) -> None:
         try:

@@ -1,0 +1,449 @@
+#!/usr/bin/env python3
+"""bench_object_storage.py - checkpoints in S3-compatible object storage: ckptio beside its peers and a raw
+ceiling, against one server, in one run (BENCHMARKS.md "Object storage").
+
+    eval "$(scripts/s3_server.sh start)"       # or any S3 endpoint: AWS_ENDPOINT_URL, AWS_* credentials
+    pip install -r bench/requirements-object-storage.txt
+    CKPTIO_TEST_S3_BUCKET=ckptio-test python3 bench/bench_object_storage.py --size 256M --reps 2
+
+Workloads (the same bytes for every method):
+  load_model   a Hugging Face directory of 4 safetensors shards under a prefix, into CPU tensors
+  save_model   the same tensors written as 4 safetensors shards under a new prefix
+  load_dcp     a torch.distributed.checkpoint of the same tensors (one process), loaded in place
+  save_dcp     the same state dict saved as a DCP checkpoint under a new prefix
+Methods:
+  ckptio       ckptio.load / ckptio.save of the prefix; ckptio.dcp.FileSystemWriter / FileSystemReader
+  runai        Run:ai Model Streamer with its S3 backend (SafetensorsStreamer.stream_files): loads only
+  s3torch      s3torchconnector: S3Checkpoint reader/writer with safetensors.torch (model), and DCP's
+               S3StorageWriter / S3StorageReader
+  fsspec       torch's FsspecWriter / FsspecReader over s3fs (DCP only)
+  boto3        boto3's transfer manager: download_fileobj / upload_fileobj of each shard's bytes (model only)
+  ceiling      bench/s3_raw_ceiling.py's bare clients: parallel 8 MiB ranged GETs / 16 MiB segment PUTs of
+               the same bytes by curl processes through the server's own API (no SigV4, no S3 layer)
+Each method runs in a process of its own (its peak RSS is its alone); the best of --reps runs is kept.
+Columns: GB/s (10^9 bytes of tensor data per second), ratio to the ceiling of the same direction, peak RSS
+of the process and what of it the method added (over the interpreter, torch and the state dict it saves), the process's CPU seconds per GB, and the server's CPU seconds per GB (every process of the
+local server; only with scripts/s3_server.sh's). Results: $OUT/object_storage.json (bench/_common.py).
+"""
+import argparse
+import io
+import json
+import os
+import resource
+import subprocess
+import sys
+import time
+import uuid
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import _common  # noqa: E402
+
+MiB = 1 << 20
+SHARDS = 4
+
+
+def bucket():
+    return os.environ.get("CKPTIO_TEST_S3_BUCKET", "ckptio-test")
+
+
+def cpu_self():
+    r = resource.getrusage(resource.RUSAGE_SELF)
+    c = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return r.ru_utime + r.ru_stime + c.ru_utime + c.ru_stime
+
+
+def peak_rss_mib():
+    """This process's peak RSS (VmHWM: the address space's own, unlike ru_maxrss, which exec keeps)."""
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) / 1024
+    return 0.0
+
+
+def server_pids():
+    """The processes of scripts/s3_server.sh's server (their command line names its state directory)."""
+    port = os.environ.get("AWS_ENDPOINT_URL", "").rsplit(":", 1)[-1]
+    mark = f"ckptio-s3-{os.getuid()}-{port}"
+    pids = []
+    for p in os.listdir("/proc"):
+        if p.isdigit():
+            try:
+                with open(f"/proc/{p}/cmdline", "rb") as f:
+                    if mark.encode() in f.read() or b"memcached" in open(f"/proc/{p}/comm", "rb").read():
+                        pids.append(int(p))
+            except OSError:
+                pass
+    return pids
+
+
+def server_cpu():
+    tick = os.sysconf("SC_CLK_TCK")
+    total = 0.0
+    for pid in server_pids():
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+            total += (int(fields[11]) + int(fields[12])) / tick
+        except OSError:
+            pass
+    return total
+
+
+def state(size):
+    import torch
+
+    g = torch.Generator().manual_seed(0)
+    n = size // 4 // SHARDS // 4  # 4 tensors per shard, float32
+    return {f"layer.{s}.{t}": torch.randn(n, generator=g) for s in range(SHARDS) for t in range(4)}
+
+
+def shard_of(sd):
+    names = sorted(sd)
+    per = len(names) // SHARDS
+    return [{k: sd[k] for k in names[i * per:(i + 1) * per]} for i in range(SHARDS)]
+
+
+def url(*parts):
+    return "s3://" + bucket() + "/" + "/".join(parts)
+
+
+def endpoint():
+    return os.environ["AWS_ENDPOINT_URL"]
+
+
+# ---- the methods: each returns bytes moved ------------------------------------------------------------------
+
+def ckptio_load_model(prefix, size):
+    import ckptio
+
+    sd = ckptio.load(url(prefix, "model"))
+    return sum(t.numel() * t.element_size() for t in sd.values())
+
+
+def ckptio_save_model(prefix, size, sd):
+    import ckptio
+
+    out = f"bench-out-{uuid.uuid4().hex[:8]}"
+    for i, part in enumerate(shard_of(sd)):
+        ckptio.save(part, url(prefix, out, f"model-{i + 1:05d}-of-{SHARDS:05d}.safetensors"))
+    return size
+
+
+def runai_load_model(prefix, size):
+    from runai_model_streamer import SafetensorsStreamer
+
+    os.environ.setdefault("RUNAI_STREAMER_S3_USE_VIRTUAL_ADDRESSING", "0")  # path-style, as a custom endpoint needs
+
+    total = 0
+    files = [url(prefix, "model", f"model-{i + 1:05d}-of-{SHARDS:05d}.safetensors") for i in range(SHARDS)]
+    with SafetensorsStreamer() as s:
+        s.stream_files(files)
+        for _, t in s.get_tensors():
+            total += t.numel() * t.element_size()
+    return total
+
+
+def s3torch_checkpoint():
+    from s3torchconnector import S3Checkpoint, S3ClientConfig
+
+    return S3Checkpoint(region=os.environ.get("AWS_REGION", "us-east-1"), endpoint=endpoint(),
+                        s3client_config=S3ClientConfig(force_path_style=True))
+
+
+def s3torch_load_model(prefix, size):
+    from safetensors.torch import load
+
+    ck = s3torch_checkpoint()
+    total = 0
+    for i in range(SHARDS):
+        with ck.reader(url(prefix, "model", f"model-{i + 1:05d}-of-{SHARDS:05d}.safetensors")) as r:
+            sd = load(r.read())
+        total += sum(t.numel() * t.element_size() for t in sd.values())
+    return total
+
+
+def s3torch_save_model(prefix, size, sd):
+    from safetensors.torch import save
+
+    ck = s3torch_checkpoint()
+    out = f"bench-out-{uuid.uuid4().hex[:8]}"
+    for i, part in enumerate(shard_of(sd)):
+        with ck.writer(url(prefix, out, f"model-{i + 1:05d}-of-{SHARDS:05d}.safetensors")) as w:
+            w.write(save(part))
+    return size
+
+
+def boto3_client():
+    import boto3
+    from botocore.config import Config
+
+    return boto3.client("s3", endpoint_url=endpoint(), config=Config(s3={"addressing_style": "path"},
+                                                                      max_pool_connections=32))
+
+
+def boto3_transfer():
+    from boto3.s3.transfer import TransferConfig
+
+    return TransferConfig(multipart_threshold=8 * MiB, multipart_chunksize=16 * MiB, max_concurrency=16)
+
+
+def boto3_load_model(prefix, size):
+    from safetensors.torch import load
+
+    s3, tc = boto3_client(), boto3_transfer()
+    total = 0
+    for i in range(SHARDS):
+        buf = io.BytesIO()
+        s3.download_fileobj(bucket(), f"{prefix}/model/model-{i + 1:05d}-of-{SHARDS:05d}.safetensors", buf, Config=tc)
+        sd = load(buf.getvalue())
+        total += sum(t.numel() * t.element_size() for t in sd.values())
+    return total
+
+
+def boto3_save_model(prefix, size, sd):
+    from safetensors.torch import save
+
+    s3, tc = boto3_client(), boto3_transfer()
+    out = f"bench-out-{uuid.uuid4().hex[:8]}"
+    for i, part in enumerate(shard_of(sd)):
+        s3.upload_fileobj(io.BytesIO(save(part)), bucket(), f"{prefix}/{out}/model-{i + 1:05d}.safetensors",
+                          Config=tc)
+    return size
+
+
+def dcp_target(sd):
+    import torch
+
+    return {k: torch.empty_like(v) for k, v in sd.items()}
+
+
+def ckptio_load_dcp(prefix, size, sd):
+    import torch.distributed.checkpoint as dcp
+    from ckptio.dcp import FileSystemReader
+
+    out = dcp_target(sd)
+    dcp.load(out, storage_reader=FileSystemReader(url(prefix, "dcp")), no_dist=True)
+    return size
+
+
+def ckptio_save_dcp(prefix, size, sd):
+    import torch.distributed.checkpoint as dcp
+    from ckptio.dcp import FileSystemWriter
+
+    dcp.save(sd, storage_writer=FileSystemWriter(url(prefix, f"dcp-out-{uuid.uuid4().hex[:8]}")), no_dist=True)
+    return size
+
+
+def s3torch_dcp_io(path, write):
+    from s3torchconnector import S3ClientConfig
+    from s3torchconnector.dcp import S3StorageReader, S3StorageWriter
+
+    cls = S3StorageWriter if write else S3StorageReader
+    return cls(region=os.environ.get("AWS_REGION", "us-east-1"), path=path,
+               s3client_config=S3ClientConfig(force_path_style=True), **({"overwrite": True} if write else {}))
+
+
+def s3torch_load_dcp(prefix, size, sd):
+    import torch.distributed.checkpoint as dcp
+
+    out = dcp_target(sd)
+    dcp.load(out, storage_reader=s3torch_dcp_io(url(prefix, "dcp-s3torch"), False), no_dist=True)
+    return size
+
+
+def s3torch_save_dcp(prefix, size, sd):
+    import torch.distributed.checkpoint as dcp
+
+    dcp.save(sd, storage_writer=s3torch_dcp_io(url(prefix, f"dcp-out-{uuid.uuid4().hex[:8]}"), True), no_dist=True)
+    return size
+
+
+def fsspec_io(path, write):
+    from torch.distributed.checkpoint import FsspecReader, FsspecWriter
+
+    opts = {"client_kwargs": {"endpoint_url": endpoint()}}
+    return FsspecWriter(path, sync_files=False, thread_count=8, **opts) if write else FsspecReader(path, **opts)
+
+
+def fsspec_load_dcp(prefix, size, sd):
+    import torch.distributed.checkpoint as dcp
+
+    out = dcp_target(sd)
+    dcp.load(out, storage_reader=fsspec_io(url(prefix, "dcp"), False), no_dist=True)
+    return size
+
+
+def fsspec_save_dcp(prefix, size, sd):
+    import torch.distributed.checkpoint as dcp
+
+    dcp.save(sd, storage_writer=fsspec_io(url(prefix, f"dcp-out-{uuid.uuid4().hex[:8]}"), True), no_dist=True)
+    return size
+
+
+METHODS = {
+    "load_model": {"ckptio": ckptio_load_model, "runai": runai_load_model, "s3torch": s3torch_load_model,
+                   "boto3": boto3_load_model},
+    "save_model": {"ckptio": ckptio_save_model, "s3torch": s3torch_save_model, "boto3": boto3_save_model},
+    "load_dcp": {"ckptio": ckptio_load_dcp, "s3torch": s3torch_load_dcp, "fsspec": fsspec_load_dcp},
+    "save_dcp": {"ckptio": ckptio_save_dcp, "s3torch": s3torch_save_dcp, "fsspec": fsspec_save_dcp},
+}
+
+
+def run_one(work, method, prefix, size):
+    """In this process: one timed run; prints one JSON line."""
+    import warnings
+
+    warnings.simplefilter("ignore")
+    needs_sd = work in ("save_model", "load_dcp", "save_dcp")
+    sd = state(size) if needs_sd else None
+    fn = METHODS[work][method]
+    # Imports before the clock starts: what is timed is the transfer.
+    import ckptio  # noqa: F401
+    import ckptio.dcp  # noqa: F401
+    import safetensors.torch  # noqa: F401
+    import torch.distributed.checkpoint  # noqa: F401
+    if method == "runai":
+        os.environ.setdefault("RUNAI_STREAMER_S3_USE_VIRTUAL_ADDRESSING", "0")
+        import runai_model_streamer  # noqa: F401
+    elif method == "s3torch":
+        import s3torchconnector.dcp  # noqa: F401
+    elif method == "boto3":
+        import boto3  # noqa: F401
+    elif method == "fsspec":
+        import s3fs  # noqa: F401
+    base = peak_rss_mib()  # the interpreter, torch and (for saves and DCP loads) the state dict
+    c0, s0, t0 = cpu_self(), server_cpu(), time.perf_counter()
+    moved = fn(prefix, size, sd) if needs_sd else fn(prefix, size)
+    wall = time.perf_counter() - t0
+    print(json.dumps({"seconds": wall, "bytes": moved, "cpu": cpu_self() - c0, "server_cpu": server_cpu() - s0,
+                      "rss_MiB": peak_rss_mib(), "base_rss_MiB": base}), flush=True)
+
+
+def prepare(prefix, size):
+    """The model directory and the DCP checkpoints every load reads (written once, by ckptio)."""
+    import ckptio
+    import torch.distributed.checkpoint as dcp
+    from ckptio.dcp import FileSystemWriter
+
+    sd = state(size)
+    import json as _json
+
+    weight_map = {}
+    for i, part in enumerate(shard_of(sd)):
+        name = f"model-{i + 1:05d}-of-{SHARDS:05d}.safetensors"
+        ckptio.save(part, url(prefix, "model", name))
+        weight_map.update({k: name for k in part})
+    ckptio._ckptio.object_put(url(prefix, "model", "model.safetensors.index.json"),
+                              _json.dumps({"metadata": {}, "weight_map": weight_map}).encode())
+    dcp.save(sd, storage_writer=FileSystemWriter(url(prefix, "dcp")), no_dist=True)
+    try:  # s3torchconnector reads checkpoints written by its own writer
+        s3torch_save_dcp_to(url(prefix, "dcp-s3torch"), sd)
+    except Exception as e:  # noqa: BLE001 - reported with the method
+        _common.notes.append(f"s3torchconnector could not write its DCP checkpoint: {e}")
+
+
+def s3torch_save_dcp_to(path, sd):
+    import torch.distributed.checkpoint as dcp
+
+    dcp.save(sd, storage_writer=s3torch_dcp_io(path, True), no_dist=True)
+
+
+def ceiling(size, reps):
+    """bench/s3_raw_ceiling.py on the same number of bytes: best GET and PUT GB/s and their CPU s/GB."""
+    s0 = server_cpu()
+    out = subprocess.run([sys.executable, os.path.join(os.path.dirname(__file__), "s3_raw_ceiling.py"), "--mib",
+                          str(size // MiB), "--concurrency", "16", "--reps", str(reps)], capture_output=True,
+                         text=True, timeout=1800)
+    best = {}
+    for line in out.stdout.splitlines():
+        f = line.split()
+        if len(f) >= 8 and f[0] in ("curl-get", "curl-put"):
+            gb = float(f[5])
+            if gb > best.get(f[0], (0, 0))[0]:
+                best[f[0]] = (gb, float(f[7]))
+    if not best:
+        _common.notes.append(f"the raw ceiling did not run: {out.stderr[-500:]}")
+    # The server's CPU over the whole script: one upload of the object, `reps` reads and writes of it.
+    moved = size * (1 + 2 * reps) / 1e9
+    best["server_cpu_s_per_GB"] = (server_cpu() - s0) / moved
+    return best
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--size", default="256M", help="bytes of tensor data (default 256M)")
+    ap.add_argument("--reps", type=int, default=2)
+    ap.add_argument("--only", default="", help="comma-separated workloads or work:method pairs to run")
+    ap.add_argument("--one", nargs=3, metavar=("WORK", "METHOD", "PREFIX"), help=argparse.SUPPRESS)
+    a = ap.parse_args()
+    size = _common.parse_size(a.size)
+    if a.one:
+        run_one(a.one[0], a.one[1], a.one[2], size)
+        return
+    prefix = f"bench-{uuid.uuid4().hex[:8]}"
+    _common.log(f"preparing {size / MiB:.0f} MiB under s3://{bucket()}/{prefix} at {endpoint()}")
+    prepare(prefix, size)
+    ceil = ceiling(size, a.reps)
+    _common.log("ceiling", ceil)
+    only = [x for x in a.only.split(",") if x]
+    results = []
+    for work, methods in METHODS.items():
+        for method in methods:
+            if only and work not in only and f"{work}:{method}" not in only:
+                continue
+            best = None
+            for _ in range(a.reps):
+                r = subprocess.run([sys.executable, __file__, "--size", a.size, "--one", work, method, prefix],
+                                   capture_output=True, text=True, timeout=1800)
+                line = next((x for x in r.stdout.splitlines() if x.startswith("{")), None)
+                if line is None:
+                    err = (r.stderr.strip().splitlines() or ["no output"])[-1][:400]
+                    best = best or {"error": err}
+                    break
+                m = json.loads(line)
+                if best is None or "error" in best or m["seconds"] < best["seconds"]:
+                    best = m
+            row = {"work": work, "method": method, **best}
+            if "seconds" in best:
+                gb = best["bytes"] / 1e9
+                row["GBps"] = gb / best["seconds"]
+                row["cpu_s_per_GB"] = best["cpu"] / gb
+                row["server_cpu_s_per_GB"] = best["server_cpu"] / gb
+                key = "curl-get" if work.startswith("load") else "curl-put"
+                if key in ceil:
+                    row["ratio_to_ceiling"] = row["GBps"] / ceil[key][0]
+            results.append(row)
+            _common.log(work, method, {k: (round(v, 3) if isinstance(v, float) else v) for k, v in row.items()
+                                       if k not in ("work", "method")})
+    meta = _common.machine()
+    meta.update({"size": size, "reps": a.reps, "endpoint": endpoint(), "server": "OpenStack Swift s3api "
+                 "(scripts/s3_server.sh)" if server_pids() else "external",
+                 "ceiling": {k: ({"GBps": v[0], "cpu_s_per_GB": v[1]} if isinstance(v, tuple) else v)
+                             for k, v in ceil.items()}, "proxy_workers": os.environ.get("CKPTIO_TEST_S3_WORKERS", "1"),
+                 "ckptio_sign_payload": os.environ.get("CKPTIO_S3_SIGN_PAYLOAD", "auto")})
+    for mod in ("runai_model_streamer", "s3torchconnector", "s3fs", "boto3"):
+        try:
+            meta[mod] = __import__(mod).__version__
+        except Exception:  # noqa: BLE001
+            pass
+    print(f"\n{'work':11s} {'method':8s} {'GB/s':>6s} {'ceil%':>6s} {'RSS MiB':>8s} {'+MiB':>6s} {'CPU s/GB':>9s} "
+          f"{'server s/GB':>11s}")
+    for r in results:
+        if "GBps" in r:
+            ratio = f"{100 * r['ratio_to_ceiling']:5.0f}%" if "ratio_to_ceiling" in r else "     -"
+            print(f"{r['work']:11s} {r['method']:8s} {r['GBps']:6.3f} {ratio} {r['rss_MiB']:8.0f} "
+                  f"{r['rss_MiB'] - r['base_rss_MiB']:6.0f} {r['cpu_s_per_GB']:9.2f} {r['server_cpu_s_per_GB']:11.2f}")
+        else:
+            print(f"{r['work']:11s} {r['method']:8s} failed: {r['error']}")
+    for k, v in ceil.items():
+        if k != "server_cpu_s_per_GB":
+            print(f"ceiling {k}: {v[0]:.3f} GB/s, {v[1]:.2f} client CPU s/GB")
+    if "server_cpu_s_per_GB" in ceil:
+        print(f"ceiling: the server's CPU {ceil['server_cpu_s_per_GB']:.2f} s/GB (reads and writes together)")
+    print("results:", _common.write_result("object_storage.json", meta, results))
+    _common.print_notes()
+
+
+if __name__ == "__main__":
+    main()

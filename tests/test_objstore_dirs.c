@@ -1,0 +1,462 @@
+/*
+ * test_objstore_dirs.c - directories in object storage (s3://BUCKET/PREFIX/)
+ * against a real S3 server (skipped, exit 77, without one): the format
+ * probe of objects and prefixes; a Hugging Face model under a prefix (its
+ * index and shards, or a single model.safetensors); a DCP checkpoint's
+ * reader and its commit steps (small files, stale files of older saves,
+ * the lease that keeps two savers apart, the cleanup guard for a later
+ * save's objects); a checkpoint manager's root (begin, commit, scan, the
+ * FULL check, latest, readers' pins, removal order, clean, retention,
+ * aliens left whole); listings that name keys outside the prefix or names
+ * no file can have, through the fault proxy.
+ */
+#include "dcp_commit_internal.h"
+#include "objstore_helpers.h"
+#include "steps_fixture.h"
+#include "steps_internal.h"
+
+#include <errno.h>
+#include <sys/stat.h>
+
+/* Writes `len` bytes as the object `url` (one PUT). */
+static void put(ckptio_engine *e, const char *url, const void *data, size_t len) {
+    T_OK(ckptio_object_put(e, url, data, len, 0));
+}
+
+static bool exists(ckptio_engine *e, const char *url) {
+    ckptio__path_kind kind;
+    T_OK(ckptio__object_stat(e, url, &kind, NULL));
+    return kind == CKPTIO__PATH_FILE;
+}
+
+/* "URL/NAME" in a rotating buffer. */
+static const char *in(const char *dir, const char *name) {
+    static char bufs[8][4200];
+    static int next;
+    char *b = bufs[next++ % 8];
+    snprintf(b, sizeof bufs[0], "%.2048s%s%.2048s", dir, dir[strlen(dir) - 1] == '/' ? "" : "/", name);
+    return b;
+}
+
+/* A small safetensors file with tensors named `names` (F32 [n]), values from seed. */
+static void save_shard(ckptio_engine *e, const char *url, const char *const *names, size_t count, int64_t n,
+                       uint64_t seed) {
+    ckptio_tensor_source src[8];
+    float *data[8];
+    static int64_t shape[1];
+    shape[0] = n;
+    for (size_t i = 0; i < count; i++) {
+        data[i] = malloc((size_t)n * 4);
+        t_fill_random(data[i], (size_t)n * 4, seed + i);
+        src[i] = (ckptio_tensor_source){names[i], CKPTIO_DTYPE_F32, 1, shape, data[i], (uint64_t)n * 4,
+                                        CKPTIO_MEM_HOST};
+    }
+    T_OK(ckptio_safetensors_save(e, url, src, count, NULL, 0, 0));
+    for (size_t i = 0; i < count; i++) free(data[i]);
+}
+
+static void test_format_probe(void) {
+    ckptio_engine *e = s3_test_engine();
+    const char *dir = s3_url("probe");
+    const char *names[] = {"w"};
+    save_shard(e, in(dir, "plain/a.safetensors"), names, 1, 1000, 1);
+    ckptio_format f;
+    T_OK(ckptio_format_detect(in(dir, "plain/a.safetensors"), &f));
+    T_ASSERT(f == CKPTIO_FORMAT_SAFETENSORS);
+    T_OK(ckptio_format_detect(in(dir, "plain"), &f));
+    T_ASSERT(f == CKPTIO_FORMAT_DIRECTORY);
+    T_OK(ckptio_format_detect(in(dir, "plain/"), &f));
+    T_ASSERT(f == CKPTIO_FORMAT_DIRECTORY);
+    put(e, in(dir, "dcp/.metadata"), "x", 1);
+    T_OK(ckptio_format_detect(in(dir, "dcp"), &f));
+    T_ASSERT(f == CKPTIO_FORMAT_DCP);
+    put(e, in(dir, "hf/model.safetensors.index.json"), "{}", 2);
+    T_OK(ckptio_format_detect(in(dir, "hf/"), &f));
+    T_ASSERT(f == CKPTIO_FORMAT_HF_INDEX);
+    put(e, in(dir, "junk.bin"), "not a checkpoint at all", 23);
+    T_OK(ckptio_format_detect(in(dir, "junk.bin"), &f));
+    T_ASSERT(f == CKPTIO_FORMAT_UNKNOWN);
+    /* Nothing there: not found, naming the URL; a missing bucket too. */
+    T_ASSERT(ckptio_format_detect(in(dir, "nothing"), &f) == CKPTIO_E_NOT_FOUND);
+    T_ASSERT_MSG(strstr(ckptio_last_error_message(), "probe/nothing"), "%s", ckptio_last_error_message());
+    T_ASSERT(ckptio_format_detect("s3://ckptio-no-such-bucket-x/a", &f) == CKPTIO_E_NOT_FOUND);
+    T_ASSERT_MSG(strstr(ckptio_last_error_message(), "ckptio-no-such-bucket-x"), "%s", ckptio_last_error_message());
+    s3_no_secret_in_message();
+    ckptio_engine_destroy(e);
+}
+
+/* Every tensor of the model, read through one plan, against the values saved. */
+static void check_model(ckptio_model *m, const char *const *names, size_t count, int64_t n, uint64_t seed) {
+    float *want = malloc((size_t)n * 4), *got = malloc((size_t)n * 4);
+    for (size_t i = 0; i < count; i++) {
+        size_t index;
+        T_OK(ckptio_model_find(m, names[i], &index));
+        const ckptio_slice_target rq = {.index = index, .data = got, .capacity = (uint64_t)n * 4,
+                                        .mem_kind = CKPTIO_MEM_HOST};
+        T_OK(ckptio_model_read(m, &rq, 1));
+        t_fill_random(want, (size_t)n * 4, seed + i);
+        T_ASSERT_MSG(memcmp(want, got, (size_t)n * 4) == 0, "tensor %s differs", names[i]);
+    }
+    free(want);
+    free(got);
+}
+
+static void test_hf_prefix(void) {
+    ckptio_engine *e = s3_test_engine();
+    const char *dir = s3_url("hf");
+    const char *a[] = {"layer.0.w", "layer.0.b"}, *b[] = {"layer.1.w"};
+    save_shard(e, in(dir, "model-00001-of-00002.safetensors"), a, 2, 300000, 10);
+    save_shard(e, in(dir, "model-00002-of-00002.safetensors"), b, 1, 300000, 20);
+    const char *index = "{\"metadata\": {\"total_size\": 3600000}, \"weight_map\": {"
+                        "\"layer.0.w\": \"model-00001-of-00002.safetensors\", "
+                        "\"layer.0.b\": \"model-00001-of-00002.safetensors\", "
+                        "\"layer.1.w\": \"model-00002-of-00002.safetensors\"}}";
+    put(e, in(dir, "model.safetensors.index.json"), index, strlen(index));
+    ckptio_model *m;
+    for (int form = 0; form < 3; form++) { /* the prefix, with a '/', the index itself */
+        const char *path = form == 0 ? dir : form == 1 ? in(dir, "") : in(dir, "model.safetensors.index.json");
+        T_OK(ckptio_model_open(e, path, 0, &m));
+        size_t shards = 0;
+        T_OK(ckptio_model_shard_count(m, &shards));
+        T_ASSERT(shards == 2);
+        const char *first = NULL;
+        T_OK(ckptio_model_shard(m, 0, &first, NULL));
+        T_ASSERT_MSG(!strcmp(first, in(dir, "model-00001-of-00002.safetensors")), "%s", first);
+        size_t total = 0;
+        T_OK(ckptio_model_count(m, &total));
+        T_ASSERT_MSG(total == 3, "%zu tensors", total);
+        check_model(m, a, 2, 300000, 10);
+        check_model(m, b, 1, 300000, 20);
+        T_OK(ckptio_model_close(m));
+    }
+    /* A shard missing: the error names the index, the tensor and the shard. */
+    T_OK(ckptio_object_delete(e, in(dir, "model-00002-of-00002.safetensors")));
+    T_ASSERT(ckptio_model_open(e, dir, 0, &m) == CKPTIO_E_NOT_FOUND);
+    const char *msg = ckptio_last_error_message();
+    T_ASSERT_MSG(strstr(msg, "layer.1.w") && strstr(msg, "model-00002-of-00002.safetensors"), "%s", msg);
+    s3_no_secret_in_message();
+    /* A single model.safetensors under the prefix wins (transformers' order). */
+    const char *one[] = {"x"};
+    save_shard(e, in(dir, "model.safetensors"), one, 1, 1000, 30);
+    T_OK(ckptio_model_open(e, dir, 0, &m));
+    check_model(m, one, 1, 1000, 30);
+    T_OK(ckptio_model_close(m));
+    /* An index naming a shard outside the prefix is refused before anything is opened. */
+    const char *hostile_dir = s3_url("hf-hostile");
+    const char *hostile = "{\"weight_map\": {\"x\": \"../hf/model.safetensors\"}}";
+    put(e, in(hostile_dir, "model.safetensors.index.json"), hostile, strlen(hostile));
+    T_ASSERT(ckptio_model_open(e, hostile_dir, 0, &m) == CKPTIO_E_DISALLOWED);
+    ckptio_engine_destroy(e);
+}
+
+/* ---- DCP checkpoints ------------------------------------------------------------ */
+
+/* The fixture's checkpoint copied under `dir`. */
+static void put_fixture(ckptio_engine *e, const char *dir) {
+    for (size_t i = 0; i < NFIXTURE; i++) {
+        size_t len = 0;
+        void *data = t_read_file(t_data_path("dcp/sharded", fixture_files[i]), &len);
+        put(e, in(dir, fixture_files[i]), data, len);
+        free(data);
+    }
+}
+
+static void test_dcp_reader(void) {
+    ckptio_engine *e = s3_test_engine();
+    const char *dir = s3_url("dcp-read");
+    put_fixture(e, dir);
+    ckptio_dcp *h;
+    T_OK(ckptio_dcp_open(e, dir, &h));
+    const char *manifest = NULL;
+    T_OK(ckptio_dcp_manifest(h, &manifest));
+    ckptio_dcp_verify_report r;
+    T_OK(ckptio_dcp_verify(h, &r));
+    T_ASSERT(r.items > 0 && r.unhashed == 0);
+    T_OK(ckptio_dcp_close(h));
+    /* A flipped byte in a data object: verify names the item. */
+    size_t len = 0;
+    unsigned char *data = t_read_file(t_data_path("dcp/sharded", DATA0), &len);
+    data[len - 10] ^= 1;
+    put(e, in(dir, DATA0), data, len);
+    free(data);
+    T_OK(ckptio_dcp_open(e, dir, &h));
+    T_ASSERT(ckptio_dcp_verify(h, &r) == CKPTIO_E_CHECKSUM);
+    T_ASSERT_MSG(strstr(ckptio_last_error_message(), DATA0), "%s", ckptio_last_error_message());
+    T_OK(ckptio_dcp_close(h));
+    /* The manifest gone: the reader says there is none. */
+    T_OK(ckptio_object_delete(e, in(dir, fixture_files[1])));
+    T_OK(ckptio_dcp_open(e, dir, &h));
+    T_ASSERT(ckptio_dcp_manifest(h, &manifest) == CKPTIO_E_NOT_FOUND);
+    T_OK(ckptio_dcp_close(h));
+    ckptio_engine_destroy(e);
+}
+
+static void test_dcp_commit_steps(void) {
+    ckptio_engine *e = s3_test_engine();
+    const char *dir = s3_url("dcp-commit");
+    /* Small files: one PUT each, no temporary, no attributes. */
+    T_OK(ckptio__dcp_write_file(dir, ".metadata", "old", 3, NULL, CKPTIO_DCP_SYNC));
+    T_ASSERT(exists(e, in(dir, ".metadata")));
+    unsigned mode = 0;
+    T_ASSERT(ckptio_dcp_reference(dir, ".metadata", &mode) == CKPTIO_E_NOT_FOUND);
+    T_OK(ckptio_dcp_create_file(dir, "__0_000000000001_0.distcp", ".metadata"));
+    T_ASSERT(!exists(e, in(dir, "__0_000000000001_0.distcp")));
+    int fd = -1;
+    char tmp[512];
+    T_ASSERT(ckptio_temporary_create(dir, "x", NULL, &fd, tmp, sizeof tmp) == CKPTIO_E_UNSUPPORTED);
+    /* Stale files: an older save's data objects that no metadata references are listed and removed; what
+     * the current .metadata references stays; names no DCP writer gives are never touched. */
+    put_fixture(e, dir);
+    put(e, in(dir, "__0_0123456789ab_0.distcp"), "old data", 8);
+    put(e, in(dir, ".ckptio-manifest-0123456789ab.json"), "{}", 2);
+    put(e, in(dir, "notes.txt"), "mine", 4);
+    char **names = NULL;
+    size_t n = 0;
+    char note[512];
+    const char *keep[] = {".metadata", ".ckptio-manifest-80b4e47c5ac9.json"};
+    T_OK(ckptio_dcp_stale_files(dir, keep, 2, NULL, &names, &n, note, sizeof note));
+    T_ASSERT_MSG(n == 2 && !strcmp(names[0], ".ckptio-manifest-0123456789ab.json") &&
+                     !strcmp(names[1], "__0_0123456789ab_0.distcp"),
+                 "%zu stale: %s %s %s", n, n ? names[0] : "", n > 1 ? names[1] : "", n > 2 ? names[2] : "");
+    size_t removed = 0;
+    T_OK(ckptio_dcp_remove_files(dir, (const char *const *)names, n, CKPTIO_DCP_SYNC | CKPTIO_DCP_RECHECK, NULL,
+                                 &removed, note, sizeof note));
+    T_ASSERT(removed == 2);
+    ckptio_dcp_names_free(names, n);
+    T_ASSERT(!exists(e, in(dir, "__0_0123456789ab_0.distcp")) && exists(e, in(dir, DATA0)) &&
+             exists(e, in(dir, "notes.txt")));
+    ckptio_dcp *h;
+    T_OK(ckptio_dcp_open(e, dir, &h));
+    T_OK(ckptio_dcp_verify(h, NULL));
+    T_OK(ckptio_dcp_close(h));
+    ckptio_engine_destroy(e);
+}
+
+/* Two savers of one prefix: the second is kept out while the first's
+ * lease lives; a lease whose holder stopped renewing lapses and is taken
+ * over, and the first's check then fails; the cleanup under the new lease
+ * leaves the objects written after it alone. */
+static void test_dcp_lease(void) {
+    ckptio_engine *e = s3_test_engine();
+    const char *dir = s3_url("dcp-lease");
+    ckptio_dcp_lock *a = NULL, *b = NULL;
+    T_OK(ckptio_dcp_lock_acquire(dir, NULL, 0, 0, NULL, NULL, &a));
+    ckptio_dcp_lock_info info;
+    T_OK(ckptio_dcp_lock_query(a, &info));
+    T_ASSERT(info.locked == 1);
+    T_ASSERT(exists(e, in(dir, CKPTIO_DCP_LOCK_NAME)));
+    T_OK(ckptio_dcp_lock_check(a));
+    const double t0 = ckptio__now();
+    T_ASSERT(ckptio_dcp_lock_acquire(dir, NULL, 0, 0.5, NULL, NULL, &b) == CKPTIO_E_BUSY);
+    T_ASSERT(ckptio__now() - t0 >= 0.4);
+    const char *msg = ckptio_last_error_message();
+    T_ASSERT_MSG(strstr(msg, "another save holds the directory") && strstr(msg, "wrote nothing"), "%s", msg);
+    T_ASSERT(ckptio_dcp_lock_acquire(dir, NULL, CKPTIO_DCP_LOCK_SHARED, 0, NULL, NULL, &b) == CKPTIO_E_BUSY);
+    T_OK(ckptio_dcp_lock_release(a));
+    T_ASSERT(!exists(e, in(dir, CKPTIO_DCP_LOCK_NAME)));
+    T_OK(ckptio_dcp_lock_acquire(dir, NULL, CKPTIO_DCP_LOCK_SHARED, 0, NULL, NULL, &b));
+    T_OK(ckptio_dcp_lock_release(b));
+
+    /* A holder that stops renewing: a lease of 2 s written by hand, as a killed saver leaves it. */
+    char text[256];
+    ckptio__lease_text dead = {.owner = "0123456789abcdef0123456789abcdef", .since = 1, .ttl_ms = 2000};
+    const size_t len = ckptio__lease_format(&dead, text, sizeof text);
+    put(e, in(dir, CKPTIO_DCP_LOCK_NAME), text, len);
+    put(e, in(dir, "__0_aaaaaaaaaaaa_0.distcp"), "older", 5);
+    T_ASSERT(ckptio_dcp_lock_acquire(dir, NULL, 0, 0, NULL, NULL, &b) == CKPTIO_E_BUSY);
+    T_OK(ckptio_dcp_lock_acquire(dir, NULL, 0, 10, NULL, NULL, &b)); /* waits until it lapses */
+    T_OK(ckptio_dcp_lock_check(b));
+    /* Objects written after b's lease was taken belong to b's save: a cleanup keeps them. */
+    put(e, in(dir, "__0_bbbbbbbbbbbb_0.distcp"), "newer", 5);
+    char **names = NULL;
+    size_t n = 0;
+    char note[256];
+    T_OK(ckptio_dcp_stale_files(dir, NULL, 0, NULL, &names, &n, note, sizeof note));
+    T_ASSERT_MSG(n == 1 && !strcmp(names[0], "__0_aaaaaaaaaaaa_0.distcp"), "%zu stale", n);
+    ckptio_dcp_names_free(names, n);
+    /* Someone overwrites b's lease: b's check fails, and its release leaves the other's lease. */
+    put(e, in(dir, CKPTIO_DCP_LOCK_NAME), text, len);
+    T_ASSERT(ckptio_dcp_lock_check(b) == CKPTIO_E_BUSY);
+    msg = ckptio_last_error_message();
+    T_ASSERT_MSG(strstr(msg, "no longer this save's") && strstr(msg, "commits nothing more"), "%s", msg);
+    T_OK(ckptio_dcp_lock_release(b));
+    T_ASSERT(exists(e, in(dir, CKPTIO_DCP_LOCK_NAME)));
+    s3_no_secret_in_message();
+    ckptio_engine_destroy(e);
+}
+
+/* ---- a checkpoint manager's root ----------------------------------------------------- */
+
+static const char *state_of(const char *root, uint64_t step) {
+    ckptio_step_info info;
+    T_OK(ckptio_steps_check(NULL, root, step, CKPTIO_STEP_CHECK_MARKER, &info));
+    return info.state == CKPTIO_STEP_COMPLETE  ? "complete"
+           : info.state == CKPTIO_STEP_PARTIAL ? "partial"
+           : info.state == CKPTIO_STEP_FOREIGN ? "foreign"
+                                               : "damaged";
+}
+
+/* A step saved as the manager saves it: begin, the DCP files, commit. */
+static void save_step(ckptio_engine *e, const char *root, uint64_t step) {
+    char dir[2048];
+    T_OK(ckptio_steps_begin(root, step, dir, sizeof dir));
+    T_ASSERT(exists(e, in(dir, CKPTIO_STEP_BEGUN)));
+    put_fixture(e, dir);
+    T_ASSERT(!strcmp(state_of(root, step), "partial"));
+    T_OK(ckptio_steps_commit(root, step));
+}
+
+static void test_steps(void) {
+    ckptio_engine *e = s3_test_engine();
+    const char *root = s3_url("run");
+    for (uint64_t s = 100; s <= 400; s += 100) save_step(e, root, s);
+    ckptio_step_info *steps = NULL;
+    size_t n = 0;
+    T_OK(ckptio_steps_scan(root, &steps, &n));
+    T_ASSERT(n == 4 && steps[0].step == 100 && steps[3].step == 400);
+    for (size_t i = 0; i < n; i++) T_ASSERT_MSG(steps[i].state == CKPTIO_STEP_COMPLETE, "%s", steps[i].reason);
+    T_ASSERT(steps[0].files == NFIXTURE + 2);
+    ckptio_steps_free(steps);
+    /* A step is never begun twice. */
+    char dir[2048];
+    T_ASSERT(ckptio_steps_begin(root, 200, dir, sizeof dir) == CKPTIO_E_EXISTS);
+    /* Damage in the newest step: FULL skips it with the reason, latest is the one before. */
+    size_t len = 0;
+    unsigned char *data = t_read_file(t_data_path("dcp/sharded", DATA0), &len);
+    data[len - 10] ^= 0x40;
+    put(e, in(step_file(root, 400, ""), DATA0), data, len);
+    free(data);
+    uint64_t latest = 0;
+    ckptio_step_info *skipped = NULL;
+    size_t nskipped = 0;
+    T_OK(ckptio_steps_latest(e, root, CKPTIO_STEP_CHECK_FULL, &latest, &skipped, &nskipped));
+    T_ASSERT_MSG(latest == 300 && nskipped == 1 && skipped[0].state == CKPTIO_STEP_DAMAGED, "latest %llu",
+                 (unsigned long long)latest);
+    T_ASSERT_MSG(strstr(skipped[0].reason, DATA0), "%s", skipped[0].reason);
+    ckptio_steps_free(skipped);
+    /* A partial step (a save killed after its begun mark) is cleaned; its unfinished upload aborted. */
+    T_OK(ckptio_steps_begin(root, 500, dir, sizeof dir));
+    ckptio_file *f;
+    T_OK(ckptio_file_open(e, in(dir, "__0_cccccccccccc_0.distcp"), CKPTIO_OPEN_WRITE, &f));
+    void *big = calloc(1, 12 << 20);
+    T_OK(ckptio__file_io(f, CKPTIO_WRITE, big, 12 << 20, 0)); /* parts sent, never completed */
+    uint64_t parts_peak, parts_bound;
+    ckptio__object_buffers(f, &parts_peak, &parts_bound);
+    free(big);
+    T_ASSERT(!strcmp(state_of(root, 500), "partial"));
+    uint64_t *removed = NULL;
+    size_t nremoved = 0;
+    T_OK(ckptio_steps_clean(root, &removed, &nremoved));
+    T_ASSERT(nremoved == 1 && removed[0] == 500);
+    ckptio_steps_list_free(removed);
+    ckptio_file_close(f); /* its abort finds the upload gone: no error */
+    ckptio_step_info info;
+    T_ASSERT(ckptio_steps_check(NULL, root, 500, CKPTIO_STEP_CHECK_MARKER, &info) == CKPTIO_E_NOT_FOUND);
+    /* A foreign step (no marker, no begun mark) and a step holding an alien object are left whole. */
+    put_fixture(e, step_file(root, 600, ""));
+    T_ASSERT(!strcmp(state_of(root, 600), "foreign"));
+    put(e, in(step_file(root, 100, ""), "notes.txt"), "mine", 4);
+    T_ASSERT(ckptio_steps_remove(root, 600) == CKPTIO_E_UNSUPPORTED);
+    T_ASSERT(ckptio_steps_remove(root, 100) == CKPTIO_E_UNSUPPORTED);
+    T_ASSERT_MSG(strstr(ckptio_last_error_message(), "notes.txt"), "%s", ckptio_last_error_message());
+    T_ASSERT(exists(e, in(step_file(root, 100, ""), CKPTIO_STEP_MARKER)));
+    /* A pinned step is kept by retention; unpinned it goes, marker first (nothing of it left). */
+    ckptio_step_pin *pin = NULL;
+    T_OK(ckptio_steps_pin(root, 200, &pin));
+    T_ASSERT(ckptio_steps_remove(root, 200) == CKPTIO_E_BUSY);
+    T_OK(ckptio_steps_retain(e, root, 1, 0, &removed, &nremoved));
+    /* keep_last 1 keeps 400 (it passes the FAST check: sizes, not bytes); 100 holds an alien, 200 is pinned */
+    T_ASSERT_MSG(nremoved == 1 && removed[0] == 300, "%zu removed", nremoved);
+    ckptio_steps_list_free(removed);
+    ckptio_steps_unpin(pin);
+    T_OK(ckptio_steps_retain(e, root, 1, 0, &removed, &nremoved));
+    T_ASSERT(nremoved == 1 && removed[0] == 200);
+    ckptio_steps_list_free(removed);
+    T_ASSERT(ckptio_steps_check(NULL, root, 200, CKPTIO_STEP_CHECK_MARKER, &info) == CKPTIO_E_NOT_FOUND);
+    /* A missing marker's step cannot be pinned. */
+    T_ASSERT(ckptio_steps_pin(root, 200, &pin) == CKPTIO_E_NOT_FOUND);
+    /* The root's lease keeps a second manager out. */
+    ckptio_dcp_lock *a = NULL, *b = NULL;
+    T_OK(ckptio_dcp_lock_acquire(root, NULL, CKPTIO_DCP_LOCK_QUEUED, 0, NULL, NULL, &a));
+    T_ASSERT(ckptio_dcp_lock_acquire(root, NULL, CKPTIO_DCP_LOCK_QUEUED, 0, NULL, NULL, &b) == CKPTIO_E_BUSY);
+    T_OK(ckptio_dcp_lock_release(a));
+    /* The lease object is no step and no alien of the root: 100, 400 and the foreign 600 are left. */
+    T_OK(ckptio_steps_scan(root, &steps, &n));
+    T_ASSERT(n == 3 && steps[0].step == 100 && steps[1].step == 400 && steps[2].step == 600);
+    ckptio_steps_free(steps);
+    ckptio_engine_destroy(e);
+}
+
+/* ---- hostile listings ------------------------------------------------------------------- */
+
+static void write_text(const char *path, const char *text) { t_write_file(path, text, strlen(text)); }
+
+static void test_hostile_listings(void) {
+    ckptio_engine *e = s3_test_engine();
+    const char *root = s3_url("hostile");
+    const char *key = s3_key_of(root);
+    snprintf(upstream, sizeof upstream, "%s", getenv("AWS_ENDPOINT_URL"));
+    /* A listing naming a key outside the prefix asked for: the listing fails, naming that key. */
+    char doc[4096], rule[1400];
+    const char *file = t_path("outside.xml");
+    snprintf(doc, sizeof doc,
+             "<?xml version=\"1.0\"?><ListBucketResult><Name>%s</Name><Prefix>%s/</Prefix><KeyCount>1</KeyCount>"
+             "<IsTruncated>false</IsTruncated><CommonPrefixes><Prefix>etc/step_00000001/</Prefix></CommonPrefixes>"
+             "<Contents><Key>etc/passwd</Key><Size>5</Size><ETag>\"x\"</ETag>"
+             "<LastModified>2024-01-01T00:00:00.000Z</LastModified></Contents></ListBucketResult>",
+             s3_test_bucket(), key);
+    write_text(file, doc);
+    snprintf(rule, sizeof rule, "GET:list-type:answer:%s:100", file);
+    const char *rules[] = {rule, NULL};
+    proxy_start(rules);
+    ckptio_step_info *steps = NULL;
+    size_t n = 0;
+    T_ASSERT(ckptio_steps_scan(root, &steps, &n) == CKPTIO_E_FORMAT);
+    T_ASSERT_MSG(strstr(ckptio_last_error_message(), "s3://ckptio-test/etc/") &&
+                     strstr(ckptio_last_error_message(), "not under the prefix"),
+                 "%s", ckptio_last_error_message());
+    ckptio_model *m = NULL;
+    T_ASSERT(ckptio_model_open(e, root, 0, &m) != CKPTIO_OK);
+    char **names = NULL;
+    char note[64];
+    T_ASSERT(ckptio_dcp_stale_files(root, NULL, 0, NULL, &names, &n, note, sizeof note) == CKPTIO_E_FORMAT);
+    proxy_stop("answer");
+    /* Names no file can have under the prefix ('..', control bytes, a subdirectory): never shards, never
+     * removed, and a step holding one is left whole. */
+    const char *step = step_file(root, 7, "");
+    put_fixture(e, step);
+    put(e, in(step, CKPTIO_STEP_BEGUN), "", 0);
+    char odd[64];
+    snprintf(odd, sizeof odd, "a\x01%s", "b.distcp");
+    put(e, in(step, odd), "x", 1);
+    T_ASSERT(ckptio_steps_remove(root, 7) == CKPTIO_E_UNSUPPORTED);
+    T_ASSERT_MSG(strstr(ckptio_last_error_message(), "control bytes"), "%s", ckptio_last_error_message());
+    T_ASSERT(exists(e, in(step, ".metadata")));
+    T_OK(ckptio_object_delete(e, in(step, odd)));
+    put(e, in(step, "sub/__0_0123456789ab_0.distcp"), "x", 1);
+    T_ASSERT(ckptio_steps_remove(root, 7) == CKPTIO_E_UNSUPPORTED);
+    T_ASSERT_MSG(strstr(ckptio_last_error_message(), "'sub'"), "%s", ckptio_last_error_message());
+    /* Keys that are '..' and '.' under a model prefix are not shards and never opened. */
+    const char *hf = s3_url("hf-dots");
+    const char *names1[] = {"w"};
+    save_shard(e, in(hf, "w.safetensors"), names1, 1, 10, 3);
+    put(e, in(hf, "../escape.safetensors"), "x", 1);
+    T_OK(ckptio_model_open(e, hf, 0, &m)); /* the one plain name is the model */
+    size_t shards = 0;
+    T_OK(ckptio_model_shard_count(m, &shards));
+    T_ASSERT(shards == 1);
+    T_OK(ckptio_model_close(m));
+    ckptio_engine_destroy(e);
+}
+
+int main(void) {
+    s3_test_bucket();
+    T_RUN(test_format_probe);
+    T_RUN(test_hf_prefix);
+    T_RUN(test_dcp_reader);
+    T_RUN(test_dcp_commit_steps);
+    T_RUN(test_dcp_lease);
+    T_RUN(test_steps);
+    T_RUN(test_hostile_listings);
+    return T_EXIT_PASS;
+}
