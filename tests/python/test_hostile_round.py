@@ -35,6 +35,7 @@ import torch.distributed.checkpoint as dcp  # noqa: E402
 import ckptio  # noqa: E402
 import ckptio.dcp as cdcp  # noqa: E402
 from conftest import CKPTIO_CLI, requires_cli  # noqa: E402
+from test_dcp_hostile import zstd_rle_frame  # noqa: E402
 
 pytestmark = pytest.mark.filterwarnings("ignore")
 PKG_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(ckptio.__file__)))
@@ -240,17 +241,6 @@ def _info(md, fqn):
     return next(v for k, v in md.storage_data.items() if k.fqn == fqn)
 
 
-def _rle_zeros_frame(size):
-    """An honest zstd frame of `size` zero bytes (its size declared in the header), in RLE blocks."""
-    head = struct.pack("<IB", 0xFD2FB528, 0xE0) + struct.pack("<Q", size)
-    blocks, left = [], size
-    while left:
-        n = min(128 << 10, left)
-        left -= n
-        blocks.append(struct.pack("<I", (n << 3) | (1 << 1) | (left == 0))[:3] + b"\0")
-    return head + b"".join(blocks)
-
-
 @requires_cli
 def test_hostile_sizes_are_refused_in_bounded_time(tmp_path):
     path = tmp_path / "c"
@@ -258,7 +248,7 @@ def test_hostile_sizes_are_refused_in_bounded_time(tmp_path):
         path, _extensions=[cdcp.ZStandard()]), no_dist=True)
     md = _md(path)
     # A byte item that decompresses to 4 GiB of zeros from 128 KB.
-    frame = _rle_zeros_frame(4 << 30)
+    frame = zstd_rle_frame(4 << 30, declare=True)
     (path / "bomb.distcp").write_bytes(frame)
     info = _info(md, "step")
     info.relative_path, info.offset, info.length = "bomb.distcp", 0, len(frame)
