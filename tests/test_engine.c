@@ -225,6 +225,8 @@ static void test_large_extents(void) {
     /* Cold reads with O_DIRECT (the read policy would send this small file
      * through the page cache: test_read_policy.c). */
     T_OK(ckptio_engine_set(e, CKPTIO_OPT_READ_CACHE, CKPTIO_READ_CACHE_OFF));
+    /* Writes with O_DIRECT likewise (a save this small would stay in the page cache). */
+    T_OK(ckptio_engine_set(e, CKPTIO_OPT_WRITE_CACHE, CKPTIO_WRITE_CACHE_OFF));
     const char *path = t_path("large.bin");
     ckptio_file *f;
     ckptio_plan *p;

@@ -116,6 +116,11 @@ static void record_error(exec *x, ckptio_status st) {
     atomic_store(&x->stop, 1);
 }
 
+/* The copies and observers of a worker touch the caller's memory, which may
+ * be a mapped file: they run guarded (src/io/mapped_guard.c), and a page the
+ * file lost is CKPTIO_E_TRUNCATED naming the file and the extent. */
+static void extent_subject(char *buf, size_t cap, size_t extent) { snprintf(buf, cap, "extent %zu", extent); }
+
 static void exec_tick(void *arg) {
     exec *x = arg;
     if (atomic_load(&x->stop)) return;
@@ -242,6 +247,10 @@ static bool claim(worker *w) {
     if (c->dfd >= 0 && x->dir == CKPTIO_READ && x->direct_mode == CKPTIO_DIRECT_AUTO &&
         ckptio__read_buffered(e->file, c->pos, c->end - c->pos))
         c->dfd = -1;
+    /* Small saves stay in the page cache for the load that follows (read_policy.c). */
+    if (c->dfd >= 0 && x->dir == CKPTIO_WRITE && x->direct_mode == CKPTIO_DIRECT_AUTO &&
+        ckptio__write_buffered(e->file))
+        c->dfd = -1;
     return true;
 }
 
@@ -311,8 +320,18 @@ static int next_op(worker *w, xop *op) {
             op->slot = s;
             io->buf = w->slot->bounce + (size_t)s * w->slot_size;
             io->buf_index = w->slot->bounce_registered ? 0 : -1;
-            if (x->dir == CKPTIO_WRITE) memcpy(io->buf, mem, take);
-            else op->user = mem;
+            if (x->dir == CKPTIO_WRITE) {
+                char subject[48];
+                extent_subject(subject, sizeof subject, c->extent);
+                const ckptio_status st = ckptio__guarded_copy(io->buf, mem, take, subject);
+                if (st != CKPTIO_OK) {
+                    give_slot(w, s);
+                    record_error(x, st);
+                    return -2;
+                }
+            } else {
+                op->user = mem;
+            }
         }
         io->len = io->need = take;
     }
@@ -331,9 +350,22 @@ static void finish(worker *w, xop *op) {
         snprintf(what, sizeof what, "extent %zu (%s, %s)", op->extent, w->be->name,
                  op->slot >= 0 ? "O_DIRECT through a bounce buffer" : io->direct ? "O_DIRECT" : "buffered");
         if (!io->err) io->eof = true;
-        record_error(x, ckptio__file_op_status(x->plan->ext[op->extent].file, io, what));
+        const ckptio_extent *e = &x->plan->ext[op->extent];
+        /* The kernel's copy from or to a mapped file that lost its pages:
+         * EFAULT, said as what it is when a ckptio mapping holds the memory. */
+        char subject[48];
+        extent_subject(subject, sizeof subject, op->extent);
+        if (io->err != EFAULT || ckptio__mapped_check(e->memory, e->length, subject) == CKPTIO_OK)
+            record_error(x, ckptio__file_op_status(e->file, io, what));
+        else
+            record_error(x, CKPTIO_E_TRUNCATED);
     } else {
-        if (op->user) memcpy(op->user, io->buf + op->skip, op->user_len);
+        if (op->user) {
+            char subject[48];
+            extent_subject(subject, sizeof subject, op->extent);
+            const ckptio_status st = ckptio__guarded_copy(op->user, io->buf + op->skip, op->user_len, subject);
+            if (st != CKPTIO_OK) record_error(x, st);
+        }
         if (op->slot >= 0) w->st.bytes_bounced += op->user_len;
         atomic_fetch_add(&x->bytes_done, op->user_len);
     }
@@ -342,7 +374,8 @@ static void finish(worker *w, xop *op) {
 }
 
 /* Observes the task the worker just submitted completely (see 4. above). */
-static void observe_task(worker *w) {
+static void observe_task_run(void *arg) {
+    worker *w = arg;
     const ckptio__observer *obs = &w->x->plan->observer;
     const ckptio_extent *e = w->c.x;
     w->observe = false;
@@ -356,6 +389,14 @@ static void observe_task(worker *w) {
         ckptio__observe_range(obs, w->c.extent, e, e->file_offset + b, e->file_offset + b + len,
                               (const unsigned char *)e->memory + b);
     }
+}
+
+static void observe_task(worker *w) {
+    const ckptio_extent *e = w->c.x;
+    char subject[48];
+    extent_subject(subject, sizeof subject, w->c.extent);
+    const ckptio_status st = ckptio__guarded_call(observe_task_run, w, e->memory, e->length, subject);
+    if (st != CKPTIO_OK) record_error(w->x, st);
 }
 
 static void worker_main(void *arg, unsigned index) {
@@ -661,6 +702,8 @@ ckptio_status ckptio_engine_execute(ckptio_engine *e, const ckptio_plan *p) {
     if (p->dir == CKPTIO_WRITE) {
         st = extend_written_files(p);
         if (st != CKPTIO_OK) goto out;
+        if (ckptio__engine_setting(e, CKPTIO_OPT_DIRECT) == CKPTIO_DIRECT_AUTO)
+            ckptio__write_policy_apply(e, p->ext, p->count);
     }
     if (x.nhost) {
         st = run_host(&x);
