@@ -8,14 +8,17 @@
  * a chain through every kind of output (DCP, Hugging Face, torch.save,
  * safetensors) brings back every byte, each output read by ckptio's own
  * reader of that kind (the peers read them in tests/python/test_convert_matrix.py),
- * and what cannot be written is refused before anything is.
+ * and what cannot be written is refused before anything is; a killed
+ * conversion's directory temporary is removed by the cleaner once it is dead.
  */
 #include "helpers.h"
 
 #include <fcntl.h>
 #include <string.h>
+#include <signal.h>
 #include <sys/resource.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #define N 3
@@ -313,6 +316,122 @@ static void test_expanded_views_are_written_in_bounded_memory(void) {
     unlink(out);
 }
 
+/* A conversion killed half-way leaves its directory temporary: `ckptio
+ * clean` (ckptio_cleanup_temporaries) keeps it while the converter lives
+ * (its flocked lock file) and removes it once it is dead; a directory named
+ * like a temporary that nothing proves is ckptio's (no lock file, a lock
+ * file that is a symlink, or anything but regular files inside) is left
+ * whole, and a finished output carries no lock file. */
+static int ready_fd = -1, hold_fd = -1;
+
+static int stop_after_first_plan(uint64_t done, uint64_t total, void *user) {
+    (void)user;
+    if (done == total) {
+        char c;
+        if (write(ready_fd, "x", 1) != 1) _exit(5);
+        (void)!read(hold_fd, &c, 1); /* killed here, mid-conversion (or the test died: EOF) */
+        _exit(6);
+    }
+    return 0;
+}
+
+static void plant_dir(const char *dir, const char *lock_target, bool with_subdir) {
+    char p[1024];
+    T_ASSERT(mkdir(dir, 0777) == 0);
+    snprintf(p, sizeof p, "%s/shard.safetensors", dir);
+    t_write_file(p, "precious", 8);
+    snprintf(p, sizeof p, "%s/.ckptio-tmp-dir.lock", dir);
+    if (lock_target) T_ASSERT(symlink(lock_target, p) == 0);
+    else if (with_subdir) t_write_file(p, "", 0);
+    if (with_subdir) {
+        snprintf(p, sizeof p, "%s/sub", dir);
+        T_ASSERT(mkdir(p, 0777) == 0);
+    }
+}
+
+static void test_killed_conversion_is_cleaned_once_dead(void) {
+    ckptio_tensor_source src[N];
+    int64_t shape;
+    sources(src, &shape);
+    const char *top = t_path("killed_convert");
+    T_ASSERT(mkdir(top, 0777) == 0);
+    char in[1024], out[1024];
+    snprintf(in, sizeof in, "%s/in.safetensors", top);
+    snprintf(out, sizeof out, "%s/out_hf", top);
+    T_OK(ckptio_safetensors_save(engine, in, src, N, NULL, 0, 0));
+    int pipefd[2], hold[2];
+    T_ASSERT(pipe(pipefd) == 0 && pipe(hold) == 0);
+    const pid_t pid = fork();
+    T_ASSERT(pid >= 0);
+    if (pid == 0) {
+        close(pipefd[0]);
+        close(hold[1]);
+        ready_fd = pipefd[1];
+        hold_fd = hold[0];
+        ckptio_engine *e = NULL;
+        if (ckptio_engine_create(&e) || ckptio_engine_set_progress(e, stop_after_first_plan, NULL)) _exit(3);
+        const ckptio_convert_options o = {.to = CKPTIO_CONVERT_HF, .shard_size = sizeof data[0]};
+        ckptio_convert(e, in, out, &o, NULL);
+        _exit(4); /* never: the progress callback waits to be killed */
+    }
+    close(pipefd[1]);
+    close(hold[0]);
+    char c;
+    T_ASSERT(read(pipefd[0], &c, 1) == 1);
+    close(pipefd[0]);
+    T_ASSERT(t_count_entries(top, ".out_hf.ckptio-tmp-") == 1 && !t_file_exists(out));
+    /* Planted beside it: directories named like temporaries that nothing proves are a dead builder's. */
+    char bare[1024], linked[1024], mixed[1024], victim[1024];
+    snprintf(bare, sizeof bare, "%s/.b.ckptio-tmp-BBBBBB", top);
+    snprintf(linked, sizeof linked, "%s/.l.ckptio-tmp-LLLLLL", top);
+    snprintf(mixed, sizeof mixed, "%s/.m.ckptio-tmp-MMMMMM", top);
+    snprintf(victim, sizeof victim, "%s/victim", top);
+    t_write_file(victim, "", 0);
+    plant_dir(bare, NULL, false);
+    plant_dir(linked, victim, false);
+    plant_dir(mixed, NULL, true);
+    ckptio_cleanup_report r;
+    /* The converter lives: its directory is busy and kept. */
+    T_OK(ckptio_cleanup_temporaries(top, NULL, 0, &r));
+    T_ASSERT_MSG(r.removed == 0 && r.busy == 1 && r.ignored == 3, "removed %zu busy %zu ignored %zu", r.removed,
+                 r.busy, r.ignored);
+    T_ASSERT(t_count_entries(top, ".out_hf.ckptio-tmp-") == 1);
+    T_ASSERT(kill(pid, SIGKILL) == 0);
+    int ws;
+    T_ASSERT(waitpid(pid, &ws, 0) == pid && WIFSIGNALED(ws));
+    close(hold[1]);
+    /* Dead: removed (the kernel may take a moment to drop a killed process's lock). */
+    for (int tries = 0; tries < 200; tries++) {
+        T_OK(ckptio_cleanup_temporaries(top, NULL, 0, &r));
+        if (r.removed) break;
+        usleep(10000);
+    }
+    T_ASSERT_MSG(r.removed == 1 && r.bytes_freed > 0 && r.busy == 0 && r.ignored == 3,
+                 "removed %zu busy %zu ignored %zu", r.removed, r.busy, r.ignored);
+    T_ASSERT(t_count_entries(top, ".out_hf.ckptio-tmp-") == 0 && !t_file_exists(out));
+    /* The planted ones are whole. */
+    const char *const planted[] = {bare, linked, mixed};
+    for (size_t k = 0; k < 3; k++) {
+        char p[1100];
+        snprintf(p, sizeof p, "%s/shard.safetensors", planted[k]);
+        size_t len;
+        char *kept = t_read_file(p, &len);
+        T_ASSERT_MSG(len == 8 && memcmp(kept, "precious", 8) == 0, "%s", p);
+        free(kept);
+    }
+    struct stat sb;
+    char p[1100];
+    snprintf(p, sizeof p, "%s/sub", mixed);
+    T_ASSERT(lstat(p, &sb) == 0 && S_ISDIR(sb.st_mode));
+    snprintf(p, sizeof p, "%s/.ckptio-tmp-dir.lock", linked);
+    T_ASSERT(lstat(p, &sb) == 0 && S_ISLNK(sb.st_mode) && t_file_exists(victim));
+    /* A finished conversion: its output carries no lock file, and clean leaves it alone. */
+    const ckptio_convert_options o = {.to = CKPTIO_CONVERT_HF, .shard_size = sizeof data[0]};
+    T_OK(ckptio_convert(engine, in, out, &o, NULL));
+    T_ASSERT(t_count_entries(out, "ckptio-tmp") == 0 && t_count_entries(top, ".out_hf.ckptio-tmp-") == 0);
+    check_model(out);
+}
+
 int main(void) {
     T_OK(ckptio_engine_create(&engine));
     T_RUN(test_convert_chain_through_every_kind);
@@ -321,6 +440,7 @@ int main(void) {
     T_RUN(test_safetensors_to_torch_reads_back);
     T_RUN(test_input_truncated_between_tensors);
     T_RUN(test_expanded_views_are_written_in_bounded_memory);
+    T_RUN(test_killed_conversion_is_cleaned_once_dead);
     ckptio_engine_destroy(engine);
     return T_EXIT_PASS;
 }

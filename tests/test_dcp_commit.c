@@ -555,6 +555,43 @@ static void test_recheck_keeps_what_is_referenced_now(void) {
     T_ASSERT(removed == 0);
 }
 
+/* Only regular files are removed: a symlink under a data file's name loses
+ * nothing (neither the link nor its target), a directory or FIFO under such
+ * a name stays, each is named in the note, and the commit succeeds. */
+static void test_only_regular_files_are_removed(void) {
+    const char *dir = setup("not_regular");
+    const char *outside = t_path("not_regular_target.bin");
+    t_write_file(outside, "precious", 8);
+    T_ASSERT(symlink(outside, in(dir, "__5_0123456789ab_0.distcp")) == 0);
+    T_ASSERT(mkdir(in(dir, "__6_0123456789ab_0.distcp"), 0755) == 0);
+    put(dir, "__6_0123456789ab_0.distcp/inside", "x", 1);
+    T_ASSERT(mkfifo(in(dir, ".ckptio-manifest-0123456789ab.json"), 0600) == 0);
+    ckptio_dcp_commit_result r;
+    T_OK(commit_with(dir, CKPTIO_DCP_SYNC | CKPTIO_DCP_CLEANUP, NULL, NULL, &r));
+    T_ASSERT_MSG(strstr(r.note, "'__5_0123456789ab_0.distcp' alone: a symlink") &&
+                     strstr(r.note, "'__6_0123456789ab_0.distcp' alone: a directory") &&
+                     strstr(r.note, "'.ckptio-manifest-0123456789ab.json' alone: not a regular file"),
+                 "note: %s", r.note);
+    struct stat sb;
+    T_ASSERT(lstat(in(dir, "__5_0123456789ab_0.distcp"), &sb) == 0 && S_ISLNK(sb.st_mode));
+    T_ASSERT(same_file(outside, "precious", 8) && same_file(in(dir, "__6_0123456789ab_0.distcp/inside"), "x", 1));
+    T_ASSERT(lstat(in(dir, ".ckptio-manifest-0123456789ab.json"), &sb) == 0 && S_ISFIFO(sb.st_mode));
+    T_ASSERT(!t_file_exists(in(dir, OLD_DATA)) && same_file(in(dir, ".metadata"), new_md, new_md_len));
+    /* A list taken earlier that names them (the background removal): left alone too, no error. */
+    const char *const list[] = {"__5_0123456789ab_0.distcp", "__6_0123456789ab_0.distcp"};
+    size_t removed = 9;
+    char note[1024];
+    T_OK(ckptio_dcp_remove_files(dir, list, 2, CKPTIO_DCP_SYNC, NULL, &removed, note, sizeof note));
+    T_ASSERT_MSG(removed == 0 && strstr(note, "a symlink") && strstr(note, "a directory"), "%zu: %s", removed, note);
+    T_ASSERT(lstat(in(dir, "__5_0123456789ab_0.distcp"), &sb) == 0 && S_ISLNK(sb.st_mode));
+    T_ASSERT(same_file(in(dir, "__6_0123456789ab_0.distcp/inside"), "x", 1));
+    unlink(in(dir, "__5_0123456789ab_0.distcp"));
+    unlink(in(dir, "__6_0123456789ab_0.distcp/inside"));
+    rmdir(in(dir, "__6_0123456789ab_0.distcp"));
+    unlink(in(dir, ".ckptio-manifest-0123456789ab.json"));
+    unlink(outside);
+}
+
 /* ---- attributes ----------------------------------------------------------------------- */
 
 static unsigned mode_of(const char *path) {
@@ -773,6 +810,7 @@ int main(void) {
     T_RUN(test_unreadable_metadata_keeps_everything);
     T_RUN(test_committed_metadata_is_not_unpickled);
     T_RUN(test_recheck_keeps_what_is_referenced_now);
+    T_RUN(test_only_regular_files_are_removed);
     T_RUN(test_new_files_take_the_checkpoints_mode);
     T_RUN(test_bad_arguments);
     T_RUN(test_lock_busy_and_shared);

@@ -229,6 +229,88 @@ static void test_damage(void) {
     ckptio_steps_free(skipped);
 }
 
+/* A check that fails for a reason that is not damage (an I/O error, memory,
+ * a permission, a cancel) is an error naming the step, never DAMAGED: the
+ * walk does not go on to an older step and nothing is replaced. Every read
+ * and open of a FULL check of the newest step fails in turn. */
+typedef struct check_fault {
+    ckptio__io_kind kind;
+    int err;
+    ckptio_status status;
+} check_fault;
+
+static void test_failed_checks_are_not_damage(void) {
+    const char *root = new_root();
+    save_step(root, 10);
+    save_step(root, 20);
+    static const check_fault cases[] = {{CKPTIO__IO_READ, EIO, CKPTIO_E_IO},
+                                        {CKPTIO__IO_READ, ENOMEM, CKPTIO_E_NOMEM},
+                                        {CKPTIO__IO_OPEN, EIO, CKPTIO_E_IO},
+                                        {CKPTIO__IO_OPEN, EACCES, CKPTIO_E_PERMISSION},
+                                        {CKPTIO__IO_OPEN, EMFILE, CKPTIO_E_IO}};
+    unsigned fired_total = 0;
+    for (size_t k = 0; k < sizeof cases / sizeof *cases; k++) {
+        for (uint64_t nth = 1;; nth++) {
+            T_ASSERT(nth < 200);
+            ckptio_step_info info;
+            ckptio__io_inject(cases[k].kind, nth, cases[k].err, 0, false);
+            const ckptio_status st = ckptio_steps_check(engine, root, 20, CKPTIO_STEP_CHECK_FULL, &info);
+            const bool fired = ckptio__io_inject_countdown(cases[k].kind) == 0;
+            ckptio__io_inject_reset();
+            if (!fired) {
+                T_OK(st);
+                T_ASSERT(info.state == CKPTIO_STEP_COMPLETE);
+                break;
+            }
+            fired_total++;
+            /* Either the request was retried or served otherwise (complete), or the check failed with the cause. */
+            if (st == CKPTIO_OK) {
+                T_ASSERT_MSG(info.state == CKPTIO_STEP_COMPLETE, "%s at %s request %llu: classified %d: %s",
+                             strerror(cases[k].err), cases[k].kind == CKPTIO__IO_READ ? "read" : "open",
+                             (unsigned long long)nth, (int)info.state, info.reason);
+                continue;
+            }
+            T_ASSERT_MSG(st == cases[k].status, "status %d, expected %d: %s", (int)st, (int)cases[k].status,
+                         ckptio_last_error_message());
+            T_MESSAGE_HAS("step 20 (");
+            T_MESSAGE_HAS(": check: ");
+            T_ASSERT(ckptio_last_error()->sys_errno == cases[k].err);
+            /* latest fails the same way instead of taking step 10. */
+            uint64_t step = 7;
+            size_t nskipped = 9;
+            ckptio_step_info *skipped = NULL;
+            ckptio__io_inject(cases[k].kind, nth, cases[k].err, 0, false);
+            const ckptio_status lst = ckptio_steps_latest(engine, root, CKPTIO_STEP_CHECK_FULL, &step, &skipped,
+                                                          &nskipped);
+            ckptio__io_inject_reset();
+            T_ASSERT_MSG(lst == cases[k].status && step == 7, "latest: status %d, step %llu: %s", (int)lst,
+                         (unsigned long long)step, ckptio_last_error_message());
+            T_ASSERT(nskipped == 0);
+            ckptio_steps_free(skipped);
+        }
+    }
+    T_ASSERT(fired_total >= 5);
+    printf("# check: %u injected faults fired\n", fired_total);
+
+    /* A cancel (ckptio_interrupt) during a FULL check: E_CANCELED, not damage. */
+    T_OK(ckptio_interrupt(1));
+    ckptio_step_info info;
+    const ckptio_status st = ckptio_steps_check(engine, root, 20, CKPTIO_STEP_CHECK_FULL, &info);
+    uint64_t step = 7;
+    const ckptio_status lst = ckptio_steps_latest(engine, root, CKPTIO_STEP_CHECK_FULL, &step, NULL, NULL);
+    T_OK(ckptio_interrupt(0));
+    T_ASSERT_MSG(st == CKPTIO_E_CANCELED, "status %d: %s", (int)st, ckptio_last_error_message());
+    T_ASSERT(lst == CKPTIO_E_CANCELED && step == 7);
+    /* Nothing was lost on their account: both steps are complete. */
+    T_ASSERT(check(root, 20, CKPTIO_STEP_CHECK_FULL).state == CKPTIO_STEP_COMPLETE);
+    T_ASSERT(check(root, 10, CKPTIO_STEP_CHECK_FULL).state == CKPTIO_STEP_COMPLETE);
+    /* Proven damage still is damage, with the status that proves it. */
+    flip_byte(step_file(root, 20, DATA0), 1000);
+    info = check(root, 20, CKPTIO_STEP_CHECK_FULL);
+    T_ASSERT(info.state == CKPTIO_STEP_DAMAGED && info.status == CKPTIO_E_CHECKSUM);
+    T_ASSERT(check(root, 10, CKPTIO_STEP_CHECK_FULL).status == CKPTIO_OK);
+}
+
 /* ---- begin, remove, clean, retention --------------------------------------------------- */
 
 static void test_begin_clean(void) {
@@ -417,9 +499,9 @@ static bool retain_with_fault(const fault_case *f, uint64_t nth) {
     snprintf(what, sizeof what, "retention, %s at request %llu", f->label, (unsigned long long)nth);
     if (st != CKPTIO_OK) {
         const char *msg = ckptio_last_error_message();
-        /* The scan's own listing fails before any step is named. */
+        /* The scan's own listing fails before any step is named; a failed check names its step. */
         T_ASSERT_MSG(((has(msg, "step 10 (") || has(msg, "step 20 (")) && has(msg, ": remove: ")) ||
-                         has(msg, "listing the steps"),
+                         has(msg, "listing the steps") || has(msg, ": check: "),
                      "%s: %s", what, msg);
     }
     /* Whatever happened, the newest steps are intact. */
@@ -448,6 +530,7 @@ int main(void) {
     T_RUN(test_scan);
     T_RUN(test_marker_parse);
     T_RUN(test_damage);
+    T_RUN(test_failed_checks_are_not_damage);
     T_RUN(test_begin_clean);
     T_RUN(test_retention);
     T_RUN(test_faults_commit);

@@ -650,7 +650,9 @@ typedef struct ckptio_dcp_committed {
  * be NULL, spares re-reading the one just written). When one cannot be
  * read (a symlink, FIFO, garbage, a pickle outside the allowlist), it
  * might reference any file: only temporaries are listed and note[0..cap)
- * says why (else it is ""). *names (sorted, *count of them) is freed with
+ * says why (else it is ""). Only regular files are listed (lstat): a
+ * symlink, directory or FIFO under such a name is left alone and the note
+ * names it. *names (sorted, *count of them) is freed with
  * ckptio_dcp_names_free. An I/O error fails; nothing is removed here. */
 CKPTIO_API ckptio_status ckptio_dcp_stale_files(const char *dir, const char *const *keep, size_t nkeep,
                                                 const ckptio_dcp_committed *committed, char ***names, size_t *count,
@@ -670,7 +672,9 @@ CKPTIO_API void ckptio_dcp_names_free(char **names, size_t count);
  * reuses names and takes no lock, such as torch's); `note` as in
  * ckptio_dcp_stale_files. A failed unlink does not stop the others: the
  * first is returned after the directory fsync (whose own failure comes
- * first). *removed (may be NULL) counts the files removed. */
+ * first). Only a regular file is unlinked (checked with lstat): anything
+ * else under a name is left where it is and named in `note`, not an error.
+ * *removed (may be NULL) counts the files removed. */
 CKPTIO_API ckptio_status ckptio_dcp_remove_files(const char *dir, const char *const *names, size_t count,
                                                  unsigned flags, const ckptio_dcp_committed *committed,
                                                  size_t *removed, char *note, size_t note_cap);

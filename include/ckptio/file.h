@@ -122,7 +122,7 @@ typedef struct ckptio_cleanup_report {
     size_t busy;           /* kept: a live writer holds them, or they cannot be checked */
     size_t young;          /* kept: modified less than min_age_seconds ago */
     size_t ignored;        /* names that match but are not regular files (symlinks,
-                            * directories): never followed, never removed */
+                            * directories not proven a dead conversion's): never followed, never removed */
 } ckptio_cleanup_report;
 
 /*! ckptio_cleanup_temporaries() :
@@ -133,8 +133,11 @@ typedef struct ckptio_cleanup_report {
  * temporary. Also kept: those modified less than `min_age_seconds` ago
  * (0 = no age rule). `name` limits the scan to the temporaries of one file
  * (NULL = all). Symlinks are never followed; the directory is not
- * searched recursively. Every atomic save already does this for its own
- * NAME before creating its temporary. A failure to remove one temporary is
+ * searched recursively. One kind of directory is removed: the directory
+ * temporary of a directory output (ckptio_convert), once the lock file its
+ * builder flocks proves the builder dead and it holds only regular files.
+ * Every atomic save already does this for its own NAME before creating its
+ * temporary. A failure to remove one temporary is
  * reported (CKPTIO_E_PERMISSION, ...) after the others were tried. When
  * something was removed, the directory is fsynced once (whatever the
  * engines' CKPTIO_OPT_SYNC), so a power loss cannot bring the files back; a

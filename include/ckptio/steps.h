@@ -88,6 +88,9 @@ typedef struct ckptio_step_info {
     size_t files;        /* their count */
     char reason[1024];   /* PARTIAL / DAMAGED / FOREIGN / REFUSED: why, in one line; COMPLETE: "", or why removal
                           * leaves the step alone (it holds an entry the manager does not make) */
+    ckptio_status status; /* DAMAGED: what the failed check found (CKPTIO_E_FORMAT, _CHECKSUM, _TRUNCATED,
+                           * _STALE, _NOT_FOUND); REFUSED: the reader's refusal (CKPTIO_E_DISALLOWED, _UNSUPPORTED,
+                           * _RANGE); otherwise CKPTIO_OK */
 } ckptio_step_info;
 
 /*! ckptio_steps_dir_name() : "step_%08llu" of `step` into out[0..cap)
@@ -108,9 +111,13 @@ CKPTIO_API void ckptio_steps_free(ckptio_step_info *steps);
 /*! ckptio_steps_check() :
  * Classifies step `step` of ROOT with `check` into *out (the state and
  * reason; the reason of a failed check is the check's error message). A
- * damaged step is a result, not a failure: CKPTIO_OK. Failures are bad
- * arguments (an engine is required for FAST and FULL), out of memory and
- * a step that does not exist (CKPTIO_E_NOT_FOUND). */
+ * damaged step is a result, not a failure: CKPTIO_OK. Only proven damage
+ * is DAMAGED (a marker, .metadata or item that does not parse or match, a
+ * size, a checksum, a file missing or not a regular file); a check that
+ * fails for any other reason (an I/O error, out of memory, a cancel through
+ * ckptio_interrupt, a permission) says nothing about the step and fails with
+ * that error. Failures are also bad arguments (an engine is required for
+ * FAST and FULL) and a step that does not exist (CKPTIO_E_NOT_FOUND). */
 CKPTIO_API ckptio_status ckptio_steps_check(ckptio_engine *engine, const char *root, uint64_t step,
                                             ckptio_step_check check, ckptio_step_info *out);
 
@@ -118,7 +125,9 @@ CKPTIO_API ckptio_status ckptio_steps_check(ckptio_engine *engine, const char *r
  * The newest step of ROOT that is COMPLETE under `check` (*step); steps
  * newer than it go to *skipped (newest first, *nskipped of them, each with
  * its state and reason; free with ckptio_steps_free; both may be NULL).
- * No such step: CKPTIO_E_NOT_FOUND naming ROOT and how many were skipped. */
+ * No such step: CKPTIO_E_NOT_FOUND naming ROOT and how many were skipped.
+ * A check that fails without proving damage (ckptio_steps_check) ends the
+ * walk with its error: no older step is taken on its account. */
 CKPTIO_API ckptio_status ckptio_steps_latest(ckptio_engine *engine, const char *root, ckptio_step_check check,
                                              uint64_t *step, ckptio_step_info **skipped, size_t *nskipped);
 

@@ -385,7 +385,7 @@ class CheckpointManager:
                 return self._pick_named(step, check, pin)
             for _ in range(_LOAD_ATTEMPTS):
                 chosen, skipped = _ckptio.steps_latest(self.root, check, engine=self.engine)
-                for s, state, _, _, reason in skipped:
+                for s, state, _, _, reason, _ in skipped:
                     if (s, state) not in logged:
                         logged.add((s, state))
                         _log.warning("%s: skipping step %d (%s): %s", self.root, s, state, reason)
@@ -450,8 +450,9 @@ class CheckpointManager:
             # load(step=None): without the manager's marker nothing says its save finished.
             _log.warning("%s: loading step %d, which this manager did not write: %s", self.root, step, info[4])
             return step, False
-        if info[1] != "complete":
-            raise make_error(_ckptio.E_FORMAT, "E_FORMAT", 0, 0, "load", self.step_dir(step), -1, None,
+        if info[1] != "complete":  # the failed check's own status (a refusal's E_DISALLOWED, damage's E_CHECKSUM)
+            status = info[5] or _ckptio.E_FORMAT
+            raise make_error(status, _ckptio.status_name(status), 0, 0, "load", self.step_dir(step), -1, None,
                              f"step {step} ({self.step_dir(step)}) is {info[1]}: {info[4]}", None)
         pin[0] = _ckptio.steps_pin(self.root, step)
         if pin[0] is None:

@@ -19,10 +19,10 @@ static const char *state_name(ckptio_step_state s) {
                                       : "damaged";
 }
 
-/* (step, state, bytes, files, reason) */
+/* (step, state, bytes, files, reason, status): status is the failed check's (damaged, refused), else 0 */
 static PyObject *info_tuple(const ckptio_step_info *i) {
-    return Py_BuildValue("(KsKns)", (unsigned long long)i->step, state_name(i->state), (unsigned long long)i->bytes,
-                         (Py_ssize_t)i->files, i->reason);
+    return Py_BuildValue("(KsKnsi)", (unsigned long long)i->step, state_name(i->state), (unsigned long long)i->bytes,
+                         (Py_ssize_t)i->files, i->reason, (int)i->status);
 }
 
 static PyObject *info_list(const ckptio_step_info *v, size_t n) {

@@ -227,27 +227,18 @@ static size_t tell_losses(const ckptio__convert_source *s, const char *in, ckpti
     return s->values + bytes_lost + meta_lost;
 }
 
-/* ".NAME.ckptio-tmp-XXXXXX" beside `out` (no trailing '/'), created empty
- * (0777 & ~umask, like the mkdir a user would run). */
-static ckptio_status make_temp_dir(const char *out, char *tmp, size_t cap) {
-    const char *slash = strrchr(out, '/');
-    const int dirlen = slash ? (int)(slash - out + 1) : 0;
-    const char *base = slash ? slash + 1 : out;
-    static const char alnum[] = "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789";
-    for (int attempt = 0; attempt < 100; attempt++) {
-        unsigned char r[6];
-        char suffix[7];
-        ckptio__random_bytes(r, sizeof r);
-        for (int i = 0; i < 6; i++) suffix[i] = alnum[r[i] % (sizeof alnum - 1)];
-        suffix[6] = '\0';
-        if ((size_t)snprintf(tmp, cap, "%.*s.%s.ckptio-tmp-%s", dirlen, out, base, suffix) >= cap)
-            return OUT_FAIL(CKPTIO_E_INVAL, out, "path too long");
-        if (mkdir(tmp, 0777) == 0) return CKPTIO_OK;
-        if (errno != EEXIST)
-            return CKPTIO_FAIL_SYS(errno, "mkdir", tmp, -1, "cannot create the directory the output is built in "
-                                   "(nothing was written)");
-    }
-    return OUT_FAIL(CKPTIO_E_EXISTS, out, "no free temporary name beside it");
+/* The directory temporary ".STEM.ckptio-tmp-XXXXXX" beside `out` (no
+ * trailing '/'), created empty but for its flocked lock file (0777 & ~umask,
+ * like the mkdir a user would run): `ckptio clean` removes it once the
+ * conversion is dead (killed), never while it runs. */
+static ckptio_status make_temp_dir(const char *out, char *tmp, size_t cap, int *lock_fd) {
+    const int err = ckptio__temporary_dir_create(out, tmp, cap, lock_fd);
+    if (err == ENAMETOOLONG) return OUT_FAIL(CKPTIO_E_INVAL, out, "path too long");
+    if (err == EEXIST) return OUT_FAIL(CKPTIO_E_EXISTS, out, "no free temporary name beside it");
+    if (err)
+        return CKPTIO_FAIL_SYS(err, "mkdir", tmp, -1, "cannot create the directory the output is built in (nothing "
+                               "was written)");
+    return CKPTIO_OK;
 }
 
 /* Removes the regular files of a temporary directory ckptio made, then the directory. */
@@ -425,8 +416,13 @@ ckptio_status ckptio_convert(ckptio_engine *engine, const char *in, const char *
         st = write_object_dir(engine, &s, final, to, o, &r);
         goto out;
     }
-    if ((st = make_temp_dir(final, tmp, sizeof tmp)) != CKPTIO_OK) goto out;
+    int lock_fd = -1;
+    if ((st = make_temp_dir(final, tmp, sizeof tmp, &lock_fd)) != CKPTIO_OK) goto out;
     st = write_out(engine, &s, tmp, to, o, &r);
+    int err = 0;
+    if (st == CKPTIO_OK && (err = ckptio__temporary_dir_unlock(tmp)) != 0)
+        st = CKPTIO_FAIL_SYS(err, "unlink", tmp, -1, "removing the lock file of the finished output before it is "
+                             "moved into place (nothing was written under %s)", final);
     if (st == CKPTIO_OK && ckptio__rename(tmp, final) != 0)
         st = CKPTIO_FAIL_SYS(errno, "rename", final, -1, "moving the finished output %s into place (nothing was "
                              "written under its name)", tmp);
@@ -434,8 +430,9 @@ ckptio_status ckptio_convert(ckptio_engine *engine, const char *in, const char *
         ckptio__error_saved *saved = ckptio__error_save();
         remove_temp_dir(tmp);
         ckptio__error_restore(saved);
-        goto out;
     }
+    close(lock_fd); /* after the rename or the removal: until then the lock says the directory is in use */
+    if (st != CKPTIO_OK) goto out;
     if (ckptio__engine_setting(engine, CKPTIO_OPT_SYNC)) st = sync_parent(final);
 out:;
     ckptio__error_saved *saved = st != CKPTIO_OK ? ckptio__error_save() : NULL;

@@ -51,7 +51,12 @@ static ckptio_status read_item(ckptio_file *f, const ckptio_dcp_stored *s, const
     if (!*out)
         return IFAIL(CKPTIO_E_NOMEM, ckptio_file_path(f), s->offset, fqn, "out of memory for an item of %llu bytes",
                      (unsigned long long)s->length);
-    return read_range(f, *out, s->length, s->offset);
+    const ckptio_status st = read_range(f, *out, s->length, s->offset);
+    if (st != CKPTIO_OK) { /* a failed read leaves nothing to free: the byte items' caller forwards at once */
+        ckptio__free(*out);
+        *out = NULL;
+    }
+    return st;
 }
 
 /* Bytes read at a time when a storage is only checked for being readable. */

@@ -13,7 +13,10 @@
  * removed and the caller is told why, so it can warn. Temporaries are
  * removed only when no live writer holds them (the flock rule of
  * temporaries.c). Nothing is ever followed: metadata files are opened
- * O_NOFOLLOW | O_NONBLOCK, and only regular files are read.
+ * O_NOFOLLOW | O_NONBLOCK, and only regular files are read. Only regular
+ * files are removed: a symlink, a directory or a FIFO under a DCP writer's
+ * name is no writer's file (a link's target may be anyone's); it is left
+ * where it is and the note names it, and the commit still succeeds.
  *
  * A background removal lists the files at commit and removes them later,
  * without the lock: by then a later save may have committed; it reads the
@@ -261,6 +264,25 @@ out:
     return st;
 }
 
+/* Appends "left NAME alone (WHAT)" to the note, after what it holds. */
+static void note_left_alone(char *note, size_t cap, const char *dir, const char *name, mode_t mode) {
+    if (!note || !cap) return;
+    const size_t len = strnlen(note, cap);
+    if (len + 1 >= cap) return;
+    snprintf(note + len, cap - len, "%s%s: left '%s' alone: %s under a name a DCP writer gives its files, which "
+             "are regular files; it is not removed", len ? "; " : "", dir, name,
+             S_ISLNK(mode) ? "a symlink" : S_ISDIR(mode) ? "a directory" : "not a regular file");
+}
+
+/* The type of `name` in `dir` (lstat: nothing followed); 0 when it is gone or cannot be checked. */
+static mode_t entry_type(const char *dir, const char *name) {
+    char *path = ckptio__dcp_join(dir, name);
+    struct stat sb;
+    const mode_t type = path && lstat(path, &sb) == 0 ? (sb.st_mode & S_IFMT) : 0;
+    ckptio__free(path);
+    return type;
+}
+
 static void set_note(char *note, size_t cap, const char *dir, const char *name, const char *why) {
     if (note && cap)
         snprintf(note, cap, "%s: keeping the files of older saves: %s cannot be read (%s); %s", dir, name, why,
@@ -333,9 +355,17 @@ ckptio_status ckptio_dcp_stale_files(const char *dir, const char *const *keep, s
     if (st == CKPTIO_OK) names_sort(&kept);
     for (size_t i = 0; st == CKPTIO_OK && i < entries.n; i++) {
         const char *name = entries.v[i];
-        if (!names_has(&kept, name) && !names_has(&young, name) && ckptio__dcp_stale_name(name) &&
-            !names_add(&candidates, name))
-            st = CKPTIO_FAIL(CKPTIO_E_NOMEM, "out of memory");
+        if (names_has(&kept, name) || names_has(&young, name) || !ckptio__dcp_stale_name(name)) continue;
+        if (!engine) { /* on a file system (objects are all plain files) */
+            const mode_t type = entry_type(dir, name);
+            if (!type) continue; /* gone meanwhile */
+            if (type != S_IFREG) {
+                /* Temporaries that are not regular files are the cleaner's rule to leave (temporaries.c). */
+                if (!ckptio__dcp_temporary_name(name)) note_left_alone(note, note_cap, dir, name, type);
+                continue;
+            }
+        }
+        if (!names_add(&candidates, name)) st = CKPTIO_FAIL(CKPTIO_E_NOMEM, "out of memory");
     }
     bool known = true;
     if (st == CKPTIO_OK && candidates.n)
@@ -441,7 +471,12 @@ ckptio_status ckptio_dcp_remove_files(const char *dir, const char *const *list, 
             ckptio__free(path);
             continue;
         }
-        const int ret = temporary ? remove_temporary(path) : ckptio__unlink(path) == 0 ? 1 : -1;
+        struct stat sb;
+        int ret = 0;
+        if (temporary) ret = remove_temporary(path);
+        else if (lstat(path, &sb) != 0) ret = errno == ENOENT ? 0 : -1;
+        else if (!S_ISREG(sb.st_mode)) note_left_alone(note, note_cap, dir, name, sb.st_mode);
+        else ret = ckptio__unlink(path) == 0 ? 1 : -1;
         if (ret > 0) removed++;
         else if (ret < 0 && errno != ENOENT && first == CKPTIO_OK)
             first = CKPTIO_FAIL_SYS_NOTE(errno, "unlink", path, "removing a file of an older save; %s",

@@ -11,7 +11,10 @@
  * the manager's: never removed); DAMAGED is a step whose marker or data
  * does not hold up to the check asked for.
  * A damaged step is a result reported with its reason, never an error: the
- * caller goes on to the next older step.
+ * caller goes on to the next older step. Only proven damage is: a check
+ * that fails for another reason (an I/O error, memory, a cancel, a
+ * permission) says nothing about the step, so it is an error, and nothing
+ * is skipped, replaced or removed on its account.
  */
 #include "dcp_commit_internal.h"
 #include "io_internal.h"
@@ -31,6 +34,7 @@ static void set_state(ckptio_step_info *out, ckptio_step_state state, const char
     __attribute__((format(printf, 3, 4)));
 static void set_state(ckptio_step_info *out, ckptio_step_state state, const char *fmt, ...) {
     out->state = state;
+    out->status = state == CKPTIO_STEP_DAMAGED ? CKPTIO_E_FORMAT : CKPTIO_OK;
     va_list ap;
     va_start(ap, fmt);
     vsnprintf(out->reason, sizeof out->reason, fmt, ap);
@@ -145,51 +149,55 @@ ckptio_status ckptio__step_entries_read(const char *dir, bool for_removal, ckpti
 #define PARTIAL_REASON "no commit marker (" CKPTIO_STEP_MARKER "): the save did not finish, or a removal stopped"
 
 /* The marker-level state of the step in DIR; *m receives the marker when
- * the state is COMPLETE. */
-static void marker_state(ckptio_engine *io, const char *dir, uint64_t step, ckptio__step_marker *m,
-                         ckptio_step_info *out) {
+ * the state is COMPLETE. A marker that cannot be read for a reason other
+ * than what it is (an I/O error, a permission) is an error, not damage. */
+static ckptio_status marker_state(ckptio_engine *io, const char *dir, uint64_t step, ckptio__step_marker *m,
+                                  ckptio_step_info *out) {
     char *path = ckptio__dcp_join(dir, CKPTIO_STEP_MARKER);
     char buf[CKPTIO__STEP_MARKER_MAX + 1];
-    if (!path) {
-        set_state(out, CKPTIO_STEP_DAMAGED, "out of memory reading the marker");
-        return;
-    }
+    if (!path) return CKPTIO_FAIL(CKPTIO_E_NOMEM, "out of memory reading the marker of %s", dir);
     if (io) { /* an object: one GET */
         size_t len = 0;
-        const ckptio_status st = ckptio__step_object_read(io, path, buf, CKPTIO__STEP_MARKER_MAX + 1, &len);
-        if (st == CKPTIO_E_NOT_FOUND)
+        ckptio_status st = ckptio__step_object_read(io, path, buf, CKPTIO__STEP_MARKER_MAX + 1, &len);
+        if (st == CKPTIO_E_NOT_FOUND) {
             set_state(out, CKPTIO_STEP_PARTIAL, "%s", PARTIAL_REASON);
-        else if (st != CKPTIO_OK || ckptio__step_marker_parse(buf, len, path, m) != CKPTIO_OK)
+            st = CKPTIO_OK;
+        } else if (st != CKPTIO_OK) {
+            /* the GET failed: nothing proven about the step */
+        } else if (ckptio__step_marker_parse(buf, len, path, m) != CKPTIO_OK) {
             set_state(out, CKPTIO_STEP_DAMAGED, "%s", ckptio_last_error_message());
-        else if (m->step != step)
+        } else if (m->step != step) {
             set_state(out, CKPTIO_STEP_DAMAGED, "%s: the marker belongs to step %llu, not to this directory's", path,
                       (unsigned long long)m->step);
-        else
+        } else {
             set_state(out, CKPTIO_STEP_COMPLETE, "%s", "");
+        }
         ckptio__free(path);
-        return;
+        return st;
     }
     struct stat sb;
     mode_t type = 0;
     const int fd = ckptio__open_regular(AT_FDCWD, path, O_RDONLY | O_NOFOLLOW, &sb, &type);
     if (fd < 0) {
+        ckptio_status st = CKPTIO_OK;
         if (type)
             set_state(out, CKPTIO_STEP_DAMAGED, "%s: open: is %s, not a regular file: refused without opening it",
                       path, ckptio__file_type_name(type));
         else if (errno == ENOENT)
             set_state(out, CKPTIO_STEP_PARTIAL, "%s", PARTIAL_REASON);
         else
-            set_state(out, CKPTIO_STEP_DAMAGED, "%s: open: %s", path, strerror(errno));
+            st = CKPTIO_FAIL_SYS_NOTE(errno, "open", path, "reading the step's commit marker");
         ckptio__free(path);
-        return;
+        return st;
     }
     size_t len = 0;
     ssize_t n = 0;
     while (len < sizeof buf && (n = ckptio__read(fd, buf + len, sizeof buf - len)) > 0) len += (size_t)n;
     const int err = errno;
     close(fd);
+    ckptio_status st = CKPTIO_OK;
     if (n < 0)
-        set_state(out, CKPTIO_STEP_DAMAGED, "%s: read: %s", path, strerror(err));
+        st = CKPTIO_FAIL_SYS_NOTE(err, "read", path, "reading the step's commit marker");
     else if (ckptio__step_marker_parse(buf, len, path, m) != CKPTIO_OK)
         set_state(out, CKPTIO_STEP_DAMAGED, "%s", ckptio_last_error_message());
     else if (m->step != step)
@@ -198,37 +206,53 @@ static void marker_state(ckptio_engine *io, const char *dir, uint64_t step, ckpt
     else
         set_state(out, CKPTIO_STEP_COMPLETE, "%s", "");
     ckptio__free(path);
+    return st;
 }
 
-/* Sizes of the data files .metadata names, by index (ckptio_dcp_file). */
+/* Sizes of the data files .metadata names, by index (ckptio_dcp_file).
+ * false with *st = CKPTIO_OK: damage (a file missing or not a regular
+ * file), in *out; false with an error in *st: nothing proven. */
 static bool file_sizes(ckptio_engine *io, ckptio_dcp *h, const char *dir, uint64_t *sizes, size_t nfiles,
-                       ckptio_step_info *out) {
+                       ckptio_step_info *out, ckptio_status *st) {
     for (size_t i = 0; i < nfiles; i++) {
         const char *name = NULL;
         struct stat sb;
         ckptio_dcp_file(h, i, &name);
         char *path = ckptio__dcp_join(dir, name);
-        int rc = path ? 0 : -1, err = path ? 0 : ENOMEM;
-        if (path && io) { /* an object: HEAD */
+        if (!path) {
+            *st = CKPTIO_FAIL(CKPTIO_E_NOMEM, "out of memory checking %s", dir);
+            return false;
+        }
+        int rc = 0, err = 0;
+        if (io) { /* an object: HEAD */
             ckptio__path_kind kind = CKPTIO__PATH_MISSING;
             uint64_t size = 0;
-            const ckptio_status st = ckptio__step_object_kind(io, path, &kind, &size);
-            if (st != CKPTIO_OK || kind != CKPTIO__PATH_FILE) {
-                set_state(out, CKPTIO_STEP_DAMAGED, "%s/%s: data file named by .metadata: %s", dir, name,
-                          st != CKPTIO_OK ? ckptio_last_error_message() : "no such object");
+            const ckptio_status got = ckptio__step_object_kind(io, path, &kind, &size);
+            if (got != CKPTIO_OK) { /* the HEAD failed: nothing proven */
+                *st = got;
                 ckptio__free(path);
                 return false;
             }
+            if (kind != CKPTIO__PATH_FILE) {
+                rc = -1;
+                err = ENOENT;
+            }
             sb.st_mode = S_IFREG;
             sb.st_size = (off_t)size;
-        } else if (path) {
+        } else {
             rc = lstat(path, &sb);
             err = errno;
+            if (rc != 0 && err != ENOENT && err != ENOTDIR) {
+                *st = CKPTIO_FAIL_SYS_NOTE(err, "lstat", path, "the size of a data file named by .metadata");
+                ckptio__free(path);
+                return false;
+            }
         }
         ckptio__free(path);
         if (rc != 0 || !S_ISREG(sb.st_mode)) {
             set_state(out, CKPTIO_STEP_DAMAGED, "%s/%s: data file named by .metadata: %s", dir, name,
-                      rc != 0 ? strerror(err) : "not a regular file");
+                      rc != 0 ? (io ? "no such object" : strerror(err)) : "not a regular file");
+            out->status = CKPTIO_E_NOT_FOUND;
             return false;
         }
         sizes[i] = (uint64_t)sb.st_size;
@@ -257,49 +281,58 @@ static bool item_inside(ckptio_dcp *h, const char *dir, const uint64_t *sizes, s
     return false;
 }
 
+/* Whether a failed check's status proves the step broken: bytes that do
+ * not parse or match, a size, a file missing. An I/O error, memory, a
+ * cancel or a permission says nothing about the step. */
+static bool proves_damage(ckptio_status st) {
+    return st == CKPTIO_E_FORMAT || st == CKPTIO_E_CHECKSUM || st == CKPTIO_E_TRUNCATED || st == CKPTIO_E_STALE ||
+           st == CKPTIO_E_NOT_FOUND;
+}
+
 /* A failed read of a step's .metadata or items: REFUSED when ckptio's
  * reader refuses something the bytes hold (a value outside the allowlist, a
- * limit; the bytes are what was saved), DAMAGED otherwise. Only what is
- * proven broken may ever be replaced or removed as damage. */
-static void set_failure(ckptio_step_info *out, ckptio_status st) {
+ * limit; the bytes are what was saved), DAMAGED when the failure proves it
+ * (proves_damage), else the error itself is returned. Only what is proven
+ * broken may ever be replaced or removed as damage. */
+static ckptio_status set_failure(ckptio_step_info *out, ckptio_status st) {
     if (st == CKPTIO_E_DISALLOWED || st == CKPTIO_E_UNSUPPORTED || st == CKPTIO_E_RANGE)
         set_state(out, CKPTIO_STEP_REFUSED, "ckptio's reader refuses it (not damage; the step is kept): %s",
                   ckptio_last_error_message());
-    else
+    else if (proves_damage(st))
         set_state(out, CKPTIO_STEP_DAMAGED, "%s", ckptio_last_error_message());
+    else
+        return st;
+    out->status = st;
+    return CKPTIO_OK;
 }
 
-/* FAST (and FULL) on a step whose marker is good. */
-static void data_check(ckptio_engine *engine, ckptio_engine *io, const char *dir, const ckptio__step_marker *m,
-                       ckptio_step_check check, ckptio_step_info *out) {
+/* FAST (and FULL) on a step whose marker is good: CKPTIO_OK with the
+ * state in *out, or the error of a check that proved nothing. */
+static ckptio_status data_check(ckptio_engine *engine, ckptio_engine *io, const char *dir,
+                                const ckptio__step_marker *m, ckptio_step_check check, ckptio_step_info *out) {
     uint64_t size = 0, hash = 0;
-    if ((io ? ckptio__step_object_metadata_hash(io, dir, &size, &hash) : ckptio__step_metadata_hash(dir, &size, &hash)) !=
-        CKPTIO_OK) {
-        set_state(out, CKPTIO_STEP_DAMAGED, "%s", ckptio_last_error_message());
-        return;
-    }
+    const ckptio_status hashed =
+        io ? ckptio__step_object_metadata_hash(io, dir, &size, &hash) : ckptio__step_metadata_hash(dir, &size, &hash);
+    if (hashed != CKPTIO_OK) return set_failure(out, hashed);
     if (size != m->metadata_size || hash != m->metadata_xxh3) {
         set_state(out, CKPTIO_STEP_DAMAGED,
                   "%s/.metadata: %llu bytes with XXH3-64 %016llx, the marker recorded %llu bytes with %016llx: "
                   "replaced or damaged after the commit",
                   dir, (unsigned long long)size, (unsigned long long)hash, (unsigned long long)m->metadata_size,
                   (unsigned long long)m->metadata_xxh3);
-        return;
+        return CKPTIO_OK;
     }
     ckptio_dcp *h = NULL;
     uint64_t *sizes = NULL;
     size_t nfiles = 0, ntensors = 0, nbytes = 0;
     const char *manifest = NULL;
-    const ckptio_status opened = ckptio_dcp_open(engine, dir, &h);
-    if (opened != CKPTIO_OK) {
-        set_failure(out, opened);
-        return;
-    }
+    ckptio_status st = ckptio_dcp_open(engine, dir, &h);
+    if (st != CKPTIO_OK) return set_failure(out, st);
     ckptio_dcp_file_count(h, &nfiles);
     ckptio_dcp_tensor_count(h, &ntensors);
     ckptio_dcp_bytes_count(h, &nbytes);
     if (!(sizes = ckptio__calloc(nfiles + 1, sizeof *sizes))) {
-        set_state(out, CKPTIO_STEP_DAMAGED, "out of memory checking %s", dir);
+        st = CKPTIO_FAIL(CKPTIO_E_NOMEM, "out of memory checking %s", dir);
         goto out;
     }
     /* Only a manifest that is not there means "saved without checksums"
@@ -307,23 +340,36 @@ static void data_check(ckptio_engine *engine, ckptio_engine *io, const char *dir
      * file (a FIFO, a device) is damage. */
     const ckptio_status has = ckptio_dcp_manifest(h, &manifest);
     if (has != CKPTIO_OK && has != CKPTIO_E_NOT_FOUND) {
-        set_state(out, CKPTIO_STEP_DAMAGED, "%s", ckptio_last_error_message());
+        st = set_failure(out, has);
         goto out;
     }
     if (has == CKPTIO_OK) {
         struct stat sb;
         char *path = ckptio__dcp_join(dir, manifest);
         ckptio__path_kind kind = CKPTIO__PATH_MISSING;
-        const bool present = path && (io ? ckptio__step_object_kind(io, path, &kind, NULL) == CKPTIO_OK &&
-                                               kind == CKPTIO__PATH_FILE
-                                         : lstat(path, &sb) == 0 && S_ISREG(sb.st_mode));
-        ckptio__free(path);
-        if (!present) {
-            set_state(out, CKPTIO_STEP_DAMAGED, "%s/%s: the save's checksum manifest is missing", dir, manifest);
-            goto out;
+        int rc = -1, err = ENOMEM;
+        if (path && io) {
+            st = ckptio__step_object_kind(io, path, &kind, NULL); /* a failed HEAD proves nothing */
+            rc = st == CKPTIO_OK && kind == CKPTIO__PATH_FILE ? 0 : -1;
+            err = ENOENT;
+            sb.st_mode = S_IFREG;
+        } else if (path) {
+            rc = lstat(path, &sb);
+            err = errno;
         }
+        if (st != CKPTIO_OK)
+            ;
+        else if (rc != 0 && err != ENOENT && err != ENOTDIR)
+            st = path ? CKPTIO_FAIL_SYS_NOTE(err, "lstat", path, "looking for the save's checksum manifest")
+                      : CKPTIO_FAIL(CKPTIO_E_NOMEM, "out of memory checking %s", dir);
+        else if (rc != 0 || !S_ISREG(sb.st_mode)) {
+            set_state(out, CKPTIO_STEP_DAMAGED, "%s/%s: the save's checksum manifest is missing", dir, manifest);
+            out->status = CKPTIO_E_NOT_FOUND;
+        }
+        ckptio__free(path);
+        if (st != CKPTIO_OK || out->state != CKPTIO_STEP_COMPLETE) goto out;
     }
-    if (!file_sizes(io, h, dir, sizes, nfiles, out)) goto out;
+    if (!file_sizes(io, h, dir, sizes, nfiles, out, &st)) goto out;
     for (size_t t = 0; t < ntensors; t++) {
         ckptio_dcp_tensor_info ti;
         ckptio_dcp_tensor(h, t, &ti);
@@ -341,12 +387,15 @@ static void data_check(ckptio_engine *engine, ckptio_engine *io, const char *dir
     if (check == CKPTIO_STEP_CHECK_FULL) {
         /* A step saved without checksums has no manifest to verify against:
          * its structure and byte items are checked instead. */
-        const ckptio_status st = manifest ? ckptio_dcp_verify(h, NULL) : ckptio_dcp_check(h, NULL);
-        if (st != CKPTIO_OK) set_failure(out, st);
+        const ckptio_status checked = manifest ? ckptio_dcp_verify(h, NULL) : ckptio_dcp_check(h, NULL);
+        if (checked != CKPTIO_OK) st = set_failure(out, checked);
     }
-out:
+out:;
+    ckptio__error_saved *saved = st != CKPTIO_OK ? ckptio__error_save() : NULL;
     ckptio__free(sizes);
     ckptio_dcp_close(h);
+    if (saved) ckptio__error_restore(saved);
+    return st;
 }
 
 /* The state of a step directory without a marker, from what it holds:
@@ -443,19 +492,20 @@ static ckptio_status check_step(ckptio_engine *engine, ckptio_engine *io, const 
     }
     out->bytes = e.bytes;
     out->files = e.files;
-    marker_state(io, dir, step, &m, out);
-    if (out->state == CKPTIO_STEP_PARTIAL) unmarked_state(&e, listed, why_unlisted, out);
-    if (out->state == CKPTIO_STEP_COMPLETE && check != CKPTIO_STEP_CHECK_MARKER) {
-        data_check(engine, io, dir, &m, check, out);
+    ckptio_status st = marker_state(io, dir, step, &m, out);
+    if (st == CKPTIO_OK && out->state == CKPTIO_STEP_PARTIAL) unmarked_state(&e, listed, why_unlisted, out);
+    if (st == CKPTIO_OK && out->state == CKPTIO_STEP_COMPLETE && check != CKPTIO_STEP_CHECK_MARKER) {
+        st = data_check(engine, io, dir, &m, check, out);
         char *marker = ckptio__dcp_join(dir, CKPTIO_STEP_MARKER);
         bool marked = true, still = true;
         int merr = 0;
-        if (out->state == CKPTIO_STEP_DAMAGED && marker && present(io, marker, false, &marked, &merr) == CKPTIO_OK &&
-            !marked && merr == ENOENT) {
+        if ((st != CKPTIO_OK || out->state == CKPTIO_STEP_DAMAGED) && marker &&
+            present(io, marker, false, &marked, &merr) == CKPTIO_OK && !marked && merr == ENOENT) {
             /* The marker went while the data was read: a removal, not damage. */
             const bool gone = present(io, dir, true, &still, &merr) != CKPTIO_OK || !still;
             ckptio__free(marker);
             ckptio__free(dir);
+            ckptio__step_entries_free(&e);
             if (gone)
                 return CKPTIO_FAIL_CTX(CKPTIO_E_NOT_FOUND, &((ckptio__err_ctx){.path = root, .file_offset = -1}),
                                        "step %llu: removed while it was checked", (unsigned long long)step);
@@ -465,9 +515,11 @@ static ckptio_status check_step(ckptio_engine *engine, ckptio_engine *io, const 
         }
         ckptio__free(marker);
     }
-    if (listed) note_alien(&e, out);
+    if (st == CKPTIO_OK && listed) note_alien(&e, out);
+    ckptio__step_entries_free(&e);
     ckptio__free(dir);
-    return CKPTIO_OK;
+    /* Not damage: the caller fails with the cause, and skips or removes nothing. */
+    return st == CKPTIO_OK ? st : ckptio__step_fail(root, step, "check");
 }
 
 static bool valid_check(ckptio_engine *engine, ckptio_step_check check) {

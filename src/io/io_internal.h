@@ -356,6 +356,25 @@ void ckptio__temporary_stem(const char *name, char out[CKPTIO__NAME_MAX + 1]);
  * *path the last name tried (the caller frees it; NULL when out of memory). */
 int ckptio__temporary_create(const char *dir, const char *name, mode_t mode, int *fd, char **path);
 
+/* The lock file inside a directory temporary: a directory output (a
+ * conversion's) is built in ".STEM.ckptio-tmp-XXXXXX/" beside its final
+ * name, and its builder holds flock(LOCK_EX) on this file while it works. */
+#define CKPTIO__TMP_DIR_LOCK ".ckptio-tmp-dir.lock"
+
+/* Creates the directory temporary of the path `out` (its STEM from out's
+ * last component) beside it, 0777 & ~umask, with its lock file created and
+ * flocked: cleaners remove the directory only once they can lock that file
+ * (its builder died). Returns 0 with tmp[0..cap) and *lock_fd (closed by the
+ * caller once the directory is renamed into place or removed), else errno
+ * (EEXIST: no free name). */
+int ckptio__temporary_dir_create(const char *out, char *tmp, size_t cap, int *lock_fd);
+
+/* Right before the directory temporary `tmp` is renamed into place: its
+ * lock file is unlinked (the caller still holds the lock through its
+ * descriptor), so the output carries no trace of it; a cleaner never
+ * removes a directory without the file. Returns 0 or errno. */
+int ckptio__temporary_dir_unlock(const char *tmp);
+
 /* Removes temporaries of `name` in `dir` that no live writer holds (see
  * ckptio_cleanup_temporaries), before a new atomic write of `name`. Best
  * effort: never fails and leaves the calling thread's error record alone. */

@@ -23,6 +23,12 @@
  * Only regular files whose whole name matches the pattern are removed;
  * symlinks and directories with such names are reported and left alone,
  * and nothing is ever followed (O_NOFOLLOW, unlinkat on the directory).
+ * One kind of directory is removed: a directory temporary (a conversion's
+ * output built beside its final name) that proves to be a dead builder's:
+ * it holds the lock file CKPTIO__TMP_DIR_LOCK, a regular file the cleaner
+ * can flock (its builder, which flocked it right after creating it, is
+ * gone), and nothing but regular files. A directory without that file, or
+ * holding anything else, is left whole: nothing proves it is ckptio's.
  *
  * Durability: ckptio_cleanup_temporaries() fsyncs the directory once after
  * a scan that removed something, so a power loss cannot bring the removed
@@ -160,10 +166,131 @@ ckptio_status ckptio_temporary_create(const char *dir, const char *name, const c
     return st;
 }
 
+int ckptio__temporary_dir_create(const char *out, char *tmp, size_t cap, int *lock_fd) {
+    *lock_fd = -1;
+    const char *slash = strrchr(out, '/');
+    const int dirlen = slash ? (int)(slash - out + 1) : 0;
+    char stem[CKPTIO__NAME_MAX + 1];
+    ckptio__temporary_stem(slash ? slash + 1 : out, stem);
+    for (int attempt = 0; attempt < CKPTIO__TMP_TRIES; attempt++) {
+        char suffix[SUFFIX_LEN + 1], lock[4096 + 64];
+        random_suffix(suffix);
+        if ((size_t)snprintf(tmp, cap, "%.*s.%s" CKPTIO__TMP_MARK "%s", dirlen, out, stem, suffix) >= cap ||
+            (size_t)snprintf(lock, sizeof lock, "%s/" CKPTIO__TMP_DIR_LOCK, tmp) >= sizeof lock)
+            return ENAMETOOLONG;
+        if (mkdir(tmp, 0777) != 0) {
+            if (errno == EEXIST) continue;
+            return errno;
+        }
+        const int fd = ckptio__open(lock, O_RDWR | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0666);
+        if (fd < 0) {
+            const int err = errno;
+            (void)rmdir(tmp);
+            if (err == EEXIST || err == ENOENT) continue; /* a cleaner got there first */
+            return err;
+        }
+        if (lock_temporary(fd, lock)) {
+            *lock_fd = fd;
+            return 0;
+        }
+        close(fd); /* a cleaner has it: it removes the directory */
+    }
+    return EEXIST;
+}
+
+int ckptio__temporary_dir_unlock(const char *tmp) {
+    char lock[4096 + 64];
+    if ((size_t)snprintf(lock, sizeof lock, "%s/" CKPTIO__TMP_DIR_LOCK, tmp) >= sizeof lock) return ENAMETOOLONG;
+    return ckptio__unlink(lock) == 0 || errno == ENOENT ? 0 : errno;
+}
+
 static double seconds_since(const struct timespec *t) {
     struct timespec now;
     clock_gettime(CLOCK_REALTIME, &now);
     return (double)(now.tv_sec - t->tv_sec) + (double)(now.tv_nsec - t->tv_nsec) * 1e-9;
+}
+
+/* Whether every entry of the directory `dir` is a regular file (lstat);
+ * *bytes their sizes. */
+static bool only_regular_files(int dir, uint64_t *bytes) {
+    const int fd = dup(dir);
+    DIR *d = fd >= 0 ? fdopendir(fd) : NULL;
+    if (!d) {
+        if (fd >= 0) close(fd);
+        return false;
+    }
+    rewinddir(d); /* a dup shares its offset: an earlier scan of `dir` left it at the end */
+    bool ok = true;
+    *bytes = 0;
+    for (struct dirent *e; ok && (e = readdir(d)) != NULL;) {
+        if (!strcmp(e->d_name, ".") || !strcmp(e->d_name, "..")) continue;
+        struct stat sb;
+        ok = fstatat(dir, e->d_name, &sb, AT_SYMLINK_NOFOLLOW) == 0 && S_ISREG(sb.st_mode);
+        if (ok) *bytes += (uint64_t)sb.st_size;
+    }
+    closedir(d);
+    return ok;
+}
+
+/* Unlinks every entry of `dir` but its lock file, then the lock file.
+ * Returns 0 or the errno of a failed unlink. */
+static int empty_temporary_dir(int dir) {
+    const int fd = dup(dir);
+    DIR *d = fd >= 0 ? fdopendir(fd) : NULL;
+    if (!d) {
+        const int err = errno;
+        if (fd >= 0) close(fd);
+        return err;
+    }
+    rewinddir(d); /* as in only_regular_files: the offset is shared with `dir` */
+    int err = 0;
+    for (struct dirent *e; !err && (e = readdir(d)) != NULL;) {
+        if (!strcmp(e->d_name, ".") || !strcmp(e->d_name, "..") || !strcmp(e->d_name, CKPTIO__TMP_DIR_LOCK)) continue;
+        if (unlinkat(dir, e->d_name, 0) != 0 && errno != ENOENT) err = errno;
+    }
+    closedir(d);
+    if (!err && unlinkat(dir, CKPTIO__TMP_DIR_LOCK, 0) != 0 && errno != ENOENT) err = errno;
+    return err;
+}
+
+/* A directory temporary (a conversion's output being built): removed only
+ * when it proves to be a dead builder's (see the top of the file). Returns
+ * 0, or the errno of a failed removal. */
+static int clean_dir_entry(int dfd, const char *entry, double min_age, ckptio_cleanup_report *r) {
+    const int dir = openat(dfd, entry, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+    if (dir < 0) {
+        if (errno != ENOENT) r->ignored++;
+        return 0;
+    }
+    struct stat sb, now;
+    mode_t type = 0;
+    const int fd = ckptio__open_regular(dir, CKPTIO__TMP_DIR_LOCK, O_RDONLY | O_NOFOLLOW, &sb, &type);
+    int err = 0, ret;
+    uint64_t bytes = 0;
+    if (fd < 0) {
+        r->ignored++; /* no lock file (or not a regular one): nothing proves the directory is ckptio's */
+        close(dir);
+        return 0;
+    }
+    do ret = flock(fd, LOCK_EX | LOCK_NB);
+    while (ret < 0 && errno == EINTR);
+    if (ret < 0) r->busy++; /* its builder is alive (or the file system has no locks) */
+    else if (seconds_since(&sb.st_mtim) < min_age) r->young++;
+    else if (fstatat(dir, CKPTIO__TMP_DIR_LOCK, &now, AT_SYMLINK_NOFOLLOW) != 0 || now.st_ino != sb.st_ino ||
+             now.st_dev != sb.st_dev)
+        ; /* removed or replaced meanwhile: another cleaner's, or its builder finished */
+    else if (!only_regular_files(dir, &bytes)) r->ignored++; /* holds something a conversion does not make */
+    else if ((err = empty_temporary_dir(dir)) == 0) {
+        if (unlinkat(dfd, entry, AT_REMOVEDIR) == 0) {
+            r->removed++;
+            r->bytes_freed += bytes;
+        } else if (errno != ENOENT) {
+            err = errno;
+        }
+    }
+    close(fd); /* after the removal: the lock covers it */
+    close(dir);
+    return err;
 }
 
 /* Examines one matching entry and removes it if stale. Returns 0, or the
@@ -175,6 +302,7 @@ static int clean_entry(int dfd, const char *entry, double min_age, ckptio_cleanu
     mode_t type = 0;
     int fd = ckptio__open_regular(dfd, entry, O_RDONLY | O_NOFOLLOW, &sb, &type);
     if (fd < 0) {
+        if (type == S_IFDIR) return clean_dir_entry(dfd, entry, min_age, r);
         if (type) r->ignored++;             /* a symlink (never followed), FIFO, device: never removed */
         else if (errno != ENOENT) r->busy++; /* cannot be checked (permissions): keep */
         return 0;                           /* ENOENT: its writer committed or discarded it meanwhile */

@@ -76,11 +76,17 @@ WORKER = textwrap.dedent(
         def failing_direct(self, *args):
             raise OSError(f"injected direct-path failure on rank {rank}")
         cdcp.FileSystemReader._read_direct = failing_direct
+    if cfg.get("nofile"):  # a low descriptor limit, set once the process group holds its sockets
+        import resource
+        resource.setrlimit(resource.RLIMIT_NOFILE, (cfg["nofile"], resource.getrlimit(resource.RLIMIT_NOFILE)[1]))
     reader = cdcp.FileSystemReader(path, broadcast=cfg.get("broadcast", True),
                                    broadcast_budget=cfg.get("budget", 1 << 30))
     if cfg["mode"] == "replicated":
         want = make_state()
         sd = {k: torch.zeros_like(v) for k, v in want.items()}
+    elif cfg["mode"] == "many":
+        want = {f"t{i}": torch.full((16,), float(i)) for i in range(cfg["items"])}
+        sd = {k: torch.zeros(16) for k in want}
     elif cfg["mode"] == "strided":
         want = {"t": strided()}
         sd = {"t": torch.zeros(want["t"].shape)}
@@ -369,6 +375,23 @@ def test_single_process_with_broadcast_on(tmp_path):
         assert all(torch.equal(sd[k], v) for k, v in want.items())
         s = reader.last_read_stats
         assert s["bytes_read"] == stored_bytes(path) and s["items_shared"] == 0 and s["bytes_received"] == 0
+
+
+def test_broadcast_keeps_descriptors_bounded(tmp_path):
+    """Replicated items in ~100 data files, loaded by 2 ranks under a limit of 80 descriptors: the
+    broadcast path holds a window of its files open (as the direct reads do), every value arrives, and
+    storage is still read once. Before, it opened every data file of the load at once (EMFILE)."""
+    path = tmp_path / "many"
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        dcp.save({f"t{i}": torch.full((16,), float(i)) for i in range(200)},
+                 storage_writer=cdcp.FileSystemWriter(path, thread_count=100, sync_files=False), no_dist=True)
+    assert len([n for n in os.listdir(path) if n.endswith(".distcp")]) >= 90
+    outs = run_ranks(tmp_path, 2, path, {"mode": "many", "items": 200, "nofile": 80})
+    assert not any(ln.startswith("ERR ") for out in outs for ln in out.splitlines()), outs[0][-2000:]
+    stats = stats_of(outs)
+    assert sum(s["bytes_read"] for s in stats) == stored_bytes(path)
+    assert all(s["items_shared"] == 200 for s in stats)
 
 
 def test_bad_options():

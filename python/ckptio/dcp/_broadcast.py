@@ -31,6 +31,7 @@ waiting for data that never comes.
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import math
 from typing import Any, Dict, List, Optional, Tuple
@@ -39,7 +40,7 @@ import torch
 from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 from torch.distributed.checkpoint.planner import LoadItemType, LoadPlan, ReadItem
 
-from .. import _batches, _ckptio, _group_read
+from .. import _batches, _ckptio, _files, _group_read
 from . import _spans
 
 STAMP = "ckptio.broadcast"
@@ -292,6 +293,32 @@ def _cut(reader, files, cache, seg, buf: torch.Tensor, reqs: List[ReadItem], pla
         planner.commit_tensor(req, target)
 
 
+class _OpenFiles(collections.OrderedDict):
+    """The data files the calling thread holds open (headers, sizes): at most
+    `cap` (0: no bound, the schedule names few files), the least recently
+    used closed when another is opened, as the direct reads keep a window."""
+
+    def __init__(self, cap: int):
+        super().__init__()
+        self.cap = cap
+
+    def get(self, rel, default=None):
+        df = super().get(rel, default)
+        if df is not None:
+            self.move_to_end(rel)
+        return df
+
+    def __setitem__(self, rel, df) -> None:
+        super().__setitem__(rel, df)
+        while self.cap and len(self) > self.cap:
+            self.popitem(last=False)[1].file.close()
+
+    def close(self) -> None:
+        for df in self.values():
+            df.file.close()
+        self.clear()
+
+
 class _Segments:
     """The shared segments of one read_data call, as ckptio._group_read's
     engine asks about them: every segment is broadcast by its owner."""
@@ -318,12 +345,32 @@ class _Segments:
         return _source_range(self.reader, self.files, self.cache, seg, self.first_piece(seg))[2]
 
     def reads(self, segs, places, kind):
-        extents = []
+        by_file: Dict[str, List[Tuple[int, int, int]]] = {}
         for seg, (addr, n) in zip(segs, places):
-            df, off, _, _ = _source_range(self.reader, self.files, self.cache, seg, self.first_piece(seg))
-            extents.append((df.file, addr, n, off, kind))  # _group_read leaves out segments of no bytes
-        engine = self.reader.engine
-        return lambda: _ckptio.dcp_read(extents, engine)
+            _, off, _, _ = _source_range(self.reader, self.files, self.cache, seg, self.first_piece(seg))
+            rel = self.reader.storage_data[seg[0]].relative_path  # _group_read leaves out segments of no bytes
+            by_file.setdefault(rel, []).append((addr, n, off))
+        reader, cap = self.reader, self.files.cap
+
+        def read() -> None:
+            """On the read-ahead thread: the batch's files opened a window at a time (their own
+            descriptors, the calling thread's stay its own), each checked again, read, closed."""
+            names = list(by_file)
+            step = cap or len(names) or 1
+            for start in range(0, len(names), step):
+                opened: Dict[str, Any] = {}
+                try:
+                    extents = []
+                    for rel in names[start:start + step]:
+                        df = reader.data_file(opened, rel)
+                        for addr, n, off in by_file[rel]:
+                            df.check(off, n, "shared bytes")
+                            extents.append((df.file, addr, n, off, kind))
+                    _ckptio.dcp_read(extents, reader.engine)
+                finally:
+                    for df in opened.values():
+                        df.file.close()
+        return read
 
     def deliver(self, seg, parts) -> None:
         reqs = self.shared.get(seg[0])
@@ -343,10 +390,17 @@ def run(reader, sched: dict, group, shared: Dict[Any, List[ReadItem]], planner, 
     batches = sched["batches"]
     stats["items_shared"] = len(shared_keys(sched))  # items, not their row pieces
     moved = {"bytes_read": 0, "bytes_sent": 0, "bytes_received": 0}
+    # Descriptors stay bounded as in the direct reads (_files.window): the direct reads' files are closed, the
+    # broadcast keeps a window of its own on each thread.
+    for df in files.values():
+        df.file.close()
+    files.clear()
+    held = _OpenFiles(_files.window(len({reader.storage_data[s[0]].relative_path for b in batches for s in b})))
     try:
-        _group_read.run(_Segments(reader, files, cache, shared, planner, batches), batches, group, _device_of(group),
+        _group_read.run(_Segments(reader, held, cache, shared, planner, batches), batches, group, _device_of(group),
                         error, moved, str(reader.path))
     finally:
+        held.close()
         stats["bytes_read"] += moved["bytes_read"]
         stats["bytes_broadcast_sent"] += moved["bytes_sent"]
         stats["bytes_received"] += moved["bytes_received"]
