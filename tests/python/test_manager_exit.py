@@ -46,11 +46,13 @@ def test_a_save_in_flight_at_exit_is_finished_and_the_process_exits_cleanly(tmp_
 
 
 def test_close_leaves_no_thread_of_the_manager_running(tmp_path):
-    mgr = ckptio.CheckpointManager(tmp_path / "run", keep_last=1)
+    root = tmp_path / "run"
+    mgr = ckptio.CheckpointManager(root, keep_last=1)
     for step in (1, 2):
         mgr.save(step, {"w": torch.full((1000,), float(step))})
+    assert [t for t in threading.enumerate() if t.name == f"ckptio-manager-{root}"] != []
     mgr.close()
     # A thread of ckptio's still running Python (and dropping the snapshot's tensors) while the interpreter
     # finalizes is stopped inside torch's destructors: std::terminate.
-    assert [t.name for t in threading.enumerate() if t.name.startswith("ckptio-manager")] == []
+    assert [t for t in threading.enumerate() if t.name == f"ckptio-manager-{root}"] == []
     assert mgr.all_steps() == [2]
