@@ -9,12 +9,17 @@
  * accepts that again with the same tensors; and the format detector
  * (ckptio_format_detect_bytes) calls every accepted file safetensors. A
  * broken invariant traps.
+ *
+ * Every input is also indexed by the full (jansson) parser alone: the
+ * one-pass parser of the writers' form must give the same answer - the
+ * same status and message, or the same tables.
  */
 #include "fuzz_check.h"
 #include "ckptio.h"
 #include "safetensors_internal.h"
 
 #include <stdint.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -115,14 +120,61 @@ static ckptio_format detect(const uint8_t *data, size_t size, size_t len) {
     return format;
 }
 
+/* ckptio_safetensors_parse with the full parser only: NULL on failure,
+ * the message in `message`. */
+static ckptio_safetensors *parse_full(const uint8_t *data, size_t size, ckptio_status *status, char *message,
+                                      size_t cap) {
+    static const unsigned char zero_prefix[8];
+    uint64_t n = 0;
+    *status = ckptio__st_check_prefix(size >= 8 ? data : zero_prefix, size, NULL, &n);
+    ckptio_safetensors *st = NULL;
+    if (*status == CKPTIO_OK) {
+        st = ckptio__calloc(1, sizeof *st);
+        CHECK(st);
+        st->file_size = size;
+        st->header_len = n;
+        st->data_offset = 8 + n;
+        *status = ckptio__st_index_with(st, (const char *)data + 8, false);
+        if (*status != CKPTIO_OK) {
+            ckptio__st_destroy(st);
+            st = NULL;
+        }
+    }
+    snprintf(message, cap, "%s", ckptio_last_error_message());
+    return st;
+}
+
+static void check_same_tables(const ckptio_safetensors *a, const ckptio_safetensors *b) {
+    CHECK(a->count == b->count && a->metadata_count == b->metadata_count && a->has_metadata == b->has_metadata);
+    CHECK(a->data_offset == b->data_offset && a->data_size == b->data_size);
+    for (size_t i = 0; i < a->count; i++) {
+        const ckptio_tensor_info *x = &a->tensors[i], *y = &b->tensors[i];
+        CHECK(strcmp(x->name, y->name) == 0 && x->dtype == y->dtype && x->ndim == y->ndim);
+        CHECK(x->file_offset == y->file_offset && x->nbytes == y->nbytes);
+        CHECK(x->ndim == 0 || memcmp(x->shape, y->shape, x->ndim * sizeof *x->shape) == 0);
+        CHECK(a->by_name[i] == b->by_name[i]);
+    }
+    for (size_t i = 0; i < a->metadata_count; i++)
+        CHECK(strcmp(a->metadata[i].key, b->metadata[i].key) == 0 &&
+              strcmp(a->metadata[i].value, b->metadata[i].value) == 0);
+}
+
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     ckptio_safetensors *st = NULL;
     const ckptio_format probe = detect(data, size, CKPTIO_FORMAT_PROBE_BYTES), whole = detect(data, size, size);
-    if (ckptio_safetensors_parse(data, size, size, &st) != CKPTIO_OK) {
+    static char full_message[4096];
+    ckptio_status full_status;
+    ckptio_safetensors *full = parse_full(data, size, &full_status, full_message, sizeof full_message);
+    const ckptio_status status = ckptio_safetensors_parse(data, size, size, &st);
+    CHECK(status == full_status);
+    if (status != CKPTIO_OK) {
         CHECK(st == NULL);
         CHECK(ckptio_last_error_message()[0] != '\0');
+        CHECK(strcmp(ckptio_last_error_message(), full_message) == 0);
         return 0;
     }
+    check_same_tables(st, full);
+    ckptio__st_destroy(full);
     CHECK(probe == CKPTIO_FORMAT_SAFETENSORS && whole == CKPTIO_FORMAT_SAFETENSORS);
     check_invariants(st, size);
     check_round_trip(st, data);

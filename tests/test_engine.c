@@ -225,6 +225,8 @@ static void test_large_extents(void) {
     /* Cold reads with O_DIRECT (the read policy would send this small file
      * through the page cache: test_read_policy.c). */
     T_OK(ckptio_engine_set(e, CKPTIO_OPT_READ_CACHE, CKPTIO_READ_CACHE_OFF));
+    /* Writes with O_DIRECT likewise (a save this small would stay in the page cache). */
+    T_OK(ckptio_engine_set(e, CKPTIO_OPT_WRITE_CACHE, CKPTIO_WRITE_CACHE_OFF));
     const char *path = t_path("large.bin");
     ckptio_file *f;
     ckptio_plan *p;
@@ -286,6 +288,45 @@ static void test_staging_bound(void) {
     T_OK(ckptio_plan_destroy(p));
     T_OK(ckptio_engine_destroy(e));
     free(src);
+}
+
+static void bounced_write(ckptio_engine *e, const char *name, size_t n, ckptio_stats *st) {
+    unsigned char *src = aligned(n + 1);
+    t_fill_random(src, n + 1, 5);
+    ckptio_file *f;
+    ckptio_plan *p;
+    T_OK(ckptio_file_open(e, t_path(name), CKPTIO_OPEN_WRITE, &f));
+    T_OK(ckptio_plan_create(CKPTIO_WRITE, &p));
+    add(p, f, 0, n, src + 1);
+    T_OK(ckptio_engine_execute(e, p));
+    T_OK(ckptio_file_commit(f));
+    T_OK(ckptio_file_close(f));
+    T_OK(ckptio_plan_destroy(p));
+    T_OK(ckptio_engine_stats(e, st));
+    size_t flen;
+    unsigned char *img = t_read_file(t_path(name), &flen);
+    T_ASSERT(flen == n && memcmp(img, src + 1, n) == 0);
+    free(img);
+    free(src);
+}
+
+static void test_bounce_sized_to_the_plan(void) {
+    /* A fresh engine's first small write from unaligned memory bounces through buffers the size of its
+     * bytes, not of the staging bound (2 workers x 8 MiB chunks x depth 16 = 256 MiB faulted in and pinned
+     * for 64 KiB); a larger plan later grows them, a smaller one reuses them. */
+    ckptio_engine *e = new_engine(2, CKPTIO_DIRECT_ON, 0, 8 << 20);
+    T_OK(ckptio_engine_set(e, CKPTIO_OPT_QUEUE_DEPTH, 16));
+    ckptio_stats st;
+    bounced_write(e, "bounce_small.bin", 64u << 10, &st);
+    T_ASSERT(st.bytes_bounced == (64u << 10));
+    T_ASSERT_MSG(st.staging_reserved <= 2 * (64u << 10), "reserved %llu", (unsigned long long)st.staging_reserved);
+    bounced_write(e, "bounce_large.bin", 4u << 20, &st);
+    T_ASSERT_MSG(st.staging_reserved > (64u << 10) && st.staging_reserved <= 2 * (4u << 20), "reserved %llu",
+                 (unsigned long long)st.staging_reserved);
+    const uint64_t grown = st.staging_reserved;
+    bounced_write(e, "bounce_small2.bin", 64u << 10, &st);
+    T_ASSERT(st.staging_reserved == grown);
+    T_OK(ckptio_engine_destroy(e));
 }
 
 /* ---- validation ------------------------------------------------------------- */
@@ -601,6 +642,7 @@ static void run_all(void) {
     T_RUN(test_many_small_extents);
     T_RUN(test_large_extents);
     T_RUN(test_staging_bound);
+    T_RUN(test_bounce_sized_to_the_plan);
     T_RUN(test_overlaps);
     T_RUN(test_truncated);
     T_RUN(test_execute_extents);

@@ -23,6 +23,8 @@ static ckptio_engine *engine_with(int64_t direct) {
     T_OK(ckptio_engine_set(e, CKPTIO_OPT_DIRECT, direct));
     T_OK(ckptio_engine_set(e, CKPTIO_OPT_DIRECT_MIN_BYTES, 0));
     T_OK(ckptio_engine_set(e, CKPTIO_OPT_SYNC, 0));
+    /* These cases test O_DIRECT itself; writes this small would otherwise stay in the page cache. */
+    T_OK(ckptio_engine_set(e, CKPTIO_OPT_WRITE_CACHE, CKPTIO_WRITE_CACHE_OFF));
     return e;
 }
 

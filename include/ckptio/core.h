@@ -249,6 +249,20 @@ typedef enum ckptio_read_cache {
     CKPTIO_READ_CACHE_OFF = 2  /* cold reads with O_DIRECT (files stay out of the page cache) */
 } ckptio_read_cache;
 
+/* Whether a saved file stays in the page cache, in CKPTIO_DIRECT_AUTO mode.
+ * O_DIRECT writes leave nothing there, so the first load after a save reads
+ * the disk; writes through the page cache leave the file there, and the next
+ * load runs at memory speed. AUTO: a write plan whose files together take at
+ * most 128 MiB and at most a quarter of MemAvailable is written through the
+ * page cache (as fast as O_DIRECT at those sizes, durable all the same: the
+ * commit's fsync writes it back), larger ones with O_DIRECT (docs/ENGINE.md,
+ * "The cache after a save", has the measurements). */
+typedef enum ckptio_write_cache {
+    CKPTIO_WRITE_CACHE_AUTO = 0,
+    CKPTIO_WRITE_CACHE_ON = 1,  /* every saved file through the page cache (durable writes at its speed) */
+    CKPTIO_WRITE_CACHE_OFF = 2  /* O_DIRECT whatever the size (saved files stay out of the page cache) */
+} ckptio_write_cache;
+
 /* Engine settings. Each has an environment variable read once at
  * ckptio_engine_create() (CKPTIO_ and the name after CKPTIO_OPT_, e.g.
  * CKPTIO_THREADS), a getter and a setter, and bounds from
@@ -276,6 +290,7 @@ typedef enum ckptio_option {
     CKPTIO_OPT_S3_BACKOFF_MS,      /* first retry waits up to this (doubling, 20 s at most); CKPTIO_S3_BACKOFF_MS */
     CKPTIO_OPT_S3_LEASE_MS,        /* a directory's save lease lapses this long after its holder stops renewing it;
                                       CKPTIO_S3_LEASE_MS */
+    CKPTIO_OPT_WRITE_CACHE,        /* ckptio_write_cache; CKPTIO_WRITE_CACHE=auto|on|off */
     CKPTIO_OPT_COUNT_
 } ckptio_option;
 

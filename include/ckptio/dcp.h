@@ -323,13 +323,22 @@ typedef struct ckptio_dcp_item {
     size_t nparts;
 } ckptio_dcp_item;
 
+/* Items in host memory with fewer stored bytes than CKPTIO_DCP_PACK_BELOW
+ * (tensor storages plus a byte item's bytes) are packed by ckptio_dcp_write():
+ * aligned to CKPTIO_DCP_PACK_ALIGN instead of the options' alignment. */
+#define CKPTIO_DCP_PACK_BELOW (64u << 10)
+#define CKPTIO_DCP_PACK_ALIGN 64u
+
 /*! ckptio_dcp_write() :
  * Writes the items, laid out per file in array order from offset 0, each
  * item starting at a multiple of the archives' storage alignment (gaps are
  * never read: the offsets go to .metadata). Archives use `options`
  * (NULL: storage alignment 4096, record prefix "archive"), so with the
  * default their tensor bytes sit at 4 KiB-aligned file offsets and move
- * with O_DIRECT. CRCs, compression and hashes run in parallel on the
+ * with O_DIRECT. Small items in host memory (below CKPTIO_DCP_PACK_BELOW
+ * bytes) start at, and align their storages to, CKPTIO_DCP_PACK_ALIGN
+ * instead (torch's own alignment), so a state dict of small tensors takes
+ * about the space torch's writer gives it. CRCs, compression and hashes run in parallel on the
  * engine's workers; then every item of every file goes out in ONE engine
  * plan (host or GPU memory, no extra copy). Each archive's storages must
  * be bound and stay valid until the call returns. Each file is truncated

@@ -143,6 +143,45 @@ typedef struct ckptio_cleanup_report {
 CKPTIO_API ckptio_status ckptio_cleanup_temporaries(const char *dir, const char *name, double min_age_seconds,
                                                     ckptio_cleanup_report *report);
 
+/* ---- mapped loads ------------------------------------------------------------
+ * A checkpoint file mapped into memory: tensors read in place, zero-copy, as
+ * safetensors' safe_open and torch.load(mmap=True) give them to the CPU. The
+ * mapping is private (MAP_PRIVATE): readable and writable, writes copy the
+ * page and never reach the file. It keeps the bytes of the file it was made
+ * from when another file is renamed over that name. A file truncated in
+ * place takes the pages away: ckptio's plans check the mappings their memory
+ * lies in (CKPTIO_E_TRUNCATED naming the file) and what ckptio copies or
+ * hashes itself is guarded against SIGBUS; code outside ckptio touching such
+ * a page gets the signal (docs/RELIABILITY.md, "Mapped loads"). */
+typedef struct ckptio_mapping ckptio_mapping;
+
+/*! ckptio_mapping_data() :
+ * The mapped bytes: *data (NULL for an empty file) and *length, the file's
+ * size when it was mapped. */
+CKPTIO_API ckptio_status ckptio_mapping_data(const ckptio_mapping *mapping, void **data, uint64_t *length);
+
+/*! ckptio_mapping_path() :
+ * The path of the mapped file (owned by the mapping), NULL for NULL. */
+CKPTIO_API const char *ckptio_mapping_path(const ckptio_mapping *mapping);
+
+/*! ckptio_mapping_check() :
+ * CKPTIO_E_TRUNCATED, naming the file and offset, when part of
+ * [memory, memory + length) lies in a live ckptio mapping whose file no
+ * longer holds those bytes (truncated in place); CKPTIO_OK otherwise, also
+ * for memory no mapping covers. Every plan runs this on its memory. */
+CKPTIO_API ckptio_status ckptio_mapping_check(const void *memory, uint64_t length);
+
+/*! ckptio_mapping_copy() :
+ * memcpy(dst, src, n), for memory that may lie in a mapped file: a page the
+ * file lost to a truncation is CKPTIO_E_TRUNCATED naming the file (after
+ * ckptio mapped a first file in the process; dst then holds an unspecified
+ * part of the bytes), never a SIGBUS. */
+CKPTIO_API ckptio_status ckptio_mapping_copy(void *dst, const void *src, size_t n);
+
+/*! ckptio_mapping_release() :
+ * Unmaps: tensors over the mapping must be gone. Accepts NULL. */
+CKPTIO_API ckptio_status ckptio_mapping_release(ckptio_mapping *mapping);
+
 #ifdef __cplusplus
 }
 #endif

@@ -10,6 +10,7 @@
 #ifndef CKPTIO_MODEL_H
 #define CKPTIO_MODEL_H
 
+#include "file.h"
 #include "safetensors.h"
 
 #ifndef CKPTIO_EXPERIMENTAL
@@ -61,8 +62,11 @@ enum ckptio_model_open_flags {
  * naming the index, a tensor mapped to it and the shard) and is a valid
  * safetensors file, every tensor of the index is in its shard and every
  * tensor of a shard is mapped to that shard (CKPTIO_E_FORMAT naming the
- * index, the tensor and the shards). The engine must outlive the handle,
- * which keeps the shards open until ckptio_model_close(). */
+ * index, the tensor and the shards). The engine must outlive the handle.
+ * The handle keeps a bounded window of shards open (RLIMIT_NOFILE / 16, at
+ * least 4): a model of more shards releases each shard's descriptors once
+ * its header is read and reopens a shard when it is read or mapped
+ * (docs/MODELS.md#many-shards). */
 CKPTIO_API ckptio_status ckptio_model_open(ckptio_engine *engine, const char *path, unsigned flags,
                                            ckptio_model **out);
 
@@ -161,6 +165,18 @@ typedef struct ckptio_slice_target {
  * plan. Destinations must not overlap (CKPTIO_E_INVAL). On failure they
  * may be partly written. */
 CKPTIO_API ckptio_status ckptio_model_read(ckptio_model *model, const ckptio_slice_target *targets, size_t count);
+
+/*! ckptio_model_map() :
+ * Maps shard `shard` of `model` (the whole file; a tensor is at
+ * data + its file_offset). The file must still have the size it had at
+ * open (else CKPTIO_E_STALE); s3:// objects cannot be mapped
+ * (CKPTIO_E_UNSUPPORTED). The mapping outlives the model and holds no
+ * descriptor (a shard the model released is opened again to be mapped, and
+ * must still be the file checked at open, else CKPTIO_E_DISALLOWED): release
+ * it with ckptio_mapping_release(). It must not overlap another call on
+ * the same model (it may reopen and release a shard's descriptor, as reads
+ * of a model of many shards do). */
+CKPTIO_API ckptio_status ckptio_model_map(ckptio_model *model, size_t shard, ckptio_mapping **out);
 
 #ifdef __cplusplus
 }

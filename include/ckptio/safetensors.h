@@ -117,6 +117,21 @@ CKPTIO_API ckptio_status ckptio_safetensors_save(ckptio_engine *engine, const ch
                                                  const ckptio_kv *metadata, size_t metadata_count,
                                                  unsigned flags);
 
+/*! ckptio_safetensors_layout() :
+ * The file ckptio_safetensors_save() would write for the same arguments
+ * (the same checks; flags: the alignment), laid out without writing it: for
+ * callers that hold the whole file in memory (a checkpoint as bytes). The
+ * header - 8-byte length, JSON, padding - goes to header[0 .. *header_size)
+ * when it fits `capacity` (else CKPTIO_E_RANGE; header NULL: only the sizes
+ * are set); offsets[i] (count entries, may be NULL with header NULL)
+ * receives the file offset of tensor i's bytes and *file_size the file's
+ * size. Copying each tensor's nbytes to its offset after the header
+ * gives the file byte for byte. Reads no tensor memory. */
+CKPTIO_API ckptio_status ckptio_safetensors_layout(const ckptio_tensor_source *tensors, size_t count,
+                                                   const ckptio_kv *metadata, size_t metadata_count, unsigned flags,
+                                                   void *header, uint64_t capacity, uint64_t *header_size,
+                                                   uint64_t *offsets, uint64_t *file_size);
+
 /* ------------------------------------------------------------------------ */
 /* Integrity and recovery                                                   */
 /* ------------------------------------------------------------------------ */

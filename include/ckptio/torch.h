@@ -11,6 +11,7 @@
 #ifndef CKPTIO_TORCH_H
 #define CKPTIO_TORCH_H
 
+#include "file.h"
 #include "safetensors.h"
 
 #ifndef CKPTIO_EXPERIMENTAL
@@ -192,6 +193,12 @@ CKPTIO_API ckptio_status ckptio_torch_read_storages(ckptio_torch *t, const ckpti
  * a non-contiguous view is gathered from its storage through host memory
  * and needs a host target (CKPTIO_E_UNSUPPORTED for a GPU target). */
 CKPTIO_API ckptio_status ckptio_torch_read(ckptio_torch *t, const ckptio_tensor_target *targets, size_t count);
+
+/*! ckptio_torch_map() :
+ * Maps the torch.save file of `t` (a storage is at data + its offset), as
+ * ckptio_model_map() does. Handles made by ckptio_torch_parse() or for an
+ * archive inside another file have none: CKPTIO_E_INVAL. */
+CKPTIO_API ckptio_status ckptio_torch_map(ckptio_torch *t, ckptio_mapping **out);
 
 /* What ckptio_torch_verify() found. */
 typedef struct ckptio_torch_verify_report {

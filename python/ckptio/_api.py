@@ -11,7 +11,8 @@ import collections
 import os
 from typing import Any, Dict, Iterable, Iterator, List, Mapping, NamedTuple, Optional, Tuple, Union
 
-from . import _adapt, _ckptio, _distributed, _memory, _model, _progress
+from . import _adapt, _bulk, _ckptio, _distributed, _memory, _model, _progress
+from ._torch_objects import build_torch_object, mapped_tensors as _torch_tensors
 from ._errors import make_error
 
 PathLike = Union[str, "os.PathLike[str]"]
@@ -101,38 +102,42 @@ class CheckpointFile:
     """
 
     def __init__(self, path: PathLike, framework: str = "pt", device: Any = "cpu", *, engine=None,
-                 allow_symlinks: bool = False):
+                 allow_symlinks: bool = False, mmap: bool = False):
         self._path = os.fspath(path)
         self._framework = _framework(framework)
         self._device = _adapt.parse_device(device)
         if self._framework == "numpy" and self._device.kind != "cpu":
             raise ValueError(f"framework='numpy' loads to the cpu only, not {self._device}")
+        self._mmap = bool(mmap)
+        if self._mmap and self._device.kind != "cpu":
+            raise ValueError(f"mmap=True maps the file into host memory for cpu tensors; device {self._device} "
+                             "reads into GPU memory: leave mmap off")
+        self._mappings: Dict[int, Any] = {}
         # Directories and indexes are always safetensors models (libckptio's ckptio_model).
         kind = _ckptio.format_detect(self._path, engine)  # an s3:// path's requests with the engine's settings
         self.format = "safetensors" if _model.is_model_path(self._path, kind) else _detect(self._path, kind)
-        self._index: Dict[str, _Entry] = {}
-        self._order: List[str] = []
+        # name -> row index; rows are the extension's tuples, made into _Entry on demand
+        # (a file of 100,000 tensors pays for a dict, not for 100,000 objects).
+        self._index: Dict[str, int] = {}
         self._has_metadata = False
         if self.format == "safetensors":
             self._reader = _ckptio.ModelReader(self._path, engine, allow_symlinks)
             self._shards = self._reader.shards
-            self._shard_of: List[int] = []
-            for i, (name, code, shape, offset, nbytes, shard) in enumerate(self._reader.tensors):
-                self._index[name] = _Entry(i, code, tuple(shape), offset, nbytes, True)
-                self._order.append(name)
-                self._shard_of.append(shard)
+            self._rows = self._reader.tensors
+            self._index = {row[0]: i for i, row in enumerate(self._rows)}
+            self._order = None  # the rows' order: offset_keys() lists it when asked
             self._metadata = self._reader.metadata
             self._has_metadata = self._reader.has_metadata
         else:
             self._shards = [self._path]
             self._reader = _ckptio.TorchReader(self._path, engine)
-            self._tensor_rows = self._reader.tensors
+            self._rows = self._tensor_rows = self._reader.tensors
             by_offset = []
-            for i, row in enumerate(self._tensor_rows):
-                name, code, shape, _, _, _, _, _, contiguous, offset, nbytes = row
+            for i, row in enumerate(self._rows):
+                name = row[0]
                 if name not in self._index:
-                    self._index[name] = _Entry(i, code, tuple(shape), offset, nbytes, contiguous)
-                    by_offset.append((offset, i, name))
+                    self._index[name] = i
+                    by_offset.append((row[9], i, name))
             self._order = [name for _, _, name in sorted(by_offset)]
             self._metadata = {}
 
@@ -152,7 +157,7 @@ class CheckpointFile:
 
     def offset_keys(self) -> List[str]:
         """Tensor names in file order (by data offset; a directory: shard by shard)."""
-        return list(self._order)
+        return [row[0] for row in self._rows] if self._order is None else list(self._order)
 
     def metadata(self) -> Dict[str, str]:
         """The safetensors ``__metadata__`` dict ({} when absent and for torch files)."""
@@ -161,7 +166,7 @@ class CheckpointFile:
     def info(self, name: str) -> TensorInfo:
         """Dtype, shape, absolute file offset and byte count of one tensor."""
         e = self._entry(name)
-        file = self._shards[self._shard_of[e.index]] if self.format == "safetensors" else self._path
+        file = self._shards[self._rows[e.index][5]] if self.format == "safetensors" else self._path
         return TensorInfo(name, _adapt.dtype_name(e.code), e.shape, e.offset, e.nbytes, e.contiguous, file)
 
     def storages(self) -> List[StorageInfo]:
@@ -183,9 +188,21 @@ class CheckpointFile:
 
     def _entry(self, name: str) -> _Entry:
         try:
-            return self._index[name]
+            i = self._index[name]
         except KeyError:
             raise KeyError(f"{self._path}: no tensor named {name!r}") from None
+        row = self._rows[i]
+        if self.format == "safetensors":
+            name, code, shape, offset, nbytes, _ = row
+            return _Entry(i, code, tuple(shape), offset, nbytes, True)
+        return _Entry(i, row[1], tuple(row[2]), row[9], row[10], row[8])
+
+    def _mapping(self, shard: int = 0):
+        """The mapping of shard `shard` (the file itself for torch files), made once per handle."""
+        m = self._mappings.get(shard)
+        if m is None:
+            m = self._mappings[shard] = self._reader.map(shard) if self.format == "safetensors" else self._reader.map()
+        return m
 
     # -- reading ----------------------------------------------------------------------
     def get_tensor(self, name: str, device: Any = None, *, out: Any = None):
@@ -209,9 +226,15 @@ class CheckpointFile:
         dev = self._device if device is None else _adapt.parse_device(device)
         if self._framework == "numpy" and dev.kind != "cpu":
             raise ValueError(f"framework='numpy' loads to the cpu only, not {dev}")
+        if self._mmap and (dev.kind != "cpu" or out is not None):
+            raise ValueError(f"{self._path}: this handle maps the file (mmap=True): its tensors are cpu tensors over "
+                             "the mapping; read into GPU memory or into out= with a handle opened without mmap")
         if dev.kind == "cuda":
             dev = _adapt.resolve_cuda(dev)
         st = self.format == "safetensors"
+        if dev.kind == "cpu" and out is None and (self._mmap or (st and self._framework == "pt")):
+            with _progress.reporting(progress, f"load {self._path}"):
+                return self._get_cpu(names)
         result: Dict[str, Any] = {}
         moves: Dict[str, Any] = {}
         targets = []
@@ -241,6 +264,31 @@ class CheckpointFile:
         for name, d in moves.items():
             result[name] = result[name].to(str(d))
         return result
+
+    def _get_cpu(self, names: List[str]) -> Dict[str, Any]:
+        """New cpu tensors, or views of the mapped file with mmap=True, built
+        a few buffers at a time (_bulk.py); {name: tensor} in the order asked."""
+        try:
+            index = [self._index[name] for name in names]
+        except KeyError as exc:
+            raise KeyError(f"{self._path}: no tensor named {exc.args[0]!r}") from None
+        with _bulk.no_gc(len(index)):
+            if self.format == "torch":
+                if self._framework != "pt":
+                    raise ValueError(f"{self._path}: mmap=True maps torch files for framework='pt' only")
+                made = _torch_tensors(self._reader, self._mapping(), sorted(set(index)))
+                return {name: made[i] for name, i in zip(names, index)}
+            rows = self._rows
+            items = [(i,) + rows[i] for i in sorted(set(index))]
+            if self._framework == "numpy":
+                made = _bulk.numpy_mapped(items, self._mapping)
+            elif self._mmap:
+                made, left = _bulk.load_mapped(self._reader, items, self._mapping)
+                if left:
+                    made.update(_bulk.load_copied(self._reader, left))
+            else:
+                made = _bulk.load_copied(self._reader, items)
+            return {name: made[i] for name, i in zip(names, index)}
 
     # -- slices (_model.py) -------------------------------------------------------------
     def get_slice(self, name: str) -> "_model.Slice":
@@ -298,7 +346,7 @@ class CheckpointFile:
         if dev.kind == "cuda":
             dev = _adapt.resolve_cuda(dev)
         with _progress.reporting(progress, f"load {self._path}"):
-            return build_torch_object(self._reader, dev)
+            return build_torch_object(self._reader, dev, self._mapping() if self._mmap else None)
 
     def verify(self) -> Dict[str, int]:
         """Reads all data and checks it: torch.save files against every record's
@@ -326,93 +374,24 @@ class CheckpointFile:
         return f"<ckptio.CheckpointFile {self._path!r} ({self.format}, {state})>"
 
 
-def build_torch_object(reader, dev: "_adapt.Device") -> Any:
-    """The object a ``_ckptio.TorchReader`` holds, as ``torch.load`` returns it
-    (tensors on `dev`, views sharing their storages, torch.Size kept): the
-    restricted unpickler's value tree made into Python objects. Shared by
-    :meth:`CheckpointFile.load_object` and ckptio.dcp's byte items."""
-    torch = _adapt.torch_module()
-    tdev = str(dev)
-    rows = reader.storages
-    storages = []
-    targets = []
-    for i, (key, _, _, nbytes, _, _) in enumerate(rows):
-        s = torch.UntypedStorage(nbytes, device=tdev)
-        storages.append(s)
-        if nbytes:
-            kind = _adapt.MEM_CUDA if dev.kind == "cuda" else _adapt.MEM_HOST
-            targets.append((i, s.data_ptr(), nbytes, kind))
-    if dev.kind == "cuda":
-        _adapt.sync_current_stream({dev.index})
-    reader.read_storages(targets)
-    made: Dict[int, Any] = {}
-    tensor_rows = reader.tensors
-
-    def make_tensor(index: int):
-        t = made.get(index)
-        if t is None:
-            name, code, shape, stride, soff, sidx, rg, is_param, _, _, _ = tensor_rows[index]
-            t = torch.empty((0,), dtype=_adapt.torch_dtype(code, f"tensor '{name}'"), device=tdev)
-            t.set_(storages[sidx], soff, shape, stride)
-            if is_param:
-                t = torch.nn.Parameter(t, requires_grad=bool(rg))
-            elif rg:
-                t.requires_grad_(True)
-            made[index] = t
-        return t
-
-    def make_dict(ordered: bool):
-        return collections.OrderedDict() if ordered else {}
-
-    def make_dtype(name: str):
-        return getattr(torch, name)
-
-    def set_attrs(obj, attrs):
-        for k, v in attrs.items():
-            setattr(obj, k, v)
-
-    return reader.tree(make_tensor, make_dict, make_dtype, torch.device, set_attrs, torch.Size, numpy_value)
-
-
-def numpy_value(cls: str, args: tuple) -> Any:
-    """The numpy value of a node the restricted unpickler checked and built as
-    data (src/format/pickle_numpy.c): a dtype from its text ("<f8"), an array
-    or scalar copied out of its bytes with np.frombuffer. numpy's own
-    unpickling is never run; the result is what it gives (an array in native
-    byte order, as numpy swaps one pickled in the other)."""
-    try:
-        import numpy as np
-    except ImportError:
-        raise ModuleNotFoundError("this checkpoint holds numpy values: install numpy to load them") from None
-    if cls == "numpy.dtype":
-        return np.dtype(args[0])
-    if cls == "numpy.ndarray":
-        dtype, shape, fortran, data = args
-        array = np.frombuffer(data, dtype=dtype).reshape(shape, order="F" if fortran else "C")
-        return array.astype(dtype.newbyteorder("="), order="K")  # a copy, writable, in native byte order
-    if cls == "numpy.generic":
-        dtype, data = args
-        return np.frombuffer(data, dtype=dtype)[0]
-    raise TypeError(f"ckptio: no numpy value of class {cls!r}")
-
-
 def open(path: PathLike, framework: str = "pt", device: Any = "cpu", *, engine=None,
-         allow_symlinks: bool = False) -> CheckpointFile:
+         allow_symlinks: bool = False, mmap: bool = False) -> CheckpointFile:
     """Opens a checkpoint for lazy access: ``keys()``, ``metadata()``,
     ``info(name)``, ``get_tensor(name, device=...)``, ``get_slice(name)``.
     The format is detected from the file's first bytes; a directory (or a
     ``*.index.json``) is a Hugging Face safetensors model, one handle over
     all its shards. ``allow_symlinks=True`` lets a directory's shards be
     symlinks to files outside it (the Hugging Face hub cache); by default
-    they are refused."""
-    return CheckpointFile(path, framework, device, engine=engine, allow_symlinks=allow_symlinks)
+    they are refused. ``mmap=True``: tensors are views of the file mapped
+    into memory (cpu only), as :func:`load` gives them."""
+    return CheckpointFile(path, framework, device, engine=engine, allow_symlinks=allow_symlinks, mmap=mmap)
 
 
 def load(path: Union[PathLike, bytes, bytearray, memoryview, Any], device: Any = "cpu",
          keys: Optional[Iterable[str]] = None, *, framework: str = "pt", out: Optional[Mapping[str, Any]] = None,
          engine=None, allow_symlinks: bool = False, progress: "_progress.Progress" = None,
          process_group: Any = None, tp_dim: "_distributed.TpRule" = None, slices: "_model.Requests" = None,
-         batch_bytes: Optional[int] = None) -> Any:
+         batch_bytes: Optional[int] = None, mmap: bool = False) -> Any:
     """Loads a checkpoint; the format is detected from the file's first bytes.
 
     Args:
@@ -432,6 +411,14 @@ def load(path: Union[PathLike, bytes, bytearray, memoryview, Any], device: Any =
         progress: a callable (done, total) in bytes, or True for a bar (tqdm
             when installed); an exception it raises (KeyboardInterrupt
             included) cancels the load and is raised here.
+        mmap: cpu tensors over the file mapped into memory instead of
+            copies, as ``safetensors.torch.load_file`` and
+            ``torch.load(mmap=True)`` give them: private and copy-on-write
+            (writes to a tensor never reach the file), bytes read when first
+            touched. A tensor the layout cannot map (an offset that is not a
+            multiple of its element size) is read. Not with `out`, a GPU
+            `device` or `process_group`. docs/PYTHON.md says when it is
+            faster and what a file truncated under it does.
         process_group: a torch.distributed group; every rank calls load and
             each needed byte is read from storage once across the group, the
             rest delivered over it (safetensors files and directories;
@@ -452,6 +439,9 @@ def load(path: Union[PathLike, bytes, bytearray, memoryview, Any], device: Any =
     map_location=device, weights_only=True)`` returns it.
     """
     if process_group is not None:
+        if mmap:
+            raise ValueError("load(..., process_group=) exchanges bytes between ranks; mmap=True maps a file for "
+                             "one process: pass one of them")
         if out is not None or progress is not None or framework != "pt" or _memory.is_memory(path):
             raise ValueError("load(..., process_group=) reads a path into new torch tensors: out=, progress=, "
                              "framework='numpy' and in-memory checkpoints are not supported with it")
@@ -469,11 +459,18 @@ def load(path: Union[PathLike, bytes, bytearray, memoryview, Any], device: Any =
         with CheckpointFile(path, framework, device, engine=engine, allow_symlinks=allow_symlinks) as f:
             return f.get_slices(slices)
     if _memory.is_memory(path):
+        dev = _adapt.parse_device(device)
+        if progress is None and out is None and framework == "pt" and dev.kind == "cpu":
+            if engine is None:
+                _ckptio.default_engine()  # as for a save to bytes
+            got = _memory.load_in_memory(path, keys)
+            if got is not None:
+                return got
         # The bar is named after what the caller gave, not the memory file's /proc name.
         label = "load bytes" if isinstance(path, (bytes, bytearray, memoryview)) else "load stream"
         with _progress.reporting(progress, label), _memory.readable_path(path) as mpath:
-            return load(mpath, device, keys, framework=framework, out=out, engine=engine)
-    with CheckpointFile(path, framework, device, engine=engine, allow_symlinks=allow_symlinks) as f:
+            return load(mpath, device, keys, framework=framework, out=out, engine=engine, mmap=mmap)
+    with CheckpointFile(path, framework, device, engine=engine, allow_symlinks=allow_symlinks, mmap=mmap) as f:
         if f.format == "torch" and keys is None and out is None and f._framework == "pt":
             return f.load_object(progress=progress)
         return f.get_tensors(keys, out=out, progress=progress)
@@ -672,6 +669,16 @@ def save(state_dict: Any, path: Optional[PathLike] = None, format: Optional[str]
     if path is None:
         if checksums:
             raise ValueError("checksums=True writes a manifest beside a file; saving to bytes has no file")
+        if progress is None:
+            # Host tensors to safetensors: laid out and copied straight into the bytes object. No
+            # engine moves them, but the first save makes the default one all the same (its
+            # settings are checked then: the misspelling warning of the first save stays).
+            if engine is None:
+                _ckptio.default_engine()
+            data = _save(state_dict, _memory.NAME, format, metadata, align, crc, False, engine, None, True,
+                         to_bytes=True)
+            if data is not None:
+                return data
         return _memory.save_to_bytes(
             lambda mpath: _save(state_dict, mpath, format, metadata, align, crc, False, engine, progress, True))
     _save(state_dict, os.fspath(path), format, metadata, align, crc, checksums, engine, progress, False)
@@ -694,11 +701,15 @@ def _check_only_tensors(flat: Dict[str, Any], spath: str) -> None:
 
 def _save(state_dict: Any, spath: str, format: Optional[str], metadata: Optional[Mapping[str, str]],
           align: Optional[int], crc: bool, checksums: bool, engine, progress: "_progress.Progress",
-          in_place: bool) -> None:
+          in_place: bool, to_bytes: bool = False) -> Optional[bytes]:
+    """Saves to `spath`; with `to_bytes`, returns the safetensors file of host
+    tensors as bytes instead, or None (nothing done) for the other cases."""
     fmt = format_for_path(spath if not in_place else None, format)
     what = "save bytes" if in_place else f"save {spath}"
     if checksums and fmt != "safetensors":
         raise ValueError(f"{spath}: checksums=True is for safetensors; torch.save files carry CRC-32s (crc=True)")
+    if to_bytes and fmt != "safetensors":
+        return None
     if fmt in ("torch", "pt", "pytorch"):
         if metadata:
             raise ValueError(f"{spath}: metadata is a safetensors feature; torch.save files have none")
@@ -724,6 +735,11 @@ def _save(state_dict: Any, spath: str, format: Optional[str], metadata: Optional
             _adapt.check_utf8(k, "metadata key", spath)
             _adapt.check_utf8(v, f"metadata value of {k!r}:", spath)
     sources = [_adapt.tensor_source(name, value, safetensors=True, path=spath) for name, value in flat.items()]
+    if to_bytes:
+        if any(s.mem_kind == _adapt.MEM_CUDA for s in sources):
+            return None
+        return _ckptio.safetensors_serialize([(s.name, s.code, s.shape, s.address, s.nbytes, s.mem_kind)
+                                              for s in sources], metadata, 4096 if align is None else align)
     _adapt.sync_current_stream({s.cuda_index for s in sources if s.mem_kind == _adapt.MEM_CUDA})
     with _progress.reporting(progress, what):
         _ckptio.safetensors_save(
@@ -736,6 +752,7 @@ def _save(state_dict: Any, spath: str, format: Optional[str], metadata: Optional
             in_place,
         )
     del sources  # the memory had to stay alive until here
+    return None
 
 
 def save_torch(obj: Any, path: PathLike, *, align: Optional[int] = None, crc: bool = True,

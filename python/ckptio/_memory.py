@@ -2,11 +2,18 @@
 takes bytes, a memoryview or a binary file object (what safetensors.torch's
 ``save``/``load`` and ``torch.save(obj, buffer)`` give object stores and RPC).
 
-The bytes live in an anonymous memory file (``memfd_create``) that the
-library reads and writes through its ``/proc/self/fd/N`` name: the same
-parsers, validation and writers as for files on disk, nothing written to any
-file system, nothing left behind if the process dies. A save writes that
-file in place (there is nothing to rename over it) and returns its content.
+The common cases work on the bytes themselves: a safetensors save of host
+tensors is laid out by the library and each tensor copied once into the
+bytes object (``_ckptio.safetensors_serialize``); a load to the CPU parses
+the header in place (``safetensors_describe``, the torch reader's
+``torch_reader_from_bytes``) and copies each tensor (or each pack of small
+ones) once out of the bytes (load_in_memory). The rest - GPU tensors, torch
+files saved to bytes, progress bars, ``out=`` - goes through an anonymous
+memory file (``memfd_create``) that the library reads and writes through its
+``/proc/self/fd/N`` name: the same parsers, validation and writers as for
+files on disk, nothing written to any file system, nothing left behind if the
+process dies. A save writes that file in place (there is nothing to rename
+over it) and returns its content.
 """
 
 from __future__ import annotations
@@ -16,11 +23,13 @@ import io
 import mmap
 import os
 import stat
-from typing import Any, Iterator, Optional
+import warnings
+from typing import Any, Dict, Iterable, Iterator, Optional
 
+from . import _adapt, _bulk, _ckptio
 from ._errors import CkptioError
 
-_NAME = "<bytes>"  # what error messages call the data instead of /proc/self/fd/N
+NAME = "<bytes>"  # what error messages call the data instead of /proc/self/fd/N
 
 
 def is_memory(source: Any) -> bool:
@@ -49,15 +58,15 @@ def _renamed(path: str) -> Iterator[None]:
         for attr in ("message", "strerror"):
             value = getattr(exc, attr, None)
             if isinstance(value, str):
-                setattr(exc, attr, value.replace(path, _NAME))
+                setattr(exc, attr, value.replace(path, NAME))
         if exc.args and isinstance(exc.args[0], str):
-            exc.args = (exc.args[0].replace(path, _NAME),) + tuple(exc.args[1:])
+            exc.args = (exc.args[0].replace(path, NAME),) + tuple(exc.args[1:])
         if getattr(exc, "path", None) == path:
-            exc.path = exc.filename = _NAME
+            exc.path = exc.filename = NAME
         raise
     except (ValueError, TypeError, KeyError) as exc:
         if exc.args and isinstance(exc.args[0], str) and path in exc.args[0]:
-            exc.args = (exc.args[0].replace(path, _NAME),) + tuple(exc.args[1:])
+            exc.args = (exc.args[0].replace(path, NAME),) + tuple(exc.args[1:])
         raise
 
 
@@ -101,6 +110,79 @@ def readable_path(source: Any) -> Iterator[str]:
             yield path
     finally:
         os.close(fd)
+
+
+def _bytes_of(source: Any) -> Optional[Any]:
+    """The checkpoint's bytes (bytes, bytearray, memoryview), or None for a
+    file object over a regular file at its start (read through its descriptor)."""
+    if isinstance(source, (bytes, bytearray, memoryview)):
+        return source
+    if _regular_file_at_start(source) is not None:
+        return None
+    data = source.read()
+    if not isinstance(data, (bytes, bytearray, memoryview)):
+        raise TypeError(f"ckptio.load: the file object's read() returned {type(data).__name__}, not bytes "
+                        "(open the file in binary mode)")
+    return data
+
+
+def _address(data) -> Any:
+    """(address, length, owner) of the bytes of `data` without a copy; the
+    owner keeps them alive (a memoryview: a uint8 tensor over it)."""
+    if isinstance(data, (bytes, bytearray)):
+        address, length = _ckptio.memory_of(data)
+        return address, length, data
+    torch = _adapt.torch_module()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)  # "the given buffer is not writable": it is only read
+        u8 = torch.frombuffer(memoryview(data).cast("B"), dtype=torch.uint8)
+    return u8.data_ptr(), u8.numel(), u8
+
+
+def load_in_memory(source: Any, keys: Optional[Iterable[str]]) -> Optional[Dict[str, Any]]:
+    """ckptio.load of a checkpoint held in memory into new CPU torch tensors,
+    copied once out of the bytes; None when this path does not apply (a file
+    object over a regular file, a torch file with `keys`, bytes that are not
+    a checkpoint: the memory-file path says what is wrong)."""
+    data = _bytes_of(source)
+    if data is None or not len(data):
+        return None
+    address, length, owner = _address(data)
+    kind = _ckptio.format_detect_memory(address, length)
+    if kind == "safetensors":
+        rows, _ = _ckptio.safetensors_describe(address, length, NAME)
+        if keys is None:
+            names = sorted(row[0] for row in rows)
+            wanted = range(len(rows)) if len(rows) < 2 else [i for _, i in sorted((row[0], i)
+                                                                                    for i, row in enumerate(rows))]
+        else:
+            index = {row[0]: i for i, row in enumerate(rows)}
+            names = list(keys)
+            try:
+                wanted = [index[name] for name in names]
+            except KeyError as exc:
+                raise KeyError(f"{NAME}: no tensor named {exc.args[0]!r}") from None
+        with _bulk.no_gc(len(rows)):
+            made = _bulk.copy_from(address, [(i,) + row for i, row in enumerate(rows)] if keys is None
+                                   else [(i,) + rows[i] for i in sorted(set(wanted))])
+        del owner  # the bytes had to stay alive until here
+        return {name: made[i] for name, i in zip(names, wanted)}
+    if kind == "torch" and keys is None and isinstance(data, bytes):
+        from ._torch_objects import build_torch_object
+
+        torch = _adapt.torch_module()
+        reader = _ckptio.torch_reader_from_bytes(data, NAME)
+        try:
+            storages = []
+            for _, _, _, nbytes, offset, _ in reader.storages:
+                s = torch.UntypedStorage(nbytes)
+                if nbytes:
+                    _ckptio.copy(s.data_ptr(), address + offset, nbytes)
+                storages.append(s)
+            return build_torch_object(reader, _adapt.Device("cpu", None), storages=storages)
+        finally:
+            reader.close()
+    return None
 
 
 def save_to_bytes(write) -> bytes:

@@ -9,6 +9,7 @@
  * boxes, all read in one ckptio_model_read() call (one engine plan).
  */
 #include "ckpy_handle.h"
+#include "ckpy_mapping.h"
 #include "ckpy_parts.h"
 
 #include <string.h>
@@ -243,6 +244,107 @@ out:
     return result;
 }
 
+/* The file offset, size and shard of tensor `i` from the rows copied at open. */
+static int row_place(ckpy_model_reader *self, uint64_t i, uint64_t *offset, uint64_t *nbytes, Py_ssize_t *shard) {
+    if (i >= (uint64_t)PyList_Size(self->tensors)) {
+        PyErr_Format(PyExc_IndexError, "read_runs(): tensor index %llu out of range", (unsigned long long)i);
+        return -1;
+    }
+    PyObject *row = PyList_GetItem(self->tensors, (Py_ssize_t)i);
+    *offset = PyLong_AsUnsignedLongLong(PyTuple_GetItem(row, 3));
+    *nbytes = PyLong_AsUnsignedLongLong(PyTuple_GetItem(row, 4));
+    *shard = PyLong_AsSsize_t(PyTuple_GetItem(row, 5));
+    return PyErr_Occurred() ? -1 : 0;
+}
+
+/* read_runs(runs): each run (first, count, address, capacity, mem_kind) is
+ * the tensors first .. first + count - 1, back to back in one shard, read
+ * back to back into one buffer: one extent (ckptio_model_read merges them). */
+static PyObject *model_read_runs(PyObject *obj, PyObject *seq) {
+    ckpy_model_reader *self = (ckpy_model_reader *)obj;
+    if (!PyList_Check(seq) && !PyTuple_Check(seq)) {
+        PyErr_SetString(PyExc_TypeError, "read_runs() takes a list of (first, count, address, capacity, mem_kind)");
+        return NULL;
+    }
+    const Py_ssize_t nruns = PySequence_Size(seq);
+    if (nruns < 0) return NULL;
+    size_t n = 0, cap = 0;
+    ckptio_slice_target *targets = NULL;
+    PyObject *result = NULL;
+    for (Py_ssize_t r = 0; r < nruns; r++) {
+        PyObject *item = PySequence_GetItem(seq, r);
+        if (!item) goto out;
+        PyObject *first_o, *count_o, *addr_o, *cap_o, *kind_o;
+        uint64_t first, count, address, capacity;
+        ckptio_mem_kind kind;
+        const int ok = PyArg_ParseTuple(item, "OOOOO:run", &first_o, &count_o, &addr_o, &cap_o, &kind_o) &&
+                       ckpy_u64(first_o, "run first", &first) == 0 && ckpy_u64(count_o, "run count", &count) == 0 &&
+                       ckpy_u64(addr_o, "run address", &address) == 0 &&
+                       ckpy_u64(cap_o, "run capacity", &capacity) == 0 && ckpy_mem_kind(kind_o, &kind) == 0;
+        Py_DECREF(item);
+        if (!ok) goto out;
+        if (n + count > cap) {
+            size_t grown = cap ? cap * 2 : 64;
+            while (grown < n + count) grown *= 2;
+            ckptio_slice_target *t = PyMem_Realloc(targets, grown * sizeof *t);
+            if (!t) {
+                PyErr_NoMemory();
+                goto out;
+            }
+            targets = t;
+            cap = grown;
+        }
+        uint64_t start = 0, used = 0;
+        Py_ssize_t first_shard = 0;
+        for (uint64_t k = 0; k < count; k++) {
+            uint64_t offset, nbytes;
+            Py_ssize_t shard;
+            if (row_place(self, first + k, &offset, &nbytes, &shard) < 0) goto out;
+            if (k == 0) {
+                start = offset;
+                first_shard = shard;
+            }
+            if (shard != first_shard || offset != start + used || used + nbytes > capacity) {
+                PyErr_Format(PyExc_ValueError,
+                             "read_runs(): run %zd: tensor %llu does not follow the run's tensors in one shard or "
+                             "does not fit its %llu bytes",
+                             r, (unsigned long long)(first + k), (unsigned long long)capacity);
+                goto out;
+            }
+            targets[n++] = (ckptio_slice_target){.index = (size_t)(first + k),
+                                                 .data = (void *)(uintptr_t)(address + used), .capacity = nbytes,
+                                                 .mem_kind = kind};
+            used += nbytes;
+        }
+    }
+    read_args a = {targets, n};
+    if (ckpy_handle_run((ckpy_handle *)obj, do_read, &a) < 0) goto out;
+    result = Py_None;
+    Py_INCREF(result);
+out:
+    PyMem_Free(targets);
+    return result;
+}
+
+static ckptio_status do_map(ckpy_handle *h, void *arg) {
+    void **io = arg; /* [0]: the shard (size_t *), [1]: the result (ckptio_mapping **) */
+    return ckptio_model_map(h->handle, *(size_t *)io[0], io[1]);
+}
+
+static PyObject *model_map(PyObject *obj, PyObject *arg) {
+    const Py_ssize_t shard = PyLong_AsSsize_t(arg);
+    if (shard == -1 && PyErr_Occurred()) return NULL;
+    if (shard < 0) {
+        PyErr_SetString(PyExc_ValueError, "map(): the shard index must be >= 0");
+        return NULL;
+    }
+    size_t s = (size_t)shard;
+    ckptio_mapping *m = NULL;
+    void *io[2] = {&s, &m};
+    if (ckpy_handle_run((ckpy_handle *)obj, do_map, io) < 0) return NULL;
+    return ckpy_mapping_wrap(m);
+}
+
 /* Every shard against the checksum manifest beside it. */
 static ckptio_status do_verify(ckpy_handle *h, void *arg) {
     ckptio_verify_report *total = arg;
@@ -318,6 +420,12 @@ static PyMethodDef model_methods[] = {
      "read_slices(targets): reads boxes of tensors; targets is a list of\n"
      "(index, start, stop, address, capacity, mem_kind), start/stop tuples of ints (None: the whole\n"
      "tensor). Each box lands in C order. One plan, GIL released."},
+    {"read_runs", model_read_runs, METH_O,
+     "read_runs(runs): each run (first, count, address, capacity, mem_kind) reads the tensors first ..\n"
+     "first + count - 1, back to back in one shard, back to back into one buffer. One plan, GIL released."},
+    {"map", model_map, METH_O,
+     "map(shard) -> Mapping: the shard's file mapped into memory, private and copy-on-write (a tensor is at\n"
+     "address + its file_offset)."},
     {"verify", model_verify, METH_NOARGS,
      "verify() -> dict: checks every shard against the checksum manifest beside it."},
     {"close", ckpy_handle_close, METH_NOARGS, "close(): releases every shard (waits for a read in flight)."},

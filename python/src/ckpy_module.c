@@ -151,6 +151,20 @@ static PyObject *mod_format_detect(PyObject *self, PyObject *args, PyObject *kwa
     return PyUnicode_FromString(ckptio_format_name(c.format));
 }
 
+/* The same rule on a whole file held in memory (ckptio_format_detect_bytes). */
+static PyObject *mod_format_detect_memory(PyObject *self, PyObject *args) {
+    (void)self;
+    PyObject *addr_o, *len_o;
+    uint64_t addr, len;
+    if (!PyArg_ParseTuple(args, "OO:format_detect_memory", &addr_o, &len_o) || ckpy_u64(addr_o, "address", &addr) < 0 ||
+        ckpy_u64(len_o, "length", &len) < 0)
+        return NULL;
+    ckptio_format format = CKPTIO_FORMAT_UNKNOWN;
+    const ckptio_status st = ckptio_format_detect_bytes((const void *)(uintptr_t)addr, (size_t)len, len, &format);
+    if (st != CKPTIO_OK) return ckpy_raise(st);
+    return PyUnicode_FromString(ckptio_format_name(format));
+}
+
 static PyMethodDef module_methods[] = {
     {"version", mod_version, METH_NOARGS, "version() -> str: the C library's version, 'MAJOR.MINOR.PATCH'."},
     {"status_name", mod_status_name, METH_O, "status_name(code) -> str: e.g. 'E_FORMAT'."},
@@ -168,6 +182,8 @@ static PyMethodDef module_methods[] = {
      "inherit_mode(fd, path) -> None: gives the open file fd the permission bits (and, where permitted,\n"
      "owner and group) of the regular file at path, if there is one; call before fsync and rename\n"
      "when replacing path by a temporary of your own (ckptio_inherit_mode)."},
+    {"format_detect_memory", mod_format_detect_memory, METH_VARARGS,
+     "format_detect_memory(address, length) -> str: format_detect's answer for a whole file held in memory."},
     {"format_detect", (PyCFunction)(void (*)(void))mod_format_detect, METH_VARARGS | METH_KEYWORDS,
      "format_detect(path, engine=None) -> str: 'safetensors', 'torch', 'torch_legacy', 'dcp', 'hf_index',\n"
      "'directory' or 'unknown' (ckptio_format_detect: a file's first bytes, a directory's entries; with an\n"
@@ -215,7 +231,8 @@ PyMODINIT_FUNC PyInit__ckptio(void) {
         ckpy_file_add_to_module(m) < 0 || ckpy_gds_add_to_module(m) < 0 || ckpy_torch_add_to_module(m) < 0 ||
         ckpy_dcp_add_to_module(m) < 0 || ckpy_dcp_commit_add_to_module(m) < 0 || ckpy_pickle_add_to_module(m) < 0 ||
         ckpy_model_add_to_module(m) < 0 || ckpy_steps_add_to_module(m) < 0 || ckpy_convert_add_to_module(m) < 0 ||
-        ckpy_snapshot_add_to_module(m) < 0 || ckpy_object_add_to_module(m) < 0)
+        ckpy_snapshot_add_to_module(m) < 0 || ckpy_object_add_to_module(m) < 0 ||
+        ckpy_mapping_add_to_module(m) < 0)
         goto fail;
     if (PyModule_AddIntConstant(m, "MEM_HOST", CKPTIO_MEM_HOST) < 0 ||
         PyModule_AddIntConstant(m, "MEM_PINNED", CKPTIO_MEM_PINNED) < 0 ||

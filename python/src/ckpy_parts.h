@@ -21,6 +21,7 @@ int ckpy_steps_add_to_module(PyObject *module);       /* ckpy_steps.c: the check
 int ckpy_convert_add_to_module(PyObject *module);     /* ckpy_convert.c: any checkpoint into any format */
 int ckpy_snapshot_add_to_module(PyObject *module);    /* ckpy_snapshot.c: snapshot pools */
 int ckpy_object_add_to_module(PyObject *module);      /* ckpy_object.c: objects in S3-compatible storage */
+int ckpy_mapping_add_to_module(PyObject *module);     /* ckpy_mapping.c: files mapped into memory */
 
 /* Module-level functions of the parts, listed in ckpy_module.c's table. */
 PyObject *ckpy_safetensors_save(PyObject *self, PyObject *args, PyObject *kwargs); /* ckpy_safetensors.c */

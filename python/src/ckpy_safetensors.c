@@ -318,6 +318,53 @@ static ckptio_status do_save(ckptio_engine *engine, void *arg) {
                                    c->flags);
 }
 
+/* The tensors and metadata of a save call into `s` (zeroed); -1 with an error. */
+static int parse_save(save_state *s, PyObject *seq, PyObject *metadata) {
+    if (!PySequence_Check(seq)) {
+        PyErr_SetString(PyExc_TypeError,
+                        "tensors must be a sequence of (name, dtype, shape, address, nbytes, mem_kind)");
+        return -1;
+    }
+    const Py_ssize_t n = PySequence_Size(seq);
+    if (n < 0) return -1;
+    s->count = (size_t)n;
+    s->keep = PyList_New(0);
+    s->sources = PyMem_Calloc(n ? (size_t)n : 1, sizeof *s->sources);
+    s->shapes = PyMem_Calloc(n ? (size_t)n : 1, sizeof *s->shapes);
+    if (!s->keep || !s->sources || !s->shapes) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *item = PySequence_GetItem(seq, i);
+        if (!item) return -1;
+        const int rc = parse_source(s, item, (size_t)i);
+        Py_DECREF(item);
+        if (rc < 0) return -1;
+    }
+    return parse_metadata(s, metadata);
+}
+
+static void save_state_free(save_state *s) {
+    if (s->shapes)
+        for (size_t i = 0; i < s->count; i++) PyMem_Free(s->shapes[i]);
+    PyMem_Free(s->shapes);
+    PyMem_Free(s->sources);
+    PyMem_Free(s->kvs);
+    Py_XDECREF(s->keep);
+}
+
+static int align_flags(int align, unsigned *flags) {
+    if (align == 4096) *flags = CKPTIO_SAFETENSORS_ALIGN_4K;
+    else if (align == 8) *flags = CKPTIO_SAFETENSORS_ALIGN_8;
+    else {
+        PyErr_Format(PyExc_ValueError, "align must be 4096 (data section 4 KiB-aligned) or 8 (reference layout), not %d",
+                     align);
+        return -1;
+    }
+    return 0;
+}
+
 PyObject *ckpy_safetensors_save(PyObject *module, PyObject *args, PyObject *kwargs) {
     static char *kwlist[] = {"path", "tensors", "metadata", "align", "engine", "checksums", "in_place", NULL};
     PyObject *path_arg, *seq, *metadata = Py_None, *engine_arg = Py_None;
@@ -326,41 +373,14 @@ PyObject *ckpy_safetensors_save(PyObject *module, PyObject *args, PyObject *kwar
                                      &align, &engine_arg, &checksums, &in_place))
         return NULL;
     unsigned flags;
-    if (align == 4096) flags = CKPTIO_SAFETENSORS_ALIGN_4K;
-    else if (align == 8) flags = CKPTIO_SAFETENSORS_ALIGN_8;
-    else {
-        PyErr_Format(PyExc_ValueError, "align must be 4096 (data section 4 KiB-aligned) or 8 (reference layout), not %d",
-                     align);
-        return NULL;
-    }
+    if (align_flags(align, &flags) < 0) return NULL;
     if (checksums) flags |= CKPTIO_SAFETENSORS_CHECKSUMS;
     if (in_place) flags |= CKPTIO_SAFETENSORS_IN_PLACE;
-    if (!PySequence_Check(seq)) {
-        PyErr_SetString(PyExc_TypeError, "tensors must be a sequence of (name, dtype, shape, address, nbytes, mem_kind)");
-        return NULL;
-    }
-    Py_ssize_t n = PySequence_Size(seq);
-    if (n < 0) return NULL;
     PyObject *result = NULL, *pb = NULL;
     ckpy_engine *engine = NULL;
     save_state s;
     memset(&s, 0, sizeof s);
-    s.count = (size_t)n;
-    s.keep = PyList_New(0);
-    s.sources = PyMem_Calloc(n ? (size_t)n : 1, sizeof *s.sources);
-    s.shapes = PyMem_Calloc(n ? (size_t)n : 1, sizeof *s.shapes);
-    if (!s.keep || !s.sources || !s.shapes) {
-        PyErr_NoMemory();
-        goto out;
-    }
-    for (Py_ssize_t i = 0; i < n; i++) {
-        PyObject *item = PySequence_GetItem(seq, i);
-        if (!item) goto out;
-        int rc = parse_source(&s, item, (size_t)i);
-        Py_DECREF(item);
-        if (rc < 0) goto out;
-    }
-    if (parse_metadata(&s, metadata) < 0) goto out;
+    if (parse_save(&s, seq, metadata) < 0) goto out;
     pb = ckpy_path_bytes(path_arg);
     if (!pb) goto out;
     engine = ckpy_engine_resolve(engine_arg);
@@ -370,16 +390,131 @@ PyObject *ckpy_safetensors_save(PyObject *module, PyObject *args, PyObject *kwar
     result = Py_None;
     Py_INCREF(result);
 out:
-    if (s.shapes)
-        for (size_t i = 0; i < s.count; i++) PyMem_Free(s.shapes[i]);
-    PyMem_Free(s.shapes);
-    PyMem_Free(s.sources);
-    PyMem_Free(s.kvs);
-    Py_XDECREF(s.keep);
+    save_state_free(&s);
     Py_XDECREF(pb);
     Py_XDECREF(engine);
     return result;
 }
+
+/* safetensors_serialize(tensors, metadata=None, align=4096) -> bytes: the
+ * file ckptio_safetensors_save would write, made in memory
+ * (ckptio_safetensors_layout, then one copy of each tensor straight into the
+ * bytes object, with the GIL released). Host and pinned memory only. */
+static PyObject *mod_safetensors_serialize(PyObject *module, PyObject *args, PyObject *kwargs) {
+    static char *kwlist[] = {"tensors", "metadata", "align", NULL};
+    PyObject *seq, *metadata = Py_None;
+    int align = 4096;
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "O|Oi:safetensors_serialize", kwlist, &seq, &metadata, &align))
+        return NULL;
+    unsigned flags;
+    if (align_flags(align, &flags) < 0) return NULL;
+    PyObject *result = NULL, *out = NULL;
+    uint64_t *offsets = NULL;
+    save_state s;
+    memset(&s, 0, sizeof s);
+    if (parse_save(&s, seq, metadata) < 0) goto fail;
+    for (size_t i = 0; i < s.count; i++)
+        if (s.sources[i].mem_kind != CKPTIO_MEM_HOST && s.sources[i].mem_kind != CKPTIO_MEM_PINNED) {
+            PyErr_Format(PyExc_ValueError, "safetensors_serialize: tensor '%s' is not in host memory", s.sources[i].name);
+            goto fail;
+        }
+    const ckptio_kv *kvs = s.kv_count ? s.kvs : NULL;
+    uint64_t header_size = 0, file_size = 0;
+    ckptio_status st = ckptio_safetensors_layout(s.sources, s.count, kvs, s.kv_count, flags, NULL, 0, &header_size,
+                                                 NULL, &file_size);
+    if (st != CKPTIO_OK) {
+        ckpy_raise(st);
+        goto fail;
+    }
+    offsets = PyMem_Calloc(s.count ? s.count : 1, sizeof *offsets);
+    out = offsets ? PyBytes_FromStringAndSize(NULL, (Py_ssize_t)file_size) : PyErr_NoMemory();
+    if (!out) goto fail;
+    unsigned char *file = (unsigned char *)PyBytes_AsString(out);
+    Py_BEGIN_ALLOW_THREADS
+    st = ckptio_safetensors_layout(s.sources, s.count, kvs, s.kv_count, flags, file, header_size, &header_size,
+                                   offsets, &file_size);
+    for (size_t i = 0; st == CKPTIO_OK && i < s.count; i++)
+        st = ckptio_mapping_copy(file + offsets[i], s.sources[i].data, (size_t)s.sources[i].nbytes);
+    Py_END_ALLOW_THREADS
+    if (st != CKPTIO_OK) {
+        ckpy_raise(st);
+        goto fail;
+    }
+    result = out;
+    out = NULL;
+fail:
+    Py_XDECREF(out);
+    PyMem_Free(offsets);
+    save_state_free(&s);
+    return result;
+}
+
+/* ---- a file held in memory --------------------------------------------------- */
+
+/* safetensors_describe(address, length, what) -> (tensors, metadata): the
+ * header of a whole safetensors file at [address, address + length) parsed
+ * and validated (ckptio_safetensors_parse), the tensors as
+ * (name, dtype code, shape, offset, nbytes, 0) in offset order, as
+ * ModelReader.tensors gives them. Errors name the data `what`. The caller
+ * keeps the memory alive for the call. */
+static PyObject *mod_safetensors_describe(PyObject *module, PyObject *args) {
+    PyObject *addr_o, *len_o;
+    const char *what;
+    uint64_t addr, len;
+    if (!PyArg_ParseTuple(args, "OOs:safetensors_describe", &addr_o, &len_o, &what) ||
+        ckpy_u64(addr_o, "address", &addr) < 0 || ckpy_u64(len_o, "length", &len) < 0)
+        return NULL;
+    ckptio_safetensors *handle = NULL;
+    ckptio_status st;
+    Py_BEGIN_ALLOW_THREADS
+    st = ckptio_safetensors_parse((const void *)(uintptr_t)addr, (size_t)len, len, &handle);
+    Py_END_ALLOW_THREADS
+    if (st != CKPTIO_OK) {
+        const ckptio_error_info *e = ckptio_last_error();
+        return ckpy_raise_custom(st, 0, NULL, what, e->file_offset, "%s", e->message);
+    }
+    PyObject *result = NULL, *tensors = NULL, *metadata = PyDict_New();
+    size_t count = 0, mcount = 0;
+    ckptio_safetensors_count(handle, &count);
+    ckptio_safetensors_metadata_count(handle, &mcount);
+    if (!metadata || !(tensors = PyList_New((Py_ssize_t)count))) goto out;
+    for (size_t i = 0; i < count; i++) {
+        ckptio_tensor_info info;
+        ckptio_safetensors_tensor(handle, i, &info);
+        PyObject *shape = ckpy_int64_tuple(info.shape, info.ndim);
+        if (!shape) goto out;
+        PyObject *row = Py_BuildValue("(s#iNKKi)", info.name, (Py_ssize_t)strlen(info.name), (int)info.dtype, shape,
+                                      (unsigned long long)info.file_offset, (unsigned long long)info.nbytes, 0);
+        if (!row) goto out;
+        PyList_SetItem(tensors, (Py_ssize_t)i, row);
+    }
+    for (size_t i = 0; i < mcount; i++) {
+        ckptio_kv kv;
+        ckptio_safetensors_metadata(handle, i, &kv);
+        PyObject *k = PyUnicode_FromString(kv.key);
+        PyObject *v = k ? PyUnicode_FromString(kv.value) : NULL;
+        const int rc = v ? PyDict_SetItem(metadata, k, v) : -1;
+        Py_XDECREF(k);
+        Py_XDECREF(v);
+        if (rc < 0) goto out;
+    }
+    result = PyTuple_Pack(2, tensors, metadata);
+out:
+    Py_XDECREF(tensors);
+    Py_XDECREF(metadata);
+    ckptio_safetensors_close(handle);
+    return result;
+}
+
+static PyMethodDef module_methods[] = {
+    {"safetensors_serialize", (PyCFunction)(void (*)(void))mod_safetensors_serialize, METH_VARARGS | METH_KEYWORDS,
+     "safetensors_serialize(tensors, metadata=None, align=4096) -> bytes: the file safetensors_save would write,\n"
+     "made in memory (host tensors; one copy of each, GIL released)."},
+    {"safetensors_describe", mod_safetensors_describe, METH_VARARGS,
+     "safetensors_describe(address, length, what) -> (tensors, metadata): a whole safetensors file held in\n"
+     "memory, parsed and validated; tensors as (name, dtype code, shape, offset, nbytes, 0) in offset order."},
+    {NULL, NULL, 0, NULL},
+};
 
 int ckpy_safetensors_add_to_module(PyObject *module) {
     reader_type = (PyTypeObject *)PyType_FromSpec(&reader_spec);
@@ -388,5 +523,5 @@ int ckpy_safetensors_add_to_module(PyObject *module) {
         Py_DECREF(reader_type);
         return -1;
     }
-    return 0;
+    return PyModule_AddFunctions(module, module_methods);
 }

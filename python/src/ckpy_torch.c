@@ -8,6 +8,7 @@
  * reachable along several paths becomes one Python object, as in pickle.
  */
 #include "ckpy_handle.h"
+#include "ckpy_mapping.h"
 #include "ckpy_parts.h"
 
 #include <string.h>
@@ -382,6 +383,14 @@ static PyObject *reader_verify(PyObject *obj, PyObject *unused) {
                          "crc_absent", (Py_ssize_t)rep.crc_absent, "bytes", (unsigned long long)rep.bytes);
 }
 
+static ckptio_status do_map(ckpy_handle *h, void *arg) { return ckptio_torch_map(h->handle, arg); }
+
+static PyObject *reader_map(PyObject *obj, PyObject *unused) {
+    ckptio_mapping *m = NULL;
+    if (ckpy_handle_run((ckpy_handle *)obj, do_map, &m) < 0) return NULL;
+    return ckpy_mapping_wrap(m);
+}
+
 static PyObject *get_tensors(PyObject *obj, void *c) {
     return PyList_GetSlice(((ckpy_torch_reader *)obj)->tensors, 0, PY_SSIZE_T_MAX);
 }
@@ -416,6 +425,9 @@ static PyMethodDef reader_methods[] = {
     {"read_storages", reader_read_storages, METH_O,
      "read_storages(targets): whole storages into memory; targets: (storage index, address, capacity, mem_kind)."},
     {"verify", reader_verify, METH_NOARGS, "verify() -> dict: checks every record's CRC-32."},
+    {"map", reader_map, METH_NOARGS,
+     "map() -> Mapping: the file mapped into memory, private and copy-on-write (a storage is at address +\n"
+     "its file_offset)."},
     {"close", ckpy_handle_close, METH_NOARGS, "close(): releases the file."},
     {"__enter__", ckpy_handle_enter, METH_NOARGS, NULL},
     {"__exit__", ckpy_handle_exit, METH_VARARGS, NULL},

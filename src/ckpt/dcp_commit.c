@@ -75,8 +75,8 @@ ckptio_status ckptio__dcp_write_file(const char *dir, const char *name, const vo
                                     const char *reference, unsigned flags) {
     CKPTIO_RETURN_IF(!dir || !*dir || !name || !*name || strchr(name, '/') || (!data && len), CKPTIO_E_INVAL,
                      "ckptio__dcp_write_file: dir, a file name without '/' and the data are required");
-    CKPTIO_RETURN_IF(flags & ~(unsigned)CKPTIO_DCP_SYNC, CKPTIO_E_INVAL, "ckptio__dcp_write_file: unknown flags 0x%x",
-                     flags & ~(unsigned)CKPTIO_DCP_SYNC);
+    const unsigned known = CKPTIO_DCP_SYNC | CKPTIO__DCP_NO_DIR_SYNC;
+    CKPTIO_RETURN_IF(flags & ~known, CKPTIO_E_INVAL, "ckptio__dcp_write_file: unknown flags 0x%x", flags & ~known);
     const bool sync = flags & CKPTIO_DCP_SYNC;
     char *final = ckptio__dcp_join(dir, name), tmp[4096];
     if (!final) return CKPTIO_FAIL(CKPTIO_E_NOMEM, "out of memory");
@@ -103,7 +103,7 @@ ckptio_status ckptio__dcp_write_file(const char *dir, const char *name, const vo
         /* The first error matters; a temporary left behind is recognisable
          * and removed later. */
         unlink(tmp);
-    } else if (st == CKPTIO_OK && sync) {
+    } else if (st == CKPTIO_OK && sync && !(flags & CKPTIO__DCP_NO_DIR_SYNC)) {
         const int err = ckptio__dcp_fsync_dir(dir);
         if (err)
             st = CKPTIO_FAIL_SYS_NOTE(err, "fsync", dir,

@@ -55,10 +55,15 @@ int ckptio__dcp_fsync_dir(const char *dir);
 ckptio_status ckptio__dcp_referenced_files(const void *bytes, size_t len, const char *origin, char ***files,
                                            size_t *count);
 
+/* ckptio__dcp_write_file() with CKPTIO_DCP_SYNC: the file is fsynced before its
+ * rename, but the directory is left to a later write's directory fsync (the
+ * manifest's rename is made durable by .metadata's, which follows it). */
+#define CKPTIO__DCP_NO_DIR_SYNC (1u << 16)
+
 /* Writes `len` bytes as DIR/NAME atomically: a temporary
  * (ckptio_temporary_create, with the reference's attributes), write (short
  * writes resumed), fsync, rename over NAME, fsync of the directory (the
- * fsyncs with CKPTIO_DCP_SYNC, the only flag). A failure before the rename
+ * fsyncs with CKPTIO_DCP_SYNC; CKPTIO__DCP_NO_DIR_SYNC skips the last). A failure before the rename
  * leaves NAME as it was and removes the temporary; a failed directory fsync
  * after it says that the new NAME is in place but may not survive a power
  * loss. (dcp_commit.c; the step markers of src/ckpt/steps_marker.c too.) */

@@ -104,8 +104,10 @@ ckptio_status ckptio_dcp_commit(const char *dir, const ckptio_dcp_commit_options
     if (st == CKPTIO_OK && manifest[0] && (o->flags & CKPTIO_DCP_MANIFEST)) {
         st = around(dir, o, r, CKPTIO_DCP_STEP_MANIFEST, manifest_path, 0);
         if (st == CKPTIO_OK)
+            /* Its content is fsynced; its rename becomes durable with .metadata's directory fsync below
+             * (a manifest lost with a crash leaves the structural check to ckptio_dcp_validate). */
             st = ckptio__dcp_manifest_write(dir, o->metadata_name, o->files, o->nfiles, o->items, o->nitems,
-                                            reference, sync);
+                                            reference, sync ? sync | CKPTIO__DCP_NO_DIR_SYNC : 0);
         if (st == CKPTIO_OK) st = around(dir, o, r, CKPTIO_DCP_STEP_MANIFEST, manifest_path, 1);
     }
     if (st == CKPTIO_OK) st = around(dir, o, r, CKPTIO_DCP_STEP_METADATA, metadata_path, 0);

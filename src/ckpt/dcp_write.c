@@ -35,6 +35,7 @@ typedef struct item_job {
     bool host;               /* every byte of the item is in host memory */
     bool host_blocks;        /* its host storages are hashed in blocks by the plan's observer */
     uint64_t size;           /* uncompressed item size */
+    uint32_t align;          /* the item's start (and its archive's storage) alignment */
     uint8_t *meta;           /* archive: metadata image (meta_len + scratch bytes) */
     uint8_t *image;          /* ZSTD archive: the whole uncompressed archive */
     uint8_t *packed;         /* ZSTD: the compressed frame */
@@ -52,6 +53,21 @@ typedef struct job_list {
 static bool storage_on_host(const ckptio__torch_wstorage *s) {
     ckptio_mem_kind kind = s->mem_kind == CKPTIO_MEM_AUTO ? ckptio__gpu_classify(s->data) : s->mem_kind;
     return kind == CKPTIO_MEM_HOST || kind == CKPTIO_MEM_PINNED;
+}
+
+/* A small item in host memory is packed: it starts at the next multiple of CKPTIO_DCP_PACK_ALIGN and its
+ * archive aligns storages to that, as torch's writer does. Padding every item to 4 KiB made a tiny state
+ * dict several times larger than torch's; such items are read and written through the page cache anyway
+ * (below CKPTIO_OPT_DIRECT_MIN_BYTES), while large and GPU items keep the alignment O_DIRECT needs. */
+static uint32_t item_alignment(const ckptio_dcp_item *it, uint32_t alignment) {
+    if (alignment <= CKPTIO_DCP_PACK_ALIGN) return alignment;
+    uint64_t bytes = it->nbytes;
+    const ckptio_torch_writer *w = it->archive;
+    for (size_t i = 0; w && i < w->nstorages; i++) {
+        if (!storage_on_host(&w->storages[i])) return alignment;
+        bytes += w->storages[i].nbytes;
+    }
+    return bytes < CKPTIO_DCP_PACK_BELOW ? CKPTIO_DCP_PACK_ALIGN : alignment;
 }
 
 
@@ -213,12 +229,13 @@ static ckptio_status prepare_job(item_job *j, size_t index, uint32_t alignment, 
         return item_fail(CKPTIO_E_INVAL, index, it, "unknown flags 0x%x", it->flags);
     j->w = it->archive;
     j->host = true;
+    j->align = item_alignment(it, alignment);
     if (!j->w) {
         if (!it->bytes && it->nbytes) return item_fail(CKPTIO_E_INVAL, index, it, "byte item without bytes");
         j->size = it->nbytes;
     } else {
         ckptio_torch_writer *w = j->w;
-        CKPTIO_FORWARD(ckptio__torch_writer_prepare(w, alignment, prefix));
+        CKPTIO_FORWARD(ckptio__torch_writer_prepare(w, j->align, prefix));
         uint64_t host_bytes = 0;
         for (size_t i = 0; i < w->nentries; i++) {
             const size_t id = w->entry_storage[i];
@@ -312,8 +329,7 @@ static size_t extent_count(const item_job *jobs, size_t count) {
     return n;
 }
 
-static ckptio_status place_and_write(ckptio_engine *engine, item_job *jobs, size_t count, uint32_t alignment,
-                                     uint64_t start) {
+static ckptio_status place_and_write(ckptio_engine *engine, item_job *jobs, size_t count, uint64_t start) {
     ckptio_status st = CKPTIO_OK;
     file_end *ends = ckptio__calloc(count ? count : 1, sizeof *ends);
     ckptio_plan *plan = NULL;
@@ -333,7 +349,7 @@ static ckptio_status place_and_write(ckptio_engine *engine, item_job *jobs, size
         size_t f = 0;
         while (f < nfiles && ends[f].file != it->file) f++;
         if (f == nfiles) ends[nfiles++] = (file_end){.file = it->file, .end = start};
-        it->offset = align_up(ends[f].end, alignment);
+        it->offset = align_up(ends[f].end, j->align);
         ends[f].end = it->offset + it->length;
         ckptio_extent ex = {.file = it->file, .file_offset = it->offset, .mem_kind = CKPTIO_MEM_HOST};
         if (j->packed) {
@@ -413,7 +429,7 @@ ckptio_status ckptio__dcp_write_from(ckptio_engine *engine, ckptio_dcp_item *ite
             goto out;
         }
     }
-    st = place_and_write(engine, list.jobs, count, alignment, start);
+    st = place_and_write(engine, list.jobs, count, start);
 out:
     if (st != CKPTIO_OK) ckptio_dcp_items_release(items, count);
     for (size_t i = 0; list.jobs && i < count; i++) {

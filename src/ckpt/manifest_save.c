@@ -40,6 +40,7 @@
 #include <fcntl.h>
 #include <pthread.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
 #include <xxhash.h>
@@ -53,6 +54,8 @@ typedef struct hash_job {
 typedef struct hash_work {
     hash_job *jobs;
     size_t njobs;
+    ckptio_status status;          /* the first failure (a mapped source truncated) */
+    ckptio__error_saved *failure;  /* its message, taken on the hashing thread */
 } hash_work;
 
 /* GPU tensors: hashes of whole blocks as the data plan's observer sees them. */
@@ -77,9 +80,19 @@ static void gpu_observe(void *user, size_t extent, uint64_t offset, const void *
     g->seen[i][b] = 1;
 }
 
+static void hash_job_run(void *arg) {
+    hash_job *j = arg;
+    *j->out = XXH3_64bits(j->data, (size_t)j->len);
+}
+
+/* Host blocks are the caller's memory, which may be a mapped file: guarded. */
 static void *hash_thread(void *arg) {
     hash_work *w = arg;
-    for (size_t i = 0; i < w->njobs; i++) *w->jobs[i].out = XXH3_64bits(w->jobs[i].data, (size_t)w->jobs[i].len);
+    for (size_t i = 0; i < w->njobs && w->status == CKPTIO_OK; i++) {
+        w->status = ckptio__guarded_call(hash_job_run, &w->jobs[i], w->jobs[i].data, w->jobs[i].len,
+                                         "the checksums of a tensor");
+        if (w->status != CKPTIO_OK) w->failure = ckptio__error_save();
+    }
     return NULL;
 }
 
@@ -282,6 +295,12 @@ ckptio_status ckptio__manifest_write_and_commit(ckptio_engine *engine, ckptio_fi
     st = run_plan(engine, extents, count + 1, gh.seen ? &gh : NULL);
     if (helper_running) pthread_join(helper, NULL);
     else if (checksums && st == CKPTIO_OK) hash_thread(&work);
+    if (st == CKPTIO_OK && work.status != CKPTIO_OK) {
+        ckptio__error_restore(work.failure);
+        work.failure = NULL;
+        st = work.status;
+    }
+    free(work.failure); /* a failure of the plan came first */
     if (st != CKPTIO_OK) goto out;
     if (checksums) {
         if ((st = hash_from_file(file, &gh, &m)) != CKPTIO_OK) goto out;

@@ -426,7 +426,9 @@ static ckptio_status build_table(ckptio_model *m) {
             m->by_name[m->count] = m->count;
             m->count++;
         }
-    qsort_r(m->by_name, n, sizeof *m->by_name, cmp_by_name, m);
+    /* One shard's names are sorted already (and unique). */
+    if (m->nshards == 1) memcpy(m->by_name, m->shards[0]->by_name, n * sizeof *m->by_name);
+    else ckptio__sort(m->by_name, n, sizeof *m->by_name, cmp_by_name, m);
     for (size_t i = 1; i < n; i++) {
         const size_t a = m->by_name[i - 1], b = m->by_name[i];
         if (strcmp(ckptio__model_info(m, a)->name, ckptio__model_info(m, b)->name) == 0)

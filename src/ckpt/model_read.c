@@ -61,11 +61,26 @@ static ckptio_status list_push(extent_list *l, const ckptio_extent *e) {
     return CKPTIO_OK;
 }
 
+/* Appends `e` to a list of read extents; one continuing the last in file
+ * and memory lengthens it (as ckptio__plan_add_merged does in a plan). */
+static ckptio_status list_push_merged(extent_list *l, const ckptio_extent *e) {
+    ckptio_extent *last = l->n ? &l->v[l->n - 1] : NULL;
+    if (last && e->length && last->file == e->file && last->mem_kind == e->mem_kind &&
+        last->file_offset + last->length == e->file_offset &&
+        (const unsigned char *)last->memory + last->length == (const unsigned char *)e->memory) {
+        last->length += e->length;
+        return CKPTIO_OK;
+    }
+    return list_push(l, e);
+}
+
 /* Appends the runs of `r` (a tensor at `base` in `file`) as extents, to
- * `plan` or, when it is NULL, to `list`. */
+ * `plan` or, when it is NULL, to `list`; `merge` (reads): a run continuing
+ * the last extent in file and memory lengthens it, so tensors read back to
+ * back into one buffer cost the engine one extent. */
 static ckptio_status add_runs_to(ckptio_plan *plan, extent_list *list, ckptio_file *file, uint64_t base,
                                  const ckptio__slice_runs *r, unsigned char *memory, ckptio_mem_kind kind,
-                                 size_t *added) {
+                                 bool merge, size_t *added) {
     ckptio__slice_cursor c;
     ckptio__slice_cursor_init(r, &c);
     if (!r->run_bytes) return CKPTIO_OK;
@@ -76,15 +91,16 @@ static ckptio_status add_runs_to(ckptio_plan *plan, extent_list *list, ckptio_fi
                                (unsigned long long)k);
         const ckptio_extent e = {.file = file, .file_offset = at, .length = r->run_bytes,
                                  .memory = memory + k * r->run_bytes, .mem_kind = kind};
-        CKPTIO_FORWARD(plan ? ckptio_plan_add(plan, &e) : list_push(list, &e));
+        CKPTIO_FORWARD(plan ? (merge ? ckptio__plan_add_merged(plan, &e) : ckptio_plan_add(plan, &e))
+                            : merge ? list_push_merged(list, &e) : list_push(list, &e));
         if (added) (*added)++;
     }
     return CKPTIO_OK;
 }
 
 static ckptio_status add_runs(ckptio_plan *plan, ckptio_file *file, uint64_t base, const ckptio__slice_runs *r,
-                              unsigned char *memory, ckptio_mem_kind kind, size_t *added) {
-    return add_runs_to(plan, NULL, file, base, r, memory, kind, added);
+                              unsigned char *memory, ckptio_mem_kind kind, bool merge, size_t *added) {
+    return add_runs_to(plan, NULL, file, base, r, memory, kind, merge, added);
 }
 
 ckptio_status ckptio_plan_add_slice(ckptio_plan *plan, ckptio_file *file, uint64_t file_offset,
@@ -95,7 +111,7 @@ ckptio_status ckptio_plan_add_slice(ckptio_plan *plan, ckptio_file *file, uint64
     CKPTIO_FORWARD(ckptio__slice_layout(slice, NULL, &r));
     CKPTIO_RETURN_IF(!memory && r.nbytes, CKPTIO_E_INVAL, "ckptio_plan_add_slice: memory is NULL for %llu bytes",
                      (unsigned long long)r.nbytes);
-    return add_runs(plan, file, file_offset, &r, memory, mem_kind, added);
+    return add_runs(plan, file, file_offset, &r, memory, mem_kind, false, added);
 }
 
 /* ---- ckptio_model_read ------------------------------------------------------------- */
@@ -113,7 +129,8 @@ typedef struct span {
     size_t target;
 } span;
 
-static int cmp_span(const void *a, const void *b) {
+static int cmp_span(const void *a, const void *b, void *unused) {
+    (void)unused;
     const span *x = a, *y = b;
     return x->start < y->start ? -1 : x->start > y->start;
 }
@@ -128,7 +145,7 @@ static ckptio_status check_disjoint(const ckptio_model *m, const ckptio_slice_ta
     for (size_t i = 0; i < count; i++)
         if (p[i].r.nbytes)
             s[n++] = (span){(uintptr_t)t[i].data, (uintptr_t)t[i].data + p[i].r.nbytes, i};
-    qsort(s, n, sizeof *s, cmp_span);
+    ckptio__sort(s, n, sizeof *s, cmp_span, NULL); /* in memory order already when read back to back */
     ckptio_status st = CKPTIO_OK;
     size_t reach = 0;
     for (size_t i = 1; i < n; i++) {
@@ -152,11 +169,17 @@ static ckptio_status prepare(const ckptio_model *m, const ckptio_slice_target *t
                                m->count);
     const ckptio_tensor_info *info = ckptio__model_info(m, t->index);
     const ckptio_safetensors *shard = m->shards[m->tensors[t->index].shard];
+    /* What the messages call the target: formatted only when there is one
+     * to write (a load of 100,000 small tensors pays for none). */
     char what[300];
-    snprintf(what, sizeof what, "target %zu, tensor '%.256s'", i, info->name);
     const ckptio_slice s = {.dtype = info->dtype, .ndim = info->ndim, .shape = info->shape, .start = t->start,
                             .stop = t->stop};
-    ckptio_status st = ckptio__slice_layout(&s, what, &p->r);
+    ckptio_status st = ckptio__slice_layout(&s, NULL, &p->r);
+    const bool bad = st != CKPTIO_OK || t->capacity < p->r.nbytes || (!t->data && p->r.nbytes);
+    if (bad) {
+        snprintf(what, sizeof what, "target %zu, tensor '%.256s'", i, info->name);
+        if (st != CKPTIO_OK) st = ckptio__slice_layout(&s, what, &p->r);
+    }
     if (st != CKPTIO_OK) {
         /* Re-raise with the shard's path in front. */
         const ckptio_error_info *e = ckptio_last_error();
@@ -230,8 +253,8 @@ static ckptio_status plan_pieces(const ckptio_slice_target *t, prepared *p, size
     return CKPTIO_OK;
 }
 
-static void scatter_pieces(const ckptio_slice_target *t, const prepared *p, const unsigned char *buf,
-                           const piece *pieces, size_t n) {
+static ckptio_status scatter_pieces(const ckptio_slice_target *t, const prepared *p, const unsigned char *buf,
+                                    const piece *pieces, size_t n) {
     for (size_t i = 0; i < n; i++) {
         const piece *pc = &pieces[i];
         const prepared *q = &p[pc->target];
@@ -248,9 +271,12 @@ static void scatter_pieces(const ckptio_slice_target *t, const prepared *p, cons
         unsigned char *dst = (unsigned char *)t[pc->target].data + pc->first_run * q->r.run_bytes;
         for (uint64_t r = 0; r < pc->nruns; r++, dst += q->r.run_bytes) {
             const uint64_t off = ckptio__slice_cursor_next(&q->r, &c);
-            memcpy(dst, buf + pc->buf_offset + (off - pc->start), q->r.run_bytes);
+            /* The destination may be a mapped file (ckptio__guarded_copy). */
+            CKPTIO_FORWARD(ckptio__guarded_copy(dst, buf + pc->buf_offset + (off - pc->start), q->r.run_bytes,
+                                                "a gathered slice"));
         }
     }
+    return CKPTIO_OK;
 }
 
 static size_t shard_of(const ckptio_model *m, const ckptio_slice_target *t) { return m->tensors[t->index].shard; }
@@ -279,7 +305,7 @@ static ckptio_status read_windows(ckptio_model *m, const ckptio_slice_target *t,
     uint64_t total = 0;
     for (size_t k = 0; k < n && st == CKPTIO_OK; k++) {
         const size_t i = sorted[k];
-        st = add_runs_to(NULL, &all, p[i].file, p[i].base, &p[i].r, t[i].data, t[i].mem_kind, NULL);
+        st = add_runs_to(NULL, &all, p[i].file, p[i].base, &p[i].r, t[i].data, t[i].mem_kind, true, NULL);
         total += p[i].r.nbytes;
     }
     if (st != CKPTIO_OK || !all.n) goto out;
@@ -345,8 +371,8 @@ ckptio_status ckptio_model_read(ckptio_model *m, const ckptio_slice_target *targ
         if ((st = ckptio_plan_create(CKPTIO_READ, &plan)) != CKPTIO_OK) goto out;
         for (size_t i = 0; first && i < count; i++)
             if (!p[i].gather &&
-                (st = add_runs(plan, p[i].file, p[i].base, &p[i].r, targets[i].data, targets[i].mem_kind, NULL)) !=
-                    CKPTIO_OK)
+                (st = add_runs(plan, p[i].file, p[i].base, &p[i].r, targets[i].data, targets[i].mem_kind, true,
+                               NULL)) != CKPTIO_OK)
                 goto out;
         size_t npieces = 0;
         if (buf && (st = plan_pieces(targets, p, count, &next, plan, buf, cap, pieces, maxp, m->fd_window,
@@ -355,7 +381,7 @@ ckptio_status ckptio_model_read(ckptio_model *m, const ckptio_slice_target *targ
         size_t extents = 0;
         ckptio__plan_count(plan, &extents);
         if (extents && (st = ckptio_engine_execute(m->engine, plan)) != CKPTIO_OK) goto out;
-        scatter_pieces(targets, p, buf, pieces, npieces);
+        if ((st = scatter_pieces(targets, p, buf, pieces, npieces)) != CKPTIO_OK) goto out;
         ckptio_plan_destroy(plan);
         plan = NULL;
         ckptio__model_release_shards(m, SIZE_MAX);
@@ -368,4 +394,21 @@ out:
     ckptio__free(buf);
     ckptio__free(p);
     return st;
+}
+
+/* ---- ckptio_model_map ----------------------------------------------------------------- */
+
+ckptio_status ckptio_model_map(ckptio_model *m, size_t shard, ckptio_mapping **out) {
+    CKPTIO_RETURN_IF(!m || !out, CKPTIO_E_INVAL, "ckptio_model_map: model and out are required");
+    *out = NULL;
+    if (shard >= m->nshards)
+        return CKPTIO_FAIL_CTX(CKPTIO_E_RANGE, &((ckptio__err_ctx){.path = m->path, .file_offset = -1}),
+                               "shard %zu out of range (the model has %zu)", shard, m->nshards);
+    const ckptio_safetensors *st = m->shards[shard];
+    /* A mapping holds no descriptor: a shard released for the model's window
+     * of descriptors opens again to be mapped and goes again after. */
+    const bool was_open = ckptio__file_is_open(st->file);
+    const ckptio_status status = ckptio__file_map(st->file, st->file_size, out);
+    if (m->fd_window && !was_open) ckptio__file_release(st->file);
+    return status;
 }

@@ -208,3 +208,26 @@ out:
     ckptio__st_layout_cleanup(&layout);
     return status;
 }
+
+ckptio_status ckptio_safetensors_layout(const ckptio_tensor_source *tensors, size_t count, const ckptio_kv *metadata,
+                                        size_t metadata_count, unsigned flags, void *header, uint64_t capacity,
+                                        uint64_t *header_size, uint64_t *offsets, uint64_t *file_size) {
+    CKPTIO_RETURN_IF(!header_size || !file_size || (count && !offsets && header), CKPTIO_E_INVAL,
+                     "ckptio_safetensors_layout: header_size, file_size and (with a header buffer) offsets are "
+                     "required");
+    ckptio__st_layout layout = {0};
+    ckptio_status st = ckptio__st_layout_build(tensors, count, metadata, metadata_count, flags, NULL, &layout);
+    if (st == CKPTIO_OK) {
+        *header_size = layout.header_size;
+        *file_size = layout.header_size + layout.data_size;
+        if (offsets)
+            for (size_t i = 0; i < count; i++) offsets[i] = layout.header_size + layout.offsets[i];
+        if (header && capacity < layout.header_size)
+            st = CKPTIO_FAIL(CKPTIO_E_RANGE, "the header is %llu bytes, the buffer has room for %llu",
+                             (unsigned long long)layout.header_size, (unsigned long long)capacity);
+        else if (header)
+            memcpy(header, layout.header, (size_t)layout.header_size);
+    }
+    ckptio__st_layout_cleanup(&layout);
+    return st;
+}

@@ -302,6 +302,14 @@ ckptio_status ckptio_torch_close(ckptio_torch *t) {
     return st;
 }
 
+ckptio_status ckptio_torch_map(ckptio_torch *t, ckptio_mapping **out) {
+    CKPTIO_RETURN_IF(!t || !out, CKPTIO_E_INVAL, "ckptio_torch_map: handle and out are required");
+    *out = NULL;
+    CKPTIO_RETURN_IF(!t->file || t->file_borrowed || t->base, CKPTIO_E_INVAL,
+                     "%s: only a torch.save file opened with ckptio_torch_open can be mapped", t->path);
+    return ckptio__file_map(t->file, t->file_size, out);
+}
+
 /* ---- reading data --------------------------------------------------------------------- */
 
 static ckptio_status run_extents(ckptio_torch *t, const ckptio_extent *ex, size_t n) {

@@ -118,6 +118,13 @@ typedef struct ckptio__observer {
 
 ckptio_status ckptio__plan_set_observer(ckptio_plan *plan, ckptio__observe_fn fn, void *user, uint64_t block);
 
+/* ckptio_plan_add, except that an extent continuing the plan's last one -
+ * same file and memory kind, the next bytes of both the file and the memory
+ * - lengthens that one instead: tensors read back to back into one buffer
+ * become one extent, and the engine's cost per extent is paid once. For
+ * read plans (their extents have no identity an observer would see). */
+ckptio_status ckptio__plan_add_merged(ckptio_plan *plan, const ckptio_extent *extent);
+
 /* The number of extents of a plan, and their bytes together. */
 ckptio_status ckptio__plan_count(const ckptio_plan *plan, size_t *out);
 ckptio_status ckptio__plan_total_bytes(const ckptio_plan *plan, uint64_t *out);

@@ -61,7 +61,8 @@ typedef struct exec {
     const ckptio__backend_ops *backend;
     bool backend_forced;      /* io_uring was asked for explicitly */
     unsigned depth;           /* operations in flight per io_uring worker */
-    size_t bounce_size;       /* bounce bytes per worker */
+    size_t bounce_size;       /* bounce bytes per worker this plan can use */
+    size_t bounce_limit;      /* bounce bytes per worker the staging bound allows */
     bool inline_caller;       /* the calling thread is the only worker */
     _Atomic uint64_t next_task;
     _Atomic uint64_t bytes_done;
@@ -116,6 +117,11 @@ static void record_error(exec *x, ckptio_status st) {
     atomic_store(&x->stop, 1);
 }
 
+/* The copies and observers of a worker touch the caller's memory, which may
+ * be a mapped file: they run guarded (src/io/mapped_guard.c), and a page the
+ * file lost is CKPTIO_E_TRUNCATED naming the file and the extent. */
+static void extent_subject(char *buf, size_t cap, size_t extent) { snprintf(buf, cap, "extent %zu", extent); }
+
 static void exec_tick(void *arg) {
     exec *x = arg;
     if (atomic_load(&x->stop)) return;
@@ -157,7 +163,8 @@ static ckptio_status worker_setup(worker *w) {
 static ckptio_status bounce_setup(worker *w) {
     exec *x = w->x;
     ckptio__worker_slot *s = w->slot;
-    if (s->bounce && s->bounce_size != x->bounce_size) {
+    /* A buffer left by an earlier plan is kept while it is large enough and within the staging bound. */
+    if (s->bounce && (s->bounce_size < x->bounce_size || s->bounce_size > x->bounce_limit)) {
         if (s->bounce_registered && s->backend->register_buffer) s->backend->register_buffer(s->queue, NULL, 0);
         s->bounce_registered = false;
         ckptio__free(s->bounce);
@@ -242,6 +249,10 @@ static bool claim(worker *w) {
     if (c->dfd >= 0 && x->dir == CKPTIO_READ && x->direct_mode == CKPTIO_DIRECT_AUTO &&
         ckptio__read_buffered(e->file, c->pos, c->end - c->pos))
         c->dfd = -1;
+    /* Small saves stay in the page cache for the load that follows (read_policy.c). */
+    if (c->dfd >= 0 && x->dir == CKPTIO_WRITE && x->direct_mode == CKPTIO_DIRECT_AUTO &&
+        ckptio__write_buffered(e->file))
+        c->dfd = -1;
     return true;
 }
 
@@ -311,8 +322,18 @@ static int next_op(worker *w, xop *op) {
             op->slot = s;
             io->buf = w->slot->bounce + (size_t)s * w->slot_size;
             io->buf_index = w->slot->bounce_registered ? 0 : -1;
-            if (x->dir == CKPTIO_WRITE) memcpy(io->buf, mem, take);
-            else op->user = mem;
+            if (x->dir == CKPTIO_WRITE) {
+                char subject[48];
+                extent_subject(subject, sizeof subject, c->extent);
+                const ckptio_status st = ckptio__guarded_copy(io->buf, mem, take, subject);
+                if (st != CKPTIO_OK) {
+                    give_slot(w, s);
+                    record_error(x, st);
+                    return -2;
+                }
+            } else {
+                op->user = mem;
+            }
         }
         io->len = io->need = take;
     }
@@ -331,9 +352,22 @@ static void finish(worker *w, xop *op) {
         snprintf(what, sizeof what, "extent %zu (%s, %s)", op->extent, w->be->name,
                  op->slot >= 0 ? "O_DIRECT through a bounce buffer" : io->direct ? "O_DIRECT" : "buffered");
         if (!io->err) io->eof = true;
-        record_error(x, ckptio__file_op_status(x->plan->ext[op->extent].file, io, what));
+        const ckptio_extent *e = &x->plan->ext[op->extent];
+        /* The kernel's copy from or to a mapped file that lost its pages:
+         * EFAULT, said as what it is when a ckptio mapping holds the memory. */
+        char subject[48];
+        extent_subject(subject, sizeof subject, op->extent);
+        if (io->err != EFAULT || ckptio__mapped_check(e->memory, e->length, subject) == CKPTIO_OK)
+            record_error(x, ckptio__file_op_status(e->file, io, what));
+        else
+            record_error(x, CKPTIO_E_TRUNCATED);
     } else {
-        if (op->user) memcpy(op->user, io->buf + op->skip, op->user_len);
+        if (op->user) {
+            char subject[48];
+            extent_subject(subject, sizeof subject, op->extent);
+            const ckptio_status st = ckptio__guarded_copy(op->user, io->buf + op->skip, op->user_len, subject);
+            if (st != CKPTIO_OK) record_error(x, st);
+        }
         if (op->slot >= 0) w->st.bytes_bounced += op->user_len;
         atomic_fetch_add(&x->bytes_done, op->user_len);
     }
@@ -342,7 +376,8 @@ static void finish(worker *w, xop *op) {
 }
 
 /* Observes the task the worker just submitted completely (see 4. above). */
-static void observe_task(worker *w) {
+static void observe_task_run(void *arg) {
+    worker *w = arg;
     const ckptio__observer *obs = &w->x->plan->observer;
     const ckptio_extent *e = w->c.x;
     w->observe = false;
@@ -356,6 +391,14 @@ static void observe_task(worker *w) {
         ckptio__observe_range(obs, w->c.extent, e, e->file_offset + b, e->file_offset + b + len,
                               (const unsigned char *)e->memory + b);
     }
+}
+
+static void observe_task(worker *w) {
+    const ckptio_extent *e = w->c.x;
+    char subject[48];
+    extent_subject(subject, sizeof subject, w->c.extent);
+    const ckptio_status st = ckptio__guarded_call(observe_task_run, w, e->memory, e->length, subject);
+    if (st != CKPTIO_OK) record_error(w->x, st);
 }
 
 static void worker_main(void *arg, unsigned index) {
@@ -543,7 +586,13 @@ static ckptio_status run_host(exec *x) {
     uint64_t per = (uint64_t)ckptio__engine_setting(e, CKPTIO_OPT_STAGING_BYTES) / (threads ? threads : 1);
     if (per > x->chunk * depth) per = x->chunk * depth;
     per = ckptio__align_down(per, ALIGN);
-    x->bounce_size = per < ALIGN ? ALIGN : (size_t)per;
+    x->bounce_limit = per < ALIGN ? ALIGN : (size_t)per;
+    /* A small plan never needs more bounce per worker than its share of the bytes (one block per
+     * operation at least): a buffer sized to the bound would be faulted in and pinned for nothing, the
+     * fixed cost of a fresh engine's first small transfer. */
+    const uint64_t share = ckptio__align_up((x->host_bytes + nworkers - 1) / nworkers, ALIGN);
+    const uint64_t need = share > (uint64_t)depth * ALIGN ? share : (uint64_t)depth * ALIGN;
+    x->bounce_size = need < x->bounce_limit ? (size_t)need : x->bounce_limit;
     CKPTIO_FORWARD(ckptio__engine_reserve_slots(e, nworkers));
 
     if (threads == 0) {
@@ -661,6 +710,8 @@ ckptio_status ckptio_engine_execute(ckptio_engine *e, const ckptio_plan *p) {
     if (p->dir == CKPTIO_WRITE) {
         st = extend_written_files(p);
         if (st != CKPTIO_OK) goto out;
+        if (ckptio__engine_setting(e, CKPTIO_OPT_DIRECT) == CKPTIO_DIRECT_AUTO)
+            ckptio__write_policy_apply(e, p->ext, p->count);
     }
     if (x.nhost) {
         st = run_host(&x);

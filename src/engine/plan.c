@@ -61,6 +61,23 @@ ckptio_status ckptio_plan_add(ckptio_plan *p, const ckptio_extent *x) {
     return CKPTIO_OK;
 }
 
+ckptio_status ckptio__plan_add_merged(ckptio_plan *p, const ckptio_extent *x) {
+    if (p && x && p->count && p->dir == CKPTIO_READ && x->length) {
+        ckptio_extent *last = &p->ext[p->count - 1];
+        uint64_t total;
+        if (last->file == x->file && last->mem_kind == x->mem_kind && last->length &&
+            last->file_offset + last->length == x->file_offset &&
+            (const unsigned char *)last->memory + last->length == (const unsigned char *)x->memory &&
+            !ckptio__add_overflows(p->total, x->length, &total) && last->length + x->length >= last->length &&
+            x->file_offset + x->length <= (uint64_t)INT64_MAX) {
+            last->length += x->length;
+            p->total = total;
+            return CKPTIO_OK;
+        }
+    }
+    return ckptio_plan_add(p, x);
+}
+
 ckptio_status ckptio__plan_count(const ckptio_plan *p, size_t *out) {
     CKPTIO_RETURN_IF(!p || !out, CKPTIO_E_INVAL, "ckptio__plan_count: plan and out are required");
     *out = p->count;
@@ -162,6 +179,12 @@ ckptio_status ckptio__plan_validate(ckptio_engine *engine, const ckptio_plan *p)
             size = (uint64_t)sb.st_size;
         }
     range:
+        if (x->length && ckptio__mapped_check(x->memory, x->length, NULL) != CKPTIO_OK) {
+            /* Memory in a mapped file that lost its bytes: again, naming the extent. */
+            char what[48];
+            snprintf(what, sizeof what, "extent %zu", i);
+            return ckptio__mapped_check(x->memory, x->length, what);
+        }
         if (p->dir == CKPTIO_READ && x->length && x->file_offset + x->length > size)
             return CKPTIO_FAIL_CTX(CKPTIO_E_TRUNCATED,
                                    &((ckptio__err_ctx){.operation = "read", .path = x->file->path,

@@ -26,6 +26,7 @@ static const char *const backend_names[] = {"auto", "pread", "io_uring", NULL};
 static const char *const direct_names[] = {"auto", "off", "on", NULL};
 static const char *const gpu_path_names[] = {"auto", "cufile", "pipeline", NULL};
 static const char *const read_cache_names[] = {"auto", "on", "off", NULL};
+static const char *const write_cache_names[] = {"auto", "on", "off", NULL};
 static const char *const huge_slots_names[] = {"auto", "off", "on", NULL};
 
 /* Threads: one per core up to 16, at least 2. Page-cache reads scale with
@@ -80,6 +81,8 @@ static const ckptio__setting settings[CKPTIO_OPT_COUNT_] = {
         "first retry's backoff ceiling (doubling, 20 s at most)"),
     ROW(S3_LEASE_MS, "s3_lease_ms", INT, 60 * 1000, 1000, 24 * 3600 * 1000, 0, NULL,
         "an s3:// directory's save lease lapses this long after its holder stops renewing it"),
+    ROW(WRITE_CACHE, "write_cache", ENUM, CKPTIO_WRITE_CACHE_AUTO, 0, 2, 0, write_cache_names,
+        "saved files left in the page cache (section 2, the cache after a save)"),
 };
 
 /* Variables read outside an engine's settings: once per process, before any engine may exist (the driver

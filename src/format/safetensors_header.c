@@ -72,23 +72,6 @@ ckptio__st_probe_result ckptio__st_probe(const unsigned char *head, size_t len, 
 
 /* ---- indexing --------------------------------------------------------------- */
 
-/* One tensor entry between validation and the final tables. */
-typedef struct st_entry {
-    const char *name;   /* jansson's key (NUL-free: jansson refuses NUL in keys) */
-    size_t name_len;
-    const json_t *shape;
-    ckptio_dtype dtype;
-    uint64_t begin, end;
-    size_t json_index;  /* tie-break: entries with equal offsets keep header order */
-} st_entry;
-
-static int entry_cmp(const void *a, const void *b) {
-    const st_entry *x = a, *y = b;
-    if (x->begin != y->begin) return x->begin < y->begin ? -1 : 1;
-    if (x->end != y->end) return x->end < y->end ? -1 : 1;
-    return x->json_index < y->json_index ? -1 : (x->json_index > y->json_index);
-}
-
 /* A non-negative JSON integer, or a message on what it is instead. */
 static bool get_u64(const json_t *v, uint64_t *out) {
     if (!json_is_integer(v) || json_integer_value(v) < 0) return false;
@@ -103,8 +86,9 @@ static void describe_bad_number(const json_t *v, char *buf, size_t cap) {
 }
 
 /* Checks one tensor entry's fields; unknown fields are ignored, as the
- * reference does. */
-static ckptio_status check_entry(const ckptio_safetensors *st, const char *name, const json_t *v, st_entry *e) {
+ * reference does. The shape stays in the tree: *shape. */
+static ckptio_status check_entry(const ckptio_safetensors *st, const char *name, const json_t *v,
+                                 ckptio__st_entry *e, const json_t **shape_out) {
     if (!json_is_object(v))
         return ST_TENSOR_FAIL(st, name, "entry is %s, expected an object with dtype, shape and data_offsets",
                               json_kind(v));
@@ -147,17 +131,31 @@ static ckptio_status check_entry(const ckptio_safetensors *st, const char *name,
     }
     e->name = name;
     e->name_len = strlen(name);
-    e->shape = shape;
+    e->ndim = (uint32_t)json_array_size(shape);
+    *shape_out = shape;
     return CKPTIO_OK;
 }
 
-/* The Metadata::validate rules, on entries sorted by offsets: contiguous
+/* Entries in offset order: a permutation of the parse's header order. */
+static int offset_cmp(const void *a, const void *b, void *arg) {
+    const ckptio__st_entry *all = arg, *x = &all[*(const size_t *)a], *y = &all[*(const size_t *)b];
+    if (x->begin != y->begin) return x->begin < y->begin ? -1 : 1;
+    if (x->end != y->end) return x->end < y->end ? -1 : 1;
+    return x->json_index < y->json_index ? -1 : (x->json_index > y->json_index);
+}
+
+static int name_cmp(const void *a, const void *b, void *arg) {
+    const ckptio__st_entry *all = arg;
+    return strcmp(all[*(const size_t *)a].name, all[*(const size_t *)b].name);
+}
+
+/* The Metadata::validate rules, on entries in offset order: contiguous
  * from 0, end >= begin, element count and bit count without overflow, whole
  * bytes, and end - begin equal to that size. */
-static ckptio_status check_layout(const ckptio_safetensors *st, const st_entry *entries, size_t n) {
+static ckptio_status check_layout(const ckptio_safetensors *st, const ckptio__st_parsed *p, const size_t *order) {
     uint64_t expect = 0;
-    for (size_t i = 0; i < n; i++) {
-        const st_entry *e = &entries[i];
+    for (size_t i = 0; i < p->count; i++) {
+        const ckptio__st_entry *e = &p->entries[order[i]];
         const unsigned long long b = e->begin, en = e->end;
         if (e->begin != expect || e->end < e->begin) {
             if (e->end < e->begin)
@@ -167,36 +165,35 @@ static ckptio_status check_layout(const ckptio_safetensors *st, const st_entry *
                                       "data_offsets [%llu, %llu] leave a gap at the start of the data section: "
                                       "the first tensor must begin at 0",
                                       b, en);
+            const char *prev = p->entries[order[i - 1]].name;
             if (e->begin > expect)
                 return ST_TENSOR_FAIL(st, e->name,
                                       "data_offsets [%llu, %llu] leave a gap of %llu bytes after tensor '%s' "
                                       "(which ends at %llu); tensors must be packed back to back",
-                                      b, en, (unsigned long long)(e->begin - expect), entries[i - 1].name,
+                                      b, en, (unsigned long long)(e->begin - expect), prev,
                                       (unsigned long long)expect);
             return ST_TENSOR_FAIL(st, e->name, "data_offsets [%llu, %llu] overlap tensor '%s' (which ends at %llu)",
-                                  b, en, entries[i - 1].name, (unsigned long long)expect);
+                                  b, en, prev, (unsigned long long)expect);
         }
         expect = e->end;
 
-        const size_t ndim = json_array_size(e->shape);
+        const int64_t *dims = p->dims + e->dims;
         uint64_t numel = 1;
         bool overflow = false;
-        for (size_t d = 0; d < ndim; d++)
-            if (ckptio__mul_overflows(numel, (uint64_t)json_integer_value(json_array_get(e->shape, d)), &numel))
+        for (uint32_t d = 0; d < e->ndim; d++)
+            if (ckptio__mul_overflows(numel, (uint64_t)dims[d], &numel))
                 overflow = true; /* keep going: a later 0 does not rescue it in the reference either */
         const unsigned bits = ckptio_dtype_bits(e->dtype);
         uint64_t nbits = 0;
         if (!overflow) overflow = ckptio__mul_overflows(numel, bits, &nbits);
         if (overflow || nbits % 8 != 0 || nbits / 8 != e->end - e->begin) {
             /* Format the shape only on the error path. */
-            int64_t dims[16];
-            const size_t shown = ndim < 16 ? ndim : 16;
-            for (size_t d = 0; d < shown; d++) dims[d] = json_integer_value(json_array_get(e->shape, d));
+            const size_t shown = e->ndim < 16 ? e->ndim : 16;
             char shape_text[200];
             /* Room is left for marking dims beyond the 16 shown. */
             ckptio__st_format_shape(shape_text, sizeof shape_text - 8, dims, shown);
             const size_t tl = strlen(shape_text);
-            if (shown < ndim && !(tl >= 4 && strcmp(shape_text + tl - 4, "...]") == 0))
+            if (shown < e->ndim && !(tl >= 4 && strcmp(shape_text + tl - 4, "...]") == 0))
                 memcpy(shape_text + tl - 1, ", ...]", 7);
             const char *dt = ckptio_dtype_name(e->dtype);
             if (overflow)
@@ -212,15 +209,16 @@ static ckptio_status check_layout(const ckptio_safetensors *st, const st_entry *
     return CKPTIO_OK;
 }
 
-/* Validates __metadata__ (null counts as absent, like the reference) and adds
- * the bytes its strings need to *arena_bytes. */
-static ckptio_status check_metadata(const ckptio_safetensors *st, const json_t *md, size_t *count,
-                                    size_t *arena_bytes) {
-    *count = 0;
+/* Validates __metadata__ (null counts as absent, like the reference) and
+ * collects its pairs into p->meta. */
+static ckptio_status check_metadata(const ckptio_safetensors *st, const json_t *md, ckptio__st_parsed *p) {
     if (json_is_null(md)) return CKPTIO_OK;
     if (!json_is_object(md))
         return ST_FAIL(CKPTIO_E_FORMAT, st->path, -1, "__metadata__", NULL, "is %s, expected an object of strings",
                        json_kind(md));
+    p->has_metadata = true;
+    p->meta = ckptio__calloc(json_object_size(md) ? json_object_size(md) : 1, sizeof *p->meta);
+    if (!p->meta) return CKPTIO_FAIL(CKPTIO_E_NOMEM, "out of memory reading __metadata__");
     const char *key;
     const json_t *value;
     json_object_foreach((json_t *)md, key, value) {
@@ -230,38 +228,10 @@ static ckptio_status check_metadata(const ckptio_safetensors *st, const json_t *
         if (strlen(json_string_value(value)) != json_string_length(value))
             return ST_FAIL(CKPTIO_E_FORMAT, st->path, -1, "__metadata__ key", key,
                            "value contains a NUL character, which ckptio does not support");
-        *arena_bytes += strlen(key) + 1 + json_string_length(value) + 1;
-        (*count)++;
+        p->meta[p->nmeta++] = (ckptio__st_meta){.key = key, .key_len = strlen(key), .value = json_string_value(value),
+                                                .value_len = json_string_length(value)};
     }
     return CKPTIO_OK;
-}
-
-static int name_cmp(const ckptio_safetensors *st, size_t a, size_t b) {
-    return strcmp(st->tensors[a].name, st->tensors[b].name);
-}
-
-/* Heap sort of the by_name index: no allocation, O(n log n), no qsort_r. */
-static void sift_down(const ckptio_safetensors *st, size_t *idx, size_t root, size_t n) {
-    for (;;) {
-        size_t child = 2 * root + 1;
-        if (child >= n) return;
-        if (child + 1 < n && name_cmp(st, idx[child], idx[child + 1]) < 0) child++;
-        if (name_cmp(st, idx[root], idx[child]) >= 0) return;
-        size_t tmp = idx[root];
-        idx[root] = idx[child];
-        idx[child] = tmp;
-        root = child;
-    }
-}
-
-static void sort_by_name(const ckptio_safetensors *st, size_t *idx, size_t n) {
-    for (size_t i = n / 2; i-- > 0;) sift_down(st, idx, i, n);
-    for (size_t end = n; end-- > 1;) {
-        size_t tmp = idx[0];
-        idx[0] = idx[end];
-        idx[end] = tmp;
-        sift_down(st, idx, 0, end);
-    }
 }
 
 static ckptio_status json_failure(const ckptio_safetensors *st, const json_error_t *err) {
@@ -282,58 +252,37 @@ static ckptio_status json_failure(const ckptio_safetensors *st, const json_error
     }
 }
 
-ckptio_status ckptio__st_index(ckptio_safetensors *st, const char *json) {
+/* The tables of `st` from a parse: names unique (else *duplicate, with no
+ * message: only a fast parse lets a repeated name through, and the full
+ * parser then reports it), the layout rules, the data section against the
+ * file, then the tensors in offset order, the name index and the metadata. */
+static ckptio_status build_tables(ckptio_safetensors *st, const ckptio__st_parsed *p, bool *duplicate) {
+    const size_t n = p->count;
     ckptio_status status = CKPTIO_OK;
-    json_t *root = NULL;
-    st_entry *entries = NULL;
-    const json_t *md = NULL;
-    size_t n = 0, md_count = 0, arena_bytes = 0, total_dims = 0, i = 0;
-    uint64_t data_end = 0, avail = 0;
-    const char *key;
-    json_t *value;
-    int64_t *dims;
-    char *text;
-    const size_t len = (size_t)st->header_len;
-
-    CKPTIO_FORWARD(ckptio__st_scan(json, len, st->path));
-    json_error_t err;
-    /* JSON_ALLOW_NUL lets "\u0000" through in values the reference would
-     * accept (ignored fields); names and metadata are checked for it below. */
-    root = json_loadb(json, len, JSON_REJECT_DUPLICATES | JSON_ALLOW_NUL, &err);
-    if (!root) return json_failure(st, &err);
-    if (!json_is_object(root)) {
-        status = ST_FAIL(CKPTIO_E_FORMAT, st->path, CKPTIO__ST_PREFIX, NULL, NULL,
-                         "header is %s, expected a JSON object", json_kind(root));
-        goto out;
-    }
-
-    /* Pass 1: validate every entry and size the arena. */
-    md = json_object_get(root, "__metadata__");
-    n = json_object_size(root) - (md ? 1 : 0);
-    if (md && (status = check_metadata(st, md, &md_count, &arena_bytes)) != CKPTIO_OK) goto out;
-    st->has_metadata = md && !json_is_null(md);
-    entries = ckptio__calloc(n, sizeof *entries);
-    if (!entries) {
+    size_t *by_offset = ckptio__malloc((n ? n : 1) * sizeof *by_offset);
+    size_t *by_name = ckptio__malloc((n ? n : 1) * sizeof *by_name);
+    size_t *position = ckptio__malloc((n ? n : 1) * sizeof *position);
+    if (!by_offset || !by_name || !position) {
         status = CKPTIO_FAIL(CKPTIO_E_NOMEM, "out of memory indexing %zu tensors", n);
         goto out;
     }
-    json_object_foreach(root, key, value) {
-        if (strcmp(key, "__metadata__") == 0) continue;
-        st_entry *e = &entries[i];
-        if ((status = check_entry(st, key, value, e)) != CKPTIO_OK) goto out;
-        e->json_index = i++;
-        arena_bytes += e->name_len + 1;
-        total_dims += json_array_size(e->shape);
-    }
-
-    qsort(entries, n, sizeof *entries, entry_cmp);
-    if ((status = check_layout(st, entries, n)) != CKPTIO_OK) goto out;
-    data_end = n ? entries[n - 1].end : 0;
-    avail = st->file_size - st->data_offset;
+    for (size_t i = 0; i < n; i++) by_offset[i] = by_name[i] = i;
+    ckptio__sort(by_name, n, sizeof *by_name, name_cmp, p->entries);
+    for (size_t i = 1; i < n; i++)
+        if (strcmp(p->entries[by_name[i - 1]].name, p->entries[by_name[i]].name) == 0) {
+            *duplicate = true;
+            status = CKPTIO_E_FORMAT;
+            goto out;
+        }
+    ckptio__sort(by_offset, n, sizeof *by_offset, offset_cmp, p->entries);
+    if ((status = check_layout(st, p, by_offset)) != CKPTIO_OK) goto out;
+    const uint64_t data_end = n ? p->entries[by_offset[n - 1]].end : 0;
+    const uint64_t avail = st->file_size - st->data_offset;
     if (data_end > avail) {
-        status = ST_FAIL(CKPTIO_E_TRUNCATED, st->path, -1, "tensor", entries[n - 1].name,
+        const ckptio__st_entry *last = &p->entries[by_offset[n - 1]];
+        status = ST_FAIL(CKPTIO_E_TRUNCATED, st->path, -1, "tensor", last->name,
                          "data_offsets [%llu, %llu] end at file offset %llu, past the end of the file (%llu bytes)",
-                         (unsigned long long)entries[n - 1].begin, (unsigned long long)data_end,
+                         (unsigned long long)last->begin, (unsigned long long)data_end,
                          (unsigned long long)(st->data_offset + data_end), (unsigned long long)st->file_size);
         goto out;
     }
@@ -346,53 +295,161 @@ ckptio_status ckptio__st_index(ckptio_safetensors *st, const char *json) {
         goto out;
     }
 
-    /* Pass 2: the final tables. Shapes first in the arena for alignment. */
-    st->tensors = ckptio__calloc(n, sizeof *st->tensors);
-    st->by_name = ckptio__calloc(n, sizeof *st->by_name);
-    st->metadata = ckptio__calloc(md_count, sizeof *st->metadata);
-    st->arena = ckptio__malloc(total_dims * sizeof(int64_t) + arena_bytes);
+    /* Shapes first in the arena for alignment, then names and metadata. */
+    size_t total_dims = 0, text_bytes = 0;
+    for (size_t i = 0; i < n; i++) {
+        total_dims += p->entries[i].ndim;
+        text_bytes += p->entries[i].name_len + 1;
+    }
+    for (size_t i = 0; i < p->nmeta; i++) text_bytes += p->meta[i].key_len + 1 + p->meta[i].value_len + 1;
+    st->tensors = ckptio__calloc(n ? n : 1, sizeof *st->tensors);
+    st->by_name = ckptio__calloc(n ? n : 1, sizeof *st->by_name);
+    st->metadata = ckptio__calloc(p->nmeta ? p->nmeta : 1, sizeof *st->metadata);
+    st->arena = ckptio__malloc(total_dims * sizeof(int64_t) + text_bytes + 1);
     if (!st->tensors || !st->by_name || !st->metadata || !st->arena) {
         status = CKPTIO_FAIL(CKPTIO_E_NOMEM, "out of memory indexing %zu tensors", n);
         goto out;
     }
-    dims = (int64_t *)(void *)st->arena;
-    text = st->arena + total_dims * sizeof(int64_t);
+    int64_t *dims = (int64_t *)(void *)st->arena;
+    char *text = st->arena + total_dims * sizeof(int64_t);
     for (size_t t = 0; t < n; t++) {
-        const st_entry *e = &entries[t];
+        const ckptio__st_entry *e = &p->entries[by_offset[t]];
         ckptio_tensor_info *info = &st->tensors[t];
         memcpy(text, e->name, e->name_len + 1);
         info->name = text;
         text += e->name_len + 1;
         info->dtype = e->dtype;
-        info->ndim = (uint32_t)json_array_size(e->shape);
+        info->ndim = e->ndim;
         info->shape = dims;
-        for (uint32_t d = 0; d < info->ndim; d++) *dims++ = json_integer_value(json_array_get(e->shape, d));
+        if (e->ndim) memcpy(dims, p->dims + e->dims, e->ndim * sizeof *dims);
+        dims += e->ndim;
         info->file_offset = st->data_offset + e->begin;
         info->nbytes = e->end - e->begin;
-        st->by_name[t] = t;
+        position[by_offset[t]] = t;
     }
+    for (size_t k = 0; k < n; k++) st->by_name[k] = position[by_name[k]];
     st->count = n;
     st->data_size = data_end;
-    sort_by_name(st, st->by_name, n);
-    if (md && json_is_object(md)) {
-        size_t m = 0;
-        json_object_foreach((json_t *)md, key, value) {
-            const size_t klen = strlen(key) + 1, vlen = json_string_length(value) + 1;
-            memcpy(text, key, klen);
-            st->metadata[m].key = text;
-            text += klen;
-            memcpy(text, json_string_value(value), vlen);
-            st->metadata[m].value = text;
-            text += vlen;
-            m++;
-        }
-        st->metadata_count = m;
+    for (size_t m = 0; m < p->nmeta; m++) {
+        const ckptio__st_meta *kv = &p->meta[m];
+        memcpy(text, kv->key, kv->key_len + 1);
+        st->metadata[m].key = text;
+        text += kv->key_len + 1;
+        memcpy(text, kv->value, kv->value_len + 1);
+        st->metadata[m].value = text;
+        text += kv->value_len + 1;
     }
+    st->metadata_count = p->nmeta;
+    st->has_metadata = p->has_metadata;
 
 out:
-    ckptio__free(entries);
+    ckptio__free(by_offset);
+    ckptio__free(by_name);
+    ckptio__free(position);
+    return status;
+}
+
+/* Undoes a build_tables that a fast parse must not keep. */
+static void drop_tables(ckptio_safetensors *st) {
+    ckptio__free(st->tensors);
+    ckptio__free(st->by_name);
+    ckptio__free(st->metadata);
+    ckptio__free(st->arena);
+    st->tensors = NULL;
+    st->by_name = NULL;
+    st->metadata = NULL;
+    st->arena = NULL;
+    st->count = st->metadata_count = 0;
+    st->data_size = 0;
+    st->has_metadata = false;
+}
+
+/* Every header through jansson: the reference's rules, in its order. */
+static ckptio_status index_full(ckptio_safetensors *st, const char *json, size_t len) {
+    ckptio_status status = CKPTIO_OK;
+    ckptio__st_parsed p = {0};
+    size_t dims_cap = 0, i = 0;
+    const char *key;
+    json_t *value;
+    json_error_t err;
+    /* JSON_ALLOW_NUL lets "\u0000" through in values the reference would
+     * accept (ignored fields); names and metadata are checked for it below. */
+    json_t *root = json_loadb(json, len, JSON_REJECT_DUPLICATES | JSON_ALLOW_NUL, &err);
+    if (!root) return json_failure(st, &err);
+    if (!json_is_object(root)) {
+        status = ST_FAIL(CKPTIO_E_FORMAT, st->path, CKPTIO__ST_PREFIX, NULL, NULL,
+                         "header is %s, expected a JSON object", json_kind(root));
+        goto out;
+    }
+    const json_t *md = json_object_get(root, "__metadata__");
+    const size_t n = json_object_size(root) - (md ? 1 : 0);
+    if (md && (status = check_metadata(st, md, &p)) != CKPTIO_OK) goto out;
+    p.entries = ckptio__calloc(n ? n : 1, sizeof *p.entries);
+    if (!p.entries) {
+        status = CKPTIO_FAIL(CKPTIO_E_NOMEM, "out of memory indexing %zu tensors", n);
+        goto out;
+    }
+    json_object_foreach(root, key, value) {
+        if (strcmp(key, "__metadata__") == 0) continue;
+        ckptio__st_entry *e = &p.entries[i];
+        const json_t *shape = NULL;
+        if ((status = check_entry(st, key, value, e, &shape)) != CKPTIO_OK) goto out;
+        e->json_index = i++;
+        e->dims = p.ndims;
+        if (p.ndims + e->ndim > dims_cap) {
+            size_t cap = dims_cap ? dims_cap * 2 : 64;
+            while (cap < p.ndims + e->ndim) cap *= 2;
+            int64_t *grown = ckptio__realloc(p.dims, cap * sizeof *grown);
+            if (!grown) {
+                status = CKPTIO_FAIL(CKPTIO_E_NOMEM, "out of memory indexing %zu tensors", n);
+                goto out;
+            }
+            p.dims = grown;
+            dims_cap = cap;
+        }
+        for (uint32_t d = 0; d < e->ndim; d++) p.dims[p.ndims++] = json_integer_value(json_array_get(shape, d));
+    }
+    p.count = n;
+    bool duplicate = false; /* jansson refused repeated keys already */
+    status = build_tables(st, &p, &duplicate);
+out:
+    ckptio__free(p.entries);
+    ckptio__free(p.dims);
+    ckptio__free(p.meta);
     json_decref(root);
     return status;
+}
+
+/* `len` less the blanks that end the text: writers pad the header with
+ * spaces to align the data (4 KiB with ckptio's default), and the padding
+ * holds no value. Eight spaces at a time. */
+static size_t without_padding(const char *json, size_t len) {
+    static const uint64_t spaces = 0x2020202020202020ull;
+    uint64_t word;
+    while (len >= 8 && (memcpy(&word, json + len - 8, 8), word == spaces)) len -= 8;
+    while (len && (json[len - 1] == ' ' || json[len - 1] == '\n' || json[len - 1] == '\r' || json[len - 1] == '\t'))
+        len--;
+    return len;
+}
+
+ckptio_status ckptio__st_index_with(ckptio_safetensors *st, const char *json, bool fast) {
+    const size_t len = (size_t)st->header_len, used = without_padding(json, len);
+    CKPTIO_FORWARD(ckptio__st_scan(json, used, st->path));
+    ckptio__st_parsed p;
+    const ckptio__st_fast how = fast ? ckptio__st_parse_fast(json, used, &p) : CKPTIO__ST_FAST_NOT_MINE;
+    if (how == CKPTIO__ST_FAST_NO_MEMORY) return CKPTIO_E_NOMEM;
+    if (how == CKPTIO__ST_FAST_PARSED) {
+        bool duplicate = false;
+        const ckptio_status status = build_tables(st, &p, &duplicate);
+        ckptio__st_parsed_cleanup(&p);
+        if (!duplicate) return status;
+        drop_tables(st);
+    }
+    return index_full(st, json, len);
+}
+
+ckptio_status ckptio__st_index(ckptio_safetensors *st, const char *json) {
+    return ckptio__st_index_with(st, json, true);
 }
 
 void ckptio__st_destroy(ckptio_safetensors *st) {

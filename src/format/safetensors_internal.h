@@ -84,6 +84,59 @@ ckptio__st_probe_result ckptio__st_probe(const unsigned char *head, size_t len, 
  * On failure the partly filled tables are left for ckptio__st_destroy(). */
 ckptio_status ckptio__st_index(ckptio_safetensors *st, const char *json);
 
+/* Parses and validates like ckptio__st_index; `fast` tries the one-pass
+ * parser of the writers' form first (safetensors_fast.c), else jansson
+ * reads every header. The answer is the same either way (the fuzz target
+ * compares them). */
+ckptio_status ckptio__st_index_with(ckptio_safetensors *st, const char *json, bool fast);
+
+/* One tensor entry of a header between parsing and the final tables. */
+typedef struct ckptio__st_entry {
+    const char *name;      /* NUL-terminated; owned by the parser that made it */
+    size_t name_len;
+    ckptio_dtype dtype;
+    uint32_t ndim;
+    size_t dims;           /* index of its first dimension in the parse's dims */
+    uint64_t begin, end;   /* data_offsets */
+    size_t json_index;     /* position in the header: entries with equal offsets keep it */
+} ckptio__st_entry;
+
+/* One __metadata__ pair, NUL-terminated strings owned by the parser. */
+typedef struct ckptio__st_meta {
+    const char *key, *value;
+    size_t key_len, value_len;
+} ckptio__st_meta;
+
+/* What a parser found in a header, before validation of the layout. */
+typedef struct ckptio__st_parsed {
+    ckptio__st_entry *entries; /* header order */
+    size_t count;
+    int64_t *dims;             /* every entry's shape, back to back */
+    size_t ndims;
+    ckptio__st_meta *meta;     /* header order */
+    size_t nmeta;
+    bool has_metadata;         /* __metadata__ is an object (maybe empty) */
+    char *text;                /* the fast parser's copies of the strings */
+    size_t text_len;
+    bool out_of_memory;        /* the fast parser ran out of memory */
+} ckptio__st_parsed;
+
+typedef enum ckptio__st_fast {
+    CKPTIO__ST_FAST_PARSED,    /* *out is filled */
+    CKPTIO__ST_FAST_NOT_MINE,  /* another form: the full parser reads it */
+    CKPTIO__ST_FAST_NO_MEMORY  /* CKPTIO_E_NOMEM recorded */
+} ckptio__st_fast;
+
+/* The one-pass parser (safetensors_fast.c): PARSED with *out filled when the
+ * header is in the writers' form (plain strings, the three known fields,
+ * decimal integers below 10^18, metadata of strings with distinct keys);
+ * NOT_MINE, with nothing left to free, for every other header, which the
+ * full parser then reads. Tensor names may still repeat: the caller checks. */
+ckptio__st_fast ckptio__st_parse_fast(const char *json, size_t len, ckptio__st_parsed *out);
+
+/* Frees what ckptio__st_parse_fast allocated; zeroes *p. */
+void ckptio__st_parsed_cleanup(ckptio__st_parsed *p);
+
 /* Pre-scan of the raw JSON text for what jansson accepts but the reference
  * parser refuses: nesting deeper than CKPTIO__ST_MAX_DEPTH, and the number
  * -0 (serde_json reads it as a float); and for more than

@@ -140,6 +140,7 @@ ckptio_status ckptio__file_open_created(ckptio_engine *engine, const char *path,
     f->writable = flags & CKPTIO_OPEN_WRITE;
     atomic_init(&f->direct_state, 0);
     atomic_init(&f->read_cache, 0);
+    atomic_init(&f->write_cache, 0);
     pthread_mutex_init(&f->lock, NULL);
     pthread_mutex_init(&f->write_turn, NULL);
     f->path = ckptio__strdup(path);
@@ -335,9 +336,8 @@ void ckptio__file_op_init(ckptio__io_op *op, ckptio_file *file, ckptio_direction
                   len % CKPTIO_DIRECT_ALIGN == 0;
     /* Warm data is copied from the page cache rather than read from the
      * disk again; cold data goes through it where the read policy says so. */
-    if (direct && dir == CKPTIO_READ &&
-        ckptio__io_engine_setting(file->engine, CKPTIO_OPT_DIRECT) == CKPTIO_DIRECT_AUTO &&
-        ckptio__read_buffered(file, offset, len))
+    if (direct && ckptio__io_engine_setting(file->engine, CKPTIO_OPT_DIRECT) == CKPTIO_DIRECT_AUTO &&
+        (dir == CKPTIO_READ ? ckptio__read_buffered(file, offset, len) : ckptio__write_buffered(file)))
         direct = false;
     *op = (ckptio__io_op){.fd = direct ? dfd : file->fd, .buffered_fd = file->fd, .direct = direct, .dir = dir,
                           .buf = buf, .len = len, .need = len, .offset = offset, .buf_index = -1, .object = file->object,

@@ -76,6 +76,9 @@ struct ckptio_file {
      * 0 not decided yet; 2 and -2 held by a read of several plans. Set by
      * the caller's thread before workers run. */
     _Atomic int read_cache;
+    /* Writes (read_policy.c, the write half): 1 through the page cache, -1
+     * O_DIRECT, 0 not decided yet. Set by the caller's thread before workers run. */
+    _Atomic int write_cache;
     /* On tmpfs or ramfs (page_cache.c): 1 yes, -1 no, 0 not asked yet. */
     _Atomic int in_memory;
     bool writable;          /* opened with CKPTIO_OPEN_WRITE */
@@ -201,11 +204,59 @@ void ckptio__read_policy_unhold(const ckptio_extent *ext, size_t count);
  * page cache already holds most of the range (ckptio__range_cached). */
 bool ckptio__read_buffered(ckptio_file *f, uint64_t offset, uint64_t len);
 
+/* Decides for a write plan whether its files are written through the page
+ * cache (CKPTIO_OPT_WRITE_CACHE; AUTO: their sizes together at most
+ * CKPTIO__WRITE_CACHE_MAX and a quarter of MemAvailable); the answer is
+ * stored on each file. Caller's thread, before any worker runs, after the
+ * files were sized. */
+void ckptio__write_policy_apply(ckptio_engine *engine, const ckptio_extent *ext, size_t count);
+
+/* Largest write plan (its files together) AUTO writes through the page cache. */
+#define CKPTIO__WRITE_CACHE_MAX ((uint64_t)128 << 20)
+
+/* Should a write to `f` that could use O_DIRECT (CKPTIO_DIRECT_AUTO) go
+ * through the page cache? What its plan decided; outside a plan, by the
+ * file's own size. */
+bool ckptio__write_buffered(ckptio_file *f);
+
 /* MemAvailable of /proc/meminfo in bytes; 0 when unknown. */
 uint64_t ckptio__mem_available(void);
 
 /* Test hook: ckptio__mem_available() answers `bytes` (0: the real value). */
 void ckptio__read_policy_set_mem_available(uint64_t bytes);
+
+/* ---- files mapped into memory (file_map.c) ---------------------------- */
+
+/* Maps all of `file` (a local file open for reading) privately: readable,
+ * writable copy-on-write, the file never written. `expect_size` is the size
+ * the caller validated at open; a file of another size now is
+ * CKPTIO_E_STALE (a released file is opened again first). The mapping is
+ * registered for the checks below and holds no descriptor: it outlives
+ * `file`. */
+ckptio_status ckptio__file_map(ckptio_file *file, uint64_t expect_size, ckptio_mapping **out);
+
+/* CKPTIO_E_TRUNCATED naming the file when part of [memory, memory + length)
+ * lies in a registered mapping whose file no longer holds those bytes (one
+ * atomic load when nothing is mapped). `subject` (may be NULL) names what
+ * the memory is ("extent 3"). */
+ckptio_status ckptio__mapped_check(const void *memory, uint64_t length, const char *subject);
+
+/* Records CKPTIO_E_TRUNCATED for a SIGBUS at `address`, naming the mapped
+ * file and offset when ckptio mapped it. */
+ckptio_status ckptio__mapped_lost(const void *address, const char *subject);
+
+/* Installs the SIGBUS handler of the guards below (once per process). */
+ckptio_status ckptio__mapped_guard_install(void);
+
+/* memcpy(dst, src, n), or CKPTIO_E_TRUNCATED (ckptio__mapped_lost) when a
+ * page of either side is gone from a truncated mapped file. */
+ckptio_status ckptio__guarded_copy(void *dst, const void *src, size_t n, const char *subject);
+
+/* fn(arg), which reads [memory, memory + length) and nothing else that may
+ * be mapped, or CKPTIO_E_TRUNCATED as above (fn is abandoned half-way: it
+ * must hold no lock and own nothing while it touches that memory). */
+ckptio_status ckptio__guarded_call(void (*fn)(void *arg), void *arg, const void *memory, uint64_t length,
+                                   const char *subject);
 
 /* ---- opening what a checkpoint names (open_regular.c) ------------------ */
 

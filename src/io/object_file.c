@@ -124,6 +124,7 @@ ckptio_status ckptio__object_open(ckptio_engine *engine, const char *path, unsig
     f->object = o;
     atomic_init(&f->direct_state, -1);
     atomic_init(&f->read_cache, -1);
+    atomic_init(&f->write_cache, -1);
     atomic_init(&f->in_memory, -1);
     pthread_mutex_init(&f->lock, NULL);
     pthread_mutex_init(&f->write_turn, NULL);

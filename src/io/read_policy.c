@@ -27,8 +27,17 @@
  * file, where the engine's host workers, the GPU pipeline's workers and
  * ckptio__file_io (header and manifest reads) find it, through
  * ckptio__file_op_init; a file read outside any
- * plan is judged by its own size. Writes are not affected: durable writes
- * through the page cache are much slower than O_DIRECT (docs/ENGINE.md).
+ * plan is judged by its own size.
+ *
+ * Writes have the same question the other way round: an O_DIRECT save leaves
+ * nothing in the page cache, so the first load after it reads the disk, where
+ * torch.save and safetensors files are found in memory. Durable writes
+ * through the page cache cost what O_DIRECT writes cost up to a few hundred
+ * MiB and several times more for large files (docs/ENGINE.md, "The cache
+ * after a save"), so in CKPTIO_DIRECT_AUTO mode a write plan goes through the
+ * page cache when its files together take at most CKPTIO__WRITE_CACHE_MAX
+ * and a quarter of MemAvailable; larger saves - a GPU host's, durable at the
+ * disk's speed - keep O_DIRECT. CKPTIO_OPT_WRITE_CACHE forces either way.
  */
 #include "io_internal.h"
 
@@ -77,30 +86,39 @@ static uint64_t file_size(const ckptio_file *f) {
     return fstat(f->fd, &sb) == 0 && sb.st_size > 0 ? (uint64_t)sb.st_size : 0;
 }
 
-/* 1: the cold reads of these extents go through the page cache; -1: O_DIRECT. */
-static int decide(ckptio_engine *engine, const ckptio_extent *ext, size_t count) {
-    enum { MAX_FILES = 64 }; /* beyond that, further files count by the bytes read */
-    ckptio_file *files[MAX_FILES];
+/* The bytes a plan's files take: each distinct file's size once (the
+ * first 64; further files count by the bytes the plan moves). */
+static uint64_t plan_footprint(const ckptio_extent *ext, size_t count) {
+    enum { MAX_FILES = 64 };
+    const ckptio_file *files[MAX_FILES];
     size_t nfiles = 0;
-    uint64_t footprint = 0, overflow_bytes = 0, gpu_bytes = 0, all_bytes = 0;
+    uint64_t footprint = 0;
     for (size_t i = 0; i < count; i++) {
-        ckptio_file *f = ext[i].file;
+        const ckptio_file *f = ext[i].file;
         if (!ext[i].length) continue;
-        all_bytes += ext[i].length;
-        if (ext[i].mem_kind == CKPTIO_MEM_CUDA) gpu_bytes += ext[i].length;
         size_t k = 0;
         while (k < nfiles && files[k] != f) k++;
         if (k < nfiles) continue;
         if (nfiles == MAX_FILES) {
-            overflow_bytes += ext[i].length;
+            footprint += ext[i].length;
             continue;
         }
         files[nfiles++] = f;
         footprint += file_size(f);
     }
+    return footprint;
+}
+
+/* 1: the cold reads of these extents go through the page cache; -1: O_DIRECT. */
+static int decide(ckptio_engine *engine, const ckptio_extent *ext, size_t count) {
+    uint64_t gpu_bytes = 0, all_bytes = 0;
+    for (size_t i = 0; i < count; i++) {
+        all_bytes += ext[i].length;
+        if (ext[i].mem_kind == CKPTIO_MEM_CUDA) gpu_bytes += ext[i].length;
+    }
     const bool mostly_gpu = gpu_bytes * 2 > all_bytes;
     const bool forced_on = ckptio__io_engine_setting(engine, CKPTIO_OPT_READ_CACHE) == CKPTIO_READ_CACHE_ON;
-    return (forced_on || !mostly_gpu) && ckptio__read_policy_cache(engine, footprint + overflow_bytes) ? 1 : -1;
+    return (forced_on || !mostly_gpu) && ckptio__read_policy_cache(engine, plan_footprint(ext, count)) ? 1 : -1;
 }
 
 static void store(const ckptio_extent *ext, size_t count, int cache) {
@@ -139,4 +157,31 @@ bool ckptio__read_buffered(ckptio_file *f, uint64_t offset, uint64_t len) {
         atomic_store_explicit(&f->read_cache, decided, memory_order_relaxed);
     }
     return decided > 0 || ckptio__file_in_memory(f) || ckptio__range_cached(f->fd, offset, len);
+}
+
+/* ---- writes ------------------------------------------------------------------------ */
+
+static bool write_policy_cache(const ckptio_engine *engine, uint64_t footprint) {
+    switch (ckptio__io_engine_setting(engine, CKPTIO_OPT_WRITE_CACHE)) {
+    case CKPTIO_WRITE_CACHE_ON: return true;
+    case CKPTIO_WRITE_CACHE_OFF: return false;
+    default: break;
+    }
+    const uint64_t available = ckptio__mem_available();
+    return footprint <= CKPTIO__WRITE_CACHE_MAX && available != 0 && footprint <= available / CACHE_SHARE;
+}
+
+void ckptio__write_policy_apply(ckptio_engine *engine, const ckptio_extent *ext, size_t count) {
+    const int cache = write_policy_cache(engine, plan_footprint(ext, count)) ? 1 : -1;
+    for (size_t i = 0; i < count; i++)
+        if (ext[i].length) atomic_store_explicit(&ext[i].file->write_cache, cache, memory_order_relaxed);
+}
+
+bool ckptio__write_buffered(ckptio_file *f) {
+    int decided = atomic_load_explicit(&f->write_cache, memory_order_relaxed);
+    if (decided == 0) {
+        decided = write_policy_cache(f->engine, file_size(f)) ? 1 : -1;
+        atomic_store_explicit(&f->write_cache, decided, memory_order_relaxed);
+    }
+    return decided > 0;
 }

@@ -76,7 +76,7 @@ WORKER = textwrap.dedent(
         def failing_direct(self, *args):
             raise OSError(f"injected direct-path failure on rank {rank}")
         cdcp.FileSystemReader._read_direct = failing_direct
-    reader = cdcp.FileSystemReader(path, broadcast=cfg.get("broadcast", "auto"),
+    reader = cdcp.FileSystemReader(path, broadcast=cfg.get("broadcast", True),
                                    broadcast_budget=cfg.get("budget", 1 << 30))
     if cfg["mode"] == "replicated":
         want = make_state()
@@ -200,6 +200,14 @@ def save_plain(path, fmt="torch_save"):
         dcp.save(make_state(), storage_writer=cdcp.FileSystemWriter(path, **kw), no_dist=True)
 
 
+def save_columns(path):
+    state_py = {}
+    exec(STATE, state_py)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        dcp.save(state_py["columns"](), storage_writer=cdcp.FileSystemWriter(path), no_dist=True)
+
+
 @pytest.mark.parametrize("world,fmt,budget", [(2, "torch_save", 1 << 30), (3, "safetensors", 1 << 30),
                                               (3, "zstd", 1 << 30), (2, "torch_save", 50_000)])
 def test_replicated_load_reads_storage_once(tmp_path, world, fmt, budget):
@@ -216,18 +224,14 @@ def test_replicated_load_reads_storage_once(tmp_path, world, fmt, budget):
     assert all(s["bytes_read"] < total for s in stats)
 
 
-@pytest.mark.parametrize("broadcast,budget", [("auto", 1 << 30), ("auto", 30_000), (False, 1 << 30)])
+@pytest.mark.parametrize("broadcast,budget", [(True, 1 << 30), (True, 30_000), (False, 1 << 30)])
 def test_columns_read_as_spans_are_read_once(tmp_path, broadcast, budget):
     """Saved whole, loaded by columns (Shard(1)) on 2 ranks: each rank's half of C is 5000 runs, which a rank
     reads as the span covering them, i.e. all of C. Shared, C is read once and broadcast (budget 30_000: in 6
     row pieces, each rank's columns cut from each); D's halves (64 runs each) stay direct. With
     broadcast=False both ranks read all of C."""
     path = tmp_path / "cols"
-    state_py = {}
-    exec(STATE, state_py)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        dcp.save(state_py["columns"](), storage_writer=cdcp.FileSystemWriter(path), no_dist=True)
+    save_columns(path)
     stats = stats_of(run_ranks(tmp_path, 2, path, {"mode": "columns", "broadcast": broadcast, "budget": budget}))
     total, c_bytes = stored_bytes(path), 5000 * 8 * 4
     if broadcast is False:  # each rank: D's half directly, C's span from its first column to its last
@@ -262,6 +266,31 @@ def test_broadcast_false_each_rank_reads_its_own(tmp_path):
     total = stored_bytes(path)
     assert [s["bytes_read"] for s in stats] == [total, total]
     assert all(s["items_shared"] == 0 and s["bytes_received"] == s["bytes_broadcast_sent"] == 0 for s in stats)
+
+
+def test_auto_on_gloo_reads_its_own(tmp_path):
+    """broadcast="auto" shares only where that is faster (NCCL, object storage): over gloo a replicated load
+    and a load into another sharding (Shard(1), whose column spans True would share) read directly."""
+    path = tmp_path / "ckpt"
+    save_plain(path)
+    stats = stats_of(run_ranks(tmp_path, 2, path, {"mode": "replicated", "broadcast": "auto"}))
+    total = stored_bytes(path)
+    assert [s["bytes_read"] for s in stats] == [total, total]
+    assert all(s["items_shared"] == 0 and s["bytes_received"] == s["bytes_broadcast_sent"] == 0 for s in stats)
+    cols = tmp_path / "cols"
+    save_columns(cols)
+    stats = stats_of(run_ranks(tmp_path, 2, cols, {"mode": "columns", "broadcast": "auto"}))
+    assert all(s["items_shared"] == 0 and s["bytes_received"] == 0 for s in stats)
+
+
+def test_auto_rule():
+    from ckptio.dcp import _broadcast
+
+    assert not _broadcast.auto_shares("gloo", cuda=True, remote=False)
+    assert not _broadcast.auto_shares("nccl", cuda=False, remote=False)  # no GPU: nothing to carry it
+    assert _broadcast.auto_shares("nccl", cuda=True, remote=False)
+    assert _broadcast.auto_shares("cpu:gloo,cuda:nccl", cuda=True, remote=False)
+    assert _broadcast.auto_shares("gloo", cuda=False, remote=True)  # s3://: one GET instead of one per rank
 
 
 def test_mixed_sharded_and_replicated_three_ranks(tmp_path):

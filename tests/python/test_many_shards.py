@@ -1,6 +1,6 @@
 """Descriptors stay bounded whatever a checkpoint's file count (docs/MODELS.md "Many shards").
 
-A Hugging Face directory of 1,500 shards loads, through ckptio.load, ckptio.safe_open and the CLI,
+A Hugging Face directory of 1,500 shards loads, through ckptio.load (also mapped), ckptio.safe_open and the CLI,
 in a process limited to 256 descriptors (RLIMIT_NOFILE, set in a subprocess): every value is
 checked. A DCP directory of 100 data files verifies (CLI) and loads (ckptio.dcp's reader) under a
 limit of 48. Before, each open shard held two descriptors for the life of the model, so ~510 shards
@@ -60,6 +60,8 @@ def test_load_under_a_low_descriptor_limit(many_shards):
                 assert torch.equal(f.get_slice(f"b{k}")[1:, 2:4], torch.full((2, 2), k))
             got = {name: f.get_tensor(name) for name in f.keys()}  # every shard, one call at a time
         assert all(torch.equal(got[k], sd[k]) for k in sd)
+        mapped = ckptio.load(d, mmap=True)  # every shard mapped at once, no descriptor held
+        assert mapped.keys() == sd.keys() and all(torch.equal(mapped[k], sd[k]) for k in sd)
         print(json.dumps({"tensors": len(sd)}))
     """)
     p = subprocess.run([sys.executable, "-c", script, str(many_shards), str(LIMIT), str(SHARDS)], capture_output=True,

@@ -79,7 +79,7 @@ def test_every_setting_reads_and_writes_by_its_names():
     assert opts["gpu_huge_slots"] == "off" and opts["nvtx"] == 0 and opts["gpu_path"] == "pipeline"
     names = {"backend": ["auto", "pread", "io_uring"], "direct": ["auto", "off", "on"],
              "gpu_path": ["auto", "cufile", "pipeline"], "read_cache": ["auto", "on", "off"],
-             "gpu_huge_slots": ["auto", "off", "on"]}
+             "gpu_huge_slots": ["auto", "off", "on"], "write_cache": ["auto", "on", "off"]}
     for name, values in names.items():
         assert ckptio.Engine.bounds(name) == (0, len(values) - 1)
         for v in values:

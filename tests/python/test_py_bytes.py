@@ -133,3 +133,70 @@ def test_save_to_bytes_refuses_checksums_and_leaves_no_descriptor():
     left = {fd: os.readlink(f"/proc/self/fd/{fd}") for fd in set(os.listdir("/proc/self/fd")) - before
             if os.path.exists(f"/proc/self/fd/{fd}")}
     assert not left, f"descriptors left open: {left}"
+
+
+# ---- the in-memory paths: bytes laid out and copied once, loads parsed in place ----------------------------
+
+ST_DTYPES = ["bool", "uint8", "int8", "uint16", "int16", "uint32", "int32", "uint64", "int64", "float16",
+             "bfloat16", "float32", "float64", "complex64", "float8_e5m2", "float8_e4m3fn", "float8_e8m0fnu"]
+
+
+@pytest.mark.parametrize("align", [4096, 8])
+def test_bytes_are_the_file_save_writes_for_every_dtype(tmp_path, align):
+    g = torch.Generator().manual_seed(5)
+    sd = {f"t.{name}": torch.randint(0, 256, (3, 5 * torch.empty((), dtype=getattr(torch, name)).element_size()),
+                                     generator=g, dtype=torch.uint8).view(getattr(torch, name)) for name in ST_DTYPES}
+    sd["t.bool"] = sd["t.bool"].view(torch.uint8).remainder(2).bool()
+    sd["empty"] = torch.empty(0, 4)
+    sd["scalar"] = torch.tensor(1.5)
+    sd.update({f"small.{i}": torch.randn(i + 1, generator=g) for i in range(40)})  # packed on load
+    path = tmp_path / "m.safetensors"
+    ckptio.save(sd, path, align=align)
+    data = ckptio.save(sd, align=align)
+    assert data == path.read_bytes()
+    for kind in (bytes, bytearray, memoryview):
+        out = ckptio.load(kind(data))
+        assert list(out) == sorted(sd)
+        for k, t in sd.items():
+            assert out[k].dtype == t.dtype and out[k].shape == t.shape, k
+            assert torch.equal(out[k].reshape(-1).view(torch.uint8), t.reshape(-1).view(torch.uint8)), k
+    two = ckptio.load(data, keys=["small.3", "t.int64"])
+    assert list(two) == ["small.3", "t.int64"] and torch.equal(two["small.3"], sd["small.3"])
+    with pytest.raises(KeyError, match="<bytes>"):
+        ckptio.load(data, keys=["nope"])
+    # Loaded tensors own their memory: the bytes object stays as it was.
+    out = ckptio.load(bytearray(data))
+    out["small.3"].fill_(0)
+    assert torch.equal(ckptio.load(data)["small.3"], sd["small.3"])
+
+
+def test_torch_bytes_load_builds_the_object():
+    base = torch.randn(8, 8)
+    obj = {"w": torch.nn.Parameter(torch.randn(4)), "view": base[2:5], "base": base, "n": [1, "x"]}
+    buf = io.BytesIO()
+    torch.save(obj, buf)
+    out = ckptio.load(buf.getvalue())
+    assert isinstance(out["w"], torch.nn.Parameter) and out["n"] == [1, "x"]
+    assert torch.equal(out["view"], base[2:5]) and torch.equal(out["base"], base)
+    assert out["view"].untyped_storage().data_ptr() == out["base"].untyped_storage().data_ptr()
+
+
+def test_mapped_tensors_of_a_truncated_file_save_to_bytes_as_a_clear_error(tmp_path):
+    import subprocess
+    import sys
+    import textwrap
+
+    path = tmp_path / "m.safetensors"
+    ckptio.save({"a": torch.randn(100000), "b": torch.randn(3)}, path)
+    child = textwrap.dedent(f"""
+        import os, ckptio
+        sd = ckptio.load({str(path)!r}, mmap=True)
+        os.truncate({str(path)!r}, 8)
+        try:
+            ckptio.save(sd)
+        except ckptio.CkptioError as exc:
+            print("ERROR", exc.status_name, exc)
+    """)
+    r = subprocess.run([sys.executable, "-c", child], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, f"the child died (status {r.returncode}): {r.stderr[-2000:]}"
+    assert r.stdout.startswith("ERROR E_TRUNCATED") and str(path) in r.stdout, r.stdout + r.stderr

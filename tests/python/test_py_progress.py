@@ -20,8 +20,9 @@ N = 8 << 20  # float32 elements: 32 MiB
 
 
 def _slow_engine():
-    """Small requests on one thread: a transfer takes many progress intervals."""
-    return ckptio.Engine(threads=1, chunk_bytes=16 << 10, backend="pread", sync=False)
+    """Small O_DIRECT requests on one thread: a transfer takes many progress intervals (a save
+    this small would otherwise go through the page cache at memory speed: write_cache)."""
+    return ckptio.Engine(threads=1, chunk_bytes=16 << 10, backend="pread", sync=False, write_cache="off")
 
 
 def _slow_reader():

@@ -50,15 +50,31 @@ KIND_TENSOR, KIND_WHOLE = 0, 1  # a range of a tensor chunk's elements / the who
 _dist = _group_read.dist_module
 
 
-def local_stamp(mode, group, use_collectives: bool) -> Optional[dict]:
+def auto_shares(backend: str, cuda: bool, remote: bool) -> bool:
+    """The rule of ``broadcast="auto"``: share where reading once is cheaper than
+    every rank reading. In object storage (s3://) every read is a request over
+    the network, billed and rate-limited, so it is read once whatever the
+    collective. Over NCCL (the backend includes it and CUDA is there) the bytes
+    move between GPUs faster than storage gives them. Over any other backend
+    (gloo: host memory through TCP, one thread per collective) a broadcast is
+    slower than each rank reading a local or page-cached file (BENCHMARKS.md,
+    "Small checkpoints (DCP)"), so every rank reads its own bytes. The same on
+    every rank (one backend, one path)."""
+    return remote or ("nccl" in backend.lower() and cuda)
+
+
+def local_stamp(mode, group, use_collectives: bool, remote: bool = False) -> Optional[dict]:
     """What prepare_local_plan puts into storage_data: this rank's position in
     the reader's group, or None when this rank does not take part (then the
-    coordinator plans no sharing for anyone)."""
+    coordinator plans no sharing for anyone). ``remote``: the checkpoint is in
+    object storage (see auto_shares)."""
     dist = _dist()
     if mode is False or not use_collectives or dist is None:
         return None
     world = dist.get_world_size(group)
     if world < 2:
+        return None
+    if mode == "auto" and not auto_shares(str(dist.get_backend(group)), torch.cuda.is_available(), remote):
         return None
     return {STAMP: 1, "rank": dist.get_rank(group), "world": world}
 

@@ -133,10 +133,13 @@ class FileSystemReader(_TorchFileSystemReader):
 
     * ``engine``: a :class:`ckptio.Engine` (default: the shared default engine).
     * ``broadcast``: load once, broadcast (see ckptio.dcp._broadcast):
-      ``"auto"`` (default) and ``True`` share stored bytes that several ranks
-      need when torch.distributed is initialised with more than one rank in
-      ``process_group``; ``False`` makes every rank read its own bytes. The
-      bytes are shared only when every rank of the load allows it.
+      ``True`` shares stored bytes that several ranks need when
+      torch.distributed is initialised with more than one rank in
+      ``process_group``; ``"auto"`` (default) does so only where it is the
+      faster way: the checkpoint is in object storage (s3://), or the group's
+      backend is NCCL; over gloo every rank reads its own bytes. ``False``
+      makes every rank read its own bytes. The bytes are shared only when
+      every rank of the load allows it.
     * ``process_group``: the group given to ``dcp.load`` (default: the
       default group).
     * ``broadcast_budget``: bytes moved per broadcast batch (default 1 GiB;
@@ -221,7 +224,8 @@ class FileSystemReader(_TorchFileSystemReader):
             info = self.storage_data.get(req.storage_index)
             if info is not None:
                 self._chain(info, req.storage_index.fqn)
-        stamp = _broadcast.local_stamp(self.broadcast, self.process_group, self._use_collectives)
+        stamp = _broadcast.local_stamp(self.broadcast, self.process_group, self._use_collectives,
+                                       remote=isinstance(self.fs, _objects.ObjectStore))
         if stamp is not None and plan.storage_data is None:
             plan = dataclasses.replace(plan, storage_data=stamp)
         return plan

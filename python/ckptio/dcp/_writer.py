@@ -158,7 +158,9 @@ class FileSystemWriter(_TorchFileSystemWriter):
       ``"wait"`` (default) blocks until it is done, ``"error"`` raises
       RuntimeError.
     * ``alignment`` (default 4096): start of every item and storage alignment
-      inside torch.save items, so tensor bytes move with O_DIRECT.
+      inside torch.save items, so tensor bytes move with O_DIRECT. Items in
+      host memory below 64 KiB are packed at 64 bytes instead (torch's own
+      alignment; they go through the page cache anyway).
     * ``cleanup`` (default ``"foreground"``): when an overwrite has committed,
       the files of older saves in the directory are deleted before ``finish``
       returns; ``"background"`` deletes them on a thread of its own instead
