@@ -127,7 +127,8 @@ class CheckpointManager:
             # on one group (torch's advice for dcp.async_save).
             self._save_group = self._dist.new_group(ranks=self._dist.get_process_group_ranks(process_group)
                                                     if process_group is not None else None, backend="gloo")
-        self._pending: Optional[concurrent.futures.Future] = None
+        self._pending: Optional[concurrent.futures.Future] = None  # the save in flight, retention included
+        self._saving: Optional[concurrent.futures.Future] = None  # its Future: in flight until the commit
         self._pending_step: Optional[int] = None
         self._closed = False
         # Async saves snapshot the state into a pinned pool of the manager's (docs/SNAPSHOTS.md), freed by close().
@@ -207,8 +208,8 @@ class CheckpointManager:
         if isinstance(step, bool) or not isinstance(step, int) or step < 0:
             raise ValueError(f"step must be an int >= 0, not {step!r}")
         busy = self.async_busy if async_busy is None else _check_busy(async_busy)
-        pending = self._pending
-        running = pending is not None and not pending.done()
+        saving = self._saving
+        running = saving is not None and not saving.done()
         if self._dist is not None and busy != "wait":
             running = self._any_rank(running)  # every rank skips (or raises) together
         if running and busy == "error":
@@ -223,11 +224,13 @@ class CheckpointManager:
         if running and _log.isEnabledFor(logging.INFO):
             _log.info("%s: save(step %d) waits for step %s's save, still in flight (async_busy='wait'; "
                       "'skip' never waits)", self.root, step, self._pending_step)
-        self.wait()
+        if self.async_save and self._snapshots is not None and self._dist is None:
+            self._wait_committed()
+        else:
+            self.wait()
         self._pending_step = step
         lock = None
         error = None
-        step_dir = None
         try:  # a value the reader would refuse fails the save here, before the root is touched
             from .dcp import _byte_items
 
@@ -236,11 +239,19 @@ class CheckpointManager:
         except Exception as e:  # noqa: BLE001 - handed to every rank
             error = e
         self._agree(error, f"CheckpointManager.save(step {step})")
+        snapshot = self.async_save and self._snapshots is not None and self._dist is None
+        if snapshot and not _is_dir(self.step_dir(step)):
+            # One process, a new step: only the snapshot on this thread; the root's lock, the step's begin,
+            # the write, the commit and retention on the manager's save thread. A step directory that exists
+            # is begun here instead, so that a step saved before is refused by this call.
+            started = _manager_async.save(self, step, state_dict)
+            if started is not None:
+                self._saving, self._pending = started
+                return self._saving
+            snapshot = False  # a state the snapshot cannot copy: staged as torch does
         if self._rank == 0:
             try:
-                lock = _lock(_ensure_root(self.root))
-                self._replace_if_damaged(step)
-                step_dir = _ckptio.steps_begin(self.root, step)
+                lock = self._begin(step)
             except Exception as e:  # noqa: BLE001 - handed to every rank
                 error = e
         try:
@@ -248,29 +259,28 @@ class CheckpointManager:
         except BaseException:
             _release(lock)
             raise
-        step_dir = self.step_dir(step)
-        writer = self._writer(step_dir)
         import torch.distributed.checkpoint as dcp
 
-        kwargs = {"storage_writer": writer, "process_group": self._save_group if self._dist else None,
-                  "no_dist": self._dist is None}
+        if snapshot:
+            started = _manager_async.save(self, step, state_dict, begun=True, lock=lock)
+            if started is not None:
+                self._saving, self._pending = started
+                return self._saving
+        kwargs = {"storage_writer": self._writer(self.step_dir(step)),
+                  "process_group": self._save_group if self._dist else None, "no_dist": self._dist is None}
         done: concurrent.futures.Future = concurrent.futures.Future()
+        finished: concurrent.futures.Future = concurrent.futures.Future()  # retention included
         if not self.async_save:
             try:
                 dcp.save(state_dict, **kwargs)
-                self._finish(step, lock)
-                done.set_result(step)
+                self._finish(step, lock, lambda: done.set_result(step))
+                finished.set_result(step)
             except BaseException as e:
                 _release(lock)
-                done.set_exception(e)
-            self._pending = done
+                _manager_async.failed(done, finished, e)
+            self._saving, self._pending = done, finished
             self.wait()
             return done
-        if self._snapshots is not None and self._dist is None:  # one process: the snapshot, the rest on a thread
-            snapshot_done = _manager_async.save(self, step, state_dict, writer, lock)
-            if snapshot_done is not None:
-                self._pending = snapshot_done
-                return snapshot_done
         try:
             saving = dcp.async_save(state_dict, **kwargs)
         except BaseException:
@@ -282,14 +292,15 @@ class CheckpointManager:
         def complete(f: concurrent.futures.Future) -> None:
             try:
                 f.result()
-                self._finish(step, lock)
-                done.set_result(step)
-            except BaseException as e:  # noqa: BLE001 - the future carries it
+                self._finish(step, lock, lambda: done.set_result(step))
+                finished.set_result(step)
+            except BaseException as e:  # noqa: BLE001 - the futures carry it
                 _release(lock)
-                done.set_exception(e)
+                _manager_async.failed(done, finished, e)
 
         threading.Thread(target=lambda: complete(saving), name=f"ckptio-manager-step-{step}", daemon=True).start()
-        self._pending = done
+        _manager_async.track(self)
+        self._saving, self._pending = done, finished
         return done
 
     def _any_rank(self, flag: bool) -> bool:
@@ -299,6 +310,18 @@ class CheckpointManager:
         t = torch.tensor([1 if flag else 0], dtype=torch.int32)
         self._dist.all_reduce(t, op=self._dist.ReduceOp.MAX, group=self._group)
         return bool(t.item())
+
+    def _begin(self, step: int):
+        """Rank 0, steps 1-2 of a save: the root's lock taken, a damaged step of this number removed, the
+        step begun. Returns the lock (released here on a failure)."""
+        lock = _lock(_ensure_root(self.root))
+        try:
+            self._replace_if_damaged(step)
+            _ckptio.steps_begin(self.root, step)
+        except BaseException:
+            _release(lock)
+            raise
+        return lock
 
     def _replace_if_damaged(self, step: int) -> None:
         """A job that resumed from an older step past a damaged one saves
@@ -321,14 +344,17 @@ class CheckpointManager:
         options.update(self.writer_options)
         return FileSystemWriter(step_dir, **options)
 
-    def _finish(self, step: int, lock) -> None:
+    def _finish(self, step: int, lock, committed) -> None:
         """Rank 0, once the step's DCP save returned (every rank's files
-        and .metadata committed): the marker, then retention; then the root's
-        lock goes."""
+        and .metadata committed): the marker, then committed() (the save's
+        Future resolves), then retention; then the root's lock goes. Other
+        ranks: committed()."""
         if self._rank != 0:
+            committed()
             return
         try:
             _ckptio.steps_commit(self.root, step)
+            committed()
             if self.keep_last is not None or self.keep_every is not None:
                 removed = _ckptio.steps_retain(self.root, self.keep_last or 0, self.keep_every or 0,
                                                engine=self.engine)
@@ -341,12 +367,25 @@ class CheckpointManager:
         """Sizes the async saves' snapshot pool for state_dict and pins it in
         the background, so that the first save does not wait for it (``load``
         does this with the state it loads into)."""
+        from .dcp import _byte_items  # noqa: F401 - torch's DCP imported now, not in the first save's call
+
         if self._snapshots is not None:
             self._snapshots.prepare(state_dict)
 
+    def _wait_committed(self) -> None:
+        """One process: waits for the save in flight until its commit and raises its failure. Its retention,
+        if still running, is left to finish on the save thread, before the next save there (a failure of it
+        is logged there, and raised by wait() if it gets to it first)."""
+        saving, pending = self._saving, self._pending
+        if saving is not None:
+            concurrent.futures.wait([saving])
+        if pending is not None and pending.done():
+            self.wait()
+
     def wait(self) -> None:
-        """Waits until the save in flight (if any) is committed; raises its
-        error (with several ranks: a collective, the error raised on all)."""
+        """Waits until the save in flight (if any) is committed and its
+        retention applied; raises its error (with several ranks: a
+        collective, the error raised on all)."""
         pending, error = self._pending, None
         if pending is not None:
             try:
@@ -479,10 +518,16 @@ class CheckpointManager:
             try:
                 self.wait()
             finally:
-                if getattr(self, "_save_thread", None) is not None:
-                    self._save_thread.stop()
+                self._stop_save_thread()
                 if self._snapshots is not None:
                     self._snapshots.close()
+
+    def _stop_save_thread(self) -> None:
+        """Ends the save thread and waits for it: no thread of the manager's outlives close()."""
+        worker = getattr(self, "_save_thread", None)
+        if worker is not None:
+            self._save_thread = None
+            worker.stop()
 
     def __enter__(self) -> "CheckpointManager":
         return self
@@ -495,6 +540,7 @@ class CheckpointManager:
             pending = self._pending
             if pending is not None:
                 concurrent.futures.wait([pending])
+            self._stop_save_thread()
             if self._snapshots is not None:
                 self._snapshots.close()
 

@@ -3,7 +3,7 @@ never holds the caller, says which step was not saved (the Future's SkippedSave,
 next save after the write proceeds; the saves it does start hold exactly the state of their step; retention
 and markers only ever see the steps saved; ranks skip together; "wait" saves every step; a per-call
 override; the save-time check of values the reader would refuse costs a training loop's state no pickling on
-the caller's thread."""
+the caller's thread; the caller's thread takes only the snapshot."""
 import argparse
 import logging
 import os
@@ -168,6 +168,36 @@ def test_the_save_time_check_pickles_nothing_of_a_training_state(tmp_path, monke
         with pytest.raises(TypeError, match=f"cannot save '{key}'"):
             ckptio.CheckpointManager(other).save(1, {"w": torch.ones(2), key: bad})
         assert not os.path.exists(other)
+    mgr.close()
+
+
+def test_an_async_save_holds_the_caller_only_for_the_snapshot(tmp_path, monkeypatch):
+    """In one process the caller's thread takes the snapshot; the root's lock, the step's begin (directory,
+    begun mark, fsyncs), the commit and retention all run on the save thread; the Future resolves to the
+    step and every step saved loads back."""
+    model, opt = _model()
+    on_caller = []
+    for name in ("dcp_lock_acquire", "steps_begin", "steps_commit", "steps_retain"):
+        real = getattr(ckptio._ckptio, name)
+
+        def spy(*a, _real=real, _name=name, **k):
+            on_caller.append((_name, threading.current_thread() is threading.main_thread()))
+            return _real(*a, **k)
+
+        monkeypatch.setattr(ckptio._ckptio, name, spy)
+    mgr = ckptio.CheckpointManager(tmp_path / "run", keep_last=1)
+    mgr.prepare(_state(model, opt, 0))
+    wanted = {}
+    for step in (1, 2):
+        state = _state(model, opt, step)
+        wanted[step] = _clone(state)
+        assert mgr.save(step, state).result(timeout=60) == step
+        _train(model, opt)
+    mgr.wait()
+    assert {name for name, _ in on_caller} == {"dcp_lock_acquire", "steps_begin", "steps_commit", "steps_retain"}
+    assert [name for name, caller in on_caller if caller] == []
+    assert mgr.all_steps() == [2]
+    _assert_same(_loaded(mgr, wanted[2], 2), wanted[2], "step 2")
     mgr.close()
 
 
