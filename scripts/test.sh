@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # test.sh - set everything up and run every test ckptio has (CPU only).
 #
-#  0. the source layers depend one way (scripts/check_layers.py)
+#  0. the source layers depend one way (scripts/check_layers.py); C lines are at most 120 columns
+#     (scripts/check_line_length.py)
 #  1. build with -Werror and run the C tests (ctest)
 #  2. build with AddressSanitizer + UndefinedBehaviorSanitizer, run them again
 #  3. the wheel as a release makes it (sdist, wheel built from it, auditwheel repair), installed into a
@@ -19,6 +20,9 @@ failed=0
 
 echo "== layers: includes and calls between src/ directories and files go one way"
 python3 scripts/check_layers.py || failed=1
+
+echo "== C lines of src/, include/, python/src/, tools/, tests/ and fuzz/ are at most 120 columns"
+python3 scripts/check_line_length.py || failed=1
 
 echo "== bench/'s benchmarks parse (they run on GPU machines: bench/README.md)"
 python3 -c 'import ast, sys; [ast.parse(open(f).read(), f) for f in sys.argv[1:]]' bench/*.py || failed=1

@@ -357,8 +357,8 @@ static void test_power_loss_order(const char *self) {
     const int rename_man = find(ev, n, 0, 'R', "/.m.safetensors.ckptio-manifest.json.ckptio-tmp-", false);
     T_ASSERT(fsync_man >= 0 && rename_man > fsync_man && rename_man > dir_after_data);
     T_ASSERT(find(ev, n, rename_man, 'F', dir, true) > rename_man);
-    printf("ok test_power_loss_order\n# strace: %d events; unlink %d < dir fsync %d < data fsync %d < rename %d < dir fsync %d < manifest "
-           "rename %d\n",
+    printf("ok test_power_loss_order\n# strace: %d events; unlink %d < dir fsync %d < data fsync %d < rename %d "
+           "< dir fsync %d < manifest rename %d\n",
            n, unlink_old, dir_after_unlink, fsync_data, rename_data, dir_after_data, rename_man);
     free(ev);
     free(text);

@@ -84,11 +84,13 @@ static void test_a_slot_is_registered_anonymous_memory(void) {
     T_ASSERT(*last_registered == p && *last_registered_bytes == 2 * MIB);
     T_ASSERT_MSG(*last_register_flags == 0x3, "flags %#x, want PORTABLE | DEVICEMAP", *last_register_flags);
     memset(p, 0xAB, 2 * MIB);
-    T_ASSERT_MSG(t_vm_flag(p, "dc") == 1, "the slot's mapping lacks MADV_DONTFORK (VmFlags dc: %d)", t_vm_flag(p, "dc"));
+    T_ASSERT_MSG(t_vm_flag(p, "dc") == 1, "the slot's mapping lacks MADV_DONTFORK (VmFlags dc: %d)",
+                 t_vm_flag(p, "dc"));
     T_ASSERT(t_vm_flag((unsigned char *)p - 4096, "dc") == 1); /* the length page too: one mapping */
     ops->pinned_free(p);
     T_ASSERT(*unregister_calls == 1 && *last_unregistered == p);
-    T_ASSERT_MSG(t_page_state(p) == -1 && t_page_state((unsigned char *)p - 4096) == -1, "the slot is still mapped after its free");
+    T_ASSERT_MSG(t_page_state(p) == -1 && t_page_state((unsigned char *)p - 4096) == -1,
+                 "the slot is still mapped after its free");
     /* Odd sizes round up to pages and still free whole. */
     T_OK(ops->pinned_alloc(sizeof(uint32_t), false, &p));
     T_ASSERT(*last_registered_bytes == 4096);

@@ -502,7 +502,8 @@ static void test_stale_files(void) {
 static void test_unreadable_metadata_keeps_everything(void) {
     static const struct {
         const char *name, *why;
-    } cases[] = {{"__7.metadata", "cannot be read ("}, {"__8.metadata", "(a symlink)"}, {"__9.metadata", "(not a regular file)"}};
+    } cases[] = {{"__7.metadata", "cannot be read ("}, {"__8.metadata", "(a symlink)"},
+                 {"__9.metadata", "(not a regular file)"}};
     const ckptio_dcp_committed c = committed();
     for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
         const char *dir = setup("unreadable");

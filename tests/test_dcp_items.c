@@ -43,7 +43,8 @@ static void test_items_layout_and_hashes(ckptio_engine *engine) {
     uint8_t *disk = t_read_file(path, &len);
     T_ASSERT(items[0].offset == 0 && items[0].length == sizeof blob);
     T_ASSERT(memcmp(disk, blob, sizeof blob) == 0);
-    for (int i = 1; i < 3; i++) T_ASSERT(items[i].offset % 4096 == 0 && items[i].offset >= items[i - 1].offset + items[i - 1].length);
+    for (int i = 1; i < 3; i++)
+        T_ASSERT(items[i].offset % 4096 == 0 && items[i].offset >= items[i - 1].offset + items[i - 1].length);
     /* A small byte item is packed: the next multiple of 64 after the item before it. */
     const uint64_t end2 = items[2].offset + items[2].length;
     T_ASSERT(items[3].offset == (end2 + CKPTIO_DCP_PACK_ALIGN - 1) / CKPTIO_DCP_PACK_ALIGN * CKPTIO_DCP_PACK_ALIGN);

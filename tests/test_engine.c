@@ -424,7 +424,8 @@ static void test_execute_extents(void) {
     ckptio_file *f;
     T_OK(ckptio_file_open(e, path, CKPTIO_OPEN_WRITE, &f));
     const ckptio_extent w[] = {
-        {.file = f, .file_offset = 4097, .length = sizeof src - 4097, .memory = src + 4097, .mem_kind = CKPTIO_MEM_HOST},
+        {.file = f, .file_offset = 4097, .length = sizeof src - 4097, .memory = src + 4097,
+         .mem_kind = CKPTIO_MEM_HOST},
         {.file = f, .file_offset = 0, .length = 0, .memory = NULL, .mem_kind = CKPTIO_MEM_HOST}, /* moves nothing */
         {.file = f, .file_offset = 0, .length = 4097, .memory = src, .mem_kind = CKPTIO_MEM_HOST},
     };
@@ -436,7 +437,8 @@ static void test_execute_extents(void) {
     T_ASSERT(flen == sizeof src && memcmp(img, src, sizeof src) == 0);
     free(img);
     T_OK(ckptio_file_open(e, path, CKPTIO_OPEN_READ, &f));
-    const ckptio_extent r[] = {{.file = f, .file_offset = 0, .length = sizeof dst, .memory = dst, .mem_kind = CKPTIO_MEM_AUTO}};
+    const ckptio_extent r[] = {
+        {.file = f, .file_offset = 0, .length = sizeof dst, .memory = dst, .mem_kind = CKPTIO_MEM_AUTO}};
     T_OK(ckptio_engine_execute_extents(e, CKPTIO_READ, r, 1));
     T_ASSERT(memcmp(dst, src, sizeof src) == 0);
     /* An empty list is an empty plan; a bad extent is named by its index. */

@@ -92,7 +92,8 @@ static void test_torch_magics(void) {
     T_ASSERT(detect_bytes(zip, 4, 4) == CKPTIO_FORMAT_TORCH);
     /* Legacy torch.save: protocol 2 and the magic number long; protocol 4
      * opens with a FRAME. */
-    const unsigned char legacy2[] = {0x80, 0x02, 0x8a, 0x0a, 0x6c, 0xfc, 0x9c, 0x46, 0xf9, 0x20, 0x6a, 0xa8, 0x50, 0x19};
+    const unsigned char legacy2[] = {0x80, 0x02, 0x8a, 0x0a,
+                                     0x6c, 0xfc, 0x9c, 0x46, 0xf9, 0x20, 0x6a, 0xa8, 0x50, 0x19};
     T_ASSERT(detect_bytes(legacy2, sizeof legacy2, 1000) == CKPTIO_FORMAT_TORCH_LEGACY);
     const unsigned char legacy4[] = {0x80, 0x04, 0x95, 0x20, 0x01, 0, 0, 0, 0, 0, 0, 0x8a, 0x0a};
     T_ASSERT(detect_bytes(legacy4, sizeof legacy4, 1000) == CKPTIO_FORMAT_TORCH_LEGACY);

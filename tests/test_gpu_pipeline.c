@@ -1570,8 +1570,9 @@ static void test_engine_and_safetensors(void) {
     size_t ia, ib;
     T_OK(ckptio_safetensors_find(st, "w", &ia));
     T_OK(ckptio_safetensors_find(st, "b", &ib));
-    const ckptio_tensor_target tg[2] = {{.index = ia, .data = ra, .capacity = 512 * 1024 * 2, .mem_kind = CKPTIO_MEM_CUDA},
-                                        {.index = ib, .data = rb, .capacity = 777 * 4, .mem_kind = CKPTIO_MEM_AUTO}};
+    const ckptio_tensor_target tg[2] = {
+        {.index = ia, .data = ra, .capacity = 512 * 1024 * 2, .mem_kind = CKPTIO_MEM_CUDA},
+        {.index = ib, .data = rb, .capacity = 777 * 4, .mem_kind = CKPTIO_MEM_AUTO}};
     T_OK(ckptio_safetensors_read(st, tg, 2));
     T_ASSERT(memcmp(ra, ta, 512 * 1024 * 2) == 0);
     T_ASSERT(memcmp(rb, tb, 777 * 4) == 0);

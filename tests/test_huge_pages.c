@@ -70,8 +70,10 @@ static void test_two_nodes_three_zones(void) {
  * counts. */
 static void test_more_orders(void) {
     const char text[] =
-        "Node 0, zone    DMA32      1      1      1      1      1      1      1      1      1      2      3      4      5 \n"
-        "Node 0, zone   Normal      0      0      0      0      0      0      0      0      0      0      0      1      1 \n";
+        "Node 0, zone    DMA32      1      1      1      1      1      1      1      1      1      2"
+        "      3      4      5 \n"
+        "Node 0, zone   Normal      0      0      0      0      0      0      0      0      0      0"
+        "      0      1      1 \n";
     EXPECT_BYTES(parse(text, 4096, 9), (2 * 2 + 3 * 4 + 4 * 8 + 5 * 16) * MIB + (8 + 16) * MIB);
     EXPECT_BYTES(parse(text, 4096, 12), (5 + 1) * 16 * MIB);
     /* Tabs between the columns, no space before the newline. */
@@ -125,7 +127,8 @@ static void test_garbage_lines(void) {
                         "Node 0, zone   Normal 0 0 0 0 0 0 0 0 0 100 100 junk\n"
                         "Node 0, zone   Normal 1 2 3 4 5 6 7 8 9 10 11 12 13 14 15 16 17 18 19 20 21 22 23 24 25 "
                         "26 27 28 29 30 31 32 33\n" /* more orders than any kernel */
-                        "Node 1, zone   Normal      0      0      0      0      0      0      0      0      0      1      2 \n"
+                        "Node 1, zone   Normal      0      0      0      0      0      0      0      0      0"
+                        "      1      2 \n"
                         "Node 1, zone   Movable 0 0 0 0 0 0 0 0 0 0 1\r\n" /* \r: not the kernel's */
                         "\x01\xff\n";
     EXPECT_BYTES(parse(text, 4096, 9), (1 * 2 + 2 * 4) * MIB);

@@ -381,19 +381,23 @@ static void test_parser_refusals(void) {
     T_OK(parse(HEAD "\"file\":\"a\",\"file_size\":100,\"data_offset\":8,\"block_bytes\":4096,\"tensors\":["
                     "{\"name\":\"t\",\"offset\":8,\"nbytes\":92,\"blocks\":[" H "]}]}"));
     /* Path traversal and absolute paths. */
-    T_STATUS(parse(HEAD "\"file\":\"../../etc/passwd\",\"file_size\":0,\"data_offset\":0,\"block_bytes\":4096,\"tensors\":[]}"),
+    T_STATUS(parse(HEAD "\"file\":\"../../etc/passwd\",\"file_size\":0,\"data_offset\":0,\"block_bytes\":4096,"
+                        "\"tensors\":[]}"),
              CKPTIO_E_DISALLOWED);
     T_MESSAGE_HAS("evil.json: parse manifest: file: path '../../etc/passwd' refused");
-    T_STATUS(parse(HEAD "\"file\":\"/etc/passwd\",\"file_size\":0,\"data_offset\":0,\"block_bytes\":4096,\"tensors\":[]}"),
+    T_STATUS(parse(HEAD "\"file\":\"/etc/passwd\",\"file_size\":0,\"data_offset\":0,\"block_bytes\":4096,"
+                        "\"tensors\":[]}"),
              CKPTIO_E_DISALLOWED);
     T_MESSAGE_HAS("absolute path '/etc/passwd' refused");
     T_STATUS(parse(HEAD "\"file\":\"..\",\"file_size\":0,\"data_offset\":0,\"block_bytes\":4096,\"tensors\":[]}"),
              CKPTIO_E_DISALLOWED);
-    T_STATUS(parse(HEAD "\"file\":\"a\\u0000b\",\"file_size\":0,\"data_offset\":0,\"block_bytes\":4096,\"tensors\":[]}"),
+    T_STATUS(parse(HEAD "\"file\":\"a\\u0000b\",\"file_size\":0,\"data_offset\":0,\"block_bytes\":4096,"
+                        "\"tensors\":[]}"),
              CKPTIO_E_FORMAT);
     /* Offsets that overflow or leave the data section. */
     T_STATUS(parse(HEAD "\"file\":\"a\",\"file_size\":100,\"data_offset\":8,\"block_bytes\":4096,\"tensors\":["
-                        "{\"name\":\"t\",\"offset\":9223372036854775807,\"nbytes\":9223372036854775807,\"blocks\":[]}]}"),
+                        "{\"name\":\"t\",\"offset\":9223372036854775807,"
+                        "\"nbytes\":9223372036854775807,\"blocks\":[]}]}"),
              CKPTIO_E_FORMAT);
     T_MESSAGE_HAS("outside the data section");
     T_STATUS(parse(HEAD "\"file\":\"a\",\"file_size\":100,\"data_offset\":8,\"block_bytes\":4096,\"tensors\":["
@@ -405,7 +409,8 @@ static void test_parser_refusals(void) {
     /* Allocation bomb: 2^62 bytes declared, checked against the block list
      * (and the file size) before anything is allocated. */
     T_STATUS(parse(HEAD "\"file\":\"a\",\"file_size\":4611686018427387904,\"data_offset\":0,\"block_bytes\":4096,"
-                        "\"tensors\":[{\"name\":\"t\",\"offset\":0,\"nbytes\":4611686018427387904,\"blocks\":[" H "]}]}"),
+                        "\"tensors\":[{\"name\":\"t\",\"offset\":0,\"nbytes\":4611686018427387904,"
+                        "\"blocks\":[" H "]}]}"),
              CKPTIO_E_FORMAT);
     T_MESSAGE_HAS("1 block checksums for 4611686018427387904 bytes in 4096-byte blocks (1125899906842624 expected)");
     /* Overlaps, duplicates, unknown keys, bad hex, bad block sizes, versions. */
@@ -419,10 +424,12 @@ static void test_parser_refusals(void) {
                         "{\"name\":\"t\",\"offset\":10,\"nbytes\":10,\"blocks\":[" H "]}]}"),
              CKPTIO_E_FORMAT);
     T_MESSAGE_HAS("tensor listed twice");
-    T_STATUS(parse(HEAD "\"file\":\"a\",\"file_size\":0,\"data_offset\":0,\"block_bytes\":4096,\"tensors\":[],\"x\":1}"),
+    T_STATUS(parse(HEAD "\"file\":\"a\",\"file_size\":0,\"data_offset\":0,\"block_bytes\":4096,"
+                        "\"tensors\":[],\"x\":1}"),
              CKPTIO_E_FORMAT);
     T_MESSAGE_HAS("x: unknown key");
-    T_STATUS(parse(HEAD "\"file\":\"a\",\"file\":\"b\",\"file_size\":0,\"data_offset\":0,\"block_bytes\":4096,\"tensors\":[]}"),
+    T_STATUS(parse(HEAD "\"file\":\"a\",\"file\":\"b\",\"file_size\":0,\"data_offset\":0,\"block_bytes\":4096,"
+                        "\"tensors\":[]}"),
              CKPTIO_E_FORMAT);
     T_STATUS(parse(HEAD "\"file\":\"a\",\"file_size\":100,\"data_offset\":0,\"block_bytes\":4096,\"tensors\":["
                         "{\"name\":\"t\",\"offset\":0,\"nbytes\":10,\"blocks\":[\"0123456789ABCDEF\"]}]}"),

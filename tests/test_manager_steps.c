@@ -367,7 +367,8 @@ static void expect_steps(const char *root, const uint64_t *want, size_t nwant) {
     size_t n = 0;
     T_OK(ckptio_steps_scan(root, &steps, &n));
     T_ASSERT_MSG(n == nwant, "%zu steps, expected %zu", n, nwant);
-    for (size_t i = 0; i < n; i++) T_ASSERT_MSG(steps[i].step == want[i], "step %zu: %llu", i, (unsigned long long)steps[i].step);
+    for (size_t i = 0; i < n; i++)
+        T_ASSERT_MSG(steps[i].step == want[i], "step %zu: %llu", i, (unsigned long long)steps[i].step);
     ckptio_steps_free(steps);
 }
 
@@ -424,7 +425,8 @@ static const fault_case faults[] = {
 static void expect_resumable(const char *root, uint64_t want, const char *what) {
     size_t n = 0;
     uint64_t step = (uint64_t)-1;
-    T_ASSERT_MSG(ckptio_steps_latest(engine, root, CKPTIO_STEP_CHECK_FULL, &step, NULL, &n) == CKPTIO_OK && step == want,
+    T_ASSERT_MSG(ckptio_steps_latest(engine, root, CKPTIO_STEP_CHECK_FULL, &step, NULL, &n) == CKPTIO_OK &&
+                 step == want,
                  "%s: resumes from step %lld, expected %llu (%s)", what, (long long)step, (unsigned long long)want,
                  ckptio_last_error_message());
 }

@@ -615,7 +615,8 @@ static void test_dir_forms(void) {
     T_ASSERT(mkdir(d3, 0755) == 0);
     for (int s = 0; s < NSHARDS; s++) write_shard(d3, shard_name(s), s, NULL);
     write_index(d3, "");
-    T_ASSERT(rename(join2(d3, "model.safetensors.index.json"), join2(d3, "diffusion_model.safetensors.index.json")) == 0);
+    T_ASSERT(rename(join2(d3, "model.safetensors.index.json"),
+                    join2(d3, "diffusion_model.safetensors.index.json")) == 0);
     write_text(join2(d3, "stray.safetensors"), "garbage that would fail if opened");
     T_OK(ckptio_model_open(engine, d3, 0, &m));
     check_table(m);

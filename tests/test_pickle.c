@@ -201,7 +201,8 @@ static void test_hostile(void) {
     T_STATUS(RUN(&root, 0x80, 2, 'N', ')', 'R', '.'), CKPTIO_E_FORMAT);
     T_MESSAGE_HAS("not an allowlisted callable");
     /* A bare storage or global cannot be the result. */
-    T_STATUS(RUN(&root, 0x80, 2, 'c', 't', 'o', 'r', 'c', 'h', '\n', 'S', 'i', 'z', 'e', '\n', '.'), CKPTIO_E_UNSUPPORTED);
+    T_STATUS(RUN(&root, 0x80, 2, 'c', 't', 'o', 'r', 'c', 'h', '\n', 'S', 'i', 'z', 'e', '\n', '.'),
+             CKPTIO_E_UNSUPPORTED);
     /* Invalid UTF-8 in a string. */
     T_STATUS(RUN(&root, 0x80, 2, 'X', 2, 0, 0, 0, 0xc3, 0x28, '.'), CKPTIO_E_FORMAT);
     T_MESSAGE_HAS("UTF-8");
@@ -394,8 +395,8 @@ static void test_dcp_hostile(void) {
     T_ASSERT(ckptio_value_kind_of(root) == CKPTIO_VALUE_DICT);
     /* The state-dict mode still refuses the DCP classes. */
     ckptio_value *r2;
-    T_STATUS(RUN(&r2, 0x80, 2, 'c', 'p', 'a', 't', 'h', 'l', 'i', 'b', '\n', 'P', 'o', 's', 'i', 'x', 'P', 'a', 't', 'h',
-                 '\n', '.'),
+    T_STATUS(RUN(&r2, 0x80, 2, 'c', 'p', 'a', 't', 'h', 'l', 'i', 'b', '\n',
+                 'P', 'o', 's', 'i', 'x', 'P', 'a', 't', 'h', '\n', '.'),
              CKPTIO_E_DISALLOWED);
     ckptio_pickle *none = (ckptio_pickle *)&r2;
     T_STATUS(ckptio_pickle_parse_dcp_metadata(NULL, 4, NULL, &none), CKPTIO_E_INVAL);

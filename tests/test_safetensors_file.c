@@ -293,7 +293,8 @@ static void test_save_in_place(void) {
     snprintf(path, sizeof path, "/proc/self/fd/%d", fd);
     /* An atomic save cannot create its temporary beside it. */
     T_STATUS(ckptio_safetensors_save(engine, path, &t, 1, NULL, 0, 0), CKPTIO_E_NOT_FOUND);
-    T_OK(ckptio_safetensors_save(engine, path, &t, 1, NULL, 0, CKPTIO_SAFETENSORS_ALIGN_8 | CKPTIO_SAFETENSORS_IN_PLACE));
+    T_OK(ckptio_safetensors_save(engine, path, &t, 1, NULL, 0,
+                                 CKPTIO_SAFETENSORS_ALIGN_8 | CKPTIO_SAFETENSORS_IN_PLACE));
     unsigned char got[128];
     T_ASSERT(pread(fd, got, sizeof got, 0) == 8 + 56 + 16); /* the 200 old bytes cut */
     T_ASSERT(got[0] == 56 && memcmp(got + 64, values, 16) == 0);

@@ -174,8 +174,10 @@ static void test_every_dtype(void) {
     BAD("{\"a\":{\"dtype\":\"float32\",\"shape\":[1],\"data_offsets\":[0,4]}}", 4, CKPTIO_E_FORMAT,
         "tensor 'a': unknown dtype 'float32'");
     BAD("{\"a\":{\"dtype\":\"f32\",\"shape\":[1],\"data_offsets\":[0,4]}}", 4, CKPTIO_E_FORMAT, "unknown dtype 'f32'");
-    BAD("{\"a\":{\"dtype\":\"C128\",\"shape\":[1],\"data_offsets\":[0,16]}}", 16, CKPTIO_E_FORMAT, "unknown dtype 'C128'");
-    BAD("{\"a\":{\"dtype\":\"F32\\u0000x\",\"shape\":[1],\"data_offsets\":[0,4]}}", 4, CKPTIO_E_FORMAT, "unknown dtype");
+    BAD("{\"a\":{\"dtype\":\"C128\",\"shape\":[1],\"data_offsets\":[0,16]}}", 16, CKPTIO_E_FORMAT,
+        "unknown dtype 'C128'");
+    BAD("{\"a\":{\"dtype\":\"F32\\u0000x\",\"shape\":[1],\"data_offsets\":[0,4]}}", 4, CKPTIO_E_FORMAT,
+        "unknown dtype");
 }
 
 static void test_scalars_empty_and_whitespace(void) {
@@ -262,7 +264,8 @@ static void test_find_many(void) {
     char *json = malloc(cap);
     pos += (size_t)snprintf(json + pos, cap - pos, "{");
     for (int i = 0; i < N; i++)
-        pos += (size_t)snprintf(json + pos, cap - pos, "%s\"n%d\":{\"dtype\":\"U8\",\"shape\":[1],\"data_offsets\":[%d,%d]}",
+        pos += (size_t)snprintf(json + pos, cap - pos,
+                                "%s\"n%d\":{\"dtype\":\"U8\",\"shape\":[1],\"data_offsets\":[%d,%d]}",
                                 i ? "," : "", (i * 7919) % N, i, i + 1);
     snprintf(json + pos, cap - pos, "}");
     ckptio_safetensors *st = NULL;
@@ -350,7 +353,8 @@ static void test_bad_depth(void) {
     /* 127 levels pass (in a field the reference ignores), 128 do not. */
     char json[1024];
     for (int depth = 127; depth <= 128; depth++) {
-        size_t pos = (size_t)snprintf(json, sizeof json, "{\"a\":{\"dtype\":\"U8\",\"shape\":[1],\"data_offsets\":[0,1],\"x\":");
+        size_t pos = (size_t)snprintf(json, sizeof json,
+                                      "{\"a\":{\"dtype\":\"U8\",\"shape\":[1],\"data_offsets\":[0,1],\"x\":");
         for (int i = 0; i < depth - 2; i++) json[pos++] = '[';
         for (int i = 0; i < depth - 2; i++) json[pos++] = ']';
         memcpy(json + pos, "}}", 3);
@@ -381,7 +385,8 @@ static void test_bad_value_count(void) {
 }
 
 static void test_bad_metadata(void) {
-    BAD("{\"__metadata__\":{\"k\":1}}", 0, CKPTIO_E_FORMAT, "__metadata__ key 'k': value is an integer, expected a string");
+    BAD("{\"__metadata__\":{\"k\":1}}", 0, CKPTIO_E_FORMAT,
+        "__metadata__ key 'k': value is an integer, expected a string");
     BAD("{\"__metadata__\":{\"k\":{\"x\":\"y\"}}}", 0, CKPTIO_E_FORMAT, "value is an object, expected a string");
     BAD("{\"__metadata__\":[\"k\"]}", 0, CKPTIO_E_FORMAT, "__metadata__: is an array, expected an object of strings");
     BAD("{\"__metadata__\":\"k\"}", 0, CKPTIO_E_FORMAT, "__metadata__: is a string");
@@ -406,9 +411,11 @@ static void test_bad_shape(void) {
         "tensor 'a': shape[0] is -2, expected a non-negative integer");
     BAD("{\"a\":{\"dtype\":\"U8\",\"shape\":[1,2.0],\"data_offsets\":[0,2]}}", 2, CKPTIO_E_FORMAT,
         "tensor 'a': shape[1] is the real number 2, expected a non-negative integer");
-    BAD("{\"a\":{\"dtype\":\"U8\",\"shape\":[2e0],\"data_offsets\":[0,2]}}", 2, CKPTIO_E_FORMAT, "shape[0] is the real number");
+    BAD("{\"a\":{\"dtype\":\"U8\",\"shape\":[2e0],\"data_offsets\":[0,2]}}", 2, CKPTIO_E_FORMAT,
+        "shape[0] is the real number");
     BAD("{\"a\":{\"dtype\":\"U8\",\"shape\":[true],\"data_offsets\":[0,1]}}", 1, CKPTIO_E_FORMAT, "shape[0] is true");
-    BAD("{\"a\":{\"dtype\":\"U8\",\"shape\":[\"2\"],\"data_offsets\":[0,2]}}", 2, CKPTIO_E_FORMAT, "shape[0] is a string");
+    BAD("{\"a\":{\"dtype\":\"U8\",\"shape\":[\"2\"],\"data_offsets\":[0,2]}}", 2, CKPTIO_E_FORMAT,
+        "shape[0] is a string");
     BAD("{\"a\":{\"dtype\":\"U8\",\"shape\":null,\"data_offsets\":[0,1]}}", 1, CKPTIO_E_FORMAT,
         "tensor 'a': 'shape' is null, expected an array");
     BAD("{\"a\":{\"dtype\":\"U8\",\"shape\":{},\"data_offsets\":[0,1]}}", 1, CKPTIO_E_FORMAT, "'shape' is an object");
@@ -436,7 +443,8 @@ static void test_bad_layout(void) {
     /* Gaps between tensors. */
     BAD("{\"a\":{\"dtype\":\"U8\",\"shape\":[2],\"data_offsets\":[0,2]},"
         "\"b\":{\"dtype\":\"U8\",\"shape\":[2],\"data_offsets\":[3,5]}}",
-        5, CKPTIO_E_FORMAT, "tensor 'b': data_offsets [3, 5] leave a gap of 1 bytes after tensor 'a' (which ends at 2)");
+        5, CKPTIO_E_FORMAT,
+        "tensor 'b': data_offsets [3, 5] leave a gap of 1 bytes after tensor 'a' (which ends at 2)");
     /* Overlaps, also two tensors at the same place. */
     BAD("{\"a\":{\"dtype\":\"U8\",\"shape\":[4],\"data_offsets\":[0,4]},"
         "\"b\":{\"dtype\":\"U8\",\"shape\":[2],\"data_offsets\":[2,4]}}",

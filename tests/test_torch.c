@@ -170,7 +170,8 @@ static void test_roundtrip(void) {
     size_t len;
     char *bytes = t_read_file(t_path("m.pt"), &len);
     T_ASSERT(memmem(bytes, len, "m/data.pkl", 10) && memmem(bytes, len, "ctorch\nFloatStorage\n", 20));
-    T_ASSERT(memmem(bytes, len, "ctorch.storage\nUntypedStorage\n", 30) && memmem(bytes, len, "ctorch\nfloat8_e4m3fn\n", 21));
+    T_ASSERT(memmem(bytes, len, "ctorch.storage\nUntypedStorage\n", 30) &&
+             memmem(bytes, len, "ctorch\nfloat8_e4m3fn\n", 21));
     T_ASSERT(memmem(bytes, len, "_rebuild_parameter", 18));
     free(bytes);
     T_OK(ckptio_torch_writer_destroy(w));
@@ -417,7 +418,8 @@ static void test_torch_load(void) {
              "    assert isinstance(p, torch.nn.Parameter) and p.requires_grad and p.dtype == torch.float16\n"
              "    assert p.view(torch.int16).tolist() == [0x3c00 + i for i in range(6)]\n"
              "    f8 = d['nested']['f8']\n"
-             "    assert f8.dtype == torch.float8_e4m3fn and f8.view(torch.uint8).tolist() == [0x30 + i for i in range(5)]\n"
+             "    assert f8.dtype == torch.float8_e4m3fn and "
+             "f8.view(torch.uint8).tolist() == [0x30 + i for i in range(5)]\n"
              "    assert d['nested']['meta'] == [1, 2**70, 'x', b'\\x01', None, 1.5, (True,)], d['nested']['meta']\n"
              "print('torch.load ok')\n"
              "EOF",

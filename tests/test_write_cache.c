@@ -35,7 +35,8 @@ static unsigned char *aligned(size_t n) {
 static void skip_on_memory_file_systems(void) {
     struct statfs sb;
     T_ASSERT(statfs(t_tmpdir(), &sb) == 0);
-    if (sb.f_type == TMPFS_MAGIC || sb.f_type == RAMFS_MAGIC) t_skip("%s is in memory: every file is cached", t_tmpdir());
+    if (sb.f_type == TMPFS_MAGIC || sb.f_type == RAMFS_MAGIC)
+        t_skip("%s is in memory: every file is cached", t_tmpdir());
 }
 
 /* Percent of [0, size) of the file that the page cache holds. */

@@ -100,7 +100,8 @@ int cli_detect(const char *path, ckptio_format *format) {
     if (st == CKPTIO_OK) return 0;
     const ckptio_error_info *e = ckptio_last_error();
     if (e->sys_errno != 0)
-        cli_error("%s: cannot %s: %s", path, strcmp(e->operation, "open") == 0 ? "open" : "read", strerror(e->sys_errno));
+        cli_error("%s: cannot %s: %s", path, strcmp(e->operation, "open") == 0 ? "open" : "read",
+                  strerror(e->sys_errno));
     else
         cli_error_lib(path, st);
     return -1;

@@ -116,8 +116,9 @@ int cli_cmd_clean(int argc, char **argv) {
             char freed[32];
             printf("%s: removed %zu stale temporar%s (%s); kept %zu in use, %zu younger than %llu s; %zu not regular "
                    "files left alone\n",
-                   cli_q(argv[i]), r.removed, r.removed == 1 ? "y" : "ies", cli_format_bytes(r.bytes_freed, freed, sizeof freed),
-                   r.busy, r.young, (unsigned long long)min_age, r.ignored);
+                   cli_q(argv[i]), r.removed, r.removed == 1 ? "y" : "ies",
+                   cli_format_bytes(r.bytes_freed, freed, sizeof freed), r.busy, r.young, (unsigned long long)min_age,
+                   r.ignored);
         }
     }
     return rc;

@@ -39,7 +39,8 @@ static int print_text(ckptio_engine *engine, ckptio_dcp *h, const char *dir) {
     const bool has_manifest = ckptio_dcp_manifest(h, &manifest) == CKPTIO_OK;
     printf("directory: %s\n", cli_q(dir));
     printf("format:    torch.distributed.checkpoint\n");
-    printf("manifest:  %s\n", has_manifest ? cli_q(manifest) : "none (no ckptio checksums: written by torch or without them)");
+    printf("manifest:  %s\n",
+           has_manifest ? cli_q(manifest) : "none (no ckptio checksums: written by torch or without them)");
     uint64_t data_bytes = 0;
     printf("files:     %zu\n", nf);
     for (size_t i = 0; i < nf; i++) {
@@ -247,8 +248,9 @@ int cli_dcp_verify(ckptio_engine *engine, const char *dir, bool quiet) {
         if (!quiet)
             printf("%s: ok (DCP, %zu tensor%s, %zu byte item%s; %zu of %zu items matched their XXH3-64 in %s, "
                    "%zu without a checksum; %s; %s read)\n",
-                   cli_q(dir), nt, nt == 1 ? "" : "s", nb, nb == 1 ? "" : "s", r.checked, r.items, cli_q(manifest), r.unhashed,
-                   describe_coverage(&r, coverage, sizeof coverage), cli_format_bytes(r.bytes, size, sizeof size));
+                   cli_q(dir), nt, nt == 1 ? "" : "s", nb, nb == 1 ? "" : "s", r.checked, r.items, cli_q(manifest),
+                   r.unhashed, describe_coverage(&r, coverage, sizeof coverage),
+                   cli_format_bytes(r.bytes, size, sizeof size));
     } else {
         /* No manifest (torch wrote it): what can be checked without checksums. */
         if (!quiet)

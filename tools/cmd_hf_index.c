@@ -96,13 +96,15 @@ int cli_hf_inspect(ckptio_engine *engine, const char *model, bool json) {
     if (json) {
         json_t *root = json_object(), *shards = json_array(), *tensors = json_array();
         bool oom = !root || !shards || !tensors;
-        for (size_t s = 0; !oom && s < x.nshards; s++) oom |= json_array_append_new(shards, json_string(x.shards[s])) != 0;
+        for (size_t s = 0; !oom && s < x.nshards; s++)
+            oom |= json_array_append_new(shards, json_string(x.shards[s])) != 0;
         for (size_t i = 0; !oom && i < count; i++) {
             ckptio_tensor_info t;
             const char *shard;
             if (hf_tensor(&x, model, i, &t, &shard) != 0) break;
             json_t *shape = json_array();
-            for (uint32_t d = 0; shape && d < t.ndim; d++) json_array_append_new(shape, json_integer((json_int_t)t.shape[d]));
+            for (uint32_t d = 0; shape && d < t.ndim; d++)
+                json_array_append_new(shape, json_integer((json_int_t)t.shape[d]));
             json_t *o = json_pack("{s:s,s:s,s:o,s:I,s:s,s:I}", "name", t.name, "dtype", dtype_label(t.dtype), "shape",
                                   shape, "nbytes", (json_int_t)t.nbytes, "shard", shard, "offset",
                                   (json_int_t)t.file_offset);

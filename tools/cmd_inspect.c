@@ -150,7 +150,8 @@ static void add_torch_tensor(const ckptio_torch *t, size_t index, json_t *o, boo
         return;
     }
     json_t *stride = json_array();
-    for (uint32_t d = 0; stride != NULL && d < ti.ndim; d++) append(stride, json_integer((json_int_t)ti.stride[d]), oom);
+    for (uint32_t d = 0; stride != NULL && d < ti.ndim; d++)
+        append(stride, json_integer((json_int_t)ti.stride[d]), oom);
     set(o, "stride", stride, oom);
     set(o, "storage", json_string(si.key), oom);
     set(o, "storage_offset", json_integer((json_int_t)ti.storage_offset), oom);

@@ -110,7 +110,8 @@ int cli_steps_inspect(ckptio_engine *engine, const char *root, bool json) {
     if (counts[CKPTIO_STEP_REFUSED]) snprintf(refused, sizeof refused, ", %zu refused", counts[CKPTIO_STEP_REFUSED]);
     printf("%s: checkpoint manager root, %zu step%s (%zu complete, %zu partial, %zu damaged, %zu foreign%s), %s\n",
            cli_q(root), n, n == 1 ? "" : "s", counts[CKPTIO_STEP_COMPLETE], counts[CKPTIO_STEP_PARTIAL],
-           counts[CKPTIO_STEP_DAMAGED], counts[CKPTIO_STEP_FOREIGN], refused, cli_format_bytes(total, size, sizeof size));
+           counts[CKPTIO_STEP_DAMAGED], counts[CKPTIO_STEP_FOREIGN], refused,
+           cli_format_bytes(total, size, sizeof size));
     cli_table_print(&table, stdout, "  ");
     cli_table_cleanup(&table);
     ckptio_steps_free(steps);

@@ -273,7 +273,8 @@ typedef enum ckptio_option {
     CKPTIO_OPT_THREADS,            /* I/O worker threads, 0 = run inline; CKPTIO_THREADS */
     CKPTIO_OPT_CHUNK_BYTES,        /* largest single I/O request; CKPTIO_CHUNK_BYTES */
     CKPTIO_OPT_QUEUE_DEPTH,        /* requests in flight per worker (io_uring); CKPTIO_QUEUE_DEPTH */
-    CKPTIO_OPT_STAGING_BYTES,      /* bound on bounce/pinned staging memory, all workers together; CKPTIO_STAGING_BYTES */
+    CKPTIO_OPT_STAGING_BYTES,      /* bound on bounce/pinned staging memory, all workers together;
+                                      CKPTIO_STAGING_BYTES */
     CKPTIO_OPT_DIRECT,             /* ckptio_direct_mode; CKPTIO_DIRECT=auto|off|on */
     CKPTIO_OPT_DIRECT_MIN_BYTES,   /* below this, transfers use buffered I/O; CKPTIO_DIRECT_MIN_BYTES */
     CKPTIO_OPT_SYNC,               /* 1: fsync files and directories on commit (default); CKPTIO_SYNC */

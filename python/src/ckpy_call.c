@@ -186,7 +186,8 @@ int ckpy_progress(uint64_t done, uint64_t total, void *user) {
     /* Python progress always sees the first and the last report, once: a
      * commit that waits for the server repeats the last one, which only
      * lets signals be checked. */
-    const int edge = c->progress && (!c->reported || (done == total && !(c->told_done == done && c->told_total == total)));
+    const int edge =
+        c->progress && (!c->reported || (done == total && !(c->told_done == done && c->told_total == total)));
     if (!edge && monotonic_now() < c->next_check) return 0;
     PyEval_RestoreThread(c->tstate);
     if (c->watch_signals && PyErr_CheckSignals() < 0) c->interrupted = 1;

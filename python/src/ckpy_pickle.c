@@ -385,7 +385,8 @@ static PyObject *dcp_saved_by_ranks(PyObject *self, PyObject *arg) {
     for (; names && i < n; i++) {
         PyObject *item = PySequence_GetItem(arg, i);
         /* surrogatepass: any str encodes (a pickle may hold lone surrogates); the rule reads ASCII only */
-        PyObject *utf8 = item && PyUnicode_Check(item) ? PyUnicode_AsEncodedString(item, "utf-8", "surrogatepass") : NULL;
+        PyObject *utf8 =
+            item && PyUnicode_Check(item) ? PyUnicode_AsEncodedString(item, "utf-8", "surrogatepass") : NULL;
         const int ok = item && (!PyUnicode_Check(item) || (utf8 && PyList_Append(encoded, utf8) == 0));
         if (utf8) names[i] = PyBytes_AsString(utf8);
         Py_XDECREF(utf8);

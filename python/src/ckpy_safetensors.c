@@ -358,8 +358,8 @@ static int align_flags(int align, unsigned *flags) {
     if (align == 4096) *flags = CKPTIO_SAFETENSORS_ALIGN_4K;
     else if (align == 8) *flags = CKPTIO_SAFETENSORS_ALIGN_8;
     else {
-        PyErr_Format(PyExc_ValueError, "align must be 4096 (data section 4 KiB-aligned) or 8 (reference layout), not %d",
-                     align);
+        PyErr_Format(PyExc_ValueError,
+                     "align must be 4096 (data section 4 KiB-aligned) or 8 (reference layout), not %d", align);
         return -1;
     }
     return 0;
@@ -415,7 +415,8 @@ static PyObject *mod_safetensors_serialize(PyObject *module, PyObject *args, PyO
     if (parse_save(&s, seq, metadata) < 0) goto fail;
     for (size_t i = 0; i < s.count; i++)
         if (s.sources[i].mem_kind != CKPTIO_MEM_HOST && s.sources[i].mem_kind != CKPTIO_MEM_PINNED) {
-            PyErr_Format(PyExc_ValueError, "safetensors_serialize: tensor '%s' is not in host memory", s.sources[i].name);
+            PyErr_Format(PyExc_ValueError, "safetensors_serialize: tensor '%s' is not in host memory",
+                         s.sources[i].name);
             goto fail;
         }
     const ckptio_kv *kvs = s.kv_count ? s.kvs : NULL;

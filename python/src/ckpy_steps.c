@@ -279,7 +279,8 @@ static PyMethodDef steps_methods[] = {
     {"steps_begin", mod_steps_begin, METH_VARARGS,
      "steps_begin(root, step) -> step directory: partial steps removed, the directory created with its\n"
      "begun mark (ckptio_steps_begin; hold the root's lock)."},
-    {"steps_commit", mod_steps_commit, METH_VARARGS, "steps_commit(root, step): the step's marker (ckptio_steps_commit)."},
+    {"steps_commit", mod_steps_commit, METH_VARARGS,
+     "steps_commit(root, step): the step's marker (ckptio_steps_commit)."},
     {"steps_remove", mod_steps_remove, METH_VARARGS, "steps_remove(root, step) (ckptio_steps_remove)."},
     {"steps_clean", mod_steps_clean, METH_O, "steps_clean(root) -> [removed steps] (ckptio_steps_clean)."},
     {"steps_retain", (PyCFunction)(void (*)(void))mod_steps_retain, METH_VARARGS | METH_KEYWORDS,

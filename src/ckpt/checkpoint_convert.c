@@ -118,9 +118,11 @@ ckptio_status ckptio__st_save_streamed(ckptio_engine *engine, const char *path, 
         src[i].mem_kind = CKPTIO_MEM_HOST;
         if (tensors[i].nbytes > largest && !(self_written && self_written[i])) largest = tensors[i].nbytes;
     }
-    if ((st = ckptio__st_layout_build(src, count, metadata, metadata_count, flags, path, &layout)) != CKPTIO_OK) goto out;
+    if ((st = ckptio__st_layout_build(src, count, metadata, metadata_count, flags, path, &layout)) != CKPTIO_OK)
+        goto out;
     if (largest > SIZE_MAX / 2 || !(buf = ckptio__aligned_alloc(CKPTIO_DIRECT_ALIGN, largest ? (size_t)largest : 1))) {
-        st = CKPTIO_FAIL(CKPTIO_E_NOMEM, "out of memory for the largest tensor (%llu bytes)", (unsigned long long)largest);
+        st = CKPTIO_FAIL(CKPTIO_E_NOMEM, "out of memory for the largest tensor (%llu bytes)",
+                         (unsigned long long)largest);
         goto out;
     }
     if ((st = ckptio_file_open(engine, path, CKPTIO_OPEN_WRITE, &file)) != CKPTIO_OK) goto out;
@@ -163,7 +165,8 @@ typedef struct torch_source {
 
 static ckptio_status fill_from_torch(void *ctx, size_t i, void *buf, uint64_t nbytes) {
     const torch_source *s = ctx;
-    const ckptio_tensor_target tg = {.index = s->index[i], .data = buf, .capacity = nbytes, .mem_kind = CKPTIO_MEM_HOST};
+    const ckptio_tensor_target tg = {.index = s->index[i], .data = buf, .capacity = nbytes,
+                                     .mem_kind = CKPTIO_MEM_HOST};
     return ckptio_torch_read(s->t, &tg, 1); /* gathers strided views */
 }
 

@@ -308,7 +308,8 @@ static ckptio_status referenced_now(ckptio_engine *engine, const char *dir, cons
         ckptio_status st = read_metadata_file(engine, path, &data, &len, &outcome, &why);
         if (st == CKPTIO_OK && outcome == READ_OK) {
             const bool same = committed && committed->metadata_name && strcmp(name, committed->metadata_name) == 0 &&
-                              committed->metadata_len == len && (len == 0 || memcmp(committed->metadata, data, len) == 0);
+                              committed->metadata_len == len &&
+                              (len == 0 || memcmp(committed->metadata, data, len) == 0);
             if (same) { /* what this save wrote: no second unpickling */
                 for (size_t k = 0; st == CKPTIO_OK && k < committed->nfiles; k++)
                     if (!names_add(out, committed->files[k])) st = CKPTIO_FAIL(CKPTIO_E_NOMEM, "out of memory");

@@ -36,10 +36,12 @@ ckptio_status ckptio_dcp_reference(const char *dir, const char *name, unsigned *
     struct stat st;
     *mode = 0666;
     if (ckptio__s3_is_url(dir)) /* objects carry no permission bits: the bucket's policy decides */
-        return CKPTIO_FAIL_CTX(CKPTIO_E_NOT_FOUND, &((ckptio__err_ctx){.path = dir, .file_offset = -1, .subject = name}),
+        return CKPTIO_FAIL_CTX(CKPTIO_E_NOT_FOUND,
+                               &((ckptio__err_ctx){.path = dir, .file_offset = -1, .subject = name}),
                                "objects have no file attributes to take");
     if (!ckptio__reference_stat(dir, name, &st))
-        return CKPTIO_FAIL_CTX(CKPTIO_E_NOT_FOUND, &((ckptio__err_ctx){.path = dir, .file_offset = -1, .subject = name}),
+        return CKPTIO_FAIL_CTX(CKPTIO_E_NOT_FOUND,
+                               &((ckptio__err_ctx){.path = dir, .file_offset = -1, .subject = name}),
                                "no regular file to take attributes from (new files get 0666 & ~umask)");
     *mode = st.st_mode & 0777;
     return CKPTIO_OK;
@@ -97,8 +99,8 @@ ckptio_status ckptio__dcp_write_file(const char *dir, const char *name, const vo
         st = CKPTIO_FAIL_SYS_NOTE(errno, "fsync", tmp, "flushing %s before its rename; %s is unchanged", final, final);
     if (fd >= 0) close(fd);
     if (st == CKPTIO_OK && ckptio__rename(tmp, final) < 0)
-        st = CKPTIO_FAIL_SYS_NOTE(errno, "rename", final, "replacing it with %s; %s is unchanged", strrchr(tmp, '/') + 1,
-                                  final);
+        st = CKPTIO_FAIL_SYS_NOTE(errno, "rename", final, "replacing it with %s; %s is unchanged",
+                                  strrchr(tmp, '/') + 1, final);
     if (st != CKPTIO_OK && fd >= 0) {
         /* The first error matters; a temporary left behind is recognisable
          * and removed later. */

@@ -205,10 +205,13 @@ static ckptio_status add_tensor(ckptio_dcp *h, const char *fqn, const char *subj
         if (!cf) return MDFAIL(CKPTIO_E_FORMAT, h, subj, "chunk %zu is not a ChunkStorageMetadata", c);
         int64_t off[CKPTIO_DCP_MAX_NDIM], size[CKPTIO_DCP_MAX_NDIM];
         uint32_t no = 0, ns = 0;
-        if (!int_list(ckptio__dcp_dict_get(cf, "offsets"), off, &no) || !int_list(ckptio__dcp_dict_get(cf, "sizes"), size, &ns))
+        if (!int_list(ckptio__dcp_dict_get(cf, "offsets"), off, &no) ||
+            !int_list(ckptio__dcp_dict_get(cf, "sizes"), size, &ns))
             return MDFAIL(CKPTIO_E_FORMAT, h, subj, "chunk %zu: offsets or sizes is not a torch.Size", c);
-        if (no != ndim) return MDFAIL(CKPTIO_E_FORMAT, h, subj, "chunk %zu has %u offsets for a %u-d tensor", c, no, ndim);
-        if (ns != ndim) return MDFAIL(CKPTIO_E_FORMAT, h, subj, "chunk %zu has %u sizes for a %u-d tensor", c, ns, ndim);
+        if (no != ndim)
+            return MDFAIL(CKPTIO_E_FORMAT, h, subj, "chunk %zu has %u offsets for a %u-d tensor", c, no, ndim);
+        if (ns != ndim)
+            return MDFAIL(CKPTIO_E_FORMAT, h, subj, "chunk %zu has %u sizes for a %u-d tensor", c, ns, ndim);
         CKPTIO_FORWARD(ckptio__dcp_chunk_inside(&ctx, c, ndim, shape, off, size));
         memcpy(t->offsets + c * ndim, off, ndim * sizeof *off);
         memcpy(t->sizes + c * ndim, size, ndim * sizeof *size);
@@ -263,7 +266,8 @@ static size_t find_sorted(const ckptio_dcp *h, const size_t *index, size_t n,
 
 /* Sorts index[0..n) (the identity at first) by name: each name once, else
  * CKPTIO_E_FORMAT naming the one that appears twice. */
-static ckptio_status index_by_name(ckptio_dcp *h, size_t *index, size_t n, int (*cmp)(const void *, const void *, void *),
+static ckptio_status index_by_name(ckptio_dcp *h, size_t *index, size_t n,
+                                   int (*cmp)(const void *, const void *, void *),
                                    const char *(*name_of)(const ckptio_dcp *, size_t), const char *what) {
     for (size_t i = 0; i < n; i++) index[i] = i;
     qsort_r(index, n, sizeof *index, cmp, h);
@@ -286,7 +290,8 @@ static ckptio_status read_state_dict(ckptio_dcp *h, const ckptio_value *sdm) {
     size_t n = 0;
     if (ckptio_value_kind_of(sdm) != CKPTIO_VALUE_DICT || ckptio_value_len(sdm, &n) != CKPTIO_OK)
         return MDFAIL(CKPTIO_E_FORMAT, h, "state_dict_metadata", "missing or not a dict");
-    if (!(h->tensors = ckptio__calloc(n + 1, sizeof *h->tensors)) || !(h->bytes = ckptio__calloc(n + 1, sizeof *h->bytes)) ||
+    if (!(h->tensors = ckptio__calloc(n + 1, sizeof *h->tensors)) ||
+        !(h->bytes = ckptio__calloc(n + 1, sizeof *h->bytes)) ||
         !(h->by_name = ckptio__calloc(n + 1, sizeof *h->by_name)) ||
         !(h->bytes_by_name = ckptio__calloc(n + 1, sizeof *h->bytes_by_name)))
         return CKPTIO_FAIL(CKPTIO_E_NOMEM, "out of memory for %zu entries of %s", n, h->md_path);
@@ -336,7 +341,8 @@ static ckptio_status storage_info(ckptio_dcp *h, const char *subj, const ckptio_
     if (!ckptio__dcp_plain_name(path, plen))
         return MDFAIL(CKPTIO_E_FORMAT, h, subj,
                       "relative_path '%s' leaves the checkpoint directory (absolute, '/', '..' or empty)", path);
-    if (!uint_of(ckptio__dcp_dict_get(f, "offset"), &out->offset) || !uint_of(ckptio__dcp_dict_get(f, "length"), &out->length))
+    if (!uint_of(ckptio__dcp_dict_get(f, "offset"), &out->offset) ||
+        !uint_of(ckptio__dcp_dict_get(f, "length"), &out->length))
         return MDFAIL(CKPTIO_E_FORMAT, h, subj, "offset or length is not a non-negative int");
     uint64_t end;
     if (ckptio__add_overflows(out->offset, out->length, &end) || end > INT64_MAX)
@@ -656,7 +662,8 @@ ckptio_status ckptio__dcp_io(ckptio_file *file, ckptio_direction dir, void *buf,
 
 /* ---- accessors ----------------------------------------------------------------------------- */
 
-#define CHECK_HANDLE(h, o) CKPTIO_RETURN_IF(!(h) || !(o), CKPTIO_E_INVAL, "%s: handle and output are required", __func__)
+#define CHECK_HANDLE(h, o) \
+    CKPTIO_RETURN_IF(!(h) || !(o), CKPTIO_E_INVAL, "%s: handle and output are required", __func__)
 
 ckptio_status ckptio_dcp_tensor_count(const ckptio_dcp *h, size_t *out) {
     CHECK_HANDLE(h, out);
@@ -718,7 +725,8 @@ ckptio_status ckptio_dcp_find(const ckptio_dcp *h, const char *fqn, size_t *inde
     CKPTIO_RETURN_IF(!fqn, CKPTIO_E_INVAL, "ckptio_dcp_find: fqn is required");
     const size_t i = ckptio__dcp_tensor_index(h, fqn);
     if (i == (size_t)-1)
-        return CKPTIO_FAIL_CTX(CKPTIO_E_NOT_FOUND, &((ckptio__err_ctx){.path = h->dir, .file_offset = -1, .subject = fqn}),
+        return CKPTIO_FAIL_CTX(CKPTIO_E_NOT_FOUND,
+                               &((ckptio__err_ctx){.path = h->dir, .file_offset = -1, .subject = fqn}),
                                "no tensor of that name in the checkpoint");
     *index = i;
     return CKPTIO_OK;

@@ -113,7 +113,8 @@ static ckptio_status read_blob(ckptio_file *file, uint64_t offset, uint64_t size
                      (unsigned long long)n, (unsigned long long)blob_size);
     void *head = ckptio__malloc(8 + n);
     if (!head)
-        return CKPTIO_FAIL(CKPTIO_E_NOMEM, "out of memory for a safetensors header of %llu bytes", (unsigned long long)n);
+        return CKPTIO_FAIL(CKPTIO_E_NOMEM, "out of memory for a safetensors header of %llu bytes",
+                           (unsigned long long)n);
     ckptio_status st = ckptio__file_io(file, CKPTIO_READ, head, 8 + n, offset);
     if (st == CKPTIO_OK && (st = ckptio_safetensors_parse(head, 8 + n, blob_size, &h->blob)) != CKPTIO_OK)
         st = wrap(st, "read DCP item", path, offset, subject, "safetensors blob");
@@ -346,8 +347,8 @@ ckptio_status ckptio_dcp_header_layout(const ckptio_dcp_header *h, const char *f
     size_t index = 0;
     ckptio_tensor_info ti;
     if (!fqn || ckptio_safetensors_find(h->blob, fqn, &index) != CKPTIO_OK)
-        return IFAIL("read DCP item", CKPTIO_E_FORMAT, h->path, h->offset, NULL, "the safetensors blob has no tensor '%s'",
-                     fqn ? fqn : "");
+        return IFAIL("read DCP item", CKPTIO_E_FORMAT, h->path, h->offset, NULL,
+                     "the safetensors blob has no tensor '%s'", fqn ? fqn : "");
     CKPTIO_FORWARD(ckptio_safetensors_tensor(h->blob, index, &ti));
     out->dtype = ti.dtype;
     out->ndim = ti.ndim;

@@ -314,7 +314,8 @@ ckptio_status ckptio__dcp_lease_acquire(const char *dir, bool shared, double tim
     l->pid = getpid();
     l->conditional = true;
     ckptio_status st = ckptio_engine_create(&l->engine);
-    if (st == CKPTIO_OK && (!(l->dir = ckptio__strdup(dir)) || !(l->url = ckptio__path_join(dir, CKPTIO_DCP_LOCK_NAME))))
+    if (st == CKPTIO_OK &&
+        (!(l->dir = ckptio__strdup(dir)) || !(l->url = ckptio__path_join(dir, CKPTIO_DCP_LOCK_NAME))))
         st = CKPTIO_FAIL(CKPTIO_E_NOMEM, "out of memory");
     if (st == CKPTIO_OK) {
         int64_t ttl_ms = 60000;

@@ -83,7 +83,8 @@ static ckptio_status parse_item(const json_t *o, const ckptio__dcp_manifest *m, 
     if (json_is_array(off)) {
         const size_t n = json_array_size(off);
         if (n > 64) return MFAIL(origin, subj, "\"offset\" has %zu entries", n);
-        if (!(it->offset = ckptio__calloc(n + 1, sizeof *it->offset))) return CKPTIO_FAIL(CKPTIO_E_NOMEM, "out of memory");
+        if (!(it->offset = ckptio__calloc(n + 1, sizeof *it->offset)))
+            return CKPTIO_FAIL(CKPTIO_E_NOMEM, "out of memory");
         for (size_t d = 0; d < n; d++) {
             const json_t *x = json_array_get(off, d);
             if (!json_is_integer(x)) return MFAIL(origin, subj, "\"offset\"[%zu] is not an integer", d);
@@ -108,7 +109,8 @@ static ckptio_status parse_item(const json_t *o, const ckptio__dcp_manifest *m, 
     if (parts && !json_is_null(parts)) {
         const size_t n = json_array_size(parts);
         if (!json_is_array(parts)) return MFAIL(origin, subj, "\"parts\" is not a list");
-        if (!(it->parts = ckptio__calloc(n + 1, sizeof *it->parts))) return CKPTIO_FAIL(CKPTIO_E_NOMEM, "out of memory");
+        if (!(it->parts = ckptio__calloc(n + 1, sizeof *it->parts)))
+            return CKPTIO_FAIL(CKPTIO_E_NOMEM, "out of memory");
         uint64_t pos = 0;
         for (size_t p = 0; p < n; p++) {
             const json_t *e = json_array_get(parts, p);
@@ -117,8 +119,8 @@ static ckptio_status parse_item(const json_t *o, const ckptio__dcp_manifest *m, 
                 !uint_field(json_array_get(e, 1), &q->length) || !hex64(json_array_get(e, 2), &q->hash))
                 return MFAIL(origin, subj, "\"parts\"[%zu] is not [offset, length, \"16 hex digits\"]", p);
             if (q->offset != pos || q->length > it->nbytes - pos)
-                return MFAIL(origin, subj, "\"parts\"[%zu] [%llu, +%llu) does not continue at %llu inside the item's %llu "
-                             "bytes", p, (unsigned long long)q->offset, (unsigned long long)q->length,
+                return MFAIL(origin, subj, "\"parts\"[%zu] [%llu, +%llu) does not continue at %llu inside the item's "
+                             "%llu bytes", p, (unsigned long long)q->offset, (unsigned long long)q->length,
                              (unsigned long long)pos, (unsigned long long)it->nbytes);
             pos += q->length;
         }
@@ -260,7 +262,8 @@ static ckptio_status check_item(ckptio_dcp *h, const ckptio__dcp_mitem *it, void
             return CKPTIO_FAIL_CTX(CKPTIO_E_CHECKSUM,
                                    &((ckptio__err_ctx){.operation = "verify", .path = path,
                                                        .file_offset = (int64_t)it->data_offset, .subject = it->fqn}),
-                                   "item '%s' (%llu bytes at offset %llu) has XXH3-64 %016llx, the manifest says %016llx",
+                                    "item '%s' (%llu bytes at offset %llu) has XXH3-64 %016llx, "
+                                    "the manifest says %016llx",
                                    it->fqn, (unsigned long long)it->nbytes, (unsigned long long)it->data_offset,
                                    (unsigned long long)got, (unsigned long long)it->hash);
     }
@@ -299,7 +302,8 @@ ckptio_status ckptio_dcp_verify(ckptio_dcp *h, ckptio_dcp_verify_report *report)
     size_t nstored = h->nbytes_items;
     for (size_t i = 0; i < h->ntensors; i++) nstored += h->tensors[i].nchunks;
     bool same_files = m.nfiles == h->nfiles;
-    for (size_t i = 0; same_files && i < m.nfiles; i++) same_files = ckptio__dcp_file_index(h, m.files[i]) != (size_t)-1;
+    for (size_t i = 0; same_files && i < m.nfiles; i++)
+        same_files = ckptio__dcp_file_index(h, m.files[i]) != (size_t)-1;
     if (!same_files) {
         st = MFAIL(mpath, "files", "the manifest lists %zu files that are not the %zu files .metadata names", m.nfiles,
                    h->nfiles);
@@ -313,7 +317,8 @@ ckptio_status ckptio_dcp_verify(ckptio_dcp *h, ckptio_dcp_verify_report *report)
     for (size_t i = 0; i < m.count; i++) largest = m.items[i].nbytes > largest ? m.items[i].nbytes : largest;
     if (!(seen = ckptio__calloc(nstored + 1, sizeof *seen)) ||
         !(chunk_base = ckptio__calloc(h->ntensors + 1, sizeof *chunk_base)) ||
-        !(buf = ckptio__aligned_alloc(CKPTIO_DIRECT_ALIGN, largest < HASH_PIECE ? (largest ? largest : 1) : HASH_PIECE)) ||
+        !(buf = ckptio__aligned_alloc(CKPTIO_DIRECT_ALIGN,
+                                      largest < HASH_PIECE ? (largest ? largest : 1) : HASH_PIECE)) ||
         !(state = XXH3_createState())) {
         st = CKPTIO_FAIL(CKPTIO_E_NOMEM, "out of memory for verification");
         goto out;
@@ -330,7 +335,9 @@ ckptio_status ckptio_dcp_verify(ckptio_dcp *h, ckptio_dcp_verify_report *report)
         snprintf(subj, sizeof subj, "items[%zu]", i);
         if (!s || seen[slot] || strcmp(s->file, m.items[i].file) != 0) {
             st = MFAIL(mpath, subj, "item '%s' in '%s' %s", m.items[i].fqn, m.items[i].file,
-                       !s ? "is not an item of .metadata" : seen[slot] ? "is listed twice" : "is in another file there");
+                       !s           ? "is not an item of .metadata"
+                       : seen[slot] ? "is listed twice"
+                                    : "is in another file there");
             goto out;
         }
         seen[slot] = true;

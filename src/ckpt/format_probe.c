@@ -65,8 +65,8 @@ static ckptio_status read_at(const source *src, void *buf, size_t len, uint64_t 
 /* Past a blank start of a safetensors header longer than the probe: reads
  * on to its first non-blank byte (the header is at most 100 MB, the reads
  * stop at its end). */
-static ckptio_status blank_header_opens_object(const source *fd, const unsigned char *head, uint64_t from, const char *path,
-                                               bool *yes) {
+static ckptio_status blank_header_opens_object(const source *fd, const unsigned char *head, uint64_t from,
+                                               const char *path, bool *yes) {
     uint64_t n = 0;
     for (int i = 7; i >= 0; i--) n = n << 8 | head[i];
     const uint64_t end = CKPTIO__ST_PREFIX + n; /* within the file: checked by the probe */

@@ -199,7 +199,8 @@ static ckptio_status describe(const char *path, const char *save_id, const ckpti
                               hash_work *work) {
     const char *slash = strrchr(path, '/');
     snprintf(m->save_id, sizeof m->save_id, "%s", save_id);
-    if (!(m->file = ckptio__strdup(slash ? slash + 1 : path))) return CKPTIO_FAIL(CKPTIO_E_NOMEM, "%s: out of memory", path);
+    if (!(m->file = ckptio__strdup(slash ? slash + 1 : path)))
+        return CKPTIO_FAIL(CKPTIO_E_NOMEM, "%s: out of memory", path);
     m->block_bytes = CKPTIO__MANIFEST_BLOCK;
     m->data_offset = extents[0].length;
     m->header_hash = XXH3_64bits(extents[0].memory, (size_t)extents[0].length);

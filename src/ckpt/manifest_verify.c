@@ -45,7 +45,8 @@ static ckptio_status load(ckptio_safetensors *st, const char *manifest_path, ckp
     if ((s = ckptio_file_size(f, &size)) != CKPTIO_OK) goto out;
     /* The size bounds the allocation, not anything the file says. */
     if (size > CKPTIO__MANIFEST_MAX_BYTES) {
-        s = CKPTIO_FAIL_CTX(CKPTIO_E_FORMAT, &((ckptio__err_ctx){.operation = "parse manifest", .path = *mpath, .file_offset = -1}),
+        s = CKPTIO_FAIL_CTX(CKPTIO_E_FORMAT,
+                            &((ckptio__err_ctx){.operation = "parse manifest", .path = *mpath, .file_offset = -1}),
                             "manifest of %llu bytes exceeds the limit of %u bytes", (unsigned long long)size,
                             CKPTIO__MANIFEST_MAX_BYTES);
         goto out;
@@ -132,7 +133,8 @@ static ckptio_status check_describes(ckptio_safetensors *st, const ckptio__manif
 static ckptio_status mismatch(const char *path, const char *mpath, const ckptio__manifest_tensor *t, uint64_t block,
                               uint64_t block_bytes, uint64_t got) {
     const uint64_t begin = t->offset + block * block_bytes;
-    const uint64_t end = begin + (t->nbytes - block * block_bytes < block_bytes ? t->nbytes - block * block_bytes : block_bytes);
+    const uint64_t end =
+        begin + (t->nbytes - block * block_bytes < block_bytes ? t->nbytes - block * block_bytes : block_bytes);
     return VFAIL(CKPTIO_E_CHECKSUM, path, (int64_t)begin, t->name,
                  "checksum mismatch in file bytes [%llu, %llu) (block %llu of %zu): XXH3-64 %016llx, the manifest %s "
                  "recorded %016llx",

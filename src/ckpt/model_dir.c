@@ -244,7 +244,8 @@ static ckptio_status list_add(name_list *l, const char *name) {
         l->names = n;
         l->cap = cap;
     }
-    if (!(l->names[l->count] = ckptio__strdup(name))) return CKPTIO_FAIL(CKPTIO_E_NOMEM, "out of memory listing a directory");
+    if (!(l->names[l->count] = ckptio__strdup(name)))
+        return CKPTIO_FAIL(CKPTIO_E_NOMEM, "out of memory listing a directory");
     l->count++;
     return CKPTIO_OK;
 }
@@ -356,7 +357,8 @@ static ckptio_status open_dir(ckptio_model *m, const char *dir, unsigned flags) 
         /* No index: every .safetensors file is a shard; a name in two of
          * them is refused when the table is built. */
         if ((st = reserve_shards(m, v.files.count)) != CKPTIO_OK) goto out;
-        for (size_t i = 0; st == CKPTIO_OK && i < v.files.count; i++) st = open_shard(m, v.files.names[i], &plain, flags);
+        for (size_t i = 0; st == CKPTIO_OK && i < v.files.count; i++)
+            st = open_shard(m, v.files.names[i], &plain, flags);
     }
 out:
     ckptio__free(index);

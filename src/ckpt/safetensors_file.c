@@ -81,7 +81,8 @@ static ckptio_status need_file(const ckptio_safetensors *st, const char *fn) {
 
 ckptio_status ckptio_safetensors_read(ckptio_safetensors *st, const ckptio_tensor_target *targets, size_t count) {
     CKPTIO_FORWARD(need_file(st, "ckptio_safetensors_read"));
-    if (count && !targets) return CKPTIO_FAIL(CKPTIO_E_INVAL, "ckptio_safetensors_read: targets is NULL but count is %zu", count);
+    if (count && !targets)
+        return CKPTIO_FAIL(CKPTIO_E_INVAL, "ckptio_safetensors_read: targets is NULL but count is %zu", count);
     /* Check every target before moving a byte. */
     for (size_t i = 0; i < count; i++) {
         const ckptio_tensor_target *t = &targets[i];

@@ -84,7 +84,8 @@ ckptio_status ckptio__steps_object_list(ckptio_engine *e, const char *root, uint
 
 /* What an object step directory holds (as ckptio__step_entries_read; live
  * readers' pins counted in `pins`, not refused). */
-ckptio_status ckptio__step_object_entries(ckptio_engine *e, const char *dir, bool keep_names, ckptio__step_entries *out);
+ckptio_status ckptio__step_object_entries(ckptio_engine *e, const char *dir, bool keep_names,
+                                          ckptio__step_entries *out);
 
 /* What `path` is in the object store (ckptio__object_stat). */
 ckptio_status ckptio__step_object_kind(ckptio_engine *e, const char *path, ckptio__path_kind *kind, uint64_t *size);

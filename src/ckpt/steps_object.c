@@ -112,7 +112,8 @@ static int entry_one(void *user, const ckptio__object_entry *e) {
     return 0;
 }
 
-ckptio_status ckptio__step_object_entries(ckptio_engine *e, const char *dir, bool keep_names, ckptio__step_entries *out) {
+ckptio_status ckptio__step_object_entries(ckptio_engine *e, const char *dir, bool keep_names,
+                                          ckptio__step_entries *out) {
     memset(out, 0, sizeof *out);
     entry_lister l = {.out = out, .keep = keep_names, .st = CKPTIO_OK, .dir = dir, .engine = e};
     /* The server's clock now, for the age of readers' pins. */

@@ -461,7 +461,8 @@ static ckptio_status retain(ckptio_engine *engine, ckptio_engine *io, const char
             ckptio_step_info info;
             st = ckptio_steps_check(engine, root, steps[i].step, CKPTIO_STEP_CHECK_FAST, &info);
             if (st == CKPTIO_E_NOT_FOUND) st = CKPTIO_OK;
-            else if (st == CKPTIO_OK && info.state == CKPTIO_STEP_COMPLETE) have_good = true, newest_good = steps[i].step;
+            else if (st == CKPTIO_OK && info.state == CKPTIO_STEP_COMPLETE)
+                have_good = true, newest_good = steps[i].step;
         }
     }
     for (size_t i = 0; i < marked && st == CKPTIO_OK; i++) {

@@ -474,8 +474,8 @@ static ckptio_status check_step(ckptio_engine *engine, ckptio_engine *io, const 
     ckptio__step_marker m;
     ckptio__step_entries e;
     char why_unlisted[256] = "";
-    const bool listed = (io ? ckptio__step_object_entries(io, dir, false, &e) : ckptio__step_entries_read(dir, false, &e)) ==
-                        CKPTIO_OK;
+    const bool listed = (io ? ckptio__step_object_entries(io, dir, false, &e)
+                            : ckptio__step_entries_read(dir, false, &e)) == CKPTIO_OK;
     if (listed && io && e.count == 0) { /* a prefix with nothing under it is no directory: removed meanwhile */
         ckptio__free(dir);
         return CKPTIO_FAIL_CTX(CKPTIO_E_NOT_FOUND, &((ckptio__err_ctx){.path = root, .file_offset = -1}),
@@ -523,7 +523,8 @@ static ckptio_status check_step(ckptio_engine *engine, ckptio_engine *io, const 
 }
 
 static bool valid_check(ckptio_engine *engine, ckptio_step_check check) {
-    return check == CKPTIO_STEP_CHECK_MARKER || ((check == CKPTIO_STEP_CHECK_FAST || check == CKPTIO_STEP_CHECK_FULL) && engine);
+    return check == CKPTIO_STEP_CHECK_MARKER ||
+           ((check == CKPTIO_STEP_CHECK_FAST || check == CKPTIO_STEP_CHECK_FULL) && engine);
 }
 
 ckptio_status ckptio_steps_check(ckptio_engine *engine, const char *root, uint64_t step, ckptio_step_check check,

@@ -64,7 +64,8 @@ static ckptio_status object_pread(ckptio_torch *t, void *buf, uint64_t len, uint
 static ckptio_status torch_pread(ckptio_torch *t, void *buf, uint64_t len, uint64_t offset) {
     if (offset > t->file_size || len > t->file_size - offset)
         return CKPTIO_FAIL_CTX(CKPTIO_E_TRUNCATED,
-                               &((ckptio__err_ctx){.operation = "read", .path = t->path, .file_offset = (int64_t)offset}),
+                               &((ckptio__err_ctx){.operation = "read", .path = t->path,
+                                                   .file_offset = (int64_t)offset}),
                                "%llu bytes requested past the end of the file (%llu bytes)", (unsigned long long)len,
                                (unsigned long long)t->file_size);
     if (t->memory && t->tail) { /* an archive of which only the first and last bytes are held */
@@ -105,8 +106,9 @@ static ckptio_status load(ckptio_torch *t) {
     uint8_t *tail = NULL, *cd = NULL, *pickle = NULL;
     uint8_t head[CKPTIO_FORMAT_PROBE_BYTES] = {0};
     const size_t head_len = t->file_size < sizeof head ? (size_t)t->file_size : sizeof head;
-    if (t->file_size < 4) return OPEN_FAIL(t, CKPTIO_E_TRUNCATED, 0, "file of %llu bytes is too short for a torch.save archive",
-                                           (unsigned long long)t->file_size);
+    if (t->file_size < 4)
+        return OPEN_FAIL(t, CKPTIO_E_TRUNCATED, 0, "file of %llu bytes is too short for a torch.save archive",
+                         (unsigned long long)t->file_size);
     CKPTIO_FORWARD(torch_pread(t, head, head_len, 0));
     ckptio_format format;
     CKPTIO_FORWARD(ckptio_format_detect_bytes(head, head_len, t->file_size, &format));
@@ -118,8 +120,8 @@ static ckptio_status load(ckptio_torch *t) {
     if (format == CKPTIO_FORMAT_SAFETENSORS)
         return OPEN_FAIL(t, CKPTIO_E_FORMAT, 0, "this is a safetensors file, not a torch.save archive");
     if (format != CKPTIO_FORMAT_TORCH)
-        return OPEN_FAIL(t, CKPTIO_E_FORMAT, 0, "not a torch.save file: starts with %02x %02x %02x %02x, not a zip header",
-                         head[0], head[1], head[2], head[3]);
+        return OPEN_FAIL(t, CKPTIO_E_FORMAT, 0, "not a torch.save file: starts with %02x %02x %02x %02x, "
+                         "not a zip header", head[0], head[1], head[2], head[3]);
     /* End records. torch.save writes no zip comment, so they are in the
      * last bytes: a short tail is read first (what a DCP reader pays per
      * item), the longest one an archive may need (a 64 KiB comment) only
@@ -316,7 +318,8 @@ static ckptio_status run_extents(ckptio_torch *t, const ckptio_extent *ex, size_
     if (t->memory) {
         for (size_t i = 0; i < n; i++) {
             if (ex[i].mem_kind == CKPTIO_MEM_CUDA)
-                return CKPTIO_FAIL(CKPTIO_E_UNSUPPORTED, "a handle from ckptio_torch_parse reads into host memory only");
+                return CKPTIO_FAIL(CKPTIO_E_UNSUPPORTED,
+                                   "a handle from ckptio_torch_parse reads into host memory only");
             CKPTIO_FORWARD(torch_pread(t, ex[i].memory, ex[i].length, ex[i].file_offset));
         }
         return CKPTIO_OK;
@@ -338,13 +341,14 @@ ckptio_status ckptio_torch_read_storages(ckptio_torch *t, const ckptio_tensor_ta
         }
         const ckptio__torch_storage *s = &t->storages[tg->index];
         if (tg->capacity < s->nbytes || (!tg->data && s->nbytes)) {
-            st = CKPTIO_FAIL_CTX(CKPTIO_E_RANGE, &((ckptio__err_ctx){.path = t->path, .subject = s->ref->key, .file_offset = -1}),
+            st = CKPTIO_FAIL_CTX(CKPTIO_E_RANGE,
+                                 &((ckptio__err_ctx){.path = t->path, .subject = s->ref->key, .file_offset = -1}),
                                  "storage needs %llu bytes, target %zu has %llu", (unsigned long long)s->nbytes, i,
                                  (unsigned long long)tg->capacity);
             goto out;
         }
-        ex[i] = (ckptio_extent){.file = t->file, .file_offset = t->base + t->entries[s->entry].data_offset, .length = s->nbytes,
-                                .memory = tg->data, .mem_kind = tg->mem_kind};
+        ex[i] = (ckptio_extent){.file = t->file, .file_offset = t->base + t->entries[s->entry].data_offset,
+                                .length = s->nbytes, .memory = tg->data, .mem_kind = tg->mem_kind};
     }
     st = run_extents(t, ex, count);
 out:
@@ -383,7 +387,8 @@ ckptio_status ckptio_torch_read(ckptio_torch *t, const ckptio_tensor_target *tar
         ckptio_torch_tensor_info info;
         if ((st = ckptio_torch_tensor(t, tg->index, &info))) goto out;
         if (tg->capacity < info.nbytes || (!tg->data && info.nbytes)) {
-            st = CKPTIO_FAIL_CTX(CKPTIO_E_RANGE, &((ckptio__err_ctx){.path = t->path, .subject = info.name, .file_offset = -1}),
+            st = CKPTIO_FAIL_CTX(CKPTIO_E_RANGE,
+                                 &((ckptio__err_ctx){.path = t->path, .subject = info.name, .file_offset = -1}),
                                  "tensor needs %llu bytes, target %zu has %llu", (unsigned long long)info.nbytes, i,
                                  (unsigned long long)tg->capacity);
             goto out;
@@ -400,7 +405,8 @@ ckptio_status ckptio_torch_read(ckptio_torch *t, const ckptio_tensor_target *tar
         if ((st = ckptio_torch_tensor(t, tg->index, &info))) goto out;
         if (info.is_contiguous || info.nbytes == 0) continue;
         if (tg->mem_kind != CKPTIO_MEM_HOST && tg->mem_kind != CKPTIO_MEM_PINNED) {
-            st = CKPTIO_FAIL_CTX(CKPTIO_E_UNSUPPORTED, &((ckptio__err_ctx){.path = t->path, .subject = info.name, .file_offset = -1}),
+            st = CKPTIO_FAIL_CTX(CKPTIO_E_UNSUPPORTED,
+                                 &((ckptio__err_ctx){.path = t->path, .subject = info.name, .file_offset = -1}),
                                  "non-contiguous view needs a host target (read its storage to the GPU instead)");
             goto out;
         }
@@ -409,11 +415,12 @@ ckptio_status ckptio_torch_read(ckptio_torch *t, const ckptio_tensor_target *tar
         for (uint32_t d = 0; d < info.ndim; d++) last += (uint64_t)(info.shape[d] - 1) * (uint64_t)info.stride[d];
         const uint64_t span = (last - info.storage_offset + 1) * esize; /* bounded by the storage (checked at open) */
         if (!(scratch = ckptio__malloc(span))) {
-            st = CKPTIO_FAIL(CKPTIO_E_NOMEM, "no memory to gather tensor %s (%llu bytes)", info.name, (unsigned long long)span);
+            st = CKPTIO_FAIL(CKPTIO_E_NOMEM, "no memory to gather tensor %s (%llu bytes)", info.name,
+                             (unsigned long long)span);
             goto out;
         }
-        ckptio_extent one = {.file = t->file, .file_offset = t->base + info.file_offset, .length = span, .memory = scratch,
-                             .mem_kind = CKPTIO_MEM_HOST};
+        ckptio_extent one = {.file = t->file, .file_offset = t->base + info.file_offset, .length = span,
+                             .memory = scratch, .mem_kind = CKPTIO_MEM_HOST};
         if ((st = run_extents(t, &one, 1))) goto out;
         gather(tg->data, scratch, info.storage_offset, &info, esize);
         ckptio__free(scratch);

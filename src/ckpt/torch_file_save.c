@@ -260,7 +260,8 @@ static ckptio_status start_save(ckptio_engine *engine, const char *path, ckptio_
 
 ckptio_status ckptio_torch_save(ckptio_engine *engine, const char *path, ckptio_torch_writer *w,
                                 const ckptio_torch_save_options *options) {
-    if (!engine || !path || !w) return CKPTIO_FAIL(CKPTIO_E_INVAL, "ckptio_torch_save: engine, path and writer are required");
+    if (!engine || !path || !w)
+        return CKPTIO_FAIL(CKPTIO_E_INVAL, "ckptio_torch_save: engine, path and writer are required");
     ckptio_status st = CKPTIO_OK;
     uint8_t *meta = NULL;
     ckptio_file *file = NULL;
@@ -269,7 +270,8 @@ ckptio_status ckptio_torch_save(ckptio_engine *engine, const char *path, ckptio_
     for (size_t i = 0; i < w->nentries; i++) {
         const size_t id = w->entry_storage[i];
         if (id != SIZE_MAX && w->storages[id].nbytes && !w->storages[id].data) {
-            st = CKPTIO_FAIL_CTX(CKPTIO_E_INVAL, &((ckptio__err_ctx){.path = path, .subject = w->entries[i].name, .file_offset = -1}),
+            st = CKPTIO_FAIL_CTX(CKPTIO_E_INVAL,
+                                 &((ckptio__err_ctx){.path = path, .subject = w->entries[i].name, .file_offset = -1}),
                                  "storage %zu has no memory bound (ckptio_torch_writer_bind)", id);
             goto out;
         }
@@ -302,13 +304,16 @@ ckptio_status ckptio__torch_flat_writer(const char *path, const ckptio_tensor_so
         uint64_t numel = 1, nbytes = 0;
         for (uint32_t d = 0; d < src->ndim && src->shape; d++) numel *= (uint64_t)src->shape[d];
         if (src->name && !esize) {
-            st = CKPTIO_FAIL_CTX(CKPTIO_E_UNSUPPORTED, &((ckptio__err_ctx){.path = path, .subject = src->name, .file_offset = -1}),
+            st = CKPTIO_FAIL_CTX(CKPTIO_E_UNSUPPORTED,
+                                 &((ckptio__err_ctx){.path = path, .subject = src->name, .file_offset = -1}),
                                  "dtype %s has no torch equivalent", ckptio_dtype_name(src->dtype));
             break;
         }
         if (!src->name || (src->ndim && !src->shape) || !ckptio__dtype_nbytes(src->dtype, numel, &nbytes) ||
             nbytes != src->nbytes) {
-            st = CKPTIO_FAIL_CTX(CKPTIO_E_INVAL, &((ckptio__err_ctx){.path = path, .subject = src->name ? src->name : "", .file_offset = -1}),
+            st = CKPTIO_FAIL_CTX(CKPTIO_E_INVAL,
+                                 &((ckptio__err_ctx){.path = path, .subject = src->name ? src->name : "",
+                                                     .file_offset = -1}),
                                  "tensor needs a name, a torch dtype and nbytes == numel x element size "
                                  "(%llu bytes given)", (unsigned long long)src->nbytes);
             break;
@@ -367,7 +372,8 @@ ckptio_status ckptio__torch_save_streamed(ckptio_engine *engine, const char *pat
     for (size_t i = 0; i < w->nstorages; i++)
         if (w->storages[i].nbytes > largest) largest = w->storages[i].nbytes;
     if (largest > SIZE_MAX / 2 || !(buf = ckptio__aligned_alloc(CKPTIO_DIRECT_ALIGN, largest ? (size_t)largest : 1))) {
-        st = CKPTIO_FAIL(CKPTIO_E_NOMEM, "out of memory for the largest storage (%llu bytes)", (unsigned long long)largest);
+        st = CKPTIO_FAIL(CKPTIO_E_NOMEM, "out of memory for the largest storage (%llu bytes)",
+                         (unsigned long long)largest);
         goto out;
     }
     if ((st = start_save(engine, path, w, flags, &meta, &file))) goto out;

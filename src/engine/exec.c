@@ -425,8 +425,8 @@ static void worker_main(void *arg, unsigned index) {
         if (inflight == 0) break;
         ckptio__io_op *io = w.be->wait(w.slot->queue);
         if (!io) {
-            record_error(x, CKPTIO_FAIL(CKPTIO_E_INTERNAL, "the %s queue of worker %u failed with %u requests in flight",
-                                        w.be->name, index, inflight));
+            record_error(x, CKPTIO_FAIL(CKPTIO_E_INTERNAL, "the %s queue of worker %u failed with %u requests "
+                                        "in flight", w.be->name, index, inflight));
             /* Unusable: drop it so the next transfer builds a new one. */
             w.be->queue_destroy(w.slot->queue);
             w.slot->queue = NULL;

@@ -43,8 +43,9 @@ ckptio_status ckptio_plan_add(ckptio_plan *p, const ckptio_extent *x) {
                      p->count, (int)x->mem_kind);
     uint64_t end, total;
     if (ckptio__add_overflows(x->file_offset, x->length, &end) || end > (uint64_t)INT64_MAX)
-        return CKPTIO_FAIL(CKPTIO_E_RANGE, "extent %zu: file range at %llu of %llu bytes is beyond the largest file offset",
-                           p->count, (unsigned long long)x->file_offset, (unsigned long long)x->length);
+        return CKPTIO_FAIL(CKPTIO_E_RANGE,
+                           "extent %zu: file range at %llu of %llu bytes is beyond the largest file offset", p->count,
+                           (unsigned long long)x->file_offset, (unsigned long long)x->length);
     if (ckptio__add_overflows((uint64_t)(uintptr_t)x->memory, x->length, &end))
         return CKPTIO_FAIL(CKPTIO_E_RANGE, "extent %zu: memory range wraps around the address space", p->count);
     if (ckptio__add_overflows(p->total, x->length, &total))
@@ -188,7 +189,9 @@ ckptio_status ckptio__plan_validate(ckptio_engine *engine, const ckptio_plan *p)
         if (p->dir == CKPTIO_READ && x->length && x->file_offset + x->length > size)
             return CKPTIO_FAIL_CTX(CKPTIO_E_TRUNCATED,
                                    &((ckptio__err_ctx){.operation = "read", .path = x->file->path,
-                                                       .file_offset = (int64_t)(size > x->file_offset ? size : x->file_offset)}),
+                                                       .file_offset = (int64_t)(size > x->file_offset
+                                                                                ? size
+                                                                                : x->file_offset)}),
                                    "extent %zu needs bytes [%llu, %llu) but the file has only %llu bytes", i,
                                    (unsigned long long)x->file_offset,
                                    (unsigned long long)(x->file_offset + x->length), (unsigned long long)size);

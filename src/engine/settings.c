@@ -91,8 +91,10 @@ static const ckptio__variable variables[] = {
     {CKPTIO__ENV_CUDA_LIBRARY, "the CUDA driver library to load (default libcuda.so.1), read at its first use"},
     {CKPTIO__ENV_CUFILE_LIBRARY, "the cuFile library to load (default libcufile.so.0), read at its first use"},
     {"CKPTIO_NO_PROGRESS", "the ckptio command: no progress bars"},
-    {"CKPTIO_S3_ADDRESSING", "s3:// addressing (path, virtual or auto), read with the endpoint (docs/OBJECT_STORAGE.md)"},
-    {"CKPTIO_S3_SIGN_PAYLOAD", "s3:// payload signing (auto, on or off), read with the endpoint (docs/OBJECT_STORAGE.md)"},
+    {"CKPTIO_S3_ADDRESSING",
+     "s3:// addressing (path, virtual or auto), read with the endpoint (docs/OBJECT_STORAGE.md)"},
+    {"CKPTIO_S3_SIGN_PAYLOAD",
+     "s3:// payload signing (auto, on or off), read with the endpoint (docs/OBJECT_STORAGE.md)"},
     {NULL, NULL},
 };
 

@@ -141,7 +141,8 @@ static ckptio_status check_tensor_set(const ckptio__manifest *m, const char *pat
     /* Empty tensors occupy no bytes: only the others can overlap. */
     size_t n = 0;
     for (size_t i = 0; i < m->count; i++)
-        if (m->tensors[i].nbytes) spans[n++] = (span){m->tensors[i].offset, m->tensors[i].offset + m->tensors[i].nbytes, i};
+        if (m->tensors[i].nbytes)
+            spans[n++] = (span){m->tensors[i].offset, m->tensors[i].offset + m->tensors[i].nbytes, i};
     qsort(spans, n, sizeof *spans, by_begin);
     for (size_t i = 1; i < n; i++)
         if (spans[i].begin < spans[i - 1].end) {
@@ -185,9 +186,9 @@ static ckptio_status parse_tensor(json_t *obj, size_t index, const ckptio__manif
     /* The count is implied by nbytes: compare before allocating anything. */
     const size_t want = ckptio__manifest_nblocks(t->nbytes, m->block_bytes);
     if (json_array_size(blocks) != want)
-        return MF_FAIL(CKPTIO_E_FORMAT, path, name, "%zu block checksums for %llu bytes in %llu-byte blocks (%zu expected)",
-                       json_array_size(blocks), (unsigned long long)t->nbytes, (unsigned long long)m->block_bytes,
-                       want);
+        return MF_FAIL(CKPTIO_E_FORMAT, path, name, "%zu block checksums for %llu bytes in %llu-byte blocks "
+                       "(%zu expected)", json_array_size(blocks), (unsigned long long)t->nbytes,
+                       (unsigned long long)m->block_bytes, want);
     if (!(t->name = ckptio__strdup(name))) return CKPTIO_FAIL(CKPTIO_E_NOMEM, "out of memory reading a manifest");
     if (want && !(t->blocks = ckptio__malloc(want * sizeof *t->blocks)))
         return CKPTIO_FAIL(CKPTIO_E_NOMEM, "out of memory for %zu manifest checksums", want);
@@ -211,8 +212,9 @@ static ckptio_status parse_root(json_t *root, const char *path, ckptio__manifest
     uint64_t version;
     CKPTIO_FORWARD(get_u64(root, "version", path, "version", &version));
     if (version != CKPTIO__MANIFEST_VERSION && version != CKPTIO__MANIFEST_VERSION_V1)
-        return MF_FAIL(CKPTIO_E_UNSUPPORTED, path, "version", "version %llu is not supported (this reader knows %d and %d)",
-                       (unsigned long long)version, CKPTIO__MANIFEST_VERSION_V1, CKPTIO__MANIFEST_VERSION);
+        return MF_FAIL(CKPTIO_E_UNSUPPORTED, path, "version",
+                       "version %llu is not supported (this reader knows %d and %d)", (unsigned long long)version,
+                       CKPTIO__MANIFEST_VERSION_V1, CKPTIO__MANIFEST_VERSION);
     if (version == CKPTIO__MANIFEST_VERSION_V1) {
         if (json_object_get(root, "save_id"))
             return MF_FAIL(CKPTIO_E_FORMAT, path, "save_id", "not part of version 1 (it came with version 2)");
@@ -224,7 +226,8 @@ static ckptio_status parse_root(json_t *root, const char *path, ckptio__manifest
     }
     CKPTIO_FORWARD(get_str(root, "hash", path, "hash", &s, &len));
     if (strcmp(s, CKPTIO__MANIFEST_HASH) != 0)
-        return MF_FAIL(CKPTIO_E_UNSUPPORTED, path, "hash", "hash '%.64s' is not supported (only '" CKPTIO__MANIFEST_HASH "')", s);
+        return MF_FAIL(CKPTIO_E_UNSUPPORTED, path, "hash",
+                       "hash '%.64s' is not supported (only '" CKPTIO__MANIFEST_HASH "')", s);
     CKPTIO_FORWARD(get_str(root, "file", path, "file", &s, &len));
     CKPTIO_FORWARD(check_file_name(s, len, path));
     if (!(m->file = ckptio__strdup(s))) return CKPTIO_FAIL(CKPTIO_E_NOMEM, "out of memory reading a manifest");

@@ -115,7 +115,8 @@ static ckptio_status memo_put(vm *m, size_t idx) {
     CKPTIO_FORWARD(top(m, &v));
     /* Honest pickles number memo slots from 0 upwards, one per opcode at
      * most, so an index beyond the stream length is abuse. */
-    if (idx >= m->len) return vfail_at(m, CKPTIO_E_FORMAT, "memo index %zu is larger than the pickle (%zu bytes)", idx, m->len);
+    if (idx >= m->len)
+        return vfail_at(m, CKPTIO_E_FORMAT, "memo index %zu is larger than the pickle (%zu bytes)", idx, m->len);
     if (idx >= m->memo_cap) {
         size_t ncap = m->memo_cap ? m->memo_cap : 64;
         while (ncap <= idx) ncap *= 2;
@@ -139,7 +140,8 @@ static ckptio_status memo_get(vm *m, size_t idx) {
 static ckptio_status push_string(vm *m, int kind, size_t n) {
     CKPTIO_FORWARD(need(m, n));
     const uint8_t *s = m->data + m->pos;
-    if (kind == CKPTIO_VALUE_STR && !ckptio__pickle_utf8_valid(s, n)) return vfail_at(m, CKPTIO_E_FORMAT, "string is not valid UTF-8");
+    if (kind == CKPTIO_VALUE_STR && !ckptio__pickle_utf8_valid(s, n))
+        return vfail_at(m, CKPTIO_E_FORMAT, "string is not valid UTF-8");
     ckptio_value *v = new_node(m, kind);
     if (!v) return refail(m, CKPTIO_E_NOMEM);
     v->u.s.data = ckptio__value_strdup(m->pool, s, n);
@@ -351,7 +353,8 @@ static ckptio_status rebuild_tensor(vm *m, const ckptio_value *args, bool v3, ck
 
 static ckptio_status as_parameter(vm *m, const ckptio_value *tensor, const ckptio_value *grad, ckptio_value **out) {
     if (tensor->kind != CKPTIO_VALUE_TENSOR) return vfail_at(m, CKPTIO_E_FORMAT, "Parameter data is not a tensor");
-    if (grad && grad->kind != CKPTIO_VALUE_BOOL) return vfail_at(m, CKPTIO_E_FORMAT, "Parameter requires_grad is not a bool");
+    if (grad && grad->kind != CKPTIO_VALUE_BOOL)
+        return vfail_at(m, CKPTIO_E_FORMAT, "Parameter requires_grad is not a bool");
     ckptio_value *p = new_node(m, CKPTIO_VALUE_TENSOR);
     if (!p) return refail(m, CKPTIO_E_NOMEM);
     p->u.tensor = tensor->u.tensor;
@@ -394,7 +397,8 @@ static ckptio_status apply(vm *m, const ckptio_value *fn, const ckptio_value *ar
 /* DCP mode: REDUCE or NEWOBJ of an allowlisted class records the call; the
  * Python layer maps it to the real class by an explicit table. */
 static ckptio_status make_object(vm *m, const ckptio_value *cls, ckptio_value *args, ckptio_value **out) {
-    if (args->kind != CKPTIO_VALUE_TUPLE) return vfail_at(m, CKPTIO_E_FORMAT, "%s arguments are not a tuple", cls->u.s.data);
+    if (args->kind != CKPTIO_VALUE_TUPLE)
+        return vfail_at(m, CKPTIO_E_FORMAT, "%s arguments are not a tuple", cls->u.s.data);
     if (args->flags & CKPTIO__VFLAG_HOLDS_GLOBAL)
         return vfail_at(m, CKPTIO_E_FORMAT, "%s arguments hold a class or global, not values", cls->u.s.data);
     ckptio_value *o = new_node(m, CKPTIO_VALUE_OBJECT);
@@ -528,9 +532,10 @@ static ckptio_status persistent_load(vm *m, const ckptio_value *pid, ckptio_valu
                        *numel = arg(pid, 4);
     if (tag->kind != CKPTIO_VALUE_STR || strcmp(tag->u.s.data, "storage") != 0)
         return vfail_at(m, CKPTIO_E_DISALLOWED, "persistent id of a kind other than 'storage'");
-    if (cls->kind != CKPTIO__VALUE_STORAGE_CLASS) return vfail_at(m, CKPTIO_E_FORMAT, "persistent id without a storage class");
-    if (key->kind != CKPTIO_VALUE_STR || key->u.s.len == 0 || key->u.s.len > 64 || memchr(key->u.s.data, '/', key->u.s.len) ||
-        strlen(key->u.s.data) != key->u.s.len)
+    if (cls->kind != CKPTIO__VALUE_STORAGE_CLASS)
+        return vfail_at(m, CKPTIO_E_FORMAT, "persistent id without a storage class");
+    if (key->kind != CKPTIO_VALUE_STR || key->u.s.len == 0 || key->u.s.len > 64 ||
+        memchr(key->u.s.data, '/', key->u.s.len) || strlen(key->u.s.data) != key->u.s.len)
         return vfail_at(m, CKPTIO_E_FORMAT, "storage key is not a short name");
     if (loc->kind != CKPTIO_VALUE_STR) return vfail_at(m, CKPTIO_E_FORMAT, "storage location is not a string");
     if (numel->kind != CKPTIO_VALUE_INT || numel->u.i < 0)
@@ -561,7 +566,8 @@ static ckptio_status add_items(vm *m, size_t start, int want_kind) {
     ckptio_value *c = m->stack[start - 1];
     if (c->kind != want_kind)
         return vfail_at(m, CKPTIO_E_FORMAT, "%s target is not a %s",
-                        want_kind == CKPTIO_VALUE_DICT ? "SETITEMS" : want_kind == CKPTIO_VALUE_SET ? "ADDITEMS" : "APPENDS",
+                        want_kind == CKPTIO_VALUE_DICT ? "SETITEMS"
+                        : want_kind == CKPTIO_VALUE_SET ? "ADDITEMS" : "APPENDS",
                         want_kind == CKPTIO_VALUE_DICT ? "dict" : want_kind == CKPTIO_VALUE_SET ? "set" : "list");
     if (want_kind == CKPTIO_VALUE_DICT && (m->sp - start) % 2)
         return vfail_at(m, CKPTIO_E_FORMAT, "SETITEMS with an odd number of stack items");
@@ -644,14 +650,16 @@ static ckptio_status step(vm *m, uint8_t op, bool *stop) {
     case 'U': /* SHORT_BINSTRING */
         CKPTIO_FORWARD(need(m, 1));
         m->pos++;
-        return push_string(m, op == CKPTIO__OP_SHORT_BINBYTES ? CKPTIO_VALUE_BYTES : CKPTIO_VALUE_STR, m->data[m->pos - 1]);
+        return push_string(m, op == CKPTIO__OP_SHORT_BINBYTES ? CKPTIO_VALUE_BYTES : CKPTIO_VALUE_STR,
+                           m->data[m->pos - 1]);
     case CKPTIO__OP_BINUNICODE8:
     case CKPTIO__OP_BINBYTES8: {
         CKPTIO_FORWARD(need(m, 8));
         uint64_t n = ckptio__le64(m->data + m->pos);
         m->pos += 8;
         if (n > m->len - m->pos)
-            return vfail_at(m, CKPTIO_E_TRUNCATED, "string of %llu bytes declared, %zu left", (unsigned long long)n, m->len - m->pos);
+            return vfail_at(m, CKPTIO_E_TRUNCATED, "string of %llu bytes declared, %zu left", (unsigned long long)n,
+                            m->len - m->pos);
         return push_string(m, op == CKPTIO__OP_BINUNICODE8 ? CKPTIO_VALUE_STR : CKPTIO_VALUE_BYTES, (size_t)n);
     }
     case CKPTIO__OP_EMPTY_TUPLE: return push(m, new_node(m, CKPTIO_VALUE_TUPLE));
@@ -677,7 +685,8 @@ static ckptio_status step(vm *m, uint8_t op, bool *stop) {
         CKPTIO_FORWARD(pop(m, &a));
         CKPTIO_FORWARD(pop(m, &b));
         CKPTIO_FORWARD(top(m, &c));
-        if (c->kind != CKPTIO_VALUE_DICT) return vfail_at(m, CKPTIO_E_FORMAT, "SETITEM on something that is not a dict");
+        if (c->kind != CKPTIO_VALUE_DICT)
+            return vfail_at(m, CKPTIO_E_FORMAT, "SETITEM on something that is not a dict");
         CKPTIO_FORWARD(adopt(m, c, b));
         return adopt(m, c, a);
     case CKPTIO__OP_SETITEMS: CKPTIO_FORWARD(pop_mark(m, &start)); return add_items(m, start, CKPTIO_VALUE_DICT);
@@ -720,7 +729,8 @@ static ckptio_status step(vm *m, uint8_t op, bool *stop) {
             return CKPTIO_OK;
         }
         if (b->kind == CKPTIO_VALUE_DICT && (b->flags & CKPTIO__VFLAG_ORDERED)) {
-            if (a->kind != CKPTIO_VALUE_DICT) return vfail_at(m, CKPTIO_E_UNSUPPORTED, "BUILD of an OrderedDict with a non-dict state");
+            if (a->kind != CKPTIO_VALUE_DICT)
+                return vfail_at(m, CKPTIO_E_UNSUPPORTED, "BUILD of an OrderedDict with a non-dict state");
             if (m->mode == CKPTIO__UNPICKLE_DCP_METADATA)
                 return vfail_at(m, CKPTIO_E_FORMAT,
                                 "a dict with attributes (BUILD state) does not occur in DCP metadata");
@@ -752,7 +762,8 @@ static ckptio_status step(vm *m, uint8_t op, bool *stop) {
                         b->kind == CKPTIO_VALUE_TENSOR ? "tensor with state" : "other object");
     default:
         if (op >= 0x20 && op < 0x7f)
-            return vfail_at(m, CKPTIO_E_DISALLOWED, "opcode '%c' (0x%02x) is not allowed in a weights-only pickle", op, op);
+            return vfail_at(m, CKPTIO_E_DISALLOWED, "opcode '%c' (0x%02x) is not allowed in a weights-only pickle",
+                            op, op);
         return vfail_at(m, CKPTIO_E_DISALLOWED, "opcode 0x%02x is not allowed in a weights-only pickle", op);
     }
 }

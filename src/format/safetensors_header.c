@@ -201,7 +201,8 @@ static ckptio_status check_layout(const ckptio_safetensors *st, const ckptio__st
             if (nbits % 8 != 0)
                 return ST_TENSOR_FAIL(st, e->name, "dtype %s shape %s is %llu bits, not a whole number of bytes",
                                       dt, shape_text, (unsigned long long)nbits);
-            return ST_TENSOR_FAIL(st, e->name, "data_offsets [%llu, %llu] cover %llu bytes but dtype %s shape %s needs %llu",
+            return ST_TENSOR_FAIL(st, e->name,
+                                  "data_offsets [%llu, %llu] cover %llu bytes but dtype %s shape %s needs %llu",
                                   b, en, (unsigned long long)(e->end - e->begin), dt, shape_text,
                                   (unsigned long long)(nbits / 8));
         }
@@ -467,7 +468,8 @@ void ckptio__st_destroy(ckptio_safetensors *st) {
 ckptio_status ckptio_safetensors_parse(const void *bytes, size_t len, uint64_t file_size, ckptio_safetensors **out) {
     if (!out) return CKPTIO_FAIL(CKPTIO_E_INVAL, "ckptio_safetensors_parse: out must not be NULL");
     *out = NULL;
-    if (!bytes && len) return CKPTIO_FAIL(CKPTIO_E_INVAL, "ckptio_safetensors_parse: bytes is NULL but len is %zu", len);
+    if (!bytes && len)
+        return CKPTIO_FAIL(CKPTIO_E_INVAL, "ckptio_safetensors_parse: bytes is NULL but len is %zu", len);
     if (len > file_size)
         return CKPTIO_FAIL(CKPTIO_E_INVAL, "ckptio_safetensors_parse: len %zu exceeds file_size %llu", len,
                            (unsigned long long)file_size);

@@ -52,8 +52,9 @@ struct ckptio_safetensors {
 /* Records a failure whose message reads "PATH: at offset OFF: KIND 'NAME':
  * text" (each part left out when NULL or -1), e.g. "m.safetensors: tensor
  * 'w': ...". Returns `status`. */
-ckptio_status ckptio__st_fail(ckptio_status status, const char *src_file, int line, const char *path, int64_t offset, const char *kind,
-                              const char *name, const char *fmt, ...) __attribute__((format(printf, 8, 9)));
+ckptio_status ckptio__st_fail(ckptio_status status, const char *src_file, int line, const char *path, int64_t offset,
+                              const char *kind, const char *name, const char *fmt, ...)
+    __attribute__((format(printf, 8, 9)));
 #define CKPTIO__ST_FAIL(status, path, offset, kind, name, ...) \
     ckptio__st_fail((status), __FILE__, __LINE__, (path), (offset), (kind), (name), __VA_ARGS__)
 

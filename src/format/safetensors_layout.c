@@ -165,7 +165,8 @@ static ckptio_status check_source(const ckptio_tensor_source *t, size_t i, const
 }
 
 static ckptio_status check_metadata(const ckptio_kv *md, size_t count, const char *path, st_sort_item *scratch) {
-    if (count && !md) return ST_FAIL(CKPTIO_E_INVAL, path, -1, NULL, NULL, "metadata is NULL but metadata_count is %zu", count);
+    if (count && !md)
+        return ST_FAIL(CKPTIO_E_INVAL, path, -1, NULL, NULL, "metadata is NULL but metadata_count is %zu", count);
     for (size_t i = 0; i < count; i++) {
         if (!md[i].key || !md[i].value)
             return ST_FAIL(CKPTIO_E_INVAL, path, -1, NULL, NULL, "metadata pair %zu has a NULL key or value", i);
@@ -200,7 +201,8 @@ ckptio_status ckptio__st_layout_build(const ckptio_tensor_source *tensors, size_
 
     if (flags & ~(unsigned)CKPTIO_SAFETENSORS_ALIGN_8)
         return ST_FAIL(CKPTIO_E_INVAL, path, -1, NULL, NULL, "unknown save flags 0x%x", flags);
-    if (count && !tensors) return ST_FAIL(CKPTIO_E_INVAL, path, -1, NULL, NULL, "tensors is NULL but count is %zu", count);
+    if (count && !tensors)
+        return ST_FAIL(CKPTIO_E_INVAL, path, -1, NULL, NULL, "tensors is NULL but count is %zu", count);
     const size_t scratch_n = count > metadata_count ? count : metadata_count;
     items = ckptio__calloc(scratch_n, sizeof *items);
     out->order = ckptio__calloc(count, sizeof *out->order);

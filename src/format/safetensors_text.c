@@ -17,8 +17,8 @@
 #include <stdio.h>
 #include <string.h>
 
-ckptio_status ckptio__st_fail(ckptio_status status, const char *src_file, int line, const char *path, int64_t offset, const char *kind,
-                              const char *name, const char *fmt, ...) {
+ckptio_status ckptio__st_fail(ckptio_status status, const char *src_file, int line, const char *path, int64_t offset,
+                              const char *kind, const char *name, const char *fmt, ...) {
     char subject[1024];
     subject[0] = '\0';
     if (kind && name) snprintf(subject, sizeof subject, "%s '%s'", kind, name);

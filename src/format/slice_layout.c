@@ -30,7 +30,8 @@ ckptio_status ckptio__slice_layout(const ckptio_slice *s, const char *what, ckpt
     bool empty = false;
     for (uint32_t d = 0; d < ndim; d++) {
         const int64_t n = s->shape[d];
-        if (n < 0) return SL_FAIL(CKPTIO_E_INVAL, what, "dimension %u of the shape is negative (%lld)", d, (long long)n);
+        if (n < 0)
+            return SL_FAIL(CKPTIO_E_INVAL, what, "dimension %u of the shape is negative (%lld)", d, (long long)n);
         const int64_t a = s->start ? s->start[d] : 0, b = s->stop ? s->stop[d] : n;
         if (a < 0 || b < a || b > n)
             return SL_FAIL(CKPTIO_E_RANGE, what, "dimension %u: [%lld, %lld) is not a range inside [0, %lld)", d,

@@ -268,13 +268,15 @@ static ckptio_status walk_dict_item(namer *n, ckptio_value *v, size_t pos) {
 static ckptio_status walk(namer *n, ckptio_value *v) {
     if (v->kind == CKPTIO_VALUE_TENSOR) {
         if (++n->tensors > CKPTIO__TORCH_MAX_PATHS)
-            return NFAIL(n, CKPTIO_E_RANGE, NULL, "more than %llu tensor paths", (unsigned long long)CKPTIO__TORCH_MAX_PATHS);
+            return NFAIL(n, CKPTIO_E_RANGE, NULL, "more than %llu tensor paths",
+                         (unsigned long long)CKPTIO__TORCH_MAX_PATHS);
         n->name_bytes += n->dotted.len + 1;
         if (n->name_bytes > MAX_NAME_BYTES)
             return NFAIL(n, CKPTIO_E_RANGE, NULL, "the names of the %llu tensor paths take more than %llu MiB "
                          "(a tensor shared along many long paths)", (unsigned long long)n->tensors,
                          (unsigned long long)(MAX_NAME_BYTES >> 20));
-        return n->fn(n->ctx, n->spell ? n->spelled.s : (n->dotted.s ? n->dotted.s : ""), n->dotted.s ? n->dotted.s : "", v);
+        return n->fn(n->ctx, n->spell ? n->spelled.s : (n->dotted.s ? n->dotted.s : ""),
+                     n->dotted.s ? n->dotted.s : "", v);
     }
     const node_entry *e = memo_find(&n->memo, v);
     for (size_t j = 0; e && j < e->nlive; j++) {
@@ -332,7 +334,8 @@ static bool same_view(const ckptio_value *a, const ckptio_value *b) {
 }
 
 static int cmp_by_name(const void *a, const void *b) {
-    const ckptio__torch_tensor *x = *(const ckptio__torch_tensor *const *)a, *y = *(const ckptio__torch_tensor *const *)b;
+    const ckptio__torch_tensor *x = *(const ckptio__torch_tensor *const *)a,
+                               *y = *(const ckptio__torch_tensor *const *)b;
     const int c = strcmp(x->name, y->name);
     if (c) return c;
     return x < y ? -1 : x > y; /* stable: first path first */

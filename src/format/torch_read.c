@@ -313,7 +313,8 @@ ckptio_status ckptio_torch_find(const ckptio_torch *t, const char *name, size_t 
             return CKPTIO_OK;
         }
     }
-    return CKPTIO_FAIL_CTX(CKPTIO_E_NOT_FOUND, &((ckptio__err_ctx){.path = t->path, .subject = name, .file_offset = -1}),
+    return CKPTIO_FAIL_CTX(CKPTIO_E_NOT_FOUND,
+                           &((ckptio__err_ctx){.path = t->path, .subject = name, .file_offset = -1}),
                            "no tensor of this name");
 }
 

@@ -70,7 +70,8 @@ ckptio_status ckptio_torch_writer_storage(ckptio_torch_writer *w, ckptio_dtype d
         return CKPTIO_FAIL(CKPTIO_E_INVAL, "storage of %llu bytes is not a whole number of %s elements",
                            (unsigned long long)nbytes, ckptio_dtype_torch_name(dtype));
     if (!location) location = "cpu";
-    if (!*location || strlen(location) > 64) return CKPTIO_FAIL(CKPTIO_E_INVAL, "storage location must be 1..64 characters");
+    if (!*location || strlen(location) > 64)
+        return CKPTIO_FAIL(CKPTIO_E_INVAL, "storage location must be 1..64 characters");
     if (w->nstorages == w->storage_cap) {
         size_t ncap = w->storage_cap ? w->storage_cap * 2 : 16;
         ckptio__torch_wstorage *grown = ckptio__realloc(w->storages, ncap * sizeof *grown);
@@ -89,7 +90,8 @@ ckptio_status ckptio_torch_writer_storage(ckptio_torch_writer *w, ckptio_dtype d
 
 ckptio_status ckptio_torch_writer_bind(ckptio_torch_writer *w, size_t id, const void *data, ckptio_mem_kind mem_kind) {
     if (!w) return CKPTIO_FAIL(CKPTIO_E_INVAL, "writer must not be NULL");
-    if (id >= w->nstorages) return CKPTIO_FAIL(CKPTIO_E_RANGE, "storage id %zu out of range (%zu storages)", id, w->nstorages);
+    if (id >= w->nstorages)
+        return CKPTIO_FAIL(CKPTIO_E_RANGE, "storage id %zu out of range (%zu storages)", id, w->nstorages);
     w->storages[id].data = data;
     w->storages[id].mem_kind = mem_kind;
     return CKPTIO_OK;
@@ -129,10 +131,12 @@ ckptio_status ckptio_torch_writer_tensor(ckptio_torch_writer *w, const ckptio_to
     int64_t expected = 1;
     bool empty = false;
     for (uint32_t d = spec->ndim; d-- > 0;) {
-        if (spec->shape[d] < 0) return CKPTIO_FAIL(CKPTIO_E_INVAL, "shape[%u] = %lld is negative", d, (long long)spec->shape[d]);
+        if (spec->shape[d] < 0)
+            return CKPTIO_FAIL(CKPTIO_E_INVAL, "shape[%u] = %lld is negative", d, (long long)spec->shape[d]);
         tr->shape[d] = spec->shape[d];
         tr->stride[d] = spec->stride ? spec->stride[d] : expected;
-        if (tr->stride[d] < 0) return CKPTIO_FAIL(CKPTIO_E_INVAL, "stride[%u] = %lld is negative", d, (long long)tr->stride[d]);
+        if (tr->stride[d] < 0)
+            return CKPTIO_FAIL(CKPTIO_E_INVAL, "stride[%u] = %lld is negative", d, (long long)tr->stride[d]);
         if (spec->shape[d] == 0) empty = true;
         uint64_t e;
         if (!spec->stride && ckptio__mul_overflows((uint64_t)expected, (uint64_t)spec->shape[d], &e))
@@ -212,7 +216,8 @@ ckptio_status ckptio_torch_writer_bytes(ckptio_torch_writer *w, const void *data
 }
 
 ckptio_status ckptio_torch_writer_dtype(ckptio_torch_writer *w, ckptio_dtype dtype, ckptio_value **out) {
-    if (!ckptio__torch_element_size(dtype)) return CKPTIO_FAIL(CKPTIO_E_INVAL, "dtype %d is not a torch dtype", (int)dtype);
+    if (!ckptio__torch_element_size(dtype))
+        return CKPTIO_FAIL(CKPTIO_E_INVAL, "dtype %d is not a torch dtype", (int)dtype);
     CKPTIO_FORWARD(new_value(w, CKPTIO_VALUE_DTYPE, out));
     (*out)->u.dtype = dtype;
     return CKPTIO_OK;
@@ -220,7 +225,8 @@ ckptio_status ckptio_torch_writer_dtype(ckptio_torch_writer *w, ckptio_dtype dty
 
 ckptio_status ckptio_torch_writer_container(ckptio_torch_writer *w, ckptio_value_kind kind, int ordered,
                                             ckptio_value **out) {
-    if (kind != CKPTIO_VALUE_LIST && kind != CKPTIO_VALUE_TUPLE && kind != CKPTIO_VALUE_SET && kind != CKPTIO_VALUE_DICT)
+    if (kind != CKPTIO_VALUE_LIST && kind != CKPTIO_VALUE_TUPLE && kind != CKPTIO_VALUE_SET &&
+        kind != CKPTIO_VALUE_DICT)
         return CKPTIO_FAIL(CKPTIO_E_INVAL, "kind %d is not a container (LIST, TUPLE, SET or DICT)", (int)kind);
     CKPTIO_FORWARD(new_value(w, (int)kind, out));
     if (kind == CKPTIO_VALUE_DICT && ordered) (*out)->flags |= CKPTIO__VFLAG_ORDERED;
@@ -281,7 +287,10 @@ static void int_tuple(ckptio__pickle_buf *b, const int64_t *v, uint32_t n) {
     }
     if (n > 3) ckptio__pickle_op(b, CKPTIO__OP_MARK);
     for (uint32_t i = 0; i < n; i++) ckptio__pickle_int(b, v[i]);
-    ckptio__pickle_op(b, n == 1 ? CKPTIO__OP_TUPLE1 : n == 2 ? CKPTIO__OP_TUPLE2 : n == 3 ? CKPTIO__OP_TUPLE3 : CKPTIO__OP_TUPLE);
+    ckptio__pickle_op(b, n == 1   ? CKPTIO__OP_TUPLE1
+                         : n == 2 ? CKPTIO__OP_TUPLE2
+                         : n == 3 ? CKPTIO__OP_TUPLE3
+                                  : CKPTIO__OP_TUPLE);
 }
 
 static ckptio_status emit_tensor(emitter *e, const ckptio_value *v) {
@@ -392,7 +401,10 @@ static ckptio_status emit(emitter *e, const ckptio_value *v, unsigned depth) {
         }
         if (n > 3) ckptio__pickle_op(b, CKPTIO__OP_MARK);
         for (size_t i = 0; i < n; i++) CKPTIO_FORWARD(emit(e, v->u.seq.items[i], depth + 1));
-        ckptio__pickle_op(b, n == 1 ? CKPTIO__OP_TUPLE1 : n == 2 ? CKPTIO__OP_TUPLE2 : n == 3 ? CKPTIO__OP_TUPLE3 : CKPTIO__OP_TUPLE);
+        ckptio__pickle_op(b, n == 1   ? CKPTIO__OP_TUPLE1
+                             : n == 2 ? CKPTIO__OP_TUPLE2
+                             : n == 3 ? CKPTIO__OP_TUPLE3
+                                      : CKPTIO__OP_TUPLE);
         break;
     }
     case CKPTIO_VALUE_DICT:
@@ -415,7 +427,8 @@ ckptio_status ckptio__torch_options(const ckptio_torch_save_options *options, co
                                     char **prefix) {
     *alignment = options && options->storage_alignment ? options->storage_alignment : 4096;
     if (*alignment > CKPTIO_ZIP_MAX_ALIGNMENT)
-        return CKPTIO_FAIL(CKPTIO_E_RANGE, "storage_alignment %u is outside 1..%u", *alignment, CKPTIO_ZIP_MAX_ALIGNMENT);
+        return CKPTIO_FAIL(CKPTIO_E_RANGE, "storage_alignment %u is outside 1..%u", *alignment,
+                           CKPTIO_ZIP_MAX_ALIGNMENT);
     const char *p = options ? options->record_prefix : NULL;
     size_t len;
     if (p) {
@@ -639,7 +652,8 @@ void ckptio__torch_writer_fill_meta(const ckptio_torch_writer *w, uint8_t *meta)
         if (w->entry_storage[i] == SIZE_MAX) meta_put(w, meta, &cursor, e->data_offset, w->entry_bytes[i], e->size);
         uint8_t desc[24];
         ckptio__zip_write_descriptor(e, desc);
-        meta_put(w, meta, &cursor, e->data_offset + e->size, desc, ckptio__zip_descriptor_len(e->header_offset, e->size));
+        meta_put(w, meta, &cursor, e->data_offset + e->size, desc,
+                 ckptio__zip_descriptor_len(e->header_offset, e->size));
     }
     const struct ckptio__torch_piece *last = &w->pieces[w->npieces - 1];
     ckptio__zip_write_trailer(w->entries, w->nentries, w->cd_offset,
@@ -659,7 +673,8 @@ ckptio_status ckptio_torch_writer_storage_offset(const ckptio_torch_writer *w, s
     if (!w || !offset) return CKPTIO_FAIL(CKPTIO_E_INVAL, "writer and output must not be NULL");
     if (!w->have_layout || w->layout_generation != w->generation)
         return CKPTIO_FAIL(CKPTIO_E_INVAL, "no current layout: call ckptio_torch_writer_layout first");
-    if (id >= w->nstorages) return CKPTIO_FAIL(CKPTIO_E_RANGE, "storage id %zu out of range (%zu storages)", id, w->nstorages);
+    if (id >= w->nstorages)
+        return CKPTIO_FAIL(CKPTIO_E_RANGE, "storage id %zu out of range (%zu storages)", id, w->nstorages);
     if (w->storages[id].entry == SIZE_MAX)
         return CKPTIO_FAIL(CKPTIO_E_NOT_FOUND, "storage %zu is used by no tensor, so it is not saved", id);
     const ckptio__zip_entry *e = &w->entries[w->storages[id].entry];

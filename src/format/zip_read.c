@@ -72,7 +72,8 @@ ckptio_status ckptio__zip_find_directory(const uint8_t *tail, size_t tail_len, u
     const uint8_t *e = tail + eocd;
     const uint64_t eocd_offset = tail_start + (uint64_t)eocd;
     if (ckptio__le16(e + 4) != 0 || ckptio__le16(e + 6) != 0)
-        return ZIP_FAIL(CKPTIO_E_UNSUPPORTED, origin, eocd_offset, "end record", "multi-disk archives are not supported");
+        return ZIP_FAIL(CKPTIO_E_UNSUPPORTED, origin, eocd_offset, "end record",
+                        "multi-disk archives are not supported");
 
     if (eocd >= (ptrdiff_t)CKPTIO_ZIP64_LOCATOR_SIZE &&
         ckptio__le32(e - CKPTIO_ZIP64_LOCATOR_SIZE) == SIG_ZIP64_LOCATOR) {
@@ -178,7 +179,8 @@ ckptio_status ckptio__zip_parse_central(const uint8_t *cd, const ckptio__zip_dir
         }
         const uint8_t *name = h + CKPTIO_ZIP_CENTRAL_HEADER_SIZE;
         if (name_len == 0 || memchr(name, 0, name_len)) {
-            st = ZIP_FAIL(CKPTIO_E_FORMAT, origin, at, NULL, "central directory entry %zu has an empty name or a NUL byte in it", n);
+            st = ZIP_FAIL(CKPTIO_E_FORMAT, origin, at, NULL,
+                          "central directory entry %zu has an empty name or a NUL byte in it", n);
             goto out;
         }
         e->name = ckptio__malloc((size_t)name_len + 1);

@@ -122,8 +122,8 @@ bool ckptio__cufile_handle_register(int fd, ckptio__cufile_handle *out, char *wh
     if (e.err != 0) {
         char t[96];
         snprintf(why, cap,
-                 "cuFileHandleRegister refused the file: %s (CUresult %d)%s", ckptio__cufile_strerror(e.err, t, sizeof t),
-                 e.cu_err,
+                 "cuFileHandleRegister refused the file: %s (CUresult %d)%s",
+                 ckptio__cufile_strerror(e.err, t, sizeof t), e.cu_err,
                  ckptio__cufile_direct_mode() ? ""
                                               : "; the nvidia-fs kernel driver is not loaded, so GPUDirect Storage is "
                                                 "unavailable on this machine");

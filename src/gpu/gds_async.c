@@ -177,7 +177,8 @@ static ckptio_status submit(ckptio_gds_file *f, ckptio_direction dir, void *buf,
         return CKPTIO_OK;
     }
     if (st != CKPTIO_OK) goto fail;
-    if ((st = ops->event_create(&r->ev_after)) != CKPTIO_OK || (st = ops->event_record(r->ev_after, stream)) != CKPTIO_OK) {
+    if ((st = ops->event_create(&r->ev_after)) != CKPTIO_OK ||
+        (st = ops->event_record(r->ev_after, stream)) != CKPTIO_OK) {
         open_gate(r); /* the wait is queued: never leave the stream blocked */
         goto fail;
     }

@@ -101,7 +101,8 @@ ckptio_status ckptio_gds_register_handle(ckptio_gds_file *f) {
         if (mode == CKPTIO_GPU_PATH_AUTO) return CKPTIO_OK;
         if (!ops) return ckptio__gpu_ops_get(&ops); /* CKPTIO_E_NO_CUDA with its reason */
         return CKPTIO_FAIL_CTX(CKPTIO_E_UNSUPPORTED,
-                               &((ckptio__err_ctx){.operation = "cuFileHandleRegister", .path = path, .file_offset = -1}),
+                               &((ckptio__err_ctx){.operation = "cuFileHandleRegister", .path = path,
+                                                   .file_offset = -1}),
                                "%s", f->refusal);
     }
     if (mode == CKPTIO_GPU_PATH_AUTO && !ckptio__cufile_direct_mode()) {

@@ -80,7 +80,8 @@ static bool cuda_mem_mapped(const void *ptr) {
 }
 
 static ckptio_status primary_ctx(const ckptio__cuda_api *cu, int device, CUcontext *out) {
-    if (device < 0 || device >= MAX_DEVICES) return CKPTIO_FAIL(CKPTIO_E_INVAL, "CUDA device ordinal %d out of range", device);
+    if (device < 0 || device >= MAX_DEVICES)
+        return CKPTIO_FAIL(CKPTIO_E_INVAL, "CUDA device ordinal %d out of range", device);
     pthread_mutex_lock(&ctx_lock);
     ckptio_status st = CKPTIO_OK;
     if (!primary[device]) {

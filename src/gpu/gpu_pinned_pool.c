@@ -62,7 +62,8 @@ static void record_failure(ckptio__pinned_pool *p, ckptio_status st, size_t piec
     pthread_mutex_lock(&p->lock);
     p->failed = st;
     p->cuda_result = e->cuda_result;
-    snprintf(p->failure, sizeof p->failure, "pinning piece %zu of %zu (%llu MiB at offset %llu) of the snapshot pool: %s",
+    snprintf(p->failure, sizeof p->failure,
+             "pinning piece %zu of %zu (%llu MiB at offset %llu) of the snapshot pool: %s",
              piece, p->npieces, (unsigned long long)(p->piece >> 20), (unsigned long long)(piece * p->piece),
              st == CKPTIO_E_UNSUPPORTED ? "the CUDA driver cannot page-lock host memory (cuMemHostRegister)"
                                         : e->message);
@@ -124,7 +125,8 @@ ckptio_status ckptio__pinned_pool_create(const ckptio__gpu_ops *ops, int device,
     *out = NULL;
     CKPTIO_RETURN_IF(bytes == 0, CKPTIO_E_INVAL, "a snapshot pool of 0 bytes");
     CKPTIO_RETURN_IF(bytes > (1ull << 46), CKPTIO_E_INVAL,
-                     "a snapshot pool of %llu bytes is larger than the address space allows", (unsigned long long)bytes);
+                     "a snapshot pool of %llu bytes is larger than the address space allows",
+                     (unsigned long long)bytes);
     /* A pool smaller than a piece is one piece of whole huge pages. */
     const uint64_t piece = bytes < CKPTIO__POOL_PIECE_BYTES ? ckptio__align_up(bytes, CKPTIO_HUGE_PAGE_BYTES)
                                                             : CKPTIO__POOL_PIECE_BYTES;
@@ -176,7 +178,8 @@ ckptio_status ckptio__pinned_pool_wait(ckptio__pinned_pool *pool, uint64_t bytes
     const int cuda_result = pool->cuda_result;
     pthread_mutex_unlock(&pool->lock);
     if (failed == CKPTIO_OK) return CKPTIO_OK;
-    return CKPTIO_FAIL_CTX(failed, &((ckptio__err_ctx){.file_offset = -1, .cuda_result = cuda_result, .verbatim = true}),
+    return CKPTIO_FAIL_CTX(failed,
+                           &((ckptio__err_ctx){.file_offset = -1, .cuda_result = cuda_result, .verbatim = true}),
                            "%s", message);
 }
 

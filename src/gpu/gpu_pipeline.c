@@ -771,7 +771,8 @@ ckptio_status ckptio__gpu_pipeline_run_observed(ckptio_engine *engine, const ckp
     p.report = !inline_only;
     p.inline_run = inline_only || nworkers <= 1;
     if (p.inline_run) worker_main(&p, 0);
-    else if (p.report) st = ckptio__engine_parallel_progress(engine, nworkers, worker_main, &p, &p.done, p.total, &p.failed);
+    else if (p.report)
+        st = ckptio__engine_parallel_progress(engine, nworkers, worker_main, &p, &p.done, p.total, &p.failed);
     else st = ckptio__engine_parallel(engine, nworkers, worker_main, &p);
     ckptio__nvtx_pop(p.nvtx);
     if (p.status != CKPTIO_OK) {

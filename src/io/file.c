@@ -60,7 +60,8 @@ static ckptio_status create_temporary(ckptio_file *f) {
     const char *slash = strrchr(f->path, '/');
     const char *base = slash ? slash + 1 : f->path;
     if (!*base)
-        return CKPTIO_FAIL_CTX(CKPTIO_E_INVAL, &((ckptio__err_ctx){.operation = "open", .path = f->path, .file_offset = -1}),
+        return CKPTIO_FAIL_CTX(CKPTIO_E_INVAL,
+                               &((ckptio__err_ctx){.operation = "open", .path = f->path, .file_offset = -1}),
                                "the path names a directory, not a file");
     const size_t base_len = strlen(base);
     if (base_len > CKPTIO__NAME_MAX)
@@ -107,7 +108,8 @@ static ckptio_status open_in_place(ckptio_file *f, mode_t create_mode) {
         return CKPTIO_OK;
     }
     if (errno == EEXIST && exclusive)
-        return CKPTIO_FAIL_CTX(CKPTIO_E_EXISTS, &((ckptio__err_ctx){.operation = "open", .path = f->path, .file_offset = -1}),
+        return CKPTIO_FAIL_CTX(CKPTIO_E_EXISTS,
+                               &((ckptio__err_ctx){.operation = "open", .path = f->path, .file_offset = -1}),
                                "the file already exists and CKPTIO_OPEN_EXCLUSIVE was given");
     if (errno != EEXIST) return CKPTIO_FAIL_SYS(errno, "open", f->path, -1, "creating the file for writing");
     return ckptio__open_regular_or_fail(f->path, O_RDWR, CKPTIO_E_INVAL, "opening for writing in place", &f->fd, NULL);
@@ -340,8 +342,8 @@ void ckptio__file_op_init(ckptio__io_op *op, ckptio_file *file, ckptio_direction
         (dir == CKPTIO_READ ? ckptio__read_buffered(file, offset, len) : ckptio__write_buffered(file)))
         direct = false;
     *op = (ckptio__io_op){.fd = direct ? dfd : file->fd, .buffered_fd = file->fd, .direct = direct, .dir = dir,
-                          .buf = buf, .len = len, .need = len, .offset = offset, .buf_index = -1, .object = file->object,
-                          .turn = dir == CKPTIO_WRITE ? ckptio__file_write_turn(file) : NULL};
+                          .buf = buf, .len = len, .need = len, .offset = offset, .buf_index = -1,
+                          .object = file->object, .turn = dir == CKPTIO_WRITE ? ckptio__file_write_turn(file) : NULL};
 }
 
 pthread_mutex_t *ckptio__file_write_turn(ckptio_file *file) {
@@ -557,7 +559,8 @@ ckptio_status ckptio_file_truncate(ckptio_file *f, uint64_t size) {
     CKPTIO_FORWARD(check_writable(f, "truncate", NULL));
     if (f->object) return ckptio__object_truncate(f, size);
     if (size > (uint64_t)INT64_MAX)
-        return CKPTIO_FAIL_CTX(CKPTIO_E_RANGE, &((ckptio__err_ctx){.operation = "truncate", .path = f->path, .file_offset = -1}),
+        return CKPTIO_FAIL_CTX(CKPTIO_E_RANGE,
+                               &((ckptio__err_ctx){.operation = "truncate", .path = f->path, .file_offset = -1}),
                                "size %llu is beyond the largest file size", (unsigned long long)size);
     int ret;
     do ret = ftruncate(f->fd, (off_t)size);

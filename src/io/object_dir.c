@@ -105,7 +105,8 @@ static int list_one(void *user, const ckptio__s3_entry *e) {
     if (nlen == 0 && !e->is_prefix) return 0; /* the "PREFIX/" placeholder some consoles make: not an entry */
     memcpy(l->name, e->key + l->plen, nlen);
     l->name[nlen] = '\0';
-    ckptio__object_entry entry = {.name = l->name, .size = e->size, .etag = e->etag, .mtime = ckptio__iso_time(e->time)};
+    ckptio__object_entry entry = {.name = l->name, .size = e->size, .etag = e->etag,
+                                  .mtime = ckptio__iso_time(e->time)};
     if (entry.mtime < 0) entry.mtime = 0;
     if (!ckptio__object_plain_name(l->name, nlen) || memchr(e->key + l->plen, '/', nlen))
         entry.kind = CKPTIO__PATH_OTHER;
