@@ -562,12 +562,14 @@ def test_background_cleanup_removes_the_old_files_off_the_critical_path(tmp_path
     assert torch.equal(out["w"], torch.full((1000,), 2.0))
 
     # A failing removal: logged, raised by wait_cleanup(), cleaned by the next
-    # save. What fails is real: a directory under a data file's name, which
-    # libckptio's unlink cannot remove (EISDIR).
+    # save. What fails is real: a stale data file made immutable (chattr +i),
+    # which not even root may unlink (EPERM). (A directory under a data file's
+    # name is not a failure: the cleanup leaves what is not a regular file.)
     monkeypatch.setattr(_commit, "remove_files", real_remove)
     blocker = path / "__0_aaaaaaaaaaaa_0.distcp"
-    blocker.mkdir()
-    (blocker / "x").write_bytes(b"x")
+    blocker.write_bytes(b"x")
+    if subprocess.run(["chattr", "+i", str(blocker)], capture_output=True).returncode != 0:
+        pytest.skip("chattr +i is not available here (needs root and a file system with the immutable flag)")
 
     import logging
 
@@ -581,11 +583,11 @@ def test_background_cleanup_removes_the_old_files_off_the_critical_path(tmp_path
             writer.wait_cleanup(timeout=30)
     finally:
         logging.getLogger("ckptio.dcp").removeHandler(handler)
-    assert e.value.operation == "unlink" and e.value.errno == errno.EISDIR, e.value
+        subprocess.run(["chattr", "-i", str(blocker)], capture_output=True)
+    assert e.value.operation == "unlink" and e.value.errno == errno.EPERM, e.value
     assert e.value.path == str(blocker) and "the new checkpoint is committed" in str(e.value)
     assert any("unlink" in r.getMessage() and "committed" in r.getMessage() for r in records)
-    (blocker / "x").unlink()
-    blocker.rmdir()
+    assert blocker.exists()
     dcp.save({"w": torch.full((1000,), 4.0)}, storage_writer=writer, no_dist=True)
     assert writer.wait_cleanup(timeout=30) is True
     files = sorted(os.listdir(path))
