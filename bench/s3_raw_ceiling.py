@@ -9,8 +9,8 @@ the same bytes moved by bare clients, next to which ckptio's object backend is m
              CreateMultipartUpload and CompleteMultipartUpload (http.client), UploadPart of 16 MiB parts by
              `concurrency` curl processes at a time from files in /dev/shm; SigV4 signed here (standard library,
              UNSIGNED-PAYLOAD, path-style, region from AWS_REGION), so every request takes the server's S3 path
-  s3-get     ranged GETs of 8 MiB of that multipart object, `concurrency` curl processes at a time, bodies to
-             /dev/null, signed the same way
+  s3-get     ranged GETs of 8 MiB of that multipart object, bodies to /dev/null, signed the same way, by
+             `concurrency` curl processes, each GETting its consecutive share on one kept-alive connection
   swift-put  the same bytes as 16 MiB segment objects PUT through Swift's own API with a tempauth token (what
              UploadPart requests store, without the S3 layer: no SigV4 check, no XML, no SLO manifest)
   swift-get  ranged GETs of 8 MiB of the multipart object through Swift's own API
@@ -125,14 +125,19 @@ def s3_multipart_put(sig, path, parts, concurrency):
 
 
 def ranged_gets(args_for, size, concurrency):
+    """The ranges split over `concurrency` curl processes, each GETting its consecutive share one after the other
+    on one kept-alive connection (--next), as a client with a connection pool does."""
     ranges = [(o, min(o + CHUNK, size) - 1) for o in range(0, size, CHUNK)]
+    per = -(-len(ranges) // concurrency)
 
-    def get(r):
-        subprocess.run(["curl", "-sf", "-o", "/dev/null", "-H", f"Range: bytes={r[0]}-{r[1]}"] + args_for(),
-                       check=True)
+    def get(share):
+        cmd = ["curl", "-sf"]
+        for i, r in enumerate(share):
+            cmd += (["--next"] if i else []) + ["-o", "/dev/null", "-H", f"Range: bytes={r[0]}-{r[1]}"] + args_for()
+        subprocess.run(cmd, check=True)
 
     with ThreadPoolExecutor(concurrency) as ex:
-        list(ex.map(get, ranges))
+        list(ex.map(get, [ranges[i:i + per] for i in range(0, len(ranges), per)]))
 
 
 def swift_token(endpoint, user, key):
