@@ -26,7 +26,8 @@ Each method runs in a process of its own (its peak RSS is its alone); the best o
 Columns: GB/s (10^9 bytes of tensor data per second), ratio to the S3-API ceiling of the same direction (measured
 before and after the methods, the best kept), peak RSS of the process and what of it the method added (over the
 interpreter, torch and the state dict it saves), the process's CPU seconds per GB, and the server's CPU seconds per
-GB (every process of the local server; only with scripts/s3_server.sh's). Results: $OUT/object_storage.json (bench/_common.py).
+GB (every process of the local server; only with scripts/s3_server.sh's). Results: $OUT/object_storage.json
+(bench/_common.py).
 """
 import argparse
 import io
