@@ -11,7 +11,9 @@
  * file (torch's SAFETENSORS layout: all tensors of a rank's file share it,
  * so callers keep the parsed header for the blob's other tensors). Only
  * headers are read, through the file's engine: the archive's zip records
- * and pickle, or the blob's length prefix and JSON header. A decoded
+ * and pickle, or the blob's length prefix and JSON header; or, for items in
+ * object storage, from the archive's first and last bytes that the caller
+ * read for many items at once (ckptio_dcp_header_windows). A decoded
  * (decompressed) item must be an archive: held in memory when small, else
  * only its first and last MiB are kept while it decompresses through a
  * fixed buffer (ckptio_dcp_header_zstd), and its storage is decompressed
@@ -172,7 +174,8 @@ ckptio_status ckptio_dcp_header_windows(const char *path, uint64_t file_size, ui
         return IFAIL("parse DCP item", CKPTIO_E_TRUNCATED, path, offset, subject,
                      "item of %llu bytes does not lie inside the file (%llu bytes)", (unsigned long long)length,
                      (unsigned long long)file_size);
-    CKPTIO_RETURN_IF(head_len > length || tail_len > length, CKPTIO_E_INVAL, "ckptio_dcp_header_windows: windows larger than the item");
+    CKPTIO_RETURN_IF(head_len > length || tail_len > length, CKPTIO_E_INVAL,
+                     "ckptio_dcp_header_windows: windows larger than the item");
     const size_t probe = length < CKPTIO_FORMAT_PROBE_BYTES ? (size_t)length : CKPTIO_FORMAT_PROBE_BYTES;
     CKPTIO_RETURN_IF(head_len < probe, CKPTIO_E_INVAL, "ckptio_dcp_header_windows: the head window is too short");
     ckptio_format format = CKPTIO_FORMAT_UNKNOWN;
@@ -190,7 +193,8 @@ ckptio_status ckptio_dcp_header_windows(const char *path, uint64_t file_size, ui
     memcpy(h->decoded + head_len, tail, tail_len);
     ckptio_status st = ckptio__torch_parse_windows(h->decoded, head_len, h->decoded + head_len, tail_len, length,
                                                    &h->torch);
-    if (st == CKPTIO_E_UNSUPPORTED) return finish(h, st, out); /* a record between the windows: read it */
+    /* A record between the windows: the caller reads the item from the file. */
+    if (st == CKPTIO_E_UNSUPPORTED) return finish(h, st, out);
     if (st != CKPTIO_OK) st = wrap(st, "parse DCP item", path, offset, subject, "torch.save item");
     else st = check_one_tensor(h, subject);
     return finish(h, st, out);
