@@ -9,8 +9,11 @@
  * inside its storage record, storages do not overlap (their sizes add up to
  * at most the file's), every storage can be read, verification either
  * passes or names a CRC mismatch, the format detector calls the file a
- * torch archive, and no two different tensors share a name. A broken
- * invariant traps.
+ * torch archive, and no two different tensors share a name. The same bytes
+ * as a DCP item described from its first and last EDGE bytes only
+ * (ckptio_dcp_header_windows, the object-storage header read) are never
+ * accepted where the whole archive is refused, and describe the same tensor
+ * when both are. A broken invariant traps.
  */
 #include "fuzz_check.h"
 #include "ckptio.h"
@@ -19,7 +22,31 @@
 #include <stdlib.h>
 #include <string.h>
 
+/* Edge windows small enough that inputs of a few KiB have bytes between them. */
+#define EDGE 2048u
+
+static void check_edges(const uint8_t *data, size_t size) {
+    const size_t n = size < EDGE ? size : EDGE;
+    ckptio_dcp_header *whole = NULL, *edges = NULL;
+    const ckptio_status sw = ckptio_dcp_header_parse(data, size, "item.distcp", 0, "t", &whole);
+    const ckptio_status se =
+        ckptio_dcp_header_windows("item.distcp", size, 0, size, data, n, data + size - n, n, "t", &edges);
+    if (se != CKPTIO_OK) CHECK(edges == NULL && ckptio_last_error_message()[0] != '\0');
+    CHECK(sw == CKPTIO_OK || se != CKPTIO_OK);
+    if (sw == CKPTIO_OK && se == CKPTIO_OK) {
+        ckptio_dcp_layout a, b;
+        memset(&a, 0, sizeof a);
+        memset(&b, 0, sizeof b);
+        const ckptio_status la = ckptio_dcp_header_layout(whole, "t", &a);
+        CHECK(ckptio_dcp_header_layout(edges, "t", &b) == la);
+        CHECK(la != CKPTIO_OK || memcmp(&a, &b, sizeof a) == 0);
+    }
+    ckptio_dcp_header_close(whole);
+    ckptio_dcp_header_close(edges);
+}
+
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
+    if (size) check_edges(data, size);
     ckptio_torch *t = NULL;
     if (ckptio_torch_parse(data, size, &t) != CKPTIO_OK) {
         CHECK(ckptio_last_error_message()[0] != '\0');

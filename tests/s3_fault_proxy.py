@@ -18,8 +18,9 @@ ACTION, the rest pass again. Actions:
     lose            forward (the server acts on it), then close without passing the answer on
     answer:FILE     answer 200 with FILE's bytes as the body (application/xml; never forwarded): a listing
                     or any other document a hostile or broken server might send
-Each request is logged to --log as a JSON line {"method", "target", "action"} (action "pass" when
-forwarded untouched). Standard library only; exits after --max-seconds (default 300) whatever happens.
+Each request is logged to --log as a JSON line {"method", "target", "action", "range", "start"} (its
+Range header, "" when none; start in time.monotonic() seconds); one forwarded untouched (action "pass")
+is logged once answered, with "end" too, so that the log shows which requests were in flight together. Standard library only; exits after --max-seconds (default 300) whatever happens.
 """
 import argparse
 import json
@@ -142,7 +143,10 @@ class Handler(socketserver.BaseRequestHandler):
                 method, target = line.split(" ")[0], line.split(" ")[1]
                 rule = next((r for r in self.server.rules if r.pick(method, target)), None)
                 action = rule.action if rule else "pass"
-                self.server.log(method, target, action)
+                entry = {"method": method, "target": target, "action": action,
+                         "range": (header(head, b"range") or b"").decode("latin-1"), "start": time.monotonic()}
+                if action != "pass":
+                    self.server.log(entry)
                 if action == "reset":
                     sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
                     sock.close()
@@ -180,6 +184,8 @@ class Handler(socketserver.BaseRequestHandler):
                     sock.close()
                     return
                 sock.sendall(rhead + rbody)
+                if action == "pass":
+                    self.server.log(dict(entry, end=time.monotonic()))
                 if (header(rhead, b"connection") or b"").lower() == b"close":
                     return
         except (ConnectionError, OSError, ValueError):
@@ -197,10 +203,10 @@ class Server(socketserver.ThreadingTCPServer):
         self.log_lock = threading.Lock()
         self.log_file = open(log_path, "a", buffering=1) if log_path else None
 
-    def log(self, method, target, action):
+    def log(self, entry):
         if self.log_file:
             with self.log_lock:
-                self.log_file.write(json.dumps({"method": method, "target": target, "action": action}) + "\n")
+                self.log_file.write(json.dumps(entry) + "\n")
 
 
 def main():

@@ -211,6 +211,73 @@ static void test_bad_items(void) {
     free(bytes);
 }
 
+/* An item's header from its edges (read by the caller) is the one read from
+ * the file, under the same checks; what the edges cannot describe is left
+ * to ckptio_dcp_header_read (CKPTIO_E_UNSUPPORTED, no header). */
+static void test_header_from_edges(void) {
+    char src[1200];
+    snprintf(src, sizeof src, "%s/__0_0.distcp", data_path("ts"));
+    size_t len = 0;
+    uint8_t *bytes = t_read_file(src, &len);
+    ckptio_dcp_tensor_info ti;
+    ckptio_dcp_chunk_info ci;
+    ckptio_dcp *h = chunk_of(engine, "ts", "w", &ti, &ci);
+    const uint64_t off = ci.stored.offset, n = ci.stored.length;
+    const uint8_t *item = bytes + off;
+    ckptio_file *f = NULL;
+    ckptio_dcp_header *read = NULL, *edges = NULL;
+    ckptio_dcp_layout want, got;
+    T_OK(ckptio_file_open(engine, src, CKPTIO_OPEN_READ, &f));
+    T_OK(ckptio_dcp_header_read(f, off, n, "w", NULL, &read));
+    T_OK(ckptio_dcp_header_layout(read, "w", &want));
+    /* The whole item as both windows, then its first and last KiB. */
+    const size_t edge = n < 1024 ? (size_t)n : 1024;
+    T_OK(ckptio_dcp_header_windows(src, len, off, n, item, (size_t)n, item, (size_t)n, "w", &edges));
+    T_OK(ckptio_dcp_header_layout(edges, "w", &got));
+    T_ASSERT(memcmp(&want, &got, sizeof want) == 0 && got.storage_start >= off);
+    ckptio_dcp_header_close(edges);
+    T_OK(ckptio_dcp_header_windows(src, len, off, n, item, edge, item + n - edge, edge, "w", &edges));
+    T_OK(ckptio_dcp_header_layout(edges, "w", &got));
+    T_ASSERT(memcmp(&want, &got, sizeof want) == 0);
+    ckptio_dcp_header_close(edges);
+    edges = NULL;
+    /* Windows of the probe's size leave records between them. */
+    T_STATUS(ckptio_dcp_header_windows(src, len, off, n, item, 64, item + n - 64, 64, "w", &edges),
+             CKPTIO_E_UNSUPPORTED);
+    T_ASSERT(edges == NULL);
+    /* The file's size bounds the item, as for a header read from the file. */
+    T_STATUS(ckptio_dcp_header_windows(src, off + n - 1, off, n, item, edge, item + n - edge, edge, "w", &edges),
+             CKPTIO_E_TRUNCATED);
+    T_MESSAGE_HAS("__0_0.distcp: parse DCP item at offset");
+    T_MESSAGE_HAS("bytes does not lie inside the file");
+    T_STATUS(ckptio_dcp_header_windows(src, len, len + 5, 10, item, 10, item, 10, "w", &edges), CKPTIO_E_TRUNCATED);
+    T_MESSAGE_HAS("the item starts past the end of the file");
+    /* Garbage where the archive starts is refused as it is by a read; zip
+     * records broken in the tail window are named as such. */
+    uint8_t *bad = malloc((size_t)n);
+    memcpy(bad, item, (size_t)n);
+    memset(bad + n - 22, 0xAB, 22);
+    T_STATUS(ckptio_dcp_header_windows(src, len, off, n, bad, edge, bad + n - edge, edge, "w", &edges),
+             CKPTIO_E_FORMAT);
+    T_MESSAGE_HAS("torch.save item");
+    T_ASSERT(edges == NULL);
+    free(bad);
+    ckptio_dcp_header_close(read);
+    ckptio_file_close(f);
+    ckptio_dcp_close(h);
+    /* A SAFETENSORS blob is not read from edges. */
+    h = chunk_of(engine, "st", "w", &ti, &ci);
+    snprintf(src, sizeof src, "%s/%s", data_path("st"), ci.stored.file);
+    free(bytes);
+    bytes = t_read_file(src, &len);
+    T_STATUS(ckptio_dcp_header_windows(src, len, ci.stored.offset, len - ci.stored.offset, bytes + ci.stored.offset,
+                                       64, bytes + len - 64, 64, "w", &edges),
+             CKPTIO_E_UNSUPPORTED);
+    T_ASSERT(edges == NULL);
+    ckptio_dcp_close(h);
+    free(bytes);
+}
+
 /* ckptio_dcp_read_tensor reads a chunk's storage, not its whole archive. */
 static void test_read_tensor_reads_the_storage_only(void) {
     ckptio_engine *e = NULL;
@@ -249,6 +316,7 @@ int main(void) {
     T_RUN(test_blobs);
     T_RUN(test_decoded_item);
     T_RUN(test_bad_items);
+    T_RUN(test_header_from_edges);
     T_RUN(test_read_tensor_reads_the_storage_only);
     T_OK(ckptio_engine_destroy(engine));
     return T_EXIT_PASS;

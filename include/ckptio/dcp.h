@@ -483,6 +483,22 @@ typedef struct ckptio_dcp_layout {
 CKPTIO_API ckptio_status ckptio_dcp_header_read(ckptio_file *file, uint64_t offset, uint64_t length,
                                                 const char *subject, uint64_t *bytes_read, ckptio_dcp_header **out);
 
+/*! ckptio_dcp_header_windows() :
+ * ckptio_dcp_header_read() for an item whose edges the caller has read
+ * already (so that the headers of many items in object storage come in
+ * one engine plan, their GETs in flight together): `head` holds the item's
+ * first head_len bytes (at least min(length, CKPTIO_FORMAT_PROBE_BYTES)),
+ * `tail` its last tail_len bytes, `file_size` is the size of the data file
+ * `path` (named in errors). The same checks and errors as
+ * ckptio_dcp_header_read; CKPTIO_E_UNSUPPORTED, with no header, when the
+ * item is no torch.save archive (a SAFETENSORS blob) or a record lies
+ * between the windows: read that item with ckptio_dcp_header_read. The
+ * header copies the windows; close it with ckptio_dcp_header_close. */
+CKPTIO_API ckptio_status ckptio_dcp_header_windows(const char *path, uint64_t file_size, uint64_t offset,
+                                                   uint64_t length, const void *head, size_t head_len,
+                                                   const void *tail, size_t tail_len, const char *subject,
+                                                   ckptio_dcp_header **out);
+
 /*! ckptio_dcp_header_parse() :
  * The same for a decoded item held in memory (a zstd item after
  * decompression), which must be a torch.save archive of one tensor;

@@ -284,6 +284,26 @@ static PyObject *mod_header_zstd(PyObject *module, PyObject *args) {
     return header_capsule(h);
 }
 
+static PyObject *mod_header_windows(PyObject *module, PyObject *args) {
+    unsigned long long size, offset, length, head, head_len, tail, tail_len;
+    PyObject *path_o;
+    if (!PyArg_ParseTuple(args, "OKKKKKKK:dcp_header_windows", &path_o, &size, &offset, &length, &head, &head_len,
+                          &tail, &tail_len))
+        return NULL;
+    PyObject *path = ckpy_path_bytes(path_o);
+    if (!path) return NULL;
+    ckptio_dcp_header *h = NULL;
+    ckptio_status st;
+    Py_BEGIN_ALLOW_THREADS
+    st = ckptio_dcp_header_windows(PyBytes_AsString(path), size, offset, length, (const void *)(uintptr_t)head,
+                                   (size_t)head_len, (const void *)(uintptr_t)tail, (size_t)tail_len, NULL, &h);
+    Py_END_ALLOW_THREADS
+    Py_DECREF(path);
+    if (st == CKPTIO_E_UNSUPPORTED) Py_RETURN_NONE;
+    if (st != CKPTIO_OK) return ckpy_raise(st);
+    return header_capsule(h);
+}
+
 static PyObject *mod_header_read_box(PyObject *module, PyObject *args) {
     PyObject *capsule, *offsets_o, *sizes_o, *strides_o;
     const char *fqn;
@@ -455,6 +475,11 @@ static PyMethodDef dcp_methods[] = {
     {"dcp_read", (PyCFunction)(void (*)(void))mod_dcp_read, METH_VARARGS | METH_KEYWORDS,
      "dcp_read(extents, engine=None): file -> memory for (File, address, nbytes, file_offset, mem_kind)\n"
      "extents of any number of files, in one engine plan. GIL released."},
+    {"dcp_header_windows", mod_header_windows, METH_VARARGS,
+     "dcp_header_windows(path, file_size, offset, length, head_addr, head_len, tail_addr, tail_len) -> header\n"
+     "or None: dcp_header_read's header of a torch.save item from its first and last bytes, already read\n"
+     "(ckptio_dcp_header_windows); None when the item needs dcp_header_read (a SAFETENSORS blob, or a\n"
+     "record between the windows)."},
     {"dcp_header_read", mod_header_read, METH_VARARGS,
      "dcp_header_read(file, offset, length) -> (header, bytes_read, tensors): the parsed header of the\n"
      "untransformed DCP item at [offset, +length) of an open File: a torch.save archive of one tensor or\n"

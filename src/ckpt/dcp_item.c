@@ -11,7 +11,9 @@
  * file (torch's SAFETENSORS layout: all tensors of a rank's file share it,
  * so callers keep the parsed header for the blob's other tensors). Only
  * headers are read, through the file's engine: the archive's zip records
- * and pickle, or the blob's length prefix and JSON header. A decoded
+ * and pickle, or the blob's length prefix and JSON header; or, for items in
+ * object storage, from the archive's first and last bytes that the caller
+ * read for many items at once (ckptio_dcp_header_windows). A decoded
  * (decompressed) item must be an archive: held in memory when small, else
  * only its first and last MiB are kept while it decompresses through a
  * fixed buffer (ckptio_dcp_header_zstd), and its storage is decompressed
@@ -155,6 +157,46 @@ ckptio_status ckptio_dcp_header_read(ckptio_file *file, uint64_t offset, uint64_
         st = check_one_tensor(h, subject);
     }
     if (bytes_read) *bytes_read = got;
+    return finish(h, st, out);
+}
+
+ckptio_status ckptio_dcp_header_windows(const char *path, uint64_t file_size, uint64_t offset, uint64_t length,
+                                        const void *head, size_t head_len, const void *tail, size_t tail_len,
+                                        const char *subject, ckptio_dcp_header **out) {
+    if (out) *out = NULL;
+    CKPTIO_RETURN_IF(!path || !out || !head || !tail, CKPTIO_E_INVAL,
+                     "ckptio_dcp_header_windows: path, windows and out are required");
+    /* The checks of ckptio_dcp_header_read, with its messages. */
+    if (offset > file_size)
+        return IFAIL("read DCP item", CKPTIO_E_TRUNCATED, path, offset, subject,
+                     "the item starts past the end of the file (%llu bytes)", (unsigned long long)file_size);
+    if (length == 0 || file_size - offset < length)
+        return IFAIL("parse DCP item", CKPTIO_E_TRUNCATED, path, offset, subject,
+                     "item of %llu bytes does not lie inside the file (%llu bytes)", (unsigned long long)length,
+                     (unsigned long long)file_size);
+    CKPTIO_RETURN_IF(head_len > length || tail_len > length, CKPTIO_E_INVAL,
+                     "ckptio_dcp_header_windows: windows larger than the item");
+    const size_t probe = length < CKPTIO_FORMAT_PROBE_BYTES ? (size_t)length : CKPTIO_FORMAT_PROBE_BYTES;
+    CKPTIO_RETURN_IF(head_len < probe, CKPTIO_E_INVAL, "ckptio_dcp_header_windows: the head window is too short");
+    ckptio_format format = CKPTIO_FORMAT_UNKNOWN;
+    CKPTIO_FORWARD(ckptio_format_detect_bytes(head, probe, file_size - offset, &format));
+    if (format != CKPTIO_FORMAT_TORCH)
+        return CKPTIO_FAIL(CKPTIO_E_UNSUPPORTED, "%s at offset %llu: not a torch.save archive (read its header "
+                           "with ckptio_dcp_header_read)", path, (unsigned long long)offset);
+    ckptio_dcp_header *h = header_new(path, offset, offset);
+    if (!h || !(h->decoded = ckptio__malloc(head_len + tail_len ? head_len + tail_len : 1))) {
+        ckptio_dcp_header_close(h);
+        return CKPTIO_FAIL(CKPTIO_E_NOMEM, "out of memory");
+    }
+    /* The header keeps its own copy of the windows (the archive's tables point into them while it parses). */
+    memcpy(h->decoded, head, head_len);
+    memcpy(h->decoded + head_len, tail, tail_len);
+    ckptio_status st = ckptio__torch_parse_windows(h->decoded, head_len, h->decoded + head_len, tail_len, length,
+                                                   &h->torch);
+    /* A record between the windows: the caller reads the item from the file. */
+    if (st == CKPTIO_E_UNSUPPORTED) return finish(h, st, out);
+    if (st != CKPTIO_OK) st = wrap(st, "parse DCP item", path, offset, subject, "torch.save item");
+    else st = check_one_tensor(h, subject);
     return finish(h, st, out);
 }
 

@@ -216,3 +216,34 @@ def test_two_ranks_read_each_byte_once_and_save_together(s3_prefix, tmp_path):
     assert sum(r["bytes_read"] for r in results) == total  # each byte read once across the two ranks
     assert all(0 < r["bytes_read"] < total and r["loaded"] == total for r in results)
     assert ckptio.dcp.verify(f"{s3_prefix}/dcp")["checked"] >= 3
+
+
+def test_item_headers_are_read_together(s3_prefix, tmp_path):
+    """A DCP load from object storage reads the torch.save items' headers (their first and last 64 KiB,
+    what libckptio's header read takes) in one engine plan: those ranged GETs are in flight together,
+    as the proxy's log of each request's start and end shows, not one round trip after another."""
+    from test_s3_files import Proxy, through
+
+    g = torch.Generator().manual_seed(7)
+    sd = {"model": {f"w{i}": torch.randn(512, 512, generator=g) for i in range(12)}, "step": 1, "names": []}
+    url = f"{s3_prefix}/ckpt"
+    save(sd, url)
+    proxy = Proxy(tmp_path)
+    try:
+        out = {"model": {k: torch.zeros_like(v) for k, v in sd["model"].items()}, "step": -1, "names": []}
+        through(proxy, lambda: dcp.load(out, storage_reader=FileSystemReader(url), no_dist=True))
+    finally:
+        proxy.kill()
+    same(sd, out)
+    gets = []
+    for line in (tmp_path / "proxy.log").read_text().splitlines():
+        e = json.loads(line)
+        if e["method"] == "GET" and ".distcp" in e["target"] and e["range"].startswith("bytes="):
+            first, last = (int(x) for x in e["range"][6:].split("-"))
+            gets.append((e["start"], e["end"], last - first + 1))
+    # Header reads come before the data (each item's is 1 MiB, read in large ranges).
+    data_from = min(s for s, _, n in gets if n > 64 << 10)
+    heads = [(s, e) for s, e, n in gets if n <= 64 << 10 and s < data_from]
+    assert len(heads) >= 12, gets
+    in_flight = max(sum(1 for s, e in heads if s <= start < e) for start, _ in heads)
+    assert in_flight >= 2, f"the {len(heads)} header GETs went one after another"

@@ -48,6 +48,10 @@ ZSTD_STEP = "zstd"
 # Longest transform chain an item may have (torch's writer records one
 # descriptor per extension it was given).
 MAX_TRANSFORMS = 16
+# Bytes of each edge of a torch.save item read for its header (libckptio's read-ahead window
+# in object storage, torch_file.c), and how many items' edges are held at once.
+HEADER_WINDOW = 64 << 10
+HEADER_BATCH = 64
 
 
 def _error(status: int, path: str, offset: int, message: str, subject: Optional[str] = None):
@@ -437,6 +441,8 @@ class FileSystemReader(_TorchFileSystemReader):
             hkey = ("header", df.path, info.offset)
             header = cache.get(hkey)
             if header is None:
+                header = cache.pop(("edges",) + hkey, None)  # read with others' (read_headers_together)
+            if header is None:
                 header, nbytes, tensors = _ckptio.dcp_header_read(df.file, info.offset, info.length)
                 self._header_bytes += nbytes
                 if tensors > 1:
@@ -504,14 +510,57 @@ class FileSystemReader(_TorchFileSystemReader):
                 files.pop(name).file.close()
             start = end
 
+    def read_headers_together(self, items: List[ReadItem], files: Dict[str, _DataFile], cache: Dict) -> None:
+        """In object storage, where each read is a round trip: reads the first and last
+        HEADER_WINDOW bytes of the plain tensor items of `items` (as libckptio's own header read
+        does, one item after another) in one engine plan, their ranged GETs in flight together,
+        and parses their headers from there (ckptio_dcp_header_windows, the same checks) into
+        `cache` for stored_chunk. An item it cannot describe so (a SAFETENSORS blob, a record
+        between the windows, bytes outside the file) is left to stored_chunk, which reads it
+        as before. Local files are read where they are needed: nothing to overlap there."""
+        if not _ckptio.path_is_object(os.fspath(self.path)):
+            return
+        todo: Dict[tuple, tuple] = {}
+        for req in items:
+            info = self.storage_data[req.storage_index]
+            if req.type == LoadItemType.BYTE_IO or info.transform_descriptors:
+                continue
+            df = self.data_file(files, info.relative_path)
+            hkey = ("header", df.path, info.offset)
+            if hkey in cache or hkey in todo or not 0 < info.length <= df.size - min(info.offset, df.size):
+                continue
+            todo[hkey] = (df, info.offset, info.length)
+        extents: List[tuple] = []
+        edges = []
+        for hkey, (df, offset, length) in todo.items():
+            n = min(length, HEADER_WINDOW)
+            head = torch.empty(length if length <= 2 * n else n, dtype=torch.uint8)
+            tail = head if length <= 2 * n else torch.empty(n, dtype=torch.uint8)
+            extents.append((df.file, head.data_ptr(), head.numel(), offset, _adapt.MEM_HOST))
+            if tail is not head:
+                extents.append((df.file, tail.data_ptr(), n, offset + length - n, _adapt.MEM_HOST))
+            edges.append((hkey, df, offset, length, head, tail))
+        if not extents:
+            return
+        _ckptio.dcp_read(extents, self.engine)
+        self._header_bytes += sum(e[2] for e in extents)
+        for hkey, df, offset, length, head, tail in edges:
+            header = _ckptio.dcp_header_windows(df.path, df.size, offset, length, head.data_ptr(), head.numel(),
+                                                tail.data_ptr(), tail.numel())
+            if header is not None:
+                cache[("edges",) + hkey] = header
+
     def _read_window(self, items: List[ReadItem], planner: LoadPlanner, files: Dict[str, _DataFile],
                      cache: Dict) -> None:
-        """Reads `items`, one engine plan for all of them."""
+        """Reads `items`, one engine plan for all of them, their headers read HEADER_BATCH
+        items at a time (read_headers_together) as their extents are planned."""
         extents: List[tuple] = []
         finish: List[Tuple[ReadItem, Any, Any]] = []  # (req, target, source to copy from or None)
         byte_reqs: List[Tuple[ReadItem, torch.Tensor, bool, str, int]] = []
         spans: List[_spans.Span] = []
-        for req in items:
+        for i, req in enumerate(items):
+            if i % HEADER_BATCH == 0:
+                self.read_headers_together(items[i:i + HEADER_BATCH], files, cache)
             info = self.storage_data[req.storage_index]
             df = self.data_file(files, info.relative_path)
             if req.type == LoadItemType.BYTE_IO:
