@@ -2,14 +2,18 @@
  * test_engine.c - plans executed by the engine, byte for byte, on every
  * backend the kernel allows: sizes around the 4 KiB block, odd file offsets
  * and odd memory addresses, many small and a few large extents, direct
- * off/auto/on, 0/1/4 threads, chunks small enough to split; plan validation
- * (overlaps, end of file), progress and cancel, statistics.
+ * off/auto/on, 0/1/4 threads, chunks small enough to split, a one-task plan
+ * on the caller's thread; plan validation (overlaps, end of file), progress
+ * and cancel, statistics.
  */
 #include "engine_internal.h"
 #include "helpers.h"
 #include "io_inject.h"
 
 #include <errno.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -329,6 +333,57 @@ static void test_bounce_sized_to_the_plan(void) {
     T_OK(ckptio_engine_destroy(e));
 }
 
+/* Which threads issued the reads of a plan: the fault hook runs on the thread that issues each request. */
+static pthread_t g_caller;
+static _Atomic int g_reads_on_caller, g_reads_elsewhere;
+
+static bool note_reader(ckptio__io_kind kind, int *err, uint64_t *len) {
+    (void)err;
+    (void)len;
+    if (kind == CKPTIO__IO_READ)
+        atomic_fetch_add(pthread_equal(pthread_self(), g_caller) ? &g_reads_on_caller : &g_reads_elsewhere, 1);
+    return false;
+}
+
+/* Reads `len` bytes of `name` (written first) with `e`, noting which threads read; checks the bytes. */
+static void read_noting_threads(ckptio_engine *e, const char *name, size_t len) {
+    unsigned char *src = malloc(len), *dst = calloc(1, len);
+    T_ASSERT(src && dst);
+    for (size_t i = 0; i < len; i++) src[i] = (unsigned char)(i * 7 + 3);
+    t_write_file(t_path(name), src, len);
+    ckptio_file *f;
+    T_OK(ckptio_file_open(e, t_path(name), CKPTIO_OPEN_READ, &f));
+    ckptio_plan *p;
+    T_OK(ckptio_plan_create(CKPTIO_READ, &p));
+    add(p, f, 0, len, dst);
+    g_caller = pthread_self();
+    atomic_store(&g_reads_on_caller, 0);
+    atomic_store(&g_reads_elsewhere, 0);
+    ckptio__io_set_fault_hook(note_reader);
+    T_OK(ckptio_engine_execute(e, p));
+    ckptio__io_set_fault_hook(NULL);
+    T_ASSERT(memcmp(src, dst, len) == 0);
+    T_OK(ckptio_plan_destroy(p));
+    T_OK(ckptio_file_close(f));
+    free(src);
+    free(dst);
+}
+
+static void test_one_task_runs_on_the_caller(void) {
+    /* A plan of one task is read by the calling thread, without the hand-off to a pool thread and back; a
+     * plan of several tasks still spreads over the workers. */
+    ckptio_engine *e = new_engine(4, CKPTIO_DIRECT_OFF, 0, 64 << 10);
+    read_noting_threads(e, "one_task.bin", 16u << 10);
+    T_ASSERT_MSG(atomic_load(&g_reads_on_caller) >= 1 && atomic_load(&g_reads_elsewhere) == 0,
+                 "reads on the caller %d, elsewhere %d", atomic_load(&g_reads_on_caller),
+                 atomic_load(&g_reads_elsewhere));
+    read_noting_threads(e, "four_tasks.bin", 256u << 10);
+    T_ASSERT_MSG(atomic_load(&g_reads_on_caller) == 0 && atomic_load(&g_reads_elsewhere) >= 4,
+                 "reads on the caller %d, elsewhere %d", atomic_load(&g_reads_on_caller),
+                 atomic_load(&g_reads_elsewhere));
+    T_OK(ckptio_engine_destroy(e));
+}
+
 /* ---- validation ------------------------------------------------------------- */
 
 static void test_overlaps(void) {
@@ -645,6 +700,7 @@ static void run_all(void) {
     T_RUN(test_large_extents);
     T_RUN(test_staging_bound);
     T_RUN(test_bounce_sized_to_the_plan);
+    T_RUN(test_one_task_runs_on_the_caller);
     T_RUN(test_overlaps);
     T_RUN(test_truncated);
     T_RUN(test_execute_extents);

@@ -1,13 +1,15 @@
 /*
  * test_file.c - ckptio_file: open flags and errors, O_DIRECT detection (a
  * tmpfs file gets buffered I/O, reported, not an error unless DIRECT=on),
- * in-place writes, truncate, size, the blocking ckptio__file_io().
+ * in-place writes, truncate, size, the blocking ckptio__file_io() (which opens
+ * the O_DIRECT descriptor only for a request it could serve).
  */
 #include "helpers.h"
 #include "io_inject.h"
 
 #include <errno.h>
 #include <fcntl.h>
+#include <stdatomic.h>
 #include <string.h>
 #include <sys/stat.h>
 #include <sys/vfs.h>
@@ -236,6 +238,15 @@ static void test_in_place_and_truncate(void) {
     T_OK(ckptio_engine_destroy(e));
 }
 
+static _Atomic int direct_opens;
+
+static bool count_direct_opens(ckptio__io_kind kind, int *err, uint64_t *len) {
+    (void)err;
+    (void)len;
+    if (kind == CKPTIO__IO_OPEN_DIRECT) atomic_fetch_add(&direct_opens, 1);
+    return false;
+}
+
 static void test_file_io(void) {
     ckptio_engine *e = engine_with(CKPTIO_DIRECT_AUTO);
     const size_t n = 3 * 4096;
@@ -260,6 +271,17 @@ static void test_file_io(void) {
     T_MESSAGE_HAS("fio.bin: read at offset 12388");
     T_STATUS(ckptio__file_io(f, CKPTIO_READ, back, 10, UINT64_MAX - 3), CKPTIO_E_RANGE);
     T_OK(ckptio_file_commit(f));
+    T_OK(ckptio_file_close(f));
+    /* A read O_DIRECT cannot serve (a small header) does not open the O_DIRECT descriptor; an aligned one does. */
+    T_OK(ckptio_file_open(e, t_path("fio.bin"), CKPTIO_OPEN_READ, &f));
+    atomic_store(&direct_opens, 0);
+    ckptio__io_set_fault_hook(count_direct_opens);
+    T_OK(ckptio__file_io(f, CKPTIO_READ, back, 100, n));
+    T_ASSERT(memcmp(back, buf + 1, 100) == 0);
+    T_ASSERT_MSG(atomic_load(&direct_opens) == 0, "%d O_DIRECT opens", atomic_load(&direct_opens));
+    T_OK(ckptio__file_io(f, CKPTIO_READ, buf, 4096, 0));
+    T_ASSERT_MSG(atomic_load(&direct_opens) == 1, "%d O_DIRECT opens", atomic_load(&direct_opens));
+    ckptio__io_set_fault_hook(NULL);
     T_OK(ckptio_file_close(f));
     free(back);
     free(buf);

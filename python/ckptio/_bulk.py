@@ -28,6 +28,7 @@ from . import _adapt, _ckptio
 
 PACK_TENSOR_MAX = 1 << 16
 PACK_BYTES = 16 << 20
+COPY_ONE_BY_ONE_MAX = 16  # copy_from: packs of up to this many tensors are not packed
 
 
 class Item(NamedTuple):
@@ -261,12 +262,14 @@ def copy_from(base: int, items: Sequence[Item]) -> Dict[int, Any]:
     out: Dict[int, Any] = {}
     kinds: Dict[Any, Any] = {}
     for start, end, members in _groups(items):
-        if len(members) == 1:
-            it = members[0]
-            dt, tshape, _, _ = _kind(kinds, it[CODE], it[SHAPE], it[NAME])
-            t = out[it[INDEX]] = torch.empty(tshape, dtype=dt)
-            if end > start:
-                _ckptio.copy(t.data_ptr(), base + start, end - start)
+        # A pack of a few tensors costs more than the tensors alone (its buffer, a view and an unbind per
+        # tensor): those are made one by one, each with its own storage.
+        if len(members) <= COPY_ONE_BY_ONE_MAX:
+            for it in members:
+                dt, tshape, _, _ = _kind(kinds, it[CODE], it[SHAPE], it[NAME])
+                t = out[it[INDEX]] = torch.empty(tshape, dtype=dt)
+                if it[NBYTES]:
+                    _ckptio.copy(t.data_ptr(), base + it[OFFSET], it[NBYTES])
             continue
         buf = torch.empty(end - start, dtype=torch.uint8)
         _ckptio.copy(buf.data_ptr(), base + start, end - start)

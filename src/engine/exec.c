@@ -595,7 +595,10 @@ static ckptio_status run_host(exec *x) {
     x->bounce_size = need < x->bounce_limit ? (size_t)need : x->bounce_limit;
     CKPTIO_FORWARD(ckptio__engine_reserve_slots(e, nworkers));
 
-    if (threads == 0) {
+    /* One worker's share is the whole plan: the calling thread does it, which spares a small transfer the
+     * hand-off to a pool thread and back (two wake-ups, each a context switch on a busy machine). The engine
+     * runs one plan at a time, so worker slot 0 is free. */
+    if (threads == 0 || nworkers == 1) {
         x->inline_caller = true;
         worker_main(x, 0);
     } else {

@@ -367,7 +367,11 @@ ckptio_status ckptio__file_io(ckptio_file *file, ckptio_direction dir, void *buf
                                &((ckptio__err_ctx){.operation = dir == CKPTIO_READ ? "read" : "write",
                                                    .path = file->path, .file_offset = (int64_t)offset}),
                                "interrupted");
-    CKPTIO_FORWARD(ckptio__file_prepare_direct(file));
+    /* Only a request that O_DIRECT could serve (ckptio__file_op_init) opens its descriptor: a small
+     * header read would open and close one for nothing (mode ON opened it with the file). */
+    if ((uintptr_t)buf % CKPTIO_DIRECT_ALIGN == 0 && offset % CKPTIO_DIRECT_ALIGN == 0 &&
+        len % CKPTIO_DIRECT_ALIGN == 0)
+        CKPTIO_FORWARD(ckptio__file_prepare_direct(file));
     ckptio__io_op op;
     ckptio__file_op_init(&op, file, dir, buf, len, offset);
     const double t0 = ckptio__now();

@@ -200,3 +200,13 @@ def test_mapped_tensors_of_a_truncated_file_save_to_bytes_as_a_clear_error(tmp_p
     r = subprocess.run([sys.executable, "-c", child], capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, f"the child died (status {r.returncode}): {r.stderr[-2000:]}"
     assert r.stdout.startswith("ERROR E_TRUNCATED") and str(path) in r.stdout, r.stdout + r.stderr
+
+
+def test_a_few_small_tensors_from_bytes_each_own_their_storage():
+    sd = {f"t{i}": torch.arange(256, dtype=torch.float32) + i for i in range(4)}
+    out = ckptio.load(ckptio.save(sd))
+    assert sorted(out) == sorted(sd)
+    for name, t in out.items():
+        assert torch.equal(t, sd[name])
+        assert t.untyped_storage().nbytes() == t.nbytes
+    assert len({t.untyped_storage().data_ptr() for t in out.values()}) == 4
