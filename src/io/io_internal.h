@@ -546,6 +546,12 @@ void ckptio__object_settings(const ckptio_engine *engine, ckptio__s3_settings *o
 /* A client for `bucket` with the engine's settings (s3_config.c's chain). */
 ckptio_status ckptio__object_client(const ckptio_engine *engine, const char *bucket, ckptio__s3_client **out);
 
+/* The bucket and key of `url` (s3://BUCKET/KEY; an empty key only with `allow_empty_key`) and a client for
+ * that bucket; on failure nothing is left to free. ckptio__object_target_release frees all three. */
+ckptio_status ckptio__object_target(const ckptio_engine *engine, const char *url, bool allow_empty_key,
+                                    ckptio__s3_client **client, char **bucket, char **key);
+void ckptio__object_target_release(ckptio__s3_client *client, char *bucket, char *key);
+
 /* ---- s3://BUCKET/PREFIX/ as a directory (object_dir.c) ------------------- */
 
 /* What a path names. */

@@ -17,20 +17,7 @@ static ckptio_status target(ckptio_engine *engine, const char *url, bool allow_e
     *client = NULL;
     *bucket = *key = NULL;
     CKPTIO_RETURN_IF(!engine || !url, CKPTIO_E_INVAL, "%s: engine and url are required", fn);
-    CKPTIO_FORWARD(ckptio__s3_parse_url(url, allow_empty_key, bucket, key));
-    const ckptio_status st = ckptio__object_client(engine, *bucket, client);
-    if (st != CKPTIO_OK) {
-        ckptio__free(*bucket);
-        ckptio__free(*key);
-        *bucket = *key = NULL;
-    }
-    return st;
-}
-
-static void release(ckptio__s3_client *c, char *bucket, char *key) {
-    ckptio__s3_client_destroy(c);
-    ckptio__free(bucket);
-    ckptio__free(key);
+    return ckptio__object_target(engine, url, allow_empty_key, client, bucket, key);
 }
 
 typedef struct relay {
@@ -53,7 +40,7 @@ ckptio_status ckptio_object_list(ckptio_engine *engine, const char *url, const c
     CKPTIO_FORWARD(target(engine, url, true, "ckptio_object_list", &c, &bucket, &prefix));
     relay r = {fn, user};
     const ckptio_status st = ckptio__s3_list(c, bucket, prefix, delimiter, relay_entry, &r);
-    release(c, bucket, prefix);
+    ckptio__object_target_release(c, bucket, prefix);
     return st;
 }
 
@@ -64,7 +51,7 @@ ckptio_status ckptio_object_list_uploads(ckptio_engine *engine, const char *url,
     CKPTIO_FORWARD(target(engine, url, true, "ckptio_object_list_uploads", &c, &bucket, &prefix));
     relay r = {fn, user};
     const ckptio_status st = ckptio__s3_list_uploads(c, bucket, prefix, relay_entry, &r);
-    release(c, bucket, prefix);
+    ckptio__object_target_release(c, bucket, prefix);
     return st;
 }
 
@@ -73,7 +60,7 @@ ckptio_status ckptio_object_delete(ckptio_engine *engine, const char *url) {
     char *bucket, *key;
     CKPTIO_FORWARD(target(engine, url, false, "ckptio_object_delete", &c, &bucket, &key));
     const ckptio_status st = ckptio__s3_delete(c, bucket, key);
-    release(c, bucket, key);
+    ckptio__object_target_release(c, bucket, key);
     return st;
 }
 
@@ -84,7 +71,7 @@ ckptio_status ckptio_object_put(ckptio_engine *engine, const char *url, const vo
     char *bucket, *key;
     CKPTIO_FORWARD(target(engine, url, false, "ckptio_object_put", &c, &bucket, &key));
     const ckptio_status st = ckptio__s3_put(c, bucket, key, data, len, if_absent != 0);
-    release(c, bucket, key);
+    ckptio__object_target_release(c, bucket, key);
     return st;
 }
 
@@ -152,6 +139,6 @@ ckptio_status ckptio__object_abort_uploads_before(ckptio_engine *engine, const c
     }
     ckptio__free(l.keys);
     ckptio__free(l.ids);
-    release(c, bucket, prefix);
+    ckptio__object_target_release(c, bucket, prefix);
     return st;
 }

@@ -43,33 +43,16 @@ char *ckptio__path_join(const char *dir, const char *name) {
     return p;
 }
 
-/* The bucket and the key of `url` without trailing '/' ("" for the bucket itself). */
-static ckptio_status split(const char *url, char **bucket, char **key) {
-    CKPTIO_FORWARD(ckptio__s3_parse_url(url, true, bucket, key));
-    size_t n = strlen(*key);
-    while (n > 0 && (*key)[n - 1] == '/') (*key)[--n] = '\0';
-    return CKPTIO_OK;
-}
-
+/* A client for `url`'s bucket, and its bucket and key without trailing '/' ("" for the bucket itself). */
 static ckptio_status client_for(ckptio_engine *engine, const char *url, ckptio__s3_client **c, char **bucket,
                                 char **key) {
     *c = NULL;
     *bucket = *key = NULL;
     CKPTIO_RETURN_IF(!engine, CKPTIO_E_INVAL, "%s: an engine is required for objects", url);
-    CKPTIO_FORWARD(split(url, bucket, key));
-    const ckptio_status st = ckptio__object_client(engine, *bucket, c);
-    if (st != CKPTIO_OK) {
-        ckptio__free(*bucket);
-        ckptio__free(*key);
-        *bucket = *key = NULL;
-    }
-    return st;
-}
-
-static void release(ckptio__s3_client *c, char *bucket, char *key) {
-    ckptio__s3_client_destroy(c);
-    ckptio__free(bucket);
-    ckptio__free(key);
+    CKPTIO_FORWARD(ckptio__object_target(engine, url, true, c, bucket, key));
+    size_t n = strlen(*key);
+    while (n > 0 && (*key)[n - 1] == '/') (*key)[--n] = '\0';
+    return CKPTIO_OK;
 }
 
 bool ckptio__object_plain_name(const char *name, size_t len) {
@@ -144,7 +127,7 @@ ckptio_status ckptio__object_dir_list(ckptio_engine *engine, const char *dir, ck
     }
     ckptio__free(prefix);
     ckptio__free(name);
-    release(c, bucket, key);
+    ckptio__object_target_release(c, bucket, key);
     return st;
 }
 
@@ -176,12 +159,12 @@ ckptio_status ckptio__object_stat(ckptio_engine *engine, const char *url, ckptio
             ckptio__free(saved);
             *kind = CKPTIO__PATH_FILE;
             if (size) *size = n;
-            release(c, bucket, key);
+            ckptio__object_target_release(c, bucket, key);
             return CKPTIO_OK;
         }
         if (st != CKPTIO_E_NOT_FOUND) {
             ckptio__free(saved);
-            release(c, bucket, key);
+            ckptio__object_target_release(c, bucket, key);
             return st;
         }
         ckptio__error_restore(saved);
@@ -190,7 +173,7 @@ ckptio_status ckptio__object_stat(ckptio_engine *engine, const char *url, ckptio
     const size_t klen = strlen(key);
     char *prefix = ckptio__malloc(klen + 2);
     if (!prefix) {
-        release(c, bucket, key);
+        ckptio__object_target_release(c, bucket, key);
         return CKPTIO_FAIL(CKPTIO_E_NOMEM, "out of memory");
     }
     memcpy(prefix, key, klen);
@@ -207,7 +190,7 @@ ckptio_status ckptio__object_stat(ckptio_engine *engine, const char *url, ckptio
                           "%s: %s", shown, ckptio_last_error_message());
     }
     ckptio__free(prefix);
-    release(c, bucket, key);
+    ckptio__object_target_release(c, bucket, key);
     return st;
 }
 
@@ -246,7 +229,7 @@ ckptio_status ckptio__object_write_all(ckptio_engine *engine, const char *url, c
     char *bucket, *key;
     CKPTIO_FORWARD(client_for(engine, url, &c, &bucket, &key));
     const ckptio_status st = ckptio__s3_put(c, bucket, key, data, len, if_absent);
-    release(c, bucket, key);
+    ckptio__object_target_release(c, bucket, key);
     return st;
 }
 
@@ -255,7 +238,7 @@ ckptio_status ckptio__object_remove(ckptio_engine *engine, const char *url) {
     char *bucket, *key;
     CKPTIO_FORWARD(client_for(engine, url, &c, &bucket, &key));
     const ckptio_status st = ckptio__s3_delete(c, bucket, key);
-    release(c, bucket, key);
+    ckptio__object_target_release(c, bucket, key);
     return st;
 }
 
@@ -290,7 +273,7 @@ ckptio_status ckptio__object_get_small(ckptio_engine *engine, const char *url, s
         *len = r.xml.len;
     }
     ckptio__s3_request_cleanup(&r);
-    release(c, bucket, key);
+    ckptio__object_target_release(c, bucket, key);
     return st;
 }
 
@@ -309,6 +292,6 @@ ckptio_status ckptio__object_info(ckptio_engine *engine, const char *url, uint64
         if (mtime) *mtime = r.last_modified;
     }
     ckptio__s3_request_cleanup(&r);
-    release(c, bucket, key);
+    ckptio__object_target_release(c, bucket, key);
     return st;
 }

@@ -53,6 +53,25 @@ ckptio_status ckptio__object_client(const ckptio_engine *engine, const char *buc
     return ckptio__s3_client_create(&s, bucket, out);
 }
 
+ckptio_status ckptio__object_target(const ckptio_engine *engine, const char *url, bool allow_empty_key,
+                                    ckptio__s3_client **client, char **bucket, char **key) {
+    *client = NULL;
+    *bucket = *key = NULL;
+    CKPTIO_FORWARD(ckptio__s3_parse_url(url, allow_empty_key, bucket, key));
+    const ckptio_status st = ckptio__object_client(engine, *bucket, client);
+    if (st != CKPTIO_OK) {
+        ckptio__object_target_release(NULL, *bucket, *key);
+        *bucket = *key = NULL;
+    }
+    return st;
+}
+
+void ckptio__object_target_release(ckptio__s3_client *client, char *bucket, char *key) {
+    ckptio__s3_client_destroy(client);
+    ckptio__free(bucket);
+    ckptio__free(key);
+}
+
 static void object_free(ckptio__object *o) {
     if (!o) return;
     ckptio__s3_client_destroy(o->client);
