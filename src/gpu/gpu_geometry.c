@@ -29,7 +29,9 @@ bool ckptio__gpu_huge_slots(ckptio_engine *engine, uint64_t pin_bytes) {
  * direction), so that the pinned slots are reused call after call: changing
  * them frees pinned memory, and cuMemFreeHost synchronises the device,
  * which deadlocks a GDS request whose caller's stream waits on it.
- * Slots (and so windows) are at most CKPTIO_GPU_SLOT_MAX, and a read worker
+ * Slots (and so windows) are at most CKPTIO_GPU_SLOT_MAX (an object read's
+ * come from ckptio__gpu_object_geometry, and reads keep larger slots:
+ * ckptio__gpu_read_slot), and a read worker
  * rotates through CKPTIO_GPU_READ_SLOTS of its CKPTIO_GPU_NSLOTS: large
  * enough pieces for the copies to reach the link's speed, few enough slots
  * for all of them to stay in the CPU's caches while the workers fill them
