@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import collections
 import os
+from operator import itemgetter
 from typing import Any, Dict, Iterable, Iterator, List, Mapping, NamedTuple, Optional, Tuple, Union
 
 from . import _adapt, _bulk, _ckptio, _distributed, _memory, _model, _progress
@@ -124,7 +125,7 @@ class CheckpointFile:
             self._reader = _ckptio.ModelReader(self._path, engine, allow_symlinks)
             self._shards = self._reader.shards
             self._rows = self._reader.tensors
-            self._index = {row[0]: i for i, row in enumerate(self._rows)}
+            self._index = dict(zip(map(itemgetter(0), self._rows), range(len(self._rows))))
             self._order = None  # the rows' order: offset_keys() lists it when asked
             self._metadata = self._reader.metadata
             self._has_metadata = self._reader.has_metadata
@@ -269,7 +270,7 @@ class CheckpointFile:
         """New cpu tensors, or views of the mapped file with mmap=True, built
         a few buffers at a time (_bulk.py); {name: tensor} in the order asked."""
         try:
-            index = [self._index[name] for name in names]
+            index = list(map(self._index.__getitem__, names))
         except KeyError as exc:
             raise KeyError(f"{self._path}: no tensor named {exc.args[0]!r}") from None
         with _bulk.no_gc(len(index)):
@@ -285,10 +286,10 @@ class CheckpointFile:
             elif self._mmap:
                 made, left = _bulk.load_mapped(self._reader, items, self._mapping)
                 if left:
-                    made.update(_bulk.load_copied(self._reader, left))
+                    _bulk.load_copied(self._reader, left, made)
             else:
                 made = _bulk.load_copied(self._reader, items)
-            return {name: made[i] for name, i in zip(names, index)}
+            return dict(zip(names, map(made.__getitem__, index)))
 
     # -- slices (_model.py) -------------------------------------------------------------
     def get_slice(self, name: str) -> "_model.Slice":
