@@ -122,10 +122,12 @@ class CheckpointFile:
         self._index: Dict[str, int] = {}
         self._has_metadata = False
         if self.format == "safetensors":
-            self._reader = _ckptio.ModelReader(self._path, engine, allow_symlinks)
-            self._shards = self._reader.shards
-            self._rows = self._reader.tensors
-            self._index = dict(zip(map(itemgetter(0), self._rows), range(len(self._rows))))
+            # A row and a name per tensor, however many (no_gc; the count is known only once it is read).
+            with _bulk.no_gc(_bulk.GC_PAUSE_MIN):
+                self._reader = _ckptio.ModelReader(self._path, engine, allow_symlinks)
+                self._shards = self._reader.shards
+                self._rows = self._reader.tensors
+                self._index = dict(zip(map(itemgetter(0), self._rows), range(len(self._rows))))
             self._order = None  # the rows' order: offset_keys() lists it when asked
             self._metadata = self._reader.metadata
             self._has_metadata = self._reader.has_metadata

@@ -28,6 +28,7 @@ from . import _adapt, _ckptio
 
 PACK_TENSOR_MAX = 1 << 16
 PACK_BYTES = 16 << 20
+GC_PAUSE_MIN = 1000  # no_gc: objects made below this are not worth the switch
 COPY_ONE_BY_ONE_MAX = 16  # copy_from: packs of up to this many tensors are not packed
 
 
@@ -63,7 +64,7 @@ class no_gc:
     __slots__ = ("_off",)
 
     def __init__(self, count: int) -> None:
-        self._off = count >= 1000 and gc.isenabled()
+        self._off = count >= GC_PAUSE_MIN and gc.isenabled()
 
     def __enter__(self) -> None:
         if self._off:
