@@ -473,10 +473,17 @@ def load(path: Union[PathLike, bytes, bytearray, memoryview, Any], device: Any =
         label = "load bytes" if isinstance(path, (bytes, bytearray, memoryview)) else "load stream"
         with _progress.reporting(progress, label), _memory.readable_path(path) as mpath:
             return load(mpath, device, keys, framework=framework, out=out, engine=engine, mmap=mmap)
-    with CheckpointFile(path, framework, device, engine=engine, allow_symlinks=allow_symlinks, mmap=mmap) as f:
-        if f.format == "torch" and keys is None and out is None and f._framework == "pt":
-            return f.load_object(progress=progress)
-        return f.get_tensors(keys, out=out, progress=progress)
+    # The cyclic collector waits for the whole load (_bulk.no_gc), and the handle with its row per tensor goes
+    # before it runs again: its first collection then walks what the load returns, not also what it used.
+    with _bulk.no_gc(_bulk.GC_PAUSE_MIN):
+        f = CheckpointFile(path, framework, device, engine=engine, allow_symlinks=allow_symlinks, mmap=mmap)
+        with f:
+            if f.format == "torch" and keys is None and out is None and f._framework == "pt":
+                got = f.load_object(progress=progress)
+            else:
+                got = f.get_tensors(keys, out=out, progress=progress)
+        del f
+    return got
 
 
 def prepare_gpu(device: Any = "cuda", *, engine=None) -> None:
