@@ -51,7 +51,10 @@ MAX_TRANSFORMS = 16
 # Bytes of each edge of a torch.save item read for its header (libckptio's read-ahead window
 # in object storage, torch_file.c), and how many items' edges are held at once.
 HEADER_WINDOW = 64 << 10
-HEADER_BATCH = 64
+HEADER_BATCH = 256
+# Windows of one file at most this far apart are read as one range (one GET), up to this many bytes.
+HEADER_MERGE_GAP = 64 << 10
+HEADER_RANGE_MAX = 4 << 20
 
 
 def _error(status: int, path: str, offset: int, message: str, subject: Optional[str] = None):
@@ -513,8 +516,8 @@ class FileSystemReader(_TorchFileSystemReader):
     def read_headers_together(self, items: List[ReadItem], files: Dict[str, _DataFile], cache: Dict) -> None:
         """In object storage, where each read is a round trip: reads the first and last
         HEADER_WINDOW bytes of the plain tensor items of `items` (as libckptio's own header read
-        does, one item after another) in one engine plan, their ranged GETs in flight together,
-        and parses their headers from there (ckptio_dcp_header_windows, the same checks) into
+        does, one item after another) in one engine plan, their ranged GETs in flight together
+        (the windows of neighbouring items in one GET), and parses their headers from there (ckptio_dcp_header_windows, the same checks) into
         `cache` for stored_chunk. An item it cannot describe so (a SAFETENSORS blob, a record
         between the windows, bytes outside the file) is left to stored_chunk, which reads it
         as before. Local files are read where they are needed: nothing to overlap there."""
@@ -530,21 +533,42 @@ class FileSystemReader(_TorchFileSystemReader):
             if hkey in cache or hkey in todo or not 0 < info.length <= df.size - min(info.offset, df.size):
                 continue
             todo[hkey] = (df, info.offset, info.length)
-        extents: List[tuple] = []
-        edges = []
-        for hkey, (df, offset, length) in todo.items():
+        # Each item's two windows, then neighbouring windows of one file merged into one range: the tail of
+        # an item and the head of the next (items lie back to back) come in one GET, whose fixed cost (a
+        # round trip, the server's work per request) outweighs the padding between them.
+        wins: List[tuple] = []  # (file path, start, end, item index, 0 head / 1 tail)
+        for i, (hkey, (df, offset, length)) in enumerate(todo.items()):
             n = min(length, HEADER_WINDOW)
-            head = torch.empty(length if length <= 2 * n else n, dtype=torch.uint8)
-            tail = head if length <= 2 * n else torch.empty(n, dtype=torch.uint8)
-            extents.append((df.file, head.data_ptr(), head.numel(), offset, _adapt.MEM_HOST))
-            if tail is not head:
-                extents.append((df.file, tail.data_ptr(), n, offset + length - n, _adapt.MEM_HOST))
-            edges.append((hkey, df, offset, length, head, tail))
-        if not extents:
+            if length <= 2 * n:
+                wins.append((df.path, offset, offset + length, i, 0))
+            else:
+                wins.append((df.path, offset, offset + n, i, 0))
+                wins.append((df.path, offset + length - n, offset + length, i, 1))
+        if not wins:
             return
+        wins.sort()
+        items_list = list(todo.items())
+        views: Dict[Tuple[int, int], torch.Tensor] = {}
+        extents: List[tuple] = []
+        k = 0
+        while k < len(wins):
+            path, lo, hi = wins[k][0], wins[k][1], wins[k][2]
+            j = k + 1
+            while j < len(wins) and wins[j][0] == path and wins[j][1] <= hi + HEADER_MERGE_GAP and \
+                    max(hi, wins[j][2]) - lo <= HEADER_RANGE_MAX:
+                hi = max(hi, wins[j][2])
+                j += 1
+            buf = torch.empty(hi - lo, dtype=torch.uint8)
+            df = items_list[wins[k][3]][1][0]
+            extents.append((df.file, buf.data_ptr(), hi - lo, lo, _adapt.MEM_HOST))
+            for _, start, end, item, which in wins[k:j]:
+                views[(item, which)] = buf[start - lo:end - lo]
+            k = j
         _ckptio.dcp_read(extents, self.engine)
         self._header_bytes += sum(e[2] for e in extents)
-        for hkey, df, offset, length, head, tail in edges:
+        for i, (hkey, (df, offset, length)) in enumerate(items_list):
+            head = views[(i, 0)]
+            tail = views.get((i, 1), head)
             header = _ckptio.dcp_header_windows(df.path, df.size, offset, length, head.data_ptr(), head.numel(),
                                                 tail.data_ptr(), tail.numel())
             if header is not None:
