@@ -293,3 +293,32 @@ def test_small_items_come_in_few_gets(s3_prefix, tmp_path):
     # a few GETs each, where one per item made 80.
     assert len(gets) <= 6, gets
 
+
+
+def test_verify_reads_items_together(s3_prefix, tmp_path):
+    """ckptio.dcp.verify (the manager's FULL check too) reads the items it hashes in one engine plan per
+    64 MiB of them, their GETs in flight together, not one item after another; a flipped byte still
+    fails naming its item."""
+    from test_s3_files import Proxy, through
+
+    g = torch.Generator().manual_seed(10)
+    sd = {"model": {f"w{i}": torch.randn(512, 512, generator=g) for i in range(12)}, "step": 1, "names": []}
+    url = f"{s3_prefix}/ckpt"
+    save(sd, url)
+    proxy = Proxy(tmp_path)
+    try:
+        report = through(proxy, lambda: ckptio.dcp.verify(url))
+    finally:
+        proxy.kill()
+    assert report["checked"] == 14, report
+    gets = [(s, e) for s, e, _, n in proxy_gets(tmp_path) if n >= 1 << 20]
+    in_flight = max(sum(1 for s, e in gets if s <= start < e) for start, _ in gets)
+    assert in_flight >= 4, f"the {len(gets)} GETs of the items went one after another"
+    # A flipped byte in the last item: E_CHECKSUM naming it.
+    name = next(k for k in keys_under(url) if k.endswith(".distcp"))
+    data = bytearray(_ckptio.object_read(f"{url}/{name}"))
+    data[-200] ^= 0xFF
+    _ckptio.object_put(f"{url}/{name}", bytes(data))
+    with pytest.raises(ckptio.CkptioError) as e:
+        ckptio.dcp.verify(url)
+    assert e.value.status_name == "E_CHECKSUM" and "model.w11" in str(e.value), str(e.value)
