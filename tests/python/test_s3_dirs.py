@@ -322,3 +322,21 @@ def test_verify_reads_items_together(s3_prefix, tmp_path):
     with pytest.raises(ckptio.CkptioError) as e:
         ckptio.dcp.verify(url)
     assert e.value.status_name == "E_CHECKSUM" and "model.w11" in str(e.value), str(e.value)
+
+
+def test_records_between_the_windows_get_larger_windows_together(s3_prefix, tmp_path, monkeypatch):
+    """Items whose zip records the first windows miss (here: windows of 512 bytes, shorter than the pickle)
+    get larger windows, all in one more plan, not libckptio's header read one item after another (a probe
+    of the first bytes, then the records: round trips per item)."""
+    from ckptio.dcp import _reader
+
+    monkeypatch.setattr(_reader, "HEADER_WINDOW", 512)
+    g = torch.Generator().manual_seed(11)
+    sd = {"model": {f"w{i}": torch.randn(512, 512, generator=g) for i in range(12)}, "step": 1, "names": []}
+    url = f"{s3_prefix}/ckpt"
+    save(sd, url)
+    gets = load_through_proxy(tmp_path, url, sd)
+    probes = [n for _, _, _, n in gets if n <= 64]
+    assert not probes, gets
+    # The first windows (13 GETs at most), the larger ones (whole items of 1 MiB, 4 MiB per GET), the data.
+    assert len(gets) <= 13 + 4 + 12 + 1, gets

@@ -53,6 +53,11 @@ MAX_TRANSFORMS = 16
 # in object storage, torch_file.c), and how many items' edges are held at once.
 HEADER_WINDOW = 64 << 10
 HEADER_BATCH = 256
+# Windows of the items whose records the first windows missed (read in a second plan), and the first bytes
+# of a zip archive (a torch.save item; anything else is left to libckptio's own header read).
+HEADER_WINDOW_RETRY = 1 << 20
+HEADER_RETRY_BATCH = 32
+ZIP_MAGIC = b"PK\x03\x04"
 # Windows of one file at most this far apart are read as one range (one GET), up to this many bytes.
 HEADER_MERGE_GAP = 64 << 10
 HEADER_RANGE_MAX = 4 << 20
@@ -557,10 +562,11 @@ class FileSystemReader(_TorchFileSystemReader):
         """In object storage, where each read is a round trip: reads the first and last
         HEADER_WINDOW bytes of the plain tensor items of `items` (as libckptio's own header read
         does, one item after another) in one engine plan, their ranged GETs in flight together
-        (the windows of neighbouring items in one GET), and parses their headers from there (ckptio_dcp_header_windows, the same checks) into
-        `cache` for stored_chunk. An item it cannot describe so (a SAFETENSORS blob, a record
-        between the windows, bytes outside the file) is left to stored_chunk, which reads it
-        as before. Local files are read where they are needed: nothing to overlap there."""
+        (the windows of neighbouring items in one GET), and parses their headers from there
+        (ckptio_dcp_header_windows, the same checks) into `cache` for stored_chunk. Archives with a
+        record between the windows get larger windows in one more plan (HEADER_RETRY_BATCH at a
+        time). An item still not described (a SAFETENSORS blob, bytes outside the file) is left to
+        stored_chunk, which reads it as before. Local files are read where they are needed."""
         if not _ckptio.path_is_object(os.fspath(self.path)):
             return
         todo: Dict[tuple, tuple] = {}
@@ -573,21 +579,31 @@ class FileSystemReader(_TorchFileSystemReader):
             if hkey in cache or hkey in todo or not 0 < info.length <= df.size - min(info.offset, df.size):
                 continue
             todo[hkey] = (df, info.offset, info.length)
+        # Records that lie between the windows (a large pickle, a storage shared by several tensors with
+        # records after it): those items' windows again, larger, all in one more plan.
+        retry = list(self._headers_from_windows(todo, HEADER_WINDOW, cache).items())
+        for i in range(0, len(retry), HEADER_RETRY_BATCH):
+            self._headers_from_windows(dict(retry[i:i + HEADER_RETRY_BATCH]), HEADER_WINDOW_RETRY, cache)
+
+    def _headers_from_windows(self, todo: Dict[tuple, tuple], window: int, cache: Dict) -> Dict[tuple, tuple]:
+        """Reads the first and last `window` bytes of the items of `todo` ({hkey: (df, offset, length)}) in
+        one engine plan and describes them from there into `cache`; returns the items these windows could
+        not describe though they begin as a zip archive (a record between the windows) and are larger."""
         # Each item's two windows, then neighbouring windows of one file merged into one range: the tail of
         # an item and the head of the next (items lie back to back) come in one GET, whose fixed cost (a
         # round trip, the server's work per request) outweighs the padding between them.
         wins: List[tuple] = []  # (file path, start, end, item index, 0 head / 1 tail)
-        for i, (hkey, (df, offset, length)) in enumerate(todo.items()):
-            n = min(length, HEADER_WINDOW)
+        items_list = list(todo.items())
+        for i, (hkey, (df, offset, length)) in enumerate(items_list):
+            n = min(length, window)
             if length <= 2 * n:
                 wins.append((df.path, offset, offset + length, i, 0))
             else:
                 wins.append((df.path, offset, offset + n, i, 0))
                 wins.append((df.path, offset + length - n, offset + length, i, 1))
         if not wins:
-            return
+            return {}
         wins.sort()
-        items_list = list(todo.items())
         views: Dict[Tuple[int, int], torch.Tensor] = {}
         extents: List[tuple] = []
         k = 0
@@ -595,7 +611,7 @@ class FileSystemReader(_TorchFileSystemReader):
             path, lo, hi = wins[k][0], wins[k][1], wins[k][2]
             j = k + 1
             while j < len(wins) and wins[j][0] == path and wins[j][1] <= hi + HEADER_MERGE_GAP and \
-                    max(hi, wins[j][2]) - lo <= HEADER_RANGE_MAX:
+                    max(hi, wins[j][2]) - lo <= max(HEADER_RANGE_MAX, 2 * window):
                 hi = max(hi, wins[j][2])
                 j += 1
             buf = torch.empty(hi - lo, dtype=torch.uint8)
@@ -606,6 +622,7 @@ class FileSystemReader(_TorchFileSystemReader):
             k = j
         _ckptio.dcp_read(extents, self.engine)
         self._header_bytes += sum(e[2] for e in extents)
+        retry: Dict[tuple, tuple] = {}
         for i, (hkey, (df, offset, length)) in enumerate(items_list):
             head = views[(i, 0)]
             tail = views.get((i, 1), head)
@@ -613,6 +630,9 @@ class FileSystemReader(_TorchFileSystemReader):
                                                 tail.data_ptr(), tail.numel())
             if header is not None:
                 cache[("edges",) + hkey] = header
+            elif tail is not head and bytes(head[:4].numpy()) == ZIP_MAGIC:
+                retry[hkey] = (df, offset, length)
+        return retry
 
     def _read_window(self, items: List[ReadItem], planner: LoadPlanner, files: Dict[str, _DataFile],
                      cache: Dict) -> None:
