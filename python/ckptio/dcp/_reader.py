@@ -101,6 +101,22 @@ def _read_limited(stream, limit: int, path: str, offset: int, fqn: str, step: st
     return b"".join(parts)
 
 
+def _close_ranges(ranges: List[tuple], gap: int, limit: int):
+    """Groups `ranges` ((file, start, end, payload), sorted by file and start) into runs of one file whose
+    neighbours lie at most `gap` bytes apart, each run spanning at most `limit` bytes (a range longer
+    than that alone): yields (file, first byte, end, [payload, ...]), each run one read, one GET."""
+    k = 0
+    while k < len(ranges):
+        f, lo, hi = ranges[k][0], ranges[k][1], ranges[k][2]
+        j = k + 1
+        while j < len(ranges) and ranges[j][0] is f and ranges[j][1] <= hi + gap and \
+                max(hi, ranges[j][2]) - lo <= limit:
+            hi = max(hi, ranges[j][2])
+            j += 1
+        yield f, lo, hi, [r[3] for r in ranges[k:j]]
+        k = j
+
+
 def _read_coalesced(extents: List[tuple], engine, remote: bool) -> None:
     """Reads `extents` in one engine plan. In object storage, where every ranged GET has a fixed cost
     (a round trip, the server's work per request), small extents in host memory that lie close together
@@ -109,25 +125,17 @@ def _read_coalesced(extents: List[tuple], engine, remote: bool) -> None:
     if not remote or len(extents) < 2:
         _ckptio.dcp_read(extents, engine)
         return
-    small = sorted((e for e in extents if e[2] <= COALESCE_EXTENT_MAX and e[4] != _adapt.MEM_CUDA),
-                   key=lambda e: (id(e[0]), e[3]))
+    small = sorted(((e[0], e[3], e[3] + e[2], e) for e in extents
+                    if e[2] <= COALESCE_EXTENT_MAX and e[4] != _adapt.MEM_CUDA), key=lambda r: (id(r[0]), r[1]))
     plan = [e for e in extents if e[2] > COALESCE_EXTENT_MAX or e[4] == _adapt.MEM_CUDA]
     copies: List[tuple] = []  # (buffer, its first byte's offset, the extents it holds)
-    k = 0
-    while k < len(small):
-        lo, hi = small[k][3], small[k][3] + small[k][2]
-        j = k + 1
-        while j < len(small) and small[j][0] is small[k][0] and small[j][3] <= hi + COALESCE_GAP and \
-                max(hi, small[j][3] + small[j][2]) - lo <= COALESCE_RANGE_MAX:
-            hi = max(hi, small[j][3] + small[j][2])
-            j += 1
-        if j - k == 1:
-            plan.append(small[k])
-        else:
-            buf = torch.empty(hi - lo, dtype=torch.uint8)
-            plan.append((small[k][0], buf.data_ptr(), hi - lo, lo, _adapt.MEM_HOST))
-            copies.append((buf, lo, small[k:j]))
-        k = j
+    for f, lo, hi, held in _close_ranges(small, COALESCE_GAP, COALESCE_RANGE_MAX):
+        if len(held) == 1:
+            plan.append(held[0])
+            continue
+        buf = torch.empty(hi - lo, dtype=torch.uint8)
+        plan.append((f, buf.data_ptr(), hi - lo, lo, _adapt.MEM_HOST))
+        copies.append((buf, lo, held))
     _ckptio.dcp_read(plan, engine)
     for buf, lo, held in copies:
         base = buf.data_ptr()
@@ -592,34 +600,27 @@ class FileSystemReader(_TorchFileSystemReader):
         # Each item's two windows, then neighbouring windows of one file merged into one range: the tail of
         # an item and the head of the next (items lie back to back) come in one GET, whose fixed cost (a
         # round trip, the server's work per request) outweighs the padding between them.
-        wins: List[tuple] = []  # (file path, start, end, item index, 0 head / 1 tail)
+        wins: List[tuple] = []  # (file, start, end, (item index, 0 head / 1 tail))
         items_list = list(todo.items())
         for i, (hkey, (df, offset, length)) in enumerate(items_list):
             n = min(length, window)
             if length <= 2 * n:
-                wins.append((df.path, offset, offset + length, i, 0))
+                wins.append((df.file, offset, offset + length, (i, 0)))
             else:
-                wins.append((df.path, offset, offset + n, i, 0))
-                wins.append((df.path, offset + length - n, offset + length, i, 1))
+                wins.append((df.file, offset, offset + n, (i, 0)))
+                wins.append((df.file, offset + length - n, offset + length, (i, 1)))
         if not wins:
             return {}
-        wins.sort()
+        wins.sort(key=lambda w: (id(w[0]), w[1]))
         views: Dict[Tuple[int, int], torch.Tensor] = {}
         extents: List[tuple] = []
-        k = 0
-        while k < len(wins):
-            path, lo, hi = wins[k][0], wins[k][1], wins[k][2]
-            j = k + 1
-            while j < len(wins) and wins[j][0] == path and wins[j][1] <= hi + HEADER_MERGE_GAP and \
-                    max(hi, wins[j][2]) - lo <= max(HEADER_RANGE_MAX, 2 * window):
-                hi = max(hi, wins[j][2])
-                j += 1
+        starts = {w[3]: w[1] for w in wins}
+        ends = {w[3]: w[2] for w in wins}
+        for f, lo, hi, held in _close_ranges(wins, HEADER_MERGE_GAP, max(HEADER_RANGE_MAX, 2 * window)):
             buf = torch.empty(hi - lo, dtype=torch.uint8)
-            df = items_list[wins[k][3]][1][0]
-            extents.append((df.file, buf.data_ptr(), hi - lo, lo, _adapt.MEM_HOST))
-            for _, start, end, item, which in wins[k:j]:
-                views[(item, which)] = buf[start - lo:end - lo]
-            k = j
+            extents.append((f, buf.data_ptr(), hi - lo, lo, _adapt.MEM_HOST))
+            for w in held:
+                views[w] = buf[starts[w] - lo:ends[w] - lo]
         _ckptio.dcp_read(extents, self.engine)
         self._header_bytes += sum(e[2] for e in extents)
         retry: Dict[tuple, tuple] = {}
