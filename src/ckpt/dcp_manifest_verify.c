@@ -250,16 +250,22 @@ typedef struct hash_job {
     uint64_t at, len, want;
 } hash_job;
 
-/* Ranges of one file read together, in one engine plan, into one buffer of at most HASH_PIECE bytes, then
- * hashed in their order: in object storage each read is a request, and one range after another kept one
- * of them in flight (a 4 MiB part at a time) where a plan keeps S3_CONCURRENCY. */
+/* Ranges of one file read together, in one engine plan, into one buffer of at most HASH_PIECE bytes that
+ * mirrors a window of the file (a range at file offset `at` lies at buf + at - lo), then hashed in their
+ * order: in object storage each read is a request, and one range after another kept one of them in flight
+ * (a 4 MiB part at a time) where a plan keeps S3_CONCURRENCY. Ranges at most MERGE_GAP apart (an item's
+ * parts, the padding between items) are one extent, cut by the engine into chunk-sized GETs. */
+#define MERGE_GAP ((uint64_t)64 << 10)
+
 typedef struct hash_batch {
     ckptio_file *file;
     unsigned char *buf;
-    hash_job *jobs;
-    ckptio_extent *ext;
-    size_t n, cap;
-    uint64_t used, size; /* bytes of buf in use, and its size */
+    uint64_t size;        /* bytes of buf */
+    uint64_t lo, hi;      /* the window of the file the batch mirrors: [lo, hi) */
+    hash_job *jobs;       /* njobs ranges, in order */
+    size_t njobs, jcap;
+    ckptio_extent *ext;   /* the reads: runs of ranges */
+    size_t next, ecap;
 } hash_batch;
 
 static ckptio_status mismatch(ckptio_file *f, const hash_job *j, uint64_t got) {
@@ -282,48 +288,58 @@ static ckptio_status mismatch(ckptio_file *f, const hash_job *j, uint64_t got) {
 
 /* Reads and hashes what the batch holds; the first mismatch in order is the error. */
 static ckptio_status flush(hash_batch *b, XXH3_state_t *state) {
-    if (!b->n) return CKPTIO_OK;
-    const size_t n = b->n;
-    b->n = 0;
-    b->used = 0;
-    CKPTIO_FORWARD(ckptio_engine_execute_extents(ckptio__file_engine(b->file), CKPTIO_READ, b->ext, n));
+    if (!b->njobs) return CKPTIO_OK;
+    const size_t n = b->njobs, next = b->next;
+    b->njobs = b->next = 0;
+    if (next) CKPTIO_FORWARD(ckptio_engine_execute_extents(ckptio__file_engine(b->file), CKPTIO_READ, b->ext, next));
     for (size_t i = 0; i < n; i++) {
+        const hash_job *j = &b->jobs[i];
         XXH3_64bits_reset(state);
-        XXH3_64bits_update(state, b->ext[i].memory, (size_t)b->jobs[i].len);
+        XXH3_64bits_update(state, b->buf + (j->at - b->lo), (size_t)j->len);
         const uint64_t got = XXH3_64bits_digest(state);
-        if (got != b->jobs[i].want) return mismatch(b->file, &b->jobs[i], got);
+        if (got != j->want) return mismatch(b->file, j, got);
     }
     return CKPTIO_OK;
 }
 
+static bool grow(void **p, size_t *cap, size_t need, size_t size) {
+    if (need <= *cap) return true;
+    const size_t n = *cap ? 2 * *cap : 64;
+    void *q = ckptio__realloc(*p, n * size);
+    if (!q) return false;
+    *p = q;
+    *cap = n;
+    return true;
+}
+
 /* Hashes the range `j` of `f`: with the others of its batch, or alone in pieces when larger than it. */
 static ckptio_status hash_job_add(hash_batch *b, ckptio_file *f, const hash_job *j, XXH3_state_t *state) {
-    if (b->file != f || b->used + j->len > b->size) CKPTIO_FORWARD(flush(b, state));
-    b->file = f;
+    /* Joins the batch when in the same file, at or after its last range (a manifest's ranges ascend) and
+     * inside the buffer's window. */
+    if (b->njobs && (b->file != f || j->at < b->hi || j->at + j->len - b->lo > b->size))
+        CKPTIO_FORWARD(flush(b, state));
     if (j->len > b->size) {
         uint64_t got = 0;
         CKPTIO_FORWARD(hash_range(f, b->buf, b->size, j->at, j->len, state, &got));
         return got == j->want ? CKPTIO_OK : mismatch(f, j, got);
     }
-    if (j->len == 0) { /* an empty range hashes without a read */
-        XXH3_64bits_reset(state);
-        const uint64_t got = XXH3_64bits_digest(state);
-        return got == j->want ? CKPTIO_OK : mismatch(f, j, got);
+    if (!grow((void **)&b->jobs, &b->jcap, b->njobs + 1, sizeof *b->jobs) ||
+        !grow((void **)&b->ext, &b->ecap, b->next + 1, sizeof *b->ext))
+        return CKPTIO_FAIL(CKPTIO_E_NOMEM, "out of memory for verification");
+    if (!b->njobs) {
+        b->file = f;
+        b->lo = b->hi = j->at;
     }
-    if (b->n == b->cap) {
-        const size_t cap = b->cap ? 2 * b->cap : 64;
-        hash_job *jobs = ckptio__realloc(b->jobs, cap * sizeof *jobs);
-        if (jobs) b->jobs = jobs;
-        ckptio_extent *ext = jobs ? ckptio__realloc(b->ext, cap * sizeof *ext) : NULL;
-        if (!ext) return CKPTIO_FAIL(CKPTIO_E_NOMEM, "out of memory for verification");
-        b->ext = ext;
-        b->cap = cap;
+    b->jobs[b->njobs++] = *j;
+    if (j->len == 0) return CKPTIO_OK; /* hashed from no bytes */
+    if (b->next && j->at <= b->hi + MERGE_GAP) {
+        ckptio_extent *e = &b->ext[b->next - 1];
+        e->length = j->at + j->len - e->file_offset;
+    } else {
+        b->ext[b->next++] = (ckptio_extent){.file = f, .file_offset = j->at, .length = j->len,
+                                            .memory = b->buf + (j->at - b->lo), .mem_kind = CKPTIO_MEM_HOST};
     }
-    b->jobs[b->n] = *j;
-    b->ext[b->n] = (ckptio_extent){.file = f, .file_offset = j->at, .length = j->len, .memory = b->buf + b->used,
-                                   .mem_kind = CKPTIO_MEM_HOST};
-    b->n++;
-    b->used += j->len;
+    b->hi = j->at + j->len;
     return CKPTIO_OK;
 }
 
@@ -334,7 +350,7 @@ static ckptio_status check_item(ckptio_dcp *h, const ckptio__dcp_mitem *it, hash
     /* What is pending is of the file open now: hashed before another is handed out (a window of files may
      * release it) and before an error of this item, so that errors come in the items' order. */
     const size_t index = ckptio__dcp_file_index(h, it->file);
-    if (b->n && (index == (size_t)-1 || h->handles[index] != b->file)) CKPTIO_FORWARD(flush(b, state));
+    if (b->njobs && (index == (size_t)-1 || h->handles[index] != b->file)) CKPTIO_FORWARD(flush(b, state));
     CKPTIO_FORWARD(ckptio__dcp_file(h, index, &f, &size));
     const char *path = ckptio_file_path(f);
     if (it->data_offset > size || it->nbytes > size - it->data_offset) {
