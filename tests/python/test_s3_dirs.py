@@ -255,8 +255,9 @@ def test_item_headers_are_read_together(s3_prefix, tmp_path):
     # Header reads come before the data (each item's storage is 1 MiB, one GET of its own).
     data_from = min(s for s, _, _, n in gets if n >= 1 << 20)
     heads = [(s, e) for s, e, _, n in gets if n < 1 << 20 and s < data_from]
-    # 12 items: a head and a tail each, neighbours' merged: 13 GETs (24 one window at a time).
-    assert 1 <= len(heads) <= 13, gets
+    # 12 items: a head and a tail each, neighbours' merged: 13 GETs (24 one window at a time); and maybe
+    # the data plan's GET of the byte items, when it starts before the first of the tensors' GETs.
+    assert 1 <= len(heads) <= 14, gets
     in_flight = max(sum(1 for s, e in heads if s <= start < e) for start, _ in heads)
     assert in_flight >= 2, f"the {len(heads)} header GETs went one after another"
 
