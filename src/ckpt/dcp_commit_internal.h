@@ -105,10 +105,12 @@ typedef struct ckptio__dcp_lease ckptio__dcp_lease;
 
 /* Takes the lease of the directory s3://BUCKET/PREFIX (exclusive), or with
  * `shared` only waits until no other save's lease holds it (saves that
- * remove nothing take none). `timeout`, `on_wait` as for
+ * remove nothing take none). With `defer`, a lease written without a
+ * conditional write is read back by the first ckptio__dcp_lease_check
+ * (CKPTIO_DCP_LOCK_CONFIRM_LATER). `timeout`, `on_wait` as for
  * ckptio_dcp_lock_acquire; CKPTIO_E_BUSY names the holder. */
-ckptio_status ckptio__dcp_lease_acquire(const char *dir, bool shared, double timeout, ckptio_dcp_lock_wait_fn on_wait,
-                                        void *user, ckptio__dcp_lease **out);
+ckptio_status ckptio__dcp_lease_acquire(const char *dir, bool shared, bool defer, double timeout,
+                                        ckptio_dcp_lock_wait_fn on_wait, void *user, ckptio__dcp_lease **out);
 
 /* CKPTIO_OK while the lease is still this save's (read from the server);
  * CKPTIO_E_BUSY once another save took it over or it lapsed. */
@@ -121,7 +123,9 @@ void ckptio__dcp_lease_release(ckptio__dcp_lease *l);
 bool ckptio__dcp_lease_held(const ckptio__dcp_lease *l);
 
 /* When the lease held on DIR now was taken (its `since`; 0: no lease of
- * ckptio's there). Objects written after it belong to its holder's save. */
+ * ckptio's there). Objects written after it belong to its holder's save.
+ * A lease this process holds (confirmed, not lost) is answered without a
+ * request. */
 ckptio_status ckptio__dcp_lease_since(ckptio_engine *engine, const char *dir, double *since);
 
 /* A reader's pin on a step in object storage: DIR/.ckptio-step-pin-OWNER,
