@@ -30,6 +30,8 @@
 
 #include <errno.h>
 #include <fcntl.h>
+#include <pthread.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -419,6 +421,104 @@ static int remove_temporary(const char *path) {
     return ret;
 }
 
+/* ---- removing objects ---------------------------------------------------------------- */
+
+/* Deletes at once: each is one round trip, so the older save's objects go
+ * in the time of a few rather than one after another. */
+#define DELETE_THREADS 8
+
+typedef struct object_removal {
+    ckptio_engine *engine;
+    const char *dir;
+    char **urls;
+    size_t n;
+    atomic_size_t next, removed;
+    pthread_mutex_t mu;
+    ckptio_status first;            /* the first failed delete, its message in first_error */
+    ckptio__error_saved *first_error;
+    ckptio_status uploads;          /* aborting the killed saves' uploads, its message in uploads_error */
+    ckptio__error_saved *uploads_error;
+} object_removal;
+
+static void *delete_objects(void *arg) {
+    object_removal *r = arg;
+    for (size_t i; (i = atomic_fetch_add(&r->next, 1)) < r->n;) {
+        const ckptio_status st = ckptio__object_remove(r->engine, r->urls[i]);
+        if (st == CKPTIO_OK) {
+            atomic_fetch_add(&r->removed, 1);
+            continue;
+        }
+        ckptio__fail(st, __FILE__, __LINE__,
+                     &((ckptio__err_ctx){.operation = "unlink", .path = r->urls[i], .file_offset = -1,
+                                         .verbatim = true}),
+                     "%s (removing a file of an older save; %s)", ckptio_last_error_message(), CKPTIO__DCP_COMMITTED);
+        pthread_mutex_lock(&r->mu);
+        if (r->first == CKPTIO_OK) {
+            r->first = st;
+            r->first_error = ckptio__error_save();
+        }
+        pthread_mutex_unlock(&r->mu);
+    }
+    return NULL;
+}
+
+/* The uploads that killed saves left under the directory (billed,
+ * invisible): those begun before the lease now held, whose saves are over. */
+static void *abort_old_uploads(void *arg) {
+    object_removal *r = arg;
+    double since = 0;
+    ckptio__error_saved *kept = ckptio__error_save();
+    if (ckptio__dcp_lease_since(r->engine, r->dir, &since) != CKPTIO_OK || since <= 0) {
+        ckptio__error_restore(kept); /* no lease of ckptio's to measure "older" by: nothing to abort */
+        return NULL;
+    }
+    char *prefix = ckptio__path_join(r->dir, ""); /* "DIR/": not DIR2/ too */
+    ckptio_status st = prefix ? ckptio__object_abort_uploads_before(r->engine, prefix, since, NULL)
+                              : CKPTIO_FAIL(CKPTIO_E_NOMEM, "out of memory");
+    ckptio__free(prefix);
+    if (st == CKPTIO_OK) {
+        ckptio__error_restore(kept);
+        return NULL;
+    }
+    ckptio__free(kept);
+    r->uploads = ckptio__fail(st, __FILE__, __LINE__,
+                              &((ckptio__err_ctx){.operation = "abort uploads", .path = r->dir, .file_offset = -1,
+                                                  .verbatim = true}),
+                              "%s (aborting the uploads of older saves; %s)", ckptio_last_error_message(),
+                              CKPTIO__DCP_COMMITTED);
+    r->uploads_error = ckptio__error_save();
+    return NULL;
+}
+
+/* Deletes the objects urls[0..n) (deletes are durable when answered:
+ * nothing to fsync) while the directory's old uploads are aborted; the first
+ * failed delete is returned, else the abort's failure. */
+static ckptio_status remove_objects(ckptio_engine *engine, const char *dir, char **urls, size_t n, size_t *removed) {
+    object_removal r = {.engine = engine, .dir = dir, .urls = urls, .n = n};
+    atomic_init(&r.next, 0);
+    atomic_init(&r.removed, 0);
+    pthread_mutex_init(&r.mu, NULL);
+    pthread_t uploads, workers[DELETE_THREADS];
+    const bool uploads_thread = pthread_create(&uploads, NULL, abort_old_uploads, &r) == 0;
+    size_t started = 0;
+    while (started < DELETE_THREADS && started + 1 < n &&
+           pthread_create(&workers[started], NULL, delete_objects, &r) == 0)
+        started++;
+    delete_objects(&r); /* this thread deletes too (all of them when no thread could start) */
+    for (size_t i = 0; i < started; i++) pthread_join(workers[i], NULL);
+    if (uploads_thread) pthread_join(uploads, NULL);
+    else if (r.first == CKPTIO_OK) abort_old_uploads(&r);
+    pthread_mutex_destroy(&r.mu);
+    *removed = atomic_load(&r.removed);
+    if (r.first != CKPTIO_OK) {
+        ckptio__free(r.uploads_error);
+        ckptio__error_restore(r.first_error);
+        return r.first;
+    }
+    if (r.uploads != CKPTIO_OK) ckptio__error_restore(r.uploads_error);
+    return r.uploads;
+}
+
 ckptio_status ckptio_dcp_remove_files(const char *dir, const char *const *list, size_t count, unsigned flags,
                                       const ckptio_dcp_committed *committed, size_t *removed_out, char *note,
                                       size_t note_cap) {
@@ -451,24 +551,18 @@ ckptio_status ckptio_dcp_remove_files(const char *dir, const char *const *list, 
     }
     size_t removed = 0;
     ckptio_status first = CKPTIO_OK;
+    names urls = {0}; /* objects: deleted together below (no temporaries there: uploads appear whole) */
     for (size_t i = 0; i < count; i++) {
         const char *name = list[i];
         const bool temporary = ckptio__dcp_temporary_name(name);
         if (recheck && !temporary && (!known || names_has(&referenced, name))) continue;
         char *path = ckptio__dcp_join(dir, name);
-        if (!path) {
+        if (!path || (engine && !names_add(&urls, path))) {
             if (first == CKPTIO_OK) first = CKPTIO_FAIL(CKPTIO_E_NOMEM, "out of memory");
+            ckptio__free(path);
             continue;
         }
-        if (engine) { /* an object: no temporaries there (uploads appear whole at their commit) */
-            const ckptio_status ds = ckptio__object_remove(engine, path);
-            if (ds == CKPTIO_OK) removed++;
-            else if (first == CKPTIO_OK)
-                first = ckptio__fail(ds, __FILE__, __LINE__,
-                                     &((ckptio__err_ctx){.operation = "unlink", .path = path, .file_offset = -1,
-                                                         .verbatim = true}),
-                                     "%s (removing a file of an older save; %s)", ckptio_last_error_message(),
-                                     CKPTIO__DCP_COMMITTED);
+        if (engine) {
             ckptio__free(path);
             continue;
         }
@@ -485,33 +579,16 @@ ckptio_status ckptio_dcp_remove_files(const char *dir, const char *const *list, 
         ckptio__free(path);
     }
     names_clear(&referenced);
-    if (removed_out) *removed_out = removed;
     if (engine) {
-        /* Deletes are durable when answered: nothing to fsync. The uploads
-         * that killed saves left under the directory (billed, invisible) go
-         * too: those begun before the lease now held, whose saves are over. */
-        double since = 0;
-        if (first == CKPTIO_OK && ckptio__dcp_lease_since(engine, dir, &since) == CKPTIO_OK && since > 0) {
-            ckptio__error_saved *kept = ckptio__error_save();
-            char *prefix = ckptio__path_join(dir, ""); /* "DIR/": not DIR2/ too */
-            if (!prefix || ckptio__object_abort_uploads_before(engine, prefix, since, NULL) != CKPTIO_OK) {
-                if (!prefix) CKPTIO_FAIL(CKPTIO_E_NOMEM, "out of memory");
-                ckptio__free(kept);
-                first = ckptio__fail(ckptio_last_error()->status, __FILE__, __LINE__,
-                                     &((ckptio__err_ctx){.operation = "abort uploads", .path = dir, .file_offset = -1,
-                                                         .verbatim = true}),
-                                     "%s (aborting the uploads of older saves; %s)", ckptio_last_error_message(),
-                                     CKPTIO__DCP_COMMITTED);
-            } else {
-                ckptio__error_restore(kept);
-            }
-            ckptio__free(prefix);
-        }
+        if (first == CKPTIO_OK) first = remove_objects(engine, dir, urls.v, urls.n, &removed);
+        names_clear(&urls);
+        if (removed_out) *removed_out = removed;
         ckptio__error_saved *saved = first != CKPTIO_OK ? ckptio__error_save() : NULL;
         ckptio_engine_destroy(engine);
         if (saved) ckptio__error_restore(saved);
         return first;
     }
+    if (removed_out) *removed_out = removed;
     if (removed && (flags & CKPTIO_DCP_SYNC)) {
         /* Also after a failed unlink: what was removed must stay removed. */
         const int err = ckptio__dcp_fsync_dir(dir);

@@ -343,6 +343,16 @@ class FileSystemWriter(_TorchFileSystemWriter):
             self._release_staging()  # the save ends here
             raise
 
+    def _metadata_exists(self) -> bool:
+        """torch asks this in prepare_local_plan to warn about an overwrite,
+        or to refuse one with overwrite=False. In object storage the question
+        is a round trip on every save's path: with overwrite=True (an atomic
+        overwrite here) it is not asked; overwrite=False asks, as torch does,
+        and again under the lease (_lock_directory)."""
+        if self._object and self.overwrite:
+            return False
+        return super()._metadata_exists()
+
     def _per_rank(self) -> bool:
         """A save without collectives: every rank commits its own __{rank}.metadata."""
         return not getattr(self, "use_collectives", True) and getattr(self, "rank", None) is not None
