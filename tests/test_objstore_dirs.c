@@ -285,6 +285,46 @@ static void test_dcp_lease(void) {
     ckptio_engine_destroy(e);
 }
 
+/* A lease read back by its first check (CKPTIO_DCP_LOCK_CONFIRM_LATER): the
+ * check waits out the settling time and is the read-back; a write of another
+ * saver that came after this one's (the race on a server without conditional
+ * writes) fails the check, and the release leaves the other's lease. */
+static void test_dcp_lease_confirmed_later(void) {
+    ckptio_engine *e = s3_test_engine();
+    const char *dir = s3_url("dcp-lease-later");
+    ckptio_dcp_lock *a = NULL, *b = NULL;
+    T_OK(ckptio_dcp_lock_acquire(dir, NULL, CKPTIO_DCP_LOCK_CONFIRM_LATER, 0, NULL, NULL, &a));
+    const double taken = ckptio__now();
+    T_ASSERT(exists(e, in(dir, CKPTIO_DCP_LOCK_NAME)));
+    T_ASSERT(ckptio_dcp_lock_acquire(dir, NULL, CKPTIO_DCP_LOCK_CONFIRM_LATER, 0, NULL, NULL, &b) == CKPTIO_E_BUSY);
+    T_OK(ckptio_dcp_lock_check(a));
+    T_ASSERT(ckptio__now() - taken >= 0.09); /* not read back before its writes could settle */
+    T_OK(ckptio_dcp_lock_check(a));
+    T_OK(ckptio_dcp_lock_release(a));
+    T_ASSERT(!exists(e, in(dir, CKPTIO_DCP_LOCK_NAME)));
+
+    /* Another saver's write lands right after this one's: this one's first check finds it. */
+    T_OK(ckptio_dcp_lock_acquire(dir, NULL, CKPTIO_DCP_LOCK_CONFIRM_LATER, 0, NULL, NULL, &a));
+    char text[256];
+    ckptio__lease_text other = {.owner = "fedcba9876543210fedcba9876543210", .since = 1, .ttl_ms = 60000};
+    const size_t len = ckptio__lease_format(&other, text, sizeof text);
+    put(e, in(dir, CKPTIO_DCP_LOCK_NAME), text, len);
+    T_ASSERT(ckptio_dcp_lock_check(a) == CKPTIO_E_BUSY);
+    const char *msg = ckptio_last_error_message();
+    T_ASSERT_MSG(strstr(msg, "no longer this save's") && strstr(msg, "owner fedcba987654") &&
+                     strstr(msg, "commits nothing more"),
+                 "%s", msg);
+    T_ASSERT(ckptio_dcp_lock_check(a) == CKPTIO_E_BUSY); /* lost stays lost */
+    T_OK(ckptio_dcp_lock_release(a));
+    void *back = NULL;
+    size_t back_len = 0;
+    T_OK(ckptio__object_read_all(e, in(dir, CKPTIO_DCP_LOCK_NAME), 4096, &back, &back_len));
+    T_ASSERT(back_len == len && !memcmp(back, text, len)); /* the other's lease, untouched */
+    ckptio__free(back);
+    s3_no_secret_in_message();
+    ckptio_engine_destroy(e);
+}
+
 /* ---- a checkpoint manager's root ----------------------------------------------------- */
 
 static const char *state_of(const char *root, uint64_t step) {
@@ -456,6 +496,7 @@ int main(void) {
     T_RUN(test_dcp_reader);
     T_RUN(test_dcp_commit_steps);
     T_RUN(test_dcp_lease);
+    T_RUN(test_dcp_lease_confirmed_later);
     T_RUN(test_steps);
     T_RUN(test_hostile_listings);
     return T_EXIT_PASS;

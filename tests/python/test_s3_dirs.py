@@ -131,6 +131,38 @@ def test_two_savers(s3_prefix, monkeypatch):
     same(load(url), model_state(6))  # never a checkpoint that mixes the two
 
 
+def test_a_saver_that_loses_the_lease_while_its_data_upload(s3_prefix, monkeypatch):
+    """The lease is read back by the check before .metadata, while the data upload: a saver whose lease
+    another save took meanwhile (here one whose look came before this saver's write was visible: it
+    saves a whole checkpoint during this one's upload) commits nothing, even with dir_busy="wait",
+    removes its own objects, and leaves the other's checkpoint whole."""
+    url = f"{s3_prefix}/ckpt"
+    save(model_state(10), url)
+    tokens = []
+    new_token = FileSystemWriter._new_token
+    monkeypatch.setattr(FileSystemWriter, "_new_token", lambda self: tokens.append(new_token(self)) or tokens[-1])
+
+    def winner_saves_meanwhile(stage):
+        if stage != "data_committed":
+            return
+        monkeypatch.setattr(dcp_writer, "_crash_point", None)
+        _ckptio.object_delete(f"{url}/.ckptio-dcp.lock")  # the other saver's look did not see this one's lease
+        save(model_state(11), url)
+
+    monkeypatch.setattr(dcp_writer, "_crash_point", winner_saves_meanwhile)
+    with pytest.raises((Exception, CheckpointException)) as e:
+        save(model_state(12), url, dir_busy="wait")
+    monkeypatch.setattr(dcp_writer, "_crash_point", None)
+    assert "no longer this save's" in str(e.value) and "commits nothing more" in str(e.value), str(e.value)
+    s3_no_secret(str(e.value))
+    same(load(url), model_state(11))  # the winner's checkpoint, whole
+    assert ckptio.dcp.verify(url)["checked"] > 0
+    left = keys_under(url)
+    loser, winner = tokens  # this save's token, then the one of the save during its upload
+    assert [n for n in left if winner in n] and not [n for n in left if loser in n], left  # its objects went
+    assert ".ckptio-dcp.lock" not in left
+
+
 @requires_cli
 def test_manager_save_resume_retention_clean(s3_prefix, monkeypatch):
     root = f"{s3_prefix}/run"
