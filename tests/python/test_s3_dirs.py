@@ -279,3 +279,50 @@ def test_item_headers_are_read_together(s3_prefix, tmp_path):
     assert len(heads) >= 12, gets
     in_flight = max(sum(1 for s, e in heads if s <= start < e) for start, _ in heads)
     assert in_flight >= 2, f"the {len(heads)} header GETs went one after another"
+
+
+def test_commit_round_trips_run_together(s3_prefix, tmp_path):
+    """A save over an older checkpoint, as the proxy's log of each request's start and end shows it: the
+    lease's check runs beside the manifest's PUT and the .metadata PUT waits for it; the listing of the
+    prefix runs beside the .metadata PUT; the older save's objects are deleted together, and only after
+    the .metadata is in place. (The first attempt of each PUT stalls 0.3 s, so "beside" does not depend
+    on how fast a thread starts.)"""
+    from test_s3_files import Proxy, through
+
+    url = f"{s3_prefix}/ckpt"
+    g = torch.Generator().manual_seed(5)
+    sd = {f"w{i}": torch.randn(256, 256, generator=g) for i in range(8)}
+    save(sd, url, thread_count=4)  # four data objects
+    time.sleep(2.1)  # older than the next lease by the server's whole seconds (listings round up)
+    proxy = Proxy(tmp_path, r"PUT:\.ckptio-manifest-:stall:0.3:1", r"PUT:/\.metadata$:stall:0.3:1")
+    try:
+        through(proxy, lambda: save(sd, url, thread_count=4))
+    finally:
+        proxy.kill()
+    log = [json.loads(line) for line in (tmp_path / "proxy.log").read_text().splitlines()]
+
+    def spans(method, pick):
+        return [(e["start"], e["end"]) for e in log if e["method"] == method and pick(e["target"]) and "end" in e]
+
+    def together(a, b):
+        return a[0] < b[1] and b[0] < a[1]
+
+    manifest = spans("PUT", lambda t: ".ckptio-manifest-" in t)
+    metadata = spans("PUT", lambda t: t.endswith("/.metadata"))
+    checks = spans("GET", lambda t: t.endswith("/.ckptio-dcp.lock"))
+    listing = spans("GET", lambda t: "delimiter=" in t)
+    deletes = spans("DELETE", lambda t: ".distcp" in t)
+    assert len(manifest) == 1 and len(metadata) == 1 and listing and len(deletes) == 4, log
+    assert any(c[0] < manifest[0][1] and c[1] <= metadata[0][0] for c in checks), log
+    assert any(x[0] < metadata[0][1] for x in listing), log
+    assert all(d[0] >= metadata[0][1] for d in deletes), log
+    assert max(sum(1 for d in deletes if together(d, e)) for e in deletes) >= 2, log
+    same_state = {k: torch.zeros_like(v) for k, v in sd.items()}
+    dcp.load(same_state, storage_reader=FileSystemReader(url), no_dist=True)
+    assert all(torch.equal(same_state[k], sd[k]) for k in sd)
+    assert len(_tokens(keys_under(url))) == 1
+
+
+def _tokens(names):
+    """The save tokens of the data objects among `names` (__{rank}_{token}_{n}.distcp)."""
+    return {n.split("_")[3] for n in names if n.startswith("__") and n.endswith(".distcp")}

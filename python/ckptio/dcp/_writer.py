@@ -674,19 +674,23 @@ class FileSystemWriter(_TorchFileSystemWriter):
         late, was written over by another save): it is checked before
         .metadata and before the cleanup removes older saves' objects, and a
         save that lost it commits nothing more (raising here stops the
-        commit). Each check's GET runs beside the step before it (the
-        manifest's PUT, the listing) and is waited for where it gates: at
-        .metadata, and once the listing is done, before anything is removed."""
+        commit). Each check's GET runs beside a PUT and is waited for where
+        it gates: the first beside the manifest's, before .metadata; the
+        second beside .metadata's (and libckptio's listing of the directory),
+        once the listing is done, before anything is removed."""
         if step == _ckptio.DCP_STEP_MANIFEST and not done:
             self._committed_now = False
             self._start_check()
         elif step == _ckptio.DCP_STEP_METADATA and not done:
             self._committed_now = False
             self._wait_check()
+            self._start_check()
         elif step == _ckptio.DCP_STEP_METADATA and done:
             self._committed_now = True
+        elif step == _ckptio.DCP_STEP_LIST and not done:
+            self._start_check()  # unless one runs already
         elif step == _ckptio.DCP_STEP_LIST:
-            self._start_check() if not done else self._wait_check()
+            self._wait_check()
         if _crash_point is not None:
             _commit_stage(step, path, done)
 
