@@ -26,7 +26,6 @@ import io
 import json
 import logging
 import os
-import re
 import threading
 import uuid
 from typing import Any, Dict, List, Optional, Sequence
@@ -48,14 +47,12 @@ from torch.futures import Future
 from .. import _adapt, _ckptio, _files, _snapshot
 from .._ckptio import Engine
 from .._errors import CkptioError
-from . import _byte_items, _commit, _lock, _objects
+from . import _byte_items, _commit, _lease_steps, _lock, _objects
 
 _log = logging.getLogger("ckptio.dcp")
 
 ZSTD_DESCRIPTOR = "stream.zstd/1"
 MANIFEST_PREFIX = ".ckptio-manifest-"
-# A data file of one ckptio save: __{rank}_{token}_{n}.distcp
-_DATA_NAME = re.compile(r"__\d+_([0-9a-f]{12})_\d+\.distcp\Z")
 # torch's keys in the __metadata__ of a SAFETENSORS data file (_hf_utils).
 _ST_SHARDING_KEY = "DCP_SHARDING_INFO"
 _ST_VERSION_KEY = "DCP_VERSION"
@@ -344,11 +341,8 @@ class FileSystemWriter(_TorchFileSystemWriter):
             raise
 
     def _metadata_exists(self) -> bool:
-        """torch asks this in prepare_local_plan to warn about an overwrite,
-        or to refuse one with overwrite=False. In object storage the question
-        is a round trip on every save's path: with overwrite=True (an atomic
-        overwrite here) it is not asked; overwrite=False asks, as torch does,
-        and again under the lease (_lock_directory)."""
+        """torch asks this to warn about an overwrite (overwrite=True) or refuse
+        one: in object storage only the refusal is worth a round trip."""
         if self._object and self.overwrite:
             return False
         return super()._metadata_exists()
@@ -373,11 +367,8 @@ class FileSystemWriter(_TorchFileSystemWriter):
         md_name = self._metadata_name()
         if not self._object:
             os.makedirs(self.path, exist_ok=True)
-        # In object storage the lease's read-back (a server without conditional
-        # writes) is left to the check before .metadata, so its settling time
-        # runs while the data upload: the data objects carry this save's token,
-        # and a save that turns out to have lost the lease commits nothing and
-        # removes them (_finish).
+        # In object storage the lease's read-back is left to the check before
+        # .metadata (the data upload meanwhile; _lease_steps).
         lock = _lock.acquire(self.path, exclusive=not self._per_rank(), busy=self.dir_busy,
                              reference=_commit.reference_stat(self.path, md_name),
                              confirm_later=self._object and not self._per_rank())
@@ -648,85 +639,25 @@ class FileSystemWriter(_TorchFileSystemWriter):
             cleanup = "later" if self.cleanup == "background" else "now"
         # The manifest, .metadata (the new checkpoint is current from then
         # on) and the cleanup: one libckptio call, in that order.
-        self._pending_check = None
-        self._committed_now = False
+        steps = _lease_steps.LeaseSteps(self._dir_lock if self._object else None)
+
+        def on_step(step: int, path: str, done: bool) -> None:
+            steps.on_step(step, done)
+            if _crash_point is not None:
+                _commit_stage(step, path, done)
+
         try:
             victims = _commit.commit(self.path, md_name, md_bytes, files, manifest if self.checksums else None, sync,
-                                     cleanup, self._on_commit_step if self._object or _crash_point is not None else None)
+                                     cleanup, on_step if self._object or _crash_point is not None else None)
         except CkptioError as e:
-            if self._object and e.status_name == "E_BUSY" and md_name == ".metadata" and not self._committed_now:
-                self._remove_own_objects(files)
+            if self._object and e.status_name == "E_BUSY" and md_name == ".metadata" and not steps.committed:
+                _lease_steps.remove_own_objects(self.path, files, self.engine)
             raise
         finally:
-            pending, self._pending_check = self._pending_check, None
-            if pending is not None:
-                try:
-                    pending.result()
-                except Exception:  # noqa: BLE001 - the commit failed first; its error is the one raised
-                    pass
+            steps.close()
         if victims:
             self._cleanup = _commit.BackgroundRemoval(self.path, victims, sync,
                                                       _commit.Committed(md_name, md_bytes, set(files)))
-
-    def _on_commit_step(self, step: int, path: str, done: bool) -> None:
-        """The commit's step callback. In object storage the directory's lock
-        is a lease another save can take over once it lapses (or, read back
-        late, was written over by another save): it is checked before
-        .metadata and before the cleanup removes older saves' objects, and a
-        save that lost it commits nothing more (raising here stops the
-        commit). Each check's GET runs beside a PUT and is waited for where
-        it gates: the first beside the manifest's, before .metadata; the
-        second beside .metadata's (and libckptio's listing of the directory),
-        once the listing is done, before anything is removed."""
-        if step == _ckptio.DCP_STEP_MANIFEST and not done:
-            self._committed_now = False
-            self._start_check()
-        elif step == _ckptio.DCP_STEP_METADATA and not done:
-            self._committed_now = False
-            self._wait_check()
-            self._start_check()
-        elif step == _ckptio.DCP_STEP_METADATA and done:
-            self._committed_now = True
-        elif step == _ckptio.DCP_STEP_LIST and not done:
-            self._start_check()  # unless one runs already
-        elif step == _ckptio.DCP_STEP_LIST:
-            self._wait_check()
-        if _crash_point is not None:
-            _commit_stage(step, path, done)
-
-    def _start_check(self) -> None:
-        lock = self._dir_lock
-        if lock is not None and lock.held and self._pending_check is None:
-            self._pending_check = lock.check_started()
-
-    def _wait_check(self) -> None:
-        """The lease's check: the one started beside the step before, else one now."""
-        pending, self._pending_check = self._pending_check, None
-        if pending is not None:
-            pending.result()
-        else:
-            self._check_lock()
-
-    def _remove_own_objects(self, files: List[str]) -> None:
-        """A save that lost the lease before its .metadata: the objects it wrote
-        (its token's data objects and manifest; no other save writes those
-        names) go, so they do not wait for a later save's cleanup. Best
-        effort: what is left is unreferenced, and a later cleanup removes it."""
-        names = list(files)
-        tokens = {m.group(1) for m in map(_DATA_NAME.match, files) if m}
-        if len(tokens) == 1:
-            names.append(f"{MANIFEST_PREFIX}{tokens.pop()}.json")
-        for name in names:
-            try:
-                _objects.remove(_objects.join(self.path, name), self.engine)
-            except Exception as e:  # noqa: BLE001 - logged; the commit's own error is raised
-                _log.warning("%s: could not remove %s of this save, which lost the lease: %s",
-                             os.fspath(self.path), name, e)
-
-    def _check_lock(self) -> None:
-        lock = self._dir_lock
-        if lock is not None:
-            lock.check()
 
     def _join_previous_cleanup(self) -> None:
         try:
