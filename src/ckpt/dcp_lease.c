@@ -308,6 +308,37 @@ static ckptio_status busy(const ckptio__dcp_lease *l, const seen *s, double wait
                            other, after);
 }
 
+/* The bucket ("s3://BUCKET/") whose server last answered a conditional
+ * write with 501: later leases there go straight to the fallback instead of
+ * asking again (a server that can after all only gets the fallback). */
+static pthread_mutex_t unconditional_mu = PTHREAD_MUTEX_INITIALIZER;
+static char unconditional_bucket[256];
+
+/* The "s3://BUCKET/" of `url` into out[0..cap); false when it does not fit. */
+static bool bucket_of(const char *url, char *out, size_t cap) {
+    const char *slash = strchr(url + strlen("s3://"), '/');
+    const size_t n = slash ? (size_t)(slash - url) + 1 : 0;
+    if (!n || n >= cap) return false;
+    memcpy(out, url, n);
+    out[n] = '\0';
+    return true;
+}
+
+static bool known_unconditional(const char *url) {
+    char bucket[256];
+    if (!bucket_of(url, bucket, sizeof bucket)) return false;
+    pthread_mutex_lock(&unconditional_mu);
+    const bool known = strcmp(bucket, unconditional_bucket) == 0;
+    pthread_mutex_unlock(&unconditional_mu);
+    return known;
+}
+
+static void note_unconditional(const char *url) {
+    pthread_mutex_lock(&unconditional_mu);
+    if (!bucket_of(url, unconditional_bucket, sizeof unconditional_bucket)) unconditional_bucket[0] = '\0';
+    pthread_mutex_unlock(&unconditional_mu);
+}
+
 /* One attempt to write our lease where `s` says there is none, or a lapsed
  * one. *won: it is ours now. */
 static ckptio_status try_take(ckptio__dcp_lease *l, const seen *s, bool *won) {
@@ -333,6 +364,7 @@ static ckptio_status try_take(ckptio__dcp_lease *l, const seen *s, bool *won) {
         }
         ckptio__error_restore(saved);
         l->conditional = false; /* the documented fallback from here on */
+        note_unconditional(l->url);
     }
     CKPTIO_FORWARD(ckptio__object_write_all(l->engine, l->url, l->text, l->len, false));
     if (l->defer) { /* read back by the first check, once the settling time has passed */
@@ -372,12 +404,12 @@ ckptio_status ckptio__dcp_lease_acquire(const char *dir, bool shared, bool defer
     pthread_mutex_init(&l->mu, NULL);
     pthread_cond_init(&l->cv, NULL);
     l->pid = getpid();
-    l->conditional = true;
     l->defer = defer;
     ckptio_status st = ckptio_engine_create(&l->engine);
     if (st == CKPTIO_OK &&
         (!(l->dir = ckptio__strdup(dir)) || !(l->url = ckptio__path_join(dir, CKPTIO_DCP_LOCK_NAME))))
         st = CKPTIO_FAIL(CKPTIO_E_NOMEM, "out of memory");
+    if (st == CKPTIO_OK) l->conditional = !known_unconditional(l->url);
     if (st == CKPTIO_OK) {
         int64_t ttl_ms = 60000;
         ckptio_engine_get(l->engine, CKPTIO_OPT_S3_LEASE_MS, &ttl_ms);
