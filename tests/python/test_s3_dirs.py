@@ -285,7 +285,7 @@ def test_commit_round_trips_run_together(s3_prefix, tmp_path):
     """A save over an older checkpoint, as the proxy's log of each request's start and end shows it: the
     lease's check runs beside the manifest's PUT and the .metadata PUT waits for it; the listing of the
     prefix runs beside the .metadata PUT; the older save's objects are deleted together, and only after
-    the .metadata is in place. (The first attempt of each PUT stalls 0.3 s, so "beside" does not depend
+    the .metadata is in place; one PUT takes the lease. (The first attempt of each PUT stalls 0.3 s, so "beside" does not depend
     on how fast a thread starts.)"""
     from test_s3_files import Proxy, through
 
@@ -313,6 +313,8 @@ def test_commit_round_trips_run_together(s3_prefix, tmp_path):
     listing = spans("GET", lambda t: "delimiter=" in t)
     deletes = spans("DELETE", lambda t: ".distcp" in t)
     assert len(manifest) == 1 and len(metadata) == 1 and listing and len(deletes) == 4, log
+    # One PUT takes the lease: a server without conditional writes was not asked again for this bucket.
+    assert len(spans("PUT", lambda t: t.endswith("/.ckptio-dcp.lock"))) == 1, log
     assert any(c[0] < manifest[0][1] and c[1] <= metadata[0][0] for c in checks), log
     assert any(x[0] < metadata[0][1] for x in listing), log
     assert all(d[0] >= metadata[0][1] for d in deletes), log
