@@ -17,6 +17,7 @@
 
 #include <errno.h>
 #include <sys/stat.h>
+#include <time.h>
 
 /* Writes `len` bytes as the object `url` (one PUT). */
 static void put(ckptio_engine *e, const char *url, const void *data, size_t len) {
@@ -325,6 +326,58 @@ static void test_dcp_lease_confirmed_later(void) {
     ckptio_engine_destroy(e);
 }
 
+/* The commit's step callback of test_dcp_commit_cleanup: the lease checked before .metadata. */
+static int check_before_metadata(void *user, ckptio_dcp_commit_step step, const char *path, int done) {
+    (void)path;
+    if (step == CKPTIO_DCP_STEP_METADATA && !done) return ckptio_dcp_lock_check(user) != CKPTIO_OK;
+    return 0;
+}
+
+/* ckptio_dcp_commit in object storage over an older save: the listing and
+ * the abort of a killed save's upload run beside the .metadata PUT, the
+ * metadata object is read after it (the new one, so the older save's
+ * objects go, all of them, deleted together), the new save's objects stay. */
+static void test_dcp_commit_cleanup(void) {
+    ckptio_engine *e = s3_test_engine();
+    const char *dir = s3_url("dcp-commit-run");
+    char name[64];
+    for (int i = 0; i < 6; i++) {
+        snprintf(name, sizeof name, "__0_0123456789ab_%d.distcp", i);
+        put(e, in(dir, name), "old", 3);
+    }
+    put(e, in(dir, ".ckptio-manifest-0123456789ab.json"), "{}", 2);
+    put(e, in(dir, ".metadata"), "not a pickle", 12); /* read after the commit, it would keep everything */
+    ckptio_file *f;
+    T_OK(ckptio_file_open(e, in(dir, "__0_cccccccccccc_0.distcp"), CKPTIO_OPEN_WRITE, &f));
+    void *big = calloc(1, 12 << 20);
+    T_OK(ckptio__file_io(f, CKPTIO_WRITE, big, 12 << 20, 0)); /* a killed save's parts, never completed */
+    free(big);
+    struct timespec older = {2, 100000000}; /* older than the lease by the server's whole seconds */
+    nanosleep(&older, NULL);
+    ckptio_dcp_lock *lock = NULL;
+    T_OK(ckptio_dcp_lock_acquire(dir, NULL, CKPTIO_DCP_LOCK_CONFIRM_LATER, 0, NULL, NULL, &lock));
+    put(e, in(dir, "__0_bbbbbbbbbbbb_0.distcp"), "new", 3);
+    const char *files[] = {"__0_bbbbbbbbbbbb_0.distcp"};
+    ckptio_dcp_commit_options o = {.metadata_name = ".metadata", .metadata = "new metadata", .metadata_len = 12,
+                                   .files = files, .nfiles = 1, .flags = CKPTIO_DCP_CLEANUP,
+                                   .on_step = check_before_metadata, .user = lock};
+    ckptio_dcp_commit_result r;
+    T_OK(ckptio_dcp_commit(dir, &o, &r));
+    T_ASSERT_MSG(r.committed && r.removed == 7, "removed %zu: %s", r.removed, r.note);
+    for (int i = 0; i < 6; i++) {
+        snprintf(name, sizeof name, "__0_0123456789ab_%d.distcp", i);
+        T_ASSERT(!exists(e, in(dir, name)));
+    }
+    T_ASSERT(!exists(e, in(dir, ".ckptio-manifest-0123456789ab.json")) && exists(e, in(dir, files[0])));
+    uint64_t aborted = 99;
+    T_OK(ckptio_object_abort_uploads(e, in(dir, ""), 0, &aborted));
+    T_ASSERT_MSG(aborted == 0, "%llu unfinished uploads were left", (unsigned long long)aborted);
+    ckptio_file_close(f); /* its abort finds the upload gone: no error */
+    T_OK(ckptio_dcp_lock_release(lock));
+    T_ASSERT(!exists(e, in(dir, CKPTIO_DCP_LOCK_NAME)));
+    ckptio_engine_destroy(e);
+}
+
 /* ---- a checkpoint manager's root ----------------------------------------------------- */
 
 static const char *state_of(const char *root, uint64_t step) {
@@ -497,6 +550,7 @@ int main(void) {
     T_RUN(test_dcp_commit_steps);
     T_RUN(test_dcp_lease);
     T_RUN(test_dcp_lease_confirmed_later);
+    T_RUN(test_dcp_commit_cleanup);
     T_RUN(test_steps);
     T_RUN(test_hostile_listings);
     return T_EXIT_PASS;
