@@ -179,7 +179,19 @@ struct ckptio__dcp_lease {
 static pthread_mutex_t held_mu = PTHREAD_MUTEX_INITIALIZER;
 static ckptio__dcp_lease *held_list;
 
+/* A forked child holds none of its parent's leases, and must not inherit a
+ * mutex another thread of the parent held at the fork. */
+static pthread_mutex_t unconditional_mu = PTHREAD_MUTEX_INITIALIZER;
+static void forget_in_child(void) {
+    pthread_mutex_init(&held_mu, NULL);
+    pthread_mutex_init(&unconditional_mu, NULL);
+    held_list = NULL;
+}
+static pthread_once_t fork_once = PTHREAD_ONCE_INIT;
+static void watch_forks(void) { pthread_atfork(NULL, NULL, forget_in_child); }
+
 static void held_add(ckptio__dcp_lease *l) {
+    pthread_once(&fork_once, watch_forks);
     pthread_mutex_lock(&held_mu);
     l->next_held = held_list;
     held_list = l;
@@ -311,7 +323,6 @@ static ckptio_status busy(const ckptio__dcp_lease *l, const seen *s, double wait
 /* The bucket ("s3://BUCKET/") whose server last answered a conditional
  * write with 501: later leases there go straight to the fallback instead of
  * asking again (a server that can after all only gets the fallback). */
-static pthread_mutex_t unconditional_mu = PTHREAD_MUTEX_INITIALIZER;
 static char unconditional_bucket[256];
 
 /* The "s3://BUCKET/" of `url` into out[0..cap); false when it does not fit. */
@@ -334,6 +345,7 @@ static bool known_unconditional(const char *url) {
 }
 
 static void note_unconditional(const char *url) {
+    pthread_once(&fork_once, watch_forks);
     pthread_mutex_lock(&unconditional_mu);
     if (!bucket_of(url, unconditional_bucket, sizeof unconditional_bucket)) unconditional_bucket[0] = '\0';
     pthread_mutex_unlock(&unconditional_mu);
