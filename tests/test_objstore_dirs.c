@@ -17,6 +17,7 @@
 
 #include <errno.h>
 #include <sys/stat.h>
+#include <time.h>
 
 /* Writes `len` bytes as the object `url` (one PUT). */
 static void put(ckptio_engine *e, const char *url, const void *data, size_t len) {
@@ -285,6 +286,98 @@ static void test_dcp_lease(void) {
     ckptio_engine_destroy(e);
 }
 
+/* A lease read back by its first check (CKPTIO_DCP_LOCK_CONFIRM_LATER): the
+ * check waits out the settling time and is the read-back; a write of another
+ * saver that came after this one's (the race on a server without conditional
+ * writes) fails the check, and the release leaves the other's lease. */
+static void test_dcp_lease_confirmed_later(void) {
+    ckptio_engine *e = s3_test_engine();
+    const char *dir = s3_url("dcp-lease-later");
+    ckptio_dcp_lock *a = NULL, *b = NULL;
+    T_OK(ckptio_dcp_lock_acquire(dir, NULL, CKPTIO_DCP_LOCK_CONFIRM_LATER, 0, NULL, NULL, &a));
+    const double taken = ckptio__now();
+    T_ASSERT(exists(e, in(dir, CKPTIO_DCP_LOCK_NAME)));
+    T_ASSERT(ckptio_dcp_lock_acquire(dir, NULL, CKPTIO_DCP_LOCK_CONFIRM_LATER, 0, NULL, NULL, &b) == CKPTIO_E_BUSY);
+    T_OK(ckptio_dcp_lock_check(a));
+    T_ASSERT(ckptio__now() - taken >= 0.09); /* not read back before its writes could settle */
+    T_OK(ckptio_dcp_lock_check(a));
+    T_OK(ckptio_dcp_lock_release(a));
+    T_ASSERT(!exists(e, in(dir, CKPTIO_DCP_LOCK_NAME)));
+
+    /* Another saver's write lands right after this one's: this one's first check finds it. */
+    T_OK(ckptio_dcp_lock_acquire(dir, NULL, CKPTIO_DCP_LOCK_CONFIRM_LATER, 0, NULL, NULL, &a));
+    char text[256];
+    ckptio__lease_text other = {.owner = "fedcba9876543210fedcba9876543210", .since = 1, .ttl_ms = 60000};
+    const size_t len = ckptio__lease_format(&other, text, sizeof text);
+    put(e, in(dir, CKPTIO_DCP_LOCK_NAME), text, len);
+    T_ASSERT(ckptio_dcp_lock_check(a) == CKPTIO_E_BUSY);
+    const char *msg = ckptio_last_error_message();
+    T_ASSERT_MSG(strstr(msg, "no longer this save's") && strstr(msg, "owner fedcba987654") &&
+                     strstr(msg, "commits nothing more"),
+                 "%s", msg);
+    T_ASSERT(ckptio_dcp_lock_check(a) == CKPTIO_E_BUSY); /* lost stays lost */
+    T_OK(ckptio_dcp_lock_release(a));
+    void *back = NULL;
+    size_t back_len = 0;
+    T_OK(ckptio__object_read_all(e, in(dir, CKPTIO_DCP_LOCK_NAME), 4096, &back, &back_len));
+    T_ASSERT(back_len == len && !memcmp(back, text, len)); /* the other's lease, untouched */
+    ckptio__free(back);
+    s3_no_secret_in_message();
+    ckptio_engine_destroy(e);
+}
+
+/* The commit's step callback of test_dcp_commit_cleanup: the lease checked before .metadata. */
+static int check_before_metadata(void *user, ckptio_dcp_commit_step step, const char *path, int done) {
+    (void)path;
+    if (step == CKPTIO_DCP_STEP_METADATA && !done) return ckptio_dcp_lock_check(user) != CKPTIO_OK;
+    return 0;
+}
+
+/* ckptio_dcp_commit in object storage over an older save: the listing and
+ * the abort of a killed save's upload run beside the .metadata PUT, the
+ * metadata object is read after it (the new one, so the older save's
+ * objects go, all of them, deleted together), the new save's objects stay. */
+static void test_dcp_commit_cleanup(void) {
+    ckptio_engine *e = s3_test_engine();
+    const char *dir = s3_url("dcp-commit-run");
+    char name[64];
+    for (int i = 0; i < 6; i++) {
+        snprintf(name, sizeof name, "__0_0123456789ab_%d.distcp", i);
+        put(e, in(dir, name), "old", 3);
+    }
+    put(e, in(dir, ".ckptio-manifest-0123456789ab.json"), "{}", 2);
+    put(e, in(dir, ".metadata"), "not a pickle", 12); /* read after the commit, it would keep everything */
+    ckptio_file *f;
+    T_OK(ckptio_file_open(e, in(dir, "__0_cccccccccccc_0.distcp"), CKPTIO_OPEN_WRITE, &f));
+    void *big = calloc(1, 12 << 20);
+    T_OK(ckptio__file_io(f, CKPTIO_WRITE, big, 12 << 20, 0)); /* a killed save's parts, never completed */
+    free(big);
+    struct timespec older = {2, 100000000}; /* older than the lease by the server's whole seconds */
+    nanosleep(&older, NULL);
+    ckptio_dcp_lock *lock = NULL;
+    T_OK(ckptio_dcp_lock_acquire(dir, NULL, CKPTIO_DCP_LOCK_CONFIRM_LATER, 0, NULL, NULL, &lock));
+    put(e, in(dir, "__0_bbbbbbbbbbbb_0.distcp"), "new", 3);
+    const char *files[] = {"__0_bbbbbbbbbbbb_0.distcp"};
+    ckptio_dcp_commit_options o = {.metadata_name = ".metadata", .metadata = "new metadata", .metadata_len = 12,
+                                   .files = files, .nfiles = 1, .flags = CKPTIO_DCP_CLEANUP,
+                                   .on_step = check_before_metadata, .user = lock};
+    ckptio_dcp_commit_result r;
+    T_OK(ckptio_dcp_commit(dir, &o, &r));
+    T_ASSERT_MSG(r.committed && r.removed == 7, "removed %zu: %s", r.removed, r.note);
+    for (int i = 0; i < 6; i++) {
+        snprintf(name, sizeof name, "__0_0123456789ab_%d.distcp", i);
+        T_ASSERT(!exists(e, in(dir, name)));
+    }
+    T_ASSERT(!exists(e, in(dir, ".ckptio-manifest-0123456789ab.json")) && exists(e, in(dir, files[0])));
+    uint64_t aborted = 99;
+    T_OK(ckptio_object_abort_uploads(e, in(dir, ""), 0, &aborted));
+    T_ASSERT_MSG(aborted == 0, "%llu unfinished uploads were left", (unsigned long long)aborted);
+    ckptio_file_close(f); /* its abort finds the upload gone: no error */
+    T_OK(ckptio_dcp_lock_release(lock));
+    T_ASSERT(!exists(e, in(dir, CKPTIO_DCP_LOCK_NAME)));
+    ckptio_engine_destroy(e);
+}
+
 /* ---- a checkpoint manager's root ----------------------------------------------------- */
 
 static const char *state_of(const char *root, uint64_t step) {
@@ -456,6 +549,8 @@ int main(void) {
     T_RUN(test_dcp_reader);
     T_RUN(test_dcp_commit_steps);
     T_RUN(test_dcp_lease);
+    T_RUN(test_dcp_lease_confirmed_later);
+    T_RUN(test_dcp_commit_cleanup);
     T_RUN(test_steps);
     T_RUN(test_hostile_listings);
     return T_EXIT_PASS;

@@ -594,7 +594,8 @@ enum ckptio_dcp_commit_flags {
     CKPTIO_DCP_LOCK_QUEUED = 1u << 3, /* ckptio_dcp_lock_acquire: wait in turn (a holder asking again waits) */
     CKPTIO_DCP_MANIFEST = 1u << 4,    /* ckptio_dcp_commit: write the checksum manifest (step 2) */
     CKPTIO_DCP_CLEANUP = 1u << 5,     /* ckptio_dcp_commit: list and remove the files of older saves (step 4) */
-    CKPTIO_DCP_CLEANUP_LATER = 1u << 6 /* ckptio_dcp_commit: list them only, for a removal later (result.stale) */
+    CKPTIO_DCP_CLEANUP_LATER = 1u << 6, /* ckptio_dcp_commit: list them only, for a removal later (result.stale) */
+    CKPTIO_DCP_LOCK_CONFIRM_LATER = 1u << 7 /* ckptio_dcp_lock_acquire: a lease read back by the first check */
 };
 
 /*! ckptio_temporary_create() :
@@ -818,7 +819,16 @@ CKPTIO_API ckptio_status ckptio_dcp_lock_query(const ckptio_dcp_lock *lock, ckpt
  * lapsed; a save calls it right before its .metadata and before removing
  * older saves' files, and stops when it fails. A shared acquisition on an
  * object store only waits until no exclusive lease is held and holds
- * nothing; CKPTIO_DCP_LOCK_QUEUED has no turn there. */
+ * nothing; CKPTIO_DCP_LOCK_QUEUED has no turn there. With
+ * CKPTIO_DCP_LOCK_CONFIRM_LATER, a lease written on a server without
+ * conditional writes is not read back before ckptio_dcp_lock_acquire()
+ * returns: the first check is the read-back (it waits out the rest of the
+ * settling time, 0.1 s after the write), so the save writes its data
+ * meanwhile. Only for a save whose objects carry names no other save
+ * writes (the per-save token) and that checks before its .metadata: a save
+ * whose check then finds another's lease fails CKPTIO_E_BUSY having
+ * committed nothing, whatever its wait option was, and removes or leaves
+ * unreferenced what it wrote (docs/OBJECT_STORAGE.md 4.2). */
 CKPTIO_API ckptio_status ckptio_dcp_lock_check(ckptio_dcp_lock *lock);
 
 /*! ckptio_dcp_lock_release() : unlocks (LOCK_UN) and closes (a lease: stops

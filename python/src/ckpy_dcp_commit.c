@@ -460,9 +460,10 @@ static int on_wait(double waited, void *user) {
 
 static PyObject *mod_lock_acquire(PyObject *module, PyObject *args) {
     PyObject *dir_o, *ref_o, *fn = Py_None, *dir = NULL, *ref = NULL;
-    int shared, queued = 0;
+    int shared, queued = 0, confirm_later = 0;
     double timeout;
-    if (!PyArg_ParseTuple(args, "OOpd|Op:dcp_lock_acquire", &dir_o, &ref_o, &shared, &timeout, &fn, &queued))
+    if (!PyArg_ParseTuple(args, "OOpd|Opp:dcp_lock_acquire", &dir_o, &ref_o, &shared, &timeout, &fn, &queued,
+                          &confirm_later))
         return NULL;
     const char *reference;
     if (!(dir = ckpy_path_bytes(dir_o)) || optional_name(ref_o, &ref, &reference) < 0) {
@@ -474,7 +475,9 @@ static PyObject *mod_lock_acquire(PyObject *module, PyObject *args) {
     ckptio_status st;
     Py_BEGIN_ALLOW_THREADS
     st = ckptio_dcp_lock_acquire(PyBytes_AsString(dir), reference,
-                                 (shared ? CKPTIO_DCP_LOCK_SHARED : 0) | (queued ? CKPTIO_DCP_LOCK_QUEUED : 0), timeout,
+                                 (shared ? CKPTIO_DCP_LOCK_SHARED : 0) | (queued ? CKPTIO_DCP_LOCK_QUEUED : 0) |
+                                     (confirm_later ? CKPTIO_DCP_LOCK_CONFIRM_LATER : 0),
+                                 timeout,
                                  ctx.fn ? on_wait : NULL, &ctx, &lock);
     Py_END_ALLOW_THREADS
     Py_DECREF(dir);
@@ -561,9 +564,10 @@ static PyMethodDef commit_methods[] = {
      "dcp_remove_files(dir, names, sync, recheck, committed) -> (removed, note or None)\n"
      "(ckptio_dcp_remove_files). GIL released."},
     {"dcp_lock_acquire", mod_lock_acquire, METH_VARARGS,
-     "dcp_lock_acquire(dir, reference, shared, timeout, on_wait=None, queued=False) -> lock\n"
+     "dcp_lock_acquire(dir, reference, shared, timeout, on_wait=None, queued=False, confirm_later=False) -> lock\n"
      "(ckptio_dcp_lock_acquire): timeout < 0 waits, 0 fails at once (E_BUSY); on_wait(waited_seconds) runs\n"
-     "at each busy check and ends the wait by raising; queued waits in turn (CKPTIO_DCP_LOCK_QUEUED).\n"
+     "at each busy check and ends the wait by raising; queued waits in turn (CKPTIO_DCP_LOCK_QUEUED);\n"
+     "confirm_later: a lease read back by the first check (CKPTIO_DCP_LOCK_CONFIRM_LATER).\n"
      "GIL released while waiting."},
     {"dcp_lock_info", mod_lock_info, METH_O,
      "dcp_lock_info(lock) -> (locked, errno, st_dev, st_ino) of the lock file (ckptio_dcp_lock_query)."},

@@ -23,6 +23,11 @@
  * metadata files again right before and keeps whatever they reference
  * (CKPTIO_DCP_RECHECK). Its list names only files older than its commit,
  * which no later ckptio save reuses (new token, new temporary names).
+ *
+ * In object storage every file is a request: the listing (and the abort of
+ * killed saves' uploads) can start beside the .metadata PUT (a prefetch,
+ * which the commit starts once the lease was checked), and the deletes run
+ * several at a time.
  */
 #include "dcp_commit_internal.h"
 #include "dcp_dir_internal.h"
@@ -30,6 +35,8 @@
 
 #include <errno.h>
 #include <fcntl.h>
+#include <pthread.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -337,6 +344,103 @@ static ckptio_status referenced_now(ckptio_engine *engine, const char *dir, cons
     return CKPTIO_OK;
 }
 
+/* ---- what the cleanup of an object directory starts early ------------------------------ */
+
+/* The listing of an object directory and the abort of its old uploads, run
+ * on threads of their own beside the .metadata PUT (the lease checked). */
+struct ckptio__dcp_prefetch {
+    ckptio_engine *engine;
+    char *dir;
+    pthread_t lister, aborter;
+    bool listing, aborting;      /* the thread was started and not joined yet */
+    names all, young;
+    ckptio_status list_st;
+    ckptio__error_saved *list_error;
+    ckptio_status abort_st;
+    ckptio__error_saved *abort_error;
+};
+
+static void *prefetch_list(void *arg) {
+    ckptio__dcp_prefetch *p = arg;
+    p->list_st = list_objects(p->engine, p->dir, &p->all, &p->young);
+    if (p->list_st != CKPTIO_OK) p->list_error = ckptio__error_save();
+    return NULL;
+}
+
+static ckptio_status abort_uploads_now(ckptio_engine *engine, const char *dir);
+
+static void *prefetch_abort(void *arg) {
+    ckptio__dcp_prefetch *p = arg;
+    p->abort_st = abort_uploads_now(p->engine, p->dir);
+    if (p->abort_st != CKPTIO_OK) p->abort_error = ckptio__error_save();
+    return NULL;
+}
+
+ckptio_status ckptio__dcp_prefetch_start(const char *dir, bool abort_uploads, ckptio__dcp_prefetch **out) {
+    *out = NULL;
+    if (!ckptio__s3_is_url(dir)) return CKPTIO_OK;
+    ckptio__dcp_prefetch *p = ckptio__calloc(1, sizeof *p);
+    if (!p || !(p->dir = ckptio__strdup(dir))) {
+        ckptio__free(p);
+        return CKPTIO_FAIL(CKPTIO_E_NOMEM, "out of memory");
+    }
+    ckptio_status st = ckptio_engine_create(&p->engine);
+    if (st != CKPTIO_OK) {
+        ckptio__free(p->dir);
+        ckptio__free(p);
+        return st;
+    }
+    /* A thread that cannot start leaves its work to the cleanup itself. */
+    p->listing = pthread_create(&p->lister, NULL, prefetch_list, p) == 0;
+    p->aborting = abort_uploads && pthread_create(&p->aborter, NULL, prefetch_abort, p) == 0;
+    *out = p;
+    return CKPTIO_OK;
+}
+
+/* Moves the listing into all and young (sorted as list_objects leaves them). */
+static ckptio_status prefetch_take_listing(ckptio__dcp_prefetch *p, names *all, names *young) {
+    if (!p->listing && !p->all.v && p->list_st == CKPTIO_OK) return list_objects(p->engine, p->dir, all, young);
+    if (p->listing) pthread_join(p->lister, NULL);
+    p->listing = false;
+    if (p->list_st != CKPTIO_OK) {
+        ckptio__error_restore(p->list_error);
+        p->list_error = NULL;
+        return p->list_st;
+    }
+    *all = p->all;
+    *young = p->young;
+    p->all = p->young = (names){0};
+    return CKPTIO_OK;
+}
+
+/* Waits for the abort; its failure (with its message). */
+static ckptio_status prefetch_abort_result(ckptio__dcp_prefetch *p) {
+    if (p->aborting) pthread_join(p->aborter, NULL);
+    p->aborting = false;
+    const ckptio_status st = p->abort_st;
+    p->abort_st = CKPTIO_OK;
+    if (st != CKPTIO_OK) {
+        ckptio__error_restore(p->abort_error);
+        p->abort_error = NULL;
+    }
+    return st;
+}
+
+void ckptio__dcp_prefetch_finish(ckptio__dcp_prefetch *p) {
+    if (!p) return;
+    ckptio__error_saved *kept = ckptio__error_save();
+    if (p->listing) pthread_join(p->lister, NULL);
+    if (p->aborting) pthread_join(p->aborter, NULL);
+    ckptio__free(p->list_error);
+    ckptio__free(p->abort_error);
+    names_clear(&p->all);
+    names_clear(&p->young);
+    ckptio_engine_destroy(p->engine);
+    ckptio__free(p->dir);
+    ckptio__free(p);
+    ckptio__error_restore(kept);
+}
+
 /* ---- listing ------------------------------------------------------------------------ */
 
 ckptio_status ckptio_dcp_stale_files(const char *dir, const char *const *keep, size_t nkeep,
@@ -347,10 +451,17 @@ ckptio_status ckptio_dcp_stale_files(const char *dir, const char *const *keep, s
     if (note && note_cap) note[0] = '\0';
     CKPTIO_RETURN_IF(!dir || !*dir || !out || !count || (!keep && nkeep), CKPTIO_E_INVAL,
                      "ckptio_dcp_stale_files: dir, out and count are required");
+    return ckptio__dcp_stale_files_listed(dir, keep, nkeep, committed, NULL, out, count, note, note_cap);
+}
+
+ckptio_status ckptio__dcp_stale_files_listed(const char *dir, const char *const *keep, size_t nkeep,
+                                             const ckptio_dcp_committed *committed, ckptio__dcp_prefetch *listed,
+                                             char ***out, size_t *count, char *note, size_t note_cap) {
     names entries = {0}, kept = {0}, candidates = {0}, referenced = {0}, young = {0};
     ckptio_engine *engine = NULL;
     ckptio_status st = object_engine(dir, &engine);
-    if (st == CKPTIO_OK) st = engine ? list_objects(engine, dir, &entries, &young) : list_dir(NULL, dir, &entries);
+    if (st == CKPTIO_OK && engine && listed) st = prefetch_take_listing(listed, &entries, &young);
+    else if (st == CKPTIO_OK) st = engine ? list_objects(engine, dir, &entries, &young) : list_dir(NULL, dir, &entries);
     for (size_t i = 0; st == CKPTIO_OK && i < nkeep; i++)
         if (!names_add(&kept, keep[i])) st = CKPTIO_FAIL(CKPTIO_E_NOMEM, "out of memory");
     if (st == CKPTIO_OK) names_sort(&kept);
@@ -419,9 +530,123 @@ static int remove_temporary(const char *path) {
     return ret;
 }
 
+/* ---- removing objects ---------------------------------------------------------------- */
+
+/* Deletes at once: each is one round trip, so the older save's objects go
+ * in the time of a few rather than one after another. */
+#define DELETE_THREADS 8
+
+typedef struct object_removal {
+    ckptio_engine *engine;
+    const char *dir;
+    char **urls;
+    size_t n;
+    atomic_size_t next, removed;
+    pthread_mutex_t mu;
+    ckptio_status first;            /* the first failed delete, its message in first_error */
+    ckptio__error_saved *first_error;
+    ckptio_status uploads;          /* aborting the killed saves' uploads, its message in uploads_error */
+    ckptio__error_saved *uploads_error;
+    ckptio__dcp_prefetch *prefetched; /* the abort runs there already */
+} object_removal;
+
+static void *delete_objects(void *arg) {
+    object_removal *r = arg;
+    for (size_t i; (i = atomic_fetch_add(&r->next, 1)) < r->n;) {
+        const ckptio_status st = ckptio__object_remove(r->engine, r->urls[i]);
+        if (st == CKPTIO_OK) {
+            atomic_fetch_add(&r->removed, 1);
+            continue;
+        }
+        ckptio__fail(st, __FILE__, __LINE__,
+                     &((ckptio__err_ctx){.operation = "unlink", .path = r->urls[i], .file_offset = -1,
+                                         .verbatim = true}),
+                     "%s (removing a file of an older save; %s)", ckptio_last_error_message(), CKPTIO__DCP_COMMITTED);
+        pthread_mutex_lock(&r->mu);
+        if (r->first == CKPTIO_OK) {
+            r->first = st;
+            r->first_error = ckptio__error_save();
+        }
+        pthread_mutex_unlock(&r->mu);
+    }
+    return NULL;
+}
+
+/* The uploads that killed saves left under the directory (billed,
+ * invisible): those begun before the lease now held, whose saves are over. */
+static ckptio_status abort_uploads_now(ckptio_engine *engine, const char *dir) {
+    double since = 0;
+    ckptio__error_saved *kept = ckptio__error_save();
+    if (ckptio__dcp_lease_since(engine, dir, &since) != CKPTIO_OK || since <= 0) {
+        ckptio__error_restore(kept); /* no lease of ckptio's to measure "older" by: nothing to abort */
+        return CKPTIO_OK;
+    }
+    char *prefix = ckptio__path_join(dir, ""); /* "DIR/": not DIR2/ too */
+    const ckptio_status st = prefix ? ckptio__object_abort_uploads_before(engine, prefix, since, NULL)
+                                    : CKPTIO_FAIL(CKPTIO_E_NOMEM, "out of memory");
+    ckptio__free(prefix);
+    if (st == CKPTIO_OK) {
+        ckptio__error_restore(kept);
+        return CKPTIO_OK;
+    }
+    ckptio__free(kept);
+    return ckptio__fail(st, __FILE__, __LINE__,
+                        &((ckptio__err_ctx){.operation = "abort uploads", .path = dir, .file_offset = -1,
+                                            .verbatim = true}),
+                        "%s (aborting the uploads of older saves; %s)", ckptio_last_error_message(),
+                        CKPTIO__DCP_COMMITTED);
+}
+
+static void *abort_old_uploads(void *arg) {
+    object_removal *r = arg;
+    if (r->prefetched && r->prefetched->aborting) { /* begun beside the .metadata PUT */
+        r->uploads = prefetch_abort_result(r->prefetched);
+    } else {
+        r->uploads = abort_uploads_now(r->engine, r->dir);
+    }
+    if (r->uploads != CKPTIO_OK) r->uploads_error = ckptio__error_save();
+    return NULL;
+}
+
+/* Deletes the objects urls[0..n) (deletes are durable when answered:
+ * nothing to fsync) while the directory's old uploads are aborted; the first
+ * failed delete is returned, else the abort's failure. */
+static ckptio_status remove_objects(ckptio_engine *engine, const char *dir, char **urls, size_t n,
+                                    ckptio__dcp_prefetch *prefetched, size_t *removed) {
+    object_removal r = {.engine = engine, .dir = dir, .urls = urls, .n = n, .prefetched = prefetched};
+    atomic_init(&r.next, 0);
+    atomic_init(&r.removed, 0);
+    pthread_mutex_init(&r.mu, NULL);
+    pthread_t uploads, workers[DELETE_THREADS];
+    const bool uploads_thread = pthread_create(&uploads, NULL, abort_old_uploads, &r) == 0;
+    size_t started = 0;
+    while (started < DELETE_THREADS && started + 1 < n &&
+           pthread_create(&workers[started], NULL, delete_objects, &r) == 0)
+        started++;
+    delete_objects(&r); /* this thread deletes too (all of them when no thread could start) */
+    for (size_t i = 0; i < started; i++) pthread_join(workers[i], NULL);
+    if (uploads_thread) pthread_join(uploads, NULL);
+    else if (r.first == CKPTIO_OK) abort_old_uploads(&r);
+    pthread_mutex_destroy(&r.mu);
+    *removed = atomic_load(&r.removed);
+    if (r.first != CKPTIO_OK) {
+        ckptio__free(r.uploads_error);
+        ckptio__error_restore(r.first_error);
+        return r.first;
+    }
+    if (r.uploads != CKPTIO_OK) ckptio__error_restore(r.uploads_error);
+    return r.uploads;
+}
+
 ckptio_status ckptio_dcp_remove_files(const char *dir, const char *const *list, size_t count, unsigned flags,
                                       const ckptio_dcp_committed *committed, size_t *removed_out, char *note,
                                       size_t note_cap) {
+    return ckptio__dcp_remove_files_listed(dir, list, count, flags, committed, NULL, removed_out, note, note_cap);
+}
+
+ckptio_status ckptio__dcp_remove_files_listed(const char *dir, const char *const *list, size_t count, unsigned flags,
+                                              const ckptio_dcp_committed *committed, ckptio__dcp_prefetch *prefetched,
+                                              size_t *removed_out, char *note, size_t note_cap) {
     if (removed_out) *removed_out = 0;
     if (note && note_cap) note[0] = '\0';
     CKPTIO_RETURN_IF(!dir || !*dir || (!list && count), CKPTIO_E_INVAL, "ckptio_dcp_remove_files: dir is required");
@@ -451,24 +676,18 @@ ckptio_status ckptio_dcp_remove_files(const char *dir, const char *const *list, 
     }
     size_t removed = 0;
     ckptio_status first = CKPTIO_OK;
+    names urls = {0}; /* objects: deleted together below (no temporaries there: uploads appear whole) */
     for (size_t i = 0; i < count; i++) {
         const char *name = list[i];
         const bool temporary = ckptio__dcp_temporary_name(name);
         if (recheck && !temporary && (!known || names_has(&referenced, name))) continue;
         char *path = ckptio__dcp_join(dir, name);
-        if (!path) {
+        if (!path || (engine && !names_add(&urls, path))) {
             if (first == CKPTIO_OK) first = CKPTIO_FAIL(CKPTIO_E_NOMEM, "out of memory");
+            ckptio__free(path);
             continue;
         }
-        if (engine) { /* an object: no temporaries there (uploads appear whole at their commit) */
-            const ckptio_status ds = ckptio__object_remove(engine, path);
-            if (ds == CKPTIO_OK) removed++;
-            else if (first == CKPTIO_OK)
-                first = ckptio__fail(ds, __FILE__, __LINE__,
-                                     &((ckptio__err_ctx){.operation = "unlink", .path = path, .file_offset = -1,
-                                                         .verbatim = true}),
-                                     "%s (removing a file of an older save; %s)", ckptio_last_error_message(),
-                                     CKPTIO__DCP_COMMITTED);
+        if (engine) {
             ckptio__free(path);
             continue;
         }
@@ -485,33 +704,16 @@ ckptio_status ckptio_dcp_remove_files(const char *dir, const char *const *list, 
         ckptio__free(path);
     }
     names_clear(&referenced);
-    if (removed_out) *removed_out = removed;
     if (engine) {
-        /* Deletes are durable when answered: nothing to fsync. The uploads
-         * that killed saves left under the directory (billed, invisible) go
-         * too: those begun before the lease now held, whose saves are over. */
-        double since = 0;
-        if (first == CKPTIO_OK && ckptio__dcp_lease_since(engine, dir, &since) == CKPTIO_OK && since > 0) {
-            ckptio__error_saved *kept = ckptio__error_save();
-            char *prefix = ckptio__path_join(dir, ""); /* "DIR/": not DIR2/ too */
-            if (!prefix || ckptio__object_abort_uploads_before(engine, prefix, since, NULL) != CKPTIO_OK) {
-                if (!prefix) CKPTIO_FAIL(CKPTIO_E_NOMEM, "out of memory");
-                ckptio__free(kept);
-                first = ckptio__fail(ckptio_last_error()->status, __FILE__, __LINE__,
-                                     &((ckptio__err_ctx){.operation = "abort uploads", .path = dir, .file_offset = -1,
-                                                         .verbatim = true}),
-                                     "%s (aborting the uploads of older saves; %s)", ckptio_last_error_message(),
-                                     CKPTIO__DCP_COMMITTED);
-            } else {
-                ckptio__error_restore(kept);
-            }
-            ckptio__free(prefix);
-        }
+        if (first == CKPTIO_OK) first = remove_objects(engine, dir, urls.v, urls.n, prefetched, &removed);
+        names_clear(&urls);
+        if (removed_out) *removed_out = removed;
         ckptio__error_saved *saved = first != CKPTIO_OK ? ckptio__error_save() : NULL;
         ckptio_engine_destroy(engine);
         if (saved) ckptio__error_restore(saved);
         return first;
     }
+    if (removed_out) *removed_out = removed;
     if (removed && (flags & CKPTIO_DCP_SYNC)) {
         /* Also after a failed unlink: what was removed must stay removed. */
         const int err = ckptio__dcp_fsync_dir(dir);

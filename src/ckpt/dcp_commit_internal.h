@@ -105,10 +105,12 @@ typedef struct ckptio__dcp_lease ckptio__dcp_lease;
 
 /* Takes the lease of the directory s3://BUCKET/PREFIX (exclusive), or with
  * `shared` only waits until no other save's lease holds it (saves that
- * remove nothing take none). `timeout`, `on_wait` as for
+ * remove nothing take none). With `defer`, a lease written without a
+ * conditional write is read back by the first ckptio__dcp_lease_check
+ * (CKPTIO_DCP_LOCK_CONFIRM_LATER). `timeout`, `on_wait` as for
  * ckptio_dcp_lock_acquire; CKPTIO_E_BUSY names the holder. */
-ckptio_status ckptio__dcp_lease_acquire(const char *dir, bool shared, double timeout, ckptio_dcp_lock_wait_fn on_wait,
-                                        void *user, ckptio__dcp_lease **out);
+ckptio_status ckptio__dcp_lease_acquire(const char *dir, bool shared, bool defer, double timeout,
+                                        ckptio_dcp_lock_wait_fn on_wait, void *user, ckptio__dcp_lease **out);
 
 /* CKPTIO_OK while the lease is still this save's (read from the server);
  * CKPTIO_E_BUSY once another save took it over or it lapsed. */
@@ -120,8 +122,27 @@ void ckptio__dcp_lease_release(ckptio__dcp_lease *l);
 /* Whether `l` holds an exclusive lease. */
 bool ckptio__dcp_lease_held(const ckptio__dcp_lease *l);
 
+/* The cleanup's requests that can run beside the .metadata PUT of a save
+ * into an object directory, once its lease was checked: the listing of the
+ * directory and (with abort_uploads) the abort of its killed saves'
+ * uploads, on threads of their own. *out is NULL for a local directory.
+ * The _listed variants of ckptio_dcp_stale_files and _remove_files take
+ * the listing and the abort's outcome from it (NULL: as the public ones);
+ * ckptio__dcp_prefetch_finish waits for what still runs and frees it. */
+typedef struct ckptio__dcp_prefetch ckptio__dcp_prefetch;
+ckptio_status ckptio__dcp_prefetch_start(const char *dir, bool abort_uploads, ckptio__dcp_prefetch **out);
+ckptio_status ckptio__dcp_stale_files_listed(const char *dir, const char *const *keep, size_t nkeep,
+                                             const ckptio_dcp_committed *committed, ckptio__dcp_prefetch *listed,
+                                             char ***out, size_t *count, char *note, size_t note_cap);
+ckptio_status ckptio__dcp_remove_files_listed(const char *dir, const char *const *list, size_t count, unsigned flags,
+                                              const ckptio_dcp_committed *committed, ckptio__dcp_prefetch *prefetched,
+                                              size_t *removed, char *note, size_t note_cap);
+void ckptio__dcp_prefetch_finish(ckptio__dcp_prefetch *p);
+
 /* When the lease held on DIR now was taken (its `since`; 0: no lease of
- * ckptio's there). Objects written after it belong to its holder's save. */
+ * ckptio's there). Objects written after it belong to its holder's save.
+ * A lease this process holds (confirmed, not lost) is answered without a
+ * request. */
 ckptio_status ckptio__dcp_lease_since(ckptio_engine *engine, const char *dir, double *since);
 
 /* A reader's pin on a step in object storage: DIR/.ckptio-step-pin-OWNER,

@@ -55,7 +55,7 @@ static ckptio_status check_options(const char *dir, const ckptio_dcp_commit_opti
 
 /* Step 4: the files of older saves, listed (and removed unless later). */
 static ckptio_status cleanup(const char *dir, const ckptio_dcp_commit_options *o, ckptio_dcp_commit_result *r,
-                             const char *manifest) {
+                             const char *manifest, ckptio__dcp_prefetch *prefetched) {
     const ckptio_dcp_committed committed = {o->metadata_name, o->metadata, o->metadata_len, o->files, o->nfiles};
     const char **keep = ckptio__calloc(o->nfiles + 2, sizeof *keep);
     if (!keep) return CKPTIO_FAIL(CKPTIO_E_NOMEM, "out of memory");
@@ -67,7 +67,8 @@ static ckptio_status cleanup(const char *dir, const ckptio_dcp_commit_options *o
     size_t nstale = 0;
     ckptio_status st = around(dir, o, r, CKPTIO_DCP_STEP_LIST, dir, 0);
     if (st == CKPTIO_OK)
-        st = ckptio_dcp_stale_files(dir, keep, nkeep, &committed, &stale, &nstale, r->note, sizeof r->note);
+        st = ckptio__dcp_stale_files_listed(dir, keep, nkeep, &committed, prefetched, &stale, &nstale, r->note,
+                                            sizeof r->note);
     ckptio__free(keep);
     if (st == CKPTIO_OK) st = around(dir, o, r, CKPTIO_DCP_STEP_LIST, dir, 1);
     if (st == CKPTIO_OK && (o->flags & CKPTIO_DCP_CLEANUP_LATER)) {
@@ -80,8 +81,8 @@ static ckptio_status cleanup(const char *dir, const ckptio_dcp_commit_options *o
         /* The list's note (a metadata file that cannot be read) is the one
          * worth keeping: a removal without re-check adds none. */
         char note[sizeof r->note];
-        st = ckptio_dcp_remove_files(dir, (const char *const *)stale, nstale, o->flags & CKPTIO_DCP_SYNC, &committed,
-                                     &r->removed, note, sizeof note);
+        st = ckptio__dcp_remove_files_listed(dir, (const char *const *)stale, nstale, o->flags & CKPTIO_DCP_SYNC,
+                                             &committed, prefetched, &r->removed, note, sizeof note);
     }
     ckptio_dcp_names_free(stale, nstale);
     if (st == CKPTIO_OK) st = around(dir, o, r, CKPTIO_DCP_STEP_REMOVE, dir, 1);
@@ -111,6 +112,12 @@ ckptio_status ckptio_dcp_commit(const char *dir, const ckptio_dcp_commit_options
         if (st == CKPTIO_OK) st = around(dir, o, r, CKPTIO_DCP_STEP_MANIFEST, manifest_path, 1);
     }
     if (st == CKPTIO_OK) st = around(dir, o, r, CKPTIO_DCP_STEP_METADATA, metadata_path, 0);
+    /* In object storage the cleanup's listing (and, removing now, the abort
+     * of killed saves' uploads, which no live save owns) runs beside the
+     * .metadata PUT: the step callback before it has checked the lease. */
+    ckptio__dcp_prefetch *prefetched = NULL;
+    if (st == CKPTIO_OK && (o->flags & (CKPTIO_DCP_CLEANUP | CKPTIO_DCP_CLEANUP_LATER)))
+        st = ckptio__dcp_prefetch_start(dir, o->flags & CKPTIO_DCP_CLEANUP, &prefetched);
     if (st == CKPTIO_OK)
         st = ckptio__dcp_write_file(dir, o->metadata_name, o->metadata, o->metadata_len, reference, sync);
     if (st == CKPTIO_OK) {
@@ -118,7 +125,8 @@ ckptio_status ckptio_dcp_commit(const char *dir, const ckptio_dcp_commit_options
         st = around(dir, o, r, CKPTIO_DCP_STEP_METADATA, metadata_path, 1);
     }
     if (st == CKPTIO_OK && (o->flags & (CKPTIO_DCP_CLEANUP | CKPTIO_DCP_CLEANUP_LATER)))
-        st = cleanup(dir, o, r, manifest);
+        st = cleanup(dir, o, r, manifest, prefetched);
+    ckptio__dcp_prefetch_finish(prefetched);
     ckptio__free(manifest_path);
     ckptio__free(metadata_path);
     return st;

@@ -18,7 +18,12 @@
  * s3api), the saver writes it, waits a moment and reads it back: the last
  * write wins and both see which; two writes within one round trip of each
  * other can still both read back their own - the window the documented
- * fallback cannot close. Before its .metadata (and before removing the
+ * fallback cannot close. A save whose data objects carry names no other
+ * save writes may take the lease "to be confirmed" (defer): the write
+ * returns at once and the save's first check after the settling time is
+ * the read-back, so the wait runs while its data upload; every object the
+ * save writes comes after its lease object, as before, which is what keeps
+ * other saves' cleanups off them. Before its .metadata (and before removing the
  * files of older saves) a save checks that the lease is still its own
  * (ckptio_dcp_lock_check): a save whose lease was taken over stops there,
  * so the two never both commit a checkpoint that names the other's files.
@@ -139,17 +144,6 @@ static bool live(const seen *s, double default_ttl) {
     return s->age <= ttl;
 }
 
-ckptio_status ckptio__dcp_lease_since(ckptio_engine *engine, const char *dir, double *since) {
-    *since = 0;
-    char *url = ckptio__path_join(dir, CKPTIO_DCP_LOCK_NAME);
-    if (!url) return CKPTIO_FAIL(CKPTIO_E_NOMEM, "out of memory");
-    seen s;
-    const ckptio_status st = look(engine, url, &s);
-    if (st == CKPTIO_OK && s.parsed) *since = (double)s.text.since;
-    ckptio__free(url);
-    return st;
-}
-
 /* ---- holding it ---------------------------------------------------------------------------- */
 
 typedef struct ckptio__dcp_lease lease_t;
@@ -174,7 +168,78 @@ struct ckptio__dcp_lease {
     bool lost;
     char lost_why[512];
     double renewed;           /* this machine's monotonic clock at the last good renewal */
+    bool defer;               /* the read-back of an unconditional write is left to the first check */
+    bool unconfirmed;         /* written unconditionally, not read back yet */
+    double settle_until;      /* this machine's monotonic clock: when the read-back may run */
+    ckptio__dcp_lease *next_held; /* the process's held leases (held_list) */
 };
+
+/* The exclusive leases this process holds, so that the cleanup of a save
+ * knows the `since` of its own lease without reading it from the server. */
+static pthread_mutex_t held_mu = PTHREAD_MUTEX_INITIALIZER;
+static ckptio__dcp_lease *held_list;
+
+/* A forked child holds none of its parent's leases, and must not inherit a
+ * mutex another thread of the parent held at the fork. */
+static pthread_mutex_t unconditional_mu = PTHREAD_MUTEX_INITIALIZER;
+static void forget_in_child(void) {
+    pthread_mutex_init(&held_mu, NULL);
+    pthread_mutex_init(&unconditional_mu, NULL);
+    held_list = NULL;
+}
+static pthread_once_t fork_once = PTHREAD_ONCE_INIT;
+static void watch_forks(void) { pthread_atfork(NULL, NULL, forget_in_child); }
+
+static void held_add(ckptio__dcp_lease *l) {
+    pthread_once(&fork_once, watch_forks);
+    pthread_mutex_lock(&held_mu);
+    l->next_held = held_list;
+    held_list = l;
+    pthread_mutex_unlock(&held_mu);
+}
+
+static void held_remove(ckptio__dcp_lease *l) {
+    pthread_mutex_lock(&held_mu);
+    for (ckptio__dcp_lease **p = &held_list; *p; p = &(*p)->next_held)
+        if (*p == l) {
+            *p = l->next_held;
+            break;
+        }
+    pthread_mutex_unlock(&held_mu);
+}
+
+/* The `since` of the lease this process holds at `url`, confirmed and not
+ * lost; false when it holds none there. */
+static bool held_since(const char *url, double *since) {
+    bool found = false;
+    pthread_mutex_lock(&held_mu);
+    for (ckptio__dcp_lease *l = held_list; l && !found; l = l->next_held) {
+        if (l->pid != getpid() || strcmp(l->url, url) != 0) continue;
+        pthread_mutex_lock(&l->mu);
+        if (!l->lost && !l->unconfirmed) {
+            *since = (double)l->mine.since;
+            found = true;
+        }
+        pthread_mutex_unlock(&l->mu);
+    }
+    pthread_mutex_unlock(&held_mu);
+    return found;
+}
+
+ckptio_status ckptio__dcp_lease_since(ckptio_engine *engine, const char *dir, double *since) {
+    *since = 0;
+    char *url = ckptio__path_join(dir, CKPTIO_DCP_LOCK_NAME);
+    if (!url) return CKPTIO_FAIL(CKPTIO_E_NOMEM, "out of memory");
+    if (held_since(url, since)) { /* our own lease: its since is known here */
+        ckptio__free(url);
+        return CKPTIO_OK;
+    }
+    seen s;
+    const ckptio_status st = look(engine, url, &s);
+    if (st == CKPTIO_OK && s.parsed) *since = (double)s.text.since;
+    ckptio__free(url);
+    return st;
+}
 
 static void lose(ckptio__dcp_lease *l, const char *why) {
     pthread_mutex_lock(&l->mu);
@@ -255,6 +320,37 @@ static ckptio_status busy(const ckptio__dcp_lease *l, const seen *s, double wait
                            other, after);
 }
 
+/* The bucket ("s3://BUCKET/") whose server last answered a conditional
+ * write with 501: later leases there go straight to the fallback instead of
+ * asking again (a server that can after all only gets the fallback). */
+static char unconditional_bucket[256];
+
+/* The "s3://BUCKET/" of `url` into out[0..cap); false when it does not fit. */
+static bool bucket_of(const char *url, char *out, size_t cap) {
+    const char *slash = strchr(url + strlen("s3://"), '/');
+    const size_t n = slash ? (size_t)(slash - url) + 1 : 0;
+    if (!n || n >= cap) return false;
+    memcpy(out, url, n);
+    out[n] = '\0';
+    return true;
+}
+
+static bool known_unconditional(const char *url) {
+    char bucket[256];
+    if (!bucket_of(url, bucket, sizeof bucket)) return false;
+    pthread_mutex_lock(&unconditional_mu);
+    const bool known = strcmp(bucket, unconditional_bucket) == 0;
+    pthread_mutex_unlock(&unconditional_mu);
+    return known;
+}
+
+static void note_unconditional(const char *url) {
+    pthread_once(&fork_once, watch_forks);
+    pthread_mutex_lock(&unconditional_mu);
+    if (!bucket_of(url, unconditional_bucket, sizeof unconditional_bucket)) unconditional_bucket[0] = '\0';
+    pthread_mutex_unlock(&unconditional_mu);
+}
+
 /* One attempt to write our lease where `s` says there is none, or a lapsed
  * one. *won: it is ours now. */
 static ckptio_status try_take(ckptio__dcp_lease *l, const seen *s, bool *won) {
@@ -280,8 +376,15 @@ static ckptio_status try_take(ckptio__dcp_lease *l, const seen *s, bool *won) {
         }
         ckptio__error_restore(saved);
         l->conditional = false; /* the documented fallback from here on */
+        note_unconditional(l->url);
     }
     CKPTIO_FORWARD(ckptio__object_write_all(l->engine, l->url, l->text, l->len, false));
+    if (l->defer) { /* read back by the first check, once the settling time has passed */
+        l->unconfirmed = true;
+        l->settle_until = ckptio__now() + SETTLE_SECONDS;
+        *won = true;
+        return CKPTIO_OK;
+    }
     struct timespec settle = {0, (long)(SETTLE_SECONDS * 1e9)};
     nanosleep(&settle, NULL);
     seen back;
@@ -294,6 +397,7 @@ static ckptio_status try_take(ckptio__dcp_lease *l, const seen *s, bool *won) {
  * (`st` OK), else deleted again and freed. */
 static ckptio_status hand_over(lease_t *l, ckptio_status st, lease_t **out) {
     if (st == CKPTIO_OK && l->held && (st = start_renewing(l)) != CKPTIO_OK) ckptio__object_remove(l->engine, l->url);
+    if (st == CKPTIO_OK && l->held && !l->pin) held_add(l);
     if (st != CKPTIO_OK) {
         ckptio__error_saved *saved = ckptio__error_save();
         lease_free(l);
@@ -304,19 +408,20 @@ static ckptio_status hand_over(lease_t *l, ckptio_status st, lease_t **out) {
     return CKPTIO_OK;
 }
 
-ckptio_status ckptio__dcp_lease_acquire(const char *dir, bool shared, double timeout, ckptio_dcp_lock_wait_fn on_wait,
-                                        void *user, ckptio__dcp_lease **out) {
+ckptio_status ckptio__dcp_lease_acquire(const char *dir, bool shared, bool defer, double timeout,
+                                        ckptio_dcp_lock_wait_fn on_wait, void *user, ckptio__dcp_lease **out) {
     *out = NULL;
     ckptio__dcp_lease *l = ckptio__calloc(1, sizeof *l);
     if (!l) return CKPTIO_FAIL(CKPTIO_E_NOMEM, "out of memory");
     pthread_mutex_init(&l->mu, NULL);
     pthread_cond_init(&l->cv, NULL);
     l->pid = getpid();
-    l->conditional = true;
+    l->defer = defer;
     ckptio_status st = ckptio_engine_create(&l->engine);
     if (st == CKPTIO_OK &&
         (!(l->dir = ckptio__strdup(dir)) || !(l->url = ckptio__path_join(dir, CKPTIO_DCP_LOCK_NAME))))
         st = CKPTIO_FAIL(CKPTIO_E_NOMEM, "out of memory");
+    if (st == CKPTIO_OK) l->conditional = !known_unconditional(l->url);
     if (st == CKPTIO_OK) {
         int64_t ttl_ms = 60000;
         ckptio_engine_get(l->engine, CKPTIO_OPT_S3_LEASE_MS, &ttl_ms);
@@ -364,6 +469,14 @@ ckptio_status ckptio__dcp_lease_acquire(const char *dir, bool shared, double tim
 ckptio_status ckptio__dcp_lease_check(ckptio__dcp_lease *l) {
     if (!l->held) return CKPTIO_OK;
     const ckptio__err_ctx ctx = {.operation = "check lease", .path = l->dir, .file_offset = -1};
+    pthread_mutex_lock(&l->mu);
+    const bool unconfirmed = l->unconfirmed;
+    const double wait = l->settle_until - ckptio__now();
+    pthread_mutex_unlock(&l->mu);
+    if (unconfirmed && wait > 0) { /* this look is the read-back: not before the settling time */
+        struct timespec ts = {(time_t)wait, (long)((wait - (double)(time_t)wait) * 1e9)};
+        nanosleep(&ts, NULL);
+    }
     seen s;
     ckptio_status st = look(l->engine, l->url, &s);
     if (st != CKPTIO_OK) return st;
@@ -371,7 +484,8 @@ ckptio_status ckptio__dcp_lease_check(ckptio__dcp_lease *l) {
         char other[200], why[512];
         if (!s.exists) snprintf(other, sizeof other, "no lease object is there now");
         else describe_other(&s, other, sizeof other);
-        snprintf(why, sizeof why, "the lease %s is no longer this save's (%s)", l->url, other);
+        snprintf(why, sizeof why, "the lease %s is no longer this save's (%s%s)", l->url, other,
+                 unconfirmed ? "; read back after this save's data were written" : "");
         lose(l, why);
     } else if (s.age > l->ttl) {
         char why[512];
@@ -379,6 +493,7 @@ ckptio_status ckptio__dcp_lease_check(ckptio__dcp_lease *l) {
         lose(l, why);
     }
     pthread_mutex_lock(&l->mu);
+    if (!l->lost) l->unconfirmed = false; /* read back as ours */
     if (l->lost)
         st = CKPTIO_FAIL_CTX(CKPTIO_E_BUSY, &ctx,
                              "%s: another save may be writing the directory, so this save commits nothing more (its "
@@ -400,6 +515,7 @@ void ckptio__dcp_lease_release(ckptio__dcp_lease *l) {
         pthread_mutex_unlock(&l->mu);
         pthread_join(l->renewer, NULL);
     }
+    held_remove(l);
     if (l->pin) {
         ckptio__error_saved *saved = ckptio__error_save();
         ckptio__object_remove(l->engine, l->url);

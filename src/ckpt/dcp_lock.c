@@ -292,14 +292,15 @@ ckptio_status ckptio_dcp_lock_acquire(const char *dir, const char *reference, un
                                       ckptio_dcp_lock_wait_fn on_wait, void *user, ckptio_dcp_lock **out) {
     if (out) *out = NULL;
     CKPTIO_RETURN_IF(!dir || !*dir || !out, CKPTIO_E_INVAL, "ckptio_dcp_lock_acquire: dir and out are required");
-    CKPTIO_RETURN_IF(flags & ~(unsigned)(CKPTIO_DCP_LOCK_SHARED | CKPTIO_DCP_LOCK_QUEUED), CKPTIO_E_INVAL,
-                     "ckptio_dcp_lock_acquire: unknown flags 0x%x", flags);
+    const unsigned known = CKPTIO_DCP_LOCK_SHARED | CKPTIO_DCP_LOCK_QUEUED | CKPTIO_DCP_LOCK_CONFIRM_LATER;
+    CKPTIO_RETURN_IF(flags & ~known, CKPTIO_E_INVAL, "ckptio_dcp_lock_acquire: unknown flags 0x%x", flags);
     CKPTIO_RETURN_IF(timeout_seconds != timeout_seconds, CKPTIO_E_INVAL, "ckptio_dcp_lock_acquire: timeout is NaN");
     if (ckptio__s3_is_url(dir)) { /* no flock on an object store: a lease (CKPTIO_DCP_LOCK_QUEUED has no turn there) */
         ckptio_dcp_lock *l = ckptio__calloc(1, sizeof *l);
         if (!l) return CKPTIO_FAIL(CKPTIO_E_NOMEM, "out of memory");
-        const ckptio_status st = ckptio__dcp_lease_acquire(dir, flags & CKPTIO_DCP_LOCK_SHARED, timeout_seconds,
-                                                           on_wait, user, &l->lease);
+        const ckptio_status st =
+            ckptio__dcp_lease_acquire(dir, flags & CKPTIO_DCP_LOCK_SHARED, flags & CKPTIO_DCP_LOCK_CONFIRM_LATER,
+                                      timeout_seconds, on_wait, user, &l->lease);
         if (st != CKPTIO_OK) {
             ckptio__free(l);
             return st;

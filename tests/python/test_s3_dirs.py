@@ -131,6 +131,38 @@ def test_two_savers(s3_prefix, monkeypatch):
     same(load(url), model_state(6))  # never a checkpoint that mixes the two
 
 
+def test_a_saver_that_loses_the_lease_while_its_data_upload(s3_prefix, monkeypatch):
+    """The lease is read back by the check before .metadata, while the data upload: a saver whose lease
+    another save took meanwhile (here one whose look came before this saver's write was visible: it
+    saves a whole checkpoint during this one's upload) commits nothing, even with dir_busy="wait",
+    removes its own objects, and leaves the other's checkpoint whole."""
+    url = f"{s3_prefix}/ckpt"
+    save(model_state(10), url)
+    tokens = []
+    new_token = FileSystemWriter._new_token
+    monkeypatch.setattr(FileSystemWriter, "_new_token", lambda self: tokens.append(new_token(self)) or tokens[-1])
+
+    def winner_saves_meanwhile(stage):
+        if stage != "data_committed":
+            return
+        monkeypatch.setattr(dcp_writer, "_crash_point", None)
+        _ckptio.object_delete(f"{url}/.ckptio-dcp.lock")  # the other saver's look did not see this one's lease
+        save(model_state(11), url)
+
+    monkeypatch.setattr(dcp_writer, "_crash_point", winner_saves_meanwhile)
+    with pytest.raises((Exception, CheckpointException)) as e:
+        save(model_state(12), url, dir_busy="wait")
+    monkeypatch.setattr(dcp_writer, "_crash_point", None)
+    assert "no longer this save's" in str(e.value) and "commits nothing more" in str(e.value), str(e.value)
+    s3_no_secret(str(e.value))
+    same(load(url), model_state(11))  # the winner's checkpoint, whole
+    assert ckptio.dcp.verify(url)["checked"] > 0
+    left = keys_under(url)
+    loser, winner = tokens  # this save's token, then the one of the save during its upload
+    assert [n for n in left if winner in n] and not [n for n in left if loser in n], left  # its objects went
+    assert ".ckptio-dcp.lock" not in left
+
+
 @requires_cli
 def test_manager_save_resume_retention_clean(s3_prefix, monkeypatch):
     root = f"{s3_prefix}/run"
@@ -346,3 +378,52 @@ def test_records_between_the_windows_get_larger_windows_together(s3_prefix, tmp_
     assert not probes, gets
     # The first windows (13 GETs at most), the larger ones (whole items of 1 MiB, 4 MiB per GET), the data.
     assert len(gets) <= 13 + 4 + 12 + 1, gets
+
+
+def test_commit_round_trips_run_together(s3_prefix, tmp_path):
+    """A save over an older checkpoint, as the proxy's log of each request's start and end shows it: the
+    lease's check runs beside the manifest's PUT and the .metadata PUT waits for it; the listing of the
+    prefix runs beside the .metadata PUT; the older save's objects are deleted together, and only after
+    the .metadata is in place; one PUT takes the lease. (The first attempt of each PUT stalls 0.3 s, so "beside" does not depend
+    on how fast a thread starts.)"""
+    from test_s3_files import Proxy, through
+
+    url = f"{s3_prefix}/ckpt"
+    g = torch.Generator().manual_seed(5)
+    sd = {f"w{i}": torch.randn(256, 256, generator=g) for i in range(8)}
+    save(sd, url, thread_count=4)  # four data objects
+    time.sleep(2.1)  # older than the next lease by the server's whole seconds (listings round up)
+    proxy = Proxy(tmp_path, r"PUT:\.ckptio-manifest-:stall:0.3:1", r"PUT:/\.metadata$:stall:0.3:1")
+    try:
+        through(proxy, lambda: save(sd, url, thread_count=4))
+    finally:
+        proxy.kill()
+    log = [json.loads(line) for line in (tmp_path / "proxy.log").read_text().splitlines()]
+
+    def spans(method, pick):
+        return [(e["start"], e["end"]) for e in log if e["method"] == method and pick(e["target"]) and "end" in e]
+
+    def together(a, b):
+        return a[0] < b[1] and b[0] < a[1]
+
+    manifest = spans("PUT", lambda t: ".ckptio-manifest-" in t)
+    metadata = spans("PUT", lambda t: t.endswith("/.metadata"))
+    checks = spans("GET", lambda t: t.endswith("/.ckptio-dcp.lock"))
+    listing = spans("GET", lambda t: "delimiter=" in t)
+    deletes = spans("DELETE", lambda t: ".distcp" in t)
+    assert len(manifest) == 1 and len(metadata) == 1 and listing and len(deletes) == 4, log
+    # One PUT takes the lease: a server without conditional writes was not asked again for this bucket.
+    assert len(spans("PUT", lambda t: t.endswith("/.ckptio-dcp.lock"))) == 1, log
+    assert any(c[0] < manifest[0][1] and c[1] <= metadata[0][0] for c in checks), log
+    assert any(x[0] < metadata[0][1] for x in listing), log
+    assert all(d[0] >= metadata[0][1] for d in deletes), log
+    assert max(sum(1 for d in deletes if together(d, e)) for e in deletes) >= 2, log
+    same_state = {k: torch.zeros_like(v) for k, v in sd.items()}
+    dcp.load(same_state, storage_reader=FileSystemReader(url), no_dist=True)
+    assert all(torch.equal(same_state[k], sd[k]) for k in sd)
+    assert len(_tokens(keys_under(url))) == 1
+
+
+def _tokens(names):
+    """The save tokens of the data objects among `names` (__{rank}_{token}_{n}.distcp)."""
+    return {n.split("_")[3] for n in names if n.startswith("__") and n.endswith(".distcp")}

@@ -94,6 +94,11 @@ class DirectoryLock:
         if native is not None:
             _ckptio.dcp_lock_check(native)
 
+    def check_started(self) -> "PendingCheck":
+        """check() on a thread of its own (its GET runs while the caller
+        writes); PendingCheck.result() waits for it and raises its error."""
+        return PendingCheck(self)
+
     def stale(self) -> bool:
         """The save that took it is over without releasing it: its thread is
         gone, has left DCP code, or is the caller's own thread (one thread
@@ -105,6 +110,27 @@ class DirectoryLock:
             self.release()
         except Exception:  # noqa: BLE001 - interpreter teardown
             pass
+
+
+class PendingCheck:
+    """A DirectoryLock.check() running on a thread of its own."""
+
+    def __init__(self, lock: DirectoryLock) -> None:
+        self.error: Optional[BaseException] = None
+        self._thread = threading.Thread(target=self._run, args=(lock,), name="ckptio-dcp-lock-check", daemon=True)
+        self._thread.start()
+
+    def _run(self, lock: DirectoryLock) -> None:
+        try:
+            lock.check()
+        except BaseException as e:  # noqa: BLE001 - raised by result()
+            self.error = e
+
+    def result(self) -> None:
+        self._thread.join()
+        err, self.error = self.error, None
+        if err is not None:
+            raise err
 
 
 def _watch(ref: "weakref.ReferenceType[DirectoryLock]") -> None:
@@ -150,12 +176,17 @@ def _release_stale(path: str) -> None:
             lock.release("the save that held it ended without finishing")
 
 
-def acquire(dirpath, exclusive: bool, busy: Union[str, float], reference: Optional[str] = None) -> DirectoryLock:
+def acquire(dirpath, exclusive: bool, busy: Union[str, float], reference: Optional[str] = None,
+            confirm_later: bool = False) -> DirectoryLock:
     """Locks `dirpath` for one save (exclusive: a save with a cleanup;
     shared: one that deletes nothing). `busy`: "wait" blocks until the other
     save is done, "error" raises CkptioError E_BUSY at once, a number of
     seconds waits at most that long. `reference`: the metadata file whose
-    attributes a new lock file takes (_commit.reference_stat)."""
+    attributes a new lock file takes (_commit.reference_stat).
+    `confirm_later`: a lease in object storage written without a conditional
+    write is read back by the first check() instead of before this returns
+    (CKPTIO_DCP_LOCK_CONFIRM_LATER: for a save whose objects carry its own
+    token and that checks before its .metadata)."""
     dirpath = os.fspath(dirpath)
     path = os.path.join(dirpath, LOCK_NAME)
     timeout = -1.0 if busy == "wait" else 0.0 if busy == "error" else float(busy)
@@ -171,7 +202,8 @@ def acquire(dirpath, exclusive: bool, busy: Union[str, float], reference: Option
             _log.info("%s: waiting for another save of the directory (lock %s)", dirpath, LOCK_NAME)
 
     try:
-        native = _ckptio.dcp_lock_acquire(dirpath, reference, not exclusive, timeout, on_wait)
+        native = _ckptio.dcp_lock_acquire(dirpath, reference, not exclusive, timeout, on_wait, False,
+                                          bool(confirm_later))
     except CkptioError as e:
         if e.status_name == "E_BUSY":
             raise amend_error(e, _BUSY_HINT) from None

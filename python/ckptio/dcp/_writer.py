@@ -46,7 +46,8 @@ from torch.futures import Future
 
 from .. import _adapt, _ckptio, _files, _snapshot
 from .._ckptio import Engine
-from . import _byte_items, _commit, _lock, _objects
+from .._errors import CkptioError
+from . import _byte_items, _commit, _lease_steps, _lock, _objects
 
 _log = logging.getLogger("ckptio.dcp")
 
@@ -339,6 +340,13 @@ class FileSystemWriter(_TorchFileSystemWriter):
             self._release_staging()  # the save ends here
             raise
 
+    def _metadata_exists(self) -> bool:
+        """torch asks this to warn about an overwrite (overwrite=True) or refuse
+        one: in object storage only the refusal is worth a round trip."""
+        if self._object and self.overwrite:
+            return False
+        return super()._metadata_exists()
+
     def _per_rank(self) -> bool:
         """A save without collectives: every rank commits its own __{rank}.metadata."""
         return not getattr(self, "use_collectives", True) and getattr(self, "rank", None) is not None
@@ -359,8 +367,11 @@ class FileSystemWriter(_TorchFileSystemWriter):
         md_name = self._metadata_name()
         if not self._object:
             os.makedirs(self.path, exist_ok=True)
+        # In object storage the lease's read-back is left to the check before
+        # .metadata (the data upload meanwhile; _lease_steps).
         lock = _lock.acquire(self.path, exclusive=not self._per_rank(), busy=self.dir_busy,
-                             reference=_commit.reference_stat(self.path, md_name))
+                             reference=_commit.reference_stat(self.path, md_name),
+                             confirm_later=self._object and not self._per_rank())
         if not self.overwrite and (self.fs.exists(self.fs.concat_path(self.path, md_name)) if self._object
                                    else os.path.lexists(os.path.join(self.path, md_name))):
             # torch checked this in prepare_local_plan, before the lock: a
@@ -628,27 +639,25 @@ class FileSystemWriter(_TorchFileSystemWriter):
             cleanup = "later" if self.cleanup == "background" else "now"
         # The manifest, .metadata (the new checkpoint is current from then
         # on) and the cleanup: one libckptio call, in that order.
-        victims = _commit.commit(self.path, md_name, md_bytes, files, manifest if self.checksums else None, sync,
-                                 cleanup, self._on_commit_step if self._object or _crash_point is not None else None)
+        steps = _lease_steps.LeaseSteps(self._dir_lock if self._object else None)
+
+        def on_step(step: int, path: str, done: bool) -> None:
+            steps.on_step(step, done)
+            if _crash_point is not None:
+                _commit_stage(step, path, done)
+
+        try:
+            victims = _commit.commit(self.path, md_name, md_bytes, files, manifest if self.checksums else None, sync,
+                                     cleanup, on_step if self._object or _crash_point is not None else None)
+        except CkptioError as e:
+            if self._object and e.status_name == "E_BUSY" and md_name == ".metadata" and not steps.committed:
+                _lease_steps.remove_own_objects(self.path, files, self.engine)
+            raise
+        finally:
+            steps.close()
         if victims:
             self._cleanup = _commit.BackgroundRemoval(self.path, victims, sync,
                                                       _commit.Committed(md_name, md_bytes, set(files)))
-
-    def _on_commit_step(self, step: int, path: str, done: bool) -> None:
-        """The commit's step callback. In object storage the directory's lock
-        is a lease another save can take over once it lapses: it is checked
-        right before .metadata and before the cleanup lists older saves'
-        objects, and a save that lost it commits nothing more (raising here
-        stops the commit)."""
-        if not done and step in (_ckptio.DCP_STEP_METADATA, _ckptio.DCP_STEP_LIST):
-            self._check_lock()
-        if _crash_point is not None:
-            _commit_stage(step, path, done)
-
-    def _check_lock(self) -> None:
-        lock = self._dir_lock
-        if lock is not None:
-            lock.check()
 
     def _join_previous_cleanup(self) -> None:
         try:
