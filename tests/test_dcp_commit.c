@@ -351,6 +351,49 @@ static void test_commit_stops_where_the_callback_says(void) {
     }
 }
 
+/* The system calls of a commit in their order, one letter each (open, write,
+ * fsync, rename, unlink, listdir, read), as the fault hook sees them. */
+static char syscalls[256];
+
+static bool record_syscall(ckptio__io_kind kind, int *err, uint64_t *len) {
+    (void)err;
+    (void)len;
+    static const char letter[] = "rwfRoOulc";
+    const size_t n = strlen(syscalls);
+    if (n + 1 < sizeof syscalls && kind != CKPTIO__IO_OPEN_DIRECT && kind != CKPTIO__IO_RESIDENCY) {
+        syscalls[n] = letter[kind];
+        syscalls[n + 1] = '\0';
+    }
+    return false;
+}
+
+/* The manifest and .metadata are both written and fsynced before either is
+ * renamed (their fsyncs run together: one journal commit), then renamed in
+ * that order, and one directory fsync after .metadata's rename makes both
+ * renames durable before the commit returns, before the cleanup lists
+ * anything. Without sync: no fsync at all. */
+static void test_commit_syncs_its_files_before_any_rename(void) {
+    const char *dir = setup("sync order");
+    syscalls[0] = '\0';
+    ckptio__io_set_fault_hook(record_syscall);
+    const ckptio_status st = commit(dir, CKPTIO_DCP_SYNC);
+    ckptio__io_set_fault_hook(NULL);
+    T_OK(st);
+    check_clean(dir, "sync order");
+    /* o: the temporary's open, w: its write, f: fsync, R: rename. */
+    const char *at = strstr(syscalls, "wff");
+    T_ASSERT_MSG(at && strchr(syscalls, 'R') > at, "%s", syscalls);
+    T_ASSERT_MSG(strstr(syscalls, "ffRRof") != NULL, "%s", syscalls);
+    T_ASSERT_MSG(strstr(syscalls, "ffRRof") < strchr(syscalls, 'l'), "%s", syscalls);
+    dir = setup("no sync");
+    syscalls[0] = '\0';
+    ckptio__io_set_fault_hook(record_syscall);
+    T_OK(commit(dir, 0));
+    ckptio__io_set_fault_hook(NULL);
+    T_ASSERT_MSG(!strchr(syscalls, 'f') && strstr(syscalls, "RR"), "%s", syscalls);
+    check_clean(dir, "no sync");
+}
+
 /* ---- faults -------------------------------------------------------------------------- */
 
 static const struct {
@@ -805,6 +848,7 @@ int main(void) {
     T_RUN(test_commit_replaces_torch_checkpoint);
     T_RUN(test_commit_runs_its_steps_in_order);
     T_RUN(test_commit_stops_where_the_callback_says);
+    T_RUN(test_commit_syncs_its_files_before_any_rename);
     T_RUN(test_every_commit_call_fails_once);
     T_RUN(test_short_writes_are_resumed);
     T_RUN(test_stale_files);

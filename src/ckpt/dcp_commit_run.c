@@ -13,8 +13,10 @@
  * far it got.
  */
 #include "dcp_commit_internal.h"
+#include "io_internal.h"
 
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 /* The stop the step callback asked for, and what it leaves behind. */
@@ -88,6 +90,44 @@ static ckptio_status cleanup(const char *dir, const ckptio_dcp_commit_options *o
     return st;
 }
 
+/* Steps 2 and 3 in a local directory. Both files are written to their
+ * temporaries and fsynced together (one journal commit, not two), then the
+ * manifest is renamed, then .metadata, and one directory fsync makes both
+ * renames durable: a crash never leaves a name whose content is not on the
+ * disk, and never .metadata without the data files (durable before the
+ * commit). Temporaries left by a stop or a failure are removed. */
+static ckptio_status local_steps(const char *dir, const ckptio_dcp_commit_options *o, ckptio_dcp_commit_result *r,
+                                 const char *manifest, const char *manifest_path, const char *metadata_path,
+                                 bool with_manifest, const char *reference) {
+    ckptio__dcp_staged man = {.fd = -1}, md = {.fd = -1};
+    ckptio__dcp_staged *both[2];
+    size_t nboth = 0;
+    ckptio_status st = CKPTIO_OK;
+    if (with_manifest) {
+        st = around(dir, o, r, CKPTIO_DCP_STEP_MANIFEST, manifest_path, 0);
+        char *text = NULL, name[sizeof CKPTIO__DCP_MANIFEST_PREFIX + 12 + 5];
+        if (st == CKPTIO_OK)
+            st = ckptio__dcp_manifest_text(dir, o->metadata_name, o->files, o->nfiles, o->items, o->nitems, &text,
+                                           name);
+        if (st == CKPTIO_OK) st = ckptio__dcp_stage(dir, manifest, text, strlen(text), reference, &man);
+        free(text);
+        if (st == CKPTIO_OK) both[nboth++] = &man;
+    }
+    if (st == CKPTIO_OK) st = ckptio__dcp_stage(dir, o->metadata_name, o->metadata, o->metadata_len, reference, &md);
+    if (st == CKPTIO_OK) both[nboth++] = &md;
+    if (st == CKPTIO_OK && (o->flags & CKPTIO_DCP_SYNC)) st = ckptio__dcp_staged_sync(both, nboth);
+    if (st == CKPTIO_OK && with_manifest) {
+        st = ckptio__dcp_staged_publish(&man);
+        if (st == CKPTIO_OK) st = around(dir, o, r, CKPTIO_DCP_STEP_MANIFEST, manifest_path, 1);
+    }
+    if (st == CKPTIO_OK) st = around(dir, o, r, CKPTIO_DCP_STEP_METADATA, metadata_path, 0);
+    if (st == CKPTIO_OK) st = ckptio__dcp_staged_publish(&md);
+    if (st == CKPTIO_OK && (o->flags & CKPTIO_DCP_SYNC)) st = ckptio__dcp_fsync_dir_after(dir, o->metadata_name);
+    ckptio__dcp_staged_drop(&man);
+    ckptio__dcp_staged_drop(&md);
+    return st;
+}
+
 ckptio_status ckptio_dcp_commit(const char *dir, const ckptio_dcp_commit_options *o, ckptio_dcp_commit_result *r) {
     CKPTIO_RETURN_IF(!r, CKPTIO_E_INVAL, "ckptio_dcp_commit: result is required");
     memset(r, 0, sizeof *r);
@@ -101,18 +141,22 @@ ckptio_status ckptio_dcp_commit(const char *dir, const ckptio_dcp_commit_options
         snprintf(manifest, sizeof manifest, CKPTIO__DCP_MANIFEST_PREFIX "%s.json", token);
     char *manifest_path = ckptio__dcp_join(dir, manifest), *metadata_path = ckptio__dcp_join(dir, o->metadata_name);
     ckptio_status st = manifest_path && metadata_path ? CKPTIO_OK : CKPTIO_FAIL(CKPTIO_E_NOMEM, "out of memory");
-    if (st == CKPTIO_OK && manifest[0] && (o->flags & CKPTIO_DCP_MANIFEST)) {
-        st = around(dir, o, r, CKPTIO_DCP_STEP_MANIFEST, manifest_path, 0);
+    const bool with_manifest = manifest[0] && (o->flags & CKPTIO_DCP_MANIFEST);
+    if (st == CKPTIO_OK && ckptio__s3_is_url(dir)) {
+        /* Objects: each PUT replaces its object whole, the manifest's first. */
+        if (with_manifest) {
+            st = around(dir, o, r, CKPTIO_DCP_STEP_MANIFEST, manifest_path, 0);
+            if (st == CKPTIO_OK)
+                st = ckptio__dcp_manifest_write(dir, o->metadata_name, o->files, o->nfiles, o->items, o->nitems,
+                                                reference, sync);
+            if (st == CKPTIO_OK) st = around(dir, o, r, CKPTIO_DCP_STEP_MANIFEST, manifest_path, 1);
+        }
+        if (st == CKPTIO_OK) st = around(dir, o, r, CKPTIO_DCP_STEP_METADATA, metadata_path, 0);
         if (st == CKPTIO_OK)
-            /* Its content is fsynced; its rename becomes durable with .metadata's directory fsync below
-             * (a manifest lost with a crash leaves the structural check to ckptio_dcp_validate). */
-            st = ckptio__dcp_manifest_write(dir, o->metadata_name, o->files, o->nfiles, o->items, o->nitems,
-                                            reference, sync ? sync | CKPTIO__DCP_NO_DIR_SYNC : 0);
-        if (st == CKPTIO_OK) st = around(dir, o, r, CKPTIO_DCP_STEP_MANIFEST, manifest_path, 1);
+            st = ckptio__dcp_write_file(dir, o->metadata_name, o->metadata, o->metadata_len, reference, sync);
+    } else if (st == CKPTIO_OK) {
+        st = local_steps(dir, o, r, manifest, manifest_path, metadata_path, with_manifest, reference);
     }
-    if (st == CKPTIO_OK) st = around(dir, o, r, CKPTIO_DCP_STEP_METADATA, metadata_path, 0);
-    if (st == CKPTIO_OK)
-        st = ckptio__dcp_write_file(dir, o->metadata_name, o->metadata, o->metadata_len, reference, sync);
     if (st == CKPTIO_OK) {
         r->committed = 1;
         st = around(dir, o, r, CKPTIO_DCP_STEP_METADATA, metadata_path, 1);
