@@ -6,7 +6,8 @@ graph) is torch's own: the class derives from torch's FileSystemWriter and
 replaces what touches bytes. Data files get names unique to the save
 (``__{rank}_{token}_{n}.distcp``), are written through the engine (one plan
 for every item of every file of the rank; tensors straight from host or GPU
-memory, O_DIRECT where possible), committed (fsync, rename, directory fsync)
+memory, O_DIRECT where possible), committed (renamed, then fsynced with the
+directory at once: no metadata names them yet) and durable
 before the coordinator writes a manifest and then replaces ``.metadata``
 atomically; only after that are files of older saves deleted. A crash at any
 point leaves either the old checkpoint loadable or the new one complete.
@@ -491,8 +492,9 @@ class FileSystemWriter(_TorchFileSystemWriter):
                     keep.append(src)
             _adapt.sync_current_stream(cuda)
             placed = _ckptio.dcp_write(payloads, self.alignment, self.engine)
-            for f in files:
-                f.commit()
+            # No metadata names these files before finish(): each is renamed,
+            # then all are fsynced with the directory at once.
+            _ckptio.commit_unreferenced(files, self.engine)
         finally:
             for f in files:
                 f.close()  # an uncommitted file is discarded
