@@ -92,8 +92,9 @@ ckptio_status ckptio__dcp_staged_sync(ckptio__dcp_staged *const *files, size_t n
     if (ckptio__fsync_many(fds, n, errs) == 0) return CKPTIO_OK;
     for (size_t i = 0;; i++)
         if (errs[i])
-            return CKPTIO_FAIL_SYS_NOTE(errs[i], "fsync", files[i]->tmp, "flushing %s before its rename; %s is unchanged",
-                                        files[i]->final, files[i]->final);
+            return CKPTIO_FAIL_SYS_NOTE(errs[i], "fsync", files[i]->tmp,
+                                        "flushing %s before its rename; %s is unchanged", files[i]->final,
+                                        files[i]->final);
 }
 
 ckptio_status ckptio__dcp_staged_publish(ckptio__dcp_staged *s) {

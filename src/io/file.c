@@ -413,7 +413,8 @@ static ckptio_status rename_into_place(ckptio_file *f) {
         errno = err;
         ret = -1;
     } else {
-        ret = (f->flags & CKPTIO_OPEN_EXCLUSIVE) ? rename_noreplace(f->tmp_path, f->path) : rename(f->tmp_path, f->path);
+        ret = (f->flags & CKPTIO_OPEN_EXCLUSIVE) ? rename_noreplace(f->tmp_path, f->path)
+                                                 : rename(f->tmp_path, f->path);
     }
     if (ret < 0) {
         err = errno;

@@ -80,7 +80,7 @@ int ckptio__fsync_many(const int *fds, size_t n, int *errs) {
         size_t run = 0;
         for (size_t i = 0; i < round; i++) {
             jobs[i] = (fsync_job){fds[start + i], 0};
-            if (injected(CKPTIO__IO_FSYNC)) jobs[i].err = errno;
+            if (injected(CKPTIO__IO_FSYNC)) jobs[i].err = errno ? errno : EIO;
             else run++;
         }
         /* Every fsync but the last to run gets a thread (signals blocked: they
