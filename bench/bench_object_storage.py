@@ -22,12 +22,18 @@ Methods:
                signed by the script, UNSIGNED-PAYLOAD), parallel 8 MiB ranged GETs of a multipart object and a
                multipart upload of 16 MiB parts of the same bytes: the ratio column's reference; and through
                Swift's own API (tempauth, no S3 layer), a row of its own where the server is Swift
+GPU mode (--device cuda): load_model alone, into tensors on that device, each method ending with
+torch.cuda.synchronize(); the methods are ckptio (ckptio.load(prefix, device=...)), boto3 (download_fileobj,
+safetensors.torch.load, then .to(device)) and local (ckptio.load of the same 4 shards from files in --dir, written
+there by ckptio.save: what the same load costs without the server). Every load's tensors are checked against the
+sums of the saved ones after the clock stops.
 Each method runs in a process of its own (its peak RSS is its alone); the best of --reps runs is kept.
 Columns: GB/s (10^9 bytes of tensor data per second), ratio to the S3-API ceiling of the same direction (measured
 before and after the methods, the best kept), peak RSS of the process and what of it the method added (over the
 interpreter, torch and the state dict it saves), the process's CPU seconds per GB, and the server's CPU seconds per
 GB (every process of the local server; only with scripts/s3_server.sh's). Results: $OUT/object_storage.json
-(bench/_common.py).
+($OUT/object_storage_gpu.json in GPU mode; bench/_common.py). GPU machine without network:
+bench/bench_object_storage_gpu.sh.
 """
 import argparse
 import io
@@ -44,6 +50,9 @@ import _common  # noqa: E402
 
 MiB = 1 << 20
 SHARDS = 4
+DEVICE = "cpu"  # --device: where loads put their tensors
+LOCAL_DIR = "/var/tmp"  # --dir: where the GPU mode's local copy lives
+loaded = {}  # the last load's tensors, checked after the clock stops (GPU mode)
 
 
 def bucket():
@@ -121,7 +130,8 @@ def endpoint():
 def ckptio_load_model(prefix, size):
     import ckptio
 
-    sd = ckptio.load(url(prefix, "model"))
+    sd = ckptio.load(url(prefix, "model"), device=DEVICE)
+    loaded.update(sd)
     return sum(t.numel() * t.element_size() for t in sd.values())
 
 
@@ -201,8 +211,23 @@ def boto3_load_model(prefix, size):
         buf = io.BytesIO()
         s3.download_fileobj(bucket(), f"{prefix}/model/model-{i + 1:05d}-of-{SHARDS:05d}.safetensors", buf, Config=tc)
         sd = load(buf.getvalue())
+        if DEVICE != "cpu":
+            sd = {k: v.to(DEVICE) for k, v in sd.items()}
+            loaded.update(sd)
         total += sum(t.numel() * t.element_size() for t in sd.values())
     return total
+
+
+def local_dir(prefix):
+    return os.path.join(LOCAL_DIR, prefix)
+
+
+def local_load_model(prefix, size):
+    import ckptio
+
+    sd = ckptio.load(local_dir(prefix), device=DEVICE)
+    loaded.update(sd)
+    return sum(t.numel() * t.element_size() for t in sd.values())
 
 
 def boto3_save_model(prefix, size, sd):
@@ -285,6 +310,7 @@ def fsspec_save_dcp(prefix, size, sd):
     return size
 
 
+METHODS_GPU = {"load_model": {"ckptio": ckptio_load_model, "boto3": boto3_load_model, "local": local_load_model}}
 METHODS = {
     "load_model": {"ckptio": ckptio_load_model, "runai": runai_load_model, "s3torch": s3torch_load_model,
                    "boto3": boto3_load_model},
@@ -301,7 +327,7 @@ def run_one(work, method, prefix, size):
     warnings.simplefilter("ignore")
     needs_sd = work in ("save_model", "load_dcp", "save_dcp")
     sd = state(size) if needs_sd else None
-    fn = METHODS[work][method]
+    fn = (METHODS if DEVICE == "cpu" else METHODS_GPU)[work][method]
     # Imports before the clock starts: what is timed is the transfer.
     import ckptio  # noqa: F401
     import ckptio.dcp  # noqa: F401
@@ -316,16 +342,45 @@ def run_one(work, method, prefix, size):
         import boto3  # noqa: F401
     elif method == "fsspec":
         import s3fs  # noqa: F401
+    if DEVICE != "cpu":
+        import torch
+
+        torch.empty(1, device=DEVICE)  # the CUDA context, before the clock
     base = peak_rss_mib()  # the interpreter, torch and (for saves and DCP loads) the state dict
     c0, s0, t0 = cpu_self(), server_cpu(), time.perf_counter()
     moved = fn(prefix, size, sd) if needs_sd else fn(prefix, size)
+    if DEVICE != "cpu" and torch.device(DEVICE).type == "cuda":
+        torch.cuda.synchronize()
     wall = time.perf_counter() - t0
+    if DEVICE != "cpu":
+        check_loaded(prefix)
     print(json.dumps({"seconds": wall, "bytes": moved, "cpu": cpu_self() - c0, "server_cpu": server_cpu() - s0,
                       "rss_MiB": peak_rss_mib(), "base_rss_MiB": base}), flush=True)
 
 
+def sums_path(prefix):
+    return os.path.join(local_dir(prefix), "sums.json")
+
+
+def check_loaded(prefix):
+    """The loaded tensors are on DEVICE and sum as the saved ones did (float64 sums: a missing or misplaced chunk
+    changes them far beyond rounding)."""
+    import torch
+
+    with open(sums_path(prefix)) as f:
+        want = json.load(f)
+    if sorted(loaded) != sorted(want):
+        raise SystemExit(f"loaded {len(loaded)} tensors, saved {len(want)}")
+    for k, v in loaded.items():
+        got = v.double().sum().item()
+        if v.device.type != torch.device(DEVICE).type or \
+                abs(got - want[k]) > 1e-6 * max(1.0, abs(want[k])) + 1e-3:
+            raise SystemExit(f"{k}: on {v.device}, sum {got}, saved {want[k]}")
+
+
 def prepare(prefix, size):
-    """The model directory and the DCP checkpoints every load reads (written once, by ckptio)."""
+    """The model directory and the DCP checkpoints every load reads (written once, by ckptio); in GPU mode the
+    model directory alone, a local copy of it and its tensors' sums."""
     import ckptio
     import torch.distributed.checkpoint as dcp
     from ckptio.dcp import FileSystemWriter
@@ -338,8 +393,17 @@ def prepare(prefix, size):
         name = f"model-{i + 1:05d}-of-{SHARDS:05d}.safetensors"
         ckptio.save(part, url(prefix, "model", name))
         weight_map.update({k: name for k in part})
-    ckptio._ckptio.object_put(url(prefix, "model", "model.safetensors.index.json"),
-                              _json.dumps({"metadata": {}, "weight_map": weight_map}).encode())
+    index = _json.dumps({"metadata": {}, "weight_map": weight_map}).encode()
+    ckptio._ckptio.object_put(url(prefix, "model", "model.safetensors.index.json"), index)
+    if DEVICE != "cpu":
+        os.makedirs(local_dir(prefix))
+        for i, part in enumerate(shard_of(sd)):
+            ckptio.save(part, os.path.join(local_dir(prefix), f"model-{i + 1:05d}-of-{SHARDS:05d}.safetensors"))
+        with open(os.path.join(local_dir(prefix), "model.safetensors.index.json"), "wb") as f:
+            f.write(index)
+        with open(sums_path(prefix), "w") as f:
+            _json.dump({k: v.double().sum().item() for k, v in sd.items()}, f)
+        return
     dcp.save(sd, storage_writer=FileSystemWriter(url(prefix, "dcp")), no_dist=True)
     try:  # s3torchconnector reads checkpoints written by its own writer
         s3torch_save_dcp_to(url(prefix, "dcp-s3torch"), sd)
@@ -385,9 +449,13 @@ def main():
     ap.add_argument("--size", default="256M", help="bytes of tensor data (default 256M)")
     ap.add_argument("--reps", type=int, default=2)
     ap.add_argument("--only", default="", help="comma-separated workloads or work:method pairs to run")
+    ap.add_argument("--device", default="cpu", help="cpu, or cuda[:N]: the GPU mode (load_model alone)")
+    ap.add_argument("--dir", default="/var/tmp", help="the GPU mode's local copy goes in a new directory here")
     ap.add_argument("--one", nargs=3, metavar=("WORK", "METHOD", "PREFIX"), help=argparse.SUPPRESS)
     a = ap.parse_args()
     size = _common.parse_size(a.size)
+    global DEVICE, LOCAL_DIR
+    DEVICE, LOCAL_DIR = a.device, a.dir
     if a.one:
         run_one(a.one[0], a.one[1], a.one[2], size)
         return
@@ -395,18 +463,21 @@ def main():
     _common.log(f"preparing {size / MiB:.0f} MiB under s3://{bucket()}/{prefix} at {endpoint()}")
     prepare(prefix, size)
     ceil = ceiling(size, a.reps, "s3")
-    if server_pids():  # Swift's own API: only scripts/s3_server.sh's server has it
+    if server_pids() and DEVICE == "cpu":  # Swift's own API: only scripts/s3_server.sh's server has it
         ceil.update(ceiling(size, a.reps, "swift"))
     _common.log("ceiling", ceil)
     only = [x for x in a.only.split(",") if x]
     results = []
-    for work, methods in METHODS.items():
+    for work, methods in (METHODS if DEVICE == "cpu" else METHODS_GPU).items():
         for method in methods:
             if only and work not in only and f"{work}:{method}" not in only:
                 continue
             best = None
             for _ in range(a.reps):
-                r = subprocess.run([sys.executable, __file__, "--size", a.size, "--one", work, method, prefix],
+                if method == "local":
+                    _common.drop_caches(local_dir(prefix))
+                r = subprocess.run([sys.executable, __file__, "--size", a.size, "--device", a.device, "--dir", a.dir,
+                                    "--one", work, method, prefix],
                                    capture_output=True, text=True, timeout=1800)
                 line = next((x for x in r.stdout.splitlines() if x.startswith("{")), None)
                 if line is None:
@@ -431,6 +502,8 @@ def main():
         if k in ("s3-get", "s3-put") and v[0] > ceil.get(k, (0, 0))[0]:
             ceil[k] = v
     _common.log("ceiling after the methods", ceil)
+    if DEVICE != "cpu":
+        _common.rmf(local_dir(prefix))
     for row in results:
         key = "s3-get" if row["work"].startswith("load") else "s3-put"
         if "GBps" in row and key in ceil:
@@ -440,8 +513,11 @@ def main():
                  "(scripts/s3_server.sh)" if server_pids() else "external",
                  "ceiling": {k: ({"GBps": v[0], "cpu_s_per_GB": v[1]} if isinstance(v, tuple) else v)
                              for k, v in ceil.items()}, "proxy_workers": os.environ.get("CKPTIO_TEST_S3_WORKERS", "1"),
-                 "ckptio_sign_payload": os.environ.get("CKPTIO_S3_SIGN_PAYLOAD", "auto")})
-    for mod in ("runai_model_streamer", "s3torchconnector", "s3fs", "boto3"):
+                 "ckptio_sign_payload": os.environ.get("CKPTIO_S3_SIGN_PAYLOAD", "auto"), "device": DEVICE,
+                 "object_workers": os.environ.get("CKPTIO_TEST_S3_OBJECT_WORKERS", "0")})
+    if DEVICE != "cpu":
+        meta["local_file_system"] = _common.machine(a.dir).get("file_system", "")
+    for mod in ("runai_model_streamer", "s3torchconnector", "s3fs", "boto3", "swift"):
         try:
             meta[mod] = __import__(mod).__version__
         except Exception:  # noqa: BLE001
@@ -461,7 +537,8 @@ def main():
             print(f"ceiling {k:9s} ({via}): {v[0]:.3f} GB/s, {v[1]:.2f} client CPU s/GB")
         else:
             print(f"ceiling {k}: {v:.2f} (reads and writes together)")
-    print("results:", _common.write_result("object_storage.json", meta, results))
+    name = "object_storage.json" if DEVICE == "cpu" else "object_storage_gpu.json"
+    print("results:", _common.write_result(name, meta, results))
     _common.print_notes()
 
 

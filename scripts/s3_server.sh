@@ -12,15 +12,20 @@
 # Settings (environment): CKPTIO_TEST_S3_PORT (the S3 endpoint's port, default 18480; the account,
 # container and object servers and memcached take the next four), CKPTIO_TEST_S3_DIR (state, rings, data and logs;
 # default ${TMPDIR:-/tmp}/ckptio-s3-UID-PORT), CKPTIO_TEST_S3_WORKERS (proxy processes, default 1:
-# start-up time matters more than throughput in tests), CKPTIO_TEST_S3_BUCKETS (buckets to create,
-# default "ckptio-test ckptio-test2").
+# start-up time matters more than throughput in tests), CKPTIO_TEST_S3_OBJECT_WORKERS (object server processes,
+# default 0: the server's own process), CKPTIO_TEST_S3_BUCKETS (buckets to create,
+# default "ckptio-test ckptio-test2"), CKPTIO_TEST_S3_PYTHON (the interpreter that imports swift, default
+# /usr/bin/python3; for a Swift installed with pip, give its python and put its swift-* scripts and memcached first
+# on PATH: nothing is installed then).
 # What Swift 2.30's s3api does and does not do: docs/OBJECT_STORAGE.md.
 set -euo pipefail
 
 port=${CKPTIO_TEST_S3_PORT:-18480}
 dir=${CKPTIO_TEST_S3_DIR:-${TMPDIR:-/tmp}/ckptio-s3-$(id -u)-$port}
 workers=${CKPTIO_TEST_S3_WORKERS:-1}
+object_workers=${CKPTIO_TEST_S3_OBJECT_WORKERS:-0}
 buckets=${CKPTIO_TEST_S3_BUCKETS:-"ckptio-test ckptio-test2"}
+python=${CKPTIO_TEST_S3_PYTHON:-/usr/bin/python3}
 access_key="test:tester"
 secret_key="testing"
 region="us-east-1"
@@ -39,7 +44,7 @@ print_env() {
 install_missing() {
     if command -v swift-proxy-server >/dev/null && command -v swift-object-server >/dev/null &&
         command -v swift-ring-builder >/dev/null && command -v memcached >/dev/null && command -v curl >/dev/null &&
-        /usr/bin/python3 -c 'import swift.common.middleware.s3api, lxml' 2>/dev/null; then
+        "$python" -c 'import swift.common.middleware.s3api, lxml' 2>/dev/null; then
         return 0
     fi
     local sudo=""
@@ -93,14 +98,14 @@ devices = $dir/srv
 mount_check = false
 log_name = %s
 log_facility = LOG_LOCAL0
-log_address = /nonexistent
-workers = 0"
+log_address = /nonexistent"
     local i=1 s
     for s in account container object; do
         {
             echo "[DEFAULT]"
             echo "bind_port = $((port + i))"
             printf '%s\n' "${common//%s/$s}"
+            if [ "$s" = object ]; then echo "workers = $object_workers"; else echo "workers = 0"; fi
             echo "[pipeline:main]"
             echo "pipeline = $s-server"
             echo "[app:$s-server]"
@@ -180,7 +185,7 @@ EOF
 # Creates the buckets with signed S3 requests (SigV4 in a few lines of the standard library: curl's
 # own signer cannot sign for an access key with a colon in it, and tempauth's tokens need memcache).
 make_buckets() {
-    /usr/bin/python3 - "$port" "$access_key" "$secret_key" "$region" $buckets <<'PY'
+    "$python" - "$port" "$access_key" "$secret_key" "$region" $buckets <<'PY'
 import datetime, hashlib, hmac, http.client, sys
 port, ak, sk, region, buckets = int(sys.argv[1]), sys.argv[2], sys.argv[3], sys.argv[4], sys.argv[5:]
 def h(k, m): return hmac.new(k, m.encode(), hashlib.sha256).digest()

@@ -11,6 +11,7 @@
 #include "objstore_helpers.h"
 
 #include <errno.h>
+#include <pthread.h>
 #include <sys/stat.h>
 
 static unsigned char *random_bytes(size_t n, uint64_t seed) {
@@ -207,6 +208,65 @@ static void test_give_up(void) {
     free(back);
 }
 
+/* A writer that waits for a part buffer while another write grows the
+ * upload's part table: the waiting writer must find its part in the table as
+ * it is after the wait, not where it was before (the table moved). Two
+ * stalled UploadParts keep all four buffers of this engine busy for 2 s;
+ * meanwhile a write at part 17 grows the table from 16 entries. */
+typedef struct {
+    ckptio_file *f;
+    const unsigned char *data;
+    uint64_t off, len;
+    ckptio_status st;
+} part_writer;
+
+static void *write_part(void *arg) {
+    part_writer *w = arg;
+    w->st = ckptio__file_io(w->f, CKPTIO_WRITE, (void *)(w->data + w->off), w->len, w->off);
+    return NULL;
+}
+
+static void test_writer_waits_while_parts_grow(void) {
+    const char *url = s3_url("grow.bin");
+    const uint64_t part = 5u << 20, n = 16 * part + 8;
+    unsigned char *data = random_bytes(5 * part, 17), *back = malloc(n), *want = calloc(1, n);
+    memcpy(want, data, 5 * part);
+    want[n - 1] = data[3];
+    const char *rules[] = {"PUT:partNumber:stall:2:2", NULL};
+    proxy_start(rules);
+    ckptio_engine *e = s3_test_engine();
+    T_OK(ckptio_engine_set(e, CKPTIO_OPT_S3_CONCURRENCY, 2));
+    T_OK(ckptio_engine_set(e, CKPTIO_OPT_THREADS, 2));
+    T_OK(ckptio_engine_set(e, CKPTIO_OPT_CHUNK_BYTES, 1 << 20));
+    ckptio_file *f;
+    T_OK(ckptio_file_open(e, url, CKPTIO_OPEN_WRITE, &f));
+    for (uint64_t i = 0; i < 4; i++) T_OK(ckptio__file_io(f, CKPTIO_WRITE, data + i * part, part, i * part));
+    uint64_t peak, bound;
+    ckptio__object_buffers(f, &peak, &bound);
+    T_ASSERT_MSG(bound < 5 * part, "a bound of %llu holds a fifth part", (unsigned long long)bound);
+    part_writer w = {f, data, 4 * part, part, CKPTIO_OK};
+    pthread_t t;
+    T_ASSERT(pthread_create(&t, NULL, write_part, &w) == 0);
+    usleep(300 * 1000); /* the thread now waits for a buffer: the first two parts are stalled */
+    T_OK(ckptio__file_io(f, CKPTIO_WRITE, data + 3, 1, n - 1));
+    T_ASSERT(pthread_join(t, NULL) == 0);
+    T_OK(w.st);
+    T_OK(ckptio_file_commit(f));
+    T_OK(ckptio_file_close(f));
+    T_OK(ckptio_engine_destroy(e));
+    T_ASSERT_MSG(proxy_stop("stall") == 2, "the stalls did not happen");
+    e = s3_test_engine();
+    T_OK(read_all(e, url, back, n));
+    for (uint64_t i = 0; i < n; i += part)
+        T_ASSERT_MSG(memcmp(back + i, want + i, i + part < n ? part : n - i) == 0, "part %llu differs",
+                     (unsigned long long)(i / part + 1));
+    T_OK(ckptio_object_delete(e, url));
+    T_OK(ckptio_engine_destroy(e));
+    free(data);
+    free(back);
+    free(want);
+}
+
 static void test_failed_upload_leaves_nothing(void) {
     const char *url = s3_url("precious.bin");
     const size_t old_n = 2u << 20, n = 21u << 20;
@@ -267,5 +327,6 @@ int main(void) {
     T_RUN(test_uploads_retry);
     T_RUN(test_give_up);
     T_RUN(test_failed_upload_leaves_nothing);
+    T_RUN(test_writer_waits_while_parts_grow);
     return T_EXIT_PASS;
 }

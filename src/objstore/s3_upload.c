@@ -263,10 +263,11 @@ out:
     return st;
 }
 
-/* A buffer for part i (lock held; may wait for uploads to free memory). */
+/* A buffer for part i (lock held; may wait for uploads to free memory). The
+ * part is looked up again after each wait: another writer may have grown the
+ * table (grow_parts moves it) while the lock was free. */
 static ckptio_status part_buffer(ckptio__s3_upload *u, unsigned i) {
-    part *p = &u->parts[i];
-    while (!p->buf) {
+    for (part *p = &u->parts[i]; !p->buf; p = &u->parts[i]) {
         if (u->fail_status != CKPTIO_OK) return failure(u);
         if (u->buffered + u->part_size <= u->max_buffered || u->buffered == 0) {
             p->buf = ckptio__malloc((size_t)u->part_size);
@@ -346,10 +347,15 @@ ckptio_status ckptio__s3_upload_write(ckptio__s3_upload *u, uint64_t off, const 
             break;
         }
         if ((st = part_buffer(u, i)) != CKPTIO_OK) break;
+        /* Entries are reached by index after every unlock: another writer may move the table (grow_parts);
+         * the part's buffer stays where it is while it has writers. */
+        p = &u->parts[i];
         p->writers++;
+        unsigned char *dst = p->buf + lo;
         pthread_mutex_unlock(&u->lock);
-        memcpy(p->buf + lo, (const unsigned char *)data + (pstart + lo - off), (size_t)(hi - lo));
+        memcpy(dst, (const unsigned char *)data + (pstart + lo - off), (size_t)(hi - lo));
         pthread_mutex_lock(&u->lock);
+        p = &u->parts[i];
         p->writers--;
         if (!add_cover(p, lo, hi)) {
             st = CKPTIO_FAIL(CKPTIO_E_NOMEM, "out of memory tracking an upload part");
