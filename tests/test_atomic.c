@@ -328,7 +328,7 @@ static void test_commit_unreferenced(void) {
         syscalls[0] = '\0';
         if (round == 0) {
             ckptio__io_set_fault_hook(record_syscall);
-            const ckptio_status st = ckptio_file_commit_unreferenced(f, 3);
+            const ckptio_status st = ckptio_file_commit_unreferenced(f, 3, 0);
             ckptio__io_set_fault_hook(NULL);
             T_OK(st);
             const char *last_rename = strrchr(syscalls, 'R'), *first_fsync = strchr(syscalls, 'f');
@@ -337,13 +337,13 @@ static void test_commit_unreferenced(void) {
             for (int i = 0; i < 3; i++) expect_file(paths[i], names[i], 6);
         } else if (round == 1) { /* the second file's fsync fails */
             ckptio__io_inject(CKPTIO__IO_FSYNC, 2, EIO, 0, false);
-            T_STATUS(ckptio_file_commit_unreferenced(f, 3), CKPTIO_E_IO);
+            T_STATUS(ckptio_file_commit_unreferenced(f, 3, 0), CKPTIO_E_IO);
             ckptio__io_inject_reset();
             T_MESSAGE_HAS("u1.bin: fsync: flushing the data to storage (the file is in place under its name but");
             for (int i = 0; i < 3; i++) expect_file(paths[i], names[i], 6);
         } else if (round == 2) { /* the directory's fsync fails */
             ckptio__io_inject(CKPTIO__IO_FSYNC, 4, EIO, 0, false);
-            T_STATUS(ckptio_file_commit_unreferenced(f, 3), CKPTIO_E_IO);
+            T_STATUS(ckptio_file_commit_unreferenced(f, 3, 0), CKPTIO_E_IO);
             ckptio__io_inject_reset();
             T_MESSAGE_HAS("flushing the directory after renaming");
             T_MESSAGE_HAS("may not survive a power loss");
@@ -351,7 +351,7 @@ static void test_commit_unreferenced(void) {
             for (int i = 0; i < 3; i++) unlink(paths[i]);
             t_write_file(paths[1], "", 0);
             ckptio__io_inject(CKPTIO__IO_RENAME, 2, EACCES, 0, false);
-            T_STATUS(ckptio_file_commit_unreferenced(f, 3), CKPTIO_E_PERMISSION);
+            T_STATUS(ckptio_file_commit_unreferenced(f, 3, 0), CKPTIO_E_PERMISSION);
             ckptio__io_inject_reset();
             T_MESSAGE_HAS("u1.bin: rename: renaming the finished temporary over it");
             expect_file(paths[0], names[0], 6);
@@ -360,7 +360,7 @@ static void test_commit_unreferenced(void) {
         }
         for (int i = 0; i < 3; i++) T_OK(ckptio_file_close(f[i]));
         expect_no_temporaries();
-        T_STATUS(ckptio_file_commit_unreferenced(NULL, 1), CKPTIO_E_INVAL);
+        T_STATUS(ckptio_file_commit_unreferenced(NULL, 1, 0), CKPTIO_E_INVAL);
     }
     /* Without OPT_SYNC: renamed, nothing fsynced. */
     T_OK(ckptio_engine_set(e, CKPTIO_OPT_SYNC, 0));
@@ -369,7 +369,7 @@ static void test_commit_unreferenced(void) {
     T_OK(write_all(e, g, "nosync", 6));
     syscalls[0] = '\0';
     ckptio__io_set_fault_hook(record_syscall);
-    const ckptio_status st = ckptio_file_commit_unreferenced(&g, 1);
+    const ckptio_status st = ckptio_file_commit_unreferenced(&g, 1, 0);
     ckptio__io_set_fault_hook(NULL);
     T_OK(st);
     T_ASSERT_MSG(strcmp(syscalls, "R") == 0, "%s", syscalls);

@@ -129,7 +129,15 @@ CKPTIO_API ckptio_status ckptio_inherit_mode(int fd, const char *path);
  * by ckptio_file_commit. Files are committed in order, in groups of 32 (the
  * fsyncs of one group before the next is renamed); the first failure ends it. Not thread-safe for
  * one file (as ckptio_file_commit). */
-CKPTIO_API ckptio_status ckptio_file_commit_unreferenced(ckptio_file *const *files, size_t count);
+CKPTIO_API ckptio_status ckptio_file_commit_unreferenced(ckptio_file *const *files, size_t count, unsigned flags);
+
+/* Flags of ckptio_file_commit_unreferenced(). */
+enum {
+    /* Rename only: the fsyncs are left to ckptio_dcp_commit(), which runs
+     * them with its own (its options' data_files). Keep the files open
+     * until then. */
+    CKPTIO_COMMIT_SYNC_LATER = 1u << 0
+};
 
 /* ------------------------------------------------------------------------ */
 /* Temporaries left by crashed saves                                        */

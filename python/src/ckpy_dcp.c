@@ -166,24 +166,29 @@ out:
 typedef struct commit_call {
     ckptio_file **files;
     size_t count;
+    unsigned flags;
 } commit_call;
 
 static ckptio_status do_commit_unreferenced(ckptio_engine *engine, void *arg) {
     (void)engine;
     const commit_call *c = arg;
-    return ckptio_file_commit_unreferenced(c->files, c->count);
+    return ckptio_file_commit_unreferenced(c->files, c->count, c->flags);
 }
 
 static PyObject *mod_commit_unreferenced(PyObject *module, PyObject *args, PyObject *kwargs) {
-    static char *kwlist[] = {"files", "engine", NULL};
+    static char *kwlist[] = {"files", "engine", "sync_later", NULL};
     PyObject *seq, *engine_arg = Py_None;
-    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "O|O:commit_unreferenced", kwlist, &seq, &engine_arg)) return NULL;
+    int sync_later = 0;
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "O|Op:commit_unreferenced", kwlist, &seq, &engine_arg,
+                                     &sync_later))
+        return NULL;
     PyObject *fast = PySequence_List(seq); /* holds every File alive for the call */
     if (!fast) return NULL;
     const Py_ssize_t n = PyList_Size(fast);
     PyObject *result = NULL;
     ckpy_engine *engine = NULL;
-    commit_call c = {PyMem_Calloc(n ? (size_t)n : 1, sizeof *c.files), (size_t)n};
+    commit_call c = {PyMem_Calloc(n ? (size_t)n : 1, sizeof *c.files), (size_t)n,
+                     sync_later ? CKPTIO_COMMIT_SYNC_LATER : 0u};
     if (!c.files) {
         PyErr_NoMemory();
         goto out;
@@ -513,9 +518,10 @@ static PyMethodDef dcp_methods[] = {
      "C-contiguous tensor). Items of one file are placed in order from offset 0. parts: [(offset in the\n"
      "item, length, xxh3)] for archives hashed from GPU memory (ckptio_dcp_part). GIL released."},
     {"commit_unreferenced", (PyCFunction)(void (*)(void))mod_commit_unreferenced, METH_VARARGS | METH_KEYWORDS,
-     "commit_unreferenced(files, engine=None): commits atomic write Files whose names nothing references\n"
-     "yet (a DCP save's data files): each renamed, then all fsynced with their directory at once\n"
-     "(ckptio_file_commit_unreferenced). GIL released."},
+     "commit_unreferenced(files, engine=None, sync_later=False): commits atomic write Files whose names\n"
+     "nothing references yet (a DCP save's data files): each renamed, then all fsynced with their directory\n"
+     "at once (ckptio_file_commit_unreferenced); sync_later: renamed only, for dcp_commit's data_files.\n"
+     "GIL released."},
     {"dcp_read", (PyCFunction)(void (*)(void))mod_dcp_read, METH_VARARGS | METH_KEYWORDS,
      "dcp_read(extents, engine=None): file -> memory for (File, address, nbytes, file_offset, mem_kind)\n"
      "extents of any number of files, in one engine plan. GIL released."},

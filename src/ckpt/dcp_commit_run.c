@@ -15,9 +15,12 @@
 #include "dcp_commit_internal.h"
 #include "io_internal.h"
 
+#include <errno.h>
+#include <fcntl.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 /* The stop the step callback asked for, and what it leaves behind. */
 static ckptio_status stopped(const char *dir, const char *step, int done, int committed) {
@@ -48,6 +51,13 @@ static ckptio_status check_options(const char *dir, const ckptio_dcp_commit_opti
     CKPTIO_RETURN_IF(!o->metadata && o->metadata_len, CKPTIO_E_INVAL, "ckptio_dcp_commit: no metadata bytes");
     CKPTIO_RETURN_IF(!o->files && o->nfiles, CKPTIO_E_INVAL, "ckptio_dcp_commit: no data file names");
     CKPTIO_RETURN_IF(!o->items && o->nitems, CKPTIO_E_INVAL, "ckptio_dcp_commit: no manifest items");
+    CKPTIO_RETURN_IF(!o->data_files && o->ndata_files, CKPTIO_E_INVAL, "ckptio_dcp_commit: no data files");
+    for (size_t i = 0; i < o->ndata_files; i++)
+        CKPTIO_RETURN_IF(!o->data_files[i] || (ckptio__file_renamed_fd(o->data_files[i]) < 0 &&
+                                               !ckptio__s3_is_url(dir)),
+                         CKPTIO_E_INVAL,
+                         "ckptio_dcp_commit: data file %zu is not committed by ckptio_file_commit_unreferenced("
+                         "CKPTIO_COMMIT_SYNC_LATER)", i);
     for (size_t i = 0; i < o->nfiles; i++)
         CKPTIO_RETURN_IF(!o->files[i] || !*o->files[i] || strchr(o->files[i], '/'), CKPTIO_E_INVAL,
                          "ckptio_dcp_commit: data file %zu ('%s') is not a file name", i,
@@ -90,6 +100,50 @@ static ckptio_status cleanup(const char *dir, const ckptio_dcp_commit_options *o
     return st;
 }
 
+/* The first round of fsyncs of a local commit, all at once: the data files
+ * handed over uncommitted (renamed already) and the directory that names
+ * them, the manifest's and .metadata's temporaries. */
+static ckptio_status sync_first_round(const char *dir, const ckptio_dcp_commit_options *o,
+                                      ckptio__dcp_staged *const *staged, size_t nstaged) {
+    const size_t nd = o->ndata_files;
+    if (nd == 0) return ckptio__dcp_staged_sync(staged, nstaged);
+    const size_t n = nd + 1 + nstaged;
+    int *fds = ckptio__calloc(2 * n, sizeof *fds);
+    if (!fds) return CKPTIO_FAIL(CKPTIO_E_NOMEM, "out of memory");
+    int *errs = fds + n;
+    for (size_t i = 0; i < nd; i++) fds[i] = ckptio__file_renamed_fd(o->data_files[i]);
+    const int dfd = ckptio__open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC, 0);
+    if (dfd < 0) {
+        const ckptio_status st = CKPTIO_FAIL_SYS_NOTE(errno, "open", dir,
+                                                      "opening the directory to fsync it after renaming the data "
+                                                      "files; the checkpoint is unchanged");
+        ckptio__free(fds);
+        return st;
+    }
+    fds[nd] = dfd;
+    for (size_t k = 0; k < nstaged; k++) fds[nd + 1 + k] = staged[k]->fd;
+    const int failed = ckptio__fsync_many(fds, n, errs);
+    close(dfd);
+    ckptio_status st = CKPTIO_OK;
+    for (size_t i = 0; failed && i < n && st == CKPTIO_OK; i++) {
+        if (!errs[i]) continue;
+        if (i < nd)
+            st = CKPTIO_FAIL_SYS_NOTE(errs[i], "fsync", ckptio_file_path(o->data_files[i]),
+                                      "flushing the data file before %s names it; the checkpoint is unchanged",
+                                      o->metadata_name);
+        else if (i == nd)
+            st = CKPTIO_FAIL_SYS_NOTE(errs[i], "fsync", dir,
+                                      "flushing the directory after renaming the data files; the checkpoint is "
+                                      "unchanged");
+        else
+            st = CKPTIO_FAIL_SYS_NOTE(errs[i], "fsync", staged[i - nd - 1]->tmp,
+                                      "flushing %s before its rename; %s is unchanged", staged[i - nd - 1]->final,
+                                      staged[i - nd - 1]->final);
+    }
+    ckptio__free(fds);
+    return st;
+}
+
 /* Steps 2 and 3 in a local directory. Both files are written to their
  * temporaries and fsynced together (one journal commit, not two), then the
  * manifest is renamed, then .metadata, and one directory fsync makes both
@@ -115,7 +169,7 @@ static ckptio_status local_steps(const char *dir, const ckptio_dcp_commit_option
     }
     if (st == CKPTIO_OK) st = ckptio__dcp_stage(dir, o->metadata_name, o->metadata, o->metadata_len, reference, &md);
     if (st == CKPTIO_OK) both[nboth++] = &md;
-    if (st == CKPTIO_OK && (o->flags & CKPTIO_DCP_SYNC)) st = ckptio__dcp_staged_sync(both, nboth);
+    if (st == CKPTIO_OK && (o->flags & CKPTIO_DCP_SYNC)) st = sync_first_round(dir, o, both, nboth);
     if (st == CKPTIO_OK && with_manifest) {
         st = ckptio__dcp_staged_publish(&man);
         if (st == CKPTIO_OK) st = around(dir, o, r, CKPTIO_DCP_STEP_MANIFEST, manifest_path, 1);
@@ -143,7 +197,8 @@ ckptio_status ckptio_dcp_commit(const char *dir, const ckptio_dcp_commit_options
     ckptio_status st = manifest_path && metadata_path ? CKPTIO_OK : CKPTIO_FAIL(CKPTIO_E_NOMEM, "out of memory");
     const bool with_manifest = manifest[0] && (o->flags & CKPTIO_DCP_MANIFEST);
     if (st == CKPTIO_OK && ckptio__s3_is_url(dir)) {
-        /* Objects: each PUT replaces its object whole, the manifest's first. */
+        /* Objects: each PUT replaces its object whole, the manifest's first (data files are stored whole at
+         * their commit: nothing of theirs is left to sync). */
         if (with_manifest) {
             st = around(dir, o, r, CKPTIO_DCP_STEP_MANIFEST, manifest_path, 0);
             if (st == CKPTIO_OK)

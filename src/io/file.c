@@ -488,6 +488,22 @@ ckptio_status ckptio_file_commit(ckptio_file *f) {
     return st;
 }
 
+/* ckptio_file_commit_unreferenced() for one file, without the fsyncs: its
+ * mode set, its temporary renamed over its name. */
+static ckptio_status rename_unreferenced(ckptio_file *f) {
+    CKPTIO_FORWARD(check_writable(f, "commit", NULL));
+    CKPTIO_RETURN_IF(f->object || !f->tmp_path, CKPTIO_E_INVAL,
+                     "%s: commit: only an atomic write of a local file is renamed before its fsync", f->path);
+    f->closed_for_write = true;
+    if (f->mode_from || !(f->flags & CKPTIO_OPEN_EXCLUSIVE))
+        CKPTIO_FORWARD(ckptio_inherit_mode(f->fd, f->mode_from ? f->mode_from : f->path));
+    CKPTIO_FORWARD(rename_into_place(f));
+    f->committed = true;
+    return CKPTIO_OK;
+}
+
+int ckptio__file_renamed_fd(const ckptio_file *f) { return f->committed && !f->object ? f->fd : -1; }
+
 /* Up to this many files and directories are fsynced at once. */
 #define COMMIT_GROUP 64
 
@@ -512,8 +528,10 @@ static ckptio_status sync_group(ckptio_file *const *what, const int *fds, const 
     return CKPTIO_OK;
 }
 
-ckptio_status ckptio_file_commit_unreferenced(ckptio_file *const *files, size_t count) {
+ckptio_status ckptio_file_commit_unreferenced(ckptio_file *const *files, size_t count, unsigned flags) {
     CKPTIO_RETURN_IF(!files && count, CKPTIO_E_INVAL, "ckptio_file_commit_unreferenced: files is NULL");
+    CKPTIO_RETURN_IF(flags & ~CKPTIO_COMMIT_SYNC_LATER, CKPTIO_E_INVAL,
+                     "ckptio_file_commit_unreferenced: unknown flags 0x%x", flags & ~CKPTIO_COMMIT_SYNC_LATER);
     for (size_t i = 0; i < count; i++)
         CKPTIO_RETURN_IF(!files[i], CKPTIO_E_INVAL, "ckptio_file_commit_unreferenced: file %zu is NULL", i);
     ckptio_status st = CKPTIO_OK;
@@ -532,13 +550,8 @@ ckptio_status ckptio_file_commit_unreferenced(ckptio_file *const *files, size_t 
                 st = ckptio_file_commit(f);
                 continue;
             }
-            if ((st = check_writable(f, "commit", NULL)) != CKPTIO_OK) break;
-            f->closed_for_write = true;
-            if (f->mode_from || !(f->flags & CKPTIO_OPEN_EXCLUSIVE))
-                if ((st = ckptio_inherit_mode(f->fd, f->mode_from ? f->mode_from : f->path)) != CKPTIO_OK) break;
-            if ((st = rename_into_place(f)) != CKPTIO_OK) break;
-            f->committed = true;
-            if (ckptio__io_engine_setting(f->engine, CKPTIO_OPT_SYNC) == 0) continue;
+            if ((st = rename_unreferenced(f)) != CKPTIO_OK) break;
+            if ((flags & CKPTIO_COMMIT_SYNC_LATER) || ckptio__io_engine_setting(f->engine, CKPTIO_OPT_SYNC) == 0) continue;
             what[n] = f;
             is_dir[n] = false;
             fds[n++] = f->fd;

@@ -659,6 +659,11 @@ void ckptio__io_set_fault_hook(ckptio__io_fault_fn fn);
  * hook's answer, false without one. Cheap (one atomic load) when none is. */
 bool ckptio__io_fault(ckptio__io_kind kind, int *err, uint64_t *len);
 
+/* The buffered descriptor of a local file committed by
+ * ckptio_file_commit_unreferenced(CKPTIO_COMMIT_SYNC_LATER), for the fsync
+ * it still needs; -1 for a file not committed, or an object. (file.c) */
+int ckptio__file_renamed_fd(const ckptio_file *f);
+
 /* ---- system calls of the commit protocols (syscalls.c) ------------------ */
 
 /* Each behaves as the system call of its name (-1 or NULL with errno on
