@@ -551,7 +551,8 @@ ckptio_status ckptio_file_commit_unreferenced(ckptio_file *const *files, size_t 
                 continue;
             }
             if ((st = rename_unreferenced(f)) != CKPTIO_OK) break;
-            if ((flags & CKPTIO_COMMIT_SYNC_LATER) || ckptio__io_engine_setting(f->engine, CKPTIO_OPT_SYNC) == 0) continue;
+            if ((flags & CKPTIO_COMMIT_SYNC_LATER) || ckptio__io_engine_setting(f->engine, CKPTIO_OPT_SYNC) == 0)
+                continue;
             what[n] = f;
             is_dir[n] = false;
             fds[n++] = f->fd;
