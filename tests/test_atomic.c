@@ -375,6 +375,19 @@ static void test_commit_unreferenced(void) {
     T_ASSERT_MSG(strcmp(syscalls, "R") == 0, "%s", syscalls);
     T_OK(ckptio_file_close(g));
     expect_file(paths[0], "nosync", 6);
+    /* CKPTIO_COMMIT_SYNC_LATER: renamed only, the fsyncs left to the DCP commit. */
+    T_OK(ckptio_engine_set(e, CKPTIO_OPT_SYNC, 1));
+    T_OK(ckptio_file_open(e, paths[0], CKPTIO_OPEN_WRITE, &g));
+    T_OK(write_all(e, g, "later!", 6));
+    syscalls[0] = '\0';
+    ckptio__io_set_fault_hook(record_syscall);
+    const ckptio_status later = ckptio_file_commit_unreferenced(&g, 1, CKPTIO_COMMIT_SYNC_LATER);
+    ckptio__io_set_fault_hook(NULL);
+    T_OK(later);
+    T_ASSERT_MSG(strcmp(syscalls, "R") == 0, "%s", syscalls);
+    T_OK(ckptio_file_close(g));
+    expect_file(paths[0], "later!", 6);
+    T_STATUS(ckptio_file_commit_unreferenced(&g, 0, 1u << 5), CKPTIO_E_INVAL);
     T_OK(ckptio_engine_destroy(e));
     for (int i = 0; i < 3; i++) unlink(paths[i]);
 }
