@@ -7,9 +7,9 @@ replaces what touches bytes. Data files get names unique to the save
 (``__{rank}_{token}_{n}.distcp``), are written through the engine (one plan
 for every item of every file of the rank; tensors straight from host or GPU
 memory, O_DIRECT where possible), committed (renamed, then fsynced with the
-directory at once: no metadata names them yet) and durable
-before the coordinator writes a manifest and then replaces ``.metadata``
-atomically; only after that are files of older saves deleted. A crash at any
+directory at once: no metadata names them yet; the coordinator's own with
+the manifest and ``.metadata``'s temporary) and durable before the
+coordinator renames a manifest and then replaces ``.metadata`` atomically; only after that are files of older saves deleted. A crash at any
 point leaves either the old checkpoint loadable or the new one complete.
 Saves of one directory are serialized by a lock that the coordinator takes
 before any rank writes data and keeps until the cleanup; new files take the
