@@ -614,6 +614,7 @@ class FileSystemWriter(_TorchFileSystemWriter):
         try:
             self._finish(metadata, results)
         finally:
+            self._close_pending()  # committed, or left for the next save to remove
             self._unlock_directory()
             self._release_staging()
 
@@ -650,12 +651,10 @@ class FileSystemWriter(_TorchFileSystemWriter):
             cleanup = "later" if self.cleanup == "background" else "now"
         # The manifest, .metadata (the new checkpoint is current from then
         # on) and the cleanup: one libckptio call, in that order.
-        try:
-            victims = _commit.commit(self.path, md_name, md_bytes, files, manifest if self.checksums else None, sync,
-                                     cleanup, self._on_commit_step if self._object or _crash_point is not None
-                                     else None, self._pending)
-        finally:
-            self._close_pending()
+        victims = _commit.commit(self.path, md_name, md_bytes, files, manifest if self.checksums else None, sync,
+                                 cleanup, self._on_commit_step if self._object or _crash_point is not None else None,
+                                 self._pending)
+        self._close_pending()
         if victims:
             self._cleanup = _commit.BackgroundRemoval(self.path, victims, sync,
                                                       _commit.Committed(md_name, md_bytes, set(files)))
