@@ -5,7 +5,8 @@ Cases (--cases, comma-separated; default all):
   model   a Hugging Face directory of about --model-gib GiB (a Llama config with random bf16 weights, written
           locally by transformers' save_pretrained: no download), loaded cold and warm to the CPU by
           ckptio.load (full copy), ckptio.load(mmap=True), safetensors.torch.load_file per shard,
-          torch.load(mmap=True) of the same state dict saved by torch.save, and transformers' from_pretrained;
+          torch.load(mmap=True) and torch.load (a copy, as ckptio.load's) of the same state dict saved by
+          torch.save, and transformers' from_pretrained;
           each also "and read": the time until every page of every tensor was touched once (a sum over one
           element per 4 KiB), which is what a mapped load defers.
   tiny    --tiny tensors of 1 KiB each (2 KiB bf16: an MoE's experts), saved by ckptio; loaded warm by ckptio
@@ -127,6 +128,7 @@ def case_model(work, gib, repeat):
         ("ckptio.load(mmap=True)", lambda: ckptio.load(d, mmap=True)),
         ("safetensors load_file (every shard)", st_dir),
         ("torch.load(mmap=True) of model.pt", lambda: torch.load(pt, mmap=True, weights_only=True)),
+        ("torch.load of model.pt (copy)", lambda: torch.load(pt, weights_only=True)),
         ("transformers from_pretrained", lambda: AutoModelForCausalLM.from_pretrained(d, dtype=torch.bfloat16)),
     ]
     for mode in ("cold", "warm"):

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import collections
 import os
+from operator import itemgetter
 from typing import Any, Dict, Iterable, Iterator, List, Mapping, NamedTuple, Optional, Tuple, Union
 
 from . import _adapt, _bulk, _ckptio, _distributed, _memory, _model, _progress
@@ -121,10 +122,12 @@ class CheckpointFile:
         self._index: Dict[str, int] = {}
         self._has_metadata = False
         if self.format == "safetensors":
-            self._reader = _ckptio.ModelReader(self._path, engine, allow_symlinks)
-            self._shards = self._reader.shards
-            self._rows = self._reader.tensors
-            self._index = {row[0]: i for i, row in enumerate(self._rows)}
+            # A row and a name per tensor, however many (no_gc; the count is known only once it is read).
+            with _bulk.no_gc(_bulk.GC_PAUSE_MIN):
+                self._reader = _ckptio.ModelReader(self._path, engine, allow_symlinks)
+                self._shards = self._reader.shards
+                self._rows = self._reader.tensors
+                self._index = dict(zip(map(itemgetter(0), self._rows), range(len(self._rows))))
             self._order = None  # the rows' order: offset_keys() lists it when asked
             self._metadata = self._reader.metadata
             self._has_metadata = self._reader.has_metadata
@@ -269,7 +272,7 @@ class CheckpointFile:
         """New cpu tensors, or views of the mapped file with mmap=True, built
         a few buffers at a time (_bulk.py); {name: tensor} in the order asked."""
         try:
-            index = [self._index[name] for name in names]
+            index = list(map(self._index.__getitem__, names))
         except KeyError as exc:
             raise KeyError(f"{self._path}: no tensor named {exc.args[0]!r}") from None
         with _bulk.no_gc(len(index)):
@@ -285,10 +288,10 @@ class CheckpointFile:
             elif self._mmap:
                 made, left = _bulk.load_mapped(self._reader, items, self._mapping)
                 if left:
-                    made.update(_bulk.load_copied(self._reader, left))
+                    _bulk.load_copied(self._reader, left, made)
             else:
                 made = _bulk.load_copied(self._reader, items)
-            return {name: made[i] for name, i in zip(names, index)}
+            return dict(zip(names, map(made.__getitem__, index)))
 
     # -- slices (_model.py) -------------------------------------------------------------
     def get_slice(self, name: str) -> "_model.Slice":
@@ -470,10 +473,17 @@ def load(path: Union[PathLike, bytes, bytearray, memoryview, Any], device: Any =
         label = "load bytes" if isinstance(path, (bytes, bytearray, memoryview)) else "load stream"
         with _progress.reporting(progress, label), _memory.readable_path(path) as mpath:
             return load(mpath, device, keys, framework=framework, out=out, engine=engine, mmap=mmap)
-    with CheckpointFile(path, framework, device, engine=engine, allow_symlinks=allow_symlinks, mmap=mmap) as f:
-        if f.format == "torch" and keys is None and out is None and f._framework == "pt":
-            return f.load_object(progress=progress)
-        return f.get_tensors(keys, out=out, progress=progress)
+    # The cyclic collector waits for the whole load (_bulk.no_gc), and the handle with its row per tensor goes
+    # before it runs again: its first collection then walks what the load returns, not also what it used.
+    with _bulk.no_gc(_bulk.GC_PAUSE_MIN):
+        f = CheckpointFile(path, framework, device, engine=engine, allow_symlinks=allow_symlinks, mmap=mmap)
+        with f:
+            if f.format == "torch" and keys is None and out is None and f._framework == "pt":
+                got = f.load_object(progress=progress)
+            else:
+                got = f.get_tensors(keys, out=out, progress=progress)
+        del f
+    return got
 
 
 def prepare_gpu(device: Any = "cuda", *, engine=None) -> None:

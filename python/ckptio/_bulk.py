@@ -28,6 +28,7 @@ from . import _adapt, _ckptio
 
 PACK_TENSOR_MAX = 1 << 16
 PACK_BYTES = 16 << 20
+GC_PAUSE_MIN = 1000  # no_gc: objects made below this are not worth the switch
 COPY_ONE_BY_ONE_MAX = 16  # copy_from: packs of up to this many tensors are not packed
 
 
@@ -63,7 +64,7 @@ class no_gc:
     __slots__ = ("_off",)
 
     def __init__(self, count: int) -> None:
-        self._off = count >= 1000 and gc.isenabled()
+        self._off = count >= GC_PAUSE_MIN and gc.isenabled()
 
     def __enter__(self) -> None:
         if self._off:
@@ -117,7 +118,7 @@ def _kind(cache: Dict[Any, Any], code: int, shape: Tuple[int, ...], name: str):
     return k
 
 
-def _views(buf, start: int, items: List[Item], out: Dict[int, Any], kinds: Dict[Any, Any]) -> List[Item]:
+def _views(buf, start: int, items: List[Item], out: List[Any], kinds: Dict[Any, Any]) -> List[Item]:
     """Tensors over `buf` (a uint8 tensor whose element 0 is file byte
     `start`) into out[index]; returns the items that cannot be views (an
     offset that is not a multiple of their element size). `kinds` caches
@@ -140,8 +141,8 @@ def _views(buf, start: int, items: List[Item], out: Dict[int, Any], kinds: Dict[
         if j - i > 1 and nbytes:
             # A run of one dtype and shape, back to back: one unbind.
             run = buf[rel:rel + (j - i) * nbytes].view(dt).view((j - i,) + tshape).unbind(0)
-            for k, t in enumerate(run):
-                out[items[i + k][INDEX]] = t
+            # A pack's indices are consecutive (_groups): one slice assignment.
+            out[it[INDEX]:it[INDEX] + j - i] = run
             i = j
             continue
         t = typed.get(code)
@@ -179,14 +180,23 @@ def mapped_numpy(mapping):
     return np.frombuffer(buf, dtype=np.uint8)
 
 
-def load_copied(reader, items: Sequence[Item]) -> Dict[int, Any]:
+def _slots(items: Sequence[Item], out: Optional[List[Any]]) -> List[Any]:
+    """`out`, or a new list with a slot for every index of `items` (in
+    reader order: the last index is the largest)."""
+    if out is not None:
+        return out
+    return [None] * (items[-1][INDEX] + 1 if items else 0)
+
+
+def load_copied(reader, items: Sequence[Item], out: Optional[List[Any]] = None) -> List[Any]:
     """Reads `items` (in reader order) into new CPU tensors, small ones
-    packed; one plan. Returns {index: tensor}."""
+    packed; one plan. Returns a list whose slot `index` holds the tensor of
+    that index (`out` when given, filled in; other slots untouched)."""
     torch = _adapt.torch_module()
     kind = _adapt.MEM_HOST
     runs = []
     packs = []
-    out: Dict[int, Any] = {}
+    out = _slots(items, out)
     for start, end, members in _groups(items):
         if len(members) == 1:
             it = members[0]
@@ -211,12 +221,13 @@ def load_copied(reader, items: Sequence[Item]) -> Dict[int, Any]:
     return out
 
 
-def load_mapped(reader, items: Sequence[Item], mapping_of) -> Tuple[Dict[int, Any], List[Item]]:
+def load_mapped(reader, items: Sequence[Item], mapping_of) -> Tuple[List[Any], List[Item]]:
     """Tensors over the mapped files (`mapping_of(shard)` -> Mapping).
-    Returns {index: tensor} and the items that must be read instead."""
+    Returns a list of them by index (as load_copied) and the items that
+    must be read instead."""
     torch = _adapt.torch_module()
     storages: Dict[int, Any] = {}
-    out: Dict[int, Any] = {}
+    out = _slots(items, None)
     left: List[Item] = []
     kinds: Dict[Any, Any] = {}
     for start, end, members in _groups(items):
@@ -253,13 +264,13 @@ def numpy_mapped(items: Sequence[Item], mapping_of) -> Dict[int, Any]:
     return out
 
 
-def copy_from(base: int, items: Sequence[Item]) -> Dict[int, Any]:
+def copy_from(base: int, items: Sequence[Item]) -> List[Any]:
     """Tensors copied out of memory at `base` (file byte k at base + k: a
     checkpoint held in memory), small ones packed; one copy each, by one
     thread (torch's clone() starts its thread pool, which on a busy machine
-    costs more than the copy)."""
+    costs more than the copy). A list by index, as load_copied."""
     torch = _adapt.torch_module()
-    out: Dict[int, Any] = {}
+    out = _slots(items, None)
     kinds: Dict[Any, Any] = {}
     for start, end, members in _groups(items):
         # A pack of a few tensors costs more than the tensors alone (its buffer, a view and an unbind per

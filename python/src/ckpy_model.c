@@ -28,6 +28,65 @@ static PyTypeObject *model_type = NULL;
 
 /* ---- opening -------------------------------------------------------------------------- */
 
+/* The rows (name, dtype code, shape, file_offset, nbytes, shard) into
+ * self->tensors (a list of `count` slots). */
+static int describe_rows(ckpy_model_reader *self, const ckptio_model *m, size_t count) {
+    int rc = -1;
+    /* A row that repeats the last one's shape and size shares those objects
+     * (tuples and ints are immutable): 100,000 experts of one shape cost one. */
+    PyObject *last_shape = NULL, *last_nbytes = NULL;
+    const int64_t *last_dims = NULL; /* the model's, alive while it is open */
+    uint32_t last_ndim = 0;
+    uint64_t last_size = 0;
+    for (size_t i = 0; i < count; i++) {
+        ckptio_tensor_info info;
+        size_t shard = 0;
+        const ckptio_status st = ckptio_model_tensor(m, i, &info, &shard);
+        if (st != CKPTIO_OK) {
+            ckpy_raise(st);
+            goto out;
+        }
+        if (!last_shape || last_ndim != info.ndim ||
+            (info.ndim && memcmp(last_dims, info.shape, info.ndim * sizeof *info.shape) != 0)) {
+            Py_XDECREF(last_shape);
+            if (!(last_shape = ckpy_int64_tuple(info.shape, info.ndim))) goto out;
+            last_dims = info.shape;
+            last_ndim = info.ndim;
+        }
+        if (!last_nbytes || last_size != info.nbytes) {
+            Py_XDECREF(last_nbytes);
+            if (!(last_nbytes = PyLong_FromUnsignedLongLong((unsigned long long)info.nbytes))) goto out;
+            last_size = info.nbytes;
+        }
+        PyObject *row = PyTuple_New(6);
+        if (!row) goto out;
+        PyList_SetItem(self->tensors, (Py_ssize_t)i, row); /* steals it; its items follow */
+        PyObject *name = PyUnicode_FromStringAndSize(info.name, (Py_ssize_t)strlen(info.name));
+        PyObject *code = name ? PyLong_FromLong((long)info.dtype) : NULL;
+        PyObject *offset = code ? PyLong_FromUnsignedLongLong((unsigned long long)info.file_offset) : NULL;
+        PyObject *where = offset ? PyLong_FromSize_t(shard) : NULL;
+        if (!where) {
+            Py_XDECREF(name);
+            Py_XDECREF(code);
+            Py_XDECREF(offset);
+            goto out;
+        }
+        Py_INCREF(last_shape);
+        Py_INCREF(last_nbytes);
+        PyTuple_SetItem(row, 0, name);
+        PyTuple_SetItem(row, 1, code);
+        PyTuple_SetItem(row, 2, last_shape);
+        PyTuple_SetItem(row, 3, offset);
+        PyTuple_SetItem(row, 4, last_nbytes);
+        PyTuple_SetItem(row, 5, where);
+    }
+    rc = 0;
+out:
+    Py_XDECREF(last_shape);
+    Py_XDECREF(last_nbytes);
+    return rc;
+}
+
 static int describe(ckpy_model_reader *self) {
     const ckptio_model *m = self->h.handle;
     size_t count = 0, nshards = 0, nmeta = 0;
@@ -43,21 +102,7 @@ static int describe(ckpy_model_reader *self) {
     self->shards = PyList_New((Py_ssize_t)nshards);
     self->metadata = PyDict_New();
     if (!self->tensors || !self->shards || !self->metadata) return -1;
-    for (size_t i = 0; i < count; i++) {
-        ckptio_tensor_info info;
-        size_t shard = 0;
-        if ((st = ckptio_model_tensor(m, i, &info, &shard)) != CKPTIO_OK) {
-            ckpy_raise(st);
-            return -1;
-        }
-        PyObject *shape = ckpy_int64_tuple(info.shape, info.ndim);
-        if (!shape) return -1;
-        PyObject *row = Py_BuildValue("(s#iNKKn)", info.name, (Py_ssize_t)strlen(info.name), (int)info.dtype, shape,
-                                      (unsigned long long)info.file_offset, (unsigned long long)info.nbytes,
-                                      (Py_ssize_t)shard);
-        if (!row) return -1;
-        PyList_SetItem(self->tensors, (Py_ssize_t)i, row);
-    }
+    if (describe_rows(self, m, count) < 0) return -1;
     for (size_t s = 0; s < nshards; s++) {
         const char *path = NULL;
         if ((st = ckptio_model_shard(m, s, &path, NULL)) != CKPTIO_OK) {

@@ -116,13 +116,36 @@ ckptio_status ckptio_plan_add_slice(ckptio_plan *plan, ckptio_file *file, uint64
 
 /* ---- ckptio_model_read ------------------------------------------------------------- */
 
-typedef struct prepared {
+/* The layout of a target of more than one run (a slice), and where a
+ * gather has got to in it. */
+typedef struct many_runs {
     ckptio__slice_runs r;
+    ckptio__slice_cursor cursor; /* gather: the next run to read */
+} many_runs;
+
+/* A checked target. A target of one run (a whole tensor) keeps only the
+ * scalars of its layout: the per-dimension arrays take 1.5 KiB a target,
+ * which a read of 100,000 small tensors would allocate and clear. */
+typedef struct prepared {
+    uint64_t nbytes, nruns, run_bytes, first, span; /* as in ckptio__slice_runs */
+    many_runs *many;          /* more than one run: the whole layout; else NULL */
     ckptio_file *file;
     uint64_t base;            /* file offset of the tensor's first byte */
     bool gather;
-    ckptio__slice_cursor cursor; /* gather: the next run to read */
 } prepared;
+
+/* The runs of `p`: its whole layout, or `one` filled for its single run
+ * (outer = 0: the per-dimension arrays are never read). */
+static const ckptio__slice_runs *runs_of(const prepared *p, ckptio__slice_runs *one) {
+    if (p->many) return &p->many->r;
+    one->nbytes = p->nbytes;
+    one->nruns = p->nruns;
+    one->run_bytes = p->run_bytes;
+    one->first = p->first;
+    one->span = p->span;
+    one->outer = 0;
+    return one;
+}
 
 typedef struct span {
     uintptr_t start, end;
@@ -143,8 +166,7 @@ static ckptio_status check_disjoint(const ckptio_model *m, const ckptio_slice_ta
     if (!s) return CKPTIO_FAIL(CKPTIO_E_NOMEM, "out of memory checking %zu targets", count);
     size_t n = 0;
     for (size_t i = 0; i < count; i++)
-        if (p[i].r.nbytes)
-            s[n++] = (span){(uintptr_t)t[i].data, (uintptr_t)t[i].data + p[i].r.nbytes, i};
+        if (p[i].nbytes) s[n++] = (span){(uintptr_t)t[i].data, (uintptr_t)t[i].data + p[i].nbytes, i};
     ckptio__sort(s, n, sizeof *s, cmp_span, NULL); /* in memory order already when read back to back */
     ckptio_status st = CKPTIO_OK;
     size_t reach = 0;
@@ -174,33 +196,45 @@ static ckptio_status prepare(const ckptio_model *m, const ckptio_slice_target *t
     char what[300];
     const ckptio_slice s = {.dtype = info->dtype, .ndim = info->ndim, .shape = info->shape, .start = t->start,
                             .stop = t->stop};
-    ckptio_status st = ckptio__slice_layout(&s, NULL, &p->r);
-    const bool bad = st != CKPTIO_OK || t->capacity < p->r.nbytes || (!t->data && p->r.nbytes);
+    ckptio__slice_runs r;
+    ckptio_status st = ckptio__slice_layout(&s, NULL, &r);
+    const bool bad = st != CKPTIO_OK || t->capacity < r.nbytes || (!t->data && r.nbytes);
     if (bad) {
         snprintf(what, sizeof what, "target %zu, tensor '%.256s'", i, info->name);
-        if (st != CKPTIO_OK) st = ckptio__slice_layout(&s, what, &p->r);
+        if (st != CKPTIO_OK) st = ckptio__slice_layout(&s, what, &r);
     }
     if (st != CKPTIO_OK) {
         /* Re-raise with the shard's path in front. */
         const ckptio_error_info *e = ckptio_last_error();
         return CKPTIO_FAIL_CTX(st, &((ckptio__err_ctx){.path = shard->path, .file_offset = -1}), "%s", e->message);
     }
-    if (t->capacity < p->r.nbytes)
+    if (t->capacity < r.nbytes)
         return CKPTIO_FAIL_CTX(CKPTIO_E_RANGE,
                                &((ckptio__err_ctx){.path = shard->path, .file_offset = -1, .subject = what}),
                                "the destination has room for %llu bytes but the %s is %llu bytes",
                                (unsigned long long)t->capacity, t->start ? "slice" : "tensor",
-                               (unsigned long long)p->r.nbytes);
-    if (!t->data && p->r.nbytes)
+                               (unsigned long long)r.nbytes);
+    if (!t->data && r.nbytes)
         return CKPTIO_FAIL_CTX(CKPTIO_E_INVAL,
                                &((ckptio__err_ctx){.path = shard->path, .file_offset = -1, .subject = what}),
                                "the destination is NULL");
+    p->nbytes = r.nbytes;
+    p->nruns = r.nruns;
+    p->run_bytes = r.run_bytes;
+    p->first = r.first;
+    p->span = r.span;
+    if (r.outer) {
+        p->many = ckptio__malloc(sizeof *p->many);
+        if (!p->many) return CKPTIO_FAIL(CKPTIO_E_NOMEM, "out of memory planning target %zu", i);
+        p->many->r = r;
+        ckptio__slice_cursor_init(&p->many->r, &p->many->cursor);
+    }
     p->file = shard->file;
     p->base = info->file_offset;
     ckptio_mem_kind kind = t->mem_kind;
     if (kind == CKPTIO_MEM_AUTO) ckptio_mem_classify(t->data, &kind, NULL);
-    p->gather = kind != CKPTIO_MEM_CUDA && p->r.nruns > GATHER_MIN_RUNS && p->r.run_bytes < GATHER_RUN_MAX;
-    ckptio__slice_cursor_init(&p->r, &p->cursor);
+    /* More than GATHER_MIN_RUNS runs: p->many is set. */
+    p->gather = kind != CKPTIO_MEM_CUDA && r.nruns > GATHER_MIN_RUNS && r.run_bytes < GATHER_RUN_MAX;
     return CKPTIO_OK;
 }
 
@@ -224,7 +258,7 @@ static ckptio_status plan_pieces(const ckptio_slice_target *t, prepared *p, size
     *npieces = 0;
     while (*next < count && *npieces < maxp) {
         prepared *q = &p[*next];
-        if (!q->gather || q->cursor.done == q->r.nruns) {
+        if (!q->gather || q->many->cursor.done == q->nruns) {
             (*next)++;
             continue;
         }
@@ -235,11 +269,12 @@ static ckptio_status plan_pieces(const ckptio_slice_target *t, prepared *p, size
             nfiles++;
             last = q->file;
         }
-        piece pc = {.target = *next, .first_run = q->cursor.done, .start = q->cursor.offset, .buf_offset = used};
+        many_runs *g = q->many;
+        piece pc = {.target = *next, .first_run = g->cursor.done, .start = g->cursor.offset, .buf_offset = used};
         uint64_t end = pc.start;
         /* Runs are in increasing file order: take them while the range fits. */
-        while (q->cursor.done < q->r.nruns && q->cursor.offset + q->r.run_bytes - pc.start <= cap - used) {
-            end = ckptio__slice_cursor_next(&q->r, &q->cursor) + q->r.run_bytes;
+        while (g->cursor.done < g->r.nruns && g->cursor.offset + g->r.run_bytes - pc.start <= cap - used) {
+            end = ckptio__slice_cursor_next(&g->r, &g->cursor) + g->r.run_bytes;
             pc.nruns++;
         }
         if (!pc.nruns) break; /* the buffer is full */
@@ -257,22 +292,22 @@ static ckptio_status scatter_pieces(const ckptio_slice_target *t, const prepared
                                     const piece *pieces, size_t n) {
     for (size_t i = 0; i < n; i++) {
         const piece *pc = &pieces[i];
-        const prepared *q = &p[pc->target];
+        const ckptio__slice_runs *q = &p[pc->target].many->r; /* gathered: more than one run */
         ckptio__slice_cursor c;
-        ckptio__slice_cursor_init(&q->r, &c);
+        ckptio__slice_cursor_init(q, &c);
         /* Position the cursor at the piece's first run (runs are equal, so the
          * mixed-radix index follows from the run number). */
         uint64_t k = pc->first_run;
-        for (unsigned d = q->r.outer; d-- > 0;) {
-            c.index[d] = k % q->r.count[d];
-            c.offset += c.index[d] * q->r.stride[d];
-            k /= q->r.count[d];
+        for (unsigned d = q->outer; d-- > 0;) {
+            c.index[d] = k % q->count[d];
+            c.offset += c.index[d] * q->stride[d];
+            k /= q->count[d];
         }
-        unsigned char *dst = (unsigned char *)t[pc->target].data + pc->first_run * q->r.run_bytes;
-        for (uint64_t r = 0; r < pc->nruns; r++, dst += q->r.run_bytes) {
-            const uint64_t off = ckptio__slice_cursor_next(&q->r, &c);
+        unsigned char *dst = (unsigned char *)t[pc->target].data + pc->first_run * q->run_bytes;
+        for (uint64_t r = 0; r < pc->nruns; r++, dst += q->run_bytes) {
+            const uint64_t off = ckptio__slice_cursor_next(q, &c);
             /* The destination may be a mapped file (ckptio__guarded_copy). */
-            CKPTIO_FORWARD(ckptio__guarded_copy(dst, buf + pc->buf_offset + (off - pc->start), q->r.run_bytes,
+            CKPTIO_FORWARD(ckptio__guarded_copy(dst, buf + pc->buf_offset + (off - pc->start), q->run_bytes,
                                                 "a gathered slice"));
         }
     }
@@ -295,18 +330,20 @@ static ckptio_status read_windows(ckptio_model *m, const ckptio_slice_target *t,
     }
     size_t n = 0;
     for (size_t i = 0; i < count; i++) {
-        if (p[i].gather || !p[i].r.nbytes) continue;
+        if (p[i].gather || !p[i].nbytes) continue;
         start[shard_of(m, &t[i]) + 1]++;
         n++;
     }
     for (size_t s = 0; s < m->nshards; s++) start[s + 1] += start[s];
     for (size_t i = 0; i < count; i++)
-        if (!p[i].gather && p[i].r.nbytes) sorted[start[shard_of(m, &t[i])]++] = i;
+        if (!p[i].gather && p[i].nbytes) sorted[start[shard_of(m, &t[i])]++] = i;
     uint64_t total = 0;
     for (size_t k = 0; k < n && st == CKPTIO_OK; k++) {
         const size_t i = sorted[k];
-        st = add_runs_to(NULL, &all, p[i].file, p[i].base, &p[i].r, t[i].data, t[i].mem_kind, true, NULL);
-        total += p[i].r.nbytes;
+        ckptio__slice_runs one;
+        st = add_runs_to(NULL, &all, p[i].file, p[i].base, runs_of(&p[i], &one), t[i].data, t[i].mem_kind, true,
+                         NULL);
+        total += p[i].nbytes;
     }
     if (st != CKPTIO_OK || !all.n) goto out;
     /* Decided and reported as one plan of all of it would be. */
@@ -347,7 +384,7 @@ ckptio_status ckptio_model_read(ckptio_model *m, const ckptio_slice_target *targ
     uint64_t gather_span = 0;
     for (size_t i = 0; st == CKPTIO_OK && i < count; i++) {
         st = prepare(m, &targets[i], i, &p[i]);
-        if (st == CKPTIO_OK && p[i].gather && p[i].r.span > gather_span) gather_span = p[i].r.span;
+        if (st == CKPTIO_OK && p[i].gather && p[i].span > gather_span) gather_span = p[i].span;
     }
     if (st == CKPTIO_OK) st = check_disjoint(m, targets, p, count);
     if (st != CKPTIO_OK) goto out;
@@ -369,11 +406,12 @@ ckptio_status ckptio_model_read(ckptio_model *m, const ckptio_slice_target *targ
     size_t next = 0;
     for (bool first = !m->fd_window;; first = false) {
         if ((st = ckptio_plan_create(CKPTIO_READ, &plan)) != CKPTIO_OK) goto out;
-        for (size_t i = 0; first && i < count; i++)
-            if (!p[i].gather &&
-                (st = add_runs(plan, p[i].file, p[i].base, &p[i].r, targets[i].data, targets[i].mem_kind, true,
-                               NULL)) != CKPTIO_OK)
+        for (size_t i = 0; first && i < count; i++) {
+            ckptio__slice_runs one;
+            if (!p[i].gather && (st = add_runs(plan, p[i].file, p[i].base, runs_of(&p[i], &one), targets[i].data,
+                                               targets[i].mem_kind, true, NULL)) != CKPTIO_OK)
                 goto out;
+        }
         size_t npieces = 0;
         if (buf && (st = plan_pieces(targets, p, count, &next, plan, buf, cap, pieces, maxp, m->fd_window,
                                      &npieces)) != CKPTIO_OK)
@@ -392,6 +430,7 @@ out:
     ckptio_plan_destroy(plan);
     ckptio__free(pieces);
     ckptio__free(buf);
+    for (size_t i = 0; i < count; i++) ckptio__free(p[i].many);
     ckptio__free(p);
     return st;
 }
