@@ -292,21 +292,8 @@ static void test_exclusive(void) {
     unlink(path);
 }
 
-/* The system calls of a commit in their order, one letter each (r read,
- * w write, f fsync, R rename, o open), as the fault hook sees them. */
+/* The system calls of a commit in their order (ckptio__io_record). */
 static char syscalls[256];
-
-static bool record_syscall(ckptio__io_kind kind, int *err, uint64_t *len) {
-    (void)err;
-    (void)len;
-    static const char letter[] = "rwfRoOulc";
-    const size_t n = strlen(syscalls);
-    if (n + 1 < sizeof syscalls && (kind == CKPTIO__IO_FSYNC || kind == CKPTIO__IO_RENAME || kind == CKPTIO__IO_OPEN)) {
-        syscalls[n] = letter[kind];
-        syscalls[n + 1] = '\0';
-    }
-    return false;
-}
 
 /* Three new files, one over an empty placeholder: each is renamed, then the
  * three files and their directory (once) are fsynced, none before the last
@@ -325,11 +312,10 @@ static void test_commit_unreferenced(void) {
             T_OK(ckptio_file_open(e, paths[i], CKPTIO_OPEN_WRITE, &f[i]));
             T_OK(write_all(e, f[i], names[i], 6));
         }
-        syscalls[0] = '\0';
         if (round == 0) {
-            ckptio__io_set_fault_hook(record_syscall);
+            ckptio__io_record(syscalls, sizeof syscalls, "fRo");
             const ckptio_status st = ckptio_file_commit_unreferenced(f, 3, 0);
-            ckptio__io_set_fault_hook(NULL);
+            ckptio__io_record_stop();
             T_OK(st);
             const char *last_rename = strrchr(syscalls, 'R'), *first_fsync = strchr(syscalls, 'f');
             T_ASSERT_MSG(strlen(syscalls) == 8 && first_fsync > last_rename && strspn(first_fsync, "f") == 4,
@@ -367,10 +353,9 @@ static void test_commit_unreferenced(void) {
     ckptio_file *g;
     T_OK(ckptio_file_open(e, paths[0], CKPTIO_OPEN_WRITE, &g));
     T_OK(write_all(e, g, "nosync", 6));
-    syscalls[0] = '\0';
-    ckptio__io_set_fault_hook(record_syscall);
+    ckptio__io_record(syscalls, sizeof syscalls, "fRo");
     const ckptio_status st = ckptio_file_commit_unreferenced(&g, 1, 0);
-    ckptio__io_set_fault_hook(NULL);
+    ckptio__io_record_stop();
     T_OK(st);
     T_ASSERT_MSG(strcmp(syscalls, "R") == 0, "%s", syscalls);
     T_OK(ckptio_file_close(g));
@@ -379,10 +364,9 @@ static void test_commit_unreferenced(void) {
     T_OK(ckptio_engine_set(e, CKPTIO_OPT_SYNC, 1));
     T_OK(ckptio_file_open(e, paths[0], CKPTIO_OPEN_WRITE, &g));
     T_OK(write_all(e, g, "later!", 6));
-    syscalls[0] = '\0';
-    ckptio__io_set_fault_hook(record_syscall);
+    ckptio__io_record(syscalls, sizeof syscalls, "fRo");
     const ckptio_status later = ckptio_file_commit_unreferenced(&g, 1, CKPTIO_COMMIT_SYNC_LATER);
-    ckptio__io_set_fault_hook(NULL);
+    ckptio__io_record_stop();
     T_OK(later);
     T_ASSERT_MSG(strcmp(syscalls, "R") == 0, "%s", syscalls);
     T_OK(ckptio_file_close(g));

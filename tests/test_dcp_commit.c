@@ -351,21 +351,8 @@ static void test_commit_stops_where_the_callback_says(void) {
     }
 }
 
-/* The system calls of a commit in their order, one letter each (open, write,
- * fsync, rename, unlink, listdir, read), as the fault hook sees them. */
+/* The system calls of a commit in their order (ckptio__io_record). */
 static char syscalls[256];
-
-static bool record_syscall(ckptio__io_kind kind, int *err, uint64_t *len) {
-    (void)err;
-    (void)len;
-    static const char letter[] = "rwfRoOulc";
-    const size_t n = strlen(syscalls);
-    if (n + 1 < sizeof syscalls && kind != CKPTIO__IO_OPEN_DIRECT && kind != CKPTIO__IO_RESIDENCY) {
-        syscalls[n] = letter[kind];
-        syscalls[n + 1] = '\0';
-    }
-    return false;
-}
 
 /* The manifest and .metadata are both written and fsynced before either is
  * renamed (their fsyncs run together: one journal commit), then renamed in
@@ -374,10 +361,9 @@ static bool record_syscall(ckptio__io_kind kind, int *err, uint64_t *len) {
  * anything. Without sync: no fsync at all. */
 static void test_commit_syncs_its_files_before_any_rename(void) {
     const char *dir = setup("sync order");
-    syscalls[0] = '\0';
-    ckptio__io_set_fault_hook(record_syscall);
+    ckptio__io_record(syscalls, sizeof syscalls, "rwfRoul");
     const ckptio_status st = commit(dir, CKPTIO_DCP_SYNC);
-    ckptio__io_set_fault_hook(NULL);
+    ckptio__io_record_stop();
     T_OK(st);
     check_clean(dir, "sync order");
     /* o: the temporary's open, w: its write, f: fsync, R: rename. */
@@ -386,10 +372,9 @@ static void test_commit_syncs_its_files_before_any_rename(void) {
     T_ASSERT_MSG(strstr(syscalls, "ffRRof") != NULL, "%s", syscalls);
     T_ASSERT_MSG(strstr(syscalls, "ffRRof") < strchr(syscalls, 'l'), "%s", syscalls);
     dir = setup("no sync");
-    syscalls[0] = '\0';
-    ckptio__io_set_fault_hook(record_syscall);
+    ckptio__io_record(syscalls, sizeof syscalls, "rwfRoul");
     T_OK(commit(dir, 0));
-    ckptio__io_set_fault_hook(NULL);
+    ckptio__io_record_stop();
     T_ASSERT_MSG(!strchr(syscalls, 'f') && strstr(syscalls, "RR"), "%s", syscalls);
     check_clean(dir, "no sync");
 }
@@ -433,10 +418,9 @@ static ckptio_status commit_data_files(const char *dir, ckptio_file *f, unsigned
 static void test_commit_syncs_the_data_files_handed_over(void) {
     const char *dir = setup("data files");
     ckptio_file *f = renamed_data_file(dir);
-    syscalls[0] = '\0';
-    ckptio__io_set_fault_hook(record_syscall);
+    ckptio__io_record(syscalls, sizeof syscalls, "rwfRoul");
     const ckptio_status st = commit_data_files(dir, f, CKPTIO_DCP_SYNC);
-    ckptio__io_set_fault_hook(NULL);
+    ckptio__io_record_stop();
     T_OK(st);
     T_OK(ckptio_file_close(f));
     check_clean(dir, "data files");
