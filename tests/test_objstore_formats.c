@@ -167,8 +167,8 @@ static void test_torch_save(void) {
 
 /* GPU memory (the simulated device): a save from device memory goes through
  * the staging pipeline into the object's parts, and a load into device
- * memory reads the object's ranges into staging, several ranged GETs per
- * window at once, and copies them over. */
+ * memory reads the object's ranges into staging, one GET per chunk, several
+ * per window at once, and copies them over. */
 static void test_gpu_memory(void) {
     ckptio__gpu_set_ops(ckptio__gpu_sim_ops());
     model m;
@@ -192,16 +192,17 @@ static void test_gpu_memory(void) {
         uint64_t data_size;
         T_OK(ckptio_safetensors_data_size(st, &data_size));
         unsigned char *d = ckptio__gpu_sim_device_alloc(data_size);
-        /* One worker with 4 MiB slots: its windows' bytes go out as several ranged GETs at once (its share of
-         * the S3 concurrency, as a host worker's), not one GET per window. */
+        /* One worker, 2 MiB chunks, 16 MiB of staging: windows of 4 chunks (two slots of 8 MiB), each read as
+         * 4 ranged GETs of one chunk at once (the host path's GETs), never cut finer. */
         T_OK(ckptio_engine_set(e, CKPTIO_OPT_THREADS, 1));
         T_OK(ckptio_engine_set(e, CKPTIO_OPT_STAGING_BYTES, 16 << 20));
+        T_OK(ckptio_engine_set(e, CKPTIO_OPT_CHUNK_BYTES, 2 << 20));
         ckptio_stats before, after;
         T_OK(ckptio_engine_stats(e, &before));
         T_OK(ckptio_safetensors_read_all(st, d, data_size, CKPTIO_MEM_CUDA));
         T_OK(ckptio_engine_stats(e, &after));
-        const uint64_t gets = after.io_requests - before.io_requests, windows = (data_size + (4 << 20) - 1) / (4 << 20);
-        T_ASSERT_MSG(gets >= 3 * windows, "%llu GETs for %llu bytes", (unsigned long long)gets,
+        const uint64_t gets = after.io_requests - before.io_requests, chunks = (data_size + (2 << 20) - 1) / (2 << 20);
+        T_ASSERT_MSG(gets == chunks, "%llu GETs for %llu bytes", (unsigned long long)gets,
                      (unsigned long long)data_size);
         for (int i = 0; i < 3; i++) {
             size_t index;

@@ -230,11 +230,11 @@ static const ckptio_dcp_stored *match(const ckptio_dcp *h, const size_t *chunk_b
     return &t->stored[c];
 }
 
-static ckptio_status hash_range(ckptio_file *f, void *buf, uint64_t offset, uint64_t len, XXH3_state_t *state,
-                                uint64_t *out) {
+static ckptio_status hash_range(ckptio_file *f, void *buf, uint64_t piece, uint64_t offset, uint64_t len,
+                                XXH3_state_t *state, uint64_t *out) {
     XXH3_64bits_reset(state);
     for (uint64_t done = 0; done < len;) {
-        const uint64_t n = len - done < HASH_PIECE ? len - done : HASH_PIECE;
+        const uint64_t n = len - done < piece ? len - done : piece;
         CKPTIO_FORWARD(ckptio__dcp_io(f, CKPTIO_READ, buf, n, offset + done));
         XXH3_64bits_update(state, buf, (size_t)n);
         done += n;
@@ -243,42 +243,135 @@ static ckptio_status hash_range(ckptio_file *f, void *buf, uint64_t offset, uint
     return CKPTIO_OK;
 }
 
-static ckptio_status check_item(ckptio_dcp *h, const ckptio__dcp_mitem *it, void *buf, XXH3_state_t *state,
+/* A range of one file to hash against the manifest: an item, or one of its parts (part < 0: the item). */
+typedef struct hash_job {
+    const ckptio__dcp_mitem *it;
+    long part;
+    uint64_t at, len, want;
+} hash_job;
+
+/* Ranges of one file read together, in one engine plan, into one buffer of at most HASH_PIECE bytes that
+ * mirrors a window of the file (a range at file offset `at` lies at buf + at - lo), then hashed in their
+ * order: in object storage each read is a request, and one range after another kept one of them in flight
+ * (a 4 MiB part at a time) where a plan keeps S3_CONCURRENCY. Ranges at most MERGE_GAP apart (an item's
+ * parts, the padding between items) are one extent, cut by the engine into chunk-sized GETs. */
+#define MERGE_GAP ((uint64_t)64 << 10)
+
+typedef struct hash_batch {
+    ckptio_file *file;
+    unsigned char *buf;
+    uint64_t size;        /* bytes of buf */
+    uint64_t lo, hi;      /* the window of the file the batch mirrors: [lo, hi) */
+    hash_job *jobs;       /* njobs ranges, in order */
+    size_t njobs, jcap;
+    ckptio_extent *ext;   /* the reads: runs of ranges */
+    size_t next, ecap;
+} hash_batch;
+
+static ckptio_status mismatch(ckptio_file *f, const hash_job *j, uint64_t got) {
+    const char *path = ckptio_file_path(f);
+    const ckptio__dcp_mitem *it = j->it;
+    if (j->part < 0)
+        return CKPTIO_FAIL_CTX(CKPTIO_E_CHECKSUM,
+                               &((ckptio__err_ctx){.operation = "verify", .path = path,
+                                                   .file_offset = (int64_t)j->at, .subject = it->fqn}),
+                               "item '%s' (%llu bytes at offset %llu) has XXH3-64 %016llx, the manifest says %016llx",
+                               it->fqn, (unsigned long long)j->len, (unsigned long long)j->at,
+                               (unsigned long long)got, (unsigned long long)j->want);
+    return CKPTIO_FAIL_CTX(CKPTIO_E_CHECKSUM,
+                           &((ckptio__err_ctx){.operation = "verify", .path = path, .file_offset = (int64_t)j->at,
+                                               .subject = it->fqn}),
+                           "item '%s': part %ld (%llu bytes at offset %llu) has XXH3-64 %016llx, the manifest "
+                           "says %016llx", it->fqn, j->part, (unsigned long long)j->len, (unsigned long long)j->at,
+                           (unsigned long long)got, (unsigned long long)j->want);
+}
+
+/* Reads and hashes what the batch holds; the first mismatch in order is the error. */
+static ckptio_status flush(hash_batch *b, XXH3_state_t *state) {
+    if (!b->njobs) return CKPTIO_OK;
+    const size_t n = b->njobs, next = b->next;
+    b->njobs = b->next = 0;
+    if (next) CKPTIO_FORWARD(ckptio_engine_execute_extents(ckptio__file_engine(b->file), CKPTIO_READ, b->ext, next));
+    for (size_t i = 0; i < n; i++) {
+        const hash_job *j = &b->jobs[i];
+        XXH3_64bits_reset(state);
+        XXH3_64bits_update(state, b->buf + (j->at - b->lo), (size_t)j->len);
+        const uint64_t got = XXH3_64bits_digest(state);
+        if (got != j->want) return mismatch(b->file, j, got);
+    }
+    return CKPTIO_OK;
+}
+
+static bool grow(void **p, size_t *cap, size_t need, size_t size) {
+    if (need <= *cap) return true;
+    const size_t n = *cap ? 2 * *cap : 64;
+    void *q = ckptio__realloc(*p, n * size);
+    if (!q) return false;
+    *p = q;
+    *cap = n;
+    return true;
+}
+
+/* Hashes the range `j` of `f`: with the others of its batch, or alone in pieces when larger than it. */
+static ckptio_status hash_job_add(hash_batch *b, ckptio_file *f, const hash_job *j, XXH3_state_t *state) {
+    /* Joins the batch when in the same file, at or after its last range (a manifest's ranges ascend) and
+     * inside the buffer's window. */
+    if (b->njobs && (b->file != f || j->at < b->hi || j->at + j->len - b->lo > b->size))
+        CKPTIO_FORWARD(flush(b, state));
+    if (j->len > b->size) {
+        uint64_t got = 0;
+        CKPTIO_FORWARD(hash_range(f, b->buf, b->size, j->at, j->len, state, &got));
+        return got == j->want ? CKPTIO_OK : mismatch(f, j, got);
+    }
+    if (!grow((void **)&b->jobs, &b->jcap, b->njobs + 1, sizeof *b->jobs) ||
+        !grow((void **)&b->ext, &b->ecap, b->next + 1, sizeof *b->ext))
+        return CKPTIO_FAIL(CKPTIO_E_NOMEM, "out of memory for verification");
+    if (!b->njobs) {
+        b->file = f;
+        b->lo = b->hi = j->at;
+    }
+    b->jobs[b->njobs++] = *j;
+    if (j->len == 0) return CKPTIO_OK; /* hashed from no bytes */
+    if (b->next && j->at <= b->hi + MERGE_GAP) {
+        ckptio_extent *e = &b->ext[b->next - 1];
+        e->length = j->at + j->len - e->file_offset;
+    } else {
+        b->ext[b->next++] = (ckptio_extent){.file = f, .file_offset = j->at, .length = j->len,
+                                            .memory = b->buf + (j->at - b->lo), .mem_kind = CKPTIO_MEM_HOST};
+    }
+    b->hi = j->at + j->len;
+    return CKPTIO_OK;
+}
+
+static ckptio_status check_item(ckptio_dcp *h, const ckptio__dcp_mitem *it, hash_batch *b, XXH3_state_t *state,
                                 ckptio_dcp_verify_report *r) {
     ckptio_file *f = NULL;
-    uint64_t size = 0, got = 0;
-    CKPTIO_FORWARD(ckptio__dcp_file(h, ckptio__dcp_file_index(h, it->file), &f, &size));
+    uint64_t size = 0;
+    /* What is pending is of the file open now: hashed before another is handed out (a window of files may
+     * release it) and before an error of this item, so that errors come in the items' order. */
+    const size_t index = ckptio__dcp_file_index(h, it->file);
+    if (b->njobs && (index == (size_t)-1 || h->handles[index] != b->file)) CKPTIO_FORWARD(flush(b, state));
+    CKPTIO_FORWARD(ckptio__dcp_file(h, index, &f, &size));
     const char *path = ckptio_file_path(f);
-    if (it->data_offset > size || it->nbytes > size - it->data_offset)
+    if (it->data_offset > size || it->nbytes > size - it->data_offset) {
+        CKPTIO_FORWARD(flush(b, state));
         return CKPTIO_FAIL_CTX(CKPTIO_E_TRUNCATED,
                                &((ckptio__err_ctx){.operation = "verify", .path = path,
                                                    .file_offset = (int64_t)it->data_offset, .subject = it->fqn}),
                                "item '%s' of %llu bytes runs past the end of the file (%llu bytes)", it->fqn,
                                (unsigned long long)it->nbytes, (unsigned long long)size);
+    }
     if (it->hashed) {
-        CKPTIO_FORWARD(hash_range(f, buf, it->data_offset, it->nbytes, state, &got));
+        const hash_job j = {.it = it, .part = -1, .at = it->data_offset, .len = it->nbytes, .want = it->hash};
+        CKPTIO_FORWARD(hash_job_add(b, f, &j, state));
         r->bytes += it->nbytes;
-        if (got != it->hash)
-            return CKPTIO_FAIL_CTX(CKPTIO_E_CHECKSUM,
-                                   &((ckptio__err_ctx){.operation = "verify", .path = path,
-                                                       .file_offset = (int64_t)it->data_offset, .subject = it->fqn}),
-                                    "item '%s' (%llu bytes at offset %llu) has XXH3-64 %016llx, "
-                                    "the manifest says %016llx",
-                                   it->fqn, (unsigned long long)it->nbytes, (unsigned long long)it->data_offset,
-                                   (unsigned long long)got, (unsigned long long)it->hash);
     }
     for (size_t p = 0; p < it->nparts; p++) {
         const ckptio__dcp_mpart *q = &it->parts[p];
-        const uint64_t at = it->data_offset + q->offset;
-        CKPTIO_FORWARD(hash_range(f, buf, at, q->length, state, &got));
+        const hash_job j = {.it = it, .part = (long)p, .at = it->data_offset + q->offset, .len = q->length,
+                            .want = q->hash};
+        CKPTIO_FORWARD(hash_job_add(b, f, &j, state));
         r->bytes += q->length;
-        if (got != q->hash)
-            return CKPTIO_FAIL_CTX(CKPTIO_E_CHECKSUM,
-                                   &((ckptio__err_ctx){.operation = "verify", .path = path,
-                                                       .file_offset = (int64_t)at, .subject = it->fqn}),
-                                   "item '%s': part %zu (%llu bytes at offset %llu) has XXH3-64 %016llx, the manifest "
-                                   "says %016llx", it->fqn, p, (unsigned long long)q->length, (unsigned long long)at,
-                                   (unsigned long long)got, (unsigned long long)q->hash);
     }
     if (it->hashed || it->nparts) r->checked++;
     else r->unhashed++;
@@ -313,12 +406,15 @@ ckptio_status ckptio_dcp_verify(ckptio_dcp *h, ckptio_dcp_verify_report *report)
         st = MFAIL(mpath, "items", "the manifest lists %zu items, .metadata %zu", m.count, nstored);
         goto out;
     }
-    uint64_t largest = 0;
-    for (size_t i = 0; i < m.count; i++) largest = m.items[i].nbytes > largest ? m.items[i].nbytes : largest;
+    /* The batch buffer: HASH_PIECE, or all the bytes to hash when fewer (the manifest's sizes are bounded by
+     * int64 each; the sum saturates at HASH_PIECE). */
+    uint64_t total = 0;
+    for (size_t i = 0; i < m.count && total < HASH_PIECE; i++)
+        total += m.items[i].nbytes < HASH_PIECE ? m.items[i].nbytes : HASH_PIECE;
+    const uint64_t buf_size = total < HASH_PIECE ? (total ? total : 1) : HASH_PIECE;
     if (!(seen = ckptio__calloc(nstored + 1, sizeof *seen)) ||
         !(chunk_base = ckptio__calloc(h->ntensors + 1, sizeof *chunk_base)) ||
-        !(buf = ckptio__aligned_alloc(CKPTIO_DIRECT_ALIGN,
-                                      largest < HASH_PIECE ? (largest ? largest : 1) : HASH_PIECE)) ||
+        !(buf = ckptio__aligned_alloc(CKPTIO_DIRECT_ALIGN, buf_size)) ||
         !(state = XXH3_createState())) {
         st = CKPTIO_FAIL(CKPTIO_E_NOMEM, "out of memory for verification");
         goto out;
@@ -343,10 +439,15 @@ ckptio_status ckptio_dcp_verify(ckptio_dcp *h, ckptio_dcp_verify_report *report)
         seen[slot] = true;
     }
     if ((st = ckptio__dcp_check_coverage(h, &r.partial)) != CKPTIO_OK) goto out;
-    for (size_t i = 0; i < m.count; i++) {
+    hash_batch batch = {.buf = buf, .size = buf_size};
+    for (size_t i = 0; i < m.count && st == CKPTIO_OK; i++) {
         r.items++;
-        if ((st = check_item(h, &m.items[i], buf, state, &r)) != CKPTIO_OK) goto out;
+        st = check_item(h, &m.items[i], &batch, state, &r);
     }
+    if (st == CKPTIO_OK) st = flush(&batch, state);
+    ckptio__free(batch.jobs);
+    ckptio__free(batch.ext);
+    if (st != CKPTIO_OK) goto out;
     /* Matching hashes say the bytes are the ones saved, not that they are
      * safe to load: byte items also go through the restricted unpickler. */
     for (size_t j = 0; j < h->nbytes_items; j++)

@@ -213,6 +213,26 @@ static void give_slot(worker *w, int slot) {
 
 /* ---- tasks and operations ------------------------------------------------ */
 
+/* Where an extent's tasks are counted from. A file's extents are cut at
+ * multiples of the chunk in file offset space (each task after the first
+ * starts aligned, as O_DIRECT wants); an object's from the extent's own start,
+ * since each task is one ranged GET, a request whose cost does not depend on
+ * alignment: a 16 MiB tensor at an odd offset is two GETs, not three. */
+static uint64_t task_base(const exec *x, const ckptio_extent *e) {
+    return e->file->object ? e->file_offset : ckptio__align_down(e->file_offset, x->chunk);
+}
+
+/* Tasks of an extent: chunk-sized pieces from task_base(); an object's last
+ * piece takes a remainder of less than a quarter chunk along (a GET of up to
+ * 1.25 chunks) rather than becoming a request of its own. */
+static uint64_t extent_tasks(const exec *x, const ckptio_extent *e) {
+    if (!e->file->object)
+        return (ckptio__align_down(e->file_offset + e->length - 1, x->chunk) - task_base(x, e)) / x->chunk + 1;
+    const uint64_t whole = e->length / x->chunk, rest = e->length % x->chunk;
+    if (whole == 0) return 1;
+    return rest >= x->chunk / 4 ? whole + 1 : whole;
+}
+
 static bool claim(worker *w) {
     exec *x = w->x;
     uint64_t t = atomic_fetch_add(&x->next_task, 1);
@@ -227,9 +247,9 @@ static bool claim(worker *w) {
     const size_t idx = x->host[lo];
     const ckptio_extent *e = &x->plan->ext[idx];
     const uint64_t k = t - x->first_task[lo];
-    const uint64_t base = ckptio__align_down(e->file_offset, x->chunk);
-    const uint64_t stop = base + (k + 1) * x->chunk;
+    const uint64_t base = task_base(x, e);
     const uint64_t ext_end = e->file_offset + e->length;
+    const uint64_t stop = k + 1 == x->first_task[lo + 1] - x->first_task[lo] ? ext_end : base + (k + 1) * x->chunk;
     cursor *c = &w->c;
     c->active = true;
     c->extent = idx;
@@ -561,8 +581,7 @@ static ckptio_status run_host(exec *x) {
     for (size_t i = 0; i < x->nhost; i++) {
         const ckptio_extent *ex = &p->ext[x->host[i]];
         x->first_task[i] = n;
-        n += (ckptio__align_down(ex->file_offset + ex->length - 1, x->chunk) -
-              ckptio__align_down(ex->file_offset, x->chunk)) / x->chunk + 1;
+        n += extent_tasks(x, ex);
     }
     x->first_task[x->nhost] = n;
     x->ntasks = n;

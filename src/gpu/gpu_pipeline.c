@@ -44,8 +44,6 @@
 
 #define ALIGN ((uint64_t)CKPTIO_DIRECT_ALIGN)
 #define WINDOW_OPS_MAX 3         /* file operations of one window: head, body, tail */
-#define OBJECT_OPS_MAX 32        /* ranged GETs of one window of an s3:// object */
-#define OBJECT_PIECE_MIN ((uint64_t)1 << 20) /* smallest of them */
 
 typedef ckptio__gpu_run run;       /* the plan's (gpu_windows.h), by shorter names */
 typedef ckptio__gpu_window window;
@@ -64,6 +62,7 @@ typedef struct pipe {
     const ckptio__backend_ops *backend; /* the file stage's backend */
     bool backend_forced;          /* CKPTIO_OPT_BACKEND names it: no fallback */
     unsigned depth;               /* queue depth of each worker's file stage */
+    uint64_t object_get;          /* a read's GET size for s3:// objects (gpu_geometry.c); 0: none */
     ckptio__gpu_plan plan;        /* extents, runs and windows (gpu_windows.h) */
     _Atomic size_t next;
     _Atomic int failed;           /* an error or a cancel: workers stop */
@@ -222,37 +221,35 @@ static ckptio_status run_ops(const pipe *p, file_stage *fs, const window *w, ckp
     return failed ? op_failure(p, fs, w, failed) : CKPTIO_OK;
 }
 
-/* Reads window `w` into `slot`: the aligned superset of the window in one
- * operation, or, when it ends in the file's last partial block, the
- * aligned part and the rest buffered (a range past EOF fails as
- * truncated). */
-/* Reads window `w` of an s3:// object: its bytes cut into up to the
- * stage's depth of ranged GETs (at least OBJECT_PIECE_MIN each), all in
- * flight at once, so a worker keeps its share of CKPTIO_OPT_S3_CONCURRENCY
- * busy as the host executor's workers do while its other slot is copied to
- * the device. No alignment: an object has no O_DIRECT. */
-static ckptio_status read_object_window(const pipe *p, file_stage *fs, const window *w, unsigned char *slot,
-                                        uint64_t a) {
+/* Whether `w` is a read's window of an s3:// object (its bytes start at the slot's first byte). */
+static bool object_window(const pipe *p, const window *w) {
+    return p->object_get && p->plan.runs[w->run].file->object;
+}
+
+/* Reads window `w` of an s3:// object: ranged GETs of the geometry's size
+ * (CKPTIO_OPT_CHUNK_BYTES) from the window's start, the last one shorter,
+ * all in flight at once (the geometry made them at most the stage's
+ * depth), while the worker's other slot is copied to the device. A
+ * window's GETs are never cut finer: each costs the server a fixed amount. */
+static ckptio_status read_object_window(const pipe *p, file_stage *fs, const window *w, unsigned char *slot) {
     const run *rn = &p->plan.runs[w->run];
-    ckptio__io_op ops[OBJECT_OPS_MAX];
-    const uint64_t len = w->end - w->start;
-    uint64_t n = (len + OBJECT_PIECE_MIN - 1) / OBJECT_PIECE_MIN;
-    if (n > fs->depth) n = fs->depth;
-    if (n > OBJECT_OPS_MAX) n = OBJECT_OPS_MAX;
-    if (n == 0) n = 1;
-    const uint64_t piece = (len + n - 1) / n;
+    ckptio__io_op ops[CKPTIO_GPU_OBJECT_GETS_MAX];
     unsigned k = 0;
-    for (uint64_t at = w->start; at < w->end; at += piece, k++) {
-        const uint64_t m = w->end - at < piece ? w->end - at : piece;
-        ckptio__file_op_init(&ops[k], rn->file, CKPTIO_READ, slot + (at - a), m, at);
+    for (uint64_t at = w->start; at < w->end && k < CKPTIO_GPU_OBJECT_GETS_MAX; at += p->object_get, k++) {
+        const uint64_t m = w->end - at < p->object_get ? w->end - at : p->object_get;
+        ckptio__file_op_init(&ops[k], rn->file, CKPTIO_READ, slot + (at - w->start), m, at);
     }
     return run_ops(p, fs, w, ops, k);
 }
 
+/* Reads window `w` into `slot`: the aligned superset of the window in one
+ * operation, or, when it ends in the file's last partial block, the
+ * aligned part and the rest buffered (a range past EOF fails as
+ * truncated). */
 static ckptio_status read_window(const pipe *p, file_stage *fs, const window *w, unsigned char *slot) {
     const run *rn = &p->plan.runs[w->run];
     const uint64_t a = ckptio__align_down(w->start, ALIGN);
-    if (rn->file->object) return read_object_window(p, fs, w, slot, a);
+    if (object_window(p, w)) return read_object_window(p, fs, w, slot);
     const uint64_t ea = ckptio__align_up(w->end, ALIGN);
     ckptio__io_op ops[WINDOW_OPS_MAX];
     unsigned n = 0;
@@ -528,8 +525,9 @@ static ckptio_status stage_window(pipe *p, unsigned index, file_stage *fs, read_
                                   const window *w) {
     ckptio__gpu_worker_res *r = &p->st->workers[index];
     ckptio_status st;
-    const uint64_t a = ckptio__align_down(w->start, ALIGN);
-    const uint64_t used = w->packed ? w->packed : ckptio__align_up(w->end, ALIGN) - a;
+    const bool object = object_window(p, w); /* the slot holds the file from `a` on */
+    const uint64_t a = object ? w->start : ckptio__align_down(w->start, ALIGN);
+    const uint64_t used = w->packed ? w->packed : object ? w->end - w->start : ckptio__align_up(w->end, ALIGN) - a;
     unsigned cur = 0;
     bool read = false;
     if (q->n == 0) {
@@ -704,6 +702,12 @@ ckptio_status ckptio__gpu_pipeline_run_observed(ckptio_engine *engine, const ckp
     uint64_t slot;
     ckptio__gpu_geometry(engine, inline_only, obs ? obs->block : 0, &nworkers, &slot);
     const uint64_t window_bytes = slot;
+    /* A read that touches an s3:// object: slots of whole GETs (they hold a file's windows too). */
+    const unsigned object_gets = dir == CKPTIO_READ ? ckptio__gpu_object_geometry(engine, inline_only, extents, count,
+                                                                                   &nworkers, &p.object_get)
+                                                    : 0;
+    p.plan.object_window = p.object_get * object_gets;
+    if (slot < p.plan.object_window) slot = p.plan.object_window;
     p.plan.order = ckptio__calloc(count ? count : 1, sizeof *p.plan.order);
     p.plan.runs = ckptio__calloc(count ? count : 1, sizeof *p.plan.runs);
     if (!p.plan.order || !p.plan.runs) {
@@ -726,7 +730,7 @@ ckptio_status ckptio__gpu_pipeline_run_observed(ckptio_engine *engine, const ckp
     const bool may_pack =
         dir == CKPTIO_READ && !inline_only && ckptio__engine_setting(engine, CKPTIO_OPT_DIRECT) != CKPTIO_DIRECT_ON;
     for (size_t r = 0; r < p.plan.nruns && may_pack; r++)
-        p.plan.runs[r].packed = ckptio__gpu_run_packs(&p.plan, &p.plan.runs[r]);
+        p.plan.runs[r].packed = !p.plan.runs[r].file->object && ckptio__gpu_run_packs(&p.plan, &p.plan.runs[r]);
     if ((st = ckptio__gpu_plan_windows(&p.plan, window_bytes, obs ? obs->block : 0)) != CKPTIO_OK) goto out;
     if (nworkers > p.plan.nwin) nworkers = (unsigned)p.plan.nwin;
     /* The file stage: AUTO keeps pread, the backend the GPU loads were
@@ -738,15 +742,12 @@ ckptio_status ckptio__gpu_pipeline_run_observed(ckptio_engine *engine, const ckp
         const int64_t qd = ckptio__engine_setting(engine, CKPTIO_OPT_QUEUE_DEPTH);
         p.depth = qd < WINDOW_OPS_MAX ? (unsigned)qd : WINDOW_OPS_MAX;
     }
-    /* s3:// objects: the object backend, each worker with its share of the
-     * S3 concurrency in flight (as the host executor's workers). */
+    /* s3:// objects: the object backend, a read's window's GETs all in flight. */
     for (size_t r = 0; r < p.plan.nruns; r++)
         if (p.plan.runs[r].file->object) {
-            const unsigned c = (unsigned)ckptio__engine_setting(engine, CKPTIO_OPT_S3_CONCURRENCY);
-            const unsigned per = (c + nworkers - 1) / (nworkers ? nworkers : 1);
             p.backend = &ckptio__backend_object;
             p.backend_forced = false;
-            p.depth = per < WINDOW_OPS_MAX ? WINDOW_OPS_MAX : per > OBJECT_OPS_MAX ? OBJECT_OPS_MAX : per;
+            p.depth = object_gets > WINDOW_OPS_MAX ? object_gets : WINDOW_OPS_MAX;
             break;
         }
     if ((st = ckptio__gpu_state_get(engine, ops, &p.st)) != CKPTIO_OK) goto out;
@@ -754,6 +755,7 @@ ckptio_status ckptio__gpu_pipeline_run_observed(ckptio_engine *engine, const ckp
     pthread_mutex_lock(&p.st->lock);
     atomic_fetch_sub(&p.st->transfers_waiting, 1);
     locked = true;
+    if (dir == CKPTIO_READ) slot = ckptio__gpu_read_slot(engine, p.st, nworkers, slot);
     ckptio__gpu_state_set_slot_bytes(p.st, (size_t)slot);
     /* What this call may pin: each worker's slots (a read's rotate through
      * CKPTIO_GPU_READ_SLOTS, a write's through all). Only when some are

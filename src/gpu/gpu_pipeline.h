@@ -30,7 +30,8 @@
 #define CKPTIO_GPU_READ_SLOTS 2          /* of them, the slots a read worker rotates through */
 #define CKPTIO_GPU_MIN_SLOT (256u << 10) /* below this, use fewer workers instead */
 #define CKPTIO_GPU_MAX_WORKERS 64
-#define CKPTIO_GPU_SLOT_MAX (4u << 20)   /* slots (and windows): at most 4 MiB */
+#define CKPTIO_GPU_SLOT_MAX (4u << 20)   /* slots (and windows) of files: at most 4 MiB */
+#define CKPTIO_GPU_OBJECT_GETS_MAX 32    /* ranged GETs of one window of an s3:// object */
 
 /* One worker's GPU resources, kept across calls. */
 typedef struct ckptio__gpu_worker_res {
@@ -106,6 +107,23 @@ void ckptio__gpu_load_geometry(ckptio_engine *engine, unsigned *nworkers, uint64
  * slots large enough for a whole block at any alignment (gpu_geometry.c). */
 void ckptio__gpu_geometry(ckptio_engine *engine, bool inline_only, uint64_t block, unsigned *nworkers,
                           uint64_t *slot);
+
+/* Workers and GETs of a read whose `count` extents include one in an
+ * s3:// object (gpu_geometry.c); 0 and nothing set when none does. Returns
+ * the GETs per window and worker, G, all in flight; *get_bytes is
+ * CKPTIO_OPT_CHUNK_BYTES; *nworkers x G <= CKPTIO_OPT_S3_CONCURRENCY GETs in
+ * flight and *nworkers x CKPTIO_GPU_READ_SLOTS x G x *get_bytes <=
+ * CKPTIO_OPT_STAGING_BYTES pinned (GETs smaller than the chunk only where
+ * one worker's two slots of one chunk would exceed it). */
+unsigned ckptio__gpu_object_geometry(ckptio_engine *engine, bool inline_only, const ckptio_extent *extents,
+                                     size_t count, unsigned *nworkers, uint64_t *get_bytes);
+
+/* The slot size a read of `nworkers` workers runs with, `slot` its own
+ * geometry's (st->lock held): the larger slots already pinned (an object
+ * read's) where the workers' read slots stay within CKPTIO_OPT_STAGING_BYTES,
+ * since its windows fit them and re-pinning costs a load more than the
+ * larger slots do (and freeing pinned memory synchronises the device). */
+uint64_t ckptio__gpu_read_slot(ckptio_engine *engine, const ckptio__gpu_state *st, unsigned nworkers, uint64_t slot);
 
 /* Starts pinning the slots a load to `device` will use, in the background
  * (ckptio_engine_gpu_prepare). */

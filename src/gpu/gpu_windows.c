@@ -97,6 +97,8 @@ ckptio_status ckptio__gpu_plan_runs(ckptio__gpu_plan *pl, size_t count, ckptio_d
 static uint64_t window_cut(const ckptio__gpu_plan *pl, const ckptio__gpu_run *rn, size_t *k, uint64_t pos,
                            uint64_t slot, uint64_t block, uint64_t *packed) {
     *packed = 0;
+    if (pl->object_window && rn->file->object)
+        return rn->end - pos > pl->object_window ? pos + pl->object_window : rn->end;
     return rn->packed ? next_cut_packed(pl, rn, k, pos, slot, packed) : next_cut(pl, rn, k, pos, slot, block);
 }
 

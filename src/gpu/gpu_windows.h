@@ -33,6 +33,10 @@ typedef struct ckptio__gpu_plan {
     size_t nruns;
     ckptio__gpu_window *wins;
     size_t nwin;
+    /* Reads: the span of an s3:// object's windows, whose bytes start at
+     * their slot's first byte (an object has no O_DIRECT to align for);
+     * 0: objects are cut as files are. */
+    uint64_t object_window;
 } ckptio__gpu_plan;
 
 /* Sorts the first `count` extents of pl->ext into pl->order and joins
@@ -45,7 +49,8 @@ ckptio_status ckptio__gpu_plan_runs(ckptio__gpu_plan *pl, size_t count, ckptio_d
  * (gpu_windows.c says when). Asks the page cache about files on disk. */
 bool ckptio__gpu_run_packs(const ckptio__gpu_plan *pl, const ckptio__gpu_run *rn);
 
-/* Cuts the runs into pl->wins: windows of at most `slot` bytes of file span,
+/* Cuts the runs into pl->wins: windows of at most `slot` bytes of file span
+ * (pl->object_window bytes for the runs of an s3:// object, when set),
  * or of extent bytes for packed runs; with an observer block size `block`
  * (writes; 0: none) a window ends at a block's start rather than cut it. */
 ckptio_status ckptio__gpu_plan_windows(ckptio__gpu_plan *pl, uint64_t slot, uint64_t block);

@@ -131,3 +131,38 @@ def test_gpu_items_load_back_exactly(tmp_path):
     dcp.load(out, storage_reader=cdcp.FileSystemReader(path))
     assert torch.equal(out["big"], sd["big"]) and torch.equal(out["small"], sd["small"]) and out["step"] == 7
     assert cdcp.verify(path)["unhashed"] == 0
+
+
+def test_verify_batches_keep_the_manifests_order(tmp_path):
+    """verify reads the ranges it hashes in batches (a window of the file per engine plan); whatever order
+    the manifest lists them in (here reversed, so that every range lies before the last: one batch each),
+    and with an item hashed whole as well as in parts, each is checked and the first mismatch in the
+    manifest's order is the one reported."""
+    from ckptio import _ckptio
+
+    path = str(tmp_path / "ck")
+    g = torch.Generator().manual_seed(6)
+    sd = {"big": torch.randn(2 * BLOCK // 4 + 5, generator=g), "step": 7,
+          **{f"t{i}": torch.randn(100 + i, generator=g) for i in range(6)}}
+    dcp.save(sd, storage_writer=cdcp.FileSystemWriter(path))
+    (name,) = glob.glob(os.path.join(path, ".ckptio-manifest-*.json"))
+    doc = manifest_of(path)
+    doc["items"].reverse()
+    (big,) = [i for i in doc["items"] if i["fqn"] == "big"]
+    with open(os.path.join(path, big["file"]), "rb") as f:
+        f.seek(big["data_offset"])
+        raw = torch.frombuffer(bytearray(f.read(big["nbytes"])), dtype=torch.uint8)
+    big["xxh3"] = "%016x" % _ckptio.hash_xxh3(raw.data_ptr(), raw.numel())
+    with open(name, "w") as f:
+        json.dump(doc, f)
+    rep = cdcp.verify(path)
+    assert rep["checked"] == rep["items"] == 8 and rep["bytes"] == sum(
+        i["nbytes"] for i in doc["items"]) + big["nbytes"], rep
+    # Two damaged items: the one the manifest lists first is named.
+    items = {i["fqn"]: i for i in doc["items"]}
+    first = next(i["fqn"] for i in doc["items"] if i["fqn"] in ("t1", "t4"))
+    flip(path, items["t1"], items["t1"]["nbytes"] - 10)
+    flip(path, items["t4"], items["t4"]["nbytes"] - 10)
+    with pytest.raises(ckptio.CkptioError) as e:
+        cdcp.verify(path)
+    assert e.value.status_name == "E_CHECKSUM" and f"item '{first}'" in str(e.value), str(e.value)

@@ -24,6 +24,7 @@ the allowlisted objects they hold, never the stored pickle (``allow_pickle=True`
 
 from __future__ import annotations
 
+import ctypes
 import dataclasses
 import io
 import math
@@ -51,7 +52,20 @@ MAX_TRANSFORMS = 16
 # Bytes of each edge of a torch.save item read for its header (libckptio's read-ahead window
 # in object storage, torch_file.c), and how many items' edges are held at once.
 HEADER_WINDOW = 64 << 10
-HEADER_BATCH = 64
+HEADER_BATCH = 256
+# Windows of the items whose records the first windows missed (read in a second plan), and the first bytes
+# of a zip archive (a torch.save item; anything else is left to libckptio's own header read).
+HEADER_WINDOW_RETRY = 1 << 20
+HEADER_RETRY_BATCH = 32
+ZIP_MAGIC = b"PK\x03\x04"
+# Windows of one file at most this far apart are read as one range (one GET), up to this many bytes.
+HEADER_MERGE_GAP = 64 << 10
+HEADER_RANGE_MAX = 4 << 20
+# Data extents of at most this many bytes, this far apart in one object, are read as one range of at most
+# COALESCE_RANGE_MAX bytes (_read_coalesced).
+COALESCE_EXTENT_MAX = 256 << 10
+COALESCE_GAP = 64 << 10
+COALESCE_RANGE_MAX = 4 << 20
 
 
 def _error(status: int, path: str, offset: int, message: str, subject: Optional[str] = None):
@@ -85,6 +99,48 @@ def _read_limited(stream, limit: int, path: str, offset: int, fqn: str, step: st
             raise _format_error(path, offset, f"item '{fqn}': transform '{step}' produces more than the {limit} "
                                 "bytes this item may hold")
     return b"".join(parts)
+
+
+def _close_ranges(ranges: List[tuple], gap: int, limit: int):
+    """Groups `ranges` ((file, start, end, payload), sorted by file and start) into runs of one file whose
+    neighbours lie at most `gap` bytes apart, each run spanning at most `limit` bytes (a range longer
+    than that alone): yields (file, first byte, end, [payload, ...]), each run one read, one GET."""
+    k = 0
+    while k < len(ranges):
+        f, lo, hi = ranges[k][0], ranges[k][1], ranges[k][2]
+        j = k + 1
+        while j < len(ranges) and ranges[j][0] is f and ranges[j][1] <= hi + gap and \
+                max(hi, ranges[j][2]) - lo <= limit:
+            hi = max(hi, ranges[j][2])
+            j += 1
+        yield f, lo, hi, [r[3] for r in ranges[k:j]]
+        k = j
+
+
+def _read_coalesced(extents: List[tuple], engine, remote: bool) -> None:
+    """Reads `extents` in one engine plan. In object storage, where every ranged GET has a fixed cost
+    (a round trip, the server's work per request), small extents in host memory that lie close together
+    in one object (byte items, small tensors, packed back to back by the writers) are read as one range
+    into a buffer and copied to their places: one GET instead of one each."""
+    if not remote or len(extents) < 2:
+        _ckptio.dcp_read(extents, engine)
+        return
+    small = sorted(((e[0], e[3], e[3] + e[2], e) for e in extents
+                    if e[2] <= COALESCE_EXTENT_MAX and e[4] != _adapt.MEM_CUDA), key=lambda r: (id(r[0]), r[1]))
+    plan = [e for e in extents if e[2] > COALESCE_EXTENT_MAX or e[4] == _adapt.MEM_CUDA]
+    copies: List[tuple] = []  # (buffer, its first byte's offset, the extents it holds)
+    for f, lo, hi, held in _close_ranges(small, COALESCE_GAP, COALESCE_RANGE_MAX):
+        if len(held) == 1:
+            plan.append(held[0])
+            continue
+        buf = torch.empty(hi - lo, dtype=torch.uint8)
+        plan.append((f, buf.data_ptr(), hi - lo, lo, _adapt.MEM_HOST))
+        copies.append((buf, lo, held))
+    _ckptio.dcp_read(plan, engine)
+    for buf, lo, held in copies:
+        base = buf.data_ptr()
+        for _, addr, length, offset, _ in held:
+            ctypes.memmove(addr, base + offset - lo, length)
 
 
 class _Stored:
@@ -513,11 +569,12 @@ class FileSystemReader(_TorchFileSystemReader):
     def read_headers_together(self, items: List[ReadItem], files: Dict[str, _DataFile], cache: Dict) -> None:
         """In object storage, where each read is a round trip: reads the first and last
         HEADER_WINDOW bytes of the plain tensor items of `items` (as libckptio's own header read
-        does, one item after another) in one engine plan, their ranged GETs in flight together,
-        and parses their headers from there (ckptio_dcp_header_windows, the same checks) into
-        `cache` for stored_chunk. An item it cannot describe so (a SAFETENSORS blob, a record
-        between the windows, bytes outside the file) is left to stored_chunk, which reads it
-        as before. Local files are read where they are needed: nothing to overlap there."""
+        does, one item after another) in one engine plan, their ranged GETs in flight together
+        (the windows of neighbouring items in one GET), and parses their headers from there
+        (ckptio_dcp_header_windows, the same checks) into `cache` for stored_chunk. Archives with a
+        record between the windows get larger windows in one more plan (HEADER_RETRY_BATCH at a
+        time). An item still not described (a SAFETENSORS blob, bytes outside the file) is left to
+        stored_chunk, which reads it as before. Local files are read where they are needed."""
         if not _ckptio.path_is_object(os.fspath(self.path)):
             return
         todo: Dict[tuple, tuple] = {}
@@ -530,25 +587,53 @@ class FileSystemReader(_TorchFileSystemReader):
             if hkey in cache or hkey in todo or not 0 < info.length <= df.size - min(info.offset, df.size):
                 continue
             todo[hkey] = (df, info.offset, info.length)
+        # Records that lie between the windows (a large pickle, a storage shared by several tensors with
+        # records after it): those items' windows again, larger, all in one more plan.
+        retry = list(self._headers_from_windows(todo, HEADER_WINDOW, cache).items())
+        for i in range(0, len(retry), HEADER_RETRY_BATCH):
+            self._headers_from_windows(dict(retry[i:i + HEADER_RETRY_BATCH]), HEADER_WINDOW_RETRY, cache)
+
+    def _headers_from_windows(self, todo: Dict[tuple, tuple], window: int, cache: Dict) -> Dict[tuple, tuple]:
+        """Reads the first and last `window` bytes of the items of `todo` ({hkey: (df, offset, length)}) in
+        one engine plan and describes them from there into `cache`; returns the items these windows could
+        not describe though they begin as a zip archive (a record between the windows) and are larger."""
+        # Each item's two windows, then neighbouring windows of one file merged into one range: the tail of
+        # an item and the head of the next (items lie back to back) come in one GET, whose fixed cost (a
+        # round trip, the server's work per request) outweighs the padding between them.
+        wins: List[tuple] = []  # (file, start, end, (item index, 0 head / 1 tail))
+        items_list = list(todo.items())
+        for i, (hkey, (df, offset, length)) in enumerate(items_list):
+            n = min(length, window)
+            if length <= 2 * n:
+                wins.append((df.file, offset, offset + length, (i, 0)))
+            else:
+                wins.append((df.file, offset, offset + n, (i, 0)))
+                wins.append((df.file, offset + length - n, offset + length, (i, 1)))
+        if not wins:
+            return {}
+        wins.sort(key=lambda w: (id(w[0]), w[1]))
+        views: Dict[Tuple[int, int], torch.Tensor] = {}
         extents: List[tuple] = []
-        edges = []
-        for hkey, (df, offset, length) in todo.items():
-            n = min(length, HEADER_WINDOW)
-            head = torch.empty(length if length <= 2 * n else n, dtype=torch.uint8)
-            tail = head if length <= 2 * n else torch.empty(n, dtype=torch.uint8)
-            extents.append((df.file, head.data_ptr(), head.numel(), offset, _adapt.MEM_HOST))
-            if tail is not head:
-                extents.append((df.file, tail.data_ptr(), n, offset + length - n, _adapt.MEM_HOST))
-            edges.append((hkey, df, offset, length, head, tail))
-        if not extents:
-            return
+        starts = {w[3]: w[1] for w in wins}
+        ends = {w[3]: w[2] for w in wins}
+        for f, lo, hi, held in _close_ranges(wins, HEADER_MERGE_GAP, max(HEADER_RANGE_MAX, 2 * window)):
+            buf = torch.empty(hi - lo, dtype=torch.uint8)
+            extents.append((f, buf.data_ptr(), hi - lo, lo, _adapt.MEM_HOST))
+            for w in held:
+                views[w] = buf[starts[w] - lo:ends[w] - lo]
         _ckptio.dcp_read(extents, self.engine)
         self._header_bytes += sum(e[2] for e in extents)
-        for hkey, df, offset, length, head, tail in edges:
+        retry: Dict[tuple, tuple] = {}
+        for i, (hkey, (df, offset, length)) in enumerate(items_list):
+            head = views[(i, 0)]
+            tail = views.get((i, 1), head)
             header = _ckptio.dcp_header_windows(df.path, df.size, offset, length, head.data_ptr(), head.numel(),
                                                 tail.data_ptr(), tail.numel())
             if header is not None:
                 cache[("edges",) + hkey] = header
+            elif tail is not head and bytes(head[:4].numpy()) == ZIP_MAGIC:
+                retry[hkey] = (df, offset, length)
+        return retry
 
     def _read_window(self, items: List[ReadItem], planner: LoadPlanner, files: Dict[str, _DataFile],
                      cache: Dict) -> None:
@@ -576,8 +661,8 @@ class FileSystemReader(_TorchFileSystemReader):
             src = self.plan_slice(df, stored, req, target, extents, spans)
             finish.append((req, target, src))
         if extents:
-            _ckptio.dcp_read(extents, self.engine)
             self._data_bytes += sum(e[2] for e in extents)
+            _read_coalesced(extents, self.engine, _ckptio.path_is_object(os.fspath(self.path)))
         if spans:
             self._data_bytes += _spans.read(spans, self.engine, _spans.BUDGET)
         for req, buf, info, path in byte_reqs:
