@@ -4,13 +4,16 @@
  * temporary; injected ENOSPC/EIO in the middle of a write, at fsync or at
  * rename leave the final name absent (or the old content intact) and no
  * temporaries, with errors naming file and offset; EINTR and short
- * transfers are resumed and the bytes are right; EXCLUSIVE. Every case runs
- * on each backend the kernel allows, with 0 and 4 threads.
+ * transfers are resumed and the bytes are right; EXCLUSIVE; files whose
+ * names nothing references yet, committed together (renamed, then every file
+ * and the directory fsynced at once). Every case runs on each backend the
+ * kernel allows, with 0 and 4 threads.
  */
 #include "helpers.h"
 #include "io_inject.h"
 
 #include <errno.h>
+#include <stdio.h>
 #include <string.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -289,6 +292,90 @@ static void test_exclusive(void) {
     unlink(path);
 }
 
+/* The system calls of a commit in their order (ckptio__io_record). */
+static char syscalls[256];
+
+/* Three new files, one over an empty placeholder: each is renamed, then the
+ * three files and their directory (once) are fsynced, none before the last
+ * rename; the bytes are in place, no temporary is left. A failed fsync says
+ * the file is in place but may not survive a power loss; a failed rename
+ * stops there (later files stay temporaries, removed by close). */
+static void test_commit_unreferenced(void) {
+    const char *names[3] = {"u0.bin", "u1.bin", "u2.bin"};
+    char paths[3][1024];
+    for (int i = 0; i < 3; i++) snprintf(paths[i], sizeof paths[i], "%s", t_path(names[i]));
+    ckptio_engine *e = new_engine(CKPTIO_DIRECT_AUTO);
+    for (int round = 0; round < 4; round++) {
+        t_write_file(paths[1], "", 0); /* a placeholder: an empty file under the final name */
+        ckptio_file *f[3];
+        for (int i = 0; i < 3; i++) {
+            T_OK(ckptio_file_open(e, paths[i], CKPTIO_OPEN_WRITE, &f[i]));
+            T_OK(write_all(e, f[i], names[i], 6));
+        }
+        if (round == 0) {
+            ckptio__io_record(syscalls, sizeof syscalls, "fRo");
+            const ckptio_status st = ckptio_file_commit_unreferenced(f, 3, 0);
+            ckptio__io_record_stop();
+            T_OK(st);
+            const char *last_rename = strrchr(syscalls, 'R'), *first_fsync = strchr(syscalls, 'f');
+            T_ASSERT_MSG(strlen(syscalls) == 8 && first_fsync > last_rename && strspn(first_fsync, "f") == 4,
+                         "%s", syscalls);
+            for (int i = 0; i < 3; i++) expect_file(paths[i], names[i], 6);
+        } else if (round == 1) { /* the second file's fsync fails */
+            ckptio__io_inject(CKPTIO__IO_FSYNC, 2, EIO, 0, false);
+            T_STATUS(ckptio_file_commit_unreferenced(f, 3, 0), CKPTIO_E_IO);
+            ckptio__io_inject_reset();
+            T_MESSAGE_HAS("u1.bin: fsync: flushing the data to storage (the file is in place under its name but");
+            for (int i = 0; i < 3; i++) expect_file(paths[i], names[i], 6);
+        } else if (round == 2) { /* the directory's fsync fails */
+            ckptio__io_inject(CKPTIO__IO_FSYNC, 4, EIO, 0, false);
+            T_STATUS(ckptio_file_commit_unreferenced(f, 3, 0), CKPTIO_E_IO);
+            ckptio__io_inject_reset();
+            T_MESSAGE_HAS("flushing the directory after renaming");
+            T_MESSAGE_HAS("may not survive a power loss");
+        } else { /* the second rename fails: the first is in place, no fsync ran */
+            for (int i = 0; i < 3; i++) unlink(paths[i]);
+            t_write_file(paths[1], "", 0);
+            ckptio__io_inject(CKPTIO__IO_RENAME, 2, EACCES, 0, false);
+            T_STATUS(ckptio_file_commit_unreferenced(f, 3, 0), CKPTIO_E_PERMISSION);
+            ckptio__io_inject_reset();
+            T_MESSAGE_HAS("u1.bin: rename: renaming the finished temporary over it");
+            expect_file(paths[0], names[0], 6);
+            expect_file(paths[1], "", 0);
+            T_ASSERT(access(paths[2], F_OK) != 0);
+        }
+        for (int i = 0; i < 3; i++) T_OK(ckptio_file_close(f[i]));
+        expect_no_temporaries();
+        T_STATUS(ckptio_file_commit_unreferenced(NULL, 1, 0), CKPTIO_E_INVAL);
+    }
+    /* Without OPT_SYNC: renamed, nothing fsynced. */
+    T_OK(ckptio_engine_set(e, CKPTIO_OPT_SYNC, 0));
+    ckptio_file *g;
+    T_OK(ckptio_file_open(e, paths[0], CKPTIO_OPEN_WRITE, &g));
+    T_OK(write_all(e, g, "nosync", 6));
+    ckptio__io_record(syscalls, sizeof syscalls, "fRo");
+    const ckptio_status st = ckptio_file_commit_unreferenced(&g, 1, 0);
+    ckptio__io_record_stop();
+    T_OK(st);
+    T_ASSERT_MSG(strcmp(syscalls, "R") == 0, "%s", syscalls);
+    T_OK(ckptio_file_close(g));
+    expect_file(paths[0], "nosync", 6);
+    /* CKPTIO_COMMIT_SYNC_LATER: renamed only, the fsyncs left to the DCP commit. */
+    T_OK(ckptio_engine_set(e, CKPTIO_OPT_SYNC, 1));
+    T_OK(ckptio_file_open(e, paths[0], CKPTIO_OPEN_WRITE, &g));
+    T_OK(write_all(e, g, "later!", 6));
+    ckptio__io_record(syscalls, sizeof syscalls, "fRo");
+    const ckptio_status later = ckptio_file_commit_unreferenced(&g, 1, CKPTIO_COMMIT_SYNC_LATER);
+    ckptio__io_record_stop();
+    T_OK(later);
+    T_ASSERT_MSG(strcmp(syscalls, "R") == 0, "%s", syscalls);
+    T_OK(ckptio_file_close(g));
+    expect_file(paths[0], "later!", 6);
+    T_STATUS(ckptio_file_commit_unreferenced(&g, 0, 1u << 5), CKPTIO_E_INVAL);
+    T_OK(ckptio_engine_destroy(e));
+    for (int i = 0; i < 3; i++) unlink(paths[i]);
+}
+
 static void run_all(void) {
     T_RUN(test_commit_replaces);
     T_RUN(test_close_without_commit);
@@ -296,6 +383,7 @@ static void run_all(void) {
     T_RUN(test_failed_commit);
     T_RUN(test_retries);
     T_RUN(test_exclusive);
+    T_RUN(test_commit_unreferenced);
 }
 
 int main(void) {

@@ -194,7 +194,7 @@ static ckptio_status commit_with(const char *dir, unsigned flags, ckptio_dcp_com
     ckptio_dcp_lock *lock = NULL;
     ckptio_status st = ckptio_dcp_lock_acquire(dir, ".metadata", 0, 0.0, NULL, NULL, &lock);
     const ckptio_dcp_commit_options o = {".metadata", new_md, new_md_len, new_files, 1, items, nitems,
-                                         flags | CKPTIO_DCP_MANIFEST, on_step, user};
+                                         flags | CKPTIO_DCP_MANIFEST, on_step, user, NULL, 0};
     if (st == CKPTIO_OK) st = ckptio_dcp_commit(dir, &o, r);
     ckptio__error_saved *saved = ckptio__error_save();
     T_OK(ckptio_dcp_lock_release(lock));
@@ -306,7 +306,7 @@ static void test_commit_runs_its_steps_in_order(void) {
     dir = setup("per-rank");
     s = (seen){dir, "__0.metadata", "", -1, 0};
     const ckptio_dcp_commit_options o = {"__0.metadata", new_md, new_md_len, new_files, 1, items, nitems,
-                                         CKPTIO_DCP_SYNC, record, &s};
+                                         CKPTIO_DCP_SYNC, record, &s, NULL, 0};
     T_OK(ckptio_dcp_commit(dir, &o, &r));
     T_ASSERT_MSG(strcmp(s.calls, "metadata:0 metadata:1") == 0, "%s", s.calls);
     T_ASSERT(r.committed == 1 && same_file(in(dir, "__0.metadata"), new_md, new_md_len));
@@ -349,6 +349,111 @@ static void test_commit_stops_where_the_callback_says(void) {
             check_clean(dir, what);
         }
     }
+}
+
+/* The system calls of a commit in their order (ckptio__io_record). */
+static char syscalls[256];
+
+/* The manifest and .metadata are both written and fsynced before either is
+ * renamed (their fsyncs run together: one journal commit), then renamed in
+ * that order, and one directory fsync after .metadata's rename makes both
+ * renames durable before the commit returns, before the cleanup lists
+ * anything. Without sync: no fsync at all. */
+static void test_commit_syncs_its_files_before_any_rename(void) {
+    const char *dir = setup("sync order");
+    ckptio__io_record(syscalls, sizeof syscalls, "rwfRoul");
+    const ckptio_status st = commit(dir, CKPTIO_DCP_SYNC);
+    ckptio__io_record_stop();
+    T_OK(st);
+    check_clean(dir, "sync order");
+    /* o: the temporary's open, w: its write, f: fsync, R: rename. */
+    const char *at = strstr(syscalls, "wff");
+    T_ASSERT_MSG(at && strchr(syscalls, 'R') > at, "%s", syscalls);
+    T_ASSERT_MSG(strstr(syscalls, "ffRRof") != NULL, "%s", syscalls);
+    T_ASSERT_MSG(strstr(syscalls, "ffRRof") < strchr(syscalls, 'l'), "%s", syscalls);
+    dir = setup("no sync");
+    ckptio__io_record(syscalls, sizeof syscalls, "rwfRoul");
+    T_OK(commit(dir, 0));
+    ckptio__io_record_stop();
+    T_ASSERT_MSG(!strchr(syscalls, 'f') && strstr(syscalls, "RR"), "%s", syscalls);
+    check_clean(dir, "no sync");
+}
+
+/* The new data file written through the engine and renamed with
+ * CKPTIO_COMMIT_SYNC_LATER (setup's copy removed first): the commit's
+ * data_files. */
+static ckptio_file *renamed_data_file(const char *dir) {
+    T_ASSERT(unlink(in(dir, NEW_DATA)) == 0);
+    ckptio_file *f = NULL;
+    T_OK(ckptio_file_open(engine, in(dir, NEW_DATA), CKPTIO_OPEN_WRITE, &f));
+    ckptio_plan *p;
+    T_OK(ckptio_plan_create(CKPTIO_WRITE, &p));
+    const ckptio_extent x = {.file = f, .length = new_data_len, .memory = new_data, .mem_kind = CKPTIO_MEM_HOST};
+    T_OK(ckptio_plan_add(p, &x));
+    T_OK(ckptio_engine_execute(engine, p));
+    ckptio_plan_destroy(p);
+    T_OK(ckptio_file_commit_unreferenced(&f, 1, CKPTIO_COMMIT_SYNC_LATER));
+    return f;
+}
+
+static ckptio_status commit_data_files(const char *dir, ckptio_file *f, unsigned flags) {
+    ckptio_dcp_lock *lock = NULL;
+    ckptio_dcp_commit_result r;
+    ckptio_status st = ckptio_dcp_lock_acquire(dir, ".metadata", 0, 0.0, NULL, NULL, &lock);
+    const ckptio_dcp_commit_options o = {".metadata", new_md, new_md_len, new_files, 1, items, nitems,
+                                         flags | CKPTIO_DCP_MANIFEST | CKPTIO_DCP_CLEANUP, NULL, NULL, &f, 1};
+    if (st == CKPTIO_OK) st = ckptio_dcp_commit(dir, &o, &r);
+    ckptio__error_saved *saved = ckptio__error_save();
+    T_OK(ckptio_dcp_lock_release(lock));
+    ckptio__error_restore(saved);
+    if (st == CKPTIO_OK) ckptio_dcp_names_free(r.stale, r.nstale);
+    return st;
+}
+
+/* A data file renamed but not fsynced (the process that commits hands its
+ * own over): it, the directory, the manifest's and .metadata's temporaries
+ * are fsynced in one round, before the manifest or .metadata is renamed.
+ * Each of those fsyncs failing leaves the old checkpoint, the error naming
+ * the file; a file not renamed that way is refused. */
+static void test_commit_syncs_the_data_files_handed_over(void) {
+    const char *dir = setup("data files");
+    ckptio_file *f = renamed_data_file(dir);
+    ckptio__io_record(syscalls, sizeof syscalls, "rwfRoul");
+    const ckptio_status st = commit_data_files(dir, f, CKPTIO_DCP_SYNC);
+    ckptio__io_record_stop();
+    T_OK(st);
+    T_OK(ckptio_file_close(f));
+    check_clean(dir, "data files");
+    T_ASSERT_MSG(strstr(syscalls, "offffRRof") && strchr(syscalls, 'f') == strstr(syscalls, "ffff"), "%s", syscalls);
+    static const char *const says[] = {NEW_DATA ": fsync: " /* strerror */, "", "", ""};
+    static const char *const note[] = {
+        "flushing the data file before .metadata names it; the checkpoint is unchanged",
+        "flushing the directory after renaming the data files; the checkpoint is unchanged",
+        "before its rename; ",
+        "before its rename; ",
+    };
+    for (int n = 1; n <= 4; n++) {
+        char what[64];
+        snprintf(what, sizeof what, "fsync %d of the first round fails", n);
+        dir = setup("data files fault");
+        f = renamed_data_file(dir);
+        ckptio__io_inject(CKPTIO__IO_FSYNC, (uint64_t)n, EIO, 0, false);
+        T_STATUS(commit_data_files(dir, f, CKPTIO_DCP_SYNC), CKPTIO_E_IO);
+        ckptio__io_inject_reset();
+        T_MESSAGE_HAS(says[n - 1]);
+        T_MESSAGE_HAS(note[n - 1]);
+        T_OK(ckptio_file_close(f));
+        T_ASSERT_MSG(check_state(dir, what) == 0, "%s", what);
+        T_OK(commit(dir, CKPTIO_DCP_SYNC));
+        check_clean(dir, what);
+    }
+    /* A file committed with its fsyncs is no data file to hand over. */
+    dir = setup("data files refused");
+    T_ASSERT(unlink(in(dir, NEW_DATA)) == 0);
+    T_OK(ckptio_file_open(engine, in(dir, NEW_DATA), CKPTIO_OPEN_WRITE, &f));
+    T_STATUS(commit_data_files(dir, f, CKPTIO_DCP_SYNC), CKPTIO_E_INVAL);
+    T_MESSAGE_HAS("is not committed by ckptio_file_commit_unreferenced(CKPTIO_COMMIT_SYNC_LATER)");
+    T_OK(ckptio_file_close(f));
 }
 
 /* ---- faults -------------------------------------------------------------------------- */
@@ -647,7 +752,7 @@ static void test_bad_arguments(void) {
     T_ASSERT(!ckptio__dcp_token(two, 2, token) && !ckptio__dcp_token(other, 1, token));
     /* The commit's own checks, before anything is written. */
     ckptio_dcp_commit_result r;
-    ckptio_dcp_commit_options o = {"model.bin", new_md, new_md_len, new_files, 1, NULL, 0, 0, NULL, NULL};
+    ckptio_dcp_commit_options o = {"model.bin", new_md, new_md_len, new_files, 1, NULL, 0, 0, NULL, NULL, NULL, 0};
     T_STATUS(ckptio_dcp_commit(dir, &o, &r), CKPTIO_E_INVAL);
     T_MESSAGE_HAS("must be .metadata or __RANK.metadata, not 'model.bin'");
     o.metadata_name = ".metadata";
@@ -805,6 +910,8 @@ int main(void) {
     T_RUN(test_commit_replaces_torch_checkpoint);
     T_RUN(test_commit_runs_its_steps_in_order);
     T_RUN(test_commit_stops_where_the_callback_says);
+    T_RUN(test_commit_syncs_its_files_before_any_rename);
+    T_RUN(test_commit_syncs_the_data_files_handed_over);
     T_RUN(test_every_commit_call_fails_once);
     T_RUN(test_short_writes_are_resumed);
     T_RUN(test_stale_files);

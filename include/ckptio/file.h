@@ -112,6 +112,33 @@ CKPTIO_API const char *ckptio_format_name(ckptio_format format);
  * accessible to more than `path` was, the fchmod error. Thread-safe. */
 CKPTIO_API ckptio_status ckptio_inherit_mode(int fd, const char *path);
 
+/*! ckptio_file_commit_unreferenced() :
+ * Commits atomic write files (ckptio_file_open(CKPTIO_OPEN_WRITE)) whose
+ * final names nothing references yet, as a DCP save's data files, which no
+ * .metadata names before they are durable: each file's mode is set as
+ * ckptio_file_commit sets it and its temporary renamed over its name, then
+ * (with CKPTIO_OPT_SYNC) every file and each of their directories are
+ * fsynced together (up to 16 at a time), one journal commit for all where
+ * ckptio_file_commit costs two a file. When it returns CKPTIO_OK, every file's data and name are
+ * durable. Unlike ckptio_file_commit the names appear before the data is
+ * flushed: a crash can leave a file under its name with only part of its
+ * data, which is why the names must be unreferenced until this returns (a
+ * DCP save's next save removes such files). On a failure some files may be
+ * renamed but not durable: the caller must not reference any of them. A
+ * file without a temporary (CKPTIO_OPEN_IN_PLACE, an object) is committed
+ * by ckptio_file_commit. Files are committed in order, in groups of 32 (the
+ * fsyncs of one group before the next is renamed); the first failure ends it. Not thread-safe for
+ * one file (as ckptio_file_commit). */
+CKPTIO_API ckptio_status ckptio_file_commit_unreferenced(ckptio_file *const *files, size_t count, unsigned flags);
+
+/* Flags of ckptio_file_commit_unreferenced(). */
+enum {
+    /* Rename only: the fsyncs are left to ckptio_dcp_commit(), which runs
+     * them with its own (its options' data_files). Keep the files open
+     * until then. */
+    CKPTIO_COMMIT_SYNC_LATER = 1u << 0
+};
+
 /* ------------------------------------------------------------------------ */
 /* Temporaries left by crashed saves                                        */
 /* ------------------------------------------------------------------------ */

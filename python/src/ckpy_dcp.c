@@ -161,6 +161,51 @@ out:
     return result;
 }
 
+/* ---- committing a save's data files ------------------------------------------------ */
+
+typedef struct commit_call {
+    ckptio_file **files;
+    size_t count;
+    unsigned flags;
+} commit_call;
+
+static ckptio_status do_commit_unreferenced(ckptio_engine *engine, void *arg) {
+    (void)engine;
+    const commit_call *c = arg;
+    return ckptio_file_commit_unreferenced(c->files, c->count, c->flags);
+}
+
+static PyObject *mod_commit_unreferenced(PyObject *module, PyObject *args, PyObject *kwargs) {
+    static char *kwlist[] = {"files", "engine", "sync_later", NULL};
+    PyObject *seq, *engine_arg = Py_None;
+    int sync_later = 0;
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "O|Op:commit_unreferenced", kwlist, &seq, &engine_arg,
+                                     &sync_later))
+        return NULL;
+    PyObject *fast = PySequence_List(seq); /* holds every File alive for the call */
+    if (!fast) return NULL;
+    const Py_ssize_t n = PyList_Size(fast);
+    PyObject *result = NULL;
+    ckpy_engine *engine = NULL;
+    commit_call c = {PyMem_Calloc(n ? (size_t)n : 1, sizeof *c.files), (size_t)n,
+                     sync_later ? CKPTIO_COMMIT_SYNC_LATER : 0u};
+    if (!c.files) {
+        PyErr_NoMemory();
+        goto out;
+    }
+    for (Py_ssize_t i = 0; i < n; i++)
+        if (!(c.files[i] = ckpy_file_handle(PyList_GetItem(fast, i)))) goto out;
+    if (!(engine = ckpy_engine_resolve(engine_arg))) goto out;
+    if (ckpy_engine_run(engine, do_commit_unreferenced, &c) < 0) goto out;
+    result = Py_None;
+    Py_INCREF(result);
+out:
+    PyMem_Free(c.files);
+    Py_XDECREF(engine);
+    Py_DECREF(fast);
+    return result;
+}
+
 /* ---- reading extents of several files in one plan -------------------------------- */
 
 typedef struct read_call {
@@ -472,6 +517,11 @@ static PyMethodDef dcp_methods[] = {
      "(a byte item) or (dtype, shape, address, nbytes, mem_kind) (a torch.save archive of one\n"
      "C-contiguous tensor). Items of one file are placed in order from offset 0. parts: [(offset in the\n"
      "item, length, xxh3)] for archives hashed from GPU memory (ckptio_dcp_part). GIL released."},
+    {"commit_unreferenced", (PyCFunction)(void (*)(void))mod_commit_unreferenced, METH_VARARGS | METH_KEYWORDS,
+     "commit_unreferenced(files, engine=None, sync_later=False): commits atomic write Files whose names\n"
+     "nothing references yet (a DCP save's data files): each renamed, then all fsynced with their directory\n"
+     "at once (ckptio_file_commit_unreferenced); sync_later: renamed only, for dcp_commit's data_files.\n"
+     "GIL released."},
     {"dcp_read", (PyCFunction)(void (*)(void))mod_dcp_read, METH_VARARGS | METH_KEYWORDS,
      "dcp_read(extents, engine=None): file -> memory for (File, address, nbytes, file_offset, mem_kind)\n"
      "extents of any number of files, in one engine plan. GIL released."},

@@ -7,6 +7,7 @@
  * out; failures become exceptions through ckpy_raise (ckptio._errors).
  */
 #include "ckpy_values.h"
+#include "ckpy_file.h"
 #include "ckpy_parts.h"
 
 #include <string.h>
@@ -372,15 +373,18 @@ static int on_step(void *user, ckptio_dcp_commit_step step, const char *path, in
 
 static PyObject *mod_commit(PyObject *module, PyObject *args) {
     PyObject *dir_o, *md_o, *data, *files_o, *items_o, *fn = Py_None, *dir = NULL, *md = NULL, *result = NULL;
+    PyObject *data_files_o = Py_None, *data_files = NULL;
     int sync, cleanup;
-    if (!PyArg_ParseTuple(args, "OOSOOpi|O:dcp_commit", &dir_o, &md_o, &data, &files_o, &items_o, &sync, &cleanup,
-                          &fn))
+    if (!PyArg_ParseTuple(args, "OOSOOpi|OO:dcp_commit", &dir_o, &md_o, &data, &files_o, &items_o, &sync, &cleanup,
+                          &fn, &data_files_o))
         return NULL;
     if (cleanup < 0 || cleanup > 2) {
         PyErr_Format(PyExc_ValueError, "dcp_commit: cleanup must be 0 (none), 1 (now) or 2 (later), not %d", cleanup);
         return NULL;
     }
     names_arg files = {0};
+    ckptio_file **handles = NULL;
+    Py_ssize_t nhandles = 0;
     PyObject *keep = PyList_New(0);
     ckptio_dcp_manifest_item *items = NULL;
     void **mem = NULL;
@@ -388,12 +392,23 @@ static PyObject *mod_commit(PyObject *module, PyObject *args) {
     if (!keep || !(dir = ckpy_path_bytes(dir_o)) || !(md = ckpy_path_bytes(md_o)) || names_parse(files_o, &files) < 0 ||
         (items_o != Py_None && manifest_items(items_o, keep, &items, &count, &mem, &nmem) < 0))
         goto out;
+    /* The data files still to fsync (a list of File, kept alive by `data_files` for the call). */
+    if (data_files_o != Py_None) {
+        if (!(data_files = PySequence_List(data_files_o))) goto out;
+        nhandles = PyList_Size(data_files);
+        if (!(handles = PyMem_Calloc(nhandles ? (size_t)nhandles : 1, sizeof *handles))) {
+            PyErr_NoMemory();
+            goto out;
+        }
+        for (Py_ssize_t i = 0; i < nhandles; i++)
+            if (!(handles[i] = ckpy_file_handle(PyList_GetItem(data_files, i)))) goto out;
+    }
     static const unsigned cleanup_flags[] = {0, CKPTIO_DCP_CLEANUP, CKPTIO_DCP_CLEANUP_LATER};
     step_ctx ctx = {fn != Py_None ? fn : NULL, NULL, NULL, NULL};
     const ckptio_dcp_commit_options o = {
         PyBytes_AsString(md), PyBytes_AsString(data), (size_t)PyBytes_Size(data), files.v, files.n, items, count,
         (sync ? CKPTIO_DCP_SYNC : 0) | (items_o != Py_None ? CKPTIO_DCP_MANIFEST : 0) | cleanup_flags[cleanup],
-        ctx.fn ? on_step : NULL, &ctx};
+        ctx.fn ? on_step : NULL, &ctx, handles, (size_t)nhandles};
     ckptio_dcp_commit_result r;
     ckptio_status st;
     Py_BEGIN_ALLOW_THREADS /* `data` is immutable bytes, kept alive by the caller's tuple */
@@ -413,6 +428,8 @@ out:
     PyMem_Free(mem);
     PyMem_Free(items);
     names_free(&files);
+    PyMem_Free(handles);
+    Py_XDECREF(data_files);
     Py_XDECREF(keep);
     Py_XDECREF(dir);
     Py_XDECREF(md);
@@ -551,12 +568,13 @@ static PyMethodDef commit_methods[] = {
      "dcp_create_file(dir, name, reference): an empty data file with the reference's attributes\n"
      "(ckptio_dcp_create_file)."},
     {"dcp_commit", mod_commit, METH_VARARGS,
-     "dcp_commit(dir, metadata_name, metadata, files, items, sync, cleanup, on_step=None)\n"
+     "dcp_commit(dir, metadata_name, metadata, files, items, sync, cleanup, on_step=None, data_files=None)\n"
      "-> (stale or None, removed, note or None): steps 2-4 of a DCP save in one call (ckptio_dcp_commit).\n"
      "items: None (no manifest) or (fqn, offsets or None, file, data_offset, nbytes, xxh3 or None,\n"
      "[(offset, length, xxh3)] or None, transforms); cleanup: 0 none, 1 now, 2 list only (stale);\n"
      "on_step(step, path, done) runs around every step (DCP_STEP_*) and stops the commit by raising.\n"
-     "GIL released."},
+     "data_files: this process's data Files, renamed by commit_unreferenced(sync_later=True): fsynced by\n"
+     "the commit with the manifest and the metadata (the caller closes them). GIL released."},
     {"dcp_stale_files", mod_stale_files, METH_VARARGS,
      "dcp_stale_files(dir, keep, committed) -> (names, note or None) (ckptio_dcp_stale_files);\n"
      "committed: None or (metadata_name, metadata bytes, files). GIL released."},

@@ -73,6 +73,62 @@ static ckptio_status write_all(int fd, const char *tmp, const char *final, const
     return CKPTIO_OK;
 }
 
+ckptio_status ckptio__dcp_stage(const char *dir, const char *name, const void *data, size_t len,
+                               const char *reference, ckptio__dcp_staged *s) {
+    *s = (ckptio__dcp_staged){.fd = -1};
+    CKPTIO_RETURN_IF(!dir || !*dir || !name || !*name || strchr(name, '/') || (!data && len), CKPTIO_E_INVAL,
+                     "ckptio__dcp_stage: dir, a file name without '/' and the data are required");
+    if (!(s->final = ckptio__dcp_join(dir, name))) return CKPTIO_FAIL(CKPTIO_E_NOMEM, "out of memory");
+    ckptio_status st = ckptio_temporary_create(dir, name, reference, &s->fd, s->tmp, sizeof s->tmp);
+    if (st == CKPTIO_OK) st = write_all(s->fd, s->tmp, s->final, data, len);
+    if (st != CKPTIO_OK) ckptio__dcp_staged_drop(s);
+    return st;
+}
+
+ckptio_status ckptio__dcp_staged_sync(ckptio__dcp_staged *const *files, size_t n) {
+    int fds[8], errs[8];
+    CKPTIO_RETURN_IF(n > 8, CKPTIO_E_INVAL, "ckptio__dcp_staged_sync: at most 8 files, not %zu", n);
+    for (size_t i = 0; i < n; i++) fds[i] = files[i]->fd;
+    if (ckptio__fsync_many(fds, n, errs) == 0) return CKPTIO_OK;
+    for (size_t i = 0;; i++)
+        if (errs[i])
+            return CKPTIO_FAIL_SYS_NOTE(errs[i], "fsync", files[i]->tmp,
+                                        "flushing %s before its rename; %s is unchanged", files[i]->final,
+                                        files[i]->final);
+}
+
+ckptio_status ckptio__dcp_staged_publish(ckptio__dcp_staged *s) {
+    close(s->fd);
+    s->fd = -1;
+    if (ckptio__rename(s->tmp, s->final) == 0) {
+        s->tmp[0] = '\0'; /* renamed: nothing left to remove */
+        ckptio__dcp_staged_drop(s);
+        return CKPTIO_OK;
+    }
+    const ckptio_status st = CKPTIO_FAIL_SYS_NOTE(errno, "rename", s->final, "replacing it with %s; %s is unchanged",
+                                                  strrchr(s->tmp, '/') + 1, s->final);
+    ckptio__dcp_staged_drop(s);
+    return st;
+}
+
+void ckptio__dcp_staged_drop(ckptio__dcp_staged *s) {
+    if (s->fd >= 0) close(s->fd);
+    /* The first error matters; a temporary left behind is recognisable and
+     * removed later. */
+    if (s->tmp[0]) unlink(s->tmp);
+    ckptio__free(s->final);
+    *s = (ckptio__dcp_staged){.fd = -1};
+}
+
+ckptio_status ckptio__dcp_fsync_dir_after(const char *dir, const char *name) {
+    const int err = ckptio__dcp_fsync_dir(dir);
+    if (!err) return CKPTIO_OK;
+    return CKPTIO_FAIL_SYS_NOTE(err, "fsync", dir,
+                                "flushing the directory after replacing %s: the new %s is in place but may not "
+                                "survive a power loss",
+                                name, name);
+}
+
 ckptio_status ckptio__dcp_write_file(const char *dir, const char *name, const void *data, size_t len,
                                     const char *reference, unsigned flags) {
     CKPTIO_RETURN_IF(!dir || !*dir || !name || !*name || strchr(name, '/') || (!data && len), CKPTIO_E_INVAL,
@@ -80,9 +136,9 @@ ckptio_status ckptio__dcp_write_file(const char *dir, const char *name, const vo
     const unsigned known = CKPTIO_DCP_SYNC | CKPTIO__DCP_NO_DIR_SYNC;
     CKPTIO_RETURN_IF(flags & ~known, CKPTIO_E_INVAL, "ckptio__dcp_write_file: unknown flags 0x%x", flags & ~known);
     const bool sync = flags & CKPTIO_DCP_SYNC;
-    char *final = ckptio__dcp_join(dir, name), tmp[4096];
-    if (!final) return CKPTIO_FAIL(CKPTIO_E_NOMEM, "out of memory");
     if (ckptio__s3_is_url(dir)) { /* one PUT replaces the object whole: no temporary, no rename */
+        char *final = ckptio__dcp_join(dir, name);
+        if (!final) return CKPTIO_FAIL(CKPTIO_E_NOMEM, "out of memory");
         ckptio_engine *engine = NULL;
         ckptio_status st = ckptio_engine_create(&engine);
         if (st == CKPTIO_OK) st = ckptio__object_write_all(engine, final, data, len, false);
@@ -92,29 +148,17 @@ ckptio_status ckptio__dcp_write_file(const char *dir, const char *name, const vo
         ckptio__free(final);
         return st;
     }
-    int fd = -1;
-    ckptio_status st = ckptio_temporary_create(dir, name, reference, &fd, tmp, sizeof tmp);
-    if (st == CKPTIO_OK) st = write_all(fd, tmp, final, data, len);
-    if (st == CKPTIO_OK && sync && ckptio__fsync(fd) < 0)
-        st = CKPTIO_FAIL_SYS_NOTE(errno, "fsync", tmp, "flushing %s before its rename; %s is unchanged", final, final);
-    if (fd >= 0) close(fd);
-    if (st == CKPTIO_OK && ckptio__rename(tmp, final) < 0)
-        st = CKPTIO_FAIL_SYS_NOTE(errno, "rename", final, "replacing it with %s; %s is unchanged",
-                                  strrchr(tmp, '/') + 1, final);
-    if (st != CKPTIO_OK && fd >= 0) {
-        /* The first error matters; a temporary left behind is recognisable
-         * and removed later. */
-        unlink(tmp);
-    } else if (st == CKPTIO_OK && sync && !(flags & CKPTIO__DCP_NO_DIR_SYNC)) {
-        const int err = ckptio__dcp_fsync_dir(dir);
-        if (err)
-            st = CKPTIO_FAIL_SYS_NOTE(err, "fsync", dir,
-                                      "flushing the directory after replacing %s: the new %s is in place but may not "
-                                      "survive a power loss",
-                                      name, name);
+    ckptio__dcp_staged s;
+    ckptio__dcp_staged *one = &s;
+    CKPTIO_FORWARD(ckptio__dcp_stage(dir, name, data, len, reference, &s));
+    ckptio_status st = sync ? ckptio__dcp_staged_sync(&one, 1) : CKPTIO_OK;
+    if (st != CKPTIO_OK) {
+        ckptio__dcp_staged_drop(&s);
+        return st;
     }
-    ckptio__free(final);
-    return st;
+    CKPTIO_FORWARD(ckptio__dcp_staged_publish(&s));
+    if (sync && !(flags & CKPTIO__DCP_NO_DIR_SYNC)) return ckptio__dcp_fsync_dir_after(dir, name);
+    return CKPTIO_OK;
 }
 
 ckptio_status ckptio_dcp_create_file(const char *dir, const char *name, const char *reference) {

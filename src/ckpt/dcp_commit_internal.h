@@ -70,6 +70,34 @@ ckptio_status ckptio__dcp_referenced_files(const void *bytes, size_t len, const 
 ckptio_status ckptio__dcp_write_file(const char *dir, const char *name, const void *data, size_t len,
                                      const char *reference, unsigned flags);
 
+/* A small file of the commit written to its temporary but not yet renamed:
+ * the steps of ckptio__dcp_write_file() apart, so that the commit fsyncs its
+ * files together (ckptio__fsync_many) before it renames the first. */
+typedef struct ckptio__dcp_staged {
+    char tmp[4096]; /* the temporary ("" once renamed or removed) */
+    char *final;    /* DIR/NAME */
+    int fd;         /* the temporary's descriptor, -1 once closed */
+} ckptio__dcp_staged;
+/* Creates the temporary of DIR/NAME (local directories only) and writes
+ * `len` bytes to it; a failure removes it. */
+ckptio_status ckptio__dcp_stage(const char *dir, const char *name, const void *data, size_t len,
+                                const char *reference, ckptio__dcp_staged *s);
+/* fsync of up to 8 staged temporaries at once; the first failure is the
+ * error ("flushing NAME before its rename; NAME is unchanged"). */
+ckptio_status ckptio__dcp_staged_sync(ckptio__dcp_staged *const *files, size_t n);
+/* Closes the temporary and renames it over its final name; a failure
+ * removes it. Either way `s` is dropped. */
+ckptio_status ckptio__dcp_staged_publish(ckptio__dcp_staged *s);
+/* Closes and removes a temporary not renamed yet; frees `s`'s name. */
+void ckptio__dcp_staged_drop(ckptio__dcp_staged *s);
+/* fsync of DIR after NAME was renamed into it; its failure says the new NAME
+ * is in place but may not survive a power loss. */
+ckptio_status ckptio__dcp_fsync_dir_after(const char *dir, const char *name);
+/* The text of DIR/.ckptio-manifest-TOKEN.json (ckptio__malloc'ed) and its
+ * name (TOKEN from `files`, checked as for ckptio__dcp_manifest_write). */
+ckptio_status ckptio__dcp_manifest_text(const char *dir, const char *metadata_name, const char *const *files,
+                                        size_t nfiles, const ckptio_dcp_manifest_item *items, size_t count,
+                                        char **text, char name[sizeof CKPTIO__DCP_MANIFEST_PREFIX + 12 + 5]);
 /* Step 2: writes DIR/.ckptio-manifest-TOKEN.json (TOKEN from `files`, the
  * save's data files, which must be ckptio data file names of one save: else
  * CKPTIO_E_INVAL) as ckptio__dcp_write_file() writes a file. It lists

@@ -13,9 +13,14 @@
  * far it got.
  */
 #include "dcp_commit_internal.h"
+#include "io_internal.h"
 
+#include <errno.h>
+#include <fcntl.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 /* The stop the step callback asked for, and what it leaves behind. */
 static ckptio_status stopped(const char *dir, const char *step, int done, int committed) {
@@ -46,6 +51,13 @@ static ckptio_status check_options(const char *dir, const ckptio_dcp_commit_opti
     CKPTIO_RETURN_IF(!o->metadata && o->metadata_len, CKPTIO_E_INVAL, "ckptio_dcp_commit: no metadata bytes");
     CKPTIO_RETURN_IF(!o->files && o->nfiles, CKPTIO_E_INVAL, "ckptio_dcp_commit: no data file names");
     CKPTIO_RETURN_IF(!o->items && o->nitems, CKPTIO_E_INVAL, "ckptio_dcp_commit: no manifest items");
+    CKPTIO_RETURN_IF(!o->data_files && o->ndata_files, CKPTIO_E_INVAL, "ckptio_dcp_commit: no data files");
+    for (size_t i = 0; i < o->ndata_files; i++)
+        CKPTIO_RETURN_IF(!o->data_files[i] || (ckptio__file_renamed_fd(o->data_files[i]) < 0 &&
+                                               !ckptio__s3_is_url(dir)),
+                         CKPTIO_E_INVAL,
+                         "ckptio_dcp_commit: data file %zu is not committed by ckptio_file_commit_unreferenced("
+                         "CKPTIO_COMMIT_SYNC_LATER)", i);
     for (size_t i = 0; i < o->nfiles; i++)
         CKPTIO_RETURN_IF(!o->files[i] || !*o->files[i] || strchr(o->files[i], '/'), CKPTIO_E_INVAL,
                          "ckptio_dcp_commit: data file %zu ('%s') is not a file name", i,
@@ -89,6 +101,88 @@ static ckptio_status cleanup(const char *dir, const ckptio_dcp_commit_options *o
     return st;
 }
 
+/* The first round of fsyncs of a local commit, all at once: the data files
+ * handed over uncommitted (renamed already) and the directory that names
+ * them, the manifest's and .metadata's temporaries. */
+static ckptio_status sync_first_round(const char *dir, const ckptio_dcp_commit_options *o,
+                                      ckptio__dcp_staged *const *staged, size_t nstaged) {
+    const size_t nd = o->ndata_files;
+    if (nd == 0) return ckptio__dcp_staged_sync(staged, nstaged);
+    const size_t n = nd + 1 + nstaged;
+    int *fds = ckptio__calloc(2 * n, sizeof *fds);
+    if (!fds) return CKPTIO_FAIL(CKPTIO_E_NOMEM, "out of memory");
+    int *errs = fds + n;
+    for (size_t i = 0; i < nd; i++) fds[i] = ckptio__file_renamed_fd(o->data_files[i]);
+    const int dfd = ckptio__open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC, 0);
+    if (dfd < 0) {
+        const ckptio_status st = CKPTIO_FAIL_SYS_NOTE(errno, "open", dir,
+                                                      "opening the directory to fsync it after renaming the data "
+                                                      "files; the checkpoint is unchanged");
+        ckptio__free(fds);
+        return st;
+    }
+    fds[nd] = dfd;
+    for (size_t k = 0; k < nstaged; k++) fds[nd + 1 + k] = staged[k]->fd;
+    const int failed = ckptio__fsync_many(fds, n, errs);
+    close(dfd);
+    ckptio_status st = CKPTIO_OK;
+    for (size_t i = 0; failed && i < n && st == CKPTIO_OK; i++) {
+        if (!errs[i]) continue;
+        if (i < nd)
+            st = CKPTIO_FAIL_SYS_NOTE(errs[i], "fsync", ckptio_file_path(o->data_files[i]),
+                                      "flushing the data file before %s names it; the checkpoint is unchanged",
+                                      o->metadata_name);
+        else if (i == nd)
+            st = CKPTIO_FAIL_SYS_NOTE(errs[i], "fsync", dir,
+                                      "flushing the directory after renaming the data files; the checkpoint is "
+                                      "unchanged");
+        else
+            st = CKPTIO_FAIL_SYS_NOTE(errs[i], "fsync", staged[i - nd - 1]->tmp,
+                                      "flushing %s before its rename; %s is unchanged", staged[i - nd - 1]->final,
+                                      staged[i - nd - 1]->final);
+    }
+    ckptio__free(fds);
+    return st;
+}
+
+/* Steps 2 and 3 in a local directory. Both files are written to their
+ * temporaries and fsynced together (one journal commit, not two), then the
+ * manifest is renamed, then .metadata, and one directory fsync makes both
+ * renames durable: a crash never leaves a name whose content is not on the
+ * disk, and never .metadata without the data files (durable before the
+ * commit). Temporaries left by a stop or a failure are removed. */
+static ckptio_status local_steps(const char *dir, const ckptio_dcp_commit_options *o, ckptio_dcp_commit_result *r,
+                                 const char *manifest, const char *manifest_path, const char *metadata_path,
+                                 bool with_manifest, const char *reference) {
+    ckptio__dcp_staged man = {.fd = -1}, md = {.fd = -1};
+    ckptio__dcp_staged *both[2];
+    size_t nboth = 0;
+    ckptio_status st = CKPTIO_OK;
+    if (with_manifest) {
+        st = around(dir, o, r, CKPTIO_DCP_STEP_MANIFEST, manifest_path, 0);
+        char *text = NULL, name[sizeof CKPTIO__DCP_MANIFEST_PREFIX + 12 + 5];
+        if (st == CKPTIO_OK)
+            st = ckptio__dcp_manifest_text(dir, o->metadata_name, o->files, o->nfiles, o->items, o->nitems, &text,
+                                           name);
+        if (st == CKPTIO_OK) st = ckptio__dcp_stage(dir, manifest, text, strlen(text), reference, &man);
+        free(text);
+        if (st == CKPTIO_OK) both[nboth++] = &man;
+    }
+    if (st == CKPTIO_OK) st = ckptio__dcp_stage(dir, o->metadata_name, o->metadata, o->metadata_len, reference, &md);
+    if (st == CKPTIO_OK) both[nboth++] = &md;
+    if (st == CKPTIO_OK && (o->flags & CKPTIO_DCP_SYNC)) st = sync_first_round(dir, o, both, nboth);
+    if (st == CKPTIO_OK && with_manifest) {
+        st = ckptio__dcp_staged_publish(&man);
+        if (st == CKPTIO_OK) st = around(dir, o, r, CKPTIO_DCP_STEP_MANIFEST, manifest_path, 1);
+    }
+    if (st == CKPTIO_OK) st = around(dir, o, r, CKPTIO_DCP_STEP_METADATA, metadata_path, 0);
+    if (st == CKPTIO_OK) st = ckptio__dcp_staged_publish(&md);
+    if (st == CKPTIO_OK && (o->flags & CKPTIO_DCP_SYNC)) st = ckptio__dcp_fsync_dir_after(dir, o->metadata_name);
+    ckptio__dcp_staged_drop(&man);
+    ckptio__dcp_staged_drop(&md);
+    return st;
+}
+
 ckptio_status ckptio_dcp_commit(const char *dir, const ckptio_dcp_commit_options *o, ckptio_dcp_commit_result *r) {
     CKPTIO_RETURN_IF(!r, CKPTIO_E_INVAL, "ckptio_dcp_commit: result is required");
     memset(r, 0, sizeof *r);
@@ -102,24 +196,29 @@ ckptio_status ckptio_dcp_commit(const char *dir, const ckptio_dcp_commit_options
         snprintf(manifest, sizeof manifest, CKPTIO__DCP_MANIFEST_PREFIX "%s.json", token);
     char *manifest_path = ckptio__dcp_join(dir, manifest), *metadata_path = ckptio__dcp_join(dir, o->metadata_name);
     ckptio_status st = manifest_path && metadata_path ? CKPTIO_OK : CKPTIO_FAIL(CKPTIO_E_NOMEM, "out of memory");
-    if (st == CKPTIO_OK && manifest[0] && (o->flags & CKPTIO_DCP_MANIFEST)) {
-        st = around(dir, o, r, CKPTIO_DCP_STEP_MANIFEST, manifest_path, 0);
-        if (st == CKPTIO_OK)
-            /* Its content is fsynced; its rename becomes durable with .metadata's directory fsync below
-             * (a manifest lost with a crash leaves the structural check to ckptio_dcp_validate). */
-            st = ckptio__dcp_manifest_write(dir, o->metadata_name, o->files, o->nfiles, o->items, o->nitems,
-                                            reference, sync ? sync | CKPTIO__DCP_NO_DIR_SYNC : 0);
-        if (st == CKPTIO_OK) st = around(dir, o, r, CKPTIO_DCP_STEP_MANIFEST, manifest_path, 1);
-    }
-    if (st == CKPTIO_OK) st = around(dir, o, r, CKPTIO_DCP_STEP_METADATA, metadata_path, 0);
-    /* In object storage the cleanup's listing (and, removing now, the abort
-     * of killed saves' uploads, which no live save owns) runs beside the
-     * .metadata PUT: the step callback before it has checked the lease. */
+    const bool with_manifest = manifest[0] && (o->flags & CKPTIO_DCP_MANIFEST);
     ckptio__dcp_prefetch *prefetched = NULL;
-    if (st == CKPTIO_OK && (o->flags & (CKPTIO_DCP_CLEANUP | CKPTIO_DCP_CLEANUP_LATER)))
-        st = ckptio__dcp_prefetch_start(dir, o->flags & CKPTIO_DCP_CLEANUP, &prefetched);
-    if (st == CKPTIO_OK)
-        st = ckptio__dcp_write_file(dir, o->metadata_name, o->metadata, o->metadata_len, reference, sync);
+    if (st == CKPTIO_OK && ckptio__s3_is_url(dir)) {
+        /* Objects: each PUT replaces its object whole, the manifest's first (data files are stored whole at
+         * their commit: nothing of theirs is left to sync). */
+        if (with_manifest) {
+            st = around(dir, o, r, CKPTIO_DCP_STEP_MANIFEST, manifest_path, 0);
+            if (st == CKPTIO_OK)
+                st = ckptio__dcp_manifest_write(dir, o->metadata_name, o->files, o->nfiles, o->items, o->nitems,
+                                                reference, sync);
+            if (st == CKPTIO_OK) st = around(dir, o, r, CKPTIO_DCP_STEP_MANIFEST, manifest_path, 1);
+        }
+        if (st == CKPTIO_OK) st = around(dir, o, r, CKPTIO_DCP_STEP_METADATA, metadata_path, 0);
+        /* The cleanup's listing (and, removing now, the abort of killed saves'
+         * uploads, which no live save owns) runs beside the .metadata PUT: the
+         * step callback before it has checked the lease. */
+        if (st == CKPTIO_OK && (o->flags & (CKPTIO_DCP_CLEANUP | CKPTIO_DCP_CLEANUP_LATER)))
+            st = ckptio__dcp_prefetch_start(dir, o->flags & CKPTIO_DCP_CLEANUP, &prefetched);
+        if (st == CKPTIO_OK)
+            st = ckptio__dcp_write_file(dir, o->metadata_name, o->metadata, o->metadata_len, reference, sync);
+    } else if (st == CKPTIO_OK) {
+        st = local_steps(dir, o, r, manifest, manifest_path, metadata_path, with_manifest, reference);
+    }
     if (st == CKPTIO_OK) {
         r->committed = 1;
         st = around(dir, o, r, CKPTIO_DCP_STEP_METADATA, metadata_path, 1);

@@ -172,7 +172,7 @@ static ckptio_status write_metadata(const dcp_out *o, const char *dir, const ckp
      * clean up, no attributes to take). */
     const char *files[] = {o->file_name};
     const ckptio_dcp_commit_options commit = {".metadata", pk.data, pk.len, files, n > 0, man, n,
-                                              flags | (n > 0 ? CKPTIO_DCP_MANIFEST : 0), NULL, NULL};
+                                              flags | (n > 0 ? CKPTIO_DCP_MANIFEST : 0), NULL, NULL, NULL, 0};
     ckptio_dcp_commit_result result;
     st = ckptio_dcp_commit(dir, &commit, &result);
 out:

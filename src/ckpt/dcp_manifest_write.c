@@ -67,9 +67,10 @@ static bool item_valid(const ckptio_dcp_manifest_item *it) {
            it->data_offset <= INT64_MAX && it->nbytes <= INT64_MAX - it->data_offset;
 }
 
-ckptio_status ckptio__dcp_manifest_write(const char *dir, const char *metadata_name, const char *const *files,
-                                        size_t nfiles, const ckptio_dcp_manifest_item *items, size_t count,
-                                        const char *reference, unsigned flags) {
+ckptio_status ckptio__dcp_manifest_text(const char *dir, const char *metadata_name, const char *const *files,
+                                       size_t nfiles, const ckptio_dcp_manifest_item *items, size_t count,
+                                       char **out, char name[sizeof CKPTIO__DCP_MANIFEST_PREFIX + 12 + 5]) {
+    *out = NULL;
     CKPTIO_RETURN_IF(!dir || !metadata_name || (!files && nfiles) || (!items && count), CKPTIO_E_INVAL,
                      "ckptio__dcp_manifest_write: dir, metadata_name, files and items are required");
     char token[13];
@@ -103,8 +104,16 @@ ckptio_status ckptio__dcp_manifest_write(const char *dir, const char *metadata_n
         return CKPTIO_FAIL(ok ? CKPTIO_E_NOMEM : CKPTIO_E_INVAL,
                            "ckptio__dcp_manifest_write: cannot build the manifest of %s (out of memory, or a name that "
                            "is not UTF-8)", dir);
-    char name[sizeof CKPTIO__DCP_MANIFEST_PREFIX + 12 + sizeof ".json"];
-    snprintf(name, sizeof name, CKPTIO__DCP_MANIFEST_PREFIX "%s.json", token);
+    snprintf(name, sizeof CKPTIO__DCP_MANIFEST_PREFIX + 12 + 5, CKPTIO__DCP_MANIFEST_PREFIX "%s.json", token);
+    *out = text;
+    return CKPTIO_OK;
+}
+
+ckptio_status ckptio__dcp_manifest_write(const char *dir, const char *metadata_name, const char *const *files,
+                                        size_t nfiles, const ckptio_dcp_manifest_item *items, size_t count,
+                                        const char *reference, unsigned flags) {
+    char *text, name[sizeof CKPTIO__DCP_MANIFEST_PREFIX + 12 + 5];
+    CKPTIO_FORWARD(ckptio__dcp_manifest_text(dir, metadata_name, files, nfiles, items, count, &text, name));
     const ckptio_status st = ckptio__dcp_write_file(dir, name, text, strlen(text), reference, flags);
     free(text);
     return st;

@@ -404,6 +404,34 @@ static int rename_noreplace(const char *tmp, const char *path) {
     return rename(tmp, path);
 }
 
+/* Renames the finished temporary over the final name (not replacing one
+ * with CKPTIO_OPEN_EXCLUSIVE); from then on close keeps the data. */
+static ckptio_status rename_into_place(ckptio_file *f) {
+    int err = 0;
+    int ret;
+    if (ckptio__io_fault(CKPTIO__IO_RENAME, &err, NULL)) {
+        errno = err;
+        ret = -1;
+    } else {
+        ret = (f->flags & CKPTIO_OPEN_EXCLUSIVE) ? rename_noreplace(f->tmp_path, f->path)
+                                                 : rename(f->tmp_path, f->path);
+    }
+    if (ret < 0) {
+        err = errno;
+        char note[300];
+        if (err == EEXIST)
+            return CKPTIO_FAIL_CTX(CKPTIO_E_EXISTS,
+                                   &((ckptio__err_ctx){.operation = "rename", .path = f->path, .file_offset = -1}),
+                                   "the file appeared while it was being written and CKPTIO_OPEN_EXCLUSIVE was given%s",
+                                   ckptio__file_tmp_note(f, note, sizeof note));
+        return CKPTIO_FAIL_SYS(err, "rename", f->path, -1, "renaming the finished temporary over it%s",
+                               ckptio__file_tmp_note(f, note, sizeof note));
+    }
+    ckptio__free(f->tmp_path);
+    f->tmp_path = NULL; /* the data now lives under f->path: close keeps it */
+    return CKPTIO_OK;
+}
+
 ckptio_status ckptio_file_commit(ckptio_file *f) {
     CKPTIO_RETURN_IF(!f, CKPTIO_E_INVAL, "ckptio_file_commit: file is NULL");
     CKPTIO_FORWARD(check_writable(f, "commit", NULL));
@@ -431,30 +459,11 @@ ckptio_status ckptio_file_commit(ckptio_file *f) {
         }
     }
     if (f->tmp_path) {
-        int err = 0;
-        int ret;
-        if (ckptio__io_fault(CKPTIO__IO_RENAME, &err, NULL)) {
-            errno = err;
-            ret = -1;
-        } else {
-            ret = (f->flags & CKPTIO_OPEN_EXCLUSIVE) ? rename_noreplace(f->tmp_path, f->path)
-                                                     : rename(f->tmp_path, f->path);
-        }
-        if (ret < 0) {
-            err = errno;
+        const ckptio_status st = rename_into_place(f);
+        if (st != CKPTIO_OK) {
             ckptio__io_engine_stats_add(f->engine, &delta);
-            char note[300];
-            if (err == EEXIST)
-                return CKPTIO_FAIL_CTX(CKPTIO_E_EXISTS,
-                                       &((ckptio__err_ctx){.operation = "rename", .path = f->path, .file_offset = -1}),
-                                       "the file appeared while it was being written and CKPTIO_OPEN_EXCLUSIVE was "
-                                       "given%s",
-                                       ckptio__file_tmp_note(f, note, sizeof note));
-            return CKPTIO_FAIL_SYS(err, "rename", f->path, -1, "renaming the finished temporary over it%s",
-                                   ckptio__file_tmp_note(f, note, sizeof note));
+            return st;
         }
-        ckptio__free(f->tmp_path);
-        f->tmp_path = NULL; /* the data now lives under f->path: close keeps it */
     }
     f->committed = true;
     ckptio_status st = CKPTIO_OK;
@@ -476,6 +485,98 @@ ckptio_status ckptio_file_commit(ckptio_file *f) {
         delta.seconds_fsync += ckptio__now() - t0;
     }
     ckptio__io_engine_stats_add(f->engine, &delta);
+    return st;
+}
+
+/* ckptio_file_commit_unreferenced() for one file, without the fsyncs: its
+ * mode set, its temporary renamed over its name. */
+static ckptio_status rename_unreferenced(ckptio_file *f) {
+    CKPTIO_FORWARD(check_writable(f, "commit", NULL));
+    CKPTIO_RETURN_IF(f->object || !f->tmp_path, CKPTIO_E_INVAL,
+                     "%s: commit: only an atomic write of a local file is renamed before its fsync", f->path);
+    f->closed_for_write = true;
+    if (f->mode_from || !(f->flags & CKPTIO_OPEN_EXCLUSIVE))
+        CKPTIO_FORWARD(ckptio_inherit_mode(f->fd, f->mode_from ? f->mode_from : f->path));
+    CKPTIO_FORWARD(rename_into_place(f));
+    f->committed = true;
+    return CKPTIO_OK;
+}
+
+int ckptio__file_renamed_fd(const ckptio_file *f) { return f->committed && !f->object ? f->fd : -1; }
+
+/* Up to this many files and directories are fsynced at once. */
+#define COMMIT_GROUP 64
+
+/* fsync of fds[0..n) at once: the first failure, said of what[i]. */
+static ckptio_status sync_group(ckptio_file *const *what, const int *fds, const bool *is_dir, size_t n,
+                                ckptio_stats *delta) {
+    int errs[COMMIT_GROUP];
+    const double t0 = ckptio__now();
+    const int failed = ckptio__fsync_many(fds, n, errs);
+    delta->seconds_fsync += ckptio__now() - t0;
+    for (size_t i = 0; failed && i < n; i++) {
+        if (!errs[i]) continue;
+        if (is_dir[i])
+            return CKPTIO_FAIL_SYS(errs[i], "fsync", what[i]->dir_path, -1,
+                                   "flushing the directory after renaming %s (the file is in place but its name may "
+                                   "not survive a power loss)",
+                                   what[i]->path);
+        return CKPTIO_FAIL_SYS(errs[i], "fsync", what[i]->path, -1,
+                               "flushing the data to storage (the file is in place under its name but its data may "
+                               "not survive a power loss)");
+    }
+    return CKPTIO_OK;
+}
+
+ckptio_status ckptio_file_commit_unreferenced(ckptio_file *const *files, size_t count, unsigned flags) {
+    CKPTIO_RETURN_IF(!files && count, CKPTIO_E_INVAL, "ckptio_file_commit_unreferenced: files is NULL");
+    CKPTIO_RETURN_IF(flags & ~CKPTIO_COMMIT_SYNC_LATER, CKPTIO_E_INVAL,
+                     "ckptio_file_commit_unreferenced: unknown flags 0x%x", flags & ~CKPTIO_COMMIT_SYNC_LATER);
+    for (size_t i = 0; i < count; i++)
+        CKPTIO_RETURN_IF(!files[i], CKPTIO_E_INVAL, "ckptio_file_commit_unreferenced: file %zu is NULL", i);
+    ckptio_status st = CKPTIO_OK;
+    size_t i = 0;
+    while (st == CKPTIO_OK && i < count) {
+        /* One group: every file renamed, then each file and each of their
+         * directories fsynced together. */
+        ckptio_file *what[COMMIT_GROUP];
+        int fds[COMMIT_GROUP];
+        bool is_dir[COMMIT_GROUP];
+        size_t n = 0;
+        ckptio_stats delta = {0};
+        for (; st == CKPTIO_OK && i < count && 2 * (n + 1) <= COMMIT_GROUP; i++) {
+            ckptio_file *f = files[i];
+            if (f->object || !f->tmp_path) { /* nothing to rename first: the usual commit */
+                st = ckptio_file_commit(f);
+                continue;
+            }
+            if ((st = rename_unreferenced(f)) != CKPTIO_OK) break;
+            if ((flags & CKPTIO_COMMIT_SYNC_LATER) || ckptio__io_engine_setting(f->engine, CKPTIO_OPT_SYNC) == 0)
+                continue;
+            what[n] = f;
+            is_dir[n] = false;
+            fds[n++] = f->fd;
+        }
+        /* Each directory once, after the files (which it names). */
+        for (size_t k = 0, nfiles = n; st == CKPTIO_OK && k < nfiles; k++) {
+            bool seen = false;
+            for (size_t d = nfiles; d < n && !seen; d++) seen = strcmp(what[d]->dir_path, what[k]->dir_path) == 0;
+            if (seen) continue;
+            const int dfd = ckptio__open(what[k]->dir_path, O_RDONLY | O_DIRECTORY | O_CLOEXEC, 0);
+            if (dfd < 0) {
+                st = CKPTIO_FAIL_SYS(errno, "open", what[k]->dir_path, -1,
+                                     "opening the directory to fsync it after renaming %s", what[k]->path);
+                break;
+            }
+            what[n] = what[k];
+            is_dir[n] = true;
+            fds[n++] = dfd;
+        }
+        if (st == CKPTIO_OK && n) st = sync_group(what, fds, is_dir, n, &delta);
+        for (size_t k = 0; k < n; k++)
+            if (is_dir[k]) close(fds[k]);
+        if (n) ckptio__io_engine_stats_add(what[0]->engine, &delta);
+    }
     return st;
 }
 

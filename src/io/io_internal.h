@@ -659,6 +659,11 @@ void ckptio__io_set_fault_hook(ckptio__io_fault_fn fn);
  * hook's answer, false without one. Cheap (one atomic load) when none is. */
 bool ckptio__io_fault(ckptio__io_kind kind, int *err, uint64_t *len);
 
+/* The buffered descriptor of a local file committed by
+ * ckptio_file_commit_unreferenced(CKPTIO_COMMIT_SYNC_LATER), for the fsync
+ * it still needs; -1 for a file not committed, or an object. (file.c) */
+int ckptio__file_renamed_fd(const ckptio_file *f);
+
 /* ---- system calls of the commit protocols (syscalls.c) ------------------ */
 
 /* Each behaves as the system call of its name (-1 or NULL with errno on
@@ -670,6 +675,12 @@ bool ckptio__io_fault(ckptio__io_kind kind, int *err, uint64_t *len);
 int ckptio__open(const char *path, int flags, mode_t mode);
 int ckptio__openat(int dirfd, const char *path, int flags, mode_t mode);
 int ckptio__fsync(int fd);
+/* fsync of every fds[i] at once (threads; up to 16 at a time): a file system
+ * that journals, such as ext4, flushes them with one journal commit where one
+ * after another each waits for a commit of its own. The fault of each is
+ * checked in order of fds before any runs. errs[i] is 0 or the errno of
+ * fds[i]'s fsync; @return how many failed. */
+int ckptio__fsync_many(const int *fds, size_t n, int *errs);
 int ckptio__rename(const char *from, const char *to);
 int ckptio__unlink(const char *path);
 DIR *ckptio__opendir(const char *path);

@@ -14,6 +14,8 @@
 
 #include <errno.h>
 #include <fcntl.h>
+#include <pthread.h>
+#include <signal.h>
 #include <stdio.h>
 #include <unistd.h>
 
@@ -42,6 +44,69 @@ int ckptio__fsync(int fd) {
         const int ret = injected(CKPTIO__IO_FSYNC) ? -1 : fsync(fd);
         if (ret == 0 || !again(errno)) return ret;
     }
+}
+
+/* fsync without the fault check (made by the caller, in order). */
+static int fsync_retried(int fd) {
+    for (;;) {
+        if (fsync(fd) == 0) return 0;
+        if (!again(errno)) return errno;
+    }
+}
+
+typedef struct fsync_job {
+    int fd, err;
+} fsync_job;
+
+static void *fsync_thread(void *arg) {
+    fsync_job *j = arg;
+    j->err = fsync_retried(j->fd);
+    return NULL;
+}
+
+/* At most this many fsyncs run at once; more wait for a later round. */
+#define FSYNC_MANY_MAX 16
+
+int ckptio__fsync_many(const int *fds, size_t n, int *errs) {
+    int failed = 0;
+    size_t start = 0;
+    while (start < n) {
+        const size_t round = n - start < FSYNC_MANY_MAX ? n - start : FSYNC_MANY_MAX;
+        fsync_job jobs[FSYNC_MANY_MAX];
+        pthread_t threads[FSYNC_MANY_MAX];
+        bool started[FSYNC_MANY_MAX] = {false};
+        /* Faults are decided here, one call after another, so that a test's
+         * "the nth fsync fails" names the same file on every run. */
+        size_t run = 0;
+        for (size_t i = 0; i < round; i++) {
+            jobs[i] = (fsync_job){fds[start + i], 0};
+            if (injected(CKPTIO__IO_FSYNC)) jobs[i].err = errno ? errno : EIO;
+            else run++;
+        }
+        /* Every fsync but the last to run gets a thread (signals blocked: they
+         * belong to the program's threads); where pthread_create fails, it
+         * runs here and then. */
+        sigset_t all, old;
+        sigfillset(&all);
+        for (size_t i = 0; i < round; i++) {
+            if (jobs[i].err) continue;
+            if (--run == 0) {
+                fsync_thread(&jobs[i]);
+                break;
+            }
+            pthread_sigmask(SIG_SETMASK, &all, &old);
+            started[i] = pthread_create(&threads[i], NULL, fsync_thread, &jobs[i]) == 0;
+            pthread_sigmask(SIG_SETMASK, &old, NULL);
+            if (!started[i]) fsync_thread(&jobs[i]);
+        }
+        for (size_t i = 0; i < round; i++) {
+            if (started[i]) pthread_join(threads[i], NULL);
+            errs[start + i] = jobs[i].err;
+            failed += jobs[i].err != 0;
+        }
+        start += round;
+    }
+    return failed;
 }
 
 int ckptio__rename(const char *from, const char *to) {

@@ -7,6 +7,7 @@
 #include "io_inject.h"
 
 #include <errno.h>
+#include <string.h>
 #include <time.h>
 
 #define HOLD_STALL_SECONDS 30
@@ -153,3 +154,31 @@ uint64_t ckptio__io_inject_countdown(ckptio__io_kind kind) {
     if ((unsigned)kind >= CKPTIO__IO_KIND_COUNT_) return 0;
     return atomic_load(&faults[kind].countdown);
 }
+
+/* ---- recording ------------------------------------------------------------------------- */
+
+static char *record_buf;
+static size_t record_cap;
+static const char *record_keep;
+
+static bool record_request(ckptio__io_kind kind, int *err, uint64_t *len) {
+    (void)err;
+    (void)len;
+    static const char letter[CKPTIO__IO_KIND_COUNT_ + 1] = "rwfRoOulc";
+    const size_t n = strlen(record_buf);
+    if (n + 1 < record_cap && strchr(record_keep, letter[kind])) {
+        record_buf[n] = letter[kind];
+        record_buf[n + 1] = '\0';
+    }
+    return false;
+}
+
+void ckptio__io_record(char *buf, size_t cap, const char *keep) {
+    record_buf = buf;
+    record_cap = cap;
+    record_keep = keep;
+    if (cap) buf[0] = '\0';
+    ckptio__io_set_fault_hook(record_request);
+}
+
+void ckptio__io_record_stop(void) { ckptio__io_set_fault_hook(NULL); }

@@ -40,6 +40,15 @@ void ckptio__io_inject_release(void);
 /* Whether a held request gave up waiting since the last reset. */
 bool ckptio__io_inject_hold_stalled(void);
 
+/* Records the requests made from now on into buf[0..cap) as a
+ * NUL-terminated string, one letter each (r read, w write, f fsync,
+ * R rename, o open, O O_DIRECT open, u unlink, l listdir, c residency),
+ * keeping only the letters in `keep`, as long as they fit: the order of a
+ * protocol's system calls. Replaces the fault hook (nothing is injected)
+ * until ckptio__io_record_stop(). Not thread-safe. */
+void ckptio__io_record(char *buf, size_t cap, const char *keep);
+void ckptio__io_record_stop(void);
+
 /* Clears every injected fault, delay and hold. */
 void ckptio__io_inject_reset(void);
 

@@ -8,7 +8,9 @@ fault-free save makes (counted by a dry run, which is the "no fault fires"
 case). The steps are the libckptio calls the writer makes, through a proxy
 in place of ``_ckptio`` in ckptio.dcp's _writer, _commit and _lock:
 
-- the data path: File(...) open, dcp_write, File.commit, safetensors_save,
+- the data path: File(...) open, dcp_write, commit_unreferenced (the data
+  files' commit: renamed, then fsynced with the directory at once),
+  File.commit (SAFETENSORS: the byte items' file), safetensors_save,
   SafetensorsReader;
 - the directory commit (src/ckpt/dcp_*.c): dcp_lock_acquire,
   dcp_create_file (the data files' placeholders), then the steps of
@@ -70,7 +72,7 @@ from conftest import CKPTIO_CLI, requires_cli  # noqa: E402
 
 pytestmark = pytest.mark.filterwarnings("ignore")
 
-DATA_OPS = ("File", "dcp_write", "File.commit", "safetensors_save", "SafetensorsReader")
+DATA_OPS = ("File", "dcp_write", "commit_unreferenced", "File.commit", "safetensors_save", "SafetensorsReader")
 COMMIT_OPS = ("dcp_lock_acquire", "dcp_create_file", "dcp_manifest_write", "dcp_write_file", "dcp_stale_files",
               "dcp_remove_files")
 NATIVE_OPS = DATA_OPS + COMMIT_OPS
@@ -80,7 +82,7 @@ COMMIT_STEPS = {_ckptio.DCP_STEP_MANIFEST: "dcp_manifest_write", _ckptio.DCP_STE
                 _ckptio.DCP_STEP_LIST: "dcp_stale_files", _ckptio.DCP_STEP_REMOVE: "dcp_remove_files"}
 # Steps that commit something: a fault after them is a failure found after
 # the rename (the directory fsync).
-AFTER_OPS = ("File.commit", "safetensors_save", "dcp_manifest_write", "dcp_write_file", "dcp_remove_files")
+AFTER_OPS = ("commit_unreferenced", "File.commit", "safetensors_save", "dcp_manifest_write", "dcp_write_file", "dcp_remove_files")
 
 LOCK = ".ckptio-dcp.lock"  # the directory's lock file (src/ckpt/dcp_lock.c): empty, kept
 DATA_RE = re.compile(r"^__\d+_([0-9a-f]{12})_\d+\.distcp(\.ckptio-manifest\.json)?$")
@@ -197,6 +199,11 @@ class _Native:
         real = [(p[0].real if isinstance(p[0], _File) else p[0],) + tuple(p[1:]) for p in payloads]
         return self._call("dcp_write", path, _ckptio.dcp_write, real, *args, **kwargs)
 
+    def commit_unreferenced(self, files, *args, **kwargs):
+        path = files[0].path if files else None
+        real = [f.real if isinstance(f, _File) else f for f in files]
+        return self._call("commit_unreferenced", path, _ckptio.commit_unreferenced, real, *args, **kwargs)
+
     def safetensors_save(self, path, *args, **kwargs):
         return self._call("safetensors_save", path, _ckptio.safetensors_save, path, *args, **kwargs)
 
@@ -211,7 +218,7 @@ class _Native:
         return self._call("dcp_create_file", os.path.join(dirpath, name), _ckptio.dcp_create_file, dirpath, name,
                           *args)
 
-    def dcp_commit(self, dirpath, metadata_name, metadata, files, items, sync, cleanup, on_step=None):
+    def dcp_commit(self, dirpath, metadata_name, metadata, files, items, sync, cleanup, on_step=None, data_files=None):
         """The commit is one libckptio call: its steps fail through the step
         callback, before the step or after it (the step done)."""
         pending = {}
@@ -230,7 +237,8 @@ class _Native:
             if on_step is not None:
                 on_step(n, path, done)
 
-        return _ckptio.dcp_commit(dirpath, metadata_name, metadata, files, items, sync, cleanup, step)
+        real = None if data_files is None else [f.real if isinstance(f, _File) else f for f in data_files]
+        return _ckptio.dcp_commit(dirpath, metadata_name, metadata, files, items, sync, cleanup, step, real)
 
 
 class injected:
@@ -439,8 +447,10 @@ def test_every_commit_call_fails_once(base, fmt, threads):
     assert [calls.get(op) for op in ("dcp_lock_acquire", "dcp_manifest_write", "dcp_write_file", "dcp_stale_files",
                                      "dcp_remove_files")] == [1, 1, 1, 1, 1], calls
     if fmt == SerializationFormat.TORCH_SAVE:
-        assert calls["File"] == calls["File.commit"] == calls["dcp_create_file"] == threads, calls
-        assert calls["dcp_write"] == 1, calls
+        assert calls["File"] == calls["dcp_create_file"] == threads, calls
+        # The data files are renamed by commit_unreferenced; the process that commits leaves their fsyncs
+        # to dcp_commit, with .metadata's (tests/test_dcp_commit.c sweeps the system calls of that).
+        assert calls["dcp_write"] == calls["commit_unreferenced"] == 1 and "File.commit" not in calls, calls
     else:
         assert calls["safetensors_save"] >= 1 and calls["SafetensorsReader"] == calls["safetensors_save"], calls
         assert calls["File"] == calls["File.commit"] == calls["dcp_write"] == 1, calls  # the byte items' file
@@ -519,7 +529,7 @@ def test_two_ranks_commit_faults(base, tmp_path):
     # Every commit step of the coordinator (9 calls) and rank 1's native
     # steps (a placeholder and a data file written and committed) were swept.
     last = outs[1].strip().splitlines()[-1].split(" ", 3)
-    assert int(last[2]) == 13 and "'File.commit': 1" in last[3] and "'dcp_create_file': 1" in last[3], \
+    assert int(last[2]) == 13 and "'commit_unreferenced': 1" in last[3] and "'dcp_create_file': 1" in last[3], \
         outs[1][-2000:]
 
 

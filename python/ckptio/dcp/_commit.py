@@ -45,7 +45,7 @@ def _create_temporary(dirpath: str, name: str, final: str, reference: Optional[s
 
 
 def commit(dirpath, metadata_name: str, metadata: bytes, files: Iterable[str], items, sync: bool,
-           cleanup: Optional[str], on_step=None) -> Optional[List[str]]:
+           cleanup: Optional[str], on_step=None, data_files=None) -> Optional[List[str]]:
     """Commits a save whose data files are committed, under the directory's
     lock, in one libckptio call: the checksum manifest of `items` (None:
     none), `metadata_name` replaced atomically by `metadata` (the new
@@ -53,10 +53,12 @@ def commit(dirpath, metadata_name: str, metadata: bytes, files: Iterable[str], i
     of older saves removed, with "later" only listed: the list is returned
     (None otherwise) for a BackgroundRemoval. `on_step(step, path, done)`
     runs around every step (_ckptio.DCP_STEP_*); raising in it stops the
-    commit there and the exception propagates."""
+    commit there and the exception propagates. `data_files`: this process's
+    data Files, renamed (commit_unreferenced with sync_later): the commit
+    fsyncs them with the manifest and the metadata (the caller closes them)."""
     mode = {None: 0, "now": 1, "later": 2}[cleanup]
     stale, _, note = _ckptio.dcp_commit(os.fspath(dirpath), metadata_name, bytes(metadata), sorted(files), items,
-                                        bool(sync), mode, on_step)
+                                        bool(sync), mode, on_step, data_files)
     _warn(note)
     return stale
 

@@ -6,9 +6,10 @@ graph) is torch's own: the class derives from torch's FileSystemWriter and
 replaces what touches bytes. Data files get names unique to the save
 (``__{rank}_{token}_{n}.distcp``), are written through the engine (one plan
 for every item of every file of the rank; tensors straight from host or GPU
-memory, O_DIRECT where possible), committed (fsync, rename, directory fsync)
-before the coordinator writes a manifest and then replaces ``.metadata``
-atomically; only after that are files of older saves deleted. A crash at any
+memory, O_DIRECT where possible), committed (renamed, then fsynced with the
+directory at once: no metadata names them yet; the coordinator's own with
+the manifest and ``.metadata``'s temporary) and durable before the
+coordinator renames a manifest and then replaces ``.metadata`` atomically; only after that are files of older saves deleted. A crash at any
 point leaves either the old checkpoint loadable or the new one complete.
 Saves of one directory are serialized by a lock that the coordinator takes
 before any rank writes data and keeps until the cleanup; new files take the
@@ -207,6 +208,10 @@ class FileSystemWriter(_TorchFileSystemWriter):
     the pyzstd module is needed to write or read).
     """
 
+    # This process's data files of a save, renamed, left open for finish()
+    # to fsync with .metadata (the coordinator's own; other ranks fsync theirs).
+    _pending: Optional[List[Any]] = None
+
     def __init__(
         self,
         path,
@@ -312,6 +317,7 @@ class FileSystemWriter(_TorchFileSystemWriter):
         return _objects.is_object(checkpoint_id) or super().validate_checkpoint_id(checkpoint_id)
 
     def reset(self, checkpoint_id=None) -> None:
+        self._close_pending()  # a save that failed between write_data and finish
         lock = self._dir_lock
         if lock is not None and lock.stale():  # an earlier save of this writer that died between hooks
             self._unlock_directory()
@@ -502,11 +508,20 @@ class FileSystemWriter(_TorchFileSystemWriter):
                     keep.append(src)
             _adapt.sync_current_stream(cuda)
             placed = _ckptio.dcp_write(payloads, self.alignment, self.engine)
-            for f in files:
-                f.commit()
+            # No metadata names these files before finish(): each is renamed,
+            # then all are fsynced with the directory at once. The process
+            # that runs finish() hands its own files to the commit instead,
+            # which fsyncs them with the manifest and .metadata: one round of
+            # fsyncs fewer.
+            defer = not self._object and getattr(self, "_is_coordinator", True)
+            _ckptio.commit_unreferenced(files, self.engine, defer)
+            if defer:  # renamed: a failed save leaves no temporary, only files the next save removes
+                self._close_pending()
+                self._pending = files
         finally:
-            for f in files:
-                f.close()  # an uncommitted file is discarded
+            if self._pending is not files:
+                for f in files:
+                    f.close()  # an uncommitted file is discarded
         del keep
         _crash("data_committed")
         results = []
@@ -517,6 +532,13 @@ class FileSystemWriter(_TorchFileSystemWriter):
                                       xxh3=xxh3, data_offset=offset, data_length=length, parts=parts)
             results.append(WriteResult(index=wi.index, size_in_bytes=length, storage_data=info))
         return results
+
+    def _close_pending(self) -> None:
+        """Closes the data files renamed for finish() to fsync (a save that
+        failed before leaves them unreferenced: the next save removes them)."""
+        pending, self._pending = self._pending, None
+        for f in pending or ():
+            f.close()
 
     def _new_data_file(self, name: str) -> None:
         """Over an existing checkpoint: the data file's final name is created
@@ -603,6 +625,7 @@ class FileSystemWriter(_TorchFileSystemWriter):
         try:
             self._finish(metadata, results)
         finally:
+            self._close_pending()  # committed, or left for the next save to remove
             self._unlock_directory()
             self._release_staging()
 
@@ -648,13 +671,15 @@ class FileSystemWriter(_TorchFileSystemWriter):
 
         try:
             victims = _commit.commit(self.path, md_name, md_bytes, files, manifest if self.checksums else None, sync,
-                                     cleanup, on_step if self._object or _crash_point is not None else None)
+                                     cleanup, on_step if self._object or _crash_point is not None else None,
+                                     self._pending)
         except CkptioError as e:
             if self._object and e.status_name == "E_BUSY" and md_name == ".metadata" and not steps.committed:
                 _lease_steps.remove_own_objects(self.path, files, self.engine)
             raise
         finally:
             steps.close()
+        self._close_pending()
         if victims:
             self._cleanup = _commit.BackgroundRemoval(self.path, victims, sync,
                                                       _commit.Committed(md_name, md_bytes, set(files)))
