@@ -10,7 +10,8 @@
 #       torch and safetensors): installs DIR's wheels into /tmp, the ckptio wheel WHEEL into a new virtual
 #       environment (scripts/install_wheel.sh), starts the server (8 proxy and 4 object server processes, storage
 #       under $CKPTIO_TEST_BENCH_DIR, default /var/tmp), runs the benchmark (default 2G, 3 repetitions), stops the
-#       server. Results: $OUT/object_storage_gpu.json (default ./gpu-out).
+#       server. Results: $OUT/object_storage_gpu.json (default ./gpu-out). CKPTIO_TEST_BENCH_DEVICE=cpu runs the
+#       host-memory workloads instead (loads and saves; CKPTIO_TEST_BENCH_ONLY picks the methods).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -34,6 +35,10 @@ run)
     wheel=$(cd "$(dirname "$3")" && pwd)/$(basename "$3")
     size=${4:-2G}
     reps=${5:-3}
+    # The host-memory workloads (saves too) on that machine's cores: CKPTIO_TEST_BENCH_DEVICE=cpu and, for the
+    # methods whose wheels travel, CKPTIO_TEST_BENCH_ONLY (bench_object_storage.py's --only).
+    device=${CKPTIO_TEST_BENCH_DEVICE:-cuda}
+    only=${CKPTIO_TEST_BENCH_ONLY:-}
     work=${CKPTIO_TEST_BENCH_DIR:-/var/tmp}
     export OUT=${OUT:-$PWD/gpu-out}
     mkdir -p "$OUT"
@@ -56,8 +61,8 @@ run)
     trap 'scripts/s3_server.sh stop' EXIT
     # Unsigned payloads as every https:// endpoint gets them (BENCHMARKS.md "Object storage").
     CKPTIO_S3_SIGN_PAYLOAD=off AWS_REQUEST_CHECKSUM_CALCULATION=when_required PYTHONUNBUFFERED=1 \
-        "$tmp/venv/bin/python" bench/bench_object_storage.py --device cuda --dir "$work" --size "$size" \
-        --reps "$reps" 2>&1 | tee "$OUT/object_storage_gpu.log"
+        "$tmp/venv/bin/python" bench/bench_object_storage.py --device "$device" --dir "$work" --size "$size" \
+        --reps "$reps" ${only:+--only "$only"} 2>&1 | tee "$OUT/object_storage_$device.log"
     ;;
 *)
     echo "usage: $0 fetch DIR | run DIR WHEEL [SIZE [REPS]]" >&2

@@ -51,7 +51,7 @@ WORKER = textwrap.dedent(
     import ckptio.dcp as cdcp
     from ckptio.dcp import _broadcast
     sys.path.insert(0, os.path.dirname(os.path.abspath(sys.argv[0])))
-    from state import columns, make_state, mixed, strided
+    from state import columns, make_state, mixed, narrow, strided
 
     rank, world, store, path = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3], sys.argv[4]
     cfg = json.loads(sys.argv[5])
@@ -90,8 +90,8 @@ WORKER = textwrap.dedent(
     elif cfg["mode"] == "strided":
         want = {"t": strided()}
         sd = {"t": torch.zeros(want["t"].shape)}
-    elif cfg["mode"] == "columns":
-        want = columns()
+    elif cfg["mode"] in ("columns", "narrow"):
+        want = columns() if cfg["mode"] == "columns" else narrow()
         sd = {k: distribute_tensor(torch.zeros(v.shape, dtype=v.dtype), mesh, [Shard(1)]) for k, v in want.items()}
     else:
         W, V, P = mixed()
@@ -144,6 +144,9 @@ STATE = textwrap.dedent(
         # C: 5000 rows, so half its columns are 5000 runs (> MAX_RUNS: read as the span); D: 64 runs (direct).
         g = torch.Generator().manual_seed(11)
         return {"C": torch.randn(5000, 8, generator=g), "D": torch.randn(64, 10, generator=g).to(torch.bfloat16)}
+    def narrow():
+        g = torch.Generator().manual_seed(12)
+        return {"N": torch.randn(300, 40, generator=g), "Q": torch.randn(300, 16, generator=g)}
     def mixed():
         g = torch.Generator().manual_seed(9)
         return (torch.randn(96, 130, generator=g), torch.randn(40, 50, generator=g).to(torch.bfloat16),
@@ -212,6 +215,28 @@ def save_columns(path):
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         dcp.save(state_py["columns"](), storage_writer=cdcp.FileSystemWriter(path), no_dist=True)
+
+
+def test_many_short_runs_are_read_as_their_span(tmp_path):
+    """Columns of a matrix of a few hundred short rows (N: 300 runs of 80 bytes per rank on 2 ranks) are read as
+    the span that covers them and cut by one strided copy, not as 300 reads; on 4 ranks (Q: 300 runs of 16 bytes,
+    a quarter of their span) and below SHORT_RUNS_MIN runs they are read run by run. Each rank checks its
+    columns' values."""
+    from ckptio.dcp import _spans
+    path = tmp_path / "narrow"
+    state_py = {}
+    exec(STATE, state_py)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        dcp.save(state_py["narrow"](), storage_writer=cdcp.FileSystemWriter(path), no_dist=True)
+    stats = stats_of(run_ranks(tmp_path, 2, path, {"mode": "narrow", "broadcast": False}))
+    n_span, q_span = (299 * 40 + 20) * 4, (299 * 16 + 8) * 4
+    assert _spans.short_runs_as_span(300, 80, n_span) and _spans.short_runs_as_span(300, 32, q_span)
+    assert sum(s["bytes_read"] for s in stats) == 2 * n_span + 2 * q_span
+    # The rule's edges: a quarter of the span, too few runs, runs too long.
+    assert not _spans.short_runs_as_span(300, 16, (299 * 16 + 4) * 4)
+    assert not _spans.short_runs_as_span(_spans.SHORT_RUNS_MIN - 1, 80, (_spans.SHORT_RUNS_MIN - 2) * 160 + 80)
+    assert not _spans.short_runs_as_span(300, _spans.SHORT_RUN_BYTES + 4, 299 * 2 * (_spans.SHORT_RUN_BYTES + 4))
 
 
 @pytest.mark.parametrize("world,fmt,budget", [(2, "torch_save", 1 << 30), (3, "safetensors", 1 << 30),

@@ -708,7 +708,8 @@ class FileSystemReader(_TorchFileSystemReader):
         # C-contiguous chunk: one run of consecutive bytes per index over the outer dimensions.
         nruns, run_elems, outer_dims = _spans.runs(stored.shape, offs, lens)
         run_bytes = run_elems * esize
-        if nruns > _spans.MAX_RUNS:  # the span that covers it, cut on the target's device
+        if nruns > _spans.MAX_RUNS or _spans.short_runs_as_span(nruns, run_bytes, (last - first + 1) * esize):
+            # the span that covers it, cut on the target's device
             _spans.plan(df, stored.base, first, lens, stored.stride, esize, stored.dtype, target, spans,
                         _spans.BUDGET)
             return None

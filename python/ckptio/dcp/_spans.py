@@ -1,7 +1,8 @@
 """Slices read as the byte span that covers them, then cut on the target's device.
 
 A requested slice whose bytes are scattered in its stored chunk (more than
-``MAX_RUNS`` runs, e.g. half the columns of a row-sharded matrix, or any
+``MAX_RUNS`` runs, e.g. half the columns of a row-sharded matrix; many short
+runs that fill a good part of their span, ``short_runs_as_span``; or any
 slice of a strided chunk) is not read run by run: the span from its first
 to its last stored element is read into a buffer on the target's device
 (the GPU for CUDA targets, through the engine's pipeline; host memory
@@ -30,6 +31,12 @@ from .._group_read import align
 BUDGET = 1 << 30
 # Above this many runs, a slice of a C-contiguous chunk is read as the span that covers it.
 MAX_RUNS = 4096
+# A slice of many short runs that fill at least a third of their span is read as the span too: one read costs
+# about as much as copying a few KiB, so half the columns of a 724-column matrix (724 runs of 1,448 bytes) read as
+# the span of the whole matrix and cut by one strided copy beat 724 reads; the span of such a slice is at most
+# MAX_RUNS x 3 x SHORT_RUN_BYTES (48 MiB).
+SHORT_RUN_BYTES = 4 << 10
+SHORT_RUNS_MIN = 256
 
 
 def runs(shape: Sequence[int], offs: Sequence[int], lens: Sequence[int]) -> Tuple[int, int, List[int]]:
@@ -47,10 +54,19 @@ def runs(shape: Sequence[int], offs: Sequence[int], lens: Sequence[int]) -> Tupl
     return (math.prod(lens[d] for d in outer_dims) if outer_dims else 1), run_elems, outer_dims
 
 
+def short_runs_as_span(nruns: int, run_bytes: int, span_bytes: int) -> bool:
+    """Whether a direct read of `nruns` runs of `run_bytes` each, spread over
+    `span_bytes`, is better done as one read of the span and a strided copy
+    (the reader's rule for slices of at most MAX_RUNS runs)."""
+    return nruns >= SHORT_RUNS_MIN and run_bytes <= SHORT_RUN_BYTES and 3 * nruns * run_bytes >= span_bytes
+
+
 def read_as_span(shape: Sequence[int], offs: Sequence[int], lens: Sequence[int]) -> bool:
     """Whether the reader reads this slice of a C-contiguous chunk as its span
-    (False for a slice with another number of dimensions than the chunk: the
-    reader refuses it, naming the file)."""
+    for its number of runs alone (False for a slice with another number of
+    dimensions than the chunk: the reader refuses it, naming the file). The
+    sharing plan of a broadcast load asks this; short runs
+    (short_runs_as_span) are left to each rank: their spans are small."""
     return len(offs) == len(shape) == len(lens) and runs(shape, offs, lens)[0] > MAX_RUNS
 
 
@@ -122,4 +138,5 @@ def read(spans: List[Span], engine, budget: int) -> int:
     return total
 
 
-__all__ = ["BUDGET", "MAX_RUNS", "Span", "plan", "read", "read_as_span", "runs"]
+__all__ = ["BUDGET", "MAX_RUNS", "SHORT_RUNS_MIN", "SHORT_RUN_BYTES", "Span", "plan", "read", "read_as_span",
+           "runs", "short_runs_as_span"]
