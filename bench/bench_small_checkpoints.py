@@ -6,10 +6,11 @@ state dict in host memory (BENCHMARKS.md, "Small checkpoints (DCP)").
 Each size is a float32 state dict of 8 tensors. Per repetition, in this order:
   1. one process (no process group): saves into fresh directories / files with
        - DCP, torch's writer and ckptio's, sync_files=True and False;
-       - torch.save and safetensors.torch.save_file, each followed by os.fsync of the file ("+fsync"), and
-         ckptio.save (durable: fsync of the file and its directory);
+       - torch.save and safetensors.torch.save_file, each followed by os.fsync of the file ("+fsync"),
+         save_file done atomically by hand ("atomic": a temporary, fsync, rename, fsync of the directory), and
+         ckptio.save (durable and atomic: the same steps);
      then warm loads (the files were just written) of each: DCP into the same state dict, torch.load,
-     safetensors' load_file, ckptio.load; every load is compared with the state dict once.
+     safetensors' load_file, ckptio.load (copied and mapped); every load is compared with the state dict once.
   2. two gloo ranks (torch.multiprocessing, one process each; --gloo-sizes): a checkpoint saved by one process,
      loaded by both ranks into plain tensors (Replicate) and into DTensors sharded by columns (Shard(1)), with
      torch's reader and ckptio's (broadcast "auto", True, False); then a 2-rank save of a row-sharded state dict
@@ -60,6 +61,20 @@ def fsync_file(path):
         os.close(fd)
 
 
+def save_atomic(save, path):
+    """What an atomic durable save is by hand (ckptio.save's guarantee): a temporary, its fsync, the rename over
+    the name, the directory's fsync."""
+    tmp = path + ".tmp"
+    save(tmp)
+    fsync_file(tmp)
+    os.replace(tmp, path)
+    fd = os.open(os.path.dirname(path) or ".", os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
 def check(got, want, what):
     import torch
     for k, v in want.items():
@@ -82,6 +97,7 @@ def one_process(size, reps, base):
         "dcp ckptio nosync": lambda p: dcp.save(sd, storage_writer=ckptio.dcp.FileSystemWriter(p, sync_files=False)),
         "torch.save+fsync": lambda p: (torch.save(sd, p), fsync_file(p)),
         "safetensors+fsync": lambda p: (st.save_file(sd, p), fsync_file(p)),
+        "safetensors atomic": lambda p: save_atomic(lambda t: st.save_file(sd, t), p),
         "ckptio.save": lambda p: ckptio.save(sd, p + ".safetensors"),
     }
 
@@ -98,6 +114,7 @@ def one_process(size, reps, base):
         "torch.load": ("torch.save+fsync", lambda p: torch.load(p, weights_only=True)),
         "safetensors": ("safetensors+fsync", lambda p: st.load_file(p)),
         "ckptio.load": ("ckptio.save", lambda p: ckptio.load(p + ".safetensors")),
+        "ckptio.load mmap": ("ckptio.save", lambda p: ckptio.load(p + ".safetensors", mmap=True)),
     }
     samples = {k: [] for k in list(saves) + [f"load {k}" for k in loads]}
     footprint = {}
@@ -266,7 +283,9 @@ def main():
                   f"nosync {ratio(s['dcp ckptio nosync'], s['dcp torch nosync'])}, "
                   f"dcp load {ratio(s['load dcp ckptio'], s['load dcp torch'])}; "
                   f"ckptio.save/safetensors+fsync {ratio(s['ckptio.save'], s['safetensors+fsync'])}, "
-                  f"ckptio.load/safetensors {ratio(s['load ckptio.load'], s['load safetensors'])}", flush=True)
+                  f"/safetensors atomic {ratio(s['ckptio.save'], s['safetensors atomic'])}; "
+                  f"ckptio.load/safetensors {ratio(s['load ckptio.load'], s['load safetensors'])}, "
+                  f"mmap {ratio(s['load ckptio.load mmap'], s['load safetensors'])}", flush=True)
         for text in filter(None, args.gloo_sizes.split(",")):
             r = two_ranks(parse_size(text), args.gloo_repeat, base)
             results["two_ranks"][text] = r
