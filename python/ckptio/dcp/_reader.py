@@ -577,31 +577,31 @@ class FileSystemReader(_TorchFileSystemReader):
         stored_chunk, which reads it as before. Local files are read where they are needed."""
         if not _ckptio.path_is_object(os.fspath(self.path)):
             return
-        todo: Dict[tuple, tuple] = {}
+        pending: Dict[tuple, tuple] = {}
         for req in items:
             info = self.storage_data[req.storage_index]
             if req.type == LoadItemType.BYTE_IO or info.transform_descriptors:
                 continue
             df = self.data_file(files, info.relative_path)
             hkey = ("header", df.path, info.offset)
-            if hkey in cache or hkey in todo or not 0 < info.length <= df.size - min(info.offset, df.size):
+            if hkey in cache or hkey in pending or not 0 < info.length <= df.size - min(info.offset, df.size):
                 continue
-            todo[hkey] = (df, info.offset, info.length)
+            pending[hkey] = (df, info.offset, info.length)
         # Records that lie between the windows (a large pickle, a storage shared by several tensors with
         # records after it): those items' windows again, larger, all in one more plan.
-        retry = list(self._headers_from_windows(todo, HEADER_WINDOW, cache).items())
+        retry = list(self._headers_from_windows(pending, HEADER_WINDOW, cache).items())
         for i in range(0, len(retry), HEADER_RETRY_BATCH):
             self._headers_from_windows(dict(retry[i:i + HEADER_RETRY_BATCH]), HEADER_WINDOW_RETRY, cache)
 
-    def _headers_from_windows(self, todo: Dict[tuple, tuple], window: int, cache: Dict) -> Dict[tuple, tuple]:
-        """Reads the first and last `window` bytes of the items of `todo` ({hkey: (df, offset, length)}) in
+    def _headers_from_windows(self, pending: Dict[tuple, tuple], window: int, cache: Dict) -> Dict[tuple, tuple]:
+        """Reads the first and last `window` bytes of the items of `pending` ({hkey: (df, offset, length)}) in
         one engine plan and describes them from there into `cache`; returns the items these windows could
         not describe though they begin as a zip archive (a record between the windows) and are larger."""
         # Each item's two windows, then neighbouring windows of one file merged into one range: the tail of
         # an item and the head of the next (items lie back to back) come in one GET, whose fixed cost (a
         # round trip, the server's work per request) outweighs the padding between them.
         wins: List[tuple] = []  # (file, start, end, (item index, 0 head / 1 tail))
-        items_list = list(todo.items())
+        items_list = list(pending.items())
         for i, (hkey, (df, offset, length)) in enumerate(items_list):
             n = min(length, window)
             if length <= 2 * n:
