@@ -11,7 +11,8 @@
 #       environment (scripts/install_wheel.sh), starts the server (8 proxy and 4 object server processes, storage
 #       under $CKPTIO_TEST_BENCH_DIR, default /var/tmp), runs the benchmark (default 2G, 3 repetitions), stops the
 #       server. Results: $OUT/object_storage_gpu.json (default ./gpu-out). CKPTIO_TEST_BENCH_DEVICE=cpu runs the
-#       host-memory workloads instead (loads and saves; CKPTIO_TEST_BENCH_ONLY picks the methods).
+#       host-memory workloads instead (loads and saves; CKPTIO_TEST_BENCH_ONLY picks the methods), results in
+#       $OUT/object_storage.json.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -58,7 +59,7 @@ run)
     export CKPTIO_TEST_S3_WORKERS=${CKPTIO_TEST_S3_WORKERS:-8}
     export CKPTIO_TEST_S3_OBJECT_WORKERS=${CKPTIO_TEST_S3_OBJECT_WORKERS:-4}
     eval "$(scripts/s3_server.sh start)"
-    trap 'scripts/s3_server.sh stop' EXIT
+    trap 'scripts/s3_server.sh stop; rm -rf "$tmp"' EXIT
     # Unsigned payloads as every https:// endpoint gets them (BENCHMARKS.md "Object storage").
     CKPTIO_S3_SIGN_PAYLOAD=off AWS_REQUEST_CHECKSUM_CALCULATION=when_required PYTHONUNBUFFERED=1 \
         "$tmp/venv/bin/python" bench/bench_object_storage.py --device "$device" --dir "$work" --size "$size" \

@@ -252,8 +252,8 @@ typedef struct hash_job {
 
 /* Ranges of one file read together, in one engine plan, into one buffer of at most HASH_PIECE bytes that
  * mirrors a window of the file (a range at file offset `at` lies at buf + at - lo), then hashed in their
- * order: in object storage each read is a request, and one range after another kept one of them in flight
- * (a 4 MiB part at a time) where a plan keeps S3_CONCURRENCY. Ranges at most MERGE_GAP apart (an item's
+ * order: in object storage each read is a request, and a plan keeps S3_CONCURRENCY of them in flight where
+ * reading range after range would keep one. Ranges at most MERGE_GAP apart (an item's
  * parts, the padding between items) are one extent, cut by the engine into chunk-sized GETs. */
 #define MERGE_GAP ((uint64_t)64 << 10)
 

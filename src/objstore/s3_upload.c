@@ -223,8 +223,10 @@ ckptio_status ckptio__s3_upload_set_size(ckptio__s3_upload *u, uint64_t size) {
     if (!u->part_size) {
         u->part_size = want;
     } else if (want > u->part_size) {
-        /* Bigger parts: possible while only the first part holds bytes. */
-        if (u->sent_any || u->end > u->part_size) {
+        /* Bigger parts: possible while only the first part holds bytes and no
+         * writer is copying into it (its buffer is about to move). */
+        part *p0 = u->nparts ? &u->parts[0] : NULL;
+        if (u->sent_any || u->end > u->part_size || (p0 && p0->writers)) {
             shown(u, s, sizeof s);
             st = CKPTIO_FAIL_CTX(CKPTIO_E_UNSUPPORTED, &((ckptio__err_ctx){.operation = "truncate", .path = s,
                                                                            .file_offset = (int64_t)size}),
@@ -234,7 +236,6 @@ ckptio_status ckptio__s3_upload_set_size(ckptio__s3_upload *u, uint64_t size) {
                                  (unsigned long long)u->part_size);
             goto out;
         }
-        part *p0 = u->nparts ? &u->parts[0] : NULL;
         if (p0 && p0->buf) {
             unsigned char *b = ckptio__realloc(p0->buf, (size_t)want);
             if (!b) {
@@ -269,6 +270,14 @@ out:
 static ckptio_status part_buffer(ckptio__s3_upload *u, unsigned i) {
     for (part *p = &u->parts[i]; !p->buf; p = &u->parts[i]) {
         if (u->fail_status != CKPTIO_OK) return failure(u);
+        if (p->state >= P_QUEUED) { /* sent while this writer waited: a second write of its bytes */
+            char s[400];
+            shown(u, s, sizeof s);
+            return CKPTIO_FAIL_CTX(CKPTIO_E_UNSUPPORTED,
+                                   &((ckptio__err_ctx){.operation = "write", .path = s,
+                                                       .file_offset = (int64_t)((uint64_t)i * u->part_size)}),
+                                   "bytes of part %u were written again after the part was sent", i + 1);
+        }
         if (u->buffered + u->part_size <= u->max_buffered || u->buffered == 0) {
             p->buf = ckptio__malloc((size_t)u->part_size);
             if (!p->buf)

@@ -218,10 +218,10 @@ def save_columns(path):
 
 
 def test_many_short_runs_are_read_as_their_span(tmp_path):
-    """Columns of a matrix of a few hundred short rows (N: 300 runs of 80 bytes per rank on 2 ranks) are read as
-    the span that covers them and cut by one strided copy, not as 300 reads; on 4 ranks (Q: 300 runs of 16 bytes,
-    a quarter of their span) and below SHORT_RUNS_MIN runs they are read run by run. Each rank checks its
-    columns' values."""
+    """Columns of matrices of a few hundred short rows (N: 300 runs of 80 bytes, Q: 300 runs of 32 bytes per rank
+    on 2 ranks) are read as the spans that cover them and cut by one strided copy, not run by run: the bytes read
+    are the spans'. Each rank checks its columns' values. The rule's edges (a quarter of the span, fewer than
+    SHORT_RUNS_MIN runs, runs longer than SHORT_RUN_BYTES: read run by run) are checked on the rule itself."""
     from ckptio.dcp import _spans
     path = tmp_path / "narrow"
     state_py = {}

@@ -24,7 +24,6 @@ the allowlisted objects they hold, never the stored pickle (``allow_pickle=True`
 
 from __future__ import annotations
 
-import ctypes
 import dataclasses
 import io
 import math
@@ -140,7 +139,7 @@ def _read_coalesced(extents: List[tuple], engine, remote: bool) -> None:
     for buf, lo, held in copies:
         base = buf.data_ptr()
         for _, addr, length, offset, _ in held:
-            ctypes.memmove(addr, base + offset - lo, length)
+            _ckptio.copy(addr, base + offset - lo, length)  # guarded: a truncated mapped target raises
 
 
 class _Stored:

@@ -32,9 +32,8 @@ BUDGET = 1 << 30
 # Above this many runs, a slice of a C-contiguous chunk is read as the span that covers it.
 MAX_RUNS = 4096
 # A slice of many short runs that fill at least a third of their span is read as the span too: one read costs
-# about as much as copying a few KiB, so half the columns of a 724-column matrix (724 runs of 1,448 bytes) read as
-# the span of the whole matrix and cut by one strided copy beat 724 reads; the span of such a slice is at most
-# MAX_RUNS x 3 x SHORT_RUN_BYTES (48 MiB).
+# about as much as copying a few KiB, so one read of the span and one strided copy cost less than the runs read
+# one by one; the span of such a slice is at most MAX_RUNS x 3 x SHORT_RUN_BYTES (48 MiB).
 SHORT_RUN_BYTES = 4 << 10
 SHORT_RUNS_MIN = 256
 
