@@ -1,7 +1,7 @@
 /*
  * ckpy_safetensors.c - safetensors through the C API:
  * SafetensorsReader (ckptio_safetensors_open/_read/_close) and
- * safetensors_save (ckptio_safetensors_save).
+ * safetensors_save (ckptio_safetensors_save), model_save (ckptio_model_save).
  *
  * The reader copies the header's description (names, dtypes, shapes,
  * offsets, __metadata__) into Python objects once at open, so later queries
@@ -389,6 +389,49 @@ PyObject *ckpy_safetensors_save(PyObject *module, PyObject *args, PyObject *kwar
     if (ckpy_engine_run(engine, do_save, &call) < 0) goto out;
     result = Py_None;
     Py_INCREF(result);
+out:
+    save_state_free(&s);
+    Py_XDECREF(pb);
+    Py_XDECREF(engine);
+    return result;
+}
+
+typedef struct model_save_call {
+    const char *dir;
+    const save_state *s;
+    ckptio_model_save_options options;
+    size_t nshards;
+} model_save_call;
+
+static ckptio_status do_model_save(ckptio_engine *engine, void *arg) {
+    model_save_call *c = arg;
+    return ckptio_model_save(engine, c->dir, c->s->sources, c->s->count, &c->options, &c->nshards);
+}
+
+/* model_save(dir, tensors, max_shard_size, metadata=None, engine=None, overwrite=False) -> shard count */
+PyObject *ckpy_model_save(PyObject *module, PyObject *args, PyObject *kwargs) {
+    static char *kwlist[] = {"dir", "tensors", "max_shard_size", "metadata", "engine", "overwrite", NULL};
+    PyObject *path_arg, *seq, *metadata = Py_None, *engine_arg = Py_None;
+    unsigned long long max_shard_size;
+    int overwrite = 0;
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OOK|OOp:model_save", kwlist, &path_arg, &seq, &max_shard_size,
+                                     &metadata, &engine_arg, &overwrite))
+        return NULL;
+    PyObject *result = NULL, *pb = NULL;
+    ckpy_engine *engine = NULL;
+    save_state s;
+    memset(&s, 0, sizeof s);
+    if (parse_save(&s, seq, metadata) < 0) goto out;
+    pb = ckpy_path_bytes(path_arg);
+    if (!pb) goto out;
+    engine = ckpy_engine_resolve(engine_arg);
+    if (!engine) goto out;
+    model_save_call call = {.dir = PyBytes_AsString(pb), .s = &s,
+                            .options = {.max_shard_size = max_shard_size, .metadata = s.kv_count ? s.kvs : NULL,
+                                        .metadata_count = s.kv_count,
+                                        .flags = overwrite ? CKPTIO_MODEL_SAVE_OVERWRITE : 0}};
+    if (ckpy_engine_run(engine, do_model_save, &call) < 0) goto out;
+    result = PyLong_FromSize_t(call.nshards);
 out:
     save_state_free(&s);
     Py_XDECREF(pb);

@@ -540,6 +540,11 @@ void ckptio__object_io_done(ckptio__io_op *op, ckptio__s3_request *req);
  * and their bound (0, 0 for other files); for tests. */
 void ckptio__object_buffers(ckptio_file *f, uint64_t *peak, uint64_t *bound);
 
+/* The object uploads among files[0..count) (before their first write)
+ * share one bound on their part buffers: that of one of them alone (*bound
+ * receives it; other files are left as they are). */
+ckptio_status ckptio__object_share_buffers(ckptio_file *const *files, size_t count, uint64_t *bound);
+
 /* The objstore settings of an engine (its CKPTIO_OPT_S3_* values). */
 void ckptio__object_settings(const ckptio_engine *engine, ckptio__s3_settings *out);
 

@@ -203,6 +203,23 @@ ckptio_status ckptio__object_close(ckptio_file *f) {
     return st;
 }
 
+ckptio_status ckptio__object_share_buffers(ckptio_file *const *files, size_t count, uint64_t *bound) {
+    ckptio__s3_budget *b = NULL;
+    for (size_t i = 0; i < count; i++) {
+        ckptio__object *o = files[i]->object;
+        if (!o || !o->upload) continue;
+        if (!b) { /* one file's own bound: the save holds no more than a save of one file */
+            uint64_t peak;
+            ckptio__s3_upload_buffers(o->upload, &peak, bound);
+            if (!(b = ckptio__s3_budget_create(*bound)))
+                return CKPTIO_FAIL(CKPTIO_E_NOMEM, "out of memory sharing upload buffers");
+        }
+        ckptio__s3_upload_share_budget(o->upload, b);
+    }
+    ckptio__s3_budget_release(b);
+    return CKPTIO_OK;
+}
+
 void ckptio__object_buffers(ckptio_file *f, uint64_t *peak, uint64_t *bound) {
     *peak = *bound = 0;
     if (f->object && f->object->upload) ckptio__s3_upload_buffers(f->object->upload, peak, bound);
