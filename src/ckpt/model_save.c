@@ -155,7 +155,7 @@ typedef struct shard {
     ckptio__st_layout layout;
     ckptio_file *file;
     char *path;
-    bool committed;
+    bool committed;            /* its commit was attempted: the final name may be this save's */
 } shard;
 
 typedef struct save {
@@ -166,6 +166,7 @@ typedef struct save {
     shard *shards;
     ckptio_kv *meta; /* a shard's __metadata__: format, then (one shard) the caller's pairs */
     size_t nmeta;
+    bool index_attempted;      /* the index's name may be this save's */
 } save;
 
 static ckptio_status shard_metadata(save *s, const ckptio_model_save_options *o) {
@@ -243,10 +244,12 @@ static ckptio_status publish(save *s, const ckptio_tensor_source *tensors, size_
     if (collides && old_has(old, CKPTIO__HF_INDEX_NAME))
         CKPTIO_FORWARD(remove_file(s->engine, s->dir, CKPTIO__HF_INDEX_NAME, s->object));
     for (size_t k = 0; k < s->hf.nshards; k++) {
-        CKPTIO_FORWARD(ckptio_file_commit(s->shards[k].file));
+        /* Its name may be taken from here on, even when the commit fails after the rename (syncing the directory). */
         s->shards[k].committed = true;
+        CKPTIO_FORWARD(ckptio_file_commit(s->shards[k].file));
     }
     const unsigned sync = ckptio__engine_setting(s->engine, CKPTIO_OPT_SYNC) ? CKPTIO_DCP_SYNC : 0;
+    s->index_attempted = s->hf.nshards > 1;
     CKPTIO_FORWARD(ckptio__hf_index_write(s->dir, &s->hf, tensors, count, o->metadata, o->metadata_count, sync));
     for (size_t i = 0; i < old->count; i++) {
         bool kept = s->hf.nshards > 1 && strcmp(old->names[i], CKPTIO__HF_INDEX_NAME) == 0;
@@ -306,6 +309,7 @@ out:;
         ckptio__free(sh->sub);
         ckptio__free(sh->path);
     }
+    if (st != CKPTIO_OK && s.index_attempted) remove_file(engine, path, CKPTIO__HF_INDEX_NAME, s.object);
     if (saved) ckptio__error_restore(saved);
     ckptio__free(s.shards);
     ckptio__free(s.meta);
