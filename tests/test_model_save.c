@@ -173,7 +173,8 @@ static void older_intact(const char *dir, const unsigned char *older, size_t old
     T_ASSERT(len == older_len && memcmp(now, older, len) == 0);
     free(now);
     T_ASSERT(t_file_exists(in(dir, "config.json")));
-    T_ASSERT_MSG(t_count_entries(dir, "") == 2, "%d entries in %s: %s", t_count_entries(dir, ""), dir, ckptio_last_error_message());
+    T_ASSERT_MSG(t_count_entries(dir, "") == 2, "%d entries in %s: %s", t_count_entries(dir, ""), dir,
+                 ckptio_last_error_message());
 }
 
 static void test_failures_leave_nothing(void) {

@@ -226,7 +226,8 @@ static ckptio_status write_shards(save *s, size_t count) {
                                  .memory = sh->layout.header, .mem_kind = CKPTIO_MEM_HOST};
         for (size_t i = 0; i < sh->n; i++)
             if (sh->sub[i].nbytes)
-                x[n++] = (ckptio_extent){.file = sh->file, .file_offset = sh->layout.header_size + sh->layout.offsets[i],
+                x[n++] = (ckptio_extent){.file = sh->file,
+                                         .file_offset = sh->layout.header_size + sh->layout.offsets[i],
                                          .length = sh->sub[i].nbytes, .memory = (void *)sh->sub[i].data,
                                          .mem_kind = sh->sub[i].mem_kind};
     }
