@@ -20,10 +20,13 @@
 
 #include <dirent.h>
 #include <errno.h>
+#include <pthread.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <time.h>
 
 #define HF_DEFAULT_SHARD ((uint64_t)5000000000u) /* "5GB", huggingface_hub's default */
 #define DIR_FAIL(status, dir, ...) \
@@ -236,6 +239,69 @@ static ckptio_status write_shards(save *s, size_t count) {
     return st;
 }
 
+/* Object shards are committed together: each commit waits for its last parts and sends its complete
+ * request, and one after another those round trips would add up. A thread per shard (COMMIT_BATCH at
+ * a time); the calling thread polls the engine's progress callback meanwhile and stops them on cancel. */
+enum { COMMIT_BATCH = 16 };
+
+typedef struct committer {
+    ckptio_file *file;
+    atomic_int *stop;
+    atomic_int *running;
+    ckptio_status st;
+    ckptio__error_saved *error;
+    pthread_t thread;
+    bool started;
+} committer;
+
+static ckptio_status stopped(void *user) {
+    return atomic_load((atomic_int *)user)
+               ? CKPTIO_FAIL(CKPTIO_E_CANCELED, "the save was canceled while its shards were being committed")
+               : CKPTIO_OK;
+}
+
+static void *commit_one(void *arg) {
+    committer *c = arg;
+    c->st = ckptio__object_commit_polled(c->file, stopped, c->stop);
+    if (c->st != CKPTIO_OK) c->error = ckptio__error_save();
+    atomic_fetch_sub(c->running, 1);
+    return NULL;
+}
+
+static ckptio_status commit_objects(save *s, size_t first, size_t n) {
+    committer c[COMMIT_BATCH] = {0};
+    atomic_int stop = 0, running = 0;
+    ckptio_status st = CKPTIO_OK;
+    for (size_t i = 0; i < n; i++) {
+        c[i] = (committer){.file = s->shards[first + i].file, .stop = &stop, .running = &running};
+        s->shards[first + i].committed = true; /* its name may be taken from here on */
+        atomic_fetch_add(&running, 1);
+        const int err = pthread_create(&c[i].thread, NULL, commit_one, &c[i]);
+        if (err) {
+            atomic_fetch_sub(&running, 1);
+            st = CKPTIO_FAIL_SYS(err, "pthread_create", s->dir, -1, "starting the commits of the shards");
+            atomic_store(&stop, 1);
+            break;
+        }
+        c[i].started = true;
+    }
+    while (atomic_load(&running) > 0) {
+        nanosleep(&(struct timespec){.tv_nsec = 5 * 1000 * 1000}, NULL);
+        if (st == CKPTIO_OK && (st = ckptio__engine_commit_poll(s->engine)) != CKPTIO_OK) atomic_store(&stop, 1);
+    }
+    for (size_t i = 0; i < n; i++) {
+        if (!c[i].started) continue;
+        pthread_join(c[i].thread, NULL);
+        if (st == CKPTIO_OK && c[i].st != CKPTIO_OK) {
+            st = c[i].st;
+            ckptio__error_restore(c[i].error);
+        } else if (c[i].error) {
+            ckptio__free(c[i].error);
+        }
+    }
+    return st;
+}
+
 /* Commits the shards, writes the index, and (overwriting) removes the older model's other files. */
 static ckptio_status publish(save *s, const ckptio_tensor_source *tensors, size_t count,
                              const ckptio_model_save_options *o, const old_files *old) {
@@ -244,7 +310,9 @@ static ckptio_status publish(save *s, const ckptio_tensor_source *tensors, size_
     /* An old index must not name a mix of old and new shards: it goes before the first shard of its names. */
     if (collides && old_has(old, CKPTIO__HF_INDEX_NAME))
         CKPTIO_FORWARD(remove_file(s->engine, s->dir, CKPTIO__HF_INDEX_NAME, s->object));
-    for (size_t k = 0; k < s->hf.nshards; k++) {
+    for (size_t k = 0; s->object && k < s->hf.nshards; k += COMMIT_BATCH)
+        CKPTIO_FORWARD(commit_objects(s, k, s->hf.nshards - k < COMMIT_BATCH ? s->hf.nshards - k : COMMIT_BATCH));
+    for (size_t k = 0; !s->object && k < s->hf.nshards; k++) {
         /* Its name may be taken from here on, even when the commit fails after the rename (syncing the directory). */
         s->shards[k].committed = true;
         CKPTIO_FORWARD(ckptio_file_commit(s->shards[k].file));

@@ -523,6 +523,10 @@ ckptio_status ckptio__object_size(ckptio_file *f, uint64_t *out);
 ckptio_status ckptio__object_truncate(ckptio_file *f, uint64_t size);
 ckptio_status ckptio__object_commit(ckptio_file *f);
 ckptio_status ckptio__object_close(ckptio_file *f);
+/* ckptio_file_commit of an object file whose wait for its last parts asks
+ * `poll` (not the engine's progress callback): for commits run on threads
+ * other than the caller's, which polls the engine itself. */
+ckptio_status ckptio__object_commit_polled(ckptio_file *f, ckptio__s3_poll_fn poll, void *user);
 
 /* Moves one operation of an object file, blocking: a read is a ranged GET
  * (retried as the settings say), a write is copied into the upload's part

@@ -170,7 +170,11 @@ ckptio_status ckptio__object_truncate(ckptio_file *f, uint64_t size) {
  * may still stop it (Ctrl-C in Python): the upload is then aborted. */
 static ckptio_status commit_poll(void *engine) { return ckptio__io_engine_commit_poll(engine); }
 
-ckptio_status ckptio__object_commit(ckptio_file *f) {
+ckptio_status ckptio__object_commit(ckptio_file *f) { return ckptio__object_commit_polled(f, commit_poll, f->engine); }
+
+ckptio_status ckptio__object_commit_polled(ckptio_file *f, ckptio__s3_poll_fn poll, void *user) {
+    CKPTIO_RETURN_IF(!f->object || !f->writable || f->closed_for_write, CKPTIO_E_INVAL,
+                     "%s: not an object open for writing", f->path);
     ckptio__object *o = f->object;
     f->closed_for_write = true;
     if (o->exclusive) {
@@ -185,7 +189,7 @@ ckptio_status ckptio__object_commit(ckptio_file *f) {
                                    "given");
         }
     }
-    CKPTIO_FORWARD(ckptio__s3_upload_commit(o->upload, commit_poll, f->engine));
+    CKPTIO_FORWARD(ckptio__s3_upload_commit(o->upload, poll, user));
     f->committed = true;
     return CKPTIO_OK;
 }
