@@ -3,8 +3,9 @@
  * (skipped, exit 77, without an S3 server): shards of several parts each,
  * uploaded together, are the bytes the same save writes on local disk, the
  * index too, and the model loads back bit-exact; a save cancelled while
- * its uploads are in flight leaves no object and no unfinished upload
- * under the prefix and an older model there intact; an existing model is
+ * its uploads are in flight, or while its shards' commits wait for them,
+ * leaves no object and no unfinished upload under the prefix and an older
+ * model there intact; an existing model is
  * refused without CKPTIO_MODEL_SAVE_OVERWRITE.
  */
 #include "objstore_helpers.h"
@@ -71,6 +72,27 @@ static int uploads_under(ckptio_engine *e, const char *dir) {
     return n;
 }
 
+typedef struct remover {
+    ckptio_engine *e;
+    char bucket[256];
+} remover;
+
+static int remove_entry(void *user, const ckptio_object_info *info) {
+    remover *r = user;
+    char url[1500];
+    snprintf(url, sizeof url, "s3://%s/%s", r->bucket, info->key);
+    T_OK(ckptio_object_delete(r->e, url));
+    return 0;
+}
+
+/* Deletes what a test left under `dir` (the server's disk is shared by every run). */
+static void remove_all(ckptio_engine *e, const char *dir) {
+    remover r = {.e = e};
+    snprintf(r.bucket, sizeof r.bucket, "%s", s3_test_bucket());
+    T_OK(ckptio_object_list(e, in(dir, ""), NULL, remove_entry, &r));
+    T_ASSERT(objects_under(e, dir) == 0);
+}
+
 static void check_model(ckptio_engine *e, const char *dir) {
     ckptio_model *m;
     T_OK(ckptio_model_open(e, dir, 0, &m));
@@ -107,12 +129,19 @@ static void test_round_trip(void) {
     T_MESSAGE_HAS("already holds a model");
     make_sources(1);
     check_model(e, dir);
+    remove_all(e, dir);
     T_OK(ckptio_engine_destroy(e));
 }
 
 static int cancel_after(uint64_t done, uint64_t total, void *user) {
     (void)user;
     return done >= total / 3;
+}
+
+/* After every byte was handed to the uploads: the commits are waiting for their last parts. */
+static int cancel_at_commit(uint64_t done, uint64_t total, void *user) {
+    ++*(int *)user;
+    return done >= total;
 }
 
 static void test_cancel_leaves_nothing(void) {
@@ -129,13 +158,26 @@ static void test_cancel_leaves_nothing(void) {
                                                             .flags = CKPTIO_MODEL_SAVE_OVERWRITE},
                                NULL),
              CKPTIO_E_CANCELED);
-    T_OK(ckptio_engine_set_progress(e, NULL, NULL));
-    T_ASSERT_MSG(objects_under(e, dir) == 1, "%d objects left", objects_under(e, dir));
-    T_ASSERT_MSG(uploads_under(e, dir) == 0, "%d uploads left", uploads_under(e, dir));
-    size_t now_len;
-    unsigned char *now = object_bytes(e, in(dir, "model.safetensors"), &now_len);
-    T_ASSERT(now_len == older_len && memcmp(now, older, now_len) == 0);
-    free(now);
+    /* The same, canceled while the shards' commits wait for their uploads (the commits run together). */
+    for (int at_commit = 0; at_commit < 2; at_commit++) {
+        int calls = 0;
+        if (at_commit) {
+            T_OK(ckptio_engine_set_progress(e, cancel_at_commit, &calls));
+            T_STATUS(ckptio_model_save(e, dir, src, NT,
+                                       &(ckptio_model_save_options){.max_shard_size = 2 * TBYTES,
+                                                                    .flags = CKPTIO_MODEL_SAVE_OVERWRITE},
+                                       NULL),
+                     CKPTIO_E_CANCELED);
+            T_MESSAGE_HAS("while its commit waited");
+        }
+        T_OK(ckptio_engine_set_progress(e, NULL, NULL));
+        T_ASSERT_MSG(objects_under(e, dir) == 1, "%d objects left", objects_under(e, dir));
+        T_ASSERT_MSG(uploads_under(e, dir) == 0, "%d uploads left", uploads_under(e, dir));
+        size_t now_len;
+        unsigned char *now = object_bytes(e, in(dir, "model.safetensors"), &now_len);
+        T_ASSERT(now_len == older_len && memcmp(now, older, now_len) == 0);
+        free(now);
+    }
     free(older);
     /* The same save without the cancel replaces it: three shards and the index, the single file gone. */
     T_OK(ckptio_model_save(e, dir, src, NT,
@@ -144,6 +186,7 @@ static void test_cancel_leaves_nothing(void) {
                            NULL));
     T_ASSERT(objects_under(e, dir) == 4);
     check_model(e, dir);
+    remove_all(e, dir);
     T_OK(ckptio_engine_destroy(e));
 }
 

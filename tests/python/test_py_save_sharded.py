@@ -221,3 +221,6 @@ def test_s3_round_trip(s3_prefix):
     keys = sorted(k.rsplit("/", 1)[-1] for k, _, _, _ in _ckptio.object_list(s3_prefix + "/"))
     assert keys == ["model.safetensors"]
     same(ckptio.load(s3_prefix, engine=engine), new)
+    bucket = s3_prefix[len("s3://"):].split("/", 1)[0]
+    for key, _, _, _ in _ckptio.object_list(s3_prefix + "/"):
+        _ckptio.object_delete(f"s3://{bucket}/{key}")
