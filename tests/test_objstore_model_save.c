@@ -26,18 +26,6 @@ static void make_sources(uint64_t seed) {
     }
 }
 
-static unsigned char *object_bytes(ckptio_engine *e, const char *url, size_t *len) {
-    ckptio_file *f;
-    uint64_t size;
-    T_OK(ckptio_file_open(e, url, CKPTIO_OPEN_READ, &f));
-    T_OK(ckptio_file_size(f, &size));
-    unsigned char *b = malloc(size ? size : 1);
-    if (size) T_OK(ckptio__file_io(f, CKPTIO_READ, b, size, 0));
-    T_OK(ckptio_file_close(f));
-    *len = size;
-    return b;
-}
-
 static const char *in(const char *dir, const char *name) {
     static char buf[4][1500];
     static int k;
@@ -48,7 +36,7 @@ static const char *in(const char *dir, const char *name) {
 
 static void same_as_local(ckptio_engine *e, const char *url, const char *local) {
     size_t n_obj, n_loc;
-    unsigned char *obj = object_bytes(e, url, &n_obj), *loc = t_read_file(local, &n_loc);
+    unsigned char *obj = s3_object_bytes(e, url, &n_obj), *loc = t_read_file(local, &n_loc);
     T_ASSERT_MSG(n_obj == n_loc && memcmp(obj, loc, n_loc) == 0, "%s differs from %s", url, local);
     free(obj);
     free(loc);
@@ -150,7 +138,7 @@ static void test_cancel_leaves_nothing(void) {
     const char *dir = s3_url("cancelled");
     T_OK(ckptio_model_save(e, dir, src, 2, NULL, NULL)); /* an older model: one model.safetensors */
     size_t older_len;
-    unsigned char *older = object_bytes(e, in(dir, "model.safetensors"), &older_len);
+    unsigned char *older = s3_object_bytes(e, in(dir, "model.safetensors"), &older_len);
     make_sources(4);
     T_OK(ckptio_engine_set_progress(e, cancel_after, NULL));
     T_STATUS(ckptio_model_save(e, dir, src, NT,
@@ -174,7 +162,7 @@ static void test_cancel_leaves_nothing(void) {
         T_ASSERT_MSG(objects_under(e, dir) == 1, "%d objects left", objects_under(e, dir));
         T_ASSERT_MSG(uploads_under(e, dir) == 0, "%d uploads left", uploads_under(e, dir));
         size_t now_len;
-        unsigned char *now = object_bytes(e, in(dir, "model.safetensors"), &now_len);
+        unsigned char *now = s3_object_bytes(e, in(dir, "model.safetensors"), &now_len);
         T_ASSERT(now_len == older_len && memcmp(now, older, now_len) == 0);
         free(now);
     }
