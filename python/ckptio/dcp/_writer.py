@@ -379,7 +379,7 @@ class FileSystemWriter(DataFiles, AsyncStaging, _TorchFileSystemWriter):
         steps = _lease_steps.LeaseSteps(self._dir_lock if self._object else None)
 
         def on_step(step: int, path: str, done: bool) -> None:
-            steps.on_step(step, done)
+            steps.on_step(step, path, done)
             if _crash_point is not None:
                 _commit_stage(step, path, done)
 
@@ -389,7 +389,7 @@ class FileSystemWriter(DataFiles, AsyncStaging, _TorchFileSystemWriter):
                                      self._pending)
         except CkptioError as e:
             if self._object and e.status_name == "E_BUSY" and md_name == ".metadata" and not steps.committed:
-                _lease_steps.remove_own_objects(self.path, files, self.engine)
+                _lease_steps.remove_own_objects(self.path, files, self.engine, steps.manifest)
             raise
         finally:
             steps.close()
