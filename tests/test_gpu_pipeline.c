@@ -1522,6 +1522,62 @@ static void test_gds_stream_ordered(void) {
     free(want);
 }
 
+/* A stream-ordered request whose run would resize the engine's pinned slots
+ * keeps them (its windows cut to fit): freeing pinned memory synchronises a
+ * real device, which would wait for the caller's stream, which waits on the
+ * request. The simulator counts pinned frees while a stream waits on a host
+ * word not yet written. Once no request is in flight a transfer resizes them. */
+static void test_gds_request_never_frees_pinned_slots(void) {
+    sim_reset(0);
+    const size_t n = 9 * MIB + 5;
+    const char *path = t_path("gds_keep.bin");
+    unsigned char *want = make_file(path, n, 41);
+    ckptio_engine *e = make_engine(2, 64 * MIB, 8 * MIB); /* 4 MiB slots */
+    const ckptio__gpu_ops *ops = ckptio__gpu_sim_ops();
+    void *stream = NULL;
+    T_OK(ops->stream_create(&stream));
+    ckptio_gds_file *g = NULL;
+    T_OK(ckptio_gds_open(e, path, O_RDWR, 0, &g));
+    unsigned char *dev = ckptio__gpu_sim_device_alloc(n);
+    uint64_t done = 0;
+    T_OK(ckptio_gds_read(g, dev, n, 0, 0, &done));
+    T_ASSERT(done == n && memcmp(dev, want, n) == 0);
+    /* From now on the settings ask for 1 MiB slots. */
+    T_OK(ckptio_engine_set(e, CKPTIO_OPT_CHUNK_BYTES, 1 * MIB));
+    ckptio__gpu_sim_stats a, b, c;
+    ckptio__gpu_sim_get_stats(&a);
+    T_ASSERT(a.pinned_allocs > 0);
+    kernel_arg k = {.dev = dev, .n = n, .sleep_ms = 20, .fill = 0x3C};
+    T_OK(ckptio__gpu_sim_launch(stream, slow_fill_kernel, &k));
+    ckptio_gds_request *r = NULL;
+    T_OK(ckptio_gds_write_async(g, dev, n, 0, 0, stream, &r));
+    T_OK(ckptio_gds_request_wait(r, &done));
+    T_ASSERT(done == n);
+    T_OK(ckptio_gds_request_destroy(r));
+    T_OK(ops->stream_sync(stream));
+    ckptio__gpu_sim_get_stats(&b);
+    T_ASSERT_MSG(b.pinned_frees_while_waiting == 0,
+                 "%llu pinned frees while the stream waited on the request (a deadlock on a real device)",
+                 (unsigned long long)b.pinned_frees_while_waiting);
+    size_t flen = 0;
+    unsigned char *file = t_read_file(path, &flen);
+    T_ASSERT(flen == n);
+    for (size_t i = 0; i < n; i++) T_ASSERT_MSG(file[i] == 0x3C, "file byte %zu is 0x%02x", i, file[i]);
+    free(file);
+    /* No request in flight: the next transfer takes the new size. */
+    T_OK(ckptio_gds_write(g, dev, n, 0, 0, &done));
+    ckptio__gpu_sim_get_stats(&c);
+    T_ASSERT_MSG(c.pinned_frees > b.pinned_frees && c.pinned_frees_while_waiting == 0,
+                 "frees %llu -> %llu, %llu while waiting", (unsigned long long)b.pinned_frees,
+                 (unsigned long long)c.pinned_frees, (unsigned long long)c.pinned_frees_while_waiting);
+    T_OK(ckptio_gds_close(g));
+    ops->stream_destroy(stream);
+    check_sim_clean(64 * MIB + 64);
+    ckptio__gpu_sim_device_free(dev);
+    T_OK(ckptio_engine_destroy(e));
+    free(want);
+}
+
 /* Through the public entry points: a plan mixing host and device extents
  * (AUTO kinds resolved by the simulator) and a safetensors round trip whose
  * tensors live in device memory. */
@@ -1697,6 +1753,7 @@ int main(int argc, char **argv) {
     T_RUN(test_engine_and_safetensors);
     T_RUN(test_gds_file_sync);
     T_RUN(test_gds_stream_ordered);
+    T_RUN(test_gds_request_never_frees_pinned_slots);
     T_RUN(test_file_shrunk_after_open);
     T_RUN(test_reads_and_writes_share_slots);
     return T_EXIT_PASS;
