@@ -1453,6 +1453,30 @@ static void slow_fill_kernel(void *p) {
     memset(a->dev, a->fill, a->n);
 }
 
+/* A slow kernel fills dev with `fill` on `stream`, then a stream-ordered
+ * write saves it at offset 0: waited for and destroyed. */
+static void write_after_kernel(ckptio_gds_file *g, unsigned char *dev, size_t n, void *stream, unsigned char fill) {
+    kernel_arg k = {.dev = dev, .n = n, .sleep_ms = 50, .fill = fill};
+    T_OK(ckptio__gpu_sim_launch(stream, slow_fill_kernel, &k));
+    ckptio_gds_request *r = NULL;
+    T_OK(ckptio_gds_write_async(g, dev, n, 0, 0, stream, &r));
+    uint64_t bytes = 0;
+    T_OK(ckptio_gds_request_wait(r, &bytes));
+    T_ASSERT(bytes == n);
+    T_OK(ckptio_gds_request_destroy(r));
+}
+
+/* Every byte of the file at path (n of them) is `fill`. */
+static void check_file_filled(const char *path, size_t n, unsigned char fill) {
+    size_t flen = 0;
+    unsigned char *file = t_read_file(path, &flen);
+    T_ASSERT(flen == n);
+    for (size_t i = 0; i < n; i++)
+        T_ASSERT_MSG(file[i] == fill, "file byte %zu is 0x%02x: the write ran before the producing kernel", i,
+                     file[i]);
+    free(file);
+}
+
 static void test_gds_stream_ordered(void) {
     sim_reset(100);
     ckptio_engine *e = make_engine(2, 2 * MIB, 8 * MIB);
@@ -1481,20 +1505,9 @@ static void test_gds_stream_ordered(void) {
                      i, (unsigned char)(out[i] - 1));
     T_OK(ckptio_gds_request_destroy(r1));
     /* a slow kernel produces data, then a write on the same stream saves it */
-    kernel_arg k2 = {.dev = dev, .n = n, .sleep_ms = 50, .fill = 0x5A};
-    T_OK(ckptio__gpu_sim_launch(stream, slow_fill_kernel, &k2));
-    ckptio_gds_request *r2 = NULL;
-    T_OK(ckptio_gds_write_async(g, dev, n, 0, 0, stream, &r2));
-    T_OK(ckptio_gds_request_wait(r2, &bytes));
-    T_ASSERT(bytes == n);
-    T_OK(ckptio_gds_request_destroy(r2));
+    write_after_kernel(g, dev, n, stream, 0x5A);
     T_OK(ckptio_gds_close(g));
-    size_t flen = 0;
-    unsigned char *file = t_read_file(path, &flen);
-    T_ASSERT(flen == n);
-    for (size_t i = 0; i < n; i++)
-        T_ASSERT_MSG(file[i] == 0x5A, "file byte %zu is 0x%02x: the write ran before the producing kernel", i,
-                     file[i]);
+    check_file_filled(path, n, 0x5A);
     /* a failing async read reports its error at wait, and the stream moves on */
     T_OK(ckptio_gds_open(e, path, O_RDONLY, 0, &g));
     ckptio__io_inject(CKPTIO__IO_READ, 1, EIO, 0, false);
@@ -1517,7 +1530,6 @@ static void test_gds_stream_ordered(void) {
                  "leaked after engine destroy: %llu events, %llu streams, %llu pinned bytes",
                  (unsigned long long)s.events_live, (unsigned long long)s.streams_live,
                  (unsigned long long)s.pinned_now);
-    free(file);
     free(out);
     free(want);
 }
@@ -1547,23 +1559,13 @@ static void test_gds_request_never_frees_pinned_slots(void) {
     ckptio__gpu_sim_stats a, b, c;
     ckptio__gpu_sim_get_stats(&a);
     T_ASSERT(a.pinned_allocs > 0);
-    kernel_arg k = {.dev = dev, .n = n, .sleep_ms = 20, .fill = 0x3C};
-    T_OK(ckptio__gpu_sim_launch(stream, slow_fill_kernel, &k));
-    ckptio_gds_request *r = NULL;
-    T_OK(ckptio_gds_write_async(g, dev, n, 0, 0, stream, &r));
-    T_OK(ckptio_gds_request_wait(r, &done));
-    T_ASSERT(done == n);
-    T_OK(ckptio_gds_request_destroy(r));
+    write_after_kernel(g, dev, n, stream, 0x3C);
     T_OK(ops->stream_sync(stream));
     ckptio__gpu_sim_get_stats(&b);
     T_ASSERT_MSG(b.pinned_frees_while_waiting == 0,
                  "%llu pinned frees while the stream waited on the request (a deadlock on a real device)",
                  (unsigned long long)b.pinned_frees_while_waiting);
-    size_t flen = 0;
-    unsigned char *file = t_read_file(path, &flen);
-    T_ASSERT(flen == n);
-    for (size_t i = 0; i < n; i++) T_ASSERT_MSG(file[i] == 0x3C, "file byte %zu is 0x%02x", i, file[i]);
-    free(file);
+    check_file_filled(path, n, 0x3C);
     /* No request in flight: the next transfer takes the new size. */
     T_OK(ckptio_gds_write(g, dev, n, 0, 0, &done));
     ckptio__gpu_sim_get_stats(&c);
