@@ -1453,6 +1453,15 @@ static void slow_fill_kernel(void *p) {
     memset(a->dev, a->fill, a->n);
 }
 
+/* A simulated stream, the GDS file at path opened read-write with engine e
+ * and n bytes of device memory, returned. */
+static unsigned char *open_stream_case(ckptio_engine *e, const char *path, size_t n, void **stream,
+                                       ckptio_gds_file **g) {
+    T_OK(ckptio__gpu_sim_ops()->stream_create(stream));
+    T_OK(ckptio_gds_open(e, path, O_RDWR, 0, g));
+    return ckptio__gpu_sim_device_alloc(n);
+}
+
 /* A slow kernel fills dev with `fill` on `stream`, then a stream-ordered
  * write saves it at offset 0: waited for and destroyed. */
 static void write_after_kernel(ckptio_gds_file *g, unsigned char *dev, size_t n, void *stream, unsigned char fill) {
@@ -1485,10 +1494,8 @@ static void test_gds_stream_ordered(void) {
     unsigned char *want = make_file(path, n, 99);
     const ckptio__gpu_ops *ops = ckptio__gpu_sim_ops();
     void *stream = NULL;
-    T_OK(ops->stream_create(&stream));
     ckptio_gds_file *g = NULL;
-    T_OK(ckptio_gds_open(e, path, O_RDWR, 0, &g));
-    unsigned char *dev = ckptio__gpu_sim_device_alloc(n);
+    unsigned char *dev = open_stream_case(e, path, n, &stream, &g);
     unsigned char *out = malloc(n);
     memset(dev, 0, n);
     /* read, then a kernel on the same stream that must see the data */
@@ -1547,10 +1554,8 @@ static void test_gds_request_never_frees_pinned_slots(void) {
     ckptio_engine *e = make_engine(2, 64 * MIB, 8 * MIB); /* 4 MiB slots */
     const ckptio__gpu_ops *ops = ckptio__gpu_sim_ops();
     void *stream = NULL;
-    T_OK(ops->stream_create(&stream));
     ckptio_gds_file *g = NULL;
-    T_OK(ckptio_gds_open(e, path, O_RDWR, 0, &g));
-    unsigned char *dev = ckptio__gpu_sim_device_alloc(n);
+    unsigned char *dev = open_stream_case(e, path, n, &stream, &g);
     uint64_t done = 0;
     T_OK(ckptio_gds_read(g, dev, n, 0, 0, &done));
     T_ASSERT(done == n && memcmp(dev, want, n) == 0);
