@@ -711,7 +711,7 @@ ckptio_status ckptio__gpu_pipeline_run_observed(ckptio_engine *engine, const ckp
     /* The engine's staging, for the whole run. Whether its pinned slots may
      * be resized is decided before the windows are planned: while a stream
      * waits on a stream-ordered request they keep their size, and the
-     * windows are cut to fit them (ckptio__gpu_settle_slot_bytes says why);
+     * windows are cut to fit them (ckptio__gpu_kept_slot_bytes says why);
      * otherwise resize_lock stays held until any resize is done, so that no
      * request queues a stream's wait meanwhile. */
     if ((st = ckptio__gpu_state_get(engine, ops, &p.st)) != CKPTIO_OK) goto out;
