@@ -683,12 +683,13 @@ bool ckptio__file_in_dir(const ckptio_file *f, const char *dir);
 /* Each behaves as the system call of its name (-1 or NULL with errno on
  * failure; EINTR retried unless ckptio_interrupt() asked to stop, then it is
  * the failure) but fails where a fault of its kind is injected:
- * open (CKPTIO__IO_OPEN), fsync of files and directories (FSYNC), rename
+ * open (CKPTIO__IO_OPEN), fsync and fdatasync (FSYNC), rename
  * (RENAME), unlink (UNLINK), opendir (LISTDIR); write and read (WRITE, READ)
  * may also be cut short by an injected short transfer. */
 int ckptio__open(const char *path, int flags, mode_t mode);
 int ckptio__openat(int dirfd, const char *path, int flags, mode_t mode);
 int ckptio__fsync(int fd);
+int ckptio__fdatasync(int fd);
 /* fsync of every fds[i] at once (threads; up to 16 at a time): a file system
  * that journals, such as ext4, flushes them with one journal commit where one
  * after another each waits for a commit of its own. The fault of each is
