@@ -5,8 +5,9 @@
  * index too, and the model loads back bit-exact; a save cancelled while
  * its uploads are in flight, or while its shards' commits wait for them,
  * leaves no object and no unfinished upload under the prefix and an older
- * model there intact; an existing model is
- * refused without CKPTIO_MODEL_SAVE_OVERWRITE.
+ * model there intact; an existing model is refused without
+ * CKPTIO_MODEL_SAVE_OVERWRITE; uploads written in one plan hold no more
+ * part buffers together than their shared bound (plus one part each).
  */
 #include "objstore_helpers.h"
 
@@ -178,10 +179,57 @@ static void test_cancel_leaves_nothing(void) {
     T_OK(ckptio_engine_destroy(e));
 }
 
+/* Uploads sharing one bound: three objects written in one plan whose pieces alternate between them (every
+ * upload filling at once) hold at most one object's bound of part buffers together, plus one part each,
+ * where each alone could hold its own bound; every byte arrives. */
+static void test_shared_buffer_bound(void) {
+    ckptio_engine *e = s3_test_engine();
+    T_OK(ckptio_engine_set(e, CKPTIO_OPT_S3_CONCURRENCY, 2));
+    T_OK(ckptio_engine_set(e, CKPTIO_OPT_THREADS, 4));
+    enum { NF = 3, SIZE = 48 << 20, PART = 5 << 20, PIECE = 8 << 20, NP = SIZE / PIECE };
+    unsigned char *bytes = malloc((size_t)NF * SIZE);
+    t_fill_random(bytes, (size_t)NF * SIZE, 77);
+    ckptio_file *f[NF];
+    ckptio_extent x[NF * NP];
+    for (int i = 0; i < NF; i++) {
+        char name[32];
+        snprintf(name, sizeof name, "shared/%d", i);
+        T_OK(ckptio_file_open(e, s3_url(name), CKPTIO_OPEN_WRITE, &f[i]));
+        T_OK(ckptio_file_truncate(f[i], SIZE));
+        for (int p = 0; p < NP; p++)
+            x[p * NF + i] = (ckptio_extent){.file = f[i], .file_offset = (uint64_t)p * PIECE, .length = PIECE,
+                                            .memory = bytes + (size_t)i * SIZE + (size_t)p * PIECE,
+                                            .mem_kind = CKPTIO_MEM_HOST};
+    }
+    uint64_t bound = 0;
+    T_OK(ckptio__object_share_buffers(f, NF, &bound));
+    T_ASSERT(bound == (2 + 2) * (uint64_t)PART + 4 * (uint64_t)PIECE); /* (concurrency + 2) parts + threads x chunk */
+    T_OK(ckptio_engine_execute_extents(e, CKPTIO_WRITE, x, NF * NP));
+    const uint64_t peak = ckptio__object_shared_peak(f[0]);
+    T_ASSERT_MSG(peak > 0 && peak <= bound + NF * (uint64_t)PART, "peak %llu, bound %llu",
+                 (unsigned long long)peak, (unsigned long long)bound);
+    for (int i = 0; i < NF; i++) {
+        T_OK(ckptio_file_commit(f[i]));
+        T_OK(ckptio_file_close(f[i]));
+    }
+    for (int i = 0; i < NF; i++) {
+        char name[32];
+        snprintf(name, sizeof name, "shared/%d", i);
+        size_t len;
+        unsigned char *got = s3_object_bytes(e, s3_url(name), &len);
+        T_ASSERT(len == SIZE && memcmp(got, bytes + (size_t)i * SIZE, SIZE) == 0);
+        free(got);
+        T_OK(ckptio_object_delete(e, s3_url(name)));
+    }
+    free(bytes);
+    T_OK(ckptio_engine_destroy(e));
+}
+
 int main(void) {
     s3_test_bucket();
     T_RUN(test_round_trip);
     T_RUN(test_cancel_leaves_nothing);
+    T_RUN(test_shared_buffer_bound);
     for (int i = 0; i < NT; i++) free(data[i]);
     return T_EXIT_PASS;
 }

@@ -557,6 +557,8 @@ void ckptio__object_buffers(ckptio_file *f, uint64_t *peak, uint64_t *bound);
  * share one bound on their part buffers: that of one of them alone (*bound
  * receives it; other files are left as they are). */
 ckptio_status ckptio__object_share_buffers(ckptio_file *const *files, size_t count, uint64_t *bound);
+/* The most part-buffer bytes the uploads sharing f's bound held at once (0 without one); for tests. */
+uint64_t ckptio__object_shared_peak(ckptio_file *f);
 
 /* The objstore settings of an engine (its CKPTIO_OPT_S3_* values). */
 void ckptio__object_settings(const ckptio_engine *engine, ckptio__s3_settings *out);

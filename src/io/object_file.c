@@ -224,6 +224,11 @@ ckptio_status ckptio__object_share_buffers(ckptio_file *const *files, size_t cou
     return CKPTIO_OK;
 }
 
+uint64_t ckptio__object_shared_peak(ckptio_file *f) {
+    ckptio__s3_budget *b = f->object && f->object->upload ? ckptio__s3_upload_budget(f->object->upload) : NULL;
+    return b ? ckptio__s3_budget_peak(b) : 0;
+}
+
 void ckptio__object_buffers(ckptio_file *f, uint64_t *peak, uint64_t *bound) {
     *peak = *bound = 0;
     if (f->object && f->object->upload) ckptio__s3_upload_buffers(f->object->upload, peak, bound);

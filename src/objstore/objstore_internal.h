@@ -426,6 +426,8 @@ void ckptio__s3_budget_release(ckptio__s3_budget *b);             /* drops the c
 void ckptio__s3_upload_share_budget(ckptio__s3_upload *u, ckptio__s3_budget *b);
 /* The most bytes the budget's uploads held at once; for tests. */
 uint64_t ckptio__s3_budget_peak(ckptio__s3_budget *b);
+/* The budget an upload shares (NULL: none). */
+ckptio__s3_budget *ckptio__s3_upload_budget(ckptio__s3_upload *u);
 
 /* The multipart upload's id ("" before one was created); for tests. */
 const char *ckptio__s3_upload_id(ckptio__s3_upload *u);

@@ -117,6 +117,8 @@ uint64_t ckptio__s3_budget_peak(ckptio__s3_budget *b) {
     return peak;
 }
 
+ckptio__s3_budget *ckptio__s3_upload_budget(ckptio__s3_upload *u) { return u->budget; }
+
 void ckptio__s3_upload_share_budget(ckptio__s3_upload *u, ckptio__s3_budget *b) {
     pthread_mutex_lock(&b->lock);
     b->refs++;
