@@ -46,6 +46,7 @@ typedef struct part {
 struct ckptio__s3_budget {
     pthread_mutex_t lock; /* taken after an upload's lock, never before */
     uint64_t used, max, peak;
+    uint64_t gives;       /* buffers given back so far: a waiter sees the uploads move */
     unsigned refs;
 };
 
@@ -154,8 +155,16 @@ static void budget_give(ckptio__s3_upload *u, uint64_t n) {
     if (n > u->budget_held) n = u->budget_held;
     pthread_mutex_lock(&b->lock);
     b->used -= n;
+    b->gives++;
     pthread_mutex_unlock(&b->lock);
     u->budget_held -= n;
+}
+
+static uint64_t budget_gives(ckptio__s3_budget *b) {
+    pthread_mutex_lock(&b->lock);
+    const uint64_t g = b->gives;
+    pthread_mutex_unlock(&b->lock);
+    return g;
 }
 
 static uint64_t choose_part_size(const ckptio__s3_upload *u, uint64_t size) {
@@ -343,6 +352,8 @@ out:
  * part is looked up again after each wait: another writer may have grown the
  * table (grow_parts moves it) while the lock was free. */
 static ckptio_status part_buffer(ckptio__s3_upload *u, unsigned i) {
+    uint64_t seen_gives = UINT64_MAX;
+    struct timespec since = {0};
     for (part *p = &u->parts[i]; !p->buf; p = &u->parts[i]) {
         if (u->fail_status != CKPTIO_OK) return failure(u);
         if (p->state >= P_QUEUED) { /* sent while this writer waited: a second write of its bytes */
@@ -370,8 +381,24 @@ static ckptio_status part_buffer(ckptio__s3_upload *u, unsigned i) {
         for (unsigned k = 0; k < u->nparts && !moving; k++) moving = u->parts[k].state == P_QUEUED;
         if (own_room) {
             /* The shared bound is reached by the other uploads: their parts free it, and they do not
-             * signal this upload's condition, so look again shortly. */
-            struct timespec due;
+             * signal this upload's condition, so look again shortly. Buffers that all wait for bytes
+             * nobody writes free nothing: after the request timeout without one given back, fail. */
+            struct timespec now, due;
+            clock_gettime(CLOCK_MONOTONIC, &now);
+            const uint64_t gives = budget_gives(u->budget);
+            if (gives != seen_gives) {
+                seen_gives = gives;
+                since = now;
+            } else if ((now.tv_sec - since.tv_sec) * 1000 + (now.tv_nsec - since.tv_nsec) / 1000000 >
+                       (long)u->c->settings.timeout_ms) {
+                char s[400];
+                shown(u, s, sizeof s);
+                return CKPTIO_FAIL_CTX(CKPTIO_E_UNSUPPORTED,
+                                       &((ckptio__err_ctx){.operation = "write", .path = s,
+                                                           .file_offset = (int64_t)((uint64_t)i * u->part_size)}),
+                                       "the upload buffers shared with other objects all wait for bytes that have "
+                                       "not been written (writes to the objects must come roughly in order)");
+            }
             clock_gettime(CLOCK_REALTIME, &due);
             due.tv_nsec += 2 * 1000 * 1000;
             if (due.tv_nsec >= 1000000000L) due.tv_sec++, due.tv_nsec -= 1000000000L;
