@@ -216,8 +216,10 @@ typedef struct ckptio_model_save_options {
  * uploads are in flight together, their part buffers sharing the bound of
  * one object's upload (plus one part per shard); locally the engine's usual
  * pipeline into a temporary per shard. Then the shards are committed (each
- * atomic: a rename, a completed upload), and only after every one the
- * index: a reader never finds an index naming a missing or partial shard.
+ * atomic: a rename; a completed upload, those of several shards at once),
+ * and only after every one the index: a reader never finds an index naming
+ * a missing or partial shard. A local `dir` it creates stays (empty) after
+ * a failure.
  * On failure or cancel (the engine's progress callback), no index appears
  * and no shard of this save stays (temporaries removed, uploads aborted,
  * committed shards deleted); other files in `dir` are never touched.
