@@ -131,17 +131,22 @@ static ckptio_status probe_object(ckptio_engine *engine, const char *path, ckpti
                                "no object of that key and nothing under it as a prefix");
     if (kind == CKPTIO__PATH_DIR) {
         *out = CKPTIO_FORMAT_DIRECTORY;
+        /* An entry counts only as an object: one HEAD each, no listing of a
+         * prefix of that name after a miss. */
         for (size_t i = 0; i < sizeof dir_probes / sizeof dir_probes[0]; i++) {
             char *entry = ckptio__path_join(path, dir_probes[i].entry);
             if (!entry) return CKPTIO_FAIL(CKPTIO_E_NOMEM, "out of memory");
-            ckptio__path_kind k;
-            const ckptio_status st = ckptio__object_stat(engine, entry, &k, NULL);
+            ckptio__error_saved *saved = ckptio__error_save();
+            const ckptio_status st = ckptio__object_info(engine, entry, NULL, NULL, NULL, NULL);
             ckptio__free(entry);
-            CKPTIO_FORWARD(st);
-            if (k == CKPTIO__PATH_FILE) {
-                *out = dir_probes[i].format;
-                break;
+            if (st == CKPTIO_E_NOT_FOUND) {
+                ckptio__error_restore(saved);
+                continue;
             }
+            ckptio__free(saved);
+            CKPTIO_FORWARD(st);
+            *out = dir_probes[i].format;
+            break;
         }
         return CKPTIO_OK;
     }

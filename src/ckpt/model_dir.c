@@ -17,6 +17,7 @@
  * reopens them a window at a time (model_read.c); a reopen must find the
  * inode that was checked (docs/MODELS.md "Many shards").
  */
+#include "engine_internal.h"
 #include "hf_index_internal.h"
 #include "io_internal.h"
 #include "model_internal.h"
@@ -102,17 +103,12 @@ static ckptio_status check_shard_path(const char *path, const char *name, const 
     return CKPTIO_OK;
 }
 
-/* Opens shard `name` (a path when o->dir is NULL) into m->shards[m->nshards]. */
-static ckptio_status open_shard(ckptio_model *m, const char *name, const shard_origin *o, unsigned flags) {
-    char *path = o->dir ? join(o->dir, name) : ckptio__strdup(name);
-    if (!path) return CKPTIO_FAIL(CKPTIO_E_NOMEM, "out of memory opening shard %s", name);
-    struct stat want, got;
-    ckptio_safetensors *st = NULL;
-    /* An object has no symlinks and no inode: its key is the prefix's and the
-     * ETag read at open pins its bytes (ckptio_file_open). */
-    const bool local = o->dir && !ckptio__s3_is_url(path);
-    ckptio_status status = local ? check_shard_path(path, name, o, flags, &want) : CKPTIO_OK;
-    if (status == CKPTIO_OK) status = ckptio_safetensors_open(m->engine, path, &st);
+/* Takes the outcome of opening shard `name` (at `path`, which it keeps
+ * or frees) into m->shards[m->nshards]; `want`: what a local shard's name
+ * resolved to when it was checked. */
+static ckptio_status place_shard(ckptio_model *m, const char *name, const shard_origin *o, char *path,
+                                 ckptio_safetensors *st, ckptio_status status, bool local, const struct stat *want) {
+    struct stat got;
     if (status == CKPTIO_E_NOT_FOUND && !local && o->dir && o->index) {
         ckptio__free(path);
         return CKPTIO_FAIL_CTX(CKPTIO_E_NOT_FOUND,
@@ -126,7 +122,7 @@ static ckptio_status open_shard(ckptio_model *m, const char *name, const shard_o
     }
     m->shard_paths[m->nshards] = path;
     m->shards[m->nshards++] = st;
-    if (local && (fstat(st->file->fd, &got) != 0 || got.st_dev != want.st_dev || got.st_ino != want.st_ino))
+    if (local && (fstat(st->file->fd, &got) != 0 || got.st_dev != want->st_dev || got.st_ino != want->st_ino))
         return CKPTIO_FAIL_CTX(CKPTIO_E_DISALLOWED,
                                &((ckptio__err_ctx){.operation = "open shard", .path = path, .file_offset = -1}),
                                "shard '%s' was replaced while it was being opened", name);
@@ -134,6 +130,88 @@ static ckptio_status open_shard(ckptio_model *m, const char *name, const shard_o
      * reads reopen them a window at a time. */
     if (m->fd_window && m->nshards > m->fd_window) ckptio__file_release(st->file);
     return CKPTIO_OK;
+}
+
+/* Opens shard `name` (a path when o->dir is NULL) into m->shards[m->nshards]. */
+static ckptio_status open_shard(ckptio_model *m, const char *name, const shard_origin *o, unsigned flags) {
+    char *path = o->dir ? join(o->dir, name) : ckptio__strdup(name);
+    if (!path) return CKPTIO_FAIL(CKPTIO_E_NOMEM, "out of memory opening shard %s", name);
+    struct stat want;
+    ckptio_safetensors *st = NULL;
+    /* An object has no symlinks and no inode: its key is the prefix's and the
+     * ETag read at open pins its bytes (ckptio_file_open). */
+    const bool local = o->dir && !ckptio__s3_is_url(path);
+    ckptio_status status = local ? check_shard_path(path, name, o, flags, &want) : CKPTIO_OK;
+    if (status == CKPTIO_OK) status = ckptio_safetensors_open(m->engine, path, &st);
+    return place_shard(m, name, o, path, st, status, local, &want);
+}
+
+/* Shards of an object prefix open concurrently: each open is a HEAD and a
+ * GET of the header, requests that wait on the network, not on this
+ * machine, so N shards cost two round trips rather than 2N before the
+ * first byte of data moves. */
+typedef struct shard_open {
+    const char *name;
+    shard_origin origin;
+    char *path;
+    ckptio_safetensors *st;
+    ckptio_status status;
+    ckptio__error_saved *error;
+} shard_open;
+
+typedef struct shard_opens {
+    ckptio_engine *engine;
+    shard_open *v;
+    size_t n;
+    _Atomic size_t next;
+} shard_opens;
+
+static void shard_open_worker(void *arg, unsigned index) {
+    (void)index;
+    shard_opens *j = arg;
+    for (size_t i; (i = atomic_fetch_add(&j->next, 1)) < j->n;) {
+        shard_open *s = &j->v[i];
+        s->status = ckptio_safetensors_open(j->engine, s->path, &s->st);
+        if (s->status != CKPTIO_OK) s->error = ckptio__error_save();
+    }
+}
+
+/* Opens the shards `names` of the object prefix `o[i].dir` in that order
+ * into m->shards, their requests in flight together (at most the S3
+ * concurrency at once). The first failing shard in order gives the error. */
+static ckptio_status open_object_shards(ckptio_model *m, const char *const *names, const shard_origin *o,
+                                        size_t n) {
+    shard_opens j = {.engine = m->engine, .n = n};
+    if (!(j.v = ckptio__calloc(n ? n : 1, sizeof *j.v)))
+        return CKPTIO_FAIL(CKPTIO_E_NOMEM, "out of memory opening %zu shards", n);
+    ckptio_status st = CKPTIO_OK;
+    for (size_t i = 0; i < n && st == CKPTIO_OK; i++) {
+        j.v[i] = (shard_open){.name = names[i], .origin = o[i], .path = join(o[i].dir, names[i])};
+        if (!j.v[i].path) st = CKPTIO_FAIL(CKPTIO_E_NOMEM, "out of memory opening shard %s", names[i]);
+    }
+    if (st == CKPTIO_OK) {
+        const uint64_t c = (uint64_t)ckptio__engine_setting(m->engine, CKPTIO_OPT_S3_CONCURRENCY);
+        const unsigned workers = (unsigned)(n < c ? n : c ? c : 1);
+        st = ckptio__engine_parallel(m->engine, workers, shard_open_worker, &j);
+    }
+    for (size_t i = 0; i < n; i++) {
+        shard_open *s = &j.v[i];
+        if (st == CKPTIO_OK) {
+            if (s->error) ckptio__error_restore(s->error);
+            s->error = NULL;
+            st = place_shard(m, s->name, &s->origin, s->path, s->st, s->status, false, NULL);
+        } else {
+            ckptio__free(s->error);
+            ckptio__free(s->path);
+            if (s->st) {
+                ckptio__error_saved *saved = ckptio__error_save();
+                ckptio_safetensors_close(s->st);
+                ckptio__error_restore(saved);
+            }
+        }
+    }
+    ckptio__free(j.v);
+    return st;
 }
 
 static ckptio_status reserve_shards(ckptio_model *m, size_t n) {
@@ -197,6 +275,7 @@ static ckptio_status check_index(const ckptio_model *m, const ckptio__hf_index *
 
 static ckptio_status open_index(ckptio_model *m, const char *dir, const char *index, unsigned flags) {
     char *text = NULL;
+    shard_origin *origins = NULL;
     size_t len = 0;
     ckptio__hf_index x;
     memset(&x, 0, sizeof x);
@@ -209,15 +288,19 @@ static ckptio_status open_index(ckptio_model *m, const char *dir, const char *in
     if ((st = ckptio__hf_index_parse(text, len, index, &x)) != CKPTIO_OK) goto out;
     if (x.has_total_size && x.total_size <= INT64_MAX) m->total_size = (int64_t)x.total_size;
     if ((st = reserve_shards(m, x.nshards)) != CKPTIO_OK) goto out;
-    for (size_t s = 0; s < x.nshards; s++) {
-        const char *tensor = "";
-        for (size_t i = 0; i < x.count && !tensor[0]; i++)
-            if (x.entries[i].shard == s) tensor = x.entries[i].name;
-        const shard_origin o = {.dir = dir, .index = index, .tensor = tensor};
-        if ((st = open_shard(m, x.shards[s], &o, flags)) != CKPTIO_OK) goto out;
+    if (!(origins = ckptio__calloc(x.nshards ? x.nshards : 1, sizeof *origins))) {
+        st = CKPTIO_FAIL(CKPTIO_E_NOMEM, "out of memory opening %zu shards", x.nshards);
+        goto out;
     }
-    st = check_index(m, &x);
+    for (size_t i = x.count; i-- > 0;) origins[x.entries[i].shard].tensor = x.entries[i].name; /* the first */
+    for (size_t s = 0; s < x.nshards; s++)
+        origins[s] = (shard_origin){.dir = dir, .index = index, .tensor = origins[s].tensor ? origins[s].tensor : ""};
+    if (ckptio__s3_is_url(dir)) st = open_object_shards(m, (const char *const *)x.shards, origins, x.nshards);
+    for (size_t s = 0; !ckptio__s3_is_url(dir) && s < x.nshards && st == CKPTIO_OK; s++)
+        st = open_shard(m, x.shards[s], &origins[s], flags);
+    if (st == CKPTIO_OK) st = check_index(m, &x);
 out:
+    ckptio__free(origins);
     ckptio__free(text);
     ckptio__hf_index_free(&x);
     return st;
@@ -269,6 +352,7 @@ static bool has_entry(const char *dir, const char *name) {
 
 /* What a directory holds that open_dir decides by. */
 typedef struct dir_view {
+    bool any;               /* anything at all under the prefix (objects) */
     bool single, index;     /* model.safetensors, model.safetensors.index.json */
     name_list indexes, files;
 } dir_view;
@@ -306,6 +390,7 @@ typedef struct view_lister {
 
 static int view_entry(void *user, const ckptio__object_entry *e) {
     view_lister *l = user;
+    l->v->any = true;
     if (e->kind != CKPTIO__PATH_FILE) return 0; /* prefixes and names no file can have: never shards */
     l->v->single |= !strcmp(e->name, HF_SINGLE_NAME);
     l->v->index |= !strcmp(e->name, HF_INDEX_NAME);
@@ -327,6 +412,12 @@ static ckptio_status open_dir(ckptio_model *m, const char *dir, unsigned flags) 
     ckptio_status st = object ? view_object(m->engine, dir, &v) : view_local(dir, &v);
     char *index = NULL;
     if (st != CKPTIO_OK) goto out;
+    if (object && !v.any) {
+        st = CKPTIO_FAIL_CTX(CKPTIO_E_NOT_FOUND, &((ckptio__err_ctx){.operation = "open", .path = dir,
+                                                                    .file_offset = -1}),
+                             "no object of that key and nothing under it as a prefix");
+        goto out;
+    }
     if (v.single) {
         if ((st = reserve_shards(m, 1)) == CKPTIO_OK) st = open_shard(m, HF_SINGLE_NAME, &plain, flags);
         goto out;
@@ -357,8 +448,14 @@ static ckptio_status open_dir(ckptio_model *m, const char *dir, unsigned flags) 
         /* No index: every .safetensors file is a shard; a name in two of
          * them is refused when the table is built. */
         if ((st = reserve_shards(m, v.files.count)) != CKPTIO_OK) goto out;
-        for (size_t i = 0; st == CKPTIO_OK && i < v.files.count; i++)
+        shard_origin *origins = object ? ckptio__calloc(v.files.count, sizeof *origins) : NULL;
+        for (size_t i = 0; origins && i < v.files.count; i++) origins[i] = plain;
+        if (object)
+            st = origins ? open_object_shards(m, (const char *const *)v.files.names, origins, v.files.count)
+                         : CKPTIO_FAIL(CKPTIO_E_NOMEM, "out of memory opening %zu shards", v.files.count);
+        for (size_t i = 0; !object && st == CKPTIO_OK && i < v.files.count; i++)
             st = open_shard(m, v.files.names[i], &plain, flags);
+        ckptio__free(origins);
     }
 out:
     ckptio__free(index);
@@ -462,11 +559,22 @@ ckptio_status ckptio_model_open(ckptio_engine *engine, const char *path, unsigne
     struct stat sb;
     ckptio__path_kind kind = CKPTIO__PATH_MISSING;
     if (ckptio__s3_is_url(path)) {
-        st = ckptio__object_stat(engine, path, &kind, NULL);
-        if (st == CKPTIO_OK && kind == CKPTIO__PATH_MISSING)
-            st = CKPTIO_FAIL_CTX(CKPTIO_E_NOT_FOUND, &((ckptio__err_ctx){.operation = "open", .path = path,
-                                                                        .file_offset = -1}),
-                                 "no object of that key and nothing under it as a prefix");
+        /* An object of that key is a file; anything else is a prefix, whose
+         * one listing (open_dir) also tells whether anything is under it. */
+        const size_t len = strlen(path);
+        kind = CKPTIO__PATH_DIR;
+        st = CKPTIO_OK;
+        if (path[len - 1] != '/' && strchr(path + 5, '/')) {
+            ckptio__error_saved *saved = ckptio__error_save();
+            st = ckptio__object_info(engine, path, NULL, NULL, NULL, NULL);
+            if (st == CKPTIO_OK) kind = CKPTIO__PATH_FILE;
+            if (st == CKPTIO_E_NOT_FOUND) {
+                ckptio__error_restore(saved);
+                st = CKPTIO_OK;
+            } else {
+                ckptio__free(saved);
+            }
+        }
         sb.st_mode = kind == CKPTIO__PATH_DIR ? S_IFDIR : S_IFREG;
     } else {
         st = stat(path, &sb) == 0 ? CKPTIO_OK : CKPTIO_FAIL_SYS(errno, "stat", path, -1, "opening a model");
