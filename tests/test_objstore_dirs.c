@@ -195,10 +195,12 @@ static size_t count_requests(const request_log *g, const char *method, const cha
     return n;
 }
 
-/* A prefix of 4 shards opens with one listing, a HEAD and a GET of the index,
- * and per shard a HEAD and one GET of its first 64 KiB (a second GET only for
- * a header past them), the shards' requests in flight together; the format
- * probe of the prefix is a HEAD of its key and the prefix's listing. */
+/* A prefix of 4 shards opens with a HEAD of its key, one listing, one GET of
+ * the index and per shard one GET of its first 64 KiB (a second one only for
+ * a header past them), no HEAD of what the listing sized, the shards'
+ * requests in flight together; the format probe of the prefix is a HEAD of
+ * its key and the prefix's listing. A shard replaced after the open fails
+ * its read as stale. */
 static void test_hf_prefix_requests(void) {
     ckptio_engine *e = s3_test_engine();
     const char *dir = s3_url("hf-requests");
@@ -244,13 +246,16 @@ static void test_hf_prefix_requests(void) {
     proxy_start(no_rules);
     ckptio_model *m;
     T_OK(ckptio_model_open(e, dir, 0, &m));
-    read_requests(g, 13);
+    read_requests(g, 8);
     for (int i = 0; i < 4; i++) {
         const size_t heads = count_requests(g, "HEAD", shard[i]), gets = count_requests(g, "GET", shard[i]);
-        T_ASSERT_MSG(heads == 1 && gets == (i < 3 ? 1u : 2u), "%s: %zu HEADs, %zu GETs", shard[i], heads, gets);
+        T_ASSERT_MSG(heads == 0 && gets == (i < 3 ? 1u : 2u), "%s: %zu HEADs, %zu GETs", shard[i], heads, gets);
     }
     T_ASSERT_MSG(count_requests(g, "GET", "list-type") == 1, "%zu listings", count_requests(g, "GET", "list-type"));
-    T_ASSERT_MSG(g->n == 13, "%zu requests to open the model", g->n);
+    T_ASSERT_MSG(count_requests(g, "GET", "index.json") == 1 && count_requests(g, "HEAD", "index.json") == 0,
+                 "the index: %zu GETs, %zu HEADs", count_requests(g, "GET", "index.json"),
+                 count_requests(g, "HEAD", "index.json"));
+    T_ASSERT_MSG(g->n == 8, "%zu requests to open the model", g->n);
     /* Some two shards' requests were in flight at one moment. */
     bool together = false;
     for (size_t i = 0; i < g->n; i++)
@@ -260,6 +265,13 @@ static void test_hf_prefix_requests(void) {
                 together = true;
     T_ASSERT_MSG(together, "the shards were opened one after another");
     for (int i = 0; i < 4; i++) check_model(m, names[i], 1, 5000, 40 + (uint64_t)i);
+    save_shard(e, in(dir, shard[1]), names[1], 1, 5000, 99);
+    float *got = malloc(5000 * 4);
+    size_t at;
+    T_OK(ckptio_model_find(m, "w1", &at));
+    const ckptio_slice_target rq = {.index = at, .data = got, .capacity = 5000 * 4, .mem_kind = CKPTIO_MEM_HOST};
+    T_ASSERT_MSG(ckptio_model_read(m, &rq, 1) == CKPTIO_E_STALE, "%s", ckptio_last_error_message());
+    free(got);
     T_OK(ckptio_model_close(m));
     proxy_stop("pass");
     free(g);

@@ -53,6 +53,25 @@ void ckptio__model_release_shards(const ckptio_model *m, size_t keep) {
         if (s != keep) ckptio__file_release(m->shards[s]->file);
 }
 
+/* An object of a listed prefix and its size, sorted by name. */
+typedef struct listed_object {
+    char *name;
+    uint64_t size;
+} listed_object;
+
+/* The listed size of `name` (0: not listed, or no listing). */
+static uint64_t listed_size(const listed_object *v, size_t n, const char *name) {
+    size_t lo = 0, hi = n;
+    while (lo < hi) {
+        const size_t mid = lo + (hi - lo) / 2;
+        const int c = strcmp(v[mid].name, name);
+        if (!c) return v[mid].size;
+        if (c < 0) lo = mid + 1;
+        else hi = mid;
+    }
+    return 0;
+}
+
 /* Why a shard is opened, for its error messages. */
 typedef struct shard_origin {
     const char *dir;          /* the directory it must stay in, or NULL (a file named by the caller) */
@@ -152,6 +171,7 @@ static ckptio_status open_shard(ckptio_model *m, const char *name, const shard_o
  * first byte of data moves. */
 typedef struct shard_open {
     const char *name;
+    uint64_t listed;          /* its size from the prefix's listing, or 0 */
     shard_origin origin;
     char *path;
     ckptio_safetensors *st;
@@ -171,22 +191,25 @@ static void shard_open_worker(void *arg, unsigned index) {
     shard_opens *j = arg;
     for (size_t i; (i = atomic_fetch_add(&j->next, 1)) < j->n;) {
         shard_open *s = &j->v[i];
-        s->status = ckptio_safetensors_open(j->engine, s->path, &s->st);
+        s->status = ckptio__safetensors_open_listed(j->engine, s->path, s->listed, &s->st);
         if (s->status != CKPTIO_OK) s->error = ckptio__error_save();
     }
 }
 
 /* Opens the shards `names` of the object prefix `o[i].dir` in that order
  * into m->shards, their requests in flight together (at most the S3
- * concurrency at once). The first failing shard in order gives the error. */
+ * concurrency at once); those in `listed` (the prefix's listing, sorted)
+ * open with the GET of their header alone. The first failing shard in order
+ * gives the error. */
 static ckptio_status open_object_shards(ckptio_model *m, const char *const *names, const shard_origin *o,
-                                        size_t n) {
+                                        size_t n, const listed_object *listed, size_t nlisted) {
     shard_opens j = {.engine = m->engine, .n = n};
     if (!(j.v = ckptio__calloc(n ? n : 1, sizeof *j.v)))
         return CKPTIO_FAIL(CKPTIO_E_NOMEM, "out of memory opening %zu shards", n);
     ckptio_status st = CKPTIO_OK;
     for (size_t i = 0; i < n && st == CKPTIO_OK; i++) {
-        j.v[i] = (shard_open){.name = names[i], .origin = o[i], .path = join(o[i].dir, names[i])};
+        j.v[i] = (shard_open){.name = names[i], .listed = listed_size(listed, nlisted, names[i]), .origin = o[i],
+                              .path = join(o[i].dir, names[i])};
         if (!j.v[i].path) st = CKPTIO_FAIL(CKPTIO_E_NOMEM, "out of memory opening shard %s", names[i]);
     }
     if (st == CKPTIO_OK) {
@@ -224,10 +247,28 @@ static ckptio_status reserve_shards(ckptio_model *m, size_t n) {
 
 /* ---- the index ------------------------------------------------------------------ */
 
-static ckptio_status read_index(ckptio_model *m, const char *path, char **text, size_t *len) {
+/* Reads the index at `path`; `listed`: its size from the prefix's listing
+ * (0: unknown), when the one GET of its bytes also opens it (no HEAD). */
+static ckptio_status read_index(ckptio_model *m, const char *path, uint64_t listed, char **text, size_t *len) {
     ckptio_file *f = NULL;
     uint64_t size = 0;
-    ckptio_status st = ckptio_file_open(m->engine, path, CKPTIO_OPEN_READ, &f);
+    bool filled = false;
+    ckptio_status st;
+    if (listed && listed <= CKPTIO__HF_INDEX_MAX_BYTES && ckptio__s3_is_url(path)) {
+        if (!(*text = ckptio__malloc((size_t)listed + 1)))
+            return CKPTIO_FAIL(CKPTIO_E_NOMEM, "out of memory reading the %llu-byte index %s",
+                               (unsigned long long)listed, path);
+        st = ckptio__object_open_window(m->engine, path, *text, listed, &filled, &f);
+        if (st == CKPTIO_OK) st = ckptio_file_size(f, &size);
+        if (st == CKPTIO_OK && filled && size == listed) {
+            *len = (size_t)size;
+            return ckptio_file_close(f);
+        }
+        ckptio__free(*text);
+        *text = NULL;
+    } else {
+        st = ckptio_file_open(m->engine, path, CKPTIO_OPEN_READ, &f);
+    }
     if (st == CKPTIO_OK) st = ckptio_file_size(f, &size);
     if (st == CKPTIO_OK && size > CKPTIO__HF_INDEX_MAX_BYTES)
         st = CKPTIO_FAIL_CTX(CKPTIO_E_FORMAT, &((ckptio__err_ctx){.path = path, .file_offset = -1}),
@@ -273,7 +314,10 @@ static ckptio_status check_index(const ckptio_model *m, const ckptio__hf_index *
 #undef IXFAIL
 }
 
-static ckptio_status open_index(ckptio_model *m, const char *dir, const char *index, unsigned flags) {
+/* Opens the index `index` and its shards in `dir`; `listed`: the objects of
+ * the prefix `dir` by name, when it was listed (else NULL, 0). */
+static ckptio_status open_index(ckptio_model *m, const char *dir, const char *index, unsigned flags,
+                                const listed_object *listed, size_t nlisted) {
     char *text = NULL;
     shard_origin *origins = NULL;
     size_t len = 0;
@@ -284,7 +328,10 @@ static ckptio_status open_index(ckptio_model *m, const char *dir, const char *in
         st = CKPTIO_FAIL(CKPTIO_E_NOMEM, "out of memory opening %s", index);
         goto out;
     }
-    if ((st = read_index(m, index, &text, &len)) != CKPTIO_OK) goto out;
+    const char *base = strrchr(index, '/');
+    if ((st = read_index(m, index, listed_size(listed, nlisted, base ? base + 1 : index), &text, &len)) !=
+        CKPTIO_OK)
+        goto out;
     if ((st = ckptio__hf_index_parse(text, len, index, &x)) != CKPTIO_OK) goto out;
     if (x.has_total_size && x.total_size <= INT64_MAX) m->total_size = (int64_t)x.total_size;
     if ((st = reserve_shards(m, x.nshards)) != CKPTIO_OK) goto out;
@@ -295,7 +342,8 @@ static ckptio_status open_index(ckptio_model *m, const char *dir, const char *in
     for (size_t i = x.count; i-- > 0;) origins[x.entries[i].shard].tensor = x.entries[i].name; /* the first */
     for (size_t s = 0; s < x.nshards; s++)
         origins[s] = (shard_origin){.dir = dir, .index = index, .tensor = origins[s].tensor ? origins[s].tensor : ""};
-    if (ckptio__s3_is_url(dir)) st = open_object_shards(m, (const char *const *)x.shards, origins, x.nshards);
+    if (ckptio__s3_is_url(dir))
+        st = open_object_shards(m, (const char *const *)x.shards, origins, x.nshards, listed, nlisted);
     for (size_t s = 0; !ckptio__s3_is_url(dir) && s < x.nshards && st == CKPTIO_OK; s++)
         st = open_shard(m, x.shards[s], &origins[s], flags);
     if (st == CKPTIO_OK) st = check_index(m, &x);
@@ -352,6 +400,8 @@ static bool has_entry(const char *dir, const char *name) {
 
 /* What a directory holds that open_dir decides by. */
 typedef struct dir_view {
+    listed_object *objects; /* the prefix's objects by name (objects), for their sizes */
+    size_t nobjects, capobjects;
     bool any;               /* anything at all under the prefix (objects) */
     bool single, index;     /* model.safetensors, model.safetensors.index.json */
     name_list indexes, files;
@@ -360,6 +410,8 @@ typedef struct dir_view {
 static void view_free(dir_view *v) {
     list_free(&v->indexes);
     list_free(&v->files);
+    for (size_t i = 0; i < v->nobjects; i++) ckptio__free(v->objects[i].name);
+    ckptio__free(v->objects);
 }
 
 /* Hidden files, ckptio temporaries, "." and ".." are no shards or indexes. */
@@ -392,16 +444,37 @@ static int view_entry(void *user, const ckptio__object_entry *e) {
     view_lister *l = user;
     l->v->any = true;
     if (e->kind != CKPTIO__PATH_FILE) return 0; /* prefixes and names no file can have: never shards */
-    l->v->single |= !strcmp(e->name, HF_SINGLE_NAME);
-    l->v->index |= !strcmp(e->name, HF_INDEX_NAME);
-    l->st = view_add(l->v, e->name);
+    dir_view *v = l->v;
+    v->single |= !strcmp(e->name, HF_SINGLE_NAME);
+    v->index |= !strcmp(e->name, HF_INDEX_NAME);
+    if (v->nobjects == v->capobjects) {
+        const size_t cap = v->capobjects ? 2 * v->capobjects : 16;
+        listed_object *o = ckptio__realloc(v->objects, cap * sizeof *o);
+        if (!o) {
+            l->st = CKPTIO_FAIL(CKPTIO_E_NOMEM, "out of memory listing a directory");
+            return 1;
+        }
+        v->objects = o;
+        v->capobjects = cap;
+    }
+    if (!(v->objects[v->nobjects].name = ckptio__strdup(e->name))) {
+        l->st = CKPTIO_FAIL(CKPTIO_E_NOMEM, "out of memory listing a directory");
+        return 1;
+    }
+    v->objects[v->nobjects++].size = e->size;
+    l->st = view_add(v, e->name);
     return l->st != CKPTIO_OK;
+}
+
+static int cmp_listed(const void *a, const void *b) {
+    return strcmp(((const listed_object *)a)->name, ((const listed_object *)b)->name);
 }
 
 /* A prefix of an object store: one listing. */
 static ckptio_status view_object(ckptio_engine *engine, const char *dir, dir_view *v) {
     view_lister l = {.v = v, .st = CKPTIO_OK};
     CKPTIO_FORWARD(ckptio__object_dir_list(engine, dir, view_entry, &l));
+    if (v->nobjects > 1) qsort(v->objects, v->nobjects, sizeof *v->objects, cmp_listed);
     return l.st;
 }
 
@@ -434,7 +507,7 @@ static ckptio_status open_dir(ckptio_model *m, const char *dir, unsigned flags) 
         }
         /* The index is a file of the directory too: the same rules. */
         if (!object && (st = check_shard_path(index, name, &plain, flags, &sb)) != CKPTIO_OK) goto out;
-        st = open_index(m, dir, index, flags);
+        st = open_index(m, dir, index, flags, v.objects, v.nobjects);
     } else if (v.indexes.count > 1) {
         list_text(&v.indexes, names, sizeof names);
         st = CKPTIO_FAIL_CTX(CKPTIO_E_FORMAT, &((ckptio__err_ctx){.path = dir, .file_offset = -1}),
@@ -451,7 +524,8 @@ static ckptio_status open_dir(ckptio_model *m, const char *dir, unsigned flags) 
         shard_origin *origins = object ? ckptio__calloc(v.files.count, sizeof *origins) : NULL;
         for (size_t i = 0; origins && i < v.files.count; i++) origins[i] = plain;
         if (object)
-            st = origins ? open_object_shards(m, (const char *const *)v.files.names, origins, v.files.count)
+            st = origins ? open_object_shards(m, (const char *const *)v.files.names, origins, v.files.count,
+                                              v.objects, v.nobjects)
                          : CKPTIO_FAIL(CKPTIO_E_NOMEM, "out of memory opening %zu shards", v.files.count);
         for (size_t i = 0; !object && st == CKPTIO_OK && i < v.files.count; i++)
             st = open_shard(m, v.files.names[i], &plain, flags);
@@ -595,7 +669,7 @@ ckptio_status ckptio_model_open(ckptio_engine *engine, const char *path, unsigne
             else if (!slash) strcpy(dir, ".");
             else if (slash == dir) dir[1] = '\0';
             else *slash = '\0';
-            st = open_index(m, dir, path, flags);
+            st = open_index(m, dir, path, flags, NULL, 0);
             ckptio__free(dir);
         }
     } else {

@@ -517,6 +517,13 @@ void ckptio__io_uring_force_refusal(int err);
  * EXCLUSIVE checks that no object exists at open and again at commit, which
  * servers without conditional writes cannot make atomic). */
 ckptio_status ckptio__object_open(ckptio_engine *engine, const char *path, unsigned flags, ckptio_file **out);
+/* Opens the object `path` for reading with one GET of its first `len`
+ * bytes (at most its size, which a listing told) into `buf` in place of the
+ * HEAD: the answer's size and ETag pin it as a HEAD's would. *filled: `buf`
+ * holds those bytes of the pinned version; false when the answer could not
+ * stand for the HEAD, which was then sent (`buf` is then to be read again). */
+ckptio_status ckptio__object_open_window(ckptio_engine *engine, const char *path, void *buf, uint64_t len,
+                                         bool *filled, ckptio_file **out);
 
 /* ckptio_file_size, _truncate, _commit and _close of an object file. */
 ckptio_status ckptio__object_size(ckptio_file *f, uint64_t *out);
