@@ -175,11 +175,11 @@ static void read_requests(request_log *g, size_t want) {
             T_ASSERT(g->n < MAX_REQUESTS);
             const char *m = strstr(line, "\"method\": \""), *t = strstr(line, "\"target\": \"");
             const char *s = strstr(line, "\"start\": "), *e = strstr(line, "\"end\": ");
-            T_ASSERT_MSG(m && t && s && e, "log line: %s", line);
+            T_ASSERT_MSG(m && t && s, "log line: %s", line);
             sscanf(m + 11, "%7[^\"]", g->method[g->n]);
             sscanf(t + 11, "%511[^\"]", g->target[g->n]);
             g->start[g->n] = strtod(s + 9, NULL);
-            g->end[g->n] = strtod(e + 7, NULL);
+            g->end[g->n] = e ? strtod(e + 7, NULL) : g->start[g->n]; /* a fault's line has no end */
             g->n++;
         }
         free(text);
@@ -272,6 +272,18 @@ static void test_hf_prefix_requests(void) {
     const ckptio_slice_target rq = {.index = at, .data = got, .capacity = 5000 * 4, .mem_kind = CKPTIO_MEM_HOST};
     T_ASSERT_MSG(ckptio_model_read(m, &rq, 1) == CKPTIO_E_STALE, "%s", ckptio_last_error_message());
     free(got);
+    T_OK(ckptio_model_close(m));
+    proxy_stop("pass");
+
+    /* A header GET whose body was cut short and resumed does not stand for
+     * the HEAD (its bytes may be two versions): the shard is opened with one. */
+    const char *const cut[] = {"GET:model-00002:truncate:100:1", NULL};
+    proxy_start(cut);
+    T_OK(ckptio_model_open(e, dir, 0, &m));
+    read_requests(g, 10);
+    T_ASSERT_MSG(count_requests(g, "HEAD", shard[1]) == 1, "%zu HEADs of %s", count_requests(g, "HEAD", shard[1]),
+                 shard[1]);
+    check_model(m, names[1], 1, 5000, 99);
     T_OK(ckptio_model_close(m));
     proxy_stop("pass");
     free(g);
