@@ -165,10 +165,10 @@ static ckptio_status open_shard(ckptio_model *m, const char *name, const shard_o
     return place_shard(m, name, o, path, st, status, local, &want);
 }
 
-/* Shards of an object prefix open concurrently: each open is a HEAD and a
- * GET of the header, requests that wait on the network, not on this
- * machine, so N shards cost two round trips rather than 2N before the
- * first byte of data moves. */
+/* Shards of an object prefix open concurrently: each open is a GET of the
+ * header (after a HEAD where no listing sized the shard), requests that
+ * wait on the network, not on this machine, so N shards cost one round trip
+ * rather than N before the first byte of data moves. */
 typedef struct shard_open {
     const char *name;
     uint64_t listed;          /* its size from the prefix's listing, or 0 */
