@@ -165,11 +165,7 @@ typedef struct request_log {
  * a request once answered). */
 static void read_requests(request_log *g, size_t want) {
     for (int tries = 0; tries < 100; tries++) {
-        size_t len = 0;
-        char *raw = t_read_file(proxy_log, &len), *text = calloc(1, len + 1);
-        T_ASSERT(text);
-        if (raw) memcpy(text, raw, len);
-        free(raw);
+        char *text = proxy_log_text();
         g->n = 0;
         for (char *line = strtok(text, "\n"); line; line = strtok(NULL, "\n")) {
             T_ASSERT(g->n < MAX_REQUESTS);
