@@ -546,6 +546,25 @@ out:
 
 /* ---- execute --------------------------------------------------------------- */
 
+/* Whether a write plan goes to one local file through the page cache: the
+ * file system takes each such write under the file's lock (ext4, XFS), so
+ * workers beyond the first would only wait their turn, and the calling
+ * thread does it all. Not with an observer, whose hashing a second worker
+ * overlaps with the writes. */
+static bool one_buffered_file(const exec *x) {
+    if (x->dir != CKPTIO_WRITE || x->plan->observer.fn || !x->nhost) return false;
+    ckptio_file *f = x->plan->ext[x->host[0]].file;
+    if (f->object || x->direct_mode == CKPTIO_DIRECT_ON) return false;
+    bool small = true;
+    for (size_t i = 0; i < x->nhost; i++) {
+        const ckptio_extent *ex = &x->plan->ext[x->host[i]];
+        if (ex->file != f) return false;
+        small &= ex->length < x->direct_min;
+    }
+    return x->direct_mode == CKPTIO_DIRECT_OFF || small || ckptio__file_in_memory(f) ||
+           atomic_load_explicit(&f->write_cache, memory_order_relaxed) > 0;
+}
+
 static ckptio_status run_host(exec *x) {
     ckptio_engine *e = x->engine;
     const ckptio_plan *p = x->plan;
@@ -587,7 +606,8 @@ static ckptio_status run_host(exec *x) {
     x->ntasks = n;
     deal_across_files(x);
 
-    const unsigned nworkers = threads == 0 ? 1 : (uint64_t)threads < n ? threads : (unsigned)n;
+    const unsigned nworkers =
+        threads == 0 || one_buffered_file(x) ? 1 : (uint64_t)threads < n ? threads : (unsigned)n;
     /* s3:// objects: each worker keeps its share of the S3 concurrency in
      * flight as ranged GETs (io_object.c). */
     for (size_t i = 0; i < x->nhost; i++)
@@ -732,7 +752,10 @@ ckptio_status ckptio_engine_execute(ckptio_engine *e, const ckptio_plan *p) {
     if (p->dir == CKPTIO_WRITE) {
         st = extend_written_files(p);
         if (st != CKPTIO_OK) goto out;
-        if (ckptio__engine_setting(e, CKPTIO_OPT_DIRECT) == CKPTIO_DIRECT_AUTO)
+        /* Below CKPTIO_OPT_DIRECT_MIN_BYTES no extent goes O_DIRECT in AUTO mode: the page cache
+         * it is, and the memory there is need not be asked. */
+        if (ckptio__engine_setting(e, CKPTIO_OPT_DIRECT) == CKPTIO_DIRECT_AUTO &&
+            p->total >= (uint64_t)ckptio__engine_setting(e, CKPTIO_OPT_DIRECT_MIN_BYTES))
             ckptio__write_policy_apply(e, p->ext, p->count);
     }
     if (x.nhost) {

@@ -222,6 +222,9 @@ bool ckptio__write_buffered(ckptio_file *f);
 /* MemAvailable of /proc/meminfo in bytes; 0 when unknown. */
 uint64_t ckptio__mem_available(void);
 
+/* Calls of ckptio__mem_available() (for tests). */
+extern _Atomic uint64_t ckptio__mem_available_lookups;
+
 /* Test hook: ckptio__mem_available() answers `bytes` (0: the real value). */
 void ckptio__read_policy_set_mem_available(uint64_t bytes);
 
@@ -375,10 +378,23 @@ int ckptio__temporary_dir_create(const char *out, char *tmp, size_t cap, int *lo
  * removes a directory without the file. Returns 0 or errno. */
 int ckptio__temporary_dir_unlock(const char *tmp);
 
-/* Removes temporaries of `name` in `dir` that no live writer holds (see
- * ckptio_cleanup_temporaries), before a new atomic write of `name`. Best
- * effort: never fails and leaves the calling thread's error record alone. */
-void ckptio__temporaries_clean_stale(const char *dir, const char *name);
+/* Slots of an atomic save's temporary: ".STEM.ckptio-tmp-000000" to
+ * "-000003", taken in order (a slot is held by a live save of the same NAME). */
+#define CKPTIO__TMP_SLOTS 4
+
+/* The temporary of an atomic save of file name `name` in `dir`, as
+ * ckptio__temporary_create makes one (same arguments and results), in the
+ * first free slot: a killed save's temporary is then found by name, without
+ * listing the directory. The stale temporaries of `name` (see
+ * ckptio_cleanup_temporaries) are removed, with one listing, when a slot is
+ * taken or a later slot than the one used exists: what a killed save leaves.
+ * With every slot held by a live save, a random name. The removals are best
+ * effort (errors ignored, the error record left alone) and made durable by
+ * the commit's directory fsync. */
+int ckptio__temporary_create_for_save(const char *dir, const char *name, mode_t mode, int *fd, char **path);
+
+/* Listings made by ckptio__temporary_create_for_save (for tests). */
+extern _Atomic uint64_t ckptio__temporary_sweeps;
 
 /* ---- attributes of a saved file (inherit_mode.c) --------------------- */
 
