@@ -30,10 +30,17 @@
  * gone), and nothing but regular files. A directory without that file, or
  * holding anything else, is left whole: nothing proves it is ckptio's.
  *
+ * An atomic save's temporary (ckptio__temporary_create_for_save) takes
+ * the first free of CKPTIO__TMP_SLOTS fixed names, ".STEM.ckptio-tmp-00000S":
+ * a killed save's leftover is then found by name, and the save lists the
+ * directory (removing every stale temporary of its NAME) only when its
+ * first choice is taken or a later slot exists. Saves that find no
+ * leftover list nothing.
+ *
  * Durability: ckptio_cleanup_temporaries() fsyncs the directory once after
  * a scan that removed something, so a power loss cannot bring the removed
  * files back (and a failed fsync is an error naming the directory). The
- * best-effort clean before an atomic save does not: that save's commit
+ * best-effort clean of an atomic save does not: that save's commit
  * fsyncs the same directory after its rename (CKPTIO_OPT_SYNC), which makes
  * the earlier unlinks durable too; without sync nothing of the save is
  * durable either, and a temporary that comes back is just removed again.
