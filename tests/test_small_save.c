@@ -16,13 +16,11 @@
 #include "io_internal.h"
 
 #include <pthread.h>
-#include <signal.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
 static ckptio_engine *engine;
@@ -44,20 +42,6 @@ static void expect_file(const char *path, const void *want, size_t len) {
 
 static uint64_t sweeps(void) { return atomic_load(&ckptio__temporary_sweeps); }
 
-/* A child process opens an atomic write of `path` and is killed. */
-static void killed_save(const char *path) {
-    const pid_t pid = fork();
-    T_ASSERT(pid >= 0);
-    if (pid == 0) {
-        ckptio_engine *e;
-        ckptio_file *f;
-        if (ckptio_engine_create(&e) || ckptio_file_open(e, path, CKPTIO_OPEN_WRITE, &f)) _exit(3);
-        raise(SIGKILL);
-    }
-    int ws;
-    T_ASSERT(waitpid(pid, &ws, 0) == pid && WIFSIGNALED(ws));
-}
-
 static const char *in_dir(const char *dir, const char *name) {
     static char buf[4][1024];
     static int turn;
@@ -77,7 +61,7 @@ static void test_a_save_lists_nothing_and_leftovers_are_removed(void) {
     save(path, "two");
     T_ASSERT_MSG(sweeps() == before, "%llu listings for two saves", (unsigned long long)(sweeps() - before));
     /* A killed save leaves slot 0; an older leftover has a random name. */
-    killed_save(path);
+    t_killed_save(path);
     T_ASSERT(t_file_exists(in_dir(dir, ".a.bin.ckptio-tmp-000000")));
     t_write_file(in_dir(dir, ".a.bin.ckptio-tmp-Ab3xYz"), "old", 3);
     t_write_file(in_dir(dir, ".b.bin.ckptio-tmp-000000"), "b's", 3);
