@@ -542,8 +542,9 @@ static void *pooled_upload_run(void *arg) {
 
 /* Part buffers come from the engine's pool and go back to it: an upload
  * after the first one allocates no buffer, uploads at once share the pool,
- * the pool never keeps more than one upload's bound, and the engine frees
- * what it keeps when destroyed (ASan's leak check). */
+ * the pool never keeps more than one upload's bound, a fork()ed child
+ * uploads through a pool of its own, and the engine frees what it keeps
+ * when destroyed (ASan's leak check). */
 static void test_part_buffers_reused(void) {
     ckptio_engine *e = s3_test_engine(); /* 5 MiB parts */
     T_OK(ckptio_engine_set(e, CKPTIO_OPT_S3_CONCURRENCY, 2));
@@ -600,6 +601,23 @@ static void test_part_buffers_reused(void) {
     check_object(e, u[0].url, data, n);
     check_object(e, u[1].url, other, n);
     for (int i = 0; i < 2; i++) T_OK(ckptio_object_delete(e, u[i].url));
+
+    /* A fork()ed child drops its copy of the kept buffers and uploads through a pool of its own. */
+    T_ASSERT(s.kept_bytes > 0);
+    pooled_upload forked = {e, s3_url("pool-fork.bin"), data, n, CKPTIO_OK};
+    const pid_t pid = fork();
+    T_ASSERT(pid >= 0);
+    if (pid == 0) {
+        pooled_upload_run(&forked);
+        ckptio__s3_part_pool_stats cs;
+        ckptio__object_part_pool_stats(e, &cs);
+        _exit(forked.status != CKPTIO_OK ? 1 : cs.allocated == 0 ? 2 : 0); /* a fresh pool allocates */
+    }
+    int status = 0;
+    T_ASSERT(waitpid(pid, &status, 0) == pid);
+    T_ASSERT_MSG(WIFEXITED(status) && WEXITSTATUS(status) == 0, "the child's upload: status %d", status);
+    check_object(e, forked.url, data, n);
+    T_OK(ckptio_object_delete(e, forked.url));
     T_OK(ckptio_object_delete(e, a));
     T_OK(ckptio_object_delete(e, b));
     T_OK(ckptio_engine_destroy(e)); /* frees the kept buffers */
