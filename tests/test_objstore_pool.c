@@ -71,6 +71,11 @@ static void test_bound_is_kept(void) {
     T_ASSERT(stats_of(p).kept_bytes == 0);
     ckptio__s3_part_pool_give(p, x, 2 * MIB);
     ckptio__s3_part_pool_give(p, y, 2 * MIB);
+    /* A smaller bound applies at once: the older of the two goes. */
+    ckptio__s3_part_pool_configure(p, 3 * MIB, 60000);
+    T_ASSERT(stats_of(p).kept_bytes == 2 * MIB);
+    T_ASSERT(ckptio__s3_part_pool_take(p, 2 * MIB) == y);
+    ckptio__s3_part_pool_give(p, y, 2 * MIB);
     ckptio__s3_part_pool_trim(p);
     T_ASSERT(stats_of(p).kept_bytes == 0);
     ckptio__s3_part_pool_destroy(p);

@@ -56,15 +56,6 @@ ckptio_status ckptio__s3_part_pool_create(ckptio__s3_part_pool **out) {
     return CKPTIO_OK;
 }
 
-void ckptio__s3_part_pool_configure(ckptio__s3_part_pool *p, uint64_t bound, unsigned keep_ms) {
-    if (!p) return;
-    pthread_mutex_lock(&p->lock);
-    p->bound = bound;
-    p->keep_ms = keep_ms;
-    pthread_cond_broadcast(&p->cond);
-    pthread_mutex_unlock(&p->lock);
-}
-
 /* Removes entry i (lock held) and returns its buffer. */
 static kept_buffer remove_at(ckptio__s3_part_pool *p, unsigned i) {
     const kept_buffer k = p->kept[i];
@@ -72,6 +63,23 @@ static kept_buffer remove_at(ckptio__s3_part_pool *p, unsigned i) {
     p->n--;
     p->stats.kept_bytes -= k.size;
     return k;
+}
+
+void ckptio__s3_part_pool_configure(ckptio__s3_part_pool *p, uint64_t bound, unsigned keep_ms) {
+    if (!p) return;
+    pthread_mutex_lock(&p->lock);
+    p->bound = bound;
+    p->keep_ms = keep_ms;
+    pthread_cond_broadcast(&p->cond); /* the trimmer's deadlines moved */
+    /* A smaller bound or keep_ms 0 takes effect now: the oldest buffers go. */
+    while (p->n && (p->stats.kept_bytes > bound || !keep_ms)) {
+        unsigned char *b = remove_at(p, 0).buf;
+        p->stats.freed++;
+        pthread_mutex_unlock(&p->lock);
+        ckptio__free(b);
+        pthread_mutex_lock(&p->lock);
+    }
+    pthread_mutex_unlock(&p->lock);
 }
 
 unsigned char *ckptio__s3_part_pool_take(ckptio__s3_part_pool *p, size_t size) {
