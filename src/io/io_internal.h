@@ -47,6 +47,10 @@ typedef struct ckptio__engine_link {
     /* A commit that waits for the server: whether to go on (CKPTIO_OK) or
      * stop (CKPTIO_E_CANCELED, the progress callback's answer). */
     ckptio_status (*commit_poll)(ckptio_engine *engine);
+    /* The engine's pool of upload part buffers, created on first need and
+     * destroyed with the engine; NULL when it cannot be created (uploads
+     * then allocate their own). */
+    ckptio__s3_part_pool *(*part_pool)(ckptio_engine *engine);
 } ckptio__engine_link;
 
 /* Registers the table (the same one every time; thread-safe). */
@@ -57,6 +61,7 @@ int64_t ckptio__io_engine_setting(const ckptio_engine *engine, ckptio_option opt
 void ckptio__io_engine_stats_add(ckptio_engine *engine, const ckptio_stats *delta);
 void ckptio__io_engine_file_ref(ckptio_engine *engine, int delta);
 ckptio_status ckptio__io_engine_commit_poll(ckptio_engine *engine);
+ckptio__s3_part_pool *ckptio__io_engine_part_pool(ckptio_engine *engine);
 
 /* ---- files ------------------------------------------------------------- */
 
@@ -564,6 +569,10 @@ void ckptio__object_io_done(ckptio__io_op *op, ckptio__s3_request *req);
 /* An object being written: the most bytes its part buffers held at once,
  * and their bound (0, 0 for other files); for tests. */
 void ckptio__object_buffers(ckptio_file *f, uint64_t *peak, uint64_t *bound);
+
+/* The counters of the engine's pool of upload part buffers (all zero
+ * before its first upload); for tests. */
+void ckptio__object_part_pool_stats(ckptio_engine *engine, ckptio__s3_part_pool_stats *out);
 
 /* The objstore settings of an engine (its CKPTIO_OPT_S3_* values). */
 void ckptio__object_settings(const ckptio_engine *engine, ckptio__s3_settings *out);
