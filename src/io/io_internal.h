@@ -24,6 +24,13 @@
 /* Alignment O_DIRECT needs for offsets, lengths and buffer addresses. */
 #define CKPTIO_DIRECT_ALIGN 4096u
 
+/* Whether a transfer of len bytes at offset from or to buf could use
+ * O_DIRECT: all three CKPTIO_DIRECT_ALIGN-aligned. */
+static inline bool ckptio__direct_aligned(const void *buf, uint64_t len, uint64_t offset) {
+    return (uintptr_t)buf % CKPTIO_DIRECT_ALIGN == 0 && offset % CKPTIO_DIRECT_ALIGN == 0 &&
+           len % CKPTIO_DIRECT_ALIGN == 0;
+}
+
 /* ---- the engine a file belongs to (engine_link.c) ------------------------
  * src/io sits below src/engine and calls nothing of it. A file keeps the
  * engine it was opened with as an opaque pointer and reaches it through
@@ -40,6 +47,10 @@ typedef struct ckptio__engine_link {
     /* A commit that waits for the server: whether to go on (CKPTIO_OK) or
      * stop (CKPTIO_E_CANCELED, the progress callback's answer). */
     ckptio_status (*commit_poll)(ckptio_engine *engine);
+    /* The engine's pool of upload part buffers, created on first need and
+     * destroyed with the engine; NULL when it cannot be created (uploads
+     * then allocate their own). */
+    ckptio__s3_part_pool *(*part_pool)(ckptio_engine *engine);
 } ckptio__engine_link;
 
 /* Registers the table (the same one every time; thread-safe). */
@@ -50,6 +61,7 @@ int64_t ckptio__io_engine_setting(const ckptio_engine *engine, ckptio_option opt
 void ckptio__io_engine_stats_add(ckptio_engine *engine, const ckptio_stats *delta);
 void ckptio__io_engine_file_ref(ckptio_engine *engine, int delta);
 ckptio_status ckptio__io_engine_commit_poll(ckptio_engine *engine);
+ckptio__s3_part_pool *ckptio__io_engine_part_pool(ckptio_engine *engine);
 
 /* ---- files ------------------------------------------------------------- */
 
@@ -85,6 +97,8 @@ struct ckptio_file {
     bool created;           /* IN_PLACE write that created the file */
     bool committed;         /* ckptio_file_commit() succeeded */
     bool closed_for_write;  /* commit done or failed half-way: no more writes */
+    bool sync_owed;         /* renamed by ckptio_file_commit_unreferenced(CKPTIO_COMMIT_SYNC_LATER): the
+                             * fsyncs of its data and name are left to ckptio_dcp_commit() */
     pthread_mutex_t lock;
     /* Writes to a file on tmpfs or ramfs take turns (ckptio__file_op_init):
      * the kernel lets one writer of an inode in at a time anyway, and its
@@ -221,6 +235,9 @@ bool ckptio__write_buffered(ckptio_file *f);
 
 /* MemAvailable of /proc/meminfo in bytes; 0 when unknown. */
 uint64_t ckptio__mem_available(void);
+
+/* Calls of ckptio__mem_available() (for tests). */
+extern _Atomic uint64_t ckptio__mem_available_lookups;
 
 /* Test hook: ckptio__mem_available() answers `bytes` (0: the real value). */
 void ckptio__read_policy_set_mem_available(uint64_t bytes);
@@ -375,10 +392,23 @@ int ckptio__temporary_dir_create(const char *out, char *tmp, size_t cap, int *lo
  * removes a directory without the file. Returns 0 or errno. */
 int ckptio__temporary_dir_unlock(const char *tmp);
 
-/* Removes temporaries of `name` in `dir` that no live writer holds (see
- * ckptio_cleanup_temporaries), before a new atomic write of `name`. Best
- * effort: never fails and leaves the calling thread's error record alone. */
-void ckptio__temporaries_clean_stale(const char *dir, const char *name);
+/* Slots of an atomic save's temporary: ".STEM.ckptio-tmp-000000" to
+ * "-000003", taken in order (a slot is held by a live save of the same NAME). */
+#define CKPTIO__TMP_SLOTS 4
+
+/* The temporary of an atomic save of file name `name` in `dir`, as
+ * ckptio__temporary_create makes one (same arguments and results), in the
+ * first free slot: a killed save's temporary is then found by name, without
+ * listing the directory. The stale temporaries of `name` (see
+ * ckptio_cleanup_temporaries) are removed, with one listing, when a slot is
+ * taken or a later slot than the one used exists: what a killed save leaves.
+ * With every slot held by a live save, a random name. The removals are best
+ * effort (errors ignored, the error record left alone) and made durable by
+ * the commit's directory fsync. */
+int ckptio__temporary_create_for_save(const char *dir, const char *name, mode_t mode, int *fd, char **path);
+
+/* Listings made by ckptio__temporary_create_for_save (for tests). */
+extern _Atomic uint64_t ckptio__temporary_sweeps;
 
 /* ---- attributes of a saved file (inherit_mode.c) --------------------- */
 
@@ -547,6 +577,10 @@ void ckptio__object_io_done(ckptio__io_op *op, ckptio__s3_request *req);
  * and their bound (0, 0 for other files); for tests. */
 void ckptio__object_buffers(ckptio_file *f, uint64_t *peak, uint64_t *bound);
 
+/* The counters of the engine's pool of upload part buffers (all zero
+ * before its first upload); for tests. */
+void ckptio__object_part_pool_stats(ckptio_engine *engine, ckptio__s3_part_pool_stats *out);
+
 /* The objstore settings of an engine (its CKPTIO_OPT_S3_* values). */
 void ckptio__object_settings(const ckptio_engine *engine, ckptio__s3_settings *out);
 
@@ -668,20 +702,26 @@ bool ckptio__io_fault(ckptio__io_kind kind, int *err, uint64_t *len);
 
 /* The buffered descriptor of a local file committed by
  * ckptio_file_commit_unreferenced(CKPTIO_COMMIT_SYNC_LATER), for the fsync
- * it still needs; -1 for a file not committed, or an object. (file.c) */
+ * it still needs; -1 for any other file (not committed, committed with its
+ * fsyncs, an object). (file.c) */
 int ckptio__file_renamed_fd(const ckptio_file *f);
+/* Whether the local file f lies in the directory `dir` (the same inode as
+ * its own directory; false for an object or a directory that cannot be
+ * stat'ed). (file.c) */
+bool ckptio__file_in_dir(const ckptio_file *f, const char *dir);
 
 /* ---- system calls of the commit protocols (syscalls.c) ------------------ */
 
 /* Each behaves as the system call of its name (-1 or NULL with errno on
  * failure; EINTR retried unless ckptio_interrupt() asked to stop, then it is
  * the failure) but fails where a fault of its kind is injected:
- * open (CKPTIO__IO_OPEN), fsync of files and directories (FSYNC), rename
+ * open (CKPTIO__IO_OPEN), fsync and fdatasync (FSYNC), rename
  * (RENAME), unlink (UNLINK), opendir (LISTDIR); write and read (WRITE, READ)
  * may also be cut short by an injected short transfer. */
 int ckptio__open(const char *path, int flags, mode_t mode);
 int ckptio__openat(int dirfd, const char *path, int flags, mode_t mode);
 int ckptio__fsync(int fd);
+int ckptio__fdatasync(int fd);
 /* fsync of every fds[i] at once (threads; up to 16 at a time): a file system
  * that journals, such as ext4, flushes them with one journal commit where one
  * after another each waits for a commit of its own. The fault of each is

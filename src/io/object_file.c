@@ -152,12 +152,17 @@ static ckptio_status object_open(ckptio_engine *engine, const char *path, unsign
             }
         }
         /* Part buffers: the uploads in flight, two more, and what the
-         * engine's workers may be filling at once (threads x chunk). */
+         * engine's workers may be filling at once (threads x chunk). The
+         * engine's pool keeps as many between uploads. */
         const ckptio__s3_settings *s = &o->client->settings;
         const uint64_t threads = (uint64_t)ckptio__io_engine_setting(engine, CKPTIO_OPT_THREADS);
         const uint64_t chunk = (uint64_t)ckptio__io_engine_setting(engine, CKPTIO_OPT_CHUNK_BYTES);
         const uint64_t bound = (s->concurrency + 2) * s->part_bytes + (threads ? threads : 1) * chunk;
-        if ((st = ckptio__s3_upload_open(o->client, o->bucket, o->key, bound, &o->upload)) != CKPTIO_OK) goto fail;
+        ckptio__s3_part_pool *pool = ckptio__io_engine_part_pool(engine);
+        ckptio__s3_part_pool_configure(pool, bound,
+                                       (unsigned)ckptio__io_engine_setting(engine, CKPTIO_OPT_S3_BUFFERS_KEEP_MS));
+        if ((st = ckptio__s3_upload_open(o->client, o->bucket, o->key, bound, pool, &o->upload)) != CKPTIO_OK)
+            goto fail;
     }
     f->engine = engine;
     f->flags = flags;
@@ -239,6 +244,10 @@ ckptio_status ckptio__object_close(ckptio_file *f) {
 void ckptio__object_buffers(ckptio_file *f, uint64_t *peak, uint64_t *bound) {
     *peak = *bound = 0;
     if (f->object && f->object->upload) ckptio__s3_upload_buffers(f->object->upload, peak, bound);
+}
+
+void ckptio__object_part_pool_stats(ckptio_engine *engine, ckptio__s3_part_pool_stats *out) {
+    ckptio__s3_part_pool_stats_get(ckptio__io_engine_part_pool(engine), out);
 }
 
 static void op_failed(ckptio__io_op *op) {
