@@ -551,6 +551,9 @@ ckptio_status ckptio__object_client(const ckptio_engine *engine, const char *buc
 ckptio_status ckptio__object_target(const ckptio_engine *engine, const char *url, bool allow_empty_key,
                                     ckptio__s3_client **client, char **bucket, char **key);
 void ckptio__object_target_release(ckptio__s3_client *client, char *bucket, char *key);
+/* Which server and bucket `url` reaches with the engine's settings: "SCHEME://HOST[/BASE] STYLE BUCKET"
+ * into out[0..cap) (what a server answered about itself holds for that one only). */
+ckptio_status ckptio__object_server(const ckptio_engine *engine, const char *url, char *out, size_t cap);
 
 /* ---- s3://BUCKET/PREFIX/ as a directory (object_dir.c) ------------------- */
 

@@ -72,6 +72,17 @@ void ckptio__object_target_release(ckptio__s3_client *client, char *bucket, char
     ckptio__free(key);
 }
 
+ckptio_status ckptio__object_server(const ckptio_engine *engine, const char *url, char *out, size_t cap) {
+    ckptio__s3_client *client = NULL;
+    char *bucket = NULL, *key = NULL;
+    CKPTIO_FORWARD(ckptio__object_target(engine, url, true, &client, &bucket, &key));
+    const int n = snprintf(out, cap, "%s://%s%s %s %s", client->scheme, client->host, client->base_path,
+                           client->addressing == CKPTIO__S3_PATH_STYLE ? "path" : "virtual", bucket);
+    ckptio__object_target_release(client, bucket, key);
+    CKPTIO_RETURN_IF(n < 0 || (size_t)n >= cap, CKPTIO_E_INVAL, "%s: the endpoint's name is too long", url);
+    return CKPTIO_OK;
+}
+
 static void object_free(ckptio__object *o) {
     if (!o) return;
     ckptio__s3_client_destroy(o->client);
