@@ -163,6 +163,56 @@ def test_a_saver_that_loses_the_lease_while_its_data_upload(s3_prefix, monkeypat
     assert ".ckptio-dcp.lock" not in left
 
 
+def save_per_rank(sd, url, **kw):
+    """A save without collectives: every rank commits its own __{rank}.metadata and removes nothing."""
+    from torch.distributed.checkpoint.state_dict_saver import _save_state_dict
+
+    writer = FileSystemWriter(url, **kw)
+    writer.reset()
+    _save_state_dict(sd, writer, no_dist=True, use_collectives=False)
+
+
+class RankZeroReader(FileSystemReader):
+    """Loads the checkpoint __0.metadata describes (torch's loader reads .metadata)."""
+
+    def read_metadata(self, *args, **kwargs):
+        return super().read_metadata(rank=0)
+
+
+def test_a_save_without_collectives_beside_a_save_with_a_cleanup(s3_prefix, monkeypatch):
+    """A save without collectives (__{rank}.metadata, no cleanup of its own) whose data objects are
+    written while another save with a cleanup takes the lease and commits over an older checkpoint: its
+    mark (.ckptio-dcp-shared-OWNER) keeps its objects and its uploads from that cleanup, so both
+    checkpoints load bit-exact afterwards and the older save's objects are gone; the mark goes with
+    the save."""
+    url = f"{s3_prefix}/ckpt"
+    save(model_state(20), url)
+    (older,) = _tokens(keys_under(url))
+    time.sleep(2.1)  # older than the mark below by the server's whole seconds
+    marks = []
+
+    def other_save_meanwhile(stage):
+        if stage != "data_committed":
+            return
+        monkeypatch.setattr(dcp_writer, "_crash_point", None)
+        marks.extend(n for n in keys_under(url) if n.startswith(".ckptio-dcp-shared-"))
+        time.sleep(2.1)  # this save's objects are older than the other's lease by the server's whole seconds
+        save(model_state(22), url)
+
+    monkeypatch.setattr(dcp_writer, "_crash_point", other_save_meanwhile)
+    save_per_rank(model_state(21), url)
+    monkeypatch.setattr(dcp_writer, "_crash_point", None)
+    assert len(marks) == 1, marks  # the mark was there while its data objects were written
+    left = keys_under(url)
+    assert not [n for n in left if older in n], left  # the older save's objects went
+    assert not [n for n in left if n.startswith(".ckptio-dcp-shared-")], left  # the mark went with the save
+    same(load(url), model_state(22))
+    out = empty_like(model_state())
+    dcp.load(out, storage_reader=RankZeroReader(url), no_dist=True)  # every object it names is there
+    same(out, model_state(21))
+    assert len(_tokens(left)) == 2, left
+
+
 @requires_cli
 def test_manager_save_resume_retention_clean(s3_prefix, monkeypatch):
     root = f"{s3_prefix}/run"
