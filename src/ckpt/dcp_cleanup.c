@@ -498,6 +498,21 @@ void ckptio__dcp_prefetch_finish(ckptio__dcp_prefetch *p) {
 
 /* ---- listing ------------------------------------------------------------------------ */
 
+/* The manifests (.ckptio-manifest-TOKEN.json) of the ckptio saves whose
+ * data files are among `referenced`: a checkpoint that another metadata
+ * file names (a save without collectives beside .metadata) keeps its
+ * manifest with its data files. Sorted. */
+static ckptio_status manifests_of(const names *referenced, names *out) {
+    for (size_t i = 0; i < referenced->n; i++) {
+        char token[13], name[sizeof CKPTIO__DCP_MANIFEST_PREFIX + 12 + sizeof ".json"];
+        if (!ckptio__dcp_data_name(referenced->v[i], token)) continue;
+        snprintf(name, sizeof name, CKPTIO__DCP_MANIFEST_PREFIX "%s.json", token);
+        if (!names_add(out, name)) return CKPTIO_FAIL(CKPTIO_E_NOMEM, "out of memory");
+    }
+    names_sort(out);
+    return CKPTIO_OK;
+}
+
 ckptio_status ckptio_dcp_stale_files(const char *dir, const char *const *keep, size_t nkeep,
                                      const ckptio_dcp_committed *committed, char ***out, size_t *count, char *note,
                                      size_t note_cap) {
@@ -541,11 +556,13 @@ ckptio_status ckptio__dcp_stale_files_listed(const char *dir, const char *const 
     bool known = true;
     if (st == CKPTIO_OK && candidates.n)
         st = referenced_now(engine, dir, &entries, committed, &referenced, &known, note, note_cap);
-    names victims = {0};
+    names victims = {0}, tokens = {0};
+    if (st == CKPTIO_OK && known) st = manifests_of(&referenced, &tokens);
     for (size_t i = 0; st == CKPTIO_OK && i < candidates.n; i++) {
         const char *name = candidates.v[i];
         /* Not knowing what a metadata file references, only temporaries go. */
-        const bool go = known ? !names_has(&referenced, name) : ckptio__dcp_temporary_name(name);
+        const bool go = known ? !names_has(&referenced, name) && !names_has(&tokens, name)
+                              : ckptio__dcp_temporary_name(name);
         if (go && !names_add(&victims, name)) st = CKPTIO_FAIL(CKPTIO_E_NOMEM, "out of memory");
     }
     if (st == CKPTIO_OK) {
@@ -560,6 +577,7 @@ ckptio_status ckptio__dcp_stale_files_listed(const char *dir, const char *const 
     names_clear(&kept);
     names_clear(&candidates);
     names_clear(&referenced);
+    names_clear(&tokens);
     names_clear(&young);
     ckptio__error_saved *saved = st != CKPTIO_OK ? ckptio__error_save() : NULL;
     ckptio_engine_destroy(engine);

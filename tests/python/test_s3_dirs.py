@@ -209,7 +209,7 @@ def test_a_save_without_collectives_beside_a_save_with_a_cleanup(s3_prefix, monk
     out = empty_like(model_state())
     dcp.load(out, storage_reader=RankZeroReader(url), no_dist=True)  # every object it names is there
     same(out, model_state(21))
-    assert len(_tokens(left)) == 2, left
+    assert len(_tokens(left)) == 2 and all(f".ckptio-manifest-{t}.json" in left for t in _tokens(left)), left
     assert len(marks) == 1, marks  # the mark was there while its data objects were written
 
 
