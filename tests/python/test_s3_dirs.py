@@ -160,7 +160,47 @@ def test_a_saver_that_loses_the_lease_while_its_data_upload(s3_prefix, monkeypat
     left = keys_under(url)
     loser, winner = tokens  # this save's token, then the one of the save during its upload
     assert [n for n in left if winner in n] and not [n for n in left if loser in n], left  # its objects went
-    assert ".ckptio-dcp.lock" not in left
+    assert f".ckptio-manifest-{winner}.json" in left and ".ckptio-dcp.lock" not in left, left
+    assert metadata_tokens(url) == {winner}  # .metadata names the winner's objects only
+
+
+def metadata_tokens(url):
+    """The save tokens of the data objects .metadata names (each of which must be there)."""
+    md = FileSystemReader(url).read_metadata()
+    files = {info.relative_path for info in md.storage_data.values()}
+    assert files <= set(keys_under(url)), files
+    return _tokens(files)
+
+
+def test_a_saver_that_loses_the_lease_after_its_first_check(s3_prefix, monkeypatch):
+    """Another save takes the lease after this saver's first check passed, while its second check
+    starts beside its .metadata PUT, and writes a data object of its own: whether this saver then
+    stops (its second check saw the other lease: nothing deleted) or commits (the check read the lease
+    before it was taken), the other's object stays (the cleanup keeps objects newer than the lease this
+    saver took), the other's lease is left as it is, and the .metadata in place names the objects of
+    one save, every one of them there."""
+    url = f"{s3_prefix}/ckpt"
+    save(model_state(13), url)
+    (older,) = _tokens(keys_under(url))
+    time.sleep(2.1)  # the older save's objects are removable by the server's whole seconds
+    lease = b"ckptio-lease 1\nowner 0123456789abcdef0123456789abcdef\nsince 1\nttl_ms 60000\n"
+    others = "__0_0123456789ab_0.distcp"
+
+    def take_over(stage):
+        if stage == "manifest_written":  # the first check passed; the second runs
+            _ckptio.object_put(f"{url}/.ckptio-dcp.lock", lease)
+            _ckptio.object_put(f"{url}/{others}", b"the other save's data")
+
+    monkeypatch.setattr(dcp_writer, "_crash_point", take_over)
+    try:
+        save(model_state(14), url)
+    except (Exception, CheckpointException) as e:
+        assert "no longer this save's" in str(e), str(e)
+    monkeypatch.setattr(dcp_writer, "_crash_point", None)
+    assert _ckptio.object_read(f"{url}/{others}") == b"the other save's data"
+    assert _ckptio.object_read(f"{url}/.ckptio-dcp.lock") == lease  # the other's lease, untouched
+    (named,) = metadata_tokens(url)
+    same(load(url), model_state(13 if named == older else 14))
 
 
 def save_per_rank(sd, url, **kw):
