@@ -247,7 +247,9 @@ static void test_writer_waits_while_parts_grow(void) {
     part_writer w = {f, data, 4 * part, part, CKPTIO_OK};
     pthread_t t;
     T_ASSERT(pthread_create(&t, NULL, write_part, &w) == 0);
-    usleep(300 * 1000); /* the thread now waits for a buffer: the first two parts are stalled */
+    /* Until the thread waits for a buffer (the first two parts are stalled), then the table grows. */
+    for (int i = 0; i < 2000 && ckptio__object_writers_waiting(f) == 0; i++) usleep(5000);
+    T_ASSERT_MSG(ckptio__object_writers_waiting(f) == 1, "the writer of part 5 never waited for a buffer");
     T_OK(ckptio__file_io(f, CKPTIO_WRITE, data + 3, 1, n - 1));
     T_ASSERT(pthread_join(t, NULL) == 0);
     T_OK(w.st);

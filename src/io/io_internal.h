@@ -539,6 +539,8 @@ void ckptio__object_io_done(ckptio__io_op *op, ckptio__s3_request *req);
 /* An object being written: the most bytes its part buffers held at once,
  * and their bound (0, 0 for other files); for tests. */
 void ckptio__object_buffers(ckptio_file *f, uint64_t *peak, uint64_t *bound);
+/* How many writers of `f` wait for an upload part's buffer now (0 for other files); for tests. */
+unsigned ckptio__object_writers_waiting(ckptio_file *f);
 
 /* The objstore settings of an engine (its CKPTIO_OPT_S3_* values). */
 void ckptio__object_settings(const ckptio_engine *engine, ckptio__s3_settings *out);

@@ -219,6 +219,10 @@ void ckptio__object_buffers(ckptio_file *f, uint64_t *peak, uint64_t *bound) {
     if (f->object && f->object->upload) ckptio__s3_upload_buffers(f->object->upload, peak, bound);
 }
 
+unsigned ckptio__object_writers_waiting(ckptio_file *f) {
+    return f->object && f->object->upload ? ckptio__s3_upload_waiting(f->object->upload) : 0;
+}
+
 static void op_failed(ckptio__io_op *op) {
     op->err = EIO;
     op->failure = ckptio__error_save();
