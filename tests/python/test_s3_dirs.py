@@ -58,6 +58,24 @@ def load(url, sd=None):
     return out
 
 
+def wait_until_older(url):
+    """Waits until every object under `url` is older than a lease taken from now on by the server's whole
+    seconds: a probe written now is listed at least 2 s after the newest of them (a listing truncates
+    Last-Modified to the second, or rounds it up, as Swift's does), so the next lease's `since` (the
+    server's clock, whole seconds) is later than each."""
+    newest = max(t for k, _, t, _ in _ckptio.object_list(url + "/"))
+    probe = f"{url}-probe"
+    for _ in range(100):
+        _ckptio.object_put(probe, b"")
+        (listed,) = [t for k, _, t, _ in _ckptio.object_list(probe) if k.endswith("-probe")]
+        if listed >= newest + 2:
+            break
+        time.sleep(0.1)
+    else:
+        raise AssertionError(f"the server's clock did not pass {newest} + 2 s")
+    _ckptio.object_delete(probe)
+
+
 def test_dcp_save_load_async_and_overwrite(s3_prefix):
     url = f"{s3_prefix}/ckpt"
     sd = model_state(1)
@@ -68,7 +86,7 @@ def test_dcp_save_load_async_and_overwrite(s3_prefix):
     assert ".metadata" in names and any(n.endswith(".distcp") for n in names)
     assert ".ckptio-dcp.lock" not in names  # the lease goes with the save
     # async_save, replacing the checkpoint: the older save's objects go once a newer lease is taken.
-    time.sleep(1.1)  # the lease's time has whole seconds: objects of the same second are kept
+    wait_until_older(url)  # the lease's time has whole seconds: objects of the same second are kept
     sd2 = model_state(2)
     fut = dcp.async_save(sd2, storage_writer=FileSystemWriter(url), no_dist=True)
     (fut.result() if hasattr(fut, "result") else fut.upload_completion.result())
