@@ -440,7 +440,8 @@ static void test_commit_syncs_the_data_files_handed_over(void) {
         T_ASSERT_MSG(!strcmp(e->operation, "fsync") && e->sys_errno == EIO, "%s: %s", what, e->message);
         if (n == 1) {
             T_ASSERT_MSG(!strcmp(e->path, in(dir, NEW_DATA)), "%s: names %s", what, e->path);
-            snprintf(note, sizeof note, "flushing the data file before .metadata names it; the checkpoint is unchanged");
+            snprintf(note, sizeof note, "flushing the data file before .metadata names it; the checkpoint is "
+                                        "unchanged");
         } else if (n == 2) {
             T_ASSERT_MSG(!strcmp(e->path, dir), "%s: names %s", what, e->path);
             snprintf(note, sizeof note, "flushing the directory after renaming the data files; the checkpoint is "
