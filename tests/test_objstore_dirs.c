@@ -333,6 +333,17 @@ static int check_before_metadata(void *user, ckptio_dcp_commit_step step, const 
     return 0;
 }
 
+/* A new save's data object and its commit with the cleanup, the lease checked before .metadata. */
+#define NEW_OBJECT "__0_bbbbbbbbbbbb_0.distcp"
+static void commit_new_save(ckptio_engine *e, const char *dir, ckptio_dcp_lock *lock, ckptio_dcp_commit_result *r) {
+    put(e, in(dir, NEW_OBJECT), "new", 3);
+    static const char *const files[] = {NEW_OBJECT};
+    ckptio_dcp_commit_options o = {.metadata_name = ".metadata", .metadata = "new metadata", .metadata_len = 12,
+                                   .files = files, .nfiles = 1, .flags = CKPTIO_DCP_CLEANUP,
+                                   .on_step = check_before_metadata, .user = lock};
+    T_OK(ckptio_dcp_commit(dir, &o, r));
+}
+
 /* ckptio_dcp_commit in object storage over an older save: the listing and
  * the abort of a killed save's upload run beside the .metadata PUT, the
  * metadata object is read after it (the new one, so the older save's
@@ -356,19 +367,14 @@ static void test_dcp_commit_cleanup(void) {
     nanosleep(&older, NULL);
     ckptio_dcp_lock *lock = NULL;
     T_OK(ckptio_dcp_lock_acquire(dir, NULL, CKPTIO_DCP_LOCK_CONFIRM_LATER, 0, NULL, NULL, &lock));
-    put(e, in(dir, "__0_bbbbbbbbbbbb_0.distcp"), "new", 3);
-    const char *files[] = {"__0_bbbbbbbbbbbb_0.distcp"};
-    ckptio_dcp_commit_options o = {.metadata_name = ".metadata", .metadata = "new metadata", .metadata_len = 12,
-                                   .files = files, .nfiles = 1, .flags = CKPTIO_DCP_CLEANUP,
-                                   .on_step = check_before_metadata, .user = lock};
     ckptio_dcp_commit_result r;
-    T_OK(ckptio_dcp_commit(dir, &o, &r));
+    commit_new_save(e, dir, lock, &r);
     T_ASSERT_MSG(r.committed && r.removed == 7, "removed %zu: %s", r.removed, r.note);
     for (int i = 0; i < 6; i++) {
         snprintf(name, sizeof name, "__0_0123456789ab_%d.distcp", i);
         T_ASSERT(!exists(e, in(dir, name)));
     }
-    T_ASSERT(!exists(e, in(dir, ".ckptio-manifest-0123456789ab.json")) && exists(e, in(dir, files[0])));
+    T_ASSERT(!exists(e, in(dir, ".ckptio-manifest-0123456789ab.json")) && exists(e, in(dir, NEW_OBJECT)));
     uint64_t aborted = 99;
     T_OK(ckptio_object_abort_uploads(e, in(dir, ""), 0, &aborted));
     T_ASSERT_MSG(aborted == 0, "%llu unfinished uploads were left", (unsigned long long)aborted);
@@ -417,15 +423,10 @@ static void test_dcp_shared_save_beside_a_cleanup(void) {
     T_OK(ckptio__file_io(f, CKPTIO_WRITE, big, big_len, 0)); /* its parts are sent; the upload is open */
     nanosleep(&older, NULL);
     T_OK(ckptio_dcp_lock_acquire(dir, NULL, 0, 0, NULL, NULL, &lock));
-    put(e, in(dir, "__0_bbbbbbbbbbbb_0.distcp"), "new", 3);
-    const char *files[] = {"__0_bbbbbbbbbbbb_0.distcp"};
-    ckptio_dcp_commit_options o = {.metadata_name = ".metadata", .metadata = "new metadata", .metadata_len = 12,
-                                   .files = files, .nfiles = 1, .flags = CKPTIO_DCP_CLEANUP,
-                                   .on_step = check_before_metadata, .user = lock};
     ckptio_dcp_commit_result r;
-    T_OK(ckptio_dcp_commit(dir, &o, &r));
+    commit_new_save(e, dir, lock, &r);
     T_ASSERT_MSG(r.committed && r.removed == 2, "removed %zu: %s", r.removed, r.note);
-    T_ASSERT(!exists(e, in(dir, "__0_0123456789ab_0.distcp")) && exists(e, in(dir, files[0])));
+    T_ASSERT(!exists(e, in(dir, "__0_0123456789ab_0.distcp")) && exists(e, in(dir, NEW_OBJECT)));
     T_ASSERT(exists(e, in(dir, "__0_dddddddddddd_0.distcp")));
     T_ASSERT_MSG(marks_under(e, dir) == 1, "%d marks", marks_under(e, dir)); /* the lapsed one went */
     T_OK(ckptio_dcp_lock_release(lock));
