@@ -1,7 +1,7 @@
 /*
  * test_dcp_commit.c - the DCP directory commit (include/ckptio/dcp.h "DCP
- * directory commit", src/ckpt/dcp_{commit,cleanup,lock,manifest_write,
- * names}.c), as ckptio.dcp's writer runs it.
+ * directory commit", src/ckpt/dcp_{commit,commit_run,cleanup,lock,
+ * manifest_write,names}.c), as ckptio.dcp's writer runs it.
  *
  * The commit under test replaces a checkpoint stock torch wrote
  * (tests/data/dcp/ts: .metadata, __0_0.distcp) by one ckptio.dcp wrote
@@ -9,6 +9,9 @@
  * manifest (rebuilt from the fixture's items; it must come out byte for
  * byte as the Python writer wrote it), .metadata, the list of stale files,
  * their removal, unlock.
+ *  - The order of the steps, the step callback's stops, the fsyncs before
+ *    any rename, the data files handed over (data_files) and which of them
+ *    are refused.
  *  - Faults: the nth open, write, fsync, rename, unlink, opendir and read
  *    of the commit fails with ENOSPC or EIO, for n = 1, 2, ... until n
  *    passes the last such call (and short writes, which must be resumed).
@@ -414,7 +417,7 @@ static ckptio_status commit_data_files(const char *dir, ckptio_file *f, unsigned
  * own over): it, the directory, the manifest's and .metadata's temporaries
  * are fsynced in one round, before the manifest or .metadata is renamed.
  * Each of those fsyncs failing leaves the old checkpoint, the error naming
- * the file; a file not renamed that way is refused. */
+ * the file. */
 static void test_commit_syncs_the_data_files_handed_over(void) {
     const char *dir = setup("data files");
     ckptio_file *f = renamed_data_file(dir);
@@ -458,13 +461,42 @@ static void test_commit_syncs_the_data_files_handed_over(void) {
         T_OK(commit(dir, CKPTIO_DCP_SYNC));
         check_clean(dir, what);
     }
-    /* A file committed with its fsyncs is no data file to hand over. */
-    dir = setup("data files refused");
-    T_ASSERT(unlink(in(dir, NEW_DATA)) == 0);
-    T_OK(ckptio_file_open(engine, in(dir, NEW_DATA), CKPTIO_OPEN_WRITE, &f));
+}
+
+/* Only a file renamed by ckptio_file_commit_unreferenced(CKPTIO_COMMIT_SYNC_LATER) is handed over: one not
+ * committed, or committed with its own fsyncs (ckptio_file_commit, ckptio_file_commit_unreferenced without the
+ * flag), is refused; so is one outside DIR (the commit fsyncs DIR only: its name would never be made durable)
+ * or not among `files`. Each leaves the old checkpoint. */
+static void test_commit_refuses_other_data_files(void) {
+    static const char *const how[] = {"not committed", "committed", "committed unreferenced, fsynced"};
+    for (int k = 0; k < 3; k++) {
+        const char *dir = setup("data files refused");
+        T_ASSERT(unlink(in(dir, NEW_DATA)) == 0);
+        ckptio_file *f = NULL;
+        T_OK(ckptio_file_open(engine, in(dir, NEW_DATA), CKPTIO_OPEN_WRITE, &f));
+        if (k == 1) T_OK(ckptio_file_commit(f));
+        if (k == 2) T_OK(ckptio_file_commit_unreferenced(&f, 1, 0));
+        T_STATUS(commit_data_files(dir, f, CKPTIO_DCP_SYNC), CKPTIO_E_INVAL);
+        T_MESSAGE_HAS("is not committed by ckptio_file_commit_unreferenced(CKPTIO_COMMIT_SYNC_LATER)");
+        T_OK(ckptio_file_close(f));
+        if (k) T_ASSERT_MSG(check_state(dir, how[k]) == 0, "%s", how[k]);
+    }
+    /* Renamed with the flag, but in another directory under the same name. */
+    const char *other = setup("data files elsewhere");
+    ckptio_file *f = renamed_data_file(other);
+    const char *dir = setup("data files refused");
     T_STATUS(commit_data_files(dir, f, CKPTIO_DCP_SYNC), CKPTIO_E_INVAL);
-    T_MESSAGE_HAS("is not committed by ckptio_file_commit_unreferenced(CKPTIO_COMMIT_SYNC_LATER)");
+    T_MESSAGE_HAS("is not one of the files in");
     T_OK(ckptio_file_close(f));
+    T_ASSERT(check_state(dir, "a data file of another directory") == 0);
+    /* In DIR, but not one of `files`. */
+    T_OK(ckptio_file_open(engine, in(dir, "__0_ee16d53c3f1b_1.distcp"), CKPTIO_OPEN_WRITE, &f));
+    T_OK(ckptio_file_commit_unreferenced(&f, 1, CKPTIO_COMMIT_SYNC_LATER));
+    T_STATUS(commit_data_files(dir, f, CKPTIO_DCP_SYNC), CKPTIO_E_INVAL);
+    T_MESSAGE_HAS("is not one of the files in");
+    T_OK(ckptio_file_close(f));
+    T_ASSERT(unlink(in(dir, "__0_ee16d53c3f1b_1.distcp")) == 0);
+    T_ASSERT(check_state(dir, "a data file not among files") == 0);
 }
 
 /* ---- faults -------------------------------------------------------------------------- */
@@ -923,6 +955,7 @@ int main(void) {
     T_RUN(test_commit_stops_where_the_callback_says);
     T_RUN(test_commit_syncs_its_files_before_any_rename);
     T_RUN(test_commit_syncs_the_data_files_handed_over);
+    T_RUN(test_commit_refuses_other_data_files);
     T_RUN(test_every_commit_call_fails_once);
     T_RUN(test_short_writes_are_resumed);
     T_RUN(test_stale_files);

@@ -1453,6 +1453,39 @@ static void slow_fill_kernel(void *p) {
     memset(a->dev, a->fill, a->n);
 }
 
+/* A simulated stream, the GDS file at path opened read-write with engine e
+ * and n bytes of device memory, returned. */
+static unsigned char *open_stream_case(ckptio_engine *e, const char *path, size_t n, void **stream,
+                                       ckptio_gds_file **g) {
+    T_OK(ckptio__gpu_sim_ops()->stream_create(stream));
+    T_OK(ckptio_gds_open(e, path, O_RDWR, 0, g));
+    return ckptio__gpu_sim_device_alloc(n);
+}
+
+/* A slow kernel fills dev with `fill` on `stream`, then a stream-ordered
+ * write saves it at offset 0: waited for and destroyed. */
+static void write_after_kernel(ckptio_gds_file *g, unsigned char *dev, size_t n, void *stream, unsigned char fill) {
+    kernel_arg k = {.dev = dev, .n = n, .sleep_ms = 50, .fill = fill};
+    T_OK(ckptio__gpu_sim_launch(stream, slow_fill_kernel, &k));
+    ckptio_gds_request *r = NULL;
+    T_OK(ckptio_gds_write_async(g, dev, n, 0, 0, stream, &r));
+    uint64_t bytes = 0;
+    T_OK(ckptio_gds_request_wait(r, &bytes));
+    T_ASSERT(bytes == n);
+    T_OK(ckptio_gds_request_destroy(r));
+}
+
+/* Every byte of the file at path (n of them) is `fill`. */
+static void check_file_filled(const char *path, size_t n, unsigned char fill) {
+    size_t flen = 0;
+    unsigned char *file = t_read_file(path, &flen);
+    T_ASSERT(flen == n);
+    for (size_t i = 0; i < n; i++)
+        T_ASSERT_MSG(file[i] == fill, "file byte %zu is 0x%02x: the write ran before the producing kernel", i,
+                     file[i]);
+    free(file);
+}
+
 static void test_gds_stream_ordered(void) {
     sim_reset(100);
     ckptio_engine *e = make_engine(2, 2 * MIB, 8 * MIB);
@@ -1461,10 +1494,8 @@ static void test_gds_stream_ordered(void) {
     unsigned char *want = make_file(path, n, 99);
     const ckptio__gpu_ops *ops = ckptio__gpu_sim_ops();
     void *stream = NULL;
-    T_OK(ops->stream_create(&stream));
     ckptio_gds_file *g = NULL;
-    T_OK(ckptio_gds_open(e, path, O_RDWR, 0, &g));
-    unsigned char *dev = ckptio__gpu_sim_device_alloc(n);
+    unsigned char *dev = open_stream_case(e, path, n, &stream, &g);
     unsigned char *out = malloc(n);
     memset(dev, 0, n);
     /* read, then a kernel on the same stream that must see the data */
@@ -1481,20 +1512,9 @@ static void test_gds_stream_ordered(void) {
                      i, (unsigned char)(out[i] - 1));
     T_OK(ckptio_gds_request_destroy(r1));
     /* a slow kernel produces data, then a write on the same stream saves it */
-    kernel_arg k2 = {.dev = dev, .n = n, .sleep_ms = 50, .fill = 0x5A};
-    T_OK(ckptio__gpu_sim_launch(stream, slow_fill_kernel, &k2));
-    ckptio_gds_request *r2 = NULL;
-    T_OK(ckptio_gds_write_async(g, dev, n, 0, 0, stream, &r2));
-    T_OK(ckptio_gds_request_wait(r2, &bytes));
-    T_ASSERT(bytes == n);
-    T_OK(ckptio_gds_request_destroy(r2));
+    write_after_kernel(g, dev, n, stream, 0x5A);
     T_OK(ckptio_gds_close(g));
-    size_t flen = 0;
-    unsigned char *file = t_read_file(path, &flen);
-    T_ASSERT(flen == n);
-    for (size_t i = 0; i < n; i++)
-        T_ASSERT_MSG(file[i] == 0x5A, "file byte %zu is 0x%02x: the write ran before the producing kernel", i,
-                     file[i]);
+    check_file_filled(path, n, 0x5A);
     /* a failing async read reports its error at wait, and the stream moves on */
     T_OK(ckptio_gds_open(e, path, O_RDONLY, 0, &g));
     ckptio__io_inject(CKPTIO__IO_READ, 1, EIO, 0, false);
@@ -1517,8 +1537,51 @@ static void test_gds_stream_ordered(void) {
                  "leaked after engine destroy: %llu events, %llu streams, %llu pinned bytes",
                  (unsigned long long)s.events_live, (unsigned long long)s.streams_live,
                  (unsigned long long)s.pinned_now);
-    free(file);
     free(out);
+    free(want);
+}
+
+/* A stream-ordered request whose run would resize the engine's pinned slots
+ * keeps them (its windows cut to fit): freeing pinned memory synchronises a
+ * real device, which would wait for the caller's stream, which waits on the
+ * request. The simulator counts pinned frees while a stream waits on a host
+ * word not yet written. Once no request is in flight a transfer resizes them. */
+static void test_gds_request_never_frees_pinned_slots(void) {
+    sim_reset(0);
+    const size_t n = 9 * MIB + 5;
+    const char *path = t_path("gds_keep.bin");
+    unsigned char *want = make_file(path, n, 41);
+    ckptio_engine *e = make_engine(2, 64 * MIB, 8 * MIB); /* 4 MiB slots */
+    const ckptio__gpu_ops *ops = ckptio__gpu_sim_ops();
+    void *stream = NULL;
+    ckptio_gds_file *g = NULL;
+    unsigned char *dev = open_stream_case(e, path, n, &stream, &g);
+    uint64_t done = 0;
+    T_OK(ckptio_gds_read(g, dev, n, 0, 0, &done));
+    T_ASSERT(done == n && memcmp(dev, want, n) == 0);
+    /* From now on the settings ask for 1 MiB slots. */
+    T_OK(ckptio_engine_set(e, CKPTIO_OPT_CHUNK_BYTES, 1 * MIB));
+    ckptio__gpu_sim_stats a, b, c;
+    ckptio__gpu_sim_get_stats(&a);
+    T_ASSERT(a.pinned_allocs > 0);
+    write_after_kernel(g, dev, n, stream, 0x3C);
+    T_OK(ops->stream_sync(stream));
+    ckptio__gpu_sim_get_stats(&b);
+    T_ASSERT_MSG(b.pinned_frees_while_waiting == 0,
+                 "%llu pinned frees while the stream waited on the request (a deadlock on a real device)",
+                 (unsigned long long)b.pinned_frees_while_waiting);
+    check_file_filled(path, n, 0x3C);
+    /* No request in flight: the next transfer takes the new size. */
+    T_OK(ckptio_gds_write(g, dev, n, 0, 0, &done));
+    ckptio__gpu_sim_get_stats(&c);
+    T_ASSERT_MSG(c.pinned_frees > b.pinned_frees && c.pinned_frees_while_waiting == 0,
+                 "frees %llu -> %llu, %llu while waiting", (unsigned long long)b.pinned_frees,
+                 (unsigned long long)c.pinned_frees, (unsigned long long)c.pinned_frees_while_waiting);
+    T_OK(ckptio_gds_close(g));
+    ops->stream_destroy(stream);
+    check_sim_clean(64 * MIB + 64);
+    ckptio__gpu_sim_device_free(dev);
+    T_OK(ckptio_engine_destroy(e));
     free(want);
 }
 
@@ -1697,6 +1760,7 @@ int main(int argc, char **argv) {
     T_RUN(test_engine_and_safetensors);
     T_RUN(test_gds_file_sync);
     T_RUN(test_gds_stream_ordered);
+    T_RUN(test_gds_request_never_frees_pinned_slots);
     T_RUN(test_file_shrunk_after_open);
     T_RUN(test_reads_and_writes_share_slots);
     return T_EXIT_PASS;

@@ -725,7 +725,7 @@ typedef struct ckptio_dcp_commit_options {
     unsigned flags;               /* CKPTIO_DCP_SYNC, _MANIFEST, _CLEANUP or _CLEANUP_LATER */
     ckptio_dcp_commit_fn on_step; /* may be NULL */
     void *user;
-    /* This process's data files of `files`, renamed but not fsynced (ckptio_file_commit_unreferenced with
+    /* This process's data files of `files` (in DIR), renamed but not fsynced (ckptio_file_commit_unreferenced with
      * CKPTIO_COMMIT_SYNC_LATER, else CKPTIO_E_INVAL): with CKPTIO_DCP_SYNC the commit fsyncs them and DIR
      * together with the manifest's and METADATA_NAME's temporaries, before either is renamed (one round of
      * fsyncs where fsyncing them before costs one more). NULL (0): every file is durable already. The caller

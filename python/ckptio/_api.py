@@ -122,8 +122,8 @@ class CheckpointFile:
         self._index: Dict[str, int] = {}
         self._has_metadata = False
         if self.format == "safetensors":
-            # A row and a name per tensor, however many (no_gc; the count is known only once it is read).
-            with _bulk.no_gc(_bulk.GC_PAUSE_MIN):
+            # A row and a name per tensor, however many: known only once it is read.
+            with _bulk.no_gc():
                 self._reader = _ckptio.ModelReader(self._path, engine, allow_symlinks)
                 self._shards = self._reader.shards
                 self._rows = self._reader.tensors
@@ -475,7 +475,7 @@ def load(path: Union[PathLike, bytes, bytearray, memoryview, Any], device: Any =
             return load(mpath, device, keys, framework=framework, out=out, engine=engine, mmap=mmap)
     # The cyclic collector waits for the whole load (_bulk.no_gc), and the handle with its row per tensor goes
     # before it runs again: its first collection then walks what the load returns, not also what it used.
-    with _bulk.no_gc(_bulk.GC_PAUSE_MIN):
+    with _bulk.no_gc():
         f = CheckpointFile(path, framework, device, engine=engine, allow_symlinks=allow_symlinks, mmap=mmap)
         with f:
             if f.format == "torch" and keys is None and out is None and f._framework == "pt":

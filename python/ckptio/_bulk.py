@@ -56,15 +56,19 @@ def _itemsize(code: int) -> int:
 
 
 class no_gc:
-    """Python's cyclic collector off while many tensors (`count`) are made:
-    each collection walks every object alive, the tensors made so far
-    included, which made building 100,000 tensors take twice as long. A few
-    tensors are not worth the switch."""
+    """Python's cyclic collector off while a block makes many objects: each
+    collection walks every object alive, the ones made so far included,
+    which made building 100,000 tensors take twice as long (and a large
+    checkpoint's .metadata, millions of containers, several times). The one
+    rule of the package for pausing it: `count`, the objects the block
+    makes, when known before it runs (fewer than GC_PAUSE_MIN are not worth
+    the switch); None when only the block finds out (a reader's rows, a
+    pickle's objects): then it is paused."""
 
     __slots__ = ("_off",)
 
-    def __init__(self, count: int) -> None:
-        self._off = count >= GC_PAUSE_MIN and gc.isenabled()
+    def __init__(self, count: Optional[int] = None) -> None:
+        self._off = (count is None or count >= GC_PAUSE_MIN) and gc.isenabled()
 
     def __enter__(self) -> None:
         if self._off:

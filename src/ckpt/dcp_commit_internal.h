@@ -14,6 +14,8 @@
 
 /* The manifest of a save: CKPTIO__DCP_MANIFEST_PREFIX TOKEN ".json". */
 #define CKPTIO__DCP_MANIFEST_PREFIX ".ckptio-manifest-"
+/* Bytes of its name, the NUL included (a token has 12 hex digits). */
+#define CKPTIO__DCP_MANIFEST_NAME_SIZE (sizeof CKPTIO__DCP_MANIFEST_PREFIX + 12 + sizeof ".json" - 1)
 
 /* __{rank}_{token}_{n}.distcp, the names ckptio.dcp gives data files;
  * copies the 12 hex digits of the token into token[0..12] (NUL-terminated). */
@@ -28,6 +30,11 @@ bool ckptio__dcp_several_ranks(const char *const *files, size_t count);
 /* The token all of `files` share as ckptio data file names (what
  * the manifest's name carries), or false without touching the error. */
 bool ckptio__dcp_token(const char *const *files, size_t count, char token[13]);
+
+/* The name of the manifest of the save whose data files are `files`
+ * (.ckptio-manifest-TOKEN.json, TOKEN as ckptio__dcp_token finds it), or
+ * false and "" when they are not the data files of one ckptio save. */
+bool ckptio__dcp_manifest_name(const char *const *files, size_t count, char name[CKPTIO__DCP_MANIFEST_NAME_SIZE]);
 
 /* .metadata (a collective save) or __{rank}.metadata (a save without
  * collectives): the metadata files a checkpoint directory can hold. */
@@ -97,7 +104,7 @@ ckptio_status ckptio__dcp_fsync_dir_after(const char *dir, const char *name);
  * name (TOKEN from `files`, checked as for ckptio__dcp_manifest_write). */
 ckptio_status ckptio__dcp_manifest_text(const char *dir, const char *metadata_name, const char *const *files,
                                         size_t nfiles, const ckptio_dcp_manifest_item *items, size_t count,
-                                        char **text, char name[sizeof CKPTIO__DCP_MANIFEST_PREFIX + 12 + 5]);
+                                        char **text, char name[CKPTIO__DCP_MANIFEST_NAME_SIZE]);
 /* Step 2: writes DIR/.ckptio-manifest-TOKEN.json (TOKEN from `files`, the
  * save's data files, which must be ckptio data file names of one save: else
  * CKPTIO_E_INVAL) as ckptio__dcp_write_file() writes a file. It lists

@@ -39,6 +39,30 @@ static ckptio_status around(const char *dir, const ckptio_dcp_commit_options *o,
     return CKPTIO_OK;
 }
 
+/* The data files handed over (options' data_files), renamed but not
+ * fsynced: each must have been renamed by
+ * ckptio_file_commit_unreferenced(CKPTIO_COMMIT_SYNC_LATER) (its fsyncs are
+ * owed) and be one of `files` in DIR, the one directory whose fsync makes
+ * their names durable before .metadata names them (sync_first_round). In
+ * object storage they are stored whole already. */
+static ckptio_status check_data_files(const char *dir, const ckptio_dcp_commit_options *o) {
+    const bool local = !ckptio__s3_is_url(dir);
+    for (size_t i = 0; i < o->ndata_files; i++) {
+        const ckptio_file *f = o->data_files[i];
+        CKPTIO_RETURN_IF(!f || (local && ckptio__file_renamed_fd(f) < 0), CKPTIO_E_INVAL,
+                         "ckptio_dcp_commit: data file %zu is not committed by ckptio_file_commit_unreferenced("
+                         "CKPTIO_COMMIT_SYNC_LATER)", i);
+        if (!local) continue;
+        const char *path = ckptio_file_path(f), *slash = strrchr(path, '/'), *name = slash ? slash + 1 : path;
+        bool named = false;
+        for (size_t k = 0; k < o->nfiles && !named; k++) named = strcmp(o->files[k], name) == 0;
+        CKPTIO_RETURN_IF(!named || !ckptio__file_in_dir(f, dir), CKPTIO_E_INVAL,
+                         "ckptio_dcp_commit: data file %zu (%s) is not one of the files in %s, the directory whose "
+                         "fsync makes their names durable", i, path, dir);
+    }
+    return CKPTIO_OK;
+}
+
 static ckptio_status check_options(const char *dir, const ckptio_dcp_commit_options *o) {
     const unsigned known = CKPTIO_DCP_SYNC | CKPTIO_DCP_MANIFEST | CKPTIO_DCP_CLEANUP | CKPTIO_DCP_CLEANUP_LATER;
     CKPTIO_RETURN_IF(!dir || !*dir || !o, CKPTIO_E_INVAL, "ckptio_dcp_commit: dir and options are required");
@@ -52,17 +76,11 @@ static ckptio_status check_options(const char *dir, const ckptio_dcp_commit_opti
     CKPTIO_RETURN_IF(!o->files && o->nfiles, CKPTIO_E_INVAL, "ckptio_dcp_commit: no data file names");
     CKPTIO_RETURN_IF(!o->items && o->nitems, CKPTIO_E_INVAL, "ckptio_dcp_commit: no manifest items");
     CKPTIO_RETURN_IF(!o->data_files && o->ndata_files, CKPTIO_E_INVAL, "ckptio_dcp_commit: no data files");
-    for (size_t i = 0; i < o->ndata_files; i++)
-        CKPTIO_RETURN_IF(!o->data_files[i] || (ckptio__file_renamed_fd(o->data_files[i]) < 0 &&
-                                               !ckptio__s3_is_url(dir)),
-                         CKPTIO_E_INVAL,
-                         "ckptio_dcp_commit: data file %zu is not committed by ckptio_file_commit_unreferenced("
-                         "CKPTIO_COMMIT_SYNC_LATER)", i);
     for (size_t i = 0; i < o->nfiles; i++)
         CKPTIO_RETURN_IF(!o->files[i] || !*o->files[i] || strchr(o->files[i], '/'), CKPTIO_E_INVAL,
                          "ckptio_dcp_commit: data file %zu ('%s') is not a file name", i,
                          o->files[i] ? o->files[i] : "(null)");
-    return CKPTIO_OK;
+    return check_data_files(dir, o);
 }
 
 /* Step 4: the files of older saves, listed (and removed unless later). */
@@ -102,8 +120,11 @@ static ckptio_status cleanup(const char *dir, const ckptio_dcp_commit_options *o
 }
 
 /* The first round of fsyncs of a local commit, all at once: the data files
- * handed over uncommitted (renamed already) and the directory that names
- * them, the manifest's and .metadata's temporaries. */
+ * handed over renamed but not fsynced, DIR (which names them:
+ * check_data_files), the manifest's and .metadata's temporaries. All of it
+ * is durable before the manifest or .metadata is renamed: .metadata never
+ * names a data file, and its new name never holds bytes, that a crash could
+ * lose. */
 static ckptio_status sync_first_round(const char *dir, const ckptio_dcp_commit_options *o,
                                       ckptio__dcp_staged *const *staged, size_t nstaged) {
     const size_t nd = o->ndata_files;
@@ -160,7 +181,7 @@ static ckptio_status local_steps(const char *dir, const ckptio_dcp_commit_option
     ckptio_status st = CKPTIO_OK;
     if (with_manifest) {
         st = around(dir, o, r, CKPTIO_DCP_STEP_MANIFEST, manifest_path, 0);
-        char *text = NULL, name[sizeof CKPTIO__DCP_MANIFEST_PREFIX + 12 + 5];
+        char *text = NULL, name[CKPTIO__DCP_MANIFEST_NAME_SIZE];
         if (st == CKPTIO_OK)
             st = ckptio__dcp_manifest_text(dir, o->metadata_name, o->files, o->nfiles, o->items, o->nitems, &text,
                                            name);
@@ -191,9 +212,8 @@ ckptio_status ckptio_dcp_commit(const char *dir, const ckptio_dcp_commit_options
     /* New files take the attributes of the metadata file they replace (a
      * missing one, or one that is no regular file, is no reference). */
     const char *reference = o->metadata_name;
-    char token[13], manifest[sizeof CKPTIO__DCP_MANIFEST_PREFIX + 12 + sizeof ".json"] = "";
-    if (ckptio__dcp_token(o->files, o->nfiles, token))
-        snprintf(manifest, sizeof manifest, CKPTIO__DCP_MANIFEST_PREFIX "%s.json", token);
+    char manifest[CKPTIO__DCP_MANIFEST_NAME_SIZE];
+    ckptio__dcp_manifest_name(o->files, o->nfiles, manifest);
     char *manifest_path = ckptio__dcp_join(dir, manifest), *metadata_path = ckptio__dcp_join(dir, o->metadata_name);
     ckptio_status st = manifest_path && metadata_path ? CKPTIO_OK : CKPTIO_FAIL(CKPTIO_E_NOMEM, "out of memory");
     const bool with_manifest = manifest[0] && (o->flags & CKPTIO_DCP_MANIFEST);

@@ -524,14 +524,11 @@ static ckptio_status open_handle(ckptio_engine *engine, const char *dir, const v
         st = CKPTIO_FAIL(CKPTIO_E_NOMEM, "out of memory");
         goto out;
     }
-    char token[13];
-    if (ckptio__dcp_token((const char *const *)h->files, h->nfiles, token)) {
-        const size_t n = sizeof CKPTIO__DCP_MANIFEST_PREFIX + 12 + sizeof ".json";
-        if (!(h->manifest_name = ckptio__malloc(n))) {
-            st = CKPTIO_FAIL(CKPTIO_E_NOMEM, "out of memory");
-            goto out;
-        }
-        snprintf(h->manifest_name, n, CKPTIO__DCP_MANIFEST_PREFIX "%s.json", token);
+    char manifest[CKPTIO__DCP_MANIFEST_NAME_SIZE];
+    if (ckptio__dcp_manifest_name((const char *const *)h->files, h->nfiles, manifest) &&
+        !(h->manifest_name = ckptio__strdup(manifest))) {
+        st = CKPTIO_FAIL(CKPTIO_E_NOMEM, "out of memory");
+        goto out;
     }
 out:
     ckptio_pickle_close(p);

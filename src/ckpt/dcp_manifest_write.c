@@ -69,12 +69,11 @@ static bool item_valid(const ckptio_dcp_manifest_item *it) {
 
 ckptio_status ckptio__dcp_manifest_text(const char *dir, const char *metadata_name, const char *const *files,
                                        size_t nfiles, const ckptio_dcp_manifest_item *items, size_t count,
-                                       char **out, char name[sizeof CKPTIO__DCP_MANIFEST_PREFIX + 12 + 5]) {
+                                       char **out, char name[CKPTIO__DCP_MANIFEST_NAME_SIZE]) {
     *out = NULL;
     CKPTIO_RETURN_IF(!dir || !metadata_name || (!files && nfiles) || (!items && count), CKPTIO_E_INVAL,
                      "ckptio__dcp_manifest_write: dir, metadata_name, files and items are required");
-    char token[13];
-    if (!ckptio__dcp_token(files, nfiles, token))
+    if (!ckptio__dcp_manifest_name(files, nfiles, name))
         return CKPTIO_FAIL(CKPTIO_E_INVAL, "ckptio__dcp_manifest_write: the %zu files are not the data files of one "
                            "ckptio save (__RANK_TOKEN_N.distcp with one TOKEN)", nfiles);
     for (size_t i = 0; i < count; i++)
@@ -104,7 +103,6 @@ ckptio_status ckptio__dcp_manifest_text(const char *dir, const char *metadata_na
         return CKPTIO_FAIL(ok ? CKPTIO_E_NOMEM : CKPTIO_E_INVAL,
                            "ckptio__dcp_manifest_write: cannot build the manifest of %s (out of memory, or a name that "
                            "is not UTF-8)", dir);
-    snprintf(name, sizeof CKPTIO__DCP_MANIFEST_PREFIX + 12 + 5, CKPTIO__DCP_MANIFEST_PREFIX "%s.json", token);
     *out = text;
     return CKPTIO_OK;
 }
@@ -112,7 +110,7 @@ ckptio_status ckptio__dcp_manifest_text(const char *dir, const char *metadata_na
 ckptio_status ckptio__dcp_manifest_write(const char *dir, const char *metadata_name, const char *const *files,
                                         size_t nfiles, const ckptio_dcp_manifest_item *items, size_t count,
                                         const char *reference, unsigned flags) {
-    char *text, name[sizeof CKPTIO__DCP_MANIFEST_PREFIX + 12 + 5];
+    char *text, name[CKPTIO__DCP_MANIFEST_NAME_SIZE];
     CKPTIO_FORWARD(ckptio__dcp_manifest_text(dir, metadata_name, files, nfiles, items, count, &text, name));
     const ckptio_status st = ckptio__dcp_write_file(dir, name, text, strlen(text), reference, flags);
     free(text);

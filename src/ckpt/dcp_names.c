@@ -50,6 +50,14 @@ bool ckptio__dcp_token(const char *const *files, size_t count, char token[13]) {
     return token[0] != '\0';
 }
 
+bool ckptio__dcp_manifest_name(const char *const *files, size_t count, char name[CKPTIO__DCP_MANIFEST_NAME_SIZE]) {
+    char token[13];
+    name[0] = '\0';
+    if (!ckptio__dcp_token(files, count, token)) return false;
+    snprintf(name, CKPTIO__DCP_MANIFEST_NAME_SIZE, CKPTIO__DCP_MANIFEST_PREFIX "%s.json", token);
+    return true;
+}
+
 /* The rank in a data file name __{rank}_... (torch's and ckptio's), as the
  * digits' length; 0 when the name has none. */
 static size_t rank_digits(const char *name) {

@@ -14,9 +14,13 @@
  * they may not call CUDA, and the transfer needs CUDA calls.
  * The gate opens also when the transfer fails, so S never hangs; the error
  * is reported by ckptio_gds_request_wait().
+ * While S waits on a gate, the engine frees no pinned memory (it keeps its
+ * staging slots: ckptio__gpu_kept_slot_bytes): cuMemFreeHost synchronises
+ * the device, so it would wait for S, which waits for the transfer.
  */
 #include "cuda_shim.h"
 #include "gds_internal.h"
+#include "gpu_pipeline.h"
 #include "io_internal.h"
 
 #include <stdatomic.h>
@@ -31,6 +35,7 @@ struct ckptio_gds_request {
     int device;
     void *ev_start, *ev_after;
     uint32_t *gate;             /* pinned word the stream waits on, or NULL */
+    ckptio__gpu_state *staging; /* the engine's, counting this request's wait until the gate opens, or NULL */
     bool done;
     ckptio_status status;
     ckptio__error_saved *err;   /* the failure's error record */
@@ -48,6 +53,8 @@ static void drop_saved(ckptio__error_saved *saved) {
 
 static void open_gate(ckptio_gds_request *r) {
     if (r->gate) __atomic_store_n(r->gate, 1u, __ATOMIC_RELEASE);
+    if (r->staging) ckptio__gpu_stream_wait_end(r->staging);
+    r->staging = NULL;
 }
 
 static void finish(ckptio_gds_request *r, ckptio_status st, uint64_t bytes) {
@@ -166,7 +173,13 @@ static ckptio_status submit(ckptio_gds_file *f, ckptio_direction dir, void *buf,
     *r->gate = 0;
     if ((st = ops->event_create(&r->ev_start)) != CKPTIO_OK) goto fail;
     if ((st = ops->event_record(r->ev_start, stream)) != CKPTIO_OK) goto fail;
+    if ((st = ckptio__gpu_state_get(f->engine, ops, &r->staging)) != CKPTIO_OK) goto fail;
+    ckptio__gpu_stream_wait_begin(r->staging);
     st = ops->stream_wait_word(stream, r->gate, 1);
+    if (st != CKPTIO_OK) { /* no wait queued */
+        ckptio__gpu_stream_wait_end(r->staging);
+        r->staging = NULL;
+    }
     if (st == CKPTIO_E_UNSUPPORTED) {
         /* No stream memory operations: keep the order by draining. */
         ops->ctx_leave(r->device);

@@ -164,10 +164,8 @@ ckptio_status ckptio_gds_file_path(const ckptio_gds_file *f, ckptio_io_path *out
 ckptio_status ckptio_gds_sync(ckptio_gds_file *f) {
     CKPTIO_RETURN_IF(!f, CKPTIO_E_INVAL, "ckptio_gds_sync: file is NULL");
     const double t0 = ckptio__now();
-    int ret;
-    do ret = fdatasync(f->file->fd);
-    while (ret < 0 && errno == EINTR && !ckptio__interrupt_requested());
-    if (ret < 0) return CKPTIO_FAIL_SYS(errno, "fsync", f->file->path, -1, "making GDS writes durable");
+    if (ckptio__fdatasync(f->file->fd) < 0)
+        return CKPTIO_FAIL_SYS(errno, "fsync", f->file->path, -1, "making GDS writes durable");
     ckptio__engine_stats_add(f->engine, &(ckptio_stats){.seconds_fsync = ckptio__now() - t0});
     return CKPTIO_OK;
 }

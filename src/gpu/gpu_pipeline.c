@@ -691,7 +691,7 @@ ckptio_status ckptio__gpu_pipeline_run_observed(ckptio_engine *engine, const ckp
     pipe p = {.engine = engine, .ops = ops, .device = device, .dir = dir, .plan = {.ext = extents}, .obs = obs,
               .status = CKPTIO_OK, .nvtx = ckptio__engine_setting(engine, CKPTIO_OPT_NVTX) != 0};
     pthread_mutex_init(&p.lock, NULL);
-    bool locked = false;
+    bool locked = false, resize_locked = false;
     p.alloc = ckptio__calloc(count ? count : 1, sizeof *p.alloc);
     if (!p.alloc) {
         st = CKPTIO_FAIL(CKPTIO_E_NOMEM, "out of memory checking %zu GPU extents", count);
@@ -701,13 +701,37 @@ ckptio_status ckptio__gpu_pipeline_run_observed(ckptio_engine *engine, const ckp
     unsigned nworkers;
     uint64_t slot;
     ckptio__gpu_geometry(engine, inline_only, obs ? obs->block : 0, &nworkers, &slot);
-    const uint64_t window_bytes = slot;
+    uint64_t window_bytes = slot;
     /* A read that touches an s3:// object: slots of whole GETs (they hold a file's windows too). */
-    const unsigned object_gets = dir == CKPTIO_READ ? ckptio__gpu_object_geometry(engine, inline_only, extents, count,
-                                                                                   &nworkers, &p.object_get)
-                                                    : 0;
+    unsigned object_gets = dir == CKPTIO_READ ? ckptio__gpu_object_geometry(engine, inline_only, extents, count,
+                                                                             &nworkers, &p.object_get)
+                                              : 0;
     p.plan.object_window = p.object_get * object_gets;
     if (slot < p.plan.object_window) slot = p.plan.object_window;
+    /* The engine's staging, for the whole run. Whether its pinned slots may
+     * be resized is decided before the windows are planned: while a stream
+     * waits on a stream-ordered request they keep their size, and the
+     * windows are cut to fit them (ckptio__gpu_kept_slot_bytes says why);
+     * otherwise resize_lock stays held until any resize is done, so that no
+     * request queues a stream's wait meanwhile. */
+    if ((st = ckptio__gpu_state_get(engine, ops, &p.st)) != CKPTIO_OK) goto out;
+    atomic_fetch_add(&p.st->transfers_waiting, 1); /* a prepare thread yields (gpu_pipeline.h) */
+    pthread_mutex_lock(&p.st->lock);
+    atomic_fetch_sub(&p.st->transfers_waiting, 1);
+    locked = true;
+    pthread_mutex_lock(&p.st->resize_lock);
+    resize_locked = true;
+    const uint64_t kept = ckptio__gpu_kept_slot_bytes(p.st);
+    if (kept) {
+        pthread_mutex_unlock(&p.st->resize_lock);
+        resize_locked = false;
+        if (window_bytes > kept) window_bytes = kept;
+        if (p.plan.object_window > kept) {
+            if (p.object_get > kept) p.object_get = kept;
+            object_gets = (unsigned)(kept / p.object_get);
+            p.plan.object_window = p.object_get * object_gets;
+        }
+    }
     p.plan.order = ckptio__calloc(count ? count : 1, sizeof *p.plan.order);
     p.plan.runs = ckptio__calloc(count ? count : 1, sizeof *p.plan.runs);
     if (!p.plan.order || !p.plan.runs) {
@@ -750,13 +774,14 @@ ckptio_status ckptio__gpu_pipeline_run_observed(ckptio_engine *engine, const ckp
             p.depth = object_gets > WINDOW_OPS_MAX ? object_gets : WINDOW_OPS_MAX;
             break;
         }
-    if ((st = ckptio__gpu_state_get(engine, ops, &p.st)) != CKPTIO_OK) goto out;
-    atomic_fetch_add(&p.st->transfers_waiting, 1); /* a prepare thread yields (gpu_pipeline.h) */
-    pthread_mutex_lock(&p.st->lock);
-    atomic_fetch_sub(&p.st->transfers_waiting, 1);
-    locked = true;
     if (dir == CKPTIO_READ) slot = ckptio__gpu_read_slot(engine, p.st, nworkers, slot);
-    ckptio__gpu_state_set_slot_bytes(p.st, (size_t)slot);
+    if (kept) {
+        slot = kept;
+    } else {
+        ckptio__gpu_state_set_slot_bytes(p.st, (size_t)slot);
+        pthread_mutex_unlock(&p.st->resize_lock);
+        resize_locked = false;
+    }
     /* What this call may pin: each worker's slots (a read's rotate through
      * CKPTIO_GPU_READ_SLOTS, a write's through all). Only when some are
      * missing: the decision reads /proc, which a stream of small GDS
@@ -788,6 +813,7 @@ ckptio_status ckptio__gpu_pipeline_run_observed(ckptio_engine *engine, const ckp
     else delta.bytes_d2h = p.bytes_copied;
     ckptio__engine_stats_add(engine, &delta);
 out:
+    if (resize_locked) pthread_mutex_unlock(&p.st->resize_lock);
     if (locked) pthread_mutex_unlock(&p.st->lock);
     pthread_mutex_destroy(&p.lock);
     ckptio__free(p.plan.wins);

@@ -78,6 +78,13 @@ typedef struct ckptio__gpu_state {
      * so a waiting transfer could otherwise wait for most of the pinning
      * (test_prepare_yields_to_a_transfer: 9 of 16 slots without this). */
     _Atomic unsigned transfers_waiting;
+    /* Stream-ordered GDS requests of the engine whose caller's stream waits
+     * on them (gds_async.c): counted up under resize_lock before the wait is
+     * queued, down once the request opened its gate. While there are any,
+     * pinned slots are not freed (ckptio__gpu_kept_slot_bytes); a run that
+     * may resize them holds resize_lock until it has. */
+    _Atomic unsigned stream_waits;
+    pthread_mutex_t resize_lock;
     int last_path;                       /* ckptio_io_path of the last GPU transfer */
 } ckptio__gpu_state;
 
@@ -131,6 +138,20 @@ ckptio_status ckptio__gpu_prepare(ckptio_engine *engine, const ckptio__gpu_ops *
 
 /* Sets the geometry for a run (frees slots of another size; st->lock held). */
 void ckptio__gpu_state_set_slot_bytes(ckptio__gpu_state *st, size_t slot_bytes);
+
+/* The size of the pinned slots while a stream waits on a stream-ordered
+ * request of the engine (stream_waits) and some slots are pinned: a run
+ * then keeps them and cuts its windows to fit; 0 otherwise (the run may
+ * resize them). Called with st->lock and st->resize_lock held. Freeing pinned
+ * memory synchronises a real device, which would wait for that stream,
+ * which waits for the request, which waits for this run (or is this run):
+ * a deadlock. */
+uint64_t ckptio__gpu_kept_slot_bytes(const ckptio__gpu_state *st);
+
+/* A stream-ordered request is about to make its caller's stream wait on it
+ * (before the wait is queued), and its gate opened (the stream goes on). */
+void ckptio__gpu_stream_wait_begin(ckptio__gpu_state *st);
+void ckptio__gpu_stream_wait_end(ckptio__gpu_state *st);
 
 /* How many of slots [0, slots) of workers [0, workers) are pinned (under `lock`). */
 unsigned ckptio__gpu_pinned_slots(const ckptio__gpu_state *st, unsigned workers, unsigned slots);

@@ -74,6 +74,7 @@ static void destroy_state(void *p) {
     release_range(st);
     pthread_mutex_destroy(&st->lock);
     pthread_mutex_destroy(&st->pin_lock);
+    pthread_mutex_destroy(&st->resize_lock);
     ckptio__free(st);
 }
 
@@ -97,6 +98,7 @@ ckptio_status ckptio__gpu_state_get(ckptio_engine *engine, const ckptio__gpu_ops
         st->last_path = 0;
         pthread_mutex_init(&st->lock, NULL);
         pthread_mutex_init(&st->pin_lock, NULL);
+        pthread_mutex_init(&st->resize_lock, NULL);
         pthread_mutex_init(&st->prepare_lock, NULL);
         for (unsigned w = 0; w < CKPTIO_GPU_MAX_WORKERS; w++) st->workers[w].device = -1;
         ckptio__engine_set_gpu_state(engine, st, destroy_state);
@@ -119,6 +121,19 @@ void ckptio__gpu_state_set_slot_bytes(ckptio__gpu_state *st, size_t slot_bytes) 
     release_range(st); /* its slots had the old size */
     st->slot_bytes = slot_bytes;
 }
+
+uint64_t ckptio__gpu_kept_slot_bytes(const ckptio__gpu_state *st) {
+    if (atomic_load(&st->stream_waits) == 0) return 0;
+    return ckptio__gpu_pinned_slots(st, CKPTIO_GPU_MAX_WORKERS, CKPTIO_GPU_NSLOTS) > 0 ? st->slot_bytes : 0;
+}
+
+void ckptio__gpu_stream_wait_begin(ckptio__gpu_state *st) {
+    pthread_mutex_lock(&st->resize_lock);
+    atomic_fetch_add(&st->stream_waits, 1);
+    pthread_mutex_unlock(&st->resize_lock);
+}
+
+void ckptio__gpu_stream_wait_end(ckptio__gpu_state *st) { atomic_fetch_sub(&st->stream_waits, 1); }
 
 /* Slot (w, s)'s place: one stride per worker and slot index, strides of
  * whole 2 MiB pages so that every slot can be on huge pages. */

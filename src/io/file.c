@@ -334,8 +334,7 @@ ckptio_status ckptio__file_check_transfer(ckptio_file *f, ckptio_direction dir, 
 void ckptio__file_op_init(ckptio__io_op *op, ckptio_file *file, ckptio_direction dir, void *buf, uint64_t len,
                           uint64_t offset) {
     const int dfd = ckptio__file_direct_fd(file);
-    bool direct = dfd >= 0 && (uintptr_t)buf % CKPTIO_DIRECT_ALIGN == 0 && offset % CKPTIO_DIRECT_ALIGN == 0 &&
-                  len % CKPTIO_DIRECT_ALIGN == 0;
+    bool direct = dfd >= 0 && ckptio__direct_aligned(buf, len, offset);
     /* Warm data is copied from the page cache rather than read from the
      * disk again; cold data goes through it where the read policy says so. */
     if (direct && ckptio__io_engine_setting(file->engine, CKPTIO_OPT_DIRECT) == CKPTIO_DIRECT_AUTO &&
@@ -369,9 +368,7 @@ ckptio_status ckptio__file_io(ckptio_file *file, ckptio_direction dir, void *buf
                                "interrupted");
     /* Only a request that O_DIRECT could serve (ckptio__file_op_init) opens its descriptor: a small
      * header read would open and close one for nothing (mode ON opened it with the file). */
-    if ((uintptr_t)buf % CKPTIO_DIRECT_ALIGN == 0 && offset % CKPTIO_DIRECT_ALIGN == 0 &&
-        len % CKPTIO_DIRECT_ALIGN == 0)
-        CKPTIO_FORWARD(ckptio__file_prepare_direct(file));
+    if (ckptio__direct_aligned(buf, len, offset)) CKPTIO_FORWARD(ckptio__file_prepare_direct(file));
     ckptio__io_op op;
     ckptio__file_op_init(&op, file, dir, buf, len, offset);
     const double t0 = ckptio__now();
@@ -432,20 +429,35 @@ static ckptio_status rename_into_place(ckptio_file *f) {
     return CKPTIO_OK;
 }
 
+/* The start of every commit of a local file. Whatever happens from here
+ * on, no more writes: a failed fsync must not be retried as if it had
+ * succeeded (the kernel may have dropped the dirty pages and cleared the
+ * error). A temporary takes the mode of what it replaces, before the fsync
+ * that makes the mode durable with the data (with EXCLUSIVE there is
+ * nothing to replace, unless a mode source was given). */
+static ckptio_status begin_local_commit(ckptio_file *f) {
+    f->closed_for_write = true;
+    if (f->tmp_path && (f->mode_from || !(f->flags & CKPTIO_OPEN_EXCLUSIVE)))
+        return ckptio_inherit_mode(f->fd, f->mode_from ? f->mode_from : f->path);
+    return CKPTIO_OK;
+}
+
+/* Opens f's directory to fsync it after f was renamed into it. */
+static ckptio_status open_dir_to_sync(const ckptio_file *f, int *dfd) {
+    *dfd = ckptio__open(f->dir_path, O_RDONLY | O_DIRECTORY | O_CLOEXEC, 0);
+    if (*dfd < 0)
+        return CKPTIO_FAIL_SYS(errno, "open", f->dir_path, -1, "opening the directory to fsync it after renaming %s",
+                               f->path);
+    return CKPTIO_OK;
+}
+
 ckptio_status ckptio_file_commit(ckptio_file *f) {
     CKPTIO_RETURN_IF(!f, CKPTIO_E_INVAL, "ckptio_file_commit: file is NULL");
     CKPTIO_FORWARD(check_writable(f, "commit", NULL));
     if (f->object) return ckptio__object_commit(f);
-    /* Whatever happens now, no more writes: a failed fsync must not be
-     * retried as if it had succeeded (the kernel may have dropped the
-     * dirty pages and cleared the error). */
-    f->closed_for_write = true;
+    CKPTIO_FORWARD(begin_local_commit(f));
     const bool sync = ckptio__io_engine_setting(f->engine, CKPTIO_OPT_SYNC) != 0;
     ckptio_stats delta = {0};
-    /* Before the fsync, which makes the new mode durable with the data;
-     * with EXCLUSIVE there is nothing to replace. */
-    if (f->tmp_path && (f->mode_from || !(f->flags & CKPTIO_OPEN_EXCLUSIVE)))
-        CKPTIO_FORWARD(ckptio_inherit_mode(f->fd, f->mode_from ? f->mode_from : f->path));
     if (sync) {
         const double t0 = ckptio__now();
         int ret = ckptio__fsync(f->fd);
@@ -470,11 +482,9 @@ ckptio_status ckptio_file_commit(ckptio_file *f) {
     if (sync && (f->created || !(f->flags & CKPTIO_OPEN_IN_PLACE))) {
         /* The new directory entry is durable only once the directory is. */
         const double t0 = ckptio__now();
-        int dfd = ckptio__open(f->dir_path, O_RDONLY | O_DIRECTORY | O_CLOEXEC, 0);
-        if (dfd < 0) {
-            st = CKPTIO_FAIL_SYS(errno, "open", f->dir_path, -1, "opening the directory to fsync it after renaming %s",
-                                 f->path);
-        } else {
+        int dfd;
+        st = open_dir_to_sync(f, &dfd);
+        if (st == CKPTIO_OK) {
             if (ckptio__fsync(dfd) < 0)
                 st = CKPTIO_FAIL_SYS(errno, "fsync", f->dir_path, -1,
                                      "flushing the directory after renaming %s (the file is in place but its name may "
@@ -494,15 +504,19 @@ static ckptio_status rename_unreferenced(ckptio_file *f) {
     CKPTIO_FORWARD(check_writable(f, "commit", NULL));
     CKPTIO_RETURN_IF(f->object || !f->tmp_path, CKPTIO_E_INVAL,
                      "%s: commit: only an atomic write of a local file is renamed before its fsync", f->path);
-    f->closed_for_write = true;
-    if (f->mode_from || !(f->flags & CKPTIO_OPEN_EXCLUSIVE))
-        CKPTIO_FORWARD(ckptio_inherit_mode(f->fd, f->mode_from ? f->mode_from : f->path));
+    CKPTIO_FORWARD(begin_local_commit(f));
     CKPTIO_FORWARD(rename_into_place(f));
     f->committed = true;
     return CKPTIO_OK;
 }
 
-int ckptio__file_renamed_fd(const ckptio_file *f) { return f->committed && !f->object ? f->fd : -1; }
+int ckptio__file_renamed_fd(const ckptio_file *f) { return f->sync_owed ? f->fd : -1; }
+
+bool ckptio__file_in_dir(const ckptio_file *f, const char *dir) {
+    struct stat a, b;
+    return !f->object && f->dir_path && stat(f->dir_path, &a) == 0 && stat(dir, &b) == 0 && a.st_dev == b.st_dev &&
+           a.st_ino == b.st_ino;
+}
 
 /* Up to this many files and directories are fsynced at once. */
 #define COMMIT_GROUP 64
@@ -551,8 +565,11 @@ ckptio_status ckptio_file_commit_unreferenced(ckptio_file *const *files, size_t 
                 continue;
             }
             if ((st = rename_unreferenced(f)) != CKPTIO_OK) break;
-            if ((flags & CKPTIO_COMMIT_SYNC_LATER) || ckptio__io_engine_setting(f->engine, CKPTIO_OPT_SYNC) == 0)
+            if (flags & CKPTIO_COMMIT_SYNC_LATER) {
+                f->sync_owed = true;
                 continue;
+            }
+            if (ckptio__io_engine_setting(f->engine, CKPTIO_OPT_SYNC) == 0) continue;
             what[n] = f;
             is_dir[n] = false;
             fds[n++] = f->fd;
@@ -562,12 +579,8 @@ ckptio_status ckptio_file_commit_unreferenced(ckptio_file *const *files, size_t 
             bool seen = false;
             for (size_t d = nfiles; d < n && !seen; d++) seen = strcmp(what[d]->dir_path, what[k]->dir_path) == 0;
             if (seen) continue;
-            const int dfd = ckptio__open(what[k]->dir_path, O_RDONLY | O_DIRECTORY | O_CLOEXEC, 0);
-            if (dfd < 0) {
-                st = CKPTIO_FAIL_SYS(errno, "open", what[k]->dir_path, -1,
-                                     "opening the directory to fsync it after renaming %s", what[k]->path);
-                break;
-            }
+            int dfd;
+            if ((st = open_dir_to_sync(what[k], &dfd)) != CKPTIO_OK) break;
             what[n] = what[k];
             is_dir[n] = true;
             fds[n++] = dfd;

@@ -24,6 +24,13 @@
 /* Alignment O_DIRECT needs for offsets, lengths and buffer addresses. */
 #define CKPTIO_DIRECT_ALIGN 4096u
 
+/* Whether a transfer of len bytes at offset from or to buf could use
+ * O_DIRECT: all three CKPTIO_DIRECT_ALIGN-aligned. */
+static inline bool ckptio__direct_aligned(const void *buf, uint64_t len, uint64_t offset) {
+    return (uintptr_t)buf % CKPTIO_DIRECT_ALIGN == 0 && offset % CKPTIO_DIRECT_ALIGN == 0 &&
+           len % CKPTIO_DIRECT_ALIGN == 0;
+}
+
 /* ---- the engine a file belongs to (engine_link.c) ------------------------
  * src/io sits below src/engine and calls nothing of it. A file keeps the
  * engine it was opened with as an opaque pointer and reaches it through
@@ -85,6 +92,8 @@ struct ckptio_file {
     bool created;           /* IN_PLACE write that created the file */
     bool committed;         /* ckptio_file_commit() succeeded */
     bool closed_for_write;  /* commit done or failed half-way: no more writes */
+    bool sync_owed;         /* renamed by ckptio_file_commit_unreferenced(CKPTIO_COMMIT_SYNC_LATER): the
+                             * fsyncs of its data and name are left to ckptio_dcp_commit() */
     pthread_mutex_t lock;
     /* Writes to a file on tmpfs or ramfs take turns (ckptio__file_op_init):
      * the kernel lets one writer of an inode in at a time anyway, and its
@@ -666,20 +675,26 @@ bool ckptio__io_fault(ckptio__io_kind kind, int *err, uint64_t *len);
 
 /* The buffered descriptor of a local file committed by
  * ckptio_file_commit_unreferenced(CKPTIO_COMMIT_SYNC_LATER), for the fsync
- * it still needs; -1 for a file not committed, or an object. (file.c) */
+ * it still needs; -1 for any other file (not committed, committed with its
+ * fsyncs, an object). (file.c) */
 int ckptio__file_renamed_fd(const ckptio_file *f);
+/* Whether the local file f lies in the directory `dir` (the same inode as
+ * its own directory; false for an object or a directory that cannot be
+ * stat'ed). (file.c) */
+bool ckptio__file_in_dir(const ckptio_file *f, const char *dir);
 
 /* ---- system calls of the commit protocols (syscalls.c) ------------------ */
 
 /* Each behaves as the system call of its name (-1 or NULL with errno on
  * failure; EINTR retried unless ckptio_interrupt() asked to stop, then it is
  * the failure) but fails where a fault of its kind is injected:
- * open (CKPTIO__IO_OPEN), fsync of files and directories (FSYNC), rename
+ * open (CKPTIO__IO_OPEN), fsync and fdatasync (FSYNC), rename
  * (RENAME), unlink (UNLINK), opendir (LISTDIR); write and read (WRITE, READ)
  * may also be cut short by an injected short transfer. */
 int ckptio__open(const char *path, int flags, mode_t mode);
 int ckptio__openat(int dirfd, const char *path, int flags, mode_t mode);
 int ckptio__fsync(int fd);
+int ckptio__fdatasync(int fd);
 /* fsync of every fds[i] at once (threads; up to 16 at a time): a file system
  * that journals, such as ext4, flushes them with one journal commit where one
  * after another each waits for a commit of its own. The fault of each is

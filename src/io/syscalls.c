@@ -39,20 +39,20 @@ int ckptio__openat(int dirfd, const char *path, int flags, mode_t mode) {
 
 int ckptio__open(const char *path, int flags, mode_t mode) { return ckptio__openat(AT_FDCWD, path, flags, mode); }
 
-int ckptio__fsync(int fd) {
+/* fsync(fd), or fdatasync(fd) with `data_only`, retried as every call
+ * here; `may_fail`: each try is a point where a test's fault may be
+ * injected (ckptio__fsync_many checks the faults itself, in order, before
+ * its threads run). */
+static int fsync_retried(int fd, bool may_fail, bool data_only) {
     for (;;) {
-        const int ret = injected(CKPTIO__IO_FSYNC) ? -1 : fsync(fd);
+        const int ret = may_fail && injected(CKPTIO__IO_FSYNC) ? -1 : data_only ? fdatasync(fd) : fsync(fd);
         if (ret == 0 || !again(errno)) return ret;
     }
 }
 
-/* fsync without the fault check (made by the caller, in order). */
-static int fsync_retried(int fd) {
-    for (;;) {
-        if (fsync(fd) == 0) return 0;
-        if (!again(errno)) return errno;
-    }
-}
+int ckptio__fsync(int fd) { return fsync_retried(fd, true, false); }
+
+int ckptio__fdatasync(int fd) { return fsync_retried(fd, true, true); }
 
 typedef struct fsync_job {
     int fd, err;
@@ -60,7 +60,7 @@ typedef struct fsync_job {
 
 static void *fsync_thread(void *arg) {
     fsync_job *j = arg;
-    j->err = fsync_retried(j->fd);
+    j->err = fsync_retried(j->fd, false, false) < 0 ? errno : 0;
     return NULL;
 }
 

@@ -68,6 +68,9 @@ static pthread_cond_t cond = PTHREAD_COND_INITIALIZER; /* any state change */
 static ckptio__gpu_sim_config config = {.device_free = 1ull << 30};
 static ckptio__gpu_sim_stats stats;
 static uint64_t pending;
+/* Host-word waits queued on streams and not yet passed (OP_WAIT_WORD). */
+enum { MAX_WORD_WAITS = 256 };
+static const sim_op *word_waits[MAX_WORD_WAITS];
 static sim_alloc *allocs;
 
 void ckptio__gpu_sim_configure(const ckptio__gpu_sim_config *cfg) {
@@ -143,6 +146,15 @@ static void untrack_at(void *p) {
         if (a->kind == CKPTIO_MEM_PINNED) {
             stats.pinned_now -= a->size;
             stats.pinned_frees++;
+            /* A real device synchronises here: it would wait for a stream
+             * that waits for a word the host has not written yet. */
+            for (unsigned i = 0; i < MAX_WORD_WAITS; i++)
+                if (word_waits[i] &&
+                    atomic_load_explicit((_Atomic uint32_t *)(uintptr_t)word_waits[i]->word, memory_order_acquire) <
+                        word_waits[i]->value) {
+                    stats.pinned_frees_while_waiting++;
+                    break;
+                }
         }
         *pp = a->next;
         ckptio__free(a);
@@ -344,6 +356,8 @@ static void *stream_main(void *arg) {
         }
         pthread_mutex_lock(&lock);
         if (op->kind == OP_COPY) pending--;
+        for (unsigned i = 0; op->kind == OP_WAIT_WORD && i < MAX_WORD_WAITS; i++)
+            if (word_waits[i] == op) word_waits[i] = NULL;
         if (op->kind == OP_EVENT) complete_event(s, op->event);
         s->head = op->next;
         if (!s->head) s->tail = NULL;
@@ -543,6 +557,15 @@ static ckptio_status sim_wait_word(void *stream, volatile uint32_t *word, uint32
     sim_op *op = ckptio__calloc(1, sizeof *op);
     if (!op) return CKPTIO_FAIL(CKPTIO_E_NOMEM, "simulated wait");
     *op = (sim_op){.kind = OP_WAIT_WORD, .word = word, .value = value};
+    pthread_mutex_lock(&lock);
+    unsigned i = 0;
+    while (i < MAX_WORD_WAITS && word_waits[i]) i++;
+    if (i < MAX_WORD_WAITS) word_waits[i] = op;
+    pthread_mutex_unlock(&lock);
+    if (i == MAX_WORD_WAITS) {
+        ckptio__free(op);
+        return CKPTIO_FAIL(CKPTIO_E_NOMEM, "simulated wait: more than %d host-word waits queued", MAX_WORD_WAITS);
+    }
     return enqueue(stream, op);
 }
 

@@ -47,6 +47,10 @@ typedef struct ckptio__gpu_sim_stats {
     uint64_t pinned_allocs;      /* pinned allocations made */
     uint64_t pinned_huge_allocs; /* of those, asked for huge pages */
     uint64_t pinned_frees;       /* pinned allocations freed */
+    uint64_t pinned_frees_while_waiting; /* of those, freed (or unpinned) while a stream waited on a host word
+                                          * not written yet: cuMemFreeHost synchronises a real device, which
+                                          * would wait for that stream: a deadlock when the host writes the
+                                          * word after the free */
     int64_t ctx_depth;           /* ctx_enter minus ctx_leave (0 when balanced) */
     uint64_t streams_live, events_live;
     uint64_t stream_waits;       /* stream_wait_event calls (a stream made to wait for an event) */

@@ -6,7 +6,7 @@ save writes version 2 while the n-th call of one native step fails, for
 every step the save makes and n = 1, 2, ... up to the number of calls a
 fault-free save makes (counted by a dry run, which is the "no fault fires"
 case). The steps are the libckptio calls the writer makes, through a proxy
-in place of ``_ckptio`` in ckptio.dcp's _writer, _commit and _lock:
+in place of ``_ckptio`` in ckptio.dcp's _writer, _data_files, _commit and _lock:
 
 - the data path: File(...) open, dcp_write, commit_unreferenced (the data
   files' commit: renamed, then fsynced with the directory at once),
@@ -67,7 +67,7 @@ from torch.distributed.checkpoint.filesystem import SerializationFormat  # noqa:
 import ckptio  # noqa: E402
 import ckptio.dcp as cdcp  # noqa: E402
 from ckptio import _ckptio, _errors  # noqa: E402
-from ckptio.dcp import _commit, _lock, _writer  # noqa: E402
+from ckptio.dcp import _commit, _data_files, _lock, _writer  # noqa: E402
 from conftest import CKPTIO_CLI, requires_cli  # noqa: E402
 
 pytestmark = pytest.mark.filterwarnings("ignore")
@@ -172,7 +172,7 @@ class _File:
 
 
 class _Native:
-    """Stands in for _ckptio in ckptio.dcp's _writer, _commit and _lock."""
+    """Stands in for _ckptio in ckptio.dcp's _writer, _data_files, _commit and _lock."""
 
     def __init__(self, faults):
         self._f = faults
@@ -248,13 +248,13 @@ class injected:
         self.faults = faults
 
     def __enter__(self):
-        self.saved = (_writer._ckptio, _commit._ckptio, _lock._ckptio)
+        self.saved = (_writer._ckptio, _data_files._ckptio, _commit._ckptio, _lock._ckptio)
         native = _Native(self.faults)
-        _writer._ckptio = _commit._ckptio = _lock._ckptio = native
+        _writer._ckptio = _data_files._ckptio = _commit._ckptio = _lock._ckptio = native
         return self.faults
 
     def __exit__(self, *exc):
-        _writer._ckptio, _commit._ckptio, _lock._ckptio = self.saved
+        _writer._ckptio, _data_files._ckptio, _commit._ckptio, _lock._ckptio = self.saved
         return False
 
 

@@ -17,14 +17,11 @@ from __future__ import annotations
 
 import logging
 import os
-import re
 from typing import List, Optional
 
 from .. import _ckptio
 from . import _lock, _objects
 
-# A data file of one ckptio save: __{rank}_{token}_{n}.distcp
-_DATA_NAME = re.compile(r"__\d+_([0-9a-f]{12})_\d+\.distcp\Z")
 _log = logging.getLogger("ckptio.dcp")
 
 
@@ -34,11 +31,14 @@ class LeaseSteps:
     def __init__(self, lock: Optional[_lock.DirectoryLock]) -> None:
         self.lock = lock
         self.committed = False  # the .metadata is in place
+        self.manifest: Optional[str] = None  # the manifest the commit writes (libckptio names it), once begun
         self._pending: Optional[_lock.PendingCheck] = None
 
-    def on_step(self, step: int, done: bool) -> None:
-        """Called around every step of the commit (_ckptio.DCP_STEP_*)."""
+    def on_step(self, step: int, path: str, done: bool) -> None:
+        """Called around every step of the commit (_ckptio.DCP_STEP_*) with
+        the file the step writes."""
         if step == _ckptio.DCP_STEP_MANIFEST and not done:
+            self.manifest = path
             self._start()
         elif step == _ckptio.DCP_STEP_METADATA and not done:
             self._wait()
@@ -70,17 +70,15 @@ class LeaseSteps:
             self.lock.check()
 
 
-def remove_own_objects(dirpath: str, files: List[str], engine=None) -> None:
+def remove_own_objects(dirpath: str, files: List[str], engine=None, manifest: Optional[str] = None) -> None:
     """A save that lost the lease before its .metadata: the objects it wrote
-    (its token's data objects and manifest; no other save writes those names)
-    go, so they do not wait for a later save's cleanup. Best effort: what is
-    left is unreferenced, and a later cleanup removes it."""
-    names = list(files)
-    tokens = {m.group(1) for m in map(_DATA_NAME.match, files) if m}
-    if len(tokens) == 1:
-        names.append(f".ckptio-manifest-{tokens.pop()}.json")
-    for name in names:
+    (its token's data objects and `manifest`, the path the commit's step
+    callback named; no other save writes those names) go, so they do not
+    wait for a later save's cleanup. Best effort: what is left is
+    unreferenced, and a later cleanup removes it."""
+    paths = [_objects.join(dirpath, name) for name in files] + ([manifest] if manifest else [])
+    for path in paths:
         try:
-            _objects.remove(_objects.join(dirpath, name), engine)
+            _objects.remove(path, engine)
         except Exception as e:  # noqa: BLE001 - logged; the commit's own error is raised
-            _log.warning("%s: could not remove %s of this save, which lost the lease: %s", os.fspath(dirpath), name, e)
+            _log.warning("%s: could not remove %s of this save, which lost the lease: %s", os.fspath(dirpath), path, e)

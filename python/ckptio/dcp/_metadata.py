@@ -29,7 +29,6 @@ from __future__ import annotations
 import array
 import collections
 import dataclasses
-import gc
 import os
 import pathlib
 import re
@@ -39,7 +38,7 @@ import torch
 from torch.distributed.checkpoint import metadata as _md
 from torch.distributed.checkpoint.filesystem import _StorageInfo
 
-from .. import _ckptio, _files
+from .. import _bulk, _ckptio, _files
 from .._errors import make_error
 
 _MD = "torch.distributed.checkpoint.metadata."
@@ -218,19 +217,15 @@ def metadata_from_bytes(data: bytes, origin: str = "<memory>", whole: bool = Tru
     # The objects are millions of new containers for a large checkpoint,
     # none of them garbage: the cyclic collector's passes over them would
     # take most of the time (docs/DCP.md#measured).
-    paused = gc.isenabled()
-    gc.disable()
     try:
-        md = _ckptio.dcp_metadata_objects(bytes(data), origin, _DATACLASSES, torch.Size, _DTYPES,
-                                          collections.OrderedDict, _Refused, _other)
-        _check(md, origin, whole)
+        with _bulk.no_gc():
+            md = _ckptio.dcp_metadata_objects(bytes(data), origin, _DATACLASSES, torch.Size, _DTYPES,
+                                              collections.OrderedDict, _Refused, _other)
+            _check(md, origin, whole)
     except _Refused as e:
         raise _error(origin, str(e)) from None
     except (TypeError, ValueError, RecursionError, AttributeError) as e:  # unhashable keys, a key missing a field
         raise _error(origin, f"{type(e).__name__}: {e}") from None
-    finally:
-        if paused:
-            gc.enable()
     return md
 
 

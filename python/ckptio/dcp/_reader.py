@@ -42,7 +42,6 @@ from .._errors import CkptioError, make_error
 from . import _broadcast, _objects, _spans
 from ._metadata import metadata_from_bytes
 
-ZSTD_DESCRIPTOR = "stream.zstd/1"
 # A step of a transform chain that libckptio applies itself (zstd).
 ZSTD_STEP = "zstd"
 # Longest transform chain an item may have (torch's writer records one

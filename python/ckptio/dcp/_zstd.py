@@ -5,7 +5,12 @@ pyzstd installed) decompresses the items, and ckptio's reader always can."""
 
 from __future__ import annotations
 
+from typing import Any
+
 from torch.distributed.checkpoint._extension import StreamTransformExtension
+
+# The descriptor of the one transform ckptio applies itself, in .metadata.
+ZSTD_DESCRIPTOR = "stream.zstd/1"
 
 
 class ZStandard(StreamTransformExtension):
@@ -29,6 +34,16 @@ class ZStandard(StreamTransformExtension):
     def transform_from(self, input):
         raise NotImplementedError("ckptio.dcp.ZStandard decompresses inside ckptio.dcp.FileSystemReader only; "
                                   "use torch's ZStandard with torch's reader")
+
+
+def descriptor_of(ext: Any) -> str:
+    """The descriptor of an extension given to FileSystemWriter (ckptio's or
+    torch's ZStandard); any other is refused."""
+    name = getattr(ext, "registry_name", None)
+    desc = ext.get_descriptor() if hasattr(ext, "get_descriptor") else None
+    if name is None or name() != "stream.zstd" or desc is None or desc.partition("/")[2].partition(".")[0] != "1":
+        raise ValueError(f"ckptio.dcp supports only the zstd stream transform (stream.zstd/1), not {ext!r}")
+    return ZSTD_DESCRIPTOR
 
 
 __all__ = ["ZStandard"]
