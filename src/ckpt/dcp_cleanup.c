@@ -504,10 +504,9 @@ void ckptio__dcp_prefetch_finish(ckptio__dcp_prefetch *p) {
  * manifest with its data files. Sorted. */
 static ckptio_status manifests_of(const names *referenced, names *out) {
     for (size_t i = 0; i < referenced->n; i++) {
-        char token[13], name[sizeof CKPTIO__DCP_MANIFEST_PREFIX + 12 + sizeof ".json"];
-        if (!ckptio__dcp_data_name(referenced->v[i], token)) continue;
-        snprintf(name, sizeof name, CKPTIO__DCP_MANIFEST_PREFIX "%s.json", token);
-        if (!names_add(out, name)) return CKPTIO_FAIL(CKPTIO_E_NOMEM, "out of memory");
+        char name[CKPTIO__DCP_MANIFEST_NAME_SIZE];
+        if (ckptio__dcp_manifest_name((const char *const *)&referenced->v[i], 1, name) && !names_add(out, name))
+            return CKPTIO_FAIL(CKPTIO_E_NOMEM, "out of memory");
     }
     names_sort(out);
     return CKPTIO_OK;
