@@ -290,10 +290,11 @@ static void *renew(void *arg) {
         seen s = {0};
         char why[512] = "", other[200];
         ckptio_status st = CKPTIO_OK;
-        if (overdue(l)) { /* never written again once another save may have taken it */
+        if (!l->pin) st = look(l->engine, l->url, &s);
+        if (overdue(l)) { /* never written again once another save may have taken it (after a slow look too) */
             snprintf(why, sizeof why, "the lease %s was last renewed %.1f s ago: it may have lapsed and been "
                      "taken over", l->url, ckptio__now() - l->renewed);
-        } else if (!l->pin && (st = look(l->engine, l->url, &s)) == CKPTIO_OK && !s.exists) {
+        } else if (!l->pin && st == CKPTIO_OK && !s.exists) {
             snprintf(why, sizeof why, "the lease %s is gone (another save took it over and released it)", l->url);
         } else if (!l->pin && st == CKPTIO_OK && (!s.parsed || strcmp(s.text.owner, l->mine.owner) != 0)) {
             describe_other(&s, other, sizeof other);
