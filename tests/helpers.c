@@ -6,6 +6,7 @@
 
 #include <dirent.h>
 #include <errno.h>
+#include <signal.h>
 #include <ftw.h>
 #include <spawn.h>
 #include <stdarg.h>
@@ -162,4 +163,17 @@ int t_run_self(const char *self, const char *arg) {
     int status = 0;
     if (waitpid(pid, &status, 0) != pid || !WIFEXITED(status)) return -1;
     return WEXITSTATUS(status);
+}
+
+void t_killed_save(const char *path) {
+    const pid_t pid = fork();
+    T_ASSERT(pid >= 0);
+    if (pid == 0) {
+        ckptio_engine *e;
+        ckptio_file *f;
+        if (ckptio_engine_create(&e) || ckptio_file_open(e, path, CKPTIO_OPEN_WRITE, &f)) _exit(3);
+        raise(SIGKILL);
+    }
+    int ws;
+    T_ASSERT(waitpid(pid, &ws, 0) == pid && WIFSIGNALED(ws));
 }

@@ -81,6 +81,10 @@ bool t_file_exists(const char *path);
  * those starting with `keep` (NULL: none). */
 void t_unsetenv_prefix(const char *prefix, const char *keep);
 
+/* A child process opens an atomic write of `path` (its temporary made and
+ * locked) and is killed with SIGKILL: what a killed save leaves behind. */
+void t_killed_save(const char *path);
+
 /* Count directory entries whose name contains `needle` (e.g. temporaries). */
 int t_count_entries(const char *dir, const char *needle);
 

@@ -127,16 +127,23 @@ static inline void proxy_start(const char *const *rules) {
     setenv("AWS_ENDPOINT_URL", url, 1);
 }
 
+/* The proxy's log so far, NUL-terminated (free() it; "" before any line). */
+static inline char *proxy_log_text(void) {
+    size_t len = 0;
+    char *raw = t_read_file(proxy_log, &len), *text = calloc(1, len + 1);
+    T_ASSERT(text);
+    if (raw) memcpy(text, raw, len);
+    free(raw);
+    return text;
+}
+
 /* Stops the proxy; returns how many requests met `action`. */
 static inline int proxy_stop(const char *action) {
     kill(proxy_pid, SIGTERM);
     int status;
     waitpid(proxy_pid, &status, 0);
     setenv("AWS_ENDPOINT_URL", upstream, 1);
-    size_t len = 0;
-    char *raw = t_read_file(proxy_log, &len), *log = calloc(1, len + 1);
-    if (raw && log) memcpy(log, raw, len);
-    free(raw);
+    char *log = proxy_log_text();
     char needle[64];
     snprintf(needle, sizeof needle, "\"action\": \"%s\"", action);
     int n = 0;

@@ -185,19 +185,23 @@ static void test_traced_order(const char *self) {
     T_ASSERT_MSG(find(ev, n, fs + 1, 'F', "", false) < 0 && find(ev, n, 0, 'F', "", false) == fs,
                  "more than one fsync");
     free(ev);
-    /* A save over a stale temporary of its NAME: the unlink comes before the
-     * rename, and the commit's directory fsync after both. */
+    /* A save over stale temporaries of its NAME (a killed save's in the first
+     * slot, which makes the save look for others, and an older one): the
+     * unlinks come before the rename, and the commit's directory fsync after
+     * them all. */
     dir = make_dir("traced-save");
+    plant(dir, ".x.bin.ckptio-tmp-000000");
     plant(dir, ".x.bin.ckptio-tmp-SSSSSS");
     ev = trace(self, "save", dir, &n);
     T_ASSERT(ev);
+    const int u0 = find(ev, n, 0, 'U', ".x.bin.ckptio-tmp-000000", false);
     const int us = find(ev, n, 0, 'U', ".x.bin.ckptio-tmp-SSSSSS", false);
     const int rn = find(ev, n, 0, 'R', "/.x.bin.ckptio-tmp-", false);
-    T_ASSERT_MSG(us >= 0 && rn > us, "stale unlink %d, rename %d", us, rn);
+    T_ASSERT_MSG(u0 >= 0 && us >= 0 && rn > us && rn > u0, "stale unlinks %d %d, rename %d", u0, us, rn);
     T_ASSERT_MSG(find(ev, n, rn, 'F', dir, true) > rn, "no directory fsync after the rename");
     char stale[1024];
     snprintf(stale, sizeof stale, "%s/.x.bin.ckptio-tmp-SSSSSS", dir);
-    T_ASSERT(!t_file_exists(stale));
+    T_ASSERT(!t_file_exists(stale) && t_count_entries(dir, "ckptio-tmp") == 0);
     free(ev);
     printf("ok test_traced_order\n");
 }

@@ -221,16 +221,7 @@ static void test_cleanup_rules(void) {
     snprintf(path, sizeof path, "%s/a.bin", dir);
     snprintf(other, sizeof other, "%s/b.bin", dir);
     /* A dead writer: a child opens an atomic write and is killed. */
-    const pid_t pid = fork();
-    T_ASSERT(pid >= 0);
-    if (pid == 0) {
-        ckptio_engine *e;
-        ckptio_file *f;
-        if (ckptio_engine_create(&e) || ckptio_file_open(e, path, CKPTIO_OPEN_WRITE, &f)) _exit(3);
-        raise(SIGKILL);
-    }
-    int ws;
-    T_ASSERT(waitpid(pid, &ws, 0) == pid && WIFSIGNALED(ws));
+    t_killed_save(path);
     T_ASSERT(t_count_entries(dir, ".a.bin.ckptio-tmp-") == 1);
     /* A live writer of b.bin in this very process. */
     ckptio_file *live;

@@ -232,6 +232,26 @@ static void test_large_host_tensors_hashed_in_blocks_as_written(void) {
     free(big);
 }
 
+/* The library's XXH3 (libxxhash's x86 dispatcher where it has one) gives the digests of the plain functions this
+ * test links: every length class of XXH3 (0-16, 17-128, 129-240 bytes, stripes, blocks of 1 KiB, many blocks),
+ * at every alignment of the first byte. */
+static void test_xxh3_digests_match_the_reference(void) {
+    const size_t n = (4u << 20) + 4099;
+    unsigned char *b = malloc(n + 64);
+    T_ASSERT(b);
+    t_fill_random(b, n + 64, 5);
+    const size_t lens[] = {0, 1, 3, 4, 8, 9, 16, 17, 100, 128, 129, 200, 240, 241, 255, 256, 1023, 1024, 1025,
+                           4096, 65535, 65536 + 7, (1u << 20) + 13, n};
+    for (size_t a = 0; a < 64; a += 7)
+        for (size_t i = 0; i < sizeof lens / sizeof lens[0]; i++) {
+            uint64_t h;
+            T_OK(ckptio_hash_xxh3(b + a, lens[i], &h));
+            T_ASSERT_MSG(h == XXH3_64bits(b + a, lens[i]), "%zu bytes at +%zu: %016llx", lens[i], a,
+                         (unsigned long long)h);
+        }
+    free(b);
+}
+
 int main(void) {
     ckptio_engine *engine = NULL;
     T_OK(ckptio_engine_create(&engine));
@@ -239,6 +259,7 @@ int main(void) {
     test_zstd_streamed_frames_and_corruption();
     test_errors(engine);
     test_large_host_tensors_hashed_in_blocks_as_written();
+    test_xxh3_digests_match_the_reference();
     T_OK(ckptio_engine_destroy(engine));
     return T_EXIT_PASS;
 }

@@ -54,6 +54,7 @@ static void test_defaults_and_names(void) {
     T_ASSERT(get(e, CKPTIO_OPT_S3_BACKOFF_MS) == 200);
     T_ASSERT(get(e, CKPTIO_OPT_S3_LEASE_MS) == 60000);
     T_ASSERT(get(e, CKPTIO_OPT_WRITE_CACHE) == CKPTIO_WRITE_CACHE_AUTO);
+    T_ASSERT(get(e, CKPTIO_OPT_S3_BUFFERS_KEEP_MS) == 60000);
     ckptio_backend b;
     T_OK(ckptio_engine_backend(e, &b));
     T_ASSERT(b == (ckptio__io_uring_probe(NULL) == 0 ? CKPTIO_BACKEND_IO_URING : CKPTIO_BACKEND_PREAD));
@@ -62,7 +63,8 @@ static void test_defaults_and_names(void) {
                                         "staging_bytes", "direct", "direct_min_bytes", "sync",
                                         "gpu_path", "read_cache", "gpu_huge_slots", "nvtx",
                                         "s3_concurrency", "s3_part_bytes", "s3_retries", "s3_timeout_ms",
-                                        "s3_deadline_ms", "s3_backoff_ms", "s3_lease_ms", "write_cache"};
+                                        "s3_deadline_ms", "s3_backoff_ms", "s3_lease_ms", "write_cache",
+                                        "s3_buffers_keep_ms"};
     T_ASSERT(sizeof names / sizeof *names == CKPTIO_OPT_COUNT_);
     for (int o = 0; o < CKPTIO_OPT_COUNT_; o++) T_ASSERT(strcmp(ckptio_option_name((ckptio_option)o), names[o]) == 0);
     T_ASSERT(ckptio_option_name(CKPTIO_OPT_COUNT_) == NULL);

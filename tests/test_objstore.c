@@ -6,12 +6,14 @@
  * a cancel, the older object intact), errors that name the bucket, the key
  * and the server's Code and Message and never a credential, hostile keys,
  * listings over several pages, the cleanup of uploads a killed writer left,
- * and memory that stays bounded while an object larger than the buffers
- * streams through.
+ * memory that stays bounded while an object larger than the buffers
+ * streams through, and part buffers that later and concurrent uploads of
+ * one engine reuse.
  */
 #include "objstore_helpers.h"
 
 #include <dirent.h>
+#include <pthread.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 
@@ -514,6 +516,126 @@ static void test_memory_bounded(void) {
     free(back);
 }
 
+typedef struct pooled_upload {
+    ckptio_engine *engine;
+    const char *url;
+    const unsigned char *data;
+    size_t n;
+    ckptio_status status;
+} pooled_upload;
+
+/* Writes the object in 1 MiB pieces, in order, and commits it. */
+static void *pooled_upload_run(void *arg) {
+    pooled_upload *u = arg;
+    ckptio_file *f;
+    u->status = ckptio_file_open(u->engine, u->url, CKPTIO_OPEN_WRITE, &f);
+    if (u->status != CKPTIO_OK) return NULL;
+    for (size_t off = 0; off < u->n && u->status == CKPTIO_OK; off += 1u << 20) {
+        const size_t len = u->n - off < (1u << 20) ? u->n - off : 1u << 20;
+        u->status = ckptio__file_io(f, CKPTIO_WRITE, (void *)(u->data + off), len, off);
+    }
+    if (u->status == CKPTIO_OK) u->status = ckptio_file_commit(f);
+    const ckptio_status st = ckptio_file_close(f);
+    if (u->status == CKPTIO_OK) u->status = st;
+    return NULL;
+}
+
+/* Part buffers come from the engine's pool and go back to it: an upload
+ * after the first one allocates no buffer, uploads at once share the pool,
+ * the pool never keeps more than one upload's bound, a fork()ed child
+ * uploads through a pool of its own, and the engine frees what it keeps
+ * when destroyed (ASan's leak check). */
+static void test_part_buffers_reused(void) {
+    ckptio_engine *e = s3_test_engine(); /* 5 MiB parts */
+    T_OK(ckptio_engine_set(e, CKPTIO_OPT_S3_CONCURRENCY, 2));
+    T_OK(ckptio_engine_set(e, CKPTIO_OPT_THREADS, 2));
+    T_OK(ckptio_engine_set(e, CKPTIO_OPT_CHUNK_BYTES, 1 << 20));
+    const uint64_t bound = 4 * (5u << 20) + 2 * (1u << 20); /* four parts' buffers at most */
+    const size_t n = (21u << 20) + 12345;                   /* five parts, the last short */
+    unsigned char *data = random_bytes(n, 71), *other = random_bytes(n, 72);
+    ckptio__s3_part_pool_stats s;
+    ckptio__object_part_pool_stats(e, &s);
+    T_ASSERT(s.allocated == 0 && s.reused == 0 && s.kept_bytes == 0);
+
+    /* The first upload holds four buffers at once: a piece of each of the first four parts, then the rest. */
+    const char *a = s3_url("pool-a.bin");
+    ckptio_file *f;
+    T_OK(ckptio_file_open(e, a, CKPTIO_OPEN_WRITE, &f));
+    const size_t part = 5u << 20, mib = 1u << 20;
+    for (size_t p = 0; p < 4; p++) T_OK(ckptio__file_io(f, CKPTIO_WRITE, data + p * part, mib, p * part));
+    for (size_t p = 0; p < 4; p++)
+        T_OK(ckptio__file_io(f, CKPTIO_WRITE, data + p * part + mib, 4 * mib, p * part + mib));
+    T_OK(ckptio__file_io(f, CKPTIO_WRITE, data + (20u << 20), n - (20u << 20), 20u << 20));
+    T_OK(ckptio_file_commit(f));
+    T_OK(ckptio_file_close(f));
+    ckptio__object_part_pool_stats(e, &s);
+    T_ASSERT_MSG(s.allocated == 4 && s.reused == 1 && s.kept_bytes == 4 * (5u << 20),
+                 "first upload: allocated %llu, reused %llu, kept %llu", (unsigned long long)s.allocated,
+                 (unsigned long long)s.reused, (unsigned long long)s.kept_bytes);
+    check_object(e, a, data, n);
+
+    /* A second upload, through the engine's workers: every buffer is one the first touched. */
+    const char *b = s3_url("pool-b.bin");
+    T_OK(ckptio_file_open(e, b, CKPTIO_OPEN_WRITE, &f));
+    T_OK(ckptio_file_truncate(f, n));
+    const ckptio_extent x = {.file = f, .file_offset = 0, .length = n, .memory = other, .mem_kind = CKPTIO_MEM_HOST};
+    T_OK(ckptio_engine_execute_extents(e, CKPTIO_WRITE, &x, 1));
+    T_OK(ckptio_file_commit(f));
+    T_OK(ckptio_file_close(f));
+    ckptio__object_part_pool_stats(e, &s);
+    T_ASSERT_MSG(s.allocated == 4 && s.reused == 6, "second upload: allocated %llu, reused %llu",
+                 (unsigned long long)s.allocated, (unsigned long long)s.reused);
+    check_object(e, b, other, n);
+
+    /* Two uploads at once share the pool: at most four more buffers, the bound kept, both objects exact. */
+    pooled_upload u[2] = {{e, s3_url("pool-c.bin"), data, n, CKPTIO_OK},
+                          {e, s3_url("pool-d.bin"), other, n, CKPTIO_OK}};
+    pthread_t t[2];
+    for (int i = 0; i < 2; i++) T_ASSERT(pthread_create(&t[i], NULL, pooled_upload_run, &u[i]) == 0);
+    for (int i = 0; i < 2; i++) pthread_join(t[i], NULL);
+    for (int i = 0; i < 2; i++) T_OK(u[i].status);
+    ckptio__object_part_pool_stats(e, &s);
+    T_ASSERT_MSG(s.allocated <= 8 && s.kept_peak <= bound && s.kept_bytes <= bound,
+                 "two uploads at once: allocated %llu, kept peak %llu of %llu", (unsigned long long)s.allocated,
+                 (unsigned long long)s.kept_peak, (unsigned long long)bound);
+    check_object(e, u[0].url, data, n);
+    check_object(e, u[1].url, other, n);
+    for (int i = 0; i < 2; i++) T_OK(ckptio_object_delete(e, u[i].url));
+
+    /* A fork()ed child drops its copy of the kept buffers and uploads through a pool of its own. */
+    T_ASSERT(s.kept_bytes > 0);
+    pooled_upload forked = {e, s3_url("pool-fork.bin"), data, n, CKPTIO_OK};
+    const pid_t pid = fork();
+    T_ASSERT(pid >= 0);
+    if (pid == 0) {
+        pooled_upload_run(&forked);
+        ckptio__s3_part_pool_stats cs;
+        ckptio__object_part_pool_stats(e, &cs);
+        _exit(forked.status != CKPTIO_OK ? 1 : cs.allocated == 0 ? 2 : 0); /* a fresh pool allocates */
+    }
+    int status = 0;
+    T_ASSERT(waitpid(pid, &status, 0) == pid);
+    T_ASSERT_MSG(WIFEXITED(status) && WEXITSTATUS(status) == 0, "the child's upload: status %d", status);
+    check_object(e, forked.url, data, n);
+    T_OK(ckptio_object_delete(e, forked.url));
+    T_OK(ckptio_object_delete(e, a));
+    T_OK(ckptio_object_delete(e, b));
+    T_OK(ckptio_engine_destroy(e)); /* frees the kept buffers */
+
+    /* s3_buffers_keep_ms 0: nothing is kept after the upload. */
+    e = s3_test_engine();
+    T_OK(ckptio_engine_set(e, CKPTIO_OPT_S3_BUFFERS_KEEP_MS, 0));
+    pooled_upload one = {e, s3_url("pool-e.bin"), data, n, CKPTIO_OK};
+    pooled_upload_run(&one);
+    T_OK(one.status);
+    ckptio__object_part_pool_stats(e, &s);
+    T_ASSERT(s.kept_bytes == 0 && s.reused == 0 && s.freed == s.allocated);
+    T_OK(ckptio_object_delete(e, one.url));
+    T_OK(ckptio_engine_destroy(e));
+    free(data);
+    free(other);
+}
+
 int main(void) {
     s3_test_bucket();
     T_RUN(test_single_requests);
@@ -524,5 +646,6 @@ int main(void) {
     T_RUN(test_listing_pages);
     T_RUN(test_killed_writer_cleanup);
     T_RUN(test_memory_bounded);
+    T_RUN(test_part_buffers_reused);
     return T_EXIT_PASS;
 }

@@ -150,6 +150,142 @@ static void test_hf_prefix(void) {
     ckptio_engine_destroy(e);
 }
 
+/* ---- requests of a model's open, as the server sees them ------------------------ */
+
+#define MAX_REQUESTS 64
+
+typedef struct request_log {
+    char method[MAX_REQUESTS][8];
+    char target[MAX_REQUESTS][512];
+    double start[MAX_REQUESTS], end[MAX_REQUESTS];
+    size_t n;
+} request_log;
+
+/* The requests in the proxy's log, once `want` of them are there (it logs
+ * a request once answered). */
+static void read_requests(request_log *g, size_t want) {
+    for (int tries = 0; tries < 100; tries++) {
+        char *text = proxy_log_text();
+        g->n = 0;
+        for (char *line = strtok(text, "\n"); line; line = strtok(NULL, "\n")) {
+            T_ASSERT(g->n < MAX_REQUESTS);
+            const char *m = strstr(line, "\"method\": \""), *t = strstr(line, "\"target\": \"");
+            const char *s = strstr(line, "\"start\": "), *e = strstr(line, "\"end\": ");
+            T_ASSERT_MSG(m && t && s, "log line: %s", line);
+            sscanf(m + 11, "%7[^\"]", g->method[g->n]);
+            sscanf(t + 11, "%511[^\"]", g->target[g->n]);
+            g->start[g->n] = strtod(s + 9, NULL);
+            g->end[g->n] = e ? strtod(e + 7, NULL) : g->start[g->n]; /* a fault's line has no end */
+            g->n++;
+        }
+        free(text);
+        if (g->n >= want) return;
+        usleep(20 * 1000);
+    }
+}
+
+/* Requests of `method` whose target contains `part`. */
+static size_t count_requests(const request_log *g, const char *method, const char *part) {
+    size_t n = 0;
+    for (size_t i = 0; i < g->n; i++) n += !strcmp(g->method[i], method) && strstr(g->target[i], part);
+    return n;
+}
+
+/* A prefix of 4 shards opens with a HEAD of its key, one listing, one GET of
+ * the index and per shard one GET of its first 64 KiB (a second one only for
+ * a header past them), no HEAD of what the listing sized, the shards'
+ * requests in flight together; the format probe of the prefix is a HEAD of
+ * its key and the prefix's listing. A shard replaced after the open fails
+ * its read as stale. */
+static void test_hf_prefix_requests(void) {
+    ckptio_engine *e = s3_test_engine();
+    const char *dir = s3_url("hf-requests");
+    const char *names[4][1] = {{"w0"}, {"w1"}, {"w2"}, {"w3"}};
+    char shard[4][64];
+    char index[1024] = "{\"weight_map\": {";
+    for (int i = 0; i < 4; i++) {
+        snprintf(shard[i], sizeof shard[i], "model-%05d-of-00004.safetensors", i + 1);
+        if (i < 3) {
+            save_shard(e, in(dir, shard[i]), names[i], 1, 5000, 40 + (uint64_t)i);
+        } else { /* a header longer than the first GET: its rest is read */
+            char *big = malloc(100000);
+            memset(big, 'm', 99999);
+            big[99999] = '\0';
+            const ckptio_kv kv = {"pad", big};
+            float *data = malloc(5000 * 4);
+            t_fill_random(data, 5000 * 4, 43);
+            static const int64_t shape[1] = {5000};
+            const ckptio_tensor_source src = {"w3", CKPTIO_DTYPE_F32, 1, shape, data, 5000 * 4, CKPTIO_MEM_HOST};
+            T_OK(ckptio_safetensors_save(e, in(dir, shard[i]), &src, 1, &kv, 1, 0));
+            free(data);
+            free(big);
+        }
+        const size_t at = strlen(index);
+        snprintf(index + at, sizeof index - at, "%s\"w%d\": \"%s\"", i ? ", " : "", i, shard[i]);
+    }
+    strcat(index, "}}");
+    put(e, in(dir, "model.safetensors.index.json"), index, strlen(index));
+    snprintf(upstream, sizeof upstream, "%s", getenv("AWS_ENDPOINT_URL"));
+    const char *const no_rules[] = {NULL};
+    request_log *g = calloc(1, sizeof *g);
+    T_ASSERT(g);
+
+    proxy_start(no_rules);
+    ckptio_format fmt;
+    T_OK(ckptio_format_detect_engine(e, dir, &fmt));
+    T_ASSERT(fmt == CKPTIO_FORMAT_HF_INDEX);
+    read_requests(g, 2);
+    proxy_stop("pass");
+    T_ASSERT_MSG(g->n == 2 && count_requests(g, "GET", "list-type") == 1, "%zu requests, %zu listings", g->n,
+                 count_requests(g, "GET", "list-type"));
+
+    proxy_start(no_rules);
+    ckptio_model *m;
+    T_OK(ckptio_model_open(e, dir, 0, &m));
+    read_requests(g, 8);
+    for (int i = 0; i < 4; i++) {
+        const size_t heads = count_requests(g, "HEAD", shard[i]), gets = count_requests(g, "GET", shard[i]);
+        T_ASSERT_MSG(heads == 0 && gets == (i < 3 ? 1u : 2u), "%s: %zu HEADs, %zu GETs", shard[i], heads, gets);
+    }
+    T_ASSERT_MSG(count_requests(g, "GET", "list-type") == 1, "%zu listings", count_requests(g, "GET", "list-type"));
+    T_ASSERT_MSG(count_requests(g, "GET", "index.json") == 1 && count_requests(g, "HEAD", "index.json") == 0,
+                 "the index: %zu GETs, %zu HEADs", count_requests(g, "GET", "index.json"),
+                 count_requests(g, "HEAD", "index.json"));
+    T_ASSERT_MSG(g->n == 8, "%zu requests to open the model", g->n);
+    /* Some two shards' requests were in flight at one moment. */
+    bool together = false;
+    for (size_t i = 0; i < g->n; i++)
+        for (size_t j = 0; j < g->n; j++)
+            if (strstr(g->target[i], "-of-00004") && strstr(g->target[j], "-of-00004") &&
+                strcmp(g->target[i], g->target[j]) && g->start[j] >= g->start[i] && g->start[j] < g->end[i])
+                together = true;
+    T_ASSERT_MSG(together, "the shards were opened one after another");
+    for (int i = 0; i < 4; i++) check_model(m, names[i], 1, 5000, 40 + (uint64_t)i);
+    save_shard(e, in(dir, shard[1]), names[1], 1, 5000, 99);
+    float *got = malloc(5000 * 4);
+    size_t at;
+    T_OK(ckptio_model_find(m, "w1", &at));
+    const ckptio_slice_target rq = {.index = at, .data = got, .capacity = 5000 * 4, .mem_kind = CKPTIO_MEM_HOST};
+    T_ASSERT_MSG(ckptio_model_read(m, &rq, 1) == CKPTIO_E_STALE, "%s", ckptio_last_error_message());
+    free(got);
+    T_OK(ckptio_model_close(m));
+    proxy_stop("pass");
+
+    /* A header GET whose body was cut short and resumed does not stand for
+     * the HEAD (its bytes may be two versions): the shard is opened with one. */
+    const char *const cut[] = {"GET:model-00002:truncate:100:1", NULL};
+    proxy_start(cut);
+    T_OK(ckptio_model_open(e, dir, 0, &m));
+    read_requests(g, 10);
+    T_ASSERT_MSG(count_requests(g, "HEAD", shard[1]) == 1, "%zu HEADs of %s", count_requests(g, "HEAD", shard[1]),
+                 shard[1]);
+    check_model(m, names[1], 1, 5000, 99);
+    T_OK(ckptio_model_close(m));
+    proxy_stop("pass");
+    free(g);
+    ckptio_engine_destroy(e);
+}
+
 /* ---- DCP checkpoints ------------------------------------------------------------ */
 
 /* The fixture's checkpoint copied under `dir`. */
@@ -631,6 +767,7 @@ int main(void) {
     s3_test_bucket();
     T_RUN(test_format_probe);
     T_RUN(test_hf_prefix);
+    T_RUN(test_hf_prefix_requests);
     T_RUN(test_dcp_reader);
     T_RUN(test_dcp_commit_steps);
     T_RUN(test_dcp_lease);

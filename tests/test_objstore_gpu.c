@@ -22,11 +22,7 @@ typedef struct get_log {
 
 /* The ranged GETs in the proxy's log (its lines are JSON, one request each). */
 static void read_gets(get_log *g) {
-    size_t len = 0;
-    char *raw = t_read_file(proxy_log, &len), *text = calloc(1, len + 1);
-    T_ASSERT(text);
-    if (raw) memcpy(text, raw, len);
-    free(raw);
+    char *text = proxy_log_text();
     g->n = 0;
     for (char *line = strtok(text, "\n"); line; line = strtok(NULL, "\n")) {
         const char *range = strstr(line, "\"range\": \"bytes=");

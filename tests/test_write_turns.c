@@ -77,10 +77,13 @@ static int counted_and_checked(const char *path, const unsigned char *src) {
 }
 
 /* Writes FILE_BYTES from host memory to `path` with 4 workers in 64 KiB
- * tasks; returns the most write calls that were in flight at once. */
-static int write_with_workers(const char *path, int backend, const unsigned char *src) {
+ * tasks (with `direct`, O_DIRECT: writes through the page cache to one file
+ * on disk are made by one worker, the file system would take them in turns);
+ * returns the most write calls that were in flight at once. */
+static int write_with_workers(const char *path, int backend, const unsigned char *src, bool direct) {
     ckptio_engine *e = four_workers();
     T_OK(ckptio_engine_set(e, CKPTIO_OPT_BACKEND, backend));
+    if (direct) T_OK(ckptio_engine_set(e, CKPTIO_OPT_WRITE_CACHE, CKPTIO_WRITE_CACHE_OFF));
     ckptio_file *f;
     T_OK(ckptio_file_open(e, path, CKPTIO_OPEN_WRITE, &f));
     ckptio_plan *p;
@@ -130,7 +133,7 @@ static void test_writes_to_a_tmpfs_file_take_turns(void) {
             printf("# io_uring not available here: its part skipped\n");
             continue;
         }
-        const int most = write_with_workers(path, backends[b], src);
+        const int most = write_with_workers(path, backends[b], src, false);
         T_ASSERT_MSG(most == 1, "backend %d: %d writes to one tmpfs file were in flight at once", backends[b], most);
     }
     ckptio__gpu_set_ops(ckptio__gpu_sim_ops());
@@ -138,7 +141,7 @@ static void test_writes_to_a_tmpfs_file_take_turns(void) {
     int most = write_from_gpu(path, src);
     T_ASSERT_MSG(most == 1, "from the GPU: %d writes to one tmpfs file were in flight at once", most);
     if (!is_tmpfs(t_tmpdir())) {
-        most = write_with_workers(t_path("turns-disk.bin"), CKPTIO_BACKEND_PREAD, src);
+        most = write_with_workers(t_path("turns-disk.bin"), CKPTIO_BACKEND_PREAD, src, true);
         T_ASSERT_MSG(most > 1, "a file on disk: %d write in flight at most; 4 workers should overlap", most);
         most = write_from_gpu(t_path("turns-disk-gpu.bin"), src);
         T_ASSERT_MSG(most > 1, "a file on disk from the GPU: %d write in flight at most; 4 workers should overlap",

@@ -292,6 +292,8 @@ typedef enum ckptio_option {
     CKPTIO_OPT_S3_LEASE_MS,        /* a directory's save lease lapses this long after its holder stops renewing it;
                                       CKPTIO_S3_LEASE_MS */
     CKPTIO_OPT_WRITE_CACHE,        /* ckptio_write_cache; CKPTIO_WRITE_CACHE=auto|on|off */
+    CKPTIO_OPT_S3_BUFFERS_KEEP_MS, /* upload part buffers no upload uses are kept this long for the next one
+                                      (0: freed at once); CKPTIO_S3_BUFFERS_KEEP_MS */
     CKPTIO_OPT_COUNT_
 } ckptio_option;
 

@@ -163,8 +163,9 @@ typedef struct ckptio_cleanup_report {
  * searched recursively. One kind of directory is removed: the directory
  * temporary of a directory output (ckptio_convert), once the lock file its
  * builder flocks proves the builder dead and it holds only regular files.
- * Every atomic save already does this for its own NAME before creating its
- * temporary. A failure to remove one temporary is
+ * An atomic save does this for its own NAME when one of the four names its
+ * temporary may take (".NAME.ckptio-tmp-000000" to "-000003") shows a killed
+ * or concurrent save (docs/RELIABILITY.md, "A save's temporary"). A failure to remove one temporary is
  * reported (CKPTIO_E_PERMISSION, ...) after the others were tried. When
  * something was removed, the directory is fsynced once (whatever the
  * engines' CKPTIO_OPT_SYNC), so a power loss cannot bring the files back; a

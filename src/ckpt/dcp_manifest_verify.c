@@ -15,7 +15,7 @@
 #include <jansson.h>
 #include <stdio.h>
 #include <string.h>
-#include <xxhash.h>
+#include "xxh3_fast.h"
 
 /* Bytes hashed per read: bounded memory whatever the item size. */
 #define HASH_PIECE ((uint64_t)64 << 20)

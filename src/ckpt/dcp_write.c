@@ -23,7 +23,7 @@
 #include <stdatomic.h>
 #include <stdio.h>
 #include <string.h>
-#include <xxhash.h>
+#include "xxh3_fast.h"
 #include <zstd.h>
 
 /* Host storages of at least this many bytes in one archive are hashed in blocks as they are written. */

@@ -119,40 +119,66 @@ static ckptio_status probe_file(const source *fd, uint64_t size, const char *pat
     return CKPTIO_OK;
 }
 
+/* What a prefix's listing says of the layouts of dir_probes: the first
+ * entry present (SIZE_MAX: none), and whether anything is under it. */
+typedef struct probe_listing {
+    size_t found;
+    bool any;
+} probe_listing;
+
+static int probe_entry(void *user, const ckptio__object_entry *e) {
+    probe_listing *p = user;
+    const size_t n = sizeof dir_probes / sizeof dir_probes[0];
+    bool past = true; /* past every probe's name: keys come in order, none can follow */
+    p->any = true;
+    for (size_t i = 0; i < n; i++) {
+        if (e->kind == CKPTIO__PATH_FILE && !strcmp(e->name, dir_probes[i].entry) && i < p->found) p->found = i;
+        past &= strcmp(e->name, dir_probes[i].entry) > 0;
+    }
+    return p->found == 0 || past;
+}
+
 /* An object is judged by its first bytes like a file; a prefix with keys
- * under it is a directory, judged by the objects dir_probes name. */
+ * under it is a directory, judged by the objects dir_probes name. Those come
+ * from the prefix's one listing (in key order, stopped past the last probe's
+ * name): a HEAD per probe would be a round trip each. */
 static ckptio_status probe_object(ckptio_engine *engine, const char *path, ckptio_format *out) {
-    ckptio__path_kind kind;
+    char *bucket = NULL, *key = NULL;
+    CKPTIO_FORWARD(ckptio__s3_parse_url(path, true, &bucket, &key));
+    const bool bucket_only = !*key, as_dir = bucket_only || path[strlen(path) - 1] == '/';
+    ckptio__free(bucket);
+    ckptio__free(key);
     uint64_t size = 0;
-    CKPTIO_FORWARD(ckptio__object_stat(engine, path, &kind, &size));
-    if (kind == CKPTIO__PATH_MISSING)
+    if (!as_dir) {
+        ckptio__error_saved *saved = ckptio__error_save();
+        const ckptio_status st = ckptio__object_info(engine, path, NULL, NULL, NULL, NULL);
+        if (st != CKPTIO_E_NOT_FOUND) ckptio__free(saved);
+        if (st == CKPTIO_OK) {
+            ckptio_file *f = NULL;
+            CKPTIO_FORWARD(ckptio_file_open(engine, path, CKPTIO_OPEN_READ, &f));
+            ckptio_status pst = ckptio_file_size(f, &size);
+            if (pst == CKPTIO_OK) pst = probe_file(&((source){.fd = -1, .object = f, .size = size}), size, path, out);
+            ckptio__error_saved *failed = pst != CKPTIO_OK ? ckptio__error_save() : NULL;
+            ckptio_file_close(f);
+            if (failed) ckptio__error_restore(failed);
+            return pst;
+        }
+        if (st != CKPTIO_E_NOT_FOUND) return st;
+        ckptio__error_restore(saved);
+    }
+    probe_listing p = {.found = SIZE_MAX};
+    const ckptio_status st = ckptio__object_dir_list(engine, path, probe_entry, &p);
+    if (st != CKPTIO_OK) /* the listing names the bucket only: say which prefix was asked for */
+        return ckptio__fail(st, __FILE__, __LINE__,
+                            &((ckptio__err_ctx){.operation = "open", .path = path, .file_offset = -1,
+                                                .verbatim = true}),
+                            "%s: %s", path, ckptio_last_error_message());
+    if (!p.any && !bucket_only)
         return CKPTIO_FAIL_CTX(CKPTIO_E_NOT_FOUND, &((ckptio__err_ctx){.operation = "open", .path = path,
                                                                       .file_offset = -1}),
                                "no object of that key and nothing under it as a prefix");
-    if (kind == CKPTIO__PATH_DIR) {
-        *out = CKPTIO_FORMAT_DIRECTORY;
-        for (size_t i = 0; i < sizeof dir_probes / sizeof dir_probes[0]; i++) {
-            char *entry = ckptio__path_join(path, dir_probes[i].entry);
-            if (!entry) return CKPTIO_FAIL(CKPTIO_E_NOMEM, "out of memory");
-            ckptio__path_kind k;
-            const ckptio_status st = ckptio__object_stat(engine, entry, &k, NULL);
-            ckptio__free(entry);
-            CKPTIO_FORWARD(st);
-            if (k == CKPTIO__PATH_FILE) {
-                *out = dir_probes[i].format;
-                break;
-            }
-        }
-        return CKPTIO_OK;
-    }
-    ckptio_file *f = NULL;
-    CKPTIO_FORWARD(ckptio_file_open(engine, path, CKPTIO_OPEN_READ, &f));
-    ckptio_status st = ckptio_file_size(f, &size);
-    if (st == CKPTIO_OK) st = probe_file(&((source){.fd = -1, .object = f, .size = size}), size, path, out);
-    ckptio__error_saved *saved = st != CKPTIO_OK ? ckptio__error_save() : NULL;
-    ckptio_file_close(f);
-    if (saved) ckptio__error_restore(saved);
-    return st;
+    *out = p.found == SIZE_MAX ? CKPTIO_FORMAT_DIRECTORY : dir_probes[p.found].format;
+    return CKPTIO_OK;
 }
 
 ckptio_status ckptio_format_detect_engine(ckptio_engine *engine, const char *path, ckptio_format *out) {

@@ -43,7 +43,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
-#include <xxhash.h>
+#include "xxh3_fast.h"
 
 typedef struct hash_job {
     const unsigned char *data; /* host bytes of one block */

@@ -16,7 +16,7 @@
 
 #include <stdio.h>
 #include <string.h>
-#include <xxhash.h>
+#include "xxh3_fast.h"
 
 #define READ_PIECE (8u << 20) /* file bytes read per request while hashing */
 

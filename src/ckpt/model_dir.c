@@ -17,6 +17,7 @@
  * reopens them a window at a time (model_read.c); a reopen must find the
  * inode that was checked (docs/MODELS.md "Many shards").
  */
+#include "engine_internal.h"
 #include "hf_index_internal.h"
 #include "io_internal.h"
 #include "model_internal.h"
@@ -50,6 +51,25 @@ void ckptio__model_release_shards(const ckptio_model *m, size_t keep) {
     if (!m->fd_window) return;
     for (size_t s = 0; s < m->nshards; s++)
         if (s != keep) ckptio__file_release(m->shards[s]->file);
+}
+
+/* An object of a listed prefix and its size, sorted by name. */
+typedef struct listed_object {
+    char *name;
+    uint64_t size;
+} listed_object;
+
+/* The listed size of `name` (0: not listed, or no listing). */
+static uint64_t listed_size(const listed_object *v, size_t n, const char *name) {
+    size_t lo = 0, hi = n;
+    while (lo < hi) {
+        const size_t mid = lo + (hi - lo) / 2;
+        const int c = strcmp(v[mid].name, name);
+        if (!c) return v[mid].size;
+        if (c < 0) lo = mid + 1;
+        else hi = mid;
+    }
+    return 0;
 }
 
 /* Why a shard is opened, for its error messages. */
@@ -102,17 +122,12 @@ static ckptio_status check_shard_path(const char *path, const char *name, const 
     return CKPTIO_OK;
 }
 
-/* Opens shard `name` (a path when o->dir is NULL) into m->shards[m->nshards]. */
-static ckptio_status open_shard(ckptio_model *m, const char *name, const shard_origin *o, unsigned flags) {
-    char *path = o->dir ? join(o->dir, name) : ckptio__strdup(name);
-    if (!path) return CKPTIO_FAIL(CKPTIO_E_NOMEM, "out of memory opening shard %s", name);
-    struct stat want, got;
-    ckptio_safetensors *st = NULL;
-    /* An object has no symlinks and no inode: its key is the prefix's and the
-     * ETag read at open pins its bytes (ckptio_file_open). */
-    const bool local = o->dir && !ckptio__s3_is_url(path);
-    ckptio_status status = local ? check_shard_path(path, name, o, flags, &want) : CKPTIO_OK;
-    if (status == CKPTIO_OK) status = ckptio_safetensors_open(m->engine, path, &st);
+/* Takes the outcome of opening shard `name` (at `path`, which it keeps
+ * or frees) into m->shards[m->nshards]; `want`: what a local shard's name
+ * resolved to when it was checked. */
+static ckptio_status place_shard(ckptio_model *m, const char *name, const shard_origin *o, char *path,
+                                 ckptio_safetensors *st, ckptio_status status, bool local, const struct stat *want) {
+    struct stat got;
     if (status == CKPTIO_E_NOT_FOUND && !local && o->dir && o->index) {
         ckptio__free(path);
         return CKPTIO_FAIL_CTX(CKPTIO_E_NOT_FOUND,
@@ -126,7 +141,7 @@ static ckptio_status open_shard(ckptio_model *m, const char *name, const shard_o
     }
     m->shard_paths[m->nshards] = path;
     m->shards[m->nshards++] = st;
-    if (local && (fstat(st->file->fd, &got) != 0 || got.st_dev != want.st_dev || got.st_ino != want.st_ino))
+    if (local && (fstat(st->file->fd, &got) != 0 || got.st_dev != want->st_dev || got.st_ino != want->st_ino))
         return CKPTIO_FAIL_CTX(CKPTIO_E_DISALLOWED,
                                &((ckptio__err_ctx){.operation = "open shard", .path = path, .file_offset = -1}),
                                "shard '%s' was replaced while it was being opened", name);
@@ -134,6 +149,92 @@ static ckptio_status open_shard(ckptio_model *m, const char *name, const shard_o
      * reads reopen them a window at a time. */
     if (m->fd_window && m->nshards > m->fd_window) ckptio__file_release(st->file);
     return CKPTIO_OK;
+}
+
+/* Opens shard `name` (a path when o->dir is NULL) into m->shards[m->nshards]. */
+static ckptio_status open_shard(ckptio_model *m, const char *name, const shard_origin *o, unsigned flags) {
+    char *path = o->dir ? join(o->dir, name) : ckptio__strdup(name);
+    if (!path) return CKPTIO_FAIL(CKPTIO_E_NOMEM, "out of memory opening shard %s", name);
+    struct stat want;
+    ckptio_safetensors *st = NULL;
+    /* An object has no symlinks and no inode: its key is the prefix's and the
+     * ETag read at open pins its bytes (ckptio_file_open). */
+    const bool local = o->dir && !ckptio__s3_is_url(path);
+    ckptio_status status = local ? check_shard_path(path, name, o, flags, &want) : CKPTIO_OK;
+    if (status == CKPTIO_OK) status = ckptio_safetensors_open(m->engine, path, &st);
+    return place_shard(m, name, o, path, st, status, local, &want);
+}
+
+/* Shards of an object prefix open concurrently: each open is a GET of the
+ * header (after a HEAD where no listing sized the shard), requests that
+ * wait on the network, not on this machine, so N shards cost one round trip
+ * rather than N before the first byte of data moves. */
+typedef struct shard_open {
+    const char *name;
+    uint64_t listed;          /* its size from the prefix's listing, or 0 */
+    shard_origin origin;
+    char *path;
+    ckptio_safetensors *st;
+    ckptio_status status;
+    ckptio__error_saved *error;
+} shard_open;
+
+typedef struct shard_opens {
+    ckptio_engine *engine;
+    shard_open *v;
+    size_t n;
+    _Atomic size_t next;
+} shard_opens;
+
+static void shard_open_worker(void *arg, unsigned index) {
+    (void)index;
+    shard_opens *j = arg;
+    for (size_t i; (i = atomic_fetch_add(&j->next, 1)) < j->n;) {
+        shard_open *s = &j->v[i];
+        s->status = ckptio__safetensors_open_listed(j->engine, s->path, s->listed, &s->st);
+        if (s->status != CKPTIO_OK) s->error = ckptio__error_save();
+    }
+}
+
+/* Opens the shards `names` of the object prefix `o[i].dir` in that order
+ * into m->shards, their requests in flight together (at most the S3
+ * concurrency at once); those in `listed` (the prefix's listing, sorted)
+ * open with the GET of their header alone. The first failing shard in order
+ * gives the error. */
+static ckptio_status open_object_shards(ckptio_model *m, const char *const *names, const shard_origin *o,
+                                        size_t n, const listed_object *listed, size_t nlisted) {
+    shard_opens j = {.engine = m->engine, .n = n};
+    if (!(j.v = ckptio__calloc(n ? n : 1, sizeof *j.v)))
+        return CKPTIO_FAIL(CKPTIO_E_NOMEM, "out of memory opening %zu shards", n);
+    ckptio_status st = CKPTIO_OK;
+    for (size_t i = 0; i < n && st == CKPTIO_OK; i++) {
+        j.v[i] = (shard_open){.name = names[i], .listed = listed_size(listed, nlisted, names[i]), .origin = o[i],
+                              .path = join(o[i].dir, names[i])};
+        if (!j.v[i].path) st = CKPTIO_FAIL(CKPTIO_E_NOMEM, "out of memory opening shard %s", names[i]);
+    }
+    if (st == CKPTIO_OK) {
+        const uint64_t c = (uint64_t)ckptio__engine_setting(m->engine, CKPTIO_OPT_S3_CONCURRENCY);
+        const unsigned workers = (unsigned)(n < c ? n : c ? c : 1);
+        st = ckptio__engine_parallel(m->engine, workers, shard_open_worker, &j);
+    }
+    for (size_t i = 0; i < n; i++) {
+        shard_open *s = &j.v[i];
+        if (st == CKPTIO_OK) {
+            if (s->error) ckptio__error_restore(s->error);
+            s->error = NULL;
+            st = place_shard(m, s->name, &s->origin, s->path, s->st, s->status, false, NULL);
+        } else {
+            ckptio__free(s->error);
+            ckptio__free(s->path);
+            if (s->st) {
+                ckptio__error_saved *saved = ckptio__error_save();
+                ckptio_safetensors_close(s->st);
+                ckptio__error_restore(saved);
+            }
+        }
+    }
+    ckptio__free(j.v);
+    return st;
 }
 
 static ckptio_status reserve_shards(ckptio_model *m, size_t n) {
@@ -146,10 +247,28 @@ static ckptio_status reserve_shards(ckptio_model *m, size_t n) {
 
 /* ---- the index ------------------------------------------------------------------ */
 
-static ckptio_status read_index(ckptio_model *m, const char *path, char **text, size_t *len) {
+/* Reads the index at `path`; `listed`: its size from the prefix's listing
+ * (0: unknown), when the one GET of its bytes also opens it (no HEAD). */
+static ckptio_status read_index(ckptio_model *m, const char *path, uint64_t listed, char **text, size_t *len) {
     ckptio_file *f = NULL;
     uint64_t size = 0;
-    ckptio_status st = ckptio_file_open(m->engine, path, CKPTIO_OPEN_READ, &f);
+    bool filled = false;
+    ckptio_status st;
+    if (listed && listed <= CKPTIO__HF_INDEX_MAX_BYTES && ckptio__s3_is_url(path)) {
+        if (!(*text = ckptio__malloc((size_t)listed + 1)))
+            return CKPTIO_FAIL(CKPTIO_E_NOMEM, "out of memory reading the %llu-byte index %s",
+                               (unsigned long long)listed, path);
+        st = ckptio__object_open_window(m->engine, path, *text, listed, &filled, &f);
+        if (st == CKPTIO_OK) st = ckptio_file_size(f, &size);
+        if (st == CKPTIO_OK && filled && size == listed) {
+            *len = (size_t)size;
+            return ckptio_file_close(f);
+        }
+        ckptio__free(*text);
+        *text = NULL;
+    } else {
+        st = ckptio_file_open(m->engine, path, CKPTIO_OPEN_READ, &f);
+    }
     if (st == CKPTIO_OK) st = ckptio_file_size(f, &size);
     if (st == CKPTIO_OK && size > CKPTIO__HF_INDEX_MAX_BYTES)
         st = CKPTIO_FAIL_CTX(CKPTIO_E_FORMAT, &((ckptio__err_ctx){.path = path, .file_offset = -1}),
@@ -195,8 +314,12 @@ static ckptio_status check_index(const ckptio_model *m, const ckptio__hf_index *
 #undef IXFAIL
 }
 
-static ckptio_status open_index(ckptio_model *m, const char *dir, const char *index, unsigned flags) {
+/* Opens the index `index` and its shards in `dir`; `listed`: the objects of
+ * the prefix `dir` by name, when it was listed (else NULL, 0). */
+static ckptio_status open_index(ckptio_model *m, const char *dir, const char *index, unsigned flags,
+                                const listed_object *listed, size_t nlisted) {
     char *text = NULL;
+    shard_origin *origins = NULL;
     size_t len = 0;
     ckptio__hf_index x;
     memset(&x, 0, sizeof x);
@@ -205,19 +328,27 @@ static ckptio_status open_index(ckptio_model *m, const char *dir, const char *in
         st = CKPTIO_FAIL(CKPTIO_E_NOMEM, "out of memory opening %s", index);
         goto out;
     }
-    if ((st = read_index(m, index, &text, &len)) != CKPTIO_OK) goto out;
+    const char *base = strrchr(index, '/');
+    if ((st = read_index(m, index, listed_size(listed, nlisted, base ? base + 1 : index), &text, &len)) !=
+        CKPTIO_OK)
+        goto out;
     if ((st = ckptio__hf_index_parse(text, len, index, &x)) != CKPTIO_OK) goto out;
     if (x.has_total_size && x.total_size <= INT64_MAX) m->total_size = (int64_t)x.total_size;
     if ((st = reserve_shards(m, x.nshards)) != CKPTIO_OK) goto out;
-    for (size_t s = 0; s < x.nshards; s++) {
-        const char *tensor = "";
-        for (size_t i = 0; i < x.count && !tensor[0]; i++)
-            if (x.entries[i].shard == s) tensor = x.entries[i].name;
-        const shard_origin o = {.dir = dir, .index = index, .tensor = tensor};
-        if ((st = open_shard(m, x.shards[s], &o, flags)) != CKPTIO_OK) goto out;
+    if (!(origins = ckptio__calloc(x.nshards ? x.nshards : 1, sizeof *origins))) {
+        st = CKPTIO_FAIL(CKPTIO_E_NOMEM, "out of memory opening %zu shards", x.nshards);
+        goto out;
     }
-    st = check_index(m, &x);
+    for (size_t i = x.count; i-- > 0;) origins[x.entries[i].shard].tensor = x.entries[i].name; /* the first */
+    for (size_t s = 0; s < x.nshards; s++)
+        origins[s] = (shard_origin){.dir = dir, .index = index, .tensor = origins[s].tensor ? origins[s].tensor : ""};
+    if (ckptio__s3_is_url(dir))
+        st = open_object_shards(m, (const char *const *)x.shards, origins, x.nshards, listed, nlisted);
+    for (size_t s = 0; !ckptio__s3_is_url(dir) && s < x.nshards && st == CKPTIO_OK; s++)
+        st = open_shard(m, x.shards[s], &origins[s], flags);
+    if (st == CKPTIO_OK) st = check_index(m, &x);
 out:
+    ckptio__free(origins);
     ckptio__free(text);
     ckptio__hf_index_free(&x);
     return st;
@@ -269,6 +400,9 @@ static bool has_entry(const char *dir, const char *name) {
 
 /* What a directory holds that open_dir decides by. */
 typedef struct dir_view {
+    listed_object *objects; /* the prefix's objects by name (objects), for their sizes */
+    size_t nobjects, capobjects;
+    bool any;               /* anything at all under the prefix (objects) */
     bool single, index;     /* model.safetensors, model.safetensors.index.json */
     name_list indexes, files;
 } dir_view;
@@ -276,6 +410,8 @@ typedef struct dir_view {
 static void view_free(dir_view *v) {
     list_free(&v->indexes);
     list_free(&v->files);
+    for (size_t i = 0; i < v->nobjects; i++) ckptio__free(v->objects[i].name);
+    ckptio__free(v->objects);
 }
 
 /* Hidden files, ckptio temporaries, "." and ".." are no shards or indexes. */
@@ -306,17 +442,39 @@ typedef struct view_lister {
 
 static int view_entry(void *user, const ckptio__object_entry *e) {
     view_lister *l = user;
+    l->v->any = true;
     if (e->kind != CKPTIO__PATH_FILE) return 0; /* prefixes and names no file can have: never shards */
-    l->v->single |= !strcmp(e->name, HF_SINGLE_NAME);
-    l->v->index |= !strcmp(e->name, HF_INDEX_NAME);
-    l->st = view_add(l->v, e->name);
+    dir_view *v = l->v;
+    v->single |= !strcmp(e->name, HF_SINGLE_NAME);
+    v->index |= !strcmp(e->name, HF_INDEX_NAME);
+    if (v->nobjects == v->capobjects) {
+        const size_t cap = v->capobjects ? 2 * v->capobjects : 16;
+        listed_object *o = ckptio__realloc(v->objects, cap * sizeof *o);
+        if (!o) {
+            l->st = CKPTIO_FAIL(CKPTIO_E_NOMEM, "out of memory listing a directory");
+            return 1;
+        }
+        v->objects = o;
+        v->capobjects = cap;
+    }
+    if (!(v->objects[v->nobjects].name = ckptio__strdup(e->name))) {
+        l->st = CKPTIO_FAIL(CKPTIO_E_NOMEM, "out of memory listing a directory");
+        return 1;
+    }
+    v->objects[v->nobjects++].size = e->size;
+    l->st = view_add(v, e->name);
     return l->st != CKPTIO_OK;
+}
+
+static int cmp_listed(const void *a, const void *b) {
+    return strcmp(((const listed_object *)a)->name, ((const listed_object *)b)->name);
 }
 
 /* A prefix of an object store: one listing. */
 static ckptio_status view_object(ckptio_engine *engine, const char *dir, dir_view *v) {
     view_lister l = {.v = v, .st = CKPTIO_OK};
     CKPTIO_FORWARD(ckptio__object_dir_list(engine, dir, view_entry, &l));
+    if (v->nobjects > 1) qsort(v->objects, v->nobjects, sizeof *v->objects, cmp_listed);
     return l.st;
 }
 
@@ -327,6 +485,12 @@ static ckptio_status open_dir(ckptio_model *m, const char *dir, unsigned flags) 
     ckptio_status st = object ? view_object(m->engine, dir, &v) : view_local(dir, &v);
     char *index = NULL;
     if (st != CKPTIO_OK) goto out;
+    if (object && !v.any) {
+        st = CKPTIO_FAIL_CTX(CKPTIO_E_NOT_FOUND, &((ckptio__err_ctx){.operation = "open", .path = dir,
+                                                                    .file_offset = -1}),
+                             "no object of that key and nothing under it as a prefix");
+        goto out;
+    }
     if (v.single) {
         if ((st = reserve_shards(m, 1)) == CKPTIO_OK) st = open_shard(m, HF_SINGLE_NAME, &plain, flags);
         goto out;
@@ -343,7 +507,7 @@ static ckptio_status open_dir(ckptio_model *m, const char *dir, unsigned flags) 
         }
         /* The index is a file of the directory too: the same rules. */
         if (!object && (st = check_shard_path(index, name, &plain, flags, &sb)) != CKPTIO_OK) goto out;
-        st = open_index(m, dir, index, flags);
+        st = open_index(m, dir, index, flags, v.objects, v.nobjects);
     } else if (v.indexes.count > 1) {
         list_text(&v.indexes, names, sizeof names);
         st = CKPTIO_FAIL_CTX(CKPTIO_E_FORMAT, &((ckptio__err_ctx){.path = dir, .file_offset = -1}),
@@ -357,8 +521,15 @@ static ckptio_status open_dir(ckptio_model *m, const char *dir, unsigned flags) 
         /* No index: every .safetensors file is a shard; a name in two of
          * them is refused when the table is built. */
         if ((st = reserve_shards(m, v.files.count)) != CKPTIO_OK) goto out;
-        for (size_t i = 0; st == CKPTIO_OK && i < v.files.count; i++)
+        shard_origin *origins = object ? ckptio__calloc(v.files.count, sizeof *origins) : NULL;
+        for (size_t i = 0; origins && i < v.files.count; i++) origins[i] = plain;
+        if (object)
+            st = origins ? open_object_shards(m, (const char *const *)v.files.names, origins, v.files.count,
+                                              v.objects, v.nobjects)
+                         : CKPTIO_FAIL(CKPTIO_E_NOMEM, "out of memory opening %zu shards", v.files.count);
+        for (size_t i = 0; !object && st == CKPTIO_OK && i < v.files.count; i++)
             st = open_shard(m, v.files.names[i], &plain, flags);
+        ckptio__free(origins);
     }
 out:
     ckptio__free(index);
@@ -462,11 +633,22 @@ ckptio_status ckptio_model_open(ckptio_engine *engine, const char *path, unsigne
     struct stat sb;
     ckptio__path_kind kind = CKPTIO__PATH_MISSING;
     if (ckptio__s3_is_url(path)) {
-        st = ckptio__object_stat(engine, path, &kind, NULL);
-        if (st == CKPTIO_OK && kind == CKPTIO__PATH_MISSING)
-            st = CKPTIO_FAIL_CTX(CKPTIO_E_NOT_FOUND, &((ckptio__err_ctx){.operation = "open", .path = path,
-                                                                        .file_offset = -1}),
-                                 "no object of that key and nothing under it as a prefix");
+        /* An object of that key is a file; anything else is a prefix, whose
+         * one listing (open_dir) also tells whether anything is under it. */
+        const size_t len = strlen(path);
+        kind = CKPTIO__PATH_DIR;
+        st = CKPTIO_OK;
+        if (path[len - 1] != '/' && strchr(path + 5, '/')) {
+            ckptio__error_saved *saved = ckptio__error_save();
+            st = ckptio__object_info(engine, path, NULL, NULL, NULL, NULL);
+            if (st == CKPTIO_OK) kind = CKPTIO__PATH_FILE;
+            if (st == CKPTIO_E_NOT_FOUND) {
+                ckptio__error_restore(saved);
+                st = CKPTIO_OK;
+            } else {
+                ckptio__free(saved);
+            }
+        }
         sb.st_mode = kind == CKPTIO__PATH_DIR ? S_IFDIR : S_IFREG;
     } else {
         st = stat(path, &sb) == 0 ? CKPTIO_OK : CKPTIO_FAIL_SYS(errno, "stat", path, -1, "opening a model");
@@ -487,7 +669,7 @@ ckptio_status ckptio_model_open(ckptio_engine *engine, const char *path, unsigne
             else if (!slash) strcpy(dir, ".");
             else if (slash == dir) dir[1] = '\0';
             else *slash = '\0';
-            st = open_index(m, dir, path, flags);
+            st = open_index(m, dir, path, flags, NULL, 0);
             ckptio__free(dir);
         }
     } else {

@@ -9,48 +9,92 @@
  */
 #include "engine_internal.h"
 #include "manifest_internal.h"
+#include "model_internal.h"
 #include "safetensors_internal.h"
 
 #include <string.h>
 
 #define ST_FAIL CKPTIO__ST_FAIL
+#define HEAD_WINDOW ((uint64_t)64 << 10) /* an object's first GET at open */
 
 ckptio_status ckptio_safetensors_open(ckptio_engine *engine, const char *path, ckptio_safetensors **out) {
     if (!out) return CKPTIO_FAIL(CKPTIO_E_INVAL, "ckptio_safetensors_open: out must not be NULL");
     *out = NULL;
     if (!engine || !path) return CKPTIO_FAIL(CKPTIO_E_INVAL, "ckptio_safetensors_open: engine and path are required");
+    return ckptio__safetensors_open_listed(engine, path, 0, out);
+}
 
+ckptio_status ckptio__safetensors_open_listed(ckptio_engine *engine, const char *path, uint64_t listed,
+                                              ckptio_safetensors **out) {
+    *out = NULL;
     ckptio_status status = CKPTIO_OK;
     char *header = NULL;
+    unsigned char *window = NULL;
+    uint64_t in_window = 0;
     ckptio_safetensors *st = ckptio__calloc(1, sizeof *st);
     if (!st || !(st->path = ckptio__strdup(path))) {
         status = CKPTIO_FAIL(CKPTIO_E_NOMEM, "out of memory opening %s", path);
         goto out;
     }
     st->engine = engine;
-    if ((status = ckptio_file_open(engine, path, CKPTIO_OPEN_READ, &st->file)) != CKPTIO_OK) goto out;
-    if ((status = ckptio_file_size(st->file, &st->file_size)) != CKPTIO_OK) goto out;
-
     /* The 8-byte length first; the header allocation is then bounded by
-     * both the 100 MB cap and the real file size. */
-    unsigned char prefix[CKPTIO__ST_PREFIX] = {0};
-    if (st->file_size >= CKPTIO__ST_PREFIX &&
-        (status = ckptio__file_io(st->file, CKPTIO_READ, prefix, sizeof prefix, 0)) != CKPTIO_OK)
-        goto out;
-    if ((status = ckptio__st_check_prefix(prefix, st->file_size, path, &st->header_len)) != CKPTIO_OK) goto out;
-    st->data_offset = CKPTIO__ST_PREFIX + st->header_len;
-    header = ckptio__malloc((size_t)st->header_len + 1);
-    if (!header) {
-        status = CKPTIO_FAIL_CTX(CKPTIO_E_NOMEM, &((ckptio__err_ctx){.path = path, .file_offset = -1}),
-                                 "out of memory for the %llu-byte header", (unsigned long long)st->header_len);
-        goto out;
+     * both the 100 MB cap and the real file size. An object's first
+     * HEAD_WINDOW bytes come in one GET, which holds the length and, in
+     * most files, the whole header: one request where two would wait for
+     * each other (every request costs a round trip and the server's work).
+     * With its size from a listing, that GET also opens it (no HEAD). */
+    bool filled = false;
+    if (listed > CKPTIO__ST_PREFIX && ckptio__s3_is_url(path)) {
+        in_window = listed < HEAD_WINDOW ? listed : HEAD_WINDOW;
+        if (!(window = ckptio__malloc((size_t)in_window))) {
+            status = CKPTIO_FAIL(CKPTIO_E_NOMEM, "out of memory opening %s", path);
+            goto out;
+        }
+        status = ckptio__object_open_window(engine, path, window, in_window, &filled, &st->file);
+    } else {
+        status = ckptio_file_open(engine, path, CKPTIO_OPEN_READ, &st->file);
     }
-    if ((status = ckptio__file_io(st->file, CKPTIO_READ, header, st->header_len, CKPTIO__ST_PREFIX)) != CKPTIO_OK)
-        goto out;
+    if (status != CKPTIO_OK) goto out;
+    if ((status = ckptio_file_size(st->file, &st->file_size)) != CKPTIO_OK) goto out;
+    if (!filled) in_window = 0;
+
+    unsigned char prefix[CKPTIO__ST_PREFIX] = {0};
+    if (filled) {
+        memcpy(prefix, window, sizeof prefix);
+    } else if (st->file->object && st->file_size > CKPTIO__ST_PREFIX) {
+        ckptio__free(window);
+        in_window = st->file_size < HEAD_WINDOW ? st->file_size : HEAD_WINDOW;
+        if (!(window = ckptio__malloc((size_t)in_window))) {
+            status = CKPTIO_FAIL(CKPTIO_E_NOMEM, "out of memory opening %s", path);
+            goto out;
+        }
+        status = ckptio__file_io(st->file, CKPTIO_READ, window, in_window, 0);
+        if (status == CKPTIO_OK) memcpy(prefix, window, sizeof prefix);
+    } else if (st->file_size >= CKPTIO__ST_PREFIX) {
+        status = ckptio__file_io(st->file, CKPTIO_READ, prefix, sizeof prefix, 0);
+    }
+    if (status == CKPTIO_OK) status = ckptio__st_check_prefix(prefix, st->file_size, path, &st->header_len);
+    if (status == CKPTIO_OK) {
+        st->data_offset = CKPTIO__ST_PREFIX + st->header_len;
+        if (!(header = ckptio__malloc((size_t)st->header_len + 1)))
+            status = CKPTIO_FAIL_CTX(CKPTIO_E_NOMEM, &((ckptio__err_ctx){.path = path, .file_offset = -1}),
+                                     "out of memory for the %llu-byte header", (unsigned long long)st->header_len);
+    }
+    if (status == CKPTIO_OK) {
+        /* What the window holds is copied; the rest, if any, is read. */
+        const uint64_t have = in_window > CKPTIO__ST_PREFIX ? in_window - CKPTIO__ST_PREFIX : 0;
+        const uint64_t copied = have < st->header_len ? have : st->header_len;
+        if (copied) memcpy(header, window + CKPTIO__ST_PREFIX, (size_t)copied);
+        if (copied < st->header_len)
+            status = ckptio__file_io(st->file, CKPTIO_READ, header + copied, st->header_len - copied,
+                                     CKPTIO__ST_PREFIX + copied);
+    }
+    if (status != CKPTIO_OK) goto out;
     header[st->header_len] = '\0';
     status = ckptio__st_index(st, header);
 
 out:
+    ckptio__free(window);
     ckptio__free(header);
     if (status != CKPTIO_OK) {
         if (st) {

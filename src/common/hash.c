@@ -5,7 +5,7 @@
  */
 #include "common_internal.h"
 
-#include <xxhash.h>
+#include "xxh3_fast.h"
 #include <zlib.h>
 
 uint32_t ckptio__crc32(const void *data, uint64_t len) {

@@ -13,12 +13,22 @@ static void engine_file_ref(ckptio_engine *e, int delta) {
     if (e) atomic_fetch_add(&e->open_files, delta);
 }
 
+static ckptio__s3_part_pool *engine_part_pool(ckptio_engine *e) {
+    ckptio__engine_fork_check(e);
+    pthread_mutex_lock(&e->lock);
+    if (!e->part_pool && ckptio__s3_part_pool_create(&e->part_pool) != CKPTIO_OK) e->part_pool = NULL;
+    ckptio__s3_part_pool *p = e->part_pool;
+    pthread_mutex_unlock(&e->lock);
+    return p;
+}
+
 /* How the files opened with an engine (src/io, a layer below) reach it. */
 static const ckptio__engine_link io_link = {
     .setting = ckptio__engine_setting,
     .stats_add = ckptio__engine_stats_add,
     .file_ref = engine_file_ref,
     .commit_poll = ckptio__engine_commit_poll,
+    .part_pool = engine_part_pool,
 };
 
 ckptio_status ckptio__engine_create(const ckptio__device_provider *device, ckptio_engine **out) {
@@ -75,6 +85,7 @@ ckptio_status ckptio_engine_destroy(ckptio_engine *e) {
     for (unsigned i = 0; i < e->nslots; i++) ckptio__engine_slot_release(e, &e->slots[i]);
     ckptio__free(e->slots);
     if (e->gpu_state && e->gpu_state_destroy) e->gpu_state_destroy(e->gpu_state);
+    ckptio__s3_part_pool_destroy(e->part_pool); /* no file is open: no upload uses it */
     pthread_mutex_destroy(&e->lock);
     ckptio__free(e);
     return CKPTIO_OK;
@@ -103,6 +114,8 @@ ckptio_status ckptio_engine_set_progress(ckptio_engine *e, ckptio_progress_fn fn
  *    driver (or join simulated stream threads) on the parent's objects: its
  *    small struct leaks, once per engine and child, and GPU transfers in the
  *    child fail (src/gpu refuses a device initialised before fork());
+ *  - the upload part pool's kept buffers are freed without its trimmer
+ *    thread (ckptio__s3_part_pool_forget); a new pool starts on first need;
  *  - nothing of the parent's runs here: busy and staging are zero.
  * Settings, the progress callback, counters and open files stay. Runs under
  * the rebuild lock, before anything else in the child uses the engine. */
@@ -118,6 +131,8 @@ static void engine_rebuild_in_child(ckptio_engine *e) {
     }
     e->gpu_state = NULL;
     e->gpu_state_destroy = NULL;
+    ckptio__s3_part_pool_forget(e->part_pool);
+    e->part_pool = NULL;
     e->progress_rebase = false;
     e->span = false;
     e->stats.staging_reserved = 0;

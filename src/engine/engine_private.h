@@ -135,6 +135,7 @@ struct ckptio_engine {
     const ckptio__device_provider *device; /* extents in device memory go here; NULL: none */
     void *gpu_state;
     void (*gpu_state_destroy)(void *state);
+    ckptio__s3_part_pool *part_pool;    /* upload part buffers kept between uploads; NULL until the first */
     _Atomic unsigned generation;        /* ckptio__fork_generation() of the threads, rings and locks */
 };
 

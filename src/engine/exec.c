@@ -64,6 +64,7 @@ typedef struct exec {
     size_t bounce_size;       /* bounce bytes per worker this plan can use */
     size_t bounce_limit;      /* bounce bytes per worker the staging bound allows */
     bool inline_caller;       /* the calling thread is the only worker */
+    bool sync_calls;          /* the worker makes plain pread/pwrite calls, whatever its slot's backend */
     _Atomic uint64_t next_task;
     _Atomic uint64_t bytes_done;
     _Atomic int stop;
@@ -94,6 +95,7 @@ typedef struct worker {
     unsigned index;
     ckptio__worker_slot *slot;
     const ckptio__backend_ops *be;
+    ckptio__io_queue *queue;  /* the slot's, or with sync_calls its own */
     unsigned depth;
     xop *ops;
     unsigned *free_ops, nfree_ops;
@@ -136,6 +138,14 @@ static ckptio_status worker_setup(worker *w) {
     ckptio__worker_slot *s = w->slot;
     const ckptio__backend_ops *be = x->backend;
     unsigned depth = be == &ckptio__backend_pread ? 1 : x->depth;
+    if (x->sync_calls) {
+        /* A queue of its own: the slot keeps its ring for the plans after this one. */
+        if (ckptio__backend_pread.queue_create(1, &w->queue) != 0)
+            return CKPTIO_FAIL(CKPTIO_E_NOMEM, "out of memory for worker %u's queue", w->index);
+        w->be = &ckptio__backend_pread;
+        w->depth = 1;
+        goto ops;
+    }
     if (s->queue && (s->backend != be || s->depth != depth)) {
         s->backend->queue_destroy(s->queue);
         s->queue = NULL;
@@ -147,7 +157,9 @@ static ckptio_status worker_setup(worker *w) {
         s->depth = depth;
     }
     w->be = s->backend;
+    w->queue = s->queue;
     w->depth = s->depth;
+ops:
     w->ops = ckptio__malloc(w->depth * sizeof *w->ops);
     w->free_ops = ckptio__malloc(w->depth * sizeof *w->free_ops);
     w->free_slots = ckptio__malloc(w->depth * sizeof *w->free_slots);
@@ -180,7 +192,7 @@ static ckptio_status bounce_setup(worker *w) {
         s->bounce_size = x->bounce_size;
         ckptio__engine_staging(x->engine, (int64_t)s->bounce_size, 0);
     }
-    if (!s->bounce_registered && s->backend->register_buffer)
+    if (!s->bounce_registered && !x->sync_calls && s->backend->register_buffer)
         s->bounce_registered = s->backend->register_buffer(s->queue, s->bounce, s->bounce_size) == 0;
     size_t slot = ckptio__align_down(s->bounce_size / w->depth, ALIGN);
     if (slot < ALIGN) slot = ALIGN;
@@ -438,19 +450,22 @@ static void worker_main(void *arg, unsigned index) {
                 w.nfree_ops++;
                 break;
             }
-            w.be->submit(w.slot->queue, &op->io);
+            w.be->submit(w.queue, &op->io);
             inflight++;
             if (w.observe && !w.c.active) observe_task(&w);
         }
         if (inflight == 0) break;
-        ckptio__io_op *io = w.be->wait(w.slot->queue);
+        ckptio__io_op *io = w.be->wait(w.queue);
         if (!io) {
             record_error(x, CKPTIO_FAIL(CKPTIO_E_INTERNAL, "the %s queue of worker %u failed with %u requests "
                                         "in flight", w.be->name, index, inflight));
             /* Unusable: drop it so the next transfer builds a new one. */
-            w.be->queue_destroy(w.slot->queue);
-            w.slot->queue = NULL;
-            w.slot->bounce_registered = false;
+            w.be->queue_destroy(w.queue);
+            w.queue = NULL;
+            if (!x->sync_calls) {
+                w.slot->queue = NULL;
+                w.slot->bounce_registered = false;
+            }
             break;
         }
         inflight--;
@@ -458,6 +473,7 @@ static void worker_main(void *arg, unsigned index) {
         if (x->inline_caller) exec_tick(x);
     }
 out:
+    if (x->sync_calls && w.queue) ckptio__backend_pread.queue_destroy(w.queue);
     ckptio__engine_stats_add(x->engine, &w.st);
     ckptio__free(w.ops);
     ckptio__free(w.free_ops);
@@ -546,6 +562,25 @@ out:
 
 /* ---- execute --------------------------------------------------------------- */
 
+/* Whether a write plan goes to one local file through the page cache: the
+ * file system takes each such write under the file's lock (ext4, XFS), so
+ * workers beyond the first would only wait their turn, and the calling
+ * thread does it all. Not with an observer, whose hashing a second worker
+ * overlaps with the writes. */
+static bool one_buffered_file(const exec *x) {
+    if (x->dir != CKPTIO_WRITE || x->plan->observer.fn || !x->nhost) return false;
+    ckptio_file *f = x->plan->ext[x->host[0]].file;
+    if (f->object || x->direct_mode == CKPTIO_DIRECT_ON) return false;
+    bool small = true;
+    for (size_t i = 0; i < x->nhost; i++) {
+        const ckptio_extent *ex = &x->plan->ext[x->host[i]];
+        if (ex->file != f) return false;
+        small &= ex->length < x->direct_min;
+    }
+    return x->direct_mode == CKPTIO_DIRECT_OFF || small || ckptio__file_in_memory(f) ||
+           atomic_load_explicit(&f->write_cache, memory_order_relaxed) > 0;
+}
+
 static ckptio_status run_host(exec *x) {
     ckptio_engine *e = x->engine;
     const ckptio_plan *p = x->plan;
@@ -587,7 +622,12 @@ static ckptio_status run_host(exec *x) {
     x->ntasks = n;
     deal_across_files(x);
 
-    const unsigned nworkers = threads == 0 ? 1 : (uint64_t)threads < n ? threads : (unsigned)n;
+    const bool one_writer = one_buffered_file(x);
+    const unsigned nworkers = threads == 0 || one_writer ? 1 : (uint64_t)threads < n ? threads : (unsigned)n;
+    /* io_uring hands buffered writes to its own kernel threads, each a context switch there and back, for
+     * nothing when one writer makes them in turn anyway: pwrite on the calling thread, unless io_uring was
+     * asked for. */
+    x->sync_calls = one_writer && !x->backend_forced;
     /* s3:// objects: each worker keeps its share of the S3 concurrency in
      * flight as ranged GETs (io_object.c). */
     for (size_t i = 0; i < x->nhost; i++)
@@ -732,7 +772,10 @@ ckptio_status ckptio_engine_execute(ckptio_engine *e, const ckptio_plan *p) {
     if (p->dir == CKPTIO_WRITE) {
         st = extend_written_files(p);
         if (st != CKPTIO_OK) goto out;
-        if (ckptio__engine_setting(e, CKPTIO_OPT_DIRECT) == CKPTIO_DIRECT_AUTO)
+        /* Below CKPTIO_OPT_DIRECT_MIN_BYTES no extent goes O_DIRECT in AUTO mode: the page cache
+         * it is, and the memory there is need not be asked. */
+        if (ckptio__engine_setting(e, CKPTIO_OPT_DIRECT) == CKPTIO_DIRECT_AUTO &&
+            p->total >= (uint64_t)ckptio__engine_setting(e, CKPTIO_OPT_DIRECT_MIN_BYTES))
             ckptio__write_policy_apply(e, p->ext, p->count);
     }
     if (x.nhost) {

@@ -83,6 +83,8 @@ static const ckptio__setting settings[CKPTIO_OPT_COUNT_] = {
         "an s3:// directory's save lease lapses this long after its holder stops renewing it"),
     ROW(WRITE_CACHE, "write_cache", ENUM, CKPTIO_WRITE_CACHE_AUTO, 0, 2, 0, write_cache_names,
         "saved files left in the page cache (section 2, the cache after a save)"),
+    ROW(S3_BUFFERS_KEEP_MS, "s3_buffers_keep_ms", INT, 60 * 1000, 0, 24 * 3600 * 1000, 0, NULL,
+        "s3:// upload part buffers no upload uses are kept this long for the next upload (0: freed at once)"),
 };
 
 /* Variables read outside an engine's settings: once per process, before any engine may exist (the driver

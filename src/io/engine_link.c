@@ -29,3 +29,5 @@ void ckptio__io_engine_stats_add(ckptio_engine *engine, const ckptio_stats *delt
 void ckptio__io_engine_file_ref(ckptio_engine *engine, int delta) { current()->file_ref(engine, delta); }
 
 ckptio_status ckptio__io_engine_commit_poll(ckptio_engine *engine) { return current()->commit_poll(engine); }
+
+ckptio__s3_part_pool *ckptio__io_engine_part_pool(ckptio_engine *engine) { return current()->part_pool(engine); }

@@ -3,11 +3,12 @@
  * ckptio__file_io() used outside the engine's worker pool.
  *
  * Atomic write protocol (CKPTIO_OPEN_WRITE without IN_PLACE):
- *   1. create ".STEM.ckptio-tmp-XXXXXX" in NAME's directory with
- *      O_CREAT|O_EXCL|O_NOFOLLOW (never follows or reuses anything) and
- *      flock it, so cleaners (temporaries.c) know a live writer has it;
- *      stale temporaries of NAME are removed first (STEM is NAME, or a
- *      bounded stand-in for long names: ckptio__temporary_stem);
+ *   1. create ".STEM.ckptio-tmp-00000S" (the first free slot S) in NAME's
+ *      directory with O_CREAT|O_EXCL|O_NOFOLLOW (never follows or reuses
+ *      anything) and flock it, so cleaners (temporaries.c) know a live
+ *      writer has it; a killed save's temporary in a slot is removed first
+ *      (STEM is NAME, or a bounded stand-in for long names:
+ *      ckptio__temporary_stem);
  *   2. the engine writes the data there;
  *   3. commit: mode and owner of the NAME being replaced (inherit_mode.c)
  *      -> fsync(temp) -> rename(temp, NAME) -> fsync(directory).
@@ -68,15 +69,14 @@ static ckptio_status create_temporary(ckptio_file *f) {
         return CKPTIO_FAIL_SYS(ENAMETOOLONG, "create", f->path, -1,
                                "the file name is %zu bytes long, names may have at most %d bytes", base_len,
                                CKPTIO__NAME_MAX);
-    /* Temporaries of NAME left by a crashed save (unlocked) take space this
-     * save may need: remove them first (best effort, errors ignored). */
-    ckptio__temporaries_clean_stale(f->dir_path, base);
     /* Created with the permission bits of the file it replaces (the umask
      * may only narrow them), so a 0600 checkpoint's bytes are never readable
      * wider while they are written; the commit sets owner and exact bits
      * (inherit_mode.c). */
     const mode_t create_mode = ckptio__inherited_create_mode(f->mode_from ? f->mode_from : f->path);
-    const int err = ckptio__temporary_create(f->dir_path, base, create_mode, &f->fd, &f->tmp_path);
+    /* In the first free slot of NAME's temporaries: a crashed save's leftover there (unlocked) takes space
+     * this save may need, and is removed first, with any other stale temporary of NAME. */
+    const int err = ckptio__temporary_create_for_save(f->dir_path, base, create_mode, &f->fd, &f->tmp_path);
     if (err == 0) return CKPTIO_OK;
     ckptio_status st;
     if (!f->tmp_path)

@@ -47,6 +47,10 @@ typedef struct ckptio__engine_link {
     /* A commit that waits for the server: whether to go on (CKPTIO_OK) or
      * stop (CKPTIO_E_CANCELED, the progress callback's answer). */
     ckptio_status (*commit_poll)(ckptio_engine *engine);
+    /* The engine's pool of upload part buffers, created on first need and
+     * destroyed with the engine; NULL when it cannot be created (uploads
+     * then allocate their own). */
+    ckptio__s3_part_pool *(*part_pool)(ckptio_engine *engine);
 } ckptio__engine_link;
 
 /* Registers the table (the same one every time; thread-safe). */
@@ -57,6 +61,7 @@ int64_t ckptio__io_engine_setting(const ckptio_engine *engine, ckptio_option opt
 void ckptio__io_engine_stats_add(ckptio_engine *engine, const ckptio_stats *delta);
 void ckptio__io_engine_file_ref(ckptio_engine *engine, int delta);
 ckptio_status ckptio__io_engine_commit_poll(ckptio_engine *engine);
+ckptio__s3_part_pool *ckptio__io_engine_part_pool(ckptio_engine *engine);
 
 /* ---- files ------------------------------------------------------------- */
 
@@ -231,6 +236,9 @@ bool ckptio__write_buffered(ckptio_file *f);
 /* MemAvailable of /proc/meminfo in bytes; 0 when unknown. */
 uint64_t ckptio__mem_available(void);
 
+/* Calls of ckptio__mem_available() (for tests). */
+extern _Atomic uint64_t ckptio__mem_available_lookups;
+
 /* Test hook: ckptio__mem_available() answers `bytes` (0: the real value). */
 void ckptio__read_policy_set_mem_available(uint64_t bytes);
 
@@ -384,10 +392,23 @@ int ckptio__temporary_dir_create(const char *out, char *tmp, size_t cap, int *lo
  * removes a directory without the file. Returns 0 or errno. */
 int ckptio__temporary_dir_unlock(const char *tmp);
 
-/* Removes temporaries of `name` in `dir` that no live writer holds (see
- * ckptio_cleanup_temporaries), before a new atomic write of `name`. Best
- * effort: never fails and leaves the calling thread's error record alone. */
-void ckptio__temporaries_clean_stale(const char *dir, const char *name);
+/* Slots of an atomic save's temporary: ".STEM.ckptio-tmp-000000" to
+ * "-000003", taken in order (a slot is held by a live save of the same NAME). */
+#define CKPTIO__TMP_SLOTS 4
+
+/* The temporary of an atomic save of file name `name` in `dir`, as
+ * ckptio__temporary_create makes one (same arguments and results), in the
+ * first free slot: a killed save's temporary is then found by name, without
+ * listing the directory. The stale temporaries of `name` (see
+ * ckptio_cleanup_temporaries) are removed, with one listing, when a slot is
+ * taken or a later slot than the one used exists: what a killed save leaves.
+ * With every slot held by a live save, a random name. The removals are best
+ * effort (errors ignored, the error record left alone) and made durable by
+ * the commit's directory fsync. */
+int ckptio__temporary_create_for_save(const char *dir, const char *name, mode_t mode, int *fd, char **path);
+
+/* Listings made by ckptio__temporary_create_for_save (for tests). */
+extern _Atomic uint64_t ckptio__temporary_sweeps;
 
 /* ---- attributes of a saved file (inherit_mode.c) --------------------- */
 
@@ -526,6 +547,13 @@ void ckptio__io_uring_force_refusal(int err);
  * EXCLUSIVE checks that no object exists at open and again at commit, which
  * servers without conditional writes cannot make atomic). */
 ckptio_status ckptio__object_open(ckptio_engine *engine, const char *path, unsigned flags, ckptio_file **out);
+/* Opens the object `path` for reading with one GET of its first `len`
+ * bytes (at most its size, which a listing told) into `buf` in place of the
+ * HEAD: the answer's size and ETag pin it as a HEAD's would. *filled: `buf`
+ * holds those bytes of the pinned version; false when the answer could not
+ * stand for the HEAD, which was then sent (`buf` is then to be read again). */
+ckptio_status ckptio__object_open_window(ckptio_engine *engine, const char *path, void *buf, uint64_t len,
+                                         bool *filled, ckptio_file **out);
 
 /* ckptio_file_size, _truncate, _commit and _close of an object file. */
 ckptio_status ckptio__object_size(ckptio_file *f, uint64_t *out);
@@ -550,6 +578,10 @@ void ckptio__object_io_done(ckptio__io_op *op, ckptio__s3_request *req);
 void ckptio__object_buffers(ckptio_file *f, uint64_t *peak, uint64_t *bound);
 /* How many writers of `f` wait for an upload part's buffer now (0 for other files); for tests. */
 unsigned ckptio__object_writers_waiting(ckptio_file *f);
+
+/* The counters of the engine's pool of upload part buffers (all zero
+ * before its first upload); for tests. */
+void ckptio__object_part_pool_stats(ckptio_engine *engine, ckptio__s3_part_pool_stats *out);
 
 /* The objstore settings of an engine (its CKPTIO_OPT_S3_* values). */
 void ckptio__object_settings(const ckptio_engine *engine, ckptio__s3_settings *out);

@@ -106,7 +106,28 @@ static ckptio_status object_exists(const ckptio__object *o, bool *exists) {
     return st == CKPTIO_OK ? CKPTIO_OK : st;
 }
 
-ckptio_status ckptio__object_open(ckptio_engine *engine, const char *path, unsigned flags, ckptio_file **out) {
+/* The HEAD of a read's open answered by a GET of the object's first `len`
+ * bytes into `buf`: size from its Content-Range, ETag from its header. Only
+ * an answer whose bytes all came in one attempt stands for it (bytes from
+ * two attempts without If-Match could be two versions); *filled says which. */
+static ckptio_status open_by_window(ckptio__object *o, void *buf, uint64_t len, bool *filled) {
+    ckptio__s3_request r;
+    ckptio__s3_request_init(&r, o->client, "GET", o->bucket, o->key, "GET");
+    r.ranged = true;
+    r.range_len = r.dst_len = len;
+    r.dst = buf;
+    const ckptio_status st = ckptio__s3_perform(&r);
+    *filled = st == CKPTIO_OK && r.has_object_size && r.object_size >= len && r.etag[0] && r.attempt_received == len;
+    if (*filled) {
+        o->size = r.object_size;
+        snprintf(o->etag, sizeof o->etag, "%s", r.etag);
+    }
+    ckptio__s3_request_cleanup(&r);
+    return st;
+}
+
+static ckptio_status object_open(ckptio_engine *engine, const char *path, unsigned flags, void *window,
+                                 uint64_t window_len, bool *filled, ckptio_file **out) {
     *out = NULL;
     if (flags & CKPTIO_OPEN_IN_PLACE)
         return CKPTIO_FAIL_CTX(CKPTIO_E_UNSUPPORTED, &((ckptio__err_ctx){.operation = "open", .path = path,
@@ -124,7 +145,9 @@ ckptio_status ckptio__object_open(ckptio_engine *engine, const char *path, unsig
     if ((st = ckptio__object_client(engine, o->bucket, &o->client)) != CKPTIO_OK) goto fail;
     o->write = flags & CKPTIO_OPEN_WRITE;
     if (!o->write) {
-        if ((st = ckptio__s3_head(o->client, o->bucket, o->key, &o->size, o->etag)) != CKPTIO_OK) goto fail;
+        if (window_len && (st = open_by_window(o, window, window_len, filled)) != CKPTIO_OK) goto fail;
+        if (!(window_len && *filled) && (st = ckptio__s3_head(o->client, o->bucket, o->key, &o->size, o->etag)))
+            goto fail;
     } else {
         o->exclusive = flags & CKPTIO_OPEN_EXCLUSIVE;
         if (o->exclusive) {
@@ -140,12 +163,17 @@ ckptio_status ckptio__object_open(ckptio_engine *engine, const char *path, unsig
             }
         }
         /* Part buffers: the uploads in flight, two more, and what the
-         * engine's workers may be filling at once (threads x chunk). */
+         * engine's workers may be filling at once (threads x chunk). The
+         * engine's pool keeps as many between uploads. */
         const ckptio__s3_settings *s = &o->client->settings;
         const uint64_t threads = (uint64_t)ckptio__io_engine_setting(engine, CKPTIO_OPT_THREADS);
         const uint64_t chunk = (uint64_t)ckptio__io_engine_setting(engine, CKPTIO_OPT_CHUNK_BYTES);
         const uint64_t bound = (s->concurrency + 2) * s->part_bytes + (threads ? threads : 1) * chunk;
-        if ((st = ckptio__s3_upload_open(o->client, o->bucket, o->key, bound, &o->upload)) != CKPTIO_OK) goto fail;
+        ckptio__s3_part_pool *pool = ckptio__io_engine_part_pool(engine);
+        ckptio__s3_part_pool_configure(pool, bound,
+                                       (unsigned)ckptio__io_engine_setting(engine, CKPTIO_OPT_S3_BUFFERS_KEEP_MS));
+        if ((st = ckptio__s3_upload_open(o->client, o->bucket, o->key, bound, pool, &o->upload)) != CKPTIO_OK)
+            goto fail;
     }
     f->engine = engine;
     f->flags = flags;
@@ -166,6 +194,16 @@ fail:
     ckptio__free(f);
     object_free(o);
     return st;
+}
+
+ckptio_status ckptio__object_open(ckptio_engine *engine, const char *path, unsigned flags, ckptio_file **out) {
+    return object_open(engine, path, flags, NULL, 0, NULL, out);
+}
+
+ckptio_status ckptio__object_open_window(ckptio_engine *engine, const char *path, void *buf, uint64_t len,
+                                         bool *filled, ckptio_file **out) {
+    *filled = false;
+    return object_open(engine, path, CKPTIO_OPEN_READ, buf, len, filled, out);
 }
 
 ckptio_status ckptio__object_size(ckptio_file *f, uint64_t *out) {
@@ -221,6 +259,10 @@ void ckptio__object_buffers(ckptio_file *f, uint64_t *peak, uint64_t *bound) {
 
 unsigned ckptio__object_writers_waiting(ckptio_file *f) {
     return f->object && f->object->upload ? ckptio__s3_upload_waiting(f->object->upload) : 0;
+}
+
+void ckptio__object_part_pool_stats(ckptio_engine *engine, ckptio__s3_part_pool_stats *out) {
+    ckptio__s3_part_pool_stats_get(ckptio__io_engine_part_pool(engine), out);
 }
 
 static void op_failed(ckptio__io_op *op) {

@@ -37,7 +37,10 @@
  * after a save"), so in CKPTIO_DIRECT_AUTO mode a write plan goes through the
  * page cache when its files together take at most CKPTIO__WRITE_CACHE_MAX
  * and a quarter of MemAvailable; larger saves - a GPU host's, durable at the
- * disk's speed - keep O_DIRECT. CKPTIO_OPT_WRITE_CACHE forces either way.
+ * disk's speed - keep O_DIRECT. CKPTIO_OPT_WRITE_CACHE forces either way. A
+ * plan below CKPTIO_OPT_DIRECT_MIN_BYTES goes through the page cache whatever
+ * the policy says (no extent of it is big enough for O_DIRECT), so the
+ * policy, and /proc/meminfo, is not consulted for it (exec.c).
  */
 #include "io_internal.h"
 
@@ -55,7 +58,10 @@ static _Atomic uint64_t mem_available_override; /* test hook; 0 = /proc/meminfo 
 
 void ckptio__read_policy_set_mem_available(uint64_t bytes) { mem_available_override = bytes; }
 
+_Atomic uint64_t ckptio__mem_available_lookups;
+
 uint64_t ckptio__mem_available(void) {
+    atomic_fetch_add_explicit(&ckptio__mem_available_lookups, 1, memory_order_relaxed);
     const uint64_t forced = mem_available_override;
     if (forced) return forced;
     char buf[1024]; /* the field is near the top of the file */

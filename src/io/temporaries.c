@@ -30,10 +30,17 @@
  * gone), and nothing but regular files. A directory without that file, or
  * holding anything else, is left whole: nothing proves it is ckptio's.
  *
+ * An atomic save's temporary (ckptio__temporary_create_for_save) takes
+ * the first free of CKPTIO__TMP_SLOTS fixed names, ".STEM.ckptio-tmp-00000S":
+ * a killed save's leftover is then found by name, and the save lists the
+ * directory (removing every stale temporary of its NAME) only when its
+ * first choice is taken or a later slot exists. Saves that find no
+ * leftover list nothing.
+ *
  * Durability: ckptio_cleanup_temporaries() fsyncs the directory once after
  * a scan that removed something, so a power loss cannot bring the removed
  * files back (and a failed fsync is an error naming the directory). The
- * best-effort clean before an atomic save does not: that save's commit
+ * best-effort clean of an atomic save does not: that save's commit
  * fsyncs the same directory after its rename (CKPTIO_OPT_SYNC), which makes
  * the earlier unlinks durable too; without sync nothing of the save is
  * durable either, and a temporary that comes back is just removed again.
@@ -41,6 +48,7 @@
 #include "io_internal.h"
 
 #include <dirent.h>
+#include <stdatomic.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <math.h>
@@ -125,6 +133,73 @@ int ckptio__temporary_create(const char *dir, const char *name, mode_t mode, int
         if (errno != EEXIST) return errno;
     }
     return EEXIST;
+}
+
+/* ---- a save's temporary: fixed slots instead of a listing ------------------------ */
+
+static ckptio_status clean_dir(const char *dir, const char *name, double min_age, ckptio_cleanup_report *r,
+                               bool quiet, bool durable);
+
+/* ".STEM.ckptio-tmp-00000S", the name of slot `slot` of a save's temporary. */
+static void slot_path(char *out, size_t cap, const char *dir, const char *stem, unsigned slot) {
+    snprintf(out, cap, "%s/.%s" CKPTIO__TMP_MARK "%06u", dir, stem, slot);
+}
+
+/* Removes the stale temporaries of `name` in `dir` (best effort, quiet: the
+ * save's commit fsyncs the directory, which makes the unlinks durable). */
+static void sweep(const char *dir, const char *name) {
+    ckptio_cleanup_report r = {0};
+    atomic_fetch_add_explicit(&ckptio__temporary_sweeps, 1, memory_order_relaxed);
+    (void)clean_dir(dir, name, 0.0, &r, true, false);
+}
+
+_Atomic uint64_t ckptio__temporary_sweeps;
+
+int ckptio__temporary_create_for_save(const char *dir, const char *name, mode_t mode, int *fd, char **path) {
+    *fd = -1;
+    char stem[CKPTIO__NAME_MAX + 1];
+    ckptio__temporary_stem(name, stem);
+    const size_t cap = strlen(dir) + strlen(stem) + 32;
+    if (!(*path = ckptio__malloc(cap))) return ENOMEM;
+    bool swept = false;
+    for (unsigned slot = 0; slot < CKPTIO__TMP_SLOTS; slot++) {
+        slot_path(*path, cap, dir, stem, slot);
+        *fd = ckptio__open(*path, O_RDWR | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, mode);
+        if (*fd < 0) {
+            if (errno != EEXIST) return errno;
+            /* The slot holds a live save of NAME or a killed one's leftover: one sweep removes what is stale
+             * (this slot included), then the slot is tried again. */
+            if (!swept) {
+                sweep(dir, name);
+                swept = true;
+                slot--;
+            }
+            continue;
+        }
+        if (!lock_temporary(*fd, *path)) { /* a cleaner has it: it removes it */
+            close(*fd);
+            *fd = -1;
+            continue;
+        }
+        /* A temporary in a later slot was made while this one was taken: a killed save's leftover,
+         * unless its save is still running. */
+        char *other = swept ? NULL : ckptio__malloc(cap);
+        for (unsigned s = slot + 1; other && s < CKPTIO__TMP_SLOTS; s++) {
+            struct stat sb;
+            slot_path(other, cap, dir, stem, s);
+            if (fstatat(AT_FDCWD, other, &sb, AT_SYMLINK_NOFOLLOW) == 0 || errno != ENOENT) {
+                sweep(dir, name);
+                break;
+            }
+        }
+        ckptio__free(other);
+        return 0;
+    }
+    /* Every slot is held by a live save of NAME: random names, as for any other temporary. */
+    if (!swept) sweep(dir, name);
+    ckptio__free(*path);
+    *path = NULL;
+    return ckptio__temporary_create(dir, name, mode, fd, path);
 }
 
 ckptio_status ckptio_temporary_create(const char *dir, const char *name, const char *reference, int *fd,
@@ -399,7 +474,3 @@ ckptio_status ckptio_cleanup_temporaries(const char *dir, const char *name, doub
     return st;
 }
 
-void ckptio__temporaries_clean_stale(const char *dir, const char *name) {
-    ckptio_cleanup_report r = {0};
-    (void)clean_dir(dir, name, 0.0, &r, true, false); /* the save's commit fsyncs the directory */
-}

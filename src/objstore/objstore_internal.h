@@ -19,6 +19,9 @@
  *                 (backoff with jitter) and a deadline per request
  *   s3_ops.c      the S3 operations: HEAD, ranged GET, PUT, DELETE, listings,
  *                 multipart create/complete/abort
+ *   s3_part_pool.c  part buffers kept between uploads (bounded, freed when
+ *                 idle), so that successive parts and uploads reuse memory
+ *                 already touched
  *   s3_upload.c   an object written at any offsets by many threads: part
  *                 buffers uploaded in parallel as a multipart upload that
  *                 completes at commit (the object appears whole or not at all)
@@ -369,6 +372,46 @@ void ckptio__s3_mpu_part_request(ckptio__s3_request *r, const ckptio__s3_client 
                                  const char *key, const char *upload_id, unsigned part, char part_text[16],
                                  const void *data, size_t len);
 
+/* ---- part buffers kept between uploads (s3_part_pool.c) ------------------ */
+
+/* Buffers of stored parts, kept for the next part of any upload that uses
+ * the pool (one per engine). Thread-safe. */
+typedef struct ckptio__s3_part_pool ckptio__s3_part_pool;
+
+typedef struct ckptio__s3_part_pool_stats {
+    uint64_t allocated;  /* takes that found no kept buffer of their size (a new one was allocated) */
+    uint64_t reused;     /* takes served by a kept buffer */
+    uint64_t freed;      /* buffers freed: over the bound, idle for keep_ms, trimmed */
+    uint64_t kept_bytes; /* bytes kept now */
+    uint64_t kept_peak;  /* the most bytes kept at once */
+} ckptio__s3_part_pool_stats;
+
+ckptio_status ckptio__s3_part_pool_create(ckptio__s3_part_pool **out);
+
+/* At most `bound` bytes are kept (the oldest buffers are freed first), each
+ * buffer at most keep_ms after it was given back (0: none is kept). */
+void ckptio__s3_part_pool_configure(ckptio__s3_part_pool *pool, uint64_t bound, unsigned keep_ms);
+
+/* A buffer of `size` bytes (contents undefined): a kept one, else a new
+ * one; NULL when out of memory. pool NULL: always a new one. */
+unsigned char *ckptio__s3_part_pool_take(ckptio__s3_part_pool *pool, size_t size);
+
+/* Gives back a buffer of `size` bytes that nothing uses any more: kept, or
+ * freed when the bound or keep_ms says so (pool NULL: freed). */
+void ckptio__s3_part_pool_give(ckptio__s3_part_pool *pool, unsigned char *buf, size_t size);
+
+/* Frees every kept buffer now. */
+void ckptio__s3_part_pool_trim(ckptio__s3_part_pool *pool);
+
+void ckptio__s3_part_pool_stats_get(ckptio__s3_part_pool *pool, ckptio__s3_part_pool_stats *out);
+
+/* Frees the pool and every kept buffer. No upload may use it any more. Accepts NULL. */
+void ckptio__s3_part_pool_destroy(ckptio__s3_part_pool *pool);
+
+/* A fork()ed child's copy of a pool: frees what can be freed without the
+ * parent's threads (its trimmer does not exist here). Accepts NULL. */
+void ckptio__s3_part_pool_forget(ckptio__s3_part_pool *pool);
+
 /* ---- an object written in parts (s3_upload.c) ---------------------------- */
 
 typedef struct ckptio__s3_upload ckptio__s3_upload;
@@ -376,9 +419,11 @@ typedef struct ckptio__s3_upload ckptio__s3_upload;
 /* Starts writing `key` (nothing is sent before the first part is full).
  * At most max_buffered bytes of part buffers are held at once: writers wait
  * for uploads to finish, and writes so far out of order that every buffer
- * waits for bytes that have not come fail (CKPTIO_E_UNSUPPORTED). */
+ * waits for bytes that have not come fail (CKPTIO_E_UNSUPPORTED). Part
+ * buffers come from `pool` and go back to it once their part is stored
+ * (NULL: malloc and free). */
 ckptio_status ckptio__s3_upload_open(const ckptio__s3_client *c, const char *bucket, const char *key,
-                                     uint64_t max_buffered, ckptio__s3_upload **out);
+                                     uint64_t max_buffered, ckptio__s3_part_pool *pool, ckptio__s3_upload **out);
 
 /* The object's final size, when known before its bytes (sets the part size:
  * at least settings.part_bytes, and large enough for 10,000 parts).

@@ -7,9 +7,10 @@
  * its size is known first). Writes are copied into the buffer of the part
  * they fall in; a part whose every byte has arrived is queued, and one
  * uploader thread per object sends queued parts as UploadPart requests, up
- * to `concurrency` at once on its own curl multi handle, freeing each
- * buffer when its part is stored. At most max_buffered bytes of buffers
- * exist at a time: a writer that needs a new one waits for an upload to
+ * to `concurrency` at once on its own curl multi handle, giving each
+ * buffer back to the engine's part pool (s3_part_pool.c) when its part is
+ * stored, where the next part finds it. At most max_buffered bytes of
+ * buffers are held at a time: a writer that needs a new one waits for an upload to
  * finish; if every buffer is waiting for bytes that have not come (writes
  * far out of order), the write fails instead of waiting forever. Commit
  * fills the holes with zeros, sends the rest, and completes the multipart
@@ -62,6 +63,7 @@ struct ckptio__s3_upload {
     bool thread_started, closing, committed;
     pthread_t thread;
     ckptio__s3_session *session;
+    ckptio__s3_part_pool *pool; /* where buffers come from and go back to */
     ckptio_status fail_status;
     char fail_message[1400];
 };
@@ -94,7 +96,7 @@ static uint64_t choose_part_size(const ckptio__s3_upload *u, uint64_t size) {
 }
 
 ckptio_status ckptio__s3_upload_open(const ckptio__s3_client *c, const char *bucket, const char *key,
-                                     uint64_t max_buffered, ckptio__s3_upload **out) {
+                                     uint64_t max_buffered, ckptio__s3_part_pool *pool, ckptio__s3_upload **out) {
     *out = NULL;
     ckptio__s3_upload *u = ckptio__calloc(1, sizeof *u);
     if (!u) return CKPTIO_FAIL(CKPTIO_E_NOMEM, "out of memory starting an upload");
@@ -102,6 +104,7 @@ ckptio_status ckptio__s3_upload_open(const ckptio__s3_client *c, const char *buc
     u->bucket = ckptio__strdup(bucket);
     u->key = ckptio__strdup(key);
     u->max_buffered = max_buffered;
+    u->pool = pool;
     if (!u->bucket || !u->key) {
         ckptio__free(u->bucket);
         ckptio__free(u->key);
@@ -287,7 +290,7 @@ static ckptio_status part_buffer(ckptio__s3_upload *u, unsigned i) {
                                    "bytes of part %u were written again after the part was sent", i + 1);
         }
         if (u->buffered + u->part_size <= u->max_buffered || u->buffered == 0) {
-            p->buf = ckptio__malloc((size_t)u->part_size);
+            p->buf = ckptio__s3_part_pool_take(u->pool, (size_t)u->part_size);
             if (!p->buf)
                 return CKPTIO_FAIL(CKPTIO_E_NOMEM, "out of memory for a %llu-byte upload part",
                                    (unsigned long long)u->part_size);
@@ -480,7 +483,8 @@ static void *uploader(void *arg) {
         }
         if (st == CKPTIO_OK) {
             memcpy(p->etag, r->etag, strlen(r->etag) + 1); /* fits: checked above */
-            ckptio__free(p->buf);
+            /* Stored: no request reads the buffer, and writers never copy into a part past P_FILLING. */
+            ckptio__s3_part_pool_give(u->pool, p->buf, (size_t)u->part_size);
             p->buf = NULL;
             u->buffered -= u->part_size;
             p->state = P_DONE;
@@ -542,7 +546,7 @@ ckptio_status ckptio__s3_upload_commit(ckptio__s3_upload *u, ckptio__s3_poll_fn 
         part *p = &u->parts[i];
         if (p->state >= P_QUEUED) continue;
         if (!p->buf) {
-            p->buf = ckptio__malloc((size_t)u->part_size);
+            p->buf = ckptio__s3_part_pool_take(u->pool, (size_t)u->part_size);
             if (!p->buf) {
                 st = CKPTIO_FAIL(CKPTIO_E_NOMEM, "out of memory for a %llu-byte upload part",
                                  (unsigned long long)u->part_size);
@@ -621,8 +625,9 @@ ckptio_status ckptio__s3_upload_close(ckptio__s3_upload *u) {
         if (st == CKPTIO_OK) ckptio__error_restore(saved);
         else ckptio__free(saved);
     }
+    /* The uploader has stopped and no writer is left (a file is closed after its transfers): no buffer is in use. */
     for (unsigned i = 0; i < u->nparts; i++) {
-        ckptio__free(u->parts[i].buf);
+        ckptio__s3_part_pool_give(u->pool, u->parts[i].buf, (size_t)u->part_size);
         ckptio__free(u->parts[i].cov);
     }
     ckptio__free(u->parts);
