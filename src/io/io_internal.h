@@ -580,6 +580,8 @@ void ckptio__object_io_done(ckptio__io_op *op, ckptio__s3_request *req);
 /* An object being written: the most bytes its part buffers held at once,
  * and their bound (0, 0 for other files); for tests. */
 void ckptio__object_buffers(ckptio_file *f, uint64_t *peak, uint64_t *bound);
+/* How many writers of `f` wait for an upload part's buffer now (0 for other files); for tests. */
+unsigned ckptio__object_writers_waiting(ckptio_file *f);
 
 /* The object uploads among files[0..count) (before their first write)
  * share one bound on their part buffers: that of one of them alone (*bound
@@ -603,6 +605,9 @@ ckptio_status ckptio__object_client(const ckptio_engine *engine, const char *buc
 ckptio_status ckptio__object_target(const ckptio_engine *engine, const char *url, bool allow_empty_key,
                                     ckptio__s3_client **client, char **bucket, char **key);
 void ckptio__object_target_release(ckptio__s3_client *client, char *bucket, char *key);
+/* Which server and bucket `url` reaches with the engine's settings: "SCHEME://HOST[/BASE] STYLE BUCKET"
+ * into out[0..cap) (what a server answered about itself holds for that one only). */
+ckptio_status ckptio__object_server(const ckptio_engine *engine, const char *url, char *out, size_t cap);
 
 /* ---- s3://BUCKET/PREFIX/ as a directory (object_dir.c) ------------------- */
 

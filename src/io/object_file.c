@@ -72,6 +72,17 @@ void ckptio__object_target_release(ckptio__s3_client *client, char *bucket, char
     ckptio__free(key);
 }
 
+ckptio_status ckptio__object_server(const ckptio_engine *engine, const char *url, char *out, size_t cap) {
+    ckptio__s3_client *client = NULL;
+    char *bucket = NULL, *key = NULL;
+    CKPTIO_FORWARD(ckptio__object_target(engine, url, true, &client, &bucket, &key));
+    const int n = snprintf(out, cap, "%s://%s%s %s %s", client->scheme, client->host, client->base_path,
+                           client->addressing == CKPTIO__S3_PATH_STYLE ? "path" : "virtual", bucket);
+    ckptio__object_target_release(client, bucket, key);
+    CKPTIO_RETURN_IF(n < 0 || (size_t)n >= cap, CKPTIO_E_INVAL, "%s: the endpoint's name is too long", url);
+    return CKPTIO_OK;
+}
+
 static void object_free(ckptio__object *o) {
     if (!o) return;
     ckptio__s3_client_destroy(o->client);
@@ -270,6 +281,10 @@ uint64_t ckptio__object_shared_peak(ckptio_file *f) {
 void ckptio__object_buffers(ckptio_file *f, uint64_t *peak, uint64_t *bound) {
     *peak = *bound = 0;
     if (f->object && f->object->upload) ckptio__s3_upload_buffers(f->object->upload, peak, bound);
+}
+
+unsigned ckptio__object_writers_waiting(ckptio_file *f) {
+    return f->object && f->object->upload ? ckptio__s3_upload_waiting(f->object->upload) : 0;
 }
 
 void ckptio__object_part_pool_stats(ckptio_engine *engine, ckptio__s3_part_pool_stats *out) {

@@ -479,5 +479,7 @@ const char *ckptio__s3_upload_id(ckptio__s3_upload *u);
 
 /* The most part-buffer bytes held at once so far, and the bound; for tests. */
 void ckptio__s3_upload_buffers(ckptio__s3_upload *u, uint64_t *peak, uint64_t *bound);
+/* How many writers wait for a part buffer now (for tests). */
+unsigned ckptio__s3_upload_waiting(ckptio__s3_upload *u);
 
 #endif /* CKPTIO_OBJSTORE_INTERNAL_H */

@@ -65,6 +65,7 @@ struct ckptio__s3_upload {
     part *parts;
     unsigned nparts;     /* entries of parts[] */
     uint64_t buffered, max_buffered, peak;
+    unsigned waiting;    /* writers waiting in part_buffer for a buffer */
     unsigned inflight;
     bool sent_any;       /* a part was queued: the part size is fixed */
     char upload_id[1024];
@@ -207,6 +208,13 @@ void ckptio__s3_upload_buffers(ckptio__s3_upload *u, uint64_t *peak, uint64_t *b
     *peak = u->peak;
     *bound = u->max_buffered;
     pthread_mutex_unlock(&u->lock);
+}
+
+unsigned ckptio__s3_upload_waiting(ckptio__s3_upload *u) {
+    pthread_mutex_lock(&u->lock);
+    const unsigned n = u->waiting;
+    pthread_mutex_unlock(&u->lock);
+    return n;
 }
 
 uint64_t ckptio__s3_upload_size(ckptio__s3_upload *u) {
@@ -418,7 +426,9 @@ static ckptio_status part_buffer(ckptio__s3_upload *u, unsigned i) {
                                    "(writes to an object must come roughly in order)",
                                    (unsigned long long)u->buffered);
         }
+        u->waiting++;
         pthread_cond_wait(&u->cond, &u->lock);
+        u->waiting--;
     }
     return CKPTIO_OK;
 }
