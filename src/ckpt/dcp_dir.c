@@ -616,8 +616,9 @@ ckptio_status ckptio_dcp_file_open_listed(ckptio_engine *engine, const char *dir
                                "refused, nothing outside the directory is opened", relative_path);
     char *path = ckptio__path_join(dir, relative_path);
     if (!path) return CKPTIO_FAIL(CKPTIO_E_NOMEM, "out of memory");
-    ckptio_status st = etag && *etag && ckptio__s3_is_url(path) ? ckptio__object_open_listed(engine, path, size, etag, out)
-                                                              : ckptio_file_open(engine, path, CKPTIO_OPEN_READ, out);
+    const bool listed = etag && *etag && ckptio__s3_is_url(path);
+    ckptio_status st = listed ? ckptio__object_open_listed(engine, path, size, etag, out)
+                              : ckptio_file_open(engine, path, CKPTIO_OPEN_READ, out);
     ckptio__free(path);
     return st;
 }
