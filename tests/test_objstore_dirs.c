@@ -298,6 +298,74 @@ static void put_fixture(ckptio_engine *e, const char *dir) {
     }
 }
 
+/* A small file opened with its first bytes (ckptio_file_open_window): one GET
+ * and no HEAD for an object of up to the window, a second GET for the rest of
+ * a larger one, the HEAD for an empty one (its GET answers 416); the bytes
+ * are the object's; a replaced object read with the pinned ETag is E_STALE.
+ * ckptio_dcp_open reads .metadata so: one GET, no HEAD. */
+static void test_open_window_requests(void) {
+    ckptio_engine *e = s3_test_engine();
+    const char *dir = s3_url("open-window");
+    static const uint64_t sizes[3] = {0, 10, (1u << 20) + 5};
+    unsigned char *data = malloc((1u << 20) + 5), *got = malloc((1u << 20) + 5);
+    T_ASSERT(data && got);
+    t_fill_random(data, (1u << 20) + 5, 5);
+    char names[3][32];
+    for (int i = 0; i < 3; i++) {
+        snprintf(names[i], sizeof names[i], "small-%d.bin", i);
+        put(e, in(dir, names[i]), data, sizes[i]);
+    }
+    put_fixture(e, dir);
+    snprintf(upstream, sizeof upstream, "%s", getenv("AWS_ENDPOINT_URL"));
+    const char *const no_rules[] = {NULL};
+    request_log *g = calloc(1, sizeof *g);
+    T_ASSERT(g);
+    static const size_t heads[3] = {1, 0, 0}, gets[3] = {1, 1, 2};
+    for (int i = 0; i < 3; i++) {
+        proxy_start(no_rules);
+        ckptio_file *f;
+        uint64_t n = 99, size = 0;
+        memset(got, 0, (1u << 20) + 5);
+        T_OK(ckptio_file_open_window(e, in(dir, names[i]), got, 1u << 20, &n, &f));
+        T_OK(ckptio_file_size(f, &size));
+        T_ASSERT_MSG(size == sizes[i] && n == (size < (1u << 20) ? size : 1u << 20), "%s: size %llu, got %llu",
+                     names[i], (unsigned long long)size, (unsigned long long)n);
+        if (size > n) {
+            const ckptio_extent x = {.file = f, .file_offset = n, .length = size - n, .memory = got + n,
+                                     .mem_kind = CKPTIO_MEM_HOST};
+            T_OK(ckptio_engine_execute_extents(e, CKPTIO_READ, &x, 1));
+        }
+        T_ASSERT_MSG(!memcmp(got, data, size), "%s: the bytes differ", names[i]);
+        read_requests(g, heads[i] + gets[i]);
+        T_ASSERT_MSG(count_requests(g, "HEAD", names[i]) == heads[i] && count_requests(g, "GET", names[i]) == gets[i]
+                         && g->n == heads[i] + gets[i], "%s: %zu requests, %zu HEADs, %zu GETs", names[i], g->n,
+                     count_requests(g, "HEAD", names[i]), count_requests(g, "GET", names[i]));
+        if (i == 2) { /* replaced after the open: its read names the pinned ETag */
+            data[0] ^= 1;
+            put(e, in(dir, names[i]), data, sizes[i]);
+            const ckptio_extent x = {.file = f, .file_offset = 0, .length = 100, .memory = got,
+                                     .mem_kind = CKPTIO_MEM_HOST};
+            T_ASSERT_MSG(ckptio_engine_execute_extents(e, CKPTIO_READ, &x, 1) == CKPTIO_E_STALE, "%s",
+                         ckptio_last_error_message());
+        }
+        T_OK(ckptio_file_close(f));
+        proxy_stop("pass");
+    }
+    proxy_start(no_rules);
+    ckptio_dcp *h;
+    T_OK(ckptio_dcp_open(e, dir, &h));
+    read_requests(g, 1);
+    T_ASSERT_MSG(count_requests(g, "GET", "/.metadata") == 1 && count_requests(g, "HEAD", "/.metadata") == 0,
+                 ".metadata: %zu GETs, %zu HEADs", count_requests(g, "GET", "/.metadata"),
+                 count_requests(g, "HEAD", "/.metadata"));
+    T_OK(ckptio_dcp_close(h));
+    proxy_stop("pass");
+    free(g);
+    free(data);
+    free(got);
+    ckptio_engine_destroy(e);
+}
+
 static void test_dcp_reader(void) {
     ckptio_engine *e = s3_test_engine();
     const char *dir = s3_url("dcp-read");
@@ -768,6 +836,7 @@ int main(void) {
     T_RUN(test_format_probe);
     T_RUN(test_hf_prefix);
     T_RUN(test_hf_prefix_requests);
+    T_RUN(test_open_window_requests);
     T_RUN(test_dcp_reader);
     T_RUN(test_dcp_commit_steps);
     T_RUN(test_dcp_lease);

@@ -415,6 +415,15 @@ CKPTIO_API ckptio_status ckptio_zstd_stream(const void *src, size_t len, uint64_
 CKPTIO_API ckptio_status ckptio_dcp_file_open(ckptio_engine *engine, const char *dir, const char *relative_path,
                                               ckptio_file **out);
 
+/*! ckptio_dcp_file_open_listed() :
+ * ckptio_dcp_file_open() of a data file in object storage whose `size` and
+ * `etag` a listing of the checkpoint's prefix gave: no request at open (no
+ * HEAD). Every read names `etag` in If-Match, as after a HEAD: an object
+ * replaced since the listing fails with CKPTIO_E_STALE. A NULL or empty
+ * `etag`, or a local directory: exactly ckptio_dcp_file_open(). */
+CKPTIO_API ckptio_status ckptio_dcp_file_open_listed(ckptio_engine *engine, const char *dir, const char *relative_path,
+                                                     uint64_t size, const char *etag, ckptio_file **out);
+
 /* Dimensions a stored DCP tensor may have (torch allows 64 at most too). */
 #define CKPTIO_DCP_MAX_NDIM 64
 

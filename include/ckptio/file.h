@@ -100,6 +100,18 @@ CKPTIO_API const char *ckptio_format_name(ckptio_format format);
 /* Files written by the caller                                              */
 /* ------------------------------------------------------------------------ */
 
+/*! ckptio_file_open_window() :
+ * ckptio_file_open(CKPTIO_OPEN_READ) that also reads the file's first
+ * min(`len`, size) bytes into `buf`; *got: how many. For an s3:// object one
+ * ranged GET does both (its Content-Range tells the size, its ETag pins the
+ * version every later read names in If-Match) where ckptio_file_open would
+ * send a HEAD and the read a GET: a small file (a .metadata, a manifest) is
+ * then read in one round trip. Where that answer cannot stand for the HEAD
+ * (its bytes came in two attempts, the object is empty) the HEAD is sent and
+ * the bytes read as usual. On failure *out is NULL. */
+CKPTIO_API ckptio_status ckptio_file_open_window(ckptio_engine *engine, const char *path, void *buf, uint64_t len,
+                                                 uint64_t *got, ckptio_file **out);
+
 /*! ckptio_inherit_mode() :
  * For writers that replace `path` by renaming a file of their own over it
  * (ckptio_file_commit does this itself): if `path` names a regular file

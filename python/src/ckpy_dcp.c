@@ -496,17 +496,21 @@ static PyObject *mod_dcp_verify(PyObject *module, PyObject *args, PyObject *kwar
 }
 
 static PyObject *mod_dcp_file_open(PyObject *module, PyObject *args, PyObject *kwargs) {
-    static char *kwlist[] = {"dir", "relative_path", "engine", NULL};
+    static char *kwlist[] = {"dir", "relative_path", "engine", "size", "etag", NULL};
     PyObject *dir_arg, *name_arg, *engine_arg = Py_None;
-    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OO|O:dcp_file_open", kwlist, &dir_arg, &name_arg, &engine_arg))
+    unsigned long long size = 0;
+    const char *etag = NULL;
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OO|OKz:dcp_file_open", kwlist, &dir_arg, &name_arg, &engine_arg,
+                                     &size, &etag))
         return NULL;
-    return ckpy_file_open_dcp(dir_arg, name_arg, engine_arg);
+    return ckpy_file_open_dcp(dir_arg, name_arg, engine_arg, size, etag);
 }
 
 static PyMethodDef dcp_methods[] = {
     {"dcp_file_open", (PyCFunction)(void (*)(void))mod_dcp_file_open, METH_VARARGS | METH_KEYWORDS,
-     "dcp_file_open(dir, relative_path, engine=None) -> File: a data file of a DCP directory, read-only\n"
-     "(ckptio_dcp_file_open: a relative_path that leaves the directory is refused, E_FORMAT)."},
+     "dcp_file_open(dir, relative_path, engine=None, size=0, etag=None) -> File: a data file of a DCP directory,\n"
+     "read-only (ckptio_dcp_file_open: a relative_path that leaves the directory is refused, E_FORMAT); an etag:\n"
+     "the object of that size and ETag a listing gave, opened with no request (ckptio_dcp_file_open_listed)."},
     {"dcp_verify", (PyCFunction)(void (*)(void))mod_dcp_verify, METH_VARARGS | METH_KEYWORDS,
      "dcp_verify(dir, engine=None) -> {items, checked, unhashed, bytes, partial, manifest, checksums}:\n"
      "ckptio_dcp_open + ckptio_dcp_validate (against the ckptio manifest, or without one the structure;\n"

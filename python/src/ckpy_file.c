@@ -195,18 +195,26 @@ int ckpy_file_add_to_module(PyObject *module) {
     return 0;
 }
 
+typedef struct dcp_open {
+    const char *name;
+    uint64_t size;
+    const char *etag;
+} dcp_open;
+
 static ckptio_status open_dcp_handle(ckptio_engine *engine, const char *dir, void *arg, void **handle) {
+    const dcp_open *d = arg;
     ckptio_file *f = NULL;
-    ckptio_status st = ckptio_dcp_file_open(engine, dir, arg, &f);
+    ckptio_status st = ckptio_dcp_file_open_listed(engine, dir, d->name, d->size, d->etag, &f);
     *handle = f;
     return st;
 }
 
-PyObject *ckpy_file_open_dcp(PyObject *dir_arg, PyObject *relative_path, PyObject *engine_arg) {
+PyObject *ckpy_file_open_dcp(PyObject *dir_arg, PyObject *relative_path, PyObject *engine_arg, uint64_t size,
+                             const char *etag) {
     PyObject *name = ckpy_path_bytes(relative_path);
     if (!name) return NULL;
-    ckpy_file *self = (ckpy_file *)ckpy_handle_new(file_type, &file_kind, dir_arg, engine_arg, open_dcp_handle,
-                                                   PyBytes_AsString(name));
+    dcp_open d = {PyBytes_AsString(name), size, etag};
+    ckpy_file *self = (ckpy_file *)ckpy_handle_new(file_type, &file_kind, dir_arg, engine_arg, open_dcp_handle, &d);
     Py_DECREF(name);
     if (!self) return NULL;
     self->flags = CKPTIO_OPEN_READ;
@@ -220,6 +228,32 @@ PyObject *ckpy_file_open_dcp(PyObject *dir_arg, PyObject *relative_path, PyObjec
     self->h.path = path;
     Py_XDECREF(was);
     return (PyObject *)self;
+}
+
+typedef struct window_open {
+    void *buf;
+    uint64_t len, got;
+} window_open;
+
+static ckptio_status open_window_handle(ckptio_engine *engine, const char *path, void *arg, void **handle) {
+    window_open *w = arg;
+    ckptio_file *f = NULL;
+    ckptio_status st = ckptio_file_open_window(engine, path, w->buf, w->len, &w->got, &f);
+    *handle = f;
+    return st;
+}
+
+PyObject *ckpy_file_open_window(PyObject *path_arg, PyObject *addr_arg, PyObject *len_arg, PyObject *engine_arg) {
+    window_open w = {0};
+    uint64_t addr;
+    if (ckpy_u64(addr_arg, "address", &addr) < 0 || ckpy_u64(len_arg, "length", &w.len) < 0) return NULL;
+    w.buf = (void *)(uintptr_t)addr;
+    ckpy_file *self = (ckpy_file *)ckpy_handle_new(file_type, &file_kind, path_arg, engine_arg, open_window_handle, &w);
+    if (!self) return NULL;
+    self->flags = CKPTIO_OPEN_READ;
+    PyObject *out = Py_BuildValue("(OK)", (PyObject *)self, (unsigned long long)w.got);
+    Py_DECREF(self);
+    return out;
 }
 
 ckptio_file *ckpy_file_handle(PyObject *obj) {

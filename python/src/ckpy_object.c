@@ -6,6 +6,7 @@
  * an engine (its CKPTIO_S3_* settings) with the GIL released.
  */
 #include "ckpy_engine.h"
+#include "ckpy_file.h"
 #include "ckpy_parts.h"
 
 #include <stdlib.h>
@@ -26,7 +27,9 @@ typedef struct object_call {
     uint64_t *sizes;
     double *times;
     unsigned char *prefixes;
-    size_t n, cap;
+    char **etags;     /* object_list(etags=True): each entry's ETag */
+    size_t n, cap, limit;
+    int want_etags;
     int nomem;
 } object_call;
 
@@ -178,7 +181,9 @@ static int gather(void *user, const ckptio_object_info *info) {
         if (t) c->times = t;
         unsigned char *p = t ? realloc(c->prefixes, cap) : NULL;
         if (p) c->prefixes = p;
-        if (!p) return c->nomem = 1;
+        char **g = p ? realloc(c->etags, cap * sizeof *g) : NULL;
+        if (g) c->etags = g;
+        if (!g) return c->nomem = 1;
         c->cap = cap;
     }
     const size_t len = strlen(info->key);
@@ -189,8 +194,17 @@ static int gather(void *user, const ckptio_object_info *info) {
     c->sizes[c->n] = info->size;
     c->times[c->n] = iso_seconds(info->time);
     c->prefixes[c->n] = (unsigned char)info->is_prefix;
+    c->etags[c->n] = NULL;
+    if (c->want_etags) {
+        const size_t elen = strlen(info->etag);
+        if (!(c->etags[c->n] = malloc(elen + 1))) {
+            free(key);
+            return c->nomem = 1;
+        }
+        memcpy(c->etags[c->n], info->etag, elen + 1);
+    }
     c->n++;
-    return 0;
+    return c->limit && c->n >= c->limit; /* enough: the listing stops there */
 }
 
 static ckptio_status do_list(ckptio_engine *e, void *arg) {
@@ -199,21 +213,32 @@ static ckptio_status do_list(ckptio_engine *e, void *arg) {
 }
 
 static PyObject *mod_object_list(PyObject *m, PyObject *args, PyObject *kwargs) {
-    static char *kwlist[] = {"url", "delimiter", "engine", NULL};
+    static char *kwlist[] = {"url", "delimiter", "engine", "etags", "limit", NULL};
     PyObject *url_o, *engine_o = Py_None;
     object_call c = {0};
-    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "O|zO:object_list", kwlist, &url_o, &c.delimiter, &engine_o))
+    Py_ssize_t limit = 0;
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "O|zOpn:object_list", kwlist, &url_o, &c.delimiter, &engine_o,
+                                     &c.want_etags, &limit))
         return NULL;
+    c.limit = limit > 0 ? (size_t)limit : 0;
     const int rc = run(url_o, engine_o, do_list, &c);
     if (rc == 0 && c.nomem) PyErr_NoMemory();
     PyObject *out = rc == 0 && !c.nomem ? PyList_New((Py_ssize_t)c.n) : NULL;
     for (size_t i = 0; out && i < c.n; i++) {
-        PyObject *row = Py_BuildValue("(NKdO)", PyUnicode_DecodeFSDefault(c.keys[i]), (unsigned long long)c.sizes[i],
-                                      c.times[i], c.prefixes[i] ? Py_True : Py_False);
+        PyObject *row = c.want_etags ? Py_BuildValue("(NKdOs)", PyUnicode_DecodeFSDefault(c.keys[i]),
+                                                     (unsigned long long)c.sizes[i], c.times[i],
+                                                     c.prefixes[i] ? Py_True : Py_False, c.etags[i])
+                                     : Py_BuildValue("(NKdO)", PyUnicode_DecodeFSDefault(c.keys[i]),
+                                                     (unsigned long long)c.sizes[i], c.times[i],
+                                                     c.prefixes[i] ? Py_True : Py_False);
         if (!row || PyList_SetItem(out, (Py_ssize_t)i, row) < 0) Py_CLEAR(out);
     }
-    for (size_t i = 0; i < c.n; i++) free(c.keys[i]);
+    for (size_t i = 0; i < c.n; i++) {
+        free(c.keys[i]);
+        free(c.etags[i]);
+    }
     free(c.keys);
+    free(c.etags);
     free(c.sizes);
     free(c.times);
     free(c.prefixes);
@@ -244,7 +269,20 @@ static PyObject *mod_path_is_object(PyObject *m, PyObject *arg) {
     return PyBool_FromLong(yes);
 }
 
+static PyObject *mod_file_open_window(PyObject *m, PyObject *args, PyObject *kwargs) {
+    (void)m;
+    static char *kwlist[] = {"path", "address", "length", "engine", NULL};
+    PyObject *path_o, *addr_o, *len_o, *engine_o = Py_None;
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OOO|O:file_open_window", kwlist, &path_o, &addr_o, &len_o,
+                                     &engine_o))
+        return NULL;
+    return ckpy_file_open_window(path_o, addr_o, len_o, engine_o);
+}
+
 static PyMethodDef object_methods[] = {
+    {"file_open_window", (PyCFunction)(void (*)(void))mod_file_open_window, METH_VARARGS | METH_KEYWORDS,
+     "file_open_window(path, address, length, engine=None) -> (File, got): opened for reading with its first\n"
+     "min(length, size) bytes read to address (ckptio_file_open_window: an object's open is that one GET)."},
     {"path_is_object", mod_path_is_object, METH_O, "path_is_object(path) -> True for an s3:// URL."},
     {"object_stat", (PyCFunction)(void (*)(void))mod_object_stat, METH_VARARGS | METH_KEYWORDS,
      "object_stat(url, engine=None) -> ('file', size) | ('directory', 0) | ('missing', 0): an object of that\n"
@@ -256,8 +294,9 @@ static PyMethodDef object_methods[] = {
     {"object_delete", (PyCFunction)(void (*)(void))mod_object_delete, METH_VARARGS | METH_KEYWORDS,
      "object_delete(url, engine=None) (ckptio_object_delete; a missing object is no error)."},
     {"object_list", (PyCFunction)(void (*)(void))mod_object_list, METH_VARARGS | METH_KEYWORDS,
-     "object_list(url, delimiter=None, engine=None) -> [(key, size, last_modified, is_prefix)]\n"
-     "(ckptio_object_list; last_modified in seconds since the epoch, the server's clock)."},
+     "object_list(url, delimiter=None, engine=None, etags=False, limit=0) -> [(key, size, last_modified, is_prefix)]\n"
+     "(ckptio_object_list; last_modified in seconds since the epoch, the server's clock); etags=True adds each\n"
+     "entry's ETag as a fifth field; limit > 0 stops the listing after that many entries."},
     {"object_abort_uploads", (PyCFunction)(void (*)(void))mod_object_abort_uploads, METH_VARARGS | METH_KEYWORDS,
      "object_abort_uploads(url, older_than=0, engine=None) -> how many were aborted\n"
      "(ckptio_object_abort_uploads)."},

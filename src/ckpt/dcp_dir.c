@@ -468,22 +468,35 @@ static ckptio_status collect_files(ckptio_dcp *h) {
 
 static ckptio_status read_metadata(ckptio_dcp *h, void **data, size_t *len) {
     ckptio_file *f = NULL;
-    uint64_t size = 0;
+    uint64_t size = 0, got = 0;
+    /* Opened with its first bytes (in object storage one GET, no HEAD); only
+     * a larger file's rest is read after its size was checked. */
+    char *buf = ckptio__malloc((size_t)CKPTIO__SMALL_WINDOW);
     *data = NULL;
-    ckptio_status st = ckptio_file_open(h->engine, h->md_path, CKPTIO_OPEN_READ, &f);
-    if (st != CKPTIO_OK) return st;
+    if (!buf) return CKPTIO_FAIL(CKPTIO_E_NOMEM, "out of memory reading %s", h->md_path);
+    ckptio_status st = ckptio_file_open_window(h->engine, h->md_path, buf, CKPTIO__SMALL_WINDOW, &got, &f);
+    if (st != CKPTIO_OK) {
+        ckptio__free(buf);
+        return st;
+    }
     if ((st = ckptio_file_size(f, &size)) != CKPTIO_OK) goto out;
     if (size > METADATA_MAX) {
         st = MDFAIL(CKPTIO_E_FORMAT, h, NULL, "%llu bytes is too large for a .metadata file", (unsigned long long)size);
         goto out;
     }
-    if (!(*data = ckptio__malloc(size ? size : 1))) {
-        st = CKPTIO_FAIL(CKPTIO_E_NOMEM, "out of memory reading %s", h->md_path);
-        goto out;
+    if (size > got) {
+        char *grown = ckptio__realloc(buf, (size_t)size);
+        if (!grown) {
+            st = CKPTIO_FAIL(CKPTIO_E_NOMEM, "out of memory reading %s", h->md_path);
+            goto out;
+        }
+        buf = grown;
+        st = ckptio__file_io(f, CKPTIO_READ, buf + got, size - got, got);
     }
-    if (size) st = ckptio__file_io(f, CKPTIO_READ, *data, size, 0);
     *len = size;
 out:
+    if (st == CKPTIO_OK) *data = buf;
+    else ckptio__free(buf);
     ckptio_file_close(f);
     return st;
 }
@@ -588,8 +601,8 @@ ckptio_status ckptio_dcp_close(ckptio_dcp *h) {
 
 /* ---- files ------------------------------------------------------------------------------- */
 
-ckptio_status ckptio_dcp_file_open(ckptio_engine *engine, const char *dir, const char *relative_path,
-                                   ckptio_file **out) {
+ckptio_status ckptio_dcp_file_open_listed(ckptio_engine *engine, const char *dir, const char *relative_path,
+                                          uint64_t size, const char *etag, ckptio_file **out) {
     if (out) *out = NULL;
     CKPTIO_RETURN_IF(!engine || !dir || !*dir || !relative_path || !out, CKPTIO_E_INVAL,
                      "ckptio_dcp_file_open: engine, dir, relative_path and out are required");
@@ -603,9 +616,16 @@ ckptio_status ckptio_dcp_file_open(ckptio_engine *engine, const char *dir, const
                                "refused, nothing outside the directory is opened", relative_path);
     char *path = ckptio__path_join(dir, relative_path);
     if (!path) return CKPTIO_FAIL(CKPTIO_E_NOMEM, "out of memory");
-    ckptio_status st = ckptio_file_open(engine, path, CKPTIO_OPEN_READ, out);
+    const bool listed = etag && *etag && ckptio__s3_is_url(path);
+    ckptio_status st = listed ? ckptio__object_open_listed(engine, path, size, etag, out)
+                              : ckptio_file_open(engine, path, CKPTIO_OPEN_READ, out);
     ckptio__free(path);
     return st;
+}
+
+ckptio_status ckptio_dcp_file_open(ckptio_engine *engine, const char *dir, const char *relative_path,
+                                   ckptio_file **out) {
+    return ckptio_dcp_file_open_listed(engine, dir, relative_path, 0, NULL, out);
 }
 
 ckptio_status ckptio__dcp_file(ckptio_dcp *h, size_t index, ckptio_file **file, uint64_t *size) {

@@ -119,6 +119,31 @@ ckptio_status ckptio_file_open(ckptio_engine *engine, const char *path, unsigned
     return ckptio__file_open_created(engine, path, flags, 0666, out);
 }
 
+ckptio_status ckptio_file_open_window(ckptio_engine *engine, const char *path, void *buf, uint64_t len, uint64_t *got,
+                                     ckptio_file **out) {
+    CKPTIO_RETURN_IF(!got || (!buf && len) || !out, CKPTIO_E_INVAL,
+                     "ckptio_file_open_window: got, out and a buffer of len bytes are required");
+    *got = 0;
+    *out = NULL;
+    ckptio_status st;
+    /* An object's first GET stands for its HEAD: one round trip instead of two. */
+    if (len && engine && path && ckptio__s3_is_url(path)) st = ckptio__object_open_prefix(engine, path, buf, len, got, out);
+    else st = ckptio_file_open(engine, path, CKPTIO_OPEN_READ, out);
+    if (st != CKPTIO_OK || *got) return st;
+    uint64_t size = 0;
+    if ((st = ckptio_file_size(*out, &size)) == CKPTIO_OK && len)
+        st = ckptio__file_io(*out, CKPTIO_READ, buf, size < len ? size : len, 0);
+    if (st != CKPTIO_OK) {
+        ckptio__error_saved *saved = ckptio__error_save();
+        ckptio_file_close(*out);
+        ckptio__error_restore(saved);
+        *out = NULL;
+        return st;
+    }
+    *got = size < len ? size : len;
+    return CKPTIO_OK;
+}
+
 ckptio_status ckptio__file_open_created(ckptio_engine *engine, const char *path, unsigned flags, mode_t create_mode,
                                         ckptio_file **out) {
     const unsigned known = CKPTIO_OPEN_READ | CKPTIO_OPEN_WRITE | CKPTIO_OPEN_IN_PLACE | CKPTIO_OPEN_EXCLUSIVE;

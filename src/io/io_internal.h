@@ -555,6 +555,19 @@ ckptio_status ckptio__object_open(ckptio_engine *engine, const char *path, unsig
 ckptio_status ckptio__object_open_window(ckptio_engine *engine, const char *path, void *buf, uint64_t len,
                                          bool *filled, ckptio_file **out);
 
+/* Opens the object `path` for reading with one GET of its first `len` bytes
+ * (its size unknown) into `buf` in place of the HEAD; *got: how many bytes of
+ * `buf` that GET filled (min(len, size)), or 0 when the answer could not stand
+ * for the HEAD, which was then sent. */
+ckptio_status ckptio__object_open_prefix(ckptio_engine *engine, const char *path, void *buf, uint64_t len,
+                                         uint64_t *got, ckptio_file **out);
+
+/* Opens the object `path` for reading as the version a listing named (its
+ * `size` and non-empty `etag`), with no request: every read names `etag` in
+ * If-Match, so an object replaced since the listing fails with E_STALE. */
+ckptio_status ckptio__object_open_listed(ckptio_engine *engine, const char *path, uint64_t size, const char *etag,
+                                         ckptio_file **out);
+
 /* ckptio_file_size, _truncate, _commit and _close of an object file. */
 ckptio_status ckptio__object_size(ckptio_file *f, uint64_t *out);
 ckptio_status ckptio__object_truncate(ckptio_file *f, uint64_t size);
@@ -653,6 +666,11 @@ ckptio_status ckptio__object_dir_list(ckptio_engine *engine, const char *dir, ck
  * (keys under KEY/; also the bucket itself), else MISSING. A URL ending in
  * '/' is only ever a directory. Errors: the requests' (a missing bucket). */
 ckptio_status ckptio__object_stat(ckptio_engine *engine, const char *url, ckptio__path_kind *kind, uint64_t *size);
+
+/* The first bytes a reader of a small whole file (a .metadata, a manifest)
+ * asks for with its open (ckptio_file_open_window): most such files in one
+ * GET, the rest of a larger one in a second. */
+#define CKPTIO__SMALL_WINDOW ((uint64_t)1 << 20)
 
 /* A whole object of at most `max` bytes into *data (ckptio__malloc'ed,
  * NUL-terminated) and *len. CKPTIO_E_NOT_FOUND when missing, CKPTIO_E_FORMAT

@@ -199,17 +199,27 @@ ckptio_status ckptio__object_read_all(ckptio_engine *engine, const char *url, ui
     *data = NULL;
     *len = 0;
     ckptio_file *f = NULL;
-    uint64_t size = 0;
-    CKPTIO_FORWARD(ckptio_file_open(engine, url, CKPTIO_OPEN_READ, &f));
-    ckptio_status st = ckptio_file_size(f, &size);
-    char *buf = NULL;
+    uint64_t size = 0, got = 0;
+    /* The first GET opens the object and brings its first bytes (most such
+     * files whole); a larger one's rest is a second GET. */
+    const uint64_t window = max < CKPTIO__SMALL_WINDOW ? max + 1 : CKPTIO__SMALL_WINDOW;
+    char *buf = ckptio__malloc((size_t)window + 1);
+    if (!buf) return CKPTIO_FAIL(CKPTIO_E_NOMEM, "out of memory reading %s", url);
+    ckptio_status st = ckptio_file_open_window(engine, url, buf, window, &got, &f);
+    if (st != CKPTIO_OK) {
+        ckptio__free(buf);
+        return st;
+    }
+    st = ckptio_file_size(f, &size);
     if (st == CKPTIO_OK && size > max)
         st = CKPTIO_FAIL_CTX(CKPTIO_E_FORMAT, &((ckptio__err_ctx){.path = url, .file_offset = -1}),
                              "%llu bytes, more than the %llu a file of its kind may have", (unsigned long long)size,
                              (unsigned long long)max);
-    if (st == CKPTIO_OK && !(buf = ckptio__malloc((size_t)size + 1)))
-        st = CKPTIO_FAIL(CKPTIO_E_NOMEM, "out of memory reading %s", url);
-    if (st == CKPTIO_OK && size) st = ckptio__file_io(f, CKPTIO_READ, buf, size, 0);
+    if (st == CKPTIO_OK && size > got) {
+        char *grown = ckptio__realloc(buf, (size_t)size + 1);
+        if (!grown) st = CKPTIO_FAIL(CKPTIO_E_NOMEM, "out of memory reading %s", url);
+        else st = ckptio__file_io(f, CKPTIO_READ, (buf = grown) + got, size - got, got);
+    }
     ckptio__error_saved *saved = st != CKPTIO_OK ? ckptio__error_save() : NULL;
     ckptio_file_close(f);
     if (saved) ckptio__error_restore(saved);

@@ -240,6 +240,7 @@ struct ckptio__s3_request {
     const char *content_type;     /* or NULL */
     unsigned char *dst;           /* GET: the body goes here, exactly dst_len bytes expected */
     uint64_t dst_len;
+    bool up_to;                   /* GET: fewer bytes than dst_len are the object's end (Content-Range), not an error */
     bool want_xml;                /* collect the body in `xml` (bounded) */
     bool allow_404;               /* a 404 is an outcome, not a failure (HEAD, DELETE) */
     void *user;                   /* the caller's */

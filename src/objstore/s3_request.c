@@ -442,7 +442,12 @@ ckptio__s3_verdict ckptio__s3_attempt_finish(ckptio__s3_request *r, int code) {
         return CKPTIO__S3_RETRY;
     }
     if (r->http >= 200 && r->http < 300) {
-        if (r->dst && r->received < r->dst_len) {
+        if (!r->has_object_size && r->http == 200) {
+            r->object_size = r->content_length;
+            r->has_object_size = true;
+        }
+        const bool ends_there = r->up_to && r->has_object_size && r->range_off + r->received == r->object_size;
+        if (r->dst && r->received < r->dst_len && !ends_there) {
             /* A complete answer with fewer bytes than asked: the object ends there. */
             snprintf(r->reason, sizeof r->reason,
                      "the object ended early: %llu of the %llu bytes asked for arrived (the object has %s%llu bytes)",
@@ -459,10 +464,6 @@ ckptio__s3_verdict ckptio__s3_attempt_finish(ckptio__s3_request *r, int code) {
             if (retryable_code(r->code)) return CKPTIO__S3_RETRY;
             set_failed(r, CKPTIO_E_IO, r->reason);
             return CKPTIO__S3_FAILED;
-        }
-        if (!r->has_object_size && r->http == 200) {
-            r->object_size = r->content_length;
-            r->has_object_size = true;
         }
         r->status = CKPTIO_OK;
         return CKPTIO__S3_DONE;

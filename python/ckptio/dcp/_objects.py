@@ -97,3 +97,39 @@ class ObjectStore:
 def store_for(path, engine=None) -> Optional[ObjectStore]:
     """An ObjectStore for an s3:// path, else None (torch's FileSystem stays)."""
     return ObjectStore(engine) if is_object(path) else None
+
+
+class PrefixListing:
+    """The sizes and ETags of the objects directly under a checkpoint's prefix, from one listing
+    run on a thread while ``.metadata`` is read: a data object found there opens with no request
+    (ckptio_dcp_file_open_listed; its reads name the listed ETag in If-Match, so an object replaced
+    since fails with E_STALE as after a HEAD), which takes the HEAD's round trip off the load.
+    The listing stops after LIMIT entries; a name not among them, or a listing that failed (no
+    permission to list), opens with its HEAD as before."""
+
+    LIMIT = 1000
+
+    def __init__(self, directory: str, engine=None) -> None:
+        import threading
+
+        self._found: dict = {}
+        self._thread = threading.Thread(target=self._run, args=(directory, engine), daemon=True)
+        self._thread.start()
+
+    def _run(self, directory: str, engine) -> None:
+        try:
+            # An engine of its own: calls on one engine take turns, and this one runs beside the
+            # .metadata GET. It has the reader's settings for requests (retries, timeouts).
+            s3 = {k: v for k, v in engine.options().items() if k.startswith("s3_")} if engine is not None else {}
+            lister = _ckptio.Engine(threads=1, **s3)
+            rows = _ckptio.object_list(directory.rstrip("/") + "/", "/", lister, etags=True, limit=self.LIMIT)
+        except Exception:  # the objects then open with their HEADs; nothing is lost but the round trip
+            return
+        for key, size, _when, is_prefix, etag in rows:
+            if not is_prefix and etag:
+                self._found[key.rpartition("/")[2]] = (size, etag)
+
+    def get(self, name: str) -> Optional[tuple]:
+        """(size, etag) of the object `name` as listed, or None."""
+        self._thread.join()
+        return self._found.get(name)

@@ -170,10 +170,11 @@ class _Stored:
 
 
 class _DataFile:
-    def __init__(self, directory: str, relative_path: str, engine: Engine):
+    def __init__(self, directory: str, relative_path: str, engine: Engine, listed: Optional[tuple] = None):
         # libckptio refuses a relative_path that leaves the directory (an
-        # absolute path, '/', '..') before anything is opened.
-        self.file = _ckptio.dcp_file_open(directory, relative_path, engine)
+        # absolute path, '/', '..') before anything is opened. `listed`: the
+        # object's (size, etag) from the prefix's listing (no HEAD).
+        self.file = _ckptio.dcp_file_open(directory, relative_path, engine, *(listed or ()))
         self.path = self.file.path
         self.size = self.file.size()
 
@@ -249,6 +250,7 @@ class FileSystemReader(_TorchFileSystemReader):
         self._use_collectives = True
         self._header_bytes = 0
         self._data_bytes = 0
+        self._listing: Optional[_objects.PrefixListing] = None
 
     def _use_store(self, path) -> None:
         """s3:// checkpoint ids go through an ObjectStore (torch's FileSystem
@@ -260,6 +262,7 @@ class FileSystemReader(_TorchFileSystemReader):
         self.path = self.fs.init_path(path)
 
     def reset(self, checkpoint_id=None) -> None:
+        self._listing = None
         if checkpoint_id:
             self._use_store(checkpoint_id)
         super().reset(checkpoint_id)
@@ -300,6 +303,9 @@ class FileSystemReader(_TorchFileSystemReader):
         getter = getattr(self, "_get_metadata_path", None)  # not in every torch 2.x
         name = ".metadata" if rank is None else f"__{rank}.metadata"
         path = getter(rank) if getter is not None else self.fs.concat_path(self.path, name)
+        # In object storage the data objects' sizes and ETags come from a listing that runs meanwhile.
+        directory = os.fspath(self.path)
+        self._listing = _objects.PrefixListing(directory, self.engine) if _ckptio.path_is_object(directory) else None
         # Through libckptio: a FIFO or device under the name is refused at once, never waited on.
         data = _files.read_file(os.fspath(path), self.engine)
         metadata = metadata_from_bytes(data, os.fspath(path), whole=rank is None)
@@ -439,7 +445,8 @@ class FileSystemReader(_TorchFileSystemReader):
         """The open data file `rel` (kept in `files`, one read_data's)."""
         df = files.get(rel)
         if df is None:
-            df = files[rel] = _DataFile(os.fspath(self.path), rel, self.engine)
+            listed = self._listing.get(rel) if self._listing is not None else None
+            df = files[rel] = _DataFile(os.fspath(self.path), rel, self.engine, listed)
         return df
 
     @staticmethod
