@@ -8,11 +8,13 @@ ceiling, against one server, in one run (BENCHMARKS.md "Object storage").
 
 Workloads (the same bytes for every method):
   load_model   a Hugging Face directory of 4 safetensors shards under a prefix, into CPU tensors
-  save_model   the same tensors written as 4 safetensors shards under a new prefix
+  save_model   the same tensors written as 4 safetensors shards under a new prefix (ckptio: one directory save,
+               ckptio.save(sd, "s3://.../", max_shard_size=...), which adds the index)
   load_dcp     a torch.distributed.checkpoint of the same tensors (one process), loaded in place
   save_dcp     the same state dict saved as a DCP checkpoint under a new prefix
 Methods:
-  ckptio       ckptio.load / ckptio.save of the prefix; ckptio.dcp.FileSystemWriter / FileSystemReader
+  ckptio       ckptio.load / ckptio.save of the prefix (a directory save); ckptio.dcp.FileSystemWriter and
+               FileSystemReader
   runai        Run:ai Model Streamer with its S3 backend (SafetensorsStreamer.stream_files): loads only
   s3torch      s3torchconnector: S3Checkpoint reader/writer with safetensors.torch (model), and DCP's
                S3StorageWriter / S3StorageReader
@@ -138,9 +140,9 @@ def ckptio_load_model(prefix, size):
 def ckptio_save_model(prefix, size, sd):
     import ckptio
 
+    # The same 4 shards (4 tensors each) as one directory save: every shard in one engine job, the index last.
     out = f"bench-out-{uuid.uuid4().hex[:8]}"
-    for i, part in enumerate(shard_of(sd)):
-        ckptio.save(part, url(prefix, out, f"model-{i + 1:05d}-of-{SHARDS:05d}.safetensors"))
+    ckptio.save(sd, url(prefix, out) + "/", max_shard_size=sum(t.nbytes for t in shard_of(sd)[0].values()))
     return size
 
 

@@ -41,6 +41,19 @@ static inline const char *s3_url(const char *name) {
     return b;
 }
 
+/* The whole object's bytes (malloc'ed; *len receives their count). */
+static inline unsigned char *s3_object_bytes(ckptio_engine *e, const char *url, size_t *len) {
+    ckptio_file *f;
+    uint64_t size;
+    T_OK(ckptio_file_open(e, url, CKPTIO_OPEN_READ, &f));
+    T_OK(ckptio_file_size(f, &size));
+    unsigned char *b = malloc(size ? size : 1);
+    if (size) T_OK(ckptio__file_io(f, CKPTIO_READ, b, size, 0));
+    T_OK(ckptio_file_close(f));
+    *len = size;
+    return b;
+}
+
 /* The key part of an s3_url(). */
 static inline const char *s3_key_of(const char *url) { return strchr(url + 5, '/') + 1; }
 

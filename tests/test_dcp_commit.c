@@ -428,23 +428,34 @@ static void test_commit_syncs_the_data_files_handed_over(void) {
     T_OK(ckptio_file_close(f));
     check_clean(dir, "data files");
     T_ASSERT_MSG(strstr(syscalls, "offffRRof") && strchr(syscalls, 'f') == strstr(syscalls, "ffff"), "%s", syscalls);
-    static const char *const says[] = {NEW_DATA ": fsync: " /* strerror */, "", "", ""};
-    static const char *const note[] = {
-        "flushing the data file before .metadata names it; the checkpoint is unchanged",
-        "flushing the directory after renaming the data files; the checkpoint is unchanged",
-        "before its rename; ",
-        "before its rename; ",
-    };
+    /* The round's fsyncs fail in its order (ckptio__fsync_many decides faults one call after another): the
+     * data file, the directory, the manifest's temporary, .metadata's temporary; each error names its file. */
+    static const char *const named[] = {NEW_DATA, "", NEW_MANIFEST, ".metadata"};
     for (int n = 1; n <= 4; n++) {
-        char what[64];
+        char what[64], note[2200];
         snprintf(what, sizeof what, "fsync %d of the first round fails", n);
         dir = setup("data files fault");
         f = renamed_data_file(dir);
         ckptio__io_inject(CKPTIO__IO_FSYNC, (uint64_t)n, EIO, 0, false);
         T_STATUS(commit_data_files(dir, f, CKPTIO_DCP_SYNC), CKPTIO_E_IO);
         ckptio__io_inject_reset();
-        T_MESSAGE_HAS(says[n - 1]);
-        T_MESSAGE_HAS(note[n - 1]);
+        const ckptio_error_info *e = ckptio_last_error();
+        T_ASSERT_MSG(!strcmp(e->operation, "fsync") && e->sys_errno == EIO, "%s: %s", what, e->message);
+        if (n == 1) {
+            T_ASSERT_MSG(!strcmp(e->path, in(dir, NEW_DATA)), "%s: names %s", what, e->path);
+            snprintf(note, sizeof note, "flushing the data file before .metadata names it; the checkpoint is "
+                                        "unchanged");
+        } else if (n == 2) {
+            T_ASSERT_MSG(!strcmp(e->path, dir), "%s: names %s", what, e->path);
+            snprintf(note, sizeof note, "flushing the directory after renaming the data files; the checkpoint is "
+                                        "unchanged");
+        } else { /* the temporary, and the file it becomes */
+            T_ASSERT_MSG(!strncmp(e->path, dir, strlen(dir)) && strstr(e->path, CKPTIO__TMP_MARK), "%s: names %s",
+                         what, e->path);
+            const char *final = in(dir, named[n - 1]);
+            snprintf(note, sizeof note, "flushing %s before its rename; %s is unchanged", final, final);
+        }
+        T_MESSAGE_HAS(note);
         T_OK(ckptio_file_close(f));
         T_ASSERT_MSG(check_state(dir, what) == 0, "%s", what);
         T_OK(commit(dir, CKPTIO_DCP_SYNC));

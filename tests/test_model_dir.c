@@ -416,6 +416,39 @@ static void test_slices_gpu_sim(void) {
     ckptio__gpu_set_ops(NULL);
 }
 
+/* Two tensors back to back in a shard, read into two device allocations that
+ * happen to lie back to back (as cudaMalloc may place them): each is its own
+ * allocation, so the reads must not become one extent spanning both, which
+ * the device range check refuses. */
+static void test_neighbour_device_allocations(void) {
+    const char *dir = make_model_dir("neighbours_gpu");
+    ckptio__gpu_sim_configure(NULL);
+    ckptio__gpu_set_ops(ckptio__gpu_sim_ops());
+    ckptio_model *m = NULL;
+    T_OK(ckptio_model_open(engine, dir, 0, &m));
+    size_t count, first = SIZE_MAX;
+    T_OK(ckptio_model_count(m, &count));
+    ckptio_tensor_info a, b;
+    size_t sa, sb;
+    for (size_t i = 0; i + 1 < count && first == SIZE_MAX; i++) {
+        T_OK(ckptio_model_tensor(m, i, &a, &sa));
+        T_OK(ckptio_model_tensor(m, i + 1, &b, &sb));
+        if (sa == sb && a.nbytes && b.nbytes && b.nbytes <= a.nbytes && a.file_offset + a.nbytes == b.file_offset)
+            first = i;
+    }
+    T_ASSERT_MSG(first != SIZE_MAX, "no two neighbouring tensors in one shard");
+    unsigned char *dev = ckptio__gpu_sim_device_alloc_pieces(a.nbytes + b.nbytes, a.nbytes, false);
+    T_ASSERT(dev);
+    ckptio_slice_target t[2] = {{first, NULL, NULL, dev, a.nbytes, CKPTIO_MEM_CUDA},
+                                {first + 1, NULL, NULL, dev + a.nbytes, b.nbytes, CKPTIO_MEM_CUDA}};
+    T_OK(ckptio_model_read(m, t, 2));
+    T_ASSERT(memcmp(dev, T[find_t(a.name)].data, a.nbytes) == 0);
+    T_ASSERT(memcmp(dev + a.nbytes, T[find_t(b.name)].data, b.nbytes) == 0);
+    ckptio__gpu_sim_device_free(dev);
+    T_OK(ckptio_model_close(m));
+    ckptio__gpu_set_ops(NULL);
+}
+
 /* One column of a 10000 x 8 int16 matrix: 10000 runs of 4 bytes, read as the
  * covering range and gathered (host), next to direct targets in one call. */
 static void test_slices_gather(void) {
@@ -829,6 +862,7 @@ int main(void) {
     T_RUN(test_direct_unaligned);
     T_RUN(test_slices_host);
     T_RUN(test_slices_gpu_sim);
+    T_RUN(test_neighbour_device_allocations);
     T_RUN(test_slices_gather);
     T_RUN(test_slices_subbyte);
     T_RUN(test_targets_checked_first);

@@ -469,6 +469,17 @@ static int check_before_metadata(void *user, ckptio_dcp_commit_step step, const 
     return 0;
 }
 
+/* A new save's data object and its commit with the cleanup, the lease checked before .metadata. */
+#define NEW_OBJECT "__0_bbbbbbbbbbbb_0.distcp"
+static void commit_new_save(ckptio_engine *e, const char *dir, ckptio_dcp_lock *lock, ckptio_dcp_commit_result *r) {
+    put(e, in(dir, NEW_OBJECT), "new", 3);
+    static const char *const files[] = {NEW_OBJECT};
+    ckptio_dcp_commit_options o = {.metadata_name = ".metadata", .metadata = "new metadata", .metadata_len = 12,
+                                   .files = files, .nfiles = 1, .flags = CKPTIO_DCP_CLEANUP,
+                                   .on_step = check_before_metadata, .user = lock};
+    T_OK(ckptio_dcp_commit(dir, &o, r));
+}
+
 /* ckptio_dcp_commit in object storage over an older save: the listing and
  * the abort of a killed save's upload run beside the .metadata PUT, the
  * metadata object is read after it (the new one, so the older save's
@@ -492,25 +503,99 @@ static void test_dcp_commit_cleanup(void) {
     nanosleep(&older, NULL);
     ckptio_dcp_lock *lock = NULL;
     T_OK(ckptio_dcp_lock_acquire(dir, NULL, CKPTIO_DCP_LOCK_CONFIRM_LATER, 0, NULL, NULL, &lock));
-    put(e, in(dir, "__0_bbbbbbbbbbbb_0.distcp"), "new", 3);
-    const char *files[] = {"__0_bbbbbbbbbbbb_0.distcp"};
-    ckptio_dcp_commit_options o = {.metadata_name = ".metadata", .metadata = "new metadata", .metadata_len = 12,
-                                   .files = files, .nfiles = 1, .flags = CKPTIO_DCP_CLEANUP,
-                                   .on_step = check_before_metadata, .user = lock};
     ckptio_dcp_commit_result r;
-    T_OK(ckptio_dcp_commit(dir, &o, &r));
+    commit_new_save(e, dir, lock, &r);
     T_ASSERT_MSG(r.committed && r.removed == 7, "removed %zu: %s", r.removed, r.note);
     for (int i = 0; i < 6; i++) {
         snprintf(name, sizeof name, "__0_0123456789ab_%d.distcp", i);
         T_ASSERT(!exists(e, in(dir, name)));
     }
-    T_ASSERT(!exists(e, in(dir, ".ckptio-manifest-0123456789ab.json")) && exists(e, in(dir, files[0])));
+    T_ASSERT(!exists(e, in(dir, ".ckptio-manifest-0123456789ab.json")) && exists(e, in(dir, NEW_OBJECT)));
     uint64_t aborted = 99;
     T_OK(ckptio_object_abort_uploads(e, in(dir, ""), 0, &aborted));
     T_ASSERT_MSG(aborted == 0, "%llu unfinished uploads were left", (unsigned long long)aborted);
     ckptio_file_close(f); /* its abort finds the upload gone: no error */
     T_OK(ckptio_dcp_lock_release(lock));
     T_ASSERT(!exists(e, in(dir, CKPTIO_DCP_LOCK_NAME)));
+    ckptio_engine_destroy(e);
+}
+
+/* The shared saves' marks under `dir`. */
+static int count_mark(void *user, const ckptio__object_entry *e) {
+    if (!strncmp(e->name, CKPTIO__DCP_SHARED_PREFIX, sizeof CKPTIO__DCP_SHARED_PREFIX - 1)) ++*(int *)user;
+    return 0;
+}
+static int marks_under(ckptio_engine *e, const char *dir) {
+    int n = 0;
+    T_OK(ckptio__object_dir_list(e, dir, count_mark, &n));
+    return n;
+}
+
+/* A save without collectives (the lock taken shared) in progress while a
+ * save with a cleanup takes the lease and commits: the shared save's mark
+ * keeps its data objects and its unfinished upload (begun before the lease)
+ * from that cleanup, which still removes the older save's objects and a
+ * mark that lapsed; the mark goes with the shared save's release. */
+static void test_dcp_shared_save_beside_a_cleanup(void) {
+    ckptio_engine *e = s3_test_engine();
+    const char *dir = s3_url("dcp-shared");
+    put(e, in(dir, "__0_0123456789ab_0.distcp"), "old", 3);
+    put(e, in(dir, ".metadata"), "not a pickle", 12); /* replaced below, before the cleanup reads it */
+    char text[256];
+    ckptio__lease_text dead = {.owner = "0123456789abcdef0123456789abcdef", .since = 1, .ttl_ms = 1000};
+    const size_t len = ckptio__lease_format(&dead, text, sizeof text);
+    put(e, in(dir, CKPTIO__DCP_SHARED_PREFIX "0123456789abcdef0123456789abcdef"), text, len); /* a killed one's */
+    struct timespec older = {2, 100000000}; /* older by the server's whole seconds (listings round up) */
+    nanosleep(&older, NULL);
+    ckptio_dcp_lock *shared = NULL, *lock = NULL;
+    T_OK(ckptio_dcp_lock_acquire(dir, NULL, CKPTIO_DCP_LOCK_SHARED, 0, NULL, NULL, &shared));
+    T_ASSERT_MSG(marks_under(e, dir) == 2, "%d marks", marks_under(e, dir));
+    put(e, in(dir, "__0_dddddddddddd_0.distcp"), "shared", 6);
+    ckptio_file *f;
+    T_OK(ckptio_file_open(e, in(dir, "__0_dddddddddddd_1.distcp"), CKPTIO_OPEN_WRITE, &f));
+    const size_t big_len = 12 << 20;
+    unsigned char *big = malloc(big_len);
+    for (size_t i = 0; i < big_len; i++) big[i] = (unsigned char)(i * 31 + 7);
+    T_OK(ckptio__file_io(f, CKPTIO_WRITE, big, big_len, 0)); /* its parts are sent; the upload is open */
+    nanosleep(&older, NULL);
+    T_OK(ckptio_dcp_lock_acquire(dir, NULL, 0, 0, NULL, NULL, &lock));
+    ckptio_dcp_commit_result r;
+    commit_new_save(e, dir, lock, &r);
+    T_ASSERT_MSG(r.committed && r.removed == 2, "removed %zu: %s", r.removed, r.note);
+    T_ASSERT(!exists(e, in(dir, "__0_0123456789ab_0.distcp")) && exists(e, in(dir, NEW_OBJECT)));
+    T_ASSERT(exists(e, in(dir, "__0_dddddddddddd_0.distcp")));
+    T_ASSERT_MSG(marks_under(e, dir) == 1, "%d marks", marks_under(e, dir)); /* the lapsed one went */
+    T_OK(ckptio_dcp_lock_release(lock));
+    T_OK(ckptio_dcp_lock_check(shared));
+    T_OK(ckptio_file_commit(f)); /* its upload was not aborted */
+    T_OK(ckptio_file_close(f));
+    void *back = NULL;
+    size_t back_len = 0;
+    T_OK(ckptio__object_read_all(e, in(dir, "__0_dddddddddddd_1.distcp"), big_len, &back, &back_len));
+    T_ASSERT(back_len == big_len && !memcmp(back, big, big_len));
+    ckptio__free(back);
+    free(big);
+    T_OK(ckptio_dcp_lock_release(shared));
+    T_ASSERT(marks_under(e, dir) == 0);
+    ckptio_engine_destroy(e);
+}
+
+/* A lease that another save took over and released (the object is gone)
+ * is lost: its renewal never writes it again and the check fails. */
+static void test_dcp_lease_gone_is_lost(void) {
+    ckptio_engine *e = s3_test_engine();
+    const char *dir = s3_url("dcp-lease-gone");
+    setenv("CKPTIO_S3_LEASE_MS", "1200", 1); /* renewed every 0.4 s */
+    ckptio_dcp_lock *a = NULL;
+    T_OK(ckptio_dcp_lock_acquire(dir, NULL, 0, 0, NULL, NULL, &a));
+    unsetenv("CKPTIO_S3_LEASE_MS");
+    T_OK(ckptio_object_delete(e, in(dir, CKPTIO_DCP_LOCK_NAME)));
+    struct timespec renewals = {1, 0};
+    nanosleep(&renewals, NULL);
+    T_ASSERT(!exists(e, in(dir, CKPTIO_DCP_LOCK_NAME))); /* not written again */
+    T_ASSERT(ckptio_dcp_lock_check(a) == CKPTIO_E_BUSY);
+    T_MESSAGE_HAS("commits nothing more");
+    T_OK(ckptio_dcp_lock_release(a));
     ckptio_engine_destroy(e);
 }
 
@@ -688,6 +773,8 @@ int main(void) {
     T_RUN(test_dcp_lease);
     T_RUN(test_dcp_lease_confirmed_later);
     T_RUN(test_dcp_commit_cleanup);
+    T_RUN(test_dcp_shared_save_beside_a_cleanup);
+    T_RUN(test_dcp_lease_gone_is_lost);
     T_RUN(test_steps);
     T_RUN(test_hostile_listings);
     return T_EXIT_PASS;

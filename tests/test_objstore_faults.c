@@ -247,7 +247,9 @@ static void test_writer_waits_while_parts_grow(void) {
     part_writer w = {f, data, 4 * part, part, CKPTIO_OK};
     pthread_t t;
     T_ASSERT(pthread_create(&t, NULL, write_part, &w) == 0);
-    usleep(300 * 1000); /* the thread now waits for a buffer: the first two parts are stalled */
+    /* Until the thread waits for a buffer (the first two parts are stalled), then the table grows. */
+    for (int i = 0; i < 2000 && ckptio__object_writers_waiting(f) == 0; i++) usleep(5000);
+    T_ASSERT_MSG(ckptio__object_writers_waiting(f) == 1, "the writer of part 5 never waited for a buffer");
     T_OK(ckptio__file_io(f, CKPTIO_WRITE, data + 3, 1, n - 1));
     T_ASSERT(pthread_join(t, NULL) == 0);
     T_OK(w.st);
@@ -265,6 +267,37 @@ static void test_writer_waits_while_parts_grow(void) {
     free(data);
     free(back);
     free(want);
+}
+
+/* A renewal whose look takes longer than the lease lasts (the server slow,
+ * the process stopped) may come after the lease lapsed and another save
+ * took it: it never writes the lease again (its Last-Modified stays that of
+ * the take), and the check fails. */
+static void test_a_late_renewal_loses_the_lease(void) {
+    const char *dir = s3_url("late-renewal");
+    const char *lease = s3_url("late-renewal/" CKPTIO_DCP_LOCK_NAME);
+    const char *rules[] = {"GET:ckptio-dcp\\.lock:stall:2:1:1", NULL}; /* the first renewal's look, not the take's */
+    proxy_start(rules);
+    ckptio_engine *e = s3_test_engine();
+    setenv("CKPTIO_S3_LEASE_MS", "1500", 1); /* renewed every 0.5 s */
+    ckptio_dcp_lock *a = NULL;
+    const double t0 = ckptio__now();
+    /* Read back by the first check (no GET of its own after the take's look, with or without conditional writes). */
+    T_OK(ckptio_dcp_lock_acquire(dir, NULL, CKPTIO_DCP_LOCK_CONFIRM_LATER, 0, NULL, NULL, &a));
+    unsetenv("CKPTIO_S3_LEASE_MS");
+    double taken = 0, now = 0;
+    T_OK(ckptio__object_info(e, lease, NULL, NULL, &taken, NULL));
+    usleep(1000 * 1000); /* the renewal's look (at 0.5 s) is the stalled GET, not a check's */
+    for (int i = 0; i < 80 && ckptio_dcp_lock_check(a) == CKPTIO_OK; i++) usleep(50 * 1000);
+    T_ASSERT(ckptio_dcp_lock_check(a) == CKPTIO_E_BUSY);
+    T_MESSAGE_HAS("was last renewed");
+    while (ckptio__now() - t0 < 3.5) usleep(50 * 1000); /* the stalled look was answered at 2 s and more */
+    T_OK(ckptio__object_info(e, lease, NULL, NULL, &now, NULL));
+    T_ASSERT_MSG(now == taken, "the lease was written again %.0f s after it was taken", now - taken);
+    T_OK(ckptio_dcp_lock_release(a));
+    T_ASSERT_MSG(proxy_stop("stall") == 1, "the renewal's look was not stalled");
+    T_OK(ckptio_object_delete(e, lease));
+    T_OK(ckptio_engine_destroy(e));
 }
 
 static void test_failed_upload_leaves_nothing(void) {
@@ -328,5 +361,6 @@ int main(void) {
     T_RUN(test_give_up);
     T_RUN(test_failed_upload_leaves_nothing);
     T_RUN(test_writer_waits_while_parts_grow);
+    T_RUN(test_a_late_renewal_loses_the_lease);
     return T_EXIT_PASS;
 }

@@ -40,22 +40,9 @@ static void free_model(model *m) {
     free(m->c);
 }
 
-/* The whole object's bytes. */
-static unsigned char *object_bytes(ckptio_engine *e, const char *url, size_t *len) {
-    ckptio_file *f;
-    uint64_t size;
-    T_OK(ckptio_file_open(e, url, CKPTIO_OPEN_READ, &f));
-    T_OK(ckptio_file_size(f, &size));
-    unsigned char *b = malloc(size ? size : 1);
-    if (size) T_OK(ckptio__file_io(f, CKPTIO_READ, b, size, 0));
-    T_OK(ckptio_file_close(f));
-    *len = size;
-    return b;
-}
-
 static void same_as_local(ckptio_engine *e, const char *url, const char *local) {
     size_t n_obj, n_loc;
-    unsigned char *obj = object_bytes(e, url, &n_obj);
+    unsigned char *obj = s3_object_bytes(e, url, &n_obj);
     unsigned char *loc = t_read_file(local, &n_loc);
     size_t at = 0;
     while (at < n_obj && at < n_loc && obj[at] == loc[at]) at++;
@@ -82,7 +69,7 @@ static void test_safetensors(void) {
     T_OK(ckptio_manifest_path(url, murl, sizeof murl));
     T_OK(ckptio_manifest_path(local, mlocal, sizeof mlocal));
     size_t n_obj, n_loc;
-    unsigned char *obj = object_bytes(e, murl, &n_obj), *loc = t_read_file(mlocal, &n_loc);
+    unsigned char *obj = s3_object_bytes(e, murl, &n_obj), *loc = t_read_file(mlocal, &n_loc);
     T_ASSERT(n_obj == n_loc && n_obj > 0); /* same layout; its ids are the save's own */
     free(obj);
     free(loc);
@@ -115,9 +102,9 @@ static void test_safetensors(void) {
     make_model(&m2, 99);
     m2.src[2].nbytes -= 2;
     size_t before_n, after_n;
-    unsigned char *before = object_bytes(e, url, &before_n);
+    unsigned char *before = s3_object_bytes(e, url, &before_n);
     T_STATUS(ckptio_safetensors_save(e, url, m2.src, 3, NULL, 0, 0), CKPTIO_E_INVAL);
-    unsigned char *after = object_bytes(e, url, &after_n);
+    unsigned char *after = s3_object_bytes(e, url, &after_n);
     T_ASSERT(before_n == after_n && memcmp(before, after, after_n) == 0);
     free(before);
     free(after);
@@ -141,7 +128,7 @@ static void test_torch_save(void) {
     T_OK(ckptio_torch_save_tensors(e, local, m.src, 3, NULL));
     /* Byte for byte up to the archive's serialization id, which every save draws anew. */
     size_t n_obj, n_loc;
-    unsigned char *obj = object_bytes(e, url, &n_obj), *loc = t_read_file(local, &n_loc);
+    unsigned char *obj = s3_object_bytes(e, url, &n_obj), *loc = t_read_file(local, &n_loc);
     T_ASSERT(n_obj == n_loc && memcmp(obj, loc, (1024 * 2048 * 4) + 3000001 + (64 * 9999 * 2)) == 0);
     free(obj);
     free(loc);

@@ -825,8 +825,13 @@ CKPTIO_API ckptio_status ckptio_dcp_lock_query(const ckptio_dcp_lock *lock, ckpt
  * reads it again: CKPTIO_E_BUSY once another save took it over or it
  * lapsed; a save calls it right before its .metadata and before removing
  * older saves' files, and stops when it fails. A shared acquisition on an
- * object store only waits until no exclusive lease is held and holds
- * nothing; CKPTIO_DCP_LOCK_QUEUED has no turn there. With
+ * object store waits until no exclusive lease is held, then writes the
+ * save's mark PREFIX/.ckptio-dcp-shared-OWNER, renewed the same way, which
+ * an exclusive save's cleanup honours (it keeps every object written since
+ * a live mark was taken); the check then reads the mark. A lease or mark
+ * is never written again once it may have lapsed (gone, another's, or not
+ * renewed in time): the check fails from then on.
+ * CKPTIO_DCP_LOCK_QUEUED has no turn there. With
  * CKPTIO_DCP_LOCK_CONFIRM_LATER, a lease written on a server without
  * conditional writes is not read back before ckptio_dcp_lock_acquire()
  * returns: the first check is the read-back (it waits out the rest of the
@@ -839,7 +844,8 @@ CKPTIO_API ckptio_status ckptio_dcp_lock_query(const ckptio_dcp_lock *lock, ckpt
 CKPTIO_API ckptio_status ckptio_dcp_lock_check(ckptio_dcp_lock *lock);
 
 /*! ckptio_dcp_lock_release() : unlocks (LOCK_UN) and closes (a lease: stops
- * renewing it and deletes it when it is still this holder's); accepts NULL. */
+ * renewing it and deletes it when it is still this holder's; a mark: deletes
+ * it); accepts NULL. */
 CKPTIO_API ckptio_status ckptio_dcp_lock_release(ckptio_dcp_lock *lock);
 
 #ifdef __cplusplus

@@ -178,6 +178,62 @@ CKPTIO_API ckptio_status ckptio_model_read(ckptio_model *model, const ckptio_sli
  * of a model of many shards do). */
 CKPTIO_API ckptio_status ckptio_model_map(ckptio_model *model, size_t shard, ckptio_mapping **out);
 
+/* ------------------------------------------------------------------------ */
+/* Saving a Hugging Face directory                                          */
+/* ------------------------------------------------------------------------ */
+
+enum ckptio_model_save_flags {
+    /* `dir` may already hold a model of this layout (model.safetensors,
+     * model.safetensors.index.json, model-NNNNN-of-NNNNN.safetensors): it
+     * is replaced (see ckptio_model_save for the order). Without this flag
+     * such a file there is CKPTIO_E_EXISTS and nothing is written. */
+    CKPTIO_MODEL_SAVE_OVERWRITE = 1u << 0
+};
+
+typedef struct ckptio_model_save_options {
+    uint64_t max_shard_size;   /* bytes of tensor data per shard; 0 = 5 GB (5 x 10^9), huggingface_hub's default */
+    const ckptio_kv *metadata; /* extra metadata pairs (may be NULL): in the index when sharded, else in the file */
+    size_t metadata_count;
+    unsigned flags;            /* enum ckptio_model_save_flags */
+} ckptio_model_save_options;
+
+/*! ckptio_model_save() :
+ * Saves tensors (host or GPU memory, per mem_kind) as a Hugging Face
+ * directory at `dir`, a local directory (created with its parents when
+ * missing) or an s3://BUCKET/PREFIX: split into shards as huggingface_hub's
+ * split_torch_state_dict_into_shards does (tensors in the caller's order; a
+ * new shard when the next tensor would pass max_shard_size; a larger tensor
+ * alone in a shard of its own), named model-0000k-of-0000n.safetensors, or
+ * model.safetensors when there is one shard (then no index). Each shard is
+ * a safetensors file as ckptio_safetensors_save writes it (4 KiB-aligned
+ * data) with __metadata__ {"format": "pt"} (plus the caller's pairs when
+ * there is one shard); model.safetensors.index.json holds
+ * {"metadata": {"total_size": sum of nbytes, caller's pairs...},
+ * "weight_map": {name: shard}} with keys sorted, as transformers writes it.
+ * Names are checked as by ckptio_safetensors_save before anything is
+ * written (CKPTIO_E_INVAL naming the tensor).
+ * Every shard is written in ONE engine plan: on s3:// several multipart
+ * uploads are in flight together, their part buffers sharing the bound of
+ * one object's upload (plus one part per shard); locally the engine's usual
+ * pipeline into a temporary per shard. Then the shards are committed (each
+ * atomic: a rename; a completed upload, those of several shards at once),
+ * and only after every one the index: a reader never finds an index naming
+ * a missing or partial shard. A local `dir` it creates stays (empty) after
+ * a failure.
+ * On failure or cancel (the engine's progress callback), no index appears
+ * and no shard of this save stays (temporaries removed, uploads aborted,
+ * committed shards deleted); other files in `dir` are never touched.
+ * With CKPTIO_MODEL_SAVE_OVERWRITE over an older model: the new shards are
+ * all written first (nothing visible changes); then, only where a new shard
+ * takes the name of an old file, the old index is removed; the shards are
+ * committed, the new index written, and the old model's other files
+ * removed. A crash or failure in that last step (a few renames or small
+ * requests) can leave a directory without an index; before it, the older
+ * model is intact. *nshards (may be NULL) receives the shard count.
+ * Thread-safe for distinct directories. */
+CKPTIO_API ckptio_status ckptio_model_save(ckptio_engine *engine, const char *dir, const ckptio_tensor_source *tensors,
+                                           size_t count, const ckptio_model_save_options *options, size_t *nshards);
+
 #ifdef __cplusplus
 }
 #endif

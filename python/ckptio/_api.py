@@ -12,7 +12,7 @@ import os
 from operator import itemgetter
 from typing import Any, Dict, Iterable, Iterator, List, Mapping, NamedTuple, Optional, Tuple, Union
 
-from . import _adapt, _bulk, _ckptio, _distributed, _memory, _model, _progress
+from . import _adapt, _bulk, _ckptio, _distributed, _memory, _model, _progress, _sharded
 from ._torch_objects import build_torch_object, mapped_tensors as _torch_tensors
 from ._errors import make_error
 
@@ -637,8 +637,10 @@ def format_for_path(path: Optional[str], format: Optional[str]) -> str:
 
 def save(state_dict: Any, path: Optional[PathLike] = None, format: Optional[str] = None,
          metadata: Optional[Mapping[str, str]] = None, *, align: Optional[int] = None, crc: bool = True,
-         checksums: bool = False, engine=None, progress: "_progress.Progress" = None) -> Optional[bytes]:
-    """Saves a state dict atomically (temporary file, fsync, rename).
+         checksums: bool = False, engine=None, progress: "_progress.Progress" = None,
+         max_shard_size: Union[int, str, None] = None, overwrite: bool = False) -> Optional[bytes]:
+    """Saves a state dict atomically (temporary file, fsync, rename), or as
+    a Hugging Face directory of safetensors shards.
 
     Args:
         state_dict: name -> torch.Tensor (cpu or cuda) or numpy.ndarray
@@ -668,6 +670,13 @@ def save(state_dict: Any, path: Optional[PathLike] = None, format: Optional[str]
             when installed); an exception it raises (KeyboardInterrupt
             included) cancels the save: no file appears, an older one stays.
 
+    A Hugging Face directory is written when `max_shard_size` is given
+    (bytes, or "5GB", "500MB"; default "5GB"), when `path` ends in "/"
+    (also "s3://bucket/model/") or names an existing directory: split and
+    named as huggingface_hub's ``save_torch_state_dict`` does, all shards
+    written at once, the index last; a model already there is refused
+    unless ``overwrite=True`` (docs/PYTHON.md "Sharded directories").
+
     A save over an existing file keeps its permission bits (and, where
     permitted, owner and group); a new file gets 0666 & ~umask.
 
@@ -676,6 +685,14 @@ def save(state_dict: Any, path: Optional[PathLike] = None, format: Optional[str]
     tensors whose memory overlaps are refused (the format cannot express
     sharing; use format="torch", which keeps views and shared storages).
     """
+    if path is None and max_shard_size is not None:
+        raise ValueError("max_shard_size writes a directory of shards; give its path (saving to bytes makes one file)")
+    if path is not None and _sharded.is_directory_target(os.fspath(path), max_shard_size):
+        _save(state_dict, os.fspath(path), format, metadata, align, crc, checksums, engine, progress, False,
+              shards=(max_shard_size, overwrite))
+        return None
+    if overwrite:
+        raise ValueError("overwrite applies to a directory of shards; a file is always replaced atomically")
     if path is None:
         if checksums:
             raise ValueError("checksums=True writes a manifest beside a file; saving to bytes has no file")
@@ -711,10 +728,12 @@ def _check_only_tensors(flat: Dict[str, Any], spath: str) -> None:
 
 def _save(state_dict: Any, spath: str, format: Optional[str], metadata: Optional[Mapping[str, str]],
           align: Optional[int], crc: bool, checksums: bool, engine, progress: "_progress.Progress",
-          in_place: bool, to_bytes: bool = False) -> Optional[bytes]:
+          in_place: bool, to_bytes: bool = False, shards: Optional[Tuple[Any, bool]] = None) -> Optional[bytes]:
     """Saves to `spath`; with `to_bytes`, returns the safetensors file of host
-    tensors as bytes instead, or None (nothing done) for the other cases."""
-    fmt = format_for_path(spath if not in_place else None, format)
+    tensors as bytes instead, or None (nothing done) for the other cases;
+    with `shards` (max_shard_size, overwrite), a Hugging Face directory."""
+    fmt = _sharded.check_options(spath, format, checksums, align) if shards else format_for_path(
+        spath if not in_place else None, format)
     what = "save bytes" if in_place else f"save {spath}"
     if checksums and fmt != "safetensors":
         raise ValueError(f"{spath}: checksums=True is for safetensors; torch.save files carry CRC-32s (crc=True)")
@@ -745,6 +764,12 @@ def _save(state_dict: Any, spath: str, format: Optional[str], metadata: Optional
             _adapt.check_utf8(k, "metadata key", spath)
             _adapt.check_utf8(v, f"metadata value of {k!r}:", spath)
     sources = [_adapt.tensor_source(name, value, safetensors=True, path=spath) for name, value in flat.items()]
+    if shards is not None:
+        _adapt.sync_current_stream({s.cuda_index for s in sources if s.mem_kind == _adapt.MEM_CUDA})
+        _sharded.save([(s.name, s.code, s.shape, s.address, s.nbytes, s.mem_kind) for s in sources], spath,
+                      shards[0], metadata, engine, progress, shards[1])
+        del sources  # the memory had to stay alive until here
+        return None
     if to_bytes:
         if any(s.mem_kind == _adapt.MEM_CUDA for s in sources):
             return None

@@ -153,6 +153,9 @@ def gpu_check_free(device: int, needed: int, what: Optional[str] = ...) -> None:
 def safetensors_save(path: _Path, tensors: Sequence[Tuple[str, Union[int, str], Sequence[int], int, int, int]],
                      metadata: Optional[Mapping[str, str]] = ..., align: int = ...,
                      engine: Optional[Engine] = ..., checksums: bool = ..., in_place: bool = ...) -> None: ...
+def model_save(dir: _Path, tensors: Sequence[Tuple[str, Union[int, str], Sequence[int], int, int, int]],
+               max_shard_size: int, metadata: Optional[Mapping[str, str]] = ...,
+               engine: Optional[Engine] = ..., overwrite: bool = ...) -> int: ...
 def torch_save(path: _Path, root: Any, storages: Sequence[Tuple[Union[int, str], int, str, int, int]],
                tensor_type: type, dtype_type: type, ordered_type: type, alignment: int = ...,
                prefix: Optional[str] = ..., crc: bool = ...,

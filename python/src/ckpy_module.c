@@ -193,6 +193,10 @@ static PyMethodDef module_methods[] = {
      "Writes a safetensors file atomically. `tensors` is a sequence of\n"
      "(name, dtype, shape, address, nbytes, mem_kind); the memory must stay\n"
      "valid for the call. The GIL is released while writing."},
+    {"model_save", (PyCFunction)(void (*)(void))ckpy_model_save, METH_VARARGS | METH_KEYWORDS,
+     "model_save(dir, tensors, max_shard_size, metadata=None, engine=None, overwrite=False) -> int\n\n"
+     "Writes a Hugging Face directory (sharded safetensors and the index, ckptio_model_save) at a local\n"
+     "directory or an s3:// prefix, every shard in one engine job; returns the shard count."},
     {"torch_save", (PyCFunction)(void (*)(void))ckpy_torch_save, METH_VARARGS | METH_KEYWORDS,
      "torch_save(path, root, storages, tensor_type, dtype_type, ordered_type, alignment=0, prefix=None,\n"
      "           crc=True, engine=None) -> [(file_offset, record key) or None per storage]\n\n"

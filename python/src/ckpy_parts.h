@@ -25,6 +25,7 @@ int ckpy_mapping_add_to_module(PyObject *module);     /* ckpy_mapping.c: files m
 
 /* Module-level functions of the parts, listed in ckpy_module.c's table. */
 PyObject *ckpy_safetensors_save(PyObject *self, PyObject *args, PyObject *kwargs); /* ckpy_safetensors.c */
+PyObject *ckpy_model_save(PyObject *self, PyObject *args, PyObject *kwargs);       /* ckpy_safetensors.c */
 PyObject *ckpy_torch_save(PyObject *self, PyObject *args, PyObject *kwargs);       /* ckpy_torch_save.c */
 
 #endif /* CKPY_PARTS_H */

@@ -1,7 +1,7 @@
 /*
  * ckpy_safetensors.c - safetensors through the C API:
  * SafetensorsReader (ckptio_safetensors_open/_read/_close) and
- * safetensors_save (ckptio_safetensors_save).
+ * safetensors_save (ckptio_safetensors_save), model_save (ckptio_model_save).
  *
  * The reader copies the header's description (names, dtypes, shapes,
  * offsets, __metadata__) into Python objects once at open, so later queries
@@ -309,11 +309,19 @@ typedef struct save_call {
     const char *path;
     const save_state *s;
     unsigned flags;
+    int model;                        /* ckptio_model_save with `options`, else ckptio_safetensors_save */
+    ckptio_model_save_options options;
+    size_t nshards;
 } save_call;
 
 static ckptio_status do_save(ckptio_engine *engine, void *arg) {
-    const save_call *c = arg;
+    save_call *c = arg;
     const save_state *s = c->s;
+    if (c->model) {
+        c->options.metadata = s->kv_count ? s->kvs : NULL;
+        c->options.metadata_count = s->kv_count;
+        return ckptio_model_save(engine, c->path, s->sources, s->count, &c->options, &c->nshards);
+    }
     return ckptio_safetensors_save(engine, c->path, s->sources, s->count, s->kv_count ? s->kvs : NULL, s->kv_count,
                                    c->flags);
 }
@@ -365,6 +373,27 @@ static int align_flags(int align, unsigned *flags) {
     return 0;
 }
 
+/* Parses the tensors, the metadata, the path and the engine, and makes the call with the GIL released; -1 with
+ * an error. */
+static int run_save(save_call *call, PyObject *seq, PyObject *metadata, PyObject *path_arg, PyObject *engine_arg) {
+    int rc = -1;
+    PyObject *pb = NULL;
+    ckpy_engine *engine = NULL;
+    save_state s;
+    memset(&s, 0, sizeof s);
+    if (parse_save(&s, seq, metadata) < 0 || !(pb = ckpy_path_bytes(path_arg)) ||
+        !(engine = ckpy_engine_resolve(engine_arg)))
+        goto out;
+    call->path = PyBytes_AsString(pb);
+    call->s = &s;
+    rc = ckpy_engine_run(engine, do_save, call);
+out:
+    save_state_free(&s);
+    Py_XDECREF(pb);
+    Py_XDECREF(engine);
+    return rc < 0 ? -1 : 0;
+}
+
 PyObject *ckpy_safetensors_save(PyObject *module, PyObject *args, PyObject *kwargs) {
     static char *kwlist[] = {"path", "tensors", "metadata", "align", "engine", "checksums", "in_place", NULL};
     PyObject *path_arg, *seq, *metadata = Py_None, *engine_arg = Py_None;
@@ -372,28 +401,28 @@ PyObject *ckpy_safetensors_save(PyObject *module, PyObject *args, PyObject *kwar
     if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OO|OiOpp:safetensors_save", kwlist, &path_arg, &seq, &metadata,
                                      &align, &engine_arg, &checksums, &in_place))
         return NULL;
-    unsigned flags;
-    if (align_flags(align, &flags) < 0) return NULL;
-    if (checksums) flags |= CKPTIO_SAFETENSORS_CHECKSUMS;
-    if (in_place) flags |= CKPTIO_SAFETENSORS_IN_PLACE;
-    PyObject *result = NULL, *pb = NULL;
-    ckpy_engine *engine = NULL;
-    save_state s;
-    memset(&s, 0, sizeof s);
-    if (parse_save(&s, seq, metadata) < 0) goto out;
-    pb = ckpy_path_bytes(path_arg);
-    if (!pb) goto out;
-    engine = ckpy_engine_resolve(engine_arg);
-    if (!engine) goto out;
-    save_call call = {PyBytes_AsString(pb), &s, flags};
-    if (ckpy_engine_run(engine, do_save, &call) < 0) goto out;
-    result = Py_None;
-    Py_INCREF(result);
-out:
-    save_state_free(&s);
-    Py_XDECREF(pb);
-    Py_XDECREF(engine);
-    return result;
+    save_call call = {0};
+    if (align_flags(align, &call.flags) < 0) return NULL;
+    if (checksums) call.flags |= CKPTIO_SAFETENSORS_CHECKSUMS;
+    if (in_place) call.flags |= CKPTIO_SAFETENSORS_IN_PLACE;
+    if (run_save(&call, seq, metadata, path_arg, engine_arg) < 0) return NULL;
+    Py_RETURN_NONE;
+}
+
+/* model_save(dir, tensors, max_shard_size, metadata=None, engine=None, overwrite=False) -> shard count */
+PyObject *ckpy_model_save(PyObject *module, PyObject *args, PyObject *kwargs) {
+    static char *kwlist[] = {"dir", "tensors", "max_shard_size", "metadata", "engine", "overwrite", NULL};
+    PyObject *path_arg, *seq, *metadata = Py_None, *engine_arg = Py_None;
+    unsigned long long max_shard_size;
+    int overwrite = 0;
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OOK|OOp:model_save", kwlist, &path_arg, &seq, &max_shard_size,
+                                     &metadata, &engine_arg, &overwrite))
+        return NULL;
+    save_call call = {.model = 1,
+                      .options = {.max_shard_size = max_shard_size,
+                                  .flags = overwrite ? CKPTIO_MODEL_SAVE_OVERWRITE : 0}};
+    if (run_save(&call, seq, metadata, path_arg, engine_arg) < 0) return NULL;
+    return PyLong_FromSize_t(call.nshards);
 }
 
 /* safetensors_serialize(tensors, metadata=None, align=4096) -> bytes: the

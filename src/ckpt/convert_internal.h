@@ -106,6 +106,31 @@ void ckptio__convert_source_close(ckptio__convert_source *s);
  * members[0..count), indices into the list ckptio__hf_save was given. */
 typedef ckptio_status (*ckptio__shard_fn)(void *ctx, const char *path, const size_t *members, size_t count);
 
+/* The layout of a Hugging Face directory (model_write.c). */
+#define CKPTIO__HF_INDEX_NAME "model.safetensors.index.json"
+#define CKPTIO__HF_SINGLE_NAME "model.safetensors"
+typedef struct ckptio__hf_layout {
+    size_t nshards;           /* at least 1 */
+    size_t *shard_of;         /* shard_of[i]: the shard of tensor i */
+    char (*names)[64];        /* the shards' file names: model.safetensors, or model-0000k-of-0000n.safetensors */
+    uint64_t total;           /* sum of the tensors' nbytes: the index's metadata.total_size */
+} ckptio__hf_layout;
+
+/* Splits tensors into shards as huggingface_hub's
+ * split_torch_state_dict_into_shards does (in order; a new shard when the
+ * next tensor would pass shard_size; a larger tensor alone) and names them.
+ * *out is released with ckptio__hf_layout_free (also on failure). */
+ckptio_status ckptio__hf_layout_make(const ckptio_tensor_source *tensors, size_t count, uint64_t shard_size,
+                                     ckptio__hf_layout *out);
+void ckptio__hf_layout_free(ckptio__hf_layout *l);
+
+/* Writes model.safetensors.index.json into `dir` (a directory or an s3://
+ * prefix) atomically, the metadata pairs beside total_size (fsynced with
+ * CKPTIO_DCP_SYNC in sync_flags); nothing for a layout of one shard. */
+ckptio_status ckptio__hf_index_write(const char *dir, const ckptio__hf_layout *l, const ckptio_tensor_source *tensors,
+                                     size_t count, const ckptio_kv *metadata, size_t metadata_count,
+                                     unsigned sync_flags);
+
 /* A Hugging Face directory in the existing directory `dir`: tensors split
  * into shards as huggingface_hub's split_torch_state_dict_into_shards does
  * (in order; a new shard when the next tensor would pass shard_size; a

@@ -88,28 +88,62 @@ void ckptio_dcp_names_free(char **list, size_t count) {
 /* A directory's objects as listed, for the cleanup. */
 typedef struct object_lister {
     names *all;        /* every object's name */
-    names *young;      /* those written at or after `since` (another save's, or this one's) */
-    double since;
+    double *mtimes;    /* all's LastModified (0: unknown) */
+    size_t cap;
+    names marks;       /* the shared saves' marks among them */
     bool nomem;
 } object_lister;
+
+static bool shared_mark_name(const char *name) {
+    return !strncmp(name, CKPTIO__DCP_SHARED_PREFIX, sizeof CKPTIO__DCP_SHARED_PREFIX - 1);
+}
 
 static int object_entry(void *user, const ckptio__object_entry *e) {
     object_lister *l = user;
     if (e->kind != CKPTIO__PATH_FILE) return 0; /* prefixes and names no file can have are never removed */
-    bool ok = names_add(l->all, e->name);
-    if (ok && l->young && l->since > 0 && (e->mtime == 0 || e->mtime >= l->since)) ok = names_add(l->young, e->name);
+    if (l->all->n >= l->cap) {
+        const size_t cap = l->cap ? 2 * l->cap : 64;
+        double *m = ckptio__realloc(l->mtimes, cap * sizeof *m);
+        if (!m) return l->nomem = true;
+        l->mtimes = m;
+        l->cap = cap;
+    }
+    l->mtimes[l->all->n] = e->mtime;
+    const bool ok = names_add(l->all, e->name) && (!shared_mark_name(e->name) || names_add(&l->marks, e->name));
     if (!ok) l->nomem = true;
     return !ok;
 }
 
 /* The objects of the directory `dir` (an s3:// prefix); with `young`, also
- * those not older than the lease held on it now (ckptio__dcp_lease_since),
- * which the cleanup leaves to the save that holds it. */
-static ckptio_status list_objects(ckptio_engine *engine, const char *dir, names *out, names *young) {
-    object_lister l = {.all = out, .young = young};
-    if (young) CKPTIO_FORWARD(ckptio__dcp_lease_since(engine, dir, &l.since));
+ * those the cleanup leaves alone: written at or after the lease held on it
+ * now was taken (that save's) or a live shared save's mark was written (a
+ * save without a cleanup, in progress beside it: ckptio__dcp_keep_since),
+ * and those live marks themselves; a mark that lapsed may go. *keep_since
+ * (may be NULL): that time (0: no lease and no mark, nothing is kept). */
+static ckptio_status list_objects(ckptio_engine *engine, const char *dir, names *out, names *young,
+                                  double *keep_since) {
+    object_lister l = {.all = out};
     ckptio_status st = ckptio__object_dir_list(engine, dir, object_entry, &l);
     if (st == CKPTIO_OK && l.nomem) st = CKPTIO_FAIL(CKPTIO_E_NOMEM, "out of memory listing %s", dir);
+    double since = 0;
+    bool *dead = young ? ckptio__calloc(l.marks.n + 1, sizeof *dead) : NULL;
+    if (st == CKPTIO_OK && young && !dead) st = CKPTIO_FAIL(CKPTIO_E_NOMEM, "out of memory");
+    if (st == CKPTIO_OK && young) st = ckptio__dcp_keep_since(engine, dir, l.marks.v, l.marks.n, &since, dead);
+    for (size_t i = 0; st == CKPTIO_OK && young && i < out->n; i++) {
+        const char *name = out->v[i];
+        const double mtime = l.mtimes[i];
+        bool keep = since > 0 && (mtime == 0 || mtime >= since);
+        if (shared_mark_name(name)) { /* a live one stays, however old its last write */
+            keep = true;
+            for (size_t k = 0; k < l.marks.n; k++)
+                if (!strcmp(l.marks.v[k], name)) keep = !dead[k];
+        }
+        if (keep && !names_add(young, name)) st = CKPTIO_FAIL(CKPTIO_E_NOMEM, "out of memory listing %s", dir);
+    }
+    ckptio__free(dead);
+    ckptio__free(l.mtimes);
+    names_clear(&l.marks);
+    if (keep_since) *keep_since = since;
     if (st != CKPTIO_OK)
         return ckptio__fail(st, __FILE__, __LINE__,
                             &((ckptio__err_ctx){.operation = "listdir", .path = dir, .file_offset = -1,
@@ -129,7 +163,7 @@ static ckptio_status object_engine(const char *dir, ckptio_engine **engine) {
 
 /* The entries of `dir` (without . and ..). */
 static ckptio_status list_dir(ckptio_engine *engine, const char *dir, names *out) {
-    if (engine) return list_objects(engine, dir, out, NULL);
+    if (engine) return list_objects(engine, dir, out, NULL, NULL);
     DIR *d = ckptio__opendir(dir);
     if (!d)
         return CKPTIO_FAIL_SYS_NOTE(errno, "listdir", dir, "looking for files of older saves; %s",
@@ -354,6 +388,10 @@ struct ckptio__dcp_prefetch {
     pthread_t lister, aborter;
     bool listing, aborting;      /* the thread was started and not joined yet */
     names all, young;
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    bool listed;                 /* the listing is done: keep_since is known (0 when it failed) */
+    double keep_since;
     ckptio_status list_st;
     ckptio__error_saved *list_error;
     ckptio_status abort_st;
@@ -362,16 +400,28 @@ struct ckptio__dcp_prefetch {
 
 static void *prefetch_list(void *arg) {
     ckptio__dcp_prefetch *p = arg;
-    p->list_st = list_objects(p->engine, p->dir, &p->all, &p->young);
+    double since = 0;
+    p->list_st = list_objects(p->engine, p->dir, &p->all, &p->young, &since);
     if (p->list_st != CKPTIO_OK) p->list_error = ckptio__error_save();
+    pthread_mutex_lock(&p->mu);
+    p->keep_since = p->list_st == CKPTIO_OK ? since : 0;
+    p->listed = true;
+    pthread_cond_broadcast(&p->cv);
+    pthread_mutex_unlock(&p->mu);
     return NULL;
 }
 
-static ckptio_status abort_uploads_now(ckptio_engine *engine, const char *dir);
+static ckptio_status abort_uploads_before(ckptio_engine *engine, const char *dir, double since);
 
+/* The abort waits for the listing: an upload a live shared save began
+ * before the lease was taken is that save's (its mark says since when). */
 static void *prefetch_abort(void *arg) {
     ckptio__dcp_prefetch *p = arg;
-    p->abort_st = abort_uploads_now(p->engine, p->dir);
+    pthread_mutex_lock(&p->mu);
+    while (!p->listed) pthread_cond_wait(&p->cv, &p->mu);
+    const double since = p->keep_since;
+    pthread_mutex_unlock(&p->mu);
+    p->abort_st = abort_uploads_before(p->engine, p->dir, since);
     if (p->abort_st != CKPTIO_OK) p->abort_error = ckptio__error_save();
     return NULL;
 }
@@ -390,16 +440,19 @@ ckptio_status ckptio__dcp_prefetch_start(const char *dir, bool abort_uploads, ck
         ckptio__free(p);
         return st;
     }
+    pthread_mutex_init(&p->mu, NULL);
+    pthread_cond_init(&p->cv, NULL);
     /* A thread that cannot start leaves its work to the cleanup itself. */
     p->listing = pthread_create(&p->lister, NULL, prefetch_list, p) == 0;
-    p->aborting = abort_uploads && pthread_create(&p->aborter, NULL, prefetch_abort, p) == 0;
+    p->aborting = abort_uploads && p->listing && pthread_create(&p->aborter, NULL, prefetch_abort, p) == 0;
     *out = p;
     return CKPTIO_OK;
 }
 
 /* Moves the listing into all and young (sorted as list_objects leaves them). */
 static ckptio_status prefetch_take_listing(ckptio__dcp_prefetch *p, names *all, names *young) {
-    if (!p->listing && !p->all.v && p->list_st == CKPTIO_OK) return list_objects(p->engine, p->dir, all, young);
+    if (!p->listing && !p->all.v && p->list_st == CKPTIO_OK)
+        return list_objects(p->engine, p->dir, all, young, NULL);
     if (p->listing) pthread_join(p->lister, NULL);
     p->listing = false;
     if (p->list_st != CKPTIO_OK) {
@@ -436,12 +489,28 @@ void ckptio__dcp_prefetch_finish(ckptio__dcp_prefetch *p) {
     names_clear(&p->all);
     names_clear(&p->young);
     ckptio_engine_destroy(p->engine);
+    pthread_mutex_destroy(&p->mu);
+    pthread_cond_destroy(&p->cv);
     ckptio__free(p->dir);
     ckptio__free(p);
     ckptio__error_restore(kept);
 }
 
 /* ---- listing ------------------------------------------------------------------------ */
+
+/* The manifests (.ckptio-manifest-TOKEN.json) of the ckptio saves whose
+ * data files are among `referenced`: a checkpoint that another metadata
+ * file names (a save without collectives beside .metadata) keeps its
+ * manifest with its data files. Sorted. */
+static ckptio_status manifests_of(const names *referenced, names *out) {
+    for (size_t i = 0; i < referenced->n; i++) {
+        char name[CKPTIO__DCP_MANIFEST_NAME_SIZE];
+        if (ckptio__dcp_manifest_name((const char *const *)&referenced->v[i], 1, name) && !names_add(out, name))
+            return CKPTIO_FAIL(CKPTIO_E_NOMEM, "out of memory");
+    }
+    names_sort(out);
+    return CKPTIO_OK;
+}
 
 ckptio_status ckptio_dcp_stale_files(const char *dir, const char *const *keep, size_t nkeep,
                                      const ckptio_dcp_committed *committed, char ***out, size_t *count, char *note,
@@ -461,13 +530,17 @@ ckptio_status ckptio__dcp_stale_files_listed(const char *dir, const char *const 
     ckptio_engine *engine = NULL;
     ckptio_status st = object_engine(dir, &engine);
     if (st == CKPTIO_OK && engine && listed) st = prefetch_take_listing(listed, &entries, &young);
-    else if (st == CKPTIO_OK) st = engine ? list_objects(engine, dir, &entries, &young) : list_dir(NULL, dir, &entries);
+    else if (st == CKPTIO_OK)
+        st = engine ? list_objects(engine, dir, &entries, &young, NULL) : list_dir(NULL, dir, &entries);
     for (size_t i = 0; st == CKPTIO_OK && i < nkeep; i++)
         if (!names_add(&kept, keep[i])) st = CKPTIO_FAIL(CKPTIO_E_NOMEM, "out of memory");
     if (st == CKPTIO_OK) names_sort(&kept);
     for (size_t i = 0; st == CKPTIO_OK && i < entries.n; i++) {
         const char *name = entries.v[i];
-        if (names_has(&kept, name) || names_has(&young, name) || !ckptio__dcp_stale_name(name)) continue;
+        /* A shared save's mark that lapsed goes too (a live one is among the young). */
+        if (names_has(&kept, name) || names_has(&young, name) ||
+            !(ckptio__dcp_stale_name(name) || (engine && shared_mark_name(name))))
+            continue;
         if (!engine) { /* on a file system (objects are all plain files) */
             const mode_t type = entry_type(dir, name);
             if (!type) continue; /* gone meanwhile */
@@ -482,11 +555,13 @@ ckptio_status ckptio__dcp_stale_files_listed(const char *dir, const char *const 
     bool known = true;
     if (st == CKPTIO_OK && candidates.n)
         st = referenced_now(engine, dir, &entries, committed, &referenced, &known, note, note_cap);
-    names victims = {0};
+    names victims = {0}, tokens = {0};
+    if (st == CKPTIO_OK && known) st = manifests_of(&referenced, &tokens);
     for (size_t i = 0; st == CKPTIO_OK && i < candidates.n; i++) {
         const char *name = candidates.v[i];
         /* Not knowing what a metadata file references, only temporaries go. */
-        const bool go = known ? !names_has(&referenced, name) : ckptio__dcp_temporary_name(name);
+        const bool go = known ? !names_has(&referenced, name) && !names_has(&tokens, name)
+                              : ckptio__dcp_temporary_name(name);
         if (go && !names_add(&victims, name)) st = CKPTIO_FAIL(CKPTIO_E_NOMEM, "out of memory");
     }
     if (st == CKPTIO_OK) {
@@ -501,6 +576,7 @@ ckptio_status ckptio__dcp_stale_files_listed(const char *dir, const char *const 
     names_clear(&kept);
     names_clear(&candidates);
     names_clear(&referenced);
+    names_clear(&tokens);
     names_clear(&young);
     ckptio__error_saved *saved = st != CKPTIO_OK ? ckptio__error_save() : NULL;
     ckptio_engine_destroy(engine);
@@ -573,16 +649,16 @@ static void *delete_objects(void *arg) {
 }
 
 /* The uploads that killed saves left under the directory (billed,
- * invisible): those begun before the lease now held, whose saves are over. */
-static ckptio_status abort_uploads_now(ckptio_engine *engine, const char *dir) {
-    double since = 0;
+ * invisible): those begun before `since` (list_objects' keep_since: the
+ * lease now held was taken and no live shared save was marked), whose saves
+ * are over. */
+static ckptio_status abort_uploads_before(ckptio_engine *engine, const char *dir, double since) {
+    if (since <= 1) return CKPTIO_OK; /* no lease of ckptio's to measure "older" by (or a mark keeps all) */
     ckptio__error_saved *kept = ckptio__error_save();
-    if (ckptio__dcp_lease_since(engine, dir, &since) != CKPTIO_OK || since <= 0) {
-        ckptio__error_restore(kept); /* no lease of ckptio's to measure "older" by: nothing to abort */
-        return CKPTIO_OK;
-    }
     char *prefix = ckptio__path_join(dir, ""); /* "DIR/": not DIR2/ too */
-    const ckptio_status st = prefix ? ckptio__object_abort_uploads_before(engine, prefix, since, NULL)
+    /* Strictly before: an upload begun in that second may be the live save's (the server's clock has whole
+     * seconds). */
+    const ckptio_status st = prefix ? ckptio__object_abort_uploads_before(engine, prefix, since - 1, NULL)
                                     : CKPTIO_FAIL(CKPTIO_E_NOMEM, "out of memory");
     ckptio__free(prefix);
     if (st == CKPTIO_OK) {
@@ -595,6 +671,22 @@ static ckptio_status abort_uploads_now(ckptio_engine *engine, const char *dir) {
                                             .verbatim = true}),
                         "%s (aborting the uploads of older saves; %s)", ckptio_last_error_message(),
                         CKPTIO__DCP_COMMITTED);
+}
+
+/* abort_uploads_before, its time from a listing of its own. */
+static ckptio_status abort_uploads_now(ckptio_engine *engine, const char *dir) {
+    names all = {0}, young = {0};
+    double since = 0;
+    ckptio__error_saved *kept = ckptio__error_save();
+    const ckptio_status st = list_objects(engine, dir, &all, &young, &since);
+    names_clear(&all);
+    names_clear(&young);
+    if (st != CKPTIO_OK) { /* nothing to measure "older" by: nothing aborted */
+        ckptio__error_restore(kept);
+        return CKPTIO_OK;
+    }
+    ckptio__error_restore(kept);
+    return abort_uploads_before(engine, dir, since);
 }
 
 static void *abort_old_uploads(void *arg) {

@@ -139,8 +139,12 @@ ckptio_status ckptio__lease_parse(const char *bytes, size_t len, const char *ori
 typedef struct ckptio__dcp_lease ckptio__dcp_lease;
 
 /* Takes the lease of the directory s3://BUCKET/PREFIX (exclusive), or with
- * `shared` only waits until no other save's lease holds it (saves that
- * remove nothing take none). With `defer`, a lease written without a
+ * `shared` waits until no other save's lease holds it and then writes the
+ * save's mark DIR/.ckptio-dcp-shared-OWNER (a lease's text, `since` the
+ * server's clock before it was written, renewed like the lease): a save
+ * that removes nothing runs beside others, and an exclusive save's cleanup
+ * keeps every object written since a live mark's `since` (its objects come
+ * after its mark). With `defer`, a lease written without a
  * conditional write is read back by the first ckptio__dcp_lease_check
  * (CKPTIO_DCP_LOCK_CONFIRM_LATER). `timeout`, `on_wait` as for
  * ckptio_dcp_lock_acquire; CKPTIO_E_BUSY names the holder. */
@@ -179,6 +183,17 @@ void ckptio__dcp_prefetch_finish(ckptio__dcp_prefetch *p);
  * A lease this process holds (confirmed, not lost) is answered without a
  * request. */
 ckptio_status ckptio__dcp_lease_since(ckptio_engine *engine, const char *dir, double *since);
+
+/* The marks of shared saves in progress (see ckptio__dcp_lease_acquire). */
+#define CKPTIO__DCP_SHARED_PREFIX ".ckptio-dcp-shared-"
+
+/* Where the cleanup of DIR may start removing: objects last written at or
+ * after *keep_since are kept. The `since` of the lease held on DIR now,
+ * lowered to that of every live shared save's mark among `marks` (names in
+ * DIR; each read with one GET); a mark that lapsed is added to `dead`
+ * (removable). 0 when there is no lease of ckptio's. */
+ckptio_status ckptio__dcp_keep_since(ckptio_engine *engine, const char *dir, char *const *marks, size_t nmarks,
+                                     double *keep_since, bool *dead);
 
 /* A reader's pin on a step in object storage: DIR/.ckptio-step-pin-OWNER,
  * holding a lease's text, renewed by a thread while the pin is held and

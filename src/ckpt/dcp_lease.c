@@ -156,7 +156,9 @@ struct ckptio__dcp_lease {
     size_t len;
     char text[256];
     bool held;                /* an exclusive lease written by this process */
-    bool pin;                 /* a reader's pin: its own object, written unconditionally, renewed */
+    bool pin;                 /* a reader's pin or a shared save's mark: its own object, written
+                                 unconditionally, renewed */
+    char server[1024];        /* ckptio__object_server of the lease */
     bool conditional;         /* taken with If-None-Match: the server has conditional writes */
     pid_t pid;
     double ttl;               /* seconds */
@@ -241,6 +243,17 @@ ckptio_status ckptio__dcp_lease_since(ckptio_engine *engine, const char *dir, do
     return st;
 }
 
+/* Whether the last good renewal is so long ago (by this machine's clock)
+ * that the server may count the lease as lapsed: from then on it is never
+ * written again (another save may have taken it over, saved and released
+ * it) and the save's checks fail. The margin covers the request's own time
+ * and the server's whole seconds. Called with l->mu held or before the
+ * renewer starts. */
+static bool overdue(const ckptio__dcp_lease *l) {
+    const double margin = l->ttl / 6 < 2 ? l->ttl / 6 : 2;
+    return ckptio__now() - l->renewed > l->ttl - margin;
+}
+
 static void lose(ckptio__dcp_lease *l, const char *why) {
     pthread_mutex_lock(&l->mu);
     if (!l->lost) {
@@ -275,15 +288,19 @@ static void *renew(void *arg) {
         if (l->stop || l->lost) break;
         pthread_mutex_unlock(&l->mu);
         seen s = {0};
-        ckptio_status st = l->pin ? CKPTIO_OK : look(l->engine, l->url, &s);
-        char why[512] = "";
-        if (st == CKPTIO_OK && s.exists && (!s.parsed || strcmp(s.text.owner, l->mine.owner) != 0)) {
-            char other[200];
+        char why[512] = "", other[200];
+        ckptio_status st = CKPTIO_OK;
+        if (!l->pin) st = look(l->engine, l->url, &s);
+        if (overdue(l)) { /* never written again once another save may have taken it (after a slow look too) */
+            snprintf(why, sizeof why, "the lease %s was last renewed %.1f s ago: it may have lapsed and been "
+                     "taken over", l->url, ckptio__now() - l->renewed);
+        } else if (!l->pin && st == CKPTIO_OK && !s.exists) {
+            snprintf(why, sizeof why, "the lease %s is gone (another save took it over and released it)", l->url);
+        } else if (!l->pin && st == CKPTIO_OK && (!s.parsed || strcmp(s.text.owner, l->mine.owner) != 0)) {
             describe_other(&s, other, sizeof other);
             snprintf(why, sizeof why, "the lease %s was taken over (%s)", l->url, other);
-        } else if (st == CKPTIO_OK) {
-            st = ckptio__object_write_all(l->engine, l->url, l->text, l->len, false);
         }
+        if (!why[0] && st == CKPTIO_OK) st = ckptio__object_write_all(l->engine, l->url, l->text, l->len, false);
         pthread_mutex_lock(&l->mu);
         if (why[0]) {
             l->lost = true;
@@ -320,34 +337,28 @@ static ckptio_status busy(const ckptio__dcp_lease *l, const seen *s, double wait
                            other, after);
 }
 
-/* The bucket ("s3://BUCKET/") whose server last answered a conditional
- * write with 501: later leases there go straight to the fallback instead of
- * asking again (a server that can after all only gets the fallback). */
-static char unconditional_bucket[256];
+/* The buckets whose server answered a conditional write with 501, each
+ * named by the endpoint, the addressing style and the bucket
+ * (ckptio__object_server: two servers may both have a bucket of one name):
+ * later leases there go straight to the fallback instead of asking again (a
+ * server that can after all only gets the fallback). The oldest is
+ * forgotten first. */
+#define UNCONDITIONAL_KEEP 8
+static char unconditional[UNCONDITIONAL_KEEP][1024];
+static unsigned unconditional_next;
 
-/* The "s3://BUCKET/" of `url` into out[0..cap); false when it does not fit. */
-static bool bucket_of(const char *url, char *out, size_t cap) {
-    const char *slash = strchr(url + strlen("s3://"), '/');
-    const size_t n = slash ? (size_t)(slash - url) + 1 : 0;
-    if (!n || n >= cap) return false;
-    memcpy(out, url, n);
-    out[n] = '\0';
-    return true;
-}
-
-static bool known_unconditional(const char *url) {
-    char bucket[256];
-    if (!bucket_of(url, bucket, sizeof bucket)) return false;
+static bool known_unconditional(const char *server) {
+    bool known = false;
     pthread_mutex_lock(&unconditional_mu);
-    const bool known = strcmp(bucket, unconditional_bucket) == 0;
+    for (unsigned i = 0; i < UNCONDITIONAL_KEEP && !known; i++) known = !strcmp(unconditional[i], server);
     pthread_mutex_unlock(&unconditional_mu);
     return known;
 }
 
-static void note_unconditional(const char *url) {
+static void note_unconditional(const char *server) {
     pthread_once(&fork_once, watch_forks);
     pthread_mutex_lock(&unconditional_mu);
-    if (!bucket_of(url, unconditional_bucket, sizeof unconditional_bucket)) unconditional_bucket[0] = '\0';
+    snprintf(unconditional[unconditional_next++ % UNCONDITIONAL_KEEP], sizeof unconditional[0], "%s", server);
     pthread_mutex_unlock(&unconditional_mu);
 }
 
@@ -376,7 +387,7 @@ static ckptio_status try_take(ckptio__dcp_lease *l, const seen *s, bool *won) {
         }
         ckptio__error_restore(saved);
         l->conditional = false; /* the documented fallback from here on */
-        note_unconditional(l->url);
+        note_unconditional(l->server);
     }
     CKPTIO_FORWARD(ckptio__object_write_all(l->engine, l->url, l->text, l->len, false));
     if (l->defer) { /* read back by the first check, once the settling time has passed */
@@ -390,6 +401,23 @@ static ckptio_status try_take(ckptio__dcp_lease *l, const seen *s, bool *won) {
     seen back;
     CKPTIO_FORWARD(look(l->engine, l->url, &back));
     *won = back.parsed && strcmp(back.text.owner, l->mine.owner) == 0;
+    return CKPTIO_OK;
+}
+
+/* A shared save's mark, DIR/.ckptio-dcp-shared-OWNER, since the server's
+ * clock of `s` (read before it is written, so every object the save writes
+ * afterwards is at least that new), renewed like a pin until released. */
+static ckptio_status write_mark(ckptio__dcp_lease *l, const seen *s) {
+    char name[sizeof CKPTIO__DCP_SHARED_PREFIX + 32];
+    snprintf(name, sizeof name, "%s%s", CKPTIO__DCP_SHARED_PREFIX, l->mine.owner);
+    char *url = ckptio__path_join(l->dir, name);
+    if (!url) return CKPTIO_FAIL(CKPTIO_E_NOMEM, "out of memory");
+    ckptio__free(l->url);
+    l->url = url;
+    l->mine.since = (uint64_t)s->server_now;
+    l->len = ckptio__lease_format(&l->mine, l->text, sizeof l->text);
+    CKPTIO_FORWARD(ckptio__object_write_all(l->engine, l->url, l->text, l->len, false));
+    l->pin = l->held = true;
     return CKPTIO_OK;
 }
 
@@ -421,7 +449,8 @@ ckptio_status ckptio__dcp_lease_acquire(const char *dir, bool shared, bool defer
     if (st == CKPTIO_OK &&
         (!(l->dir = ckptio__strdup(dir)) || !(l->url = ckptio__path_join(dir, CKPTIO_DCP_LOCK_NAME))))
         st = CKPTIO_FAIL(CKPTIO_E_NOMEM, "out of memory");
-    if (st == CKPTIO_OK) l->conditional = !known_unconditional(l->url);
+    if (st == CKPTIO_OK) st = ckptio__object_server(l->engine, l->url, l->server, sizeof l->server);
+    if (st == CKPTIO_OK) l->conditional = !known_unconditional(l->server);
     if (st == CKPTIO_OK) {
         int64_t ttl_ms = 60000;
         ckptio_engine_get(l->engine, CKPTIO_OPT_S3_LEASE_MS, &ttl_ms);
@@ -438,7 +467,10 @@ ckptio_status ckptio__dcp_lease_acquire(const char *dir, bool shared, bool defer
         if ((st = look(l->engine, l->url, &s)) != CKPTIO_OK) break;
         const bool held_by_other = live(&s, l->ttl) && !(s.parsed && !strcmp(s.text.owner, l->mine.owner));
         if (!held_by_other) {
-            if (shared) break; /* saves that remove nothing only keep out of an exclusive save's way */
+            if (shared) { /* saves that remove nothing run beside each other, marked for the cleanups */
+                st = write_mark(l, &s);
+                break;
+            }
             bool won = false;
             if ((st = try_take(l, &s, &won)) != CKPTIO_OK) break;
             if (won) {
@@ -480,7 +512,16 @@ ckptio_status ckptio__dcp_lease_check(ckptio__dcp_lease *l) {
     seen s;
     ckptio_status st = look(l->engine, l->url, &s);
     if (st != CKPTIO_OK) return st;
-    if (!s.parsed || strcmp(s.text.owner, l->mine.owner) != 0) {
+    pthread_mutex_lock(&l->mu);
+    const bool late = overdue(l);
+    const double last = ckptio__now() - l->renewed;
+    pthread_mutex_unlock(&l->mu);
+    if (late) {
+        char why[512];
+        snprintf(why, sizeof why, "the lease %s was last renewed %.1f s ago: it may have lapsed and been taken "
+                 "over meanwhile", l->url, last);
+        lose(l, why);
+    } else if (!s.parsed || strcmp(s.text.owner, l->mine.owner) != 0) {
         char other[200], why[512];
         if (!s.exists) snprintf(other, sizeof other, "no lease object is there now");
         else describe_other(&s, other, sizeof other);
@@ -538,6 +579,28 @@ static ckptio_status start_renewing(ckptio__dcp_lease *l) {
     if (pthread_create(&l->renewer, NULL, renew, l) != 0)
         return CKPTIO_FAIL(CKPTIO_E_NOMEM, "%s: cannot start the thread that renews it", l->url);
     l->renewing = true;
+    return CKPTIO_OK;
+}
+
+ckptio_status ckptio__dcp_keep_since(ckptio_engine *engine, const char *dir, char *const *marks, size_t nmarks,
+                                     double *keep_since, bool *dead) {
+    CKPTIO_FORWARD(ckptio__dcp_lease_since(engine, dir, keep_since));
+    for (size_t i = 0; i < nmarks; i++) {
+        dead[i] = false;
+        char *url = ckptio__path_join(dir, marks[i]);
+        if (!url) return CKPTIO_FAIL(CKPTIO_E_NOMEM, "out of memory");
+        seen s;
+        const ckptio_status st = look(engine, url, &s);
+        ckptio__free(url);
+        CKPTIO_FORWARD(st);
+        if (!s.exists) continue; /* released meanwhile: that save has committed */
+        /* A mark that cannot be read holds for the default lease time, and keeps every object. */
+        const double since = s.parsed && s.text.since > 0 ? (double)s.text.since : 1;
+        if (!live(&s, 60))
+            dead[i] = true;
+        else if (*keep_since <= 0 || since < *keep_since)
+            *keep_since = since;
+    }
     return CKPTIO_OK;
 }
 

@@ -124,6 +124,13 @@ ckptio_status ckptio__plan_set_observer(ckptio_plan *plan, ckptio__observe_fn fn
  * become one extent, and the engine's cost per extent is paid once. For
  * read plans (their extents have no identity an observer would see). */
 ckptio_status ckptio__plan_add_merged(ckptio_plan *plan, const ckptio_extent *extent);
+/* Whether two read extents of this memory kind that continue each other in file and memory may become one:
+ * host memory is one flat range, but device memory (and AUTO, which may be device) is not: two cudaMalloc
+ * allocations can lie back to back, and an extent spanning both is refused by the device range check (the
+ * GPU pipeline merges nearby runs of one allocation itself). */
+static inline bool ckptio__mem_kind_merges(ckptio_mem_kind kind) {
+    return kind == CKPTIO_MEM_HOST || kind == CKPTIO_MEM_PINNED;
+}
 
 /* The number of extents of a plan, and their bytes together. */
 ckptio_status ckptio__plan_count(const ckptio_plan *plan, size_t *out);

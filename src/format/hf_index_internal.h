@@ -56,10 +56,12 @@ void ckptio__hf_index_free(ckptio__hf_index *x);
 bool ckptio__hf_plain_name(const char *name, size_t len);
 
 /* The index text of `count` tensors (names[i] is in shard file shards[i];
- * names unique, UTF-8): {"metadata": {"total_size"}, "weight_map"} with
+ * names unique, UTF-8): {"metadata": {"total_size", the `metadata` pairs
+ * (string values; a "total_size" among them is replaced)}, "weight_map"} with
  * keys sorted, indent 2 and non-ASCII escaped, plus a newline, as
  * transformers' save_pretrained writes it. Free with ckptio__free; NULL
  * (error set) when out of memory or a name is not UTF-8. */
-char *ckptio__hf_index_json(const char *const *names, const char *const *shards, size_t count, uint64_t total_size);
+char *ckptio__hf_index_json(const char *const *names, const char *const *shards, size_t count, uint64_t total_size,
+                           const ckptio_kv *metadata, size_t metadata_count);
 
 #endif /* CKPTIO_HF_INDEX_INTERNAL_H */

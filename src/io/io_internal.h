@@ -560,6 +560,10 @@ ckptio_status ckptio__object_size(ckptio_file *f, uint64_t *out);
 ckptio_status ckptio__object_truncate(ckptio_file *f, uint64_t size);
 ckptio_status ckptio__object_commit(ckptio_file *f);
 ckptio_status ckptio__object_close(ckptio_file *f);
+/* ckptio_file_commit of an object file whose wait for its last parts asks
+ * `poll` (not the engine's progress callback): for commits run on threads
+ * other than the caller's, which polls the engine itself. */
+ckptio_status ckptio__object_commit_polled(ckptio_file *f, ckptio__s3_poll_fn poll, void *user);
 
 /* Moves one operation of an object file, blocking: a read is a ranged GET
  * (retried as the settings say), a write is copied into the upload's part
@@ -576,6 +580,15 @@ void ckptio__object_io_done(ckptio__io_op *op, ckptio__s3_request *req);
 /* An object being written: the most bytes its part buffers held at once,
  * and their bound (0, 0 for other files); for tests. */
 void ckptio__object_buffers(ckptio_file *f, uint64_t *peak, uint64_t *bound);
+/* How many writers of `f` wait for an upload part's buffer now (0 for other files); for tests. */
+unsigned ckptio__object_writers_waiting(ckptio_file *f);
+
+/* The object uploads among files[0..count) (before their first write)
+ * share one bound on their part buffers: that of one of them alone (*bound
+ * receives it; other files are left as they are). */
+ckptio_status ckptio__object_share_buffers(ckptio_file *const *files, size_t count, uint64_t *bound);
+/* The most part-buffer bytes the uploads sharing f's bound held at once (0 without one); for tests. */
+uint64_t ckptio__object_shared_peak(ckptio_file *f);
 
 /* The counters of the engine's pool of upload part buffers (all zero
  * before its first upload); for tests. */
@@ -592,6 +605,9 @@ ckptio_status ckptio__object_client(const ckptio_engine *engine, const char *buc
 ckptio_status ckptio__object_target(const ckptio_engine *engine, const char *url, bool allow_empty_key,
                                     ckptio__s3_client **client, char **bucket, char **key);
 void ckptio__object_target_release(ckptio__s3_client *client, char *bucket, char *key);
+/* Which server and bucket `url` reaches with the engine's settings: "SCHEME://HOST[/BASE] STYLE BUCKET"
+ * into out[0..cap) (what a server answered about itself holds for that one only). */
+ckptio_status ckptio__object_server(const ckptio_engine *engine, const char *url, char *out, size_t cap);
 
 /* ---- s3://BUCKET/PREFIX/ as a directory (object_dir.c) ------------------- */
 

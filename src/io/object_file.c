@@ -72,6 +72,17 @@ void ckptio__object_target_release(ckptio__s3_client *client, char *bucket, char
     ckptio__free(key);
 }
 
+ckptio_status ckptio__object_server(const ckptio_engine *engine, const char *url, char *out, size_t cap) {
+    ckptio__s3_client *client = NULL;
+    char *bucket = NULL, *key = NULL;
+    CKPTIO_FORWARD(ckptio__object_target(engine, url, true, &client, &bucket, &key));
+    const int n = snprintf(out, cap, "%s://%s%s %s %s", client->scheme, client->host, client->base_path,
+                           client->addressing == CKPTIO__S3_PATH_STYLE ? "path" : "virtual", bucket);
+    ckptio__object_target_release(client, bucket, key);
+    CKPTIO_RETURN_IF(n < 0 || (size_t)n >= cap, CKPTIO_E_INVAL, "%s: the endpoint's name is too long", url);
+    return CKPTIO_OK;
+}
+
 static void object_free(ckptio__object *o) {
     if (!o) return;
     ckptio__s3_client_destroy(o->client);
@@ -208,7 +219,11 @@ ckptio_status ckptio__object_truncate(ckptio_file *f, uint64_t size) {
  * may still stop it (Ctrl-C in Python): the upload is then aborted. */
 static ckptio_status commit_poll(void *engine) { return ckptio__io_engine_commit_poll(engine); }
 
-ckptio_status ckptio__object_commit(ckptio_file *f) {
+ckptio_status ckptio__object_commit(ckptio_file *f) { return ckptio__object_commit_polled(f, commit_poll, f->engine); }
+
+ckptio_status ckptio__object_commit_polled(ckptio_file *f, ckptio__s3_poll_fn poll, void *user) {
+    CKPTIO_RETURN_IF(!f->object || !f->writable || f->closed_for_write, CKPTIO_E_INVAL,
+                     "%s: not an object open for writing", f->path);
     ckptio__object *o = f->object;
     f->closed_for_write = true;
     if (o->exclusive) {
@@ -223,7 +238,7 @@ ckptio_status ckptio__object_commit(ckptio_file *f) {
                                    "given");
         }
     }
-    CKPTIO_FORWARD(ckptio__s3_upload_commit(o->upload, commit_poll, f->engine));
+    CKPTIO_FORWARD(ckptio__s3_upload_commit(o->upload, poll, user));
     f->committed = true;
     return CKPTIO_OK;
 }
@@ -241,9 +256,35 @@ ckptio_status ckptio__object_close(ckptio_file *f) {
     return st;
 }
 
+ckptio_status ckptio__object_share_buffers(ckptio_file *const *files, size_t count, uint64_t *bound) {
+    ckptio__s3_budget *b = NULL;
+    for (size_t i = 0; i < count; i++) {
+        ckptio__object *o = files[i]->object;
+        if (!o || !o->upload) continue;
+        if (!b) { /* one file's own bound: the save holds no more than a save of one file */
+            uint64_t peak;
+            ckptio__s3_upload_buffers(o->upload, &peak, bound);
+            if (!(b = ckptio__s3_budget_create(*bound)))
+                return CKPTIO_FAIL(CKPTIO_E_NOMEM, "out of memory sharing upload buffers");
+        }
+        ckptio__s3_upload_share_budget(o->upload, b);
+    }
+    ckptio__s3_budget_release(b);
+    return CKPTIO_OK;
+}
+
+uint64_t ckptio__object_shared_peak(ckptio_file *f) {
+    ckptio__s3_budget *b = f->object && f->object->upload ? ckptio__s3_upload_budget(f->object->upload) : NULL;
+    return b ? ckptio__s3_budget_peak(b) : 0;
+}
+
 void ckptio__object_buffers(ckptio_file *f, uint64_t *peak, uint64_t *bound) {
     *peak = *bound = 0;
     if (f->object && f->object->upload) ckptio__s3_upload_buffers(f->object->upload, peak, bound);
+}
+
+unsigned ckptio__object_writers_waiting(ckptio_file *f) {
+    return f->object && f->object->upload ? ckptio__s3_upload_waiting(f->object->upload) : 0;
 }
 
 void ckptio__object_part_pool_stats(ckptio_engine *engine, ckptio__s3_part_pool_stats *out) {

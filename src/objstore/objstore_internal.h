@@ -459,10 +459,27 @@ ckptio_status ckptio__s3_upload_commit(ckptio__s3_upload *u, ckptio__s3_poll_fn 
  * abort's failure (the upload then stays until a cleaner aborts it). */
 ckptio_status ckptio__s3_upload_close(ckptio__s3_upload *u);
 
+/* A bound on the part buffers of several uploads together (the shards of
+ * one model saved at once): an upload given one takes each buffer from it
+ * as well as from its own max_buffered, and a writer waits while the shared
+ * bound is reached by the others. Reference-counted: each upload holds it
+ * until its close. */
+typedef struct ckptio__s3_budget ckptio__s3_budget;
+ckptio__s3_budget *ckptio__s3_budget_create(uint64_t max_bytes); /* NULL: out of memory */
+void ckptio__s3_budget_release(ckptio__s3_budget *b);             /* drops the creator's reference; NULL ok */
+/* Before the first write: the upload draws its buffers from `b` too. */
+void ckptio__s3_upload_share_budget(ckptio__s3_upload *u, ckptio__s3_budget *b);
+/* The most bytes the budget's uploads held at once; for tests. */
+uint64_t ckptio__s3_budget_peak(ckptio__s3_budget *b);
+/* The budget an upload shares (NULL: none). */
+ckptio__s3_budget *ckptio__s3_upload_budget(ckptio__s3_upload *u);
+
 /* The multipart upload's id ("" before one was created); for tests. */
 const char *ckptio__s3_upload_id(ckptio__s3_upload *u);
 
 /* The most part-buffer bytes held at once so far, and the bound; for tests. */
 void ckptio__s3_upload_buffers(ckptio__s3_upload *u, uint64_t *peak, uint64_t *bound);
+/* How many writers wait for a part buffer now (for tests). */
+unsigned ckptio__s3_upload_waiting(ckptio__s3_upload *u);
 
 #endif /* CKPTIO_OBJSTORE_INTERNAL_H */

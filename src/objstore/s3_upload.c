@@ -44,7 +44,16 @@ typedef struct part {
     char etag[80];
 } part;
 
+struct ckptio__s3_budget {
+    pthread_mutex_t lock; /* taken after an upload's lock, never before */
+    uint64_t used, max, peak;
+    uint64_t gives;       /* buffers given back so far: a waiter sees the uploads move */
+    unsigned refs;
+};
+
 struct ckptio__s3_upload {
+    ckptio__s3_budget *budget; /* shared with other uploads, or NULL */
+    uint64_t budget_held;      /* bytes of buffers taken from it */
     const ckptio__s3_client *c;
     char *bucket, *key;
     pthread_mutex_t lock;
@@ -56,6 +65,7 @@ struct ckptio__s3_upload {
     part *parts;
     unsigned nparts;     /* entries of parts[] */
     uint64_t buffered, max_buffered, peak;
+    unsigned waiting;    /* writers waiting in part_buffer for a buffer */
     unsigned inflight;
     bool sent_any;       /* a part was queued: the part size is fixed */
     char upload_id[1024];
@@ -83,6 +93,81 @@ static void set_failure(ckptio__s3_upload *u, ckptio_status st) {
 static ckptio_status failure(const ckptio__s3_upload *u) {
     return CKPTIO_FAIL_CTX(u->fail_status, &((ckptio__err_ctx){.file_offset = -1, .verbatim = true}), "%s",
                            u->fail_message);
+}
+
+ckptio__s3_budget *ckptio__s3_budget_create(uint64_t max_bytes) {
+    ckptio__s3_budget *b = ckptio__calloc(1, sizeof *b);
+    if (!b) return NULL;
+    pthread_mutex_init(&b->lock, NULL);
+    b->max = max_bytes;
+    b->refs = 1;
+    return b;
+}
+
+void ckptio__s3_budget_release(ckptio__s3_budget *b) {
+    if (!b) return;
+    pthread_mutex_lock(&b->lock);
+    const bool last = --b->refs == 0;
+    pthread_mutex_unlock(&b->lock);
+    if (!last) return;
+    pthread_mutex_destroy(&b->lock);
+    ckptio__free(b);
+}
+
+uint64_t ckptio__s3_budget_peak(ckptio__s3_budget *b) {
+    pthread_mutex_lock(&b->lock);
+    const uint64_t peak = b->peak;
+    pthread_mutex_unlock(&b->lock);
+    return peak;
+}
+
+ckptio__s3_budget *ckptio__s3_upload_budget(ckptio__s3_upload *u) { return u->budget; }
+
+void ckptio__s3_upload_share_budget(ckptio__s3_upload *u, ckptio__s3_budget *b) {
+    pthread_mutex_lock(&b->lock);
+    b->refs++;
+    pthread_mutex_unlock(&b->lock);
+    pthread_mutex_lock(&u->lock);
+    ckptio__s3_budget_release(u->budget);
+    u->budget = b;
+    pthread_mutex_unlock(&u->lock);
+}
+
+/* Takes n bytes from the shared budget (lock of u held): within its bound,
+ * or always when `force` or when the upload holds no buffer yet. An upload's
+ * first buffer is never refused: a part that waits for its commit (an
+ * object of one part, sent by one PUT) must not starve the others, so the
+ * uploads together hold at most the bound plus one part each. */
+static bool budget_take(ckptio__s3_upload *u, uint64_t n, bool force) {
+    ckptio__s3_budget *b = u->budget;
+    if (!b) return true;
+    pthread_mutex_lock(&b->lock);
+    const bool ok = force || u->buffered == 0 || b->used == 0 || b->used + n <= b->max;
+    if (ok) {
+        b->used += n;
+        if (b->used > b->peak) b->peak = b->used;
+        u->budget_held += n;
+    }
+    pthread_mutex_unlock(&b->lock);
+    return ok;
+}
+
+static void budget_give(ckptio__s3_upload *u, uint64_t n) {
+    ckptio__s3_budget *b = u->budget;
+    if (!b) return;
+    if (n > u->budget_held) n = u->budget_held;
+    pthread_mutex_lock(&b->lock);
+    b->used -= n;
+    b->gives++;
+    pthread_mutex_unlock(&b->lock);
+    u->budget_held -= n;
+}
+
+static uint64_t budget_gives(ckptio__s3_budget *b) {
+    pthread_mutex_lock(&b->lock);
+    const uint64_t g = b->gives;
+    pthread_mutex_unlock(&b->lock);
+    return g;
 }
 
 static uint64_t choose_part_size(const ckptio__s3_upload *u, uint64_t size) {
@@ -123,6 +208,13 @@ void ckptio__s3_upload_buffers(ckptio__s3_upload *u, uint64_t *peak, uint64_t *b
     *peak = u->peak;
     *bound = u->max_buffered;
     pthread_mutex_unlock(&u->lock);
+}
+
+unsigned ckptio__s3_upload_waiting(ckptio__s3_upload *u) {
+    pthread_mutex_lock(&u->lock);
+    const unsigned n = u->waiting;
+    pthread_mutex_unlock(&u->lock);
+    return n;
 }
 
 uint64_t ckptio__s3_upload_size(ckptio__s3_upload *u) {
@@ -271,6 +363,8 @@ out:
  * part is looked up again after each wait: another writer may have grown the
  * table (grow_parts moves it) while the lock was free. */
 static ckptio_status part_buffer(ckptio__s3_upload *u, unsigned i) {
+    uint64_t seen_gives = UINT64_MAX;
+    struct timespec since = {0};
     for (part *p = &u->parts[i]; !p->buf; p = &u->parts[i]) {
         if (u->fail_status != CKPTIO_OK) return failure(u);
         if (p->state >= P_QUEUED) { /* sent while this writer waited: a second write of its bytes */
@@ -281,11 +375,14 @@ static ckptio_status part_buffer(ckptio__s3_upload *u, unsigned i) {
                                                        .file_offset = (int64_t)((uint64_t)i * u->part_size)}),
                                    "bytes of part %u were written again after the part was sent", i + 1);
         }
-        if (u->buffered + u->part_size <= u->max_buffered || u->buffered == 0) {
+        const bool own_room = u->buffered + u->part_size <= u->max_buffered || u->buffered == 0;
+        if (own_room && budget_take(u, u->part_size, false)) {
             p->buf = ckptio__s3_part_pool_take(u->pool, (size_t)u->part_size);
-            if (!p->buf)
+            if (!p->buf) {
+                budget_give(u, u->part_size);
                 return CKPTIO_FAIL(CKPTIO_E_NOMEM, "out of memory for a %llu-byte upload part",
                                    (unsigned long long)u->part_size);
+            }
             u->buffered += u->part_size;
             if (u->buffered > u->peak) u->peak = u->buffered;
             p->state = P_FILLING;
@@ -293,6 +390,32 @@ static ckptio_status part_buffer(ckptio__s3_upload *u, unsigned i) {
         }
         bool moving = u->inflight > 0;
         for (unsigned k = 0; k < u->nparts && !moving; k++) moving = u->parts[k].state == P_QUEUED;
+        if (own_room) {
+            /* The shared bound is reached by the other uploads: their parts free it, and they do not
+             * signal this upload's condition, so look again shortly. Buffers that all wait for bytes
+             * nobody writes free nothing: after the request timeout without one given back, fail. */
+            struct timespec now, due;
+            clock_gettime(CLOCK_MONOTONIC, &now);
+            const uint64_t gives = budget_gives(u->budget);
+            if (gives != seen_gives) {
+                seen_gives = gives;
+                since = now;
+            } else if ((now.tv_sec - since.tv_sec) * 1000 + (now.tv_nsec - since.tv_nsec) / 1000000 >
+                       (long)u->c->settings.timeout_ms) {
+                char s[400];
+                shown(u, s, sizeof s);
+                return CKPTIO_FAIL_CTX(CKPTIO_E_UNSUPPORTED,
+                                       &((ckptio__err_ctx){.operation = "write", .path = s,
+                                                           .file_offset = (int64_t)((uint64_t)i * u->part_size)}),
+                                       "the upload buffers shared with other objects all wait for bytes that have "
+                                       "not been written (writes to the objects must come roughly in order)");
+            }
+            clock_gettime(CLOCK_REALTIME, &due);
+            due.tv_nsec += 2 * 1000 * 1000;
+            if (due.tv_nsec >= 1000000000L) due.tv_sec++, due.tv_nsec -= 1000000000L;
+            pthread_cond_timedwait(&u->cond, &u->lock, &due);
+            continue;
+        }
         if (!moving) {
             char s[400];
             shown(u, s, sizeof s);
@@ -303,7 +426,9 @@ static ckptio_status part_buffer(ckptio__s3_upload *u, unsigned i) {
                                    "(writes to an object must come roughly in order)",
                                    (unsigned long long)u->buffered);
         }
+        u->waiting++;
         pthread_cond_wait(&u->cond, &u->lock);
+        u->waiting--;
     }
     return CKPTIO_OK;
 }
@@ -477,6 +602,7 @@ static void *uploader(void *arg) {
             ckptio__s3_part_pool_give(u->pool, p->buf, (size_t)u->part_size);
             p->buf = NULL;
             u->buffered -= u->part_size;
+            budget_give(u, u->part_size);
             p->state = P_DONE;
         } else {
             set_failure(u, st);
@@ -542,6 +668,7 @@ ckptio_status ckptio__s3_upload_commit(ckptio__s3_upload *u, ckptio__s3_poll_fn 
                                  (unsigned long long)u->part_size);
                 break;
             }
+            budget_take(u, u->part_size, true); /* the holes at commit: counted, never waited for */
             u->buffered += u->part_size;
             p->state = P_FILLING;
         }
@@ -620,6 +747,8 @@ ckptio_status ckptio__s3_upload_close(ckptio__s3_upload *u) {
         ckptio__s3_part_pool_give(u->pool, u->parts[i].buf, (size_t)u->part_size);
         ckptio__free(u->parts[i].cov);
     }
+    budget_give(u, u->budget_held);
+    ckptio__s3_budget_release(u->budget);
     ckptio__free(u->parts);
     ckptio__s3_session_destroy(u->session);
     pthread_mutex_destroy(&u->lock);

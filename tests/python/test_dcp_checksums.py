@@ -133,6 +133,43 @@ def test_gpu_items_load_back_exactly(tmp_path):
     assert cdcp.verify(path)["unhashed"] == 0
 
 
+def test_verify_batches_cross_the_window(tmp_path):
+    """verify reads what it hashes in batches of at most 64 MiB of a file (one engine plan each, each
+    batch mirroring its own window of the file): a checkpoint of 72 MiB takes at least two. It verifies
+    clean, and a byte flipped right past the first window, or the data's last byte, is reported with
+    the file, the item, the part and the part's offset: each batch reads and hashes its own ranges."""
+    path = str(tmp_path / "ck")
+    g = torch.Generator().manual_seed(8)
+    sd = {f"t{i}": torch.randn(2 * BLOCK // 4 + 3 + i, generator=g) for i in range(9)}
+    sd.update({f"s{i}": torch.randn(50 + i, generator=g) for i in range(3)})
+    dcp.save(sd, storage_writer=cdcp.FileSystemWriter(path))
+    doc = manifest_of(path)
+    (data_file,) = {i["file"] for i in doc["items"]}
+    ranges = []  # (file offset, bytes, item, part): what verify hashes
+    for it in doc["items"]:
+        for k, (off, n, _) in enumerate(it.get("parts") or []):
+            ranges.append((it["data_offset"] + off, n, it, k))
+        if not it.get("parts"):
+            ranges.append((it["data_offset"], it["nbytes"], it, None))
+    lo = min(r[0] for r in ranges)
+    end = max(r[0] + r[1] for r in ranges)
+    assert end - lo > (64 << 20) + BLOCK, end - lo  # more than one window
+    rep = cdcp.verify(path)
+    assert rep["checked"] == rep["items"] == len(sd) and rep["bytes"] == sum(r[1] for r in ranges), rep
+    for at in (lo + (64 << 20), end - 1):  # the first byte no first batch holds; the last byte
+        (at_range,) = [r for r in ranges if r[0] <= at < r[0] + r[1]]
+        start, n, it, part = at_range
+        flip(path, it, at - it["data_offset"])
+        with pytest.raises(ckptio.CkptioError) as e:
+            cdcp.verify(path)
+        msg = str(e.value)
+        assert e.value.status_name == "E_CHECKSUM" and data_file in msg and f"item '{it['fqn']}'" in msg, msg
+        where = f"part {part} ({n} bytes at offset {start})" if part is not None else f"({n} bytes at offset {start})"
+        assert where in msg, (where, msg)
+        flip(path, it, at - it["data_offset"])  # back
+    assert cdcp.verify(path)["checked"] == len(sd)
+
+
 def test_verify_batches_keep_the_manifests_order(tmp_path):
     """verify reads the ranges it hashes in batches (a window of the file per engine plan); whatever order
     the manifest lists them in (here reversed, so that every range lies before the last: one batch each),

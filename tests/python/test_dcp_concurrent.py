@@ -23,6 +23,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import time
 import warnings
 from pathlib import Path
 
@@ -407,7 +408,62 @@ def test_saves_without_collectives_share_the_directory(base):
     with open(path / "__0.metadata", "rb") as f:
         per_rank = {i.relative_path for i in pickle.load(f).storage_data.values()}
     assert per_rank <= set(os.listdir(path))
+    (token,) = {n.split("_")[3] for n in per_rank}
+    assert f".ckptio-manifest-{token}.json" in os.listdir(path)  # its manifest stays with its data files
     assert check_directory_loads(path) == 4
+
+
+class RankZeroReader(cdcp.FileSystemReader):
+    """Loads the checkpoint __0.metadata describes (torch's loader reads .metadata)."""
+
+    def read_metadata(self, *args, **kwargs):
+        return super().read_metadata(rank=0)
+
+
+def test_a_save_with_a_cleanup_waits_for_a_save_without_collectives(base, monkeypatch):
+    """A save without collectives whose data files are written (its metadata not yet): a save with a
+    cleanup fails with dir_busy="error" and with "wait" commits only after it, keeping its files and
+    manifest: both checkpoints load whole."""
+    import threading
+
+    from ckptio.dcp import _writer
+
+    path = base / "ckpt"
+    save(path, 1)
+    outcome = {}
+
+    def run(name, *args, **kwargs):
+        try:
+            save(*args, **kwargs)
+            outcome[name] = "saved"
+        except BaseException as e:  # noqa: BLE001 - checked below
+            outcome[name] = e
+
+    waiting = threading.Thread(target=run, args=("wait", path, 3))
+
+    def meanwhile(stage):
+        if stage != "data_committed":
+            return
+        monkeypatch.setattr(_writer, "_crash_point", None)
+        busy = threading.Thread(target=run, args=("error", path, 2), kwargs={"dir_busy": "error"})
+        busy.start()
+        busy.join()
+        waiting.start()
+        time.sleep(0.3)
+        assert "wait" not in outcome  # still waiting for this save
+
+    monkeypatch.setattr(_writer, "_crash_point", meanwhile)
+    save_per_rank(path, 4)
+    monkeypatch.setattr(_writer, "_crash_point", None)
+    waiting.join(60)
+    assert outcome["wait"] == "saved", outcome
+    assert isinstance(outcome["error"], BaseException), outcome  # the save with dir_busy="error" failed ...
+    busy_failure(pytest.ExceptionInfo.from_exception(outcome["error"]))  # ... as a busy directory fails
+    assert check_directory_loads(path) == 3
+    assert version_of(load(str(path), RankZeroReader(str(path))), "per-rank load") == 4
+    names = os.listdir(path)
+    tokens = {n.split("_")[3] for n in names if n.startswith("__") and n.endswith(".distcp")}
+    assert len(tokens) == 2 and all(f".ckptio-manifest-{t}.json" in names for t in tokens), names
 
 
 def test_async_save_holds_the_directory_until_it_commits(base):

@@ -58,6 +58,24 @@ def load(url, sd=None):
     return out
 
 
+def wait_until_older(url):
+    """Waits until every object under `url` is older than a lease taken from now on by the server's whole
+    seconds: a probe written now is listed at least 2 s after the newest of them (a listing truncates
+    Last-Modified to the second, or rounds it up, as Swift's does), so the next lease's `since` (the
+    server's clock, whole seconds) is later than each."""
+    newest = max(t for k, _, t, _ in _ckptio.object_list(url + "/"))
+    probe = f"{url}-probe"
+    for _ in range(100):
+        _ckptio.object_put(probe, b"")
+        (listed,) = [t for k, _, t, _ in _ckptio.object_list(probe) if k.endswith("-probe")]
+        if listed >= newest + 2:
+            break
+        time.sleep(0.1)
+    else:
+        raise AssertionError(f"the server's clock did not pass {newest} + 2 s")
+    _ckptio.object_delete(probe)
+
+
 def test_dcp_save_load_async_and_overwrite(s3_prefix):
     url = f"{s3_prefix}/ckpt"
     sd = model_state(1)
@@ -68,7 +86,7 @@ def test_dcp_save_load_async_and_overwrite(s3_prefix):
     assert ".metadata" in names and any(n.endswith(".distcp") for n in names)
     assert ".ckptio-dcp.lock" not in names  # the lease goes with the save
     # async_save, replacing the checkpoint: the older save's objects go once a newer lease is taken.
-    time.sleep(1.1)  # the lease's time has whole seconds: objects of the same second are kept
+    wait_until_older(url)  # the lease's time has whole seconds: objects of the same second are kept
     sd2 = model_state(2)
     fut = dcp.async_save(sd2, storage_writer=FileSystemWriter(url), no_dist=True)
     (fut.result() if hasattr(fut, "result") else fut.upload_completion.result())
@@ -160,7 +178,97 @@ def test_a_saver_that_loses_the_lease_while_its_data_upload(s3_prefix, monkeypat
     left = keys_under(url)
     loser, winner = tokens  # this save's token, then the one of the save during its upload
     assert [n for n in left if winner in n] and not [n for n in left if loser in n], left  # its objects went
-    assert ".ckptio-dcp.lock" not in left
+    assert f".ckptio-manifest-{winner}.json" in left and ".ckptio-dcp.lock" not in left, left
+    assert metadata_tokens(url) == {winner}  # .metadata names the winner's objects only
+
+
+def metadata_tokens(url):
+    """The save tokens of the data objects .metadata names (each of which must be there)."""
+    md = FileSystemReader(url).read_metadata()
+    files = {info.relative_path for info in md.storage_data.values()}
+    assert files <= set(keys_under(url)), files
+    return _tokens(files)
+
+
+def test_a_saver_that_loses_the_lease_after_its_first_check(s3_prefix, monkeypatch):
+    """Another save takes the lease after this saver's first check passed, while its second check
+    starts beside its .metadata PUT, and writes a data object of its own: whether this saver then
+    stops (its second check saw the other lease: nothing deleted) or commits (the check read the lease
+    before it was taken), the other's object stays (the cleanup keeps objects newer than the lease this
+    saver took), the other's lease is left as it is, and the .metadata in place names the objects of
+    one save, every one of them there."""
+    url = f"{s3_prefix}/ckpt"
+    save(model_state(13), url)
+    (older,) = _tokens(keys_under(url))
+    time.sleep(2.1)  # the older save's objects are removable by the server's whole seconds
+    lease = b"ckptio-lease 1\nowner 0123456789abcdef0123456789abcdef\nsince 1\nttl_ms 60000\n"
+    others = "__0_0123456789ab_0.distcp"
+
+    def take_over(stage):
+        if stage == "manifest_written":  # the first check passed; the second runs
+            _ckptio.object_put(f"{url}/.ckptio-dcp.lock", lease)
+            _ckptio.object_put(f"{url}/{others}", b"the other save's data")
+
+    monkeypatch.setattr(dcp_writer, "_crash_point", take_over)
+    try:
+        save(model_state(14), url)
+    except (Exception, CheckpointException) as e:
+        assert "no longer this save's" in str(e), str(e)
+    monkeypatch.setattr(dcp_writer, "_crash_point", None)
+    assert _ckptio.object_read(f"{url}/{others}") == b"the other save's data"
+    assert _ckptio.object_read(f"{url}/.ckptio-dcp.lock") == lease  # the other's lease, untouched
+    (named,) = metadata_tokens(url)
+    same(load(url), model_state(13 if named == older else 14))
+
+
+def save_per_rank(sd, url, **kw):
+    """A save without collectives: every rank commits its own __{rank}.metadata and removes nothing."""
+    from torch.distributed.checkpoint.state_dict_saver import _save_state_dict
+
+    writer = FileSystemWriter(url, **kw)
+    writer.reset()
+    _save_state_dict(sd, writer, no_dist=True, use_collectives=False)
+
+
+class RankZeroReader(FileSystemReader):
+    """Loads the checkpoint __0.metadata describes (torch's loader reads .metadata)."""
+
+    def read_metadata(self, *args, **kwargs):
+        return super().read_metadata(rank=0)
+
+
+def test_a_save_without_collectives_beside_a_save_with_a_cleanup(s3_prefix, monkeypatch):
+    """A save without collectives (__{rank}.metadata, no cleanup of its own) whose data objects are
+    written while another save with a cleanup takes the lease and commits over an older checkpoint: its
+    mark (.ckptio-dcp-shared-OWNER) keeps its objects and its uploads from that cleanup, so both
+    checkpoints load bit-exact afterwards and the older save's objects are gone; the mark goes with
+    the save."""
+    url = f"{s3_prefix}/ckpt"
+    save(model_state(20), url)
+    (older,) = _tokens(keys_under(url))
+    time.sleep(2.1)  # older than the mark below by the server's whole seconds
+    marks = []
+
+    def other_save_meanwhile(stage):
+        if stage != "data_committed":
+            return
+        monkeypatch.setattr(dcp_writer, "_crash_point", None)
+        marks.extend(n for n in keys_under(url) if n.startswith(".ckptio-dcp-shared-"))
+        time.sleep(2.1)  # this save's objects are older than the other's lease by the server's whole seconds
+        save(model_state(22), url)
+
+    monkeypatch.setattr(dcp_writer, "_crash_point", other_save_meanwhile)
+    save_per_rank(model_state(21), url)
+    monkeypatch.setattr(dcp_writer, "_crash_point", None)
+    left = keys_under(url)
+    assert not [n for n in left if older in n], left  # the older save's objects went
+    assert not [n for n in left if n.startswith(".ckptio-dcp-shared-")], left  # the mark went with the save
+    same(load(url), model_state(22))
+    out = empty_like(model_state())
+    dcp.load(out, storage_reader=RankZeroReader(url), no_dist=True)  # every object it names is there
+    same(out, model_state(21))
+    assert len(_tokens(left)) == 2 and all(f".ckptio-manifest-{t}.json" in left for t in _tokens(left)), left
+    assert len(marks) == 1, marks  # the mark was there while its data objects were written
 
 
 @requires_cli
@@ -383,40 +491,58 @@ def test_records_between_the_windows_get_larger_windows_together(s3_prefix, tmp_
 def test_commit_round_trips_run_together(s3_prefix, tmp_path):
     """A save over an older checkpoint, as the proxy's log of each request's start and end shows it: the
     lease's check runs beside the manifest's PUT and the .metadata PUT waits for it; the listing of the
-    prefix runs beside the .metadata PUT; the older save's objects are deleted together, and only after
-    the .metadata is in place; one PUT takes the lease. (The first attempt of each PUT stalls 0.3 s, so "beside" does not depend
-    on how fast a thread starts.)"""
+    prefix runs beside the .metadata PUT; a second check ends before the first delete; the older save's
+    objects are deleted together, and only after the .metadata is in place. The answer "no conditional
+    writes" is remembered per endpoint and bucket: the proxy is another endpoint with a bucket of the same
+    name, so its first save asks again; its second takes the lease with one PUT. (The first attempt of
+    the second save's manifest and .metadata PUTs stalls 0.3 s, so "beside" does not depend on how fast a
+    thread starts.)"""
     from test_s3_files import Proxy, through
 
     url = f"{s3_prefix}/ckpt"
     g = torch.Generator().manual_seed(5)
     sd = {f"w{i}": torch.randn(256, 256, generator=g) for i in range(8)}
-    save(sd, url, thread_count=4)  # four data objects
-    time.sleep(2.1)  # older than the next lease by the server's whole seconds (listings round up)
-    proxy = Proxy(tmp_path, r"PUT:\.ckptio-manifest-:stall:0.3:1", r"PUT:/\.metadata$:stall:0.3:1")
+    save(sd, url, thread_count=4)  # directly: this endpoint's answer is known from here on
+    proxy = Proxy(tmp_path, r"PUT:\.ckptio-manifest-:stall:0.3:1:1", r"PUT:/\.metadata$:stall:0.3:1:1")
+    log_path = tmp_path / "proxy.log"
     try:
+        through(proxy, lambda: save(sd, url, thread_count=4))  # four data objects
+        first = [json.loads(line) for line in log_path.read_text().splitlines()]
+        time.sleep(2.1)  # older than the next lease by the server's whole seconds (listings round up)
         through(proxy, lambda: save(sd, url, thread_count=4))
     finally:
         proxy.kill()
-    log = [json.loads(line) for line in (tmp_path / "proxy.log").read_text().splitlines()]
+    log = [json.loads(line) for line in log_path.read_text().splitlines()][len(first):]
 
-    def spans(method, pick):
-        return [(e["start"], e["end"]) for e in log if e["method"] == method and pick(e["target"]) and "end" in e]
+    def spans(method, pick, entries=log):
+        return [(e["start"], e["end"]) for e in entries if e["method"] == method and pick(e["target"]) and "end" in e]
 
     def together(a, b):
         return a[0] < b[1] and b[0] < a[1]
 
+    lock_puts = lambda entries: spans("PUT", lambda t: t.endswith("/.ckptio-dcp.lock"), entries)  # noqa: E731
+    try:
+        _ckptio.object_put(f"{s3_prefix}/probe", b"x", if_absent=True)
+        conditional = True
+    except ckptio.CkptioError as e:
+        conditional = e.status_name != "E_UNSUPPORTED"
+    # Without conditional writes (Swift), the proxy's first save asks again (501), then writes unconditionally.
+    assert len(lock_puts(first)) == (1 if conditional else 2), first
     manifest = spans("PUT", lambda t: ".ckptio-manifest-" in t)
     metadata = spans("PUT", lambda t: t.endswith("/.metadata"))
     checks = spans("GET", lambda t: t.endswith("/.ckptio-dcp.lock"))
     listing = spans("GET", lambda t: "delimiter=" in t)
     deletes = spans("DELETE", lambda t: ".distcp" in t)
-    assert len(manifest) == 1 and len(metadata) == 1 and listing and len(deletes) == 4, log
-    # One PUT takes the lease: a server without conditional writes was not asked again for this bucket.
-    assert len(spans("PUT", lambda t: t.endswith("/.ckptio-dcp.lock"))) == 1, log
-    assert any(c[0] < manifest[0][1] and c[1] <= metadata[0][0] for c in checks), log
+    # The older saves' objects: the first save's too when the save after it was in the same second.
+    assert len(manifest) == 1 and len(metadata) == 1 and listing and len(deletes) in (4, 8), log
+    assert len(lock_puts(log)) == 1, log  # not asked again at this endpoint and bucket
+    first_check = [c for c in checks if c[0] < manifest[0][1] and c[1] <= metadata[0][0]]
+    assert first_check, log
     assert any(x[0] < metadata[0][1] for x in listing), log
     assert all(d[0] >= metadata[0][1] for d in deletes), log
+    # The second check: started beside the .metadata PUT, ended before any delete began.
+    assert any(c[0] >= first_check[0][1] and c[0] < metadata[0][1] and c[1] <= min(d[0] for d in deletes)
+               for c in checks), log
     assert max(sum(1 for d in deletes if together(d, e)) for e in deletes) >= 2, log
     same_state = {k: torch.zeros_like(v) for k, v in sd.items()}
     dcp.load(same_state, storage_reader=FileSystemReader(url), no_dist=True)

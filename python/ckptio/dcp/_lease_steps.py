@@ -8,7 +8,9 @@ callback stops the commit). Each check's GET runs beside a PUT and is waited
 for where it gates: the first beside the manifest's, before .metadata; the
 second beside .metadata's (and libckptio's listing of the directory), once
 the listing is done, before anything is removed. A save that lost the lease
-before its .metadata removes what it wrote.
+before its .metadata removes what it wrote. A save without collectives holds
+a mark instead of the lease (a cleanup keeps its objects): its checks read
+the mark, and one that lapsed stops it before its __{rank}.metadata.
 """
 
 from __future__ import annotations

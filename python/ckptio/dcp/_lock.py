@@ -5,8 +5,9 @@ which says why it is flock on ``DIR/.ckptio-dcp.lock``): exclusive for a save
 with a cleanup, from before the global plan is returned (no rank writes a
 data file before that) until the cleanup's file list is taken and the
 foreground removal is done; shared for saves without collectives (per-rank
-``__{rank}.metadata``), which delete nothing. A forked child closes its copy
-of the descriptor there, too.
+``__{rank}.metadata``), which delete nothing (in object storage a mark that
+a cleanup honours, docs/OBJECT_STORAGE.md 4.2). A forked child closes its
+copy of the descriptor there, too.
 
 What stays here is what only Python can know: whether the save that took
 a lock is still running. A save that dies between the writer's hooks (a
