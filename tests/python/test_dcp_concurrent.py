@@ -755,3 +755,44 @@ def test_ranks_write_nothing_before_the_coordinator_holds_the_directory(base, tm
         assert p.wait(timeout=60) == 0
         expect(r, lambda s: s == "OK", "clean exit")
     assert loaded() == 2
+
+
+def test_a_save_threads_dcp_code_is_seen_from_another_thread():
+    """The lock's watcher asks whether a save's thread still runs DCP code:
+    true while a frame of ckptio.dcp (or torch.distributed.checkpoint) is on
+    its stack, under deeper frames of other code too; false for a thread
+    outside it and once the thread has ended. Asked many times while the
+    threads call and return, the answer never crashes the interpreter."""
+    import threading
+
+    from ckptio.dcp import _lock, _staging
+
+    # A function whose frame counts as ckptio.dcp code: its file and its module's name are those of one of the
+    # package's DCP modules.
+    ns = {"__name__": _staging.__name__}
+    exec(compile("def in_dcp(fn, *a):\n    return fn(*a)\n", _staging.__file__, "exec"), ns)
+    stop = threading.Event()
+
+    def deep(n):
+        return deep(n - 1) if n else stop.wait()
+
+    inside = threading.Thread(target=ns["in_dcp"], args=(deep, 30))
+    outside = threading.Thread(target=deep, args=(30,))
+
+    def churn():  # threads that call and return all the time while the stacks are read
+        while not stop.is_set():
+            ns["in_dcp"](lambda: sum(range(100)))
+
+    churners = [threading.Thread(target=churn) for _ in range(2)]
+    for t in [inside, outside, *churners]:
+        t.start()
+    try:
+        for _ in range(300):
+            assert _lock.in_dcp_code(inside)
+            assert not _lock.in_dcp_code(outside)
+    finally:
+        stop.set()
+        for t in [inside, outside, *churners]:
+            t.join()
+    assert not _lock.in_dcp_code(inside)
+    assert not _lock.in_dcp_code(None)

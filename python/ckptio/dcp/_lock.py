@@ -19,9 +19,11 @@ the directory busy releases such locks at once.
 
 from __future__ import annotations
 
+import faulthandler
 import logging
 import os
-import sys
+import re
+import tempfile
 import threading
 import weakref
 from typing import Dict, Optional, Set, Tuple, Union
@@ -43,18 +45,45 @@ _held_mutex = threading.Lock()
 _warned_unsupported: Set[str] = set()
 
 
+_DCP_PATHS = ("/torch/distributed/checkpoint/", "/ckptio/dcp/")
+_THREAD_HEADER = re.compile(r"^(?:Current thread|Thread) (0x[0-9a-fA-F]+)")
+
+
 def in_dcp_code(thread: Optional[threading.Thread]) -> bool:
     """True while `thread` is alive and runs code of
     torch.distributed.checkpoint or ckptio.dcp (i.e. a save or load is in
-    progress on it)."""
-    if thread is None or not thread.is_alive():
+    progress on it).
+
+    The other thread's stack is read by faulthandler, which walks the
+    interpreter's frames in C without creating frame objects or letting go
+    of the GIL. Walking ``sys._current_frames()`` through ``f_back`` from
+    Python instead lets that thread run (and pop the frames being read)
+    between two steps of the walk, which crashes CPython 3.11. Where the
+    dump is cut short (over 100 frames or threads) before the answer is
+    certain, the thread counts as in DCP code: its lock stays held rather
+    than being released under a save that still runs."""
+    if thread is None or not thread.is_alive() or thread.ident is None:
         return False
-    frame = sys._current_frames().get(thread.ident)
-    while frame is not None:
-        if str(frame.f_globals.get("__name__", "")).startswith(("torch.distributed.checkpoint", "ckptio.dcp")):
-            return True
-        frame = frame.f_back
-    return False
+    with tempfile.TemporaryFile() as f:
+        faulthandler.dump_traceback(f, all_threads=True)
+        f.seek(0)
+        text = f.read().decode("ascii", "replace")
+    found = cut = False
+    for line in text.splitlines():
+        header = _THREAD_HEADER.match(line)
+        if header:
+            if found:
+                return False
+            found = int(header.group(1), 16) == thread.ident
+            continue
+        if found:
+            if line.startswith("  File ") and any(p in line for p in _DCP_PATHS):
+                return True
+            if line.strip() == "...":
+                return True
+        elif line.strip() == "...":
+            cut = True
+    return cut and not found
 
 
 class DirectoryLock:
