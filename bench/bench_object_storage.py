@@ -29,7 +29,9 @@ torch.cuda.synchronize(); the methods are ckptio (ckptio.load(prefix, device=...
 safetensors.torch.load, then .to(device)) and local (ckptio.load of the same 4 shards from files in --dir, written
 there by ckptio.save: what the same load costs without the server). Every load's tensors are checked against the
 sums of the saved ones after the clock stops.
-Each method runs in a process of its own (its peak RSS is its alone); the best of --reps runs is kept.
+Each method runs in a process of its own (its peak RSS is its alone); the best of --reps runs is kept. What a run
+of a saving method wrote is deleted after its clock stopped, and the run's prefix at the end (its unfinished
+uploads aborted): a run leaves nothing on the server unless --keep is given.
 Columns: GB/s (10^9 bytes of tensor data per second), ratio to the S3-API ceiling of the same direction (measured
 before and after the methods, the best kept), peak RSS of the process and what of it the method added (over the
 interpreter, torch and the state dict it saves), the process's CPU seconds per GB, and the server's CPU seconds per
@@ -125,6 +127,25 @@ def url(*parts):
 
 def endpoint():
     return os.environ["AWS_ENDPOINT_URL"]
+
+
+OUTPUTS = ("bench-out-", "dcp-out-")  # the names the saving methods give what they write under the run's prefix
+
+
+def delete_under(prefix, only_outputs=False):
+    """Deletes the objects under s3://bucket/prefix/ (with only_outputs, those the saving methods wrote) and
+    aborts the unfinished uploads there, several requests in flight: a run writes gigabytes that would otherwise
+    stay on the server. Returns how many objects it deleted."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    import ckptio
+
+    keys = [e[0] for e in ckptio._ckptio.object_list(url(prefix) + "/") if not e[3]]  # keys from the bucket's root
+    doomed = [k for k in keys if not only_outputs or k[len(prefix) + 1:].startswith(OUTPUTS)]
+    with ThreadPoolExecutor(16) as pool:
+        list(pool.map(lambda k: ckptio._ckptio.object_delete(url(k)), doomed))
+    ckptio._ckptio.object_abort_uploads(url(prefix) + "/")
+    return len(doomed)
 
 
 # ---- the methods: each returns bytes moved ------------------------------------------------------------------
@@ -453,6 +474,9 @@ def main():
     ap.add_argument("--only", default="", help="comma-separated workloads or work:method pairs to run")
     ap.add_argument("--device", default="cpu", help="cpu, or cuda[:N]: the GPU mode (load_model alone)")
     ap.add_argument("--dir", default="/var/tmp", help="the GPU mode's local copy goes in a new directory here")
+    ap.add_argument("--keep", action="store_true",
+                    help="leave what the run wrote on the server (by default each method's output is deleted after "
+                    "it is measured, and the run's prefix at the end)")
     ap.add_argument("--one", nargs=3, metavar=("WORK", "METHOD", "PREFIX"), help=argparse.SUPPRESS)
     a = ap.parse_args()
     size = _common.parse_size(a.size)
@@ -463,6 +487,14 @@ def main():
         return
     prefix = f"bench-{uuid.uuid4().hex[:8]}"
     _common.log(f"preparing {size / MiB:.0f} MiB under s3://{bucket()}/{prefix} at {endpoint()}")
+    try:
+        measure(a, size, prefix)
+    finally:
+        if not a.keep:
+            _common.log(f"deleted {delete_under(prefix)} objects under s3://{bucket()}/{prefix}")
+
+
+def measure(a, size, prefix):
     prepare(prefix, size)
     ceil = ceiling(size, a.reps, "s3")
     if server_pids() and DEVICE == "cpu":  # Swift's own API: only scripts/s3_server.sh's server has it
@@ -481,6 +513,8 @@ def main():
                 r = subprocess.run([sys.executable, __file__, "--size", a.size, "--device", a.device, "--dir", a.dir,
                                     "--one", work, method, prefix],
                                    capture_output=True, text=True, timeout=1800)
+                if not a.keep:  # after the clock stopped: what this run wrote, a failed one's uploads too
+                    delete_under(prefix, only_outputs=True)
                 line = next((x for x in r.stdout.splitlines() if x.startswith("{")), None)
                 if line is None:
                     err = (r.stderr.strip().splitlines() or ["no output"])[-1][:400]

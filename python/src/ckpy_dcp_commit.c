@@ -538,7 +538,10 @@ static PyObject *mod_lock_release(PyObject *module, PyObject *capsule) {
     if (!box) return NULL;
     ckptio_dcp_lock *lock = box->lock;
     box->lock = NULL;
+    /* A lease's release is a GET and a DELETE: other threads (a commit's removal beside it) run meanwhile. */
+    Py_BEGIN_ALLOW_THREADS
     ckptio_dcp_lock_release(lock);
+    Py_END_ALLOW_THREADS
     Py_RETURN_NONE;
 }
 

@@ -550,6 +550,44 @@ def test_commit_round_trips_run_together(s3_prefix, tmp_path):
     assert len(_tokens(keys_under(url))) == 1
 
 
+def test_lease_released_beside_the_removal(s3_prefix, tmp_path):
+    """The lease's release (its GET and DELETE) runs beside the removal of the older save's objects, not after
+    it: it starts once the .metadata PUT was answered and the second check passed, and the save still returns
+    only when the lease is gone (the next saver finds the prefix free). The older data object's first DELETE
+    stalls 0.5 s, so "beside" does not depend on how fast a thread starts."""
+    from test_s3_files import Proxy, through
+
+    url = f"{s3_prefix}/ckpt"
+    g = torch.Generator().manual_seed(6)
+    sd = {f"w{i}": torch.randn(128, 128, generator=g) for i in range(4)}
+    save(sd, url)
+    time.sleep(2.1)  # older than the next lease by the server's whole seconds (listings round up)
+    proxy = Proxy(tmp_path, r"DELETE:\.distcp$:stall:0.5:1")
+    try:
+        through(proxy, lambda: save(sd, url))
+    finally:
+        proxy.kill()
+    log = [json.loads(line) for line in (tmp_path / "proxy.log").read_text().splitlines()]
+    lock = [e for e in log if e["target"].split("?")[0].endswith("/.ckptio-dcp.lock")]
+    metadata = [e for e in log if e["method"] == "PUT" and e["target"].endswith("/.metadata")]
+    data_deletes = [e for e in log if e["method"] == "DELETE" and e["target"].endswith(".distcp")]
+    release = [e for e in lock if e["method"] == "DELETE"]
+    checks = [e for e in lock if e["method"] == "GET" and metadata and metadata[0]["start"] <= e["start"]]
+    assert len(metadata) == 1 and len(release) == 1 and len(data_deletes) >= 2, log
+    assert "end" in release[0] and checks, log
+    second_check = checks[0]
+    # The protocol's order stands: the release after .metadata is in place and after the second check...
+    assert release[0]["start"] >= metadata[0]["end"] and release[0]["start"] >= second_check["end"], log
+    # ... and before the older data object's DELETE (stalled, then retried) was answered.
+    removal_end = max(e["end"] for e in data_deletes if "end" in e)
+    assert release[0]["start"] < removal_end, log
+    # The removal did not wait for the release either (the release holds no lock a removal needs).
+    assert min(e["start"] for e in data_deletes) < release[0]["end"], log
+    assert ".ckptio-dcp.lock" not in keys_under(url)
+    assert len(_tokens(keys_under(url))) == 1
+    save(sd, url, dir_busy="error")  # free at once
+
+
 def _tokens(names):
     """The save tokens of the data objects among `names` (__{rank}_{token}_{n}.distcp)."""
     return {n.split("_")[3] for n in names if n.startswith("__") and n.endswith(".distcp")}

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import logging
 import os
+import threading
 from typing import List, Optional
 
 from .. import _ckptio
@@ -33,6 +34,7 @@ class LeaseSteps:
         self.committed = False  # the .metadata is in place
         self.manifest: Optional[str] = None  # the manifest the commit writes (libckptio names it), once begun
         self._pending: Optional[_lock.PendingCheck] = None
+        self._releasing: Optional[threading.Thread] = None  # the lease's release, once begun
 
     def on_step(self, step: int, path: str, done: bool) -> None:
         """Called around every step of the commit (_ckptio.DCP_STEP_*) with
@@ -47,15 +49,32 @@ class LeaseSteps:
             self.committed = True
         elif step == _ckptio.DCP_STEP_LIST:
             self._start() if not done else self._wait()  # a check runs already: that one
+        elif step == _ckptio.DCP_STEP_REMOVE and not done:
+            self._release_started()
 
     def close(self) -> None:
-        """Waits for a check still running (the commit failed before it was waited for)."""
+        """Waits for a check still running (the commit failed before it was waited for) and for the lease's
+        release begun beside the removal."""
+        releasing, self._releasing = self._releasing, None
+        if releasing is not None:
+            releasing.join()
         pending, self._pending = self._pending, None
         if pending is not None:
             try:
                 pending.result()
             except Exception:  # noqa: BLE001 - the commit failed first; its error is the one raised
                 pass
+
+    def _release_started(self) -> None:
+        """The lease is released beside the removal of older saves' objects, not after it: .metadata is in place
+        and both checks passed, and the removal needs no lease any more, since it takes only objects older than
+        this lease that no metadata object names (a save that takes the lease next writes newer ones). Its GET and
+        DELETE thus add no round trips after the removal's; close() waits for them, so the save returns with the
+        prefix free as before."""
+        if self.lock is not None and self.lock.held:
+            self._releasing = threading.Thread(target=self.lock.release, name="ckptio-dcp-lease-release",
+                                               daemon=True)
+            self._releasing.start()
 
     def _start(self) -> None:
         if self.lock is not None and self.lock.held and self._pending is None:
