@@ -303,6 +303,18 @@ static void put_fixture(ckptio_engine *e, const char *dir) {
  * a larger one, the HEAD for an empty one (its GET answers 416); the bytes
  * are the object's; a replaced object read with the pinned ETag is E_STALE.
  * ckptio_dcp_open reads .metadata so: one GET, no HEAD. */
+typedef struct listed_etags {
+    char names[3][32], etags[3][128];
+} listed_etags;
+
+static int note_etag(void *user, const ckptio_object_info *info) {
+    listed_etags *l = user;
+    for (int i = 0; i < 3; i++)
+        if (!strcmp(strrchr(info->key, '/') + 1, l->names[i]))
+            snprintf(l->etags[i], sizeof l->etags[i], "%s", info->etag);
+    return 0;
+}
+
 static void test_open_window_requests(void) {
     ckptio_engine *e = s3_test_engine();
     const char *dir = s3_url("open-window");
@@ -321,6 +333,7 @@ static void test_open_window_requests(void) {
     request_log *g = calloc(1, sizeof *g);
     T_ASSERT(g);
     static const size_t heads[3] = {1, 0, 0}, gets[3] = {1, 1, 2};
+    char versions[3][128];
     for (int i = 0; i < 3; i++) {
         proxy_start(no_rules);
         ckptio_file *f;
@@ -348,9 +361,18 @@ static void test_open_window_requests(void) {
             T_ASSERT_MSG(ckptio_engine_execute_extents(e, CKPTIO_READ, &x, 1) == CKPTIO_E_STALE, "%s",
                          ckptio_last_error_message());
         }
+        snprintf(versions[i], sizeof versions[i], "%s", ckptio_file_version(f));
         T_OK(ckptio_file_close(f));
         proxy_stop("pass");
     }
+    /* ckptio_file_version: the ETag the reads named, the listing's on this
+     * server; the replaced object's is the version it was opened at. */
+    listed_etags l = {{{0}}, {{0}}};
+    memcpy(l.names, names, sizeof l.names);
+    T_OK(ckptio_object_list(e, in(dir, ""), "/", note_etag, &l));
+    for (int i = 0; i < 3; i++)
+        T_ASSERT_MSG(versions[i][0] == '"' && (i == 2) == (strcmp(versions[i], l.etags[i]) != 0),
+                     "%s: opened at %s, listed %s", names[i], versions[i], l.etags[i]);
     proxy_start(no_rules);
     ckptio_dcp *h;
     T_OK(ckptio_dcp_open(e, dir, &h));
