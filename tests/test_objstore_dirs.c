@@ -376,7 +376,7 @@ static void test_open_window_requests(void) {
     proxy_start(no_rules);
     ckptio_dcp *h;
     T_OK(ckptio_dcp_open(e, dir, &h));
-    read_requests(g, 1);
+    read_requests(g, 2);
     T_ASSERT_MSG(count_requests(g, "GET", "/.metadata") == 1 && count_requests(g, "HEAD", "/.metadata") == 0,
                  ".metadata: %zu GETs, %zu HEADs", count_requests(g, "GET", "/.metadata"),
                  count_requests(g, "HEAD", "/.metadata"));
@@ -385,6 +385,46 @@ static void test_open_window_requests(void) {
     free(g);
     free(data);
     free(got);
+    ckptio_engine_destroy(e);
+}
+
+/* ckptio_dcp_open of a prefix lists it beside the .metadata GET: its data
+ * objects open with the listed sizes and ETags, no HEAD, and one replaced
+ * after the listing fails its read E_STALE. Where the listing gives other
+ * ETags than the GETs (the proxy's etags action) each data object opens
+ * with its HEAD and the checkpoint reads whole. */
+static void test_dcp_open_lists_the_prefix(void) {
+    ckptio_engine *e = s3_test_engine();
+    const char *dir = s3_url("dcp-listed");
+    put_fixture(e, dir);
+    snprintf(upstream, sizeof upstream, "%s", getenv("AWS_ENDPOINT_URL"));
+    request_log *g = calloc(1, sizeof *g);
+    T_ASSERT(g);
+    const char *const no_rules[] = {NULL}, *const other_etags[] = {"GET:list-type=2:etags:100", NULL};
+    ckptio_dcp *h;
+    ckptio_dcp_verify_report r;
+    for (size_t lying = 0; lying < 2; lying++) {
+        proxy_start(lying ? other_etags : no_rules);
+        T_OK(ckptio_dcp_open(e, dir, &h));
+        T_OK(ckptio_dcp_verify(h, &r));
+        T_ASSERT(r.items > 0 && r.unhashed == 0);
+        T_OK(ckptio_dcp_close(h));
+        read_requests(g, 4);
+        T_ASSERT_MSG(count_requests(g, "GET", "list-type=2") == 1 && count_requests(g, "HEAD", ".distcp") == 2 * lying,
+                     "%s listing: %zu listings, %zu HEADs of data objects", lying ? "a lying" : "an honest",
+                     count_requests(g, "GET", "list-type=2"), count_requests(g, "HEAD", ".distcp"));
+        proxy_stop(lying ? "etags" : "pass");
+    }
+    T_OK(ckptio_dcp_open(e, dir, &h));
+    size_t len = 0;
+    unsigned char *data = t_read_file(t_data_path("dcp/sharded", DATA0), &len);
+    data[len - 10] ^= 1;
+    put(e, in(dir, DATA0), data, len);
+    free(data);
+    T_ASSERT(ckptio_dcp_verify(h, &r) == CKPTIO_E_STALE);
+    T_ASSERT_MSG(strstr(ckptio_last_error_message(), DATA0), "%s", ckptio_last_error_message());
+    T_OK(ckptio_dcp_close(h));
+    free(g);
     ckptio_engine_destroy(e);
 }
 
@@ -860,6 +900,7 @@ int main(void) {
     T_RUN(test_hf_prefix_requests);
     T_RUN(test_open_window_requests);
     T_RUN(test_dcp_reader);
+    T_RUN(test_dcp_open_lists_the_prefix);
     T_RUN(test_dcp_commit_steps);
     T_RUN(test_dcp_lease);
     T_RUN(test_dcp_lease_confirmed_later);
