@@ -8,8 +8,10 @@ training job does every N steps): the client CPU seconds per GB and GB/s of each
 Workloads (the same bytes each save, the same float32 tensors as bench_object_storage.py):
   model   4 safetensors shards under a new prefix, one ckptio.save after another
   dcp     a DCP checkpoint under a new prefix (ckptio.dcp.FileSystemWriter, one process)
-Both pass one ckptio.Engine to every save, as CheckpointManager does: the first save allocates the upload part
-buffers, the later ones take them from the engine's pool (docs/OBJECT_STORAGE.md, 3.). Each save's objects are
+  dcp-plain  the same with a new FileSystemWriter(prefix) per save and no engine= (the writers' shared engine,
+          docs/DCP.md "Engines")
+model and dcp pass one ckptio.Engine to every save, as CheckpointManager does: the first save allocates the
+upload part buffers, the later ones take them from the engine's pool (docs/OBJECT_STORAGE.md, 3.). Each save's objects are
 deleted after it is measured. Prints one line per save; the summary is the median of the saves after the first.
 Results: $OUT/object_resave.json (bench/_common.py).
 """
@@ -34,7 +36,7 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--size", default="256M", help="bytes of tensor data per save (default 256M)")
     ap.add_argument("--saves", type=int, default=4, help="saves per workload (default 4)")
-    ap.add_argument("--only", default="", help="model or dcp (default both)")
+    ap.add_argument("--only", default="", help="model, dcp or dcp-plain (default all)")
     a = ap.parse_args()
     size = _common.parse_size(a.size)
 
@@ -54,7 +56,7 @@ def main():
     sd = {f"layer.{s}.{t}": torch.randn(n, generator=g) for s in range(4) for t in range(4)}
     names = sorted(sd)
     results = []
-    for work in ("model", "dcp"):
+    for work in ("model", "dcp", "dcp-plain"):
         if a.only and a.only != work:
             continue
         engine = ckptio.Engine()
@@ -66,8 +68,10 @@ def main():
                 for s in range(4):
                     ckptio.save({k: sd[k] for k in names[s * 4:(s + 1) * 4]}, f"{prefix}/model-{s + 1}.safetensors",
                                 engine=engine)
-            else:
+            elif work == "dcp":
                 dcp.save(sd, storage_writer=FileSystemWriter(prefix, engine=engine), no_dist=True)
+            else:
+                dcp.save(sd, storage_writer=FileSystemWriter(prefix), no_dist=True)
             wall, cpu = time.perf_counter() - t0, cpu_self() - c0
             rows.append({"save": i, "GBps": size / 1e9 / wall, "cpu_s_per_GB": cpu / (size / 1e9)})
             _common.log(work, rows[-1])
@@ -80,7 +84,7 @@ def main():
                         "later_GBps": statistics.median(r["GBps"] for r in later)})
         del engine
     for r in results:
-        print(f"{r['work']:6s} first save {r['first_cpu_s_per_GB']:.2f} CPU s/GB; later saves (median) "
+        print(f"{r['work']:9s} first save {r['first_cpu_s_per_GB']:.2f} CPU s/GB; later saves (median) "
               f"{r['later_cpu_s_per_GB']:.2f} CPU s/GB, {r['later_GBps']:.3f} GB/s")
     meta = _common.machine()
     meta.update({"size": size, "saves": a.saves, "endpoint": os.environ.get("AWS_ENDPOINT_URL", ""),

@@ -36,10 +36,16 @@ def test_per_thread_copy_ahead_sets_staging_per_worker(tmp_path):
 def test_small_copy_ahead_bounds_staging_and_round_trips(tmp_path):
     sd = {"w": torch.randn(1 << 20), "v": torch.arange(1000)}  # 4 MiB
     w = cdcp.FileSystemWriter(tmp_path / "c", per_thread_copy_ahead=1 << 20)
-    w.engine.set("direct", "on")  # unaligned host memory bounces through staging
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        dcp.save(sd, storage_writer=w, no_dist=True)
+    # Unaligned host memory bounces through staging. The engine is the
+    # process's shared one for this configuration: the setting is put back.
+    direct = w.engine.get("direct")
+    w.engine.set("direct", "on")
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            dcp.save(sd, storage_writer=w, no_dist=True)
+    finally:
+        w.engine.set("direct", direct)
     stats = w.engine.stats()
     assert stats["staging_peak"] <= w.engine.get("staging_bytes")
     out = {"w": torch.zeros(1 << 20), "v": torch.zeros(1000, dtype=torch.int64)}

@@ -41,7 +41,7 @@ from torch.futures import Future
 from .. import _ckptio, _snapshot
 from .._ckptio import Engine
 from .._errors import CkptioError
-from . import _commit, _lease_steps, _lock, _objects
+from . import _commit, _engines, _lease_steps, _lock, _objects
 from ._data_files import DataFiles, HashedStorageInfo
 from ._staging import AsyncStaging
 from ._zstd import ZSTD_DESCRIPTOR, descriptor_of
@@ -70,8 +70,11 @@ class FileSystemWriter(DataFiles, AsyncStaging, _TorchFileSystemWriter):
 
     The constructor takes torch's options with torch's meaning, plus:
 
-    * ``engine``: a :class:`ckptio.Engine` (default: a private one; its
-      ``sync`` setting follows ``sync_files``).
+    * ``engine``: a :class:`ckptio.Engine` (default: the process's writer
+      engine for this ``sync_files`` and ``per_thread_copy_ahead``, shared by
+      every writer made without ``engine=`` and kept for the process's
+      life; its ``sync`` setting follows ``sync_files``. Pass
+      ``engine=ckptio.Engine()`` for a private one).
     * ``checksums`` (default True): record the XXH3-64 of every item in a
       manifest beside ``.metadata`` (see :func:`ckptio.dcp.verify`).
     * ``crc`` (default False): real CRC-32s inside torch.save items (CRC 0,
@@ -169,14 +172,10 @@ class FileSystemWriter(DataFiles, AsyncStaging, _TorchFileSystemWriter):
         if len(self._descriptors) > 1:
             raise ValueError("at most one zstd transform can be applied")
         if engine is None:
-            engine = Engine(sync=1 if sync_files else 0)
-            if per_thread_copy_ahead != 10_000_000:
-                # torch: bytes copied ahead from the GPU per writer thread. Here
-                # GPU bytes move through the engine's pinned staging buffers, one
-                # per worker: per_thread_copy_ahead becomes the staging per worker.
-                workers = max(int(engine.get("threads")), 1)
-                lo, hi = Engine.bounds("staging_bytes")
-                engine.set("staging_bytes", min(max(int(per_thread_copy_ahead) * workers, lo), hi))
+            # One engine per configuration for the whole process (_engines.py):
+            # a new writer per save reuses its threads and memory.
+            engine = _engines.writer_engine(sync_files, None if per_thread_copy_ahead == 10_000_000
+                                            else per_thread_copy_ahead)
         self.engine = engine
         self._use_store(path)
         self.checksums = checksums
