@@ -18,6 +18,8 @@ ACTION, the rest pass again. Actions:
     lose            forward (the server acts on it), then close without passing the answer on
     answer:FILE     answer 200 with FILE's bytes as the body (application/xml; never forwarded): a listing
                     or any other document a hostile or broken server might send
+    etags           forward, then pass the answer on with every <ETag> in its body changed (each hex digit
+                    shifted by one): a server whose listings give another ETag than its GETs and HEADs do
 Each request is logged to --log as a JSON line {"method", "target", "action", "range", "start"} (its
 Range header, "" when none; start in time.monotonic() seconds); one forwarded untouched (action "pass")
 is logged once answered, with "end" too, so that the log shows which requests were in flight together. Standard library only; exits after --max-seconds (default 300) whatever happens.
@@ -126,6 +128,28 @@ def read_response(up, method):
         rest += data
 
 
+SHIFTED = str.maketrans("0123456789abcdefABCDEF", "123456789abcdef0BCDEFA")
+
+
+def other_etags(head, body):
+    """The answer with each <ETag> of its body changed, framed with a Content-Length."""
+    if (header(head, b"transfer-encoding") or b"").lower() == b"chunked":
+        plain, rest = b"", body
+        while True:
+            size_line, rest = rest.split(b"\r\n", 1)
+            n = int(size_line.split(b";")[0], 16)
+            if n == 0:
+                break
+            plain, rest = plain + rest[:n], rest[n + 2:]
+        body = plain
+    body = re.sub(rb"<ETag>(.*?)</ETag>",
+                  lambda m: b"<ETag>" + m.group(1).decode("latin-1").translate(SHIFTED).encode("latin-1")
+                  + b"</ETag>", body)
+    lines = [line for line in head.split(b"\r\n") if line and
+             line.split(b":")[0].strip().lower() not in (b"content-length", b"transfer-encoding")]
+    return b"\r\n".join(lines + [b"Content-Length: %d" % len(body)]) + b"\r\n\r\n", body
+
+
 class Handler(socketserver.BaseRequestHandler):
     def send_error_doc(self, status, reason, body):
         self.request.sendall(b"HTTP/1.1 %d %s\r\nContent-Type: application/xml\r\nContent-Length: %d\r\n\r\n"
@@ -183,6 +207,8 @@ class Handler(socketserver.BaseRequestHandler):
                     sock.sendall(rhead + rbody[:rule.arg])
                     sock.close()
                     return
+                if action == "etags":
+                    rhead, rbody = other_etags(rhead, rbody)
                 sock.sendall(rhead + rbody)
                 if action == "pass":
                     self.server.log(dict(entry, end=time.monotonic()))

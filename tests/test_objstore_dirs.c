@@ -303,6 +303,18 @@ static void put_fixture(ckptio_engine *e, const char *dir) {
  * a larger one, the HEAD for an empty one (its GET answers 416); the bytes
  * are the object's; a replaced object read with the pinned ETag is E_STALE.
  * ckptio_dcp_open reads .metadata so: one GET, no HEAD. */
+typedef struct listed_etags {
+    char names[3][32], etags[3][128];
+} listed_etags;
+
+static int note_etag(void *user, const ckptio_object_info *info) {
+    listed_etags *l = user;
+    for (int i = 0; i < 3; i++)
+        if (!strcmp(strrchr(info->key, '/') + 1, l->names[i]))
+            snprintf(l->etags[i], sizeof l->etags[i], "%s", info->etag);
+    return 0;
+}
+
 static void test_open_window_requests(void) {
     ckptio_engine *e = s3_test_engine();
     const char *dir = s3_url("open-window");
@@ -321,6 +333,7 @@ static void test_open_window_requests(void) {
     request_log *g = calloc(1, sizeof *g);
     T_ASSERT(g);
     static const size_t heads[3] = {1, 0, 0}, gets[3] = {1, 1, 2};
+    char versions[3][128];
     for (int i = 0; i < 3; i++) {
         proxy_start(no_rules);
         ckptio_file *f;
@@ -348,13 +361,22 @@ static void test_open_window_requests(void) {
             T_ASSERT_MSG(ckptio_engine_execute_extents(e, CKPTIO_READ, &x, 1) == CKPTIO_E_STALE, "%s",
                          ckptio_last_error_message());
         }
+        snprintf(versions[i], sizeof versions[i], "%s", ckptio_file_version(f));
         T_OK(ckptio_file_close(f));
         proxy_stop("pass");
     }
+    /* ckptio_file_version: the ETag the reads named, the listing's on this
+     * server; the replaced object's is the version it was opened at. */
+    listed_etags l = {{{0}}, {{0}}};
+    memcpy(l.names, names, sizeof l.names);
+    T_OK(ckptio_object_list(e, in(dir, ""), "/", note_etag, &l));
+    for (int i = 0; i < 3; i++)
+        T_ASSERT_MSG(versions[i][0] == '"' && (i == 2) == (strcmp(versions[i], l.etags[i]) != 0),
+                     "%s: opened at %s, listed %s", names[i], versions[i], l.etags[i]);
     proxy_start(no_rules);
     ckptio_dcp *h;
     T_OK(ckptio_dcp_open(e, dir, &h));
-    read_requests(g, 1);
+    read_requests(g, 2);
     T_ASSERT_MSG(count_requests(g, "GET", "/.metadata") == 1 && count_requests(g, "HEAD", "/.metadata") == 0,
                  ".metadata: %zu GETs, %zu HEADs", count_requests(g, "GET", "/.metadata"),
                  count_requests(g, "HEAD", "/.metadata"));
@@ -363,6 +385,46 @@ static void test_open_window_requests(void) {
     free(g);
     free(data);
     free(got);
+    ckptio_engine_destroy(e);
+}
+
+/* ckptio_dcp_open of a prefix lists it beside the .metadata GET: its data
+ * objects open with the listed sizes and ETags, no HEAD, and one replaced
+ * after the listing fails its read E_STALE. Where the listing gives other
+ * ETags than the GETs (the proxy's etags action) each data object opens
+ * with its HEAD and the checkpoint reads whole. */
+static void test_dcp_open_lists_the_prefix(void) {
+    ckptio_engine *e = s3_test_engine();
+    const char *dir = s3_url("dcp-listed");
+    put_fixture(e, dir);
+    snprintf(upstream, sizeof upstream, "%s", getenv("AWS_ENDPOINT_URL"));
+    request_log *g = calloc(1, sizeof *g);
+    T_ASSERT(g);
+    const char *const no_rules[] = {NULL}, *const other_etags[] = {"GET:list-type=2:etags:100", NULL};
+    ckptio_dcp *h;
+    ckptio_dcp_verify_report r;
+    for (size_t lying = 0; lying < 2; lying++) {
+        proxy_start(lying ? other_etags : no_rules);
+        T_OK(ckptio_dcp_open(e, dir, &h));
+        T_OK(ckptio_dcp_verify(h, &r));
+        T_ASSERT(r.items > 0 && r.unhashed == 0);
+        T_OK(ckptio_dcp_close(h));
+        read_requests(g, 4);
+        T_ASSERT_MSG(count_requests(g, "GET", "list-type=2") == 1 && count_requests(g, "HEAD", ".distcp") == 2 * lying,
+                     "%s listing: %zu listings, %zu HEADs of data objects", lying ? "a lying" : "an honest",
+                     count_requests(g, "GET", "list-type=2"), count_requests(g, "HEAD", ".distcp"));
+        proxy_stop(lying ? "etags" : "pass");
+    }
+    T_OK(ckptio_dcp_open(e, dir, &h));
+    size_t len = 0;
+    unsigned char *data = t_read_file(t_data_path("dcp/sharded", DATA0), &len);
+    data[len - 10] ^= 1;
+    put(e, in(dir, DATA0), data, len);
+    free(data);
+    T_ASSERT(ckptio_dcp_verify(h, &r) == CKPTIO_E_STALE);
+    T_ASSERT_MSG(strstr(ckptio_last_error_message(), DATA0), "%s", ckptio_last_error_message());
+    T_OK(ckptio_dcp_close(h));
+    free(g);
     ckptio_engine_destroy(e);
 }
 
@@ -838,6 +900,7 @@ int main(void) {
     T_RUN(test_hf_prefix_requests);
     T_RUN(test_open_window_requests);
     T_RUN(test_dcp_reader);
+    T_RUN(test_dcp_open_lists_the_prefix);
     T_RUN(test_dcp_commit_steps);
     T_RUN(test_dcp_lease);
     T_RUN(test_dcp_lease_confirmed_later);

@@ -88,7 +88,10 @@ typedef struct ckptio_dcp_bytes_info {
  * their tensor, sizes that overflow, a relative_path that is absolute or
  * has '/' or "..", or a tensor chunk without storage; CKPTIO_E_UNSUPPORTED
  * for a transform other than stream.zstd/1, or more than one (the message
- * says which, or how many). Data files are not opened yet.
+ * says which, or how many). Data files are not opened yet. For an s3://
+ * DIR the prefix is listed beside the .metadata GET: a data object listed
+ * with its size and ETag opens later without a HEAD (provided the listing
+ * gives .metadata the ETag its GET answered with).
  * The engine is used for every later read and must outlive the handle. */
 CKPTIO_API ckptio_status ckptio_dcp_open(ckptio_engine *engine, const char *dir, ckptio_dcp **out);
 

@@ -112,6 +112,15 @@ CKPTIO_API const char *ckptio_format_name(ckptio_format format);
 CKPTIO_API ckptio_status ckptio_file_open_window(ckptio_engine *engine, const char *path, void *buf, uint64_t len,
                                                  uint64_t *got, ckptio_file **out);
 
+/*! ckptio_file_version() :
+ * The version every read of `file` is pinned to: for an s3:// object open
+ * for reading, the ETag (as the server sent it) its GETs name in If-Match;
+ * "" for a local file or an object open for writing. A reader compares it
+ * with what a listing gave for the same object to tell whether that
+ * listing's ETags are the server's GET ETags (some gateways and encryption
+ * modes list others). Valid while `file` is open. */
+CKPTIO_API const char *ckptio_file_version(const ckptio_file *file);
+
 /*! ckptio_inherit_mode() :
  * For writers that replace `path` by renaming a file of their own over it
  * (ckptio_file_commit does this itself): if `path` names a regular file

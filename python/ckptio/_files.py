@@ -25,16 +25,23 @@ FIRST_WINDOW = 1 << 20
 def read_file(path, engine=None) -> bytes:
     """The whole content of the regular file `path`, read through `engine`
     (default: the shared default engine)."""
+    return read_file_pinned(path, engine)[0]
+
+
+def read_file_pinned(path, engine=None) -> tuple:
+    """(content, version) of the regular file `path`: version is the ETag
+    every GET of an object named (ckptio_file_version), "" for a local file."""
     head = bytearray(FIRST_WINDOW)
     f, got = _ckptio.file_open_window(os.fspath(path), _address(head), FIRST_WINDOW, engine)
     with f:
         size = f.size()
+        version = f.version()
         if size <= got:
-            return bytes(memoryview(head)[:size])
+            return bytes(memoryview(head)[:size]), version
         buf = bytearray(size)
         buf[:got] = memoryview(head)[:got]
         f.read([(_address(buf) + got, size - got, got, _ckptio.MEM_HOST)])
-    return bytes(buf)
+    return bytes(buf), version
 
 
 def _address(buf: bytearray) -> int:

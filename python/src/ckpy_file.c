@@ -7,6 +7,7 @@
 #include "ckpy_file.h"
 #include "ckpy_parts.h"
 
+#include <stdio.h>
 #include <string.h>
 
 typedef struct ckpy_file {
@@ -105,6 +106,21 @@ static PyObject *file_size(PyObject *obj, PyObject *unused) {
     return PyLong_FromUnsignedLongLong(size);
 }
 
+typedef struct version_out {
+    char etag[160];
+} version_out;
+
+static ckptio_status do_version(ckpy_handle *h, void *arg) {
+    snprintf(((version_out *)arg)->etag, sizeof ((version_out *)arg)->etag, "%s", ckptio_file_version(h->handle));
+    return CKPTIO_OK;
+}
+
+static PyObject *file_version(PyObject *obj, PyObject *unused) {
+    version_out v = {{0}};
+    if (ckpy_handle_run((ckpy_handle *)obj, do_version, &v) < 0) return NULL;
+    return PyUnicode_DecodeLatin1(v.etag, (Py_ssize_t)strlen(v.etag), NULL);
+}
+
 static ckptio_status do_truncate(ckpy_handle *h, void *arg) {
     return ckptio_file_truncate(h->handle, *(uint64_t *)arg);
 }
@@ -159,6 +175,8 @@ static PyMethodDef file_methods[] = {
      "one plan on the engine, GIL released. Reading past the end of the file fails."},
     {"write", file_write, METH_O, "write(extents): memory -> file, same extents as read()."},
     {"size", file_size, METH_NOARGS, "size() -> int: current size in bytes."},
+    {"version", file_version, METH_NOARGS,
+     "version() -> str: the ETag an object's reads name in If-Match (\"\" for a local file)."},
     {"truncate", file_truncate, METH_O, "truncate(size): sets the file's size."},
     {"commit", file_commit, METH_NOARGS, "commit(): atomic writes: fsync, rename over the final name."},
     {"is_direct", file_is_direct, METH_NOARGS, "is_direct() -> bool: whether O_DIRECT is in use."},

@@ -90,20 +90,36 @@ static PyObject *mod_object_stat(PyObject *m, PyObject *args, PyObject *kwargs) 
     return Py_BuildValue("(sK)", kinds[c.kind], (unsigned long long)c.size);
 }
 
+/* The whole object: its open is the GET of its first MiB (no HEAD), which
+ * is all of most objects read this way; a larger one's rest is one more
+ * read once its size was checked against max. */
 static ckptio_status do_read(ckptio_engine *e, void *arg) {
     object_call *c = arg;
+    const uint64_t window = c->max < (1u << 20) ? (c->max ? c->max : 1) : (1u << 20);
+    char *head = malloc((size_t)window);
+    if (!head) {
+        c->nomem = 1;
+        return CKPTIO_OK;
+    }
     ckptio_file *f = NULL;
-    ckptio_status st = ckptio_file_open(e, c->url, CKPTIO_OPEN_READ, &f);
-    if (st != CKPTIO_OK) return st;
+    uint64_t got = 0;
+    ckptio_status st = ckptio_file_open_window(e, c->url, head, window, &got, &f);
+    if (st != CKPTIO_OK) {
+        free(head);
+        return st;
+    }
     st = ckptio_file_size(f, &c->size);
     if (st == CKPTIO_OK && c->size > c->max) c->nomem = 2; /* too large: said by the caller */
-    else if (st == CKPTIO_OK && !(c->buf = malloc(c->size ? (size_t)c->size : 1))) c->nomem = 1;
+    else if (st == CKPTIO_OK && c->size <= got) c->buf = head, head = NULL;
+    else if (st == CKPTIO_OK && !(c->buf = malloc((size_t)c->size))) c->nomem = 1;
     if (c->nomem) c->size = 0;
-    if (st == CKPTIO_OK && c->size) {
-        const ckptio_extent x = {.file = f, .file_offset = 0, .length = c->size, .memory = c->buf,
+    if (st == CKPTIO_OK && c->size > got) {
+        memcpy(c->buf, head, (size_t)got);
+        const ckptio_extent x = {.file = f, .file_offset = got, .length = c->size - got, .memory = c->buf + got,
                                  .mem_kind = CKPTIO_MEM_HOST};
         st = ckptio_engine_execute_extents(e, CKPTIO_READ, &x, 1);
     }
+    free(head);
     ckptio_file_close(f);
     return st;
 }

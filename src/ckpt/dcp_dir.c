@@ -466,7 +466,7 @@ static ckptio_status collect_files(ckptio_dcp *h) {
 
 /* ---- open / close ---------------------------------------------------------------------- */
 
-static ckptio_status read_metadata(ckptio_dcp *h, void **data, size_t *len) {
+static ckptio_status read_metadata(ckptio_dcp *h, void **data, size_t *len, char version[static 160]) {
     ckptio_file *f = NULL;
     uint64_t size = 0, got = 0;
     /* Opened with its first bytes (in object storage one GET, no HEAD); only
@@ -479,6 +479,7 @@ static ckptio_status read_metadata(ckptio_dcp *h, void **data, size_t *len) {
         ckptio__free(buf);
         return st;
     }
+    snprintf(version, 160, "%s", ckptio_file_version(f));
     if ((st = ckptio_file_size(f, &size)) != CKPTIO_OK) goto out;
     if (size > METADATA_MAX) {
         st = MDFAIL(CKPTIO_E_FORMAT, h, NULL, "%llu bytes is too large for a .metadata file", (unsigned long long)size);
@@ -520,7 +521,10 @@ static ckptio_status open_handle(ckptio_engine *engine, const char *dir, const v
         st = CKPTIO_FAIL(CKPTIO_E_NOMEM, "out of memory");
         goto out;
     }
-    if (!bytes && (st = read_metadata(h, &data, &len)) != CKPTIO_OK) goto out;
+    char version[160] = "";
+    if (!bytes && (st = ckptio__dcp_listing_start(engine, dir, &h->listing)) != CKPTIO_OK) goto out;
+    if (!bytes && (st = read_metadata(h, &data, &len, version)) != CKPTIO_OK) goto out;
+    ckptio__dcp_listing_finish(h->listing, ".metadata", version);
     if ((st = ckptio_pickle_parse_dcp_metadata(bytes ? bytes : data, len, h->md_path, &p)) != CKPTIO_OK) goto out;
     const ckptio_value *root = NULL;
     ckptio_pickle_root(p, &root);
@@ -573,6 +577,7 @@ ckptio_status ckptio_dcp_close(ckptio_dcp *h) {
     if (!h) return CKPTIO_OK;
     for (size_t i = 0; i < h->nblobs; i++) ckptio_dcp_header_close(h->blobs[i].header);
     ckptio__free(h->blobs);
+    ckptio__dcp_listing_free(h->listing);
     for (size_t i = 0; h->handles && i < h->nfiles; i++) ckptio_file_close(h->handles[i]);
     ckptio__free(h->handles);
     ckptio__free(h->file_sizes);
@@ -640,7 +645,10 @@ ckptio_status ckptio__dcp_file(ckptio_dcp *h, size_t index, ckptio_file **file, 
     }
     if (!h->handles[index]) {
         ckptio_file *f = NULL;
-        ckptio_status st = ckptio_dcp_file_open(h->engine, h->dir, h->files[index], &f);
+        uint64_t listed_size = 0;
+        const char *etag = NULL; /* from the prefix's listing: no HEAD */
+        ckptio__dcp_listing_get(h->listing, h->files[index], &listed_size, &etag);
+        ckptio_status st = ckptio_dcp_file_open_listed(h->engine, h->dir, h->files[index], listed_size, etag, &f);
         if (st != CKPTIO_OK) return st;
         if ((st = ckptio_file_size(f, &h->file_sizes[index])) != CKPTIO_OK) {
             ckptio_file_close(f);

@@ -52,7 +52,19 @@ struct ckptio_dcp {
     char *manifest_name;        /* from the save token, or NULL */
     ckptio__dcp_blob *blobs;
     size_t nblobs;
+    struct ckptio__dcp_listing *listing; /* objects: the prefix's sizes and ETags (dcp_listing.c), or NULL */
 };
+
+/* dcp_listing.c: a listing of the objects under an s3:// `dir` started on a
+ * thread of its own (*out NULL for a local dir, or where it cannot start);
+ * _finish waits for it and keeps its entries only if it lists `witness`
+ * with `etag` (the version a GET of it answered with); _get: the size and
+ * ETag of `name` as listed, false when unknown; _free waits for it too. */
+typedef struct ckptio__dcp_listing ckptio__dcp_listing;
+ckptio_status ckptio__dcp_listing_start(ckptio_engine *engine, const char *dir, ckptio__dcp_listing **out);
+void ckptio__dcp_listing_finish(ckptio__dcp_listing *l, const char *witness, const char *etag);
+bool ckptio__dcp_listing_get(const ckptio__dcp_listing *l, const char *name, uint64_t *size, const char **etag);
+void ckptio__dcp_listing_free(ckptio__dcp_listing *l);
 
 /* The table of a .metadata held in memory (`dir` names the directory in
  * messages): what ckptio_dcp_open() builds, without an engine, so the

@@ -119,6 +119,10 @@ ckptio_status ckptio_file_open(ckptio_engine *engine, const char *path, unsigned
     return ckptio__file_open_created(engine, path, flags, 0666, out);
 }
 
+const char *ckptio_file_version(const ckptio_file *file) {
+    return file && file->object ? ckptio__object_version(file) : "";
+}
+
 ckptio_status ckptio_file_open_window(ckptio_engine *engine, const char *path, void *buf, uint64_t len, uint64_t *got,
                                      ckptio_file **out) {
     CKPTIO_RETURN_IF(!got || (!buf && len) || !out, CKPTIO_E_INVAL,

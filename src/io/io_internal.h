@@ -568,6 +568,9 @@ ckptio_status ckptio__object_open_prefix(ckptio_engine *engine, const char *path
 ckptio_status ckptio__object_open_listed(ckptio_engine *engine, const char *path, uint64_t size, const char *etag,
                                          ckptio_file **out);
 
+/* The ETag an object open for reading is pinned to ("" when written). */
+const char *ckptio__object_version(const ckptio_file *f);
+
 /* ckptio_file_size, _truncate, _commit and _close of an object file. */
 ckptio_status ckptio__object_size(ckptio_file *f, uint64_t *out);
 ckptio_status ckptio__object_truncate(ckptio_file *f, uint64_t size);

@@ -239,6 +239,8 @@ ckptio_status ckptio__object_open_listed(ckptio_engine *engine, const char *path
     return object_open(engine, path, CKPTIO_OPEN_READ, NULL, 0, false, NULL, etag, size, out);
 }
 
+const char *ckptio__object_version(const ckptio_file *f) { return f->object->write ? "" : f->object->etag; }
+
 ckptio_status ckptio__object_size(ckptio_file *f, uint64_t *out) {
     *out = f->object->write ? ckptio__s3_upload_size(f->object->upload) : f->object->size;
     return CKPTIO_OK;

@@ -30,8 +30,8 @@ def save(sd, url):
     dcp.save(sd, storage_writer=FileSystemWriter(url, thread_count=3), no_dist=True)
 
 
-def load_through_proxy(tmp_path, url, sd):
-    proxy = Proxy(tmp_path)
+def load_through_proxy(tmp_path, url, sd, *rules):
+    proxy = Proxy(tmp_path, *rules)
     out = {k: torch.zeros_like(v) for k, v in sd.items()}
     try:
         through(proxy, lambda: dcp.load(out, storage_reader=FileSystemReader(url), no_dist=True))
@@ -87,6 +87,22 @@ def test_a_data_object_replaced_after_the_listing_is_stale(s3_prefix, monkeypatc
     failure = failure[0] if isinstance(failure, tuple) else failure
     assert replaced and isinstance(failure, ckptio.CkptioError), repr(failure)
     assert failure.status_name == "E_STALE" and replaced[0] in str(failure), str(failure)
+
+
+def test_a_listing_with_other_etags_than_the_gets_opens_with_heads(s3_prefix, tmp_path):
+    """A server whose listings give other ETags than its GETs (some gateways, encryption modes): the
+    listing's entry for .metadata does not name the ETag its GET answered with, so no listed ETag is
+    used (every data GET naming one would fail E_STALE): each data object opens with its HEAD and the
+    load is whole."""
+    sd = state(4)
+    url = f"{s3_prefix}/ckpt"
+    save(sd, url)
+    out, log = load_through_proxy(tmp_path, url, sd, "GET:list-type=2:etags:100")
+    for k in sd:
+        assert torch.equal(out[k], sd[k]), k
+    assert [e["action"] for e in log if "list-type" in e["target"]] == ["etags"], log
+    heads = sorted(e["target"].split("?")[0].rsplit("/", 1)[-1] for e in log if e["method"] == "HEAD")
+    assert len(heads) == 3 and all(h.endswith(".distcp") for h in heads), heads
 
 
 def test_an_unlistable_prefix_opens_with_heads(s3_prefix, monkeypatch):

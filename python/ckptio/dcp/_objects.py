@@ -105,7 +105,10 @@ class PrefixListing:
     (ckptio_dcp_file_open_listed; its reads name the listed ETag in If-Match, so an object replaced
     since fails with E_STALE as after a HEAD), which takes the HEAD's round trip off the load.
     The listing stops after LIMIT entries; a name not among them, or a listing that failed (no
-    permission to list), opens with its HEAD as before."""
+    permission to list), opens with its HEAD as before. Its ETags are used only if it gives the
+    ETag that the GET read alongside answered with (``witness``): a server whose listings give
+    other ETags than its GETs (some gateways, encryption modes) would fail every data GET with
+    E_STALE; there every data object opens with its HEAD."""
 
     LIMIT = 1000
 
@@ -113,6 +116,7 @@ class PrefixListing:
         import threading
 
         self._found: dict = {}
+        self._witness: Optional[tuple] = None
         self._thread = threading.Thread(target=self._run, args=(directory, engine), daemon=True)
         self._thread.start()
 
@@ -129,7 +133,17 @@ class PrefixListing:
             if not is_prefix and etag:
                 self._found[key.rpartition("/")[2]] = (size, etag)
 
+    def witness(self, name: str, etag: str) -> None:
+        """The object `name` was read with `etag` meanwhile: the listing's ETags are trusted only
+        if it lists `name` with that ETag."""
+        self._witness = (name, etag)
+
     def get(self, name: str) -> Optional[tuple]:
         """(size, etag) of the object `name` as listed, or None."""
         self._thread.join()
+        if self._witness is not None:
+            listed = self._found.get(self._witness[0])
+            if listed is None or listed[1] != self._witness[1]:
+                self._found = {}
+            self._witness = None
         return self._found.get(name)

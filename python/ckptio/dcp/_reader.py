@@ -307,7 +307,9 @@ class FileSystemReader(_TorchFileSystemReader):
         directory = os.fspath(self.path)
         self._listing = _objects.PrefixListing(directory, self.engine) if _ckptio.path_is_object(directory) else None
         # Through libckptio: a FIFO or device under the name is refused at once, never waited on.
-        data = _files.read_file(os.fspath(path), self.engine)
+        data, version = _files.read_file_pinned(os.fspath(path), self.engine)
+        if self._listing is not None:
+            self._listing.witness(os.fspath(path).rpartition("/")[2], version)
         metadata = metadata_from_bytes(data, os.fspath(path), whole=rank is None)
         if getattr(metadata, "storage_meta", None) is None:
             from torch.distributed.checkpoint.metadata import StorageMeta
