@@ -11,15 +11,7 @@
  *
  * File I/O: the pipeline is the GPU stage of the engine's executor. Each
  * worker moves its windows' file bytes through its own queue of the
- * engine's I/O backend (ckptio__io_queue_create, as the host workers do:
- * pread, or an io_uring ring per worker with no lock shared between
- * workers), built with the same rules (ckptio__file_op_init: O_DIRECT when
- * aligned, the read policy), counted the same way (ckptio__io_op_count:
- * extent bytes, not padding or holes) and failing with the same message
- * shape. So faults injected into the backends hit GPU plans where they hit
- * host plans. A window's two or three operations (aligned body, buffered
- * head and tail) are in flight together on io_uring, one after the other
- * on pread, where the common window is a single pread into the slot.
+ * engine's I/O backend, as the host workers do (gpu_file_stage.c).
  * In BACKEND=AUTO the stage uses pread, the backend the GPU loads were
  * tuned with (docs/GPU.md#file-stage); BACKEND=io_uring or pread applies as
  * set.
@@ -43,10 +35,10 @@
 #include <string.h>
 
 #define ALIGN ((uint64_t)CKPTIO_DIRECT_ALIGN)
-#define WINDOW_OPS_MAX 3         /* file operations of one window: head, body, tail */
 
 typedef ckptio__gpu_run run;       /* the plan's (gpu_windows.h), by shorter names */
 typedef ckptio__gpu_window window;
+typedef ckptio__gpu_file_stage file_stage;
 
 /* The device allocation an extent's memory starts in (gpu_device_range.h):
  * rows joined into one pitched copy all lie in one (strided_run). */
@@ -109,201 +101,6 @@ static ckptio_status annotate(ckptio_status status, const ckptio_file *file, uin
 }
 
 /* ---- device side ------------------------------------------------------------- */
-
-/* Walks the extents that overlap window `w`: start with *k = w->first;
- * each call gives the next extent's plan index and its part [*lo, *hi) of
- * the window, false when none is left. */
-static bool next_piece(const pipe *p, const window *w, size_t *k, size_t *idx, uint64_t *lo, uint64_t *hi) {
-    const run *rn = &p->plan.runs[w->run];
-    for (; *k < rn->first + rn->count; (*k)++) {
-        const ckptio_extent *e = &p->plan.ext[p->plan.order[*k]];
-        if (e->file_offset >= w->end) return false;
-        const uint64_t eend = e->file_offset + e->length;
-        *lo = e->file_offset > w->start ? e->file_offset : w->start;
-        *hi = eend < w->end ? eend : w->end;
-        if (*hi > *lo) {
-            *idx = p->plan.order[(*k)++];
-            return true;
-        }
-    }
-    return false;
-}
-
-/* ---- file side: the worker's queue of the engine's I/O backend ------------- */
-
-/* One worker's file stage for one run: its queue and its counters, added
- * to the engine's once, when the worker ends. */
-typedef struct file_stage {
-    const ckptio__backend_ops *be;
-    ckptio__io_queue *q;
-    unsigned depth;
-    bool broken;     /* the queue failed: dropped when the worker ends */
-    ckptio_stats st;
-} file_stage;
-
-/* Makes worker w's queue match the run's backend and depth (a queue of
- * another backend or depth, e.g. after a setting changed, is replaced). */
-static ckptio_status file_stage_ready(pipe *p, ckptio__gpu_worker_res *r, unsigned w, file_stage *fs) {
-    if (r->queue && (r->backend != p->backend || r->depth != p->depth)) {
-        r->backend->queue_destroy(r->queue);
-        r->queue = NULL;
-    }
-    if (!r->queue) {
-        const ckptio__backend_ops *be = p->backend;
-        unsigned depth = p->depth;
-        CKPTIO_FORWARD(ckptio__io_queue_create(&be, &depth, p->backend_forced, w, &r->queue));
-        r->backend = be;
-        r->depth = depth;
-    }
-    *fs = (file_stage){.be = r->backend, .q = r->queue, .depth = r->depth};
-    return CKPTIO_OK;
-}
-
-/* Extent bytes of window `w` inside the file range [lo, hi): holes a read
- * bridges and alignment padding are moved but are no one's data. */
-static uint64_t data_bytes(const pipe *p, const window *w, uint64_t lo, uint64_t hi) {
-    size_t k = w->first, idx;
-    uint64_t a, b, sum = 0;
-    while (next_piece(p, w, &k, &idx, &a, &b)) {
-        if (a < lo) a = lo;
-        if (b > hi) b = hi;
-        if (b > a) sum += b - a;
-    }
-    return sum;
-}
-
-/* The failure of `op` in window `w` as the host executor words it:
- * "extent N (backend, O_DIRECT|buffered, ...)" at the offset it stopped. */
-static ckptio_status op_failure(const pipe *p, const file_stage *fs, const window *w, ckptio__io_op *op) {
-    const uint64_t at = op->offset + op->done;
-    size_t k = w->first, idx, name = p->plan.order[w->first];
-    uint64_t lo, hi;
-    while (next_piece(p, w, &k, &idx, &lo, &hi)) {
-        name = idx; /* the extent the failure is in or before, else the window's last */
-        if (hi > at) break;
-    }
-    char what[160];
-    snprintf(what, sizeof what, "extent %zu (%s, %s, GPU staging window)", name, fs->be->name,
-             op->direct ? "O_DIRECT" : "buffered");
-    if (!op->err) op->eof = true;
-    return ckptio__file_op_status(p->plan.runs[w->run].file, op, what);
-}
-
-/* Moves window `w`'s operations through the worker's queue, all in flight
- * at once where its depth allows, and waits for every one: the slot is
- * not touched again before they are done. Returns the first failure in
- * file order. */
-static ckptio_status run_ops(const pipe *p, file_stage *fs, const window *w, ckptio__io_op *ops, unsigned n) {
-    unsigned submitted = 0, inflight = 0;
-    while (submitted < n || inflight) {
-        while (submitted < n && inflight < fs->depth) {
-            fs->be->submit(fs->q, &ops[submitted++]);
-            inflight++;
-        }
-        if (!fs->be->wait(fs->q)) {
-            /* The ring itself failed: nothing it holds can be trusted. */
-            fs->broken = true;
-            return CKPTIO_FAIL_CTX(CKPTIO_E_INTERNAL,
-                                   &((ckptio__err_ctx){.path = ckptio_file_path(p->plan.runs[w->run].file),
-                                                       .file_offset = (int64_t)w->start}),
-                                   "the %s queue of a GPU staging worker failed with %u requests in flight",
-                                   fs->be->name, inflight);
-        }
-        inflight--;
-    }
-    ckptio__io_op *failed = NULL;
-    for (unsigned i = 0; i < n; i++) {
-        /* A packed window's operations are its extents' pieces: all data. */
-        const uint64_t data = w->packed ? ops[i].len : data_bytes(p, w, ops[i].offset, ops[i].offset + ops[i].len);
-        ckptio__io_op_count(&ops[i], data, &fs->st);
-        if (!failed && (ops[i].err || ops[i].done < ops[i].need)) failed = &ops[i];
-    }
-    return failed ? op_failure(p, fs, w, failed) : CKPTIO_OK;
-}
-
-/* Whether `w` is a read's window of an s3:// object (its bytes start at the slot's first byte). */
-static bool object_window(const pipe *p, const window *w) {
-    return p->object_get && p->plan.runs[w->run].file->object;
-}
-
-/* Reads window `w` of an s3:// object: ranged GETs of the geometry's size
- * (CKPTIO_OPT_CHUNK_BYTES) from the window's start, the last one shorter,
- * all in flight at once (the geometry made them at most the stage's
- * depth), while the worker's other slot is copied to the device. A
- * window's GETs are never cut finer: each costs the server a fixed amount. */
-static ckptio_status read_object_window(const pipe *p, file_stage *fs, const window *w, unsigned char *slot) {
-    const run *rn = &p->plan.runs[w->run];
-    ckptio__io_op ops[CKPTIO_GPU_OBJECT_GETS_MAX];
-    unsigned k = 0;
-    for (uint64_t at = w->start; at < w->end && k < CKPTIO_GPU_OBJECT_GETS_MAX; at += p->object_get, k++) {
-        const uint64_t m = w->end - at < p->object_get ? w->end - at : p->object_get;
-        ckptio__file_op_init(&ops[k], rn->file, CKPTIO_READ, slot + (at - w->start), m, at);
-    }
-    return run_ops(p, fs, w, ops, k);
-}
-
-/* Reads window `w` into `slot`: the aligned superset of the window in one
- * operation, or, when it ends in the file's last partial block, the
- * aligned part and the rest buffered (a range past EOF fails as
- * truncated). */
-static ckptio_status read_window(const pipe *p, file_stage *fs, const window *w, unsigned char *slot) {
-    const run *rn = &p->plan.runs[w->run];
-    const uint64_t a = ckptio__align_down(w->start, ALIGN);
-    if (object_window(p, w)) return read_object_window(p, fs, w, slot);
-    const uint64_t ea = ckptio__align_up(w->end, ALIGN);
-    ckptio__io_op ops[WINDOW_OPS_MAX];
-    unsigned n = 0;
-    if (ea <= rn->file_size) {
-        ckptio__file_op_init(&ops[n++], rn->file, CKPTIO_READ, slot, ea - a, a);
-    } else {
-        const uint64_t ed = ckptio__align_down(w->end, ALIGN);
-        if (ed > a) ckptio__file_op_init(&ops[n++], rn->file, CKPTIO_READ, slot, ed - a, a);
-        const uint64_t from = ed > a ? ed : a;
-        ckptio__file_op_init(&ops[n++], rn->file, CKPTIO_READ, slot + (from - a), w->end - from, from);
-    }
-    return run_ops(p, fs, w, ops, n);
-}
-
-/* Reads packed window `w` into `slot`: each extent's piece, back to back,
- * in file order (queue_copies finds them there), WINDOW_OPS_MAX at a time. A
- * piece past the end of the file fails as truncated. */
-static ckptio_status read_packed(const pipe *p, file_stage *fs, const window *w, unsigned char *slot) {
-    ckptio__io_op ops[WINDOW_OPS_MAX];
-    unsigned n = 0;
-    size_t k = w->first, idx;
-    uint64_t lo, hi, used = 0;
-    while (next_piece(p, w, &k, &idx, &lo, &hi)) {
-        ckptio__file_op_init(&ops[n++], p->plan.runs[w->run].file, CKPTIO_READ, slot + used, hi - lo, lo);
-        used += hi - lo;
-        if (n == WINDOW_OPS_MAX) {
-            CKPTIO_FORWARD(run_ops(p, fs, w, ops, n));
-            n = 0;
-        }
-    }
-    return n ? run_ops(p, fs, w, ops, n) : CKPTIO_OK;
-}
-
-/* Writes window `w` from `slot`: an unaligned head and tail buffered, the
- * aligned middle direct (one buffered write when no whole block is inside). */
-static ckptio_status write_window(const pipe *p, file_stage *fs, const window *w, unsigned char *slot) {
-    ckptio_file *file = p->plan.runs[w->run].file;
-    const uint64_t a = ckptio__align_down(w->start, ALIGN);
-    const uint64_t head_end = ckptio__align_up(w->start, ALIGN);
-    const uint64_t tail_start = ckptio__align_down(w->end, ALIGN);
-    ckptio__io_op ops[WINDOW_OPS_MAX];
-    unsigned n = 0;
-    if (head_end >= tail_start) {
-        ckptio__file_op_init(&ops[n++], file, CKPTIO_WRITE, slot + (w->start - a), w->end - w->start, w->start);
-    } else {
-        if (head_end > w->start)
-            ckptio__file_op_init(&ops[n++], file, CKPTIO_WRITE, slot + (w->start - a), head_end - w->start, w->start);
-        ckptio__file_op_init(&ops[n++], file, CKPTIO_WRITE, slot + (head_end - a), tail_start - head_end, head_end);
-        if (w->end > tail_start)
-            ckptio__file_op_init(&ops[n++], file, CKPTIO_WRITE, slot + (tail_start - a), w->end - tail_start,
-                                 tail_start);
-    }
-    return run_ops(p, fs, w, ops, n);
-}
 
 /* Pieces of a window that repeat at a fixed stride on both sides: the same
  * width, each one `host_pitch` bytes after the last in the file (so in the
@@ -373,7 +170,7 @@ static ckptio_status queue_copies(pipe *p, const window *w, unsigned char *host,
     *queued = 0;
     strided_run g = {0};
     uint64_t packed = 0;
-    while (next_piece(p, w, &k, &idx, &lo, &hi)) {
+    while (ckptio__gpu_next_piece(&p->plan, w, &k, &idx, &lo, &hi)) {
         const ckptio_extent *e = &p->plan.ext[idx];
         unsigned char *dev = (unsigned char *)e->memory + (lo - e->file_offset);
         unsigned char *src = w->packed ? host + packed : host + (lo - a);
@@ -405,7 +202,7 @@ static void observe_window(pipe *p, const window *w, const unsigned char *slot) 
     const uint64_t a = ckptio__align_down(w->start, ALIGN);
     size_t k = w->first, idx;
     uint64_t lo, hi;
-    while (next_piece(p, w, &k, &idx, &lo, &hi))
+    while (ckptio__gpu_next_piece(&p->plan, w, &k, &idx, &lo, &hi))
         ckptio__observe_range(p->obs, idx, &p->plan.ext[idx], lo, hi, slot + (lo - a));
 }
 
@@ -484,7 +281,7 @@ static ckptio_status next_slot(pipe *p, unsigned index, const read_slot *slots, 
  * while they are there. */
 static ckptio_status read_into(pipe *p, file_stage *fs, const window *w, unsigned char *slot, uint64_t used) {
     ckptio__engine_staging(p->engine, 0, (int64_t)used);
-    const ckptio_status st = w->packed ? read_packed(p, fs, w, slot) : read_window(p, fs, w, slot);
+    const ckptio_status st = w->packed ? ckptio__gpu_read_packed(fs, w, slot) : ckptio__gpu_read_window(fs, w, slot);
     if (st != CKPTIO_OK) ckptio__engine_staging(p->engine, 0, -(int64_t)used);
     return st;
 }
@@ -525,7 +322,7 @@ static ckptio_status stage_window(pipe *p, unsigned index, file_stage *fs, read_
                                   const window *w) {
     ckptio__gpu_worker_res *r = &p->st->workers[index];
     ckptio_status st;
-    const bool object = object_window(p, w); /* the slot holds the file from `a` on */
+    const bool object = ckptio__gpu_object_window(fs, w); /* the slot holds the file from `a` on */
     const uint64_t a = object ? w->start : ckptio__align_down(w->start, ALIGN);
     const uint64_t used = w->packed ? w->packed : object ? w->end - w->start : ckptio__align_up(w->end, ALIGN) - a;
     unsigned cur = 0;
@@ -634,7 +431,7 @@ static void worker_write(pipe *p, unsigned index, file_stage *fs) {
         if (st == CKPTIO_OK && !atomic_load(&p->failed)) {
             /* Before the write: the slot is refilled only after both. */
             if (p->obs) observe_window(p, pw[s], r->mem[s]);
-            st = write_window(p, fs, pw[s], r->mem[s]);
+            st = ckptio__gpu_write_window(fs, pw[s], r->mem[s]);
             if (st == CKPTIO_OK) window_done(p, data[s], p->inline_run);
         }
         if (st != CKPTIO_OK) set_error(p, st);
@@ -654,7 +451,11 @@ static void worker_main(void *arg, unsigned w) {
     ckptio__gpu_worker_res *r = &p->st->workers[w];
     file_stage fs;
     st = ckptio__gpu_worker_ready(p->st, w, p->device);
-    if (st == CKPTIO_OK) st = file_stage_ready(p, r, w, &fs);
+    if (st == CKPTIO_OK) {
+        const ckptio__gpu_file_stage_config cfg = {.backend = p->backend, .backend_forced = p->backend_forced,
+                                                   .depth = p->depth, .plan = &p->plan, .object_get = p->object_get};
+        st = ckptio__gpu_file_stage_ready(&fs, r, w, &cfg);
+    }
     if (st != CKPTIO_OK) {
         set_error(p, st);
     } else {
@@ -764,14 +565,14 @@ ckptio_status ckptio__gpu_pipeline_run_observed(ckptio_engine *engine, const ckp
     p.depth = 1;
     if (p.backend_forced) {
         const int64_t qd = ckptio__engine_setting(engine, CKPTIO_OPT_QUEUE_DEPTH);
-        p.depth = qd < WINDOW_OPS_MAX ? (unsigned)qd : WINDOW_OPS_MAX;
+        p.depth = qd < CKPTIO_GPU_WINDOW_OPS_MAX ? (unsigned)qd : CKPTIO_GPU_WINDOW_OPS_MAX;
     }
     /* s3:// objects: the object backend, a read's window's GETs all in flight. */
     for (size_t r = 0; r < p.plan.nruns; r++)
         if (p.plan.runs[r].file->object) {
             p.backend = &ckptio__backend_object;
             p.backend_forced = false;
-            p.depth = object_gets > WINDOW_OPS_MAX ? object_gets : WINDOW_OPS_MAX;
+            p.depth = object_gets > CKPTIO_GPU_WINDOW_OPS_MAX ? object_gets : CKPTIO_GPU_WINDOW_OPS_MAX;
             break;
         }
     if (dir == CKPTIO_READ) slot = ckptio__gpu_read_slot(engine, p.st, nworkers, slot);

@@ -20,6 +20,7 @@
 
 #include "engine_internal.h"
 #include "gpu_ops.h"
+#include "gpu_windows.h"
 #include "io_internal.h"
 
 #include <pthread.h>
@@ -193,6 +194,57 @@ ckptio_status ckptio__gpu_slot(ckptio__gpu_state *st, unsigned w, unsigned s, bo
 unsigned char *ckptio__gpu_slot_fault_in(ckptio__gpu_state *st, unsigned w, unsigned s);
 ckptio_status ckptio__gpu_slot_pin(ckptio__gpu_state *st, unsigned w, unsigned s, unsigned char *filled,
                                    size_t keep, bool wait, unsigned char **out);
+
+/* ---- the file stage (gpu_file_stage.c) -------------------------------------- */
+
+#define CKPTIO_GPU_WINDOW_OPS_MAX 3 /* file operations of one window: head, body, tail */
+
+/* What a run gives every worker's file stage. */
+typedef struct ckptio__gpu_file_stage_config {
+    const ckptio__backend_ops *backend; /* the file stage's backend */
+    bool backend_forced;                /* CKPTIO_OPT_BACKEND names it: no fallback */
+    unsigned depth;                     /* queue depth of each worker's file stage */
+    const ckptio__gpu_plan *plan;       /* the run's extents, runs and windows */
+    uint64_t object_get;                /* a read's GET size for s3:// objects (gpu_geometry.c); 0: none */
+} ckptio__gpu_file_stage_config;
+
+/* One worker's file stage for one run: its queue and its counters, added
+ * to the engine's once, when the worker ends. */
+typedef struct ckptio__gpu_file_stage {
+    const ckptio__backend_ops *be;
+    ckptio__io_queue *q;
+    unsigned depth;
+    bool broken;     /* the queue failed: dropped when the worker ends */
+    ckptio_stats st;
+    const ckptio__gpu_plan *plan;
+    uint64_t object_get;
+} ckptio__gpu_file_stage;
+
+/* Makes worker w's queue (r) match the run's backend and depth (a queue of
+ * another backend or depth, e.g. after a setting changed, is replaced) and
+ * sets up *fs on it for the run `cfg`. */
+ckptio_status ckptio__gpu_file_stage_ready(ckptio__gpu_file_stage *fs, ckptio__gpu_worker_res *r, unsigned w,
+                                          const ckptio__gpu_file_stage_config *cfg);
+
+/* Whether `w` is a read's window of an s3:// object (its bytes start at the slot's first byte). */
+bool ckptio__gpu_object_window(const ckptio__gpu_file_stage *fs, const ckptio__gpu_window *w);
+
+/* Reads window `w` into `slot`: the aligned superset of the window in one
+ * operation, or, when it ends in the file's last partial block, the
+ * aligned part and the rest buffered (a range past EOF fails as
+ * truncated). A window of an s3:// object goes as ranged GETs from its
+ * start (ckptio__gpu_object_window). */
+ckptio_status ckptio__gpu_read_window(ckptio__gpu_file_stage *fs, const ckptio__gpu_window *w, unsigned char *slot);
+
+/* Reads packed window `w` into `slot`: each extent's piece, back to back,
+ * in file order (the pipeline's copies find them there),
+ * CKPTIO_GPU_WINDOW_OPS_MAX at a time. A piece past the end of the file
+ * fails as truncated. */
+ckptio_status ckptio__gpu_read_packed(ckptio__gpu_file_stage *fs, const ckptio__gpu_window *w, unsigned char *slot);
+
+/* Writes window `w` from `slot`: an unaligned head and tail buffered, the
+ * aligned middle direct (one buffered write when no whole block is inside). */
+ckptio_status ckptio__gpu_write_window(ckptio__gpu_file_stage *fs, const ckptio__gpu_window *w, unsigned char *slot);
 
 /* Runs the extents (all device memory of `device`) through the pipeline,
  * blocking until done. `inline_only` runs one worker on the calling thread

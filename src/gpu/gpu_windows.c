@@ -164,3 +164,20 @@ bool ckptio__gpu_run_packs(const ckptio__gpu_plan *pl, const ckptio__gpu_run *rn
     const uint64_t a = ckptio__align_down(rn->start, ALIGN);
     return range_resident(rn->file->fd, a, ckptio__align_up(rn->end, ALIGN) - a);
 }
+
+bool ckptio__gpu_next_piece(const ckptio__gpu_plan *pl, const ckptio__gpu_window *w, size_t *k, size_t *idx,
+                            uint64_t *lo, uint64_t *hi) {
+    const ckptio__gpu_run *rn = &pl->runs[w->run];
+    for (; *k < rn->first + rn->count; (*k)++) {
+        const ckptio_extent *e = &pl->ext[pl->order[*k]];
+        if (e->file_offset >= w->end) return false;
+        const uint64_t eend = e->file_offset + e->length;
+        *lo = e->file_offset > w->start ? e->file_offset : w->start;
+        *hi = eend < w->end ? eend : w->end;
+        if (*hi > *lo) {
+            *idx = pl->order[(*k)++];
+            return true;
+        }
+    }
+    return false;
+}

@@ -55,4 +55,10 @@ bool ckptio__gpu_run_packs(const ckptio__gpu_plan *pl, const ckptio__gpu_run *rn
  * (writes; 0: none) a window ends at a block's start rather than cut it. */
 ckptio_status ckptio__gpu_plan_windows(ckptio__gpu_plan *pl, uint64_t slot, uint64_t block);
 
+/* Walks the extents that overlap window `w`: start with *k = w->first;
+ * each call gives the next extent's plan index and its part [*lo, *hi) of
+ * the window, false when none is left. */
+bool ckptio__gpu_next_piece(const ckptio__gpu_plan *pl, const ckptio__gpu_window *w, size_t *k, size_t *idx,
+                            uint64_t *lo, uint64_t *hi);
+
 #endif

@@ -3,7 +3,7 @@
  * alike: creating a worker's queue (with AUTO's fallback from io_uring to
  * pread) and counting finished operations in the statistics. The host
  * executor (src/engine/exec.c) and the GPU pipeline's file stage
- * (src/gpu/gpu_pipeline.c) both go through here, so a GPU transfer gets the
+ * (src/gpu/gpu_file_stage.c) both go through here, so a GPU transfer gets the
  * backend, the fallback and the counters a host transfer gets.
  */
 #include "io_internal.h"
