@@ -165,4 +165,77 @@ static inline int proxy_stop(const char *action) {
     return n;
 }
 
+/* Writes `len` bytes as the object `url` (one PUT). */
+static inline void s3_put_bytes(ckptio_engine *e, const char *url, const void *data, size_t len) {
+    T_OK(ckptio_object_put(e, url, data, len, 0));
+}
+
+static inline bool s3_object_exists(ckptio_engine *e, const char *url) {
+    ckptio__path_kind kind;
+    T_OK(ckptio__object_stat(e, url, &kind, NULL));
+    return kind == CKPTIO__PATH_FILE;
+}
+
+/* "URL/NAME" in a rotating buffer. */
+static inline const char *s3_in(const char *dir, const char *name) {
+    static char bufs[8][4200];
+    static int next;
+    char *b = bufs[next++ % 8];
+    snprintf(b, sizeof bufs[0], "%.2048s%s%.2048s", dir, dir[strlen(dir) - 1] == '/' ? "" : "/", name);
+    return b;
+}
+
+/* The files `names` of tests/data/`data_dir` copied under `dir`, one object each. */
+static inline void s3_put_files(ckptio_engine *e, const char *dir, const char *data_dir, const char *const *names,
+                                size_t count) {
+    for (size_t i = 0; i < count; i++) {
+        size_t len = 0;
+        void *data = t_read_file(t_data_path(data_dir, names[i]), &len);
+        s3_put_bytes(e, s3_in(dir, names[i]), data, len);
+        free(data);
+    }
+}
+
+/* ---- the requests the proxy saw (its log) ------------------------------------- */
+
+#define S3_MAX_REQUESTS 64
+
+typedef struct s3_request_log {
+    char method[S3_MAX_REQUESTS][8];
+    char target[S3_MAX_REQUESTS][512];
+    double start[S3_MAX_REQUESTS], end[S3_MAX_REQUESTS];
+    size_t n;
+} s3_request_log;
+
+/* The requests in the proxy's log, once `want` of them are there (it logs
+ * a request once answered). */
+static inline void s3_read_requests(s3_request_log *g, size_t want) {
+    for (int tries = 0; tries < 100; tries++) {
+        char *text = proxy_log_text();
+        g->n = 0;
+        for (char *line = strtok(text, "\n"); line; line = strtok(NULL, "\n")) {
+            T_ASSERT(g->n < S3_MAX_REQUESTS);
+            const char *m = strstr(line, "\"method\": \""), *t = strstr(line, "\"target\": \"");
+            const char *s = strstr(line, "\"start\": "), *e = strstr(line, "\"end\": ");
+            T_ASSERT_MSG(m && t && s, "log line: %s", line);
+            sscanf(m + 11, "%7[^\"]", g->method[g->n]);
+            sscanf(t + 11, "%511[^\"]", g->target[g->n]);
+            g->start[g->n] = strtod(s + 9, NULL);
+            g->end[g->n] = e ? strtod(e + 7, NULL) : g->start[g->n]; /* a fault's line has no end */
+            g->n++;
+        }
+        free(text);
+        if (g->n >= want) return;
+        usleep(20 * 1000);
+    }
+}
+
+/* Requests of `method` whose target contains `part`. */
+static inline size_t s3_count_requests(const s3_request_log *g, const char *method, const char *part) {
+    size_t n = 0;
+    for (size_t i = 0; i < g->n; i++) n += !strcmp(g->method[i], method) && strstr(g->target[i], part);
+    return n;
+}
+
+
 #endif
