@@ -104,6 +104,15 @@ class SigV4:
         return data
 
 
+def run_curl(cmd, **kw):
+    """subprocess.run of a curl command; a failure names the exit status and the URL only, never the command line,
+    whose headers carry the request's signature or token."""
+    out = subprocess.run(cmd, **kw)
+    if out.returncode:
+        raise RuntimeError(f"curl exited with status {out.returncode} on {cmd[-1]}")
+    return out
+
+
 def s3_multipart_put(sig, path, parts, concurrency):
     """CreateMultipartUpload, the parts by parallel curl processes, CompleteMultipartUpload."""
     created = sig.request("POST", path, {"uploads": ""})
@@ -112,8 +121,8 @@ def s3_multipart_put(sig, path, parts, concurrency):
     def upload(part):
         n, file = part
         q = {"partNumber": str(n), "uploadId": upload_id}
-        out = subprocess.run(["curl", "-sf", "-o", "/dev/null", "-D", "-", "-H", "Expect:", "-T", file]
-                             + sig.curl_args("PUT", path, q), check=True, capture_output=True, text=True).stdout
+        out = run_curl(["curl", "-sf", "-o", "/dev/null", "-D", "-", "-H", "Expect:", "-T", file]
+                       + sig.curl_args("PUT", path, q), capture_output=True, text=True).stdout
         return re.search(r"(?im)^etag:\s*(\S+)", out).group(1)
 
     with ThreadPoolExecutor(concurrency) as ex:
@@ -134,7 +143,7 @@ def ranged_gets(args_for, size, concurrency):
         cmd = ["curl", "-sf"]
         for i, r in enumerate(share):
             cmd += (["--next"] if i else []) + ["-o", "/dev/null", "-H", f"Range: bytes={r[0]}-{r[1]}"] + args_for()
-        subprocess.run(cmd, check=True)
+        run_curl(cmd)
 
     with ThreadPoolExecutor(concurrency) as ex:
         list(ex.map(get, [ranges[i:i + per] for i in range(0, len(ranges), per)]))
@@ -202,8 +211,8 @@ def main():
                 report("swift-get", size, time.monotonic() - t0, cpu() - c0)
 
             def put(part):
-                subprocess.run(["curl", "-sf", "-o", "/dev/null", "-H", "Expect:", "-T", part[1]] + auth
-                               + [f"{storage}/{bucket}/{key}-seg/{part[0]:05d}"], check=True)
+                run_curl(["curl", "-sf", "-o", "/dev/null", "-H", "Expect:", "-T", part[1]] + auth
+                         + [f"{storage}/{bucket}/{key}-seg/{part[0]:05d}"])
 
             for _ in range(a.reps):
                 t0, c0 = time.monotonic(), cpu()

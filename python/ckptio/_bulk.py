@@ -22,6 +22,8 @@ from __future__ import annotations
 
 import ctypes
 import gc
+import os
+import threading
 from typing import Any, Dict, List, NamedTuple, Optional, Sequence, Tuple
 
 from . import _adapt, _ckptio
@@ -30,6 +32,7 @@ PACK_TENSOR_MAX = 1 << 16
 PACK_BYTES = 16 << 20
 GC_PAUSE_MIN = 1000  # no_gc: objects made below this are not worth the switch
 COPY_ONE_BY_ONE_MAX = 16  # copy_from: packs of up to this many tensors are not packed
+COPY_TWO_THREADS_MIN = 8 << 20  # copy_from: from this many bytes in all, a second thread copies half
 
 
 class Item(NamedTuple):
@@ -270,12 +273,16 @@ def numpy_mapped(items: Sequence[Item], mapping_of) -> Dict[int, Any]:
 
 def copy_from(base: int, items: Sequence[Item]) -> List[Any]:
     """Tensors copied out of memory at `base` (file byte k at base + k: a
-    checkpoint held in memory), small ones packed; one copy each, by one
-    thread (torch's clone() starts its thread pool, which on a busy machine
-    costs more than the copy). A list by index, as load_copied."""
+    checkpoint held in memory), small ones packed; one copy each. A List by
+    index, as load_copied. The copies run on the calling thread, and from
+    COPY_TWO_THREADS_MIN bytes in all half of them on one more thread of
+    its own: one thread copies at about half the memory bandwidth, and
+    torch's clone() would start its whole thread pool, which on a busy
+    machine costs more than the copy."""
     torch = _adapt.torch_module()
     out = _slots(items, None)
     kinds: Dict[Any, Any] = {}
+    copies: List[Tuple[int, int, int]] = []  # (destination, source, bytes)
     for start, end, members in _groups(items):
         # A pack of a few tensors costs more than the tensors alone (its buffer, a view and an unbind per
         # tensor): those are made one by one, each with its own storage.
@@ -284,10 +291,52 @@ def copy_from(base: int, items: Sequence[Item]) -> List[Any]:
                 dt, tshape, _, _ = _kind(kinds, it[CODE], it[SHAPE], it[NAME])
                 t = out[it[INDEX]] = torch.empty(tshape, dtype=dt)
                 if it[NBYTES]:
-                    _ckptio.copy(t.data_ptr(), base + it[OFFSET], it[NBYTES])
+                    copies.append((t.data_ptr(), base + it[OFFSET], it[NBYTES]))
             continue
         buf = torch.empty(end - start, dtype=torch.uint8)
-        _ckptio.copy(buf.data_ptr(), base + start, end - start)
+        copies.append((buf.data_ptr(), base + start, end - start))
         left = _views(buf, start, members, out, kinds)
         assert not left  # a new buffer starting at the tensor is aligned for every dtype
+    _copy_all(copies)
     return out
+
+
+def _copy_all(copies: List[Tuple[int, int, int]]) -> None:
+    """Runs the copies: the second half of the bytes (a copy cut where the
+    half falls) on a thread of its own when there are enough of them."""
+    total = sum(n for _, _, n in copies)
+    if total < COPY_TWO_THREADS_MIN or (os.cpu_count() or 1) < 2:
+        for dst, src, n in copies:
+            _ckptio.copy(dst, src, n)
+        return
+    first: List[Tuple[int, int, int]] = []
+    second: List[Tuple[int, int, int]] = []
+    done = 0
+    for dst, src, n in copies:
+        if done >= total // 2:
+            second.append((dst, src, n))
+        elif done + n <= total // 2:
+            first.append((dst, src, n))
+        else:
+            cut = total // 2 - done
+            first.append((dst, src, cut))
+            second.append((dst + cut, src + cut, n - cut))
+        done += n
+    errors: List[BaseException] = []
+
+    def run_second() -> None:
+        try:
+            for dst, src, n in second:
+                _ckptio.copy(dst, src, n)
+        except BaseException as e:  # noqa: BLE001 - raised by the calling thread
+            errors.append(e)
+
+    helper = threading.Thread(target=run_second, name="ckptio-copy", daemon=True)
+    helper.start()
+    try:
+        for dst, src, n in first:
+            _ckptio.copy(dst, src, n)
+    finally:
+        helper.join()
+    if errors:
+        raise errors[0]

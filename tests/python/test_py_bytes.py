@@ -210,3 +210,22 @@ def test_a_few_small_tensors_from_bytes_each_own_their_storage():
         assert torch.equal(t, sd[name])
         assert t.untyped_storage().nbytes() == t.nbytes
     assert len({t.untyped_storage().data_ptr() for t in out.values()}) == 4
+
+
+@pytest.mark.parametrize("split", ["inside_a_tensor", "between_tensors"])
+def test_a_large_load_from_bytes_copied_on_two_threads_is_exact(split):
+    """From 8 MiB in all, a load from bytes copies the second half of the bytes on a thread of its own, cutting a
+    tensor where the half falls: every tensor, packed small ones too, comes back bit for bit."""
+    g = torch.Generator().manual_seed(7)
+    if split == "inside_a_tensor":
+        sd = {"big": torch.randn(3 << 20, generator=g), "odd": torch.randint(0, 255, (1234567,), dtype=torch.uint8,
+                                                                            generator=g)}
+    else:
+        sd = {f"w{i}": torch.randn(1 << 20, generator=g) for i in range(4)}
+    sd.update({f"small.{i}": torch.randn(7, generator=g).to(torch.bfloat16) for i in range(40)})
+    data = ckptio.save(sd)
+    assert len(data) > 8 << 20
+    out = ckptio.load(data)
+    assert set(out) == set(sd)
+    for k, v in sd.items():
+        assert out[k].dtype == v.dtype and torch.equal(out[k], v), k
