@@ -131,8 +131,10 @@ ckptio_status ckptio_file_open_window(ckptio_engine *engine, const char *path, v
     *out = NULL;
     ckptio_status st;
     /* An object's first GET stands for its HEAD: one round trip instead of two. */
-    if (len && engine && path && ckptio__s3_is_url(path)) st = ckptio__object_open_prefix(engine, path, buf, len, got, out);
-    else st = ckptio_file_open(engine, path, CKPTIO_OPEN_READ, out);
+    if (len && engine && path && ckptio__s3_is_url(path))
+        st = ckptio__object_open_prefix(engine, path, buf, len, got, out);
+    else
+        st = ckptio_file_open(engine, path, CKPTIO_OPEN_READ, out);
     if (st != CKPTIO_OK || *got) return st;
     uint64_t size = 0;
     if ((st = ckptio_file_size(*out, &size)) == CKPTIO_OK && len)

@@ -35,6 +35,7 @@ def load_through_proxy(tmp_path, url, sd, *rules):
     out = {k: torch.zeros_like(v) for k, v in sd.items()}
     try:
         through(proxy, lambda: dcp.load(out, storage_reader=FileSystemReader(url), no_dist=True))
+        proxy.settle()
     finally:
         proxy.kill()
     return out, [json.loads(line) for line in (tmp_path / "proxy.log").read_text().splitlines()]

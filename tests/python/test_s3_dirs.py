@@ -376,6 +376,7 @@ def load_through_proxy(tmp_path, url, sd, **reader):
     try:
         out = {"model": {k: torch.zeros_like(v) for k, v in sd["model"].items()}, "step": -1, "names": []}
         through(proxy, lambda: dcp.load(out, storage_reader=FileSystemReader(url, **reader), no_dist=True))
+        proxy.settle()
     finally:
         proxy.kill()
     same(sd, out)
@@ -449,6 +450,7 @@ def test_verify_reads_items_together(s3_prefix, tmp_path):
     proxy = Proxy(tmp_path)
     try:
         report = through(proxy, lambda: ckptio.dcp.verify(url))
+        proxy.settle()
     finally:
         proxy.kill()
     assert report["checked"] == 14, report
@@ -565,6 +567,7 @@ def test_lease_released_beside_the_removal(s3_prefix, tmp_path):
     proxy = Proxy(tmp_path, r"DELETE:\.distcp$:stall:0.5:1")
     try:
         through(proxy, lambda: save(sd, url))
+        proxy.settle()
     finally:
         proxy.kill()
     log = [json.loads(line) for line in (tmp_path / "proxy.log").read_text().splitlines()]

@@ -156,12 +156,26 @@ class Proxy:
                 str(port_file), "--log", str(tmp_path / "proxy.log"), "--max-seconds", "120"]
         for r in rules:
             args += ["--rule", r]
+        self.log = tmp_path / "proxy.log"
         self.proc = subprocess.Popen(args)
         for _ in range(200):
             if port_file.exists() and port_file.read_text().strip():
                 break
             time.sleep(0.05)
         self.url = f"http://127.0.0.1:{port_file.read_text().strip()}"
+
+    def settle(self, quiet=0.2, limit=5.0):
+        """Waits until the log has not grown for `quiet` seconds: the proxy logs a passed request just after it
+        has sent the answer, so a reader of the log right after the client returns could miss the last line."""
+        log = self.log
+        last, since, t_end = None, time.monotonic(), time.monotonic() + limit
+        while time.monotonic() < t_end:
+            size = log.stat().st_size if log.exists() else 0
+            if size != last:
+                last, since = size, time.monotonic()
+            elif time.monotonic() - since >= quiet:
+                return
+            time.sleep(0.02)
 
     def kill(self):
         """The server goes away: connections reset, new ones refused."""

@@ -17,6 +17,7 @@ def read_through_proxy(tmp_path, url, **kw):
     proxy = Proxy(tmp_path)
     try:
         data = through(proxy, lambda: _ckptio.object_read(url, **kw))
+        proxy.settle()
     finally:
         proxy.kill()
     log = [json.loads(line) for line in (tmp_path / "proxy.log").read_text().splitlines()]
@@ -25,15 +26,16 @@ def read_through_proxy(tmp_path, url, **kw):
 
 @pytest.mark.parametrize("size", [0, 1000, 1 << 20, (1 << 20) + 12345])
 def test_object_read_is_its_gets_without_a_head(s3_prefix, tmp_path, size):
-    """An object of up to 1 MiB is one GET (an empty one: the GET's 416, then its HEAD); a larger one
-    a second GET of the rest; the bytes are the object's."""
+    """An object of up to 1 MiB is one GET; a larger one a second GET of the rest; the bytes are the object's.
+    An empty one: a server answers the ranged GET either with 416 (then the HEAD tells the size) or with a
+    whole, empty 200 (its size then known)."""
     url = f"{s3_prefix}/blob"
     body = os.urandom(size)
     _ckptio.object_put(url, body)
     data, requests = read_through_proxy(tmp_path, url)
     assert data == body
     if size == 0:
-        assert requests == [("GET", "bytes=0-1048575"), ("HEAD", "")], requests
+        assert requests in ([("GET", "bytes=0-1048575"), ("HEAD", "")], [("GET", "bytes=0-1048575")]), requests
     elif size <= 1 << 20:
         assert requests == [("GET", "bytes=0-1048575")], requests
     else:
