@@ -156,3 +156,21 @@ def s3_no_secret(text: str) -> None:
         if value and len(value) >= 4:
             assert value not in text, f"{var} in: {text}"
     assert "Signature=" not in text and "Credential=" not in text, text
+
+
+def reference_split(sizes, limit):
+    """huggingface_hub's split_state_dict_into_shards_factory written out: (name, size) pairs in order into
+    lists of names, one per shard (a tensor over the limit alone; one that would tip a shard over closes it)."""
+    shards, current, cur_size = [], [], 0
+    for name, size in sizes:
+        if size > limit:
+            shards.append([name])
+            continue
+        if cur_size + size > limit:
+            shards.append(current)
+            current, cur_size = [], 0
+        current.append(name)
+        cur_size += size
+    if current:
+        shards.append(current)
+    return shards

@@ -23,7 +23,7 @@ from torch.distributed.checkpoint.filesystem import SerializationFormat  # noqa:
 
 import ckptio  # noqa: E402
 import ckptio.dcp as cdcp  # noqa: E402
-from conftest import CKPTIO_CLI, requires_cli  # noqa: E402
+from conftest import CKPTIO_CLI, reference_split, requires_cli  # noqa: E402
 
 pytestmark = [requires_cli, pytest.mark.filterwarnings("ignore")]
 PKG_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(ckptio.__file__)))
@@ -119,23 +119,6 @@ def test_inspect_verify_convert_one_rank(tmp_path, writer):
     assert set(loaded) == set(want)
     for name, t in want.items():
         assert same(loaded[name], t.contiguous()), name
-
-
-def reference_split(sizes, limit):
-    """huggingface_hub's split_state_dict_into_shards_factory, for the expected layout."""
-    shards, current, cur_size = [], [], 0
-    for name, size in sizes:
-        if size > limit:
-            shards.append([name])
-            continue
-        if cur_size + size > limit:
-            shards.append(current)
-            current, cur_size = [], 0
-        current.append(name)
-        cur_size += size
-    if current:
-        shards.append(current)
-    return shards
 
 
 def test_convert_hf_shards(tmp_path):

@@ -18,7 +18,7 @@ from safetensors.torch import load_file
 import ckptio
 from ckptio import _ckptio
 
-from conftest import requires_s3
+from conftest import reference_split, requires_s3
 
 
 def state(sizes, seed=0):
@@ -28,19 +28,8 @@ def state(sizes, seed=0):
 
 
 def hf_rule(sizes, limit):
-    """huggingface_hub's split_torch_state_dict_into_shards, written out: shard number (1-based) per tensor."""
-    shards, current, cur_size = [], [], 0
-    for i, n in enumerate(sizes):
-        if n > limit:
-            shards.append([i])
-            continue
-        if cur_size + n > limit:
-            shards.append(current)
-            current, cur_size = [], 0
-        current.append(i)
-        cur_size += n
-    if current:
-        shards.append(current)
+    """huggingface_hub's split by tensor index: shard number (1-based) per tensor, and the shard count."""
+    shards = reference_split(list(enumerate(sizes)), limit)
     return {i: k + 1 for k, members in enumerate(shards) for i in members}, len(shards)
 
 
