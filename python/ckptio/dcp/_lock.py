@@ -23,12 +23,11 @@ import faulthandler
 import logging
 import os
 import re
-import tempfile
 import threading
 import weakref
 from typing import Dict, Optional, Set, Tuple, Union
 
-from .. import _ckptio
+from .. import _ckptio, _memory
 from .._errors import CkptioError, amend_error
 
 LOCK_NAME = _ckptio.DCP_LOCK_NAME
@@ -64,7 +63,8 @@ def in_dcp_code(thread: Optional[threading.Thread]) -> bool:
     than being released under a save that still runs."""
     if thread is None or not thread.is_alive() or thread.ident is None:
         return False
-    with tempfile.TemporaryFile() as f:
+    # In memory (no file system to depend on), read back from its start.
+    with os.fdopen(_memory._memfd(), "w+b") as f:
         faulthandler.dump_traceback(f, all_threads=True)
         f.seek(0)
         text = f.read().decode("ascii", "replace")
