@@ -177,6 +177,17 @@ static void older_intact(const char *dir, const unsigned char *older, size_t old
                  ckptio_last_error_message());
 }
 
+/* The new 3-shard model removed, the older single file written back. */
+static void put_older_back(const char *dir, const unsigned char *older, size_t older_len) {
+    for (int s = 1; s <= 3; s++) {
+        char n[64];
+        snprintf(n, sizeof n, "model-%05d-of-00003.safetensors", s);
+        unlink(in(dir, n));
+    }
+    unlink(in(dir, "model.safetensors.index.json"));
+    t_write_file(in(dir, "model.safetensors"), older, older_len);
+}
+
 static void test_failures_leave_nothing(void) {
     make_sources(3);
     const char *dir = t_path("fail");
@@ -197,18 +208,25 @@ static void test_failures_leave_nothing(void) {
                 T_OK(st);
                 check_model(dir, split_10k);
                 T_ASSERT(!t_file_exists(in(dir, "model.safetensors")));
-                for (int s = 1; s <= 3; s++) {
-                    char n[64];
-                    snprintf(n, sizeof n, "model-%05d-of-00003.safetensors", s);
-                    unlink(in(dir, n));
-                }
-                unlink(in(dir, "model.safetensors.index.json"));
-                t_write_file(in(dir, "model.safetensors"), older, older_len);
+                put_older_back(dir, older, older_len);
                 T_ASSERT_MSG(nth > 3, "kind %zu: only %llu requests", k, (unsigned long long)nth - 1);
                 break;
             }
             T_ASSERT_MSG(st != CKPTIO_OK, "kind %zu request %llu failed but the save succeeded", k,
                          (unsigned long long)nth);
+            if (t_file_exists(in(dir, "model.safetensors.index.json"))) {
+                /* The index's rename was done and a later step failed (opening or syncing the directory): the
+                 * new model is whole and stays (nothing rolled back under an index that names it), and the
+                 * older file, whose removal comes after, is still there and unchanged. */
+                T_ASSERT(kinds[k] == CKPTIO__IO_FSYNC || kinds[k] == CKPTIO__IO_OPEN);
+                check_model(in(dir, "model.safetensors.index.json"), split_10k);
+                size_t now_len;
+                unsigned char *now = t_read_file(in(dir, "model.safetensors"), &now_len);
+                T_ASSERT(now_len == older_len && memcmp(now, older, older_len) == 0);
+                free(now);
+                put_older_back(dir, older, older_len);
+                continue;
+            }
             older_intact(dir, older, older_len); /* no index, no shard, no temporary */
         }
     }
@@ -240,6 +258,60 @@ static void test_cancel_leaves_nothing(void) {
     older_intact(dir, older, older_len);
     free(older);
     T_OK(ckptio_engine_destroy(e));
+}
+
+/* The same sizes at 20000: nothing is oversize; a, b, c (19000) close when d would pass the limit. */
+static const char *const split_20k[NT] = {"model-00001-of-00002.safetensors", "model-00001-of-00002.safetensors",
+                                          "model-00001-of-00002.safetensors", "model-00002-of-00002.safetensors",
+                                          "model-00002-of-00002.safetensors", "model-00002-of-00002.safetensors"};
+
+/* A failed overwrite removes only what is this save's, and never what loads: an older file under a name the
+ * failed commit did not reach; an older index the failed index write left in place; a new model already
+ * named by its index when removing the older model's other files fails. */
+static void test_failed_overwrites_keep_what_loads(void) {
+    const ckptio_model_save_options over = {.flags = CKPTIO_MODEL_SAVE_OVERWRITE};
+    /* The one shard's name is the older file's: the temporary's fsync fails before the rename. */
+    make_sources(3);
+    const char *dir = t_path("keep_single");
+    older_model(dir);
+    size_t older_len;
+    unsigned char *older = t_read_file(in(dir, "model.safetensors"), &older_len);
+    make_sources(4);
+    ckptio__io_inject(CKPTIO__IO_FSYNC, 1, EIO, 0, false);
+    T_STATUS(ckptio_model_save(engine, dir, src, NT, &over, NULL), CKPTIO_E_IO);
+    ckptio__io_inject_reset();
+    older_intact(dir, older, older_len);
+    free(older);
+    /* Three older shards at 10000, two new ones at 20000: the index's rename fails (the third rename). */
+    dir = t_path("keep_index");
+    make_sources(5);
+    T_OK(ckptio_model_save(engine, dir, src, NT, &(ckptio_model_save_options){.max_shard_size = 10000}, NULL));
+    make_sources(6);
+    ckptio__io_inject(CKPTIO__IO_RENAME, 3, EIO, 0, false);
+    T_STATUS(ckptio_model_save(engine, dir, src, NT,
+                               &(ckptio_model_save_options){.max_shard_size = 20000,
+                                                            .flags = CKPTIO_MODEL_SAVE_OVERWRITE},
+                               NULL),
+             CKPTIO_E_IO);
+    ckptio__io_inject_reset();
+    make_sources(5);
+    check_model(dir, split_10k);
+    T_ASSERT_MSG(t_count_entries(dir, "") == 4, "%d entries", t_count_entries(dir, ""));
+    /* The new index is in place; removing the first older shard tried fails: the new model stays whole and
+     * the other older shards are removed all the same (one of the three stays). */
+    make_sources(7);
+    ckptio__io_inject(CKPTIO__IO_UNLINK, 1, EIO, 0, false);
+    T_STATUS(ckptio_model_save(engine, dir, src, NT,
+                               &(ckptio_model_save_options){.max_shard_size = 20000,
+                                                            .flags = CKPTIO_MODEL_SAVE_OVERWRITE},
+                               NULL),
+             CKPTIO_E_IO);
+    ckptio__io_inject_reset();
+    check_model(dir, split_20k);
+    T_ASSERT(t_file_exists(in(dir, "model-00001-of-00003.safetensors")) +
+                 t_file_exists(in(dir, "model-00002-of-00003.safetensors")) +
+                 t_file_exists(in(dir, "model-00003-of-00003.safetensors")) ==
+             1);
 }
 
 static void test_existing_model(void) {
@@ -274,10 +346,6 @@ static void test_existing_model(void) {
                            &(ckptio_model_save_options){.max_shard_size = 10000, .flags = CKPTIO_MODEL_SAVE_OVERWRITE},
                            NULL));
     check_model(dir, split_10k);
-    /* At 20000 nothing is oversize: a, b, c (19000) until d would pass it; d, e, f. */
-    static const char *const split_20k[NT] = {
-        "model-00001-of-00002.safetensors", "model-00001-of-00002.safetensors", "model-00001-of-00002.safetensors",
-        "model-00002-of-00002.safetensors", "model-00002-of-00002.safetensors", "model-00002-of-00002.safetensors"};
     T_OK(ckptio_model_save(engine, dir, src, NT,
                            &(ckptio_model_save_options){.max_shard_size = 20000, .flags = CKPTIO_MODEL_SAVE_OVERWRITE},
                            NULL));
@@ -316,6 +384,7 @@ int main(void) {
     T_RUN(test_failures_leave_nothing);
     T_RUN(test_cancel_leaves_nothing);
     T_RUN(test_existing_model);
+    T_RUN(test_failed_overwrites_keep_what_loads);
     T_RUN(test_bad_input);
     T_OK(ckptio_engine_destroy(engine));
     for (int i = 0; i < NT; i++) free(data[i]);

@@ -220,14 +220,17 @@ typedef struct ckptio_model_save_options {
  * and only after every one the index: a reader never finds an index naming
  * a missing or partial shard. A local `dir` it creates stays (empty) after
  * a failure.
- * On failure or cancel (the engine's progress callback), no index appears
- * and no shard of this save stays (temporaries removed, uploads aborted,
- * committed shards deleted); other files in `dir` are never touched.
+ * On failure or cancel (the engine's progress callback) before the index's
+ * write, no index appears and no shard of this save stays (temporaries
+ * removed, uploads aborted, committed shards deleted; a name that held an
+ * older file keeps it unless this save's commit replaced it); other files
+ * in `dir` are never touched. Once the index may be in place (its write
+ * reached the rename, or the name holds an object), nothing is rolled back.
  * With CKPTIO_MODEL_SAVE_OVERWRITE over an older model: the new shards are
  * all written first (nothing visible changes); then, only where a new shard
  * takes the name of an old file, the old index is removed; the shards are
  * committed, the new index written, and the old model's other files
- * removed. A crash or failure in that last step (a few renames or small
+ * removed, its index first, each tried (the first failure returned). A crash or failure in that last step (a few renames or small
  * requests) can leave a directory without an index; before it, the older
  * model is intact. *nshards (may be NULL) receives the shard count.
  * Thread-safe for distinct directories. */

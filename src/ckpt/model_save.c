@@ -9,8 +9,17 @@
  * all their bytes go in ONE plan, so the disk or many multipart uploads
  * stay busy across shard boundaries (object uploads share one bound on
  * their part buffers); then the shards are committed one by one, and only
- * then the index (model_write.c's writer). On failure nothing of this save
- * stays: uncommitted files vanish at close, committed shards are deleted.
+ * then the index (model_write.c's writer). A failure before the index is
+ * written leaves nothing of this save: uncommitted files vanish at close,
+ * and a shard whose commit began is deleted when its name is this save's
+ * alone (new in the directory, or renamed into place by its commit): a
+ * name that held an older file before keeps it when the commit did not get
+ * that far. Once the index's write began nothing is rolled back unless its
+ * name shows the write did not land (empty, or still the older index's
+ * file): the index may already name the new shards (its rename done, the
+ * directory's fsync failed). The older model's files that go after the
+ * index go one by one, its index first, each failure reported after the
+ * rest were tried.
  */
 #include "convert_internal.h"
 #include "dcp_commit_internal.h"
@@ -20,6 +29,7 @@
 
 #include <dirent.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdio.h>
@@ -48,6 +58,9 @@ typedef struct old_files {
     char (*names)[64];
     size_t count, cap;
     bool failed;
+    bool index_known;       /* local: the older index's identity below */
+    dev_t index_dev;
+    ino_t index_ino;
 } old_files;
 
 static void old_add(old_files *o, const char *name) {
@@ -111,7 +124,17 @@ static ckptio_status list_old(ckptio_engine *engine, const char *dir, bool objec
         DIR *d = opendir(dir);
         if (!d) return CKPTIO_FAIL_SYS(errno, "opendir", dir, -1, "cannot read the directory to save the model in");
         const struct dirent *e;
-        while ((e = readdir(d)) != NULL) old_add(o, e->d_name);
+        while ((e = readdir(d)) != NULL) {
+            /* Files only (a symlink is removed as a link): a directory or FIFO named like a shard is not a
+             * model's, and is neither reported nor removed. */
+            struct stat sb;
+            if (fstatat(dirfd(d), e->d_name, &sb, AT_SYMLINK_NOFOLLOW) == 0 &&
+                (S_ISREG(sb.st_mode) || S_ISLNK(sb.st_mode))) {
+                old_add(o, e->d_name);
+                if (strcmp(e->d_name, CKPTIO__HF_INDEX_NAME) == 0)
+                    o->index_known = true, o->index_dev = sb.st_dev, o->index_ino = sb.st_ino;
+            }
+        }
         closedir(d);
     }
     return o->failed ? CKPTIO_FAIL(CKPTIO_E_NOMEM, "out of memory listing %s", dir) : CKPTIO_OK;
@@ -159,6 +182,7 @@ typedef struct shard {
     ckptio_file *file;
     char *path;
     bool committed;            /* its commit was attempted: the final name may be this save's */
+    bool file_committed;       /* its commit renamed it into place (or completed its upload) */
 } shard;
 
 typedef struct save {
@@ -169,7 +193,8 @@ typedef struct save {
     shard *shards;
     ckptio_kv *meta; /* a shard's __metadata__: format, then (one shard) the caller's pairs */
     size_t nmeta;
-    bool index_attempted;      /* the index's name may be this save's */
+    bool index_attempted;      /* the index's write began */
+    bool old_index_removed;    /* the older model's index went before the first shard of its names */
 } save;
 
 static ckptio_status shard_metadata(save *s, const ckptio_model_save_options *o) {
@@ -308,8 +333,10 @@ static ckptio_status publish(save *s, const ckptio_tensor_source *tensors, size_
     bool collides = false;
     for (size_t k = 0; k < s->hf.nshards; k++) collides |= old_has(old, s->hf.names[k]);
     /* An old index must not name a mix of old and new shards: it goes before the first shard of its names. */
-    if (collides && old_has(old, CKPTIO__HF_INDEX_NAME))
+    if (collides && old_has(old, CKPTIO__HF_INDEX_NAME)) {
         CKPTIO_FORWARD(remove_file(s->engine, s->dir, CKPTIO__HF_INDEX_NAME, s->object));
+        s->old_index_removed = true;
+    }
     for (size_t k = 0; s->object && k < s->hf.nshards; k += COMMIT_BATCH)
         CKPTIO_FORWARD(commit_objects(s, k, s->hf.nshards - k < COMMIT_BATCH ? s->hf.nshards - k : COMMIT_BATCH));
     for (size_t k = 0; !s->object && k < s->hf.nshards; k++) {
@@ -318,15 +345,53 @@ static ckptio_status publish(save *s, const ckptio_tensor_source *tensors, size_
         CKPTIO_FORWARD(ckptio_file_commit(s->shards[k].file));
     }
     const unsigned sync = ckptio__engine_setting(s->engine, CKPTIO_OPT_SYNC) ? CKPTIO_DCP_SYNC : 0;
-    s->index_attempted = s->hf.nshards > 1;
-    CKPTIO_FORWARD(ckptio__hf_index_write(s->dir, &s->hf, tensors, count, o->metadata, o->metadata_count, sync));
-    for (size_t i = 0; i < old->count; i++) {
-        bool kept = s->hf.nshards > 1 && strcmp(old->names[i], CKPTIO__HF_INDEX_NAME) == 0;
-        for (size_t k = 0; k < s->hf.nshards && !kept; k++) kept = strcmp(old->names[i], s->hf.names[k]) == 0;
-        if (!kept)
-            CKPTIO_FORWARD(remove_file(s->engine, s->dir, old->names[i], s->object));
+    s->index_attempted = true;
+    if (s->hf.nshards > 1)
+        CKPTIO_FORWARD(ckptio__hf_index_write(s->dir, &s->hf, tensors, count, o->metadata, o->metadata_count, sync));
+    /* The older model's other files: its index first (one naming removed shards must not outlive them), each
+     * tried whatever the others gave, the first failure reported. */
+    ckptio_status st = CKPTIO_OK;
+    ckptio__error_saved *first = NULL;
+    for (int index_pass = 1; index_pass >= 0; index_pass--) {
+        for (size_t i = 0; i < old->count; i++) {
+            const bool is_index = strcmp(old->names[i], CKPTIO__HF_INDEX_NAME) == 0;
+            if (is_index != (index_pass == 1) || (is_index && s->hf.nshards > 1)) continue;
+            bool kept = false;
+            for (size_t k = 0; k < s->hf.nshards && !kept; k++) kept = strcmp(old->names[i], s->hf.names[k]) == 0;
+            if (kept) continue;
+            const ckptio_status r = remove_file(s->engine, s->dir, old->names[i], s->object);
+            if (st == CKPTIO_OK && r != CKPTIO_OK) {
+                st = r;
+                first = ckptio__error_save();
+            }
+        }
     }
-    return CKPTIO_OK;
+    if (first) ckptio__error_restore(first);
+    return st;
+}
+
+/* After a failed save whose index write began: whether the index's name may hold this save's index (its
+ * rename done, the directory's fsync failed; a PUT whose answer was lost), in which case nothing is rolled
+ * back. Not when the name is empty, or (locally) still the older index's file. Unsure (a failed check, an
+ * older index in object storage that stayed in place): yes, so nothing is deleted. */
+static bool index_may_be_new(const save *s, const old_files *old) {
+    if (!s->index_attempted) return false;
+    if (s->hf.nshards < 2) return true; /* the model is its one shard, whose commit came before */
+    char *path = ckptio__path_join(s->dir, CKPTIO__HF_INDEX_NAME);
+    if (!path) return true;
+    bool maybe = true;
+    if (s->object) {
+        ckptio__path_kind kind = CKPTIO__PATH_FILE;
+        maybe = !(ckptio__object_stat(s->engine, path, &kind, NULL) == CKPTIO_OK && kind == CKPTIO__PATH_MISSING);
+    } else {
+        struct stat sb;
+        if (lstat(path, &sb) != 0)
+            maybe = errno != ENOENT;
+        else if (old->index_known && !s->old_index_removed)
+            maybe = !(sb.st_dev == old->index_dev && sb.st_ino == old->index_ino);
+    }
+    ckptio__free(path);
+    return maybe;
 }
 
 ckptio_status ckptio_model_save(ckptio_engine *engine, const char *dir, const ckptio_tensor_source *tensors,
@@ -369,16 +434,22 @@ ckptio_status ckptio_model_save(ckptio_engine *engine, const char *dir, const ck
     if (st == CKPTIO_OK && nshards) *nshards = s.hf.nshards;
 out:;
     ckptio__error_saved *saved = st != CKPTIO_OK ? ckptio__error_save() : NULL;
+    const bool roll_back = st != CKPTIO_OK && !index_may_be_new(&s, &old);
     for (size_t k = 0; s.shards && k < s.hf.nshards; k++) {
         shard *sh = &s.shards[k];
         /* Without a commit, close removes the temporary or aborts the upload. */
-        if (sh->file) ckptio_file_close(sh->file);
-        if (st != CKPTIO_OK && sh->committed) remove_file(engine, path, s.hf.names[k], s.object);
+        if (sh->file) {
+            sh->file_committed = sh->file->committed;
+            ckptio_file_close(sh->file);
+        }
+        /* Rolled back before the index only, and only a name this save made its own: new here, or renamed
+         * into place by its commit (an older file under that name otherwise stays). */
+        if (roll_back && sh->committed && (sh->file_committed || !old_has(&old, s.hf.names[k])))
+            remove_file(engine, path, s.hf.names[k], s.object);
         ckptio__st_layout_cleanup(&sh->layout);
         ckptio__free(sh->sub);
         ckptio__free(sh->path);
     }
-    if (st != CKPTIO_OK && s.index_attempted) remove_file(engine, path, CKPTIO__HF_INDEX_NAME, s.object);
     if (saved) ckptio__error_restore(saved);
     ckptio__free(s.shards);
     ckptio__free(s.meta);

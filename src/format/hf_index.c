@@ -185,11 +185,12 @@ char *ckptio__hf_index_json(const char *const *names, const char *const *shards,
     json_t *root = json_object(), *md = json_object(), *wmap = json_object();
     char *text = NULL;
     bool ok = root && md && wmap && total_size <= (uint64_t)INT64_MAX;
+    /* total_size first, the caller's pairs over it: huggingface_hub's {**split.metadata, **metadata}. */
+    ok = ok && json_object_set_new(md, "total_size", json_integer((json_int_t)total_size)) == 0;
     for (size_t i = 0; ok && i < metadata_count; i++) {
         json_t *value = json_string(metadata[i].value);
         ok = value && json_object_set_new(md, metadata[i].key, value) == 0;
     }
-    ok = ok && json_object_set_new(md, "total_size", json_integer((json_int_t)total_size)) == 0;
     for (size_t i = 0; ok && i < count; i++) {
         json_t *shard = json_string(shards[i]);
         ok = shard && json_object_set_new(wmap, names[i], shard) == 0;
