@@ -673,8 +673,14 @@ static ckptio_status abort_uploads_before(ckptio_engine *engine, const char *dir
                         CKPTIO__DCP_COMMITTED);
 }
 
-/* abort_uploads_before, its time from a listing of its own. */
+/* abort_uploads_before, its time from a listing of its own; only while this
+ * process holds the lease. Without it (a cleanup run after the release) the
+ * lease read could be a later save's, taken after a save without a cleanup
+ * marked itself and began its uploads unseen by the listing: aborting
+ * before that lease's time could end such a live upload. The uploads are
+ * left to the next save's cleanup and `ckptio clean`. */
 static ckptio_status abort_uploads_now(ckptio_engine *engine, const char *dir) {
+    if (!ckptio__dcp_lease_held_here(dir)) return CKPTIO_OK;
     names all = {0}, young = {0};
     double since = 0;
     ckptio__error_saved *kept = ckptio__error_save();

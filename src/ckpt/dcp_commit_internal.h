@@ -184,6 +184,9 @@ void ckptio__dcp_prefetch_finish(ckptio__dcp_prefetch *p);
  * request. */
 ckptio_status ckptio__dcp_lease_since(ckptio_engine *engine, const char *dir, double *since);
 
+/* Whether this process holds the lease on DIR now (confirmed, not lost). */
+bool ckptio__dcp_lease_held_here(const char *dir);
+
 /* The marks of shared saves in progress (see ckptio__dcp_lease_acquire). */
 #define CKPTIO__DCP_SHARED_PREFIX ".ckptio-dcp-shared-"
 

@@ -228,6 +228,14 @@ static bool held_since(const char *url, double *since) {
     return found;
 }
 
+bool ckptio__dcp_lease_held_here(const char *dir) {
+    char *url = ckptio__path_join(dir, CKPTIO_DCP_LOCK_NAME);
+    double since = 0;
+    const bool held = url && held_since(url, &since);
+    ckptio__free(url);
+    return held;
+}
+
 ckptio_status ckptio__dcp_lease_since(ckptio_engine *engine, const char *dir, double *since) {
     *since = 0;
     char *url = ckptio__path_join(dir, CKPTIO_DCP_LOCK_NAME);
@@ -585,6 +593,8 @@ static ckptio_status start_renewing(ckptio__dcp_lease *l) {
 ckptio_status ckptio__dcp_keep_since(ckptio_engine *engine, const char *dir, char *const *marks, size_t nmarks,
                                      double *keep_since, bool *dead) {
     CKPTIO_FORWARD(ckptio__dcp_lease_since(engine, dir, keep_since));
+    int64_t ttl_ms = 60000;
+    if (engine) ckptio_engine_get(engine, CKPTIO_OPT_S3_LEASE_MS, &ttl_ms);
     for (size_t i = 0; i < nmarks; i++) {
         dead[i] = false;
         char *url = ckptio__path_join(dir, marks[i]);
@@ -593,10 +603,16 @@ ckptio_status ckptio__dcp_keep_since(ckptio_engine *engine, const char *dir, cha
         const ckptio_status st = look(engine, url, &s);
         ckptio__free(url);
         CKPTIO_FORWARD(st);
-        if (!s.exists) continue; /* released meanwhile: that save has committed */
-        /* A mark that cannot be read holds for the default lease time, and keeps every object. */
+        if (!s.exists) {
+            /* Released since the listing: that save committed, and its metadata object may be newer than the
+             * listing, which then does not show it referencing its data. Everything is kept this round; the
+             * next cleanup, whose listing shows that metadata, removes what is really stale. */
+            *keep_since = 1;
+            continue;
+        }
+        /* A mark that cannot be read holds for the lease time, and keeps every object. */
         const double since = s.parsed && s.text.since > 0 ? (double)s.text.since : 1;
-        if (!live(&s, 60))
+        if (!live(&s, (double)ttl_ms / 1000))
             dead[i] = true;
         else if (*keep_since <= 0 || since < *keep_since)
             *keep_since = since;

@@ -509,6 +509,7 @@ def test_commit_round_trips_run_together(s3_prefix, tmp_path):
     log_path = tmp_path / "proxy.log"
     try:
         through(proxy, lambda: save(sd, url, thread_count=4))  # four data objects
+        proxy.settle()
         first = [json.loads(line) for line in log_path.read_text().splitlines()]
         time.sleep(2.1)  # older than the next lease by the server's whole seconds (listings round up)
         through(proxy, lambda: save(sd, url, thread_count=4))
@@ -594,3 +595,33 @@ def test_lease_released_beside_the_removal(s3_prefix, tmp_path):
 def _tokens(names):
     """The save tokens of the data objects among `names` (__{rank}_{token}_{n}.distcp)."""
     return {n.split("_")[3] for n in names if n.startswith("__") and n.endswith(".distcp")}
+
+
+def test_a_mark_released_after_the_cleanups_listing_keeps_every_object(s3_prefix, tmp_path):
+    """A save without collectives commits (its __0.metadata PUT) and drops its mark between a cleanup's
+    listing and that cleanup's read of the mark: the listing shows the data object but not the metadata that
+    references it, so the cleanup must keep everything this round rather than take the data for an older
+    save's. The mark's GET stalls 3 s at the fault proxy (the client retries it) while that happens."""
+    import threading
+
+    from test_s3_files import Proxy, through
+
+    d = f"{s3_prefix}/ckpt"
+    mark = _ckptio.dcp_lock_acquire(d, None, True, 0.0)  # a save without collectives: its mark
+    data = "__0_dddddddddddd_0.distcp"
+    _ckptio.object_put(f"{d}/{data}", b"x" * 100)
+
+    def commit_meanwhile():
+        time.sleep(1.0)  # inside the stalled GET of the mark, after the listing
+        _ckptio.object_put(f"{d}/__0.metadata", b"m")
+        _ckptio.dcp_lock_release(mark)
+
+    proxy = Proxy(tmp_path, "GET:ckptio-dcp-shared-:stall:3:1")
+    other = threading.Thread(target=commit_meanwhile)
+    try:
+        other.start()
+        stale, _ = through(proxy, lambda: _ckptio.dcp_stale_files(d, [], None))
+    finally:
+        other.join()
+        proxy.kill()
+    assert data not in stale, stale
