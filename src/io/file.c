@@ -214,9 +214,11 @@ ckptio_status ckptio__file_open_created(ckptio_engine *engine, const char *path,
     *out = f;
     return CKPTIO_OK;
 out:
+    /* The temporary goes while its descriptors still hold its lock: once they are closed, a cleaner may
+     * remove it and another save of the name take its slot, which an unlink after the close would remove. */
+    if (f->tmp_path) unlink(f->tmp_path);
     if (f->direct_fd >= 0) close(f->direct_fd);
     if (f->fd >= 0) close(f->fd);
-    if (f->tmp_path) unlink(f->tmp_path);
     pthread_mutex_destroy(&f->lock);
     pthread_mutex_destroy(&f->write_turn);
     ckptio__free(f->tmp_path);

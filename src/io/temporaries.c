@@ -226,15 +226,15 @@ ckptio_status ckptio_temporary_create(const char *dir, const char *name, const c
     else if (has_ref && (st = ckptio__inherit_from(*fd, &ref, tmp)) != CKPTIO_OK) {
         /* Never wider than the reference (its mode at creation): only owner
          * and group are missing. The commit must not go on without them. */
+        unlink(tmp); /* before the close: the lock still covers it */
         close(*fd);
         *fd = -1;
-        unlink(tmp);
     }
     if (st == CKPTIO_OK && strlen(tmp) >= cap) {
         st = CKPTIO_FAIL(CKPTIO_E_RANGE, "ckptio_temporary_create: %s does not fit in %zu bytes", tmp, cap);
+        unlink(tmp); /* before the close: the lock still covers it */
         close(*fd);
         *fd = -1;
-        unlink(tmp);
     }
     if (st == CKPTIO_OK) memcpy(path, tmp, strlen(tmp) + 1);
     ckptio__free(tmp);
