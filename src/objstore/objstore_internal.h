@@ -410,7 +410,9 @@ void ckptio__s3_part_pool_stats_get(ckptio__s3_part_pool *pool, ckptio__s3_part_
 void ckptio__s3_part_pool_destroy(ckptio__s3_part_pool *pool);
 
 /* A fork()ed child's copy of a pool: frees what can be freed without the
- * parent's threads (its trimmer does not exist here). Accepts NULL. */
+ * parent's threads (its trimmer does not exist here) and leaves the pool
+ * stopping, never freed: an upload opened before the fork gives its buffers
+ * back to it (and they are freed). Accepts NULL. */
 void ckptio__s3_part_pool_forget(ckptio__s3_part_pool *pool);
 
 /* ---- an object written in parts (s3_upload.c) ---------------------------- */

@@ -226,9 +226,21 @@ void ckptio__s3_part_pool_forget(ckptio__s3_part_pool *p) {
     /* The lock free means no thread of the parent was changing the list at
      * fork(): it is whole and its buffers (this process's copies) can go.
      * Held, the list may be half-changed: left alone (address space only;
-     * the child never touched those pages). */
-    if (pthread_mutex_trylock(&p->lock) != 0) return;
-    for (unsigned i = 0; i < p->n; i++) ckptio__free(p->kept[i].buf);
-    ckptio__free(p->kept);
-    ckptio__free(p);
+     * the child never touched those pages), and the lock made anew (the
+     * child has one thread). The pool itself stays, stopping: an upload
+     * opened before the fork still gives its buffers back to it, and a
+     * stopping pool frees them. */
+    if (pthread_mutex_trylock(&p->lock) == 0) {
+        for (unsigned i = 0; i < p->n; i++) ckptio__free(p->kept[i].buf);
+        ckptio__free(p->kept);
+    } else {
+        pthread_mutex_init(&p->lock, NULL);
+        pthread_mutex_lock(&p->lock);
+    }
+    p->kept = NULL;
+    p->n = p->cap = 0;
+    p->stats.kept_bytes = 0;
+    p->stopping = true;
+    p->trimmer_started = p->trimmer_running = false; /* the parent's thread: not in this process */
+    pthread_mutex_unlock(&p->lock);
 }
