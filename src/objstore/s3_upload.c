@@ -48,6 +48,7 @@ struct ckptio__s3_budget {
     pthread_mutex_t lock; /* taken after an upload's lock, never before */
     uint64_t used, max, peak;
     uint64_t gives;       /* buffers given back so far: a waiter sees the uploads move */
+    unsigned sending;     /* parts of its uploads in flight: each will give its buffer back, or fail */
     unsigned refs;
 };
 
@@ -163,11 +164,22 @@ static void budget_give(ckptio__s3_upload *u, uint64_t n) {
     u->budget_held -= n;
 }
 
-static uint64_t budget_gives(ckptio__s3_budget *b) {
+/* Buffers given back so far, and whether parts are in flight (on a slow link a part may take longer than
+ * the request timeout, which counts only time without bytes moving). */
+static uint64_t budget_gives(ckptio__s3_budget *b, bool *sending) {
     pthread_mutex_lock(&b->lock);
     const uint64_t g = b->gives;
+    *sending = b->sending > 0;
     pthread_mutex_unlock(&b->lock);
     return g;
+}
+
+/* A part of `u` goes into flight (+1) or comes back (-1). */
+static void budget_sending(ckptio__s3_upload *u, int delta) {
+    if (!u->budget) return;
+    pthread_mutex_lock(&u->budget->lock);
+    u->budget->sending = (unsigned)((int)u->budget->sending + delta);
+    pthread_mutex_unlock(&u->budget->lock);
 }
 
 static uint64_t choose_part_size(const ckptio__s3_upload *u, uint64_t size) {
@@ -339,6 +351,11 @@ ckptio_status ckptio__s3_upload_set_size(ckptio__s3_upload *u, uint64_t size) {
             }
             p0->buf = b;
             u->buffered += want - u->part_size;
+            /* The shared bound counts what the buffer holds now. */
+            if (want > u->part_size)
+                budget_take(u, want - u->part_size, true);
+            else
+                budget_give(u, u->part_size - want);
         }
         u->part_size = want;
     }
@@ -393,11 +410,13 @@ static ckptio_status part_buffer(ckptio__s3_upload *u, unsigned i) {
         if (own_room) {
             /* The shared bound is reached by the other uploads: their parts free it, and they do not
              * signal this upload's condition, so look again shortly. Buffers that all wait for bytes
-             * nobody writes free nothing: after the request timeout without one given back, fail. */
+             * nobody writes free nothing: after the request timeout without one given back and with no
+             * part of theirs in flight, fail. */
             struct timespec now, due;
             clock_gettime(CLOCK_MONOTONIC, &now);
-            const uint64_t gives = budget_gives(u->budget);
-            if (gives != seen_gives) {
+            bool sending;
+            const uint64_t gives = budget_gives(u->budget, &sending);
+            if (gives != seen_gives || sending) {
                 seen_gives = gives;
                 since = now;
             } else if ((now.tv_sec - since.tv_sec) * 1000 + (now.tv_nsec - since.tv_nsec) / 1000000 >
@@ -578,6 +597,7 @@ static void *uploader(void *arg) {
             pr->r.user = pr;
             ckptio__s3_submit(u->session, &pr->r);
             u->inflight++;
+            budget_sending(u, +1);
         }
         if (!u->inflight) {
             if (u->closing || u->fail_status != CKPTIO_OK) break;
@@ -610,6 +630,7 @@ static void *uploader(void *arg) {
         ckptio__s3_request_cleanup(r);
         ckptio__free(pr);
         u->inflight--;
+        budget_sending(u, -1);
         pthread_cond_broadcast(&u->cond);
     }
     pthread_cond_broadcast(&u->cond);
