@@ -305,7 +305,7 @@ def _copy_all(copies: List[Tuple[int, int, int]]) -> None:
     """Runs the copies: the second half of the bytes (a copy cut where the
     half falls) on a thread of its own when there are enough of them."""
     total = sum(n for _, _, n in copies)
-    if total < COPY_TWO_THREADS_MIN or (os.cpu_count() or 1) < 2:
+    if total < COPY_TWO_THREADS_MIN or len(os.sched_getaffinity(0)) < 2:
         for dst, src, n in copies:
             _ckptio.copy(dst, src, n)
         return

@@ -76,7 +76,7 @@ ckptio_status ckptio__dcp_listing_start(ckptio_engine *engine, const char *dir, 
     }
     snprintf(l->prefix, len + 2, "%s%s", dir, dir[len - 1] == '/' ? "" : "/");
     l->engine = engine;
-    if (pthread_create(&l->thread, NULL, run, l) != 0) {
+    if (ckptio__thread_start(&l->thread, NULL, run, l) != 0) {
         ckptio__free(l->prefix);
         ckptio__free(l);
         return CKPTIO_OK;

@@ -7,6 +7,7 @@
 
 #include "ckptio.h"
 
+#include <pthread.h>
 #include <stdarg.h>
 #include <stdbool.h>
 #include <stddef.h>
@@ -170,6 +171,13 @@ bool ckptio__forked_since(unsigned made_in);
 
 /* Serialises those rebuilds; consistent in a child whatever the parent's
  * threads were doing (the fork handlers hold it across fork()). */
+/* pthread_create() of a library thread: every signal a process is sent is
+ * blocked in it, so that the application's handlers run on its own threads;
+ * not those a fault raises on the faulting thread (SIGBUS of a mapped file
+ * that shrank, which file_map.c's guards catch; SIGSEGV, SIGFPE, SIGILL),
+ * which the kernel would otherwise turn into a kill. Returns its error. */
+int ckptio__thread_start(pthread_t *thread, const pthread_attr_t *attr, void *(*fn)(void *), void *arg);
+
 void ckptio__fork_rebuild_lock(void);
 void ckptio__fork_rebuild_unlock(void);
 

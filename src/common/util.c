@@ -5,6 +5,7 @@
 
 #include <ctype.h>
 #include <errno.h>
+#include <signal.h>
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
@@ -62,4 +63,17 @@ bool ckptio__parse_size(const char *text, uint64_t *out) {
     if (ckptio__mul_overflows(value, mult, &bytes)) return false;
     *out = bytes;
     return true;
+}
+
+int ckptio__thread_start(pthread_t *thread, const pthread_attr_t *attr, void *(*fn)(void *), void *arg) {
+    sigset_t all, old;
+    sigfillset(&all);
+    sigdelset(&all, SIGBUS);
+    sigdelset(&all, SIGSEGV);
+    sigdelset(&all, SIGFPE);
+    sigdelset(&all, SIGILL);
+    pthread_sigmask(SIG_SETMASK, &all, &old);
+    const int err = pthread_create(thread, attr, fn, arg);
+    pthread_sigmask(SIG_SETMASK, &old, NULL);
+    return err;
 }

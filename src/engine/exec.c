@@ -577,8 +577,8 @@ static bool one_buffered_file(const exec *x) {
         if (ex->file != f) return false;
         small &= ex->length < x->direct_min;
     }
-    return x->direct_mode == CKPTIO_DIRECT_OFF || small || ckptio__file_in_memory(f) ||
-           atomic_load_explicit(&f->write_cache, memory_order_relaxed) > 0;
+    /* The workers' own rule (claim()): whatever is not O_DIRECT goes through the page cache. */
+    return x->direct_mode == CKPTIO_DIRECT_OFF || small || ckptio__file_in_memory(f) || ckptio__write_buffered(f);
 }
 
 static ckptio_status run_host(exec *x) {

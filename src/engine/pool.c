@@ -85,19 +85,7 @@ static ckptio_status spawn(ckptio__pool *p) {
         p->threads = t;
         p->cap = cap;
     }
-    /* Workers block every signal a process is sent, so that its handlers run
-     * on the application's threads; not the ones a fault raises on the
-     * faulting thread (a mapped file that shrank: SIGBUS, which the guards
-     * of file_map.c catch), which the kernel would otherwise turn into a kill. */
-    sigset_t all, old;
-    sigfillset(&all);
-    sigdelset(&all, SIGBUS);
-    sigdelset(&all, SIGSEGV);
-    sigdelset(&all, SIGFPE);
-    sigdelset(&all, SIGILL);
-    pthread_sigmask(SIG_SETMASK, &all, &old);
-    int err = pthread_create(&p->threads[p->nthreads], NULL, thread_main, p);
-    pthread_sigmask(SIG_SETMASK, &old, NULL);
+    int err = ckptio__thread_start(&p->threads[p->nthreads], NULL, thread_main, p);
     if (err) return CKPTIO_FAIL_SYS(err, "pthread_create", "", -1, "starting worker thread %u", p->nthreads + 1);
     p->nthreads++;
     return CKPTIO_OK;

@@ -643,15 +643,11 @@ static void *close_fd(void *arg) {
 static void discard(int fd) {
     struct stat sb;
     if (fstat(fd, &sb) == 0 && (uint64_t)sb.st_blocks * 512 >= DISCARD_IN_BACKGROUND) {
-        sigset_t all, old;
-        sigfillset(&all);
         pthread_attr_t attr;
         pthread_t t;
         if (pthread_attr_init(&attr) == 0) {
             pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
-            pthread_sigmask(SIG_SETMASK, &all, &old);
-            const int rc = pthread_create(&t, &attr, close_fd, (void *)(intptr_t)fd);
-            pthread_sigmask(SIG_SETMASK, &old, NULL);
+            const int rc = ckptio__thread_start(&t, &attr, close_fd, (void *)(intptr_t)fd);
             pthread_attr_destroy(&attr);
             if (rc == 0) return;
         }

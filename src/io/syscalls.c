@@ -86,17 +86,13 @@ int ckptio__fsync_many(const int *fds, size_t n, int *errs) {
         /* Every fsync but the last to run gets a thread (signals blocked: they
          * belong to the program's threads); where pthread_create fails, it
          * runs here and then. */
-        sigset_t all, old;
-        sigfillset(&all);
         for (size_t i = 0; i < round; i++) {
             if (jobs[i].err) continue;
             if (--run == 0) {
                 fsync_thread(&jobs[i]);
                 break;
             }
-            pthread_sigmask(SIG_SETMASK, &all, &old);
-            started[i] = pthread_create(&threads[i], NULL, fsync_thread, &jobs[i]) == 0;
-            pthread_sigmask(SIG_SETMASK, &old, NULL);
+            started[i] = ckptio__thread_start(&threads[i], NULL, fsync_thread, &jobs[i]) == 0;
             if (!started[i]) fsync_thread(&jobs[i]);
         }
         for (size_t i = 0; i < round; i++) {

@@ -107,11 +107,7 @@ static void start_trimmer(ckptio__s3_part_pool *p) {
     if (p->trimmer_running) return;
     if (p->trimmer_started) pthread_join(p->trimmer, NULL); /* it ended: it holds no lock any more */
     p->trimmer_started = false;
-    sigset_t all, old;
-    sigfillset(&all);
-    pthread_sigmask(SIG_SETMASK, &all, &old); /* signals go to the application's threads */
-    const int err = pthread_create(&p->trimmer, NULL, trimmer, p);
-    pthread_sigmask(SIG_SETMASK, &old, NULL);
+    const int err = ckptio__thread_start(&p->trimmer, NULL, trimmer, p);
     if (err) return;
     p->trimmer_started = p->trimmer_running = true;
 }

@@ -294,11 +294,7 @@ static void *uploader(void *arg);
 static ckptio_status start_uploader(ckptio__s3_upload *u) {
     if (u->thread_started) return CKPTIO_OK;
     if (!u->session) CKPTIO_FORWARD(ckptio__s3_session_create(&u->session));
-    sigset_t all, old;
-    sigfillset(&all);
-    pthread_sigmask(SIG_SETMASK, &all, &old); /* signals go to the application's threads */
-    const int err = pthread_create(&u->thread, NULL, uploader, u);
-    pthread_sigmask(SIG_SETMASK, &old, NULL);
+    const int err = ckptio__thread_start(&u->thread, NULL, uploader, u);
     if (err) {
         char s[400];
         shown(u, s, sizeof s);

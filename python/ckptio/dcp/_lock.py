@@ -63,11 +63,15 @@ def in_dcp_code(thread: Optional[threading.Thread]) -> bool:
     than being released under a save that still runs."""
     if thread is None or not thread.is_alive() or thread.ident is None:
         return False
-    # In memory (no file system to depend on), read back from its start.
-    with os.fdopen(_memory._memfd(), "w+b") as f:
-        faulthandler.dump_traceback(f, all_threads=True)
-        f.seek(0)
-        text = f.read().decode("ascii", "replace")
+    # In memory (no file system to depend on), read back from its start. Where the stacks cannot be read,
+    # the thread counts as in DCP code (its lock stays held).
+    try:
+        with os.fdopen(_memory._memfd(), "w+b") as f:
+            faulthandler.dump_traceback(f, all_threads=True)
+            f.seek(0)
+            text = f.read().decode("ascii", "replace")
+    except OSError:
+        return True
     found = cut = False
     for line in text.splitlines():
         header = _THREAD_HEADER.match(line)

@@ -117,6 +117,7 @@ class PrefixListing:
 
         self._found: dict = {}
         self._witness: Optional[tuple] = None
+        self._checked = False  # the witness matched: the ETags may be used
         self._thread = threading.Thread(target=self._run, args=(directory, engine), daemon=True)
         self._thread.start()
 
@@ -143,7 +144,8 @@ class PrefixListing:
         self._thread.join()
         if self._witness is not None:
             listed = self._found.get(self._witness[0])
-            if listed is None or listed[1] != self._witness[1]:
-                self._found = {}
+            self._checked = listed is not None and listed[1] == self._witness[1]
             self._witness = None
-        return self._found.get(name)
+        # Without a matching witness (none given: the .metadata read failed, or it did not match) no listed
+        # ETag is used, as in C (dcp_listing.c).
+        return self._found.get(name) if self._checked else None
