@@ -491,7 +491,10 @@ def main():
         measure(a, size, prefix)
     finally:
         if not a.keep:
-            _common.log(f"deleted {delete_under(prefix)} objects under s3://{bucket()}/{prefix}")
+            try:
+                _common.log(f"deleted {delete_under(prefix)} objects under s3://{bucket()}/{prefix}")
+            except Exception as exc:  # noqa: BLE001 - the measurement's own error, if any, is the one to see
+                _common.log(f"could not delete the objects under s3://{bucket()}/{prefix}: {exc}")
 
 
 def measure(a, size, prefix):

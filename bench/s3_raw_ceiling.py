@@ -32,6 +32,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import uuid
 from concurrent.futures import ThreadPoolExecutor
 from urllib.parse import quote, urlsplit
 
@@ -182,7 +183,7 @@ def main():
     data = bytes(range(256)) * (size // 256)
     access, secret = os.environ["AWS_ACCESS_KEY_ID"], os.environ["AWS_SECRET_ACCESS_KEY"]
     sig = SigV4(endpoint, access, secret, os.environ.get("AWS_REGION", "us-east-1"))
-    key = "bench/raw-ceiling"
+    key = f"bench/raw-ceiling-{uuid.uuid4().hex[:8]}"  # its own: two runs on one bucket never delete each other's
     path = f"/{bucket}/{key}"
     with tempfile.TemporaryDirectory(dir="/dev/shm") as shm:
         parts = []

@@ -230,9 +230,10 @@ typedef struct ckptio_model_save_options {
  * all written first (nothing visible changes); then, only where a new shard
  * takes the name of an old file, the old index is removed; the shards are
  * committed, the new index written, and the old model's other files
- * removed, its index first, each tried (the first failure returned). A crash or failure in that last step (a few renames or small
- * requests) can leave a directory without an index; before it, the older
- * model is intact. *nshards (may be NULL) receives the shard count.
+ * removed, its index first, each tried (the first failure returned). A
+ * crash or failure in that last step (a few renames or small requests) can
+ * leave a directory without an index; before it, the older model is
+ * intact. *nshards (may be NULL) receives the shard count.
  * Thread-safe for distinct directories. */
 CKPTIO_API ckptio_status ckptio_model_save(ckptio_engine *engine, const char *dir, const ckptio_tensor_source *tensors,
                                            size_t count, const ckptio_model_save_options *options, size_t *nshards);

@@ -65,10 +65,7 @@ static ckptio_status list_push(extent_list *l, const ckptio_extent *e) {
  * and memory lengthens it (as ckptio__plan_add_merged does in a plan). */
 static ckptio_status list_push_merged(extent_list *l, const ckptio_extent *e) {
     ckptio_extent *last = l->n ? &l->v[l->n - 1] : NULL;
-    if (last && e->length && last->file == e->file && last->mem_kind == e->mem_kind &&
-        ckptio__mem_kind_merges(e->mem_kind) &&
-        last->file_offset + last->length == e->file_offset &&
-        (const unsigned char *)last->memory + last->length == (const unsigned char *)e->memory) {
+    if (ckptio__extent_continues(last, e)) {
         last->length += e->length;
         return CKPTIO_OK;
     }

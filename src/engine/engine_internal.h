@@ -132,6 +132,13 @@ static inline bool ckptio__mem_kind_merges(ckptio_mem_kind kind) {
     return kind == CKPTIO_MEM_HOST || kind == CKPTIO_MEM_PINNED;
 }
 
+/* Whether read extent `e` continues `last` in file and memory and may lengthen it (ckptio__mem_kind_merges). */
+static inline bool ckptio__extent_continues(const ckptio_extent *last, const ckptio_extent *e) {
+    return last && e->length && last->length && last->file == e->file && last->mem_kind == e->mem_kind &&
+           ckptio__mem_kind_merges(e->mem_kind) && last->file_offset + last->length == e->file_offset &&
+           (const unsigned char *)last->memory + last->length == (const unsigned char *)e->memory;
+}
+
 /* The number of extents of a plan, and their bytes together. */
 ckptio_status ckptio__plan_count(const ckptio_plan *plan, size_t *out);
 ckptio_status ckptio__plan_total_bytes(const ckptio_plan *plan, uint64_t *out);

@@ -66,12 +66,8 @@ ckptio_status ckptio__plan_add_merged(ckptio_plan *p, const ckptio_extent *x) {
     if (p && x && p->count && p->dir == CKPTIO_READ && x->length) {
         ckptio_extent *last = &p->ext[p->count - 1];
         uint64_t total;
-        if (last->file == x->file && last->mem_kind == x->mem_kind && ckptio__mem_kind_merges(x->mem_kind) &&
-            last->length &&
-            last->file_offset + last->length == x->file_offset &&
-            (const unsigned char *)last->memory + last->length == (const unsigned char *)x->memory &&
-            !ckptio__add_overflows(p->total, x->length, &total) && last->length + x->length >= last->length &&
-            x->file_offset + x->length <= (uint64_t)INT64_MAX) {
+        if (ckptio__extent_continues(last, x) && !ckptio__add_overflows(p->total, x->length, &total) &&
+            last->length + x->length >= last->length && x->file_offset + x->length <= (uint64_t)INT64_MAX) {
             last->length += x->length;
             p->total = total;
             return CKPTIO_OK;

@@ -14,9 +14,11 @@
  * they may not call CUDA, and the transfer needs CUDA calls.
  * The gate opens also when the transfer fails, so S never hangs; the error
  * is reported by ckptio_gds_request_wait().
- * While S waits on a gate, the engine frees no pinned memory (it keeps its
- * staging slots: ckptio__gpu_kept_slot_bytes): cuMemFreeHost synchronises
- * the device, so it would wait for S, which waits for the transfer.
+ * While S waits on a gate, no transfer of the engine frees its pinned
+ * staging slots (it keeps them: ckptio__gpu_kept_slot_bytes): cuMemFreeHost
+ * synchronises the device, so it would wait for S, which waits for the
+ * transfer. A request destroyed meanwhile frees its own gate word, which
+ * only waits for the other request's transfer to end.
  */
 #include "cuda_shim.h"
 #include "gds_internal.h"
