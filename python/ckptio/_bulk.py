@@ -22,8 +22,6 @@ from __future__ import annotations
 
 import ctypes
 import gc
-import os
-import threading
 from typing import Any, Dict, List, NamedTuple, Optional, Sequence, Tuple
 
 from . import _adapt, _ckptio
@@ -32,7 +30,7 @@ PACK_TENSOR_MAX = 1 << 16
 PACK_BYTES = 16 << 20
 GC_PAUSE_MIN = 1000  # no_gc: objects made below this are not worth the switch
 COPY_ONE_BY_ONE_MAX = 16  # copy_from: packs of up to this many tensors are not packed
-COPY_TWO_THREADS_MIN = 8 << 20  # copy_from: from this many bytes in all, a second thread copies half
+OWN_MEMORY_MIN = 2 << 20  # copy_from: a tensor of this many bytes or more gets memory of its own (a huge page)
 
 
 class Item(NamedTuple):
@@ -274,69 +272,45 @@ def numpy_mapped(items: Sequence[Item], mapping_of) -> Dict[int, Any]:
 def copy_from(base: int, items: Sequence[Item]) -> List[Any]:
     """Tensors copied out of memory at `base` (file byte k at base + k: a
     checkpoint held in memory), small ones packed; one copy each. A List by
-    index, as load_copied. The copies run on the calling thread, and from
-    COPY_TWO_THREADS_MIN bytes in all half of them on one more thread of
-    its own: one thread copies at about half the memory bandwidth, and
-    torch's clone() would start its whole thread pool, which on a busy
-    machine costs more than the copy."""
+    index, as load_copied. A tensor of OWN_MEMORY_MIN bytes or more lives in
+    host memory of its own on transparent huge pages when the kernel gives
+    them without a stall (_ckptio.host_alloc: one fault per 2 MiB instead of
+    512); the others come from torch's allocator. The copies run in C
+    (_ckptio.host_copy): from 8 MiB in all, half of them on one more thread."""
     torch = _adapt.torch_module()
     out = _slots(items, None)
     kinds: Dict[Any, Any] = {}
     copies: List[Tuple[int, int, int]] = []  # (destination, source, bytes)
+    large = sum(it[NBYTES] for it in items if it[NBYTES] >= OWN_MEMORY_MIN)
+    huge = bool(large) and _ckptio.host_huge_pages(large)
     for start, end, members in _groups(items):
         # A pack of a few tensors costs more than the tensors alone (its buffer, a view and an unbind per
         # tensor): those are made one by one, each with its own storage.
         if len(members) <= COPY_ONE_BY_ONE_MAX:
             for it in members:
                 dt, tshape, _, _ = _kind(kinds, it[CODE], it[SHAPE], it[NAME])
-                t = out[it[INDEX]] = torch.empty(tshape, dtype=dt)
-                if it[NBYTES]:
-                    copies.append((t.data_ptr(), base + it[OFFSET], it[NBYTES]))
+                nbytes = it[NBYTES]
+                if huge and nbytes >= OWN_MEMORY_MIN:
+                    t = out[it[INDEX]] = host_tensor(nbytes, dt, tshape)
+                else:
+                    t = out[it[INDEX]] = torch.empty(tshape, dtype=dt)
+                if nbytes:
+                    copies.append((t.data_ptr(), base + it[OFFSET], nbytes))
             continue
         buf = torch.empty(end - start, dtype=torch.uint8)
         copies.append((buf.data_ptr(), base + start, end - start))
         left = _views(buf, start, members, out, kinds)
         assert not left  # a new buffer starting at the tensor is aligned for every dtype
-    _copy_all(copies)
+    _ckptio.host_copy(copies)
     return out
 
 
-def _copy_all(copies: List[Tuple[int, int, int]]) -> None:
-    """Runs the copies: the second half of the bytes (a copy cut where the
-    half falls) on a thread of its own when there are enough of them."""
-    total = sum(n for _, _, n in copies)
-    if total < COPY_TWO_THREADS_MIN or len(os.sched_getaffinity(0)) < 2:
-        for dst, src, n in copies:
-            _ckptio.copy(dst, src, n)
-        return
-    first: List[Tuple[int, int, int]] = []
-    second: List[Tuple[int, int, int]] = []
-    done = 0
-    for dst, src, n in copies:
-        if done >= total // 2:
-            second.append((dst, src, n))
-        elif done + n <= total // 2:
-            first.append((dst, src, n))
-        else:
-            cut = total // 2 - done
-            first.append((dst, src, cut))
-            second.append((dst + cut, src + cut, n - cut))
-        done += n
-    errors: List[BaseException] = []
-
-    def run_second() -> None:
-        try:
-            for dst, src, n in second:
-                _ckptio.copy(dst, src, n)
-        except BaseException as e:  # noqa: BLE001 - raised by the calling thread
-            errors.append(e)
-
-    helper = threading.Thread(target=run_second, name="ckptio-copy", daemon=True)
-    helper.start()
-    try:
-        for dst, src, n in first:
-            _ckptio.copy(dst, src, n)
-    finally:
-        helper.join()
-    if errors:
-        raise errors[0]
+def host_tensor(nbytes: int, dtype, shape: Tuple[int, ...]):
+    """A new contiguous CPU tensor over host memory of its own on huge pages
+    (_ckptio.host_alloc), unmapped when the tensor's storage goes. An ordinary
+    tensor but for its storage, which cannot be resized (as torch.frombuffer's)."""
+    torch = _adapt.torch_module()
+    memory = _ckptio.host_alloc(nbytes, True)
+    buf = (ctypes.c_ubyte * nbytes).from_address(memory.address)
+    buf.owner = memory  # torch.frombuffer keeps `buf` alive, `buf` the memory
+    return torch.frombuffer(buf, dtype=dtype).view(shape)

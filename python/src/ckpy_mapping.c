@@ -6,6 +6,10 @@
  * `address` (a ctypes array that holds this object, handed to
  * torch.frombuffer), so the file stays mapped while any tensor over it
  * lives, and is unmapped when the last one goes (dealloc).
+ *
+ * HostMemory is the same for new host memory (ckptio_host_alloc): a tensor
+ * copied out of a checkpoint held in memory lives over one, which is
+ * unmapped when the tensor goes.
  */
 #include "ckpy_mapping.h"
 #include "ckpy_parts.h"
@@ -92,6 +96,124 @@ static PyType_Spec mapping_spec = {
     mapping_slots,
 };
 
+/* ---- HostMemory: ckptio_host_alloc's memory, freed with the object ---- */
+
+typedef struct ckpy_host_memory {
+    PyObject_HEAD
+    void *data;
+    size_t length;
+} ckpy_host_memory;
+
+static PyTypeObject *host_memory_type = NULL;
+
+static void host_memory_dealloc(PyObject *obj) {
+    ckpy_host_memory *self = (ckpy_host_memory *)obj;
+    ckptio_host_free(self->data, self->length);
+    self->data = NULL;
+    ckpy_free_object(obj);
+}
+
+static PyObject *host_get_address(PyObject *obj, void *c) {
+    return PyLong_FromUnsignedLongLong((unsigned long long)(uintptr_t)((ckpy_host_memory *)obj)->data);
+}
+
+static PyObject *host_get_length(PyObject *obj, void *c) {
+    return PyLong_FromSize_t(((ckpy_host_memory *)obj)->length);
+}
+
+static PyGetSetDef host_memory_getset[] = {
+    {"address", host_get_address, NULL, "Address of the first byte.", NULL},
+    {"length", host_get_length, NULL, "Bytes.", NULL},
+    {NULL, NULL, NULL, NULL, NULL},
+};
+
+static PyType_Slot host_memory_slots[] = {
+    {Py_tp_dealloc, host_memory_dealloc},
+    {Py_tp_getset, host_memory_getset},
+    {Py_tp_doc, "New host memory of ckptio_host_alloc (host_alloc()); unmapped when the object goes."},
+    {0, NULL},
+};
+
+static PyType_Spec host_memory_spec = {
+    "ckptio._ckptio.HostMemory",
+    sizeof(ckpy_host_memory),
+    0,
+    Py_TPFLAGS_DEFAULT,
+    host_memory_slots,
+};
+
+/* host_alloc(n, huge_pages) -> HostMemory of n (> 0) bytes. */
+static PyObject *module_host_alloc(PyObject *module, PyObject *args) {
+    PyObject *n_o;
+    int huge = 0;
+    uint64_t n;
+    if (!PyArg_ParseTuple(args, "Op:host_alloc", &n_o, &huge) || ckpy_u64(n_o, "n", &n) < 0) return NULL;
+    if (n == 0 || n > SIZE_MAX) {
+        PyErr_Format(PyExc_ValueError, "host_alloc: %llu bytes (1 or more, within the address space)",
+                     (unsigned long long)n);
+        return NULL;
+    }
+    void *data = NULL;
+    const ckptio_status st = ckptio_host_alloc((size_t)n, huge, &data);
+    if (st != CKPTIO_OK) return ckpy_raise(st);
+    ckpy_host_memory *self = (ckpy_host_memory *)PyType_GenericAlloc(host_memory_type, 0);
+    if (!self) {
+        ckptio_host_free(data, (size_t)n);
+        return NULL;
+    }
+    self->data = data;
+    self->length = (size_t)n;
+    return (PyObject *)self;
+}
+
+/* host_huge_pages(bytes) -> bool: ckptio_host_huge_pages. */
+static PyObject *module_host_huge_pages(PyObject *module, PyObject *n_o) {
+    uint64_t n;
+    if (ckpy_u64(n_o, "bytes", &n) < 0) return NULL;
+    return PyBool_FromLong(ckptio_host_huge_pages(n));
+}
+
+/* host_copy(copies): ckptio_host_copy of a list of (dst, src, n), GIL released. */
+static PyObject *module_host_copy(PyObject *module, PyObject *seq_o) {
+    if (!PyList_Check(seq_o)) {
+        PyErr_Format(PyExc_TypeError, "host_copy() takes a list of (dst, src, n), not %R", (PyObject *)Py_TYPE(seq_o));
+        return NULL;
+    }
+    PyObject *seq = seq_o;
+    Py_INCREF(seq);
+    const Py_ssize_t count = PyList_Size(seq);
+    ckptio_copy one[16];
+    ckptio_copy *copies = count <= 16 ? one : PyMem_Malloc((size_t)count * sizeof *copies);
+    if (!copies) {
+        Py_DECREF(seq);
+        return PyErr_NoMemory();
+    }
+    for (Py_ssize_t i = 0; i < count; i++) {
+        PyObject *item = PyList_GetItem(seq, i);
+        uint64_t dst, src, n;
+        if (!PyTuple_Check(item) || PyTuple_Size(item) != 3) {
+            PyErr_Format(PyExc_TypeError, "host_copy(): item %zd is not a (dst, src, n) tuple", i);
+            goto fail;
+        }
+        if (ckpy_u64(PyTuple_GetItem(item, 0), "dst", &dst) < 0 || ckpy_u64(PyTuple_GetItem(item, 1), "src", &src) < 0 ||
+            ckpy_u64(PyTuple_GetItem(item, 2), "n", &n) < 0)
+            goto fail;
+        copies[i] = (ckptio_copy){(void *)(uintptr_t)dst, (const void *)(uintptr_t)src, (size_t)n};
+    }
+    ckptio_status st;
+    Py_BEGIN_ALLOW_THREADS
+    st = ckptio_host_copy(copies, (size_t)count);
+    Py_END_ALLOW_THREADS
+    if (copies != one) PyMem_Free(copies);
+    Py_DECREF(seq);
+    if (st != CKPTIO_OK) return ckpy_raise(st);
+    Py_RETURN_NONE;
+fail:
+    if (copies != one) PyMem_Free(copies);
+    Py_DECREF(seq);
+    return NULL;
+}
+
 /* mapping_check(address, length): ckptio_mapping_check on any memory. */
 static PyObject *module_mapping_check(PyObject *module, PyObject *args) {
     PyObject *addr_o, *len_o;
@@ -137,6 +259,13 @@ static PyMethodDef module_methods[] = {
     {"copy", module_copy, METH_VARARGS,
      "copy(dst, src, n): n bytes from address src to address dst, one thread, GIL released (memory in a\n"
      "mapped file that lost its bytes: CkptioError E_TRUNCATED, never SIGBUS)."},
+    {"host_alloc", module_host_alloc, METH_VARARGS,
+     "host_alloc(n, huge_pages) -> HostMemory: n new bytes in a mapping of their own (ckptio_host_alloc)."},
+    {"host_huge_pages", module_host_huge_pages, METH_O,
+     "host_huge_pages(bytes) -> bool: whether buffers of that many bytes in all may go on huge pages."},
+    {"host_copy", module_host_copy, METH_O,
+     "host_copy([(dst, src, n), ...]): the copies, from 8 MiB in all on two threads, GIL released\n"
+     "(ckptio_host_copy)."},
     {"mapping_check", module_mapping_check, METH_VARARGS,
      "mapping_check(address, length): CkptioError (E_TRUNCATED) when part of that memory lies in a ckptio\n"
      "mapping whose file was truncated since; None otherwise."},
@@ -151,5 +280,12 @@ int ckpy_mapping_add_to_module(PyObject *module) {
         return -1;
     }
     Py_INCREF(mapping_type);
+    host_memory_type = (PyTypeObject *)PyType_FromSpec(&host_memory_spec);
+    if (!host_memory_type) return -1;
+    if (PyModule_AddObject(module, "HostMemory", (PyObject *)host_memory_type) < 0) {
+        Py_DECREF(host_memory_type);
+        return -1;
+    }
+    Py_INCREF(host_memory_type);
     return PyModule_AddFunctions(module, module_methods);
 }
