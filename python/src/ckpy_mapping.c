@@ -195,8 +195,8 @@ static PyObject *module_host_copy(PyObject *module, PyObject *seq_o) {
             PyErr_Format(PyExc_TypeError, "host_copy(): item %zd is not a (dst, src, n) tuple", i);
             goto fail;
         }
-        if (ckpy_u64(PyTuple_GetItem(item, 0), "dst", &dst) < 0 || ckpy_u64(PyTuple_GetItem(item, 1), "src", &src) < 0 ||
-            ckpy_u64(PyTuple_GetItem(item, 2), "n", &n) < 0)
+        if (ckpy_u64(PyTuple_GetItem(item, 0), "dst", &dst) < 0 ||
+            ckpy_u64(PyTuple_GetItem(item, 1), "src", &src) < 0 || ckpy_u64(PyTuple_GetItem(item, 2), "n", &n) < 0)
             goto fail;
         copies[i] = (ckptio_copy){(void *)(uintptr_t)dst, (const void *)(uintptr_t)src, (size_t)n};
     }
