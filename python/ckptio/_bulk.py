@@ -305,6 +305,44 @@ def copy_from(base: int, items: Sequence[Item]) -> List[Any]:
     return out
 
 
+# dtype code -> torch dtype, for codes whose file shape is torch's shape (copy_each); filled as met.
+_PLAIN_DTYPES: Dict[int, Any] = {}
+
+
+def copy_each(base: int, rows: Sequence[tuple]) -> Dict[str, Any]:
+    """copy_from for a few tensors (at most COPY_ONE_BY_ONE_MAX, where
+    copy_from packs nothing), with what a load of a few small tensors spends
+    on bookkeeping cut away: `rows` are safetensors_describe's (name, code,
+    shape, offset, nbytes, ...); returns {name: tensor} in name order."""
+    torch = _adapt.torch_module()
+    empty = torch.empty
+    out: Dict[str, Any] = {}
+    copies: List[Tuple[int, int, int]] = []
+    large = 0
+    for row in rows:
+        if row[4] >= OWN_MEMORY_MIN:
+            large += row[4]
+    huge = bool(large) and _ckptio.host_huge_pages(large)
+    names = []
+    for row in rows:
+        name, code, shape, offset, nbytes = row[0], row[1], row[2], row[3], row[4]
+        dt = _PLAIN_DTYPES.get(code)
+        if dt is None:
+            what = f"tensor '{name}'"
+            dt = _adapt.torch_dtype(code, what)
+            tshape = _adapt.torch_shape(code, shape, what)
+            if tshape == shape:
+                _PLAIN_DTYPES[code] = dt
+            shape = tshape
+        t = out[name] = host_tensor(nbytes, dt, shape) if huge and nbytes >= OWN_MEMORY_MIN else empty(shape, dtype=dt)
+        names.append(name)
+        if nbytes:
+            copies.append((t.data_ptr(), base + offset, nbytes))
+    _ckptio.host_copy(copies)
+    ordered = sorted(names)
+    return out if ordered == names else {name: out[name] for name in ordered}
+
+
 def host_tensor(nbytes: int, dtype, shape: Tuple[int, ...]):
     """A new contiguous CPU tensor over host memory of its own on huge pages
     (_ckptio.host_alloc), unmapped when the tensor's storage goes. An ordinary

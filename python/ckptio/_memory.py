@@ -151,6 +151,8 @@ def load_in_memory(source: Any, keys: Optional[Iterable[str]]) -> Optional[Dict[
     kind = _ckptio.format_detect_memory(address, length)
     if kind == "safetensors":
         rows, _ = _ckptio.safetensors_describe(address, length, NAME)
+        if keys is None and len(rows) <= _bulk.COPY_ONE_BY_ONE_MAX:
+            return _bulk.copy_each(address, rows)  # `owner` keeps the bytes alive until here
         if keys is None:
             names = sorted(row[0] for row in rows)
             wanted = range(len(rows)) if len(rows) < 2 else [i for _, i in sorted((row[0], i)
