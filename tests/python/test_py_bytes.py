@@ -278,3 +278,49 @@ def test_large_tensors_from_bytes_are_ordinary_and_freed_alone(monkeypatch, huge
         assert gone not in starts
         assert all(out[k].data_ptr() in starts for k in ("b", "odd"))
         assert torch.equal(out["b"], sd["b"]) and torch.equal(out["odd"], sd["odd"])
+
+
+def _safetensors_bytes(entries):
+    """A safetensors file of (name, dtype, shape, data) laid out in the order given (not name order)."""
+    import json
+    import struct
+
+    header, blobs, offset = {}, [], 0
+    for name, dtype, shape, data in entries:
+        header[name] = {"dtype": dtype, "shape": list(shape), "data_offsets": [offset, offset + len(data)]}
+        blobs.append(data)
+        offset += len(data)
+    text = json.dumps(header).encode()
+    text += b" " * (-len(text) % 8)
+    return struct.pack("<Q", len(text)) + text + b"".join(blobs)
+
+
+def test_a_few_tensors_from_bytes_every_dtype_in_name_order():
+    """Up to 16 tensors are made one by one: every dtype (float4 packed two to a byte included), empty and 0-d
+    tensors, come back exact, in name order whatever the order of the file."""
+    g = torch.Generator().manual_seed(9)
+    names = ST_DTYPES + (["float4_e2m1fn_x2"] if hasattr(torch, "float4_e2m1fn_x2") else [])
+    for start in range(0, len(names), 8):
+        sd = {f"t.{name}": torch.randint(0, 256, (3, 4 * torch.empty((), dtype=getattr(torch, name)).element_size()),
+                                         generator=g, dtype=torch.uint8).view(getattr(torch, name))
+              for name in names[start:start + 8]}
+        if "t.bool" in sd:
+            sd["t.bool"] = sd["t.bool"].view(torch.uint8).remainder(2).bool()
+        sd["empty"] = torch.empty(0, 4)
+        sd["scalar"] = torch.tensor(1.5)
+        out = ckptio.load(ckptio.save(sd))
+        assert list(out) == sorted(sd)
+        for k, t in sd.items():
+            assert out[k].dtype == t.dtype and out[k].shape == t.shape, k
+            assert torch.equal(out[k].reshape(-1).view(torch.uint8), t.reshape(-1).view(torch.uint8)), k
+    data = _safetensors_bytes([("z", "F32", (2,), struct_f32(1.0, 2.0)),
+                               ("a", "I16", (3,), b"\x01\x00\x02\x00\x03\x00"), ("m", "U8", (0,), b"")])
+    out = ckptio.load(data)
+    assert list(out) == ["a", "m", "z"]
+    assert out["z"].tolist() == [1.0, 2.0] and out["a"].tolist() == [1, 2, 3] and out["m"].shape == (0,)
+
+
+def struct_f32(*values):
+    import struct
+
+    return struct.pack(f"<{len(values)}f", *values)
