@@ -237,7 +237,7 @@ CKPTIO_API ckptio_status ckptio_mapping_release(ckptio_mapping *mapping);
 /* ---- host memory filled at once ----------------------------------------------
  * What a load of a checkpoint held in memory (bytes) copies its tensors into:
  * a buffer of its own per tensor, freed alone, on transparent huge pages where
- * the kernel gives them without a stall (docs/PYTHON.md, "Loads from bytes"). */
+ * the kernel gives them without a stall (docs/PYTHON.md#large-tensors-from-bytes). */
 
 /*! ckptio_host_huge_pages() :
  * 1 when buffers of `bytes` in all may be advised for transparent huge pages
