@@ -11,6 +11,9 @@ in the request target (path and query) pick requests; the first SKIP of them pas
 ACTION, the rest pass again. Actions:
     slowdown        answer 503 with an S3 SlowDown error document
     error:STATUS    answer STATUS with an S3 error document (InternalError for 5xx, else InvalidRequest)
+    error:STATUS/CODE  answer STATUS with an S3 error document of that Code (never forwarded): e.g.
+                    200/InternalError (CompleteMultipartUpload's failure inside a 200, which AWS documents),
+                    400/InternalError (a gateway's 400 wrapping a server fault), 400/InvalidPart
     drop            read the request, close the connection without an answer (never forwarded)
     reset           read the request head, then reset the connection (RST) before its body
     stall:SECONDS   read the request, send nothing for SECONDS, then close (never forwarded)
@@ -44,6 +47,12 @@ INVALID = (b"<?xml version='1.0' encoding='UTF-8'?>\n<Error><Code>InvalidRequest
            b"<Message>Injected by the fault proxy.</Message></Error>")
 
 
+def error_doc(code):
+    """An S3 error document of `code`, its message saying who sent it."""
+    return (b"<?xml version='1.0' encoding='UTF-8'?>\n<Error><Code>%s</Code><Message>%s injected by the fault "
+            b"proxy.</Message></Error>" % (code.encode(), code.encode()))
+
+
 class Rule:
     def __init__(self, text):
         parts = text.split(":")
@@ -51,9 +60,11 @@ class Rule:
             raise SystemExit(f"bad rule {text!r}: METHOD:PATTERN:ACTION[:ARG]:TIMES[:SKIP]")
         self.method, pattern, self.action = parts[0], parts[1], parts[2]
         rest = parts[3:]
-        self.arg = None
+        self.arg, self.code = None, ""
         if self.action in ("error", "stall", "truncate", "answer"):
             arg = rest.pop(0)
+            if self.action == "error":
+                arg, _, self.code = arg.partition("/")
             self.arg = float(arg) if self.action == "stall" else arg if self.action == "answer" else int(arg)
         self.times = int(rest[0])
         self.skip = int(rest[1]) if len(rest) > 1 else 0
@@ -181,7 +192,8 @@ class Handler(socketserver.BaseRequestHandler):
                     self.send_error_doc(503, b"Slow Down", SLOWDOWN)
                     continue
                 if action == "error":
-                    self.send_error_doc(rule.arg, b"Error", INTERNAL if rule.arg >= 500 else INVALID)
+                    doc = error_doc(rule.code) if rule.code else INTERNAL if rule.arg >= 500 else INVALID
+                    self.send_error_doc(rule.arg, b"OK" if rule.arg == 200 else b"Error", doc)
                     continue
                 if action == "answer":
                     with open(rule.arg, "rb") as f:

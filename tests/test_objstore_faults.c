@@ -208,6 +208,69 @@ static void test_give_up(void) {
     free(back);
 }
 
+/* CompleteMultipartUpload's failure may come inside an HTTP 200 (AWS documents
+ * it) or, from a gateway under load, as a 400 whose document wraps a server
+ * fault (InternalError, ServiceUnavailable): both are retried as a 5xx is,
+ * within the retry budget, and past it stay a server fault (E_IO). A real 400
+ * (InvalidPart) is not retried: the save fails with the server's code and
+ * message, the bucket and the key, and the upload is aborted. */
+static void test_complete_errors(void) {
+    const char *url = s3_url("complete.bin");
+    const size_t n = (11u << 20) + 7;
+    unsigned char *data = random_bytes(n, 16), *back = malloc(n);
+    static const char *const transient[] = {"POST:uploadId:error:200/InternalError:1",
+                                            "POST:uploadId:error:400/InternalError:1",
+                                            "POST:uploadId:error:400/ServiceUnavailable:1"};
+    for (size_t i = 0; i < sizeof transient / sizeof *transient; i++) {
+        const char *rules[] = {transient[i], NULL};
+        proxy_start(rules);
+        ckptio_engine *e = fault_engine(4);
+        data[0] = (unsigned char)i;
+        T_OK(write_object(e, url, data, n));
+        T_OK(ckptio_engine_destroy(e));
+        T_ASSERT_MSG(proxy_stop("error") == 1, "%s", transient[i]);
+        e = s3_test_engine();
+        memset(back, 0, n);
+        T_OK(read_all(e, url, back, n));
+        T_ASSERT_MSG(memcmp(back, data, n) == 0, "%s: bytes differ", transient[i]);
+        T_OK(ckptio_engine_destroy(e));
+        T_ASSERT_MSG(uploads_of(url) == 0, "%s: an upload was left", transient[i]);
+    }
+    const unsigned char kept = data[0];
+    data[0] = 0xee;
+    const char *always[] = {"POST:uploadId:error:400/InternalError:100", NULL};
+    proxy_start(always);
+    ckptio_engine *e = fault_engine(1);
+    T_STATUS(write_object(e, url, data, n), CKPTIO_E_IO);
+    T_MESSAGE_HAS("InternalError");
+    T_MESSAGE_HAS("gave up after 2 attempts");
+    T_MESSAGE_HAS(s3_key_of(url));
+    T_OK(ckptio_engine_destroy(e));
+    T_ASSERT(proxy_stop("error") == 2);
+    T_ASSERT(uploads_of(url) == 0);
+    const char *refuse[] = {"POST:uploadId:error:400/InvalidPart:100", NULL};
+    proxy_start(refuse);
+    e = fault_engine(4);
+    T_STATUS(write_object(e, url, data, n), CKPTIO_E_INVAL);
+    T_MESSAGE_HAS("CompleteMultipartUpload");
+    T_MESSAGE_HAS("HTTP 400 InvalidPart: InvalidPart injected by the fault proxy.");
+    T_MESSAGE_HAS(s3_test_bucket());
+    T_MESSAGE_HAS(s3_key_of(url));
+    s3_no_secret_in_message();
+    T_OK(ckptio_engine_destroy(e));
+    T_ASSERT(proxy_stop("error") == 1);
+    T_ASSERT(uploads_of(url) == 0);
+    /* The object is the last whole save's. */
+    data[0] = kept;
+    e = s3_test_engine();
+    T_OK(read_all(e, url, back, n));
+    T_ASSERT(memcmp(back, data, n) == 0);
+    T_OK(ckptio_object_delete(e, url));
+    T_OK(ckptio_engine_destroy(e));
+    free(data);
+    free(back);
+}
+
 /* A writer that waits for a part buffer while another write grows the
  * upload's part table: the waiting writer must find its part in the table as
  * it is after the wait, not where it was before (the table moved). Two
@@ -360,6 +423,7 @@ int main(void) {
     T_RUN(test_uploads_retry);
     T_RUN(test_give_up);
     T_RUN(test_failed_upload_leaves_nothing);
+    T_RUN(test_complete_errors);
     T_RUN(test_writer_waits_while_parts_grow);
     T_RUN(test_a_late_renewal_loses_the_lease);
     return T_EXIT_PASS;

@@ -150,6 +150,17 @@ ckptio_status ckptio_file_open_window(ckptio_engine *engine, const char *path, v
     return CKPTIO_OK;
 }
 
+ckptio_status ckptio_file_read_all(ckptio_engine *engine, const char *path, uint64_t max_bytes, void **data,
+                                   size_t *len) {
+    CKPTIO_RETURN_IF(!data || !len, CKPTIO_E_INVAL, "ckptio_file_read_all: data and len are required");
+    *data = NULL;
+    *len = 0;
+    CKPTIO_RETURN_IF(!engine || !path, CKPTIO_E_INVAL, "ckptio_file_read_all: engine and path are required");
+    return ckptio__object_read_all(engine, path, max_bytes, data, len);
+}
+
+void ckptio_file_data_free(void *data) { ckptio__free(data); }
+
 ckptio_status ckptio__file_open_created(ckptio_engine *engine, const char *path, unsigned flags, mode_t create_mode,
                                         ckptio_file **out) {
     const unsigned known = CKPTIO_OPEN_READ | CKPTIO_OPEN_WRITE | CKPTIO_OPEN_IN_PLACE | CKPTIO_OPEN_EXCLUSIVE;

@@ -547,14 +547,6 @@ void ckptio__io_uring_force_refusal(int err);
  * EXCLUSIVE checks that no object exists at open and again at commit, which
  * servers without conditional writes cannot make atomic). */
 ckptio_status ckptio__object_open(ckptio_engine *engine, const char *path, unsigned flags, ckptio_file **out);
-/* Opens the object `path` for reading with one GET of its first `len`
- * bytes (at most its size, which a listing told) into `buf` in place of the
- * HEAD: the answer's size and ETag pin it as a HEAD's would. *filled: `buf`
- * holds those bytes of the pinned version; false when the answer could not
- * stand for the HEAD, which was then sent (`buf` is then to be read again). */
-ckptio_status ckptio__object_open_window(ckptio_engine *engine, const char *path, void *buf, uint64_t len,
-                                         bool *filled, ckptio_file **out);
-
 /* Opens the object `path` for reading with one GET of its first `len` bytes
  * (its size unknown) into `buf` in place of the HEAD; *got: how many bytes of
  * `buf` that GET filled (min(len, size)), or 0 when the answer could not stand
@@ -664,6 +656,11 @@ double ckptio__iso_time(const char *text);
  * A missing bucket is CKPTIO_E_NOT_FOUND; a prefix with nothing under it
  * lists nothing. */
 ckptio_status ckptio__object_dir_list(ckptio_engine *engine, const char *dir, ckptio__object_entry_fn fn, void *user);
+/* ckptio__object_dir_list of the entries whose names start with `start`
+ * only: the listing's prefix says so, and the server pages through those
+ * alone (a directory's few files of one kind among many others). */
+ckptio_status ckptio__object_dir_list_starting(ckptio_engine *engine, const char *dir, const char *start,
+                                               ckptio__object_entry_fn fn, void *user);
 
 /* What s3://BUCKET/KEY is: FILE (an object of that key; *size) or DIR
  * (keys under KEY/; also the bucket itself), else MISSING. A URL ending in
@@ -675,10 +672,15 @@ ckptio_status ckptio__object_stat(ckptio_engine *engine, const char *url, ckptio
  * GET, the rest of a larger one in a second. */
 #define CKPTIO__SMALL_WINDOW ((uint64_t)1 << 20)
 
-/* A whole object of at most `max` bytes into *data (ckptio__malloc'ed,
- * NUL-terminated) and *len. CKPTIO_E_NOT_FOUND when missing, CKPTIO_E_FORMAT
- * when larger. */
+/* A whole object (or local file) of at most `max` bytes into *data
+ * (ckptio__malloc'ed, NUL-terminated) and *len. CKPTIO_E_NOT_FOUND when
+ * missing, CKPTIO_E_FORMAT when larger (*len is then its size). */
 ckptio_status ckptio__object_read_all(ckptio_engine *engine, const char *url, uint64_t max, void **data, size_t *len);
+/* ckptio__object_read_all that also gives the version its bytes are of
+ * (ckptio_file_version: an object's ETag, "" for a local file) in
+ * `version` (version_cap bytes, truncated to fit). */
+ckptio_status ckptio__object_read_all_pinned(ckptio_engine *engine, const char *url, uint64_t max, void **data,
+                                             size_t *len, char *version, size_t version_cap);
 
 /* A small object (at most `max` bytes) in one GET, with its Last-Modified
  * and the server's clock of the answer (Date; this machine's without one),

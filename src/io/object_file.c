@@ -1,8 +1,9 @@
 /*
  * object_file.c - s3://BUCKET/KEY opened as a ckptio_file.
  *
- * Reading: open asks the server for the object's size and ETag (HEAD);
- * every read is a ranged GET into the caller's memory that names that ETag
+ * Reading: open asks the server for the object's size and ETag (HEAD; an
+ * open with the first bytes, ckptio_file_open_window, has the GET of them
+ * tell both, and a listing's open names them: no request); every read is a ranged GET into the caller's memory that names that ETag
  * (If-Match), so an object replaced while it is read fails with
  * CKPTIO_E_STALE instead of mixing two versions. The engine's workers keep
  * many GETs in flight (io_object.c); ckptio__file_io() reads synchronously.
@@ -110,19 +111,18 @@ static ckptio_status object_exists(const ckptio__object *o, bool *exists) {
  * bytes into `buf`: size from its Content-Range, ETag from its header. Only
  * an answer whose bytes all came in one attempt stands for it (bytes from
  * two attempts without If-Match could be two versions); *got says how many
- * bytes of `buf` it filled, 0 when it cannot stand for the HEAD. `up_to`: the
- * size is not known, an object shorter than `len` answers with all its bytes
- * (an empty one with 416, which leaves the open to the HEAD). */
-static ckptio_status open_by_window(ckptio__object *o, void *buf, uint64_t len, bool up_to, uint64_t *got) {
+ * bytes of `buf` it filled (min(len, size)), 0 when it cannot stand for the
+ * HEAD. An empty object answers 416, which leaves the open to the HEAD. */
+static ckptio_status open_by_window(ckptio__object *o, void *buf, uint64_t len, uint64_t *got) {
     ckptio__s3_request r;
     ckptio__s3_request_init(&r, o->client, "GET", o->bucket, o->key, "GET");
     r.ranged = true;
     r.range_len = r.dst_len = len;
     r.dst = buf;
-    r.up_to = up_to;
-    ckptio__error_saved *saved = up_to ? ckptio__error_save() : NULL;
+    r.up_to = true;
+    ckptio__error_saved *saved = ckptio__error_save();
     ckptio_status st = ckptio__s3_perform(&r);
-    if (st == CKPTIO_E_TRUNCATED && up_to && r.http == 416) {
+    if (st == CKPTIO_E_TRUNCATED && r.http == 416) {
         ckptio__error_restore(saved); /* nothing at byte 0: the HEAD says what the object is */
         saved = NULL;
         st = CKPTIO_OK;
@@ -130,7 +130,7 @@ static ckptio_status open_by_window(ckptio__object *o, void *buf, uint64_t len, 
     ckptio__free(saved);
     const uint64_t want = r.has_object_size && r.object_size < len ? r.object_size : len;
     const bool whole = st == CKPTIO_OK && r.has_object_size && r.etag[0] && r.received == r.attempt_received &&
-                       r.received == want && (up_to || r.object_size >= len);
+                       r.received == want;
     *got = whole ? want : 0;
     if (whole) {
         o->size = r.object_size;
@@ -141,7 +141,7 @@ static ckptio_status open_by_window(ckptio__object *o, void *buf, uint64_t len, 
 }
 
 static ckptio_status object_open(ckptio_engine *engine, const char *path, unsigned flags, void *window,
-                                 uint64_t window_len, bool up_to, uint64_t *got, const char *listed_etag,
+                                 uint64_t window_len, uint64_t *got, const char *listed_etag,
                                  uint64_t listed_size, ckptio_file **out) {
     *out = NULL;
     if (flags & CKPTIO_OPEN_IN_PLACE)
@@ -164,7 +164,7 @@ static ckptio_status object_open(ckptio_engine *engine, const char *path, unsign
             o->size = listed_size;
             snprintf(o->etag, sizeof o->etag, "%s", listed_etag);
         } else {
-            if (window_len && (st = open_by_window(o, window, window_len, up_to, got)) != CKPTIO_OK) goto fail;
+            if (window_len && (st = open_by_window(o, window, window_len, got)) != CKPTIO_OK) goto fail;
             if (!(window_len && *got) && (st = ckptio__s3_head(o->client, o->bucket, o->key, &o->size, o->etag)))
                 goto fail;
         }
@@ -217,26 +217,18 @@ fail:
 }
 
 ckptio_status ckptio__object_open(ckptio_engine *engine, const char *path, unsigned flags, ckptio_file **out) {
-    return object_open(engine, path, flags, NULL, 0, false, NULL, NULL, 0, out);
-}
-
-ckptio_status ckptio__object_open_window(ckptio_engine *engine, const char *path, void *buf, uint64_t len,
-                                         bool *filled, ckptio_file **out) {
-    uint64_t got = 0;
-    const ckptio_status st = object_open(engine, path, CKPTIO_OPEN_READ, buf, len, false, &got, NULL, 0, out);
-    *filled = got != 0;
-    return st;
+    return object_open(engine, path, flags, NULL, 0, NULL, NULL, 0, out);
 }
 
 ckptio_status ckptio__object_open_prefix(ckptio_engine *engine, const char *path, void *buf, uint64_t len,
                                          uint64_t *got, ckptio_file **out) {
     *got = 0;
-    return object_open(engine, path, CKPTIO_OPEN_READ, buf, len, true, got, NULL, 0, out);
+    return object_open(engine, path, CKPTIO_OPEN_READ, buf, len, got, NULL, 0, out);
 }
 
 ckptio_status ckptio__object_open_listed(ckptio_engine *engine, const char *path, uint64_t size, const char *etag,
                                          ckptio_file **out) {
-    return object_open(engine, path, CKPTIO_OPEN_READ, NULL, 0, false, NULL, etag, size, out);
+    return object_open(engine, path, CKPTIO_OPEN_READ, NULL, 0, NULL, etag, size, out);
 }
 
 const char *ckptio__object_version(const ckptio_file *f) { return f->object->write ? "" : f->object->etag; }
