@@ -232,6 +232,79 @@ static void test_hf_prefix_requests(void) {
     ckptio_engine_destroy(e);
 }
 
+/* A safetensors object opens with one GET and no HEAD, listed or not; a probe
+ * of its format followed by its open costs that one GET too (the engine keeps
+ * the probe's answer for the open). The open taking the probe's answer is
+ * pinned to the ETag the probe saw: an object replaced in between fails its
+ * read E_STALE. An index opened by its own path: one GET of it, no HEAD. */
+static void test_probe_and_open_requests(void) {
+    ckptio_engine *e = s3_test_engine(), *other = s3_test_engine();
+    const char *dir = s3_url("probe-open");
+    const char *w[] = {"w"};
+    char url[4200], index[4200];
+    snprintf(url, sizeof url, "%s", s3_in(dir, "model.safetensors"));
+    snprintf(index, sizeof index, "%s", s3_in(dir, "other.safetensors.index.json"));
+    save_shard(e, url, w, 1, 5000, 70);
+    save_shard(e, s3_in(dir, "other-1.safetensors"), w, 1, 5000, 71);
+    const char *text = "{\"weight_map\": {\"w\": \"other-1.safetensors\"}}";
+    s3_put_bytes(e, index, text, strlen(text));
+    snprintf(upstream, sizeof upstream, "%s", getenv("AWS_ENDPOINT_URL"));
+    const char *const no_rules[] = {NULL};
+    s3_request_log *g = calloc(1, sizeof *g);
+    T_ASSERT(g);
+
+    proxy_start(no_rules);
+    ckptio_safetensors *st;
+    T_OK(ckptio_safetensors_open(e, url, &st));
+    T_OK(ckptio_safetensors_close(st));
+    s3_read_requests(g, 1);
+    proxy_stop("pass");
+    T_ASSERT_MSG(g->n == 1 && s3_count_requests(g, "GET", "model.safetensors") == 1, "open: %zu requests", g->n);
+
+    ckptio_format fmt;
+    ckptio_model *m;
+    proxy_start(no_rules);
+    T_OK(ckptio_format_detect_engine(e, url, &fmt));
+    T_ASSERT(fmt == CKPTIO_FORMAT_SAFETENSORS);
+    T_OK(ckptio_model_open(e, url, 0, &m));
+    s3_read_requests(g, 1);
+    T_ASSERT_MSG(g->n == 1 && s3_count_requests(g, "GET", "model.safetensors") == 1,
+                 "probe and open: %zu requests, %zu HEADs", g->n, s3_count_requests(g, "HEAD", "model.safetensors"));
+    check_model(m, w, 1, 5000, 70);
+    T_OK(ckptio_model_close(m));
+    proxy_stop("pass");
+
+    proxy_start(no_rules);
+    T_OK(ckptio_format_detect_engine(e, index, &fmt));
+    T_ASSERT(fmt == CKPTIO_FORMAT_HF_INDEX);
+    T_OK(ckptio_model_open(e, index, 0, &m));
+    s3_read_requests(g, 2);
+    T_ASSERT_MSG(g->n == 2 && s3_count_requests(g, "GET", "index.json") == 1 &&
+                     s3_count_requests(g, "GET", "other-1.safetensors") == 1,
+                 "an index's probe and open: %zu requests", g->n);
+    check_model(m, w, 1, 5000, 71);
+    T_OK(ckptio_model_close(m));
+    proxy_stop("pass");
+
+    T_OK(ckptio_format_detect_engine(e, url, &fmt));
+    save_shard(other, url, w, 1, 5000, 72); /* replaced, through another engine */
+    T_OK(ckptio_model_open(e, url, 0, &m));
+    float *got = malloc(5000 * 4);
+    const ckptio_slice_target rq = {.index = 0, .data = got, .capacity = 5000 * 4, .mem_kind = CKPTIO_MEM_HOST};
+    T_ASSERT_MSG(ckptio_model_read(m, &rq, 1) == CKPTIO_E_STALE, "%s", ckptio_last_error_message());
+    T_OK(ckptio_model_close(m));
+    /* Written through the same engine, the kept answer is dropped: the open sees the new object. */
+    T_OK(ckptio_format_detect_engine(e, url, &fmt));
+    save_shard(e, url, w, 1, 5000, 73);
+    T_OK(ckptio_model_open(e, url, 0, &m));
+    check_model(m, w, 1, 5000, 73);
+    T_OK(ckptio_model_close(m));
+    free(got);
+    free(g);
+    ckptio_engine_destroy(other);
+    ckptio_engine_destroy(e);
+}
+
 /* A small file opened with its first bytes (ckptio_file_open_window): one GET
  * and no HEAD for an object of up to the window, a second GET for the rest of
  * a larger one, the HEAD for an empty one (its GET answers 416); the bytes
@@ -493,6 +566,7 @@ int main(void) {
     T_RUN(test_hf_prefix);
     T_RUN(test_hf_prefix_requests);
     T_RUN(test_open_window_requests);
+    T_RUN(test_probe_and_open_requests);
     T_RUN(test_steps);
     T_RUN(test_hostile_listings);
     return T_EXIT_PASS;

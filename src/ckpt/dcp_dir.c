@@ -738,13 +738,20 @@ ckptio_status ckptio_dcp_manifest(const ckptio_dcp *h, const char **name) {
     if (!path) return CKPTIO_FAIL(CKPTIO_E_NOMEM, "out of memory");
     struct stat sb;
     int rc, err;
-    if (ckptio__s3_is_url(path)) { /* the object's HEAD: there or not, never anything else */
-        ckptio__path_kind kind = CKPTIO__PATH_MISSING;
-        if (ckptio__object_stat(h->engine, path, &kind, NULL) != CKPTIO_OK) {
+    if (ckptio__s3_is_url(path)) {
+        /* The GET of the object's first bytes, which the engine keeps for the
+         * manifest's read that follows (ckptio__object_peek_first): there or
+         * not, never anything else. */
+        uint64_t got = 0, size = 0;
+        ckptio__error_saved *saved = ckptio__error_save();
+        const ckptio_status look = ckptio__object_peek_first(h->engine, path, NULL, 0, &got, &size);
+        if (look != CKPTIO_OK && look != CKPTIO_E_NOT_FOUND) {
+            ckptio__free(saved);
             ckptio__free(path);
-            return ckptio_last_error()->status;
+            return look;
         }
-        rc = kind == CKPTIO__PATH_FILE ? 0 : -1;
+        ckptio__error_restore(saved);
+        rc = look == CKPTIO_OK ? 0 : -1;
         err = ENOENT;
         sb.st_mode = S_IFREG;
     } else {

@@ -551,13 +551,16 @@ ckptio_status ckptio_model_open(ckptio_engine *engine, const char *path, unsigne
     ckptio__path_kind kind = CKPTIO__PATH_MISSING;
     if (ckptio__s3_is_url(path)) {
         /* An object of that key is a file; anything else is a prefix, whose
-         * one listing (open_dir) also tells whether anything is under it. */
+         * one listing (open_dir) also tells whether anything is under it. The
+         * look is the GET of the object's first bytes, which its open then
+         * takes (ckptio__object_peek_first): one request, not a HEAD and a GET. */
         const size_t len = strlen(path);
         kind = CKPTIO__PATH_DIR;
         st = CKPTIO_OK;
         if (path[len - 1] != '/' && strchr(path + 5, '/')) {
             ckptio__error_saved *saved = ckptio__error_save();
-            st = ckptio__object_info(engine, path, NULL, NULL, NULL, NULL);
+            uint64_t got = 0, size = 0;
+            st = ckptio__object_peek_first(engine, path, NULL, 0, &got, &size);
             if (st == CKPTIO_OK) kind = CKPTIO__PATH_FILE;
             if (st == CKPTIO_E_NOT_FOUND) {
                 ckptio__error_restore(saved);

@@ -249,11 +249,47 @@ ckptio_status ckptio__object_read_all_pinned(ckptio_engine *engine, const char *
     return CKPTIO_OK;
 }
 
+ckptio_status ckptio__object_peek_first(ckptio_engine *engine, const char *url, void *buf, uint64_t len, uint64_t *got,
+                                        uint64_t *size) {
+    *got = *size = 0;
+    if (ckptio__object_peek_kept(engine, url, buf, len, got, size)) return CKPTIO_OK;
+    unsigned char *head = ckptio__malloc((size_t)CKPTIO__PEEK_BYTES);
+    if (!head) return CKPTIO_FAIL(CKPTIO_E_NOMEM, "out of memory opening %s", url);
+    ckptio_file *f = NULL;
+    uint64_t n = 0;
+    ckptio_status st = ckptio_file_open_window(engine, url, head, CKPTIO__PEEK_BYTES, &n, &f);
+    if (st == CKPTIO_OK) st = ckptio_file_size(f, size);
+    if (st == CKPTIO_OK) {
+        ckptio__object_peek_keep(engine, url, *size, ckptio_file_version(f), head, n);
+        *got = len < n ? len : n;
+        if (*got) memcpy(buf, head, (size_t)*got);
+    }
+    if (f) {
+        ckptio__error_saved *saved = st != CKPTIO_OK ? ckptio__error_save() : NULL;
+        ckptio_file_close(f);
+        if (saved) ckptio__error_restore(saved);
+    }
+    ckptio__free(head);
+    return st;
+}
+
+ckptio_status ckptio_file_read_all(ckptio_engine *engine, const char *path, uint64_t max_bytes, void **data,
+                                   size_t *len) {
+    CKPTIO_RETURN_IF(!data || !len, CKPTIO_E_INVAL, "ckptio_file_read_all: data and len are required");
+    *data = NULL;
+    *len = 0;
+    CKPTIO_RETURN_IF(!engine || !path, CKPTIO_E_INVAL, "ckptio_file_read_all: engine and path are required");
+    return ckptio__object_read_all(engine, path, max_bytes, data, len);
+}
+
+void ckptio_file_data_free(void *data) { ckptio__free(data); }
+
 ckptio_status ckptio__object_write_all(ckptio_engine *engine, const char *url, const void *data, size_t len,
                                        bool if_absent) {
     ckptio__s3_client *c;
     char *bucket, *key;
     CKPTIO_FORWARD(client_for(engine, url, &c, &bucket, &key));
+    ckptio__object_peek_forget(engine, url);
     const ckptio_status st = ckptio__s3_put(c, bucket, key, data, len, if_absent);
     ckptio__object_target_release(c, bucket, key);
     return st;
@@ -263,6 +299,7 @@ ckptio_status ckptio__object_remove(ckptio_engine *engine, const char *url) {
     ckptio__s3_client *c;
     char *bucket, *key;
     CKPTIO_FORWARD(client_for(engine, url, &c, &bucket, &key));
+    ckptio__object_peek_forget(engine, url);
     const ckptio_status st = ckptio__s3_delete(c, bucket, key);
     ckptio__object_target_release(c, bucket, key);
     return st;
