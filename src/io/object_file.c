@@ -246,11 +246,14 @@ static ckptio_status object_open(ckptio_engine *engine, const char *path, unsign
         } else if (peek) { /* a probe's GET just told it: no request */
             o->size = peek->size;
             snprintf(o->etag, sizeof o->etag, "%s", peek->etag);
+            /* An open with its first bytes takes them; one without leaves them to the open that wants them. */
             if (window_len) {
                 *got = window_len < peek->len ? window_len : peek->len;
                 memcpy(window, peek->bytes, (size_t)*got);
+                ckptio__object_peek_free(peek);
+            } else {
+                peek_put_back(ckptio__io_engine_peek_slot(engine), peek);
             }
-            ckptio__object_peek_free(peek);
         } else {
             if (window_len && (st = open_by_window(o, window, window_len, got)) != CKPTIO_OK) goto fail;
             if (!(window_len && *got) && (st = ckptio__s3_head(o->client, o->bucket, o->key, &o->size, o->etag)))
