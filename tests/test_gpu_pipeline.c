@@ -1585,6 +1585,96 @@ static void test_gds_request_never_frees_pinned_slots(void) {
     free(want);
 }
 
+/* While a stream waits on a stream-ordered request the run keeps the pinned
+ * slots, here larger than the settings' (pinned by one worker before the
+ * threads were raised), and pins no more than the staging bound holds: the
+ * worker that has them runs alone rather than three more pinning their own. */
+static void test_kept_slots_stay_within_the_staging_bound(void) {
+    sim_reset(200);
+    const size_t n = 32 * MIB + 5;
+    const uint64_t bound = 16 * MIB;
+    const char *path = t_path("gds_kept_bound.bin");
+    unsigned char *want = make_file(path, n, 43);
+    ckptio_engine *e = make_engine(1, (int64_t)bound, 8 * MIB); /* one worker, 4 slots of 4 MiB */
+    const ckptio__gpu_ops *ops = ckptio__gpu_sim_ops();
+    void *stream = NULL;
+    ckptio_gds_file *g = NULL;
+    unsigned char *dev = open_stream_case(e, path, n, &stream, &g);
+    uint64_t done = 0;
+    T_OK(ckptio_gds_write(g, dev, n, 0, 0, &done));
+    T_ASSERT(done == n);
+    /* From now on the settings ask for 4 workers with 1 MiB slots. */
+    T_OK(ckptio_engine_set(e, CKPTIO_OPT_THREADS, 4));
+    sim_reset(200); /* the high-water mark starts at what is pinned now */
+    ckptio__gpu_sim_stats a, b;
+    ckptio__gpu_sim_get_stats(&a);
+    T_ASSERT_MSG(a.pinned_now == bound, "%llu bytes pinned by the first save", (unsigned long long)a.pinned_now);
+    write_after_kernel(g, dev, n, stream, 0x3C);
+    memset(dev, 0, n);
+    ckptio_gds_request *r = NULL;
+    T_OK(ckptio_gds_read_async(g, dev, n, 0, 0, stream, &r));
+    T_OK(ckptio_gds_request_wait(r, &done));
+    T_ASSERT(done == n);
+    T_OK(ckptio_gds_request_destroy(r));
+    T_OK(ops->stream_sync(stream));
+    for (size_t i = 0; i < n; i++) T_ASSERT_MSG(dev[i] == 0x3C, "device byte %zu is 0x%02x", i, dev[i]);
+    ckptio__gpu_sim_get_stats(&b);
+    T_ASSERT_MSG(b.pinned_frees_while_waiting == 0, "%llu pinned frees while the stream waited",
+                 (unsigned long long)b.pinned_frees_while_waiting);
+    T_ASSERT_MSG(b.pinned_peak <= bound + 64, "pinned peak %llu above the staging bound %llu (and a gate word)",
+                 (unsigned long long)b.pinned_peak, (unsigned long long)bound);
+    check_file_filled(path, n, 0x3C);
+    T_OK(ckptio_gds_close(g));
+    ops->stream_destroy(stream);
+    ckptio__gpu_sim_device_free(dev);
+    T_OK(ckptio_engine_destroy(e));
+    free(want);
+}
+
+/* A lowered staging bound that leaves the slot size as it was: the slots
+ * pinned beyond the new bound (by workers the run no longer has) are freed
+ * before the run pins any, in both directions. */
+static void test_pinned_slots_follow_a_lowered_bound(void) {
+    sim_reset(50);
+    const size_t n = 8 * MIB + 5;
+    const char *path = t_path("lowered_bound.bin");
+    unsigned char *want = make_file(path, n, 44);
+    ckptio_engine *e = make_engine(4, 128 * MIB, 4 * MIB); /* 4 workers, slots of 4 MiB */
+    const uint64_t slots = 4 * CKPTIO_GPU_READ_SLOTS;
+    T_OK(ckptio_engine_gpu_prepare(e, 0));
+    T_ASSERT(wait_pinned_allocs(slots) == slots);
+    /* 1 worker within 16 MiB: 4 MiB slots again. */
+    T_OK(ckptio_engine_set(e, CKPTIO_OPT_THREADS, 1));
+    T_OK(ckptio_engine_set(e, CKPTIO_OPT_STAGING_BYTES, 16 * MIB));
+    ckptio_file *f = NULL;
+    T_OK(ckptio_file_open(e, path, CKPTIO_OPEN_READ, &f));
+    unsigned char *dev = ckptio__gpu_sim_device_alloc(n);
+    ckptio_extent x = {.file = f, .file_offset = 0, .length = n, .memory = dev, .mem_kind = CKPTIO_MEM_CUDA};
+    T_OK(ckptio__gpu_execute(e, CKPTIO_READ, &x, 1));
+    T_ASSERT(memcmp(dev, want, n) == 0);
+    ckptio__gpu_sim_stats a, b;
+    ckptio__gpu_sim_get_stats(&a);
+    T_ASSERT_MSG(a.pinned_now <= 16 * MIB, "%llu bytes pinned after a load under a 16 MiB bound",
+                 (unsigned long long)a.pinned_now);
+    T_OK(ckptio_file_close(f));
+    const char *out = t_path("lowered_bound_out.bin");
+    T_OK(ckptio_file_open(e, out, CKPTIO_OPEN_WRITE, &f));
+    x.file = f;
+    T_OK(ckptio__gpu_execute(e, CKPTIO_WRITE, &x, 1));
+    T_OK(ckptio_file_commit(f));
+    T_OK(ckptio_file_close(f));
+    check_file_bytes(out, want, n);
+    ckptio__gpu_sim_get_stats(&b);
+    T_ASSERT_MSG(b.pinned_now <= 16 * MIB, "%llu bytes pinned after a save under a 16 MiB bound",
+                 (unsigned long long)b.pinned_now);
+    ckptio_stats st;
+    T_OK(ckptio_engine_stats(e, &st));
+    T_ASSERT(st.staging_reserved == b.pinned_now && st.staging_in_use == 0);
+    ckptio__gpu_sim_device_free(dev);
+    T_OK(ckptio_engine_destroy(e));
+    free(want);
+}
+
 /* Through the public entry points: a plan mixing host and device extents
  * (AUTO kinds resolved by the simulator) and a safetensors round trip whose
  * tensors live in device memory. */
@@ -1761,6 +1851,8 @@ int main(int argc, char **argv) {
     T_RUN(test_gds_file_sync);
     T_RUN(test_gds_stream_ordered);
     T_RUN(test_gds_request_never_frees_pinned_slots);
+    T_RUN(test_kept_slots_stay_within_the_staging_bound);
+    T_RUN(test_pinned_slots_follow_a_lowered_bound);
     T_RUN(test_file_shrunk_after_open);
     T_RUN(test_reads_and_writes_share_slots);
     return T_EXIT_PASS;
