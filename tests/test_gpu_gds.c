@@ -303,6 +303,42 @@ static void test_kept_slots_stay_within_the_staging_bound(void) {
     free(want);
 }
 
+/* The same when the staging bound was lowered while the slots stay kept: a
+ * stream-ordered save rotates through the two slots a load pinned rather
+ * than pin the other two a save would use, and its bytes arrive whole. */
+static void test_kept_slots_a_save_uses_fewer(void) {
+    ckptio__gpu_sim_config busy = {.copy_delay_us = 100, .events_busy = true}; /* the load pins both read slots */
+    ckptio__gpu_sim_configure(&busy);
+    const size_t n = 24 * MIB + 5;
+    const char *path = t_path("gds_kept_fewer.bin");
+    unsigned char *want = make_file(path, n, 46);
+    ckptio_engine *e = make_engine(1, 16 * MIB, 8 * MIB); /* one worker, slots of 4 MiB */
+    const ckptio__gpu_ops *ops = ckptio__gpu_sim_ops();
+    void *stream = NULL;
+    ckptio_gds_file *g = NULL;
+    unsigned char *dev = open_stream_case(e, path, n, &stream, &g);
+    uint64_t done = 0;
+    T_OK(ckptio_gds_read(g, dev, n, 0, 0, &done));
+    T_ASSERT(done == n && memcmp(dev, want, n) == 0);
+    sim_reset(100);
+    ckptio__gpu_sim_stats a, b;
+    ckptio__gpu_sim_get_stats(&a);
+    T_ASSERT_MSG(a.pinned_now == 8 * MIB, "%llu bytes pinned by the load", (unsigned long long)a.pinned_now);
+    T_OK(ckptio_engine_set(e, CKPTIO_OPT_STAGING_BYTES, 8 * MIB));
+    write_after_kernel(g, dev, n, stream, 0x77);
+    T_OK(ops->stream_sync(stream));
+    ckptio__gpu_sim_get_stats(&b);
+    T_ASSERT_MSG(b.pinned_peak <= 8 * MIB + 64 && b.pinned_frees_while_waiting == 0,
+                 "pinned peak %llu above the 8 MiB bound (and a gate word), %llu frees while waiting",
+                 (unsigned long long)b.pinned_peak, (unsigned long long)b.pinned_frees_while_waiting);
+    check_file_filled(path, n, 0x77);
+    T_OK(ckptio_gds_close(g));
+    ops->stream_destroy(stream);
+    ckptio__gpu_sim_device_free(dev);
+    T_OK(ckptio_engine_destroy(e));
+    free(want);
+}
+
 /* Reads and writes share the pinned slots: a read's smaller windows never
  * resize them, since freeing pinned memory synchronises a real device and
  * would deadlock a stream-ordered GDS request waiting on this thread. */
@@ -344,6 +380,7 @@ int main(void) {
     T_RUN(test_gds_stream_ordered);
     T_RUN(test_gds_request_never_frees_pinned_slots);
     T_RUN(test_kept_slots_stay_within_the_staging_bound);
+    T_RUN(test_kept_slots_a_save_uses_fewer);
     T_RUN(test_reads_and_writes_share_slots);
     return T_EXIT_PASS;
 }
