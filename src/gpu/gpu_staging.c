@@ -266,24 +266,30 @@ void ckptio__gpu_slots_bound(ckptio__gpu_state *st, uint64_t bound, bool keep, b
                              unsigned *slots) {
     if (!st->slot_bytes) return;
     const uint64_t fit = bound / st->slot_bytes; /* slots within the bound */
-    unsigned pinned = ckptio__gpu_pinned_slots(st, CKPTIO_GPU_MAX_WORKERS, CKPTIO_GPU_NSLOTS);
-    if (!keep && pinned + run_slots_to_pin(st, *workers, *slots, any_pinned) > fit) {
-        /* Slots of the same size pinned under a larger bound (or by more
-         * workers): those this run does not use go. */
+    uint64_t pinned = ckptio__gpu_pinned_slots(st, CKPTIO_GPU_MAX_WORKERS, CKPTIO_GPU_NSLOTS);
+    const uint64_t to_pin = run_slots_to_pin(st, *workers, *slots, any_pinned);
+    if (!keep && pinned + to_pin > fit) {
+        /* Slots of this size pinned under a larger bound, or for workers the
+         * run does not have: as many as the bound needs go, the last
+         * workers' first (freeing one the run does not use leaves what it
+         * would pin as it was). */
         const uint64_t before = st->reserved;
-        for (unsigned w = 0; w < CKPTIO_GPU_MAX_WORKERS; w++) {
+        uint64_t excess = pinned + to_pin - fit;
+        for (unsigned w = CKPTIO_GPU_MAX_WORKERS; w-- > 0 && excess;) {
             ckptio__gpu_worker_res *r = &st->workers[w];
-            for (unsigned s = CKPTIO_GPU_NSLOTS; s-- > 0;) {
+            for (unsigned s = CKPTIO_GPU_NSLOTS; s-- > 0 && excess;) {
                 if (!r->mem[s] || (w < *workers && slot_used(st, w, s, *slots, any_pinned))) continue;
                 free_slot(st, r->mem[s]);
                 r->mem[s] = NULL;
+                pinned--;
+                excess--;
             }
         }
         ckptio__engine_staging(st->engine, (int64_t)st->reserved - (int64_t)before, 0);
-        pinned = ckptio__gpu_pinned_slots(st, CKPTIO_GPU_MAX_WORKERS, CKPTIO_GPU_NSLOTS);
     }
-    /* What cannot be freed (kept slots) is not added to: fewer workers, then
-     * fewer slots each, down to one worker with one slot. */
+    /* What cannot be freed (kept slots, or the run's own) is not added to:
+     * fewer workers, then fewer slots each. The floor is one worker with one
+     * slot, which it pins if it has none: a run needs a slot. */
     const uint64_t allowed = fit > pinned ? fit - pinned : 0;
     while (run_slots_to_pin(st, *workers, *slots, any_pinned) > allowed && (*workers > 1 || *slots > 1)) {
         if (*workers > 1) --*workers;
