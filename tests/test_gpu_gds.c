@@ -257,50 +257,74 @@ static void test_gds_request_never_frees_pinned_slots(void) {
     free(want);
 }
 
+/* A file of n random bytes opened as a GDS file on a one-worker engine with
+ * `bound` bytes of staging and 8 MiB chunks (slots of min(bound / 4, 4 MiB)),
+ * a simulated stream and n bytes of device memory. */
+typedef struct kept_case {
+    const char *path;
+    size_t n;
+    unsigned char *want, *dev;
+    ckptio_engine *e;
+    void *stream;
+    ckptio_gds_file *g;
+} kept_case;
+
+static kept_case kept_case_open(const char *name, size_t n, uint64_t bound, uint64_t seed) {
+    kept_case c = {.path = t_path(name), .n = n};
+    c.want = make_file(c.path, n, seed);
+    c.e = make_engine(1, (int64_t)bound, 8 * MIB);
+    c.dev = open_stream_case(c.e, c.path, n, &c.stream, &c.g);
+    return c;
+}
+
+/* The simulator's pinned bytes since its last reset stayed within `bound`
+ * (and a request's gate word), and none was freed while the stream waited. */
+static void check_pinned_peak(uint64_t bound) {
+    ckptio__gpu_sim_stats s;
+    ckptio__gpu_sim_get_stats(&s);
+    T_ASSERT_MSG(s.pinned_frees_while_waiting == 0, "%llu pinned frees while the stream waited",
+                 (unsigned long long)s.pinned_frees_while_waiting);
+    T_ASSERT_MSG(s.pinned_peak <= bound + 64, "pinned peak %llu above the staging bound %llu (and a gate word)",
+                 (unsigned long long)s.pinned_peak, (unsigned long long)bound);
+}
+
+static void kept_case_close(kept_case *c) {
+    T_OK(ckptio_gds_close(c->g));
+    ckptio__gpu_sim_ops()->stream_destroy(c->stream);
+    ckptio__gpu_sim_device_free(c->dev);
+    T_OK(ckptio_engine_destroy(c->e));
+    free(c->want);
+}
+
 /* While a stream waits on a stream-ordered request the run keeps the pinned
  * slots, here larger than the settings' (pinned by one worker before the
  * threads were raised), and pins no more than the staging bound holds: the
  * worker that has them runs alone rather than three more pinning their own. */
 static void test_kept_slots_stay_within_the_staging_bound(void) {
     sim_reset(200);
-    const size_t n = 32 * MIB + 5;
     const uint64_t bound = 16 * MIB;
-    const char *path = t_path("gds_kept_bound.bin");
-    unsigned char *want = make_file(path, n, 43);
-    ckptio_engine *e = make_engine(1, (int64_t)bound, 8 * MIB); /* one worker, 4 slots of 4 MiB */
-    const ckptio__gpu_ops *ops = ckptio__gpu_sim_ops();
-    void *stream = NULL;
-    ckptio_gds_file *g = NULL;
-    unsigned char *dev = open_stream_case(e, path, n, &stream, &g);
+    kept_case c = kept_case_open("gds_kept_bound.bin", 32 * MIB + 5, bound, 43); /* 4 slots of 4 MiB */
     uint64_t done = 0;
-    T_OK(ckptio_gds_write(g, dev, n, 0, 0, &done));
-    T_ASSERT(done == n);
+    T_OK(ckptio_gds_write(c.g, c.dev, c.n, 0, 0, &done));
+    T_ASSERT(done == c.n);
     /* From now on the settings ask for 4 workers with 1 MiB slots. */
-    T_OK(ckptio_engine_set(e, CKPTIO_OPT_THREADS, 4));
+    T_OK(ckptio_engine_set(c.e, CKPTIO_OPT_THREADS, 4));
     sim_reset(200); /* the high-water mark starts at what is pinned now */
-    ckptio__gpu_sim_stats a, b;
+    ckptio__gpu_sim_stats a;
     ckptio__gpu_sim_get_stats(&a);
     T_ASSERT_MSG(a.pinned_now == bound, "%llu bytes pinned by the first save", (unsigned long long)a.pinned_now);
-    write_after_kernel(g, dev, n, stream, 0x3C);
-    memset(dev, 0, n);
+    write_after_kernel(c.g, c.dev, c.n, c.stream, 0x3C);
+    memset(c.dev, 0, c.n);
     ckptio_gds_request *r = NULL;
-    T_OK(ckptio_gds_read_async(g, dev, n, 0, 0, stream, &r));
+    T_OK(ckptio_gds_read_async(c.g, c.dev, c.n, 0, 0, c.stream, &r));
     T_OK(ckptio_gds_request_wait(r, &done));
-    T_ASSERT(done == n);
+    T_ASSERT(done == c.n);
     T_OK(ckptio_gds_request_destroy(r));
-    T_OK(ops->stream_sync(stream));
-    for (size_t i = 0; i < n; i++) T_ASSERT_MSG(dev[i] == 0x3C, "device byte %zu is 0x%02x", i, dev[i]);
-    ckptio__gpu_sim_get_stats(&b);
-    T_ASSERT_MSG(b.pinned_frees_while_waiting == 0, "%llu pinned frees while the stream waited",
-                 (unsigned long long)b.pinned_frees_while_waiting);
-    T_ASSERT_MSG(b.pinned_peak <= bound + 64, "pinned peak %llu above the staging bound %llu (and a gate word)",
-                 (unsigned long long)b.pinned_peak, (unsigned long long)bound);
-    check_file_filled(path, n, 0x3C);
-    T_OK(ckptio_gds_close(g));
-    ops->stream_destroy(stream);
-    ckptio__gpu_sim_device_free(dev);
-    T_OK(ckptio_engine_destroy(e));
-    free(want);
+    T_OK(ckptio__gpu_sim_ops()->stream_sync(c.stream));
+    for (size_t i = 0; i < c.n; i++) T_ASSERT_MSG(c.dev[i] == 0x3C, "device byte %zu is 0x%02x", i, c.dev[i]);
+    check_pinned_peak(bound);
+    check_file_filled(c.path, c.n, 0x3C);
+    kept_case_close(&c);
 }
 
 /* The same when the staging bound was lowered while the slots stay kept: a
@@ -309,34 +333,20 @@ static void test_kept_slots_stay_within_the_staging_bound(void) {
 static void test_kept_slots_a_save_uses_fewer(void) {
     ckptio__gpu_sim_config busy = {.copy_delay_us = 100, .events_busy = true}; /* the load pins both read slots */
     ckptio__gpu_sim_configure(&busy);
-    const size_t n = 24 * MIB + 5;
-    const char *path = t_path("gds_kept_fewer.bin");
-    unsigned char *want = make_file(path, n, 46);
-    ckptio_engine *e = make_engine(1, 16 * MIB, 8 * MIB); /* one worker, slots of 4 MiB */
-    const ckptio__gpu_ops *ops = ckptio__gpu_sim_ops();
-    void *stream = NULL;
-    ckptio_gds_file *g = NULL;
-    unsigned char *dev = open_stream_case(e, path, n, &stream, &g);
+    kept_case c = kept_case_open("gds_kept_fewer.bin", 24 * MIB + 5, 16 * MIB, 46); /* slots of 4 MiB */
     uint64_t done = 0;
-    T_OK(ckptio_gds_read(g, dev, n, 0, 0, &done));
-    T_ASSERT(done == n && memcmp(dev, want, n) == 0);
+    T_OK(ckptio_gds_read(c.g, c.dev, c.n, 0, 0, &done));
+    T_ASSERT(done == c.n && memcmp(c.dev, c.want, c.n) == 0);
     sim_reset(100);
-    ckptio__gpu_sim_stats a, b;
+    ckptio__gpu_sim_stats a;
     ckptio__gpu_sim_get_stats(&a);
     T_ASSERT_MSG(a.pinned_now == 8 * MIB, "%llu bytes pinned by the load", (unsigned long long)a.pinned_now);
-    T_OK(ckptio_engine_set(e, CKPTIO_OPT_STAGING_BYTES, 8 * MIB));
-    write_after_kernel(g, dev, n, stream, 0x77);
-    T_OK(ops->stream_sync(stream));
-    ckptio__gpu_sim_get_stats(&b);
-    T_ASSERT_MSG(b.pinned_peak <= 8 * MIB + 64 && b.pinned_frees_while_waiting == 0,
-                 "pinned peak %llu above the 8 MiB bound (and a gate word), %llu frees while waiting",
-                 (unsigned long long)b.pinned_peak, (unsigned long long)b.pinned_frees_while_waiting);
-    check_file_filled(path, n, 0x77);
-    T_OK(ckptio_gds_close(g));
-    ops->stream_destroy(stream);
-    ckptio__gpu_sim_device_free(dev);
-    T_OK(ckptio_engine_destroy(e));
-    free(want);
+    T_OK(ckptio_engine_set(c.e, CKPTIO_OPT_STAGING_BYTES, 8 * MIB));
+    write_after_kernel(c.g, c.dev, c.n, c.stream, 0x77);
+    T_OK(ckptio__gpu_sim_ops()->stream_sync(c.stream));
+    check_pinned_peak(8 * MIB);
+    check_file_filled(c.path, c.n, 0x77);
+    kept_case_close(&c);
 }
 
 /* Reads and writes share the pinned slots: a read's smaller windows never
