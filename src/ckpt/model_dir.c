@@ -147,8 +147,9 @@ static ckptio_status open_shard(ckptio_model *m, const char *name, const shard_o
 }
 
 /* Shards of an object prefix open concurrently: each open is the GET of the
- * header (ckptio_safetensors_open), requests that wait on the network, not on this machine, so N shards cost one round trip
- * rather than N before the first byte of data moves. */
+ * header (ckptio_safetensors_open), requests that wait on the network, not
+ * on this machine, so N shards cost one round trip rather than N before the
+ * first byte of data moves. */
 typedef struct shard_open {
     const char *name;
     shard_origin origin;

@@ -3,7 +3,8 @@
  *
  * Reading: open asks the server for the object's size and ETag (HEAD; an
  * open with the first bytes, ckptio_file_open_window, has the GET of them
- * tell both, and a listing's open names them: no request); every read is a ranged GET into the caller's memory that names that ETag
+ * tell both; a listing's open, or one after a probe's GET, sends nothing);
+ * every read is a ranged GET into the caller's memory that names that ETag
  * (If-Match), so an object replaced while it is read fails with
  * CKPTIO_E_STALE instead of mixing two versions. The engine's workers keep
  * many GETs in flight (io_object.c); ckptio__file_io() reads synchronously.
