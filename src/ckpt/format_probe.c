@@ -160,11 +160,13 @@ static ckptio_status probe_object(ckptio_engine *engine, const char *path, ckpti
     ckptio__free(bucket);
     ckptio__free(key);
     if (!as_dir) {
-        /* One GET of its first bytes, kept on the engine for the open that follows (ckptio__object_peek_first). */
+        /* One GET of its first bytes, kept on the engine for the open that follows (ckptio__object_peek_first);
+         * the probe itself always asks the server, never an earlier probe's answer. */
         unsigned char *head = ckptio__malloc((size_t)CKPTIO__PEEK_BYTES);
         if (!head) return CKPTIO_FAIL(CKPTIO_E_NOMEM, "out of memory probing %s", path);
         source src = {.fd = -1, .engine = engine, .head = head};
         ckptio__error_saved *saved = ckptio__error_save();
+        ckptio__object_peek_forget(engine, path);
         ckptio_status st = ckptio__object_peek_first(engine, path, head, CKPTIO__PEEK_BYTES, &src.head_len, &src.size);
         if (st != CKPTIO_E_NOT_FOUND) ckptio__free(saved);
         if (st == CKPTIO_OK) st = probe_file(&src, src.size, path, out);
