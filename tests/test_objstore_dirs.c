@@ -179,7 +179,7 @@ static void test_hf_prefix_requests(void) {
     ckptio_format fmt;
     T_OK(ckptio_format_detect_engine(e, dir, &fmt));
     T_ASSERT(fmt == CKPTIO_FORMAT_HF_INDEX);
-    s3_read_requests(g, 2);
+    s3_read_requests(g);
     proxy_stop("pass");
     T_ASSERT_MSG(g->n == 2 && s3_count_requests(g, "GET", "list-type") == 1, "%zu requests, %zu listings", g->n,
                  s3_count_requests(g, "GET", "list-type"));
@@ -187,7 +187,7 @@ static void test_hf_prefix_requests(void) {
     proxy_start(no_rules);
     ckptio_model *m;
     T_OK(ckptio_model_open(e, dir, 0, &m));
-    s3_read_requests(g, 8);
+    s3_read_requests(g);
     for (int i = 0; i < 4; i++) {
         const size_t heads = s3_count_requests(g, "HEAD", shard[i]), gets = s3_count_requests(g, "GET", shard[i]);
         T_ASSERT_MSG(heads == 0 && gets == (i < 3 ? 1u : 2u), "%s: %zu HEADs, %zu GETs", shard[i], heads, gets);
@@ -222,7 +222,7 @@ static void test_hf_prefix_requests(void) {
     const char *const cut[] = {"GET:model-00002:truncate:100:1", NULL};
     proxy_start(cut);
     T_OK(ckptio_model_open(e, dir, 0, &m));
-    s3_read_requests(g, 10);
+    s3_read_requests(g);
     T_ASSERT_MSG(s3_count_requests(g, "HEAD", shard[1]) == 1, "%zu HEADs of %s", s3_count_requests(g, "HEAD", shard[1]),
                  shard[1]);
     check_model(m, names[1], 1, 5000, 99);
@@ -257,8 +257,7 @@ static void test_probe_and_open_requests(void) {
     ckptio_safetensors *st;
     T_OK(ckptio_safetensors_open(e, url, &st));
     T_OK(ckptio_safetensors_close(st));
-    usleep(200 * 1000); /* the proxy logs a request just after its answer: a second one would show by now */
-    s3_read_requests(g, 1);
+    s3_read_requests(g);
     proxy_stop("pass");
     T_ASSERT_MSG(g->n == 1 && s3_count_requests(g, "GET", "model.safetensors") == 1, "open: %zu requests, %zu HEADs",
                  g->n, s3_count_requests(g, "HEAD", "model.safetensors"));
@@ -269,8 +268,7 @@ static void test_probe_and_open_requests(void) {
     T_OK(ckptio_format_detect_engine(e, url, &fmt));
     T_ASSERT(fmt == CKPTIO_FORMAT_SAFETENSORS);
     T_OK(ckptio_model_open(e, url, 0, &m));
-    usleep(200 * 1000);
-    s3_read_requests(g, 1);
+    s3_read_requests(g);
     T_ASSERT_MSG(g->n == 1 && s3_count_requests(g, "GET", "model.safetensors") == 1,
                  "probe and open: %zu requests, %zu HEADs", g->n, s3_count_requests(g, "HEAD", "model.safetensors"));
     check_model(m, w, 1, 5000, 70);
@@ -281,8 +279,7 @@ static void test_probe_and_open_requests(void) {
     T_OK(ckptio_format_detect_engine(e, index, &fmt));
     T_ASSERT(fmt == CKPTIO_FORMAT_HF_INDEX);
     T_OK(ckptio_model_open(e, index, 0, &m));
-    usleep(200 * 1000);
-    s3_read_requests(g, 2);
+    s3_read_requests(g);
     T_ASSERT_MSG(g->n == 2 && s3_count_requests(g, "GET", "index.json") == 1 &&
                      s3_count_requests(g, "GET", "other-1.safetensors") == 1,
                  "an index's probe and open: %zu requests", g->n);
@@ -360,7 +357,7 @@ static void test_open_window_requests(void) {
             T_OK(ckptio_engine_execute_extents(e, CKPTIO_READ, &x, 1));
         }
         T_ASSERT_MSG(!memcmp(got, data, size), "%s: the bytes differ", names[i]);
-        s3_read_requests(g, heads[i] + gets[i]);
+        s3_read_requests(g);
         T_ASSERT_MSG(s3_count_requests(g, "HEAD", names[i]) == heads[i] &&
                          s3_count_requests(g, "GET", names[i]) == gets[i] && g->n == heads[i] + gets[i],
                      "%s: %zu requests, %zu HEADs, %zu GETs", names[i], g->n,
@@ -388,7 +385,7 @@ static void test_open_window_requests(void) {
     proxy_start(no_rules);
     ckptio_dcp *h;
     T_OK(ckptio_dcp_open(e, dir, &h));
-    s3_read_requests(g, 2);
+    s3_read_requests(g);
     T_ASSERT_MSG(s3_count_requests(g, "GET", "/.metadata") == 1 && s3_count_requests(g, "HEAD", "/.metadata") == 0,
                  ".metadata: %zu GETs, %zu HEADs", s3_count_requests(g, "GET", "/.metadata"),
                  s3_count_requests(g, "HEAD", "/.metadata"));

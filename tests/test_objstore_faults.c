@@ -363,6 +363,31 @@ static void test_a_late_renewal_loses_the_lease(void) {
     T_OK(ckptio_engine_destroy(e));
 }
 
+/* A shared save's mark is checked as the lease is, with the same margin: its
+ * renewal (a PUT, no look) stalled past the mark's time less the margin, its
+ * check fails (the save then commits nothing), though the mark's object is
+ * still there. */
+static void test_a_late_mark_renewal_fails_the_check(void) {
+    const char *dir = s3_url("late-mark");
+    const char *rules[] = {"PUT:ckptio-dcp-shared-:stall:2:1:1", NULL}; /* the first renewal, not the take */
+    proxy_start(rules);
+    setenv("CKPTIO_S3_LEASE_MS", "1500", 1); /* renewed every 0.5 s; the margin 0.25 s */
+    ckptio_dcp_lock *a = NULL;
+    T_OK(ckptio_dcp_lock_acquire(dir, NULL, CKPTIO_DCP_LOCK_SHARED, 0, NULL, NULL, &a));
+    unsetenv("CKPTIO_S3_LEASE_MS");
+    T_OK(ckptio_dcp_lock_check(a)); /* taken 0 s ago */
+    const double t0 = ckptio__now();
+    ckptio_status st = CKPTIO_OK;
+    while (ckptio__now() - t0 < 3 && (st = ckptio_dcp_lock_check(a)) == CKPTIO_OK) usleep(50 * 1000);
+    T_ASSERT_MSG(st == CKPTIO_E_BUSY, "status %d", st);
+    T_MESSAGE_HAS("was last renewed");
+    /* Not before the mark's time less the margin (1.25 s after its take, just before t0). */
+    const double late = ckptio__now() - t0;
+    T_ASSERT_MSG(late > 1.0, "the check failed %.2f s after the mark was taken", late);
+    T_OK(ckptio_dcp_lock_release(a));
+    T_ASSERT_MSG(proxy_stop("stall") == 1, "the mark's renewal was not stalled");
+}
+
 static void test_failed_upload_leaves_nothing(void) {
     const char *url = s3_url("precious.bin");
     const size_t old_n = 2u << 20, n = 21u << 20;
@@ -426,5 +451,6 @@ int main(void) {
     T_RUN(test_complete_errors);
     T_RUN(test_writer_waits_while_parts_grow);
     T_RUN(test_a_late_renewal_loses_the_lease);
+    T_RUN(test_a_late_mark_renewal_fails_the_check);
     return T_EXIT_PASS;
 }
