@@ -272,20 +272,21 @@ static PyMethodDef module_methods[] = {
     {NULL, NULL, 0, NULL},
 };
 
+/* The type of `spec` made and added to the module as `name`; *type keeps a reference. */
+static int add_type(PyObject *module, PyType_Spec *spec, const char *name, PyTypeObject **type) {
+    *type = (PyTypeObject *)PyType_FromSpec(spec);
+    if (!*type) return -1;
+    if (PyModule_AddObject(module, name, (PyObject *)*type) < 0) {
+        Py_DECREF(*type);
+        return -1;
+    }
+    Py_INCREF(*type);
+    return 0;
+}
+
 int ckpy_mapping_add_to_module(PyObject *module) {
-    mapping_type = (PyTypeObject *)PyType_FromSpec(&mapping_spec);
-    if (!mapping_type) return -1;
-    if (PyModule_AddObject(module, "Mapping", (PyObject *)mapping_type) < 0) {
-        Py_DECREF(mapping_type);
+    if (add_type(module, &mapping_spec, "Mapping", &mapping_type) < 0 ||
+        add_type(module, &host_memory_spec, "HostMemory", &host_memory_type) < 0)
         return -1;
-    }
-    Py_INCREF(mapping_type);
-    host_memory_type = (PyTypeObject *)PyType_FromSpec(&host_memory_spec);
-    if (!host_memory_type) return -1;
-    if (PyModule_AddObject(module, "HostMemory", (PyObject *)host_memory_type) < 0) {
-        Py_DECREF(host_memory_type);
-        return -1;
-    }
-    Py_INCREF(host_memory_type);
     return PyModule_AddFunctions(module, module_methods);
 }
