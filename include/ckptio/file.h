@@ -250,31 +250,8 @@ CKPTIO_API ckptio_status ckptio_mapping_copy(void *dst, const void *src, size_t 
  * Unmaps: tensors over the mapping must be gone. Accepts NULL. */
 CKPTIO_API ckptio_status ckptio_mapping_release(ckptio_mapping *mapping);
 
-/* ---- host memory filled at once ----------------------------------------------
- * What a load of a checkpoint held in memory (bytes) copies its tensors into:
- * a buffer of its own per tensor, freed alone, on transparent huge pages where
- * the kernel gives them without a stall (docs/PYTHON.md#large-tensors-from-bytes). */
-
-/*! ckptio_host_huge_pages() :
- * 1 when buffers of `bytes` in all may be advised for transparent huge pages
- * without a stall: THP is enabled ([always] or [madvise]) and the kernel's
- * free blocks of 2 MiB or more cover twice `bytes`; 0 otherwise. Reads
- * /sys/kernel/mm/transparent_hugepage/enabled and /proc/buddyinfo: ask once
- * for all the buffers of one load. */
-CKPTIO_API int ckptio_host_huge_pages(uint64_t bytes);
-
-/*! ckptio_host_alloc() :
- * `bytes` (> 0) of new host memory in an anonymous private mapping of its
- * own, for the caller to fill (its pages are zero until then). With
- * `huge_pages` nonzero and `bytes` of 2 MiB or more, the mapping is 2 MiB-
- * aligned and advised MADV_HUGEPAGE (best effort: where the kernel refuses the
- * advice the pages are 4 KiB, and the memory is the same). Release it with
- * ckptio_host_free(*out, bytes). CKPTIO_E_NOMEM when no mapping is given. */
-CKPTIO_API ckptio_status ckptio_host_alloc(size_t bytes, int huge_pages, void **out);
-
-/*! ckptio_host_free() :
- * Unmaps memory of ckptio_host_alloc(bytes): the same `bytes`. Accepts NULL. */
-CKPTIO_API void ckptio_host_free(void *memory, size_t bytes);
+/* ---- copies into host memory ------------------------------------------------
+ * What a load of a checkpoint held in memory (bytes) copies its tensors with. */
 
 /* One copy of ckptio_host_copy(): n bytes from src to dst. */
 typedef struct ckptio_copy {

@@ -30,7 +30,6 @@ PACK_TENSOR_MAX = 1 << 16
 PACK_BYTES = 16 << 20
 GC_PAUSE_MIN = 1000  # no_gc: objects made below this are not worth the switch
 COPY_ONE_BY_ONE_MAX = 16  # copy_from: packs of up to this many tensors are not packed
-OWN_MEMORY_MIN = 2 << 20  # copy_from: a tensor of this many bytes or more gets memory of its own (a huge page)
 
 
 class Item(NamedTuple):
@@ -272,30 +271,23 @@ def numpy_mapped(items: Sequence[Item], mapping_of) -> Dict[int, Any]:
 def copy_from(base: int, items: Sequence[Item]) -> List[Any]:
     """Tensors copied out of memory at `base` (file byte k at base + k: a
     checkpoint held in memory), small ones packed; one copy each. A List by
-    index, as load_copied. A tensor of OWN_MEMORY_MIN bytes or more lives in
-    host memory of its own on transparent huge pages when the kernel gives
-    them without a stall (_ckptio.host_alloc: one fault per 2 MiB instead of
-    512); the others come from torch's allocator. The copies run in C
-    (_ckptio.host_copy): from 8 MiB in all, half of them on one more thread."""
+    index, as load_copied. The copies run in C (_ckptio.host_copy): from
+    8 MiB in all, half of them on one more thread (one thread copies at about
+    half the memory bandwidth, and torch's clone() would start its whole
+    thread pool, which on a busy machine costs more than the copy)."""
     torch = _adapt.torch_module()
     out = _slots(items, None)
     kinds: Dict[Any, Any] = {}
     copies: List[Tuple[int, int, int]] = []  # (destination, source, bytes)
-    large = sum(it[NBYTES] for it in items if it[NBYTES] >= OWN_MEMORY_MIN)
-    huge = bool(large) and _ckptio.host_huge_pages(large)
     for start, end, members in _groups(items):
         # A pack of a few tensors costs more than the tensors alone (its buffer, a view and an unbind per
         # tensor): those are made one by one, each with its own storage.
         if len(members) <= COPY_ONE_BY_ONE_MAX:
             for it in members:
                 dt, tshape, _, _ = _kind(kinds, it[CODE], it[SHAPE], it[NAME])
-                nbytes = it[NBYTES]
-                if huge and nbytes >= OWN_MEMORY_MIN:
-                    t = out[it[INDEX]] = host_tensor(nbytes, dt, tshape)
-                else:
-                    t = out[it[INDEX]] = torch.empty(tshape, dtype=dt)
-                if nbytes:
-                    copies.append((t.data_ptr(), base + it[OFFSET], nbytes))
+                t = out[it[INDEX]] = torch.empty(tshape, dtype=dt)
+                if it[NBYTES]:
+                    copies.append((t.data_ptr(), base + it[OFFSET], it[NBYTES]))
             continue
         buf = torch.empty(end - start, dtype=torch.uint8)
         copies.append((buf.data_ptr(), base + start, end - start))
@@ -318,11 +310,6 @@ def copy_each(base: int, rows: Sequence[tuple]) -> Dict[str, Any]:
     empty = torch.empty
     out: Dict[str, Any] = {}
     copies: List[Tuple[int, int, int]] = []
-    large = 0
-    for row in rows:
-        if row[4] >= OWN_MEMORY_MIN:
-            large += row[4]
-    huge = bool(large) and _ckptio.host_huge_pages(large)
     names = []
     for row in rows:
         name, code, shape, offset, nbytes = row[0], row[1], row[2], row[3], row[4]
@@ -334,7 +321,7 @@ def copy_each(base: int, rows: Sequence[tuple]) -> Dict[str, Any]:
             if tshape == shape:
                 _PLAIN_DTYPES[code] = dt
             shape = tshape
-        t = out[name] = host_tensor(nbytes, dt, shape) if huge and nbytes >= OWN_MEMORY_MIN else empty(shape, dtype=dt)
+        t = out[name] = empty(shape, dtype=dt)
         names.append(name)
         if nbytes:
             copies.append((t.data_ptr(), base + offset, nbytes))
@@ -342,13 +329,3 @@ def copy_each(base: int, rows: Sequence[tuple]) -> Dict[str, Any]:
     ordered = sorted(names)
     return out if ordered == names else {name: out[name] for name in ordered}
 
-
-def host_tensor(nbytes: int, dtype, shape: Tuple[int, ...]):
-    """A new contiguous CPU tensor over host memory of its own on huge pages
-    (_ckptio.host_alloc), unmapped when the tensor's storage goes. An ordinary
-    tensor but for its storage, which cannot be resized (as torch.frombuffer's)."""
-    torch = _adapt.torch_module()
-    memory = _ckptio.host_alloc(nbytes, True)
-    buf = (ctypes.c_ubyte * nbytes).from_address(memory.address)
-    buf.owner = memory  # torch.frombuffer keeps `buf` alive, `buf` the memory
-    return torch.frombuffer(buf, dtype=dtype).view(shape)

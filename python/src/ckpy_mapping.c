@@ -6,10 +6,6 @@
  * `address` (a ctypes array that holds this object, handed to
  * torch.frombuffer), so the file stays mapped while any tensor over it
  * lives, and is unmapped when the last one goes (dealloc).
- *
- * HostMemory is the same for new host memory (ckptio_host_alloc): a tensor
- * copied out of a checkpoint held in memory lives over one, which is
- * unmapped when the tensor goes.
  */
 #include "ckpy_mapping.h"
 #include "ckpy_parts.h"
@@ -95,83 +91,6 @@ static PyType_Spec mapping_spec = {
     Py_TPFLAGS_DEFAULT,
     mapping_slots,
 };
-
-/* ---- HostMemory: ckptio_host_alloc's memory, freed with the object ---- */
-
-typedef struct ckpy_host_memory {
-    PyObject_HEAD
-    void *data;
-    size_t length;
-} ckpy_host_memory;
-
-static PyTypeObject *host_memory_type = NULL;
-
-static void host_memory_dealloc(PyObject *obj) {
-    ckpy_host_memory *self = (ckpy_host_memory *)obj;
-    ckptio_host_free(self->data, self->length);
-    self->data = NULL;
-    ckpy_free_object(obj);
-}
-
-static PyObject *host_get_address(PyObject *obj, void *c) {
-    return PyLong_FromUnsignedLongLong((unsigned long long)(uintptr_t)((ckpy_host_memory *)obj)->data);
-}
-
-static PyObject *host_get_length(PyObject *obj, void *c) {
-    return PyLong_FromSize_t(((ckpy_host_memory *)obj)->length);
-}
-
-static PyGetSetDef host_memory_getset[] = {
-    {"address", host_get_address, NULL, "Address of the first byte.", NULL},
-    {"length", host_get_length, NULL, "Bytes.", NULL},
-    {NULL, NULL, NULL, NULL, NULL},
-};
-
-static PyType_Slot host_memory_slots[] = {
-    {Py_tp_dealloc, host_memory_dealloc},
-    {Py_tp_getset, host_memory_getset},
-    {Py_tp_doc, "New host memory of ckptio_host_alloc (host_alloc()); unmapped when the object goes."},
-    {0, NULL},
-};
-
-static PyType_Spec host_memory_spec = {
-    "ckptio._ckptio.HostMemory",
-    sizeof(ckpy_host_memory),
-    0,
-    Py_TPFLAGS_DEFAULT,
-    host_memory_slots,
-};
-
-/* host_alloc(n, huge_pages) -> HostMemory of n (> 0) bytes. */
-static PyObject *module_host_alloc(PyObject *module, PyObject *args) {
-    PyObject *n_o;
-    int huge = 0;
-    uint64_t n;
-    if (!PyArg_ParseTuple(args, "Op:host_alloc", &n_o, &huge) || ckpy_u64(n_o, "n", &n) < 0) return NULL;
-    if (n == 0 || n > SIZE_MAX) {
-        PyErr_Format(PyExc_ValueError, "host_alloc: %llu bytes (1 or more, within the address space)",
-                     (unsigned long long)n);
-        return NULL;
-    }
-    void *data = NULL;
-    const ckptio_status st = ckptio_host_alloc((size_t)n, huge, &data);
-    if (st != CKPTIO_OK) return ckpy_raise(st);
-    ckpy_host_memory *self = (ckpy_host_memory *)PyType_GenericAlloc(host_memory_type, 0);
-    if (!self) {
-        ckptio_host_free(data, (size_t)n);
-        return NULL;
-    }
-    self->data = data;
-    self->length = (size_t)n;
-    return (PyObject *)self;
-}
-
-/* host_huge_pages(bytes) -> bool: ckptio_host_huge_pages. */
-static PyObject *module_host_huge_pages(PyObject *module, PyObject *n_o) {
-    uint64_t n;
-    if (ckpy_u64(n_o, "bytes", &n) < 0) return NULL;
-    return PyBool_FromLong(ckptio_host_huge_pages(n));
-}
 
 /* host_copy(copies): ckptio_host_copy of a list of (dst, src, n), GIL released. */
 static PyObject *module_host_copy(PyObject *module, PyObject *seq_o) {
@@ -259,10 +178,6 @@ static PyMethodDef module_methods[] = {
     {"copy", module_copy, METH_VARARGS,
      "copy(dst, src, n): n bytes from address src to address dst, one thread, GIL released (memory in a\n"
      "mapped file that lost its bytes: CkptioError E_TRUNCATED, never SIGBUS)."},
-    {"host_alloc", module_host_alloc, METH_VARARGS,
-     "host_alloc(n, huge_pages) -> HostMemory: n new bytes in a mapping of their own (ckptio_host_alloc)."},
-    {"host_huge_pages", module_host_huge_pages, METH_O,
-     "host_huge_pages(bytes) -> bool: whether buffers of that many bytes in all may go on huge pages."},
     {"host_copy", module_host_copy, METH_O,
      "host_copy([(dst, src, n), ...]): the copies, from 8 MiB in all on two threads, GIL released\n"
      "(ckptio_host_copy)."},
@@ -272,21 +187,13 @@ static PyMethodDef module_methods[] = {
     {NULL, NULL, 0, NULL},
 };
 
-/* The type of `spec` made and added to the module as `name`; *type keeps a reference. */
-static int add_type(PyObject *module, PyType_Spec *spec, const char *name, PyTypeObject **type) {
-    *type = (PyTypeObject *)PyType_FromSpec(spec);
-    if (!*type) return -1;
-    if (PyModule_AddObject(module, name, (PyObject *)*type) < 0) {
-        Py_DECREF(*type);
+int ckpy_mapping_add_to_module(PyObject *module) {
+    mapping_type = (PyTypeObject *)PyType_FromSpec(&mapping_spec);
+    if (!mapping_type) return -1;
+    if (PyModule_AddObject(module, "Mapping", (PyObject *)mapping_type) < 0) {
+        Py_DECREF(mapping_type);
         return -1;
     }
-    Py_INCREF(*type);
-    return 0;
-}
-
-int ckpy_mapping_add_to_module(PyObject *module) {
-    if (add_type(module, &mapping_spec, "Mapping", &mapping_type) < 0 ||
-        add_type(module, &host_memory_spec, "HostMemory", &host_memory_type) < 0)
-        return -1;
+    Py_INCREF(mapping_type);
     return PyModule_AddFunctions(module, module_methods);
 }

@@ -1,16 +1,6 @@
 /*
- * host_memory.c - new host memory filled at once, and the copies that fill
- * it: what a load of a checkpoint held in memory (bytes) makes its tensors of.
- *
- * New memory costs a fault on its first touch, one per 4 KiB page: copying
- * 64 MiB into new 4 KiB pages takes longer in the faults than in the copy.
- * A buffer of 2 MiB or more gets an anonymous mapping of its own, 2 MiB-aligned
- * and advised for transparent huge pages (MADV_HUGEPAGE): one fault per 2 MiB,
- * the page zeroed by the kernel in the thread that touches it, so two copying
- * threads zero side by side. The advice follows the guard of the GPU staging
- * (huge_pages.c): THP enabled, and free 2 MiB blocks covering twice what is
- * asked, so that no fault waits for the kernel to compact memory. A mapping
- * per buffer lets each be freed alone (a tensor deleted gives its memory back).
+ * host_copy.c - the copies that fill new host memory: what a load of a
+ * checkpoint held in memory (bytes) copies its tensors with.
  *
  * The copies run on the calling thread, and from CKPTIO__COPY_TWO_THREADS_MIN
  * bytes in all the second half of them on one more thread: one thread copies
@@ -18,59 +8,13 @@
  */
 #include "io_internal.h"
 
-#include <errno.h>
 #include <pthread.h>
 #include <sched.h>
 #include <stdint.h>
 #include <stdlib.h>
-#include <string.h>
-#include <sys/mman.h>
-#include <unistd.h>
 
 /* From this many bytes in all, a second thread copies half. */
 #define CKPTIO__COPY_TWO_THREADS_MIN ((uint64_t)8 << 20)
-
-static size_t page_bytes(void) {
-    const long page = sysconf(_SC_PAGESIZE);
-    return page > 0 ? (size_t)page : 4096;
-}
-
-int ckptio_host_huge_pages(uint64_t bytes) {
-    return ckptio__huge_pages_advisable() && ckptio__huge_page_bytes_free() / 2 >= bytes;
-}
-
-ckptio_status ckptio_host_alloc(size_t bytes, int huge_pages, void **out) {
-    CKPTIO_RETURN_IF(!out || bytes == 0, CKPTIO_E_INVAL, "ckptio_host_alloc: NULL out or 0 bytes");
-    *out = NULL;
-    const size_t page = page_bytes();
-    CKPTIO_RETURN_IF(bytes > SIZE_MAX - page - CKPTIO_HUGE_PAGE_BYTES, CKPTIO_E_NOMEM,
-                     "ckptio_host_alloc: %zu bytes is more than the address space holds", bytes);
-    const size_t len = (bytes + page - 1) / page * page;
-    const bool huge = huge_pages && len >= CKPTIO_HUGE_PAGE_BYTES;
-    /* A huge page needs a 2 MiB-aligned range: reserve 2 MiB more and keep the aligned part only, so that the
-     * buffer is released whole by its own address and length. */
-    const size_t reserve = huge ? len + CKPTIO_HUGE_PAGE_BYTES : len;
-    unsigned char *map = mmap(NULL, reserve, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-    if (map == MAP_FAILED)
-        return CKPTIO_FAIL(CKPTIO_E_NOMEM, "mapping %zu bytes of host memory failed: %s", reserve, strerror(errno));
-    unsigned char *range = map;
-    if (huge) {
-        range = (unsigned char *)(((uintptr_t)map + CKPTIO_HUGE_PAGE_BYTES - 1) &
-                                  ~(uintptr_t)(CKPTIO_HUGE_PAGE_BYTES - 1));
-        if (range > map) munmap(map, (size_t)(range - map));
-        if (map + reserve > range + len) munmap(range + len, (size_t)(map + reserve - (range + len)));
-        /* Best effort: a kernel without THP refuses it, and the buffer has 4 KiB pages. */
-        (void)madvise(range, len, MADV_HUGEPAGE);
-    }
-    *out = range;
-    return CKPTIO_OK;
-}
-
-void ckptio_host_free(void *memory, size_t bytes) {
-    if (!memory || bytes == 0) return;
-    const size_t page = page_bytes();
-    munmap(memory, (bytes + page - 1) / page * page);
-}
 
 /* One thread's share of the copies: [first, last) with the first and last
  * possibly cut (start_skip bytes off the first, end_keep bytes of the last). */
