@@ -14,7 +14,16 @@ Cases (--cases, comma-separated; default all):
   files   single safetensors files of 16 KiB to 64 MiB (--sizes): durable save (ckptio.save; safetensors
           save_file and torch.save followed by fsync) and warm load by each.
   bytes   the same state dicts as bytes: ckptio.save(sd) / ckptio.load(data) against safetensors.torch.save /
-          load and torch.save / torch.load through io.BytesIO.
+          load and torch.save / torch.load through io.BytesIO. The loads run interleaved (one of each peer in
+          turn, --repeat rounds), so every peer meets the same allocator state. A load makes new tensors, and
+          what their memory costs depends on glibc's malloc, not on the loader: sizes of 64 MiB or more are
+          measured last, in two states set with mallopt (through ctypes) for all peers alike:
+            fresh   M_MMAP_THRESHOLD = 1 MiB: every large tensor is a new mapping, each 4 KiB page faults on
+                    its first touch (a process's first load, or one after its memory went back to the system);
+            reused  M_MMAP_THRESHOLD and M_TRIM_THRESHOLD = 1 GiB: freed memory stays in the heap and the next
+                    load reuses it without a fault (a process that loads again after dropping a checkpoint).
+          Minor page faults per load (median) show which state a row ran in. Without mallopt (not glibc) those
+          sizes run in the default state, and a note says so.
   cache   a save, then at once a load that reads every byte, for a 64 MiB and a 1 GiB file (the cache after a
           save: ckptio's default against write_cache="off", and safetensors).
 Every time is the median of --repeat runs (a fresh process is not used: warm means the page cache holds the
@@ -87,6 +96,8 @@ def table(case, title, unit_bytes=None):
     best = min(r["seconds"] for r in rows.values())
     for name, r in rows.items():
         extra = f"  {unit_bytes / r['seconds'] / 1e9:6.2f} GB/s" if unit_bytes else ""
+        if "minor_faults" in r:
+            extra += f"  {r['minor_faults']:8.0f} faults"
         print(f"  {name:52} {r['seconds'] * 1e3:10.2f} ms  CPU {r['cpu_seconds'] * 1e3:9.1f} ms  "
               f"{r['seconds'] / best:5.2f}x{extra}")
 
@@ -203,7 +214,51 @@ def case_files(work, sizes, repeat):
             measure(f"file {label} load", name, fn, repeat)
 
 
+STATES = {  # mallopt parameter -> value, per allocator state of case_bytes (M_TRIM_THRESHOLD -1, M_MMAP_THRESHOLD -3)
+    "fresh": {-3: 1 << 20},
+    "reused": {-3: 1 << 30, -1: 1 << 30},
+}
+STATES_MIN = 64 * MiB  # case_bytes: sizes from this one on run in each of STATES
+
+
+def set_malloc_state(state):
+    """Sets glibc's malloc to `state` (STATES) for the whole process; False where mallopt is not available."""
+    import ctypes
+    try:
+        mallopt = ctypes.CDLL(None).mallopt
+    except (OSError, AttributeError):
+        return False
+    mallopt.argtypes = [ctypes.c_int, ctypes.c_int]
+    return all(mallopt(param, value) == 1 for param, value in STATES[state].items())
+
+
+def minor_faults():
+    import resource
+    return resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+
+
+def interleaved(case, loads, repeat):
+    """Medians of `repeat` rounds, each one load of every peer in turn (after an untimed round): the peers
+    share the allocator's state. Rows as measure()'s, with minor page faults per load."""
+    samples = {name: ([], [], []) for name, _ in loads}
+    for r in range(repeat + 1):
+        for name, fn in loads:
+            gc.collect()
+            f0 = minor_faults()
+            s, out, c = common.timed(fn)
+            faults = minor_faults() - f0
+            del out
+            if r:
+                for into, value in zip(samples[name], (s, c, faults)):
+                    into.append(value)
+    for name, (secs, cpus, faults) in samples.items():
+        RESULTS.setdefault(case, {})[name] = {"seconds": statistics.median(secs),
+                                              "cpu_seconds": statistics.median(cpus),
+                                              "minor_faults": statistics.median(faults), "samples": secs}
+
+
 def case_bytes(sizes, repeat):
+    later = []
     for size in sizes:
         sd = state(size)
         label = f"{size >> 10} KiB" if size < MiB else f"{size >> 20} MiB"
@@ -220,10 +275,24 @@ def case_bytes(sizes, repeat):
         measure(f"bytes {label} save", "ckptio.save(sd)", lambda: ckptio.save(sd), repeat)
         measure(f"bytes {label} save", "safetensors.torch.save", lambda: st.save(sd), repeat)
         measure(f"bytes {label} save", "torch.save to BytesIO", torch_save, repeat)
-        measure(f"bytes {label} load", "ckptio.load(bytes)", lambda: ckptio.load(data), repeat)
-        measure(f"bytes {label} load", "safetensors.torch.load", lambda: st.load(sdata), repeat)
-        measure(f"bytes {label} load", "torch.load(BytesIO)", lambda: torch.load(io.BytesIO(tdata), weights_only=True),
-                repeat)
+        loads = [("ckptio.load(bytes)", lambda data=data: ckptio.load(data)),
+                 ("safetensors.torch.load", lambda sdata=sdata: st.load(sdata)),
+                 ("torch.load(BytesIO)", lambda tdata=tdata: torch.load(io.BytesIO(tdata), weights_only=True))]
+        if size >= STATES_MIN:
+            later.append((label, loads))
+        else:
+            interleaved(f"bytes {label} load", loads, repeat)
+        del sd
+    # Last: the states hold for the rest of the process.
+    for name in STATES:
+        if not set_malloc_state(name):
+            common.notes.append(f"mallopt not available: bytes loads of {STATES_MIN >> 20} MiB or more ran in the "
+                                "default malloc state, not fresh and reused")
+            for label, loads in later:
+                interleaved(f"bytes {label} load", loads, repeat)
+            break
+        for label, loads in later:
+            interleaved(f"bytes {label} load ({name})", loads, repeat)
 
 
 # ---- the load right after a save ------------------------------------------------------------------------------
