@@ -4,7 +4,8 @@
  *
  * The object is cut into parts of one size (at least the part_bytes
  * setting, and large enough that the object fits in S3's 10,000 parts when
- * its size is known first). Writes are copied into the buffer of the part
+ * its size is known first; then also a little larger where that leaves out
+ * a short last part). Writes are copied into the buffer of the part
  * they fall in; a part whose every byte has arrived is queued, and one
  * uploader thread per object sends queued parts as UploadPart requests, up
  * to `concurrency` at once on its own curl multi handle, giving each
@@ -182,13 +183,27 @@ static void budget_sending(ckptio__s3_upload *u, int delta) {
     pthread_mutex_unlock(&u->budget->lock);
 }
 
-static uint64_t choose_part_size(const ckptio__s3_upload *u, uint64_t size) {
+/* The smallest part size an object of `size` bytes can have (0: not known yet): the part_bytes setting, larger
+ * where 10,000 parts would not hold it. */
+static uint64_t needed_part_size(const ckptio__s3_upload *u, uint64_t size) {
     uint64_t p = u->c->settings.part_bytes;
     if (p < CKPTIO__S3_MIN_PART) p = CKPTIO__S3_MIN_PART;
     const uint64_t need = (size + CKPTIO__S3_MAX_PARTS - 1) / CKPTIO__S3_MAX_PARTS;
     if (need > p) p = ckptio__align_up(need, MIB);
     if (p > CKPTIO__S3_MAX_PART) p = CKPTIO__S3_MAX_PART;
     return p;
+}
+
+/* The part size an object of `size` bytes is cut into: needed_part_size(), grown by whole MiB (an eighth of it
+ * at most) where that leaves out a last part much shorter than the others. Such a part costs a request of its
+ * own, and where the parts fill a round of `concurrency` requests exactly (a state of whole 16 MiB tensors plus
+ * its archives' headers) a round trip of its own after the others; spread over the others it costs nothing. */
+static uint64_t choose_part_size(const ckptio__s3_upload *u, uint64_t size) {
+    const uint64_t p = needed_part_size(u, size);
+    const uint64_t n = size / p, rest = size % p;
+    if (!n || !rest) return p;
+    const uint64_t grow = ckptio__align_up((rest + n - 1) / n, MIB);
+    return grow <= p / 8 && p + grow <= CKPTIO__S3_MAX_PART ? p + grow : p;
 }
 
 ckptio_status ckptio__s3_upload_open(const ckptio__s3_client *c, const char *bucket, const char *key,
@@ -323,19 +338,20 @@ ckptio_status ckptio__s3_upload_set_size(ckptio__s3_upload *u, uint64_t size) {
     char s[400];
     pthread_mutex_lock(&u->lock);
     const uint64_t want = choose_part_size(u, size);
+    part *p0 = u->nparts ? &u->parts[0] : NULL;
+    /* Bigger parts: possible while only the first part holds bytes and no writer is copying into it (its
+     * buffer is about to move). Where they are not needed, only preferred (choose_part_size), the parts stay. */
+    const bool movable = !(u->sent_any || u->end > u->part_size || (p0 && p0->writers));
     if (!u->part_size) {
         u->part_size = want;
-    } else if (want > u->part_size) {
-        /* Bigger parts: possible while only the first part holds bytes and no
-         * writer is copying into it (its buffer is about to move). */
-        part *p0 = u->nparts ? &u->parts[0] : NULL;
-        if (u->sent_any || u->end > u->part_size || (p0 && p0->writers)) {
+    } else if (want > u->part_size && (movable || needed_part_size(u, size) > u->part_size)) {
+        if (!movable) {
             shown(u, s, sizeof s);
             st = CKPTIO_FAIL_CTX(CKPTIO_E_UNSUPPORTED, &((ckptio__err_ctx){.operation = "truncate", .path = s,
                                                                            .file_offset = (int64_t)size}),
                                  "an object of %llu bytes needs parts of %llu bytes, and parts of %llu were "
                                  "written already (give the size before the data)",
-                                 (unsigned long long)size, (unsigned long long)want,
+                                 (unsigned long long)size, (unsigned long long)needed_part_size(u, size),
                                  (unsigned long long)u->part_size);
             goto out;
         }
