@@ -592,6 +592,40 @@ def test_lease_released_beside_the_removal(s3_prefix, tmp_path):
     save(sd, url, dir_busy="error")  # free at once
 
 
+def test_old_uploads_listed_beside_the_listing(s3_prefix, tmp_path):
+    """The cleanup lists the prefix's unfinished uploads beside its listing of the objects, not after it; which
+    of them it aborts still waits for that listing (the time it gives), and the upload a killed save left is
+    aborted. The listing's first attempt stalls 0.3 s at the proxy, so "beside" does not depend on how fast a
+    thread starts."""
+    from test_s3_files import Proxy, small_engine, through
+
+    url = f"{s3_prefix}/ckpt"
+    sd = model_state(3)
+    save(sd, url)
+    killed = _ckptio.File(f"{url}/__0_0123456789ab_0.distcp", _ckptio.OPEN_WRITE, small_engine())
+    buf = torch.zeros(12 << 20, dtype=torch.uint8)
+    killed.write([(buf.data_ptr(), buf.numel(), 0, 0)])  # two parts sent: the upload is open, never completed
+    time.sleep(3.5)  # the upload older than the next lease by the server's whole seconds
+    proxy = Proxy(tmp_path, r"GET:list-type=2:stall:0.3:1")
+    try:
+        through(proxy, lambda: save(sd, url))
+        proxy.settle()
+    finally:
+        proxy.kill()
+    log = [json.loads(line) for line in (tmp_path / "proxy.log").read_text().splitlines()]
+    listing = [e for e in log if e["method"] == "GET" and "list-type=2" in e["target"]]
+    uploads = [e for e in log if e["method"] == "GET" and "uploads=" in e["target"]]
+    aborts = [e for e in log if e["method"] == "DELETE" and "uploadId=" in e["target"]]
+    metadata = [e for e in log if e["method"] == "PUT" and e["target"].endswith("/.metadata")]
+    assert listing and listing[0]["action"] == "stall" and uploads and aborts and metadata, log
+    listed = max(e["end"] for e in listing if "end" in e)
+    assert metadata[0]["start"] <= uploads[0]["start"] < listed, log
+    assert all(a["start"] >= listed for a in aborts), log
+    assert _ckptio.object_abort_uploads(f"{url}/", 0) == 0  # the killed save's upload was aborted
+    same(load(url), sd)
+    del killed
+
+
 def _tokens(names):
     """The save tokens of the data objects among `names` (__{rank}_{token}_{n}.distcp)."""
     return {n.split("_")[3] for n in names if n.startswith("__") and n.endswith(".distcp")}
