@@ -9,7 +9,7 @@
  * memory that stays bounded while an object larger than the buffers
  * streams through, and part buffers that later and concurrent uploads of
  * one engine reuse, and objects of a known size cut without a short last
- * part.
+ * part, their multipart upload created with the size.
  */
 #include "objstore_helpers.h"
 
@@ -679,6 +679,39 @@ static void test_no_short_last_part(void) {
     free(data);
 }
 
+/* An object of several parts whose size is given first: its multipart upload is created at once, before any part
+ * is full (its round trip beside the filling of the first part); a close without commit aborts it. Sized for one
+ * part afterwards, the object goes in one PUT and the upload created for the larger size is aborted. */
+static void test_upload_created_with_the_size(void) {
+    ckptio_engine *e = s3_test_engine(); /* 5 MiB parts */
+    const char *url = s3_url("early.bin");
+    unsigned char *data = random_bytes(1000, 91);
+    ckptio_file *f;
+    T_OK(ckptio_file_open(e, url, CKPTIO_OPEN_WRITE, &f));
+    T_OK(ckptio_file_truncate(f, 3 * (5u << 20)));
+    T_OK(ckptio__file_io(f, CKPTIO_WRITE, data, 1000, 0)); /* no part is full */
+    T_ASSERT(uploads_become(e, url, 1) == 1);
+    T_OK(ckptio_file_close(f));
+    T_ASSERT(uploads_become(e, url, 0) == 0);
+    T_ASSERT(object_count(e, url, false) == 0);
+
+    T_OK(ckptio_file_open(e, url, CKPTIO_OPEN_WRITE, &f));
+    T_OK(ckptio_file_truncate(f, 3 * (5u << 20)));
+    T_ASSERT(uploads_become(e, url, 1) == 1);
+    T_OK(ckptio_file_truncate(f, 1000));
+    T_OK(ckptio__file_io(f, CKPTIO_WRITE, data, 1000, 0));
+    T_OK(ckptio_file_commit(f));
+    T_OK(ckptio_file_close(f));
+    T_ASSERT(uploads_become(e, url, 0) == 0);
+    check_object(e, url, data, 1000);
+    char etag[128];
+    T_OK(ckptio__object_info(e, url, NULL, etag, NULL, NULL));
+    T_ASSERT_MSG(!strchr(etag, '-'), "one PUT, not a multipart upload: ETag %s", etag);
+    T_OK(ckptio_object_delete(e, url));
+    T_OK(ckptio_engine_destroy(e));
+    free(data);
+}
+
 int main(void) {
     s3_test_bucket();
     T_RUN(test_single_requests);
@@ -691,5 +724,6 @@ int main(void) {
     T_RUN(test_memory_bounded);
     T_RUN(test_part_buffers_reused);
     T_RUN(test_no_short_last_part);
+    T_RUN(test_upload_created_with_the_size);
     return T_EXIT_PASS;
 }

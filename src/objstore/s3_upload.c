@@ -70,6 +70,7 @@ struct ckptio__s3_upload {
     unsigned waiting;    /* writers waiting in part_buffer for a buffer */
     unsigned inflight;
     bool sent_any;       /* a part was queued: the part size is fixed */
+    bool create_now;     /* the multipart upload is created without waiting for a queued part */
     char upload_id[1024];
     bool thread_started, closing, committed;
     pthread_t thread;
@@ -383,6 +384,13 @@ ckptio_status ckptio__s3_upload_set_size(ckptio__s3_upload *u, uint64_t size) {
     u->size_set = true;
     if (u->end > size) u->end = size;
     for (unsigned i = 0; i < u->nparts && st == CKPTIO_OK; i++) st = maybe_queue(u, i);
+    if (st == CKPTIO_OK && parts_for(u, size) > 1 && !u->create_now) {
+        /* Several parts: the multipart upload is created now, its round trip beside the filling of the first
+         * part rather than after it. */
+        u->create_now = true;
+        st = start_uploader(u);
+        pthread_cond_broadcast(&u->cond);
+    }
 out:
     pthread_mutex_unlock(&u->lock);
     return st;
@@ -569,12 +577,30 @@ typedef struct part_request {
     char number[16];
 } part_request;
 
+/* CreateMultipartUpload (lock held, released during the request); false when it failed (recorded). */
+static bool create_upload(ckptio__s3_upload *u) {
+    pthread_mutex_unlock(&u->lock);
+    char id[sizeof u->upload_id];
+    const ckptio_status st = ckptio__s3_mpu_create(u->c, u->bucket, u->key, id, sizeof id);
+    pthread_mutex_lock(&u->lock);
+    if (st != CKPTIO_OK) {
+        set_failure(u, st);
+        return false;
+    }
+    memcpy(u->upload_id, id, sizeof id);
+    return true;
+}
+
 static void *uploader(void *arg) {
     ckptio__s3_upload *u = arg;
     const unsigned concurrency = u->c->settings.concurrency ? u->c->settings.concurrency : 1;
     unsigned scan = 0;
     pthread_mutex_lock(&u->lock);
     for (;;) {
+        if (u->create_now && !u->upload_id[0] && u->fail_status == CKPTIO_OK) {
+            create_upload(u);
+            continue;
+        }
         while (u->fail_status == CKPTIO_OK && u->inflight < concurrency) {
             while (scan < u->nparts && u->parts[scan].state != P_QUEUED) scan++;
             unsigned i = scan;
@@ -585,15 +611,7 @@ static void *uploader(void *arg) {
                 scan = i;
             }
             if (!u->upload_id[0]) {
-                pthread_mutex_unlock(&u->lock);
-                char id[sizeof u->upload_id];
-                const ckptio_status st = ckptio__s3_mpu_create(u->c, u->bucket, u->key, id, sizeof id);
-                pthread_mutex_lock(&u->lock);
-                if (st != CKPTIO_OK) {
-                    set_failure(u, st);
-                    break;
-                }
-                memcpy(u->upload_id, id, sizeof id);
+                if (!create_upload(u)) break;
                 continue;
             }
             part_request *pr = ckptio__malloc(sizeof *pr);
@@ -708,10 +726,17 @@ ckptio_status ckptio__s3_upload_commit(ckptio__s3_upload *u, ckptio__s3_poll_fn 
         zero_holes(p, part_len(u, i));
     }
     if (st == CKPTIO_OK && n <= 1 && !u->sent_any) {
-        /* One part or none: a single PUT, no multipart upload. */
+        /* One part or none: a single PUT, no multipart upload. One created for a larger size given before is
+         * aborted after it (the object is in place whatever that abort answers). */
         pthread_mutex_unlock(&u->lock);
+        stop_uploader(u);
         st = ckptio__s3_put(u->c, u->bucket, u->key, n ? u->parts[0].buf : NULL, (size_t)size, false);
         if (st == CKPTIO_OK) u->committed = true;
+        if (st == CKPTIO_OK && u->upload_id[0]) {
+            ckptio__error_saved *saved = ckptio__error_save();
+            ckptio__s3_mpu_abort(u->c, u->bucket, u->key, u->upload_id);
+            ckptio__error_restore(saved);
+        }
         return st;
     }
     for (unsigned i = 0; i < n && st == CKPTIO_OK; i++)
