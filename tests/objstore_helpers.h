@@ -198,36 +198,52 @@ static inline void s3_put_files(ckptio_engine *e, const char *dir, const char *d
 
 /* ---- the requests the proxy saw (its log) ------------------------------------- */
 
-#define S3_MAX_REQUESTS 64
+#define S3_MAX_REQUESTS 256
 
 typedef struct s3_request_log {
     char method[S3_MAX_REQUESTS][8];
     char target[S3_MAX_REQUESTS][512];
+    char range[S3_MAX_REQUESTS][64]; /* its Range header, "" when none */
+    int id[S3_MAX_REQUESTS], status[S3_MAX_REQUESTS]; /* status 0: not answered by the server */
     double start[S3_MAX_REQUESTS], end[S3_MAX_REQUESTS];
     size_t n;
 } s3_request_log;
 
-/* The requests in the proxy's log, once `want` of them are there (it logs
- * a request once answered). */
-static inline void s3_read_requests(s3_request_log *g, size_t want) {
-    for (int tries = 0; tries < 100; tries++) {
-        char *text = proxy_log_text();
-        g->n = 0;
-        for (char *line = strtok(text, "\n"); line; line = strtok(NULL, "\n")) {
-            T_ASSERT(g->n < S3_MAX_REQUESTS);
-            const char *m = strstr(line, "\"method\": \""), *t = strstr(line, "\"target\": \"");
-            const char *s = strstr(line, "\"start\": "), *e = strstr(line, "\"end\": ");
-            T_ASSERT_MSG(m && t && s, "log line: %s", line);
-            sscanf(m + 11, "%7[^\"]", g->method[g->n]);
-            sscanf(t + 11, "%511[^\"]", g->target[g->n]);
-            g->start[g->n] = strtod(s + 9, NULL);
-            g->end[g->n] = e ? strtod(e + 7, NULL) : g->start[g->n]; /* a fault's line has no end */
-            g->n++;
+/* The requests in the proxy's log, each with its answer's status and end
+ * where the server answered it (else end == start). The proxy writes a
+ * request's lines before it passes the answer on, so the log holds every
+ * request whose answer the client has: no waiting for it. */
+static inline void s3_read_requests(s3_request_log *g) {
+    char *text = proxy_log_text();
+    g->n = 0;
+    for (char *line = strtok(text, "\n"); line; line = strtok(NULL, "\n")) {
+        const char *answered = strstr(line, "\"answered\": ");
+        if (answered) { /* the answer of the latest request of that id */
+            const int id = atoi(answered + 12);
+            const char *st = strstr(line, "\"status\": "), *e = strstr(line, "\"end\": ");
+            T_ASSERT_MSG(st && e, "log line: %s", line);
+            size_t i = g->n;
+            while (i > 0 && g->id[i - 1] != id) i--;
+            T_ASSERT_MSG(i > 0, "an answer to no request: %s", line);
+            g->status[i - 1] = atoi(st + 10);
+            g->end[i - 1] = strtod(e + 7, NULL);
+            continue;
         }
-        free(text);
-        if (g->n >= want) return;
-        usleep(20 * 1000);
+        T_ASSERT(g->n < S3_MAX_REQUESTS);
+        const char *id = strstr(line, "\"id\": "), *m = strstr(line, "\"method\": \""),
+                   *t = strstr(line, "\"target\": \""), *r = strstr(line, "\"range\": \""),
+                   *s = strstr(line, "\"start\": ");
+        T_ASSERT_MSG(id && m && t && r && s, "log line: %s", line);
+        g->id[g->n] = atoi(id + 6);
+        g->method[g->n][0] = g->target[g->n][0] = g->range[g->n][0] = '\0';
+        sscanf(m + 11, "%7[^\"]", g->method[g->n]);
+        sscanf(t + 11, "%511[^\"]", g->target[g->n]);
+        sscanf(r + 10, "%63[^\"]", g->range[g->n]);
+        g->status[g->n] = 0;
+        g->start[g->n] = g->end[g->n] = strtod(s + 9, NULL);
+        g->n++;
     }
+    free(text);
 }
 
 /* Requests of `method` whose target contains `part`. */

@@ -11,18 +11,26 @@ in the request target (path and query) pick requests; the first SKIP of them pas
 ACTION, the rest pass again. Actions:
     slowdown        answer 503 with an S3 SlowDown error document
     error:STATUS    answer STATUS with an S3 error document (InternalError for 5xx, else InvalidRequest)
+    error:STATUS/CODE  answer STATUS with an S3 error document of that Code (never forwarded): e.g.
+                    200/InternalError (CompleteMultipartUpload's failure inside a 200, which AWS documents),
+                    400/InternalError (a gateway's 400 wrapping a server fault), 400/InvalidPart
     drop            read the request, close the connection without an answer (never forwarded)
     reset           read the request head, then reset the connection (RST) before its body
     stall:SECONDS   read the request, send nothing for SECONDS, then close (never forwarded)
+    delay:SECONDS   read the request, wait SECONDS, then forward it and pass the answer on (a slow link)
     truncate:BYTES  forward, then send the answer's head and only BYTES of its body, and close
     lose            forward (the server acts on it), then close without passing the answer on
     answer:FILE     answer 200 with FILE's bytes as the body (application/xml; never forwarded): a listing
                     or any other document a hostile or broken server might send
     etags           forward, then pass the answer on with every <ETag> in its body changed (each hex digit
                     shifted by one): a server whose listings give another ETag than its GETs and HEADs do
-Each request is logged to --log as a JSON line {"method", "target", "action", "range", "start"} (its
-Range header, "" when none; start in time.monotonic() seconds); one forwarded untouched (action "pass")
-is logged once answered, with "end" too, so that the log shows which requests were in flight together. Standard library only; exits after --max-seconds (default 300) whatever happens.
+Each request is logged to --log as a JSON line {"id", "method", "target", "action", "range", "start"} (its
+Range header, "" when none; start in time.monotonic() seconds) before it is forwarded or answered, so a
+client that has its answer finds its request in the log. A forwarded request's answer adds a second line
+{"answered": id, "status", "end"} once the server's answer has come whole and before it is passed on (end:
+when the server was done with it), so that the log shows which requests were in flight together and is
+complete, answers included, by the time the client has them. Standard library only; exits after
+--max-seconds (default 300) whatever happens.
 """
 import argparse
 import json
@@ -44,6 +52,12 @@ INVALID = (b"<?xml version='1.0' encoding='UTF-8'?>\n<Error><Code>InvalidRequest
            b"<Message>Injected by the fault proxy.</Message></Error>")
 
 
+def error_doc(code):
+    """An S3 error document of `code`, its message saying who sent it."""
+    return (b"<?xml version='1.0' encoding='UTF-8'?>\n<Error><Code>%s</Code><Message>%s injected by the fault "
+            b"proxy.</Message></Error>" % (code.encode(), code.encode()))
+
+
 class Rule:
     def __init__(self, text):
         parts = text.split(":")
@@ -51,10 +65,12 @@ class Rule:
             raise SystemExit(f"bad rule {text!r}: METHOD:PATTERN:ACTION[:ARG]:TIMES[:SKIP]")
         self.method, pattern, self.action = parts[0], parts[1], parts[2]
         rest = parts[3:]
-        self.arg = None
-        if self.action in ("error", "stall", "truncate", "answer"):
+        self.arg, self.code = None, ""
+        if self.action in ("error", "stall", "delay", "truncate", "answer"):
             arg = rest.pop(0)
-            self.arg = float(arg) if self.action == "stall" else arg if self.action == "answer" else int(arg)
+            if self.action == "error":
+                arg, _, self.code = arg.partition("/")
+            self.arg = float(arg) if self.action in ("stall", "delay") else arg if self.action == "answer" else int(arg)
         self.times = int(rest[0])
         self.skip = int(rest[1]) if len(rest) > 1 else 0
         self.regex = re.compile(pattern)
@@ -168,10 +184,10 @@ class Handler(socketserver.BaseRequestHandler):
                 method, target = line.split(" ")[0], line.split(" ")[1]
                 rule = next((r for r in self.server.rules if r.pick(method, target)), None)
                 action = rule.action if rule else "pass"
-                entry = {"method": method, "target": target, "action": action,
-                         "range": (header(head, b"range") or b"").decode("latin-1"), "start": time.monotonic()}
-                if action != "pass":
-                    self.server.log(entry)
+                request_id = self.server.next_id()
+                self.server.log({"id": request_id, "method": method, "target": target, "action": action,
+                                 "range": (header(head, b"range") or b"").decode("latin-1"),
+                                 "start": time.monotonic()})
                 if action == "reset":
                     sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
                     sock.close()
@@ -182,7 +198,8 @@ class Handler(socketserver.BaseRequestHandler):
                     self.send_error_doc(503, b"Slow Down", SLOWDOWN)
                     continue
                 if action == "error":
-                    self.send_error_doc(rule.arg, b"Error", INTERNAL if rule.arg >= 500 else INVALID)
+                    doc = error_doc(rule.code) if rule.code else INTERNAL if rule.arg >= 500 else INVALID
+                    self.send_error_doc(rule.arg, b"OK" if rule.arg == 200 else b"Error", doc)
                     continue
                 if action == "answer":
                     with open(rule.arg, "rb") as f:
@@ -195,12 +212,16 @@ class Handler(socketserver.BaseRequestHandler):
                     time.sleep(rule.arg)
                     sock.close()
                     return
+                if action == "delay":
+                    time.sleep(rule.arg)
                 up = socket.create_connection(self.server.upstream, timeout=120)
                 try:
                     up.sendall(head + body)
                     rhead, rbody = read_response(up, method)
                 finally:
                     up.close()
+                self.server.log({"answered": request_id, "status": int(rhead.split(b" ", 2)[1]),
+                                 "end": time.monotonic()})
                 if action == "lose":
                     sock.close()
                     return
@@ -211,8 +232,6 @@ class Handler(socketserver.BaseRequestHandler):
                 if action == "etags":
                     rhead, rbody = other_etags(rhead, rbody)
                 sock.sendall(rhead + rbody)
-                if action == "pass":
-                    self.server.log(dict(entry, end=time.monotonic()))
                 if (header(rhead, b"connection") or b"").lower() == b"close":
                     return
         except (ConnectionError, OSError, ValueError):
@@ -232,6 +251,12 @@ class Server(socketserver.ThreadingTCPServer):
         self.rules = rules
         self.log_lock = threading.Lock()
         self.log_file = open(log_path, "a", buffering=1) if log_path else None
+        self.requests = 0
+
+    def next_id(self):
+        with self.log_lock:
+            self.requests += 1
+            return self.requests
 
     def log(self, entry):
         if self.log_file:

@@ -41,6 +41,23 @@ static void make_sources(uint64_t seed) {
     }
 }
 
+/* The options of a save split at `max_shard_size` bytes (0: one file), replacing a model there when
+ * `overwrite` (a static: valid until the next call). */
+static const ckptio_model_save_options *options(uint64_t max_shard_size, bool overwrite) {
+    static ckptio_model_save_options o;
+    o = (ckptio_model_save_options){.max_shard_size = max_shard_size,
+                                    .flags = overwrite ? CKPTIO_MODEL_SAVE_OVERWRITE : 0};
+    return &o;
+}
+
+/* A save of the sources over the model in `dir`, split at `max_shard_size`, whose `nth` request of `kind`
+ * fails with EIO: it fails E_IO. */
+static void save_failing(const char *dir, uint64_t max_shard_size, ckptio__io_kind kind, uint64_t nth) {
+    ckptio__io_inject(kind, nth, EIO, 0, false);
+    T_STATUS(ckptio_model_save(engine, dir, src, NT, options(max_shard_size, true), NULL), CKPTIO_E_IO);
+    ckptio__io_inject_reset();
+}
+
 static const char *in(const char *dir, const char *name) {
     static char buf[4][1024];
     static int k;
@@ -134,7 +151,7 @@ static void test_split_index_bytes(void) {
     T_OK(ckptio_safetensors_close(st));
     /* Every tensor alone (limit 1 byte: each nonzero one passes it or fills it) */
     const char *each = t_path("split/each");
-    T_OK(ckptio_model_save(engine, each, src, NT, &(ckptio_model_save_options){.max_shard_size = 1}, &nshards));
+    T_OK(ckptio_model_save(engine, each, src, NT, options(1, false), &nshards));
     T_ASSERT(nshards == 5); /* e (1 byte) fits, then f (0 bytes) joins it */
 }
 
@@ -154,17 +171,21 @@ static void test_gpu_sources(void) {
         gsrc[i].mem_kind = CKPTIO_MEM_CUDA;
     }
     const char *dir = t_path("gpu");
-    T_OK(ckptio_model_save(e, dir, gsrc, NT, &(ckptio_model_save_options){.max_shard_size = 10000}, NULL));
+    T_OK(ckptio_model_save(e, dir, gsrc, NT, options(10000, false), NULL));
     check_model(dir, split_10k);
     for (int i = 0; i < NT; i++) ckptio__gpu_sim_device_free(dev[i]);
     T_OK(ckptio_engine_destroy(e));
     ckptio__gpu_set_ops(NULL);
 }
 
-/* An older single-file model beside which a failed save of 3 shards must leave nothing. */
-static void older_model(const char *dir) {
+/* An older single-file model at `dir` (the sources of `seed`), beside which a failed save of 3 shards must
+ * leave nothing; returns its bytes (free() them) and makes the sources of seed + 1, the new save's. */
+static unsigned char *older_model(const char *dir, uint64_t seed, size_t *older_len) {
+    make_sources(seed);
     T_OK(ckptio_model_save(engine, dir, src, NT, NULL, NULL));
     t_write_file(in(dir, "config.json"), "{}", 2);
+    make_sources(seed + 1);
+    return t_read_file(in(dir, "model.safetensors"), older_len);
 }
 
 static void older_intact(const char *dir, const unsigned char *older, size_t older_len) {
@@ -189,19 +210,15 @@ static void put_older_back(const char *dir, const unsigned char *older, size_t o
 }
 
 static void test_failures_leave_nothing(void) {
-    make_sources(3);
     const char *dir = t_path("fail");
-    older_model(dir);
     size_t older_len;
-    unsigned char *older = t_read_file(in(dir, "model.safetensors"), &older_len);
-    make_sources(4);
-    const ckptio_model_save_options o = {.max_shard_size = 10000, .flags = CKPTIO_MODEL_SAVE_OVERWRITE};
+    unsigned char *older = older_model(dir, 3, &older_len);
     /* Every write request, rename and open in turn, until the save makes fewer of them. */
     const ckptio__io_kind kinds[] = {CKPTIO__IO_WRITE, CKPTIO__IO_RENAME, CKPTIO__IO_OPEN, CKPTIO__IO_FSYNC};
     for (size_t k = 0; k < sizeof kinds / sizeof kinds[0]; k++) {
         for (uint64_t nth = 1;; nth++) {
             ckptio__io_inject(kinds[k], nth, EIO, 0, false);
-            const ckptio_status st = ckptio_model_save(engine, dir, src, NT, &o, NULL);
+            const ckptio_status st = ckptio_model_save(engine, dir, src, NT, options(10000, true), NULL);
             const bool fired = ckptio__io_inject_countdown(kinds[k]) == 0;
             ckptio__io_inject_reset();
             if (!fired) { /* past the save's last request of this kind: it succeeded; put the older one back */
@@ -239,21 +256,15 @@ static int cancel_after(uint64_t done, uint64_t total, void *user) {
 }
 
 static void test_cancel_leaves_nothing(void) {
-    make_sources(5);
     const char *dir = t_path("cancel");
-    older_model(dir);
     size_t older_len;
-    unsigned char *older = t_read_file(in(dir, "model.safetensors"), &older_len);
+    unsigned char *older = older_model(dir, 5, &older_len);
     ckptio_engine *e;
     T_OK(ckptio_engine_create(&e));
     uint64_t at = 1;
     T_OK(ckptio_engine_set_progress(e, cancel_after, &at));
     ckptio__io_inject_delay(2000); /* the callback gets its turn before the plan ends */
-    T_STATUS(ckptio_model_save(e, dir, src, NT,
-                               &(ckptio_model_save_options){.max_shard_size = 10000,
-                                                            .flags = CKPTIO_MODEL_SAVE_OVERWRITE},
-                               NULL),
-             CKPTIO_E_CANCELED);
+    T_STATUS(ckptio_model_save(e, dir, src, NT, options(10000, true), NULL), CKPTIO_E_CANCELED);
     ckptio__io_inject_reset();
     older_intact(dir, older, older_len);
     free(older);
@@ -269,44 +280,26 @@ static const char *const split_20k[NT] = {"model-00001-of-00002.safetensors", "m
  * failed commit did not reach; an older index the failed index write left in place; a new model already
  * named by its index when removing the older model's other files fails. */
 static void test_failed_overwrites_keep_what_loads(void) {
-    const ckptio_model_save_options over = {.flags = CKPTIO_MODEL_SAVE_OVERWRITE};
     /* The one shard's name is the older file's: the temporary's fsync fails before the rename. */
-    make_sources(3);
     const char *dir = t_path("keep_single");
-    older_model(dir);
     size_t older_len;
-    unsigned char *older = t_read_file(in(dir, "model.safetensors"), &older_len);
-    make_sources(4);
-    ckptio__io_inject(CKPTIO__IO_FSYNC, 1, EIO, 0, false);
-    T_STATUS(ckptio_model_save(engine, dir, src, NT, &over, NULL), CKPTIO_E_IO);
-    ckptio__io_inject_reset();
+    unsigned char *older = older_model(dir, 3, &older_len);
+    save_failing(dir, 0, CKPTIO__IO_FSYNC, 1);
     older_intact(dir, older, older_len);
     free(older);
     /* Three older shards at 10000, two new ones at 20000: the index's rename fails (the third rename). */
     dir = t_path("keep_index");
     make_sources(5);
-    T_OK(ckptio_model_save(engine, dir, src, NT, &(ckptio_model_save_options){.max_shard_size = 10000}, NULL));
+    T_OK(ckptio_model_save(engine, dir, src, NT, options(10000, false), NULL));
     make_sources(6);
-    ckptio__io_inject(CKPTIO__IO_RENAME, 3, EIO, 0, false);
-    T_STATUS(ckptio_model_save(engine, dir, src, NT,
-                               &(ckptio_model_save_options){.max_shard_size = 20000,
-                                                            .flags = CKPTIO_MODEL_SAVE_OVERWRITE},
-                               NULL),
-             CKPTIO_E_IO);
-    ckptio__io_inject_reset();
+    save_failing(dir, 20000, CKPTIO__IO_RENAME, 3);
     make_sources(5);
     check_model(dir, split_10k);
     T_ASSERT_MSG(t_count_entries(dir, "") == 4, "%d entries", t_count_entries(dir, ""));
     /* The new index is in place; removing the first older shard tried fails: the new model stays whole and
      * the other older shards are removed all the same (one of the three stays). */
     make_sources(7);
-    ckptio__io_inject(CKPTIO__IO_UNLINK, 1, EIO, 0, false);
-    T_STATUS(ckptio_model_save(engine, dir, src, NT,
-                               &(ckptio_model_save_options){.max_shard_size = 20000,
-                                                            .flags = CKPTIO_MODEL_SAVE_OVERWRITE},
-                               NULL),
-             CKPTIO_E_IO);
-    ckptio__io_inject_reset();
+    save_failing(dir, 20000, CKPTIO__IO_UNLINK, 1);
     check_model(dir, split_20k);
     T_ASSERT(t_file_exists(in(dir, "model-00001-of-00003.safetensors")) +
                  t_file_exists(in(dir, "model-00002-of-00003.safetensors")) +
@@ -317,7 +310,7 @@ static void test_failed_overwrites_keep_what_loads(void) {
 static void test_existing_model(void) {
     make_sources(6);
     const char *dir = t_path("exists");
-    T_OK(ckptio_model_save(engine, dir, src, NT, &(ckptio_model_save_options){.max_shard_size = 10000}, NULL));
+    T_OK(ckptio_model_save(engine, dir, src, NT, options(10000, false), NULL));
     t_write_file(in(dir, "config.json"), "{}", 2);
     t_write_file(in(dir, "model-00009-of-00009.safetensors.bak"), "x", 1); /* not the pattern: untouched */
     make_sources(16);
@@ -330,25 +323,15 @@ static void test_existing_model(void) {
     /* A failed overwrite under the same names: the bytes all go before anything is committed, so the older
      * model stays whole. */
     make_sources(36);
-    ckptio__io_inject(CKPTIO__IO_WRITE, 2, EIO, 0, false);
-    T_STATUS(ckptio_model_save(engine, dir, src, NT,
-                               &(ckptio_model_save_options){.max_shard_size = 10000,
-                                                            .flags = CKPTIO_MODEL_SAVE_OVERWRITE},
-                               NULL),
-             CKPTIO_E_IO);
-    ckptio__io_inject_reset();
+    save_failing(dir, 10000, CKPTIO__IO_WRITE, 2);
     make_sources(6);
     check_model(dir, split_10k);
     T_ASSERT(t_count_entries(dir, "") == 6);
     /* Replaced with it: the same names (the old index goes first), then fewer shards (the rest removed). */
     make_sources(26);
-    T_OK(ckptio_model_save(engine, dir, src, NT,
-                           &(ckptio_model_save_options){.max_shard_size = 10000, .flags = CKPTIO_MODEL_SAVE_OVERWRITE},
-                           NULL));
+    T_OK(ckptio_model_save(engine, dir, src, NT, options(10000, true), NULL));
     check_model(dir, split_10k);
-    T_OK(ckptio_model_save(engine, dir, src, NT,
-                           &(ckptio_model_save_options){.max_shard_size = 20000, .flags = CKPTIO_MODEL_SAVE_OVERWRITE},
-                           NULL));
+    T_OK(ckptio_model_save(engine, dir, src, NT, options(20000, true), NULL));
     check_model(dir, split_20k);
     T_ASSERT(t_count_entries(dir, "") == 5); /* 2 shards, index, config.json, the .bak */
     T_ASSERT(t_file_exists(in(dir, "config.json")) && t_file_exists(in(dir, "model-00009-of-00009.safetensors.bak")));
@@ -363,8 +346,7 @@ static void test_bad_input(void) {
     ckptio_tensor_source dup[NT];
     memcpy(dup, src, sizeof dup);
     dup[4].name = "a.first"; /* the same name in another shard */
-    T_STATUS(ckptio_model_save(engine, dir, dup, NT, &(ckptio_model_save_options){.max_shard_size = 10000}, NULL),
-             CKPTIO_E_INVAL);
+    T_STATUS(ckptio_model_save(engine, dir, dup, NT, options(10000, false), NULL), CKPTIO_E_INVAL);
     T_MESSAGE_HAS("a.first");
     memcpy(dup, src, sizeof dup);
     dup[3].nbytes = 4999; /* does not match its shape */

@@ -40,11 +40,16 @@ static void test_dcp_open_lists_the_prefix(void) {
         T_OK(ckptio_dcp_verify(h, &r));
         T_ASSERT(r.items > 0 && r.unhashed == 0);
         T_OK(ckptio_dcp_close(h));
-        s3_read_requests(g, 4);
+        s3_read_requests(g);
         T_ASSERT_MSG(s3_count_requests(g, "GET", "list-type=2") == 1 &&
                          s3_count_requests(g, "HEAD", ".distcp") == 2 * lying,
                      "%s listing: %zu listings, %zu HEADs of data objects", lying ? "a lying" : "an honest",
                      s3_count_requests(g, "GET", "list-type=2"), s3_count_requests(g, "HEAD", ".distcp"));
+        /* The verify's manifest: one GET, no HEAD. */
+        T_ASSERT_MSG(s3_count_requests(g, "GET", ".ckptio-manifest-") == 1 &&
+                         s3_count_requests(g, "HEAD", ".ckptio-manifest-") == 0,
+                     "the manifest: %zu GETs, %zu HEADs", s3_count_requests(g, "GET", ".ckptio-manifest-"),
+                     s3_count_requests(g, "HEAD", ".ckptio-manifest-"));
         proxy_stop(lying ? "etags" : "pass");
     }
     T_OK(ckptio_dcp_open(e, dir, &h));
@@ -283,6 +288,60 @@ static void test_dcp_commit_cleanup(void) {
     ckptio_engine_destroy(e);
 }
 
+/* The removal of older saves' objects under a lease held here aborts the
+ * killed saves' uploads begun before the lease; what it needs to know of the
+ * directory is its shared saves' marks, which it lists alone (the listing's
+ * prefix is theirs), not every object of the directory. */
+static void test_dcp_abort_lists_the_marks_only(void) {
+    ckptio_engine *e = s3_test_engine();
+    const char *dir = s3_url("dcp-abort-marks");
+    const char *names[4];
+    char name[4][64];
+    for (int i = 0; i < 4; i++) {
+        snprintf(name[i], sizeof name[i], "__0_0123456789ab_%d.distcp", i);
+        names[i] = name[i];
+        s3_put_bytes(e, s3_in(dir, name[i]), "old", 3);
+    }
+    s3_put_bytes(e, s3_in(dir, "__0_fedcba987654_0.distcp"), "kept", 4);
+    ckptio_file *f;
+    T_OK(ckptio_file_open(e, s3_in(dir, "__0_cccccccccccc_0.distcp"), CKPTIO_OPEN_WRITE, &f));
+    void *big = calloc(1, 12 << 20);
+    T_OK(ckptio__file_io(f, CKPTIO_WRITE, big, 12 << 20, 0)); /* a killed save's parts, never completed */
+    free(big);
+    struct timespec older = {2, 100000000}; /* older than the lease by the server's whole seconds */
+    nanosleep(&older, NULL);
+    ckptio_dcp_lock *lock = NULL;
+    T_OK(ckptio_dcp_lock_acquire(dir, NULL, 0, 0, NULL, NULL, &lock));
+    snprintf(upstream, sizeof upstream, "%s", getenv("AWS_ENDPOINT_URL"));
+    const char *const no_rules[] = {NULL};
+    s3_request_log *g = calloc(1, sizeof *g);
+    T_ASSERT(g);
+    proxy_start(no_rules);
+    size_t removed = 0;
+    char note[512];
+    T_OK(ckptio_dcp_remove_files(dir, names, 4, 0, NULL, &removed, note, sizeof note));
+    T_ASSERT_MSG(removed == 4, "removed %zu: %s", removed, note);
+    s3_read_requests(g);
+    proxy_stop("pass");
+    size_t listings = 0, bounded = 0;
+    for (size_t i = 0; i < g->n; i++)
+        if (!strcmp(g->method[i], "GET") && strstr(g->target[i], "list-type=2")) {
+            listings++;
+            bounded += strstr(g->target[i], "prefix=") && strstr(g->target[i], "ckptio-dcp-shared-") != NULL;
+        }
+    T_ASSERT_MSG(listings == 1 && bounded == 1, "%zu listings, %zu of them of the marks alone", listings, bounded);
+    T_ASSERT_MSG(s3_count_requests(g, "DELETE", "uploadId") == 1, "%zu uploads aborted",
+                 s3_count_requests(g, "DELETE", "uploadId"));
+    uint64_t aborted = 99;
+    T_OK(ckptio_object_abort_uploads(e, s3_in(dir, ""), 0, &aborted));
+    T_ASSERT_MSG(aborted == 0, "%llu unfinished uploads were left", (unsigned long long)aborted);
+    T_ASSERT(s3_object_exists(e, s3_in(dir, "__0_fedcba987654_0.distcp")) && !s3_object_exists(e, s3_in(dir, name[0])));
+    ckptio_file_close(f);
+    T_OK(ckptio_dcp_lock_release(lock));
+    free(g);
+    ckptio_engine_destroy(e);
+}
+
 /* The shared saves' marks under `dir`. */
 static int count_mark(void *user, const ckptio__object_entry *e) {
     if (!strncmp(e->name, CKPTIO__DCP_SHARED_PREFIX, sizeof CKPTIO__DCP_SHARED_PREFIX - 1)) ++*(int *)user;
@@ -372,6 +431,7 @@ int main(void) {
     T_RUN(test_dcp_lease);
     T_RUN(test_dcp_lease_confirmed_later);
     T_RUN(test_dcp_commit_cleanup);
+    T_RUN(test_dcp_abort_lists_the_marks_only);
     T_RUN(test_dcp_shared_save_beside_a_cleanup);
     T_RUN(test_dcp_lease_gone_is_lost);
     return T_EXIT_PASS;

@@ -208,6 +208,69 @@ static void test_give_up(void) {
     free(back);
 }
 
+/* CompleteMultipartUpload's failure may come inside an HTTP 200 (AWS documents
+ * it) or, from a gateway under load, as a 400 whose document wraps a server
+ * fault (InternalError, ServiceUnavailable): both are retried as a 5xx is,
+ * within the retry budget, and past it stay a server fault (E_IO). A real 400
+ * (InvalidPart) is not retried: the save fails with the server's code and
+ * message, the bucket and the key, and the upload is aborted. */
+static void test_complete_errors(void) {
+    const char *url = s3_url("complete.bin");
+    const size_t n = (11u << 20) + 7;
+    unsigned char *data = random_bytes(n, 16), *back = malloc(n);
+    static const char *const transient[] = {"POST:uploadId:error:200/InternalError:1",
+                                            "POST:uploadId:error:400/InternalError:1",
+                                            "POST:uploadId:error:400/ServiceUnavailable:1"};
+    for (size_t i = 0; i < sizeof transient / sizeof *transient; i++) {
+        const char *rules[] = {transient[i], NULL};
+        proxy_start(rules);
+        ckptio_engine *e = fault_engine(4);
+        data[0] = (unsigned char)i;
+        T_OK(write_object(e, url, data, n));
+        T_OK(ckptio_engine_destroy(e));
+        T_ASSERT_MSG(proxy_stop("error") == 1, "%s", transient[i]);
+        e = s3_test_engine();
+        memset(back, 0, n);
+        T_OK(read_all(e, url, back, n));
+        T_ASSERT_MSG(memcmp(back, data, n) == 0, "%s: bytes differ", transient[i]);
+        T_OK(ckptio_engine_destroy(e));
+        T_ASSERT_MSG(uploads_of(url) == 0, "%s: an upload was left", transient[i]);
+    }
+    const unsigned char kept = data[0];
+    data[0] = 0xee;
+    const char *always[] = {"POST:uploadId:error:400/InternalError:100", NULL};
+    proxy_start(always);
+    ckptio_engine *e = fault_engine(1);
+    T_STATUS(write_object(e, url, data, n), CKPTIO_E_IO);
+    T_MESSAGE_HAS("InternalError");
+    T_MESSAGE_HAS("gave up after 2 attempts");
+    T_MESSAGE_HAS(s3_key_of(url));
+    T_OK(ckptio_engine_destroy(e));
+    T_ASSERT(proxy_stop("error") == 2);
+    T_ASSERT(uploads_of(url) == 0);
+    const char *refuse[] = {"POST:uploadId:error:400/InvalidPart:100", NULL};
+    proxy_start(refuse);
+    e = fault_engine(4);
+    T_STATUS(write_object(e, url, data, n), CKPTIO_E_INVAL);
+    T_MESSAGE_HAS("CompleteMultipartUpload");
+    T_MESSAGE_HAS("HTTP 400 InvalidPart: InvalidPart injected by the fault proxy.");
+    T_MESSAGE_HAS(s3_test_bucket());
+    T_MESSAGE_HAS(s3_key_of(url));
+    s3_no_secret_in_message();
+    T_OK(ckptio_engine_destroy(e));
+    T_ASSERT(proxy_stop("error") == 1);
+    T_ASSERT(uploads_of(url) == 0);
+    /* The object is the last whole save's. */
+    data[0] = kept;
+    e = s3_test_engine();
+    T_OK(read_all(e, url, back, n));
+    T_ASSERT(memcmp(back, data, n) == 0);
+    T_OK(ckptio_object_delete(e, url));
+    T_OK(ckptio_engine_destroy(e));
+    free(data);
+    free(back);
+}
+
 /* A writer that waits for a part buffer while another write grows the
  * upload's part table: the waiting writer must find its part in the table as
  * it is after the wait, not where it was before (the table moved). Two
@@ -300,6 +363,31 @@ static void test_a_late_renewal_loses_the_lease(void) {
     T_OK(ckptio_engine_destroy(e));
 }
 
+/* A shared save's mark is checked as the lease is, with the same margin: its
+ * renewal (a PUT, no look) stalled past the mark's time less the margin, its
+ * check fails (the save then commits nothing), though the mark's object is
+ * still there. */
+static void test_a_late_mark_renewal_fails_the_check(void) {
+    const char *dir = s3_url("late-mark");
+    const char *rules[] = {"PUT:ckptio-dcp-shared-:stall:2:1:1", NULL}; /* the first renewal, not the take */
+    proxy_start(rules);
+    setenv("CKPTIO_S3_LEASE_MS", "1500", 1); /* renewed every 0.5 s; the margin 0.25 s */
+    ckptio_dcp_lock *a = NULL;
+    T_OK(ckptio_dcp_lock_acquire(dir, NULL, CKPTIO_DCP_LOCK_SHARED, 0, NULL, NULL, &a));
+    unsetenv("CKPTIO_S3_LEASE_MS");
+    T_OK(ckptio_dcp_lock_check(a)); /* taken 0 s ago */
+    const double t0 = ckptio__now();
+    ckptio_status st = CKPTIO_OK;
+    while (ckptio__now() - t0 < 3 && (st = ckptio_dcp_lock_check(a)) == CKPTIO_OK) usleep(50 * 1000);
+    T_ASSERT_MSG(st == CKPTIO_E_BUSY, "status %d", st);
+    T_MESSAGE_HAS("was last renewed");
+    /* Not before the mark's time less the margin (1.25 s after its take, just before t0). */
+    const double late = ckptio__now() - t0;
+    T_ASSERT_MSG(late > 1.0, "the check failed %.2f s after the mark was taken", late);
+    T_OK(ckptio_dcp_lock_release(a));
+    T_ASSERT_MSG(proxy_stop("stall") == 1, "the mark's renewal was not stalled");
+}
+
 static void test_failed_upload_leaves_nothing(void) {
     const char *url = s3_url("precious.bin");
     const size_t old_n = 2u << 20, n = 21u << 20;
@@ -360,7 +448,9 @@ int main(void) {
     T_RUN(test_uploads_retry);
     T_RUN(test_give_up);
     T_RUN(test_failed_upload_leaves_nothing);
+    T_RUN(test_complete_errors);
     T_RUN(test_writer_waits_while_parts_grow);
     T_RUN(test_a_late_renewal_loses_the_lease);
+    T_RUN(test_a_late_mark_renewal_fails_the_check);
     return T_EXIT_PASS;
 }

@@ -7,7 +7,10 @@
  * leaves no object and no unfinished upload under the prefix and an older
  * model there intact; an existing model is refused without
  * CKPTIO_MODEL_SAVE_OVERWRITE; uploads written in one plan hold no more
- * part buffers together than their shared bound (plus one part each).
+ * part buffers together than their shared bound (plus one part each); a
+ * save whose parts each take longer than the request timeout (the fault
+ * proxy delays them) still completes under a small shared bound; a first
+ * part grown by a size given late counts in the bound at its new size.
  */
 #include "objstore_helpers.h"
 
@@ -225,11 +228,69 @@ static void test_shared_buffer_bound(void) {
     T_OK(ckptio_engine_destroy(e));
 }
 
+/* A slow link: the first two part PUTs take 2 s each at the fault proxy (the server then answers at once),
+ * twice the request timeout, while the shards' uploads share a bound of three parts. A writer waits for a
+ * part buffer longer than the request timeout with no buffer given back, but a part is in flight, so the
+ * save goes on and is whole: every part sent once (no attempt timed out), the bytes as saved. */
+static void test_slow_parts_under_a_shared_bound(void) {
+    ckptio_engine *e = s3_test_engine();
+    T_OK(ckptio_engine_set(e, CKPTIO_OPT_S3_TIMEOUT_MS, 1000));
+    T_OK(ckptio_engine_set(e, CKPTIO_OPT_S3_RETRIES, 0));
+    T_OK(ckptio_engine_set(e, CKPTIO_OPT_S3_CONCURRENCY, 1));
+    T_OK(ckptio_engine_set(e, CKPTIO_OPT_THREADS, 1));
+    T_OK(ckptio_engine_set(e, CKPTIO_OPT_CHUNK_BYTES, 64 << 10)); /* the bound: 3 parts and 64 KiB */
+    make_sources(5);
+    const char *dir = s3_url("slow-parts");
+    snprintf(upstream, sizeof upstream, "%s", getenv("AWS_ENDPOINT_URL"));
+    const char *const slow[] = {"PUT:partNumber=:delay:2:2", NULL};
+    proxy_start(slow);
+    size_t nshards = 0;
+    const ckptio_status st = ckptio_model_save(e, dir, src, NT, &two_each, &nshards);
+    s3_request_log *g = calloc(1, sizeof *g);
+    T_ASSERT(g);
+    s3_read_requests(g);
+    const int delayed = proxy_stop("delay");
+    T_ASSERT_MSG(st == CKPTIO_OK, "%s", ckptio_last_error_message());
+    /* 3 shards of 12 MiB and a header: three parts each (5 + 5 + the rest), each PUT once. */
+    const size_t parts = s3_count_requests(g, "PUT", "partNumber=");
+    T_ASSERT_MSG(nshards == 3 && parts == 9 && delayed == 2, "%zu shards, %zu part PUTs, %d delayed", nshards,
+                 parts, delayed);
+    free(g);
+    T_OK(ckptio_engine_destroy(e));
+    e = s3_test_engine(); /* read back in larger GETs than the save's 64 KiB chunks */
+    T_ASSERT(objects_under(e, dir) == 4 && uploads_under(e, dir) == 0);
+    check_model(e, dir);
+    remove_all(e, dir);
+    T_OK(ckptio_engine_destroy(e));
+}
+
+/* A first part grown by a size given after its first bytes (parts bigger than 5 MiB for an object of
+ * 80 GiB: 9 MiB) counts in the shared bound at its new size. */
+static void test_grown_first_part_counts_in_the_bound(void) {
+    ckptio_engine *e = s3_test_engine();
+    ckptio_file *f;
+    T_OK(ckptio_file_open(e, s3_url("grown"), CKPTIO_OPEN_WRITE, &f));
+    uint64_t bound = 0;
+    T_OK(ckptio__object_share_buffers(&f, 1, &bound));
+    unsigned char bytes[100];
+    t_fill_random(bytes, sizeof bytes, 9);
+    T_OK(ckptio__file_io(f, CKPTIO_WRITE, bytes, sizeof bytes, 0));
+    T_ASSERT(ckptio__object_shared_peak(f) == 5u << 20);
+    T_OK(ckptio_file_truncate(f, 80ull << 30));
+    T_ASSERT_MSG(ckptio__object_shared_peak(f) == 9u << 20, "peak %llu after the first part grew to 9 MiB",
+                 (unsigned long long)ckptio__object_shared_peak(f));
+    T_OK(ckptio_file_close(f)); /* never committed: the upload is aborted */
+    T_OK(ckptio_engine_destroy(e));
+}
+
 int main(void) {
     s3_test_bucket();
+    signal(SIGPIPE, SIG_IGN);
     T_RUN(test_round_trip);
     T_RUN(test_cancel_leaves_nothing);
     T_RUN(test_shared_buffer_bound);
+    T_RUN(test_slow_parts_under_a_shared_bound);
+    T_RUN(test_grown_first_part_counts_in_the_bound);
     for (int i = 0; i < NT; i++) free(data[i]);
     return T_EXIT_PASS;
 }

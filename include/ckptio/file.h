@@ -112,6 +112,22 @@ CKPTIO_API const char *ckptio_format_name(ckptio_format format);
 CKPTIO_API ckptio_status ckptio_file_open_window(ckptio_engine *engine, const char *path, void *buf, uint64_t len,
                                                  uint64_t *got, ckptio_file **out);
 
+/*! ckptio_file_read_all() :
+ * The whole file or s3:// object `path`, of at most `max_bytes` bytes, into
+ * *data (allocated by ckptio, NUL-terminated after its *len bytes; release
+ * it with ckptio_file_data_free). Opened with its first MiB
+ * (ckptio_file_open_window: in object storage one GET, no HEAD, which is
+ * all of most small files); a larger file's rest is one more read, pinned to
+ * the version of the first. @return CKPTIO_OK; CKPTIO_E_NOT_FOUND when
+ * missing; CKPTIO_E_FORMAT when larger than max_bytes (*data is then NULL
+ * and *len the file's size); the open's and reads' errors. Thread-safe. */
+CKPTIO_API ckptio_status ckptio_file_read_all(ckptio_engine *engine, const char *path, uint64_t max_bytes,
+                                              void **data, size_t *len);
+
+/*! ckptio_file_data_free() :
+ * Releases what ckptio_file_read_all gave; NULL is a no-op. */
+CKPTIO_API void ckptio_file_data_free(void *data);
+
 /*! ckptio_file_version() :
  * The version every read of `file` is pinned to: for an s3:// object open
  * for reading, the ETag (as the server sent it) its GETs name in If-Match;

@@ -42,8 +42,13 @@ CKPTIO_API int ckptio_path_is_object(const char *path);
 /*! ckptio_format_detect_engine() :
  * ckptio_format_detect() with `engine`'s settings for the requests an
  * s3:// path needs (retries, timeouts; ckptio_format_detect makes an engine
- * of its own for them, from the environment). A local path, or a NULL
- * engine: exactly ckptio_format_detect(). */
+ * of its own for them, from the environment). An object is probed with one
+ * GET of its first 64 KiB (always: never an earlier probe's answer), whose
+ * answer (size, ETag, bytes) the engine keeps
+ * for the next open of that path for reading (within seconds): that open
+ * sends no request for it and is pinned to the ETag the probe saw (an object
+ * replaced in between fails its reads with CKPTIO_E_STALE). A local path,
+ * or a NULL engine: exactly ckptio_format_detect(). */
 CKPTIO_API ckptio_status ckptio_format_detect_engine(ckptio_engine *engine, const char *path, ckptio_format *out);
 
 /* One entry of a listing. The strings are valid during the callback only. */

@@ -135,7 +135,9 @@ static PyObject *mod_format_detect(PyObject *self, PyObject *args, PyObject *kwa
     PyObject *pb = ckpy_path_bytes(path_o);
     if (!pb) return NULL;
     detect_call c = {PyBytes_AsString(pb), CKPTIO_FORMAT_UNKNOWN};
-    if (engine_o != Py_None) { /* an s3:// path's requests with that engine's settings */
+    /* An s3:// path's requests with that engine's settings (the default one's
+     * without), which keeps the probe's GET for the open that follows it. */
+    if (engine_o != Py_None || ckptio_path_is_object(c.path)) {
         ckpy_engine *engine = ckpy_engine_resolve(engine_o);
         const int rc = engine ? ckpy_engine_run(engine, do_detect, &c) : -1;
         Py_XDECREF(engine);

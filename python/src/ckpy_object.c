@@ -22,7 +22,7 @@ typedef struct object_call {
     double older_than;
     uint64_t max, size, aborted;
     int kind;        /* 0 missing, 1 file, 2 directory */
-    char *buf;       /* object_read: PyMem_Malloc'ed bytes */
+    char *buf;       /* object_read: ckptio_file_read_all's bytes */
     char **keys;     /* object_list */
     uint64_t *sizes;
     double *times;
@@ -90,37 +90,20 @@ static PyObject *mod_object_stat(PyObject *m, PyObject *args, PyObject *kwargs) 
     return Py_BuildValue("(sK)", kinds[c.kind], (unsigned long long)c.size);
 }
 
-/* The whole object: its open is the GET of its first MiB (no HEAD), which
- * is all of most objects read this way; a larger one's rest is one more
- * read once its size was checked against max. */
+/* The whole object (ckptio_file_read_all: its open is the GET of its first
+ * MiB, no HEAD, which is all of most objects read this way; a larger one's
+ * rest is one more read once its size was checked against max). */
 static ckptio_status do_read(ckptio_engine *e, void *arg) {
     object_call *c = arg;
-    const uint64_t window = c->max < (1u << 20) ? (c->max ? c->max : 1) : (1u << 20);
-    char *head = malloc((size_t)window);
-    if (!head) {
-        c->nomem = 1;
+    void *data = NULL;
+    size_t len = 0;
+    const ckptio_status st = ckptio_file_read_all(e, c->url, c->max, &data, &len);
+    if (st == CKPTIO_E_FORMAT && len > c->max) {
+        c->nomem = 2; /* too large: said by the caller */
         return CKPTIO_OK;
     }
-    ckptio_file *f = NULL;
-    uint64_t got = 0;
-    ckptio_status st = ckptio_file_open_window(e, c->url, head, window, &got, &f);
-    if (st != CKPTIO_OK) {
-        free(head);
-        return st;
-    }
-    st = ckptio_file_size(f, &c->size);
-    if (st == CKPTIO_OK && c->size > c->max) c->nomem = 2; /* too large: said by the caller */
-    else if (st == CKPTIO_OK && c->size <= got) c->buf = head, head = NULL;
-    else if (st == CKPTIO_OK && !(c->buf = malloc((size_t)c->size))) c->nomem = 1;
-    if (c->nomem) c->size = 0;
-    if (st == CKPTIO_OK && c->size > got) {
-        memcpy(c->buf, head, (size_t)got);
-        const ckptio_extent x = {.file = f, .file_offset = got, .length = c->size - got, .memory = c->buf + got,
-                                 .mem_kind = CKPTIO_MEM_HOST};
-        st = ckptio_engine_execute_extents(e, CKPTIO_READ, &x, 1);
-    }
-    free(head);
-    ckptio_file_close(f);
+    c->buf = data;
+    c->size = len;
     return st;
 }
 
@@ -139,7 +122,7 @@ static PyObject *mod_object_read(PyObject *m, PyObject *args, PyObject *kwargs) 
         PyErr_NoMemory();
     else if (rc == 0)
         out = PyBytes_FromStringAndSize(c.buf, (Py_ssize_t)c.size);
-    free(c.buf);
+    ckptio_file_data_free(c.buf);
     return out;
 }
 

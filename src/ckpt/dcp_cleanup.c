@@ -700,7 +700,9 @@ static ckptio_status abort_uploads_before(ckptio_engine *engine, const char *dir
     return abort_uploads_listed(engine, dir, known_since, &since);
 }
 
-/* abort_uploads_before, its time from a listing of its own; only while this
+/* abort_uploads_before, its time from the lease held here and the shared
+ * saves' marks, listed alone (the listing's prefix is their names': the
+ * directory's other objects are not paged through for them); only while this
  * process holds the lease. Without it (a cleanup run after the release) the
  * lease read could be a later save's, taken after a save without a cleanup
  * marked itself and began its uploads unseen by the listing: aborting
@@ -708,17 +710,21 @@ static ckptio_status abort_uploads_before(ckptio_engine *engine, const char *dir
  * left to the next save's cleanup and `ckptio clean`. */
 static ckptio_status abort_uploads_now(ckptio_engine *engine, const char *dir) {
     if (!ckptio__dcp_lease_held_here(dir)) return CKPTIO_OK;
-    names all = {0}, young = {0};
+    names all = {0};
+    object_lister l = {.all = &all};
     double since = 0;
     ckptio__error_saved *kept = ckptio__error_save();
-    const ckptio_status st = list_objects(engine, dir, &all, &young, &since);
+    ckptio_status st = ckptio__object_dir_list_starting(engine, dir, CKPTIO__DCP_SHARED_PREFIX, object_entry, &l);
+    if (st == CKPTIO_OK && l.nomem) st = CKPTIO_FAIL(CKPTIO_E_NOMEM, "out of memory listing %s", dir);
+    bool *dead = st == CKPTIO_OK ? ckptio__calloc(l.marks.n + 1, sizeof *dead) : NULL;
+    if (st == CKPTIO_OK && !dead) st = CKPTIO_FAIL(CKPTIO_E_NOMEM, "out of memory");
+    if (st == CKPTIO_OK) st = ckptio__dcp_keep_since(engine, dir, l.marks.v, l.marks.n, &since, dead);
+    ckptio__free(dead);
+    ckptio__free(l.mtimes);
+    names_clear(&l.marks);
     names_clear(&all);
-    names_clear(&young);
-    if (st != CKPTIO_OK) { /* nothing to measure "older" by: nothing aborted */
-        ckptio__error_restore(kept);
-        return CKPTIO_OK;
-    }
     ckptio__error_restore(kept);
+    if (st != CKPTIO_OK) return CKPTIO_OK; /* nothing to measure "older" by: nothing aborted */
     return abort_uploads_before(engine, dir, since);
 }
 

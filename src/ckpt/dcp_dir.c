@@ -466,40 +466,10 @@ static ckptio_status collect_files(ckptio_dcp *h) {
 
 /* ---- open / close ---------------------------------------------------------------------- */
 
+/* Opened with its first bytes (in object storage one GET, no HEAD); only a
+ * larger file's rest is read after its size was checked. */
 static ckptio_status read_metadata(ckptio_dcp *h, void **data, size_t *len, char version[static 160]) {
-    ckptio_file *f = NULL;
-    uint64_t size = 0, got = 0;
-    /* Opened with its first bytes (in object storage one GET, no HEAD); only
-     * a larger file's rest is read after its size was checked. */
-    char *buf = ckptio__malloc((size_t)CKPTIO__SMALL_WINDOW);
-    *data = NULL;
-    if (!buf) return CKPTIO_FAIL(CKPTIO_E_NOMEM, "out of memory reading %s", h->md_path);
-    ckptio_status st = ckptio_file_open_window(h->engine, h->md_path, buf, CKPTIO__SMALL_WINDOW, &got, &f);
-    if (st != CKPTIO_OK) {
-        ckptio__free(buf);
-        return st;
-    }
-    snprintf(version, 160, "%s", ckptio_file_version(f));
-    if ((st = ckptio_file_size(f, &size)) != CKPTIO_OK) goto out;
-    if (size > METADATA_MAX) {
-        st = MDFAIL(CKPTIO_E_FORMAT, h, NULL, "%llu bytes is too large for a .metadata file", (unsigned long long)size);
-        goto out;
-    }
-    if (size > got) {
-        char *grown = ckptio__realloc(buf, (size_t)size);
-        if (!grown) {
-            st = CKPTIO_FAIL(CKPTIO_E_NOMEM, "out of memory reading %s", h->md_path);
-            goto out;
-        }
-        buf = grown;
-        st = ckptio__file_io(f, CKPTIO_READ, buf + got, size - got, got);
-    }
-    *len = size;
-out:
-    if (st == CKPTIO_OK) *data = buf;
-    else ckptio__free(buf);
-    ckptio_file_close(f);
-    return st;
+    return ckptio__object_read_all_pinned(h->engine, h->md_path, METADATA_MAX, data, len, version, 160);
 }
 
 /* The handle for `dir` with its table built from `data` (the .metadata
@@ -768,13 +738,20 @@ ckptio_status ckptio_dcp_manifest(const ckptio_dcp *h, const char **name) {
     if (!path) return CKPTIO_FAIL(CKPTIO_E_NOMEM, "out of memory");
     struct stat sb;
     int rc, err;
-    if (ckptio__s3_is_url(path)) { /* the object's HEAD: there or not, never anything else */
-        ckptio__path_kind kind = CKPTIO__PATH_MISSING;
-        if (ckptio__object_stat(h->engine, path, &kind, NULL) != CKPTIO_OK) {
+    if (ckptio__s3_is_url(path)) {
+        /* The GET of the object's first bytes, which the engine keeps for the
+         * manifest's read that follows (ckptio__object_peek_first): there or
+         * not, never anything else. */
+        uint64_t got = 0, size = 0;
+        ckptio__error_saved *saved = ckptio__error_save();
+        const ckptio_status look = ckptio__object_peek_first(h->engine, path, NULL, 0, &got, &size);
+        if (look != CKPTIO_OK && look != CKPTIO_E_NOT_FOUND) {
+            ckptio__free(saved);
             ckptio__free(path);
-            return ckptio_last_error()->status;
+            return look;
         }
-        rc = kind == CKPTIO__PATH_FILE ? 0 : -1;
+        ckptio__error_restore(saved);
+        rc = look == CKPTIO_OK ? 0 : -1;
         err = ENOENT;
         sb.st_mode = S_IFREG;
     } else {

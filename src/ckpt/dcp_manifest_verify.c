@@ -188,24 +188,15 @@ out:
 
 /* ---- verification ------------------------------------------------------------------- */
 
+/* The manifest's open brings its bytes (in object storage one GET, no HEAD). */
 static ckptio_status load_manifest(ckptio_dcp *h, const char *name, ckptio__dcp_manifest *m) {
-    const size_t n = strlen(h->dir) + strlen(name) + 2;
-    char *path = ckptio__malloc(n);
-    ckptio_file *f = NULL;
-    char *text = NULL;
-    uint64_t size = 0;
+    char *path = ckptio__path_join(h->dir, name);
     if (!path) return CKPTIO_FAIL(CKPTIO_E_NOMEM, "out of memory");
-    snprintf(path, n, "%s/%s", h->dir, name);
-    ckptio_status st = ckptio_file_open(h->engine, path, CKPTIO_OPEN_READ, &f);
-    if (st == CKPTIO_OK) st = ckptio_file_size(f, &size);
-    if (st == CKPTIO_OK && size > MANIFEST_MAX)
-        st = MFAIL(path, NULL, "%llu bytes is too large for a manifest", (unsigned long long)size);
-    if (st == CKPTIO_OK && !(text = ckptio__malloc(size ? size : 1)))
-        st = CKPTIO_FAIL(CKPTIO_E_NOMEM, "out of memory reading %s", path);
-    if (st == CKPTIO_OK && size) st = ckptio__file_io(f, CKPTIO_READ, text, size, 0);
+    void *text = NULL;
+    size_t size = 0;
+    ckptio_status st = ckptio__object_read_all(h->engine, path, MANIFEST_MAX, &text, &size);
     if (st == CKPTIO_OK) st = ckptio__dcp_manifest_parse(text, size, path, m);
     ckptio__free(text);
-    ckptio_file_close(f);
     ckptio__free(path);
     return st;
 }

@@ -7,7 +7,9 @@
  * The path is opened once with O_PATH (src/io/open_regular.c: no driver's
  * open runs, nothing waits) and everything after that is asked of that
  * descriptor, so a FIFO or a device is never opened or read from and a path
- * swapped between the checks cannot mislead them.
+ * swapped between the checks cannot mislead them. An object is judged by
+ * one GET of its first bytes, which the engine keeps for the open that
+ * follows the probe (src/io/object_file.c): probe and open cost that GET.
  */
 #include "io_internal.h"
 #include "safetensors_internal.h"
@@ -38,18 +40,27 @@ static ckptio_format probe_directory(int dirfd) {
     return CKPTIO_FORMAT_DIRECTORY;
 }
 
-/* Where the probe reads: a descriptor, or an object through the file layer. */
+/* Where the probe reads: a descriptor, or an object's first bytes (its peek,
+ * which the open after the probe takes) and past them the object, opened
+ * when a read goes there. */
 typedef struct source {
     int fd;
+    ckptio_engine *engine;
+    const unsigned char *head; /* an object's first head_len bytes */
+    uint64_t head_len, size;
     ckptio_file *object;
-    uint64_t size;
 } source;
 
-static ckptio_status read_at(const source *src, void *buf, size_t len, uint64_t offset, const char *path,
+static ckptio_status read_at(source *src, void *buf, size_t len, uint64_t offset, const char *path,
                              size_t *got) {
-    if (src->object) {
+    if (src->engine) {
         const uint64_t n = offset >= src->size ? 0 : src->size - offset < len ? src->size - offset : len;
         *got = (size_t)n;
+        if (n && offset + n <= src->head_len) {
+            memcpy(buf, src->head + offset, (size_t)n);
+            return CKPTIO_OK;
+        }
+        if (n && !src->object) CKPTIO_FORWARD(ckptio_file_open(src->engine, path, CKPTIO_OPEN_READ, &src->object));
         return n ? ckptio__file_io(src->object, CKPTIO_READ, buf, n, offset) : CKPTIO_OK;
     }
     const int fd = src->fd;
@@ -65,7 +76,7 @@ static ckptio_status read_at(const source *src, void *buf, size_t len, uint64_t 
 /* Past a blank start of a safetensors header longer than the probe: reads
  * on to its first non-blank byte (the header is at most 100 MB, the reads
  * stop at its end). */
-static ckptio_status blank_header_opens_object(const source *fd, const unsigned char *head, uint64_t from,
+static ckptio_status blank_header_opens_object(source *fd, const unsigned char *head, uint64_t from,
                                                const char *path, bool *yes) {
     uint64_t n = 0;
     for (int i = 7; i >= 0; i--) n = n << 8 | head[i];
@@ -101,7 +112,7 @@ static bool starts_json_object(const unsigned char *head, size_t len) {
     return false;
 }
 
-static ckptio_status probe_file(const source *fd, uint64_t size, const char *path, ckptio_format *out) {
+static ckptio_status probe_file(source *fd, uint64_t size, const char *path, ckptio_format *out) {
     unsigned char head[CKPTIO_FORMAT_PROBE_BYTES];
     const size_t want = size < sizeof head ? (size_t)size : sizeof head;
     size_t got = 0;
@@ -148,21 +159,23 @@ static ckptio_status probe_object(ckptio_engine *engine, const char *path, ckpti
     const bool bucket_only = !*key, as_dir = bucket_only || path[strlen(path) - 1] == '/';
     ckptio__free(bucket);
     ckptio__free(key);
-    uint64_t size = 0;
     if (!as_dir) {
+        /* One GET of its first bytes, kept on the engine for the open that follows (ckptio__object_peek_first);
+         * the probe itself always asks the server, never an earlier probe's answer. */
+        unsigned char *head = ckptio__malloc((size_t)CKPTIO__PEEK_BYTES);
+        if (!head) return CKPTIO_FAIL(CKPTIO_E_NOMEM, "out of memory probing %s", path);
+        source src = {.fd = -1, .engine = engine, .head = head};
         ckptio__error_saved *saved = ckptio__error_save();
-        const ckptio_status st = ckptio__object_info(engine, path, NULL, NULL, NULL, NULL);
+        ckptio__object_peek_forget(engine, path);
+        ckptio_status st = ckptio__object_peek_first(engine, path, head, CKPTIO__PEEK_BYTES, &src.head_len, &src.size);
         if (st != CKPTIO_E_NOT_FOUND) ckptio__free(saved);
-        if (st == CKPTIO_OK) {
-            ckptio_file *f = NULL;
-            CKPTIO_FORWARD(ckptio_file_open(engine, path, CKPTIO_OPEN_READ, &f));
-            ckptio_status pst = ckptio_file_size(f, &size);
-            if (pst == CKPTIO_OK) pst = probe_file(&((source){.fd = -1, .object = f, .size = size}), size, path, out);
-            ckptio__error_saved *failed = pst != CKPTIO_OK ? ckptio__error_save() : NULL;
-            ckptio_file_close(f);
+        if (st == CKPTIO_OK) st = probe_file(&src, src.size, path, out);
+        if (src.object) {
+            ckptio__error_saved *failed = st != CKPTIO_OK ? ckptio__error_save() : NULL;
+            ckptio_file_close(src.object);
             if (failed) ckptio__error_restore(failed);
-            return pst;
         }
+        ckptio__free(head);
         if (st != CKPTIO_E_NOT_FOUND) return st;
         ckptio__error_restore(saved);
     }

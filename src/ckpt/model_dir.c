@@ -53,25 +53,6 @@ void ckptio__model_release_shards(const ckptio_model *m, size_t keep) {
         if (s != keep) ckptio__file_release(m->shards[s]->file);
 }
 
-/* An object of a listed prefix and its size, sorted by name. */
-typedef struct listed_object {
-    char *name;
-    uint64_t size;
-} listed_object;
-
-/* The listed size of `name` (0: not listed, or no listing). */
-static uint64_t listed_size(const listed_object *v, size_t n, const char *name) {
-    size_t lo = 0, hi = n;
-    while (lo < hi) {
-        const size_t mid = lo + (hi - lo) / 2;
-        const int c = strcmp(v[mid].name, name);
-        if (!c) return v[mid].size;
-        if (c < 0) lo = mid + 1;
-        else hi = mid;
-    }
-    return 0;
-}
-
 /* Why a shard is opened, for its error messages. */
 typedef struct shard_origin {
     const char *dir;          /* the directory it must stay in, or NULL (a file named by the caller) */
@@ -165,13 +146,12 @@ static ckptio_status open_shard(ckptio_model *m, const char *name, const shard_o
     return place_shard(m, name, o, path, st, status, local, &want);
 }
 
-/* Shards of an object prefix open concurrently: each open is a GET of the
- * header (after a HEAD where no listing sized the shard), requests that
- * wait on the network, not on this machine, so N shards cost one round trip
- * rather than N before the first byte of data moves. */
+/* Shards of an object prefix open concurrently: each open is the GET of the
+ * header (ckptio_safetensors_open), requests that wait on the network, not
+ * on this machine, so N shards cost one round trip rather than N before the
+ * first byte of data moves. */
 typedef struct shard_open {
     const char *name;
-    uint64_t listed;          /* its size from the prefix's listing, or 0 */
     shard_origin origin;
     char *path;
     ckptio_safetensors *st;
@@ -191,25 +171,22 @@ static void shard_open_worker(void *arg, unsigned index) {
     shard_opens *j = arg;
     for (size_t i; (i = atomic_fetch_add(&j->next, 1)) < j->n;) {
         shard_open *s = &j->v[i];
-        s->status = ckptio__safetensors_open_listed(j->engine, s->path, s->listed, &s->st);
+        s->status = ckptio_safetensors_open(j->engine, s->path, &s->st);
         if (s->status != CKPTIO_OK) s->error = ckptio__error_save();
     }
 }
 
 /* Opens the shards `names` of the object prefix `o[i].dir` in that order
  * into m->shards, their requests in flight together (at most the S3
- * concurrency at once); those in `listed` (the prefix's listing, sorted)
- * open with the GET of their header alone. The first failing shard in order
- * gives the error. */
+ * concurrency at once). The first failing shard in order gives the error. */
 static ckptio_status open_object_shards(ckptio_model *m, const char *const *names, const shard_origin *o,
-                                        size_t n, const listed_object *listed, size_t nlisted) {
+                                        size_t n) {
     shard_opens j = {.engine = m->engine, .n = n};
     if (!(j.v = ckptio__calloc(n ? n : 1, sizeof *j.v)))
         return CKPTIO_FAIL(CKPTIO_E_NOMEM, "out of memory opening %zu shards", n);
     ckptio_status st = CKPTIO_OK;
     for (size_t i = 0; i < n && st == CKPTIO_OK; i++) {
-        j.v[i] = (shard_open){.name = names[i], .listed = listed_size(listed, nlisted, names[i]), .origin = o[i],
-                              .path = join(o[i].dir, names[i])};
+        j.v[i] = (shard_open){.name = names[i], .origin = o[i], .path = join(o[i].dir, names[i])};
         if (!j.v[i].path) st = CKPTIO_FAIL(CKPTIO_E_NOMEM, "out of memory opening shard %s", names[i]);
     }
     if (st == CKPTIO_OK) {
@@ -247,41 +224,12 @@ static ckptio_status reserve_shards(ckptio_model *m, size_t n) {
 
 /* ---- the index ------------------------------------------------------------------ */
 
-/* Reads the index at `path`; `listed`: its size from the prefix's listing
- * (0: unknown), when the one GET of its bytes also opens it (no HEAD). */
-static ckptio_status read_index(ckptio_model *m, const char *path, uint64_t listed, char **text, size_t *len) {
-    ckptio_file *f = NULL;
-    uint64_t size = 0;
-    bool filled = false;
-    ckptio_status st;
-    if (listed && listed <= CKPTIO__HF_INDEX_MAX_BYTES && ckptio__s3_is_url(path)) {
-        if (!(*text = ckptio__malloc((size_t)listed + 1)))
-            return CKPTIO_FAIL(CKPTIO_E_NOMEM, "out of memory reading the %llu-byte index %s",
-                               (unsigned long long)listed, path);
-        st = ckptio__object_open_window(m->engine, path, *text, listed, &filled, &f);
-        if (st == CKPTIO_OK) st = ckptio_file_size(f, &size);
-        if (st == CKPTIO_OK && filled && size == listed) {
-            *len = (size_t)size;
-            return ckptio_file_close(f);
-        }
-        ckptio__free(*text);
-        *text = NULL;
-    } else {
-        st = ckptio_file_open(m->engine, path, CKPTIO_OPEN_READ, &f);
-    }
-    if (st == CKPTIO_OK) st = ckptio_file_size(f, &size);
-    if (st == CKPTIO_OK && size > CKPTIO__HF_INDEX_MAX_BYTES)
-        st = CKPTIO_FAIL_CTX(CKPTIO_E_FORMAT, &((ckptio__err_ctx){.path = path, .file_offset = -1}),
-                             "the index is %llu bytes, more than ckptio's limit of %u", (unsigned long long)size,
-                             CKPTIO__HF_INDEX_MAX_BYTES);
-    if (st == CKPTIO_OK && !(*text = ckptio__malloc((size_t)size + 1)))
-        st = CKPTIO_FAIL(CKPTIO_E_NOMEM, "out of memory reading the %llu-byte index %s", (unsigned long long)size,
-                         path);
-    if (st == CKPTIO_OK) st = ckptio__file_io(f, CKPTIO_READ, *text, size, 0);
-    if (st == CKPTIO_OK) *len = (size_t)size;
-    ckptio__error_saved *saved = st != CKPTIO_OK ? ckptio__error_save() : NULL;
-    ckptio_file_close(f);
-    if (saved) ckptio__error_restore(saved);
+/* Reads the index at `path`: its open brings its bytes (in object storage
+ * one GET, no HEAD: ckptio__object_read_all). */
+static ckptio_status read_index(ckptio_model *m, const char *path, char **text, size_t *len) {
+    void *data = NULL;
+    const ckptio_status st = ckptio__object_read_all(m->engine, path, CKPTIO__HF_INDEX_MAX_BYTES, &data, len);
+    *text = data;
     return st;
 }
 
@@ -314,10 +262,8 @@ static ckptio_status check_index(const ckptio_model *m, const ckptio__hf_index *
 #undef IXFAIL
 }
 
-/* Opens the index `index` and its shards in `dir`; `listed`: the objects of
- * the prefix `dir` by name, when it was listed (else NULL, 0). */
-static ckptio_status open_index(ckptio_model *m, const char *dir, const char *index, unsigned flags,
-                                const listed_object *listed, size_t nlisted) {
+/* Opens the index `index` and its shards in `dir`. */
+static ckptio_status open_index(ckptio_model *m, const char *dir, const char *index, unsigned flags) {
     char *text = NULL;
     shard_origin *origins = NULL;
     size_t len = 0;
@@ -328,10 +274,7 @@ static ckptio_status open_index(ckptio_model *m, const char *dir, const char *in
         st = CKPTIO_FAIL(CKPTIO_E_NOMEM, "out of memory opening %s", index);
         goto out;
     }
-    const char *base = strrchr(index, '/');
-    if ((st = read_index(m, index, listed_size(listed, nlisted, base ? base + 1 : index), &text, &len)) !=
-        CKPTIO_OK)
-        goto out;
+    if ((st = read_index(m, index, &text, &len)) != CKPTIO_OK) goto out;
     if ((st = ckptio__hf_index_parse(text, len, index, &x)) != CKPTIO_OK) goto out;
     if (x.has_total_size && x.total_size <= INT64_MAX) m->total_size = (int64_t)x.total_size;
     if ((st = reserve_shards(m, x.nshards)) != CKPTIO_OK) goto out;
@@ -343,7 +286,7 @@ static ckptio_status open_index(ckptio_model *m, const char *dir, const char *in
     for (size_t s = 0; s < x.nshards; s++)
         origins[s] = (shard_origin){.dir = dir, .index = index, .tensor = origins[s].tensor ? origins[s].tensor : ""};
     if (ckptio__s3_is_url(dir))
-        st = open_object_shards(m, (const char *const *)x.shards, origins, x.nshards, listed, nlisted);
+        st = open_object_shards(m, (const char *const *)x.shards, origins, x.nshards);
     for (size_t s = 0; !ckptio__s3_is_url(dir) && s < x.nshards && st == CKPTIO_OK; s++)
         st = open_shard(m, x.shards[s], &origins[s], flags);
     if (st == CKPTIO_OK) st = check_index(m, &x);
@@ -400,8 +343,6 @@ static bool has_entry(const char *dir, const char *name) {
 
 /* What a directory holds that open_dir decides by. */
 typedef struct dir_view {
-    listed_object *objects; /* the prefix's objects by name (objects), for their sizes */
-    size_t nobjects, capobjects;
     bool any;               /* anything at all under the prefix (objects) */
     bool single, index;     /* model.safetensors, model.safetensors.index.json */
     name_list indexes, files;
@@ -410,8 +351,6 @@ typedef struct dir_view {
 static void view_free(dir_view *v) {
     list_free(&v->indexes);
     list_free(&v->files);
-    for (size_t i = 0; i < v->nobjects; i++) ckptio__free(v->objects[i].name);
-    ckptio__free(v->objects);
 }
 
 /* Hidden files, ckptio temporaries, "." and ".." are no shards or indexes. */
@@ -447,34 +386,14 @@ static int view_entry(void *user, const ckptio__object_entry *e) {
     dir_view *v = l->v;
     v->single |= !strcmp(e->name, HF_SINGLE_NAME);
     v->index |= !strcmp(e->name, HF_INDEX_NAME);
-    if (v->nobjects == v->capobjects) {
-        const size_t cap = v->capobjects ? 2 * v->capobjects : 16;
-        listed_object *o = ckptio__realloc(v->objects, cap * sizeof *o);
-        if (!o) {
-            l->st = CKPTIO_FAIL(CKPTIO_E_NOMEM, "out of memory listing a directory");
-            return 1;
-        }
-        v->objects = o;
-        v->capobjects = cap;
-    }
-    if (!(v->objects[v->nobjects].name = ckptio__strdup(e->name))) {
-        l->st = CKPTIO_FAIL(CKPTIO_E_NOMEM, "out of memory listing a directory");
-        return 1;
-    }
-    v->objects[v->nobjects++].size = e->size;
     l->st = view_add(v, e->name);
     return l->st != CKPTIO_OK;
-}
-
-static int cmp_listed(const void *a, const void *b) {
-    return strcmp(((const listed_object *)a)->name, ((const listed_object *)b)->name);
 }
 
 /* A prefix of an object store: one listing. */
 static ckptio_status view_object(ckptio_engine *engine, const char *dir, dir_view *v) {
     view_lister l = {.v = v, .st = CKPTIO_OK};
     CKPTIO_FORWARD(ckptio__object_dir_list(engine, dir, view_entry, &l));
-    if (v->nobjects > 1) qsort(v->objects, v->nobjects, sizeof *v->objects, cmp_listed);
     return l.st;
 }
 
@@ -507,7 +426,7 @@ static ckptio_status open_dir(ckptio_model *m, const char *dir, unsigned flags) 
         }
         /* The index is a file of the directory too: the same rules. */
         if (!object && (st = check_shard_path(index, name, &plain, flags, &sb)) != CKPTIO_OK) goto out;
-        st = open_index(m, dir, index, flags, v.objects, v.nobjects);
+        st = open_index(m, dir, index, flags);
     } else if (v.indexes.count > 1) {
         list_text(&v.indexes, names, sizeof names);
         st = CKPTIO_FAIL_CTX(CKPTIO_E_FORMAT, &((ckptio__err_ctx){.path = dir, .file_offset = -1}),
@@ -524,8 +443,7 @@ static ckptio_status open_dir(ckptio_model *m, const char *dir, unsigned flags) 
         shard_origin *origins = object ? ckptio__calloc(v.files.count, sizeof *origins) : NULL;
         for (size_t i = 0; origins && i < v.files.count; i++) origins[i] = plain;
         if (object)
-            st = origins ? open_object_shards(m, (const char *const *)v.files.names, origins, v.files.count,
-                                              v.objects, v.nobjects)
+            st = origins ? open_object_shards(m, (const char *const *)v.files.names, origins, v.files.count)
                          : CKPTIO_FAIL(CKPTIO_E_NOMEM, "out of memory opening %zu shards", v.files.count);
         for (size_t i = 0; !object && st == CKPTIO_OK && i < v.files.count; i++)
             st = open_shard(m, v.files.names[i], &plain, flags);
@@ -634,13 +552,16 @@ ckptio_status ckptio_model_open(ckptio_engine *engine, const char *path, unsigne
     ckptio__path_kind kind = CKPTIO__PATH_MISSING;
     if (ckptio__s3_is_url(path)) {
         /* An object of that key is a file; anything else is a prefix, whose
-         * one listing (open_dir) also tells whether anything is under it. */
+         * one listing (open_dir) also tells whether anything is under it. The
+         * look is the GET of the object's first bytes, which its open then
+         * takes (ckptio__object_peek_first): one request, not a HEAD and a GET. */
         const size_t len = strlen(path);
         kind = CKPTIO__PATH_DIR;
         st = CKPTIO_OK;
         if (path[len - 1] != '/' && strchr(path + 5, '/')) {
             ckptio__error_saved *saved = ckptio__error_save();
-            st = ckptio__object_info(engine, path, NULL, NULL, NULL, NULL);
+            uint64_t got = 0, size = 0;
+            st = ckptio__object_peek_first(engine, path, NULL, 0, &got, &size);
             if (st == CKPTIO_OK) kind = CKPTIO__PATH_FILE;
             if (st == CKPTIO_E_NOT_FOUND) {
                 ckptio__error_restore(saved);
@@ -669,7 +590,7 @@ ckptio_status ckptio_model_open(ckptio_engine *engine, const char *path, unsigne
             else if (!slash) strcpy(dir, ".");
             else if (slash == dir) dir[1] = '\0';
             else *slash = '\0';
-            st = open_index(m, dir, path, flags, NULL, 0);
+            st = open_index(m, dir, path, flags);
             ckptio__free(dir);
         }
     } else {

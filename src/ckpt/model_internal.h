@@ -43,9 +43,4 @@ static inline const ckptio_tensor_info *ckptio__model_info(const ckptio_model *m
     return &m->shards[m->tensors[i].shard]->tensors[m->tensors[i].local];
 }
 
-/* ckptio_safetensors_open() of a file whose size a listing told (`listed`;
- * 0: none): an object then opens with the GET of its header (no HEAD). */
-ckptio_status ckptio__safetensors_open_listed(ckptio_engine *engine, const char *path, uint64_t listed,
-                                              ckptio_safetensors **out);
-
 #endif /* CKPTIO_MODEL_INTERNAL_H */

@@ -21,58 +21,26 @@ ckptio_status ckptio_safetensors_open(ckptio_engine *engine, const char *path, c
     if (!out) return CKPTIO_FAIL(CKPTIO_E_INVAL, "ckptio_safetensors_open: out must not be NULL");
     *out = NULL;
     if (!engine || !path) return CKPTIO_FAIL(CKPTIO_E_INVAL, "ckptio_safetensors_open: engine and path are required");
-    return ckptio__safetensors_open_listed(engine, path, 0, out);
-}
-
-ckptio_status ckptio__safetensors_open_listed(ckptio_engine *engine, const char *path, uint64_t listed,
-                                              ckptio_safetensors **out) {
-    *out = NULL;
     ckptio_status status = CKPTIO_OK;
     char *header = NULL;
     unsigned char *window = NULL;
     uint64_t in_window = 0;
     ckptio_safetensors *st = ckptio__calloc(1, sizeof *st);
-    if (!st || !(st->path = ckptio__strdup(path))) {
+    if (!st || !(st->path = ckptio__strdup(path)) || !(window = ckptio__malloc((size_t)HEAD_WINDOW))) {
         status = CKPTIO_FAIL(CKPTIO_E_NOMEM, "out of memory opening %s", path);
         goto out;
     }
     st->engine = engine;
-    /* The 8-byte length first; the header allocation is then bounded by
-     * both the 100 MB cap and the real file size. An object's first
-     * HEAD_WINDOW bytes come in one GET, which holds the length and, in
-     * most files, the whole header: one request where two would wait for
-     * each other (every request costs a round trip and the server's work).
-     * With its size from a listing, that GET also opens it (no HEAD). */
-    bool filled = false;
-    if (listed > CKPTIO__ST_PREFIX && ckptio__s3_is_url(path)) {
-        in_window = listed < HEAD_WINDOW ? listed : HEAD_WINDOW;
-        if (!(window = ckptio__malloc((size_t)in_window))) {
-            status = CKPTIO_FAIL(CKPTIO_E_NOMEM, "out of memory opening %s", path);
-            goto out;
-        }
-        status = ckptio__object_open_window(engine, path, window, in_window, &filled, &st->file);
-    } else {
-        status = ckptio_file_open(engine, path, CKPTIO_OPEN_READ, &st->file);
-    }
+    /* The open brings the file's first HEAD_WINDOW bytes (an object's open is
+     * that one GET, no HEAD: ckptio_file_open_window). They hold the 8-byte
+     * length and, in most files, the whole header; the header allocation is
+     * bounded by both the 100 MB cap and the real file size. */
+    status = ckptio_file_open_window(engine, path, window, HEAD_WINDOW, &in_window, &st->file);
     if (status != CKPTIO_OK) goto out;
     if ((status = ckptio_file_size(st->file, &st->file_size)) != CKPTIO_OK) goto out;
-    if (!filled) in_window = 0;
 
     unsigned char prefix[CKPTIO__ST_PREFIX] = {0};
-    if (filled) {
-        memcpy(prefix, window, sizeof prefix);
-    } else if (st->file->object && st->file_size > CKPTIO__ST_PREFIX) {
-        ckptio__free(window);
-        in_window = st->file_size < HEAD_WINDOW ? st->file_size : HEAD_WINDOW;
-        if (!(window = ckptio__malloc((size_t)in_window))) {
-            status = CKPTIO_FAIL(CKPTIO_E_NOMEM, "out of memory opening %s", path);
-            goto out;
-        }
-        status = ckptio__file_io(st->file, CKPTIO_READ, window, in_window, 0);
-        if (status == CKPTIO_OK) memcpy(prefix, window, sizeof prefix);
-    } else if (st->file_size >= CKPTIO__ST_PREFIX) {
-        status = ckptio__file_io(st->file, CKPTIO_READ, prefix, sizeof prefix, 0);
-    }
+    if (in_window >= CKPTIO__ST_PREFIX) memcpy(prefix, window, sizeof prefix);
     if (status == CKPTIO_OK) status = ckptio__st_check_prefix(prefix, st->file_size, path, &st->header_len);
     if (status == CKPTIO_OK) {
         st->data_offset = CKPTIO__ST_PREFIX + st->header_len;

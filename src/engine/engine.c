@@ -22,6 +22,8 @@ static ckptio__s3_part_pool *engine_part_pool(ckptio_engine *e) {
     return p;
 }
 
+static _Atomic(ckptio__object_peek *) *engine_peek_slot(ckptio_engine *e) { return &e->peek; }
+
 /* How the files opened with an engine (src/io, a layer below) reach it. */
 static const ckptio__engine_link io_link = {
     .setting = ckptio__engine_setting,
@@ -29,6 +31,7 @@ static const ckptio__engine_link io_link = {
     .file_ref = engine_file_ref,
     .commit_poll = ckptio__engine_commit_poll,
     .part_pool = engine_part_pool,
+    .peek_slot = engine_peek_slot,
 };
 
 ckptio_status ckptio__engine_create(const ckptio__device_provider *device, ckptio_engine **out) {
@@ -86,6 +89,7 @@ ckptio_status ckptio_engine_destroy(ckptio_engine *e) {
     ckptio__free(e->slots);
     if (e->gpu_state && e->gpu_state_destroy) e->gpu_state_destroy(e->gpu_state);
     ckptio__s3_part_pool_destroy(e->part_pool); /* no file is open: no upload uses it */
+    ckptio__object_peek_free(atomic_exchange(&e->peek, NULL));
     pthread_mutex_destroy(&e->lock);
     ckptio__free(e);
     return CKPTIO_OK;

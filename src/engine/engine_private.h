@@ -136,6 +136,7 @@ struct ckptio_engine {
     void *gpu_state;
     void (*gpu_state_destroy)(void *state);
     ckptio__s3_part_pool *part_pool;    /* upload part buffers kept between uploads; NULL until the first */
+    _Atomic(ckptio__object_peek *) peek; /* the object a probe opened, for the open after it (object_peek.c) */
     _Atomic unsigned generation;        /* ckptio__fork_generation() of the threads, rings and locks */
 };
 

@@ -51,11 +51,9 @@ typedef struct pipe {
     int device;
     ckptio_direction dir;
     const ckptio__observer *obs; /* write observer, or NULL */
-    const ckptio__backend_ops *backend; /* the file stage's backend */
-    bool backend_forced;          /* CKPTIO_OPT_BACKEND names it: no fallback */
-    unsigned depth;               /* queue depth of each worker's file stage */
-    uint64_t object_get;          /* a read's GET size for s3:// objects (gpu_geometry.c); 0: none */
+    ckptio__gpu_file_stage_config stage; /* what every worker's file stage gets (stage.plan: &plan) */
     ckptio__gpu_plan plan;        /* extents, runs and windows (gpu_windows.h) */
+    unsigned worker_slots;        /* slots each worker rotates through (ckptio__gpu_slots_bound) */
     _Atomic size_t next;
     _Atomic int failed;           /* an error or a cancel: workers stop */
     _Atomic uint64_t done;        /* extent bytes of the windows finished */
@@ -365,7 +363,7 @@ static void worker_read(pipe *p, file_stage *fs, unsigned index) {
     read_slot slots[CKPTIO_GPU_NSLOTS] = {0};
     ckptio__gpu_worker_res *r = &p->st->workers[index];
     slot_ring ring;
-    ring_init(r, CKPTIO_GPU_READ_SLOTS, &ring);
+    ring_init(r, p->worker_slots, &ring);
     ckptio_status st = CKPTIO_OK;
     while (st == CKPTIO_OK && !atomic_load(&p->failed)) {
         const size_t wi = atomic_fetch_add(&p->next, 1);
@@ -388,15 +386,15 @@ static void worker_write(pipe *p, unsigned index, file_stage *fs) {
     unsigned head = 0, count = 0;
     bool exhausted = false;
     for (;;) {
-        /* Keep up to NSLOTS device-to-host copies queued ahead of the writes. */
-        while (count < CKPTIO_GPU_NSLOTS && !exhausted && !atomic_load(&p->failed)) {
+        /* Keep up to worker_slots device-to-host copies queued ahead of the writes. */
+        while (count < p->worker_slots && !exhausted && !atomic_load(&p->failed)) {
             const size_t wi = atomic_fetch_add(&p->next, 1);
             if (wi >= p->plan.nwin) {
                 exhausted = true;
                 break;
             }
             const window *w = &p->plan.wins[wi];
-            const unsigned s = (head + count) % CKPTIO_GPU_NSLOTS;
+            const unsigned s = (head + count) % p->worker_slots;
             unsigned char *slot;
             ckptio_status ss = ckptio__gpu_slot(p->st, index, s, true, &slot);
             if (ss != CKPTIO_OK) {
@@ -435,7 +433,7 @@ static void worker_write(pipe *p, unsigned index, file_stage *fs) {
             if (st == CKPTIO_OK) window_done(p, data[s], p->inline_run);
         }
         if (st != CKPTIO_OK) set_error(p, st);
-        head = (head + 1) % CKPTIO_GPU_NSLOTS;
+        head = (head + 1) % p->worker_slots;
         count--;
     }
 }
@@ -451,11 +449,7 @@ static void worker_main(void *arg, unsigned w) {
     ckptio__gpu_worker_res *r = &p->st->workers[w];
     file_stage fs;
     st = ckptio__gpu_worker_ready(p->st, w, p->device);
-    if (st == CKPTIO_OK) {
-        const ckptio__gpu_file_stage_config cfg = {.backend = p->backend, .backend_forced = p->backend_forced,
-                                                   .depth = p->depth, .plan = &p->plan, .object_get = p->object_get};
-        st = ckptio__gpu_file_stage_ready(&fs, r, w, &cfg);
-    }
+    if (st == CKPTIO_OK) st = ckptio__gpu_file_stage_ready(&fs, r, w, &p->stage);
     if (st != CKPTIO_OK) {
         set_error(p, st);
     } else {
@@ -491,6 +485,7 @@ ckptio_status ckptio__gpu_pipeline_run_observed(ckptio_engine *engine, const ckp
     if (dir != CKPTIO_WRITE) obs = NULL;
     pipe p = {.engine = engine, .ops = ops, .device = device, .dir = dir, .plan = {.ext = extents}, .obs = obs,
               .status = CKPTIO_OK, .nvtx = ckptio__engine_setting(engine, CKPTIO_OPT_NVTX) != 0};
+    p.stage.plan = &p.plan;
     pthread_mutex_init(&p.lock, NULL);
     bool locked = false, resize_locked = false;
     p.alloc = ckptio__calloc(count ? count : 1, sizeof *p.alloc);
@@ -505,9 +500,9 @@ ckptio_status ckptio__gpu_pipeline_run_observed(ckptio_engine *engine, const ckp
     uint64_t window_bytes = slot;
     /* A read that touches an s3:// object: slots of whole GETs (they hold a file's windows too). */
     unsigned object_gets = dir == CKPTIO_READ ? ckptio__gpu_object_geometry(engine, inline_only, extents, count,
-                                                                             &nworkers, &p.object_get)
+                                                                             &nworkers, &p.stage.object_get)
                                               : 0;
-    p.plan.object_window = p.object_get * object_gets;
+    p.plan.object_window = p.stage.object_get * object_gets;
     if (slot < p.plan.object_window) slot = p.plan.object_window;
     /* The engine's staging, for the whole run. Whether its pinned slots may
      * be resized is decided before the windows are planned: while a stream
@@ -528,9 +523,9 @@ ckptio_status ckptio__gpu_pipeline_run_observed(ckptio_engine *engine, const ckp
         resize_locked = false;
         if (window_bytes > kept) window_bytes = kept;
         if (p.plan.object_window > kept) {
-            if (p.object_get > kept) p.object_get = kept;
-            object_gets = (unsigned)(kept / p.object_get);
-            p.plan.object_window = p.object_get * object_gets;
+            if (p.stage.object_get > kept) p.stage.object_get = kept;
+            object_gets = (unsigned)(kept / p.stage.object_get);
+            p.plan.object_window = p.stage.object_get * object_gets;
         }
     }
     p.plan.order = ckptio__calloc(count ? count : 1, sizeof *p.plan.order);
@@ -560,37 +555,45 @@ ckptio_status ckptio__gpu_pipeline_run_observed(ckptio_engine *engine, const ckp
     if (nworkers > p.plan.nwin) nworkers = (unsigned)p.plan.nwin;
     /* The file stage: AUTO keeps pread, the backend the GPU loads were
      * tuned with (docs/GPU.md#file-stage); a backend set explicitly applies. */
-    p.backend_forced = ckptio__engine_setting(engine, CKPTIO_OPT_BACKEND) == CKPTIO_BACKEND_IO_URING;
-    p.backend = p.backend_forced ? &ckptio__backend_io_uring : &ckptio__backend_pread;
-    p.depth = 1;
-    if (p.backend_forced) {
+    p.stage.backend_forced = ckptio__engine_setting(engine, CKPTIO_OPT_BACKEND) == CKPTIO_BACKEND_IO_URING;
+    p.stage.backend = p.stage.backend_forced ? &ckptio__backend_io_uring : &ckptio__backend_pread;
+    p.stage.depth = 1;
+    if (p.stage.backend_forced) {
         const int64_t qd = ckptio__engine_setting(engine, CKPTIO_OPT_QUEUE_DEPTH);
-        p.depth = qd < CKPTIO_GPU_WINDOW_OPS_MAX ? (unsigned)qd : CKPTIO_GPU_WINDOW_OPS_MAX;
+        p.stage.depth = qd < CKPTIO_GPU_WINDOW_OPS_MAX ? (unsigned)qd : CKPTIO_GPU_WINDOW_OPS_MAX;
     }
     /* s3:// objects: the object backend, a read's window's GETs all in flight. */
     for (size_t r = 0; r < p.plan.nruns; r++)
         if (p.plan.runs[r].file->object) {
-            p.backend = &ckptio__backend_object;
-            p.backend_forced = false;
-            p.depth = object_gets > CKPTIO_GPU_WINDOW_OPS_MAX ? object_gets : CKPTIO_GPU_WINDOW_OPS_MAX;
+            p.stage.backend = &ckptio__backend_object;
+            p.stage.backend_forced = false;
+            p.stage.depth = object_gets > CKPTIO_GPU_WINDOW_OPS_MAX ? object_gets : CKPTIO_GPU_WINDOW_OPS_MAX;
             break;
         }
     if (dir == CKPTIO_READ) slot = ckptio__gpu_read_slot(engine, p.st, nworkers, slot);
+    /* Pinned staging stays within CKPTIO_OPT_STAGING_BYTES whatever slots
+     * earlier runs left pinned. Kept slots (a stream waits) were sized for
+     * another geometry, often larger than this run's: the workers and their
+     * slots are then capped to what the bound still holds, since those slots
+     * cannot be freed. Otherwise slots of this size pinned under a larger
+     * bound, or for more workers, that the run does not use are freed. */
+    p.worker_slots = dir == CKPTIO_READ ? CKPTIO_GPU_READ_SLOTS : CKPTIO_GPU_NSLOTS;
+    if (!kept) ckptio__gpu_state_set_slot_bytes(p.st, (size_t)slot);
+    ckptio__gpu_slots_bound(p.st, (uint64_t)ckptio__engine_setting(engine, CKPTIO_OPT_STAGING_BYTES), kept != 0,
+                            dir == CKPTIO_READ, &nworkers, &p.worker_slots);
     if (kept) {
         slot = kept;
     } else {
-        ckptio__gpu_state_set_slot_bytes(p.st, (size_t)slot);
         pthread_mutex_unlock(&p.st->resize_lock);
         resize_locked = false;
     }
     /* What this call may pin: each worker's slots (a read's rotate through
-     * CKPTIO_GPU_READ_SLOTS, a write's through all). Only when some are
-     * missing: the decision reads /proc, which a stream of small GDS
-     * requests on pinned slots should not pay each time. Still the caller's
-     * thread. */
-    const unsigned worker_slots = dir == CKPTIO_READ ? CKPTIO_GPU_READ_SLOTS : CKPTIO_GPU_NSLOTS;
-    if (ckptio__gpu_pinned_slots(p.st, nworkers, worker_slots) < nworkers * worker_slots) {
-        p.st->huge_slots = ckptio__gpu_huge_slots(engine, (uint64_t)nworkers * worker_slots * slot);
+     * CKPTIO_GPU_READ_SLOTS, a write's through all, or fewer where the bound
+     * says). Only when some are missing: the decision reads /proc, which a
+     * stream of small GDS requests on pinned slots should not pay each time.
+     * Still the caller's thread. */
+    if (ckptio__gpu_pinned_slots(p.st, nworkers, p.worker_slots) < nworkers * p.worker_slots) {
+        p.st->huge_slots = ckptio__gpu_huge_slots(engine, (uint64_t)nworkers * p.worker_slots * slot);
         ckptio__gpu_slot_range_ready(p.st);
     }
     ckptio__nvtx_push(p.nvtx, dir == CKPTIO_READ ? "ckptio: file -> GPU" : "ckptio: GPU -> file");

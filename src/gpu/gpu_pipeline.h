@@ -142,7 +142,8 @@ void ckptio__gpu_state_set_slot_bytes(ckptio__gpu_state *st, size_t slot_bytes);
 
 /* The size of the pinned slots while a stream waits on a stream-ordered
  * request of the engine (stream_waits) and some slots are pinned: a run
- * then keeps them and cuts its windows to fit; 0 otherwise (the run may
+ * then keeps them, cuts its windows to fit and pins no more of them than
+ * the staging bound holds (ckptio__gpu_slots_bound); 0 otherwise (the run may
  * resize them). Called with st->lock and st->resize_lock held. Freeing pinned
  * memory synchronises a real device, which would wait for that stream,
  * which waits for the request, which waits for this run (or is this run):
@@ -154,8 +155,22 @@ uint64_t ckptio__gpu_kept_slot_bytes(const ckptio__gpu_state *st);
 void ckptio__gpu_stream_wait_begin(ckptio__gpu_state *st);
 void ckptio__gpu_stream_wait_end(ckptio__gpu_state *st);
 
-/* How many of slots [0, slots) of workers [0, workers) are pinned (under `lock`). */
+/* How many of slots [0, slots) of workers [0, workers), or of worker w, are pinned (under `lock`). */
 unsigned ckptio__gpu_pinned_slots(const ckptio__gpu_state *st, unsigned workers, unsigned slots);
+unsigned ckptio__gpu_pinned_slots_of(const ckptio__gpu_state *st, unsigned w, unsigned slots);
+
+/* Keeps a run's pinned slots within `bound` bytes (CKPTIO_OPT_STAGING_BYTES),
+ * the slot size set (st->lock held; resize_lock too unless `keep`). The run
+ * has *workers workers using up to *slots slots each: a write's slots
+ * [0, *slots), or, with `any_pinned` (a read's ring), the first *slots
+ * pinned ones and new ones up to that many. Slots pinned earlier count: a
+ * run may add slots only up to the bound. Without `keep`, pinned slots the
+ * run does not use are freed first when the bound needs it (pinned under a
+ * larger bound or for more workers); with `keep` (a stream waits:
+ * ckptio__gpu_kept_slot_bytes) nothing is freed, and the run gets fewer
+ * workers, then fewer slots each, down to one worker with one slot. */
+void ckptio__gpu_slots_bound(ckptio__gpu_state *st, uint64_t bound, bool keep, bool any_pinned, unsigned *workers,
+                             unsigned *slots);
 
 /* Gives worker w its stream and events on `device` (created on first need,
  * reused afterwards). Called on the worker's thread with the device's

@@ -232,9 +232,69 @@ ckptio_status ckptio__gpu_worker_ready(ckptio__gpu_state *st, unsigned w, int de
 
 unsigned ckptio__gpu_pinned_slots(const ckptio__gpu_state *st, unsigned workers, unsigned slots) {
     unsigned n = 0;
-    for (unsigned w = 0; w < workers; w++)
-        for (unsigned s = 0; s < slots; s++) n += st->workers[w].mem[s] != NULL;
+    for (unsigned w = 0; w < workers; w++) n += ckptio__gpu_pinned_slots_of(st, w, slots);
     return n;
+}
+
+unsigned ckptio__gpu_pinned_slots_of(const ckptio__gpu_state *st, unsigned w, unsigned slots) {
+    unsigned n = 0;
+    for (unsigned s = 0; s < slots; s++) n += st->workers[w].mem[s] != NULL;
+    return n;
+}
+
+/* Slots worker w would pin in a run that uses up to `k` of its slots:
+ * those of [0, k) not pinned, or, with `any_pinned` (a read's ring takes
+ * whichever are), as many as it has fewer than k. */
+static unsigned slots_to_pin(const ckptio__gpu_state *st, unsigned w, unsigned k, bool any_pinned) {
+    const unsigned have = ckptio__gpu_pinned_slots_of(st, w, any_pinned ? CKPTIO_GPU_NSLOTS : k);
+    return k > have ? k - have : 0;
+}
+
+static unsigned run_slots_to_pin(const ckptio__gpu_state *st, unsigned workers, unsigned k, bool any_pinned) {
+    unsigned n = 0;
+    for (unsigned w = 0; w < workers; w++) n += slots_to_pin(st, w, k, any_pinned);
+    return n;
+}
+
+/* Whether worker w's pinned slot s is one a run using up to `k` slots per
+ * worker takes (the first k pinned, or slots [0, k)). */
+static bool slot_used(const ckptio__gpu_state *st, unsigned w, unsigned s, unsigned k, bool any_pinned) {
+    return any_pinned ? ckptio__gpu_pinned_slots_of(st, w, s) < k : s < k;
+}
+
+void ckptio__gpu_slots_bound(ckptio__gpu_state *st, uint64_t bound, bool keep, bool any_pinned, unsigned *workers,
+                             unsigned *slots) {
+    if (!st->slot_bytes) return;
+    const uint64_t fit = bound / st->slot_bytes; /* slots within the bound */
+    uint64_t pinned = ckptio__gpu_pinned_slots(st, CKPTIO_GPU_MAX_WORKERS, CKPTIO_GPU_NSLOTS);
+    const uint64_t to_pin = run_slots_to_pin(st, *workers, *slots, any_pinned);
+    if (!keep && pinned + to_pin > fit) {
+        /* Slots of this size pinned under a larger bound, or for workers the
+         * run does not have: as many as the bound needs go, the last
+         * workers' first (freeing one the run does not use leaves what it
+         * would pin as it was). */
+        const uint64_t before = st->reserved;
+        uint64_t excess = pinned + to_pin - fit;
+        for (unsigned w = CKPTIO_GPU_MAX_WORKERS; w-- > 0 && excess;) {
+            ckptio__gpu_worker_res *r = &st->workers[w];
+            for (unsigned s = CKPTIO_GPU_NSLOTS; s-- > 0 && excess;) {
+                if (!r->mem[s] || (w < *workers && slot_used(st, w, s, *slots, any_pinned))) continue;
+                free_slot(st, r->mem[s]);
+                r->mem[s] = NULL;
+                pinned--;
+                excess--;
+            }
+        }
+        ckptio__engine_staging(st->engine, (int64_t)st->reserved - (int64_t)before, 0);
+    }
+    /* What cannot be freed (kept slots, or the run's own) is not added to:
+     * fewer workers, then fewer slots each. The floor is one worker with one
+     * slot, which it pins if it has none: a run needs a slot. */
+    const uint64_t allowed = fit > pinned ? fit - pinned : 0;
+    while (run_slots_to_pin(st, *workers, *slots, any_pinned) > allowed && (*workers > 1 || *slots > 1)) {
+        if (*workers > 1) --*workers;
+        else --*slots;
+    }
 }
 
 unsigned char *ckptio__gpu_slot_fault_in(ckptio__gpu_state *st, unsigned w, unsigned s) {

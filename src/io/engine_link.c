@@ -31,3 +31,7 @@ void ckptio__io_engine_file_ref(ckptio_engine *engine, int delta) { current()->f
 ckptio_status ckptio__io_engine_commit_poll(ckptio_engine *engine) { return current()->commit_poll(engine); }
 
 ckptio__s3_part_pool *ckptio__io_engine_part_pool(ckptio_engine *engine) { return current()->part_pool(engine); }
+
+_Atomic(struct ckptio__object_peek *) *ckptio__io_engine_peek_slot(ckptio_engine *engine) {
+    return current()->peek_slot(engine);
+}

@@ -135,10 +135,11 @@ ckptio_status ckptio_file_open_window(ckptio_engine *engine, const char *path, v
         st = ckptio__object_open_prefix(engine, path, buf, len, got, out);
     else
         st = ckptio_file_open(engine, path, CKPTIO_OPEN_READ, out);
-    if (st != CKPTIO_OK || *got) return st;
+    if (st != CKPTIO_OK) return st;
     uint64_t size = 0;
-    if ((st = ckptio_file_size(*out, &size)) == CKPTIO_OK && len)
-        st = ckptio__file_io(*out, CKPTIO_READ, buf, size < len ? size : len, 0);
+    /* What the open did not bring is read (all of it where the open sent a HEAD). */
+    if ((st = ckptio_file_size(*out, &size)) == CKPTIO_OK && *got < (size < len ? size : len))
+        st = ckptio__file_io(*out, CKPTIO_READ, (char *)buf + *got, (size < len ? size : len) - *got, *got);
     if (st != CKPTIO_OK) {
         ckptio__error_saved *saved = ckptio__error_save();
         ckptio_file_close(*out);

@@ -51,6 +51,9 @@ typedef struct ckptio__engine_link {
      * destroyed with the engine; NULL when it cannot be created (uploads
      * then allocate their own). */
     ckptio__s3_part_pool *(*part_pool)(ckptio_engine *engine);
+    /* The engine's slot for the object a probe opened (object_file.c):
+     * NULL or a record that ckptio__object_peek_free releases. */
+    _Atomic(struct ckptio__object_peek *) *(*peek_slot)(ckptio_engine *engine);
 } ckptio__engine_link;
 
 /* Registers the table (the same one every time; thread-safe). */
@@ -62,6 +65,7 @@ void ckptio__io_engine_stats_add(ckptio_engine *engine, const ckptio_stats *delt
 void ckptio__io_engine_file_ref(ckptio_engine *engine, int delta);
 ckptio_status ckptio__io_engine_commit_poll(ckptio_engine *engine);
 ckptio__s3_part_pool *ckptio__io_engine_part_pool(ckptio_engine *engine);
+_Atomic(struct ckptio__object_peek *) *ckptio__io_engine_peek_slot(ckptio_engine *engine);
 
 /* ---- files ------------------------------------------------------------- */
 
@@ -547,18 +551,12 @@ void ckptio__io_uring_force_refusal(int err);
  * EXCLUSIVE checks that no object exists at open and again at commit, which
  * servers without conditional writes cannot make atomic). */
 ckptio_status ckptio__object_open(ckptio_engine *engine, const char *path, unsigned flags, ckptio_file **out);
-/* Opens the object `path` for reading with one GET of its first `len`
- * bytes (at most its size, which a listing told) into `buf` in place of the
- * HEAD: the answer's size and ETag pin it as a HEAD's would. *filled: `buf`
- * holds those bytes of the pinned version; false when the answer could not
- * stand for the HEAD, which was then sent (`buf` is then to be read again). */
-ckptio_status ckptio__object_open_window(ckptio_engine *engine, const char *path, void *buf, uint64_t len,
-                                         bool *filled, ckptio_file **out);
-
 /* Opens the object `path` for reading with one GET of its first `len` bytes
  * (its size unknown) into `buf` in place of the HEAD; *got: how many bytes of
  * `buf` that GET filled (min(len, size)), or 0 when the answer could not stand
- * for the HEAD, which was then sent. */
+ * for the HEAD, which was then sent. An open that takes the engine's peek of
+ * `path` sends nothing and fills what the peek holds (*got may then be less
+ * than min(len, size)). */
 ckptio_status ckptio__object_open_prefix(ckptio_engine *engine, const char *path, void *buf, uint64_t len,
                                          uint64_t *got, ckptio_file **out);
 
@@ -567,6 +565,38 @@ ckptio_status ckptio__object_open_prefix(ckptio_engine *engine, const char *path
  * If-Match, so an object replaced since the listing fails with E_STALE. */
 ckptio_status ckptio__object_open_listed(ckptio_engine *engine, const char *path, uint64_t size, const char *etag,
                                          ckptio_file **out);
+
+/* ---- an object's first bytes kept for its open --------------------------- */
+
+/* What one GET of an object's first bytes told: its size, its ETag and
+ * those bytes. A probe (ckptio_format_detect_engine, ckptio_model_open's
+ * look at a path) keeps it on the engine, and the next open of that path for
+ * reading takes it (object_file.c): probe and open together cost the one
+ * GET. */
+typedef struct ckptio__object_peek ckptio__object_peek;
+
+/* Bytes a peek brings: a safetensors open's first GET. */
+#define CKPTIO__PEEK_BYTES ((uint64_t)64 << 10)
+
+/* What the object `url` holds: its size (*size) and first min(len,
+ * CKPTIO__PEEK_BYTES, size) bytes into `buf` (*got), from the engine's kept
+ * peek of `url` if there is a fresh one, else from one GET (no HEAD) whose
+ * answer the engine then keeps (object_dir.c). CKPTIO_E_NOT_FOUND when there
+ * is no object of that key (the error then names it). */
+ckptio_status ckptio__object_peek_first(ckptio_engine *engine, const char *url, void *buf, uint64_t len, uint64_t *got,
+                                        uint64_t *size);
+/* Copies from the engine's fresh peek of `url` (left there) as
+ * ckptio__object_peek_first does; false when there is none. */
+bool ckptio__object_peek_kept(ckptio_engine *engine, const char *url, void *buf, uint64_t len, uint64_t *got,
+                              uint64_t *size);
+/* Keeps what a GET of `url` told (its first `len` bytes) on the engine, in
+ * place of any other peek; nothing without an ETag to pin the open to. */
+void ckptio__object_peek_keep(ckptio_engine *engine, const char *url, uint64_t size, const char *etag,
+                              const void *bytes, uint64_t len);
+/* Drops the engine's peek of `url` (an object this engine writes or
+ * deletes: its next open asks the server). */
+void ckptio__object_peek_forget(ckptio_engine *engine, const char *url);
+void ckptio__object_peek_free(ckptio__object_peek *p);
 
 /* The ETag an object open for reading is pinned to ("" when written). */
 const char *ckptio__object_version(const ckptio_file *f);
@@ -664,6 +694,11 @@ double ckptio__iso_time(const char *text);
  * A missing bucket is CKPTIO_E_NOT_FOUND; a prefix with nothing under it
  * lists nothing. */
 ckptio_status ckptio__object_dir_list(ckptio_engine *engine, const char *dir, ckptio__object_entry_fn fn, void *user);
+/* ckptio__object_dir_list of the entries whose names start with `start`
+ * only: the listing's prefix says so, and the server pages through those
+ * alone (a directory's few files of one kind among many others). */
+ckptio_status ckptio__object_dir_list_starting(ckptio_engine *engine, const char *dir, const char *start,
+                                               ckptio__object_entry_fn fn, void *user);
 
 /* What s3://BUCKET/KEY is: FILE (an object of that key; *size) or DIR
  * (keys under KEY/; also the bucket itself), else MISSING. A URL ending in
@@ -675,10 +710,15 @@ ckptio_status ckptio__object_stat(ckptio_engine *engine, const char *url, ckptio
  * GET, the rest of a larger one in a second. */
 #define CKPTIO__SMALL_WINDOW ((uint64_t)1 << 20)
 
-/* A whole object of at most `max` bytes into *data (ckptio__malloc'ed,
- * NUL-terminated) and *len. CKPTIO_E_NOT_FOUND when missing, CKPTIO_E_FORMAT
- * when larger. */
+/* A whole object (or local file) of at most `max` bytes into *data
+ * (ckptio__malloc'ed, NUL-terminated) and *len. CKPTIO_E_NOT_FOUND when
+ * missing, CKPTIO_E_FORMAT when larger (*len is then its size). */
 ckptio_status ckptio__object_read_all(ckptio_engine *engine, const char *url, uint64_t max, void **data, size_t *len);
+/* ckptio__object_read_all that also gives the version its bytes are of
+ * (ckptio_file_version: an object's ETag, "" for a local file) in
+ * `version` (version_cap bytes, truncated to fit). */
+ckptio_status ckptio__object_read_all_pinned(ckptio_engine *engine, const char *url, uint64_t max, void **data,
+                                             size_t *len, char *version, size_t version_cap);
 
 /* A small object (at most `max` bytes) in one GET, with its Last-Modified
  * and the server's clock of the answer (Date; this machine's without one),

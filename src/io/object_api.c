@@ -59,6 +59,7 @@ ckptio_status ckptio_object_delete(ckptio_engine *engine, const char *url) {
     ckptio__s3_client *c;
     char *bucket, *key;
     CKPTIO_FORWARD(target(engine, url, false, "ckptio_object_delete", &c, &bucket, &key));
+    ckptio__object_peek_forget(engine, url);
     const ckptio_status st = ckptio__s3_delete(c, bucket, key);
     ckptio__object_target_release(c, bucket, key);
     return st;
@@ -70,6 +71,7 @@ ckptio_status ckptio_object_put(ckptio_engine *engine, const char *url, const vo
     ckptio__s3_client *c;
     char *bucket, *key;
     CKPTIO_FORWARD(target(engine, url, false, "ckptio_object_put", &c, &bucket, &key));
+    ckptio__object_peek_forget(engine, url);
     const ckptio_status st = ckptio__s3_put(c, bucket, key, data, len, if_absent != 0);
     ckptio__object_target_release(c, bucket, key);
     return st;

@@ -65,8 +65,9 @@ bool ckptio__object_plain_name(const char *name, size_t len) {
 }
 
 typedef struct lister {
-    const char *prefix; /* "KEY/" or "" */
+    const char *prefix; /* what the listing asked for: "KEY/" or "" and the names' start */
     size_t plen;
+    size_t dlen;        /* "KEY/": what the names are relative to */
     const char *bucket;
     ckptio__object_entry_fn fn;
     void *user;
@@ -83,15 +84,15 @@ static int list_one(void *user, const ckptio__s3_entry *e) {
         ckptio__s3_display(l->bucket, e->key, l->outside_key, sizeof l->outside_key);
         return 1;
     }
-    size_t nlen = klen - l->plen;
+    size_t nlen = klen - l->dlen;
     if (e->is_prefix && nlen > 0 && e->key[klen - 1] == '/') nlen--;
     if (nlen == 0 && !e->is_prefix) return 0; /* the "PREFIX/" placeholder some consoles make: not an entry */
-    memcpy(l->name, e->key + l->plen, nlen);
+    memcpy(l->name, e->key + l->dlen, nlen);
     l->name[nlen] = '\0';
     ckptio__object_entry entry = {.name = l->name, .size = e->size, .etag = e->etag,
                                   .mtime = ckptio__iso_time(e->time)};
     if (entry.mtime < 0) entry.mtime = 0;
-    if (!ckptio__object_plain_name(l->name, nlen) || memchr(e->key + l->plen, '/', nlen))
+    if (!ckptio__object_plain_name(l->name, nlen) || memchr(e->key + l->dlen, '/', nlen))
         entry.kind = CKPTIO__PATH_OTHER;
     else
         entry.kind = e->is_prefix ? CKPTIO__PATH_DIR : CKPTIO__PATH_FILE;
@@ -100,11 +101,17 @@ static int list_one(void *user, const ckptio__s3_entry *e) {
 
 ckptio_status ckptio__object_dir_list(ckptio_engine *engine, const char *dir, ckptio__object_entry_fn fn,
                                       void *user) {
+    return ckptio__object_dir_list_starting(engine, dir, "", fn, user);
+}
+
+ckptio_status ckptio__object_dir_list_starting(ckptio_engine *engine, const char *dir, const char *start,
+                                               ckptio__object_entry_fn fn, void *user) {
     ckptio__s3_client *c;
     char *bucket, *key;
     CKPTIO_FORWARD(client_for(engine, dir, &c, &bucket, &key));
     size_t klen = strlen(key);
-    char *prefix = ckptio__malloc(klen + 2);
+    const size_t slen = strlen(start);
+    char *prefix = ckptio__malloc(klen + slen + 2);
     char *name = ckptio__malloc(CKPTIO__S3_MAX_KEY + 2);
     ckptio_status st = CKPTIO_OK;
     if (!prefix || !name) {
@@ -112,8 +119,9 @@ ckptio_status ckptio__object_dir_list(ckptio_engine *engine, const char *dir, ck
     } else {
         memcpy(prefix, key, klen);
         if (klen) prefix[klen++] = '/';
-        prefix[klen] = '\0';
-        lister l = {.prefix = prefix, .plen = klen, .bucket = bucket, .fn = fn, .user = user, .name = name};
+        memcpy(prefix + klen, start, slen + 1);
+        lister l = {.prefix = prefix, .plen = klen + slen, .dlen = klen, .bucket = bucket, .fn = fn, .user = user,
+                    .name = name};
         st = ckptio__s3_list(c, bucket, prefix, "/", list_one, &l);
         if (st == CKPTIO_OK && l.outside) {
             char shown[400];
@@ -196,8 +204,14 @@ ckptio_status ckptio__object_stat(ckptio_engine *engine, const char *url, ckptio
 
 ckptio_status ckptio__object_read_all(ckptio_engine *engine, const char *url, uint64_t max, void **data,
                                       size_t *len) {
+    return ckptio__object_read_all_pinned(engine, url, max, data, len, NULL, 0);
+}
+
+ckptio_status ckptio__object_read_all_pinned(ckptio_engine *engine, const char *url, uint64_t max, void **data,
+                                             size_t *len, char *version, size_t version_cap) {
     *data = NULL;
     *len = 0;
+    if (version_cap) version[0] = '\0';
     ckptio_file *f = NULL;
     uint64_t size = 0, got = 0;
     /* The first GET opens the object and brings its first bytes (most such
@@ -210,7 +224,9 @@ ckptio_status ckptio__object_read_all(ckptio_engine *engine, const char *url, ui
         ckptio__free(buf);
         return st;
     }
+    if (version_cap) snprintf(version, version_cap, "%s", ckptio_file_version(f));
     st = ckptio_file_size(f, &size);
+    if (st == CKPTIO_OK && size > max) *len = (size_t)size;
     if (st == CKPTIO_OK && size > max)
         st = CKPTIO_FAIL_CTX(CKPTIO_E_FORMAT, &((ckptio__err_ctx){.path = url, .file_offset = -1}),
                              "%llu bytes, more than the %llu a file of its kind may have", (unsigned long long)size,
@@ -233,11 +249,47 @@ ckptio_status ckptio__object_read_all(ckptio_engine *engine, const char *url, ui
     return CKPTIO_OK;
 }
 
+ckptio_status ckptio__object_peek_first(ckptio_engine *engine, const char *url, void *buf, uint64_t len, uint64_t *got,
+                                        uint64_t *size) {
+    *got = *size = 0;
+    if (ckptio__object_peek_kept(engine, url, buf, len, got, size)) return CKPTIO_OK;
+    unsigned char *head = ckptio__malloc((size_t)CKPTIO__PEEK_BYTES);
+    if (!head) return CKPTIO_FAIL(CKPTIO_E_NOMEM, "out of memory opening %s", url);
+    ckptio_file *f = NULL;
+    uint64_t n = 0;
+    ckptio_status st = ckptio_file_open_window(engine, url, head, CKPTIO__PEEK_BYTES, &n, &f);
+    if (st == CKPTIO_OK) st = ckptio_file_size(f, size);
+    if (st == CKPTIO_OK) {
+        ckptio__object_peek_keep(engine, url, *size, ckptio_file_version(f), head, n);
+        *got = len < n ? len : n;
+        if (*got) memcpy(buf, head, (size_t)*got);
+    }
+    if (f) {
+        ckptio__error_saved *saved = st != CKPTIO_OK ? ckptio__error_save() : NULL;
+        ckptio_file_close(f);
+        if (saved) ckptio__error_restore(saved);
+    }
+    ckptio__free(head);
+    return st;
+}
+
+ckptio_status ckptio_file_read_all(ckptio_engine *engine, const char *path, uint64_t max_bytes, void **data,
+                                   size_t *len) {
+    CKPTIO_RETURN_IF(!data || !len, CKPTIO_E_INVAL, "ckptio_file_read_all: data and len are required");
+    *data = NULL;
+    *len = 0;
+    CKPTIO_RETURN_IF(!engine || !path, CKPTIO_E_INVAL, "ckptio_file_read_all: engine and path are required");
+    return ckptio__object_read_all(engine, path, max_bytes, data, len);
+}
+
+void ckptio_file_data_free(void *data) { ckptio__free(data); }
+
 ckptio_status ckptio__object_write_all(ckptio_engine *engine, const char *url, const void *data, size_t len,
                                        bool if_absent) {
     ckptio__s3_client *c;
     char *bucket, *key;
     CKPTIO_FORWARD(client_for(engine, url, &c, &bucket, &key));
+    ckptio__object_peek_forget(engine, url);
     const ckptio_status st = ckptio__s3_put(c, bucket, key, data, len, if_absent);
     ckptio__object_target_release(c, bucket, key);
     return st;
@@ -247,6 +299,7 @@ ckptio_status ckptio__object_remove(ckptio_engine *engine, const char *url) {
     ckptio__s3_client *c;
     char *bucket, *key;
     CKPTIO_FORWARD(client_for(engine, url, &c, &bucket, &key));
+    ckptio__object_peek_forget(engine, url);
     const ckptio_status st = ckptio__s3_delete(c, bucket, key);
     ckptio__object_target_release(c, bucket, key);
     return st;

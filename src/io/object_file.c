@@ -1,7 +1,9 @@
 /*
  * object_file.c - s3://BUCKET/KEY opened as a ckptio_file.
  *
- * Reading: open asks the server for the object's size and ETag (HEAD);
+ * Reading: open asks the server for the object's size and ETag (HEAD; an
+ * open with the first bytes, ckptio_file_open_window, has the GET of them
+ * tell both; a listing's open, or one after a probe's GET, sends nothing);
  * every read is a ranged GET into the caller's memory that names that ETag
  * (If-Match), so an object replaced while it is read fails with
  * CKPTIO_E_STALE instead of mixing two versions. The engine's workers keep
@@ -110,19 +112,18 @@ static ckptio_status object_exists(const ckptio__object *o, bool *exists) {
  * bytes into `buf`: size from its Content-Range, ETag from its header. Only
  * an answer whose bytes all came in one attempt stands for it (bytes from
  * two attempts without If-Match could be two versions); *got says how many
- * bytes of `buf` it filled, 0 when it cannot stand for the HEAD. `up_to`: the
- * size is not known, an object shorter than `len` answers with all its bytes
- * (an empty one with 416, which leaves the open to the HEAD). */
-static ckptio_status open_by_window(ckptio__object *o, void *buf, uint64_t len, bool up_to, uint64_t *got) {
+ * bytes of `buf` it filled (min(len, size)), 0 when it cannot stand for the
+ * HEAD. An empty object answers 416, which leaves the open to the HEAD. */
+static ckptio_status open_by_window(ckptio__object *o, void *buf, uint64_t len, uint64_t *got) {
     ckptio__s3_request r;
     ckptio__s3_request_init(&r, o->client, "GET", o->bucket, o->key, "GET");
     r.ranged = true;
     r.range_len = r.dst_len = len;
     r.dst = buf;
-    r.up_to = up_to;
-    ckptio__error_saved *saved = up_to ? ckptio__error_save() : NULL;
+    r.up_to = true;
+    ckptio__error_saved *saved = ckptio__error_save();
     ckptio_status st = ckptio__s3_perform(&r);
-    if (st == CKPTIO_E_TRUNCATED && up_to && r.http == 416) {
+    if (st == CKPTIO_E_TRUNCATED && r.http == 416) {
         ckptio__error_restore(saved); /* nothing at byte 0: the HEAD says what the object is */
         saved = NULL;
         st = CKPTIO_OK;
@@ -130,7 +131,7 @@ static ckptio_status open_by_window(ckptio__object *o, void *buf, uint64_t len, 
     ckptio__free(saved);
     const uint64_t want = r.has_object_size && r.object_size < len ? r.object_size : len;
     const bool whole = st == CKPTIO_OK && r.has_object_size && r.etag[0] && r.received == r.attempt_received &&
-                       r.received == want && (up_to || r.object_size >= len);
+                       r.received == want;
     *got = whole ? want : 0;
     if (whole) {
         o->size = r.object_size;
@@ -140,8 +141,87 @@ static ckptio_status open_by_window(ckptio__object *o, void *buf, uint64_t len, 
     return st;
 }
 
+/* ---- a probe's GET kept for the open after it ------------------------------------
+ *
+ * A reader that decides by a path's first bytes (the format probe, a model's
+ * look whether a path is an object or a prefix) and then opens it would send
+ * a request for each. The probe's answer (size, ETag, first bytes) stays on
+ * the engine in one slot, and the next open of the same path for reading
+ * takes it: that open is pinned to the ETag as if it had sent the GET itself,
+ * so an object replaced in between fails its reads with CKPTIO_E_STALE, as
+ * one replaced after the open does. A record older than PEEK_KEEP_S seconds
+ * is not used: the open that follows a probe comes at once, and an older
+ * record would pin a version the caller may have replaced since. Writes and
+ * deletes through the engine drop the record of their path. The slot is one
+ * atomic pointer: taking a record is an exchange, so two threads never share
+ * one, and no lock is held across fork(). */
+#define PEEK_KEEP_S 5.0
+
+struct ckptio__object_peek {
+    char *url;
+    uint64_t size, len;
+    char etag[128];
+    double at; /* ckptio__now() when the answer came */
+    unsigned char bytes[];
+};
+
+void ckptio__object_peek_free(ckptio__object_peek *p) {
+    if (!p) return;
+    ckptio__free(p->url);
+    ckptio__free(p);
+}
+
+/* Puts `p` into the slot if it is empty; a record put there meanwhile by
+ * another thread stays (it is the newer). */
+static void peek_put_back(_Atomic(ckptio__object_peek *) *slot, ckptio__object_peek *p) {
+    ckptio__object_peek *none = NULL;
+    if (p && !atomic_compare_exchange_strong(slot, &none, p)) ckptio__object_peek_free(p);
+}
+
+/* The engine's fresh peek of `url`, taken off the engine, or NULL. */
+static ckptio__object_peek *peek_take(ckptio_engine *engine, const char *url) {
+    _Atomic(ckptio__object_peek *) *slot = ckptio__io_engine_peek_slot(engine);
+    if (!atomic_load(slot)) return NULL;
+    ckptio__object_peek *p = atomic_exchange(slot, NULL);
+    if (p && !strcmp(p->url, url) && ckptio__now() - p->at <= PEEK_KEEP_S) return p;
+    if (p && strcmp(p->url, url) != 0) peek_put_back(slot, p); /* another path's: kept for its open */
+    else ckptio__object_peek_free(p);
+    return NULL;
+}
+
+bool ckptio__object_peek_kept(ckptio_engine *engine, const char *url, void *buf, uint64_t len, uint64_t *got,
+                              uint64_t *size) {
+    ckptio__object_peek *p = peek_take(engine, url);
+    if (!p) return false;
+    *got = len < p->len ? len : p->len;
+    if (*got) memcpy(buf, p->bytes, (size_t)*got);
+    *size = p->size;
+    peek_put_back(ckptio__io_engine_peek_slot(engine), p);
+    return true;
+}
+
+void ckptio__object_peek_keep(ckptio_engine *engine, const char *url, uint64_t size, const char *etag,
+                              const void *bytes, uint64_t len) {
+    if (!etag[0]) return;
+    ckptio__object_peek *p = ckptio__calloc(1, sizeof *p + (size_t)len);
+    if (!p || !(p->url = ckptio__strdup(url))) { /* nothing kept: the open asks the server */
+        ckptio__object_peek_free(p);
+        return;
+    }
+    p->size = size;
+    p->len = len;
+    snprintf(p->etag, sizeof p->etag, "%s", etag);
+    if (len) memcpy(p->bytes, bytes, (size_t)len);
+    p->at = ckptio__now();
+    ckptio__object_peek_free(atomic_exchange(ckptio__io_engine_peek_slot(engine), p));
+}
+
+void ckptio__object_peek_forget(ckptio_engine *engine, const char *url) {
+    if (engine) ckptio__object_peek_free(peek_take(engine, url));
+}
+
 static ckptio_status object_open(ckptio_engine *engine, const char *path, unsigned flags, void *window,
-                                 uint64_t window_len, bool up_to, uint64_t *got, const char *listed_etag,
+                                 uint64_t window_len, uint64_t *got, const char *listed_etag,
                                  uint64_t listed_size, ckptio_file **out) {
     *out = NULL;
     if (flags & CKPTIO_OPEN_IN_PLACE)
@@ -160,15 +240,28 @@ static ckptio_status object_open(ckptio_engine *engine, const char *path, unsign
     if ((st = ckptio__object_client(engine, o->bucket, &o->client)) != CKPTIO_OK) goto fail;
     o->write = flags & CKPTIO_OPEN_WRITE;
     if (!o->write) {
+        ckptio__object_peek *peek = listed_etag ? NULL : peek_take(engine, path);
         if (listed_etag) {
             o->size = listed_size;
             snprintf(o->etag, sizeof o->etag, "%s", listed_etag);
+        } else if (peek) { /* a probe's GET just told it: no request */
+            o->size = peek->size;
+            snprintf(o->etag, sizeof o->etag, "%s", peek->etag);
+            /* An open with its first bytes takes them; one without leaves them to the open that wants them. */
+            if (window_len) {
+                *got = window_len < peek->len ? window_len : peek->len;
+                memcpy(window, peek->bytes, (size_t)*got);
+                ckptio__object_peek_free(peek);
+            } else {
+                peek_put_back(ckptio__io_engine_peek_slot(engine), peek);
+            }
         } else {
-            if (window_len && (st = open_by_window(o, window, window_len, up_to, got)) != CKPTIO_OK) goto fail;
+            if (window_len && (st = open_by_window(o, window, window_len, got)) != CKPTIO_OK) goto fail;
             if (!(window_len && *got) && (st = ckptio__s3_head(o->client, o->bucket, o->key, &o->size, o->etag)))
                 goto fail;
         }
     } else {
+        ckptio__object_peek_forget(engine, path);
         o->exclusive = flags & CKPTIO_OPEN_EXCLUSIVE;
         if (o->exclusive) {
             bool exists;
@@ -217,26 +310,18 @@ fail:
 }
 
 ckptio_status ckptio__object_open(ckptio_engine *engine, const char *path, unsigned flags, ckptio_file **out) {
-    return object_open(engine, path, flags, NULL, 0, false, NULL, NULL, 0, out);
-}
-
-ckptio_status ckptio__object_open_window(ckptio_engine *engine, const char *path, void *buf, uint64_t len,
-                                         bool *filled, ckptio_file **out) {
-    uint64_t got = 0;
-    const ckptio_status st = object_open(engine, path, CKPTIO_OPEN_READ, buf, len, false, &got, NULL, 0, out);
-    *filled = got != 0;
-    return st;
+    return object_open(engine, path, flags, NULL, 0, NULL, NULL, 0, out);
 }
 
 ckptio_status ckptio__object_open_prefix(ckptio_engine *engine, const char *path, void *buf, uint64_t len,
                                          uint64_t *got, ckptio_file **out) {
     *got = 0;
-    return object_open(engine, path, CKPTIO_OPEN_READ, buf, len, true, got, NULL, 0, out);
+    return object_open(engine, path, CKPTIO_OPEN_READ, buf, len, got, NULL, 0, out);
 }
 
 ckptio_status ckptio__object_open_listed(ckptio_engine *engine, const char *path, uint64_t size, const char *etag,
                                          ckptio_file **out) {
-    return object_open(engine, path, CKPTIO_OPEN_READ, NULL, 0, false, NULL, etag, size, out);
+    return object_open(engine, path, CKPTIO_OPEN_READ, NULL, 0, NULL, etag, size, out);
 }
 
 const char *ckptio__object_version(const ckptio_file *f) { return f->object->write ? "" : f->object->etag; }

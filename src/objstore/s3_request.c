@@ -488,7 +488,9 @@ bool ckptio__s3_may_retry(ckptio__s3_request *r, double now, double wait) {
     char why[700];
     snprintf(why, sizeof why, "%s; gave up after %u attempt%s over %.1f s (retries %u, deadline %.0f s)", r->reason,
              r->attempts, r->attempts == 1 ? "" : "s", spent, s->retries, s->deadline_ms / 1000.0);
-    set_failed(r, r->http && r->http < 500 && r->http != 429 && r->http != 408 ? status_of_http(r) : CKPTIO_E_IO, why);
+    /* A 4xx retried for its code (a gateway's 400 wrapping a server fault) stays a server fault. */
+    const bool client_error = r->http && r->http < 500 && r->http != 429 && r->http != 408 && !retryable_code(r->code);
+    set_failed(r, client_error ? status_of_http(r) : CKPTIO_E_IO, why);
     return false;
 }
 

@@ -360,9 +360,10 @@ def test_two_ranks_read_each_byte_once_and_save_together(s3_prefix, tmp_path):
 
 def proxy_gets(tmp_path):
     """(start, end, first byte, length) of the ranged GETs of data objects in the fault proxy's log."""
+    from test_s3_files import read_requests
+
     gets = []
-    for line in (tmp_path / "proxy.log").read_text().splitlines():
-        e = json.loads(line)
+    for e in read_requests(tmp_path / "proxy.log"):
         if e["method"] == "GET" and ".distcp" in e["target"] and e["range"].startswith("bytes="):
             first, last = (int(x) for x in e["range"][6:].split("-"))
             gets.append((e["start"], e["end"], first, last - first + 1))
@@ -376,7 +377,6 @@ def load_through_proxy(tmp_path, url, sd, **reader):
     try:
         out = {"model": {k: torch.zeros_like(v) for k, v in sd["model"].items()}, "step": -1, "names": []}
         through(proxy, lambda: dcp.load(out, storage_reader=FileSystemReader(url, **reader), no_dist=True))
-        proxy.settle()
     finally:
         proxy.kill()
     same(sd, out)
@@ -450,7 +450,6 @@ def test_verify_reads_items_together(s3_prefix, tmp_path):
     proxy = Proxy(tmp_path)
     try:
         report = through(proxy, lambda: ckptio.dcp.verify(url))
-        proxy.settle()
     finally:
         proxy.kill()
     assert report["checked"] == 14, report
@@ -506,16 +505,14 @@ def test_commit_round_trips_run_together(s3_prefix, tmp_path):
     sd = {f"w{i}": torch.randn(256, 256, generator=g) for i in range(8)}
     save(sd, url, thread_count=4)  # directly: this endpoint's answer is known from here on
     proxy = Proxy(tmp_path, r"PUT:\.ckptio-manifest-:stall:0.3:1:1", r"PUT:/\.metadata$:stall:0.3:1:1")
-    log_path = tmp_path / "proxy.log"
     try:
         through(proxy, lambda: save(sd, url, thread_count=4))  # four data objects
-        proxy.settle()
-        first = [json.loads(line) for line in log_path.read_text().splitlines()]
+        first = proxy.requests()
         time.sleep(2.1)  # older than the next lease by the server's whole seconds (listings round up)
         through(proxy, lambda: save(sd, url, thread_count=4))
     finally:
         proxy.kill()
-    log = [json.loads(line) for line in log_path.read_text().splitlines()][len(first):]
+    log = proxy.requests()[len(first):]
 
     def spans(method, pick, entries=log):
         return [(e["start"], e["end"]) for e in entries if e["method"] == method and pick(e["target"]) and "end" in e]
@@ -576,10 +573,9 @@ def save_through_proxy(tmp_path, sd, url, *rules):
     proxy = Proxy(tmp_path, *rules)
     try:
         through(proxy, lambda: save(sd, url))
-        proxy.settle()
     finally:
         proxy.kill()
-    return [json.loads(line) for line in (tmp_path / "proxy.log").read_text().splitlines()]
+    return proxy.requests()
 
 
 def test_lease_released_beside_the_removal(s3_prefix, tmp_path):

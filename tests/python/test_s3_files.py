@@ -164,23 +164,30 @@ class Proxy:
             time.sleep(0.05)
         self.url = f"http://127.0.0.1:{port_file.read_text().strip()}"
 
-    def settle(self, quiet=0.2, limit=5.0):
-        """Waits until the log has not grown for `quiet` seconds: the proxy logs a passed request just after it
-        has sent the answer, so a reader of the log right after the client returns could miss the last line."""
-        log = self.log
-        last, since, t_end = None, time.monotonic(), time.monotonic() + limit
-        while time.monotonic() < t_end:
-            size = log.stat().st_size if log.exists() else 0
-            if size != last:
-                last, since = size, time.monotonic()
-            elif time.monotonic() - since >= quiet:
-                return
-            time.sleep(0.02)
+    def requests(self):
+        """The requests in the log, in the order they came, each with its answer's "status" and "end" where the
+        server answered it. The proxy writes a request's lines before it passes the answer on, so the log is
+        complete for every request whose answer the client has."""
+        return read_requests(self.log)
 
     def kill(self):
         """The server goes away: connections reset, new ones refused."""
         self.proc.kill()
         self.proc.wait()
+
+
+def read_requests(log):
+    """The fault proxy's log `log` as its requests: each answer line's status and end joined to the request
+    line it answers (the latest one of that id before it: ids count from 1 in each proxy writing to the log)."""
+    requests, latest = [], {}
+    for line in log.read_text().splitlines():
+        e = json.loads(line)
+        if "answered" in e:
+            latest[e["answered"]].update(status=e["status"], end=e["end"])
+        else:
+            latest[e["id"]] = e
+            requests.append(e)
+    return requests
 
 
 def through(proxy, fn):

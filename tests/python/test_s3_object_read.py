@@ -3,7 +3,6 @@ GET of the object's first MiB, no HEAD."""
 
 from __future__ import annotations
 
-import json
 import os
 
 import pytest
@@ -17,11 +16,9 @@ def read_through_proxy(tmp_path, url, **kw):
     proxy = Proxy(tmp_path)
     try:
         data = through(proxy, lambda: _ckptio.object_read(url, **kw))
-        proxy.settle()
     finally:
         proxy.kill()
-    log = [json.loads(line) for line in (tmp_path / "proxy.log").read_text().splitlines()]
-    return data, [(e["method"], e["range"]) for e in log]
+    return data, [(e["method"], e["range"]) for e in proxy.requests()]
 
 
 @pytest.mark.parametrize("size", [0, 1000, 1 << 20, (1 << 20) + 12345])
