@@ -660,20 +660,20 @@ static void test_no_short_last_part(void) {
     ckptio_engine *e = s3_test_engine();
     T_OK(ckptio_engine_set(e, CKPTIO_OPT_S3_PART_BYTES, 8 << 20));
     T_OK(ckptio_engine_set(e, CKPTIO_OPT_S3_CONCURRENCY, 4));
-    const size_t part = 8u << 20, n = 4 * part + 100000;
-    unsigned char *data = random_bytes(n, 81);
-    /* Four parts and 100 kB, the size given first: four parts of 9 MiB (the last shorter), not a fifth of 100 kB
-     * that would go out alone after the four in flight. */
+    const size_t part = 8u << 20, n = 4 * part + 100000, most = 4 * part + (5u << 20);
+    unsigned char *data = random_bytes(most, 81);
+    /* Four parts and 100 kB, the size given first, four parts in flight at once: four parts of 9 MiB (the last
+     * shorter), not a fifth of 100 kB that would go out alone after the four. */
     unsigned parts = parts_of_upload(e, s3_url("parts-4.bin"), data, n, true);
     T_ASSERT_MSG(parts == 4, "%zu bytes in %u parts, want 4", n, parts);
-    /* One part and a little: one PUT of the whole object at its commit. */
-    parts = parts_of_upload(e, s3_url("parts-1.bin"), data, part + 4096, true);
-    T_ASSERT_MSG(parts == 1, "%zu bytes in %u parts, want 1", part + 4096, parts);
-    /* A remainder larger than an eighth of a part spread over the parts is a part of its own. */
-    parts = parts_of_upload(e, s3_url("parts-3.bin"), data, 2 * part + (5u << 20), true);
-    T_ASSERT_MSG(parts == 3, "%zu bytes in %u parts, want 3", 2 * part + (5u << 20), parts);
+    /* Three parts and 100 kB: the short part goes beside the three. */
+    parts = parts_of_upload(e, s3_url("parts-3.bin"), data, 3 * part + 100000, true);
+    T_ASSERT_MSG(parts == 4, "%zu bytes in %u parts, want 4", 3 * part + 100000, parts);
+    /* A rest larger than an eighth of a part spread over the parts is a part of its own. */
+    parts = parts_of_upload(e, s3_url("parts-5.bin"), data, most, true);
+    T_ASSERT_MSG(parts == 5, "%zu bytes in %u parts, want 5", most, parts);
     /* Without the size, the parts are cut before the end is known: part_bytes each. */
-    parts = parts_of_upload(e, s3_url("parts-5.bin"), data, n, false);
+    parts = parts_of_upload(e, s3_url("parts-unsized.bin"), data, n, false);
     T_ASSERT_MSG(parts == 5, "%zu bytes written without a size in %u parts, want 5", n, parts);
     T_OK(ckptio_engine_destroy(e));
     free(data);

@@ -4,8 +4,8 @@
  *
  * The object is cut into parts of one size (at least the part_bytes
  * setting, and large enough that the object fits in S3's 10,000 parts when
- * its size is known first; then also a little larger where that leaves out
- * a short last part). Writes are copied into the buffer of the part
+ * its size is known first; then also a little larger where a short last
+ * part would go out alone after rounds of concurrent parts). Writes are copied into the buffer of the part
  * they fall in; a part whose every byte has arrived is queued, and one
  * uploader thread per object sends queued parts as UploadPart requests, up
  * to `concurrency` at once on its own curl multi handle, giving each
@@ -196,13 +196,14 @@ static uint64_t needed_part_size(const ckptio__s3_upload *u, uint64_t size) {
 }
 
 /* The part size an object of `size` bytes is cut into: needed_part_size(), grown by whole MiB (an eighth of it
- * at most) where that leaves out a last part much shorter than the others. Such a part costs a request of its
- * own, and where the parts fill a round of `concurrency` requests exactly (a state of whole 16 MiB tensors plus
- * its archives' headers) a round trip of its own after the others; spread over the others it costs nothing. */
+ * at most) where the whole parts fill rounds of `concurrency` requests exactly and a short rest would be a part
+ * alone in a round of its own (a file of 16 MiB tensors and their archives' headers): a round trip after the
+ * others for a few bytes, which spread over the others cost nothing. */
 static uint64_t choose_part_size(const ckptio__s3_upload *u, uint64_t size) {
     const uint64_t p = needed_part_size(u, size);
     const uint64_t n = size / p, rest = size % p;
-    if (!n || !rest) return p;
+    const unsigned concurrency = u->c->settings.concurrency ? u->c->settings.concurrency : 1;
+    if (!n || !rest || n % concurrency) return p;
     const uint64_t grow = ckptio__align_up((rest + n - 1) / n, MIB);
     return grow <= p / 8 && p + grow <= CKPTIO__S3_MAX_PART ? p + grow : p;
 }
