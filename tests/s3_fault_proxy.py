@@ -109,12 +109,13 @@ def header(head, name):
 
 
 def read_exact(sock, buf, n):
+    buf = bytearray(buf)  # appended in place: a 16 MiB body in 64 KiB pieces is not copied again for each piece
     while len(buf) < n:
         data = sock.recv(max(65536, n - len(buf)))
         if not data:
             raise ConnectionError("peer closed")
         buf += data
-    return buf[:n], buf[n:]
+    return bytes(buf[:n]), bytes(buf[n:])
 
 
 def read_response(up, method):
@@ -240,6 +241,9 @@ class Handler(socketserver.BaseRequestHandler):
 class Server(socketserver.ThreadingTCPServer):
     daemon_threads = True
     allow_reuse_address = True
+    # Clients open many connections at once (16 ranged GETs or part PUTs): a short accept queue drops SYNs,
+    # which the kernel resends a second later, and the log would show that second as the client's gap.
+    request_queue_size = 128
 
     def __init__(self, upstream, rules, log_path):
         super().__init__(("127.0.0.1", 0), Handler)

@@ -8,7 +8,8 @@
  * listings over several pages, the cleanup of uploads a killed writer left,
  * memory that stays bounded while an object larger than the buffers
  * streams through, and part buffers that later and concurrent uploads of
- * one engine reuse.
+ * one engine reuse, and objects of a known size cut without a short last
+ * part, their multipart upload created with the size.
  */
 #include "objstore_helpers.h"
 
@@ -636,6 +637,81 @@ static void test_part_buffers_reused(void) {
     free(other);
 }
 
+/* The parts of an object written as `n` bytes of `data` (truncated to n first when `sized`), counted from its
+ * ETag (a multipart object's is "MD5-PARTS", one PUT's has no dash: 1); its bytes checked. */
+static unsigned parts_of_upload(ckptio_engine *e, const char *url, const unsigned char *data, size_t n, bool sized) {
+    ckptio_file *f;
+    T_OK(ckptio_file_open(e, url, CKPTIO_OPEN_WRITE, &f));
+    if (sized) T_OK(ckptio_file_truncate(f, n));
+    const ckptio_extent x = {.file = f, .file_offset = 0, .length = n, .memory = (void *)data,
+                             .mem_kind = CKPTIO_MEM_HOST};
+    T_OK(ckptio_engine_execute_extents(e, CKPTIO_WRITE, &x, 1));
+    T_OK(ckptio_file_commit(f));
+    T_OK(ckptio_file_close(f));
+    check_object(e, url, data, n);
+    char etag[128];
+    T_OK(ckptio__object_info(e, url, NULL, etag, NULL, NULL));
+    const char *dash = strrchr(etag, '-');
+    T_OK(ckptio_object_delete(e, url));
+    return dash ? (unsigned)strtoul(dash + 1, NULL, 10) : 1;
+}
+
+static void test_no_short_last_part(void) {
+    ckptio_engine *e = s3_test_engine();
+    T_OK(ckptio_engine_set(e, CKPTIO_OPT_S3_PART_BYTES, 8 << 20));
+    T_OK(ckptio_engine_set(e, CKPTIO_OPT_S3_CONCURRENCY, 4));
+    const size_t part = 8u << 20, n = 4 * part + 100000, most = 4 * part + (5u << 20);
+    unsigned char *data = random_bytes(most, 81);
+    /* Four parts and 100 kB, the size given first, four parts in flight at once: four parts of 9 MiB (the last
+     * shorter), not a fifth of 100 kB that would go out alone after the four. */
+    unsigned parts = parts_of_upload(e, s3_url("parts-4.bin"), data, n, true);
+    T_ASSERT_MSG(parts == 4, "%zu bytes in %u parts, want 4", n, parts);
+    /* Three parts and 100 kB: the short part goes beside the three. */
+    parts = parts_of_upload(e, s3_url("parts-3.bin"), data, 3 * part + 100000, true);
+    T_ASSERT_MSG(parts == 4, "%zu bytes in %u parts, want 4", 3 * part + 100000, parts);
+    /* A rest larger than an eighth of a part spread over the parts is a part of its own. */
+    parts = parts_of_upload(e, s3_url("parts-5.bin"), data, most, true);
+    T_ASSERT_MSG(parts == 5, "%zu bytes in %u parts, want 5", most, parts);
+    /* Without the size, the parts are cut before the end is known: part_bytes each. */
+    parts = parts_of_upload(e, s3_url("parts-unsized.bin"), data, n, false);
+    T_ASSERT_MSG(parts == 5, "%zu bytes written without a size in %u parts, want 5", n, parts);
+    T_OK(ckptio_engine_destroy(e));
+    free(data);
+}
+
+/* An object of several parts whose size is given first: its multipart upload is created at once, before any part
+ * is full (its round trip beside the filling of the first part); a close without commit aborts it. Sized for one
+ * part afterwards, the object goes in one PUT and the upload created for the larger size is aborted. */
+static void test_upload_created_with_the_size(void) {
+    ckptio_engine *e = s3_test_engine(); /* 5 MiB parts */
+    const char *url = s3_url("early.bin");
+    unsigned char *data = random_bytes(1000, 91);
+    ckptio_file *f;
+    T_OK(ckptio_file_open(e, url, CKPTIO_OPEN_WRITE, &f));
+    T_OK(ckptio_file_truncate(f, 3 * (5u << 20)));
+    T_OK(ckptio__file_io(f, CKPTIO_WRITE, data, 1000, 0)); /* no part is full */
+    T_ASSERT(uploads_become(e, url, 1) == 1);
+    T_OK(ckptio_file_close(f));
+    T_ASSERT(uploads_become(e, url, 0) == 0);
+    T_ASSERT(object_count(e, url, false) == 0);
+
+    T_OK(ckptio_file_open(e, url, CKPTIO_OPEN_WRITE, &f));
+    T_OK(ckptio_file_truncate(f, 3 * (5u << 20)));
+    T_ASSERT(uploads_become(e, url, 1) == 1);
+    T_OK(ckptio_file_truncate(f, 1000));
+    T_OK(ckptio__file_io(f, CKPTIO_WRITE, data, 1000, 0));
+    T_OK(ckptio_file_commit(f));
+    T_OK(ckptio_file_close(f));
+    T_ASSERT(uploads_become(e, url, 0) == 0);
+    check_object(e, url, data, 1000);
+    char etag[128];
+    T_OK(ckptio__object_info(e, url, NULL, etag, NULL, NULL));
+    T_ASSERT_MSG(!strchr(etag, '-'), "one PUT, not a multipart upload: ETag %s", etag);
+    T_OK(ckptio_object_delete(e, url));
+    T_OK(ckptio_engine_destroy(e));
+    free(data);
+}
+
 int main(void) {
     s3_test_bucket();
     T_RUN(test_single_requests);
@@ -647,5 +723,7 @@ int main(void) {
     T_RUN(test_killed_writer_cleanup);
     T_RUN(test_memory_bounded);
     T_RUN(test_part_buffers_reused);
+    T_RUN(test_no_short_last_part);
+    T_RUN(test_upload_created_with_the_size);
     return T_EXIT_PASS;
 }

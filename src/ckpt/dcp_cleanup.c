@@ -411,17 +411,26 @@ static void *prefetch_list(void *arg) {
     return NULL;
 }
 
-static ckptio_status abort_uploads_before(ckptio_engine *engine, const char *dir, double since);
+static ckptio_status abort_uploads_listed(ckptio_engine *engine, const char *dir, double (*since_fn)(void *),
+                                          void *user);
 
-/* The abort waits for the listing: an upload a live shared save began
- * before the lease was taken is that save's (its mark says since when). */
-static void *prefetch_abort(void *arg) {
+/* The abort's time waits for the directory's listing: an upload a live shared save began before the lease was
+ * taken is that save's (its mark says since when). */
+static double prefetch_keep_since(void *arg) {
     ckptio__dcp_prefetch *p = arg;
     pthread_mutex_lock(&p->mu);
     while (!p->listed) pthread_cond_wait(&p->cv, &p->mu);
     const double since = p->keep_since;
     pthread_mutex_unlock(&p->mu);
-    p->abort_st = abort_uploads_before(p->engine, p->dir, since);
+    return since;
+}
+
+/* The uploads are listed beside the directory's listing, not after it: those the abort may take are older than
+ * the time that listing gives, whenever they were listed (an upload begun later is younger; one not listed is
+ * kept), so the order of the two listings changes nothing but the round trip. */
+static void *prefetch_abort(void *arg) {
+    ckptio__dcp_prefetch *p = arg;
+    p->abort_st = abort_uploads_listed(p->engine, p->dir, prefetch_keep_since, p);
     if (p->abort_st != CKPTIO_OK) p->abort_error = ckptio__error_save();
     return NULL;
 }
@@ -648,17 +657,28 @@ static void *delete_objects(void *arg) {
     return NULL;
 }
 
-/* The uploads that killed saves left under the directory (billed,
- * invisible): those begun before `since` (list_objects' keep_since: the
- * lease now held was taken and no live shared save was marked), whose saves
- * are over. */
-static ckptio_status abort_uploads_before(ckptio_engine *engine, const char *dir, double since) {
-    if (since <= 1) return CKPTIO_OK; /* no lease of ckptio's to measure "older" by (or a mark keeps all) */
+typedef struct since_of {
+    double (*fn)(void *);
+    void *user;
+} since_of;
+
+static double abort_cutoff(void *arg) {
+    const since_of *s = arg;
+    const double since = s->fn(s->user);
+    /* No lease of ckptio's to measure "older" by (or a mark keeps all): none. Strictly before: an upload begun
+     * in that second may be the live save's (the server's clock has whole seconds). */
+    return since <= 1 ? -1 : since - 1;
+}
+
+/* The uploads that killed saves left under the directory (billed, invisible): those begun before the `since`
+ * that since_fn(user) gives once they are listed (list_objects' keep_since: the lease now held was taken and no
+ * live shared save was marked), whose saves are over. */
+static ckptio_status abort_uploads_listed(ckptio_engine *engine, const char *dir, double (*since_fn)(void *),
+                                          void *user) {
     ckptio__error_saved *kept = ckptio__error_save();
     char *prefix = ckptio__path_join(dir, ""); /* "DIR/": not DIR2/ too */
-    /* Strictly before: an upload begun in that second may be the live save's (the server's clock has whole
-     * seconds). */
-    const ckptio_status st = prefix ? ckptio__object_abort_uploads_before(engine, prefix, since - 1, NULL)
+    since_of s = {since_fn, user};
+    const ckptio_status st = prefix ? ckptio__object_abort_uploads_listed(engine, prefix, abort_cutoff, &s, NULL)
                                     : CKPTIO_FAIL(CKPTIO_E_NOMEM, "out of memory");
     ckptio__free(prefix);
     if (st == CKPTIO_OK) {
@@ -671,6 +691,13 @@ static ckptio_status abort_uploads_before(ckptio_engine *engine, const char *dir
                                             .verbatim = true}),
                         "%s (aborting the uploads of older saves; %s)", ckptio_last_error_message(),
                         CKPTIO__DCP_COMMITTED);
+}
+
+static double known_since(void *arg) { return *(const double *)arg; }
+
+static ckptio_status abort_uploads_before(ckptio_engine *engine, const char *dir, double since) {
+    if (since <= 1) return CKPTIO_OK; /* nothing to abort: no request */
+    return abort_uploads_listed(engine, dir, known_since, &since);
 }
 
 /* abort_uploads_before, its time from the lease held here and the shared

@@ -34,8 +34,11 @@ ckptio_status ckptio_safetensors_open(ckptio_engine *engine, const char *path, c
     /* The open brings the file's first HEAD_WINDOW bytes (an object's open is
      * that one GET, no HEAD: ckptio_file_open_window). They hold the 8-byte
      * length and, in most files, the whole header; the header allocation is
-     * bounded by both the 100 MB cap and the real file size. */
-    status = ckptio_file_open_window(engine, path, window, HEAD_WINDOW, &in_window, &st->file);
+     * bounded by both the 100 MB cap and the real file size. A local file's
+     * window is its 8-byte length alone: there a read costs the bytes it
+     * copies, not a round trip, and the data is read once, by its plan. */
+    const uint64_t window_len = ckptio__s3_is_url(path) ? HEAD_WINDOW : CKPTIO__ST_PREFIX;
+    status = ckptio_file_open_window(engine, path, window, window_len, &in_window, &st->file);
     if (status != CKPTIO_OK) goto out;
     if ((status = ckptio_file_size(st->file, &st->file_size)) != CKPTIO_OK) goto out;
 

@@ -740,6 +740,11 @@ ckptio_status ckptio__object_remove(ckptio_engine *engine, const char *url);
 ckptio_status ckptio__object_abort_uploads_before(ckptio_engine *engine, const char *url, double cutoff,
                                                   uint64_t *aborted);
 
+/* ckptio__object_abort_uploads_before with the cutoff asked of cutoff_fn(user) once the uploads are listed (it
+ * may wait for what decides it; a negative cutoff aborts none): the listing runs while the cutoff is found. */
+ckptio_status ckptio__object_abort_uploads_listed(ckptio_engine *engine, const char *url,
+                                                  double (*cutoff_fn)(void *user), void *user, uint64_t *aborted);
+
 /* HEAD: size, ETag and Last-Modified, and the server's clock when it
  * answered (its Date; this machine's clock without one), set also when the
  * object is missing (CKPTIO_E_NOT_FOUND). Any output may be NULL. */

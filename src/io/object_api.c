@@ -79,29 +79,28 @@ ckptio_status ckptio_object_put(ckptio_engine *engine, const char *url, const vo
 
 typedef struct upload_list {
     char **keys, **ids;
+    double *times; /* Initiated, seconds since the epoch (-1: unknown) */
     size_t n, cap;
-    double cutoff; /* uploads initiated at or before this are aborted; 0: all */
     bool nomem;
 } upload_list;
 
 static int gather(void *user, const ckptio__s3_entry *e) {
     upload_list *l = user;
     if (e->is_prefix || !e->upload_id[0]) return 0;
-    if (l->cutoff) {
-        const double t = ckptio__iso_time(e->time);
-        if (t < 0 || t > l->cutoff) return 0; /* too young, or of unknown age: kept */
-    }
     if (l->n == l->cap) {
         size_t cap = l->cap ? l->cap * 2 : 16;
         char **k = ckptio__realloc(l->keys, cap * sizeof *k);
         if (k) l->keys = k;
         char **i = k ? ckptio__realloc(l->ids, cap * sizeof *i) : NULL;
         if (i) l->ids = i;
-        if (!k || !i) return l->nomem = true, 1;
+        double *t = i ? ckptio__realloc(l->times, cap * sizeof *t) : NULL;
+        if (t) l->times = t;
+        if (!k || !i || !t) return l->nomem = true, 1;
         l->cap = cap;
     }
     l->keys[l->n] = ckptio__strdup(e->key);
     l->ids[l->n] = ckptio__strdup(e->upload_id);
+    l->times[l->n] = ckptio__iso_time(e->time);
     if (!l->keys[l->n] || !l->ids[l->n]) {
         ckptio__free(l->keys[l->n]);
         ckptio__free(l->ids[l->n]);
@@ -121,17 +120,26 @@ ckptio_status ckptio_object_abort_uploads(ckptio_engine *engine, const char *url
                                                aborted);
 }
 
+static double fixed_cutoff(void *user) { return *(const double *)user; }
+
 ckptio_status ckptio__object_abort_uploads_before(ckptio_engine *engine, const char *url, double cutoff,
                                                   uint64_t *aborted) {
+    return ckptio__object_abort_uploads_listed(engine, url, fixed_cutoff, &cutoff, aborted);
+}
+
+ckptio_status ckptio__object_abort_uploads_listed(ckptio_engine *engine, const char *url,
+                                                  double (*cutoff_fn)(void *user), void *user, uint64_t *aborted) {
     if (aborted) *aborted = 0;
     ckptio__s3_client *c;
     char *bucket, *prefix;
     CKPTIO_FORWARD(target(engine, url, true, "ckptio_object_abort_uploads", &c, &bucket, &prefix));
-    upload_list l = {.cutoff = cutoff};
+    upload_list l = {0};
     /* Listed first, aborted after: aborting while paging would move the markers. */
     ckptio_status st = ckptio__s3_list_uploads(c, bucket, prefix, gather, &l);
     if (st == CKPTIO_OK && l.nomem) st = CKPTIO_FAIL(CKPTIO_E_NOMEM, "out of memory listing uploads");
-    for (size_t i = 0; i < l.n && st == CKPTIO_OK; i++) {
+    const double cutoff = st == CKPTIO_OK ? cutoff_fn(user) : -1;
+    for (size_t i = 0; i < l.n && st == CKPTIO_OK && cutoff >= 0; i++) {
+        if (cutoff && (l.times[i] < 0 || l.times[i] > cutoff)) continue; /* too young, or of unknown age: kept */
         st = ckptio__s3_mpu_abort(c, bucket, l.keys[i], l.ids[i]);
         if (st == CKPTIO_OK && aborted) (*aborted)++;
     }
@@ -141,6 +149,7 @@ ckptio_status ckptio__object_abort_uploads_before(ckptio_engine *engine, const c
     }
     ckptio__free(l.keys);
     ckptio__free(l.ids);
+    ckptio__free(l.times);
     ckptio__object_target_release(c, bucket, prefix);
     return st;
 }

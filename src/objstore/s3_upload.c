@@ -4,7 +4,8 @@
  *
  * The object is cut into parts of one size (at least the part_bytes
  * setting, and large enough that the object fits in S3's 10,000 parts when
- * its size is known first). Writes are copied into the buffer of the part
+ * its size is known first; then also a little larger where a short last
+ * part would go out alone after rounds of concurrent parts). Writes are copied into the buffer of the part
  * they fall in; a part whose every byte has arrived is queued, and one
  * uploader thread per object sends queued parts as UploadPart requests, up
  * to `concurrency` at once on its own curl multi handle, giving each
@@ -69,6 +70,7 @@ struct ckptio__s3_upload {
     unsigned waiting;    /* writers waiting in part_buffer for a buffer */
     unsigned inflight;
     bool sent_any;       /* a part was queued: the part size is fixed */
+    bool create_now;     /* the multipart upload is created without waiting for a queued part */
     char upload_id[1024];
     bool thread_started, closing, committed;
     pthread_t thread;
@@ -182,13 +184,28 @@ static void budget_sending(ckptio__s3_upload *u, int delta) {
     pthread_mutex_unlock(&u->budget->lock);
 }
 
-static uint64_t choose_part_size(const ckptio__s3_upload *u, uint64_t size) {
+/* The smallest part size an object of `size` bytes can have (0: not known yet): the part_bytes setting, larger
+ * where 10,000 parts would not hold it. */
+static uint64_t needed_part_size(const ckptio__s3_upload *u, uint64_t size) {
     uint64_t p = u->c->settings.part_bytes;
     if (p < CKPTIO__S3_MIN_PART) p = CKPTIO__S3_MIN_PART;
     const uint64_t need = (size + CKPTIO__S3_MAX_PARTS - 1) / CKPTIO__S3_MAX_PARTS;
     if (need > p) p = ckptio__align_up(need, MIB);
     if (p > CKPTIO__S3_MAX_PART) p = CKPTIO__S3_MAX_PART;
     return p;
+}
+
+/* The part size an object of `size` bytes is cut into: needed_part_size(), grown by whole MiB (an eighth of it
+ * at most) where the whole parts fill rounds of `concurrency` requests exactly and a short rest would be a part
+ * alone in a round of its own (a file of 16 MiB tensors and their archives' headers): a round trip after the
+ * others for a few bytes, which spread over the others cost nothing. */
+static uint64_t choose_part_size(const ckptio__s3_upload *u, uint64_t size) {
+    const uint64_t p = needed_part_size(u, size);
+    const uint64_t n = size / p, rest = size % p;
+    const unsigned concurrency = u->c->settings.concurrency ? u->c->settings.concurrency : 1;
+    if (!n || !rest || n % concurrency) return p;
+    const uint64_t grow = ckptio__align_up((rest + n - 1) / n, MIB);
+    return grow <= p / 8 && p + grow <= CKPTIO__S3_MAX_PART ? p + grow : p;
 }
 
 ckptio_status ckptio__s3_upload_open(const ckptio__s3_client *c, const char *bucket, const char *key,
@@ -323,19 +340,20 @@ ckptio_status ckptio__s3_upload_set_size(ckptio__s3_upload *u, uint64_t size) {
     char s[400];
     pthread_mutex_lock(&u->lock);
     const uint64_t want = choose_part_size(u, size);
+    part *p0 = u->nparts ? &u->parts[0] : NULL;
+    /* Bigger parts: possible while only the first part holds bytes and no writer is copying into it (its
+     * buffer is about to move). Where they are not needed, only preferred (choose_part_size), the parts stay. */
+    const bool movable = !(u->sent_any || u->end > u->part_size || (p0 && p0->writers));
     if (!u->part_size) {
         u->part_size = want;
-    } else if (want > u->part_size) {
-        /* Bigger parts: possible while only the first part holds bytes and no
-         * writer is copying into it (its buffer is about to move). */
-        part *p0 = u->nparts ? &u->parts[0] : NULL;
-        if (u->sent_any || u->end > u->part_size || (p0 && p0->writers)) {
+    } else if (want > u->part_size && (movable || needed_part_size(u, size) > u->part_size)) {
+        if (!movable) {
             shown(u, s, sizeof s);
             st = CKPTIO_FAIL_CTX(CKPTIO_E_UNSUPPORTED, &((ckptio__err_ctx){.operation = "truncate", .path = s,
                                                                            .file_offset = (int64_t)size}),
                                  "an object of %llu bytes needs parts of %llu bytes, and parts of %llu were "
                                  "written already (give the size before the data)",
-                                 (unsigned long long)size, (unsigned long long)want,
+                                 (unsigned long long)size, (unsigned long long)needed_part_size(u, size),
                                  (unsigned long long)u->part_size);
             goto out;
         }
@@ -367,6 +385,13 @@ ckptio_status ckptio__s3_upload_set_size(ckptio__s3_upload *u, uint64_t size) {
     u->size_set = true;
     if (u->end > size) u->end = size;
     for (unsigned i = 0; i < u->nparts && st == CKPTIO_OK; i++) st = maybe_queue(u, i);
+    if (st == CKPTIO_OK && parts_for(u, size) > 1 && !u->create_now) {
+        /* Several parts: the multipart upload is created now, its round trip beside the filling of the first
+         * part rather than after it. */
+        u->create_now = true;
+        st = start_uploader(u);
+        pthread_cond_broadcast(&u->cond);
+    }
 out:
     pthread_mutex_unlock(&u->lock);
     return st;
@@ -553,12 +578,30 @@ typedef struct part_request {
     char number[16];
 } part_request;
 
+/* CreateMultipartUpload (lock held, released during the request); false when it failed (recorded). */
+static bool create_upload(ckptio__s3_upload *u) {
+    pthread_mutex_unlock(&u->lock);
+    char id[sizeof u->upload_id];
+    const ckptio_status st = ckptio__s3_mpu_create(u->c, u->bucket, u->key, id, sizeof id);
+    pthread_mutex_lock(&u->lock);
+    if (st != CKPTIO_OK) {
+        set_failure(u, st);
+        return false;
+    }
+    memcpy(u->upload_id, id, sizeof id);
+    return true;
+}
+
 static void *uploader(void *arg) {
     ckptio__s3_upload *u = arg;
     const unsigned concurrency = u->c->settings.concurrency ? u->c->settings.concurrency : 1;
     unsigned scan = 0;
     pthread_mutex_lock(&u->lock);
     for (;;) {
+        if (u->create_now && !u->upload_id[0] && u->fail_status == CKPTIO_OK) {
+            create_upload(u);
+            continue;
+        }
         while (u->fail_status == CKPTIO_OK && u->inflight < concurrency) {
             while (scan < u->nparts && u->parts[scan].state != P_QUEUED) scan++;
             unsigned i = scan;
@@ -569,15 +612,7 @@ static void *uploader(void *arg) {
                 scan = i;
             }
             if (!u->upload_id[0]) {
-                pthread_mutex_unlock(&u->lock);
-                char id[sizeof u->upload_id];
-                const ckptio_status st = ckptio__s3_mpu_create(u->c, u->bucket, u->key, id, sizeof id);
-                pthread_mutex_lock(&u->lock);
-                if (st != CKPTIO_OK) {
-                    set_failure(u, st);
-                    break;
-                }
-                memcpy(u->upload_id, id, sizeof id);
+                if (!create_upload(u)) break;
                 continue;
             }
             part_request *pr = ckptio__malloc(sizeof *pr);
@@ -692,10 +727,17 @@ ckptio_status ckptio__s3_upload_commit(ckptio__s3_upload *u, ckptio__s3_poll_fn 
         zero_holes(p, part_len(u, i));
     }
     if (st == CKPTIO_OK && n <= 1 && !u->sent_any) {
-        /* One part or none: a single PUT, no multipart upload. */
+        /* One part or none: a single PUT, no multipart upload. One created for a larger size given before is
+         * aborted after it (the object is in place whatever that abort answers). */
         pthread_mutex_unlock(&u->lock);
+        stop_uploader(u);
         st = ckptio__s3_put(u->c, u->bucket, u->key, n ? u->parts[0].buf : NULL, (size_t)size, false);
         if (st == CKPTIO_OK) u->committed = true;
+        if (st == CKPTIO_OK && u->upload_id[0]) {
+            ckptio__error_saved *saved = ckptio__error_save();
+            ckptio__s3_mpu_abort(u->c, u->bucket, u->key, u->upload_id);
+            ckptio__error_restore(saved);
+        }
         return st;
     }
     for (unsigned i = 0; i < n && st == CKPTIO_OK; i++)

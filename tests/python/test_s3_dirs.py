@@ -550,24 +550,45 @@ def test_commit_round_trips_run_together(s3_prefix, tmp_path):
     assert len(_tokens(keys_under(url))) == 1
 
 
+def test_a_dcp_save_streams_through_few_part_buffers(s3_prefix):
+    """The zeros of each item's alignment are written into a data object, not left as a hole to fill at its
+    commit: with one part in flight and buffers for three, a data file of tensors of one part each goes out part
+    by part as it is written (each part holding the gap between two items used to wait for the commit, and this
+    save failed "roughly in order"); it loads bit-exact and verifies."""
+    url = f"{s3_prefix}/ckpt"
+    g = torch.Generator().manual_seed(8)
+    sd = {f"w{i}": torch.randn(5 << 18, generator=g) for i in range(8)}  # 8 x 5 MiB
+    eng = ckptio.Engine(s3_part_bytes=5 << 20, s3_concurrency=1, threads=1, chunk_bytes=1 << 20)
+    dcp.save(sd, storage_writer=FileSystemWriter(url, engine=eng), no_dist=True)
+    out = {k: torch.zeros_like(v) for k, v in sd.items()}
+    dcp.load(out, storage_reader=FileSystemReader(url), no_dist=True)
+    assert all(torch.equal(out[k], sd[k]) for k in sd)
+    assert ckptio.dcp.verify(url)["checked"] == len(sd)
+
+
+def save_through_proxy(tmp_path, sd, url, *rules):
+    """save() through the fault proxy with `rules`; the proxy's log of its requests (JSON entries)."""
+    from test_s3_files import Proxy, through
+
+    proxy = Proxy(tmp_path, *rules)
+    try:
+        through(proxy, lambda: save(sd, url))
+    finally:
+        proxy.kill()
+    return proxy.requests()
+
+
 def test_lease_released_beside_the_removal(s3_prefix, tmp_path):
     """The lease's release (its GET and DELETE) runs beside the removal of the older save's objects, not after
     it: it starts once the .metadata PUT was answered and the second check passed, and the save still returns
     only when the lease is gone (the next saver finds the prefix free). The older data object's first DELETE
     stalls 0.5 s, so "beside" does not depend on how fast a thread starts."""
-    from test_s3_files import Proxy, through
-
     url = f"{s3_prefix}/ckpt"
     g = torch.Generator().manual_seed(6)
     sd = {f"w{i}": torch.randn(128, 128, generator=g) for i in range(4)}
     save(sd, url)
     time.sleep(2.1)  # older than the next lease by the server's whole seconds (listings round up)
-    proxy = Proxy(tmp_path, r"DELETE:\.distcp$:stall:0.5:1")
-    try:
-        through(proxy, lambda: save(sd, url))
-    finally:
-        proxy.kill()
-    log = proxy.requests()
+    log = save_through_proxy(tmp_path, sd, url, r"DELETE:\.distcp$:stall:0.5:1")
     lock = [e for e in log if e["target"].split("?")[0].endswith("/.ckptio-dcp.lock")]
     metadata = [e for e in log if e["method"] == "PUT" and e["target"].endswith("/.metadata")]
     data_deletes = [e for e in log if e["method"] == "DELETE" and e["target"].endswith(".distcp")]
@@ -586,6 +607,34 @@ def test_lease_released_beside_the_removal(s3_prefix, tmp_path):
     assert ".ckptio-dcp.lock" not in keys_under(url)
     assert len(_tokens(keys_under(url))) == 1
     save(sd, url, dir_busy="error")  # free at once
+
+
+def test_old_uploads_listed_beside_the_listing(s3_prefix, tmp_path):
+    """The cleanup lists the prefix's unfinished uploads beside its listing of the objects, not after it; which
+    of them it aborts still waits for that listing (the time it gives), and the upload a killed save left is
+    aborted. The listing's first attempt stalls 0.3 s at the proxy, so "beside" does not depend on how fast a
+    thread starts."""
+    from test_s3_files import small_engine
+
+    url = f"{s3_prefix}/ckpt"
+    sd = model_state(3)
+    save(sd, url)
+    killed = _ckptio.File(f"{url}/__0_0123456789ab_0.distcp", _ckptio.OPEN_WRITE, small_engine())
+    buf = torch.zeros(12 << 20, dtype=torch.uint8)
+    killed.write([(buf.data_ptr(), buf.numel(), 0, 0)])  # two parts sent: the upload is open, never completed
+    time.sleep(3.5)  # the upload older than the next lease by the server's whole seconds
+    log = save_through_proxy(tmp_path, sd, url, r"GET:list-type=2:stall:0.3:1")
+    listing = [e for e in log if e["method"] == "GET" and "list-type=2" in e["target"]]
+    uploads = [e for e in log if e["method"] == "GET" and "uploads=" in e["target"]]
+    aborts = [e for e in log if e["method"] == "DELETE" and "uploadId=" in e["target"]]
+    manifest = [e for e in log if e["method"] == "PUT" and ".ckptio-manifest-" in e["target"]]
+    assert listing and listing[0]["action"] == "stall" and uploads and aborts and manifest, log
+    listed = max(e["end"] for e in listing if "end" in e)
+    assert manifest[0]["end"] <= uploads[0]["start"] < listed, log  # once the first check passed
+    assert all(a["start"] >= listed for a in aborts), log
+    assert _ckptio.object_abort_uploads(f"{url}/", 0) == 0  # the killed save's upload was aborted
+    same(load(url), sd)
+    del killed
 
 
 def _tokens(names):
