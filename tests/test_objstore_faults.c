@@ -388,6 +388,38 @@ static void test_a_late_mark_renewal_fails_the_check(void) {
     T_ASSERT_MSG(proxy_stop("stall") == 1, "the mark's renewal was not stalled");
 }
 
+static int count_marks(void *user, const ckptio_object_info *info) {
+    const char *name = strrchr(info->key, '/');
+    if (name && !strncmp(name + 1, ".ckptio-dcp-shared-", 19)) ++*(int *)user;
+    return 0;
+}
+
+/* A mark's renewal that completes after the mark may have lapsed (its PUT
+ * delayed past the mark's time, and no check while it is in flight) renews
+ * nothing: a cleanup may have counted the mark as lapsed meanwhile. The next
+ * check fails, and the mark it rewrote is gone before the save releases it. */
+static void test_a_mark_renewal_that_completes_late_is_lost(void) {
+    const char *dir = s3_url("late-mark-write");
+    const char *rules[] = {"PUT:ckptio-dcp-shared-:delay:2:1:1", NULL}; /* the first renewal, forwarded at 2.5 s */
+    proxy_start(rules);
+    ckptio_engine *e = s3_test_engine();
+    setenv("CKPTIO_S3_LEASE_MS", "1500", 1); /* renewed every 0.5 s; the margin 0.25 s */
+    ckptio_dcp_lock *a = NULL;
+    const double t0 = ckptio__now();
+    T_OK(ckptio_dcp_lock_acquire(dir, NULL, CKPTIO_DCP_LOCK_SHARED, 0, NULL, NULL, &a));
+    unsetenv("CKPTIO_S3_LEASE_MS");
+    while (ckptio__now() - t0 < 3.2) usleep(50 * 1000); /* the delayed renewal has been written */
+    const ckptio_status st = ckptio_dcp_lock_check(a);
+    T_ASSERT_MSG(st == CKPTIO_E_BUSY, "status %d", st);
+    T_MESSAGE_HAS("was last renewed");
+    int marks = 0;
+    T_OK(ckptio_object_list(e, s3_in(dir, ""), "/", count_marks, &marks));
+    T_ASSERT_MSG(marks == 0, "%d marks left after the late renewal", marks);
+    T_OK(ckptio_dcp_lock_release(a));
+    T_ASSERT_MSG(proxy_stop("delay") == 1, "the mark's renewal was not delayed");
+    T_OK(ckptio_engine_destroy(e));
+}
+
 static void test_failed_upload_leaves_nothing(void) {
     const char *url = s3_url("precious.bin");
     const size_t old_n = 2u << 20, n = 21u << 20;
@@ -452,5 +484,6 @@ int main(void) {
     T_RUN(test_writer_waits_while_parts_grow);
     T_RUN(test_a_late_renewal_loses_the_lease);
     T_RUN(test_a_late_mark_renewal_fails_the_check);
+    T_RUN(test_a_mark_renewal_that_completes_late_is_lost);
     return T_EXIT_PASS;
 }

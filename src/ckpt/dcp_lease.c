@@ -308,7 +308,21 @@ static void *renew(void *arg) {
             describe_other(&s, other, sizeof other);
             snprintf(why, sizeof why, "the lease %s was taken over (%s)", l->url, other);
         }
+        const double before = ckptio__now() - l->renewed;
         if (!why[0] && st == CKPTIO_OK) st = ckptio__object_write_all(l->engine, l->url, l->text, l->len, false);
+        /* A write that lands after the lease may have lapsed (retried inside the request) renews nothing: a
+         * cleanup may already have counted it as lapsed. A mark or pin so rewritten is removed at once, so
+         * that it claims no objects. */
+        const bool late = !why[0] && st == CKPTIO_OK && overdue(l);
+        if (late) {
+            snprintf(why, sizeof why, "the lease %s was last renewed %.1f s before its renewal completed (%.1f s "
+                     "after it began): it may have lapsed meanwhile", l->url, ckptio__now() - l->renewed, before);
+            if (l->pin) {
+                ckptio__error_saved *saved = ckptio__error_save();
+                ckptio__object_remove(l->engine, l->url);
+                ckptio__error_restore(saved);
+            }
+        }
         pthread_mutex_lock(&l->mu);
         if (why[0]) {
             l->lost = true;
