@@ -196,18 +196,20 @@ typedef struct cli_view {
     ckptio_torch *torch;         /* or, for "torch.save": tensor i is ckptio_torch_tensor(torch, i) */
 } cli_view;
 
-/* ckptio_format_detect(path); on failure prints "ckptio: PATH: ..." and
+/* ckptio_format_detect_engine(engine, path): an s3:// path's probe with
+ * `engine`'s settings (NULL: a temporary engine's), its GET kept on `engine`
+ * for the open that follows. On failure prints "ckptio: PATH: ..." and
  * returns -1. */
-int cli_detect(const char *path, ckptio_format *format);
+int cli_detect(ckptio_engine *engine, const char *path, ckptio_format *format);
 
 /* Says why `path`, detected as `format`, is not a checkpoint file the
  * command can open (a directory, an index, unknown bytes). Returns
  * CLI_EXIT_FAIL. */
 int cli_refuse_format(const char *path, ckptio_format format);
 
-/* Opens and validates `path` (format chosen from its first bytes). On
- * failure prints "ckptio: ..." and returns -1. */
-int cli_view_open(ckptio_engine *engine, const char *path, cli_view *view);
+/* Opens and validates `path`, whose `format` cli_detect found from its
+ * first bytes on `engine`. On failure prints "ckptio: ..." and returns -1. */
+int cli_view_open(ckptio_engine *engine, const char *path, ckptio_format format, cli_view *view);
 void cli_view_close(cli_view *view);
 
 /* Reads every tensor's bytes (through the engine, in windows of at most

@@ -9,8 +9,11 @@
 #include "cli.h"
 
 /* True when `path` is a directory without .metadata holding at least one
- * step directory. */
-bool cli_steps_is_root(const char *path);
+ * step directory. An s3:// path's format is detected on `engine` (NULL: a
+ * temporary engine), which keeps the probe's GET for the open that follows;
+ * *detected says whether `*format` holds it (both may be NULL), so that the
+ * caller does not ask the server again. */
+bool cli_steps_is_root(ckptio_engine *engine, const char *path, ckptio_format *format, bool *detected);
 
 /* `ckptio inspect ROOT [--json]`: every step, its state (fast check), files
  * and size. */

@@ -95,9 +95,7 @@ bool cli_join(const char *dir, const char *name, char *out, size_t cap) {
     return k >= 0 && (size_t)k < cap;
 }
 
-/* cli_detect with `engine`'s settings for an s3:// path (NULL: a temporary
- * engine's); the engine keeps the probe's GET for the open that follows. */
-static int detect_with(ckptio_engine *engine, const char *path, ckptio_format *format) {
+int cli_detect(ckptio_engine *engine, const char *path, ckptio_format *format) {
     const ckptio_status st = ckptio_format_detect_engine(engine, path, format);
     if (st == CKPTIO_OK) return 0;
     const ckptio_error_info *e = ckptio_last_error();
@@ -108,8 +106,6 @@ static int detect_with(ckptio_engine *engine, const char *path, ckptio_format *f
         cli_error_lib(path, st);
     return -1;
 }
-
-int cli_detect(const char *path, ckptio_format *format) { return detect_with(NULL, path, format); }
 
 int cli_refuse_format(const char *path, ckptio_format format) {
     struct stat sb = {0};
@@ -129,14 +125,9 @@ int cli_refuse_format(const char *path, ckptio_format format) {
     return CLI_EXIT_FAIL;
 }
 
-int cli_view_open(ckptio_engine *engine, const char *path, cli_view *view) {
+int cli_view_open(ckptio_engine *engine, const char *path, ckptio_format format, cli_view *view) {
     memset(view, 0, sizeof *view);
     view->path = path;
-
-    /* The format is recognised from the first bytes, never from the name
-     * (the library's one rule: ckptio_format_detect). */
-    ckptio_format format;
-    if (detect_with(engine, path, &format) != 0) return -1;
     struct stat sb;
     if (cli_is_object(path)) sb.st_size = (off_t)cli_file_size(engine, path);
     else if (stat(path, &sb) != 0) return cli_error("%s: cannot open: %s", path, strerror(errno)), -1;

@@ -128,7 +128,7 @@ int cli_cmd_convert(int argc, char **argv) {
 
     /* An unreadable IN gets the words every command gives it. */
     ckptio_format format;
-    if (cli_detect(in, &format) != 0) return CLI_EXIT_FAIL;
+    if (cli_detect(NULL, in, &format) != 0) return CLI_EXIT_FAIL;
     ckptio_engine *engine = cli_engine_create();
     if (!engine) return CLI_EXIT_FAIL;
     const ckptio_convert_options opts = {.to = to, .shard_size = shard_size, .storage_alignment = (uint32_t)alignment,

@@ -299,15 +299,16 @@ int cli_cmd_inspect(int argc, char **argv) {
     cli_view view;
     int rc = CLI_EXIT_FAIL;
     ckptio_format format;
-    if (cli_steps_is_root(path)) {
+    bool detected; /* one probe of an s3:// path, on the engine that opens it */
+    if (cli_steps_is_root(engine, path, &format, &detected)) {
         rc = cli_steps_inspect(engine, path, json);
-    } else if (cli_detect(path, &format) != 0) {
+    } else if (!detected && cli_detect(engine, path, &format) != 0) {
         rc = CLI_EXIT_FAIL;
     } else if (format == CKPTIO_FORMAT_DCP) {
         rc = cli_dcp_inspect(engine, path, json);
     } else if (cli_is_model(format)) {
         rc = cli_hf_inspect(engine, path, json);
-    } else if (cli_view_open(engine, path, &view) == 0) {
+    } else if (cli_view_open(engine, path, format, &view) == 0) {
         rc = json ? print_json(&view) : print_text(&view);
         cli_view_close(&view);
     }

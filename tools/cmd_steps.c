@@ -22,12 +22,16 @@ static const char *state_name(ckptio_step_state s) {
                                       : "damaged";
 }
 
-bool cli_steps_is_root(const char *path) {
+bool cli_steps_is_root(ckptio_engine *engine, const char *path, ckptio_format *format, bool *detected) {
     struct stat sb;
     char md[4096];
-    ckptio_format format;
+    ckptio_format found;
+    if (detected) *detected = false;
     if (cli_is_object(path)) { /* a prefix (not a DCP checkpoint itself) with step_NNNNNNNN prefixes under it */
-        if (ckptio_format_detect(path, &format) != CKPTIO_OK || format != CKPTIO_FORMAT_DIRECTORY) return false;
+        if (ckptio_format_detect_engine(engine, path, &found) != CKPTIO_OK) return false;
+        if (format) *format = found;
+        if (detected) *detected = true;
+        if (found != CKPTIO_FORMAT_DIRECTORY) return false;
     } else {
         if (stat(path, &sb) != 0 || !S_ISDIR(sb.st_mode)) return false;
         if (snprintf(md, sizeof md, "%s/.metadata", path) >= (int)sizeof md || lstat(md, &sb) == 0) return false;

@@ -46,14 +46,15 @@ static const cli_usage usage = {
 
 static int verify_one(ckptio_engine *engine, const char *path, bool quiet, bool latest) {
     ckptio_format format;
-    if (cli_steps_is_root(path)) return cli_steps_verify(engine, path, latest, quiet);
+    bool detected; /* one probe of an s3:// path, on the engine that opens it */
+    if (cli_steps_is_root(engine, path, &format, &detected)) return cli_steps_verify(engine, path, latest, quiet);
     if (latest) return cli_error("%s: --latest applies to a checkpoint manager's root (step_NNNNNNNN directories)",
                                  path), CLI_EXIT_FAIL;
-    if (cli_detect(path, &format) != 0) return CLI_EXIT_FAIL;
+    if (!detected && cli_detect(engine, path, &format) != 0) return CLI_EXIT_FAIL;
     if (format == CKPTIO_FORMAT_DCP) return cli_dcp_verify(engine, path, quiet);
     if (cli_is_model(format)) return cli_hf_verify(engine, path, quiet);
     cli_view view;
-    if (cli_view_open(engine, path, &view) != 0) return CLI_EXIT_FAIL;
+    if (cli_view_open(engine, path, format, &view) != 0) return CLI_EXIT_FAIL;
     int rc = CLI_EXIT_FAIL;
     if (view.torch != NULL) {
         /* torch.save: every zip record is read and checked against its CRC-32. */
