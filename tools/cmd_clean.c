@@ -97,7 +97,8 @@ int cli_cmd_clean(int argc, char **argv) {
     if (optind >= argc) return cli_usage_error(&usage, "no DIR given");
     int rc = CLI_EXIT_OK;
     for (int i = optind; i < argc; i++) {
-        if (cli_steps_is_root(NULL, argv[i], NULL, NULL) && cli_steps_clean(argv[i], quiet) != CLI_EXIT_OK) rc = CLI_EXIT_FAIL;
+        if (cli_steps_is_root(NULL, argv[i], NULL, NULL) && cli_steps_clean(argv[i], quiet) != CLI_EXIT_OK)
+            rc = CLI_EXIT_FAIL;
         if (cli_is_object(argv[i])) {
             if (clean_uploads(argv[i], age_given ? (double)min_age : OBJECT_MIN_AGE, quiet) != CLI_EXIT_OK)
                 rc = CLI_EXIT_FAIL;
