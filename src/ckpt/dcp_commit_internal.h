@@ -1,13 +1,17 @@
 /*
  * dcp_commit_internal.h - what the files of the DCP directory commit share
  * (dcp_names.c: the names a save gives its files; dcp_commit.c: atomic
- * small files; dcp_cleanup.c: removing what older saves left; dcp_lock.c:
+ * small files; dcp_cleanup.c: removing what older saves left, with
+ * dcp_cleanup_objects.c for a directory in object storage; dcp_lock.c:
  * the directory lock; dcp_manifest_write.c: the checksum manifest).
  */
 #ifndef CKPTIO_DCP_COMMIT_INTERNAL_H
 #define CKPTIO_DCP_COMMIT_INTERNAL_H
 
 #include "common_internal.h"
+
+#include <stdlib.h>
+#include <string.h>
 
 /* What every error of a step after .metadata was replaced ends with. */
 #define CKPTIO__DCP_COMMITTED "the new checkpoint is committed; the next save removes what is left"
@@ -178,6 +182,64 @@ ckptio_status ckptio__dcp_remove_files_listed(const char *dir, const char *const
                                               size_t *removed, char *note, size_t note_cap);
 void ckptio__dcp_prefetch_finish(ckptio__dcp_prefetch *p);
 
+/* A growable list of names (the cleanup's: a directory's entries, what is
+ * kept, what goes). */
+typedef struct ckptio__dcp_list {
+    char **v;
+    size_t n, cap;
+} ckptio__dcp_list;
+
+static inline void ckptio__dcp_list_clear(ckptio__dcp_list *l) {
+    for (size_t i = 0; i < l->n; i++) ckptio__free(l->v[i]);
+    ckptio__free(l->v);
+    *l = (ckptio__dcp_list){0};
+}
+
+static inline bool ckptio__dcp_list_add(ckptio__dcp_list *l, const char *s) {
+    if (l->n + 1 >= l->cap) {
+        const size_t cap = l->cap ? 2 * l->cap : 16;
+        char **v = ckptio__realloc(l->v, cap * sizeof *v);
+        if (!v) return false;
+        l->v = v;
+        l->cap = cap;
+    }
+    if (!(l->v[l->n] = ckptio__strdup(s))) return false;
+    l->n++;
+    return true;
+}
+
+static inline int ckptio__dcp_cmp_str(const void *a, const void *b) {
+    return strcmp(*(char *const *)a, *(char *const *)b);
+}
+
+static inline void ckptio__dcp_list_sort(ckptio__dcp_list *l) {
+    if (l->n) qsort(l->v, l->n, sizeof *l->v, ckptio__dcp_cmp_str);
+}
+
+static inline bool ckptio__dcp_list_has(const ckptio__dcp_list *sorted, const char *s) {
+    return sorted->n && bsearch(&s, sorted->v, sorted->n, sizeof *sorted->v, ckptio__dcp_cmp_str);
+}
+
+/* The objects of the directory `dir` (an s3:// prefix); with `young`, also
+ * those the cleanup leaves alone: written at or after the lease held on it
+ * now was taken (that save's) or a live shared save's mark was written (a
+ * save without a cleanup, in progress beside it: ckptio__dcp_keep_since),
+ * and those live marks themselves; a mark that lapsed may go. *keep_since
+ * (may be NULL): that time (0: no lease and no mark, nothing is kept). */
+ckptio_status ckptio__dcp_list_objects(ckptio_engine *engine, const char *dir, ckptio__dcp_list *out,
+                                       ckptio__dcp_list *young, double *keep_since);
+
+/* Moves the prefetched listing into all and young (sorted as
+ * ckptio__dcp_list_objects leaves them); lists now when it was not started. */
+ckptio_status ckptio__dcp_prefetch_take_listing(ckptio__dcp_prefetch *p, ckptio__dcp_list *all,
+                                                ckptio__dcp_list *young);
+
+/* Deletes the objects urls[0..n) (deletes are durable when answered:
+ * nothing to fsync) while the directory's old uploads are aborted; the first
+ * failed delete is returned, else the abort's failure. */
+ckptio_status ckptio__dcp_remove_objects(ckptio_engine *engine, const char *dir, char **urls, size_t n,
+                                         ckptio__dcp_prefetch *prefetched, size_t *removed);
+
 /* When the lease held on DIR now was taken (its `since`; 0: no lease of
  * ckptio's there). Objects written after it belong to its holder's save.
  * A lease this process holds (confirmed, not lost) is answered without a
@@ -189,6 +251,10 @@ bool ckptio__dcp_lease_held_here(const char *dir);
 
 /* The marks of shared saves in progress (see ckptio__dcp_lease_acquire). */
 #define CKPTIO__DCP_SHARED_PREFIX ".ckptio-dcp-shared-"
+
+static inline bool ckptio__dcp_shared_mark_name(const char *name) {
+    return !strncmp(name, CKPTIO__DCP_SHARED_PREFIX, sizeof CKPTIO__DCP_SHARED_PREFIX - 1);
+}
 
 /* Where the cleanup of DIR may start removing: objects last written at or
  * after *keep_since are kept. The `since` of the lease held on DIR now,

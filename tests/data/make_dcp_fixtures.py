@@ -1,4 +1,4 @@
-"""Generates the DCP directory fixtures of tests/test_dcp_dir.c (run once; the
+"""Generates the DCP directory fixtures of tests/test_dcp_dir.c and test_dcp_hostile.c (run once; the
 output is committed). Needs torch (CPU) and ckptio's Python package:
 
     PYTHONPATH=python python3 tests/data/make_dcp_fixtures.py          # all of them
@@ -273,7 +273,7 @@ def bad_variants():
 def zstd_rle_frame(size, declare):
     """An honest zstd frame of `size` zero bytes in RLE blocks (4 bytes per
     128 KiB), with the content size in its header or without it (as
-    tests/test_dcp_dir.c builds it)."""
+    tests/test_dcp_hostile.c builds it)."""
     import struct
 
     if declare:
