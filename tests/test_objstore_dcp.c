@@ -238,6 +238,20 @@ static int check_before_metadata(void *user, ckptio_dcp_commit_step step, const 
 
 /* A new save's data object and its commit with the cleanup, the lease checked before .metadata. */
 #define NEW_OBJECT "__0_bbbbbbbbbbbb_0.distcp"
+/* A killed save's multipart upload under `dir`: parts stored, never
+ * completed, begun longer before the lease than the server's whole seconds
+ * can hide. The caller closes the file once it checked the abort. */
+static ckptio_file *killed_saves_upload(ckptio_engine *e, const char *dir) {
+    ckptio_file *f;
+    T_OK(ckptio_file_open(e, s3_in(dir, "__0_cccccccccccc_0.distcp"), CKPTIO_OPEN_WRITE, &f));
+    void *big = calloc(1, 12 << 20);
+    T_OK(ckptio__file_io(f, CKPTIO_WRITE, big, 12 << 20, 0));
+    free(big);
+    struct timespec older = {2, 100000000};
+    nanosleep(&older, NULL);
+    return f;
+}
+
 static void commit_new_save(ckptio_engine *e, const char *dir, ckptio_dcp_lock *lock, ckptio_dcp_commit_result *r) {
     s3_put_bytes(e, s3_in(dir, NEW_OBJECT), "new", 3);
     static const char *const files[] = {NEW_OBJECT};
@@ -261,13 +275,7 @@ static void test_dcp_commit_cleanup(void) {
     }
     s3_put_bytes(e, s3_in(dir, ".ckptio-manifest-0123456789ab.json"), "{}", 2);
     s3_put_bytes(e, s3_in(dir, ".metadata"), "not a pickle", 12); /* read after the commit, it would keep everything */
-    ckptio_file *f;
-    T_OK(ckptio_file_open(e, s3_in(dir, "__0_cccccccccccc_0.distcp"), CKPTIO_OPEN_WRITE, &f));
-    void *big = calloc(1, 12 << 20);
-    T_OK(ckptio__file_io(f, CKPTIO_WRITE, big, 12 << 20, 0)); /* a killed save's parts, never completed */
-    free(big);
-    struct timespec older = {2, 100000000}; /* older than the lease by the server's whole seconds */
-    nanosleep(&older, NULL);
+    ckptio_file *f = killed_saves_upload(e, dir);
     ckptio_dcp_lock *lock = NULL;
     T_OK(ckptio_dcp_lock_acquire(dir, NULL, CKPTIO_DCP_LOCK_CONFIRM_LATER, 0, NULL, NULL, &lock));
     ckptio_dcp_commit_result r;
@@ -303,13 +311,7 @@ static void test_dcp_abort_lists_the_marks_only(void) {
         s3_put_bytes(e, s3_in(dir, name[i]), "old", 3);
     }
     s3_put_bytes(e, s3_in(dir, "__0_fedcba987654_0.distcp"), "kept", 4);
-    ckptio_file *f;
-    T_OK(ckptio_file_open(e, s3_in(dir, "__0_cccccccccccc_0.distcp"), CKPTIO_OPEN_WRITE, &f));
-    void *big = calloc(1, 12 << 20);
-    T_OK(ckptio__file_io(f, CKPTIO_WRITE, big, 12 << 20, 0)); /* a killed save's parts, never completed */
-    free(big);
-    struct timespec older = {2, 100000000}; /* older than the lease by the server's whole seconds */
-    nanosleep(&older, NULL);
+    ckptio_file *f = killed_saves_upload(e, dir);
     ckptio_dcp_lock *lock = NULL;
     T_OK(ckptio_dcp_lock_acquire(dir, NULL, 0, 0, NULL, NULL, &lock));
     snprintf(upstream, sizeof upstream, "%s", getenv("AWS_ENDPOINT_URL"));

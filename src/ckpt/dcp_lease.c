@@ -255,8 +255,9 @@ ckptio_status ckptio__dcp_lease_since(ckptio_engine *engine, const char *dir, do
  * that the server may count the lease as lapsed: from then on it is never
  * written again (another save may have taken it over, saved and released
  * it) and the save's checks fail. The margin covers the request's own time
- * and the server's whole seconds. Called with l->mu held or before the
- * renewer starts. */
+ * and the server's whole seconds. `renewed` is written under l->mu by the
+ * renewer alone (by the acquire before it starts): the renewer reads it
+ * without the lock, every other thread with l->mu held. */
 static bool overdue(const ckptio__dcp_lease *l) {
     const double margin = l->ttl / 6 < 2 ? l->ttl / 6 : 2;
     return ckptio__now() - l->renewed > l->ttl - margin;
