@@ -296,6 +296,79 @@ static void test_dcp_commit_cleanup(void) {
     ckptio_engine_destroy(e);
 }
 
+/* Data objects handed over to the commit (ckptio_file_commit_unreferenced
+ * with CKPTIO_COMMIT_SYNC_LATER) are completed by ckptio_dcp_commit while
+ * the manifest's PUT runs: none is visible before the commit and every
+ * byte is after it, the manifest's PUT is under way before the
+ * CompleteMultipartUpload is answered (the proxy holds that answer back),
+ * and .metadata goes after both. A completion the server refuses fails the
+ * commit with the server's code: no .metadata, no data object and no
+ * manifest are left, and the close aborts the upload. */
+static void test_dcp_commit_completes_the_data_objects(void) {
+    ckptio_engine *e = s3_test_engine();
+    snprintf(upstream, sizeof upstream, "%s", getenv("AWS_ENDPOINT_URL"));
+    static const char *const files[] = {"__0_0123456789ab_0.distcp"};
+    const size_t len = 12 << 20;
+    unsigned char *data = malloc(len);
+    T_ASSERT(data);
+    t_fill_random(data, len, 7);
+    const ckptio_dcp_manifest_item item = {.fqn = "blob", .file = files[0], .nbytes = len, .hashed = 1, .hash = 1};
+    s3_request_log *g = calloc(1, sizeof *g);
+    T_ASSERT(g);
+    for (int refused = 0; refused < 2; refused++) {
+        char dir[1400];
+        snprintf(dir, sizeof dir, "%s", s3_url(refused ? "dcp-complete-refused" : "dcp-complete"));
+        const char *const rules[] = {refused ? "POST:uploadId=:error:400/InvalidPart:1" : "POST:uploadId=:delay:0.5:1",
+                                     NULL};
+        proxy_start(rules);
+        ckptio_file *f;
+        T_OK(ckptio_file_open(e, s3_in(dir, files[0]), CKPTIO_OPEN_WRITE, &f));
+        T_OK(ckptio__file_io(f, CKPTIO_WRITE, data, len, 0));
+        T_OK(ckptio_file_commit_unreferenced(&f, 1, CKPTIO_COMMIT_SYNC_LATER));
+        T_ASSERT_MSG(!s3_object_exists(e, s3_in(dir, files[0])), "the data object appeared before the commit");
+        ckptio_dcp_commit_options o = {.metadata_name = ".metadata", .metadata = "new metadata", .metadata_len = 12,
+                                       .files = files, .nfiles = 1, .items = &item, .nitems = 1,
+                                       .flags = CKPTIO_DCP_MANIFEST, .data_files = &f, .ndata_files = 1};
+        ckptio_dcp_commit_result r;
+        const ckptio_status st = ckptio_dcp_commit(dir, &o, &r);
+        char message[2048];
+        snprintf(message, sizeof message, "%s", ckptio_last_error_message());
+        T_OK(ckptio_file_close(f)); /* its upload's client goes through the proxy */
+        s3_read_requests(g);
+        proxy_stop(refused ? "error" : "delay");
+        if (refused) {
+            T_ASSERT_MSG(st != CKPTIO_OK && !r.committed && strstr(message, "InvalidPart") && strstr(message, files[0]),
+                         "%d: %s", st, message);
+            T_ASSERT(!s3_object_exists(e, s3_in(dir, ".metadata")) && !s3_object_exists(e, s3_in(dir, files[0])) &&
+                     !s3_object_exists(e, s3_in(dir, ".ckptio-manifest-0123456789ab.json")));
+            uint64_t left = 99;
+            T_OK(ckptio_object_abort_uploads(e, s3_in(dir, ""), 0, &left));
+            T_ASSERT_MSG(left == 0, "%llu unfinished uploads were left", (unsigned long long)left);
+            continue;
+        }
+        T_ASSERT_MSG(st == CKPTIO_OK && r.committed, "%d: %s", st, message);
+        size_t got_len = 0;
+        unsigned char *got = s3_object_bytes(e, s3_in(dir, files[0]), &got_len);
+        T_ASSERT(got && got_len == len && !memcmp(got, data, len));
+        free(got);
+        size_t complete = g->n, manifest = g->n, metadata = g->n;
+        for (size_t i = 0; i < g->n; i++) {
+            if (!strcmp(g->method[i], "POST") && strstr(g->target[i], "uploadId=")) complete = i;
+            if (!strcmp(g->method[i], "PUT") && strstr(g->target[i], ".ckptio-manifest-0123456789ab")) manifest = i;
+            if (!strcmp(g->method[i], "PUT") && strstr(g->target[i], "/.metadata")) metadata = i;
+        }
+        T_ASSERT_MSG(complete < g->n && manifest < g->n && metadata < g->n, "%zu requests: no Complete, manifest "
+                     "or .metadata", g->n);
+        T_ASSERT_MSG(g->start[manifest] < g->end[complete], "the manifest's PUT began %.3f s after the Complete's "
+                     "answer", g->start[manifest] - g->end[complete]);
+        T_ASSERT_MSG(g->start[metadata] >= g->end[complete] && g->start[metadata] >= g->end[manifest],
+                     ".metadata's PUT began before the data object or the manifest was stored");
+    }
+    free(g);
+    free(data);
+    ckptio_engine_destroy(e);
+}
+
 /* The removal of older saves' objects under a lease held here aborts the
  * killed saves' uploads begun before the lease; what it needs to know of the
  * directory is its shared saves' marks, which it lists alone (the listing's
@@ -433,6 +506,7 @@ int main(void) {
     T_RUN(test_dcp_lease);
     T_RUN(test_dcp_lease_confirmed_later);
     T_RUN(test_dcp_commit_cleanup);
+    T_RUN(test_dcp_commit_completes_the_data_objects);
     T_RUN(test_dcp_abort_lists_the_marks_only);
     T_RUN(test_dcp_shared_save_beside_a_cleanup);
     T_RUN(test_dcp_lease_gone_is_lost);

@@ -420,6 +420,36 @@ static void test_a_mark_renewal_that_completes_late_is_lost(void) {
     T_OK(ckptio_engine_destroy(e));
 }
 
+/* A part the server refuses for good ends the upload at once: the other parts in flight are stopped, not waited
+ * for (one held back 20 s at the proxy, well within the request timeout), the upload is aborted and the older
+ * object stays. */
+static void test_a_refused_part_stops_the_others(void) {
+    const char *url = s3_url("stopped.bin");
+    const size_t old_n = 1u << 20, n = 21u << 20;
+    unsigned char *old = random_bytes(old_n, 16), *data = random_bytes(n, 17);
+    put_direct(url, old, old_n);
+    const char *rules[] = {"PUT:partNumber=2&:delay:20:1", "PUT:partNumber=1&:error:400:1", NULL};
+    proxy_start(rules);
+    ckptio_engine *e = fault_engine(2);
+    T_OK(ckptio_engine_set(e, CKPTIO_OPT_S3_TIMEOUT_MS, 60000));
+    const double t0 = ckptio__now();
+    T_STATUS(write_object(e, url, data, n), CKPTIO_E_INVAL);
+    const double took = ckptio__now() - t0;
+    T_MESSAGE_HAS("UploadPart");
+    T_ASSERT_MSG(took < 10, "the failed upload ended after %.1f s, with the held-back part", took);
+    T_OK(ckptio_engine_destroy(e));
+    proxy_stop("error");
+    T_ASSERT(uploads_of(url) == 0);
+    size_t got_n = 0;
+    e = s3_test_engine();
+    unsigned char *got = s3_object_bytes(e, url, &got_n);
+    T_ASSERT(got && got_n == old_n && !memcmp(got, old, old_n));
+    free(got);
+    T_OK(ckptio_engine_destroy(e));
+    free(old);
+    free(data);
+}
+
 static void test_failed_upload_leaves_nothing(void) {
     const char *url = s3_url("precious.bin");
     const size_t old_n = 2u << 20, n = 21u << 20;
@@ -480,6 +510,7 @@ int main(void) {
     T_RUN(test_uploads_retry);
     T_RUN(test_give_up);
     T_RUN(test_failed_upload_leaves_nothing);
+    T_RUN(test_a_refused_part_stops_the_others);
     T_RUN(test_complete_errors);
     T_RUN(test_writer_waits_while_parts_grow);
     T_RUN(test_a_late_renewal_loses_the_lease);

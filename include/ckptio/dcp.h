@@ -740,8 +740,9 @@ typedef struct ckptio_dcp_commit_options {
     /* This process's data files of `files` (in DIR), renamed but not fsynced (ckptio_file_commit_unreferenced with
      * CKPTIO_COMMIT_SYNC_LATER, else CKPTIO_E_INVAL): with CKPTIO_DCP_SYNC the commit fsyncs them and DIR
      * together with the manifest's and METADATA_NAME's temporaries, before either is renamed (one round of
-     * fsyncs where fsyncing them before costs one more). NULL (0): every file is durable already. The caller
-     * closes them after the call. */
+     * fsyncs where fsyncing them before costs one more). Objects handed over so are completed by the commit,
+     * while the manifest's PUT runs, before METADATA_NAME is written; one that fails fails the commit (the
+     * checkpoint unchanged). NULL (0): every file is durable already. The caller closes them after the call. */
     ckptio_file *const *data_files;
     size_t ndata_files;
 } ckptio_dcp_commit_options;

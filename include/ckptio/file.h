@@ -163,7 +163,8 @@ CKPTIO_API ckptio_status ckptio_inherit_mode(int fd, const char *path);
  * DCP save's next save removes such files). On a failure some files may be
  * renamed but not durable: the caller must not reference any of them. A
  * file without a temporary (CKPTIO_OPEN_IN_PLACE, an object) is committed
- * by ckptio_file_commit. Files are committed in order, in groups of 32 (the
+ * by ckptio_file_commit (an object with CKPTIO_COMMIT_SYNC_LATER: later, by
+ * ckptio_dcp_commit). Files are committed in order, in groups of 32 (the
  * fsyncs of one group before the next is renamed); the first failure ends it. Not thread-safe for
  * one file (as ckptio_file_commit). */
 CKPTIO_API ckptio_status ckptio_file_commit_unreferenced(ckptio_file *const *files, size_t count, unsigned flags);
@@ -171,8 +172,11 @@ CKPTIO_API ckptio_status ckptio_file_commit_unreferenced(ckptio_file *const *fil
 /* Flags of ckptio_file_commit_unreferenced(). */
 enum {
     /* Rename only: the fsyncs are left to ckptio_dcp_commit(), which runs
-     * them with its own (its options' data_files). Keep the files open
-     * until then. */
+     * them with its own (its options' data_files). An object (s3://) is not
+     * completed here: its last parts go on uploading and ckptio_dcp_commit()
+     * completes it beside the manifest's PUT, a round trip fewer before
+     * .metadata. Keep the files open until then; closing one first aborts
+     * its upload. */
     CKPTIO_COMMIT_SYNC_LATER = 1u << 0
 };
 

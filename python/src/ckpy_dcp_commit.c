@@ -371,12 +371,25 @@ static int on_step(void *user, ckptio_dcp_commit_step step, const char *path, in
     return stop;
 }
 
+typedef struct commit_call {
+    const char *dir;
+    const ckptio_dcp_commit_options *o;
+    ckptio_dcp_commit_result *r;
+} commit_call;
+
+static ckptio_status do_commit(ckptio_engine *engine, void *arg) {
+    (void)engine;
+    const commit_call *c = arg;
+    return ckptio_dcp_commit(c->dir, c->o, c->r);
+}
+
 static PyObject *mod_commit(PyObject *module, PyObject *args) {
     PyObject *dir_o, *md_o, *data, *files_o, *items_o, *fn = Py_None, *dir = NULL, *md = NULL, *result = NULL;
-    PyObject *data_files_o = Py_None, *data_files = NULL;
+    PyObject *data_files_o = Py_None, *data_files = NULL, *engine_o = Py_None;
+    ckpy_engine *engine = NULL;
     int sync, cleanup;
-    if (!PyArg_ParseTuple(args, "OOSOOpi|OO:dcp_commit", &dir_o, &md_o, &data, &files_o, &items_o, &sync, &cleanup,
-                          &fn, &data_files_o))
+    if (!PyArg_ParseTuple(args, "OOSOOpi|OOO:dcp_commit", &dir_o, &md_o, &data, &files_o, &items_o, &sync, &cleanup,
+                          &fn, &data_files_o, &engine_o))
         return NULL;
     if (cleanup < 0 || cleanup > 2) {
         PyErr_Format(PyExc_ValueError, "dcp_commit: cleanup must be 0 (none), 1 (now) or 2 (later), not %d", cleanup);
@@ -410,14 +423,22 @@ static PyObject *mod_commit(PyObject *module, PyObject *args) {
         (sync ? CKPTIO_DCP_SYNC : 0) | (items_o != Py_None ? CKPTIO_DCP_MANIFEST : 0) | cleanup_flags[cleanup],
         ctx.fn ? on_step : NULL, &ctx, handles, (size_t)nhandles};
     ckptio_dcp_commit_result r;
-    ckptio_status st;
-    Py_BEGIN_ALLOW_THREADS /* `data` is immutable bytes, kept alive by the caller's tuple */
-    st = ckptio_dcp_commit(PyBytes_AsString(dir), &o, &r);
-    Py_END_ALLOW_THREADS
-    if (ctx.type) {
+    ckptio_status st = CKPTIO_OK;
+    if (engine_o != Py_None) {
+        /* On the data files' engine: Ctrl-C stops the wait for their last parts (their uploads are aborted). */
+        if (!(engine = ckpy_engine_resolve(engine_o))) goto out;
+        commit_call c = {PyBytes_AsString(dir), &o, &r};
+        if (ckpy_engine_run(engine, do_commit, &c) < 0) st = CKPTIO_E_CANCELED; /* raised already */
+    } else {
+        Py_BEGIN_ALLOW_THREADS /* `data` is immutable bytes, kept alive by the caller's tuple */
+        st = ckptio_dcp_commit(PyBytes_AsString(dir), &o, &r);
+        Py_END_ALLOW_THREADS
+    }
+    if (ctx.type) { /* the step callback's exception stopped the commit: it is the one raised */
+        PyErr_Clear();
         PyErr_Restore(ctx.type, ctx.value, ctx.tb);
     } else if (st != CKPTIO_OK) {
-        ckpy_raise(st);
+        if (!PyErr_Occurred()) ckpy_raise(st);
     } else {
         PyObject *stale = cleanup == 2 ? names_list(r.stale, r.nstale) : (Py_INCREF(Py_None), Py_None);
         if (stale) result = Py_BuildValue("(Nns)", stale, (Py_ssize_t)r.removed, r.note[0] ? r.note : NULL);
@@ -430,6 +451,7 @@ out:
     names_free(&files);
     PyMem_Free(handles);
     Py_XDECREF(data_files);
+    Py_XDECREF(engine);
     Py_XDECREF(keep);
     Py_XDECREF(dir);
     Py_XDECREF(md);
@@ -576,8 +598,10 @@ static PyMethodDef commit_methods[] = {
      "items: None (no manifest) or (fqn, offsets or None, file, data_offset, nbytes, xxh3 or None,\n"
      "[(offset, length, xxh3)] or None, transforms); cleanup: 0 none, 1 now, 2 list only (stale);\n"
      "on_step(step, path, done) runs around every step (DCP_STEP_*) and stops the commit by raising.\n"
-     "data_files: this process's data Files, renamed by commit_unreferenced(sync_later=True): fsynced by\n"
-     "the commit with the manifest and the metadata (the caller closes them). GIL released."},
+     "data_files: this process's data Files, handed over by commit_unreferenced(sync_later=True): fsynced\n"
+     "by the commit with the manifest and the metadata, objects completed beside the manifest's PUT (the\n"
+     "caller closes them). engine: run on it (the data files' engine: Ctrl-C stops the wait for their\n"
+     "uploads). GIL released."},
     {"dcp_stale_files", mod_stale_files, METH_VARARGS,
      "dcp_stale_files(dir, keep, committed) -> (names, note or None) (ckptio_dcp_stale_files);\n"
      "committed: None or (metadata_name, metadata bytes, files). GIL released."},

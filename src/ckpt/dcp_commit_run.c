@@ -3,8 +3,10 @@
  * commit in their order, in one call (docs/DCP.md "Atomic commit and
  * overwrite").
  *
- * The order is the protocol: the manifest before .metadata (a manifest never
- * describes files that are not yet committed), .metadata replaced atomically
+ * The order is the protocol: the manifest before .metadata (locally a
+ * manifest never describes files that are not yet committed; in object
+ * storage it is stored while this process's data objects complete, unread
+ * until .metadata names them), .metadata replaced atomically
  * (the one moment the new checkpoint becomes current), and only then the
  * files of older saves listed and removed (never one the new checkpoint or
  * another save still needs). Each step is a function of its own file
@@ -17,6 +19,7 @@
 
 #include <errno.h>
 #include <fcntl.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -39,12 +42,23 @@ static ckptio_status around(const char *dir, const ckptio_dcp_commit_options *o,
     return CKPTIO_OK;
 }
 
-/* The data files handed over (options' data_files), renamed but not
- * fsynced: each must have been renamed by
- * ckptio_file_commit_unreferenced(CKPTIO_COMMIT_SYNC_LATER) (its fsyncs are
- * owed) and be one of `files` in DIR, the one directory whose fsync makes
- * their names durable before .metadata names them (sync_first_round). In
- * object storage they are stored whole already. */
+/* Whether the object f is DIR/NAME for one of `files`. */
+static bool object_in_dir(const char *dir, const ckptio_dcp_commit_options *o, const ckptio_file *f) {
+    const char *path = ckptio_file_path(f);
+    size_t n = strlen(dir);
+    while (n && dir[n - 1] == '/') n--;
+    if (strncmp(path, dir, n) != 0 || path[n] != '/') return false;
+    for (size_t k = 0; k < o->nfiles; k++)
+        if (strcmp(o->files[k], path + n + 1) == 0) return true;
+    return false;
+}
+
+/* The data files handed over (options' data_files) by
+ * ckptio_file_commit_unreferenced(CKPTIO_COMMIT_SYNC_LATER), each one of
+ * `files` in DIR. A local one is renamed, its fsyncs owed, and DIR is the
+ * one directory whose fsync makes their names durable before .metadata
+ * names them (sync_first_round). An object's upload is still to complete
+ * (objects_first_round); one stored whole already needs nothing. */
 static ckptio_status check_data_files(const char *dir, const ckptio_dcp_commit_options *o) {
     const bool local = !ckptio__s3_is_url(dir);
     for (size_t i = 0; i < o->ndata_files; i++) {
@@ -52,7 +66,12 @@ static ckptio_status check_data_files(const char *dir, const ckptio_dcp_commit_o
         CKPTIO_RETURN_IF(!f || (local && ckptio__file_renamed_fd(f) < 0), CKPTIO_E_INVAL,
                          "ckptio_dcp_commit: data file %zu is not committed by ckptio_file_commit_unreferenced("
                          "CKPTIO_COMMIT_SYNC_LATER)", i);
-        if (!local) continue;
+        if (!local) {
+            CKPTIO_RETURN_IF(ckptio__file_completion_owed(f) && !object_in_dir(dir, o, f), CKPTIO_E_INVAL,
+                             "ckptio_dcp_commit: data file %zu (%s) is not one of the files in %s", i,
+                             ckptio_file_path(f), dir);
+            continue;
+        }
         const char *path = ckptio_file_path(f), *slash = strrchr(path, '/'), *name = slash ? slash + 1 : path;
         bool named = false;
         for (size_t k = 0; k < o->nfiles && !named; k++) named = strcmp(o->files[k], name) == 0;
@@ -61,6 +80,61 @@ static ckptio_status check_data_files(const char *dir, const ckptio_dcp_commit_o
                          "fsync makes their names durable", i, path, dir);
     }
     return CKPTIO_OK;
+}
+
+/* The manifest's PUT, on a thread of its own. */
+typedef struct manifest_put {
+    const char *dir;
+    const ckptio_dcp_commit_options *o;
+    const char *reference;
+    unsigned sync;
+    ckptio_status st;
+    ckptio__error_saved *error;
+} manifest_put;
+
+static void *put_manifest(void *arg) {
+    manifest_put *m = arg;
+    const ckptio_dcp_commit_options *o = m->o;
+    m->st = ckptio__dcp_manifest_write(m->dir, o->metadata_name, o->files, o->nfiles, o->items, o->nitems,
+                                       m->reference, m->sync);
+    if (m->st != CKPTIO_OK) m->error = ckptio__error_save();
+    return NULL;
+}
+
+/* Removes the object `url` if it can (what is left is unreferenced: a later
+ * save's cleanup removes it), keeping the calling thread's error. */
+static void remove_unreferenced(const char *url) {
+    ckptio__error_saved *saved = ckptio__error_save();
+    ckptio_engine *engine = NULL;
+    if (ckptio_engine_create(&engine) == CKPTIO_OK) ckptio__object_remove(engine, url);
+    ckptio_engine_destroy(engine);
+    ckptio__error_restore(saved);
+}
+
+/* Step 2 in object storage: the manifest's PUT beside the completion of
+ * this process's data objects whose uploads were handed over still running
+ * (their last parts, then CompleteMultipartUpload). The manifest names only
+ * objects of this save's token, which nothing reads before .metadata names
+ * them, so it need not wait for them; .metadata does (the caller writes it
+ * after this returns). A data object that fails fails the commit, the
+ * checkpoint unchanged, and the manifest stored beside it is removed. */
+static ckptio_status objects_first_round(const char *dir, const ckptio_dcp_commit_options *o, bool with_manifest,
+                                         const char *manifest_path, const char *reference, unsigned sync) {
+    manifest_put m = {dir, o, reference, sync, CKPTIO_OK, NULL};
+    pthread_t t;
+    const bool beside = with_manifest && ckptio__thread_start(&t, NULL, put_manifest, &m) == 0;
+    ckptio_status st = CKPTIO_OK;
+    for (size_t i = 0; i < o->ndata_files && st == CKPTIO_OK; i++)
+        if (ckptio__file_completion_owed(o->data_files[i])) st = ckptio_file_commit(o->data_files[i]);
+    if (beside) pthread_join(t, NULL);
+    else if (with_manifest && st == CKPTIO_OK) put_manifest(&m);
+    if (st != CKPTIO_OK) {
+        if (with_manifest && m.st == CKPTIO_OK) remove_unreferenced(manifest_path);
+        ckptio__free(m.error);
+        return st;
+    }
+    if (m.st != CKPTIO_OK) ckptio__error_restore(m.error);
+    return m.st;
 }
 
 static ckptio_status check_options(const char *dir, const ckptio_dcp_commit_options *o) {
@@ -219,15 +293,11 @@ ckptio_status ckptio_dcp_commit(const char *dir, const ckptio_dcp_commit_options
     const bool with_manifest = manifest[0] && (o->flags & CKPTIO_DCP_MANIFEST);
     ckptio__dcp_prefetch *prefetched = NULL;
     if (st == CKPTIO_OK && ckptio__s3_is_url(dir)) {
-        /* Objects: each PUT replaces its object whole, the manifest's first (data files are stored whole at
-         * their commit: nothing of theirs is left to sync). */
-        if (with_manifest) {
-            st = around(dir, o, r, CKPTIO_DCP_STEP_MANIFEST, manifest_path, 0);
-            if (st == CKPTIO_OK)
-                st = ckptio__dcp_manifest_write(dir, o->metadata_name, o->files, o->nfiles, o->items, o->nitems,
-                                                reference, sync);
-            if (st == CKPTIO_OK) st = around(dir, o, r, CKPTIO_DCP_STEP_MANIFEST, manifest_path, 1);
-        }
+        /* Objects: each PUT replaces its object whole, the manifest's beside the completion of the data objects
+         * handed over, .metadata's after both. */
+        if (with_manifest) st = around(dir, o, r, CKPTIO_DCP_STEP_MANIFEST, manifest_path, 0);
+        if (st == CKPTIO_OK) st = objects_first_round(dir, o, with_manifest, manifest_path, reference, sync);
+        if (st == CKPTIO_OK && with_manifest) st = around(dir, o, r, CKPTIO_DCP_STEP_MANIFEST, manifest_path, 1);
         if (st == CKPTIO_OK) st = around(dir, o, r, CKPTIO_DCP_STEP_METADATA, metadata_path, 0);
         /* The cleanup's listing (and, removing now, the abort of killed saves'
          * uploads, which no live save owns) runs beside the .metadata PUT: the

@@ -544,7 +544,11 @@ static ckptio_status rename_unreferenced(ckptio_file *f) {
     return CKPTIO_OK;
 }
 
-int ckptio__file_renamed_fd(const ckptio_file *f) { return f->sync_owed ? f->fd : -1; }
+int ckptio__file_renamed_fd(const ckptio_file *f) { return f->sync_owed && !f->object ? f->fd : -1; }
+
+bool ckptio__file_completion_owed(const ckptio_file *f) {
+    return f->object && f->sync_owed && !f->committed && !f->closed_for_write;
+}
 
 bool ckptio__file_in_dir(const ckptio_file *f, const char *dir) {
     struct stat a, b;
@@ -594,6 +598,12 @@ ckptio_status ckptio_file_commit_unreferenced(ckptio_file *const *files, size_t 
         ckptio_stats delta = {0};
         for (; st == CKPTIO_OK && i < count && 2 * (n + 1) <= COMMIT_GROUP; i++) {
             ckptio_file *f = files[i];
+            if (f->object && (flags & CKPTIO_COMMIT_SYNC_LATER)) {
+                /* Its last parts go on uploading; ckptio_dcp_commit() completes the upload beside its manifest's
+                 * PUT (no name of it is visible before). */
+                if ((st = check_writable(f, "commit", NULL)) == CKPTIO_OK) f->sync_owed = true;
+                continue;
+            }
             if (f->object || !f->tmp_path) { /* nothing to rename first: the usual commit */
                 st = ckptio_file_commit(f);
                 continue;

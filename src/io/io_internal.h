@@ -101,8 +101,10 @@ struct ckptio_file {
     bool created;           /* IN_PLACE write that created the file */
     bool committed;         /* ckptio_file_commit() succeeded */
     bool closed_for_write;  /* commit done or failed half-way: no more writes */
-    bool sync_owed;         /* renamed by ckptio_file_commit_unreferenced(CKPTIO_COMMIT_SYNC_LATER): the
-                             * fsyncs of its data and name are left to ckptio_dcp_commit() */
+    bool sync_owed;         /* handed over by ckptio_file_commit_unreferenced(CKPTIO_COMMIT_SYNC_LATER): a
+                             * local file renamed, the fsyncs of its data and name left to
+                             * ckptio_dcp_commit(); an object whose last parts still upload, its completion
+                             * left to ckptio_dcp_commit() */
     pthread_mutex_t lock;
     /* Writes to a file on tmpfs or ramfs take turns (ckptio__file_op_init):
      * the kernel lets one writer of an inode in at a time anyway, and its
@@ -787,6 +789,10 @@ bool ckptio__io_fault(ckptio__io_kind kind, int *err, uint64_t *len);
  * it still needs; -1 for any other file (not committed, committed with its
  * fsyncs, an object). (file.c) */
 int ckptio__file_renamed_fd(const ckptio_file *f);
+/* Whether f is an object handed over by
+ * ckptio_file_commit_unreferenced(CKPTIO_COMMIT_SYNC_LATER) whose upload
+ * ckptio_dcp_commit() is still to complete (ckptio_file_commit). (file.c) */
+bool ckptio__file_completion_owed(const ckptio_file *f);
 /* Whether the local file f lies in the directory `dir` (the same inode as
  * its own directory; false for an object or a directory that cannot be
  * stat'ed). (file.c) */

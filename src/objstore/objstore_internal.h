@@ -276,6 +276,7 @@ struct ckptio__s3_request {
     char request_id[96];          /* x-amz-request-id of the last answer */
     char reason[512];             /* why the last attempt failed */
     ckptio__s3_request *next;
+    ckptio__s3_request *active_prev, *active_next; /* the session's transfers under way (s3_session.c) */
 };
 
 /* Sets every field to its empty state and the three given. */
@@ -316,6 +317,12 @@ void ckptio__s3_session_wakeup(ckptio__s3_session *s);
 
 /* Requests in flight. */
 unsigned ckptio__s3_inflight(const ckptio__s3_session *s);
+
+/* Ends every request in flight at once, each failed with CKPTIO_E_CANCELED
+ * and `why` (their connections closed), for ckptio__s3_wait to hand back:
+ * once the transfer they belong to has failed or was stopped, a stalled
+ * one no longer holds it up until its timeout. On the session's thread. */
+void ckptio__s3_session_cancel(ckptio__s3_session *s, const char *why);
 
 /* Runs one request to its end on a session from a process-wide pool (the
  * pool keeps connections open between calls). Returns r->status, with the

@@ -24,6 +24,7 @@
 
 struct ckptio__s3_session {
     CURLM *multi;
+    ckptio__s3_request *active;  /* transfers in the multi handle (active_next) */
     ckptio__s3_request *waiting; /* backing off until r->due */
     ckptio__s3_request *done;    /* finished, not yet handed back (a queue) */
     ckptio__s3_request *done_tail;
@@ -73,15 +74,48 @@ static void push_done(ckptio__s3_session *s, ckptio__s3_request *r) {
     s->done_tail = r;
 }
 
+static void failed(ckptio__s3_request *r, ckptio_status status, const char *message) {
+    r->status = status;
+    ckptio__free(r->message);
+    r->message = ckptio__strdup(message);
+}
+
 static void start(ckptio__s3_session *s, ckptio__s3_request *r) {
     if (!ckptio__s3_attempt_prepare(r)) {
         push_done(s, r);
         return;
     }
     if (curl_multi_add_handle(s->multi, r->easy) != CURLM_OK) {
-        r->status = CKPTIO_E_IO;
-        ckptio__free(r->message);
-        r->message = ckptio__strdup("libcurl refused the request (curl_multi_add_handle)");
+        failed(r, CKPTIO_E_IO, "libcurl refused the request (curl_multi_add_handle)");
+        push_done(s, r);
+        return;
+    }
+    r->active_prev = NULL;
+    r->active_next = s->active;
+    if (s->active) s->active->active_prev = r;
+    s->active = r;
+}
+
+/* Takes r out of the multi handle and the list of transfers under way. */
+static void stop_transfer(ckptio__s3_session *s, ckptio__s3_request *r) {
+    curl_multi_remove_handle(s->multi, r->easy);
+    if (r->active_prev) r->active_prev->active_next = r->active_next;
+    else s->active = r->active_next;
+    if (r->active_next) r->active_next->active_prev = r->active_prev;
+    r->active_prev = r->active_next = NULL;
+}
+
+void ckptio__s3_session_cancel(ckptio__s3_session *s, const char *why) {
+    while (s->active) {
+        ckptio__s3_request *r = s->active;
+        stop_transfer(s, r);
+        failed(r, CKPTIO_E_CANCELED, why);
+        push_done(s, r);
+    }
+    while (s->waiting) {
+        ckptio__s3_request *r = s->waiting;
+        s->waiting = r->next;
+        failed(r, CKPTIO_E_CANCELED, why);
         push_done(s, r);
     }
 }
@@ -119,8 +153,11 @@ static void collect(ckptio__s3_session *s) {
         const CURLcode code = m->data.result;
         ckptio__s3_request *r = NULL;
         curl_easy_getinfo(e, CURLINFO_PRIVATE, (char **)&r);
-        curl_multi_remove_handle(s->multi, e);
-        if (!r) continue;
+        if (!r) {
+            curl_multi_remove_handle(s->multi, e);
+            continue;
+        }
+        stop_transfer(s, r);
         const ckptio__s3_verdict v = ckptio__s3_attempt_finish(r, (int)code);
         if (v == CKPTIO__S3_RETRY) {
             const double now = ckptio__now();

@@ -635,6 +635,10 @@ static void *uploader(void *arg) {
             pthread_cond_wait(&u->cond, &u->lock);
             continue;
         }
+        /* Failed, stopped or closed before its commit: no part in flight is of use any more, and one that
+         * stalls would hold the abort (and a Ctrl-C) up until its timeout. */
+        if (u->fail_status != CKPTIO_OK)
+            ckptio__s3_session_cancel(u->session, "stopped: the upload failed, or was stopped or closed first");
         pthread_mutex_unlock(&u->lock);
         ckptio__s3_request *r = ckptio__s3_wait(u->session);
         ckptio_status st = r ? ckptio__s3_request_fail(r) : CKPTIO_OK;

@@ -218,7 +218,8 @@ class _Native:
         return self._call("dcp_create_file", os.path.join(dirpath, name), _ckptio.dcp_create_file, dirpath, name,
                           *args)
 
-    def dcp_commit(self, dirpath, metadata_name, metadata, files, items, sync, cleanup, on_step=None, data_files=None):
+    def dcp_commit(self, dirpath, metadata_name, metadata, files, items, sync, cleanup, on_step=None, data_files=None,
+                   engine=None):
         """The commit is one libckptio call: its steps fail through the step
         callback, before the step or after it (the step done)."""
         pending = {}
@@ -238,7 +239,7 @@ class _Native:
                 on_step(n, path, done)
 
         real = None if data_files is None else [f.real if isinstance(f, _File) else f for f in data_files]
-        return _ckptio.dcp_commit(dirpath, metadata_name, metadata, files, items, sync, cleanup, step, real)
+        return _ckptio.dcp_commit(dirpath, metadata_name, metadata, files, items, sync, cleanup, step, real, engine)
 
 
 class injected:

@@ -49,7 +49,10 @@ def keys_under(prefix):
 
 
 def save(sd, url, **kw):
-    dcp.save(sd, storage_writer=FileSystemWriter(url, **kw), no_dist=True)
+    """dcp.save, then the lease's release, which a committed save leaves to a thread of its own."""
+    writer = FileSystemWriter(url, **kw)
+    dcp.save(sd, storage_writer=writer, no_dist=True)
+    writer.wait_cleanup()
 
 
 def load(url, sd=None):
@@ -105,7 +108,22 @@ def test_a_save_killed_before_its_metadata(s3_prefix, monkeypatch):
         if stage == "data_committed":
             raise RuntimeError("killed between the data and the metadata")
 
+    # Killed once its data is written, its objects' completion handed to the commit: their uploads go.
     monkeypatch.setattr(dcp_writer, "_crash_point", crash)
+    with pytest.raises((Exception, CheckpointException), match="killed between"):
+        save(model_state(4), url)
+    monkeypatch.setattr(dcp_writer, "_crash_point", None)
+    # (its lease stays until the save's thread has left torch's code: a failure on another rank ends it there)
+    assert [n for n in keys_under(url) if n != ".ckptio-dcp.lock"] == before
+    assert _ckptio.object_abort_uploads(f"{url}/", 0) == 0
+    same(load(url), old)
+
+    def crash_before_metadata(stage):
+        if stage == "manifest_written":
+            raise RuntimeError("killed between the data and the metadata")
+
+    # Killed once its data objects and manifest are stored, before its .metadata.
+    monkeypatch.setattr(dcp_writer, "_crash_point", crash_before_metadata)
     with pytest.raises((Exception, CheckpointException), match="killed between"):
         save(model_state(4), url)
     monkeypatch.setattr(dcp_writer, "_crash_point", None)
@@ -566,6 +584,74 @@ def test_a_dcp_save_streams_through_few_part_buffers(s3_prefix):
     assert ckptio.dcp.verify(url)["checked"] == len(sd)
 
 
+def test_a_dcp_save_whose_data_object_is_refused_keeps_the_older_checkpoint(s3_prefix, tmp_path):
+    """The commit completes the data objects beside the manifest's PUT (docs/OBJECT_STORAGE.md): a
+    CompleteMultipartUpload the server refuses fails the save with the server's code and the key, before any
+    .metadata; the older checkpoint loads whole, and nothing of the failed save is left: no data object, no
+    manifest, no upload."""
+    from test_s3_files import uploads_under
+
+    url = f"{s3_prefix}/ckpt"
+    save(model_state(21), url)
+    before = keys_under(url)
+    g = torch.Generator().manual_seed(9)
+    big = {"w": torch.randn(6 << 20, generator=g)}  # 24 MiB: a multipart upload
+    with pytest.raises((Exception, CheckpointException)) as e:
+        save_through_proxy(tmp_path, big, url, "POST:uploadId=:error:400/InvalidPart:1")
+    assert "InvalidPart" in str(e.value) and ".distcp" in str(e.value), str(e.value)
+    same(load(url), model_state(21))
+    assert keys_under(url) == before
+    assert uploads_under(s3_prefix) == 0
+
+
+DCP_CTRL_C = textwrap.dedent("""
+    import os, signal, sys, threading, time
+    import torch, torch.distributed.checkpoint as dcp
+    from ckptio.dcp import FileSystemWriter, _commit
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    commit = _commit.commit
+
+    def interrupted(*args, **kwargs):  # Ctrl-C while the commit waits for the data object's last part
+        threading.Timer(0.3, lambda: os.kill(os.getpid(), signal.SIGINT)).start()
+        return commit(*args, **kwargs)
+
+    _commit.commit = interrupted
+    t0 = time.monotonic()
+    try:
+        dcp.save({"w": torch.ones(24 << 20, dtype=torch.uint8)}, storage_writer=FileSystemWriter(sys.argv[1]),
+                 no_dist=True)
+        print("FINISHED", flush=True)
+    except BaseException as e:  # torch wraps what finish() raises in a CheckpointException
+        print("INTERRUPTED %.2f" % (time.monotonic() - t0) if "KeyboardInterrupt" in repr(e) + str(e) else repr(e),
+              flush=True)
+""")
+
+
+def test_ctrl_c_while_the_commit_waits_for_the_data_object(s3_prefix, tmp_path):
+    """The coordinator's data object is completed by the commit, so the save's wait for its last part runs in
+    finish(): Ctrl-C there (the part held back 5 s by the proxy) ends the save at once with KeyboardInterrupt,
+    aborts the upload and commits nothing; the older checkpoint loads whole."""
+    from test_s3_files import Proxy, uploads_under
+
+    url = f"{s3_prefix}/ckpt"
+    save(model_state(22), url)
+    before = keys_under(url)
+    script = tmp_path / "dcp_ctrl_c.py"
+    script.write_text(DCP_CTRL_C)
+    proxy = Proxy(tmp_path, "PUT:partNumber=2&:delay:5:1")
+    try:
+        out = subprocess.run([sys.executable, str(script), url], capture_output=True, text=True, timeout=120,
+                             env=dict(os.environ, AWS_ENDPOINT_URL=proxy.url,
+                                      PYTHONPATH=os.path.dirname(os.path.dirname(ckptio.__file__))))
+    finally:
+        proxy.kill()
+    assert "INTERRUPTED" in out.stdout, out.stdout + out.stderr
+    assert float(out.stdout.split()[1]) < 4, out.stdout  # not after the held-back part
+    same(load(url), model_state(22))
+    assert keys_under(url) == before
+    assert uploads_under(s3_prefix) == 0
+
+
 def save_through_proxy(tmp_path, sd, url, *rules):
     """save() through the fault proxy with `rules`; the proxy's log of its requests (JSON entries)."""
     from test_s3_files import Proxy, through
@@ -580,9 +666,10 @@ def save_through_proxy(tmp_path, sd, url, *rules):
 
 def test_lease_released_beside_the_removal(s3_prefix, tmp_path):
     """The lease's release (its GET and DELETE) runs beside the removal of the older save's objects, not after
-    it: it starts once the .metadata PUT was answered and the second check passed, and the save still returns
-    only when the lease is gone (the next saver finds the prefix free). The older data object's first DELETE
-    stalls 0.5 s, so "beside" does not depend on how fast a thread starts."""
+    it: it starts once the .metadata PUT was answered and the second check passed, and ends on a thread of its
+    own, which the writer's wait_cleanup() and this process's next save wait for (the next saver finds the
+    prefix free). The older data object's first DELETE stalls 0.5 s, so "beside" does not depend on how fast a
+    thread starts."""
     url = f"{s3_prefix}/ckpt"
     g = torch.Generator().manual_seed(6)
     sd = {f"w{i}": torch.randn(128, 128, generator=g) for i in range(4)}

@@ -45,7 +45,7 @@ def _create_temporary(dirpath: str, name: str, final: str, reference: Optional[s
 
 
 def commit(dirpath, metadata_name: str, metadata: bytes, files: Iterable[str], items, sync: bool,
-           cleanup: Optional[str], on_step=None, data_files=None) -> Optional[List[str]]:
+           cleanup: Optional[str], on_step=None, data_files=None, engine=None) -> Optional[List[str]]:
     """Commits a save whose data files are committed, under the directory's
     lock, in one libckptio call: the checksum manifest of `items` (None:
     none), `metadata_name` replaced atomically by `metadata` (the new
@@ -54,11 +54,13 @@ def commit(dirpath, metadata_name: str, metadata: bytes, files: Iterable[str], i
     (None otherwise) for a BackgroundRemoval. `on_step(step, path, done)`
     runs around every step (_ckptio.DCP_STEP_*); raising in it stops the
     commit there and the exception propagates. `data_files`: this process's
-    data Files, renamed (commit_unreferenced with sync_later): the commit
-    fsyncs them with the manifest and the metadata (the caller closes them)."""
+    data Files, handed over by commit_unreferenced with sync_later: the
+    commit fsyncs them with the manifest and the metadata, or completes
+    their uploads beside the manifest's PUT (the caller closes them).
+    `engine`: theirs, for objects: Ctrl-C stops the wait for their uploads."""
     mode = {None: 0, "now": 1, "later": 2}[cleanup]
     stale, _, note = _ckptio.dcp_commit(os.fspath(dirpath), metadata_name, bytes(metadata), sorted(files), items,
-                                        bool(sync), mode, on_step, data_files)
+                                        bool(sync), mode, on_step, data_files, engine)
     _warn(note)
     return stale
 

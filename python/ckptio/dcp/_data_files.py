@@ -153,10 +153,12 @@ class DataFiles:
             # then all are fsynced with the directory at once. The process
             # that runs finish() hands its own files to the commit instead,
             # which fsyncs them with the manifest and .metadata: one round of
-            # fsyncs fewer.
-            defer = not self._object and getattr(self, "_is_coordinator", True)
+            # fsyncs fewer. Objects handed over go on uploading their last
+            # parts through torch's planning of finish(), and the commit
+            # completes them beside the manifest's PUT.
+            defer = getattr(self, "_is_coordinator", True)
             _ckptio.commit_unreferenced(files, self.engine, defer)
-            if defer:  # renamed: a failed save leaves no temporary, only files the next save removes
+            if defer:  # a failed save leaves no temporary, only files (or aborted uploads) the next save removes
                 self._close_pending()
                 self._pending = files
         finally:
@@ -174,8 +176,9 @@ class DataFiles:
         return results
 
     def _close_pending(self) -> None:
-        """Closes the data files renamed for finish() to fsync (a save that
-        failed before leaves them unreferenced: the next save removes them)."""
+        """Closes the data files handed over for finish() to fsync or complete
+        (a save that failed before leaves local files unreferenced, which the
+        next save removes; an object not completed has its upload aborted)."""
         pending, self._pending = self._pending, None
         for f in pending or ():
             f.close()

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import logging
 import os
-import threading
 from typing import List, Optional
 
 from .. import _ckptio
@@ -34,7 +33,6 @@ class LeaseSteps:
         self.committed = False  # the .metadata is in place
         self.manifest: Optional[str] = None  # the manifest the commit writes (libckptio names it), once begun
         self._pending: Optional[_lock.PendingCheck] = None
-        self._releasing: Optional[threading.Thread] = None  # the lease's release, once begun
 
     def on_step(self, step: int, path: str, done: bool) -> None:
         """Called around every step of the commit (_ckptio.DCP_STEP_*) with
@@ -53,11 +51,7 @@ class LeaseSteps:
             self._release_started()
 
     def close(self) -> None:
-        """Waits for a check still running (the commit failed before it was waited for) and for the lease's
-        release begun beside the removal."""
-        releasing, self._releasing = self._releasing, None
-        if releasing is not None:
-            releasing.join()
+        """Waits for a check still running (the commit failed before it was waited for)."""
         pending, self._pending = self._pending, None
         if pending is not None:
             try:
@@ -69,12 +63,10 @@ class LeaseSteps:
         """The lease is released beside the removal of older saves' objects, not after it: .metadata is in place
         and both checks passed, and the removal needs no lease any more, since it takes only objects older than
         this lease that no metadata object names (a save that takes the lease next writes newer ones). Its GET and
-        DELETE thus add no round trips after the removal's; close() waits for them, so the save returns with the
-        prefix free as before."""
+        DELETE add no round trips to the save: they end in the background (_lock.release_in_background), and this
+        process's next save of the directory waits for them before it takes the lease."""
         if self.lock is not None and self.lock.held:
-            self._releasing = threading.Thread(target=self.lock.release, name="ckptio-dcp-lease-release",
-                                               daemon=True)
-            self._releasing.start()
+            _lock.release_in_background(self.lock)
 
     def _start(self) -> None:
         if self.lock is not None and self.lock.held and self._pending is None:

@@ -25,7 +25,7 @@ import os
 import re
 import threading
 import weakref
-from typing import Dict, Optional, Set, Tuple, Union
+from typing import Dict, List, Optional, Set, Tuple, Union
 
 from .. import _ckptio, _memory
 from .._errors import CkptioError, amend_error
@@ -35,12 +35,16 @@ _BUSY_HINT = ", or create the writer with dir_busy='wait' or a number of seconds
 _WATCH_SECONDS = 0.2
 _log = logging.getLogger("ckptio.dcp")
 
-# The locks this process holds, by the lock file's (st_dev, st_ino): a save
-# that finds the directory busy first releases those of saves that ended
-# without finishing (a failure on another rank), which flock would
-# otherwise count as a second holder even inside one process.
-_held: Dict[Tuple[int, int], "weakref.WeakSet[DirectoryLock]"] = {}
+# The locks this process holds, by the lock file's (st_dev, st_ino) (a
+# lease in object storage: by its directory): a save that finds the
+# directory busy first releases those of saves that ended without finishing
+# (a failure on another rank), which flock (or the lease) would otherwise
+# count as a second holder even inside one process.
+_held: Dict[object, "weakref.WeakSet[DirectoryLock]"] = {}
 _held_mutex = threading.Lock()
+# Leases being released in the background (release_in_background), by directory.
+_releasing: Dict[str, List[threading.Thread]] = {}
+_releasing_mutex = threading.Lock()
 _warned_unsupported: Set[str] = set()
 
 
@@ -186,25 +190,69 @@ def _watch(ref: "weakref.ReferenceType[DirectoryLock]") -> None:
 
 def _forget_in_child() -> None:
     """In a forked child: libckptio closed the inherited lock descriptors
-    (without unlocking the parent's lock); forget the parent's saves."""
-    global _held_mutex
+    (without unlocking the parent's lock); forget the parent's saves and
+    their releases (the parent's threads)."""
+    global _held_mutex, _releasing_mutex
     _held_mutex = threading.Lock()  # another thread may have held it at the fork
+    _releasing_mutex = threading.Lock()
     _held.clear()
+    _releasing.clear()
+
+
+def _key(dirpath) -> str:
+    return os.fspath(dirpath).rstrip("/")
+
+
+def release_in_background(lock: DirectoryLock) -> None:
+    """lock.release() on a thread of its own: a lease's release (a GET and a
+    DELETE) once its save is committed and needs it no more. The thread is
+    not a daemon, so the interpreter finishes it before exiting, and the
+    next acquire() of the directory in this process (wait_released) waits
+    for it: a process never finds its own save's lease in its way."""
+    thread = threading.Thread(target=lock.release, name="ckptio-dcp-lease-release", daemon=False)
+    with _releasing_mutex:
+        _releasing.setdefault(_key(lock.dirpath), []).append(thread)
+    thread.start()
+
+
+def wait_released(dirpath, timeout: Optional[float] = None) -> bool:
+    """Waits for this process's background releases of `dirpath`'s lease;
+    False when `timeout` seconds passed first (they go on)."""
+    with _releasing_mutex:
+        threads = _releasing.pop(_key(dirpath), [])
+    for thread in threads:
+        thread.join(timeout)
+    left = [t for t in threads if t.is_alive()]
+    if left:
+        with _releasing_mutex:
+            _releasing.setdefault(_key(dirpath), []).extend(left)
+    return not left
 
 
 os.register_at_fork(after_in_child=_forget_in_child)
 
 
-def _release_stale(path: str) -> None:
-    """Releases this process's locks on the lock file `path` whose saves
-    ended without finishing: flock counts them as another holder even
-    inside one process."""
+def _held_key(dirpath: str, path: str) -> Optional[object]:
+    """Where _held keeps the locks of `dirpath` (lock file `path`); None for
+    a lock file that cannot be stat'ed."""
+    if _ckptio.path_is_object(dirpath):
+        return ("lease", _key(dirpath))
     try:
         st = os.stat(path)
     except OSError:
+        return None
+    return (st.st_dev, st.st_ino)
+
+
+def _release_stale(dirpath: str, path: str) -> None:
+    """Releases this process's locks of `dirpath` (lock file `path`) whose
+    saves ended without finishing: flock counts them as another holder even
+    inside one process, and a lease holds until it is released or lapses."""
+    key = _held_key(dirpath, path)
+    if key is None:
         return
     with _held_mutex:
-        holders = list(_held.get((st.st_dev, st.st_ino), ()))
+        holders = list(_held.get(key, ()))
     for lock in holders:
         if lock.held and lock.stale():
             lock.release("the save that held it ended without finishing")
@@ -222,6 +270,7 @@ def acquire(dirpath, exclusive: bool, busy: Union[str, float], reference: Option
     (CKPTIO_DCP_LOCK_CONFIRM_LATER: for a save whose objects carry its own
     token and that checks before its .metadata)."""
     dirpath = os.fspath(dirpath)
+    wait_released(dirpath)  # this process's previous save of it
     path = os.path.join(dirpath, LOCK_NAME)
     timeout = -1.0 if busy == "wait" else 0.0 if busy == "error" else float(busy)
     checks = 0
@@ -231,7 +280,7 @@ def acquire(dirpath, exclusive: bool, busy: Union[str, float], reference: Option
         # first check of a save that will wait says so.
         nonlocal checks
         checks += 1
-        _release_stale(path)
+        _release_stale(dirpath, path)
         if checks == 1 and busy != "error":
             _log.info("%s: waiting for another save of the directory (lock %s)", dirpath, LOCK_NAME)
 
@@ -244,7 +293,9 @@ def acquire(dirpath, exclusive: bool, busy: Union[str, float], reference: Option
         raise
     locked, err, dev, ino = _ckptio.dcp_lock_info(native)
     lock = DirectoryLock(dirpath, native, (dev, ino), locked)
-    if _ckptio.path_is_object(dirpath):  # a lease (no descriptor): watched, not keyed by an inode
+    if _ckptio.path_is_object(dirpath):  # a lease (no descriptor): kept by its directory, not by an inode
+        with _held_mutex:
+            _held.setdefault(_held_key(dirpath, path), weakref.WeakSet()).add(lock)
         threading.Thread(target=_watch, args=(weakref.ref(lock),), name="ckptio-dcp-lock-watch", daemon=True).start()
         return lock
     if not locked:

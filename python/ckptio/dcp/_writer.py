@@ -385,7 +385,7 @@ class FileSystemWriter(DataFiles, AsyncStaging, _TorchFileSystemWriter):
         try:
             victims = _commit.commit(self.path, md_name, md_bytes, files, manifest if self.checksums else None, sync,
                                      cleanup, on_step if self._object or _crash_point is not None else None,
-                                     self._pending)
+                                     self._pending, self.engine if self._object and self._pending else None)
         except CkptioError as e:
             if self._object and e.status_name == "E_BUSY" and md_name == ".metadata" and not steps.committed:
                 _lease_steps.remove_own_objects(self.path, files, self.engine, steps.manifest)
@@ -406,7 +406,12 @@ class FileSystemWriter(DataFiles, AsyncStaging, _TorchFileSystemWriter):
     def wait_cleanup(self, timeout: Optional[float] = None) -> bool:
         """With ``cleanup="background"``: waits until the files of older saves
         are removed (False on timeout) and raises the removal's error, if any
-        (the checkpoint itself was committed). Returns True at once otherwise."""
+        (the checkpoint itself was committed). In object storage also waits
+        for the release of the directory's lease, which a committed save
+        leaves to a thread of its own (the next save of this process waits
+        for it too). Returns True at once when nothing is left."""
+        if self._object and not _lock.wait_released(self.path, timeout):
+            return False
         job = getattr(self, "_cleanup", None)
         if job is None:
             return True
