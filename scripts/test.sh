@@ -28,6 +28,27 @@ echo "== bench/'s benchmarks parse (they run on GPU machines: bench/README.md)"
 python3 -c 'import ast, sys; [ast.parse(open(f).read(), f) for f in sys.argv[1:]]' bench/*.py || failed=1
 
 echo "== S3 server for the object storage tests (scripts/s3_server.sh; stopped when this script ends)"
+# A block of ports of this run's own (the S3 endpoint and the four after it), so that the test runs of two
+# checkouts on one machine never share, or stop, each other's server; CKPTIO_TEST_S3_PORT picks one instead.
+if [ -z "${CKPTIO_TEST_S3_PORT:-}" ]; then
+    CKPTIO_TEST_S3_PORT=$(python3 -c '
+import random, socket
+for _ in range(500):
+    base, socks = random.randrange(20000, 32000, 8), []
+    try:
+        for port in range(base, base + 5):
+            socks.append(socket.socket())
+            socks[-1].bind(("127.0.0.1", port))
+        print(base)
+        break
+    except OSError:
+        pass
+    finally:
+        for s in socks:
+            s.close()
+')
+    export CKPTIO_TEST_S3_PORT
+fi
 s3_t0=$SECONDS
 if s3_env=$(scripts/s3_server.sh start); then
     eval "$s3_env"

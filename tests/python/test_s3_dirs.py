@@ -98,44 +98,39 @@ def test_dcp_save_load_async_and_overwrite(s3_prefix):
     assert len(tokens) == 1, keys_under(url)
 
 
+def save_killed_at(stage, sd, url, monkeypatch):
+    """save() stopped at the writer's crash point `stage` (_writer._crash)."""
+    def crash(at):
+        if at == stage:
+            raise RuntimeError("killed between the data and the metadata")
+
+    monkeypatch.setattr(dcp_writer, "_crash_point", crash)
+    try:
+        with pytest.raises((Exception, CheckpointException), match="killed between"):
+            save(sd, url)
+    finally:
+        monkeypatch.setattr(dcp_writer, "_crash_point", None)
+
+
 def test_a_save_killed_before_its_metadata(s3_prefix, monkeypatch):
     url = f"{s3_prefix}/ckpt"
     old = model_state(3)
     save(old, url)
     before = keys_under(url)
-
-    def crash(stage):
-        if stage == "data_committed":
-            raise RuntimeError("killed between the data and the metadata")
-
     # Killed once its data is written, its objects' completion handed to the commit: their uploads go.
-    monkeypatch.setattr(dcp_writer, "_crash_point", crash)
-    with pytest.raises((Exception, CheckpointException), match="killed between"):
-        save(model_state(4), url)
-    monkeypatch.setattr(dcp_writer, "_crash_point", None)
+    save_killed_at("data_committed", model_state(4), url, monkeypatch)
     # (its lease stays until the save's thread has left torch's code: a failure on another rank ends it there)
     assert [n for n in keys_under(url) if n != ".ckptio-dcp.lock"] == before
     assert _ckptio.object_abort_uploads(f"{url}/", 0) == 0
     same(load(url), old)
-
-    def crash_before_metadata(stage):
-        if stage == "manifest_written":
-            raise RuntimeError("killed between the data and the metadata")
-
     # Killed once its data objects and manifest are stored, before its .metadata.
-    monkeypatch.setattr(dcp_writer, "_crash_point", crash_before_metadata)
-    with pytest.raises((Exception, CheckpointException), match="killed between"):
-        save(model_state(4), url)
-    monkeypatch.setattr(dcp_writer, "_crash_point", None)
+    save_killed_at("manifest_written", model_state(4), url, monkeypatch)
     assert len(keys_under(url)) > len(before)  # the new save's data objects are there ...
     same(load(url), old)  # ... but .metadata is the older one's: the older checkpoint loads whole
     assert ckptio.dcp.verify(url)["checked"] > 0
     # A first save killed the same way: no .metadata, so no checkpoint at all.
     fresh = f"{s3_prefix}/fresh"
-    monkeypatch.setattr(dcp_writer, "_crash_point", crash)
-    with pytest.raises((Exception, CheckpointException)):
-        save(model_state(5), fresh)
-    monkeypatch.setattr(dcp_writer, "_crash_point", None)
+    save_killed_at("data_committed", model_state(5), fresh, monkeypatch)
     assert ".metadata" not in keys_under(fresh)
     with pytest.raises((Exception, CheckpointException)):
         load(fresh)
