@@ -322,13 +322,11 @@ static ckptio_status hash_unseen_parts(item_job *jobs, size_t count) {
     return st;
 }
 
-enum { PAD_EXTENTS = 2 }; /* a gap before an item (its alignment, at most 64 KiB) takes at most this many */
-
-/* Extents the plan will hold: one per byte item, one per archive piece, and before each item in an object its
- * padding (pad_extents). */
+/* Extents the plan will hold: one per byte item, one per archive piece, and before each item in an object the
+ * padding of its alignment (pad_extent). */
 static size_t extent_count(const item_job *jobs, size_t count) {
     size_t n = 0;
-    for (size_t i = 0; i < count; i++) n += (jobs[i].packed || !jobs[i].w ? 1 : jobs[i].w->npieces) + PAD_EXTENTS;
+    for (size_t i = 0; i < count; i++) n += (jobs[i].packed || !jobs[i].w ? 1 : jobs[i].w->npieces) + 1;
     return n;
 }
 
@@ -336,20 +334,19 @@ static size_t extent_count(const item_job *jobs, size_t count) {
  * is sent once every byte of it has arrived, and a hole is filled only at the commit, so each part holding the
  * gap between two items would wait there, its buffer held, the upload of a file of whole-part items not starting
  * before the file was written whole (or, with few buffers, failing "roughly in order"). Local files keep the
- * hole (sparse, nothing written). */
-static const uint8_t zero_pad[65536];
+ * hole (sparse, nothing written). A gap is shorter than its alignment (at most CKPTIO_ZIP_MAX_ALIGNMENT), so one
+ * extent of these zeros covers it. */
+static const uint8_t zero_pad[CKPTIO_ZIP_MAX_ALIGNMENT];
 
-static ckptio_status pad_extents(ckptio_plan *plan, ckptio_file *file, uint64_t from, uint64_t to,
-                                 part_observer *obs, size_t *nextents) {
-    for (int k = 0; from < to && k < PAD_EXTENTS; k++) {
-        const uint64_t n = to - from < sizeof zero_pad ? to - from : sizeof zero_pad;
-        const ckptio_extent ex = {.file = file, .file_offset = from, .length = n, .memory = (void *)zero_pad,
-                                  .mem_kind = CKPTIO_MEM_HOST};
-        if (obs->refs) obs->refs[(*nextents)++].job = SIZE_MAX;
-        CKPTIO_FORWARD(ckptio_plan_add(plan, &ex));
-        from += n;
-    }
-    return CKPTIO_OK;
+static ckptio_status pad_extent(ckptio_plan *plan, ckptio_file *file, uint64_t from, uint64_t to,
+                                part_observer *obs, size_t *nextents) {
+    if (to - from > sizeof zero_pad)
+        return CKPTIO_FAIL(CKPTIO_E_INTERNAL, "an alignment gap of %llu bytes exceeds %zu",
+                           (unsigned long long)(to - from), sizeof zero_pad);
+    const ckptio_extent ex = {.file = file, .file_offset = from, .length = to - from, .memory = (void *)zero_pad,
+                              .mem_kind = CKPTIO_MEM_HOST};
+    if (obs->refs) obs->refs[(*nextents)++].job = SIZE_MAX;
+    return ckptio_plan_add(plan, &ex);
 }
 
 static ckptio_status place_and_write(ckptio_engine *engine, item_job *jobs, size_t count, uint64_t start) {
@@ -374,7 +371,7 @@ static ckptio_status place_and_write(ckptio_engine *engine, item_job *jobs, size
         if (f == nfiles) ends[nfiles++] = (file_end){.file = it->file, .end = start};
         it->offset = align_up(ends[f].end, j->align);
         if (it->offset > ends[f].end && ckptio__s3_is_url(ckptio_file_path(it->file)) &&
-            (st = pad_extents(plan, it->file, ends[f].end, it->offset, &obs, &nextents)))
+            (st = pad_extent(plan, it->file, ends[f].end, it->offset, &obs, &nextents)))
             goto out;
         ends[f].end = it->offset + it->length;
         ckptio_extent ex = {.file = it->file, .file_offset = it->offset, .mem_kind = CKPTIO_MEM_HOST};
