@@ -198,8 +198,10 @@ typedef struct cli_view {
 
 /* ckptio_format_detect_engine(engine, path): an s3:// path's probe with
  * `engine`'s settings (NULL: a temporary engine's), its GET kept on `engine`
- * for the open that follows. On failure prints "ckptio: PATH: ..." and
- * returns -1. */
+ * for the open that follows. The format comes from the first bytes, never
+ * from the name (the library's one rule: ckptio_format_detect), so every
+ * command opens a file with the reader its bytes call for. On failure prints
+ * "ckptio: PATH: ..." and returns -1. */
 int cli_detect(ckptio_engine *engine, const char *path, ckptio_format *format);
 
 /* Says why `path`, detected as `format`, is not a checkpoint file the
